@@ -1,0 +1,73 @@
+#include "ir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void tp_internal_error(const char *file, int line, const char *what) {
+  fprintf(stderr, "tokpipec: internal error: %s:%d: assertion failed: %s\n", file, line, what);
+  abort();
+}
+
+void tp_diag_init(TpDiag *d, const char *tool, const char *file, FILE *stream) {
+  memset(d, 0, sizeof *d);
+  d->tool = tool;
+  d->file = file;
+  d->stream = stream;
+}
+
+int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list ap) {
+  char msg[sizeof d->last];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  if (d->file)
+    snprintf(d->last, sizeof d->last, "%s: %s%s", d->file, prefix ? prefix : "", msg);
+  else
+    snprintf(d->last, sizeof d->last, "%s%s", prefix ? prefix : "", msg);
+  d->errors++;
+  if (d->stream)
+    fprintf(d->stream, "%s: %s: %s\n", d->tool ? d->tool : "tokpipec",
+            code == TP_ERR_INTERNAL ? "internal error" : "error", d->last);
+  return code;
+}
+
+int tp_error(TpDiag *d, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = tp_verror(d, TP_ERR_INPUT, NULL, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int tp_internal(TpDiag *d, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = tp_verror(d, TP_ERR_INTERNAL, NULL, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static int error_at(TpDiag *d, TpOrigin at, int opset, const char *fmt, va_list ap) {
+  char prefix[256];
+  snprintf(prefix, sizeof prefix, "node '%s' (%s, opset %d): ", at.node ? at.node : "?",
+           at.op_type ? at.op_type : "?", opset);
+  return tp_verror(d, TP_ERR_INPUT, prefix, fmt, ap);
+}
+
+int tp_error_at(TpDiag *d, TpOrigin at, int opset, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = error_at(d, at, opset, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int tp_error_op(TpDiag *d, const TpModule *m, int op, const char *fmt, ...) {
+  TpOrigin at = m->ops[op].origin;
+  if (!at.op_type) at.op_type = tp_op_info[m->ops[op].kind].name;
+  if (!at.node && m->ops[op].noutputs > 0 && m->ops[op].outputs[0] >= 0)
+    at.node = m->values[m->ops[op].outputs[0]].name;
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = error_at(d, at, m->opset, fmt, ap);
+  va_end(ap);
+  return rc;
+}

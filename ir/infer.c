@@ -1,0 +1,484 @@
+/* Type inference: result dtypes, shapes and symbolic dim names of every op, from its
+ * operands and canonical attributes (ir/ops.def). The same code checks a module's recorded
+ * types (the verifier) and fills them in while the importer builds one. */
+#include "ir.h"
+
+#include <string.h>
+
+typedef struct {
+  TpModule *m;
+  int op;
+  TpDiag *d;
+} Ctx;
+
+static const TpType *operand(const Ctx *c, int i) {
+  const TpOp *op = &c->m->ops[c->op];
+  if (i >= op->ninputs || op->inputs[i] < 0) return NULL;
+  return &c->m->values[op->inputs[i]].type;
+}
+
+static TpType *result(const Ctx *c, int i) {
+  const TpOp *op = &c->m->ops[c->op];
+  if (i >= op->noutputs || op->outputs[i] < 0) return NULL;
+  return &c->m->values[op->outputs[i]].type;
+}
+
+static const char *type_str(const TpType *t, char *buf) { return tp_type_str(t, buf, 256); }
+
+/* Records `t` as result i, or checks it against the recorded type; names fill gaps only. */
+static int set_result(const Ctx *c, int i, TpType t) {
+  TpType *r = result(c, i);
+  if (!r) return TP_OK;
+  if (r->dtype == TP_UNDEF) {
+    *r = t;
+    return TP_OK;
+  }
+  if (!tp_type_equal(r, &t)) {
+    char have[256], want[256];
+    return tp_error_op(c->d, c->m, c->op, "result %d has type %s but the op computes %s", i,
+                       type_str(r, have), type_str(&t, want));
+  }
+  for (int k = 0; k < r->rank; k++)
+    if (!r->dimnames[k]) r->dimnames[k] = t.dimnames[k];
+  return TP_OK;
+}
+
+/* The result type the importer fixed beforehand (Reshape, Expand, Cast, Split, Slice). */
+static const TpType *preset(const Ctx *c, int i) {
+  const TpType *r = result(c, i);
+  if (r && r->dtype == TP_UNDEF) {
+    tp_error_op(c->d, c->m, c->op, "result %d has no type (this op takes its type from its result)", i);
+    return NULL;
+  }
+  return r;
+}
+
+static int need_float(const Ctx *c, const TpType *t, const char *what) {
+  if (!tp_dtype_is_float(t->dtype))
+    return tp_error_op(c->d, c->m, c->op, "%s must be a floating-point tensor, not %s", what,
+                       tp_dtype_name(t->dtype));
+  return TP_OK;
+}
+
+static int same_dtype(const Ctx *c, const TpType *a, const TpType *b) {
+  if (a->dtype != b->dtype)
+    return tp_error_op(c->d, c->m, c->op, "operand types differ: %s and %s", tp_dtype_name(a->dtype),
+                       tp_dtype_name(b->dtype));
+  return TP_OK;
+}
+
+static int check_axis(const Ctx *c, int64_t axis, int rank, const char *what) {
+  if (axis < 0 || axis >= rank)
+    return tp_error_op(c->d, c->m, c->op, "%s %lld is out of range for rank %d", what, (long long)axis, rank);
+  return TP_OK;
+}
+
+bool tp_broadcast_shape(const TpType *a, const TpType *b, TpType *out) {
+  int rank = a->rank > b->rank ? a->rank : b->rank;
+  TpType t = {.dtype = a->dtype, .rank = rank};
+  for (int i = 0; i < rank; i++) {
+    int ia = i - (rank - a->rank), ib = i - (rank - b->rank);
+    int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
+    const char *na = ia >= 0 ? a->dimnames[ia] : NULL, *nb = ib >= 0 ? b->dimnames[ib] : NULL;
+    if (da != db && da != 1 && db != 1) return false;
+    t.dims[i] = da == 1 ? db : da;
+    /* a name belongs to an operand dim that is not broadcast */
+    t.dimnames[i] = (na && da == t.dims[i]) ? na : (nb && db == t.dims[i]) ? nb : NULL;
+  }
+  *out = t;
+  return true;
+}
+
+static int broadcast(const Ctx *c, const TpType *a, const TpType *b, TpType *out) {
+  if (tp_broadcast_shape(a, b, out)) return TP_OK;
+  char sa[256], sb[256];
+  return tp_error_op(c->d, c->m, c->op, "shapes %s and %s do not broadcast", type_str(a, sa), type_str(b, sb));
+}
+
+static int infer_elementwise(const Ctx *c, TpOpKind kind) {
+  const TpType *a = operand(c, 0), *b = operand(c, 1);
+  TpType t = *a;
+  if (b) {
+    if (kind != TP_OP_Pow && same_dtype(c, a, b)) return TP_ERR_INPUT;
+    if (broadcast(c, a, b, &t)) return TP_ERR_INPUT;
+  }
+  switch (kind) {
+  case TP_OP_Not:
+  case TP_OP_And:
+    if (a->dtype != TP_BOOL) return tp_error_op(c->d, c->m, c->op, "operands must be bool");
+    break;
+  case TP_OP_Sqrt: case TP_OP_Reciprocal: case TP_OP_Exp: case TP_OP_Log: case TP_OP_Erf:
+  case TP_OP_Tanh: case TP_OP_Sigmoid: case TP_OP_Gelu:
+    if (need_float(c, a, "the operand")) return TP_ERR_INPUT;
+    break;
+  case TP_OP_Pow:
+    if (b->dtype == TP_BOOL || a->dtype == TP_BOOL)
+      return tp_error_op(c->d, c->m, c->op, "operands must be numeric");
+    break;
+  default:
+    break;
+  }
+  if (tp_op_info[kind].traits & TP_TRAIT_BOOL_RESULT) t.dtype = TP_BOOL;
+  return set_result(c, 0, t);
+}
+
+static int infer_where(const Ctx *c) {
+  const TpType *cond = operand(c, 0), *x = operand(c, 1), *y = operand(c, 2);
+  if (cond->dtype != TP_BOOL) return tp_error_op(c->d, c->m, c->op, "condition must be bool");
+  if (same_dtype(c, x, y)) return TP_ERR_INPUT;
+  TpType xy, t;
+  if (broadcast(c, x, y, &xy) || broadcast(c, cond, &xy, &t)) return TP_ERR_INPUT;
+  t.dtype = x->dtype;
+  return set_result(c, 0, t);
+}
+
+static int infer_matmul(const Ctx *c) {
+  const TpType *a = operand(c, 0), *b = operand(c, 1);
+  if (same_dtype(c, a, b)) return TP_ERR_INPUT;
+  if (a->rank < 1 || b->rank < 1) return tp_error_op(c->d, c->m, c->op, "operands must have rank >= 1");
+  /* promote vectors, as numpy does: [K] x [..,K,N] and [..,M,K] x [K] */
+  TpType pa = *a, pb = *b;
+  if (a->rank == 1) pa = (TpType){.dtype = a->dtype, .rank = 2, .dims = {1, a->dims[0]}, .dimnames = {NULL, a->dimnames[0]}};
+  if (b->rank == 1) pb = (TpType){.dtype = b->dtype, .rank = 2, .dims = {b->dims[0], 1}, .dimnames = {b->dimnames[0], NULL}};
+  int64_t k1 = pa.dims[pa.rank - 1], k2 = pb.dims[pb.rank - 2];
+  if (k1 != k2) {
+    char sa[256], sb[256];
+    return tp_error_op(c->d, c->m, c->op, "inner dimensions differ: %s x %s", type_str(a, sa), type_str(b, sb));
+  }
+  TpType ba = pa, bb = pb, t;
+  ba.rank -= 2;
+  bb.rank -= 2;
+  if (broadcast(c, &ba, &bb, &t)) return TP_ERR_INPUT;
+  if (a->rank > 1) {
+    t.dims[t.rank] = pa.dims[pa.rank - 2];
+    t.dimnames[t.rank++] = pa.dimnames[pa.rank - 2];
+  }
+  if (b->rank > 1) {
+    t.dims[t.rank] = pb.dims[pb.rank - 1];
+    t.dimnames[t.rank++] = pb.dimnames[pb.rank - 1];
+  }
+  t.dtype = a->dtype;
+  return set_result(c, 0, t);
+}
+
+static int infer_gemm(const Ctx *c) {
+  const TpType *a = operand(c, 0), *b = operand(c, 1), *bias = operand(c, 2);
+  if (a->rank != 2 || b->rank != 2) return tp_error_op(c->d, c->m, c->op, "A and B must be matrices");
+  if (same_dtype(c, a, b)) return TP_ERR_INPUT;
+  bool ta = tp_attr_int(c->m, c->op, "transA", 0), tb = tp_attr_int(c->m, c->op, "transB", 0);
+  int64_t m = a->dims[ta ? 1 : 0], k = a->dims[ta ? 0 : 1], k2 = b->dims[tb ? 1 : 0], n = b->dims[tb ? 0 : 1];
+  if (k != k2) {
+    char sa[256], sb[256];
+    return tp_error_op(c->d, c->m, c->op, "inner dimensions differ: %s x %s", type_str(a, sa), type_str(b, sb));
+  }
+  TpType t = {.dtype = a->dtype, .rank = 2, .dims = {m, n},
+              .dimnames = {a->dimnames[ta ? 1 : 0], b->dimnames[tb ? 0 : 1]}};
+  if (bias) {
+    TpType bt;
+    if (same_dtype(c, a, bias) || broadcast(c, bias, &t, &bt)) return TP_ERR_INPUT;
+    if (!tp_type_equal(&bt, &t)) return tp_error_op(c->d, c->m, c->op, "C does not broadcast to [M, N]");
+  }
+  return set_result(c, 0, t);
+}
+
+static int infer_gather(const Ctx *c) {
+  const TpType *data = operand(c, 0), *idx = operand(c, 1);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0);
+  if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
+  if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
+    return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
+  if (data->rank - 1 + idx->rank > TP_MAX_RANK)
+    return tp_error_op(c->d, c->m, c->op, "result rank exceeds %d", TP_MAX_RANK);
+  TpType t = {.dtype = data->dtype};
+  for (int i = 0; i < axis; i++, t.rank++) t.dims[t.rank] = data->dims[i], t.dimnames[t.rank] = data->dimnames[i];
+  for (int i = 0; i < idx->rank; i++, t.rank++) t.dims[t.rank] = idx->dims[i], t.dimnames[t.rank] = idx->dimnames[i];
+  for (int i = (int)axis + 1; i < data->rank; i++, t.rank++)
+    t.dims[t.rank] = data->dims[i], t.dimnames[t.rank] = data->dimnames[i];
+  return set_result(c, 0, t);
+}
+
+static int infer_reshape(const Ctx *c) {
+  const TpType *x = operand(c, 0), *r = preset(c, 0);
+  if (!r) return TP_ERR_INPUT;
+  if (same_dtype(c, x, r)) return TP_ERR_INPUT;
+  if (tp_type_numel(x) != tp_type_numel(r)) {
+    char sx[256], sr[256];
+    return tp_error_op(c->d, c->m, c->op, "cannot reshape %s to %s", type_str(x, sx), type_str(r, sr));
+  }
+  return TP_OK;
+}
+
+static int infer_expand(const Ctx *c) {
+  const TpType *x = operand(c, 0), *r = preset(c, 0);
+  if (!r) return TP_ERR_INPUT;
+  TpType t;
+  if (same_dtype(c, x, r) || broadcast(c, x, r, &t)) return TP_ERR_INPUT;
+  if (!tp_type_equal(&t, r)) {
+    char sx[256], sr[256];
+    return tp_error_op(c->d, c->m, c->op, "cannot expand %s to %s", type_str(x, sx), type_str(r, sr));
+  }
+  return TP_OK;
+}
+
+static int infer_cast(const Ctx *c) {
+  const TpType *x = operand(c, 0), *r = preset(c, 0);
+  if (!r) return TP_ERR_INPUT;
+  TpType t = *x;
+  t.dtype = r->dtype;
+  return set_result(c, 0, t);
+}
+
+static int infer_transpose(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  int n;
+  const int64_t *perm = tp_attr_ints(c->m, c->op, "perm", &n);
+  if (n != x->rank) return tp_error_op(c->d, c->m, c->op, "perm has %d entries for rank %d", n, x->rank);
+  TpType t = {.dtype = x->dtype, .rank = x->rank};
+  bool seen[TP_MAX_RANK] = {0};
+  for (int i = 0; i < n; i++) {
+    if (perm[i] < 0 || perm[i] >= n || seen[perm[i]])
+      return tp_error_op(c->d, c->m, c->op, "perm is not a permutation of 0..%d", n - 1);
+    seen[perm[i]] = true;
+    t.dims[i] = x->dims[perm[i]];
+    t.dimnames[i] = x->dimnames[perm[i]];
+  }
+  return set_result(c, 0, t);
+}
+
+/* dims of `r` equal to x's except on `axis`; names carried over from x */
+static int same_but_axis(const Ctx *c, const TpType *x, TpType *r, int64_t axis) {
+  if (r->rank != x->rank || r->dtype != x->dtype) {
+    char sx[256], sr[256];
+    return tp_error_op(c->d, c->m, c->op, "%s does not match %s outside axis %lld", type_str(r, sr),
+                       type_str(x, sx), (long long)axis);
+  }
+  for (int i = 0; i < x->rank; i++) {
+    if (i != axis && r->dims[i] != x->dims[i]) {
+      char sx[256], sr[256];
+      return tp_error_op(c->d, c->m, c->op, "%s does not match %s outside axis %lld", type_str(r, sr),
+                         type_str(x, sx), (long long)axis);
+    }
+    if (i != axis && !r->dimnames[i]) r->dimnames[i] = x->dimnames[i];
+  }
+  return TP_OK;
+}
+
+static int infer_split(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0), total = 0;
+  if (check_axis(c, axis, x->rank, "axis")) return TP_ERR_INPUT;
+  const TpOp *op = &c->m->ops[c->op];
+  for (int i = 0; i < op->noutputs; i++) {
+    TpType *r = result(c, i);
+    if (!r) return tp_error_op(c->d, c->m, c->op, "every result of Split must be present");
+    if (!preset(c, i) || same_but_axis(c, x, r, axis)) return TP_ERR_INPUT;
+    total += r->dims[axis];
+  }
+  if (total != x->dims[axis])
+    return tp_error_op(c->d, c->m, c->op, "split sizes sum to %lld, not %lld", (long long)total,
+                       (long long)x->dims[axis]);
+  return TP_OK;
+}
+
+static int infer_slice(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  TpType *r = result(c, 0);
+  if (!preset(c, 0)) return TP_ERR_INPUT;
+  int ns, nt;
+  const int64_t *starts = tp_attr_ints(c->m, c->op, "starts", &ns), *steps = tp_attr_ints(c->m, c->op, "steps", &nt);
+  if (ns != x->rank || nt != x->rank || r->rank != x->rank || r->dtype != x->dtype)
+    return tp_error_op(c->d, c->m, c->op, "starts, steps and result must have the operand's rank %d", x->rank);
+  for (int i = 0; i < x->rank; i++) {
+    int64_t n = r->dims[i], last = starts[i] + (n - 1) * steps[i];
+    if (n < 0 || steps[i] == 0 || (n > 0 && (starts[i] < 0 || starts[i] >= x->dims[i] || last < 0 || last >= x->dims[i])))
+      return tp_error_op(c->d, c->m, c->op, "slice of dim %d (start %lld, step %lld, %lld elements) leaves [0, %lld)",
+                         i, (long long)starts[i], (long long)steps[i], (long long)n, (long long)x->dims[i]);
+    if (n == x->dims[i] && steps[i] == 1 && !r->dimnames[i]) r->dimnames[i] = x->dimnames[i];
+  }
+  return TP_OK;
+}
+
+static int infer_concat(const Ctx *c) {
+  const TpOp *op = &c->m->ops[c->op];
+  const TpType *first = operand(c, 0);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0);
+  if (check_axis(c, axis, first->rank, "axis")) return TP_ERR_INPUT;
+  TpType t = *first;
+  t.dims[axis] = 0;
+  t.dimnames[axis] = NULL;
+  for (int i = 0; i < op->ninputs; i++) {
+    const TpType *x = operand(c, i);
+    if (!x) return tp_error_op(c->d, c->m, c->op, "operand %d is absent", i);
+    TpType probe = *x;
+    if (same_but_axis(c, first, &probe, axis)) return TP_ERR_INPUT;
+    t.dims[axis] += x->dims[axis];
+  }
+  return set_result(c, 0, t);
+}
+
+static int infer_same_type(const Ctx *c, int min_rank) {
+  const TpType *x = operand(c, 0);
+  if (x->rank < min_rank) return tp_error_op(c->d, c->m, c->op, "operand must have rank >= %d", min_rank);
+  return set_result(c, 0, *x);
+}
+
+static int infer_softmax(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  if (need_float(c, x, "the operand") || check_axis(c, tp_attr_int(c->m, c->op, "axis", -1), x->rank, "axis"))
+    return TP_ERR_INPUT;
+  return set_result(c, 0, *x);
+}
+
+static int infer_reduce(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  int n;
+  const int64_t *axes = tp_attr_ints(c->m, c->op, "axes", &n);
+  bool keep = tp_attr_int(c->m, c->op, "keepdims", 1);
+  if (n == 0) return tp_error_op(c->d, c->m, c->op, "axes must not be empty");
+  TpType t = {.dtype = x->dtype};
+  for (int i = 0, k = 0; i < x->rank; i++) {
+    bool reduced = k < n && axes[k] == i;
+    if (reduced) k++;
+    if (!reduced) t.dims[t.rank] = x->dims[i], t.dimnames[t.rank++] = x->dimnames[i];
+    else if (keep) t.dims[t.rank++] = 1;
+  }
+  for (int k = 0; k < n; k++)
+    if (axes[k] < 0 || axes[k] >= x->rank || (k && axes[k] <= axes[k - 1]))
+      return tp_error_op(c->d, c->m, c->op, "axes must be sorted, distinct and within rank %d", x->rank);
+  return set_result(c, 0, t);
+}
+
+static int infer_layernorm(const Ctx *c) {
+  const TpType *x = operand(c, 0), *scale = operand(c, 1), *bias = operand(c, 2);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", -1);
+  if (need_float(c, x, "X") || check_axis(c, axis, x->rank, "axis")) return TP_ERR_INPUT;
+  TpType norm = {.dtype = x->dtype, .rank = x->rank - (int)axis}, t;
+  memcpy(norm.dims, x->dims + axis, (size_t)norm.rank * sizeof norm.dims[0]);
+  for (int i = 1; i < 3; i++) {
+    const TpType *p = i == 1 ? scale : bias;
+    if (!p) continue;
+    if (same_dtype(c, x, p) || broadcast(c, p, &norm, &t)) return TP_ERR_INPUT;
+    if (!tp_type_equal(&t, &norm))
+      return tp_error_op(c->d, c->m, c->op, "%s does not broadcast to the normalised dims", i == 1 ? "Scale" : "B");
+  }
+  if (set_result(c, 0, *x)) return TP_ERR_INPUT;
+  TpType stat = *x;
+  stat.dtype = TP_F32;
+  for (int i = (int)axis; i < x->rank; i++) stat.dims[i] = 1, stat.dimnames[i] = NULL;
+  return set_result(c, 1, stat) || set_result(c, 2, stat) ? TP_ERR_INPUT : TP_OK;
+}
+
+/* Attention (ONNX opset 23): 4-D [B, H, S, D] operands, or 3-D [B, S, H*D] with head counts. */
+static int infer_attention(const Ctx *c) {
+  const TpType *q = operand(c, 0), *k = operand(c, 1), *v = operand(c, 2), *mask = operand(c, 3);
+  const TpType *past_k = operand(c, 4), *past_v = operand(c, 5);
+  if (need_float(c, q, "Q") || same_dtype(c, q, k) || same_dtype(c, q, v)) return TP_ERR_INPUT;
+  if (q->rank != k->rank || q->rank != v->rank || (q->rank != 3 && q->rank != 4))
+    return tp_error_op(c->d, c->m, c->op, "Q, K and V must all be 3-D or all 4-D");
+  int64_t batch = q->dims[0], hq, hkv, s, l, dq, dv;
+  if (q->rank == 4) {
+    hq = q->dims[1], s = q->dims[2], dq = q->dims[3];
+    hkv = k->dims[1], l = k->dims[2], dv = v->dims[3];
+    if (k->dims[3] != dq || v->dims[1] != hkv || v->dims[2] != l)
+      return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's head size or each other");
+  } else {
+    hq = tp_attr_int(c->m, c->op, "q_num_heads", 0), hkv = tp_attr_int(c->m, c->op, "kv_num_heads", 0);
+    if (hq <= 0 || hkv <= 0 || q->dims[2] % hq || k->dims[2] % hkv || v->dims[2] % hkv)
+      return tp_error_op(c->d, c->m, c->op, "3-D operands need q_num_heads and kv_num_heads dividing the hidden sizes");
+    s = q->dims[1], l = k->dims[1], dq = q->dims[2] / hq, dv = v->dims[2] / hkv;
+    if (k->dims[2] / hkv != dq || v->dims[1] != l)
+      return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's head size or each other");
+  }
+  if (k->dims[0] != batch || v->dims[0] != batch || hq % hkv)
+    return tp_error_op(c->d, c->m, c->op, "batch sizes differ or q heads are not a multiple of kv heads");
+  int64_t past = 0;
+  if ((past_k == NULL) != (past_v == NULL))
+    return tp_error_op(c->d, c->m, c->op, "past_key and past_value come together");
+  if (past_k) {
+    past = past_k->dims[2];
+    if (past_k->rank != 4 || past_v->rank != 4 || past_k->dims[0] != batch || past_k->dims[1] != hkv ||
+        past_k->dims[3] != dq || past_v->dims[0] != batch || past_v->dims[1] != hkv || past_v->dims[2] != past ||
+        past_v->dims[3] != dv)
+      return tp_error_op(c->d, c->m, c->op, "past_key/past_value must be [B, kv_heads, P, head_size]");
+  }
+  int64_t total = past + l;
+  if (mask) {
+    TpType scores = {.dtype = mask->dtype, .rank = 4, .dims = {batch, hq, s, total}}, t;
+    if (mask->rank > 4 || broadcast(c, mask, &scores, &t)) return TP_ERR_INPUT;
+    if (!tp_type_equal(&t, &scores)) return tp_error_op(c->d, c->m, c->op, "attn_mask does not broadcast to the scores");
+    if (mask->dtype != TP_BOOL && mask->dtype != q->dtype)
+      return tp_error_op(c->d, c->m, c->op, "attn_mask must be bool or Q's dtype");
+  }
+  TpType y = q->rank == 4 ? (TpType){.dtype = q->dtype, .rank = 4, .dims = {batch, hq, s, dv}}
+                          : (TpType){.dtype = q->dtype, .rank = 3, .dims = {batch, s, hq * dv}};
+  y.dimnames[0] = q->dimnames[0];
+  y.dimnames[q->rank == 4 ? 2 : 1] = q->dimnames[q->rank == 4 ? 2 : 1];
+  TpType pk = {.dtype = q->dtype, .rank = 4, .dims = {batch, hkv, total, dq}};
+  TpType pv = {.dtype = q->dtype, .rank = 4, .dims = {batch, hkv, total, dv}};
+  TpType qk = {.dtype = q->dtype, .rank = 4, .dims = {batch, hq, s, total}};
+  return set_result(c, 0, y) || set_result(c, 1, pk) || set_result(c, 2, pv) || set_result(c, 3, qk)
+             ? TP_ERR_INPUT : TP_OK;
+}
+
+/* SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss: scores [N, C, d...], labels [N, d...]. */
+static int infer_loss(const Ctx *c) {
+  const TpType *x = operand(c, 0), *labels = operand(c, 1), *w = operand(c, 2);
+  if (need_float(c, x, "scores")) return TP_ERR_INPUT;
+  if (x->rank < 2 || labels->rank != x->rank - 1 || labels->dims[0] != x->dims[0])
+    return tp_error_op(c->d, c->m, c->op, "scores must be [N, C, d...] and labels [N, d...]");
+  for (int i = 2; i < x->rank; i++)
+    if (labels->dims[i - 1] != x->dims[i])
+      return tp_error_op(c->d, c->m, c->op, "labels do not match the scores' extra dims");
+  if (labels->dtype != TP_I64 && labels->dtype != TP_I32) return tp_error_op(c->d, c->m, c->op, "labels must be i32 or i64");
+  if (w && (w->rank != 1 || w->dims[0] != x->dims[1] || w->dtype != x->dtype))
+    return tp_error_op(c->d, c->m, c->op, "weights must be [C] of the scores' dtype");
+  const char *reduction = tp_attr_string(c->m, c->op, "reduction", "mean");
+  TpType loss = {.dtype = x->dtype};
+  if (strcmp(reduction, "none") == 0) {
+    loss = *labels;
+    loss.dtype = x->dtype;
+  } else if (strcmp(reduction, "mean") != 0 && strcmp(reduction, "sum") != 0) {
+    return tp_error_op(c->d, c->m, c->op, "unknown reduction '%s'", reduction);
+  }
+  return set_result(c, 0, loss) || set_result(c, 1, *x) ? TP_ERR_INPUT : TP_OK;
+}
+
+int tp_infer_op(TpModule *m, int op, TpDiag *d) {
+  Ctx c = {m, op, d};
+  const TpOp *o = &m->ops[op];
+  const TpOpInfo *info = &tp_op_info[o->kind];
+  if (o->ninputs < info->min_inputs || o->ninputs > info->max_inputs || o->noutputs < info->min_outputs ||
+      o->noutputs > info->max_outputs)
+    return tp_error_op(d, m, op, "%d operands and %d results; %s takes %d-%d and %d-%d", o->ninputs,
+                       o->noutputs, info->name, info->min_inputs, info->max_inputs, info->min_outputs,
+                       info->max_outputs);
+  for (int i = 0; i < info->min_inputs; i++)
+    if (o->inputs[i] < 0) return tp_error_op(d, m, op, "required operand %d is absent", i);
+  if (o->outputs[0] < 0) return tp_error_op(d, m, op, "the first result must be present");
+
+  switch (o->kind) {
+  case TP_OP_Where: return infer_where(&c);
+  case TP_OP_Cast: return infer_cast(&c);
+  case TP_OP_MatMul: return infer_matmul(&c);
+  case TP_OP_Gemm: return infer_gemm(&c);
+  case TP_OP_Gather: return infer_gather(&c);
+  case TP_OP_Reshape: return infer_reshape(&c);
+  case TP_OP_Expand: return infer_expand(&c);
+  case TP_OP_Transpose: return infer_transpose(&c);
+  case TP_OP_Split: return infer_split(&c);
+  case TP_OP_Slice: return infer_slice(&c);
+  case TP_OP_Concat: return infer_concat(&c);
+  case TP_OP_Trilu: return infer_same_type(&c, 2);
+  case TP_OP_Softmax:
+  case TP_OP_LogSoftmax: return infer_softmax(&c);
+  case TP_OP_ReduceMean:
+  case TP_OP_ReduceSum: return infer_reduce(&c);
+  case TP_OP_LayerNorm: return infer_layernorm(&c);
+  case TP_OP_Attention: return infer_attention(&c);
+  case TP_OP_SoftmaxCrossEntropyLoss:
+  case TP_OP_NegativeLogLikelihoodLoss: return infer_loss(&c);
+  default:
+    TP_ASSERT(info->traits & TP_TRAIT_ELEMENTWISE);
+    return infer_elementwise(&c, o->kind);
+  }
+}

@@ -1,0 +1,281 @@
+/* The tokpipec IR: the one header that defines modules, values, ops, attributes,
+ * diagnostics and the cross-file prototypes of ir/ and passes/ (grouped by file).
+ *
+ * A module owns arrays of values and ops; everything refers to values and ops by index, so
+ * cloning a region is an array copy plus an index remap. Ops are stored in topological
+ * order. Every value and op keeps the ONNX node it came from (TpOrigin). Constant data is
+ * never copied into the IR: PARAM and CONST values point into blobs (the mapped model
+ * file, mapped external-data files, or small buffers the module owns, e.g. folded
+ * constants). */
+#ifndef TOKPIPE_IR_H
+#define TOKPIPE_IR_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../runtime/tensor.h"
+
+/* ---- status codes (also the tools' exit codes) ---- */
+enum { TP_OK = 0, TP_ERR_INPUT = 1, TP_ERR_USAGE = 2, TP_ERR_INTERNAL = 3 };
+
+/* Internal invariant: aborts with file and line. Never used for bad user input. */
+#define TP_ASSERT(cond) \
+  ((cond) ? (void)0 : tp_internal_error(__FILE__, __LINE__, #cond))
+_Noreturn void tp_internal_error(const char *file, int line, const char *what);
+
+/* ---- the op table ---- */
+enum {
+  TP_TRAIT_ELEMENTWISE = 1 << 0, /* result[i] depends on broadcast operands at i only */
+  TP_TRAIT_BOOL_RESULT = 1 << 1, /* result dtype is bool */
+};
+
+typedef enum {
+#define TP_OP(name, min_in, max_in, min_out, max_out, traits) TP_OP_##name,
+#include "ops.def"
+#undef TP_OP
+  TP_OP_COUNT
+} TpOpKind;
+
+typedef struct {
+  const char *name;
+  int min_inputs, max_inputs, min_outputs, max_outputs;
+  unsigned traits;
+} TpOpInfo;
+
+extern const TpOpInfo tp_op_info[TP_OP_COUNT];
+/* TP_OP_COUNT when the name is not an IR op. */
+TpOpKind tp_op_from_name(const char *name);
+
+/* ---- types, values, ops ---- */
+typedef struct {
+  TpDType dtype;
+  int rank;
+  int64_t dims[TP_MAX_RANK];
+  /* symbolic name of each dimension ("batch", "seq") or NULL; module-owned strings */
+  const char *dimnames[TP_MAX_RANK];
+} TpType;
+
+/* Where something came from in the ONNX model: node name and op type (NULL if none). */
+typedef struct {
+  const char *node;
+  const char *op_type;
+} TpOrigin;
+
+typedef enum {
+  TP_VAL_INPUT,  /* graph input, supplied at run time */
+  TP_VAL_PARAM,  /* floating-point initializer: a (later trainable) weight */
+  TP_VAL_CONST,  /* constant: non-float initializer, Constant node, folded value */
+  TP_VAL_RESULT, /* result of an op */
+} TpValueKind;
+
+typedef struct {
+  const char *name; /* unique in the module; from ONNX names where there is one */
+  TpType type;
+  TpValueKind kind;
+  int def;          /* TP_VAL_RESULT: index of the defining op; else -1 */
+  int blob;         /* TP_VAL_PARAM/CONST: data at blobs[blob].base + offset; else -1 */
+  int64_t offset;
+  TpOrigin origin;
+  bool dead;        /* marked for removal by tp_module_compact */
+} TpValue;
+
+typedef enum { TP_ATTR_INT, TP_ATTR_FLOAT, TP_ATTR_INTS, TP_ATTR_STRING } TpAttrKind;
+
+typedef struct {
+  const char *name;
+  TpAttrKind kind;
+  int64_t i;
+  double f;
+  const int64_t *ints;
+  int nints;
+  const char *s;
+} TpAttr;
+
+typedef struct {
+  TpOpKind kind;
+  int ninputs, noutputs;
+  int *inputs;  /* value indices; -1 for an absent optional operand */
+  int *outputs; /* value indices; -1 for an absent optional result */
+  int nattrs;
+  TpAttr *attrs; /* kept sorted by name, so printing is deterministic */
+  TpOrigin origin;
+  bool dead;     /* marked for removal by tp_module_compact */
+} TpOp;
+
+typedef struct {
+  const char *path;    /* file the bytes come from, as named by the user; NULL if owned */
+  const uint8_t *base;
+  size_t size;
+  void *map_base;      /* what to munmap (page-aligned), or NULL */
+  size_t map_size;
+  bool owned;          /* base was malloc'ed by the module */
+} TpBlob;
+
+typedef struct TpArena TpArena;
+
+typedef struct TpModule {
+  TpArena *arena; /* strings, attribute arrays, operand lists */
+  const char *source; /* the file the module was read from, for diagnostics */
+  int opset;          /* the ONNX default-domain opset the model was imported at */
+  TpValue *values;
+  int nvalues, cap_values;
+  TpOp *ops;
+  int nops, cap_ops;
+  TpBlob *blobs;
+  int nblobs, cap_blobs;
+  int *inputs; /* graph inputs in order */
+  int ninputs, cap_inputs;
+  int *outputs; /* graph outputs in order */
+  int noutputs, cap_outputs;
+  /* name -> value index hash table (open addressing), maintained by tp_module_* */
+  int *name_table;
+  int name_table_cap;
+} TpModule;
+
+/* ---- diagnostics (ir/diag.c) ----
+ * User-facing errors read like a compiler's:
+ *   tokpipec: error: model.onnx: node '/blocks.0/attn/Where' (Where, opset 17): ...
+ * Library code reports through a TpDiag and returns TP_ERR_*; it never exits. */
+typedef struct {
+  const char *tool;  /* "tokpipec" */
+  const char *file;  /* the input being processed, or NULL */
+  FILE *stream;      /* where lines go; NULL = silent (fuzzing) */
+  int errors;
+  char last[512];    /* the last message, without the "tool: error: " prefix */
+} TpDiag;
+
+void tp_diag_init(TpDiag *d, const char *tool, const char *file, FILE *stream);
+/* "tool: error: file: msg"; returns TP_ERR_INPUT. */
+int tp_error(TpDiag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "tool: error: file: node 'N' (OpType, opset K): msg"; returns TP_ERR_INPUT. */
+int tp_error_at(TpDiag *d, TpOrigin at, int opset, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The same for an op of m (its origin; m->opset). */
+int tp_error_op(TpDiag *d, const TpModule *m, int op, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* An internal error (a compiler bug) reported without aborting; returns TP_ERR_INTERNAL. */
+int tp_internal(TpDiag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list ap);
+
+/* ---- module construction and queries (ir/module.c) ---- */
+TpModule *tp_module_new(const char *source);
+void tp_module_free(TpModule *m);
+void *tp_alloc(TpModule *m, size_t bytes); /* zeroed, freed with the module */
+const char *tp_strdup(TpModule *m, const char *s);
+
+/* -1 if no value has the name. */
+int tp_find_value(const TpModule *m, const char *name);
+/* A name not yet used in m: `base` itself if free, else base.1, base.2, ... */
+const char *tp_unique_name(TpModule *m, const char *base);
+
+int tp_add_blob(TpModule *m, TpBlob blob);
+/* Maps a whole file read-only (nothing is read until used); reuses an existing blob of the
+ * same path. Returns the blob index, or -1 after reporting why the file cannot be mapped. */
+int tp_add_file_blob(TpModule *m, const char *path, TpDiag *d);
+/* Copies `data` (numel*size bytes) into a new module-owned blob. */
+int tp_add_owned_blob(TpModule *m, const void *data, size_t bytes);
+/* New value; name must be unused (checked). Returns its index. */
+int tp_add_value(TpModule *m, const char *name, TpValueKind kind, TpType type, TpOrigin origin);
+/* New PARAM/CONST value with data in blob at offset. */
+int tp_add_data_value(TpModule *m, const char *name, TpValueKind kind, TpType type, int blob,
+                      int64_t offset, TpOrigin origin);
+/* New CONST value holding a copy of `data`. */
+int tp_add_const(TpModule *m, const char *name, TpType type, const void *data, TpOrigin origin);
+void tp_add_input(TpModule *m, int value);
+void tp_add_output(TpModule *m, int value);
+
+/* New op appended at the end (topological order is the caller's duty). Results are new
+ * TP_VAL_RESULT values named out_names[i] (made unique), type TP_UNDEF until inference;
+ * a NULL name makes an absent optional result (-1). Inputs may be -1 (absent optional). */
+int tp_add_op(TpModule *m, TpOpKind kind, const int *inputs, int ninputs,
+              const char *const *out_names, int noutputs, TpOrigin origin);
+
+/* Attributes (copied into the module; replace an existing one of the same name). */
+void tp_set_attr_int(TpModule *m, int op, const char *name, int64_t v);
+void tp_set_attr_float(TpModule *m, int op, const char *name, double v);
+void tp_set_attr_ints(TpModule *m, int op, const char *name, const int64_t *v, int n);
+void tp_set_attr_string(TpModule *m, int op, const char *name, const char *v);
+const TpAttr *tp_get_attr(const TpModule *m, int op, const char *name); /* NULL if absent */
+int64_t tp_attr_int(const TpModule *m, int op, const char *name, int64_t dflt);
+double tp_attr_float(const TpModule *m, int op, const char *name, double dflt);
+const char *tp_attr_string(const TpModule *m, int op, const char *name, const char *dflt);
+/* NULL (and *n = 0) if absent. */
+const int64_t *tp_attr_ints(const TpModule *m, int op, const char *name, int *n);
+
+/* Data of a PARAM/CONST value (NULL for others); a tensor view of any value's type. */
+const void *tp_value_data(const TpModule *m, int value);
+TpTensor tp_value_tensor(const TpModule *m, int value);
+
+/* Every use of `from` (op operands, graph outputs) now reads `to`. */
+void tp_replace_uses(TpModule *m, int from, int to);
+/* Number of op operands and graph outputs that read the value. */
+int tp_use_count(const TpModule *m, int value);
+/* Removes ops and values marked dead, renumbering everything; a dead value must be unused. */
+void tp_module_compact(TpModule *m);
+
+/* Types. */
+TpType tp_type_make(TpDType dtype, int rank, const int64_t *dims);
+bool tp_type_equal(const TpType *a, const TpType *b); /* dtype and dims; names ignored */
+int64_t tp_type_numel(const TpType *t);
+/* "f32[batch=4, seq=8, 64]" into buf; returns buf. */
+char *tp_type_str(const TpType *t, char *buf, size_t n);
+
+/* ---- type inference (ir/infer.c) ----
+ * Computes the result types of an op from its operands and attributes. A result whose type
+ * is already set (dtype != TP_UNDEF) is checked against the inferred one instead; Reshape,
+ * Expand, Cast and Split results must be set before (their target shape or dtype is the
+ * result type). Reports bad operands as user errors at the op's origin. */
+int tp_infer_op(TpModule *m, int op, TpDiag *d);
+/* numpy broadcast of two shapes; false if incompatible. */
+bool tp_broadcast_shape(const TpType *a, const TpType *b, TpType *out);
+
+/* ---- verifier (ir/verify.c) ----
+ * Arity, dtypes and shapes (re-inferred), single definition, defined-before-use (acyclic),
+ * attribute sanity, data present for PARAM/CONST. Returns TP_OK or TP_ERR_INPUT. */
+int tp_verify(const TpModule *m, TpDiag *d);
+
+/* ---- textual IR (ir/print.c, ir/parse.c) and Graphviz (ir/dot.c) ---- */
+void tp_print_module(const TpModule *m, FILE *out);
+/* Parses textual IR; `path` is used in diagnostics and to resolve blob file names. */
+int tp_parse_module(const char *text, size_t len, const char *path, TpModule **out, TpDiag *d);
+int tp_parse_file(const char *path, TpModule **out, TpDiag *d);
+void tp_print_dot(const TpModule *m, FILE *out);
+
+/* ---- passes (passes/) ----
+ * One pass per file; each is `int pass_<name>(TpModule *m, TpDiag *d)`. */
+int pass_fold_constants(TpModule *m, TpDiag *d);
+int pass_dce(TpModule *m, TpDiag *d);
+
+/* passes/fold.c: evaluates op `op` if every operand is CONST and its results are small,
+ * turning the results into CONST values and marking the op dead (compact afterwards).
+ * *folded says whether it did. Used by the importer while it builds the module. */
+int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
+
+/* passes/pipeline.c: the pass manager. */
+typedef int (*TpPassFn)(TpModule *m, TpDiag *d);
+typedef struct {
+  const char *name;
+  TpPassFn run;
+  const char *summary;
+} TpPassInfo;
+/* Every registered pass; NULL-terminated (name == NULL). */
+extern const TpPassInfo tp_pass_registry[];
+/* The default pipeline tokpipec runs, in order; NULL-terminated. */
+extern const char *const tp_default_pipeline[];
+const TpPassInfo *tp_find_pass(const char *name);
+
+typedef struct {
+  const char *print_before;  /* comma-separated pass names, or NULL */
+  const char *print_after;   /* comma-separated pass names, or NULL */
+  bool print_after_all;
+  bool verify_each;          /* run tp_verify after every pass (tests do) */
+  FILE *dump;                /* where IR dumps go (stderr by default) */
+} TpPassOptions;
+
+/* Runs the named passes in order. Unknown names are a usage error (TP_ERR_USAGE). */
+int tp_run_passes(TpModule *m, const char *const *names, int n, const TpPassOptions *o,
+                  TpDiag *d);
+
+#endif

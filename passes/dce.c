@@ -1,0 +1,28 @@
+/* dce: requires nothing; provides a module without ops whose results nothing reads and
+ * without parameters or constants nothing reads. Graph inputs stay (they are the interface). */
+#include "../ir/ir.h"
+
+#include <stdlib.h>
+
+int pass_dce(TpModule *m, TpDiag *d) {
+  (void)d;
+  bool *live = calloc((size_t)m->nvalues + 1, sizeof *live);
+  TP_ASSERT(live);
+  for (int i = 0; i < m->noutputs; i++) live[m->outputs[i]] = true;
+  for (int op = m->nops - 1; op >= 0; op--) { /* ops are in topological order */
+    TpOp *o = &m->ops[op];
+    bool used = false;
+    for (int i = 0; i < o->noutputs; i++) used |= o->outputs[i] >= 0 && live[o->outputs[i]];
+    o->dead = !used;
+    if (used)
+      for (int i = 0; i < o->ninputs; i++)
+        if (o->inputs[i] >= 0) live[o->inputs[i]] = true;
+  }
+  for (int v = 0; v < m->nvalues; v++) {
+    TpValue *val = &m->values[v];
+    if (val->kind == TP_VAL_PARAM || val->kind == TP_VAL_CONST) val->dead = !live[v];
+  }
+  free(live);
+  tp_module_compact(m);
+  return TP_OK;
+}

@@ -1,0 +1,66 @@
+/* The pass manager and the one list of passes. */
+#include "../ir/ir.h"
+
+#include <string.h>
+
+static int pass_verify(TpModule *m, TpDiag *d) { return tp_verify(m, d); }
+
+const TpPassInfo tp_pass_registry[] = {
+    {"fold-constants", pass_fold_constants, "evaluate ops whose operands are all constants"},
+    {"dce", pass_dce, "remove ops, parameters and constants nothing uses"},
+    {"verify", pass_verify, "check the IR's invariants"},
+    {NULL, NULL, NULL},
+};
+
+/* The order tokpipec runs them in. */
+const char *const tp_default_pipeline[] = {"fold-constants", "dce", NULL};
+
+const TpPassInfo *tp_find_pass(const char *name) {
+  for (const TpPassInfo *p = tp_pass_registry; p->name; p++)
+    if (strcmp(p->name, name) == 0) return p;
+  return NULL;
+}
+
+/* Is `name` one of the comma-separated names in `list` ("all" matches every pass)? */
+static bool in_list(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = list; p && *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if ((len == n && strncmp(p, name, n) == 0) || (len == 3 && strncmp(p, "all", 3) == 0)) return true;
+    p = end ? end + 1 : NULL;
+  }
+  return false;
+}
+
+static int unknown_pass(TpDiag *d, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = tp_verror(d, TP_ERR_USAGE, NULL, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static void dump(const TpModule *m, FILE *out, const char *when, const char *pass) {
+  fprintf(out, "*** IR Dump %s %s ***\n", when, pass);
+  tp_print_module(m, out);
+  fflush(out);
+}
+
+int tp_run_passes(TpModule *m, const char *const *names, int n, const TpPassOptions *o, TpDiag *d) {
+  static const TpPassOptions none = {0};
+  if (!o) o = &none;
+  FILE *out = o->dump ? o->dump : stderr;
+  for (int i = 0; i < n; i++)
+    if (!tp_find_pass(names[i])) return unknown_pass(d, "unknown pass '%s'", names[i]);
+  for (int i = 0; i < n; i++) {
+    const TpPassInfo *p = tp_find_pass(names[i]);
+    if (in_list(o->print_before, p->name)) dump(m, out, "Before", p->name);
+    int rc = p->run(m, d);
+    if (rc != TP_OK) return rc;
+    if (o->print_after_all || in_list(o->print_after, p->name)) dump(m, out, "After", p->name);
+    if (o->verify_each && tp_verify(m, d) != TP_OK)
+      return tp_internal(d, "pass '%s' produced invalid IR", p->name);
+  }
+  return TP_OK;
+}

@@ -1,0 +1,130 @@
+#include "interp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Each IR op's one implementation. */
+static const TpExecFn exec_table[TP_OP_COUNT] = {
+    [TP_OP_Add] = tp_exec_binary,
+    [TP_OP_Sub] = tp_exec_binary,
+    [TP_OP_Mul] = tp_exec_binary,
+    [TP_OP_Div] = tp_exec_binary,
+    [TP_OP_Pow] = tp_exec_binary,
+    [TP_OP_And] = tp_exec_binary,
+    [TP_OP_Equal] = tp_exec_binary,
+    [TP_OP_Less] = tp_exec_binary,
+    [TP_OP_LessOrEqual] = tp_exec_binary,
+    [TP_OP_Greater] = tp_exec_binary,
+    [TP_OP_Sqrt] = tp_exec_unary,
+    [TP_OP_Neg] = tp_exec_unary,
+    [TP_OP_Reciprocal] = tp_exec_unary,
+    [TP_OP_Exp] = tp_exec_unary,
+    [TP_OP_Log] = tp_exec_unary,
+    [TP_OP_Erf] = tp_exec_unary,
+    [TP_OP_Tanh] = tp_exec_unary,
+    [TP_OP_Relu] = tp_exec_unary,
+    [TP_OP_Sigmoid] = tp_exec_unary,
+    [TP_OP_Not] = tp_exec_unary,
+    [TP_OP_Gelu] = tp_exec_unary,
+    [TP_OP_Where] = tp_exec_where,
+    [TP_OP_Cast] = tp_exec_cast,
+    [TP_OP_MatMul] = tp_exec_matmul,
+    [TP_OP_Gemm] = tp_exec_gemm,
+    [TP_OP_Gather] = tp_exec_gather,
+    [TP_OP_Reshape] = tp_exec_reshape,
+    [TP_OP_Expand] = tp_exec_expand,
+    [TP_OP_Transpose] = tp_exec_transpose,
+    [TP_OP_Split] = tp_exec_split,
+    [TP_OP_Slice] = tp_exec_slice,
+    [TP_OP_Concat] = tp_exec_concat,
+    [TP_OP_Trilu] = tp_exec_trilu,
+    [TP_OP_Softmax] = tp_exec_softmax,
+    [TP_OP_LogSoftmax] = tp_exec_softmax,
+    [TP_OP_ReduceMean] = tp_exec_reduce,
+    [TP_OP_ReduceSum] = tp_exec_reduce,
+    [TP_OP_LayerNorm] = tp_exec_layernorm,
+    [TP_OP_Attention] = tp_exec_attention,
+    [TP_OP_SoftmaxCrossEntropyLoss] = tp_exec_loss,
+    [TP_OP_NegativeLogLikelihoodLoss] = tp_exec_loss,
+};
+
+int tp_exec_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  TpExecFn fn = exec_table[m->ops[op].kind];
+  if (!fn) return tp_internal(d, "no CPU implementation of op %s", tp_op_info[m->ops[op].kind].name);
+  return fn(m, op, in, out, d);
+}
+
+/* A buffer per value, allocated when its op runs and freed after its last use. */
+int tp_interp_run(const TpModule *m, const TpTensor *inputs, TpTensor *outputs, TpDiag *d) {
+  int rc = TP_OK;
+  TpTensor *vals = calloc((size_t)m->nvalues, sizeof *vals);
+  bool *owned = calloc((size_t)m->nvalues, sizeof *owned);
+  int *last_use = malloc((size_t)m->nvalues * sizeof *last_use);
+  TP_ASSERT(vals && owned && last_use);
+  for (int v = 0; v < m->nvalues; v++) {
+    vals[v] = tp_value_tensor(m, v);
+    last_use[v] = -1;
+  }
+  for (int o = 0; o < m->nops; o++)
+    for (int i = 0; i < m->ops[o].ninputs; i++)
+      if (m->ops[o].inputs[i] >= 0) last_use[m->ops[o].inputs[i]] = o;
+  for (int i = 0; i < m->noutputs; i++) last_use[m->outputs[i]] = m->nops; /* kept to the end */
+
+  for (int i = 0; i < m->ninputs; i++) {
+    const TpValue *v = &m->values[m->inputs[i]];
+    const TpTensor *t = &inputs[i];
+    bool same = t->dtype == v->type.dtype && t->rank == v->type.rank &&
+                memcmp(t->dims, v->type.dims, (size_t)t->rank * sizeof t->dims[0]) == 0;
+    if (!same) {
+      char want[256];
+      rc = tp_error(d, "input '%s': expected %s", v->name, tp_type_str(&v->type, want, sizeof want));
+      goto done;
+    }
+    vals[m->inputs[i]].data = t->data;
+  }
+
+  for (int o = 0; o < m->nops && rc == TP_OK; o++) {
+    const TpOp *op = &m->ops[o];
+    TpTensor in[64], out[64];
+    TP_ASSERT(op->ninputs <= 64 && op->noutputs <= 64);
+    for (int i = 0; i < op->ninputs; i++)
+      in[i] = op->inputs[i] >= 0 ? vals[op->inputs[i]] : (TpTensor){0};
+    for (int i = 0; i < op->noutputs; i++) {
+      int r = op->outputs[i];
+      if (r < 0) {
+        out[i] = (TpTensor){0};
+        continue;
+      }
+      size_t bytes = tp_tensor_bytes(&vals[r]);
+      vals[r].data = malloc(bytes ? bytes : 1);
+      TP_ASSERT(vals[r].data);
+      owned[r] = true;
+      out[i] = vals[r];
+    }
+    rc = tp_exec_op(m, o, in, out, d);
+    for (int i = 0; i < op->ninputs; i++) {
+      int v = op->inputs[i];
+      if (v >= 0 && owned[v] && last_use[v] == o) {
+        free(vals[v].data);
+        owned[v] = false;
+      }
+    }
+  }
+  if (rc != TP_OK) goto done;
+
+  for (int i = 0; i < m->noutputs; i++) {
+    int v = m->outputs[i];
+    outputs[i] = vals[v];
+    size_t bytes = tp_tensor_bytes(&vals[v]);
+    outputs[i].data = malloc(bytes ? bytes : 1);
+    TP_ASSERT(outputs[i].data);
+    if (bytes) memcpy(outputs[i].data, vals[v].data, bytes);
+  }
+done:
+  for (int v = 0; v < m->nvalues; v++)
+    if (owned[v]) free(vals[v].data);
+  free(vals);
+  free(owned);
+  free(last_use);
+  return rc;
+}
