@@ -15,13 +15,21 @@ void tp_diag_init(TpDiag *d, const char *tool, const char *file, FILE *stream) {
   d->stream = stream;
 }
 
+/* Appends to d->last at *len, truncating at its end. */
+static void append(TpDiag *d, size_t *len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(d->last + *len, sizeof d->last - *len, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len += (size_t)n < sizeof d->last - *len ? (size_t)n : sizeof d->last - 1 - *len;
+}
+
 int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list ap) {
-  char msg[sizeof d->last];
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  if (d->file)
-    snprintf(d->last, sizeof d->last, "%s: %s%s", d->file, prefix ? prefix : "", msg);
-  else
-    snprintf(d->last, sizeof d->last, "%s%s", prefix ? prefix : "", msg);
+  size_t len = 0;
+  d->last[0] = 0;
+  if (d->file) append(d, &len, "%s: ", d->file);
+  if (prefix) append(d, &len, "%s", prefix);
+  vsnprintf(d->last + len, sizeof d->last - len, fmt, ap);
   d->errors++;
   if (d->stream)
     fprintf(d->stream, "%s: %s: %s\n", d->tool ? d->tool : "tokpipec",

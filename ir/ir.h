@@ -143,7 +143,7 @@ typedef struct {
   const char *file;  /* the input being processed, or NULL */
   FILE *stream;      /* where lines go; NULL = silent (fuzzing) */
   int errors;
-  char last[512];    /* the last message, without the "tool: error: " prefix */
+  char last[1024];    /* the last message, without the "tool: error: " prefix */
 } TpDiag;
 
 void tp_diag_init(TpDiag *d, const char *tool, const char *file, FILE *stream);

@@ -1,0 +1,203 @@
+/* The verifier: checks a module's invariants and reports the first violation.
+ * Values: unique names, valid types with known dims, INPUTs listed once as graph inputs,
+ * PARAM/CONST data inside their blob, RESULTs defined by exactly one op. Ops: arity from
+ * the op table, operands defined before use (so the graph is acyclic), attributes known
+ * to the op with sane kinds and values, result types equal to what type inference
+ * (ir/infer.c) computes. Graph outputs: at least one, all valid. Nothing marked dead. */
+#include "ir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The attributes each op may carry (ir/ops.def); `choices` lists allowed values ("0|1"). */
+static const struct {
+  TpOpKind op;
+  const char *name;
+  TpAttrKind kind;
+  const char *choices;
+} attr_rules[] = {
+    {TP_OP_Gemm, "alpha", TP_ATTR_FLOAT, NULL},
+    {TP_OP_Gemm, "beta", TP_ATTR_FLOAT, NULL},
+    {TP_OP_Gemm, "transA", TP_ATTR_INT, "0|1"},
+    {TP_OP_Gemm, "transB", TP_ATTR_INT, "0|1"},
+    {TP_OP_Gather, "axis", TP_ATTR_INT, NULL},
+    {TP_OP_Transpose, "perm", TP_ATTR_INTS, NULL},
+    {TP_OP_Split, "axis", TP_ATTR_INT, NULL},
+    {TP_OP_Slice, "starts", TP_ATTR_INTS, NULL},
+    {TP_OP_Slice, "steps", TP_ATTR_INTS, NULL},
+    {TP_OP_Concat, "axis", TP_ATTR_INT, NULL},
+    {TP_OP_Trilu, "k", TP_ATTR_INT, NULL},
+    {TP_OP_Trilu, "upper", TP_ATTR_INT, "0|1"},
+    {TP_OP_Softmax, "axis", TP_ATTR_INT, NULL},
+    {TP_OP_LogSoftmax, "axis", TP_ATTR_INT, NULL},
+    {TP_OP_ReduceMean, "axes", TP_ATTR_INTS, NULL},
+    {TP_OP_ReduceMean, "keepdims", TP_ATTR_INT, "0|1"},
+    {TP_OP_ReduceSum, "axes", TP_ATTR_INTS, NULL},
+    {TP_OP_ReduceSum, "keepdims", TP_ATTR_INT, "0|1"},
+    {TP_OP_LayerNorm, "axis", TP_ATTR_INT, NULL},
+    {TP_OP_LayerNorm, "epsilon", TP_ATTR_FLOAT, NULL},
+    {TP_OP_Gelu, "approximate", TP_ATTR_STRING, "none|tanh"},
+    {TP_OP_Attention, "is_causal", TP_ATTR_INT, "0|1"},
+    {TP_OP_Attention, "kv_num_heads", TP_ATTR_INT, NULL},
+    {TP_OP_Attention, "q_num_heads", TP_ATTR_INT, NULL},
+    {TP_OP_Attention, "qk_matmul_output_mode", TP_ATTR_INT, NULL},
+    {TP_OP_Attention, "scale", TP_ATTR_FLOAT, NULL},
+    {TP_OP_Attention, "softcap", TP_ATTR_FLOAT, NULL},
+    {TP_OP_SoftmaxCrossEntropyLoss, "ignore_index", TP_ATTR_INT, NULL},
+    {TP_OP_SoftmaxCrossEntropyLoss, "reduction", TP_ATTR_STRING, "mean|sum|none"},
+    {TP_OP_NegativeLogLikelihoodLoss, "ignore_index", TP_ATTR_INT, NULL},
+    {TP_OP_NegativeLogLikelihoodLoss, "reduction", TP_ATTR_STRING, "mean|sum|none"},
+};
+
+static const char *const kind_names[] = {"an int", "a float", "an int list", "a string"};
+
+static bool in_choices(const char *choices, const char *s) {
+  size_t n = strlen(s);
+  for (const char *p = choices; p;) {
+    const char *end = strchr(p, '|');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len == n && strncmp(p, s, n) == 0) return true;
+    p = end ? end + 1 : NULL;
+  }
+  return false;
+}
+
+static int verify_attrs(const TpModule *m, int o, TpDiag *d) {
+  const TpOp *op = &m->ops[o];
+  for (int i = 0; i < op->nattrs; i++) {
+    const TpAttr *a = &op->attrs[i];
+    if (i && strcmp(op->attrs[i - 1].name, a->name) >= 0)
+      return tp_error_op(d, m, o, "attributes are not sorted and unique at '%s'", a->name);
+    size_t r = 0, nrules = sizeof attr_rules / sizeof attr_rules[0];
+    while (r < nrules && !(attr_rules[r].op == op->kind && strcmp(attr_rules[r].name, a->name) == 0)) r++;
+    if (r == nrules)
+      return tp_error_op(d, m, o, "unknown attribute '%s' for %s", a->name, tp_op_info[op->kind].name);
+    TpAttrKind want = attr_rules[r].kind;
+    bool ok = a->kind == want || (want == TP_ATTR_FLOAT && a->kind == TP_ATTR_INT);
+    if (!ok)
+      return tp_error_op(d, m, o, "attribute '%s' must be %s, not %s", a->name, kind_names[want],
+                         kind_names[a->kind]);
+    char buf[32];
+    if (a->kind == TP_ATTR_INT) snprintf(buf, sizeof buf, "%lld", (long long)a->i);
+    const char *value = a->kind == TP_ATTR_INT ? buf : a->s;
+    if (attr_rules[r].choices && !in_choices(attr_rules[r].choices, value))
+      return tp_error_op(d, m, o, "attribute '%s' is '%s'; allowed: %s", a->name, value,
+                         attr_rules[r].choices);
+  }
+  return TP_OK;
+}
+
+static int verify_type(const TpModule *m, int v, TpDiag *d) {
+  const TpType *t = &m->values[v].type;
+  const char *name = m->values[v].name;
+  if (t->dtype == TP_UNDEF) return tp_error(d, "value %%%s has no type", name);
+  if (!tp_dtype_name(t->dtype)) return tp_error(d, "value %%%s has unknown dtype %d", name, (int)t->dtype);
+  if (t->rank < 0 || t->rank > TP_MAX_RANK) return tp_error(d, "value %%%s has rank %d", name, t->rank);
+  for (int i = 0; i < t->rank; i++)
+    if (t->dims[i] < 0) return tp_error(d, "value %%%s has an unknown dimension %d", name, i);
+  return TP_OK;
+}
+
+static int verify_value(const TpModule *m, int v, TpDiag *d) {
+  const TpValue *val = &m->values[v];
+  if (!val->name) return tp_error(d, "value %d has no name", v);
+  if (tp_find_value(m, val->name) != v) return tp_error(d, "value name %%%s is not unique", val->name);
+  if (val->dead) return tp_error(d, "value %%%s is marked dead but still in the module", val->name);
+  if (verify_type(m, v, d)) return TP_ERR_INPUT;
+  switch (val->kind) {
+  case TP_VAL_INPUT: {
+    int listed = 0;
+    for (int i = 0; i < m->ninputs; i++) listed += m->inputs[i] == v;
+    if (listed != 1) return tp_error(d, "input %%%s is listed %d times as a graph input", val->name, listed);
+    return TP_OK;
+  }
+  case TP_VAL_PARAM:
+  case TP_VAL_CONST: {
+    if (val->kind == TP_VAL_PARAM && !tp_dtype_is_float(val->type.dtype))
+      return tp_error(d, "param %%%s must be floating-point, not %s", val->name, tp_dtype_name(val->type.dtype));
+    if (val->blob < 0 || val->blob >= m->nblobs) return tp_error(d, "value %%%s has no data", val->name);
+    const TpBlob *b = &m->blobs[val->blob];
+    uint64_t bytes = (uint64_t)tp_type_numel(&val->type) * tp_dtype_size(val->type.dtype);
+    if (val->offset < 0 || (uint64_t)val->offset > b->size || bytes > b->size - (uint64_t)val->offset)
+      return tp_error(d, "data of %%%s (bytes %lld..%llu) lies outside its blob of %zu bytes", val->name,
+                      (long long)val->offset, (unsigned long long)(val->offset + bytes), b->size);
+    if (bytes && !b->base) return tp_error(d, "value %%%s points into a blob without data", val->name);
+    return TP_OK;
+  }
+  case TP_VAL_RESULT: {
+    if (val->def < 0 || val->def >= m->nops) return tp_error(d, "result %%%s has no defining op", val->name);
+    const TpOp *op = &m->ops[val->def];
+    int found = 0;
+    for (int i = 0; i < op->noutputs; i++) found += op->outputs[i] == v;
+    if (found != 1) return tp_error(d, "result %%%s is not a result of its defining op", val->name);
+    return TP_OK;
+  }
+  }
+  return tp_error(d, "value %%%s has unknown kind %d", val->name, (int)val->kind);
+}
+
+static int verify_op(const TpModule *m, int o, TpDiag *d) {
+  const TpOp *op = &m->ops[o];
+  if (op->kind < 0 || op->kind >= TP_OP_COUNT) return tp_error(d, "op %d has unknown kind %d", o, (int)op->kind);
+  if (op->dead) return tp_error_op(d, m, o, "op is marked dead but still in the module");
+  const TpOpInfo *info = &tp_op_info[op->kind];
+  if (op->ninputs < info->min_inputs || op->ninputs > info->max_inputs)
+    return tp_error_op(d, m, o, "%s takes %d to %d operands, not %d", info->name, info->min_inputs,
+                       info->max_inputs, op->ninputs);
+  if (op->noutputs < info->min_outputs || op->noutputs > info->max_outputs)
+    return tp_error_op(d, m, o, "%s has %d to %d results, not %d", info->name, info->min_outputs,
+                       info->max_outputs, op->noutputs);
+  for (int i = 0; i < op->ninputs; i++) {
+    int v = op->inputs[i];
+    if (v < -1 || v >= m->nvalues) return tp_error_op(d, m, o, "operand %d is out of range (%d)", i, v);
+    if (v < 0) {
+      if (i < info->min_inputs) return tp_error_op(d, m, o, "required operand %d is absent", i);
+      continue;
+    }
+    if (m->values[v].kind == TP_VAL_RESULT && m->values[v].def >= o)
+      return tp_error_op(d, m, o, "operand %%%s is used before its definition (a cycle?)", m->values[v].name);
+  }
+  for (int i = 0; i < op->noutputs; i++) {
+    int v = op->outputs[i];
+    if (v < -1 || v >= m->nvalues) return tp_error_op(d, m, o, "result %d is out of range (%d)", i, v);
+    if (v < 0) {
+      if (i < info->min_outputs) return tp_error_op(d, m, o, "required result %d is absent", i);
+      continue;
+    }
+    if (m->values[v].kind != TP_VAL_RESULT || m->values[v].def != o)
+      return tp_error_op(d, m, o, "result %%%s is defined elsewhere too", m->values[v].name);
+    for (int j = 0; j < i; j++)
+      if (op->outputs[j] == v) return tp_error_op(d, m, o, "result %%%s appears twice", m->values[v].name);
+  }
+  if (verify_attrs(m, o, d)) return TP_ERR_INPUT;
+
+  /* Inference checks the recorded result types but also fills in missing dim names; it
+   * runs on the module itself and the result types are put back, so the module is left
+   * exactly as it was. */
+  TpModule *mm = (TpModule *)m;
+  TpType saved[64];
+  TP_ASSERT(op->noutputs <= 64);
+  for (int i = 0; i < op->noutputs; i++)
+    if (op->outputs[i] >= 0) saved[i] = m->values[op->outputs[i]].type;
+  int rc = tp_infer_op(mm, o, d);
+  for (int i = 0; i < op->noutputs; i++)
+    if (op->outputs[i] >= 0) mm->values[op->outputs[i]].type = saved[i];
+  return rc;
+}
+
+int tp_verify(const TpModule *m, TpDiag *d) {
+  for (int v = 0; v < m->nvalues; v++)
+    if (verify_value(m, v, d)) return TP_ERR_INPUT;
+  for (int i = 0; i < m->ninputs; i++) {
+    int v = m->inputs[i];
+    if (v < 0 || v >= m->nvalues || m->values[v].kind != TP_VAL_INPUT)
+      return tp_error(d, "graph input %d is not an input value", i);
+  }
+  for (int o = 0; o < m->nops; o++)
+    if (verify_op(m, o, d)) return TP_ERR_INPUT;
+  if (m->noutputs == 0) return tp_error(d, "the module has no outputs");
+  for (int i = 0; i < m->noutputs; i++)
+    if (m->outputs[i] < 0 || m->outputs[i] >= m->nvalues)
+      return tp_error(d, "graph output %d is out of range (%d)", i, m->outputs[i]);
+  return TP_OK;
+}

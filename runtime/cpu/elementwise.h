@@ -1,0 +1,88 @@
+/* Elementwise CPU kernels (unary, binary with numpy broadcasting, Where, Cast) and the
+ * strided iterator they share with the layout and reduction kernels. No IR dependency:
+ * plain functions over TpTensor views; the output view's dims give the result shape. */
+#ifndef TOKPIPE_CPU_ELEMENTWISE_H
+#define TOKPIPE_CPU_ELEMENTWISE_H
+
+#include "../tensor.h"
+
+/* What a kernel returns; the caller turns a failure into a diagnostic. */
+typedef enum {
+  TP_KERNEL_OK = 0,
+  TP_KERNEL_BAD_DTYPE, /* dtype (combination) the kernel does not implement */
+  TP_KERNEL_BAD_SHAPE, /* operand shapes do not fit the output */
+  TP_KERNEL_BAD_INDEX, /* a data-dependent index is out of range */
+} TpKernelStatus;
+
+/* ---- strided iteration ----
+ * Walks an n-d index space in row-major order over up to TP_ITER_MAX_OPERANDS operands,
+ * each with its own byte strides (0 on broadcast dims, negative for reversed slices).
+ * Operand 0 is conventionally the output. The space is cut into runs along the innermost
+ * dim; fn gets each run's operand pointers and innermost byte steps. */
+#define TP_ITER_MAX_OPERANDS 4
+
+typedef struct {
+  int rank, noperands;
+  int64_t dims[TP_MAX_RANK];
+  int64_t strides[TP_ITER_MAX_OPERANDS][TP_MAX_RANK]; /* bytes */
+} TpIter;
+
+typedef void (*TpRunFn)(const void *ctx, int64_t n, char *const ptr[], const int64_t step[]);
+
+/* Byte strides of a contiguous row-major tensor of the given dims. */
+void tp_contiguous_strides(int rank, const int64_t *dims, size_t elsize, int64_t *strides);
+/* out = broadcast of ops[1..]: operand k's strides over out's dims (ops[0] is the output,
+ * contiguous). False if an operand does not broadcast to the output's shape. */
+bool tp_iter_broadcast(TpIter *it, int noperands, const TpTensor *const ops[]);
+/* Drops size-1 dims and merges dims that are contiguous for every operand. */
+void tp_iter_coalesce(TpIter *it);
+/* Calls fn over the whole space, base[k] being operand k's address at index 0; splits the
+ * space across OpenMP threads when it is large. */
+void tp_iter_run(const TpIter *it, char *const base[], TpRunFn fn, const void *ctx);
+
+/* ---- unary ---- */
+typedef enum {
+  TP_UNARY_SQRT,
+  TP_UNARY_NEG,
+  TP_UNARY_RECIPROCAL,
+  TP_UNARY_EXP,
+  TP_UNARY_LOG,
+  TP_UNARY_ERF,
+  TP_UNARY_TANH,
+  TP_UNARY_RELU,
+  TP_UNARY_SIGMOID,
+  TP_UNARY_NOT,       /* bool only */
+  TP_UNARY_GELU,      /* x * Phi(x) */
+  TP_UNARY_GELU_TANH, /* tanh approximation */
+} TpUnaryOp;
+
+/* y = op(x), same shape and dtype. Floats (f16, bf16, f32, f64) for all but Not; Neg and
+ * Relu also take signed integers. */
+TpKernelStatus tp_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y);
+
+/* ---- binary, numpy broadcasting ---- */
+typedef enum {
+  TP_BINARY_ADD,
+  TP_BINARY_SUB,
+  TP_BINARY_MUL,
+  TP_BINARY_DIV, /* integers truncate toward zero; x/0 gives 0 */
+  TP_BINARY_POW, /* result dtype = base dtype; exponent any numeric dtype */
+  TP_BINARY_AND, /* bool */
+  TP_BINARY_EQUAL,
+  TP_BINARY_LESS,
+  TP_BINARY_LESS_EQUAL,
+  TP_BINARY_GREATER,
+} TpBinaryOp;
+
+/* y = a op b. Arithmetic over floats and integers (a, b, y one dtype, but Pow); comparisons
+ * over any numeric dtype (and bool for Equal) into a bool y. */
+TpKernelStatus tp_binary(TpBinaryOp op, const TpTensor *a, const TpTensor *b, TpTensor *y);
+
+/* y = cond ? a : b with 3-way broadcasting; cond is bool, a, b, y share any dtype. */
+TpKernelStatus tp_where(const TpTensor *cond, const TpTensor *a, const TpTensor *b, TpTensor *y);
+
+/* y = x converted to y's dtype (any pair of dtypes; float -> integer truncates toward zero,
+ * NaN gives 0 and out-of-range values saturate; nonzero -> true for bool). */
+TpKernelStatus tp_cast(const TpTensor *x, TpTensor *y);
+
+#endif

@@ -1,0 +1,198 @@
+#include "layout.h"
+
+#include <string.h>
+
+#define PARALLEL_BYTES ((int64_t)1 << 17) /* below this, copying is not worth threads */
+
+static int64_t prod(const int64_t *dims, int from, int to) { return tp_numel(to - from, dims + from); }
+
+/* Copies n elements of size es between strided runs. */
+#define COPY_LOOP(ES) \
+  for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * step[0], p[1] + i * step[1], ES)
+
+static void copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {
+  size_t es = *(const size_t *)ctx;
+  if (step[0] == (int64_t)es && step[1] == (int64_t)es) {
+    memcpy(p[0], p[1], (size_t)n * es);
+    return;
+  }
+  switch (es) { /* constant sizes let the compiler turn memcpy into a move */
+  case 1: COPY_LOOP(1); break;
+  case 2: COPY_LOOP(2); break;
+  case 4: COPY_LOOP(4); break;
+  case 8: COPY_LOOP(8); break;
+  default: COPY_LOOP(es); break;
+  }
+}
+
+/* y (contiguous) = x read with it.strides[1], starting at x's byte offset `start`. */
+static void strided_copy(TpIter *it, const TpTensor *x, int64_t start, TpTensor *y) {
+  size_t es = tp_dtype_size(y->dtype);
+  it->noperands = 2;
+  it->rank = y->rank;
+  memcpy(it->dims, y->dims, sizeof it->dims);
+  tp_contiguous_strides(y->rank, y->dims, es, it->strides[0]);
+  tp_iter_coalesce(it);
+  tp_iter_run(it, (char *const[]){y->data, (char *)x->data + start}, copy_run, &es);
+}
+
+TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
+                         int64_t *bad) {
+  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
+  if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (axis < 0 || axis >= data->rank || y->rank != data->rank - 1 + indices->rank)
+    return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < y->rank; d++) {
+    int64_t want = d < axis                   ? data->dims[d]
+                   : d < axis + indices->rank ? indices->dims[d - axis]
+                                              : data->dims[d - indices->rank + 1];
+    if (y->dims[d] != want) return TP_KERNEL_BAD_SHAPE;
+  }
+  int64_t outer = prod(data->dims, 0, axis), n = data->dims[axis];
+  int64_t nidx = tp_tensor_numel(indices);
+  size_t row = (size_t)prod(data->dims, axis + 1, data->rank) * tp_dtype_size(data->dtype);
+  /* Check every index first, so the copy below cannot fail. */
+  for (int64_t j = 0; j < nidx; j++) {
+    int64_t ix = indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j]
+                                          : ((const int32_t *)indices->data)[j];
+    if (ix < -n || ix >= n) {
+      *bad = ix;
+      return TP_KERNEL_BAD_INDEX;
+    }
+  }
+  const char *src = data->data;
+  char *dst = y->data;
+  int64_t total = outer * nidx;
+#pragma omp parallel for schedule(static) if (total * (int64_t)row > PARALLEL_BYTES)
+  for (int64_t r = 0; r < total; r++) {
+    int64_t o = r / nidx, j = r % nidx;
+    int64_t ix = indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j]
+                                          : ((const int32_t *)indices->data)[j];
+    if (ix < 0) ix += n;
+    memcpy(dst + (size_t)r * row, src + (size_t)(o * n + ix) * row, row);
+  }
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_reshape(const TpTensor *x, TpTensor *y) {
+  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (tp_tensor_numel(x) != tp_tensor_numel(y)) return TP_KERNEL_BAD_SHAPE;
+  if (tp_tensor_bytes(x) && x->data != y->data) memcpy(y->data, x->data, tp_tensor_bytes(x));
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_expand(const TpTensor *x, TpTensor *y) {
+  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  TpIter it;
+  if (!tp_iter_broadcast(&it, 2, (const TpTensor *const[]){y, x})) return TP_KERNEL_BAD_SHAPE;
+  tp_iter_coalesce(&it);
+  size_t es = tp_dtype_size(y->dtype);
+  tp_iter_run(&it, (char *const[]){y->data, x->data}, copy_run, &es);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_transpose(const TpTensor *x, const int64_t *perm, TpTensor *y) {
+  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
+  int64_t xs[TP_MAX_RANK];
+  unsigned seen = 0;
+  tp_contiguous_strides(x->rank, x->dims, tp_dtype_size(x->dtype), xs);
+  TpIter it;
+  for (int d = 0; d < y->rank; d++) {
+    int64_t p = perm[d];
+    if (p < 0 || p >= x->rank || (seen & (1u << p)) || x->dims[p] != y->dims[d])
+      return TP_KERNEL_BAD_SHAPE;
+    seen |= 1u << p;
+    it.strides[1][d] = xs[p];
+  }
+  strided_copy(&it, x, 0, y);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y) {
+  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
+  int64_t xs[TP_MAX_RANK], start = 0;
+  tp_contiguous_strides(x->rank, x->dims, tp_dtype_size(x->dtype), xs);
+  TpIter it;
+  for (int d = 0; d < y->rank; d++) {
+    int64_t last = starts[d] + (y->dims[d] - 1) * steps[d];
+    if (y->dims[d] > 0 && (starts[d] < 0 || starts[d] >= x->dims[d] || last < 0 || last >= x->dims[d]))
+      return TP_KERNEL_BAD_SHAPE;
+    start += starts[d] * xs[d];
+    it.strides[1][d] = steps[d] * xs[d];
+  }
+  if (tp_tensor_numel(y) == 0) return TP_KERNEL_OK;
+  strided_copy(&it, x, start, y);
+  return TP_KERNEL_OK;
+}
+
+/* Split and Concat: x viewed as [outer, along, inner]; piece k owns a band of `along`. */
+static TpKernelStatus check_pieces(const TpTensor *whole, const TpTensor *pieces, int n, int axis) {
+  if (axis < 0 || axis >= whole->rank) return TP_KERNEL_BAD_SHAPE;
+  int64_t along = 0;
+  for (int k = 0; k < n; k++) {
+    const TpTensor *p = &pieces[k];
+    if (p->dtype != whole->dtype) return TP_KERNEL_BAD_DTYPE;
+    if (p->rank != whole->rank) return TP_KERNEL_BAD_SHAPE;
+    for (int d = 0; d < whole->rank; d++)
+      if (d != axis && p->dims[d] != whole->dims[d]) return TP_KERNEL_BAD_SHAPE;
+    along += p->dims[axis];
+  }
+  return along == whole->dims[axis] ? TP_KERNEL_OK : TP_KERNEL_BAD_SHAPE;
+}
+
+/* Copies between the whole and its pieces, in the direction `to_pieces`. */
+static void move_pieces(const TpTensor *whole, TpTensor *pieces, int n, int axis, bool to_pieces) {
+  int64_t outer = prod(whole->dims, 0, axis);
+  size_t inner = (size_t)prod(whole->dims, axis + 1, whole->rank) * tp_dtype_size(whole->dtype);
+  size_t whole_row = (size_t)whole->dims[axis] * inner, offset = 0;
+  for (int k = 0; k < n; k++) {
+    size_t piece_row = (size_t)pieces[k].dims[axis] * inner;
+    char *w = (char *)whole->data + offset, *p = pieces[k].data;
+    offset += piece_row;
+    if (!p || piece_row == 0) continue;
+#pragma omp parallel for schedule(static) if (outer * (int64_t)piece_row > PARALLEL_BYTES)
+    for (int64_t o = 0; o < outer; o++) {
+      if (to_pieces) memcpy(p + o * piece_row, w + o * whole_row, piece_row);
+      else memcpy(w + o * whole_row, p + o * piece_row, piece_row);
+    }
+  }
+}
+
+TpKernelStatus tp_split(const TpTensor *x, int axis, TpTensor *ys, int n) {
+  TpKernelStatus s = check_pieces(x, ys, n, axis);
+  if (s == TP_KERNEL_OK) move_pieces(x, ys, n, axis, true);
+  return s;
+}
+
+TpKernelStatus tp_concat(const TpTensor *xs, int n, int axis, TpTensor *y) {
+  TpKernelStatus s = check_pieces(y, xs, n, axis);
+  if (s == TP_KERNEL_OK) move_pieces(y, (TpTensor *)xs, n, axis, false);
+  return s;
+}
+
+TpKernelStatus tp_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor *y) {
+  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (x->rank < 2 || x->rank != y->rank ||
+      memcmp(x->dims, y->dims, (size_t)x->rank * sizeof x->dims[0]) != 0)
+    return TP_KERNEL_BAD_SHAPE;
+  int64_t rows = x->dims[x->rank - 2], cols = x->dims[x->rank - 1];
+  int64_t total = tp_tensor_numel(x) / (cols ? cols : 1);
+  size_t es = tp_dtype_size(x->dtype);
+  if (cols == 0) return TP_KERNEL_OK;
+#pragma omp parallel for schedule(static) if (total * cols * (int64_t)es > PARALLEL_BYTES)
+  for (int64_t r = 0; r < total; r++) {
+    int64_t i = r % rows;
+    /* kept columns: [i + k, cols) for upper, [0, i + k] for lower */
+    int64_t lo = upper ? i + k : 0, hi = upper ? cols : i + k + 1;
+    lo = lo < 0 ? 0 : lo > cols ? cols : lo;
+    hi = hi < lo ? lo : hi > cols ? cols : hi;
+    const char *src = (const char *)x->data + (size_t)(r * cols) * es;
+    char *dst = (char *)y->data + (size_t)(r * cols) * es;
+    memset(dst, 0, (size_t)lo * es); /* all-zero bytes are 0 in every dtype */
+    memcpy(dst + lo * es, src + lo * es, (size_t)(hi - lo) * es);
+    memset(dst + hi * es, 0, (size_t)(cols - hi) * es);
+  }
+  return TP_KERNEL_OK;
+}

@@ -1,0 +1,150 @@
+#include "matmul.h"
+
+#include <cblas.h>
+#include <string.h>
+
+void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+              int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C,
+              (blasint)ldc);
+}
+
+/* Integer elements are read and written through int64 (uint64 wraps the same way). */
+static int64_t load_int(const void *p, TpDType t, int64_t i) {
+  switch (t) {
+  case TP_I32: return ((const int32_t *)p)[i];
+  case TP_U32: return ((const uint32_t *)p)[i];
+  case TP_I64: return ((const int64_t *)p)[i];
+  case TP_U64: return (int64_t)((const uint64_t *)p)[i];
+  default: return 0;
+  }
+}
+
+static void store_int(void *p, TpDType t, int64_t i, int64_t v) {
+  switch (t) {
+  case TP_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+  case TP_U32: ((uint32_t *)p)[i] = (uint32_t)v; break;
+  case TP_I64: ((int64_t *)p)[i] = v; break;
+  case TP_U64: ((uint64_t *)p)[i] = (uint64_t)v; break;
+  default: break;
+  }
+}
+
+static bool gemm_dtype_ok(TpDType t) {
+  return t == TP_F32 || t == TP_F64 || t == TP_I32 || t == TP_I64 || t == TP_U32 || t == TP_U64;
+}
+
+/* One matrix product of any supported dtype; element offsets a0, b0, c0 into the buffers. */
+static void gemm_any(TpDType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                     const void *A, int64_t a0, int64_t lda, const void *B, int64_t b0, int64_t ldb,
+                     double beta, void *C, int64_t c0, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (t == TP_F32) {
+    tp_sgemm(ta, tb, M, N, K, (float)alpha, (const float *)A + a0, lda, (const float *)B + b0, ldb,
+             (float)beta, (float *)C + c0, ldc);
+  } else if (t == TP_F64) {
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)M, (blasint)N, (blasint)K, alpha, (const double *)A + a0, (blasint)lda,
+                (const double *)B + b0, (blasint)ldb, beta, (double *)C + c0, (blasint)ldc);
+  } else {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        int64_t acc = 0;
+        for (int64_t k = 0; k < K; k++) {
+          int64_t ai = ta ? k * lda + i : i * lda + k, bi = tb ? j * ldb + k : k * ldb + j;
+          acc += load_int(A, t, a0 + ai) * load_int(B, t, b0 + bi);
+        }
+        int64_t ci = c0 + i * ldc + j;
+        double v = alpha * (double)acc + (beta != 0 ? beta * (double)load_int(C, t, ci) : 0);
+        store_int(C, t, ci, alpha == 1 && beta == 0 ? acc : (int64_t)v);
+      }
+  }
+}
+
+bool tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
+  if (a->dtype != b->dtype || a->dtype != y->dtype || !gemm_dtype_ok(a->dtype)) return false;
+  if (a->rank < 1 || b->rank < 1) return false;
+  int64_t M = a->rank >= 2 ? a->dims[a->rank - 2] : 1, K = a->dims[a->rank - 1];
+  int64_t Kb = b->rank >= 2 ? b->dims[b->rank - 2] : b->dims[0];
+  int64_t N = b->rank >= 2 ? b->dims[b->rank - 1] : 1;
+  if (K != Kb) return false;
+
+  /* Broadcast batch dims, right-aligned; strides count whole matrices, 0 where broadcast. */
+  int ra = a->rank > 2 ? a->rank - 2 : 0, rb = b->rank > 2 ? b->rank - 2 : 0;
+  int nb = ra > rb ? ra : rb;
+  int64_t dims[TP_MAX_RANK], sa[TP_MAX_RANK], sb[TP_MAX_RANK];
+  int64_t nbatch = 1, na = 1, nbb = 1;
+  for (int i = nb - 1; i >= 0; i--) {
+    int ia = i - (nb - ra), ib = i - (nb - rb);
+    int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
+    if (da != db && da != 1 && db != 1) return false;
+    dims[i] = da > db ? da : db;
+    if (da == 0 || db == 0) dims[i] = 0;
+    sa[i] = da == 1 ? 0 : na;
+    sb[i] = db == 1 ? 0 : nbb;
+    na *= da;
+    nbb *= db;
+    nbatch *= dims[i];
+  }
+  if (tp_tensor_numel(y) != nbatch * M * N) return false;
+  if (K == 0) { /* empty sum */
+    memset(y->data, 0, tp_tensor_bytes(y));
+    return true;
+  }
+
+  TpDType t = a->dtype;
+  if (nbb == 1 && na == nbatch) { /* one shared right operand: fold the batch into M */
+    gemm_any(t, false, false, nbatch * M, N, K, 1, a->data, 0, K, b->data, 0, N, 0, y->data, 0, N);
+    return true;
+  }
+  for (int64_t n = 0; n < nbatch; n++) {
+    int64_t rest = n, oa = 0, ob = 0;
+    for (int i = nb - 1; i >= 0; i--) {
+      int64_t idx = rest % dims[i];
+      rest /= dims[i];
+      oa += idx * sa[i];
+      ob += idx * sb[i];
+    }
+    gemm_any(t, false, false, M, N, K, 1, a->data, oa * M * K, K, b->data, ob * K * N, N, 0,
+             y->data, n * M * N, N);
+  }
+  return true;
+}
+
+bool tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
+             double alpha, double beta, TpTensor *y) {
+  TpDType t = a->dtype;
+  if (b->dtype != t || y->dtype != t || (c && c->dtype != t) || !gemm_dtype_ok(t)) return false;
+  if (a->rank != 2 || b->rank != 2 || y->rank != 2 || (c && c->rank > 2)) return false;
+  int64_t M = trans_a ? a->dims[1] : a->dims[0], K = trans_a ? a->dims[0] : a->dims[1];
+  int64_t Kb = trans_b ? b->dims[1] : b->dims[0], N = trans_b ? b->dims[0] : b->dims[1];
+  if (K != Kb || y->dims[0] != M || y->dims[1] != N) return false;
+
+  size_t es = tp_dtype_size(t);
+  if (c && beta != 0) {
+    int64_t cm = c->rank == 2 ? c->dims[0] : 1, cn = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
+    if ((cm != 1 && cm != M) || (cn != 1 && cn != N)) return false;
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        int64_t ci = (cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j);
+        memcpy((char *)y->data + (size_t)(i * N + j) * es, (const char *)c->data + (size_t)ci * es, es);
+      }
+  } else {
+    memset(y->data, 0, tp_tensor_bytes(y));
+    beta = 0;
+  }
+  if (K == 0) { /* empty sum: y = beta * c */
+    for (int64_t i = 0; i < M * N; i++) {
+      if (t == TP_F32) ((float *)y->data)[i] *= (float)beta;
+      else if (t == TP_F64) ((double *)y->data)[i] *= beta;
+      else store_int(y->data, t, i, (int64_t)(beta * (double)load_int(y->data, t, i)));
+    }
+    return true;
+  }
+  gemm_any(t, trans_a, trans_b, M, N, K, alpha, a->data, 0, a->dims[1], b->data, 0, b->dims[1], beta,
+           y->data, 0, N);
+  return true;
+}

@@ -1,0 +1,56 @@
+/* Neural-network layers on the CPU, f32: softmax, layer normalisation, attention.
+ * Plain functions over flat arrays; the shapes are in the comments. */
+#ifndef TOKPIPE_CPU_NN_H
+#define TOKPIPE_CPU_NN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Softmax (or log-softmax when `log`) of x viewed as [outer, n, inner] along the middle
+ * axis. Numerically stable (the row maximum is subtracted). A row that is all -inf gives
+ * zeros (log: -inf) instead of NaN. x and y may alias. */
+void tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, bool log);
+
+/* Layer normalisation of x viewed as [outer, n]: y = (x - mean) * inv_std * scale + bias,
+ * inv_std = 1 / sqrt(var + eps), var the biased variance of the row. scale and bias are [n]
+ * (bias may be NULL); mean and inv_std (each [outer]) are written when not NULL. */
+void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
+                      int64_t n, float eps, float *y, float *mean, float *inv_std);
+
+/* Scaled dot-product attention as ONNX Attention (opset 23) defines it. Per batch b and
+ * query head h (kv head h / (q_heads / kv_heads), grouped-query attention):
+ *   s = scale * Q K^T                      [q_len, total], total = past_len + kv_len
+ *   s = softcap * tanh(s / softcap)        when softcap > 0
+ *   s = s + mask + causal                  -inf where masked out
+ *   Y = softmax(s) V
+ * Causal: query i sees key j iff j <= i + past_len. */
+typedef struct {
+  int64_t batch, q_heads, kv_heads;
+  int64_t q_len, kv_len, past_len;
+  int64_t head_size, v_head_size;
+  /* true: Q, K, V and Y are [B, S, heads*D] ("3-D"); false: [B, heads, S, D] */
+  bool packed;
+  bool is_causal;
+  float scale;   /* resolved: never 0 */
+  float softcap; /* 0: none */
+  /* what qk_out receives: 0 the scaled product, 1 after softcap, 2 after the mask,
+   * 3 after softmax */
+  int qk_mode;
+  /* Optional mask broadcast to [B, q_heads, q_len, mask_len]: element (b,h,i,j) at
+   * mask_strides . (b,h,i,j), 0 strides where broadcast. bool (1 byte, true = attend) or
+   * f32 (added). Keys j >= mask_len (mask_len <= total) are masked out. */
+  const void *mask;
+  bool mask_is_bool;
+  int64_t mask_strides[4];
+  int64_t mask_len;
+} TpAttention;
+
+/* q: [B, q_heads, q_len, D] (or packed); k: [B, kv_heads, kv_len, D]; v: the same with
+ * v_head_size; past_k/past_v: [B, kv_heads, past_len, D or Dv] or NULL (past_len 0).
+ * y: [B, q_heads, q_len, Dv] (or packed). present_k/present_v ([B, kv_heads, total, D]),
+ * qk_out ([B, q_heads, q_len, total]) are written when not NULL. */
+void tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
+                      const float *past_k, const float *past_v, float *y, float *present_k,
+                      float *present_v, float *qk_out);
+
+#endif

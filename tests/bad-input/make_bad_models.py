@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+"""Writes the small broken ONNX models of tests/bad-input (committed, so the tests need no
+Python). Regenerate: /usr/bin/python3 tests/bad-input/make_bad_models.py
+Each model is broken in exactly one way; CMakeLists.txt pins the diagnostic for each."""
+import os
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+F = TensorProto.FLOAT
+
+
+def model(nodes, inputs, outputs, inits=(), opset=17, domains=()):
+    graph = helper.make_graph(nodes, "bad", inputs, outputs, initializer=list(inits))
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    m = helper.make_model(graph, opset_imports=opsets, producer_name="make_bad_models")
+    m.ir_version = 8
+    return m
+
+
+def save(m, name):
+    path = os.path.join(HERE, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def vi(name, shape, dtype=F):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def matmul_model(w_shape=(3, 4)):
+    w = numpy_helper.from_array(np.ones(w_shape, np.float32), "W")
+    return model([helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
+                 [vi("x", [2, 3])], [vi("y", [2, 4])], [w])
+
+
+def external_model(location):
+    """MatMul whose weight lives in external data at `location`."""
+    w = TensorProto(name="W", data_type=F, dims=[3, 4])
+    w.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", "48")):
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    return model([helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
+                 [vi("x", [2, 3])], [vi("y", [2, 4])], [w])
+
+
+def main():
+    good = matmul_model().SerializeToString()
+    with open(os.path.join(HERE, "truncated.onnx"), "wb") as f:
+        f.write(good[: len(good) // 2])  # cut inside the initializer's raw_data
+    with open(os.path.join(HERE, "not_protobuf.onnx"), "wb") as f:
+        f.write(b"this is not an ONNX model, just text\n")
+
+    save(model([helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
+               [vi("x", [2, 3])], [vi("y", [2, 4])]), "missing_initializer.onnx")
+
+    save(model([helper.make_node("Add", ["x", "b"], ["a"], name="add"),
+                helper.make_node("Relu", ["a"], ["b"], name="relu")],
+               [vi("x", [2, 3])], [vi("b", [2, 3])]), "cycle.onnx")
+
+    save(model([helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
+               [vi("x", [2, 3])], [vi("y", [2, 5])],
+               [numpy_helper.from_array(np.ones((4, 5), np.float32), "W")]), "shape_mismatch.onnx")
+
+    save(model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+               [vi("x", [2, 3])], [vi("y", [3, 2])]), "output_type_mismatch.onnx")
+
+    save(model([helper.make_node("Abs", ["x"], ["y"], name="abs")],
+               [vi("x", [2, 3])], [vi("y", [2, 3])]), "unsupported_op.onnx")
+
+    save(model([helper.make_node("Gelu", ["x"], ["y"], name="gelu")],
+               [vi("x", [2, 3])], [vi("y", [2, 3])]), "op_newer_than_opset.onnx")
+
+    save(model([helper.make_node("FastGelu", ["x"], ["y"], name="fused_gelu", domain="com.microsoft")],
+               [vi("x", [2, 3])], [vi("y", [2, 3])], domains=["com.microsoft"]), "unknown_domain.onnx")
+
+    save(model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+               [vi("x", [2, 3])], [vi("y", [2, 3])], opset=11), "opset_11.onnx")
+
+    save(model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+               [vi("x", ["batch", 3])], [vi("y", ["batch", 3])]), "symbolic_dim.onnx")
+
+    w = numpy_helper.from_array(np.ones((3, 4), np.float32), "W")
+    w.raw_data = w.raw_data[:40]
+    save(model([helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
+               [vi("x", [2, 3])], [vi("y", [2, 4])], [w]), "raw_data_size.onnx")
+
+    save(model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")],
+               [vi("x", [2, 3]), vi("shape", [2], TensorProto.INT64)], [vi("y", [3, 2])]),
+         "shape_not_constant.onnx")
+
+    # external data: absolute path, `..`, and a symlink leading out of the model's folder
+    # (CMakeLists.txt makes ext_symlink/weights.bin -> ../outside.bin at configure time)
+    save(external_model("/etc/passwd"), "ext_absolute/model.onnx")
+    save(external_model("../outside.bin"), "ext_dotdot/model.onnx")
+    save(external_model("weights.bin"), "ext_symlink/model.onnx")
+    save(external_model("weights.bin"), "ext_short/model.onnx")
+    with open(os.path.join(HERE, "ext_short", "weights.bin"), "wb") as f:
+        f.write(np.ones(6, np.float32).tobytes())  # 24 of the 48 bytes
+    with open(os.path.join(HERE, "outside.bin"), "wb") as f:
+        f.write(np.ones(12, np.float32).tobytes())
+
+
+if __name__ == "__main__":
+    main()

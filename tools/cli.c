@@ -1,0 +1,173 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *cli_tool = "tokpipec";
+
+_Noreturn void cli_usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: error: ", cli_tool);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nTry '%s --help'.\n", cli_tool);
+  va_end(ap);
+  exit(TP_ERR_USAGE);
+}
+
+bool cli_is(const char *arg, const char *flag) { return strcmp(arg, flag) == 0; }
+
+bool cli_value(int argc, char **argv, int *i, const char *flag, const char **value) {
+  const char *arg = argv[*i];
+  size_t n = strlen(flag);
+  if (strncmp(arg, flag, n) != 0) return false;
+  if (arg[n] == '=') {
+    *value = arg + n + 1;
+    return true;
+  }
+  if (arg[n] != 0) return false;
+  if (*i + 1 >= argc) cli_usage_error("%s needs a value", flag);
+  *value = argv[++*i];
+  return true;
+}
+
+int64_t cli_int(const char *flag, const char *text, int64_t lo, int64_t hi) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(text, &end, 10);
+  if (end == text || *end || errno == ERANGE)
+    cli_usage_error("%s expects an integer, got '%s'", flag, text);
+  if (v < lo || v > hi)
+    cli_usage_error("%s must be in [%lld, %lld], got %lld", flag, (long long)lo, (long long)hi, v);
+  return v;
+}
+
+double cli_double(const char *flag, const char *text) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (end == text || *end || errno == ERANGE || isnan(v))
+    cli_usage_error("%s expects a number, got '%s'", flag, text);
+  return v;
+}
+
+void cli_add_dim(CliDims *dims, const char *text) {
+  const char *eq = strchr(text, '=');
+  if (!eq || eq == text || !eq[1]) cli_usage_error("--dim expects NAME=VALUE, got '%s'", text);
+  int64_t value = cli_int("--dim", eq + 1, 1, INT64_MAX);
+  for (int i = 0; i < dims->n; i++)
+    if (strlen(dims->dims[i].name) == (size_t)(eq - text) && strncmp(dims->dims[i].name, text, eq - text) == 0)
+      cli_usage_error("--dim %.*s given twice", (int)(eq - text), text);
+  dims->dims = realloc(dims->dims, (size_t)(dims->n + 1) * sizeof *dims->dims);
+  char *name = strndup(text, (size_t)(eq - text));
+  if (!dims->dims || !name) {
+    fprintf(stderr, "%s: internal error: out of memory\n", cli_tool);
+    exit(TP_ERR_INTERNAL);
+  }
+  dims->dims[dims->n++] = (TpDimBinding){name, value};
+}
+
+void cli_free_dims(CliDims *dims) {
+  for (int i = 0; i < dims->n; i++) free((char *)dims->dims[i].name);
+  free(dims->dims);
+  *dims = (CliDims){0};
+}
+
+bool cli_pass_option(int argc, char **argv, int *i, TpPassOptions *o) {
+  if (cli_value(argc, argv, i, "--print-before", &o->print_before)) return true;
+  if (cli_value(argc, argv, i, "--print-after", &o->print_after)) return true;
+  if (cli_is(argv[*i], "--print-after-all")) return o->print_after_all = true;
+  if (cli_is(argv[*i], "--verify-each")) return o->verify_each = true;
+  return false;
+}
+
+char **cli_split_list(const char *flag, const char *text, int *n) {
+  int count = 1;
+  for (const char *p = text; *p; p++) count += *p == ',';
+  char **names = calloc((size_t)count + 1, sizeof *names);
+  TP_ASSERT(names);
+  *n = 0;
+  for (const char *p = text;;) {
+    size_t len = strcspn(p, ",");
+    if (len == 0) cli_usage_error("%s has an empty name in '%s'", flag, text);
+    names[(*n)++] = strndup(p, len);
+    TP_ASSERT(names[*n - 1]);
+    if (!p[len]) break;
+    p += len + 1;
+  }
+  return names;
+}
+
+void cli_free_list(char **names) {
+  for (char **p = names; p && *p; p++) free(*p);
+  free(names);
+}
+
+int cli_run_pipeline(TpModule *m, const char *const *names, int n, const TpPassOptions *o, TpDiag *d) {
+  int rc = tp_verify(m, d);
+  if (rc != TP_OK) return rc;
+  rc = tp_run_passes(m, names, n, o, d);
+  if (rc != TP_OK) return rc;
+  if (tp_verify(m, d) != TP_OK) return tp_internal(d, "the passes produced invalid IR");
+  return TP_OK;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+int cli_load_module(const char *path, const CliDims *dims, TpModule **out, TpDiag *d) {
+  if (ends_with(path, ".onnx")) {
+    TpImportOptions o = {.dims = dims->dims, .ndims = dims->n};
+    return tp_import_onnx_file(path, &o, out, d);
+  }
+  if (dims->n) cli_usage_error("--dim applies to ONNX models, not textual IR ('%s')", path);
+  return tp_parse_file(path, out, d);
+}
+
+int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag *d) {
+  if (!path || strcmp(path, "-") == 0) {
+    write(ctx, stdout);
+    if (fflush(stdout) != 0 || ferror(stdout)) return tp_error(d, "cannot write to stdout: %s", strerror(errno));
+    return TP_OK;
+  }
+  size_t n = strlen(path);
+  char *tmp = malloc(n + 16);
+  TP_ASSERT(tmp);
+  snprintf(tmp, n + 16, "%s.tmp.XXXXXX", path);
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    int rc = tp_error(d, "cannot create '%s': %s", tmp, strerror(errno));
+    free(tmp);
+    return rc;
+  }
+  mode_t mask = umask(0); /* mkstemp makes 0600; give the file the usual mode */
+  umask(mask);
+  fchmod(fd, 0666 & ~mask);
+  FILE *f = fdopen(fd, "w");
+  bool ok = f != NULL;
+  if (ok) {
+    write(ctx, f);
+    ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
+  }
+  int err = errno;
+  if ((f ? fclose(f) : close(fd)) != 0 && ok) ok = false, err = errno;
+  if (ok && rename(tmp, path) != 0) ok = false, err = errno;
+  int rc = TP_OK;
+  if (!ok) {
+    unlink(tmp);
+    rc = tp_error(d, "cannot write '%s': %s", path, strerror(err));
+  }
+  free(tmp);
+  return rc;
+}
+
+int cli_exit_code(int rc) {
+  return rc == TP_OK || rc == TP_ERR_INPUT || rc == TP_ERR_USAGE ? rc : TP_ERR_INTERNAL;
+}

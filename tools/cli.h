@@ -1,0 +1,75 @@
+/* Command-line helpers shared by the tools (tokpipec, tokpipe-opt, tokpipe-run): option
+ * parsing in the `--flag=value` and `--flag value` forms, `--dim NAME=VALUE`, checked
+ * numbers, usage errors (exit 2), loading a model from .onnx or textual IR, and writing an
+ * output file atomically. Tools may exit; the library never does. */
+#ifndef TOKPIPE_CLI_H
+#define TOKPIPE_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "frontend/frontend.h"
+#include "ir/ir.h"
+
+#ifndef TOKPIPE_VERSION
+#define TOKPIPE_VERSION "unknown"
+#endif
+
+/* The tool's name for messages ("tokpipec"); set first thing in main. */
+extern const char *cli_tool;
+
+/* "tool: error: MSG" and "Try 'tool --help'." on stderr, then exit 2. */
+_Noreturn void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* argv[*i] is exactly `flag` (a switch such as --verify-each). */
+bool cli_is(const char *arg, const char *flag);
+/* argv[*i] is `flag=VALUE` or `flag` followed by VALUE (consumed: *i advances). A missing
+ * value is a usage error. */
+bool cli_value(int argc, char **argv, int *i, const char *flag, const char **value);
+
+/* Checked numbers: the whole text must be a number in range, else a usage error naming
+ * the flag. */
+int64_t cli_int(const char *flag, const char *text, int64_t lo, int64_t hi);
+double cli_double(const char *flag, const char *text);
+
+/* Repeatable --dim NAME=VALUE (VALUE >= 1). */
+typedef struct {
+  TpDimBinding *dims;
+  int n;
+} CliDims;
+void cli_add_dim(CliDims *dims, const char *text);
+void cli_free_dims(CliDims *dims);
+
+/* The pass manager's switches: --print-before=P, --print-after=P, --print-after-all,
+ * --verify-each. True if argv[*i] was one. */
+bool cli_pass_option(int argc, char **argv, int *i, TpPassOptions *o);
+#define CLI_PASS_OPTIONS_HELP                                                    \
+  "  --print-before=P     dump the IR to stderr before passes P (comma list, or all)\n" \
+  "  --print-after=P      dump the IR to stderr after passes P\n"                 \
+  "  --print-after-all    dump the IR to stderr after every pass\n"              \
+  "  --verify-each        verify the IR after every pass\n"
+
+/* Splits "a,b,c" into a NULL-terminated malloc'ed array of malloc'ed names (*n of them);
+ * an empty name is a usage error naming `flag`. */
+char **cli_split_list(const char *flag, const char *text, int *n);
+void cli_free_list(char **names);
+
+/* Verifies the loaded module (exit 1 territory), runs the passes, verifies the result
+ * (a failure there is a compiler bug: TP_ERR_INTERNAL). */
+int cli_run_pipeline(TpModule *m, const char *const *names, int n, const TpPassOptions *o, TpDiag *d);
+
+/* Reads FILE.onnx (imported with `dims`) or textual IR (any other name; "-" = stdin).
+ * Diagnostics go to d. */
+int cli_load_module(const char *path, const CliDims *dims, TpModule **out, TpDiag *d);
+
+/* Writes through `write` to `path` ("-" or NULL = stdout). A file is written to a
+ * temporary in the same folder, synced and renamed over `path`, so a failure never
+ * leaves a half-written file. */
+typedef void (*CliWriter)(const void *ctx, FILE *out);
+int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag *d);
+
+/* A status code (TP_OK, TP_ERR_*) as the process exit code. */
+int cli_exit_code(int rc);
+
+#endif
