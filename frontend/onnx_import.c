@@ -357,8 +357,12 @@ int import_tensor_value(Importer *I, const Onnx__TensorProto *t, const char *nam
     if ((int64_t)t->raw_data.len != bytes)
       return err_at(I->d, where, I->opset, "%s has %zu bytes of raw data, its shape needs %lld", what,
                     t->raw_data.len, (long long)bytes);
+    /* weights stay in the model file; small non-float constants (shapes, indices) that
+     * constant folding reads are copied when misaligned there */
+    int64_t esize = (int64_t)tp_dtype_size(type.dtype);
     if (raw_index >= 0 && raw_index < I->nraw && I->model_blob >= 0 &&
-        I->raw[raw_index].size == bytes && I->raw[raw_index].offset >= 0) {
+        I->raw[raw_index].size == bytes && I->raw[raw_index].offset >= 0 &&
+        (kind == TP_VAL_PARAM || I->raw[raw_index].offset % esize == 0)) {
       blob = I->model_blob;
       offset = I->raw[raw_index].offset;
     } else {

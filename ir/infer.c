@@ -205,6 +205,10 @@ static int infer_reshape(const Ctx *c) {
     char sx[256], sr[256];
     return tp_error_op(c->d, c->m, c->op, "cannot reshape %s to %s", type_str(x, sx), type_str(r, sr));
   }
+  /* a row-major reshape keeps the leading dims it leaves unchanged, and their names */
+  TpType *named = result(c, 0);
+  for (int i = 0; i < x->rank && i < r->rank && x->dims[i] == r->dims[i]; i++)
+    if (!named->dimnames[i]) named->dimnames[i] = x->dimnames[i];
   return TP_OK;
 }
 
@@ -217,7 +221,7 @@ static int infer_expand(const Ctx *c) {
     char sx[256], sr[256];
     return tp_error_op(c->d, c->m, c->op, "cannot expand %s to %s", type_str(x, sx), type_str(r, sr));
   }
-  return TP_OK;
+  return set_result(c, 0, t); /* fills in the names broadcasting carried over */
 }
 
 static int infer_cast(const Ctx *c) {

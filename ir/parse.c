@@ -260,6 +260,18 @@ static int expect_eol(Parser *p) {
 
 /* ---- types, origins, values ---- */
 
+/* Elements of a type: -1 if a dim is unknown, -2 if there are 2^40 or more. */
+static int64_t known_numel(const TpType *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++)
+    if (t->dims[i] < 0) return -1;
+  for (int i = 0; i < t->rank; i++) {
+    if (t->dims[i] && n > (INT64_C(1) << 40) / t->dims[i]) return -2;
+    n *= t->dims[i];
+  }
+  return n;
+}
+
 /* dtype[dim, name=dim, ...] or `?` for a type not inferred yet. */
 static int parse_type(Parser *p, TpType *t) {
   memset(t, 0, sizeof *t);
@@ -283,19 +295,8 @@ static int parse_type(Parser *p, TpType *t) {
     if (!accept(p, '?') && parse_int_in(p, 0, INT64_MAX, "dimension", &dim)) return TP_ERR_INPUT;
     t->dims[t->rank++] = dim;
   } while (accept(p, ','));
+  if (known_numel(t) == -2) return fail_at(p, at, "tensor too large (2^40 elements or more)");
   return expect(p, ']');
-}
-
-/* Elements of a type: -1 if a dim is unknown, -2 if there are 2^40 or more. */
-static int64_t known_numel(const TpType *t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++)
-    if (t->dims[i] < 0) return -1;
-  for (int i = 0; i < t->rank; i++) {
-    if (t->dims[i] && n > (INT64_C(1) << 40) / t->dims[i]) return -2;
-    n *= t->dims[i];
-  }
-  return n;
 }
 
 /* loc("node" OpType), loc(none OpType), loc("node"), loc(); absent = no origin. */
@@ -459,7 +460,6 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
   int64_t numel = known_numel(&t);
   if (t.dtype == TP_UNDEF || numel == -1)
     return fail_at(p, type_at, "constant data needs a type with known dimensions");
-  if (numel < 0) return fail_at(p, type_at, "tensor too large");
   int64_t bytes = numel * (int64_t)tp_dtype_size(t.dtype);
   int blob;
   int64_t offset = 0;

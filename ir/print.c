@@ -1,20 +1,30 @@
-/* The textual IR ("tir") printer. The format, one statement per line:
+/* The textual IR ("tir") printer; ir/parse.c reads the same format back. One statement
+ * per line, `//` comments:
  *
- *   tir 1 opset 17 source "gpt.onnx"
- *   blob 0 "gpt.onnx"
- *   input %input_ids : i64[batch=2, seq=8]
+ *   tir 1 opset 17 source "gpt.onnx"                      header: format version, module
+ *   blob 0 "gpt.onnx"                                     a file holding weights
+ *   input %idx : i64[batch=2, seq=8]                      graph inputs, in order
  *   param %wte : f32[256, 64] = blob 0 offset 1234 size 65536 loc("wte" initializer)
- *   const %c : f32[] = dense<0.5>
- *   %"/wte/Gather_output_0" : f32[batch=2, seq=8, 64] = Gather(%wte, %input_ids) {axis = 0} loc("/wte/Gather" Gather)
- *   output %"/wte/Gather_output_0"
+ *   const %c : f32[] = dense<0.5> loc("/Constant" Constant)
+ *   %"/wte/Gather_output_0" : f32[batch=2, seq=8, 64] = Gather(%wte, %idx) {axis = 0} loc("/wte/Gather" Gather)
+ *   %y : f32[2, 8], none, %inv : f32[2, 1] loc() = LayerNorm(%x, %s, none) {axis = 1, epsilon = 1e-05}
+ *   output %"/wte/Gather_output_0"                        graph outputs, in order
  *
- * Names that are not [A-Za-z0-9_.]+ are quoted. `none` spells an absent optional operand
- * or result. Only file blobs are listed (renumbered 0..k-1); module-owned data is printed
- * inline: `dense<x>` fills the tensor with one element, `dense<[a, b, ...]>` lists up to
- * TP_PRINT_MAX_ELEMS elements, `dense<0x...>` gives the raw little-endian bytes. Numbers
- * are printed in their shortest form that reads back to the same bits, so
- * print(parse(print(m))) == print(m). A value's loc(...) is printed after its type only
- * where it differs from its op's. ir/parse.c reads this format back. */
+ * Values are %name, quoted (%"a/b") unless [A-Za-z0-9_.]+; op types, attribute and dim
+ * names are quoted unless [A-Za-z_][A-Za-z0-9_]*. In strings '"' and '\' are escaped
+ * with a backslash, control and non-ASCII bytes as \xHH. A type is dtype[dims] with
+ * `name=` before a symbolic dim, `?` for an unknown dim or a type not inferred yet.
+ * `none` is an absent optional operand or result. Attributes are sorted by name: ints,
+ * floats (always with '.', 'e', inf or nan), [int lists], "strings". loc("node" OpType)
+ * is the ONNX origin (`none` for no node name; loc() for no origin); a result's own loc is
+ * printed only where it differs from its op's.
+ *
+ * Params and constants come before the ops, in module order. Data in files is referenced
+ * (file blobs are renumbered 0..k-1 in module order); module-owned data is printed inline:
+ * `dense<x>` fills the tensor with one element, `dense<[a, b, ...]>` lists up to
+ * TP_PRINT_MAX_ELEMS elements, `dense<0x...>` gives the raw little-endian bytes. Floats
+ * are printed in the shortest form that reads back to the same bits, so
+ * print(parse(print(m))) == print(m) byte for byte. */
 #include "ir.h"
 
 #include <math.h>

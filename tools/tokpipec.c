@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
   if (!input) cli_usage_error("no input model");
 
   TpDiag d;
-  tp_diag_init(&d, cli_tool, input, stderr);
+  tp_diag_init(&d, cli_tool, strcmp(input, "-") == 0 ? "<stdin>" : input, stderr);
   TpModule *m = NULL;
   int n = 0;
   while (tp_default_pipeline[n]) n++;

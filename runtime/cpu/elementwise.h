@@ -1,6 +1,7 @@
 /* Elementwise CPU kernels (unary, binary with numpy broadcasting, Where, Cast) and the
  * strided iterator they share with the layout and reduction kernels. No IR dependency:
- * plain functions over TpTensor views; the output view's dims give the result shape. */
+ * plain functions over TpTensor views; the output view's dims give the result shape.
+ * Tensor data must be aligned to its element size (the fast paths load typed values). */
 #ifndef TOKPIPE_CPU_ELEMENTWISE_H
 #define TOKPIPE_CPU_ELEMENTWISE_H
 

@@ -1,5 +1,6 @@
 #include "interp.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,10 +49,27 @@ static const TpExecFn exec_table[TP_OP_COUNT] = {
     [TP_OP_NegativeLogLikelihoodLoss] = tp_exec_loss,
 };
 
+/* Kernels read elements through typed pointers, but weights referenced in place sit at any
+ * byte offset of the model file: such operands are copied to aligned memory first. */
 int tp_exec_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
-  TpExecFn fn = exec_table[m->ops[op].kind];
-  if (!fn) return tp_internal(d, "no CPU implementation of op %s", tp_op_info[m->ops[op].kind].name);
-  return fn(m, op, in, out, d);
+  const TpOp *o = &m->ops[op];
+  TpExecFn fn = exec_table[o->kind];
+  if (!fn) return tp_internal(d, "no CPU implementation of op %s", tp_op_info[o->kind].name);
+  TpTensor aligned[64];
+  TP_ASSERT(o->ninputs <= 64);
+  for (int i = 0; i < o->ninputs; i++) {
+    aligned[i] = in[i];
+    size_t size = tp_dtype_size(in[i].dtype);
+    if (in[i].data && size && (uintptr_t)in[i].data % size) {
+      aligned[i].data = malloc(tp_tensor_bytes(&in[i]));
+      TP_ASSERT(aligned[i].data);
+      memcpy(aligned[i].data, in[i].data, tp_tensor_bytes(&in[i]));
+    }
+  }
+  int rc = fn(m, op, aligned, out, d);
+  for (int i = 0; i < o->ninputs; i++)
+    if (aligned[i].data != in[i].data) free(aligned[i].data);
+  return rc;
 }
 
 /* A buffer per value, allocated when its op runs and freed after its last use. */

@@ -17,3 +17,8 @@ config.environment["PATH"] = os.pathsep.join([config.llvm_tools_dir, config.envi
 config.substitutions.append(("%tokpipe-opt", os.path.join(config.tokpipe_bin_dir, "tokpipe-opt")))
 config.substitutions.append(("%tokpipec", os.path.join(config.tokpipe_bin_dir, "tokpipec")))
 config.substitutions.append(("%fixtures", os.path.join(config.tokpipe_source_dir, "tests", "fixtures")))
+
+# Under the sanitizers a report must abort (a signal), so that `not` and exit-code checks
+# cannot mistake it for an ordinary error exit.
+for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS"):
+    config.environment[var] = ":".join(filter(None, [os.environ.get(var), "abort_on_error=1"]))
