@@ -34,7 +34,6 @@ enum {
 typedef enum {
 #define TP_OP(name, min_in, max_in, min_out, max_out, traits) TP_OP_##name,
 #include "ops.def"
-#undef TP_OP
   TP_OP_COUNT
 } TpOpKind;
 
@@ -45,6 +44,17 @@ typedef struct {
 } TpOpInfo;
 
 extern const TpOpInfo tp_op_info[TP_OP_COUNT];
+typedef enum { TP_ATTR_INT, TP_ATTR_FLOAT, TP_ATTR_INTS, TP_ATTR_STRING } TpAttrKind;
+
+/* The attribute schema (TP_ATTR rows of ops.def); NULL-terminated (name == NULL). */
+typedef struct {
+  TpOpKind op;
+  const char *name;
+  TpAttrKind kind;
+  const char *choices; /* allowed values, "0|1", or NULL for any */
+} TpAttrRule;
+extern const TpAttrRule tp_attr_rules[];
+
 /* TP_OP_COUNT when the name is not an IR op. */
 TpOpKind tp_op_from_name(const char *name);
 
@@ -80,8 +90,6 @@ typedef struct {
   TpOrigin origin;
   bool dead;        /* marked for removal by tp_module_compact */
 } TpValue;
-
-typedef enum { TP_ATTR_INT, TP_ATTR_FLOAT, TP_ATTR_INTS, TP_ATTR_STRING } TpAttrKind;
 
 typedef struct {
   const char *name;

@@ -1,4 +1,4 @@
-/* The op table expanded from ops.def. */
+/* The op table and attribute schema expanded from ops.def. */
 #include "ir.h"
 
 #include <string.h>
@@ -7,7 +7,12 @@ const TpOpInfo tp_op_info[TP_OP_COUNT] = {
 #define TP_OP(name, min_in, max_in, min_out, max_out, traits) \
   [TP_OP_##name] = {#name, min_in, max_in, min_out, max_out, traits},
 #include "ops.def"
-#undef TP_OP
+};
+
+const TpAttrRule tp_attr_rules[] = {
+#define TP_ATTR(op, name, kind, choices) {TP_OP_##op, #name, TP_ATTR_##kind, choices},
+#include "ops.def"
+    {TP_OP_COUNT, NULL, 0, NULL},
 };
 
 TpOpKind tp_op_from_name(const char *name) {

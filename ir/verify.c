@@ -9,46 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The attributes each op may carry (ir/ops.def); `choices` lists allowed values ("0|1"). */
-static const struct {
-  TpOpKind op;
-  const char *name;
-  TpAttrKind kind;
-  const char *choices;
-} attr_rules[] = {
-    {TP_OP_Gemm, "alpha", TP_ATTR_FLOAT, NULL},
-    {TP_OP_Gemm, "beta", TP_ATTR_FLOAT, NULL},
-    {TP_OP_Gemm, "transA", TP_ATTR_INT, "0|1"},
-    {TP_OP_Gemm, "transB", TP_ATTR_INT, "0|1"},
-    {TP_OP_Gather, "axis", TP_ATTR_INT, NULL},
-    {TP_OP_Transpose, "perm", TP_ATTR_INTS, NULL},
-    {TP_OP_Split, "axis", TP_ATTR_INT, NULL},
-    {TP_OP_Slice, "starts", TP_ATTR_INTS, NULL},
-    {TP_OP_Slice, "steps", TP_ATTR_INTS, NULL},
-    {TP_OP_Concat, "axis", TP_ATTR_INT, NULL},
-    {TP_OP_Trilu, "k", TP_ATTR_INT, NULL},
-    {TP_OP_Trilu, "upper", TP_ATTR_INT, "0|1"},
-    {TP_OP_Softmax, "axis", TP_ATTR_INT, NULL},
-    {TP_OP_LogSoftmax, "axis", TP_ATTR_INT, NULL},
-    {TP_OP_ReduceMean, "axes", TP_ATTR_INTS, NULL},
-    {TP_OP_ReduceMean, "keepdims", TP_ATTR_INT, "0|1"},
-    {TP_OP_ReduceSum, "axes", TP_ATTR_INTS, NULL},
-    {TP_OP_ReduceSum, "keepdims", TP_ATTR_INT, "0|1"},
-    {TP_OP_LayerNorm, "axis", TP_ATTR_INT, NULL},
-    {TP_OP_LayerNorm, "epsilon", TP_ATTR_FLOAT, NULL},
-    {TP_OP_Gelu, "approximate", TP_ATTR_STRING, "none|tanh"},
-    {TP_OP_Attention, "is_causal", TP_ATTR_INT, "0|1"},
-    {TP_OP_Attention, "kv_num_heads", TP_ATTR_INT, NULL},
-    {TP_OP_Attention, "q_num_heads", TP_ATTR_INT, NULL},
-    {TP_OP_Attention, "qk_matmul_output_mode", TP_ATTR_INT, NULL},
-    {TP_OP_Attention, "scale", TP_ATTR_FLOAT, NULL},
-    {TP_OP_Attention, "softcap", TP_ATTR_FLOAT, NULL},
-    {TP_OP_SoftmaxCrossEntropyLoss, "ignore_index", TP_ATTR_INT, NULL},
-    {TP_OP_SoftmaxCrossEntropyLoss, "reduction", TP_ATTR_STRING, "mean|sum|none"},
-    {TP_OP_NegativeLogLikelihoodLoss, "ignore_index", TP_ATTR_INT, NULL},
-    {TP_OP_NegativeLogLikelihoodLoss, "reduction", TP_ATTR_STRING, "mean|sum|none"},
-};
-
 static const char *const kind_names[] = {"an int", "a float", "an int list", "a string"};
 
 static bool in_choices(const char *choices, const char *s) {
@@ -68,11 +28,11 @@ static int verify_attrs(const TpModule *m, int o, TpDiag *d) {
     const TpAttr *a = &op->attrs[i];
     if (i && strcmp(op->attrs[i - 1].name, a->name) >= 0)
       return tp_error_op(d, m, o, "attributes are not sorted and unique at '%s'", a->name);
-    size_t r = 0, nrules = sizeof attr_rules / sizeof attr_rules[0];
-    while (r < nrules && !(attr_rules[r].op == op->kind && strcmp(attr_rules[r].name, a->name) == 0)) r++;
-    if (r == nrules)
+    const TpAttrRule *rule = tp_attr_rules;
+    while (rule->name && !(rule->op == op->kind && strcmp(rule->name, a->name) == 0)) rule++;
+    if (!rule->name)
       return tp_error_op(d, m, o, "unknown attribute '%s' for %s", a->name, tp_op_info[op->kind].name);
-    TpAttrKind want = attr_rules[r].kind;
+    TpAttrKind want = rule->kind;
     bool ok = a->kind == want || (want == TP_ATTR_FLOAT && a->kind == TP_ATTR_INT);
     if (!ok)
       return tp_error_op(d, m, o, "attribute '%s' must be %s, not %s", a->name, kind_names[want],
@@ -80,9 +40,9 @@ static int verify_attrs(const TpModule *m, int o, TpDiag *d) {
     char buf[32];
     if (a->kind == TP_ATTR_INT) snprintf(buf, sizeof buf, "%lld", (long long)a->i);
     const char *value = a->kind == TP_ATTR_INT ? buf : a->s;
-    if (attr_rules[r].choices && !in_choices(attr_rules[r].choices, value))
+    if (rule->choices && !in_choices(rule->choices, value))
       return tp_error_op(d, m, o, "attribute '%s' is '%s'; allowed: %s", a->name, value,
-                         attr_rules[r].choices);
+                         rule->choices);
   }
   return TP_OK;
 }
