@@ -603,8 +603,12 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
       type.dims[i] = n;
     }
   }
-  if (tp_type_numel(&type) < 0 || (type.rank && tp_type_numel(&type) > INT64_MAX / 16))
-    return tp_error(d, "input '%s' is too large", name);
+  int64_t numel = 1;
+  for (int i = 0; i < type.rank; i++) {
+    if (type.dims[i] < 0 || (type.dims[i] && numel > INT64_MAX / 16 / type.dims[i]))
+      return tp_error(d, "input '%s' is too large or has a negative dim", name);
+    numel *= type.dims[i];
+  }
   if (b) {
     TpType bt = tp_type_make(b->value.dtype, b->value.rank, b->value.dims);
     if (!tp_type_equal(&type, &bt)) {

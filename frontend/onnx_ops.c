@@ -225,6 +225,8 @@ static int import_expand(Importer *I, Node *N) {
     if (a != b && a != 1 && b != 1)
       return node_error(I, N, "cannot expand dim %lld to %lld", (long long)a, (long long)b);
     out.dims[i] = a == 1 ? b : a;
+    if (out.dims[i] && tp_numel(i, out.dims) > INT64_MAX / 16 / out.dims[i])
+      return node_error(I, N, "the expanded tensor is too large");
     if (ia >= 0 && out.dims[i] == a) out.dimnames[i] = in.dimnames[ia];
   }
   int op = new_op(I, N, TP_OP_Expand, N->in, 1, 1);
@@ -274,7 +276,8 @@ static int import_split(Importer *I, Node *N) {
   }
   int64_t total = 0;
   for (int k = 0; k < n; k++) {
-    if (sizes[k] < 0) return node_error(I, N, "split size %lld is negative", (long long)sizes[k]);
+    if (sizes[k] < 0 || sizes[k] > dim - total)
+      return node_error(I, N, "split sizes do not add up to dim %lld (%lld)", (long long)axis, (long long)dim);
     total += sizes[k];
   }
   if (total != dim) return node_error(I, N, "split sizes add up to %lld, dim %lld is %lld", (long long)total, (long long)axis, (long long)dim);
@@ -376,20 +379,6 @@ static int import_cast(Importer *I, Node *N) {
 
 /* ---- ops that become constants or aliases ---- */
 
-static int import_shape(Importer *I, Node *N) {
-  TpType in = type_of(I, N->in[0]);
-  int64_t start = 0, end = in.rank;
-  if (N->since >= 15 && (attr_int(I, N, "start", 0, &start) || attr_int(I, N, "end", in.rank, &end)))
-    return TP_ERR_INPUT;
-  if (start < 0) start += in.rank;
-  if (end < 0) end += in.rank;
-  start = clamp(start, 0, in.rank);
-  end = clamp(end, 0, in.rank);
-  int64_t n = end > start ? end - start : 0;
-  TpType t = tp_type_make(TP_I64, 1, &n);
-  return add_output_const(I, N, 0, t, in.dims + start);
-}
-
 /* Element i of a numeric tensor as a double. */
 static double elem_f64(const TpTensor *t, int64_t i) {
   const char *p = (const char *)t->data + i * (int64_t)tp_dtype_size(t->dtype);
@@ -405,6 +394,20 @@ static double elem_f64(const TpTensor *t, int64_t i) {
   case TP_BF16: return tp_bf16_to_f32(u.u16);
   default: return 0;
   }
+}
+
+static int import_shape(Importer *I, Node *N) {
+  TpType in = type_of(I, N->in[0]);
+  int64_t start = 0, end = in.rank;
+  if (N->since >= 15 && (attr_int(I, N, "start", 0, &start) || attr_int(I, N, "end", in.rank, &end)))
+    return TP_ERR_INPUT;
+  if (start < 0) start += in.rank;
+  if (end < 0) end += in.rank;
+  start = clamp(start, 0, in.rank);
+  end = clamp(end, 0, in.rank);
+  int64_t n = end > start ? end - start : 0;
+  TpType t = tp_type_make(TP_I64, 1, &n);
+  return add_output_const(I, N, 0, t, in.dims + start);
 }
 
 /* A scalar integer tensor (i16, i32, i64) as int64. */
@@ -517,8 +520,14 @@ static int import_dropout(Importer *I, Node *N) {
     if (rc) return rc;
     if (mode.dtype != TP_BOOL || tp_tensor_numel(&mode) != 1)
       return node_error(I, N, "training_mode must be a boolean scalar");
-    if (*(const uint8_t *)mode.data)
-      return node_error(I, N, "training_mode is true; tokpipec imports Dropout for inference only");
+    if (*(const uint8_t *)mode.data) { /* training with ratio 0 is inference too */
+      TpTensor ratio;
+      bool zero = N->in[1] >= 0 && const_operand(I, N, 1, "ratio", &ratio) == TP_OK &&
+                  tp_tensor_numel(&ratio) == 1 && tp_dtype_is_float(ratio.dtype) &&
+                  elem_f64(&ratio, 0) == 0;
+      if (!zero)
+        return node_error(I, N, "training_mode is true; tokpipec imports Dropout for inference only");
+    }
   }
   bind_output(I, N, 0, N->in[0]);
   if (N->nout > 1 && *N->n->output[1]) {

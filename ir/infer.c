@@ -29,6 +29,14 @@ static const char *type_str(const TpType *t, char *buf) { return tp_type_str(t, 
 static int set_result(const Ctx *c, int i, TpType t) {
   TpType *r = result(c, i);
   if (!r) return TP_OK;
+  int64_t numel = 1; /* sizes must stay addressable: a corrupt model must not overflow them */
+  for (int k = 0; k < t.rank; k++) {
+    if (t.dims[k] < 0 || (t.dims[k] && numel > (INT64_C(1) << 50) / t.dims[k])) {
+      char want[256];
+      return tp_error_op(c->d, c->m, c->op, "result %d would be %s: too large", i, type_str(&t, want));
+    }
+    numel *= t.dims[k];
+  }
   if (r->dtype == TP_UNDEF) {
     *r = t;
     return TP_OK;

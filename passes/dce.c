@@ -11,6 +11,7 @@ int pass_dce(TpModule *m, TpDiag *d) {
   for (int i = 0; i < m->noutputs; i++) live[m->outputs[i]] = true;
   for (int op = m->nops - 1; op >= 0; op--) { /* ops are in topological order */
     TpOp *o = &m->ops[op];
+    if (o->dead) continue; /* already folded away */
     bool used = false;
     for (int i = 0; i < o->noutputs; i++) used |= o->outputs[i] >= 0 && live[o->outputs[i]];
     o->dead = !used;
