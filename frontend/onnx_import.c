@@ -1,6 +1,6 @@
 /* ONNX ModelProto -> IR module: decoding, tensors (raw, typed, external), graph inputs and
  * outputs, topological order, and the helpers the op lowerings of onnx_ops.c share.
- * Requires: a ModelProto at opset 13..23. Provides: a compacted module in canonical form,
+ * Requires: a ModelProto at opset <= 23 (each node's op version current at opset 13..23). Provides: a compacted module in canonical form,
  * shape arithmetic folded to constants, weights referenced (never copied) where the bytes
  * lie in the model file or an external-data file. */
 #include "import.h"
@@ -14,7 +14,7 @@
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ONNX raw data is little-endian");
 
-enum { MIN_OPSET = 13, MAX_OPSET = 23 };
+enum { MAX_OPSET = 23 };
 
 /* ---- diagnostics ---- */
 
@@ -800,9 +800,11 @@ static int read_opset(Importer *I, const Onnx__ModelProto *model) {
     if (is_default_domain(os->domain) && opset < 0) opset = os->has_version ? os->version : 0;
   }
   if (opset < 0) return tp_error(I->d, "the model imports no default-domain (ai.onnx) opset");
-  if (opset < MIN_OPSET || opset > MAX_OPSET)
-    return tp_error(I->d, "opset %lld is not supported: tokpipec reads opsets %d to %d; re-export "
-                    "the model with opset_version in that range", (long long)opset, MIN_OPSET, MAX_OPSET);
+  /* older opsets are fine where each node's version is still current at 13 (the op table
+     decides per node); newer ones may change semantics we do not know */
+  if (opset < 1 || opset > MAX_OPSET)
+    return tp_error(I->d, "opset %lld is not supported: tokpipec reads opsets up to %d; re-export "
+                    "the model with opset_version in 13..%d", (long long)opset, MAX_OPSET, MAX_OPSET);
   I->opset = (int)opset;
   I->m->opset = I->opset;
   return TP_OK;

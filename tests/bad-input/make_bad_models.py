@@ -81,6 +81,9 @@ def main():
                [vi("x", [2, 3])], [vi("y", [2, 3])], opset=11), "opset_11.onnx")
 
     save(model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+               [vi("x", [2, 3])], [vi("y", [2, 3])], opset=24), "opset_24.onnx")
+
+    save(model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
                [vi("x", ["batch", 3])], [vi("y", ["batch", 3])]), "symbolic_dim.onnx")
 
     w = numpy_helper.from_array(np.ones((3, 4), np.float32), "W")
