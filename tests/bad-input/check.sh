@@ -1,14 +1,15 @@
 #!/bin/sh
-# check.sh TOKPIPEC CASES DIR CASE: runs bad-input case CASE of the file CASES from folder
-# DIR (where the models are) and checks exit code 1 and the exact single diagnostic line.
-tool=$1 cases=$2 dir=$3 case=$4
+# check.sh BIN_DIR CASES DIR CASE: runs bad-input case CASE of the file CASES (name|tool|
+# arguments|expected line) from folder DIR, where the models are, and checks exit code 1
+# and the exact single diagnostic line.
+bin=$1 cases=$2 dir=$3 case=$4
 line=$(grep "^$case|" "$cases") || { echo "no case '$case' in $cases"; exit 2; }
-model=$(echo "$line" | cut -d'|' -f2)
+tool=$(echo "$line" | cut -d'|' -f2)
 args=$(echo "$line" | cut -d'|' -f3)
 expect=$(echo "$line" | cut -d'|' -f4-)
 cd "$dir" || exit 2
 # shellcheck disable=SC2086 # args are words
-err=$("$tool" "$model" --emit=ir $args 2>&1 >/dev/null)
+err=$("$bin/$tool" $args 2>&1 >/dev/null)
 rc=$?
 status=0
 if [ "$rc" -ne 1 ]; then

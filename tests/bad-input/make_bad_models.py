@@ -106,6 +106,20 @@ def main():
     with open(os.path.join(HERE, "outside.bin"), "wb") as f:
         f.write(np.ones(12, np.float32).tobytes())
 
+    # tokpipe-run test data that does not fit its model: one input file for two inputs,
+    # and an input of the wrong shape
+    save(model([helper.make_node("Add", ["x", "y"], ["z"], name="add")],
+               [vi("x", [2, 3]), vi("y", [2, 3])], [vi("z", [2, 3])]), "run_data/model.onnx")
+    for name, arrays in (("one_input", [np.ones((2, 3), np.float32)]),
+                         ("wrong_shape", [np.ones((3, 2), np.float32), np.ones((2, 3), np.float32)])):
+        folder = os.path.join(HERE, "run_data", name)
+        os.makedirs(folder, exist_ok=True)
+        for i, a in enumerate(arrays):
+            with open(os.path.join(folder, f"input_{i}.pb"), "wb") as f:
+                f.write(numpy_helper.from_array(a, "xy"[i]).SerializeToString())
+        with open(os.path.join(folder, "output_0.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(np.full((2, 3), 2, np.float32), "z").SerializeToString())
+
 
 if __name__ == "__main__":
     main()
