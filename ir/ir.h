@@ -45,6 +45,7 @@ typedef struct {
 
 extern const TpOpInfo tp_op_info[TP_OP_COUNT];
 typedef enum { TP_ATTR_INT, TP_ATTR_FLOAT, TP_ATTR_INTS, TP_ATTR_STRING } TpAttrKind;
+typedef enum { TP_PHASE_FORWARD, TP_PHASE_BACKWARD } TpPhase;
 
 /* The attribute schema (TP_ATTR rows of ops.def); NULL-terminated (name == NULL). */
 typedef struct {
@@ -109,6 +110,11 @@ typedef struct {
   int nattrs;
   TpAttr *attrs; /* kept sorted by name, so printing is deterministic */
   TpOrigin origin;
+  /* Placement, set by the training passes: the pipeline stage that runs the op, the token
+   * slice it computes (-1: not sliced) and whether it is part of the backward pass. */
+  int stage;
+  int slice;
+  TpPhase phase;
   bool dead;     /* marked for removal by tp_module_compact */
 } TpOp;
 
@@ -137,6 +143,12 @@ typedef struct TpModule {
   int ninputs, cap_inputs;
   int *outputs; /* graph outputs in order */
   int noutputs, cap_outputs;
+  /* Training (passes/autodiff.c): the scalar loss value (-1 before add-loss), and for each
+   * trainable PARAM value v, grads[v] = the value holding d loss / d v (-1 otherwise;
+   * NULL before autodiff; nvalues entries). */
+  int loss;
+  int *grads;
+  int ngrads;
   /* name -> value index hash table (open addressing), maintained by tp_module_* */
   int *name_table;
   int name_table_cap;
@@ -192,6 +204,9 @@ int tp_add_data_value(TpModule *m, const char *name, TpValueKind kind, TpType ty
 /* New CONST value holding a copy of `data`. */
 int tp_add_const(TpModule *m, const char *name, TpType type, const void *data, TpOrigin origin);
 void tp_add_input(TpModule *m, int value);
+/* The gradient of PARAM value `param` (-1 if none); set it. */
+int tp_grad_of(const TpModule *m, int param);
+void tp_set_grad(TpModule *m, int param, int grad);
 void tp_add_output(TpModule *m, int value);
 
 /* New op appended at the end (topological order is the caller's duty). Results are new

@@ -58,6 +58,7 @@ TpModule *tp_module_new(const char *source) {
   TpModule *m = calloc(1, sizeof *m);
   TP_ASSERT(m);
   m->source = tp_strdup(m, source);
+  m->loss = -1;
   return m;
 }
 
@@ -78,6 +79,7 @@ void tp_module_free(TpModule *m) {
   free(m->inputs);
   free(m->outputs);
   free(m->name_table);
+  free(m->grads);
   free(m);
 }
 
@@ -208,6 +210,22 @@ void tp_add_input(TpModule *m, int value) {
   m->inputs[m->ninputs++] = value;
 }
 
+int tp_grad_of(const TpModule *m, int param) {
+  return param >= 0 && param < m->ngrads ? m->grads[param] : -1;
+}
+
+void tp_set_grad(TpModule *m, int param, int grad) {
+  TP_ASSERT(param >= 0 && param < m->nvalues);
+  if (param >= m->ngrads) {
+    int n = m->nvalues;
+    m->grads = realloc(m->grads, (size_t)n * sizeof *m->grads);
+    TP_ASSERT(m->grads);
+    for (int i = m->ngrads; i < n; i++) m->grads[i] = -1;
+    m->ngrads = n;
+  }
+  m->grads[param] = grad;
+}
+
 void tp_add_output(TpModule *m, int value) {
   grow((void **)&m->outputs, &m->cap_outputs, m->noutputs, sizeof *m->outputs);
   m->outputs[m->noutputs++] = value;
@@ -219,7 +237,7 @@ int tp_add_op(TpModule *m, TpOpKind kind, const int *inputs, int ninputs,
   grow((void **)&m->ops, &m->cap_ops, m->nops, sizeof *m->ops);
   int index = m->nops++;
   TpOp *op = &m->ops[index];
-  *op = (TpOp){.kind = kind, .ninputs = ninputs, .noutputs = noutputs};
+  *op = (TpOp){.kind = kind, .ninputs = ninputs, .noutputs = noutputs, .slice = -1};
   op->origin = (TpOrigin){tp_strdup(m, origin.node), tp_strdup(m, origin.op_type)};
   op->inputs = tp_alloc(m, (size_t)ninputs * sizeof(int));
   op->outputs = tp_alloc(m, (size_t)noutputs * sizeof(int));
@@ -389,6 +407,23 @@ void tp_module_compact(TpModule *m) {
   for (int i = 0; i < m->noutputs; i++) {
     TP_ASSERT(vmap[m->outputs[i]] >= 0);
     m->outputs[i] = vmap[m->outputs[i]];
+  }
+  if (m->loss >= 0) {
+    TP_ASSERT(vmap[m->loss] >= 0);
+    m->loss = vmap[m->loss];
+  }
+  if (m->grads) { /* grads[param] = grad, both renumbered; a dead param loses its entry */
+    int *grads = malloc((size_t)(nv ? nv : 1) * sizeof *grads);
+    TP_ASSERT(grads);
+    for (int v = 0; v < nv; v++) grads[v] = -1;
+    for (int v = 0; v < m->ngrads; v++)
+      if (m->grads[v] >= 0 && vmap[v] >= 0) {
+        TP_ASSERT(vmap[m->grads[v]] >= 0);
+        grads[vmap[v]] = vmap[m->grads[v]];
+      }
+    free(m->grads);
+    m->grads = grads;
+    m->ngrads = nv;
   }
   free(vmap);
   free(omap);
