@@ -140,8 +140,8 @@ static int infer_where(const Ctx *c) {
   return set_result(c, 0, t);
 }
 
-static int infer_matmul(const Ctx *c) {
-  const TpType *a = operand(c, 0), *b = operand(c, 1);
+/* numpy matmul of a and b into *t */
+static int matmul_type(const Ctx *c, const TpType *a, const TpType *b, TpType *t) {
   if (same_dtype(c, a, b)) return TP_ERR_INPUT;
   if (a->rank < 1 || b->rank < 1) return tp_error_op(c->d, c->m, c->op, "operands must have rank >= 1");
   /* promote vectors, as numpy does: [K] x [..,K,N] and [..,M,K] x [K] */
@@ -153,20 +153,25 @@ static int infer_matmul(const Ctx *c) {
     char sa[256], sb[256];
     return tp_error_op(c->d, c->m, c->op, "inner dimensions differ: %s x %s", type_str(a, sa), type_str(b, sb));
   }
-  TpType ba = pa, bb = pb, t;
+  TpType ba = pa, bb = pb;
   ba.rank -= 2;
   bb.rank -= 2;
-  if (broadcast(c, &ba, &bb, &t)) return TP_ERR_INPUT;
+  if (broadcast(c, &ba, &bb, t)) return TP_ERR_INPUT;
   if (a->rank > 1) {
-    t.dims[t.rank] = pa.dims[pa.rank - 2];
-    t.dimnames[t.rank++] = pa.dimnames[pa.rank - 2];
+    t->dims[t->rank] = pa.dims[pa.rank - 2];
+    t->dimnames[t->rank++] = pa.dimnames[pa.rank - 2];
   }
   if (b->rank > 1) {
-    t.dims[t.rank] = pb.dims[pb.rank - 1];
-    t.dimnames[t.rank++] = pb.dimnames[pb.rank - 1];
+    t->dims[t->rank] = pb.dims[pb.rank - 1];
+    t->dimnames[t->rank++] = pb.dimnames[pb.rank - 1];
   }
-  t.dtype = a->dtype;
-  return set_result(c, 0, t);
+  t->dtype = a->dtype;
+  return TP_OK;
+}
+
+static int infer_matmul(const Ctx *c) {
+  TpType t;
+  return matmul_type(c, operand(c, 0), operand(c, 1), &t) || set_result(c, 0, t) ? TP_ERR_INPUT : TP_OK;
 }
 
 static int infer_gemm(const Ctx *c) {
@@ -189,20 +194,24 @@ static int infer_gemm(const Ctx *c) {
   return set_result(c, 0, t);
 }
 
-static int infer_gather(const Ctx *c) {
-  const TpType *data = operand(c, 0), *idx = operand(c, 1);
-  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0);
+static int gather_type(const Ctx *c, const TpType *data, const TpType *idx, int64_t axis, TpType *t) {
   if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
   if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
     return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
   if (data->rank - 1 + idx->rank > TP_MAX_RANK)
     return tp_error_op(c->d, c->m, c->op, "result rank exceeds %d", TP_MAX_RANK);
-  TpType t = {.dtype = data->dtype};
-  for (int i = 0; i < axis; i++, t.rank++) t.dims[t.rank] = data->dims[i], t.dimnames[t.rank] = data->dimnames[i];
-  for (int i = 0; i < idx->rank; i++, t.rank++) t.dims[t.rank] = idx->dims[i], t.dimnames[t.rank] = idx->dimnames[i];
-  for (int i = (int)axis + 1; i < data->rank; i++, t.rank++)
-    t.dims[t.rank] = data->dims[i], t.dimnames[t.rank] = data->dimnames[i];
-  return set_result(c, 0, t);
+  *t = (TpType){.dtype = data->dtype};
+  for (int i = 0; i < axis; i++, t->rank++) t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
+  for (int i = 0; i < idx->rank; i++, t->rank++) t->dims[t->rank] = idx->dims[i], t->dimnames[t->rank] = idx->dimnames[i];
+  for (int i = (int)axis + 1; i < data->rank; i++, t->rank++)
+    t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
+  return TP_OK;
+}
+
+static int infer_gather(const Ctx *c) {
+  TpType t;
+  return gather_type(c, operand(c, 0), operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &t) || set_result(c, 0, t)
+             ? TP_ERR_INPUT : TP_OK;
 }
 
 static int infer_reshape(const Ctx *c) {
@@ -455,6 +464,165 @@ static int infer_loss(const Ctx *c) {
   return set_result(c, 0, loss) || set_result(c, 1, *x) ? TP_ERR_INPUT : TP_OK;
 }
 
+/* ---- raised and backward ops ---- */
+
+/* Y = X W (+ B): X [..., K], W [K, N] or [N, K] (transpose_w), B [N] */
+static int linear_type(const Ctx *c, const TpType *x, const TpType *w, const TpType *b, TpType *y) {
+  bool tw = tp_attr_int(c->m, c->op, "transpose_w", 0);
+  if (need_float(c, x, "X") || same_dtype(c, x, w)) return TP_ERR_INPUT;
+  if (w->rank != 2 || x->rank < 1) return tp_error_op(c->d, c->m, c->op, "W must be a matrix and X at least 1-D");
+  int64_t k = w->dims[tw ? 1 : 0], n = w->dims[tw ? 0 : 1];
+  if (x->dims[x->rank - 1] != k) {
+    char sx[256], sw[256];
+    return tp_error_op(c->d, c->m, c->op, "inner dimensions differ: %s x %s%s", type_str(x, sx), type_str(w, sw),
+                       tw ? " (transposed)" : "");
+  }
+  if (b && (b->rank != 1 || b->dims[0] != n || b->dtype != x->dtype))
+    return tp_error_op(c->d, c->m, c->op, "B must be a vector of %lld %s", (long long)n, tp_dtype_name(x->dtype));
+  *y = *x;
+  y->dims[y->rank - 1] = n;
+  y->dimnames[y->rank - 1] = w->dimnames[tw ? 0 : 1];
+  return TP_OK;
+}
+
+static int infer_linear(const Ctx *c) {
+  TpType y;
+  return linear_type(c, operand(c, 0), operand(c, 1), operand(c, 2), &y) || set_result(c, 0, y) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_embedding(const Ctx *c) {
+  const TpType *w = operand(c, 0);
+  if (w->rank != 2) return tp_error_op(c->d, c->m, c->op, "the table must be [V, C]");
+  TpType t;
+  return gather_type(c, w, operand(c, 1), 0, &t) || set_result(c, 0, t) ? TP_ERR_INPUT : TP_OK;
+}
+
+/* Logits [..., V] and Targets [...] with the same leading dims. */
+static int check_logits_targets(const Ctx *c, const TpType *logits, const TpType *targets) {
+  if (need_float(c, logits, "logits")) return TP_ERR_INPUT;
+  bool ok = logits->rank >= 1 && targets->rank == logits->rank - 1 &&
+            (targets->dtype == TP_I64 || targets->dtype == TP_I32);
+  for (int i = 0; ok && i < targets->rank; i++) ok = targets->dims[i] == logits->dims[i];
+  if (!ok) {
+    char sl[256], st[256];
+    return tp_error_op(c->d, c->m, c->op, "targets %s do not index logits %s", type_str(targets, st),
+                       type_str(logits, sl));
+  }
+  if (tp_attr_float(c->m, c->op, "denominator", 1) <= 0)
+    return tp_error_op(c->d, c->m, c->op, "denominator must be positive");
+  return TP_OK;
+}
+
+static int infer_cross_entropy(const Ctx *c) {
+  const TpType *logits = operand(c, 0);
+  if (check_logits_targets(c, logits, operand(c, 1))) return TP_ERR_INPUT;
+  return set_result(c, 0, (TpType){.dtype = logits->dtype});
+}
+
+/* The gradient operand dY must have the type the forward op gave its result. */
+static int check_grad(const Ctx *c, const TpType *dy, const TpType *want) {
+  if (tp_type_equal(dy, want)) return TP_OK;
+  char sd[256], sw[256];
+  return tp_error_op(c->d, c->m, c->op, "gradient %s does not match the forward result %s", type_str(dy, sd),
+                     type_str(want, sw));
+}
+
+static int set_results_like(const Ctx *c, int first, int n) { /* result i typed like operand first+i */
+  for (int i = 0; i < n; i++)
+    if (set_result(c, i, *operand(c, first + i))) return TP_ERR_INPUT;
+  return TP_OK;
+}
+
+static int infer_linear_backward(const Ctx *c) {
+  const TpType *dy = operand(c, 0), *x = operand(c, 1), *w = operand(c, 2);
+  TpType y;
+  if (linear_type(c, x, w, NULL, &y) || check_grad(c, dy, &y)) return TP_ERR_INPUT;
+  TpType db = {.dtype = w->dtype, .rank = 1, .dims = {y.dims[y.rank - 1]}};
+  return set_result(c, 0, *x) || set_result(c, 1, *w) || set_result(c, 2, db) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_matmul_backward(const Ctx *c) {
+  TpType y;
+  if (matmul_type(c, operand(c, 1), operand(c, 2), &y) || check_grad(c, operand(c, 0), &y)) return TP_ERR_INPUT;
+  return set_results_like(c, 1, 2);
+}
+
+static int infer_gather_backward(const Ctx *c) {
+  const TpType *data = preset(c, 0);
+  TpType y;
+  if (!data) return TP_ERR_INPUT;
+  if (gather_type(c, data, operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &y)) return TP_ERR_INPUT;
+  return check_grad(c, operand(c, 0), &y);
+}
+
+static int infer_slice_backward(const Ctx *c) {
+  const TpType *x = preset(c, 0), *dy = operand(c, 0);
+  if (!x) return TP_ERR_INPUT;
+  int ns, nt;
+  const int64_t *starts = tp_attr_ints(c->m, c->op, "starts", &ns), *steps = tp_attr_ints(c->m, c->op, "steps", &nt);
+  if (ns != x->rank || nt != x->rank || dy->rank != x->rank || dy->dtype != x->dtype)
+    return tp_error_op(c->d, c->m, c->op, "starts, steps and gradient must have the result's rank %d", x->rank);
+  for (int i = 0; i < x->rank; i++) {
+    int64_t n = dy->dims[i], last = starts[i] + (n - 1) * steps[i];
+    if (steps[i] == 0 || (n > 0 && (starts[i] < 0 || starts[i] >= x->dims[i] || last < 0 || last >= x->dims[i])))
+      return tp_error_op(c->d, c->m, c->op, "slice of dim %d leaves [0, %lld)", i, (long long)x->dims[i]);
+  }
+  return TP_OK;
+}
+
+static int infer_layernorm_backward(const Ctx *c) {
+  const TpType *dy = operand(c, 0), *x = operand(c, 1), *scale = operand(c, 2);
+  const TpType *mean = operand(c, 3), *invstd = operand(c, 4);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", -1);
+  if (need_float(c, x, "X") || check_axis(c, axis, x->rank, "axis") || check_grad(c, dy, x)) return TP_ERR_INPUT;
+  TpType stat = *x;
+  stat.dtype = TP_F32;
+  for (int i = (int)axis; i < x->rank; i++) stat.dims[i] = 1;
+  if (!tp_type_equal(mean, &stat) || !tp_type_equal(invstd, &stat))
+    return tp_error_op(c->d, c->m, c->op, "Mean and InvStdDev must be the forward LayerNorm's statistics");
+  return set_result(c, 0, *x) || set_result(c, 1, *scale) || set_result(c, 2, *scale) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_unary_backward(const Ctx *c) { /* dY and the forward operand or result */
+  const TpType *dy = operand(c, 0), *x = operand(c, 1);
+  if (need_float(c, x, "the operand") || check_grad(c, dy, x)) return TP_ERR_INPUT;
+  if ((c->m->ops[c->op].kind == TP_OP_SoftmaxBackward || c->m->ops[c->op].kind == TP_OP_LogSoftmaxBackward) &&
+      check_axis(c, tp_attr_int(c->m, c->op, "axis", -1), x->rank, "axis"))
+    return TP_ERR_INPUT;
+  return set_result(c, 0, *x);
+}
+
+static int infer_attention_backward(const Ctx *c) {
+  const TpType *dy = operand(c, 0), *q = operand(c, 1), *k = operand(c, 2), *v = operand(c, 3);
+  if (need_float(c, q, "Q") || same_dtype(c, q, k) || same_dtype(c, q, v)) return TP_ERR_INPUT;
+  if (q->rank != k->rank || q->rank != v->rank || (q->rank != 3 && q->rank != 4))
+    return tp_error_op(c->d, c->m, c->op, "Q, K and V must all be 3-D or all 4-D");
+  TpType y = *q; /* [B, H, S, Dv] or [B, S, H*Dv] */
+  if (q->rank == 4) {
+    if (k->dims[3] != q->dims[3] || q->dims[1] % k->dims[1] || v->dims[1] != k->dims[1] || v->dims[2] != k->dims[2])
+      return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's heads or head size");
+    y.dims[3] = v->dims[3];
+  } else {
+    int64_t hq = tp_attr_int(c->m, c->op, "q_num_heads", 0), hkv = tp_attr_int(c->m, c->op, "kv_num_heads", 0);
+    if (hq <= 0 || hkv <= 0 || hq % hkv || q->dims[2] % hq || k->dims[2] % hkv || v->dims[2] % hkv ||
+        k->dims[2] / hkv != q->dims[2] / hq || v->dims[1] != k->dims[1])
+      return tp_error_op(c->d, c->m, c->op, "3-D operands need matching q_num_heads and kv_num_heads");
+    y.dims[2] = hq * (v->dims[2] / hkv);
+  }
+  if (k->dims[0] != q->dims[0] || v->dims[0] != q->dims[0])
+    return tp_error_op(c->d, c->m, c->op, "batch sizes differ");
+  if (check_grad(c, dy, &y)) return TP_ERR_INPUT;
+  return set_results_like(c, 1, 3);
+}
+
+static int infer_cross_entropy_backward(const Ctx *c) {
+  const TpType *dloss = operand(c, 0), *logits = operand(c, 1);
+  if (dloss->rank != 0 || dloss->dtype != logits->dtype)
+    return tp_error_op(c->d, c->m, c->op, "dLoss must be a scalar of the logits' dtype");
+  if (check_logits_targets(c, logits, operand(c, 2))) return TP_ERR_INPUT;
+  return set_result(c, 0, *logits);
+}
+
 int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   Ctx c = {m, op, d};
   const TpOp *o = &m->ops[op];
@@ -489,6 +657,19 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_Attention: return infer_attention(&c);
   case TP_OP_SoftmaxCrossEntropyLoss:
   case TP_OP_NegativeLogLikelihoodLoss: return infer_loss(&c);
+  case TP_OP_Linear: return infer_linear(&c);
+  case TP_OP_Embedding: return infer_embedding(&c);
+  case TP_OP_CrossEntropy: return infer_cross_entropy(&c);
+  case TP_OP_LinearBackward: return infer_linear_backward(&c);
+  case TP_OP_MatMulBackward: return infer_matmul_backward(&c);
+  case TP_OP_GatherBackward: return infer_gather_backward(&c);
+  case TP_OP_SliceBackward: return infer_slice_backward(&c);
+  case TP_OP_LayerNormBackward: return infer_layernorm_backward(&c);
+  case TP_OP_GeluBackward:
+  case TP_OP_SoftmaxBackward:
+  case TP_OP_LogSoftmaxBackward: return infer_unary_backward(&c);
+  case TP_OP_AttentionBackward: return infer_attention_backward(&c);
+  case TP_OP_CrossEntropyBackward: return infer_cross_entropy_backward(&c);
   default:
     TP_ASSERT(info->traits & TP_TRAIT_ELEMENTWISE);
     return infer_elementwise(&c, o->kind);
