@@ -29,6 +29,10 @@ typedef struct {
    * an input. An unbound input in such a position is an error naming node and operand. */
   const TpInputBinding *bound_inputs;
   int nbound;
+  /* {batch, seq}: where > 0, the dims of the token input (the first integer graph input of
+   * rank 2), whatever they are named (tokpipec --batch/--seq): a symbolic one takes it, and
+   * one fixed otherwise must equal it. */
+  int64_t token_dims[2];
 } TpImportOptions;
 
 /* Imports an ONNX model file. o may be NULL. On success *out owns a new module. */

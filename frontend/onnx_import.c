@@ -556,7 +556,28 @@ int add_output_const(Importer *I, const Node *N, int k, TpType type, const void 
 static int64_t dim_binding(const Importer *I, const char *name) {
   for (int i = 0; I->o && i < I->o->ndims; i++)
     if (strcmp(I->o->dims[i].name, name) == 0) return I->o->dims[i].value;
+  /* a dim named like one of the token input's that --batch/--seq fixed */
+  for (int i = 0; I->o && i < I->m->ninputs; i++) {
+    const TpType *t = &I->m->values[I->m->inputs[i]].type;
+    if (!tp_dtype_is_integer(t->dtype) || t->rank != 2) continue;
+    for (int k = 0; k < 2; k++)
+      if (I->o->token_dims[k] > 0 && t->dimnames[k] && strcmp(t->dimnames[k], name) == 0)
+        return I->o->token_dims[k];
+    break;
+  }
   return -1;
+}
+
+/* TpImportOptions.token_dims when `type` (dtype and rank known) is the token input and the
+ * options fix its dims; NULL otherwise. */
+static const int64_t *token_input_dims(const Importer *I, const TpType *type) {
+  if (!I->o || (I->o->token_dims[0] <= 0 && I->o->token_dims[1] <= 0)) return NULL;
+  if (!tp_dtype_is_integer(type->dtype) || type->rank != 2) return NULL;
+  for (int i = 0; i < I->m->ninputs; i++) { /* only the first such input */
+    const TpType *t = &I->m->values[I->m->inputs[i]].type;
+    if (tp_dtype_is_integer(t->dtype) && t->rank == 2) return NULL;
+  }
+  return I->o->token_dims;
 }
 
 static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
@@ -580,6 +601,7 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
       return tp_error(d, "input '%s' has rank %zu; tokpipec supports rank <= %d", name,
                       tt->shape->n_dim, TP_MAX_RANK);
     type.rank = (int)tt->shape->n_dim;
+    const int64_t *token_dims = token_input_dims(I, &type);
     if (b && b->value.rank != type.rank)
       return tp_error(d, "input '%s' has rank %d, its bound data rank %d", name, type.rank, b->value.rank);
     for (int i = 0; i < type.rank; i++) {
@@ -592,6 +614,7 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
                  dim->dim_param && *dim->dim_param) {
         type.dimnames[i] = tp_strdup(I->m, dim->dim_param);
         n = dim_binding(I, dim->dim_param);
+        if (n < 0 && token_dims && token_dims[i] > 0) n = token_dims[i];
         if (n < 0 && b) n = b->value.dims[i];
         if (n < 0)
           return tp_error(d, "input '%s' dim %d '%s' is symbolic: pass --dim %s=N", name, i,
@@ -601,6 +624,9 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
         n = b->value.dims[i];
       }
       type.dims[i] = n;
+      if (token_dims && token_dims[i] > 0 && n != token_dims[i])
+        return tp_error(d, "token input '%s' dim %d is %lld but %s is %lld", name, i, (long long)n,
+                        i ? "--seq" : "--batch", (long long)token_dims[i]);
     }
   }
   int64_t numel = 1;

@@ -1,7 +1,7 @@
 /* The ONNX op table and the lowering of each node into the canonical IR of ir/ops.def:
  * constant operands (shapes, axes, sizes) become attributes or result types, axes are
- * normalised to >= 0, Squeeze/Unsqueeze/Flatten become Reshape, Identity and inference
- * Dropout become aliases, Shape/Range/ConstantOfShape/Constant become constants. */
+ * normalised to >= 0, Squeeze/Unsqueeze/Flatten become Reshape, Identity (but of a parameter)
+ * and inference Dropout become aliases, Shape/Range/ConstantOfShape/Constant become constants. */
 #include "import.h"
 
 #include <math.h>
@@ -507,8 +507,21 @@ static int import_constant_of_shape(Importer *I, Node *N) {
   return rc;
 }
 
+/* Identity passes its operand through, except a parameter's: an exporter that merged equal
+ * initializers (fresh LayerNorm weights of every layer) reconnects each one through an
+ * Identity whose output carries that parameter's own name. It becomes a PARAM of its own
+ * over the same bytes, with origin (source initializer, "Identity") (see TpValue.origin). */
 static int import_identity(Importer *I, Node *N) {
-  bind_output(I, N, 0, N->in[0]);
+  TpValue src = I->m->values[N->in[0]];
+  if (src.kind != TP_VAL_PARAM) {
+    bind_output(I, N, 0, N->in[0]);
+    return TP_OK;
+  }
+  bool alias = src.origin.op_type && strcmp(src.origin.op_type, "Identity") == 0;
+  TpOrigin from = {alias ? src.origin.node : src.name, "Identity"};
+  int v = tp_add_data_value(I->m, tp_unique_name(I->m, N->n->output[0]), TP_VAL_PARAM, src.type,
+                            src.blob, src.offset, from);
+  bind_output(I, N, 0, v);
   return TP_OK;
 }
 

@@ -88,6 +88,11 @@ typedef struct {
   int def;          /* TP_VAL_RESULT: index of the defining op; else -1 */
   int blob;         /* TP_VAL_PARAM/CONST: data at blobs[blob].base + offset; else -1 */
   int64_t offset;
+  /* The ONNX node that made it. Two provenances that are not nodes: a PARAM an exporter's
+   * Identity named (a de-duplicated initializer) has (source initializer name, "Identity")
+   * and shares the source's blob and offset; a weight that retie-params re-tied becomes
+   * the result of a Transpose (or a same-shape Reshape, for a copy) of the parameter it
+   * duplicated, and that op and its result have (the duplicate's ONNX name, "retie"). */
   TpOrigin origin;
   bool dead;        /* marked for removal by tp_module_compact */
 } TpValue;
@@ -149,6 +154,12 @@ typedef struct TpModule {
   int loss;
   int *grads;
   int ngrads;
+  /* Options of the training passes, set by the tool before the pipeline (not printed):
+   * the graph output add-loss takes as the logits (NULL: the one float [B, T, V] output),
+   * and a POSIX extended regex of PARAM names autodiff leaves frozen, matched anywhere in
+   * the name (NULL: every float PARAM is trainable). */
+  const char *logits_name;
+  const char *freeze;
   /* name -> value index hash table (open addressing), maintained by tp_module_* */
   int *name_table;
   int name_table_cap;
@@ -270,11 +281,20 @@ void tp_print_dot(const TpModule *m, FILE *out);
  * One pass per file; each is `int pass_<name>(TpModule *m, TpDiag *d)`. */
 int pass_fold_constants(TpModule *m, TpDiag *d);
 int pass_dce(TpModule *m, TpDiag *d);
+int pass_add_loss(TpModule *m, TpDiag *d);
+int pass_autodiff(TpModule *m, TpDiag *d);
 
 /* passes/fold.c: evaluates op `op` if every operand is CONST and its results are small,
  * turning the results into CONST values and marking the op dead (compact afterwards).
  * *folded says whether it did. Used by the importer while it builds the module. */
 int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
+
+/* passes/retie_params.c and passes/raise_transformer.c (the raise helper's passes). */
+int pass_retie_params(TpModule *m, TpDiag *d);
+int pass_raise_transformer(TpModule *m, TpDiag *d);
+/* Restores the topological order of m->ops after a pass appended ops that earlier ops now
+ * read; ops already in order keep their relative order. (passes/raise_transformer.c) */
+void tp_sort_ops(TpModule *m);
 
 /* passes/pipeline.c: the pass manager. */
 typedef int (*TpPassFn)(TpModule *m, TpDiag *d);

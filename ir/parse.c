@@ -10,13 +10,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* An operand or graph output naming a value not yet defined when it was read. */
+/* A name read before the value it names was defined, resolved at the end. */
+enum { FIX_OUTPUT = -1, FIX_LOSS = -2, FIX_GRAD_PARAM = -3, FIX_GRAD = -4 };
 typedef struct {
-  int op;   /* op index, or -1 for a graph output */
-  int slot; /* operand index, or graph output index */
+  int op;   /* op index, or FIX_*: a graph output, the loss, a grad line's param or grad */
+  int slot; /* operand index, graph output index, or grad line number */
   const char *name;
   size_t pos;
 } Fixup;
+
+/* A `grad %param = %grad` line; -2 while a name is unresolved. */
+typedef struct {
+  int param, grad;
+  size_t pos;
+} GradLine;
 
 typedef struct {
   const char *text; /* NUL-terminated copy of the input */
@@ -31,6 +38,9 @@ typedef struct {
   int nfile_blobs;
   Fixup *fixups;
   int nfixups, cap_fixups;
+  bool has_loss;
+  GradLine *grads;
+  int ngrads;
 } Parser;
 
 static int fail_at(Parser *p, size_t pos, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -551,6 +561,30 @@ static int parse_attrs(Parser *p, int op) {
   return expect(p, '}');
 }
 
+/* @stage(S) @slice(K) @backward, in any order, each at most once. */
+static int parse_placement(Parser *p, int op) {
+  bool seen[3] = {false, false, false};
+  while (accept(p, '@')) {
+    size_t at = p->pos - 1;
+    int which = accept_keyword(p, "stage") ? 0 : accept_keyword(p, "slice") ? 1 : accept_keyword(p, "backward") ? 2 : -1;
+    if (which < 0) return fail(p, "expected stage, slice or backward after '@'");
+    if (seen[which]) return fail_at(p, at, "placement given twice");
+    seen[which] = true;
+    if (which == 2) {
+      p->m->ops[op].phase = TP_PHASE_BACKWARD;
+      continue;
+    }
+    int64_t n;
+    if (expect(p, '(') || parse_int_in(p, 0, INT32_MAX, which ? "slice" : "stage", &n) || expect(p, ')'))
+      return TP_ERR_INPUT;
+    if (which == 0)
+      p->m->ops[op].stage = (int)n;
+    else
+      p->m->ops[op].slice = (int)n;
+  }
+  return TP_OK;
+}
+
 enum { MAX_RESULTS = 64, MAX_OPERANDS = 64 };
 
 /* results = Op(operands) {attrs} loc(...) */
@@ -600,7 +634,7 @@ static int parse_op(Parser *p) {
   int op = tp_add_op(p->m, kind, known, nin, names, nres, (TpOrigin){0});
   for (int i = 0; i < nin; i++)
     if (inputs[i] == -2) add_fixup(p, op, i, input_names[i], input_at[i]);
-  if (parse_attrs(p, op)) return TP_ERR_INPUT;
+  if (parse_attrs(p, op) || parse_placement(p, op)) return TP_ERR_INPUT;
   TpOrigin o;
   bool present;
   if (parse_origin(p, &o, &present)) return TP_ERR_INPUT;
@@ -656,6 +690,21 @@ static int parse_blob(Parser *p) {
   return TP_OK;
 }
 
+/* grad %param = %gradient */
+static int parse_grad(Parser *p) {
+  GradLine g = {.pos = (skip_space(p), p->pos)};
+  size_t at;
+  int line = p->ngrads;
+  p->grads = realloc(p->grads, (size_t)(line + 1) * sizeof *p->grads);
+  TP_ASSERT(p->grads);
+  if (parse_use(p, false, &g.param, &at)) return TP_ERR_INPUT;
+  if (g.param < 0) add_fixup(p, FIX_GRAD_PARAM, line, tp_strdup(p->m, p->word), at);
+  if (expect(p, '=') || parse_use(p, false, &g.grad, &at)) return TP_ERR_INPUT;
+  if (g.grad < 0) add_fixup(p, FIX_GRAD, line, tp_strdup(p->m, p->word), at);
+  p->grads[p->ngrads++] = g;
+  return TP_OK;
+}
+
 static int parse_statement(Parser *p) {
   skip_space(p);
   if (accept_keyword(p, "blob")) return parse_blob(p);
@@ -677,11 +726,22 @@ static int parse_statement(Parser *p) {
     size_t at;
     if (parse_use(p, false, &v, &at)) return TP_ERR_INPUT;
     tp_add_output(p->m, v < 0 ? 0 : v);
-    if (v < 0) add_fixup(p, -1, p->m->noutputs - 1, tp_strdup(p->m, p->word), at);
+    if (v < 0) add_fixup(p, FIX_OUTPUT, p->m->noutputs - 1, tp_strdup(p->m, p->word), at);
     return TP_OK;
   }
+  if (accept_keyword(p, "loss")) {
+    int v;
+    size_t at;
+    if (p->has_loss) return fail(p, "the loss is given twice");
+    if (parse_use(p, false, &v, &at)) return TP_ERR_INPUT;
+    p->has_loss = true;
+    p->m->loss = v;
+    if (v < 0) add_fixup(p, FIX_LOSS, 0, tp_strdup(p->m, p->word), at);
+    return TP_OK;
+  }
+  if (accept_keyword(p, "grad")) return parse_grad(p);
   if (peek(p) == '%' || at_keyword(p, "none")) return parse_op(p);
-  return fail(p, "expected a statement (blob, input, param, const, output or an op)");
+  return fail(p, "expected a statement (blob, input, param, const, output, loss, grad or an op)");
 }
 
 static int parse_all(Parser *p) {
@@ -698,10 +758,19 @@ static int parse_all(Parser *p) {
     Fixup *f = &p->fixups[i];
     int v = tp_find_value(p->m, f->name);
     if (v < 0) return fail_at(p, f->pos, "use of undefined value %%%s", f->name);
-    if (f->op < 0)
-      p->m->outputs[f->slot] = v;
-    else
-      p->m->ops[f->op].inputs[f->slot] = v;
+    switch (f->op) {
+    case FIX_OUTPUT: p->m->outputs[f->slot] = v; break;
+    case FIX_LOSS: p->m->loss = v; break;
+    case FIX_GRAD_PARAM: p->grads[f->slot].param = v; break;
+    case FIX_GRAD: p->grads[f->slot].grad = v; break;
+    default: p->m->ops[f->op].inputs[f->slot] = v; break;
+    }
+  }
+  for (int i = 0; i < p->ngrads; i++) { /* the verifier checks kinds and types */
+    const GradLine *g = &p->grads[i];
+    if (tp_grad_of(p->m, g->param) >= 0)
+      return fail_at(p, g->pos, "second gradient of %%%s", p->m->values[g->param].name);
+    tp_set_grad(p->m, g->param, g->grad);
   }
   return TP_OK;
 }
@@ -719,6 +788,7 @@ int tp_parse_module(const char *text, size_t len, const char *path, TpModule **o
   free(p.word);
   free(p.file_blobs);
   free(p.fixups);
+  free(p.grads);
   if (rc) {
     tp_module_free(p.m);
     *out = NULL;

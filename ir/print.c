@@ -8,8 +8,14 @@
  *   const %c : f32[] = dense<0.5> loc("/Constant" Constant)
  *   %"/wte/Gather_output_0" : f32[batch=2, seq=8, 64] = Gather(%wte, %idx) {axis = 0} loc("/wte/Gather" Gather)
  *   %y : f32[2, 8], none, %inv : f32[2, 1] loc() = LayerNorm(%x, %s, none) {axis = 1, epsilon = 1e-05}
+ *   %dx : f32[2, 8] = Neg(%dy) @stage(1) @slice(0) @backward loc("/neg" Neg)
  *   output %"/wte/Gather_output_0"                        graph outputs, in order
+ *   loss %loss                                            the training loss (after add-loss)
+ *   grad %wte = %wte.grad                                 d loss / d param, in param order
  *
+ * An op's placement follows its attributes, each part only where it is not the default:
+ * `@stage(S)` (default 0), `@slice(K)` (default -1: not sliced), `@backward` (default:
+ * the forward phase).
  * Values are %name, quoted (%"a/b") unless [A-Za-z0-9_.]+; op types, attribute and dim
  * names are quoted unless [A-Za-z_][A-Za-z0-9_]*. In strings '"' and '\' are escaped
  * with a backslash, control and non-ASCII bytes as \xHH. A type is dtype[dims] with
@@ -260,6 +266,13 @@ static void print_data_value(FILE *out, const TpModule *m, int v) {
   fputc('\n', out);
 }
 
+/* ` @stage(S) @slice(K) @backward`, each only where it is not the default. */
+static void print_placement(FILE *out, const TpOp *op) {
+  if (op->stage != 0) fprintf(out, " @stage(%d)", op->stage);
+  if (op->slice != -1) fprintf(out, " @slice(%d)", op->slice);
+  if (op->phase == TP_PHASE_BACKWARD) fputs(" @backward", out);
+}
+
 static void print_op(FILE *out, const TpModule *m, int o) {
   const TpOp *op = &m->ops[o];
   for (int i = 0; i < op->noutputs; i++) {
@@ -290,6 +303,7 @@ static void print_op(FILE *out, const TpModule *m, int o) {
     }
     fputc('}', out);
   }
+  print_placement(out, op);
   print_origin(out, op->origin);
   fputc('\n', out);
 }
@@ -325,6 +339,19 @@ void tp_print_module(const TpModule *m, FILE *out) {
   for (int i = 0; i < m->noutputs; i++) {
     fputs("output ", out);
     print_value_name(out, m, m->outputs[i]);
+    fputc('\n', out);
+  }
+  if (m->loss >= 0) {
+    fputs("loss ", out);
+    print_value_name(out, m, m->loss);
+    fputc('\n', out);
+  }
+  for (int v = 0; v < m->ngrads; v++) {
+    if (m->grads[v] < 0) continue;
+    fputs("grad ", out);
+    print_value_name(out, m, v);
+    fputs(" = ", out);
+    print_value_name(out, m, m->grads[v]);
     fputc('\n', out);
   }
 }

@@ -3,7 +3,12 @@
  * PARAM/CONST data inside their blob, RESULTs defined by exactly one op. Ops: arity from
  * the op table, operands defined before use (so the graph is acyclic), attributes known
  * to the op with sane kinds and values, result types equal to what type inference
- * (ir/infer.c) computes. Graph outputs: at least one, all valid. Nothing marked dead. */
+ * (ir/infer.c) computes. Graph outputs: at least one, all valid. Nothing marked dead.
+ * Placement: stage >= 0, slice >= -1; data flows forward through the stages and back:
+ * an op of stage s reads forward results of stages <= s only, and a backward op reads
+ * backward results of stages >= s only (so no forward op reads a backward result).
+ * Training: the loss is a scalar float; every gradient belongs to a PARAM, has its type
+ * and is computed (a result or a constant, never an input or a param). */
 #include "ir.h"
 
 #include <stdlib.h>
@@ -96,6 +101,55 @@ static int verify_value(const TpModule *m, int v, TpDiag *d) {
   return tp_error(d, "value %%%s has unknown kind %d", val->name, (int)val->kind);
 }
 
+static const char *phase_name(TpPhase p) { return p == TP_PHASE_BACKWARD ? "backward" : "forward"; }
+
+static int verify_placement(const TpModule *m, int o, TpDiag *d) {
+  const TpOp *op = &m->ops[o];
+  if (op->stage < 0 || op->slice < -1) return tp_error_op(d, m, o, "bad placement: stage %d, slice %d", op->stage, op->slice);
+  if (op->phase != TP_PHASE_FORWARD && op->phase != TP_PHASE_BACKWARD)
+    return tp_error_op(d, m, o, "unknown phase %d", (int)op->phase);
+  for (int i = 0; i < op->ninputs; i++) {
+    int v = op->inputs[i];
+    if (v < 0 || m->values[v].kind != TP_VAL_RESULT) continue;
+    const TpOp *def = &m->ops[m->values[v].def];
+    bool ok = def->phase == TP_PHASE_FORWARD ? def->stage <= op->stage
+                                             : op->phase == TP_PHASE_BACKWARD && def->stage >= op->stage;
+    if (!ok)
+      return tp_error_op(d, m, o, "%s op of stage %d reads %%%s, a %s result of stage %d", phase_name(op->phase),
+                         op->stage, m->values[v].name, phase_name(def->phase), def->stage);
+  }
+  return TP_OK;
+}
+
+static int verify_training(const TpModule *m, TpDiag *d) {
+  if (m->loss != -1) {
+    if (m->loss < 0 || m->loss >= m->nvalues) return tp_error(d, "the loss is out of range (%d)", m->loss);
+    const TpType *t = &m->values[m->loss].type;
+    if (t->rank != 0 || !tp_dtype_is_float(t->dtype)) {
+      char buf[256];
+      return tp_error(d, "the loss %%%s must be a float scalar, not %s", m->values[m->loss].name,
+                      tp_type_str(t, buf, sizeof buf));
+    }
+  }
+  if (m->ngrads > m->nvalues) return tp_error(d, "the gradient map has %d entries for %d values", m->ngrads, m->nvalues);
+  for (int v = 0; v < m->ngrads; v++) {
+    int g = m->grads[v];
+    if (g == -1) continue;
+    const char *name = m->values[v].name;
+    if (g < 0 || g >= m->nvalues) return tp_error(d, "the gradient of %%%s is out of range (%d)", name, g);
+    if (m->values[v].kind != TP_VAL_PARAM) return tp_error(d, "%%%s has a gradient but is not a param", name);
+    const TpValue *gv = &m->values[g];
+    if (gv->kind == TP_VAL_INPUT || gv->kind == TP_VAL_PARAM)
+      return tp_error(d, "the gradient of %%%s is %%%s, an input or param", name, gv->name);
+    if (!tp_type_equal(&gv->type, &m->values[v].type)) {
+      char want[256], have[256];
+      return tp_error(d, "the gradient %%%s of %%%s has type %s, not %s", gv->name, name,
+                      tp_type_str(&gv->type, have, sizeof have), tp_type_str(&m->values[v].type, want, sizeof want));
+    }
+  }
+  return TP_OK;
+}
+
 static int verify_op(const TpModule *m, int o, TpDiag *d) {
   const TpOp *op = &m->ops[o];
   if (op->kind < 0 || op->kind >= TP_OP_COUNT) return tp_error(d, "op %d has unknown kind %d", o, (int)op->kind);
@@ -129,7 +183,7 @@ static int verify_op(const TpModule *m, int o, TpDiag *d) {
     for (int j = 0; j < i; j++)
       if (op->outputs[j] == v) return tp_error_op(d, m, o, "result %%%s appears twice", m->values[v].name);
   }
-  if (verify_attrs(m, o, d)) return TP_ERR_INPUT;
+  if (verify_attrs(m, o, d) || verify_placement(m, o, d)) return TP_ERR_INPUT;
 
   /* Inference checks the recorded result types but also fills in missing dim names; it
    * runs on the module itself and the result types are put back, so the module is left
@@ -159,5 +213,5 @@ int tp_verify(const TpModule *m, TpDiag *d) {
   for (int i = 0; i < m->noutputs; i++)
     if (m->outputs[i] < 0 || m->outputs[i] >= m->nvalues)
       return tp_error(d, "graph output %d is out of range (%d)", i, m->outputs[i]);
-  return TP_OK;
+  return verify_training(m, d);
 }

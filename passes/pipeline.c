@@ -8,12 +8,18 @@ static int pass_verify(TpModule *m, TpDiag *d) { return tp_verify(m, d); }
 const TpPassInfo tp_pass_registry[] = {
     {"fold-constants", pass_fold_constants, "evaluate ops whose operands are all constants"},
     {"dce", pass_dce, "remove ops, parameters and constants nothing uses"},
+    {"add-loss", pass_add_loss, "append the training loss: mean cross-entropy of the logits, or the model's own"},
+    {"autodiff", pass_autodiff, "append the backward ops and record the gradient of every trainable parameter"},
     {"verify", pass_verify, "check the IR's invariants"},
+    {"retie-params", pass_retie_params, "re-tie parameters that are exact copies or transposes of another"},
+    {"raise-transformer", pass_raise_transformer, "raise primitive chains to Embedding, Linear, LayerNorm, Gelu, Attention"},
     {NULL, NULL, NULL},
 };
 
-/* The order tokpipec runs them in. */
-const char *const tp_default_pipeline[] = {"fold-constants", "dce", NULL};
+/* The order tokpipec runs them in: clean up the import, undo the exporter's untying of
+ * weights (tokpipec --no-retie skips it), raise the transformer, then make it train. */
+const char *const tp_default_pipeline[] = {"fold-constants", "dce", "retie-params", "raise-transformer",
+                                           "add-loss", "autodiff", "dce", NULL};
 
 const TpPassInfo *tp_find_pass(const char *name) {
   for (const TpPassInfo *p = tp_pass_registry; p->name; p++)

@@ -33,10 +33,12 @@ bool cli_value(int argc, char **argv, int *i, const char *flag, const char **val
 int64_t cli_int(const char *flag, const char *text, int64_t lo, int64_t hi);
 double cli_double(const char *flag, const char *text);
 
-/* Repeatable --dim NAME=VALUE (VALUE >= 1). */
+/* Repeatable --dim NAME=VALUE (VALUE >= 1), and tokpipec's --batch/--seq (0: not given):
+ * the token input's two dims, whatever they are named. */
 typedef struct {
   TpDimBinding *dims;
   int n;
+  int64_t token_dims[2];
 } CliDims;
 void cli_add_dim(CliDims *dims, const char *text);
 void cli_free_dims(CliDims *dims);

@@ -1,25 +1,53 @@
 /* tokpipe-opt: runs a list of passes on an ONNX model or textual IR and prints the IR (like
- * mlir-opt), so every pass can be tested alone. The result is always verified. */
+ * mlir-opt), so every pass can be tested alone. The result is always verified. --emit=c and
+ * --emit=memory hand the result to the code generator instead, so codegen is testable on a
+ * hand-written module too. */
 #include "cli.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "codegen/codegen.h"
 
 static const char usage[] =
     "usage: tokpipe-opt FILE.onnx|FILE.tir [options]\n"
     "Reads an ONNX model or textual IR ('-' reads stdin), runs the passes and prints the IR.\n"
     "  --passes=a,b,c       the passes to run, in order (default: none)\n"
     "  --list-passes        print the registered passes\n"
+    "  --emit=ir|dot|c|memory  print the IR (default), a Graphviz graph, the C plan or the\n"
+    "                       memory plan\n"
     "  -o OUT               write OUT (atomically) instead of stdout\n"
     "  --dim NAME=VALUE     fix a symbolic input dimension of an ONNX model (repeatable)\n"
+    "  --logits NAME        add-loss: the graph output holding the logits\n"
+    "  --freeze REGEX       autodiff: params whose name matches (POSIX ERE) stay frozen\n"
     CLI_PASS_OPTIONS_HELP
     "  --help, --version\n"
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
 
 static void write_ir(const void *m, FILE *out) { tp_print_module(m, out); }
+static void write_dot(const void *m, FILE *out) { tp_print_dot(m, out); }
+static void write_text(const void *text, FILE *out) { fputs(text, out); }
+
+/* The C plan or the memory plan of m into a malloc'ed string. */
+static int generate(const TpModule *m, bool c, char **text, TpDiag *d) {
+  size_t len = 0;
+  FILE *f = open_memstream(text, &len);
+  TP_ASSERT(f);
+  TpMemoryPlan plan;
+  TpEmitOptions o = {.version = TOKPIPE_VERSION};
+  int rc = c ? tp_emit_c(m, &o, f, d) : tp_plan_memory(m, &plan, d);
+  if (rc == TP_OK && !c) {
+    tp_print_memory(m, &plan, f);
+    tp_memory_plan_free(&plan);
+  }
+  fclose(f);
+  return rc;
+}
 
 int main(int argc, char **argv) {
   cli_tool = "tokpipe-opt";
-  const char *input = NULL, *passes = "", *output = NULL, *v;
+  const char *input = NULL, *passes = "", *output = NULL, *emit = "ir", *logits = NULL,
+             *freeze = NULL, *v;
   CliDims dims = {0};
   TpPassOptions po = {0};
   for (int i = 1; i < argc; i++) {
@@ -34,7 +62,12 @@ int main(int argc, char **argv) {
       for (const TpPassInfo *p = tp_pass_registry; p->name; p++) printf("%-16s %s\n", p->name, p->summary);
       return 0;
     } else if (cli_value(argc, argv, &i, "--passes", &passes)) {
+    } else if (cli_value(argc, argv, &i, "--emit", &emit)) {
+      if (strcmp(emit, "ir") && strcmp(emit, "dot") && strcmp(emit, "c") && strcmp(emit, "memory"))
+        cli_usage_error("--emit expects ir, dot, c or memory, got '%s'", emit);
     } else if (cli_value(argc, argv, &i, "-o", &output)) {
+    } else if (cli_value(argc, argv, &i, "--logits", &logits)) {
+    } else if (cli_value(argc, argv, &i, "--freeze", &freeze)) {
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);
     } else if (cli_pass_option(argc, argv, &i, &po)) {
@@ -54,8 +87,14 @@ int main(int argc, char **argv) {
   tp_diag_init(&d, cli_tool, strcmp(input, "-") == 0 ? "<stdin>" : input, stderr);
   TpModule *m = NULL;
   int rc = cli_load_module(input, &dims, &m, &d);
+  if (rc == TP_OK) m->logits_name = logits, m->freeze = freeze;
   if (rc == TP_OK) rc = cli_run_pipeline(m, (const char *const *)names, n, &po, &d);
-  if (rc == TP_OK) rc = cli_write_output(output, write_ir, m, &d);
+  char *text = NULL;
+  if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
+  else if (rc == TP_OK && strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);
+  else if (rc == TP_OK) rc = generate(m, strcmp(emit, "c") == 0, &text, &d);
+  if (rc == TP_OK && text) rc = cli_write_output(output, write_text, text, &d);
+  free(text);
   tp_module_free(m);
   cli_free_list(names);
   cli_free_dims(&dims);

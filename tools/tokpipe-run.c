@@ -13,6 +13,7 @@
 
 static const char usage[] =
     "usage: tokpipe-run MODEL.onnx --test-dir DIR [--dim NAME=VALUE]... [--atol A] [--rtol R]\n"
+    "                   [--passes=a,b,c]\n"
     "\n"
     "Runs MODEL with the reference CPU interpreter on ONNX backend-test data and compares\n"
     "its outputs: DIR holds input_N.pb and output_N.pb (serialized TensorProto, one per\n"
@@ -25,6 +26,9 @@ static const char usage[] =
     "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
     "  --atol A             absolute tolerance (default 1e-5)\n"
     "  --rtol R             relative tolerance (default 1e-4)\n"
+    "  --passes=a,b,c       the passes to run before executing (default fold-constants,dce;\n"
+    "                       tokpipe-opt --list-passes lists them)\n"
+    CLI_PASS_OPTIONS_HELP
     "  --help               print this help\n"
     "  --version            print the version\n"
     "\n"
@@ -34,6 +38,9 @@ static const char usage[] =
 typedef struct {
   double atol, rtol;
   const CliDims *dims;
+  char **passes; /* names, NULL-terminated */
+  int npasses;
+  TpPassOptions pass_options;
 } RunOptions;
 
 static char *path_join(const char *dir, const char *name) {
@@ -230,6 +237,7 @@ static int run_data_set(const char *model_path, const char *set, const char *lab
     if (in_names[i] && *in_names[i]) bound[nbound++] = (TpInputBinding){in_names[i], ins[i]};
   TpImportOptions io = {.dims = o->dims->dims, .ndims = o->dims->n, .bound_inputs = bound, .nbound = nbound};
   if ((rc = tp_import_onnx_file(model_path, &io, &m, d))) goto done;
+  if ((rc = cli_run_pipeline(m, (const char *const *)o->passes, o->npasses, &o->pass_options, d))) goto done;
 
   /* The model's inputs: those still inputs plus the bound ones the importer made constants
    * (it rejects bound names that are not graph inputs). */
@@ -288,7 +296,7 @@ done:
 
 int main(int argc, char **argv) {
   cli_tool = "tokpipe-run";
-  const char *model = NULL, *test_dir = NULL, *v;
+  const char *model = NULL, *test_dir = NULL, *passes = "fold-constants,dce", *v;
   CliDims dims = {0};
   RunOptions o = {.atol = 1e-5, .rtol = 1e-4, .dims = &dims};
   for (int i = 1; i < argc; i++) {
@@ -309,6 +317,8 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--rtol", &v)) {
       o.rtol = cli_double("--rtol", v);
       if (o.rtol < 0) cli_usage_error("--rtol must be >= 0");
+    } else if (cli_value(argc, argv, &i, "--passes", &passes)) {
+    } else if (cli_pass_option(argc, argv, &i, &o.pass_options)) {
     } else if (a[0] == '-' && a[1]) {
       cli_usage_error("unknown option '%s'", a);
     } else if (model) {
@@ -319,6 +329,9 @@ int main(int argc, char **argv) {
   }
   if (!model) cli_usage_error("no model given");
   if (!test_dir) cli_usage_error("--test-dir is required");
+  o.passes = *passes ? cli_split_list("--passes", passes, &o.npasses) : NULL;
+  for (int i = 0; i < o.npasses; i++)
+    if (!tp_find_pass(o.passes[i])) cli_usage_error("unknown pass '%s' (tokpipe-opt --list-passes lists them)", o.passes[i]);
 
   TpDiag dd, md;
   tp_diag_init(&dd, cli_tool, test_dir, stderr);
@@ -335,6 +348,7 @@ int main(int argc, char **argv) {
   for (int s = 0; s < nsets; s++) free(sets[s]);
   free(sets);
   cli_free_dims(&dims);
+  cli_free_list(o.passes);
   if (rc != TP_OK) return cli_exit_code(rc);
   if (nfail) {
     printf("FAIL: %d of %d output%s out of tolerance (atol %g, rtol %g)\n", nfail, noutputs,

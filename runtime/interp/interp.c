@@ -47,6 +47,19 @@ static const TpExecFn exec_table[TP_OP_COUNT] = {
     [TP_OP_Attention] = tp_exec_attention,
     [TP_OP_SoftmaxCrossEntropyLoss] = tp_exec_loss,
     [TP_OP_NegativeLogLikelihoodLoss] = tp_exec_loss,
+    [TP_OP_Linear] = tp_exec_linear,
+    [TP_OP_Embedding] = tp_exec_embedding,
+    [TP_OP_CrossEntropy] = tp_exec_cross_entropy,
+    [TP_OP_LinearBackward] = tp_exec_linear_backward,
+    [TP_OP_MatMulBackward] = tp_exec_matmul_backward,
+    [TP_OP_GatherBackward] = tp_exec_gather_backward,
+    [TP_OP_SliceBackward] = tp_exec_slice_backward,
+    [TP_OP_LayerNormBackward] = tp_exec_layernorm_backward,
+    [TP_OP_GeluBackward] = tp_exec_gelu_backward,
+    [TP_OP_SoftmaxBackward] = tp_exec_softmax_backward,
+    [TP_OP_LogSoftmaxBackward] = tp_exec_softmax_backward,
+    [TP_OP_AttentionBackward] = tp_exec_attention_backward,
+    [TP_OP_CrossEntropyBackward] = tp_exec_cross_entropy_backward,
 };
 
 /* Kernels read elements through typed pointers, but weights referenced in place sit at any

@@ -38,5 +38,21 @@ int tp_exec_softmax(const TpModule *m, int op, const TpTensor *in, TpTensor *out
 int tp_exec_layernorm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_attention(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_loss(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+/* runtime/interp/exec_train.c (raised forward ops and backward ops): */
+int tp_exec_linear(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_embedding(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_linear_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_matmul_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_gather_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_slice_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_layernorm_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
+                               TpDiag *d);
+int tp_exec_gelu_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_softmax_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_attention_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
+                               TpDiag *d);
+int tp_exec_cross_entropy_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
+                                   TpDiag *d);
 
 #endif

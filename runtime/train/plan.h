@@ -48,7 +48,8 @@ typedef void (*TpStageFn)(TpStepIO *io);
 
 typedef struct {
   int abi;                 /* TP_PLAN_ABI */
-  const char *model;       /* the ONNX file it was compiled from (the default --init) */
+  const char *model;       /* the ONNX file it was compiled from (--export-onnx rewrites it
+                              unless --init names another) */
   const char *tokpipec_version;
   int64_t batch, seq, vocab;
   int nparams;

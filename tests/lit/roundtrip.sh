@@ -1,15 +1,16 @@
 #!/bin/sh
 # Round trip of one ONNX fixture through the textual IR:
 #   import -> print (first) -> parse -> print (second), first and second byte-identical,
-# once as imported and once after the default pipeline (folded constants print inline).
+# as imported, after folding (folded constants print inline) and after the training passes
+# (backward ops with their placement, the loss and the gradient map).
 # usage: roundtrip.sh TOKPIPE_OPT MODEL.onnx WORKDIR [--dim NAME=VALUE]...
 set -eu
 opt=$1 model=$2 work=$3
 shift 3
 mkdir -p "$work"
-for passes in "" "fold-constants,dce"; do
+for passes in "" "fold-constants,dce" "fold-constants,dce,retie-params,raise-transformer,add-loss,autodiff,dce"; do
   tag=${passes:-none}
-  tag=$(echo "$tag" | tr ',' '_')
+  tag=$(echo "$tag" | tr ',' '_' | cut -c1-40)
   "$opt" "$model" --passes="$passes" "$@" > "$work/$tag.first.tir"
   "$opt" "$work/$tag.first.tir" > "$work/$tag.second.tir"
   if ! cmp "$work/$tag.first.tir" "$work/$tag.second.tir"; then

@@ -1,0 +1,79 @@
+/* Code generation: the memory plan of a training module and the C program it becomes.
+ *
+ * codegen/memory.c decides where every value of a (staged) module lives while a step runs:
+ * parameters and their gradients in the trainer's buffers (TpStepIO), constants in static
+ * arrays, token ids in the trainer's batch, and every activation and activation gradient
+ * at an offset of its stage's arena, placed by liveness so that buffers whose lifetimes do
+ * not overlap share bytes. codegen/emit_c.c writes the plan.c that runs it (see
+ * runtime/train/plan.h for the interface it implements). */
+#ifndef TOKPIPE_CODEGEN_H
+#define TOKPIPE_CODEGEN_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "../ir/ir.h"
+
+/* Arena offsets and buffer sizes are multiples of this (a cache line, SIMD-friendly). */
+#define TP_ARENA_ALIGN 64
+
+typedef enum {
+  TP_MEM_NONE,    /* not stored: an absent value, or one no op of the plan touches */
+  TP_MEM_ARENA,   /* at `offset` in the arena of `stage` */
+  TP_MEM_VIEW,    /* the bytes of value `index` (a Reshape shares its operand's data) */
+  TP_MEM_PARAM,   /* io->param[index] */
+  TP_MEM_GRAD,    /* io->grad[index]: the gradient of parameter `index` */
+  TP_MEM_CONST,   /* a static array of the generated program */
+  TP_MEM_TOKENS,  /* io->tokens */
+  TP_MEM_TARGETS, /* io->targets */
+} TpMemKind;
+
+typedef struct {
+  TpMemKind kind;
+  int stage;      /* TP_MEM_ARENA */
+  int64_t offset; /* TP_MEM_ARENA: bytes from the arena's start */
+  int64_t bytes;  /* TP_MEM_ARENA: the buffer's size, rounded up to TP_ARENA_ALIGN */
+  int index;      /* TP_MEM_VIEW: the value; TP_MEM_PARAM, TP_MEM_GRAD: the parameter */
+  int first, last; /* TP_MEM_ARENA: the live range, positions in the stage's op order */
+} TpMemSlot;
+
+typedef struct {
+  int nstages;
+  TpMemSlot *value;     /* per value */
+  TpMemSlot *scratch;   /* per op: a temporary buffer the op's kernel needs (TP_MEM_NONE) */
+  int nparams;          /* PARAM values in value order: parameter i of the plan */
+  int *params;          /* the value of each parameter */
+  int64_t *arena_bytes; /* per stage: the arena's size */
+  int64_t *live_peak;   /* per stage: the most bytes live at once (the arena's lower bound) */
+  int64_t *total_bytes; /* per stage: the sum of its buffers (what no reuse would cost) */
+  int *nbuffers;        /* per stage */
+  int **order;          /* per stage: its ops in run order, forward then backward */
+  int *norder;          /* per stage: how many */
+  int *nforward;        /* per stage: how many of them are forward ops */
+} TpMemoryPlan;
+
+/* Plans the module's memory. Reports what the plan cannot hold (a value crossing stages, a
+ * parameter that is not f32, ...) as internal errors, since the passes should not produce
+ * it. On success *plan owns arrays freed by tp_memory_plan_free. */
+int tp_plan_memory(const TpModule *m, TpMemoryPlan *plan, TpDiag *d);
+void tp_memory_plan_free(TpMemoryPlan *plan);
+
+/* Scratch bytes op `op` needs besides its operands and results (0 for most ops). */
+int64_t tp_op_scratch_bytes(const TpModule *m, int op);
+
+/* `tokpipec --emit=memory`: per stage its arena, live peak and buffers, then the totals of
+ * parameters, gradients, optimizer state (AdamW: two moments per parameter) and
+ * activations. */
+void tp_print_memory(const TpModule *m, const TpMemoryPlan *plan, FILE *out);
+
+typedef struct {
+  const char *model;   /* the ONNX file compiled: the trainer's default --init */
+  const char *version; /* tokpipec's version, recorded in the plan */
+} TpEmitOptions;
+
+/* Writes the C training program of module m (after the training pipeline: loss, gradients,
+ * op placement) to out. An op the code generator cannot emit is an internal error naming
+ * it; nothing is written to out then. */
+int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d);
+
+#endif

@@ -1,0 +1,1104 @@
+/* C emission (see codegen.h): requires a module after the training pipeline (op placement,
+ * loss and gradient map) and its memory plan; provides plan.c, the program's half that
+ * knows the model: a forward and a backward function per stage that call the runtime's
+ * kernels (runtime/cpu) one op at a time, the constants, and the TpPlan tables the trainer
+ * runtime (runtime/train/plan.h) reads.
+ *
+ * Every value is a TpTensor view named after its ONNX name (sanitised, unique), declared
+ * at the top of a function when it comes from outside (a parameter, the tokens, a forward
+ * activation read by the backward) and else just before the op that computes it. Each
+ * op's call is preceded by a comment naming the ONNX node it came from. The output depends
+ * on nothing but the module: no addresses, no times, no hash orders. */
+#include "codegen.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Runtime headers a plan may include, one bit each. */
+enum {
+  H_ELEMENTWISE = 1 << 0,
+  H_LAYOUT = 1 << 1,
+  H_REDUCE = 1 << 2,
+  H_MATMUL = 1 << 3,
+  H_NN = 1 << 4,
+  H_LOSS = 1 << 5,
+  H_TRANSFORMER = 1 << 6,
+  H_NN_BACKWARD = 1 << 7,
+  H_LAYOUT_BACKWARD = 1 << 8,
+};
+static const char *const header_names[] = {
+    "cpu/elementwise.h", "cpu/layout.h",      "cpu/reduce.h",
+    "cpu/matmul.h",      "cpu/nn.h",          "cpu/loss.h",
+    "cpu/transformer.h", "cpu/nn_backward.h", "cpu/layout_backward.h",
+};
+
+typedef struct {
+  const TpModule *m;
+  const TpMemoryPlan *mem;
+  const TpEmitOptions *o;
+  TpDiag *d;
+  FILE *out;          /* the current function's body */
+  char **name;        /* per value: the identifier of its TpTensor view */
+  char **array;       /* per CONST value: the identifier of its static array */
+  bool *referenced;   /* per CONST value: its array is used */
+  bool *declared;     /* per value: declared in the current function */
+  bool *here;         /* per op: part of the current function */
+  unsigned headers;
+  bool uses_check, uses_check_true, uses_math, uses_arena, uses_bad;
+  int rc;
+} Emitter;
+
+/* ---- identifiers ---- */
+
+typedef struct {
+  char **slots;
+  size_t cap, count;
+} NameSet;
+
+static uint64_t hash_str(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static bool set_has(const NameSet *s, const char *name) {
+  if (!s->cap) return false;
+  for (size_t i = hash_str(name) & (s->cap - 1); s->slots[i]; i = (i + 1) & (s->cap - 1))
+    if (strcmp(s->slots[i], name) == 0) return true;
+  return false;
+}
+
+static void set_add(NameSet *s, char *name) {
+  if (2 * (s->count + 1) > s->cap) {
+    NameSet bigger = {calloc(s->cap ? 2 * s->cap : 256, sizeof(char *)), s->cap ? 2 * s->cap : 256, 0};
+    TP_ASSERT(bigger.slots);
+    for (size_t i = 0; i < s->cap; i++)
+      if (s->slots[i]) set_add(&bigger, s->slots[i]);
+    free(s->slots);
+    *s = bigger;
+  }
+  size_t i = hash_str(name) & (s->cap - 1);
+  while (s->slots[i]) i = (i + 1) & (s->cap - 1);
+  s->slots[i] = name;
+  s->count++;
+}
+
+/* Identifiers a value must not take: C keywords, object-like macros of the headers the plan
+ * includes, and the plan's own names. Anything starting with tp_, TP_ or Tp is the runtime's. */
+static const char *const reserved[] = {
+    "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else",
+    "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long", "register",
+    "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "typedef",
+    "union", "unsigned", "void", "volatile", "while", "bool", "true", "false", "errno",
+    "math_errhandling", "io", "arena", "bad", "main", "params", "derived", "arena_bytes",
+    "forward", "backward", "kernel_failed", NULL};
+
+/* "/h.0/attn/MatMul_output_0" -> "h_0_attn_MatMul": letters, digits and single
+ * underscores; the exporter's "_output_0" suffixes dropped. */
+static char *sanitize(const char *text) {
+  size_t n = strlen(text);
+  char *s = malloc(n + 3);
+  TP_ASSERT(s);
+  size_t len = 0;
+  for (const char *p = text; *p; p++) {
+    if (isalnum((unsigned char)*p)) s[len++] = *p;
+    else if (len && s[len - 1] != '_') s[len++] = '_';
+  }
+  while (len && s[len - 1] == '_') len--;
+  s[len] = 0;
+  static const char suffix[] = "_output_0";
+  for (char *hit; (hit = strstr(s, suffix)) != NULL;) {
+    char *after = hit + sizeof suffix - 1;
+    if (*after && *after != '_') break; /* _output_01: keep */
+    memmove(hit, after, strlen(after) + 1);
+  }
+  return s;
+}
+
+static bool is_reserved(const char *s) {
+  if (!*s || isdigit((unsigned char)s[0])) return true;
+  if (strncmp(s, "tp_", 3) == 0 || strncmp(s, "TP_", 3) == 0 || strncmp(s, "Tp", 2) == 0) return true;
+  bool upper = true; /* might be a macro */
+  for (const char *p = s; *p; p++) upper &= !islower((unsigned char)*p);
+  if (upper) return true;
+  for (const char *const *r = reserved; *r; r++)
+    if (strcmp(*r, s) == 0) return true;
+  return strncmp(s, "stage", 5) == 0 && isdigit((unsigned char)s[5]);
+}
+
+/* A fresh identifier from `base`: prefix + base, then _2, _3, ... until unused. */
+static char *unique_ident(NameSet *set, const char *prefix, const char *base) {
+  char *clean = sanitize(base);
+  size_t n = strlen(prefix) + strlen(clean) + 24;
+  char *id = malloc(n);
+  TP_ASSERT(id);
+  snprintf(id, n, "%s%s", prefix, clean);
+  if (!*prefix && is_reserved(id)) snprintf(id, n, "v_%s", clean);
+  size_t base_len = strlen(id);
+  for (int k = 2; set_has(set, id); k++) snprintf(id + base_len, n - base_len, "_%d", k);
+  free(clean);
+  set_add(set, id);
+  return id;
+}
+
+static void name_values(Emitter *E) {
+  const TpModule *m = E->m;
+  NameSet set = {0};
+  for (int v = 0; v < m->nvalues; v++) {
+    if (E->mem->value[v].kind == TP_MEM_NONE) continue;
+    E->name[v] = unique_ident(&set, "", m->values[v].name);
+    if (E->mem->value[v].kind == TP_MEM_CONST) E->array[v] = unique_ident(&set, "k_", m->values[v].name);
+  }
+  free(set.slots); /* the strings belong to E->name and E->array */
+}
+
+/* ---- writing ---- */
+
+static const char *dtype_enum(TpDType t) {
+  switch (t) {
+#define TP_X(name, num, spelling, size) \
+  case TP_##name: return "TP_" #name;
+    TP_DTYPES(TP_X)
+#undef TP_X
+  default: return "TP_UNDEF";
+  }
+}
+
+/* A float literal that reads back as exactly f: %.9g round-trips every float. */
+static void put_float(Emitter *E, FILE *out, float f) {
+  if (isnan(f)) {
+    E->uses_math = true;
+    fputs("NAN", out);
+  } else if (isinf(f)) {
+    E->uses_math = true;
+    fputs(f < 0 ? "-INFINITY" : "INFINITY", out);
+  } else {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.9g", f);
+    fprintf(out, "%s%sf", buf, strpbrk(buf, ".e") ? "" : ".0");
+  }
+}
+
+static void put_double(Emitter *E, FILE *out, double f) {
+  if (isnan(f) || isinf(f)) {
+    E->uses_math = true;
+    fputs(isnan(f) ? "NAN" : f < 0 ? "-INFINITY" : "INFINITY", out);
+  } else {
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", f);
+    fprintf(out, "%s%s", buf, strpbrk(buf, ".e") ? "" : ".0");
+  }
+}
+
+static void put_int(FILE *out, int64_t v) {
+  if (v == INT64_MIN) fputs("(-9223372036854775807 - 1)", out);
+  else fprintf(out, "%lld", (long long)v);
+}
+
+/* Where value v's bytes are, as a C expression of type void * (or char *). */
+static void put_data(Emitter *E, FILE *out, int v) {
+  const TpMemSlot *s = &E->mem->value[v];
+  switch (s->kind) {
+  case TP_MEM_ARENA:
+    E->uses_arena = true;
+    fprintf(out, "arena + %lld", (long long)s->offset);
+    break;
+  case TP_MEM_VIEW:
+    if (E->declared[s->index]) fprintf(out, "%s.data", E->name[s->index]);
+    else put_data(E, out, s->index);
+    break;
+  case TP_MEM_PARAM: fprintf(out, "io->param[%d]", s->index); break;
+  case TP_MEM_GRAD: fprintf(out, "io->grad[%d]", s->index); break;
+  case TP_MEM_CONST:
+    E->referenced[v] = true;
+    fprintf(out, "(void *)%s", E->array[v]);
+    break;
+  case TP_MEM_TOKENS: fputs("(void *)io->tokens", out); break;
+  case TP_MEM_TARGETS: fputs("(void *)io->targets", out); break;
+  case TP_MEM_NONE: TP_ASSERT(!"a used value has no storage");
+  }
+}
+
+/* TpTensor NAME = {TP_F32, 3, {2, 16, 32}, DATA}; */
+static void declare(Emitter *E, FILE *out, int v) {
+  const TpType *t = &E->m->values[v].type;
+  fprintf(out, "  TpTensor %s = {%s, %d, {", E->name[v], dtype_enum(t->dtype), t->rank);
+  for (int i = 0; i < t->rank; i++) fprintf(out, "%s%lld", i ? ", " : "", (long long)t->dims[i]);
+  if (t->rank == 0) fputs("0", out);
+  fputs("}, ", out);
+  put_data(E, out, v);
+  fputs("};\n", out);
+  E->declared[v] = true;
+}
+
+/* Prints s[0, n) from column col, breaking it after the commas of its outermost argument
+ * list so that lines stay within WRAP columns where they can: continuation lines align
+ * with the list, and an argument still too long is broken the same way inside. Returns
+ * the column it ends at; *broke is set if it broke a line. */
+#define WRAP 100
+static int put_wrapped(FILE *out, const char *s, int n, int col, bool *broke) {
+  int depth = 0, min_depth = INT32_MAX, open = -1, stack[64], top = 0;
+  for (int i = 0; i < n; i++) {
+    if (s[i] == '(' || s[i] == '{') {
+      if (top < 64) stack[top++] = i;
+      depth++;
+    } else if (s[i] == ')' || s[i] == '}') {
+      if (top) top--;
+      depth--;
+    } else if (s[i] == ',' && depth > 0 && depth < min_depth) {
+      min_depth = depth;
+      open = stack[top - 1]; /* the bracket of the list this comma separates */
+    }
+  }
+  if (col + n <= WRAP || open < 0) {
+    fwrite(s, 1, (size_t)n, out);
+    return col + n;
+  }
+  fwrite(s, 1, (size_t)open + 1, out);
+  int indent = col + open + 1, start = open + 1;
+  col = indent;
+  depth = 0;
+  for (int i = 0; i <= n; i++) {
+    if (i < n && (s[i] == '(' || s[i] == '{')) depth++;
+    if (i < n && (s[i] == ')' || s[i] == '}')) depth--;
+    /* a piece ends at a comma of the list, or where the list closes */
+    bool end = i == n || (depth == min_depth - 1 && (s[i] == ')' || s[i] == '}')) ||
+               (depth == min_depth && s[i] == ',' && i > open);
+    if (!end || i <= open) continue;
+    bool comma = i < n && s[i] == ',';
+    int len = i + comma - start, tail = comma ? 0 : n - i; /* what follows the list */
+    if (col > indent && col + len + tail > WRAP) {
+      fprintf(out, "\n%*s", indent, "");
+      col = indent;
+      *broke = true;
+      while (len > 0 && s[start] == ' ') start++, len--;
+    }
+    bool inner = false;
+    col = put_wrapped(out, s + start, len, col, &inner);
+    if (inner) col = WRAP + 1, *broke = true; /* the next argument starts a line of its own */
+    start = i + comma;
+    if (!comma) { /* the rest after the list closes */
+      fwrite(s + start, 1, (size_t)(n - start), out);
+      return col + n - start;
+    }
+  }
+  return col;
+}
+
+/* A statement of the current function's body, printf-like with value directives:
+ *   %v value's data pointer (name.data, or NULL for -1)   %t &value (or NULL)
+ *   %n the value's view itself                            %I int64_t literal
+ *   %B bool literal (int)    %F float literal (double)    %G double literal
+ *   %L (const int64_t[]){...} from (const int64_t *, int)  %s string  %% percent */
+static void emit(Emitter *E, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *line = NULL;
+  size_t line_len = 0;
+  FILE *out = open_memstream(&line, &line_len);
+  TP_ASSERT(out);
+  fputs("  ", out);
+  for (const char *p = fmt; *p; p++) {
+    if (*p != '%') {
+      fputc(*p, out);
+      continue;
+    }
+    switch (*++p) {
+    case 'v':
+    case 't':
+    case 'n': {
+      int v = va_arg(ap, int);
+      if (v < 0) {
+        TP_ASSERT(*p != 'n');
+        fputs("NULL", out);
+        break;
+      }
+      TP_ASSERT(E->declared[v]);
+      fprintf(out, *p == 'v' ? "%s.data" : *p == 't' ? "&%s" : "%s", E->name[v]);
+      break;
+    }
+    case 'I': put_int(out, va_arg(ap, int64_t)); break;
+    case 'B': fputs(va_arg(ap, int) ? "true" : "false", out); break;
+    case 'F': put_float(E, out, (float)va_arg(ap, double)); break;
+    case 'G': put_double(E, out, va_arg(ap, double)); break;
+    case 'L': {
+      const int64_t *xs = va_arg(ap, const int64_t *);
+      int n = va_arg(ap, int);
+      fputs("(const int64_t[]){", out);
+      for (int i = 0; i < n; i++) {
+        if (i) fputs(", ", out);
+        put_int(out, xs[i]);
+      }
+      fputc('}', out);
+      break;
+    }
+    case 's': fputs(va_arg(ap, const char *), out); break;
+    case '%': fputc('%', out); break;
+    default: TP_ASSERT(!"bad emit directive");
+    }
+  }
+  va_end(ap);
+  fclose(out);
+  bool broke = false;
+  put_wrapped(E->out, line, (int)line_len, 0, &broke);
+  fputc('\n', E->out);
+  free(line);
+}
+
+/* ---- ops ---- */
+
+static int64_t dims_product(const TpType *t, int from, int to) {
+  int64_t n = 1;
+  for (int i = from; i < to; i++) n *= t->dims[i];
+  return n;
+}
+
+static const TpType *type_of(const Emitter *E, int v) { return &E->m->values[v].type; }
+
+static int in(const Emitter *E, int op, int i) {
+  const TpOp *o = &E->m->ops[op];
+  return i < o->ninputs ? o->inputs[i] : -1;
+}
+
+static int res(const Emitter *E, int op, int i) {
+  const TpOp *o = &E->m->ops[op];
+  return i < o->noutputs ? o->outputs[i] : -1;
+}
+
+static const char *node_name(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  return o->origin.node ? o->origin.node : tp_op_info[o->kind].name;
+}
+
+static int unsupported(Emitter *E, int op, const char *why) {
+  const TpOp *o = &E->m->ops[op];
+  return E->rc = tp_internal(E->d, "codegen: op %s (node '%s') is not supported%s%s",
+                             tp_op_info[o->kind].name, node_name(E->m, op), why ? ": " : "",
+                             why ? why : "");
+}
+
+/* The flat kernels take f32 arrays: every float operand and result must be f32. */
+static bool f32_only(Emitter *E, int op) {
+  const TpOp *o = &E->m->ops[op];
+  for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+    int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+    if (v >= 0 && tp_dtype_is_float(type_of(E, v)->dtype) && type_of(E, v)->dtype != TP_F32) {
+      char why[96];
+      snprintf(why, sizeof why, "'%s' is %s; the kernel takes f32", E->m->values[v].name,
+               tp_dtype_name(type_of(E, v)->dtype));
+      unsupported(E, op, why);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Integer ids read by a flat kernel must be i64. */
+static bool i64_ids(Emitter *E, int op, int v) {
+  if (type_of(E, v)->dtype == TP_I64) return true;
+  char why[96];
+  snprintf(why, sizeof why, "ids '%s' are %s; the kernel takes i64", E->m->values[v].name,
+           tp_dtype_name(type_of(E, v)->dtype));
+  unsupported(E, op, why);
+  return false;
+}
+
+static const char *unary_name(TpOpKind k) {
+  switch (k) {
+  case TP_OP_Sqrt: return "TP_UNARY_SQRT";
+  case TP_OP_Neg: return "TP_UNARY_NEG";
+  case TP_OP_Reciprocal: return "TP_UNARY_RECIPROCAL";
+  case TP_OP_Exp: return "TP_UNARY_EXP";
+  case TP_OP_Log: return "TP_UNARY_LOG";
+  case TP_OP_Erf: return "TP_UNARY_ERF";
+  case TP_OP_Tanh: return "TP_UNARY_TANH";
+  case TP_OP_Relu: return "TP_UNARY_RELU";
+  case TP_OP_Sigmoid: return "TP_UNARY_SIGMOID";
+  case TP_OP_Not: return "TP_UNARY_NOT";
+  default: return NULL;
+  }
+}
+
+static const char *binary_name(TpOpKind k) {
+  switch (k) {
+  case TP_OP_Add: return "TP_BINARY_ADD";
+  case TP_OP_Sub: return "TP_BINARY_SUB";
+  case TP_OP_Mul: return "TP_BINARY_MUL";
+  case TP_OP_Div: return "TP_BINARY_DIV";
+  case TP_OP_Pow: return "TP_BINARY_POW";
+  case TP_OP_And: return "TP_BINARY_AND";
+  case TP_OP_Equal: return "TP_BINARY_EQUAL";
+  case TP_OP_Less: return "TP_BINARY_LESS";
+  case TP_OP_LessOrEqual: return "TP_BINARY_LESS_EQUAL";
+  case TP_OP_Greater: return "TP_BINARY_GREATER";
+  default: return NULL;
+  }
+}
+
+/* The gelu variant of an `approximate` attribute; false (after reporting) if unknown. */
+static bool gelu_tanh(Emitter *E, int op, bool *tanh_approx) {
+  const char *a = tp_attr_string(E->m, op, "approximate", "none");
+  *tanh_approx = strcmp(a, "tanh") == 0;
+  if (*tanh_approx || strcmp(a, "none") == 0) return true;
+  unsupported(E, op, "unknown approximate");
+  return false;
+}
+
+/* The TpAttention of an Attention or AttentionBackward op (Q, K, V from operand `first`),
+ * as a compound literal without its closing brace. */
+static bool attention_params(Emitter *E, int op, int first, char *buf, size_t size) {
+  const TpModule *m = E->m;
+  const TpType *q = type_of(E, in(E, op, first)), *k = type_of(E, in(E, op, first + 1)),
+               *v = type_of(E, in(E, op, first + 2));
+  bool packed = q->rank == 3;
+  int64_t qh, kvh, qlen, kvlen, hs, vhs;
+  if (packed) {
+    qh = tp_attr_int(m, op, "q_num_heads", 0);
+    kvh = tp_attr_int(m, op, "kv_num_heads", 0);
+    if (qh <= 0 || kvh <= 0) {
+      unsupported(E, op, "3-D operands need q_num_heads and kv_num_heads");
+      return false;
+    }
+    qlen = q->dims[1], kvlen = k->dims[1], hs = q->dims[2] / qh, vhs = v->dims[2] / kvh;
+  } else {
+    qh = q->dims[1], kvh = k->dims[1], qlen = q->dims[2], kvlen = k->dims[2], hs = q->dims[3], vhs = v->dims[3];
+  }
+  float scale = (float)tp_attr_float(m, op, "scale", 0);
+  if (scale == 0) scale = 1.0f / sqrtf((float)hs);
+  float softcap = (float)tp_attr_float(m, op, "softcap", 0);
+  int len = snprintf(buf, size,
+                     "&(TpAttention){.batch = %lld, .q_heads = %lld, .kv_heads = %lld, .q_len = %lld, "
+                     ".kv_len = %lld, .head_size = %lld, .v_head_size = %lld, .packed = %s, "
+                     ".is_causal = %s, .scale = %.9gf",
+                     (long long)q->dims[0], (long long)qh, (long long)kvh, (long long)qlen,
+                     (long long)kvlen, (long long)hs, (long long)vhs, packed ? "true" : "false",
+                     tp_attr_int(m, op, "is_causal", 0) ? "true" : "false", scale);
+  if (softcap != 0) len += snprintf(buf + len, size - (size_t)len, ", .softcap = %.9gf", softcap);
+  int mode = (int)tp_attr_int(m, op, "qk_matmul_output_mode", 0);
+  if (mode) snprintf(buf + len, size - (size_t)len, ", .qk_mode = %d", mode);
+  return true;
+}
+
+/* Attention's optional mask: the fields of TpAttention that describe it. */
+static bool attention_mask(Emitter *E, int op, char *buf, size_t size) {
+  int mask = in(E, op, 3);
+  const TpType *mt = type_of(E, mask);
+  if (mt->dtype != TP_BOOL && mt->dtype != TP_F32) {
+    unsupported(E, op, "the mask must be bool or f32");
+    return false;
+  }
+  int64_t strides[4], stride = 1;
+  for (int k = 3, km = mt->rank - 1; k >= 0; k--, km--) {
+    int64_t dim = km >= 0 ? mt->dims[km] : 1;
+    strides[k] = dim == 1 ? 0 : stride;
+    stride *= dim;
+  }
+  snprintf(buf, size, ", .mask = %s.data, .mask_is_bool = %s, .mask_strides = {%lld, %lld, %lld, %lld}, .mask_len = %lld",
+           E->name[mask], mt->dtype == TP_BOOL ? "true" : "false", (long long)strides[0],
+           (long long)strides[1], (long long)strides[2], (long long)strides[3],
+           (long long)mt->dims[mt->rank - 1]);
+  return true;
+}
+
+/* A Reshape whose result shares its operand's bytes: nothing to run. */
+static bool reshape_is_view(const TpMemoryPlan *p, int op, const TpModule *m) {
+  const TpMemSlot *y = &p->value[m->ops[op].outputs[0]], *x = &p->value[m->ops[op].inputs[0]];
+  return y->kind == TP_MEM_VIEW || (y->kind == TP_MEM_GRAD && x->kind == TP_MEM_GRAD && x->index == y->index);
+}
+
+/* The call of one op; its results are declared already. */
+static void emit_op(Emitter *E, int op) {
+  const TpModule *m = E->m;
+  const TpOp *o = &m->ops[op];
+  TpOpKind k = o->kind;
+  int x = in(E, op, 0), y = res(E, op, 0);
+  switch (k) {
+  case TP_OP_Sqrt: case TP_OP_Neg: case TP_OP_Reciprocal: case TP_OP_Exp: case TP_OP_Log:
+  case TP_OP_Erf: case TP_OP_Tanh: case TP_OP_Relu: case TP_OP_Sigmoid: case TP_OP_Not:
+  case TP_OP_Gelu: {
+    const char *u = unary_name(k);
+    bool tanh_approx;
+    if (k == TP_OP_Gelu) {
+      if (!gelu_tanh(E, op, &tanh_approx)) return;
+      u = tanh_approx ? "TP_UNARY_GELU_TANH" : "TP_UNARY_GELU";
+    }
+    E->headers |= H_ELEMENTWISE;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_unary(%s, %t, %t));", u, x, y);
+    return;
+  }
+  case TP_OP_Add: case TP_OP_Sub: case TP_OP_Mul: case TP_OP_Div: case TP_OP_Pow:
+  case TP_OP_And: case TP_OP_Equal: case TP_OP_Less: case TP_OP_LessOrEqual: case TP_OP_Greater:
+    E->headers |= H_ELEMENTWISE;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_binary(%s, %t, %t, %t));", binary_name(k), x, in(E, op, 1), y);
+    return;
+  case TP_OP_Where:
+    E->headers |= H_ELEMENTWISE;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_where(%t, %t, %t, %t));", x, in(E, op, 1), in(E, op, 2), y);
+    return;
+  case TP_OP_Cast:
+    E->headers |= H_ELEMENTWISE;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_cast(%t, %t));", x, y);
+    return;
+  case TP_OP_MatMul:
+    E->headers |= H_MATMUL;
+    E->uses_check_true = true;
+    emit(E, "CHECK_TRUE(tp_matmul(%t, %t, %t));", x, in(E, op, 1), y);
+    return;
+  case TP_OP_Gemm:
+    E->headers |= H_MATMUL;
+    E->uses_check_true = true;
+    emit(E, "CHECK_TRUE(tp_gemm(%t, %t, %t, %B, %B, %G, %G, %t));", x, in(E, op, 1), in(E, op, 2),
+         (int)tp_attr_int(m, op, "transA", 0), (int)tp_attr_int(m, op, "transB", 0),
+         tp_attr_float(m, op, "alpha", 1.0), tp_attr_float(m, op, "beta", 1.0), y);
+    return;
+  case TP_OP_Gather:
+    E->headers |= H_LAYOUT;
+    E->uses_check = E->uses_bad = true;
+    emit(E, "CHECK(tp_gather(%t, %t, %I, %t, &bad));", x, in(E, op, 1), tp_attr_int(m, op, "axis", 0), y);
+    return;
+  case TP_OP_Reshape: /* a copy only where the result must be in its own buffer */
+    if (!reshape_is_view(E->mem, op, E->m)) {
+      E->headers |= H_LAYOUT;
+      E->uses_check = true;
+      emit(E, "CHECK(tp_reshape(%t, %t));", x, y);
+    }
+    return;
+  case TP_OP_Expand:
+    E->headers |= H_LAYOUT;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_expand(%t, %t));", x, y);
+    return;
+  case TP_OP_Transpose: {
+    int n;
+    const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
+    E->headers |= H_LAYOUT;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_transpose(%t, %L, %t));", x, perm, n, y);
+    return;
+  }
+  case TP_OP_Split: {
+    char list[4096];
+    int len = 0;
+    for (int i = 0; i < o->noutputs && len < (int)sizeof list - 256; i++)
+      len += snprintf(list + len, sizeof list - (size_t)len, "%s%s", i ? ", " : "", E->name[o->outputs[i]]);
+    if (len >= (int)sizeof list - 256) {
+      unsupported(E, op, "too many results");
+      return;
+    }
+    E->headers |= H_LAYOUT;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_split(%t, %I, (TpTensor[]){%s}, %I));", x, tp_attr_int(m, op, "axis", 0), list,
+         (int64_t)o->noutputs);
+    return;
+  }
+  case TP_OP_Slice:
+  case TP_OP_SliceBackward: {
+    int ns, nt;
+    const int64_t *starts = tp_attr_ints(m, op, "starts", &ns), *steps = tp_attr_ints(m, op, "steps", &nt);
+    bool fwd = k == TP_OP_Slice;
+    E->headers |= fwd ? H_LAYOUT : H_LAYOUT_BACKWARD;
+    E->uses_check = true;
+    emit(E, fwd ? "CHECK(tp_slice(%t, %L, %L, %t));" : "CHECK(tp_slice_backward(%t, %L, %L, %t));",
+         x, starts, ns, steps, nt, y);
+    return;
+  }
+  case TP_OP_Concat: {
+    char list[4096];
+    int len = 0;
+    for (int i = 0; i < o->ninputs && len < (int)sizeof list - 256; i++)
+      len += snprintf(list + len, sizeof list - (size_t)len, "%s%s", i ? ", " : "", E->name[o->inputs[i]]);
+    if (len >= (int)sizeof list - 256) {
+      unsupported(E, op, "too many operands");
+      return;
+    }
+    E->headers |= H_LAYOUT;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_concat((const TpTensor[]){%s}, %I, %I, %t));", list, (int64_t)o->ninputs,
+         tp_attr_int(m, op, "axis", 0), y);
+    return;
+  }
+  case TP_OP_Trilu:
+    E->headers |= H_LAYOUT;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_trilu(%t, %B, %I, %t));", x, (int)tp_attr_int(m, op, "upper", 1),
+         tp_attr_int(m, op, "k", 0), y);
+    return;
+  case TP_OP_ReduceMean:
+  case TP_OP_ReduceSum: {
+    int n;
+    const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
+    E->headers |= H_REDUCE;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_reduce_sum(%t, %L, %I, %B, %t));", x, axes, n, (int64_t)n, k == TP_OP_ReduceMean, y);
+    return;
+  }
+  default: break;
+  }
+
+  /* The flat f32 kernels. */
+  if (!f32_only(E, op)) return;
+  const TpType *tx = x >= 0 ? type_of(E, x) : NULL;
+  switch (k) {
+  case TP_OP_Softmax:
+  case TP_OP_LogSoftmax:
+  case TP_OP_SoftmaxBackward:
+  case TP_OP_LogSoftmaxBackward: {
+    bool fwd = k == TP_OP_Softmax || k == TP_OP_LogSoftmax;
+    bool log = k == TP_OP_LogSoftmax || k == TP_OP_LogSoftmaxBackward;
+    const TpType *t = type_of(E, y);
+    int axis = (int)tp_attr_int(m, op, "axis", t->rank - 1);
+    int64_t outer = dims_product(t, 0, axis), n = t->dims[axis], inner = dims_product(t, axis + 1, t->rank);
+    E->headers |= fwd ? H_NN : H_NN_BACKWARD;
+    if (fwd) emit(E, "tp_softmax_f32(%v, %v, %I, %I, %I, %B);", x, y, outer, n, inner, log);
+    else emit(E, "tp_softmax_backward_f32(%v, %v, %I, %I, %I, %B, %v);", x, in(E, op, 1), outer, n, inner, log, y);
+    return;
+  }
+  case TP_OP_LayerNorm: {
+    int axis = (int)tp_attr_int(m, op, "axis", tx->rank - 1);
+    int64_t outer = dims_product(tx, 0, axis), n = dims_product(tx, axis, tx->rank);
+    int scale = in(E, op, 1), bias = in(E, op, 2);
+    if (tp_type_numel(type_of(E, scale)) != n || (bias >= 0 && tp_type_numel(type_of(E, bias)) != n)) {
+      unsupported(E, op, "scale and bias must have the normalised shape");
+      return;
+    }
+    E->headers |= H_NN;
+    emit(E, "tp_layernorm_f32(%v, %v, %v, %I, %I, %F, %v, %v, %v);", x, scale, bias, outer, n,
+         tp_attr_float(m, op, "epsilon", 1e-5), y, res(E, op, 1), res(E, op, 2));
+    return;
+  }
+  case TP_OP_LayerNormBackward: {
+    int axis = (int)tp_attr_int(m, op, "axis", type_of(E, in(E, op, 1))->rank - 1);
+    const TpType *t = type_of(E, in(E, op, 1));
+    int64_t rows = dims_product(t, 0, axis), n = dims_product(t, axis, t->rank);
+    if (tp_type_numel(type_of(E, in(E, op, 2))) != n) {
+      unsupported(E, op, "scale must have the normalised shape");
+      return;
+    }
+    E->headers |= H_NN_BACKWARD;
+    emit(E, "tp_layernorm_backward_f32(%v, %v, %v, %v, %v, %I, %I, %v, %v, %v);", x, in(E, op, 1),
+         in(E, op, 2), in(E, op, 3), in(E, op, 4), rows, n, y, res(E, op, 1), res(E, op, 2));
+    return;
+  }
+  case TP_OP_GeluBackward: {
+    bool tanh_approx;
+    if (!gelu_tanh(E, op, &tanh_approx)) return;
+    E->headers |= H_NN_BACKWARD;
+    emit(E, "tp_gelu_backward_f32(%v, %v, %I, %B, %v);", x, in(E, op, 1), tp_type_numel(tx), tanh_approx, y);
+    return;
+  }
+  case TP_OP_Attention:
+  case TP_OP_AttentionBackward: {
+    bool fwd = k == TP_OP_Attention;
+    int q = fwd ? x : in(E, op, 1);
+    if (fwd && (in(E, op, 4) >= 0 || in(E, op, 5) >= 0)) {
+      unsupported(E, op, "past keys and values");
+      return;
+    }
+    if (type_of(E, q)->rank != 3 && type_of(E, q)->rank != 4) {
+      unsupported(E, op, "operands must be 3-D or 4-D");
+      return;
+    }
+    char p[1024], mask[256] = "";
+    if (!attention_params(E, op, fwd ? 0 : 1, p, sizeof p)) return;
+    if (fwd && in(E, op, 3) >= 0 && !attention_mask(E, op, mask, sizeof mask)) return;
+    strcat(strcat(p, mask), "}");
+    E->headers |= fwd ? H_NN : H_NN_BACKWARD;
+    if (fwd)
+      emit(E, "tp_attention_f32(%s, %v, %v, %v, NULL, NULL, %v, %v, %v, %v);", p, x, in(E, op, 1),
+           in(E, op, 2), y, res(E, op, 1), res(E, op, 2), res(E, op, 3));
+    else
+      emit(E, "tp_attention_backward_f32(%s, %v, %v, %v, %v, %v, %v, %v);", p, x, in(E, op, 1),
+           in(E, op, 2), in(E, op, 3), y, res(E, op, 1), res(E, op, 2));
+    return;
+  }
+  case TP_OP_Linear:
+  case TP_OP_LinearBackward: {
+    bool fwd = k == TP_OP_Linear;
+    int xv = fwd ? x : in(E, op, 1), w = fwd ? in(E, op, 1) : in(E, op, 2);
+    const TpType *t = type_of(E, xv), *tw = type_of(E, w);
+    bool tr = tp_attr_int(m, op, "transpose_w", 0) != 0;
+    int64_t K = t->dims[t->rank - 1], M = tp_type_numel(t) / (K ? K : 1), N = tw->dims[tr ? 0 : 1];
+    E->headers |= fwd ? H_TRANSFORMER : H_NN_BACKWARD;
+    if (fwd) emit(E, "tp_linear_f32(%v, %v, %v, %I, %I, %I, %B, %v);", x, w, in(E, op, 2), M, K, N, tr, y);
+    else
+      emit(E, "tp_linear_backward_f32(%v, %v, %v, %I, %I, %I, %B, %v, %v, %v);", x, xv, w, M, K, N, tr,
+           y, res(E, op, 1), res(E, op, 2));
+    return;
+  }
+  case TP_OP_MatMulBackward:
+    E->headers |= H_NN_BACKWARD;
+    E->uses_check_true = true;
+    emit(E, "CHECK_TRUE(tp_matmul_backward_f32(%t, %t, %t, %t, %t));", x, in(E, op, 1), in(E, op, 2),
+         y, res(E, op, 1));
+    return;
+  case TP_OP_Embedding: {
+    int table = x, ids = in(E, op, 1);
+    if (!i64_ids(E, op, ids)) return;
+    const TpType *t = type_of(E, table);
+    E->headers |= H_TRANSFORMER;
+    E->uses_check = E->uses_bad = true;
+    emit(E, "CHECK(tp_embedding_f32(%v, %v, %I, %I, %I, %v, &bad));", table, ids,
+         tp_type_numel(type_of(E, ids)), t->dims[0], t->dims[1], y);
+    return;
+  }
+  case TP_OP_GatherBackward:
+    E->headers |= H_LAYOUT_BACKWARD;
+    E->uses_check = E->uses_bad = true;
+    emit(E, "CHECK(tp_gather_backward(%t, %t, %I, %t, &bad));", x, in(E, op, 1),
+         tp_attr_int(m, op, "axis", 0), y);
+    return;
+  case TP_OP_CrossEntropy:
+  case TP_OP_CrossEntropyBackward: {
+    bool fwd = k == TP_OP_CrossEntropy;
+    int logits = fwd ? x : in(E, op, 1), targets = fwd ? in(E, op, 1) : in(E, op, 2);
+    if (!i64_ids(E, op, targets)) return;
+    const TpType *t = type_of(E, logits);
+    int64_t V = t->dims[t->rank - 1], R = tp_type_numel(t) / (V ? V : 1);
+    double denom = tp_attr_float(m, op, "denominator", 1.0);
+    E->headers |= fwd ? H_TRANSFORMER : H_NN_BACKWARD;
+    E->uses_check = E->uses_bad = true;
+    if (fwd)
+      emit(E, "CHECK(tp_cross_entropy_f32(%v, %v, %I, %I, %F, %v, &bad));", logits, targets, R, V, denom, y);
+    else
+      emit(E, "CHECK(tp_cross_entropy_backward_f32(*(const float *)%v, %v, %v, %I, %I, %F, %v, &bad));", x,
+           logits, targets, R, V, denom, y);
+    return;
+  }
+  case TP_OP_SoftmaxCrossEntropyLoss:
+  case TP_OP_NegativeLogLikelihoodLoss: {
+    int labels = in(E, op, 1), weight = in(E, op, 2);
+    if (!i64_ids(E, op, labels)) return;
+    const char *red = tp_attr_string(m, op, "reduction", "mean");
+    const char *reduction = strcmp(red, "none") == 0  ? "TP_REDUCE_NONE"
+                            : strcmp(red, "sum") == 0 ? "TP_REDUCE_SUM"
+                                                      : "TP_REDUCE_MEAN";
+    const TpAttr *ignore = tp_get_attr(m, op, "ignore_index");
+    char opts[256];
+    snprintf(opts, sizeof opts, "&(TpLossOptions){.weight = %s%s, .has_ignore = %s, .ignore_index = %lld, .reduction = %s}",
+             weight >= 0 ? E->name[weight] : "NULL", weight >= 0 ? ".data" : "", ignore ? "true" : "false",
+             ignore ? (long long)ignore->i : 0LL, reduction);
+    int64_t N = tx->dims[0], C = tx->rank > 1 ? tx->dims[1] : 1, D = dims_product(tx, 2, tx->rank);
+    E->headers |= H_LOSS;
+    E->uses_check_true = true;
+    if (k == TP_OP_NegativeLogLikelihoodLoss) {
+      emit(E, "CHECK_TRUE(tp_nll_loss_f32(%v, %v, %I, %I, %I, %s, %v) < 0);", x, labels, N, C, D, opts, y);
+      return;
+    }
+    char lp[64];
+    const TpMemSlot *s = &E->mem->scratch[op];
+    if (res(E, op, 1) >= 0) snprintf(lp, sizeof lp, "%s.data", E->name[res(E, op, 1)]);
+    else snprintf(lp, sizeof lp, "(float *)(arena + %lld)", (long long)s->offset), E->uses_arena = true;
+    emit(E, "CHECK_TRUE(tp_softmax_cross_entropy_f32(%v, %v, %I, %I, %I, %s, %s, %v) < 0);", x, labels,
+         N, C, D, opts, lp, y);
+    return;
+  }
+  default: unsupported(E, op, NULL); return;
+  }
+}
+
+/* ---- functions and tables ---- */
+
+/* Is value v read by one of the ops ops[0..n) (or is it the loss)? */
+static bool read_after(const Emitter *E, const int *ops, int n, int v) {
+  if (v == E->m->loss) return true;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < E->m->ops[ops[i]].ninputs; k++)
+      if (E->m->ops[ops[i]].inputs[k] == v) return true;
+  return false;
+}
+
+/* Stage s's forward (or backward) function into `out`. */
+static void emit_stage(Emitter *E, int s, bool backward, FILE *out) {
+  const TpModule *m = E->m;
+  const TpMemoryPlan *p = E->mem;
+  int from = backward ? p->nforward[s] : 0, to = backward ? p->norder[s] : p->nforward[s];
+  memset(E->declared, 0, (size_t)m->nvalues * sizeof *E->declared);
+  memset(E->here, 0, (size_t)m->nops * sizeof *E->here);
+  for (int i = from; i < to; i++) E->here[p->order[s][i]] = true;
+  E->uses_arena = E->uses_bad = false;
+
+  /* What the function reads from outside, in order of first use. */
+  char *top_text = NULL, *body_text = NULL;
+  size_t top_len = 0, body_len = 0;
+  FILE *top = open_memstream(&top_text, &top_len);
+  FILE *body = open_memstream(&body_text, &body_len);
+  TP_ASSERT(top && body);
+  for (int i = from; i < to; i++) {
+    const TpOp *o = &m->ops[p->order[s][i]];
+    for (int k = 0; k < o->ninputs; k++) {
+      int v = o->inputs[k];
+      if (v < 0 || E->declared[v]) continue;
+      int def = m->values[v].kind == TP_VAL_RESULT ? m->values[v].def : -1;
+      if (def >= 0 && E->here[def]) continue;
+      declare(E, top, v);
+    }
+  }
+  E->out = body;
+  for (int i = from; i < to && E->rc == TP_OK; i++) {
+    int op = p->order[s][i];
+    const TpOp *o = &m->ops[op];
+    /* A Reshape that runs nothing is only worth a line where its result is read here. */
+    if (o->kind == TP_OP_Reshape && reshape_is_view(p, op, m) && !read_after(E, p->order[s] + i + 1, to - i - 1, o->outputs[0]))
+      continue;
+    fputc('\n', body);
+    if (o->origin.node)
+      fprintf(body, "  /* %s (%s)%s */\n", o->origin.node, o->origin.op_type ? o->origin.op_type : "?",
+              o->kind == TP_OP_Reshape && reshape_is_view(p, op, m) ? ": a view" : "");
+    else
+      fprintf(body, "  /* %s */\n", tp_op_info[o->kind].name);
+    for (int k = 0; k < o->noutputs; k++)
+      if (o->outputs[k] >= 0) declare(E, body, o->outputs[k]);
+    emit_op(E, op);
+  }
+  if (!backward && m->loss >= 0 && m->ops[m->values[m->loss].def].stage == s) {
+    fputc('\n', body);
+    fprintf(body, "  io->loss = *(const float *)%s.data;\n", E->name[m->loss]);
+  }
+  fclose(top);
+  fclose(body);
+
+  fprintf(out, "\n/* Stage %d, %s: %d ops. */\n", s, backward ? "backward" : "forward", to - from);
+  fprintf(out, "static void stage%d_%s(TpStepIO *io) {\n", s, backward ? "backward" : "forward");
+  if (E->uses_arena) fputs("  char *arena = io->arena;\n", out);
+  if (E->uses_bad) fputs("  int64_t bad; /* where the kernels report an id out of range */\n", out);
+  if (to == from) fputs("  (void)io; /* nothing to do */\n", out);
+  if (top_len) fputs("  /* computed elsewhere: */\n", out);
+  fputs(top_text, out);
+  fputs(body_text, out);
+  fputs("}\n", out);
+  free(top_text);
+  free(body_text);
+}
+
+/* "text" with C escapes. */
+static void put_string(FILE *out, const char *s) {
+  fputc('"', out);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
+    else if (c < 32 || c >= 127) fprintf(out, "\\%03o", c);
+    else fputc(c, out);
+  }
+  fputc('"', out);
+}
+
+static void emit_constant(Emitter *E, int v, FILE *out) {
+  const TpValue *val = &E->m->values[v];
+  TpDType t = val->type.dtype;
+  int64_t n = tp_type_numel(&val->type);
+  const void *data = tp_value_data(E->m, v);
+  const char *ctype;
+  switch (t) {
+  case TP_F32: ctype = "float"; break;
+  case TP_F64: ctype = "double"; break;
+  case TP_I64: ctype = "int64_t"; break;
+  case TP_I32: ctype = "int32_t"; break;
+  case TP_I16: ctype = "int16_t"; break;
+  case TP_I8: ctype = "int8_t"; break;
+  case TP_U64: ctype = "uint64_t"; break;
+  case TP_U32: ctype = "uint32_t"; break;
+  case TP_U16: case TP_F16: case TP_BF16: ctype = "uint16_t"; break;
+  default: ctype = "uint8_t"; break; /* u8, bool */
+  }
+  char type[256];
+  fprintf(out, "/* %s: %s */\n", val->origin.node ? val->origin.node : val->name,
+          tp_type_str(&val->type, type, sizeof type));
+  fprintf(out, "static const %s %s[%lld] = {", ctype, E->array[v], (long long)(n ? n : 1));
+  size_t esize = tp_dtype_size(t);
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t *p = (const uint8_t *)data + i * (int64_t)esize;
+    fputs(n <= 8 ? (i ? ", " : "") : i % 8 ? ", " : i ? ",\n    " : "\n    ", out);
+    union {
+      float f;
+      double d;
+      int64_t i64;
+      int32_t i32;
+      int16_t i16;
+      int8_t i8;
+      uint64_t u64;
+      uint32_t u32;
+      uint16_t u16;
+      uint8_t u8;
+    } x;
+    memcpy(&x, p, esize); /* model bytes need not be aligned */
+    switch (t) {
+    case TP_F32: put_float(E, out, x.f); break;
+    case TP_F64: put_double(E, out, x.d); break;
+    case TP_I64: put_int(out, x.i64); break;
+    case TP_I32: fprintf(out, "%d", x.i32); break;
+    case TP_I16: fprintf(out, "%d", x.i16); break;
+    case TP_I8: fprintf(out, "%d", x.i8); break;
+    case TP_U64: fprintf(out, "%lluu", (unsigned long long)x.u64); break;
+    case TP_U32: fprintf(out, "%uu", x.u32); break;
+    case TP_U16: case TP_F16: case TP_BF16: fprintf(out, "0x%04x", x.u16); break;
+    default: fprintf(out, "%u", x.u8); break;
+    }
+  }
+  if (n == 0) fputs("0", out);
+  fputs("};\n", out);
+}
+
+/* The vocabulary: the classes of the loss, else of the first output [B, T, V]. */
+static int64_t vocab_size(const TpModule *m) {
+  for (int op = 0; op < m->nops; op++) {
+    TpOpKind k = m->ops[op].kind;
+    if (k == TP_OP_CrossEntropy) {
+      const TpType *t = &m->values[m->ops[op].inputs[0]].type;
+      return t->dims[t->rank - 1];
+    }
+    if (k == TP_OP_SoftmaxCrossEntropyLoss || k == TP_OP_NegativeLogLikelihoodLoss)
+      return m->values[m->ops[op].inputs[0]].type.dims[1];
+  }
+  if (m->noutputs && m->values[m->outputs[0]].type.rank == 3) return m->values[m->outputs[0]].type.dims[2];
+  return 0;
+}
+
+static void emit_tables(Emitter *E, FILE *out) {
+  const TpModule *m = E->m;
+  const TpMemoryPlan *p = E->mem;
+  int64_t batch = 0, seq = 0;
+  for (int v = 0; v < m->nvalues; v++)
+    if (p->value[v].kind == TP_MEM_TOKENS) batch = m->values[v].type.dims[0], seq = m->values[v].type.dims[1];
+
+  fputs("\n/* The parameters: ONNX name, the initializer --init reads, shape, trainable. */\n", out);
+  fprintf(out, "static const TpPlanParam params[%d] = {\n", p->nparams ? p->nparams : 1);
+  for (int i = 0; i < p->nparams; i++) {
+    const TpValue *val = &m->values[p->params[i]];
+    bool alias = val->origin.op_type && strcmp(val->origin.op_type, "Identity") == 0 && val->origin.node;
+    fputs("    {", out);
+    put_string(out, val->name);
+    fputs(", ", out);
+    put_string(out, alias ? val->origin.node : val->name);
+    fprintf(out, ", %d, {", val->type.rank);
+    for (int k = 0; k < val->type.rank; k++) fprintf(out, "%s%lld", k ? ", " : "", (long long)val->type.dims[k]);
+    fprintf(out, "%s}, %d},\n", val->type.rank ? "" : "0", m->grads && tp_grad_of(m, p->params[i]) >= 0);
+  }
+  fputs("};\n", out);
+
+  /* Re-tied initializers: forward Transpose/Reshape ops of a parameter with origin
+   * (initializer name, "retie"). */
+  int nderived = 0;
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    int src = o->inputs[0];
+    if (!o->origin.op_type || strcmp(o->origin.op_type, "retie") != 0 || o->phase != TP_PHASE_FORWARD ||
+        (o->kind != TP_OP_Transpose && o->kind != TP_OP_Reshape) || m->values[src].kind != TP_VAL_PARAM)
+      continue;
+    if (!nderived++)
+      fputs("\n/* Initializers re-tied to a parameter: name, parameter, transposed. */\n"
+            "static const TpPlanDerived derived[] = {\n",
+            out);
+    fputs("    {", out);
+    put_string(out, o->origin.node);
+    fprintf(out, ", %d, %d},\n", p->value[src].index, o->kind == TP_OP_Transpose);
+  }
+  if (nderived) fputs("};\n", out);
+
+  fputs("\n/* Per stage: the arena's bytes (activations and their gradients), the step's functions. */\n", out);
+  fputs("static const size_t arena_bytes[] = {", out);
+  for (int s = 0; s < p->nstages; s++) fprintf(out, "%s%lld", s ? ", " : "", (long long)p->arena_bytes[s]);
+  fputs("};\nstatic const TpStageFn forward[] = {", out);
+  for (int s = 0; s < p->nstages; s++) fprintf(out, "%sstage%d_forward", s ? ", " : "", s);
+  fputs("};\nstatic const TpStageFn backward[] = {", out);
+  for (int s = 0; s < p->nstages; s++) fprintf(out, "%sstage%d_backward", s ? ", " : "", s);
+  fputs("};\n\nconst TpPlan tp_plan = {\n    .abi = TP_PLAN_ABI,\n    .model = ", out);
+  put_string(out, E->o->model ? E->o->model : m->source ? m->source : "");
+  fputs(",\n    .tokpipec_version = ", out);
+  put_string(out, E->o->version ? E->o->version : "");
+  fprintf(out, ",\n    .batch = %lld,\n    .seq = %lld,\n    .vocab = %lld,\n", (long long)batch,
+          (long long)seq, (long long)vocab_size(m));
+  fprintf(out, "    .nparams = %d,\n    .params = params,\n", p->nparams);
+  if (nderived) fprintf(out, "    .nderived = %d,\n    .derived = derived,\n", nderived);
+  fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n    .forward = forward,\n"
+               "    .backward = backward,\n};\n",
+          p->nstages);
+  fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
+}
+
+int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
+  TpMemoryPlan plan;
+  int rc = tp_plan_memory(m, &plan, d);
+  if (rc != TP_OK) return rc;
+  static const TpEmitOptions none = {0};
+  Emitter E = {.m = m, .mem = &plan, .o = o ? o : &none, .d = d};
+  E.name = calloc((size_t)m->nvalues + 1, sizeof *E.name);
+  E.array = calloc((size_t)m->nvalues + 1, sizeof *E.array);
+  E.referenced = calloc((size_t)m->nvalues + 1, sizeof *E.referenced);
+  E.declared = calloc((size_t)m->nvalues + 1, sizeof *E.declared);
+  E.here = calloc((size_t)m->nops + 1, sizeof *E.here);
+  TP_ASSERT(E.name && E.array && E.referenced && E.declared && E.here);
+  name_values(&E);
+
+  char *fn_text = NULL, *const_text = NULL, *table_text = NULL;
+  size_t fn_len = 0, const_len = 0, table_len = 0;
+  FILE *fns = open_memstream(&fn_text, &fn_len);
+  TP_ASSERT(fns);
+  for (int s = 0; s < plan.nstages && E.rc == TP_OK; s++) {
+    emit_stage(&E, s, false, fns);
+    emit_stage(&E, s, true, fns);
+  }
+  fclose(fns);
+  FILE *consts = open_memstream(&const_text, &const_len);
+  FILE *tables = open_memstream(&table_text, &table_len);
+  TP_ASSERT(consts && tables);
+  for (int v = 0; v < m->nvalues && E.rc == TP_OK; v++)
+    if (E.referenced[v]) emit_constant(&E, v, consts);
+  if (E.rc == TP_OK) emit_tables(&E, tables);
+  fclose(consts);
+  fclose(tables);
+
+  if (E.rc == TP_OK) {
+    int64_t params = 0, arena = 0;
+    for (int i = 0; i < plan.nparams; i++) params += tp_type_numel(&m->values[plan.params[i]].type);
+    for (int s = 0; s < plan.nstages; s++) arena += plan.arena_bytes[s];
+    fprintf(out, "/* The training step of %s,\n * generated by tokpipec %s. Do not edit.\n",
+            E.o->model ? E.o->model : m->source ? m->source : "a module", E.o->version ? E.o->version : "");
+    fprintf(out, " * %d stage%s, %d parameters (%lld floats), %lld arena bytes%s.\n", plan.nstages,
+            plan.nstages == 1 ? "" : "s", plan.nparams, (long long)params, (long long)arena,
+            m->loss < 0 ? "; forward only (no loss)" : "");
+    fputs(" * Build: cc plan.c $(pkg-config --cflags --libs tokpipe) -o trainer */\n", out);
+    if (E.uses_check || E.uses_check_true) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
+    if (E.uses_math) fputs("#include <math.h>\n", out);
+    fputs("\n#include \"train/plan.h\"\n", out);
+    for (size_t h = 0; h < sizeof header_names / sizeof *header_names; h++)
+      if (E.headers & (1u << h)) fprintf(out, "#include \"%s\"\n", header_names[h]);
+    if (E.uses_check || E.uses_check_true) {
+      fputs("\n/* The compiler fixed every shape and dtype, so a kernel refusing its operands is a\n"
+            " * compiler bug (and an id out of range one the trainer let through): stop at the line. */\n"
+            "static void kernel_failed(int line) {\n"
+            "  fprintf(stderr, \"%s:%d: kernel failed\\n\", __FILE__, line);\n"
+            "  abort();\n"
+            "}\n",
+            out);
+      if (E.uses_check) fputs("#define CHECK(status) ((status) == TP_KERNEL_OK ? (void)0 : kernel_failed(__LINE__))\n", out);
+      if (E.uses_check_true) fputs("#define CHECK_TRUE(ok) ((ok) ? (void)0 : kernel_failed(__LINE__))\n", out);
+    }
+    if (const_len) {
+      fputs("\n", out);
+      fputs(const_text, out);
+    }
+    fputs(fn_text, out);
+    fputs(table_text, out);
+  }
+  free(fn_text);
+  free(const_text);
+  free(table_text);
+  for (int v = 0; v < m->nvalues; v++) {
+    free(E.name[v]);
+    free(E.array[v]);
+  }
+  free(E.name);
+  free(E.array);
+  free(E.referenced);
+  free(E.declared);
+  free(E.here);
+  tp_memory_plan_free(&plan);
+  return E.rc;
+}

@@ -1,0 +1,96 @@
+/* add-loss: requires a module with inferred types; provides m->loss, the scalar loss that
+ * training minimises. Where it comes from, first match wins:
+ *   1. m->logits_name (the tool's --logits NAME): that graph output is the logits;
+ *   2. a graph output computed by SoftmaxCrossEntropyLoss or NegativeLogLikelihoodLoss
+ *      with reduction "mean": the model's own loss is used as it is;
+ *   3. the one graph output that is a float [B, T, V] tensor is the logits.
+ * For logits, a new graph input `targets` : i64[B, T] (dims named like the token input's)
+ * and loss = CrossEntropy(logits, targets) {denominator = B*T}, the mean next-token
+ * cross-entropy over all positions, are appended. A module that has a loss is left alone. */
+#include "../ir/ir.h"
+
+#include <string.h>
+
+static bool is_logits_type(const TpType *t) { return t->rank == 3 && tp_dtype_is_float(t->dtype); }
+
+/* The model's own loss among the graph outputs, or -1. */
+static int find_model_loss(TpModule *m, TpDiag *d, int *loss) {
+  *loss = -1;
+  for (int i = 0; i < m->noutputs; i++) {
+    const TpValue *v = &m->values[m->outputs[i]];
+    if (v->kind != TP_VAL_RESULT) continue;
+    int op = v->def;
+    TpOpKind k = m->ops[op].kind;
+    if ((k != TP_OP_SoftmaxCrossEntropyLoss && k != TP_OP_NegativeLogLikelihoodLoss) || m->ops[op].outputs[0] != m->outputs[i])
+      continue;
+    const char *reduction = tp_attr_string(m, op, "reduction", "mean");
+    if (strcmp(reduction, "mean") != 0)
+      return tp_error_op(d, m, op, "the model's loss has reduction '%s'; training needs the mean (or pass --logits NAME)",
+                         reduction);
+    *loss = m->outputs[i];
+    return TP_OK;
+  }
+  return TP_OK;
+}
+
+/* The graph output that holds the logits, or an error that says how to name it. */
+static int find_logits(TpModule *m, TpDiag *d, int *logits) {
+  char buf[256];
+  *logits = -1;
+  if (m->logits_name) {
+    for (int i = 0; i < m->noutputs; i++)
+      if (strcmp(m->values[m->outputs[i]].name, m->logits_name) == 0) *logits = m->outputs[i];
+    if (*logits < 0) return tp_error(d, "cannot find the logits: no graph output is named '%s'", m->logits_name);
+    const TpType *t = &m->values[*logits].type;
+    if (!is_logits_type(t))
+      return tp_error(d, "the logits '%s' must be a float [B, T, V] tensor, not %s", m->logits_name,
+                      tp_type_str(t, buf, sizeof buf));
+    return TP_OK;
+  }
+  for (int i = 0; i < m->noutputs; i++) {
+    int v = m->outputs[i];
+    if (!is_logits_type(&m->values[v].type) || v == *logits) continue;
+    if (*logits >= 0)
+      return tp_error(d, "cannot find the logits: outputs '%s' and '%s' are both float [B, T, V] tensors; pass --logits NAME",
+                      m->values[*logits].name, m->values[v].name);
+    *logits = v;
+  }
+  if (*logits < 0)
+    return tp_error(d, "cannot find the logits: no graph output is a float [B, T, V] tensor; pass --logits NAME");
+  return TP_OK;
+}
+
+int pass_add_loss(TpModule *m, TpDiag *d) {
+  if (m->loss >= 0) return TP_OK;
+  int logits = -1;
+  if (!m->logits_name) {
+    if (find_model_loss(m, d, &m->loss)) return TP_ERR_INPUT;
+    if (m->loss >= 0) return TP_OK;
+  }
+  if (find_logits(m, d, &logits)) return TP_ERR_INPUT;
+
+  /* targets [B, T]: named like the token input's dims where one matches */
+  TpType lt = m->values[logits].type;
+  int64_t bt[2] = {lt.dims[0], lt.dims[1]};
+  TpType targets = tp_type_make(TP_I64, 2, bt);
+  targets.dimnames[0] = lt.dimnames[0];
+  targets.dimnames[1] = lt.dimnames[1];
+  for (int i = 0; i < m->ninputs; i++) {
+    const TpType *t = &m->values[m->inputs[i]].type;
+    if (t->rank == 2 && (t->dtype == TP_I64 || t->dtype == TP_I32) && t->dims[0] == bt[0] && t->dims[1] == bt[1]) {
+      targets.dimnames[0] = t->dimnames[0];
+      targets.dimnames[1] = t->dimnames[1];
+      break;
+    }
+  }
+  int tv = tp_add_value(m, tp_unique_name(m, "targets"), TP_VAL_INPUT, targets, (TpOrigin){0});
+  tp_add_input(m, tv);
+
+  int op = tp_add_op(m, TP_OP_CrossEntropy, (int[]){logits, tv}, 2, (const char *[]){"loss"}, 1, (TpOrigin){0});
+  tp_set_attr_float(m, op, "denominator", (double)(bt[0] * bt[1]));
+  int def = m->values[logits].def;
+  if (def >= 0) m->ops[op].stage = m->ops[def].stage;
+  if (tp_infer_op(m, op, d)) return TP_ERR_INTERNAL;
+  m->loss = m->ops[op].outputs[0];
+  return TP_OK;
+}

@@ -1,0 +1,546 @@
+#include "cost.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+
+/* ---- hardware profiles ---- */
+
+static int profile_error(TpDiag *d, const char *path, const char *what) {
+  return tp_error(d, "hardware profile %s: %s", path, what);
+}
+
+/* A required positive number at obj.key (key may be "group.field"). */
+static bool field(const TpJson *j, const char *key, double *out) {
+  const char *dot = strchr(key, '.');
+  if (dot) {
+    char group[64];
+    snprintf(group, sizeof group, "%.*s", (int)(dot - key), key);
+    j = tp_json_get(j, group);
+    key = dot + 1;
+  }
+  const TpJson *v = tp_json_get(j, key);
+  if (!v || v->kind != TP_JSON_NUMBER || !(v->number > 0) || !isfinite(v->number)) return false;
+  *out = v->number;
+  return true;
+}
+
+int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d) {
+  char err[256];
+  TpJson *j = tp_json_parse_file(path, err, sizeof err);
+  if (!j) return profile_error(d, path, err);
+  memset(hw, 0, sizeof *hw);
+  int rc = TP_OK;
+  const TpJson *name = tp_json_get(j, "name"), *device = tp_json_get(j, "device"),
+               *dtype = tp_json_get(j, "dtype");
+  double per_node = 0, flops = 0, kernel_us = 0;
+  const struct { const char *key; double *dst; } num[] = {
+      {"devices_per_node", &per_node},          {"memory_bytes", &hw->memory_bytes},
+      {"gemm_efficiency", &hw->gemm_efficiency}, {"gemm_half_rows", &hw->gemm_half_rows},
+      {"memory_bandwidth", &hw->mem_bandwidth},  {"kernel_overhead_us", &kernel_us},
+      {"intra_node.bandwidth", &hw->intra_bandwidth},
+      {"intra_node.latency_us", &hw->intra_latency_s},
+      {"inter_node.bandwidth", &hw->inter_bandwidth},
+      {"inter_node.latency_us", &hw->inter_latency_s},
+  };
+  if (!name || name->kind != TP_JSON_STRING || !dtype || dtype->kind != TP_JSON_STRING) {
+    rc = profile_error(d, path, "needs string fields \"name\" and \"dtype\"");
+    goto done;
+  }
+  for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)
+    if (!field(j, num[i].key, num[i].dst)) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "field \"%s\" missing or not a positive number", num[i].key);
+      rc = profile_error(d, path, msg);
+      goto done;
+    }
+  snprintf(hw->name, sizeof hw->name, "%s", name->string);
+  snprintf(hw->device, sizeof hw->device, "%s",
+           device && device->kind == TP_JSON_STRING ? device->string : name->string);
+  snprintf(hw->dtype, sizeof hw->dtype, "%s", dtype->string);
+  hw->dtype_bytes = !strcmp(hw->dtype, "fp32") ? 4 : !strcmp(hw->dtype, "fp16") || !strcmp(hw->dtype, "bf16") ? 2 : 0;
+  if (!hw->dtype_bytes) { rc = profile_error(d, path, "\"dtype\" must be fp16, bf16 or fp32"); goto done; }
+  if (!field(tp_json_get(j, "peak_flops"), hw->dtype, &flops)) {
+    rc = profile_error(d, path, "\"peak_flops\" has no positive entry for the training dtype");
+    goto done;
+  }
+  hw->peak_flops = flops;
+  hw->devices_per_node = (int)per_node;
+  hw->kernel_overhead_s = kernel_us * 1e-6;
+  hw->intra_latency_s *= 1e-6;
+  hw->inter_latency_s *= 1e-6;
+  if (hw->gemm_efficiency > 1) rc = profile_error(d, path, "\"gemm_efficiency\" must be <= 1");
+done:
+  tp_json_free(j);
+  return rc;
+}
+
+int tp_hardware_find(const char *name, const char *dirs, TpHardware *hw, TpDiag *d) {
+  size_t n = strlen(name);
+  if (strchr(name, '/') || (n > 5 && !strcmp(name + n - 5, ".json")))
+    return tp_hardware_load(name, hw, d);
+  char known[512] = "";
+  const char *p = dirs ? dirs : "";
+  while (*p) {
+    const char *end = strchr(p, ':');
+    if (!end) end = p + strlen(p);
+    char dir[1024], path[1300];
+    snprintf(dir, sizeof dir, "%.*s", (int)(end - p), p);
+    snprintf(path, sizeof path, "%s/%s.json", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (f) {
+      fclose(f);
+      return tp_hardware_load(path, hw, d);
+    }
+    DIR *dd = opendir(dir);
+    for (struct dirent *e; dd && (e = readdir(dd));) {
+      size_t len = strlen(e->d_name);
+      if (len > 5 && !strcmp(e->d_name + len - 5, ".json") &&
+          strlen(known) + len < sizeof known - 8) {
+        if (known[0]) strcat(known, ", ");
+        strncat(known, e->d_name, len - 5);
+      }
+    }
+    if (dd) closedir(dd);
+    p = *end ? end + 1 : end;
+  }
+  return tp_error(d, "unknown hardware '%s' (known: %s; or give a profile file path)", name,
+                  known[0] ? known : "none found");
+}
+
+/* ---- models ---- */
+
+static const TpModelDesc builtin_models[] = {
+    /* GPT-3 sizes of the TeraPipe paper's table (terapipe.md section 5) */
+    {"GPT3-1B", 24, 2048, 16, 2048, 50257, 4 * 2048},
+    {"GPT3-13B", 40, 5120, 40, 2048, 50257, 4 * 5120},
+    {"GPT3-44B", 96, 6144, 48, 2048, 50257, 4 * 6144},
+    {"GPT3-175B", 96, 12288, 96, 2048, 50257, 4 * 12288},
+};
+
+int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
+  for (size_t i = 0; i < sizeof builtin_models / sizeof builtin_models[0]; i++)
+    if (!strcasecmp(spec, builtin_models[i].name)) {
+      *m = builtin_models[i];
+      return TP_OK;
+    }
+  if (!strchr(spec, '='))
+    return tp_error(d, "unknown model '%s' (built in: gpt3-1b, gpt3-13b, gpt3-44b, gpt3-175b; "
+                       "or layers=L,hidden=H,heads=A,seq=T,vocab=V)", spec);
+  memset(m, 0, sizeof *m);
+  snprintf(m->name, sizeof m->name, "custom");
+  char *copy = strdup(spec), *save = NULL;
+  int rc = TP_OK;
+  for (char *kv = strtok_r(copy, ",", &save); kv && rc == TP_OK; kv = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(kv, '=');
+    char *end = NULL;
+    long v = eq ? strtol(eq + 1, &end, 10) : 0;
+    if (!eq || end == eq + 1 || *end || v < 1 || v > (1L << 24)) {
+      rc = tp_error(d, "model description: '%s' is not KEY=POSITIVE_INTEGER", kv);
+      break;
+    }
+    *eq = 0;
+    int *dst = !strcmp(kv, "layers") ? &m->layers : !strcmp(kv, "hidden") ? &m->hidden
+             : !strcmp(kv, "heads") ? &m->heads : !strcmp(kv, "seq") ? &m->seq
+             : !strcmp(kv, "vocab") ? &m->vocab : !strcmp(kv, "ffn") ? &m->ffn : NULL;
+    if (!dst) rc = tp_error(d, "model description: unknown key '%s' (layers, hidden, heads, seq, vocab, ffn)", kv);
+    else *dst = (int)v;
+  }
+  free(copy);
+  if (rc) return rc;
+  if (!m->layers || !m->hidden || !m->heads || !m->seq || !m->vocab)
+    return tp_error(d, "model description needs layers, hidden, heads, seq and vocab");
+  if (m->hidden % m->heads)
+    return tp_error(d, "model description: hidden %d is not divisible by heads %d", m->hidden, m->heads);
+  if (!m->ffn) m->ffn = 4 * m->hidden;
+  return TP_OK;
+}
+
+/* ---- the cost model ---- */
+
+int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc *m,
+                       int pipeline, int tensor, int data, TpDiag *d) {
+  memset(cm, 0, sizeof *cm);
+  cm->hw = *hw;
+  cm->model = *m;
+  cm->pipeline = pipeline;
+  cm->tensor = tensor;
+  cm->data = data;
+  cm->param_state_bytes = 16; /* fp16 weights+grads, fp32 master, Adam m and v (or fp32 4+4+8) */
+  if (pipeline < 1 || pipeline > TP_MAX_STAGES)
+    return tp_error(d, "pipeline degree %d out of range 1..%d", pipeline, TP_MAX_STAGES);
+  if (m->layers % pipeline)
+    return tp_error(d, "%d layers are not divisible into %d pipeline stages", m->layers, pipeline);
+  if (m->heads % tensor || m->ffn % tensor || m->vocab < tensor)
+    return tp_error(d, "tensor-parallel degree %d does not divide heads %d and ffn %d", tensor,
+                    m->heads, m->ffn);
+  cm->nstages = pipeline;
+  int cuts[TP_MAX_STAGES];
+  for (int k = 0; k < pipeline; k++) cuts[k] = k * (m->layers / pipeline);
+  tp_cost_model_set_cuts(cm, cuts);
+  return TP_OK;
+}
+
+void tp_cost_model_set_cuts(TpCostModel *cm, const int *cuts) {
+  for (int k = 0; k < cm->nstages; k++) {
+    int next = k + 1 < cm->nstages ? cuts[k + 1] : cm->model.layers;
+    TP_ASSERT(next > cuts[k] || (next == cuts[k] && cm->nstages > 1));
+    cm->stage[k] = (TpStage){cuts[k], next - cuts[k], k == 0, k == cm->nstages - 1};
+  }
+}
+
+static void add(TpKernel *out, int *n, const char *name, TpKernelKind kind, double flops,
+                double bytes, double rows) {
+  TP_ASSERT(*n < TP_MAX_KERNELS);
+  out[(*n)++] = (TpKernel){name, kind, flops, bytes, rows};
+}
+
+/* A GEMM (rows x in) @ (in x out): forward, or its two backward GEMMs (input gradient and
+ * weight gradient, the latter accumulating into the gradient buffer). */
+static void gemm(TpKernel *out, int *n, const char *name, double rows, double in, double out_,
+                 double db, bool backward) {
+  double flops = 2 * rows * in * out_;
+  if (!backward) {
+    add(out, n, name, TP_KERNEL_GEMM, flops, db * (rows * in + in * out_ + rows * out_), rows);
+    return;
+  }
+  add(out, n, name, TP_KERNEL_GEMM, flops, db * (rows * out_ + in * out_ + rows * in), rows);
+  add(out, n, name, TP_KERNEL_GEMM, flops, db * (rows * out_ + rows * in + 2 * in * out_), rows);
+}
+
+int tp_layer_kernels(const TpCostModel *cm, int b, int l, int c, bool bw, TpKernel *out) {
+  const TpModelDesc *m = &cm->model;
+  double t = cm->tensor, db = cm->hw.dtype_bytes;
+  double tokens = (double)b * l, h = m->hidden, hl = h / t, ffn = m->ffn / t;
+  double heads = m->heads / t, kv = (double)c + l;
+  double scores = b * heads * l * kv; /* attention score elements on this device */
+  int n = 0;
+  /* memory-bound kernels move (reads + writes) x elements; backward about 1.5x */
+  double mem = bw ? 1.5 : 1;
+  add(out, &n, "layernorm1", TP_KERNEL_MEMORY, 8 * tokens * h, mem * 2 * tokens * h * db, 0);
+  gemm(out, &n, "qkv", tokens, h, 3 * hl, db, bw);
+  /* attention over the K/V rows [0, c + l): scores = Q K^T, probs = softmax, mix = P V */
+  double attn_bytes = db * (tokens * hl + b * kv * hl + scores);
+  if (!bw) {
+    add(out, &n, "attn_scores", TP_KERNEL_GEMM, 2 * tokens * kv * hl, attn_bytes, tokens);
+    add(out, &n, "softmax", TP_KERNEL_MEMORY, 5 * scores, scores * (2 * db + 1), 0);
+    add(out, &n, "attn_mix", TP_KERNEL_GEMM, 2 * tokens * kv * hl, attn_bytes, tokens);
+  } else { /* dK/dV rows [0, c + l) accumulate: read + write */
+    double acc = 2 * db * b * kv * hl;
+    add(out, &n, "attn_mix_dp", TP_KERNEL_GEMM, 2 * tokens * kv * hl, attn_bytes, tokens);
+    add(out, &n, "attn_mix_dv", TP_KERNEL_GEMM, 2 * tokens * kv * hl, attn_bytes + acc, tokens);
+    add(out, &n, "softmax_bw", TP_KERNEL_MEMORY, 5 * scores, scores * (3 * db + 1), 0);
+    add(out, &n, "attn_scores_dq", TP_KERNEL_GEMM, 2 * tokens * kv * hl, attn_bytes, tokens);
+    add(out, &n, "attn_scores_dk", TP_KERNEL_GEMM, 2 * tokens * kv * hl, attn_bytes + acc, tokens);
+  }
+  gemm(out, &n, "attn_out", tokens, hl, h, db, bw);
+  if (t > 1) add(out, &n, "allreduce_attn", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
+  add(out, &n, "dropout_residual1", TP_KERNEL_MEMORY, 3 * tokens * h, mem * 3 * tokens * h * db, 0);
+  add(out, &n, "layernorm2", TP_KERNEL_MEMORY, 8 * tokens * h, mem * 2 * tokens * h * db, 0);
+  gemm(out, &n, "fc1", tokens, h, ffn, db, bw);
+  add(out, &n, "gelu", TP_KERNEL_MEMORY, 8 * tokens * ffn, mem * 2 * tokens * ffn * db, 0);
+  gemm(out, &n, "fc2", tokens, ffn, h, db, bw);
+  if (t > 1) add(out, &n, "allreduce_mlp", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
+  add(out, &n, "dropout_residual2", TP_KERNEL_MEMORY, 3 * tokens * h, mem * 3 * tokens * h * db, 0);
+  return n;
+}
+
+/* Ring all-reduce among `n` devices of `bytes` each, inside a node if n fits in one. */
+static double allreduce_time(double bytes, int n, double bandwidth, double latency) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) / n * bytes / bandwidth + 2.0 * (n - 1) * latency;
+}
+
+double tp_kernel_time(const TpCostModel *cm, const TpKernel *k) {
+  const TpHardware *hw = &cm->hw;
+  double memory = k->bytes / hw->mem_bandwidth;
+  switch (k->kind) {
+  case TP_KERNEL_GEMM: {
+    double eff = hw->gemm_efficiency * k->rows / (k->rows + hw->gemm_half_rows);
+    double compute = k->flops / (hw->peak_flops * eff);
+    return hw->kernel_overhead_s + (compute > memory ? compute : memory);
+  }
+  case TP_KERNEL_MEMORY: return hw->kernel_overhead_s + memory;
+  case TP_KERNEL_ALLREDUCE:
+    if (cm->tensor <= hw->devices_per_node)
+      return hw->kernel_overhead_s + allreduce_time(k->bytes, cm->tensor, hw->intra_bandwidth,
+                                                    hw->intra_latency_s);
+    return hw->kernel_overhead_s + allreduce_time(k->bytes, cm->tensor,
+                                                  hw->inter_bandwidth / hw->devices_per_node,
+                                                  hw->inter_latency_s);
+  }
+  TP_ASSERT(0);
+}
+
+static double kernels_time(const TpCostModel *cm, const TpKernel *k, int n) {
+  double s = 0;
+  for (int i = 0; i < n; i++) s += tp_kernel_time(cm, &k[i]);
+  return s;
+}
+
+TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c) {
+  TpKernel k[TP_MAX_KERNELS];
+  TpTime t;
+  t.fwd = kernels_time(cm, k, tp_layer_kernels(cm, b, l, c, false, k));
+  t.bwd = kernels_time(cm, k, tp_layer_kernels(cm, b, l, c, true, k));
+  if (cm->recompute) t.bwd += t.fwd;
+  return t;
+}
+
+/* Embedding lookup (+ position) on the first stage; final norm, LM head and the loss on
+ * the last (vocabulary split across the tensor-parallel devices). */
+static TpTime edge_time(const TpCostModel *cm, const TpStage *s, int b, int l) {
+  const TpModelDesc *m = &cm->model;
+  double db = cm->hw.dtype_bytes, tokens = (double)b * l, h = m->hidden;
+  double vocab = (double)m->vocab / cm->tensor;
+  TpKernel k[TP_MAX_KERNELS];
+  TpTime t = {0, 0};
+  int n = 0;
+  if (s->embedding) {
+    add(k, &n, "embed", TP_KERNEL_MEMORY, tokens * h, 4 * tokens * h * db, 0);
+    if (cm->tensor > 1) add(k, &n, "allreduce_embed", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
+    t.fwd += kernels_time(cm, k, n);
+    t.bwd += kernels_time(cm, k, n);
+  }
+  if (s->head) {
+    for (int bw = 0; bw < 2; bw++) {
+      n = 0;
+      add(k, &n, "layernorm_f", TP_KERNEL_MEMORY, 8 * tokens * h, (bw ? 3 : 2) * tokens * h * db, 0);
+      gemm(k, &n, "lm_head", tokens, h, vocab, db, bw);
+      add(k, &n, "cross_entropy", TP_KERNEL_MEMORY, 5 * tokens * vocab,
+          tokens * vocab * (db + 4) * (bw ? 1.5 : 1), 0);
+      if (cm->tensor > 1 && !bw)
+        add(k, &n, "allreduce_loss", TP_KERNEL_ALLREDUCE, 0, 3 * tokens * 4, 0);
+      if (cm->tensor > 1 && bw)
+        add(k, &n, "allreduce_head", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
+      *(bw ? &t.bwd : &t.fwd) += kernels_time(cm, k, n);
+    }
+  }
+  return t;
+}
+
+TpTime tp_stage_time(const TpCostModel *cm, int k, int b, int l, int c) {
+  TP_ASSERT(k >= 0 && k < cm->nstages);
+  TpStage s = cm->stage[k];
+  if (cm->uniform_stages) s = (TpStage){0, cm->model.layers / cm->nstages, false, false};
+  TpTime layer = tp_layer_time(cm, b, l, c), t = edge_time(cm, &s, b, l);
+  t.fwd += s.layers * layer.fwd;
+  t.bwd += s.layers * layer.bwd;
+  return t;
+}
+
+/* Devices are numbered replica-major, then stage, then tensor rank; a node holds
+ * devices_per_node consecutive devices. */
+bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k) {
+  int per_node = cm->hw.devices_per_node;
+  return (k * cm->tensor) / per_node != ((k + 1) * cm->tensor) / per_node ||
+         (cm->tensor > per_node);
+}
+
+/* The activation's tensor-parallel devices each send their 1/t share; across nodes all
+ * shares go through the node's one network link. */
+double tp_send_time(const TpCostModel *cm, int k, int b, int l) {
+  const TpHardware *hw = &cm->hw;
+  double bytes = (double)b * l * cm->model.hidden * hw->dtype_bytes;
+  if (tp_boundary_crosses_nodes(cm, k)) return hw->inter_latency_s + bytes / hw->inter_bandwidth;
+  return hw->intra_latency_s + bytes / cm->tensor / hw->intra_bandwidth;
+}
+
+double tp_stage_params(const TpCostModel *cm, int k) {
+  const TpModelDesc *m = &cm->model;
+  const TpStage *s = &cm->stage[k];
+  double h = m->hidden, t = cm->tensor;
+  double layer = (4 * h * h + 2 * h * m->ffn + 3 * h + m->ffn) / t + 6 * h; /* biases split */
+  double p = s->layers * layer;
+  if (s->embedding) p += (double)m->vocab * h / t + (double)m->seq * h;
+  if (s->head) p += (double)m->vocab * h / t + 2 * h; /* tied copy of the embedding */
+  return p;
+}
+
+double tp_grad_allreduce_time(const TpCostModel *cm, int k) {
+  const TpHardware *hw = &cm->hw;
+  if (cm->data <= 1) return 0;
+  double bytes = tp_stage_params(cm, k) * hw->dtype_bytes;
+  int replica_devices = cm->pipeline * cm->tensor;
+  if (replica_devices * cm->data <= hw->devices_per_node)
+    return allreduce_time(bytes, cm->data, hw->intra_bandwidth, hw->intra_latency_s);
+  /* every device of a node all-reduces at once: they share the node's link */
+  int sharing = replica_devices < hw->devices_per_node ? replica_devices : hw->devices_per_node;
+  return allreduce_time(bytes, cm->data, hw->inter_bandwidth / sharing, hw->inter_latency_s);
+}
+
+/* Adam over fp32 state: about 32 bytes moved per parameter. */
+double tp_optimizer_time(const TpCostModel *cm, int k) {
+  return cm->hw.kernel_overhead_s + 32 * tp_stage_params(cm, k) / cm->hw.mem_bandwidth;
+}
+
+double tp_stage_static_bytes(const TpCostModel *cm, int k) {
+  return tp_stage_params(cm, k) * cm->param_state_bytes;
+}
+
+/* Per layer, kept from a unit's forward to its backward (Korthikanti et al.'s count for
+ * fp16 without sequence parallelism: tokens*h*(10 + 24/t) + 5 * attention scores);
+ * with recomputation only the stage input is kept. */
+double tp_unit_activation_bytes(const TpCostModel *cm, int k, int b, int l, int c) {
+  const TpModelDesc *m = &cm->model;
+  const TpStage *s = &cm->stage[k];
+  double tokens = (double)b * l, h = m->hidden, t = cm->tensor, db = cm->hw.dtype_bytes;
+  double bytes;
+  if (cm->recompute) bytes = tokens * h * db;
+  else {
+    double scores = b * (m->heads / t) * (double)l * ((double)c + l);
+    bytes = s->layers * (tokens * h * (10 + 24 / t) * db / 2 + scores * (2 * db + 1));
+  }
+  if (s->head) bytes += tokens * (m->vocab / t) * (db + 4); /* logits + fp32 softmax */
+  if (s->embedding) bytes += tokens * h * db;
+  return bytes;
+}
+
+double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b) {
+  const TpModelDesc *m = &cm->model;
+  return cm->stage[k].layers * 2.0 * b * m->seq * ((double)m->hidden / cm->tensor) *
+         cm->hw.dtype_bytes;
+}
+
+/* ---- calibration ---- */
+
+int tp_samples_load(const char *path, TpSample **out, int *n, TpDiag *d) {
+  char err[256];
+  TpJson *j = tp_json_parse_file(path, err, sizeof err);
+  if (!j) return tp_error(d, "profile %s: %s", path, err);
+  const TpJson *s = tp_json_get(j, "samples");
+  int rc = TP_OK;
+  *out = NULL;
+  *n = 0;
+  if (!s || s->kind != TP_JSON_ARRAY || s->count == 0) {
+    rc = tp_error(d, "profile %s: needs a non-empty \"samples\" array", path);
+    goto done;
+  }
+  *out = calloc((size_t)s->count, sizeof **out);
+  for (int i = 0; i < s->count; i++) {
+    const TpJson *e = &s->items[i];
+    bool ok = true;
+    double b = tp_json_number(e, "b", -1, &ok), l = tp_json_number(e, "l", -1, &ok);
+    double c = tp_json_number(e, "c", -1, &ok), sec = tp_json_number(e, "seconds", -1, &ok);
+    if (!ok || b < 1 || l < 1 || c < 0 || !(sec > 0) || b != floor(b) || l != floor(l) || c != floor(c)) {
+      rc = tp_error(d, "profile %s: sample %d needs integers b >= 1, l >= 1, c >= 0 and seconds > 0",
+                    path, i);
+      free(*out);
+      *out = NULL;
+      goto done;
+    }
+    (*out)[i] = (TpSample){(int)b, (int)l, (int)c, sec};
+  }
+  *n = s->count;
+done:
+  tp_json_free(j);
+  return rc;
+}
+
+/* Solves the 4x4 system A x = y by Gaussian elimination with partial pivoting. */
+static bool solve4(double A[4][4], double y[4], double x[4]) {
+  for (int col = 0; col < 4; col++) {
+    int piv = col;
+    for (int r = col + 1; r < 4; r++)
+      if (fabs(A[r][col]) > fabs(A[piv][col])) piv = r;
+    if (fabs(A[piv][col]) < 1e-300) return false;
+    for (int k = 0; k < 4; k++) { double tmp = A[col][k]; A[col][k] = A[piv][k]; A[piv][k] = tmp; }
+    double tmp = y[col]; y[col] = y[piv]; y[piv] = tmp;
+    for (int r = col + 1; r < 4; r++) {
+      double f = A[r][col] / A[col][col];
+      for (int k = col; k < 4; k++) A[r][k] -= f * A[col][k];
+      y[r] -= f * y[col];
+    }
+  }
+  for (int r = 3; r >= 0; r--) {
+    double s = y[r];
+    for (int k = r + 1; k < 4; k++) s -= A[r][k] * x[k];
+    x[r] = s / A[r][r];
+  }
+  return true;
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+int tp_fit_samples(const TpSample *s, int n, int b, TpFit *fit, TpDiag *d) {
+  memset(fit, 0, sizeof *fit);
+  fit->b = b;
+  /* t(l, 0): mean per measured length */
+  int *lens = malloc(sizeof(int) * (size_t)(n + 1));
+  int nl = 0;
+  for (int i = 0; i < n; i++)
+    if (s[i].b == b && s[i].c == 0) lens[nl++] = s[i].l;
+  qsort(lens, (size_t)nl, sizeof *lens, cmp_int);
+  int u = 0;
+  for (int i = 0; i < nl; i++)
+    if (!u || lens[u - 1] != lens[i]) lens[u++] = lens[i];
+  if (!u) {
+    free(lens);
+    return tp_error(d, "profile: no samples with c = 0 for microbatch size %d", b);
+  }
+  fit->nlen = u;
+  fit->len = lens;
+  fit->t0 = calloc((size_t)u, sizeof(double));
+  int *count = calloc((size_t)u, sizeof(int));
+  for (int i = 0; i < n; i++)
+    if (s[i].b == b && s[i].c == 0) {
+      int j = 0;
+      while (lens[j] != s[i].l) j++;
+      fit->t0[j] += s[i].seconds;
+      count[j]++;
+    }
+  for (int j = 0; j < u; j++) fit->t0[j] /= count[j];
+  free(count);
+  /* t_ctx by least squares on the residuals of the c > 0 samples */
+  double A[4][4] = {{0}}, y[4] = {0};
+  int nctx = 0;
+  for (int i = 0; i < n; i++) {
+    if (s[i].b != b || s[i].c == 0) continue;
+    double f[4] = {1, s[i].l, s[i].c, (double)s[i].l * s[i].c};
+    double r = s[i].seconds - tp_fit_eval(fit, s[i].l, 0);
+    double w = 1 / (s[i].seconds * s[i].seconds); /* relative error counts */
+    for (int p = 0; p < 4; p++) {
+      y[p] += w * f[p] * r;
+      for (int q = 0; q < 4; q++) A[p][q] += w * f[p] * f[q];
+    }
+    nctx++;
+  }
+  if (nctx < 4 || !solve4(A, y, fit->a)) {
+    tp_fit_free(fit);
+    return tp_error(d, "profile: microbatch size %d needs samples with c > 0 at two or more "
+                       "lengths and contexts to fit t_ctx", b);
+  }
+  double sq = 0;
+  for (int i = 0; i < n; i++) {
+    if (s[i].b != b) continue;
+    double rel = fabs(tp_fit_eval(fit, s[i].l, s[i].c) - s[i].seconds) / s[i].seconds;
+    sq += rel * rel;
+    if (rel > fit->max_rel_err) fit->max_rel_err = rel;
+    fit->nsamples++;
+  }
+  fit->rms_rel_err = sqrt(sq / fit->nsamples);
+  return TP_OK;
+}
+
+double tp_fit_eval(const TpFit *f, double l, double c) {
+  double t0;
+  if (f->nlen == 1) t0 = f->t0[0] * l / f->len[0];
+  else {
+    int j = 0; /* segment [j, j+1] containing l, or the nearest one */
+    while (j + 2 < f->nlen && f->len[j + 1] < l) j++;
+    double x0 = f->len[j], x1 = f->len[j + 1];
+    t0 = f->t0[j] + (f->t0[j + 1] - f->t0[j]) * (l - x0) / (x1 - x0);
+  }
+  if (c <= 0) return t0; /* t_ctx is fitted to, and applies at, c > 0 */
+  return t0 + f->a[0] + f->a[1] * l + f->a[2] * c + f->a[3] * l * c;
+}
+
+void tp_fit_free(TpFit *f) {
+  free(f->len);
+  free(f->t0);
+  f->len = NULL;
+  f->t0 = NULL;
+}

@@ -1,0 +1,136 @@
+/* The planner's cost model: FLOPs and bytes of every kernel of a decoder-only transformer
+ * layer for one slice (microbatch b, slice length l, context c, tensor-parallel degree t),
+ * forward and backward, turned into seconds by a hardware profile; stage-to-stage
+ * transfers, tensor- and data-parallel all-reduces, optimizer step and per-rank memory;
+ * and the least-squares fit t(l,c) = t(l,0) + a0 + a1*l + a2*c + a3*l*c of measured
+ * samples (terapipe.md section 4).
+ *
+ * Conventions: times in seconds, sizes in bytes, one "device" is one GPU (or one CPU
+ * rank). All costs are per device of a stage: tensor parallelism divides the GEMMs and
+ * adds all-reduces. */
+#ifndef TOKPIPE_PLANNER_COST_H
+#define TOKPIPE_PLANNER_COST_H
+
+#include <stdbool.h>
+
+#include "ir/ir.h"
+
+/* A hardware profile: tools/profiles/NAME.json (fields documented there and in
+ * tools/profiles/README.md). */
+typedef struct {
+  char name[64], device[96];
+  int devices_per_node;
+  double memory_bytes;       /* per device */
+  char dtype[8];             /* training dtype: "fp16", "bf16" or "fp32" */
+  int dtype_bytes;
+  double peak_flops;         /* dense peak of the training dtype, FLOP/s */
+  double gemm_efficiency;    /* fraction of peak large GEMMs sustain */
+  double gemm_half_rows;     /* GEMM rows (tokens) at which half of that is reached */
+  double mem_bandwidth;      /* sustained bytes/s */
+  double kernel_overhead_s;  /* per kernel: launch plus framework dispatch */
+  double intra_bandwidth, intra_latency_s; /* device to device inside a node, per device */
+  double inter_bandwidth, inter_latency_s; /* node to node, per node (shared) */
+} TpHardware;
+
+/* Reads a profile file. Errors (missing or bad fields) go to d: TP_ERR_INPUT. */
+int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d);
+/* `name` is a file path (contains '/' or ends in .json) or NAME, looked up as NAME.json in
+ * the ':'-separated `dirs`. Unknown names list the profiles found. */
+int tp_hardware_find(const char *name, const char *dirs, TpHardware *hw, TpDiag *d);
+
+typedef struct {
+  char name[32];
+  int layers, hidden, heads, seq, vocab, ffn;
+} TpModelDesc;
+
+/* "gpt3-1b|gpt3-13b|gpt3-44b|gpt3-175b" or "layers=96,hidden=12288,heads=96,seq=2048,
+ * vocab=50257[,ffn=F]" (ffn defaults to 4*hidden). */
+int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d);
+
+/* Stage k holds layers [first, first + layers); the first stage also the embedding, the
+ * last the final norm, LM head and loss. */
+typedef struct {
+  int first, layers;
+  bool embedding, head;
+} TpStage;
+
+#define TP_MAX_STAGES 1024
+
+/* Everything the costs depend on besides (b, l, c). */
+typedef struct {
+  TpHardware hw;
+  TpModelDesc model;
+  int pipeline, tensor, data;
+  int nstages;
+  TpStage stage[TP_MAX_STAGES];
+  bool recompute;            /* activation checkpointing: keep stage inputs only, redo
+                                the forward in backward */
+  bool uniform_stages;       /* price every stage like a middle one (the paper's model) */
+  double param_state_bytes;  /* weights + gradients + optimizer state per parameter */
+} TpCostModel;
+
+/* Sets up cm with stages of equal layer counts; layers not divisible by pipeline is an
+ * input error. */
+int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc *m,
+                       int pipeline, int tensor, int data, TpDiag *d);
+/* Replaces the stage cuts: cuts[k] = first layer of stage k (cuts[0] = 0, increasing). */
+void tp_cost_model_set_cuts(TpCostModel *cm, const int *cuts);
+
+typedef enum { TP_KERNEL_GEMM, TP_KERNEL_MEMORY, TP_KERNEL_ALLREDUCE } TpKernelKind;
+typedef struct {
+  const char *name;
+  TpKernelKind kind;
+  double flops, bytes;
+  double rows; /* GEMM: rows of the activation operand, sets its efficiency */
+} TpKernel;
+enum { TP_MAX_KERNELS = 48 };
+
+/* The kernels of one transformer layer on one device, forward or backward. Returns the
+ * count written to out[TP_MAX_KERNELS]. */
+int tp_layer_kernels(const TpCostModel *cm, int b, int l, int c, bool backward, TpKernel *out);
+double tp_kernel_time(const TpCostModel *cm, const TpKernel *k);
+
+typedef struct { double fwd, bwd; } TpTime;
+/* One layer, and one whole stage (its layers plus embedding / head), for b sequences,
+ * a slice of l tokens with context c. */
+TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c);
+TpTime tp_stage_time(const TpCostModel *cm, int stage, int b, int l, int c);
+/* Activation (or its gradient) of b x l tokens from stage k to k+1 (or back). */
+double tp_send_time(const TpCostModel *cm, int k, int b, int l);
+bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k);
+/* After the backward: data-parallel gradient all-reduce and optimizer step of stage k. */
+double tp_grad_allreduce_time(const TpCostModel *cm, int k);
+double tp_optimizer_time(const TpCostModel *cm, int k);
+
+/* Memory of stage k on one device. */
+double tp_stage_params(const TpCostModel *cm, int k);          /* parameters on a device */
+double tp_stage_static_bytes(const TpCostModel *cm, int k);    /* weights + grads + state */
+double tp_unit_activation_bytes(const TpCostModel *cm, int k, int b, int l, int c);
+double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full length */
+
+/* ---- calibration from measured samples ----
+ * Profile file (written by a generated trainer's --profile, read here):
+ *   {"format": "tokpipe-profile", "version": 1, "device": "...",
+ *    "samples": [{"b": 1, "l": 64, "c": 0, "seconds": 0.0123}, ...]}
+ * seconds = forward + backward of one stage for b sequences, l tokens, context c. */
+typedef struct { int b, l, c; double seconds; } TpSample;
+int tp_samples_load(const char *path, TpSample **samples, int *n, TpDiag *d);
+
+typedef struct {
+  int b;
+  int nlen;
+  int *len;        /* measured lengths with c = 0, increasing */
+  double *t0;      /* t(len[i], 0), mean of repeats */
+  double a[4];     /* t_ctx = a0 + a1*l + a2*c + a3*l*c */
+  int nsamples;
+  double rms_rel_err, max_rel_err; /* of the fitted t(l,c) over this b's samples */
+} TpFit;
+/* Fits the samples of microbatch size b. Needs c = 0 samples at >= 1 length and >= 4
+ * samples with c > 0 at >= 2 lengths and >= 2 contexts. */
+int tp_fit_samples(const TpSample *s, int n, int b, TpFit *fit, TpDiag *d);
+/* t(l, c) from a fit: t(l,0) interpolated linearly between measured lengths (and
+ * extrapolated from the nearest two), plus t_ctx where c > 0. */
+double tp_fit_eval(const TpFit *f, double l, double c);
+void tp_fit_free(TpFit *f);
+
+#endif

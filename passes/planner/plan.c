@@ -1,0 +1,255 @@
+#include "plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* The DP's t(b, l, c): the slowest stage plus the activation out and its gradient back
+ * over the slowest boundary. */
+static double slice_seconds(const TpCostModel *cm, int b, int l, int c) {
+  int S = cm->nstages;
+  double worst = 0, send = 0;
+  int kinds[3] = {0, S / 2, S - 1};
+  for (int i = 0; i < 3; i++) {
+    TpTime t = tp_stage_time(cm, kinds[i], b, l, c);
+    if (t.fwd + t.bwd > worst) worst = t.fwd + t.bwd;
+  }
+  for (int k = 0; k + 1 < S; k++) {
+    double x = tp_send_time(cm, k, b, l);
+    if (x > send) send = x;
+  }
+  return worst + 2 * send;
+}
+
+void tp_model_slice_cost(const TpCostModel *cm, int batch, int g, TpSliceCost *t,
+                         double *rms_rel_err, double *max_rel_err) {
+  int n = cm->model.seq / g;
+  tp_slice_cost_init(t, TP_COST_SEPARABLE, batch, n, g);
+  /* contexts and lengths on a geometric grid (in units) for the t_ctx fit */
+  int grid[64], ng = 0;
+  for (double x = 1; x <= n && ng < 60; x *= 1.6)
+    if (!ng || (int)x != grid[ng - 1]) grid[ng++] = (int)x;
+  if (grid[ng - 1] != n) grid[ng++] = n;
+  TpSample *samples = malloc(sizeof(TpSample) * (size_t)(ng * (ng + 1) + 1));
+  *rms_rel_err = *max_rel_err = 0;
+  TpDiag quiet;
+  tp_diag_init(&quiet, "tokpipe-plan", NULL, NULL);
+  for (int b = 1; b <= batch; b++) {
+    for (int s = 1; s <= n; s++) t->t0[(long)b * (n + 1) + s] = slice_seconds(cm, b, s * g, 0);
+    int ns = 0;
+    for (int i = 0; i < ng; i++)
+      for (int j = -1; j < ng; j++) {
+        int s = grid[i], c = j < 0 ? 0 : grid[j];
+        if (s + c > n) continue;
+        samples[ns++] = (TpSample){b, s * g, c * g, slice_seconds(cm, b, s * g, c * g)};
+      }
+    TpFit fit;
+    if (tp_fit_samples(samples, ns, b, &fit, &quiet) == TP_OK) {
+      double *a = &t->ctx[b * 4];
+      a[0] = fit.a[0];
+      a[1] = fit.a[1] * g;
+      a[2] = fit.a[2] * g;
+      a[3] = fit.a[3] * g * g;
+      if (fit.rms_rel_err > *rms_rel_err) *rms_rel_err = fit.rms_rel_err;
+      if (fit.max_rel_err > *max_rel_err) *max_rel_err = fit.max_rel_err;
+      tp_fit_free(&fit);
+    } /* else too few lengths (n tiny): t_ctx stays 0 */
+  }
+  free(samples);
+  TpDiag d;
+  tp_diag_init(&d, "tokpipe-plan", NULL, NULL);
+  tp_slice_cost_finish(t, &d);
+}
+
+/* Stage cuts minimising the largest stage's compute (embedding on the first, head on the
+ * last), each stage at least one layer: the linear-partition DP. */
+static void balanced_cuts(const TpCostModel *cm, int *cuts) {
+  int S = cm->nstages, L = cm->model.layers, seq = cm->model.seq;
+  TpTime layer = tp_layer_time(cm, 1, seq, 0);
+  TpCostModel edges = *cm;
+  edges.stage[0].layers = 0;
+  edges.stage[S - 1].layers = 0;
+  TpTime e0 = tp_stage_time(&edges, 0, 1, seq, 0), e1 = tp_stage_time(&edges, S - 1, 1, seq, 0);
+  double w = layer.fwd + layer.bwd, first = S > 1 ? e0.fwd + e0.bwd : 0, last = e1.fwd + e1.bwd;
+  if (S == 1) first = 0; /* one stage holds both edges: e1 already counts them */
+  double *best = malloc(sizeof(double) * (size_t)(S + 1) * (L + 1));
+  int *from = malloc(sizeof(int) * (size_t)(S + 1) * (L + 1));
+  for (int i = 0; i <= (S + 1) * (L + 1) - 1; i++) best[i] = INFINITY;
+  best[0] = 0;
+  for (int k = 1; k <= S; k++)
+    for (int j = k; j <= L - (S - k); j++)
+      for (int i = k - 1; i < j; i++) {
+        double cost = (j - i) * w + (k == 1 ? first : 0) + (k == S ? last : 0);
+        double v = best[(k - 1) * (L + 1) + i];
+        if (cost > v) v = cost;
+        if (v < best[k * (L + 1) + j]) {
+          best[k * (L + 1) + j] = v;
+          from[k * (L + 1) + j] = i;
+        }
+      }
+  for (int k = S, j = L; k >= 1; k--) {
+    j = from[k * (L + 1) + j];
+    cuts[k - 1] = j;
+  }
+  free(best);
+  free(from);
+}
+
+static void evaluate_plan(const TpPlanRequest *req, const TpSliceCost *table, TpPlanEval *e) {
+  TpSchedule sched;
+  TpSimResult r;
+  TpDiag d;
+  tp_diag_init(&d, "tokpipe-plan", NULL, stderr);
+  tp_slicing_eval(table, req->cm.nstages, &e->slicing);
+  e->eq5_s = e->slicing.time;
+  int rc = tp_plan_simulate(req, e, false, &sched, &r, &d);
+  TP_ASSERT(rc == TP_OK); /* the built schedules never deadlock (tests check it) */
+  e->time_s = r.time_s;
+  e->max_peak_bytes = 0;
+  for (int k = 0; k < req->cm.nstages; k++) {
+    e->peak_bytes[k] = r.peak_bytes[k];
+    if (r.peak_bytes[k] > e->max_peak_bytes) e->max_peak_bytes = r.peak_bytes[k];
+  }
+  e->fits = e->max_peak_bytes <= req->max_memory;
+  tp_sim_result_free(&r);
+  tp_schedule_free(&sched);
+}
+
+int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
+                     TpSchedule *sched, TpSimResult *r, TpDiag *d) {
+  TpCostModel *cm = malloc(sizeof *cm);
+  *cm = req->cm;
+  cm->recompute = e->recompute;
+  tp_cost_model_set_cuts(cm, e->cuts);
+  int *nslices = malloc(sizeof(int) * (size_t)e->slicing.n);
+  for (int m = 0; m < e->slicing.n; m++) nslices[m] = e->slicing.mb[m].nslices;
+  TpScheduleSpec spec = {e->schedule, cm->nstages, e->slicing.n, nslices, cm->data > 1, true};
+  tp_schedule_build(&spec, sched);
+  TpSimCosts costs;
+  tp_sim_costs_from_model(cm, &e->slicing, &costs);
+  int rc = tp_simulate(sched, &costs, record, r, d);
+  tp_sim_costs_free(&costs);
+  free(nslices);
+  free(cm);
+  return rc;
+}
+
+static void init_eval(const TpPlanRequest *req, TpPlanEval *e, TpScheduleKind sched) {
+  memset(e, 0, sizeof *e);
+  e->schedule = sched;
+  for (int k = 0; k < req->cm.nstages; k++) e->cuts[k] = req->cm.stage[k].first;
+}
+
+/* Keeps the better of *best and *cand (fitting and faster; when neither fits, the
+ * smaller); frees the other. */
+static void keep_better(TpPlanEval *best, TpPlanEval *cand) {
+  bool better = !best->slicing.mb || (cand->fits && !best->fits) ||
+                (cand->fits && best->fits && cand->time_s < best->time_s) ||
+                (!cand->fits && !best->fits && cand->max_peak_bytes < best->max_peak_bytes);
+  if (better) {
+    tp_slicing_free(&best->slicing);
+    *best = *cand;
+  } else tp_slicing_free(&cand->slicing);
+  memset(cand, 0, sizeof *cand);
+}
+
+int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
+  memset(out, 0, sizeof *out);
+  const TpCostModel *cm = &req->cm;
+  int B = req->batch, g = req->granularity;
+  if (B < 1) return tp_error(d, "batch per pipeline replica must be >= 1 (got %d)", B);
+  if (g < 1 || cm->model.seq % g)
+    return tp_error(d, "granularity %d does not divide the sequence length %d", g, cm->model.seq);
+  TpSliceCost table;
+  tp_model_slice_cost(cm, B, g, &table, &out->fit_rms_rel_err, &out->fit_max_rel_err);
+  int n = table.units, rc;
+
+  /* TeraPipe's plan */
+  init_eval(req, &out->terapipe, req->schedule);
+  clock_t t0 = clock();
+  rc = tp_solve_slicing(&table, B, cm->nstages, &out->terapipe.slicing, d);
+  out->solve_s = (double)(clock() - t0) / CLOCKS_PER_SEC;
+  if (rc) goto done;
+  out->evaluations = out->terapipe.slicing.evaluations;
+  evaluate_plan(req, &table, &out->terapipe);
+
+  /* baseline and best uniform, over equal microbatch sizes */
+  for (int mb = 1; mb <= B; mb++) {
+    if (B % mb) continue;
+    TpPlanEval cand;
+    init_eval(req, &cand, req->schedule);
+    tp_uniform_slicing(&table, B, mb, 1, cm->nstages, &cand.slicing);
+    evaluate_plan(req, &table, &cand);
+    keep_better(&out->baseline, &cand);
+    int best_n = 1;
+    double best_t = INFINITY;
+    for (int slices = 1; slices <= n; slices++) {
+      TpSlicing u;
+      tp_uniform_slicing(&table, B, mb, slices, cm->nstages, &u);
+      if (u.time < best_t) best_t = u.time, best_n = slices;
+      tp_slicing_free(&u);
+    }
+    init_eval(req, &cand, req->schedule);
+    tp_uniform_slicing(&table, B, mb, best_n, cm->nstages, &cand.slicing);
+    evaluate_plan(req, &table, &cand);
+    keep_better(&out->uniform, &cand);
+  }
+
+  if (req->joint) {
+    /* candidate slicings: the optimum, the optimum per microbatch size, best uniform */
+    int ncand = 0;
+    TpSlicing *cands = calloc((size_t)B + 3, sizeof *cands);
+    tp_slicing_copy(&cands[ncand++], &out->terapipe.slicing);
+    tp_slicing_copy(&cands[ncand++], &out->uniform.slicing);
+    for (int mb = 1; mb <= B; mb++) {
+      if (B % mb || mb == B) continue;
+      TpSliceCost only = table;
+      size_t rows = ((size_t)B + 1) * ((size_t)n + 1);
+      only.t0 = malloc(rows * sizeof(double));
+      for (size_t i = 0; i < rows; i++)
+        only.t0[i] = i / ((size_t)n + 1) == (size_t)mb ? table.t0[i] : INFINITY;
+      TpDiag quiet;
+      tp_diag_init(&quiet, "tokpipe-plan", NULL, NULL);
+      if (tp_solve_slicing(&only, B, cm->nstages, &cands[ncand], &quiet) == TP_OK) ncand++;
+      free(only.t0);
+    }
+    int cuts[2][TP_MAX_STAGES];
+    for (int k = 0; k < cm->nstages; k++) cuts[0][k] = cm->stage[k].first;
+    balanced_cuts(cm, cuts[1]);
+    bool cuts_differ = memcmp(cuts[0], cuts[1], sizeof(int) * (size_t)cm->nstages) != 0;
+    for (int c = 0; c < ncand; c++)
+      for (int s = 0; s < 2; s++)
+        for (int rec = 0; rec < 2; rec++)
+          for (int cut = 0; cut < 1 + cuts_differ; cut++) {
+            TpPlanEval cand;
+            init_eval(req, &cand, s ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE);
+            cand.recompute = rec;
+            cand.balanced_cuts = cut;
+            memcpy(cand.cuts, cuts[cut], sizeof(int) * (size_t)cm->nstages);
+            tp_slicing_copy(&cand.slicing, &cands[c]);
+            evaluate_plan(req, &table, &cand);
+            keep_better(&out->joint, &cand);
+          }
+    for (int c = 0; c < ncand; c++) tp_slicing_free(&cands[c]);
+    free(cands);
+    out->has_joint = true;
+    if (!out->joint.fits) {
+      rc = tp_error(d, "no plan fits in %.3g GiB per device: the smallest needs %.3g GiB on "
+                       "its fullest rank (weights and optimizer state alone: %.3g GiB)",
+                    req->max_memory / (1 << 30), out->joint.max_peak_bytes / (1 << 30),
+                    tp_stage_static_bytes(cm, cm->nstages - 1) / (1 << 30));
+      goto done;
+    }
+  }
+done:
+  tp_slice_cost_free(&table);
+  if (rc) tp_plan_result_free(out);
+  return rc;
+}
+
+void tp_plan_result_free(TpPlanResult *r) {
+  tp_slicing_free(&r->terapipe.slicing);
+  tp_slicing_free(&r->baseline.slicing);
+  tp_slicing_free(&r->uniform.slicing);
+  tp_slicing_free(&r->joint.slicing);
+}

@@ -1,0 +1,80 @@
+/* Pipeline schedules: per-rank instruction lists over (microbatch, slice) units. These
+ * are the lists the compiler emits into a generated trainer and the planner simulates.
+ *
+ * Rank k runs stage k of one pipeline replica. A unit is slice `slice` of microbatch `mb`.
+ * Instructions, in program order per rank:
+ *   forward U      run stage k's forward of unit U (needs its input activation)
+ *   backward U     run stage k's backward of U (needs the gradient of its output)
+ *   send-act U     send U's output activation to rank k+1   (non-blocking)
+ *   recv-act U     receive U's input activation from rank k-1 (blocking)
+ *   send-grad U    send the gradient of U's input to rank k-1 (non-blocking)
+ *   recv-grad U    receive the gradient of U's output from rank k+1 (blocking)
+ *   allreduce-tied sum the tied embedding/head gradients with `peer` (first <-> last rank)
+ *   allreduce      average gradients across the data-parallel replicas of this stage
+ *   optimizer-step update this stage's parameters
+ * Sends are non-blocking: the runtime posts them (MPI_Isend) and completes them before
+ * the buffer is reused or at the step's end. gpipe lists also survive blocking sends;
+ * 1f1b lists do not (rank k sends an activation while rank k+1 sends it a gradient). Slices of a microbatch run forward in order
+ * 0..N-1 and backward in order N-1..0 on every rank (section 2 of terapipe.md). */
+#ifndef TOKPIPE_PLANNER_SCHEDULE_H
+#define TOKPIPE_PLANNER_SCHEDULE_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "ir/ir.h"
+
+typedef enum { TP_SCHEDULE_GPIPE, TP_SCHEDULE_1F1B } TpScheduleKind;
+
+typedef enum {
+  TP_INSN_FORWARD, TP_INSN_BACKWARD,
+  TP_INSN_SEND_ACT, TP_INSN_RECV_ACT, TP_INSN_SEND_GRAD, TP_INSN_RECV_GRAD,
+  TP_INSN_ALLREDUCE_TIED, TP_INSN_ALLREDUCE, TP_INSN_OPTIMIZER_STEP,
+  TP_INSN_COUNT
+} TpInsnKind;
+
+typedef struct {
+  TpInsnKind kind;
+  int mb, slice; /* the unit; -1 for the step-level instructions */
+  int peer;      /* the other rank of a send, receive or allreduce-tied; else -1 */
+} TpInsn;
+
+typedef struct {
+  TpScheduleKind kind;
+  int stages;
+  int nmb;
+  int *nslices;  /* [nmb] slices of each microbatch */
+  int *count;    /* [stages] instructions per rank */
+  TpInsn **insn; /* [stages][count] */
+} TpSchedule;
+
+typedef struct {
+  TpScheduleKind kind;
+  int stages;
+  int nmb;
+  const int *nslices;
+  bool data_parallel;  /* emit allreduce (data-parallel degree > 1) */
+  bool tied_embedding; /* embedding and LM head share a parameter across first and last */
+} TpScheduleSpec;
+
+const char *tp_schedule_name(TpScheduleKind k);
+/* "gpipe" or "1f1b"; false if neither. */
+bool tp_schedule_parse(const char *name, TpScheduleKind *k);
+const char *tp_insn_name(TpInsnKind k);
+
+void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *out);
+/* A schedule with empty lists, for building one by hand with tp_schedule_push. */
+void tp_schedule_init(TpSchedule *s, TpScheduleKind kind, int stages, int nmb, const int *nslices);
+void tp_schedule_push(TpSchedule *s, int rank, TpInsn insn);
+void tp_schedule_free(TpSchedule *s);
+
+/* Checks: every unit runs forward then backward exactly once per rank, slices in order;
+ * every send has exactly one matching receive (same unit, kind and ranks) and vice versa;
+ * and running all ranks (sends non-blocking, or blocking until received if `rendezvous`)
+ * ends with every rank done. The first problem is reported (TP_ERR_INPUT). */
+int tp_schedule_verify(const TpSchedule *s, bool rendezvous, TpDiag *d);
+
+/* Readable text: a header line, then "rank K:" and one instruction per line. */
+void tp_schedule_print(const TpSchedule *s, FILE *out);
+
+#endif

@@ -1,0 +1,266 @@
+#include "simulate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void *alloc0(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+
+void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSimCosts *c) {
+  memset(c, 0, sizeof *c);
+  int S = cm->nstages;
+  c->stages = S;
+  c->nmb = plan->n;
+  c->base = alloc0((size_t)plan->n, sizeof(int));
+  for (int m = 0; m < plan->n; m++) {
+    c->base[m] = c->units;
+    c->units += plan->mb[m].nslices;
+  }
+  size_t su = (size_t)S * c->units;
+  c->fwd = alloc0(su, sizeof(double));
+  c->bwd = alloc0(su, sizeof(double));
+  c->send = alloc0(su, sizeof(double));
+  c->act_bytes = alloc0(su, sizeof(double));
+  c->kv_bytes = alloc0((size_t)S * plan->n, sizeof(double));
+  c->static_bytes = alloc0((size_t)S, sizeof(double));
+  c->allreduce = alloc0((size_t)S, sizeof(double));
+  c->optimizer = alloc0((size_t)S, sizeof(double));
+  /* stages with the same shape cost the same: compute middle stages once per unit */
+  for (int m = 0; m < plan->n; m++) {
+    const TpMicrobatch *mb = &plan->mb[m];
+    for (int i = 0, ctx = 0; i < mb->nslices; ctx += mb->len[i], i++) {
+      int u = c->base[m] + i;
+      TpTime prev = {0, 0};
+      int prev_k = -1;
+      for (int k = 0; k < S; k++) {
+        const TpStage *st = &cm->stage[k];
+        bool same = prev_k >= 0 && !st->embedding && !st->head && !cm->stage[prev_k].embedding &&
+                    !cm->stage[prev_k].head && st->layers == cm->stage[prev_k].layers;
+        TpTime t = same ? prev : tp_stage_time(cm, k, mb->size, mb->len[i], ctx);
+        prev = t;
+        prev_k = k;
+        c->fwd[(size_t)k * c->units + u] = t.fwd;
+        c->bwd[(size_t)k * c->units + u] = t.bwd;
+        c->act_bytes[(size_t)k * c->units + u] = tp_unit_activation_bytes(cm, k, mb->size, mb->len[i], ctx);
+        if (k + 1 < S) c->send[(size_t)k * c->units + u] = tp_send_time(cm, k, mb->size, mb->len[i]);
+      }
+    }
+    for (int k = 0; k < S; k++) c->kv_bytes[(size_t)k * plan->n + m] = tp_kv_buffer_bytes(cm, k, mb->size);
+  }
+  for (int k = 0; k < S; k++) {
+    c->static_bytes[k] = tp_stage_static_bytes(cm, k);
+    c->allreduce[k] = tp_grad_allreduce_time(cm, k);
+    c->optimizer[k] = tp_optimizer_time(cm, k);
+  }
+  /* tied embedding / head gradient between the first and last rank: each tensor shard
+   * with its peer; across nodes the shards share the node's link */
+  const TpHardware *hw = &cm->hw;
+  double shard = (double)cm->model.vocab * cm->model.hidden / cm->tensor * hw->dtype_bytes;
+  if (S > 1 && S * cm->tensor > hw->devices_per_node)
+    c->tied_allreduce = hw->inter_latency_s + shard * cm->tensor / hw->inter_bandwidth;
+  else if (S > 1)
+    c->tied_allreduce = hw->intra_latency_s + shard / hw->intra_bandwidth;
+}
+
+void tp_sim_costs_free(TpSimCosts *c) {
+  free(c->base);
+  free(c->fwd);
+  free(c->bwd);
+  free(c->send);
+  free(c->act_bytes);
+  free(c->kv_bytes);
+  free(c->static_bytes);
+  free(c->allreduce);
+  free(c->optimizer);
+  memset(c, 0, sizeof *c);
+}
+
+static void record_event(TpSimResult *r, int *cap, TpEvent e) {
+  if (r->nevents == *cap) r->events = realloc(r->events, sizeof(TpEvent) * (size_t)(*cap = *cap ? 2 * *cap : 256));
+  r->events[r->nevents++] = e;
+}
+
+int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResult *r, TpDiag *d) {
+  memset(r, 0, sizeof *r);
+  int S = s->stages, U = c->units, cap = 0;
+  TP_ASSERT(S == c->stages && s->nmb == c->nmb);
+  r->busy_s = alloc0((size_t)S, sizeof(double));
+  r->peak_bytes = alloc0((size_t)S, sizeof(double));
+  double *clock = alloc0((size_t)S, sizeof(double));
+  double *mem = alloc0((size_t)S, sizeof(double));
+  int *pc = alloc0((size_t)S, sizeof(int));
+  /* arrival[k][u]: when unit u's activation reached rank k (act) / its gradient reached
+   * rank k (grad); -1 = not sent yet */
+  double *act = malloc(sizeof(double) * (size_t)S * (U ? U : 1)), *grad = malloc(sizeof(double) * (size_t)S * (U ? U : 1));
+  for (long i = 0; i < (long)S * U; i++) act[i] = grad[i] = -1;
+  double *link_down = alloc0((size_t)S, sizeof(double)), *link_up = alloc0((size_t)S, sizeof(double));
+  for (int k = 0; k < S; k++) mem[k] = r->peak_bytes[k] = c->static_bytes[k];
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int k = 0; k < S; k++) {
+      while (pc[k] < s->count[k]) {
+        const TpInsn *x = &s->insn[k][pc[k]];
+        int u = x->mb >= 0 ? c->base[x->mb] + x->slice : -1;
+        int last = x->mb >= 0 ? s->nslices[x->mb] - 1 : 0;
+        double start = clock[k], dur = 0;
+        switch (x->kind) {
+        case TP_INSN_FORWARD:
+          dur = c->fwd[(size_t)k * U + u];
+          mem[k] += c->act_bytes[(size_t)k * U + u];
+          if (x->slice == 0) mem[k] += c->kv_bytes[(size_t)k * s->nmb + x->mb];
+          break;
+        case TP_INSN_BACKWARD:
+          dur = c->bwd[(size_t)k * U + u];
+          if (x->slice == last) mem[k] += c->kv_bytes[(size_t)k * s->nmb + x->mb]; /* dK, dV */
+          break;
+        case TP_INSN_RECV_ACT:
+        case TP_INSN_RECV_GRAD: {
+          double at = (x->kind == TP_INSN_RECV_ACT ? act : grad)[(size_t)k * U + u];
+          if (at < 0) goto next_rank;
+          if (at > clock[k]) clock[k] = at;
+          break;
+        }
+        case TP_INSN_SEND_ACT:
+        case TP_INSN_SEND_GRAD: {
+          bool down = x->kind == TP_INSN_SEND_ACT;
+          int boundary = down ? k : k - 1;
+          double *link = down ? &link_down[boundary] : &link_up[boundary];
+          double t0 = *link > clock[k] ? *link : clock[k];
+          *link = t0 + c->send[(size_t)boundary * U + u];
+          (down ? act : grad)[(size_t)x->peer * U + u] = *link;
+          if (record) record_event(r, &cap, (TpEvent){t0, *link, k, x->kind, x->mb, x->slice});
+          break;
+        }
+        case TP_INSN_ALLREDUCE_TIED: {
+          int p = x->peer;
+          const TpInsn *y = pc[p] < s->count[p] ? &s->insn[p][pc[p]] : NULL;
+          if (!y || y->kind != TP_INSN_ALLREDUCE_TIED || y->peer != k) goto next_rank;
+          double t0 = clock[k] > clock[p] ? clock[k] : clock[p];
+          clock[k] = clock[p] = t0 + c->tied_allreduce;
+          if (record) {
+            record_event(r, &cap, (TpEvent){t0, clock[k], k, x->kind, -1, -1});
+            record_event(r, &cap, (TpEvent){t0, clock[p], p, x->kind, -1, -1});
+          }
+          pc[p]++;
+          pc[k]++;
+          progress = true;
+          continue;
+        }
+        case TP_INSN_ALLREDUCE: dur = c->allreduce[k]; break;
+        case TP_INSN_OPTIMIZER_STEP: dur = c->optimizer[k]; break;
+        default: TP_ASSERT(0);
+        }
+        if (mem[k] > r->peak_bytes[k]) r->peak_bytes[k] = mem[k];
+        if (x->kind == TP_INSN_BACKWARD) { /* freed once the backward is done */
+          mem[k] -= c->act_bytes[(size_t)k * U + u];
+          if (x->slice == 0) mem[k] -= 2 * c->kv_bytes[(size_t)k * s->nmb + x->mb];
+        }
+        if (x->kind == TP_INSN_FORWARD || x->kind == TP_INSN_BACKWARD) r->busy_s[k] += dur;
+        if (dur > 0) {
+          start = clock[k];
+          clock[k] += dur;
+          if (record) record_event(r, &cap, (TpEvent){start, clock[k], k, x->kind, x->mb, x->slice});
+        }
+        pc[k]++;
+        progress = true;
+      }
+    next_rank:;
+    }
+  }
+  int rc = TP_OK;
+  for (int k = 0; k < S; k++) {
+    if (pc[k] < s->count[k] && !rc) {
+      const TpInsn *x = &s->insn[k][pc[k]];
+      rc = tp_error(d, "simulation: schedule %s deadlocks: rank %d waits at %s mb %d slice %d",
+                    tp_schedule_name(s->kind), k, tp_insn_name(x->kind), x->mb, x->slice);
+    }
+    if (clock[k] > r->time_s) r->time_s = clock[k];
+  }
+  free(clock);
+  free(mem);
+  free(pc);
+  free(act);
+  free(grad);
+  free(link_down);
+  free(link_up);
+  return rc;
+}
+
+void tp_sim_result_free(TpSimResult *r) {
+  free(r->busy_s);
+  free(r->peak_bytes);
+  free(r->events);
+  memset(r, 0, sizeof *r);
+}
+
+/* Microbatch m -> hue; slice -> lightness; backward darker. */
+static void unit_colour(const TpSchedule *s, const TpEvent *e, char *out, size_t size) {
+  int hue = (e->mb * 137) % 360;
+  int n = e->mb >= 0 ? s->nslices[e->mb] : 1;
+  double frac = n > 1 ? (double)e->slice / (n - 1) : 0;
+  int light = (int)(72 - 30 * frac);
+  if (e->kind == TP_INSN_BACKWARD) light -= 14;
+  snprintf(out, size, "hsl(%d,%d%%,%d%%)", hue, e->kind == TP_INSN_BACKWARD ? 55 : 75, light);
+}
+
+void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, FILE *out) {
+  int S = s->stages;
+  double width = 1200, left = 70, row = S <= 24 ? 26 : S <= 64 ? 12 : 7, top = 40;
+  double height = top + row * S + 50, scale = (width - left - 20) / (r->time_s > 0 ? r->time_s : 1);
+  fprintf(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "font-family=\"sans-serif\" font-size=\"11\">\n", width, height);
+  fprintf(out, "<defs><pattern id=\"bw\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+               "patternTransform=\"rotate(45)\"><line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" "
+               "stroke=\"black\" stroke-opacity=\"0.35\" stroke-width=\"2\"/></pattern></defs>\n");
+  fprintf(out, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+  fprintf(out, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">", left);
+  for (const char *p = title; *p; p++) /* escape for XML */
+    fputs(*p == '<' ? "&lt;" : *p == '>' ? "&gt;" : *p == '&' ? "&amp;" : (char[2]){*p, 0}, out);
+  fprintf(out, "</text>\n");
+  for (int k = 0; k < S; k++) { /* idle (bubble) background per rank */
+    double y = top + k * row;
+    fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
+            left, y, r->time_s * scale, row - 1);
+    if (row >= 10 || k % 8 == 0)
+      fprintf(out, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">rank %d</text>\n", left - 6,
+              y + row * 0.75, k);
+  }
+  for (int i = 0; i < r->nevents; i++) {
+    const TpEvent *e = &r->events[i];
+    if (e->kind == TP_INSN_SEND_ACT || e->kind == TP_INSN_SEND_GRAD) continue;
+    double x = left + e->start * scale, w = (e->end - e->start) * scale, y = top + e->rank * row;
+    char colour[48] = "#555555";
+    if (e->mb >= 0) unit_colour(s, e, colour, sizeof colour);
+    fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
+                 "stroke=\"white\" stroke-width=\"0.3\"><title>%s mb %d slice %d: %.3f-%.3f ms</title></rect>\n",
+            x, y, w > 0.2 ? w : 0.2, row - 1, colour, tp_insn_name(e->kind), e->mb, e->slice,
+            e->start * 1e3, e->end * 1e3);
+    if (e->kind == TP_INSN_BACKWARD)
+      fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"url(#bw)\"/>\n",
+              x, y, w > 0.2 ? w : 0.2, row - 1);
+  }
+  double y = top + row * S + 18;
+  fprintf(out, "<text x=\"%.0f\" y=\"%.1f\">0 s</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.4g s</text>\n",
+          left, y, width - 20, y, r->time_s);
+  fprintf(out, "<text x=\"%.0f\" y=\"%.1f\">light = forward, dark hatched = backward; hue = "
+               "microbatch, lighter = earlier slice; grey = idle (bubble)</text>\n", left, y + 18);
+  fprintf(out, "</svg>\n");
+}
+
+void tp_write_trace(const TpSimResult *r, const TpSchedule *s, FILE *out) {
+  fprintf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+  for (int k = 0; k < s->stages; k++)
+    fprintf(out, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n", k, k);
+  for (int i = 0; i < r->nevents; i++) {
+    const TpEvent *e = &r->events[i];
+    bool send = e->kind == TP_INSN_SEND_ACT || e->kind == TP_INSN_SEND_GRAD;
+    fprintf(out, "{\"name\": \"%s", tp_insn_name(e->kind));
+    if (e->mb >= 0) fprintf(out, " mb%d.s%d", e->mb, e->slice);
+    fprintf(out, "\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f",
+            e->rank, send ? 1 : 0, e->start * 1e6, (e->end - e->start) * 1e6);
+    if (e->mb >= 0) fprintf(out, ", \"args\": {\"microbatch\": %d, \"slice\": %d}", e->mb, e->slice);
+    fprintf(out, "}%s\n", i + 1 < r->nevents ? "," : "");
+  }
+  fprintf(out, "]}\n");
+}

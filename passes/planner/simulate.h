@@ -1,0 +1,62 @@
+/* Event simulation of per-rank instruction lists (schedule.h) with per-unit costs:
+ * iteration time, per-rank compute and peak memory, and the timeline as events for
+ * pictures (SVG) and Chrome/Perfetto traces.
+ *
+ * Semantics: a rank runs its list in order; compute instructions take their cost; a send
+ * is posted when reached and occupies its link (one message at a time per direction of
+ * each stage boundary), arriving after its transfer time; a receive waits for arrival;
+ * allreduce-tied waits for both ranks. Memory along each rank's list: static bytes, plus
+ * a unit's activations from its forward to its backward, plus K/V buffers of a
+ * microbatch from its first forward to its last backward (and as much for dK/dV during
+ * its backward). */
+#ifndef TOKPIPE_PLANNER_SIMULATE_H
+#define TOKPIPE_PLANNER_SIMULATE_H
+
+#include <stdio.h>
+
+#include "cost.h"
+#include "schedule.h"
+#include "slicing.h"
+
+typedef struct {
+  int stages, nmb, units;
+  int *base;           /* [nmb] index of a microbatch's first unit */
+  double *fwd, *bwd;   /* [stage * units + u] seconds */
+  double *send;        /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
+  double *act_bytes;   /* [stage * units + u] kept from forward to backward */
+  double *kv_bytes;    /* [stage * nmb + m] */
+  double *static_bytes, *allreduce, *optimizer; /* [stage] */
+  double tied_allreduce; /* first <-> last rank */
+} TpSimCosts;
+
+/* Costs of `plan` under cm (cm's stage cuts, recompute flag). */
+void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSimCosts *c);
+void tp_sim_costs_free(TpSimCosts *c);
+
+typedef struct {
+  double start, end;
+  int rank;
+  TpInsnKind kind; /* forward, backward, send-* (a transfer on its link), allreduce... */
+  int mb, slice;
+} TpEvent;
+
+typedef struct {
+  double time_s;       /* when the last rank finishes */
+  double *busy_s;      /* [stage] compute seconds */
+  double *peak_bytes;  /* [stage] */
+  TpEvent *events;     /* when recorded */
+  int nevents;
+} TpSimResult;
+
+/* Runs the schedule. A deadlock is reported (TP_ERR_INPUT). `record` keeps events. */
+int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResult *r, TpDiag *d);
+void tp_sim_result_free(TpSimResult *r);
+
+/* Pictures of a recorded run: ranks as rows, units coloured by microbatch (hue) and
+ * slice (lightness), backward hatched and darker, bubbles left blank. */
+void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, FILE *out);
+/* Chrome trace event format (chrome://tracing, ui.perfetto.dev): one process per rank,
+ * thread 0 compute, thread 1 sends. */
+void tp_write_trace(const TpSimResult *r, const TpSchedule *s, FILE *out);
+
+#endif

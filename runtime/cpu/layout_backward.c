@@ -1,0 +1,97 @@
+#include "layout_backward.h"
+
+#include <string.h>
+
+#define PARALLEL_MIN_ELEMS 32768
+/* Columns per task of the scatter-add: each task owns its columns of ddata. */
+#define COLUMN_BLOCK 64
+
+static int64_t load_index(const TpTensor *t, int64_t i) {
+  return t->dtype == TP_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
+}
+
+TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis,
+                                  TpTensor *ddata, int64_t *bad) {
+  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
+  if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
+  if (axis < 0 || axis >= ddata->rank || dy->rank != ddata->rank - 1 + indices->rank)
+    return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < dy->rank; d++) {
+    int64_t want = d < axis                   ? ddata->dims[d]
+                   : d < axis + indices->rank ? indices->dims[d - axis]
+                                              : ddata->dims[d - indices->rank + 1];
+    if (dy->dims[d] != want) return TP_KERNEL_BAD_SHAPE;
+  }
+  int64_t outer = tp_numel(axis, ddata->dims), n = ddata->dims[axis];
+  int64_t inner = tp_numel(ddata->rank - axis - 1, ddata->dims + axis + 1);
+  int64_t nidx = tp_tensor_numel(indices);
+  for (int64_t j = 0; j < nidx; j++) { /* checked first, so the scatter cannot fail */
+    int64_t ix = load_index(indices, j);
+    if (ix < -n || ix >= n) {
+      *bad = ix;
+      return TP_KERNEL_BAD_INDEX;
+    }
+  }
+  const float *g = dy->data;
+  float *out = ddata->data;
+  int64_t nblocks = (inner + COLUMN_BLOCK - 1) / COLUMN_BLOCK, tasks = outer * nblocks;
+#pragma omp parallel for schedule(static) if ((nidx + n) * outer * inner >= PARALLEL_MIN_ELEMS)
+  for (int64_t t = 0; t < tasks; t++) {
+    int64_t o = t / nblocks, c0 = t % nblocks * COLUMN_BLOCK;
+    int64_t w = inner - c0 < COLUMN_BLOCK ? inner - c0 : COLUMN_BLOCK;
+    float *dst = out + o * n * inner + c0;
+    const float *src = g + o * nidx * inner + c0;
+    for (int64_t r = 0; r < n; r++) memset(dst + r * inner, 0, (size_t)w * sizeof *dst);
+    for (int64_t j = 0; j < nidx; j++) {
+      int64_t ix = load_index(indices, j);
+      float *d = dst + (ix < 0 ? ix + n : ix) * inner;
+      const float *s = src + j * inner;
+#pragma omp simd
+      for (int64_t c = 0; c < w; c++) d[c] += s[c];
+    }
+  }
+  return TP_KERNEL_OK;
+}
+
+#define COPY_LOOP(ES)                                                                              \
+  for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * step[0], p[1] + i * step[1], ES)
+
+/* Copies a run of n elements (size in ctx) from p[1] to p[0] with their byte steps. */
+static void copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {
+  size_t es = *(const size_t *)ctx;
+  if (step[0] == (int64_t)es && step[1] == (int64_t)es) {
+    memcpy(p[0], p[1], (size_t)n * es);
+    return;
+  }
+  switch (es) { /* constant sizes let the compiler turn memcpy into a move */
+  case 2: COPY_LOOP(2); break;
+  case 4: COPY_LOOP(4); break;
+  case 8: COPY_LOOP(8); break;
+  default: COPY_LOOP(es); break;
+  }
+}
+
+TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, const int64_t *steps,
+                                 TpTensor *dx) {
+  if (dx->dtype != dy->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (dx->rank != dy->rank) return TP_KERNEL_BAD_SHAPE;
+  size_t es = tp_dtype_size(dx->dtype);
+  int64_t xs[TP_MAX_RANK], start = 0;
+  tp_contiguous_strides(dx->rank, dx->dims, es, xs);
+  TpIter it = {.rank = dy->rank, .noperands = 2};
+  memcpy(it.dims, dy->dims, sizeof it.dims);
+  tp_contiguous_strides(dy->rank, dy->dims, es, it.strides[1]);
+  for (int d = 0; d < dy->rank; d++) {
+    int64_t last = starts[d] + (dy->dims[d] - 1) * steps[d];
+    if (dy->dims[d] > 0 && ((steps[d] == 0 && dy->dims[d] > 1) || starts[d] < 0 ||
+                            starts[d] >= dx->dims[d] || last < 0 || last >= dx->dims[d]))
+      return TP_KERNEL_BAD_SHAPE;
+    start += starts[d] * xs[d];
+    it.strides[0][d] = steps[d] * xs[d];
+  }
+  if (tp_tensor_bytes(dx)) memset(dx->data, 0, tp_tensor_bytes(dx));
+  if (tp_tensor_numel(dy) == 0) return TP_KERNEL_OK;
+  tp_iter_coalesce(&it);
+  tp_iter_run(&it, (char *const[]){(char *)dx->data + start, dy->data}, copy_run, &es);
+  return TP_KERNEL_OK;
+}

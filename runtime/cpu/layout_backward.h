@@ -1,0 +1,23 @@
+/* Backward kernels of the data-movement ops (ir/ops.def: GatherBackward, SliceBackward):
+ * the adjoints of tp_gather and tp_slice (layout.h), over TpTensor views whose dims give
+ * the shapes. They write their result whole (zeros where the forward did not read). */
+#ifndef TOKPIPE_CPU_LAYOUT_BACKWARD_H
+#define TOKPIPE_CPU_LAYOUT_BACKWARD_H
+
+#include "elementwise.h"
+
+/* Of y = tp_gather(data, indices, axis): ddata = 0, then ddata[.., indices[j], ..] += dy[..,
+ * j, ..]; repeated indices accumulate, in the order of j (deterministic: the work is split
+ * over the columns after axis, never over j). Also Embedding's backward (axis 0).
+ *   dy (outer, nidx, inner), indices (nidx) i32|i64 (negatives count from the end),
+ *   ddata (outer, n, inner): data's shape; f32.
+ * An index outside [-n, n) gives TP_KERNEL_BAD_INDEX with the index in *bad. */
+TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis,
+                                  TpTensor *ddata, int64_t *bad);
+
+/* Of y = tp_slice(x, starts, steps): dx = 0, then dx[starts + j*steps] = dy[j] per dim
+ * (steps may be negative, never 0). Any dtype; dx has x's shape, dy the slice's. */
+TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, const int64_t *steps,
+                                 TpTensor *dx);
+
+#endif

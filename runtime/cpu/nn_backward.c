@@ -1,0 +1,355 @@
+#include "nn_backward.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "matmul.h"
+#include "vecmath.h"
+
+/* Loops shorter than this stay on one thread: the fork costs more than it saves. */
+#define PARALLEL_MIN_ELEMS 32768
+/* Columns per task of a column-sum: one task owns its columns, so no two threads add into
+ * the same sum and the order of the additions is fixed. */
+#define COLUMN_BLOCK 32
+
+/* tp_sgemm that allows an empty inner dimension (C = beta * C, beta 0 or 1). */
+static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (beta == 0)
+      for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
+    return;
+  }
+  tp_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Over the rows of dy (rows, n): sum_dy[j] = sum_r dy[r, j] and, when x is given,
+ * sum_dy_xhat[j] = sum_r dy[r, j] * (x[r, j] - mean[r]) * inv_std[r]. Runs of ROW_RUN
+ * rows are summed in float (vectorised), the runs in double. */
+#define ROW_RUN 64
+static void column_sums(const float *dy, const float *x, const float *mean, const float *inv_std,
+                        int64_t rows, int64_t n, float *sum_dy_xhat, float *sum_dy) {
+  int64_t nblocks = (n + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
+  for (int64_t blk = 0; blk < nblocks; blk++) {
+    int64_t j0 = blk * COLUMN_BLOCK, w = n - j0 < COLUMN_BLOCK ? n - j0 : COLUMN_BLOCK;
+    double s[COLUMN_BLOCK] = {0}, sx[COLUMN_BLOCK] = {0};
+    for (int64_t r0 = 0; r0 < rows; r0 += ROW_RUN / omp_get_num_threads()) {
+      float fs[COLUMN_BLOCK] = {0}, fsx[COLUMN_BLOCK] = {0};
+      for (int64_t r = r0; r < rows && r < r0 + ROW_RUN / omp_get_num_threads(); r++) {
+        const float *d = dy + r * n + j0;
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) fs[j] += d[j];
+        if (x) {
+          const float *xr = x + r * n + j0;
+          float mu = mean[r], rs = inv_std[r];
+#pragma omp simd
+          for (int64_t j = 0; j < w; j++) fsx[j] += d[j] * ((xr[j] - mu) * rs);
+        }
+      }
+      for (int64_t j = 0; j < w; j++) s[j] += fs[j], sx[j] += fsx[j];
+    }
+    for (int64_t j = 0; j < w; j++) {
+      if (sum_dy) sum_dy[j0 + j] = (float)s[j];
+      if (sum_dy_xhat) sum_dy_xhat[j0 + j] = (float)sx[j];
+    }
+  }
+}
+
+/* ---- Linear, MatMul ---- */
+
+void tp_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
+                            int64_t N, bool transpose_w, float *dx, float *dw, float *dbias) {
+  if (dx) {
+    if (transpose_w) gemm(false, false, M, K, N, 1, dy, N, w, K, 0, dx, K);
+    else gemm(false, true, M, K, N, 1, dy, N, w, N, 0, dx, K);
+  }
+  if (dw) {
+    if (transpose_w) gemm(true, false, N, K, M, 1, dy, N, x, K, 0, dw, K);
+    else gemm(true, false, K, N, M, 1, x, K, dy, N, 0, dw, N);
+  }
+  if (dbias) column_sums(dy, NULL, NULL, NULL, M, N, NULL, dbias);
+}
+
+bool tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
+                            TpTensor *db) {
+  if (dy->dtype != TP_F32 || a->dtype != TP_F32 || b->dtype != TP_F32) return false;
+  if ((da && da->dtype != TP_F32) || (db && db->dtype != TP_F32)) return false;
+  if (a->rank < 1 || b->rank < 1) return false;
+  if ((da && tp_tensor_numel(da) != tp_tensor_numel(a)) ||
+      (db && tp_tensor_numel(db) != tp_tensor_numel(b)))
+    return false;
+  /* As tp_matmul: a 1-D a is [1, K], a 1-D b is [K, 1]. */
+  int64_t M = a->rank >= 2 ? a->dims[a->rank - 2] : 1, K = a->dims[a->rank - 1];
+  int64_t Kb = b->rank >= 2 ? b->dims[b->rank - 2] : b->dims[0];
+  int64_t N = b->rank >= 2 ? b->dims[b->rank - 1] : 1;
+  if (K != Kb) return false;
+
+  /* Broadcast batch dims, right-aligned; strides count whole matrices, 0 where broadcast. */
+  int ra = a->rank > 2 ? a->rank - 2 : 0, rb = b->rank > 2 ? b->rank - 2 : 0;
+  int nb = ra > rb ? ra : rb;
+  int64_t dims[TP_MAX_RANK], sa[TP_MAX_RANK], sb[TP_MAX_RANK];
+  int64_t nbatch = 1, na = 1, nbb = 1;
+  for (int i = nb - 1; i >= 0; i--) {
+    int ia = i - (nb - ra), ib = i - (nb - rb);
+    int64_t ea = ia >= 0 ? a->dims[ia] : 1, eb = ib >= 0 ? b->dims[ib] : 1;
+    if (ea != eb && ea != 1 && eb != 1) return false;
+    dims[i] = ea == 1 ? eb : ea;
+    sa[i] = ea == 1 ? 0 : na;
+    sb[i] = eb == 1 ? 0 : nbb;
+    na *= ea;
+    nbb *= eb;
+    nbatch *= dims[i];
+  }
+  if (tp_tensor_numel(dy) != nbatch * M * N) return false;
+  const float *g = dy->data, *A = a->data, *B = b->data;
+  float *dA = da ? da->data : NULL, *dB = db ? db->data : NULL;
+
+  /* One shared b: the batch folds into the rows of one product each way. */
+  if (nbb == 1 && na == nbatch) {
+    if (dA) gemm(false, true, nbatch * M, K, N, 1, g, N, B, N, 0, dA, K);
+    if (dB) gemm(true, false, K, N, nbatch * M, 1, A, K, g, N, 0, dB, N);
+    return true;
+  }
+  /* An operand broadcast along a batch dim collects the sum of its products. */
+  bool sum_a = na != nbatch, sum_b = nbb != nbatch;
+  if (dA && sum_a) memset(dA, 0, tp_tensor_bytes(da));
+  if (dB && sum_b) memset(dB, 0, tp_tensor_bytes(db));
+  for (int64_t n = 0; n < nbatch; n++) {
+    int64_t rest = n, oa = 0, ob = 0;
+    for (int i = nb - 1; i >= 0; i--) {
+      int64_t idx = rest % dims[i];
+      rest /= dims[i];
+      oa += idx * sa[i];
+      ob += idx * sb[i];
+    }
+    const float *gn = g + n * M * N;
+    if (dA) gemm(false, true, M, K, N, 1, gn, N, B + ob * K * N, N, sum_a, dA + oa * M * K, K);
+    if (dB) gemm(true, false, K, N, M, 1, A + oa * M * K, K, gn, N, sum_b, dB + ob * K * N, N);
+  }
+  return true;
+}
+
+/* ---- LayerNorm, Gelu, Softmax ---- */
+
+void tp_layernorm_backward_f32(const float *dy, const float *x, const float *scale,
+                               const float *mean, const float *inv_std, int64_t rows, int64_t n,
+                               float *dx, float *dscale, float *dbias) {
+  if (dx) {
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
+    for (int64_t r = 0; r < rows; r++) {
+      const float *d = dy + r * n, *xr = x + r * n;
+      float *o = dx + r * n, mu = mean[r], rs = inv_std[r];
+      double sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+      for (int64_t j = 0; j < n; j++) {
+        float gj = d[j] * scale[j];
+        sum_g += gj;
+        sum_gx += (double)gj * ((xr[j] - mu) * rs);
+      }
+      float mean_g = (float)(sum_g / (double)n), mean_gx = (float)(sum_gx / (double)n);
+#pragma omp simd
+      for (int64_t j = 0; j < n; j++)
+        o[j] = rs * (d[j] * scale[j] - mean_g - (xr[j] - mu) * rs * mean_gx);
+    }
+  }
+  if (dscale || dbias) column_sums(dy, x, mean, inv_std, rows, n, dscale, dbias);
+}
+
+void tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {
+  const float inv_sqrt_2pi = 0.3989422804014327f, sqrt_2_over_pi = 0.7978845608028654f;
+  const float kappa = 0.044715f;
+  if (tanh_approx) {
+#pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+    for (int64_t i = 0; i < n; i++) {
+      float xi = x[i], x2 = xi * xi;
+      float t = tp_vtanhf(sqrt_2_over_pi * (xi + kappa * x2 * xi));
+      float grad = 0.5f * (1 + t) + 0.5f * xi * (1 - t * t) * sqrt_2_over_pi * (1 + 3 * kappa * x2);
+      dx[i] = dy[i] * grad;
+    }
+  } else {
+#pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+    for (int64_t i = 0; i < n; i++) {
+      float xi = x[i];
+      float cdf = 0.5f * (1 + tp_verff(xi * (float)M_SQRT1_2));
+      float pdf = inv_sqrt_2pi * tp_vexpf(-0.5f * xi * xi);
+      dx[i] = dy[i] * (cdf + xi * pdf);
+    }
+  }
+}
+
+void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int64_t n,
+                             int64_t inner, bool log, float *dx) {
+  int64_t rows = outer * inner;
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t base = (r / inner) * n * inner + r % inner, s = inner;
+    const float *d = dy + base, *yr = y + base;
+    float *o = dx + base;
+    double dot = 0;
+    if (log) {
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < n; j++) dot += d[j * s];
+      float sum = (float)dot;
+#pragma omp simd
+      for (int64_t j = 0; j < n; j++) o[j * s] = d[j * s] - tp_vexpf(yr[j * s]) * sum;
+    } else {
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < n; j++) dot += (double)d[j * s] * yr[j * s];
+      float sum = (float)dot;
+#pragma omp simd
+      for (int64_t j = 0; j < n; j++) o[j * s] = yr[j * s] * (d[j * s] - sum);
+    }
+  }
+}
+
+/* ---- Attention ---- */
+
+/* The [S, D] matrix of batch b, head h of a Q/K/V/Y-shaped tensor with `heads` heads, and
+ * its leading dimension (the layout of tp_attention_f32). */
+static int64_t head_offset(const TpAttention *p, int64_t b, int64_t h, int64_t heads, int64_t S,
+                           int64_t D, int64_t *ld) {
+  *ld = p->packed ? heads * D : D;
+  return p->packed ? b * S * heads * D + h * D : (b * heads + h) * S * D;
+}
+
+/* Per-thread scratch of the attention backward: (Sq, T) matrices. */
+typedef struct {
+  float *prob;   /* the recomputed probabilities */
+  float *grad;   /* d probabilities, then d scores */
+  float *capped; /* tanh(s / softcap) when softcap > 0 */
+} AttnScratch;
+
+/* Softmax of each row of s (Sq, T) in place; causal: query i sees keys j <= i only, the
+ * others get probability 0 (as tp_attention_f32's mask gives). */
+static void softmax_rows(float *s, int64_t Sq, int64_t T, bool causal) {
+  for (int64_t i = 0; i < Sq; i++) {
+    float *row = s + i * T, mx = -INFINITY;
+    int64_t n = causal && i + 1 < T ? i + 1 : T;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; j++) {
+      row[j] = tp_vexpf(row[j] - mx);
+      sum += row[j];
+    }
+    float inv = (float)(1.0 / sum);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) row[j] *= inv;
+    for (int64_t j = n; j < T; j++) row[j] = 0;
+  }
+}
+
+/* Gradients of kv head g of batch b and of the q heads that share it. */
+static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g, const float *dy,
+                                     const float *q, const float *k, const float *v, float *dq,
+                                     float *dk, float *dv, const AttnScratch *w) {
+  int64_t Sq = p->q_len, T = p->kv_len, D = p->head_size, Dv = p->v_head_size;
+  int64_t group = p->q_heads / p->kv_heads, ldk, ldv, ldq, ldy;
+  int64_t ok = head_offset(p, b, g, p->kv_heads, T, D, &ldk);
+  int64_t ov = head_offset(p, b, g, p->kv_heads, T, Dv, &ldv);
+  float *P = w->prob, *G = w->grad, c = p->softcap;
+  for (int64_t hh = 0; hh < group; hh++) {
+    int64_t h = g * group + hh;
+    int64_t oq = head_offset(p, b, h, p->q_heads, Sq, D, &ldq);
+    int64_t oy = head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
+    const float *qh = q + oq, *dyh = dy + oy;
+    float first = hh ? 1 : 0; /* the group's first q head writes dk, dv; the others add */
+
+    /* P = softmax(mask(softcap(scale * Q K^T))), as the forward computes it */
+    gemm(false, true, Sq, T, D, p->scale, qh, ldq, k + ok, ldk, 0, P, T);
+    if (c > 0)
+      for (int64_t i = 0; i < Sq * T; i++) {
+        w->capped[i] = tanhf(P[i] / c);
+        P[i] = c * w->capped[i];
+      }
+    softmax_rows(P, Sq, T, p->is_causal);
+
+    if (dv) gemm(true, false, T, Dv, Sq, 1, P, T, dyh, ldy, first, dv + ov, ldv);
+    if (!dq && !dk) continue;
+    /* dP = dY V^T; dS = P * (dP - rowsum(P * dP)); through the softcap: * (1 - tanh^2) */
+    gemm(false, true, Sq, T, Dv, 1, dyh, ldy, v + ov, ldv, 0, G, T);
+    for (int64_t i = 0; i < Sq; i++) {
+      float *Pi = P + i * T, *Gi = G + i * T;
+      double dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < T; j++) dot += (double)Pi[j] * Gi[j];
+      float sum = (float)dot;
+#pragma omp simd
+      for (int64_t j = 0; j < T; j++) Gi[j] = Pi[j] * (Gi[j] - sum);
+    }
+    if (c > 0)
+      for (int64_t i = 0; i < Sq * T; i++) G[i] *= 1 - w->capped[i] * w->capped[i];
+    if (dq) gemm(false, false, Sq, D, T, p->scale, G, T, k + ok, ldk, 0, dq + oq, ldq);
+    if (dk) gemm(true, false, T, D, Sq, p->scale, G, T, qh, ldq, first, dk + ok, ldk);
+  }
+}
+
+void tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
+                               const float *k, const float *v, float *dq, float *dk, float *dv) {
+  int64_t Sq = p->q_len, T = p->kv_len, B = p->batch;
+  if (Sq == 0 || T == 0) { /* nothing attended: every gradient is zero */
+    if (dq) memset(dq, 0, (size_t)(B * p->q_heads * Sq * p->head_size) * sizeof *dq);
+    if (dk) memset(dk, 0, (size_t)(B * p->kv_heads * T * p->head_size) * sizeof *dk);
+    if (dv) memset(dv, 0, (size_t)(B * p->kv_heads * T * p->v_head_size) * sizeof *dv);
+    return;
+  }
+  /* One task per (batch, kv head); each writes only its own heads' gradients. With enough
+   * tasks for every thread, the tasks run in parallel on single-threaded BLAS (threaded
+   * BLAS inside the parallel loop would oversubscribe); otherwise one after the other on
+   * threaded BLAS. */
+  int64_t tasks = B * p->kv_heads;
+  int nthreads = omp_get_max_threads();
+  bool parallel = nthreads > 1 && tasks >= nthreads;
+  int blas_threads = openblas_get_num_threads();
+  if (parallel) openblas_set_num_threads(1);
+  size_t bytes = (size_t)(Sq * T) * sizeof(float);
+#pragma omp parallel if (parallel)
+  {
+    AttnScratch w = {malloc(bytes), malloc(bytes), p->softcap > 0 ? malloc(bytes) : NULL};
+    if (!w.prob || !w.grad || (p->softcap > 0 && !w.capped)) abort(); /* out of memory */
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tasks; t++)
+      attention_backward_group(p, t / p->kv_heads, t % p->kv_heads, dy, q, k, v, dq, dk, dv, &w);
+    free(w.prob);
+    free(w.grad);
+    free(w.capped);
+  }
+  if (parallel) openblas_set_num_threads(blas_threads);
+}
+
+/* ---- CrossEntropy ---- */
+
+TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
+                                             const int64_t *targets, int64_t R, int64_t V,
+                                             float denominator, float *dlogits, int64_t *bad) {
+  for (int64_t r = 0; r < R; r++)
+    if (targets[r] < 0 || targets[r] >= V) {
+      *bad = r;
+      return TP_KERNEL_BAD_INDEX;
+    }
+  float scale = dloss / denominator;
+#pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
+  for (int64_t r = 0; r < R; r++) {
+    const float *x = logits + r * V;
+    float *o = dlogits + r * V, mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; j++) {
+      o[j] = tp_vexpf(x[j] - mx);
+      sum += o[j];
+    }
+    float inv = (float)(1.0 / sum) * scale;
+#pragma omp simd
+    for (int64_t j = 0; j < V; j++) o[j] *= inv;
+    o[targets[r]] -= scale;
+  }
+  return TP_KERNEL_OK;
+}

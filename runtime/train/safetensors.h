@@ -1,0 +1,45 @@
+/* safetensors files (https://github.com/huggingface/safetensors): an 8-byte little-endian
+ * header length, a JSON header {"__metadata__": {str: str}, NAME: {"dtype": "F32", "shape":
+ * [..], "data_offsets": [begin, end]}, ...} padded with spaces to a multiple of 8, then the
+ * tensor bytes (little-endian, row-major). Used for gradient and weight dumps, checkpoints
+ * and the parity fixtures. */
+#ifndef TOKPIPE_TRAIN_SAFETENSORS_H
+#define TOKPIPE_TRAIN_SAFETENSORS_H
+
+#include "../../ir/ir.h"
+#include "../tensor.h"
+#include "atomic.h"
+
+typedef struct {
+  const char *name;
+  TpTensor t;
+} TpNamedTensor;
+
+/* A loaded file: tensors sorted by name; names, data and metadata owned by it. */
+typedef struct {
+  int n;
+  TpNamedTensor *tensors;
+  int nmeta;
+  char **meta; /* nmeta (key, value) pairs: meta[2*i], meta[2*i + 1] */
+} TpSafetensors;
+
+/* Reads and validates the whole file (header syntax, known dtypes, shapes matching the
+ * byte ranges, ranges inside the file and not overlapping, unique names). */
+int tp_safetensors_load(const char *path, TpSafetensors *st, TpDiag *d);
+/* NULL when absent. */
+const TpTensor *tp_safetensors_find(const TpSafetensors *st, const char *name);
+const char *tp_safetensors_meta(const TpSafetensors *st, const char *key);
+void tp_safetensors_free(TpSafetensors *st);
+
+/* Writes tensors (any order; written sorted by name; names must be unique) and metadata
+ * (NULL, or key/value strings ending with a NULL key) atomically (see atomic.h). */
+int tp_safetensors_save(const char *path, const TpNamedTensor *tensors, int n,
+                        const char *const *meta, TpDiag *d);
+/* The same into an open atomic file, which the caller commits. */
+void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
+                          const char *const *meta);
+
+/* "F32", ... for a dtype; NULL if safetensors has no name for it. */
+const char *tp_safetensors_dtype_name(TpDType t);
+
+#endif

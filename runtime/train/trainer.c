@@ -1,0 +1,516 @@
+/* The trainer runtime every generated program links: tp_trainer_main parses the command
+ * line, loads the data and the initial weights, runs the training steps of the plan's
+ * stage functions with AdamW, and writes logs, checkpoints, dumps and the trained model.
+ * Exit codes: 0 ok, 1 bad input (one error line), 2 bad usage, 3 internal error. */
+#include "train.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../cpu/optim.h"
+#include "atomic.h"
+
+#ifndef TOKPIPE_VERSION
+#define TOKPIPE_VERSION "unknown"
+#endif
+
+enum { MAX_VAL_BATCHES = 20 };
+
+/* ---- the command line ---- */
+
+static const char *usage_text =
+    "Usage: %s --data FILE [options]\n"
+    "Trains the model compiled into this program (%s: batch %" PRId64 ", seq %" PRId64
+    ", vocab %" PRId64 ").\n"
+    "\n"
+    "Data and steps:\n"
+    "  --data FILE          training tokens, llm.c's format (a 256 x int32 header: 20240520,\n"
+    "                       1, count; then uint16 tokens); batch k reads batch*seq+1 tokens\n"
+    "                       from k*batch*seq, wrapping around at the end\n"
+    "  --steps N            total steps; a resumed run continues to N (default: one pass)\n"
+    "  --val-data FILE      validation tokens, evaluated forward only\n"
+    "  --val-every K        evaluate after every K-th step (default: after the last step)\n"
+    "  --val-batches N      batches per evaluation (default: the file's, at most 20)\n"
+    "Weights:\n"
+    "  --init FILE          initial weights: an ONNX model's initializers (external data\n"
+    "                       too), or a .safetensors of the parameters; without it they are\n"
+    "                       random: matrices N(0, 0.02), vectors named *bias* 0, other 1\n"
+    "  --seed N             seed of the random weights (default 1)\n"
+    "Optimizer: AdamW as torch.optim.AdamW, decay on every trainable parameter\n"
+    "  --lr X               learning rate (default 0.001)\n"
+    "  --beta1 X, --beta2 X (default 0.9, 0.999)\n"
+    "  --eps X              (default 1e-8)\n"
+    "  --weight-decay X     decoupled weight decay (default 0)\n"
+    "  --grad-clip NORM     scale the gradients down to this global norm (default: off)\n"
+    "  --lr-schedule S      constant (default) or cosine (from --lr down to 0 at --steps)\n"
+    "  --warmup N           linear warmup over the first N steps (default 0)\n"
+    "Output:\n"
+    "  --log FILE           one JSON object per step: step, loss, lr, grad_norm, ms,\n"
+    "                       tokens_per_s, and val_loss when evaluated\n"
+    "  --dump-grads FILE    .safetensors of the first step's gradients, before the update\n"
+    "  --dump-weights FILE  .safetensors of the parameters after training\n"
+    "  --save DIR           checkpoint (weights, AdamW state, step, data position) to\n"
+    "                       DIR/checkpoint.safetensors, atomically\n"
+    "  --save-every K       every K steps (default: after the last step only)\n"
+    "  --resume DIR         continue from DIR's checkpoint, bit for bit as if never stopped\n"
+    "  --export-onnx FILE   the model (--init's, else the compiled one) with trained weights\n"
+    "  --help, --version\n";
+
+typedef struct {
+  const char *flag;
+  char kind; /* s string, i int64 >= lo, u uint64, f double in [lo, hi], c choice */
+  size_t offset;
+  double lo, hi;
+} OptSpec;
+
+#define AT(field) offsetof(TrainOptions, field)
+static const OptSpec opt_specs[] = {
+    {"--init", 's', AT(init), 0, 0},
+    {"--data", 's', AT(data), 0, 0},
+    {"--val-data", 's', AT(val_data), 0, 0},
+    {"--log", 's', AT(log), 0, 0},
+    {"--dump-grads", 's', AT(dump_grads), 0, 0},
+    {"--dump-weights", 's', AT(dump_weights), 0, 0},
+    {"--save", 's', AT(save), 0, 0},
+    {"--resume", 's', AT(resume), 0, 0},
+    {"--export-onnx", 's', AT(export_onnx), 0, 0},
+    {"--steps", 'i', AT(steps), 0, 0},
+    {"--seed", 'u', AT(seed), 0, 0},
+    {"--val-every", 'i', AT(val_every), 1, 0},
+    {"--val-batches", 'i', AT(val_batches), 1, 0},
+    {"--save-every", 'i', AT(save_every), 1, 0},
+    {"--warmup", 'i', AT(warmup), 0, 0},
+    {"--lr", 'f', AT(lr), 0, INFINITY},
+    {"--beta1", 'f', AT(beta1), 0, 0.999999999},
+    {"--beta2", 'f', AT(beta2), 0, 0.999999999},
+    {"--eps", 'f', AT(eps), 0, INFINITY},
+    {"--weight-decay", 'f', AT(weight_decay), 0, INFINITY},
+    {"--grad-clip", 'f', AT(grad_clip), 1e-30, INFINITY},
+    {"--lr-schedule", 'c', AT(cosine), 0, 0},
+};
+#undef AT
+
+static int usage_error(const char *tool, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_error(const char *tool, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: error: ", tool);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nTry '%s --help'.\n", tool);
+  va_end(ap);
+  return TP_ERR_USAGE;
+}
+
+static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const char *tool) {
+  char *at = (char *)o + s->offset, *end = NULL;
+  errno = 0;
+  switch (s->kind) {
+  case 's':
+    if (!*v) return usage_error(tool, "%s needs a non-empty value", s->flag);
+    *(const char **)at = v;
+    return TP_OK;
+  case 'c':
+    if (strcmp(v, "constant") != 0 && strcmp(v, "cosine") != 0)
+      return usage_error(tool, "%s must be constant or cosine, not '%s'", s->flag, v);
+    *(bool *)at = strcmp(v, "cosine") == 0;
+    return TP_OK;
+  case 'i': {
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || errno || x < (long long)s->lo)
+      return usage_error(tool, "%s needs an integer >= %d, not '%s'", s->flag, (int)s->lo, v);
+    *(int64_t *)at = x;
+    return TP_OK;
+  }
+  case 'u': {
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || errno || *v == '-')
+      return usage_error(tool, "%s needs a non-negative integer, not '%s'", s->flag, v);
+    *(uint64_t *)at = x;
+    return TP_OK;
+  }
+  default: {
+    double x = strtod(v, &end);
+    if (!*v || *end || errno || !(x >= s->lo && x <= s->hi))
+      return usage_error(tool, "%s needs a number in [%g, %g], not '%s'", s->flag, s->lo, s->hi, v);
+    *(double *)at = x;
+    return TP_OK;
+  }
+  }
+}
+
+/* TP_OK, TP_ERR_USAGE, or -1 after --help or --version. */
+static int parse_options(TrainOptions *o, int argc, char **argv, const char *tool, const TpPlan *P) {
+  *o = (TrainOptions){.steps = -1, .seed = 1, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+      printf(usage_text, tool, P->model ? P->model : "?", P->batch, P->seq, P->vocab);
+      return -1;
+    }
+    if (strcmp(arg, "--version") == 0) {
+      printf("%s: tokpipe trainer runtime %s; plan compiled by tokpipec %s from %s\n", tool,
+             TOKPIPE_VERSION, P->tokpipec_version ? P->tokpipec_version : "?", P->model ? P->model : "?");
+      return -1;
+    }
+    const char *eq = strchr(arg, '=');
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    const OptSpec *spec = NULL;
+    for (size_t k = 0; k < sizeof opt_specs / sizeof *opt_specs; k++)
+      if (strncmp(opt_specs[k].flag, arg, len) == 0 && opt_specs[k].flag[len] == 0) spec = &opt_specs[k];
+    if (!spec) {
+      if (arg[0] == '-') return usage_error(tool, "unknown option '%.*s'", (int)len, arg);
+      return usage_error(tool, "unexpected argument '%s'", arg);
+    }
+    const char *value = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+    if (!value) return usage_error(tool, "%s needs a value", spec->flag);
+    int rc = set_option(o, spec, value, tool);
+    if (rc) return rc;
+  }
+  if (!o->data && o->steps != 0) return usage_error(tool, "--data FILE is required");
+  if (!o->val_data && (o->val_every || o->val_batches))
+    return usage_error(tool, "--val-every and --val-batches need --val-data");
+  if (!o->save && o->save_every) return usage_error(tool, "--save-every needs --save");
+  if (o->init && o->resume)
+    return usage_error(tool, "--init and --resume exclude each other (a checkpoint holds the weights)");
+  return TP_OK;
+}
+
+/* ---- the plan ---- */
+
+static int check_plan(const TpPlan *P, TpDiag *d) {
+  if (P->abi != TP_PLAN_ABI)
+    return tp_internal(d, "the plan has ABI version %d, this runtime %d: compile it again with "
+                       "the tokpipec of this runtime", P->abi, TP_PLAN_ABI);
+  bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->nstages >= 1 && P->nparams >= 0 &&
+            P->nderived >= 0 && P->arena_bytes && P->forward && P->backward;
+  for (int s = 0; ok && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
+  for (int i = 0; ok && i < P->nparams; i++) {
+    const TpPlanParam *p = &P->params[i];
+    ok = p->name && p->source && p->rank >= 0 && p->rank <= TP_MAX_RANK;
+    for (int k = 0; ok && k < p->rank; k++) ok = p->dims[k] >= 0;
+  }
+  for (int k = 0; ok && k < P->nderived; k++) {
+    const TpPlanDerived *dv = &P->derived[k];
+    ok = dv->name && dv->param >= 0 && dv->param < P->nparams &&
+         (!dv->transpose || P->params[dv->param].rank == 2);
+  }
+  return ok ? TP_OK : tp_internal(d, "the compiled plan is malformed");
+}
+
+/* ---- buffers ---- */
+
+static void *alloc_zeroed(size_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;
+  void *p = aligned_alloc(64, bytes ? bytes : 64);
+  TP_ASSERT(p);
+  memset(p, 0, bytes ? bytes : 64);
+  return p;
+}
+
+static void alloc_buffers(Trainer *t) {
+  const TpPlan *P = t->plan;
+  size_t np = (size_t)(P->nparams ? P->nparams : 1);
+  t->param = calloc(np, sizeof *t->param);
+  t->grad = calloc(np, sizeof *t->grad);
+  t->m = calloc(np, sizeof *t->m);
+  t->v = calloc(np, sizeof *t->v);
+  t->numel = calloc(np, sizeof *t->numel);
+  t->arena = calloc((size_t)P->nstages, sizeof *t->arena);
+  TP_ASSERT(t->param && t->grad && t->m && t->v && t->numel && t->arena);
+  for (int i = 0; i < P->nparams; i++) {
+    t->numel[i] = tp_numel(P->params[i].rank, P->params[i].dims);
+    size_t bytes = (size_t)t->numel[i] * 4;
+    t->param[i] = alloc_zeroed(bytes);
+    t->grad[i] = alloc_zeroed(bytes);
+    if (P->params[i].trainable) t->m[i] = alloc_zeroed(bytes), t->v[i] = alloc_zeroed(bytes);
+  }
+  for (int s = 0; s < P->nstages; s++) t->arena[s] = alloc_zeroed(P->arena_bytes[s]);
+  size_t ntok = (size_t)(P->batch * P->seq);
+  t->tokens = malloc(ntok * sizeof *t->tokens);
+  t->targets = malloc(ntok * sizeof *t->targets);
+  TP_ASSERT(t->tokens && t->targets);
+}
+
+static void free_buffers(Trainer *t) {
+  for (int i = 0; t->param && i < t->plan->nparams; i++) {
+    free(t->param[i]);
+    free(t->grad[i]);
+    free(t->m[i]);
+    free(t->v[i]);
+  }
+  for (int s = 0; t->arena && s < t->plan->nstages; s++) free(t->arena[s]);
+  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->numel), free(t->arena);
+  free(t->tokens), free(t->targets);
+  tp_tokens_close(&t->train);
+  tp_tokens_close(&t->val);
+}
+
+/* ---- one step ---- */
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static TpStepIO step_io(Trainer *t) {
+  return (TpStepIO){.param = t->param, .grad = t->grad, .tokens = t->tokens, .targets = t->targets,
+                    .loss = NAN};
+}
+
+static void forward(Trainer *t, TpStepIO *io) {
+  for (int s = 0; s < t->plan->nstages; s++) {
+    io->arena = t->arena[s];
+    t->plan->forward[s](io);
+  }
+}
+
+static void backward(Trainer *t, TpStepIO *io) {
+  for (int s = t->plan->nstages - 1; s >= 0; s--) {
+    io->arena = t->arena[s];
+    t->plan->backward[s](io);
+  }
+}
+
+/* The learning rate of step (1-based): linear warmup, then constant or cosine to 0. */
+static double lr_at(const TrainOptions *o, int64_t step, int64_t total) {
+  int64_t i = step - 1;
+  if (i < o->warmup) return o->lr * (double)(i + 1) / (double)o->warmup;
+  if (!o->cosine) return o->lr;
+  double ratio = (double)(i - o->warmup) / (double)(total - o->warmup);
+  return o->lr * 0.5 * (1 + cos(M_PI * ratio));
+}
+
+static double grad_norm(Trainer *t) {
+  double sum = 0;
+  for (int i = 0; i < t->plan->nparams; i++)
+    if (t->m[i]) sum += tp_sum_squares_f32(t->grad[i], t->numel[i]);
+  return sqrt(sum);
+}
+
+/* The mean loss over the validation batches (forward only). */
+static double evaluate(Trainer *t) {
+  int64_t bt = t->plan->batch * t->plan->seq, n = t->o.val_batches;
+  double sum = 0;
+  for (int64_t j = 0; j < n; j++) {
+    tp_tokens_batch(&t->val, j * bt % t->val.count, t->plan->batch, t->plan->seq, t->tokens, t->targets);
+    TpStepIO io = step_io(t);
+    forward(t, &io);
+    sum += io.loss;
+  }
+  return sum / (double)n;
+}
+
+/* ---- logs ---- */
+
+/* The shortest decimal that reads back as the same float (as the same double when !single). */
+static void fmt_number(char *buf, size_t n, double x, bool single) {
+  if (!isfinite(x)) {
+    snprintf(buf, n, "null"); /* JSON has no NaN or infinity */
+    return;
+  }
+  for (int digits = single ? 6 : 15; digits <= 17; digits++) {
+    snprintf(buf, n, "%.*g", digits, x);
+    if (single ? strtof(buf, NULL) == (float)x : strtod(buf, NULL) == x) return;
+  }
+}
+
+typedef struct {
+  int64_t step;
+  float loss;
+  double lr, norm, ms, val_loss; /* val_loss NaN: not evaluated */
+} StepRecord;
+
+static void log_json(FILE *f, const StepRecord *r, int64_t tokens) {
+  char loss[40], lr[40], norm[40], val[40];
+  fmt_number(loss, sizeof loss, r->loss, true);
+  fmt_number(lr, sizeof lr, r->lr, false);
+  fmt_number(norm, sizeof norm, r->norm, true);
+  fprintf(f, "{\"step\": %" PRId64 ", \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"ms\": %.3f, "
+          "\"tokens_per_s\": %.1f", r->step, loss, lr, norm, r->ms, (double)tokens / (r->ms / 1e3));
+  if (!isnan(r->val_loss)) {
+    fmt_number(val, sizeof val, r->val_loss, true);
+    fprintf(f, ", \"val_loss\": %s", val);
+  }
+  fputs("}\n", f);
+}
+
+/* After a resume the log keeps the lines of the steps up to the checkpoint (dropping those
+ * of steps run after it before the interruption), then goes on. */
+static int open_log(Trainer *t, FILE **out) {
+  const char *path = t->o.log;
+  *out = NULL;
+  if (t->o.resume) {
+    FILE *f = fopen(path, "rb");
+    if (f) {
+      char *line = NULL, *kept = NULL;
+      size_t cap = 0, len = 0;
+      ssize_t n;
+      long long step;
+      while ((n = getline(&line, &cap, f)) > 0) {
+        if (sscanf(line, "{\"step\": %lld", &step) != 1 || step > t->step || line[n - 1] != '\n') continue;
+        kept = realloc(kept, len + (size_t)n);
+        TP_ASSERT(kept);
+        memcpy(kept + len, line, (size_t)n);
+        len += (size_t)n;
+      }
+      free(line);
+      fclose(f);
+      int rc = tp_write_file_atomic(path, kept ? kept : "", len, t->d);
+      free(kept);
+      if (rc) return rc;
+    }
+  }
+  *out = fopen(path, t->o.resume ? "a" : "w");
+  if (!*out) return tp_error(t->d, "cannot write '%s': %s", path, strerror(errno));
+  return TP_OK;
+}
+
+/* ---- the run ---- */
+
+static int prepare_save_dir(Trainer *t) {
+  struct stat st;
+  const char *dir = t->o.save;
+  if (stat(dir, &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) return tp_error(t->d, "--save '%s' is not a folder", dir);
+    if (access(dir, W_OK) != 0) return tp_error(t->d, "--save folder '%s' is not writable: %s", dir, strerror(errno));
+    char *path = train_checkpoint_path(dir);
+    int rc = stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? tp_error(t->d, "'%s' is a folder", path) : TP_OK;
+    free(path);
+    return rc;
+  }
+  if (errno != ENOENT) return tp_error(t->d, "--save folder '%s': %s", dir, strerror(errno));
+  return tp_check_writable(dir, "--save folder", t->d);
+}
+
+static int create_save_dir(Trainer *t) {
+  if (mkdir(t->o.save, 0777) != 0 && errno != EEXIST)
+    return tp_error(t->d, "cannot create the --save folder '%s': %s", t->o.save, strerror(errno));
+  return TP_OK;
+}
+
+static void print_progress(const Trainer *t, const StepRecord *r, int64_t total) {
+  int width = snprintf(NULL, 0, "%" PRId64, total);
+  fprintf(stderr, "step %*" PRId64 "/%" PRId64 " | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
+          width, r->step, total, r->loss, r->lr, r->norm, r->ms,
+          (double)(t->plan->batch * t->plan->seq) / (r->ms / 1e3));
+  if (!isnan(r->val_loss)) fprintf(stderr, " | val %.6f", r->val_loss);
+  fputc('\n', stderr);
+}
+
+static void kill_hook(const char *var, int64_t step) {
+  const char *s = getenv(var);
+  if (s && strtoll(s, NULL, 10) == step) raise(SIGKILL);
+}
+
+static int train(Trainer *t, FILE *log, int64_t total) {
+  const TpPlan *P = t->plan;
+  const TrainOptions *o = &t->o;
+  int64_t bt = P->batch * P->seq, first = t->step + 1;
+  for (int64_t step = first; step <= total; step++) {
+    double t0 = now_ms();
+    tp_tokens_batch(&t->train, t->data_pos, P->batch, P->seq, t->tokens, t->targets);
+    for (int i = 0; i < P->nparams; i++) memset(t->grad[i], 0, (size_t)t->numel[i] * 4);
+    TpStepIO io = step_io(t);
+    forward(t, &io);
+    backward(t, &io);
+    if (!isfinite(io.loss))
+      return tp_error(t->d, "the loss is %f at step %" PRId64 ": training diverged (lower --lr, or "
+                      "--grad-clip)", io.loss, step);
+    double norm = grad_norm(t), lr = lr_at(o, step, total);
+    double t_grads = now_ms();
+    if (step == first && o->dump_grads) {
+      t->step = step; /* the dump's metadata names the step */
+      int rc = train_dump(t, o->dump_grads, true);
+      if (rc) return rc;
+    }
+    double dump_ms = now_ms() - t_grads;
+    if (o->grad_clip > 0 && o->grad_clip / (norm + 1e-6) < 1) {
+      float coef = (float)(o->grad_clip / (norm + 1e-6));
+      for (int i = 0; i < P->nparams; i++)
+        if (t->m[i]) tp_scale_f32(t->grad[i], t->numel[i], coef);
+    }
+    for (int i = 0; i < P->nparams; i++)
+      if (t->m[i])
+        tp_adamw_step(t->param[i], t->grad[i], t->m[i], t->v[i], t->numel[i], lr, o->beta1, o->beta2,
+                      o->eps, o->weight_decay, step);
+    t->step = step;
+    t->data_pos = (t->data_pos + bt) % t->train.count;
+    StepRecord r = {step, io.loss, lr, norm, now_ms() - t0 - dump_ms, NAN};
+    if (o->val_data && (o->val_every ? step % o->val_every == 0 : step == total)) r.val_loss = evaluate(t);
+    if (log) {
+      log_json(log, &r, bt);
+      if (fflush(log) != 0) return tp_error(t->d, "cannot write '%s': %s", o->log, strerror(errno));
+    }
+    print_progress(t, &r, total);
+    if (o->save && (step == total || (o->save_every && step % o->save_every == 0))) {
+      int rc = train_save_checkpoint(t);
+      if (rc) return rc;
+    }
+    kill_hook("TOKPIPE_TEST_KILL_AFTER_STEP", step);
+  }
+  return TP_OK;
+}
+
+static int run(Trainer *t) {
+  const TpPlan *P = t->plan;
+  TrainOptions *o = &t->o;
+  int64_t need = P->batch * P->seq + 1;
+  int rc;
+  if (o->data && (rc = tp_tokens_open(o->data, P->vocab, need, &t->train, t->d))) return rc;
+  if (o->val_data && (rc = tp_tokens_open(o->val_data, P->vocab, need, &t->val, t->d))) return rc;
+  if (o->val_data && !o->val_batches) {
+    o->val_batches = (t->val.count - 1) / (need - 1);
+    if (o->val_batches > MAX_VAL_BATCHES) o->val_batches = MAX_VAL_BATCHES;
+  }
+  int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
+  o->steps = total;
+  if ((o->log && (rc = tp_check_writable(o->log, "--log", t->d))) ||
+      (o->dump_grads && (rc = tp_check_writable(o->dump_grads, "--dump-grads", t->d))) ||
+      (o->dump_weights && (rc = tp_check_writable(o->dump_weights, "--dump-weights", t->d))) ||
+      (o->export_onnx && (rc = tp_check_writable(o->export_onnx, "--export-onnx", t->d))) ||
+      (o->save && (rc = prepare_save_dir(t))) || (o->export_onnx && (rc = train_check_export(t))))
+    return rc;
+  alloc_buffers(t);
+  if ((rc = train_load_weights(t))) return rc;
+  if (o->dump_grads && t->step >= total)
+    return tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);
+  int64_t nel = 0, ntrain = 0;
+  for (int i = 0; i < P->nparams; i++) {
+    nel += t->numel[i];
+    if (P->params[i].trainable) ntrain += t->numel[i];
+  }
+  fprintf(stderr, "%s: %" PRId64 " parameters (%" PRId64 " trainable) in %d tensors; batch %" PRId64
+          " x seq %" PRId64 "; %" PRId64 " training tokens; steps %" PRId64 "..%" PRId64 "\n",
+          t->d->tool, nel, ntrain, P->nparams, P->batch, P->seq, t->train.count, t->step + 1, total);
+  FILE *log = NULL;
+  if ((o->save && (rc = create_save_dir(t))) || (o->log && (rc = open_log(t, &log)))) return rc;
+  rc = train(t, log, total);
+  if (log && fclose(log) != 0 && !rc) rc = tp_error(t->d, "cannot write '%s': %s", o->log, strerror(errno));
+  if (!rc && o->dump_weights) rc = train_dump(t, o->dump_weights, false);
+  if (!rc && o->export_onnx) rc = train_export_onnx(t);
+  return rc;
+}
+
+int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
+  const char *tool = argc > 0 && argv[0] ? argv[0] : "trainer";
+  if (strrchr(tool, '/')) tool = strrchr(tool, '/') + 1;
+  TpDiag d;
+  tp_diag_init(&d, tool, NULL, stderr);
+  Trainer t = {.plan = plan, .d = &d};
+  int rc = check_plan(plan, &d);
+  if (rc) return TP_ERR_INTERNAL;
+  rc = parse_options(&t.o, argc, argv, tool, plan);
+  if (rc) return rc < 0 ? 0 : rc;
+  rc = run(&t);
+  free_buffers(&t);
+  return rc;
+}

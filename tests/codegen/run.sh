@@ -1,0 +1,219 @@
+#!/bin/sh
+# run.sh CASE BIN_DIR SRC_DIR BUILD_DIR WORK_DIR CC: one code-generation test case. Prints
+# "ok ..." lines and exits 0, or "FAIL ..." lines and exits 1. The cases:
+#   golden    tiny_gpt.onnx's plan is byte for byte tiny_gpt.plan.c, and twice the same
+#             (TOKPIPE_UPDATE_GOLDEN=1 rewrites the golden file instead)
+#   werror    every fixture's plan compiles with -std=c11 -Wall -Wextra -Werror -pedantic
+#   errors    what codegen and --exe cannot do fails with one clear message and exit code
+#   memory    --emit=memory's report
+#   exe       tokpipec --exe (build tree): the trainer learns (loss finite, falling)
+#   pkgconfig cc plan.c $(pkg-config --cflags --libs tokpipe) with the build tree's .pc
+#   install   cmake --install into a temporary prefix; the installed tokpipec --exe and the
+#             installed tokpipe.pc both build trainers that learn
+case=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6
+root=$src/../..
+fixtures=$root/tests/fixtures
+tokpipec=$bin/tokpipec
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
+status=0
+
+fail() { echo "FAIL $case: $*"; status=1; }
+ok() { echo "ok $case: $*"; }
+
+# expect_exit CODE DESCRIPTION CMD...: runs CMD, checks its exit code; its stderr is in err.
+expect_exit() {
+  want=$1 what=$2
+  shift 2
+  "$@" >out.txt 2>err.txt
+  rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    fail "$what: exit code $rc, expected $want; stderr: $(cat err.txt)"
+    return 1
+  fi
+  return 0
+}
+
+# expect_message CODE DESCRIPTION TEXT CMD...: exit CODE, one stderr line holding TEXT.
+expect_message() {
+  want=$1 what=$2 text=$3
+  shift 3
+  expect_exit "$want" "$what" "$@" || return 1
+  if [ "$(wc -l <err.txt)" -ne 1 ] || ! grep -qF -- "$text" err.txt; then
+    fail "$what: expected one line with '$text', got: $(cat err.txt)"
+    return 1
+  fi
+  ok "$what: $(cat err.txt)"
+}
+
+# A deterministic ASCII text (token ids < 128, the fixtures' vocabulary) as a token file.
+make_data() {
+  i=0
+  while [ $i -lt 200 ]; do
+    echo "the quick brown fox $i jumps over the lazy dog; pack my box with five dozen jugs."
+    i=$((i + 1))
+  done >text.txt
+  "$bin/tokpipe-tokens" text.txt -o train.bin 2>/dev/null || { fail "tokpipe-tokens failed"; exit 1; }
+}
+
+# learns WHAT TRAINER: 40 steps; every loss finite, the last five lower than the first five.
+learns() {
+  what=$1 trainer=$2
+  expect_exit 0 "$what: training" "$trainer" --data train.bin --steps 40 --lr 0.003 --log log.jsonl || return
+  sed -E 's/.*"loss": ([^,}]*).*/\1/' log.jsonl >losses.txt
+  awk -v what="$what" '
+    $1 != $1 + 0 || $1 == "nan" || $1 == "inf" { print "not finite: " $1; bad = 1 }
+    NR <= 5 { first += $1 } { n = NR; last[NR % 5] = $1 }
+    END {
+      for (i in last) tail += last[i]
+      if (n != 40) { print "expected 40 steps, got " n; bad = 1 }
+      printf "first five %.4f, last five %.4f\n", first / 5, tail / 5
+      if (!(tail < first - 0.25)) { print "the loss did not fall"; bad = 1 }
+      exit bad
+    }' losses.txt >verdict.txt
+  if [ $? -eq 0 ]; then ok "$what learns: $(tail -1 verdict.txt)"; else fail "$what: $(tr '\n' ' ' <verdict.txt)"; fi
+}
+
+# A fixture with static shapes and vocabulary 128.
+model=$fixtures/gpt_o17_erf_tied_bias_static/model.onnx
+
+case $case in
+golden)
+  cd "$src" || exit 2 # the plan records the model path as given
+  "$tokpipec" tiny_gpt.onnx --emit=c -o "$work/plan.c" || { echo "FAIL golden: tokpipec failed"; exit 1; }
+  "$tokpipec" tiny_gpt.onnx --emit=c -o "$work/again.c"
+  if [ "${TOKPIPE_UPDATE_GOLDEN:-}" = 1 ]; then
+    cp "$work/plan.c" tiny_gpt.plan.c && ok "rewrote tiny_gpt.plan.c"
+  elif diff -u tiny_gpt.plan.c "$work/plan.c" >"$work/diff.txt"; then
+    ok "the plan of tiny_gpt.onnx is tiny_gpt.plan.c ($(wc -l <tiny_gpt.plan.c) lines)"
+  else
+    fail "the plan differs from tiny_gpt.plan.c (TOKPIPE_UPDATE_GOLDEN=1 to accept):"
+    head -40 "$work/diff.txt"
+  fi
+  if cmp -s "$work/plan.c" "$work/again.c"; then ok "deterministic"; else fail "two runs differ"; fi
+  ;;
+
+werror)
+  for dir in "$fixtures"/*/; do
+    name=$(basename "$dir")
+    [ -f "$dir/model.onnx" ] || continue
+    dims=$(cat "$dir/dims" 2>/dev/null)
+    # shellcheck disable=SC2086 # dims is a list of flags
+    if ! "$tokpipec" "$dir/model.onnx" $dims -o "$name.c" 2>err.txt; then
+      fail "$name: tokpipec: $(cat err.txt)"
+      continue
+    fi
+    if "$cc" -std=c11 -Wall -Wextra -Werror -pedantic -I"$root/runtime" -c "$name.c" -o "$name.o" 2>err.txt; then
+      ok "$name: $(wc -l <"$name.c") lines compile cleanly"
+    else
+      fail "$name: $(head -5 err.txt)"
+    fi
+  done
+  ;;
+
+errors)
+  cat >f16param.tir <<'EOF'
+tir 1 opset 17 source "f16param.tir"
+input %ids : i64[2, 4]
+param %scale : f16[4] = dense<[1, 1, 1, 1]>
+%x : f16[2, 4] = Cast(%ids)
+%y : f16[2, 4] = LayerNorm(%x, %scale) {axis = 1, epsilon = 1e-05} loc("/ln" LayerNormalization)
+output %y
+EOF
+  expect_message 3 "f16 parameter" "codegen: parameter 'scale' is f16" \
+    "$bin/tokpipe-opt" f16param.tir --emit=c
+  cat >f16op.tir <<'EOF'
+tir 1 opset 17 source "f16op.tir"
+input %ids : i64[2, 4]
+const %scale : f16[4] = dense<[1, 1, 1, 1]>
+%x : f16[2, 4] = Cast(%ids)
+%y : f16[2, 4] = LayerNorm(%x, %scale) {axis = 1, epsilon = 1e-05} loc("/ln" LayerNormalization)
+output %y
+EOF
+  expect_message 3 "unsupported op" "codegen: op LayerNorm (node '/ln') is not supported: 'x' is f16" \
+    "$bin/tokpipe-opt" f16op.tir --emit=c
+  cat >stages.tir <<'EOF'
+tir 1 opset 17 source "stages.tir"
+input %ids : i64[2, 4]
+%x : f32[2, 4] = Cast(%ids) loc("/cast" Cast)
+%y : f32[2, 4] = Neg(%x) @stage(1) loc("/neg" Neg)
+output %y
+EOF
+  expect_message 3 "value crossing stages" "'x' is computed in stage 0 and read in stage 1" \
+    "$bin/tokpipe-opt" stages.tir --emit=c
+  mkdir folder
+  # the compiler's own complaints, then tokpipec's line with the command
+  expect_exit 3 "compiler failure" "$tokpipec" "$model" --exe folder &&
+    if tail -1 err.txt | grep -F "the C compiler failed" | grep -qF -- "-o folder"; then
+      ok "compiler failure: $(tail -1 err.txt)"
+    else
+      fail "compiler failure: no line with the command in: $(cat err.txt)"
+    fi
+  [ "$(ls)" = "$(printf 'err.txt\nf16op.tir\nf16param.tir\nfolder\nout.txt\nstages.tir')" ] &&
+    ok "no temporary left behind"
+  expect_message 1 "--exe into a missing folder" "cannot create" "$tokpipec" "$model" --exe no/such/trainer
+  expect_exit 2 "--exe with --emit=ir" "$tokpipec" "$model" --exe t --emit=ir &&
+    ok "--exe with --emit=ir: $(head -1 err.txt)"
+  expect_message 1 "--batch against a static model" "token input 'idx' dim 0 is 2 but --batch is 3" \
+    "$tokpipec" "$model" --batch 3 --emit=memory
+  expect_exit 2 "--freeze with a bad regex" "$tokpipec" "$model" --freeze "(" &&
+    ok "--freeze with a bad regex: $(head -1 err.txt)"
+  ;;
+
+memory)
+  expect_exit 0 "--emit=memory" "$tokpipec" "$model" --emit=memory || exit 1
+  for line in "^stage 0: 90 ops \(44 forward, 46 backward\)" "^  arena +[0-9]+ bytes" \
+    "^  live peak +[0-9]+ bytes" "^  parameters +120320 bytes" "^  gradients +120320 bytes" \
+    "^  optimizer state +240640 bytes" "^  activations +[0-9]+ bytes"; do
+    grep -qE -- "$line" out.txt || fail "no '$line' in: $(cat out.txt)"
+  done
+  [ $status -eq 0 ] && ok "$(tr -s ' ' <out.txt | tr '\n' ';')"
+  dims=$(cat "$fixtures/gpt_o14_tanh_untied_nobias_dyn/dims")
+  # shellcheck disable=SC2086
+  expect_exit 0 "symbolic dims via --batch/--seq" "$tokpipec" "$fixtures/gpt_o14_tanh_untied_nobias_dyn/model.onnx" \
+    --batch 3 --seq 11 --emit=memory && "$tokpipec" "$fixtures/gpt_o14_tanh_untied_nobias_dyn/model.onnx" $dims \
+    --emit=memory >dims.txt && sed 's/--dim.*//' out.txt | cmp -s - dims.txt &&
+    ok "--batch 3 --seq 11 plans like $dims"
+  ;;
+
+exe)
+  make_data
+  expect_exit 0 "tokpipec --exe" "$tokpipec" "$model" --exe trainer -o plan.c -v || exit 1
+  grep -qF -- "-I$root/runtime" err.txt || grep -qF -- "runtime" err.txt || fail "not the build tree's headers: $(cat err.txt)"
+  ok "compiled: $(cat err.txt)"
+  learns "build-tree trainer" ./trainer
+  ;;
+
+pkgconfig)
+  make_data
+  "$tokpipec" "$model" -o plan.c || { fail "tokpipec failed"; exit 1; }
+  flags=$(PKG_CONFIG_PATH=$build pkg-config --cflags --libs tokpipe) || { fail "pkg-config tokpipe failed"; exit 1; }
+  # shellcheck disable=SC2086
+  expect_exit 0 "cc plan.c \$(pkg-config ...)" "$cc" plan.c $flags -o trainer || exit 1
+  ok "cc plan.c $flags"
+  learns "pkg-config trainer" ./trainer
+  ;;
+
+install)
+  make_data
+  expect_exit 0 "cmake --install" cmake --install "$build" --prefix "$work/prefix" || exit 1
+  for f in bin/tokpipec bin/tokpipe-opt bin/tokpipe-run include/tokpipe/tensor.h \
+    include/tokpipe/train/plan.h include/tokpipe/cpu/nn.h lib/pkgconfig/tokpipe.pc; do
+    [ -e "prefix/$f" ] || fail "not installed: $f"
+  done
+  expect_exit 0 "installed tokpipec --exe" prefix/bin/tokpipec "$model" --exe trainer1 -o plan.c -v || exit 1
+  grep -qF -- "-I$work/prefix/bin/../include/tokpipe" err.txt || fail "not the install tree's headers: $(cat err.txt)"
+  learns "installed tokpipec --exe" ./trainer1
+  flags=$(PKG_CONFIG_PATH=$work/prefix/lib/pkgconfig pkg-config --cflags --libs tokpipe) ||
+    { fail "pkg-config of the installed tokpipe.pc failed"; exit 1; }
+  case $flags in *"$work/prefix/"*) ;; *) fail "the installed .pc does not point into the prefix: $flags" ;; esac
+  # shellcheck disable=SC2086
+  expect_exit 0 "cc plan.c \$(pkg-config ...) (installed)" "$cc" plan.c $flags -o trainer2 || exit 1
+  learns "installed pkg-config" ./trainer2
+  ;;
+
+*)
+  echo "unknown case '$case'"
+  exit 2
+  ;;
+esac
+exit $status

@@ -1,0 +1,134 @@
+/* The safetensors writer and reader (runtime/train/safetensors.h): a round trip of several
+ * dtypes, escaped names and metadata; the header's layout; and each malformed file the
+ * reader must refuse, with its message.
+ *   test_safetensors WORK_DIR */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "runtime/train/safetensors.h"
+
+static int failures;
+static char path[4096];
+
+static void expect(bool ok, const char *what) {
+  printf("%s %s\n", ok ? "ok" : "FAIL", what);
+  failures += !ok;
+}
+
+/* Writes a file of header text `json` (its length as the prefix) and `data_bytes` zeros. */
+static void write_raw(const char *json, size_t data_bytes) {
+  FILE *f = fopen(path, "wb");
+  uint64_t n = strlen(json);
+  fwrite(&n, 8, 1, f);
+  fputs(json, f);
+  for (size_t i = 0; i < data_bytes; i++) fputc(0, f);
+  fclose(f);
+}
+
+static void expect_refused(const char *json, size_t data_bytes, const char *message) {
+  TpDiag d;
+  tp_diag_init(&d, "test", NULL, NULL);
+  TpSafetensors st;
+  write_raw(json, data_bytes);
+  int rc = tp_safetensors_load(path, &st, &d);
+  char what[1400];
+  snprintf(what, sizeof what, "refused with '%s' (got: %s)", message, rc ? d.last : "accepted");
+  expect(rc == TP_ERR_INPUT && strstr(d.last, message), what);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) return 2;
+  mkdir(argv[1], 0777);
+  snprintf(path, sizeof path, "%s/t.safetensors", argv[1]);
+  TpDiag d;
+  tp_diag_init(&d, "test", NULL, stderr);
+
+  float a[6] = {1, -2, 3.5f, 1e-30f, -0.0f, 7};
+  int64_t b[4] = {-1, 0, INT64_MAX, 42};
+  uint16_t h = 0x3c00;
+  uint8_t u[3] = {1, 2, 3};
+  TpNamedTensor ts[] = {
+      {"zeta \"quoted\" \\ \x01", {TP_F32, 2, {2, 3}, a}},
+      {"alpha.ünï", {TP_I64, 1, {4}, b}},
+      {"scalar", {TP_F16, 0, {0}, &h}},
+      {"bytes", {TP_U8, 1, {3}, u}},
+  };
+  const char *meta[] = {"step", "7", "note", "tab\there", NULL};
+  expect(tp_safetensors_save(path, ts, 4, meta, &d) == TP_OK, "saved");
+  TpSafetensors st;
+  expect(tp_safetensors_load(path, &st, &d) == TP_OK && st.n == 4, "loaded 4 tensors");
+  bool same = true;
+  for (int i = 0; i < 4; i++) {
+    const TpTensor *t = tp_safetensors_find(&st, ts[i].name);
+    same &= t && t->dtype == ts[i].t.dtype && t->rank == ts[i].t.rank &&
+            memcmp(t->dims, ts[i].t.dims, (size_t)t->rank * 8) == 0 &&
+            memcmp(t->data, ts[i].t.data, tp_tensor_bytes(t)) == 0;
+  }
+  expect(same, "every tensor reads back with its name, dtype, shape and bytes");
+  expect(strcmp(st.tensors[0].name, "alpha.ünï") == 0 && strcmp(st.tensors[3].name, ts[0].name) == 0,
+         "tensors come sorted by name");
+  expect(st.nmeta == 2 && strcmp(tp_safetensors_meta(&st, "note"), "tab\there") == 0 &&
+         strcmp(tp_safetensors_meta(&st, "step"), "7") == 0 && !tp_safetensors_meta(&st, "x"),
+         "metadata reads back");
+  expect(!tp_safetensors_find(&st, "nope"), "an absent name is NULL");
+  tp_safetensors_free(&st);
+
+  FILE *f = fopen(path, "rb");
+  uint64_t hlen;
+  char head[64] = {0};
+  fread(&hlen, 8, 1, f);
+  fread(head, 1, 40, f);
+  fclose(f);
+  expect(hlen % 8 == 0, "the data starts 8-byte aligned");
+  expect(strncmp(head, "{\"__metadata__\":{\"step\":\"7\"", 27) == 0, "the header starts with the metadata");
+
+  /* an escaped \u name and a surrogate pair */
+  write_raw("{\"\\u00e9\\ud83d\\ude00\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
+  expect(tp_safetensors_load(path, &st, &d) == TP_OK && st.n == 1 &&
+         strcmp(st.tensors[0].name, "\xc3\xa9\xf0\x9f\x98\x80") == 0, "\\u escapes decode to UTF-8");
+  tp_safetensors_free(&st);
+  write_raw("{\"x\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4],\"extra\":[1,{\"a\":null}]}}", 4);
+  expect(tp_safetensors_load(path, &st, &d) == TP_OK && st.n == 1, "unknown fields are skipped");
+  tp_safetensors_free(&st);
+
+  f = fopen(path, "wb");
+  fwrite("abc", 1, 3, f);
+  fclose(f);
+  {
+    TpDiag q;
+    tp_diag_init(&q, "test", NULL, NULL);
+    expect(tp_safetensors_load(path, &st, &q) && strstr(q.last, "shorter than its 8-byte header length"),
+           "a 3-byte file is refused");
+  }
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, "expected '}'");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4,
+                 "tensor 'x' has data_offsets [0, 8] outside the 4 data bytes");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
+                 "tensor 'x' has 8 data bytes, its shape needs 12");
+  expect_refused("{\"x\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+                 "tensor 'x' has unsupported dtype 'Q4'");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                 "\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "tensors 'x' and 'y' overlap");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "tensor 'x' is listed twice");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+                 "expected a non-negative integer");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "tensor 'x' lacks dtype, shape or data_offsets");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", 4, "text after the header object");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 0,
+                 "outside the 0 data bytes");
+  {
+    TpDiag q;
+    tp_diag_init(&q, "test", NULL, NULL);
+    f = fopen(path, "wb");
+    uint64_t huge = 1000;
+    fwrite(&huge, 8, 1, f);
+    fputs("{}", f);
+    fclose(f);
+    expect(tp_safetensors_load(path, &st, &q) && strstr(q.last, "header length 1000 exceeds the file"),
+           "a header length beyond the file is refused");
+  }
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,321 @@
+/* Unit tests of retie-params and raise-transformer on hand-written IR: every export form
+ * (including those the fixtures lack) raises to the expected ops, every near miss stays
+ * primitive, and in all cases the module computes the same outputs before and after the
+ * passes (reference interpreter, random inputs): the passes must never change numerics. */
+#include "ir/ir.h"
+#include "runtime/interp/interp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                                          \
+    }                                                                      \
+  } while (0)
+
+typedef struct {
+  const char *name;
+  const char *ir;     /* the module, without its "tir 1 opset 17" line */
+  const char *expect; /* "Op=N ..." op counts after the passes */
+} Case;
+
+/* Attention operands [B=1, H=2, T=4, D=3] and the masks exporters write. */
+#define HEADS                                                                              \
+  "input %q : f32[1, 2, 4, 3]\n"                                                          \
+  "input %k : f32[1, 2, 4, 3]\n"                                                          \
+  "input %v : f32[1, 2, 4, 3]\n"                                                          \
+  "const %half : f32[] = dense<0.5>\n"                                                    \
+  "const %two : f32[1] = dense<2>\n"                                                      \
+  "const %ninf : f32[] = dense<-inf>\n"                                                   \
+  "const %min : f32[] = dense<-3.4028235e+38>\n"                                          \
+  "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
+  "true, true, true, false, true, true, true, true]>\n"                                   \
+  "const %upper : bool[1, 1, 4, 4] = dense<[false, true, true, true, false, false, true, " \
+  "true, false, false, false, true, false, false, false, false]>\n"                       \
+  "const %additive : f32[4, 4] = dense<[0, -inf, -inf, -inf, 0, 0, -inf, -inf, 0, 0, 0, " \
+  "-inf, 0, 0, 0, 0]>\n"
+#define SCORES                                                    \
+  "%kt : f32[1, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n" \
+  "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
+#define ATTEND(mask)                                      \
+  "%p : f32[1, 2, 4, 4] = Softmax(" mask ") {axis = 3}\n" \
+  "%y : f32[1, 2, 4, 3] = MatMul(%p, %v)\n"               \
+  "output %y\n"
+
+/* x [2, 3, 4] normalised over its last axis; the chain up to n = (x - mean) / sqrt(var + eps). */
+#define LN_INPUTS                                                         \
+  "input %x : f32[2, 3, 4]\n"                                             \
+  "param %g : f32[4] = dense<[-0.521, -0.195, -0.807, 0.936]>\n"          \
+  "param %b : f32[4] = dense<[-0.57, 0.344, -0.399, 0.748]>\n"            \
+  "const %two : f32[] = dense<2>\n"                                       \
+  "const %three : f32[] = dense<3>\n"                                     \
+  "const %eps : f32[] = dense<1e-05>\n"
+#define LN_CHAIN(square, axis, stat)                                               \
+  "%mu : f32" stat " = ReduceMean(%x) {axes = [" axis "], keepdims = 1}\n"          \
+  "%d : f32[2, 3, 4] = Sub(%x, %mu)\n"                                             \
+  "%sq : f32[2, 3, 4] = " square "\n"                                              \
+  "%var : f32" stat " = ReduceMean(%sq) {axes = [" axis "], keepdims = 1}\n"        \
+  "%ve : f32" stat " = Add(%eps, %var)\n"                                          \
+  "%sd : f32" stat " = Sqrt(%ve)\n"                                                \
+  "%n : f32[2, 3, 4] = Div(%d, %sd)\n"
+
+#define GELU_INPUTS                          \
+  "input %x : f32[2, 5]\n"                   \
+  "const %one : f32[] = dense<1>\n"          \
+  "const %half : f32[] = dense<0.5>\n"       \
+  "const %three : f32[] = dense<3>\n"        \
+  "const %sqrt2 : f32[] = dense<1.4142135>\n" \
+  "const %rsqrt2 : f32[] = dense<0.70710677>\n" \
+  "const %k : f32[] = dense<0.044715>\n"     \
+  "const %c : f32[] = dense<0.7978846>\n"
+#define TANH_CHAIN(coef)                          \
+  "%x3 : f32[2, 5] = Pow(%x, %three)\n"           \
+  "%kx3 : f32[2, 5] = Mul(%x3, " coef ")\n"       \
+  "%in : f32[2, 5] = Add(%x, %kx3)\n"             \
+  "%z : f32[2, 5] = Mul(%in, %c)\n"               \
+  "%t : f32[2, 5] = Tanh(%z)\n"                   \
+  "%u : f32[2, 5] = Add(%t, %one)\n"              \
+  "%xu : f32[2, 5] = Mul(%x, %u)\n"               \
+  "%y : f32[2, 5] = Mul(%xu, %half)\n"            \
+  "output %y\n"
+
+#define W45 "dense<[0.25, 0.794, 0.551, -0.55, -0.4, 0.747, -0.989, 0.642, 0.594, -0.064, -0.394, " \
+            "-0.443, -0.49, -0.11, 0.009, 0.107, 0.991, 0.585, 0.244, 0.978]>"
+#define W54 "dense<[0.484, -0.817, 0.082, 0.016, 0.743, -0.277, 0.196, -0.881, -0.225, -0.354, " \
+            "-0.7, 0.633, -0.241, 0.957, 0.18, 0.21, 0.276, 0.353, -0.698, -0.119]>"
+#define B5 "dense<[-0.569, -0.68, 0.225, -0.912, -0.929]>"
+#define TABLE "dense<[0.324, -0.737, 0.69, 0.89, 0.808, 0.139, -0.709, -0.615, 0.856, 0.105, " \
+              "-0.639, 0.768, 0.283, 0.139, -0.247, -0.178, -0.521, -0.924, 0.752, -0.065, 0.095, " \
+              "-0.356, 0.503, -0.95]>"
+#define TABLE_T "dense<[0.324, 0.808, 0.856, 0.283, -0.521, 0.095, -0.737, 0.139, 0.105, 0.139, " \
+                "-0.924, -0.356, 0.69, -0.709, -0.639, -0.247, 0.752, 0.503, 0.89, -0.615, 0.768, " \
+                "-0.178, -0.065, -0.95]>"
+
+static const Case cases[] = {
+    /* causal self-attention */
+    {"attention: Where(tril, scores, finfo.min) after Mul(scale)",
+     HEADS SCORES "%ss : f32[1, 2, 4, 4] = Mul(%half, %s)\n"
+                  "%m : f32[1, 2, 4, 4] = Where(%lower, %ss, %min)\n" ATTEND("%m"),
+     "Attention=1 Softmax=0 MatMul=0 Where=0 Mul=0 Transpose=0"},
+    {"attention: Where(triu, -inf, scores) before Div(scale), K^T folded into the head transpose",
+     HEADS "input %kh : f32[1, 4, 2, 3]\n"
+           "%kt : f32[1, 2, 3, 4] = Transpose(%kh) {perm = [0, 2, 3, 1]}\n"
+           "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
+           "%m : f32[1, 2, 4, 4] = Where(%upper, %ninf, %s)\n"
+           "%ss : f32[1, 2, 4, 4] = Div(%m, %two)\n" ATTEND("%ss"),
+     "Attention=1 Softmax=0 Where=0 Div=0 Transpose=1"},
+    {"attention: additive mask, no scale, K^T given",
+     HEADS "input %kt : f32[1, 2, 3, 4]\n"
+           "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
+           "%m : f32[1, 2, 4, 4] = Add(%additive, %s)\n" ATTEND("%m"),
+     "Attention=1 Softmax=0 Add=0 Transpose=1"},
+    {"attention: mask computed from a float tril buffer (no constant folding)",
+     HEADS "param %buf : f32[1, 1, 6, 6] = dense<[1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, "
+           "1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1]>\n"
+           "const %zero : f32[] = dense<0>\n" SCORES
+           "%ss : f32[1, 2, 4, 4] = Mul(%s, %half)\n"
+           "%sl : f32[1, 1, 4, 4] = Slice(%buf) {starts = [0, 0, 0, 0], steps = [1, 1, 1, 1]}\n"
+           "%drop : bool[1, 1, 4, 4] = Equal(%sl, %zero)\n"
+           "%m : f32[1, 2, 4, 4] = Where(%drop, %ninf, %ss)\n" ATTEND("%m"),
+     "Attention=1 Softmax=0 Slice=0 Equal=0 Where=0"},
+    {"not attention: anti-causal mask",
+     HEADS SCORES "%m : f32[1, 2, 4, 4] = Where(%upper, %s, %ninf)\n" ATTEND("%m"),
+     "Attention=0 Softmax=1 MatMul=2 Where=1"},
+    {"not attention: no mask",
+     HEADS SCORES ATTEND("%s"), "Attention=0 Softmax=1 MatMul=2"},
+    {"not attention: additive mask the wrong way round",
+     HEADS SCORES "%m : f32[1, 2, 4, 4] = Sub(%s, %additive)\n" ATTEND("%m"), "Attention=0 Softmax=1"},
+
+    /* LayerNorm */
+    {"layernorm: opset < 17 chain, affine operands first",
+     LN_INPUTS LN_CHAIN("Pow(%d, %two)", "2", "[2, 3, 1]") "%sc : f32[2, 3, 4] = Mul(%g, %n)\n"
+                                              "%y : f32[2, 3, 4] = Add(%b, %sc)\n"
+                                              "output %y\n",
+     "LayerNorm=1 ReduceMean=0 Sub=0 Pow=0 Sqrt=0 Div=0 Mul=0 Add=0"},
+    {"layernorm: Mul(d, d) and no affine part (scale of ones)",
+     LN_INPUTS LN_CHAIN("Mul(%d, %d)", "2", "[2, 3, 1]") "output %n\n", "LayerNorm=1 Mul=0 Div=0"},
+    {"not layernorm: cubed", LN_INPUTS LN_CHAIN("Pow(%d, %three)", "2", "[2, 3, 1]") "output %n\n", "LayerNorm=0 Div=1"},
+    {"not layernorm: over another axis", LN_INPUTS LN_CHAIN("Pow(%d, %two)", "1", "[2, 1, 4]") "output %n\n",
+     "LayerNorm=0 Div=1"},
+
+    /* GELU */
+    {"gelu: erf(x * 1/sqrt2), u * (x * 0.5)",
+     GELU_INPUTS "%a : f32[2, 5] = Mul(%rsqrt2, %x)\n"
+                 "%e : f32[2, 5] = Erf(%a)\n"
+                 "%u : f32[2, 5] = Add(%one, %e)\n"
+                 "%hx : f32[2, 5] = Mul(%x, %half)\n"
+                 "%y : f32[2, 5] = Mul(%u, %hx)\n"
+                 "output %y\n",
+     "Gelu=1 Erf=0 Mul=0 Add=0"},
+    {"gelu: erf(x / sqrt2), x * (u * 0.5)",
+     GELU_INPUTS "%a : f32[2, 5] = Div(%x, %sqrt2)\n"
+                 "%e : f32[2, 5] = Erf(%a)\n"
+                 "%u : f32[2, 5] = Add(%e, %one)\n"
+                 "%h : f32[2, 5] = Mul(%u, %half)\n"
+                 "%y : f32[2, 5] = Mul(%x, %h)\n"
+                 "output %y\n",
+     "Gelu=1 Erf=0 Div=0 Mul=0"},
+    {"gelu: tanh with Pow(x, 3)", GELU_INPUTS TANH_CHAIN("%k"), "Gelu=1 Tanh=0 Pow=0 Mul=0 Add=0"},
+    {"not gelu: tanh coefficient 0.0447", GELU_INPUTS "const %k2 : f32[] = dense<0.0447>\n" TANH_CHAIN("%k2"),
+     "Gelu=0 Tanh=1"},
+    {"not gelu: erf(x / 2)",
+     GELU_INPUTS "const %two : f32[] = dense<2>\n"
+                 "%a : f32[2, 5] = Div(%x, %two)\n"
+                 "%e : f32[2, 5] = Erf(%a)\n"
+                 "%u : f32[2, 5] = Add(%e, %one)\n"
+                 "%h : f32[2, 5] = Mul(%u, %half)\n"
+                 "%y : f32[2, 5] = Mul(%x, %h)\n"
+                 "output %y\n",
+     "Gelu=0 Erf=1"},
+
+    /* Linear, Embedding, re-tying */
+    {"linear: MatMul + Add(bias first), MatMul of Transpose(W)",
+     "input %x : f32[2, 3, 4]\n"
+     "param %w : f32[4, 5] = " W45 "\n"
+     "param %bias : f32[5] = " B5 "\n"
+     "param %wt : f32[5, 4] = " W54 "\n"
+     "%mm : f32[2, 3, 5] = MatMul(%x, %w)\n"
+     "%y : f32[2, 3, 5] = Add(%bias, %mm)\n"
+     "%t : f32[4, 5] = Transpose(%wt) {perm = [1, 0]}\n"
+     "%y2 : f32[2, 3, 5] = MatMul(%x, %t)\n"
+     "output %y\n"
+     "output %y2\n",
+     "Linear=2 MatMul=0 Add=0 Transpose=0"},
+    {"linear: Reshape -> Gemm(transB) -> Reshape",
+     "input %x : f32[2, 3, 4]\n"
+     "param %w : f32[5, 4] = " W54 "\n"
+     "param %bias : f32[5] = " B5 "\n"
+     "%f : f32[6, 4] = Reshape(%x)\n"
+     "%g : f32[6, 5] = Gemm(%f, %w, %bias) {alpha = 1.0, beta = 1.0, transA = 0, transB = 1}\n"
+     "%y : f32[2, 3, 5] = Reshape(%g)\n"
+     "output %y\n",
+     "Linear=1 Gemm=0 Reshape=0"},
+    {"not linear: Gemm alpha 2, MatMul of two activations",
+     "input %x : f32[6, 4]\n"
+     "input %z : f32[4, 5]\n"
+     "param %w : f32[4, 5] = " W45 "\n"
+     "%g : f32[6, 5] = Gemm(%x, %w) {alpha = 2.0, beta = 1.0, transA = 0, transB = 0}\n"
+     "%mm : f32[6, 5] = MatMul(%x, %z)\n"
+     "output %g\n"
+     "output %mm\n",
+     "Linear=0 Gemm=1 MatMul=1"},
+    {"embedding, and a Gather along another axis that is not one",
+     "input %ids : i64[2, 3]\n"
+     "param %table : f32[6, 4] = " TABLE "\n"
+     "%e : f32[2, 3, 4] = Gather(%table, %ids) {axis = 0}\n"
+     "%g : f32[6, 2, 3] = Gather(%table, %ids) {axis = 1}\n"
+     "output %e\n"
+     "output %g\n",
+     "Embedding=1 Gather=1"},
+    {"retie: a tied LM head exported as a transposed copy of the table",
+     "input %ids : i64[2, 3]\n"
+     "param %wte : f32[6, 4] = " TABLE "\n"
+     "param %head : f32[4, 6] = " TABLE_T "\n"
+     "%e : f32[2, 3, 4] = Gather(%wte, %ids) {axis = 0}\n"
+     "%y : f32[2, 3, 6] = MatMul(%e, %head)\n"
+     "output %y\n",
+     "Embedding=1 Linear=1 Transpose=1 Gather=0 MatMul=0"},
+};
+
+/* Deterministic inputs: floats in [-2, 2), integers in [0, 4) (valid ids for the tables
+ * above), bools at random. */
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double uniform(void) {
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+static TpTensor random_input(const TpType *t) {
+  TpTensor x = {.dtype = t->dtype, .rank = t->rank};
+  memcpy(x.dims, t->dims, sizeof x.dims);
+  int64_t n = tp_tensor_numel(&x);
+  x.data = calloc((size_t)n + 1, tp_dtype_size(t->dtype));
+  TP_ASSERT(x.data);
+  for (int64_t i = 0; i < n; i++) {
+    if (t->dtype == TP_F32) ((float *)x.data)[i] = (float)(4 * uniform() - 2);
+    else if (t->dtype == TP_I64) ((int64_t *)x.data)[i] = (int64_t)(4 * uniform());
+    else if (t->dtype == TP_BOOL) ((uint8_t *)x.data)[i] = uniform() < 0.5;
+    else TP_ASSERT(!"unexpected input dtype");
+  }
+  return x;
+}
+
+static int count_ops(const TpModule *m, const char *name) {
+  int n = 0;
+  for (int o = 0; o < m->nops; o++) n += !m->ops[o].dead && strcmp(tp_op_info[m->ops[o].kind].name, name) == 0;
+  return n;
+}
+
+/* Every "Op=N" of the expectation holds. */
+static bool counts_match(const TpModule *m, const char *expect, const char *label) {
+  bool ok = true;
+  char op[64];
+  int want, len;
+  for (const char *p = expect; sscanf(p, " %63[A-Za-z]=%d%n", op, &want, &len) == 2; p += len) {
+    int got = count_ops(m, op);
+    if (got != want) {
+      fprintf(stderr, "%s: %d %s, expected %d\n", label, got, op, want);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+/* Same outputs within float rounding (NaN where the other has NaN). */
+static bool outputs_match(const TpTensor *a, const TpTensor *b, int n, const char *label) {
+  bool ok = true;
+  for (int i = 0; i < n; i++) {
+    TP_ASSERT(a[i].dtype == TP_F32);
+    for (int64_t k = 0, numel = tp_tensor_numel(&a[i]); k < numel; k++) {
+      double x = ((const float *)a[i].data)[k], y = ((const float *)b[i].data)[k];
+      if (isnan(x) || isnan(y) ? isnan(x) != isnan(y) : fabs(x - y) > 1e-5 + 1e-5 * fabs(x)) {
+        fprintf(stderr, "%s: output %d element %lld: %.9g before, %.9g after\n", label, i, (long long)k, x, y);
+        ok = false;
+        break;
+      }
+    }
+  }
+  return ok;
+}
+
+static void run_case(const Case *c) {
+  static const char *const passes[] = {"fold-constants", "dce", "retie-params", "raise-transformer", "dce"};
+  char text[8192];
+  snprintf(text, sizeof text, "tir 1 opset 17\n%s", c->ir);
+  TpDiag d;
+  tp_diag_init(&d, "test_raise", c->name, stderr);
+  TpModule *m = NULL;
+  int rc = tp_parse_module(text, strlen(text), c->name, &m, &d);
+  CHECK(rc == TP_OK);
+  if (rc != TP_OK) return;
+  CHECK(tp_verify(m, &d) == TP_OK);
+  int nin = m->ninputs, nout = m->noutputs;
+  TpTensor in[8], before[8], after[8];
+  TP_ASSERT(nin <= 8 && nout <= 8);
+  for (int i = 0; i < nin; i++) in[i] = random_input(&m->values[m->inputs[i]].type);
+  CHECK(tp_interp_run(m, in, before, &d) == TP_OK);
+  TpPassOptions po = {.verify_each = true};
+  CHECK(tp_run_passes(m, passes, 5, &po, &d) == TP_OK);
+  if (!counts_match(m, c->expect, c->name)) failures++;
+  CHECK(m->ninputs == nin);
+  CHECK(tp_interp_run(m, in, after, &d) == TP_OK);
+  if (!outputs_match(before, after, nout, c->name)) failures++;
+  for (int i = 0; i < nin; i++) free(in[i].data);
+  for (int i = 0; i < nout; i++) free(before[i].data), free(after[i].data);
+  tp_module_free(m);
+}
+
+int main(void) {
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+  if (failures) {
+    fprintf(stderr, "test_raise: %d failure(s)\n", failures);
+    return 1;
+  }
+  printf("test_raise: %zu cases ok\n", sizeof cases / sizeof *cases);
+  return 0;
+}

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Write PyTorch training references for the small GPT fixtures (like llm.c's test_gpt2).
+
+For each model in tests/fixtures/<name>/ (exported by export_gpt_fixtures.py, whose model
+definitions this script reuses), train/ gets:
+    train.bin          B*T*10+1 tokens in llm.c's format (int32 header of 256 words: magic
+                       20240520, version 1, token count; then uint16 tokens)
+    grads.safetensors  every parameter gradient of step 1, f32, keyed by ONNX initializer name
+    losses.jsonl       {"step": k, "loss": x} for the 10 steps of torch.optim.AdamW
+    args               the flags the parity test passes: a `tokpipec ...` line (batch, seq)
+                       and a `trainer ...` line (the optimizer settings used here)
+
+Batch k uses the B*T+1 tokens starting at k*B*T (wrapping): inputs are the first B*T as B
+rows of T, targets the same shifted by one; the loss is the mean cross-entropy over B*T.
+
+Gradients are mapped to the ONNX initializers the exporter wrote: a constant-folded
+transposed weight (onnx::MatMul_N) gets the transposed gradient, a folded position table
+(wpe[:T]) the gradient of those rows, a tied head's copy of wte the transposed gradient of
+the whole (tied) wte, and an Identity alias of a de-duplicated LayerNorm weight is keyed by
+the Identity's output name. Buffers (causal masks) are constants, not parameters.
+
+Regenerate (Debian 12's python3-torch 1.13 and python3-onnx; deterministic, one thread):
+    /usr/bin/python3 tools/make_parity_fixtures.py
+"""
+import json
+import os
+import struct
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from onnx import numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import export_gpt_fixtures as fx  # noqa: E402  (the model definitions and variants)
+
+STEPS = 10
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+TOKEN_MAGIC, TOKEN_VERSION = 20240520, 1
+
+
+def write_tokens(path, tokens):
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (TOKEN_MAGIC, TOKEN_VERSION, len(tokens))
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+
+
+def write_safetensors(path, tensors, metadata):
+    """safetensors: u64 LE header size, JSON header (padded to 8 bytes), raw LE data."""
+    header, offset = {"__metadata__": metadata}, 0
+    for name in sorted(tensors):
+        a = tensors[name]
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name in sorted(tensors):
+            f.write(np.ascontiguousarray(tensors[name], dtype="<f4").tobytes())
+
+
+def make_tokens(n, vocab, seed):
+    """A learnable stream, so ten steps already lower the loss: each token is followed by a
+    fixed successor three times in four, by a uniformly drawn token otherwise."""
+    gen = torch.Generator().manual_seed(seed)
+    successor = torch.randperm(vocab, generator=gen)
+    noise = torch.randint(0, vocab, (n,), generator=gen)
+    keep = torch.rand(n, generator=gen) < 0.75
+    tokens = noise.clone()
+    for i in range(1, n):
+        tokens[i] = successor[tokens[i - 1]] if keep[i] else noise[i]
+    return tokens
+
+
+def batch(tokens, k, B, T):
+    n = B * T
+    ix = (torch.arange(n + 1) + k * n) % len(tokens)
+    chunk = tokens[ix]
+    return chunk[:-1].view(B, T), chunk[1:].view(B, T)
+
+
+def onnx_params(proto, model):
+    """ONNX initializer (or Identity alias) name -> (torch parameter, form), form one of
+    'copy', 'T' (2-D transpose) or ('rows', n) (the first n rows)."""
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer
+             if i.data_type == onnx.TensorProto.FLOAT}
+    alias = {n.output[0]: n.input[0] for n in proto.graph.node
+             if n.op_type == "Identity" and n.input[0] in inits}
+    params = {k: p.detach().numpy() for k, p in model.named_parameters()}
+    buffers = {k for k, _ in model.named_buffers()}
+    forms = {}
+    for name in list(inits) + list(alias):
+        value = inits[alias.get(name, name)]
+        if name in buffers:
+            continue
+        if name in params:  # the exporter kept the parameter's name (maybe via Identity)
+            assert np.array_equal(params[name], value), f"{name}: ONNX value differs from torch"
+            forms[name] = (name, "copy")
+            continue
+        found = []
+        for pname, p in params.items():
+            if p.shape == value.shape and np.array_equal(p, value):
+                found.append((pname, "copy"))
+            if p.ndim == 2 and p.T.shape == value.shape and np.array_equal(p.T, value):
+                found.append((pname, "T"))
+            if (p.ndim == 2 and value.ndim == 2 and value.shape[0] < p.shape[0]
+                    and value.shape[1] == p.shape[1] and np.array_equal(p[:value.shape[0]], value)):
+                found.append((pname, ("rows", value.shape[0])))
+        assert len(found) == 1, f"initializer {name}: matches {found or 'no parameter'}"
+        forms[name] = found[0]
+    missing = set(params) - {p for p, _ in forms.values()}
+    assert not missing, f"parameters with no ONNX initializer: {sorted(missing)}"
+    return forms
+
+
+def mapped(grads, forms):
+    out = {}
+    for name, (pname, form) in forms.items():
+        g = grads[pname]
+        out[name] = g.T if form == "T" else g[:form[1]] if isinstance(form, tuple) else g
+    return out
+
+
+def train(v, tokens, B, T, dtype):
+    """The fixture's model as exported, trained for STEPS AdamW steps.
+    Returns (model at init, step-1 gradients by parameter name, losses)."""
+    torch.manual_seed(v.seed)   # the same draws as export_gpt_fixtures.py: identical weights
+    model = fx.GPT(v)
+    init = {k: p.detach().clone() for k, p in model.named_parameters()}
+    model.to(dtype)
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    grads, losses = None, []
+    for k in range(STEPS):
+        x, y = batch(tokens, k, B, T)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x).view(B * T, -1), y.view(-1))
+        loss.backward()
+        if k == 0:
+            grads = {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()}
+        losses.append(loss.item())
+        opt.step()
+    with torch.no_grad():   # back to the initial weights, for the ONNX name mapping
+        for n, p in model.named_parameters():
+            p.copy_(init[n])
+    return model.float(), grads, losses
+
+
+def max_rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def main():
+    torch.set_num_threads(1)   # fixed summation order: byte-identical output across runs
+    warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+    for v in fx.VARIANTS:
+        dir = os.path.join(fx.ROOT, v.name)
+        B, T = v.test_bt
+        proto = onnx.load(os.path.join(dir, "model.onnx"))   # external data too
+        tokens = make_tokens(B * T * STEPS + 1, v.vocab, seed=2000 + v.seed)
+
+        model, grads, losses = train(v, tokens, B, T, torch.float32)
+        _, grads64, losses64 = train(v, tokens, B, T, torch.float64)
+        forms = onnx_params(proto, model)
+        named = mapped(grads, forms)
+
+        out = os.path.join(dir, "train")
+        os.makedirs(out, exist_ok=True)
+        write_tokens(os.path.join(out, "train.bin"), tokens.numpy())
+        meta = {"batch": str(B), "seq": str(T), "loss": repr(losses[0]),
+                "source": "tools/make_parity_fixtures.py"}
+        write_safetensors(os.path.join(out, "grads.safetensors"), named, meta)
+        with open(os.path.join(out, "losses.jsonl"), "w") as f:
+            for k, loss in enumerate(losses):
+                f.write(json.dumps({"step": k + 1, "loss": float(np.float32(loss))}) + "\n")
+        with open(os.path.join(out, "args"), "w") as f:
+            f.write(f"tokpipec --batch {B} --seq {T}\n")
+            lr, (b1, b2), eps, wd = (ADAMW[k] for k in ("lr", "betas", "eps", "weight_decay"))
+            f.write(f"trainer --lr {lr:g} --beta1 {b1:g} --beta2 {b2:g} --eps {eps:g} "
+                    f"--weight-decay {wd:g}\n")
+
+        # float32 rounding spread: how far float32 lands from float64, the tolerances' floor
+        grad_spread = max(max_rel(grads[k], grads64[k]) for k in grads)
+        loss_spread = [abs(a - b) / abs(b) for a, b in zip(losses, losses64)]
+        size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+        print(f"{v.name}: B={B} T={T}, {len(named)} gradients, loss {losses[0]:.6f} -> "
+              f"{losses[-1]:.6f}, f32-vs-f64: grad {grad_spread:.2g}, loss {loss_spread[0]:.2g} "
+              f"(10 steps {max(loss_spread):.2g}), "
+              f"{size} bytes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+/* tokpipe-compare: judges a training run against reference data, as the parity tests do:
+ * two safetensors files tensor by tensor, or the losses of two JSON-lines logs step by
+ * step. Prints the worst error and where it is; exit 0 match, 1 mismatch or unreadable
+ * input, 2 bad usage. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/train/safetensors.h"
+
+#ifndef TOKPIPE_VERSION
+#define TOKPIPE_VERSION "unknown"
+#endif
+
+static const char *tool = "tokpipe-compare";
+
+static const char *usage =
+    "Usage: tokpipe-compare GOT.safetensors WANT.safetensors [--tol R] [-v]\n"
+    "       tokpipe-compare --losses GOT.jsonl WANT.jsonl [--steps N] [--tol R]\n"
+    "Tensors: the key sets and shapes must match, and each tensor's max |got - want|\n"
+    "divided by its max |want| must be <= R (default 1e-4).\n"
+    "Losses: the \"loss\" of each \"step\" 1..N (default: every step of WANT) must be within\n"
+    "R relative (default 1e-5); the logs are one JSON object per line, as --log writes.\n"
+    "  -v                 one line per tensor\n"
+    "  --help, --version\n";
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "%s: error: ", tool);
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\nTry '%s --help'.\n", tool);
+  return 2;
+}
+
+/* Element i of a float tensor as a double. */
+static double element(const TpTensor *t, int64_t i) {
+  switch (t->dtype) {
+  case TP_F32: return ((const float *)t->data)[i];
+  case TP_F64: return ((const double *)t->data)[i];
+  case TP_F16: return tp_f16_to_f32(((const uint16_t *)t->data)[i]);
+  case TP_BF16: return tp_bf16_to_f32(((const uint16_t *)t->data)[i]);
+  default: TP_ASSERT(!"not a float tensor"); return 0;
+  }
+}
+
+/* "[2,17]": the position of flat index i in a row-major tensor. */
+static void format_index(const TpTensor *t, int64_t i, char *buf, size_t size) {
+  int64_t idx[TP_MAX_RANK];
+  for (int k = t->rank - 1; k >= 0; k--) {
+    idx[k] = t->dims[k] ? i % t->dims[k] : 0;
+    i = t->dims[k] ? i / t->dims[k] : 0;
+  }
+  size_t n = (size_t)snprintf(buf, size, "[");
+  for (int k = 0; k < t->rank && n < size; k++)
+    n += (size_t)snprintf(buf + n, size - n, "%s%lld", k ? "," : "", (long long)idx[k]);
+  if (n < size) snprintf(buf + n, size - n, "]");
+}
+
+static void format_shape(const TpTensor *t, char *buf, size_t size) {
+  size_t n = (size_t)snprintf(buf, size, "[");
+  for (int k = 0; k < t->rank && n < size; k++)
+    n += (size_t)snprintf(buf + n, size - n, "%s%lld", k ? "," : "", (long long)t->dims[k]);
+  if (n < size) snprintf(buf + n, size - n, "]");
+}
+
+typedef struct {
+  double err;   /* max |got - want| / max |want| (absolute when want is all zero); NaN-safe */
+  int64_t at;   /* where the largest |got - want| is */
+  double got, want, scale;
+} TensorError;
+
+static TensorError tensor_error(const TpTensor *got, const TpTensor *want) {
+  TensorError e = {0, 0, 0, 0, 0};
+  int64_t n = tp_tensor_numel(want);
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++) e.scale = fmax(e.scale, fabs(element(want, i)));
+  for (int64_t i = 0; i < n; i++) {
+    double g = element(got, i), w = element(want, i), diff = fabs(g - w);
+    if (diff != diff) diff = INFINITY; /* a NaN is the worst mismatch there is */
+    if (diff > worst || (i == 0 && diff == worst)) worst = diff, e.at = i, e.got = g, e.want = w;
+  }
+  e.err = e.scale > 0 ? worst / e.scale : worst;
+  return e;
+}
+
+static int same_shape(const TpTensor *a, const TpTensor *b) {
+  if (a->rank != b->rank) return 0;
+  for (int k = 0; k < a->rank; k++)
+    if (a->dims[k] != b->dims[k]) return 0;
+  return 1;
+}
+
+static int compare_tensors(const char *got_path, const char *want_path, double tol, int verbose,
+                           TpDiag *d) {
+  TpSafetensors got, want;
+  if (tp_safetensors_load(got_path, &got, d)) return 1;
+  if (tp_safetensors_load(want_path, &want, d)) {
+    tp_safetensors_free(&got);
+    return 1;
+  }
+  int bad = 0, compared = 0;
+  const char *worst_name = NULL;
+  TensorError worst = {-1, 0, 0, 0, 0};
+  char where[160], s1[160], s2[160];
+  for (int i = 0; i < want.n; i++) {
+    const char *name = want.tensors[i].name;
+    const TpTensor *w = &want.tensors[i].t, *g = tp_safetensors_find(&got, name);
+    if (!g) {
+      fprintf(stderr, "%s: %s: missing from %s\n", tool, name, got_path);
+      bad = 1;
+      continue;
+    }
+    if (!same_shape(g, w)) {
+      format_shape(g, s1, sizeof s1), format_shape(w, s2, sizeof s2);
+      fprintf(stderr, "%s: %s: shape %s, want %s\n", tool, name, s1, s2);
+      bad = 1;
+      continue;
+    }
+    if (!tp_dtype_is_float(g->dtype) || !tp_dtype_is_float(w->dtype)) {
+      fprintf(stderr, "%s: %s: not a float tensor (%s, %s)\n", tool, name,
+              tp_dtype_name(g->dtype), tp_dtype_name(w->dtype));
+      bad = 1;
+      continue;
+    }
+    TensorError e = tensor_error(g, w);
+    format_index(w, e.at, where, sizeof where);
+    int ok = e.err <= tol;
+    if (!ok || verbose)
+      fprintf(ok ? stdout : stderr,
+              "%s: %s %s: max_rel_err=%.2e at %s (got %.9g, want %.9g, max|want| %.3g)\n", tool,
+              ok ? "ok  " : "FAIL", name, e.err, where, e.got, e.want, e.scale);
+    bad |= !ok;
+    compared++;
+    if (!(e.err <= worst.err)) worst = e, worst_name = name;
+  }
+  for (int i = 0; i < got.n; i++)
+    if (!tp_safetensors_find(&want, got.tensors[i].name)) {
+      fprintf(stderr, "%s: %s: in %s but not in %s\n", tool, got.tensors[i].name, got_path,
+              want_path);
+      bad = 1;
+    }
+  if (worst_name) {
+    const TpTensor *w = tp_safetensors_find(&want, worst_name);
+    format_index(w, worst.at, where, sizeof where);
+    printf("%s: %d of %d tensors compared, worst %s max_rel_err=%.2e at %s (tol %.0e): %s\n",
+           tool, compared, want.n, worst_name, worst.err, where, tol, bad ? "FAIL" : "ok");
+  } else {
+    printf("%s: no tensor compared: FAIL\n", tool);
+    bad = 1;
+  }
+  tp_safetensors_free(&got);
+  tp_safetensors_free(&want);
+  return bad;
+}
+
+/* The number after "key": in a JSON line; 0 if the key is absent. */
+static int json_number(const char *line, const char *key, double *out) {
+  char quoted[64];
+  snprintf(quoted, sizeof quoted, "\"%s\"", key);
+  const char *p = strstr(line, quoted);
+  if (!p) return 0;
+  p += strlen(quoted);
+  while (*p == ' ' || *p == '\t') p++;
+  if (*p++ != ':') return 0;
+  char *end;
+  *out = strtod(p, &end);
+  return end != p;
+}
+
+/* losses[step - 1] for each line with a "step" and a "loss" (a later line for the same
+ * step wins, as after a resume); *n is one past the highest step. */
+static int read_losses(const char *path, double **losses, int64_t *n, TpDiag *d) {
+  FILE *f = fopen(path, "r");
+  if (!f) return tp_error(d, "cannot read '%s': %s", path, strerror(errno));
+  char *line = NULL;
+  size_t cap = 0;
+  int64_t lineno = 0, size = 0;
+  *losses = NULL, *n = 0;
+  while (getline(&line, &cap, f) > 0) {
+    lineno++;
+    double step, loss;
+    if (!json_number(line, "step", &step) || !json_number(line, "loss", &loss)) continue;
+    if (!(step >= 1 && step < 1e9) || step != (int64_t)step) {
+      free(line), fclose(f), free(*losses);
+      return tp_error(d, "%s:%lld: bad step number %g", path, (long long)lineno, step);
+    }
+    int64_t k = (int64_t)step;
+    if (k > size) {
+      int64_t old = size;
+      size = k * 2;
+      *losses = realloc(*losses, (size_t)size * sizeof **losses);
+      TP_ASSERT(*losses);
+      for (int64_t i = old; i < size; i++) (*losses)[i] = NAN;
+    }
+    (*losses)[k - 1] = loss;
+    if (k > *n) *n = k;
+  }
+  free(line);
+  fclose(f);
+  if (*n == 0) return tp_error(d, "%s: no line with a \"step\" and a \"loss\"", path);
+  return TP_OK;
+}
+
+static int compare_losses(const char *got_path, const char *want_path, int64_t steps, double tol,
+                          TpDiag *d) {
+  double *got, *want;
+  int64_t ngot, nwant;
+  if (read_losses(got_path, &got, &ngot, d)) return 1;
+  if (read_losses(want_path, &want, &nwant, d)) {
+    free(got);
+    return 1;
+  }
+  if (steps <= 0) steps = nwant;
+  int bad = 0;
+  int64_t worst_step = 0;
+  double worst = -1;
+  for (int64_t k = 1; k <= steps; k++) {
+    double w = k <= nwant ? want[k - 1] : NAN, g = k <= ngot ? got[k - 1] : NAN;
+    if (w != w) {
+      fprintf(stderr, "%s: step %lld: not in %s\n", tool, (long long)k, want_path);
+      bad = 1;
+      continue;
+    }
+    if (g != g) {
+      fprintf(stderr, "%s: step %lld: no loss in %s\n", tool, (long long)k, got_path);
+      bad = 1;
+      continue;
+    }
+    double err = fabs(g - w) / fmax(fabs(w), 1e-30);
+    if (!(err <= tol)) {
+      if (!bad) /* the first divergence is the one worth reading */
+        fprintf(stderr, "%s: step %lld: loss %.9g, want %.9g: rel_err=%.2e > tol %.0e\n", tool,
+                (long long)k, g, w, err, tol);
+      bad = 1;
+    }
+    if (err > worst) worst = err, worst_step = k;
+  }
+  if (worst_step)
+    printf("%s: losses of steps 1..%lld, worst rel_err=%.2e at step %lld (got %.9g, want %.9g, "
+           "tol %.0e): %s\n", tool, (long long)steps, worst, (long long)worst_step,
+           got[worst_step - 1], want[worst_step - 1], tol, bad ? "FAIL" : "ok");
+  free(got);
+  free(want);
+  return bad;
+}
+
+int main(int argc, char **argv) {
+  const char *paths[2] = {NULL, NULL};
+  int npaths = 0, losses = 0, verbose = 0;
+  double tol = -1;
+  int64_t steps = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    char *end;
+    if (strcmp(a, "--help") == 0) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (strcmp(a, "--version") == 0) {
+      printf("%s %s\n", tool, TOKPIPE_VERSION);
+      return 0;
+    } else if (strcmp(a, "--losses") == 0) {
+      losses = 1;
+    } else if (strcmp(a, "-v") == 0) {
+      verbose = 1;
+    } else if (strcmp(a, "--tol") == 0 || strcmp(a, "--steps") == 0) {
+      if (i + 1 >= argc) return usage_error("%s needs a value", a);
+      const char *v = argv[++i];
+      double x = strtod(v, &end);
+      if (!*v || *end || !(x >= 0) || (a[2] == 's' && (x < 1 || x != (int64_t)x)))
+        return usage_error(a[2] == 's' ? "--steps needs a whole number >= 1, not '%s'"
+                                       : "--tol needs a number >= 0, not '%s'", v);
+      if (a[2] == 's') steps = (int64_t)x;
+      else tol = x;
+    } else if (a[0] == '-' && a[1]) {
+      return usage_error("unknown option '%s'", a);
+    } else if (npaths == 2) {
+      return usage_error("unexpected argument '%s' (two files: GOT and WANT)", a);
+    } else {
+      paths[npaths++] = a;
+    }
+  }
+  if (npaths != 2) return usage_error("%s", "two files are needed: GOT and WANT");
+  if (steps && !losses) return usage_error("%s", "--steps goes with --losses");
+  TpDiag d;
+  tp_diag_init(&d, tool, NULL, stderr);
+  if (losses) return compare_losses(paths[0], paths[1], steps, tol < 0 ? 1e-5 : tol, &d);
+  return compare_tensors(paths[0], paths[1], tol < 0 ? 1e-4 : tol, verbose, &d);
+}
