@@ -38,9 +38,9 @@ static void column_sums(const float *dy, const float *x, const float *mean, cons
   for (int64_t blk = 0; blk < nblocks; blk++) {
     int64_t j0 = blk * COLUMN_BLOCK, w = n - j0 < COLUMN_BLOCK ? n - j0 : COLUMN_BLOCK;
     double s[COLUMN_BLOCK] = {0}, sx[COLUMN_BLOCK] = {0};
-    for (int64_t r0 = 0; r0 < rows; r0 += ROW_RUN / omp_get_num_threads()) {
+    for (int64_t r0 = 0; r0 < rows; r0 += ROW_RUN) {
       float fs[COLUMN_BLOCK] = {0}, fsx[COLUMN_BLOCK] = {0};
-      for (int64_t r = r0; r < rows && r < r0 + ROW_RUN / omp_get_num_threads(); r++) {
+      for (int64_t r = r0; r < rows && r < r0 + ROW_RUN; r++) {
         const float *d = dy + r * n + j0;
 #pragma omp simd
         for (int64_t j = 0; j < w; j++) fs[j] += d[j];

@@ -638,7 +638,7 @@ static void test_adamw(void) {
 /* Runs the reducing kernels on sizes past their parallel thresholds with 1 and 3 threads
  * (attention: its serial path on threaded BLAS, then its parallel path) and compares. */
 static void test_thread_count(void) {
-  enum { B = 4, T = 64, H = 4, D = 16, C = H * D, M = B * T, V = 512 };
+  enum { B = 8, T = 64, H = 4, D = 16, C = H * D, M = B * T, V = 512 };
   TpAttention p = {.batch = B,
                    .q_heads = H,
                    .kv_heads = 2,
