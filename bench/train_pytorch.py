@@ -6,7 +6,8 @@
                                       train the same model from the same weights on the same
                                       batches with PyTorch eager; one JSON line per step
     train_pytorch.py report A.jsonl B.jsonl
-                                      tokens/s of both logs (warm-up steps left out), the ratio
+                                      tokens/s of both logs (the median step after the
+                                      warm-up steps), the ratio
 """
 import argparse
 import json
@@ -82,17 +83,19 @@ def train(dir, steps, threads, log):
 
 
 def rate(path):
+    """Tokens/s of the median timed step: robust to other load on a shared machine."""
     steps = [json.loads(line) for line in open(path) if line.strip()]
     timed = steps[WARMUP:] or steps
     B, T = MODEL.test_bt
-    return B * T * len(timed) / sum(s["ms"] for s in timed) * 1e3, steps
+    return B * T / float(np.median([s["ms"] for s in timed])) * 1e3, steps
 
 
 def report(ours, theirs):
     B, T = MODEL.test_bt
     (r1, s1), (r2, s2) = rate(ours), rate(theirs)
     print(f"GPT {MODEL.n_layer} layers, C={MODEL.n_embd}, T={MODEL.test_bt[1]}, "
-          f"B={MODEL.test_bt[0]}, vocab {MODEL.vocab}; {len(s1)} steps, first {WARMUP} untimed")
+          f"B={MODEL.test_bt[0]}, vocab {MODEL.vocab}; {len(s1)} steps, "
+          f"median step time of steps {WARMUP + 1}..")
     print(f"  {'':16} {'tokens/s':>10} {'ms/step':>9} {'loss@1':>9} {'loss@end':>9}")
     for name, r, s in (("tokpipe trainer", r1, s1), ("pytorch eager", r2, s2)):
         print(f"  {name:16} {r:10.0f} {B * T / r * 1e3:9.1f} {s[0]['loss']:9.4f} "

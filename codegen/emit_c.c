@@ -250,7 +250,7 @@ static int put_wrapped(FILE *out, const char *s, int n, int col, bool *broke) {
       depth--;
     } else if (s[i] == ',' && depth > 0 && depth < min_depth) {
       min_depth = depth;
-      open = stack[top - 1]; /* the bracket of the list this comma separates */
+      open = top ? stack[top - 1] : -1; /* the bracket of the list this comma separates */
     }
   }
   if (col + n <= WRAP || open < 0) {

@@ -5,36 +5,41 @@
 # byte-level tokens, and train for a few hundred steps, showing the loss fall.
 #   bash examples/run-gpt.sh [TEXT]     (default: the GPL-3 text every Debian system has;
 #                                        the model's vocabulary is 128, so ASCII text)
-#   env: TOKPIPE_STEPS (default 300), TOKPIPE_JOBS (build parallelism)
+#   env: TOKPIPE_STEPS (default 300), TOKPIPE_JOBS (build parallelism), TOKPIPE_BUILD
+#        (build folder, default build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=tests/fixtures/gpt_o17_erf_untied_bias_dyn_trilu
 text=${1:-/usr/share/common-licenses/GPL-3}
 steps=${TOKPIPE_STEPS:-300}
-out=build/example
+build=${TOKPIPE_BUILD:-build}
+bin=$build/bin
+out=$build/example
 
 bash tools/install-deps.sh
-cmake -S . -B build
-cmake --build build -j"${TOKPIPE_JOBS:-$(nproc)}"
-mkdir -p $out
+cmake -S . -B "$build"
+cmake --build "$build" -j"${TOKPIPE_JOBS:-$(nproc)}"
+mkdir -p "$out"
 
-echo "== import $model/model.onnx at batch 8, seq 32 (IR after the passes: $out/gpt.tir)"
-build/bin/tokpipec "$model/model.onnx" --batch 8 --seq 32 --emit=ir -o $out/gpt.tir
-head -n 30 $out/gpt.tir
+echo "== import $model/model.onnx at batch 8, seq 32 (training IR: $out/gpt.tir)"
+"$bin/tokpipec" "$model/model.onnx" --batch 8 --seq 32 --emit=ir -o "$out/gpt.tir"
+echo "ops after raising, loss and autodiff:"
+grep -oE '= [A-Za-z]+\(' "$out/gpt.tir" | tr -d '=( ' | sort | uniq -c | sort -rn |
+  awk '{ printf "%s%s %s", (NR > 1 ? ", " : "  "), $2, $1 } END { print "" }' | fold -s -w 92
 echo "== forward pass vs PyTorch (reference interpreter)"
 read -r -a dims <"$model/dims"   # the sizes PyTorch's reference logits were made with
-build/bin/tokpipe-run "$model/model.onnx" --test-dir "$model" "${dims[@]}" --atol 1e-4 --rtol 1e-4
+"$bin/tokpipe-run" "$model/model.onnx" --test-dir "$model" "${dims[@]}" --atol 1e-4 --rtol 1e-4
 
 echo "== compile a trainer: $out/trainer (generated C: $out/trainer.c)"
-build/bin/tokpipec "$model/model.onnx" --batch 8 --seq 32 -o $out/trainer.c --exe $out/trainer
-build/bin/tokpipec "$model/model.onnx" --batch 8 --seq 32 --emit=memory
+"$bin/tokpipec" "$model/model.onnx" --batch 8 --seq 32 -o "$out/trainer.c" --exe "$out/trainer"
+"$bin/tokpipec" "$model/model.onnx" --batch 8 --seq 32 --emit=memory
 
 echo "== tokens: the bytes of $text, the last 10% for validation"
-build/bin/tokpipe-tokens "$text" -o $out/train.bin --val-fraction 0.1 --val-out $out/val.bin
+"$bin/tokpipe-tokens" "$text" -o "$out/train.bin" --val-fraction 0.1 --val-out "$out/val.bin"
 
 echo "== train $steps steps from the model's weights (every 25th step shown; log: $out/train.jsonl)"
-$out/trainer --init "$model/model.onnx" --data $out/train.bin --val-data $out/val.bin \
-  --val-every 100 --steps "$steps" --lr 1e-3 --log $out/train.jsonl \
-  --export-onnx $out/trained.onnx 2>&1 |
+"$out/trainer" --init "$model/model.onnx" --data "$out/train.bin" --val-data "$out/val.bin" \
+  --val-every 100 --steps "$steps" --lr 1e-3 --log "$out/train.jsonl" \
+  --export-onnx "$out/trained.onnx" 2>&1 |
   awk '/^step/ && ($2 + 0) % 25 != 0 && ($2 + 0) != 1 { next } { print }'
-echo "== the trained model, $out/trained.onnx, runs in any ONNX runtime"
+echo "== $out/trained.onnx: the model with the trained weights, for any ONNX runtime"

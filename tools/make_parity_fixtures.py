@@ -38,7 +38,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import export_gpt_fixtures as fx  # noqa: E402  (the model definitions and variants)
 
 STEPS = 10
+# The trainer's defaults (a plain run is torch.optim.AdamW(weight_decay=0)), and for half
+# the fixtures settings that exercise every optimizer flag: at lr 1e-3 ten steps' losses
+# hardly depend on beta2, eps or a small decay, at 3e-3 with decay 0.1 a wrong one moves
+# them by over 1e-4 (the float32-vs-float64 spread stays near 1e-7).
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+ADAMW_FLAGS = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-7, weight_decay=0.1)
+WITH_FLAGS = {"gpt_o17_erf_tied_bias_static", "gpt_o14_tanh_tied_bias_dyn_conv1d",
+              "gpt_o17_tanh_untied_nobias_dyn", "gpt_o17_erf_untied_bias_external"}
 TOKEN_MAGIC, TOKEN_VERSION = 20240520, 1
 
 
@@ -129,14 +136,14 @@ def mapped(grads, forms):
     return out
 
 
-def train(v, tokens, B, T, dtype):
+def train(v, tokens, B, T, dtype, adamw=ADAMW):
     """The fixture's model as exported, trained for STEPS AdamW steps.
     Returns (model at init, step-1 gradients by parameter name, losses)."""
     torch.manual_seed(v.seed)   # the same draws as export_gpt_fixtures.py: identical weights
     model = fx.GPT(v)
     init = {k: p.detach().clone() for k, p in model.named_parameters()}
     model.to(dtype)
-    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    opt = torch.optim.AdamW(model.parameters(), **adamw)
     grads, losses = None, []
     for k in range(STEPS):
         x, y = batch(tokens, k, B, T)
@@ -166,8 +173,9 @@ def main():
         proto = onnx.load(os.path.join(dir, "model.onnx"))   # external data too
         tokens = make_tokens(B * T * STEPS + 1, v.vocab, seed=2000 + v.seed)
 
-        model, grads, losses = train(v, tokens, B, T, torch.float32)
-        _, grads64, losses64 = train(v, tokens, B, T, torch.float64)
+        adamw = ADAMW_FLAGS if v.name in WITH_FLAGS else ADAMW
+        model, grads, losses = train(v, tokens, B, T, torch.float32, adamw)
+        _, grads64, losses64 = train(v, tokens, B, T, torch.float64, adamw)
         forms = onnx_params(proto, model)
         named = mapped(grads, forms)
 
@@ -182,7 +190,7 @@ def main():
                 f.write(json.dumps({"step": k + 1, "loss": float(np.float32(loss))}) + "\n")
         with open(os.path.join(out, "args"), "w") as f:
             f.write(f"tokpipec --batch {B} --seq {T}\n")
-            lr, (b1, b2), eps, wd = (ADAMW[k] for k in ("lr", "betas", "eps", "weight_decay"))
+            lr, (b1, b2), eps, wd = (adamw[k] for k in ("lr", "betas", "eps", "weight_decay"))
             f.write(f"trainer --lr {lr:g} --beta1 {b1:g} --beta2 {b2:g} --eps {eps:g} "
                     f"--weight-decay {wd:g}\n")
 
@@ -190,7 +198,8 @@ def main():
         grad_spread = max(max_rel(grads[k], grads64[k]) for k in grads)
         loss_spread = [abs(a - b) / abs(b) for a, b in zip(losses, losses64)]
         size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-        print(f"{v.name}: B={B} T={T}, {len(named)} gradients, loss {losses[0]:.6f} -> "
+        print(f"{v.name}: B={B} T={T}, lr {adamw['lr']:g} decay {adamw['weight_decay']:g}, "
+              f"{len(named)} gradients, loss {losses[0]:.6f} -> "
               f"{losses[-1]:.6f}, f32-vs-f64: grad {grad_spread:.2g}, loss {loss_spread[0]:.2g} "
               f"(10 steps {max(loss_spread):.2g}), "
               f"{size} bytes")
