@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "../ir/ir.h"
+#include "../passes/planner/schedule.h"
 
 /* Arena offsets and buffer sizes are multiples of this (a cache line, SIMD-friendly). */
 #define TP_ARENA_ALIGN 64
@@ -37,8 +38,18 @@ typedef struct {
   int first, last; /* TP_MEM_ARENA: the live range, positions in the stage's op order */
 } TpMemSlot;
 
+/* The boundary messages of a stage, per slice (see runtime/train/plan.h). */
+typedef enum { TP_MSG_RECV_ACT, TP_MSG_SEND_ACT, TP_MSG_RECV_GRAD, TP_MSG_SEND_GRAD, TP_MSG_COUNT } TpMsgKind;
+
+typedef struct {
+  int n;
+  int *values; /* in message order; a receive lists the boundary copy, a send its operand
+                  (both in their stage's arena, alive for the whole microbatch) */
+} TpMemMessage;
+
 typedef struct {
   int nstages;
+  int nslices;          /* token slices (1: unsliced) */
   TpMemSlot *value;     /* per value */
   TpMemSlot *scratch;   /* per op: a temporary buffer the op's kernel needs (TP_MEM_NONE) */
   int nparams;          /* PARAM values in value order: parameter i of the plan */
@@ -50,6 +61,12 @@ typedef struct {
   int **order;          /* per stage: its ops in run order, forward then backward */
   int *norder;          /* per stage: how many */
   int *nforward;        /* per stage: how many of them are forward ops */
+  /* per stage, [2 * nslices]: the unit (phase, slice) runs order[begin, end) at index
+   * phase * nslices + slice; a stage runs forward slices 0..N-1, then backward N-1..0 */
+  int **unit_begin, **unit_end;
+  TpMemMessage **messages; /* per stage, [TP_MSG_COUNT * nslices]: kind k of slice i at k * nslices + i */
+  int *param_stage;        /* per parameter: the stage holding it (the first that reads it) */
+  int *param_tied_stage;   /* per parameter: 0, or the last stage, which reads a tied copy */
 } TpMemoryPlan;
 
 /* Plans the module's memory. Reports what the plan cannot hold (a value crossing stages, a
@@ -61,14 +78,45 @@ void tp_memory_plan_free(TpMemoryPlan *plan);
 /* Scratch bytes op `op` needs besides its operands and results (0 for most ops). */
 int64_t tp_op_scratch_bytes(const TpModule *m, int op);
 
+/* ---- the pipeline (codegen/pipeline.c) ----
+ * How a staged, sliced plan runs a step: M microbatches per replica, D replicas, and the
+ * schedule (passes/planner/schedule.h) of every stage's rank over the (microbatch, slice)
+ * units, verified when built; from it the arenas each rank keeps alive and its memory. */
+typedef struct {
+  int microbatches;   /* M (>= 1) */
+  int dp;             /* D (>= 1) */
+  TpScheduleKind kind;
+} TpPipelineOptions;
+
+typedef struct {
+  TpPipelineOptions o;
+  TpSchedule schedule;
+  bool tied;            /* a parameter is held by the first and the last stage */
+  int *arenas;          /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
+  /* per stage (the rank running it), in bytes: its parameters, their gradients (twice with
+   * M > 1: the step's sum and one microbatch's), AdamW's two moments, arenas x arena */
+  int64_t *params, *grads, *state, *activations, *peak;
+} TpPipeline;
+
+/* Builds and verifies the schedule (a schedule that fails verification is a compiler bug:
+ * TP_ERR_INTERNAL) and the per-rank memory. o NULL: one microbatch, one replica, gpipe. */
+int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl,
+                      TpDiag *d);
+void tp_pipeline_free(TpPipeline *pl);
+/* --max-memory: an input error for every rank whose peak exceeds max_bytes, naming the
+ * rank and by how much. */
+int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, TpDiag *d);
+
 /* `tokpipec --emit=memory`: per stage its arena, live peak and buffers, then the totals of
  * parameters, gradients, optimizer state (AdamW: two moments per parameter) and
- * activations. */
-void tp_print_memory(const TpModule *m, const TpMemoryPlan *plan, FILE *out);
+ * activations; with a pipeline (may be NULL), each rank's peak too. */
+void tp_print_memory(const TpModule *m, const TpMemoryPlan *plan, const TpPipeline *pl, FILE *out);
 
 typedef struct {
   const char *model;   /* the ONNX file compiled: the trainer's default --init */
   const char *version; /* tokpipec's version, recorded in the plan */
+  const TpPipelineOptions *pipeline; /* NULL: one microbatch, one replica, gpipe */
+  const char *slicing; /* how the token slicing was chosen, for the header (or NULL) */
 } TpEmitOptions;
 
 /* Writes the C training program of module m (after the training pipeline: loss, gradients,

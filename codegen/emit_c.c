@@ -39,6 +39,7 @@ typedef struct {
   const TpModule *m;
   const TpMemoryPlan *mem;
   const TpEmitOptions *o;
+  const TpPipeline *pipe;
   TpDiag *d;
   FILE *out;          /* the current function's body */
   char **name;        /* per value: the identifier of its TpTensor view */
@@ -94,7 +95,7 @@ static const char *const reserved[] = {
     "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "typedef",
     "union", "unsigned", "void", "volatile", "while", "bool", "true", "false", "errno",
     "math_errhandling", "io", "arena", "bad", "main", "params", "derived", "arena_bytes",
-    "forward", "backward", "kernel_failed", NULL};
+    "forward", "backward", "kernel_failed", "stages", "slice_len", NULL};
 
 /* "/h.0/attn/MatMul_output_0" -> "h_0_attn_MatMul": letters, digits and single
  * underscores; the exporter's "_output_0" suffixes dropped. */
@@ -477,6 +478,12 @@ static bool attention_params(Emitter *E, int op, int first, char *buf, size_t si
                      (long long)kvlen, (long long)hs, (long long)vhs, packed ? "true" : "false",
                      tp_attr_int(m, op, "is_causal", 0) ? "true" : "false", scale);
   if (softcap != 0) len += snprintf(buf + len, size - (size_t)len, ", .softcap = %.9gf", softcap);
+  int64_t offset = tp_attr_int(m, op, "causal_offset", 0);
+  if (offset < 0) {
+    unsupported(E, op, "causal_offset must be >= 0");
+    return false;
+  }
+  if (offset) len += snprintf(buf + len, size - (size_t)len, ", .causal_offset = %lld", (long long)offset);
   int mode = (int)tp_attr_int(m, op, "qk_matmul_output_mode", 0);
   if (mode) snprintf(buf + len, size - (size_t)len, ", .qk_mode = %d", mode);
   return true;
@@ -814,14 +821,25 @@ static bool read_after(const Emitter *E, const int *ops, int n, int v) {
   return false;
 }
 
-/* Stage s's forward (or backward) function into `out`. */
-static void emit_stage(Emitter *E, int s, bool backward, FILE *out) {
+/* The name of stage s's function of (phase, slice): stageS_forward in unsliced plans,
+ * else stageS_forward_sliceI. */
+static void unit_name(const Emitter *E, int s, bool backward, int slice, char *buf, size_t n) {
+  if (E->mem->nslices == 1) snprintf(buf, n, "stage%d_%s", s, backward ? "backward" : "forward");
+  else snprintf(buf, n, "stage%d_%s_slice%d", s, backward ? "backward" : "forward", slice);
+}
+
+/* Stage s's forward (or backward) function of one slice into `out`. Boundary copies run no
+ * code: the runtime receives their values into the arena before the unit runs. */
+static void emit_unit(Emitter *E, int s, bool backward, int slice, FILE *out) {
   const TpModule *m = E->m;
   const TpMemoryPlan *p = E->mem;
-  int from = backward ? p->nforward[s] : 0, to = backward ? p->norder[s] : p->nforward[s];
+  int unit = (backward ? p->nslices : 0) + slice;
+  int from = p->unit_begin[s][unit], to = p->unit_end[s][unit];
   memset(E->declared, 0, (size_t)m->nvalues * sizeof *E->declared);
   memset(E->here, 0, (size_t)m->nops * sizeof *E->here);
-  for (int i = from; i < to; i++) E->here[p->order[s][i]] = true;
+  int nops = 0;
+  for (int i = from; i < to; i++)
+    if (!tp_is_boundary_op(m, p->order[s][i])) E->here[p->order[s][i]] = true, nops++;
   E->uses_arena = E->uses_bad = false;
 
   /* What the function reads from outside, in order of first use. */
@@ -832,6 +850,7 @@ static void emit_stage(Emitter *E, int s, bool backward, FILE *out) {
   TP_ASSERT(top && body);
   for (int i = from; i < to; i++) {
     const TpOp *o = &m->ops[p->order[s][i]];
+    if (!E->here[p->order[s][i]]) continue;
     for (int k = 0; k < o->ninputs; k++) {
       int v = o->inputs[k];
       if (v < 0 || E->declared[v]) continue;
@@ -844,6 +863,7 @@ static void emit_stage(Emitter *E, int s, bool backward, FILE *out) {
   for (int i = from; i < to && E->rc == TP_OK; i++) {
     int op = p->order[s][i];
     const TpOp *o = &m->ops[op];
+    if (!E->here[op]) continue;
     /* A Reshape that runs nothing is only worth a line where its result is read here. */
     if (o->kind == TP_OP_Reshape && reshape_is_view(p, op, m) && !read_after(E, p->order[s] + i + 1, to - i - 1, o->outputs[0]))
       continue;
@@ -857,18 +877,21 @@ static void emit_stage(Emitter *E, int s, bool backward, FILE *out) {
       if (o->outputs[k] >= 0) declare(E, body, o->outputs[k]);
     emit_op(E, op);
   }
-  if (!backward && m->loss >= 0 && m->ops[m->values[m->loss].def].stage == s) {
+  if (!backward && m->loss >= 0 && m->values[m->loss].def >= 0 && E->here[m->values[m->loss].def]) {
     fputc('\n', body);
     fprintf(body, "  io->loss = *(const float *)%s.data;\n", E->name[m->loss]);
   }
   fclose(top);
   fclose(body);
 
-  fprintf(out, "\n/* Stage %d, %s: %d ops. */\n", s, backward ? "backward" : "forward", to - from);
-  fprintf(out, "static void stage%d_%s(TpStepIO *io) {\n", s, backward ? "backward" : "forward");
+  char name[64];
+  unit_name(E, s, backward, slice, name, sizeof name);
+  if (p->nslices == 1) fprintf(out, "\n/* Stage %d, %s: %d ops. */\n", s, backward ? "backward" : "forward", nops);
+  else fprintf(out, "\n/* Stage %d, %s of slice %d: %d ops. */\n", s, backward ? "backward" : "forward", slice, nops);
+  fprintf(out, "static void %s(TpStepIO *io) {\n", name);
   if (E->uses_arena) fputs("  char *arena = io->arena;\n", out);
   if (E->uses_bad) fputs("  int64_t bad; /* where the kernels report an id out of range */\n", out);
-  if (to == from) fputs("  (void)io; /* nothing to do */\n", out);
+  if (!nops) fputs("  (void)io; /* nothing to do */\n", out);
   if (top_len) fputs("  /* computed elsewhere: */\n", out);
   fputs(top_text, out);
   fputs(body_text, out);
@@ -960,6 +983,110 @@ static int64_t vocab_size(const TpModule *m) {
   return 0;
 }
 
+/* The length of each token slice: from the module's slicing, else from the token axis of
+ * a forward result of the slice. */
+static int64_t slice_length(const Emitter *E, int slice, int64_t seq) {
+  const TpModule *m = E->m;
+  if (E->mem->nslices == 1) return seq;
+  if (m->nslices == E->mem->nslices && m->slice_len) return m->slice_len[slice];
+  for (int op = 0; op < m->nops; op++)
+    if (m->ops[op].slice == slice && m->ops[op].phase == TP_PHASE_FORWARD)
+      for (int k = 0; k < m->ops[op].noutputs; k++) {
+        int v = m->ops[op].outputs[k], axis = v >= 0 ? tp_token_axis(m, v) : -1;
+        if (axis >= 0) return m->values[v].type.dims[axis];
+      }
+  return 0;
+}
+
+static const char *const insn_enum[TP_INSN_COUNT] = {
+    "TP_PLAN_FORWARD",   "TP_PLAN_BACKWARD",       "TP_PLAN_SEND_ACT",
+    "TP_PLAN_RECV_ACT",  "TP_PLAN_SEND_GRAD",      "TP_PLAN_RECV_GRAD",
+    "TP_PLAN_ALLREDUCE_TIED", "TP_PLAN_ALLREDUCE", "TP_PLAN_OPTIMIZER_STEP"};
+static const char *const message_names[TP_MSG_COUNT] = {"recv_act", "send_act", "recv_grad", "send_grad"};
+
+/* Does stage s have the neighbour that message kind k goes to or comes from? */
+static bool has_peer(const TpMemoryPlan *p, int s, int k) {
+  return k == TP_MSG_RECV_ACT || k == TP_MSG_SEND_GRAD ? s > 0 : s + 1 < p->nstages;
+}
+
+/* The schedule's tables: per stage its unit functions, boundary messages and instruction
+ * list, then the stages. */
+static void emit_pipeline(Emitter *E, FILE *out, int64_t seq) {
+  const TpModule *m = E->m;
+  const TpMemoryPlan *p = E->mem;
+  const TpPipeline *pl = E->pipe;
+  int N = p->nslices, S = p->nstages;
+  char name[64];
+  fputs("\n/* The token slices, first to last. */\nstatic const int64_t slice_len[] = {", out);
+  for (int i = 0; i < N; i++) fprintf(out, "%s%lld", i ? ", " : "", (long long)slice_length(E, i, seq));
+  fputs("};\n", out);
+  fputs("\n/* Per stage: one microbatch's arena (activations, their gradients, boundary buffers). */\n", out);
+  fputs("static const size_t arena_bytes[] = {", out);
+  for (int s = 0; s < S; s++) fprintf(out, "%s%lld", s ? ", " : "", (long long)p->arena_bytes[s]);
+  fputs("};\n", out);
+  if (N == 1) {
+    fputs("static const TpStageFn forward[] = {", out);
+    for (int s = 0; s < S; s++) fprintf(out, "%sstage%d_forward", s ? ", " : "", s);
+    fputs("};\nstatic const TpStageFn backward[] = {", out);
+    for (int s = 0; s < S; s++) fprintf(out, "%sstage%d_backward", s ? ", " : "", s);
+    fputs("};\n", out);
+  }
+  for (int s = 0; s < S; s++) {
+    fprintf(out, "\n/* Stage %d: ", s);
+    if (N > 1) fputs("its functions per slice, ", out);
+    if (S > 1) fputs("what it receives and sends per slice (arena offset, bytes), ", out);
+    fputs("its instructions for one step. */\n", out);
+    for (int b = 0; N > 1 && b < 2; b++) {
+      fprintf(out, "static const TpUnitFn stage%d_%s_units[] = {", s, b ? "backward" : "forward");
+      for (int i = 0; i < N; i++) {
+        unit_name(E, s, b, i, name, sizeof name);
+        fprintf(out, "%s%s", i ? ", " : "", name);
+      }
+      fputs("};\n", out);
+    }
+    for (int k = 0; k < TP_MSG_COUNT; k++) {
+      if (!has_peer(p, s, k)) continue;
+      for (int i = 0; i < N; i++) {
+        const TpMemMessage *msg = &p->messages[s][k * N + i];
+        if (!msg->n) continue;
+        fprintf(out, "static const TpPlanBuffer stage%d_%s_%d[] = {", s, message_names[k], i);
+        for (int j = 0; j < msg->n; j++) {
+          int v = msg->values[j], at = v;
+          while (p->value[at].kind == TP_MEM_VIEW) at = p->value[at].index;
+          const TpType *t = &m->values[v].type;
+          fprintf(out, "%s{%lld, %lld}", j ? ", " : "", (long long)p->value[at].offset,
+                  (long long)(tp_type_numel(t) * (int64_t)tp_dtype_size(t->dtype)));
+        }
+        fputs("};\n", out);
+      }
+      fprintf(out, "static const TpPlanMessage stage%d_%s[] = {", s, message_names[k]);
+      for (int i = 0; i < N; i++) {
+        const TpMemMessage *msg = &p->messages[s][k * N + i];
+        if (msg->n) fprintf(out, "%s{%d, stage%d_%s_%d}", i ? ", " : "", msg->n, s, message_names[k], i);
+        else fprintf(out, "%s{0, NULL}", i ? ", " : "");
+      }
+      fputs("};\n", out);
+    }
+    fprintf(out, "static const TpPlanInsn stage%d_schedule[] = {\n", s);
+    for (int i = 0; i < pl->schedule.count[s]; i++) {
+      const TpInsn *x = &pl->schedule.insn[s][i];
+      fprintf(out, "    {%s, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice, x->peer);
+    }
+    fputs("};\n", out);
+  }
+  fputs("\nstatic const TpPlanStage stages[] = {\n", out);
+  for (int s = 0; s < S; s++) {
+    if (N == 1) fprintf(out, "    {.forward = forward + %d,\n     .backward = backward + %d,\n", s, s);
+    else fprintf(out, "    {.forward = stage%d_forward_units,\n     .backward = stage%d_backward_units,\n", s, s);
+    fprintf(out, "     .arena_bytes = %lld,\n     .arenas = %d,\n", (long long)p->arena_bytes[s], pl->arenas[s]);
+    for (int k = 0; k < TP_MSG_COUNT; k++)
+      if (has_peer(p, s, k)) fprintf(out, "     .%s = stage%d_%s,\n", message_names[k], s, message_names[k]);
+    fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n     .memory_bytes = %lld},\n",
+            pl->schedule.count[s], s, (long long)pl->peak[s]);
+  }
+  fputs("};\n", out);
+}
+
 static void emit_tables(Emitter *E, FILE *out) {
   const TpModule *m = E->m;
   const TpMemoryPlan *p = E->mem;
@@ -967,7 +1094,8 @@ static void emit_tables(Emitter *E, FILE *out) {
   for (int v = 0; v < m->nvalues; v++)
     if (p->value[v].kind == TP_MEM_TOKENS) batch = m->values[v].type.dims[0], seq = m->values[v].type.dims[1];
 
-  fputs("\n/* The parameters: ONNX name, the initializer --init reads, shape, trainable. */\n", out);
+  fputs("\n/* The parameters: ONNX name, the initializer --init reads, shape, trainable, the stage\n"
+        " * holding it, the last stage if it holds a tied copy too. */\n", out);
   fprintf(out, "static const TpPlanParam params[%d] = {\n", p->nparams ? p->nparams : 1);
   for (int i = 0; i < p->nparams; i++) {
     const TpValue *val = &m->values[p->params[i]];
@@ -978,7 +1106,8 @@ static void emit_tables(Emitter *E, FILE *out) {
     put_string(out, alias ? val->origin.node : val->name);
     fprintf(out, ", %d, {", val->type.rank);
     for (int k = 0; k < val->type.rank; k++) fprintf(out, "%s%lld", k ? ", " : "", (long long)val->type.dims[k]);
-    fprintf(out, "%s}, %d},\n", val->type.rank ? "" : "0", m->grads && tp_grad_of(m, p->params[i]) >= 0);
+    fprintf(out, "%s}, %d, %d, %d},\n", val->type.rank ? "" : "0", m->grads && tp_grad_of(m, p->params[i]) >= 0,
+            p->param_stage[i], p->param_tied_stage[i]);
   }
   fputs("};\n", out);
 
@@ -1001,14 +1130,8 @@ static void emit_tables(Emitter *E, FILE *out) {
   }
   if (nderived) fputs("};\n", out);
 
-  fputs("\n/* Per stage: the arena's bytes (activations and their gradients), the step's functions. */\n", out);
-  fputs("static const size_t arena_bytes[] = {", out);
-  for (int s = 0; s < p->nstages; s++) fprintf(out, "%s%lld", s ? ", " : "", (long long)p->arena_bytes[s]);
-  fputs("};\nstatic const TpStageFn forward[] = {", out);
-  for (int s = 0; s < p->nstages; s++) fprintf(out, "%sstage%d_forward", s ? ", " : "", s);
-  fputs("};\nstatic const TpStageFn backward[] = {", out);
-  for (int s = 0; s < p->nstages; s++) fprintf(out, "%sstage%d_backward", s ? ", " : "", s);
-  fputs("};\n\nconst TpPlan tp_plan = {\n    .abi = TP_PLAN_ABI,\n    .model = ", out);
+  emit_pipeline(E, out, seq);
+  fputs("\nconst TpPlan tp_plan = {\n    .abi = TP_PLAN_ABI,\n    .model = ", out);
   put_string(out, E->o->model ? E->o->model : m->source ? m->source : "");
   fputs(",\n    .tokpipec_version = ", out);
   put_string(out, E->o->version ? E->o->version : "");
@@ -1016,9 +1139,13 @@ static void emit_tables(Emitter *E, FILE *out) {
           (long long)seq, (long long)vocab_size(m));
   fprintf(out, "    .nparams = %d,\n    .params = params,\n", p->nparams);
   if (nderived) fprintf(out, "    .nderived = %d,\n    .derived = derived,\n", nderived);
-  fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n    .forward = forward,\n"
-               "    .backward = backward,\n};\n",
-          p->nstages);
+  fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n", p->nstages);
+  if (p->nslices == 1) fputs("    .forward = forward,\n    .backward = backward,\n", out);
+  const TpPipeline *pl = E->pipe;
+  fprintf(out, "    .global_batch = %lld,\n    .microbatches = %d,\n    .dp = %d,\n    .nslices = %d,\n"
+               "    .slice_len = slice_len,\n    .schedule = %s,\n    .stages = stages,\n};\n",
+          (long long)(batch * pl->o.microbatches * pl->o.dp), pl->o.microbatches, pl->o.dp, p->nslices,
+          pl->o.kind == TP_SCHEDULE_GPIPE ? "TP_PLAN_GPIPE" : "TP_PLAN_1F1B");
   fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
 }
 
@@ -1027,7 +1154,14 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   int rc = tp_plan_memory(m, &plan, d);
   if (rc != TP_OK) return rc;
   static const TpEmitOptions none = {0};
-  Emitter E = {.m = m, .mem = &plan, .o = o ? o : &none, .d = d};
+  if (!o) o = &none;
+  TpPipeline pipe;
+  rc = tp_pipeline_build(m, &plan, o->pipeline, &pipe, d);
+  if (rc != TP_OK) {
+    tp_memory_plan_free(&plan);
+    return rc;
+  }
+  Emitter E = {.m = m, .mem = &plan, .o = o, .pipe = &pipe, .d = d};
   E.name = calloc((size_t)m->nvalues + 1, sizeof *E.name);
   E.array = calloc((size_t)m->nvalues + 1, sizeof *E.array);
   E.referenced = calloc((size_t)m->nvalues + 1, sizeof *E.referenced);
@@ -1041,8 +1175,8 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   FILE *fns = open_memstream(&fn_text, &fn_len);
   TP_ASSERT(fns);
   for (int s = 0; s < plan.nstages && E.rc == TP_OK; s++) {
-    emit_stage(&E, s, false, fns);
-    emit_stage(&E, s, true, fns);
+    for (int i = 0; i < plan.nslices && E.rc == TP_OK; i++) emit_unit(&E, s, false, i, fns);
+    for (int i = plan.nslices - 1; i >= 0 && E.rc == TP_OK; i--) emit_unit(&E, s, true, i, fns);
   }
   fclose(fns);
   FILE *consts = open_memstream(&const_text, &const_len);
@@ -1063,6 +1197,13 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
     fprintf(out, " * %d stage%s, %d parameters (%lld floats), %lld arena bytes%s.\n", plan.nstages,
             plan.nstages == 1 ? "" : "s", plan.nparams, (long long)params, (long long)arena,
             m->loss < 0 ? "; forward only (no loss)" : "");
+    if (m->nslices > 1) { /* passes/split_sequence.c */
+      int64_t T = 0;
+      fprintf(out, " * Token slices (%d):", m->nslices);
+      for (int i = 0; i < m->nslices; i++) fprintf(out, "%s %lld", i ? "," : "", (long long)m->slice_len[i]), T += m->slice_len[i];
+      fprintf(out, " of %lld tokens.\n", (long long)T);
+    }
+    if (E.o->slicing && *E.o->slicing) fprintf(out, " * (%s)\n", E.o->slicing);
     fputs(" * Build: cc plan.c $(pkg-config --cflags --libs tokpipe) -o trainer */\n", out);
     if (E.uses_check || E.uses_check_true) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
     if (E.uses_math) fputs("#include <math.h>\n", out);
@@ -1099,6 +1240,7 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   free(E.referenced);
   free(E.declared);
   free(E.here);
+  tp_pipeline_free(&pipe);
   tp_memory_plan_free(&plan);
   return E.rc;
 }

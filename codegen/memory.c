@@ -2,9 +2,12 @@
  * and phase set; the loss and the gradient map when it trains); provides a TpMemSlot per
  * value and per op scratch buffer.
  *
- * Each stage runs its forward ops in module order, then its backward ops in module order;
- * a value is live from the op that defines it to the last op of its stage that reads it
- * (the loss and the graph outputs to the end of the forward). Buffers are placed greedily,
+ * Each stage runs its forward units (slice 0..N-1), then its backward units (N-1..0), each
+ * in module order; one arena holds one microbatch's units. A value is live from the op
+ * that defines it to the last op of its stage that reads it (the loss and the graph
+ * outputs to the end of the forward); boundary buffers (what a boundary copy receives, and
+ * what its operand sends) for the whole microbatch. Tied copies of a parameter share its
+ * index. Buffers are placed greedily,
  * largest first, each in the smallest gap left by the buffers already placed whose live
  * ranges overlap its own (else above them): deterministic, and close to the live peak. */
 #include "codegen.h"
@@ -32,7 +35,8 @@ int64_t tp_op_scratch_bytes(const TpModule *m, int op) {
   return 0;
 }
 
-/* Is value v read as the class labels of a loss (so it is the trainer's targets)? */
+/* Is value v read as the class labels of a loss (so it is the trainer's targets)? A token
+ * slice's loss reads a Slice of them (passes/split_sequence.c). */
 static bool is_label_input(const TpModule *m, int v) {
   for (int i = 0; i < m->nops; i++) {
     const TpOp *o = &m->ops[i];
@@ -42,6 +46,8 @@ static bool is_label_input(const TpModule *m, int v) {
       labels = o->inputs[1];
     else if (o->kind == TP_OP_CrossEntropyBackward)
       labels = o->inputs[2];
+    if (labels >= 0 && m->values[labels].kind == TP_VAL_RESULT && m->ops[m->values[labels].def].kind == TP_OP_Slice)
+      labels = m->ops[m->values[labels].def].inputs[0];
     if (labels == v) return true;
   }
   return false;
@@ -59,6 +65,7 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
         return tp_internal(d, "codegen: parameter '%s' is %s; the trainer holds f32 parameters",
                            val->name, tp_dtype_name(val->type.dtype));
       s->kind = TP_MEM_PARAM;
+      if (tp_tied_param(m, v) >= 0) continue; /* the copy of a parameter: below */
       s->index = p->nparams;
       p->params[p->nparams++] = v;
     } else if (val->kind == TP_VAL_CONST) {
@@ -81,16 +88,21 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
       !tp_type_equal(&m->values[tokens].type, &m->values[targets].type))
     return tp_internal(d, "codegen: token ids '%s' and targets '%s' differ in shape",
                        m->values[tokens].name, m->values[targets].name);
-  /* Gradients of parameters go straight to the trainer's gradient buffers. */
-  for (int i = 0; i < p->nparams; i++) {
-    int g = tp_grad_of(m, p->params[i]);
+  /* A tied copy (on the last stage) is its parameter, in that stage's buffers. */
+  for (int v = 0; v < m->nvalues; v++) {
+    int owner = tp_tied_param(m, v);
+    if (owner >= 0) p->value[v].index = p->value[owner].index;
+  }
+  /* Gradients of parameters (and the partial gradients of tied copies) go straight to the
+   * trainer's gradient buffers. */
+  for (int v = 0; v < m->nvalues; v++) {
+    int g = m->values[v].kind == TP_VAL_PARAM ? tp_grad_of(m, v) : -1;
     if (g < 0) continue;
     if (m->values[g].kind != TP_VAL_RESULT)
-      return tp_internal(d, "codegen: the gradient of '%s' is not computed by an op",
-                         m->values[p->params[i]].name);
+      return tp_internal(d, "codegen: the gradient of '%s' is not computed by an op", m->values[v].name);
     if (p->value[g].kind == TP_MEM_GRAD)
       return tp_internal(d, "codegen: '%s' is the gradient of two parameters", m->values[g].name);
-    p->value[g] = (TpMemSlot){.kind = TP_MEM_GRAD, .stage = -1, .offset = -1, .index = i};
+    p->value[g] = (TpMemSlot){.kind = TP_MEM_GRAD, .stage = -1, .offset = -1, .index = p->value[v].index};
   }
   /* A gradient that is a Reshape of a value read nowhere else: that value is computed in the
    * gradient buffer directly (the Reshape then has nothing to do). */
@@ -109,7 +121,7 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
       int r = o->outputs[k];
       if (r < 0 || p->value[r].kind != TP_MEM_NONE) continue;
       TpMemSlot *s = &p->value[r];
-      if (o->kind == TP_OP_Reshape) {
+      if (o->kind == TP_OP_Reshape && !tp_is_boundary_op(m, op)) {
         s->kind = TP_MEM_VIEW;
         s->index = o->inputs[0];
       } else {
@@ -122,32 +134,108 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
   return TP_OK;
 }
 
-/* The stage's run order: its forward ops, then its backward ops. */
+/* The slice whose unit runs op: its own; for an unsliced op the latest unit its operands
+ * come from (forward: the highest slice; backward, which runs slices in reverse: the
+ * lowest), so it runs once everything it reads exists. A boundary copy belongs to the
+ * unit its value is sent after. */
+static void unit_slices(const TpModule *m, int nslices, int *eff) {
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    bool fwd = o->phase == TP_PHASE_FORWARD;
+    int e = o->slice >= 0 ? o->slice : fwd ? 0 : nslices - 1;
+    for (int i = 0; o->slice < 0 && i < o->ninputs; i++) {
+      int v = o->inputs[i], def = v >= 0 && m->values[v].kind == TP_VAL_RESULT ? m->values[v].def : -1;
+      if (def < 0 || m->ops[def].phase != o->phase) continue;
+      if (fwd ? eff[def] > e : eff[def] < e) e = eff[def];
+    }
+    eff[op] = e < 0 ? 0 : e >= nslices ? nslices - 1 : e;
+  }
+}
+
+/* The stage's run order: forward units slice 0..N-1, then backward units N-1..0, each in
+ * module order. */
 static int order_ops(const TpModule *m, TpMemoryPlan *p, int *pos, TpDiag *d) {
+  int N = p->nslices, *eff = malloc(((size_t)m->nops + 1) * sizeof *eff);
+  TP_ASSERT(eff);
+  unit_slices(m, N, eff);
   for (int s = 0; s < p->nstages; s++) {
     p->order[s] = malloc((size_t)(m->nops + 1) * sizeof(int));
-    TP_ASSERT(p->order[s]);
+    p->unit_begin[s] = malloc(sizeof(int) * 2 * (size_t)N);
+    p->unit_end[s] = malloc(sizeof(int) * 2 * (size_t)N);
+    TP_ASSERT(p->order[s] && p->unit_begin[s] && p->unit_end[s]);
     for (int phase = TP_PHASE_FORWARD; phase <= TP_PHASE_BACKWARD; phase++) {
-      for (int op = 0; op < m->nops; op++)
-        if (m->ops[op].stage == s && (int)m->ops[op].phase == phase) {
-          pos[op] = p->norder[s];
-          p->order[s][p->norder[s]++] = op;
-        }
+      for (int k = 0; k < N; k++) {
+        int slice = phase == TP_PHASE_FORWARD ? k : N - 1 - k, unit = phase * N + slice;
+        p->unit_begin[s][unit] = p->norder[s];
+        for (int op = 0; op < m->nops; op++)
+          if (m->ops[op].stage == s && (int)m->ops[op].phase == phase && eff[op] == slice) {
+            pos[op] = p->norder[s];
+            p->order[s][p->norder[s]++] = op;
+          }
+        p->unit_end[s][unit] = p->norder[s];
+      }
       if (phase == TP_PHASE_FORWARD) p->nforward[s] = p->norder[s];
     }
   }
-  /* Module order is topological; a forward op must not read what the backward computes. */
-  for (int op = 0; op < m->nops; op++) {
+  /* Every op runs after what it reads on its stage; a forward op must not read what the
+   * backward computes. */
+  int rc = TP_OK;
+  for (int op = 0; op < m->nops && rc == TP_OK; op++) {
     const TpOp *o = &m->ops[op];
-    for (int i = 0; i < o->ninputs; i++) {
-      int v = o->inputs[i], def = v >= 0 ? m->values[v].def : -1;
-      if (def >= 0 && m->values[v].kind == TP_VAL_RESULT && o->phase == TP_PHASE_FORWARD &&
-          m->ops[def].phase == TP_PHASE_BACKWARD)
-        return tp_internal(d, "codegen: forward op '%s' reads '%s' of the backward pass",
-                           op_name(m, op), m->values[v].name);
+    for (int i = 0; i < o->ninputs && rc == TP_OK; i++) {
+      int v = o->inputs[i], def = v >= 0 && m->values[v].kind == TP_VAL_RESULT ? m->values[v].def : -1;
+      if (def < 0) continue;
+      if (o->phase == TP_PHASE_FORWARD && m->ops[def].phase == TP_PHASE_BACKWARD)
+        rc = tp_internal(d, "codegen: forward op '%s' reads '%s' of the backward pass", op_name(m, op),
+                         m->values[v].name);
+      else if (m->ops[def].stage == o->stage && pos[def] >= pos[op])
+        rc = tp_internal(d, "codegen: op '%s' (slice %d) reads '%s', computed later (slice %d) in stage %d's run "
+                         "order", op_name(m, op), eff[op], m->values[v].name, eff[def], o->stage);
     }
   }
-  return TP_OK;
+  free(eff);
+  return rc;
+}
+
+/* The boundary messages: per stage and slice, what the boundary copies receive and what
+ * their operands send, in module order on both sides. */
+static void list_messages(const TpModule *m, TpMemoryPlan *p, const int *pos) {
+  int N = p->nslices;
+  for (int s = 0; s < p->nstages; s++) {
+    p->messages[s] = calloc((size_t)(TP_MSG_COUNT * N), sizeof(TpMemMessage));
+    TP_ASSERT(p->messages[s]);
+  }
+  for (int op = 0; op < m->nops; op++) {
+    if (!tp_is_boundary_op(m, op)) continue;
+    const TpOp *o = &m->ops[op];
+    int x = o->inputs[0], from = m->ops[m->values[x].def].stage, slice = 0;
+    for (int i = 0; i < N; i++)
+      if (p->unit_begin[o->stage][o->phase * N + i] <= pos[op] && pos[op] < p->unit_end[o->stage][o->phase * N + i])
+        slice = i;
+    bool fwd = o->phase == TP_PHASE_FORWARD;
+    TpMemMessage *recv = &p->messages[o->stage][(fwd ? TP_MSG_RECV_ACT : TP_MSG_RECV_GRAD) * N + slice];
+    TpMemMessage *send = &p->messages[from][(fwd ? TP_MSG_SEND_ACT : TP_MSG_SEND_GRAD) * N + slice];
+    recv->values = realloc(recv->values, sizeof(int) * (size_t)(recv->n + 1));
+    send->values = realloc(send->values, sizeof(int) * (size_t)(send->n + 1));
+    TP_ASSERT(recv->values && send->values);
+    recv->values[recv->n++] = o->outputs[0];
+    send->values[send->n++] = x;
+  }
+}
+
+/* Where each parameter is held: the stages whose ops read it or its tied copy. */
+static void param_stages(const TpModule *m, TpMemoryPlan *p) {
+  for (int i = 0; i < p->nparams; i++) p->param_stage[i] = -1;
+  for (int op = 0; op < m->nops; op++)
+    for (int k = 0; k < m->ops[op].ninputs; k++) {
+      int v = m->ops[op].inputs[k], s = m->ops[op].stage;
+      if (v < 0 || p->value[v].kind != TP_MEM_PARAM) continue;
+      int i = p->value[v].index;
+      if (tp_tied_param(m, v) >= 0) p->param_tied_stage[i] = s;
+      else if (p->param_stage[i] < 0 || s < p->param_stage[i]) p->param_stage[i] = s;
+    }
+  for (int i = 0; i < p->nparams; i++)
+    if (p->param_stage[i] < 0) p->param_stage[i] = 0;
 }
 
 /* The value whose bytes v uses (v itself unless it is a view). */
@@ -170,11 +258,26 @@ static int live_ranges(const TpModule *m, TpMemoryPlan *p, const int *pos, TpDia
       int v = storage_of(p, o->inputs[i]);
       TpMemSlot *s = &p->value[v];
       if (s->kind != TP_MEM_ARENA) continue;
-      if (s->stage != o->stage)
-        return tp_internal(d, "codegen: '%s' is computed in stage %d and read in stage %d; "
-                           "plans that pass values between stages are not supported yet",
+      if (s->stage != o->stage) {
+        if (tp_is_boundary_op(m, op)) continue; /* sent: pinned below */
+        return tp_internal(d, "codegen: '%s' is computed in stage %d and read in stage %d without a "
+                           "boundary copy (run assign-stages and finish-stages)",
                            m->values[o->inputs[i]].name, s->stage, o->stage);
+      }
       if (pos[op] > s->last) s->last = pos[op];
+    }
+  }
+  /* Boundary buffers live for the whole microbatch: the runtime fills and sends them
+   * between units, and a send may complete late. */
+  for (int op = 0; op < m->nops; op++) {
+    if (!tp_is_boundary_op(m, op)) continue;
+    for (int k = 0; k < 2; k++) {
+      int v = storage_of(p, k ? m->ops[op].outputs[0] : m->ops[op].inputs[0]);
+      TpMemSlot *s = &p->value[v];
+      if (s->kind != TP_MEM_ARENA)
+        return tp_internal(d, "codegen: boundary value '%s' is not an activation in the arena", m->values[v].name);
+      s->first = 0;
+      s->last = p->norder[s->stage] - 1;
     }
   }
   /* The loss and the graph outputs are read after the forward. */
@@ -257,10 +360,11 @@ static int64_t live_peak(const Buf *bufs, int n, int positions) {
 
 int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   *p = (TpMemoryPlan){0};
-  p->nstages = 1;
+  p->nstages = p->nslices = 1;
   for (int op = 0; op < m->nops; op++) {
     TP_ASSERT(m->ops[op].stage >= 0);
     if (m->ops[op].stage >= p->nstages) p->nstages = m->ops[op].stage + 1;
+    if (m->ops[op].slice >= p->nslices) p->nslices = m->ops[op].slice + 1;
   }
   int ns = p->nstages, nv = m->nvalues, no = m->nops;
   p->value = calloc((size_t)nv + 1, sizeof *p->value);
@@ -273,12 +377,18 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   p->order = calloc((size_t)ns, sizeof *p->order);
   p->norder = calloc((size_t)ns, sizeof *p->norder);
   p->nforward = calloc((size_t)ns, sizeof *p->nforward);
+  p->unit_begin = calloc((size_t)ns, sizeof *p->unit_begin);
+  p->unit_end = calloc((size_t)ns, sizeof *p->unit_end);
+  p->messages = calloc((size_t)ns, sizeof *p->messages);
+  p->param_stage = calloc((size_t)nv + 1, sizeof *p->param_stage);
+  p->param_tied_stage = calloc((size_t)nv + 1, sizeof *p->param_tied_stage);
   int *pos = calloc((size_t)no + 1, sizeof *pos);
   bool *used = calloc((size_t)nv + 1, sizeof *used);
   Buf *bufs = malloc((size_t)(nv + no + 1) * sizeof *bufs);
   TP_ASSERT(p->value && p->scratch && p->params && p->arena_bytes && p->live_peak &&
             p->total_bytes && p->nbuffers && p->order && p->norder && p->nforward && pos &&
-            used && bufs);
+            used && bufs && p->unit_begin && p->unit_end && p->messages && p->param_stage &&
+            p->param_tied_stage);
   for (int op = 0; op < no; op++)
     for (int i = 0; i < m->ops[op].ninputs; i++)
       if (m->ops[op].inputs[i] >= 0) used[m->ops[op].inputs[i]] = true;
@@ -286,6 +396,7 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   int rc = classify(m, p, used, d);
   if (rc == TP_OK) rc = order_ops(m, p, pos, d);
   if (rc == TP_OK) rc = live_ranges(m, p, pos, d);
+  if (rc == TP_OK) list_messages(m, p, pos), param_stages(m, p);
   for (int s = 0; s < ns && rc == TP_OK; s++) {
     int n = 0;
     for (int v = 0; v < nv; v++)
@@ -307,6 +418,16 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
 
 void tp_memory_plan_free(TpMemoryPlan *p) {
   for (int s = 0; p->order && s < p->nstages; s++) free(p->order[s]);
+  for (int s = 0; p->unit_begin && s < p->nstages; s++) free(p->unit_begin[s]), free(p->unit_end[s]);
+  for (int s = 0; p->messages && s < p->nstages; s++) {
+    for (int k = 0; p->messages[s] && k < TP_MSG_COUNT * p->nslices; k++) free(p->messages[s][k].values);
+    free(p->messages[s]);
+  }
+  free(p->unit_begin);
+  free(p->unit_end);
+  free(p->messages);
+  free(p->param_stage);
+  free(p->param_tied_stage);
   free(p->value);
   free(p->scratch);
   free(p->params);
@@ -332,7 +453,7 @@ static void print_bytes(FILE *out, const char *what, int64_t bytes, const char *
   fputc('\n', out);
 }
 
-void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, FILE *out) {
+void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline *pl, FILE *out) {
   fprintf(out, "memory plan of %s\n", m->source ? m->source : "<module>");
   int64_t activations = 0;
   for (int s = 0; s < p->nstages; s++) {
@@ -360,4 +481,17 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, FILE *out) {
   print_bytes(out, "  optimizer state", 2 * grads, "AdamW first and second moments");
   print_bytes(out, "  activations", activations, "the stage arenas");
   print_bytes(out, "  total", params + grads + 2 * grads + activations, NULL);
+  if (!pl) return;
+  fprintf(out, "ranks: %d stage%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",
+          p->nstages, p->nstages == 1 ? "" : "s", pl->o.dp, pl->o.dp == 1 ? "" : "s", tp_schedule_name(pl->o.kind),
+          pl->o.microbatches, pl->o.microbatches == 1 ? "" : "es", p->nslices, p->nslices == 1 ? "" : "s");
+  for (int s = 0; s < p->nstages; s++) {
+    fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
+    print_bytes(out, "  parameters", pl->params[s], NULL);
+    print_bytes(out, "  gradients", pl->grads[s], pl->o.microbatches > 1 ? "the step's sum and a microbatch's" : NULL);
+    print_bytes(out, "  optimizer state", pl->state[s], NULL);
+    snprintf(note, sizeof note, "%d microbatch arena%s alive at once", pl->arenas[s], pl->arenas[s] == 1 ? "" : "s");
+    print_bytes(out, "  activations", pl->activations[s], note);
+    print_bytes(out, "  peak", pl->peak[s], NULL);
+  }
 }

@@ -29,6 +29,12 @@ _Noreturn void tp_internal_error(const char *file, int line, const char *what);
 enum {
   TP_TRAIT_ELEMENTWISE = 1 << 0, /* result[i] depends on broadcast operands at i only */
   TP_TRAIT_BOOL_RESULT = 1 << 1, /* result dtype is bool */
+  /* How an op treats the token (sequence) axis, beyond the axis bookkeeping of
+   * passes/insert_token_dim.c: a loss that sums over every position (token-reducing), and
+   * an attention whose queries read the keys and values of earlier tokens (causal-prefix
+   * when causal, else token-global). */
+  TP_TRAIT_TOKEN_REDUCING = 1 << 2,
+  TP_TRAIT_TOKEN_PREFIX = 1 << 3,
 };
 
 typedef enum {
@@ -160,6 +166,16 @@ typedef struct TpModule {
    * the name (NULL: every float PARAM is trainable). */
   const char *logits_name;
   const char *freeze;
+  /* Token slicing (passes/split_sequence.c; set by the tool, not printed): the lengths of
+   * the nslices slices each sequence is cut into, first to last, summing to the token
+   * axis's length. nslices <= 1: the sequence stays whole. */
+  int nslices;
+  const int64_t *slice_len;
+  /* Pipeline stages (passes/assign_stages.c; set by the tool, not printed): how many
+   * stages to cut the layers into (<= 1: one), and the first layer of stages 1.. as "a,b,..."
+   * (NULL: balance the estimated compute). */
+  int nstages;
+  const char *stage_cuts;
   /* name -> value index hash table (open addressing), maintained by tp_module_* */
   int *name_table;
   int name_table_cap;
@@ -295,6 +311,51 @@ int pass_raise_transformer(TpModule *m, TpDiag *d);
 /* Restores the topological order of m->ops after a pass appended ops that earlier ops now
  * read; ops already in order keep their relative order. (passes/raise_transformer.c) */
 void tp_sort_ops(TpModule *m);
+
+/* passes/insert_token_dim.c: the token (sequence) axis, for slicing the sequence.
+ * insert-token-dim names the token axis of every value TP_TOKEN_DIM (a reserved dimension
+ * name: the IR prints it, e.g. f32[2, tokens=16, 32], and reads it back; any other use of
+ * the name is cleared), starting from the token input's second dim and following every
+ * op's positional axes, and refuses a module with a token-global op. */
+#define TP_TOKEN_DIM "tokens"
+typedef enum {
+  TP_TOKEN_FREE,          /* no operand or result has a token axis: computed once */
+  TP_TOKEN_POSITIONWISE,  /* result row t reads operand rows t only */
+  TP_TOKEN_CAUSAL_PREFIX, /* causal attention: row t reads the keys and values of rows <= t */
+  TP_TOKEN_REDUCING,      /* a loss: the sum over every row */
+  TP_TOKEN_GLOBAL,        /* mixes rows otherwise: the sequence cannot be sliced */
+} TpTokenClass;
+int pass_insert_token_dim(TpModule *m, TpDiag *d);
+/* The token ids: the graph input of integer [batch, seq] type read by an Embedding or
+ * Gather (else the first such input) that no loss reads as labels; -1 if none. */
+int tp_token_input(const TpModule *m);
+/* The axis of value v named TP_TOKEN_DIM, or -1. */
+int tp_token_axis(const TpModule *m, int v);
+/* How op `op` of a marked module treats the token axis; for TP_TOKEN_GLOBAL, *why says
+ * why (a module-owned string, "attention at node 'X' is not causal"). */
+TpTokenClass tp_token_class(TpModule *m, int op, const char **why);
+
+/* passes/split_sequence.c: split-sequence cuts the marked forward module (after add-loss,
+ * before autodiff) into m->nslices per-slice units; see the file. */
+int pass_split_sequence(TpModule *m, TpDiag *d);
+
+/* passes/assign_stages.c: assign-stages (after add-loss and split-sequence, before
+ * autodiff) cuts the forward module's layers into m->nstages pipeline stages, places every
+ * op, and makes each value that crosses stages an explicit boundary copy: a same-shape
+ * Reshape on the receiving stage with origin (value, TP_ORIGIN_BOUNDARY). A parameter that
+ * the first and the last stage both read gets a copy on the last stage: a PARAM with origin
+ * (parameter, TP_ORIGIN_TIED), sharing its data, so that each stage has its own partial
+ * gradient. finish-stages (after autodiff) moves the gradient copies autodiff made of the
+ * boundaries to the stage that receives them and checks that boundary copies are the only
+ * ops reading another stage's results. */
+#define TP_ORIGIN_BOUNDARY "stage-boundary"
+#define TP_ORIGIN_TIED "tied"
+int pass_assign_stages(TpModule *m, TpDiag *d);
+int pass_finish_stages(TpModule *m, TpDiag *d);
+/* Is op a boundary copy (its operand is sent from the neighbouring stage)? */
+bool tp_is_boundary_op(const TpModule *m, int op);
+/* For a tied copy of a parameter (origin TP_ORIGIN_TIED): the parameter; else -1. */
+int tp_tied_param(const TpModule *m, int v);
 
 /* passes/pipeline.c: the pass manager. */
 typedef int (*TpPassFn)(TpModule *m, TpDiag *d);

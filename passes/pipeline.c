@@ -13,13 +13,23 @@ const TpPassInfo tp_pass_registry[] = {
     {"verify", pass_verify, "check the IR's invariants"},
     {"retie-params", pass_retie_params, "re-tie parameters that are exact copies or transposes of another"},
     {"raise-transformer", pass_raise_transformer, "raise primitive chains to Embedding, Linear, LayerNorm, Gelu, Attention"},
+    {"insert-token-dim", pass_insert_token_dim, "mark the token axis of every value; refuse ops that mix tokens"},
+    {"split-sequence", pass_split_sequence, "cut the forward into per-slice units along the token axis (--slices)"},
+    {"assign-stages", pass_assign_stages, "cut the layers into pipeline stages (--stages, --stage-cuts); boundary copies"},
+    {"finish-stages", pass_finish_stages, "put the gradients of boundary copies on the receiving stage; check stage crossings"},
     {NULL, NULL, NULL},
 };
 
 /* The order tokpipec runs them in: clean up the import, undo the exporter's untying of
- * weights (tokpipec --no-retie skips it), raise the transformer, then make it train. */
+ * weights (tokpipec --no-retie skips it), raise the transformer, then make it train. The
+ * token passes mark the sequence axis on the raised forward and cut the forward (with its
+ * per-slice loss terms) into slices before autodiff, which then emits the slices' backward
+ * in reverse; tokpipec runs them only when --slices asks for more than one slice.
+ * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
+ * and finish-stages places the gradients that cross stages once autodiff made them. */
 const char *const tp_default_pipeline[] = {"fold-constants", "dce", "retie-params", "raise-transformer",
-                                           "add-loss", "autodiff", "dce", NULL};
+                                           "insert-token-dim", "add-loss", "split-sequence", "assign-stages",
+                                           "autodiff", "finish-stages", "dce", NULL};
 
 const TpPassInfo *tp_find_pass(const char *name) {
   for (const TpPassInfo *p = tp_pass_registry; p->name; p++)

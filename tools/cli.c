@@ -108,6 +108,32 @@ void cli_free_list(char **names) {
   free(names);
 }
 
+void cli_set_slices(TpModule *m, const char *spec) {
+  int tokens = tp_token_input(m);
+  if (tokens < 0) cli_usage_error("--slices: the model has no integer [batch, seq] token input to slice");
+  int64_t T = m->values[tokens].type.dims[1];
+  if (T < 1) cli_usage_error("--slices needs a known sequence length: pass --seq T");
+  int n = 0;
+  int64_t *len;
+  if (!strchr(spec, ',')) {
+    n = (int)cli_int("--slices", spec, 1, INT32_MAX);
+    if (n > T) cli_usage_error("--slices: %d slices are more than the %lld tokens of a sequence", n, (long long)T);
+    len = tp_alloc(m, (size_t)n * sizeof *len);
+    for (int i = 0; i < n; i++) len[i] = T / n + (i < T % n);
+  } else {
+    char **parts = cli_split_list("--slices", spec, &n);
+    len = tp_alloc(m, (size_t)n * sizeof *len);
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) sum += len[i] = cli_int("--slices", parts[i], 1, INT32_MAX);
+    cli_free_list(parts);
+    if (sum != T)
+      cli_usage_error("--slices: the lengths %s sum to %lld, not the sequence length %lld", spec, (long long)sum,
+                      (long long)T);
+  }
+  m->nslices = n;
+  m->slice_len = len;
+}
+
 int cli_run_pipeline(TpModule *m, const char *const *names, int n, const TpPassOptions *o, TpDiag *d) {
   int rc = tp_verify(m, d);
   if (rc != TP_OK) return rc;

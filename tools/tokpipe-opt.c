@@ -20,6 +20,9 @@ static const char usage[] =
     "  --dim NAME=VALUE     fix a symbolic input dimension of an ONNX model (repeatable)\n"
     "  --logits NAME        add-loss: the graph output holding the logits\n"
     "  --freeze REGEX       autodiff: params whose name matches (POSIX ERE) stay frozen\n"
+    "  --slices N|L1,L2,..  split-sequence: N near-equal token slices, or their lengths\n"
+    "  --stages S           assign-stages: cut the layers into S pipeline stages\n"
+    "  --stage-cuts A,B,..  assign-stages: stage k starts at layer cut k (default: balance FLOPs)\n"
     CLI_PASS_OPTIONS_HELP
     "  --help, --version\n"
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
@@ -37,7 +40,7 @@ static int generate(const TpModule *m, bool c, char **text, TpDiag *d) {
   TpEmitOptions o = {.version = TOKPIPE_VERSION};
   int rc = c ? tp_emit_c(m, &o, f, d) : tp_plan_memory(m, &plan, d);
   if (rc == TP_OK && !c) {
-    tp_print_memory(m, &plan, f);
+    tp_print_memory(m, &plan, NULL, f);
     tp_memory_plan_free(&plan);
   }
   fclose(f);
@@ -47,7 +50,8 @@ static int generate(const TpModule *m, bool c, char **text, TpDiag *d) {
 int main(int argc, char **argv) {
   cli_tool = "tokpipe-opt";
   const char *input = NULL, *passes = "", *output = NULL, *emit = "ir", *logits = NULL,
-             *freeze = NULL, *v;
+             *freeze = NULL, *stage_cuts = NULL, *slices = NULL, *v;
+  int nstages = 0;
   CliDims dims = {0};
   TpPassOptions po = {0};
   for (int i = 1; i < argc; i++) {
@@ -68,6 +72,10 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "-o", &output)) {
     } else if (cli_value(argc, argv, &i, "--logits", &logits)) {
     } else if (cli_value(argc, argv, &i, "--freeze", &freeze)) {
+    } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
+    } else if (cli_value(argc, argv, &i, "--stages", &v)) {
+      nstages = (int)cli_int("--stages", v, 1, 1024);
+    } else if (cli_value(argc, argv, &i, "--stage-cuts", &stage_cuts)) {
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);
     } else if (cli_pass_option(argc, argv, &i, &po)) {
@@ -88,6 +96,8 @@ int main(int argc, char **argv) {
   TpModule *m = NULL;
   int rc = cli_load_module(input, &dims, &m, &d);
   if (rc == TP_OK) m->logits_name = logits, m->freeze = freeze;
+  if (rc == TP_OK && slices) cli_set_slices(m, slices);
+  if (rc == TP_OK) m->nstages = nstages, m->stage_cuts = stage_cuts;
   if (rc == TP_OK) rc = cli_run_pipeline(m, (const char *const *)names, n, &po, &d);
   char *text = NULL;
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);

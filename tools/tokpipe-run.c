@@ -13,7 +13,7 @@
 
 static const char usage[] =
     "usage: tokpipe-run MODEL.onnx --test-dir DIR [--dim NAME=VALUE]... [--atol A] [--rtol R]\n"
-    "                   [--passes=a,b,c]\n"
+    "                   [--passes=a,b,c] [--slices S]\n"
     "\n"
     "Runs MODEL with the reference CPU interpreter on ONNX backend-test data and compares\n"
     "its outputs: DIR holds input_N.pb and output_N.pb (serialized TensorProto, one per\n"
@@ -28,6 +28,7 @@ static const char usage[] =
     "  --rtol R             relative tolerance (default 1e-4)\n"
     "  --passes=a,b,c       the passes to run before executing (default fold-constants,dce;\n"
     "                       tokpipe-opt --list-passes lists them)\n"
+    "  --slices N|L1,L2,..  split-sequence: N near-equal token slices, or their lengths\n"
     CLI_PASS_OPTIONS_HELP
     "  --help               print this help\n"
     "  --version            print the version\n"
@@ -40,6 +41,7 @@ typedef struct {
   const CliDims *dims;
   char **passes; /* names, NULL-terminated */
   int npasses;
+  const char *slices; /* --slices, for split-sequence */
   TpPassOptions pass_options;
 } RunOptions;
 
@@ -237,6 +239,7 @@ static int run_data_set(const char *model_path, const char *set, const char *lab
     if (in_names[i] && *in_names[i]) bound[nbound++] = (TpInputBinding){in_names[i], ins[i]};
   TpImportOptions io = {.dims = o->dims->dims, .ndims = o->dims->n, .bound_inputs = bound, .nbound = nbound};
   if ((rc = tp_import_onnx_file(model_path, &io, &m, d))) goto done;
+  if (o->slices) cli_set_slices(m, o->slices);
   if ((rc = cli_run_pipeline(m, (const char *const *)o->passes, o->npasses, &o->pass_options, d))) goto done;
 
   /* The model's inputs: those still inputs plus the bound ones the importer made constants
@@ -318,6 +321,7 @@ int main(int argc, char **argv) {
       o.rtol = cli_double("--rtol", v);
       if (o.rtol < 0) cli_usage_error("--rtol must be >= 0");
     } else if (cli_value(argc, argv, &i, "--passes", &passes)) {
+    } else if (cli_value(argc, argv, &i, "--slices", &o.slices)) {
     } else if (cli_pass_option(argc, argv, &i, &o.pass_options)) {
     } else if (a[0] == '-' && a[1]) {
       cli_usage_error("unknown option '%s'", a);

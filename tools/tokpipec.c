@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "codegen/codegen.h"
+#include "passes/planner/plan.h"
 #include "tokpipec_config.h" /* the C compiler, where the runtime is, what a plan links */
 
 extern char **environ;
@@ -23,18 +24,30 @@ static const char usage[] =
     "usage: tokpipec MODEL.onnx|FILE.tir [options]\n"
     "Imports MODEL.onnx (or textual IR; '-' reads stdin), runs the training pipeline (raise\n"
     "the transformer, add the loss, differentiate) and writes the result.\n"
-    "  --emit=ir|dot|memory|c  textual IR (the default), a Graphviz graph, the memory plan, or\n"
-    "                       the C training program (the default when -o ends in .c)\n"
+    "  --emit=ir|dot|memory|schedule|c  textual IR (the default), a Graphviz graph, the memory\n"
+    "                       plan (per rank), the ranks' instruction lists, or the C training\n"
+    "                       program (the default when -o ends in .c)\n"
     "  -o OUT               write OUT (atomically) instead of stdout\n"
     "  --exe TRAINER        also compile the C program into the executable TRAINER\n"
     "  -v, --verbose        print the C compiler's command line\n"
-    "  --batch B, --seq T   the token input's two dims (symbolic or not)\n"
+    "  --batch B, --seq T   the global batch of a step (B / (dp * microbatches) rows per\n"
+    "                       microbatch: the token input's first dim) and the sequence length\n"
     "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
     "  --logits NAME        the graph output the loss reads (default: the float [B, T, V] one)\n"
     "  --freeze REGEX       parameters whose ONNX names match (POSIX ERE) are not trained\n"
     "  --no-retie           keep duplicated weights separate (no re-tying)\n"
     "  --forward-only       stop before the loss: the raised forward module, to inspect\n"
-    "                       with --emit=ir|dot|memory\n" CLI_PASS_OPTIONS_HELP
+    "                       with --emit=ir|dot|memory\n"
+    "  --slices N|L1,L2,..|auto  cut each sequence into N near-equal token slices, slices of\n"
+    "                       the lengths given (summing to the sequence), or the planner's\n"
+    "                       optimal slicing; the model must be causal (default: 1, whole)\n"
+    "  --stages S           cut the layers into S pipeline stages (default 1), balancing FLOPs\n"
+    "  --stage-cuts A,B,..  ... or by hand: stage k starts at layer cut k (layers from 0)\n"
+    "  --microbatches M     microbatches per replica and step (default 1)\n"
+    "  --dp D               data-parallel replicas of the pipeline (default 1)\n"
+    "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
+    "  --max-memory BYTES   refuse a plan whose per-rank peak (weights, gradients, AdamW\n"
+    "                       state, microbatch arenas) exceeds BYTES\n" CLI_PASS_OPTIONS_HELP
     "  --help, --version\n"
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
 
@@ -47,24 +60,31 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* The memory plan's report, or the C program, into a malloc'ed string. */
-static int render(const TpModule *m, const char *emit, const char *model, char **text, TpDiag *d) {
-  size_t len = 0;
-  FILE *f = open_memstream(text, &len);
-  TP_ASSERT(f);
-  int rc = TP_OK;
-  if (strcmp(emit, "memory") == 0) {
-    TpMemoryPlan plan;
-    rc = tp_plan_memory(m, &plan, d);
-    if (rc == TP_OK) {
-      tp_print_memory(m, &plan, f);
-      tp_memory_plan_free(&plan);
-    }
-  } else {
-    TpEmitOptions o = {.model = model, .version = TOKPIPE_VERSION};
-    rc = tp_emit_c(m, &o, f, d);
+/* The memory plan's report, the schedule or the C program into a malloc'ed string (NULL
+ * for the IR and the graph), after checking --max-memory (max_memory > 0). */
+static int render(const TpModule *m, const char *emit, const char *model, const char *note,
+                  const TpPipelineOptions *po, int64_t max_memory, char **text, TpDiag *d) {
+  bool report = strcmp(emit, "memory") == 0 || strcmp(emit, "schedule") == 0;
+  if (!report && strcmp(emit, "c") != 0 && max_memory <= 0) return TP_OK;
+  TpMemoryPlan plan;
+  TpPipeline pl;
+  int rc = tp_plan_memory(m, &plan, d);
+  if (rc != TP_OK) return rc;
+  rc = tp_pipeline_build(m, &plan, po, &pl, d);
+  bool built = rc == TP_OK;
+  if (rc == TP_OK && max_memory > 0) rc = tp_pipeline_check_memory(&pl, max_memory, d);
+  if (rc == TP_OK && (report || strcmp(emit, "c") == 0)) {
+    size_t len = 0;
+    FILE *f = open_memstream(text, &len);
+    TP_ASSERT(f);
+    TpEmitOptions o = {.model = model, .version = TOKPIPE_VERSION, .slicing = note, .pipeline = po};
+    if (strcmp(emit, "memory") == 0) tp_print_memory(m, &plan, &pl, f);
+    else if (strcmp(emit, "schedule") == 0) tp_schedule_print(&pl.schedule, f);
+    else rc = tp_emit_c(m, &o, f, d);
+    fclose(f);
   }
-  fclose(f);
+  if (built) tp_pipeline_free(&pl);
+  tp_memory_plan_free(&plan);
   return rc;
 }
 
@@ -204,11 +224,84 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
   return rc;
 }
 
+/* ---- --slices auto ---- */
+
+/* The transformer's sizes, read off the raised, marked forward module. */
+static TpModelDesc describe_model(const TpModule *m, int64_t T) {
+  TpModelDesc desc = {.seq = (int)T};
+  snprintf(desc.name, sizeof desc.name, "model");
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    if (o->kind == TP_OP_Attention) {
+      const TpType *q = &m->values[o->inputs[0]].type;
+      desc.layers++;
+      desc.heads = q->rank == 4 ? (int)q->dims[1] : (int)tp_attr_int(m, op, "q_num_heads", 1);
+      desc.hidden = q->rank == 4 ? (int)(q->dims[1] * q->dims[3]) : (int)q->dims[2];
+    } else if (o->kind == TP_OP_Linear) {
+      const TpType *y = &m->values[o->outputs[0]].type;
+      if (y->dims[y->rank - 1] > desc.vocab) desc.vocab = (int)y->dims[y->rank - 1]; /* the widest: the head */
+    }
+  }
+  for (int op = 0; op < m->nops; op++) { /* the MLP: the widest Linear below the head */
+    if (m->ops[op].kind != TP_OP_Linear) continue;
+    const TpType *y = &m->values[m->ops[op].outputs[0]].type;
+    int w = (int)y->dims[y->rank - 1];
+    if (w < desc.vocab && w != 3 * desc.hidden && w > desc.ffn) desc.ffn = w;
+  }
+  if (!desc.ffn) desc.ffn = 4 * desc.hidden;
+  return desc;
+}
+
+/* TeraPipe's optimal slicing (passes/planner/slicing.h, Eqs. 5-8) of one microbatch of the
+ * whole batch on one stage, priced by the planner's cost model on the CPU profile; writes
+ * m->nslices and m->slice_len, and a note for the program's header. */
+static int auto_slices(TpModule *m, char *note, size_t size, TpDiag *d) {
+  int tokens = tp_token_input(m);
+  if (tokens < 0) return tp_error(d, "--slices auto: the model has no integer [batch, seq] token input");
+  int64_t B = m->values[tokens].type.dims[0], T = m->values[tokens].type.dims[1];
+  TpModelDesc desc = describe_model(m, T);
+  if (!desc.layers || !desc.hidden || !desc.vocab)
+    return tp_error(d, "--slices auto: cannot read the layer count, width and vocabulary off the model; give the slices");
+  TpHardware hw;
+  TpCostModel cm;
+  int rc = tp_hardware_find("cpu", TOKPIPE_PROFILE_DIRS, &hw, d);
+  if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, 1, 1, d);
+  if (rc) return rc;
+  int g = 1; /* slice lengths in units of g tokens: at most 256 units */
+  while (T / g > 256 || T % g) g++;
+  TpSliceCost table;
+  double rms, worst;
+  tp_model_slice_cost(&cm, (int)B, g, &table, &rms, &worst);
+  for (int b = 1; b < B; b++) /* one microbatch: the trainer runs the whole batch at once */
+    for (int u = 0; u <= table.units; u++) table.t0[(long)b * (table.units + 1) + u] = INFINITY;
+  TpSlicing plan = {0};
+  rc = tp_slice_cost_finish(&table, d);
+  if (rc == TP_OK) rc = tp_solve_slicing(&table, (int)B, 1, &plan, d);
+  if (rc == TP_OK) {
+    TP_ASSERT(plan.n == 1);
+    int64_t *len = tp_alloc(m, (size_t)plan.mb[0].nslices * sizeof *len);
+    for (int i = 0; i < plan.mb[0].nslices; i++) len[i] = plan.mb[0].len[i];
+    m->nslices = plan.mb[0].nslices;
+    m->slice_len = len;
+    int n = snprintf(note, size, "--slices auto chose");
+    for (int i = 0; i < m->nslices && n < (int)size; i++) n += snprintf(note + n, size - (size_t)n, "%s %lld", i ? "," : "", (long long)len[i]);
+    if (n < (int)size)
+      snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for 1 stage on the %s profile, %.3g s a step",
+               hw.name, plan.time);
+  }
+  tp_slicing_free(&plan);
+  tp_slice_cost_free(&table);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   cli_tool = "tokpipec";
   const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL,
-             *freeze = NULL, *v;
-  bool retie = true, verbose = false, forward_only = false;
+             *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *v;
+  int nstages = 0;
+  int64_t batch = 0, max_memory = 0;
+  TpPipelineOptions pipe = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
+  bool retie = true, verbose = false, forward_only = false, slicing = false;
   CliDims dims = {0};
   TpPassOptions po = {0};
   for (int i = 1; i < argc; i++) {
@@ -220,12 +313,24 @@ int main(int argc, char **argv) {
       printf("tokpipec %s\n", TOKPIPE_VERSION);
       return 0;
     } else if (cli_value(argc, argv, &i, "--emit", &emit)) {
-      if (strcmp(emit, "ir") && strcmp(emit, "dot") && strcmp(emit, "memory") && strcmp(emit, "c"))
-        cli_usage_error("--emit expects ir, dot, memory or c, got '%s'", emit);
+      if (strcmp(emit, "ir") && strcmp(emit, "dot") && strcmp(emit, "memory") && strcmp(emit, "schedule") &&
+          strcmp(emit, "c"))
+        cli_usage_error("--emit expects ir, dot, memory, schedule or c, got '%s'", emit);
     } else if (cli_value(argc, argv, &i, "-o", &output)) {
     } else if (cli_value(argc, argv, &i, "--exe", &exe)) {
     } else if (cli_value(argc, argv, &i, "--batch", &v)) {
-      dims.token_dims[0] = cli_int("--batch", v, 1, INT32_MAX);
+      batch = cli_int("--batch", v, 1, INT32_MAX);
+    } else if (cli_value(argc, argv, &i, "--stages", &v)) {
+      nstages = (int)cli_int("--stages", v, 1, 1024);
+    } else if (cli_value(argc, argv, &i, "--stage-cuts", &stage_cuts)) {
+    } else if (cli_value(argc, argv, &i, "--microbatches", &v)) {
+      pipe.microbatches = (int)cli_int("--microbatches", v, 1, 65536);
+    } else if (cli_value(argc, argv, &i, "--dp", &v)) {
+      pipe.dp = (int)cli_int("--dp", v, 1, 65536);
+    } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
+      if (!tp_schedule_parse(v, &pipe.kind)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
+    } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {
+      max_memory = cli_int("--max-memory", v, 1, INT64_MAX);
     } else if (cli_value(argc, argv, &i, "--seq", &v)) {
       dims.token_dims[1] = cli_int("--seq", v, 1, INT32_MAX);
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
@@ -246,6 +351,9 @@ int main(int argc, char **argv) {
       forward_only = true;
     } else if (cli_is(a, "--no-retie")) {
       retie = false;
+    } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
+      /* a count is checked against the sequence once the model is read */
+      slicing = strcmp(slices, "auto") == 0 || strchr(slices, ',') || cli_int("--slices", slices, 1, INT32_MAX) > 1;
     } else if (cli_pass_option(argc, argv, &i, &po)) {
     } else if (a[0] == '-' && a[1]) {
       cli_usage_error("unknown option '%s'", a);
@@ -260,6 +368,13 @@ int main(int argc, char **argv) {
   if (exe && strcmp(emit, "c") != 0) cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
   if (forward_only && strcmp(emit, "c") == 0)
     cli_usage_error("--forward-only has no loss to train: use it with --emit=ir, dot or memory");
+  /* --batch is the step's: every microbatch of every replica gets an equal share of rows */
+  int64_t units = (int64_t)pipe.dp * pipe.microbatches;
+  if (batch && batch % units)
+    cli_usage_error("--batch %lld is not divisible by --dp %d x --microbatches %d = %lld: every microbatch "
+                    "of every replica needs the same number of rows", (long long)batch, pipe.dp,
+                    pipe.microbatches, (long long)units);
+  if (batch) dims.token_dims[0] = batch / units;
 
   /* The default pipeline, less retie-params under --no-retie, less the loss and the
    * gradients under --forward-only. */
@@ -270,6 +385,7 @@ int main(int argc, char **argv) {
     TP_ASSERT(n < 64);
     if (!retie && strcmp(p, "retie-params") == 0) continue;
     if (forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
+    if (!slicing && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
     names[n++] = p;
   }
 
@@ -278,16 +394,24 @@ int main(int argc, char **argv) {
   TpModule *m = NULL;
   char *text = NULL;
   int rc = cli_load_module(input, &dims, &m, &d);
+  char note[256] = "";
   if (rc == TP_OK) {
     m->logits_name = logits;
     m->freeze = freeze;
-    rc = cli_run_pipeline(m, names, n, &po, &d);
+    m->nstages = nstages;
+    m->stage_cuts = stage_cuts;
+    if (slices && strcmp(slices, "auto") != 0) cli_set_slices(m, slices);
+    /* --slices auto: the passes up to split-sequence, the slicing, the rest */
+    int first = n;
+    for (int i = 0; i < n && slices && strcmp(slices, "auto") == 0; i++)
+      if (strcmp(names[i], "split-sequence") == 0) first = i;
+    rc = cli_run_pipeline(m, names, first, &po, &d);
+    if (rc == TP_OK && first < n) rc = auto_slices(m, note, sizeof note, &d);
+    if (rc == TP_OK && first < n) rc = cli_run_pipeline(m, names + first, n - first, &po, &d);
   }
-  if (rc == TP_OK) {
-    if (strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
-    else if (strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);
-    else rc = render(m, emit, input, &text, &d);
-  }
+  if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &text, &d);
+  if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
+  else if (rc == TP_OK && strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);
   if (rc == TP_OK && text) {
     if (exe) rc = build_trainer(text, output, exe, verbose, &d);
     else rc = cli_write_output(output, write_text, text, &d);

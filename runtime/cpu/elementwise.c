@@ -3,6 +3,8 @@
 #include <string.h>
 #include <tgmath.h> /* sqrt, exp, ... pick the float or double version from the argument */
 
+#include "vecmath.h"
+
 /* ---- strided iteration ---- */
 
 void tp_contiguous_strides(int rank, const int64_t *dims, size_t elsize, int64_t *strides) {
@@ -255,6 +257,23 @@ typedef struct {
     }                                                                               \
   } while (0)
 
+/* f32 Gelu on vecmath.h's exp and erfc (libm's erff and tanhf do not vectorise), in forms
+ * without cancellation for negative x: x Phi(x) = x erfc(-x / sqrt 2) / 2 and
+ * x (1 + tanh u) / 2 = x / (1 + e^-2u). */
+static void gelu_f32(bool tanh_approx, int64_t n, float *y, const float *x) {
+  if (tanh_approx) {
+    const float c = 0.7978845608028654f, k = 0.044715f; /* sqrt(2/pi) */
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      float u = c * (x[i] + k * x[i] * x[i] * x[i]);
+      y[i] = x[i] / (1.0f + tp_vexpf(-2.0f * u));
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * tp_verfcf(x[i] * -(float)M_SQRT1_2);
+  }
+}
+
 #define BLOCK 256 /* elements converted at a time on the slow paths */
 
 static void unary_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {
@@ -265,7 +284,8 @@ static void unary_run(const void *ctx, int64_t n, char *const p[], const int64_t
   if (t == TP_F32) {
     float *y = (float *)p[0];
     const float *x = (const float *)p[1];
-    UNARY_LOOP(float, c->op, n, y, x);
+    if (c->op == TP_UNARY_GELU || c->op == TP_UNARY_GELU_TANH) gelu_f32(c->op == TP_UNARY_GELU_TANH, n, y, x);
+    else UNARY_LOOP(float, c->op, n, y, x);
   } else if (t == TP_F64) {
     double *y = (double *)p[0];
     const double *x = (const double *)p[1];

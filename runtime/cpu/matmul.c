@@ -1,15 +1,60 @@
 #include "matmul.h"
 
 #include <cblas.h>
+#include <omp.h>
+#include <pthread.h>
 #include <string.h>
 
+/* Products smaller than this many multiply-adds run on one thread. */
+#define PARALLEL_MIN_MACS (1 << 19)
+/* A split product has a few pieces per thread, handed out as threads come free, so that a
+ * thread the system preempts holds up little; each piece is a multiple of PIECE_ALIGN rows
+ * or columns (OpenBLAS's kernels work in blocks of up to 16) and at least PIECE_MIN. */
+#define PIECES_PER_THREAD 4
+#define PIECE_ALIGN 16
+#define PIECE_MIN 64
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_threaded(void) { openblas_set_num_threads(1); }
+
+static void sgemm_piece(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                        float *C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C,
+              (blasint)ldc);
+}
+
+/* One thread pool: the product is split over OpenMP's threads into row (or column) pieces,
+ * each a single-threaded OpenBLAS call. OpenBLAS's own threads would sit beside OpenMP's,
+ * each pool spinning while the other works, and fight over the cores. Each element of C is
+ * one call's dot product over all of K, so the bits do not depend on the thread count. */
 void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
               int64_t ldc) {
   if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C,
-              (blasint)ldc);
+  pthread_once(&blas_once, blas_single_threaded);
+  int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads < 2 || M * N * K < PARALLEL_MIN_MACS) {
+    sgemm_piece(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  bool by_rows = M >= N; /* split the longer side */
+  int64_t len = by_rows ? M : N;
+  int64_t piece = (len + threads * PIECES_PER_THREAD - 1) / (threads * PIECES_PER_THREAD);
+  piece = (piece + PIECE_ALIGN - 1) / PIECE_ALIGN * PIECE_ALIGN;
+  if (piece < PIECE_MIN) piece = PIECE_MIN;
+  int pieces = (int)((len + piece - 1) / piece);
+#pragma omp parallel for schedule(dynamic) num_threads(pieces < threads ? pieces : threads)
+  for (int t = 0; t < pieces; t++) {
+    int64_t lo = t * piece, n = len - lo < piece ? len - lo : piece;
+    if (by_rows)
+      sgemm_piece(trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb,
+                  beta, C + lo * ldc, ldc);
+    else
+      sgemm_piece(trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb,
+                  beta, C + lo, ldc);
+  }
 }
 
 /* Integer elements are read and written through int64 (uint64 wraps the same way). */

@@ -1,60 +1,79 @@
 #include "nn.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "matmul.h"
+#include "vecmath.h"
 
 /* Rows shorter than this stay on one thread: the fork costs more than it saves. */
 #define PARALLEL_MIN_ELEMS 32768
 
+/* Softmax (or log-softmax) of the n elements x[j * stride] into y (may alias x). Inlined,
+ * so that the stride-1 calls vectorise with unit steps. */
+static inline void softmax_row(const float *x, float *y, int64_t n, int64_t stride, bool log) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; j++) mx = x[j * stride] > mx ? x[j * stride] : mx;
+  if (mx == -INFINITY) { /* every element masked out */
+    for (int64_t j = 0; j < n; j++) y[j * stride] = log ? -INFINITY : 0.0f;
+    return;
+  }
+  double sum = 0;
+  if (log) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; j++) sum += tp_vexpf(x[j * stride] - mx);
+    float lse = logf((float)sum);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) y[j * stride] = (x[j * stride] - mx) - lse;
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; j++) {
+      float e = tp_vexpf(x[j * stride] - mx);
+      y[j * stride] = e;
+      sum += e;
+    }
+    float inv = (float)(1.0 / sum);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) y[j * stride] *= inv;
+  }
+}
+
 void tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, bool log) {
   int64_t rows = outer * inner;
-#pragma omp parallel for if (rows * n >= PARALLEL_MIN_ELEMS)
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < rows; r++) {
     int64_t base = (r / inner) * n * inner + r % inner;
-    const float *xr = x + base;
-    float *yr = y + base;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++)
-      if (xr[j * inner] > mx) mx = xr[j * inner];
-    if (mx == -INFINITY) { /* every element masked out */
-      for (int64_t j = 0; j < n; j++) yr[j * inner] = log ? -INFINITY : 0.0f;
-      continue;
-    }
-    double sum = 0;
-    if (log) {
-      for (int64_t j = 0; j < n; j++) sum += expf(xr[j * inner] - mx);
-      float lse = logf((float)sum);
-      for (int64_t j = 0; j < n; j++) yr[j * inner] = (xr[j * inner] - mx) - lse;
-    } else {
-      for (int64_t j = 0; j < n; j++) {
-        float e = expf(xr[j * inner] - mx);
-        yr[j * inner] = e;
-        sum += e;
-      }
-      float inv = (float)(1.0 / sum);
-      for (int64_t j = 0; j < n; j++) yr[j * inner] *= inv;
-    }
+    if (inner == 1) softmax_row(x + base, y + base, n, 1, log);
+    else softmax_row(x + base, y + base, n, inner, log);
   }
 }
 
 void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
                       int64_t n, float eps, float *y, float *mean, float *inv_std) {
-#pragma omp parallel for if (outer * n >= PARALLEL_MIN_ELEMS)
+#pragma omp parallel for schedule(static) if (outer * n >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < outer; r++) {
     const float *xr = x + r * n;
     float *yr = y + r * n;
     double sum = 0, sq = 0;
+#pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < n; j++) sum += xr[j];
     float mu = (float)(sum / (double)n);
+#pragma omp simd reduction(+ : sq)
     for (int64_t j = 0; j < n; j++) {
       float dx = xr[j] - mu;
       sq += (double)dx * dx;
     }
     float inv = (float)(1.0 / sqrt(sq / (double)n + eps));
-    for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * inv * scale[j] + (bias ? bias[j] : 0.0f);
+    if (bias) {
+#pragma omp simd
+      for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * inv * scale[j] + bias[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * inv * scale[j];
+    }
     if (mean) mean[r] = mu;
     if (inv_std) inv_std[r] = inv;
   }
@@ -84,6 +103,58 @@ static int64_t head_offset(const TpAttention *p, int64_t b, int64_t h, int64_t h
   return p->packed ? b * S * heads * D + h * D : (b * heads + h) * S * D;
 }
 
+/* Query rows per attention task. With a causal mask a block of rows needs only the keys up
+ * to its last row, so the products skip most of the masked-out upper triangle. */
+#define QUERY_BLOCK 64
+
+/* Where the keys and values of kv head g of batch b are, and their leading dimensions. */
+typedef struct {
+  const float *k, *v;
+  int64_t ldk, ldv;
+} KeysValues;
+
+/* Query rows [i0, i1) of batch b, head h; s is (i1 - i0) * total scratch. */
+static void attention_rows(const TpAttention *p, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                           const float *q, KeysValues kv, float *y, float *qk_out, float *s) {
+  int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size, Sq = p->q_len;
+  int64_t ldq, ldy, rows = i1 - i0;
+  const float *qh = q + head_offset(p, b, h, p->q_heads, Sq, D, &ldq) + i0 * ldq;
+  float *yh = y + head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy) + i0 * ldy;
+  /* Keys [0, w) are the ones any row of the block may see; all of them when qk_out wants
+   * the full rows. Row i sees a prefix [0, n_i) of them (causal), minus the masked ones. */
+  int64_t w = total;
+  int64_t ahead = p->past_len + p->causal_offset; /* row i sees keys [0, i + ahead] */
+  if (p->is_causal && !qk_out && i1 + ahead < total) w = i1 + ahead;
+  float *qk = qk_out ? qk_out + ((b * p->q_heads + h) * Sq + i0) * total : NULL;
+  size_t sbytes = (size_t)(rows * w) * sizeof *s;
+
+  tp_sgemm(false, true, rows, w, D, p->scale, qh, ldq, kv.k, kv.ldk, 0, s, w);
+  if (qk && p->qk_mode == 0) memcpy(qk, s, sbytes);
+  if (p->softcap > 0)
+    for (int64_t i = 0; i < rows * w; i++) s[i] = p->softcap * tanhf(s[i] / p->softcap);
+  if (qk && p->qk_mode == 1) memcpy(qk, s, sbytes);
+  const unsigned char *mb = p->mask_is_bool ? p->mask : NULL;
+  const float *mf = p->mask_is_bool ? NULL : p->mask;
+  const int64_t *ms = p->mask_strides;
+  for (int64_t i = i0; i < i1; i++) {
+    float *row = s + (i - i0) * w;
+    int64_t n = p->is_causal && i + ahead + 1 < w ? i + ahead + 1 : w;
+    if (p->mask) {
+      if (n > p->mask_len) n = p->mask_len;
+      const int64_t mi = b * ms[0] + h * ms[1] + i * ms[2];
+      for (int64_t j = 0; j < n; j++)
+        if (mb) row[j] = mb[mi + j * ms[3]] ? row[j] : -INFINITY;
+        else row[j] += mf[mi + j * ms[3]];
+    }
+    for (int64_t j = n; j < w; j++) row[j] = -INFINITY;
+    if (qk && p->qk_mode == 2) memcpy(qk + (i - i0) * total, row, (size_t)w * sizeof *row);
+    softmax_row(row, row, n, 1, false);
+    for (int64_t j = n; j < w; j++) row[j] = 0;
+    if (qk && p->qk_mode == 3) memcpy(qk + (i - i0) * total, row, (size_t)w * sizeof *row);
+  }
+  tp_sgemm(false, false, rows, Dv, w, 1, s, w, kv.v, kv.ldv, 0, yh, ldy);
+}
+
 void tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
                       const float *past_k, const float *past_v, float *y, float *present_k,
                       float *present_v, float *qk_out) {
@@ -95,58 +166,48 @@ void tp_attention_f32(const TpAttention *p, const float *q, const float *k, cons
   float *kbuf = present_k, *vbuf = present_v, *scratch_k = NULL, *scratch_v = NULL;
   if (p->past_len && !kbuf) kbuf = scratch_k = malloc((size_t)(p->batch * p->kv_heads * total * D) * sizeof(float));
   if (p->past_len && !vbuf) vbuf = scratch_v = malloc((size_t)(p->batch * p->kv_heads * total * Dv) * sizeof(float));
+  if ((p->past_len && !kbuf) || (p->past_len && !vbuf)) abort(); /* out of memory */
   if (kbuf) concat_kv(p, past_k, k, D, kbuf);
   if (vbuf) concat_kv(p, past_v, v, Dv, vbuf);
 
-  float *s = malloc((size_t)(Sq * total > 0 ? Sq * total : 1) * sizeof *s);
-  const unsigned char *mb = p->mask_is_bool ? p->mask : NULL;
-  const float *mf = p->mask_is_bool ? NULL : p->mask;
-  const int64_t *ms = p->mask_strides;
-  for (int64_t b = 0; b < p->batch; b++)
-    for (int64_t h = 0; h < p->q_heads; h++) {
-      int64_t g = h / group, ldq, ldk, ldv, ldy;
-      const float *qh = q + head_offset(p, b, h, p->q_heads, Sq, D, &ldq);
-      const float *kh, *vh;
-      if (kbuf) kh = kbuf + (b * p->kv_heads + g) * total * D, ldk = D;
-      else kh = k + head_offset(p, b, g, p->kv_heads, p->kv_len, D, &ldk);
-      if (vbuf) vh = vbuf + (b * p->kv_heads + g) * total * Dv, ldv = Dv;
-      else vh = v + head_offset(p, b, g, p->kv_heads, p->kv_len, Dv, &ldv);
-      float *yh = y + head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
-      float *qk = qk_out ? qk_out + (b * p->q_heads + h) * Sq * total : NULL;
-      size_t sbytes = (size_t)(Sq * total) * sizeof *s;
-
-      if (Sq * total == 0) continue;
-      tp_sgemm(false, true, Sq, total, D, p->scale, qh, ldq, kh, ldk, 0, s, total);
-      if (qk && p->qk_mode == 0) memcpy(qk, s, sbytes);
-      if (p->softcap > 0)
-        for (int64_t i = 0; i < Sq * total; i++) s[i] = p->softcap * tanhf(s[i] / p->softcap);
-      if (qk && p->qk_mode == 1) memcpy(qk, s, sbytes);
-      if (p->mask || p->is_causal)
-        for (int64_t i = 0; i < Sq; i++)
-          for (int64_t j = 0; j < total; j++) {
-            bool keep = !p->is_causal || j <= i + p->past_len;
-            float add = 0;
-            if (p->mask) {
-              int64_t mi = b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3];
-              if (j >= p->mask_len) keep = false;
-              else if (mb) keep = keep && mb[mi];
-              else add = mf[mi];
-            }
-            s[i * total + j] = keep ? s[i * total + j] + add : -INFINITY;
-          }
-      if (qk && p->qk_mode == 2) memcpy(qk, s, sbytes);
-      tp_softmax_f32(s, s, Sq, total, 1, false);
-      if (qk && p->qk_mode == 3) memcpy(qk, s, sbytes);
-      tp_sgemm(false, false, Sq, Dv, total, 1, s, total, vh, ldv, 0, yh, ldy);
-    }
-  if (Sq * total == 0 && Sq * Dv > 0) /* no keys: nothing to attend to */
+  if (Sq * total == 0) { /* no keys: nothing to attend to */
     for (int64_t b = 0; b < p->batch; b++)
       for (int64_t h = 0; h < p->q_heads; h++) {
         int64_t ldy;
         float *yh = y + head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
         for (int64_t i = 0; i < Sq; i++) memset(yh + i * ldy, 0, (size_t)Dv * sizeof *yh);
       }
-  free(s);
+    free(scratch_k);
+    free(scratch_v);
+    return;
+  }
+  /* One task per (batch, head, block of query rows); each writes only its own rows of y
+   * and qk_out, and computes them the same way on any thread, so the result does not
+   * depend on the thread count. With a task for every thread they run in parallel, each
+   * product on its thread alone (tp_sgemm inside a parallel region); otherwise one after
+   * the other, each product split over the threads. */
+  int64_t blocks = (Sq + QUERY_BLOCK - 1) / QUERY_BLOCK, tasks = p->batch * p->q_heads * blocks;
+  int nthreads = omp_get_max_threads();
+  bool parallel = nthreads > 1 && tasks >= nthreads;
+  int64_t rows_max = Sq < QUERY_BLOCK ? Sq : QUERY_BLOCK;
+#pragma omp parallel if (parallel)
+  {
+    float *s = malloc((size_t)(rows_max * total) * sizeof *s);
+    if (!s) abort(); /* out of memory */
+    /* dynamic: causal blocks further down cost more */
+#pragma omp for schedule(dynamic)
+    for (int64_t t = 0; t < tasks; t++) {
+      int64_t b = t / (p->q_heads * blocks), h = t / blocks % p->q_heads, blk = t % blocks;
+      int64_t g = h / group, i0 = blk * QUERY_BLOCK, i1 = i0 + QUERY_BLOCK < Sq ? i0 + QUERY_BLOCK : Sq;
+      KeysValues kv;
+      if (kbuf) kv.k = kbuf + (b * p->kv_heads + g) * total * D, kv.ldk = D;
+      else kv.k = k + head_offset(p, b, g, p->kv_heads, p->kv_len, D, &kv.ldk);
+      if (vbuf) kv.v = vbuf + (b * p->kv_heads + g) * total * Dv, kv.ldv = Dv;
+      else kv.v = v + head_offset(p, b, g, p->kv_heads, p->kv_len, Dv, &kv.ldv);
+      attention_rows(p, b, h, i0, i1, q, kv, y, qk_out, s);
+    }
+    free(s);
+  }
   free(scratch_k);
   free(scratch_v);
 }

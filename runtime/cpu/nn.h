@@ -23,7 +23,8 @@ void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int
  *   s = softcap * tanh(s / softcap)        when softcap > 0
  *   s = s + mask + causal                  -inf where masked out
  *   Y = softmax(s) V
- * Causal: query i sees key j iff j <= i + past_len. */
+ * Causal: query i sees key j iff j <= i + past_len + causal_offset (a token slice's queries
+ * start causal_offset rows into the sequence its keys cover). */
 typedef struct {
   int64_t batch, q_heads, kv_heads;
   int64_t q_len, kv_len, past_len;
@@ -31,6 +32,7 @@ typedef struct {
   /* true: Q, K, V and Y are [B, S, heads*D] ("3-D"); false: [B, heads, S, D] */
   bool packed;
   bool is_causal;
+  int64_t causal_offset; /* >= 0; 0 for a whole sequence */
   float scale;   /* resolved: never 0 */
   float softcap; /* 0: none */
   /* what qk_out receives: 0 the scaled product, 1 after softcap, 2 after the mask,

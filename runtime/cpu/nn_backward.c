@@ -1,6 +1,5 @@
 #include "nn_backward.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -224,12 +223,12 @@ typedef struct {
   float *capped; /* tanh(s / softcap) when softcap > 0 */
 } AttnScratch;
 
-/* Softmax of each row of s (Sq, T) in place; causal: query i sees keys j <= i only, the
- * others get probability 0 (as tp_attention_f32's mask gives). */
-static void softmax_rows(float *s, int64_t Sq, int64_t T, bool causal) {
+/* Softmax of each row of s (Sq, T) in place; causal: query i sees keys j <= i + offset
+ * only, the others get probability 0 (as tp_attention_f32's mask gives). */
+static void softmax_rows(float *s, int64_t Sq, int64_t T, bool causal, int64_t offset) {
   for (int64_t i = 0; i < Sq; i++) {
     float *row = s + i * T, mx = -INFINITY;
-    int64_t n = causal && i + 1 < T ? i + 1 : T;
+    int64_t n = causal && i + offset + 1 < T ? i + offset + 1 : T;
 #pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
     double sum = 0;
@@ -268,7 +267,7 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
         w->capped[i] = tanhf(P[i] / c);
         P[i] = c * w->capped[i];
       }
-    softmax_rows(P, Sq, T, p->is_causal);
+    softmax_rows(P, Sq, T, p->is_causal, p->causal_offset);
 
     if (dv) gemm(true, false, T, Dv, Sq, 1, P, T, dyh, ldy, first, dv + ov, ldv);
     if (!dq && !dk) continue;
@@ -300,14 +299,12 @@ void tp_attention_backward_f32(const TpAttention *p, const float *dy, const floa
     return;
   }
   /* One task per (batch, kv head); each writes only its own heads' gradients. With enough
-   * tasks for every thread, the tasks run in parallel on single-threaded BLAS (threaded
-   * BLAS inside the parallel loop would oversubscribe); otherwise one after the other on
-   * threaded BLAS. */
+   * tasks for every thread, the tasks run in parallel, each product on its thread alone
+   * (tp_sgemm inside a parallel region); otherwise one after the other, each product
+   * split over the threads. */
   int64_t tasks = B * p->kv_heads;
   int nthreads = omp_get_max_threads();
   bool parallel = nthreads > 1 && tasks >= nthreads;
-  int blas_threads = openblas_get_num_threads();
-  if (parallel) openblas_set_num_threads(1);
   size_t bytes = (size_t)(Sq * T) * sizeof(float);
 #pragma omp parallel if (parallel)
   {
@@ -320,7 +317,6 @@ void tp_attention_backward_f32(const TpAttention *p, const float *dy, const floa
     free(w.grad);
     free(w.capped);
   }
-  if (parallel) openblas_set_num_threads(blas_threads);
 }
 
 /* ---- CrossEntropy ---- */

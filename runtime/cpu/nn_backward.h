@@ -56,8 +56,8 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
  *   k, dk (B, kv_heads, kv_len, D)   or packed
  *   v, dv (B, kv_heads, kv_len, Dv)  or packed
  *   dy    (B, q_heads, q_len, Dv)    or packed
- * Grouped-query heads sum into their shared kv head. Causal, scale and softcap as in the
- * forward. Work is spread over (batch, kv head). */
+ * Grouped-query heads sum into their shared kv head. Causal (with causal_offset), scale and
+ * softcap as in the forward. Work is spread over (batch, kv head). */
 void tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
                                const float *k, const float *v, float *dq, float *dk, float *dv);
 

@@ -1,5 +1,5 @@
-/* Float exp, tanh and erf written so that `omp simd` loops vectorise them (glibc's expf,
- * tanhf, erff are opaque calls, one element at a time). Internal to runtime/cpu. */
+/* Float exp, tanh, erf and erfc written so that `omp simd` loops vectorise them (glibc's
+ * expf, tanhf, erff are opaque calls, one element at a time). Internal to runtime/cpu. */
 #ifndef TOKPIPE_CPU_VECMATH_H
 #define TOKPIPE_CPU_VECMATH_H
 
@@ -7,9 +7,12 @@
 #include <string.h>
 
 /* e^x within 1 ulp for -87 <= x <= 88 (Cephes' polynomial after the reduction
- * x = n ln2 + r); 0 below, e^88 above (callers pass x <= 0, or want saturation). */
+ * x = n ln2 + r); 0 below -88, +inf above 88.37 (expf overflows above 88.72). The upper
+ * bound matters: GCC computes a vector loop's code for each clamped constant in every
+ * lane, and a subnormal result there (x / (1 + e^88), say) costs a microcode assist per
+ * lane, many times the whole loop body; x / (1 + inf) is a plain 0. */
 static inline float tp_vexpf(float x) {
-  x = x < -88.0f ? -88.0f : x > 88.0f ? 88.0f : x;
+  x = x < -88.0f ? -88.0f : x > 89.0f ? 89.0f : x; /* n = 128 above 88.37: 2^n is +inf */
   const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
   float n = (x * 1.44269504088896341f + shifter) - shifter;
   float r = x - n * 0.693359375f; /* ln2 in two parts: the first is exact times n */
@@ -41,6 +44,26 @@ static inline float tp_verff(float x) {
   p = p * t + 0.254829592f;
   float e = 1.0f - p * t * tp_vexpf(-a * a);
   return x < 0 ? -e : e;
+}
+
+/* erfc(x) within 2e-6 relative up to x = 4.5 and 1e-5 beyond (the Chebyshev fit of
+ * Numerical Recipes' erfcc, 1.2e-7, evaluated in float: the rounding of z^2 grows in the
+ * tail). No cancellation where 1 - erf(x) loses every digit. */
+static inline float tp_verfcf(float x) {
+  float z = x < 0 ? -x : x;
+  float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  float r = t * tp_vexpf(p - z * z);
+  return x < 0 ? 2.0f - r : r;
 }
 
 #endif

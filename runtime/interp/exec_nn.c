@@ -216,6 +216,8 @@ int tp_exec_attention(const TpModule *m, int op, const TpTensor *in, TpTensor *o
                        (long long)p.q_heads, (long long)p.kv_heads);
   p.past_len = has_past ? in[4].dims[2] : 0;
   p.is_causal = tp_attr_int(m, op, "is_causal", 0) != 0;
+  p.causal_offset = tp_attr_int(m, op, "causal_offset", 0);
+  if (p.causal_offset < 0) return tp_error_op(d, m, op, "causal_offset must be >= 0");
   p.scale = (float)tp_attr_float(m, op, "scale", 0);
   if (p.scale == 0) p.scale = 1.0f / sqrtf((float)p.head_size);
   p.softcap = (float)tp_attr_float(m, op, "softcap", 0);

@@ -259,6 +259,8 @@ int tp_exec_attention_backward(const TpModule *m, int op, const TpTensor *in, Tp
       (present_out(m, op, 2) && tp_tensor_numel(&out[2]) != tp_tensor_numel(V)))
     return shape_error(m, op, d);
   p.is_causal = tp_attr_int(m, op, "is_causal", 0) != 0;
+  p.causal_offset = tp_attr_int(m, op, "causal_offset", 0);
+  if (p.causal_offset < 0) return tp_error_op(d, m, op, "causal_offset must be >= 0");
   p.scale = (float)tp_attr_float(m, op, "scale", 0);
   if (p.scale == 0) p.scale = 1.0f / sqrtf((float)p.head_size);
   p.softcap = (float)tp_attr_float(m, op, "softcap", 0);

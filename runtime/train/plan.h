@@ -1,8 +1,90 @@
 /* The interface between a generated training program (codegen/ writes plan.c) and the
  * trainer runtime (runtime/train/) it links against. The generated file defines one
  * `const TpPlan tp_plan` and a main() that calls tp_trainer_main(&tp_plan, argc, argv);
- * everything else (command line, data, optimizer, checkpoints, logs) is the runtime's.
- * Depends only on runtime/tensor.h, so plan.c needs no compiler headers. */
+ * everything else (command line, data, optimizer, communication, checkpoints, logs) is the
+ * runtime's. Depends only on runtime/tensor.h, so plan.c needs no compiler headers.
+ *
+ * ---- How a step runs (ABI 2: stages x microbatches x slices x replicas) ----
+ * The program runs as S x D processes ("ranks"): S pipeline stages times D data-parallel
+ * replicas. Rank r runs stage k = r % S of replica d = r / S; the ranks of one replica are
+ * consecutive. A schedule's peer (TpPlanInsn.peer) is a stage of the same replica: MPI rank
+ * d * S + peer.
+ *
+ * Data: a step reads one window of global_batch * seq + 1 tokens, as in ABI 1 (row j of
+ * the [global_batch, seq] tokens starts at token j * seq; targets are shifted by one).
+ * Replica d takes rows [d * B/D, (d + 1) * B/D) (B = global_batch, D = dp) and splits them
+ * into `microbatches` microbatches of `batch` rows each: microbatch mb of replica d is rows
+ * [(d * microbatches + mb) * batch, ... + batch). So global_batch = batch * microbatches *
+ * dp. Each microbatch's TpStepIO gets its own tokens/targets pointers ([batch, seq]).
+ *
+ * Units: the sequence is cut into `nslices` token slices (slice_len[i] tokens each, in
+ * order; nslices == 1: unsliced). A unit is (microbatch, slice). Stage k has one forward
+ * and one backward function per slice, stages[k].forward[i] / .backward[i]. They run in
+ * the order of the stage's schedule stages[k].insns (below). For one microbatch, the
+ * forwards run slice 0..N-1 and the backwards N-1..0 (later slices read the K/V of earlier
+ * ones kept in the arena; their backward adds into earlier rows' dK/dV).
+ *
+ * Arenas: a unit function works in the arena of its (stage, microbatch): io->arena points
+ * at stages[k].arena_bytes bytes, 64-byte aligned, zeroed once at allocation (the plan
+ * never relies on the contents left by another microbatch). One arena holds everything a
+ * microbatch keeps on the stage between its units: activations saved for backward, K/V
+ * buffers, boundary buffers. Stage k needs stages[k].arenas of them (the most microbatches
+ * its schedule keeps alive at once); microbatch mb uses arena number mb % arenas, which
+ * the compiler checked never collides with a microbatch still alive.
+ *
+ * Boundaries: what stage k sends to k+1 (activations) and k+1 sends back (their gradients)
+ * lies in the microbatch's arena. For slice i, stages[k].send_act[i] lists the (offset,
+ * bytes) buffers stage k sends after its forward of slice i; stages[k+1].recv_act[i] lists
+ * where stage k+1 puts them, buffer j to buffer j (same bytes, same order), before its
+ * forward of slice i. Likewise send_grad[i] (after the backward of slice i, to k-1) and
+ * recv_grad[i] (before the backward of slice i, from k+1). The bytes are raw (send them as
+ * bytes). A message may hold no buffers (e.g. the gradient of an activation nothing
+ * trainable depends on): it is still sent and received, as a zero-byte message, so the
+ * verified schedule holds. Boundary buffers are never reused inside the arena, so a send
+ * may complete late: the runtime must complete every send of microbatch mb before arena
+ * mb % arenas is given to another microbatch, and all of them by the step's end.
+ *
+ * Parameters: params[i].stage is the stage that holds, updates and (for --dump-*,
+ * --export-onnx, checkpoints) owns parameter i; other stages may leave io->param[i] and
+ * io->grad[i] NULL. A tied parameter (tied_stage != 0: the embedding re-tied to the LM
+ * head) is held by both `stage` (the first) and `tied_stage` (the last); each computes its
+ * own partial gradient; the schedule's allreduce-tied sums the two partials (both ranks get
+ * the sum), and both apply the same update, so the two copies stay equal.
+ *
+ * Gradients: the backward units of one microbatch write (=, they do not accumulate) the
+ * gradient of that microbatch's mean loss into io->grad[i]: the runtime zeroes io->grad
+ * before the microbatch's first backward unit on the stage, and the gradient is complete
+ * after its last one (slice 0). A microbatch's backward units are contiguous on a rank (no
+ * other microbatch's backward runs in between), so with microbatches > 1 one scratch set of
+ * gradients suffices: after each microbatch the runtime adds it into the step's sum. The
+ * step's gradient (what the update, clipping and --dump-grads see) is
+ *     sum over microbatches / microbatches, averaged over the dp replicas (allreduce),
+ * with tied partials summed (allreduce-tied): the same as one process with global_batch.
+ *
+ * Loss: the last stage's forward unit that computes the loss (the last slice) sets
+ * io->loss to the microbatch's mean cross-entropy; the step's loss is the mean over
+ * microbatches and replicas.
+ *
+ * Schedule instructions (stages[k].insns, in program order for the rank of stage k):
+ *   FORWARD mb i      io for microbatch mb: stages[k].forward[i](io)
+ *   BACKWARD mb i     stages[k].backward[i](io)
+ *   SEND_ACT mb i     post the send of send_act[i] of mb's arena to stage peer (= k+1)
+ *   RECV_ACT mb i     receive recv_act[i] into mb's arena from stage peer (= k-1); blocks
+ *   SEND_GRAD mb i    post the send of send_grad[i] to peer (= k-1)
+ *   RECV_GRAD mb i    receive recv_grad[i] from peer (= k+1); blocks
+ *   ALLREDUCE_TIED    sum the gradients of the tied parameters with stage peer
+ *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1)
+ *   OPTIMIZER_STEP    update the parameters this stage holds
+ * Sends must not block (MPI_Isend): 1f1b schedules deadlock with blocking sends. The
+ * compiler verified the lists: every send has exactly one matching receive, and running
+ * all ranks with non-blocking sends ends with every rank done. The tag of a message can be
+ * (kind, mb, slice): each appears once per step and direction.
+ *
+ * ABI 1 plans (stages == NULL, e.g. hand-written tests): one process runs nstages stage
+ * functions forward[s] in order, then backward[s] in reverse, all with one arena each and
+ * shared param/grad buffers; one microbatch, one slice. Generated unsliced plans fill these
+ * fields too (forward[s] == stages[s].forward[0]), so a one-stage, one-microbatch plan runs
+ * the same either way. */
 #ifndef TOKPIPE_PLAN_H
 #define TOKPIPE_PLAN_H
 
@@ -11,7 +93,7 @@
 
 #include "../tensor.h"
 
-#define TP_PLAN_ABI 1
+#define TP_PLAN_ABI 2
 
 /* A trainable or frozen parameter: one ONNX initializer (or the name an exporter's
  * Identity gave a de-duplicated one). Values and gradients are f32, row-major. */
@@ -22,6 +104,9 @@ typedef struct {
   int rank;
   int64_t dims[TP_MAX_RANK];
   int trainable;       /* 0 if frozen (--freeze): no gradient, no update */
+  int stage;           /* the stage that holds it (ABI 2; 0 in one-stage plans) */
+  int tied_stage;      /* 0: held by `stage` only; else the later stage that also holds it
+                          (a tied embedding and head: gradients summed by allreduce-tied) */
 } TpPlanParam;
 
 /* An ONNX initializer that the compiler replaced by a function of a parameter (weight
@@ -33,33 +118,90 @@ typedef struct {
   int transpose;
 } TpPlanDerived;
 
-/* What one training step's stage functions read and write. The trainer owns all buffers. */
+/* What one unit function reads and writes. The trainer owns all buffers. */
 typedef struct {
-  void *arena;            /* plan->arena_bytes[stage], 64-byte aligned, per stage */
-  float *const *param;    /* param[i]: values of plan->params[i] */
-  float *const *grad;     /* grad[i]: gradients, zeroed by the trainer before forward;
-                             the backward functions accumulate (+=) into them */
-  const int64_t *tokens;  /* [batch, seq] model input ids */
+  void *arena;            /* the (stage, microbatch) arena: stages[k].arena_bytes, 64-aligned */
+  float *const *param;    /* param[i]: values of plan->params[i] (NULL where not held) */
+  float *const *grad;     /* grad[i]: gradients (see "Gradients" above) */
+  const int64_t *tokens;  /* [batch, seq] model input ids of the microbatch */
   const int64_t *targets; /* [batch, seq] the next token of each position */
-  float loss;             /* set by the last stage's forward: the mean cross-entropy */
+  float loss;             /* set by the last stage's loss unit: the microbatch's mean */
 } TpStepIO;
 
-typedef void (*TpStageFn)(TpStepIO *io);
+typedef void (*TpUnitFn)(TpStepIO *io);
+typedef TpUnitFn TpStageFn; /* ABI 1's name */
+
+/* A buffer of a microbatch's arena. */
+typedef struct {
+  int64_t offset, bytes;
+} TpPlanBuffer;
+
+/* One message between neighbouring stages: its buffers, in order (possibly none). */
+typedef struct {
+  int nbuffers;
+  const TpPlanBuffer *buffers;
+} TpPlanMessage;
+
+/* Schedule instructions; the same order as the compiler's TpInsnKind
+ * (passes/planner/schedule.h). */
+typedef enum {
+  TP_PLAN_FORWARD,
+  TP_PLAN_BACKWARD,
+  TP_PLAN_SEND_ACT,
+  TP_PLAN_RECV_ACT,
+  TP_PLAN_SEND_GRAD,
+  TP_PLAN_RECV_GRAD,
+  TP_PLAN_ALLREDUCE_TIED,
+  TP_PLAN_ALLREDUCE,
+  TP_PLAN_OPTIMIZER_STEP,
+} TpPlanInsnKind;
+
+typedef struct {
+  int kind;      /* TpPlanInsnKind */
+  int mb, slice; /* the unit; -1 for ALLREDUCE_TIED, ALLREDUCE, OPTIMIZER_STEP */
+  int peer;      /* the other stage of a send, receive or ALLREDUCE_TIED; else -1 */
+} TpPlanInsn;
+
+typedef enum { TP_PLAN_GPIPE, TP_PLAN_1F1B } TpPlanSchedule;
+
+/* One pipeline stage (the rank that runs it, in every replica). */
+typedef struct {
+  const TpUnitFn *forward;   /* [nslices] */
+  const TpUnitFn *backward;  /* [nslices] */
+  size_t arena_bytes;        /* one microbatch's arena */
+  int arenas;                /* arenas to allocate; microbatch mb uses mb % arenas */
+  /* [nslices] each; NULL where there is no neighbour (recv_act and send_grad of stage 0,
+   * send_act and recv_grad of the last stage) */
+  const TpPlanMessage *recv_act, *send_act, *recv_grad, *send_grad;
+  int ninsns;
+  const TpPlanInsn *insns;   /* the rank's schedule for one step */
+  int64_t memory_bytes;      /* the compiler's estimate of the rank's peak: parameters,
+                                gradients, AdamW state, arenas * arena_bytes */
+} TpPlanStage;
 
 typedef struct {
   int abi;                 /* TP_PLAN_ABI */
   const char *model;       /* the ONNX file it was compiled from (--export-onnx rewrites it
                               unless --init names another) */
   const char *tokpipec_version;
-  int64_t batch, seq, vocab;
+  int64_t batch, seq, vocab; /* batch: rows of one microbatch (the compiled batch dim) */
   int nparams;
   const TpPlanParam *params;
   int nderived;
   const TpPlanDerived *derived;
+  /* ABI 1 view (see above): per stage; forward and backward NULL when sliced */
   int nstages;
-  const size_t *arena_bytes;     /* per stage: activations and activation gradients */
-  const TpStageFn *forward;      /* per stage */
-  const TpStageFn *backward;     /* per stage, run in reverse stage order */
+  const size_t *arena_bytes;
+  const TpStageFn *forward;
+  const TpStageFn *backward;
+  /* ABI 2: the pipeline (stages NULL in ABI 1 plans) */
+  int64_t global_batch;    /* B = batch * microbatches * dp: the rows of one step */
+  int microbatches;        /* M per replica */
+  int dp;                  /* D replicas */
+  int nslices;             /* N */
+  const int64_t *slice_len; /* [nslices], summing to seq */
+  int schedule;            /* TpPlanSchedule the lists were built with (informative) */
+  const TpPlanStage *stages; /* [nstages] */
 } TpPlan;
 
 /* The trainer: parses the command line, runs training, returns the process exit code

@@ -1,5 +1,6 @@
 /* Internal to runtime/train/: the trainer's state, shared by trainer.c (command line, the
- * step loop, logs) and weights.c (initial weights, checkpoints, dumps, ONNX export). */
+ * step loop, logs), weights.c (initial weights, checkpoints, dumps, ONNX export),
+ * pipeline.c (the ranks of an ABI 2 plan and their schedules) and trace.c (--trace). */
 #ifndef TOKPIPE_TRAIN_TRAIN_H
 #define TOKPIPE_TRAIN_TRAIN_H
 
@@ -7,12 +8,13 @@
 #include <stdio.h>
 
 #include "../../ir/ir.h"
+#include "../comm/comm.h"
 #include "plan.h"
 #include "tokens.h"
 
 typedef struct {
   const char *init, *data, *val_data, *log, *dump_grads, *dump_weights, *save, *resume,
-      *export_onnx;
+      *export_onnx, *trace;
   int64_t steps;       /* the total; -1: one pass over the training data */
   uint64_t seed;
   int64_t val_every;   /* 0: only after the last step */
@@ -23,20 +25,43 @@ typedef struct {
   bool cosine;
 } TrainOptions;
 
+typedef struct PipeRank PipeRank; /* pipeline.c */
+typedef struct TraceLog TraceLog; /* trace.c */
+
+/* The parameters: in an ABI 1 plan all of them, in one process. In an ABI 2 plan each
+ * process holds the parameters of the stages of the ranks it hosts (held[i]): values and
+ * AdamW state once per process, gradients per hosted rank (grad[i] is the step gradient
+ * of the first hosted rank holding i; after the all-reduces they are all equal). Process 0
+ * also has buffers for the parameters it does not hold, which gather_* fill for dumps,
+ * checkpoints and --export-onnx; elsewhere those entries are NULL. */
 typedef struct {
   const TpPlan *plan;
   TrainOptions o;
   TpDiag *d;
+  TpComm *comm;
   /* per parameter; m and v are NULL for frozen ones (whose grad stays unused, zero) */
   float **param, **grad, **m, **v;
+  bool *held;
   int64_t *numel;
-  void **arena; /* per stage */
-  int64_t *tokens, *targets; /* [batch, seq] */
+  void **arena; /* per stage (ABI 1) */
+  int64_t *tokens, *targets; /* [global batch, seq] */
   TpTokenFile train, val;
   int64_t step;     /* steps done */
   int64_t data_pos; /* token position of the next training batch */
   uint64_t rng;     /* splitmix64 state (random init) */
+  /* ABI 2 */
+  int nranks;       /* stages * dp */
+  int nhosted;      /* ranks this process runs: all of them (one process) or one */
+  PipeRank **hosted;
+  TraceLog *trace;  /* NULL without --trace */
 } Trainer;
+
+/* Zeroed, 64-byte aligned (rounded up to a multiple of 64 bytes). */
+void *train_alloc_zeroed(size_t bytes);
+/* Rows of one step: global_batch in ABI 2, batch in ABI 1. */
+int64_t train_rows(const TpPlan *P);
+/* Whether this process writes the outputs (rank 0). */
+static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 
 /* weights.c */
 /* Fills the parameters: from --resume (also optimizer state, step, data position and RNG
@@ -51,5 +76,38 @@ int train_dump(Trainer *t, const char *path, bool grads);
 int train_export_onnx(Trainer *t);
 /* The folder of a checkpoint file; the checkpoint inside it. */
 char *train_checkpoint_path(const char *dir);
+
+/* pipeline.c: ABI 2 plans */
+/* Checks the pipeline part of the plan (TP_ERR_INTERNAL if malformed). */
+int pipe_check_plan(const TpPlan *P, TpDiag *d);
+/* Which ranks this process hosts (one process: all; mpirun with stages * dp: one), which
+ * parameters it holds; allocates their buffers. TP_ERR_USAGE on a wrong process count. */
+int pipe_setup(Trainer *t);
+void pipe_free(Trainer *t);
+/* One training step's forward and backward over every hosted rank's schedule, the
+ * all-reduces included; returns the step's loss (the same on every process). */
+double pipe_train_step(Trainer *t);
+/* Forward only over the current tokens: the loss. */
+double pipe_eval(Trainer *t);
+/* AdamW on every parameter this process holds, gradients scaled by `clip` first unless it
+ * is 1 (each parameter updated once per process; a tied one on both of its ranks). */
+void pipe_update(Trainer *t, int64_t step, double lr, float clip);
+/* The global gradient norm over every trainable parameter once (the same on every process). */
+double pipe_grad_norm(Trainer *t);
+/* Brings what the owner of every parameter holds (values, m and v, or gradients) to
+ * process 0's buffers. A no-op in one process. */
+void pipe_gather(Trainer *t, bool grads, bool moments);
+/* Every process's rc: the worst; the first failing process other than 0 prints its error
+ * (process 0 printed its own). */
+int pipe_agree(Trainer *t, int rc);
+
+/* trace.c: --trace, a Chrome / Perfetto trace (JSON) of every rank */
+enum { TRACE_UPDATE = 100, TRACE_EVAL = 101 }; /* event kinds after the TpPlanInsnKind ones */
+TraceLog *trace_new(void);
+void trace_free(TraceLog *l);
+double trace_now_us(const TraceLog *l);
+void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, double start_us, double end_us);
+/* Gathers every process's events to process 0, which writes the file. */
+int trace_write(Trainer *t, const char *path);
 
 #endif

@@ -1,7 +1,13 @@
 /* The trainer runtime every generated program links: tp_trainer_main parses the command
  * line, loads the data and the initial weights, runs the training steps of the plan's
  * stage functions with AdamW, and writes logs, checkpoints, dumps and the trained model.
- * Exit codes: 0 ok, 1 bad input (one error line), 2 bad usage, 3 internal error. */
+ * Exit codes: 0 ok, 1 bad input (one error line), 2 bad usage, 3 internal error.
+ *
+ * An ABI 2 plan (stages x replicas, see plan.h) runs in one process or under mpirun with
+ * one process per rank (pipeline.c). Every process reads the options, the data and its
+ * own parameters; process 0 alone writes the outputs (logs, dumps, checkpoints, the
+ * model, the trace), from what it gathers, and only it prints errors: a failure of
+ * another process is agreed on (pipe_agree), which prints that process's message. */
 #include "train.h"
 
 #include <errno.h>
@@ -62,6 +68,10 @@ static const char *usage_text =
     "  --save-every K       every K steps (default: after the last step only)\n"
     "  --resume DIR         continue from DIR's checkpoint, bit for bit as if never stopped\n"
     "  --export-onnx FILE   the model (--init's, else the compiled one) with trained weights\n"
+    "  --trace FILE.json    a Chrome/Perfetto trace of every rank's compute and communication\n"
+    "                       (open it in ui.perfetto.dev or chrome://tracing)\n"
+    "Pipeline: a plan of S stages x D replicas runs as one process, or as mpirun -np S*D\n"
+    "  (TOKPIPE_COMM_TIMEOUT: seconds a rank may wait without progress, default 300)\n"
     "  --help, --version\n";
 
 typedef struct {
@@ -82,6 +92,7 @@ static const OptSpec opt_specs[] = {
     {"--save", 's', AT(save), 0, 0},
     {"--resume", 's', AT(resume), 0, 0},
     {"--export-onnx", 's', AT(export_onnx), 0, 0},
+    {"--trace", 's', AT(trace), 0, 0},
     {"--steps", 'i', AT(steps), 0, 0},
     {"--seed", 'u', AT(seed), 0, 0},
     {"--val-every", 'i', AT(val_every), 1, 0},
@@ -98,48 +109,50 @@ static const OptSpec opt_specs[] = {
 };
 #undef AT
 
-static int usage_error(const char *tool, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int usage_error(const char *tool, const char *fmt, ...) {
+/* On d's stream: NULL on every process but the first. */
+static int usage_error(const TpDiag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_error(const TpDiag *d, const char *fmt, ...) {
+  if (!d->stream) return TP_ERR_USAGE;
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "%s: error: ", tool);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\nTry '%s --help'.\n", tool);
+  fprintf(d->stream, "%s: error: ", d->tool);
+  vfprintf(d->stream, fmt, ap);
+  fprintf(d->stream, "\nTry '%s --help'.\n", d->tool);
   va_end(ap);
   return TP_ERR_USAGE;
 }
 
-static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const char *tool) {
+static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const TpDiag *d) {
   char *at = (char *)o + s->offset, *end = NULL;
   errno = 0;
   switch (s->kind) {
   case 's':
-    if (!*v) return usage_error(tool, "%s needs a non-empty value", s->flag);
+    if (!*v) return usage_error(d, "%s needs a non-empty value", s->flag);
     *(const char **)at = v;
     return TP_OK;
   case 'c':
     if (strcmp(v, "constant") != 0 && strcmp(v, "cosine") != 0)
-      return usage_error(tool, "%s must be constant or cosine, not '%s'", s->flag, v);
+      return usage_error(d, "%s must be constant or cosine, not '%s'", s->flag, v);
     *(bool *)at = strcmp(v, "cosine") == 0;
     return TP_OK;
   case 'i': {
     long long x = strtoll(v, &end, 10);
     if (!*v || *end || errno || x < (long long)s->lo)
-      return usage_error(tool, "%s needs an integer >= %d, not '%s'", s->flag, (int)s->lo, v);
+      return usage_error(d, "%s needs an integer >= %d, not '%s'", s->flag, (int)s->lo, v);
     *(int64_t *)at = x;
     return TP_OK;
   }
   case 'u': {
     unsigned long long x = strtoull(v, &end, 10);
     if (!*v || *end || errno || *v == '-')
-      return usage_error(tool, "%s needs a non-negative integer, not '%s'", s->flag, v);
+      return usage_error(d, "%s needs a non-negative integer, not '%s'", s->flag, v);
     *(uint64_t *)at = x;
     return TP_OK;
   }
   default: {
     double x = strtod(v, &end);
     if (!*v || *end || errno || !(x >= s->lo && x <= s->hi))
-      return usage_error(tool, "%s needs a number in [%g, %g], not '%s'", s->flag, s->lo, s->hi, v);
+      return usage_error(d, "%s needs a number in [%g, %g], not '%s'", s->flag, s->lo, s->hi, v);
     *(double *)at = x;
     return TP_OK;
   }
@@ -147,16 +160,17 @@ static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const ch
 }
 
 /* TP_OK, TP_ERR_USAGE, or -1 after --help or --version. */
-static int parse_options(TrainOptions *o, int argc, char **argv, const char *tool, const TpPlan *P) {
+static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d, const TpPlan *P) {
+  const char *tool = d->tool;
   *o = (TrainOptions){.steps = -1, .seed = 1, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-      printf(usage_text, tool, P->model ? P->model : "?", P->batch, P->seq, P->vocab);
+      if (d->stream) printf(usage_text, tool, P->model ? P->model : "?", train_rows(P), P->seq, P->vocab);
       return -1;
     }
     if (strcmp(arg, "--version") == 0) {
-      printf("%s: tokpipe trainer runtime %s; plan compiled by tokpipec %s from %s\n", tool,
+      if (d->stream) printf("%s: tokpipe trainer runtime %s; plan compiled by tokpipec %s from %s\n", tool,
              TOKPIPE_VERSION, P->tokpipec_version ? P->tokpipec_version : "?", P->model ? P->model : "?");
       return -1;
     }
@@ -166,32 +180,34 @@ static int parse_options(TrainOptions *o, int argc, char **argv, const char *too
     for (size_t k = 0; k < sizeof opt_specs / sizeof *opt_specs; k++)
       if (strncmp(opt_specs[k].flag, arg, len) == 0 && opt_specs[k].flag[len] == 0) spec = &opt_specs[k];
     if (!spec) {
-      if (arg[0] == '-') return usage_error(tool, "unknown option '%.*s'", (int)len, arg);
-      return usage_error(tool, "unexpected argument '%s'", arg);
+      if (arg[0] == '-') return usage_error(d, "unknown option '%.*s'", (int)len, arg);
+      return usage_error(d, "unexpected argument '%s'", arg);
     }
     const char *value = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
-    if (!value) return usage_error(tool, "%s needs a value", spec->flag);
-    int rc = set_option(o, spec, value, tool);
+    if (!value) return usage_error(d, "%s needs a value", spec->flag);
+    int rc = set_option(o, spec, value, d);
     if (rc) return rc;
   }
-  if (!o->data && o->steps != 0) return usage_error(tool, "--data FILE is required");
+  if (!o->data && o->steps != 0) return usage_error(d, "--data FILE is required");
   if (!o->val_data && (o->val_every || o->val_batches))
-    return usage_error(tool, "--val-every and --val-batches need --val-data");
-  if (!o->save && o->save_every) return usage_error(tool, "--save-every needs --save");
+    return usage_error(d, "--val-every and --val-batches need --val-data");
+  if (!o->save && o->save_every) return usage_error(d, "--save-every needs --save");
   if (o->init && o->resume)
-    return usage_error(tool, "--init and --resume exclude each other (a checkpoint holds the weights)");
+    return usage_error(d, "--init and --resume exclude each other (a checkpoint holds the weights)");
   return TP_OK;
 }
 
 /* ---- the plan ---- */
+
+int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
 
 static int check_plan(const TpPlan *P, TpDiag *d) {
   if (P->abi != TP_PLAN_ABI)
     return tp_internal(d, "the plan has ABI version %d, this runtime %d: compile it again with "
                        "the tokpipec of this runtime", P->abi, TP_PLAN_ABI);
   bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->nstages >= 1 && P->nparams >= 0 &&
-            P->nderived >= 0 && P->arena_bytes && P->forward && P->backward;
-  for (int s = 0; ok && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
+            P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward));
+  for (int s = 0; ok && !P->stages && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
   for (int i = 0; ok && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
     ok = p->name && p->source && p->rank >= 0 && p->rank <= TP_MAX_RANK;
@@ -202,12 +218,13 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
     ok = dv->name && dv->param >= 0 && dv->param < P->nparams &&
          (!dv->transpose || P->params[dv->param].rank == 2);
   }
-  return ok ? TP_OK : tp_internal(d, "the compiled plan is malformed");
+  if (!ok) return tp_internal(d, "the compiled plan is malformed");
+  return P->stages ? pipe_check_plan(P, d) : TP_OK;
 }
 
 /* ---- buffers ---- */
 
-static void *alloc_zeroed(size_t bytes) {
+void *train_alloc_zeroed(size_t bytes) {
   bytes = (bytes + 63) / 64 * 64;
   void *p = aligned_alloc(64, bytes ? bytes : 64);
   TP_ASSERT(p);
@@ -215,42 +232,49 @@ static void *alloc_zeroed(size_t bytes) {
   return p;
 }
 
-static void alloc_buffers(Trainer *t) {
+/* ABI 1: every parameter and stage in this process. ABI 2: pipe_setup. */
+static int alloc_buffers(Trainer *t) {
   const TpPlan *P = t->plan;
   size_t np = (size_t)(P->nparams ? P->nparams : 1);
   t->param = calloc(np, sizeof *t->param);
   t->grad = calloc(np, sizeof *t->grad);
   t->m = calloc(np, sizeof *t->m);
   t->v = calloc(np, sizeof *t->v);
+  t->held = calloc(np, sizeof *t->held);
   t->numel = calloc(np, sizeof *t->numel);
-  t->arena = calloc((size_t)P->nstages, sizeof *t->arena);
-  TP_ASSERT(t->param && t->grad && t->m && t->v && t->numel && t->arena);
-  for (int i = 0; i < P->nparams; i++) {
-    t->numel[i] = tp_numel(P->params[i].rank, P->params[i].dims);
-    size_t bytes = (size_t)t->numel[i] * 4;
-    t->param[i] = alloc_zeroed(bytes);
-    t->grad[i] = alloc_zeroed(bytes);
-    if (P->params[i].trainable) t->m[i] = alloc_zeroed(bytes), t->v[i] = alloc_zeroed(bytes);
-  }
-  for (int s = 0; s < P->nstages; s++) t->arena[s] = alloc_zeroed(P->arena_bytes[s]);
-  size_t ntok = (size_t)(P->batch * P->seq);
+  size_t ntok = (size_t)(train_rows(P) * P->seq);
   t->tokens = malloc(ntok * sizeof *t->tokens);
   t->targets = malloc(ntok * sizeof *t->targets);
-  TP_ASSERT(t->tokens && t->targets);
+  TP_ASSERT(t->param && t->grad && t->m && t->v && t->held && t->numel && t->tokens && t->targets);
+  for (int i = 0; i < P->nparams; i++) t->numel[i] = tp_numel(P->params[i].rank, P->params[i].dims);
+  if (P->stages) return pipe_setup(t);
+  t->arena = calloc((size_t)P->nstages, sizeof *t->arena);
+  TP_ASSERT(t->arena);
+  for (int i = 0; i < P->nparams; i++) {
+    size_t bytes = (size_t)t->numel[i] * 4;
+    t->held[i] = true;
+    t->param[i] = train_alloc_zeroed(bytes);
+    t->grad[i] = train_alloc_zeroed(bytes);
+    if (P->params[i].trainable) t->m[i] = train_alloc_zeroed(bytes), t->v[i] = train_alloc_zeroed(bytes);
+  }
+  for (int s = 0; s < P->nstages; s++) t->arena[s] = train_alloc_zeroed(P->arena_bytes[s]);
+  return TP_OK;
 }
 
 static void free_buffers(Trainer *t) {
   for (int i = 0; t->param && i < t->plan->nparams; i++) {
     free(t->param[i]);
-    free(t->grad[i]);
+    if (!(t->plan->stages && t->held[i])) free(t->grad[i]); /* else a hosted rank's */
     free(t->m[i]);
     free(t->v[i]);
   }
+  pipe_free(t);
   for (int s = 0; t->arena && s < t->plan->nstages; s++) free(t->arena[s]);
-  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->numel), free(t->arena);
+  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->held), free(t->numel), free(t->arena);
   free(t->tokens), free(t->targets);
   tp_tokens_close(&t->train);
   tp_tokens_close(&t->val);
+  trace_free(t->trace);
 }
 
 /* ---- one step ---- */
@@ -266,18 +290,27 @@ static TpStepIO step_io(Trainer *t) {
                     .loss = NAN};
 }
 
-static void forward(Trainer *t, TpStepIO *io) {
-  for (int s = 0; s < t->plan->nstages; s++) {
+/* ABI 1: the stage functions in order, one process. */
+static void run_stages(Trainer *t, TpStepIO *io, bool backward) {
+  const TpPlan *P = t->plan;
+  for (int k = 0; k < P->nstages; k++) {
+    int s = backward ? P->nstages - 1 - k : k;
+    double start = t->trace ? trace_now_us(t->trace) : 0;
     io->arena = t->arena[s];
-    t->plan->forward[s](io);
+    (backward ? P->backward : P->forward)[s](io);
+    if (t->trace)
+      trace_add(t->trace, 0, backward ? TP_PLAN_BACKWARD : TP_PLAN_FORWARD, 0, 0, s, start, trace_now_us(t->trace));
   }
 }
 
-static void backward(Trainer *t, TpStepIO *io) {
-  for (int s = t->plan->nstages - 1; s >= 0; s--) {
-    io->arena = t->arena[s];
-    t->plan->backward[s](io);
-  }
+/* Forward and backward of the current tokens; the step's loss. */
+static double train_step(Trainer *t) {
+  if (t->plan->stages) return pipe_train_step(t);
+  for (int i = 0; i < t->plan->nparams; i++) memset(t->grad[i], 0, (size_t)t->numel[i] * 4);
+  TpStepIO io = step_io(t);
+  run_stages(t, &io, false);
+  run_stages(t, &io, true);
+  return io.loss;
 }
 
 /* The learning rate of step (1-based): linear warmup, then constant or cosine to 0. */
@@ -290,20 +323,42 @@ static double lr_at(const TrainOptions *o, int64_t step, int64_t total) {
 }
 
 static double grad_norm(Trainer *t) {
+  if (t->plan->stages) return pipe_grad_norm(t);
   double sum = 0;
   for (int i = 0; i < t->plan->nparams; i++)
     if (t->m[i]) sum += tp_sum_squares_f32(t->grad[i], t->numel[i]);
   return sqrt(sum);
 }
 
+static void update(Trainer *t, int64_t step, double lr, float clip) {
+  const TpPlan *P = t->plan;
+  const TrainOptions *o = &t->o;
+  if (P->stages) {
+    pipe_update(t, step, lr, clip);
+    return;
+  }
+  double start = t->trace ? trace_now_us(t->trace) : 0;
+  for (int i = 0; i < P->nparams; i++) {
+    if (!t->m[i]) continue;
+    if (clip != 1) tp_scale_f32(t->grad[i], t->numel[i], clip);
+    tp_adamw_step(t->param[i], t->grad[i], t->m[i], t->v[i], t->numel[i], lr, o->beta1, o->beta2, o->eps,
+                  o->weight_decay, step);
+  }
+  if (t->trace) trace_add(t->trace, 0, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
+}
+
 /* The mean loss over the validation batches (forward only). */
 static double evaluate(Trainer *t) {
-  int64_t bt = t->plan->batch * t->plan->seq, n = t->o.val_batches;
+  int64_t rows = train_rows(t->plan), bt = rows * t->plan->seq, n = t->o.val_batches;
   double sum = 0;
   for (int64_t j = 0; j < n; j++) {
-    tp_tokens_batch(&t->val, j * bt % t->val.count, t->plan->batch, t->plan->seq, t->tokens, t->targets);
+    tp_tokens_batch(&t->val, j * bt % t->val.count, rows, t->plan->seq, t->tokens, t->targets);
+    if (t->plan->stages) {
+      sum += pipe_eval(t);
+      continue;
+    }
     TpStepIO io = step_io(t);
-    forward(t, &io);
+    run_stages(t, &io, false);
     sum += io.loss;
   }
   return sum / (double)n;
@@ -401,88 +456,90 @@ static void print_progress(const Trainer *t, const StepRecord *r, int64_t total)
   int width = snprintf(NULL, 0, "%" PRId64, total);
   fprintf(stderr, "step %*" PRId64 "/%" PRId64 " | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
           width, r->step, total, r->loss, r->lr, r->norm, r->ms,
-          (double)(t->plan->batch * t->plan->seq) / (r->ms / 1e3));
+          (double)(train_rows(t->plan) * t->plan->seq) / (r->ms / 1e3));
   if (!isnan(r->val_loss)) fprintf(stderr, " | val %.6f", r->val_loss);
   fputc('\n', stderr);
 }
 
-static void kill_hook(const char *var, int64_t step) {
-  const char *s = getenv(var);
-  if (s && strtoll(s, NULL, 10) == step) raise(SIGKILL);
+/* Test hooks: SIGKILL after the given step; with TOKPIPE_TEST_KILL_RANK, only that rank. */
+static void kill_hook(const Trainer *t, const char *var, int64_t step) {
+  const char *s = getenv(var), *rank = getenv("TOKPIPE_TEST_KILL_RANK");
+  if (s && strtoll(s, NULL, 10) == step && (!rank || strtol(rank, NULL, 10) == t->comm->rank)) raise(SIGKILL);
 }
+
+/* Writes (on process 0) what write() produces; every process learns the outcome. */
+static int root_writes(Trainer *t, int (*write)(Trainer *t)) {
+  return pipe_agree(t, train_is_root(t) ? write(t) : TP_OK);
+}
+
+static int write_grads(Trainer *t) { return train_dump(t, t->o.dump_grads, true); }
+static int write_weights(Trainer *t) { return train_dump(t, t->o.dump_weights, false); }
 
 static int train(Trainer *t, FILE *log, int64_t total) {
   const TpPlan *P = t->plan;
   const TrainOptions *o = &t->o;
-  int64_t bt = P->batch * P->seq, first = t->step + 1;
+  int64_t rows = train_rows(P), bt = rows * P->seq, first = t->step + 1;
+  int rc;
   for (int64_t step = first; step <= total; step++) {
     double t0 = now_ms();
-    tp_tokens_batch(&t->train, t->data_pos, P->batch, P->seq, t->tokens, t->targets);
-    for (int i = 0; i < P->nparams; i++) memset(t->grad[i], 0, (size_t)t->numel[i] * 4);
-    TpStepIO io = step_io(t);
-    forward(t, &io);
-    backward(t, &io);
-    if (!isfinite(io.loss))
+    tp_tokens_batch(&t->train, t->data_pos, rows, P->seq, t->tokens, t->targets);
+    double loss = train_step(t);
+    if (!isfinite(loss)) /* the same loss on every process: each fails, process 0 says why */
       return tp_error(t->d, "the loss is %f at step %" PRId64 ": training diverged (lower --lr, or "
-                      "--grad-clip)", io.loss, step);
+                      "--grad-clip)", loss, step);
     double norm = grad_norm(t), lr = lr_at(o, step, total);
     double t_grads = now_ms();
     if (step == first && o->dump_grads) {
       t->step = step; /* the dump's metadata names the step */
-      int rc = train_dump(t, o->dump_grads, true);
-      if (rc) return rc;
+      pipe_gather(t, true, false);
+      if ((rc = root_writes(t, write_grads))) return rc;
     }
     double dump_ms = now_ms() - t_grads;
-    if (o->grad_clip > 0 && o->grad_clip / (norm + 1e-6) < 1) {
-      float coef = (float)(o->grad_clip / (norm + 1e-6));
-      for (int i = 0; i < P->nparams; i++)
-        if (t->m[i]) tp_scale_f32(t->grad[i], t->numel[i], coef);
-    }
-    for (int i = 0; i < P->nparams; i++)
-      if (t->m[i])
-        tp_adamw_step(t->param[i], t->grad[i], t->m[i], t->v[i], t->numel[i], lr, o->beta1, o->beta2,
-                      o->eps, o->weight_decay, step);
+    float clip = 1;
+    if (o->grad_clip > 0 && o->grad_clip / (norm + 1e-6) < 1) clip = (float)(o->grad_clip / (norm + 1e-6));
+    update(t, step, lr, clip);
     t->step = step;
     t->data_pos = (t->data_pos + bt) % t->train.count;
-    StepRecord r = {step, io.loss, lr, norm, now_ms() - t0 - dump_ms, NAN};
+    StepRecord r = {step, (float)loss, lr, norm, now_ms() - t0 - dump_ms, NAN};
     if (o->val_data && (o->val_every ? step % o->val_every == 0 : step == total)) r.val_loss = evaluate(t);
-    if (log) {
-      log_json(log, &r, bt);
-      if (fflush(log) != 0) return tp_error(t->d, "cannot write '%s': %s", o->log, strerror(errno));
+    if (o->log) { /* process 0 writes the log */
+      rc = TP_OK;
+      if (log) log_json(log, &r, bt);
+      if (log && fflush(log) != 0) rc = tp_error(t->d, "cannot write '%s': %s", o->log, strerror(errno));
+      if ((rc = pipe_agree(t, rc))) return rc;
     }
-    print_progress(t, &r, total);
+    if (train_is_root(t)) print_progress(t, &r, total);
     if (o->save && (step == total || (o->save_every && step % o->save_every == 0))) {
-      int rc = train_save_checkpoint(t);
-      if (rc) return rc;
+      pipe_gather(t, false, true);
+      if ((rc = root_writes(t, train_save_checkpoint))) return rc;
     }
-    kill_hook("TOKPIPE_TEST_KILL_AFTER_STEP", step);
+    kill_hook(t, "TOKPIPE_TEST_KILL_AFTER_STEP", step);
   }
   return TP_OK;
 }
 
-static int run(Trainer *t) {
-  const TpPlan *P = t->plan;
-  TrainOptions *o = &t->o;
-  int64_t need = P->batch * P->seq + 1;
-  int rc;
-  if (o->data && (rc = tp_tokens_open(o->data, P->vocab, need, &t->train, t->d))) return rc;
-  if (o->val_data && (rc = tp_tokens_open(o->val_data, P->vocab, need, &t->val, t->d))) return rc;
-  if (o->val_data && !o->val_batches) {
-    o->val_batches = (t->val.count - 1) / (need - 1);
-    if (o->val_batches > MAX_VAL_BATCHES) o->val_batches = MAX_VAL_BATCHES;
-  }
-  int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
-  o->steps = total;
+/* Checks on process 0 before long work: the outputs can be written. */
+static int check_outputs(Trainer *t) {
+  const TrainOptions *o = &t->o;
+  int rc = TP_OK;
   if ((o->log && (rc = tp_check_writable(o->log, "--log", t->d))) ||
       (o->dump_grads && (rc = tp_check_writable(o->dump_grads, "--dump-grads", t->d))) ||
       (o->dump_weights && (rc = tp_check_writable(o->dump_weights, "--dump-weights", t->d))) ||
       (o->export_onnx && (rc = tp_check_writable(o->export_onnx, "--export-onnx", t->d))) ||
+      (o->trace && (rc = tp_check_writable(o->trace, "--trace", t->d))) ||
       (o->save && (rc = prepare_save_dir(t))) || (o->export_onnx && (rc = train_check_export(t))))
     return rc;
-  alloc_buffers(t);
-  if ((rc = train_load_weights(t))) return rc;
-  if (o->dump_grads && t->step >= total)
-    return tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);
+  return TP_OK;
+}
+
+static int open_outputs(Trainer *t, FILE **log) {
+  int rc = TP_OK;
+  if ((t->o.save && (rc = create_save_dir(t))) || (t->o.log && (rc = open_log(t, log)))) return rc;
+  return TP_OK;
+}
+
+static void print_start(const Trainer *t, int64_t total) {
+  const TpPlan *P = t->plan;
   int64_t nel = 0, ntrain = 0;
   for (int i = 0; i < P->nparams; i++) {
     nel += t->numel[i];
@@ -490,13 +547,57 @@ static int run(Trainer *t) {
   }
   fprintf(stderr, "%s: %" PRId64 " parameters (%" PRId64 " trainable) in %d tensors; batch %" PRId64
           " x seq %" PRId64 "; %" PRId64 " training tokens; steps %" PRId64 "..%" PRId64 "\n",
-          t->d->tool, nel, ntrain, P->nparams, P->batch, P->seq, t->train.count, t->step + 1, total);
+          t->d->tool, nel, ntrain, P->nparams, train_rows(P), P->seq, t->train.count, t->step + 1, total);
+  if (P->stages)
+    fprintf(stderr, "%s: pipeline of %d stage%s x %d replica%s, %d microbatch%s of %" PRId64 " row%s, %d slice%s, "
+            "%s schedule; %d rank%s in %d process%s (%s)\n", t->d->tool, P->nstages, P->nstages == 1 ? "" : "s",
+            P->dp, P->dp == 1 ? "" : "s", P->microbatches, P->microbatches == 1 ? "" : "es", P->batch,
+            P->batch == 1 ? "" : "s", P->nslices,
+            P->nslices == 1 ? "" : "s", P->schedule == TP_PLAN_1F1B ? "1f1b" : "gpipe", t->nranks,
+            t->nranks == 1 ? "" : "s", t->comm->size, t->comm->size == 1 ? "" : "es", t->comm->be->name);
+}
+
+static int run(Trainer *t) {
+  const TpPlan *P = t->plan;
+  TrainOptions *o = &t->o;
+  int64_t need = train_rows(P) * P->seq + 1;
+  int rc;
+  t->nranks = 1;
+  if (!P->stages && t->comm->size > 1) {
+    if (train_is_root(t))
+      fprintf(stderr, "%s: error: the plan has 1 stage x 1 replica = 1 rank; mpirun started %d (run it "
+              "without mpirun)\n", t->d->tool, t->comm->size);
+    return TP_ERR_USAGE;
+  }
+  if ((rc = alloc_buffers(t))) return rc; /* a wrong process count: every process knows */
+  if (o->data) rc = tp_tokens_open(o->data, P->vocab, need, &t->train, t->d);
+  if (!rc && o->val_data) rc = tp_tokens_open(o->val_data, P->vocab, need, &t->val, t->d);
+  if ((rc = pipe_agree(t, rc))) return rc;
+  if (o->val_data && !o->val_batches) {
+    o->val_batches = (t->val.count - 1) / (need - 1);
+    if (o->val_batches > MAX_VAL_BATCHES) o->val_batches = MAX_VAL_BATCHES;
+  }
+  int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
+  o->steps = total;
+  if ((rc = pipe_agree(t, train_is_root(t) ? check_outputs(t) : TP_OK))) return rc;
+  if ((rc = pipe_agree(t, train_load_weights(t)))) return rc;
+  if (o->dump_grads && t->step >= total)
+    return tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);
   FILE *log = NULL;
-  if ((o->save && (rc = create_save_dir(t))) || (o->log && (rc = open_log(t, &log)))) return rc;
+  if (train_is_root(t)) print_start(t, total);
+  if ((rc = pipe_agree(t, train_is_root(t) ? open_outputs(t, &log) : TP_OK))) {
+    if (log) fclose(log);
+    return rc;
+  }
+  tp_comm_barrier(t->comm); /* the trace's common start */
+  if (o->trace) t->trace = trace_new();
   rc = train(t, log, total);
   if (log && fclose(log) != 0 && !rc) rc = tp_error(t->d, "cannot write '%s': %s", o->log, strerror(errno));
-  if (!rc && o->dump_weights) rc = train_dump(t, o->dump_weights, false);
-  if (!rc && o->export_onnx) rc = train_export_onnx(t);
+  if ((rc = pipe_agree(t, rc))) return rc;
+  if (o->dump_weights || o->export_onnx) pipe_gather(t, false, false);
+  if (o->dump_weights && (rc = root_writes(t, write_weights))) return rc;
+  if (o->export_onnx && (rc = root_writes(t, train_export_onnx))) return rc;
+  if (o->trace) rc = pipe_agree(t, trace_write(t, o->trace));
   return rc;
 }
 
@@ -505,12 +606,19 @@ int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
   if (strrchr(tool, '/')) tool = strrchr(tool, '/') + 1;
   TpDiag d;
   tp_diag_init(&d, tool, NULL, stderr);
-  Trainer t = {.plan = plan, .d = &d};
-  int rc = check_plan(plan, &d);
-  if (rc) return TP_ERR_INTERNAL;
-  rc = parse_options(&t.o, argc, argv, tool, plan);
-  if (rc) return rc < 0 ? 0 : rc;
-  rc = run(&t);
+  TpComm *comm;
+  int rc = tp_comm_open(&comm, tool, &argc, &argv, &d);
+  if (rc) {
+    tp_comm_close(comm);
+    return rc;
+  }
+  if (comm->rank != 0) d.stream = NULL; /* process 0 speaks for all (pipe_agree) */
+  Trainer t = {.plan = plan, .d = &d, .comm = comm};
+  rc = check_plan(plan, &d);
+  if (rc) rc = TP_ERR_INTERNAL;
+  else if ((rc = parse_options(&t.o, argc, argv, &d, plan)) < 0) rc = TP_OK;
+  else if (!rc) rc = run(&t);
   free_buffers(&t);
+  tp_comm_close(comm);
   return rc;
 }

@@ -1,6 +1,7 @@
 /* The trainer's weights: initial values (random, --init MODEL.onnx or .safetensors),
  * checkpoints (--save / --resume), dumps (--dump-grads, --dump-weights) and --export-onnx.
- * Everything is keyed by the ONNX initializer names of TpPlan. */
+ * Everything is keyed by the ONNX initializer names of TpPlan. Each process loads only the
+ * parameters it holds (t->held); the writers run on process 0 after pipe_gather. */
 #include "train.h"
 
 #include <inttypes.h>
@@ -81,6 +82,10 @@ static void init_random(Trainer *t) {
   t->rng = t->o.seed;
   for (int i = 0; i < P->nparams; i++) {
     float *w = t->param[i];
+    if (!t->held[i]) { /* skip its two draws per element: splitmix64's state is a counter */
+      if (P->params[i].rank >= 2) t->rng += 2 * (uint64_t)t->numel[i] * 0x9e3779b97f4a7c15ull;
+      continue;
+    }
     if (P->params[i].rank >= 2) {
       for (int64_t k = 0; k < t->numel[i]; k++) {
         double r = sqrt(-2 * log(uniform(&t->rng))), a = 2 * M_PI * uniform(&t->rng);
@@ -101,6 +106,7 @@ static int init_from_onnx(Trainer *t, const char *path) {
   for (int i = 0; !rc && i < t->plan->nparams; i++) {
     const TpPlanParam *p = &t->plan->params[i];
     TpTensor v;
+    if (!t->held[i]) continue;
     if (!tp_onnx_weights_has(w, p->source)) rc = missing(t, path, "initializer", p->source);
     else if (!(rc = tp_onnx_weights_get(w, p->source, &v, t->d)) &&
              !(rc = check_tensor(t, path, p->source, &v, p)))
@@ -116,6 +122,7 @@ static int init_from_safetensors(Trainer *t, const char *path) {
   for (int i = 0; !rc && i < t->plan->nparams; i++) {
     const TpPlanParam *p = &t->plan->params[i];
     const TpTensor *v = tp_safetensors_find(&st, p->name);
+    if (!t->held[i]) continue;
     if (!v) rc = missing(t, path, "tensor", p->name);
     else if (!(rc = check_tensor(t, path, p->name, v, p))) memcpy(t->param[i], v->data, (size_t)t->numel[i] * 4);
   }
@@ -232,6 +239,7 @@ static int resume(Trainer *t) {
   for (int i = 0; !rc && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
     float *dst[3] = {t->param[i], t->m[i], t->v[i]};
+    if (!t->held[i]) continue;
     for (int k = 0; k < 3 && !rc && dst[k]; k++) {
       char *key = k ? moment_key(k == 1 ? "m" : "v", p->name) : NULL;
       const char *name = key ? key : p->name;

@@ -362,24 +362,25 @@ static void stage0_backward(TpStepIO *io) {
   CHECK(tp_binary(TP_BINARY_ADD, &wte_weight_grad_0, &wte_weight_grad_1, &wte_weight_grad));
 }
 
-/* The parameters: ONNX name, the initializer --init reads, shape, trainable. */
+/* The parameters: ONNX name, the initializer --init reads, shape, trainable, the stage
+ * holding it, the last stage if it holds a tied copy too. */
 static const TpPlanParam params[16] = {
-    {"wte.weight", "wte.weight", 2, {16, 8}, 1},
-    {"h.0.ln_1.weight", "h.0.ln_1.weight", 1, {8}, 1},
-    {"h.0.ln_1.bias", "h.0.ln_1.bias", 1, {8}, 1},
-    {"h.0.attn.c_attn.bias", "h.0.attn.c_attn.bias", 1, {24}, 1},
-    {"h.0.attn.c_proj.bias", "h.0.attn.c_proj.bias", 1, {8}, 1},
-    {"h.0.c_fc.bias", "h.0.c_fc.bias", 1, {32}, 1},
-    {"h.0.c_proj.bias", "h.0.c_proj.bias", 1, {8}, 1},
-    {"onnx::Add_120", "onnx::Add_120", 2, {4, 8}, 1},
-    {"onnx::MatMul_121", "onnx::MatMul_121", 2, {8, 24}, 1},
-    {"onnx::MatMul_145", "onnx::MatMul_145", 2, {8, 8}, 1},
-    {"onnx::MatMul_146", "onnx::MatMul_146", 2, {8, 32}, 1},
-    {"onnx::MatMul_147", "onnx::MatMul_147", 2, {32, 8}, 1},
-    {"ln_f.bias", "h.0.ln_1.bias", 1, {8}, 1},
-    {"ln_f.weight", "h.0.ln_1.weight", 1, {8}, 1},
-    {"h.0.ln_2.bias", "h.0.ln_1.bias", 1, {8}, 1},
-    {"h.0.ln_2.weight", "h.0.ln_1.weight", 1, {8}, 1},
+    {"wte.weight", "wte.weight", 2, {16, 8}, 1, 0, 0},
+    {"h.0.ln_1.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0},
+    {"h.0.ln_1.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0},
+    {"h.0.attn.c_attn.bias", "h.0.attn.c_attn.bias", 1, {24}, 1, 0, 0},
+    {"h.0.attn.c_proj.bias", "h.0.attn.c_proj.bias", 1, {8}, 1, 0, 0},
+    {"h.0.c_fc.bias", "h.0.c_fc.bias", 1, {32}, 1, 0, 0},
+    {"h.0.c_proj.bias", "h.0.c_proj.bias", 1, {8}, 1, 0, 0},
+    {"onnx::Add_120", "onnx::Add_120", 2, {4, 8}, 1, 0, 0},
+    {"onnx::MatMul_121", "onnx::MatMul_121", 2, {8, 24}, 1, 0, 0},
+    {"onnx::MatMul_145", "onnx::MatMul_145", 2, {8, 8}, 1, 0, 0},
+    {"onnx::MatMul_146", "onnx::MatMul_146", 2, {8, 32}, 1, 0, 0},
+    {"onnx::MatMul_147", "onnx::MatMul_147", 2, {32, 8}, 1, 0, 0},
+    {"ln_f.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0},
+    {"ln_f.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0},
+    {"h.0.ln_2.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0},
+    {"h.0.ln_2.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0},
 };
 
 /* Initializers re-tied to a parameter: name, parameter, transposed. */
@@ -387,10 +388,30 @@ static const TpPlanDerived derived[] = {
     {"onnx::MatMul_148", 0, 1},
 };
 
-/* Per stage: the arena's bytes (activations and their gradients), the step's functions. */
+/* The token slices, first to last. */
+static const int64_t slice_len[] = {4};
+
+/* Per stage: one microbatch's arena (activations, their gradients, boundary buffers). */
 static const size_t arena_bytes[] = {6784};
 static const TpStageFn forward[] = {stage0_forward};
 static const TpStageFn backward[] = {stage0_backward};
+
+/* Stage 0: its instructions for one step. */
+static const TpPlanInsn stage0_schedule[] = {
+    {TP_PLAN_FORWARD, 0, 0, -1},
+    {TP_PLAN_BACKWARD, 0, 0, -1},
+    {TP_PLAN_OPTIMIZER_STEP, -1, -1, -1},
+};
+
+static const TpPlanStage stages[] = {
+    {.forward = forward + 0,
+     .backward = backward + 0,
+     .arena_bytes = 6784,
+     .arenas = 1,
+     .ninsns = 3,
+     .insns = stage0_schedule,
+     .memory_bytes = 23552},
+};
 
 const TpPlan tp_plan = {
     .abi = TP_PLAN_ABI,
@@ -407,6 +428,13 @@ const TpPlan tp_plan = {
     .arena_bytes = arena_bytes,
     .forward = forward,
     .backward = backward,
+    .global_batch = 2,
+    .microbatches = 1,
+    .dp = 1,
+    .nslices = 1,
+    .slice_len = slice_len,
+    .schedule = TP_PLAN_GPIPE,
+    .stages = stages,
 };
 
 int main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }

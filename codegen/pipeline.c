@@ -1,0 +1,115 @@
+/* The pipeline of a plan (see codegen.h): requires a module's memory plan (stages, slices,
+ * parameter placement); provides the verified schedule of every rank, the microbatch
+ * arenas each rank keeps alive, and its memory. */
+#include "codegen.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/train/plan.h"
+
+/* The plan's instruction kinds are the schedule's (plan.h cannot include the compiler). */
+_Static_assert((int)TP_PLAN_FORWARD == (int)TP_INSN_FORWARD && (int)TP_PLAN_RECV_GRAD == (int)TP_INSN_RECV_GRAD &&
+                   (int)TP_PLAN_ALLREDUCE_TIED == (int)TP_INSN_ALLREDUCE_TIED &&
+                   (int)TP_PLAN_OPTIMIZER_STEP == (int)TP_INSN_OPTIMIZER_STEP,
+               "plan.h's TpPlanInsnKind follows schedule.h's TpInsnKind");
+
+/* The fewest arenas for rank k such that the microbatches alive at once (from their first
+ * instruction to their last) have distinct mb % arenas. */
+static int count_arenas(const TpSchedule *s, int k) {
+  int M = s->nmb, *first = malloc(sizeof(int) * (size_t)M), *last = malloc(sizeof(int) * (size_t)M);
+  TP_ASSERT(first && last);
+  for (int mb = 0; mb < M; mb++) first[mb] = INT32_MAX, last[mb] = -1;
+  for (int i = 0; i < s->count[k]; i++) {
+    int mb = s->insn[k][i].mb;
+    if (mb < 0) continue;
+    if (i < first[mb]) first[mb] = i;
+    last[mb] = i;
+  }
+  int arenas = 1;
+  for (int a = 0; a < M; a++) { /* the most alive at once */
+    int alive = 0;
+    for (int b = 0; b < M; b++) alive += first[b] <= first[a] && first[a] <= last[b];
+    if (alive > arenas) arenas = alive;
+  }
+  for (bool clash = true; clash && arenas < M; arenas += clash) {
+    clash = false;
+    for (int a = 0; a < M && !clash; a++)
+      for (int b = a + 1; b < M && !clash; b++)
+        clash = a % arenas == b % arenas && first[a] <= last[b] && first[b] <= last[a];
+  }
+  free(first);
+  free(last);
+  return arenas;
+}
+
+int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl,
+                      TpDiag *d) {
+  static const TpPipelineOptions one = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
+  *pl = (TpPipeline){.o = o ? *o : one};
+  int S = mem->nstages, M = pl->o.microbatches;
+  TP_ASSERT(M >= 1 && pl->o.dp >= 1);
+  for (int i = 0; i < mem->nparams; i++) pl->tied |= mem->param_tied_stage[i] != 0;
+  int *nslices = malloc(sizeof(int) * (size_t)M);
+  TP_ASSERT(nslices);
+  for (int mb = 0; mb < M; mb++) nslices[mb] = mem->nslices;
+  TpScheduleSpec spec = {.kind = pl->o.kind, .stages = S, .nmb = M, .nslices = nslices,
+                         .data_parallel = pl->o.dp > 1, .tied_embedding = pl->tied};
+  tp_schedule_build(&spec, &pl->schedule);
+  free(nslices);
+  TpDiag quiet;
+  tp_diag_init(&quiet, d->tool, d->file, NULL);
+  if (tp_schedule_verify(&pl->schedule, false, &quiet) != TP_OK) {
+    int rc = tp_internal(d, "compiler bug: the %s schedule of %d stages x %d microbatches x %d slices fails "
+                         "verification: %s", tp_schedule_name(pl->o.kind), S, M, mem->nslices, quiet.last);
+    tp_pipeline_free(pl);
+    return rc;
+  }
+  pl->arenas = calloc((size_t)S, sizeof *pl->arenas);
+  pl->params = calloc((size_t)S, sizeof *pl->params);
+  pl->grads = calloc((size_t)S, sizeof *pl->grads);
+  pl->state = calloc((size_t)S, sizeof *pl->state);
+  pl->activations = calloc((size_t)S, sizeof *pl->activations);
+  pl->peak = calloc((size_t)S, sizeof *pl->peak);
+  TP_ASSERT(pl->arenas && pl->params && pl->grads && pl->state && pl->activations && pl->peak);
+  for (int i = 0; i < mem->nparams; i++) {
+    int v = mem->params[i];
+    int64_t bytes = tp_type_numel(&m->values[v].type) * 4;
+    bool trained = m->grads && tp_grad_of(m, v) >= 0;
+    for (int k = 0; k < S; k++) {
+      if (k != mem->param_stage[i] && (k == 0 || k != mem->param_tied_stage[i])) continue;
+      pl->params[k] += bytes;
+      if (trained) pl->grads[k] += (M > 1 ? 2 : 1) * bytes, pl->state[k] += 2 * bytes;
+    }
+  }
+  for (int k = 0; k < S; k++) {
+    pl->arenas[k] = count_arenas(&pl->schedule, k);
+    pl->activations[k] = pl->arenas[k] * mem->arena_bytes[k];
+    pl->peak[k] = pl->params[k] + pl->grads[k] + pl->state[k] + pl->activations[k];
+  }
+  return TP_OK;
+}
+
+void tp_pipeline_free(TpPipeline *pl) {
+  if (pl->schedule.count) tp_schedule_free(&pl->schedule);
+  free(pl->arenas);
+  free(pl->params);
+  free(pl->grads);
+  free(pl->state);
+  free(pl->activations);
+  free(pl->peak);
+  *pl = (TpPipeline){0};
+}
+
+int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, TpDiag *d) {
+  int rc = TP_OK;
+  for (int k = 0; k < pl->schedule.stages; k++)
+    if (pl->peak[k] > max_bytes)
+      rc = tp_error(d, "rank %d (pipeline stage %d%s) needs %lld bytes at its peak, %lld more than --max-memory "
+                    "%lld: parameters %lld, gradients %lld, optimizer state %lld, %d microbatch arena%s %lld",
+                    k, k, pl->o.dp > 1 ? ", as in every replica" : "", (long long)pl->peak[k],
+                    (long long)(pl->peak[k] - max_bytes), (long long)max_bytes, (long long)pl->params[k],
+                    (long long)pl->grads[k], (long long)pl->state[k], pl->arenas[k], pl->arenas[k] == 1 ? "" : "s",
+                    (long long)pl->activations[k]);
+  return rc;
+}

@@ -1,0 +1,426 @@
+/* insert-token-dim: requires a forward module with inferred, static types (after
+ * raise-transformer; add-loss may have run, autodiff not); provides the token (sequence)
+ * axis of every value, named TP_TOKEN_DIM in its type, and the guarantee that every op can
+ * run slice by slice along it.
+ *
+ * Axes are related by positional identity: an op relates axis a of one of its values to
+ * axis b of another when index t along a and index t along b are the same token, whatever
+ * the data (elementwise ops align their broadcast axes, Transpose permutes, Reshape keeps
+ * an axis whose extent and preceding elements are unchanged, attention relates the
+ * queries' sequence axis to the keys' and values', a loss its logits' rows to its
+ * targets'). The token axes are the class of the token input's second dim under these
+ * relations (union-find over (value, axis)); parameters and constants join it too, e.g. a
+ * [T, C] position table added to the [B, T, C] activations.
+ *
+ * tp_token_class then tells how each op treats the token axis (ir/ir.h TpTokenClass). An
+ * op is token-global when it mixes rows: a softmax, reduction, normalisation, gather,
+ * split, concat or partial slice along the token axis, a contraction over it, a result
+ * with two token axes (a primitive attention's scores), a token axis that disappears (a
+ * Reshape merging it with the batch), or attention that is not causal. The first
+ * token-global op is an error naming the node and why: slicing would change the result.
+ * tokpipec runs this pass only when slicing (or pipelining) is asked for, so a bidirectional
+ * model still trains whole. */
+#include "../ir/ir.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- what an op does with its axes ---- */
+
+enum { MAX_LINKS = 1024, MAX_MIXES = 600 };
+
+typedef struct {
+  int v, a; /* value, axis */
+} Axis;
+
+typedef struct {
+  Axis link[MAX_LINKS][2]; /* pairs of axes that index the same positions */
+  int nlinks;
+  Axis mix[MAX_MIXES];     /* axes along which the op combines elements */
+  const char *mix_why[MAX_MIXES];
+  int nmixes;
+  bool unknown;            /* an op this file does not describe */
+} OpAxes;
+
+static const TpType *type_of(const TpModule *m, int v) { return &m->values[v].type; }
+
+static void link(OpAxes *x, int v1, int a1, int v2, int a2) {
+  if (v1 < 0 || v2 < 0) return;
+  TP_ASSERT(x->nlinks < MAX_LINKS);
+  x->link[x->nlinks][0] = (Axis){v1, a1};
+  x->link[x->nlinks++][1] = (Axis){v2, a2};
+}
+
+static void mix(OpAxes *x, int v, int a, const char *why) {
+  if (v < 0) return;
+  TP_ASSERT(x->nmixes < MAX_MIXES);
+  x->mix_why[x->nmixes] = why;
+  x->mix[x->nmixes++] = (Axis){v, a};
+}
+
+/* Operand v broadcast (numpy, right-aligned) to result r: the axes it does not stretch. */
+static void broadcast_links(const TpModule *m, OpAxes *x, int r, int v) {
+  if (v < 0 || r < 0) return;
+  const TpType *tr = type_of(m, r), *tv = type_of(m, v);
+  for (int k = 0; k < tv->rank; k++) {
+    int b = k + tr->rank - tv->rank;
+    if (b >= 0 && tv->dims[k] == tr->dims[b]) link(x, v, k, r, b);
+  }
+}
+
+static void all_links(const TpModule *m, OpAxes *x, int v1, int v2) {
+  if (v1 < 0 || v2 < 0) return;
+  for (int k = 0; k < type_of(m, v1)->rank && k < type_of(m, v2)->rank; k++) link(x, v1, k, v2, k);
+}
+
+/* Reshape: input axis a and output axis b are the same positions when their extents and
+ * the elements before them are equal. */
+static void reshape_links(const TpModule *m, OpAxes *x, int in, int out) {
+  const TpType *ti = type_of(m, in), *to = type_of(m, out);
+  int64_t before_in = 1;
+  for (int a = 0; a < ti->rank; a++) {
+    int64_t before_out = 1;
+    for (int b = 0; b < to->rank; b++) {
+      if (before_out == before_in && to->dims[b] == ti->dims[a]) {
+        link(x, in, a, out, b);
+        break;
+      }
+      before_out *= to->dims[b];
+    }
+    before_in *= ti->dims[a];
+  }
+}
+
+static void matmul_axes(const TpModule *m, OpAxes *x, int A, int B, int Y) {
+  int ra = type_of(m, A)->rank, rb = type_of(m, B)->rank, ry = type_of(m, Y)->rank;
+  mix(x, A, ra - 1, "contracts over");
+  mix(x, B, rb >= 2 ? rb - 2 : 0, "contracts over");
+  if (ra >= 2) link(x, A, ra - 2, Y, ry - (rb >= 2 ? 2 : 1));
+  if (rb >= 2) link(x, B, rb - 1, Y, ry - 1);
+  if (ra < 2 || rb < 2) return;
+  const TpType *ty = type_of(m, Y);
+  for (int side = 0; side < 2; side++) { /* batch axes broadcast */
+    int v = side ? B : A, r = side ? rb : ra;
+    for (int k = 0; k < r - 2; k++) {
+      int b = k + ry - r;
+      if (b >= 0 && type_of(m, v)->dims[k] == ty->dims[b]) link(x, v, k, Y, b);
+    }
+  }
+}
+
+static void attention_axes(const TpModule *m, int op, OpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int q = o->inputs[0], k = o->inputs[1], v = o->inputs[2], y = o->outputs[0];
+  int r = type_of(m, q)->rank, seq = r == 4 ? 2 : 1, feat = r - 1;
+  link(x, q, 0, y, 0), link(x, k, 0, q, 0), link(x, v, 0, q, 0);
+  link(x, q, seq, y, seq), link(x, q, seq, k, seq), link(x, k, seq, v, seq);
+  if (r == 4) link(x, q, 1, y, 1), link(x, k, 1, v, 1); /* heads */
+  mix(x, q, feat, "contracts over"), mix(x, k, feat, "contracts over"), mix(x, v, feat, "contracts over");
+}
+
+/* The axis relations of op `op` and the axes it combines elements along. */
+static void describe(const TpModule *m, int op, OpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = o->ninputs ? o->inputs[0] : -1, Y = o->noutputs ? o->outputs[0] : -1;
+  int rx = X >= 0 ? type_of(m, X)->rank : 0;
+  x->nlinks = x->nmixes = 0;
+  x->unknown = false;
+  if (o->phase == TP_PHASE_BACKWARD) {
+    x->unknown = true;
+    return;
+  }
+  if (tp_op_info[o->kind].traits & TP_TRAIT_ELEMENTWISE) {
+    for (int i = 0; i < o->ninputs; i++) broadcast_links(m, x, Y, o->inputs[i]);
+    return;
+  }
+  switch (o->kind) {
+  case TP_OP_MatMul:
+    matmul_axes(m, x, X, o->inputs[1], Y);
+    break;
+  case TP_OP_Gemm: { /* A [M, K] (transA: [K, M]), B [K, N] (transB: [N, K]) */
+    bool ta = tp_attr_int(m, op, "transA", 0), tb = tp_attr_int(m, op, "transB", 0);
+    int B = o->inputs[1];
+    link(x, X, ta ? 1 : 0, Y, 0), link(x, B, tb ? 0 : 1, Y, 1);
+    mix(x, X, ta ? 0 : 1, "contracts over"), mix(x, B, tb ? 1 : 0, "contracts over");
+    if (o->ninputs > 2) broadcast_links(m, x, Y, o->inputs[2]);
+    break;
+  }
+  case TP_OP_Linear:
+    for (int k = 0; k < rx - 1; k++) link(x, X, k, Y, k);
+    mix(x, X, rx - 1, "contracts over");
+    if (o->ninputs > 2) broadcast_links(m, x, Y, o->inputs[2]);
+    break;
+  case TP_OP_Embedding: /* Embedding(W, Ids) -> [Ids..., C] */
+    all_links(m, x, o->inputs[1], Y);
+    mix(x, X, 0, "gathers along");
+    break;
+  case TP_OP_Gather: { /* data[:a] ++ indices ++ data[a+1:] */
+    int a = (int)tp_attr_int(m, op, "axis", 0), idx = o->inputs[1], ri = type_of(m, idx)->rank;
+    for (int k = 0; k < rx; k++)
+      if (k != a) link(x, X, k, Y, k < a ? k : k - 1 + ri);
+    for (int k = 0; k < ri; k++) link(x, idx, k, Y, a + k);
+    mix(x, X, a, "gathers along");
+    break;
+  }
+  case TP_OP_Reshape:
+    reshape_links(m, x, X, Y);
+    break;
+  case TP_OP_Expand:
+    broadcast_links(m, x, Y, X);
+    break;
+  case TP_OP_Transpose: {
+    int n;
+    const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
+    for (int k = 0; k < n; k++) link(x, X, (int)perm[k], Y, k);
+    break;
+  }
+  case TP_OP_Split:
+  case TP_OP_Concat: {
+    int a = (int)tp_attr_int(m, op, "axis", 0), whole = o->kind == TP_OP_Split ? X : Y;
+    int n = o->kind == TP_OP_Split ? o->noutputs : o->ninputs;
+    for (int i = 0; i < n; i++) {
+      int part = o->kind == TP_OP_Split ? o->outputs[i] : o->inputs[i];
+      for (int k = 0; k < rx; k++)
+        if (k != a) link(x, whole, k, part, k);
+      mix(x, part, a, o->kind == TP_OP_Split ? "splits along" : "concatenates along");
+    }
+    mix(x, whole, a, o->kind == TP_OP_Split ? "splits along" : "concatenates along");
+    break;
+  }
+  case TP_OP_Slice: {
+    int n;
+    const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
+    for (int k = 0; k < rx; k++) {
+      if (starts[k] == 0 && steps[k] == 1 && type_of(m, Y)->dims[k] == type_of(m, X)->dims[k])
+        link(x, X, k, Y, k);
+      else
+        mix(x, X, k, "slices");
+    }
+    break;
+  }
+  case TP_OP_Trilu:
+    all_links(m, x, X, Y);
+    mix(x, X, rx - 1, "masks a triangle of"), mix(x, X, rx - 2, "masks a triangle of");
+    break;
+  case TP_OP_Softmax:
+  case TP_OP_LogSoftmax:
+    all_links(m, x, X, Y);
+    mix(x, X, (int)tp_attr_int(m, op, "axis", rx - 1), "normalises over");
+    break;
+  case TP_OP_ReduceMean:
+  case TP_OP_ReduceSum: {
+    int n, kept = 0;
+    const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
+    bool keepdims = tp_attr_int(m, op, "keepdims", 1);
+    for (int k = 0, j = 0; k < rx; k++) {
+      bool reduced = j < n && axes[j] == k;
+      if (reduced) j++, mix(x, X, k, "reduces over");
+      else link(x, X, k, Y, keepdims ? k : kept);
+      if (!reduced || keepdims) kept++;
+    }
+    break;
+  }
+  case TP_OP_LayerNorm: {
+    int a = (int)tp_attr_int(m, op, "axis", -1);
+    all_links(m, x, X, Y);
+    for (int k = a; k < rx; k++) mix(x, X, k, "normalises over");
+    for (int i = 1; i < o->noutputs; i++) /* Mean, InvStdDev: [d0 .. d(a-1), 1 ...] */
+      for (int k = 0; k < a && o->outputs[i] >= 0; k++) link(x, X, k, o->outputs[i], k);
+    for (int i = 1; i < o->ninputs; i++) broadcast_links(m, x, Y, o->inputs[i]);
+    break;
+  }
+  case TP_OP_Attention:
+    attention_axes(m, op, x);
+    break;
+  case TP_OP_CrossEntropy: /* Logits [..., V], Targets [...] */
+    all_links(m, x, X, o->inputs[1]);
+    mix(x, X, rx - 1, "reduces over");
+    break;
+  case TP_OP_SoftmaxCrossEntropyLoss:
+  case TP_OP_NegativeLogLikelihoodLoss: { /* scores [N, C, d...], labels [N, d...] */
+    int labels = o->inputs[1];
+    link(x, X, 0, labels, 0);
+    for (int k = 2; k < rx; k++) link(x, X, k, labels, k - 1);
+    mix(x, X, 1, "reduces over");
+    if (o->noutputs > 1) all_links(m, x, X, o->outputs[1]);
+    break;
+  }
+  default:
+    x->unknown = true;
+    break;
+  }
+}
+
+/* ---- the marks ---- */
+
+static bool is_token_name(const char *s) { return s && strcmp(s, TP_TOKEN_DIM) == 0; }
+
+int tp_token_axis(const TpModule *m, int v) {
+  const TpType *t = type_of(m, v);
+  for (int a = 0; a < t->rank; a++)
+    if (is_token_name(t->dimnames[a])) return a;
+  return -1;
+}
+
+static int token_axes(const TpModule *m, int v) {
+  int n = 0;
+  for (int a = 0; a < type_of(m, v)->rank; a++) n += is_token_name(type_of(m, v)->dimnames[a]);
+  return n;
+}
+
+/* A module-owned formatted string. */
+static const char *fmt(TpModule *m, const char *f, ...) __attribute__((format(printf, 2, 3)));
+static const char *fmt(TpModule *m, const char *f, ...) {
+  va_list ap;
+  va_start(ap, f);
+  int n = vsnprintf(NULL, 0, f, ap);
+  va_end(ap);
+  char *s = tp_alloc(m, (size_t)n + 1);
+  va_start(ap, f);
+  vsnprintf(s, (size_t)n + 1, f, ap);
+  va_end(ap);
+  return s;
+}
+
+static const char *node_of(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  if (o->origin.node) return o->origin.node;
+  return o->noutputs && o->outputs[0] >= 0 ? m->values[o->outputs[0]].name : "?";
+}
+
+/* Why causal attention op `op` cannot run slice by slice, or NULL if it can. */
+static const char *attention_problem(TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  const char *node = node_of(m, op);
+  if (!tp_attr_int(m, op, "is_causal", 0)) return fmt(m, "attention at node '%s' is not causal", node);
+  if (o->ninputs > 3 && o->inputs[3] >= 0)
+    return fmt(m, "attention at node '%s' is not causal: it has an explicit mask", node);
+  for (int i = 4; i < o->ninputs; i++)
+    if (o->inputs[i] >= 0) return fmt(m, "attention at node '%s' reads past keys and values", node);
+  for (int i = 1; i < o->noutputs; i++)
+    if (o->outputs[i] >= 0) return fmt(m, "attention at node '%s' returns more than its result", node);
+  int q = o->inputs[0], k = o->inputs[1], r = type_of(m, q)->rank, seq = r == 4 ? 2 : 1;
+  if (tp_token_axis(m, q) != seq || tp_token_axis(m, k) != seq)
+    return fmt(m, "attention at node '%s' does not attend along the token axis", node);
+  if (type_of(m, q)->dims[seq] + tp_attr_int(m, op, "causal_offset", 0) != type_of(m, k)->dims[seq])
+    return fmt(m, "attention at node '%s' does not attend over its own tokens", node);
+  return NULL;
+}
+
+TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
+  const TpOp *o = &m->ops[op];
+  const char *kind = tp_op_info[o->kind].name, *node = node_of(m, op);
+  *why = NULL;
+  bool in_tokens = false, out_tokens = false;
+  for (int i = 0; i < o->ninputs; i++) in_tokens |= o->inputs[i] >= 0 && tp_token_axis(m, o->inputs[i]) >= 0;
+  for (int i = 0; i < o->noutputs; i++) out_tokens |= o->outputs[i] >= 0 && tp_token_axis(m, o->outputs[i]) >= 0;
+  if (!in_tokens && !out_tokens) return TP_TOKEN_FREE;
+
+  OpAxes *x = malloc(sizeof *x);
+  TP_ASSERT(x);
+  describe(m, op, x);
+  TpTokenClass c = TP_TOKEN_POSITIONWISE;
+  if (x->unknown) {
+    *why = fmt(m, "%s at node '%s' is not known to keep tokens apart", kind, node);
+    c = TP_TOKEN_GLOBAL;
+  }
+  for (int i = 0; i < x->nmixes && !*why; i++)
+    if (tp_token_axis(m, x->mix[i].v) == x->mix[i].a)
+      *why = fmt(m, "%s at node '%s' %s the token axis", kind, node, x->mix_why[i]);
+  for (int i = 0; i < o->noutputs && !*why; i++) /* token x token: a primitive attention's scores */
+    if (o->outputs[i] >= 0 && token_axes(m, o->outputs[i]) > 1)
+      *why = o->kind == TP_OP_MatMul || o->kind == TP_OP_Gemm
+                 ? fmt(m, "attention at node '%s' is not causal: its scores (%s) relate every token to every "
+                          "other, with no causal mask raise-transformer could prove", node, kind)
+                 : fmt(m, "%s at node '%s' mixes tokens: its result has two token axes", kind, node);
+  free(x);
+  if (*why) return TP_TOKEN_GLOBAL;
+  if (tp_op_info[o->kind].traits & TP_TRAIT_TOKEN_REDUCING) return TP_TOKEN_REDUCING;
+  if (tp_op_info[o->kind].traits & TP_TRAIT_TOKEN_PREFIX) {
+    *why = attention_problem(m, op);
+    return *why ? TP_TOKEN_GLOBAL : TP_TOKEN_CAUSAL_PREFIX;
+  }
+  if (in_tokens && !out_tokens) {
+    *why = fmt(m, "%s at node '%s' does not keep the token axis (it merges or reduces it)", kind, node);
+    return TP_TOKEN_GLOBAL;
+  }
+  return c;
+}
+
+/* ---- the pass ---- */
+
+/* Is v read as the labels of a loss? */
+static bool is_labels(const TpModule *m, int v) {
+  for (int op = 0; op < m->nops; op++)
+    if (!m->ops[op].dead && (tp_op_info[m->ops[op].kind].traits & TP_TRAIT_TOKEN_REDUCING) &&
+        m->ops[op].inputs[1] == v)
+      return true;
+  return false;
+}
+
+int tp_token_input(const TpModule *m) {
+  int first = -1;
+  for (int i = 0; i < m->ninputs; i++) {
+    int v = m->inputs[i];
+    const TpType *t = type_of(m, v);
+    if (t->rank != 2 || (t->dtype != TP_I64 && t->dtype != TP_I32) || is_labels(m, v)) continue;
+    for (int op = 0; op < m->nops; op++) /* the ids of an embedding */
+      if (!m->ops[op].dead && m->ops[op].ninputs > 1 && m->ops[op].inputs[1] == v &&
+          (m->ops[op].kind == TP_OP_Embedding || m->ops[op].kind == TP_OP_Gather))
+        return v;
+    if (first < 0) first = v;
+  }
+  return first;
+}
+
+static int find(int *parent, int i) {
+  while (parent[i] != i) i = parent[i] = parent[parent[i]];
+  return i;
+}
+
+int pass_insert_token_dim(TpModule *m, TpDiag *d) {
+  for (int op = 0; op < m->nops; op++)
+    if (m->ops[op].phase == TP_PHASE_BACKWARD)
+      return tp_error(d, "insert-token-dim marks the forward module: run it before autodiff");
+  pass_dce(m, d); /* what raising left behind (the primitive attention) is not computed */
+  int tokens = tp_token_input(m);
+  if (tokens < 0) return tp_error(d, "cannot slice the sequence: no graph input is integer [batch, seq] token ids");
+  for (int v = 0; v < m->nvalues; v++)
+    for (int a = 0; a < type_of(m, v)->rank; a++)
+      if (type_of(m, v)->dims[a] < 0)
+        return tp_error(d, "cannot slice the sequence: %%%s has an unknown dimension (fix it with --dim, --batch or --seq)",
+                        m->values[v].name);
+
+  int n = m->nvalues * TP_MAX_RANK;
+  int *parent = malloc((size_t)n * sizeof *parent);
+  OpAxes *x = malloc(sizeof *x);
+  TP_ASSERT(parent && x);
+  for (int i = 0; i < n; i++) parent[i] = i;
+  for (int op = 0; op < m->nops; op++) {
+    if (m->ops[op].dead) continue;
+    describe(m, op, x);
+    for (int i = 0; i < x->nlinks; i++) {
+      Axis p = x->link[i][0], q = x->link[i][1];
+      parent[find(parent, p.v * TP_MAX_RANK + p.a)] = find(parent, q.v * TP_MAX_RANK + q.a);
+    }
+  }
+  int root = find(parent, tokens * TP_MAX_RANK + 1);
+  const char *name = tp_strdup(m, TP_TOKEN_DIM);
+  for (int v = 0; v < m->nvalues; v++) {
+    TpType *t = &m->values[v].type;
+    for (int a = 0; a < t->rank; a++) {
+      if (find(parent, v * TP_MAX_RANK + a) == root) t->dimnames[a] = name;
+      else if (is_token_name(t->dimnames[a])) t->dimnames[a] = NULL; /* the name is reserved */
+    }
+  }
+  free(parent);
+  free(x);
+
+  for (int op = 0; op < m->nops; op++) {
+    const char *why;
+    if (!m->ops[op].dead && tp_token_class(m, op, &why) == TP_TOKEN_GLOBAL)
+      return tp_error_op(d, m, op, "cannot slice the sequence: %s", why);
+  }
+  return TP_OK;
+}

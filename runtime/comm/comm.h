@@ -1,0 +1,95 @@
+/* Communication between the processes of a pipeline-parallel trainer, behind one small
+ * interface: a table of functions per backend (as ggml's backends), so that the instruction
+ * lists that drive MPI on CPU ranks now can drive NCCL later.
+ *
+ *   local  one process, no MPI (comm_local.c): size 1; collectives are no-ops
+ *   mpi    OpenMPI (comm_mpi.c), when the program was started by mpirun
+ *
+ * Failures are fatal to the whole job: a communication error, or a peer that stays silent
+ * past the timeout, prints one line naming the rank and what it waited for and ends every
+ * process (MPI_Abort). This is the one place runtime code ends the process: the other ranks
+ * are blocked on this one and cannot be told otherwise. Collectives run over a group (an
+ * ascending list of ranks) and reduce in the group's rank order, so results are the same
+ * bits on every run and every backend. */
+#ifndef TOKPIPE_COMM_H
+#define TOKPIPE_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../../ir/ir.h"
+#include "../tensor.h"
+
+typedef struct TpComm TpComm;
+
+/* A posted send or receive. */
+typedef struct {
+  void *impl;      /* the backend's handle; NULL once complete */
+  int peer;
+  const char *what; /* for the timeout message, e.g. "activation of unit (0, 1)" */
+} TpCommRequest;
+
+typedef struct {
+  const char *name;
+  void (*finalize)(TpComm *c);
+  /* Non-blocking point to point; the buffer must stay untouched until the request completes. */
+  void (*isend)(TpComm *c, const void *buf, size_t bytes, int peer, int tag, TpCommRequest *r);
+  void (*irecv)(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpCommRequest *r);
+  /* Whether r completed (and then r->impl is NULL); never blocks. */
+  bool (*test)(TpComm *c, TpCommRequest *r);
+  /* Collectives (tp_comm_allreduce_p2p and friends below, unless a backend has better). */
+  void (*allreduce_sum)(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n);
+  void (*broadcast)(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n);
+  void (*barrier)(TpComm *c);
+  /* Prints "tool: error: rank K: msg" and ends every process with `code`. */
+  void (*abort)(TpComm *c, int code, const char *msg); /* does not return */
+} TpCommBackend;
+
+struct TpComm {
+  const TpCommBackend *be;
+  const char *tool;
+  int rank, size;
+  double timeout_s; /* how long a wait may see no progress before the job is aborted */
+  void *impl;
+};
+
+/* True if this process was started by an MPI launcher (mpirun, srun with PMI). */
+bool tp_comm_launched_by_mpi(void);
+/* The backend for how the process was started: mpi under a launcher, else local. An error
+ * (TP_ERR_USAGE) if started by a launcher but built without MPI. */
+int tp_comm_open(TpComm **out, const char *tool, int *argc, char ***argv, TpDiag *d);
+void tp_comm_close(TpComm *c);
+
+/* Blocks until r completes, polling; aborts the job after c->timeout_s without progress. */
+void tp_comm_wait(TpComm *c, TpCommRequest *r);
+void tp_comm_send(TpComm *c, const void *buf, size_t bytes, int peer, int tag, const char *what);
+void tp_comm_recv(TpComm *c, void *buf, size_t bytes, int peer, int tag, const char *what);
+_Noreturn void tp_comm_abort(TpComm *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static inline void tp_comm_allreduce_sum(TpComm *c, void *buf, size_t count, TpDType dtype,
+                                         const int *group, int n) {
+  c->be->allreduce_sum(c, buf, count, dtype, group, n);
+}
+static inline void tp_comm_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n) {
+  c->be->broadcast(c, buf, bytes, root, group, n);
+}
+static inline void tp_comm_barrier(TpComm *c) { c->be->barrier(c); }
+
+/* All ranks agree on an exit code: the largest of every rank's rc. The lowest rank with a
+ * non-zero rc is returned in *first (-1 if none). */
+int tp_comm_agree(TpComm *c, int rc, int *first);
+
+/* Collectives built on isend/irecv/test: sum at the group's first rank in group order
+ * ((g0 + g1) + g2 ...), then a broadcast from it. dtype TP_F32, TP_F64 or TP_I64. */
+void tp_comm_allreduce_p2p(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n);
+void tp_comm_broadcast_p2p(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n);
+/* dst[i] += src[i] for count elements of dtype: the one reduction every backend uses. */
+void tp_comm_sum_into(void *dst, const void *src, size_t count, TpDType dtype);
+
+extern const TpCommBackend tp_comm_local;
+#ifdef TOKPIPE_HAVE_MPI
+extern const TpCommBackend tp_comm_mpi;
+int tp_comm_mpi_init(TpComm *c, int *argc, char ***argv, TpDiag *d);
+#endif
+
+#endif

@@ -1,0 +1,37 @@
+#!/bin/sh
+# One case of the communication tests. Usage: run.sh CASE TEST_COMM
+set -u
+case=$1 prog=$2
+here=$(dirname "$0")
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+# A run that must fail: non-zero, not by the time limit, within `within` seconds, saying `msg`.
+must_fail() {
+  within=$1 msg=$2 mode=$3
+  shift 3
+  start=$(date +%s)
+  "$@" >"$out" 2>&1
+  rc=$? took=$(($(date +%s) - start))
+  cat "$out"
+  [ $rc -ne 0 ] || { echo "FAIL: exit 0"; exit 1; }
+  [ $rc -ne 124 ] || { echo "FAIL: hung until the time limit"; exit 1; }
+  [ $took -le "$within" ] || { echo "FAIL: took ${took}s, more than ${within}s"; exit 1; }
+  grep -q "$msg" "$out" || { echo "FAIL: no message matching '$msg'"; exit 1; }
+  sleep 1
+  ! pgrep -f "$prog $mode" >/dev/null || { echo "FAIL: ranks are left running"; exit 1; }
+  echo "ok: exit $rc after ${took}s"
+}
+
+case $case in
+local) "$prog" basic ;;
+mpi-2) sh "$here/mpirun.sh" 60 2 "$prog" basic ;;
+mpi-3) sh "$here/mpirun.sh" 60 3 "$prog" basic ;;
+die) # mpirun notices the killed rank and ends the others
+  must_fail 15 "exited on signal 9" die sh "$here/mpirun.sh" 60 3 "$prog" die ;;
+hang) # nobody dies: the waiting ranks' watchdog ends the job
+  export TOKPIPE_COMM_TIMEOUT=2
+  must_fail 15 "rank [02]: no progress for 2 s waiting for the test message (peer: rank 1)" hang \
+    sh "$here/mpirun.sh" 60 3 "$prog" hang ;;
+*) echo "unknown case $case"; exit 2 ;;
+esac

@@ -1,0 +1,206 @@
+#!/bin/sh
+# run.sh CASE BIN_DIR SRC_DIR WORK_DIR: one pipeline-runtime test case on the hand-written
+# plan pipe_plan.c (pipe_trainer; its shape comes from PIPE_* variables). Prints "ok ..."
+# lines and exits 0, or prints "FAIL ..." and exits 1.
+#
+# The reference is the one-stage, one-microbatch, unsliced, one-replica run in one process;
+# every pipeline shape must give its loss and gradients within 1e-5 (relative), and the
+# same shape in one process or under mpirun the very same bits.
+case=$1 bin=$2 src=$3 work=$4/$1
+trainer=$bin/pipe_trainer
+mpi="sh $src/../comm/mpirun.sh"
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
+export OMP_NUM_THREADS=1
+status=0
+
+fail() { echo "FAIL $case: $*"; status=1; }
+ok() { echo "ok $case: $*"; }
+
+# A deterministic text (byte tokens), its training and validation token files.
+i=0
+while [ $i -lt 40 ]; do
+  echo "pack my box with five dozen liquor jugs $i; the five boxing wizards jump quickly."
+  i=$((i + 1))
+done >text.txt
+"$bin/tokpipe-tokens" text.txt -o train.bin --val-fraction 0.25 --val-out val.bin 2>/dev/null || { fail "tokpipe-tokens"; exit 1; }
+
+common="--init $src/tiny2.onnx --data train.bin --steps 3 --lr 0.01"
+
+# The log without the timing fields, which differ from run to run.
+untimed() { sed -E 's/, "ms": [^,]*, "tokens_per_s": [^,}]*//' "$1"; }
+
+# shape NAME STAGES MICROBATCHES DP SLICES SCHEDULE: sets the PIPE_* variables and `ranks`.
+shape() {
+  export PIPE_STAGES=$2 PIPE_MICROBATCHES=$3 PIPE_DP=$4 PIPE_SLICES=$5 PIPE_SCHEDULE=$6
+  name=$1 ranks=$(($2 * $4))
+}
+
+# train NAME [mpi] ARGS...: runs the current shape, writing NAME.grads, NAME.jsonl.
+train() {
+  n=$1
+  shift
+  launch=$trainer
+  if [ "$1" = mpi ]; then
+    launch="$mpi 120 $ranks $trainer"
+    shift
+  fi
+  $launch $common --dump-grads "$n.grads" --log "$n.jsonl" "$@" >"$n.out" 2>&1 ||
+    { fail "$n: the run failed: $(tail -5 "$n.out")"; return 1; }
+}
+
+# like_reference NAME: gradients and losses within 1e-5 of ref's.
+like_reference() {
+  if "$bin/tokpipe-compare" "$1.grads" ref.grads --tol 1e-5 >cmp.txt 2>&1 &&
+    "$bin/tokpipe-compare" --losses "$1.jsonl" ref.jsonl --tol 1e-5 >>cmp.txt 2>&1; then
+    ok "$1: loss and gradients match the one-stage run ($(grep -o 'worst [^ ]* max_rel_err=[^ ]*' cmp.txt | head -1))"
+  else
+    fail "$1: $(cat cmp.txt)"
+  fi
+}
+
+same_files() { # same_files WHAT A B
+  if cmp -s "$2" "$3"; then ok "$1"; else fail "$1: $2 and $3 differ"; fi
+}
+
+reference() {
+  shape ref 1 1 1 8 gpipe
+  train ref || exit 1
+}
+
+case $case in
+one-process) # every shape runs in one process too (no MPI needed)
+  reference
+  for s in "a 2 1 1 8 gpipe" "b 2 2 1 5,3 1f1b" "c 2 2 2 3,3,2 1f1b" "d 1 2 2 5,3 gpipe" "e 2 1 2 4,4 gpipe"; do
+    shape $s
+    train "$name" --trace "$name.json" && like_reference "$name"
+    "$bin/pipe_check_trace" "$name.json" "$ranks" >/dev/null && ok "$name: trace of $ranks ranks" || fail "$name: trace"
+  done
+  grep -q "pipeline of 2 stages x 2 replicas, 2 microbatches of 1 row, 3 slices, 1f1b schedule; 4 ranks in 1 process (local)" c.out &&
+    ok "the start line says the shape" || fail "start line: $(head -2 c.out)"
+  ;;
+
+matrix) # 2 stages x {1, 2} microbatches x {1, 2} replicas x {unsliced, 5+3} x both schedules
+  reference
+  for sched in gpipe 1f1b; do
+    for mb in 1 2; do
+      for dp in 1 2; do
+        for sl in 8 5,3; do
+          shape "s2-m$mb-d$dp-$(echo $sl | tr , +)-$sched" 2 $mb $dp $sl $sched
+          train "$name" mpi && like_reference "$name"
+        done
+      done
+    done
+  done
+  ;;
+
+same-bits) # one process and mpirun run the same arithmetic
+  for s in "x 2 2 2 5,3 1f1b" "y 2 1 1 3,3,2 gpipe"; do
+    shape $s
+    train "$name-local" --dump-weights "$name-local.weights" &&
+      train "$name-mpi" mpi --dump-weights "$name-mpi.weights" || continue
+    same_files "$name: the same gradients in one process and under mpirun -np $ranks" "$name-local.grads" "$name-mpi.grads"
+    same_files "$name: the same weights after 3 steps" "$name-local.weights" "$name-mpi.weights"
+    [ "$(untimed "$name-local.jsonl")" = "$(untimed "$name-mpi.jsonl")" ] && ok "$name: the same log" || fail "$name: logs differ"
+  done
+  ;;
+
+outputs) # gathered to one file by rank 0: weights, ONNX, trace, log with validation
+  shape o 2 2 2 5,3 1f1b
+  train o-local --dump-weights o-local.weights --export-onnx o-local.onnx --val-data val.bin
+  train o mpi --dump-weights o.weights --export-onnx o.onnx --val-data val.bin --trace o.json
+  same_files "--dump-weights: one file, as in one process" o-local.weights o.weights
+  same_files "--export-onnx: one model, as in one process" o-local.onnx o.onnx
+  grep -q '"val_loss"' o.jsonl && [ "$(untimed o-local.jsonl)" = "$(untimed o.jsonl)" ] &&
+    ok "--log with val_loss, as in one process" || fail "log: $(cat o.jsonl)"
+  "$bin/pipe_check_trace" o.json 4 >check.txt 2>&1 && ok "--trace: valid JSON, 4 ranks ($(cat check.txt))" ||
+    fail "trace: $(cat check.txt)"
+  [ "$(grep -c '"step"' o.jsonl)" -eq 3 ] && [ "$(grep -c 'step ' o.out)" -eq 3 ] &&
+    ok "one log line and one progress line per step" || fail "log lines: $(cat o.out)"
+  ;;
+
+resume) # checkpoints gather to one file; a resumed run continues bit for bit
+  shape r 2 2 2 5,3 1f1b
+  common="--init $src/tiny2.onnx --data train.bin --lr 0.01"
+  $mpi 120 4 "$trainer" $common --steps 4 --dump-weights full.weights --log full.jsonl 2>/dev/null || fail "4 steps"
+  $mpi 120 4 "$trainer" $common --steps 2 --save ck 2>/dev/null || fail "2 steps"
+  common="--data train.bin --lr 0.01"
+  $mpi 120 4 "$trainer" $common --steps 4 --resume ck --dump-weights resumed.weights --log ck.jsonl 2>/dev/null || fail "resume"
+  same_files "2 steps + 2 resumed under mpirun: the same weights" full.weights resumed.weights
+  "$trainer" $common --steps 4 --resume ck --dump-weights local.weights 2>/dev/null || fail "resume in one process"
+  same_files "an mpirun checkpoint resumed in one process: the same weights" full.weights local.weights
+  ;;
+
+errors) # a wrong process count is one clear error; so is a failure of one rank only
+  shape p 2 1 1 8 gpipe
+  $mpi 60 3 "$trainer" $common >out.txt 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'error' out.txt)" -eq 1 ] &&
+    grep -q "pipe_trainer: error: the plan has 2 stages x 1 replica = 2 ranks; mpirun started 3" out.txt &&
+    ok "exit $rc: $(grep error out.txt)" || fail "exit $rc: $(cat out.txt)"
+  shape p 2 1 2 8 gpipe
+  $mpi 60 2 "$trainer" $common >out.txt 2>&1
+  grep -q "the plan has 2 stages x 2 replicas = 4 ranks; mpirun started 2" out.txt && ok "2 x 2 on 2: $(grep error out.txt)" ||
+    fail "2 x 2 on 2: $(cat out.txt)"
+  # tests/train's tiny.onnx has the first stage's parameters, not the last one's 'gain'
+  $mpi 60 4 "$trainer" --init "$src/../train/tiny.onnx" --data train.bin --steps 2 >out.txt 2>&1
+  rc=$?
+  [ $rc -eq 1 ] && [ "$(grep -c 'error' out.txt)" -eq 1 ] &&
+    grep -q "pipe_trainer: error: rank 1: .*tiny.onnx: initializer 'gain' is missing" out.txt &&
+    ok "only the last stage fails: $(grep error out.txt)" || fail "exit $rc: $(cat out.txt)"
+  ;;
+
+rank-death) # a rank killed after step 1: the others end with an error, no hang
+  shape k 2 2 2 5,3 1f1b
+  start=$(date +%s)
+  TOKPIPE_TEST_KILL_AFTER_STEP=1 TOKPIPE_TEST_KILL_RANK=1 $mpi 60 4 "$trainer" $common --steps 1000 >out.txt 2>&1
+  rc=$? took=$(($(date +%s) - start))
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] && grep -q "exited on signal 9" out.txt &&
+    ok "exit $rc after ${took}s: $(grep 'signal 9' out.txt)" || fail "exit $rc after ${took}s: $(cat out.txt)"
+  ;;
+
+generated-fixture | generated-deep) # trainers tokpipec generates, under mpirun
+  # gen NAME MODEL 'TOKPIPEC OPTIONS': compiles the trainer NAME, trains it 3 steps on
+  # train.bin (under mpirun when it has several ranks); then compared with ref's
+  gen() {
+    n=$1 model=$2
+    # shellcheck disable=SC2086
+    "$bin/tokpipec" "$model" --exe "$n" $3 >"$n.out" 2>&1 || { fail "tokpipec $3: $(cat "$n.out")"; return 1; }
+    s=$(echo " $3 " | sed -n 's/.* --stages \([0-9]*\) .*/\1/p') d=$(echo " $3 " | sed -n 's/.* --dp \([0-9]*\) .*/\1/p')
+    ranks=$((${s:-1} * ${d:-1}))
+    launch=./$n
+    [ $ranks -gt 1 ] && launch="$mpi 200 $ranks ./$n"
+    $launch --init "$model" --data train.bin --steps 3 --dump-grads "$n.grads" --log "$n.jsonl" >"$n.out" 2>&1 ||
+      { fail "$n ($3): the run failed: $(tail -5 "$n.out")"; return 1; }
+  }
+  if [ $case = generated-fixture ]; then # 2 layers, tied embedding and head, B 4, T 7
+    model=$src/../fixtures/gpt_o14_tanh_tied_bias_dyn_conv1d/model.onnx bt="--batch 4 --seq 7"
+    set -- "--stages 2" "--stages 2 --microbatches 2 --slices 2" "--stages 2 --dp 2 --slices 3,2,2" \
+      "--stages 2 --microbatches 2 --dp 2" "--stages 2 --schedule 1f1b --slices 3,2,2" \
+      "--stages 2 --microbatches 2 --schedule 1f1b" "--stages 2 --dp 2 --schedule 1f1b --slices 2" \
+      "--stages 2 --microbatches 2 --dp 2 --schedule 1f1b --slices 3,2,2" "--dp 2 --microbatches 2 --slices 3,2,2"
+  else # 4 layers (tests/stages), tied, B 4, T 8
+    model=$src/../stages/deep_gpt.onnx bt="--batch 4 --seq 8"
+    # its vocabulary is 32: a text of the bytes 1..31
+    i=0
+    while [ $i -lt 400 ]; do
+      printf "\\$(printf %03o $(((i * 7 + i / 3) % 31 + 1)))"
+      i=$((i + 1))
+    done >small.txt
+    "$bin/tokpipe-tokens" small.txt -o train.bin 2>/dev/null || { fail "tokpipe-tokens small.txt"; exit 1; }
+    set -- "--stages 3 --microbatches 2 --slices 3,3,2 --schedule 1f1b" "--stages 4 --slices 2" \
+      "--stages 4 --microbatches 2 --dp 2 --slices 5,3 --schedule 1f1b"
+  fi
+  gen ref "$model" "$bt" || exit 1
+  k=0
+  for opts in "$@"; do
+    k=$((k + 1))
+    gen "g$k" "$model" "$bt $opts" && like_reference "g$k" && ok "g$k is $opts"
+  done
+  ;;
+
+*)
+  echo "unknown case $case"
+  exit 2
+  ;;
+esac
+exit $status

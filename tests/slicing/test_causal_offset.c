@@ -1,0 +1,203 @@
+/* Attention with a causal offset (TpAttention.causal_offset, the IR's causal_offset): the
+ * kernel a token slice runs. Two checks:
+ *   1. the backward against central finite differences of the forward, with offsets;
+ *   2. slicing: a sequence of T tokens cut into slices; slice i's queries (rows
+ *      [c_i, c_i + l_i)) attend over keys and values [0, c_i + l_i) with causal_offset c_i.
+ *      Its output equals the full causal attention's rows, and the sum of the slices' dK
+ *      and dV (each over its context rows) and their dQ rows equal the full backward's.
+ * T = 70 crosses the forward's block of 64 query rows. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cpu/nn.h"
+#include "runtime/cpu/nn_backward.h"
+
+static int failures;
+
+static void fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "FAIL ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  failures++;
+}
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Du;
+
+static float frand(void) { /* uniform in [-1, 1) */
+  rng_state = rng_state * 6364136223846793005u + 1442695040888963407u;
+  return (float)((rng_state >> 40) * (1.0 / (1u << 24))) * 2 - 1;
+}
+
+static float *rand_array(int64_t n, float scale) {
+  float *a = malloc((size_t)(n ? n : 1) * sizeof *a);
+  for (int64_t i = 0; i < n; i++) a[i] = frand() * scale;
+  return a;
+}
+
+static float *zeros(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
+
+/* Elements of a Q/K/V/Y-shaped tensor of `len` rows. */
+static int64_t numel(const TpAttention *p, int64_t heads, int64_t len, int64_t D) {
+  return p->batch * heads * len * D;
+}
+
+/* ---- 1. finite differences ---- */
+
+typedef struct {
+  TpAttention p;
+  float *q, *k, *v, *y, *dy;
+  int64_t nq, nk, nv, ny;
+} Case;
+
+static double loss(Case *c) { /* sum(dy * y) */
+  tp_attention_f32(&c->p, c->q, c->k, c->v, NULL, NULL, c->y, NULL, NULL, NULL);
+  double s = 0;
+  for (int64_t i = 0; i < c->ny; i++) s += (double)c->dy[i] * c->y[i];
+  return s;
+}
+
+static void check_grad(const char *what, Case *c, float *x, int64_t n, const float *grad) {
+  const float eps = 1e-2f;
+  double worst = 0, scale = 1e-6;
+  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(grad[i]));
+  for (int64_t i = 0; i < n; i++) {
+    float orig = x[i];
+    x[i] = orig + eps;
+    double hi = loss(c);
+    x[i] = orig - eps;
+    double lo = loss(c);
+    x[i] = orig;
+    worst = fmax(worst, fabs((hi - lo) / (2 * eps) - grad[i]) / scale);
+  }
+  if (worst > 5e-4) fail("%s: finite differences differ by %.3g of the largest gradient", what, worst);
+}
+
+static void finite_differences(const char *name, TpAttention p) {
+  Case c = {.p = p};
+  c.nq = numel(&p, p.q_heads, p.q_len, p.head_size), c.nk = numel(&p, p.kv_heads, p.kv_len, p.head_size);
+  c.nv = numel(&p, p.kv_heads, p.kv_len, p.v_head_size), c.ny = numel(&p, p.q_heads, p.q_len, p.v_head_size);
+  c.q = rand_array(c.nq, 2), c.k = rand_array(c.nk, 1), c.v = rand_array(c.nv, 1);
+  c.y = zeros(c.ny), c.dy = rand_array(c.ny, 1);
+  float *dq = zeros(c.nq), *dk = zeros(c.nk), *dv = zeros(c.nv);
+  tp_attention_backward_f32(&p, c.dy, c.q, c.k, c.v, dq, dk, dv);
+  char what[128];
+  snprintf(what, sizeof what, "%s dQ", name), check_grad(what, &c, c.q, c.nq, dq);
+  snprintf(what, sizeof what, "%s dK", name), check_grad(what, &c, c.k, c.nk, dk);
+  snprintf(what, sizeof what, "%s dV", name), check_grad(what, &c, c.v, c.nv, dv);
+  /* keys past the last query's window get no gradient */
+  int64_t seen = p.q_len + p.causal_offset;
+  if (!p.packed)
+    for (int64_t b = 0; b < p.batch * p.kv_heads; b++)
+      for (int64_t j = seen; j < p.kv_len; j++)
+        for (int64_t x = 0; x < p.head_size; x++)
+          if (dk[(b * p.kv_len + j) * p.head_size + x] != 0) {
+            fail("%s: key %lld is beyond every query's window yet has a gradient", name, (long long)j);
+            j = p.kv_len, b = p.batch * p.kv_heads;
+            break;
+          }
+  free(c.q), free(c.k), free(c.v), free(c.y), free(c.dy), free(dq), free(dk), free(dv);
+}
+
+/* ---- 2. slices against the full sequence ---- */
+
+/* Copies rows [r0, r0 + n) of every (batch, head) of src (len rows) into dst (n rows), or
+ * adds dst into src's rows when `back`. */
+static void rows(const TpAttention *p, int64_t heads, int64_t D, float *full, int64_t len, float *part,
+                 int64_t r0, int64_t n, bool back) {
+  for (int64_t b = 0; b < p->batch; b++)
+    for (int64_t h = 0; h < heads; h++)
+      for (int64_t r = 0; r < n; r++) {
+        float *f, *s;
+        if (p->packed)
+          f = full + ((b * len + r0 + r) * heads + h) * D, s = part + ((b * n + r) * heads + h) * D;
+        else
+          f = full + ((b * heads + h) * len + r0 + r) * D, s = part + ((b * heads + h) * n + r) * D;
+        for (int64_t x = 0; x < D; x++) {
+          if (back) f[x] += s[x];
+          else s[x] = f[x];
+        }
+      }
+}
+
+static double max_rel(const float *a, const float *b, int64_t n) {
+  double scale = 1e-30, worst = 0;
+  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+  for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+  return worst / scale;
+}
+
+static void slices(const char *name, TpAttention full, const int64_t *len, int nslices) {
+  int64_t T = full.q_len, D = full.head_size, Dv = full.v_head_size, Hq = full.q_heads, Hk = full.kv_heads;
+  int64_t nq = numel(&full, Hq, T, D), nk = numel(&full, Hk, T, D), nv = numel(&full, Hk, T, Dv),
+          ny = numel(&full, Hq, T, Dv);
+  float *q = rand_array(nq, 2), *k = rand_array(nk, 1), *v = rand_array(nv, 1), *dy = rand_array(ny, 1);
+  float *y = zeros(ny), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nv);
+  tp_attention_f32(&full, q, k, v, NULL, NULL, y, NULL, NULL, NULL);
+  tp_attention_backward_f32(&full, dy, q, k, v, dq, dk, dv);
+
+  float *ys = zeros(ny), *dqs = zeros(nq), *dks = zeros(nk), *dvs = zeros(nv);
+  int64_t c = 0;
+  for (int i = 0; i < nslices; c += len[i], i++) {
+    TpAttention p = full;
+    p.q_len = len[i], p.kv_len = c + len[i], p.causal_offset = c;
+    int64_t lq = numel(&p, Hq, len[i], D), ly = numel(&p, Hq, len[i], Dv);
+    int64_t lk = numel(&p, Hk, p.kv_len, D), lv = numel(&p, Hk, p.kv_len, Dv);
+    float *qi = zeros(lq), *dyi = zeros(ly), *ki = zeros(lk), *vi = zeros(lv), *yi = zeros(ly);
+    float *dqi = zeros(lq), *dki = zeros(lk), *dvi = zeros(lv);
+    rows(&p, Hq, D, q, T, qi, c, len[i], false);
+    rows(&p, Hq, Dv, dy, T, dyi, c, len[i], false);
+    rows(&p, Hk, D, k, T, ki, 0, p.kv_len, false);
+    rows(&p, Hk, Dv, v, T, vi, 0, p.kv_len, false);
+    tp_attention_f32(&p, qi, ki, vi, NULL, NULL, yi, NULL, NULL, NULL);
+    tp_attention_backward_f32(&p, dyi, qi, ki, vi, dqi, dki, dvi);
+    rows(&p, Hq, Dv, ys, T, yi, c, len[i], true);
+    rows(&p, Hq, D, dqs, T, dqi, c, len[i], true);
+    rows(&p, Hk, D, dks, T, dki, 0, p.kv_len, true); /* context rows accumulate */
+    rows(&p, Hk, Dv, dvs, T, dvi, 0, p.kv_len, true);
+    free(qi), free(dyi), free(ki), free(vi), free(yi), free(dqi), free(dki), free(dvi);
+  }
+  struct { const char *what; const float *got, *want; int64_t n; double tol; } checks[] = {
+      {"Y", ys, y, ny, 1e-6}, {"dQ", dqs, dq, nq, 1e-5}, {"dK", dks, dk, nk, 1e-5}, {"dV", dvs, dv, nv, 1e-5}};
+  for (int i = 0; i < 4; i++) {
+    double e = max_rel(checks[i].got, checks[i].want, checks[i].n);
+    if (!(e <= checks[i].tol))
+      fail("%s: the slices' %s differs from the full sequence's by %.3g relative", name, checks[i].what, e);
+  }
+  free(q), free(k), free(v), free(dy), free(y), free(dq), free(dk), free(dv);
+  free(ys), free(dqs), free(dks), free(dvs);
+}
+
+int main(void) {
+  TpAttention a = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 3, .kv_len = 7, .head_size = 3,
+                   .v_head_size = 4, .is_causal = true, .causal_offset = 4, .scale = 0.6f};
+  finite_differences("4-D GQA offset 4 (q 3, kv 7)", a);
+  a.causal_offset = 2;
+  finite_differences("4-D GQA offset 2 (keys past the window)", a);
+  TpAttention b = {.batch = 2, .q_heads = 2, .kv_heads = 2, .q_len = 2, .kv_len = 5, .head_size = 4,
+                   .v_head_size = 2, .packed = true, .is_causal = true, .causal_offset = 3, .scale = 0.5f,
+                   .softcap = 1.5f};
+  finite_differences("3-D softcap offset 3", b);
+
+  TpAttention f = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 70, .kv_len = 70, .head_size = 8,
+                   .v_head_size = 8, .is_causal = true, .scale = 0.35f};
+  slices("4-D GQA 37,20,13", f, (const int64_t[]){37, 20, 13}, 3);
+  slices("4-D GQA 1,65,4", f, (const int64_t[]){1, 65, 4}, 3);
+  TpAttention g = f;
+  g.packed = true, g.q_heads = 2, g.kv_heads = 2;
+  slices("3-D 35,35", g, (const int64_t[]){35, 35}, 2);
+  int64_t ones[70];
+  for (int i = 0; i < 70; i++) ones[i] = 1;
+  slices("3-D 70 slices of 1", g, ones, 70);
+  if (failures) {
+    fprintf(stderr, "%d failure(s)\n", failures);
+    return 1;
+  }
+  printf("causal offset: all passed\n");
+  return 0;
+}
