@@ -95,13 +95,14 @@ def read(path):
 
 def table(ours_path, theirs_path):
     ours, theirs = read(ours_path), read(theirs_path)
-    print(f"{'op':<14} {'tokpipe ms':>11} {'pytorch ms':>11} {'pytorch/tokpipe':>16}   (medians)")
+    print(f"{'op':<14} {'tokpipe ms':>17} {'pytorch ms':>17} {'pytorch/tokpipe':>16}")
+    print(f"{'':<14} {'median (min)':>17} {'median (min)':>17} {'median (min)':>16}")
     for name in ours:
-        a, b = ours[name][0], theirs.get(name, (math.nan,))[0]
-        print(f"{name:<14} {a:11.3f} {b:11.3f} {b / a:16.2f}")
-    fa = sum(n * ours[op][0] for op, n in STEP.items())
-    fb = sum(n * theirs[op][0] for op, n in STEP.items())
-    print(f"{'forward/step':<14} {fa:11.2f} {fb:11.2f} {fb / fa:16.2f}   (op medians x counts per step)")
+        (a, amin), (b, bmin) = ours[name], theirs.get(name, (math.nan, math.nan))
+        print(f"{name:<14} {a:9.3f} ({amin:5.3f}) {b:9.3f} ({bmin:5.3f}) {b / a:9.2f} ({bmin / amin:4.2f})")
+    f = [sum(n * rows[op][k] for op, n in STEP.items()) for rows in (ours, theirs) for k in (0, 1)]
+    print(f"{'forward/step':<14} {f[0]:9.2f} ({f[1]:5.1f}) {f[2]:9.2f} ({f[3]:5.1f}) {f[2] / f[0]:9.2f} "
+          f"({f[3] / f[1]:4.2f})   (op times x counts per step)")
 
 
 def main():
