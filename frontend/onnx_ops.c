@@ -379,23 +379,6 @@ static int import_cast(Importer *I, Node *N) {
 
 /* ---- ops that become constants or aliases ---- */
 
-/* Element i of a numeric tensor as a double. */
-static double elem_f64(const TpTensor *t, int64_t i) {
-  const char *p = (const char *)t->data + i * (int64_t)tp_dtype_size(t->dtype);
-  union { float f; double d; int16_t i16; int32_t i32; int64_t i64; uint16_t u16; } u;
-  memcpy(&u, p, tp_dtype_size(t->dtype));
-  switch (t->dtype) {
-  case TP_F32: return u.f;
-  case TP_F64: return u.d;
-  case TP_I16: return u.i16;
-  case TP_I32: return u.i32;
-  case TP_I64: return (double)u.i64;
-  case TP_F16: return tp_f16_to_f32(u.u16);
-  case TP_BF16: return tp_bf16_to_f32(u.u16);
-  default: return 0;
-  }
-}
-
 static int import_shape(Importer *I, Node *N) {
   TpType in = type_of(I, N->in[0]);
   int64_t start = 0, end = in.rank;
@@ -455,7 +438,7 @@ static int import_range(Importer *I, Node *N) {
       else ((int16_t *)data)[i] = (int16_t)x;
     }
   } else {
-    double s = elem_f64(&start, 0), l = elem_f64(&limit, 0), d = elem_f64(&delta, 0);
+    double s = tp_tensor_get_f64(&start, 0), l = tp_tensor_get_f64(&limit, 0), d = tp_tensor_get_f64(&delta, 0);
     if (d == 0 || !isfinite(s) || !isfinite(l) || !isfinite(d))
       return node_error(I, N, "start, limit and delta must be finite and delta non-zero");
     double span = ceil((l - s) / d);
@@ -537,7 +520,7 @@ static int import_dropout(Importer *I, Node *N) {
       TpTensor ratio;
       bool zero = N->in[1] >= 0 && const_operand(I, N, 1, "ratio", &ratio) == TP_OK &&
                   tp_tensor_numel(&ratio) == 1 && tp_dtype_is_float(ratio.dtype) &&
-                  elem_f64(&ratio, 0) == 0;
+                  tp_tensor_get_f64(&ratio, 0) == 0;
       if (!zero)
         return node_error(I, N, "training_mode is true; tokpipec imports Dropout for inference only");
     }

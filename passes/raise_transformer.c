@@ -58,22 +58,6 @@ static int other(const TpModule *m, int o, int one) {
   return -1;
 }
 
-/* Element i of a float or bool tensor; data may be unaligned (weights in the model file). */
-static double elem(const TpTensor *t, int64_t i) {
-  const uint8_t *p = (const uint8_t *)t->data + i * (int64_t)tp_dtype_size(t->dtype);
-  float f;
-  double d;
-  uint16_t h;
-  switch (t->dtype) {
-  case TP_F32: memcpy(&f, p, 4); return f;
-  case TP_F64: memcpy(&d, p, 8); return d;
-  case TP_F16: memcpy(&h, p, 2); return tp_f16_to_f32(h);
-  case TP_BF16: memcpy(&h, p, 2); return tp_bf16_to_f32(h);
-  case TP_BOOL: return *p;
-  default: TP_ASSERT(!"unexpected dtype"); return 0;
-  }
-}
-
 /* v is constant data holding one floating-point number (any rank); *x gets it. */
 static bool scalar(const TpModule *m, int v, double *x) {
   if (v < 0) return false;
@@ -82,7 +66,7 @@ static bool scalar(const TpModule *m, int v, double *x) {
       tp_type_numel(&val->type) != 1)
     return false;
   TpTensor t = tp_value_tensor(m, v);
-  *x = elem(&t, 0);
+  *x = tp_tensor_get_f64(&t, 0);
   return true;
 }
 
@@ -429,7 +413,7 @@ static bool all_masked(const TpModule *m, int v, TpDType dt) {
   TpTensor t;
   if (!is_float(m, v) || !evaluate(m, v, EVAL_DEPTH, &t)) return false;
   bool ok = true;
-  for (int64_t i = 0, n = tp_tensor_numel(&t); i < n && ok; i++) ok = elem(&t, i) <= lowest(dt);
+  for (int64_t i = 0, n = tp_tensor_numel(&t); i < n && ok; i++) ok = tp_tensor_get_f64(&t, i) <= lowest(dt);
   free(t.data);
   return ok;
 }
@@ -448,7 +432,7 @@ static bool causal(const TpModule *m, int c, int64_t t, bool additive, bool mask
   for (int64_t lead = 0; ok && lead < n / (rows * cols); lead++)
     for (int64_t i = 0; ok && i < t; i++)
       for (int64_t j = 0; ok && j < t; j++) {
-        double e = elem(&k, lead * rows * cols + (rows == 1 ? 0 : i) * cols + (cols == 1 ? 0 : j));
+        double e = tp_tensor_get_f64(&k, lead * rows * cols + (rows == 1 ? 0 : i) * cols + (cols == 1 ? 0 : j));
         bool masked = additive ? e <= lowest(dt) : (e != 0) == masked_when;
         ok = masked == (j > i) && (masked || !additive || e == 0);
       }

@@ -111,3 +111,35 @@ uint16_t tp_f32_to_bf16(float f) {
   x += 0x7fff + ((x >> 16) & 1);
   return (uint16_t)(x >> 16);
 }
+
+double tp_tensor_get_f64(const TpTensor *t, int64_t i) {
+  const unsigned char *p = (const unsigned char *)t->data + i * (int64_t)tp_dtype_size(t->dtype);
+  union {
+    float f32;
+    double f64;
+    int8_t i8;
+    uint8_t u8;
+    int16_t i16;
+    uint16_t u16;
+    int32_t i32;
+    uint32_t u32;
+    int64_t i64;
+    uint64_t u64;
+  } u;
+  memcpy(&u, p, tp_dtype_size(t->dtype));
+  switch (t->dtype) {
+  case TP_F32: return u.f32;
+  case TP_F64: return u.f64;
+  case TP_F16: return tp_f16_to_f32(u.u16);
+  case TP_BF16: return tp_bf16_to_f32(u.u16);
+  case TP_I8: return u.i8;
+  case TP_U8: case TP_BOOL: return u.u8;
+  case TP_I16: return u.i16;
+  case TP_U16: return u.u16;
+  case TP_I32: return u.i32;
+  case TP_U32: return u.u32;
+  case TP_I64: return (double)u.i64;
+  case TP_U64: return (double)u.u64;
+  default: return 0;
+  }
+}

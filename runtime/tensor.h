@@ -57,6 +57,10 @@ static inline size_t tp_tensor_bytes(const TpTensor *t) {
   return (size_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype);
 }
 
+/* Element i of a tensor of any numeric or bool dtype as a double; the data may be unaligned
+ * (weights referenced inside a model file). */
+double tp_tensor_get_f64(const TpTensor *t, int64_t i);
+
 /* IEEE half and bfloat16 conversions (round to nearest even). */
 float tp_f16_to_f32(uint16_t h);
 uint16_t tp_f32_to_f16(float f);

@@ -33,17 +33,6 @@ static int usage_error(const char *fmt, const char *arg) {
   return 2;
 }
 
-/* Element i of a float tensor as a double. */
-static double element(const TpTensor *t, int64_t i) {
-  switch (t->dtype) {
-  case TP_F32: return ((const float *)t->data)[i];
-  case TP_F64: return ((const double *)t->data)[i];
-  case TP_F16: return tp_f16_to_f32(((const uint16_t *)t->data)[i]);
-  case TP_BF16: return tp_bf16_to_f32(((const uint16_t *)t->data)[i]);
-  default: TP_ASSERT(!"not a float tensor"); return 0;
-  }
-}
-
 /* "[2,17]": the position of flat index i in a row-major tensor. */
 static void format_index(const TpTensor *t, int64_t i, char *buf, size_t size) {
   int64_t idx[TP_MAX_RANK];
@@ -74,9 +63,9 @@ static TensorError tensor_error(const TpTensor *got, const TpTensor *want) {
   TensorError e = {0, 0, 0, 0, 0};
   int64_t n = tp_tensor_numel(want);
   double worst = 0;
-  for (int64_t i = 0; i < n; i++) e.scale = fmax(e.scale, fabs(element(want, i)));
+  for (int64_t i = 0; i < n; i++) e.scale = fmax(e.scale, fabs(tp_tensor_get_f64(want, i)));
   for (int64_t i = 0; i < n; i++) {
-    double g = element(got, i), w = element(want, i), diff = fabs(g - w);
+    double g = tp_tensor_get_f64(got, i), w = tp_tensor_get_f64(want, i), diff = fabs(g - w);
     if (diff != diff) diff = INFINITY; /* a NaN is the worst mismatch there is */
     if (diff > worst || (i == 0 && diff == worst)) worst = diff, e.at = i, e.got = g, e.want = w;
   }

@@ -123,25 +123,6 @@ static void free_tensors(TpTensor *t, char **names, int n) {
 
 /* ---- comparison ---- */
 
-static double elem(const TpTensor *t, int64_t i) {
-  const void *p = t->data;
-  switch (t->dtype) {
-  case TP_F32: return ((const float *)p)[i];
-  case TP_F64: return ((const double *)p)[i];
-  case TP_F16: return tp_f16_to_f32(((const uint16_t *)p)[i]);
-  case TP_BF16: return tp_bf16_to_f32(((const uint16_t *)p)[i]);
-  case TP_I8: return ((const int8_t *)p)[i];
-  case TP_U8: case TP_BOOL: return ((const uint8_t *)p)[i];
-  case TP_I16: return ((const int16_t *)p)[i];
-  case TP_U16: return ((const uint16_t *)p)[i];
-  case TP_I32: return ((const int32_t *)p)[i];
-  case TP_U32: return ((const uint32_t *)p)[i];
-  case TP_I64: return (double)((const int64_t *)p)[i];
-  case TP_U64: return (double)((const uint64_t *)p)[i];
-  default: return 0;
-  }
-}
-
 static char *shape_str(const TpTensor *t, char *buf, size_t n) {
   TpType type = tp_type_make(t->dtype, t->rank, t->dims);
   return tp_type_str(&type, buf, n);
@@ -176,7 +157,7 @@ static bool compare_output(const char *label, int i, const char *name, const TpT
   int64_t at_abs = 0, worst = -1, nbad = 0, n = tp_tensor_numel(want);
   size_t es = tp_dtype_size(want->dtype);
   for (int64_t k = 0; k < n; k++) {
-    double g = elem(got, k), w = elem(want, k), err;
+    double g = tp_tensor_get_f64(got, k), w = tp_tensor_get_f64(want, k), err;
     bool ok;
     if (exact) {
       ok = memcmp((const char *)got->data + k * es, (const char *)want->data + k * es, es) == 0;
@@ -207,8 +188,8 @@ static bool compare_output(const char *label, int i, const char *name, const TpT
   if (n) printf(" (at %s)", index_str(want, at_abs, at, sizeof at));
   if (nbad) {
     printf(" FAIL: %lld of %lld elements out of tolerance; worst at %s: got %.9g, want %.9g\n",
-           (long long)nbad, (long long)n, index_str(want, worst, at, sizeof at), elem(got, worst),
-           elem(want, worst));
+           (long long)nbad, (long long)n, index_str(want, worst, at, sizeof at), tp_tensor_get_f64(got, worst),
+           tp_tensor_get_f64(want, worst));
     return false;
   }
   printf(" ok\n");

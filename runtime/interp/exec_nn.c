@@ -187,40 +187,56 @@ int tp_exec_layernorm(const TpModule *m, int op, const TpTensor *in, TpTensor *o
 
 /* ---- Attention ---- */
 
+int tp_attention_params(const TpModule *m, int op, const TpTensor *Q, const TpTensor *K,
+                        const TpTensor *V, TpAttention *p, TpDiag *d) {
+  *p = (TpAttention){0};
+  if (Q->rank != K->rank || Q->rank != V->rank || (Q->rank != 3 && Q->rank != 4))
+    return tp_error_op(d, m, op, "Q, K and V must all be 3-D or all 4-D");
+  p->packed = Q->rank == 3;
+  p->batch = Q->dims[0];
+  bool fit;
+  if (p->packed) {
+    p->q_heads = tp_attr_int(m, op, "q_num_heads", 0);
+    p->kv_heads = tp_attr_int(m, op, "kv_num_heads", 0);
+    if (p->q_heads <= 0 || p->kv_heads <= 0)
+      return tp_error_op(d, m, op, "3-D inputs need q_num_heads and kv_num_heads");
+    p->q_len = Q->dims[1];
+    p->kv_len = K->dims[1];
+    p->head_size = Q->dims[2] / p->q_heads;
+    p->v_head_size = V->dims[2] / p->kv_heads;
+    fit = Q->dims[2] % p->q_heads == 0 && K->dims[2] == p->head_size * p->kv_heads &&
+          V->dims[2] % p->kv_heads == 0 && V->dims[1] == p->kv_len;
+  } else {
+    p->q_heads = Q->dims[1];
+    p->kv_heads = K->dims[1];
+    p->q_len = Q->dims[2];
+    p->kv_len = K->dims[2];
+    p->head_size = Q->dims[3];
+    p->v_head_size = V->dims[3];
+    fit = K->dims[3] == p->head_size && V->dims[1] == p->kv_heads && V->dims[2] == p->kv_len;
+  }
+  if (!fit || K->dims[0] != p->batch || V->dims[0] != p->batch)
+    return tp_error_op(d, m, op, "the shapes of Q, K and V do not fit together");
+  if (p->kv_heads <= 0 || p->q_heads % p->kv_heads != 0)
+    return tp_error_op(d, m, op, "q_num_heads %lld is not a multiple of kv_num_heads %lld",
+                       (long long)p->q_heads, (long long)p->kv_heads);
+  p->is_causal = tp_attr_int(m, op, "is_causal", 0) != 0;
+  p->causal_offset = tp_attr_int(m, op, "causal_offset", 0);
+  if (p->causal_offset < 0) return tp_error_op(d, m, op, "causal_offset must be >= 0");
+  p->scale = (float)tp_attr_float(m, op, "scale", 0);
+  if (p->scale == 0) p->scale = 1.0f / sqrtf((float)p->head_size);
+  p->softcap = (float)tp_attr_float(m, op, "softcap", 0);
+  return TP_OK;
+}
+
 int tp_exec_attention(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
   if (!tp_dtype_is_float(in[0].dtype)) return bad_dtype(m, op, in[0].dtype, d);
   const TpTensor *Q = &in[0], *K = &in[1], *V = &in[2];
   bool has_mask = present_in(m, op, 3), has_past = present_in(m, op, 4) && present_in(m, op, 5);
-  TpAttention p = {0};
-  p.packed = Q->rank == 3;
-  p.batch = Q->dims[0];
-  if (p.packed) {
-    p.q_heads = tp_attr_int(m, op, "q_num_heads", 0);
-    p.kv_heads = tp_attr_int(m, op, "kv_num_heads", 0);
-    if (p.q_heads <= 0 || p.kv_heads <= 0)
-      return tp_error_op(d, m, op, "3-D inputs need q_num_heads and kv_num_heads");
-    p.q_len = Q->dims[1];
-    p.kv_len = K->dims[1];
-    p.head_size = Q->dims[2] / p.q_heads;
-    p.v_head_size = V->dims[2] / p.kv_heads;
-  } else {
-    p.q_heads = Q->dims[1];
-    p.kv_heads = K->dims[1];
-    p.q_len = Q->dims[2];
-    p.kv_len = K->dims[2];
-    p.head_size = Q->dims[3];
-    p.v_head_size = V->dims[3];
-  }
-  if (p.kv_heads <= 0 || p.q_heads % p.kv_heads != 0)
-    return tp_error_op(d, m, op, "q_num_heads %lld is not a multiple of kv_num_heads %lld",
-                       (long long)p.q_heads, (long long)p.kv_heads);
+  TpAttention p;
+  int rc = tp_attention_params(m, op, Q, K, V, &p, d);
+  if (rc) return rc;
   p.past_len = has_past ? in[4].dims[2] : 0;
-  p.is_causal = tp_attr_int(m, op, "is_causal", 0) != 0;
-  p.causal_offset = tp_attr_int(m, op, "causal_offset", 0);
-  if (p.causal_offset < 0) return tp_error_op(d, m, op, "causal_offset must be >= 0");
-  p.scale = (float)tp_attr_float(m, op, "scale", 0);
-  if (p.scale == 0) p.scale = 1.0f / sqrtf((float)p.head_size);
-  p.softcap = (float)tp_attr_float(m, op, "softcap", 0);
   p.qk_mode = (int)tp_attr_int(m, op, "qk_matmul_output_mode", 0);
 
   TpTensor mask = {0};

@@ -223,47 +223,14 @@ int tp_exec_attention_backward(const TpModule *m, int op, const TpTensor *in, Tp
   int rc = require_f32(m, op, in, out, 0, d);
   if (rc) return rc;
   const TpTensor *dY = &in[0], *Q = &in[1], *K = &in[2], *V = &in[3];
-  TpAttention p = {0};
-  if (Q->rank != K->rank || Q->rank != V->rank || (Q->rank != 3 && Q->rank != 4))
-    return tp_error_op(d, m, op, "Q, K and V must all be 3-D or all 4-D");
-  p.packed = Q->rank == 3;
-  p.batch = Q->dims[0];
-  if (p.packed) {
-    p.q_heads = tp_attr_int(m, op, "q_num_heads", 0);
-    p.kv_heads = tp_attr_int(m, op, "kv_num_heads", 0);
-    if (p.q_heads <= 0 || p.kv_heads <= 0)
-      return tp_error_op(d, m, op, "3-D inputs need q_num_heads and kv_num_heads");
-    p.q_len = Q->dims[1];
-    p.kv_len = K->dims[1];
-    p.head_size = Q->dims[2] / p.q_heads;
-    p.v_head_size = V->dims[2] / p.kv_heads;
-    if (Q->dims[2] % p.q_heads || K->dims[2] != p.head_size * p.kv_heads || V->dims[2] % p.kv_heads)
-      return shape_error(m, op, d);
-  } else {
-    p.q_heads = Q->dims[1];
-    p.kv_heads = K->dims[1];
-    p.q_len = Q->dims[2];
-    p.kv_len = K->dims[2];
-    p.head_size = Q->dims[3];
-    p.v_head_size = V->dims[3];
-    if (K->dims[3] != p.head_size || V->dims[1] != p.kv_heads || V->dims[2] != p.kv_len)
-      return shape_error(m, op, d);
-  }
-  if (p.kv_heads <= 0 || p.q_heads % p.kv_heads != 0)
-    return tp_error_op(d, m, op, "q_num_heads %lld is not a multiple of kv_num_heads %lld",
-                       (long long)p.q_heads, (long long)p.kv_heads);
-  if (K->dims[0] != p.batch || V->dims[0] != p.batch ||
-      tp_tensor_numel(dY) != p.batch * p.q_heads * p.q_len * p.v_head_size ||
+  TpAttention p;
+  rc = tp_attention_params(m, op, Q, K, V, &p, d);
+  if (rc) return rc;
+  if (tp_tensor_numel(dY) != p.batch * p.q_heads * p.q_len * p.v_head_size ||
       (present_out(m, op, 0) && tp_tensor_numel(&out[0]) != tp_tensor_numel(Q)) ||
       (present_out(m, op, 1) && tp_tensor_numel(&out[1]) != tp_tensor_numel(K)) ||
       (present_out(m, op, 2) && tp_tensor_numel(&out[2]) != tp_tensor_numel(V)))
     return shape_error(m, op, d);
-  p.is_causal = tp_attr_int(m, op, "is_causal", 0) != 0;
-  p.causal_offset = tp_attr_int(m, op, "causal_offset", 0);
-  if (p.causal_offset < 0) return tp_error_op(d, m, op, "causal_offset must be >= 0");
-  p.scale = (float)tp_attr_float(m, op, "scale", 0);
-  if (p.scale == 0) p.scale = 1.0f / sqrtf((float)p.head_size);
-  p.softcap = (float)tp_attr_float(m, op, "softcap", 0);
   tp_attention_backward_f32(&p, dY->data, Q->data, K->data, V->data, out_f32(m, op, out, 0),
                             out_f32(m, op, out, 1), out_f32(m, op, out, 2));
   return TP_OK;

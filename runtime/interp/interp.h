@@ -4,6 +4,7 @@
 #define TOKPIPE_INTERP_H
 
 #include "../../ir/ir.h"
+#include "../cpu/nn.h"
 
 /* Runs op `op` of m. in[i] views operand i (data NULL when absent); out[i] views result i
  * with its data already allocated from the result type (data NULL when absent). Returns
@@ -37,6 +38,10 @@ int tp_exec_gemm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, T
 int tp_exec_softmax(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_layernorm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_attention(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+/* The kernel parameters of an Attention or AttentionBackward op over Q, K and V (heads,
+ * lengths, head sizes, causality, scale, softcap; no mask or past), shapes checked. */
+int tp_attention_params(const TpModule *m, int op, const TpTensor *Q, const TpTensor *K,
+                        const TpTensor *V, TpAttention *p, TpDiag *d);
 int tp_exec_loss(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 /* runtime/interp/exec_train.c (raised forward ops and backward ops): */
 int tp_exec_linear(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
