@@ -625,8 +625,9 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
       }
       type.dims[i] = n;
       if (token_dims && token_dims[i] > 0 && n != token_dims[i])
-        return tp_error(d, "token input '%s' dim %d is %lld but %s is %lld", name, i, (long long)n,
-                        i ? "--seq" : "--batch", (long long)token_dims[i]);
+        return tp_error(d, "token input '%s' dim %d is %lld in the model but %s %lld%s", name, i, (long long)n,
+                        i ? "--seq is" : "a microbatch (--batch / (--dp x --microbatches)) has",
+                        (long long)token_dims[i], i ? "" : " rows");
     }
   }
   int64_t numel = 1;

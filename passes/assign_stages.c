@@ -395,6 +395,9 @@ int pass_assign_stages(TpModule *m, TpDiag *d) {
   for (int o = 0; o < m->nops; o++)
     if (m->ops[o].phase == TP_PHASE_BACKWARD)
       return tp_error(d, "assign-stages runs on the forward module: run it before autodiff");
+  /* dead ops (what raising left of a primitive chain) must not count as readers */
+  int rc0 = pass_dce(m, d);
+  if (rc0) return rc0;
   Stream s = {.m = m};
   s.skip = malloc(((size_t)m->nops + 1) * sizeof *s.skip);
   s.attn = calloc((size_t)m->nops + 1, sizeof *s.attn);

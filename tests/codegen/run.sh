@@ -153,7 +153,7 @@ EOF
   expect_message 1 "--exe into a missing folder" "cannot create" "$tokpipec" "$model" --exe no/such/trainer
   expect_exit 2 "--exe with --emit=ir" "$tokpipec" "$model" --exe t --emit=ir &&
     ok "--exe with --emit=ir: $(head -1 err.txt)"
-  expect_message 1 "--batch against a static model" "token input 'idx' dim 0 is 2 but --batch is 3" \
+  expect_message 1 "--batch against a static model" "token input 'idx' dim 0 is 2 in the model but a microbatch (--batch / (--dp x --microbatches)) has 3 rows" \
     "$tokpipec" "$model" --batch 3 --emit=memory
   expect_exit 2 "--freeze with a bad regex" "$tokpipec" "$model" --freeze "(" &&
     ok "--freeze with a bad regex: $(head -1 err.txt)"

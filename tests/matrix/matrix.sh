@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The parity matrix of one GPT fixture (references: tests/parity): trainers compiled by
+# tokpipec --exe for a pairwise-covering set of pipeline shapes, stages S in {1, 2}, token
+# slices {unsliced, 2, uneven like 7,5,4 for T = 16}, microbatches M and replicas D in
+# {1, 2} where the batch divides, both schedules. Each shape trains 10 AdamW steps and must
+# give, against the S=1, M=1, D=1 unsliced trainer:
+#   step 1's loss and every step-1 gradient   within 1e-5 relative
+# and against PyTorch, like parity.sh:
+#   step 1's loss 1e-5, step-1 gradients 1e-4, the 10 losses 1e-4
+# The shapes run all their ranks in one process; the one marked "mpi" runs under mpirun
+# -np S*D. MODE "all" runs every shape, "mpi" only the mpirun one (the sanitizer build).
+# usage: matrix.sh TOKPIPEC TOKPIPE_COMPARE FIXTURE_DIR WORK_DIR all|mpi
+set -uo pipefail
+tokpipec=$1 compare=$2 fixture=$3 work=$4 mode=$5
+ref=$fixture/train
+name=$(basename "$fixture")
+status=0
+fail() { echo "matrix: FAIL: $name: $*" >&2; status=1; }
+
+[ -x "$compare" ] || { fail "tokpipe-compare is not built ($compare)"; exit 1; }
+{ rm -rf "$work" && mkdir -p "$work"; } || { fail "cannot make $work"; exit 1; }
+read -r -a compile_flags <<<"$(sed -n 's/^tokpipec //p' "$ref/args")"
+read -r -a train_flags <<<"$(sed -n 's/^trainer //p' "$ref/args")"
+B=$(sed -n 's/^tokpipec .*--batch \([0-9]*\).*/\1/p' "$ref/args")
+T=$(sed -n 's/^tokpipec .*--seq \([0-9]*\).*/\1/p' "$ref/args")
+[ -n "$B" ] && [ -n "$T" ] && [ "$T" -ge 3 ] || { fail "no --batch B and --seq T >= 3 in $ref/args"; exit 1; }
+a=$((T * 45 / 100)) r=$((T - T * 45 / 100))
+b=$((r * 56 / 100))
+uneven="$a,$b,$((r - b))" # as tests/slicing: 7,5,4 for T = 16
+
+# A model exported with a fixed batch dim (no --dim batch=N in its dims file) has that many
+# rows per microbatch: tokpipec cannot split its batch across microbatches or replicas.
+static=0
+grep -qs 'batch=' "$fixture/dims" || static=1
+
+# The shapes: "S SLICES M D SCHEDULE [mpi]", SLICES 1 = unsliced. Every value of every
+# dimension appears where the batch allows; the pairs are covered as far as 4 shapes can.
+if [ $static = 1 ] || [ $((B % 2)) = 1 ]; then # M = D = 1 (odd batch: also 3)
+  m=1 d=1
+  [ "$B" = 3 ] && [ $static = 0 ] && m=3 d=3
+  shapes=("2 1 1 1 gpipe" "2 2 1 1 1f1b mpi" "1 $uneven $m 1 1f1b" "2 $uneven 1 $d gpipe")
+elif [ $((B % 4)) = 0 ]; then # M x D = 2 x 2 fits
+  shapes=("2 1 2 2 gpipe" "2 2 1 1 1f1b" "1 $uneven 2 2 1f1b" "2 $uneven 1 2 gpipe mpi")
+else # B = 2 mod 4: M = 2 or D = 2, not both
+  shapes=("2 1 2 1 gpipe" "2 2 1 2 1f1b mpi" "1 $uneven 2 1 1f1b" "2 $uneven 1 2 gpipe")
+fi
+
+# train TAG RANKS [tokpipec flags...]: builds $work/TAG and trains it 10 steps, under mpirun
+# when RANKS is not "local"
+train() {
+  local tag=$1 ranks=$2
+  shift 2
+  "$tokpipec" "$fixture/model.onnx" --exe "$work/$tag" "${compile_flags[@]}" "$@" 2>"$work/$tag.cerr" ||
+    { fail "tokpipec $* could not build a trainer: $(cat "$work/$tag.cerr")"; return 1; }
+  local launch=("$work/$tag")
+  # Under AddressSanitizer, OpenMPI's own allocations kept to the end read as leaks (as in
+  # tests/comm/mpirun.sh); the one-process shapes are leak-checked.
+  [ "$ranks" = local ] || launch=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+    timeout -k 5 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" "$work/$tag")
+  OMP_NUM_THREADS=1 "${launch[@]}" --init "$fixture/model.onnx" --data "$ref/train.bin" --steps 10 \
+    "${train_flags[@]}" --dump-grads "$work/$tag.grads" --log "$work/$tag.jsonl" >"$work/$tag.err" 2>&1 ||
+    { fail "the trainer built with $* exited with $?: $(tail -n 5 "$work/$tag.err")"; return 1; }
+}
+
+# check TAG WHAT OTHER TOL [--losses] [--steps N]: tokpipe-compare, its worst error kept
+check() {
+  local tag=$1 what=$2 other=$3 tol=$4 out
+  shift 4
+  if [ "${1:-}" = --losses ]; then
+    shift
+    out=$("$compare" --losses "$work/$tag.jsonl" "$other" "$@" --tol "$tol" 2>&1)
+  else
+    out=$("$compare" "$work/$tag.grads" "$other" --tol "$tol" 2>&1)
+  fi || { fail "$tag: $what: $out"; return 1; }
+  echo "  $tag: $what (tol $tol): $(grep -o 'worst [^(]*' <<<"$out")"
+}
+
+# The static-batch limit is a clear error, not a crash or a wrong trainer.
+if [ $static = 1 ] && [ "$mode" = all ]; then
+  "$tokpipec" "$fixture/model.onnx" --exe "$work/refused" "${compile_flags[@]}" --microbatches 2 \
+    >"$work/refused.err" 2>&1
+  rc=$?
+  [ $rc = 1 ] && grep -q 'error: .*dim 0 is' "$work/refused.err" &&
+    echo "matrix: ok: $name: fixed batch dim, --microbatches 2 refused: $(cat "$work/refused.err")" ||
+    fail "fixed batch dim and --microbatches 2: exit $rc: $(cat "$work/refused.err")"
+fi
+
+train whole local || exit 1
+for shape in "${shapes[@]}"; do
+  read -r S sl M D sched how <<<"$shape"
+  [ "$mode" = all ] || [ "${how:-}" = mpi ] || continue
+  ranks=local
+  [ "${how:-}" = mpi ] && ranks=$((S * D))
+  tag="s$S-${sl//,/-}-m$M-d$D-$sched"
+  flags=(--stages "$S" --microbatches "$M" --dp "$D" --schedule "$sched")
+  [ "$sl" = 1 ] || flags+=(--slices "$sl")
+  where="all ranks in one process"
+  [ "$ranks" = local ] || where="mpirun -np $ranks"
+  echo "matrix: $name: ${flags[*]} ($where)"
+  train "$tag" "$ranks" "${flags[@]}" || continue
+  check "$tag" "step-1 loss vs unsliced" "$work/whole.jsonl" 1e-5 --losses --steps 1 &&
+    check "$tag" "step-1 gradients vs unsliced" "$work/whole.grads" 1e-5 &&
+    check "$tag" "step-1 loss vs PyTorch" "$ref/losses.jsonl" 1e-5 --losses --steps 1 &&
+    check "$tag" "step-1 gradients vs PyTorch" "$ref/grads.safetensors" 1e-4 &&
+    check "$tag" "10 losses vs PyTorch" "$ref/losses.jsonl" 1e-4 --losses --steps 10 &&
+    echo "matrix: ok: $name ${flags[*]}"
+done
+exit $status
