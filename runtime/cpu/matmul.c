@@ -109,50 +109,57 @@ static void gemm_any(TpDType t, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   }
 }
 
-bool tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
-  if (a->dtype != b->dtype || a->dtype != y->dtype || !gemm_dtype_ok(a->dtype)) return false;
+bool tp_matmul_layout(const TpTensor *a, const TpTensor *b, TpMatmulLayout *l) {
   if (a->rank < 1 || b->rank < 1) return false;
-  int64_t M = a->rank >= 2 ? a->dims[a->rank - 2] : 1, K = a->dims[a->rank - 1];
-  int64_t Kb = b->rank >= 2 ? b->dims[b->rank - 2] : b->dims[0];
-  int64_t N = b->rank >= 2 ? b->dims[b->rank - 1] : 1;
-  if (K != Kb) return false;
-
-  /* Broadcast batch dims, right-aligned; strides count whole matrices, 0 where broadcast. */
+  l->M = a->rank >= 2 ? a->dims[a->rank - 2] : 1;
+  l->K = a->dims[a->rank - 1];
+  l->N = b->rank >= 2 ? b->dims[b->rank - 1] : 1;
+  if (l->K != (b->rank >= 2 ? b->dims[b->rank - 2] : b->dims[0])) return false;
   int ra = a->rank > 2 ? a->rank - 2 : 0, rb = b->rank > 2 ? b->rank - 2 : 0;
-  int nb = ra > rb ? ra : rb;
-  int64_t dims[TP_MAX_RANK], sa[TP_MAX_RANK], sb[TP_MAX_RANK];
-  int64_t nbatch = 1, na = 1, nbb = 1;
-  for (int i = nb - 1; i >= 0; i--) {
-    int ia = i - (nb - ra), ib = i - (nb - rb);
+  l->rank = ra > rb ? ra : rb;
+  l->nbatch = l->na = l->nb = 1;
+  for (int i = l->rank - 1; i >= 0; i--) {
+    int ia = i - (l->rank - ra), ib = i - (l->rank - rb);
     int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
     if (da != db && da != 1 && db != 1) return false;
-    dims[i] = da > db ? da : db;
-    if (da == 0 || db == 0) dims[i] = 0;
-    sa[i] = da == 1 ? 0 : na;
-    sb[i] = db == 1 ? 0 : nbb;
-    na *= da;
-    nbb *= db;
-    nbatch *= dims[i];
+    l->dims[i] = da == 1 ? db : da;
+    l->sa[i] = da == 1 ? 0 : l->na;
+    l->sb[i] = db == 1 ? 0 : l->nb;
+    l->na *= da;
+    l->nb *= db;
+    l->nbatch *= l->dims[i];
   }
-  if (tp_tensor_numel(y) != nbatch * M * N) return false;
-  if (K == 0) { /* empty sum */
+  return true;
+}
+
+void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t *ib) {
+  *ia = *ib = 0;
+  for (int i = l->rank - 1; i >= 0; i--) {
+    int64_t idx = n % l->dims[i];
+    n /= l->dims[i];
+    *ia += idx * l->sa[i];
+    *ib += idx * l->sb[i];
+  }
+}
+
+bool tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
+  if (a->dtype != b->dtype || a->dtype != y->dtype || !gemm_dtype_ok(a->dtype)) return false;
+  TpMatmulLayout l;
+  if (!tp_matmul_layout(a, b, &l) || tp_tensor_numel(y) != l.nbatch * l.M * l.N) return false;
+  int64_t M = l.M, K = l.K, N = l.N;
+  if (K == 0 || l.nbatch == 0) { /* empty sum, or nothing to compute */
     memset(y->data, 0, tp_tensor_bytes(y));
     return true;
   }
 
   TpDType t = a->dtype;
-  if (nbb == 1 && na == nbatch) { /* one shared right operand: fold the batch into M */
-    gemm_any(t, false, false, nbatch * M, N, K, 1, a->data, 0, K, b->data, 0, N, 0, y->data, 0, N);
+  if (l.nb == 1 && l.na == l.nbatch) { /* one shared right operand: fold the batch into M */
+    gemm_any(t, false, false, l.nbatch * M, N, K, 1, a->data, 0, K, b->data, 0, N, 0, y->data, 0, N);
     return true;
   }
-  for (int64_t n = 0; n < nbatch; n++) {
-    int64_t rest = n, oa = 0, ob = 0;
-    for (int i = nb - 1; i >= 0; i--) {
-      int64_t idx = rest % dims[i];
-      rest /= dims[i];
-      oa += idx * sa[i];
-      ob += idx * sb[i];
-    }
+  for (int64_t n = 0; n < l.nbatch; n++) {
+    int64_t oa, ob;
+    tp_matmul_operands(&l, n, &oa, &ob);
     gemm_any(t, false, false, M, N, K, 1, a->data, oa * M * K, K, b->data, ob * K * N, N, 0,
              y->data, n * M * N, N);
   }

@@ -14,6 +14,21 @@
  * the result shape. False for mixed or unsupported dtypes, or shapes that do not fit. */
 bool tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y);
 
+/* The layout of numpy's matmul a x b: M x K times K x N matrices over right-aligned,
+ * broadcast batch dims (a 1-D a is [1, K], a 1-D b is [K, 1]). Shared by the forward and
+ * backward kernels. */
+typedef struct {
+  int64_t M, K, N;
+  int rank;                  /* batch dims */
+  int64_t dims[TP_MAX_RANK]; /* the broadcast batch dims */
+  int64_t sa[TP_MAX_RANK], sb[TP_MAX_RANK]; /* strides in whole matrices, 0 where broadcast */
+  int64_t nbatch, na, nb;    /* matrices in the batch, in a, in b */
+} TpMatmulLayout;
+/* False if the shapes do not multiply. */
+bool tp_matmul_layout(const TpTensor *a, const TpTensor *b, TpMatmulLayout *l);
+/* The matrix indices in a and b of batch element n. */
+void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t *ib);
+
 /* y[M,N] = alpha * op(a) @ op(b) + beta * c, where op() transposes a 2-D operand when its
  * trans flag is set and c (NULL when absent) broadcasts to [M,N]. */
 bool tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,

@@ -78,54 +78,28 @@ bool tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTenso
                             TpTensor *db) {
   if (dy->dtype != TP_F32 || a->dtype != TP_F32 || b->dtype != TP_F32) return false;
   if ((da && da->dtype != TP_F32) || (db && db->dtype != TP_F32)) return false;
-  if (a->rank < 1 || b->rank < 1) return false;
   if ((da && tp_tensor_numel(da) != tp_tensor_numel(a)) ||
       (db && tp_tensor_numel(db) != tp_tensor_numel(b)))
     return false;
-  /* As tp_matmul: a 1-D a is [1, K], a 1-D b is [K, 1]. */
-  int64_t M = a->rank >= 2 ? a->dims[a->rank - 2] : 1, K = a->dims[a->rank - 1];
-  int64_t Kb = b->rank >= 2 ? b->dims[b->rank - 2] : b->dims[0];
-  int64_t N = b->rank >= 2 ? b->dims[b->rank - 1] : 1;
-  if (K != Kb) return false;
-
-  /* Broadcast batch dims, right-aligned; strides count whole matrices, 0 where broadcast. */
-  int ra = a->rank > 2 ? a->rank - 2 : 0, rb = b->rank > 2 ? b->rank - 2 : 0;
-  int nb = ra > rb ? ra : rb;
-  int64_t dims[TP_MAX_RANK], sa[TP_MAX_RANK], sb[TP_MAX_RANK];
-  int64_t nbatch = 1, na = 1, nbb = 1;
-  for (int i = nb - 1; i >= 0; i--) {
-    int ia = i - (nb - ra), ib = i - (nb - rb);
-    int64_t ea = ia >= 0 ? a->dims[ia] : 1, eb = ib >= 0 ? b->dims[ib] : 1;
-    if (ea != eb && ea != 1 && eb != 1) return false;
-    dims[i] = ea == 1 ? eb : ea;
-    sa[i] = ea == 1 ? 0 : na;
-    sb[i] = eb == 1 ? 0 : nbb;
-    na *= ea;
-    nbb *= eb;
-    nbatch *= dims[i];
-  }
-  if (tp_tensor_numel(dy) != nbatch * M * N) return false;
+  TpMatmulLayout l;
+  if (!tp_matmul_layout(a, b, &l) || tp_tensor_numel(dy) != l.nbatch * l.M * l.N) return false;
+  int64_t M = l.M, K = l.K, N = l.N, nbatch = l.nbatch;
   const float *g = dy->data, *A = a->data, *B = b->data;
   float *dA = da ? da->data : NULL, *dB = db ? db->data : NULL;
 
   /* One shared b: the batch folds into the rows of one product each way. */
-  if (nbb == 1 && na == nbatch) {
+  if (l.nb == 1 && l.na == nbatch) {
     if (dA) gemm(false, true, nbatch * M, K, N, 1, g, N, B, N, 0, dA, K);
     if (dB) gemm(true, false, K, N, nbatch * M, 1, A, K, g, N, 0, dB, N);
     return true;
   }
   /* An operand broadcast along a batch dim collects the sum of its products. */
-  bool sum_a = na != nbatch, sum_b = nbb != nbatch;
+  bool sum_a = l.na != nbatch, sum_b = l.nb != nbatch;
   if (dA && sum_a) memset(dA, 0, tp_tensor_bytes(da));
   if (dB && sum_b) memset(dB, 0, tp_tensor_bytes(db));
   for (int64_t n = 0; n < nbatch; n++) {
-    int64_t rest = n, oa = 0, ob = 0;
-    for (int i = nb - 1; i >= 0; i--) {
-      int64_t idx = rest % dims[i];
-      rest /= dims[i];
-      oa += idx * sa[i];
-      ob += idx * sb[i];
-    }
+    int64_t oa, ob;
+    tp_matmul_operands(&l, n, &oa, &ob);
     const float *gn = g + n * M * N;
     if (dA) gemm(false, true, M, K, N, 1, gn, N, B + ob * K * N, N, sum_a, dA + oa * M * K, K);
     if (dB) gemm(true, false, K, N, M, 1, A + oa * M * K, K, gn, N, sum_b, dB + ob * K * N, N);
