@@ -10,7 +10,7 @@ static int64_t prod(const int64_t *dims, int from, int to) { return tp_numel(to 
 #define COPY_LOOP(ES) \
   for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * step[0], p[1] + i * step[1], ES)
 
-static void copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {
+void tp_copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {
   size_t es = *(const size_t *)ctx;
   if (step[0] == (int64_t)es && step[1] == (int64_t)es) {
     memcpy(p[0], p[1], (size_t)n * es);
@@ -33,7 +33,7 @@ static void strided_copy(TpIter *it, const TpTensor *x, int64_t start, TpTensor 
   memcpy(it->dims, y->dims, sizeof it->dims);
   tp_contiguous_strides(y->rank, y->dims, es, it->strides[0]);
   tp_iter_coalesce(it);
-  tp_iter_run(it, (char *const[]){y->data, (char *)x->data + start}, copy_run, &es);
+  tp_iter_run(it, (char *const[]){y->data, (char *)x->data + start}, tp_copy_run, &es);
 }
 
 TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
@@ -87,7 +87,7 @@ TpKernelStatus tp_expand(const TpTensor *x, TpTensor *y) {
   if (!tp_iter_broadcast(&it, 2, (const TpTensor *const[]){y, x})) return TP_KERNEL_BAD_SHAPE;
   tp_iter_coalesce(&it);
   size_t es = tp_dtype_size(y->dtype);
-  tp_iter_run(&it, (char *const[]){y->data, x->data}, copy_run, &es);
+  tp_iter_run(&it, (char *const[]){y->data, x->data}, tp_copy_run, &es);
   return TP_KERNEL_OK;
 }
 

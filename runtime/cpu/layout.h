@@ -28,4 +28,9 @@ TpKernelStatus tp_concat(const TpTensor *xs, int n, int axis, TpTensor *y);
  * last two dims, zeroing the rest. */
 TpKernelStatus tp_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor *y);
 
+/* A tp_iter_run callback copying a run of n elements (their size in *(size_t *)ctx) from
+ * p[1] to p[0] with their byte steps: the strided copy behind Slice, Transpose, Expand and
+ * SliceBackward. */
+void tp_copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]);
+
 #endif

@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "layout.h"
+
 #define PARALLEL_MIN_ELEMS 32768
 /* Columns per task of the scatter-add: each task owns its columns of ddata. */
 #define COLUMN_BLOCK 64
@@ -53,24 +55,6 @@ TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, i
   return TP_KERNEL_OK;
 }
 
-#define COPY_LOOP(ES)                                                                              \
-  for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * step[0], p[1] + i * step[1], ES)
-
-/* Copies a run of n elements (size in ctx) from p[1] to p[0] with their byte steps. */
-static void copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {
-  size_t es = *(const size_t *)ctx;
-  if (step[0] == (int64_t)es && step[1] == (int64_t)es) {
-    memcpy(p[0], p[1], (size_t)n * es);
-    return;
-  }
-  switch (es) { /* constant sizes let the compiler turn memcpy into a move */
-  case 2: COPY_LOOP(2); break;
-  case 4: COPY_LOOP(4); break;
-  case 8: COPY_LOOP(8); break;
-  default: COPY_LOOP(es); break;
-  }
-}
-
 TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, const int64_t *steps,
                                  TpTensor *dx) {
   if (dx->dtype != dy->dtype) return TP_KERNEL_BAD_DTYPE;
@@ -92,6 +76,6 @@ TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, cons
   if (tp_tensor_bytes(dx)) memset(dx->data, 0, tp_tensor_bytes(dx));
   if (tp_tensor_numel(dy) == 0) return TP_KERNEL_OK;
   tp_iter_coalesce(&it);
-  tp_iter_run(&it, (char *const[]){(char *)dx->data + start, dy->data}, copy_run, &es);
+  tp_iter_run(&it, (char *const[]){(char *)dx->data + start, dy->data}, tp_copy_run, &es);
   return TP_KERNEL_OK;
 }
