@@ -3,8 +3,8 @@
 # sizes of bench/train_vs_pytorch.sh's GPT, same thread count, side by side in one run.
 #
 #   bash bench/kernels_forward.sh [REPS]          (default 30 per op, after 3 untimed)
-#   env: TOKPIPE_BUILD (build folder, default build), BENCH_THREADS (default 2); any
-#        OPENBLAS_CORETYPE set is passed to both sides alike.
+#   env: TOKPIPE_BUILD (build folder, default build), BENCH_THREADS (default 2);
+#        OPENBLAS_CORETYPE, set or chosen as below, applies to both sides alike.
 #
 # Compiles bench/kernels_forward.c against $TOKPIPE_BUILD's runtime library; writes to
 # $TOKPIPE_BUILD/bench/. Needs Debian's python3-torch for the PyTorch side.
@@ -22,7 +22,15 @@ ${CC:-cc} -O2 -fopenmp -Iruntime bench/kernels_forward.c "$build/lib/libtokpipe_
   -lopenblas -lm -o "$work/kernels_forward"
 
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
-echo "== $threads threads, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+# As bench/train_vs_pytorch.sh: Debian's OpenBLAS 0.3.21 takes CPUs it does not know for a
+# Prescott (SSE3 kernels, ~4x slower products on both sides); name the core then.
+core=$(OPENBLAS_VERBOSE=2 "$work/kernels_forward" 1 2>&1 | sed -n 's/^Core: //p' || true)
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ "$core" = Prescott ]; then
+  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
+  fi
+fi
+echo "== $threads threads, OpenBLAS core: ${OPENBLAS_CORETYPE:-$core (detected)}"
 "$work/kernels_forward" "$reps" | tee "$work/kernels_tokpipe.txt"
 $py bench/kernels_forward.py --threads "$threads" --reps "$reps" | tee "$work/kernels_pytorch.txt"
 echo "== result"

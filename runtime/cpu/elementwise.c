@@ -260,7 +260,7 @@ typedef struct {
 /* f32 Gelu on vecmath.h's exp and erfc (libm's erff and tanhf do not vectorise), in forms
  * without cancellation for negative x: x Phi(x) = x erfc(-x / sqrt 2) / 2 and
  * x (1 + tanh u) / 2 = x / (1 + e^-2u). */
-static void gelu_f32(bool tanh_approx, int64_t n, float *y, const float *x) {
+TP_VECTOR_CLONES static void gelu_f32(bool tanh_approx, int64_t n, float *y, const float *x) {
   if (tanh_approx) {
     const float c = 0.7978845608028654f, k = 0.044715f; /* sqrt(2/pi) */
 #pragma omp simd

@@ -12,8 +12,9 @@
 #define PARALLEL_MIN_ELEMS 32768
 
 /* Softmax (or log-softmax) of the n elements x[j * stride] into y (may alias x). Inlined,
- * so that the stride-1 calls vectorise with unit steps. */
-static inline void softmax_row(const float *x, float *y, int64_t n, int64_t stride, bool log) {
+ * so that the stride-1 calls vectorise with unit steps, and into both copies of its
+ * TP_VECTOR_CLONES callers. */
+TP_VECTOR_INLINE void softmax_row(const float *x, float *y, int64_t n, int64_t stride, bool log) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < n; j++) mx = x[j * stride] > mx ? x[j * stride] : mx;
@@ -41,20 +42,34 @@ static inline void softmax_row(const float *x, float *y, int64_t n, int64_t stri
   }
 }
 
-void tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, bool log) {
-  int64_t rows = outer * inner;
-#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
-  for (int64_t r = 0; r < rows; r++) {
+/* Rows [r0, r1) of tp_softmax_f32's [outer, n, inner] view. */
+TP_VECTOR_CLONES static void softmax_rows(const float *x, float *y, int64_t r0, int64_t r1,
+                                          int64_t n, int64_t inner, bool log) {
+  for (int64_t r = r0; r < r1; r++) {
     int64_t base = (r / inner) * n * inner + r % inner;
     if (inner == 1) softmax_row(x + base, y + base, n, 1, log);
     else softmax_row(x + base, y + base, n, inner, log);
   }
 }
 
-void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
-                      int64_t n, float eps, float *y, float *mean, float *inv_std) {
-#pragma omp parallel for schedule(static) if (outer * n >= PARALLEL_MIN_ELEMS)
-  for (int64_t r = 0; r < outer; r++) {
+void tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, bool log) {
+  int64_t rows = outer * inner;
+  if (rows * n < PARALLEL_MIN_ELEMS) {
+    softmax_rows(x, y, 0, rows, n, inner, log);
+    return;
+  }
+#pragma omp parallel
+  {
+    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    softmax_rows(x, y, rows * t / nt, rows * (t + 1) / nt, n, inner, log);
+  }
+}
+
+/* Rows [r0, r1) of tp_layernorm_f32. */
+TP_VECTOR_CLONES static void layernorm_rows(const float *x, const float *scale, const float *bias,
+                                            int64_t r0, int64_t r1, int64_t n, float eps, float *y,
+                                            float *mean, float *inv_std) {
+  for (int64_t r = r0; r < r1; r++) {
     const float *xr = x + r * n;
     float *yr = y + r * n;
     double sum = 0, sq = 0;
@@ -76,6 +91,19 @@ void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int
     }
     if (mean) mean[r] = mu;
     if (inv_std) inv_std[r] = inv;
+  }
+}
+
+void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
+                      int64_t n, float eps, float *y, float *mean, float *inv_std) {
+  if (outer * n < PARALLEL_MIN_ELEMS) {
+    layernorm_rows(x, scale, bias, 0, outer, n, eps, y, mean, inv_std);
+    return;
+  }
+#pragma omp parallel
+  {
+    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    layernorm_rows(x, scale, bias, outer * t / nt, outer * (t + 1) / nt, n, eps, y, mean, inv_std);
   }
 }
 
@@ -114,8 +142,9 @@ typedef struct {
 } KeysValues;
 
 /* Query rows [i0, i1) of batch b, head h; s is (i1 - i0) * total scratch. */
-static void attention_rows(const TpAttention *p, int64_t b, int64_t h, int64_t i0, int64_t i1,
-                           const float *q, KeysValues kv, float *y, float *qk_out, float *s) {
+TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int64_t h,
+                                            int64_t i0, int64_t i1, const float *q, KeysValues kv,
+                                            float *y, float *qk_out, float *s) {
   int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size, Sq = p->q_len;
   int64_t ldq, ldy, rows = i1 - i0;
   const float *qh = q + head_offset(p, b, h, p->q_heads, Sq, D, &ldq) + i0 * ldq;

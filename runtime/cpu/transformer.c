@@ -42,7 +42,7 @@ TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t 
 }
 
 /* logsumexp of a row, the maximum subtracted first; the exponentials summed in double. */
-static double row_logsumexp(const float *x, int64_t n) {
+TP_VECTOR_CLONES static double row_logsumexp(const float *x, int64_t n) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < n; j++) mx = x[j] > mx ? x[j] : mx;
