@@ -226,59 +226,47 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
 
 /* ---- --slices auto ---- */
 
-/* The transformer's sizes, read off the raised, marked forward module. */
-static TpModelDesc describe_model(const TpModule *m, int64_t T) {
-  TpModelDesc desc = {.seq = (int)T};
-  snprintf(desc.name, sizeof desc.name, "model");
-  for (int op = 0; op < m->nops; op++) {
-    const TpOp *o = &m->ops[op];
-    if (o->kind == TP_OP_Attention) {
-      const TpType *q = &m->values[o->inputs[0]].type;
-      desc.layers++;
-      desc.heads = q->rank == 4 ? (int)q->dims[1] : (int)tp_attr_int(m, op, "q_num_heads", 1);
-      desc.hidden = q->rank == 4 ? (int)(q->dims[1] * q->dims[3]) : (int)q->dims[2];
-    } else if (o->kind == TP_OP_Linear) {
-      const TpType *y = &m->values[o->outputs[0]].type;
-      if (y->dims[y->rank - 1] > desc.vocab) desc.vocab = (int)y->dims[y->rank - 1]; /* the widest: the head */
-    }
-  }
-  for (int op = 0; op < m->nops; op++) { /* the MLP: the widest Linear below the head */
-    if (m->ops[op].kind != TP_OP_Linear) continue;
-    const TpType *y = &m->values[m->ops[op].outputs[0]].type;
-    int w = (int)y->dims[y->rank - 1];
-    if (w < desc.vocab && w != 3 * desc.hidden && w > desc.ffn) desc.ffn = w;
-  }
-  if (!desc.ffn) desc.ffn = 4 * desc.hidden;
-  return desc;
-}
-
-/* TeraPipe's optimal slicing (passes/planner/slicing.h, Eqs. 5-8) of one microbatch of the
- * whole batch on one stage, priced by the planner's cost model on the CPU profile; writes
- * m->nslices and m->slice_len, and a note for the program's header. */
-static int auto_slices(TpModule *m, char *note, size_t size, TpDiag *d) {
+/* TeraPipe's optimal slicing (passes/planner/slicing.h, Eqs. 5-8) of the plan's
+ * `microbatches` microbatches (of the token input's rows each, all sliced alike, as the
+ * trainer runs them) on its stages, priced by the planner's cost model on the CPU profile
+ * with near-equal layer cuts; writes m->nslices and m->slice_len, and a note for the
+ * program's header. */
+static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, TpDiag *d) {
   int tokens = tp_token_input(m);
   if (tokens < 0) return tp_error(d, "--slices auto: the model has no integer [batch, seq] token input");
-  int64_t B = m->values[tokens].type.dims[0], T = m->values[tokens].type.dims[1];
-  TpModelDesc desc = describe_model(m, T);
-  if (!desc.layers || !desc.hidden || !desc.vocab)
+  int64_t rows = m->values[tokens].type.dims[0], T = m->values[tokens].type.dims[1];
+  TpModelDesc desc;
+  if (!tp_model_describe(m, T, &desc))
     return tp_error(d, "--slices auto: cannot read the layer count, width and vocabulary off the model; give the slices");
+  int stages = m->nstages > 1 ? m->nstages : 1;
+  if (m->stage_cuts) { /* "A,B,..": the first layers of stages 1, 2, .. */
+    stages = 2;
+    for (const char *p = m->stage_cuts; *p; p++) stages += *p == ',';
+  }
   TpHardware hw;
   TpCostModel cm;
   int rc = tp_hardware_find("cpu", TOKPIPE_PROFILE_DIRS, &hw, d);
   if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, 1, 1, d);
   if (rc) return rc;
+  if (stages > 1 && stages <= desc.layers) { /* the cost of near-equal cuts */
+    int cuts[TP_MAX_STAGES];
+    for (int k = 0; k < stages; k++) cuts[k] = (int)((int64_t)k * desc.layers / stages);
+    cm.pipeline = cm.nstages = stages;
+    tp_cost_model_set_cuts(&cm, cuts);
+  }
   int g = 1; /* slice lengths in units of g tokens: at most 256 units */
   while (T / g > 256 || T % g) g++;
+  int batch = (int)rows * microbatches;
   TpSliceCost table;
   double rms, worst;
-  tp_model_slice_cost(&cm, (int)B, g, &table, &rms, &worst);
-  for (int b = 1; b < B; b++) /* one microbatch: the trainer runs the whole batch at once */
-    for (int u = 0; u <= table.units; u++) table.t0[(long)b * (table.units + 1) + u] = INFINITY;
+  tp_model_slice_cost(&cm, batch, g, &table, &rms, &worst);
+  for (int b = 1; b <= batch; b++) /* only microbatches of the token input's rows */
+    for (int u = 0; u <= table.units && b != rows; u++) table.t0[(long)b * (table.units + 1) + u] = INFINITY;
   TpSlicing plan = {0};
   rc = tp_slice_cost_finish(&table, d);
-  if (rc == TP_OK) rc = tp_solve_slicing(&table, (int)B, 1, &plan, d);
+  if (rc == TP_OK) rc = tp_solve_slicing(&table, batch, cm.nstages, &plan, d);
   if (rc == TP_OK) {
-    TP_ASSERT(plan.n == 1);
+    TP_ASSERT(plan.n == microbatches); /* equal sizes get equal (the one optimal) slicings */
     int64_t *len = tp_alloc(m, (size_t)plan.mb[0].nslices * sizeof *len);
     for (int i = 0; i < plan.mb[0].nslices; i++) len[i] = plan.mb[0].len[i];
     m->nslices = plan.mb[0].nslices;
@@ -286,8 +274,9 @@ static int auto_slices(TpModule *m, char *note, size_t size, TpDiag *d) {
     int n = snprintf(note, size, "--slices auto chose");
     for (int i = 0; i < m->nslices && n < (int)size; i++) n += snprintf(note + n, size - (size_t)n, "%s %lld", i ? "," : "", (long long)len[i]);
     if (n < (int)size)
-      snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for 1 stage on the %s profile, %.3g s a step",
-               hw.name, plan.time);
+      snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for %d stage%s x %d microbatch%s on the %s "
+               "profile, %.3g s a step", cm.nstages, cm.nstages > 1 ? "s" : "", microbatches,
+               microbatches > 1 ? "es" : "", hw.name, plan.time);
   }
   tp_slicing_free(&plan);
   tp_slice_cost_free(&table);
@@ -406,7 +395,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n && slices && strcmp(slices, "auto") == 0; i++)
       if (strcmp(names[i], "split-sequence") == 0) first = i;
     rc = cli_run_pipeline(m, names, first, &po, &d);
-    if (rc == TP_OK && first < n) rc = auto_slices(m, note, sizeof note, &d);
+    if (rc == TP_OK && first < n) rc = auto_slices(m, pipe.microbatches, note, sizeof note, &d);
     if (rc == TP_OK && first < n) rc = cli_run_pipeline(m, names + first, n - first, &po, &d);
   }
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &text, &d);

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,6 +121,34 @@ static const TpModelDesc builtin_models[] = {
     {"GPT3-44B", 96, 6144, 48, 2048, 50257, 4 * 6144},
     {"GPT3-175B", 96, 12288, 96, 2048, 50257, 4 * 12288},
 };
+
+/* The transformer's sizes, read off a raised forward module (after raise-transformer):
+ * layers = Attention ops, hidden and heads from the first one, vocab = the widest Linear
+ * (the head), ffn = the widest Linear below it other than the QKV projection. */
+bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
+  *desc = (TpModelDesc){.seq = (int)seq};
+  snprintf(desc->name, sizeof desc->name, "model");
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    if (o->kind == TP_OP_Attention) {
+      const TpType *q = &m->values[o->inputs[0]].type;
+      desc->layers++;
+      desc->heads = q->rank == 4 ? (int)q->dims[1] : (int)tp_attr_int(m, op, "q_num_heads", 1);
+      desc->hidden = q->rank == 4 ? (int)(q->dims[1] * q->dims[3]) : (int)q->dims[2];
+    } else if (o->kind == TP_OP_Linear) {
+      const TpType *y = &m->values[o->outputs[0]].type;
+      if (y->dims[y->rank - 1] > desc->vocab) desc->vocab = (int)y->dims[y->rank - 1];
+    }
+  }
+  for (int op = 0; op < m->nops; op++) {
+    if (m->ops[op].kind != TP_OP_Linear) continue;
+    const TpType *y = &m->values[m->ops[op].outputs[0]].type;
+    int w = (int)y->dims[y->rank - 1];
+    if (w < desc->vocab && w != 3 * desc->hidden && w > desc->ffn) desc->ffn = w;
+  }
+  if (!desc->ffn) desc->ffn = 4 * desc->hidden;
+  return desc->layers > 0 && desc->hidden > 0 && desc->heads > 0 && desc->vocab > 0 && seq > 0;
+}
 
 int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
   for (size_t i = 0; i < sizeof builtin_models / sizeof builtin_models[0]; i++)

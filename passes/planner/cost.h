@@ -46,6 +46,9 @@ typedef struct {
 /* "gpt3-1b|gpt3-13b|gpt3-44b|gpt3-175b" or "layers=96,hidden=12288,heads=96,seq=2048,
  * vocab=50257[,ffn=F]" (ffn defaults to 4*hidden). */
 int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d);
+/* The sizes of the transformer in a module after raise-transformer (layers = its Attention
+ * ops) with sequence length seq; false if it has no attention, width or head. */
+bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc);
 
 /* Stage k holds layers [first, first + layers); the first stage also the embedding, the
  * last the final norm, LM head and loss. */
@@ -110,9 +113,19 @@ double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full
 
 /* ---- calibration from measured samples ----
  * Profile file (written by a generated trainer's --profile, read here):
- *   {"format": "tokpipe-profile", "version": 1, "device": "...",
- *    "samples": [{"b": 1, "l": 64, "c": 0, "seconds": 0.0123}, ...]}
- * seconds = forward + backward of one stage for b sequences, l tokens, context c. */
+ *   {"format": "tokpipe-profile", "version": 1,
+ *    "device": "CPU model or GPU name", "threads": 2, "ranks": 2,
+ *    "model": "model.onnx", "stages": 2, "stage_cuts": [0, 2], "batch": 4, "seq": 256,
+ *    "optimizer": [0.0031, 0.0042],
+ *    "samples": [{"stage": 0, "b": 4, "l": 64, "c": 0,
+ *                 "forward": 0.010, "backward": 0.021, "seconds": 0.031}, ...]}
+ * A sample is the median time of stage `stage`'s forward and backward of one token slice
+ * of l tokens after a context of c tokens, for a microbatch of b sequences, measured while
+ * every rank of the plan profiled its own stage at once (so they share the machine as in a
+ * real run); seconds = forward + backward. "stage" absent: the whole model on one stage.
+ * "forward"/"backward" absent: only their sum is known. "optimizer" (optional): seconds
+ * of one AdamW step of each stage's parameters. "stage_cuts" (optional): the first layer of
+ * each stage, as tokpipec's --stage-cuts. */
 typedef struct { int b, l, c; double seconds; } TpSample;
 int tp_samples_load(const char *path, TpSample **samples, int *n, TpDiag *d);
 

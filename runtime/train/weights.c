@@ -216,7 +216,7 @@ static int resume(Trainer *t) {
   const char *saved = t->d->file;
   t->d->file = path;
   const char *format = tp_safetensors_meta(&st, "format");
-  int64_t version = 0, batch, seq, vocab, step, pos;
+  int64_t version = 0, batch = 0, seq = 0, vocab = 0, step = 0, pos = 0;
   if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0)
     rc = tp_error(t->d, "not a tokpipe checkpoint (metadata 'format' is not '%s')", CHECKPOINT_FORMAT);
   else if (!(rc = meta_int(t, &st, "version", 0, INT32_MAX, &version)) && version != CHECKPOINT_VERSION)
