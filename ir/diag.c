@@ -1,10 +1,14 @@
+#define _GNU_SOURCE /* program_invocation_short_name */
 #include "ir.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Named after the program that failed (any tool or trainer links this). */
 void tp_internal_error(const char *file, int line, const char *what) {
-  fprintf(stderr, "tokpipec: internal error: %s:%d: assertion failed: %s\n", file, line, what);
+  fprintf(stderr, "%s: internal error: %s:%d: assertion failed: %s\n", program_invocation_short_name, file, line,
+          what);
   abort();
 }
 

@@ -211,6 +211,8 @@ TpModule *tp_module_new(const char *source);
 void tp_module_free(TpModule *m);
 void *tp_alloc(TpModule *m, size_t bytes); /* zeroed, freed with the module */
 const char *tp_strdup(TpModule *m, const char *s);
+/* A printf-formatted string owned by the module. */
+const char *tp_strfmt(TpModule *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* -1 if no value has the name. */
 int tp_find_value(const TpModule *m, const char *name);

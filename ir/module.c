@@ -44,6 +44,18 @@ const char *tp_strdup(TpModule *m, const char *s) {
   return p;
 }
 
+const char *tp_strfmt(TpModule *m, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *s = tp_alloc(m, (size_t)n + 1);
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
 /* Grows *arr (elements of `size` bytes) to hold at least n+1 elements. */
 static void grow(void **arr, int *cap, int n, size_t size) {
   if (n < *cap) return;

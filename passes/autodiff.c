@@ -17,7 +17,6 @@
 #include "../ir/ir.h"
 
 #include <regex.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,26 +47,12 @@ static bool same_shape(const TpType *x, const TpType *y) {
   return x->rank == y->rank && memcmp(x->dims, y->dims, (size_t)x->rank * sizeof x->dims[0]) == 0;
 }
 
-/* A module-owned formatted string. */
-static const char *fmt(Ad *a, const char *f, ...) __attribute__((format(printf, 2, 3)));
-static const char *fmt(Ad *a, const char *f, ...) {
-  va_list ap;
-  va_start(ap, f);
-  int n = vsnprintf(NULL, 0, f, ap);
-  va_end(ap);
-  char *s = tp_alloc(a->m, (size_t)n + 1);
-  va_start(ap, f);
-  vsnprintf(s, (size_t)n + 1, f, ap);
-  va_end(ap);
-  return s;
-}
-
 /* The name of the next contribution to v's gradient, and of a temporary on the way. */
 static const char *contrib_name(Ad *a, int v) {
-  if (a->count[v] == 1) return fmt(a, "%s.grad", name_of(a, v));
-  return fmt(a, "%s.grad.%d", name_of(a, v), a->seen[v]);
+  if (a->count[v] == 1) return tp_strfmt(a->m, "%s.grad", name_of(a, v));
+  return tp_strfmt(a->m, "%s.grad.%d", name_of(a, v), a->seen[v]);
 }
-static const char *tmp_name(Ad *a, int v) { return fmt(a, "%s.grad.tmp", name_of(a, v)); }
+static const char *tmp_name(Ad *a, int v) { return tp_strfmt(a->m, "%s.grad.tmp", name_of(a, v)); }
 
 /* A new scalar CONST named `name` (made unique). */
 static int new_scalar(Ad *a, TpDType dtype, double value, const char *name) {
@@ -88,7 +73,7 @@ static int new_scalar(Ad *a, TpDType dtype, double value, const char *name) {
 static int scalar(Ad *a, TpDType dtype, double value) {
   for (int i = 0; i < a->nconsts; i++)
     if (a->consts[i].dtype == dtype && a->consts[i].value == value) return a->consts[i].v;
-  int v = new_scalar(a, dtype, value, fmt(a, "ad.%s.%.9g", tp_dtype_name(dtype), value));
+  int v = new_scalar(a, dtype, value, tp_strfmt(a->m, "ad.%s.%.9g", tp_dtype_name(dtype), value));
   a->consts = realloc(a->consts, (size_t)(a->nconsts + 1) * sizeof *a->consts);
   TP_ASSERT(a->consts);
   a->consts[a->nconsts++] = (ScalarConst){dtype, value, v};
@@ -135,7 +120,7 @@ static void give(Ad *a, int v, int g) {
     return;
   }
   bool last = a->seen[v] == a->count[v];
-  a->grad[v] = emit2(a, TP_OP_Add, a->grad[v], g, last ? fmt(a, "%s.grad", name_of(a, v)) : tmp_name(a, v));
+  a->grad[v] = emit2(a, TP_OP_Add, a->grad[v], g, last ? tp_strfmt(a->m, "%s.grad", name_of(a, v)) : tmp_name(a, v));
 }
 
 /* g summed over the axes numpy broadcasting added to v (ReduceSum, then Reshape where the
@@ -251,7 +236,7 @@ static void layernorm_stats(Ad *a, int o) {
   const char *y = name_of(a, m->ops[o].outputs[0]);
   for (int i = 1; i < 3; i++) {
     if (m->ops[o].outputs[i] >= 0) continue;
-    const char *name = tp_unique_name(m, fmt(a, "%s.%s", y, i == 1 ? "mean" : "invstddev"));
+    const char *name = tp_unique_name(m, tp_strfmt(a->m, "%s.%s", y, i == 1 ? "mean" : "invstddev"));
     int v = tp_add_value(m, name, TP_VAL_RESULT, (TpType){0}, m->ops[o].origin);
     m->values[v].def = o;
     m->ops[o].outputs[i] = v;
@@ -347,7 +332,7 @@ static void loss_backward(Ad *a, const int *in, int dy) {
     if (size == 8) memcpy(iota + c * 8, &c, 8);
     else memcpy(iota + c * 4, &c32, 4);
   }
-  int cls = tp_add_const(a->m, tp_unique_name(a->m, fmt(a, "%s.classes", name_of(a, x))), classes, iota, (TpOrigin){0});
+  int cls = tp_add_const(a->m, tp_unique_name(a->m, tp_strfmt(a->m, "%s.classes", name_of(a, x))), classes, iota, (TpOrigin){0});
   free(iota);
   int lab = emit(a, TP_OP_Reshape, &labels, 1, tmp_name(a, x), &col);
   int onehot = emit2(a, TP_OP_Equal, lab, cls, tmp_name(a, x));
@@ -378,7 +363,7 @@ static void backward(Ad *a, const int *dys) {
   int dy = dys[0], y = out[0], x = in[0];
   for (int k = 1; k < m->ops[o].noutputs && kind != TP_OP_Split; k++)
     if (dys[k] >= 0) {
-      cannot(a, fmt(a, "result %d carries a gradient", k));
+      cannot(a, tp_strfmt(a->m, "result %d carries a gradient", k));
       return;
     }
   TpDType dt = type_of(a, y).dtype;
@@ -620,7 +605,7 @@ static void backward(Ad *a, const int *dys) {
     for (int i = 0; i < 3; i++) names[i] = need[i] ? contrib_name(a, in[i]) : tmp_name(a, in[i]);
     if (in[0] == in[1] || in[0] == in[2] || in[1] == in[2]) { /* distinct contribution names */
       int v = in[0];
-      for (int i = 0; i < 3; i++) names[i] = fmt(a, "%s.%d", need[i] ? contrib_name(a, in[i]) : tmp_name(a, v), i);
+      for (int i = 0; i < 3; i++) names[i] = tp_strfmt(a->m, "%s.%d", need[i] ? contrib_name(a, in[i]) : tmp_name(a, v), i);
     }
     int op = begin(a, TP_OP_AttentionBackward, (int[]){dy, in[0], in[1], in[2]}, 4, names, 3);
     copy_attrs(a, op);
@@ -701,7 +686,7 @@ int pass_autodiff(TpModule *m, TpDiag *d) {
   free(flows);
 
   /* backward, emitting: d loss / d loss = 1, then every op in reverse order */
-  a.grad[m->loss] = new_scalar(&a, m->values[m->loss].type.dtype, 1, fmt(&a, "%s.grad", m->values[m->loss].name));
+  a.grad[m->loss] = new_scalar(&a, m->values[m->loss].type.dtype, 1, tp_strfmt(m, "%s.grad", m->values[m->loss].name));
   for (int o = nforward - 1; o >= 0 && a.rc == TP_OK; o--) {
     if (m->ops[o].dead) continue;
     int dys[64];

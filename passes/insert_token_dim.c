@@ -22,7 +22,6 @@
  * model still trains whole. */
 #include "../ir/ir.h"
 
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,20 +268,6 @@ static int token_axes(const TpModule *m, int v) {
   return n;
 }
 
-/* A module-owned formatted string. */
-static const char *fmt(TpModule *m, const char *f, ...) __attribute__((format(printf, 2, 3)));
-static const char *fmt(TpModule *m, const char *f, ...) {
-  va_list ap;
-  va_start(ap, f);
-  int n = vsnprintf(NULL, 0, f, ap);
-  va_end(ap);
-  char *s = tp_alloc(m, (size_t)n + 1);
-  va_start(ap, f);
-  vsnprintf(s, (size_t)n + 1, f, ap);
-  va_end(ap);
-  return s;
-}
-
 static const char *node_of(const TpModule *m, int op) {
   const TpOp *o = &m->ops[op];
   if (o->origin.node) return o->origin.node;
@@ -293,18 +278,18 @@ static const char *node_of(const TpModule *m, int op) {
 static const char *attention_problem(TpModule *m, int op) {
   const TpOp *o = &m->ops[op];
   const char *node = node_of(m, op);
-  if (!tp_attr_int(m, op, "is_causal", 0)) return fmt(m, "attention at node '%s' is not causal", node);
+  if (!tp_attr_int(m, op, "is_causal", 0)) return tp_strfmt(m, "attention at node '%s' is not causal", node);
   if (o->ninputs > 3 && o->inputs[3] >= 0)
-    return fmt(m, "attention at node '%s' is not causal: it has an explicit mask", node);
+    return tp_strfmt(m, "attention at node '%s' is not causal: it has an explicit mask", node);
   for (int i = 4; i < o->ninputs; i++)
-    if (o->inputs[i] >= 0) return fmt(m, "attention at node '%s' reads past keys and values", node);
+    if (o->inputs[i] >= 0) return tp_strfmt(m, "attention at node '%s' reads past keys and values", node);
   for (int i = 1; i < o->noutputs; i++)
-    if (o->outputs[i] >= 0) return fmt(m, "attention at node '%s' returns more than its result", node);
+    if (o->outputs[i] >= 0) return tp_strfmt(m, "attention at node '%s' returns more than its result", node);
   int q = o->inputs[0], k = o->inputs[1], r = type_of(m, q)->rank, seq = r == 4 ? 2 : 1;
   if (tp_token_axis(m, q) != seq || tp_token_axis(m, k) != seq)
-    return fmt(m, "attention at node '%s' does not attend along the token axis", node);
+    return tp_strfmt(m, "attention at node '%s' does not attend along the token axis", node);
   if (type_of(m, q)->dims[seq] + tp_attr_int(m, op, "causal_offset", 0) != type_of(m, k)->dims[seq])
-    return fmt(m, "attention at node '%s' does not attend over its own tokens", node);
+    return tp_strfmt(m, "attention at node '%s' does not attend over its own tokens", node);
   return NULL;
 }
 
@@ -322,18 +307,18 @@ TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
   describe(m, op, x);
   TpTokenClass c = TP_TOKEN_POSITIONWISE;
   if (x->unknown) {
-    *why = fmt(m, "%s at node '%s' is not known to keep tokens apart", kind, node);
+    *why = tp_strfmt(m, "%s at node '%s' is not known to keep tokens apart", kind, node);
     c = TP_TOKEN_GLOBAL;
   }
   for (int i = 0; i < x->nmixes && !*why; i++)
     if (tp_token_axis(m, x->mix[i].v) == x->mix[i].a)
-      *why = fmt(m, "%s at node '%s' %s the token axis", kind, node, x->mix_why[i]);
+      *why = tp_strfmt(m, "%s at node '%s' %s the token axis", kind, node, x->mix_why[i]);
   for (int i = 0; i < o->noutputs && !*why; i++) /* token x token: a primitive attention's scores */
     if (o->outputs[i] >= 0 && token_axes(m, o->outputs[i]) > 1)
       *why = o->kind == TP_OP_MatMul || o->kind == TP_OP_Gemm
-                 ? fmt(m, "attention at node '%s' is not causal: its scores (%s) relate every token to every "
+                 ? tp_strfmt(m, "attention at node '%s' is not causal: its scores (%s) relate every token to every "
                           "other, with no causal mask raise-transformer could prove", node, kind)
-                 : fmt(m, "%s at node '%s' mixes tokens: its result has two token axes", kind, node);
+                 : tp_strfmt(m, "%s at node '%s' mixes tokens: its result has two token axes", kind, node);
   free(x);
   if (*why) return TP_TOKEN_GLOBAL;
   if (tp_op_info[o->kind].traits & TP_TRAIT_TOKEN_REDUCING) return TP_TOKEN_REDUCING;
@@ -342,7 +327,7 @@ TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
     return *why ? TP_TOKEN_GLOBAL : TP_TOKEN_CAUSAL_PREFIX;
   }
   if (in_tokens && !out_tokens) {
-    *why = fmt(m, "%s at node '%s' does not keep the token axis (it merges or reduces it)", kind, node);
+    *why = tp_strfmt(m, "%s at node '%s' does not keep the token axis (it merges or reduces it)", kind, node);
     return TP_TOKEN_GLOBAL;
   }
   return c;

@@ -24,7 +24,6 @@
  * slice that made those rows runs its own backward. */
 #include "../ir/ir.h"
 
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,19 +38,6 @@ typedef struct {
   int *ctx;         /* ctx[v * M + i]: keys or values v of rows [0, c_i + l_i) */
   int rc;
 } Split;
-
-static const char *fmt(TpModule *m, const char *f, ...) __attribute__((format(printf, 2, 3)));
-static const char *fmt(TpModule *m, const char *f, ...) {
-  va_list ap;
-  va_start(ap, f);
-  int n = vsnprintf(NULL, 0, f, ap);
-  va_end(ap);
-  char *s = tp_alloc(m, (size_t)n + 1);
-  va_start(ap, f);
-  vsnprintf(s, (size_t)n + 1, f, ap);
-  va_end(ap);
-  return s;
-}
 
 /* A new forward op of slice i at the stage of op `like`, with like's origin or none;
  * results typed `types` (all of them preset, checked by inference). */
@@ -93,7 +79,7 @@ static int part(Split *s, int v, int i, int user) {
   for (int k = 0; k < t.rank; k++) steps[k] = 1;
   starts[a] = s->start[i];
   TpType rt = rows(t, a, s->len[i]);
-  int op = add(s, TP_OP_Slice, &v, 1, (const char *[]){fmt(m, "%s.s%d", m->values[v].name, i)}, 1, &rt, user, false, i);
+  int op = add(s, TP_OP_Slice, &v, 1, (const char *[]){tp_strfmt(m, "%s.s%d", m->values[v].name, i)}, 1, &rt, user, false, i);
   tp_set_attr_ints(m, op, "starts", starts, t.rank);
   tp_set_attr_ints(m, op, "steps", steps, t.rank);
   *r = m->ops[op].outputs[0];
@@ -112,7 +98,7 @@ static int context(Split *s, int kv, int i, int att) {
   if (i == 0) return *r = own;
   int prev = context(s, kv, i - 1, att), a = tp_token_axis(m, kv);
   TpType t = rows(m->values[kv].type, a, s->start[i] + s->len[i]);
-  int op = add(s, TP_OP_Concat, (int[]){prev, own}, 2, (const char *[]){fmt(m, "%s.ctx.s%d", m->values[kv].name, i)},
+  int op = add(s, TP_OP_Concat, (int[]){prev, own}, 2, (const char *[]){tp_strfmt(m, "%s.ctx.s%d", m->values[kv].name, i)},
                1, &t, att, true, i);
   tp_set_attr_int(m, op, "axis", a);
   infer(s, op);
@@ -143,7 +129,7 @@ static int repeat(Split *s, int o, int i, TpTokenClass c) {
     for (int k = 1; k <= 2; k++) in[k] = context(s, m->ops[o].inputs[k], i, o);
   for (int k = 0; k < nout; k++) {
     int r = m->ops[o].outputs[k];
-    names[k] = r >= 0 ? fmt(m, "%s.s%d", m->values[r].name, i) : NULL;
+    names[k] = r >= 0 ? tp_strfmt(m, "%s.s%d", m->values[r].name, i) : NULL;
     if (r >= 0) types[k] = rows(m->values[r].type, tp_token_axis(m, r), s->len[i]);
   }
   int op = add(s, m->ops[o].kind, in, nin, names, nout, types, o, true, i);
@@ -223,7 +209,7 @@ int pass_split_sequence(TpModule *m, TpDiag *d) {
         continue;
       }
       TpType t = m->values[loss].type;
-      int add_op = add(&s, TP_OP_Add, (int[]){sum_v, term}, 2, (const char *[]){fmt(m, "%s.sum.s%d", m->values[loss].name, i)},
+      int add_op = add(&s, TP_OP_Add, (int[]){sum_v, term}, 2, (const char *[]){tp_strfmt(m, "%s.sum.s%d", m->values[loss].name, i)},
                        1, &t, o, false, i);
       infer(&s, add_op);
       sum_v = m->ops[add_op].outputs[0];
@@ -255,7 +241,7 @@ int pass_split_sequence(TpModule *m, TpDiag *d) {
       parts[n++] = s.rep[v * s.M + i];
       if (n == 64 || i == s.M - 1) { /* Concat takes at most 64 operands */
         TpType t = rows(m->values[v].type, a, s.start[i] + s.len[i]);
-        int op = add(&s, TP_OP_Concat, parts, n, (const char *[]){fmt(m, "%s.whole", m->values[v].name)}, 1, &t,
+        int op = add(&s, TP_OP_Concat, parts, n, (const char *[]){tp_strfmt(m, "%s.whole", m->values[v].name)}, 1, &t,
                      m->values[v].def, false, -1);
         tp_set_attr_int(m, op, "axis", a);
         infer(&s, op);
