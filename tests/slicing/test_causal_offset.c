@@ -7,38 +7,13 @@
  *      and dV (each over its context rows) and their dQ rows equal the full backward's.
  * T = 70 crosses the forward's block of 64 query rows. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/cpu/nn.h"
 #include "runtime/cpu/nn_backward.h"
-
-static int failures;
-
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "FAIL ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  failures++;
-}
-
-static uint64_t rng_state = 0x2545F4914F6CDD1Du;
-
-static float frand(void) { /* uniform in [-1, 1) */
-  rng_state = rng_state * 6364136223846793005u + 1442695040888963407u;
-  return (float)((rng_state >> 40) * (1.0 / (1u << 24))) * 2 - 1;
-}
-
-static float *rand_array(int64_t n, float scale) {
-  float *a = malloc((size_t)(n ? n : 1) * sizeof *a);
-  for (int64_t i = 0; i < n; i++) a[i] = frand() * scale;
-  return a;
-}
+#include "../check.h"
 
 static float *zeros(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
 

@@ -5,7 +5,6 @@
  * must be the same bits on 1 and on 3 threads. */
 #include <math.h>
 #include <omp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,29 +13,7 @@
 #include "runtime/cpu/matmul.h"
 #include "runtime/cpu/nn.h"
 #include "runtime/cpu/vecmath.h"
-
-static int failures;
-
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "FAIL ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  failures++;
-}
-
-static uint64_t rng_state = 0x2545F4914F6CDD1Du;
-static float frand(void) { /* uniform in [-1, 1) */
-  rng_state = rng_state * 6364136223846793005u + 1442695040888963407u;
-  return (float)(rng_state >> 40) / (float)(1 << 23) - 1;
-}
-static float *rand_array(int64_t n, float scale) {
-  float *p = malloc((size_t)(n ? n : 1) * sizeof *p);
-  for (int64_t i = 0; i < n; i++) p[i] = scale * frand();
-  return p;
-}
+#include "../check.h"
 
 /* got within atol + rtol |want| of want (inf matches inf of the same sign, NaN NaN). */
 static bool check(const char *what, const float *got, const double *want, int64_t n, double atol,

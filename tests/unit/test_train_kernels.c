@@ -5,7 +5,6 @@
  * gradient. The optimizer is checked against torch.optim.AdamW's numbers. */
 #include <math.h>
 #include <omp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,34 +19,9 @@
 #include "runtime/cpu/transformer.h"
 #include "runtime/cpu/vecmath.h"
 #include "runtime/interp/interp.h"
-
-static int failures;
-
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "FAIL ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  failures++;
-}
+#include "../check.h"
 
 /* ---- helpers ---- */
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15u;
-
-/* Uniform in [-1, 1), reproducible. */
-static float frand(void) {
-  rng_state = rng_state * 6364136223846793005u + 1442695040888963407u;
-  return (float)((rng_state >> 40) * (1.0 / (1u << 24))) * 2 - 1;
-}
-
-static float *rand_array(int64_t n) {
-  float *a = malloc((size_t)(n ? n : 1) * sizeof *a);
-  for (int64_t i = 0; i < n; i++) a[i] = frand();
-  return a;
-}
 
 static float *zeros(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
 
@@ -111,11 +85,11 @@ static double linear_loss(void *ctx) {
 
 static void test_linear(bool tw, bool bias) {
   LinearCase c = {.M = 6, .K = 5, .N = 4, .tw = tw};
-  c.x = rand_array(c.M * c.K);
-  c.w = rand_array(c.K * c.N);
-  c.b = bias ? rand_array(c.N) : NULL;
+  c.x = rand_array(c.M * c.K, 1);
+  c.w = rand_array(c.K * c.N, 1);
+  c.b = bias ? rand_array(c.N, 1) : NULL;
   c.y = zeros(c.M * c.N);
-  c.dy = rand_array(c.M * c.N);
+  c.dy = rand_array(c.M * c.N, 1);
   /* forward against a plain loop */
   linear_loss(&c);
   for (int64_t i = 0; i < c.M; i++)
@@ -161,10 +135,10 @@ static void test_matmul_case(const char *name, int ra, const int64_t *da, int rb
   c.b = tensor(TP_F32, NULL, rb, db);
   c.y = tensor(TP_F32, NULL, ry, dyd);
   int64_t na = tp_tensor_numel(&c.a), nb = tp_tensor_numel(&c.b), ny = tp_tensor_numel(&c.y);
-  c.a.data = rand_array(na);
-  c.b.data = rand_array(nb);
+  c.a.data = rand_array(na, 1);
+  c.b.data = rand_array(nb, 1);
   c.y.data = zeros(ny);
-  c.dy = rand_array(ny);
+  c.dy = rand_array(ny, 1);
   TpTensor dyt = tensor(TP_F32, c.dy, ry, dyd);
   TpTensor ga = tensor(TP_F32, zeros(na), ra, da), gb = tensor(TP_F32, zeros(nb), rb, db);
   /* garbage in the results: the kernel must write them whole */
@@ -228,7 +202,7 @@ static void test_gather_case(int axis, TpDType idt) {
   int32_t idx32[6];
   for (int i = 0; i < 6; i++) idx32[i] = (int32_t)raw[i];
   GatherCase c = {.axis = axis};
-  c.data = tensor(TP_F32, rand_array(60), 3, ddims);
+  c.data = tensor(TP_F32, rand_array(60, 1), 3, ddims);
   c.idx = tensor(idt, idt == TP_I64 ? (void *)raw : (void *)idx32, 2, (int64_t[]){2, 3});
   int64_t ydims[4];
   int r = 0;
@@ -239,8 +213,8 @@ static void test_gather_case(int axis, TpDType idt) {
       ydims[r++] = ddims[d];
   }
   c.y = tensor(TP_F32, zeros(360), 4, ydims);
-  c.dy = rand_array(tp_tensor_numel(&c.y));
-  TpTensor dyt = tensor(TP_F32, c.dy, 4, ydims), dd = tensor(TP_F32, rand_array(60), 3, ddims);
+  c.dy = rand_array(tp_tensor_numel(&c.y), 1);
+  TpTensor dyt = tensor(TP_F32, c.dy, 4, ydims), dd = tensor(TP_F32, rand_array(60, 1), 3, ddims);
   int64_t bad = 0;
   if (tp_gather_backward(&dyt, &c.idx, axis, &dd, &bad) != TP_KERNEL_OK)
     fail("gather backward refused");
@@ -257,7 +231,7 @@ static void test_gather_embedding(void) {
 
   /* Embedding forward = Gather rows; its backward is tp_gather_backward on axis 0 */
   int64_t ids[5] = {2, 0, 2, -1, 3};
-  float *table = rand_array(4 * 3), out[15], ref[15];
+  float *table = rand_array(4 * 3, 1), out[15], ref[15];
   int64_t bad = -7;
   if (tp_embedding_f32(table, ids, 5, 4, 3, out, &bad) != TP_KERNEL_OK) fail("embedding refused");
   TpTensor T = tensor(TP_F32, table, 2, (int64_t[]){4, 3}),
@@ -300,10 +274,10 @@ static void test_slice_case(const char *name, int rank, const int64_t *xd, const
   c.x = tensor(TP_F32, NULL, rank, xd);
   c.y = tensor(TP_F32, NULL, rank, yd);
   int64_t nx = tp_tensor_numel(&c.x), ny = tp_tensor_numel(&c.y);
-  c.x.data = rand_array(nx);
+  c.x.data = rand_array(nx, 1);
   c.y.data = zeros(ny);
-  c.dy = rand_array(ny);
-  TpTensor dyt = tensor(TP_F32, c.dy, rank, yd), dx = tensor(TP_F32, rand_array(nx), rank, xd);
+  c.dy = rand_array(ny, 1);
+  TpTensor dyt = tensor(TP_F32, c.dy, rank, yd), dx = tensor(TP_F32, rand_array(nx, 1), rank, xd);
   if (tp_slice_backward(&dyt, starts, steps, &dx) != TP_KERNEL_OK)
     fail("slice backward %s refused", name);
   char what[64];
@@ -341,12 +315,12 @@ static double layernorm_loss(void *ctx) {
 static void test_layernorm(void) {
   LayerNormCase c = {.rows = 6, .n = 8};
   int64_t total = c.rows * c.n;
-  c.x = rand_array(total);
+  c.x = rand_array(total, 1);
   for (int64_t i = 0; i < c.n; i++) c.x[i] += 3; /* a row with an offset mean */
-  c.scale = rand_array(c.n);
-  c.bias = rand_array(c.n);
+  c.scale = rand_array(c.n, 1);
+  c.bias = rand_array(c.n, 1);
   c.y = zeros(total);
-  c.dy = rand_array(total);
+  c.dy = rand_array(total, 1);
   float *mean = zeros(c.rows), *inv = zeros(c.rows), *dx = zeros(total), *ds = zeros(c.n),
         *db = zeros(c.n);
   tp_layernorm_f32(c.x, c.scale, c.bias, c.rows, c.n, 1e-5f, c.y, mean, inv);
@@ -375,10 +349,10 @@ static double gelu_loss(void *ctx) {
 
 static void test_gelu(bool tanh_approx) {
   GeluCase c = {.tanh_approx = tanh_approx, .n = 40};
-  c.x = rand_array(c.n);
+  c.x = rand_array(c.n, 1);
   for (int64_t i = 0; i < c.n; i++) c.x[i] *= 4; /* [-4, 4): both tails and the middle */
   c.y = zeros(c.n);
-  c.dy = rand_array(c.n);
+  c.dy = rand_array(c.n, 1);
   float *dx = zeros(c.n);
   tp_gelu_backward_f32(c.dy, c.x, c.n, tanh_approx, dx);
   check_grad(tanh_approx ? "gelu tanh" : "gelu none", gelu_loss, &c, c.x, c.n, dx, 1e-2f, 5e-4);
@@ -402,10 +376,10 @@ static double softmax_loss(void *ctx) {
 static void test_softmax(bool log, int64_t inner) {
   SoftmaxCase c = {.outer = 3, .n = 5, .inner = inner, .log = log};
   int64_t total = c.outer * c.n * c.inner;
-  c.x = rand_array(total);
+  c.x = rand_array(total, 1);
   for (int64_t i = 0; i < total; i++) c.x[i] *= 3;
   c.y = zeros(total);
-  c.dy = rand_array(total);
+  c.dy = rand_array(total, 1);
   float *dx = zeros(total);
   softmax_loss(&c);
   tp_softmax_backward_f32(c.dy, c.y, c.outer, c.n, c.inner, log, dx);
@@ -436,11 +410,11 @@ static void test_attention_case(const char *name, TpAttention p) {
   c.nk = p.batch * p.kv_heads * p.kv_len * p.head_size;
   c.nv = p.batch * p.kv_heads * p.kv_len * p.v_head_size;
   c.ny = p.batch * p.q_heads * p.q_len * p.v_head_size;
-  c.q = rand_array(c.nq), c.k = rand_array(c.nk), c.v = rand_array(c.nv);
+  c.q = rand_array(c.nq, 1), c.k = rand_array(c.nk, 1), c.v = rand_array(c.nv, 1);
   for (int64_t i = 0; i < c.nq; i++) c.q[i] *= 2; /* peaked enough to matter */
   c.y = zeros(c.ny);
-  c.dy = rand_array(c.ny);
-  float *dq = rand_array(c.nq), *dk = rand_array(c.nk), *dv = rand_array(c.nv);
+  c.dy = rand_array(c.ny, 1);
+  float *dq = rand_array(c.nq, 1), *dk = rand_array(c.nk, 1), *dv = rand_array(c.nv, 1);
   tp_attention_backward_f32(&p, c.dy, c.q, c.k, c.v, dq, dk, dv);
   char what[96];
   snprintf(what, sizeof what, "attention %s dQ", name);
@@ -553,7 +527,7 @@ static double ce_loss(void *ctx) {
 static void test_cross_entropy(void) {
   int64_t targets[6] = {0, 6, 3, 3, 1, 5};
   CECase c = {.R = 6, .V = 7, .denom = 6, .dloss = 1.7f, .targets = targets};
-  c.logits = rand_array(c.R * c.V);
+  c.logits = rand_array(c.R * c.V, 1);
   for (int64_t i = 0; i < c.R * c.V; i++) c.logits[i] *= 4;
   /* forward against log-softmax + mean NLL */
   float lp[42], loss;
@@ -623,7 +597,7 @@ static void test_adamw(void) {
   if (tp_sum_squares_f32(sq, 5) != 30)
     fail("sum of squares: %g, want 30", tp_sum_squares_f32(sq, 5));
   int64_t n = 100003;
-  float *big = rand_array(n);
+  float *big = rand_array(n, 1);
   double want = 0;
   for (int64_t i = 0; i < n; i++) want += (double)big[i] * big[i];
   double got = tp_sum_squares_f32(big, n);
@@ -648,9 +622,9 @@ static void test_thread_count(void) {
                    .v_head_size = D,
                    .is_causal = true,
                    .scale = 0.25f};
-  float *q = rand_array(M * C), *k = rand_array(M * C / 2), *v = rand_array(M * C / 2);
-  float *dy = rand_array(M * C), *scale = rand_array(C), *mean = rand_array(M);
-  float *inv = rand_array(M), *logits = rand_array(M * V);
+  float *q = rand_array(M * C, 1), *k = rand_array(M * C / 2, 1), *v = rand_array(M * C / 2, 1);
+  float *dy = rand_array(M * C, 1), *scale = rand_array(C, 1), *mean = rand_array(M, 1);
+  float *inv = rand_array(M, 1), *logits = rand_array(M * V, 1);
   int64_t targets[M], bad;
   for (int i = 0; i < M; i++) targets[i] = (i * 7919) % V;
   TpTensor G = tensor(TP_F32, dy, 2, (int64_t[]){M, C}),
@@ -733,7 +707,7 @@ static void test_exec(void) {
   /* Linear through the table = the kernel */
   int op = add_op(TP_OP_Linear, 3, 1);
   tp_set_attr_int(module, op, "transpose_w", 1);
-  float *x = rand_array(2 * 3 * 4), *w = rand_array(5 * 4), *b = rand_array(5), y[30], want[30];
+  float *x = rand_array(2 * 3 * 4, 1), *w = rand_array(5 * 4, 1), *b = rand_array(5, 1), y[30], want[30];
   TpTensor in[5] = {tensor(TP_F32, x, 3, (int64_t[]){2, 3, 4}),
                     tensor(TP_F32, w, 2, (int64_t[]){5, 4}), tensor(TP_F32, b, 1, (int64_t[]){5})};
   TpTensor out[3] = {tensor(TP_F32, y, 3, (int64_t[]){2, 3, 5})};
@@ -750,7 +724,7 @@ static void test_exec(void) {
   int64_t t64[6] = {0, 4, 2, 1, 3, 3};
   float loss, loss_want;
   int64_t bad;
-  float *lg = rand_array(30);
+  float *lg = rand_array(30, 1);
   in[0] = tensor(TP_F32, lg, 3, (int64_t[]){2, 3, 5});
   in[1] = tensor(TP_I32, t32, 2, (int64_t[]){2, 3});
   out[0] = tensor(TP_F32, &loss, 0, NULL);
@@ -774,7 +748,7 @@ static void test_exec(void) {
     fail("exec Embedding bad id: %s", diag.last);
 
   /* LogSoftmaxBackward is the log form, SoftmaxBackward the plain one */
-  float *dy = rand_array(12), *yy = rand_array(12), dx[12], dxw[12];
+  float *dy = rand_array(12, 1), *yy = rand_array(12, 1), dx[12], dxw[12];
   for (int k = 0; k < 2; k++) {
     op = add_op(k ? TP_OP_LogSoftmaxBackward : TP_OP_SoftmaxBackward, 2, 1);
     tp_set_attr_int(module, op, "axis", 0);
@@ -794,8 +768,8 @@ static void test_exec(void) {
   tp_set_attr_int(module, op, "kv_num_heads", 1);
   tp_set_attr_int(module, op, "is_causal", 1);
   module->ops[op].outputs[0] = -1; /* dQ not needed */
-  float *aq = rand_array(2 * 3 * 8), *ak = rand_array(2 * 3 * 4), *av = rand_array(2 * 3 * 4);
-  float *ady = rand_array(2 * 3 * 8), dk[24], dv[24], dkw[24], dvw[24];
+  float *aq = rand_array(2 * 3 * 8, 1), *ak = rand_array(2 * 3 * 4, 1), *av = rand_array(2 * 3 * 4, 1);
+  float *ady = rand_array(2 * 3 * 8, 1), dk[24], dv[24], dkw[24], dvw[24];
   in[0] = tensor(TP_F32, ady, 3, (int64_t[]){2, 3, 8});
   in[1] = tensor(TP_F32, aq, 3, (int64_t[]){2, 3, 8});
   in[2] = tensor(TP_F32, ak, 3, (int64_t[]){2, 3, 4});
