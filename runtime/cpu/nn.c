@@ -109,26 +109,18 @@ void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int
 
 /* Writes past ++ new keys (or values) of every kv head into dst [B, kv_heads, total, D]. */
 static void concat_kv(const TpAttention *p, const float *past, const float *x, int64_t D, float *dst) {
-  int64_t total = p->past_len + p->kv_len;
+  int64_t total = p->past_len + p->kv_len, rows = tp_attention_kv_rows(p);
   for (int64_t b = 0; b < p->batch; b++)
     for (int64_t g = 0; g < p->kv_heads; g++) {
       float *out = dst + (b * p->kv_heads + g) * total * D;
       if (p->past_len)
         memcpy(out, past + (b * p->kv_heads + g) * p->past_len * D, (size_t)(p->past_len * D) * sizeof *out);
       for (int64_t s = 0; s < p->kv_len; s++) {
-        const float *row = p->packed ? x + ((b * p->kv_len + s) * p->kv_heads + g) * D
-                                     : x + ((b * p->kv_heads + g) * p->kv_len + s) * D;
+        const float *row = p->packed ? x + ((b * rows + s) * p->kv_heads + g) * D
+                                     : x + ((b * p->kv_heads + g) * rows + s) * D;
         memcpy(out + (p->past_len + s) * D, row, (size_t)D * sizeof *out);
       }
     }
-}
-
-/* The [S, D] matrix of batch b, head h of a Q/K/V/Y-shaped tensor with `heads` heads, and
- * its leading dimension. */
-static int64_t head_offset(const TpAttention *p, int64_t b, int64_t h, int64_t heads, int64_t S,
-                           int64_t D, int64_t *ld) {
-  *ld = p->packed ? heads * D : D;
-  return p->packed ? b * S * heads * D + h * D : (b * heads + h) * S * D;
 }
 
 /* Query rows per attention task. With a causal mask a block of rows needs only the keys up
@@ -147,8 +139,8 @@ TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int
                                             float *y, float *qk_out, float *s) {
   int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size, Sq = p->q_len;
   int64_t ldq, ldy, rows = i1 - i0;
-  const float *qh = q + head_offset(p, b, h, p->q_heads, Sq, D, &ldq) + i0 * ldq;
-  float *yh = y + head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy) + i0 * ldy;
+  const float *qh = q + tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq) + i0 * ldq;
+  float *yh = y + tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy) + i0 * ldy;
   /* Keys [0, w) are the ones any row of the block may see; all of them when qk_out wants
    * the full rows. Row i sees a prefix [0, n_i) of them (causal), minus the masked ones. */
   int64_t w = total;
@@ -203,7 +195,7 @@ void tp_attention_f32(const TpAttention *p, const float *q, const float *k, cons
     for (int64_t b = 0; b < p->batch; b++)
       for (int64_t h = 0; h < p->q_heads; h++) {
         int64_t ldy;
-        float *yh = y + head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
+        float *yh = y + tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
         for (int64_t i = 0; i < Sq; i++) memset(yh + i * ldy, 0, (size_t)Dv * sizeof *yh);
       }
     free(scratch_k);
@@ -230,9 +222,9 @@ void tp_attention_f32(const TpAttention *p, const float *q, const float *k, cons
       int64_t g = h / group, i0 = blk * QUERY_BLOCK, i1 = i0 + QUERY_BLOCK < Sq ? i0 + QUERY_BLOCK : Sq;
       KeysValues kv;
       if (kbuf) kv.k = kbuf + (b * p->kv_heads + g) * total * D, kv.ldk = D;
-      else kv.k = k + head_offset(p, b, g, p->kv_heads, p->kv_len, D, &kv.ldk);
+      else kv.k = k + tp_attention_head_offset(p, b, g, p->kv_heads, tp_attention_kv_rows(p), D, &kv.ldk);
       if (vbuf) kv.v = vbuf + (b * p->kv_heads + g) * total * Dv, kv.ldv = Dv;
-      else kv.v = v + head_offset(p, b, g, p->kv_heads, p->kv_len, Dv, &kv.ldv);
+      else kv.v = v + tp_attention_head_offset(p, b, g, p->kv_heads, tp_attention_kv_rows(p), Dv, &kv.ldv);
       attention_rows(p, b, h, i0, i1, q, kv, y, qk_out, s);
     }
     free(s);

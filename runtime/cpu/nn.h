@@ -33,6 +33,10 @@ typedef struct {
   bool packed;
   bool is_causal;
   int64_t causal_offset; /* >= 0; 0 for a whole sequence */
+  /* Rows k and v hold per (batch, kv head) along the sequence, >= kv_len (0: kv_len): the
+   * keys of a token slice read in place from a context buffer sized for the whole sequence.
+   * Their gradients (tp_attention_backward_f32's dk, dv) are dense [.., kv_len, ..]. */
+  int64_t kv_rows;
   float scale;   /* resolved: never 0 */
   float softcap; /* 0: none */
   /* what qk_out receives: 0 the scaled product, 1 after softcap, 2 after the mask,
@@ -46,6 +50,17 @@ typedef struct {
   int64_t mask_strides[4];
   int64_t mask_len;
 } TpAttention;
+
+/* Where the [S, D] matrix of batch b, head h of a Q/K/V/Y-shaped tensor with `heads` heads
+ * and S rows per head starts, and its leading dimension (*ld). */
+static inline int64_t tp_attention_head_offset(const TpAttention *p, int64_t b, int64_t h, int64_t heads,
+                                               int64_t S, int64_t D, int64_t *ld) {
+  *ld = p->packed ? heads * D : D;
+  return p->packed ? b * S * heads * D + h * D : (b * heads + h) * S * D;
+}
+
+/* The rows per (batch, kv head) of k and v (see kv_rows). */
+static inline int64_t tp_attention_kv_rows(const TpAttention *p) { return p->kv_rows ? p->kv_rows : p->kv_len; }
 
 /* q: [B, q_heads, q_len, D] (or packed); k: [B, kv_heads, kv_len, D]; v: the same with
  * v_head_size; past_k/past_v: [B, kv_heads, past_len, D or Dv] or NULL (past_len 0).

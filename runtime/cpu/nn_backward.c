@@ -182,14 +182,6 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
 
 /* ---- Attention ---- */
 
-/* The [S, D] matrix of batch b, head h of a Q/K/V/Y-shaped tensor with `heads` heads, and
- * its leading dimension (the layout of tp_attention_f32). */
-static int64_t head_offset(const TpAttention *p, int64_t b, int64_t h, int64_t heads, int64_t S,
-                           int64_t D, int64_t *ld) {
-  *ld = p->packed ? heads * D : D;
-  return p->packed ? b * S * heads * D + h * D : (b * heads + h) * S * D;
-}
-
 /* Per-thread scratch of the attention backward: (Sq, T) matrices. */
 typedef struct {
   float *prob;   /* the recomputed probabilities */
@@ -224,18 +216,22 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
                                      float *dk, float *dv, const AttnScratch *w) {
   int64_t Sq = p->q_len, T = p->kv_len, D = p->head_size, Dv = p->v_head_size;
   int64_t group = p->q_heads / p->kv_heads, ldk, ldv, ldq, ldy;
-  int64_t ok = head_offset(p, b, g, p->kv_heads, T, D, &ldk);
-  int64_t ov = head_offset(p, b, g, p->kv_heads, T, Dv, &ldv);
+  /* k and v may lie in a longer context buffer (kv_rows); dk and dv are dense */
+  int64_t rows = tp_attention_kv_rows(p);
+  int64_t ok = tp_attention_head_offset(p, b, g, p->kv_heads, T, D, &ldk);
+  int64_t ov = tp_attention_head_offset(p, b, g, p->kv_heads, T, Dv, &ldv);
+  const float *kh = k + tp_attention_head_offset(p, b, g, p->kv_heads, rows, D, &ldk);
+  const float *vh = v + tp_attention_head_offset(p, b, g, p->kv_heads, rows, Dv, &ldv);
   float *P = w->prob, *G = w->grad, c = p->softcap;
   for (int64_t hh = 0; hh < group; hh++) {
     int64_t h = g * group + hh;
-    int64_t oq = head_offset(p, b, h, p->q_heads, Sq, D, &ldq);
-    int64_t oy = head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
+    int64_t oq = tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq);
+    int64_t oy = tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
     const float *qh = q + oq, *dyh = dy + oy;
     float first = hh ? 1 : 0; /* the group's first q head writes dk, dv; the others add */
 
     /* P = softmax(mask(softcap(scale * Q K^T))), as the forward computes it */
-    gemm(false, true, Sq, T, D, p->scale, qh, ldq, k + ok, ldk, 0, P, T);
+    gemm(false, true, Sq, T, D, p->scale, qh, ldq, kh, ldk, 0, P, T);
     if (c > 0)
       for (int64_t i = 0; i < Sq * T; i++) {
         w->capped[i] = tanhf(P[i] / c);
@@ -246,7 +242,7 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
     if (dv) gemm(true, false, T, Dv, Sq, 1, P, T, dyh, ldy, first, dv + ov, ldv);
     if (!dq && !dk) continue;
     /* dP = dY V^T; dS = P * (dP - rowsum(P * dP)); through the softcap: * (1 - tanh^2) */
-    gemm(false, true, Sq, T, Dv, 1, dyh, ldy, v + ov, ldv, 0, G, T);
+    gemm(false, true, Sq, T, Dv, 1, dyh, ldy, vh, ldv, 0, G, T);
     for (int64_t i = 0; i < Sq; i++) {
       float *Pi = P + i * T, *Gi = G + i * T;
       double dot = 0;
@@ -258,7 +254,7 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
     }
     if (c > 0)
       for (int64_t i = 0; i < Sq * T; i++) G[i] *= 1 - w->capped[i] * w->capped[i];
-    if (dq) gemm(false, false, Sq, D, T, p->scale, G, T, k + ok, ldk, 0, dq + oq, ldq);
+    if (dq) gemm(false, false, Sq, D, T, p->scale, G, T, kh, ldk, 0, dq + oq, ldq);
     if (dk) gemm(true, false, T, D, Sq, p->scale, G, T, qh, ldq, first, dk + ok, ldk);
   }
 }

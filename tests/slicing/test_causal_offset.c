@@ -5,8 +5,11 @@
  *      [c_i, c_i + l_i)) attend over keys and values [0, c_i + l_i) with causal_offset c_i.
  *      Its output equals the full causal attention's rows, and the sum of the slices' dK
  *      and dV (each over its context rows) and their dQ rows equal the full backward's.
+ *      The same with K and V read in place from a T-row context buffer (kv_rows = T, as
+ *      the compiled slices do), its rows past the slice's context set to NaN.
  * T = 70 crosses the forward's block of 64 query rows. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,11 +106,24 @@ static void rows(const TpAttention *p, int64_t heads, int64_t D, float *full, in
 static double max_rel(const float *a, const float *b, int64_t n) {
   double scale = 1e-30, worst = 0;
   for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
-  for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+  for (int64_t i = 0; i < n; i++) {
+    double e = fabs((double)a[i] - b[i]);
+    if (isnan(e)) return NAN; /* fmax would drop it */
+    worst = fmax(worst, e);
+  }
   return worst / scale;
 }
 
-static void slices(const char *name, TpAttention full, const int64_t *len, int nslices) {
+/* Rows [r0, len) of every (batch, head) of x set to NaN. */
+static void poison_rows(const TpAttention *p, int64_t heads, int64_t D, float *x, int64_t len, int64_t r0) {
+  for (int64_t b = 0; b < p->batch; b++)
+    for (int64_t h = 0; h < heads; h++)
+      for (int64_t r = r0; r < len; r++)
+        for (int64_t i = 0; i < D; i++)
+          x[p->packed ? ((b * len + r) * heads + h) * D + i : ((b * heads + h) * len + r) * D + i] = NAN;
+}
+
+static void slices(const char *name, TpAttention full, const int64_t *len, int nslices, bool context_buffer) {
   int64_t T = full.q_len, D = full.head_size, Dv = full.v_head_size, Hq = full.q_heads, Hk = full.kv_heads;
   int64_t nq = numel(&full, Hq, T, D), nk = numel(&full, Hk, T, D), nv = numel(&full, Hk, T, Dv),
           ny = numel(&full, Hq, T, Dv);
@@ -127,8 +143,16 @@ static void slices(const char *name, TpAttention full, const int64_t *len, int n
     float *dqi = zeros(lq), *dki = zeros(lk), *dvi = zeros(lv);
     rows(&p, Hq, D, q, T, qi, c, len[i], false);
     rows(&p, Hq, Dv, dy, T, dyi, c, len[i], false);
-    rows(&p, Hk, D, k, T, ki, 0, p.kv_len, false);
-    rows(&p, Hk, Dv, v, T, vi, 0, p.kv_len, false);
+    if (context_buffer) { /* K and V of rows [0, c + l) in place, in buffers of T rows */
+      free(ki), free(vi);
+      ki = malloc((size_t)nk * sizeof *ki), vi = malloc((size_t)nv * sizeof *vi);
+      memcpy(ki, k, (size_t)nk * sizeof *ki), memcpy(vi, v, (size_t)nv * sizeof *vi);
+      poison_rows(&p, Hk, D, ki, T, p.kv_len), poison_rows(&p, Hk, Dv, vi, T, p.kv_len);
+      p.kv_rows = T;
+    } else {
+      rows(&p, Hk, D, k, T, ki, 0, p.kv_len, false);
+      rows(&p, Hk, Dv, v, T, vi, 0, p.kv_len, false);
+    }
     tp_attention_f32(&p, qi, ki, vi, NULL, NULL, yi, NULL, NULL, NULL);
     tp_attention_backward_f32(&p, dyi, qi, ki, vi, dqi, dki, dvi);
     rows(&p, Hq, Dv, ys, T, yi, c, len[i], true);
@@ -161,14 +185,18 @@ int main(void) {
 
   TpAttention f = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 70, .kv_len = 70, .head_size = 8,
                    .v_head_size = 8, .is_causal = true, .scale = 0.35f};
-  slices("4-D GQA 37,20,13", f, (const int64_t[]){37, 20, 13}, 3);
-  slices("4-D GQA 1,65,4", f, (const int64_t[]){1, 65, 4}, 3);
   TpAttention g = f;
   g.packed = true, g.q_heads = 2, g.kv_heads = 2;
-  slices("3-D 35,35", g, (const int64_t[]){35, 35}, 2);
   int64_t ones[70];
   for (int i = 0; i < 70; i++) ones[i] = 1;
-  slices("3-D 70 slices of 1", g, ones, 70);
+  for (int in_place = 0; in_place < 2; in_place++) {
+    slices(in_place ? "4-D GQA 37,20,13 in a context buffer" : "4-D GQA 37,20,13", f, (const int64_t[]){37, 20, 13},
+           3, in_place);
+    slices(in_place ? "4-D GQA 1,65,4 in a context buffer" : "4-D GQA 1,65,4", f, (const int64_t[]){1, 65, 4}, 3,
+           in_place);
+    slices(in_place ? "3-D 35,35 in a context buffer" : "3-D 35,35", g, (const int64_t[]){35, 35}, 2, in_place);
+    slices(in_place ? "3-D 70 slices of 1 in a context buffer" : "3-D 70 slices of 1", g, ones, 70, in_place);
+  }
   if (failures) {
     fprintf(stderr, "%d failure(s)\n", failures);
     return 1;
