@@ -112,11 +112,24 @@ int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, TpDiag *d)
  * activations; with a pipeline (may be NULL), each rank's peak too. */
 void tp_print_memory(const TpModule *m, const TpMemoryPlan *plan, const TpPipeline *pl, FILE *out);
 
+/* A profiling probe (tokpipec --profile-grid, runtime/train/plan.h "Profiling probes"):
+ * the model compiled again, after the same passes and with the same stage cuts, for one
+ * microbatch sliced as [c, l, rest] (empty slices dropped). tp_emit_c writes, per stage,
+ * the forwards of its context slices and the forward and backward of the probed slice, as
+ * probeP_* functions whose parameter indices are the main module's (matched by name). */
+typedef struct {
+  const TpModule *m;
+  int64_t l, c;
+} TpEmitProbe;
+
 typedef struct {
   const char *model;   /* the ONNX file compiled: the trainer's default --init */
   const char *version; /* tokpipec's version, recorded in the plan */
   const TpPipelineOptions *pipeline; /* NULL: one microbatch, one replica, gpipe */
   const char *slicing; /* how the token slicing was chosen, for the header (or NULL) */
+  int nprobes;         /* profiling probes (0: none, and the plan has no probe tables) */
+  const TpEmitProbe *probes;
+  const int *stage_cuts; /* with probes: [nstages], the first layer of each stage */
 } TpEmitOptions;
 
 /* Writes the C training program of module m (after the training pipeline: loss, gradients,

@@ -35,12 +35,22 @@ static const char *const header_names[] = {
     "cpu/transformer.h", "cpu/nn_backward.h", "cpu/layout_backward.h",
 };
 
+/* What the tables need of a profiling probe. */
+typedef struct {
+  int nslices, probed; /* the probed slice; the ones before it are the setup */
+  int64_t b;
+  int64_t *arena_bytes; /* per stage */
+} ProbeInfo;
+
 typedef struct {
   const TpModule *m;
   const TpMemoryPlan *mem;
   const TpEmitOptions *o;
   const TpPipeline *pipe;
   TpDiag *d;
+  const char *prefix; /* of the unit functions and constant arrays: "" or "probeP_" */
+  const int *param_map; /* probes: per parameter of mem, the main plan's index */
+  ProbeInfo *probe;   /* the main emitter: per probe of o */
   FILE *out;          /* the current function's body */
   char **name;        /* per value: the identifier of its TpTensor view */
   char **array;       /* per CONST value: the identifier of its static array */
@@ -95,7 +105,7 @@ static const char *const reserved[] = {
     "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "typedef",
     "union", "unsigned", "void", "volatile", "while", "bool", "true", "false", "errno",
     "math_errhandling", "io", "arena", "bad", "main", "params", "derived", "arena_bytes",
-    "forward", "backward", "kernel_failed", "stages", "slice_len", NULL};
+    "forward", "backward", "kernel_failed", "stages", "slice_len", "probes", "stage_cuts", NULL};
 
 /* "/h.0/attn/MatMul_output_0" -> "h_0_attn_MatMul": letters, digits and single
  * underscores; the exporter's "_output_0" suffixes dropped. */
@@ -127,7 +137,8 @@ static bool is_reserved(const char *s) {
   if (upper) return true;
   for (const char *const *r = reserved; *r; r++)
     if (strcmp(*r, s) == 0) return true;
-  return strncmp(s, "stage", 5) == 0 && isdigit((unsigned char)s[5]);
+  return (strncmp(s, "stage", 5) == 0 && isdigit((unsigned char)s[5])) ||
+         (strncmp(s, "probe", 5) == 0 && isdigit((unsigned char)s[5]));
 }
 
 /* A fresh identifier from `base`: prefix + base, then _2, _3, ... until unused. */
@@ -148,10 +159,12 @@ static char *unique_ident(NameSet *set, const char *prefix, const char *base) {
 static void name_values(Emitter *E) {
   const TpModule *m = E->m;
   NameSet set = {0};
+  char array_prefix[48];
+  snprintf(array_prefix, sizeof array_prefix, "%sk_", E->prefix);
   for (int v = 0; v < m->nvalues; v++) {
     if (E->mem->value[v].kind == TP_MEM_NONE) continue;
     E->name[v] = unique_ident(&set, "", m->values[v].name);
-    if (E->mem->value[v].kind == TP_MEM_CONST) E->array[v] = unique_ident(&set, "k_", m->values[v].name);
+    if (E->mem->value[v].kind == TP_MEM_CONST) E->array[v] = unique_ident(&set, array_prefix, m->values[v].name);
   }
   free(set.slots); /* the strings belong to E->name and E->array */
 }
@@ -211,8 +224,8 @@ static void put_data(Emitter *E, FILE *out, int v) {
     if (E->declared[s->index]) fprintf(out, "%s.data", E->name[s->index]);
     else put_data(E, out, s->index);
     break;
-  case TP_MEM_PARAM: fprintf(out, "io->param[%d]", s->index); break;
-  case TP_MEM_GRAD: fprintf(out, "io->grad[%d]", s->index); break;
+  case TP_MEM_PARAM: fprintf(out, "io->param[%d]", E->param_map ? E->param_map[s->index] : s->index); break;
+  case TP_MEM_GRAD: fprintf(out, "io->grad[%d]", E->param_map ? E->param_map[s->index] : s->index); break;
   case TP_MEM_CONST:
     E->referenced[v] = true;
     fprintf(out, "(void *)%s", E->array[v]);
@@ -822,10 +835,14 @@ static bool read_after(const Emitter *E, const int *ops, int n, int v) {
 }
 
 /* The name of stage s's function of (phase, slice): stageS_forward in unsliced plans,
- * else stageS_forward_sliceI. */
+ * else stageS_forward_sliceI; a probe's with its prefix (probeP_stageS_...). */
+static void unit_name_of(const char *prefix, int nslices, int s, bool backward, int slice, char *buf, size_t n) {
+  if (nslices == 1) snprintf(buf, n, "%.16sstage%d_%s", prefix, s, backward ? "backward" : "forward");
+  else snprintf(buf, n, "%.16sstage%d_%s_slice%d", prefix, s, backward ? "backward" : "forward", slice);
+}
+
 static void unit_name(const Emitter *E, int s, bool backward, int slice, char *buf, size_t n) {
-  if (E->mem->nslices == 1) snprintf(buf, n, "stage%d_%s", s, backward ? "backward" : "forward");
-  else snprintf(buf, n, "stage%d_%s_slice%d", s, backward ? "backward" : "forward", slice);
+  unit_name_of(E->prefix, E->mem->nslices, s, backward, slice, buf, n);
 }
 
 /* Stage s's forward (or backward) function of one slice into `out`. Boundary copies run no
@@ -886,7 +903,10 @@ static void emit_unit(Emitter *E, int s, bool backward, int slice, FILE *out) {
 
   char name[64];
   unit_name(E, s, backward, slice, name, sizeof name);
-  if (p->nslices == 1) fprintf(out, "\n/* Stage %d, %s: %d ops. */\n", s, backward ? "backward" : "forward", nops);
+  if (E->param_map) /* a probe's */
+    fprintf(out, "\n/* %.*s: stage %d, %s of slice %d: %d ops. */\n", (int)strlen(E->prefix) - 1, E->prefix, s,
+            backward ? "backward" : "forward", slice, nops);
+  else if (p->nslices == 1) fprintf(out, "\n/* Stage %d, %s: %d ops. */\n", s, backward ? "backward" : "forward", nops);
   else fprintf(out, "\n/* Stage %d, %s of slice %d: %d ops. */\n", s, backward ? "backward" : "forward", slice, nops);
   fprintf(out, "static void %s(TpStepIO *io) {\n", name);
   if (E->uses_arena) fputs("  char *arena = io->arena;\n", out);
@@ -1087,6 +1107,49 @@ static void emit_pipeline(Emitter *E, FILE *out, int64_t seq) {
   fputs("};\n", out);
 }
 
+/* The profiling probes' tables: per probe and stage its setup units, probed units and
+ * arena, then the probes; the stage cuts. */
+static void emit_probe_tables(Emitter *E, FILE *out) {
+  const TpEmitOptions *o = E->o;
+  int S = E->mem->nstages;
+  char name[64], prefix[32];
+  fputs("\n/* Profiling probes (--profile-grid): the same model for one microbatch sliced as [c, l, rest],\n"
+        " * per stage the forwards of the context slices (setup), the forward and backward of the\n"
+        " * probed slice, and their arena. */\n", out);
+  for (int k = 0; k < o->nprobes; k++) {
+    const ProbeInfo *info = &E->probe[k];
+    snprintf(prefix, sizeof prefix, "probe%d_", k);
+    for (int s = 0; s < S && info->probed; s++) {
+      fprintf(out, "static const TpUnitFn probe%d_stage%d_setup[] = {", k, s);
+      for (int i = 0; i < info->probed; i++) {
+        unit_name_of(prefix, info->nslices, s, false, i, name, sizeof name);
+        fprintf(out, "%s%s", i ? ", " : "", name);
+      }
+      fputs("};\n", out);
+    }
+    fprintf(out, "static const TpPlanProbeStage probe%d_stages[] = {\n", k);
+    for (int s = 0; s < S; s++) {
+      fprintf(out, "    {.arena_bytes = %lld,", (long long)info->arena_bytes[s]);
+      if (info->probed) fprintf(out, " .nsetup = %d, .setup = probe%d_stage%d_setup,", info->probed, k, s);
+      unit_name_of(prefix, info->nslices, s, false, info->probed, name, sizeof name);
+      fprintf(out, "\n     .forward = %s, ", name);
+      unit_name_of(prefix, info->nslices, s, true, info->probed, name, sizeof name);
+      fprintf(out, ".backward = %s},\n", name);
+    }
+    fputs("};\n", out);
+  }
+  fputs("static const TpPlanProbe probes[] = {\n", out);
+  for (int k = 0; k < o->nprobes; k++)
+    fprintf(out, "    {%lld, %lld, %lld, probe%d_stages},\n", (long long)E->probe[k].b, (long long)o->probes[k].l,
+            (long long)o->probes[k].c, k);
+  fputs("};\n", out);
+  if (o->stage_cuts) {
+    fputs("\n/* The first layer of each stage. */\nstatic const int stage_cuts[] = {", out);
+    for (int s = 0; s < S; s++) fprintf(out, "%s%d", s ? ", " : "", o->stage_cuts[s]);
+    fputs("};\n", out);
+  }
+}
+
 static void emit_tables(Emitter *E, FILE *out) {
   const TpModule *m = E->m;
   const TpMemoryPlan *p = E->mem;
@@ -1131,6 +1194,7 @@ static void emit_tables(Emitter *E, FILE *out) {
   if (nderived) fputs("};\n", out);
 
   emit_pipeline(E, out, seq);
+  if (E->o->nprobes) emit_probe_tables(E, out);
   fputs("\nconst TpPlan tp_plan = {\n    .abi = TP_PLAN_ABI,\n    .model = ", out);
   put_string(out, E->o->model ? E->o->model : m->source ? m->source : "");
   fputs(",\n    .tokpipec_version = ", out);
@@ -1143,10 +1207,107 @@ static void emit_tables(Emitter *E, FILE *out) {
   if (p->nslices == 1) fputs("    .forward = forward,\n    .backward = backward,\n", out);
   const TpPipeline *pl = E->pipe;
   fprintf(out, "    .global_batch = %lld,\n    .microbatches = %d,\n    .dp = %d,\n    .nslices = %d,\n"
-               "    .slice_len = slice_len,\n    .schedule = %s,\n    .stages = stages,\n};\n",
+               "    .slice_len = slice_len,\n    .schedule = %s,\n    .stages = stages,\n",
           (long long)(batch * pl->o.microbatches * pl->o.dp), pl->o.microbatches, pl->o.dp, p->nslices,
           pl->o.kind == TP_SCHEDULE_GPIPE ? "TP_PLAN_GPIPE" : "TP_PLAN_1F1B");
+  if (E->o->nprobes)
+    fprintf(out, "    .stage_cuts = %s,\n    .nprobes = %d,\n    .probes = probes,\n",
+            E->o->stage_cuts ? "stage_cuts" : "NULL", E->o->nprobes);
+  fputs("};\n", out);
   fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
+}
+
+static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem, const TpEmitOptions *o,
+                         TpDiag *d, const char *prefix) {
+  *E = (Emitter){.m = m, .mem = mem, .o = o, .d = d, .prefix = prefix};
+  E->name = calloc((size_t)m->nvalues + 1, sizeof *E->name);
+  E->array = calloc((size_t)m->nvalues + 1, sizeof *E->array);
+  E->referenced = calloc((size_t)m->nvalues + 1, sizeof *E->referenced);
+  E->declared = calloc((size_t)m->nvalues + 1, sizeof *E->declared);
+  E->here = calloc((size_t)m->nops + 1, sizeof *E->here);
+  TP_ASSERT(E->name && E->array && E->referenced && E->declared && E->here);
+  name_values(E);
+}
+
+static void emitter_free(Emitter *E) {
+  for (int v = 0; v < E->m->nvalues; v++) {
+    free(E->name[v]);
+    free(E->array[v]);
+  }
+  free(E->name);
+  free(E->array);
+  free(E->referenced);
+  free(E->declared);
+  free(E->here);
+}
+
+/* The main plan's index of probe parameter i (matched by ONNX name), checked to be held
+ * by the same stages; -1 after reporting a mismatch. */
+static int main_param(const Emitter *E, const TpModule *pm, const TpMemoryPlan *pp, int i) {
+  const char *name = pm->values[pp->params[i]].name;
+  for (int j = 0; j < E->mem->nparams; j++) {
+    if (strcmp(E->m->values[E->mem->params[j]].name, name) != 0) continue;
+    if (pp->param_stage[i] == E->mem->param_stage[j] && pp->param_tied_stage[i] == E->mem->param_tied_stage[j])
+      return j;
+    tp_internal(E->d, "codegen: probe parameter '%s' is held by stage %d, in the plan by stage %d: the stage "
+                "cuts differ", name, pp->param_stage[i], E->mem->param_stage[j]);
+    return -1;
+  }
+  tp_internal(E->d, "codegen: probe parameter '%s' is not a parameter of the plan", name);
+  return -1;
+}
+
+/* Probe k of E->o: its units into fns, its constants into consts; what the tables need
+ * into E->probe[k]. */
+static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
+  const TpEmitProbe *pr = &E->o->probes[k];
+  const TpModule *pm = pr->m;
+  TpMemoryPlan plan;
+  int rc = tp_plan_memory(pm, &plan, E->d);
+  if (rc != TP_OK) return rc;
+  if (plan.nstages != E->mem->nstages)
+    rc = tp_internal(E->d, "codegen: probe (l %lld, c %lld) has %d stages, the plan %d", (long long)pr->l,
+                     (long long)pr->c, plan.nstages, E->mem->nstages);
+  int *map = calloc((size_t)plan.nparams + 1, sizeof *map);
+  TP_ASSERT(map);
+  for (int i = 0; i < plan.nparams && rc == TP_OK; i++)
+    if ((map[i] = main_param(E, pm, &plan, i)) < 0) rc = TP_ERR_INTERNAL;
+  ProbeInfo *info = &E->probe[k];
+  info->nslices = plan.nslices;
+  info->probed = pr->c > 0 ? 1 : 0;
+  info->arena_bytes = calloc((size_t)plan.nstages + 1, sizeof *info->arena_bytes);
+  TP_ASSERT(info->arena_bytes);
+  for (int v = 0; v < pm->nvalues; v++)
+    if (plan.value[v].kind == TP_MEM_TOKENS) info->b = pm->values[v].type.dims[0];
+  if (rc == TP_OK && info->probed >= plan.nslices)
+    rc = tp_internal(E->d, "codegen: probe (l %lld, c %lld) has %d slice%s", (long long)pr->l, (long long)pr->c,
+                     plan.nslices, plan.nslices == 1 ? "" : "s");
+  if (rc != TP_OK) {
+    free(map);
+    tp_memory_plan_free(&plan);
+    return rc;
+  }
+  char prefix[32];
+  snprintf(prefix, sizeof prefix, "probe%d_", k);
+  Emitter P;
+  emitter_init(&P, pm, &plan, E->o, E->d, prefix);
+  P.param_map = map;
+  for (int s = 0; s < plan.nstages && P.rc == TP_OK; s++) {
+    info->arena_bytes[s] = plan.arena_bytes[s];
+    for (int i = 0; i <= info->probed && P.rc == TP_OK; i++) emit_unit(&P, s, false, i, fns);
+    if (P.rc == TP_OK) emit_unit(&P, s, true, info->probed, fns);
+  }
+  for (int v = 0; v < pm->nvalues && P.rc == TP_OK; v++)
+    if (P.referenced[v]) emit_constant(&P, v, consts);
+  E->headers |= P.headers;
+  E->uses_check |= P.uses_check;
+  E->uses_check_true |= P.uses_check_true;
+  E->uses_math |= P.uses_math;
+  rc = P.rc;
+  emitter_free(&P);
+  free(map);
+  tp_memory_plan_free(&plan);
+  return rc;
 }
 
 int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
@@ -1161,33 +1322,30 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
     tp_memory_plan_free(&plan);
     return rc;
   }
-  Emitter E = {.m = m, .mem = &plan, .o = o, .pipe = &pipe, .d = d};
-  E.name = calloc((size_t)m->nvalues + 1, sizeof *E.name);
-  E.array = calloc((size_t)m->nvalues + 1, sizeof *E.array);
-  E.referenced = calloc((size_t)m->nvalues + 1, sizeof *E.referenced);
-  E.declared = calloc((size_t)m->nvalues + 1, sizeof *E.declared);
-  E.here = calloc((size_t)m->nops + 1, sizeof *E.here);
-  TP_ASSERT(E.name && E.array && E.referenced && E.declared && E.here);
-  name_values(&E);
+  Emitter E;
+  emitter_init(&E, m, &plan, o, d, "");
+  E.pipe = &pipe;
+  E.probe = calloc((size_t)o->nprobes + 1, sizeof *E.probe);
+  TP_ASSERT(E.probe);
 
   char *fn_text = NULL, *const_text = NULL, *table_text = NULL;
   size_t fn_len = 0, const_len = 0, table_len = 0;
   FILE *fns = open_memstream(&fn_text, &fn_len);
-  TP_ASSERT(fns);
+  FILE *consts = open_memstream(&const_text, &const_len);
+  TP_ASSERT(fns && consts);
   for (int s = 0; s < plan.nstages && E.rc == TP_OK; s++) {
     for (int i = 0; i < plan.nslices && E.rc == TP_OK; i++) emit_unit(&E, s, false, i, fns);
     for (int i = plan.nslices - 1; i >= 0 && E.rc == TP_OK; i--) emit_unit(&E, s, true, i, fns);
   }
-  fclose(fns);
-  FILE *consts = open_memstream(&const_text, &const_len);
-  FILE *tables = open_memstream(&table_text, &table_len);
-  TP_ASSERT(consts && tables);
   for (int v = 0; v < m->nvalues && E.rc == TP_OK; v++)
     if (E.referenced[v]) emit_constant(&E, v, consts);
+  for (int k = 0; k < o->nprobes && E.rc == TP_OK; k++) E.rc = emit_probe(&E, k, fns, consts);
+  fclose(fns);
+  FILE *tables = open_memstream(&table_text, &table_len);
+  TP_ASSERT(tables);
   if (E.rc == TP_OK) emit_tables(&E, tables);
   fclose(consts);
   fclose(tables);
-
   if (E.rc == TP_OK) {
     int64_t params = 0, arena = 0;
     for (int i = 0; i < plan.nparams; i++) params += tp_type_numel(&m->values[plan.params[i]].type);
@@ -1204,6 +1362,9 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
       fprintf(out, " of %lld tokens.\n", (long long)T);
     }
     if (E.o->slicing && *E.o->slicing) fprintf(out, " * (%s)\n", E.o->slicing);
+    for (int k = 0; k < o->nprobes; k++)
+      fprintf(out, "%s(%lld, %lld)%s", k % 8 ? " " : k ? "\n *   " : " * Profiling probes (--profile-grid), (l, c):\n *   ",
+              (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
     fputs(" * Build: cc plan.c $(pkg-config --cflags --libs tokpipe) -o trainer */\n", out);
     if (E.uses_check || E.uses_check_true) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
     if (E.uses_math) fputs("#include <math.h>\n", out);
@@ -1231,15 +1392,9 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   free(fn_text);
   free(const_text);
   free(table_text);
-  for (int v = 0; v < m->nvalues; v++) {
-    free(E.name[v]);
-    free(E.array[v]);
-  }
-  free(E.name);
-  free(E.array);
-  free(E.referenced);
-  free(E.declared);
-  free(E.here);
+  for (int k = 0; k < o->nprobes; k++) free(E.probe[k].arena_bytes);
+  free(E.probe);
+  emitter_free(&E);
   tp_pipeline_free(&pipe);
   tp_memory_plan_free(&plan);
   return E.rc;

@@ -42,12 +42,17 @@ static const char usage[] =
     "                       the lengths given (summing to the sequence), or the planner's\n"
     "                       optimal slicing; the model must be causal (default: 1, whole)\n"
     "  --stages S           cut the layers into S pipeline stages (default 1), balancing FLOPs\n"
-    "  --stage-cuts A,B,..  ... or by hand: stage k starts at layer cut k (layers from 0)\n"
+    "  --stage-cuts A,B,..  ... or by hand: stage 1 starts at layer A, stage 2 at B, ..\n"
+    "                       (layers from 0; S-1 cuts for S stages)\n"
     "  --microbatches M     microbatches per replica and step (default 1)\n"
     "  --dp D               data-parallel replicas of the pipeline (default 1)\n"
     "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
     "  --max-memory BYTES   refuse a plan whose per-rank peak (weights, gradients, AdamW\n"
-    "                       state, microbatch arenas) exceeds BYTES\n" CLI_PASS_OPTIONS_HELP
+    "                       state, microbatch arenas) exceeds BYTES\n"
+    "  --profile-grid auto|L1,L2,..:C1,C2,..  build profiling units into the trainer for its\n"
+    "                       --profile: one stage unit per slice length l and context c (l + c\n"
+    "                       <= seq); auto: l in seq/8, seq/4, seq/2, seq and c in 0, seq/4,\n"
+    "                       seq/2, 3seq/4. Multiplies the code; the model must be causal\n" CLI_PASS_OPTIONS_HELP
     "  --help, --version\n"
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
 
@@ -63,7 +68,8 @@ static bool ends_with(const char *s, const char *suffix) {
 /* The memory plan's report, the schedule or the C program into a malloc'ed string (NULL
  * for the IR and the graph), after checking --max-memory (max_memory > 0). */
 static int render(const TpModule *m, const char *emit, const char *model, const char *note,
-                  const TpPipelineOptions *po, int64_t max_memory, char **text, TpDiag *d) {
+                  const TpPipelineOptions *po, int64_t max_memory, const TpEmitOptions *probes, char **text,
+                  TpDiag *d) {
   bool report = strcmp(emit, "memory") == 0 || strcmp(emit, "schedule") == 0;
   if (!report && strcmp(emit, "c") != 0 && max_memory <= 0) return TP_OK;
   TpMemoryPlan plan;
@@ -77,7 +83,8 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
     size_t len = 0;
     FILE *f = open_memstream(text, &len);
     TP_ASSERT(f);
-    TpEmitOptions o = {.model = model, .version = TOKPIPE_VERSION, .slicing = note, .pipeline = po};
+    TpEmitOptions o = {.model = model, .version = TOKPIPE_VERSION, .slicing = note, .pipeline = po,
+                       .nprobes = probes->nprobes, .probes = probes->probes, .stage_cuts = probes->stage_cuts};
     if (strcmp(emit, "memory") == 0) tp_print_memory(m, &plan, &pl, f);
     else if (strcmp(emit, "schedule") == 0) tp_schedule_print(&pl.schedule, f);
     else rc = tp_emit_c(m, &o, f, d);
@@ -283,10 +290,148 @@ static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, T
   return rc;
 }
 
+/* ---- --profile-grid ---- */
+
+/* Sorted, without repeats. */
+static int unique_sorted(int64_t *x, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && x[j - 1] > x[j]; j--) {
+      int64_t t = x[j];
+      x[j] = x[j - 1], x[j - 1] = t;
+    }
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (!k || x[i] != x[k - 1]) x[k++] = x[i];
+  return k;
+}
+
+/* "N,N,..": numbers in [lo, hi] into x (at most 64); usage errors name the grid. */
+static int grid_list(const char *spec, const char *text, size_t len, int64_t lo, int64_t hi, const char *what,
+                     int64_t *x) {
+  int n = 0;
+  for (const char *p = text, *end = text + len; p <= end;) {
+    char *stop;
+    errno = 0;
+    long long v = strtoll(p, &stop, 10);
+    if (stop == p || errno || (stop != end && *stop != ',') || n == 64 || *p == ' ' || *p == '+')
+      cli_usage_error("--profile-grid expects auto or L1,L2,..:C1,C2,.. (slice lengths, then contexts), got '%s'", spec);
+    if (v < lo || v > hi)
+      cli_usage_error("--profile-grid %s: %s %lld is not in [%lld, %lld] (the sequence has %lld tokens)", spec, what, v,
+                      (long long)lo, (long long)hi, (long long)(what[0] == 'l' ? hi : hi + 1));
+    x[n++] = v;
+    p = stop + 1;
+  }
+  return unique_sorted(x, n);
+}
+
+/* The grid points (l, c), l + c <= T, of `spec` (auto or "L1,..:C1,.."), at most 4096 of
+ * them, into l[] and c[]; usage errors for bad text and for grids the planner's fit cannot
+ * use (it needs c = 0 at one length at least, and 4 points with c > 0 over 2 lengths and 2
+ * contexts at least). */
+static int profile_grid(const char *spec, int64_t T, int64_t *l, int64_t *c) {
+  int64_t len[64], ctx[64];
+  int nl, nc;
+  if (strcmp(spec, "auto") == 0) {
+    int64_t autol[4] = {(T + 4) / 8, (T + 2) / 4, (T + 1) / 2, T}, autoc[4] = {0, (T + 2) / 4, (T + 1) / 2, (3 * T + 2) / 4};
+    for (int i = 0; i < 4; i++) len[i] = autol[i] < 1 ? 1 : autol[i], ctx[i] = autoc[i];
+    nl = unique_sorted(len, 4), nc = unique_sorted(ctx, 4);
+  } else {
+    const char *colon = strchr(spec, ':');
+    if (!colon || strchr(colon + 1, ':'))
+      cli_usage_error("--profile-grid expects auto or L1,L2,..:C1,C2,.. (slice lengths, then contexts), got '%s'", spec);
+    nl = grid_list(spec, spec, (size_t)(colon - spec), 1, T, "length", len);
+    nc = grid_list(spec, colon + 1, strlen(colon + 1), 0, T - 1, "context", ctx);
+  }
+  int n = 0, ctx_points = 0, ctx_lengths = 0, zero = 0;
+  bool used_c[64] = {false};
+  for (int i = 0; i < nl; i++) {
+    int here = 0;
+    for (int j = 0; j < nc; j++) {
+      if (len[i] + ctx[j] > T) continue;
+      l[n] = len[i], c[n] = ctx[j], n++;
+      if (ctx[j] == 0) zero++;
+      else here++, used_c[j] = true;
+    }
+    ctx_points += here, ctx_lengths += here > 0;
+  }
+  int ctx_contexts = 0;
+  for (int j = 0; j < nc; j++) ctx_contexts += used_c[j];
+  if (!n) cli_usage_error("--profile-grid %s: no point has l + c <= %lld, the sequence length", spec, (long long)T);
+  if (!zero || ctx_points < 4 || ctx_lengths < 2 || ctx_contexts < 2)
+    cli_usage_error("--profile-grid %s: its %d point%s with l + c <= %lld give%s %d with c = 0 and %d with c > 0 "
+                    "(over %d length%s and %d context%s); the fit needs 1 with c = 0 and 4 with c > 0 over 2 "
+                    "lengths and 2 contexts", spec, n, n == 1 ? "" : "s", (long long)T, n == 1 ? "s" : "", zero,
+                    ctx_points, ctx_lengths, ctx_lengths == 1 ? "" : "s", ctx_contexts, ctx_contexts == 1 ? "" : "s");
+  return n;
+}
+
+/* The main module's stages (1 + the last op's) and the first layer of each, counted by
+ * the forward attentions before it (one per transformer layer; of slice 0 when sliced). */
+static int stage_layout(const TpModule *m, int **cuts) {
+  int S = 1;
+  for (int op = 0; op < m->nops; op++)
+    if (m->ops[op].stage + 1 > S) S = m->ops[op].stage + 1;
+  int *first = calloc((size_t)S + 1, sizeof *first);
+  TP_ASSERT(first);
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    if (o->kind == TP_OP_Attention && !o->dead && o->phase == TP_PHASE_FORWARD && o->slice <= 0)
+      for (int k = o->stage + 1; k < S; k++) first[k]++;
+  }
+  *cuts = first;
+  return S;
+}
+
+/* Compiles the model again for each grid point (one microbatch sliced [c, l, rest], the
+ * stage cuts of the main module, the same passes and options): probes[i].m. */
+static int build_probes(const char *input, const CliDims *dims, const TpModule *m, bool retie, int S,
+                        const int *cuts, const int64_t *l, const int64_t *c, int n, TpEmitProbe *probes, TpModule **mods,
+                        TpDiag *d) {
+  char cut_text[TP_MAX_STAGES * 12] = "";
+  for (int k = 1, at = 0; k < S; k++) at += snprintf(cut_text + at, sizeof cut_text - (size_t)at, "%s%d", k > 1 ? "," : "", cuts[k]);
+  int64_t T = m->values[tp_token_input(m)].type.dims[1];
+  int rc = TP_OK;
+  for (int i = 0; i < n && rc == TP_OK; i++) {
+    probes[i] = (TpEmitProbe){.l = l[i], .c = c[i]};
+    char slices[96], where[PATH_MAX + 96];
+    int nslices = (c[i] > 0) + 1 + (c[i] + l[i] < T);
+    int at = c[i] ? snprintf(slices, sizeof slices, "%lld,", (long long)c[i]) : 0;
+    at += snprintf(slices + at, sizeof slices - (size_t)at, "%lld", (long long)l[i]);
+    if (c[i] + l[i] < T) snprintf(slices + at, sizeof slices - (size_t)at, ",%lld", (long long)(T - c[i] - l[i]));
+    const char *names[64];
+    int np = 0;
+    for (int k = 0; tp_default_pipeline[k]; k++) {
+      const char *p = tp_default_pipeline[k];
+      if (!retie && strcmp(p, "retie-params") == 0) continue;
+      if (nslices == 1 && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
+      TP_ASSERT(np < 64);
+      names[np++] = p;
+    }
+    /* errors name the probe: "model.onnx (--profile-grid point l 4, c 2): ..." */
+    snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i], (long long)c[i]);
+    const char *file = d->file;
+    d->file = where;
+    TpModule *pm = NULL;
+    rc = cli_load_module(input, dims, &pm, d);
+    if (rc == TP_OK) {
+      pm->logits_name = m->logits_name;
+      pm->freeze = m->freeze;
+      pm->nstages = S;
+      pm->stage_cuts = S > 1 ? cut_text : NULL;
+      if (nslices > 1) cli_set_slices(pm, slices);
+      static const TpPassOptions quiet = {0};
+      rc = cli_run_pipeline(pm, names, np, &quiet, d);
+    }
+    d->file = file;
+    probes[i].m = mods[i] = pm;
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   cli_tool = "tokpipec";
   const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL,
-             *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *v;
+             *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *grid = NULL, *v;
   int nstages = 0;
   int64_t batch = 0, max_memory = 0;
   TpPipelineOptions pipe = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
@@ -312,6 +457,7 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--stages", &v)) {
       nstages = (int)cli_int("--stages", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--stage-cuts", &stage_cuts)) {
+    } else if (cli_value(argc, argv, &i, "--profile-grid", &grid)) {
     } else if (cli_value(argc, argv, &i, "--microbatches", &v)) {
       pipe.microbatches = (int)cli_int("--microbatches", v, 1, 65536);
     } else if (cli_value(argc, argv, &i, "--dp", &v)) {
@@ -357,6 +503,10 @@ int main(int argc, char **argv) {
   if (exe && strcmp(emit, "c") != 0) cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
   if (forward_only && strcmp(emit, "c") == 0)
     cli_usage_error("--forward-only has no loss to train: use it with --emit=ir, dot or memory");
+  if (grid && strcmp(emit, "c") != 0)
+    cli_usage_error("--profile-grid builds profiling units into the C program: use it with --exe or --emit=c");
+  if (grid && strcmp(input, "-") == 0)
+    cli_usage_error("--profile-grid compiles the model once per grid point: read it from a file, not stdin");
   /* --batch is the step's: every microbatch of every replica gets an equal share of rows */
   int64_t units = (int64_t)pipe.dp * pipe.microbatches;
   if (batch && batch % units)
@@ -398,7 +548,24 @@ int main(int argc, char **argv) {
     if (rc == TP_OK && first < n) rc = auto_slices(m, pipe.microbatches, note, sizeof note, &d);
     if (rc == TP_OK && first < n) rc = cli_run_pipeline(m, names + first, n - first, &po, &d);
   }
-  if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &text, &d);
+  /* --profile-grid: the model again per grid point, with the stage cuts it got */
+  TpEmitOptions probes = {0};
+  TpEmitProbe *list = NULL;
+  TpModule **mods = NULL;
+  int *cuts = NULL;
+  if (rc == TP_OK && grid) {
+    int tokens = tp_token_input(m);
+    if (tokens < 0) cli_usage_error("--profile-grid: the model has no integer [batch, seq] token input to slice");
+    int64_t T = m->values[tokens].type.dims[1], *gl = calloc(4096, sizeof *gl), *gc = calloc(4096, sizeof *gc);
+    list = calloc(4096, sizeof *list);
+    mods = calloc(4096, sizeof *mods);
+    TP_ASSERT(gl && gc && list && mods);
+    int npoints = profile_grid(grid, T, gl, gc), S = stage_layout(m, &cuts);
+    probes = (TpEmitOptions){.nprobes = npoints, .probes = list, .stage_cuts = cuts};
+    rc = build_probes(input, &dims, m, retie, S, cuts, gl, gc, npoints, list, mods, &d);
+    free(gl), free(gc);
+  }
+  if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
   else if (rc == TP_OK && strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);
   if (rc == TP_OK && text) {
@@ -406,6 +573,9 @@ int main(int argc, char **argv) {
     else rc = cli_write_output(output, write_text, text, &d);
   }
   free(text);
+  for (int i = 0; i < probes.nprobes; i++) tp_module_free(mods[i]);
+  free(mods), free(list);
+  free(cuts);
   tp_module_free(m);
   cli_free_dims(&dims);
   return cli_exit_code(rc);

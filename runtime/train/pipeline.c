@@ -102,6 +102,16 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
       }
     }
   }
+  ok = ok && P->nprobes >= 0 && (P->probes || !P->nprobes);
+  for (int p = 0; ok && p < P->nprobes; p++) {
+    const TpPlanProbe *pr = &P->probes[p];
+    ok = pr->b == P->batch && pr->l >= 1 && pr->c >= 0 && pr->l + pr->c <= P->seq && pr->stages;
+    for (int k = 0; ok && k < S; k++) {
+      const TpPlanProbeStage *ps = &pr->stages[k];
+      ok = ps->forward && ps->backward && ps->nsetup >= 0 && (ps->setup || !ps->nsetup);
+      for (int i = 0; ok && i < ps->nsetup; i++) ok = ps->setup[i] != NULL;
+    }
+  }
   return ok ? TP_OK : tp_internal(d, "the compiled plan's pipeline is malformed");
 }
 
@@ -377,6 +387,13 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
   int64_t row = ((int64_t)R->replica * P->microbatches + mb) * P->batch;
   return (TpStepIO){.arena = R->arena[mb % R->st->arenas], .param = R->param, .grad = R->scratch,
                     .tokens = t->tokens + row * P->seq, .targets = t->targets + row * P->seq, .loss = NAN};
+}
+
+TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica) {
+  PipeRank *R = t->hosted[h];
+  *stage = R->stage;
+  *replica = R->replica;
+  return unit_io(t, R, 0);
 }
 
 /* Runs instruction x of R; false if it must wait (one process only). */

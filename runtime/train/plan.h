@@ -80,6 +80,18 @@
  * all ranks with non-blocking sends ends with every rank done. The tag of a message can be
  * (kind, mb, slice): each appears once per step and direction.
  *
+ * Profiling probes (tokpipec --profile-grid; nprobes 0 and probes NULL without): the
+ * trainer's --profile times each stage's forward and backward of one token slice on a grid
+ * of (l, c). Probe p is the same model compiled for one microbatch of `b` rows (= batch)
+ * sliced as [c, l, seq - c - l] (empty slices dropped), with the same stage cuts; its
+ * units, per stage k in probes[p].stages[k], work in an arena of their own (arena_bytes,
+ * 64-byte aligned, zeroed) and read io->param and io->grad with the indices of `params`
+ * above (the gradients they write are scratch). A rank of stage k runs setup[0..nsetup)
+ * once (the forwards of the context slices, filling the K/V of the c context rows), then
+ * forward and backward of the probed slice as often as it likes; tokens and targets are
+ * [batch, seq]. No messages: a stage > 0 reads its received activations as whatever the
+ * arena holds (zeros). stage_cuts[k] is the first layer of stage k (NULL: not recorded).
+ *
  * ABI 1 plans (stages == NULL, e.g. hand-written tests): one process runs nstages stage
  * functions forward[s] in order, then backward[s] in reverse, all with one arena each and
  * shared param/grad buffers; one microbatch, one slice. Generated unsliced plans fill these
@@ -179,6 +191,19 @@ typedef struct {
                                 gradients, AdamW state, arenas * arena_bytes */
 } TpPlanStage;
 
+/* One stage's units of a profiling probe (see "Profiling probes" above). */
+typedef struct {
+  size_t arena_bytes;
+  int nsetup;
+  const TpUnitFn *setup;     /* [nsetup]: the forwards of the context slices, in order */
+  TpUnitFn forward, backward; /* the probed slice's */
+} TpPlanProbeStage;
+
+typedef struct {
+  int64_t b, l, c;           /* microbatch rows, slice length, context length */
+  const TpPlanProbeStage *stages; /* [nstages] */
+} TpPlanProbe;
+
 typedef struct {
   int abi;                 /* TP_PLAN_ABI */
   const char *model;       /* the ONNX file it was compiled from (--export-onnx rewrites it
@@ -202,6 +227,10 @@ typedef struct {
   const int64_t *slice_len; /* [nslices], summing to seq */
   int schedule;            /* TpPlanSchedule the lists were built with (informative) */
   const TpPlanStage *stages; /* [nstages] */
+  /* Profiling (tokpipec --profile-grid; absent: 0 / NULL) */
+  const int *stage_cuts;   /* [nstages]: the first layer of each stage */
+  int nprobes;
+  const TpPlanProbe *probes; /* [nprobes] */
 } TpPlan;
 
 /* The trainer: parses the command line, runs training, returns the process exit code

@@ -14,7 +14,7 @@
 
 typedef struct {
   const char *init, *data, *val_data, *log, *dump_grads, *dump_weights, *save, *resume,
-      *export_onnx, *trace;
+      *export_onnx, *trace, *profile;
   int64_t steps;       /* the total; -1: one pass over the training data */
   uint64_t seed;
   int64_t val_every;   /* 0: only after the last step */
@@ -97,9 +97,15 @@ double pipe_grad_norm(Trainer *t);
 /* Brings what the owner of every parameter holds (values, m and v, or gradients) to
  * process 0's buffers. A no-op in one process. */
 void pipe_gather(Trainer *t, bool grads, bool moments);
+/* Hosted rank h's stage and replica, and the io of its units: its parameters, its
+ * (scratch) gradients, microbatch 0's arena and rows. */
+TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
 /* Every process's rc: the worst; the first failing process other than 0 prints its error
  * (process 0 printed its own). */
 int pipe_agree(Trainer *t, int rc);
+
+/* profile.c: --profile FILE.json, instead of training */
+int train_profile(Trainer *t);
 
 /* trace.c: --trace, a Chrome / Perfetto trace (JSON) of every rank */
 enum { TRACE_UPDATE = 100, TRACE_EVAL = 101 }; /* event kinds after the TpPlanInsnKind ones */

@@ -70,6 +70,13 @@ static const char *usage_text =
     "  --export-onnx FILE   the model (--init's, else the compiled one) with trained weights\n"
     "  --trace FILE.json    a Chrome/Perfetto trace of every rank's compute and communication\n"
     "                       (open it in ui.perfetto.dev or chrome://tracing)\n"
+    "Profiling (instead of training):\n"
+    "  --profile FILE.json  time each stage's forward and backward of one token slice of l\n"
+    "                       tokens after c of context, on the grid compiled in (tokpipec\n"
+    "                       --profile-grid), and one AdamW step; write the planner's profile\n"
+    "                       file (tokpipe-plan). Run it as training runs (mpirun -np S*D), so\n"
+    "                       the ranks share the machine as in a real run. Takes --init or\n"
+    "                       --seed and the optimizer's options; no data, steps or outputs\n"
     "Pipeline: a plan of S stages x D replicas runs as one process, or as mpirun -np S*D\n"
     "  (TOKPIPE_COMM_TIMEOUT: seconds a rank may wait without progress, default 300)\n"
     "  --help, --version\n";
@@ -93,6 +100,7 @@ static const OptSpec opt_specs[] = {
     {"--resume", 's', AT(resume), 0, 0},
     {"--export-onnx", 's', AT(export_onnx), 0, 0},
     {"--trace", 's', AT(trace), 0, 0},
+    {"--profile", 's', AT(profile), 0, 0},
     {"--steps", 'i', AT(steps), 0, 0},
     {"--seed", 'u', AT(seed), 0, 0},
     {"--val-every", 'i', AT(val_every), 1, 0},
@@ -159,10 +167,16 @@ static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const Tp
   }
 }
 
+/* What --profile cannot go with: it runs no step and writes nothing else. */
+static const char *const training_only[] = {"--data", "--val-data", "--steps", "--val-every", "--val-batches",
+                                            "--log", "--dump-grads", "--dump-weights", "--save", "--save-every",
+                                            "--resume", "--export-onnx", "--trace", NULL};
+
 /* TP_OK, TP_ERR_USAGE, or -1 after --help or --version. */
 static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d, const TpPlan *P) {
   const char *tool = d->tool;
   *o = (TrainOptions){.steps = -1, .seed = 1, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+  const char *training = NULL; /* the first option given that trains or writes training outputs */
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -187,7 +201,18 @@ static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d
     if (!value) return usage_error(d, "%s needs a value", spec->flag);
     int rc = set_option(o, spec, value, d);
     if (rc) return rc;
+    for (int k = 0; training_only[k] && !training; k++)
+      if (strcmp(training_only[k], spec->flag) == 0) training = spec->flag;
   }
+  if (o->profile && training)
+    return usage_error(d, "--profile measures the stages and does not train: it cannot go with %s", training);
+  if (o->profile && !(P->stages && P->nprobes)) { /* one line: --help cannot help */
+    if (d->stream)
+      fprintf(d->stream, "%s: error: this trainer has no profiling units: compile it with tokpipec "
+              "--profile-grid auto\n", tool);
+    return TP_ERR_USAGE;
+  }
+  if (o->profile) return TP_OK;
   if (!o->data && o->steps != 0) return usage_error(d, "--data FILE is required");
   if (!o->val_data && (o->val_every || o->val_batches))
     return usage_error(d, "--val-every and --val-batches need --val-data");
@@ -570,6 +595,7 @@ static int run(Trainer *t) {
     return TP_ERR_USAGE;
   }
   if ((rc = alloc_buffers(t))) return rc; /* a wrong process count: every process knows */
+  if (o->profile) return train_profile(t);
   if (o->data) rc = tp_tokens_open(o->data, P->vocab, need, &t->train, t->d);
   if (!rc && o->val_data) rc = tp_tokens_open(o->val_data, P->vocab, need, &t->val, t->d);
   if ((rc = pipe_agree(t, rc))) return rc;

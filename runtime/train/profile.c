@@ -1,0 +1,204 @@
+/* --profile FILE.json: instead of training, every rank times its own stage's units of
+ * the plan's profiling probes (plan.h, "Profiling probes"; tokpipec --profile-grid) and
+ * one AdamW step of its stage's parameters, and process 0 writes the profile file the
+ * planner fits (format: passes/planner/cost.h, above TpSample).
+ *
+ * The ranks run as in training (mpirun -np S*D, or one process), and all of them profile
+ * the same probe at once, a barrier between probes, so that they load the machine as a
+ * real run does; the file keeps replica 0's figures. In one process the hosted stages are
+ * measured one after the other. Per probe and stage: the setup forwards once, one warm-up
+ * forward + backward, then forward and backward timed separately, repeated at least
+ * MIN_REPEATS times and MIN_SECONDS long; a sample is the medians. */
+#include "train.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../cpu/optim.h"
+#include "atomic.h"
+
+enum { MIN_REPEATS = 5, MAX_REPEATS = 100000, OPTIMIZER_REPEATS = 5 };
+static const double MIN_SECONDS = 0.1;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *x, int n) {
+  qsort(x, (size_t)n, sizeof *x, by_value);
+  return n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+}
+
+/* Stage `stage`'s units of probe pr with io (its parameters, gradients, tokens): the
+ * medians of forward and backward into out[0], out[1]. */
+static void time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, double *out) {
+  const TpPlanProbeStage *ps = &pr->stages[stage];
+  io.arena = train_alloc_zeroed(ps->arena_bytes);
+  for (int i = 0; i < ps->nsetup; i++) ps->setup[i](&io);
+  ps->forward(&io);
+  ps->backward(&io);
+  int cap = 64, n = 0;
+  double *fwd = malloc(cap * sizeof *fwd), *bwd = malloc(cap * sizeof *bwd), start = now_s();
+  TP_ASSERT(fwd && bwd);
+  while (n < MIN_REPEATS || (now_s() - start < MIN_SECONDS && n < MAX_REPEATS)) {
+    if (n == cap) {
+      cap *= 2;
+      fwd = realloc(fwd, (size_t)cap * sizeof *fwd), bwd = realloc(bwd, (size_t)cap * sizeof *bwd);
+      TP_ASSERT(fwd && bwd);
+    }
+    double t0 = now_s();
+    ps->forward(&io);
+    double t1 = now_s();
+    ps->backward(&io);
+    fwd[n] = t1 - t0, bwd[n] = now_s() - t1;
+    n++;
+  }
+  out[0] = median(fwd, n), out[1] = median(bwd, n);
+  free(fwd), free(bwd);
+  free(io.arena);
+}
+
+/* One AdamW step over the trainable parameters the stage holds (io.param[i] set). */
+static double time_optimizer(Trainer *t, TpStepIO io) {
+  const TpPlan *P = t->plan;
+  const TrainOptions *o = &t->o;
+  double x[OPTIMIZER_REPEATS + 1];
+  for (int r = 0; r <= OPTIMIZER_REPEATS; r++) { /* the first is the warm-up */
+    double t0 = now_s();
+    for (int i = 0; i < P->nparams; i++)
+      if (io.param[i] && P->params[i].trainable)
+        tp_adamw_step(t->param[i], io.grad[i], t->m[i], t->v[i], t->numel[i], o->lr, o->beta1, o->beta2, o->eps,
+                      o->weight_decay, 1);
+    x[r] = now_s() - t0;
+  }
+  return median(x + 1, OPTIMIZER_REPEATS);
+}
+
+/* The CPU's model name (/proc/cpuinfo), else "unknown". */
+static void device_name(char *buf, size_t n) {
+  snprintf(buf, n, "unknown");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    char *colon = strchr(line, ':');
+    if (strncmp(line, "model name", 10) != 0 || !colon) continue;
+    colon += 1 + (colon[1] == ' ');
+    colon[strcspn(colon, "\n")] = 0;
+    snprintf(buf, n, "%s", colon);
+    break;
+  }
+  fclose(f);
+}
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 32) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+/* The profile file (format: passes/planner/cost.h): times[(p * S + k) * 2 + {0, 1}] is
+ * stage k's forward and backward of probe p, opt[k] its optimizer step. */
+static int write_profile(Trainer *t, const double *times, const double *opt) {
+  const TpPlan *P = t->plan;
+  int S = P->nstages;
+  char device[256];
+  device_name(device, sizeof device);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  TP_ASSERT(f);
+  fputs("{\"format\": \"tokpipe-profile\", \"version\": 1,\n \"device\": ", f);
+  json_string(f, device);
+  fprintf(f, ", \"threads\": %d, \"ranks\": %d,\n \"model\": ", omp_get_max_threads(), t->comm->size);
+  json_string(f, P->model ? P->model : "");
+  fprintf(f, ", \"stages\": %d, ", S);
+  if (P->stage_cuts) {
+    fputs("\"stage_cuts\": [", f);
+    for (int k = 0; k < S; k++) fprintf(f, "%s%d", k ? ", " : "", P->stage_cuts[k]);
+    fputs("], ", f);
+  }
+  fprintf(f, "\"batch\": %" PRId64 ", \"seq\": %" PRId64 ",\n \"optimizer\": [", P->batch, P->seq);
+  for (int k = 0; k < S; k++) fprintf(f, "%s%.9g", k ? ", " : "", opt[k]);
+  fputs("],\n \"samples\": [", f);
+  for (int p = 0; p < P->nprobes; p++)
+    for (int k = 0; k < S; k++) {
+      const TpPlanProbe *pr = &P->probes[p];
+      const double *x = &times[(p * S + k) * 2];
+      fprintf(f, "%s\n  {\"stage\": %d, \"b\": %" PRId64 ", \"l\": %" PRId64 ", \"c\": %" PRId64
+              ", \"forward\": %.9g, \"backward\": %.9g, \"seconds\": %.9g}", p || k ? "," : "", k, pr->b, pr->l,
+              pr->c, x[0], x[1], x[0] + x[1]);
+    }
+  fputs("\n ]}\n", f);
+  fclose(f);
+  int rc = tp_write_file_atomic(t->o.profile, text, len, t->d);
+  free(text);
+  return rc;
+}
+
+int train_profile(Trainer *t) {
+  const TpPlan *P = t->plan;
+  int S = P->nstages, rc;
+  if ((rc = pipe_agree(t, train_is_root(t) ? tp_check_writable(t->o.profile, "--profile", t->d) : TP_OK))) return rc;
+  if ((rc = pipe_agree(t, train_load_weights(t)))) return rc;
+  /* token ids spread over the vocabulary (any valid ids time the same) */
+  for (int64_t j = 0; j < train_rows(P) * P->seq; j++)
+    t->tokens[j] = (j * 7919 + 13) % P->vocab, t->targets[j] = (j * 7919 + 7932) % P->vocab;
+  if (train_is_root(t))
+    fprintf(stderr, "%s: profiling %d grid point%s x %d stage%s (microbatch of %" PRId64 " row%s, seq %" PRId64
+            "); %d rank%s in %d process%s, %d thread%s each\n", t->d->tool, P->nprobes, P->nprobes == 1 ? "" : "s",
+            S, S == 1 ? "" : "s", P->batch, P->batch == 1 ? "" : "s", P->seq, t->nranks, t->nranks == 1 ? "" : "s",
+            t->comm->size, t->comm->size == 1 ? "" : "es", omp_get_max_threads(),
+            omp_get_max_threads() == 1 ? "" : "s");
+  size_t n = (size_t)P->nprobes * (size_t)S * 2 + (size_t)S;
+  double *times = calloc(n, sizeof *times), *opt = times + (size_t)P->nprobes * S * 2, start = now_s();
+  TP_ASSERT(times);
+  for (int p = 0; p < P->nprobes; p++) {
+    tp_comm_barrier(t->comm); /* every rank on the same probe */
+    for (int h = 0; h < t->nhosted; h++) {
+      int stage, replica;
+      TpStepIO io = pipe_rank_io(t, h, &stage, &replica);
+      double x[2];
+      if (replica > 0 && t->comm->size == 1) continue; /* one process: replica 0 is enough */
+      time_probe(&P->probes[p], stage, io, x);
+      if (replica == 0) memcpy(&times[(p * S + stage) * 2], x, sizeof x);
+    }
+  }
+  tp_comm_barrier(t->comm);
+  for (int h = 0; h < t->nhosted; h++) {
+    int stage, replica;
+    TpStepIO io = pipe_rank_io(t, h, &stage, &replica);
+    if (replica > 0 && t->comm->size == 1) continue;
+    double x = time_optimizer(t, io);
+    if (replica == 0) opt[stage] = x;
+  }
+  if (t->comm->size > 1) { /* each entry is one rank's, zero elsewhere: the sum gathers them */
+    int *group = malloc((size_t)t->comm->size * sizeof *group);
+    TP_ASSERT(group);
+    for (int r = 0; r < t->comm->size; r++) group[r] = r;
+    tp_comm_allreduce_sum(t->comm, times, n, TP_F64, group, t->comm->size);
+    free(group);
+  }
+  rc = train_is_root(t) ? write_profile(t, times, opt) : TP_OK;
+  if (!rc && train_is_root(t))
+    fprintf(stderr, "%s: wrote %s: %d samples in %.1f s\n", t->d->tool, t->o.profile, P->nprobes * S,
+            now_s() - start);
+  free(times);
+  return pipe_agree(t, rc);
+}
