@@ -334,6 +334,10 @@ static int infer_concat(const Ctx *c) {
     if (same_but_axis(c, first, &probe, axis)) return TP_ERR_INPUT;
     t.dims[axis] += x->dims[axis];
   }
+  int64_t rows = tp_attr_int(c->m, c->op, "context_rows", 0);
+  if (rows < 0 || (rows && rows < t.dims[axis]))
+    return tp_error_op(c->d, c->m, c->op, "context_rows %lld cannot hold the %lld rows of the result", (long long)rows,
+                       (long long)t.dims[axis]);
   return set_result(c, 0, t);
 }
 

@@ -10,7 +10,10 @@
  *     trainer still feeds the whole [B, T] tokens and targets.
  *   - Causal attention of slice i attends over the keys and values of rows [0, c_i + l_i):
  *     Attention(Q_i, Kctx_i, Vctx_i) {is_causal = 1, causal_offset = c_i}, where
- *     Kctx_0 = K_0 and Kctx_i = Concat(Kctx_{i-1}, K_i) along the token axis ("<K>.ctx.s<i>").
+ *     Kctx_0 = Concat(K_0) and Kctx_i = Concat(Kctx_{i-1}, K_i) along the token axis
+ *     ("<K>.ctx.s<i>"), each {context_rows = T}: the compiled plan keeps one buffer of T
+ *     rows per K and V that every slice appends its rows to (ir/ops.def), not a copy of
+ *     the growing context per slice.
  *   - The loss: CrossEntropy per slice with the whole run's denominator (B*T), summed as
  *     the slices come ("<loss>.sum.s<i>"; the last sum takes the loss's name), so it is
  *     the mean over all B*T positions. A model's own loss cannot be cut (train the logits
@@ -94,13 +97,13 @@ static int context(Split *s, int kv, int i, int att) {
   TpModule *m = s->m;
   int *r = &s->ctx[kv * s->M + i];
   if (*r >= 0) return *r;
-  int own = part(s, kv, i, att);
-  if (i == 0) return *r = own;
-  int prev = context(s, kv, i - 1, att), a = tp_token_axis(m, kv);
+  int own = part(s, kv, i, att), a = tp_token_axis(m, kv);
+  int in[2] = {i ? context(s, kv, i - 1, att) : own, own};
   TpType t = rows(m->values[kv].type, a, s->start[i] + s->len[i]);
-  int op = add(s, TP_OP_Concat, (int[]){prev, own}, 2, (const char *[]){tp_strfmt(m, "%s.ctx.s%d", m->values[kv].name, i)},
-               1, &t, att, true, i);
+  int op = add(s, TP_OP_Concat, i ? in : in + 1, i ? 2 : 1,
+               (const char *[]){tp_strfmt(m, "%s.ctx.s%d", m->values[kv].name, i)}, 1, &t, att, true, i);
   tp_set_attr_int(m, op, "axis", a);
+  tp_set_attr_int(m, op, "context_rows", m->values[kv].type.dims[a]);
   infer(s, op);
   return *r = m->ops[op].outputs[0];
 }
