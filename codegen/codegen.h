@@ -75,6 +75,10 @@ typedef struct {
 int tp_plan_memory(const TpModule *m, TpMemoryPlan *plan, TpDiag *d);
 void tp_memory_plan_free(TpMemoryPlan *plan);
 
+/* The rows of the buffer a token slice's K/V context v lives in (Concat {context_rows}):
+ * attention reads it in place with TpAttention.kv_rows; 0 for any other value. */
+int64_t tp_context_rows(const TpModule *m, int v);
+
 /* Scratch bytes op `op` needs besides its operands and results (0 for most ops). */
 int64_t tp_op_scratch_bytes(const TpModule *m, int op);
 

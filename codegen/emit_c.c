@@ -497,6 +497,13 @@ static bool attention_params(Emitter *E, int op, int first, char *buf, size_t si
     return false;
   }
   if (offset) len += snprintf(buf + len, size - (size_t)len, ", .causal_offset = %lld", (long long)offset);
+  /* a token slice's K and V are read in place from their context buffers */
+  int64_t rows = tp_context_rows(m, in(E, op, first + 1));
+  if (rows != tp_context_rows(m, in(E, op, first + 2))) {
+    unsupported(E, op, "K and V must both be token-slice contexts, or neither");
+    return false;
+  }
+  if (rows) len += snprintf(buf + len, size - (size_t)len, ", .kv_rows = %lld", (long long)rows);
   int mode = (int)tp_attr_int(m, op, "qk_matmul_output_mode", 0);
   if (mode) snprintf(buf + len, size - (size_t)len, ", .qk_mode = %d", mode);
   return true;
@@ -630,6 +637,15 @@ static void emit_op(Emitter *E, int op) {
     return;
   }
   case TP_OP_Concat: {
+    int64_t rows = tp_context_rows(m, y), axis = tp_attr_int(m, op, "axis", 0);
+    if (rows) { /* a slice's keys or values: only its own rows are new in the buffer */
+      int own = in(E, op, o->ninputs - 1);
+      E->headers |= H_LAYOUT;
+      E->uses_check = true;
+      emit(E, "CHECK(tp_context_append(%t, %I, %I, %I, %v));", own, axis,
+           type_of(E, y)->dims[axis] - type_of(E, own)->dims[axis], rows, y);
+      return;
+    }
     char list[4096];
     int len = 0;
     for (int i = 0; i < o->ninputs && len < (int)sizeof list - 256; i++)
@@ -640,8 +656,7 @@ static void emit_op(Emitter *E, int op) {
     }
     E->headers |= H_LAYOUT;
     E->uses_check = true;
-    emit(E, "CHECK(tp_concat((const TpTensor[]){%s}, %I, %I, %t));", list, (int64_t)o->ninputs,
-         tp_attr_int(m, op, "axis", 0), y);
+    emit(E, "CHECK(tp_concat((const TpTensor[]){%s}, %I, %I, %t));", list, (int64_t)o->ninputs, axis, y);
     return;
   }
   case TP_OP_Trilu:

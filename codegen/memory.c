@@ -22,6 +22,13 @@ static int64_t value_bytes(const TpModule *m, int v) {
   return tp_type_numel(t) * (int64_t)tp_dtype_size(t->dtype);
 }
 
+/* The rows of the context buffer value v lives in (a token slice's keys or values, a
+ * Concat {context_rows}, ir/ops.def), or 0. */
+int64_t tp_context_rows(const TpModule *m, int v) {
+  int def = v >= 0 ? m->values[v].def : -1;
+  return def >= 0 && m->ops[def].kind == TP_OP_Concat ? tp_attr_int(m, def, "context_rows", 0) : 0;
+}
+
 static const char *op_name(const TpModule *m, int op) {
   const TpOp *o = &m->ops[op];
   return o->origin.node ? o->origin.node : tp_op_info[o->kind].name;
@@ -114,21 +121,42 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
         tp_use_count(m, x) == 1)
       p->value[x] = p->value[r];
   }
-  /* Other results: a Reshape is a view of its operand's bytes; the rest need a buffer. */
+  /* Other results: a Reshape is a view of its operand's bytes, and so is a slice's
+   * context of the one before (they share the buffer the first slice's context owns: its
+   * bytes times context_rows / its rows); the rest need a buffer. */
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
     for (int k = 0; k < o->noutputs; k++) {
       int r = o->outputs[k];
       if (r < 0 || p->value[r].kind != TP_MEM_NONE) continue;
       TpMemSlot *s = &p->value[r];
-      if (o->kind == TP_OP_Reshape && !tp_is_boundary_op(m, op)) {
+      int64_t context_rows = tp_context_rows(m, r);
+      if ((o->kind == TP_OP_Reshape && !tp_is_boundary_op(m, op)) || (context_rows && o->ninputs == 2)) {
         s->kind = TP_MEM_VIEW;
         s->index = o->inputs[0];
+      } else if (context_rows) {
+        const TpType *t = &m->values[r].type;
+        s->kind = TP_MEM_ARENA;
+        s->stage = o->stage;
+        s->bytes = align_up(value_bytes(m, r) / t->dims[tp_attr_int(m, op, "axis", 0)] * context_rows);
       } else {
         s->kind = TP_MEM_ARENA;
         s->stage = o->stage;
         s->bytes = align_up(value_bytes(m, r));
       }
+    }
+  }
+  /* A context is laid out with context_rows rows: only its readers that know (attention,
+   * through TpAttention.kv_rows, and the next slice's context) may read it. */
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    for (int i = 0; i < o->ninputs; i++) {
+      int64_t rows = tp_context_rows(m, o->inputs[i]);
+      bool kv = (o->kind == TP_OP_Attention && (i == 1 || i == 2)) ||
+                (o->kind == TP_OP_AttentionBackward && (i == 2 || i == 3));
+      if (rows && !kv && !(i == 0 && tp_context_rows(m, o->outputs[0]) == rows))
+        return tp_internal(d, "codegen: the token-slice context '%s' is read by %s, which cannot read it in place",
+                           m->values[o->inputs[i]].name, op_name(m, op));
     }
   }
   return TP_OK;

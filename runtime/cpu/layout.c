@@ -172,6 +172,20 @@ TpKernelStatus tp_concat(const TpTensor *xs, int n, int axis, TpTensor *y) {
   return s;
 }
 
+TpKernelStatus tp_context_append(const TpTensor *x, int axis, int64_t at, int64_t rows, void *buffer) {
+  if (axis < 0 || axis >= x->rank || at < 0 || at + x->dims[axis] > rows) return TP_KERNEL_BAD_SHAPE;
+  int64_t n = x->dims[axis];
+  int64_t outer = 1, inner = (int64_t)tp_dtype_size(x->dtype);
+  for (int k = 0; k < axis; k++) outer *= x->dims[k];
+  for (int k = axis + 1; k < x->rank; k++) inner *= x->dims[k];
+  const char *src = x->data;
+  char *dst = buffer;
+#pragma omp parallel for schedule(static) if (outer * n * inner > PARALLEL_BYTES)
+  for (int64_t o = 0; o < outer; o++)
+    memcpy(dst + (o * rows + at) * inner, src + o * n * inner, (size_t)(n * inner));
+  return TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor *y) {
   if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
   if (x->rank < 2 || x->rank != y->rank ||

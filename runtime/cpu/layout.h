@@ -24,6 +24,10 @@ TpKernelStatus tp_split(const TpTensor *x, int axis, TpTensor *ys, int n);
 TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y);
 /* y = xs[0..n) joined along axis. */
 TpKernelStatus tp_concat(const TpTensor *xs, int n, int axis, TpTensor *y);
+/* Writes x as rows [at, at + x->dims[axis]) along `axis` of `buffer`, shaped like x but
+ * with `rows` rows there: a token slice's keys or values appended to the context buffer
+ * that holds the whole sequence's (IR: Concat {context_rows}). */
+TpKernelStatus tp_context_append(const TpTensor *x, int axis, int64_t at, int64_t rows, void *buffer);
 /* Keeps the upper (col - row >= k) or lower (col - row <= k) triangle of each matrix in the
  * last two dims, zeroing the rest. */
 TpKernelStatus tp_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor *y);
