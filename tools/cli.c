@@ -108,30 +108,39 @@ void cli_free_list(char **names) {
   free(names);
 }
 
-void cli_set_slices(TpModule *m, const char *spec) {
-  int tokens = tp_token_input(m);
-  if (tokens < 0) cli_usage_error("--slices: the model has no integer [batch, seq] token input to slice");
-  int64_t T = m->values[tokens].type.dims[1];
-  if (T < 1) cli_usage_error("--slices needs a known sequence length: pass --seq T");
-  int n = 0;
+int64_t *cli_parse_slices(const char *spec, int64_t T, int *n) {
   int64_t *len;
   if (!strchr(spec, ',')) {
-    n = (int)cli_int("--slices", spec, 1, INT32_MAX);
-    if (n > T) cli_usage_error("--slices: %d slices are more than the %lld tokens of a sequence", n, (long long)T);
-    len = tp_alloc(m, (size_t)n * sizeof *len);
-    for (int i = 0; i < n; i++) len[i] = T / n + (i < T % n);
+    *n = (int)cli_int("--slices", spec, 1, INT32_MAX);
+    if (*n > T) cli_usage_error("--slices: %d slices are more than the %lld tokens of a sequence", *n, (long long)T);
+    len = malloc((size_t)*n * sizeof *len);
+    TP_ASSERT(len);
+    for (int i = 0; i < *n; i++) len[i] = T / *n + (i < T % *n);
   } else {
-    char **parts = cli_split_list("--slices", spec, &n);
-    len = tp_alloc(m, (size_t)n * sizeof *len);
+    char **parts = cli_split_list("--slices", spec, n);
+    len = malloc((size_t)*n * sizeof *len);
+    TP_ASSERT(len);
     int64_t sum = 0;
-    for (int i = 0; i < n; i++) sum += len[i] = cli_int("--slices", parts[i], 1, INT32_MAX);
+    for (int i = 0; i < *n; i++) sum += len[i] = cli_int("--slices", parts[i], 1, INT32_MAX);
     cli_free_list(parts);
     if (sum != T)
       cli_usage_error("--slices: the lengths %s sum to %lld, not the sequence length %lld", spec, (long long)sum,
                       (long long)T);
   }
+  return len;
+}
+
+void cli_set_slices(TpModule *m, const char *spec) {
+  int tokens = tp_token_input(m);
+  if (tokens < 0) cli_usage_error("--slices: the model has no integer [batch, seq] token input to slice");
+  int64_t T = m->values[tokens].type.dims[1];
+  if (T < 1) cli_usage_error("--slices needs a known sequence length: pass --seq T");
+  int n;
+  int64_t *len = cli_parse_slices(spec, T, &n), *own = tp_alloc(m, (size_t)n * sizeof *own);
+  memcpy(own, len, (size_t)n * sizeof *own);
+  free(len);
   m->nslices = n;
-  m->slice_len = len;
+  m->slice_len = own;
 }
 
 int cli_run_pipeline(TpModule *m, const char *const *names, int n, const TpPassOptions *o, TpDiag *d) {

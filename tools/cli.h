@@ -57,10 +57,11 @@ bool cli_pass_option(int argc, char **argv, int *i, TpPassOptions *o);
 char **cli_split_list(const char *flag, const char *text, int *n);
 void cli_free_list(char **names);
 
-/* --slices N|l1,l2,...: sets m->nslices and m->slice_len (module-owned) from the token
- * input's sequence length T: N near-equal slices (the longer ones first) or the lengths
- * given. A count above T, a zero, or lengths that do not sum to T are usage errors naming
- * --slices. */
+/* --slices N|l1,l2,...: the *n slice lengths (malloc'ed) of a sequence of T tokens: N
+ * near-equal slices (the longer ones first) or the lengths given. A count above T, a
+ * zero, or lengths that do not sum to T are usage errors naming --slices. */
+int64_t *cli_parse_slices(const char *spec, int64_t T, int *n);
+/* ... of the token input's sequence into m->nslices and m->slice_len (module-owned). */
 void cli_set_slices(TpModule *m, const char *spec);
 
 /* Verifies the loaded module (exit 1 territory), runs the passes, verifies the result

@@ -2,7 +2,10 @@
  * planner library (passes/planner): TeraPipe's optimal slicing (Eqs. 5-8), the paper's
  * baselines, and a joint search over schedule, stage cuts and recomputation under a
  * memory bound, all priced by an event simulation of the per-rank instruction lists.
- * Model input: built-in GPT-3 sizes or a KEY=VALUE description (ONNX input: later). */
+ * Model input: an ONNX model (sizes read off the raised IR), built-in GPT-3 sizes or a
+ * KEY=VALUE description. --calibrate prices the stages from a generated trainer's
+ * --profile; --slices/--microbatches price one given plan (as tokpipec compiles it)
+ * instead of searching. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,14 +19,21 @@
 #endif
 
 static const char usage[] =
-    "usage: tokpipe-plan --model M [options]\n"
+    "usage: tokpipe-plan MODEL.onnx|--model M [options]\n"
     "       tokpipe-plan --cost-table FILE.json [--json]\n"
     "Plans token-level pipeline training (TeraPipe) and prints the slicing, the predicted\n"
-    "iteration time, the batch-only and uniform-slicing baselines and per-rank memory.\n"
+    "iteration time, the batch-only and uniform-slicing baselines and per-rank memory; or,\n"
+    "with --slices or --microbatches, predicts the step time of that one plan.\n"
+    "Model:\n"
+    "  MODEL.onnx           read layers, hidden, heads, vocabulary and a tied head off the\n"
+    "                       model (imported, raised to transformer ops; or textual IR)\n"
+    "  --seq T              its sequence length (default: the model's, or the profile's)\n"
+    "  --dim NAME=VALUE     fix a symbolic input dimension of MODEL.onnx (repeatable)\n"
     "  --model M            gpt3-1b | gpt3-13b | gpt3-44b | gpt3-175b, or\n"
     "                       layers=L,hidden=H,heads=A,seq=T,vocab=V[,ffn=F]\n"
+    "Layout and search:\n"
     "  --hardware H         profile name (tools/profiles/H.json) or a .json path\n"
-    "                       (default p3.16xlarge)\n"
+    "                       (default p3.16xlarge; cpu with --calibrate)\n"
     "  --gpus N             devices in all; must equal pipeline x tensor x data\n"
     "  --pipeline S         pipeline stages (default 1)\n"
     "  --tensor T           tensor-parallel degree (default 1)\n"
@@ -35,6 +45,24 @@ static const char usage[] =
     "  --uniform-stages     price every stage like a middle one (no embedding/head)\n"
     "  --no-joint           skip the joint search\n"
     "  --show P             plan drawn and emitted: terapipe (default), joint, baseline, uniform\n"
+    "Calibration:\n"
+    "  --calibrate FILE     a generated trainer's --profile FILE.json: each stage's forward and\n"
+    "                       backward fitted per (l, c) (t(l,0) per length + a0 + a1 l + a2 c\n"
+    "                       + a3 l c; fit errors reported) and its optimizer step replace the\n"
+    "                       analytic costs; transfers stay the hardware profile's. The pipeline\n"
+    "                       degree and stage cuts are the profile's (a different --pipeline is\n"
+    "                       an error), only its microbatch size b is priced (batches must be\n"
+    "                       multiples of b), and the joint search keeps its cuts and tries no\n"
+    "                       recomputation: it was not measured\n"
+    "Prediction of one plan (the flags tokpipec compiles it with):\n"
+    "  --slices N|L1,L2,..  each microbatch's token slices: N near-equal (longer first) or\n"
+    "                       the lengths given\n"
+    "  --microbatches M     microbatches per replica and step (default 1), of b sequences:\n"
+    "                       the profile's batch, or --batch / (D x M)\n"
+    "  --schedule S         as above. Prints the event-simulated step time of the per-rank\n"
+    "                       instruction lists the trainer runs, optimizer and transfers\n"
+    "                       included, and the per-stage unit times it used\n"
+    "Output:\n"
     "  --emit=schedule      print the shown plan's per-rank instruction lists\n"
     "  --json               print one JSON object instead of text\n"
     "  --svg FILE           draw the shown plan's pipeline timeline\n"
@@ -141,14 +169,201 @@ static void write_trace(const void *ctx, FILE *out) {
   tp_write_trace(p->r, p->s, out);
 }
 
+/* ---- model input ---- */
+
+/* Does a Linear (the LM head) read the embedding's table, directly or transposed? Then
+ * the first and last stages all-reduce its gradient (allreduce-tied). */
+static bool head_is_tied(const TpModule *m) {
+  for (int op = 0; op < m->nops; op++) {
+    if (m->ops[op].kind != TP_OP_Linear) continue;
+    int w = m->ops[op].inputs[1], def = m->values[w].def;
+    if (def >= 0 && m->ops[def].kind == TP_OP_Transpose) w = m->ops[def].inputs[0];
+    for (int e = 0; e < m->nops; e++)
+      if (m->ops[e].kind == TP_OP_Embedding && m->ops[e].inputs[0] == w) return true;
+  }
+  return false;
+}
+
+/* Imports MODEL (ONNX or textual IR), runs the default pipeline up to and including
+ * raise-transformer and reads the transformer's sizes off it. */
+static int describe_file(const char *path, const CliDims *dims, TpModelDesc *desc, bool *tied, TpDiag *d) {
+  TpModule *m = NULL;
+  /* the batch rows do not matter here: a symbolic batch dim is bound to 1 (a static one
+   * refuses that, so then the model is read as it is) */
+  CliDims one = *dims;
+  if (strlen(path) > 5 && !strcmp(path + strlen(path) - 5, ".onnx")) one.token_dims[0] = 1;
+  TpDiag quiet;
+  tp_diag_init(&quiet, d->tool, d->file, NULL);
+  int rc = cli_load_module(path, &one, &m, &quiet);
+  if (rc) {
+    tp_module_free(m);
+    m = NULL;
+    rc = cli_load_module(path, dims, &m, d);
+  }
+  const char *names[64];
+  int n = 0;
+  for (int i = 0; tp_default_pipeline[i] && n < 64; i++) {
+    names[n++] = tp_default_pipeline[i];
+    if (!strcmp(tp_default_pipeline[i], "raise-transformer")) break;
+  }
+  TpPassOptions po = {0};
+  if (rc == TP_OK) rc = cli_run_pipeline(m, names, n, &po, d);
+  int tokens = rc == TP_OK ? tp_token_input(m) : -1;
+  if (rc == TP_OK && (tokens < 0 || !tp_model_describe(m, m->values[tokens].type.dims[1], desc)))
+    rc = tp_error(d, "cannot read the layer count, width, heads and vocabulary off the model (it needs an "
+                     "integer [batch, seq] token input, causal attention and an LM head)");
+  if (rc == TP_OK) {
+    const char *base = strrchr(path, '/');
+    snprintf(desc->name, sizeof desc->name, "%s", base ? base + 1 : path);
+    *tied = head_is_tied(m);
+  }
+  tp_module_free(m);
+  return rc;
+}
+
+/* ---- output ---- */
+
+static void json_model(const TpModelDesc *m) {
+  printf("  \"model\": {\"name\": \"%s\", \"layers\": %d, \"hidden\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
+         "\"ffn\": %d},\n", m->name, m->layers, m->hidden, m->heads, m->seq, m->vocab, m->ffn);
+}
+
+static void json_fit(const TpFit *f) {
+  printf("{\"rms_rel_err\": %.6f, \"max_rel_err\": %.6f, \"samples\": %d}", f->rms_rel_err, f->max_rel_err, f->nsamples);
+}
+
+/* Per stage: the fit errors of forward and backward (or of their sum). */
+static void json_calibration(const TpCalibration *cal, const char *path) {
+  printf("  \"calibration\": {\"profile\": \"%s\", \"microbatch_size\": %d, \"split\": %s, \"fit\": [", path, cal->b,
+         cal->split ? "true" : "false");
+  for (int k = 0; k < cal->nstages; k++) {
+    printf("%s{\"stage\": %d, \"%s\": ", k ? ", " : "", k, cal->split ? "forward" : "sum");
+    json_fit(&cal->fwd[k]);
+    if (cal->split) printf(", \"backward\": "), json_fit(&cal->bwd[k]);
+    printf("}");
+  }
+  printf("]},\n");
+}
+
+static void text_calibration(const TpCalibration *cal, const char *path, const TpProfile *p) {
+  printf("calibrated by %s (%s, %d thread%s x %d rank%s): microbatches of %d, fit error (rms / max):\n", path,
+         p->device, p->threads, p->threads == 1 ? "" : "s", p->ranks, p->ranks == 1 ? "" : "s", cal->b);
+  for (int k = 0; k < cal->nstages; k++) {
+    printf("  stage %d: %s %.2f%% / %.2f%%", k, cal->split ? "forward" : "forward+backward",
+           100 * cal->fwd[k].rms_rel_err, 100 * cal->fwd[k].max_rel_err);
+    if (cal->split)
+      printf(", backward %.2f%% / %.2f%%", 100 * cal->bwd[k].rms_rel_err, 100 * cal->bwd[k].max_rel_err);
+    printf(" over %d samples%s\n", cal->fwd[k].nsamples,
+           cal->optimizer ? "" : "; optimizer step: analytic (not in the profile)");
+  }
+}
+
+/* Prices one plan: M microbatches of b sequences, each cut into `len`, on req's layout. */
+static int predict(const TpPlanRequest *req, int M, int b, const int *len, int nslices, TpScheduleKind kind,
+                   bool json, const char *svg, const char *trace, bool emit_schedule, TpDiag *d) {
+  const TpCostModel *cm = &req->cm;
+  int S = cm->nstages;
+  TpPlanEval *e = calloc(1, sizeof *e);
+  e->schedule = kind;
+  for (int k = 0; k < S; k++) e->cuts[k] = cm->stage[k].first;
+  e->slicing.n = M;
+  e->slicing.mb = calloc((size_t)M, sizeof *e->slicing.mb);
+  for (int m = 0; m < M; m++) {
+    TpMicrobatch *mb = &e->slicing.mb[m];
+    mb->size = b;
+    mb->nslices = nslices;
+    mb->len = malloc(sizeof(int) * (size_t)nslices);
+    memcpy(mb->len, len, sizeof(int) * (size_t)nslices);
+  }
+  TpSchedule sched;
+  TpSimResult sim;
+  int rc = tp_plan_simulate(req, e, svg || trace, &sched, &sim, d);
+  if (rc) goto done;
+  if (!isfinite(sim.time_s)) {
+    rc = tp_error(d, "the plan has units the cost model cannot price (microbatch size %d)", b);
+    goto done_sim;
+  }
+  TpSimCosts c;
+  tp_sim_costs_from_model(cm, &e->slicing, &c);
+  int fits = 1;
+  for (int k = 0; k < S; k++) fits &= sim.peak_bytes[k] <= req->max_memory;
+  if (json) {
+    printf("  \"schedule\": \"%s\",\n  \"microbatches\": %d,\n  \"microbatch_size\": %d,\n  \"stage_cuts\": [",
+           tp_schedule_name(kind), M, b);
+    for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", e->cuts[k]);
+    printf("],\n  \"slices\": ");
+    json_slices(stdout, &e->slicing);
+    printf(",\n  \"iteration_time_s\": %.6g,\n  \"units\": [", sim.time_s);
+    for (int k = 0; k < S; k++) { /* every microbatch is alike: microbatch 0's units */
+      printf("%s[", k ? ", " : "");
+      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
+        printf("%s{\"l\": %d, \"c\": %d, \"forward_s\": %.6g, \"backward_s\": %.6g}", i ? ", " : "", len[i], ctx,
+               c.fwd[(size_t)k * c.units + i], c.bwd[(size_t)k * c.units + i]);
+      printf("]");
+    }
+    printf("],\n  \"send_s\": [");
+    for (int k = 0; k + 1 < S; k++) {
+      printf("%s[", k ? ", " : "");
+      for (int i = 0; i < nslices; i++) printf("%s%.6g", i ? ", " : "", c.send[(size_t)k * c.units + i]);
+      printf("]");
+    }
+    printf("],\n  \"tied_allreduce_s\": %.6g,\n  \"optimizer_s\": [", req->untied ? 0 : c.tied_allreduce);
+    for (int k = 0; k < S; k++) printf("%s%.6g", k ? ", " : "", c.optimizer[k]);
+    printf("],\n  \"busy_s\": [");
+    for (int k = 0; k < S; k++) printf("%s%.6g", k ? ", " : "", sim.busy_s[k]);
+    printf("],\n  \"peak_memory_bytes\": [");
+    for (int k = 0; k < S; k++) printf("%s%.0f", k ? ", " : "", sim.peak_bytes[k]);
+    printf("],\n  \"fits_memory\": %s\n}\n", fits ? "true" : "false");
+  } else {
+    printf("plan: %d stage%s (cuts", S, S == 1 ? "" : "s");
+    for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : " ", e->cuts[k]);
+    printf("), %s, %d microbatch%s of %d sequence%s, slices ", tp_schedule_name(kind), M, M == 1 ? "" : "es", b,
+           b == 1 ? "" : "s");
+    print_lengths(stdout, &e->slicing.mb[0]);
+    printf("\n  predicted step time %.4g ms (event simulation of the per-rank instruction lists,\n"
+           "  transfers%s and the optimizer step included)\n", 1e3 * sim.time_s,
+           req->untied ? "" : ", the tied embedding all-reduce");
+    printf("  %-6s %-12s %12s %12s\n", "stage", "unit l+c", "forward ms", "backward ms");
+    for (int k = 0; k < S; k++)
+      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
+        printf("  %-6d %5d+%-6d %12.3f %12.3f\n", k, len[i], ctx, 1e3 * c.fwd[(size_t)k * c.units + i],
+               1e3 * c.bwd[(size_t)k * c.units + i]);
+    printf("  optimizer ms:");
+    for (int k = 0; k < S; k++) printf(" %.3f", 1e3 * c.optimizer[k]);
+    printf("; busy ms:");
+    for (int k = 0; k < S; k++) printf(" %.2f", 1e3 * sim.busy_s[k]);
+    printf("\n  peak memory per rank (GiB):");
+    for (int k = 0; k < S; k++) printf(" %.3f", sim.peak_bytes[k] / (1 << 30));
+    printf("%s\n", fits ? "" : "  (does NOT fit)");
+  }
+  tp_sim_costs_free(&c);
+  if (!rc) rc = tp_schedule_verify(&sched, false, d);
+  if (!rc && emit_schedule) tp_schedule_print(&sched, stdout);
+  char title[256];
+  snprintf(title, sizeof title, "%s: %d stages, %d microbatches, %d slices, %s: %.4g s", cm->model.name, S, M,
+           nslices, tp_schedule_name(kind), sim.time_s);
+  Picture pic = {&sim, &sched, title};
+  if (!rc && svg) rc = cli_write_output(svg, write_svg, &pic, d);
+  if (!rc && trace) rc = cli_write_output(trace, write_trace, &pic, d);
+done_sim:
+  tp_sim_result_free(&sim);
+  tp_schedule_free(&sched);
+done:
+  tp_slicing_free(&e->slicing);
+  free(e);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   cli_tool = "tokpipe-plan";
-  const char *model_spec = NULL, *hardware = "p3.16xlarge", *cost_table = NULL, *svg = NULL,
-             *trace = NULL, *show = "terapipe", *profiles = TOKPIPE_PROFILE_DIRS, *v;
-  int64_t gpus = 0, pipeline = 1, tensor = 1, data = 1, batch = 1, granularity = 8;
+  const char *model_spec = NULL, *hardware = NULL, *cost_table = NULL, *svg = NULL, *trace = NULL,
+             *show = "terapipe", *profiles = NULL, *input = NULL, *calibrate = NULL,
+             *slices = NULL, *v;
+  int64_t gpus = 0, pipeline = 0, tensor = 1, data = 1, batch = -1, granularity = 8, microbatches = 0;
   double max_memory = -1;
   bool json = false, joint = true, uniform_stages = false, emit_schedule = false;
   TpScheduleKind schedule = TP_SCHEDULE_GPIPE;
+  CliDims dims = {0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (cli_is(a, "--help")) { fputs(usage, stdout); return 0; }
@@ -163,6 +378,8 @@ int main(int argc, char **argv) {
     else if (cli_value(argc, argv, &i, "--svg", &svg)) {}
     else if (cli_value(argc, argv, &i, "--trace", &trace)) {}
     else if (cli_value(argc, argv, &i, "--profiles", &profiles)) {}
+    else if (cli_value(argc, argv, &i, "--calibrate", &calibrate)) {}
+    else if (cli_value(argc, argv, &i, "--slices", &slices)) {}
     else if (cli_value(argc, argv, &i, "--show", &show)) {
       if (strcmp(show, "terapipe") && strcmp(show, "joint") && strcmp(show, "baseline") && strcmp(show, "uniform"))
         cli_usage_error("--show expects terapipe, joint, baseline or uniform, got '%s'", show);
@@ -172,37 +389,94 @@ int main(int argc, char **argv) {
     else if (cli_value(argc, argv, &i, "--tensor", &v)) tensor = cli_int("--tensor", v, 1, 1 << 16);
     else if (cli_value(argc, argv, &i, "--data", &v)) data = cli_int("--data", v, 1, 1 << 20);
     else if (cli_value(argc, argv, &i, "--batch", &v)) batch = cli_int("--batch", v, 0, 1 << 20);
+    else if (cli_value(argc, argv, &i, "--microbatches", &v)) microbatches = cli_int("--microbatches", v, 1, 65536);
     else if (cli_value(argc, argv, &i, "--granularity", &v)) granularity = cli_int("--granularity", v, 1, 1 << 20);
     else if (cli_value(argc, argv, &i, "--max-memory", &v)) max_memory = parse_bytes("--max-memory", v);
+    else if (cli_value(argc, argv, &i, "--seq", &v)) dims.token_dims[1] = cli_int("--seq", v, 1, INT32_MAX);
+    else if (cli_value(argc, argv, &i, "--dim", &v)) cli_add_dim(&dims, v);
     else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &schedule)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
-    } else cli_usage_error("unknown option '%s'", a);
+    } else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
+    else if (input) cli_usage_error("more than one input model ('%s' and '%s')", input, a);
+    else input = a;
   }
+  char default_profiles[4096];
+  tp_profile_dirs(TOKPIPE_PROFILE_DIRS, default_profiles, sizeof default_profiles);
+  if (!profiles) profiles = default_profiles;
   TpDiag d;
   tp_diag_init(&d, cli_tool, NULL, stderr);
   if (cost_table) {
-    if (model_spec) cli_usage_error("--cost-table and --model exclude each other");
+    if (model_spec || input) cli_usage_error("--cost-table excludes a model (MODEL.onnx or --model)");
     return cli_exit_code(run_cost_table(cost_table, json, &d));
   }
-  if (!model_spec) cli_usage_error("--model or --cost-table is required");
+  if (!model_spec && !input) cli_usage_error("a model is required: MODEL.onnx, --model M or --cost-table FILE");
+  if (model_spec && input) cli_usage_error("give the model once: '%s' or --model %s", input, model_spec);
+  if (!input && (dims.n || dims.token_dims[1])) cli_usage_error("--seq and --dim apply to a model file (MODEL.onnx)");
+  bool predicting = slices || microbatches;
+  bool onnx = input && strlen(input) > 5 && !strcmp(input + strlen(input) - 5, ".onnx");
+  if (calibrate && uniform_stages) cli_usage_error("--uniform-stages cannot go with --calibrate: the profile prices each stage");
+  if (calibrate && tensor != 1) cli_usage_error("--calibrate prices the profiled stages: --tensor must be 1");
+  if (predicting && (joint == false || strcmp(show, "terapipe")))
+    cli_usage_error("--no-joint and --show are for the search, not for the prediction of one plan (--slices, --microbatches)");
+
+  /* the profile first: it fixes the sequence length, pipeline degree and cuts */
+  TpProfile prof = {0};
+  TpCalibration cal = {0};
+  int rc = TP_OK;
+  if (calibrate) {
+    rc = tp_profile_load(calibrate, &prof, &d);
+    if (!rc) rc = tp_calibrate(&prof, calibrate, &cal, &d);
+    if (rc) return cli_exit_code(rc);
+    if (pipeline && pipeline != prof.stages)
+      rc = tp_error(&d, "--pipeline %lld conflicts with the profile %s, measured on %d stage%s", (long long)pipeline,
+                    calibrate, prof.stages, prof.stages == 1 ? "" : "s");
+    pipeline = prof.stages;
+    if (!hardware) hardware = "cpu";
+    if (input && onnx && !dims.token_dims[1]) dims.token_dims[1] = prof.seq;
+  }
+  if (!pipeline) pipeline = 1;
+  if (!hardware) hardware = "p3.16xlarge";
 
   TpModelDesc model;
   TpHardware hw;
-  int rc = tp_model_parse(model_spec, &model, &d);
+  bool tied = true;
+  if (!rc && input) {
+    TpDiag fd;
+    tp_diag_init(&fd, cli_tool, strcmp(input, "-") ? input : "<stdin>", stderr);
+    rc = describe_file(input, &dims, &model, &tied, &fd);
+  } else if (!rc) rc = tp_model_parse(model_spec, &model, &d);
+  cli_free_dims(&dims);
+  if (!rc && calibrate && prof.seq && prof.seq != model.seq)
+    rc = tp_error(&d, "the profile %s was measured at sequence length %d, the model has %d", calibrate, prof.seq, model.seq);
   if (!rc) rc = tp_hardware_find(hardware, profiles, &hw, &d);
-  if (rc) return cli_exit_code(rc);
-  if (gpus && gpus != pipeline * tensor * data)
-    return cli_exit_code(tp_error(&d, "--gpus %lld is not pipeline x tensor x data = %lld x %lld x %lld = %lld",
-                                  (long long)gpus, (long long)pipeline, (long long)tensor,
-                                  (long long)data, (long long)(pipeline * tensor * data)));
-  if (batch < 1) return cli_exit_code(tp_error(&d, "batch must be at least 1 (got %lld)", (long long)batch));
-  if (batch % data)
-    return cli_exit_code(tp_error(&d, "global batch %lld is not divisible by %lld data-parallel replicas",
-                                  (long long)batch, (long long)data));
+  if (!rc && gpus && gpus != pipeline * tensor * data)
+    rc = tp_error(&d, "--gpus %lld is not pipeline x tensor x data = %lld x %lld x %lld = %lld", (long long)gpus,
+                  (long long)pipeline, (long long)tensor, (long long)data, (long long)(pipeline * tensor * data));
+  /* the microbatch size: the profile's, or the global batch's share of each microbatch */
+  int64_t M = microbatches ? microbatches : 1, b = 1;
+  if (!rc && predicting) {
+    b = calibrate ? cal.b : batch > 0 ? batch / (data * M) : 1;
+    if (batch < 0) batch = b * data * M;
+    if (batch != b * data * M && calibrate)
+      rc = tp_error(&d, "--batch %lld is not data %lld x microbatches %lld x the profiled microbatch size %lld",
+                    (long long)batch, (long long)data, (long long)M, (long long)b);
+    else if (batch != b * data * M)
+      rc = tp_error(&d, "--batch %lld is not divisible into data %lld x microbatches %lld equal microbatches",
+                    (long long)batch, (long long)data, (long long)M);
+  }
+  if (batch < 0) batch = calibrate ? cal.b * data : 1;
+  if (!rc && batch < 1) rc = tp_error(&d, "batch must be at least 1 (got %lld)", (long long)batch);
+  if (!rc && batch % data)
+    rc = tp_error(&d, "global batch %lld is not divisible by %lld data-parallel replicas", (long long)batch, (long long)data);
   TpPlanRequest *req = calloc(1, sizeof *req);
-  rc = tp_cost_model_init(&req->cm, &hw, &model, (int)pipeline, (int)tensor, (int)data, &d);
+  if (!rc) /* calibrated: one stage first, then the profile's stages and cuts */
+    rc = tp_cost_model_init(&req->cm, &hw, &model, calibrate && prof.cuts ? 1 : (int)pipeline, (int)tensor,
+                            (int)data, &d);
+  if (!rc && calibrate) rc = tp_cost_model_calibrate(&req->cm, &cal, prof.cuts, &d);
   if (rc) {
     free(req);
+    tp_calibration_free(&cal);
+    tp_profile_free(&prof);
     return cli_exit_code(rc);
   }
   req->cm.uniform_stages = uniform_stages;
@@ -211,21 +485,53 @@ int main(int argc, char **argv) {
   req->schedule = schedule;
   req->max_memory = max_memory >= 0 ? max_memory : hw.memory_bytes;
   req->joint = joint;
+  req->untied = !tied;
+  int S = req->cm.nstages;
+
+  if (predicting) {
+    int n;
+    int64_t *lengths = cli_parse_slices(slices ? slices : "1", model.seq, &n);
+    int *len = malloc(sizeof(int) * (size_t)n); /* the planner's lengths are ints */
+    TP_ASSERT(len);
+    for (int i = 0; i < n; i++) len[i] = (int)lengths[i];
+    free(lengths);
+    if (json) {
+      printf("{\n  \"mode\": \"predict\",\n");
+      json_model(&model);
+      printf("  \"hardware\": \"%s\",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n  \"tied\": %s,\n",
+             hw.name, S, (int)tensor, (int)data, tied ? "true" : "false");
+      if (calibrate) json_calibration(&cal, calibrate);
+    } else {
+      printf("%s: %d layers, hidden %d, %d heads, sequence %d, vocabulary %d%s\n", model.name, model.layers,
+             model.hidden, model.heads, model.seq, model.vocab, tied ? ", tied head" : "");
+      if (calibrate) text_calibration(&cal, calibrate, &prof);
+      printf("transfers: %s (%s)%s\n", hw.name, hw.device, calibrate ? "" : "; compute: analytic");
+    }
+    rc = predict(req, (int)M, (int)b, len, n, schedule, json, svg, trace, emit_schedule, &d);
+    free(len);
+    free(req);
+    tp_calibration_free(&cal);
+    tp_profile_free(&prof);
+    return cli_exit_code(rc);
+  }
+
   TpPlanResult *res = calloc(1, sizeof *res);
   rc = tp_plan(req, res, &d);
   if (rc) {
     free(res);
     free(req);
+    tp_calibration_free(&cal);
+    tp_profile_free(&prof);
     return cli_exit_code(rc);
   }
 
   const TpPlanEval *tp = &res->terapipe, *base = &res->baseline, *uni = &res->uniform, *jt = &res->joint;
-  int S = req->cm.nstages;
   if (json) {
-    printf("{\n  \"model\": {\"name\": \"%s\", \"layers\": %d, \"hidden\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d},\n",
-           model.name, model.layers, model.hidden, model.heads, model.seq, model.vocab);
+    printf("{\n");
+    json_model(&model);
     printf("  \"hardware\": \"%s\",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n", hw.name,
-           (int)pipeline, (int)tensor, (int)data);
+           S, (int)tensor, (int)data);
+    if (calibrate) json_calibration(&cal, calibrate);
     printf("  \"batch\": %d,\n  \"granularity\": %d,\n  \"schedule\": \"%s\",\n", (int)batch,
            (int)granularity, tp_schedule_name(schedule));
     printf("  \"iteration_time_s\": %.6g,\n  \"eq5_time_s\": %.6g,\n", tp->time_s, tp->eq5_s);
@@ -256,9 +562,10 @@ int main(int argc, char **argv) {
   } else {
     printf("%s: %d layers, hidden %d, %d heads, sequence %d, vocabulary %d\n", model.name,
            model.layers, model.hidden, model.heads, model.seq, model.vocab);
-    printf("%s (%s): %lld devices = pipeline %lld x tensor %lld x data %lld; batch %lld (%d per replica)\n",
-           hw.name, hw.device, (long long)(pipeline * tensor * data), (long long)pipeline,
-           (long long)tensor, (long long)data, (long long)batch, req->batch);
+    printf("%s (%s): %lld devices = pipeline %d x tensor %lld x data %lld; batch %lld (%d per replica)\n",
+           hw.name, hw.device, (long long)(S * tensor * data), S, (long long)tensor, (long long)data,
+           (long long)batch, req->batch);
+    if (calibrate) text_calibration(&cal, calibrate, &prof);
     printf("TeraPipe plan (%s, granularity %d):\n", tp_schedule_name(schedule), (int)granularity);
     text_slices(stdout, &tp->slicing);
     printf("  iteration time      %.4g s simulated; Eq. 5 estimate %.4g s (%+.1f%%)\n", tp->time_s,
@@ -273,9 +580,10 @@ int main(int argc, char **argv) {
     printf("  DP: %d runs in %.3f s; cost table fit error %.2f%% rms, %.2f%% max\n", res->evaluations,
            res->solve_s, 100 * res->fit_rms_rel_err, 100 * res->fit_max_rel_err);
     if (res->has_joint) {
-      printf("joint search: %.4g s (%.2fx over TeraPipe's plan): %s, %s stage cuts%s, max %.2f GiB\n",
+      printf("joint search%s: %.4g s (%.2fx over TeraPipe's plan): %s, %s stage cuts%s, max %.2f GiB\n",
+             calibrate ? " (calibrated: the profile's stage cuts and microbatch size, no recomputation)" : "",
              jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule),
-             jt->balanced_cuts ? "balanced" : "equal", jt->recompute ? ", recomputation" : "",
+             calibrate ? "the profile's" : jt->balanced_cuts ? "balanced" : "equal", jt->recompute ? ", recomputation" : "",
              jt->max_peak_bytes / (1 << 30));
       text_slices(stdout, &jt->slicing);
     }
@@ -291,9 +599,8 @@ int main(int argc, char **argv) {
     if (!rc) rc = tp_schedule_verify(&sched, false, &d);
     if (!rc && emit_schedule) tp_schedule_print(&sched, stdout);
     char title[256];
-    snprintf(title, sizeof title, "%s on %s: pipeline %lld x tensor %lld, %s plan, %s: %.4g s",
-             model.name, hw.name, (long long)pipeline, (long long)tensor, show,
-             tp_schedule_name(e->schedule), sim.time_s);
+    snprintf(title, sizeof title, "%s on %s: pipeline %d x tensor %lld, %s plan, %s: %.4g s",
+             model.name, hw.name, S, (long long)tensor, show, tp_schedule_name(e->schedule), sim.time_s);
     Picture pic = {&sim, &sched, title};
     if (!rc && svg) rc = cli_write_output(svg, write_svg, &pic, &d);
     if (!rc && trace) rc = cli_write_output(trace, write_trace, &pic, &d);
@@ -303,5 +610,7 @@ int main(int argc, char **argv) {
   tp_plan_result_free(res);
   free(res);
   free(req);
+  tp_calibration_free(&cal);
+  tp_profile_free(&prof);
   return cli_exit_code(rc);
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "json.h"
 
@@ -112,6 +113,16 @@ int tp_hardware_find(const char *name, const char *dirs, TpHardware *hw, TpDiag 
                   known[0] ? known : "none found");
 }
 
+void tp_profile_dirs(const char *builtin, char *out, size_t size) {
+  char exe[1024];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = 0;
+  char *slash = strrchr(exe, '/');
+  if (slash) *slash = 0; /* PREFIX/bin */
+  snprintf(out, size, "%s%s%s/../share/tokpipec/profiles", builtin, slash ? ":" : "", slash ? exe : "");
+  if (!slash) snprintf(out, size, "%s", builtin);
+}
+
 /* ---- models ---- */
 
 static const TpModelDesc builtin_models[] = {
@@ -122,12 +133,21 @@ static const TpModelDesc builtin_models[] = {
     {"GPT3-175B", 96, 12288, 96, 2048, 50257, 4 * 12288},
 };
 
+/* Is value v a graph output? */
+static bool is_output(const TpModule *m, int v) {
+  for (int i = 0; i < m->noutputs; i++)
+    if (m->outputs[i] == v) return true;
+  return false;
+}
+
 /* The transformer's sizes, read off a raised forward module (after raise-transformer):
- * layers = Attention ops, hidden and heads from the first one, vocab = the widest Linear
- * (the head), ffn = the widest Linear below it other than the QKV projection. */
+ * layers = Attention ops, hidden and heads from the first one, vocab = the LM head's width
+ * (the Linear giving a graph output, else the widest), ffn = the widest other Linear than
+ * the head and the QKV projection. */
 bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
   *desc = (TpModelDesc){.seq = (int)seq};
   snprintf(desc->name, sizeof desc->name, "model");
+  int head = -1;
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
     if (o->kind == TP_OP_Attention) {
@@ -137,14 +157,18 @@ bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
       desc->hidden = q->rank == 4 ? (int)(q->dims[1] * q->dims[3]) : (int)q->dims[2];
     } else if (o->kind == TP_OP_Linear) {
       const TpType *y = &m->values[o->outputs[0]].type;
-      if (y->dims[y->rank - 1] > desc->vocab) desc->vocab = (int)y->dims[y->rank - 1];
+      bool out = is_output(m, o->outputs[0]), head_out = head >= 0 && is_output(m, m->ops[head].outputs[0]);
+      if (out ? !head_out : !head_out && y->dims[y->rank - 1] > desc->vocab) {
+        head = op;
+        desc->vocab = (int)y->dims[y->rank - 1];
+      }
     }
   }
   for (int op = 0; op < m->nops; op++) {
-    if (m->ops[op].kind != TP_OP_Linear) continue;
+    if (m->ops[op].kind != TP_OP_Linear || op == head) continue;
     const TpType *y = &m->values[m->ops[op].outputs[0]].type;
     int w = (int)y->dims[y->rank - 1];
-    if (w < desc->vocab && w != 3 * desc->hidden && w > desc->ffn) desc->ffn = w;
+    if (w != 3 * desc->hidden && w > desc->ffn) desc->ffn = w;
   }
   if (!desc->ffn) desc->ffn = 4 * desc->hidden;
   return desc->layers > 0 && desc->hidden > 0 && desc->heads > 0 && desc->vocab > 0 && seq > 0;
@@ -351,14 +375,28 @@ static TpTime edge_time(const TpCostModel *cm, const TpStage *s, int b, int l) {
   return t;
 }
 
-TpTime tp_stage_time(const TpCostModel *cm, int k, int b, int l, int c) {
-  TP_ASSERT(k >= 0 && k < cm->nstages);
+static TpTime analytic_stage_time(const TpCostModel *cm, int k, int b, int l, int c) {
   TpStage s = cm->stage[k];
   if (cm->uniform_stages) s = (TpStage){0, cm->model.layers / cm->nstages, false, false};
   TpTime layer = tp_layer_time(cm, b, l, c), t = edge_time(cm, &s, b, l);
   t.fwd += s.layers * layer.fwd;
   t.bwd += s.layers * layer.bwd;
   return t;
+}
+
+TpTime tp_stage_time(const TpCostModel *cm, int k, int b, int l, int c) {
+  TP_ASSERT(k >= 0 && k < cm->nstages);
+  const TpCalibration *cal = cm->cal;
+  if (!cal) return analytic_stage_time(cm, k, b, l, c);
+  if (b != cal->b) return (TpTime){INFINITY, INFINITY};
+  double f = tp_fit_eval(&cal->fwd[k], l, c);
+  if (cal->split) {
+    double g = tp_fit_eval(&cal->bwd[k], l, c);
+    return (TpTime){f > 0 ? f : 0, g > 0 ? g : 0};
+  }
+  TpTime a = analytic_stage_time(cm, k, b, l, c); /* only the sum is measured */
+  if (!(f > 0)) f = 0;
+  return (TpTime){f * a.fwd / (a.fwd + a.bwd), f * a.bwd / (a.fwd + a.bwd)};
 }
 
 /* Devices are numbered replica-major, then stage, then tensor rank; a node holds
@@ -403,6 +441,7 @@ double tp_grad_allreduce_time(const TpCostModel *cm, int k) {
 
 /* Adam over fp32 state: about 32 bytes moved per parameter. */
 double tp_optimizer_time(const TpCostModel *cm, int k) {
+  if (cm->cal && cm->cal->optimizer) return cm->cal->optimizer[k];
   return cm->hw.kernel_overhead_s + 32 * tp_stage_params(cm, k) / cm->hw.mem_bandwidth;
 }
 
@@ -436,37 +475,126 @@ double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b) {
 
 /* ---- calibration ---- */
 
-int tp_samples_load(const char *path, TpSample **out, int *n, TpDiag *d) {
+/* A JSON integer in [lo, hi] at obj.key: absent leaves *out (true), else false when bad. */
+static bool int_field(const TpJson *j, const char *key, int lo, int hi, int *out) {
+  const TpJson *v = tp_json_get(j, key);
+  if (!v) return true;
+  if (v->kind != TP_JSON_NUMBER || v->number != floor(v->number) || v->number < lo || v->number > hi) return false;
+  *out = (int)v->number;
+  return true;
+}
+
+static int load_sample(const TpJson *e, int i, const TpProfile *p, const char *path, TpSample *s, TpDiag *d) {
+  if (e->kind != TP_JSON_OBJECT) return tp_error(d, "profile %s: sample %d is not an object", path, i);
+  bool ok = true;
+  double b = tp_json_number(e, "b", -1, &ok), l = tp_json_number(e, "l", -1, &ok);
+  double c = tp_json_number(e, "c", -1, &ok), sec = tp_json_number(e, "seconds", NAN, &ok);
+  double fwd = tp_json_number(e, "forward", NAN, &ok), bwd = tp_json_number(e, "backward", NAN, &ok);
+  double stage = tp_json_number(e, "stage", 0, &ok);
+  if (!ok) return tp_error(d, "profile %s: sample %d: a field is not a number", path, i);
+  if (b < 1 || l < 1 || c < 0 || b != floor(b) || l != floor(l) || c != floor(c) || b > 1e9 || l + c > 1e9)
+    return tp_error(d, "profile %s: sample %d needs integers b >= 1, l >= 1, c >= 0", path, i);
+  if (isnan(fwd) != isnan(bwd))
+    return tp_error(d, "profile %s: sample %d has only one of \"forward\" and \"backward\"", path, i);
+  bool split = !isnan(fwd);
+  if (split && !(fwd > 0 && bwd > 0 && isfinite(fwd + bwd)))
+    return tp_error(d, "profile %s: sample %d needs forward > 0 and backward > 0", path, i);
+  if (isnan(sec) && split) sec = fwd + bwd;
+  if (!(sec > 0) || !isfinite(sec)) return tp_error(d, "profile %s: sample %d needs seconds > 0", path, i);
+  if (split && fabs(fwd + bwd - sec) > 1e-6 + 1e-3 * sec)
+    return tp_error(d, "profile %s: sample %d: forward %g + backward %g is not seconds %g", path, i, fwd, bwd, sec);
+  if (stage != floor(stage) || stage < 0 || stage >= p->stages)
+    return tp_error(d, "profile %s: sample %d: stage %g is not one of the %d stage%s", path, i, stage, p->stages,
+                    p->stages == 1 ? "" : "s");
+  if (p->seq && l + c > p->seq)
+    return tp_error(d, "profile %s: sample %d: l %g + c %g exceeds the sequence length %d", path, i, l, c, p->seq);
+  *s = (TpSample){(int)b, (int)l, (int)c, sec, (int)stage, split, split ? fwd : 0, split ? bwd : 0};
+  return TP_OK;
+}
+
+int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
+  memset(p, 0, sizeof *p);
   char err[256];
   TpJson *j = tp_json_parse_file(path, err, sizeof err);
   if (!j) return tp_error(d, "profile %s: %s", path, err);
-  const TpJson *s = tp_json_get(j, "samples");
   int rc = TP_OK;
-  *out = NULL;
-  *n = 0;
+  const TpJson *format = tp_json_get(j, "format"), *device = tp_json_get(j, "device"),
+               *model = tp_json_get(j, "model"), *s = tp_json_get(j, "samples"),
+               *cuts = tp_json_get(j, "stage_cuts"), *opt = tp_json_get(j, "optimizer");
+  int version = 1;
+  if (j->kind != TP_JSON_OBJECT || (format && (format->kind != TP_JSON_STRING || strcmp(format->string, "tokpipe-profile")))) {
+    rc = tp_error(d, "profile %s: not a tokpipe profile (\"format\" must be \"tokpipe-profile\")", path);
+    goto done;
+  }
+  if (!int_field(j, "version", 1, 1 << 30, &version) || version != 1) {
+    rc = tp_error(d, "profile %s: unsupported \"version\" (this reader knows 1)", path);
+    goto done;
+  }
+  const struct { const char *key; int *dst; } ints[] = {
+      {"threads", &p->threads}, {"ranks", &p->ranks}, {"stages", &p->stages}, {"batch", &p->batch}, {"seq", &p->seq}};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+    if (!int_field(j, ints[i].key, 1, i == 2 ? TP_MAX_STAGES : 1 << 30, ints[i].dst)) {
+      rc = tp_error(d, "profile %s: \"%s\" must be a positive integer", path, ints[i].key);
+      goto done;
+    }
+  snprintf(p->device, sizeof p->device, "%s", device && device->kind == TP_JSON_STRING ? device->string : "unknown");
+  snprintf(p->model, sizeof p->model, "%s", model && model->kind == TP_JSON_STRING ? model->string : "");
   if (!s || s->kind != TP_JSON_ARRAY || s->count == 0) {
     rc = tp_error(d, "profile %s: needs a non-empty \"samples\" array", path);
     goto done;
   }
-  *out = calloc((size_t)s->count, sizeof **out);
-  for (int i = 0; i < s->count; i++) {
-    const TpJson *e = &s->items[i];
-    bool ok = true;
-    double b = tp_json_number(e, "b", -1, &ok), l = tp_json_number(e, "l", -1, &ok);
-    double c = tp_json_number(e, "c", -1, &ok), sec = tp_json_number(e, "seconds", -1, &ok);
-    if (!ok || b < 1 || l < 1 || c < 0 || !(sec > 0) || b != floor(b) || l != floor(l) || c != floor(c)) {
-      rc = tp_error(d, "profile %s: sample %d needs integers b >= 1, l >= 1, c >= 0 and seconds > 0",
-                    path, i);
-      free(*out);
-      *out = NULL;
+  if (!p->stages) { /* absent: as many as the samples name */
+    p->stages = 1;
+    for (int i = 0; i < s->count; i++) {
+      double k = tp_json_number(&s->items[i], "stage", 0, NULL);
+      if (k >= p->stages && k < TP_MAX_STAGES) p->stages = (int)k + 1;
+    }
+  }
+  if (cuts) {
+    bool ok = cuts->kind == TP_JSON_ARRAY && cuts->count == p->stages;
+    p->cuts = calloc((size_t)p->stages, sizeof *p->cuts);
+    for (int k = 0; ok && k < p->stages; k++) {
+      const TpJson *v = &cuts->items[k];
+      ok = v->kind == TP_JSON_NUMBER && v->number == floor(v->number) && v->number < 1 << 24 &&
+           (k ? v->number > p->cuts[k - 1] : v->number == 0);
+      if (ok) p->cuts[k] = (int)v->number;
+    }
+    if (!ok) {
+      rc = tp_error(d, "profile %s: \"stage_cuts\" must list the first layer of each of the %d stages (0, then "
+                       "increasing)", path, p->stages);
       goto done;
     }
-    (*out)[i] = (TpSample){(int)b, (int)l, (int)c, sec};
   }
-  *n = s->count;
+  if (opt) {
+    bool ok = opt->kind == TP_JSON_ARRAY && opt->count == p->stages;
+    p->optimizer = calloc((size_t)p->stages, sizeof *p->optimizer);
+    for (int k = 0; ok && k < p->stages; k++) {
+      ok = opt->items[k].kind == TP_JSON_NUMBER && opt->items[k].number >= 0 && isfinite(opt->items[k].number);
+      if (ok) p->optimizer[k] = opt->items[k].number;
+    }
+    if (!ok) {
+      rc = tp_error(d, "profile %s: \"optimizer\" must hold seconds >= 0 for each of the %d stages", path, p->stages);
+      goto done;
+    }
+  }
+  p->samples = calloc((size_t)s->count, sizeof *p->samples);
+  p->split = true;
+  for (int i = 0; i < s->count && !rc; i++) {
+    rc = load_sample(&s->items[i], i, p, path, &p->samples[i], d);
+    p->split &= p->samples[i].split;
+  }
+  p->nsamples = s->count;
 done:
   tp_json_free(j);
+  if (rc) tp_profile_free(p);
   return rc;
+}
+
+void tp_profile_free(TpProfile *p) {
+  free(p->cuts);
+  free(p->optimizer);
+  free(p->samples);
+  memset(p, 0, sizeof *p);
 }
 
 /* Solves the 4x4 system A x = y by Gaussian elimination with partial pivoting. */
@@ -508,7 +636,7 @@ int tp_fit_samples(const TpSample *s, int n, int b, TpFit *fit, TpDiag *d) {
     if (!u || lens[u - 1] != lens[i]) lens[u++] = lens[i];
   if (!u) {
     free(lens);
-    return tp_error(d, "profile: no samples with c = 0 for microbatch size %d", b);
+    return tp_error(d, "no samples with c = 0 for microbatch size %d", b);
   }
   fit->nlen = u;
   fit->len = lens;
@@ -539,8 +667,8 @@ int tp_fit_samples(const TpSample *s, int n, int b, TpFit *fit, TpDiag *d) {
   }
   if (nctx < 4 || !solve4(A, y, fit->a)) {
     tp_fit_free(fit);
-    return tp_error(d, "profile: microbatch size %d needs samples with c > 0 at two or more "
-                       "lengths and contexts to fit t_ctx", b);
+    return tp_error(d, "microbatch size %d needs samples with c > 0 at two or more lengths "
+                       "and contexts to fit t_ctx", b);
   }
   double sq = 0;
   for (int i = 0; i < n; i++) {
@@ -572,4 +700,69 @@ void tp_fit_free(TpFit *f) {
   free(f->t0);
   f->len = NULL;
   f->t0 = NULL;
+}
+
+/* ---- calibrated cost model ---- */
+
+static const char *const quantity_names[3] = {"forward", "backward", "forward+backward"};
+
+int tp_calibrate(const TpProfile *p, const char *path, TpCalibration *cal, TpDiag *d) {
+  memset(cal, 0, sizeof *cal);
+  int b = p->batch;
+  for (int i = 0; i < p->nsamples && !b; i++) b = p->samples[i].b;
+  cal->b = b;
+  cal->nstages = p->stages;
+  cal->split = p->split;
+  cal->fwd = calloc((size_t)p->stages, sizeof *cal->fwd);
+  cal->bwd = calloc((size_t)p->stages, sizeof *cal->bwd);
+  if (p->optimizer) {
+    cal->optimizer = malloc(sizeof(double) * (size_t)p->stages);
+    memcpy(cal->optimizer, p->optimizer, sizeof(double) * (size_t)p->stages);
+  }
+  TpSample *s = malloc(sizeof *s * (size_t)p->nsamples);
+  TpDiag quiet;
+  tp_diag_init(&quiet, d->tool, NULL, NULL);
+  int rc = TP_OK;
+  for (int k = 0; k < p->stages && !rc; k++)
+    for (int q = cal->split ? 0 : 2; q < (cal->split ? 2 : 3) && !rc; q++) {
+      int n = 0;
+      for (int i = 0; i < p->nsamples; i++) {
+        const TpSample *x = &p->samples[i];
+        if (x->stage != k || x->b != b) continue;
+        s[n] = *x;
+        s[n++].seconds = q == 0 ? x->forward : q == 1 ? x->backward : x->seconds;
+      }
+      if (!n)
+        rc = tp_error(d, "profile %s: no samples of stage %d with microbatch size %d", path, k, b);
+      else if (tp_fit_samples(s, n, b, q == 1 ? &cal->bwd[k] : &cal->fwd[k], &quiet))
+        rc = tp_error(d, "profile %s: stage %d %s: %s", path, k, quantity_names[q], quiet.last);
+    }
+  free(s);
+  if (rc) tp_calibration_free(cal);
+  return rc;
+}
+
+void tp_calibration_free(TpCalibration *cal) {
+  for (int k = 0; cal->fwd && k < cal->nstages; k++) {
+    tp_fit_free(&cal->fwd[k]);
+    tp_fit_free(&cal->bwd[k]);
+  }
+  free(cal->fwd);
+  free(cal->bwd);
+  free(cal->optimizer);
+  memset(cal, 0, sizeof *cal);
+}
+
+int tp_cost_model_calibrate(TpCostModel *cm, const TpCalibration *cal, const int *cuts, TpDiag *d) {
+  if (cuts) { /* the profile's stages, however uneven */
+    if (cuts[cal->nstages - 1] >= cm->model.layers)
+      return tp_error(d, "the profile's stage cuts need more than the model's %d layers", cm->model.layers);
+    cm->pipeline = cm->nstages = cal->nstages;
+    tp_cost_model_set_cuts(cm, cuts);
+  }
+  if (cal->nstages != cm->nstages)
+    return tp_error(d, "the profile has %d stage%s, the plan %d", cal->nstages, cal->nstages == 1 ? "" : "s",
+                    cm->nstages);
+  cm->cal = cal;
+  return TP_OK;
 }

@@ -37,6 +37,10 @@ int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d);
 /* `name` is a file path (contains '/' or ends in .json) or NAME, looked up as NAME.json in
  * the ':'-separated `dirs`. Unknown names list the profiles found. */
 int tp_hardware_find(const char *name, const char *dirs, TpHardware *hw, TpDiag *d);
+/* The default profile folders: `builtin` (the build tree's tools/profiles and the
+ * configured PREFIX/share/tokpipec/profiles), then share/tokpipec/profiles next to the
+ * running executable's bin/ (an install moved or made with --prefix). */
+void tp_profile_dirs(const char *builtin, char *out, size_t size);
 
 typedef struct {
   char name[32];
@@ -70,6 +74,7 @@ typedef struct {
                                 the forward in backward */
   bool uniform_stages;       /* price every stage like a middle one (the paper's model) */
   double param_state_bytes;  /* weights + gradients + optimizer state per parameter */
+  const struct TpCalibration *cal; /* measured stage and optimizer times, or NULL */
 } TpCostModel;
 
 /* Sets up cm with stages of equal layer counts; layers not divisible by pipeline is an
@@ -95,7 +100,8 @@ double tp_kernel_time(const TpCostModel *cm, const TpKernel *k);
 
 typedef struct { double fwd, bwd; } TpTime;
 /* One layer, and one whole stage (its layers plus embedding / head), for b sequences,
- * a slice of l tokens with context c. */
+ * a slice of l tokens with context c. Calibrated: the stage's fitted times, INFINITY for
+ * a microbatch size other than the profiled one. */
 TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c);
 TpTime tp_stage_time(const TpCostModel *cm, int stage, int b, int l, int c);
 /* Activation (or its gradient) of b x l tokens from stage k to k+1 (or back). */
@@ -103,7 +109,7 @@ double tp_send_time(const TpCostModel *cm, int k, int b, int l);
 bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k);
 /* After the backward: data-parallel gradient all-reduce and optimizer step of stage k. */
 double tp_grad_allreduce_time(const TpCostModel *cm, int k);
-double tp_optimizer_time(const TpCostModel *cm, int k);
+double tp_optimizer_time(const TpCostModel *cm, int k); /* calibrated: measured */
 
 /* Memory of stage k on one device. */
 double tp_stage_params(const TpCostModel *cm, int k);          /* parameters on a device */
@@ -126,8 +132,29 @@ double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full
  * "forward"/"backward" absent: only their sum is known. "optimizer" (optional): seconds
  * of one AdamW step of each stage's parameters. "stage_cuts" (optional): the first layer of
  * each stage, as tokpipec's --stage-cuts. */
-typedef struct { int b, l, c; double seconds; } TpSample;
-int tp_samples_load(const char *path, TpSample **samples, int *n, TpDiag *d);
+/* One sample; stage 0 and split = false where the file does not say. */
+typedef struct {
+  int b, l, c;
+  double seconds;
+  int stage;
+  bool split;              /* forward and backward measured separately */
+  double forward, backward;
+} TpSample;
+
+/* A whole profile file. Optional fields: threads, ranks, batch, seq 0 when absent; cuts and
+ * optimizer NULL. */
+typedef struct {
+  char device[128], model[256];
+  int threads, ranks, stages, batch, seq;
+  int *cuts;               /* [stages] first layer of each stage */
+  double *optimizer;       /* [stages] seconds of one AdamW step */
+  TpSample *samples;
+  int nsamples;
+  bool split;              /* every sample has forward and backward */
+} TpProfile;
+/* Reads and checks a profile: one error naming the file (and the sample) for bad input. */
+int tp_profile_load(const char *path, TpProfile *p, TpDiag *d);
+void tp_profile_free(TpProfile *p);
 
 typedef struct {
   int b;
@@ -145,5 +172,25 @@ int tp_fit_samples(const TpSample *s, int n, int b, TpFit *fit, TpDiag *d);
  * extrapolated from the nearest two), plus t_ctx where c > 0. */
 double tp_fit_eval(const TpFit *f, double l, double c);
 void tp_fit_free(TpFit *f);
+
+/* A cost model calibrated by a profile: per stage, forward and backward each fitted as
+ * above (t(l,0) per measured length + t_ctx), for the profiled microbatch size only; the
+ * optimizer step per stage where the profile has it. Transfers and memory stay analytic
+ * (the hardware profile). */
+typedef struct TpCalibration {
+  int b;                /* the profiled microbatch size: the only one priced */
+  int nstages;
+  bool split;           /* forward/backward measured apart; else fwd fits their sum,
+                           divided by the analytic model's forward:backward ratio */
+  TpFit *fwd, *bwd;     /* [nstages] (bwd unused unless split) */
+  double *optimizer;    /* [nstages] or NULL */
+} TpCalibration;
+/* Fits every stage of the profile (errors name the file, stage and quantity). */
+int tp_calibrate(const TpProfile *p, const char *path, TpCalibration *cal, TpDiag *d);
+void tp_calibration_free(TpCalibration *cal);
+/* Attaches cal to cm and takes the profile's stage cuts (their count as the pipeline
+ * degree), or with cuts NULL keeps cm's, which must have the profile's stage count; a
+ * mismatch with the model is an input error. */
+int tp_cost_model_calibrate(TpCostModel *cm, const TpCalibration *cal, const int *cuts, TpDiag *d);
 
 #endif

@@ -9,9 +9,9 @@
 static double slice_seconds(const TpCostModel *cm, int b, int l, int c) {
   int S = cm->nstages;
   double worst = 0, send = 0;
-  int kinds[3] = {0, S / 2, S - 1};
-  for (int i = 0; i < 3; i++) {
-    TpTime t = tp_stage_time(cm, kinds[i], b, l, c);
+  int kinds[3] = {0, S / 2, S - 1}; /* analytic: the middle stages are alike */
+  for (int i = 0; i < (cm->cal ? S : 3); i++) {
+    TpTime t = tp_stage_time(cm, cm->cal ? i : kinds[i], b, l, c);
     if (t.fwd + t.bwd > worst) worst = t.fwd + t.bwd;
   }
   for (int k = 0; k + 1 < S; k++) {
@@ -35,13 +35,14 @@ void tp_model_slice_cost(const TpCostModel *cm, int batch, int g, TpSliceCost *t
   TpDiag quiet;
   tp_diag_init(&quiet, "tokpipe-plan", NULL, NULL);
   for (int b = 1; b <= batch; b++) {
+    if (cm->cal && b != cm->cal->b) continue; /* not measured: stays INFINITY */
     for (int s = 1; s <= n; s++) t->t0[(long)b * (n + 1) + s] = slice_seconds(cm, b, s * g, 0);
     int ns = 0;
     for (int i = 0; i < ng; i++)
       for (int j = -1; j < ng; j++) {
         int s = grid[i], c = j < 0 ? 0 : grid[j];
         if (s + c > n) continue;
-        samples[ns++] = (TpSample){b, s * g, c * g, slice_seconds(cm, b, s * g, c * g)};
+        samples[ns++] = (TpSample){.b = b, .l = s * g, .c = c * g, .seconds = slice_seconds(cm, b, s * g, c * g)};
       }
     TpFit fit;
     if (tp_fit_samples(samples, ns, b, &fit, &quiet) == TP_OK) {
@@ -123,7 +124,7 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   tp_cost_model_set_cuts(cm, e->cuts);
   int *nslices = malloc(sizeof(int) * (size_t)e->slicing.n);
   for (int m = 0; m < e->slicing.n; m++) nslices[m] = e->slicing.mb[m].nslices;
-  TpScheduleSpec spec = {e->schedule, cm->nstages, e->slicing.n, nslices, cm->data > 1, true};
+  TpScheduleSpec spec = {e->schedule, cm->nstages, e->slicing.n, nslices, cm->data > 1, !req->untied};
   tp_schedule_build(&spec, sched);
   TpSimCosts costs;
   tp_sim_costs_from_model(cm, &e->slicing, &costs);
@@ -160,6 +161,9 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
   if (B < 1) return tp_error(d, "batch per pipeline replica must be >= 1 (got %d)", B);
   if (g < 1 || cm->model.seq % g)
     return tp_error(d, "granularity %d does not divide the sequence length %d", g, cm->model.seq);
+  if (cm->cal && B % cm->cal->b)
+    return tp_error(d, "batch per pipeline replica %d is not a multiple of the profiled microbatch size %d",
+                    B, cm->cal->b);
   TpSliceCost table;
   tp_model_slice_cost(cm, B, g, &table, &out->fit_rms_rel_err, &out->fit_max_rel_err);
   int n = table.units, rc;
@@ -175,7 +179,7 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
 
   /* baseline and best uniform, over equal microbatch sizes */
   for (int mb = 1; mb <= B; mb++) {
-    if (B % mb) continue;
+    if (B % mb || (cm->cal && mb != cm->cal->b)) continue;
     TpPlanEval cand;
     init_eval(req, &cand, req->schedule);
     tp_uniform_slicing(&table, B, mb, 1, cm->nstages, &cand.slicing);
@@ -202,7 +206,7 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     tp_slicing_copy(&cands[ncand++], &out->terapipe.slicing);
     tp_slicing_copy(&cands[ncand++], &out->uniform.slicing);
     for (int mb = 1; mb <= B; mb++) {
-      if (B % mb || mb == B) continue;
+      if (B % mb || mb == B || (cm->cal && mb != cm->cal->b)) continue;
       TpSliceCost only = table;
       size_t rows = ((size_t)B + 1) * ((size_t)n + 1);
       only.t0 = malloc(rows * sizeof(double));
@@ -215,11 +219,13 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     }
     int cuts[2][TP_MAX_STAGES];
     for (int k = 0; k < cm->nstages; k++) cuts[0][k] = cm->stage[k].first;
-    balanced_cuts(cm, cuts[1]);
+    /* calibrated: only what was measured (the profile's cuts, no recomputation) */
+    if (cm->cal) memcpy(cuts[1], cuts[0], sizeof(int) * (size_t)cm->nstages);
+    else balanced_cuts(cm, cuts[1]);
     bool cuts_differ = memcmp(cuts[0], cuts[1], sizeof(int) * (size_t)cm->nstages) != 0;
     for (int c = 0; c < ncand; c++)
       for (int s = 0; s < 2; s++)
-        for (int rec = 0; rec < 2; rec++)
+        for (int rec = 0; rec < 2 - (cm->cal != NULL); rec++)
           for (int cut = 0; cut < 1 + cuts_differ; cut++) {
             TpPlanEval cand;
             init_eval(req, &cand, s ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE);

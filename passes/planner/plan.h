@@ -9,7 +9,9 @@
  * 3. The joint search: schedule (gpipe, 1f1b) x stage cuts (equal, compute-balanced with
  *    embedding and head) x activation recomputation x candidate slicings (the Eq. 5
  *    optimum overall and per microbatch size, the best uniform ones), each simulated;
- *    the fastest whose every rank fits the memory bound wins. */
+ *    the fastest whose every rank fits the memory bound wins.
+ * Calibrated (cm.cal): only the profiled microbatch size is priced, the stage cuts are the
+ * profile's and recomputation (never measured) is not searched. */
 #ifndef TOKPIPE_PLANNER_PLAN_H
 #define TOKPIPE_PLANNER_PLAN_H
 
@@ -25,6 +27,7 @@ typedef struct {
   TpScheduleKind schedule;  /* the schedule of TeraPipe's plan and the baselines */
   double max_memory;        /* bytes per device */
   bool joint;               /* also run the joint search */
+  bool untied;              /* the LM head does not share the embedding (no allreduce-tied) */
 } TpPlanRequest;
 
 typedef struct {

@@ -1,8 +1,9 @@
 /* Cost model and planner sanity: the fit recovers known coefficients from synthetic
- * samples; every shipped hardware profile loads; slice costs grow with length and
+ * samples, and calibration from a synthetic profile file each stage's forward and
+ * backward coefficients; every shipped hardware profile loads; slice costs grow with length and
  * context; with batch-only pipelining at B=1 more stages are never predicted faster;
  * the DP's plan is never worse (Eq. 5) than the uniform and batch-only plans.
- * usage: test_cost PROFILE_DIR */
+ * usage: test_cost PROFILE_DIR SYNTHETIC_PROFILE.json */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +23,9 @@ static void fit_recovers(void) {
       double t0 = 1e-3 + 2e-5 * l + 1e-8 * l * l; /* some convex t(l,0) */
       double t = t0 + (c ? a[0] + a[1] * l + a[2] * c + a[3] * (double)l * c : 0);
       t *= 1 + 1e-4 * ((n * 7919) % 11 - 5) / 5.0; /* +-0.01% noise */
-      s[n++] = (TpSample){2, l, c, t};
+      s[n++] = (TpSample){.b = 2, .l = l, .c = c, .seconds = t};
     }
-  s[n++] = (TpSample){1, 16, 0, 1}; /* another microbatch size: ignored */
+  s[n++] = (TpSample){.b = 1, .l = 16, .c = 0, .seconds = 1}; /* another microbatch size: ignored */
   TpFit fit;
   TpDiag d;
   tp_diag_init(&d, "test_cost", NULL, stderr);
@@ -39,6 +40,59 @@ static void fit_recovers(void) {
   /* too few context samples is an input error */
   tp_diag_init(&d, "test_cost", NULL, NULL);
   CHECK(tp_fit_samples(s, 2, 2, &fit, &d) == TP_ERR_INPUT, "fit of 2 samples accepted");
+}
+
+/* tests/planner/profiles/synth.json: stage k's forward f and backward g are
+ * c0 + c1*l + (c > 0: a0 + a1*l + a2*c + a3*l*c) with these coefficients (made by hand). */
+static const double synth[2][2][6] = {
+    {{1e-3, 2e-5, 1e-4, 1e-6, 2e-6, 1e-8}, {2e-3, 4e-5, 3e-4, 2e-6, 3e-6, 3e-8}},
+    {{2e-3, 3e-5, 2e-4, 2e-6, 3e-6, 2e-8}, {4e-3, 6e-5, 4e-4, 3e-6, 5e-6, 4e-8}}};
+
+static void calibration_recovers(const char *path, const char *dirs) {
+  TpDiag d;
+  tp_diag_init(&d, "test_cost", NULL, stderr);
+  TpProfile p;
+  TpCalibration cal;
+  CHECK(tp_profile_load(path, &p, &d) == TP_OK, "load %s", path);
+  if (failures) return;
+  CHECK(p.stages == 2 && p.batch == 2 && p.seq == 128 && p.split && p.nsamples == 26 && p.cuts && p.cuts[1] == 2 &&
+        p.optimizer && p.optimizer[1] == 0.004, "profile fields");
+  CHECK(tp_calibrate(&p, path, &cal, &d) == TP_OK && cal.b == 2 && cal.split, "calibrate");
+  if (failures) return;
+  for (int k = 0; k < 2; k++)
+    for (int q = 0; q < 2; q++) {
+      const TpFit *f = q ? &cal.bwd[k] : &cal.fwd[k];
+      for (int i = 0; i < 4; i++)
+        CHECK(fabs(f->a[i] - synth[k][q][2 + i]) < 1e-3 * synth[k][q][2 + i], "stage %d %s a%d = %g, want %g", k,
+              q ? "backward" : "forward", i, f->a[i], synth[k][q][2 + i]);
+      CHECK(f->max_rel_err < 1e-6, "stage %d fit error %g", k, f->max_rel_err);
+    }
+  /* the calibrated model prices the profile's microbatch size only, off the grid too */
+  TpHardware hw;
+  TpModelDesc m;
+  static TpCostModel cm;
+  tp_hardware_find("cpu", dirs, &hw, &d);
+  tp_model_parse("layers=4,hidden=256,heads=4,seq=128,vocab=1000", &m, &d);
+  CHECK(tp_cost_model_init(&cm, &hw, &m, 1, 1, 1, &d) == TP_OK, "model");
+  CHECK(tp_cost_model_calibrate(&cm, &cal, p.cuts, &d) == TP_OK && cm.nstages == 2 && cm.stage[1].first == 2,
+        "calibrate the model");
+  for (int k = 0; k < 2; k++) {
+    int l = 48, c = 40; /* l between measured lengths: t(l,0) is linear there, as made */
+    TpTime t = tp_stage_time(&cm, k, 2, l, c);
+    const double *f = synth[k][0], *g = synth[k][1];
+    double want_f = f[0] + f[1] * l + f[2] + f[3] * l + f[4] * c + f[5] * l * c;
+    double want_g = g[0] + g[1] * l + g[2] + g[3] * l + g[4] * c + g[5] * l * c;
+    CHECK(fabs(t.fwd - want_f) < 1e-6 * want_f && fabs(t.bwd - want_g) < 1e-6 * want_g,
+          "stage %d t(48, 40) = %g + %g, want %g + %g", k, t.fwd, t.bwd, want_f, want_g);
+    CHECK(isinf(tp_stage_time(&cm, k, 1, l, c).fwd), "microbatch size 1 priced without samples");
+    CHECK(tp_optimizer_time(&cm, k) == p.optimizer[k], "optimizer of stage %d", k);
+  }
+  /* a profile with too few context samples is one input error naming the stage */
+  tp_calibration_free(&cal);
+  p.nsamples = 5;
+  tp_diag_init(&d, "test_cost", NULL, NULL);
+  CHECK(tp_calibrate(&p, path, &cal, &d) == TP_ERR_INPUT && strstr(d.last, "stage 0 forward"), "few samples: %s", d.last);
+  tp_profile_free(&p);
 }
 
 static void model_sanity(const char *dirs) {
@@ -85,8 +139,9 @@ static void model_sanity(const char *dirs) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) { fprintf(stderr, "usage: test_cost PROFILE_DIR\n"); return 2; }
+  if (argc != 3) { fprintf(stderr, "usage: test_cost PROFILE_DIR SYNTHETIC_PROFILE.json\n"); return 2; }
   fit_recovers();
+  calibration_recovers(argv[2], argv[1]);
   model_sanity(argv[1]);
   return failures != 0;
 }

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): the calibrated planner's predicted step time of pipelined
+# training against the measured one, on this CPU, in one run.
+#
+# The model is bench/train_pytorch.py's GPT (4 layers, C=256, T=256, vocabulary 256, tied
+# head), exported with symbolic batch and sequence dims. Every plan is 2 stages x 2
+# microbatches of 4 rows (--batch 8), under mpirun -np 2, with the slicings and schedules
+# below, compiled with --profile-grid auto. Per plan, right before and right after it
+# trains (the machine is shared and its load moves the times by up to 2x within minutes):
+# its trainer profiles the stages (mpirun -np 2 trainer --profile: every rank times its own
+# stage at once) and tokpipe-plan --calibrate predicts the plan from that profile; the
+# prediction is the mean of the two. The trainer trains STEPS steps with --log: the median
+# "ms" (step 1 left out) is the measurement.
+#
+#   bash bench/calibrated_step.sh [STEPS]          (default 10)
+#   env: TOKPIPE_BUILD (build folder, default build), BENCH_THREADS (OpenMP threads per
+#        rank, default 1: 2 ranks on 2 cores), BENCH_TOL (percent, default 15)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${TOKPIPE_BUILD:-build}
+steps=${1:-10}
+tol=${BENCH_TOL:-15}
+work=$build/bench/calibrated
+py=/usr/bin/python3
+mpi=(timeout -k 5 900 mpirun --allow-run-as-root --oversubscribe -np 2)
+shape=(--batch 8 --seq 256 --stages 2 --microbatches 2)
+plans=("4 1f1b" "4 gpipe" "96,64,48,48 1f1b" "96,64,48,48 gpipe" "1 gpipe" "8 1f1b")
+
+for tool in tokpipec tokpipe-plan; do
+  [ -x "$build/bin/$tool" ] || { echo "bench: no $build/bin/$tool; build the tree first" >&2; exit 2; }
+done
+mkdir -p "$work"
+echo "== export the benchmark GPT (symbolic batch and sequence) and its token file ($work)"
+$py - "$work" <<'EOF_PY' >/dev/null
+import dataclasses, sys
+sys.path.insert(0, "bench")
+import train_pytorch as bench
+bench.MODEL = dataclasses.replace(bench.MODEL, dynamic=True)  # microbatches of 4 rows
+bench.export(sys.argv[1])
+EOF_PY
+
+export OMP_NUM_THREADS=${BENCH_THREADS:-1}
+export OPENBLAS_NUM_THREADS=$OMP_NUM_THREADS
+echo "== compile: ${shape[*]} x {${plans[*]}} (slices schedule)"
+for i in "${!plans[@]}"; do
+  read -r slices schedule <<<"${plans[$i]}"
+  "$build/bin/tokpipec" "$work/model.onnx" --exe "$work/plan$i" "${shape[@]}" --slices "$slices" \
+    --schedule "$schedule" --profile-grid auto
+done
+# As bench/train_vs_pytorch.sh: Debian's OpenBLAS 0.3.21 takes CPUs it does not know for a
+# Prescott; name the core then.
+core=$(OPENBLAS_VERBOSE=2 "$work/plan0" --version 2>&1 | sed -n 's/^Core: //p' || true)
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ "$core" = Prescott ]; then
+  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
+  fi
+fi
+echo "OpenBLAS core: ${OPENBLAS_CORETYPE:-$core (detected)}; $OMP_NUM_THREADS thread(s) per rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+echo "== per plan: profile (mpirun -np 2 planI --profile profI.json), predict, train $steps steps"
+printf '\n%-24s %12s %12s %8s  %-6s %s\n' "plan (slices schedule)" "predicted ms" "measured ms" "error" "${tol}%" "load"
+fails=0
+for i in "${!plans[@]}"; do
+  read -r slices schedule <<<"${plans[$i]}"
+  predict() { # predict WHEN: profile now, then price the plan from that profile
+    "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --profile "$work/prof$i$1.json" 2>"$work/prof$i$1.err" ||
+      { echo "bench: plan$i --profile failed: $(tail -3 "$work/prof$i$1.err")" >&2; exit 1; }
+    "$build/bin/tokpipe-plan" "$work/model.onnx" --seq 256 --calibrate "$work/prof$i$1.json" --microbatches 2 \
+      --slices "$slices" --schedule "$schedule" --json >"$work/pred$i$1.json" || exit 1
+    jq '.iteration_time_s * 1000' "$work/pred$i$1.json"
+  }
+  before=$(predict a) || exit 1
+  "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --data "$work/train.bin" --steps "$steps" \
+    --log "$work/plan$i.jsonl" 2>"$work/plan$i.err"
+  after=$(predict b) || exit 1
+  pred=$(echo "$before $after" | awk '{ print ($1 + $2) / 2 }')
+  meas=$(jq -s '[.[] | select(.step > 1) | .ms] | sort | if length % 2 == 1 then .[length / 2 | floor]
+               else (.[length / 2 - 1] + .[length / 2]) / 2 end' "$work/plan$i.jsonl")
+  awk -v p="$pred" -v m="$meas" -v name="$slices $schedule" -v tol="$tol" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+    e = 100 * (p - m) / m; ok = (e <= tol && e >= -tol)
+    printf "%-24s %12.1f %12.1f %+7.1f%%  %-6s %s\n", name, p, m, e, ok ? "PASS" : "FAIL", load
+    exit !ok }' || fails=$((fails + 1))
+done
+echo "(predicted: mean of tokpipe-plan MODEL --seq 256 --calibrate $work/profI{a,b}.json --microbatches 2 --slices S"
+echo " --schedule K, profiled before and after;"
+echo " measured: median step ms of $steps steps, step 1 left out; load now: $(cut -d' ' -f1-3 /proc/loadavg))"
+[ "$fails" = 0 ] && echo "PASS: every plan within ${tol}%" || { echo "FAIL: $fails plan(s) off by more than ${tol}%"; exit 1; }
