@@ -5,20 +5,22 @@
 # The model is bench/train_pytorch.py's GPT (4 layers, C=256, T=256, vocabulary 256, tied
 # head), exported with symbolic batch and sequence dims. Every plan is 2 stages x 2
 # microbatches of 4 rows (--batch 8), under mpirun -np 2, with the slicings and schedules
-# below, compiled with --profile-grid auto. Per plan, right before and right after it
-# trains (the machine is shared and its load moves the times by up to 2x within minutes):
-# its trainer profiles the stages (mpirun -np 2 trainer --profile: every rank times its own
-# stage at once) and tokpipe-plan --calibrate predicts the plan from that profile; the
-# prediction is the mean of the two. The trainer trains STEPS steps with --log: the median
-# "ms" (step 1 left out) is the measurement.
+# below, compiled with --profile-grid auto. The machine is shared and its speed drifts by
+# up to 2x within minutes, so the plans run in ROUNDS interleaved rounds; in each, every
+# plan's trainer profiles its stages (mpirun -np 2 trainer --profile: every rank times its
+# own stage at once), tokpipe-plan --calibrate predicts the plan from that profile, and the
+# trainer trains STEPS steps with --log (its median "ms", step 1 left out, is that round's
+# measurement). A plan's prediction and measurement are the medians over the rounds.
 #
 #   bash bench/calibrated_step.sh [STEPS]          (default 10)
 #   env: TOKPIPE_BUILD (build folder, default build), BENCH_THREADS (OpenMP threads per
-#        rank, default 1: 2 ranks on 2 cores), BENCH_TOL (percent, default 15)
+#        rank, default 1: 2 ranks on 2 cores), BENCH_ROUNDS (default 3), BENCH_TOL
+#        (percent, default 15)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${TOKPIPE_BUILD:-build}
 steps=${1:-10}
+rounds=${BENCH_ROUNDS:-3}
 tol=${BENCH_TOL:-15}
 work=$build/bench/calibrated
 py=/usr/bin/python3
@@ -57,31 +59,37 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ "$core" = Prescott ]; then
 fi
 echo "OpenBLAS core: ${OPENBLAS_CORETYPE:-$core (detected)}; $OMP_NUM_THREADS thread(s) per rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-echo "== per plan: profile (mpirun -np 2 planI --profile profI.json), predict, train $steps steps"
-printf '\n%-24s %12s %12s %8s  %-6s %s\n' "plan (slices schedule)" "predicted ms" "measured ms" "error" "${tol}%" "load"
+echo "== $rounds rounds of, per plan: profile (mpirun -np 2 planI --profile), predict, train $steps steps"
+median() { sort -g | awk '{ x[NR] = $1 } END { print NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }'; }
+for round in $(seq "$rounds"); do
+  for i in "${!plans[@]}"; do
+    read -r slices schedule <<<"${plans[$i]}"
+    tag=$i.$round
+    "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --profile "$work/prof$tag.json" 2>"$work/prof$tag.err" ||
+      { echo "bench: plan$i --profile failed: $(tail -3 "$work/prof$tag.err")" >&2; exit 1; }
+    "$build/bin/tokpipe-plan" "$work/model.onnx" --seq 256 --calibrate "$work/prof$tag.json" --microbatches 2 \
+      --slices "$slices" --schedule "$schedule" --json >"$work/pred$tag.json"
+    jq '.iteration_time_s * 1000' "$work/pred$tag.json" >>"$work/pred$i.txt.$$"
+    "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --data "$work/train.bin" --steps "$steps" \
+      --log "$work/plan$tag.jsonl" 2>"$work/plan$tag.err"
+    jq -s '[.[] | select(.step > 1) | .ms] | sort | if length % 2 == 1 then .[length / 2 | floor]
+           else (.[length / 2 - 1] + .[length / 2]) / 2 end' "$work/plan$tag.jsonl" >>"$work/meas$i.txt.$$"
+  done
+  echo "round $round done; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+done
+
+printf '\n%-24s %12s %12s %8s  %-6s %s\n' "plan (slices schedule)" "predicted ms" "measured ms" "error" "${tol}%" \
+  "per round: predicted / measured"
 fails=0
 for i in "${!plans[@]}"; do
-  read -r slices schedule <<<"${plans[$i]}"
-  predict() { # predict WHEN: profile now, then price the plan from that profile
-    "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --profile "$work/prof$i$1.json" 2>"$work/prof$i$1.err" ||
-      { echo "bench: plan$i --profile failed: $(tail -3 "$work/prof$i$1.err")" >&2; exit 1; }
-    "$build/bin/tokpipe-plan" "$work/model.onnx" --seq 256 --calibrate "$work/prof$i$1.json" --microbatches 2 \
-      --slices "$slices" --schedule "$schedule" --json >"$work/pred$i$1.json" || exit 1
-    jq '.iteration_time_s * 1000' "$work/pred$i$1.json"
-  }
-  before=$(predict a) || exit 1
-  "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --data "$work/train.bin" --steps "$steps" \
-    --log "$work/plan$i.jsonl" 2>"$work/plan$i.err"
-  after=$(predict b) || exit 1
-  pred=$(echo "$before $after" | awk '{ print ($1 + $2) / 2 }')
-  meas=$(jq -s '[.[] | select(.step > 1) | .ms] | sort | if length % 2 == 1 then .[length / 2 | floor]
-               else (.[length / 2 - 1] + .[length / 2]) / 2 end' "$work/plan$i.jsonl")
-  awk -v p="$pred" -v m="$meas" -v name="$slices $schedule" -v tol="$tol" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+  pred=$(median <"$work/pred$i.txt.$$") meas=$(median <"$work/meas$i.txt.$$")
+  rounds_text=$(paste -d/ "$work/pred$i.txt.$$" "$work/meas$i.txt.$$" | awk '{ split($0, x, "/"); printf "%.0f/%.0f ", x[1], x[2] }')
+  rm -f "$work/pred$i.txt.$$" "$work/meas$i.txt.$$"
+  awk -v p="$pred" -v m="$meas" -v name="${plans[$i]}" -v tol="$tol" -v per="$rounds_text" 'BEGIN {
     e = 100 * (p - m) / m; ok = (e <= tol && e >= -tol)
-    printf "%-24s %12.1f %12.1f %+7.1f%%  %-6s %s\n", name, p, m, e, ok ? "PASS" : "FAIL", load
+    printf "%-24s %12.1f %12.1f %+7.1f%%  %-6s %s\n", name, p, m, e, ok ? "PASS" : "FAIL", per
     exit !ok }' || fails=$((fails + 1))
 done
-echo "(predicted: mean of tokpipe-plan MODEL --seq 256 --calibrate $work/profI{a,b}.json --microbatches 2 --slices S"
-echo " --schedule K, profiled before and after;"
-echo " measured: median step ms of $steps steps, step 1 left out; load now: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "(predicted: tokpipe-plan MODEL --seq 256 --calibrate $work/profI.R.json --microbatches 2 --slices S --schedule K;"
+echo " measured: median step ms of $steps steps, step 1 left out; both the median over $rounds rounds)"
 [ "$fails" = 0 ] && echo "PASS: every plan within ${tol}%" || { echo "FAIL: $fails plan(s) off by more than ${tol}%"; exit 1; }

@@ -173,7 +173,7 @@ typedef struct TpModule {
   const int64_t *slice_len;
   /* Pipeline stages (passes/assign_stages.c; set by the tool, not printed): how many
    * stages to cut the layers into (<= 1: one), and the first layer of stages 1.. as "a,b,..."
-   * (NULL: balance the estimated compute). */
+   * (NULL: balance the estimated compute). assign-stages sets both to the cuts it made. */
   int nstages;
   const char *stage_cuts;
   /* name -> value index hash table (open addressing), maintained by tp_module_* */

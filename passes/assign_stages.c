@@ -433,6 +433,11 @@ int pass_assign_stages(TpModule *m, TpDiag *d) {
     }
     for (int o = 0; o < m->nops; o++) m->ops[o].stage = stage_of[s.layer[o]];
     free(stage_of);
+    /* the cuts used, for whoever compiles the model again alike (tokpipec --profile-grid) */
+    char *text = tp_alloc(m, (size_t)nstages * 12);
+    for (int k = 1, at = 0; k < nstages; k++) at += sprintf(text + at, "%s%d", k > 1 ? "," : "", cuts[k]);
+    m->nstages = nstages;
+    m->stage_cuts = text;
     rc = tie_params(m, d, nstages);
   }
   if (rc == TP_OK) {

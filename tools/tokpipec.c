@@ -252,7 +252,9 @@ static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, T
   }
   TpHardware hw;
   TpCostModel cm;
-  int rc = tp_hardware_find("cpu", TOKPIPE_PROFILE_DIRS, &hw, d);
+  char dirs[4096];
+  tp_profile_dirs(TOKPIPE_PROFILE_DIRS, dirs, sizeof dirs);
+  int rc = tp_hardware_find("cpu", dirs, &hw, d);
   if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, 1, 1, d);
   if (rc) return rc;
   if (stages > 1 && stages <= desc.layers) { /* the cost of near-equal cuts */
@@ -365,19 +367,14 @@ static int profile_grid(const char *spec, int64_t T, int64_t *l, int64_t *c) {
   return n;
 }
 
-/* The main module's stages (1 + the last op's) and the first layer of each, counted by
- * the forward attentions before it (one per transformer layer; of slice 0 when sliced). */
+/* The main module's stages and the first layer of each, as assign-stages cut them (it
+ * records its cuts in m->stage_cuts). */
 static int stage_layout(const TpModule *m, int **cuts) {
-  int S = 1;
-  for (int op = 0; op < m->nops; op++)
-    if (m->ops[op].stage + 1 > S) S = m->ops[op].stage + 1;
-  int *first = calloc((size_t)S + 1, sizeof *first);
+  int S = m->nstages > 1 ? m->nstages : 1;
+  int *first = calloc((size_t)S, sizeof *first);
   TP_ASSERT(first);
-  for (int op = 0; op < m->nops; op++) {
-    const TpOp *o = &m->ops[op];
-    if (o->kind == TP_OP_Attention && !o->dead && o->phase == TP_PHASE_FORWARD && o->slice <= 0)
-      for (int k = o->stage + 1; k < S; k++) first[k]++;
-  }
+  const char *p = m->stage_cuts;
+  for (int k = 1; k < S; k++, p++) first[k] = (int)strtol(p, (char **)&p, 10);
   *cuts = first;
   return S;
 }
@@ -385,10 +382,7 @@ static int stage_layout(const TpModule *m, int **cuts) {
 /* Compiles the model again for each grid point (one microbatch sliced [c, l, rest], the
  * stage cuts of the main module, the same passes and options): probes[i].m. */
 static int build_probes(const char *input, const CliDims *dims, const TpModule *m, bool retie, int S,
-                        const int *cuts, const int64_t *l, const int64_t *c, int n, TpEmitProbe *probes, TpModule **mods,
-                        TpDiag *d) {
-  char cut_text[TP_MAX_STAGES * 12] = "";
-  for (int k = 1, at = 0; k < S; k++) at += snprintf(cut_text + at, sizeof cut_text - (size_t)at, "%s%d", k > 1 ? "," : "", cuts[k]);
+                        const int64_t *l, const int64_t *c, int n, TpEmitProbe *probes, TpModule **mods, TpDiag *d) {
   int64_t T = m->values[tp_token_input(m)].type.dims[1];
   int rc = TP_OK;
   for (int i = 0; i < n && rc == TP_OK; i++) {
@@ -417,7 +411,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
       pm->logits_name = m->logits_name;
       pm->freeze = m->freeze;
       pm->nstages = S;
-      pm->stage_cuts = S > 1 ? cut_text : NULL;
+      pm->stage_cuts = S > 1 ? m->stage_cuts : NULL;
       if (nslices > 1) cli_set_slices(pm, slices);
       static const TpPassOptions quiet = {0};
       rc = cli_run_pipeline(pm, names, np, &quiet, d);
@@ -562,7 +556,7 @@ int main(int argc, char **argv) {
     TP_ASSERT(gl && gc && list && mods);
     int npoints = profile_grid(grid, T, gl, gc), S = stage_layout(m, &cuts);
     probes = (TpEmitOptions){.nprobes = npoints, .probes = list, .stage_cuts = cuts};
-    rc = build_probes(input, &dims, m, retie, S, cuts, gl, gc, npoints, list, mods, &d);
+    rc = build_probes(input, &dims, m, retie, S, gl, gc, npoints, list, mods, &d);
     free(gl), free(gc);
   }
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
