@@ -49,15 +49,9 @@ for i in "${!plans[@]}"; do
   "$build/bin/tokpipec" "$work/model.onnx" --exe "$work/plan$i" "${shape[@]}" --slices "$slices" \
     --schedule "$schedule" --profile-grid auto
 done
-# As bench/train_vs_pytorch.sh: Debian's OpenBLAS 0.3.21 takes CPUs it does not know for a
-# Prescott; name the core then.
-core=$(OPENBLAS_VERBOSE=2 "$work/plan0" --version 2>&1 | sed -n 's/^Core: //p' || true)
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ "$core" = Prescott ]; then
-  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
-  fi
-fi
-echo "OpenBLAS core: ${OPENBLAS_CORETYPE:-$core (detected)}; $OMP_NUM_THREADS thread(s) per rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+. bench/openblas_core.sh
+openblas_core "$work/plan0" --version
+echo "$OMP_NUM_THREADS thread(s) per rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo "== $rounds rounds of, per plan: profile (mpirun -np 2 planI --profile), predict, train $steps steps"
 median() { sort -g | awk '{ x[NR] = $1 } END { print NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }'; }

@@ -22,15 +22,10 @@ ${CC:-cc} -O2 -fopenmp -Iruntime bench/kernels_forward.c "$build/lib/libtokpipe_
   -lopenblas -lm -o "$work/kernels_forward"
 
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
-# As bench/train_vs_pytorch.sh: Debian's OpenBLAS 0.3.21 takes CPUs it does not know for a
-# Prescott (SSE3 kernels, ~4x slower products on both sides); name the core then.
-core=$(OPENBLAS_VERBOSE=2 "$work/kernels_forward" 1 2>&1 | sed -n 's/^Core: //p' || true)
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ "$core" = Prescott ]; then
-  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
-  fi
-fi
-echo "== $threads threads, OpenBLAS core: ${OPENBLAS_CORETYPE:-$core (detected)}"
+# Both sides multiply with Debian's OpenBLAS: the same core for both.
+. bench/openblas_core.sh
+openblas_core "$work/kernels_forward" 1
+echo "== $threads threads"
 "$work/kernels_forward" "$reps" | tee "$work/kernels_tokpipe.txt"
 $py bench/kernels_forward.py --threads "$threads" --reps "$reps" | tee "$work/kernels_pytorch.txt"
 echo "== result"

@@ -26,15 +26,9 @@ echo "== compile the trainer"
 
 # One thread count for everything: OpenMP regions, OpenBLAS, PyTorch's intra-op pool.
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
-# Both sides multiply with Debian's OpenBLAS. Its 0.3.21 takes CPUs it does not know (new
-# or virtualised Xeons) for a Prescott and runs SSE3 kernels; name the core then.
-core=$(OPENBLAS_VERBOSE=2 "$work/trainer" --version 2>&1 | sed -n 's/^Core: //p' || true)
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ "$core" = Prescott ]; then
-  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
-  fi
-fi
-echo "OpenBLAS core: ${OPENBLAS_CORETYPE:-$core (detected)}"
+# Both sides multiply with Debian's OpenBLAS: the same core for both.
+. bench/openblas_core.sh
+openblas_core "$work/trainer" --version
 echo "== tokpipe trainer, $steps steps, $threads threads"
 "$work/trainer" --init "$work/model.onnx" --data "$work/train.bin" --steps "$steps" \
   --log "$work/tokpipe.jsonl"

@@ -426,7 +426,10 @@ int main(int argc, char **argv) {
   if (calibrate) {
     rc = tp_profile_load(calibrate, &prof, &d);
     if (!rc) rc = tp_calibrate(&prof, calibrate, &cal, &d);
-    if (rc) return cli_exit_code(rc);
+    if (rc) {
+      tp_profile_free(&prof);
+      return cli_exit_code(rc);
+    }
     if (pipeline && pipeline != prof.stages)
       rc = tp_error(&d, "--pipeline %lld conflicts with the profile %s, measured on %d stage%s", (long long)pipeline,
                     calibrate, prof.stages, prof.stages == 1 ? "" : "s");
