@@ -12,14 +12,14 @@
 # trainer trains STEPS steps with --log (its median "ms", step 1 left out, is that round's
 # measurement). A plan's prediction and measurement are the medians over the rounds.
 #
-#   bash bench/calibrated_step.sh [STEPS]          (default 10)
+#   bash bench/calibrated_step.sh [STEPS]          (default 20)
 #   env: TOKPIPE_BUILD (build folder, default build), BENCH_THREADS (OpenMP threads per
 #        rank, default 1: 2 ranks on 2 cores), BENCH_ROUNDS (default 3), BENCH_TOL
 #        (percent, default 15)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${TOKPIPE_BUILD:-build}
-steps=${1:-10}
+steps=${1:-20}
 rounds=${BENCH_ROUNDS:-3}
 tol=${BENCH_TOL:-15}
 work=$build/bench/calibrated

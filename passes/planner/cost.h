@@ -18,7 +18,7 @@
 /* A hardware profile: tools/profiles/NAME.json (fields documented there and in
  * tools/profiles/README.md). */
 typedef struct {
-  char name[64], device[96];
+  char name[64], device[256];
   int devices_per_node;
   double memory_bytes;       /* per device */
   char dtype[8];             /* training dtype: "fp16", "bf16" or "fp32" */
