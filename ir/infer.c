@@ -334,10 +334,21 @@ static int infer_concat(const Ctx *c) {
     if (same_but_axis(c, first, &probe, axis)) return TP_ERR_INPUT;
     t.dims[axis] += x->dims[axis];
   }
+  /* a token slice's context (ir/ops.def): appends one operand to the previous context */
   int64_t rows = tp_attr_int(c->m, c->op, "context_rows", 0);
   if (rows < 0 || (rows && rows < t.dims[axis]))
     return tp_error_op(c->d, c->m, c->op, "context_rows %lld cannot hold the %lld rows of the result", (long long)rows,
                        (long long)t.dims[axis]);
+  if (rows && (op->ninputs > 2 || t.dims[axis] == 0))
+    return tp_error_op(c->d, c->m, c->op, "a context (context_rows) appends one non-empty operand to at most one "
+                       "previous context");
+  if (rows && op->ninputs == 2) {
+    int prev = c->m->values[op->inputs[0]].def;
+    if (prev < 0 || c->m->ops[prev].kind != TP_OP_Concat || tp_attr_int(c->m, prev, "context_rows", 0) != rows ||
+        tp_attr_int(c->m, prev, "axis", 0) != axis)
+      return tp_error_op(c->d, c->m, c->op, "operand 0 of a context must be the previous context: a Concat with the "
+                         "same axis and context_rows");
+  }
   return set_result(c, 0, t);
 }
 

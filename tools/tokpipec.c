@@ -231,6 +231,21 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
   return rc;
 }
 
+/* The default pipeline into names[64], less retie-params under --no-retie, less the loss
+ * and the gradients under --forward-only, less the token slicing passes when unsliced. */
+static int pipeline_names(bool retie, bool forward_only, bool slicing, const char **names) {
+  int n = 0;
+  for (int i = 0; tp_default_pipeline[i]; i++) {
+    const char *p = tp_default_pipeline[i];
+    TP_ASSERT(n < 64);
+    if (!retie && strcmp(p, "retie-params") == 0) continue;
+    if (forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
+    if (!slicing && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
+    names[n++] = p;
+  }
+  return n;
+}
+
 /* ---- --slices auto ---- */
 
 /* TeraPipe's optimal slicing (passes/planner/slicing.h, Eqs. 5-8) of the plan's
@@ -393,14 +408,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
     at += snprintf(slices + at, sizeof slices - (size_t)at, "%lld", (long long)l[i]);
     if (c[i] + l[i] < T) snprintf(slices + at, sizeof slices - (size_t)at, ",%lld", (long long)(T - c[i] - l[i]));
     const char *names[64];
-    int np = 0;
-    for (int k = 0; tp_default_pipeline[k]; k++) {
-      const char *p = tp_default_pipeline[k];
-      if (!retie && strcmp(p, "retie-params") == 0) continue;
-      if (nslices == 1 && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
-      TP_ASSERT(np < 64);
-      names[np++] = p;
-    }
+    int np = pipeline_names(retie, false, nslices > 1, names);
     /* errors name the probe: "model.onnx (--profile-grid point l 4, c 2): ..." */
     snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i], (long long)c[i]);
     const char *file = d->file;
@@ -509,18 +517,8 @@ int main(int argc, char **argv) {
                     pipe.microbatches, (long long)units);
   if (batch) dims.token_dims[0] = batch / units;
 
-  /* The default pipeline, less retie-params under --no-retie, less the loss and the
-   * gradients under --forward-only. */
   const char *names[64];
-  int n = 0;
-  for (int i = 0; tp_default_pipeline[i]; i++) {
-    const char *p = tp_default_pipeline[i];
-    TP_ASSERT(n < 64);
-    if (!retie && strcmp(p, "retie-params") == 0) continue;
-    if (forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
-    if (!slicing && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
-    names[n++] = p;
-  }
+  int n = pipeline_names(retie, forward_only, slicing, names);
 
   TpDiag d;
   tp_diag_init(&d, cli_tool, strcmp(input, "-") == 0 ? "<stdin>" : input, stderr);

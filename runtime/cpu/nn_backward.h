@@ -53,8 +53,8 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
 /* Of tp_attention_f32 without mask or past (p->mask NULL, p->past_len 0): the
  * probabilities are recomputed from q and k (nothing is saved by the forward).
  *   q, dq (B, q_heads, q_len, D)     or packed (B, q_len, q_heads * D)
- *   k, dk (B, kv_heads, kv_len, D)   or packed
- *   v, dv (B, kv_heads, kv_len, Dv)  or packed
+ *   k, dk (B, kv_heads, kv_len, D)   or packed; k with kv_rows rows (TpAttention.kv_rows)
+ *   v, dv (B, kv_heads, kv_len, Dv)  or packed; v likewise, dk and dv dense
  *   dy    (B, q_heads, q_len, Dv)    or packed
  * Grouped-query heads sum into their shared kv head. Causal (with causal_offset), scale and
  * softcap as in the forward. Work is spread over (batch, kv head). */

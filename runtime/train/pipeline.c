@@ -519,6 +519,11 @@ double pipe_grad_norm(Trainer *t) {
   return norm;
 }
 
+bool pipe_rank_updates(const Trainer *t, int h, int i) {
+  const PipeRank *R = t->hosted[h];
+  return t->plan->params[i].trainable && (one_process(t) ? owner(t, i) == R->rank : R->param[i] != NULL);
+}
+
 void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
   const TpPlan *P = t->plan;
   const TrainOptions *o = &t->o;
@@ -526,9 +531,7 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
     PipeRank *R = t->hosted[h];
     double start = t->trace ? trace_now_us(t->trace) : 0;
     for (int i = 0; i < P->nparams; i++) {
-      /* one process holds one copy of each value: its owner updates it */
-      bool updates = one_process(t) ? owner(t, i) == R->rank : R->param[i] != NULL;
-      if (!updates || !P->params[i].trainable) continue;
+      if (!pipe_rank_updates(t, h, i)) continue;
       if (clip != 1) tp_scale_f32(R->grad[i], t->numel[i], clip);
       tp_adamw_step(t->param[i], R->grad[i], t->m[i], t->v[i], t->numel[i], lr, o->beta1, o->beta2, o->eps,
                     o->weight_decay, step);

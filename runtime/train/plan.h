@@ -87,10 +87,13 @@
  * units, per stage k in probes[p].stages[k], work in an arena of their own (arena_bytes,
  * 64-byte aligned, zeroed) and read io->param and io->grad with the indices of `params`
  * above (the gradients they write are scratch). A rank of stage k runs setup[0..nsetup)
- * once (the forwards of the context slices, filling the K/V of the c context rows), then
- * forward and backward of the probed slice as often as it likes; tokens and targets are
- * [batch, seq]. No messages: a stage > 0 reads its received activations as whatever the
- * arena holds (zeros). stage_cuts[k] is the first layer of stage k (NULL: not recorded).
+ * (the forwards of the context slices, filling the K/V of the c context rows), then the
+ * forward and backward of the probed slice. The arena is planned for the whole slicing's
+ * run order, so to run them again it is zeroed and the setup run again first (the probed
+ * units alone may read bytes of units not run, or that their backward reused). Tokens and
+ * targets are [batch, seq]. No messages: a stage > 0 reads its received activations as
+ * the zeroed arena holds them. stage_cuts[k] is the first layer of stage k (NULL: not
+ * recorded).
  *
  * ABI 1 plans (stages == NULL, e.g. hand-written tests): one process runs nstages stage
  * functions forward[s] in order, then backward[s] in reverse, all with one arena each and

@@ -6,9 +6,9 @@
  * The ranks run as in training (mpirun -np S*D, or one process), and all of them profile
  * the same probe at once, a barrier between probes, so that they load the machine as a
  * real run does; the file keeps replica 0's figures. In one process the hosted stages are
- * measured one after the other. Per probe and stage: the setup forwards once, one warm-up
- * forward + backward, then forward and backward timed separately, repeated at least
- * MIN_REPEATS times and MIN_SECONDS long; a sample is the medians. */
+ * measured one after the other. Per probe and stage: one warm-up, then forward and backward
+ * timed separately (after the setup forwards, untimed), repeated at least MIN_REPEATS times
+ * and for MIN_SECONDS of timed work; a sample is the medians. */
 #include "train.h"
 
 #include <errno.h>
@@ -40,28 +40,39 @@ static double median(double *x, int n) {
   return n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
 }
 
+/* A probe's arena is planned for its whole run order (every slice's forward, then every
+ * backward), so its probed units alone may read bytes that units not run here would have
+ * written, or that the probed backward overwrote: each repetition starts, untimed, from a
+ * zeroed arena and the setup forwards (zeros time like data; stale bits may not). */
+static void prepare(const TpPlanProbeStage *ps, TpStepIO *io) {
+  memset(io->arena, 0, (size_t)ps->arena_bytes);
+  for (int i = 0; i < ps->nsetup; i++) ps->setup[i](io);
+}
+
 /* Stage `stage`'s units of probe pr with io (its parameters, gradients, tokens): the
  * medians of forward and backward into out[0], out[1]. */
 static void time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, double *out) {
   const TpPlanProbeStage *ps = &pr->stages[stage];
   io.arena = train_alloc_zeroed(ps->arena_bytes);
-  for (int i = 0; i < ps->nsetup; i++) ps->setup[i](&io);
+  prepare(ps, &io); /* and one warm-up */
   ps->forward(&io);
   ps->backward(&io);
   int cap = 64, n = 0;
-  double *fwd = malloc(cap * sizeof *fwd), *bwd = malloc(cap * sizeof *bwd), start = now_s();
+  double *fwd = malloc(cap * sizeof *fwd), *bwd = malloc(cap * sizeof *bwd), timed = 0;
   TP_ASSERT(fwd && bwd);
-  while (n < MIN_REPEATS || (now_s() - start < MIN_SECONDS && n < MAX_REPEATS)) {
+  while (n < MIN_REPEATS || (timed < MIN_SECONDS && n < MAX_REPEATS)) {
     if (n == cap) {
       cap *= 2;
       fwd = realloc(fwd, (size_t)cap * sizeof *fwd), bwd = realloc(bwd, (size_t)cap * sizeof *bwd);
       TP_ASSERT(fwd && bwd);
     }
+    prepare(ps, &io);
     double t0 = now_s();
     ps->forward(&io);
     double t1 = now_s();
     ps->backward(&io);
     fwd[n] = t1 - t0, bwd[n] = now_s() - t1;
+    timed += fwd[n] + bwd[n];
     n++;
   }
   out[0] = median(fwd, n), out[1] = median(bwd, n);
@@ -69,15 +80,15 @@ static void time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, double *ou
   free(io.arena);
 }
 
-/* One AdamW step over the trainable parameters the stage holds (io.param[i] set). */
-static double time_optimizer(Trainer *t, TpStepIO io) {
+/* One AdamW step over the parameters hosted rank h updates in training. */
+static double time_optimizer(Trainer *t, int h, TpStepIO io) {
   const TpPlan *P = t->plan;
   const TrainOptions *o = &t->o;
   double x[OPTIMIZER_REPEATS + 1];
   for (int r = 0; r <= OPTIMIZER_REPEATS; r++) { /* the first is the warm-up */
     double t0 = now_s();
     for (int i = 0; i < P->nparams; i++)
-      if (io.param[i] && P->params[i].trainable)
+      if (pipe_rank_updates(t, h, i))
         tp_adamw_step(t->param[i], io.grad[i], t->m[i], t->v[i], t->numel[i], o->lr, o->beta1, o->beta2, o->eps,
                       o->weight_decay, 1);
     x[r] = now_s() - t0;
@@ -185,7 +196,7 @@ int train_profile(Trainer *t) {
     int stage, replica;
     TpStepIO io = pipe_rank_io(t, h, &stage, &replica);
     if (replica > 0 && t->comm->size == 1) continue;
-    double x = time_optimizer(t, io);
+    double x = time_optimizer(t, h, io);
     if (replica == 0) opt[stage] = x;
   }
   if (t->comm->size > 1) { /* each entry is one rank's, zero elsewhere: the sum gathers them */

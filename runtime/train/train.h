@@ -100,6 +100,9 @@ void pipe_gather(Trainer *t, bool grads, bool moments);
 /* Hosted rank h's stage and replica, and the io of its units: its parameters, its
  * (scratch) gradients, microbatch 0's arena and rows. */
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
+/* Does hosted rank h update parameter i in the optimizer step? (In one process each value
+ * has one copy, updated by its owner; under MPI every rank that holds it.) */
+bool pipe_rank_updates(const Trainer *t, int h, int i);
 /* Every process's rc: the worst; the first failing process other than 0 prints its error
  * (process 0 printed its own). */
 int pipe_agree(Trainer *t, int rc);

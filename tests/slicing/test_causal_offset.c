@@ -196,6 +196,9 @@ int main(void) {
            in_place);
     slices(in_place ? "3-D 35,35 in a context buffer" : "3-D 35,35", g, (const int64_t[]){35, 35}, 2, in_place);
     slices(in_place ? "3-D 70 slices of 1 in a context buffer" : "3-D 70 slices of 1", g, ones, 70, in_place);
+    TpAttention gq = g;
+    gq.q_heads = 4; /* packed grouped-query heads: 2 q heads per kv head */
+    slices(in_place ? "3-D GQA 30,40 in a context buffer" : "3-D GQA 30,40", gq, (const int64_t[]){30, 40}, 2, in_place);
   }
   if (failures) {
     fprintf(stderr, "%d failure(s)\n", failures);
