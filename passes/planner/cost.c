@@ -690,6 +690,9 @@ double tp_fit_eval(const TpFit *f, double l, double c) {
     while (j + 2 < f->nlen && f->len[j + 1] < l) j++;
     double x0 = f->len[j], x1 = f->len[j + 1];
     t0 = f->t0[j] + (f->t0[j + 1] - f->t0[j]) * (l - x0) / (x1 - x0);
+    /* below the shortest measured slice a token never costs less than there (a noisy line
+     * extrapolated to l -> 0 could price a short slice at nothing) */
+    if (l < x0 && t0 < f->t0[0] * l / x0) t0 = f->t0[0] * l / x0;
   }
   if (c <= 0) return t0; /* t_ctx is fitted to, and applies at, c > 0 */
   return t0 + f->a[0] + f->a[1] * l + f->a[2] * c + f->a[3] * l * c;

@@ -144,7 +144,7 @@ typedef struct {
 /* A whole profile file. Optional fields: threads, ranks, batch, seq 0 when absent; cuts and
  * optimizer NULL. */
 typedef struct {
-  char device[128], model[256];
+  char device[256], model[256];
   int threads, ranks, stages, batch, seq;
   int *cuts;               /* [stages] first layer of each stage */
   double *optimizer;       /* [stages] seconds of one AdamW step */

@@ -40,6 +40,11 @@ static void fit_recovers(void) {
   /* too few context samples is an input error */
   tp_diag_init(&d, "test_cost", NULL, NULL);
   CHECK(tp_fit_samples(s, 2, 2, &fit, &d) == TP_ERR_INPUT, "fit of 2 samples accepted");
+  /* below the shortest measured length a steep line is not extrapolated past zero: a token
+   * costs at least what it does there */
+  TpFit steep = {.nlen = 2, .len = (int[]){32, 64}, .t0 = (double[]){1, 3}};
+  CHECK(fabs(tp_fit_eval(&steep, 8, 0) - 0.25) < 1e-12, "t(8) = %g, want 0.25", tp_fit_eval(&steep, 8, 0));
+  CHECK(fabs(tp_fit_eval(&steep, 48, 0) - 2) < 1e-12, "t(48) = %g, want 2", tp_fit_eval(&steep, 48, 0));
 }
 
 /* tests/planner/profiles/synth.json: stage k's forward f and backward g are
