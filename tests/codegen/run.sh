@@ -14,36 +14,7 @@ case=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6
 root=$src/../..
 fixtures=$root/tests/fixtures
 tokpipec=$bin/tokpipec
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
-status=0
-
-fail() { echo "FAIL $case: $*"; status=1; }
-ok() { echo "ok $case: $*"; }
-
-# expect_exit CODE DESCRIPTION CMD...: runs CMD, checks its exit code; its stderr is in err.
-expect_exit() {
-  want=$1 what=$2
-  shift 2
-  "$@" >out.txt 2>err.txt
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    fail "$what: exit code $rc, expected $want; stderr: $(cat err.txt)"
-    return 1
-  fi
-  return 0
-}
-
-# expect_message CODE DESCRIPTION TEXT CMD...: exit CODE, one stderr line holding TEXT.
-expect_message() {
-  want=$1 what=$2 text=$3
-  shift 3
-  expect_exit "$want" "$what" "$@" || return 1
-  if [ "$(wc -l <err.txt)" -ne 1 ] || ! grep -qF -- "$text" err.txt; then
-    fail "$what: expected one line with '$text', got: $(cat err.txt)"
-    return 1
-  fi
-  ok "$what: $(cat err.txt)"
-}
+. "$src/../case.sh"
 
 # A deterministic ASCII text (token ids < 128, the fixtures' vocabulary) as a token file.
 make_data() {

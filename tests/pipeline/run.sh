@@ -9,12 +9,8 @@
 case=$1 bin=$2 src=$3 work=$4/$1
 trainer=$bin/pipe_trainer
 mpi="sh $src/../comm/mpirun.sh"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
+. "$src/../case.sh"
 export OMP_NUM_THREADS=1
-status=0
-
-fail() { echo "FAIL $case: $*"; status=1; }
-ok() { echo "ok $case: $*"; }
 
 # A deterministic text (byte tokens), its training and validation token files.
 i=0

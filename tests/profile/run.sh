@@ -6,12 +6,8 @@
 case=$1 bin=$2 src=$3 work=$4/$1 cc=$5
 fixtures=$src/../fixtures
 mpi="sh $src/../comm/mpirun.sh"
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
+. "$src/../case.sh"
 export OMP_NUM_THREADS=1
-status=0
-
-fail() { echo "FAIL $case: $*"; status=1; }
-ok() { echo "ok $case: $*"; }
 
 # The static fixture: batch 2, seq 16, 2 layers (tied embedding and head). Its auto grid:
 # l in 2, 4, 8, 16 and c in 0, 4, 8, 12 with l + c <= 16.

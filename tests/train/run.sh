@@ -4,37 +4,10 @@
 # exits 0, or prints "FAIL ..." and exits 1. The cases are the functions below.
 case=$1 bin=$2 src=$3 work=$4/$1
 trainer=$bin/tiny_trainer
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
-status=0
-
-fail() { echo "FAIL $case: $*"; status=1; }
-ok() { echo "ok $case: $*"; }
-
-# expect_exit CODE DESCRIPTION CMD...: runs CMD, checks its exit code; its stderr is in err.
-expect_exit() {
-  want=$1 what=$2
-  shift 2
-  "$@" >out.txt 2>err.txt
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    fail "$what: exit code $rc, expected $want; stderr: $(cat err.txt)"
-    return 1
-  fi
-  return 0
-}
+. "$src/../case.sh"
 
 # expect_error DESCRIPTION EXPECTED-TEXT CMD...: exit 1, exactly one stderr line holding TEXT.
-expect_error() {
-  what=$1 text=$2
-  shift 2
-  expect_exit 1 "$what" "$@" || return 1
-  lines=$(wc -l <err.txt)
-  if [ "$lines" -ne 1 ] || ! grep -qF -- "$text" err.txt; then
-    fail "$what: expected one error line with '$text', got: $(cat err.txt)"
-    return 1
-  fi
-  ok "$what: $(cat err.txt)"
-}
+expect_error() { expect_message 1 "$@"; }
 
 # A deterministic text of about 3 KB (byte tokens 0..255), and its token files.
 make_text() {
