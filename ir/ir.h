@@ -353,6 +353,11 @@ int pass_split_sequence(TpModule *m, TpDiag *d);
 #define TP_ORIGIN_BOUNDARY "stage-boundary"
 #define TP_ORIGIN_TIED "tied"
 int pass_assign_stages(TpModule *m, TpDiag *d);
+/* --stage-cuts text "a,b,..", the first layers of stages 1, 2, .. of a model of nlayers
+ * layers -> *nstages and a malloc'd *first[0..*nstages-1] (first[0] = 0); an error if the
+ * cuts are not increasing layer numbers in [1, nlayers-1] or, with *nstages > 1 on entry,
+ * do not make that many stages. */
+int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **first, TpDiag *d);
 int pass_finish_stages(TpModule *m, TpDiag *d);
 /* Is op a boundary copy (its operand is sent from the neighbouring stage)? */
 bool tp_is_boundary_op(const TpModule *m, int op);

@@ -276,9 +276,7 @@ static void balance(const double *cost, int nlayers, int nstages, int *cuts) {
   free(from);
 }
 
-/* "a,b,..." -> cuts[1..S-1]; cuts[0] = 0. */
-static int parse_cuts(TpModule *m, TpDiag *d, int nlayers, int *nstages, int **out) {
-  const char *text = m->stage_cuts;
+int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **out, TpDiag *d) {
   int n = 1;
   for (const char *p = text; *p; p++) n += *p == ',';
   if (*nstages > 1 && n + 1 != *nstages)
@@ -411,7 +409,7 @@ int pass_assign_stages(TpModule *m, TpDiag *d) {
     rc = tp_error(d, "cannot cut the model into pipeline stages: no residual stream (a chain of residual "
                   "Adds, x + f(x)) to find its layers in");
   else if (m->stage_cuts)
-    rc = parse_cuts(m, d, nlayers, &nstages, &cuts);
+    rc = tp_stage_cuts_parse(m->stage_cuts, nlayers, &nstages, &cuts, d);
   if (rc == TP_OK && nstages > nlayers)
     rc = tp_error(d, "cannot cut %d layer%s into %d stages: every stage needs at least one layer", nlayers,
                   nlayers == 1 ? "" : "s", nstages);

@@ -250,8 +250,8 @@ static int pipeline_names(bool retie, bool forward_only, bool slicing, const cha
 
 /* TeraPipe's optimal slicing (passes/planner/slicing.h, Eqs. 5-8) of the plan's
  * `microbatches` microbatches (of the token input's rows each, all sliced alike, as the
- * trainer runs them) on its stages, priced by the planner's cost model on the CPU profile
- * with near-equal layer cuts; writes m->nslices and m->slice_len, and a note for the
+ * trainer runs them) on its stages (--stage-cuts, else near-equal cuts), priced by the
+ * planner's cost model on the CPU profile; writes m->nslices and m->slice_len, and a note for the
  * program's header. */
 static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, TpDiag *d) {
   int tokens = tp_token_input(m);
@@ -260,32 +260,32 @@ static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, T
   TpModelDesc desc;
   if (!tp_model_describe(m, T, &desc))
     return tp_error(d, "--slices auto: cannot read the layer count, width and vocabulary off the model; give the slices");
-  int stages = m->nstages > 1 ? m->nstages : 1;
-  if (m->stage_cuts) { /* "A,B,..": the first layers of stages 1, 2, .. */
-    stages = 2;
-    for (const char *p = m->stage_cuts; *p; p++) stages += *p == ',';
-  }
+  int stages = m->nstages > 1 ? m->nstages : 1, *cuts = NULL;
+  int rc = m->stage_cuts ? tp_stage_cuts_parse(m->stage_cuts, desc.layers, &stages, &cuts, d) : TP_OK;
   TpHardware hw;
   TpCostModel cm;
   char dirs[4096];
   tp_profile_dirs(TOKPIPE_PROFILE_DIRS, dirs, sizeof dirs);
-  int rc = tp_hardware_find("cpu", dirs, &hw, d);
+  if (rc == TP_OK) rc = tp_hardware_find("cpu", dirs, &hw, d);
   if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, 1, 1, d);
-  if (rc) return rc;
-  if (stages > 1 && stages <= desc.layers) { /* the cost of near-equal cuts */
-    int cuts[TP_MAX_STAGES];
-    for (int k = 0; k < stages; k++) cuts[k] = (int)((int64_t)k * desc.layers / stages);
+  if (rc == TP_OK && stages > 1 && stages <= desc.layers && stages <= TP_MAX_STAGES) {
+    if (!cuts) { /* assign-stages balances the layers' compute: near-equal cuts */
+      cuts = malloc(sizeof(int) * (size_t)stages);
+      TP_ASSERT(cuts);
+      for (int k = 0; k < stages; k++) cuts[k] = (int)((int64_t)k * desc.layers / stages);
+    }
     cm.pipeline = cm.nstages = stages;
     tp_cost_model_set_cuts(&cm, cuts);
   }
+  free(cuts);
+  if (rc) return rc;
+  cm.microbatch_rows = (int)rows; /* the trainer runs microbatches of the token input's rows */
   int g = 1; /* slice lengths in units of g tokens: at most 256 units */
   while (T / g > 256 || T % g) g++;
   int batch = (int)rows * microbatches;
   TpSliceCost table;
   double rms, worst;
   tp_model_slice_cost(&cm, batch, g, &table, &rms, &worst);
-  for (int b = 1; b <= batch; b++) /* only microbatches of the token input's rows */
-    for (int u = 0; u <= table.units && b != rows; u++) table.t0[(long)b * (table.units + 1) + u] = INFINITY;
   TpSlicing plan = {0};
   rc = tp_slice_cost_finish(&table, d);
   if (rc == TP_OK) rc = tp_solve_slicing(&table, batch, cm.nstages, &plan, d);
@@ -383,14 +383,17 @@ static int profile_grid(const char *spec, int64_t T, int64_t *l, int64_t *c) {
 }
 
 /* The main module's stages and the first layer of each, as assign-stages cut them (it
- * records its cuts in m->stage_cuts). */
+ * records its cuts in m->stage_cuts, checked against the layer count). */
 static int stage_layout(const TpModule *m, int **cuts) {
   int S = m->nstages > 1 ? m->nstages : 1;
-  int *first = calloc((size_t)S, sizeof *first);
-  TP_ASSERT(first);
-  const char *p = m->stage_cuts;
-  for (int k = 1; k < S; k++, p++) first[k] = (int)strtol(p, (char **)&p, 10);
-  *cuts = first;
+  if (S == 1) {
+    *cuts = calloc(1, sizeof **cuts);
+    TP_ASSERT(*cuts);
+    return 1;
+  }
+  TpDiag d;
+  tp_diag_init(&d, cli_tool, "", stderr);
+  if (tp_stage_cuts_parse(m->stage_cuts, INT_MAX, &S, cuts, &d)) tp_internal(&d, "assign-stages recorded bad cuts");
   return S;
 }
 

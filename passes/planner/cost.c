@@ -767,5 +767,6 @@ int tp_cost_model_calibrate(TpCostModel *cm, const TpCalibration *cal, const int
     return tp_error(d, "the profile has %d stage%s, the plan %d", cal->nstages, cal->nstages == 1 ? "" : "s",
                     cm->nstages);
   cm->cal = cal;
+  cm->microbatch_rows = cal->b;
   return TP_OK;
 }

@@ -75,6 +75,8 @@ typedef struct {
   bool uniform_stages;       /* price every stage like a middle one (the paper's model) */
   double param_state_bytes;  /* weights + gradients + optimizer state per parameter */
   const struct TpCalibration *cal; /* measured stage and optimizer times, or NULL */
+  int microbatch_rows;       /* > 0: the only microbatch size that can run (the profiled one, a
+                                compiled plan's); others are not priced */
 } TpCostModel;
 
 /* Sets up cm with stages of equal layer counts; layers not divisible by pipeline is an

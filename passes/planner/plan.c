@@ -35,7 +35,7 @@ void tp_model_slice_cost(const TpCostModel *cm, int batch, int g, TpSliceCost *t
   TpDiag quiet;
   tp_diag_init(&quiet, "tokpipe-plan", NULL, NULL);
   for (int b = 1; b <= batch; b++) {
-    if (cm->cal && b != cm->cal->b) continue; /* not measured: stays INFINITY */
+    if (cm->microbatch_rows && b != cm->microbatch_rows) continue; /* cannot run: stays INFINITY */
     for (int s = 1; s <= n; s++) t->t0[(long)b * (n + 1) + s] = slice_seconds(cm, b, s * g, 0);
     int ns = 0;
     for (int i = 0; i < ng; i++)
@@ -179,7 +179,7 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
 
   /* baseline and best uniform, over equal microbatch sizes */
   for (int mb = 1; mb <= B; mb++) {
-    if (B % mb || (cm->cal && mb != cm->cal->b)) continue;
+    if (B % mb || (cm->microbatch_rows && mb != cm->microbatch_rows)) continue;
     TpPlanEval cand;
     init_eval(req, &cand, req->schedule);
     tp_uniform_slicing(&table, B, mb, 1, cm->nstages, &cand.slicing);
@@ -206,7 +206,7 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     tp_slicing_copy(&cands[ncand++], &out->terapipe.slicing);
     tp_slicing_copy(&cands[ncand++], &out->uniform.slicing);
     for (int mb = 1; mb <= B; mb++) {
-      if (B % mb || mb == B || (cm->cal && mb != cm->cal->b)) continue;
+      if (B % mb || mb == B || (cm->microbatch_rows && mb != cm->microbatch_rows)) continue;
       TpSliceCost only = table;
       size_t rows = ((size_t)B + 1) * ((size_t)n + 1);
       only.t0 = malloc(rows * sizeof(double));

@@ -6,13 +6,17 @@
  * The ranks run as in training (mpirun -np S*D, or one process), and all of them profile
  * the same probe at once, a barrier between probes, so that they load the machine as a
  * real run does; the file keeps replica 0's figures. In one process the hosted stages are
- * measured one after the other. Per probe and stage: one warm-up, then forward and backward
- * timed separately (after the setup forwards, untimed), repeated at least MIN_REPEATS times
- * and for MIN_SECONDS of timed work; a sample is the medians. */
+ * measured one after the other. The probes are timed in passes over the whole grid, the
+ * first a warm-up, until every probe has run at least MIN_REPEATS times and for MIN_SECONDS
+ * of timed work: this machine's speed drifts within seconds, and a probe timed in one burst
+ * would see one moment of it while its neighbours on the grid saw others. Per pass, probe and
+ * stage, forward and backward are timed separately (after the setup forwards, untimed); a
+ * sample is the medians over the passes. */
 #include "train.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +25,7 @@
 #include "../cpu/optim.h"
 #include "atomic.h"
 
-enum { MIN_REPEATS = 5, MAX_REPEATS = 100000, OPTIMIZER_REPEATS = 5 };
+enum { MIN_REPEATS = 5, MAX_PASSES = 100000, OPTIMIZER_REPEATS = 5 };
 static const double MIN_SECONDS = 0.25; /* per probe: enough repeats for a steady median on a shared machine */
 
 static double now_s(void) {
@@ -49,35 +53,36 @@ static void prepare(const TpPlanProbeStage *ps, TpStepIO *io) {
   for (int i = 0; i < ps->nsetup; i++) ps->setup[i](io);
 }
 
-/* Stage `stage`'s units of probe pr with io (its parameters, gradients, tokens): the
- * medians of forward and backward into out[0], out[1]. */
-static void time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, double *out) {
+/* One probe's timings on one stage, a pair per pass. */
+typedef struct {
+  double *fwd, *bwd, timed;
+  int n, cap;
+} ProbeTimes;
+
+/* Stage `stage`'s units of probe pr with io (its parameters, gradients, tokens), run once;
+ * forward and backward times appended to pt unless this is the warm-up (pt NULL). Returns
+ * the seconds they took. */
+static double time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, ProbeTimes *pt) {
   const TpPlanProbeStage *ps = &pr->stages[stage];
   io.arena = train_alloc_zeroed(ps->arena_bytes);
-  prepare(ps, &io); /* and one warm-up */
+  prepare(ps, &io);
+  double t0 = now_s();
   ps->forward(&io);
+  double t1 = now_s();
   ps->backward(&io);
-  int cap = 64, n = 0;
-  double *fwd = malloc(cap * sizeof *fwd), *bwd = malloc(cap * sizeof *bwd), timed = 0;
-  TP_ASSERT(fwd && bwd);
-  while (n < MIN_REPEATS || (timed < MIN_SECONDS && n < MAX_REPEATS)) {
-    if (n == cap) {
-      cap *= 2;
-      fwd = realloc(fwd, (size_t)cap * sizeof *fwd), bwd = realloc(bwd, (size_t)cap * sizeof *bwd);
-      TP_ASSERT(fwd && bwd);
-    }
-    prepare(ps, &io);
-    double t0 = now_s();
-    ps->forward(&io);
-    double t1 = now_s();
-    ps->backward(&io);
-    fwd[n] = t1 - t0, bwd[n] = now_s() - t1;
-    timed += fwd[n] + bwd[n];
-    n++;
-  }
-  out[0] = median(fwd, n), out[1] = median(bwd, n);
-  free(fwd), free(bwd);
+  double t2 = now_s();
   free(io.arena);
+  if (!pt) return t2 - t0;
+  if (pt->n == pt->cap) {
+    pt->cap = pt->cap ? 2 * pt->cap : 16;
+    pt->fwd = realloc(pt->fwd, (size_t)pt->cap * sizeof *pt->fwd);
+    pt->bwd = realloc(pt->bwd, (size_t)pt->cap * sizeof *pt->bwd);
+    TP_ASSERT(pt->fwd && pt->bwd);
+  }
+  pt->fwd[pt->n] = t1 - t0, pt->bwd[pt->n] = t2 - t1;
+  pt->timed += t2 - t0;
+  pt->n++;
+  return t2 - t0;
 }
 
 /* One AdamW step over the parameters hosted rank h updates in training. */
@@ -180,17 +185,39 @@ int train_profile(Trainer *t) {
   size_t n = (size_t)P->nprobes * (size_t)S * 2 + (size_t)S;
   double *times = calloc(n, sizeof *times), *opt = times + (size_t)P->nprobes * S * 2, start = now_s();
   TP_ASSERT(times);
-  for (int p = 0; p < P->nprobes; p++) {
-    tp_comm_barrier(t->comm); /* every rank on the same probe */
-    for (int h = 0; h < t->nhosted; h++) {
-      int stage, replica;
-      TpStepIO io = pipe_rank_io(t, h, &stage, &replica);
-      double x[2];
-      if (replica > 0 && t->comm->size == 1) continue; /* one process: replica 0 is enough */
-      time_probe(&P->probes[p], stage, io, x);
-      if (replica == 0) memcpy(&times[(p * S + stage) * 2], x, sizeof x);
+  int H = t->nhosted, first, passes = 0;
+  double fastest = INFINITY, slowest = 0; /* this process's timed passes, in seconds */
+  ProbeTimes *pt = calloc((size_t)P->nprobes * (size_t)H, sizeof *pt);
+  TP_ASSERT(pt);
+  for (int more = 1; more && passes < MAX_PASSES; passes++) {
+    double pass_s = 0;
+    more = 0;
+    for (int p = 0; p < P->nprobes; p++) {
+      tp_comm_barrier(t->comm); /* every rank on the same probe */
+      for (int h = 0; h < H; h++) {
+        int stage, replica;
+        TpStepIO io = pipe_rank_io(t, h, &stage, &replica);
+        if (replica > 0 && t->comm->size == 1) continue; /* one process: replica 0 is enough */
+        ProbeTimes *x = &pt[p * H + h];
+        pass_s += time_probe(&P->probes[p], stage, io, passes ? x : NULL);
+        more |= x->n < MIN_REPEATS || x->timed < MIN_SECONDS;
+      }
     }
+    more = tp_comm_agree(t->comm, more, &first); /* every rank runs the same passes */
+    if (passes) fastest = fmin(fastest, pass_s), slowest = fmax(slowest, pass_s);
   }
+  for (int p = 0; p < P->nprobes; p++)
+    for (int h = 0; h < H; h++) {
+      int stage, replica;
+      ProbeTimes *x = &pt[p * H + h];
+      pipe_rank_io(t, h, &stage, &replica);
+      if (replica == 0 && x->n) {
+        times[(p * S + stage) * 2] = median(x->fwd, x->n);
+        times[(p * S + stage) * 2 + 1] = median(x->bwd, x->n);
+      }
+      free(x->fwd), free(x->bwd);
+    }
+  free(pt);
   tp_comm_barrier(t->comm);
   for (int h = 0; h < t->nhosted; h++) {
     int stage, replica;
@@ -207,9 +234,12 @@ int train_profile(Trainer *t) {
     free(group);
   }
   rc = train_is_root(t) ? write_profile(t, times, opt) : TP_OK;
+  /* the same work, so the spread of the passes is the machine's drift while profiling, a
+   * floor under any prediction's error */
   if (!rc && train_is_root(t))
-    fprintf(stderr, "%s: wrote %s: %d samples in %.1f s\n", t->d->tool, t->o.profile, P->nprobes * S,
-            now_s() - start);
+    fprintf(stderr, "%s: wrote %s: %d samples in %.1f s; %d timed passes over the grid took %.2f to %.2f s "
+            "(%+.0f%%)\n", t->d->tool, t->o.profile, P->nprobes * S, now_s() - start, passes - 1, fastest, slowest,
+            100 * (slowest / fastest - 1));
   free(times);
   return pipe_agree(t, rc);
 }
