@@ -10,7 +10,9 @@
 # plan's trainer profiles its stages (mpirun -np 2 trainer --profile: every rank times its
 # own stage at once), tokpipe-plan --calibrate predicts the plan from that profile, and the
 # trainer trains STEPS steps with --log (its median "ms", step 1 left out, is that round's
-# measurement). A plan's prediction and measurement are the medians over the rounds.
+# measurement). A plan's prediction and measurement are the medians over the rounds. Each
+# round also shows how far the profile's passes over the grid spread (the same work timed
+# again and again: the machine's own drift while profiling).
 #
 #   bash bench/calibrated_step.sh [STEPS]          (default 20)
 #   env: TOKPIPE_BUILD (build folder, default build), BENCH_THREADS (OpenMP threads per
@@ -64,6 +66,7 @@ for round in $(seq "$rounds"); do
     "$build/bin/tokpipe-plan" "$work/model.onnx" --seq 256 --calibrate "$work/prof$tag.json" --microbatches 2 \
       --slices "$slices" --schedule "$schedule" --json >"$work/pred$tag.json"
     jq '.iteration_time_s * 1000' "$work/pred$tag.json" >>"$work/pred$i.txt.$$"
+    sed -n 's/.*timed passes over the grid took .* (\(.*\)%)$/\1/p' "$work/prof$tag.err" >>"$work/drift$i.txt.$$"
     "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --data "$work/train.bin" --steps "$steps" \
       --log "$work/plan$tag.jsonl" 2>"$work/plan$tag.err"
     jq -s '[.[] | select(.step > 1) | .ms] | sort | if length % 2 == 1 then .[length / 2 | floor]
@@ -73,12 +76,13 @@ for round in $(seq "$rounds"); do
 done
 
 printf '\n%-24s %12s %12s %8s  %-6s %s\n' "plan (slices schedule)" "predicted ms" "measured ms" "error" "${tol}%" \
-  "per round: predicted / measured"
+  "per round: predicted / measured (the profile's pass spread)"
 fails=0
 for i in "${!plans[@]}"; do
   pred=$(median <"$work/pred$i.txt.$$") meas=$(median <"$work/meas$i.txt.$$")
-  rounds_text=$(paste -d/ "$work/pred$i.txt.$$" "$work/meas$i.txt.$$" | awk '{ split($0, x, "/"); printf "%.0f/%.0f ", x[1], x[2] }')
-  rm -f "$work/pred$i.txt.$$" "$work/meas$i.txt.$$"
+  rounds_text=$(paste -d/ "$work/pred$i.txt.$$" "$work/meas$i.txt.$$" "$work/drift$i.txt.$$" |
+    awk '{ split($0, x, "/"); printf "%.0f/%.0f (%s%%) ", x[1], x[2], x[3] }')
+  rm -f "$work/pred$i.txt.$$" "$work/meas$i.txt.$$" "$work/drift$i.txt.$$"
   awk -v p="$pred" -v m="$meas" -v name="${plans[$i]}" -v tol="$tol" -v per="$rounds_text" 'BEGIN {
     e = 100 * (p - m) / m; ok = (e <= tol && e >= -tol)
     printf "%-24s %12.1f %12.1f %+7.1f%%  %-6s %s\n", name, p, m, e, ok ? "PASS" : "FAIL", per
