@@ -233,10 +233,16 @@ static void json_fit(const TpFit *f) {
   printf("{\"rms_rel_err\": %.6f, \"max_rel_err\": %.6f, \"samples\": %d}", f->rms_rel_err, f->max_rel_err, f->nsamples);
 }
 
-/* Per stage: the fit errors of forward and backward (or of their sum). */
-static void json_calibration(const TpCalibration *cal, const char *path) {
-  printf("  \"calibration\": {\"profile\": \"%s\", \"microbatch_size\": %d, \"split\": %s, \"fit\": [", path, cal->b,
-         cal->split ? "true" : "false");
+/* Per stage: the fit errors of forward and backward (or of their sum); the machine's drift
+ * while profiling (null where the profile does not say). */
+static void json_calibration(const TpCalibration *cal, const char *path, const TpProfile *p) {
+  printf("  \"calibration\": {\"profile\": \"%s\", \"microbatch_size\": %d, \"split\": %s, \"drift\": ", path,
+         cal->b, cal->split ? "true" : "false");
+  if (p->drift >= 0)
+    printf("%.4f", p->drift);
+  else
+    printf("null");
+  printf(", \"fit\": [");
   for (int k = 0; k < cal->nstages; k++) {
     printf("%s{\"stage\": %d, \"%s\": ", k ? ", " : "", k, cal->split ? "forward" : "sum");
     json_fit(&cal->fwd[k]);
@@ -257,6 +263,9 @@ static void text_calibration(const TpCalibration *cal, const char *path, const T
     printf(" over %d samples%s\n", cal->fwd[k].nsamples,
            cal->optimizer ? "" : "; optimizer step: analytic (not in the profile)");
   }
+  if (p->drift >= 0)
+    printf("  the machine drifted by %.0f%% while profiling (slowest / fastest pass over the grid): expect errors\n"
+           "  of that order in predictions from this profile\n", 100 * p->drift);
 }
 
 /* Prices one plan: M microbatches of b sequences, each cut into `len`, on req's layout. */
@@ -504,7 +513,7 @@ int main(int argc, char **argv) {
       json_model(&model);
       printf("  \"hardware\": \"%s\",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n  \"tied\": %s,\n",
              hw.name, S, (int)tensor, (int)data, tied ? "true" : "false");
-      if (calibrate) json_calibration(&cal, calibrate);
+      if (calibrate) json_calibration(&cal, calibrate, &prof);
     } else {
       printf("%s: %d layers, hidden %d, %d heads, sequence %d, vocabulary %d%s\n", model.name, model.layers,
              model.hidden, model.heads, model.seq, model.vocab, tied ? ", tied head" : "");
@@ -535,7 +544,7 @@ int main(int argc, char **argv) {
     json_model(&model);
     printf("  \"hardware\": \"%s\",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n", hw.name,
            S, (int)tensor, (int)data);
-    if (calibrate) json_calibration(&cal, calibrate);
+    if (calibrate) json_calibration(&cal, calibrate, &prof);
     printf("  \"batch\": %d,\n  \"granularity\": %d,\n  \"schedule\": \"%s\",\n", (int)batch,
            (int)granularity, tp_schedule_name(schedule));
     printf("  \"iteration_time_s\": %.6g,\n  \"eq5_time_s\": %.6g,\n", tp->time_s, tp->eq5_s);

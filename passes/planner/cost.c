@@ -520,7 +520,8 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
   int rc = TP_OK;
   const TpJson *format = tp_json_get(j, "format"), *device = tp_json_get(j, "device"),
                *model = tp_json_get(j, "model"), *s = tp_json_get(j, "samples"),
-               *cuts = tp_json_get(j, "stage_cuts"), *opt = tp_json_get(j, "optimizer");
+               *cuts = tp_json_get(j, "stage_cuts"), *opt = tp_json_get(j, "optimizer"),
+               *drift = tp_json_get(j, "drift");
   int version = 1;
   if (j->kind != TP_JSON_OBJECT || (format && (format->kind != TP_JSON_STRING || strcmp(format->string, "tokpipe-profile")))) {
     rc = tp_error(d, "profile %s: not a tokpipe profile (\"format\" must be \"tokpipe-profile\")", path);
@@ -577,6 +578,13 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
       goto done;
     }
   }
+  p->drift = -1;
+  if (drift && (drift->kind != TP_JSON_NUMBER || !(drift->number >= 0) || !isfinite(drift->number))) {
+    rc = tp_error(d, "profile %s: \"drift\" must be a number >= 0 (the slowest timed pass over the grid / the "
+                     "fastest - 1)", path);
+    goto done;
+  }
+  if (drift) p->drift = drift->number;
   p->samples = calloc((size_t)s->count, sizeof *p->samples);
   p->split = true;
   for (int i = 0; i < s->count && !rc; i++) {

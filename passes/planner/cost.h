@@ -124,7 +124,7 @@ double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full
  *   {"format": "tokpipe-profile", "version": 1,
  *    "device": "CPU model or GPU name", "threads": 2, "ranks": 2,
  *    "model": "model.onnx", "stages": 2, "stage_cuts": [0, 2], "batch": 4, "seq": 256,
- *    "optimizer": [0.0031, 0.0042],
+ *    "optimizer": [0.0031, 0.0042], "drift": 0.12,
  *    "samples": [{"stage": 0, "b": 4, "l": 64, "c": 0,
  *                 "forward": 0.010, "backward": 0.021, "seconds": 0.031}, ...]}
  * A sample is the median time of stage `stage`'s forward and backward of one token slice
@@ -133,7 +133,9 @@ double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full
  * real run); seconds = forward + backward. "stage" absent: the whole model on one stage.
  * "forward"/"backward" absent: only their sum is known. "optimizer" (optional): seconds
  * of one AdamW step of each stage's parameters. "stage_cuts" (optional): the first layer of
- * each stage, as tokpipec's --stage-cuts. */
+ * each stage, as tokpipec's --stage-cuts. "drift" (optional): how much longer the slowest
+ * of the trainer's timed passes over the whole grid took than the fastest (0.12: 12%); the
+ * same work each time, so it is the machine's own drift while profiling. */
 /* One sample; stage 0 and split = false where the file does not say. */
 typedef struct {
   int b, l, c;
@@ -144,12 +146,13 @@ typedef struct {
 } TpSample;
 
 /* A whole profile file. Optional fields: threads, ranks, batch, seq 0 when absent; cuts and
- * optimizer NULL. */
+ * optimizer NULL; drift -1. */
 typedef struct {
   char device[256], model[256];
   int threads, ranks, stages, batch, seq;
   int *cuts;               /* [stages] first layer of each stage */
   double *optimizer;       /* [stages] seconds of one AdamW step */
+  double drift;            /* the passes' spread, -1 when absent */
   TpSample *samples;
   int nsamples;
   bool split;              /* every sample has forward and backward */

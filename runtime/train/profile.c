@@ -131,7 +131,7 @@ static void json_string(FILE *f, const char *s) {
 
 /* The profile file (format: passes/planner/cost.h): times[(p * S + k) * 2 + {0, 1}] is
  * stage k's forward and backward of probe p, opt[k] its optimizer step. */
-static int write_profile(Trainer *t, const double *times, const double *opt) {
+static int write_profile(Trainer *t, const double *times, const double *opt, double drift) {
   const TpPlan *P = t->plan;
   int S = P->nstages;
   char device[256];
@@ -152,7 +152,7 @@ static int write_profile(Trainer *t, const double *times, const double *opt) {
   }
   fprintf(f, "\"batch\": %" PRId64 ", \"seq\": %" PRId64 ",\n \"optimizer\": [", P->batch, P->seq);
   for (int k = 0; k < S; k++) fprintf(f, "%s%.9g", k ? ", " : "", opt[k]);
-  fputs("],\n \"samples\": [", f);
+  fprintf(f, "], \"drift\": %.4f,\n \"samples\": [", drift);
   for (int p = 0; p < P->nprobes; p++)
     for (int k = 0; k < S; k++) {
       const TpPlanProbe *pr = &P->probes[p];
@@ -233,13 +233,14 @@ int train_profile(Trainer *t) {
     tp_comm_allreduce_sum(t->comm, times, n, TP_F64, group, t->comm->size);
     free(group);
   }
-  rc = train_is_root(t) ? write_profile(t, times, opt) : TP_OK;
-  /* the same work, so the spread of the passes is the machine's drift while profiling, a
+  /* the same work each pass, so their spread is the machine's drift while profiling, a
    * floor under any prediction's error */
+  double drift = fastest > 0 && slowest < INFINITY ? slowest / fastest - 1 : 0;
+  rc = train_is_root(t) ? write_profile(t, times, opt, drift) : TP_OK;
   if (!rc && train_is_root(t))
     fprintf(stderr, "%s: wrote %s: %d samples in %.1f s; %d timed passes over the grid took %.2f to %.2f s "
             "(%+.0f%%)\n", t->d->tool, t->o.profile, P->nprobes * S, now_s() - start, passes - 1, fastest, slowest,
-            100 * (slowest / fastest - 1));
+            100 * drift);
   free(times);
   return pipe_agree(t, rc);
 }

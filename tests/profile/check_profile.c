@@ -1,7 +1,7 @@
 /* check_profile FILE.json STAGES BATCH SEQ RANKS L:C,L:C,..: the trainer's --profile file
  * is valid JSON in the format of passes/planner/cost.h (above TpSample): format, version,
  * device, threads, ranks, model, stages, stage_cuts, batch, seq, one optimizer time per
- * stage, and exactly one sample per (grid point, stage) with b = BATCH, positive forward
+ * stage, the drift (>= 0), and exactly one sample per (grid point, stage) with b = BATCH, positive forward
  * and backward and seconds = forward + backward. No timing is judged. Exit 0 or 1. */
 #include <math.h>
 #include <stdarg.h>
@@ -68,6 +68,7 @@ int main(int argc, char **argv) {
   if (!opt || opt->kind != TP_JSON_ARRAY || opt->count != S) fail("\"optimizer\" is not %d times", S);
   for (int k = 0; opt && opt->kind == TP_JSON_ARRAY && k < opt->count; k++)
     if (!(opt->items[k].number > 0)) fail("\"optimizer\" of stage %d is not positive", k);
+  if (!(number(doc, "drift") >= 0)) fail("\"drift\" is not >= 0");
 
   const TpJson *samples = tp_json_get(doc, "samples");
   if (!samples || samples->kind != TP_JSON_ARRAY) return fail("no \"samples\" array"), 1;
