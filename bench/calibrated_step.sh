@@ -66,7 +66,7 @@ for round in $(seq "$rounds"); do
     "$build/bin/tokpipe-plan" "$work/model.onnx" --seq 256 --calibrate "$work/prof$tag.json" --microbatches 2 \
       --slices "$slices" --schedule "$schedule" --json >"$work/pred$tag.json"
     jq '.iteration_time_s * 1000' "$work/pred$tag.json" >>"$work/pred$i.txt.$$"
-    sed -n 's/.*timed passes over the grid took .* (\(.*\)%)$/\1/p' "$work/prof$tag.err" >>"$work/drift$i.txt.$$"
+    jq -r 'if .drift then "+\(.drift * 100 | round)%" else "?" end' "$work/prof$tag.json" >>"$work/drift$i.txt.$$"
     "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --data "$work/train.bin" --steps "$steps" \
       --log "$work/plan$tag.jsonl" 2>"$work/plan$tag.err"
     jq -s '[.[] | select(.step > 1) | .ms] | sort | if length % 2 == 1 then .[length / 2 | floor]
@@ -81,7 +81,7 @@ fails=0
 for i in "${!plans[@]}"; do
   pred=$(median <"$work/pred$i.txt.$$") meas=$(median <"$work/meas$i.txt.$$")
   rounds_text=$(paste -d/ "$work/pred$i.txt.$$" "$work/meas$i.txt.$$" "$work/drift$i.txt.$$" |
-    awk '{ split($0, x, "/"); printf "%.0f/%.0f (%s%%) ", x[1], x[2], x[3] }')
+    awk '{ split($0, x, "/"); printf "%.0f/%.0f (%s) ", x[1], x[2], x[3] }')
   rm -f "$work/pred$i.txt.$$" "$work/meas$i.txt.$$" "$work/drift$i.txt.$$"
   awk -v p="$pred" -v m="$meas" -v name="${plans[$i]}" -v tol="$tol" -v per="$rounds_text" 'BEGIN {
     e = 100 * (p - m) / m; ok = (e <= tol && e >= -tol)

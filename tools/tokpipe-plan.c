@@ -264,8 +264,8 @@ static void text_calibration(const TpCalibration *cal, const char *path, const T
            cal->optimizer ? "" : "; optimizer step: analytic (not in the profile)");
   }
   if (p->drift >= 0)
-    printf("  the machine drifted by %.0f%% while profiling (slowest / fastest pass over the grid): expect errors\n"
-           "  of that order in predictions from this profile\n", 100 * p->drift);
+    printf("  the machine drifted by %.0f%% while profiling (upper / lower quartile of the passes over the\n"
+           "  grid): expect errors of that order in predictions from this profile\n", 100 * p->drift);
 }
 
 /* Prices one plan: M microbatches of b sequences, each cut into `len`, on req's layout. */

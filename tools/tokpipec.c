@@ -382,19 +382,17 @@ static int profile_grid(const char *spec, int64_t T, int64_t *l, int64_t *c) {
   return n;
 }
 
-/* The main module's stages and the first layer of each, as assign-stages cut them (it
- * records its cuts in m->stage_cuts, checked against the layer count). */
-static int stage_layout(const TpModule *m, int **cuts) {
-  int S = m->nstages > 1 ? m->nstages : 1;
-  if (S == 1) {
+/* The main module's stages (*nstages) and the first layer of each (*cuts), as assign-stages
+ * cut them (it records its cuts in m->stage_cuts, already checked against the layers). */
+static int stage_layout(const TpModule *m, int *nstages, int **cuts, TpDiag *d) {
+  *nstages = m->nstages > 1 ? m->nstages : 1;
+  if (*nstages == 1) {
     *cuts = calloc(1, sizeof **cuts);
     TP_ASSERT(*cuts);
-    return 1;
+    return TP_OK;
   }
-  TpDiag d;
-  tp_diag_init(&d, cli_tool, "", stderr);
-  if (tp_stage_cuts_parse(m->stage_cuts, INT_MAX, &S, cuts, &d)) tp_internal(&d, "assign-stages recorded bad cuts");
-  return S;
+  if (!m->stage_cuts) return tp_internal(d, "assign-stages made %d stages but recorded no cuts", *nstages);
+  return tp_stage_cuts_parse(m->stage_cuts, INT_MAX, nstages, cuts, d);
 }
 
 /* Compiles the model again for each grid point (one microbatch sliced [c, l, rest], the
@@ -555,9 +553,10 @@ int main(int argc, char **argv) {
     list = calloc(4096, sizeof *list);
     mods = calloc(4096, sizeof *mods);
     TP_ASSERT(gl && gc && list && mods);
-    int npoints = profile_grid(grid, T, gl, gc), S = stage_layout(m, &cuts);
+    int npoints = profile_grid(grid, T, gl, gc), S;
+    rc = stage_layout(m, &S, &cuts, &d);
     probes = (TpEmitOptions){.nprobes = npoints, .probes = list, .stage_cuts = cuts};
-    rc = build_probes(input, &dims, m, retie, S, gl, gc, npoints, list, mods, &d);
+    if (rc == TP_OK) rc = build_probes(input, &dims, m, retie, S, gl, gc, npoints, list, mods, &d);
     free(gl), free(gc);
   }
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);

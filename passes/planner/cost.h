@@ -133,9 +133,9 @@ double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full
  * real run); seconds = forward + backward. "stage" absent: the whole model on one stage.
  * "forward"/"backward" absent: only their sum is known. "optimizer" (optional): seconds
  * of one AdamW step of each stage's parameters. "stage_cuts" (optional): the first layer of
- * each stage, as tokpipec's --stage-cuts. "drift" (optional): how much longer the slowest
- * of the trainer's timed passes over the whole grid took than the fastest (0.12: 12%); the
- * same work each time, so it is the machine's own drift while profiling. */
+ * each stage, as tokpipec's --stage-cuts. "drift" (optional): the spread of the trainer's
+ * timed passes over the whole grid, upper / lower quartile of their times - 1 (0.12: 12%);
+ * the same work each pass, so it is the machine's own drift while profiling. */
 /* One sample; stage 0 and split = false where the file does not say. */
 typedef struct {
   int b, l, c;

@@ -7,16 +7,18 @@
  * the same probe at once, a barrier between probes, so that they load the machine as a
  * real run does; the file keeps replica 0's figures. In one process the hosted stages are
  * measured one after the other. The probes are timed in passes over the whole grid, the
- * first a warm-up, until every probe has run at least MIN_REPEATS times and for MIN_SECONDS
- * of timed work: this machine's speed drifts within seconds, and a probe timed in one burst
- * would see one moment of it while its neighbours on the grid saw others. Per pass, probe and
- * stage, forward and backward are timed separately (after the setup forwards, untimed); a
- * sample is the medians over the passes. */
+ * first a warm-up, until there were MIN_REPEATS timed passes and MIN_SECONDS of timed work
+ * per probe on average: this machine's speed drifts within seconds, and a probe timed in one
+ * burst would see one moment of it while its neighbours on the grid saw others. Per pass,
+ * probe and stage, forward and backward are timed separately (after the setup forwards,
+ * untimed); a sample is the medians over the passes. Every pass does the same work, so the
+ * spread of their wall times is the machine's drift while profiling: the file's "drift" is
+ * their upper quartile / lower quartile - 1 (a single stalled pass does not move it). Expect
+ * prediction errors of that order. */
 #include "train.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,13 @@ static double median(double *x, int n) {
   return n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
 }
 
+/* The q-quantile of x[0..n-1], sorted, by linear interpolation. */
+static double quantile(const double *x, int n, double q) {
+  double at = q * (n - 1);
+  int i = (int)at;
+  return i + 1 < n ? x[i] + (at - i) * (x[i + 1] - x[i]) : x[n - 1];
+}
+
 /* A probe's arena is planned for its whole run order (every slice's forward, then every
  * backward), so its probed units alone may read bytes that units not run here would have
  * written, or that the probed backward overwrote: each repetition starts, untimed, from a
@@ -53,10 +62,24 @@ static void prepare(const TpPlanProbeStage *ps, TpStepIO *io) {
   for (int i = 0; i < ps->nsetup; i++) ps->setup[i](io);
 }
 
-/* One probe's timings on one stage, a pair per pass. */
+/* A growing list of times, one per pass. */
 typedef struct {
-  double *fwd, *bwd, timed;
+  double *x;
   int n, cap;
+} Times;
+
+static void append(Times *t, double x) {
+  if (t->n == t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 16;
+    t->x = realloc(t->x, (size_t)t->cap * sizeof *t->x);
+    TP_ASSERT(t->x);
+  }
+  t->x[t->n++] = x;
+}
+
+/* One probe's timings on one stage. */
+typedef struct {
+  Times fwd, bwd;
 } ProbeTimes;
 
 /* Stage `stage`'s units of probe pr with io (its parameters, gradients, tokens), run once;
@@ -72,16 +95,7 @@ static double time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, ProbeTim
   ps->backward(&io);
   double t2 = now_s();
   free(io.arena);
-  if (!pt) return t2 - t0;
-  if (pt->n == pt->cap) {
-    pt->cap = pt->cap ? 2 * pt->cap : 16;
-    pt->fwd = realloc(pt->fwd, (size_t)pt->cap * sizeof *pt->fwd);
-    pt->bwd = realloc(pt->bwd, (size_t)pt->cap * sizeof *pt->bwd);
-    TP_ASSERT(pt->fwd && pt->bwd);
-  }
-  pt->fwd[pt->n] = t1 - t0, pt->bwd[pt->n] = t2 - t1;
-  pt->timed += t2 - t0;
-  pt->n++;
+  if (pt) append(&pt->fwd, t1 - t0), append(&pt->bwd, t2 - t1);
   return t2 - t0;
 }
 
@@ -186,12 +200,12 @@ int train_profile(Trainer *t) {
   double *times = calloc(n, sizeof *times), *opt = times + (size_t)P->nprobes * S * 2, start = now_s();
   TP_ASSERT(times);
   int H = t->nhosted, first, passes = 0;
-  double fastest = INFINITY, slowest = 0; /* this process's timed passes, in seconds */
+  double timed = 0; /* this process's timed work */
+  Times pass = {0};  /* the timed passes' wall times */
   ProbeTimes *pt = calloc((size_t)P->nprobes * (size_t)H, sizeof *pt);
   TP_ASSERT(pt);
   for (int more = 1; more && passes < MAX_PASSES; passes++) {
-    double pass_s = 0;
-    more = 0;
+    double pass_start = now_s();
     for (int p = 0; p < P->nprobes; p++) {
       tp_comm_barrier(t->comm); /* every rank on the same probe */
       for (int h = 0; h < H; h++) {
@@ -199,23 +213,25 @@ int train_profile(Trainer *t) {
         TpStepIO io = pipe_rank_io(t, h, &stage, &replica);
         if (replica > 0 && t->comm->size == 1) continue; /* one process: replica 0 is enough */
         ProbeTimes *x = &pt[p * H + h];
-        pass_s += time_probe(&P->probes[p], stage, io, passes ? x : NULL);
-        more |= x->n < MIN_REPEATS || x->timed < MIN_SECONDS;
+        double s = time_probe(&P->probes[p], stage, io, passes ? x : NULL);
+        if (passes) timed += s;
       }
     }
+    more = passes < MIN_REPEATS || timed < MIN_SECONDS * P->nprobes;
     more = tp_comm_agree(t->comm, more, &first); /* every rank runs the same passes */
-    if (passes) fastest = fmin(fastest, pass_s), slowest = fmax(slowest, pass_s);
+    double pass_s = now_s() - pass_start;        /* until the slowest rank is done */
+    if (passes) append(&pass, pass_s);
   }
   for (int p = 0; p < P->nprobes; p++)
     for (int h = 0; h < H; h++) {
       int stage, replica;
       ProbeTimes *x = &pt[p * H + h];
       pipe_rank_io(t, h, &stage, &replica);
-      if (replica == 0 && x->n) {
-        times[(p * S + stage) * 2] = median(x->fwd, x->n);
-        times[(p * S + stage) * 2 + 1] = median(x->bwd, x->n);
+      if (replica == 0 && x->fwd.n) {
+        times[(p * S + stage) * 2] = median(x->fwd.x, x->fwd.n);
+        times[(p * S + stage) * 2 + 1] = median(x->bwd.x, x->bwd.n);
       }
-      free(x->fwd), free(x->bwd);
+      free(x->fwd.x), free(x->bwd.x);
     }
   free(pt);
   tp_comm_barrier(t->comm);
@@ -233,14 +249,14 @@ int train_profile(Trainer *t) {
     tp_comm_allreduce_sum(t->comm, times, n, TP_F64, group, t->comm->size);
     free(group);
   }
-  /* the same work each pass, so their spread is the machine's drift while profiling, a
-   * floor under any prediction's error */
-  double drift = fastest > 0 && slowest < INFINITY ? slowest / fastest - 1 : 0;
+  double typical = median(pass.x, pass.n), lower = quantile(pass.x, pass.n, 0.25),
+         drift = lower > 0 ? quantile(pass.x, pass.n, 0.75) / lower - 1 : 0;
+  free(pass.x);
   rc = train_is_root(t) ? write_profile(t, times, opt, drift) : TP_OK;
   if (!rc && train_is_root(t))
-    fprintf(stderr, "%s: wrote %s: %d samples in %.1f s; %d timed passes over the grid took %.2f to %.2f s "
-            "(%+.0f%%)\n", t->d->tool, t->o.profile, P->nprobes * S, now_s() - start, passes - 1, fastest, slowest,
-            100 * drift);
+    fprintf(stderr, "%s: wrote %s: %d samples in %.1f s; %d timed passes over the grid, %.3g s each (median), "
+            "drift %.0f%% (upper / lower quartile - 1)\n", t->d->tool, t->o.profile, P->nprobes * S,
+            now_s() - start, pass.n, typical, 100 * drift);
   free(times);
   return pipe_agree(t, rc);
 }

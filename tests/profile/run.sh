@@ -35,7 +35,7 @@ one-stage) # the whole model on one stage, in one process
     ok "the program's header lists the grid" || fail "header: $(head -8 t1.c)"
   ./t1 --profile p.json >run.txt 2>&1 || fail "--profile: $(cat run.txt)"
   check "1 stage" p.json 1 2 16 1 "$auto16"
-  grep -Eq "wrote p.json: 12 samples in [0-9.]+ s; ([5-9]|[1-9][0-9]+) timed passes over the grid took [0-9.]+ to [0-9.]+ s" run.txt && ok "$(tail -1 run.txt)" || fail "summary: $(cat run.txt)"
+  grep -Eq "wrote p.json: 12 samples in [0-9.]+ s; ([5-9]|[1-9][0-9]+) timed passes over the grid, [0-9.e-]+ s each \(median\), drift [0-9]+%" run.txt && ok "$(tail -1 run.txt)" || fail "summary: $(cat run.txt)"
   # the probes ending the sequence compute the plan's loss
   flags=$(PKG_CONFIG_PATH=$bin/.. pkg-config --cflags --libs tokpipe) || { fail "pkg-config tokpipe"; exit 1; }
   # shellcheck disable=SC2086
