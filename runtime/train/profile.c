@@ -28,7 +28,7 @@
 #include "atomic.h"
 
 enum { MIN_REPEATS = 5, MAX_PASSES = 100000, OPTIMIZER_REPEATS = 5 };
-static const double MIN_SECONDS = 0.25; /* per probe: enough repeats for a steady median on a shared machine */
+static const double MIN_SECONDS = 0.25; /* of timed work per probe on average: steady medians on a shared machine */
 
 static double now_s(void) {
   struct timespec ts;
@@ -201,7 +201,7 @@ int train_profile(Trainer *t) {
   TP_ASSERT(times);
   int H = t->nhosted, first, passes = 0;
   double timed = 0; /* this process's timed work */
-  Times pass = {0};  /* the timed passes' wall times */
+  Times pass = {0}; /* the timed passes' wall times */
   ProbeTimes *pt = calloc((size_t)P->nprobes * (size_t)H, sizeof *pt);
   TP_ASSERT(pt);
   for (int more = 1; more && passes < MAX_PASSES; passes++) {
