@@ -152,13 +152,13 @@ int cli_run_pipeline(TpModule *m, const char *const *names, int n, const TpPassO
   return TP_OK;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
+bool cli_ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), k = strlen(suffix);
   return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 int cli_load_module(const char *path, const CliDims *dims, TpModule **out, TpDiag *d) {
-  if (ends_with(path, ".onnx")) {
+  if (cli_ends_with(path, ".onnx")) {
     TpImportOptions o = {.dims = dims->dims, .ndims = dims->n,
                          .token_dims = {dims->token_dims[0], dims->token_dims[1]}};
     return tp_import_onnx_file(path, &o, out, d);

@@ -24,6 +24,8 @@ _Noreturn void cli_usage_error(const char *fmt, ...) __attribute__((format(print
 
 /* argv[*i] is exactly `flag` (a switch such as --verify-each). */
 bool cli_is(const char *arg, const char *flag);
+/* Does s end in suffix (a file name in ".onnx", ".c")? */
+bool cli_ends_with(const char *s, const char *suffix);
 /* argv[*i] is `flag=VALUE` or `flag` followed by VALUE (consumed: *i advances). A missing
  * value is a usage error. */
 bool cli_value(int argc, char **argv, int *i, const char *flag, const char **value);

@@ -170,6 +170,18 @@ static void write_trace(const void *ctx, FILE *out) {
   tp_write_trace(p->r, p->s, out);
 }
 
+/* Checks a simulated plan's schedule, prints it (--emit=schedule) and draws it (--svg,
+ * --trace). */
+static int show_plan(const TpSimResult *sim, const TpSchedule *sched, const char *title, bool emit_schedule,
+                     const char *svg, const char *trace, TpDiag *d) {
+  int rc = tp_schedule_verify(sched, false, d);
+  if (!rc && emit_schedule) tp_schedule_print(sched, stdout);
+  Picture pic = {sim, sched, title};
+  if (!rc && svg) rc = cli_write_output(svg, write_svg, &pic, d);
+  if (!rc && trace) rc = cli_write_output(trace, write_trace, &pic, d);
+  return rc;
+}
+
 /* ---- model input ---- */
 
 /* Does a Linear (the LM head) read the embedding's table, directly or transposed? Then
@@ -192,7 +204,7 @@ static int describe_file(const char *path, const CliDims *dims, TpModelDesc *des
   /* the batch rows do not matter here: a symbolic batch dim is bound to 1 (a static one
    * refuses that, so then the model is read as it is) */
   CliDims one = *dims;
-  if (strlen(path) > 5 && !strcmp(path + strlen(path) - 5, ".onnx")) one.token_dims[0] = 1;
+  if (cli_ends_with(path, ".onnx")) one.token_dims[0] = 1;
   TpDiag quiet;
   tp_diag_init(&quiet, d->tool, d->file, NULL);
   int rc = cli_load_module(path, &one, &m, &quiet);
@@ -347,14 +359,10 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
     printf("%s\n", fits ? "" : "  (does NOT fit)");
   }
   tp_sim_costs_free(&c);
-  if (!rc) rc = tp_schedule_verify(&sched, false, d);
-  if (!rc && emit_schedule) tp_schedule_print(&sched, stdout);
   char title[256];
   snprintf(title, sizeof title, "%s: %d stages, %d microbatches, %d slices, %s: %.4g s", cm->model.name, S, M,
            nslices, tp_schedule_name(kind), sim.time_s);
-  Picture pic = {&sim, &sched, title};
-  if (!rc && svg) rc = cli_write_output(svg, write_svg, &pic, d);
-  if (!rc && trace) rc = cli_write_output(trace, write_trace, &pic, d);
+  rc = show_plan(&sim, &sched, title, emit_schedule, svg, trace, d);
 done_sim:
   tp_sim_result_free(&sim);
   tp_schedule_free(&sched);
@@ -423,7 +431,7 @@ int main(int argc, char **argv) {
   if (model_spec && input) cli_usage_error("give the model once: '%s' or --model %s", input, model_spec);
   if (!input && (dims.n || dims.token_dims[1])) cli_usage_error("--seq and --dim apply to a model file (MODEL.onnx)");
   bool predicting = slices || microbatches;
-  bool onnx = input && strlen(input) > 5 && !strcmp(input + strlen(input) - 5, ".onnx");
+  bool onnx = input && cli_ends_with(input, ".onnx");
   if (calibrate && uniform_stages) cli_usage_error("--uniform-stages cannot go with --calibrate: the profile prices each stage");
   if (calibrate && tensor != 1) cli_usage_error("--calibrate prices the profiled stages: --tensor must be 1");
   if (predicting && (joint == false || strcmp(show, "terapipe")))
@@ -609,14 +617,10 @@ int main(int argc, char **argv) {
     TpSchedule sched;
     TpSimResult sim;
     rc = tp_plan_simulate(req, e, true, &sched, &sim, &d);
-    if (!rc) rc = tp_schedule_verify(&sched, false, &d);
-    if (!rc && emit_schedule) tp_schedule_print(&sched, stdout);
     char title[256];
     snprintf(title, sizeof title, "%s on %s: pipeline %d x tensor %lld, %s plan, %s: %.4g s",
              model.name, hw.name, S, (long long)tensor, show, tp_schedule_name(e->schedule), sim.time_s);
-    Picture pic = {&sim, &sched, title};
-    if (!rc && svg) rc = cli_write_output(svg, write_svg, &pic, &d);
-    if (!rc && trace) rc = cli_write_output(trace, write_trace, &pic, &d);
+    if (!rc) rc = show_plan(&sim, &sched, title, emit_schedule, svg, trace, &d);
     tp_sim_result_free(&sim);
     tp_schedule_free(&sched);
   }

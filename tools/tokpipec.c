@@ -60,11 +60,6 @@ static void write_ir(const void *m, FILE *out) { tp_print_module(m, out); }
 static void write_dot(const void *m, FILE *out) { tp_print_dot(m, out); }
 static void write_text(const void *text, FILE *out) { fputs(text, out); }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* The memory plan's report, the schedule or the C program into a malloc'ed string (NULL
  * for the IR and the graph), after checking --max-memory (max_memory > 0). */
 static int render(const TpModule *m, const char *emit, const char *model, const char *note,
@@ -403,13 +398,14 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
   int rc = TP_OK;
   for (int i = 0; i < n && rc == TP_OK; i++) {
     probes[i] = (TpEmitProbe){.l = l[i], .c = c[i]};
-    char slices[96], where[PATH_MAX + 96];
-    int nslices = (c[i] > 0) + 1 + (c[i] + l[i] < T);
-    int at = c[i] ? snprintf(slices, sizeof slices, "%lld,", (long long)c[i]) : 0;
-    at += snprintf(slices + at, sizeof slices - (size_t)at, "%lld", (long long)l[i]);
-    if (c[i] + l[i] < T) snprintf(slices + at, sizeof slices - (size_t)at, ",%lld", (long long)(T - c[i] - l[i]));
+    int64_t slices[3]; /* [c,] l[, rest] */
+    int nslices = 0;
+    if (c[i]) slices[nslices++] = c[i];
+    slices[nslices++] = l[i];
+    if (c[i] + l[i] < T) slices[nslices++] = T - c[i] - l[i];
     const char *names[64];
     int np = pipeline_names(retie, false, nslices > 1, names);
+    char where[PATH_MAX + 96];
     /* errors name the probe: "model.onnx (--profile-grid point l 4, c 2): ..." */
     snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i], (long long)c[i]);
     const char *file = d->file;
@@ -421,7 +417,11 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
       pm->freeze = m->freeze;
       pm->nstages = S;
       pm->stage_cuts = S > 1 ? m->stage_cuts : NULL;
-      if (nslices > 1) cli_set_slices(pm, slices);
+      if (nslices > 1) {
+        int64_t *len = tp_alloc(pm, sizeof slices);
+        memcpy(len, slices, sizeof slices);
+        pm->nslices = nslices, pm->slice_len = len;
+      }
       static const TpPassOptions quiet = {0};
       rc = cli_run_pipeline(pm, names, np, &quiet, d);
     }
@@ -502,7 +502,7 @@ int main(int argc, char **argv) {
     }
   }
   if (!input) cli_usage_error("no input model");
-  if (!emit) emit = exe || (output && ends_with(output, ".c")) ? "c" : "ir";
+  if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0) cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
   if (forward_only && strcmp(emit, "c") == 0)
     cli_usage_error("--forward-only has no loss to train: use it with --emit=ir, dot or memory");

@@ -118,9 +118,11 @@ void tp_profile_dirs(const char *builtin, char *out, size_t size) {
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   exe[n > 0 ? n : 0] = 0;
   char *slash = strrchr(exe, '/');
-  if (slash) *slash = 0; /* PREFIX/bin */
-  snprintf(out, size, "%s%s%s/../share/tokpipec/profiles", builtin, slash ? ":" : "", slash ? exe : "");
-  if (!slash) snprintf(out, size, "%s", builtin);
+  if (slash) {
+    *slash = 0; /* PREFIX/bin */
+    snprintf(out, size, "%s:%s/../share/tokpipec/profiles", builtin, exe);
+  } else
+    snprintf(out, size, "%s", builtin);
 }
 
 /* ---- models ---- */
@@ -580,8 +582,8 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
   }
   p->drift = -1;
   if (drift && (drift->kind != TP_JSON_NUMBER || !(drift->number >= 0) || !isfinite(drift->number))) {
-    rc = tp_error(d, "profile %s: \"drift\" must be a number >= 0 (the slowest timed pass over the grid / the "
-                     "fastest - 1)", path);
+    rc = tp_error(d, "profile %s: \"drift\" must be a number >= 0 (the upper / lower quartile of the "
+                     "timed passes over the grid - 1)", path);
     goto done;
   }
   if (drift) p->drift = drift->number;
