@@ -82,19 +82,17 @@ typedef struct {
   Times fwd, bwd;
 } ProbeTimes;
 
-/* Stage `stage`'s units of probe pr with io (its parameters, gradients, tokens), run once;
- * forward and backward times appended to pt unless this is the warm-up (pt NULL). Returns
- * the seconds they took. */
+/* Stage `stage`'s units of probe pr with io (its parameters, gradients, tokens, and an
+ * arena large enough), run once; forward and backward times appended to pt unless this is
+ * the warm-up (pt NULL). Returns the seconds they took. */
 static double time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, ProbeTimes *pt) {
   const TpPlanProbeStage *ps = &pr->stages[stage];
-  io.arena = train_alloc_zeroed(ps->arena_bytes);
   prepare(ps, &io);
   double t0 = now_s();
   ps->forward(&io);
   double t1 = now_s();
   ps->backward(&io);
   double t2 = now_s();
-  free(io.arena);
   if (pt) append(&pt->fwd, t1 - t0), append(&pt->bwd, t2 - t1);
   return t2 - t0;
 }
@@ -203,7 +201,16 @@ int train_profile(Trainer *t) {
   double timed = 0; /* this process's timed work */
   Times pass = {0}; /* the timed passes' wall times */
   ProbeTimes *pt = calloc((size_t)P->nprobes * (size_t)H, sizeof *pt);
-  TP_ASSERT(pt);
+  void **arena = calloc((size_t)H, sizeof *arena); /* per hosted rank, for its largest probe */
+  TP_ASSERT(pt && arena);
+  for (int h = 0; h < H; h++) {
+    int stage, replica;
+    pipe_rank_io(t, h, &stage, &replica);
+    size_t bytes = 0;
+    for (int p = 0; p < P->nprobes; p++)
+      if (P->probes[p].stages[stage].arena_bytes > bytes) bytes = P->probes[p].stages[stage].arena_bytes;
+    arena[h] = train_alloc_zeroed(bytes);
+  }
   for (int more = 1; more && passes < MAX_PASSES; passes++) {
     double pass_start = now_s();
     for (int p = 0; p < P->nprobes; p++) {
@@ -213,6 +220,7 @@ int train_profile(Trainer *t) {
         TpStepIO io = pipe_rank_io(t, h, &stage, &replica);
         if (replica > 0 && t->comm->size == 1) continue; /* one process: replica 0 is enough */
         ProbeTimes *x = &pt[p * H + h];
+        io.arena = arena[h];
         double s = time_probe(&P->probes[p], stage, io, passes ? x : NULL);
         if (passes) timed += s;
       }
@@ -234,6 +242,8 @@ int train_profile(Trainer *t) {
       free(x->fwd.x), free(x->bwd.x);
     }
   free(pt);
+  for (int h = 0; h < H; h++) free(arena[h]);
+  free(arena);
   tp_comm_barrier(t->comm);
   for (int h = 0; h < t->nhosted; h++) {
     int stage, replica;
