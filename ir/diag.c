@@ -28,12 +28,46 @@ static void append(TpDiag *d, size_t *len, const char *fmt, ...) {
   if (n > 0) *len += (size_t)n < sizeof d->last - *len ? (size_t)n : sizeof d->last - 1 - *len;
 }
 
+/* Length of the valid UTF-8 sequence at s that is not a C1 control (U+0080..U+009F, which
+ * some terminals obey like ESC), or 0. */
+static size_t printable_utf8(const unsigned char *s) {
+  size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
+  for (size_t i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  if (n == 2 && s[0] == 0xc2 && s[1] < 0xa0) return 0;
+  if (n == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0))) return 0;
+  if (n == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))) return 0;
+  return n;
+}
+
+void tp_escape_text(char *dst, size_t dst_size, const char *src) {
+  const unsigned char *s = (const unsigned char *)src;
+  size_t out = 0;
+  while (*s && out + 1 < dst_size) {
+    size_t n = *s >= 0x80 ? printable_utf8(s) : (*s >= 0x20 && *s != 0x7f);
+    if (n == 0) {
+      if (out + 5 > dst_size) break;
+      snprintf(dst + out, 5, "\\x%02x", *s++);
+      out += 4;
+      continue;
+    }
+    if (out + n + 1 > dst_size) break;
+    memcpy(dst + out, s, n);
+    out += n;
+    s += n;
+  }
+  dst[out] = 0;
+}
+
 int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list ap) {
   size_t len = 0;
+  char raw[sizeof d->last];
   d->last[0] = 0;
   if (d->file) append(d, &len, "%s: ", d->file);
   if (prefix) append(d, &len, "%s", prefix);
   vsnprintf(d->last + len, sizeof d->last - len, fmt, ap);
+  memcpy(raw, d->last, sizeof raw);
+  tp_escape_text(d->last, sizeof d->last, raw);
   d->errors++;
   if (d->stream)
     fprintf(d->stream, "%s: %s: %s\n", d->tool ? d->tool : "tokpipec",

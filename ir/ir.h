@@ -205,6 +205,18 @@ int tp_error_op(TpDiag *d, const TpModule *m, int op, const char *fmt, ...)
 /* An internal error (a compiler bug) reported without aborting; returns TP_ERR_INTERNAL. */
 int tp_internal(TpDiag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list ap);
+/* Control bytes (names from a model, paths) are written as \xNN in every diagnostic, so a
+ * crafted name cannot drive the user's terminal. Escapes src into dst (always terminated). */
+void tp_escape_text(char *dst, size_t dst_size, const char *src);
+
+/* ---- input files (ir/file.c) ----
+ * Every reader opens its inputs through these: anything but a regular file (a FIFO, a
+ * directory, a device) is refused before it could block. On failure they return -1/NULL
+ * and say why in why[] ("No such file or directory", "not a regular file: it is a FIFO"). */
+int tp_open_input(const char *path, char *why, size_t why_size);
+FILE *tp_fopen_input(const char *path, char *why, size_t why_size);
+/* The whole file, malloc'ed, NUL-terminated after its *size bytes. */
+char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size);
 
 /* ---- module construction and queries (ir/module.c) ---- */
 TpModule *tp_module_new(const char *source);

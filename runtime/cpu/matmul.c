@@ -5,12 +5,13 @@
 #include <pthread.h>
 #include <string.h>
 
-/* Products smaller than this many multiply-adds run on one thread. */
+/* Products smaller than this many multiply-adds are one OpenBLAS call. */
 #define PARALLEL_MIN_MACS (1 << 19)
-/* A split product has a few pieces per thread, handed out as threads come free, so that a
- * thread the system preempts holds up little; each piece is a multiple of PIECE_ALIGN rows
- * or columns (OpenBLAS's kernels work in blocks of up to 16) and at least PIECE_MIN. */
-#define PIECES_PER_THREAD 4
+/* Larger ones are cut into pieces of rows (or columns) that depend on the shape alone: up to
+ * MAX_PIECES, each a multiple of PIECE_ALIGN (OpenBLAS's kernels work in blocks of up to 16)
+ * and at least PIECE_MIN. Threads take pieces as they come free, so a thread the system
+ * preempts holds up little. */
+#define MAX_PIECES 16
 #define PIECE_ALIGN 16
 #define PIECE_MIN 64
 
@@ -27,24 +28,27 @@ static void sgemm_piece(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
 
 /* One thread pool: the product is split over OpenMP's threads into row (or column) pieces,
  * each a single-threaded OpenBLAS call. OpenBLAS's own threads would sit beside OpenMP's,
- * each pool spinning while the other works, and fight over the cores. Each element of C is
- * one call's dot product over all of K, so the bits do not depend on the thread count. */
+ * each pool spinning while the other works, and fight over the cores.
+ * The bits of C do not depend on the thread count: the pieces are cut from the shape alone
+ * and one thread runs them all the same way. (OpenBLAS computes an element differently in
+ * calls of different shapes on some CPUs and core types, e.g. AMD Zen with the Haswell
+ * kernels, so pieces cut per thread count would not give the same bits.) */
 void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
               int64_t ldc) {
   if (M == 0 || N == 0) return;
   pthread_once(&blas_once, blas_single_threaded);
-  int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (threads < 2 || M * N * K < PARALLEL_MIN_MACS) {
+  if (M * N * K < PARALLEL_MIN_MACS) {
     sgemm_piece(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   bool by_rows = M >= N; /* split the longer side */
   int64_t len = by_rows ? M : N;
-  int64_t piece = (len + threads * PIECES_PER_THREAD - 1) / (threads * PIECES_PER_THREAD);
+  int64_t piece = (len + MAX_PIECES - 1) / MAX_PIECES;
   piece = (piece + PIECE_ALIGN - 1) / PIECE_ALIGN * PIECE_ALIGN;
   if (piece < PIECE_MIN) piece = PIECE_MIN;
   int pieces = (int)((len + piece - 1) / piece);
+  int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
 #pragma omp parallel for schedule(dynamic) num_threads(pieces < threads ? pieces : threads)
   for (int t = 0; t < pieces; t++) {
     int64_t lo = t * piece, n = len - lo < piece ? len - lo : piece;
