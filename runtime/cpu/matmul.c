@@ -10,10 +10,11 @@
 /* Larger ones are cut into pieces of rows (or columns) that depend on the shape alone: up to
  * MAX_PIECES, each a multiple of PIECE_ALIGN (OpenBLAS's kernels work in blocks of up to 16)
  * and at least PIECE_MIN. Threads take pieces as they come free, so a thread the system
- * preempts holds up little. */
+ * preempts holds up little. Each piece packs the other operand again, about 1/PIECE_MIN of
+ * its work, hence no smaller pieces. */
 #define MAX_PIECES 16
 #define PIECE_ALIGN 16
-#define PIECE_MIN 64
+#define PIECE_MIN 256
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_threaded(void) { openblas_set_num_threads(1); }

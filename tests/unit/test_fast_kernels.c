@@ -280,11 +280,11 @@ static void sgemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
 }
 
 static void test_sgemm(void) {
-  sgemm_case(false, false, 517, 200, 130, 0, false); /* split by rows, a short last piece */
-  sgemm_case(true, false, 100, 333, 140, 1, false);  /* split by columns */
-  sgemm_case(false, true, 333, 100, 140, 1, false);
-  sgemm_case(true, true, 150, 461, 90, 0, false);
-  sgemm_case(false, false, 300, 200, 100, 1, true); /* inside a parallel region */
+  sgemm_case(false, false, 1029, 200, 130, 0, false); /* split by rows, a short last piece */
+  sgemm_case(true, false, 100, 733, 140, 1, false);   /* split by columns */
+  sgemm_case(false, true, 733, 100, 140, 1, false);
+  sgemm_case(true, true, 150, 861, 90, 0, false);
+  sgemm_case(false, false, 600, 200, 100, 1, true); /* inside a parallel region */
   sgemm_case(false, false, 7, 5, 3, 0, false);      /* below the threading threshold */
 }
 
