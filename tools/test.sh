@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: warnings-as-errors build + ctest, the same suite under
-# AddressSanitizer + UndefinedBehaviorSanitizer, then the libFuzzer smoke run (clang).
+# The whole test suite, as CI runs it: warnings-as-errors build + ctest (again under each
+# OpenBLAS core type the CPU runs), the same suite under AddressSanitizer +
+# UndefinedBehaviorSanitizer, then the libFuzzer smoke run (clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${TOKPIPE_JOBS:-$(nproc)}
@@ -12,6 +13,21 @@ echo "== build (-Werror) and test"
 cmake -S . -B build -DTOKPIPE_WERROR=ON
 cmake --build build -j"$jobs"
 ctest --test-dir build "${ctest_flags[@]}"
+
+# OpenBLAS picks its kernels by CPU, or by OPENBLAS_CORETYPE, and the bits of a product can
+# differ between them: the suite runs again under each core type this CPU can run that the
+# run above did not use ("" = unset: OpenBLAS's own choice).
+for core in "" Haswell SkylakeX; do
+  [ "$core" = "${OPENBLAS_CORETYPE:-}" ] && continue
+  [ "$core" = Haswell ] && ! grep -qw avx2 /proc/cpuinfo && continue
+  [ "$core" = SkylakeX ] && ! grep -qw avx512f /proc/cpuinfo && continue
+  echo "== test with OPENBLAS_CORETYPE=${core:-(unset)}"
+  if [ -n "$core" ]; then
+    OPENBLAS_CORETYPE=$core ctest --test-dir build "${ctest_flags[@]}"
+  else
+    env -u OPENBLAS_CORETYPE ctest --test-dir build "${ctest_flags[@]}"
+  fi
+done
 
 echo "== ASan + UBSan build and test"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
