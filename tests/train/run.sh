@@ -172,9 +172,10 @@ interrupted-save)
   "$trainer" $common --save full --log full.jsonl --dump-weights full.safetensors 2>/dev/null || fail "uninterrupted run"
   TOKPIPE_TEST_KILL_IN_SAVE=8 "$trainer" $common --save ck --log ck.jsonl 2>/dev/null
   rc=$?
-  [ $rc -eq 137 ] && [ -e ck/checkpoint.safetensors.tmp ] && ok "killed while writing the step-8 checkpoint (exit $rc)" || fail "kill in save: exit $rc"
+  [ $rc -eq 137 ] && ls ck/checkpoint.safetensors.tmp.* >/dev/null 2>&1 && ok "killed while writing the step-8 checkpoint (exit $rc)" || fail "kill in save: exit $rc"
   "$trainer" $(echo "$common" | sed 's|--init [^ ]*||') --resume ck --save ck --log ck.jsonl --dump-weights ck.safetensors 2>err.txt || fail "resume: $(cat err.txt)"
   grep -q "steps 5..12" err.txt && ok "the step-4 checkpoint was still there and loaded" || fail "resume start: $(head -1 err.txt)"
+  [ "$(ls ck)" = checkpoint.safetensors ] && ok "the killed writer's temporary and the lock file are gone" || fail "left in ck: $(ls ck)"
   [ "$(untimed full.jsonl)" = "$(untimed ck.jsonl)" ] && ok "the same log as without the interruption" || fail "logs differ"
   same_files "the same final weights" full.safetensors ck.safetensors
   ;;
