@@ -21,7 +21,8 @@ typedef struct {
   bool kill_half; /* test hook: keep half the bytes, then SIGKILL the process in commit */
 } TpAtomicFile;
 
-/* Creates the temporary; an error names PATH. */
+/* Creates the temporary; an error names PATH. A PATH that exists and is not a regular file
+ * (a device, a FIFO, a folder; through a link too) is refused: the rename would replace it. */
 int tp_atomic_open(TpAtomicFile *a, const char *path, TpDiag *d);
 /* Appends bytes; errors are reported by tp_atomic_commit. */
 void tp_atomic_write(TpAtomicFile *a, const void *data, size_t size);

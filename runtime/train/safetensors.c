@@ -119,9 +119,11 @@ void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
   if (n) memcpy(sorted, tensors, (size_t)n * sizeof *sorted);
   qsort(sorted, (size_t)n, sizeof *sorted, by_name);
   Buf h = {0}, crcs = {0};
-  buf_add(&crcs, "", 0);
+  uint32_t meta_crc = 0;
+  for (int i = 0; meta && meta[i]; i++) meta_crc = tp_crc32c(meta_crc, meta[i], strlen(meta[i]) + 1);
+  buf_printf(&crcs, "%08" PRIx32, meta_crc);
   for (int i = 0; i < n; i++)
-    buf_printf(&crcs, "%s%08" PRIx32, i ? "," : "", tp_crc32c(0, sorted[i].t.data, tp_tensor_bytes(&sorted[i].t)));
+    buf_printf(&crcs, ",%08" PRIx32, tp_crc32c(0, sorted[i].t.data, tp_tensor_bytes(&sorted[i].t)));
   buf_add(&h, "{\"__metadata__\":{", 17);
   for (int i = 0; meta && meta[i]; i += 2) {
     TP_ASSERT(strcmp(meta[i], TP_SAFETENSORS_CRC_KEY) != 0);
@@ -466,24 +468,43 @@ static int parse_header(Json *J, int64_t data_size, Entry **out, int *count, TpS
   return rc;
 }
 
-/* The stored CRC-32C of every tensor (TP_SAFETENSORS_CRC_KEY: 8 hex digits each, in name
- * order, comma-separated) against its bytes. */
-static int check_crcs(const char *list, const Entry *es, int n, const uint8_t *data, TpDiag *d) {
-  const char *p = list;
-  for (int i = 0; i < n; i++) {
-    uint32_t stored = 0;
-    int k = 0;
-    for (; k < 8 && ((p[k] >= '0' && p[k] <= '9') || (p[k] >= 'a' && p[k] <= 'f')); k++)
-      stored = stored << 4 | (uint32_t)(p[k] <= '9' ? p[k] - '0' : p[k] - 'a' + 10);
-    if (k < 8 || p[k] != (i + 1 < n ? ',' : 0))
-      return tp_error(d, "metadata '%s' is not %d checksums of 8 hex digits, one per tensor", TP_SAFETENSORS_CRC_KEY, n);
-    p += 9;
-    uint32_t have = tp_crc32c(0, data + es[i].begin, (size_t)(es[i].end - es[i].begin));
+/* Checksum k of the list (8 lowercase hex digits each, comma-separated) into *out; false if
+ * the list has no such entry or it is malformed. */
+static bool crc_entry(const char *list, int k, int count, uint32_t *out) {
+  if (strlen(list) != (size_t)count * 9 - 1) return false;
+  const char *p = list + (size_t)k * 9;
+  *out = 0;
+  for (int i = 0; i < 8; i++) {
+    char c = p[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    *out = *out << 4 | (uint32_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+  }
+  return k + 1 == count || p[8] == ',';
+}
+
+int tp_safetensors_verify(const TpSafetensors *st, TpDiag *d) {
+  const char *list = tp_safetensors_meta(st, TP_SAFETENSORS_CRC_KEY);
+  if (!list) return TP_OK;
+  uint32_t stored, have = 0;
+  for (int i = 0; i <= st->n; i++)
+    if (!crc_entry(list, i, st->n + 1, &stored))
+      return tp_error(d, "metadata '%s' is not %d checksums (8 lowercase hex digits each, comma-separated): "
+                      "one of the metadata, one per tensor", TP_SAFETENSORS_CRC_KEY, st->n + 1);
+  for (int i = 0; i < 2 * st->nmeta; i += 2)
+    if (strcmp(st->meta[i], TP_SAFETENSORS_CRC_KEY) != 0)
+      have = tp_crc32c(tp_crc32c(have, st->meta[i], strlen(st->meta[i]) + 1), st->meta[i + 1], strlen(st->meta[i + 1]) + 1);
+  crc_entry(list, 0, st->n + 1, &stored);
+  if (have != stored)
+    return tp_error(d, "the metadata fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
+                    "): the file is corrupt", stored, have);
+  for (int i = 0; i < st->n; i++) {
+    const TpNamedTensor *t = &st->tensors[i];
+    crc_entry(list, i + 1, st->n + 1, &stored);
+    have = tp_crc32c(0, t->t.data, tp_tensor_bytes(&t->t));
     if (have != stored)
       return tp_error(d, "tensor '%s' fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
-                      "): the file is corrupt", es[i].name, stored, have);
+                      "): the file is corrupt", t->name, stored, have);
   }
-  if (n == 0 && *p) return tp_error(d, "metadata '%s' lists checksums of no tensor", TP_SAFETENSORS_CRC_KEY);
   return TP_OK;
 }
 
@@ -501,8 +522,6 @@ int tp_safetensors_parse(const void *bytes, size_t size, TpSafetensors *st, TpDi
   Json J = {(const char *)buf + 8, (const char *)buf + 8, (const char *)buf + 8 + hlen, d};
   const uint8_t *data = buf + 8 + hlen;
   if ((rc = parse_header(&J, (int64_t)(size - 8 - hlen), &es, &n, st))) goto done;
-  const char *crcs = tp_safetensors_meta(st, TP_SAFETENSORS_CRC_KEY);
-  if (crcs && (rc = check_crcs(crcs, es, n, data, d))) goto done;
   st->tensors = calloc((size_t)(n ? n : 1), sizeof *st->tensors);
   TP_ASSERT(st->tensors);
   for (int i = 0; i < n; i++) { /* each tensor gets its own aligned copy */
@@ -533,6 +552,7 @@ int tp_safetensors_load(const char *path, TpSafetensors *st, TpDiag *d) {
   char *buf = tp_read_input(path, &size, why, sizeof why);
   int rc = buf ? tp_safetensors_parse(buf, size, st, d) : tp_error(d, "cannot read: %s", why);
   free(buf);
+  if (!rc && (rc = tp_safetensors_verify(st, d))) tp_safetensors_free(st);
   d->file = file;
   return rc;
 }

@@ -23,17 +23,22 @@ typedef struct {
   char **meta; /* nmeta (key, value) pairs: meta[2*i], meta[2*i + 1] */
 } TpSafetensors;
 
-/* The files we write carry a CRC-32C of each tensor's bytes in this metadata key, so a
- * flipped bit is found on load; other readers see one more metadata string. */
+/* The files we write carry CRC-32C checksums in this metadata key, so that a flipped bit is
+ * found on load: 8 lowercase hex digits each, comma-separated, first the one of the other
+ * metadata (each key and value with its terminating NUL, in file order), then one per
+ * tensor (its bytes) in name order. Other readers see one more metadata string. */
 #define TP_SAFETENSORS_CRC_KEY "tokpipe.crc32c"
 
 /* Reads (a regular file only: tp_open_input) and validates the whole file: header syntax,
  * unique metadata keys, known dtypes, shapes matching the byte ranges, ranges inside the
- * file and not overlapping, unique names, and the tensors' checksums where the file has
- * them (files from other writers have none). Errors name the file (and the tensor). */
+ * file and not overlapping, unique names (tp_safetensors_parse), and the checksums where
+ * the file has them (tp_safetensors_verify; files of other writers have none). Errors
+ * name the file (and the tensor). */
 int tp_safetensors_load(const char *path, TpSafetensors *st, TpDiag *d);
-/* The same for a file's bytes in memory (errors name d->file). */
+/* The structure's checks of a file's bytes in memory (errors name d->file). */
 int tp_safetensors_parse(const void *bytes, size_t size, TpSafetensors *st, TpDiag *d);
+/* The checksums of a parsed file, if it has TP_SAFETENSORS_CRC_KEY. */
+int tp_safetensors_verify(const TpSafetensors *st, TpDiag *d);
 /* NULL when absent. */
 const TpTensor *tp_safetensors_find(const TpSafetensors *st, const char *name);
 const char *tp_safetensors_meta(const TpSafetensors *st, const char *key);

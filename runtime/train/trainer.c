@@ -640,9 +640,9 @@ static int run(Trainer *t) {
   if ((rc = pipe_agree(t, train_load_weights(t)))) return rc;
   if (o->dump_grads && t->step >= total)
     return tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);
-  if (train_is_root(t)) print_start(t, total);
   rc = o->save && train_is_root(t) ? lock_save_dir(t) : TP_OK;
   if (!(rc = pipe_agree(t, rc))) {
+    if (train_is_root(t)) print_start(t, total);
     tp_comm_barrier(t->comm); /* the trace's common start */
     if (o->trace) t->trace = trace_new();
     rc = train(t, total);

@@ -76,9 +76,10 @@ int main(int argc, char **argv) {
   expect(!tp_safetensors_find(&st, "nope"), "an absent name is NULL");
   const char *crcs = tp_safetensors_meta(&st, TP_SAFETENSORS_CRC_KEY);
   char want[64];
-  snprintf(want, sizeof want, "%08x,%08x,%08x,%08x", tp_crc32c(0, b, 32), tp_crc32c(0, u, 3), tp_crc32c(0, &h, 2),
-           tp_crc32c(0, a, 24));
-  expect(crcs && strcmp(crcs, want) == 0, "the metadata holds each tensor's CRC-32C, in name order");
+  uint32_t meta_crc = tp_crc32c(0, "step\0" "7\0" "note\0" "tab\there", 21); /* with the last NUL */
+  snprintf(want, sizeof want, "%08x,%08x,%08x,%08x,%08x", meta_crc, tp_crc32c(0, b, 32), tp_crc32c(0, u, 3),
+           tp_crc32c(0, &h, 2), tp_crc32c(0, a, 24));
+  expect(crcs && strcmp(crcs, want) == 0, "the metadata holds its own CRC-32C, then each tensor's in name order");
   tp_safetensors_free(&st);
   expect(tp_crc32c(0, "123456789", 9) == 0xe3069283u && tp_crc32c(tp_crc32c(0, "1234", 4), "56789", 5) == 0xe3069283u,
          "CRC-32C of '123456789' is e3069283 (RFC 3720), also in pieces");
@@ -160,17 +161,18 @@ int main(int argc, char **argv) {
   expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 0,
                  "outside the 0 data bytes");
   expect_refused("{\"__metadata__\":{\"a\":\"1\",\"a\":\"2\"}}", 0, "metadata key 'a' is listed twice");
-  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000\"},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-                 "tensor 'x' fails its CRC-32C check (stored 00000000, computed 48674bc7)");
-  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"48674bc7,\"},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-                 "metadata 'tokpipe.crc32c' is not 1 checksums of 8 hex digits, one per tensor");
-  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"48674BC7\"},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-                 "is not 1 checksums");
-  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"48674bc7\"}}", 0, "lists checksums of no tensor");
-  write_raw("{\"__metadata__\":{\"tokpipe.crc32c\":\"48674bc7\"},"
+  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,00000000\"},"
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'x' fails its CRC-32C check (stored 00000000, computed 48674bc7)");
+  expect_refused("{\"__metadata__\":{\"a\":\"b\",\"tokpipe.crc32c\":\"00000000,48674bc7\"},"
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "the metadata fails its CRC-32C check (stored 00000000, computed ");
+  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,48674bc7,\"},"
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "metadata 'tokpipe.crc32c' is not 2 checksums (8 lowercase hex digits each");
+  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,48674BC7\"},"
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "is not 2 checksums");
+  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000;48674bc7\"},"
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "is not 2 checksums");
+  expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"\"}}", 0, "is not 1 checksums");
+  write_raw("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,48674bc7\"},"
             "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
   expect(tp_safetensors_load(path, &st, &d) == TP_OK && st.n == 1, "a right checksum is accepted");
   tp_safetensors_free(&st);
