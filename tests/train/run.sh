@@ -269,10 +269,10 @@ checkpoint-checks) # what a resume must match, and what may change
   export PIPE_STAGES=2 PIPE_MICROBATCHES=2 PIPE_DP=2 PIPE_SLICES=5,3 PIPE_SCHEDULE=gpipe
   "$pipe" --init "$tiny2" --data train.bin --lr 0.01 --steps 4 --dump-weights full.weights 2>/dev/null &&
     "$pipe" --init "$tiny2" --data train.bin --lr 0.01 --steps 2 --save pck 2>/dev/null || fail "pipeline runs"
-  export PIPE_STAGES=1 PIPE_MICROBATCHES=1 PIPE_DP=1 PIPE_SLICES=8 PIPE_SCHEDULE=1f1b
+  export PIPE_STAGES=1 PIPE_MICROBATCHES=2 PIPE_DP=1 PIPE_SLICES=8 PIPE_SCHEDULE=1f1b
   "$pipe" --data train.bin --lr 0.01 --steps 4 --resume pck --dump-weights resumed.weights 2>err.txt || fail "resume in another plan: $(cat err.txt)"
   "$bin/tokpipe-compare" resumed.weights full.weights --tol 1e-5 >cmp.txt 2>&1 &&
-    ok "2 x 2 microbatches x 2 replicas, 2 slices, gpipe -> 1 stage, 1 microbatch, 1f1b: the weights agree ($(tail -1 cmp.txt))" ||
+    ok "2 stages x 2 replicas, 2 microbatches of 1 row, 2 slices, gpipe -> 1 stage, 2 microbatches of 2 rows, 1f1b: the weights agree ($(tail -1 cmp.txt))" ||
     fail "resume across plans: $(cat cmp.txt)"
   unset PIPE_STAGES PIPE_MICROBATCHES PIPE_DP PIPE_SLICES PIPE_SCHEDULE
   ;;
