@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -451,8 +452,14 @@ static int open_log(Trainer *t, int64_t resumed_at) {
     free(kept);
     if (rc) return rc;
   }
-  t->log = fopen(path, t->o.resume ? "a" : "w");
-  if (!t->log) return tp_error(t->d, "cannot write '%s': %s", path, strerror(errno));
+  /* O_NONBLOCK: a FIFO nobody reads is an error (ENXIO) instead of a wait without end */
+  int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | (t->o.resume ? O_APPEND : O_TRUNC), 0666);
+  int flags = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 || !(t->log = fdopen(fd, t->o.resume ? "a" : "w"))) {
+    int err = errno;
+    if (fd >= 0) close(fd);
+    return tp_error(t->d, "cannot write '%s': %s", path, err == ENXIO ? "a FIFO that nobody reads" : strerror(err));
+  }
   return TP_OK;
 }
 

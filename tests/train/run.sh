@@ -391,6 +391,14 @@ fifo) # inputs that are FIFOs are refused at once, never read (which would block
     "$trainer" --init fifo.safetensors --data train.bin --steps 4
   expect_run_error "a FIFO as the --log to continue" "cannot read the --log 'fifo.jsonl' to continue it: not a regular file: it is a FIFO" \
     "$trainer" --data train.bin --resume ck --steps 4 --log fifo.jsonl
+  expect_run_error "a FIFO nobody reads as --log" "cannot write 'fifo.jsonl': a FIFO that nobody reads" \
+    "$trainer" --data train.bin --steps 2 --log fifo.jsonl
+  exec 3<>fifo.jsonl # a reader (this shell) before the trainer opens it
+  timeout 60 "$trainer" --data train.bin --steps 2 --log fifo.jsonl 2>/dev/null
+  rc=$?
+  dd bs=65536 count=1 <&3 >read.jsonl 2>/dev/null # one read: the bytes waiting in the FIFO
+  exec 3<&-
+  [ $rc -eq 0 ] && [ "$(wc -l <read.jsonl)" -eq 2 ] && ok "a FIFO with a reader takes the log" || fail "log to a read FIFO: exit $rc, $(cat read.jsonl)"
   ;;
 
 *)
