@@ -483,7 +483,8 @@ static int prepare_save_dir(Trainer *t) {
     if (!S_ISDIR(st.st_mode)) return tp_error(t->d, "--save '%s' is not a folder", dir);
     if (access(dir, W_OK) != 0) return tp_error(t->d, "--save folder '%s' is not writable: %s", dir, strerror(errno));
     char *path = train_checkpoint_path(dir);
-    int rc = stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? tp_error(t->d, "'%s' is a folder", path) : TP_OK;
+    int rc = stat(path, &st) == 0 && !S_ISREG(st.st_mode) /* a folder, a FIFO: tp_atomic_open refuses it */
+                 ? tp_error(t->d, "--save checkpoint '%s' exists and is not a regular file", path) : TP_OK;
     free(path);
     return rc;
   }

@@ -387,6 +387,8 @@ fifo) # inputs that are FIFOs are refused at once, never read (which would block
   mkdir f && mkfifo f/checkpoint.safetensors fifo.safetensors fifo.jsonl
   expect_run_error "--resume from a FIFO" "f/checkpoint.safetensors: cannot read: not a regular file: it is a FIFO" \
     "$trainer" --data train.bin --resume f --steps 4
+  expect_error "--save onto a FIFO" "--save checkpoint 'f/checkpoint.safetensors' exists and is not a regular file" \
+    "$trainer" --data train.bin --save f --steps 4
   expect_run_error "--init from a FIFO" "fifo.safetensors: cannot read: not a regular file: it is a FIFO" \
     "$trainer" --init fifo.safetensors --data train.bin --steps 4
   expect_run_error "a FIFO as the --log to continue" "cannot read the --log 'fifo.jsonl' to continue it: not a regular file: it is a FIFO" \
