@@ -550,6 +550,9 @@ static int train(Trainer *t, int64_t total) {
   const TrainOptions *o = &t->o;
   int64_t rows = train_rows(P), bt = rows * P->seq, first = t->step + 1;
   int rc;
+  if (o->log && o->resume && first > total && /* nothing to run: the log still ends at the checkpoint */
+      (rc = pipe_agree(t, train_is_root(t) ? open_log(t, t->step) : TP_OK)))
+    return rc;
   for (int64_t step = first; step <= total; step++) {
     double t0 = now_ms();
     tp_tokens_batch(&t->train, t->data_pos, rows, P->seq, t->tokens, t->targets);

@@ -189,6 +189,10 @@ resume)
   grep -q "steps 5..12" err.txt && ok "resumed at step 5" || fail "resume start: $(head -1 err.txt)"
   [ "$(untimed full.jsonl)" = "$(untimed kill.jsonl)" ] && ok "killed + resumed: the same log" || fail "logs differ after kill"
   same_files "killed + resumed: the same weights" full.safetensors kill.safetensors
+  TOKPIPE_TEST_KILL_AFTER_STEP=6 "$trainer" $common --save kill0 --log kill0.jsonl 2>/dev/null
+  "$trainer" --data train.bin --resume kill0 --steps 4 --log kill0.jsonl 2>/dev/null &&
+    [ "$(untimed kill0.jsonl)" = "$(untimed full.jsonl | head -4)" ] && ok "resumed with no step to run: the log ends at the checkpoint" ||
+    fail "log of a resume with nothing to run: $(cat kill0.jsonl)"
   expect_error "resume from nothing" "nothing/checkpoint.safetensors: cannot read" "$trainer" --data train.bin --resume nothing
   expect_error "resume beyond --steps" "the checkpoint is at step 12, beyond --steps 10" "$trainer" --data train.bin --resume full --steps 10
   ;;
