@@ -62,6 +62,27 @@ uint32_t tp_crc32c(uint32_t crc, const void *data, size_t size) {
   return ~crc;
 }
 
+static int by_key(const void *a, const void *b) {
+  return strcmp(**(const char *const *const *)a, **(const char *const *const *)b);
+}
+
+/* The CRC-32C of metadata pairs (key, value, key, value, ...; npairs of them) but the
+ * checksums' own: each key and value with its NUL, in key order, so that a writer that
+ * reorders the JSON object (it has no order) keeps it. */
+static uint32_t meta_crc(const char *const *pairs, int npairs) {
+  const char *const **sorted = malloc((size_t)(npairs ? npairs : 1) * sizeof *sorted);
+  TP_ASSERT(sorted);
+  int n = 0;
+  for (int i = 0; i < npairs; i++)
+    if (strcmp(pairs[2 * i], TP_SAFETENSORS_CRC_KEY) != 0) sorted[n++] = &pairs[2 * i];
+  qsort(sorted, (size_t)n, sizeof *sorted, by_key);
+  uint32_t crc = 0;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < 2; k++) crc = tp_crc32c(crc, sorted[i][k], strlen(sorted[i][k]) + 1);
+  free(sorted);
+  return crc;
+}
+
 /* ---- writing ---- */
 
 /* A growing text buffer. */
@@ -119,9 +140,9 @@ void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
   if (n) memcpy(sorted, tensors, (size_t)n * sizeof *sorted);
   qsort(sorted, (size_t)n, sizeof *sorted, by_name);
   Buf h = {0}, crcs = {0};
-  uint32_t meta_crc = 0;
-  for (int i = 0; meta && meta[i]; i++) meta_crc = tp_crc32c(meta_crc, meta[i], strlen(meta[i]) + 1);
-  buf_printf(&crcs, "%08" PRIx32, meta_crc);
+  int npairs = 0;
+  while (meta && meta[2 * npairs]) npairs++;
+  buf_printf(&crcs, "%08" PRIx32, meta_crc(meta, npairs));
   for (int i = 0; i < n; i++)
     buf_printf(&crcs, ",%08" PRIx32, tp_crc32c(0, sorted[i].t.data, tp_tensor_bytes(&sorted[i].t)));
   buf_add(&h, "{\"__metadata__\":{", 17);
@@ -468,10 +489,9 @@ static int parse_header(Json *J, int64_t data_size, Entry **out, int *count, TpS
   return rc;
 }
 
-/* Checksum k of the list (8 lowercase hex digits each, comma-separated) into *out; false if
- * the list has no such entry or it is malformed. */
-static bool crc_entry(const char *list, int k, int count, uint32_t *out) {
-  if (strlen(list) != (size_t)count * 9 - 1) return false;
+/* Checksum k of a list of 8 lowercase hex digits each, comma-separated, into *out; false
+ * if malformed. */
+static bool crc_entry(const char *list, int k, uint32_t *out) {
   const char *p = list + (size_t)k * 9;
   *out = 0;
   for (int i = 0; i < 8; i++) {
@@ -479,27 +499,25 @@ static bool crc_entry(const char *list, int k, int count, uint32_t *out) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
     *out = *out << 4 | (uint32_t)(c <= '9' ? c - '0' : c - 'a' + 10);
   }
-  return k + 1 == count || p[8] == ',';
+  return p[8] == ',' || p[8] == 0;
 }
 
 int tp_safetensors_verify(const TpSafetensors *st, TpDiag *d) {
   const char *list = tp_safetensors_meta(st, TP_SAFETENSORS_CRC_KEY);
   if (!list) return TP_OK;
-  uint32_t stored, have = 0;
-  for (int i = 0; i <= st->n; i++)
-    if (!crc_entry(list, i, st->n + 1, &stored))
-      return tp_error(d, "metadata '%s' is not %d checksums (8 lowercase hex digits each, comma-separated): "
-                      "one of the metadata, one per tensor", TP_SAFETENSORS_CRC_KEY, st->n + 1);
-  for (int i = 0; i < 2 * st->nmeta; i += 2)
-    if (strcmp(st->meta[i], TP_SAFETENSORS_CRC_KEY) != 0)
-      have = tp_crc32c(tp_crc32c(have, st->meta[i], strlen(st->meta[i]) + 1), st->meta[i + 1], strlen(st->meta[i + 1]) + 1);
-  crc_entry(list, 0, st->n + 1, &stored);
-  if (have != stored)
+  uint32_t stored, have;
+  bool ok = strlen(list) == (size_t)(st->n + 1) * 9 - 1;
+  for (int i = 0; ok && i <= st->n; i++) ok = crc_entry(list, i, &stored);
+  if (!ok)
+    return tp_error(d, "metadata '%s' is not %d checksums (8 lowercase hex digits each, comma-separated): "
+                    "one of the metadata, one per tensor", TP_SAFETENSORS_CRC_KEY, st->n + 1);
+  crc_entry(list, 0, &stored);
+  if ((have = meta_crc((const char *const *)st->meta, st->nmeta)) != stored)
     return tp_error(d, "the metadata fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
                     "): the file is corrupt", stored, have);
   for (int i = 0; i < st->n; i++) {
     const TpNamedTensor *t = &st->tensors[i];
-    crc_entry(list, i + 1, st->n + 1, &stored);
+    crc_entry(list, i + 1, &stored);
     have = tp_crc32c(0, t->t.data, tp_tensor_bytes(&t->t));
     if (have != stored)
       return tp_error(d, "tensor '%s' fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32

@@ -25,7 +25,7 @@ typedef struct {
 
 /* The files we write carry CRC-32C checksums in this metadata key, so that a flipped bit is
  * found on load: 8 lowercase hex digits each, comma-separated, first the one of the other
- * metadata (each key and value with its terminating NUL, in file order), then one per
+ * metadata (each key and value with its terminating NUL, in key order), then one per
  * tensor (its bytes) in name order. Other readers see one more metadata string. */
 #define TP_SAFETENSORS_CRC_KEY "tokpipe.crc32c"
 

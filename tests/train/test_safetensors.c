@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
   expect(!tp_safetensors_find(&st, "nope"), "an absent name is NULL");
   const char *crcs = tp_safetensors_meta(&st, TP_SAFETENSORS_CRC_KEY);
   char want[64];
-  uint32_t meta_crc = tp_crc32c(0, "step\0" "7\0" "note\0" "tab\there", 21); /* with the last NUL */
+  uint32_t meta_crc = tp_crc32c(0, "note\0" "tab\there\0" "step\0" "7", 21); /* by key; the last NUL too */
   snprintf(want, sizeof want, "%08x,%08x,%08x,%08x,%08x", meta_crc, tp_crc32c(0, b, 32), tp_crc32c(0, u, 3),
            tp_crc32c(0, &h, 2), tp_crc32c(0, a, 24));
   expect(crcs && strcmp(crcs, want) == 0, "the metadata holds its own CRC-32C, then each tensor's in name order");
@@ -172,6 +172,9 @@ int main(int argc, char **argv) {
   expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000;48674bc7\"},"
                  "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "is not 2 checksums");
   expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"\"}}", 0, "is not 1 checksums");
+  write_raw("{\"__metadata__\":{\"b\":\"2\",\"a\":\"1\",\"tokpipe.crc32c\":\"dc33662c\"}}", 0);
+  expect(tp_safetensors_load(path, &st, &d) == TP_OK, "the metadata's checksum does not depend on the keys' order");
+  tp_safetensors_free(&st);
   write_raw("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,48674bc7\"},"
             "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
   expect(tp_safetensors_load(path, &st, &d) == TP_OK && st.n == 1, "a right checksum is accepted");
