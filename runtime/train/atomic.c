@@ -38,7 +38,8 @@ int tp_atomic_open(TpAtomicFile *a, const char *path, TpDiag *d) {
   memset(a, 0, sizeof *a);
   struct stat st; /* the rename would replace a device or FIFO (as root, /dev/null itself) */
   if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-    return tp_error(d, "cannot write '%s': it exists and is not a regular file", path);
+    return tp_error(d, "cannot write '%s': %s", path,
+                    S_ISDIR(st.st_mode) ? strerror(EISDIR) : "it exists and is not a regular file");
   size_t n = strlen(path) + sizeof ".tmp.XXXXXXXX";
   a->path = strdup(path);
   a->tmp = malloc(n);
