@@ -5,8 +5,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
+
+#include "runtime/train/atomic.h"
 
 const char *cli_tool = "tokpipec";
 
@@ -176,35 +176,11 @@ int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag 
     if (fflush(stdout) != 0 || ferror(stdout)) return tp_error(d, "cannot write to stdout: %s", strerror(errno));
     return TP_OK;
   }
-  size_t n = strlen(path);
-  char *tmp = malloc(n + 16);
-  TP_ASSERT(tmp);
-  snprintf(tmp, n + 16, "%s.tmp.XXXXXX", path);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    int rc = tp_error(d, "cannot create '%s': %s", tmp, strerror(errno));
-    free(tmp);
-    return rc;
-  }
-  mode_t mask = umask(0); /* mkstemp makes 0600; give the file the usual mode */
-  umask(mask);
-  fchmod(fd, 0666 & ~mask);
-  FILE *f = fdopen(fd, "w");
-  bool ok = f != NULL;
-  if (ok) {
-    write(ctx, f);
-    ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
-  }
-  int err = errno;
-  if ((f ? fclose(f) : close(fd)) != 0 && ok) ok = false, err = errno;
-  if (ok && rename(tmp, path) != 0) ok = false, err = errno;
-  int rc = TP_OK;
-  if (!ok) {
-    unlink(tmp);
-    rc = tp_error(d, "cannot write '%s': %s", path, strerror(err));
-  }
-  free(tmp);
-  return rc;
+  TpAtomicFile a;
+  int rc = tp_atomic_open(&a, path, d);
+  if (rc) return rc;
+  write(ctx, a.f);
+  return tp_atomic_commit(&a, d);
 }
 
 int cli_exit_code(int rc) {

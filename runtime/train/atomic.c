@@ -5,7 +5,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static char *folder_of(const char *path) {
@@ -16,17 +19,47 @@ static char *folder_of(const char *path) {
   return dir;
 }
 
+/* 8 random letters and digits; only the names must differ between writers (O_EXCL refuses
+ * an existing one, link or not), so a weak source is good enough when getrandom fails. */
+static void random_suffix(char *out) {
+  static const char chars[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  unsigned char bytes[8];
+  if (getrandom(bytes, sizeof bytes, GRND_NONBLOCK) != (ssize_t)sizeof bytes) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)ts.tv_sec;
+    memcpy(bytes, &x, sizeof bytes);
+  }
+  for (size_t i = 0; i < sizeof bytes; i++) out[i] = chars[bytes[i] % (sizeof chars - 1)];
+  out[sizeof bytes] = 0;
+}
+
 int tp_atomic_open(TpAtomicFile *a, const char *path, TpDiag *d) {
   memset(a, 0, sizeof *a);
-  size_t n = strlen(path);
+  struct stat st; /* the rename would replace a device or FIFO (as root, /dev/null itself) */
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    return tp_error(d, "cannot write '%s': %s", path,
+                    S_ISDIR(st.st_mode) ? strerror(EISDIR) : "it exists and is not a regular file");
+  size_t n = strlen(path) + sizeof ".tmp.XXXXXXXX";
   a->path = strdup(path);
-  a->tmp = malloc(n + 5);
+  a->tmp = malloc(n);
   TP_ASSERT(a->path && a->tmp);
-  memcpy(a->tmp, path, n);
-  memcpy(a->tmp + n, ".tmp", 5);
-  a->f = fopen(a->tmp, "wb");
+  int fd = -1, err = EEXIST;
+  for (int tries = 0; fd < 0 && err == EEXIST && tries < 100; tries++) {
+    char suffix[9];
+    random_suffix(suffix);
+    snprintf(a->tmp, n, "%s.tmp.%s", path, suffix);
+    /* a fresh file, never one planted there (a link to follow, or another writer's) */
+    fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    err = fd < 0 ? errno : 0;
+  }
+  if (fd >= 0 && !(a->f = fdopen(fd, "wb"))) {
+    err = errno;
+    close(fd);
+    unlink(a->tmp);
+  }
   if (!a->f) {
-    int rc = tp_error(d, "cannot write '%s': %s", path, strerror(errno));
+    int rc = tp_error(d, "cannot write '%s': %s", path, strerror(err));
     free(a->path);
     free(a->tmp);
     memset(a, 0, sizeof *a);
@@ -42,7 +75,7 @@ void tp_atomic_write(TpAtomicFile *a, const void *data, size_t size) {
 /* The folder entry of a rename is durable only once the folder itself is synced. */
 static void sync_folder(const char *path) {
   char *dir = folder_of(path);
-  int fd = open(dir, O_RDONLY);
+  int fd = open(dir, O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
     fsync(fd); /* best effort: some file systems refuse it */
     close(fd);
@@ -51,7 +84,7 @@ static void sync_folder(const char *path) {
 }
 
 int tp_atomic_commit(TpAtomicFile *a, TpDiag *d) {
-  if (!a->err && fflush(a->f) != 0) a->err = errno;
+  if (!a->err && (fflush(a->f) != 0 || ferror(a->f))) a->err = errno ? errno : EIO;
   if (a->kill_half) { /* the test of an interrupted write: a partial temporary, no rename */
     long size = ftell(a->f);
     if (ftruncate(fileno(a->f), size / 2) == 0) fsync(fileno(a->f));
@@ -104,4 +137,45 @@ int tp_check_writable(const char *path, const char *what, TpDiag *d) {
     rc = tp_error(d, "%s '%s': folder '%s' is not writable: %s", what, path, dir, strerror(errno));
   free(dir);
   return rc;
+}
+
+int tp_lock_path(TpPathLock *l, const char *path, const char *what, TpDiag *d) {
+  memset(l, 0, sizeof *l);
+  size_t n = strlen(path) + sizeof ".lock";
+  char *lock = malloc(n);
+  TP_ASSERT(lock);
+  snprintf(lock, n, "%s.lock", path);
+  for (;;) {
+    int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) {
+      int rc = tp_error(d, "%s '%s': cannot create the lock file '%s': %s", what, path, lock, strerror(errno));
+      free(lock);
+      return rc;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int err = errno, rc = err == EWOULDBLOCK
+          ? tp_error(d, "%s '%s' is being written by another process (it holds '%s')", what, path, lock)
+          : tp_error(d, "%s '%s': cannot lock '%s': %s", what, path, lock, strerror(err));
+      close(fd);
+      free(lock);
+      return rc;
+    }
+    /* The holder before us may have removed the file after we opened it: then our lock
+     * is on a file nobody else sees, so lock the one now at the path instead. */
+    struct stat mine, now;
+    if (fstat(fd, &mine) == 0 && lstat(lock, &now) == 0 && mine.st_dev == now.st_dev && mine.st_ino == now.st_ino) {
+      l->fd = fd;
+      l->lock_path = lock;
+      return TP_OK;
+    }
+    close(fd);
+  }
+}
+
+void tp_unlock_path(TpPathLock *l) {
+  if (!l->lock_path) return;
+  unlink(l->lock_path); /* while still held, so no one locks the removed file and believes it */
+  close(l->fd);
+  free(l->lock_path);
+  memset(l, 0, sizeof *l);
 }

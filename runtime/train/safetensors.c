@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,58 @@ static TpDType dtype_from_name(const char *s) {
   for (size_t i = 0; i < sizeof dtype_names / sizeof *dtype_names; i++)
     if (strcmp(dtype_names[i].name, s) == 0) return dtype_names[i].dtype;
   return TP_UNDEF;
+}
+
+/* ---- CRC-32C (Castagnoli), slicing by 8 ---- */
+
+static uint32_t crc_table[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void) {
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++) c = c & 1 ? c >> 1 ^ 0x82f63b78u : c >> 1;
+    crc_table[0][i] = c;
+  }
+  for (int t = 1; t < 8; t++)
+    for (int i = 0; i < 256; i++) crc_table[t][i] = crc_table[t - 1][i] >> 8 ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+}
+
+uint32_t tp_crc32c(uint32_t crc, const void *data, size_t size) {
+  pthread_once(&crc_once, crc_init);
+  const uint8_t *p = data;
+  crc = ~crc;
+  for (; size >= 8; size -= 8, p += 8) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+    x ^= crc;
+    crc = crc_table[7][x & 0xff] ^ crc_table[6][x >> 8 & 0xff] ^ crc_table[5][x >> 16 & 0xff] ^
+          crc_table[4][x >> 24 & 0xff] ^ crc_table[3][x >> 32 & 0xff] ^ crc_table[2][x >> 40 & 0xff] ^
+          crc_table[1][x >> 48 & 0xff] ^ crc_table[0][x >> 56];
+  }
+  for (; size; size--) crc = crc >> 8 ^ crc_table[0][(crc ^ *p++) & 0xff];
+  return ~crc;
+}
+
+static int by_key(const void *a, const void *b) {
+  return strcmp(**(const char *const *const *)a, **(const char *const *const *)b);
+}
+
+/* The CRC-32C of metadata pairs (key, value, key, value, ...; npairs of them) but the
+ * checksums' own: each key and value with its NUL, in key order, so that a writer that
+ * reorders the JSON object (it has no order) keeps it. */
+static uint32_t meta_crc(const char *const *pairs, int npairs) {
+  const char *const **sorted = malloc((size_t)(npairs ? npairs : 1) * sizeof *sorted);
+  TP_ASSERT(sorted);
+  int n = 0;
+  for (int i = 0; i < npairs; i++)
+    if (strcmp(pairs[2 * i], TP_SAFETENSORS_CRC_KEY) != 0) sorted[n++] = &pairs[2 * i];
+  qsort(sorted, (size_t)n, sizeof *sorted, by_key);
+  uint32_t crc = 0;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < 2; k++) crc = tp_crc32c(crc, sorted[i][k], strlen(sorted[i][k]) + 1);
+  free(sorted);
+  return crc;
 }
 
 /* ---- writing ---- */
@@ -86,18 +139,25 @@ void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
   TP_ASSERT(sorted);
   if (n) memcpy(sorted, tensors, (size_t)n * sizeof *sorted);
   qsort(sorted, (size_t)n, sizeof *sorted, by_name);
-  Buf h = {0};
-  buf_add(&h, "{", 1);
-  if (meta && meta[0]) {
-    buf_add(&h, "\"__metadata__\":{", 16);
-    for (int i = 0; meta[i]; i += 2) {
-      if (i) buf_add(&h, ",", 1);
-      buf_json_string(&h, meta[i]);
-      buf_add(&h, ":", 1);
-      buf_json_string(&h, meta[i + 1]);
-    }
-    buf_add(&h, "}", 1);
+  Buf h = {0}, crcs = {0};
+  int npairs = 0;
+  while (meta && meta[2 * npairs]) npairs++;
+  buf_printf(&crcs, "%08" PRIx32, meta_crc(meta, npairs));
+  for (int i = 0; i < n; i++)
+    buf_printf(&crcs, ",%08" PRIx32, tp_crc32c(0, sorted[i].t.data, tp_tensor_bytes(&sorted[i].t)));
+  buf_add(&h, "{\"__metadata__\":{", 17);
+  for (int i = 0; meta && meta[i]; i += 2) {
+    TP_ASSERT(strcmp(meta[i], TP_SAFETENSORS_CRC_KEY) != 0);
+    buf_json_string(&h, meta[i]);
+    buf_add(&h, ":", 1);
+    buf_json_string(&h, meta[i + 1]);
+    buf_add(&h, ",", 1);
   }
+  buf_json_string(&h, TP_SAFETENSORS_CRC_KEY);
+  buf_add(&h, ":", 1);
+  buf_json_string(&h, crcs.s);
+  buf_add(&h, "}", 1);
+  free(crcs.s);
   uint64_t offset = 0;
   for (int i = 0; i < n; i++) {
     const TpTensor *t = &sorted[i].t;
@@ -334,6 +394,10 @@ static int metadata(Json *J, TpSafetensors *st) {
     if (rc) return rc;
     if (!eat(J, ':')) rc = json_error(J, "expected ':'");
     else rc = string(J, &v);
+    if (!rc && tp_safetensors_meta(st, k)) {
+      free(v);
+      rc = tp_error(J->d, "metadata key '%s' is listed twice", k);
+    }
     if (rc) {
       free(k);
       return rc;
@@ -425,40 +489,57 @@ static int parse_header(Json *J, int64_t data_size, Entry **out, int *count, TpS
   return rc;
 }
 
-int tp_safetensors_load(const char *path, TpSafetensors *st, TpDiag *d) {
+/* Checksum k of a list of 8 lowercase hex digits each, comma-separated, into *out; false
+ * if malformed. */
+static bool crc_entry(const char *list, int k, uint32_t *out) {
+  const char *p = list + (size_t)k * 9;
+  *out = 0;
+  for (int i = 0; i < 8; i++) {
+    char c = p[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    *out = *out << 4 | (uint32_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+  }
+  return p[8] == ',' || p[8] == 0;
+}
+
+int tp_safetensors_verify(const TpSafetensors *st, TpDiag *d) {
+  const char *list = tp_safetensors_meta(st, TP_SAFETENSORS_CRC_KEY);
+  if (!list) return TP_OK;
+  uint32_t stored, have;
+  bool ok = strlen(list) == (size_t)(st->n + 1) * 9 - 1;
+  for (int i = 0; ok && i <= st->n; i++) ok = crc_entry(list, i, &stored);
+  if (!ok)
+    return tp_error(d, "metadata '%s' is not %d checksums (8 lowercase hex digits each, comma-separated): "
+                    "one of the metadata, one per tensor", TP_SAFETENSORS_CRC_KEY, st->n + 1);
+  crc_entry(list, 0, &stored);
+  if ((have = meta_crc((const char *const *)st->meta, st->nmeta)) != stored)
+    return tp_error(d, "the metadata fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
+                    "): the file is corrupt", stored, have);
+  for (int i = 0; i < st->n; i++) {
+    const TpNamedTensor *t = &st->tensors[i];
+    crc_entry(list, i + 1, &stored);
+    have = tp_crc32c(0, t->t.data, tp_tensor_bytes(&t->t));
+    if (have != stored)
+      return tp_error(d, "tensor '%s' fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
+                      "): the file is corrupt", t->name, stored, have);
+  }
+  return TP_OK;
+}
+
+int tp_safetensors_parse(const void *bytes, size_t size, TpSafetensors *st, TpDiag *d) {
   memset(st, 0, sizeof *st);
-  const char *file = d->file;
-  d->file = path;
-  int rc = TP_OK;
-  uint8_t *buf = NULL;
+  const uint8_t *buf = bytes;
   Entry *es = NULL;
-  int n = 0;
-  FILE *f = fopen(path, "rb");
-  long size = -1;
-  if (!f || fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    rc = tp_error(d, "cannot read: %s", strerror(errno));
-    goto done;
-  }
-  buf = malloc((size_t)size + 1);
-  TP_ASSERT(buf);
-  if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-    rc = tp_error(d, "cannot read: %s", ferror(f) ? strerror(errno) : "short read");
-    goto done;
-  }
+  int n = 0, rc = TP_OK;
   uint64_t hlen = 0;
-  if (size < 8) {
-    rc = tp_error(d, "not a safetensors file: %ld bytes, shorter than its 8-byte header length", size);
-    goto done;
-  }
+  if (size < 8)
+    return tp_error(d, "not a safetensors file: %zu bytes, shorter than its 8-byte header length", size);
   memcpy(&hlen, buf, 8);
-  if (hlen > (uint64_t)size - 8 || hlen > MAX_HEADER) {
-    rc = tp_error(d, "not a safetensors file: header length %" PRIu64 " exceeds the file (%ld bytes)",
-                  hlen, size);
-    goto done;
-  }
+  if (hlen > (uint64_t)size - 8 || hlen > MAX_HEADER)
+    return tp_error(d, "not a safetensors file: header length %" PRIu64 " exceeds the file (%zu bytes)", hlen, size);
   Json J = {(const char *)buf + 8, (const char *)buf + 8, (const char *)buf + 8 + hlen, d};
   const uint8_t *data = buf + 8 + hlen;
-  if ((rc = parse_header(&J, size - 8 - (int64_t)hlen, &es, &n, st))) goto done;
+  if ((rc = parse_header(&J, (int64_t)(size - 8 - hlen), &es, &n, st))) goto done;
   st->tensors = calloc((size_t)(n ? n : 1), sizeof *st->tensors);
   TP_ASSERT(st->tensors);
   for (int i = 0; i < n; i++) { /* each tensor gets its own aligned copy */
@@ -476,9 +557,20 @@ int tp_safetensors_load(const char *path, TpSafetensors *st, TpDiag *d) {
 done:
   for (int i = 0; i < n; i++) free(es[i].name);
   free(es);
-  free(buf);
-  if (f) fclose(f);
   if (rc) tp_safetensors_free(st);
+  return rc;
+}
+
+int tp_safetensors_load(const char *path, TpSafetensors *st, TpDiag *d) {
+  memset(st, 0, sizeof *st);
+  const char *file = d->file;
+  d->file = path;
+  char why[256];
+  size_t size;
+  char *buf = tp_read_input(path, &size, why, sizeof why);
+  int rc = buf ? tp_safetensors_parse(buf, size, st, d) : tp_error(d, "cannot read: %s", why);
+  free(buf);
+  if (!rc && (rc = tp_safetensors_verify(st, d))) tp_safetensors_free(st);
   d->file = file;
   return rc;
 }

@@ -23,21 +23,38 @@ typedef struct {
   char **meta; /* nmeta (key, value) pairs: meta[2*i], meta[2*i + 1] */
 } TpSafetensors;
 
-/* Reads and validates the whole file (header syntax, known dtypes, shapes matching the
- * byte ranges, ranges inside the file and not overlapping, unique names). */
+/* The files we write carry CRC-32C checksums in this metadata key, so that a flipped bit is
+ * found on load: 8 lowercase hex digits each, comma-separated, first the one of the other
+ * metadata (each key and value with its terminating NUL, in key order), then one per
+ * tensor (its bytes) in name order. Other readers see one more metadata string. */
+#define TP_SAFETENSORS_CRC_KEY "tokpipe.crc32c"
+
+/* Reads (a regular file only: tp_open_input) and validates the whole file: header syntax,
+ * unique metadata keys, known dtypes, shapes matching the byte ranges, ranges inside the
+ * file and not overlapping, unique names (tp_safetensors_parse), and the checksums where
+ * the file has them (tp_safetensors_verify; files of other writers have none). Errors
+ * name the file (and the tensor). */
 int tp_safetensors_load(const char *path, TpSafetensors *st, TpDiag *d);
+/* The structure's checks of a file's bytes in memory (errors name d->file). */
+int tp_safetensors_parse(const void *bytes, size_t size, TpSafetensors *st, TpDiag *d);
+/* The checksums of a parsed file, if it has TP_SAFETENSORS_CRC_KEY. */
+int tp_safetensors_verify(const TpSafetensors *st, TpDiag *d);
 /* NULL when absent. */
 const TpTensor *tp_safetensors_find(const TpSafetensors *st, const char *name);
 const char *tp_safetensors_meta(const TpSafetensors *st, const char *key);
 void tp_safetensors_free(TpSafetensors *st);
 
-/* Writes tensors (any order; written sorted by name; names must be unique) and metadata
- * (NULL, or key/value strings ending with a NULL key) atomically (see atomic.h). */
+/* Writes tensors (any order; written sorted by name; names must be unique), metadata
+ * (NULL, or key/value strings ending with a NULL key) and the tensors' checksums
+ * (TP_SAFETENSORS_CRC_KEY) atomically (see atomic.h). */
 int tp_safetensors_save(const char *path, const TpNamedTensor *tensors, int n,
                         const char *const *meta, TpDiag *d);
 /* The same into an open atomic file, which the caller commits. */
 void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
                           const char *const *meta);
+
+/* The CRC-32C (Castagnoli) of size bytes, continuing from crc (0 to start). */
+uint32_t tp_crc32c(uint32_t crc, const void *data, size_t size);
 
 /* "F32", ... for a dtype; NULL if safetensors has no name for it. */
 const char *tp_safetensors_dtype_name(TpDType t);

@@ -9,8 +9,15 @@
 
 #include "../../ir/ir.h"
 #include "../comm/comm.h"
+#include "atomic.h"
 #include "plan.h"
+#include "safetensors.h"
 #include "tokens.h"
+
+/* The most steps a run may have: steps and the step count take part in double arithmetic
+ * (the learning rate schedule, AdamW's bias correction), exact up to 2^53, and a loop to
+ * the limit never overflows. */
+#define TRAIN_MAX_STEPS ((int64_t)1 << 53)
 
 typedef struct {
   const char *init, *data, *val_data, *log, *dump_grads, *dump_weights, *save, *resume,
@@ -49,6 +56,12 @@ typedef struct {
   int64_t step;     /* steps done */
   int64_t data_pos; /* token position of the next training batch */
   uint64_t rng;     /* splitmix64 state (random init) */
+  uint32_t data_crc; /* CRC-32C of the training tokens, once data_crc_known */
+  bool data_crc_known;
+  /* process 0's outputs while training */
+  FILE *log;             /* --log, opened when its first line is written */
+  TpPathLock save_lock;  /* --save's checkpoint, locked from before the first step */
+  bool made_save_dir;    /* --save's folder was created by this run */
   /* ABI 2 */
   int nranks;       /* stages * dp */
   int nhosted;      /* ranks this process runs: all of them (one process) or one */
@@ -69,7 +82,20 @@ static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; 
 int train_load_weights(Trainer *t);
 /* Before training: --export-onnx's source model holds every name the trainer will write. */
 int train_check_export(Trainer *t);
+/* The checkpoint of the current step into --save's folder, unless a value (or with
+ * moments, an AdamW moment) is not finite. */
 int train_save_checkpoint(Trainer *t);
+/* Every parameter value (and with moments, AdamW's moments) is finite; else one error
+ * naming the parameter and the step. */
+int train_check_finite(Trainer *t, bool moments);
+/* A checkpoint's metadata, every field checked (no unknown key, no missing one, plain
+ * decimal numbers in range, the version this runtime writes). */
+typedef struct {
+  int64_t step, data_position, data_tokens, batch, seq, vocab;
+  uint32_t data_crc32c;
+  uint64_t rng, seed;
+} TrainCheckpointMeta;
+int train_checkpoint_meta(const TpSafetensors *st, TrainCheckpointMeta *m, TpDiag *d);
 /* --dump-grads (grads) and --dump-weights: every (trainable, for grads) parameter and
  * derived initializer by ONNX name. */
 int train_dump(Trainer *t, const char *path, bool grads);

@@ -10,7 +10,9 @@
  * another process is agreed on (pipe_agree), which prints that process's message. */
 #include "train.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -423,35 +425,53 @@ static void log_json(FILE *f, const StepRecord *r, int64_t tokens) {
   fputs("}\n", f);
 }
 
-/* After a resume the log keeps the lines of the steps up to the checkpoint (dropping those
- * of steps run after it before the interruption), then goes on. */
-static int open_log(Trainer *t, FILE **out) {
+/* Opens --log when its first line is to be written (a run that fails before leaves none,
+ * and a resumed run that fails before leaves the old log as it was). After a resume the log
+ * keeps the lines of the steps up to the checkpoint (dropping those of steps run after it
+ * before the interruption; the checkpoint is of step resumed_at), then goes on. */
+static int open_log(Trainer *t, int64_t resumed_at) {
   const char *path = t->o.log;
-  *out = NULL;
-  if (t->o.resume) {
-    FILE *f = fopen(path, "rb");
-    if (f) {
-      char *line = NULL, *kept = NULL;
-      size_t cap = 0, len = 0;
-      ssize_t n;
+  if (t->o.resume && access(path, F_OK) == 0) {
+    char why[256];
+    size_t size;
+    char *old = tp_read_input(path, &size, why, sizeof why), *kept = NULL;
+    if (!old) return tp_error(t->d, "cannot read the --log '%s' to continue it: %s", path, why);
+    size_t len = 0;
+    for (char *line = old, *end; line < old + size; line = end + 1) {
+      end = memchr(line, '\n', (size_t)(old + size - line));
+      if (!end) break; /* a line cut by the interruption */
       long long step;
-      while ((n = getline(&line, &cap, f)) > 0) {
-        if (sscanf(line, "{\"step\": %lld", &step) != 1 || step > t->step || line[n - 1] != '\n') continue;
-        kept = realloc(kept, len + (size_t)n);
-        TP_ASSERT(kept);
-        memcpy(kept + len, line, (size_t)n);
-        len += (size_t)n;
-      }
-      free(line);
-      fclose(f);
-      int rc = tp_write_file_atomic(path, kept ? kept : "", len, t->d);
-      free(kept);
-      if (rc) return rc;
+      if (sscanf(line, "{\"step\": %lld", &step) != 1 || step > resumed_at) continue;
+      kept = realloc(kept, len + (size_t)(end + 1 - line));
+      TP_ASSERT(kept);
+      memcpy(kept + len, line, (size_t)(end + 1 - line));
+      len += (size_t)(end + 1 - line);
     }
+    free(old);
+    int rc = tp_write_file_atomic(path, kept ? kept : "", len, t->d);
+    free(kept);
+    if (rc) return rc;
   }
-  *out = fopen(path, t->o.resume ? "a" : "w");
-  if (!*out) return tp_error(t->d, "cannot write '%s': %s", path, strerror(errno));
+  /* O_NONBLOCK: a FIFO nobody reads is an error (ENXIO) instead of a wait without end */
+  int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | (t->o.resume ? O_APPEND : O_TRUNC), 0666);
+  int flags = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 || !(t->log = fdopen(fd, t->o.resume ? "a" : "w"))) {
+    int err = errno;
+    if (fd >= 0) close(fd);
+    return tp_error(t->d, "cannot write '%s': %s", path, err == ENXIO ? "a FIFO that nobody reads" : strerror(err));
+  }
   return TP_OK;
+}
+
+/* One step's line of --log (process 0); every process learns the outcome. */
+static int write_log(Trainer *t, const StepRecord *r, int64_t tokens) {
+  int rc = TP_OK;
+  if (train_is_root(t) && !t->log) rc = open_log(t, r->step - 1);
+  if (!rc && t->log) {
+    log_json(t->log, r, tokens);
+    if (fflush(t->log) != 0) rc = tp_error(t->d, "cannot write '%s': %s", t->o.log, strerror(errno));
+  }
+  return pipe_agree(t, rc);
 }
 
 /* ---- the run ---- */
@@ -463,7 +483,8 @@ static int prepare_save_dir(Trainer *t) {
     if (!S_ISDIR(st.st_mode)) return tp_error(t->d, "--save '%s' is not a folder", dir);
     if (access(dir, W_OK) != 0) return tp_error(t->d, "--save folder '%s' is not writable: %s", dir, strerror(errno));
     char *path = train_checkpoint_path(dir);
-    int rc = stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? tp_error(t->d, "'%s' is a folder", path) : TP_OK;
+    int rc = stat(path, &st) == 0 && !S_ISREG(st.st_mode) /* a folder, a FIFO: tp_atomic_open refuses it */
+                 ? tp_error(t->d, "--save checkpoint '%s' exists and is not a regular file", path) : TP_OK;
     free(path);
     return rc;
   }
@@ -471,10 +492,34 @@ static int prepare_save_dir(Trainer *t) {
   return tp_check_writable(dir, "--save folder", t->d);
 }
 
-static int create_save_dir(Trainer *t) {
-  if (mkdir(t->o.save, 0777) != 0 && errno != EEXIST)
+/* The --save folder (created if missing) and the lock of its checkpoint, so that a second
+ * trainer saving there fails at start-up instead of mixing its checkpoints with ours. */
+static int lock_save_dir(Trainer *t) {
+  if (mkdir(t->o.save, 0777) == 0) t->made_save_dir = true;
+  else if (errno != EEXIST)
     return tp_error(t->d, "cannot create the --save folder '%s': %s", t->o.save, strerror(errno));
-  return TP_OK;
+  char *path = train_checkpoint_path(t->o.save);
+  int rc = tp_lock_path(&t->save_lock, path, "--save checkpoint", t->d);
+  /* With the lock held, temporaries of the checkpoint are a killed writer's: remove them. */
+  const char *base = strrchr(path, '/') + 1;
+  size_t n = strlen(base);
+  DIR *dir = rc ? NULL : opendir(t->o.save);
+  for (struct dirent *e; dir && (e = readdir(dir));)
+    if (strncmp(e->d_name, base, n) == 0 && strncmp(e->d_name + n, ".tmp.", 5) == 0) unlinkat(dirfd(dir), e->d_name, 0);
+  if (dir) closedir(dir);
+  free(path);
+  return rc;
+}
+
+/* After the run: the log closed, the lock released, and after a failure a --save folder
+ * this run created but wrote nothing into removed (rmdir leaves a non-empty one). */
+static int close_outputs(Trainer *t, int rc) {
+  if (t->log && fclose(t->log) != 0 && !rc) rc = tp_error(t->d, "cannot write '%s': %s", t->o.log, strerror(errno));
+  t->log = NULL;
+  tp_unlock_path(&t->save_lock);
+  if (rc && t->made_save_dir) rmdir(t->o.save);
+  t->made_save_dir = false;
+  return rc;
 }
 
 static void print_progress(const Trainer *t, const StepRecord *r, int64_t total) {
@@ -500,11 +545,14 @@ static int root_writes(Trainer *t, int (*write)(Trainer *t)) {
 static int write_grads(Trainer *t) { return train_dump(t, t->o.dump_grads, true); }
 static int write_weights(Trainer *t) { return train_dump(t, t->o.dump_weights, false); }
 
-static int train(Trainer *t, FILE *log, int64_t total) {
+static int train(Trainer *t, int64_t total) {
   const TpPlan *P = t->plan;
   const TrainOptions *o = &t->o;
   int64_t rows = train_rows(P), bt = rows * P->seq, first = t->step + 1;
   int rc;
+  if (o->log && o->resume && first > total && /* nothing to run: the log still ends at the checkpoint */
+      (rc = pipe_agree(t, train_is_root(t) ? open_log(t, t->step) : TP_OK)))
+    return rc;
   for (int64_t step = first; step <= total; step++) {
     double t0 = now_ms();
     tp_tokens_batch(&t->train, t->data_pos, rows, P->seq, t->tokens, t->targets);
@@ -513,6 +561,9 @@ static int train(Trainer *t, FILE *log, int64_t total) {
       return tp_error(t->d, "the loss is %f at step %" PRId64 ": training diverged (lower --lr, or "
                       "--grad-clip)", loss, step);
     double norm = grad_norm(t), lr = lr_at(o, step, total);
+    if (!isfinite(norm)) /* likewise the same everywhere */
+      return tp_error(t->d, "the gradient norm is %f at step %" PRId64 ": training diverged (lower --lr, or "
+                      "--grad-clip)", norm, step);
     double t_grads = now_ms();
     if (step == first && o->dump_grads) {
       t->step = step; /* the dump's metadata names the step */
@@ -527,12 +578,7 @@ static int train(Trainer *t, FILE *log, int64_t total) {
     t->data_pos = (t->data_pos + bt) % t->train.count;
     StepRecord r = {step, (float)loss, lr, norm, now_ms() - t0 - dump_ms, NAN};
     if (o->val_data && (o->val_every ? step % o->val_every == 0 : step == total)) r.val_loss = evaluate(t);
-    if (o->log) { /* process 0 writes the log */
-      rc = TP_OK;
-      if (log) log_json(log, &r, bt);
-      if (log && fflush(log) != 0) rc = tp_error(t->d, "cannot write '%s': %s", o->log, strerror(errno));
-      if ((rc = pipe_agree(t, rc))) return rc;
-    }
+    if (o->log && (rc = write_log(t, &r, bt))) return rc;
     if (train_is_root(t)) print_progress(t, &r, total);
     if (o->save && (step == total || (o->save_every && step % o->save_every == 0))) {
       pipe_gather(t, false, true);
@@ -554,12 +600,6 @@ static int check_outputs(Trainer *t) {
       (o->trace && (rc = tp_check_writable(o->trace, "--trace", t->d))) ||
       (o->save && (rc = prepare_save_dir(t))) || (o->export_onnx && (rc = train_check_export(t))))
     return rc;
-  return TP_OK;
-}
-
-static int open_outputs(Trainer *t, FILE **log) {
-  int rc = TP_OK;
-  if ((t->o.save && (rc = create_save_dir(t))) || (t->o.log && (rc = open_log(t, log)))) return rc;
   return TP_OK;
 }
 
@@ -605,21 +645,20 @@ static int run(Trainer *t) {
   }
   int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
   o->steps = total;
+  if (total > TRAIN_MAX_STEPS)
+    return usage_error(t->d, "--steps needs an integer <= 2^53 (%" PRId64 "), not %" PRId64, TRAIN_MAX_STEPS, total);
   if ((rc = pipe_agree(t, train_is_root(t) ? check_outputs(t) : TP_OK))) return rc;
   if ((rc = pipe_agree(t, train_load_weights(t)))) return rc;
   if (o->dump_grads && t->step >= total)
     return tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);
-  FILE *log = NULL;
-  if (train_is_root(t)) print_start(t, total);
-  if ((rc = pipe_agree(t, train_is_root(t) ? open_outputs(t, &log) : TP_OK))) {
-    if (log) fclose(log);
-    return rc;
+  rc = o->save && train_is_root(t) ? lock_save_dir(t) : TP_OK;
+  if (!(rc = pipe_agree(t, rc))) {
+    if (train_is_root(t)) print_start(t, total);
+    tp_comm_barrier(t->comm); /* the trace's common start */
+    if (o->trace) t->trace = trace_new();
+    rc = train(t, total);
   }
-  tp_comm_barrier(t->comm); /* the trace's common start */
-  if (o->trace) t->trace = trace_new();
-  rc = train(t, log, total);
-  if (log && fclose(log) != 0 && !rc) rc = tp_error(t->d, "cannot write '%s': %s", o->log, strerror(errno));
-  if ((rc = pipe_agree(t, rc))) return rc;
+  if ((rc = pipe_agree(t, close_outputs(t, rc)))) return rc;
   if (o->dump_weights || o->export_onnx) pipe_gather(t, false, false);
   if (o->dump_weights && (rc = root_writes(t, write_weights))) return rc;
   if (o->export_onnx && (rc = root_writes(t, train_export_onnx))) return rc;

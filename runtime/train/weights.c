@@ -13,7 +13,6 @@
 #include "atomic.h"
 #include "safetensors.h"
 
-enum { CHECKPOINT_VERSION = 1 };
 #define CHECKPOINT_FORMAT "tokpipe-checkpoint"
 #define CHECKPOINT_FILE "checkpoint.safetensors"
 
@@ -133,7 +132,18 @@ static int init_from_safetensors(Trainer *t, const char *path) {
 /* ---- checkpoints ----
  * One safetensors file, so that writing it is one atomic rename: the parameters by ONNX
  * name, AdamW's moments as optimizer/m/NAME and optimizer/v/NAME, and in the metadata
- * the step, the data position and the RNG state. */
+ * what a resumed run needs to continue as if never stopped (the step, the data position,
+ * the RNG state) and what it must agree with (global batch, sequence, vocabulary, the
+ * training data's size and checksum). Version 2 (the first with checksums and the global
+ * batch) is the only one read: version 1 stored the microbatch rows under "batch", which
+ * cannot tell whether the data order matches. */
+
+enum { CHECKPOINT_VERSION = 2 };
+
+/* The metadata keys, each required; any other key is refused. */
+static const char *const checkpoint_keys[] = {"format", "version", "step", "data_position", "data_tokens",
+                                              "data_crc32c", "rng", "seed", "batch", "seq", "vocab",
+                                              TP_SAFETENSORS_CRC_KEY, NULL};
 
 char *train_checkpoint_path(const char *dir) {
   size_t n = strlen(dir) + sizeof CHECKPOINT_FILE + 1;
@@ -151,8 +161,42 @@ static char *moment_key(const char *which, const char *name) {
   return key;
 }
 
+/* The CRC-32C of the training tokens, computed once. */
+static uint32_t data_crc(Trainer *t) {
+  if (!t->data_crc_known) {
+    t->data_crc = tp_crc32c(0, t->train.tokens, (size_t)t->train.count * sizeof *t->train.tokens);
+    t->data_crc_known = true;
+  }
+  return t->data_crc;
+}
+
+/* The first element of values[numel] that is not finite, or -1. */
+static int64_t first_non_finite(const float *values, int64_t numel) {
+  for (int64_t k = 0; k < numel; k++)
+    if (!isfinite(values[k])) return k;
+  return -1;
+}
+
+int train_check_finite(Trainer *t, bool moments) {
+  const TpPlan *P = t->plan;
+  for (int i = 0; i < P->nparams; i++) {
+    const float *what[3] = {t->param[i], moments ? t->m[i] : NULL, moments ? t->v[i] : NULL};
+    for (int k = 0; k < 3; k++) {
+      int64_t at = what[k] ? first_non_finite(what[k], t->numel[i]) : -1;
+      if (at >= 0)
+        return tp_error(t->d, "the %s of '%s' after step %" PRId64 " is %g at element %" PRId64
+                        ": training diverged (lower --lr, or --grad-clip); nothing was written",
+                        k == 0 ? "value" : k == 1 ? "AdamW moment m" : "AdamW moment v", P->params[i].name,
+                        t->step, (double)what[k][at], at);
+    }
+  }
+  return TP_OK;
+}
+
 int train_save_checkpoint(Trainer *t) {
   const TpPlan *P = t->plan;
+  int rc = train_check_finite(t, true); /* never replace the last good checkpoint with these */
+  if (rc) return rc;
   TpNamedTensor *ts = malloc(3 * (size_t)P->nparams * sizeof *ts);
   TP_ASSERT(ts);
   int n = 0;
@@ -162,21 +206,23 @@ int train_save_checkpoint(Trainer *t) {
     ts[n++] = (TpNamedTensor){moment_key("m", P->params[i].name), param_tensor(&P->params[i], t->m[i])};
     ts[n++] = (TpNamedTensor){moment_key("v", P->params[i].name), param_tensor(&P->params[i], t->v[i])};
   }
-  char step[24], pos[24], rng[24], seed[24], batch[24], seq[24], vocab[24], version[8];
+  char step[24], pos[24], tokens[24], crc[16], rng[24], seed[24], batch[24], seq[24], vocab[24], version[8];
   snprintf(step, sizeof step, "%" PRId64, t->step);
   snprintf(pos, sizeof pos, "%" PRId64, t->data_pos);
+  snprintf(tokens, sizeof tokens, "%" PRId64, t->train.count);
+  snprintf(crc, sizeof crc, "%08" PRIx32, data_crc(t));
   snprintf(rng, sizeof rng, "%" PRIu64, t->rng);
   snprintf(seed, sizeof seed, "%" PRIu64, t->o.seed);
-  snprintf(batch, sizeof batch, "%" PRId64, P->batch);
+  snprintf(batch, sizeof batch, "%" PRId64, train_rows(P));
   snprintf(seq, sizeof seq, "%" PRId64, P->seq);
   snprintf(vocab, sizeof vocab, "%" PRId64, P->vocab);
   snprintf(version, sizeof version, "%d", CHECKPOINT_VERSION);
-  const char *meta[] = {"format", CHECKPOINT_FORMAT, "version", version, "step", step,
-                        "data_position", pos, "rng", rng, "seed", seed, "batch", batch,
+  const char *meta[] = {"format", CHECKPOINT_FORMAT, "version", version, "step", step, "data_position", pos,
+                        "data_tokens", tokens, "data_crc32c", crc, "rng", rng, "seed", seed, "batch", batch,
                         "seq", seq, "vocab", vocab, NULL};
   char *path = train_checkpoint_path(t->o.save);
   TpAtomicFile a;
-  int rc = tp_atomic_open(&a, path, t->d);
+  rc = tp_atomic_open(&a, path, t->d);
   if (!rc) {
     /* test hook: a kill in the middle of writing the checkpoint of this step */
     const char *kill_at = getenv("TOKPIPE_TEST_KILL_IN_SAVE");
@@ -191,23 +237,112 @@ int train_save_checkpoint(Trainer *t) {
   return rc;
 }
 
-/* A metadata number of the checkpoint in [lo, hi]. */
-static int meta_int(Trainer *t, const TpSafetensors *st, const char *key, int64_t lo, int64_t hi,
-                    int64_t *out) {
+/* A metadata value in plain decimal (digits only, no sign, space or leading zero) within
+ * [lo, hi]; errors name the key and value. */
+static int meta_uint(const TpSafetensors *st, const char *key, uint64_t lo, uint64_t hi, uint64_t *out,
+                     TpDiag *d) {
   const char *s = tp_safetensors_meta(st, key);
-  char *end = NULL;
-  long long v = s ? strtoll(s, &end, 10) : 0;
-  if (!s || !*s || *end || v < lo || v > hi)
-    return tp_error(t->d, "checkpoint metadata '%s' is %s%s%s", key, s ? "'" : "missing", s ? s : "",
-                    s ? "', out of range" : "");
+  uint64_t v = 0;
+  bool ok = s && *s && !(s[0] == '0' && s[1]);
+  for (const char *c = s; ok && *c; c++) {
+    ok = *c >= '0' && *c <= '9' && v <= (UINT64_MAX - (uint64_t)(*c - '0')) / 10;
+    v = v * 10 + (uint64_t)(*c - '0');
+  }
+  if (!s) return tp_error(d, "checkpoint metadata '%s' is missing", key);
+  if (!ok || v < lo || v > hi)
+    return tp_error(d, "checkpoint metadata '%s' is '%s', not a whole number in [%" PRIu64 ", %" PRIu64 "]", key,
+                    s, lo, hi);
   *out = v;
   return TP_OK;
+}
+
+static int meta_int(const TpSafetensors *st, const char *key, int64_t lo, int64_t hi, int64_t *out, TpDiag *d) {
+  uint64_t v;
+  int rc = meta_uint(st, key, (uint64_t)lo, (uint64_t)hi, &v, d);
+  if (!rc) *out = (int64_t)v;
+  return rc;
+}
+
+int train_checkpoint_meta(const TpSafetensors *st, TrainCheckpointMeta *m, TpDiag *d) {
+  memset(m, 0, sizeof *m);
+  for (int i = 0; i < st->nmeta; i++) {
+    int k = 0;
+    while (checkpoint_keys[k] && strcmp(checkpoint_keys[k], st->meta[2 * i]) != 0) k++;
+    if (!checkpoint_keys[k]) return tp_error(d, "checkpoint metadata has an unknown key '%s'", st->meta[2 * i]);
+  }
+  const char *format = tp_safetensors_meta(st, "format"), *crc = tp_safetensors_meta(st, "data_crc32c");
+  int64_t version;
+  int rc;
+  if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0)
+    return tp_error(d, "not a tokpipe checkpoint (metadata 'format' is not '%s')", CHECKPOINT_FORMAT);
+  if ((rc = meta_int(st, "version", 1, INT32_MAX, &version, d))) return rc;
+  if (version != CHECKPOINT_VERSION)
+    return tp_error(d, "checkpoint version %" PRId64 " is not supported (expected %d)%s", version, CHECKPOINT_VERSION,
+                    version < CHECKPOINT_VERSION ? ": it was written by an older trainer, without checksums; "
+                    "resume it with that trainer, or start again" : "");
+  if (!tp_safetensors_meta(st, TP_SAFETENSORS_CRC_KEY))
+    return tp_error(d, "checkpoint metadata '%s' is missing: the tensors cannot be checked", TP_SAFETENSORS_CRC_KEY);
+  if ((rc = meta_int(st, "step", 0, TRAIN_MAX_STEPS, &m->step, d)) ||
+      (rc = meta_int(st, "data_tokens", 1, INT64_MAX, &m->data_tokens, d)) ||
+      (rc = meta_int(st, "data_position", 0, m->data_tokens - 1, &m->data_position, d)) ||
+      (rc = meta_uint(st, "rng", 0, UINT64_MAX, &m->rng, d)) ||
+      (rc = meta_uint(st, "seed", 0, UINT64_MAX, &m->seed, d)) ||
+      (rc = meta_int(st, "batch", 1, INT64_MAX, &m->batch, d)) ||
+      (rc = meta_int(st, "seq", 1, INT64_MAX, &m->seq, d)) ||
+      (rc = meta_int(st, "vocab", 1, INT64_MAX, &m->vocab, d)))
+    return rc;
+  bool hex = crc && strlen(crc) == 8;
+  for (int k = 0; hex && k < 8; k++) hex = (crc[k] >= '0' && crc[k] <= '9') || (crc[k] >= 'a' && crc[k] <= 'f');
+  if (!hex)
+    return tp_error(d, "checkpoint metadata 'data_crc32c' is %s%s%s, not 8 lowercase hex digits", crc ? "'" : "missing",
+                    crc ? crc : "", crc ? "'" : "");
+  m->data_crc32c = (uint32_t)strtoul(crc, NULL, 16);
+  return TP_OK;
+}
+
+/* Plan parameter i's tensor k in the checkpoint (0 the value, 1 and 2 AdamW's m and v, which
+ * only trainable parameters have), its name (malloc'ed) in *name. */
+static const TpTensor *checkpoint_tensor(const TpSafetensors *st, const TpPlanParam *p, int k, char **name) {
+  *name = k ? moment_key(k == 1 ? "m" : "v", p->name) : strdup(p->name);
+  TP_ASSERT(*name);
+  return tp_safetensors_find(st, *name);
+}
+
+/* The checkpoint's tensors are exactly the plan's parameters and their moments, of the
+ * plan's shapes: a checkpoint of another model (or of other frozen parameters) is refused. */
+static int check_checkpoint_tensors(Trainer *t, const TpSafetensors *st, const char *path) {
+  const TpPlan *P = t->plan;
+  int rc = TP_OK, expected = 0;
+  for (int i = 0; !rc && i < P->nparams; i++) {
+    for (int k = 0; k < (P->params[i].trainable ? 3 : 1) && !rc; k++) {
+      char *name;
+      const TpTensor *v = checkpoint_tensor(st, &P->params[i], k, &name);
+      rc = v ? check_tensor(t, path, name, v, &P->params[i]) : missing(t, path, "tensor", name);
+      free(name);
+      expected++;
+    }
+  }
+  for (int j = 0; !rc && st->n != expected && j < st->n; j++) { /* then some tensor is not the plan's */
+    const char *name = st->tensors[j].name, *param = name;
+    if (strncmp(name, "optimizer/m/", 12) == 0 || strncmp(name, "optimizer/v/", 12) == 0) param = name + 12;
+    int i = 0;
+    while (i < P->nparams && !(strcmp(P->params[i].name, param) == 0 && (param == name || P->params[i].trainable))) i++;
+    if (i == P->nparams) {
+      const char *saved = t->d->file;
+      t->d->file = path;
+      rc = tp_error(t->d, "tensor '%s' is not %s of the compiled plan (a checkpoint of another model?)", name,
+                    param == name ? "a parameter" : "an AdamW moment of a trainable parameter");
+      t->d->file = saved;
+    }
+  }
+  return rc;
 }
 
 static int resume(Trainer *t) {
   const TpPlan *P = t->plan;
   char *path = train_checkpoint_path(t->o.resume);
   TpSafetensors st;
+  TrainCheckpointMeta m;
   int rc = tp_safetensors_load(path, &st, t->d);
   if (rc) {
     free(path);
@@ -215,44 +350,32 @@ static int resume(Trainer *t) {
   }
   const char *saved = t->d->file;
   t->d->file = path;
-  const char *format = tp_safetensors_meta(&st, "format");
-  int64_t version = 0, batch = 0, seq = 0, vocab = 0, step = 0, pos = 0;
-  if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0)
-    rc = tp_error(t->d, "not a tokpipe checkpoint (metadata 'format' is not '%s')", CHECKPOINT_FORMAT);
-  else if (!(rc = meta_int(t, &st, "version", 0, INT32_MAX, &version)) && version != CHECKPOINT_VERSION)
-    rc = tp_error(t->d, "checkpoint version %" PRId64 " is not supported (expected %d)", version,
-                  CHECKPOINT_VERSION);
-  if (!rc && !(rc = meta_int(t, &st, "batch", 1, INT64_MAX, &batch)) &&
-      !(rc = meta_int(t, &st, "seq", 1, INT64_MAX, &seq)) &&
-      !(rc = meta_int(t, &st, "vocab", 1, INT64_MAX, &vocab)) &&
-      (batch != P->batch || seq != P->seq || vocab != P->vocab))
-    rc = tp_error(t->d, "the checkpoint is of a plan with batch %" PRId64 ", seq %" PRId64 ", vocab %" PRId64
-                  "; this one has %" PRId64 ", %" PRId64 ", %" PRId64, batch, seq, vocab, P->batch, P->seq, P->vocab);
-  if (!rc && !(rc = meta_int(t, &st, "step", 0, INT64_MAX, &step)) && t->o.steps >= 0 && step > t->o.steps)
-    rc = tp_error(t->d, "the checkpoint is at step %" PRId64 ", beyond --steps %" PRId64, step, t->o.steps);
-  if (!rc && !(rc = meta_int(t, &st, "data_position", 0, INT64_MAX, &pos)) && pos >= t->train.count)
-    rc = tp_error(t->d, "the checkpoint's data position %" PRId64 " lies beyond the %" PRId64
-                  " tokens of '%s' (another data file?)", pos, t->train.count, t->o.data);
-  const char *rng = tp_safetensors_meta(&st, "rng");
-  if (!rc && !rng) rc = tp_error(t->d, "checkpoint metadata 'rng' is missing");
+  rc = train_checkpoint_meta(&st, &m, t->d);
+  if (!rc && (m.batch != train_rows(P) || m.seq != P->seq || m.vocab != P->vocab))
+    rc = tp_error(t->d, "the checkpoint was trained with batch %" PRId64 " x seq %" PRId64 ", vocab %" PRId64
+                  "; this trainer has batch %" PRId64 " x seq %" PRId64 ", vocab %" PRId64
+                  " (the data order would differ)", m.batch, m.seq, m.vocab, train_rows(P), P->seq, P->vocab);
+  else if (!rc && t->o.steps >= 0 && m.step > t->o.steps)
+    rc = tp_error(t->d, "the checkpoint is at step %" PRId64 ", beyond --steps %" PRId64, m.step, t->o.steps);
+  else if (!rc && t->o.data && (m.data_tokens != t->train.count || m.data_crc32c != data_crc(t)))
+    rc = tp_error(t->d, "the checkpoint was trained on %" PRId64 " tokens of CRC-32C %08" PRIx32 "; --data '%s' has "
+                  "%" PRId64 " tokens of CRC-32C %08" PRIx32 " (another data file?)", m.data_tokens, m.data_crc32c,
+                  t->o.data, t->train.count, data_crc(t));
   t->d->file = saved;
+  if (!rc) rc = check_checkpoint_tensors(t, &st, path);
   for (int i = 0; !rc && i < P->nparams; i++) {
-    const TpPlanParam *p = &P->params[i];
     float *dst[3] = {t->param[i], t->m[i], t->v[i]};
-    if (!t->held[i]) continue;
-    for (int k = 0; k < 3 && !rc && dst[k]; k++) {
-      char *key = k ? moment_key(k == 1 ? "m" : "v", p->name) : NULL;
-      const char *name = key ? key : p->name;
-      const TpTensor *v = tp_safetensors_find(&st, name);
-      if (!v) rc = missing(t, path, "tensor", name);
-      else if (!(rc = check_tensor(t, path, name, v, p))) memcpy(dst[k], v->data, (size_t)t->numel[i] * 4);
-      free(key);
+    for (int k = 0; t->held[i] && k < 3 && dst[k]; k++) {
+      char *name;
+      const TpTensor *v = checkpoint_tensor(&st, &P->params[i], k, &name);
+      memcpy(dst[k], v->data, (size_t)t->numel[i] * 4);
+      free(name);
     }
   }
   if (!rc) {
-    t->step = step;
-    t->data_pos = pos;
-    t->rng = strtoull(rng, NULL, 10);
+    t->step = m.step;
+    t->data_pos = m.data_position;
+    t->rng = m.rng;
   }
   tp_safetensors_free(&st);
   free(path);
@@ -321,12 +444,14 @@ static void free_collected(TpNamedTensor *ts, int n, int owned_from) {
 }
 
 int train_dump(Trainer *t, const char *path, bool grads) {
+  int rc = grads ? TP_OK : train_check_finite(t, false);
+  if (rc) return rc;
   int n, owned_from;
   TpNamedTensor *ts = collect(t, grads, &n, &owned_from);
   char step[24];
   snprintf(step, sizeof step, "%" PRId64, t->step);
   const char *meta[] = {"content", grads ? "gradients before the update" : "weights", "step", step, NULL};
-  int rc = tp_safetensors_save(path, ts, n, meta, t->d);
+  rc = tp_safetensors_save(path, ts, n, meta, t->d);
   free_collected(ts, n, owned_from);
   return rc;
 }
@@ -352,7 +477,8 @@ int train_check_export(Trainer *t) {
 
 int train_export_onnx(Trainer *t) {
   TpOnnxWeights *w;
-  int rc = tp_onnx_weights_open(export_source(t), &w, t->d);
+  int rc = train_check_finite(t, false);
+  if (!rc) rc = tp_onnx_weights_open(export_source(t), &w, t->d);
   if (rc) return rc;
   int n, owned_from;
   TpNamedTensor *ts = collect(t, false, &n, &owned_from);

@@ -30,6 +30,33 @@ same_files() { # same_files WHAT A B
   if cmp -s "$2" "$3"; then ok "$1"; else fail "$1: $2 and $3 differ"; fi
 }
 
+# expect_run_error DESCRIPTION TEXT CMD...: exit 1 within 60 s (a FIFO must not block), and
+# of the progress lines on stderr exactly one error line, holding TEXT.
+expect_run_error() {
+  what=$1 text=$2
+  shift 2
+  expect_exit 1 "$what" timeout 60 "$@" || return 1
+  if [ "$(grep -c 'error' err.txt)" -ne 1 ] || ! grep 'error' err.txt | grep -qF -- "$text"; then
+    fail "$what: expected one error line with '$text', got: $(cat err.txt)"
+    return 1
+  fi
+  ok "$what: $(grep error err.txt)"
+}
+
+# edited FOLDER EDIT...: FOLDER/checkpoint.safetensors, good.safetensors with the edits.
+edited() {
+  dir=$1
+  shift
+  rm -rf "$dir" && mkdir "$dir" && "$bin/train_edit_safetensors" good.safetensors "$dir/checkpoint.safetensors" "$@" ||
+    fail "edit $*"
+}
+
+# flip_last_bit FILE: the lowest bit of FILE's last byte inverted.
+flip_last_bit() {
+  size=$(wc -c <"$1") byte=$(tail -c 1 "$1" | od -A n -t u1 | tr -d ' ')
+  printf "\\$(printf %o $((byte ^ 1)))" | dd of="$1" bs=1 seek=$((size - 1)) conv=notrunc 2>/dev/null
+}
+
 case $case in
 tokens)
   make_text
@@ -162,6 +189,10 @@ resume)
   grep -q "steps 5..12" err.txt && ok "resumed at step 5" || fail "resume start: $(head -1 err.txt)"
   [ "$(untimed full.jsonl)" = "$(untimed kill.jsonl)" ] && ok "killed + resumed: the same log" || fail "logs differ after kill"
   same_files "killed + resumed: the same weights" full.safetensors kill.safetensors
+  TOKPIPE_TEST_KILL_AFTER_STEP=6 "$trainer" $common --save kill0 --log kill0.jsonl 2>/dev/null
+  "$trainer" --data train.bin --resume kill0 --steps 4 --log kill0.jsonl 2>/dev/null &&
+    [ "$(untimed kill0.jsonl)" = "$(untimed full.jsonl | head -4)" ] && ok "resumed with no step to run: the log ends at the checkpoint" ||
+    fail "log of a resume with nothing to run: $(cat kill0.jsonl)"
   expect_error "resume from nothing" "nothing/checkpoint.safetensors: cannot read" "$trainer" --data train.bin --resume nothing
   expect_error "resume beyond --steps" "the checkpoint is at step 12, beyond --steps 10" "$trainer" --data train.bin --resume full --steps 10
   ;;
@@ -172,9 +203,10 @@ interrupted-save)
   "$trainer" $common --save full --log full.jsonl --dump-weights full.safetensors 2>/dev/null || fail "uninterrupted run"
   TOKPIPE_TEST_KILL_IN_SAVE=8 "$trainer" $common --save ck --log ck.jsonl 2>/dev/null
   rc=$?
-  [ $rc -eq 137 ] && [ -e ck/checkpoint.safetensors.tmp ] && ok "killed while writing the step-8 checkpoint (exit $rc)" || fail "kill in save: exit $rc"
+  [ $rc -eq 137 ] && ls ck/checkpoint.safetensors.tmp.* >/dev/null 2>&1 && ok "killed while writing the step-8 checkpoint (exit $rc)" || fail "kill in save: exit $rc"
   "$trainer" $(echo "$common" | sed 's|--init [^ ]*||') --resume ck --save ck --log ck.jsonl --dump-weights ck.safetensors 2>err.txt || fail "resume: $(cat err.txt)"
   grep -q "steps 5..12" err.txt && ok "the step-4 checkpoint was still there and loaded" || fail "resume start: $(head -1 err.txt)"
+  [ "$(ls ck)" = checkpoint.safetensors ] && ok "the killed writer's temporary and the lock file are gone" || fail "left in ck: $(ls ck)"
   [ "$(untimed full.jsonl)" = "$(untimed ck.jsonl)" ] && ok "the same log as without the interruption" || fail "logs differ"
   same_files "the same final weights" full.safetensors ck.safetensors
   ;;
@@ -215,6 +247,164 @@ learns)
   first=$(field log.jsonl 1 loss) last=$(field log.jsonl 300 val_loss)
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 2.5) }' && ok "the loss falls: $first at step 1, validation $last at step 300" ||
     fail "the loss did not fall enough: $first -> $last"
+  ;;
+
+checkpoint-checks) # what a resume must match, and what may change
+  make_text
+  "$trainer" --data train.bin --lr 0.01 --steps 2 --save ck 2>/dev/null || fail "2 steps of batch 2"
+  "$bin/tiny_trainer_b4" --data train.bin --lr 0.01 --steps 2 --save ck4 2>/dev/null || fail "2 steps of batch 4"
+  expect_error "another batch" "ck/checkpoint.safetensors: the checkpoint was trained with batch 2 x seq 8, vocab 256; this trainer has batch 4 x seq 8, vocab 256 (the data order would differ)" \
+    "$bin/tiny_trainer_b4" --data train.bin --resume ck --steps 4
+  expect_error "another batch, the other way" "ck4/checkpoint.safetensors: the checkpoint was trained with batch 4 x seq 8" \
+    "$trainer" --data train.bin --resume ck4 --steps 4
+  sed 's/fox/cat/' text.txt >same_size.txt && "$bin/tokpipe-tokens" same_size.txt -o same_size.bin --val-fraction 0.25 --val-out v.bin 2>/dev/null
+  head -c 2000 text.txt >shorter.txt && "$bin/tokpipe-tokens" shorter.txt -o shorter.bin 2>/dev/null
+  tokens=$(($(wc -c <train.bin) / 2 - 512))
+  expect_error "other tokens of the same count" "ck/checkpoint.safetensors: the checkpoint was trained on $tokens tokens of CRC-32C " \
+    "$trainer" --data same_size.bin --resume ck --steps 4
+  grep -qF -- "--data 'same_size.bin' has $tokens tokens of CRC-32C" err.txt && ok "the message names the data file" || fail "$(cat err.txt)"
+  expect_error "another data file" "--data 'shorter.bin' has 2000 tokens" "$trainer" --data shorter.bin --resume ck --steps 4
+  expect_error "another model" "ck4/checkpoint.safetensors: tensor 'gain' is missing" "$bin/pipe_trainer" --data train.bin --resume ck4 --steps 4
+  "$trainer" --data train.bin --resume ck --steps 3 --lr 0.001 --warmup 1 --grad-clip 1 2>/dev/null &&
+    ok "the optimizer's options may change" || fail "resume with other optimizer options"
+  # the pipeline plan may change: stages, microbatches, replicas, slices, schedule (the
+  # global batch stays); the result agrees to rounding (sums in another order)
+  pipe=$bin/pipe_trainer tiny2=$src/../pipeline/tiny2.onnx
+  export PIPE_STAGES=2 PIPE_MICROBATCHES=2 PIPE_DP=2 PIPE_SLICES=5,3 PIPE_SCHEDULE=gpipe
+  "$pipe" --init "$tiny2" --data train.bin --lr 0.01 --steps 4 --dump-weights full.weights 2>/dev/null &&
+    "$pipe" --init "$tiny2" --data train.bin --lr 0.01 --steps 2 --save pck 2>/dev/null || fail "pipeline runs"
+  export PIPE_STAGES=1 PIPE_MICROBATCHES=2 PIPE_DP=1 PIPE_SLICES=8 PIPE_SCHEDULE=1f1b
+  "$pipe" --data train.bin --lr 0.01 --steps 4 --resume pck --dump-weights resumed.weights 2>err.txt || fail "resume in another plan: $(cat err.txt)"
+  "$bin/tokpipe-compare" resumed.weights full.weights --tol 1e-5 >cmp.txt 2>&1 &&
+    ok "2 stages x 2 replicas, 2 microbatches of 1 row, 2 slices, gpipe -> 1 stage, 2 microbatches of 2 rows, 1f1b: the weights agree ($(tail -1 cmp.txt))" ||
+    fail "resume across plans: $(cat cmp.txt)"
+  unset PIPE_STAGES PIPE_MICROBATCHES PIPE_DP PIPE_SLICES PIPE_SCHEDULE
+  ;;
+
+corrupt) # checksums, strict metadata, bounded steps
+  make_text
+  "$trainer" --data train.bin --steps 2 --save ck 2>/dev/null || fail "2 steps"
+  cp ck/checkpoint.safetensors good.safetensors
+  mkdir flip && cp good.safetensors flip/checkpoint.safetensors && flip_last_bit flip/checkpoint.safetensors
+  expect_error "a flipped bit in the data" "flip/checkpoint.safetensors: tensor 'wte' fails its CRC-32C check (stored " \
+    "$trainer" --data train.bin --resume flip --steps 4
+  mkdir meta && cp good.safetensors meta/checkpoint.safetensors
+  at=$(grep -abo '"step":"2"' meta/checkpoint.safetensors | cut -d: -f1)
+  printf 3 | dd of=meta/checkpoint.safetensors bs=1 seek=$((at + 8)) conv=notrunc 2>/dev/null
+  expect_error "a changed metadata value" "meta/checkpoint.safetensors: the metadata fails its CRC-32C check" \
+    "$trainer" --data train.bin --resume meta --steps 4
+  # each metadata field strictly (the edited files have right checksums)
+  for edit in "rng=banana|checkpoint metadata 'rng' is 'banana', not a whole number in [0, 18446744073709551615]" \
+      "rng=18446744073709551616|checkpoint metadata 'rng' is '18446744073709551616', not a whole number" \
+      "step=02|checkpoint metadata 'step' is '02', not a whole number" "step=+2|checkpoint metadata 'step' is '+2'" "step= 2|checkpoint metadata 'step' is ' 2'" "step=|checkpoint metadata 'step' is ''" \
+      "step=9223372036854775807|checkpoint metadata 'step' is '9223372036854775807', not a whole number in [0, 9007199254740992]" \
+      "step=-1|checkpoint metadata 'step' is '-1'" "-seed|checkpoint metadata 'seed' is missing" \
+      "extra=1|checkpoint metadata has an unknown key 'extra'" \
+      "format=other|not a tokpipe checkpoint (metadata 'format' is not 'tokpipe-checkpoint')" \
+      "version=1|checkpoint version 1 is not supported (expected 2): it was written by an older trainer, without checksums" \
+      "version=3|checkpoint version 3 is not supported (expected 2)" \
+      "data_position=$(($(wc -c <train.bin) / 2 - 512))|checkpoint metadata 'data_position' is '$(($(wc -c <train.bin) / 2 - 512))', not a whole number in [0, $(($(wc -c <train.bin) / 2 - 513))]" \
+      "data_crc32c=BANANA00|checkpoint metadata 'data_crc32c' is 'BANANA00', not 8 lowercase hex digits" \
+      "batch=0|checkpoint metadata 'batch' is '0', not a whole number in [1, " \
+      "-tensor:optimizer/v/wte|tensor 'optimizer/v/wte' is missing (the compiled plan needs it)" \
+      "copy:frozen.shift=optimizer/m/frozen.shift|tensor 'optimizer/m/frozen.shift' is not an AdamW moment of a trainable parameter" \
+      "copy:wpe=wpe2|tensor 'wpe2' is not a parameter of the compiled plan (a checkpoint of another model?)"; do
+    edited bad "${edit%%|*}"
+    expect_error "${edit%%|*}" "bad/checkpoint.safetensors: ${edit#*|}" "$trainer" --data train.bin --resume bad --steps 4
+  done
+  # steps are bounded (2^53): no overflow however large the numbers
+  edited top step=9007199254740992
+  expect_exit 0 "a checkpoint at step 2^53, --steps 2^53" "$trainer" --data train.bin --resume top --steps 9007199254740992 &&
+    grep -q "steps 9007199254740993..9007199254740992" err.txt && ok "step 2^53: nothing left to run" || fail "step 2^53: $(cat err.txt)"
+  expect_exit 2 "--steps beyond 2^53" "$trainer" --data train.bin --resume top --steps 9223372036854775807 &&
+    grep -q -- "--steps needs an integer <= 2^53 (9007199254740992), not 9223372036854775807" err.txt && ok "--steps INT64_MAX: exit 2" || fail "$(cat err.txt)"
+  ;;
+
+writers) # links are never followed; two writers of one file each write a whole one; one trainer per --save
+  make_text
+  echo precious >precious.txt
+  mkdir tmplink finallink locklink
+  ln -s ../precious.txt tmplink/checkpoint.safetensors.tmp
+  ln -s ../precious.txt finallink/checkpoint.safetensors
+  ln -s ../precious.txt locklink/checkpoint.safetensors.lock
+  "$trainer" --data train.bin --steps 2 --save tmplink 2>/dev/null && "$trainer" --data train.bin --steps 2 --save finallink 2>/dev/null ||
+    fail "runs with links in the --save folder"
+  [ -f finallink/checkpoint.safetensors ] && [ ! -L finallink/checkpoint.safetensors ] && [ -L tmplink/checkpoint.safetensors.tmp ] &&
+    "$trainer" --data train.bin --resume finallink --steps 2 2>/dev/null && ok "the checkpoint replaced the link, which was not followed" ||
+    fail "links: $(ls -l tmplink finallink)"
+  expect_error "a link at the lock file" "--save checkpoint 'locklink/checkpoint.safetensors': cannot create the lock file 'locklink/checkpoint.safetensors.lock'" \
+    "$trainer" --data train.bin --steps 2 --save locklink
+  [ "$(cat precious.txt)" = precious ] && ok "no link's target was written" || fail "precious.txt was overwritten"
+  # two trainers saving to one folder: the second stops at start-up
+  "$trainer" --data train.bin --steps 100000000 --save ck --save-every 1000 2>first.txt &
+  first=$!
+  i=0
+  while ! grep -q "^step" first.txt && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+  expect_error "a second trainer on the same --save" "--save checkpoint 'ck/checkpoint.safetensors' is being written by another process (it holds 'ck/checkpoint.safetensors.lock')" \
+    "$trainer" --data train.bin --steps 2 --save ck
+  kill $first && wait $first 2>/dev/null
+  # two processes writing one file at once, many times: always one whole version
+  sed 's/dog/cat/' text.txt >other.txt
+  "$bin/tokpipe-tokens" text.txt -o a.bin 2>/dev/null && "$bin/tokpipe-tokens" other.txt -o b.bin 2>/dev/null
+  mixed=0 i=0
+  while [ $i -lt 40 ]; do
+    "$bin/tokpipe-tokens" text.txt -o out.bin 2>/dev/null & p1=$!
+    "$bin/tokpipe-tokens" other.txt -o out.bin 2>/dev/null & p2=$!
+    wait $p1 $p2
+    cmp -s out.bin a.bin || cmp -s out.bin b.bin || mixed=$((mixed + 1))
+    i=$((i + 1))
+  done
+  [ $mixed -eq 0 ] && [ "$(ls | grep -c '\.tmp')" -eq 0 ] && ok "40 rounds of two concurrent writers: always one whole file, no temporaries left" ||
+    fail "$mixed of 40 outputs were mixed; $(ls)"
+  mkfifo pipe.bin
+  expect_error "an output that is a FIFO" "cannot write 'pipe.bin': it exists and is not a regular file" "$bin/tokpipe-tokens" text.txt -o pipe.bin
+  [ -p pipe.bin ] && ok "the FIFO is still there" || fail "pipe.bin was replaced"
+  ;;
+
+diverge) # a non-finite loss or weight stops the run, naming the step; no checkpoint of it
+  make_text
+  "$trainer" --data train.bin --steps 2 --save ck 2>/dev/null || fail "2 good steps"
+  cp ck/checkpoint.safetensors good.safetensors
+  expect_run_error "weights overflow (--lr 1e39)" "the value of 'wte' after step 1 is -inf at element 0: training diverged (lower --lr, or --grad-clip); nothing was written" \
+    "$trainer" --data train.bin --steps 4 --lr 1e39 --save ck --save-every 1
+  same_files "the last good checkpoint is kept" good.safetensors ck/checkpoint.safetensors
+  expect_run_error "the loss overflows (--lr 1e30)" "at step 4: training diverged (lower --lr, or --grad-clip)" \
+    "$trainer" --data train.bin --resume ck --steps 6 --lr 1e30 --save ck
+  grep "error" err.txt | grep -q "the loss is .*nan at step" && ok "the loss is named" || fail "$(cat err.txt)"
+  same_files "the last good checkpoint is kept after a resume" good.safetensors ck/checkpoint.safetensors
+  expect_run_error "--dump-weights of overflowed weights" "the value of 'wte' after step 1 is -inf" \
+    "$trainer" --data train.bin --steps 1 --lr 1e39 --dump-weights w.safetensors --export-onnx w.onnx
+  [ ! -e w.safetensors ] && [ ! -e w.onnx ] && ok "no weights written" || fail "weights written"
+  # a failed run leaves no empty --save folder, no lock, no empty log
+  "$trainer" --steps 0 --dump-weights init.safetensors 2>/dev/null && "$bin/train_edit_safetensors" init.safetensors inf.safetensors tensor:wpe=inf ||
+    fail "weights with inf"
+  expect_run_error "a non-finite loss at step 1" "nan at step 1: training diverged" \
+    "$trainer" --init inf.safetensors --data train.bin --steps 2 --save new --log new.jsonl
+  [ ! -e new ] && [ ! -e new.jsonl ] && ok "no --save folder, no log" || fail "left behind: $(ls)"
+  expect_run_error "fails at the first save" "after step 1 is -inf" "$trainer" --data train.bin --steps 2 --lr 1e39 --save new --save-every 1 --log new.jsonl
+  [ ! -e new ] && [ "$(wc -l <new.jsonl)" -eq 1 ] && ok "no --save folder; the log has step 1's line" || fail "left behind: $(ls new; cat new.jsonl)"
+  ;;
+
+fifo) # inputs that are FIFOs are refused at once, never read (which would block)
+  make_text
+  "$trainer" --data train.bin --steps 2 --save ck --log log.jsonl 2>/dev/null || fail "2 steps"
+  mkdir f && mkfifo f/checkpoint.safetensors fifo.safetensors fifo.jsonl
+  expect_run_error "--resume from a FIFO" "f/checkpoint.safetensors: cannot read: not a regular file: it is a FIFO" \
+    "$trainer" --data train.bin --resume f --steps 4
+  expect_error "--save onto a FIFO" "--save checkpoint 'f/checkpoint.safetensors' exists and is not a regular file" \
+    "$trainer" --data train.bin --save f --steps 4
+  expect_run_error "--init from a FIFO" "fifo.safetensors: cannot read: not a regular file: it is a FIFO" \
+    "$trainer" --init fifo.safetensors --data train.bin --steps 4
+  expect_run_error "a FIFO as the --log to continue" "cannot read the --log 'fifo.jsonl' to continue it: not a regular file: it is a FIFO" \
+    "$trainer" --data train.bin --resume ck --steps 4 --log fifo.jsonl
+  expect_run_error "a FIFO nobody reads as --log" "cannot write 'fifo.jsonl': a FIFO that nobody reads" \
+    "$trainer" --data train.bin --steps 2 --log fifo.jsonl
+  exec 3<>fifo.jsonl # a reader (this shell) before the trainer opens it
+  timeout 60 "$trainer" --data train.bin --steps 2 --log fifo.jsonl 2>/dev/null
+  rc=$?
+  dd bs=65536 count=1 <&3 >read.jsonl 2>/dev/null # one read: the bytes waiting in the FIFO
+  exec 3<&-
+  [ $rc -eq 0 ] && [ "$(wc -l <read.jsonl)" -eq 2 ] && ok "a FIFO with a reader takes the log" || fail "log to a read FIFO: exit $rc, $(cat read.jsonl)"
   ;;
 
 *)

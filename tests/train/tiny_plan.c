@@ -16,7 +16,10 @@
 #include "runtime/cpu/transformer.h"
 #include "runtime/train/plan.h"
 
-enum { B = 2, T = 8, V = 256, C = 8, BT = B * T };
+#ifndef TINY_BATCH /* tiny_trainer_b4: the same model with another batch (resume checks) */
+#define TINY_BATCH 2
+#endif
+enum { B = TINY_BATCH, T = 8, V = 256, C = 8, BT = B * T };
 enum { WTE, WPE, SHIFT, BIAS };
 
 static float x_buf[BT * C], dx_buf[BT * C]; /* (B*T, C) */
