@@ -46,10 +46,30 @@ static void crc_init(void) {
     for (int i = 0; i < 256; i++) crc_table[t][i] = crc_table[t - 1][i] >> 8 ^ crc_table[0][crc_table[t - 1][i] & 0xff];
 }
 
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+/* SSE4.2's crc32 instruction computes this very CRC, about ten times faster than the table
+ * (a checkpoint of GPT-2 124M with its AdamW moments is 1.5 GB, checksummed on every save
+ * and load). */
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *p, size_t size) {
+  uint64_t c = crc;
+  for (; size >= 8; size -= 8, p += 8) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+    c = _mm_crc32_u64(c, x);
+  }
+  for (; size; size--) c = _mm_crc32_u8((uint32_t)c, *p++);
+  return (uint32_t)c;
+}
+#endif
+
 uint32_t tp_crc32c(uint32_t crc, const void *data, size_t size) {
-  pthread_once(&crc_once, crc_init);
   const uint8_t *p = data;
   crc = ~crc;
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("sse4.2")) return ~crc32c_sse42(crc, p, size);
+#endif
+  pthread_once(&crc_once, crc_init);
   for (; size >= 8; size -= 8, p += 8) {
     uint64_t x;
     memcpy(&x, p, 8);

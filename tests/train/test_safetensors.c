@@ -83,6 +83,23 @@ int main(int argc, char **argv) {
   tp_safetensors_free(&st);
   expect(tp_crc32c(0, "123456789", 9) == 0xe3069283u && tp_crc32c(tp_crc32c(0, "1234", 4), "56789", 5) == 0xe3069283u,
          "CRC-32C of '123456789' is e3069283 (RFC 3720), also in pieces");
+  {
+    /* the word-at-a-time paths (the crc32 instruction or the table) against the bit-at-a-time
+     * definition, over lengths and split points around the 8-byte words */
+    unsigned char bytes[1027];
+    for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (unsigned char)(i * 131 + 7);
+    bool same = true;
+    for (size_t n = 0; n <= sizeof bytes; n += n < 40 ? 1 : 97) {
+      uint32_t bitwise = ~0u;
+      for (size_t i = 0; i < n; i++) {
+        bitwise ^= bytes[i];
+        for (int k = 0; k < 8; k++) bitwise = bitwise & 1 ? bitwise >> 1 ^ 0x82f63b78u : bitwise >> 1;
+      }
+      size_t cut = n / 3;
+      same = same && tp_crc32c(0, bytes, n) == ~bitwise && tp_crc32c(tp_crc32c(0, bytes, cut), bytes + cut, n - cut) == ~bitwise;
+    }
+    expect(same, "CRC-32C equals its bit-by-bit definition at every length, whole and in pieces");
+  }
 
   /* a flipped bit in any tensor's bytes is found, and named */
   {
