@@ -339,7 +339,7 @@ static int import_slice(Importer *I, Node *N) {
       int64_t mag = st == INT64_MIN ? INT64_MAX : -st;
       s = clamp(s, 0, dim - 1);
       e = clamp(e, -1, dim - 1);
-      len = s > e ? (s - e - 1) / mag + 1 : 0;
+      len = dim > 0 && s > e ? (s - e - 1) / mag + 1 : 0; /* clamping made s 0 on an empty dim */
     }
     full_starts[a] = len ? s : 0;
     full_steps[a] = st;

@@ -2,7 +2,14 @@
  * there) back into a module. One statement per line; `//` starts a comment. Operands may
  * name values defined further down (they are resolved at the end), so a use before its
  * definition parses and is left to the verifier to report. The first error stops parsing
- * and is reported as "file:LINE:COL: message"; bad text never crashes the parser. */
+ * and is reported as "file:LINE:COL: message"; bad text never crashes the parser.
+ *
+ * Trust: a .tir file is treated like an ONNX model with external data. Its `blob` lines
+ * name files relative to the .tir file's own folder (the current folder for stdin), and
+ * only files inside it: no absolute path, no '..', no symlink leading out
+ * (tp_add_folder_blob, the rule of ONNX external data). Constant folding prints blob bytes
+ * into its output, so a .tir from elsewhere must not reach files outside its folder.
+ * Text parsed without a path (tp_parse_module with path NULL) may name no blob at all. */
 #include "ir.h"
 
 #include <errno.h>
@@ -29,6 +36,7 @@ typedef struct {
   const char *text; /* NUL-terminated copy of the input */
   size_t len, pos;
   const char *path;
+  char *dir; /* the folder blob files lie in, or NULL: blobs refused */
   TpDiag *d;
   TpModule *m;
   bool failed;
@@ -270,16 +278,18 @@ static int expect_eol(Parser *p) {
 
 /* ---- types, origins, values ---- */
 
-/* Elements of a type: -1 if a dim is unknown, -2 if there are 2^40 or more. */
+/* Elements of a type: -1 if a dim is unknown, -2 if the non-zero dims make 2^40 or more
+ * (bounding the dims of an empty tensor too). */
 static int64_t known_numel(const TpType *t) {
   int64_t n = 1;
-  for (int i = 0; i < t->rank; i++)
-    if (t->dims[i] < 0) return -1;
+  bool empty = false;
   for (int i = 0; i < t->rank; i++) {
+    if (t->dims[i] < 0) return -1;
     if (t->dims[i] && n > (INT64_C(1) << 40) / t->dims[i]) return -2;
-    n *= t->dims[i];
+    if (t->dims[i]) n *= t->dims[i];
+    empty |= t->dims[i] == 0;
   }
-  return n;
+  return empty ? 0 : n;
 }
 
 /* dtype[dim, name=dim, ...] or `?` for a type not inferred yet. */
@@ -674,16 +684,11 @@ static int parse_blob(Parser *p) {
   if (n != p->nfile_blobs) return fail_at(p, at, "expected blob %d next", p->nfile_blobs);
   size_t path_at = (skip_space(p), p->pos);
   if (parse_string(p)) return TP_ERR_INPUT;
-  char where[512];
-  const char *file = p->d->file;
-  location(p, path_at, where, sizeof where);
-  p->d->file = where; /* its errors point at the blob line */
-  int blob = tp_add_file_blob(p->m, p->word, p->d);
-  p->d->file = file;
-  if (blob < 0) {
-    p->failed = true;
-    return TP_ERR_INPUT;
-  }
+  if (!p->dir) return fail_at(p, path_at, "blob files are refused here (the text has no folder)");
+  if (!*p->word) return fail_at(p, path_at, "blob file name is empty");
+  char why[300];
+  int blob = tp_add_folder_blob(p->m, p->dir, p->word, "the IR file's folder", why, sizeof why);
+  if (blob < 0) return fail_at(p, path_at, "blob file '%s' %s", p->word, why);
   p->file_blobs = realloc(p->file_blobs, (size_t)(p->nfile_blobs + 1) * sizeof *p->file_blobs);
   TP_ASSERT(p->file_blobs);
   p->file_blobs[p->nfile_blobs++] = blob;
@@ -781,10 +786,16 @@ int tp_parse_module(const char *text, size_t len, const char *path, TpModule **o
   memcpy(copy, text, len);
   copy[len] = 0;
   Parser p = {.text = copy, .len = len, .path = path ? path : "<input>", .d = d};
+  if (path) { /* the folder of path: blob files lie there */
+    const char *slash = strrchr(path, '/');
+    p.dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    TP_ASSERT(p.dir);
+  }
   p.m = tp_module_new(NULL);
   int rc = parse_all(&p);
   if (rc == TP_OK && p.failed) rc = TP_ERR_INPUT;
   free(copy);
+  free(p.dir);
   free(p.word);
   free(p.file_blobs);
   free(p.fixups);
@@ -799,28 +810,28 @@ int tp_parse_module(const char *text, size_t len, const char *path, TpModule **o
 }
 
 int tp_parse_file(const char *path, TpModule **out, TpDiag *d) {
-  bool use_stdin = strcmp(path, "-") == 0;
-  FILE *f = use_stdin ? stdin : fopen(path, "rb");
   *out = NULL;
-  if (!f) return tp_error(d, "cannot open '%s': %s", path, strerror(errno));
-  char *text = NULL;
-  size_t len = 0, cap = 0, n;
-  do {
-    if (len == cap) {
-      cap = cap ? 2 * cap : 1 << 16;
-      text = realloc(text, cap);
-      TP_ASSERT(text);
-    }
-    n = fread(text + len, 1, cap - len, f);
-    len += n;
-  } while (n > 0);
-  bool bad = ferror(f);
-  if (!use_stdin) fclose(f);
-  if (bad) {
+  if (strcmp(path, "-") == 0) { /* stdin: whatever it is, the user asked for it */
+    char *text = NULL;
+    size_t len = 0, cap = 0, n;
+    do {
+      if (len == cap) {
+        cap = cap ? 2 * cap : 1 << 16;
+        text = realloc(text, cap);
+        TP_ASSERT(text);
+      }
+      n = fread(text + len, 1, cap - len, stdin);
+      len += n;
+    } while (n > 0);
+    int rc = ferror(stdin) ? tp_error(d, "cannot read stdin") : tp_parse_module(text, len, "<stdin>", out, d);
     free(text);
-    return tp_error(d, "cannot read '%s'", path);
+    return rc;
   }
-  int rc = tp_parse_module(text, len, use_stdin ? "<stdin>" : path, out, d);
+  char why[256];
+  size_t len;
+  char *text = tp_read_input(path, &len, why, sizeof why); /* a FIFO is refused, not waited on */
+  if (!text) return tp_error(d, "cannot open '%s': %s", path, why);
+  int rc = tp_parse_module(text, len, path, out, d);
   free(text);
   return rc;
 }
