@@ -315,7 +315,7 @@ static int parse_type(Parser *p, TpType *t) {
     if (!accept(p, '?') && parse_int_in(p, 0, INT64_MAX, "dimension", &dim)) return TP_ERR_INPUT;
     t->dims[t->rank++] = dim;
   } while (accept(p, ','));
-  if (known_numel(t) == -2) return fail_at(p, at, "tensor too large (2^40 elements or more)");
+  if (known_numel(t) == -2) return fail_at(p, at, "tensor too large (its non-zero dims multiply to 2^40 or more)");
   return expect(p, ']');
 }
 
