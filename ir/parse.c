@@ -465,7 +465,8 @@ static int parse_dense(Parser *p, const TpType *t, uint8_t *data, int64_t numel)
     if (n != numel) return fail(p, "%lld elements for a type of %lld", (long long)n, (long long)numel);
   } else {
     if (numel > 0 && parse_elem(p, t->dtype, data)) return TP_ERR_INPUT;
-    for (int64_t i = 1; i < numel; i++) memcpy(data + i * size, data, size);
+    for (int64_t have = 1; have < numel; have *= 2) /* doubling copies: a big splat fills fast */
+      memcpy(data + have * size, data, (size_t)(have < numel - have ? have : numel - have) * size);
   }
   return expect(p, '>');
 }
@@ -502,13 +503,17 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
                      p->m->blobs[blob].size);
   } else if (accept_keyword(p, "dense")) {
     if (expect(p, '<')) return TP_ERR_INPUT;
-    if (bytes > (INT64_C(1) << 30)) return fail_at(p, type_at, "inline constant above 1 GiB");
+    /* the largest constant tokpipec makes itself is 256 MiB (importer; folding: 64 MiB): a
+       bigger splat is a few bytes of text that would cost seconds and gigabytes */
+    if (bytes > (INT64_C(1) << 28)) return fail_at(p, type_at, "inline constant above 256 MiB");
     uint8_t *data = calloc(1, bytes ? (size_t)bytes : 1);
     if (!data) return fail_at(p, type_at, "out of memory for an inline constant");
     int rc = parse_dense(p, &t, data, numel);
-    if (rc == TP_OK) blob = tp_add_owned_blob(p->m, data, (size_t)bytes);
-    free(data);
-    if (rc) return rc;
+    if (rc) {
+      free(data);
+      return rc;
+    }
+    blob = tp_add_blob(p->m, (TpBlob){.base = data, .size = (size_t)bytes, .owned = true}); /* no second copy */
   } else {
     return fail(p, "expected 'blob' or 'dense'");
   }
