@@ -171,6 +171,13 @@ def frontend_models():
         outs.append((f"y{i}", x[start:end:step]))
     save_run(model(nodes, [vi("x", [5])], [vi(n, list(a.shape)) for n, a in outs], inits),
              "extreme/slice", [("x", x)], outs)
+    # a backward slice of an empty dim is empty (clamping must not make it one element)
+    x = np.zeros((0, 2), np.float32)
+    inits = [numpy_helper.from_array(np.array([v], np.int64), k)
+             for k, v in (("starts", -1), ("ends", I64_MIN), ("axes", 0), ("steps", -1))]
+    save_run(model([helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"], name="slice")],
+                   [vi("x", [0, 2])], [vi("y", [0, 2])], inits),
+             "extreme/slice_empty", [("x", x)], [("y", x[-1:I64_MIN:-1])])
     x = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
     nodes, inits, outs = [], [], []
     for i, (k, upper) in enumerate(((I64_MAX, 1), (I64_MAX, 0), (I64_MIN, 1), (I64_MIN, 0), (-2, 1), (2, 0))):
