@@ -158,6 +158,11 @@ def frontend_models():
     save(model([helper.make_node("Abs", ["x"], ["y"], name="abs\x1b[31mred")],
                [vi("x", [2])], [vi("y", [2])]), "esc_node_name.onnx")
 
+    # an output name holding ESC: tokpipe-run's verdict line shows it escaped
+    x = np.array([-1, 2], np.float32)
+    save_run(model([helper.make_node("Relu", ["x"], ["y\x1b[2J"], name="relu")], [vi("x", [2])], [vi("y\x1b[2J", [2])]),
+             "esc_output", [("x", x)], [("y\x1b[2J", np.maximum(x, 0))])
+
     # legal but extreme values: tokpipe-run must give numpy's (ONNX's) result
     x = np.arange(5, dtype=np.float32)
     slices = [(3, I64_MIN, I64_MIN), (0, 0, I64_MIN), (1, I64_MAX, 2), (I64_MIN, I64_MAX, I64_MAX),
