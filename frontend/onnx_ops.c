@@ -36,13 +36,12 @@ static int const_shape(Importer *I, Node *N, int k, const char *what, int64_t *d
   int n, rc = const_ints(I, N, k, what, v, &n);
   if (rc) return rc;
   if (n > TP_MAX_RANK) return node_error(I, N, "'%s' has %d dims; tokpipec supports rank <= %d", what, n, TP_MAX_RANK);
-  int64_t numel = 1;
   for (int i = 0; i < n; i++) {
     if (v[i] < 0) return node_error(I, N, "'%s' has negative dim %lld", what, (long long)v[i]);
-    if (v[i] && numel > INT64_MAX / 16 / v[i]) return node_error(I, N, "'%s' is too large", what);
-    numel *= v[i];
     dims[i] = v[i];
   }
+  TpType t = tp_type_make(TP_F32, n, dims);
+  if (!tp_type_size_ok(&t)) return node_error(I, N, "'%s' is too large", what); /* empty ones too */
   *rank = n;
   return TP_OK;
 }

@@ -158,6 +158,11 @@ def frontend_models():
     save(model([helper.make_node("Abs", ["x"], ["y"], name="abs\x1b[31mred")],
                [vi("x", [2])], [vi("y", [2])]), "esc_node_name.onnx")
 
+    # an empty shape with huge dims: bounded like any other
+    shape = numpy_helper.from_array(np.array([0, 2**62, 2**62], np.int64), "shape")
+    save(model([helper.make_node("ConstantOfShape", ["shape"], ["y"], name="fill")], [],
+               [vi("y", [0, 2**62, 2**62])], [shape]), "empty_huge_shape.onnx")
+
     # an output name holding ESC: tokpipe-run's verdict line shows it escaped
     x = np.array([-1, 2], np.float32)
     save_run(model([helper.make_node("Relu", ["x"], ["y\x1b[2J"], name="relu")], [vi("x", [2])], [vi("y\x1b[2J", [2])]),
