@@ -148,6 +148,7 @@ static int import_reshape(Importer *I, Node *N) {
   }
   if (known != numel) return node_error(I, N, "cannot reshape %lld elements into %lld", (long long)numel, (long long)known);
   out.rank = n;
+  if (!tp_type_size_ok(&out)) return node_error(I, N, "shape is too large"); /* an empty one's dims too */
   memset(out.dimnames, 0, sizeof out.dimnames);
   return emit_reshape(I, N, N->in[0], out);
 }

@@ -163,6 +163,10 @@ def frontend_models():
     save(model([helper.make_node("ConstantOfShape", ["shape"], ["y"], name="fill")], [],
                [vi("y", [0, 2**62, 2**62])], [shape]), "empty_huge_shape.onnx")
 
+    shape = numpy_helper.from_array(np.array([0, 2**62, 2**62], np.int64), "shape")
+    save(model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape", allowzero=1)], [vi("x", [0])],
+               [vi("y", [0, 2**62, 2**62])], [shape]), "reshape_empty_huge.onnx")
+
     # an output name holding ESC: tokpipe-run's verdict line shows it escaped
     x = np.array([-1, 2], np.float32)
     save_run(model([helper.make_node("Relu", ["x"], ["y\x1b[2J"], name="relu")], [vi("x", [2])], [vi("y\x1b[2J", [2])]),
