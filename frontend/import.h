@@ -24,26 +24,17 @@ typedef struct {
   int64_t offset, size;
 } RawSpan;
 
-/* An external-data file already mapped. */
-typedef struct {
-  char *real; /* realpath */
-  int blob;
-} MappedFile;
-
 typedef struct {
   TpModule *m;
   TpDiag *d;
   const TpImportOptions *o;
   const char *path; /* the model as named by the user, or NULL */
-  char *dir_real;   /* realpath of the model's folder; NULL: external data refused */
-  char *dir;        /* the model's folder as named by the user */
+  char *dir;        /* the model's folder as named by the user; NULL: external data refused */
   int opset;
   int model_blob;   /* the model bytes, or -1 */
   RawSpan *raw;     /* per graph initializer */
   int nraw;
   NameMap names;
-  MappedFile *files;
-  int nfiles;
 } Importer;
 
 /* One ONNX node being lowered. */
@@ -69,6 +60,12 @@ typedef struct {
   int min_in, max_in, max_out; /* the ONNX node's arity */
 } OpRow;
 const OpRow *tp_onnx_find_op(const char *op_type, int opset, int *first_since);
+
+/* onnx_import.c: the model's folder (malloc'ed; "." or "/" where path names none) and
+ * its file name there: blobs are named relative to that folder (ONNX external data, and
+ * so the textual IR) */
+char *model_dir(const char *path);
+const char *model_file_name(const char *path);
 
 /* onnx_import.c: helpers for the lowerings */
 int node_error(Importer *I, const Node *N, const char *fmt, ...)

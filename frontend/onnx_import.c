@@ -5,12 +5,9 @@
  * lie in the model file or an external-data file. */
 #include "import.h"
 
-#include <errno.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ONNX raw data is little-endian");
 
@@ -186,14 +183,12 @@ static int tensor_type(TpDiag *d, const TpOrigin *at, int opset, const Onnx__Ten
     return err_at(d, at, opset, "%s has rank %zu; tokpipec supports rank <= %d", what, t->n_dims,
                   TP_MAX_RANK);
   type->rank = (int)t->n_dims;
-  int64_t bytes = (int64_t)tp_dtype_size(type->dtype);
   for (int i = 0; i < type->rank; i++) {
     int64_t n = t->dims[i];
     if (n < 0) return err_at(d, at, opset, "%s has negative dim %d (%lld)", what, i, (long long)n);
-    if (n && bytes > INT64_MAX / 2 / n) return err_at(d, at, opset, "%s is too large", what);
-    bytes *= n;
     type->dims[i] = n;
   }
+  if (!tp_type_size_ok(type)) return err_at(d, at, opset, "%s is too large", what);
   if (t->segment) return err_at(d, at, opset, "%s is segmented; tokpipec does not support that", what);
   return TP_OK;
 }
@@ -242,73 +237,37 @@ static const char *external_key(const Onnx__TensorProto *t, const char *key) {
   return v;
 }
 
-/* A decimal offset or length; false if malformed. */
-static bool parse_u63(const char *s, int64_t *out) {
+/* A decimal offset or length into *out; NULL, or what is wrong with it. */
+static const char *parse_u63(const char *s, int64_t *out) {
   int64_t v = 0;
-  if (!s || !*s) return false;
+  if (*s == '-' && s[1] >= '0' && s[1] <= '9' && !s[1 + strspn(s + 1, "0123456789")]) return "is negative";
+  if (!*s || s[strspn(s, "0123456789")]) return "is not a number";
   for (; *s; s++) {
-    if (*s < '0' || *s > '9' || v > (INT64_MAX - 9) / 10) return false;
+    if (v > (INT64_MAX - (*s - '0')) / 10) return "is out of range";
     v = v * 10 + (*s - '0');
   }
   *out = v;
-  return true;
+  return NULL;
 }
 
 /* The blob and offset of an external-data tensor of `bytes` bytes. The file must lie in the
- * model's folder: no absolute path, no `..`, no symlink leading out. Mapping is lazy, so the
- * weights themselves are not read. */
+ * model's folder (tp_add_folder_blob: no absolute path, no `..`, no symlink leading out).
+ * Mapping is lazy, so the weights themselves are not read. */
 static int external_blob(Importer *I, const Onnx__TensorProto *t, const TpOrigin *at,
                          const char *what, int64_t bytes, int *blob, int64_t *offset) {
   TpDiag *d = I->d;
-  const char *loc = external_key(t, "location");
-  if (!I->dir_real) return err_at(d, at, I->opset, "%s: external data needs the model's folder", what);
+  const char *loc = external_key(t, "location"), *problem;
+  char why[300];
+  if (!I->dir) return err_at(d, at, I->opset, "%s: external data needs the model's folder", what);
   if (!loc || !*loc) return err_at(d, at, I->opset, "%s: external data has no location", what);
-  if (loc[0] == '/') return err_at(d, at, I->opset, "%s: external data location '%s' is an absolute path", what, loc);
-  for (const char *s = loc; *s;) {
-    size_t n = strcspn(s, "/\\");
-    if (n == 2 && s[0] == '.' && s[1] == '.')
-      return err_at(d, at, I->opset, "%s: external data location '%s' leaves the model's folder", what, loc);
-    s += n;
-    if (*s) s++;
-  }
-  size_t plen = strlen(I->dir) + strlen(loc) + 2;
-  char *path = tp_alloc(I->m, plen);
-  snprintf(path, plen, "%s/%s", I->dir, loc);
-  char *real = realpath(path, NULL);
-  if (!real) return err_at(d, at, I->opset, "%s: external data file '%s': %s", what, path, strerror(errno));
-  size_t dl = strlen(I->dir_real);
-  bool inside = strncmp(real, I->dir_real, dl) == 0 && (real[dl] == '/' || (dl == 1 && dl < strlen(real)));
-  if (!inside) {
-    free(real);
-    return err_at(d, at, I->opset, "%s: external data location '%s' resolves outside the model's folder", what, loc);
-  }
-  *blob = -1;
-  for (int i = 0; i < I->nfiles; i++)
-    if (strcmp(I->files[i].real, real) == 0) *blob = I->files[i].blob;
-  if (*blob < 0) {
-    struct stat st;
-    if (stat(real, &st) != 0 || !S_ISREG(st.st_mode)) {
-      free(real);
-      return err_at(d, at, I->opset, "%s: external data file '%s' is not a regular file", what, path);
-    }
-    *blob = tp_add_file_blob(I->m, path, d);
-    if (*blob < 0) {
-      free(real);
-      return TP_ERR_INPUT;
-    }
-    MappedFile *grown = realloc(I->files, (size_t)(I->nfiles + 1) * sizeof *grown);
-    TP_ASSERT(grown);
-    I->files = grown;
-    I->files[I->nfiles++] = (MappedFile){real, *blob};
-  } else {
-    free(real);
-  }
+  *blob = tp_add_folder_blob(I->m, I->dir, loc, "the model's folder", why, sizeof why);
+  if (*blob < 0) return err_at(d, at, I->opset, "%s: external data location '%s' %s", what, loc, why);
   int64_t off = 0, len = bytes;
   const char *s_off = external_key(t, "offset"), *s_len = external_key(t, "length");
-  if (s_off && !parse_u63(s_off, &off))
-    return err_at(d, at, I->opset, "%s: external data offset '%s' is not a number", what, s_off);
-  if (s_len && !parse_u63(s_len, &len))
-    return err_at(d, at, I->opset, "%s: external data length '%s' is not a number", what, s_len);
+  if (s_off && (problem = parse_u63(s_off, &off)))
+    return err_at(d, at, I->opset, "%s: external data offset '%s' %s", what, s_off, problem);
+  if (s_len && (problem = parse_u63(s_len, &len)))
+    return err_at(d, at, I->opset, "%s: external data length '%s' %s", what, s_len, problem);
   if (len != bytes)
     return err_at(d, at, I->opset, "%s: external data length %lld does not match its shape (%lld bytes)",
                   what, (long long)len, (long long)bytes);
@@ -424,7 +383,7 @@ int attr_string(Importer *I, const Node *N, const char *name, const char *dflt, 
   *out = dflt;
   if (!a) return TP_OK;
   if (attr_check(I, N, a, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING)) return TP_ERR_INPUT;
-  if (memchr(a->s.data, 0, a->s.len))
+  if (a->s.len && memchr(a->s.data, 0, a->s.len)) /* an empty string has no data */
     return node_error(I, N, "attribute '%s' holds a NUL byte", name);
   char *s = tp_alloc(I->m, a->s.len + 1);
   if (a->s.len) memcpy(s, a->s.data, a->s.len);
@@ -630,12 +589,7 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
                         (long long)token_dims[i], i ? "" : " rows");
     }
   }
-  int64_t numel = 1;
-  for (int i = 0; i < type.rank; i++) {
-    if (type.dims[i] < 0 || (type.dims[i] && numel > INT64_MAX / 16 / type.dims[i]))
-      return tp_error(d, "input '%s' is too large or has a negative dim", name);
-    numel *= type.dims[i];
-  }
+  if (!tp_type_size_ok(&type)) return tp_error(d, "input '%s' is too large or has a negative dim", name);
   if (b) {
     TpType bt = tp_type_make(b->value.dtype, b->value.rank, b->value.dims);
     if (!tp_type_equal(&type, &bt)) {
@@ -648,6 +602,43 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
   tp_add_input(I->m, v);
   map_put(&I->names, name, v);
   return TP_OK;
+}
+
+/* ONNX lets a graph input share its name with an initializer (the initializer is then the
+ * input's default value); tokpipec takes the initializer, so the input must declare its
+ * type, where it declares one. */
+static int check_initializer_input(Importer *I, const Onnx__ValueInfoProto *vi, const Onnx__TensorProto *init) {
+  TpType it;
+  char what[300];
+  snprintf(what, sizeof what, "initializer '%s'", vi->name);
+  int rc = tensor_type(I->d, NULL, I->opset, init, what, &it);
+  if (rc) return rc;
+  const Onnx__TypeProto *tp = vi->type;
+  if (!tp || tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type) return TP_OK;
+  const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
+  TpDType dtype = tt->elem_type ? dtype_from_onnx(tt->elem_type) : it.dtype;
+  bool differs = dtype != it.dtype;
+  /* the declared type as text: a symbolic dim by its name, matching any size */
+  char declared[200], have[160];
+  const char *dt = tp_dtype_name(dtype);
+  size_t len = dt ? (size_t)snprintf(declared, sizeof declared, "%s", dt)
+                  : (size_t)snprintf(declared, sizeof declared, "element type %d", (int)tt->elem_type);
+  if (tt->shape) {
+    differs |= tt->shape->n_dim != (size_t)it.rank;
+    for (size_t i = 0; i < tt->shape->n_dim && len < sizeof declared; i++) {
+      const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[i];
+      bool fixed = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+      differs |= fixed && (i >= (size_t)it.rank || dim->dim_value != it.dims[i]);
+      const char *sep = i ? ", " : "[";
+      if (fixed) len += (size_t)snprintf(declared + len, sizeof declared - len, "%s%lld", sep, (long long)dim->dim_value);
+      else len += (size_t)snprintf(declared + len, sizeof declared - len, "%s%s", sep,
+                                   dim->dim_param && *dim->dim_param ? dim->dim_param : "?");
+    }
+    if (len < sizeof declared) snprintf(declared + len, sizeof declared - len, tt->shape->n_dim ? "]" : "[]");
+  }
+  if (!differs) return TP_OK;
+  return tp_error(I->d, "graph input '%s' is declared %s but its initializer (the value tokpipec uses) is %s",
+                  vi->name, declared, tp_type_str(&it, have, sizeof have));
 }
 
 /* ---- nodes ---- */
@@ -855,18 +846,20 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
     return tp_error(I->d, "sparse initializer '%s' is not supported", g->sparse_initializer[0]->values &&
                     g->sparse_initializer[0]->values->name ? g->sparse_initializer[0]->values->name : "");
   if (I->nraw >= 0 && (size_t)I->nraw != g->n_initializer) I->nraw = -1;
-  /* initializer names first: a graph input that has one is not an input */
+  /* initializer names first (as -2 - index): a graph input that has one is not an input */
   for (size_t i = 0; i < g->n_initializer; i++) {
     const char *name = g->initializer[i]->name;
     if (!name || !*name) return tp_error(I->d, "initializer %zu has no name", i);
     if (map_has(&I->names, name)) return tp_error(I->d, "initializer '%s' is defined twice", name);
-    map_put(&I->names, name, -1);
+    map_put(&I->names, name, -2 - (int)i);
   }
   for (size_t i = 0; i < g->n_input; i++) {
     const char *name = g->input[i]->name;
     if (!name || !*name) return tp_error(I->d, "input %zu has no name", i);
     if (map_has(&I->names, name)) {
-      if (map_get(&I->names, name) >= 0) return tp_error(I->d, "input '%s' is listed twice", name);
+      int v = map_get(&I->names, name);
+      if (v >= 0) return tp_error(I->d, "input '%s' is listed twice", name);
+      if ((rc = check_initializer_input(I, g->input[i], g->initializer[-2 - v]))) return rc;
       continue;
     }
     if ((rc = import_input(I, g->input[i]))) return rc;
@@ -905,6 +898,21 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
   return pass_dce(m, I->d);
 }
 
+char *model_dir(const char *path) {
+  const char *slash = strrchr(path, '/');
+  size_t n = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+  char *dir = malloc(n + 1);
+  TP_ASSERT(dir);
+  memcpy(dir, !slash ? "." : slash == path ? "/" : path, n);
+  dir[n] = 0;
+  return dir;
+}
+
+const char *model_file_name(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
 /* Decodes bytes[0..size) (the content of model_blob, or -1 when not mapped). */
 static int import_bytes(const uint8_t *bytes, size_t size, const char *path, int model_blob,
                         const TpImportOptions *o, TpModule *m, TpDiag *d) {
@@ -913,25 +921,13 @@ static int import_bytes(const uint8_t *bytes, size_t size, const char *path, int
   Onnx__ModelProto *model = onnx__model_proto__unpack(NULL, size, bytes);
   if (!model)
     return tp_error(d, "cannot decode the file as an ONNX model (truncated, or not protobuf)");
-  if (path) {
-    const char *slash = strrchr(path, '/');
-    size_t n = slash ? (size_t)(slash - path) : 1;
-    I.dir = malloc(n + 1);
-    TP_ASSERT(I.dir);
-    memcpy(I.dir, slash ? path : ".", n);
-    I.dir[n] = 0;
-    if (slash && n == 0) strcpy(I.dir, "/");
-    I.dir_real = realpath(I.dir, NULL);
-  }
+  if (path) I.dir = model_dir(path);
   locate_raw_data(&I, bytes, size);
   rc = import_graph(&I, model);
   onnx__model_proto__free_unpacked(model, NULL);
   map_free(&I.names);
-  for (int i = 0; i < I.nfiles; i++) free(I.files[i].real);
-  free(I.files);
   free(I.raw);
   free(I.dir);
-  free(I.dir_real);
   return rc;
 }
 
@@ -955,7 +951,7 @@ int tp_import_onnx_file(const char *path, const TpImportOptions *o, TpModule **o
   TpModule *m = tp_module_new(path);
   const char *file = d->file;
   d->file = path;
-  int blob = tp_add_file_blob(m, path, d);
+  int blob = tp_add_file_blob(m, path, model_file_name(path), d);
   d->file = file;
   if (blob < 0) {
     tp_module_free(m);
@@ -978,24 +974,15 @@ int tp_read_tensor_pb(const char *path, TpTensor *out, char **name, TpDiag *d) {
   const char *file = d->file;
   d->file = path;
   int rc = TP_OK;
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    rc = tp_error(d, "cannot open: %s", strerror(errno));
+  char why[256];
+  size_t len;
+  char *buf = tp_read_input(path, &len, why, sizeof why); /* a FIFO is refused, not waited on */
+  if (!buf) {
+    rc = tp_error(d, "cannot open: %s", why);
     d->file = file;
     return rc;
   }
-  size_t cap = 1 << 16, len = 0, got;
-  uint8_t *buf = malloc(cap);
-  TP_ASSERT(buf);
-  while ((got = fread(buf + len, 1, cap - len, f)) > 0) {
-    len += got;
-    if (len == cap) {
-      buf = realloc(buf, cap *= 2);
-      TP_ASSERT(buf);
-    }
-  }
-  fclose(f);
-  Onnx__TensorProto *t = onnx__tensor_proto__unpack(NULL, len, buf);
+  Onnx__TensorProto *t = onnx__tensor_proto__unpack(NULL, len, (const uint8_t *)buf);
   free(buf);
   if (!t) {
     rc = tp_error(d, "cannot decode the file as an ONNX TensorProto");

@@ -36,13 +36,12 @@ static int const_shape(Importer *I, Node *N, int k, const char *what, int64_t *d
   int n, rc = const_ints(I, N, k, what, v, &n);
   if (rc) return rc;
   if (n > TP_MAX_RANK) return node_error(I, N, "'%s' has %d dims; tokpipec supports rank <= %d", what, n, TP_MAX_RANK);
-  int64_t numel = 1;
   for (int i = 0; i < n; i++) {
     if (v[i] < 0) return node_error(I, N, "'%s' has negative dim %lld", what, (long long)v[i]);
-    if (v[i] && numel > INT64_MAX / 16 / v[i]) return node_error(I, N, "'%s' is too large", what);
-    numel *= v[i];
     dims[i] = v[i];
   }
+  TpType t = tp_type_make(TP_F32, n, dims);
+  if (!tp_type_size_ok(&t)) return node_error(I, N, "'%s' is too large", what); /* empty ones too */
   *rank = n;
   return TP_OK;
 }
@@ -149,6 +148,7 @@ static int import_reshape(Importer *I, Node *N) {
   }
   if (known != numel) return node_error(I, N, "cannot reshape %lld elements into %lld", (long long)numel, (long long)known);
   out.rank = n;
+  if (!tp_type_size_ok(&out)) return node_error(I, N, "shape is too large"); /* an empty one's dims too */
   memset(out.dimnames, 0, sizeof out.dimnames);
   return emit_reshape(I, N, N->in[0], out);
 }
@@ -339,7 +339,7 @@ static int import_slice(Importer *I, Node *N) {
       int64_t mag = st == INT64_MIN ? INT64_MAX : -st;
       s = clamp(s, 0, dim - 1);
       e = clamp(e, -1, dim - 1);
-      len = s > e ? (s - e - 1) / mag + 1 : 0;
+      len = dim > 0 && s > e ? (s - e - 1) / mag + 1 : 0; /* clamping made s 0 on an empty dim */
     }
     full_starts[a] = len ? s : 0;
     full_steps[a] = st;

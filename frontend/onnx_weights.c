@@ -45,7 +45,7 @@ int tp_onnx_weights_open(const char *path, TpOnnxWeights **out, TpDiag *d) {
   TP_ASSERT(w);
   w->m = tp_module_new(path);
   w->path = tp_strdup(w->m, path);
-  int blob = tp_add_file_blob(w->m, path, d);
+  int blob = tp_add_file_blob(w->m, path, model_file_name(path), d);
   if (blob >= 0)
     w->model = onnx__model_proto__unpack(NULL, w->m->blobs[blob].size, w->m->blobs[blob].base);
   d->file = file;
@@ -59,13 +59,7 @@ int tp_onnx_weights_open(const char *path, TpOnnxWeights **out, TpDiag *d) {
     return TP_ERR_INPUT;
   }
   /* external data is resolved against the model's folder, as the importer does */
-  const char *slash = strrchr(path, '/');
-  char *dir = tp_alloc(w->m, strlen(path) + 2);
-  if (!slash) strcpy(dir, ".");
-  else if (slash == path) strcpy(dir, "/");
-  else memcpy(dir, path, (size_t)(slash - path));
-  w->I = (Importer){.m = w->m, .path = w->path, .dir = dir, .dir_real = realpath(dir, NULL),
-                    .model_blob = -1, .nraw = -1};
+  w->I = (Importer){.m = w->m, .path = w->path, .dir = model_dir(path), .model_blob = -1, .nraw = -1};
   *out = w;
   return TP_OK;
 }
@@ -73,9 +67,7 @@ int tp_onnx_weights_open(const char *path, TpOnnxWeights **out, TpDiag *d) {
 void tp_onnx_weights_close(TpOnnxWeights *w) {
   if (!w) return;
   if (w->model) onnx__model_proto__free_unpacked(w->model, NULL);
-  for (int i = 0; i < w->I.nfiles; i++) free(w->I.files[i].real);
-  free(w->I.files);
-  free(w->I.dir_real);
+  free(w->I.dir);
   tp_module_free(w->m);
   free(w);
 }

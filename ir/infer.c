@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include "../runtime/cpu/layout.h"
+
 typedef struct {
   TpModule *m;
   int op;
@@ -29,13 +31,9 @@ static const char *type_str(const TpType *t, char *buf) { return tp_type_str(t, 
 static int set_result(const Ctx *c, int i, TpType t) {
   TpType *r = result(c, i);
   if (!r) return TP_OK;
-  int64_t numel = 1; /* sizes must stay addressable: a corrupt model must not overflow them */
-  for (int k = 0; k < t.rank; k++) {
-    if (t.dims[k] < 0 || (t.dims[k] && numel > (INT64_C(1) << 50) / t.dims[k])) {
-      char want[256];
-      return tp_error_op(c->d, c->m, c->op, "result %d would be %s: too large", i, type_str(&t, want));
-    }
-    numel *= t.dims[k];
+  if (!tp_type_size_ok(&t)) { /* sizes must stay addressable: a corrupt model must not overflow them */
+    char want[256];
+    return tp_error_op(c->d, c->m, c->op, "result %d would be %s: too large", i, type_str(&t, want));
   }
   if (r->dtype == TP_UNDEF) {
     *r = t;
@@ -310,8 +308,8 @@ static int infer_slice(const Ctx *c) {
   if (ns != x->rank || nt != x->rank || r->rank != x->rank || r->dtype != x->dtype)
     return tp_error_op(c->d, c->m, c->op, "starts, steps and result must have the operand's rank %d", x->rank);
   for (int i = 0; i < x->rank; i++) {
-    int64_t n = r->dims[i], last = starts[i] + (n - 1) * steps[i];
-    if (n < 0 || steps[i] == 0 || (n > 0 && (starts[i] < 0 || starts[i] >= x->dims[i] || last < 0 || last >= x->dims[i])))
+    int64_t n = r->dims[i];
+    if (steps[i] == 0 || !tp_slice_fits(starts[i], steps[i], n, x->dims[i]))
       return tp_error_op(c->d, c->m, c->op, "slice of dim %d (start %lld, step %lld, %lld elements) leaves [0, %lld)",
                          i, (long long)starts[i], (long long)steps[i], (long long)n, (long long)x->dims[i]);
     if (n == x->dims[i] && steps[i] == 1 && !r->dimnames[i]) r->dimnames[i] = x->dimnames[i];
@@ -425,7 +423,7 @@ static int infer_attention(const Ctx *c) {
     if (k->dims[2] / hkv != dq || v->dims[1] != l)
       return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's head size or each other");
   }
-  if (k->dims[0] != batch || v->dims[0] != batch || hq % hkv)
+  if (k->dims[0] != batch || v->dims[0] != batch || hkv <= 0 || hq % hkv)
     return tp_error_op(c->d, c->m, c->op, "batch sizes differ or q heads are not a multiple of kv heads");
   int64_t past = 0;
   if ((past_k == NULL) != (past_v == NULL))
@@ -438,6 +436,7 @@ static int infer_attention(const Ctx *c) {
       return tp_error_op(c->d, c->m, c->op, "past_key/past_value must be [B, kv_heads, P, head_size]");
   }
   int64_t total = past + l;
+  if (dv && hq > INT64_MAX / dv) return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
   if (mask) {
     TpType scores = {.dtype = mask->dtype, .rank = 4, .dims = {batch, hq, s, total}}, t;
     if (mask->rank > 4 || broadcast(c, mask, &scores, &t)) return TP_ERR_INPUT;
@@ -578,8 +577,7 @@ static int infer_slice_backward(const Ctx *c) {
   if (ns != x->rank || nt != x->rank || dy->rank != x->rank || dy->dtype != x->dtype)
     return tp_error_op(c->d, c->m, c->op, "starts, steps and gradient must have the result's rank %d", x->rank);
   for (int i = 0; i < x->rank; i++) {
-    int64_t n = dy->dims[i], last = starts[i] + (n - 1) * steps[i];
-    if (steps[i] == 0 || (n > 0 && (starts[i] < 0 || starts[i] >= x->dims[i] || last < 0 || last >= x->dims[i])))
+    if (steps[i] == 0 || !tp_slice_fits(starts[i], steps[i], dy->dims[i], x->dims[i]))
       return tp_error_op(c->d, c->m, c->op, "slice of dim %d leaves [0, %lld)", i, (long long)x->dims[i]);
   }
   return TP_OK;
@@ -614,7 +612,7 @@ static int infer_attention_backward(const Ctx *c) {
     return tp_error_op(c->d, c->m, c->op, "Q, K and V must all be 3-D or all 4-D");
   TpType y = *q; /* [B, H, S, Dv] or [B, S, H*Dv] */
   if (q->rank == 4) {
-    if (k->dims[3] != q->dims[3] || q->dims[1] % k->dims[1] || v->dims[1] != k->dims[1] || v->dims[2] != k->dims[2])
+    if (k->dims[3] != q->dims[3] || k->dims[1] <= 0 || q->dims[1] % k->dims[1] || v->dims[1] != k->dims[1] || v->dims[2] != k->dims[2])
       return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's heads or head size");
     y.dims[3] = v->dims[3];
   } else {
@@ -622,7 +620,9 @@ static int infer_attention_backward(const Ctx *c) {
     if (hq <= 0 || hkv <= 0 || hq % hkv || q->dims[2] % hq || k->dims[2] % hkv || v->dims[2] % hkv ||
         k->dims[2] / hkv != q->dims[2] / hq || v->dims[1] != k->dims[1])
       return tp_error_op(c->d, c->m, c->op, "3-D operands need matching q_num_heads and kv_num_heads");
-    y.dims[2] = hq * (v->dims[2] / hkv);
+    int64_t dv = v->dims[2] / hkv;
+    if (dv && hq > INT64_MAX / dv) return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
+    y.dims[2] = hq * dv;
   }
   if (k->dims[0] != q->dims[0] || v->dims[0] != q->dims[0])
     return tp_error_op(c->d, c->m, c->op, "batch sizes differ");

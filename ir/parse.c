@@ -2,7 +2,14 @@
  * there) back into a module. One statement per line; `//` starts a comment. Operands may
  * name values defined further down (they are resolved at the end), so a use before its
  * definition parses and is left to the verifier to report. The first error stops parsing
- * and is reported as "file:LINE:COL: message"; bad text never crashes the parser. */
+ * and is reported as "file:LINE:COL: message"; bad text never crashes the parser.
+ *
+ * Trust: a .tir file is treated like an ONNX model with external data. Its `blob` lines
+ * name files relative to the .tir file's own folder (the current folder for stdin), and
+ * only files inside it: no absolute path, no '..', no symlink leading out
+ * (tp_add_folder_blob, the rule of ONNX external data). Constant folding prints blob bytes
+ * into its output, so a .tir from elsewhere must not reach files outside its folder.
+ * Text parsed without a path (tp_parse_module with path NULL) may name no blob at all. */
 #include "ir.h"
 
 #include <errno.h>
@@ -29,6 +36,7 @@ typedef struct {
   const char *text; /* NUL-terminated copy of the input */
   size_t len, pos;
   const char *path;
+  char *dir; /* the folder blob files lie in, or NULL: blobs refused */
   TpDiag *d;
   TpModule *m;
   bool failed;
@@ -270,16 +278,18 @@ static int expect_eol(Parser *p) {
 
 /* ---- types, origins, values ---- */
 
-/* Elements of a type: -1 if a dim is unknown, -2 if there are 2^40 or more. */
+/* Elements of a type: -1 if a dim is unknown, -2 if the non-zero dims make 2^40 or more
+ * (bounding the dims of an empty tensor too). */
 static int64_t known_numel(const TpType *t) {
   int64_t n = 1;
-  for (int i = 0; i < t->rank; i++)
-    if (t->dims[i] < 0) return -1;
+  bool empty = false;
   for (int i = 0; i < t->rank; i++) {
+    if (t->dims[i] < 0) return -1;
     if (t->dims[i] && n > (INT64_C(1) << 40) / t->dims[i]) return -2;
-    n *= t->dims[i];
+    if (t->dims[i]) n *= t->dims[i];
+    empty |= t->dims[i] == 0;
   }
-  return n;
+  return empty ? 0 : n;
 }
 
 /* dtype[dim, name=dim, ...] or `?` for a type not inferred yet. */
@@ -305,7 +315,7 @@ static int parse_type(Parser *p, TpType *t) {
     if (!accept(p, '?') && parse_int_in(p, 0, INT64_MAX, "dimension", &dim)) return TP_ERR_INPUT;
     t->dims[t->rank++] = dim;
   } while (accept(p, ','));
-  if (known_numel(t) == -2) return fail_at(p, at, "tensor too large (2^40 elements or more)");
+  if (known_numel(t) == -2) return fail_at(p, at, "tensor too large (its non-zero dims multiply to 2^40 or more)");
   return expect(p, ']');
 }
 
@@ -455,7 +465,8 @@ static int parse_dense(Parser *p, const TpType *t, uint8_t *data, int64_t numel)
     if (n != numel) return fail(p, "%lld elements for a type of %lld", (long long)n, (long long)numel);
   } else {
     if (numel > 0 && parse_elem(p, t->dtype, data)) return TP_ERR_INPUT;
-    for (int64_t i = 1; i < numel; i++) memcpy(data + i * size, data, size);
+    for (int64_t have = 1; have < numel; have *= 2) /* doubling copies: a big splat fills fast */
+      memcpy(data + have * size, data, (size_t)(have < numel - have ? have : numel - have) * size);
   }
   return expect(p, '>');
 }
@@ -492,13 +503,17 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
                      p->m->blobs[blob].size);
   } else if (accept_keyword(p, "dense")) {
     if (expect(p, '<')) return TP_ERR_INPUT;
-    if (bytes > (INT64_C(1) << 30)) return fail_at(p, type_at, "inline constant above 1 GiB");
+    /* the largest constant tokpipec makes itself is 256 MiB (importer; folding: 64 MiB): a
+       bigger splat is a few bytes of text that would cost seconds and gigabytes */
+    if (bytes > (INT64_C(1) << 28)) return fail_at(p, type_at, "inline constant above 256 MiB");
     uint8_t *data = calloc(1, bytes ? (size_t)bytes : 1);
     if (!data) return fail_at(p, type_at, "out of memory for an inline constant");
     int rc = parse_dense(p, &t, data, numel);
-    if (rc == TP_OK) blob = tp_add_owned_blob(p->m, data, (size_t)bytes);
-    free(data);
-    if (rc) return rc;
+    if (rc) {
+      free(data);
+      return rc;
+    }
+    blob = tp_add_blob(p->m, (TpBlob){.base = data, .size = (size_t)bytes, .owned = true}); /* no second copy */
   } else {
     return fail(p, "expected 'blob' or 'dense'");
   }
@@ -674,16 +689,11 @@ static int parse_blob(Parser *p) {
   if (n != p->nfile_blobs) return fail_at(p, at, "expected blob %d next", p->nfile_blobs);
   size_t path_at = (skip_space(p), p->pos);
   if (parse_string(p)) return TP_ERR_INPUT;
-  char where[512];
-  const char *file = p->d->file;
-  location(p, path_at, where, sizeof where);
-  p->d->file = where; /* its errors point at the blob line */
-  int blob = tp_add_file_blob(p->m, p->word, p->d);
-  p->d->file = file;
-  if (blob < 0) {
-    p->failed = true;
-    return TP_ERR_INPUT;
-  }
+  if (!p->dir) return fail_at(p, path_at, "blob files are refused here (the text has no folder)");
+  if (!*p->word) return fail_at(p, path_at, "blob file name is empty");
+  char why[300];
+  int blob = tp_add_folder_blob(p->m, p->dir, p->word, "the IR file's folder", why, sizeof why);
+  if (blob < 0) return fail_at(p, path_at, "blob file '%s' %s", p->word, why);
   p->file_blobs = realloc(p->file_blobs, (size_t)(p->nfile_blobs + 1) * sizeof *p->file_blobs);
   TP_ASSERT(p->file_blobs);
   p->file_blobs[p->nfile_blobs++] = blob;
@@ -781,10 +791,16 @@ int tp_parse_module(const char *text, size_t len, const char *path, TpModule **o
   memcpy(copy, text, len);
   copy[len] = 0;
   Parser p = {.text = copy, .len = len, .path = path ? path : "<input>", .d = d};
+  if (path) { /* the folder of path: blob files lie there */
+    const char *slash = strrchr(path, '/');
+    p.dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    TP_ASSERT(p.dir);
+  }
   p.m = tp_module_new(NULL);
   int rc = parse_all(&p);
   if (rc == TP_OK && p.failed) rc = TP_ERR_INPUT;
   free(copy);
+  free(p.dir);
   free(p.word);
   free(p.file_blobs);
   free(p.fixups);
@@ -799,28 +815,28 @@ int tp_parse_module(const char *text, size_t len, const char *path, TpModule **o
 }
 
 int tp_parse_file(const char *path, TpModule **out, TpDiag *d) {
-  bool use_stdin = strcmp(path, "-") == 0;
-  FILE *f = use_stdin ? stdin : fopen(path, "rb");
   *out = NULL;
-  if (!f) return tp_error(d, "cannot open '%s': %s", path, strerror(errno));
-  char *text = NULL;
-  size_t len = 0, cap = 0, n;
-  do {
-    if (len == cap) {
-      cap = cap ? 2 * cap : 1 << 16;
-      text = realloc(text, cap);
-      TP_ASSERT(text);
-    }
-    n = fread(text + len, 1, cap - len, f);
-    len += n;
-  } while (n > 0);
-  bool bad = ferror(f);
-  if (!use_stdin) fclose(f);
-  if (bad) {
+  if (strcmp(path, "-") == 0) { /* stdin: whatever it is, the user asked for it */
+    char *text = NULL;
+    size_t len = 0, cap = 0, n;
+    do {
+      if (len == cap) {
+        cap = cap ? 2 * cap : 1 << 16;
+        text = realloc(text, cap);
+        TP_ASSERT(text);
+      }
+      n = fread(text + len, 1, cap - len, stdin);
+      len += n;
+    } while (n > 0);
+    int rc = ferror(stdin) ? tp_error(d, "cannot read stdin") : tp_parse_module(text, len, "<stdin>", out, d);
     free(text);
-    return tp_error(d, "cannot read '%s'", path);
+    return rc;
   }
-  int rc = tp_parse_module(text, len, use_stdin ? "<stdin>" : path, out, d);
+  char why[256];
+  size_t len;
+  char *text = tp_read_input(path, &len, why, sizeof why); /* a FIFO is refused, not waited on */
+  if (!text) return tp_error(d, "cannot open '%s': %s", path, why);
+  int rc = tp_parse_module(text, len, path, out, d);
   free(text);
   return rc;
 }

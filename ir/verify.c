@@ -60,6 +60,7 @@ static int verify_type(const TpModule *m, int v, TpDiag *d) {
   if (t->rank < 0 || t->rank > TP_MAX_RANK) return tp_error(d, "value %%%s has rank %d", name, t->rank);
   for (int i = 0; i < t->rank; i++)
     if (t->dims[i] < 0) return tp_error(d, "value %%%s has an unknown dimension %d", name, i);
+  if (!tp_type_size_ok(t)) return tp_error(d, "value %%%s is too large", name);
   return TP_OK;
 }
 

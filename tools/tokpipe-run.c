@@ -53,18 +53,15 @@ static char *path_join(const char *dir, const char *name) {
   return p;
 }
 
-static bool is_file(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* How many of prefix_0.pb, prefix_1.pb, ... exist in dir, counting up to the first gap. */
+/* How many of prefix_0.pb, prefix_1.pb, ... exist in dir, counting up to the first gap
+ * (whatever they are: reading one that is not a regular file reports it). */
 static int count_pb(const char *dir, const char *prefix) {
   for (int n = 0;; n++) {
     char name[64];
     snprintf(name, sizeof name, "%s_%d.pb", prefix, n);
     char *p = path_join(dir, name);
-    bool found = is_file(p);
+    struct stat st;
+    bool found = lstat(p, &st) == 0;
     free(p);
     if (!found) return n;
   }
@@ -145,8 +142,10 @@ static char *index_str(const TpTensor *t, int64_t flat, char *buf, size_t n) {
 /* Prints one output's verdict line; true when it is within tolerance. */
 static bool compare_output(const char *label, int i, const char *name, const TpTensor *got,
                            const TpTensor *want, const RunOptions *o) {
-  char gs[256], ws[256], at[160];
-  printf("%soutput %d '%s': ", label, i, name);
+  char gs[256], ws[256], at[160], shown_label[512], shown_name[512];
+  tp_escape_text(shown_label, sizeof shown_label, label); /* names from the files: no control bytes */
+  tp_escape_text(shown_name, sizeof shown_name, name);
+  printf("%soutput %d '%s': ", shown_label, i, shown_name);
   if (got->dtype != want->dtype || got->rank != want->rank ||
       memcmp(got->dims, want->dims, (size_t)got->rank * sizeof got->dims[0]) != 0) {
     printf("got %s, expected %s FAIL\n", shape_str(got, gs, sizeof gs), shape_str(want, ws, sizeof ws));

@@ -109,20 +109,29 @@ TpKernelStatus tp_transpose(const TpTensor *x, const int64_t *perm, TpTensor *y)
   return TP_KERNEL_OK;
 }
 
+bool tp_slice_fits(int64_t start, int64_t step, int64_t n, int64_t dim) {
+  if (n <= 0) return n == 0;
+  if (start < 0 || start >= dim) return false;
+  if (n == 1) return true;
+  /* the last index moves (n-1)*|step| from start: compare by division, no product */
+  uint64_t room = step > 0 ? (uint64_t)(dim - 1 - start) : (uint64_t)start;
+  uint64_t mag = step > 0 ? (uint64_t)step : step < 0 ? -(uint64_t)step : 0;
+  return mag != 0 && (uint64_t)(n - 1) <= room / mag;
+}
+
 TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y) {
   if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
   if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < y->rank; d++)
+    if (!tp_slice_fits(starts[d], steps[d], y->dims[d], x->dims[d])) return TP_KERNEL_BAD_SHAPE;
+  if (tp_tensor_numel(y) == 0) return TP_KERNEL_OK;
   int64_t xs[TP_MAX_RANK], start = 0;
   tp_contiguous_strides(x->rank, x->dims, tp_dtype_size(x->dtype), xs);
   TpIter it;
   for (int d = 0; d < y->rank; d++) {
-    int64_t last = starts[d] + (y->dims[d] - 1) * steps[d];
-    if (y->dims[d] > 0 && (starts[d] < 0 || starts[d] >= x->dims[d] || last < 0 || last >= x->dims[d]))
-      return TP_KERNEL_BAD_SHAPE;
     start += starts[d] * xs[d];
-    it.strides[1][d] = steps[d] * xs[d];
+    it.strides[1][d] = y->dims[d] > 1 ? steps[d] * xs[d] : 0; /* fits: (n-1)*|step| < dim */
   }
-  if (tp_tensor_numel(y) == 0) return TP_KERNEL_OK;
   strided_copy(&it, x, start, y);
   return TP_KERNEL_OK;
 }
@@ -192,6 +201,9 @@ TpKernelStatus tp_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor *y) {
       memcmp(x->dims, y->dims, (size_t)x->rank * sizeof x->dims[0]) != 0)
     return TP_KERNEL_BAD_SHAPE;
   int64_t rows = x->dims[x->rank - 2], cols = x->dims[x->rank - 1];
+  /* a k beyond the matrix keeps all or nothing, as k = cols or -rows would: clamping keeps
+     i + k below overflow for any k */
+  k = k > cols ? cols : k < -rows ? -rows : k;
   int64_t total = tp_tensor_numel(x) / (cols ? cols : 1);
   size_t es = tp_dtype_size(x->dtype);
   if (cols == 0) return TP_KERNEL_OK;

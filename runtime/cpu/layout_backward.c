@@ -66,12 +66,10 @@ TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, cons
   memcpy(it.dims, dy->dims, sizeof it.dims);
   tp_contiguous_strides(dy->rank, dy->dims, es, it.strides[1]);
   for (int d = 0; d < dy->rank; d++) {
-    int64_t last = starts[d] + (dy->dims[d] - 1) * steps[d];
-    if (dy->dims[d] > 0 && ((steps[d] == 0 && dy->dims[d] > 1) || starts[d] < 0 ||
-                            starts[d] >= dx->dims[d] || last < 0 || last >= dx->dims[d]))
-      return TP_KERNEL_BAD_SHAPE;
+    if (!tp_slice_fits(starts[d], steps[d], dy->dims[d], dx->dims[d])) return TP_KERNEL_BAD_SHAPE;
+    if (dy->dims[d] == 0) continue;
     start += starts[d] * xs[d];
-    it.strides[0][d] = steps[d] * xs[d];
+    it.strides[0][d] = dy->dims[d] > 1 ? steps[d] * xs[d] : 0; /* fits: (n-1)*|step| < dim */
   }
   if (tp_tensor_bytes(dx)) memset(dx->data, 0, tp_tensor_bytes(dx));
   if (tp_tensor_numel(dy) == 0) return TP_KERNEL_OK;

@@ -36,11 +36,11 @@ def matmul_model(w_shape=(3, 4)):
                  [vi("x", [2, 3])], [vi("y", [2, 4])], [w])
 
 
-def external_model(location):
+def external_model(location, offset="0", length="48"):
     """MatMul whose weight lives in external data at `location`."""
     w = TensorProto(name="W", data_type=F, dims=[3, 4])
     w.data_location = TensorProto.EXTERNAL
-    for k, v in (("location", location), ("offset", "0"), ("length", "48")):
+    for k, v in (("location", location), ("offset", offset), ("length", length)):
         e = w.external_data.add()
         e.key, e.value = k, v
     return model([helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
@@ -119,6 +119,88 @@ def main():
                 f.write(numpy_helper.from_array(a, "xy"[i]).SerializeToString())
         with open(os.path.join(folder, "output_0.pb"), "wb") as f:
             f.write(numpy_helper.from_array(np.full((2, 3), 2, np.float32), "z").SerializeToString())
+
+    frontend_models()
+
+
+I64_MIN, I64_MAX = -2**63, 2**63 - 1
+
+
+def save_run(m, name, inputs, outputs):
+    """A model with its tokpipe-run test data (test_data_set_0/input_N.pb, output_N.pb)."""
+    save(m, name + "/model.onnx")
+    folder = os.path.join(HERE, name, "test_data_set_0")
+    os.makedirs(folder, exist_ok=True)
+    for kind, arrays in (("input", inputs), ("output", outputs)):
+        for i, (n, a) in enumerate(arrays):
+            with open(os.path.join(folder, f"{kind}_{i}.pb"), "wb") as f:
+                f.write(numpy_helper.from_array(a, n).SerializeToString())
+
+
+def frontend_models():
+    """Issue 10, the frontend's items (cases-frontend.txt, extreme/)."""
+    # a string attribute with an empty value (protobuf leaves its bytes NULL)
+    save(model([helper.make_node("Gelu", ["x"], ["y"], name="gelu", approximate="")],
+               [vi("x", [2])], [vi("y", [2])], opset=20), "empty_string_attr.onnx")
+    # a graph input shadowing an initializer of another shape
+    m = matmul_model()
+    m.graph.input.append(vi("W", [4, 3]))
+    save(m, "input_shadows_initializer.onnx")
+    # external data offsets and lengths that are no byte positions
+    for name, offset, length in (("ext_offset_max", str(I64_MAX), "48"),
+                                 ("ext_offset_range", "99999999999999999999", "48"),
+                                 ("ext_offset_text", "12abc", "48"),
+                                 ("ext_length_negative", "0", "-48")):
+        save(external_model("weights.bin", offset, length), name + "/model.onnx")
+        with open(os.path.join(HERE, name, "weights.bin"), "wb") as f:
+            f.write(np.ones(12, np.float32).tobytes())
+    # a node name holding ESC: the diagnostic shows it escaped
+    save(model([helper.make_node("Abs", ["x"], ["y"], name="abs\x1b[31mred")],
+               [vi("x", [2])], [vi("y", [2])]), "esc_node_name.onnx")
+
+    # an empty shape with huge dims: bounded like any other
+    shape = numpy_helper.from_array(np.array([0, 2**62, 2**62], np.int64), "shape")
+    save(model([helper.make_node("ConstantOfShape", ["shape"], ["y"], name="fill")], [],
+               [vi("y", [0, 2**62, 2**62])], [shape]), "empty_huge_shape.onnx")
+
+    shape = numpy_helper.from_array(np.array([0, 2**62, 2**62], np.int64), "shape")
+    save(model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape", allowzero=1)], [vi("x", [0])],
+               [vi("y", [0, 2**62, 2**62])], [shape]), "reshape_empty_huge.onnx")
+
+    # an output name holding ESC: tokpipe-run's verdict line shows it escaped
+    x = np.array([-1, 2], np.float32)
+    save_run(model([helper.make_node("Relu", ["x"], ["y\x1b[2J"], name="relu")], [vi("x", [2])], [vi("y\x1b[2J", [2])]),
+             "esc_output", [("x", x)], [("y\x1b[2J", np.maximum(x, 0))])
+
+    # legal but extreme values: tokpipe-run must give numpy's (ONNX's) result
+    x = np.arange(5, dtype=np.float32)
+    slices = [(3, I64_MIN, I64_MIN), (0, 0, I64_MIN), (1, I64_MAX, 2), (I64_MIN, I64_MAX, I64_MAX),
+              (I64_MAX, I64_MIN, -1), (-1, I64_MIN, I64_MAX), (4, -6, -3)]
+    nodes, inits, outs = [], [], []
+    for i, (start, end, step) in enumerate(slices):
+        for k, v in (("starts", start), ("ends", end), ("axes", 0), ("steps", step)):
+            inits.append(numpy_helper.from_array(np.array([v], np.int64), f"{k}{i}"))
+        nodes.append(helper.make_node("Slice", ["x", f"starts{i}", f"ends{i}", f"axes{i}", f"steps{i}"],
+                                      [f"y{i}"], name=f"slice{i}"))
+        outs.append((f"y{i}", x[start:end:step]))
+    save_run(model(nodes, [vi("x", [5])], [vi(n, list(a.shape)) for n, a in outs], inits),
+             "extreme/slice", [("x", x)], outs)
+    # a backward slice of an empty dim is empty (clamping must not make it one element)
+    x = np.zeros((0, 2), np.float32)
+    inits = [numpy_helper.from_array(np.array([v], np.int64), k)
+             for k, v in (("starts", -1), ("ends", I64_MIN), ("axes", 0), ("steps", -1))]
+    save_run(model([helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"], name="slice")],
+                   [vi("x", [0, 2])], [vi("y", [0, 2])], inits),
+             "extreme/slice_empty", [("x", x)], [("y", x[-1:I64_MIN:-1])])
+    x = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
+    nodes, inits, outs = [], [], []
+    for i, (k, upper) in enumerate(((I64_MAX, 1), (I64_MAX, 0), (I64_MIN, 1), (I64_MIN, 0), (-2, 1), (2, 0))):
+        inits.append(numpy_helper.from_array(np.array(k, np.int64), f"k{i}"))
+        nodes.append(helper.make_node("Trilu", ["x", f"k{i}"], [f"y{i}"], name=f"trilu{i}", upper=upper))
+        k_in = max(min(k, 4), -3)  # numpy's tri() overflows at the extremes; the meaning is the same
+        outs.append((f"y{i}", np.triu(x, k_in) if upper else np.tril(x, k_in)))
+    save_run(model(nodes, [vi("x", [3, 4])], [vi(n, [3, 4]) for n, _ in outs], inits),
+             "extreme/trilu", [("x", x)], outs)
 
 
 if __name__ == "__main__":

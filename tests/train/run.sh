@@ -166,6 +166,8 @@ init)
   expect_error "dtype mismatch" "bad_dtype.onnx: initializer 'frozen.shift' is f16; the compiled plan needs f32" "$trainer" --init "$src/bad_dtype.onnx" --data train.bin --log log.jsonl
   expect_error "missing initializer" "missing.onnx: initializer 'shared.bias' is missing (the compiled plan needs it)" "$trainer" --init "$src/missing.onnx" --data train.bin --log log.jsonl
   expect_error "not a model" "text.txt: cannot decode the file as an ONNX model" "$trainer" --init text.txt --data train.bin --log log.jsonl
+  mkfifo fifo.onnx # refused, not waited on (timeout: a hang fails)
+  expect_error "--init FIFO" "cannot open 'fifo.onnx': not a regular file: it is a FIFO" timeout 20 "$trainer" --init fifo.onnx --data train.bin --log log.jsonl
   "$trainer" --init "$src/tiny.onnx" --data train.bin --steps 1 --dump-grads grads.safetensors 2>/dev/null || fail "dump-grads run"
   expect_error "tensor missing from a .safetensors" "grads.safetensors: tensor 'frozen.shift' is missing (the compiled plan needs it)" "$trainer" --init grads.safetensors --data train.bin --log log.jsonl
   [ ! -e log.jsonl ] && ok "nothing written on bad --init" || fail "log.jsonl written on bad --init"
