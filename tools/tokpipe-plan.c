@@ -81,8 +81,8 @@ static double parse_bytes(const char *flag, const char *text) {
     unit = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0 : 0;
     if (unit && end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B")) unit = 0;
   }
-  if (end == text || !unit || !(v >= 0) || isinf(v))
-    cli_usage_error("%s expects bytes (e.g. 16G), got '%s'", flag, text);
+  if (end == text || !unit || !(v >= 0) || !(v * unit <= 0x1p60))
+    cli_usage_error("%s expects bytes up to 1024P (e.g. 16G), got '%s'", flag, text);
   return v * unit;
 }
 
@@ -131,8 +131,10 @@ static int run_cost_table(const char *path, bool json, TpDiag *d) {
   int rc = tp_slice_cost_load(path, &t, &stages, d);
   if (rc) return rc;
   TpSlicing plan;
+  TpDiag fd; /* the search's own errors (its size) name the file */
+  tp_diag_init(&fd, d->tool, path, d->stream);
   clock_t t0 = clock();
-  rc = tp_solve_slicing(&t, t.batch, stages, &plan, d);
+  rc = tp_solve_slicing(&t, t.batch, stages, &plan, &fd);
   double solve = (double)(clock() - t0) / CLOCKS_PER_SEC;
   if (!rc) {
     if (json) {

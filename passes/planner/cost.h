@@ -63,6 +63,15 @@ typedef struct {
 
 #define TP_MAX_STAGES 1024
 
+/* What the planner takes (larger inputs are refused, naming the bound): generous for real
+ * models, and small enough that every cost computed from valid inputs is finite and every
+ * search ends in about a minute. */
+#define TP_MAX_LAYERS 1024          /* balanced stage cuts cost stages x layers^2 */
+#define TP_MAX_SEQ (1 << 24)        /* tokens of a sequence */
+#define TP_MAX_MICROBATCH (1 << 20) /* sequences of a microbatch or profile sample */
+#define TP_MAX_SECONDS 1e6          /* a measured or tabled time; shorter than 1e-9 s neither */
+#define TP_MIN_SECONDS 1e-9
+
 /* Everything the costs depend on besides (b, l, c). */
 typedef struct {
   TpHardware hw;

@@ -20,9 +20,13 @@ struct TpJson {
   int count;
 };
 
-/* Parses text[0, len). On failure returns NULL and writes "line L: what" into err. */
+/* Parses text[0, len) as strict JSON (RFC 8259): no duplicate member names, no trailing
+ * text, nesting up to 64, numbers finite doubles, strings UTF-8. On failure returns NULL
+ * and writes "line L: what" into err. */
 TpJson *tp_json_parse(const char *text, size_t len, char *err, size_t errsize);
-/* Reads and parses a file; err says why on failure (including I/O errors). */
+/* Reads and parses a file (a regular one, up to TP_JSON_MAX_BYTES: the planner's inputs are
+ * small); err says why on failure (including I/O errors). */
+#define TP_JSON_MAX_BYTES (32 << 20)
 TpJson *tp_json_parse_file(const char *path, char *err, size_t errsize);
 void tp_json_free(TpJson *j);
 

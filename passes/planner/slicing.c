@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cost.h"
 #include "json.h"
 
 void tp_slice_cost_init(TpSliceCost *t, TpSliceCostKind kind, int batch, int units, int granularity) {
@@ -57,8 +58,9 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
   double g = tp_json_number(j, "granularity", -1, &ok), k = tp_json_number(j, "stages", -1, &ok);
   const TpJson *T = tp_json_get(j, "t");
   memset(t, 0, sizeof *t);
-  if (!ok || g < 1 || g != floor(g) || k < 1 || k != floor(k) || k > 1e6) {
-    rc = tp_error(d, "cost table %s: needs integers \"granularity\" >= 1 and \"stages\" >= 1", path);
+  if (!ok || g < 1 || g != floor(g) || g > TP_MAX_SEQ || k < 1 || k != floor(k) || k > TP_MAX_STAGES) {
+    rc = tp_error(d, "cost table %s: needs integers \"granularity\" in [1, %d] and \"stages\" in [1, %d]", path,
+                  TP_MAX_SEQ, TP_MAX_STAGES);
     goto done;
   }
   if (!T || T->kind != TP_JSON_ARRAY || T->count < 2 || T->items[1].kind != TP_JSON_ARRAY ||
@@ -67,8 +69,13 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
     goto done;
   }
   int batch = T->count - 1, n = T->items[1].count - 1;
-  if ((double)batch * (n + 1) * (n + 1) > 5e8) {
-    rc = tp_error(d, "cost table %s: too large (%d x %d x %d)", path, batch, n, n);
+  if ((double)batch * (n + 1) * (n + 1) > 1 << 24) {
+    rc = tp_error(d, "cost table %s: %d x %d x %d entries, more than %d", path, batch, n + 1, n + 1, 1 << 24);
+    goto done;
+  }
+  if ((double)n * g > TP_MAX_SEQ) {
+    rc = tp_error(d, "cost table %s: %d units of granularity %g make a sequence longer than %d tokens", path, n, g,
+                  TP_MAX_SEQ);
     goto done;
   }
   tp_slice_cost_init(t, TP_COST_DENSE, batch, n, (int)g);
@@ -88,8 +95,9 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
       for (int c = 0; c <= n - s; c++) {
         const TpJson *v = &Ts->items[c];
         if (v->kind == TP_JSON_NULL) continue;
-        if (v->kind != TP_JSON_NUMBER) {
-          rc = tp_error(d, "cost table %s: t[%d][%d][%d] is not a number or null", path, b, s, c);
+        if (v->kind != TP_JSON_NUMBER || !(v->number >= 0 && v->number <= TP_MAX_SECONDS)) {
+          rc = tp_error(d, "cost table %s: t[%d][%d][%d] is not null or seconds in [0, %g]", path, b, s, c,
+                        TP_MAX_SECONDS);
           break;
         }
         t->dense[((long)b * (n + 1) + s) * (n + 1) + c] = v->number;
@@ -241,11 +249,21 @@ static void extract(const Solver *sv, TpSlicing *out) {
 
 typedef struct { double a, b, Sb; } Interval;
 
+int tp_slicing_check_size(int batch, int units, TpDiag *d) {
+  if ((int64_t)batch * units > TP_SLICING_MAX_WORK)
+    return tp_error(d, "%d sequences x %d slice units = %lld, more than the slicing search takes (%d): a smaller "
+                       "batch per pipeline replica or a coarser granularity", batch, units,
+                    (long long)batch * units, TP_SLICING_MAX_WORK);
+  return TP_OK;
+}
+
 int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out, TpDiag *d) {
   memset(out, 0, sizeof *out);
   if (batch < 1 || batch > t->batch)
     return tp_error(d, "batch %d outside the cost table's 1..%d", batch, t->batch);
   if (stages < 1) return tp_error(d, "stages must be >= 1");
+  int rc = tp_slicing_check_size(batch, t->units, d);
+  if (rc) return rc;
   int n = t->units;
   Solver sv = {.t = t, .batch = batch, .stages = stages, .n = n};
   size_t rows = ((size_t)batch + 1) * ((size_t)n + 1);
@@ -257,7 +275,6 @@ int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out
   sv.kmx = malloc(((size_t)batch + 1) * sizeof(double));
   sv.pick = malloc(((size_t)batch + 1) * sizeof(int));
   double K1 = stages - 1, sum, max;
-  int rc = TP_OK;
   if (!evaluate(&sv, INFINITY, &sum, &max)) {
     rc = tp_error(d, "no slicing has a finite cost for batch %d", batch);
     goto done;

@@ -69,6 +69,10 @@ typedef struct {
   int evaluations;       /* DP runs (probed caps) */
 } TpSlicing;
 
+/* The search's work grows with batch x units (and faster in units): larger problems are
+ * refused (about a minute on one core at the bound). */
+#define TP_SLICING_MAX_WORK (1 << 19)
+int tp_slicing_check_size(int batch, int units, TpDiag *d);
 /* The exact optimum of Eq. 5 for `batch` sequences on `stages` stages. No plan with a
  * finite cost is an input error. */
 int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out, TpDiag *d);
