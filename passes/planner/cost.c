@@ -37,6 +37,12 @@ int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d) {
   char err[256];
   TpJson *j = tp_json_parse_file(path, err, sizeof err);
   if (!j) return profile_error(d, path, err);
+  int rc = tp_hardware_from_json(j, path, hw, d);
+  tp_json_free(j);
+  return rc;
+}
+
+int tp_hardware_from_json(const TpJson *j, const char *path, TpHardware *hw, TpDiag *d) {
   memset(hw, 0, sizeof *hw);
   int rc = TP_OK;
   const TpJson *name = tp_json_get(j, "name"), *device = tp_json_get(j, "device"),
@@ -81,7 +87,6 @@ int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d) {
   hw->intra_latency_s *= 1e-6;
   hw->inter_latency_s *= 1e-6;
 done:
-  tp_json_free(j);
   return rc;
 }
 
@@ -531,6 +536,13 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
   char err[256];
   TpJson *j = tp_json_parse_file(path, err, sizeof err);
   if (!j) return tp_error(d, "profile %s: %s", path, err);
+  int rc = tp_profile_from_json(j, path, p, d);
+  tp_json_free(j);
+  return rc;
+}
+
+int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag *d) {
+  memset(p, 0, sizeof *p);
   int rc = TP_OK;
   const TpJson *format = tp_json_get(j, "format"), *device = tp_json_get(j, "device"),
                *model = tp_json_get(j, "model"), *s = tp_json_get(j, "samples"),
@@ -609,7 +621,6 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
   }
   p->nsamples = s->count;
 done:
-  tp_json_free(j);
   if (rc) tp_profile_free(p);
   return rc;
 }

@@ -51,8 +51,15 @@ int tp_slice_cost_finish(TpSliceCost *t, TpDiag *d) {
 
 int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d) {
   char err[256];
+  memset(t, 0, sizeof *t);
   TpJson *j = tp_json_parse_file(path, err, sizeof err);
   if (!j) return tp_error(d, "cost table %s: %s", path, err);
+  int rc = tp_slice_cost_from_json(j, path, t, stages, d);
+  tp_json_free(j);
+  return rc;
+}
+
+int tp_slice_cost_from_json(const TpJson *j, const char *path, TpSliceCost *t, int *stages, TpDiag *d) {
   int rc = TP_OK;
   bool ok = true;
   double g = tp_json_number(j, "granularity", -1, &ok), k = tp_json_number(j, "stages", -1, &ok);
@@ -74,8 +81,8 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
     goto done;
   }
   if ((double)n * g > TP_MAX_SEQ) {
-    rc = tp_error(d, "cost table %s: %d units of granularity %g make a sequence longer than %d tokens", path, n, g,
-                  TP_MAX_SEQ);
+    rc = tp_error(d, "cost table %s: %d units of granularity %d make a sequence longer than %d tokens", path, n,
+                  (int)g, TP_MAX_SEQ);
     goto done;
   }
   tp_slice_cost_init(t, TP_COST_DENSE, batch, n, (int)g);
@@ -107,7 +114,6 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
   if (!rc) rc = tp_slice_cost_finish(t, d);
   if (rc) tp_slice_cost_free(t);
 done:
-  tp_json_free(j);
   return rc;
 }
 
@@ -251,7 +257,7 @@ typedef struct { double a, b, Sb; } Interval;
 
 int tp_slicing_check_size(int batch, int units, TpDiag *d) {
   if ((int64_t)batch * units > TP_SLICING_MAX_WORK)
-    return tp_error(d, "%d sequences x %d slice units = %lld, more than the slicing search takes (%d): a smaller "
+    return tp_error(d, "batch %d x %d slice units = %lld, more than the slicing search takes (%d): a smaller "
                        "batch per pipeline replica or a coarser granularity", batch, units,
                     (long long)batch * units, TP_SLICING_MAX_WORK);
   return TP_OK;

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 
 #include "ir/ir.h"
+#include "json.h"
 
 typedef enum { TP_COST_DENSE, TP_COST_SEPARABLE } TpSliceCostKind;
 
@@ -55,6 +56,8 @@ void tp_slice_cost_free(TpSliceCost *t);
 /* Reads {"granularity": g, "stages": K, "t": T} (T[b][s][c], index 0 of b and s unused,
  * null where not measurable). */
 int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d);
+/* The same from a parsed document; errors name `path`. */
+int tp_slice_cost_from_json(const TpJson *j, const char *path, TpSliceCost *t, int *stages, TpDiag *d);
 
 typedef struct {
   int size;    /* sequences */
