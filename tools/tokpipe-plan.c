@@ -412,7 +412,7 @@ int main(int argc, char **argv) {
     else if (cli_value(argc, argv, &i, "--microbatches", &v)) microbatches = cli_int("--microbatches", v, 1, 65536);
     else if (cli_value(argc, argv, &i, "--granularity", &v)) granularity = cli_int("--granularity", v, 1, 1 << 20);
     else if (cli_value(argc, argv, &i, "--max-memory", &v)) max_memory = parse_bytes("--max-memory", v);
-    else if (cli_value(argc, argv, &i, "--seq", &v)) dims.token_dims[1] = cli_int("--seq", v, 1, INT32_MAX);
+    else if (cli_value(argc, argv, &i, "--seq", &v)) dims.token_dims[1] = cli_int("--seq", v, 1, TP_MAX_SEQ);
     else if (cli_value(argc, argv, &i, "--dim", &v)) cli_add_dim(&dims, v);
     else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &schedule)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
@@ -518,6 +518,14 @@ int main(int argc, char **argv) {
     TP_ASSERT(len);
     for (int i = 0; i < n; i++) len[i] = (int)lengths[i];
     free(lengths);
+    rc = tp_plan_check_units(M * n, S, &d); /* before any output, and M copies of the slices */
+    if (rc) {
+      free(len);
+      free(req);
+      tp_calibration_free(&cal);
+      tp_profile_free(&prof);
+      return cli_exit_code(rc);
+    }
     if (json) {
       printf("{\n  \"mode\": \"predict\",\n");
       json_model(&model);

@@ -116,15 +116,21 @@ static void evaluate_plan(const TpPlanRequest *req, const TpSliceCost *table, Tp
   tp_schedule_free(&sched);
 }
 
+int tp_plan_check_units(int64_t units, int stages, TpDiag *d) {
+  if (units * stages > TP_PLAN_MAX_UNIT_STAGES)
+    return tp_error(d, "%lld units (microbatch slices) x %d stages = %lld, more than the simulation takes (%d)",
+                    (long long)units, stages, (long long)units * stages, TP_PLAN_MAX_UNIT_STAGES);
+  return TP_OK;
+}
+
 int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
                      TpSchedule *sched, TpSimResult *r, TpDiag *d) {
   memset(sched, 0, sizeof *sched);
   memset(r, 0, sizeof *r);
   int64_t units = 0;
   for (int m = 0; m < e->slicing.n; m++) units += e->slicing.mb[m].nslices;
-  if (units * req->cm.nstages > TP_PLAN_MAX_UNIT_STAGES)
-    return tp_error(d, "%lld units (microbatch slices) x %d stages = %lld, more than the simulation takes (%d)",
-                    (long long)units, req->cm.nstages, (long long)units * req->cm.nstages, TP_PLAN_MAX_UNIT_STAGES);
+  int rc = tp_plan_check_units(units, req->cm.nstages, d);
+  if (rc) return rc;
   TpCostModel *cm = malloc(sizeof *cm);
   *cm = req->cm;
   cm->recompute = e->recompute;
@@ -135,7 +141,7 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   tp_schedule_build(&spec, sched);
   TpSimCosts costs;
   tp_sim_costs_from_model(cm, &e->slicing, &costs);
-  int rc = tp_simulate(sched, &costs, record, r, d);
+  rc = tp_simulate(sched, &costs, record, r, d);
   tp_sim_costs_free(&costs);
   free(nslices);
   free(cm);

@@ -130,12 +130,14 @@ static void device_name(char *buf, size_t n) {
   fclose(f);
 }
 
+/* ASCII only: a byte over 0x7f is escaped (as U+0080..U+00FF), so a model path in any
+ * encoding still makes a file the planner's strict UTF-8 reader takes. */
 static void json_string(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
     if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 32) fprintf(f, "\\u%04x", c);
+    else if (c < 32 || c > 126) fprintf(f, "\\u%04x", c);
     else fputc(c, f);
   }
   fputc('"', f);
