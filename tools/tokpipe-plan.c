@@ -239,8 +239,10 @@ static int describe_file(const char *path, const CliDims *dims, TpModelDesc *des
 /* ---- output ---- */
 
 static void json_model(const TpModelDesc *m) {
-  printf("  \"model\": {\"name\": \"%s\", \"layers\": %d, \"hidden\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
-         "\"ffn\": %d},\n", m->name, m->layers, m->hidden, m->heads, m->seq, m->vocab, m->ffn);
+  printf("  \"model\": {\"name\": ");
+  tp_json_write_string(stdout, m->name);
+  printf(", \"layers\": %d, \"hidden\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
+         "\"ffn\": %d},\n", m->layers, m->hidden, m->heads, m->seq, m->vocab, m->ffn);
 }
 
 static void json_fit(const TpFit *f) {
@@ -250,8 +252,9 @@ static void json_fit(const TpFit *f) {
 /* Per stage: the fit errors of forward and backward (or of their sum); the machine's drift
  * while profiling (null where the profile does not say). */
 static void json_calibration(const TpCalibration *cal, const char *path, const TpProfile *p) {
-  printf("  \"calibration\": {\"profile\": \"%s\", \"microbatch_size\": %d, \"split\": %s, \"drift\": ", path,
-         cal->b, cal->split ? "true" : "false");
+  printf("  \"calibration\": {\"profile\": ");
+  tp_json_write_string(stdout, path);
+  printf(", \"microbatch_size\": %d, \"split\": %s, \"drift\": ", cal->b, cal->split ? "true" : "false");
   if (p->drift >= 0)
     printf("%.4f", p->drift);
   else
@@ -529,8 +532,9 @@ int main(int argc, char **argv) {
     if (json) {
       printf("{\n  \"mode\": \"predict\",\n");
       json_model(&model);
-      printf("  \"hardware\": \"%s\",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n  \"tied\": %s,\n",
-             hw.name, S, (int)tensor, (int)data, tied ? "true" : "false");
+      printf("  \"hardware\": ");
+      tp_json_write_string(stdout, hw.name);
+      printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n  \"tied\": %s,\n", S, (int)tensor, (int)data, tied ? "true" : "false");
       if (calibrate) json_calibration(&cal, calibrate, &prof);
     } else {
       printf("%s: %d layers, hidden %d, %d heads, sequence %d, vocabulary %d%s\n", model.name, model.layers,
@@ -560,7 +564,9 @@ int main(int argc, char **argv) {
   if (json) {
     printf("{\n");
     json_model(&model);
-    printf("  \"hardware\": \"%s\",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n", hw.name,
+    printf("  \"hardware\": ");
+    tp_json_write_string(stdout, hw.name);
+    printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n",
            S, (int)tensor, (int)data);
     if (calibrate) json_calibration(&cal, calibrate, &prof);
     printf("  \"batch\": %d,\n  \"granularity\": %d,\n  \"schedule\": \"%s\",\n", (int)batch,

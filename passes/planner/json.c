@@ -262,6 +262,17 @@ TpJson *tp_json_parse_file(const char *path, char *err, size_t errsize) {
   return j;
 }
 
+void tp_json_write_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 32 || c > 126) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
 const TpJson *tp_json_get(const TpJson *j, const char *key) {
   if (!j || j->kind != TP_JSON_OBJECT) return NULL;
   for (int i = 0; i < j->count; i++)
