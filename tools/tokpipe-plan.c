@@ -522,27 +522,21 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) len[i] = (int)lengths[i];
     free(lengths);
     rc = tp_plan_check_units(M * n, S, &d); /* before any output, and M copies of the slices */
-    if (rc) {
-      free(len);
-      free(req);
-      tp_calibration_free(&cal);
-      tp_profile_free(&prof);
-      return cli_exit_code(rc);
-    }
-    if (json) {
+    if (!rc && json) {
       printf("{\n  \"mode\": \"predict\",\n");
       json_model(&model);
       printf("  \"hardware\": ");
       tp_json_write_string(stdout, hw.name);
-      printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n  \"tied\": %s,\n", S, (int)tensor, (int)data, tied ? "true" : "false");
+      printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n  \"tied\": %s,\n", S, (int)tensor,
+             (int)data, tied ? "true" : "false");
       if (calibrate) json_calibration(&cal, calibrate, &prof);
-    } else {
+    } else if (!rc) {
       printf("%s: %d layers, hidden %d, %d heads, sequence %d, vocabulary %d%s\n", model.name, model.layers,
              model.hidden, model.heads, model.seq, model.vocab, tied ? ", tied head" : "");
       if (calibrate) text_calibration(&cal, calibrate, &prof);
       printf("transfers: %s (%s)%s\n", hw.name, hw.device, calibrate ? "" : "; compute: analytic");
     }
-    rc = predict(req, (int)M, (int)b, len, n, schedule, json, svg, trace, emit_schedule, &d);
+    if (!rc) rc = predict(req, (int)M, (int)b, len, n, schedule, json, svg, trace, emit_schedule, &d);
     free(len);
     free(req);
     tp_calibration_free(&cal);
