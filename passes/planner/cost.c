@@ -16,7 +16,10 @@ static int profile_error(TpDiag *d, const char *path, const char *what) {
   return tp_error(d, "hardware profile %s: %s", path, what);
 }
 
-/* A required number in (0, max] at obj.key (key may be "group.field"), whole if `whole`. */
+#define MIN_FIELD 1e-6
+
+/* A required number in [MIN_FIELD, max] at obj.key (key may be "group.field"), whole if
+ * `whole`. */
 static bool field(const TpJson *j, const char *key, double max, bool whole, double *out) {
   const char *dot = strchr(key, '.');
   if (dot) {
@@ -26,7 +29,7 @@ static bool field(const TpJson *j, const char *key, double max, bool whole, doub
     key = dot + 1;
   }
   const TpJson *v = tp_json_get(j, key);
-  if (!v || v->kind != TP_JSON_NUMBER || !(v->number > 0 && v->number <= max) ||
+  if (!v || v->kind != TP_JSON_NUMBER || !(v->number >= MIN_FIELD && v->number <= max) ||
       (whole && v->number != floor(v->number)))
     return false;
   *out = v->number;
@@ -49,7 +52,7 @@ int tp_hardware_from_json(const TpJson *j, const char *path, TpHardware *hw, TpD
                *dtype = tp_json_get(j, "dtype");
   double per_node = 0, flops = 0, kernel_us = 0;
   /* generous bounds (a petabyte, a petabyte per second, a second of latency), so that every
-   * cost computed from them stays finite */
+   * cost computed from them stays finite (nothing is divided by less than MIN_FIELD) */
   const struct { const char *key; double *dst, max; } num[] = {
       {"devices_per_node", &per_node, 65536},         {"memory_bytes", &hw->memory_bytes, 1e15},
       {"gemm_efficiency", &hw->gemm_efficiency, 1},  {"gemm_half_rows", &hw->gemm_half_rows, 1e9},
@@ -66,8 +69,8 @@ int tp_hardware_from_json(const TpJson *j, const char *path, TpHardware *hw, TpD
   for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)
     if (!field(j, num[i].key, num[i].max, i == 0, num[i].dst)) {
       char msg[128];
-      snprintf(msg, sizeof msg, "field \"%s\" missing or not a %s in (0, %g]", num[i].key,
-               i == 0 ? "whole number" : "number", num[i].max);
+      snprintf(msg, sizeof msg, "field \"%s\" missing or not a %s in [%g, %g]", num[i].key,
+               i == 0 ? "whole number" : "number", i == 0 ? 1 : MIN_FIELD, num[i].max);
       rc = profile_error(d, path, msg);
       goto done;
     }
@@ -78,7 +81,7 @@ int tp_hardware_from_json(const TpJson *j, const char *path, TpHardware *hw, TpD
   hw->dtype_bytes = !strcmp(hw->dtype, "fp32") ? 4 : !strcmp(hw->dtype, "fp16") || !strcmp(hw->dtype, "bf16") ? 2 : 0;
   if (!hw->dtype_bytes) { rc = profile_error(d, path, "\"dtype\" must be fp16, bf16 or fp32"); goto done; }
   if (!field(tp_json_get(j, "peak_flops"), hw->dtype, 1e18, false, &flops)) {
-    rc = profile_error(d, path, "\"peak_flops\" has no entry in (0, 1e+18] for the training dtype");
+    rc = profile_error(d, path, "\"peak_flops\" has no entry in [1e-06, 1e+18] for the training dtype");
     goto done;
   }
   hw->peak_flops = flops;

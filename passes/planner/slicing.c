@@ -313,6 +313,7 @@ int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out
   out->evaluations = evals;
   tp_slicing_eval(t, stages, out);
   TP_ASSERT(out->time <= best * (1 + 1e-12) + 1e-300);
+  TP_ASSERT(isfinite(out->time)); /* bounded costs (TP_MAX_SECONDS) and sizes keep every sum finite */
 done:
   free(sv.S);
   free(sv.mx);
