@@ -82,7 +82,7 @@ static double parse_bytes(const char *flag, const char *text) {
     if (unit && end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B")) unit = 0;
   }
   if (end == text || !unit || !(v >= 0) || !(v * unit <= 0x1p60))
-    cli_usage_error("%s expects bytes up to 1024P (e.g. 16G), got '%s'", flag, text);
+    cli_usage_error("%s expects bytes up to 2^60 (e.g. 16G), got '%s'", flag, text);
   return v * unit;
 }
 
