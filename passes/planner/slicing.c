@@ -256,10 +256,13 @@ static void extract(const Solver *sv, TpSlicing *out) {
 typedef struct { double a, b, Sb; } Interval;
 
 int tp_slicing_check_size(int batch, int units, TpDiag *d) {
-  if ((int64_t)batch * units > TP_SLICING_MAX_WORK)
-    return tp_error(d, "batch %d x %d slice units = %lld, more than the slicing search takes (%d): a smaller "
-                       "batch per pipeline replica or a coarser granularity", batch, units,
-                    (long long)batch * units, TP_SLICING_MAX_WORK);
+  if (batch > TP_SLICING_MAX_BATCH)
+    return tp_error(d, "batch %d is more than the slicing search takes (%d sequences per pipeline replica)", batch,
+                    TP_SLICING_MAX_BATCH);
+  if ((double)batch * units * units > TP_SLICING_MAX_WORK)
+    return tp_error(d, "batch %d x (%d slice units)^2 = %.3g, more than the slicing search takes (2^32): a coarser "
+                       "granularity or a smaller batch per pipeline replica", batch, units,
+                    (double)batch * units * units);
   return TP_OK;
 }
 

@@ -72,9 +72,11 @@ typedef struct {
   int evaluations;       /* DP runs (probed caps) */
 } TpSlicing;
 
-/* The search's work grows with batch x units (and faster in units): larger problems are
- * refused (about a minute on one core at the bound). */
-#define TP_SLICING_MAX_WORK (1 << 19)
+/* The search's work: a knapsack over microbatch sizes (batch^2) and per size a DP over
+ * units (batch x units^2) per probed cap. Larger problems are refused, naming the bound (at
+ * the bounds, about a minute on one core). */
+#define TP_SLICING_MAX_BATCH 1024
+#define TP_SLICING_MAX_WORK 4294967296.0 /* batch x units^2 */
 int tp_slicing_check_size(int batch, int units, TpDiag *d);
 /* The exact optimum of Eq. 5 for `batch` sequences on `stages` stages. No plan with a
  * finite cost is an input error. */
