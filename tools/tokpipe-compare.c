@@ -2,7 +2,6 @@
  * two safetensors files tensor by tensor, or the losses of two JSON-lines logs step by
  * step. Prints the worst error and where it is; exit 0 match, 1 mismatch or unreadable
  * input, 2 bad usage. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,11 +156,26 @@ static int json_number(const char *line, const char *key, double *out) {
   return end != p;
 }
 
-/* losses[step - 1] for each line with a "step" and a "loss" (a later line for the same
- * step wins, as after a resume); *n is one past the highest step. */
-static int read_losses(const char *path, double **losses, int64_t *n, TpDiag *d) {
-  FILE *f = fopen(path, "r");
-  if (!f) return tp_error(d, "cannot read '%s': %s", path, strerror(errno));
+/* A log's losses: one entry per step, sorted by step (a later line for the same step wins,
+ * as after a resume). Sized by the lines read, never by the step numbers. */
+typedef struct {
+  int64_t step;
+  double loss;
+  int64_t line;
+} Loss;
+
+#define MAX_STEP 1000000000 /* step numbers in a log and --steps */
+
+static int by_step_then_line(const void *a, const void *b) {
+  const Loss *x = a, *y = b;
+  if (x->step != y->step) return x->step < y->step ? -1 : 1;
+  return x->line < y->line ? -1 : x->line > y->line;
+}
+
+static int read_losses(const char *path, Loss **losses, int64_t *n, TpDiag *d) {
+  char why[256];
+  FILE *f = tp_fopen_input(path, why, sizeof why);
+  if (!f) return tp_error(d, "cannot read '%s': %s", path, why);
   char *line = NULL;
   size_t cap = 0;
   int64_t lineno = 0, size = 0;
@@ -170,65 +184,73 @@ static int read_losses(const char *path, double **losses, int64_t *n, TpDiag *d)
     lineno++;
     double step, loss;
     if (!json_number(line, "step", &step) || !json_number(line, "loss", &loss)) continue;
-    if (!(step >= 1 && step < 1e9) || step != (int64_t)step) {
+    if (!(step >= 1 && step <= MAX_STEP) || step != (int64_t)step) {
       free(line), fclose(f), free(*losses);
-      return tp_error(d, "%s:%lld: bad step number %g", path, (long long)lineno, step);
+      return tp_error(d, "%s:%lld: bad step number %g (1..%d)", path, (long long)lineno, step, MAX_STEP);
     }
-    int64_t k = (int64_t)step;
-    if (k > size) {
-      int64_t old = size;
-      size = k * 2;
+    if (*n == size) {
+      size = size ? 2 * size : 256;
       *losses = realloc(*losses, (size_t)size * sizeof **losses);
       TP_ASSERT(*losses);
-      for (int64_t i = old; i < size; i++) (*losses)[i] = NAN;
     }
-    (*losses)[k - 1] = loss;
-    if (k > *n) *n = k;
+    (*losses)[(*n)++] = (Loss){(int64_t)step, loss, lineno};
   }
   free(line);
   fclose(f);
   if (*n == 0) return tp_error(d, "%s: no line with a \"step\" and a \"loss\"", path);
+  qsort(*losses, (size_t)*n, sizeof **losses, by_step_then_line);
+  int64_t kept = 0; /* the last line of each step */
+  for (int64_t i = 0; i < *n; i++) {
+    if (kept && (*losses)[kept - 1].step == (*losses)[i].step) kept--;
+    (*losses)[kept++] = (*losses)[i];
+  }
+  *n = kept;
   return TP_OK;
+}
+
+static void report_gap(const char *path, int64_t first, int64_t last) {
+  if (first == last) fprintf(stderr, "%s: step %lld: not in %s\n", tool, (long long)first, path);
+  else fprintf(stderr, "%s: steps %lld..%lld: not in %s\n", tool, (long long)first, (long long)last, path);
 }
 
 static int compare_losses(const char *got_path, const char *want_path, int64_t steps, double tol,
                           TpDiag *d) {
-  double *got, *want;
+  Loss *got, *want;
   int64_t ngot, nwant;
   if (read_losses(got_path, &got, &ngot, d)) return 1;
   if (read_losses(want_path, &want, &nwant, d)) {
     free(got);
     return 1;
   }
-  if (steps <= 0) steps = nwant;
+  if (steps <= 0) steps = want[nwant - 1].step;
   int bad = 0;
-  int64_t worst_step = 0;
+  const Loss *worst_got = NULL, *worst_want = NULL;
   double worst = -1;
-  for (int64_t k = 1; k <= steps; k++) {
-    double w = k <= nwant ? want[k - 1] : NAN, g = k <= ngot ? got[k - 1] : NAN;
-    if (w != w) {
-      fprintf(stderr, "%s: step %lld: not in %s\n", tool, (long long)k, want_path);
+  int64_t next = 1, g = 0; /* the first step not yet seen in WANT; got[g] the next candidate */
+  for (int64_t i = 0; i < nwant && want[i].step <= steps; i++) {
+    const Loss *w = &want[i];
+    if (w->step > next) report_gap(want_path, next, w->step - 1), bad = 1;
+    next = w->step + 1;
+    while (g < ngot && got[g].step < w->step) g++;
+    if (g == ngot || got[g].step != w->step) {
+      fprintf(stderr, "%s: step %lld: no loss in %s\n", tool, (long long)w->step, got_path);
       bad = 1;
       continue;
     }
-    if (g != g) {
-      fprintf(stderr, "%s: step %lld: no loss in %s\n", tool, (long long)k, got_path);
-      bad = 1;
-      continue;
-    }
-    double err = fabs(g - w) / fmax(fabs(w), 1e-30);
+    double err = fabs(got[g].loss - w->loss) / fmax(fabs(w->loss), 1e-30);
     if (!(err <= tol)) {
       if (!bad) /* the first divergence is the one worth reading */
         fprintf(stderr, "%s: step %lld: loss %.9g, want %.9g: rel_err=%.2e > tol %.0e\n", tool,
-                (long long)k, g, w, err, tol);
+                (long long)w->step, got[g].loss, w->loss, err, tol);
       bad = 1;
     }
-    if (err > worst) worst = err, worst_step = k;
+    if (err > worst) worst = err, worst_got = &got[g], worst_want = w;
   }
-  if (worst_step)
+  if (next <= steps) report_gap(want_path, next, steps), bad = 1;
+  if (worst_want)
     printf("%s: losses of steps 1..%lld, worst rel_err=%.2e at step %lld (got %.9g, want %.9g, "
-           "tol %.0e): %s\n", tool, (long long)steps, worst, (long long)worst_step,
-           got[worst_step - 1], want[worst_step - 1], tol, bad ? "FAIL" : "ok");
+           "tol %.0e): %s\n", tool, (long long)steps, worst, (long long)worst_want->step,
+           worst_got->loss, worst_want->loss, tol, bad ? "FAIL" : "ok");
   free(got);
   free(want);
   return bad;
@@ -256,8 +278,8 @@ int main(int argc, char **argv) {
       if (i + 1 >= argc) return usage_error("%s needs a value", a);
       const char *v = argv[++i];
       double x = strtod(v, &end);
-      if (!*v || *end || !(x >= 0) || (a[2] == 's' && (x < 1 || x != (int64_t)x)))
-        return usage_error(a[2] == 's' ? "--steps needs a whole number >= 1, not '%s'"
+      if (!*v || *end || !(x >= 0) || (a[2] == 's' && !(x >= 1 && x <= MAX_STEP && x == floor(x))))
+        return usage_error(a[2] == 's' ? "--steps needs a whole number in [1, 1000000000], not '%s'"
                                        : "--tol needs a number >= 0, not '%s'", v);
       if (a[2] == 's') steps = (int64_t)x;
       else tol = x;

@@ -81,8 +81,8 @@ static double parse_bytes(const char *flag, const char *text) {
     unit = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0 : 0;
     if (unit && end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B")) unit = 0;
   }
-  if (end == text || !unit || !(v >= 0) || isinf(v))
-    cli_usage_error("%s expects bytes (e.g. 16G), got '%s'", flag, text);
+  if (end == text || !unit || !(v >= 0) || !(v * unit <= 0x1p60))
+    cli_usage_error("%s expects bytes up to 2^60 (e.g. 16G), got '%s'", flag, text);
   return v * unit;
 }
 
@@ -131,8 +131,10 @@ static int run_cost_table(const char *path, bool json, TpDiag *d) {
   int rc = tp_slice_cost_load(path, &t, &stages, d);
   if (rc) return rc;
   TpSlicing plan;
+  TpDiag fd; /* the search's own errors (its size) name the file */
+  tp_diag_init(&fd, d->tool, path, d->stream);
   clock_t t0 = clock();
-  rc = tp_solve_slicing(&t, t.batch, stages, &plan, d);
+  rc = tp_solve_slicing(&t, t.batch, stages, &plan, &fd);
   double solve = (double)(clock() - t0) / CLOCKS_PER_SEC;
   if (!rc) {
     if (json) {
@@ -237,8 +239,10 @@ static int describe_file(const char *path, const CliDims *dims, TpModelDesc *des
 /* ---- output ---- */
 
 static void json_model(const TpModelDesc *m) {
-  printf("  \"model\": {\"name\": \"%s\", \"layers\": %d, \"hidden\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
-         "\"ffn\": %d},\n", m->name, m->layers, m->hidden, m->heads, m->seq, m->vocab, m->ffn);
+  printf("  \"model\": {\"name\": ");
+  tp_json_write_string(stdout, m->name);
+  printf(", \"layers\": %d, \"hidden\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
+         "\"ffn\": %d},\n", m->layers, m->hidden, m->heads, m->seq, m->vocab, m->ffn);
 }
 
 static void json_fit(const TpFit *f) {
@@ -248,8 +252,9 @@ static void json_fit(const TpFit *f) {
 /* Per stage: the fit errors of forward and backward (or of their sum); the machine's drift
  * while profiling (null where the profile does not say). */
 static void json_calibration(const TpCalibration *cal, const char *path, const TpProfile *p) {
-  printf("  \"calibration\": {\"profile\": \"%s\", \"microbatch_size\": %d, \"split\": %s, \"drift\": ", path,
-         cal->b, cal->split ? "true" : "false");
+  printf("  \"calibration\": {\"profile\": ");
+  tp_json_write_string(stdout, path);
+  printf(", \"microbatch_size\": %d, \"split\": %s, \"drift\": ", cal->b, cal->split ? "true" : "false");
   if (p->drift >= 0)
     printf("%.4f", p->drift);
   else
@@ -410,7 +415,7 @@ int main(int argc, char **argv) {
     else if (cli_value(argc, argv, &i, "--microbatches", &v)) microbatches = cli_int("--microbatches", v, 1, 65536);
     else if (cli_value(argc, argv, &i, "--granularity", &v)) granularity = cli_int("--granularity", v, 1, 1 << 20);
     else if (cli_value(argc, argv, &i, "--max-memory", &v)) max_memory = parse_bytes("--max-memory", v);
-    else if (cli_value(argc, argv, &i, "--seq", &v)) dims.token_dims[1] = cli_int("--seq", v, 1, INT32_MAX);
+    else if (cli_value(argc, argv, &i, "--seq", &v)) dims.token_dims[1] = cli_int("--seq", v, 1, TP_MAX_SEQ);
     else if (cli_value(argc, argv, &i, "--dim", &v)) cli_add_dim(&dims, v);
     else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &schedule)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
@@ -516,19 +521,22 @@ int main(int argc, char **argv) {
     TP_ASSERT(len);
     for (int i = 0; i < n; i++) len[i] = (int)lengths[i];
     free(lengths);
-    if (json) {
+    rc = tp_plan_check_units(M * n, S, &d); /* before any output, and M copies of the slices */
+    if (!rc && json) {
       printf("{\n  \"mode\": \"predict\",\n");
       json_model(&model);
-      printf("  \"hardware\": \"%s\",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n  \"tied\": %s,\n",
-             hw.name, S, (int)tensor, (int)data, tied ? "true" : "false");
+      printf("  \"hardware\": ");
+      tp_json_write_string(stdout, hw.name);
+      printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n  \"tied\": %s,\n", S, (int)tensor,
+             (int)data, tied ? "true" : "false");
       if (calibrate) json_calibration(&cal, calibrate, &prof);
-    } else {
+    } else if (!rc) {
       printf("%s: %d layers, hidden %d, %d heads, sequence %d, vocabulary %d%s\n", model.name, model.layers,
              model.hidden, model.heads, model.seq, model.vocab, tied ? ", tied head" : "");
       if (calibrate) text_calibration(&cal, calibrate, &prof);
       printf("transfers: %s (%s)%s\n", hw.name, hw.device, calibrate ? "" : "; compute: analytic");
     }
-    rc = predict(req, (int)M, (int)b, len, n, schedule, json, svg, trace, emit_schedule, &d);
+    if (!rc) rc = predict(req, (int)M, (int)b, len, n, schedule, json, svg, trace, emit_schedule, &d);
     free(len);
     free(req);
     tp_calibration_free(&cal);
@@ -550,7 +558,9 @@ int main(int argc, char **argv) {
   if (json) {
     printf("{\n");
     json_model(&model);
-    printf("  \"hardware\": \"%s\",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n", hw.name,
+    printf("  \"hardware\": ");
+    tp_json_write_string(stdout, hw.name);
+    printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n",
            S, (int)tensor, (int)data);
     if (calibrate) json_calibration(&cal, calibrate, &prof);
     printf("  \"batch\": %d,\n  \"granularity\": %d,\n  \"schedule\": \"%s\",\n", (int)batch,

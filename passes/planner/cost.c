@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "json.h"
@@ -15,8 +16,11 @@ static int profile_error(TpDiag *d, const char *path, const char *what) {
   return tp_error(d, "hardware profile %s: %s", path, what);
 }
 
-/* A required positive number at obj.key (key may be "group.field"). */
-static bool field(const TpJson *j, const char *key, double *out) {
+#define MIN_FIELD 1e-6
+
+/* A required number in [MIN_FIELD, max] at obj.key (key may be "group.field"), whole if
+ * `whole`. */
+static bool field(const TpJson *j, const char *key, double max, bool whole, double *out) {
   const char *dot = strchr(key, '.');
   if (dot) {
     char group[64];
@@ -25,7 +29,9 @@ static bool field(const TpJson *j, const char *key, double *out) {
     key = dot + 1;
   }
   const TpJson *v = tp_json_get(j, key);
-  if (!v || v->kind != TP_JSON_NUMBER || !(v->number > 0) || !isfinite(v->number)) return false;
+  if (!v || v->kind != TP_JSON_NUMBER || !(v->number >= MIN_FIELD && v->number <= max) ||
+      (whole && v->number != floor(v->number)))
+    return false;
   *out = v->number;
   return true;
 }
@@ -34,28 +40,37 @@ int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d) {
   char err[256];
   TpJson *j = tp_json_parse_file(path, err, sizeof err);
   if (!j) return profile_error(d, path, err);
+  int rc = tp_hardware_from_json(j, path, hw, d);
+  tp_json_free(j);
+  return rc;
+}
+
+int tp_hardware_from_json(const TpJson *j, const char *path, TpHardware *hw, TpDiag *d) {
   memset(hw, 0, sizeof *hw);
   int rc = TP_OK;
   const TpJson *name = tp_json_get(j, "name"), *device = tp_json_get(j, "device"),
                *dtype = tp_json_get(j, "dtype");
   double per_node = 0, flops = 0, kernel_us = 0;
-  const struct { const char *key; double *dst; } num[] = {
-      {"devices_per_node", &per_node},          {"memory_bytes", &hw->memory_bytes},
-      {"gemm_efficiency", &hw->gemm_efficiency}, {"gemm_half_rows", &hw->gemm_half_rows},
-      {"memory_bandwidth", &hw->mem_bandwidth},  {"kernel_overhead_us", &kernel_us},
-      {"intra_node.bandwidth", &hw->intra_bandwidth},
-      {"intra_node.latency_us", &hw->intra_latency_s},
-      {"inter_node.bandwidth", &hw->inter_bandwidth},
-      {"inter_node.latency_us", &hw->inter_latency_s},
+  /* generous bounds (a petabyte, a petabyte per second, a second of latency), so that every
+   * cost computed from them stays finite (nothing is divided by less than MIN_FIELD) */
+  const struct { const char *key; double *dst, max; } num[] = {
+      {"devices_per_node", &per_node, 65536},         {"memory_bytes", &hw->memory_bytes, 1e15},
+      {"gemm_efficiency", &hw->gemm_efficiency, 1},  {"gemm_half_rows", &hw->gemm_half_rows, 1e9},
+      {"memory_bandwidth", &hw->mem_bandwidth, 1e15}, {"kernel_overhead_us", &kernel_us, 1e6},
+      {"intra_node.bandwidth", &hw->intra_bandwidth, 1e15},
+      {"intra_node.latency_us", &hw->intra_latency_s, 1e6},
+      {"inter_node.bandwidth", &hw->inter_bandwidth, 1e15},
+      {"inter_node.latency_us", &hw->inter_latency_s, 1e6},
   };
   if (!name || name->kind != TP_JSON_STRING || !dtype || dtype->kind != TP_JSON_STRING) {
     rc = profile_error(d, path, "needs string fields \"name\" and \"dtype\"");
     goto done;
   }
   for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)
-    if (!field(j, num[i].key, num[i].dst)) {
+    if (!field(j, num[i].key, num[i].max, i == 0, num[i].dst)) {
       char msg[128];
-      snprintf(msg, sizeof msg, "field \"%s\" missing or not a positive number", num[i].key);
+      snprintf(msg, sizeof msg, "field \"%s\" missing or not a %s in [%g, %g]", num[i].key,
+               i == 0 ? "whole number" : "number", i == 0 ? 1 : MIN_FIELD, num[i].max);
       rc = profile_error(d, path, msg);
       goto done;
     }
@@ -65,8 +80,8 @@ int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d) {
   snprintf(hw->dtype, sizeof hw->dtype, "%s", dtype->string);
   hw->dtype_bytes = !strcmp(hw->dtype, "fp32") ? 4 : !strcmp(hw->dtype, "fp16") || !strcmp(hw->dtype, "bf16") ? 2 : 0;
   if (!hw->dtype_bytes) { rc = profile_error(d, path, "\"dtype\" must be fp16, bf16 or fp32"); goto done; }
-  if (!field(tp_json_get(j, "peak_flops"), hw->dtype, &flops)) {
-    rc = profile_error(d, path, "\"peak_flops\" has no positive entry for the training dtype");
+  if (!field(tp_json_get(j, "peak_flops"), hw->dtype, 1e18, false, &flops)) {
+    rc = profile_error(d, path, "\"peak_flops\" has no entry in [1e-06, 1e+18] for the training dtype");
     goto done;
   }
   hw->peak_flops = flops;
@@ -74,9 +89,7 @@ int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d) {
   hw->kernel_overhead_s = kernel_us * 1e-6;
   hw->intra_latency_s *= 1e-6;
   hw->inter_latency_s *= 1e-6;
-  if (hw->gemm_efficiency > 1) rc = profile_error(d, path, "\"gemm_efficiency\" must be <= 1");
 done:
-  tp_json_free(j);
   return rc;
 }
 
@@ -92,11 +105,8 @@ int tp_hardware_find(const char *name, const char *dirs, TpHardware *hw, TpDiag 
     char dir[1024], path[1300];
     snprintf(dir, sizeof dir, "%.*s", (int)(end - p), p);
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (f) {
-      fclose(f);
-      return tp_hardware_load(path, hw, d);
-    }
+    struct stat st; /* found: loaded (which refuses a FIFO), never opened here */
+    if (stat(path, &st) == 0) return tp_hardware_load(path, hw, d);
     DIR *dd = opendir(dir);
     for (struct dirent *e; dd && (e = readdir(dd));) {
       size_t len = strlen(e->d_name);
@@ -173,7 +183,7 @@ bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
     if (w != 3 * desc->hidden && w > desc->ffn) desc->ffn = w;
   }
   if (!desc->ffn) desc->ffn = 4 * desc->hidden;
-  return desc->layers > 0 && desc->hidden > 0 && desc->heads > 0 && desc->vocab > 0 && seq > 0;
+  return desc->layers > 0 && desc->hidden > 0 && desc->heads > 0 && desc->vocab > 0 && seq > 0 && seq <= INT32_MAX;
 }
 
 int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
@@ -225,6 +235,10 @@ int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc 
   cm->tensor = tensor;
   cm->data = data;
   cm->param_state_bytes = 16; /* fp16 weights+grads, fp32 master, Adam m and v (or fp32 4+4+8) */
+  if (m->layers > TP_MAX_LAYERS)
+    return tp_error(d, "the model has %d layers, more than the planner handles (%d)", m->layers, TP_MAX_LAYERS);
+  if (m->seq > TP_MAX_SEQ)
+    return tp_error(d, "sequence length %d is more than the planner handles (%d)", m->seq, TP_MAX_SEQ);
   if (pipeline < 1 || pipeline > TP_MAX_STAGES)
     return tp_error(d, "pipeline degree %d out of range 1..%d", pipeline, TP_MAX_STAGES);
   if (m->layers % pipeline)
@@ -486,6 +500,8 @@ static bool int_field(const TpJson *j, const char *key, int lo, int hi, int *out
   return true;
 }
 
+static bool seconds_in_range(double s) { return s >= TP_MIN_SECONDS && s <= TP_MAX_SECONDS; }
+
 static int load_sample(const TpJson *e, int i, const TpProfile *p, const char *path, TpSample *s, TpDiag *d) {
   if (e->kind != TP_JSON_OBJECT) return tp_error(d, "profile %s: sample %d is not an object", path, i);
   bool ok = true;
@@ -494,15 +510,19 @@ static int load_sample(const TpJson *e, int i, const TpProfile *p, const char *p
   double fwd = tp_json_number(e, "forward", NAN, &ok), bwd = tp_json_number(e, "backward", NAN, &ok);
   double stage = tp_json_number(e, "stage", 0, &ok);
   if (!ok) return tp_error(d, "profile %s: sample %d: a field is not a number", path, i);
-  if (b < 1 || l < 1 || c < 0 || b != floor(b) || l != floor(l) || c != floor(c) || b > 1e9 || l + c > 1e9)
-    return tp_error(d, "profile %s: sample %d needs integers b >= 1, l >= 1, c >= 0", path, i);
+  if (b < 1 || l < 1 || c < 0 || b != floor(b) || l != floor(l) || c != floor(c) || b > TP_MAX_MICROBATCH ||
+      l + c > TP_MAX_SEQ)
+    return tp_error(d, "profile %s: sample %d needs integers b in [1, %d], l >= 1, c >= 0, l + c <= %d", path, i,
+                    TP_MAX_MICROBATCH, TP_MAX_SEQ);
   if (isnan(fwd) != isnan(bwd))
     return tp_error(d, "profile %s: sample %d has only one of \"forward\" and \"backward\"", path, i);
   bool split = !isnan(fwd);
-  if (split && !(fwd > 0 && bwd > 0 && isfinite(fwd + bwd)))
-    return tp_error(d, "profile %s: sample %d needs forward > 0 and backward > 0", path, i);
+  if (split && !(seconds_in_range(fwd) && seconds_in_range(bwd)))
+    return tp_error(d, "profile %s: sample %d needs forward and backward in [%g, %g] seconds", path, i,
+                    TP_MIN_SECONDS, TP_MAX_SECONDS);
   if (isnan(sec) && split) sec = fwd + bwd;
-  if (!(sec > 0) || !isfinite(sec)) return tp_error(d, "profile %s: sample %d needs seconds > 0", path, i);
+  if (!seconds_in_range(sec))
+    return tp_error(d, "profile %s: sample %d needs seconds in [%g, %g]", path, i, TP_MIN_SECONDS, TP_MAX_SECONDS);
   if (split && fabs(fwd + bwd - sec) > 1e-6 + 1e-3 * sec)
     return tp_error(d, "profile %s: sample %d: forward %g + backward %g is not seconds %g", path, i, fwd, bwd, sec);
   if (stage != floor(stage) || stage < 0 || stage >= p->stages)
@@ -519,6 +539,13 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
   char err[256];
   TpJson *j = tp_json_parse_file(path, err, sizeof err);
   if (!j) return tp_error(d, "profile %s: %s", path, err);
+  int rc = tp_profile_from_json(j, path, p, d);
+  tp_json_free(j);
+  return rc;
+}
+
+int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag *d) {
+  memset(p, 0, sizeof *p);
   int rc = TP_OK;
   const TpJson *format = tp_json_get(j, "format"), *device = tp_json_get(j, "device"),
                *model = tp_json_get(j, "model"), *s = tp_json_get(j, "samples"),
@@ -533,11 +560,12 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
     rc = tp_error(d, "profile %s: unsupported \"version\" (this reader knows 1)", path);
     goto done;
   }
-  const struct { const char *key; int *dst; } ints[] = {
-      {"threads", &p->threads}, {"ranks", &p->ranks}, {"stages", &p->stages}, {"batch", &p->batch}, {"seq", &p->seq}};
+  const struct { const char *key; int *dst, max; } ints[] = {
+      {"threads", &p->threads, 1 << 20}, {"ranks", &p->ranks, 1 << 24}, {"stages", &p->stages, TP_MAX_STAGES},
+      {"batch", &p->batch, TP_MAX_MICROBATCH}, {"seq", &p->seq, TP_MAX_SEQ}};
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-    if (!int_field(j, ints[i].key, 1, i == 2 ? TP_MAX_STAGES : 1 << 30, ints[i].dst)) {
-      rc = tp_error(d, "profile %s: \"%s\" must be a positive integer", path, ints[i].key);
+    if (!int_field(j, ints[i].key, 1, ints[i].max, ints[i].dst)) {
+      rc = tp_error(d, "profile %s: \"%s\" must be an integer in [1, %d]", path, ints[i].key, ints[i].max);
       goto done;
     }
   snprintf(p->device, sizeof p->device, "%s", device && device->kind == TP_JSON_STRING ? device->string : "unknown");
@@ -572,17 +600,18 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
     bool ok = opt->kind == TP_JSON_ARRAY && opt->count == p->stages;
     p->optimizer = calloc((size_t)p->stages, sizeof *p->optimizer);
     for (int k = 0; ok && k < p->stages; k++) {
-      ok = opt->items[k].kind == TP_JSON_NUMBER && opt->items[k].number >= 0 && isfinite(opt->items[k].number);
+      ok = opt->items[k].kind == TP_JSON_NUMBER && opt->items[k].number >= 0 && opt->items[k].number <= TP_MAX_SECONDS;
       if (ok) p->optimizer[k] = opt->items[k].number;
     }
     if (!ok) {
-      rc = tp_error(d, "profile %s: \"optimizer\" must hold seconds >= 0 for each of the %d stages", path, p->stages);
+      rc = tp_error(d, "profile %s: \"optimizer\" must hold seconds in [0, %g] for each of the %d stages", path,
+                    TP_MAX_SECONDS, p->stages);
       goto done;
     }
   }
   p->drift = -1;
-  if (drift && (drift->kind != TP_JSON_NUMBER || !(drift->number >= 0) || !isfinite(drift->number))) {
-    rc = tp_error(d, "profile %s: \"drift\" must be a number >= 0 (the upper / lower quartile of the "
+  if (drift && (drift->kind != TP_JSON_NUMBER || !(drift->number >= 0 && drift->number <= 1000))) {
+    rc = tp_error(d, "profile %s: \"drift\" must be a number in [0, 1000] (the upper / lower quartile of the "
                      "timed passes over the grid - 1)", path);
     goto done;
   }
@@ -595,7 +624,6 @@ int tp_profile_load(const char *path, TpProfile *p, TpDiag *d) {
   }
   p->nsamples = s->count;
 done:
-  tp_json_free(j);
   if (rc) tp_profile_free(p);
   return rc;
 }
@@ -626,6 +654,7 @@ static bool solve4(double A[4][4], double y[4], double x[4]) {
     double s = y[r];
     for (int k = r + 1; k < 4; k++) s -= A[r][k] * x[k];
     x[r] = s / A[r][r];
+    if (!(fabs(x[r]) <= 1e30)) return false; /* ill-conditioned: a fit that would price slices at infinity */
   }
   return true;
 }

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 
 #include "ir/ir.h"
+#include "json.h"
 
 /* A hardware profile: tools/profiles/NAME.json (fields documented there and in
  * tools/profiles/README.md). */
@@ -34,6 +35,8 @@ typedef struct {
 
 /* Reads a profile file. Errors (missing or bad fields) go to d: TP_ERR_INPUT. */
 int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d);
+/* The same from a parsed document; errors name `path`. */
+int tp_hardware_from_json(const TpJson *j, const char *path, TpHardware *hw, TpDiag *d);
 /* `name` is a file path (contains '/' or ends in .json) or NAME, looked up as NAME.json in
  * the ':'-separated `dirs`. Unknown names list the profiles found. */
 int tp_hardware_find(const char *name, const char *dirs, TpHardware *hw, TpDiag *d);
@@ -62,6 +65,15 @@ typedef struct {
 } TpStage;
 
 #define TP_MAX_STAGES 1024
+
+/* What the planner takes (larger inputs are refused, naming the bound): generous for real
+ * models, and small enough that every cost computed from valid inputs is finite and every
+ * search ends in about a minute. */
+#define TP_MAX_LAYERS 1024          /* balanced stage cuts cost stages x layers^2 */
+#define TP_MAX_SEQ (1 << 24)        /* tokens of a sequence */
+#define TP_MAX_MICROBATCH (1 << 20) /* sequences of a microbatch or profile sample */
+#define TP_MAX_SECONDS 1e6          /* a measured or tabled time; shorter than 1e-9 s neither */
+#define TP_MIN_SECONDS 1e-9
 
 /* Everything the costs depend on besides (b, l, c). */
 typedef struct {
@@ -159,6 +171,7 @@ typedef struct {
 } TpProfile;
 /* Reads and checks a profile: one error naming the file (and the sample) for bad input. */
 int tp_profile_load(const char *path, TpProfile *p, TpDiag *d);
+int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag *d);
 void tp_profile_free(TpProfile *p);
 
 typedef struct {

@@ -1,9 +1,12 @@
 #include "json.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "ir/ir.h"
 
 typedef struct {
   const char *p, *end, *start;
@@ -32,15 +35,41 @@ static bool literal(Parser *ps, const char *word) {
   return true;
 }
 
+/* The length of the well-formed UTF-8 sequence at p (RFC 3629: no overlong forms, no
+ * surrogates, at most U+10FFFF), 0 if there is none. */
+static size_t utf8_length(const unsigned char *p, const unsigned char *end) {
+  size_t n = p[0] < 0x80 ? 1 : p[0] >= 0xC2 && p[0] <= 0xDF ? 2 : p[0] >= 0xE0 && p[0] <= 0xEF ? 3
+           : p[0] >= 0xF0 && p[0] <= 0xF4 ? 4 : 0;
+  if (!n || (size_t)(end - p) < n) return 0;
+  for (size_t i = 1; i < n; i++)
+    if ((p[i] & 0xC0) != 0x80) return 0;
+  if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F) || (p[0] == 0xF0 && p[1] < 0x90) ||
+      (p[0] == 0xF4 && p[1] > 0x8F))
+    return 0;
+  return n;
+}
+
 /* Strings: escapes are decoded; \uXXXX below 0x80 becomes that byte, others '?' (the
- * planner's files only hold names). */
+ * planner's files only hold names). Raw bytes must be UTF-8. */
 static bool parse_string(Parser *ps, char **out) {
   ps->p++; /* opening quote */
   size_t cap = 16, n = 0;
   char *s = malloc(cap);
+  TP_ASSERT(s);
   while (ps->p < ps->end && *ps->p != '"') {
-    char c = *ps->p++;
+    char c = *ps->p;
+    size_t len = utf8_length((const unsigned char *)ps->p, (const unsigned char *)ps->end);
     if ((unsigned char)c < 0x20) { free(s); return fail(ps, "control character in string"); }
+    if (!len) { free(s); return fail(ps, "invalid UTF-8 in string"); }
+    if (len > 1) { /* copied whole */
+      if (n + len + 1 > cap) s = realloc(s, cap = 2 * cap + len);
+      TP_ASSERT(s);
+      memcpy(s + n, ps->p, len);
+      n += len;
+      ps->p += len;
+      continue;
+    }
+    ps->p++;
     if (c == '\\') {
       if (ps->p >= ps->end) break;
       char e = *ps->p++;
@@ -67,6 +96,7 @@ static bool parse_string(Parser *ps, char **out) {
       }
     }
     if (n + 2 > cap) s = realloc(s, cap *= 2);
+    TP_ASSERT(s);
     s[n++] = c;
   }
   if (ps->p >= ps->end) { free(s); return fail(ps, "unterminated string"); }
@@ -74,6 +104,32 @@ static bool parse_string(Parser *ps, char **out) {
   s[n] = 0;
   *out = s;
   return true;
+}
+
+static int compare_keys(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Two members of one object with the same name: which one a reader takes would be a guess.
+ * Sorted copies of the names, so a large object costs n log n. */
+static bool check_duplicates(Parser *ps, const TpJson *v) {
+  if (v->count < 2) return true;
+  const char **keys = malloc(sizeof *keys * (size_t)v->count);
+  TP_ASSERT(keys);
+  for (int i = 0; i < v->count; i++) keys[i] = v->items[i].key;
+  qsort(keys, (size_t)v->count, sizeof *keys, compare_keys);
+  const char *dup = NULL;
+  for (int i = 1; i < v->count && !dup; i++)
+    if (!strcmp(keys[i - 1], keys[i])) dup = keys[i];
+  bool ok = true;
+  if (dup) {
+    char what[128], name[80];
+    tp_escape_text(name, sizeof name, dup);
+    snprintf(what, sizeof what, "member \"%.60s\" appears twice in one object", name);
+    ok = fail(ps, what);
+  }
+  free(keys);
+  return ok;
 }
 
 static bool parse_value(Parser *ps, TpJson *v);
@@ -87,6 +143,7 @@ static bool parse_items(Parser *ps, TpJson *v, char close, bool keyed) {
     if (v->count == cap) {
       cap = cap ? cap * 2 : 8;
       v->items = realloc(v->items, (size_t)cap * sizeof *v->items);
+      TP_ASSERT(v->items);
     }
     TpJson *item = &v->items[v->count];
     memset(item, 0, sizeof *item);
@@ -102,9 +159,44 @@ static bool parse_items(Parser *ps, TpJson *v, char close, bool keyed) {
     if (!parse_value(ps, item)) return false;
     skip_space(ps);
     if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-    if (ps->p < ps->end && *ps->p == close) { ps->p++; return true; }
+    if (ps->p < ps->end && *ps->p == close) { ps->p++; return !keyed || check_duplicates(ps, v); }
     return fail(ps, keyed ? "expected ',' or '}'" : "expected ',' or ']'");
   }
+}
+
+static size_t digits(const char *p, const char *end) {
+  size_t n = 0;
+  while (p + n < end && p[n] >= '0' && p[n] <= '9') n++;
+  return n;
+}
+
+/* JSON's number grammar exactly: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, and the
+ * value must be a finite double (no NaN, Infinity or 1e999). */
+static bool parse_number(Parser *ps, TpJson *v) {
+  const char *p = ps->p, *end = ps->end;
+  p += p < end && *p == '-';
+  size_t n = digits(p, end);
+  if (n == 0 || (n > 1 && *p == '0')) return fail(ps, "bad number");
+  p += n;
+  if (p < end && *p == '.') {
+    if (!(n = digits(++p, end))) return fail(ps, "bad number");
+    p += n;
+  }
+  if (p < end && (*p == 'e' || *p == 'E')) {
+    p++;
+    p += p < end && (*p == '+' || *p == '-');
+    if (!(n = digits(p, end))) return fail(ps, "bad number");
+    p += n;
+  }
+  char buf[512];
+  if ((size_t)(p - ps->p) >= sizeof buf) return fail(ps, "number longer than 511 characters");
+  memcpy(buf, ps->p, (size_t)(p - ps->p));
+  buf[p - ps->p] = 0;
+  v->kind = TP_JSON_NUMBER;
+  v->number = strtod(buf, NULL);
+  if (!isfinite(v->number)) return fail(ps, "number out of range");
+  ps->p = p;
+  return true;
 }
 
 static bool parse_value(Parser *ps, TpJson *v) {
@@ -119,22 +211,11 @@ static bool parse_value(Parser *ps, TpJson *v) {
   else if (literal(ps, "null")) v->kind = TP_JSON_NULL;
   else if (literal(ps, "true")) { v->kind = TP_JSON_BOOL; v->number = 1; }
   else if (literal(ps, "false")) v->kind = TP_JSON_BOOL;
-  else if (c == '-' || (c >= '0' && c <= '9')) {
-    char buf[64];
-    size_t n = 0;
-    while (ps->p + n < ps->end && n < sizeof buf - 1 && strchr("+-.eE0123456789", ps->p[n])) n++;
-    memcpy(buf, ps->p, n);
-    buf[n] = 0;
-    char *endp;
-    v->kind = TP_JSON_NUMBER;
-    v->number = strtod(buf, &endp);
-    if (endp != buf + n || n == 0) return fail(ps, "bad number");
-    ps->p += n;
-  } else ok = fail(ps, "unexpected character");
+  else if (c == '-' || (c >= '0' && c <= '9')) ok = parse_number(ps, v);
+  else ok = fail(ps, "unexpected character");
   ps->depth--;
   return ok;
 }
-
 static void free_items(TpJson *j) {
   for (int i = 0; i < j->count; i++) free_items(&j->items[i]);
   free(j->items);
@@ -162,21 +243,34 @@ TpJson *tp_json_parse(const char *text, size_t len, char *err, size_t errsize) {
 }
 
 TpJson *tp_json_parse_file(const char *path, char *err, size_t errsize) {
-  FILE *f = fopen(path, "rb");
-  if (!f) { snprintf(err, errsize, "cannot open: %s", strerror(errno)); return NULL; }
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  for (size_t got; (got = fread(buf + n, 1, cap - n, f)) > 0;) {
-    n += got;
-    if (n == cap) buf = realloc(buf, cap *= 2);
+  struct stat st; /* refused before it is read into memory; tp_read_input refuses FIFOs */
+  if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > TP_JSON_MAX_BYTES) {
+    snprintf(err, errsize, "larger than %d MiB (%lld bytes)", TP_JSON_MAX_BYTES >> 20, (long long)st.st_size);
+    return NULL;
   }
-  bool bad = ferror(f);
-  fclose(f);
+  size_t n;
+  char why[256];
+  char *text = tp_read_input(path, &n, why, sizeof why);
+  if (!text) {
+    snprintf(err, errsize, "cannot open: %s", why);
+    return NULL;
+  }
   TpJson *j = NULL;
-  if (bad) snprintf(err, errsize, "read error");
-  else j = tp_json_parse(buf, n, err, errsize);
-  free(buf);
+  if (n > TP_JSON_MAX_BYTES) snprintf(err, errsize, "larger than %d MiB", TP_JSON_MAX_BYTES >> 20);
+  else j = tp_json_parse(text, n, err, errsize);
+  free(text);
   return j;
+}
+
+void tp_json_write_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 32 || c > 126) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
 }
 
 const TpJson *tp_json_get(const TpJson *j, const char *key) {

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 typedef enum { TP_JSON_NULL, TP_JSON_BOOL, TP_JSON_NUMBER, TP_JSON_STRING, TP_JSON_ARRAY,
                TP_JSON_OBJECT } TpJsonKind;
@@ -20,11 +21,18 @@ struct TpJson {
   int count;
 };
 
-/* Parses text[0, len). On failure returns NULL and writes "line L: what" into err. */
+/* Parses text[0, len) as strict JSON (RFC 8259): no duplicate member names, no trailing
+ * text, nesting up to 64, numbers finite doubles, strings UTF-8. On failure returns NULL
+ * and writes "line L: what" into err. */
 TpJson *tp_json_parse(const char *text, size_t len, char *err, size_t errsize);
-/* Reads and parses a file; err says why on failure (including I/O errors). */
+/* Reads and parses a file (a regular one, up to TP_JSON_MAX_BYTES: the planner's inputs are
+ * small); err says why on failure (including I/O errors). */
+#define TP_JSON_MAX_BYTES (32 << 20)
 TpJson *tp_json_parse_file(const char *path, char *err, size_t errsize);
 void tp_json_free(TpJson *j);
+/* s as a JSON string, ASCII only: quotes, backslashes, control bytes and bytes over 0x7f
+ * escaped (a byte over 0x7f as U+0080..U+00FF, so names in any encoding stay valid JSON). */
+void tp_json_write_string(FILE *f, const char *s);
 
 /* Member `key` of an object, or NULL (also when j is not an object). */
 const TpJson *tp_json_get(const TpJson *j, const char *key);

@@ -116,8 +116,21 @@ static void evaluate_plan(const TpPlanRequest *req, const TpSliceCost *table, Tp
   tp_schedule_free(&sched);
 }
 
+int tp_plan_check_units(int64_t units, int stages, TpDiag *d) {
+  if (units * stages > TP_PLAN_MAX_UNIT_STAGES)
+    return tp_error(d, "%lld units (microbatch slices) x %d stages = %lld, more than the simulation takes (%d)",
+                    (long long)units, stages, (long long)units * stages, TP_PLAN_MAX_UNIT_STAGES);
+  return TP_OK;
+}
+
 int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
                      TpSchedule *sched, TpSimResult *r, TpDiag *d) {
+  memset(sched, 0, sizeof *sched);
+  memset(r, 0, sizeof *r);
+  int64_t units = 0;
+  for (int m = 0; m < e->slicing.n; m++) units += e->slicing.mb[m].nslices;
+  int rc = tp_plan_check_units(units, req->cm.nstages, d);
+  if (rc) return rc;
   TpCostModel *cm = malloc(sizeof *cm);
   *cm = req->cm;
   cm->recompute = e->recompute;
@@ -128,7 +141,7 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   tp_schedule_build(&spec, sched);
   TpSimCosts costs;
   tp_sim_costs_from_model(cm, &e->slicing, &costs);
-  int rc = tp_simulate(sched, &costs, record, r, d);
+  rc = tp_simulate(sched, &costs, record, r, d);
   tp_sim_costs_free(&costs);
   free(nslices);
   free(cm);
@@ -164,9 +177,17 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
   if (cm->cal && B % cm->cal->b)
     return tp_error(d, "batch per pipeline replica %d is not a multiple of the profiled microbatch size %d",
                     B, cm->cal->b);
+  int n = cm->model.seq / g, rc = tp_slicing_check_size(B, n, d);
+  if (rc) return rc;
+  /* every candidate plan has at most B x n units */
+  if ((int64_t)B * n * cm->nstages > TP_PLAN_MAX_UNIT_STAGES)
+    return tp_error(d, "batch per pipeline replica %d x %d slice units x %d stages = %lld, more than the simulation "
+                       "takes (%d): a smaller batch per replica or a coarser granularity", B, n, cm->nstages,
+                    (long long)B * n * cm->nstages, TP_PLAN_MAX_UNIT_STAGES);
   TpSliceCost table;
   tp_model_slice_cost(cm, B, g, &table, &out->fit_rms_rel_err, &out->fit_max_rel_err);
-  int n = table.units, rc;
+  rc = tp_slice_cost_finish(&table, d); /* a calibrated fit can price a slice below zero */
+  if (rc) goto done;
 
   /* TeraPipe's plan */
   init_eval(req, &out->terapipe, req->schedule);
@@ -187,10 +208,11 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     keep_better(&out->baseline, &cand);
     int best_n = 1;
     double best_t = INFINITY;
-    for (int slices = 1; slices <= n; slices++) {
+    for (int slices = 1; slices <= n; slices++) { /* one microbatch, its sum counted B / mb times */
       TpSlicing u;
-      tp_uniform_slicing(&table, B, mb, slices, cm->nstages, &u);
-      if (u.time < best_t) best_t = u.time, best_n = slices;
+      tp_uniform_slicing(&table, mb, mb, slices, cm->nstages, &u);
+      double time = (double)(B / mb) * u.sum + (cm->nstages - 1) * u.max;
+      if (time < best_t) best_t = time, best_n = slices;
       tp_slicing_free(&u);
     }
     init_eval(req, &cand, req->schedule);

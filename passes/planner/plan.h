@@ -50,6 +50,12 @@ typedef struct {
   int evaluations;          /* DP runs */
 } TpPlanResult;
 
+/* Simulated plans hold at most this many (unit, stage) pairs: memory and time grow with
+ * them. tp_plan refuses a search whose candidates could be larger. */
+#define TP_PLAN_MAX_UNIT_STAGES (1 << 21)
+/* An input error if `units` (slices of all microbatches) on `stages` exceed that. */
+int tp_plan_check_units(int64_t units, int stages, TpDiag *d);
+
 int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d);
 void tp_plan_result_free(TpPlanResult *r);
 

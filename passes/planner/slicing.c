@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cost.h"
 #include "json.h"
 
 void tp_slice_cost_init(TpSliceCost *t, TpSliceCostKind kind, int batch, int units, int granularity) {
@@ -50,15 +51,23 @@ int tp_slice_cost_finish(TpSliceCost *t, TpDiag *d) {
 
 int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d) {
   char err[256];
+  memset(t, 0, sizeof *t);
   TpJson *j = tp_json_parse_file(path, err, sizeof err);
   if (!j) return tp_error(d, "cost table %s: %s", path, err);
+  int rc = tp_slice_cost_from_json(j, path, t, stages, d);
+  tp_json_free(j);
+  return rc;
+}
+
+int tp_slice_cost_from_json(const TpJson *j, const char *path, TpSliceCost *t, int *stages, TpDiag *d) {
   int rc = TP_OK;
   bool ok = true;
   double g = tp_json_number(j, "granularity", -1, &ok), k = tp_json_number(j, "stages", -1, &ok);
   const TpJson *T = tp_json_get(j, "t");
   memset(t, 0, sizeof *t);
-  if (!ok || g < 1 || g != floor(g) || k < 1 || k != floor(k) || k > 1e6) {
-    rc = tp_error(d, "cost table %s: needs integers \"granularity\" >= 1 and \"stages\" >= 1", path);
+  if (!ok || g < 1 || g != floor(g) || g > TP_MAX_SEQ || k < 1 || k != floor(k) || k > TP_MAX_STAGES) {
+    rc = tp_error(d, "cost table %s: needs integers \"granularity\" in [1, %d] and \"stages\" in [1, %d]", path,
+                  TP_MAX_SEQ, TP_MAX_STAGES);
     goto done;
   }
   if (!T || T->kind != TP_JSON_ARRAY || T->count < 2 || T->items[1].kind != TP_JSON_ARRAY ||
@@ -67,8 +76,13 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
     goto done;
   }
   int batch = T->count - 1, n = T->items[1].count - 1;
-  if ((double)batch * (n + 1) * (n + 1) > 5e8) {
-    rc = tp_error(d, "cost table %s: too large (%d x %d x %d)", path, batch, n, n);
+  if ((double)batch * (n + 1) * (n + 1) > 1 << 24) {
+    rc = tp_error(d, "cost table %s: %d x %d x %d entries, more than %d", path, batch, n + 1, n + 1, 1 << 24);
+    goto done;
+  }
+  if ((double)n * g > TP_MAX_SEQ) {
+    rc = tp_error(d, "cost table %s: %d units of granularity %d make a sequence longer than %d tokens", path, n,
+                  (int)g, TP_MAX_SEQ);
     goto done;
   }
   tp_slice_cost_init(t, TP_COST_DENSE, batch, n, (int)g);
@@ -88,8 +102,9 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
       for (int c = 0; c <= n - s; c++) {
         const TpJson *v = &Ts->items[c];
         if (v->kind == TP_JSON_NULL) continue;
-        if (v->kind != TP_JSON_NUMBER) {
-          rc = tp_error(d, "cost table %s: t[%d][%d][%d] is not a number or null", path, b, s, c);
+        if (v->kind != TP_JSON_NUMBER || !(v->number >= 0 && v->number <= TP_MAX_SECONDS)) {
+          rc = tp_error(d, "cost table %s: t[%d][%d][%d] is not null or seconds in [0, %g]", path, b, s, c,
+                        TP_MAX_SECONDS);
           break;
         }
         t->dense[((long)b * (n + 1) + s) * (n + 1) + c] = v->number;
@@ -99,7 +114,6 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
   if (!rc) rc = tp_slice_cost_finish(t, d);
   if (rc) tp_slice_cost_free(t);
 done:
-  tp_json_free(j);
   return rc;
 }
 
@@ -241,11 +255,24 @@ static void extract(const Solver *sv, TpSlicing *out) {
 
 typedef struct { double a, b, Sb; } Interval;
 
+int tp_slicing_check_size(int batch, int units, TpDiag *d) {
+  if (batch > TP_SLICING_MAX_BATCH)
+    return tp_error(d, "batch %d is more than the slicing search takes (%d sequences per pipeline replica)", batch,
+                    TP_SLICING_MAX_BATCH);
+  if ((double)batch * units * units > TP_SLICING_MAX_WORK)
+    return tp_error(d, "batch %d x (%d slice units)^2 = %.3g, more than the slicing search takes (2^32): a coarser "
+                       "granularity or a smaller batch per pipeline replica", batch, units,
+                    (double)batch * units * units);
+  return TP_OK;
+}
+
 int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out, TpDiag *d) {
   memset(out, 0, sizeof *out);
   if (batch < 1 || batch > t->batch)
     return tp_error(d, "batch %d outside the cost table's 1..%d", batch, t->batch);
   if (stages < 1) return tp_error(d, "stages must be >= 1");
+  int rc = tp_slicing_check_size(batch, t->units, d);
+  if (rc) return rc;
   int n = t->units;
   Solver sv = {.t = t, .batch = batch, .stages = stages, .n = n};
   size_t rows = ((size_t)batch + 1) * ((size_t)n + 1);
@@ -257,7 +284,6 @@ int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out
   sv.kmx = malloc(((size_t)batch + 1) * sizeof(double));
   sv.pick = malloc(((size_t)batch + 1) * sizeof(int));
   double K1 = stages - 1, sum, max;
-  int rc = TP_OK;
   if (!evaluate(&sv, INFINITY, &sum, &max)) {
     rc = tp_error(d, "no slicing has a finite cost for batch %d", batch);
     goto done;
@@ -290,6 +316,7 @@ int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out
   out->evaluations = evals;
   tp_slicing_eval(t, stages, out);
   TP_ASSERT(out->time <= best * (1 + 1e-12) + 1e-300);
+  TP_ASSERT(isfinite(out->time)); /* bounded costs (TP_MAX_SECONDS) and sizes keep every sum finite */
 done:
   free(sv.S);
   free(sv.mx);

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 
 #include "ir/ir.h"
+#include "json.h"
 
 typedef enum { TP_COST_DENSE, TP_COST_SEPARABLE } TpSliceCostKind;
 
@@ -55,6 +56,8 @@ void tp_slice_cost_free(TpSliceCost *t);
 /* Reads {"granularity": g, "stages": K, "t": T} (T[b][s][c], index 0 of b and s unused,
  * null where not measurable). */
 int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d);
+/* The same from a parsed document; errors name `path`. */
+int tp_slice_cost_from_json(const TpJson *j, const char *path, TpSliceCost *t, int *stages, TpDiag *d);
 
 typedef struct {
   int size;    /* sequences */
@@ -69,6 +72,12 @@ typedef struct {
   int evaluations;       /* DP runs (probed caps) */
 } TpSlicing;
 
+/* The search's work: a knapsack over microbatch sizes (batch^2) and per size a DP over
+ * units (batch x units^2) per probed cap. Larger problems are refused, naming the bound (at
+ * the bounds, about a minute on one core). */
+#define TP_SLICING_MAX_BATCH 1024
+#define TP_SLICING_MAX_WORK 4294967296.0 /* batch x units^2 */
+int tp_slicing_check_size(int batch, int units, TpDiag *d);
 /* The exact optimum of Eq. 5 for `batch` sequences on `stages` stages. No plan with a
  * finite cost is an input error. */
 int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out, TpDiag *d);

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../passes/planner/json.h" /* tp_json_write_string: names in any encoding stay valid JSON */
 #include "../cpu/optim.h"
 #include "atomic.h"
 
@@ -130,17 +131,6 @@ static void device_name(char *buf, size_t n) {
   fclose(f);
 }
 
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 32) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
-  }
-  fputc('"', f);
-}
-
 /* The profile file (format: passes/planner/cost.h): times[(p * S + k) * 2 + {0, 1}] is
  * stage k's forward and backward of probe p, opt[k] its optimizer step. */
 static int write_profile(Trainer *t, const double *times, const double *opt, double drift) {
@@ -153,9 +143,9 @@ static int write_profile(Trainer *t, const double *times, const double *opt, dou
   FILE *f = open_memstream(&text, &len);
   TP_ASSERT(f);
   fputs("{\"format\": \"tokpipe-profile\", \"version\": 1,\n \"device\": ", f);
-  json_string(f, device);
+  tp_json_write_string(f, device);
   fprintf(f, ", \"threads\": %d, \"ranks\": %d,\n \"model\": ", omp_get_max_threads(), t->comm->size);
-  json_string(f, P->model ? P->model : "");
+  tp_json_write_string(f, P->model ? P->model : "");
   fprintf(f, ", \"stages\": %d, ", S);
   if (P->stage_cuts) {
     fputs("\"stage_cuts\": [", f);

@@ -112,16 +112,20 @@ EOF
   expect_message 3 "value crossing stages" "'x' is computed in stage 0 and read in stage 1" \
     "$bin/tokpipe-opt" stages.tir --emit=c
   mkdir folder
-  # the compiler's own complaints, then tokpipec's line with the command
-  expect_exit 3 "compiler failure" "$tokpipec" "$model" --exe folder &&
-    if tail -1 err.txt | grep -F "the C compiler failed" | grep -qF -- "-o folder"; then
+  # a C compiler failing by itself (told by its environment to write a dependency file it
+  # cannot create) is an internal error: its own complaints, then tokpipec's line with the command
+  expect_exit 3 "compiler failure" env DEPENDENCIES_OUTPUT=/nonexistent/plan.d "$tokpipec" "$model" --exe folder/t &&
+    if tail -1 err.txt | grep -F "the C compiler failed" | grep -qF -- "-o folder/t"; then
       ok "compiler failure: $(tail -1 err.txt)"
     else
       fail "compiler failure: no line with the command in: $(cat err.txt)"
     fi
-  [ "$(ls)" = "$(printf 'err.txt\nf16op.tir\nf16param.tir\nfolder\nout.txt\nstages.tir')" ] &&
+  [ "$(ls)" = "$(printf 'err.txt\nf16op.tir\nf16param.tir\nfolder\nout.txt\nstages.tir')" ] && [ -z "$(ls folder)" ] &&
     ok "no temporary left behind"
-  expect_message 1 "--exe into a missing folder" "cannot create" "$tokpipec" "$model" --exe no/such/trainer
+  # a path the executable cannot be written to is bad input, found before compiling
+  expect_message 1 "--exe into a missing folder" "--exe no/such/trainer: cannot use the folder 'no/such'" \
+    "$tokpipec" "$model" --exe no/such/trainer
+  expect_message 1 "--exe onto a folder" "--exe folder: is a directory" "$tokpipec" "$model" --exe folder
   expect_exit 2 "--exe with --emit=ir" "$tokpipec" "$model" --exe t --emit=ir &&
     ok "--exe with --emit=ir: $(head -1 err.txt)"
   expect_message 1 "--batch against a static model" "token input 'idx' dim 0 is 2 in the model but a microbatch (--batch / (--dp x --microbatches)) has 3 rows" \

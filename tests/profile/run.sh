@@ -29,8 +29,11 @@ check() {
 }
 
 case $case in
-one-stage) # the whole model on one stage, in one process
-  build t1 "$static" --profile-grid auto || exit 1
+one-stage) # the whole model on one stage, in one process; its file name is not UTF-8 (Latin-1
+  # e-acute), which the profile still records in a file the planner's strict reader takes
+  latin1=$(printf 'mod\351le.onnx')
+  ln -sf "$static" "$latin1"
+  build t1 "$latin1" --profile-grid auto || exit 1
   grep -q "Profiling probes (--profile-grid), (l, c):" t1.c && grep -q "(2, 0), (2, 4)" t1.c &&
     ok "the program's header lists the grid" || fail "header: $(head -8 t1.c)"
   ./t1 --profile p.json >run.txt 2>&1 || fail "--profile: $(cat run.txt)"
