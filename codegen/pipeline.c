@@ -101,15 +101,16 @@ void tp_pipeline_free(TpPipeline *pl) {
   *pl = (TpPipeline){0};
 }
 
-int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, TpDiag *d) {
+int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, const char *limit, const char *hint,
+                             TpDiag *d) {
   int rc = TP_OK;
   for (int k = 0; k < pl->schedule.stages; k++)
     if (pl->peak[k] > max_bytes)
-      rc = tp_error(d, "rank %d (pipeline stage %d%s) needs %lld bytes at its peak, %lld more than --max-memory "
-                    "%lld: parameters %lld, gradients %lld, optimizer state %lld, %d microbatch arena%s %lld",
+      rc = tp_error(d, "rank %d (pipeline stage %d%s) needs %lld bytes at its peak, %lld more than %s "
+                    "%lld: parameters %lld, gradients %lld, optimizer state %lld, %d microbatch arena%s %lld%s",
                     k, k, pl->o.dp > 1 ? ", as in every replica" : "", (long long)pl->peak[k],
-                    (long long)(pl->peak[k] - max_bytes), (long long)max_bytes, (long long)pl->params[k],
+                    (long long)(pl->peak[k] - max_bytes), limit, (long long)max_bytes, (long long)pl->params[k],
                     (long long)pl->grads[k], (long long)pl->state[k], pl->arenas[k], pl->arenas[k] == 1 ? "" : "s",
-                    (long long)pl->activations[k]);
+                    (long long)pl->activations[k], hint ? hint : "");
   return rc;
 }

@@ -46,7 +46,8 @@ static const char *usage_text =
     "  --steps N            total steps; a resumed run continues to N (default: one pass)\n"
     "  --val-data FILE      validation tokens, evaluated forward only\n"
     "  --val-every K        evaluate after every K-th step (default: after the last step)\n"
-    "  --val-batches N      batches per evaluation (default: the file's, at most 20)\n"
+    "  --val-batches N      batches per evaluation, at most the file's whole batches\n"
+    "                       (default: all of them, at most 20)\n"
     "Weights:\n"
     "  --init FILE          initial weights: an ONNX model's initializers (external data\n"
     "                       too), or a .safetensors of the parameters; without it they are\n"
@@ -157,7 +158,7 @@ static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const Tp
   }
   case 'u': {
     unsigned long long x = strtoull(v, &end, 10);
-    if (!*v || *end || errno || *v == '-')
+    if (!(*v >= '0' && *v <= '9') || *end || errno) /* strtoull takes " -1" as 2^64 - 1 */
       return usage_error(d, "%s needs a non-negative integer, not '%s'", s->flag, v);
     *(uint64_t *)at = x;
     return TP_OK;
@@ -165,7 +166,7 @@ static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const Tp
   default: {
     double x = strtod(v, &end);
     if (!*v || *end || errno || !(x >= s->lo && x <= s->hi))
-      return usage_error(d, "%s needs a number in [%g, %g], not '%s'", s->flag, s->lo, s->hi, v);
+      return usage_error(d, "%s needs a number in [%.9g, %.9g], not '%s'", s->flag, s->lo, s->hi, v);
     *(double *)at = x;
     return TP_OK;
   }
@@ -257,16 +258,21 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
 /* ---- buffers ---- */
 
 void *train_alloc(Trainer *t, size_t bytes, const char *fmt, ...) {
+  /* Beyond the machine's memory it is refused without trying: with overcommit the allocation
+   * could succeed and zeroing it end in the OOM killer. */
+  int64_t machine = tp_physical_memory();
   size_t rounded = bytes <= SIZE_MAX - 64 ? (bytes + 63) / 64 * 64 : 0;
-  void *p = rounded || !bytes ? aligned_alloc(64, rounded ? rounded : 64) : NULL;
+  bool fits = (rounded || !bytes) && (!machine || (uint64_t)rounded <= (uint64_t)machine);
+  void *p = fits ? aligned_alloc(64, rounded ? rounded : 64) : NULL;
   if (p) return memset(p, 0, rounded ? rounded : 64);
   char what[256];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  tp_error(t->d, "cannot allocate %zu bytes (%.1f GiB) for %s: out of memory (compile the plan for a smaller "
-           "--batch or --seq, or more --stages)", bytes, (double)bytes / (1 << 30), what);
+  tp_error(t->d, "cannot allocate %zu bytes (%.1f GiB) for %s: %s (compile the plan for a smaller --batch or "
+           "--seq, or more --stages)", bytes, (double)bytes / (1 << 30), what,
+           fits ? "out of memory" : "more than this machine's memory");
   return NULL;
 }
 
