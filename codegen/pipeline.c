@@ -84,8 +84,16 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   }
   for (int k = 0; k < S; k++) {
     pl->arenas[k] = count_arenas(&pl->schedule, k);
+    int64_t fixed = pl->params[k] + pl->grads[k] + pl->state[k]; /* each value is below 2^53 bytes */
+    if (pl->arenas[k] > 0 && mem->arena_bytes[k] > (INT64_MAX - fixed) / pl->arenas[k]) {
+      int rc = tp_error(d, "rank %d (pipeline stage %d) would need %d microbatch arena%s of %lld bytes: more than "
+                        "2^63 bytes in all (lower --batch, --seq or --microbatches)", k, k, pl->arenas[k],
+                        pl->arenas[k] == 1 ? "" : "s", (long long)mem->arena_bytes[k]);
+      tp_pipeline_free(pl);
+      return rc;
+    }
     pl->activations[k] = pl->arenas[k] * mem->arena_bytes[k];
-    pl->peak[k] = pl->params[k] + pl->grads[k] + pl->state[k] + pl->activations[k];
+    pl->peak[k] = fixed + pl->activations[k];
   }
   return TP_OK;
 }

@@ -191,6 +191,9 @@ EOF
   grep -qE "rank 0 \(pipeline stage 0\) needs [0-9]{14} bytes at its peak, [0-9]+ more than this machine's memory of [0-9]+: parameters 135808, gradients 135808, optimizer state 271616, 1 microbatch arena [0-9]{14} \(lower --batch or --seq" err.txt &&
     ok "tokpipec names the rank, the bytes and what takes them" || fail "tokpipec's message: $(cat err.txt)"
   [ ! -e huge ] && ok "no trainer built"
+  # 1024 microbatch arenas of 16 PiB: the per-rank sum overflowed int64 (a smaller peak than one arena)
+  expect_message 1 "arenas beyond 2^63 bytes" "rank 0 (pipeline stage 0) would need 1024 microbatch arenas of 18026604806537216 bytes: more than 2^63 bytes in all" \
+    "$tokpipec" "$dyn" --batch 67108864 --microbatches 1024 --seq 65536 --emit=memory
   expect_exit 0 "--max-memory for a bigger machine" "$tokpipec" "$dyn" --batch 1 --seq 1000000 --exe huge --max-memory 100000000000000 &&
     expect_message 1 "trainer beyond this machine's memory" "GiB) for the activations of rank 0 (arena 1 of 1): more than this machine's memory" \
       ./huge --data train.bin --steps 1
