@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -58,8 +57,11 @@ static int read_tokens(TpTokenFile *f, int64_t pos, int64_t n, uint16_t *out, Tp
     return file_error(f, d, "the file was truncated while in use: %" PRId64 " bytes at offset %" PRId64
                       " are gone (it held %" PRId64 " tokens)", n * 2 - got, offset + got, f->count);
   for (int64_t i = 0; i < n; i++)
-    if (out[i] >= f->limit)
+    if (out[i] >= f->limit && f->limit_of)
       return file_error(f, d, "token %u at position %" PRId64 " is outside %s", out[i], pos + i, f->limit_of);
+    else if (out[i] >= f->limit)
+      return file_error(f, d, "token %u at position %" PRId64 " is outside the model's vocabulary of %" PRId64,
+                        out[i], pos + i, f->limit);
   return TP_OK;
 }
 
@@ -68,8 +70,7 @@ int tp_tokens_open(const char *path, int64_t limit, const char *limit_of, int64_
   memset(f, 0, sizeof *f);
   f->path = path;
   f->limit = limit;
-  snprintf(f->default_of, sizeof f->default_of, "the model's vocabulary of %" PRId64, limit);
-  f->limit_of = limit_of ? limit_of : f->default_of;
+  f->limit_of = limit_of;
   char why[256];
   struct stat st;
   int rc = TP_OK;

@@ -19,8 +19,8 @@ typedef struct {
   int fd;               /* open while path is set */
   int64_t count;
   int64_t limit;        /* every id is below it */
-  const char *limit_of; /* what bounds the ids, for errors ("the 100 rows of table 'wte'") */
-  char default_of[64];  /* limit_of when the caller gave none: the model's vocabulary */
+  const char *limit_of; /* what bounds the ids, for errors ("the 100 rows of table 'wte'");
+                           NULL: the model's vocabulary */
   uint16_t *window;     /* the tokens of the last batch read */
   int64_t window_cap;
 } TpTokenFile;

@@ -258,7 +258,7 @@ truncated)
   # a data file truncated while the trainer reads it: one error naming it, not SIGBUS (the
   # mapped reader died of it at the next batch past the new end)
   cp train.bin trunc.bin
-  "$trainer" --data trunc.bin --steps 100000000 >out.txt 2>err.txt &
+  timeout 120 "$trainer" --data trunc.bin --steps 100000000 >out.txt 2>err.txt & # a reader that misses it runs on
   pid=$!
   i=0
   while ! grep -q '^step ' err.txt && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
