@@ -75,6 +75,12 @@ typedef struct {
 int tp_plan_memory(const TpModule *m, TpMemoryPlan *plan, TpDiag *d);
 void tp_memory_plan_free(TpMemoryPlan *plan);
 
+/* The bound on token ids (runtime/train/plan.h's token_limit): the fewest rows of every
+ * table that the token ids or the targets index (Embedding and Gather tables, the classes
+ * of a loss), following them through ops that move ids unchanged (Slice, Reshape, Concat,
+ * ...). `what` gets the phrase naming it ("the 100 rows of table 'wte'"). 0: none found. */
+int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, size_t what_size);
+
 /* The rows of the buffer a token slice's K/V context v lives in (Concat {context_rows}):
  * attention reads it in place with TpAttention.kv_rows; 0 for any other value. */
 int64_t tp_context_rows(const TpModule *m, int v);
@@ -107,9 +113,11 @@ typedef struct {
 int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl,
                       TpDiag *d);
 void tp_pipeline_free(TpPipeline *pl);
-/* --max-memory: an input error for every rank whose peak exceeds max_bytes, naming the
- * rank and by how much. */
-int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, TpDiag *d);
+/* An input error for every rank whose peak exceeds max_bytes, naming the rank, by how much,
+ * the limit (`limit` names it: "--max-memory") and what takes the bytes; hint (or NULL)
+ * ends the line. */
+int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, const char *limit, const char *hint,
+                             TpDiag *d);
 
 /* `tokpipec --emit=memory`: per stage its arena, live peak and buffers, then the totals of
  * parameters, gradients, optimizer state (AdamW: two moments per parameter) and

@@ -1216,6 +1216,13 @@ static void emit_tables(Emitter *E, FILE *out) {
   put_string(out, E->o->version ? E->o->version : "");
   fprintf(out, ",\n    .batch = %lld,\n    .seq = %lld,\n    .vocab = %lld,\n", (long long)batch,
           (long long)seq, (long long)vocab_size(m));
+  char limit_of[512];
+  int64_t limit = tp_token_limit(m, p, limit_of, sizeof limit_of);
+  if (limit) {
+    fprintf(out, "    .token_limit = %lld,\n    .token_limit_of = ", (long long)limit);
+    put_string(out, limit_of);
+    fputs(",\n", out);
+  }
   fprintf(out, "    .nparams = %d,\n    .params = params,\n", p->nparams);
   if (nderived) fprintf(out, "    .nderived = %d,\n    .derived = derived,\n", nderived);
   fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n", p->nstages);

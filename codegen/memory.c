@@ -444,6 +444,62 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   return rc;
 }
 
+/* Does op o hand on the values of an id-carrying operand as they are (selecting, moving or
+ * repeating them, never computing new ones)? */
+static bool moves_ids(const TpModule *m, const TpOp *o, const bool *ids) {
+  switch (o->kind) {
+  case TP_OP_Slice: case TP_OP_Reshape: case TP_OP_Transpose: case TP_OP_Expand: case TP_OP_Split: case TP_OP_Gather:
+    return ids[o->inputs[0]];
+  case TP_OP_Cast:
+    return ids[o->inputs[0]] && tp_dtype_is_integer(m->values[o->outputs[0]].type.dtype);
+  case TP_OP_Concat:
+    for (int k = 0; k < o->ninputs; k++)
+      if (o->inputs[k] >= 0 && ids[o->inputs[k]]) return true;
+    return false;
+  default:
+    return false;
+  }
+}
+
+int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, size_t what_size) {
+  bool *ids = calloc((size_t)m->nvalues + 1, sizeof *ids);
+  TP_ASSERT(ids);
+  for (int v = 0; v < m->nvalues; v++)
+    ids[v] = plan->value[v].kind == TP_MEM_TOKENS || plan->value[v].kind == TP_MEM_TARGETS;
+  for (bool more = true; more;) { /* to a fixed point: the op order need not be the data flow's */
+    more = false;
+    for (int op = 0; op < m->nops; op++) {
+      const TpOp *o = &m->ops[op];
+      if (o->dead || !moves_ids(m, o, ids)) continue;
+      for (int k = 0; k < o->noutputs; k++)
+        if (o->outputs[k] >= 0 && !ids[o->outputs[k]]) ids[o->outputs[k]] = more = true;
+    }
+  }
+  int64_t limit = 0;
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    if (o->dead || o->ninputs < 2 || !ids[o->inputs[1]]) continue;
+    const TpType *t = &m->values[o->inputs[0]].type;
+    int64_t n = 0;
+    if (o->kind == TP_OP_Embedding || o->kind == TP_OP_Gather) {
+      int64_t axis = o->kind == TP_OP_Gather ? tp_attr_int(m, op, "axis", 0) : 0;
+      if (axis < 0) axis += t->rank;
+      if (axis < 0 || axis >= t->rank) continue;
+      n = t->dims[axis];
+      if (n > 0 && (!limit || n < limit))
+        snprintf(what, what_size, "the %lld rows of table '%s'", (long long)n, m->values[o->inputs[0]].name);
+    } else if (o->kind == TP_OP_CrossEntropy || o->kind == TP_OP_SoftmaxCrossEntropyLoss ||
+               o->kind == TP_OP_NegativeLogLikelihoodLoss) {
+      n = o->kind == TP_OP_CrossEntropy ? t->dims[t->rank - 1] : t->dims[1];
+      if (n > 0 && (!limit || n < limit))
+        snprintf(what, what_size, "the %lld classes of the loss on '%s'", (long long)n, m->values[o->inputs[0]].name);
+    }
+    if (n > 0 && (!limit || n < limit)) limit = n;
+  }
+  free(ids);
+  return limit;
+}
+
 void tp_memory_plan_free(TpMemoryPlan *p) {
   for (int s = 0; p->order && s < p->nstages; s++) free(p->order[s]);
   for (int s = 0; p->unit_begin && s < p->nstages; s++) free(p->unit_begin[s]), free(p->unit_end[s]);

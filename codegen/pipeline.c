@@ -84,8 +84,16 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   }
   for (int k = 0; k < S; k++) {
     pl->arenas[k] = count_arenas(&pl->schedule, k);
+    int64_t fixed = pl->params[k] + pl->grads[k] + pl->state[k]; /* each value is below 2^53 bytes */
+    if (pl->arenas[k] > 0 && mem->arena_bytes[k] > (INT64_MAX - fixed) / pl->arenas[k]) {
+      int rc = tp_error(d, "rank %d (pipeline stage %d) would need %d microbatch arena%s of %lld bytes: more than "
+                        "2^63 bytes in all (lower --batch, --seq or --microbatches)", k, k, pl->arenas[k],
+                        pl->arenas[k] == 1 ? "" : "s", (long long)mem->arena_bytes[k]);
+      tp_pipeline_free(pl);
+      return rc;
+    }
     pl->activations[k] = pl->arenas[k] * mem->arena_bytes[k];
-    pl->peak[k] = pl->params[k] + pl->grads[k] + pl->state[k] + pl->activations[k];
+    pl->peak[k] = fixed + pl->activations[k];
   }
   return TP_OK;
 }
@@ -101,15 +109,16 @@ void tp_pipeline_free(TpPipeline *pl) {
   *pl = (TpPipeline){0};
 }
 
-int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, TpDiag *d) {
+int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, const char *limit, const char *hint,
+                             TpDiag *d) {
   int rc = TP_OK;
   for (int k = 0; k < pl->schedule.stages; k++)
     if (pl->peak[k] > max_bytes)
-      rc = tp_error(d, "rank %d (pipeline stage %d%s) needs %lld bytes at its peak, %lld more than --max-memory "
-                    "%lld: parameters %lld, gradients %lld, optimizer state %lld, %d microbatch arena%s %lld",
+      rc = tp_error(d, "rank %d (pipeline stage %d%s) needs %lld bytes at its peak, %lld more than %s "
+                    "%lld: parameters %lld, gradients %lld, optimizer state %lld, %d microbatch arena%s %lld%s",
                     k, k, pl->o.dp > 1 ? ", as in every replica" : "", (long long)pl->peak[k],
-                    (long long)(pl->peak[k] - max_bytes), (long long)max_bytes, (long long)pl->params[k],
+                    (long long)(pl->peak[k] - max_bytes), limit, (long long)max_bytes, (long long)pl->params[k],
                     (long long)pl->grads[k], (long long)pl->state[k], pl->arenas[k], pl->arenas[k] == 1 ? "" : "s",
-                    (long long)pl->activations[k]);
+                    (long long)pl->activations[k], hint ? hint : "");
   return rc;
 }

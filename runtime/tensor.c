@@ -1,6 +1,7 @@
 #include "tensor.h"
 
 #include <string.h>
+#include <unistd.h>
 
 size_t tp_dtype_size(TpDType t) {
   switch (t) {
@@ -142,4 +143,9 @@ double tp_tensor_get_f64(const TpTensor *t, int64_t i) {
   case TP_U64: return (double)u.u64;
   default: return 0;
   }
+}
+
+int64_t tp_physical_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? (int64_t)pages * size : 0;
 }

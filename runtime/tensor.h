@@ -67,4 +67,8 @@ uint16_t tp_f32_to_f16(float f);
 float tp_bf16_to_f32(uint16_t h);
 uint16_t tp_f32_to_bf16(float f);
 
+/* The machine's physical memory in bytes (0: unknown): what tokpipec checks a plan's ranks
+ * against, and what no one trainer buffer can exceed. */
+int64_t tp_physical_memory(void);
+
 #endif

@@ -1,9 +1,11 @@
 /* tokpipe-tokens: any file -> token files for the trainer (llm.c's format), one token per
  * byte (a vocabulary of 256), optionally with the tail split off as validation data. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "runtime/train/tokens.h"
 
@@ -43,9 +45,55 @@ static const char *option(int argc, char **argv, int *i, const char *flag, int *
   return argv[++*i];
 }
 
+/* The file a path names: the one it leads to (through symlinks) if it exists, else the
+ * folder entry it would create. Two paths naming the same file alias each other. */
+typedef struct {
+  bool exists;
+  dev_t dev;
+  ino_t ino;
+  char *entry; /* malloc'ed: the canonical folder + "/" + the last component */
+} FileId;
+
+static FileId file_id(const char *path) {
+  FileId id = {0};
+  struct stat st;
+  if (stat(path, &st) == 0) id.exists = true, id.dev = st.st_dev, id.ino = st.st_ino;
+  const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+  char *real = dir ? realpath(dir, NULL) : NULL;
+  size_t n = real ? strlen(real) + strlen(base) + 2 : 0;
+  if (real && (id.entry = malloc(n))) snprintf(id.entry, n, "%s/%s", real, base);
+  free(dir), free(real);
+  return id;
+}
+
+static bool same_file(const FileId *a, const FileId *b) {
+  if (a->exists && b->exists) return a->dev == b->dev && a->ino == b->ino;
+  return a->entry && b->entry && strcmp(a->entry, b->entry) == 0;
+}
+
+/* No output may replace the input or the other output. */
+static int check_aliases(const char *in, const char *out, const char *val_out) {
+  const char *flags[3] = {"the input", "-o", "--val-out"}, *paths[3] = {in, out, val_out};
+  FileId ids[3] = {{0}};
+  int rc = 0;
+  for (int i = 0; i < 3; i++)
+    if (paths[i] && strcmp(paths[i], "-") != 0) ids[i] = file_id(paths[i]);
+  for (int j = 1; j < 3 && !rc; j++)
+    for (int i = 0; i < j && !rc; i++)
+      if (paths[i] && paths[j] && (strcmp(paths[i], paths[j]) == 0 || same_file(&ids[i], &ids[j]))) {
+        fprintf(stderr, "%s: error: %s '%s' and %s '%s' are the same file: writing one would replace the other\n",
+                tool, flags[i], paths[i], flags[j], paths[j]);
+        rc = 2;
+      }
+  for (int i = 0; i < 3; i++) free(ids[i].entry);
+  return rc;
+}
+
 static int read_all(const char *path, uint8_t **out, size_t *size, TpDiag *d) {
-  FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-  if (!f) return tp_error(d, "cannot read '%s': %s", path, strerror(errno));
+  char why[256];
+  FILE *f = strcmp(path, "-") == 0 ? stdin : tp_fopen_input(path, why, sizeof why);
+  if (!f) return tp_error(d, "cannot read '%s': %s", path, why);
   size_t cap = 1 << 16, len = 0, got;
   uint8_t *buf = malloc(cap);
   TP_ASSERT(buf);
@@ -105,11 +153,13 @@ int main(int argc, char **argv) {
   if (!in) return usage_error("%s", "no input file");
   if (!out) return usage_error("%s", "-o OUT.bin is required");
   if (!frac_text != !val_out) return usage_error("%s", "--val-fraction and --val-out go together");
+  int rc = check_aliases(in, out, val_out);
+  if (rc) return rc;
   TpDiag d;
   tp_diag_init(&d, tool, NULL, stderr);
   uint8_t *bytes = NULL;
   size_t n = 0;
-  int rc = read_all(in, &bytes, &n, &d);
+  rc = read_all(in, &bytes, &n, &d);
   if (rc) return rc;
   size_t nval = val_out ? (size_t)((double)n * frac) : 0;
   if (n - nval > INT32_MAX || nval > INT32_MAX) {

@@ -61,7 +61,9 @@ static void write_dot(const void *m, FILE *out) { tp_print_dot(m, out); }
 static void write_text(const void *text, FILE *out) { fputs(text, out); }
 
 /* The memory plan's report, the schedule or the C program into a malloc'ed string (NULL
- * for the IR and the graph), after checking --max-memory (max_memory > 0). */
+ * for the IR and the graph), after checking --max-memory (max_memory > 0). A C program
+ * whose ranks would not fit this machine's memory is refused too unless --max-memory sets
+ * the limit (a trainer for a bigger machine): its trainer could not allocate its buffers. */
 static int render(const TpModule *m, const char *emit, const char *model, const char *note,
                   const TpPipelineOptions *po, int64_t max_memory, const TpEmitOptions *probes, char **text,
                   TpDiag *d) {
@@ -73,7 +75,11 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
   if (rc != TP_OK) return rc;
   rc = tp_pipeline_build(m, &plan, po, &pl, d);
   bool built = rc == TP_OK;
-  if (rc == TP_OK && max_memory > 0) rc = tp_pipeline_check_memory(&pl, max_memory, d);
+  if (rc == TP_OK && max_memory > 0) rc = tp_pipeline_check_memory(&pl, max_memory, "--max-memory", NULL, d);
+  int64_t machine = tp_physical_memory();
+  if (rc == TP_OK && max_memory <= 0 && strcmp(emit, "c") == 0 && machine > 0)
+    rc = tp_pipeline_check_memory(&pl, machine, "this machine's memory of", " (lower --batch or --seq, add --stages "
+                                  "or --microbatches, or give --max-memory for a bigger machine)", d);
   if (rc == TP_OK && (report || strcmp(emit, "c") == 0)) {
     size_t len = 0;
     FILE *f = open_memstream(text, &len);

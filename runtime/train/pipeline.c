@@ -117,9 +117,11 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
 
 /* ---- setup ---- */
 
-static PipeRank *new_rank(Trainer *t, int rank) {
+/* Rank `rank`'s buffers into *out (set first, so that pipe_free frees what was allocated
+ * before a failure). */
+static int new_rank(Trainer *t, int rank, PipeRank **out) {
   const TpPlan *P = t->plan;
-  PipeRank *R = xcalloc(1, sizeof *R);
+  PipeRank *R = *out = xcalloc(1, sizeof *R);
   R->rank = rank;
   R->stage = rank % P->nstages;
   R->replica = rank / P->nstages;
@@ -129,8 +131,13 @@ static PipeRank *new_rank(Trainer *t, int rank) {
   R->scratch = xcalloc((size_t)P->nparams, sizeof *R->scratch);
   for (int i = 0; i < P->nparams; i++)
     if (stage_holds(&P->params[i], R->stage)) R->grad_count += t->numel[i];
-  R->grad_block = train_alloc_zeroed((size_t)R->grad_count * 4);
-  R->scratch_block = P->microbatches > 1 ? train_alloc_zeroed((size_t)R->grad_count * 4) : R->grad_block;
+  R->arena = xcalloc((size_t)R->st->arenas, sizeof *R->arena);
+  R->loss = xcalloc((size_t)P->microbatches, sizeof *R->loss);
+  size_t grad_bytes = (size_t)R->grad_count * 4;
+  if (!(R->grad_block = train_alloc(t, grad_bytes, "the gradients of rank %d", rank)) ||
+      !(R->scratch_block = P->microbatches > 1 ? train_alloc(t, grad_bytes, "rank %d's microbatch gradients", rank)
+                                               : R->grad_block))
+    return TP_ERR_INPUT;
   int64_t at = 0;
   for (int i = 0; i < P->nparams; i++)
     if (stage_holds(&P->params[i], R->stage)) {
@@ -139,10 +146,11 @@ static PipeRank *new_rank(Trainer *t, int rank) {
       R->scratch[i] = R->scratch_block + at;
       at += t->numel[i];
     }
-  R->arena = xcalloc((size_t)R->st->arenas, sizeof *R->arena);
-  for (int a = 0; a < R->st->arenas; a++) R->arena[a] = train_alloc_zeroed(R->st->arena_bytes);
-  R->loss = xcalloc((size_t)P->microbatches, sizeof *R->loss);
-  return R;
+  for (int a = 0; a < R->st->arenas; a++)
+    if (!(R->arena[a] = train_alloc(t, R->st->arena_bytes, "the activations of rank %d (arena %d of %d)", rank, a + 1,
+                                    R->st->arenas)))
+      return TP_ERR_INPUT;
+  return TP_OK;
 }
 
 int pipe_setup(Trainer *t) {
@@ -163,21 +171,28 @@ int pipe_setup(Trainer *t) {
     for (int h = 0; h < t->nhosted; h++) t->held[i] |= stage_holds(&P->params[i], (first + h) % S);
     size_t bytes = (size_t)t->numel[i] * 4;
     if (!t->held[i] && !train_is_root(t)) continue;
-    t->param[i] = train_alloc_zeroed(bytes);
-    if (P->params[i].trainable) t->m[i] = train_alloc_zeroed(bytes), t->v[i] = train_alloc_zeroed(bytes);
+    const char *name = P->params[i].name;
+    if (!(t->param[i] = train_alloc(t, bytes, "parameter '%s'", name)) ||
+        (P->params[i].trainable && (!(t->m[i] = train_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
+                                    !(t->v[i] = train_alloc(t, bytes, "the optimizer state of '%s'", name)))))
+      return TP_ERR_INPUT;
   }
   t->hosted = xcalloc((size_t)t->nhosted, sizeof *t->hosted);
-  for (int h = 0; h < t->nhosted; h++) t->hosted[h] = new_rank(t, first + h);
-  for (int i = 0; i < P->nparams; i++) {
+  int rc = TP_OK;
+  for (int h = 0; h < t->nhosted && !rc; h++) rc = new_rank(t, first + h, &t->hosted[h]);
+  for (int i = 0; i < P->nparams && !rc; i++) {
     for (int h = 0; h < t->nhosted && !t->grad[i]; h++) t->grad[i] = t->hosted[h]->grad[i];
-    if (!t->grad[i] && train_is_root(t)) t->grad[i] = train_alloc_zeroed((size_t)t->numel[i] * 4);
+    if (!t->grad[i] && train_is_root(t) &&
+        !(t->grad[i] = train_alloc(t, (size_t)t->numel[i] * 4, "the gradient of '%s'", P->params[i].name)))
+      rc = TP_ERR_INPUT;
   }
-  return TP_OK;
+  return rc;
 }
 
 void pipe_free(Trainer *t) {
   for (int h = 0; t->hosted && h < t->nhosted; h++) {
     PipeRank *R = t->hosted[h];
+    if (!R) continue; /* setup failed before it */
     for (int a = 0; a < R->st->arenas; a++) free(R->arena[a]);
     if (R->scratch_block != R->grad_block) free(R->scratch_block);
     free(R->grad_block);

@@ -213,6 +213,11 @@ typedef struct {
                               unless --init names another) */
   const char *tokpipec_version;
   int64_t batch, seq, vocab; /* batch: rows of one microbatch (the compiled batch dim) */
+  /* Token ids (inputs and targets) must be below token_limit: the fewest rows of every
+   * table they index (embedding and Gather tables, the loss's classes), which
+   * token_limit_of names for errors ("the 100 rows of table 'wte'"). 0 and NULL: vocab. */
+  int64_t token_limit;
+  const char *token_limit_of;
   int nparams;
   const TpPlanParam *params;
   int nderived;

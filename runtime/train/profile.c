@@ -176,8 +176,9 @@ int train_profile(Trainer *t) {
   if ((rc = pipe_agree(t, train_is_root(t) ? tp_check_writable(t->o.profile, "--profile", t->d) : TP_OK))) return rc;
   if ((rc = pipe_agree(t, train_load_weights(t)))) return rc;
   /* token ids spread over the vocabulary (any valid ids time the same) */
+  int64_t ids = train_token_limit(P);
   for (int64_t j = 0; j < train_rows(P) * P->seq; j++)
-    t->tokens[j] = (j * 7919 + 13) % P->vocab, t->targets[j] = (j * 7919 + 7932) % P->vocab;
+    t->tokens[j] = (j * 7919 + 13) % ids, t->targets[j] = (j * 7919 + 7932) % ids;
   if (train_is_root(t))
     fprintf(stderr, "%s: profiling %d grid point%s x %d stage%s (microbatch of %" PRId64 " row%s, seq %" PRId64
             "); %d rank%s in %d process%s, %d thread%s each\n", t->d->tool, P->nprobes, P->nprobes == 1 ? "" : "s",
@@ -199,7 +200,13 @@ int train_profile(Trainer *t) {
     size_t bytes = 0;
     for (int p = 0; p < P->nprobes; p++)
       if (P->probes[p].stages[stage].arena_bytes > bytes) bytes = P->probes[p].stages[stage].arena_bytes;
-    arena[h] = train_alloc_zeroed(bytes);
+    if (!rc && !(arena[h] = train_alloc(t, bytes, "the largest probe's activations on stage %d", stage)))
+      rc = TP_ERR_INPUT;
+  }
+  if ((rc = pipe_agree(t, rc))) {
+    for (int h = 0; h < H; h++) free(arena[h]);
+    free(arena), free(pt), free(times);
+    return rc;
   }
   for (int more = 1; more && passes < MAX_PASSES; passes++) {
     double pass_start = now_s();

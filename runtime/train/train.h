@@ -69,10 +69,13 @@ typedef struct {
   TraceLog *trace;  /* NULL without --trace */
 } Trainer;
 
-/* Zeroed, 64-byte aligned (rounded up to a multiple of 64 bytes). */
-void *train_alloc_zeroed(size_t bytes);
+/* Zeroed, 64-byte aligned (rounded up to a multiple of 64 bytes); NULL after an error
+ * naming the bytes and what they are for (fmt, printf-style). */
+void *train_alloc(Trainer *t, size_t bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Rows of one step: global_batch in ABI 2, batch in ABI 1. */
 int64_t train_rows(const TpPlan *P);
+/* Token ids must be below this (TpPlan.token_limit, else the vocabulary). */
+int64_t train_token_limit(const TpPlan *P);
 /* Whether this process writes the outputs (rank 0). */
 static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 

@@ -13,9 +13,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +48,8 @@ static const char *usage_text =
     "  --steps N            total steps; a resumed run continues to N (default: one pass)\n"
     "  --val-data FILE      validation tokens, evaluated forward only\n"
     "  --val-every K        evaluate after every K-th step (default: after the last step)\n"
-    "  --val-batches N      batches per evaluation (default: the file's, at most 20)\n"
+    "  --val-batches N      batches per evaluation, at most the file's whole batches\n"
+    "                       (default: all of them, at most 20)\n"
     "Weights:\n"
     "  --init FILE          initial weights: an ONNX model's initializers (external data\n"
     "                       too), or a .safetensors of the parameters; without it they are\n"
@@ -109,12 +112,15 @@ static const OptSpec opt_specs[] = {
     {"--val-batches", 'i', AT(val_batches), 1, 0},
     {"--save-every", 'i', AT(save_every), 1, 0},
     {"--warmup", 'i', AT(warmup), 0, 0},
-    {"--lr", 'f', AT(lr), 0, INFINITY},
+    /* The optimizer computes in float: every value finite as a float (an infinite --lr
+     * trained to NaN weights without a word), --eps above 0 (else a zero gradient's update
+     * is 0 / 0). */
+    {"--lr", 'f', AT(lr), 0, FLT_MAX},
     {"--beta1", 'f', AT(beta1), 0, 0.999999999},
     {"--beta2", 'f', AT(beta2), 0, 0.999999999},
-    {"--eps", 'f', AT(eps), 0, INFINITY},
-    {"--weight-decay", 'f', AT(weight_decay), 0, INFINITY},
-    {"--grad-clip", 'f', AT(grad_clip), 1e-30, INFINITY},
+    {"--eps", 'f', AT(eps), 1e-30, FLT_MAX},
+    {"--weight-decay", 'f', AT(weight_decay), 0, FLT_MAX},
+    {"--grad-clip", 'f', AT(grad_clip), 1e-30, FLT_MAX},
     {"--lr-schedule", 'c', AT(cosine), 0, 0},
 };
 #undef AT
@@ -154,7 +160,7 @@ static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const Tp
   }
   case 'u': {
     unsigned long long x = strtoull(v, &end, 10);
-    if (!*v || *end || errno || *v == '-')
+    if (!(*v >= '0' && *v <= '9') || *end || errno) /* strtoull takes " -1" as 2^64 - 1 */
       return usage_error(d, "%s needs a non-negative integer, not '%s'", s->flag, v);
     *(uint64_t *)at = x;
     return TP_OK;
@@ -162,7 +168,7 @@ static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const Tp
   default: {
     double x = strtod(v, &end);
     if (!*v || *end || errno || !(x >= s->lo && x <= s->hi))
-      return usage_error(d, "%s needs a number in [%g, %g], not '%s'", s->flag, s->lo, s->hi, v);
+      return usage_error(d, "%s needs a number in [%.9g, %.9g], not '%s'", s->flag, s->lo, s->hi, v);
     *(double *)at = x;
     return TP_OK;
   }
@@ -228,12 +234,14 @@ static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d
 
 int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
 
+int64_t train_token_limit(const TpPlan *P) { return P->token_limit ? P->token_limit : P->vocab; }
+
 static int check_plan(const TpPlan *P, TpDiag *d) {
   if (P->abi != TP_PLAN_ABI)
     return tp_internal(d, "the plan has ABI version %d, this runtime %d: compile it again with "
                        "the tokpipec of this runtime", P->abi, TP_PLAN_ABI);
-  bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->nstages >= 1 && P->nparams >= 0 &&
-            P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward));
+  bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->token_limit >= 0 && P->nstages >= 1 &&
+            P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward));
   for (int s = 0; ok && !P->stages && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
   for (int i = 0; ok && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
@@ -251,12 +259,23 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
 
 /* ---- buffers ---- */
 
-void *train_alloc_zeroed(size_t bytes) {
-  bytes = (bytes + 63) / 64 * 64;
-  void *p = aligned_alloc(64, bytes ? bytes : 64);
-  TP_ASSERT(p);
-  memset(p, 0, bytes ? bytes : 64);
-  return p;
+void *train_alloc(Trainer *t, size_t bytes, const char *fmt, ...) {
+  /* Beyond the machine's memory it is refused without trying: with overcommit the allocation
+   * could succeed and zeroing it end in the OOM killer. */
+  int64_t machine = tp_physical_memory();
+  size_t rounded = bytes <= SIZE_MAX - 64 ? (bytes + 63) / 64 * 64 : 0;
+  bool fits = (rounded || !bytes) && (!machine || (uint64_t)rounded <= (uint64_t)machine);
+  void *p = fits ? aligned_alloc(64, rounded ? rounded : 64) : NULL;
+  if (p) return memset(p, 0, rounded ? rounded : 64);
+  char what[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  tp_error(t->d, "cannot allocate %zu bytes (%.1f GiB) for %s: %s (compile the plan for a smaller --batch or "
+           "--seq, or more --stages)", bytes, (double)bytes / (1 << 30), what,
+           fits ? "out of memory" : "more than this machine's memory");
+  return NULL;
 }
 
 /* ABI 1: every parameter and stage in this process. ABI 2: pipe_setup. */
@@ -269,10 +288,11 @@ static int alloc_buffers(Trainer *t) {
   t->v = calloc(np, sizeof *t->v);
   t->held = calloc(np, sizeof *t->held);
   t->numel = calloc(np, sizeof *t->numel);
+  TP_ASSERT(t->param && t->grad && t->m && t->v && t->held && t->numel);
   size_t ntok = (size_t)(train_rows(P) * P->seq);
-  t->tokens = malloc(ntok * sizeof *t->tokens);
-  t->targets = malloc(ntok * sizeof *t->targets);
-  TP_ASSERT(t->param && t->grad && t->m && t->v && t->held && t->numel && t->tokens && t->targets);
+  if (!(t->tokens = train_alloc(t, ntok * sizeof *t->tokens, "a step's token ids")) ||
+      !(t->targets = train_alloc(t, ntok * sizeof *t->targets, "a step's targets")))
+    return TP_ERR_INPUT;
   for (int i = 0; i < P->nparams; i++) t->numel[i] = tp_numel(P->params[i].rank, P->params[i].dims);
   if (P->stages) return pipe_setup(t);
   t->arena = calloc((size_t)P->nstages, sizeof *t->arena);
@@ -280,11 +300,17 @@ static int alloc_buffers(Trainer *t) {
   for (int i = 0; i < P->nparams; i++) {
     size_t bytes = (size_t)t->numel[i] * 4;
     t->held[i] = true;
-    t->param[i] = train_alloc_zeroed(bytes);
-    t->grad[i] = train_alloc_zeroed(bytes);
-    if (P->params[i].trainable) t->m[i] = train_alloc_zeroed(bytes), t->v[i] = train_alloc_zeroed(bytes);
+    if (!(t->param[i] = train_alloc(t, bytes, "parameter '%s'", P->params[i].name)) ||
+        !(t->grad[i] = train_alloc(t, bytes, "the gradient of '%s'", P->params[i].name)))
+      return TP_ERR_INPUT;
+    if (P->params[i].trainable &&
+        (!(t->m[i] = train_alloc(t, bytes, "the optimizer state of '%s'", P->params[i].name)) ||
+         !(t->v[i] = train_alloc(t, bytes, "the optimizer state of '%s'", P->params[i].name))))
+      return TP_ERR_INPUT;
   }
-  for (int s = 0; s < P->nstages; s++) t->arena[s] = train_alloc_zeroed(P->arena_bytes[s]);
+  for (int s = 0; s < P->nstages; s++)
+    if (!(t->arena[s] = train_alloc(t, P->arena_bytes[s], "the activations of stage %d (its arena)", s)))
+      return TP_ERR_INPUT;
   return TP_OK;
 }
 
@@ -374,12 +400,19 @@ static void update(Trainer *t, int64_t step, double lr, float clip) {
   if (t->trace) trace_add(t->trace, 0, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
 }
 
-/* The mean loss over the validation batches (forward only). */
-static double evaluate(Trainer *t) {
-  int64_t rows = train_rows(t->plan), bt = rows * t->plan->seq, n = t->o.val_batches;
+/* The next batch of `file` into the step's tokens; every process learns whether each read it
+ * (a file truncated under one of them fails them all). */
+static int read_batch(Trainer *t, TpTokenFile *file, int64_t pos) {
+  return pipe_agree(t, tp_tokens_batch(file, pos, train_rows(t->plan), t->plan->seq, t->tokens, t->targets, t->d));
+}
+
+/* The mean loss over the validation batches (forward only) into *loss. */
+static int evaluate(Trainer *t, double *loss) {
+  int64_t bt = train_rows(t->plan) * t->plan->seq, n = t->o.val_batches;
   double sum = 0;
+  int rc;
   for (int64_t j = 0; j < n; j++) {
-    tp_tokens_batch(&t->val, j * bt % t->val.count, rows, t->plan->seq, t->tokens, t->targets);
+    if ((rc = read_batch(t, &t->val, j * bt % t->val.count))) return rc;
     if (t->plan->stages) {
       sum += pipe_eval(t);
       continue;
@@ -388,7 +421,8 @@ static double evaluate(Trainer *t) {
     run_stages(t, &io, false);
     sum += io.loss;
   }
-  return sum / (double)n;
+  *loss = sum / (double)n;
+  return TP_OK;
 }
 
 /* ---- logs ---- */
@@ -555,7 +589,7 @@ static int train(Trainer *t, int64_t total) {
     return rc;
   for (int64_t step = first; step <= total; step++) {
     double t0 = now_ms();
-    tp_tokens_batch(&t->train, t->data_pos, rows, P->seq, t->tokens, t->targets);
+    if ((rc = read_batch(t, &t->train, t->data_pos))) return rc;
     double loss = train_step(t);
     if (!isfinite(loss)) /* the same loss on every process: each fails, process 0 says why */
       return tp_error(t->d, "the loss is %f at step %" PRId64 ": training diverged (lower --lr, or "
@@ -577,7 +611,8 @@ static int train(Trainer *t, int64_t total) {
     t->step = step;
     t->data_pos = (t->data_pos + bt) % t->train.count;
     StepRecord r = {step, (float)loss, lr, norm, now_ms() - t0 - dump_ms, NAN};
-    if (o->val_data && (o->val_every ? step % o->val_every == 0 : step == total)) r.val_loss = evaluate(t);
+    if (o->val_data && (o->val_every ? step % o->val_every == 0 : step == total) && (rc = evaluate(t, &r.val_loss)))
+      return rc;
     if (o->log && (rc = write_log(t, &r, bt))) return rc;
     if (train_is_root(t)) print_progress(t, &r, total);
     if (o->save && (step == total || (o->save_every && step % o->save_every == 0))) {
@@ -634,15 +669,17 @@ static int run(Trainer *t) {
               "without mpirun)\n", t->d->tool, t->comm->size);
     return TP_ERR_USAGE;
   }
-  if ((rc = alloc_buffers(t))) return rc; /* a wrong process count: every process knows */
+  if ((rc = pipe_agree(t, alloc_buffers(t)))) return rc;
   if (o->profile) return train_profile(t);
-  if (o->data) rc = tp_tokens_open(o->data, P->vocab, need, &t->train, t->d);
-  if (!rc && o->val_data) rc = tp_tokens_open(o->val_data, P->vocab, need, &t->val, t->d);
+  if (o->data) rc = tp_tokens_open(o->data, train_token_limit(P), P->token_limit_of, need, &t->train, t->d);
+  if (!rc && o->val_data)
+    rc = tp_tokens_open(o->val_data, train_token_limit(P), P->token_limit_of, need, &t->val, t->d);
   if ((rc = pipe_agree(t, rc))) return rc;
-  if (o->val_data && !o->val_batches) {
-    o->val_batches = (t->val.count - 1) / (need - 1);
-    if (o->val_batches > MAX_VAL_BATCHES) o->val_batches = MAX_VAL_BATCHES;
-  }
+  int64_t val_held = o->val_data ? (t->val.count - 1) / (need - 1) : 0; /* whole batches */
+  if (o->val_batches > val_held)
+    return tp_error(t->d, "--val-batches %" PRId64 " is more than '%s' holds: %" PRId64 " batch%s of %" PRId64
+                    " tokens (batch * seq + 1)", o->val_batches, o->val_data, val_held, val_held == 1 ? "" : "es", need);
+  if (o->val_data && !o->val_batches) o->val_batches = val_held < MAX_VAL_BATCHES ? val_held : MAX_VAL_BATCHES;
   int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
   o->steps = total;
   if (total > TRAIN_MAX_STEPS)

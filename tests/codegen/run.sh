@@ -7,6 +7,10 @@
 #   errors    what codegen and --exe cannot do fails with one clear message and exit code
 #   memory    --emit=memory's report
 #   exe       tokpipec --exe (build tree): the trainer learns (loss finite, falling)
+#   limits    token ids are checked against every table they index (an embedding smaller
+#             than the vocabulary, a loss with fewer classes), at load, naming the table;
+#             plans beyond this machine's memory: tokpipec refuses them, and a trainer
+#             compiled anyway (--max-memory) says what it cannot allocate
 #   pkgconfig cc plan.c $(pkg-config --cflags --libs tokpipe) with the build tree's .pc
 #   install   cmake --install into a temporary prefix; the installed tokpipec --exe and the
 #             installed tokpipe.pc both build trainers that learn
@@ -156,6 +160,47 @@ exe)
   grep -qF -- "-I$root/runtime" err.txt || grep -qF -- "runtime" err.txt || fail "not the build tree's headers: $(cat err.txt)"
   ok "compiled: $(cat err.txt)"
   learns "build-tree trainer" ./trainer
+  ;;
+
+limits)
+  make_data
+  # ids < 120 index every table; 'x' (120) is past the embedding's 120 rows, which the
+  # kernel found (abort) after the data check against the vocabulary (256) let it through
+  cat >small_embed.tir <<'EOF'
+tir 1 opset 17 source "small_embed.tir"
+input %ids : i64[2, 4]
+param %wte : f32[120, 8] = dense<0.01>
+param %head : f32[8, 256] = dense<0.02>
+%x : f32[2, 4, 8] = Gather(%wte, %ids) {axis = 0} loc("/embed" Gather)
+%logits : f32[2, 4, 256] = MatMul(%x, %head) loc("/head" MatMul)
+output %logits
+EOF
+  sed 's/f32\[120, 8\]/f32[300, 8]/; s/8, 256\]/8, 120]/; s/4, 256\]/4, 120]/' small_embed.tir >small_head.tir
+  tr -d 'xyz{|}~' <text.txt >below120.txt
+  "$bin/tokpipe-tokens" below120.txt -o below120.bin 2>/dev/null
+  for m in small_embed small_head; do
+    expect_exit 0 "$m: tokpipec --exe" "$tokpipec" $m.tir --exe $m
+  done
+  expect_message 1 "embedding smaller than the vocabulary" \
+    "train.bin: token 120 at position 18 is outside the 120 rows of table 'wte'" ./small_embed --data train.bin --steps 1
+  expect_message 1 "loss with fewer classes than the embedding's rows" \
+    "train.bin: token 120 at position 18 is outside the 120 classes of the loss on 'logits'" ./small_head --data train.bin --steps 1
+  expect_message 1 "--val-data checked too" "train.bin: token 120 at position 18 is outside the 120 rows of table 'wte'" \
+    ./small_embed --data below120.bin --val-data train.bin --steps 1
+  expect_exit 0 "ids below every table" ./small_embed --data below120.bin --steps 2 && ok "ids below every table: trains"
+  # beyond any machine's memory: a microbatch of 1 row x 1000000 tokens (60 TiB of arena)
+  dyn=$fixtures/gpt_o14_tanh_untied_nobias_dyn/model.onnx
+  expect_message 1 "plan beyond this machine's memory" "more than this machine's memory of" \
+    "$tokpipec" "$dyn" --batch 1 --seq 1000000 --exe huge
+  grep -qE "rank 0 \(pipeline stage 0\) needs [0-9]{14} bytes at its peak, [0-9]+ more than this machine's memory of [0-9]+: parameters 135808, gradients 135808, optimizer state 271616, 1 microbatch arena [0-9]{14} \(lower --batch or --seq" err.txt &&
+    ok "tokpipec names the rank, the bytes and what takes them" || fail "tokpipec's message: $(cat err.txt)"
+  [ ! -e huge ] && ok "no trainer built"
+  # 1024 microbatch arenas of 16 PiB: the per-rank sum overflowed int64 (a smaller peak than one arena)
+  expect_message 1 "arenas beyond 2^63 bytes" "rank 0 (pipeline stage 0) would need 1024 microbatch arenas of 18026604806537216 bytes: more than 2^63 bytes in all" \
+    "$tokpipec" "$dyn" --batch 67108864 --microbatches 1024 --seq 65536 --emit=memory
+  expect_exit 0 "--max-memory for a bigger machine" "$tokpipec" "$dyn" --batch 1 --seq 1000000 --exe huge --max-memory 100000000000000 &&
+    expect_message 1 "trainer beyond this machine's memory" "GiB) for the activations of rank 0 (arena 1 of 1): more than this machine's memory" \
+      ./huge --data train.bin --steps 1
   ;;
 
 pkgconfig)

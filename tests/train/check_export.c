@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
   TpSafetensors st;
   TpTokenFile data;
   if (tp_import_onnx_file(argv[1], NULL, &m, &d) || tp_safetensors_load(argv[2], &st, &d) ||
-      tp_tokens_open(argv[3], V, B * T + 1, &data, &d))
+      tp_tokens_open(argv[3], V, NULL, B * T + 1, &data, &d))
     return 1;
   int failures = 0;
   for (int i = 0; i < st.n; i++) {
@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
     failures += !same;
   }
   int64_t tokens[B * T], targets[B * T];
-  tp_tokens_batch(&data, 0, B, T, tokens, targets);
+  if (tp_tokens_batch(&data, 0, B, T, tokens, targets, &d)) return 1;
   TpTensor in = {.dtype = TP_I64, .rank = 2, .dims = {B, T}, .data = tokens}, out;
   if (tp_interp_run(m, &in, &out, &d)) return 1;
   const float *logits = out.data;

@@ -84,14 +84,14 @@ int main(int argc, char **argv) {
   TpOnnxWeights *w;
   TpTokenFile data;
   TpSafetensors st;
-  if (tp_onnx_weights_open(argv[1], &w, &d) || tp_tokens_open(argv[2], V, BT + 1, &data, &d) ||
+  if (tp_onnx_weights_open(argv[1], &w, &d) || tp_tokens_open(argv[2], V, NULL, BT + 1, &data, &d) ||
       tp_safetensors_load(argv[3], &st, &d))
     return 1;
   load(w, "wte", wte, V * C, &d);
   load(w, "wpe", wpe, T * C, &d);
   load(w, "frozen.shift", shift, C, &d);
   load(w, "shared.bias", bias, V, &d);
-  tp_tokens_batch(&data, 0, B, T, tokens, targets);
+  if (tp_tokens_batch(&data, 0, B, T, tokens, targets, &d)) return 1;
   check(&st, "wte", wte, V * C);
   check(&st, "wpe", wpe, T * C);
   check(&st, "head.bias", bias, V);

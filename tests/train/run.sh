@@ -251,6 +251,69 @@ learns)
     fail "the loss did not fall enough: $first -> $last"
   ;;
 
+ranges)
+  make_text
+  # non-finite or out-of-range hyperparameters: a usage error naming the flag, nothing run
+  for arg in "--lr inf" "--lr nan" "--lr -inf" "--lr 1e39" "--beta1 nan" "--beta2 inf" "--eps inf" "--eps 0" \
+    "--eps nan" "--weight-decay inf" "--weight-decay nan" "--grad-clip inf" "--grad-clip nan"; do
+    flag=${arg%% *}
+    # shellcheck disable=SC2086 # arg is a flag and its value
+    expect_exit 2 "$arg" "$trainer" --data train.bin --steps 1 --log log.jsonl $arg &&
+      if grep -q -- "error: $flag needs a number in \[" err.txt; then ok "$arg: $(head -1 err.txt)"; else fail "$arg: $(cat err.txt)"; fi
+  done
+  [ ! -e log.jsonl ] && ok "nothing trained" || fail "a run trained"
+  expect_exit 0 "--lr at the float maximum" "$trainer" --data train.bin --steps 1 --lr 3e38 --eps 1e-30 --weight-decay 0 &&
+    ok "--lr 3e38 --eps 1e-30: accepted"
+  # --val-batches: at most the whole batches of batch * seq + 1 = 17 tokens the validation file holds
+  held=$(( ($(od -A n -t d4 -j 8 -N 4 val.bin) - 1) / 16 ))
+  expect_error "--val-batches beyond the file" "--val-batches 1000000000000 is more than 'val.bin' holds: $held batches of 17 tokens" \
+    "$trainer" --data train.bin --val-data val.bin --val-batches 1000000000000 --steps 1 --log log.jsonl
+  expect_error "--val-batches one beyond" "--val-batches $((held + 1)) is more than 'val.bin' holds" \
+    "$trainer" --data train.bin --val-data val.bin --val-batches $((held + 1)) --steps 1 --log log.jsonl
+  expect_exit 0 "--val-batches all of it" "$trainer" --data train.bin --val-data val.bin --val-batches $held --steps 1 --log log.jsonl &&
+    grep -q '"val_loss"' log.jsonl && ok "--val-batches $held: evaluated"
+  expect_exit 2 "--val-batches 0" "$trainer" --data train.bin --val-data val.bin --val-batches 0 --steps 1 && ok "--val-batches 0: exit 2"
+  ;;
+
+truncated)
+  make_text
+  # a data file truncated while the trainer reads it: one error naming it, not SIGBUS (the
+  # mapped reader died of it at the next batch past the new end)
+  cp train.bin trunc.bin
+  timeout 120 "$trainer" --data trunc.bin --steps 100000000 >out.txt 2>err.txt & # a reader that misses it runs on
+  pid=$!
+  i=0
+  while ! grep -q '^step ' err.txt && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+  truncate -s 1100 trunc.bin
+  wait $pid
+  rc=$?
+  last=$(tail -1 err.txt)
+  if [ $rc -eq 1 ] && echo "$last" | grep -qF "error: trunc.bin: the file was truncated while in use"; then
+    ok "truncated while training: exit 1, $last"
+  else
+    fail "truncated while training: exit $rc, last line: $last"
+  fi
+  ;;
+
+aliases)
+  make_text
+  # no output replaces the input or the other output: same path, another spelling, a
+  # symlink, a hard link
+  expect_exit 2 "-o = --val-out" "$bin/tokpipe-tokens" text.txt -o out.bin --val-fraction 0.1 --val-out out.bin &&
+    grep -qF "error: -o 'out.bin' and --val-out 'out.bin' are the same file" err.txt && ok "-o = --val-out: $(head -1 err.txt)"
+  expect_exit 2 "-o = ./--val-out" "$bin/tokpipe-tokens" text.txt -o out.bin --val-fraction 0.1 --val-out ./out.bin &&
+    grep -qF "error: -o 'out.bin' and --val-out './out.bin' are the same file" err.txt && ok "another spelling: $(head -1 err.txt)"
+  cp train.bin keep.bin
+  expect_exit 2 "--val-out = existing -o" "$bin/tokpipe-tokens" text.txt -o train.bin --val-fraction 0.1 --val-out train.bin &&
+    cmp -s train.bin keep.bin && ok "the training file is kept"
+  expect_exit 2 "input = -o" "$bin/tokpipe-tokens" text.txt -o text.txt &&
+    grep -qF "error: the input 'text.txt' and -o 'text.txt' are the same file" err.txt && ok "input = -o: $(head -1 err.txt)"
+  ln -s text.txt link.txt && ln text.txt hard.txt
+  expect_exit 2 "symlink input = -o" "$bin/tokpipe-tokens" link.txt -o text.txt && ok "symlink: $(head -1 err.txt)"
+  expect_exit 2 "input = --val-out via a hard link" "$bin/tokpipe-tokens" text.txt -o o.bin --val-fraction 0.1 --val-out hard.txt &&
+    ok "hard link: $(head -1 err.txt)"
+  [ ! -e out.bin ] && [ ! -e o.bin ] && [ "$(head -c 3 text.txt)" = "the" ] && ok "nothing written" || fail "a refused run wrote"
+
 checkpoint-checks) # what a resume must match, and what may change
   make_text
   "$trainer" --data train.bin --lr 0.01 --steps 2 --save ck 2>/dev/null || fail "2 steps of batch 2"
@@ -407,6 +470,14 @@ fifo) # inputs that are FIFOs are refused at once, never read (which would block
   dd bs=65536 count=1 <&3 >read.jsonl 2>/dev/null # one read: the bytes waiting in the FIFO
   exec 3<&-
   [ $rc -eq 0 ] && [ "$(wc -l <read.jsonl)" -eq 2 ] && ok "a FIFO with a reader takes the log" || fail "log to a read FIFO: exit $rc, $(cat read.jsonl)"
+  mkfifo fifo.bin
+  # refused at once: without the check the open waits for a writer (timeout's exit 124)
+  expect_error "--data FIFO" "fifo.bin: cannot read: not a regular file: it is a FIFO" timeout 10 "$trainer" --data fifo.bin --steps 1
+  expect_error "--val-data FIFO" "fifo.bin: cannot read: not a regular file: it is a FIFO" timeout 10 "$trainer" --data train.bin --val-data fifo.bin --steps 1
+  expect_error "tokpipe-tokens FIFO input" "cannot read 'fifo.bin': not a regular file: it is a FIFO" timeout 10 "$bin/tokpipe-tokens" fifo.bin -o x.bin
+  "$bin/tokpipe-tokens" text.txt -o all.bin 2>/dev/null
+  expect_exit 0 "tokpipe-tokens stdin" "$bin/tokpipe-tokens" - -o stdin.bin <text.txt &&
+    same_files "'-' reads stdin (not refused as a non-regular file)" all.bin stdin.bin
   ;;
 
 *)
