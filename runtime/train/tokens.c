@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "atomic.h"
+#include "safetensors.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are little-endian");
 
@@ -99,7 +100,8 @@ int tp_tokens_open(const char *path, int64_t limit, const char *limit_of, int64_
   }
   for (int64_t pos = 0; !rc && pos < f->count; pos += SCAN_TOKENS) {
     int64_t n = f->count - pos < SCAN_TOKENS ? f->count - pos : SCAN_TOKENS;
-    if (!(rc = reserve(f, n, d))) rc = read_tokens(f, pos, n, f->window, d);
+    if (!(rc = reserve(f, n, d)) && !(rc = read_tokens(f, pos, n, f->window, d)))
+      f->crc32c = tp_crc32c(f->crc32c, f->window, (size_t)n * 2);
   }
   if (rc) tp_tokens_close(f);
   return rc;

@@ -21,6 +21,7 @@ typedef struct {
   int64_t limit;        /* every id is below it */
   const char *limit_of; /* what bounds the ids, for errors ("the 100 rows of table 'wte'");
                            NULL: the model's vocabulary */
+  uint32_t crc32c;      /* of the tokens' bytes as validated at open (checkpoints name the data) */
   uint16_t *window;     /* the tokens of the last batch read */
   int64_t window_cap;
 } TpTokenFile;

@@ -56,8 +56,6 @@ typedef struct {
   int64_t step;     /* steps done */
   int64_t data_pos; /* token position of the next training batch */
   uint64_t rng;     /* splitmix64 state (random init) */
-  uint32_t data_crc; /* CRC-32C of the training tokens, once data_crc_known */
-  bool data_crc_known;
   /* process 0's outputs while training */
   FILE *log;             /* --log, opened when its first line is written */
   TpPathLock save_lock;  /* --save's checkpoint, locked from before the first step */

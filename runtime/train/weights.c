@@ -161,15 +161,6 @@ static char *moment_key(const char *which, const char *name) {
   return key;
 }
 
-/* The CRC-32C of the training tokens, computed once. */
-static uint32_t data_crc(Trainer *t) {
-  if (!t->data_crc_known) {
-    t->data_crc = tp_crc32c(0, t->train.tokens, (size_t)t->train.count * sizeof *t->train.tokens);
-    t->data_crc_known = true;
-  }
-  return t->data_crc;
-}
-
 /* The first element of values[numel] that is not finite, or -1. */
 static int64_t first_non_finite(const float *values, int64_t numel) {
   for (int64_t k = 0; k < numel; k++)
@@ -210,7 +201,7 @@ int train_save_checkpoint(Trainer *t) {
   snprintf(step, sizeof step, "%" PRId64, t->step);
   snprintf(pos, sizeof pos, "%" PRId64, t->data_pos);
   snprintf(tokens, sizeof tokens, "%" PRId64, t->train.count);
-  snprintf(crc, sizeof crc, "%08" PRIx32, data_crc(t));
+  snprintf(crc, sizeof crc, "%08" PRIx32, t->train.crc32c);
   snprintf(rng, sizeof rng, "%" PRIu64, t->rng);
   snprintf(seed, sizeof seed, "%" PRIu64, t->o.seed);
   snprintf(batch, sizeof batch, "%" PRId64, train_rows(P));
@@ -357,10 +348,10 @@ static int resume(Trainer *t) {
                   " (the data order would differ)", m.batch, m.seq, m.vocab, train_rows(P), P->seq, P->vocab);
   else if (!rc && t->o.steps >= 0 && m.step > t->o.steps)
     rc = tp_error(t->d, "the checkpoint is at step %" PRId64 ", beyond --steps %" PRId64, m.step, t->o.steps);
-  else if (!rc && t->o.data && (m.data_tokens != t->train.count || m.data_crc32c != data_crc(t)))
+  else if (!rc && t->o.data && (m.data_tokens != t->train.count || m.data_crc32c != t->train.crc32c))
     rc = tp_error(t->d, "the checkpoint was trained on %" PRId64 " tokens of CRC-32C %08" PRIx32 "; --data '%s' has "
                   "%" PRId64 " tokens of CRC-32C %08" PRIx32 " (another data file?)", m.data_tokens, m.data_crc32c,
-                  t->o.data, t->train.count, data_crc(t));
+                  t->o.data, t->train.count, t->train.crc32c);
   t->d->file = saved;
   if (!rc) rc = check_checkpoint_tensors(t, &st, path);
   for (int i = 0; !rc && i < P->nparams; i++) {
