@@ -59,6 +59,28 @@ void tp_escape_text(char *dst, size_t dst_size, const char *src) {
   dst[out] = 0;
 }
 
+static void print_escaped_line(FILE *stream, const char *fmt, va_list ap) {
+  char raw[1024], line[1024];
+  vsnprintf(raw, sizeof raw, fmt, ap);
+  tp_escape_text(line, sizeof line, raw);
+  fprintf(stream, "%s\n", line);
+}
+
+void tp_print_line(FILE *stream, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  print_escaped_line(stream, fmt, ap);
+  va_end(ap);
+}
+
+int tp_usage_error(FILE *stream, const char *tool, const char *fmt, va_list ap) {
+  char msg[1024];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  tp_print_line(stream, "%s: error: %s", tool, msg);
+  fprintf(stream, "Try '%s --help'.\n", tool);
+  return TP_ERR_USAGE;
+}
+
 int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list ap) {
   size_t len = 0;
   char raw[sizeof d->last];

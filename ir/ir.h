@@ -208,6 +208,11 @@ int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list 
 /* Control bytes (names from a model, paths) are written as \xNN in every diagnostic, so a
  * crafted name cannot drive the user's terminal. Escapes src into dst (always terminated). */
 void tp_escape_text(char *dst, size_t dst_size, const char *src);
+/* For lines that do not go through a TpDiag (reports, usage errors): the formatted text
+ * escaped as above, as one line on stream. */
+void tp_print_line(FILE *stream, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "tool: error: MSG" (escaped) and "Try 'tool --help'." on stream; returns TP_ERR_USAGE. */
+int tp_usage_error(FILE *stream, const char *tool, const char *fmt, va_list ap);
 
 /* ---- input files (ir/file.c) ----
  * Every reader opens its inputs through these: anything but a regular file (a FIFO, a

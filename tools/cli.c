@@ -11,13 +11,10 @@
 const char *cli_tool = "tokpipec";
 
 _Noreturn void cli_usage_error(const char *fmt, ...) {
-  char raw[1024], msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(raw, sizeof raw, fmt, ap);
+  tp_usage_error(stderr, cli_tool, fmt, ap);
   va_end(ap);
-  tp_escape_text(msg, sizeof msg, raw); /* arguments are echoed: no control bytes */
-  fprintf(stderr, "%s: error: %s\nTry '%s --help'.\n", cli_tool, msg, cli_tool);
   exit(TP_ERR_USAGE);
 }
 

@@ -3,6 +3,7 @@
  * step. Prints the worst error and where it is; exit 0 match, 1 mismatch or unreadable
  * input, 2 bad usage. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +26,13 @@ static const char *usage =
     "  -v                 one line per tensor\n"
     "  --help, --version\n";
 
-static int usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "%s: error: ", tool);
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\nTry '%s --help'.\n", tool);
-  return 2;
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = tp_usage_error(stderr, tool, fmt, ap);
+  va_end(ap);
+  return rc;
 }
 
 /* "[2,17]": the position of flat index i in a row-major tensor. */
@@ -95,18 +98,18 @@ static int compare_tensors(const char *got_path, const char *want_path, double t
     const char *name = want.tensors[i].name;
     const TpTensor *w = &want.tensors[i].t, *g = tp_safetensors_find(&got, name);
     if (!g) {
-      fprintf(stderr, "%s: %s: missing from %s\n", tool, name, got_path);
+      tp_print_line(stderr, "%s: %s: missing from %s", tool, name, got_path);
       bad = 1;
       continue;
     }
     if (!same_shape(g, w)) {
       format_shape(g, s1, sizeof s1), format_shape(w, s2, sizeof s2);
-      fprintf(stderr, "%s: %s: shape %s, want %s\n", tool, name, s1, s2);
+      tp_print_line(stderr, "%s: %s: shape %s, want %s", tool, name, s1, s2);
       bad = 1;
       continue;
     }
     if (!tp_dtype_is_float(g->dtype) || !tp_dtype_is_float(w->dtype)) {
-      fprintf(stderr, "%s: %s: not a float tensor (%s, %s)\n", tool, name,
+      tp_print_line(stderr, "%s: %s: not a float tensor (%s, %s)", tool, name,
               tp_dtype_name(g->dtype), tp_dtype_name(w->dtype));
       bad = 1;
       continue;
@@ -115,8 +118,7 @@ static int compare_tensors(const char *got_path, const char *want_path, double t
     format_index(w, e.at, where, sizeof where);
     int ok = e.err <= tol;
     if (!ok || verbose)
-      fprintf(ok ? stdout : stderr,
-              "%s: %s %s: max_rel_err=%.2e at %s (got %.9g, want %.9g, max|want| %.3g)\n", tool,
+      tp_print_line(ok ? stdout : stderr, "%s: %s %s: max_rel_err=%.2e at %s (got %.9g, want %.9g, max|want| %.3g)", tool,
               ok ? "ok  " : "FAIL", name, e.err, where, e.got, e.want, e.scale);
     bad |= !ok;
     compared++;
@@ -124,15 +126,15 @@ static int compare_tensors(const char *got_path, const char *want_path, double t
   }
   for (int i = 0; i < got.n; i++)
     if (!tp_safetensors_find(&want, got.tensors[i].name)) {
-      fprintf(stderr, "%s: %s: in %s but not in %s\n", tool, got.tensors[i].name, got_path,
+      tp_print_line(stderr, "%s: %s: in %s but not in %s", tool, got.tensors[i].name, got_path,
               want_path);
       bad = 1;
     }
   if (worst_name) {
     const TpTensor *w = tp_safetensors_find(&want, worst_name);
     format_index(w, worst.at, where, sizeof where);
-    printf("%s: %d of %d tensors compared, worst %s max_rel_err=%.2e at %s (tol %.0e): %s\n",
-           tool, compared, want.n, worst_name, worst.err, where, tol, bad ? "FAIL" : "ok");
+    tp_print_line(stdout, "%s: %d of %d tensors compared, worst %s max_rel_err=%.2e at %s (tol %.0e): %s", tool,
+                  compared, want.n, worst_name, worst.err, where, tol, bad ? "FAIL" : "ok");
   } else {
     printf("%s: no tensor compared: FAIL\n", tool);
     bad = 1;
@@ -209,8 +211,8 @@ static int read_losses(const char *path, Loss **losses, int64_t *n, TpDiag *d) {
 }
 
 static void report_gap(const char *path, int64_t first, int64_t last) {
-  if (first == last) fprintf(stderr, "%s: step %lld: not in %s\n", tool, (long long)first, path);
-  else fprintf(stderr, "%s: steps %lld..%lld: not in %s\n", tool, (long long)first, (long long)last, path);
+  if (first == last) tp_print_line(stderr, "%s: step %lld: not in %s", tool, (long long)first, path);
+  else tp_print_line(stderr, "%s: steps %lld..%lld: not in %s", tool, (long long)first, (long long)last, path);
 }
 
 static int compare_losses(const char *got_path, const char *want_path, int64_t steps, double tol,
@@ -233,7 +235,7 @@ static int compare_losses(const char *got_path, const char *want_path, int64_t s
     next = w->step + 1;
     while (g < ngot && got[g].step < w->step) g++;
     if (g == ngot || got[g].step != w->step) {
-      fprintf(stderr, "%s: step %lld: no loss in %s\n", tool, (long long)w->step, got_path);
+      tp_print_line(stderr, "%s: step %lld: no loss in %s", tool, (long long)w->step, got_path);
       bad = 1;
       continue;
     }

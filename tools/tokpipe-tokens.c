@@ -2,6 +2,7 @@
  * byte (a vocabulary of 256), optionally with the tail split off as validation data. */
 #include <errno.h>
 #include <stdbool.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +26,13 @@ static const char *usage =
     "  --val-out VAL.bin     the validation tokens\n"
     "  --help, --version\n";
 
-static int usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "%s: error: ", tool);
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\nTry '%s --help'.\n", tool);
-  return 2;
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = tp_usage_error(stderr, tool, fmt, ap);
+  va_end(ap);
+  return rc;
 }
 
 /* The value of an option given as `--flag VALUE` or `--flag=VALUE`, or NULL. */
@@ -82,8 +85,8 @@ static int check_aliases(const char *in, const char *out, const char *val_out) {
   for (int j = 1; j < 3 && !rc; j++)
     for (int i = 0; i < j && !rc; i++)
       if (paths[i] && paths[j] && (strcmp(paths[i], paths[j]) == 0 || same_file(&ids[i], &ids[j]))) {
-        fprintf(stderr, "%s: error: %s '%s' and %s '%s' are the same file: writing one would replace the other\n",
-                tool, flags[i], paths[i], flags[j], paths[j]);
+        tp_print_line(stderr, "%s: error: %s '%s' and %s '%s' are the same file: writing one would replace the other",
+                      tool, flags[i], paths[i], flags[j], paths[j]);
         rc = 2;
       }
   for (int i = 0; i < 3; i++) free(ids[i].entry);
@@ -115,7 +118,7 @@ static int write_tokens(const char *path, const uint8_t *bytes, size_t n, TpDiag
   for (size_t i = 0; i < n; i++) tokens[i] = bytes[i];
   int rc = tp_tokens_write(path, tokens, (int64_t)n, d);
   free(tokens);
-  if (!rc) fprintf(stderr, "%s: %zu tokens -> %s\n", tool, n, path);
+  if (!rc) tp_print_line(stderr, "%s: %zu tokens -> %s", tool, n, path);
   return rc;
 }
 

@@ -131,9 +131,7 @@ static int usage_error(const TpDiag *d, const char *fmt, ...) {
   if (!d->stream) return TP_ERR_USAGE;
   va_list ap;
   va_start(ap, fmt);
-  fprintf(d->stream, "%s: error: ", d->tool);
-  vfprintf(d->stream, fmt, ap);
-  fprintf(d->stream, "\nTry '%s --help'.\n", d->tool);
+  tp_usage_error(d->stream, d->tool, fmt, ap);
   va_end(ap);
   return TP_ERR_USAGE;
 }

@@ -84,6 +84,11 @@ usage)
   make_text
   expect_exit 2 "no --data" "$trainer" --steps 3 && grep -q "error: --data FILE is required" err.txt && ok "no --data: exit 2"
   expect_exit 2 "unknown option" "$trainer" --data train.bin --stepz 3 && grep -q "unknown option '--stepz'" err.txt && ok "unknown option: exit 2"
+  esc=$(printf '\033') # arguments echoed in messages keep no control bytes: ESC is written \x1b
+  for tool in "$trainer" "$bin/tokpipe-tokens" "$bin/tokpipe-compare"; do
+    expect_exit 2 "$tool: an unknown option with an ESC byte" "$tool" "--x${esc}[2J" &&
+      if grep -qF -- 'x\x1b[2J' err.txt && ! grep -q "$esc" err.txt; then ok "escaped: $(head -1 err.txt)"; else fail "not escaped: $(cat -v err.txt)"; fi
+  done
   expect_exit 2 "bad number" "$trainer" --data train.bin --lr fast && grep -q -- "--lr needs a number" err.txt && ok "bad number: exit 2"
   expect_exit 2 "negative steps" "$trainer" --data=train.bin --steps=-1 && ok "negative steps: exit 2"
   expect_exit 2 "missing value" "$trainer" --data train.bin --log && grep -q -- "--log needs a value" err.txt && ok "missing value: exit 2"
