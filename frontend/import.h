@@ -61,10 +61,8 @@ typedef struct {
 } OpRow;
 const OpRow *tp_onnx_find_op(const char *op_type, int opset, int *first_since);
 
-/* onnx_import.c: the model's folder (malloc'ed; "." or "/" where path names none) and
- * its file name there: blobs are named relative to that folder (ONNX external data, and
- * so the textual IR) */
-char *model_dir(const char *path);
+/* onnx_import.c: the model's file name in its folder (tp_folder_of): blobs are named
+ * relative to that folder (ONNX external data, and so the textual IR) */
 const char *model_file_name(const char *path);
 
 /* onnx_import.c: helpers for the lowerings */

@@ -898,16 +898,6 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
   return pass_dce(m, I->d);
 }
 
-char *model_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
-  size_t n = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
-  char *dir = malloc(n + 1);
-  TP_ASSERT(dir);
-  memcpy(dir, !slash ? "." : slash == path ? "/" : path, n);
-  dir[n] = 0;
-  return dir;
-}
-
 const char *model_file_name(const char *path) {
   const char *slash = strrchr(path, '/');
   return slash ? slash + 1 : path;
@@ -921,7 +911,7 @@ static int import_bytes(const uint8_t *bytes, size_t size, const char *path, int
   Onnx__ModelProto *model = onnx__model_proto__unpack(NULL, size, bytes);
   if (!model)
     return tp_error(d, "cannot decode the file as an ONNX model (truncated, or not protobuf)");
-  if (path) I.dir = model_dir(path);
+  if (path) I.dir = tp_folder_of(path);
   locate_raw_data(&I, bytes, size);
   rc = import_graph(&I, model);
   onnx__model_proto__free_unpacked(model, NULL);

@@ -59,7 +59,7 @@ int tp_onnx_weights_open(const char *path, TpOnnxWeights **out, TpDiag *d) {
     return TP_ERR_INPUT;
   }
   /* external data is resolved against the model's folder, as the importer does */
-  w->I = (Importer){.m = w->m, .path = w->path, .dir = model_dir(path), .model_blob = -1, .nraw = -1};
+  w->I = (Importer){.m = w->m, .path = w->path, .dir = tp_folder_of(path), .model_blob = -1, .nraw = -1};
   *out = w;
   return TP_OK;
 }

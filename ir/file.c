@@ -85,3 +85,10 @@ char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size) 
   fclose(f);
   return buf;
 }
+
+char *tp_folder_of(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *dir = !slash ? strdup(".") : strndup(path, slash == path ? 1 : (size_t)(slash - path));
+  TP_ASSERT(dir);
+  return dir;
+}

@@ -222,6 +222,8 @@ int tp_open_input(const char *path, char *why, size_t why_size);
 FILE *tp_fopen_input(const char *path, char *why, size_t why_size);
 /* The whole file, malloc'ed, NUL-terminated after its *size bytes. */
 char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size);
+/* The folder part of a path, malloc'ed: "a/b/c" -> "a/b", "/c" -> "/", "c" -> ".". */
+char *tp_folder_of(const char *path);
 
 /* ---- module construction and queries (ir/module.c) ---- */
 TpModule *tp_module_new(const char *source);

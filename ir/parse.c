@@ -791,11 +791,7 @@ int tp_parse_module(const char *text, size_t len, const char *path, TpModule **o
   memcpy(copy, text, len);
   copy[len] = 0;
   Parser p = {.text = copy, .len = len, .path = path ? path : "<input>", .d = d};
-  if (path) { /* the folder of path: blob files lie there */
-    const char *slash = strrchr(path, '/');
-    p.dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    TP_ASSERT(p.dir);
-  }
+  if (path) p.dir = tp_folder_of(path); /* blob files lie there */
   p.m = tp_module_new(NULL);
   int rc = parse_all(&p);
   if (rc == TP_OK && p.failed) rc = TP_ERR_INPUT;

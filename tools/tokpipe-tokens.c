@@ -62,8 +62,7 @@ static FileId file_id(const char *path) {
   struct stat st;
   if (stat(path, &st) == 0) id.exists = true, id.dev = st.st_dev, id.ino = st.st_ino;
   const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-  char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
-  char *real = dir ? realpath(dir, NULL) : NULL;
+  char *dir = tp_folder_of(path), *real = realpath(dir, NULL);
   size_t n = real ? strlen(real) + strlen(base) + 2 : 0;
   if (real && (id.entry = malloc(n))) snprintf(id.entry, n, "%s/%s", real, base);
   free(dir), free(real);

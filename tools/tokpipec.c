@@ -16,6 +16,7 @@
 
 #include "codegen/codegen.h"
 #include "passes/planner/plan.h"
+#include "runtime/train/atomic.h"
 #include "tokpipec_config.h" /* the C compiler, where the runtime is, what a plan links */
 
 extern char **environ;
@@ -203,26 +204,6 @@ static int compile_trainer(const char *plan_c, const char *exe, bool verbose, Tp
   }
   for (int i = 0; i < a.n; i++) free(a.argv[i]);
   free(a.argv);
-  return rc;
-}
-
-/* --exe's path must be a file in an existing, writable folder, checked before anything is
- * compiled: otherwise the linker fails, which would read as tokpipec's own failure. */
-static int check_exe_path(const char *exe, TpDiag *d) {
-  struct stat st;
-  if (stat(exe, &st) == 0 && S_ISDIR(st.st_mode))
-    return tp_error(d, "--exe %s: is a directory (give the executable's file name)", exe);
-  const char *slash = strrchr(exe, '/');
-  char *dir = slash ? strndup(exe, slash == exe ? 1 : (size_t)(slash - exe)) : strdup(".");
-  TP_ASSERT(dir);
-  int rc = TP_OK;
-  if (stat(dir, &st) != 0)
-    rc = tp_error(d, "--exe %s: cannot use the folder '%s': %s", exe, dir, strerror(errno));
-  else if (!S_ISDIR(st.st_mode))
-    rc = tp_error(d, "--exe %s: '%s' is not a folder", exe, dir);
-  else if (access(dir, W_OK | X_OK) != 0)
-    rc = tp_error(d, "--exe %s: cannot write in the folder '%s': %s", exe, dir, strerror(errno));
-  free(dir);
   return rc;
 }
 
@@ -550,7 +531,7 @@ int main(int argc, char **argv) {
   if (exe) {
     TpDiag exe_diag;
     tp_diag_init(&exe_diag, cli_tool, NULL, stderr);
-    if (check_exe_path(exe, &exe_diag)) return cli_exit_code(TP_ERR_INPUT);
+    if (tp_check_writable(exe, "--exe", &exe_diag)) /* else the linker fails, as if tokpipec had */ return cli_exit_code(TP_ERR_INPUT);
   }
   TpDiag d;
   tp_diag_init(&d, cli_tool, strcmp(input, "-") == 0 ? "<stdin>" : input, stderr);

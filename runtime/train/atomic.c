@@ -11,14 +11,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static char *folder_of(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = strdup(!slash ? "." : slash == path ? "/" : path);
-  TP_ASSERT(dir);
-  if (slash && slash != path) dir[slash - path] = 0;
-  return dir;
-}
-
 /* 8 random letters and digits; only the names must differ between writers (O_EXCL refuses
  * an existing one, link or not), so a weak source is good enough when getrandom fails. */
 static void random_suffix(char *out) {
@@ -74,7 +66,7 @@ void tp_atomic_write(TpAtomicFile *a, const void *data, size_t size) {
 
 /* The folder entry of a rename is durable only once the folder itself is synced. */
 static void sync_folder(const char *path) {
-  char *dir = folder_of(path);
+  char *dir = tp_folder_of(path);
   int fd = open(dir, O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
     fsync(fd); /* best effort: some file systems refuse it */
@@ -123,20 +115,27 @@ int tp_write_file_atomic(const char *path, const void *data, size_t size, TpDiag
   return tp_atomic_commit(&a, d);
 }
 
-int tp_check_writable(const char *path, const char *what, TpDiag *d) {
+int tp_check_folder_writable(const char *path, const char *what, TpDiag *d) {
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
     return tp_error(d, "%s '%s' is a folder", what, path);
-  char *dir = folder_of(path);
+  char *dir = tp_folder_of(path);
   int rc = TP_OK;
   if (stat(dir, &st) != 0)
     rc = tp_error(d, "%s '%s': folder '%s': %s", what, path, dir, strerror(errno));
   else if (!S_ISDIR(st.st_mode))
     rc = tp_error(d, "%s '%s': '%s' is not a folder", what, path, dir);
-  else if (access(dir, W_OK) != 0)
+  else if (access(dir, W_OK | X_OK) != 0)
     rc = tp_error(d, "%s '%s': folder '%s' is not writable: %s", what, path, dir, strerror(errno));
   free(dir);
   return rc;
+}
+
+int tp_check_writable(const char *path, const char *what, TpDiag *d) {
+  struct stat st; /* as tp_atomic_open will refuse it, but before the long work */
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+    return tp_error(d, "%s '%s' exists and is not a regular file", what, path);
+  return tp_check_folder_writable(path, what, d);
 }
 
 int tp_lock_path(TpPathLock *l, const char *path, const char *what, TpDiag *d) {

@@ -35,9 +35,13 @@ void tp_atomic_abort(TpAtomicFile *a);
 /* The whole of `data` as PATH, atomically. */
 int tp_write_file_atomic(const char *path, const void *data, size_t size, TpDiag *d);
 
-/* Whether a file could be created at PATH: its folder exists and is writable. Checked
- * before long work so that a bad output path fails at once. */
+/* Whether tp_atomic_open could write PATH: not a folder, nor an existing file that is not
+ * a regular one (a FIFO, a device), in a folder that exists and is writable. Checked before
+ * long work so that a bad output path fails at once; errors name `what` ("--exe"). */
 int tp_check_writable(const char *path, const char *what, TpDiag *d);
+/* The same but for the existing file's kind, for outputs written in place (--log may be a
+ * FIFO that someone reads). */
+int tp_check_folder_writable(const char *path, const char *what, TpDiag *d);
 
 /* An exclusive lock of PATH against other processes: flock on PATH.lock (created, never
  * through a link), held until tp_unlock_path, which removes the lock file. A lock held by

@@ -626,7 +626,7 @@ static int train(Trainer *t, int64_t total) {
 static int check_outputs(Trainer *t) {
   const TrainOptions *o = &t->o;
   int rc = TP_OK;
-  if ((o->log && (rc = tp_check_writable(o->log, "--log", t->d))) ||
+  if ((o->log && (rc = tp_check_folder_writable(o->log, "--log", t->d))) ||
       (o->dump_grads && (rc = tp_check_writable(o->dump_grads, "--dump-grads", t->d))) ||
       (o->dump_weights && (rc = tp_check_writable(o->dump_weights, "--dump-weights", t->d))) ||
       (o->export_onnx && (rc = tp_check_writable(o->export_onnx, "--export-onnx", t->d))) ||

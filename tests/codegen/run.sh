@@ -127,9 +127,9 @@ EOF
   [ "$(ls)" = "$(printf 'err.txt\nf16op.tir\nf16param.tir\nfolder\nout.txt\nstages.tir')" ] && [ -z "$(ls folder)" ] &&
     ok "no temporary left behind"
   # a path the executable cannot be written to is bad input, found before compiling
-  expect_message 1 "--exe into a missing folder" "--exe no/such/trainer: cannot use the folder 'no/such'" \
+  expect_message 1 "--exe into a missing folder" "--exe 'no/such/trainer': folder 'no/such': No such file or directory" \
     "$tokpipec" "$model" --exe no/such/trainer
-  expect_message 1 "--exe onto a folder" "--exe folder: is a directory" "$tokpipec" "$model" --exe folder
+  expect_message 1 "--exe onto a folder" "--exe 'folder' is a folder" "$tokpipec" "$model" --exe folder
   expect_exit 2 "--exe with --emit=ir" "$tokpipec" "$model" --exe t --emit=ir &&
     ok "--exe with --emit=ir: $(head -1 err.txt)"
   expect_message 1 "--batch against a static model" "token input 'idx' dim 0 is 2 in the model but a microbatch (--batch / (--dp x --microbatches)) has 3 rows" \

@@ -8,7 +8,7 @@ rm -rf "$work" && mkdir -p "$work/ro" && chmod 555 "$work/ro" || exit 2
 err=$("$bin/tokpipec" "$model" --exe "$work/ro/trainer" 2>&1 >/dev/null)
 rc=$?
 chmod 755 "$work/ro"
-want="tokpipec: error: --exe $work/ro/trainer: cannot write in the folder '$work/ro': Permission denied"
+want="tokpipec: error: --exe '$work/ro/trainer': folder '$work/ro' is not writable: Permission denied"
 [ $rc -eq 1 ] && [ "$err" = "$want" ] && { echo "ok: $err"; exit 0; }
 printf 'FAIL: exit %s\n  got:      %s\n  expected: %s\n' $rc "$err" "$want"
 exit 1

@@ -464,6 +464,10 @@ fifo) # inputs that are FIFOs are refused at once, never read (which would block
     "$trainer" --data train.bin --resume f --steps 4
   expect_error "--save onto a FIFO" "--save checkpoint 'f/checkpoint.safetensors' exists and is not a regular file" \
     "$trainer" --data train.bin --save f --steps 4
+  for flag in --dump-grads --dump-weights --export-onnx --trace; do # refused before training, not after
+    expect_error "$flag onto a FIFO" "$flag 'fifo.safetensors' exists and is not a regular file" \
+      "$trainer" --data train.bin --steps 2 "$flag" fifo.safetensors
+  done
   expect_run_error "--init from a FIFO" "fifo.safetensors: cannot read: not a regular file: it is a FIFO" \
     "$trainer" --init fifo.safetensors --data train.bin --steps 4
   expect_run_error "a FIFO as the --log to continue" "cannot read the --log 'fifo.jsonl' to continue it: not a regular file: it is a FIFO" \
