@@ -683,11 +683,12 @@ static int run(Trainer *t) {
   if (total > TRAIN_MAX_STEPS)
     return usage_error(t->d, "--steps needs an integer <= 2^53 (%" PRId64 "), not %" PRId64, TRAIN_MAX_STEPS, total);
   if ((rc = pipe_agree(t, train_is_root(t) ? check_outputs(t) : TP_OK))) return rc;
-  if ((rc = pipe_agree(t, train_load_weights(t)))) return rc;
-  if (o->dump_grads && t->step >= total)
-    return tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);
+  /* The lock before the resume: a second trainer on this --save stops at once, before it
+   * reads a checkpoint the first one may be replacing. */
   rc = o->save && train_is_root(t) ? lock_save_dir(t) : TP_OK;
-  if (!(rc = pipe_agree(t, rc))) {
+  if (!(rc = pipe_agree(t, rc)) && !(rc = pipe_agree(t, train_load_weights(t))) && o->dump_grads && t->step >= total)
+    rc = tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);
+  if (!rc) {
     if (train_is_root(t)) print_start(t, total);
     tp_comm_barrier(t->comm); /* the trace's common start */
     if (o->trace) t->trace = trace_new();
