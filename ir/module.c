@@ -215,7 +215,7 @@ int tp_add_folder_blob(TpModule *m, const char *dir, const char *name, const cha
     size_t dl = strlen(dir_real);
     if (strncmp(real, dir_real, dl) != 0 || (real[dl] != '/' && dl != 1)) /* dl 1: the folder is "/" */
       snprintf(why, why_size, "resolves outside %s", folder);
-    else if ((blob = map_file(m, path, name, reason, sizeof reason)) < 0)
+    else if ((blob = map_file(m, real, name, reason, sizeof reason)) < 0) /* the path checked, not one swapped in since */
       snprintf(why, why_size, "cannot be opened: %s", reason);
   }
   free(dir_real);
