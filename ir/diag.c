@@ -28,9 +28,8 @@ static void append(TpDiag *d, size_t *len, const char *fmt, ...) {
   if (n > 0) *len += (size_t)n < sizeof d->last - *len ? (size_t)n : sizeof d->last - 1 - *len;
 }
 
-/* Length of the valid UTF-8 sequence at s that is not a C1 control (U+0080..U+009F, which
- * some terminals obey like ESC), or 0. */
-static size_t printable_utf8(const unsigned char *s) {
+size_t tp_utf8_printable(const char *text) {
+  const unsigned char *s = (const unsigned char *)text;
   size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
   for (size_t i = 1; i < n; i++)
     if ((s[i] & 0xc0) != 0x80) return 0;
@@ -44,7 +43,7 @@ void tp_escape_text(char *dst, size_t dst_size, const char *src) {
   const unsigned char *s = (const unsigned char *)src;
   size_t out = 0;
   while (*s && out + 1 < dst_size) {
-    size_t n = *s >= 0x80 ? printable_utf8(s) : (*s >= 0x20 && *s != 0x7f);
+    size_t n = *s >= 0x80 ? tp_utf8_printable((const char *)s) : (*s >= 0x20 && *s != 0x7f);
     if (n == 0) {
       if (out + 5 > dst_size) break;
       snprintf(dst + out, 5, "\\x%02x", *s++);

@@ -30,8 +30,9 @@ TpJson *tp_json_parse(const char *text, size_t len, char *err, size_t errsize);
 #define TP_JSON_MAX_BYTES (32 << 20)
 TpJson *tp_json_parse_file(const char *path, char *err, size_t errsize);
 void tp_json_free(TpJson *j);
-/* s as a JSON string, ASCII only: quotes, backslashes, control bytes and bytes over 0x7f
- * escaped (a byte over 0x7f as U+0080..U+00FF, so names in any encoding stay valid JSON). */
+/* s as a JSON string: quotes, backslashes and control bytes escaped, UTF-8 as it is, and a
+ * byte that is not UTF-8 as U+0080..U+00FF (Latin-1), so names in any encoding stay valid
+ * JSON. */
 void tp_json_write_string(FILE *f, const char *s);
 
 /* Member `key` of an object, or NULL (also when j is not an object). */
