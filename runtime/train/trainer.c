@@ -106,7 +106,7 @@ static const OptSpec opt_specs[] = {
     {"--export-onnx", 's', AT(export_onnx), 0, 0},
     {"--trace", 's', AT(trace), 0, 0},
     {"--profile", 's', AT(profile), 0, 0},
-    {"--steps", 'i', AT(steps), 0, 0},
+    {"--steps", 'i', AT(steps), 0, TRAIN_MAX_STEPS},
     {"--seed", 'u', AT(seed), 0, 0},
     {"--val-every", 'i', AT(val_every), 1, 0},
     {"--val-batches", 'i', AT(val_batches), 1, 0},
@@ -151,6 +151,9 @@ static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const Tp
     return TP_OK;
   case 'i': {
     long long x = strtoll(v, &end, 10);
+    if (s->hi > 0 && (!*v || *end || errno || x < (long long)s->lo || x > (long long)s->hi))
+      return usage_error(d, "%s needs an integer in [%lld, %lld], not '%s'", s->flag, (long long)s->lo,
+                         (long long)s->hi, v);
     if (!*v || *end || errno || x < (long long)s->lo)
       return usage_error(d, "%s needs an integer >= %d, not '%s'", s->flag, (int)s->lo, v);
     *(int64_t *)at = x;
@@ -679,9 +682,7 @@ static int run(Trainer *t) {
                     " tokens (batch * seq + 1)", o->val_batches, o->val_data, val_held, val_held == 1 ? "" : "es", need);
   if (o->val_data && !o->val_batches) o->val_batches = val_held < MAX_VAL_BATCHES ? val_held : MAX_VAL_BATCHES;
   int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
-  o->steps = total;
-  if (total > TRAIN_MAX_STEPS)
-    return usage_error(t->d, "--steps needs an integer <= 2^53 (%" PRId64 "), not %" PRId64, TRAIN_MAX_STEPS, total);
+  o->steps = total; /* the default is below 2^31: a token file holds fewer tokens */
   if ((rc = pipe_agree(t, train_is_root(t) ? check_outputs(t) : TP_OK))) return rc;
   /* The lock before the resume: a second trainer on this --save stops at once, before it
    * reads a checkpoint the first one may be replacing. */
