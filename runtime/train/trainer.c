@@ -72,6 +72,7 @@ static const char *usage_text =
     "                       DIR/checkpoint.safetensors, atomically\n"
     "  --save-every K       every K steps (default: after the last step only)\n"
     "  --resume DIR         continue from DIR's checkpoint, bit for bit as if never stopped\n"
+    "                       (in another pipeline plan: the same to rounding)\n"
     "  --export-onnx FILE   the model (--init's, else the compiled one) with trained weights\n"
     "  --trace FILE.json    a Chrome/Perfetto trace of every rank's compute and communication\n"
     "                       (open it in ui.perfetto.dev or chrome://tracing)\n"
