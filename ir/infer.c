@@ -114,10 +114,10 @@ static int infer_elementwise(const Ctx *c, TpOpKind kind) {
     if (a->dtype != TP_BOOL) return tp_error_op(c->d, c->m, c->op, "operands must be bool");
     break;
   case TP_OP_Sqrt: case TP_OP_Reciprocal: case TP_OP_Exp: case TP_OP_Log: case TP_OP_Erf:
-  case TP_OP_Tanh: case TP_OP_Sigmoid: case TP_OP_Gelu:
+  case TP_OP_Tanh: case TP_OP_Sigmoid: case TP_OP_Gelu: case TP_OP_Sin: case TP_OP_Cos:
     if (need_float(c, a, "the operand")) return TP_ERR_INPUT;
     break;
-  case TP_OP_Pow:
+  case TP_OP_Pow: case TP_OP_Max: case TP_OP_Min:
     if (b->dtype == TP_BOOL || a->dtype == TP_BOOL)
       return tp_error_op(c->d, c->m, c->op, "operands must be numeric");
     break;
@@ -212,6 +212,25 @@ static int infer_gather(const Ctx *c) {
              ? TP_ERR_INPUT : TP_OK;
 }
 
+static int infer_gather_elements(const Ctx *c) {
+  const TpType *data = operand(c, 0), *idx = operand(c, 1);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0);
+  if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
+  if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
+    return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
+  bool fits = idx->rank == data->rank;
+  for (int i = 0; fits && i < idx->rank; i++) fits = i == axis || idx->dims[i] <= data->dims[i];
+  if (!fits) {
+    char sd[256], si[256];
+    return tp_error_op(c->d, c->m, c->op, "indices %s do not fit data %s outside axis %lld", type_str(idx, si),
+                       type_str(data, sd), (long long)axis);
+  }
+  TpType t = *idx;
+  t.dtype = data->dtype;
+  for (int i = 0; i < t.rank; i++) t.dimnames[i] = i != axis && idx->dims[i] == data->dims[i] ? data->dimnames[i] : NULL;
+  return set_result(c, 0, t);
+}
+
 static int infer_reshape(const Ctx *c) {
   const TpType *x = operand(c, 0), *r = preset(c, 0);
   if (!r) return TP_ERR_INPUT;
@@ -237,6 +256,29 @@ static int infer_expand(const Ctx *c) {
     return tp_error_op(c->d, c->m, c->op, "cannot expand %s to %s", type_str(x, sx), type_str(r, sr));
   }
   return set_result(c, 0, t); /* fills in the names broadcasting carried over */
+}
+
+static int infer_tile(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  int n;
+  const int64_t *repeats = tp_attr_ints(c->m, c->op, "repeats", &n);
+  if (n != x->rank) return tp_error_op(c->d, c->m, c->op, "repeats has %d entries for rank %d", n, x->rank);
+  TpType t = {.dtype = x->dtype, .rank = x->rank};
+  for (int i = 0; i < n; i++) {
+    if (repeats[i] < 0) return tp_error_op(c->d, c->m, c->op, "repeats has negative value %lld", (long long)repeats[i]);
+    if (x->dims[i] && repeats[i] > INT64_MAX / 16 / x->dims[i])
+      return tp_error_op(c->d, c->m, c->op, "the tiled tensor is too large");
+    t.dims[i] = x->dims[i] * repeats[i];
+    if (repeats[i] == 1) t.dimnames[i] = x->dimnames[i];
+  }
+  return set_result(c, 0, t); /* checks the total size */
+}
+
+static int infer_cumsum(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  if (check_axis(c, tp_attr_int(c->m, c->op, "axis", 0), x->rank, "axis")) return TP_ERR_INPUT;
+  if (x->dtype == TP_BOOL) return tp_error_op(c->d, c->m, c->op, "the operand must be numeric");
+  return set_result(c, 0, *x);
 }
 
 static int infer_cast(const Ctx *c) {
@@ -657,6 +699,9 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_MatMul: return infer_matmul(&c);
   case TP_OP_Gemm: return infer_gemm(&c);
   case TP_OP_Gather: return infer_gather(&c);
+  case TP_OP_GatherElements: return infer_gather_elements(&c);
+  case TP_OP_Tile: return infer_tile(&c);
+  case TP_OP_CumSum: return infer_cumsum(&c);
   case TP_OP_Reshape: return infer_reshape(&c);
   case TP_OP_Expand: return infer_expand(&c);
   case TP_OP_Transpose: return infer_transpose(&c);

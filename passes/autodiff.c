@@ -460,6 +460,30 @@ static void backward(Ad *a, const int *dys) {
     give_binary(a, x, TP_OP_Mul, dy, t);
     break;
   }
+  case TP_OP_Sin: /* dy cos x */
+    give_binary(a, x, TP_OP_Mul, dy, emit(a, TP_OP_Cos, &x, 1, tmp_name(a, x), NULL));
+    break;
+  case TP_OP_Cos: { /* -dy sin x */
+    int t = emit(a, TP_OP_Sin, &x, 1, tmp_name(a, x), NULL);
+    t = emit2(a, TP_OP_Mul, dy, t, tmp_name(a, x));
+    give_unary(a, x, TP_OP_Neg, t);
+    break;
+  }
+  case TP_OP_Max:
+  case TP_OP_Min: { /* dy to the operand chosen; a tie splits it equally, as torch.maximum */
+    int tie = -1;
+    for (int i = 0; i < 2; i++) {
+      if (!need[i]) continue;
+      if (tie < 0) {
+        int eq = emit2(a, TP_OP_Equal, in[0], in[1], tmp_name(a, x));
+        int half = emit2(a, TP_OP_Mul, dy, scalar(a, dt, 0.5), tmp_name(a, x));
+        tie = emit(a, TP_OP_Where, (int[]){eq, half, scalar(a, dt, 0)}, 3, tmp_name(a, x), NULL);
+      }
+      int wins = emit2(a, kind == TP_OP_Max ? TP_OP_Greater : TP_OP_Less, in[i], in[1 - i], tmp_name(a, in[i]));
+      give_elementwise(a, in[i], TP_OP_Where, (int[]){wins, dy, tie}, 3);
+    }
+    break;
+  }
   case TP_OP_Relu: {
     int pos = emit2(a, TP_OP_Greater, y, scalar(a, dt, 0), tmp_name(a, x));
     give_elementwise(a, x, TP_OP_Where, (int[]){pos, dy, scalar(a, dt, 0)}, 3);
