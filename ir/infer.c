@@ -218,13 +218,14 @@ static int infer_gather_elements(const Ctx *c) {
   if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
   if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
     return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
-  bool fits = idx->rank == data->rank;
-  for (int i = 0; fits && i < idx->rank; i++) fits = i == axis || idx->dims[i] <= data->dims[i];
-  if (!fits) {
-    char sd[256], si[256];
-    return tp_error_op(c->d, c->m, c->op, "indices %s do not fit data %s outside axis %lld", type_str(idx, si),
-                       type_str(data, sd), (long long)axis);
-  }
+  char sd[256], si[256];
+  if (idx->rank != data->rank)
+    return tp_error_op(c->d, c->m, c->op, "indices %s must have the rank of data %s", type_str(idx, si),
+                       type_str(data, sd));
+  for (int i = 0; i < idx->rank; i++)
+    if (i != axis && idx->dims[i] > data->dims[i])
+      return tp_error_op(c->d, c->m, c->op, "indices %s exceed data %s outside axis %lld", type_str(idx, si),
+                         type_str(data, sd), (long long)axis);
   TpType t = *idx;
   t.dtype = data->dtype;
   for (int i = 0; i < t.rank; i++) t.dimnames[i] = i != axis && idx->dims[i] == data->dims[i] ? data->dimnames[i] : NULL;
