@@ -165,16 +165,12 @@ static int import_cumsum(Importer *I, Node *N) {
 /* ---- shape ops ---- */
 
 static int import_tile(Importer *I, Node *N) {
-  TpType in = type_of(I, N->in[0]);
   int64_t repeats[TP_MAX_CONST_INTS];
   int n, rc;
   if ((rc = const_ints(I, N, 1, "repeats", repeats, &n))) return rc;
-  if (n != in.rank) return node_error(I, N, "'repeats' has %d values for rank %d", n, in.rank);
-  for (int d = 0; d < n; d++)
-    if (repeats[d] < 0) return node_error(I, N, "'repeats' has negative value %lld", (long long)repeats[d]);
   int op = new_op(I, N, TP_OP_Tile, N->in, 1, 1);
   tp_set_attr_ints(I->m, op, "repeats", repeats, n);
-  return finish_op(I, N, op); /* type inference checks the result's size */
+  return finish_op(I, N, op); /* type inference checks the repeats and the result's size */
 }
 
 static int import_reshape(Importer *I, Node *N) {
