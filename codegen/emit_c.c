@@ -811,6 +811,12 @@ static void emit_op(Emitter *E, int op) {
     emit(E, "CHECK(tp_gather_backward(%t, %t, %I, %t, &bad));", x, in(E, op, 1),
          tp_attr_int(m, op, "axis", 0), y);
     return;
+  case TP_OP_GatherElementsBackward:
+    E->headers |= H_LAYOUT_BACKWARD;
+    E->uses_check = E->uses_bad = true;
+    emit(E, "CHECK(tp_gather_elements_backward(%t, %t, %I, %t, &bad));", x, in(E, op, 1),
+         tp_attr_int(m, op, "axis", 0), y);
+    return;
   case TP_OP_CrossEntropy:
   case TP_OP_CrossEntropyBackward: {
     bool fwd = k == TP_OP_CrossEntropy;

@@ -212,9 +212,8 @@ static int infer_gather(const Ctx *c) {
              ? TP_ERR_INPUT : TP_OK;
 }
 
-static int infer_gather_elements(const Ctx *c) {
-  const TpType *data = operand(c, 0), *idx = operand(c, 1);
-  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0);
+/* GatherElements(data, idx) {axis}: the result (and a gradient) has idx's dims */
+static int gather_elements_type(const Ctx *c, const TpType *data, const TpType *idx, int64_t axis, TpType *t) {
   if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
   if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
     return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
@@ -226,10 +225,18 @@ static int infer_gather_elements(const Ctx *c) {
     if (i != axis && idx->dims[i] > data->dims[i])
       return tp_error_op(c->d, c->m, c->op, "indices %s exceed data %s outside axis %lld", type_str(idx, si),
                          type_str(data, sd), (long long)axis);
-  TpType t = *idx;
-  t.dtype = data->dtype;
-  for (int i = 0; i < t.rank; i++) t.dimnames[i] = i != axis && idx->dims[i] == data->dims[i] ? data->dimnames[i] : NULL;
-  return set_result(c, 0, t);
+  *t = *idx;
+  t->dtype = data->dtype;
+  for (int i = 0; i < t->rank; i++)
+    t->dimnames[i] = i != axis && idx->dims[i] == data->dims[i] ? data->dimnames[i] : NULL;
+  return TP_OK;
+}
+
+static int infer_gather_elements(const Ctx *c) {
+  TpType t;
+  return gather_elements_type(c, operand(c, 0), operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &t) ||
+                 set_result(c, 0, t)
+             ? TP_ERR_INPUT : TP_OK;
 }
 
 static int infer_reshape(const Ctx *c) {
@@ -612,6 +619,14 @@ static int infer_gather_backward(const Ctx *c) {
   return check_grad(c, operand(c, 0), &y);
 }
 
+static int infer_gather_elements_backward(const Ctx *c) {
+  const TpType *data = preset(c, 0);
+  TpType y;
+  if (!data) return TP_ERR_INPUT;
+  if (gather_elements_type(c, data, operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &y)) return TP_ERR_INPUT;
+  return check_grad(c, operand(c, 0), &y);
+}
+
 static int infer_slice_backward(const Ctx *c) {
   const TpType *x = preset(c, 0), *dy = operand(c, 0);
   if (!x) return TP_ERR_INPUT;
@@ -724,6 +739,7 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_LinearBackward: return infer_linear_backward(&c);
   case TP_OP_MatMulBackward: return infer_matmul_backward(&c);
   case TP_OP_GatherBackward: return infer_gather_backward(&c);
+  case TP_OP_GatherElementsBackward: return infer_gather_elements_backward(&c);
   case TP_OP_SliceBackward: return infer_slice_backward(&c);
   case TP_OP_LayerNormBackward: return infer_layernorm_backward(&c);
   case TP_OP_GeluBackward:

@@ -61,6 +61,7 @@ static const TpExecFn exec_table[TP_OP_COUNT] = {
     [TP_OP_LinearBackward] = tp_exec_linear_backward,
     [TP_OP_MatMulBackward] = tp_exec_matmul_backward,
     [TP_OP_GatherBackward] = tp_exec_gather_backward,
+    [TP_OP_GatherElementsBackward] = tp_exec_gather_elements_backward,
     [TP_OP_SliceBackward] = tp_exec_slice_backward,
     [TP_OP_LayerNormBackward] = tp_exec_layernorm_backward,
     [TP_OP_GeluBackward] = tp_exec_gelu_backward,

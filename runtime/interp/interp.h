@@ -53,6 +53,7 @@ int tp_exec_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTenso
 int tp_exec_linear_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_matmul_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_gather_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_gather_elements_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_slice_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_layernorm_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
                                TpDiag *d);

@@ -376,6 +376,29 @@ static void test_layout(void) {
     CHECK(check_out(&c, "ReduceMean, ReduceSum", y) == 1);
     end_case(&c);
   }
+  { /* the rotary-table ops: Tile (two dims repeated), GatherElements with repeated and
+       negative indices and fewer rows than the data, CumSum exclusive and reversed */
+    Case c = begin_case(34);
+    int x = param(&c, "x", f32t(DIMS(2, 3)));
+    int op = mk(&c, TP_OP_Tile, &x, 1, 1);
+    tp_set_attr_ints(c.m, op, "repeats", (int64_t[]){2, 3}, 2);
+    int tiled = fin(&c, op, NULL); /* [4, 9] */
+    int64_t pick[3 * 9];
+    for (int i = 0; i < 27; i++) pick[i] = (i * 5 % 7) - 3; /* in [-3, 3], repeats within columns */
+    int idx = tp_add_const(c.m, "pick", tp_type_make(TP_I64, 2, (int64_t[]){3, 9}), pick, (TpOrigin){0});
+    op = mk(&c, TP_OP_GatherElements, IN(tiled, idx), 1);
+    tp_set_attr_int(c.m, op, "axis", 0);
+    int g = fin(&c, op, NULL); /* [3, 9] */
+    op = mk(&c, TP_OP_CumSum, &g, 1, 1);
+    tp_set_attr_int(c.m, op, "axis", 1);
+    tp_set_attr_int(c.m, op, "exclusive", 1);
+    tp_set_attr_int(c.m, op, "reverse", 1);
+    int cs = fin(&c, op, NULL);
+    op = mk(&c, TP_OP_CumSum, &cs, 1, 1);
+    tp_set_attr_int(c.m, op, "axis", 0);
+    CHECK(check_out(&c, "Tile, GatherElements, CumSum", fin(&c, op, NULL)) == 1);
+    end_case(&c);
+  }
 }
 
 static void test_products(void) {
