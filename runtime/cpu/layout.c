@@ -78,21 +78,29 @@ static int64_t index_at(const TpTensor *indices, int64_t j) {
   return indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j] : ((const int32_t *)indices->data)[j];
 }
 
-TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
-                                  int64_t *bad) {
+TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                                        const TpTensor *y, int64_t *bad) {
   if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
-  if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  int rank = data->rank;
   if (axis < 0 || axis >= rank || indices->rank != rank || y->rank != rank) return TP_KERNEL_BAD_SHAPE;
   for (int d = 0; d < rank; d++)
-    if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data->dims[d]))
+    if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d]))
       return TP_KERNEL_BAD_SHAPE;
-  int64_t n = data->dims[axis], total = tp_tensor_numel(indices);
-  for (int64_t j = 0; j < total; j++) /* every index first, so the copy below cannot fail */
+  int64_t n = data_dims[axis], total = tp_tensor_numel(indices);
+  for (int64_t j = 0; j < total; j++) /* every index first, so the copy cannot fail */
     if (index_at(indices, j) < -n || index_at(indices, j) >= n) {
       *bad = index_at(indices, j);
       return TP_KERNEL_BAD_INDEX;
     }
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
+                                  int64_t *bad) {
+  if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  TpKernelStatus s = tp_gather_elements_check(data->rank, data->dims, indices, axis, y, bad);
+  if (s != TP_KERNEL_OK) return s;
+  int rank = data->rank;
+  int64_t n = data->dims[axis], total = tp_tensor_numel(indices);
   size_t es = tp_dtype_size(data->dtype);
   int64_t ds[TP_MAX_RANK], idx[TP_MAX_RANK] = {0};
   tp_contiguous_strides(rank, data->dims, 1, ds);

@@ -16,6 +16,10 @@ TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis
  * dims but `axis` at most data's. An index out of range: TP_KERNEL_BAD_INDEX, *bad. */
 TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
                                   int64_t *bad);
+/* tp_gather_elements' checks of indices against data's dims (`data_dims`, rank `rank`) and
+ * of y's dims (its backward's too, with dy as y): the status it would return. */
+TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                                        const TpTensor *y, int64_t *bad);
 /* Same elements, new dims (a copy). */
 TpKernelStatus tp_reshape(const TpTensor *x, TpTensor *y);
 /* x broadcast numpy-style to y's dims. */

@@ -57,24 +57,16 @@ TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, i
 
 TpKernelStatus tp_gather_elements_backward(const TpTensor *dy, const TpTensor *indices, int axis,
                                            TpTensor *ddata, int64_t *bad) {
-  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
   if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
+  TpKernelStatus s = tp_gather_elements_check(ddata->rank, ddata->dims, indices, axis, dy, bad);
+  if (s != TP_KERNEL_OK) return s;
   int rank = ddata->rank;
-  if (axis < 0 || axis >= rank || indices->rank != rank || dy->rank != rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < rank; d++)
-    if (dy->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > ddata->dims[d]))
-      return TP_KERNEL_BAD_SHAPE;
   int64_t n = ddata->dims[axis], total = tp_tensor_numel(indices);
-  for (int64_t j = 0; j < total; j++) /* checked first, so the scatter cannot fail */
-    if (load_index(indices, j) < -n || load_index(indices, j) >= n) {
-      *bad = load_index(indices, j);
-      return TP_KERNEL_BAD_INDEX;
-    }
   int64_t ds[TP_MAX_RANK], idx[TP_MAX_RANK] = {0};
   tp_contiguous_strides(rank, ddata->dims, 1, ds);
   float *out = ddata->data;
   const float *g = dy->data;
-  memset(out, 0, tp_tensor_bytes(ddata));
+  if (tp_tensor_bytes(ddata)) memset(out, 0, tp_tensor_bytes(ddata));
   for (int64_t j = 0; j < total; j++) { /* idx: the multi-index of element j of indices */
     int64_t ix = load_index(indices, j), dst = 0;
     if (ix < 0) ix += n;
