@@ -1,7 +1,8 @@
 /* The ONNX op table and the lowering of each node into the canonical IR of ir/ops.def:
  * constant operands (shapes, axes, sizes) become attributes or result types, axes are
- * normalised to >= 0, Squeeze/Unsqueeze/Flatten become Reshape, Identity (but of a parameter)
- * and inference Dropout become aliases, Shape/Range/ConstantOfShape/Constant become constants. */
+ * normalised to >= 0, Squeeze/Unsqueeze/Flatten become Reshape, variadic Max/Min chains of
+ * binary ops, Identity (but of a parameter), one-operand Max/Min and inference Dropout become
+ * aliases, Shape/Range/ConstantOfShape/Constant become constants. */
 #include "import.h"
 
 #include <math.h>
