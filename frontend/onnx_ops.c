@@ -149,11 +149,11 @@ static int import_gather_elements(Importer *I, Node *N) {
 
 /* CumSum's axis operand (a constant scalar) becomes the attribute. */
 static int import_cumsum(Importer *I, Node *N) {
-  int64_t axis, exclusive, reverse;
+  int64_t axes[TP_MAX_CONST_INTS], axis, exclusive, reverse;
   int n, rc;
-  if ((rc = const_ints(I, N, 1, "axis", &axis, &n))) return rc;
+  if ((rc = const_ints(I, N, 1, "axis", axes, &n))) return rc;
   if (n != 1) return node_error(I, N, "operand 'axis' must hold one integer, not %d", n);
-  if (norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis) ||
+  if (norm_axis(I, N, "axis", axes[0], type_of(I, N->in[0]).rank, &axis) ||
       attr_int(I, N, "exclusive", 0, &exclusive) || attr_int(I, N, "reverse", 0, &reverse))
     return TP_ERR_INPUT;
   int op = new_op(I, N, TP_OP_CumSum, N->in, 1, 1);
