@@ -431,6 +431,8 @@ static const char *unary_name(TpOpKind k) {
   case TP_OP_Tanh: return "TP_UNARY_TANH";
   case TP_OP_Relu: return "TP_UNARY_RELU";
   case TP_OP_Sigmoid: return "TP_UNARY_SIGMOID";
+  case TP_OP_Sin: return "TP_UNARY_SIN";
+  case TP_OP_Cos: return "TP_UNARY_COS";
   case TP_OP_Not: return "TP_UNARY_NOT";
   default: return NULL;
   }
@@ -443,11 +445,14 @@ static const char *binary_name(TpOpKind k) {
   case TP_OP_Mul: return "TP_BINARY_MUL";
   case TP_OP_Div: return "TP_BINARY_DIV";
   case TP_OP_Pow: return "TP_BINARY_POW";
+  case TP_OP_Max: return "TP_BINARY_MAX";
+  case TP_OP_Min: return "TP_BINARY_MIN";
   case TP_OP_And: return "TP_BINARY_AND";
   case TP_OP_Equal: return "TP_BINARY_EQUAL";
   case TP_OP_Less: return "TP_BINARY_LESS";
   case TP_OP_LessOrEqual: return "TP_BINARY_LESS_EQUAL";
   case TP_OP_Greater: return "TP_BINARY_GREATER";
+  case TP_OP_GreaterOrEqual: return "TP_BINARY_GREATER_EQUAL";
   default: return NULL;
   }
 }
@@ -544,8 +549,8 @@ static void emit_op(Emitter *E, int op) {
   int x = in(E, op, 0), y = res(E, op, 0);
   switch (k) {
   case TP_OP_Sqrt: case TP_OP_Neg: case TP_OP_Reciprocal: case TP_OP_Exp: case TP_OP_Log:
-  case TP_OP_Erf: case TP_OP_Tanh: case TP_OP_Relu: case TP_OP_Sigmoid: case TP_OP_Not:
-  case TP_OP_Gelu: {
+  case TP_OP_Erf: case TP_OP_Tanh: case TP_OP_Relu: case TP_OP_Sigmoid: case TP_OP_Sin: case TP_OP_Cos:
+  case TP_OP_Not: case TP_OP_Gelu: {
     const char *u = unary_name(k);
     bool tanh_approx;
     if (k == TP_OP_Gelu) {
@@ -557,8 +562,9 @@ static void emit_op(Emitter *E, int op) {
     emit(E, "CHECK(tp_unary(%s, %t, %t));", u, x, y);
     return;
   }
-  case TP_OP_Add: case TP_OP_Sub: case TP_OP_Mul: case TP_OP_Div: case TP_OP_Pow:
-  case TP_OP_And: case TP_OP_Equal: case TP_OP_Less: case TP_OP_LessOrEqual: case TP_OP_Greater:
+  case TP_OP_Add: case TP_OP_Sub: case TP_OP_Mul: case TP_OP_Div: case TP_OP_Pow: case TP_OP_Max:
+  case TP_OP_Min: case TP_OP_And: case TP_OP_Equal: case TP_OP_Less: case TP_OP_LessOrEqual:
+  case TP_OP_Greater: case TP_OP_GreaterOrEqual:
     E->headers |= H_ELEMENTWISE;
     E->uses_check = true;
     emit(E, "CHECK(tp_binary(%s, %t, %t, %t));", binary_name(k), x, in(E, op, 1), y);
@@ -589,6 +595,22 @@ static void emit_op(Emitter *E, int op) {
     E->headers |= H_LAYOUT;
     E->uses_check = E->uses_bad = true;
     emit(E, "CHECK(tp_gather(%t, %t, %I, %t, &bad));", x, in(E, op, 1), tp_attr_int(m, op, "axis", 0), y);
+    return;
+  case TP_OP_GatherElements:
+    E->headers |= H_LAYOUT;
+    E->uses_check = E->uses_bad = true;
+    emit(E, "CHECK(tp_gather_elements(%t, %t, %I, %t, &bad));", x, in(E, op, 1), tp_attr_int(m, op, "axis", 0), y);
+    return;
+  case TP_OP_Tile:
+    E->headers |= H_LAYOUT;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_tile(%t, %t));", x, y);
+    return;
+  case TP_OP_CumSum:
+    E->headers |= H_REDUCE;
+    E->uses_check = true;
+    emit(E, "CHECK(tp_cumsum(%t, %I, %B, %B, %t));", x, tp_attr_int(m, op, "axis", 0),
+         (int)tp_attr_int(m, op, "exclusive", 0), (int)tp_attr_int(m, op, "reverse", 0), y);
     return;
   case TP_OP_Reshape: /* a copy only where the result must be in its own buffer */
     if (!reshape_is_view(E->mem, op, E->m)) {
@@ -787,6 +809,12 @@ static void emit_op(Emitter *E, int op) {
     E->headers |= H_LAYOUT_BACKWARD;
     E->uses_check = E->uses_bad = true;
     emit(E, "CHECK(tp_gather_backward(%t, %t, %I, %t, &bad));", x, in(E, op, 1),
+         tp_attr_int(m, op, "axis", 0), y);
+    return;
+  case TP_OP_GatherElementsBackward:
+    E->headers |= H_LAYOUT_BACKWARD;
+    E->uses_check = E->uses_bad = true;
+    emit(E, "CHECK(tp_gather_elements_backward(%t, %t, %I, %t, &bad));", x, in(E, op, 1),
          tp_attr_int(m, op, "axis", 0), y);
     return;
   case TP_OP_CrossEntropy:

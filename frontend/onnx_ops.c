@@ -1,7 +1,8 @@
 /* The ONNX op table and the lowering of each node into the canonical IR of ir/ops.def:
  * constant operands (shapes, axes, sizes) become attributes or result types, axes are
- * normalised to >= 0, Squeeze/Unsqueeze/Flatten become Reshape, Identity (but of a parameter)
- * and inference Dropout become aliases, Shape/Range/ConstantOfShape/Constant become constants. */
+ * normalised to >= 0, Squeeze/Unsqueeze/Flatten become Reshape, variadic Max/Min chains of
+ * binary ops, Identity (but of a parameter), one-operand Max/Min and inference Dropout become
+ * aliases, Shape/Range/ConstantOfShape/Constant become constants. */
 #include "import.h"
 
 #include <math.h>
@@ -88,6 +89,30 @@ static int import_pow(Importer *I, Node *N) {
   return import_plain(I, N);
 }
 
+/* Max and Min of any number of operands: a chain of binary ops, numpy broadcasting at each;
+ * one operand passes through. */
+static int import_variadic(Importer *I, Node *N) {
+  for (int k = 0; k < N->nin; k++)
+    if (N->in[k] < 0) return node_error(I, N, "input %d is missing", k);
+  if (N->nin == 1) {
+    bind_output(I, N, 0, N->in[0]);
+    return TP_OK;
+  }
+  int acc = N->in[0];
+  for (int k = 1; k < N->nin - 1; k++) { /* all but the last op make temporaries */
+    char name[300];
+    snprintf(name, sizeof name, "%.200s.%d", N->n->output[0], k);
+    const char *names[1] = {tp_unique_name(I->m, name)};
+    int op = tp_add_op(I->m, N->kind, (int[]){acc, N->in[k]}, 2, names, 1, N->at);
+    int rc = tp_infer_op(I->m, op, I->d);
+    bool folded;
+    if (rc || (rc = tp_fold_op(I->m, op, &folded, I->d))) return rc;
+    acc = I->m->ops[op].outputs[0];
+  }
+  int op = new_op(I, N, N->kind, (int[]){acc, N->in[N->nin - 1]}, 2, 1);
+  return finish_op(I, N, op);
+}
+
 static int import_gemm(Importer *I, Node *N) {
   int64_t ta, tb;
   double alpha, beta;
@@ -112,7 +137,42 @@ static int import_gather(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+static int import_gather_elements(Importer *I, Node *N) {
+  int64_t axis;
+  if (attr_int(I, N, "axis", 0, &axis) ||
+      norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
+    return TP_ERR_INPUT;
+  int op = new_op(I, N, TP_OP_GatherElements, N->in, 2, 1);
+  tp_set_attr_int(I->m, op, "axis", axis);
+  return finish_op(I, N, op);
+}
+
+/* CumSum's axis operand (a constant scalar) becomes the attribute. */
+static int import_cumsum(Importer *I, Node *N) {
+  int64_t axes[TP_MAX_CONST_INTS], axis, exclusive, reverse;
+  int n, rc;
+  if ((rc = const_ints(I, N, 1, "axis", axes, &n))) return rc;
+  if (n != 1) return node_error(I, N, "operand 'axis' must hold one integer, not %d", n);
+  if (norm_axis(I, N, "axis", axes[0], type_of(I, N->in[0]).rank, &axis) ||
+      attr_int(I, N, "exclusive", 0, &exclusive) || attr_int(I, N, "reverse", 0, &reverse))
+    return TP_ERR_INPUT;
+  int op = new_op(I, N, TP_OP_CumSum, N->in, 1, 1);
+  tp_set_attr_int(I->m, op, "axis", axis);
+  tp_set_attr_int(I->m, op, "exclusive", exclusive != 0);
+  tp_set_attr_int(I->m, op, "reverse", reverse != 0);
+  return finish_op(I, N, op);
+}
+
 /* ---- shape ops ---- */
+
+static int import_tile(Importer *I, Node *N) {
+  int64_t repeats[TP_MAX_CONST_INTS];
+  int n, rc;
+  if ((rc = const_ints(I, N, 1, "repeats", repeats, &n))) return rc;
+  int op = new_op(I, N, TP_OP_Tile, N->in, 1, 1);
+  tp_set_attr_ints(I->m, op, "repeats", repeats, n);
+  return finish_op(I, N, op); /* type inference checks the repeats and the result's size */
+}
 
 static int import_reshape(Importer *I, Node *N) {
   TpType in = type_of(I, N->in[0]), out = in;
@@ -696,12 +756,18 @@ static const OpRow op_table[] = {
   {"Pow", 13, import_pow, TP_OP_Pow, 2, 2, 1}, {"Pow", 15, import_pow, TP_OP_Pow, 2, 2, 1},
   UN(Sqrt, 13), UN(Neg, 13), UN(Reciprocal, 13), UN(Exp, 13), UN(Log, 13), UN(Erf, 13),
   UN(Tanh, 13), UN(Relu, 13), UN(Relu, 14), UN(Sigmoid, 13), UN(Not, 1),
+  UN(Sin, 7), UN(Sin, 22), UN(Cos, 7), UN(Cos, 22),
+  {"Max", 13, import_variadic, TP_OP_Max, 1, TP_MAX_CONST_INTS, 1},
+  {"Min", 13, import_variadic, TP_OP_Min, 1, TP_MAX_CONST_INTS, 1},
   BIN(And, 7), BIN(Equal, 13), BIN(Equal, 19), BIN(Less, 13), BIN(LessOrEqual, 12),
-  BIN(LessOrEqual, 16), BIN(Greater, 13),
+  BIN(LessOrEqual, 16), BIN(Greater, 13), BIN(GreaterOrEqual, 12), BIN(GreaterOrEqual, 16),
   {"Where", 9, import_plain, TP_OP_Where, 3, 3, 1}, {"Where", 16, import_plain, TP_OP_Where, 3, 3, 1},
   BIN(MatMul, 13),
   {"Gemm", 13, import_gemm, TP_OP_Gemm, 2, 3, 1},
   {"Gather", 13, import_gather, TP_OP_Gather, 2, 2, 1},
+  {"GatherElements", 13, import_gather_elements, TP_OP_GatherElements, 2, 2, 1},
+  {"CumSum", 11, import_cumsum, TP_OP_CumSum, 2, 2, 1}, {"CumSum", 14, import_cumsum, TP_OP_CumSum, 2, 2, 1},
+  {"Tile", 13, import_tile, TP_OP_Tile, 2, 2, 1},
   {"Reshape", 13, import_reshape, TP_OP_Reshape, 2, 2, 1},
   {"Reshape", 14, import_reshape, TP_OP_Reshape, 2, 2, 1},
   {"Reshape", 19, import_reshape, TP_OP_Reshape, 2, 2, 1},

@@ -114,10 +114,10 @@ static int infer_elementwise(const Ctx *c, TpOpKind kind) {
     if (a->dtype != TP_BOOL) return tp_error_op(c->d, c->m, c->op, "operands must be bool");
     break;
   case TP_OP_Sqrt: case TP_OP_Reciprocal: case TP_OP_Exp: case TP_OP_Log: case TP_OP_Erf:
-  case TP_OP_Tanh: case TP_OP_Sigmoid: case TP_OP_Gelu:
+  case TP_OP_Tanh: case TP_OP_Sigmoid: case TP_OP_Gelu: case TP_OP_Sin: case TP_OP_Cos:
     if (need_float(c, a, "the operand")) return TP_ERR_INPUT;
     break;
-  case TP_OP_Pow:
+  case TP_OP_Pow: case TP_OP_Max: case TP_OP_Min:
     if (b->dtype == TP_BOOL || a->dtype == TP_BOOL)
       return tp_error_op(c->d, c->m, c->op, "operands must be numeric");
     break;
@@ -212,6 +212,33 @@ static int infer_gather(const Ctx *c) {
              ? TP_ERR_INPUT : TP_OK;
 }
 
+/* GatherElements(data, idx) {axis}: the result (and a gradient) has idx's dims */
+static int gather_elements_type(const Ctx *c, const TpType *data, const TpType *idx, int64_t axis, TpType *t) {
+  if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
+  if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
+    return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
+  char sd[256], si[256];
+  if (idx->rank != data->rank)
+    return tp_error_op(c->d, c->m, c->op, "indices %s must have the rank of data %s", type_str(idx, si),
+                       type_str(data, sd));
+  for (int i = 0; i < idx->rank; i++)
+    if (i != axis && idx->dims[i] > data->dims[i])
+      return tp_error_op(c->d, c->m, c->op, "indices %s exceed data %s outside axis %lld", type_str(idx, si),
+                         type_str(data, sd), (long long)axis);
+  *t = *idx;
+  t->dtype = data->dtype;
+  for (int i = 0; i < t->rank; i++)
+    t->dimnames[i] = i != axis && idx->dims[i] == data->dims[i] ? data->dimnames[i] : NULL;
+  return TP_OK;
+}
+
+static int infer_gather_elements(const Ctx *c) {
+  TpType t;
+  return gather_elements_type(c, operand(c, 0), operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &t) ||
+                 set_result(c, 0, t)
+             ? TP_ERR_INPUT : TP_OK;
+}
+
 static int infer_reshape(const Ctx *c) {
   const TpType *x = operand(c, 0), *r = preset(c, 0);
   if (!r) return TP_ERR_INPUT;
@@ -237,6 +264,29 @@ static int infer_expand(const Ctx *c) {
     return tp_error_op(c->d, c->m, c->op, "cannot expand %s to %s", type_str(x, sx), type_str(r, sr));
   }
   return set_result(c, 0, t); /* fills in the names broadcasting carried over */
+}
+
+static int infer_tile(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  int n;
+  const int64_t *repeats = tp_attr_ints(c->m, c->op, "repeats", &n);
+  if (n != x->rank) return tp_error_op(c->d, c->m, c->op, "repeats has %d entries for rank %d", n, x->rank);
+  TpType t = {.dtype = x->dtype, .rank = x->rank};
+  for (int i = 0; i < n; i++) {
+    if (repeats[i] < 0) return tp_error_op(c->d, c->m, c->op, "repeats has negative value %lld", (long long)repeats[i]);
+    if (x->dims[i] && repeats[i] > INT64_MAX / 16 / x->dims[i])
+      return tp_error_op(c->d, c->m, c->op, "the tiled tensor is too large");
+    t.dims[i] = x->dims[i] * repeats[i];
+    if (repeats[i] == 1) t.dimnames[i] = x->dimnames[i];
+  }
+  return set_result(c, 0, t); /* checks the total size */
+}
+
+static int infer_cumsum(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  if (check_axis(c, tp_attr_int(c->m, c->op, "axis", 0), x->rank, "axis")) return TP_ERR_INPUT;
+  if (x->dtype == TP_BOOL) return tp_error_op(c->d, c->m, c->op, "the operand must be numeric");
+  return set_result(c, 0, *x);
 }
 
 static int infer_cast(const Ctx *c) {
@@ -569,6 +619,14 @@ static int infer_gather_backward(const Ctx *c) {
   return check_grad(c, operand(c, 0), &y);
 }
 
+static int infer_gather_elements_backward(const Ctx *c) {
+  const TpType *data = preset(c, 0);
+  TpType y;
+  if (!data) return TP_ERR_INPUT;
+  if (gather_elements_type(c, data, operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &y)) return TP_ERR_INPUT;
+  return check_grad(c, operand(c, 0), &y);
+}
+
 static int infer_slice_backward(const Ctx *c) {
   const TpType *x = preset(c, 0), *dy = operand(c, 0);
   if (!x) return TP_ERR_INPUT;
@@ -657,6 +715,9 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_MatMul: return infer_matmul(&c);
   case TP_OP_Gemm: return infer_gemm(&c);
   case TP_OP_Gather: return infer_gather(&c);
+  case TP_OP_GatherElements: return infer_gather_elements(&c);
+  case TP_OP_Tile: return infer_tile(&c);
+  case TP_OP_CumSum: return infer_cumsum(&c);
   case TP_OP_Reshape: return infer_reshape(&c);
   case TP_OP_Expand: return infer_expand(&c);
   case TP_OP_Transpose: return infer_transpose(&c);
@@ -678,6 +739,7 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_LinearBackward: return infer_linear_backward(&c);
   case TP_OP_MatMulBackward: return infer_matmul_backward(&c);
   case TP_OP_GatherBackward: return infer_gather_backward(&c);
+  case TP_OP_GatherElementsBackward: return infer_gather_elements_backward(&c);
   case TP_OP_SliceBackward: return infer_slice_backward(&c);
   case TP_OP_LayerNormBackward: return infer_layernorm_backward(&c);
   case TP_OP_GeluBackward:

@@ -342,6 +342,37 @@ static void loss_backward(Ad *a, const int *in, int dy) {
   give_elementwise(a, x, TP_OP_Where, (int[]){onehot, scale, scalar(a, dt, 0)}, 3);
 }
 
+/* Tile: dy seen as [r0, x0, r1, x1, ...] (the dims repeated once only as x_d), summed over
+ * the repeats. */
+static void tile_backward(Ad *a, int x, int dy) {
+  TpType xt = type_of(a, x), split = {.dtype = xt.dtype};
+  int n, naxes = 0;
+  const int64_t *repeats = tp_attr_ints(a->m, a->fwd, "repeats", &n);
+  int64_t axes[TP_MAX_RANK];
+  for (int d = 0; d < xt.rank; d++) naxes += repeats[d] != 1;
+  if (xt.rank + naxes > TP_MAX_RANK) {
+    cannot(a, tp_strfmt(a->m, "tiling %d dims of a rank-%d tensor (at most rank %d in all)", naxes, xt.rank, TP_MAX_RANK));
+    return;
+  }
+  if (!naxes) {
+    give_value(a, x, dy);
+    return;
+  }
+  naxes = 0;
+  for (int d = 0; d < xt.rank; d++) {
+    if (repeats[d] != 1) {
+      axes[naxes++] = split.rank;
+      split.dims[split.rank++] = repeats[d];
+    }
+    split.dims[split.rank++] = xt.dims[d];
+  }
+  int g = emit(a, TP_OP_Reshape, &dy, 1, tmp_name(a, x), &split);
+  int op = begin(a, TP_OP_ReduceSum, &g, 1, (const char *[]){contrib_name(a, x)}, 1);
+  tp_set_attr_ints(a->m, op, "axes", axes, naxes);
+  tp_set_attr_int(a->m, op, "keepdims", 0);
+  give(a, x, end(a, op, NULL));
+}
+
 /* The result count that leaves out absent (NULL-named) trailing results. */
 static int results(const char *const *names, int n) {
   while (n > 1 && !names[n - 1]) n--;
@@ -460,6 +491,30 @@ static void backward(Ad *a, const int *dys) {
     give_binary(a, x, TP_OP_Mul, dy, t);
     break;
   }
+  case TP_OP_Sin: /* dy cos x */
+    give_binary(a, x, TP_OP_Mul, dy, emit(a, TP_OP_Cos, &x, 1, tmp_name(a, x), NULL));
+    break;
+  case TP_OP_Cos: { /* -dy sin x */
+    int t = emit(a, TP_OP_Sin, &x, 1, tmp_name(a, x), NULL);
+    t = emit2(a, TP_OP_Mul, dy, t, tmp_name(a, x));
+    give_unary(a, x, TP_OP_Neg, t);
+    break;
+  }
+  case TP_OP_Max:
+  case TP_OP_Min: { /* dy to the operand chosen; a tie splits it equally, as torch.maximum */
+    int tie = -1;
+    for (int i = 0; i < 2; i++) {
+      if (!need[i]) continue;
+      if (tie < 0) {
+        int eq = emit2(a, TP_OP_Equal, in[0], in[1], tmp_name(a, x));
+        int half = emit2(a, TP_OP_Mul, dy, scalar(a, dt, 0.5), tmp_name(a, x));
+        tie = emit(a, TP_OP_Where, (int[]){eq, half, scalar(a, dt, 0)}, 3, tmp_name(a, x), NULL);
+      }
+      int wins = emit2(a, kind == TP_OP_Max ? TP_OP_Greater : TP_OP_Less, in[i], in[1 - i], tmp_name(a, in[i]));
+      give_elementwise(a, in[i], TP_OP_Where, (int[]){wins, dy, tie}, 3);
+    }
+    break;
+  }
   case TP_OP_Relu: {
     int pos = emit2(a, TP_OP_Greater, y, scalar(a, dt, 0), tmp_name(a, x));
     give_elementwise(a, x, TP_OP_Where, (int[]){pos, dy, scalar(a, dt, 0)}, 3);
@@ -495,6 +550,20 @@ static void backward(Ad *a, const int *dys) {
     break;
   case TP_OP_Gather:
     if (need[0]) give_op(a, x, TP_OP_GatherBackward, (int[]){dy, in[1]}, 2, true, true);
+    break;
+  case TP_OP_GatherElements:
+    if (need[0]) give_op(a, x, TP_OP_GatherElementsBackward, (int[]){dy, in[1]}, 2, true, true);
+    break;
+  case TP_OP_CumSum: { /* running sums of dy in the other direction */
+    int op = begin(a, TP_OP_CumSum, &dy, 1, (const char *[]){contrib_name(a, x)}, 1);
+    tp_set_attr_int(m, op, "axis", tp_attr_int(m, o, "axis", 0));
+    tp_set_attr_int(m, op, "exclusive", tp_attr_int(m, o, "exclusive", 0));
+    tp_set_attr_int(m, op, "reverse", !tp_attr_int(m, o, "reverse", 0));
+    give(a, x, end(a, op, NULL));
+    break;
+  }
+  case TP_OP_Tile:
+    tile_backward(a, x, dy);
     break;
   case TP_OP_Embedding: {
     TpType wt = type_of(a, x);

@@ -238,6 +238,8 @@ typedef struct {
     case TP_UNARY_LOG: PLAIN_FOR(n) y[i] = log(x[i]); break;                        \
     case TP_UNARY_ERF: PLAIN_FOR(n) y[i] = erf(x[i]); break;                        \
     case TP_UNARY_TANH: PLAIN_FOR(n) y[i] = tanh(x[i]); break;                      \
+    case TP_UNARY_SIN: PLAIN_FOR(n) y[i] = sin(x[i]); break;                        \
+    case TP_UNARY_COS: PLAIN_FOR(n) y[i] = cos(x[i]); break;                        \
     case TP_UNARY_RELU: SIMD_FOR(n) y[i] = x[i] < 0 ? 0 : x[i]; break; /* keeps NaN */ \
     case TP_UNARY_SIGMOID: /* exp of a non-positive argument only: no overflow */   \
       PLAIN_FOR(n) {                                                                \
@@ -331,7 +333,7 @@ typedef struct {
   TpDType a, b, y;
 } BinaryCtx;
 
-static bool is_arith(TpBinaryOp op) { return op <= TP_BINARY_POW; }
+static bool is_arith(TpBinaryOp op) { return op <= TP_BINARY_MIN; }
 
 /* A run of a float op: a and b step by one element or by 0 (broadcast in the run). */
 #define FLOAT_BINARY_RUN(T, EXPR, FOR)                                    \
@@ -354,6 +356,8 @@ static bool is_arith(TpBinaryOp op) { return op <= TP_BINARY_POW; }
     case TP_BINARY_MUL: FLOAT_BINARY_RUN(T, a * b, SIMD_FOR); break;         \
     case TP_BINARY_DIV: FLOAT_BINARY_RUN(T, a / b, SIMD_FOR); break;         \
     case TP_BINARY_POW: FLOAT_BINARY_RUN(T, pow(a, b), PLAIN_FOR); break;    \
+    case TP_BINARY_MAX: FLOAT_BINARY_RUN(T, a > b || a != a ? a : b, SIMD_FOR); break; \
+    case TP_BINARY_MIN: FLOAT_BINARY_RUN(T, a < b || a != a ? a : b, SIMD_FOR); break; \
     default: break;                                                          \
     }                                                                        \
   } while (0)
@@ -377,6 +381,8 @@ static uint64_t int_arith(TpBinaryOp op, bool sgn, uint64_t a, TpDType tb, const
   case TP_BINARY_ADD: return a + b;
   case TP_BINARY_SUB: return a - b;
   case TP_BINARY_MUL: return a * b;
+  case TP_BINARY_MAX: return (sgn ? (int64_t)a > (int64_t)b : a > b) ? a : b;
+  case TP_BINARY_MIN: return (sgn ? (int64_t)a < (int64_t)b : a < b) ? a : b;
   case TP_BINARY_DIV:
     if (b == 0) return 0;
     if (!sgn) return a / b;
@@ -404,6 +410,7 @@ static bool compare(TpBinaryOp op, int c) { /* c: sign of a - b; 2 when unordere
   case TP_BINARY_LESS: return c == -1;
   case TP_BINARY_LESS_EQUAL: return c == -1 || c == 0;
   case TP_BINARY_GREATER: return c == 1;
+  case TP_BINARY_GREATER_EQUAL: return c == 1 || c == 0;
   default: return false;
   }
 }
@@ -464,6 +471,7 @@ static TpKernelStatus binary_dtypes_ok(TpBinaryOp op, TpDType a, TpDType b, TpDT
   case TP_BINARY_AND:
     return a == TP_BOOL && b == TP_BOOL && y == TP_BOOL;
   case TP_BINARY_EQUAL: case TP_BINARY_LESS: case TP_BINARY_LESS_EQUAL: case TP_BINARY_GREATER:
+  case TP_BINARY_GREATER_EQUAL:
     return a == b && y == TP_BOOL && ca != CLASS_NONE && (ca != CLASS_BOOL || op == TP_BINARY_EQUAL);
   case TP_BINARY_POW:
     return a == y && ca != CLASS_NONE && ca != CLASS_BOOL && cb != CLASS_NONE && cb != CLASS_BOOL;

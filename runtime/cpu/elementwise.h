@@ -52,6 +52,8 @@ typedef enum {
   TP_UNARY_TANH,
   TP_UNARY_RELU,
   TP_UNARY_SIGMOID,
+  TP_UNARY_SIN,
+  TP_UNARY_COS,
   TP_UNARY_NOT,       /* bool only */
   TP_UNARY_GELU,      /* x * Phi(x) */
   TP_UNARY_GELU_TANH, /* tanh approximation */
@@ -68,11 +70,14 @@ typedef enum {
   TP_BINARY_MUL,
   TP_BINARY_DIV, /* integers truncate toward zero; x/0 gives 0 */
   TP_BINARY_POW, /* result dtype = base dtype; exponent any numeric dtype */
+  TP_BINARY_MAX, /* NaN propagates */
+  TP_BINARY_MIN,
   TP_BINARY_AND, /* bool */
   TP_BINARY_EQUAL,
   TP_BINARY_LESS,
   TP_BINARY_LESS_EQUAL,
   TP_BINARY_GREATER,
+  TP_BINARY_GREATER_EQUAL,
 } TpBinaryOp;
 
 /* y = a op b. Arithmetic over floats and integers (a, b, y one dtype, but Pow); comparisons

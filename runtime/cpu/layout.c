@@ -74,6 +74,46 @@ TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis
   return TP_KERNEL_OK;
 }
 
+static int64_t index_at(const TpTensor *indices, int64_t j) {
+  return indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j] : ((const int32_t *)indices->data)[j];
+}
+
+TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                                        const TpTensor *y, int64_t *bad) {
+  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
+  if (axis < 0 || axis >= rank || indices->rank != rank || y->rank != rank) return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < rank; d++)
+    if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d]))
+      return TP_KERNEL_BAD_SHAPE;
+  int64_t n = data_dims[axis], total = tp_tensor_numel(indices);
+  for (int64_t j = 0; j < total; j++) /* every index first, so the copy cannot fail */
+    if (index_at(indices, j) < -n || index_at(indices, j) >= n) {
+      *bad = index_at(indices, j);
+      return TP_KERNEL_BAD_INDEX;
+    }
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
+                                  int64_t *bad) {
+  if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  TpKernelStatus s = tp_gather_elements_check(data->rank, data->dims, indices, axis, y, bad);
+  if (s != TP_KERNEL_OK) return s;
+  int rank = data->rank;
+  int64_t n = data->dims[axis], total = tp_tensor_numel(indices);
+  size_t es = tp_dtype_size(data->dtype);
+  int64_t ds[TP_MAX_RANK], idx[TP_MAX_RANK] = {0};
+  tp_contiguous_strides(rank, data->dims, 1, ds);
+  for (int64_t j = 0; j < total; j++) { /* idx: the multi-index of element j of indices */
+    int64_t ix = index_at(indices, j), src = 0;
+    if (ix < 0) ix += n;
+    for (int d = 0; d < rank; d++) src += (d == axis ? ix : idx[d]) * ds[d];
+    memcpy((char *)y->data + (size_t)j * es, (const char *)data->data + (size_t)src * es, es);
+    for (int d = rank - 1; d >= 0 && ++idx[d] == indices->dims[d]; d--) idx[d] = 0;
+  }
+  return TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_reshape(const TpTensor *x, TpTensor *y) {
   if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
   if (tp_tensor_numel(x) != tp_tensor_numel(y)) return TP_KERNEL_BAD_SHAPE;
@@ -88,6 +128,25 @@ TpKernelStatus tp_expand(const TpTensor *x, TpTensor *y) {
   tp_iter_coalesce(&it);
   size_t es = tp_dtype_size(y->dtype);
   tp_iter_run(&it, (char *const[]){y->data, x->data}, tp_copy_run, &es);
+  return TP_KERNEL_OK;
+}
+
+/* Element by element: Tile mostly sees constants (rotary tables), folded at import. */
+TpKernelStatus tp_tile(const TpTensor *x, TpTensor *y) {
+  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < x->rank; d++)
+    if (x->dims[d] ? y->dims[d] % x->dims[d] : y->dims[d]) return TP_KERNEL_BAD_SHAPE;
+  size_t es = tp_dtype_size(x->dtype);
+  int64_t xs[TP_MAX_RANK];
+  tp_contiguous_strides(x->rank, x->dims, es, xs);
+  int64_t total = tp_tensor_numel(y), idx[TP_MAX_RANK] = {0};
+  for (int64_t j = 0; j < total; j++) {
+    int64_t src = 0;
+    for (int d = 0; d < x->rank; d++) src += (idx[d] % x->dims[d]) * xs[d];
+    memcpy((char *)y->data + (size_t)j * es, (const char *)x->data + src, es);
+    for (int d = x->rank - 1; d >= 0 && ++idx[d] == y->dims[d]; d--) idx[d] = 0;
+  }
   return TP_KERNEL_OK;
 }
 

@@ -1,5 +1,5 @@
-/* Data-movement CPU kernels: Gather, Reshape, Expand, Transpose, Split, Slice, Concat,
- * Trilu. Generic over dtypes by element size. The output views' dims give the result
+/* Data-movement CPU kernels: Gather, GatherElements, Reshape, Expand, Tile, Transpose,
+ * Split, Slice, Concat, Trilu. Generic over dtypes by element size. The output views' dims give the result
  * shapes; the kernels check that they fit the inputs. */
 #ifndef TOKPIPE_CPU_LAYOUT_H
 #define TOKPIPE_CPU_LAYOUT_H
@@ -11,10 +11,21 @@
  * index out of range gives TP_KERNEL_BAD_INDEX with the index in *bad. */
 TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
                          int64_t *bad);
+/* y[i] = data[i with its `axis` coordinate replaced by indices[i]]: indices (i32 or i64,
+ * negatives count from the end) and y have data's rank and the same dims, each of indices'
+ * dims but `axis` at most data's. An index out of range: TP_KERNEL_BAD_INDEX, *bad. */
+TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
+                                  int64_t *bad);
+/* tp_gather_elements' checks of indices against data's dims (`data_dims`, rank `rank`) and
+ * of y's dims (its backward's too, with dy as y): the status it would return. */
+TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                                        const TpTensor *y, int64_t *bad);
 /* Same elements, new dims (a copy). */
 TpKernelStatus tp_reshape(const TpTensor *x, TpTensor *y);
 /* x broadcast numpy-style to y's dims. */
 TpKernelStatus tp_expand(const TpTensor *x, TpTensor *y);
+/* x repeated along every dim: y's dim d is a multiple (repeats) of x's, y[i] = x[i mod x's dims]. */
+TpKernelStatus tp_tile(const TpTensor *x, TpTensor *y);
 /* y dim i = x dim perm[i]. */
 TpKernelStatus tp_transpose(const TpTensor *x, const int64_t *perm, TpTensor *y);
 /* ys[0..n) are consecutive pieces of x along axis, sized by their dims on it (a piece whose

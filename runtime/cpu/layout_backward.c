@@ -55,6 +55,28 @@ TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, i
   return TP_KERNEL_OK;
 }
 
+TpKernelStatus tp_gather_elements_backward(const TpTensor *dy, const TpTensor *indices, int axis,
+                                           TpTensor *ddata, int64_t *bad) {
+  if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
+  TpKernelStatus s = tp_gather_elements_check(ddata->rank, ddata->dims, indices, axis, dy, bad);
+  if (s != TP_KERNEL_OK) return s;
+  int rank = ddata->rank;
+  int64_t n = ddata->dims[axis], total = tp_tensor_numel(indices);
+  int64_t ds[TP_MAX_RANK], idx[TP_MAX_RANK] = {0};
+  tp_contiguous_strides(rank, ddata->dims, 1, ds);
+  float *out = ddata->data;
+  const float *g = dy->data;
+  if (tp_tensor_bytes(ddata)) memset(out, 0, tp_tensor_bytes(ddata));
+  for (int64_t j = 0; j < total; j++) { /* idx: the multi-index of element j of indices */
+    int64_t ix = load_index(indices, j), dst = 0;
+    if (ix < 0) ix += n;
+    for (int d = 0; d < rank; d++) dst += (d == axis ? ix : idx[d]) * ds[d];
+    out[dst] += g[j];
+    for (int d = rank - 1; d >= 0 && ++idx[d] == indices->dims[d]; d--) idx[d] = 0;
+  }
+  return TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, const int64_t *steps,
                                  TpTensor *dx) {
   if (dx->dtype != dy->dtype) return TP_KERNEL_BAD_DTYPE;

@@ -1,5 +1,6 @@
-/* Backward kernels of the data-movement ops (ir/ops.def: GatherBackward, SliceBackward):
- * the adjoints of tp_gather and tp_slice (layout.h), over TpTensor views whose dims give
+/* Backward kernels of the data-movement ops (ir/ops.def: GatherBackward,
+ * GatherElementsBackward, SliceBackward): the adjoints of tp_gather, tp_gather_elements and
+ * tp_slice (layout.h), over TpTensor views whose dims give
  * the shapes. They write their result whole (zeros where the forward did not read). */
 #ifndef TOKPIPE_CPU_LAYOUT_BACKWARD_H
 #define TOKPIPE_CPU_LAYOUT_BACKWARD_H
@@ -14,6 +15,12 @@
  * An index outside [-n, n) gives TP_KERNEL_BAD_INDEX with the index in *bad. */
 TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis,
                                   TpTensor *ddata, int64_t *bad);
+
+/* Of y = tp_gather_elements(data, indices, axis): ddata = 0, then ddata[i with its axis
+ * coordinate replaced by indices[i]] += dy[i], in the order of i. dy and indices have the
+ * same dims; ddata has data's; f32. An index outside [-n, n): TP_KERNEL_BAD_INDEX, *bad. */
+TpKernelStatus tp_gather_elements_backward(const TpTensor *dy, const TpTensor *indices, int axis,
+                                           TpTensor *ddata, int64_t *bad);
 
 /* Of y = tp_slice(x, starts, steps): dx = 0, then dx[starts + j*steps] = dy[j] per dim
  * (steps may be negative, never 0). Any dtype; dx has x's shape, dy the slice's. */

@@ -107,3 +107,28 @@ TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, 
   }
   return TP_KERNEL_OK;
 }
+
+TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool reverse, TpTensor *y) {
+  TpDType t = x->dtype;
+  if (y->dtype != t || t == TP_BOOL || tp_dtype_size(t) == 0) return TP_KERNEL_BAD_DTYPE;
+  if (axis < 0 || axis >= x->rank || x->rank != y->rank ||
+      memcmp(x->dims, y->dims, (size_t)x->rank * sizeof x->dims[0]) != 0)
+    return TP_KERNEL_BAD_SHAPE;
+  size_t es = tp_dtype_size(t);
+  int64_t outer = tp_numel(axis, x->dims), n = x->dims[axis];
+  int64_t inner = tp_numel(x->rank - axis - 1, x->dims + axis + 1), step = inner * (int64_t)es;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) {
+      int64_t first = ((o * n + (reverse ? n - 1 : 0)) * inner + i) * (int64_t)es;
+      int64_t dir = reverse ? -step : step;
+      double f = 0;
+      uint64_t u = 0;
+      for (int64_t j = 0; j < n; j++) {
+        int64_t at = first + j * dir;
+        if (!exclusive) sum_run(t, (const char *)x->data + at, 1, 0, &f, &u);
+        store_result(t, (char *)y->data + at, f, u);
+        if (exclusive) sum_run(t, (const char *)x->data + at, 1, 0, &f, &u);
+      }
+    }
+  return TP_KERNEL_OK;
+}

@@ -1,4 +1,4 @@
-/* Reduction CPU kernels: ReduceSum and ReduceMean over a set of axes. */
+/* Reduction CPU kernels: ReduceSum and ReduceMean over a set of axes, CumSum along one. */
 #ifndef TOKPIPE_CPU_REDUCE_H
 #define TOKPIPE_CPU_REDUCE_H
 
@@ -9,5 +9,8 @@
  * data). Floats accumulate in double; integers wrap, and their mean truncates. */
 TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean,
                              TpTensor *y);
+/* y = running sums of x along axis (same dims and dtype): y[j] = x[0] + ... + x[j], without
+ * x[j] when `exclusive`, from the end when `reverse`. Accumulates as tp_reduce_sum. */
+TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool reverse, TpTensor *y);
 
 #endif

@@ -39,6 +39,8 @@ int tp_exec_unary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, 
   case TP_OP_Tanh: u = TP_UNARY_TANH; break;
   case TP_OP_Relu: u = TP_UNARY_RELU; break;
   case TP_OP_Sigmoid: u = TP_UNARY_SIGMOID; break;
+  case TP_OP_Sin: u = TP_UNARY_SIN; break;
+  case TP_OP_Cos: u = TP_UNARY_COS; break;
   case TP_OP_Not: u = TP_UNARY_NOT; break;
   case TP_OP_Gelu: {
     const char *approx = tp_attr_string(m, op, "approximate", "none");
@@ -60,11 +62,14 @@ int tp_exec_binary(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
   case TP_OP_Mul: b = TP_BINARY_MUL; break;
   case TP_OP_Div: b = TP_BINARY_DIV; break;
   case TP_OP_Pow: b = TP_BINARY_POW; break;
+  case TP_OP_Max: b = TP_BINARY_MAX; break;
+  case TP_OP_Min: b = TP_BINARY_MIN; break;
   case TP_OP_And: b = TP_BINARY_AND; break;
   case TP_OP_Equal: b = TP_BINARY_EQUAL; break;
   case TP_OP_Less: b = TP_BINARY_LESS; break;
   case TP_OP_LessOrEqual: b = TP_BINARY_LESS_EQUAL; break;
   case TP_OP_Greater: b = TP_BINARY_GREATER; break;
+  case TP_OP_GreaterOrEqual: b = TP_BINARY_GREATER_EQUAL; break;
   default: return tp_internal(d, "tp_exec_binary: op %s", tp_op_info[m->ops[op].kind].name);
   }
   return check(tp_binary(b, &in[0], &in[1], &out[0]), m, op, in, 2, out, d);
@@ -86,6 +91,26 @@ int tp_exec_gather(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
     return tp_error_op(d, m, op, "index %lld is out of range for axis %d of size %lld",
                        (long long)bad, axis, (long long)in[0].dims[axis]);
   return check(s, m, op, in, 2, out, d);
+}
+
+int tp_exec_gather_elements(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  int axis = (int)tp_attr_int(m, op, "axis", 0);
+  int64_t bad = 0;
+  TpKernelStatus s = tp_gather_elements(&in[0], &in[1], axis, &out[0], &bad);
+  if (s == TP_KERNEL_BAD_INDEX)
+    return tp_error_op(d, m, op, "index %lld is out of range for axis %d of size %lld",
+                       (long long)bad, axis, (long long)in[0].dims[axis]);
+  return check(s, m, op, in, 2, out, d);
+}
+
+int tp_exec_tile(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  return check(tp_tile(&in[0], &out[0]), m, op, in, 1, out, d);
+}
+
+int tp_exec_cumsum(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  int axis = (int)tp_attr_int(m, op, "axis", 0);
+  bool exclusive = tp_attr_int(m, op, "exclusive", 0) != 0, reverse = tp_attr_int(m, op, "reverse", 0) != 0;
+  return check(tp_cumsum(&in[0], axis, exclusive, reverse, &out[0]), m, op, in, 1, out, d);
 }
 
 int tp_exec_reshape(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {

@@ -121,6 +121,7 @@ def main():
             f.write(numpy_helper.from_array(np.full((2, 3), 2, np.float32), "z").SerializeToString())
 
     frontend_models()
+    ops_models()
 
 
 I64_MIN, I64_MAX = -2**63, 2**63 - 1
@@ -201,6 +202,40 @@ def frontend_models():
         outs.append((f"y{i}", np.triu(x, k_in) if upper else np.tril(x, k_in)))
     save_run(model(nodes, [vi("x", [3, 4])], [vi(n, [3, 4]) for n, _ in outs], inits),
              "extreme/trilu", [("x", x)], outs)
+
+
+def ops_models():
+    """Issue 11, the ops computed from constants (cases-ops.txt, ops/)."""
+    i64 = TensorProto.INT64
+    axes = numpy_helper.from_array(np.array([0, 1], np.int64), "axes")
+    save(model([helper.make_node("CumSum", ["x", "axes"], ["y"], name="cumsum")],
+               [vi("x", [2, 3])], [vi("y", [2, 3])], [axes]), "ops/cumsum_two_axes.onnx")
+    save(model([helper.make_node("CumSum", ["x", "axis"], ["y"], name="cumsum")],
+               [vi("x", [2, 3]), vi("axis", [], i64)], [vi("y", [2, 3])]), "ops/cumsum_axis_input.onnx")
+    axis = numpy_helper.from_array(np.array(-3, np.int64), "axis")
+    save(model([helper.make_node("CumSum", ["x", "axis"], ["y"], name="cumsum")],
+               [vi("x", [2, 3])], [vi("y", [2, 3])], [axis]), "ops/cumsum_axis_range.onnx")
+    repeats = numpy_helper.from_array(np.array([2], np.int64), "repeats")
+    save(model([helper.make_node("Tile", ["x", "repeats"], ["y"], name="tile")],
+               [vi("x", [2, 3])], [vi("y", [4, 3])], [repeats]), "ops/tile_repeats_count.onnx")
+    repeats = numpy_helper.from_array(np.array([1, -1], np.int64), "repeats")
+    save(model([helper.make_node("Tile", ["x", "repeats"], ["y"], name="tile")],
+               [vi("x", [2, 3])], [vi("y", [2, 3])], [repeats]), "ops/tile_repeats_negative.onnx")
+    save(model([helper.make_node("GatherElements", ["x", "i"], ["y"], name="gather", axis=2)],
+               [vi("x", [2, 3]), vi("i", [2, 3], i64)], [vi("y", [2, 3])]), "ops/gather_elements_axis.onnx")
+    # constant operands: folded at import, where the index is checked
+    data = numpy_helper.from_array(np.arange(6, dtype=np.int64).reshape(2, 3), "x")
+    idx = numpy_helper.from_array(np.array([[0, 3]], np.int64), "i")
+    save(model([helper.make_node("GatherElements", ["x", "i"], ["y"], name="gather", axis=1)],
+               [], [vi("y", [1, 2], i64)], [data, idx]), "ops/gather_elements_index.onnx")
+    save(model([helper.make_node("Max", ["a", "b", "c"], ["y"], name="max")],
+               [vi("a", [2, 3]), vi("b", [3]), vi("c", [2])], [vi("y", [2, 3])]), "ops/max_broadcast.onnx")
+    # ops whose version changed since the model's opset stay refused, the op and opset named
+    save(model([helper.make_node("Max", ["a", "b"], ["y"], name="max")],
+               [vi("a", [2]), vi("b", [2])], [vi("y", [2])], opset=12), "ops/max_opset12.onnx")
+    repeats = numpy_helper.from_array(np.array([2], np.int64), "repeats")
+    save(model([helper.make_node("Tile", ["x", "repeats"], ["y"], name="tile")],
+               [vi("x", [2])], [vi("y", [4])], [repeats], opset=12), "ops/tile_opset12.onnx")
 
 
 if __name__ == "__main__":

@@ -233,7 +233,7 @@ static int check_out(Case *c, const char *label, int out) {
 
 static void test_elementwise(void) {
   static const TpOpKind unary[] = {TP_OP_Sqrt, TP_OP_Neg, TP_OP_Reciprocal, TP_OP_Exp, TP_OP_Log,
-                                   TP_OP_Erf, TP_OP_Tanh, TP_OP_Sigmoid};
+                                   TP_OP_Erf, TP_OP_Tanh, TP_OP_Sigmoid, TP_OP_Sin, TP_OP_Cos};
   for (size_t i = 0; i < sizeof unary / sizeof unary[0]; i++) {
     Case c = begin_case(i);
     int x = positive(&c, "x", f32t(DIMS(2, 3)));
@@ -264,6 +264,25 @@ static void test_elementwise(void) {
     int y = param(&c, "y", f32t(DIMS(5)));
     int w = fin(&c, mk(&c, TP_OP_Where, IN(cv, r, y), 1), NULL);
     CHECK(check_out(&c, "Relu, Where", w) == 2);
+    end_case(&c);
+  }
+  for (int i = 0; i < 2; i++) { /* Max, Min with broadcasting, each side chosen somewhere */
+    TpOpKind kind = i ? TP_OP_Min : TP_OP_Max;
+    Case c = begin_case(24 + i);
+    /* a * sign is in +-[0.5, 1], b in [-0.25, 0.25]: never within EPS of each other */
+    int a = data_value(&c, "a", TP_VAL_PARAM, f32t(DIMS(2, 1, 4)), 0.5, 1);
+    float sign[4] = {1, -1, 1, -1};
+    int s = tp_add_const(c.m, "sign", f32t(DIMS(4)), sign, (TpOrigin){0});
+    int b = data_value(&c, "b", TP_VAL_PARAM, f32t(DIMS(3, 1)), -0.25, 0.25);
+    char label[64];
+    snprintf(label, sizeof label, "binary %s with broadcasting", tp_op_info[kind].name);
+    CHECK(check_out(&c, label, bin(&c, kind, bin(&c, TP_OP_Mul, a, s), b)) == 2);
+    end_case(&c);
+    /* a tie everywhere: each side gets half of dy (as torch.maximum), together all of it */
+    c = begin_case(26 + i);
+    int x = param(&c, "x", f32t(DIMS(3, 4)));
+    snprintf(label, sizeof label, "%s(x, x): ties split the gradient", tp_op_info[kind].name);
+    CHECK(check_out(&c, label, bin(&c, kind, x, x)) == 1);
     end_case(&c);
   }
   { /* Pow by constants 2 and 3 (the LayerNorm and tanh-GELU chains) */
@@ -355,6 +374,29 @@ static void test_layout(void) {
     tp_set_attr_int(c.m, op, "keepdims", 0);
     int y = bin(&c, TP_OP_Mul, fin(&c, op, NULL), mean);
     CHECK(check_out(&c, "ReduceMean, ReduceSum", y) == 1);
+    end_case(&c);
+  }
+  { /* the rotary-table ops: Tile (two dims repeated), GatherElements with repeated and
+       negative indices and fewer rows than the data, CumSum exclusive and reversed */
+    Case c = begin_case(34);
+    int x = param(&c, "x", f32t(DIMS(2, 3)));
+    int op = mk(&c, TP_OP_Tile, &x, 1, 1);
+    tp_set_attr_ints(c.m, op, "repeats", (int64_t[]){2, 3}, 2);
+    int tiled = fin(&c, op, NULL); /* [4, 9] */
+    int64_t pick[3 * 9];
+    for (int i = 0; i < 27; i++) pick[i] = (i * 5 % 7) - 3; /* in [-3, 3], repeats within columns */
+    int idx = tp_add_const(c.m, "pick", tp_type_make(TP_I64, 2, (int64_t[]){3, 9}), pick, (TpOrigin){0});
+    op = mk(&c, TP_OP_GatherElements, IN(tiled, idx), 1);
+    tp_set_attr_int(c.m, op, "axis", 0);
+    int g = fin(&c, op, NULL); /* [3, 9] */
+    op = mk(&c, TP_OP_CumSum, &g, 1, 1);
+    tp_set_attr_int(c.m, op, "axis", 1);
+    tp_set_attr_int(c.m, op, "exclusive", 1);
+    tp_set_attr_int(c.m, op, "reverse", 1);
+    int cs = fin(&c, op, NULL);
+    op = mk(&c, TP_OP_CumSum, &cs, 1, 1);
+    tp_set_attr_int(c.m, op, "axis", 0);
+    CHECK(check_out(&c, "Tile, GatherElements, CumSum", fin(&c, op, NULL)) == 1);
     end_case(&c);
   }
 }

@@ -315,6 +315,79 @@ static void test_reduce(void) {
   CHECK(tp_reduce_sum(&txi, (int64_t[]){0}, 1, false, &tyi) == TP_KERNEL_BAD_SHAPE);
 }
 
+/* The ops Hugging Face exports compute from constants: Sin, Cos, Max, Min, GreaterOrEqual,
+ * CumSum, Tile, GatherElements (issue 11). */
+static void test_constant_ops(void) {
+  float x[4] = {0, 1.5f, NAN, -2}, z[4] = {1, 1.5f, 0, NAN}, y[4];
+  TpTensor tx = T(TP_F32, 1, (int64_t[]){4}, x), tz = T(TP_F32, 1, (int64_t[]){4}, z);
+  TpTensor ty = T(TP_F32, 1, (int64_t[]){4}, y);
+  CHECK(tp_unary(TP_UNARY_SIN, &tx, &ty) == TP_KERNEL_OK);
+  check_f32("sin", y, (float[]){0, sinf(1.5f), NAN, sinf(-2)}, 4, 1e-7f);
+  CHECK(tp_unary(TP_UNARY_COS, &tx, &ty) == TP_KERNEL_OK);
+  check_f32("cos", y, (float[]){1, cosf(1.5f), NAN, cosf(-2)}, 4, 1e-7f);
+  CHECK(tp_binary(TP_BINARY_MAX, &tx, &tz, &ty) == TP_KERNEL_OK);
+  check_f32("max, NaN on either side propagates", y, (float[]){1, 1.5f, NAN, NAN}, 4, 0);
+  CHECK(tp_binary(TP_BINARY_MIN, &tx, &tz, &ty) == TP_KERNEL_OK);
+  check_f32("min, NaN on either side propagates", y, (float[]){0, 1.5f, NAN, NAN}, 4, 0);
+  uint8_t ge[4];
+  TpTensor tge = T(TP_BOOL, 1, (int64_t[]){4}, ge);
+  CHECK(tp_binary(TP_BINARY_GREATER_EQUAL, &tx, &tz, &tge) == TP_KERNEL_OK);
+  CHECK(ge[0] == 0 && ge[1] == 1 && ge[2] == 0 && ge[3] == 0); /* a tie is true, NaN false */
+  int32_t si[3] = {-1, 5, 7}, s2[1] = {3}, so[3];
+  TpTensor tsi = T(TP_I32, 1, (int64_t[]){3}, si), ts2 = T(TP_I32, 1, (int64_t[]){1}, s2);
+  TpTensor tso = T(TP_I32, 1, (int64_t[]){3}, so);
+  CHECK(tp_binary(TP_BINARY_MAX, &tsi, &ts2, &tso) == TP_KERNEL_OK);
+  CHECK(so[0] == 3 && so[1] == 5 && so[2] == 7); /* signed: -1 < 3 */
+  uint32_t ui[2] = {0xffffffffu, 1}, u2[1] = {2}, uo[2];
+  TpTensor tui = T(TP_U32, 1, (int64_t[]){2}, ui), tu2 = T(TP_U32, 1, (int64_t[]){1}, u2);
+  TpTensor tuo = T(TP_U32, 1, (int64_t[]){2}, uo);
+  CHECK(tp_binary(TP_BINARY_MIN, &tui, &tu2, &tuo) == TP_KERNEL_OK);
+  CHECK(uo[0] == 2 && uo[1] == 1); /* unsigned: 0xffffffff > 2 */
+
+  /* CumSum of [[1, 2, 3], [4, 5, 6]] along 1, four ways; i64 and a shape mismatch */
+  float c[6] = {1, 2, 3, 4, 5, 6}, cy[6];
+  TpTensor tc = T(TP_F32, 2, (int64_t[]){2, 3}, c), tcy = T(TP_F32, 2, (int64_t[]){2, 3}, cy);
+  CHECK(tp_cumsum(&tc, 1, false, false, &tcy) == TP_KERNEL_OK);
+  check_f32("cumsum", cy, (float[]){1, 3, 6, 4, 9, 15}, 6, 0);
+  CHECK(tp_cumsum(&tc, 1, true, false, &tcy) == TP_KERNEL_OK);
+  check_f32("cumsum exclusive", cy, (float[]){0, 1, 3, 0, 4, 9}, 6, 0);
+  CHECK(tp_cumsum(&tc, 1, false, true, &tcy) == TP_KERNEL_OK);
+  check_f32("cumsum reverse", cy, (float[]){6, 5, 3, 15, 11, 6}, 6, 0);
+  CHECK(tp_cumsum(&tc, 1, true, true, &tcy) == TP_KERNEL_OK);
+  check_f32("cumsum exclusive reverse", cy, (float[]){5, 3, 0, 11, 6, 0}, 6, 0);
+  CHECK(tp_cumsum(&tc, 0, false, false, &tcy) == TP_KERNEL_OK);
+  check_f32("cumsum axis 0", cy, (float[]){1, 2, 3, 5, 7, 9}, 6, 0);
+  int64_t ci[3] = {1, 1, 1}, cio[3];
+  TpTensor tci = T(TP_I64, 1, (int64_t[]){3}, ci), tcio = T(TP_I64, 1, (int64_t[]){3}, cio);
+  CHECK(tp_cumsum(&tci, 0, false, false, &tcio) == TP_KERNEL_OK);
+  check_i64("cumsum i64 (OPT positions)", cio, (int64_t[]){1, 2, 3}, 3);
+  CHECK(tp_cumsum(&tc, 2, false, false, &tcy) == TP_KERNEL_BAD_SHAPE);
+  CHECK(tp_cumsum(&tc, 0, false, false, &tci) == TP_KERNEL_BAD_DTYPE);
+
+  /* Tile [[1, 2, 3], [4, 5, 6]] by (2, 2) -> [4, 6]; a result that is not a multiple */
+  float tl[24];
+  TpTensor ttl = T(TP_F32, 2, (int64_t[]){4, 6}, tl);
+  CHECK(tp_tile(&tc, &ttl) == TP_KERNEL_OK);
+  check_f32("tile", tl, (float[]){1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6, 1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6}, 24, 0);
+  TpTensor bad_tile = T(TP_F32, 2, (int64_t[]){4, 4}, tl);
+  CHECK(tp_tile(&tc, &bad_tile) == TP_KERNEL_BAD_SHAPE);
+
+  /* GatherElements along 1 with a negative index; along 0 with fewer columns; out of range */
+  int64_t gi[4] = {2, -3, 0, 1}, bad = 0;
+  float gy[4];
+  TpTensor tgi = T(TP_I64, 2, (int64_t[]){2, 2}, gi), tgy = T(TP_F32, 2, (int64_t[]){2, 2}, gy);
+  CHECK(tp_gather_elements(&tc, &tgi, 1, &tgy, &bad) == TP_KERNEL_OK);
+  check_f32("gather_elements axis 1", gy, (float[]){3, 1, 4, 5}, 4, 0);
+  int64_t g0[2] = {1, 0};
+  TpTensor tg0 = T(TP_I64, 2, (int64_t[]){1, 2}, g0), tgy0 = T(TP_F32, 2, (int64_t[]){1, 2}, gy);
+  CHECK(tp_gather_elements(&tc, &tg0, 0, &tgy0, &bad) == TP_KERNEL_OK);
+  check_f32("gather_elements axis 0", gy, (float[]){4, 2}, 2, 0);
+  gi[3] = 3;
+  CHECK(tp_gather_elements(&tc, &tgi, 1, &tgy, &bad) == TP_KERNEL_BAD_INDEX && bad == 3);
+  TpTensor wide = T(TP_I64, 2, (int64_t[]){1, 4}, gi), twide = T(TP_F32, 2, (int64_t[]){1, 4}, gy);
+  CHECK(tp_gather_elements(&tc, &wide, 0, &twide, &bad) == TP_KERNEL_BAD_SHAPE); /* 4 columns > 3 */
+}
+
 int main(void) {
   test_binary();
   test_binary_large();
@@ -323,6 +396,7 @@ int main(void) {
   test_layout();
   test_transpose_large();
   test_reduce();
+  test_constant_ops();
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
   return failures != 0;
 }
