@@ -509,17 +509,21 @@ static int parse_header(Json *J, int64_t data_size, Entry **out, int *count, TpS
   return rc;
 }
 
+bool tp_crc32c_parse(const char *text, uint32_t *out) {
+  *out = 0;
+  for (int i = 0; i < 8; i++) {
+    char c = text[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    *out = *out << 4 | (uint32_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+  }
+  return true;
+}
+
 /* Checksum k of a list of 8 lowercase hex digits each, comma-separated, into *out; false
  * if malformed. */
 static bool crc_entry(const char *list, int k, uint32_t *out) {
   const char *p = list + (size_t)k * 9;
-  *out = 0;
-  for (int i = 0; i < 8; i++) {
-    char c = p[i];
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-    *out = *out << 4 | (uint32_t)(c <= '9' ? c - '0' : c - 'a' + 10);
-  }
-  return p[8] == ',' || p[8] == 0;
+  return tp_crc32c_parse(p, out) && (p[8] == ',' || p[8] == 0);
 }
 
 int tp_safetensors_verify(const TpSafetensors *st, TpDiag *d) {

@@ -55,6 +55,9 @@ void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
 
 /* The CRC-32C (Castagnoli) of size bytes, continuing from crc (0 to start). */
 uint32_t tp_crc32c(uint32_t crc, const void *data, size_t size);
+/* A CRC-32C as written in the files: exactly 8 lowercase hex digits at text (what follows
+ * them is the caller's to check). False if malformed. */
+bool tp_crc32c_parse(const char *text, uint32_t *out);
 
 /* "F32", ... for a dtype; NULL if safetensors has no name for it. */
 const char *tp_safetensors_dtype_name(TpDType t);

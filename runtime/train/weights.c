@@ -282,12 +282,9 @@ int train_checkpoint_meta(const TpSafetensors *st, TrainCheckpointMeta *m, TpDia
       (rc = meta_int(st, "seq", 1, INT64_MAX, &m->seq, d)) ||
       (rc = meta_int(st, "vocab", 1, INT64_MAX, &m->vocab, d)))
     return rc;
-  bool hex = crc && strlen(crc) == 8;
-  for (int k = 0; hex && k < 8; k++) hex = (crc[k] >= '0' && crc[k] <= '9') || (crc[k] >= 'a' && crc[k] <= 'f');
-  if (!hex)
+  if (!crc || strlen(crc) != 8 || !tp_crc32c_parse(crc, &m->data_crc32c))
     return tp_error(d, "checkpoint metadata 'data_crc32c' is %s%s%s, not 8 lowercase hex digits", crc ? "'" : "missing",
                     crc ? crc : "", crc ? "'" : "");
-  m->data_crc32c = (uint32_t)strtoul(crc, NULL, 16);
   return TP_OK;
 }
 
