@@ -58,11 +58,12 @@ static int read_tokens(TpTokenFile *f, int64_t pos, int64_t n, uint16_t *out, Tp
     return file_error(f, d, "the file was truncated while in use: %" PRId64 " bytes at offset %" PRId64
                       " are gone (it held %" PRId64 " tokens)", n * 2 - got, offset + got, f->count);
   for (int64_t i = 0; i < n; i++)
-    if (out[i] >= f->limit && f->limit_of)
-      return file_error(f, d, "token %u at position %" PRId64 " is outside %s", out[i], pos + i, f->limit_of);
-    else if (out[i] >= f->limit)
-      return file_error(f, d, "token %u at position %" PRId64 " is outside the model's vocabulary of %" PRId64,
-                        out[i], pos + i, f->limit);
+    if (out[i] >= f->limit) {
+      char vocab[64];
+      snprintf(vocab, sizeof vocab, "the model's vocabulary of %" PRId64, f->limit);
+      return file_error(f, d, "token %u at position %" PRId64 " is outside %s", out[i], pos + i,
+                        f->limit_of ? f->limit_of : vocab);
+    }
   return TP_OK;
 }
 
