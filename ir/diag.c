@@ -72,12 +72,20 @@ void tp_print_line(FILE *stream, const char *fmt, ...) {
   va_end(ap);
 }
 
-int tp_usage_error(FILE *stream, const char *tool, const char *fmt, va_list ap) {
+int tp_vusage_error(FILE *stream, const char *tool, const char *fmt, va_list ap) {
   char msg[1024];
   vsnprintf(msg, sizeof msg, fmt, ap);
   tp_print_line(stream, "%s: error: %s", tool, msg);
   fprintf(stream, "Try '%s --help'.\n", tool);
   return TP_ERR_USAGE;
+}
+
+int tp_usage_error(FILE *stream, const char *tool, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = tp_vusage_error(stream, tool, fmt, ap);
+  va_end(ap);
+  return rc;
 }
 
 int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list ap) {

@@ -215,7 +215,8 @@ size_t tp_utf8_printable(const char *s);
  * escaped as above, as one line on stream. */
 void tp_print_line(FILE *stream, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "tool: error: MSG" (escaped) and "Try 'tool --help'." on stream; returns TP_ERR_USAGE. */
-int tp_usage_error(FILE *stream, const char *tool, const char *fmt, va_list ap);
+int tp_usage_error(FILE *stream, const char *tool, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int tp_vusage_error(FILE *stream, const char *tool, const char *fmt, va_list ap);
 
 /* ---- input files (ir/file.c) ----
  * Every reader opens its inputs through these: anything but a regular file (a FIFO, a

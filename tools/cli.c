@@ -13,7 +13,7 @@ const char *cli_tool = "tokpipec";
 _Noreturn void cli_usage_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  tp_usage_error(stderr, cli_tool, fmt, ap);
+  tp_vusage_error(stderr, cli_tool, fmt, ap);
   va_end(ap);
   exit(TP_ERR_USAGE);
 }

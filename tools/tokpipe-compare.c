@@ -3,7 +3,6 @@
  * step. Prints the worst error and where it is; exit 0 match, 1 mismatch or unreadable
  * input, 2 bad usage. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,15 +24,6 @@ static const char *usage =
     "R relative (default 1e-5); the logs are one JSON object per line, as --log writes.\n"
     "  -v                 one line per tensor\n"
     "  --help, --version\n";
-
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int rc = tp_usage_error(stderr, tool, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 /* "[2,17]": the position of flat index i in a row-major tensor. */
 static void format_index(const TpTensor *t, int64_t i, char *buf, size_t size) {
@@ -277,24 +267,24 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "-v") == 0) {
       verbose = 1;
     } else if (strcmp(a, "--tol") == 0 || strcmp(a, "--steps") == 0) {
-      if (i + 1 >= argc) return usage_error("%s needs a value", a);
+      if (i + 1 >= argc) return tp_usage_error(stderr, tool, "%s needs a value", a);
       const char *v = argv[++i];
       double x = strtod(v, &end);
       if (!*v || *end || !(x >= 0) || (a[2] == 's' && !(x >= 1 && x <= MAX_STEP && x == floor(x))))
-        return usage_error(a[2] == 's' ? "--steps needs a whole number in [1, 1000000000], not '%s'"
+        return tp_usage_error(stderr, tool, a[2] == 's' ? "--steps needs a whole number in [1, 1000000000], not '%s'"
                                        : "--tol needs a number >= 0, not '%s'", v);
       if (a[2] == 's') steps = (int64_t)x;
       else tol = x;
     } else if (a[0] == '-' && a[1]) {
-      return usage_error("unknown option '%s'", a);
+      return tp_usage_error(stderr, tool, "unknown option '%s'", a);
     } else if (npaths == 2) {
-      return usage_error("unexpected argument '%s' (two files: GOT and WANT)", a);
+      return tp_usage_error(stderr, tool, "unexpected argument '%s' (two files: GOT and WANT)", a);
     } else {
       paths[npaths++] = a;
     }
   }
-  if (npaths != 2) return usage_error("%s", "two files are needed: GOT and WANT");
-  if (steps && !losses) return usage_error("%s", "--steps goes with --losses");
+  if (npaths != 2) return tp_usage_error(stderr, tool, "%s", "two files are needed: GOT and WANT");
+  if (steps && !losses) return tp_usage_error(stderr, tool, "%s", "--steps goes with --losses");
   TpDiag d;
   tp_diag_init(&d, tool, NULL, stderr);
   if (losses) return compare_losses(paths[0], paths[1], steps, tol < 0 ? 1e-5 : tol, &d);

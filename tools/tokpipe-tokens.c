@@ -2,7 +2,6 @@
  * byte (a vocabulary of 256), optionally with the tail split off as validation data. */
 #include <errno.h>
 #include <stdbool.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,15 +24,6 @@ static const char *usage =
     "  --val-fraction F      put the last fraction F (0 < F < 1) of the bytes in --val-out\n"
     "  --val-out VAL.bin     the validation tokens\n"
     "  --help, --version\n";
-
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int rc = tp_usage_error(stderr, tool, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 /* The value of an option given as `--flag VALUE` or `--flag=VALUE`, or NULL. */
 static const char *option(int argc, char **argv, int *i, const char *flag, int *bad) {
@@ -141,20 +131,20 @@ int main(int argc, char **argv) {
       frac_text = v;
       frac = strtod(v, &end);
       if (!*v || *end || !(frac > 0 && frac < 1))
-        return usage_error("--val-fraction needs a number between 0 and 1, not '%s'", v);
+        return tp_usage_error(stderr, tool, "--val-fraction needs a number between 0 and 1, not '%s'", v);
     } else if (bad) {
-      return usage_error("%s needs a value", argv[i]);
+      return tp_usage_error(stderr, tool, "%s needs a value", argv[i]);
     } else if (argv[i][0] == '-' && argv[i][1]) {
-      return usage_error("unknown option '%s'", argv[i]);
+      return tp_usage_error(stderr, tool, "unknown option '%s'", argv[i]);
     } else if (in) {
-      return usage_error("unexpected argument '%s' (one input file)", argv[i]);
+      return tp_usage_error(stderr, tool, "unexpected argument '%s' (one input file)", argv[i]);
     } else {
       in = argv[i];
     }
   }
-  if (!in) return usage_error("%s", "no input file");
-  if (!out) return usage_error("%s", "-o OUT.bin is required");
-  if (!frac_text != !val_out) return usage_error("%s", "--val-fraction and --val-out go together");
+  if (!in) return tp_usage_error(stderr, tool, "%s", "no input file");
+  if (!out) return tp_usage_error(stderr, tool, "%s", "-o OUT.bin is required");
+  if (!frac_text != !val_out) return tp_usage_error(stderr, tool, "%s", "--val-fraction and --val-out go together");
   int rc = check_aliases(in, out, val_out);
   if (rc) return rc;
   TpDiag d;

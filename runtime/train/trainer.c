@@ -132,7 +132,7 @@ static int usage_error(const TpDiag *d, const char *fmt, ...) {
   if (!d->stream) return TP_ERR_USAGE;
   va_list ap;
   va_start(ap, fmt);
-  tp_usage_error(d->stream, d->tool, fmt, ap);
+  tp_vusage_error(d->stream, d->tool, fmt, ap);
   va_end(ap);
   return TP_ERR_USAGE;
 }
