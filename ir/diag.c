@@ -28,14 +28,16 @@ static void append(TpDiag *d, size_t *len, const char *fmt, ...) {
   if (n > 0) *len += (size_t)n < sizeof d->last - *len ? (size_t)n : sizeof d->last - 1 - *len;
 }
 
-size_t tp_utf8_printable(const char *text) {
-  const unsigned char *s = (const unsigned char *)text;
-  size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
+size_t tp_utf8_length(const char *text, size_t avail) {
+  const unsigned char *p = (const unsigned char *)text;
+  size_t n = !avail ? 0 : p[0] < 0x80 ? 1 : p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3
+           : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : 0;
+  if (!n || avail < n) return 0;
   for (size_t i = 1; i < n; i++)
-    if ((s[i] & 0xc0) != 0x80) return 0;
-  if (n == 2 && s[0] == 0xc2 && s[1] < 0xa0) return 0;
-  if (n == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0))) return 0;
-  if (n == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))) return 0;
+    if ((p[i] & 0xc0) != 0x80) return 0;
+  if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) || (p[0] == 0xf0 && p[1] < 0x90) ||
+      (p[0] == 0xf4 && p[1] > 0x8f))
+    return 0;
   return n;
 }
 
@@ -43,7 +45,9 @@ void tp_escape_text(char *dst, size_t dst_size, const char *src) {
   const unsigned char *s = (const unsigned char *)src;
   size_t out = 0;
   while (*s && out + 1 < dst_size) {
-    size_t n = *s >= 0x80 ? tp_utf8_printable((const char *)s) : (*s >= 0x20 && *s != 0x7f);
+    size_t n = tp_utf8_length((const char *)s, strnlen((const char *)s, 4));
+    if (n == 1 && (*s < 0x20 || *s == 0x7f)) n = 0; /* a control byte */
+    if (n == 2 && s[0] == 0xc2 && s[1] < 0xa0) n = 0; /* a C1 control: some terminals obey it like ESC */
     if (n == 0) {
       if (out + 5 > dst_size) break;
       snprintf(dst + out, 5, "\\x%02x", *s++);

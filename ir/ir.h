@@ -208,9 +208,9 @@ int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list 
 /* Control bytes (names from a model, paths) are written as \xNN in every diagnostic, so a
  * crafted name cannot drive the user's terminal. Escapes src into dst (always terminated). */
 void tp_escape_text(char *dst, size_t dst_size, const char *src);
-/* The length of the valid UTF-8 sequence of a non-ASCII character at s that is not a C1
- * control (U+0080..U+009F, which some terminals obey like ESC), or 0. */
-size_t tp_utf8_printable(const char *s);
+/* The length of the well-formed UTF-8 sequence at s (RFC 3629: no overlong forms, no
+ * surrogates, at most U+10FFFF; 1 for ASCII) within its `avail` bytes, or 0. */
+size_t tp_utf8_length(const char *s, size_t avail);
 /* For lines that do not go through a TpDiag (reports, usage errors): the formatted text
  * escaped as above, as one line on stream. */
 void tp_print_line(FILE *stream, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -35,20 +35,6 @@ static bool literal(Parser *ps, const char *word) {
   return true;
 }
 
-/* The length of the well-formed UTF-8 sequence at p (RFC 3629: no overlong forms, no
- * surrogates, at most U+10FFFF), 0 if there is none. */
-static size_t utf8_length(const unsigned char *p, const unsigned char *end) {
-  size_t n = p[0] < 0x80 ? 1 : p[0] >= 0xC2 && p[0] <= 0xDF ? 2 : p[0] >= 0xE0 && p[0] <= 0xEF ? 3
-           : p[0] >= 0xF0 && p[0] <= 0xF4 ? 4 : 0;
-  if (!n || (size_t)(end - p) < n) return 0;
-  for (size_t i = 1; i < n; i++)
-    if ((p[i] & 0xC0) != 0x80) return 0;
-  if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F) || (p[0] == 0xF0 && p[1] < 0x90) ||
-      (p[0] == 0xF4 && p[1] > 0x8F))
-    return 0;
-  return n;
-}
-
 /* Strings: escapes are decoded; \uXXXX below 0x80 becomes that byte, others '?' (the
  * planner's files only hold names). Raw bytes must be UTF-8. */
 static bool parse_string(Parser *ps, char **out) {
@@ -58,7 +44,7 @@ static bool parse_string(Parser *ps, char **out) {
   TP_ASSERT(s);
   while (ps->p < ps->end && *ps->p != '"') {
     char c = *ps->p;
-    size_t len = utf8_length((const unsigned char *)ps->p, (const unsigned char *)ps->end);
+    size_t len = tp_utf8_length(ps->p, (size_t)(ps->end - ps->p));
     if ((unsigned char)c < 0x20) { free(s); return fail(ps, "control character in string"); }
     if (!len) { free(s); return fail(ps, "invalid UTF-8 in string"); }
     if (len > 1) { /* copied whole */
@@ -266,7 +252,7 @@ void tp_json_write_string(FILE *f, const char *s) {
   fputc('"', f);
   while (*s) {
     unsigned char c = (unsigned char)*s;
-    size_t n = c >= 0x80 ? tp_utf8_printable(s) : 0;
+    size_t n = c >= 0x80 ? tp_utf8_length(s, strnlen(s, 4)) : 0;
     if (n) fwrite(s, 1, n, f), s += n; /* UTF-8 as it is: the reader takes it */
     else if (c == '"' || c == '\\') fprintf(f, "\\%c", c), s++;
     else if (c < 32 || c > 126) fprintf(f, "\\u%04x", c), s++; /* a byte that is not UTF-8: as Latin-1 */

@@ -97,7 +97,33 @@ static void test_fold_and_dce(void) {
   tp_module_free(m);
 }
 
+/* Diagnostics keep printable text (UTF-8 included) and write every other byte as \xNN. */
+static void test_escape_text(void) {
+  static const struct {
+    const char *raw, *want;
+  } cases[] = {
+      {"plain 'name'", "plain 'name'"},
+      {"esc\x1b[2J del\x7f nl\n", "esc\\x1b[2J del\\x7f nl\\x0a"},
+      {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"}, /* 2, 3, 4 bytes */
+      {"c1 \xc2\x9b", "c1 \\xc2\\x9b"},                                 /* CSI as a C1 control */
+      {"latin1 \xe9!", "latin1 \\xe9!"},                                  /* not UTF-8 */
+      {"lead \xf8\x80\x80", "lead \\xf8\\x80\\x80"},                      /* no such lead byte */
+      {"overlong \xc0\xaf \xe0\x80\xaf", "overlong \\xc0\\xaf \\xe0\\x80\\xaf"},
+      {"surrogate \xed\xa0\x80", "surrogate \\xed\\xa0\\x80"},
+      {"cut \xe2\x82", "cut \\xe2\\x82"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char out[128];
+    tp_escape_text(out, sizeof out, cases[i].raw);
+    if (strcmp(out, cases[i].want) != 0) {
+      fprintf(stderr, "escape case %zu: got '%s', want '%s'\n", i, out, cases[i].want);
+      failures++;
+    }
+  }
+}
+
 int main(void) {
+  test_escape_text();
   test_names_and_attrs();
   test_infer_and_errors();
   test_fold_and_dce();
