@@ -283,8 +283,8 @@ int main(int argc, char **argv) {
       paths[npaths++] = a;
     }
   }
-  if (npaths != 2) return tp_usage_error(stderr, tool, "%s", "two files are needed: GOT and WANT");
-  if (steps && !losses) return tp_usage_error(stderr, tool, "%s", "--steps goes with --losses");
+  if (npaths != 2) return tp_usage_error(stderr, tool, "two files are needed: GOT and WANT");
+  if (steps && !losses) return tp_usage_error(stderr, tool, "--steps goes with --losses");
   TpDiag d;
   tp_diag_init(&d, tool, NULL, stderr);
   if (losses) return compare_losses(paths[0], paths[1], steps, tol < 0 ? 1e-5 : tol, &d);

@@ -142,9 +142,9 @@ int main(int argc, char **argv) {
       in = argv[i];
     }
   }
-  if (!in) return tp_usage_error(stderr, tool, "%s", "no input file");
-  if (!out) return tp_usage_error(stderr, tool, "%s", "-o OUT.bin is required");
-  if (!frac_text != !val_out) return tp_usage_error(stderr, tool, "%s", "--val-fraction and --val-out go together");
+  if (!in) return tp_usage_error(stderr, tool, "no input file");
+  if (!out) return tp_usage_error(stderr, tool, "-o OUT.bin is required");
+  if (!frac_text != !val_out) return tp_usage_error(stderr, tool, "--val-fraction and --val-out go together");
   int rc = check_aliases(in, out, val_out);
   if (rc) return rc;
   TpDiag d;
