@@ -494,6 +494,19 @@ fifo) # inputs that are FIFOs are refused at once, never read (which would block
     same_files "'-' reads stdin (not refused as a non-regular file)" all.bin stdin.bin
   ;;
 
+compare) # tokpipe-compare's scale floor: 1% of WANT's largest element, so float32 noise on a
+  # gradient that is zero in exact arithmetic passes while a real difference there fails
+  "$trainer" --steps 0 --dump-weights init.safetensors 2>/dev/null || fail "initial weights"
+  edit() { "$bin/train_edit_safetensors" init.safetensors "$@" || fail "edit $*"; }
+  edit want.safetensors tensor:wte=100 tensor:wpe=1e-9 # floor 1: wpe compares absolutely
+  edit noise.safetensors tensor:wte=100 tensor:wpe=5e-6
+  edit wrong.safetensors tensor:wte=100 tensor:wpe=2e-5
+  expect_exit 0 "noise under the floor" "$bin/tokpipe-compare" noise.safetensors want.safetensors --tol 1e-5 &&
+    grep -q "worst wpe max_rel_err=5.00e-06" out.txt && ok "noise under the floor passes" || fail "$(cat out.txt err.txt)"
+  expect_exit 1 "a difference over the floor" "$bin/tokpipe-compare" wrong.safetensors want.safetensors --tol 1e-5 &&
+    grep -q "FAIL wpe: max_rel_err=2.00e-05" err.txt && ok "a difference over the floor fails" || fail "$(cat out.txt err.txt)"
+  ;;
+
 *)
   echo "unknown case $case"
   exit 2
