@@ -189,24 +189,25 @@ typedef struct {
   float *capped; /* tanh(s / softcap) when softcap > 0 */
 } AttnScratch;
 
-/* Softmax of each row of s (Sq, T) in place; causal: query i sees keys j <= i + offset
- * only, the others get probability 0 (as tp_attention_f32's mask gives). */
-static void softmax_rows(float *s, int64_t Sq, int64_t T, bool causal, int64_t offset) {
-  for (int64_t i = 0; i < Sq; i++) {
-    float *row = s + i * T, mx = -INFINITY;
-    int64_t n = causal && i + offset + 1 < T ? i + offset + 1 : T;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-    double sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; j++) {
-      row[j] = tp_vexpf(row[j] - mx);
-      sum += row[j];
-    }
-    float inv = (float)(1.0 / sum);
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++) row[j] *= inv;
-    for (int64_t j = n; j < T; j++) row[j] = 0;
+/* Rows [r0, r1) of a head's (rows, D) matrix x with leading dimension ld set to zero. */
+static void zero_rows(float *x, int64_t ld, int64_t r0, int64_t r1, int64_t D) {
+  for (int64_t r = r0; r < r1; r++) memset(x + r * ld, 0, (size_t)D * sizeof *x);
+}
+
+/* The probabilities of batch b, head h from its scores s (Sq, hi - lo) over keys [lo, hi),
+ * in place, as tp_attention_f32 computes them: masked, softmax over each row's keys, 0
+ * for the keys a row does not see. */
+static void attention_probabilities(const TpAttention *p, int64_t b, int64_t h, float *s, int64_t lo,
+                                    int64_t hi) {
+  int64_t w = hi - lo;
+  for (int64_t i = 0; i < p->q_len; i++) {
+    float *row = s + i * w;
+    int64_t first, end;
+    tp_attention_key_range(p, i, p->kv_len, &first, &end);
+    if (p->mask) tp_attention_mask_row(p, b, h, i, first, end, row + (first - lo));
+    tp_softmax_f32(row + (first - lo), row + (first - lo), 1, end - first, 1, false);
+    for (int64_t j = lo; j < first; j++) row[j - lo] = 0;
+    for (int64_t j = end; j < hi; j++) row[j - lo] = 0;
   }
 }
 
@@ -222,6 +223,16 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
   int64_t ov = tp_attention_head_offset(p, b, g, p->kv_heads, T, Dv, &ldv);
   const float *kh = k + tp_attention_head_offset(p, b, g, p->kv_heads, rows, D, &ldk);
   const float *vh = v + tp_attention_head_offset(p, b, g, p->kv_heads, rows, Dv, &ldv);
+  /* Keys [lo, hi) are the ones some query sees (the rows' ranges only move forward); the
+   * others get no gradient. */
+  int64_t lo, hi, unused;
+  tp_attention_key_range(p, 0, T, &lo, &unused);
+  tp_attention_key_range(p, Sq - 1, T, &unused, &hi);
+  int64_t W = hi - lo;
+  if (dk) zero_rows(dk + ok, ldk, 0, lo, D), zero_rows(dk + ok, ldk, hi, T, D);
+  if (dv) zero_rows(dv + ov, ldv, 0, lo, Dv), zero_rows(dv + ov, ldv, hi, T, Dv);
+  kh += lo * ldk, vh += lo * ldv;
+  float *dkh = dk ? dk + ok + lo * ldk : NULL, *dvh = dv ? dv + ov + lo * ldv : NULL;
   float *P = w->prob, *G = w->grad, c = p->softcap;
   for (int64_t hh = 0; hh < group; hh++) {
     int64_t h = g * group + hh;
@@ -231,31 +242,32 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
     float first = hh ? 1 : 0; /* the group's first q head writes dk, dv; the others add */
 
     /* P = softmax(mask(softcap(scale * Q K^T))), as the forward computes it */
-    gemm(false, true, Sq, T, D, p->scale, qh, ldq, kh, ldk, 0, P, T);
+    gemm(false, true, Sq, W, D, p->scale, qh, ldq, kh, ldk, 0, P, W);
     if (c > 0)
-      for (int64_t i = 0; i < Sq * T; i++) {
+      for (int64_t i = 0; i < Sq * W; i++) {
         w->capped[i] = tanhf(P[i] / c);
         P[i] = c * w->capped[i];
       }
-    softmax_rows(P, Sq, T, p->is_causal, p->causal_offset);
+    attention_probabilities(p, b, h, P, lo, hi);
 
-    if (dv) gemm(true, false, T, Dv, Sq, 1, P, T, dyh, ldy, first, dv + ov, ldv);
-    if (!dq && !dk) continue;
-    /* dP = dY V^T; dS = P * (dP - rowsum(P * dP)); through the softcap: * (1 - tanh^2) */
-    gemm(false, true, Sq, T, Dv, 1, dyh, ldy, vh, ldv, 0, G, T);
+    if (dvh) gemm(true, false, W, Dv, Sq, 1, P, W, dyh, ldy, first, dvh, ldv);
+    if (!dq && !dkh) continue;
+    /* dP = dY V^T; dS = P * (dP - rowsum(P * dP)); through the softcap: * (1 - tanh^2).
+     * The mask is added to the scores, so dS is its gradient too (not needed: constant). */
+    gemm(false, true, Sq, W, Dv, 1, dyh, ldy, vh, ldv, 0, G, W);
     for (int64_t i = 0; i < Sq; i++) {
-      float *Pi = P + i * T, *Gi = G + i * T;
+      float *Pi = P + i * W, *Gi = G + i * W;
       double dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < T; j++) dot += (double)Pi[j] * Gi[j];
+      for (int64_t j = 0; j < W; j++) dot += (double)Pi[j] * Gi[j];
       float sum = (float)dot;
 #pragma omp simd
-      for (int64_t j = 0; j < T; j++) Gi[j] = Pi[j] * (Gi[j] - sum);
+      for (int64_t j = 0; j < W; j++) Gi[j] = Pi[j] * (Gi[j] - sum);
     }
     if (c > 0)
-      for (int64_t i = 0; i < Sq * T; i++) G[i] *= 1 - w->capped[i] * w->capped[i];
-    if (dq) gemm(false, false, Sq, D, T, p->scale, G, T, kh, ldk, 0, dq + oq, ldq);
-    if (dk) gemm(true, false, T, D, Sq, p->scale, G, T, qh, ldq, first, dk + ok, ldk);
+      for (int64_t i = 0; i < Sq * W; i++) G[i] *= 1 - w->capped[i] * w->capped[i];
+    if (dq) gemm(false, false, Sq, D, W, p->scale, G, W, kh, ldk, 0, dq + oq, ldq);
+    if (dkh) gemm(true, false, W, D, Sq, p->scale, G, W, qh, ldq, first, dkh, ldk);
   }
 }
 
