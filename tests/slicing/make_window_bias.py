@@ -18,17 +18,20 @@ Files (deterministic; one thread):
     train.bin            B*T*10+1 tokens in llm.c's format
     grads.safetensors    step 1's gradient of every parameter
     losses.jsonl         the losses of 10 torch.optim.AdamW steps (the trainer's defaults)
-    args                 `tokpipec --batch B --seq T`
 Regenerate: /usr/bin/python3 tests/slicing/make_window_bias.py
 """
 import json
 import math
 import os
 import struct
+import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import make_parity_fixtures as parity  # noqa: E402  (tokens, batches, safetensors)
 
 B, T, V, C = 2, 16, 11, 8
 LAYERS = [dict(q_heads=4, kv_heads=2, head=2, window=5, packed=True, bias="alibi"),
@@ -82,31 +85,13 @@ def forward(p, c, idx):
     return F.layer_norm(x, (C,), p["lnf.w"], p["lnf.b"], eps=1e-5) @ p["head"]
 
 
-def make_tokens(n, seed):
-    """Each token followed by a fixed successor three times in four (a learnable stream)."""
-    gen = torch.Generator().manual_seed(seed)
-    successor = torch.randperm(V, generator=gen)
-    noise = torch.randint(0, V, (n,), generator=gen)
-    keep = torch.rand(n, generator=gen) < 0.75
-    tokens = noise.clone()
-    for i in range(1, n):
-        tokens[i] = successor[tokens[i - 1]] if keep[i] else noise[i]
-    return tokens
-
-
-def batch(tokens, k):
-    ix = (torch.arange(B * T + 1) + k * B * T) % len(tokens)
-    chunk = tokens[ix]
-    return chunk[:-1].view(B, T), chunk[1:].view(B, T)
-
-
 def train(params, consts, tokens, dtype):
     p = {k: v.clone().to(dtype).requires_grad_(True) for k, v in params.items()}
     c = {k: v.to(dtype) for k, v in consts.items()}
     opt = torch.optim.AdamW(p.values(), **ADAMW)
     grads, losses = None, []
     for k in range(STEPS):
-        x, y = batch(tokens, k)
+        x, y = parity.batch(tokens, k, B, T)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(forward(p, c, x).view(B * T, V), y.view(-1))
         loss.backward()
@@ -118,22 +103,13 @@ def train(params, consts, tokens, dtype):
 
 
 def write_safetensors(path, tensors):
-    """safetensors: u64 LE header size, JSON header (padded to 8 bytes), raw LE data.
-    Returns each tensor's byte offset in the file."""
-    header, offset, where = {}, 0, {}
-    for name in sorted(tensors):
-        a = tensors[name]
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for name in sorted(tensors):
-            where[name] = f.tell()
-            f.write(np.ascontiguousarray(tensors[name], dtype="<f4").tobytes())
-    return where
+    """The parity generator's safetensors writer; returns each tensor's byte offset in the
+    file (for model.tir's blob references)."""
+    parity.write_safetensors(path, tensors, {"source": "tests/slicing/make_window_bias.py"})
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+    return {name: 8 + size + header[name]["data_offsets"][0] for name in tensors}
 
 
 def dims(a):
@@ -181,23 +157,17 @@ def main():
     torch.set_num_threads(1)
     os.makedirs(OUT, exist_ok=True)
     params, consts = make_weights()
-    tokens = make_tokens(B * T * STEPS + 1, seed=2024)
+    tokens = parity.make_tokens(B * T * STEPS + 1, V, seed=2024)
     where = write_safetensors(os.path.join(OUT, "weights.safetensors"),
                               {k: v.numpy() for k, v in {**params, **consts}.items()})
     write_tir(os.path.join(OUT, "model.tir"), params, consts, where)
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = (20240520, 1, len(tokens))
-    with open(os.path.join(OUT, "train.bin"), "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.numpy().astype("<u2").tobytes())
+    parity.write_tokens(os.path.join(OUT, "train.bin"), tokens.numpy())
     grads, losses = train(params, consts, tokens, torch.float32)
     grads64, losses64 = train(params, consts, tokens, torch.float64)
     write_safetensors(os.path.join(OUT, "grads.safetensors"), grads)
     with open(os.path.join(OUT, "losses.jsonl"), "w") as f:
         for k, loss in enumerate(losses):
             f.write(json.dumps({"step": k + 1, "loss": float(np.float32(loss))}) + "\n")
-    with open(os.path.join(OUT, "args"), "w") as f:
-        f.write(f"tokpipec --batch {B} --seq {T}\n")
     spread = max(float(np.abs(grads[k] - grads64[k]).max() / np.abs(grads64[k]).max()) for k in grads)
     loss_spread = max(abs(a - b) / abs(b) for a, b in zip(losses, losses64))
     print(f"window_bias: loss {losses[0]:.6f} -> {losses[-1]:.6f}; float32 vs float64: "
