@@ -182,7 +182,12 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
 
 /* ---- Attention ---- */
 
-/* Per-thread scratch of the attention backward: (Sq, T) matrices. */
+/* Query rows per block, as in the forward: a block needs only the keys its rows see (up to
+ * its last row's causal bound, from its first row's window), so causal attention skips the
+ * masked-out triangle and a window the keys before it. */
+#define QUERY_BLOCK 64
+
+/* Per-thread scratch of the attention backward: (QUERY_BLOCK, T) matrices. */
 typedef struct {
   float *prob;   /* the recomputed probabilities */
   float *grad;   /* d probabilities, then d scores */
@@ -194,14 +199,14 @@ static void zero_rows(float *x, int64_t ld, int64_t r0, int64_t r1, int64_t D) {
   for (int64_t r = r0; r < r1; r++) memset(x + r * ld, 0, (size_t)D * sizeof *x);
 }
 
-/* The probabilities of batch b, head h from its scores s (Sq, hi - lo) over keys [lo, hi),
- * in place, as tp_attention_f32 computes them: masked, softmax over each row's keys, 0
- * for the keys a row does not see. */
-static void attention_probabilities(const TpAttention *p, int64_t b, int64_t h, float *s, int64_t lo,
-                                    int64_t hi) {
+/* The probabilities of query rows [i0, i1) of batch b, head h from their scores s
+ * (i1 - i0, hi - lo) over keys [lo, hi), in place, as tp_attention_f32 computes them:
+ * masked, softmax over each row's keys, 0 for the keys a row does not see. */
+static void attention_probabilities(const TpAttention *p, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                                    float *s, int64_t lo, int64_t hi) {
   int64_t w = hi - lo;
-  for (int64_t i = 0; i < p->q_len; i++) {
-    float *row = s + i * w;
+  for (int64_t i = i0; i < i1; i++) {
+    float *row = s + (i - i0) * w;
     int64_t first, end;
     tp_attention_key_range(p, i, p->kv_len, &first, &end);
     if (p->mask) tp_attention_mask_row(p, b, h, i, first, end, row + (first - lo));
@@ -223,51 +228,49 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
   int64_t ov = tp_attention_head_offset(p, b, g, p->kv_heads, T, Dv, &ldv);
   const float *kh = k + tp_attention_head_offset(p, b, g, p->kv_heads, rows, D, &ldk);
   const float *vh = v + tp_attention_head_offset(p, b, g, p->kv_heads, rows, Dv, &ldv);
-  /* Keys [lo, hi) are the ones some query sees (the rows' ranges only move forward); the
-   * others get no gradient. */
-  int64_t lo, hi, unused;
-  tp_attention_key_range(p, 0, T, &lo, &unused);
-  tp_attention_key_range(p, Sq - 1, T, &unused, &hi);
-  int64_t W = hi - lo;
-  if (dk) zero_rows(dk + ok, ldk, 0, lo, D), zero_rows(dk + ok, ldk, hi, T, D);
-  if (dv) zero_rows(dv + ov, ldv, 0, lo, Dv), zero_rows(dv + ov, ldv, hi, T, Dv);
-  kh += lo * ldk, vh += lo * ldv;
-  float *dkh = dk ? dk + ok + lo * ldk : NULL, *dvh = dv ? dv + ov + lo * ldv : NULL;
+  /* every block adds its share; keys no query sees keep 0 */
+  if (dk) zero_rows(dk + ok, ldk, 0, T, D);
+  if (dv) zero_rows(dv + ov, ldv, 0, T, Dv);
   float *P = w->prob, *G = w->grad, c = p->softcap;
   for (int64_t hh = 0; hh < group; hh++) {
     int64_t h = g * group + hh;
     int64_t oq = tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq);
     int64_t oy = tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
-    const float *qh = q + oq, *dyh = dy + oy;
-    float first = hh ? 1 : 0; /* the group's first q head writes dk, dv; the others add */
+    for (int64_t i0 = 0; i0 < Sq; i0 += QUERY_BLOCK) {
+      int64_t i1 = i0 + QUERY_BLOCK < Sq ? i0 + QUERY_BLOCK : Sq, n = i1 - i0, lo, hi, unused;
+      tp_attention_key_range(p, i0, T, &lo, &unused);
+      tp_attention_key_range(p, i1 - 1, T, &unused, &hi);
+      int64_t W = hi - lo; /* keys [lo, hi): the ones a row of the block sees */
+      const float *qb = q + oq + i0 * ldq, *dyb = dy + oy + i0 * ldy, *kb = kh + lo * ldk, *vb = vh + lo * ldv;
 
-    /* P = softmax(mask(softcap(scale * Q K^T))), as the forward computes it */
-    gemm(false, true, Sq, W, D, p->scale, qh, ldq, kh, ldk, 0, P, W);
-    if (c > 0)
-      for (int64_t i = 0; i < Sq * W; i++) {
-        w->capped[i] = tanhf(P[i] / c);
-        P[i] = c * w->capped[i];
-      }
-    attention_probabilities(p, b, h, P, lo, hi);
+      /* P = softmax(mask(softcap(scale * Q K^T))), as the forward computes it */
+      gemm(false, true, n, W, D, p->scale, qb, ldq, kb, ldk, 0, P, W);
+      if (c > 0)
+        for (int64_t i = 0; i < n * W; i++) {
+          w->capped[i] = tanhf(P[i] / c);
+          P[i] = c * w->capped[i];
+        }
+      attention_probabilities(p, b, h, i0, i1, P, lo, hi);
 
-    if (dvh) gemm(true, false, W, Dv, Sq, 1, P, W, dyh, ldy, first, dvh, ldv);
-    if (!dq && !dkh) continue;
-    /* dP = dY V^T; dS = P * (dP - rowsum(P * dP)); through the softcap: * (1 - tanh^2).
-     * The mask is added to the scores, so dS is its gradient too (not needed: constant). */
-    gemm(false, true, Sq, W, Dv, 1, dyh, ldy, vh, ldv, 0, G, W);
-    for (int64_t i = 0; i < Sq; i++) {
-      float *Pi = P + i * W, *Gi = G + i * W;
-      double dot = 0;
+      if (dv) gemm(true, false, W, Dv, n, 1, P, W, dyb, ldy, 1, dv + ov + lo * ldv, ldv);
+      if (!dq && !dk) continue;
+      /* dP = dY V^T; dS = P * (dP - rowsum(P * dP)); through the softcap: * (1 - tanh^2).
+       * The mask is added to the scores, so dS would be its gradient (not needed: constant). */
+      gemm(false, true, n, W, Dv, 1, dyb, ldy, vb, ldv, 0, G, W);
+      for (int64_t i = 0; i < n; i++) {
+        float *Pi = P + i * W, *Gi = G + i * W;
+        double dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < W; j++) dot += (double)Pi[j] * Gi[j];
-      float sum = (float)dot;
+        for (int64_t j = 0; j < W; j++) dot += (double)Pi[j] * Gi[j];
+        float sum = (float)dot;
 #pragma omp simd
-      for (int64_t j = 0; j < W; j++) Gi[j] = Pi[j] * (Gi[j] - sum);
+        for (int64_t j = 0; j < W; j++) Gi[j] = Pi[j] * (Gi[j] - sum);
+      }
+      if (c > 0)
+        for (int64_t i = 0; i < n * W; i++) G[i] *= 1 - w->capped[i] * w->capped[i];
+      if (dq) gemm(false, false, n, D, W, p->scale, G, W, kb, ldk, 0, dq + oq + i0 * ldq, ldq);
+      if (dk) gemm(true, false, W, D, n, p->scale, G, W, qb, ldq, 1, dk + ok + lo * ldk, ldk);
     }
-    if (c > 0)
-      for (int64_t i = 0; i < Sq * W; i++) G[i] *= 1 - w->capped[i] * w->capped[i];
-    if (dq) gemm(false, false, Sq, D, W, p->scale, G, W, kh, ldk, 0, dq + oq, ldq);
-    if (dkh) gemm(true, false, W, D, Sq, p->scale, G, W, qh, ldq, first, dkh, ldk);
   }
 }
 
@@ -287,7 +290,7 @@ void tp_attention_backward_f32(const TpAttention *p, const float *dy, const floa
   int64_t tasks = B * p->kv_heads;
   int nthreads = omp_get_max_threads();
   bool parallel = nthreads > 1 && tasks >= nthreads;
-  size_t bytes = (size_t)(Sq * T) * sizeof(float);
+  size_t bytes = (size_t)((Sq < QUERY_BLOCK ? Sq : QUERY_BLOCK) * T) * sizeof(float);
 #pragma omp parallel if (parallel)
   {
     AttnScratch w = {malloc(bytes), malloc(bytes), p->softcap > 0 ? malloc(bytes) : NULL};

@@ -58,8 +58,9 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
  *   v, dv (B, kv_heads, kv_len, Dv)  or packed; v likewise, dk and dv dense
  *   dy    (B, q_heads, q_len, Dv)    or packed
  * Grouped-query heads sum into their shared kv head. Causal (with causal_offset and
- * window), mask, scale and softcap as in the forward; keys no query sees get zero dk, dv
- * and cost nothing. Work is spread over (batch, kv head). */
+ * window), mask, scale and softcap as in the forward. Like the forward, each block of
+ * query rows computes only the keys its rows see (keys no query sees get zero dk, dv).
+ * Work is spread over (batch, kv head). */
 void tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
                                const float *k, const float *v, float *dq, float *dk, float *dv);
 

@@ -252,6 +252,17 @@ int main(void) {
   wb.window = 3;
   finite_differences("3-D offset 5 window 3 bool mask", wb);
 
+  /* 70 query rows: two blocks of the backward, each with its own keys */
+  TpAttention tall = {.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 70, .kv_len = 75, .head_size = 2,
+                      .v_head_size = 2, .is_causal = true, .causal_offset = 5, .scale = 0.8f};
+  finite_differences("4-D GQA 70 rows offset 5", tall);
+  Bias tall_bias;
+  float *tall_alibi = alibi(2, 75, &tall_bias);
+  tall.window = 20;
+  tp_attention_set_mask(&tall, tall_bias.data, false, tall_bias.dims, tall_bias.rank);
+  finite_differences("4-D GQA 70 rows offset 5 window 20 ALiBi", tall);
+  free(tall_alibi);
+
   TpAttention f = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 70, .kv_len = 70, .head_size = 8,
                    .v_head_size = 8, .is_causal = true, .scale = 0.35f};
   TpAttention g = f;
