@@ -25,6 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A constant repeated for the new batch is a module-owned copy; past this size it is refused
+ * (like fold-constants' limit, a bound on what the compiler materialises). */
+enum { MAX_CONSTANT_BYTES = 1 << 30 };
+
 typedef struct {
   TpModule *m;
   TpDiag *d;
@@ -85,6 +89,11 @@ static int first_reader(const TpModule *m, int v) {
   return -1;
 }
 
+/* The op to name for value v: the one that computes it, else its first reader. */
+static int value_op(const TpModule *m, int v) {
+  return m->values[v].kind == TP_VAL_RESULT ? m->values[v].def : first_reader(m, v);
+}
+
 /* The batch axis of every value (class of the token input's dim 0), or a refusal. */
 static int find_batch_axes(Rebatch *r, int tokens, TpOpAxes *x) {
   TpModule *m = r->m;
@@ -101,12 +110,12 @@ static int find_batch_axes(Rebatch *r, int tokens, TpOpAxes *x) {
     const TpType *t = type_of(r, v);
     for (int a = 0; a < t->rank; a++) {
       if (find(r->parent, v * TP_MAX_RANK + a) != root) continue;
-      int op = m->values[v].kind == TP_VAL_RESULT ? m->values[v].def : first_reader(m, v);
-      if (r->axis[v] >= 0)
-        return refuse(r, op, tp_strfmt(m, "%%%s has two batch axes (%d and %d)", m->values[v].name, r->axis[v], a));
-      if (t->dims[a] % r->from)
-        return refuse(r, op, tp_strfmt(m, "%%%s has %lld elements along its batch axis %d, not a multiple of the "
-                                       "batch", m->values[v].name, (long long)t->dims[a], a));
+      const char *why = NULL;
+      if (r->axis[v] >= 0) why = tp_strfmt(m, "%%%s has two batch axes (%d and %d)", m->values[v].name, r->axis[v], a);
+      else if (t->dims[a] % r->from)
+        why = tp_strfmt(m, "%%%s has %lld elements along its batch axis %d, not a multiple of the batch",
+                        m->values[v].name, (long long)t->dims[a], a);
+      if (why) return refuse(r, value_op(m, v), why);
       r->axis[v] = a;
     }
   }
@@ -170,9 +179,11 @@ static int rebatch_constant(Rebatch *r, int v) {
                                 "row repeated", m->values[v].name, (long long)b, a));
     }
   int64_t rows = per_row == 1 && one_row_suffices(r, v) ? 1 : r->to;
-  size_t bytes = (size_t)(outer * rows * row_bytes);
-  uint8_t *out = malloc(bytes + 1);
-  TP_ASSERT(out);
+  size_t bytes = (size_t)(outer * rows * row_bytes); /* the resized type's size, checked */
+  uint8_t *out = bytes <= MAX_CONSTANT_BYTES ? malloc(bytes + 1) : NULL;
+  if (!out)
+    return refuse(r, first_reader(m, v), tp_strfmt(m, "constant %%%s would take %zu bytes (at most %d MiB)",
+                                                   m->values[v].name, bytes, MAX_CONSTANT_BYTES >> 20));
   for (int64_t o = 0; o < outer; o++)
     for (int64_t b = 0; b < rows; b++)
       memcpy(out + (o * rows + b) * row_bytes, data + o * r->from * row_bytes, (size_t)row_bytes);
@@ -208,11 +219,13 @@ static int rebatch(Rebatch *r, int tokens) {
     if (a < 0) continue;
     /* One row traced and nothing computed along it: a weight or constant that broadcasts. */
     if (!r->computed[v] && val->type.dims[a] == 1) continue;
-    if (val->kind == TP_VAL_PARAM)
-      rc = refuse(r, first_reader(m, v), tp_strfmt(m, "parameter %%%s has one entry per batch row (axis %d)",
-                                                   val->name, a));
+    TpType resized = val->type;
+    if (__builtin_mul_overflow(val->type.dims[a] / r->from, r->to, &resized.dims[a]) || !tp_type_size_ok(&resized))
+      rc = refuse(r, value_op(m, v), tp_strfmt(m, "%%%s would be too large", val->name));
+    else if (val->kind == TP_VAL_PARAM)
+      rc = refuse(r, value_op(m, v), tp_strfmt(m, "parameter %%%s has one entry per batch row (axis %d)", val->name, a));
     else if (val->kind == TP_VAL_CONST) rc = rebatch_constant(r, v);
-    else val->type.dims[a] = val->type.dims[a] / r->from * r->to;
+    else val->type = resized;
   }
   if (rc != TP_OK) return rc;
 
