@@ -110,6 +110,9 @@ static int find_batch_axes(Rebatch *r, int tokens, TpOpAxes *x) {
     const TpType *t = type_of(r, v);
     for (int a = 0; a < t->rank; a++) {
       if (find(r->parent, v * TP_MAX_RANK + a) != root) continue;
+      /* One row traced (batch 1) and nothing computed along it: a weight or a constant that
+       * broadcasts over the batch, as it will over the new one. */
+      if (!r->computed[v] && t->dims[a] == 1) continue;
       const char *why = NULL;
       if (r->axis[v] >= 0) why = tp_strfmt(m, "%%%s has two batch axes (%d and %d)", m->values[v].name, r->axis[v], a);
       else if (t->dims[a] % r->from)
@@ -196,14 +199,6 @@ static int rebatch_constant(Rebatch *r, int v) {
 
 static int rebatch(Rebatch *r, int tokens) {
   TpModule *m = r->m;
-  TpOpAxes *x = malloc(sizeof *x);
-  TP_ASSERT(x);
-  int rc = find_batch_axes(r, tokens, x);
-  for (int op = 0; op < m->nops && rc == TP_OK; op++)
-    if (!m->ops[op].dead) rc = check_op(r, op, x);
-  free(x);
-  if (rc != TP_OK) return rc;
-
   for (int i = 0; i < m->ninputs; i++) r->computed[m->inputs[i]] = true;
   for (int op = 0; op < m->nops; op++) { /* ops are in topological order */
     const TpOp *o = &m->ops[op];
@@ -212,13 +207,17 @@ static int rebatch(Rebatch *r, int tokens) {
     for (int i = 0; i < o->noutputs; i++)
       if (o->outputs[i] >= 0) r->computed[o->outputs[i]] = computed;
   }
+  TpOpAxes *x = malloc(sizeof *x);
+  TP_ASSERT(x);
+  int rc = find_batch_axes(r, tokens, x);
+  for (int op = 0; op < m->nops && rc == TP_OK; op++)
+    if (!m->ops[op].dead) rc = check_op(r, op, x);
+  free(x);
 
   for (int v = 0; v < m->nvalues && rc == TP_OK; v++) {
     TpValue *val = &m->values[v];
     int a = r->axis[v];
     if (a < 0) continue;
-    /* One row traced and nothing computed along it: a weight or constant that broadcasts. */
-    if (!r->computed[v] && val->type.dims[a] == 1) continue;
     TpType resized = val->type;
     if (__builtin_mul_overflow(val->type.dims[a] / r->from, r->to, &resized.dims[a]) || !tp_type_size_ok(&resized))
       rc = refuse(r, value_op(m, v), tp_strfmt(m, "%%%s would be too large", val->name));
