@@ -43,34 +43,52 @@ static int find(int *parent, int i) {
   return i;
 }
 
+/* An axis of one element of a weight or constant (nothing computed along it) broadcasts
+ * over any batch, the traced one of one row included: it is never taken for the batch, and
+ * links through it (an axis of one element lines up with any other) are not followed. */
+static bool broadcasts(const Rebatch *r, int v, int a) {
+  return !r->computed[v] && r->m->values[v].type.dims[a] == 1;
+}
+
 static void join(Rebatch *r, int v1, int a1, int v2, int a2) {
+  if (broadcasts(r, v1, a1) || broadcasts(r, v2, a2)) return;
   r->parent[find(r->parent, v1 * TP_MAX_RANK + a1)] = find(r->parent, v2 * TP_MAX_RANK + a2);
 }
 
 static const TpType *type_of(const Rebatch *r, int v) { return &r->m->values[v].type; }
 
-/* A Reshape whose input axes a..c become one output axis b ([B, H, T] -> [B*H, T]), or whose
- * input axis a becomes output axes b..c (the reverse), starting at the same element: index
- * i along a is the outermost digit of b's index, so a batch along a stays the outermost
- * factor of b. Groups led by an axis of one element are left alone (any axis could lead). */
+/* The output axis of a Reshape that carries input axis a's batch as its outermost factor,
+ * or -1. Axis a holds `batch` rows (times the axes merged into it); row i is a block of the
+ * elements from where a starts. The output axis that starts at the same element holds them
+ * as its outermost digit when its extent is a multiple of the batch: the same axis, a merge
+ * with the axes after a ([B, H, T] -> [B*H, T]) or a split ([B*H, T] -> [B, H, T]). Axes of
+ * one element there are passed over unless the batch is one row (then any axis could hold
+ * it; the first is taken). */
+static int reshape_batch_axis(const TpType *ti, int a, const TpType *to, int64_t batch) {
+  int64_t start = 1, before = 1;
+  for (int k = 0; k < a; k++) start *= ti->dims[k];
+  for (int b = 0; b < to->rank && before <= start; before *= to->dims[b], b++)
+    if (before == start && to->dims[b] % batch == 0 && (to->dims[b] > 1 || batch == 1)) return b;
+  return -1;
+}
+
+/* A Reshape of values not (yet) on the batch axis, such as constants that meet it later:
+ * each axis that could hold the batch with the output axis that would then hold it. */
 static void merge_links(Rebatch *r, int op) {
   const TpOp *o = &r->m->ops[op];
   const TpType *ti = type_of(r, o->inputs[0]), *to = type_of(r, o->outputs[0]);
-  int64_t before_in = 1;
   for (int a = 0; a < ti->rank; a++) {
-    int64_t before_out = 1;
-    for (int b = 0; b < to->rank && before_out <= before_in; b++) {
-      if (before_out == before_in && ti->dims[a] > 1 && to->dims[b] > 1) {
-        int64_t merged = ti->dims[a], split = to->dims[b];
-        for (int c = a + 1; c < ti->rank && merged < to->dims[b]; c++) merged *= ti->dims[c];
-        for (int c = b + 1; c < to->rank && split < ti->dims[a]; c++) split *= to->dims[c];
-        if (merged == to->dims[b] || split == ti->dims[a]) join(r, o->inputs[0], a, o->outputs[0], b);
-        break;
-      }
-      before_out *= to->dims[b];
-    }
-    before_in *= ti->dims[a];
+    int b = ti->dims[a] % r->from == 0 ? reshape_batch_axis(ti, a, to, r->from) : -1;
+    if (b >= 0) join(r, o->inputs[0], a, o->outputs[0], b);
   }
+}
+
+/* The axis of v in the batch class so far, or -1. */
+static int class_axis(Rebatch *r, int v, int tokens) {
+  int root = find(r->parent, tokens * TP_MAX_RANK);
+  for (int a = 0; a < type_of(r, v)->rank; a++)
+    if (find(r->parent, v * TP_MAX_RANK + a) == root) return a;
+  return -1;
 }
 
 /* "cannot re-batch ...: WHY" at op (or without a node when op < 0). */
@@ -97,11 +115,18 @@ static int value_op(const TpModule *m, int v) {
 /* The batch axis of every value (class of the token input's dim 0), or a refusal. */
 static int find_batch_axes(Rebatch *r, int tokens, TpOpAxes *x) {
   TpModule *m = r->m;
-  for (int op = 0; op < m->nops; op++) {
-    if (m->ops[op].dead) continue;
+  for (int op = 0; op < m->nops; op++) { /* in order: a Reshape's input is classified before it */
+    const TpOp *o = &m->ops[op];
+    if (o->dead) continue;
+    int a = o->kind == TP_OP_Reshape ? class_axis(r, o->inputs[0], tokens) : -1;
+    if (a >= 0) { /* only the batch axis: its other links may hold only at the traced batch */
+      int b = reshape_batch_axis(type_of(r, o->inputs[0]), a, type_of(r, o->outputs[0]), r->from);
+      if (b >= 0) join(r, o->inputs[0], a, o->outputs[0], b);
+      continue;
+    }
     tp_op_axes(m, op, x);
     for (int i = 0; i < x->nlinks; i++) join(r, x->link[i][0].v, x->link[i][0].a, x->link[i][1].v, x->link[i][1].a);
-    if (m->ops[op].kind == TP_OP_Reshape) merge_links(r, op);
+    if (o->kind == TP_OP_Reshape) merge_links(r, op);
   }
   int root = find(r->parent, tokens * TP_MAX_RANK);
   for (int v = 0; v < m->nvalues; v++) {
@@ -110,9 +135,6 @@ static int find_batch_axes(Rebatch *r, int tokens, TpOpAxes *x) {
     const TpType *t = type_of(r, v);
     for (int a = 0; a < t->rank; a++) {
       if (find(r->parent, v * TP_MAX_RANK + a) != root) continue;
-      /* One row traced (batch 1) and nothing computed along it: a weight or a constant that
-       * broadcasts over the batch, as it will over the new one. */
-      if (!r->computed[v] && t->dims[a] == 1) continue;
       const char *why = NULL;
       if (r->axis[v] >= 0) why = tp_strfmt(m, "%%%s has two batch axes (%d and %d)", m->values[v].name, r->axis[v], a);
       else if (t->dims[a] % r->from)
