@@ -6,14 +6,16 @@
  * any number of rows.
  *
  * The batch axes are the class of the token input's first dim under insert-token-dim's
- * positional relations (tp_op_axes: elementwise ops, Transpose, Reshape, Expand, MatMul's
- * batch dims, ...), plus Reshapes that merge the batch with the axes after it or split it
- * off again ([B, H, T, D] <-> [B*H, T, D], the 3-D products of baddbmm): the batch stays
- * the outermost factor, so an axis of B*k elements becomes B'*k. Constants join the class
- * where they meet it (a causal mask folded to [B, 1, T, T], OPT's positions [B, T], BLOOM's
- * ALiBi [B*H, 1, T]); each must be the same for every batch row, and becomes one row (when
- * every reader is an elementwise op that broadcasts it against a batch operand) or the new
- * number of rows, repeated.
+ * positional relations (tp_op_axes: elementwise ops, Transpose, Expand, MatMul's batch
+ * dims, ...), found in op order. A Reshape of a value on the batch axis puts the batch where
+ * its rows are, as the outermost factor of the output axis that starts at the same element
+ * ([B, H, T, D] <-> [B*H, T, D], the 3-D products of baddbmm; [1, T, C] -> [T, C], GPT-2's
+ * Conv1D at batch 1): an axis of B*k elements becomes B'*k. Axes of one element of weights
+ * and constants broadcast over any batch and are left out (at batch 1 they would line up
+ * with it by chance). Constants join the class where they meet it (a causal mask folded to
+ * [B, 1, T, T], OPT's positions [B, T], BLOOM's ALiBi [B*H, 1, T]); each must be the same
+ * for every batch row, and becomes one row (when every reader is an elementwise op that
+ * broadcasts it against a batch operand) or the new number of rows, repeated.
  *
  * Refused, naming the node: an op that combines elements along the batch axis (softmax,
  * reduction, contraction, gather, slice, concat), one that loses it (a Reshape that puts
