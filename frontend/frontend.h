@@ -33,6 +33,9 @@ typedef struct {
    * rank 2), whatever they are named (tokpipec --batch/--seq): a symbolic one takes it, and
    * one fixed otherwise must equal it. */
   int64_t token_dims[2];
+  /* tokpipec: a token input whose batch (dim 0) is a fixed number other than token_dims[0]
+   * keeps it; the rebatch pass then changes the batch (TpModule.batch). */
+  bool rebatch;
 } TpImportOptions;
 
 /* Imports an ONNX model file. o may be NULL. On success *out owns a new module. */

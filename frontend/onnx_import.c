@@ -583,7 +583,7 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
         n = b->value.dims[i];
       }
       type.dims[i] = n;
-      if (token_dims && token_dims[i] > 0 && n != token_dims[i])
+      if (token_dims && token_dims[i] > 0 && n != token_dims[i] && !(i == 0 && I->o->rebatch))
         return tp_error(d, "token input '%s' dim %d is %lld in the model but %s %lld%s", name, i, (long long)n,
                         i ? "--seq is" : "a microbatch (--batch / (--dp x --microbatches)) has",
                         (long long)token_dims[i], i ? "" : " rows");

@@ -176,6 +176,10 @@ typedef struct TpModule {
    * (NULL: balance the estimated compute). assign-stages sets both to the cuts it made. */
   int nstages;
   const char *stage_cuts;
+  /* Re-batching (passes/rebatch.c; set by the tool, not printed): the rows the token input
+   * should have, when the module was made for another batch (a fixed-shape export); 0:
+   * keep the module's batch. */
+  int64_t batch;
   /* name -> value index hash table (open addressing), maintained by tp_module_* */
   int *name_table;
   int name_table_cap;
@@ -370,6 +374,30 @@ int tp_token_axis(const TpModule *m, int v);
 /* How op `op` of a marked module treats the token axis; for TP_TOKEN_GLOBAL, *why says
  * why (a module-owned string, "attention at node 'X' is not causal"). */
 TpTokenClass tp_token_class(TpModule *m, int op, const char **why);
+
+/* The positional axis relations of a forward op (passes/insert_token_dim.c): pairs of axes
+ * of its operands and results that index the same positions whatever the data (elementwise
+ * ops align their broadcast axes, Transpose permutes, Reshape keeps an axis whose extent and
+ * preceding elements are unchanged, ...), the axes along which it combines elements, each
+ * with why ("normalises over"), and whether it is an op those rules do not describe. */
+enum { TP_MAX_AXIS_LINKS = 1024, TP_MAX_AXIS_MIXES = 600 };
+typedef struct {
+  int v, a; /* value, axis */
+} TpAxis;
+typedef struct {
+  TpAxis link[TP_MAX_AXIS_LINKS][2];
+  int nlinks;
+  TpAxis mix[TP_MAX_AXIS_MIXES];
+  const char *mix_why[TP_MAX_AXIS_MIXES];
+  int nmixes;
+  bool unknown;
+} TpOpAxes;
+void tp_op_axes(const TpModule *m, int op, TpOpAxes *x);
+
+/* passes/rebatch.c: rebatch gives the forward module (before add-loss) m->batch rows: the
+ * batch axis of every value, followed from the token input's first dim, takes the new size,
+ * and constants along it are cut to one row or repeated; see the file. */
+int pass_rebatch(TpModule *m, TpDiag *d);
 
 /* passes/split_sequence.c: split-sequence cuts the marked forward module (after add-loss,
  * before autodiff) into m->nslices per-slice units; see the file. */

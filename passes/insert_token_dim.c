@@ -27,20 +27,9 @@
 
 /* ---- what an op does with its axes ---- */
 
-enum { MAX_LINKS = 1024, MAX_MIXES = 600 };
-
-typedef struct {
-  int v, a; /* value, axis */
-} Axis;
-
-typedef struct {
-  Axis link[MAX_LINKS][2]; /* pairs of axes that index the same positions */
-  int nlinks;
-  Axis mix[MAX_MIXES];     /* axes along which the op combines elements */
-  const char *mix_why[MAX_MIXES];
-  int nmixes;
-  bool unknown;            /* an op this file does not describe */
-} OpAxes;
+enum { MAX_LINKS = TP_MAX_AXIS_LINKS, MAX_MIXES = TP_MAX_AXIS_MIXES };
+typedef TpAxis Axis;
+typedef TpOpAxes OpAxes; /* ir/ir.h: shared with passes/rebatch.c */
 
 static const TpType *type_of(const TpModule *m, int v) { return &m->values[v].type; }
 
@@ -250,6 +239,8 @@ static void describe(const TpModule *m, int op, OpAxes *x) {
     break;
   }
 }
+
+void tp_op_axes(const TpModule *m, int op, TpOpAxes *x) { describe(m, op, x); }
 
 /* ---- the marks ---- */
 

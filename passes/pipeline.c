@@ -11,6 +11,7 @@ const TpPassInfo tp_pass_registry[] = {
     {"add-loss", pass_add_loss, "append the training loss: mean cross-entropy of the logits, or the model's own"},
     {"autodiff", pass_autodiff, "append the backward ops and record the gradient of every trainable parameter"},
     {"verify", pass_verify, "check the IR's invariants"},
+    {"rebatch", pass_rebatch, "give the token input --batch rows: follow the batch axis, cut or repeat constants along it"},
     {"retie-params", pass_retie_params, "re-tie parameters that are exact copies or transposes of another"},
     {"raise-transformer", pass_raise_transformer, "raise primitive chains to Embedding, Linear, LayerNorm, Gelu, Attention"},
     {"insert-token-dim", pass_insert_token_dim, "mark the token axis of every value; refuse ops that mix tokens"},
@@ -21,13 +22,14 @@ const TpPassInfo tp_pass_registry[] = {
 };
 
 /* The order tokpipec runs them in: clean up the import, undo the exporter's untying of
- * weights (tokpipec --no-retie skips it), raise the transformer, then make it train. The
+ * weights (tokpipec --no-retie skips it; rebatch first gives a fixed-batch export the rows
+ * --batch asks for), raise the transformer, then make it train. The
  * token passes mark the sequence axis on the raised forward and cut the forward (with its
  * per-slice loss terms) into slices before autodiff, which then emits the slices' backward
  * in reverse; tokpipec runs them only when --slices asks for more than one slice.
  * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
  * and finish-stages places the gradients that cross stages once autodiff made them. */
-const char *const tp_default_pipeline[] = {"fold-constants", "dce", "retie-params", "raise-transformer",
+const char *const tp_default_pipeline[] = {"fold-constants", "dce", "rebatch", "retie-params", "raise-transformer",
                                            "insert-token-dim", "add-loss", "split-sequence", "assign-stages",
                                            "autodiff", "finish-stages", "dce", NULL};
 

@@ -158,11 +158,11 @@ bool cli_ends_with(const char *s, const char *suffix) {
 int cli_load_module(const char *path, const CliDims *dims, TpModule **out, TpDiag *d) {
   if (cli_ends_with(path, ".onnx")) {
     TpImportOptions o = {.dims = dims->dims, .ndims = dims->n,
-                         .token_dims = {dims->token_dims[0], dims->token_dims[1]}};
+                         .token_dims = {dims->token_dims[0], dims->token_dims[1]}, .rebatch = dims->rebatch};
     return tp_import_onnx_file(path, &o, out, d);
   }
   if (dims->n) cli_usage_error("--dim applies to ONNX models, not textual IR ('%s')", path);
-  if (dims->token_dims[0] || dims->token_dims[1])
+  if ((dims->token_dims[0] && !dims->rebatch) || dims->token_dims[1])
     cli_usage_error("--batch and --seq apply to ONNX models, not textual IR ('%s')", path);
   return tp_parse_file(path, out, d);
 }

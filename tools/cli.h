@@ -41,6 +41,9 @@ typedef struct {
   TpDimBinding *dims;
   int n;
   int64_t token_dims[2];
+  /* tokpipec: token_dims[0] binds a symbolic batch only; a fixed one (and textual IR's) is
+   * kept for the rebatch pass (TpModule.batch, which the tool sets). */
+  bool rebatch;
 } CliDims;
 void cli_add_dim(CliDims *dims, const char *text);
 void cli_free_dims(CliDims *dims);

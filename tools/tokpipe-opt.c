@@ -20,6 +20,7 @@ static const char usage[] =
     "  --dim NAME=VALUE     fix a symbolic input dimension of an ONNX model (repeatable)\n"
     "  --logits NAME        add-loss: the graph output holding the logits\n"
     "  --freeze REGEX       autodiff: params whose name matches (POSIX ERE) stay frozen\n"
+    "  --batch B            rebatch: the rows the token input gets\n"
     "  --slices N|L1,L2,..  split-sequence: N near-equal token slices, or their lengths\n"
     "  --stages S           assign-stages: cut the layers into S pipeline stages\n"
     "  --stage-cuts A,B,..  assign-stages: stage k starts at layer cut k (default: balance FLOPs)\n"
@@ -52,6 +53,7 @@ int main(int argc, char **argv) {
   const char *input = NULL, *passes = "", *output = NULL, *emit = "ir", *logits = NULL,
              *freeze = NULL, *stage_cuts = NULL, *slices = NULL, *v;
   int nstages = 0;
+  int64_t batch = 0;
   CliDims dims = {0};
   TpPassOptions po = {0};
   for (int i = 1; i < argc; i++) {
@@ -73,6 +75,8 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--logits", &logits)) {
     } else if (cli_value(argc, argv, &i, "--freeze", &freeze)) {
     } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
+    } else if (cli_value(argc, argv, &i, "--batch", &v)) {
+      batch = cli_int("--batch", v, 1, INT32_MAX);
     } else if (cli_value(argc, argv, &i, "--stages", &v)) {
       nstages = (int)cli_int("--stages", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--stage-cuts", &stage_cuts)) {
@@ -97,7 +101,7 @@ int main(int argc, char **argv) {
   int rc = cli_load_module(input, &dims, &m, &d);
   if (rc == TP_OK) m->logits_name = logits, m->freeze = freeze;
   if (rc == TP_OK && slices) cli_set_slices(m, slices);
-  if (rc == TP_OK) m->nstages = nstages, m->stage_cuts = stage_cuts;
+  if (rc == TP_OK) m->nstages = nstages, m->stage_cuts = stage_cuts, m->batch = batch;
   if (rc == TP_OK) rc = cli_run_pipeline(m, (const char *const *)names, n, &po, &d);
   char *text = NULL;
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);

@@ -12,12 +12,13 @@
 #include "runtime/interp/interp.h"
 
 static const char usage[] =
-    "usage: tokpipe-run MODEL.onnx --test-dir DIR [--dim NAME=VALUE]... [--atol A] [--rtol R]\n"
+    "usage: tokpipe-run MODEL.onnx|FILE.tir --test-dir DIR [--dim NAME=VALUE]... [--atol A] [--rtol R]\n"
     "                   [--passes=a,b,c] [--slices S]\n"
     "\n"
-    "Runs MODEL with the reference CPU interpreter on ONNX backend-test data and compares\n"
-    "its outputs: DIR holds input_N.pb and output_N.pb (serialized TensorProto, one per\n"
-    "graph input and output, in order), or test_data_set_*/ folders of them.\n"
+    "Runs MODEL (an ONNX model or textual IR) with the reference CPU interpreter on ONNX\n"
+    "backend-test data and compares its outputs: DIR holds input_N.pb and output_N.pb\n"
+    "(serialized TensorProto, one per graph input and output, in order), or\n"
+    "test_data_set_*/ folders of them.\n"
     "An element passes when |got - want| <= atol + rtol * |want| (NaN matches NaN); integer\n"
     "and bool outputs must match exactly; dtype and shape must match.\n"
     "\n"
@@ -218,7 +219,13 @@ static int run_data_set(const char *model_path, const char *set, const char *lab
   for (int i = 0; i < nin; i++)
     if (in_names[i] && *in_names[i]) bound[nbound++] = (TpInputBinding){in_names[i], ins[i]};
   TpImportOptions io = {.dims = o->dims->dims, .ndims = o->dims->n, .bound_inputs = bound, .nbound = nbound};
-  if ((rc = tp_import_onnx_file(model_path, &io, &m, d))) goto done;
+  if (!cli_ends_with(model_path, ".onnx")) { /* textual IR (e.g. tokpipec --batch B --forward-only): inputs stay */
+    nbound = 0;
+    rc = cli_load_module(model_path, o->dims, &m, d);
+  } else {
+    rc = tp_import_onnx_file(model_path, &io, &m, d);
+  }
+  if (rc) goto done;
   if (o->slices) cli_set_slices(m, o->slices);
   if ((rc = cli_run_pipeline(m, (const char *const *)o->passes, o->npasses, &o->pass_options, d))) goto done;
 

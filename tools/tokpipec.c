@@ -32,7 +32,8 @@ static const char usage[] =
     "  --exe TRAINER        also compile the C program into the executable TRAINER\n"
     "  -v, --verbose        print the C compiler's command line\n"
     "  --batch B, --seq T   the global batch of a step (B / (dp * microbatches) rows per\n"
-    "                       microbatch: the token input's first dim) and the sequence length\n"
+    "                       microbatch: the token input's first dim, to which a model exported\n"
+    "                       with a fixed batch is re-batched) and the sequence length\n"
     "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
     "  --logits NAME        the graph output the loss reads (default: the float [B, T, V] one)\n"
     "  --freeze REGEX       parameters whose ONNX names match (POSIX ERE) are not trained\n"
@@ -422,6 +423,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
     if (rc == TP_OK) {
       pm->logits_name = m->logits_name;
       pm->freeze = m->freeze;
+      pm->batch = dims->token_dims[0];
       pm->nstages = S;
       pm->stage_cuts = S > 1 ? m->stage_cuts : NULL;
       if (nslices > 1) {
@@ -523,7 +525,10 @@ int main(int argc, char **argv) {
     cli_usage_error("--batch %lld is not divisible by --dp %d x --microbatches %d = %lld: every microbatch "
                     "of every replica needs the same number of rows", (long long)batch, pipe.dp,
                     pipe.microbatches, (long long)units);
+  /* A symbolic batch takes the microbatch's rows at import; the rebatch pass gives them to
+   * a model exported with a fixed batch (or to textual IR). */
   if (batch) dims.token_dims[0] = batch / units;
+  dims.rebatch = true;
 
   const char *names[64];
   int n = pipeline_names(retie, forward_only, slicing, names);
@@ -542,6 +547,7 @@ int main(int argc, char **argv) {
   if (rc == TP_OK) {
     m->logits_name = logits;
     m->freeze = freeze;
+    m->batch = dims.token_dims[0];
     m->nstages = nstages;
     m->stage_cuts = stage_cuts;
     if (slices && strcmp(slices, "auto") != 0) cli_set_slices(m, slices);

@@ -132,8 +132,9 @@ EOF
   expect_message 1 "--exe onto a folder" "--exe 'folder' is a folder" "$tokpipec" "$model" --exe folder
   expect_exit 2 "--exe with --emit=ir" "$tokpipec" "$model" --exe t --emit=ir &&
     ok "--exe with --emit=ir: $(head -1 err.txt)"
-  expect_message 1 "--batch against a static model" "token input 'idx' dim 0 is 2 in the model but a microbatch (--batch / (--dp x --microbatches)) has 3 rows" \
-    "$tokpipec" "$model" --batch 3 --emit=memory
+  # (another --batch re-batches a static model: tests/rebatch; its sequence stays fixed)
+  expect_message 1 "--seq against a static model" "token input 'idx' dim 1 is 16 in the model but --seq is 5" \
+    "$tokpipec" "$model" --seq 5 --emit=memory
   expect_exit 2 "--freeze with a bad regex" "$tokpipec" "$model" --freeze "(" &&
     ok "--freeze with a bad regex: $(head -1 err.txt)"
   ;;
