@@ -138,6 +138,11 @@ static void push_joined(Args *a, const char *flag, const char *dir, const char *
   free(s);
 }
 
+/* A file path as the compiler's operand: "./-x.c", not the option "-x.c". */
+static void push_path(Args *a, const char *path) {
+  push_joined(a, path[0] == '-' ? "./" : "", path, "");
+}
+
 static bool is_file(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 && S_ISREG(st.st_mode);
@@ -183,9 +188,9 @@ static int compile_trainer(const char *plan_c, const char *exe, bool verbose, Tp
   push(&a, TOKPIPE_CC);
   push(&a, "-O2");
   runtime_flags(&a); /* -I and -L */
-  push(&a, plan_c);
+  push_path(&a, plan_c);
   push(&a, "-o");
-  push(&a, exe);
+  push_path(&a, exe);
   push_list(&a, TOKPIPE_PLAN_LIBS);
   if (verbose) {
     char *cmd = command_line(&a);

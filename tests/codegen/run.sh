@@ -161,6 +161,9 @@ exe)
   grep -qF -- "-I$root/runtime" err.txt || grep -qF -- "runtime" err.txt || fail "not the build tree's headers: $(cat err.txt)"
   ok "compiled: $(cat err.txt)"
   learns "build-tree trainer" ./trainer
+  # paths that look like options reach the C compiler as files, not as its flags
+  expect_exit 0 "tokpipec --exe -dash" "$tokpipec" "$model" --exe -dash -o -dash.c &&
+    [ -x ./-dash ] && [ -s ./-dash.c ] && ok "a trainer named -dash" || fail "-dash: $(cat err.txt)"
   ;;
 
 limits)
