@@ -693,6 +693,24 @@ static void backward(Ad *a, const int *dys) {
   case TP_OP_NegativeLogLikelihoodLoss:
     if (need[0]) loss_backward(a, in, dy);
     break;
+  case TP_OP_RMSNorm:
+  case TP_OP_SwiGLU: { /* one op for both operands' gradients; the first is always computed */
+    const char *names[2] = {need[0] ? contrib_name(a, in[0]) : tmp_name(a, in[0]), need[1] ? contrib_name(a, in[1]) : NULL};
+    int op = begin(a, kind == TP_OP_RMSNorm ? TP_OP_RMSNormBackward : TP_OP_SwiGLUBackward, (int[]){dy, in[0], in[1]}, 3,
+                   names, results(names, 2));
+    copy_attrs(a, op);
+    end(a, op, NULL);
+    for (int i = 0; i < m->ops[op].noutputs; i++)
+      if (names[i] && (i > 0 || need[0])) give(a, in[i], m->ops[op].outputs[i]);
+    break;
+  }
+  case TP_OP_Rotary:
+    if (need[1] || need[2]) {
+      cannot(a, "its Cos and Sin tables depend on a trainable parameter");
+      return;
+    }
+    give_op(a, x, TP_OP_RotaryBackward, (int[]){dy, in[1], in[2]}, 3, false, true);
+    break;
   default:
     cannot(a, NULL);
     break;
