@@ -1,4 +1,5 @@
-/* raise-transformer: requires folded constants (fold-constants) so masks and scalars are
+/* raise-transformer (and raise-transformer-unfused, without the last three patterns
+ * below): requires folded constants (fold-constants) so masks and scalars are
  * CONST values; provides the transformer ops of ir/ops.def in place of the primitive chains
  * exporters write (onnx-export-patterns.md), leaving the chains dead for dce:
  *   Gather(table [V, C], ids, axis 0)                           -> Embedding(table, ids)
@@ -727,7 +728,8 @@ static int raise_partial_rotary(TpModule *m, int cat, TpDiag *d) {
 
 /* ---- the pass ---- */
 
-int pass_raise_transformer(TpModule *m, TpDiag *d) {
+/* fused: also the ops of modern blocks (RMSNorm, Rotary, SwiGLU). */
+static int raise(TpModule *m, bool fused, TpDiag *d) {
   int nops = m->nops, rc = TP_OK;
   for (int o = 0; o < nops && rc == TP_OK; o++) {
     if (m->ops[o].dead) continue;
@@ -737,11 +739,11 @@ int pass_raise_transformer(TpModule *m, TpDiag *d) {
     case TP_OP_Gemm: rc = raise_gemm(m, o, d); break;
     case TP_OP_Add:
       rc = raise_bias(m, o, d);
-      if (rc == TP_OK && m->ops[o].kind == TP_OP_Add) rc = raise_rotary(m, o, d);
+      if (fused && rc == TP_OK && m->ops[o].kind == TP_OP_Add) rc = raise_rotary(m, o, d);
       break;
-    case TP_OP_Sqrt: rc = raise_rmsnorm(m, o, d); break;
-    case TP_OP_Sigmoid: rc = raise_swiglu(m, o, d); break;
-    case TP_OP_Concat: rc = raise_partial_rotary(m, o, d); break;
+    case TP_OP_Sqrt: rc = fused ? raise_rmsnorm(m, o, d) : TP_OK; break;
+    case TP_OP_Sigmoid: rc = fused ? raise_swiglu(m, o, d) : TP_OK; break;
+    case TP_OP_Concat: rc = fused ? raise_partial_rotary(m, o, d) : TP_OK; break;
     case TP_OP_Reshape: rc = raise_flattened(m, o, d); break;
     case TP_OP_Div: rc = raise_layernorm(m, o, d); break;
     case TP_OP_Erf: rc = raise_gelu_erf(m, o, d); break;
@@ -753,6 +755,12 @@ int pass_raise_transformer(TpModule *m, TpDiag *d) {
   if (m->nops != nops) tp_sort_ops(m); /* Attention's new K transposes */
   return rc;
 }
+
+int pass_raise_transformer(TpModule *m, TpDiag *d) { return raise(m, true, d); }
+
+/* The same, with the chains of RMSNorm, rotary embeddings and SwiGLU left primitive: the
+ * reference the fused ops are measured and checked against (tokpipec --no-fuse). */
+int pass_raise_transformer_unfused(TpModule *m, TpDiag *d) { return raise(m, false, d); }
 
 /* Iterative depth-first search from each op in order, emitting its producers first. */
 void tp_sort_ops(TpModule *m) {
