@@ -577,16 +577,18 @@ static int raise_rmsnorm(TpModule *m, int sq, TpDiag *d) {
   int pow = def_of(m, in(m, var, 0), TP_OP_Pow), mul = def_of(m, in(m, var, 0), TP_OP_Mul), x = -1;
   if (pow >= 0 && scalar_is(m, in(m, pow, 1), 2)) x = in(m, pow, 0);
   if (mul >= 0 && in(m, mul, 0) == in(m, mul, 1)) x = in(m, mul, 0);
-  x = x >= 0 ? uncast(m, x) : -1;
-  int sub = def_of(m, x, TP_OP_Sub);
+  /* X stays the value the chain squares (a no-op Cast of the residual stream, often read
+   * by the residual Add too, which assign-stages follows); the casts are skipped only to
+   * compare it with the value normalised */
+  int base = x >= 0 ? uncast(m, x) : -1, sub = def_of(m, base, TP_OP_Sub);
   if (!is_f32(m, x) || (sub >= 0 && mean_last(m, in(m, sub, 1)) >= 0)) return TP_OK; /* a LayerNorm's */
 
   int root = out(m, sq), div = user_of(m, root, TP_OP_Div, 1), normed = -1, inv = -1, f;
   if (div >= 0 && scalar_is(m, in(m, div, 0), 1)) inv = out(m, div);
-  else if (div >= 0 && uncast(m, in(m, div, 0)) == x) normed = div;
+  else if (div >= 0 && uncast(m, in(m, div, 0)) == base) normed = div;
   int rec = user_of(m, root, TP_OP_Reciprocal, 0);
   if (inv < 0 && normed < 0 && rec >= 0) inv = out(m, rec);
-  if (inv >= 0) normed = mul_with(m, inv, x, &f);
+  if (inv >= 0) normed = mul_with(m, inv, base, &f);
   if (normed < 0) return TP_OK;
   int last = normed, cast = user_of(m, out(m, last), TP_OP_Cast, 0), scale = -1;
   if (cast >= 0 && tp_use_count(m, out(m, last)) == 1 && is_f32(m, out(m, cast))) last = cast;
@@ -678,11 +680,11 @@ static int rotated(const TpModule *m, int r, int x) {
   return rs >= 0 && concat_rotates(m, def_of(m, in(m, rs, 0), TP_OP_Concat), rank, x, true) ? 1 : -1;
 }
 
-/* A constant Cos or Sin table for x: x's rank, its last dim d, the others 1 or x's. */
+/* A Cos or Sin table for x: x's rank, its last dim d, the others 1 or x's (a constant as
+ * exports compute it, or a parameter where a buffer became an initializer). */
 static bool rotary_table(const TpModule *m, int t, int x, int64_t d) {
   const TpType *tt = type(m, t), *tx = type(m, x);
-  if (m->values[t].kind != TP_VAL_CONST || tt->dtype != TP_F32 || tt->rank != tx->rank || tt->dims[tt->rank - 1] != d)
-    return false;
+  if (tt->dtype != TP_F32 || tt->rank != tx->rank || tt->dims[tt->rank - 1] != d) return false;
   for (int k = 0; k < tx->rank - 1; k++)
     if (tt->dims[k] != 1 && tt->dims[k] != tx->dims[k]) return false;
   return true;
