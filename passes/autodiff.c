@@ -669,12 +669,17 @@ static void backward(Ad *a, const int *dys) {
     break;
   }
   case TP_OP_MatMul:
-  case TP_OP_Linear: { /* one op for every operand's gradient; dX is always computed */
-    bool linear = kind == TP_OP_Linear, bias = linear && nin > 2 && in[2] >= 0;
+  case TP_OP_Linear:
+  case TP_OP_RMSNorm:
+  case TP_OP_SwiGLU: { /* one op for every operand's gradient; the first is always computed */
+    bool bias = kind == TP_OP_Linear && nin > 2 && in[2] >= 0;
+    TpOpKind back = kind == TP_OP_Linear    ? TP_OP_LinearBackward
+                    : kind == TP_OP_MatMul  ? TP_OP_MatMulBackward
+                    : kind == TP_OP_RMSNorm ? TP_OP_RMSNormBackward
+                                            : TP_OP_SwiGLUBackward;
     const char *names[3] = {need[0] ? contrib_name(a, in[0]) : tmp_name(a, in[0]),
                             need[1] ? contrib_name(a, in[1]) : NULL, bias && need[2] ? contrib_name(a, in[2]) : NULL};
-    int op = begin(a, linear ? TP_OP_LinearBackward : TP_OP_MatMulBackward, (int[]){dy, in[0], in[1]}, 3, names,
-                   results(names, 3));
+    int op = begin(a, back, (int[]){dy, in[0], in[1]}, 3, names, results(names, 3));
     copy_attrs(a, op);
     end(a, op, NULL);
     for (int i = 0; i < m->ops[op].noutputs; i++)
@@ -734,17 +739,6 @@ static void backward(Ad *a, const int *dys) {
   case TP_OP_NegativeLogLikelihoodLoss:
     if (need[0]) loss_backward(a, in, dy);
     break;
-  case TP_OP_RMSNorm:
-  case TP_OP_SwiGLU: { /* one op for both operands' gradients; the first is always computed */
-    const char *names[2] = {need[0] ? contrib_name(a, in[0]) : tmp_name(a, in[0]), need[1] ? contrib_name(a, in[1]) : NULL};
-    int op = begin(a, kind == TP_OP_RMSNorm ? TP_OP_RMSNormBackward : TP_OP_SwiGLUBackward, (int[]){dy, in[0], in[1]}, 3,
-                   names, results(names, 2));
-    copy_attrs(a, op);
-    end(a, op, NULL);
-    for (int i = 0; i < m->ops[op].noutputs; i++)
-      if (names[i] && (i > 0 || need[0])) give(a, in[i], m->ops[op].outputs[i]);
-    break;
-  }
   case TP_OP_Rotary:
     if (need[0]) give_op(a, x, TP_OP_RotaryBackward, (int[]){dy, in[1], in[2]}, 3, false, true);
     if (need[1] || need[2]) rotary_tables_backward(a, in, need, dy);

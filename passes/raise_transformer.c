@@ -225,6 +225,17 @@ static int raise_flattened(TpModule *m, int o, TpDiag *d) {
 
 /* ---- LayerNorm ---- */
 
+/* A new f32 CONST [c] of ones, "<result of op o>.ones": a normalisation's missing scale. */
+static int ones(TpModule *m, int64_t c, int o) {
+  float *data = malloc((size_t)c * sizeof *data + 1);
+  TP_ASSERT(data);
+  for (int64_t i = 0; i < c; i++) data[i] = 1;
+  int v = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.ones", m->values[out(m, o)].name)),
+                       tp_type_make(TP_F32, 1, &c), data, m->ops[o].origin);
+  free(data);
+  return v;
+}
+
 /* ReduceMean(x) over the last axis, keeping it. */
 static int mean_last(const TpModule *m, int v) {
   int o = def_of(m, v, TP_OP_ReduceMean);
@@ -271,13 +282,7 @@ static int raise_layernorm(TpModule *m, int div, TpDiag *d) {
   }
   if (scale < 0) { /* no affine part: the Div itself becomes LayerNorm(x, ones) */
     if (tx.dtype != TP_F32) return TP_OK;
-    float *ones = malloc((size_t)c * sizeof *ones + 1);
-    TP_ASSERT(ones);
-    for (int64_t i = 0; i < c; i++) ones[i] = 1;
-    char name[300];
-    snprintf(name, sizeof name, "%s.ones", m->values[out(m, div)].name);
-    scale = tp_add_const(m, tp_unique_name(m, name), tp_type_make(TP_F32, 1, &c), ones, m->ops[div].origin);
-    free(ones);
+    scale = ones(m, c, div);
   }
   rewrite(m, last, TP_OP_LayerNorm, (int[]){x, scale, shift}, shift >= 0 ? 3 : 2);
   tp_set_attr_int(m, last, "axis", tx.rank - 1);
@@ -598,14 +603,7 @@ static int raise_rmsnorm(TpModule *m, int sq, TpDiag *d) {
   if (by >= 0 && is_vector(m, scale, c, TP_F32)) last = by;
   else scale = -1;
   if (!tp_type_equal(type(m, out(m, last)), &tx)) return TP_OK;
-  if (scale < 0) { /* no scale: RMSNorm(x, ones) */
-    float *ones = malloc((size_t)c * sizeof *ones + 1);
-    TP_ASSERT(ones);
-    for (int64_t i = 0; i < c; i++) ones[i] = 1;
-    scale = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.ones", m->values[out(m, last)].name)),
-                         tp_type_make(TP_F32, 1, &c), ones, m->ops[last].origin);
-    free(ones);
-  }
+  if (scale < 0) scale = ones(m, c, last); /* no scale: RMSNorm(x, ones) */
   rewrite(m, last, TP_OP_RMSNorm, (int[]){x, scale}, 2);
   tp_set_attr_int(m, last, "axis", tx.rank - 1);
   tp_set_attr_float(m, last, "epsilon", eps);
