@@ -794,6 +794,46 @@ static void test_exec(void) {
   if (memcmp(dk, dkw, sizeof dk) || memcmp(dv, dvw, sizeof dv))
     fail("exec AttentionBackward differs from the kernel");
 
+  /* The fused ops through the table = their kernels: RMSNormBackward without dScale,
+   * RotaryBackward (interleaved, partial), SwiGLUBackward; a misfit table is refused */
+  op = add_op(TP_OP_RMSNormBackward, 3, 2);
+  tp_set_attr_int(module, op, "axis", 1);
+  tp_set_attr_float(module, op, "epsilon", 1e-5);
+  module->ops[op].outputs[1] = -1;
+  float *g8 = rand_array(24, 1), *x8 = rand_array(24, 1), *u8 = rand_array(24, 1), f[24], fw[24], f2[24], f2w[24];
+  in[0] = tensor(TP_F32, g8, 2, (int64_t[]){3, 8});
+  in[1] = tensor(TP_F32, x8, 2, (int64_t[]){3, 8});
+  in[2] = tensor(TP_F32, w, 1, (int64_t[]){8});
+  out[0] = tensor(TP_F32, f, 2, (int64_t[]){3, 8});
+  out[1] = (TpTensor){0};
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec RMSNormBackward: %s", diag.last);
+  tp_rmsnorm_backward_f32(g8, x8, w, 3, 8, 1e-5f, fw, NULL);
+  if (memcmp(f, fw, sizeof f)) fail("exec RMSNormBackward differs from the kernel");
+
+  op = add_op(TP_OP_RotaryBackward, 3, 1);
+  tp_set_attr_int(module, op, "interleaved", 1);
+  tp_set_attr_int(module, op, "rotary_dim", 4);
+  in[0] = tensor(TP_F32, g8, 3, (int64_t[]){1, 3, 8});
+  in[1] = tensor(TP_F32, x8, 3, (int64_t[]){1, 3, 4});
+  in[2] = tensor(TP_F32, u8, 3, (int64_t[]){1, 3, 4});
+  out[0] = tensor(TP_F32, f, 3, (int64_t[]){1, 3, 8});
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec RotaryBackward: %s", diag.last);
+  tp_rotary_backward_f32(g8, x8, u8, 3, (int64_t[]){1, 3, 8}, (int64_t[]){1, 3, 4}, 4, true, fw);
+  if (memcmp(f, fw, sizeof f)) fail("exec RotaryBackward differs from the kernel");
+  in[2].dims[1] = 1; /* Sin [1, 1, 4] against Cos [1, 3, 4] */
+  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT) fail("exec RotaryBackward accepted tables that differ");
+
+  op = add_op(TP_OP_SwiGLUBackward, 3, 2);
+  in[0] = tensor(TP_F32, g8, 1, (int64_t[]){24});
+  in[1] = tensor(TP_F32, x8, 1, (int64_t[]){24});
+  in[2] = tensor(TP_F32, u8, 1, (int64_t[]){24});
+  out[0] = tensor(TP_F32, f, 1, (int64_t[]){24});
+  out[1] = tensor(TP_F32, f2, 1, (int64_t[]){24});
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec SwiGLUBackward: %s", diag.last);
+  tp_swiglu_backward_f32(g8, x8, u8, 24, fw, f2w);
+  if (memcmp(f, fw, sizeof f) || memcmp(f2, f2w, sizeof f2)) fail("exec SwiGLUBackward differs from the kernel");
+  free(g8), free(x8), free(u8);
+
   /* f16 is refused with a message, not computed */
   op = add_op(TP_OP_GeluBackward, 2, 1);
   in[0] = tensor(TP_F16, dy, 1, (int64_t[]){4});
