@@ -720,14 +720,15 @@ static int infer_rmsnorm_backward(const Ctx *c) {
   return set_results_like(c, 1, 2);
 }
 
-/* Rotary's (or RotaryBackward's) tables against X (or dY): X's rank, last dim rotary_dim,
- * the other dims 1 or X's. */
+/* Rotary's (or RotaryBackward's) tables against X (or dY): one shape, X's rank, last dim
+ * rotary_dim, the other dims 1 or X's. */
 static int rotary_operands(const Ctx *c, const TpType *x, const TpType *cos, const TpType *sin) {
   int64_t rd = tp_attr_int(c->m, c->op, "rotary_dim", 0);
   if (need_float(c, x, "X") || same_dtype(c, x, cos) || same_dtype(c, x, sin)) return TP_ERR_INPUT;
   if (x->rank < 1 || rd <= 0 || rd % 2 || rd > x->dims[x->rank - 1])
     return tp_error_op(c->d, c->m, c->op, "rotary_dim %lld must be even, positive and at most X's last dim",
                        (long long)rd);
+  if (!tp_type_equal(cos, sin)) return tp_error_op(c->d, c->m, c->op, "Cos and Sin must have one shape");
   for (int t = 0; t < 2; t++) {
     const TpType *table = t ? sin : cos;
     bool ok = table->rank == x->rank && table->dims[x->rank - 1] == rd;

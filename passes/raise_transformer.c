@@ -698,7 +698,7 @@ static int raise_rotary(TpModule *m, int add, TpDiag *d) {
     int64_t dim = type(m, x)->dims[type(m, x)->rank - 1];
     for (int j = 0; j < 2; j++) {
       int rot = in(m, ms, j), sin = in(m, ms, 1 - j), interleaved = rotated(m, rot, x);
-      if (interleaved < 0 || !rotary_table(m, cos, x, dim) || !rotary_table(m, sin, x, dim)) continue;
+      if (interleaved < 0 || !rotary_table(m, cos, x, dim) || !tp_type_equal(type(m, cos), type(m, sin))) continue;
       rewrite(m, add, TP_OP_Rotary, (int[]){x, cos, sin}, 3);
       tp_set_attr_int(m, add, "interleaved", interleaved);
       tp_set_attr_int(m, add, "rotary_dim", dim);
