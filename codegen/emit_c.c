@@ -753,6 +753,39 @@ static void emit_op(Emitter *E, int op) {
     emit(E, "tp_gelu_backward_f32(%v, %v, %I, %B, %v);", x, in(E, op, 1), tp_type_numel(tx), tanh_approx, y);
     return;
   }
+  case TP_OP_RMSNorm:
+  case TP_OP_RMSNormBackward: {
+    bool fwd = k == TP_OP_RMSNorm;
+    const TpType *t = type_of(E, fwd ? x : in(E, op, 1));
+    int axis = (int)tp_attr_int(m, op, "axis", t->rank - 1);
+    int64_t rows = dims_product(t, 0, axis), n = dims_product(t, axis, t->rank);
+    double eps = tp_attr_float(m, op, "epsilon", 0);
+    E->headers |= H_TRANSFORMER;
+    if (fwd) emit(E, "tp_rmsnorm_f32(%v, %v, %I, %I, %F, %v);", x, in(E, op, 1), rows, n, eps, y);
+    else
+      emit(E, "tp_rmsnorm_backward_f32(%v, %v, %v, %I, %I, %F, %v, %v);", x, in(E, op, 1), in(E, op, 2), rows, n, eps,
+           y, res(E, op, 1));
+    return;
+  }
+  case TP_OP_Rotary:
+  case TP_OP_RotaryBackward: {
+    const TpType *tc = type_of(E, in(E, op, 1));
+    E->headers |= H_TRANSFORMER;
+    emit(E, k == TP_OP_Rotary ? "tp_rotary_f32(%v, %v, %v, %I, %L, %L, %I, %B, %v);"
+                              : "tp_rotary_backward_f32(%v, %v, %v, %I, %L, %L, %I, %B, %v);",
+         x, in(E, op, 1), in(E, op, 2), (int64_t)tx->rank, tx->dims, tx->rank, tc->dims, tc->rank,
+         tp_attr_int(m, op, "rotary_dim", 0), (int)tp_attr_int(m, op, "interleaved", 0), y);
+    return;
+  }
+  case TP_OP_SwiGLU:
+    E->headers |= H_TRANSFORMER;
+    emit(E, "tp_swiglu_f32(%v, %v, %I, %v);", x, in(E, op, 1), tp_type_numel(tx), y);
+    return;
+  case TP_OP_SwiGLUBackward:
+    E->headers |= H_TRANSFORMER;
+    emit(E, "tp_swiglu_backward_f32(%v, %v, %v, %I, %v, %v);", x, in(E, op, 1), in(E, op, 2), tp_type_numel(tx), y,
+         res(E, op, 1));
+    return;
   case TP_OP_Attention:
   case TP_OP_AttentionBackward: {
     bool fwd = k == TP_OP_Attention;

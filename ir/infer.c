@@ -718,6 +718,77 @@ static int infer_cross_entropy_backward(const Ctx *c) {
   return set_result(c, 0, *logits);
 }
 
+/* ---- the fused ops of modern blocks: RMSNorm, Rotary, SwiGLU and their backward ---- */
+
+/* RMSNorm(X, Scale) and RMSNormBackward's X and Scale: Scale has the normalised shape. */
+static int rmsnorm_operands(const Ctx *c, const TpType *x, const TpType *scale) {
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", -1);
+  if (need_float(c, x, "X") || check_axis(c, axis, x->rank, "axis") || same_dtype(c, x, scale)) return TP_ERR_INPUT;
+  if (tp_attr_float(c->m, c->op, "epsilon", 0) < 0) return tp_error_op(c->d, c->m, c->op, "epsilon must not be negative");
+  TpType norm = {.dtype = x->dtype, .rank = x->rank - (int)axis};
+  memcpy(norm.dims, x->dims + axis, (size_t)norm.rank * sizeof norm.dims[0]);
+  if (!tp_type_equal(scale, &norm)) return tp_error_op(c->d, c->m, c->op, "Scale must have the normalised shape of X");
+  return TP_OK;
+}
+
+static int infer_rmsnorm(const Ctx *c) {
+  if (rmsnorm_operands(c, operand(c, 0), operand(c, 1))) return TP_ERR_INPUT;
+  return set_result(c, 0, *operand(c, 0));
+}
+
+static int infer_rmsnorm_backward(const Ctx *c) {
+  const TpType *dy = operand(c, 0), *x = operand(c, 1);
+  if (rmsnorm_operands(c, x, operand(c, 2)) || check_grad(c, dy, x)) return TP_ERR_INPUT;
+  return set_results_like(c, 1, 2);
+}
+
+/* Rotary's (or RotaryBackward's) tables against X (or dY): one shape, X's rank, last dim
+ * rotary_dim, the other dims 1 or X's. */
+static int rotary_operands(const Ctx *c, const TpType *x, const TpType *cos, const TpType *sin) {
+  int64_t rd = tp_attr_int(c->m, c->op, "rotary_dim", 0);
+  if (need_float(c, x, "X") || same_dtype(c, x, cos) || same_dtype(c, x, sin)) return TP_ERR_INPUT;
+  if (x->rank < 1 || rd <= 0 || rd % 2 || rd > x->dims[x->rank - 1])
+    return tp_error_op(c->d, c->m, c->op, "rotary_dim %lld must be even, positive and at most X's last dim",
+                       (long long)rd);
+  if (!tp_type_equal(cos, sin)) return tp_error_op(c->d, c->m, c->op, "Cos and Sin must have one shape");
+  for (int t = 0; t < 2; t++) {
+    const TpType *table = t ? sin : cos;
+    bool ok = table->rank == x->rank && table->dims[x->rank - 1] == rd;
+    for (int k = 0; ok && k < x->rank - 1; k++) ok = table->dims[k] == 1 || table->dims[k] == x->dims[k];
+    if (!ok)
+      return tp_error_op(c->d, c->m, c->op, "%s must have X's rank, last dim rotary_dim and other dims 1 or X's",
+                         t ? "Sin" : "Cos");
+  }
+  return TP_OK;
+}
+
+static int infer_rotary(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  if (rotary_operands(c, x, operand(c, 1), operand(c, 2))) return TP_ERR_INPUT;
+  return set_result(c, 0, *x);
+}
+
+static int infer_rotary_backward(const Ctx *c) {
+  const TpType *dy = operand(c, 0);
+  if (rotary_operands(c, dy, operand(c, 1), operand(c, 2))) return TP_ERR_INPUT;
+  return set_result(c, 0, *dy);
+}
+
+static int infer_swiglu(const Ctx *c) {
+  const TpType *gate = operand(c, 0), *up = operand(c, 1);
+  if (need_float(c, gate, "Gate") || same_dtype(c, gate, up)) return TP_ERR_INPUT;
+  if (!tp_type_equal(gate, up)) return tp_error_op(c->d, c->m, c->op, "Gate and Up must have one shape");
+  return set_result(c, 0, *gate);
+}
+
+static int infer_swiglu_backward(const Ctx *c) {
+  const TpType *dy = operand(c, 0), *gate = operand(c, 1), *up = operand(c, 2);
+  if (need_float(c, gate, "Gate") || same_dtype(c, gate, up)) return TP_ERR_INPUT;
+  if (!tp_type_equal(gate, up)) return tp_error_op(c->d, c->m, c->op, "Gate and Up must have one shape");
+  if (check_grad(c, dy, gate)) return TP_ERR_INPUT;
+  return set_results_like(c, 1, 2);
+}
+
 int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   Ctx c = {m, op, d};
   const TpOp *o = &m->ops[op];
@@ -769,6 +840,12 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_LogSoftmaxBackward: return infer_unary_backward(&c);
   case TP_OP_AttentionBackward: return infer_attention_backward(&c);
   case TP_OP_CrossEntropyBackward: return infer_cross_entropy_backward(&c);
+  case TP_OP_RMSNorm: return infer_rmsnorm(&c);
+  case TP_OP_RMSNormBackward: return infer_rmsnorm_backward(&c);
+  case TP_OP_Rotary: return infer_rotary(&c);
+  case TP_OP_RotaryBackward: return infer_rotary_backward(&c);
+  case TP_OP_SwiGLU: return infer_swiglu(&c);
+  case TP_OP_SwiGLUBackward: return infer_swiglu_backward(&c);
   default:
     TP_ASSERT(info->traits & TP_TRAIT_ELEMENTWISE);
     return infer_elementwise(&c, o->kind);

@@ -373,6 +373,47 @@ static void tile_backward(Ad *a, int x, int dy) {
   give(a, x, end(a, op, NULL));
 }
 
+/* A CONST [1, .., 1, n] of rank `rank` filled with `value` (f32). */
+static int filled_table(Ad *a, int rank, int64_t n, float value) {
+  TpType t = {.dtype = TP_F32, .rank = rank};
+  for (int k = 0; k < rank; k++) t.dims[k] = k == rank - 1 ? n : 1;
+  float *data = malloc((size_t)n * sizeof *data + 1);
+  TP_ASSERT(data);
+  for (int64_t i = 0; i < n; i++) data[i] = value;
+  int v = tp_add_const(a->m, tp_unique_name(a->m, tp_strfmt(a->m, "ad.rotary.%g", value)), t, data, (TpOrigin){0});
+  free(data);
+  return v;
+}
+
+/* Rotary's Cos and Sin as trainable values (a buffer exported as an initializer): over the
+ * first rotary_dim features, dCos = dY X and dSin = dY rot(X), summed over the axes the
+ * tables broadcast along; rot(X) is Rotary(X, 0, 1). */
+static void rotary_tables_backward(Ad *a, const int *in, const bool *need, int dy) {
+  TpModule *m = a->m;
+  TpType part = type_of(a, in[0]);
+  int r = part.rank, x = in[0], g = dy;
+  int64_t rd = tp_attr_int(m, a->fwd, "rotary_dim", 0), starts[TP_MAX_RANK] = {0}, steps[TP_MAX_RANK];
+  if (rd < part.dims[r - 1]) { /* the rotated features of X and dY */
+    part.dims[r - 1] = rd;
+    for (int k = 0; k < r; k++) steps[k] = 1;
+    int s[2];
+    for (int i = 0; i < 2; i++) {
+      int op = begin(a, TP_OP_Slice, i ? &dy : &x, 1, (const char *[]){tmp_name(a, in[i ? 1 : 0])}, 1);
+      tp_set_attr_ints(m, op, "starts", starts, r);
+      tp_set_attr_ints(m, op, "steps", steps, r);
+      s[i] = end(a, op, &part);
+    }
+    x = s[0], g = s[1];
+  }
+  if (need[1]) give_binary(a, in[1], TP_OP_Mul, g, x);
+  if (need[2]) {
+    int op = begin(a, TP_OP_Rotary, (int[]){x, filled_table(a, r, rd, 0), filled_table(a, r, rd, 1)}, 3,
+                   (const char *[]){tmp_name(a, in[2])}, 1);
+    copy_attrs(a, op);
+    give_binary(a, in[2], TP_OP_Mul, g, end(a, op, NULL));
+  }
+}
+
 /* The result count that leaves out absent (NULL-named) trailing results. */
 static int results(const char *const *names, int n) {
   while (n > 1 && !names[n - 1]) n--;
@@ -628,12 +669,17 @@ static void backward(Ad *a, const int *dys) {
     break;
   }
   case TP_OP_MatMul:
-  case TP_OP_Linear: { /* one op for every operand's gradient; dX is always computed */
-    bool linear = kind == TP_OP_Linear, bias = linear && nin > 2 && in[2] >= 0;
+  case TP_OP_Linear:
+  case TP_OP_RMSNorm:
+  case TP_OP_SwiGLU: { /* one op for every operand's gradient; the first is always computed */
+    bool bias = kind == TP_OP_Linear && nin > 2 && in[2] >= 0;
+    TpOpKind back = kind == TP_OP_Linear    ? TP_OP_LinearBackward
+                    : kind == TP_OP_MatMul  ? TP_OP_MatMulBackward
+                    : kind == TP_OP_RMSNorm ? TP_OP_RMSNormBackward
+                                            : TP_OP_SwiGLUBackward;
     const char *names[3] = {need[0] ? contrib_name(a, in[0]) : tmp_name(a, in[0]),
                             need[1] ? contrib_name(a, in[1]) : NULL, bias && need[2] ? contrib_name(a, in[2]) : NULL};
-    int op = begin(a, linear ? TP_OP_LinearBackward : TP_OP_MatMulBackward, (int[]){dy, in[0], in[1]}, 3, names,
-                   results(names, 3));
+    int op = begin(a, back, (int[]){dy, in[0], in[1]}, 3, names, results(names, 3));
     copy_attrs(a, op);
     end(a, op, NULL);
     for (int i = 0; i < m->ops[op].noutputs; i++)
@@ -696,6 +742,10 @@ static void backward(Ad *a, const int *dys) {
   case TP_OP_SoftmaxCrossEntropyLoss:
   case TP_OP_NegativeLogLikelihoodLoss:
     if (need[0]) loss_backward(a, in, dy);
+    break;
+  case TP_OP_Rotary:
+    if (need[0]) give_op(a, x, TP_OP_RotaryBackward, (int[]){dy, in[1], in[2]}, 3, false, true);
+    if (need[1] || need[2]) rotary_tables_backward(a, in, need, dy);
     break;
   default:
     cannot(a, NULL);

@@ -221,6 +221,21 @@ static void describe(const TpModule *m, int op, OpAxes *x) {
   case TP_OP_Attention:
     attention_axes(m, op, x);
     break;
+  case TP_OP_RMSNorm: {
+    int a = (int)tp_attr_int(m, op, "axis", -1);
+    all_links(m, x, X, Y);
+    for (int k = a; k < rx; k++) mix(x, X, k, "normalises over");
+    broadcast_links(m, x, Y, o->inputs[1]);
+    break;
+  }
+  case TP_OP_Rotary: /* the Cos and Sin tables (position by position) broadcast to X */
+    all_links(m, x, X, Y);
+    mix(x, X, rx - 1, "rotates along");
+    broadcast_links(m, x, Y, o->inputs[1]), broadcast_links(m, x, Y, o->inputs[2]);
+    break;
+  case TP_OP_SwiGLU:
+    all_links(m, x, X, Y), all_links(m, x, o->inputs[1], Y);
+    break;
   case TP_OP_CrossEntropy: /* Logits [..., V], Targets [...] */
     all_links(m, x, X, o->inputs[1]);
     mix(x, X, rx - 1, "reduces over");

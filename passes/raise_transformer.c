@@ -1,4 +1,5 @@
-/* raise-transformer: requires folded constants (fold-constants) so masks and scalars are
+/* raise-transformer (and raise-transformer-unfused, without the last three patterns
+ * below): requires folded constants (fold-constants) so masks and scalars are
  * CONST values; provides the transformer ops of ir/ops.def in place of the primitive chains
  * exporters write (onnx-export-patterns.md), leaving the chains dead for dce:
  *   Gather(table [V, C], ids, axis 0)                           -> Embedding(table, ids)
@@ -9,6 +10,11 @@
  *                                                               -> Gelu {approximate}
  *   Softmax(mask(scale * MatMul(Q, K^T))) then MatMul(., V)      -> Attention(Q, K, V)
  *                                                                  {is_causal = 1, scale}
+ *   Sqrt(mean(x^2) + eps): x * 1/sqrt (or x / sqrt) (* scale)    -> RMSNorm {axis, epsilon}
+ *   x * cos + rot(x) * sin, rot = rotate_half or rotate_every_two -> Rotary {interleaved,
+ *     and Concat(Rotary(x[..., :rd]), x[..., rd:])                   rotary_dim}
+ *   gate * Sigmoid(gate) * up                                    -> SwiGLU(gate, up)
+ * (no-op Casts between the steps of an RMSNorm skipped)
  * Every constant is checked (exponents, epsilon, GELU coefficients, reduce axes), and the
  * causal mask is verified from its values: the masked positions of the [T, T] scores must be
  * exactly those above the diagonal. Whatever does not match stays primitive, so the pass
@@ -219,6 +225,17 @@ static int raise_flattened(TpModule *m, int o, TpDiag *d) {
 
 /* ---- LayerNorm ---- */
 
+/* A new f32 CONST [c] of ones, "<result of op o>.ones": a normalisation's missing scale. */
+static int ones(TpModule *m, int64_t c, int o) {
+  float *data = malloc((size_t)c * sizeof *data + 1);
+  TP_ASSERT(data);
+  for (int64_t i = 0; i < c; i++) data[i] = 1;
+  int v = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.ones", m->values[out(m, o)].name)),
+                       tp_type_make(TP_F32, 1, &c), data, m->ops[o].origin);
+  free(data);
+  return v;
+}
+
 /* ReduceMean(x) over the last axis, keeping it. */
 static int mean_last(const TpModule *m, int v) {
   int o = def_of(m, v, TP_OP_ReduceMean);
@@ -265,13 +282,7 @@ static int raise_layernorm(TpModule *m, int div, TpDiag *d) {
   }
   if (scale < 0) { /* no affine part: the Div itself becomes LayerNorm(x, ones) */
     if (tx.dtype != TP_F32) return TP_OK;
-    float *ones = malloc((size_t)c * sizeof *ones + 1);
-    TP_ASSERT(ones);
-    for (int64_t i = 0; i < c; i++) ones[i] = 1;
-    char name[300];
-    snprintf(name, sizeof name, "%s.ones", m->values[out(m, div)].name);
-    scale = tp_add_const(m, tp_unique_name(m, name), tp_type_make(TP_F32, 1, &c), ones, m->ops[div].origin);
-    free(ones);
+    scale = ones(m, c, div);
   }
   rewrite(m, last, TP_OP_LayerNorm, (int[]){x, scale, shift}, shift >= 0 ? 3 : 2);
   tp_set_attr_int(m, last, "axis", tx.rank - 1);
@@ -535,9 +546,190 @@ static int raise_attention(TpModule *m, int sm, TpDiag *d) {
   return check(m, pv, d);
 }
 
+/* ---- RMSNorm, Rotary, SwiGLU (f32: their kernels' type) ---- */
+
+/* v with the no-op Casts (to its own dtype) that .to(dtype) calls leave skipped. */
+static int uncast(const TpModule *m, int v) {
+  for (int c; (c = def_of(m, v, TP_OP_Cast)) >= 0 && type(m, in(m, c, 0))->dtype == type(m, v)->dtype;) v = in(m, c, 0);
+  return v;
+}
+
+static bool is_f32(const TpModule *m, int v) { return v >= 0 && type(m, v)->dtype == TP_F32; }
+
+/* A Mul reading v whose other operand, casts skipped, is want (any when want < 0): the op,
+ * its other operand in *other. */
+static int mul_with(const TpModule *m, int v, int want, int *other_operand) {
+  for (int o = 0; o < m->nops; o++) {
+    if (m->ops[o].dead || m->ops[o].kind != TP_OP_Mul) continue;
+    int f = other(m, o, v);
+    if (f >= 0 && (want < 0 || uncast(m, f) == want)) {
+      *other_operand = f;
+      return o;
+    }
+  }
+  return -1;
+}
+
+/* Anchored at Sqrt(mean(x^2) + eps) over the last axis: x * (1 / sqrt) (Div or Reciprocal)
+ * or x / sqrt, an optional no-op Cast, then an optional Mul by the scale [C] (Gemma's
+ * 1 + weight is a folded constant, or an Add the scale operand keeps). */
+static int raise_rmsnorm(TpModule *m, int sq, TpDiag *d) {
+  int add = def_of(m, in(m, sq, 0), TP_OP_Add), var = -1;
+  double eps = -1;
+  for (int i = 0; add >= 0 && i < 2 && var < 0; i++)
+    if (scalar(m, in(m, add, i), &eps)) var = mean_last(m, in(m, add, 1 - i));
+  if (var < 0 || !(eps >= 0)) return TP_OK;
+  int pow = def_of(m, in(m, var, 0), TP_OP_Pow), mul = def_of(m, in(m, var, 0), TP_OP_Mul), x = -1;
+  if (pow >= 0 && scalar_is(m, in(m, pow, 1), 2)) x = in(m, pow, 0);
+  if (mul >= 0 && in(m, mul, 0) == in(m, mul, 1)) x = in(m, mul, 0);
+  /* X stays the value the chain squares (a no-op Cast of the residual stream, often read
+   * by the residual Add too, which assign-stages follows); the casts are skipped only to
+   * compare it with the value normalised */
+  int base = x >= 0 ? uncast(m, x) : -1, sub = def_of(m, base, TP_OP_Sub);
+  if (!is_f32(m, x) || (sub >= 0 && mean_last(m, in(m, sub, 1)) >= 0)) return TP_OK; /* a LayerNorm's */
+
+  int root = out(m, sq), div = user_of(m, root, TP_OP_Div, 1), normed = -1, inv = -1, f;
+  if (div >= 0 && scalar_is(m, in(m, div, 0), 1)) inv = out(m, div);
+  else if (div >= 0 && uncast(m, in(m, div, 0)) == base) normed = div;
+  int rec = user_of(m, root, TP_OP_Reciprocal, 0);
+  if (inv < 0 && normed < 0 && rec >= 0) inv = out(m, rec);
+  if (inv >= 0) normed = mul_with(m, inv, base, &f);
+  if (normed < 0) return TP_OK;
+  int last = normed, cast = user_of(m, out(m, last), TP_OP_Cast, 0), scale = -1;
+  if (cast >= 0 && tp_use_count(m, out(m, last)) == 1 && is_f32(m, out(m, cast))) last = cast;
+  TpType tx = *type(m, x);
+  int64_t c = tx.dims[tx.rank - 1];
+  int by = mul_with(m, out(m, last), -1, &scale);
+  if (by >= 0 && is_vector(m, scale, c, TP_F32)) last = by;
+  else scale = -1;
+  if (!tp_type_equal(type(m, out(m, last)), &tx)) return TP_OK;
+  if (scale < 0) scale = ones(m, c, last); /* no scale: RMSNorm(x, ones) */
+  rewrite(m, last, TP_OP_RMSNorm, (int[]){x, scale}, 2);
+  tp_set_attr_int(m, last, "axis", tx.rank - 1);
+  tp_set_attr_float(m, last, "epsilon", eps);
+  return check(m, last, d);
+}
+
+/* Anchored at Sigmoid(gate): Mul(gate, Sigmoid(gate)) (silu), then Mul(silu, up), each in
+ * either order, up of gate's type. */
+static int raise_swiglu(TpModule *m, int sig, TpDiag *d) {
+  int gate = in(m, sig, 0), up = -1, f;
+  int silu = is_f32(m, gate) ? mul_with(m, out(m, sig), gate, &f) : -1;
+  if (silu < 0 || f != gate) return TP_OK;
+  int last = mul_with(m, out(m, silu), -1, &up);
+  if (last < 0 || up == gate || !tp_type_equal(type(m, up), type(m, gate)) ||
+      !tp_type_equal(type(m, out(m, last)), type(m, gate)))
+    return TP_OK;
+  rewrite(m, last, TP_OP_SwiGLU, (int[]){gate, up}, 2);
+  return check(m, last, d);
+}
+
+/* v = Slice(x) taking `len` features of x's last axis from `start` by `step`, the rest whole. */
+static bool last_axis_slice(const TpModule *m, int v, int x, int64_t start, int64_t step, int64_t len) {
+  int s = def_of(m, v, TP_OP_Slice);
+  if (s < 0 || in(m, s, 0) != x) return false;
+  const TpType *tx = type(m, x), *tv = type(m, v);
+  int n, r = tx->rank;
+  const int64_t *starts = tp_attr_ints(m, s, "starts", &n), *steps = tp_attr_ints(m, s, "steps", &n);
+  if (tv->rank != r || n != r || starts[r - 1] != start || steps[r - 1] != step || tv->dims[r - 1] != len) return false;
+  for (int k = 0; k < r - 1; k++)
+    if (starts[k] != 0 || steps[k] != 1 || tv->dims[k] != tx->dims[k]) return false;
+  return true;
+}
+
+/* v through Negs and last-axis Unsqueezes (Reshape [..., n] -> [..., n, 1]): the value
+ * under them; *negated when their number of Negs is odd. */
+static int peel(const TpModule *m, int v, bool *negated) {
+  *negated = false;
+  for (;;) {
+    int o = def_of(m, v, TP_OP_Neg), r = def_of(m, v, TP_OP_Reshape);
+    if (o >= 0) {
+      *negated = !*negated;
+      v = in(m, o, 0);
+      continue;
+    }
+    if (r < 0) return v;
+    const TpType *a = type(m, in(m, r, 0)), *b = type(m, v);
+    if (b->rank != a->rank + 1 || b->dims[b->rank - 1] != 1 || memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]))
+      return v;
+    v = in(m, r, 0);
+  }
+}
+
+/* Is Concat op c (axis a) of [-x2, x1]: x1 the first, x2 the second of x's last-axis halves
+ * (step 1), or of its even and odd features (interleaved, step 2)? */
+static bool concat_rotates(const TpModule *m, int c, int a, int x, bool interleaved) {
+  if (c < 0 || m->ops[c].ninputs != 2 || tp_attr_int(m, c, "axis", -1) != a) return false;
+  int64_t h = type(m, x)->dims[type(m, x)->rank - 1] / 2, step = interleaved ? 2 : 1;
+  bool neg0, neg1;
+  int x2 = peel(m, in(m, c, 0), &neg0), x1 = peel(m, in(m, c, 1), &neg1);
+  return neg0 && !neg1 && last_axis_slice(m, x2, x, interleaved ? 1 : h, step, h) &&
+         last_axis_slice(m, x1, x, 0, step, h);
+}
+
+/* rot(x) as exported: Concat(-x2, x1) on the last axis (rotate_half, interleaved 0), or
+ * Reshape(Concat(-x2[..., 1], x1[..., 1]) [..., D/2, 2]) of the odd and even features
+ * (GPT-J's rotate_every_two, interleaved 1). 0 or 1, -1 if r is neither. */
+static int rotated(const TpModule *m, int r, int x) {
+  int rank = type(m, x)->rank;
+  if (rank < 1 || type(m, x)->dims[rank - 1] % 2 || !tp_type_equal(type(m, r), type(m, x))) return -1;
+  if (concat_rotates(m, def_of(m, r, TP_OP_Concat), rank - 1, x, false)) return 0;
+  int rs = def_of(m, r, TP_OP_Reshape);
+  return rs >= 0 && concat_rotates(m, def_of(m, in(m, rs, 0), TP_OP_Concat), rank, x, true) ? 1 : -1;
+}
+
+/* A Cos or Sin table for x: x's rank, its last dim d, the others 1 or x's (a constant as
+ * exports compute it, or a parameter where a buffer became an initializer). */
+static bool rotary_table(const TpModule *m, int t, int x, int64_t d) {
+  const TpType *tt = type(m, t), *tx = type(m, x);
+  if (tt->dtype != TP_F32 || tt->rank != tx->rank || tt->dims[tt->rank - 1] != d) return false;
+  for (int k = 0; k < tx->rank - 1; k++)
+    if (tt->dims[k] != 1 && tt->dims[k] != tx->dims[k]) return false;
+  return true;
+}
+
+/* Anchored at Add(x * cos, rot(x) * sin), each product in either order. */
+static int raise_rotary(TpModule *m, int add, TpDiag *d) {
+  for (int i = 0; i < 4; i++) { /* which Add operand is x * cos; which Mul operand is x */
+    int mc = def_of(m, in(m, add, i & 1), TP_OP_Mul), ms = def_of(m, in(m, add, 1 - (i & 1)), TP_OP_Mul);
+    if (mc < 0 || ms < 0) continue;
+    int x = in(m, mc, i >> 1), cos = in(m, mc, 1 - (i >> 1));
+    if (!is_f32(m, x) || !tp_type_equal(type(m, out(m, add)), type(m, x))) continue;
+    int64_t dim = type(m, x)->dims[type(m, x)->rank - 1];
+    for (int j = 0; j < 2; j++) {
+      int rot = in(m, ms, j), sin = in(m, ms, 1 - j), interleaved = rotated(m, rot, x);
+      if (interleaved < 0 || !rotary_table(m, cos, x, dim) || !tp_type_equal(type(m, cos), type(m, sin))) continue;
+      rewrite(m, add, TP_OP_Rotary, (int[]){x, cos, sin}, 3);
+      tp_set_attr_int(m, add, "interleaved", interleaved);
+      tp_set_attr_int(m, add, "rotary_dim", dim);
+      return check(m, add, d);
+    }
+  }
+  return TP_OK;
+}
+
+/* Partial rotary (GPT-NeoX, Phi, GPT-J): Concat(Rotary(x[..., :rd]), x[..., rd:]) on the
+ * last axis -> Rotary(x) {rotary_dim = rd}. */
+static int raise_partial_rotary(TpModule *m, int cat, TpDiag *d) {
+  int r = m->ops[cat].ninputs == 2 ? def_of(m, in(m, cat, 0), TP_OP_Rotary) : -1;
+  int s = r >= 0 ? def_of(m, in(m, r, 0), TP_OP_Slice) : -1;
+  if (s < 0 || tp_use_count(m, out(m, r)) != 1) return TP_OK;
+  int x = in(m, s, 0), rank = type(m, x)->rank;
+  int64_t dim = type(m, x)->dims[rank - 1], rd = tp_attr_int(m, r, "rotary_dim", 0);
+  if (tp_attr_int(m, cat, "axis", -1) != rank - 1 || !last_axis_slice(m, in(m, r, 0), x, 0, 1, rd) ||
+      !last_axis_slice(m, in(m, cat, 1), x, rd, 1, dim - rd))
+    return TP_OK;
+  int64_t interleaved = tp_attr_int(m, r, "interleaved", 0);
+  rewrite(m, cat, TP_OP_Rotary, (int[]){x, in(m, r, 1), in(m, r, 2)}, 3);
+  tp_set_attr_int(m, cat, "interleaved", interleaved);
+  tp_set_attr_int(m, cat, "rotary_dim", rd);
+  return check(m, cat, d);
+}
+
 /* ---- the pass ---- */
 
-int pass_raise_transformer(TpModule *m, TpDiag *d) {
+/* fused: also the ops of modern blocks (RMSNorm, Rotary, SwiGLU). */
+static int raise(TpModule *m, bool fused, TpDiag *d) {
   int nops = m->nops, rc = TP_OK;
   for (int o = 0; o < nops && rc == TP_OK; o++) {
     if (m->ops[o].dead) continue;
@@ -545,7 +737,13 @@ int pass_raise_transformer(TpModule *m, TpDiag *d) {
     case TP_OP_Gather: rc = raise_embedding(m, o, d); break;
     case TP_OP_MatMul: rc = raise_matmul(m, o, d); break;
     case TP_OP_Gemm: rc = raise_gemm(m, o, d); break;
-    case TP_OP_Add: rc = raise_bias(m, o, d); break;
+    case TP_OP_Add:
+      rc = raise_bias(m, o, d);
+      if (fused && rc == TP_OK && m->ops[o].kind == TP_OP_Add) rc = raise_rotary(m, o, d);
+      break;
+    case TP_OP_Sqrt: rc = fused ? raise_rmsnorm(m, o, d) : TP_OK; break;
+    case TP_OP_Sigmoid: rc = fused ? raise_swiglu(m, o, d) : TP_OK; break;
+    case TP_OP_Concat: rc = fused ? raise_partial_rotary(m, o, d) : TP_OK; break;
     case TP_OP_Reshape: rc = raise_flattened(m, o, d); break;
     case TP_OP_Div: rc = raise_layernorm(m, o, d); break;
     case TP_OP_Erf: rc = raise_gelu_erf(m, o, d); break;
@@ -557,6 +755,12 @@ int pass_raise_transformer(TpModule *m, TpDiag *d) {
   if (m->nops != nops) tp_sort_ops(m); /* Attention's new K transposes */
   return rc;
 }
+
+int pass_raise_transformer(TpModule *m, TpDiag *d) { return raise(m, true, d); }
+
+/* The same, with the chains of RMSNorm, rotary embeddings and SwiGLU left primitive: the
+ * reference the fused ops are measured and checked against (tokpipec --no-fuse). */
+int pass_raise_transformer_unfused(TpModule *m, TpDiag *d) { return raise(m, false, d); }
 
 /* Iterative depth-first search from each op in order, emitting its producers first. */
 void tp_sort_ops(TpModule *m) {

@@ -38,6 +38,8 @@ static const char usage[] =
     "  --logits NAME        the graph output the loss reads (default: the float [B, T, V] one)\n"
     "  --freeze REGEX       parameters whose ONNX names match (POSIX ERE) are not trained\n"
     "  --no-retie           keep duplicated weights separate (no re-tying)\n"
+    "  --no-fuse            leave RMSNorm, rotary embeddings and SwiGLU as primitive chains\n"
+    "                       (raise-transformer-unfused; to compare against the fused ops)\n"
     "  --forward-only       stop before the loss: the raised forward module, to inspect\n"
     "                       with --emit=ir|dot|memory\n"
     "  --slices N|L1,L2,..|auto  cut each sequence into N near-equal token slices, slices of\n"
@@ -240,13 +242,15 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
 }
 
 /* The default pipeline into names[64], less retie-params under --no-retie, less the loss
- * and the gradients under --forward-only, less the token slicing passes when unsliced. */
-static int pipeline_names(bool retie, bool forward_only, bool slicing, const char **names) {
+ * and the gradients under --forward-only, less the token slicing passes when unsliced;
+ * --no-fuse raises without the fused ops. */
+static int pipeline_names(bool retie, bool fuse, bool forward_only, bool slicing, const char **names) {
   int n = 0;
   for (int i = 0; tp_default_pipeline[i]; i++) {
     const char *p = tp_default_pipeline[i];
     TP_ASSERT(n < 64);
     if (!retie && strcmp(p, "retie-params") == 0) continue;
+    if (!fuse && strcmp(p, "raise-transformer") == 0) p = "raise-transformer-unfused";
     if (forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
     if (!slicing && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
     names[n++] = p;
@@ -405,7 +409,7 @@ static int stage_layout(const TpModule *m, int *nstages, int **cuts, TpDiag *d) 
 
 /* Compiles the model again for each grid point (one microbatch sliced [c, l, rest], the
  * stage cuts of the main module, the same passes and options): probes[i].m. */
-static int build_probes(const char *input, const CliDims *dims, const TpModule *m, bool retie, int S,
+static int build_probes(const char *input, const CliDims *dims, const TpModule *m, bool retie, bool fuse, int S,
                         const int64_t *l, const int64_t *c, int n, TpEmitProbe *probes, TpModule **mods, TpDiag *d) {
   int64_t T = m->values[tp_token_input(m)].type.dims[1];
   int rc = TP_OK;
@@ -417,7 +421,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
     slices[nslices++] = l[i];
     if (c[i] + l[i] < T) slices[nslices++] = T - c[i] - l[i];
     const char *names[64];
-    int np = pipeline_names(retie, false, nslices > 1, names);
+    int np = pipeline_names(retie, fuse, false, nslices > 1, names);
     char where[PATH_MAX + 96];
     /* errors name the probe: "model.onnx (--profile-grid point l 4, c 2): ..." */
     snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i], (long long)c[i]);
@@ -452,7 +456,7 @@ int main(int argc, char **argv) {
   int nstages = 0;
   int64_t batch = 0, max_memory = 0;
   TpPipelineOptions pipe = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
-  bool retie = true, verbose = false, forward_only = false, slicing = false;
+  bool retie = true, fuse = true, verbose = false, forward_only = false, slicing = false;
   CliDims dims = {0};
   TpPassOptions po = {0};
   for (int i = 1; i < argc; i++) {
@@ -503,6 +507,8 @@ int main(int argc, char **argv) {
       forward_only = true;
     } else if (cli_is(a, "--no-retie")) {
       retie = false;
+    } else if (cli_is(a, "--no-fuse")) {
+      fuse = false;
     } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
       /* a count is checked against the sequence once the model is read */
       slicing = strcmp(slices, "auto") == 0 || strchr(slices, ',') || cli_int("--slices", slices, 1, INT32_MAX) > 1;
@@ -536,7 +542,7 @@ int main(int argc, char **argv) {
   dims.rebatch = true;
 
   const char *names[64];
-  int n = pipeline_names(retie, forward_only, slicing, names);
+  int n = pipeline_names(retie, fuse, forward_only, slicing, names);
 
   if (exe) {
     TpDiag exe_diag;
@@ -579,7 +585,7 @@ int main(int argc, char **argv) {
     int npoints = profile_grid(grid, T, gl, gc), S;
     rc = stage_layout(m, &S, &cuts, &d);
     probes = (TpEmitOptions){.nprobes = npoints, .probes = list, .stage_cuts = cuts};
-    if (rc == TP_OK) rc = build_probes(input, &dims, m, retie, S, gl, gc, npoints, list, mods, &d);
+    if (rc == TP_OK) rc = build_probes(input, &dims, m, retie, fuse, S, gl, gc, npoints, list, mods, &d);
     free(gl), free(gc);
   }
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);

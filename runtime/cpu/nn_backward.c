@@ -26,11 +26,9 @@ static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
   tp_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* Over the rows of dy (rows, n): sum_dy[j] = sum_r dy[r, j] and, when x is given,
- * sum_dy_xhat[j] = sum_r dy[r, j] * (x[r, j] - mean[r]) * inv_std[r]. Runs of ROW_RUN
- * rows are summed in float (vectorised), the runs in double. */
+/* Runs of ROW_RUN rows are summed in float (vectorised), the runs in double. */
 #define ROW_RUN 64
-static void column_sums(const float *dy, const float *x, const float *mean, const float *inv_std,
+void tp_column_sums_f32(const float *dy, const float *x, const float *mean, const float *inv_std,
                         int64_t rows, int64_t n, float *sum_dy_xhat, float *sum_dy) {
   int64_t nblocks = (n + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
@@ -45,7 +43,7 @@ static void column_sums(const float *dy, const float *x, const float *mean, cons
         for (int64_t j = 0; j < w; j++) fs[j] += d[j];
         if (x) {
           const float *xr = x + r * n + j0;
-          float mu = mean[r], rs = inv_std[r];
+          float mu = mean ? mean[r] : 0, rs = inv_std[r];
 #pragma omp simd
           for (int64_t j = 0; j < w; j++) fsx[j] += d[j] * ((xr[j] - mu) * rs);
         }
@@ -71,7 +69,7 @@ void tp_linear_backward_f32(const float *dy, const float *x, const float *w, int
     if (transpose_w) gemm(true, false, N, K, M, 1, dy, N, x, K, 0, dw, K);
     else gemm(true, false, K, N, M, 1, x, K, dy, N, 0, dw, N);
   }
-  if (dbias) column_sums(dy, NULL, NULL, NULL, M, N, NULL, dbias);
+  if (dbias) tp_column_sums_f32(dy, NULL, NULL, NULL, M, N, NULL, dbias);
 }
 
 bool tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
@@ -130,7 +128,7 @@ void tp_layernorm_backward_f32(const float *dy, const float *x, const float *sca
         o[j] = rs * (d[j] * scale[j] - mean_g - (xr[j] - mu) * rs * mean_gx);
     }
   }
-  if (dscale || dbias) column_sums(dy, x, mean, inv_std, rows, n, dscale, dbias);
+  if (dscale || dbias) tp_column_sums_f32(dy, x, mean, inv_std, rows, n, dscale, dbias);
 }
 
 void tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {

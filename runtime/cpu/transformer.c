@@ -1,9 +1,12 @@
 #include "transformer.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "../tensor.h" /* TP_MAX_RANK */
 #include "matmul.h"
+#include "nn_backward.h" /* tp_column_sums_f32 */
 #include "vecmath.h"
 
 /* Loops shorter than this stay on one thread: the fork costs more than it saves. */
@@ -74,4 +77,155 @@ TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets,
   for (int p = 0; p < SUM_PIECES; p++) total += piece[p];
   *loss = (float)(total / denominator);
   return TP_KERNEL_OK;
+}
+
+/* ---- RMSNorm ---- */
+
+/* 1 / sqrt(mean(x^2) + eps) of a row of n. */
+TP_VECTOR_CLONES static float inv_rms(const float *x, int64_t n, float eps) {
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; j++) sum += (double)x[j] * x[j];
+  return (float)(1 / sqrt(sum / (double)n + eps));
+}
+
+void tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y) {
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * n;
+    float *yr = y + r * n, inv = inv_rms(xr, n, eps);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) yr[j] = xr[j] * inv * scale[j];
+  }
+}
+
+void tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
+                             int64_t n, float eps, float *dx, float *dscale) {
+  float *inv = malloc(((size_t)rows + 1) * sizeof *inv);
+  if (!inv) abort(); /* out of memory */
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *d = dy + r * n, *xr = x + r * n;
+    float rs = inv[r] = inv_rms(xr, n, eps);
+    if (!dx) continue;
+    double sum_gx = 0;
+#pragma omp simd reduction(+ : sum_gx)
+    for (int64_t j = 0; j < n; j++) sum_gx += (double)(d[j] * scale[j]) * xr[j];
+    float k = (float)(sum_gx / (double)n) * rs * rs;
+    float *o = dx + r * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) o[j] = rs * (d[j] * scale[j] - xr[j] * k);
+  }
+  if (dscale) tp_column_sums_f32(dy, x, NULL, inv, rows, n, dscale, NULL);
+  free(inv);
+}
+
+/* ---- Rotary ---- */
+
+/* Rows [r0, r1) of X (D features each, the first rd rotated) into y. The pairs (a, b)
+ * are (j, j + rd/2) or (2i, 2i + 1). Forward: y_a = x_a c_a - x_b s_a, y_b = x_b c_b +
+ * x_a s_b; backward (the transpose): y_a = x_a c_a + x_b s_b, y_b = x_b c_b - x_a s_a. The
+ * tables' row of X's row r starts at the sum over dims k of index_k(r) * stride[k]. */
+TP_VECTOR_CLONES static void rotary_rows(const float *x, const float *cos, const float *sin, int rank,
+                                         const int64_t *dims, const int64_t *stride, int64_t rd,
+                                         bool interleaved, bool backward, int64_t r0, int64_t r1, float *y) {
+  int64_t D = dims[rank - 1], half = rd / 2, step = interleaved ? 2 : 1, off = interleaved ? 1 : half;
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t rest = r, at = 0;
+    for (int k = rank - 2; k >= 0; k--) {
+      at += rest % dims[k] * stride[k];
+      rest /= dims[k];
+    }
+    const float *xr = x + r * D, *c = cos + at, *s = sin + at;
+    float *yr = y + r * D;
+    float sa = backward ? 1 : -1; /* the sign of x_b's term in y_a; y_b's is its opposite */
+#pragma omp simd
+    for (int64_t i = 0; i < half; i++) {
+      int64_t a = i * step, b = a + off;
+      float xa = xr[a], xb = xr[b];
+      yr[a] = xa * c[a] + sa * xb * s[backward ? b : a];
+      yr[b] = xb * c[b] - sa * xa * s[backward ? a : b];
+    }
+    if (D > rd) memcpy(yr + rd, xr + rd, (size_t)(D - rd) * sizeof *yr);
+  }
+}
+
+/* Rows per piece of the parallel loops. */
+#define ROWS_PER_PIECE 64
+
+static void rotary(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+                   const int64_t *table_dims, int64_t rd, bool interleaved, bool backward, float *y) {
+  int64_t rows = 1, stride[TP_MAX_RANK], t = rd;
+  for (int k = rank - 2; k >= 0; k--) { /* the tables' element strides, 0 where broadcast */
+    stride[k] = table_dims[k] == 1 ? 0 : t;
+    t *= table_dims[k];
+    rows *= dims[k];
+  }
+  int64_t pieces = (rows + ROWS_PER_PIECE - 1) / ROWS_PER_PIECE;
+#pragma omp parallel for schedule(static) if (rows * dims[rank - 1] >= PARALLEL_MIN_ELEMS)
+  for (int64_t p = 0; p < pieces; p++) {
+    int64_t r1 = (p + 1) * ROWS_PER_PIECE < rows ? (p + 1) * ROWS_PER_PIECE : rows;
+    rotary_rows(x, cos, sin, rank, dims, stride, rd, interleaved, backward, p * ROWS_PER_PIECE, r1, y);
+  }
+}
+
+void tp_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+                   const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y) {
+  rotary(x, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, false, y);
+}
+
+void tp_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank,
+                            const int64_t *dims, const int64_t *table_dims, int64_t rotary_dim,
+                            bool interleaved, float *dx) {
+  rotary(dy, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, true, dx);
+}
+
+/* ---- SwiGLU ---- */
+
+TP_VECTOR_INLINE float sigmoid(float x) { return 1.0f / (1.0f + tp_vexpf(-x)); }
+
+/* Elements per piece of the parallel loops. */
+#define ELEMS_PER_PIECE 8192
+
+TP_VECTOR_CLONES static void swiglu_range(const float *gate, const float *up, int64_t i0, int64_t i1, float *y) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; i++) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+/* One loop per case, without branches inside, so each vectorises. */
+TP_VECTOR_CLONES static void swiglu_backward_range(const float *dy, const float *gate, const float *up, int64_t i0,
+                                                   int64_t i1, float *dgate, float *dup) {
+  if (dgate && dup) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+      float g = gate[i], s = sigmoid(g);
+      dgate[i] = dy[i] * up[i] * s * (1 + g * (1 - s));
+      dup[i] = dy[i] * g * s;
+    }
+  } else if (dgate) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+      float g = gate[i], s = sigmoid(g);
+      dgate[i] = dy[i] * up[i] * s * (1 + g * (1 - s));
+    }
+  } else if (dup) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) dup[i] = dy[i] * gate[i] * sigmoid(gate[i]);
+  }
+}
+
+void tp_swiglu_f32(const float *gate, const float *up, int64_t n, float *y) {
+  int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+  for (int64_t p = 0; p < pieces; p++)
+    swiglu_range(gate, up, p * ELEMS_PER_PIECE, (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, y);
+}
+
+void tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                            float *dgate, float *dup) {
+  int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+  for (int64_t p = 0; p < pieces; p++)
+    swiglu_backward_range(dy, gate, up, p * ELEMS_PER_PIECE,
+                          (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, dgate, dup);
 }

@@ -1,7 +1,10 @@
 /* Forward kernels of the raised transformer ops (ir/ops.def: Linear, Embedding,
- * CrossEntropy), f32, over flat row-major arrays; the shapes are in the comments. Their
- * backward kernels are in nn_backward.h (Embedding's is tp_gather_backward). Shared by the
- * reference interpreter and the generated trainer. */
+ * CrossEntropy, RMSNorm, Rotary, SwiGLU), f32, over flat row-major arrays; the shapes are
+ * in the comments. The backward kernels of the first three are in nn_backward.h
+ * (Embedding's is tp_gather_backward); those of the fused ops of modern blocks follow
+ * their forward ones here, with nn_backward.h's conventions (they write the gradients; a
+ * NULL result pointer skips one). Shared by the reference interpreter and the generated
+ * trainer. */
 #ifndef TOKPIPE_CPU_TRANSFORMER_H
 #define TOKPIPE_CPU_TRANSFORMER_H
 
@@ -33,5 +36,38 @@ TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t 
  * A target outside [0, V) gives TP_KERNEL_BAD_INDEX with its row in *bad. */
 TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R,
                                     int64_t V, float denominator, float *loss, int64_t *bad);
+
+/* y = x / sqrt(mean(x^2) + eps) * scale, per row; the mean of squares in double.
+ *   x, y (rows, n); scale (n) */
+void tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y);
+
+/* Of tp_rmsnorm_f32, with r = 1 / sqrt(mean(x^2) + eps) of each row recomputed:
+ *   dy, x, dx (rows, n); scale, dscale (n)
+ *   dx = r * (g - x * r^2 * mean(g * x)), g = dy * scale
+ *   dscale = the sum over rows of dy * x * r */
+void tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
+                             int64_t n, float eps, float *dx, float *dscale);
+
+/* Rotary position embedding (ir/ops.def Rotary): over the first rotary_dim features of
+ * each row, y = x * cos + rot(x) * sin, with rot(x) = [-x2, x1] of the halves x1, x2, or
+ * (interleaved) of each pair (x[2i], x[2i+1]); the other features are copied.
+ *   x, y: rank dims, the last D; cos, sin: table_dims (rank of them, the last rotary_dim,
+ *   the others 1, broadcast, or dims[k]) */
+void tp_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+                   const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y);
+
+/* Of tp_rotary_f32 (a rotation, so the tables suffice): dx = dy * cos - rot(dy * sin) over
+ * the first rotary_dim features, dy elsewhere. Shapes as tp_rotary_f32's. */
+void tp_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank,
+                            const int64_t *dims, const int64_t *table_dims, int64_t rotary_dim,
+                            bool interleaved, float *dx);
+
+/* y = silu(gate) * up = gate * sigmoid(gate) * up.  gate, up, y (n) */
+void tp_swiglu_f32(const float *gate, const float *up, int64_t n, float *y);
+
+/* Of tp_swiglu_f32, s = sigmoid(gate):  dy, gate, up, dgate, dup (n)
+ *   dgate = dy * up * s * (1 + gate * (1 - s)),  dup = dy * gate * s */
+void tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                            float *dgate, float *dup);
 
 #endif

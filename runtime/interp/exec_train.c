@@ -1,7 +1,7 @@
-/* The interpreter's training ops: the raised forward ops (Linear, Embedding, CrossEntropy)
- * and the backward ops of ir/ops.def, read with their canonical attributes and run by the
- * f32 kernels of runtime/cpu (transformer.h, nn_backward.h, layout_backward.h), the same
- * ones the generated trainer calls. Training is f32 only. */
+/* The interpreter's training ops: the raised forward ops (Linear, Embedding, CrossEntropy,
+ * RMSNorm, Rotary, SwiGLU) and the backward ops of ir/ops.def, read with their canonical
+ * attributes and run by the f32 kernels of runtime/cpu (transformer.h, nn_backward.h,
+ * layout_backward.h), the same ones the generated trainer calls. Training is f32 only. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,4 +301,74 @@ int tp_exec_cross_entropy_backward(const TpModule *m, int op, const TpTensor *in
     rc = bad_target(m, op, targets, bad, V, d);
   free_ids(&in[2], targets);
   return rc;
+}
+
+/* ---- RMSNorm, Rotary, SwiGLU and their backward ---- */
+
+/* Rows and row length of RMSNorm(X, Scale) {axis}; false if Scale does not fit. */
+static bool rmsnorm_dims(const TpModule *m, int op, const TpTensor *x, const TpTensor *scale,
+                         int64_t *rows, int64_t *n) {
+  int axis = (int)tp_attr_int(m, op, "axis", x->rank - 1);
+  if (axis < 0 || axis >= x->rank) return false;
+  *rows = numel_from(x, 0, axis);
+  *n = numel_from(x, axis, x->rank);
+  return tp_tensor_numel(scale) == *n;
+}
+
+int tp_exec_rmsnorm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  int rc = require_f32(m, op, in, out, 0, d);
+  if (rc) return rc;
+  int64_t rows, n;
+  if (!rmsnorm_dims(m, op, &in[0], &in[1], &rows, &n)) return shape_error(m, op, d);
+  tp_rmsnorm_f32(in[0].data, in[1].data, rows, n, (float)tp_attr_float(m, op, "epsilon", 0), out[0].data);
+  return TP_OK;
+}
+
+int tp_exec_rmsnorm_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  int rc = require_f32(m, op, in, out, 0, d);
+  if (rc) return rc;
+  int64_t rows, n;
+  if (!rmsnorm_dims(m, op, &in[1], &in[2], &rows, &n) || tp_tensor_numel(&in[0]) != rows * n)
+    return shape_error(m, op, d);
+  tp_rmsnorm_backward_f32(in[0].data, in[1].data, in[2].data, rows, n, (float)tp_attr_float(m, op, "epsilon", 0),
+                          out_f32(m, op, out, 0), out_f32(m, op, out, 1));
+  return TP_OK;
+}
+
+/* Rotary and RotaryBackward: in[0] is X or dY, in[1] and in[2] the tables. */
+int tp_exec_rotary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  int rc = require_f32(m, op, in, out, 0, d);
+  if (rc) return rc;
+  const TpTensor *x = &in[0], *cos = &in[1], *sin = &in[2];
+  int64_t rd = tp_attr_int(m, op, "rotary_dim", 0);
+  bool interleaved = tp_attr_int(m, op, "interleaved", 0) != 0;
+  bool ok = x->rank >= 1 && rd > 0 && rd % 2 == 0 && rd <= last_dim(x) && cos->rank == x->rank &&
+            sin->rank == x->rank && tp_tensor_numel(&out[0]) == tp_tensor_numel(x);
+  for (int k = 0; ok && k < x->rank; k++)
+    ok = cos->dims[k] == sin->dims[k] &&
+         (k == x->rank - 1 ? cos->dims[k] == rd : cos->dims[k] == 1 || cos->dims[k] == x->dims[k]);
+  if (!ok) return shape_error(m, op, d);
+  if (m->ops[op].kind == TP_OP_Rotary)
+    tp_rotary_f32(x->data, cos->data, sin->data, x->rank, x->dims, cos->dims, rd, interleaved, out[0].data);
+  else
+    tp_rotary_backward_f32(x->data, cos->data, sin->data, x->rank, x->dims, cos->dims, rd, interleaved, out[0].data);
+  return TP_OK;
+}
+
+int tp_exec_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  int rc = require_f32(m, op, in, out, 0, d);
+  if (rc) return rc;
+  int64_t n = tp_tensor_numel(&in[0]);
+  if (tp_tensor_numel(&in[1]) != n || tp_tensor_numel(&out[0]) != n) return shape_error(m, op, d);
+  tp_swiglu_f32(in[0].data, in[1].data, n, out[0].data);
+  return TP_OK;
+}
+
+int tp_exec_swiglu_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
+  int rc = require_f32(m, op, in, out, 0, d);
+  if (rc) return rc;
+  int64_t n = tp_tensor_numel(&in[1]);
+  if (tp_tensor_numel(&in[0]) != n || tp_tensor_numel(&in[2]) != n) return shape_error(m, op, d);
+  tp_swiglu_backward_f32(in[0].data, in[1].data, in[2].data, n, out_f32(m, op, out, 0), out_f32(m, op, out, 1));
+  return TP_OK;
 }

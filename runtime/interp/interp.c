@@ -69,6 +69,12 @@ static const TpExecFn exec_table[TP_OP_COUNT] = {
     [TP_OP_LogSoftmaxBackward] = tp_exec_softmax_backward,
     [TP_OP_AttentionBackward] = tp_exec_attention_backward,
     [TP_OP_CrossEntropyBackward] = tp_exec_cross_entropy_backward,
+    [TP_OP_RMSNorm] = tp_exec_rmsnorm,
+    [TP_OP_RMSNormBackward] = tp_exec_rmsnorm_backward,
+    [TP_OP_Rotary] = tp_exec_rotary,
+    [TP_OP_RotaryBackward] = tp_exec_rotary,
+    [TP_OP_SwiGLU] = tp_exec_swiglu,
+    [TP_OP_SwiGLUBackward] = tp_exec_swiglu_backward,
 };
 
 /* Kernels read elements through typed pointers, but weights referenced in place sit at any

@@ -63,5 +63,10 @@ int tp_exec_attention_backward(const TpModule *m, int op, const TpTensor *in, Tp
                                TpDiag *d);
 int tp_exec_cross_entropy_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
                                    TpDiag *d);
+int tp_exec_rmsnorm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_rmsnorm_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_rotary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d); /* and RotaryBackward */
+int tp_exec_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
+int tp_exec_swiglu_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 
 #endif

@@ -2,7 +2,8 @@
  * optim}) and their interpreter entries (runtime/interp/exec_train.c). Every backward
  * kernel is checked against central finite differences of its forward kernel: with
  * L = sum(dy * forward(inputs)) for a random dy, d L / d input[i] must match the kernel's
- * gradient. The optimizer is checked against torch.optim.AdamW's numbers. */
+ * gradient; forward kernels against plain loops. The optimizer is checked against
+ * torch.optim.AdamW's numbers. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -793,6 +794,46 @@ static void test_exec(void) {
   if (memcmp(dk, dkw, sizeof dk) || memcmp(dv, dvw, sizeof dv))
     fail("exec AttentionBackward differs from the kernel");
 
+  /* The fused ops through the table = their kernels: RMSNormBackward without dScale,
+   * RotaryBackward (interleaved, partial), SwiGLUBackward; a misfit table is refused */
+  op = add_op(TP_OP_RMSNormBackward, 3, 2);
+  tp_set_attr_int(module, op, "axis", 1);
+  tp_set_attr_float(module, op, "epsilon", 1e-5);
+  module->ops[op].outputs[1] = -1;
+  float *g8 = rand_array(24, 1), *x8 = rand_array(24, 1), *u8 = rand_array(24, 1), f[24], fw[24], f2[24], f2w[24];
+  in[0] = tensor(TP_F32, g8, 2, (int64_t[]){3, 8});
+  in[1] = tensor(TP_F32, x8, 2, (int64_t[]){3, 8});
+  in[2] = tensor(TP_F32, w, 1, (int64_t[]){8});
+  out[0] = tensor(TP_F32, f, 2, (int64_t[]){3, 8});
+  out[1] = (TpTensor){0};
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec RMSNormBackward: %s", diag.last);
+  tp_rmsnorm_backward_f32(g8, x8, w, 3, 8, 1e-5f, fw, NULL);
+  if (memcmp(f, fw, sizeof f)) fail("exec RMSNormBackward differs from the kernel");
+
+  op = add_op(TP_OP_RotaryBackward, 3, 1);
+  tp_set_attr_int(module, op, "interleaved", 1);
+  tp_set_attr_int(module, op, "rotary_dim", 4);
+  in[0] = tensor(TP_F32, g8, 3, (int64_t[]){1, 3, 8});
+  in[1] = tensor(TP_F32, x8, 3, (int64_t[]){1, 3, 4});
+  in[2] = tensor(TP_F32, u8, 3, (int64_t[]){1, 3, 4});
+  out[0] = tensor(TP_F32, f, 3, (int64_t[]){1, 3, 8});
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec RotaryBackward: %s", diag.last);
+  tp_rotary_backward_f32(g8, x8, u8, 3, (int64_t[]){1, 3, 8}, (int64_t[]){1, 3, 4}, 4, true, fw);
+  if (memcmp(f, fw, sizeof f)) fail("exec RotaryBackward differs from the kernel");
+  in[2].dims[1] = 1; /* Sin [1, 1, 4] against Cos [1, 3, 4] */
+  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT) fail("exec RotaryBackward accepted tables that differ");
+
+  op = add_op(TP_OP_SwiGLUBackward, 3, 2);
+  in[0] = tensor(TP_F32, g8, 1, (int64_t[]){24});
+  in[1] = tensor(TP_F32, x8, 1, (int64_t[]){24});
+  in[2] = tensor(TP_F32, u8, 1, (int64_t[]){24});
+  out[0] = tensor(TP_F32, f, 1, (int64_t[]){24});
+  out[1] = tensor(TP_F32, f2, 1, (int64_t[]){24});
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec SwiGLUBackward: %s", diag.last);
+  tp_swiglu_backward_f32(g8, x8, u8, 24, fw, f2w);
+  if (memcmp(f, fw, sizeof f) || memcmp(f2, f2w, sizeof f2)) fail("exec SwiGLUBackward differs from the kernel");
+  free(g8), free(x8), free(u8);
+
   /* f16 is refused with a message, not computed */
   op = add_op(TP_OP_GeluBackward, 2, 1);
   in[0] = tensor(TP_F16, dy, 1, (int64_t[]){4});
@@ -804,6 +845,116 @@ static void test_exec(void) {
   free(x), free(w), free(b), free(lg), free(dy), free(yy), free(aq), free(ak), free(av), free(ady);
   fclose(sink);
   tp_module_free(module);
+}
+
+/* ---- RMSNorm, Rotary, SwiGLU (the fused ops of modern blocks) ---- */
+
+/* Forward results against a plain double reference: the first mismatch beyond tol. */
+static void check_forward(const char *what, const float *got, const double *want, int64_t n, double tol) {
+  for (int64_t i = 0; i < n; i++)
+    if (!(fabs(got[i] - want[i]) <= tol)) {
+      fail("%s forward: max_abs_err=%.3g at [%lld] (got %.7g, want %.7g)", what, fabs(got[i] - want[i]),
+           (long long)i, got[i], want[i]);
+      return;
+    }
+}
+
+typedef struct {
+  int64_t rows, n;
+  float *x, *scale, *y, *dy;
+} RmsCase;
+
+static double rmsnorm_loss(void *ctx) {
+  RmsCase *c = ctx;
+  tp_rmsnorm_f32(c->x, c->scale, c->rows, c->n, 1e-6f, c->y);
+  return dot(c->dy, c->y, c->rows * c->n);
+}
+
+static void test_rmsnorm(void) {
+  RmsCase c = {.rows = 5, .n = 7};
+  int64_t total = c.rows * c.n;
+  c.x = rand_array(total, 2), c.scale = rand_array(c.n, 1), c.y = zeros(total), c.dy = rand_array(total, 1);
+  double *want = malloc((size_t)total * sizeof *want);
+  for (int64_t r = 0; r < c.rows; r++) {
+    double ms = 0;
+    for (int64_t j = 0; j < c.n; j++) ms += (double)c.x[r * c.n + j] * c.x[r * c.n + j] / (double)c.n;
+    for (int64_t j = 0; j < c.n; j++) want[r * c.n + j] = c.x[r * c.n + j] / sqrt(ms + 1e-6) * c.scale[j];
+  }
+  rmsnorm_loss(&c);
+  check_forward("rmsnorm", c.y, want, total, 1e-5);
+  float *dx = zeros(total), *ds = zeros(c.n);
+  tp_rmsnorm_backward_f32(c.dy, c.x, c.scale, c.rows, c.n, 1e-6f, dx, ds);
+  check_grad("rmsnorm dX", rmsnorm_loss, &c, c.x, total, dx, 1e-2f, 5e-4);
+  check_grad("rmsnorm dScale", rmsnorm_loss, &c, c.scale, c.n, ds, 1e-2f, 1e-4);
+  free(c.x), free(c.scale), free(c.y), free(c.dy), free(want), free(dx), free(ds);
+}
+
+typedef struct {
+  int64_t dims[4], table_dims[4], rd;
+  bool interleaved;
+  float *x, *cos, *sin, *y, *dy;
+} RotaryCase;
+
+static double rotary_loss(void *ctx) {
+  RotaryCase *c = ctx;
+  tp_rotary_f32(c->x, c->cos, c->sin, 4, c->dims, c->table_dims, c->rd, c->interleaved, c->y);
+  return dot(c->dy, c->y, tp_numel(4, c->dims));
+}
+
+/* X dims, the tables' dims, rotary_dim: y = x cos + rot(x) sin on the first rd features,
+ * with rot written out as the exporters' rotate_half and rotate_every_two compute it. */
+static void test_rotary(const int64_t *dims, const int64_t *table_dims, int64_t rd, bool interleaved) {
+  RotaryCase c = {.rd = rd, .interleaved = interleaved};
+  memcpy(c.dims, dims, sizeof c.dims);
+  memcpy(c.table_dims, table_dims, sizeof c.table_dims);
+  int64_t n = tp_numel(4, dims), nt = tp_numel(4, table_dims), D = dims[3], h = rd / 2;
+  c.x = rand_array(n, 1), c.cos = rand_array(nt, 1), c.sin = rand_array(nt, 1), c.y = zeros(n), c.dy = rand_array(n, 1);
+  double *want = malloc((size_t)n * sizeof *want);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t j = i % D, idx[4], rest = i, t = 0;
+    for (int k = 3; k >= 0; k--) idx[k] = rest % dims[k], rest /= dims[k];
+    for (int k = 0; k < 3; k++) t = t * table_dims[k] + (table_dims[k] == 1 ? 0 : idx[k]);
+    t = t * rd + j;
+    const float *x = c.x + (i - j);
+    double rot = interleaved ? (j % 2 ? x[j - 1] : -x[j + 1]) : (j < h ? -x[j + h] : x[j - h]);
+    want[i] = j < rd ? x[j] * (double)c.cos[t] + rot * c.sin[t] : x[j];
+  }
+  char what[96];
+  snprintf(what, sizeof what, "rotary [%lld,%lld,%lld,%lld] rd %lld interleaved %d", (long long)dims[0],
+           (long long)dims[1], (long long)dims[2], (long long)dims[3], (long long)rd, interleaved);
+  rotary_loss(&c);
+  check_forward(what, c.y, want, n, 1e-6);
+  float *dx = zeros(n);
+  tp_rotary_backward_f32(c.dy, c.cos, c.sin, 4, c.dims, c.table_dims, rd, interleaved, dx);
+  check_grad(what, rotary_loss, &c, c.x, n, dx, 1e-2f, 1e-4);
+  free(c.x), free(c.cos), free(c.sin), free(c.y), free(c.dy), free(want), free(dx);
+}
+
+typedef struct {
+  int64_t n;
+  float *gate, *up, *y, *dy;
+} SwigluCase;
+
+static double swiglu_loss(void *ctx) {
+  SwigluCase *c = ctx;
+  tp_swiglu_f32(c->gate, c->up, c->n, c->y);
+  return dot(c->dy, c->y, c->n);
+}
+
+static void test_swiglu(void) {
+  SwigluCase c = {.n = 40};
+  c.gate = rand_array(c.n, 6), c.up = rand_array(c.n, 2), c.y = zeros(c.n), c.dy = rand_array(c.n, 1);
+  c.gate[0] = -100, c.gate[1] = 100; /* sigmoid saturated both ways */
+  double *want = malloc((size_t)c.n * sizeof *want);
+  for (int64_t i = 0; i < c.n; i++) want[i] = c.gate[i] / (1 + exp(-(double)c.gate[i])) * c.up[i];
+  swiglu_loss(&c);
+  check_forward("swiglu", c.y, want, c.n, 1e-5);
+  float *dg = zeros(c.n), *du = zeros(c.n);
+  c.gate[0] = -10, c.gate[1] = 10; /* within float's finite-difference reach */
+  tp_swiglu_backward_f32(c.dy, c.gate, c.up, c.n, dg, du);
+  check_grad("swiglu dGate", swiglu_loss, &c, c.gate, c.n, dg, 1e-2f, 1e-4);
+  check_grad("swiglu dUp", swiglu_loss, &c, c.up, c.n, du, 1e-2f, 1e-4);
+  free(c.gate), free(c.up), free(c.y), free(c.dy), free(want), free(dg), free(du);
 }
 
 int main(void) {
@@ -822,6 +973,12 @@ int main(void) {
   test_softmax(true, 3);
   test_attention();
   test_cross_entropy();
+  test_rmsnorm();
+  test_rotary((int64_t[]){2, 3, 4, 8}, (int64_t[]){1, 1, 4, 8}, 8, false); /* Llama: [B, H, T, D] */
+  test_rotary((int64_t[]){2, 3, 4, 8}, (int64_t[]){2, 1, 4, 4}, 4, false); /* partial, per-row tables */
+  test_rotary((int64_t[]){2, 4, 3, 8}, (int64_t[]){1, 4, 1, 4}, 4, true);  /* GPT-J: [B, T, H, D] */
+  test_rotary((int64_t[]){2, 4, 3, 8}, (int64_t[]){1, 4, 1, 8}, 8, true);
+  test_swiglu();
   test_adamw();
   test_vecmath();
   test_thread_count();
