@@ -10,7 +10,7 @@ Each architecture becomes tests/fixtures/hf_<arch>/ in the layout of the GPT fix
     train/                      train.bin, grads.safetensors, losses.jsonl, args: the
                                 references of 10 AdamW steps (see make_parity_fixtures.py)
 
-The models are built from configs (no model hub): 2 layers, hidden 32, 4 heads, vocab 128,
+The models are built from configs (no model hub): 3 layers, hidden 32, 4 heads, vocab 128,
 eager attention, no cache; each keeps its architecture's defaults for biases, tied heads,
 norms and rotary fractions. Weights are redrawn from a seeded generator (matrices N(0,
 1/fan), biases N(0, 0.1), norm scales N(1, 0.2)) so every bias and norm is seen in the
@@ -43,28 +43,29 @@ import export_gpt_fixtures as fx  # noqa: E402  (saving tensors, op histograms, 
 import make_parity_fixtures as parity  # noqa: E402  (training references)
 
 B, T, VOCAB, OPSET = 2, 16, 128, 17
-# 2 layers, hidden 32, 4 heads; positions table longer than T, so position slicing shows
-LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+# 3 layers (3 pipeline stages), hidden 32, 4 heads; a positions table longer than T
+LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                   num_attention_heads=4, max_position_embeddings=64)
 ARCHS = {   # name -> (config class, config arguments)
-    "gpt2": (tf.GPT2Config, dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+    "gpt2": (tf.GPT2Config, dict(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4,
                                  n_positions=64)),
-    # layer 0 global, layer 1 local with a window of 8 < T
-    "gpt_neo": (tf.GPTNeoConfig, dict(vocab_size=VOCAB, hidden_size=32, num_layers=2,
-                                      num_heads=4, attention_types=[[["global", "local"], 1]],
+    # layers 0 and 2 global, layer 1 local with a window of 8 < T
+    "gpt_neo": (tf.GPTNeoConfig, dict(vocab_size=VOCAB, hidden_size=32, num_layers=3,
+                                      num_heads=4,
+                                      attention_types=[[["global", "local"], 1], [["global"], 1]],
                                       window_size=8, max_position_embeddings=64)),
     # rotary on 25% of each head (rotary_pct default), parallel residual, untied head
-    "gpt_neox": (tf.GPTNeoXConfig, dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+    "gpt_neox": (tf.GPTNeoXConfig, dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3,
                                         num_attention_heads=4, intermediate_size=64,
                                         max_position_embeddings=64)),
     # learned positions offset by 2 from a CumSum of the attention mask
-    "opt": (tf.OPTConfig, dict(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+    "opt": (tf.OPTConfig, dict(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=3,
                                num_attention_heads=4, max_position_embeddings=64,
                                word_embed_proj_dim=32)),
     # ALiBi, embedding LayerNorm
-    "bloom": (tf.BloomConfig, dict(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)),
+    "bloom": (tf.BloomConfig, dict(vocab_size=VOCAB, hidden_size=32, n_layer=3, n_head=4)),
     # interleaved rotary on 4 of 8 head dims, parallel attention and MLP, head with bias
-    "gptj": (tf.GPTJConfig, dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+    "gptj": (tf.GPTJConfig, dict(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, rotary_dim=4,
                                  n_positions=64)),
     # grouped K/V: 4 query heads, 2 K/V heads
     "llama": (tf.LlamaConfig, dict(LLAMA_LIKE, num_key_value_heads=2)),
@@ -75,14 +76,14 @@ ARCHS = {   # name -> (config class, config arguments)
     # rotary on half of each head (partial_rotary_factor default), biases, head with bias
     "phi": (tf.PhiConfig, dict(LLAMA_LIKE)),
     # multi-query: one K/V head fused into the QKV projection; rotary
-    "falcon": (tf.FalconConfig, dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+    "falcon": (tf.FalconConfig, dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3,
                                      num_attention_heads=4, multi_query=True,
                                      new_decoder_architecture=False, alibi=False)),
     # multi-query, head_dim given, GELU-gated MLP, (1 + w) RMSNorm, scaled embeddings
     "gemma": (tf.GemmaConfig, dict(LLAMA_LIKE, num_key_value_heads=1, head_dim=8,
                                    hidden_activation="gelu_pytorch_tanh")),
     # ALiBi, no biases
-    "mpt": (tf.MptConfig, dict(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2,
+    "mpt": (tf.MptConfig, dict(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=3,
                                expansion_ratio=2, max_seq_len=64)),
 }
 
