@@ -145,7 +145,10 @@ def main():
     torch.set_num_threads(1)   # fixed summation order: byte-identical outputs across runs
     warnings.filterwarnings("ignore")   # tracer warnings: the shapes are static here
     archs = sys.argv[1:] or list(ARCHS)
-    for seed, arch in enumerate(ARCHS):
+    unknown = sorted(set(archs) - set(ARCHS))
+    if unknown:
+        sys.exit(f"export_hf_fixtures.py: unknown architecture {unknown[0]} (known: {' '.join(ARCHS)})")
+    for seed, arch in enumerate(ARCHS):   # the seed: the architecture's place in ARCHS
         if arch not in archs:
             continue
         name = f"hf_{arch}"
