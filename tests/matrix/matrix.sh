@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The parity matrix of one GPT fixture (references: tests/parity): trainers compiled by
-# tokpipec --exe for a pairwise-covering set of pipeline shapes, stages S in {1, 2}, token
+# The parity matrix of one fixture (references: tests/parity): trainers compiled by
+# tokpipec --exe for a pairwise-covering set of pipeline shapes, stages S in {1, 2, 3}, token
 # slices {unsliced, 2, uneven like 7,5,4 for T = 16}, microbatches M and replicas D in
 # {1, 2} where the batch divides, both schedules. Each shape trains 10 AdamW steps and must
 # give, against the S=1, M=1, D=1 unsliced trainer:
@@ -40,6 +40,15 @@ elif [ $((B % 4)) = 0 ]; then # M x D = 2 x 2 fits
   shapes=("2 1 2 2 gpipe" "2 2 1 1 1f1b" "1 $uneven 2 2 1f1b" "2 $uneven 1 2 gpipe mpi")
 else # B = 2 mod 4: M = 2 or D = 2, not both
   shapes=("2 1 2 1 gpipe" "2 2 1 2 1f1b mpi" "1 $uneven 2 1 1f1b" "2 $uneven 1 2 gpipe")
+fi
+
+# Three stages where the model has three layers (the Hugging Face fixtures; the GPT ones
+# have two, which tokpipec refuses to cut in three, saying so).
+if "$tokpipec" "$fixture/model.onnx" "${compile_flags[@]}" --stages 3 -o "$work/three.tir" \
+  2>"$work/three.err"; then
+  shapes+=("3 $uneven 1 1 1f1b")
+elif ! grep -q 'cannot cut 2 layers into 3 stages' "$work/three.err"; then
+  fail "tokpipec --stages 3: $(cat "$work/three.err")"
 fi
 
 # train TAG RANKS [tokpipec flags...]: builds $work/TAG and trains it 10 steps, under mpirun
