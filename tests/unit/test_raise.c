@@ -47,6 +47,54 @@ typedef struct {
   "%y : f32[1, 2, 4, 3] = MatMul(%p, %v)\n"               \
   "output %y\n"
 
+/* Attention operands [B=2, H=2, T=4, D=3], masks with a batch dim, and the 3-D (baddbmm)
+ * form of the products with a bias [B*H, 1, T]: 0, or ALiBi's slope (0.5, 0.25 per head)
+ * times the key position. */
+#define BATCH2                                                                                  \
+  "input %q : f32[2, 2, 4, 3]\n"                                                               \
+  "input %k : f32[2, 2, 4, 3]\n"                                                               \
+  "input %v : f32[2, 2, 4, 3]\n"                                                               \
+  "const %half : f32[] = dense<0.5>\n"                                                         \
+  "const %two : f32[] = dense<2>\n"                                                            \
+  "const %ninf : f32[] = dense<-inf>\n"                                                        \
+  "const %min : f32[] = dense<-3.4028235e+38>\n"                                               \
+  "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, "    \
+  "true, true, true, false, true, true, true, true]>\n"                                        \
+  "const %upper : bool[1, 1, 4, 4] = dense<[false, true, true, true, false, false, true, "     \
+  "true, false, false, false, true, false, false, false, false]>\n"                            \
+  "const %folded : f32[2, 1, 4, 4] = dense<[0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, " \
+  "0, 0, -3.4028235e+38, -3.4028235e+38, 0, 0, 0, -3.4028235e+38, 0, 0, 0, 0, "                \
+  "0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, 0, 0, -3.4028235e+38, -3.4028235e+38, "  \
+  "0, 0, 0, -3.4028235e+38, 0, 0, 0, 0]>\n"                                                    \
+  "const %padding : f32[2, 1, 1, 4] = dense<0>\n"                                              \
+  "const %padded : f32[2, 1, 1, 4] = dense<[0, 0, 0, 0, -3.4028235e+38, 0, 0, 0]>\n"           \
+  "const %zeros : f32[4, 1, 4] = dense<0>\n"                                                   \
+  "const %alibi : f32[4, 1, 4] = dense<[0, 0.5, 1, 1.5, 0, 0.25, 0.5, 0.75, 0, 0.5, 1, 1.5, "   \
+  "0, 0.25, 0.5, 0.75]>\n"
+#define BMM(bias)                                                        \
+  "%q3 : f32[4, 4, 3] = Reshape(%q)\n"                                   \
+  "%kt4 : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"       \
+  "%kt3 : f32[4, 3, 4] = Reshape(%kt4)\n"                                \
+  "%v3 : f32[4, 4, 3] = Reshape(%v)\n"                                   \
+  "%s : f32[4, 4, 4] = MatMul(%q3, %kt3)\n"                              \
+  "%sa : f32[4, 4, 4] = Mul(%s, %half)\n"                                \
+  "%sb : f32[4, 4, 4] = Add(%sa, " bias ")\n"                            \
+  "%s4 : f32[2, 2, 4, 4] = Reshape(%sb)\n"                               \
+  "%m : f32[2, 2, 4, 4] = Where(%upper, %min, %s4)\n"                    \
+  "%p : f32[2, 2, 4, 4] = Softmax(%m) {axis = 3}\n"                      \
+  "%p3 : f32[4, 4, 4] = Reshape(%p)\n"                                   \
+  "%y3 : f32[4, 4, 3] = MatMul(%p3, %v3)\n"                              \
+  "%y : f32[2, 2, 4, 3] = Reshape(%y3)\n"
+
+/* Two query heads over one K/V head [1, 1, 4, 3]. */
+#define GROUPED                                                                              \
+  "input %q : f32[1, 2, 4, 3]\n"                                                            \
+  "input %kh : f32[1, 1, 4, 3]\n"                                                           \
+  "input %vh : f32[1, 1, 4, 3]\n"                                                           \
+  "const %min : f32[] = dense<-3.4028235e+38>\n"                                            \
+  "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
+  "true, true, true, false, true, true, true, true]>\n"
+
 /* x [2, 3, 4] normalised over its last axis; the chain up to n = (x - mean) / sqrt(var + eps). */
 #define LN_INPUTS                                                         \
   "input %x : f32[2, 3, 4]\n"                                             \
@@ -130,6 +178,76 @@ static const Case cases[] = {
      HEADS SCORES ATTEND("%s"), "Attention=0 Softmax=1 MatMul=2"},
     {"not attention: additive mask the wrong way round",
      HEADS SCORES "%m : f32[1, 2, 4, 4] = Sub(%s, %additive)\n" ATTEND("%m"), "Attention=0 Softmax=1"},
+
+    /* what Hugging Face exports put around the attention (issue 11) */
+    {"attention: Llama's casts before the mask and after Softmax, a folded [B, 1, T, T] mask",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%ss : f32[2, 2, 4, 4] = Div(%s, %two)\n"
+            "%c : f32[2, 2, 4, 4] = Cast(%ss)\n"
+            "%m : f32[2, 2, 4, 4] = Add(%c, %folded)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%m) {axis = 3}\n"
+            "%p1 : f32[2, 2, 4, 4] = Cast(%p)\n"
+            "%p2 : f32[2, 2, 4, 4] = Cast(%p1)\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p2, %v)\n"
+            "output %y\n",
+     "Attention=1 Softmax=0 Cast=0 MatMul=0 Add=0 Div=0"},
+    {"attention: two masks (Where(tril, s, -inf), an all-0 padding mask) and a Max clamp, scaled after",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%lower, %s, %ninf)\n"
+            "%a : f32[2, 2, 4, 4] = Add(%w, %padding)\n"
+            "%x : f32[2, 2, 4, 4] = Max(%a, %min)\n"
+            "%ss : f32[2, 2, 4, 4] = Mul(%x, %half)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%ss) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=1 Softmax=0 Where=0 Add=0 Max=0 Mul=0"},
+    {"attention: baddbmm's 3-D products (alpha, a zero bias) reshaped to 4-D around the mask",
+     BATCH2 BMM("%zeros") "output %y\n", "Attention=1 Softmax=0 MatMul=0 Mul=0 Add=0 Where=0 Reshape=2"},
+    {"attention: an ALiBi bias [B*H, 1, T] in baddbmm becomes Attention's bias [1, H, 1, T]",
+     BATCH2 BMM("%alibi") "output %y\n", "Attention=1 Softmax=0 MatMul=0 Add=0"},
+    {"attention: grouped K/V repeated by repeat_kv (Unsqueeze, Expand, Reshape)",
+     GROUPED "%ku : f32[1, 1, 1, 4, 3] = Reshape(%kh)\n"
+             "%ke : f32[1, 1, 2, 4, 3] = Expand(%ku)\n"
+             "%kr : f32[1, 2, 4, 3] = Reshape(%ke)\n"
+             "%vu : f32[1, 1, 1, 4, 3] = Reshape(%vh)\n"
+             "%ve : f32[1, 1, 2, 4, 3] = Expand(%vu)\n"
+             "%vr : f32[1, 2, 4, 3] = Reshape(%ve)\n"
+             "%kt : f32[1, 2, 3, 4] = Transpose(%kr) {perm = [0, 1, 3, 2]}\n"
+             "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
+             "%m : f32[1, 2, 4, 4] = Where(%lower, %s, %min)\n"
+             "%p : f32[1, 2, 4, 4] = Softmax(%m) {axis = 3}\n"
+             "%y : f32[1, 2, 4, 3] = MatMul(%p, %vr)\n"
+             "output %y\n",
+     "Attention=1 Expand=0 Reshape=0 Transpose=0 MatMul=0"},
+    {"attention: one K/V head broadcast by MatMul (Falcon's multi_query)",
+     GROUPED "%kt : f32[1, 1, 3, 4] = Transpose(%kh) {perm = [0, 1, 3, 2]}\n"
+             "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
+             "%m : f32[1, 2, 4, 4] = Where(%lower, %s, %min)\n"
+             "%p : f32[1, 2, 4, 4] = Softmax(%m) {axis = 3}\n"
+             "%y : f32[1, 2, 4, 3] = MatMul(%p, %vh)\n"
+             "output %y\n",
+     "Attention=1 Transpose=0 MatMul=0"},
+    {"not attention: a padding mask hides key 0 of batch row 1",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%lower, %s, %ninf)\n"
+            "%a : f32[2, 2, 4, 4] = Add(%w, %padded)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%a) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1"},
+    {"not attention: a Max clamp at -10000",
+     BATCH2 "const %clamp : f32[] = dense<-10000>\n"
+            "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%a : f32[2, 2, 4, 4] = Add(%s, %folded)\n"
+            "%x : f32[2, 2, 4, 4] = Max(%a, %clamp)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%x) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1"},
 
     /* LayerNorm */
     {"layernorm: opset < 17 chain, affine operands first",
