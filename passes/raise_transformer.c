@@ -1,23 +1,25 @@
 /* raise-transformer: requires folded constants (fold-constants) so masks and scalars are
  * CONST values; provides the transformer ops of ir/ops.def in place of the primitive chains
- * exporters write (onnx-export-patterns.md), leaving the chains dead for dce:
+ * exporters write (onnx-export-patterns.md), leaving the chains dead for dce. First, a Cast
+ * to its operand's own dtype is dropped (its readers read the operand). Then:
  *   Gather(table [V, C], ids, axis 0)                           -> Embedding(table, ids)
  *   MatMul(x, W) (+ Add(bias [N])), Gemm, Reshape-Gemm-Reshape  -> Linear(x, W, bias?)
  *   ReduceMean-Sub-Pow(2)-ReduceMean-Add(eps)-Sqrt-Div(-Mul(scale))(-Add(bias))
  *                                                               -> LayerNorm {axis, epsilon}
  *   0.5 * x * (1 + erf(x / sqrt 2)), 0.5 * x * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  *                                                               -> Gelu {approximate}
- *   Softmax(mask(scale * MatMul(Q, K^T))) then MatMul(., V)      -> Attention(Q, K, V)
+ *   Softmax(mask(scale * MatMul(Q, K^T))) then MatMul(., V)      -> Attention(Q, K, V, bias?)
  *                                                                  {is_causal = 1, scale}
  * Every constant is checked (exponents, epsilon, GELU coefficients, reduce axes), and the
- * causal mask is verified from its values: the masked positions of the [T, T] scores must be
- * exactly those above the diagonal. Whatever does not match stays primitive, so the pass
- * never changes what the module computes (beyond float rounding).
+ * causal mask is proven from its values (see the attention section): the masked positions
+ * of the [T, T] scores must be exactly those above the diagonal. Whatever does not match
+ * stays primitive, so the pass never changes what the module computes (beyond float
+ * rounding).
  *
  * Each pattern is rewritten in place at its last op (the one whose result the rest of the
  * graph reads), so the result keeps its name, uses and origin and every operand is already
- * defined there; only Attention's K (when the export folded K^T into the head transpose)
- * needs a new op, placed by tp_sort_ops. A weight that retie-params re-tied stays the
+ * defined there; only Attention's K (when the export folded K^T into the head transpose),
+ * the 4-D views of 3-D products and their Attention need new ops, placed by tp_sort_ops. A weight that retie-params re-tied stays the
  * result of its "retie" op (Linear reads it as W), so the record of the tie survives. */
 #include "../ir/ir.h"
 #include "../runtime/interp/interp.h"
@@ -121,6 +123,21 @@ static int check(TpModule *m, int o, TpDiag *d) {
   if (tp_infer_op(m, o, &quiet) == TP_OK) return TP_OK;
   return tp_internal(d, "raise-transformer made an invalid %s at node '%s': %s", tp_op_info[m->ops[o].kind].name,
                      m->ops[o].origin.node ? m->ops[o].origin.node : "?", quiet.last);
+}
+
+/* ---- no-op casts ---- */
+
+/* Cast(x) to x's own dtype (the .to(dtype) calls of HF code) is x: its readers read x
+ * instead, so the chains below (the residual stream, the attention scores) see through
+ * it. A graph output keeps its Cast, and so its name. */
+static void drop_noop_casts(TpModule *m) {
+  for (int o = 0; o < m->nops; o++) {
+    if (m->ops[o].dead || m->ops[o].kind != TP_OP_Cast || type(m, in(m, o, 0))->dtype != type(m, out(m, o))->dtype)
+      continue;
+    bool output = false;
+    for (int i = 0; i < m->noutputs; i++) output |= m->outputs[i] == out(m, o);
+    if (!output) tp_replace_uses(m, out(m, o), in(m, o, 0));
+  }
 }
 
 /* ---- Embedding ---- */
@@ -352,7 +369,7 @@ static int raise_gelu_tanh(TpModule *m, int tanh_op, TpDiag *d) {
  *
  * Anchored at a Softmax over the keys of [B, H, T, T] scores (or [B*H, T, T] ones, as
  * baddbmm exports them). Back from it runs the score chain down to the product Q K^T (a
- * MatMul): casts to the same float type, reshapes between the 3-D and 4-D forms, and
+ * MatMul): reshapes between the 3-D and 4-D forms (no-op casts are gone already), and
  * elementwise ops whose other operands are constant data (Mul or Div by positive factors,
  * Add, Sub, Max clamps at the float minimum, Where). The chain is evaluated at every score
  * position as an abstract value: alpha * s + beta of the product s, or masked (at most
@@ -360,7 +377,7 @@ static int raise_gelu_tanh(TpModule *m, int tanh_op, TpDiag *d) {
  * gives them weight exactly 0, the masked positions are exactly the keys after the query
  * (and, with a sliding window of W keys, those W or more before it), and alpha is one
  * constant (the scale); beta at the visible positions is an additive bias (ALiBi). Forward
- * from the Softmax, casts and reshapes lead to MatMul(probabilities, V). Each failure
+ * from the Softmax, reshapes lead to MatMul(probabilities, V). Each failure
  * returns why, which tp_attention_unproven gives insert-token-dim's refusal. */
 
 /* The lowest finite value of dt: exporters mask with it (finfo.min) or with -inf. */
@@ -423,16 +440,6 @@ static bool evaluate(const TpModule *m, int v, int depth, TpTensor *t) {
 
 static const char *node_name(const TpModule *m, int o) {
   return m->ops[o].origin.node ? m->ops[o].origin.node : m->values[out(m, o)].name;
-}
-
-/* A Cast to its operand's own type (the .to(dtype) of HF code): an identity. */
-static bool noop_cast(const TpModule *m, int o) {
-  return m->ops[o].kind == TP_OP_Cast && type(m, in(m, o, 0))->dtype == type(m, out(m, o))->dtype;
-}
-
-static int skip_casts(const TpModule *m, int v) {
-  for (int o; (o = def_of(m, v, TP_OP_Cast)) >= 0 && noop_cast(m, o);) v = in(m, o, 0);
-  return v;
 }
 
 typedef struct {
@@ -499,9 +506,6 @@ static const char *score_chain(TpModule *m, int sm, Chain *c) {
       }
       if (!c->H) c->B = c->BH, c->H = 1; /* 3-D throughout: one head per batch row */
       return NULL;
-    case TP_OP_Cast:
-      if (!noop_cast(m, o)) return tp_strfmt(m, "Cast at node '%s' changes the scores' type", node_name(m, o));
-      break;
     case TP_OP_Reshape: break; /* its operand's shape is checked next round */
     case TP_OP_Add:
     case TP_OP_Sub:
@@ -719,15 +723,14 @@ static int64_t heads_of(const Chain *c, const TpType *t) {
   return t->rank == 3 && t->dims[0] == c->BH ? c->H : -1;
 }
 
-/* MatMul(probabilities, V) after Softmax c->softmax, through no-op casts and reshapes of
- * the scores; -1 if there is none. */
+/* MatMul(probabilities, V) after Softmax c->softmax, through reshapes of the scores; -1 if
+ * there is none. */
 static int times_values(TpModule *m, Chain *c) {
   int p = out(m, c->softmax);
   for (int step = 0; step < CHAIN_MAX; step++) {
     int u = user_of(m, p, TP_OP_MatMul, 0);
     if (u >= 0) return u;
-    if ((u = user_of(m, p, TP_OP_Cast, 0)) >= 0 && noop_cast(m, u)) p = out(m, u);
-    else if ((u = user_of(m, p, TP_OP_Reshape, 0)) >= 0 && score_type(c, type(m, out(m, u)))) p = out(m, u);
+    if ((u = user_of(m, p, TP_OP_Reshape, 0)) >= 0 && score_type(c, type(m, out(m, u)))) p = out(m, u);
     else return -1;
   }
   return -1;
@@ -753,11 +756,10 @@ static int add_view(TpModule *m, TpOpKind kind, int x, int named, const char *su
 /* v as [B, heads, S, D]: itself when 4-D; for [B*heads, S, D], the 4-D value a Reshape made
  * it from, or a new Reshape. */
 static int as_heads(TpModule *m, int v, int64_t B, int64_t heads, TpDiag *d) {
-  v = skip_casts(m, v);
   const TpType *t = type(m, v);
   if (t->rank == 4) return v;
   int r = def_of(m, v, TP_OP_Reshape);
-  int src = r >= 0 ? skip_casts(m, in(m, r, 0)) : -1;
+  int src = r >= 0 ? in(m, r, 0) : -1;
   const TpType *ts = src >= 0 ? type(m, src) : NULL;
   if (ts && ts->rank == 4 && ts->dims[0] == B && ts->dims[1] == heads && ts->dims[2] == t->dims[1] &&
       ts->dims[3] == t->dims[2])
@@ -772,17 +774,16 @@ static int as_heads(TpModule *m, int v, int64_t B, int64_t heads, TpDiag *d) {
  * head transpose into K^T's [0,2,3,1], or of K^T itself). */
 static int untranspose_k(TpModule *m, int kt, int64_t B, int64_t heads, TpDiag *d) {
   static const int64_t swap3[] = {0, 2, 1}, swap_last[] = {0, 1, 3, 2}, heads_kt[] = {0, 2, 3, 1}, heads_p[] = {0, 2, 1, 3};
-  kt = skip_casts(m, kt);
   int o = def_of(m, kt, TP_OP_Transpose);
   if (type(m, kt)->rank == 3) {
     if (o >= 0 && perm_is(m, o, swap3, 3)) return as_heads(m, in(m, o, 0), B, heads, d);
     if ((kt = as_heads(m, kt, B, heads, d)) < 0) return -1;
     o = def_of(m, kt, TP_OP_Transpose);
   }
-  if (o >= 0 && perm_is(m, o, swap_last, 4)) return skip_casts(m, in(m, o, 0));
+  if (o >= 0 && perm_is(m, o, swap_last, 4)) return in(m, o, 0);
   int src = kt;
   const int64_t *perm = swap_last;
-  if (o >= 0 && perm_is(m, o, heads_kt, 4)) src = skip_casts(m, in(m, o, 0)), perm = heads_p;
+  if (o >= 0 && perm_is(m, o, heads_kt, 4)) src = in(m, o, 0), perm = heads_p;
   TpType tk = *type(m, src);
   for (int i = 0; i < 4; i++) tk.dims[i] = type(m, src)->dims[perm[i]];
   int t = add_view(m, TP_OP_Transpose, src, kt, "k", o >= 0 ? m->ops[o].origin : m->values[kt].origin, tk);
@@ -797,7 +798,7 @@ static int unrepeat(const TpModule *m, int x) {
   int e = r2 >= 0 ? def_of(m, in(m, r2, 0), TP_OP_Expand) : -1;
   int r1 = e >= 0 ? def_of(m, in(m, e, 0), TP_OP_Reshape) : -1;
   if (r1 < 0) return x;
-  int kv = skip_casts(m, in(m, r1, 0));
+  int kv = in(m, r1, 0);
   const TpType *tk = type(m, kv), *t1 = type(m, out(m, r1)), *te = type(m, out(m, e)), *tx = type(m, x);
   if (tk->rank != 4 || t1->rank != 5 || te->rank != 5) return x;
   int64_t B = tk->dims[0], Hkv = tk->dims[1], T = tk->dims[2], D = tk->dims[3], r = te->dims[2];
@@ -828,6 +829,8 @@ static const char *analyse(TpModule *m, int sm, Chain *c, Frame *f, Proof *pr) {
     return tp_strfmt(m, "MatMul at node '%s' does not keep the scores' batch and heads", node_name(m, c->pv));
   if (pr->window) /* until Attention has the window attribute (branch hx-maskrt) */
     return tp_strfmt(m, "its sliding window of %lld keys is not supported yet", (long long)pr->window);
+  if (pr->biased) /* until autodiff and split-sequence take Attention's mask (branch hx-maskrt) */
+    return "its additive bias (ALiBi) is not supported yet";
   if (pr->biased && c->dt != TP_F32) return tp_strfmt(m, "its additive bias is on %s scores, not f32", tp_dtype_name(c->dt));
   return NULL;
 }
@@ -893,6 +896,7 @@ const char *tp_attention_unproven(TpModule *m, int product) {
 
 int pass_raise_transformer(TpModule *m, TpDiag *d) {
   int nops = m->nops, rc = TP_OK;
+  drop_noop_casts(m);
   for (int o = 0; o < nops && rc == TP_OK; o++) {
     if (m->ops[o].dead) continue;
     switch (m->ops[o].kind) {
