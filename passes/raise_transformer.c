@@ -125,19 +125,90 @@ static int check(TpModule *m, int o, TpDiag *d) {
                      m->ops[o].origin.node ? m->ops[o].origin.node : "?", quiet.last);
 }
 
-/* ---- no-op casts ---- */
+/* ---- identities and flattened rows ---- */
 
-/* Cast(x) to x's own dtype (the .to(dtype) calls of HF code) is x: its readers read x
- * instead, so the chains below (the residual stream, the attention scores) see through
- * it. A graph output keeps its Cast, and so its name. */
-static void drop_noop_casts(TpModule *m) {
+static bool is_output(const TpModule *m, int v) {
+  for (int i = 0; i < m->noutputs; i++)
+    if (m->outputs[i] == v) return true;
+  return false;
+}
+
+/* A Cast to its operand's own dtype (the .to(dtype) calls of HF code) or a Reshape to its
+ * operand's own shape is its operand: its readers read that instead, so the chains below
+ * (the residual stream, the attention scores) see through it. A graph output keeps its op,
+ * and so its name. */
+static void drop_identities(TpModule *m) {
   for (int o = 0; o < m->nops; o++) {
-    if (m->ops[o].dead || m->ops[o].kind != TP_OP_Cast || type(m, in(m, o, 0))->dtype != type(m, out(m, o))->dtype)
-      continue;
-    bool output = false;
-    for (int i = 0; i < m->noutputs; i++) output |= m->outputs[i] == out(m, o);
-    if (!output) tp_replace_uses(m, out(m, o), in(m, o, 0));
+    const TpOp *op = &m->ops[o];
+    if (op->dead || (op->kind != TP_OP_Cast && op->kind != TP_OP_Reshape) || is_output(m, out(m, o))) continue;
+    const TpType *tx = type(m, in(m, o, 0)), *ty = type(m, out(m, o));
+    if (op->kind == TP_OP_Cast ? tx->dtype == ty->dtype : tp_type_equal(tx, ty)) tp_replace_uses(m, out(m, o), in(m, o, 0));
   }
+}
+
+enum { ROWS_MAX = 64 };
+
+static bool among(int v, const int *set, int n) {
+  for (int k = 0; k < n; k++)
+    if (set[k] == v) return true;
+  return false;
+}
+
+/* Whether op o computes row t of its one [N, C'] result from rows t of the operands in the
+ * region rows[0..n) alone (and from row-independent ones outside it): elementwise ops,
+ * Linear, LayerNorm over the last axis. */
+static bool rowwise(const TpModule *m, int o, const int *rows, int n) {
+  const TpOp *op = &m->ops[o];
+  const TpType *ty = type(m, out(m, o));
+  bool elementwise = tp_op_info[op->kind].traits & TP_TRAIT_ELEMENTWISE;
+  bool ln = op->kind == TP_OP_LayerNorm && tp_attr_int(m, o, "axis", -1) == 1;
+  if ((!elementwise && !ln && op->kind != TP_OP_Linear) || ty->rank != 2) return false;
+  for (int i = 1; i < op->noutputs; i++)
+    if (op->outputs[i] >= 0) return false;
+  for (int i = 0; i < op->ninputs; i++) {
+    int v = op->inputs[i];
+    if (v < 0) continue;
+    if (among(v, rows, n) ? (elementwise ? !tp_type_equal(type(m, v), ty) : i != 0) : elementwise && type(m, v)->rank > 1)
+      return false;
+  }
+  return true;
+}
+
+/* Reshape r flattening x [d0, .., dk, C] to [N, C] (OPT's MLP block): when every reader of
+ * the rows, up to Reshapes back to [d0, .., dk, C'], computes row by row, the rows keep
+ * x's leading dims instead (the Reshapes become identities), so the token and batch axes
+ * run through and the residual stream stays one chain. */
+static int unflatten(TpModule *m, int r, TpDiag *d) {
+  const TpType *tx = type(m, in(m, r, 0)), *ty = type(m, out(m, r));
+  if (tx->rank < 3 || ty->rank != 2 || ty->dims[1] != tx->dims[tx->rank - 1]) return TP_OK;
+  int rows[ROWS_MAX], ops[ROWS_MAX], n = 0, nops = 0;
+  rows[n++] = out(m, r);
+  for (int o = r + 1; o < m->nops; o++) { /* in order: an op's operands come first */
+    const TpOp *op = &m->ops[o];
+    bool reads = false;
+    for (int i = 0; i < op->ninputs; i++) reads |= among(op->inputs[i], rows, n);
+    if (op->dead || !reads) continue;
+    const TpType *to = type(m, out(m, o));
+    if (op->kind == TP_OP_Reshape && to->rank == tx->rank &&
+        memcmp(to->dims, tx->dims, (size_t)(tx->rank - 1) * sizeof *to->dims) == 0)
+      continue; /* back to [d0, .., dk, C'] */
+    if (!rowwise(m, o, rows, n) || n == ROWS_MAX) return TP_OK;
+    ops[nops++] = o;
+    rows[n++] = out(m, o);
+  }
+  for (int i = 0; i < n; i++)
+    if (is_output(m, rows[i])) return TP_OK;
+  for (int i = 0; i < n; i++) { /* [N, C'] -> [d0, .., dk, C'] */
+    TpType *t = &m->values[rows[i]].type;
+    int64_t c = t->dims[1];
+    *t = *tx;
+    t->dims[tx->rank - 1] = c;
+  }
+  for (int i = 0; i < nops; i++) {
+    if (m->ops[ops[i]].kind == TP_OP_LayerNorm) tp_set_attr_int(m, ops[i], "axis", tx->rank - 1);
+    if (check(m, ops[i], d) != TP_OK) return TP_ERR_INTERNAL;
+  }
+  return TP_OK;
 }
 
 /* ---- Embedding ---- */
@@ -896,7 +967,7 @@ const char *tp_attention_unproven(TpModule *m, int product) {
 
 int pass_raise_transformer(TpModule *m, TpDiag *d) {
   int nops = m->nops, rc = TP_OK;
-  drop_noop_casts(m);
+  drop_identities(m);
   for (int o = 0; o < nops && rc == TP_OK; o++) {
     if (m->ops[o].dead) continue;
     switch (m->ops[o].kind) {
@@ -912,6 +983,9 @@ int pass_raise_transformer(TpModule *m, TpDiag *d) {
     default: break;
     }
   }
+  for (int o = 0; o < nops && rc == TP_OK; o++) /* after Gemm became Linear */
+    if (!m->ops[o].dead && m->ops[o].kind == TP_OP_Reshape) rc = unflatten(m, o, d);
+  drop_identities(m); /* what unflatten left */
   if (m->nops != nops) tp_sort_ops(m); /* Attention's new K transposes */
   return rc;
 }

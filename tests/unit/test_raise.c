@@ -144,6 +144,22 @@ typedef struct {
                 "-0.924, -0.356, 0.69, -0.709, -0.639, -0.247, 0.752, 0.503, 0.89, -0.615, 0.768, " \
                 "-0.178, -0.065, -0.95]>"
 
+/* x [2, 3, 4] flattened to rows [6, 4] around an MLP with a residual Add (OPT), whose
+ * normalised rows %n are made before it. */
+#define FLAT                                                  \
+  "input %x : f32[2, 3, 4]\n"                                 \
+  "param %g : f32[4] = dense<[-0.521, -0.195, -0.807, 0.936]>\n" \
+  "param %w1 : f32[4, 5] = " W45 "\n"                         \
+  "param %w2 : f32[5, 4] = " W54 "\n"                         \
+  "%f : f32[6, 4] = Reshape(%x)\n"
+#define FLAT_MLP(h)                          \
+  "%a : f32[6, 5] = MatMul(%n, %w1)\n"       \
+  "%h : f32[6, 5] = Relu(%a)\n"              \
+  "%b : f32[6, 4] = MatMul(" h ", %w2)\n"    \
+  "%r : f32[6, 4] = Add(%f, %b)\n"           \
+  "%y : f32[2, 3, 4] = Reshape(%r)\n"        \
+  "output %y\n"
+
 static const Case cases[] = {
     /* causal self-attention */
     {"attention: Where(tril, scores, finfo.min) after Mul(scale)",
@@ -248,6 +264,12 @@ static const Case cases[] = {
             "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
             "output %y\n",
      "Attention=0 Softmax=1"},
+
+    /* OPT's MLP on rows flattened to [B*T, C] */
+    {"unflatten: Reshape [B*T, C], LayerNorm, Linear, Relu, Linear, residual Add, Reshape back",
+     FLAT "%n : f32[6, 4] = LayerNorm(%f, %g) {axis = 1, epsilon = 1e-05}\n" FLAT_MLP("%h"), "Reshape=1 LayerNorm=1 Linear=2"}, /* the output keeps its Reshape */
+    {"not unflatten: a Softmax over the rows (axis 0) in the block",
+     FLAT "%n : f32[6, 4] = Softmax(%f) {axis = 0}\n" FLAT_MLP("%h"), "Reshape=2 Softmax=1"},
 
     /* LayerNorm */
     {"layernorm: opset < 17 chain, affine operands first",
