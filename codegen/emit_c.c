@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../runtime/cpu/nn.h" /* tp_attention_set_mask: a mask's strides */
+
 /* Runtime headers a plan may include, one bit each. */
 enum {
   H_ELEMENTWISE = 1 << 0,
@@ -510,6 +512,12 @@ static bool attention_params(Emitter *E, int op, int first, char *buf, size_t si
     return false;
   }
   if (offset) len += snprintf(buf + len, size - (size_t)len, ", .causal_offset = %lld", (long long)offset);
+  int64_t window = tp_attr_int(m, op, "window", 0);
+  if (window < 0) {
+    unsupported(E, op, "window must be >= 0");
+    return false;
+  }
+  if (window) len += snprintf(buf + len, size - (size_t)len, ", .window = %lld", (long long)window);
   /* a token slice's K and V are read in place from their context buffers */
   int64_t rows = tp_context_rows(m, in(E, op, first + 1));
   if (rows != tp_context_rows(m, in(E, op, first + 2))) {
@@ -522,24 +530,19 @@ static bool attention_params(Emitter *E, int op, int first, char *buf, size_t si
   return true;
 }
 
-/* Attention's optional mask: the fields of TpAttention that describe it. */
-static bool attention_mask(Emitter *E, int op, char *buf, size_t size) {
-  int mask = in(E, op, 3);
+/* An attention op's mask (operand `mask`): the fields of TpAttention that describe it. */
+static bool attention_mask(Emitter *E, int op, int mask, char *buf, size_t size) {
   const TpType *mt = type_of(E, mask);
   if (mt->dtype != TP_BOOL && mt->dtype != TP_F32) {
     unsupported(E, op, "the mask must be bool or f32");
     return false;
   }
-  int64_t strides[4], stride = 1;
-  for (int k = 3, km = mt->rank - 1; k >= 0; k--, km--) {
-    int64_t dim = km >= 0 ? mt->dims[km] : 1;
-    strides[k] = dim == 1 ? 0 : stride;
-    stride *= dim;
-  }
+  TpAttention p = {0};
+  tp_attention_set_mask(&p, NULL, mt->dtype == TP_BOOL, mt->dims, mt->rank);
+  const int64_t *st = p.mask_strides;
   snprintf(buf, size, ", .mask = %s.data, .mask_is_bool = %s, .mask_strides = {%lld, %lld, %lld, %lld}, .mask_len = %lld",
-           E->name[mask], mt->dtype == TP_BOOL ? "true" : "false", (long long)strides[0],
-           (long long)strides[1], (long long)strides[2], (long long)strides[3],
-           (long long)mt->dims[mt->rank - 1]);
+           E->name[mask], p.mask_is_bool ? "true" : "false", (long long)st[0], (long long)st[1], (long long)st[2],
+           (long long)st[3], (long long)p.mask_len);
   return true;
 }
 
@@ -771,8 +774,9 @@ static void emit_op(Emitter *E, int op) {
       return;
     }
     char p[1024], mask[256] = "";
+    int mv = in(E, op, fwd ? 3 : 4); /* the mask */
     if (!attention_params(E, op, fwd ? 0 : 1, p, sizeof p)) return;
-    if (fwd && in(E, op, 3) >= 0 && !attention_mask(E, op, mask, sizeof mask)) return;
+    if (mv >= 0 && !attention_mask(E, op, mv, mask, sizeof mask)) return;
     strcat(strcat(p, mask), "}");
     E->headers |= fwd ? H_NN : H_NN_BACKWARD;
     if (fwd)

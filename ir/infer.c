@@ -452,6 +452,28 @@ static int infer_layernorm(const Ctx *c) {
   return set_result(c, 1, stat) || set_result(c, 2, stat) ? TP_ERR_INPUT : TP_OK;
 }
 
+/* Attention's and AttentionBackward's causal attributes: causal_offset >= 0, and a window
+ * >= 0 that only a causal attention has. */
+static int check_causal_attrs(const Ctx *c) {
+  int64_t offset = tp_attr_int(c->m, c->op, "causal_offset", 0), window = tp_attr_int(c->m, c->op, "window", 0);
+  if (offset < 0) return tp_error_op(c->d, c->m, c->op, "causal_offset %lld must be >= 0", (long long)offset);
+  if (window < 0) return tp_error_op(c->d, c->m, c->op, "window %lld must be >= 0", (long long)window);
+  if (window && !tp_attr_int(c->m, c->op, "is_causal", 0))
+    return tp_error_op(c->d, c->m, c->op, "window %lld needs is_causal = 1", (long long)window);
+  return TP_OK;
+}
+
+/* An attention mask: bool or Q's dtype, rank <= 4, broadcast to the scores [B, H, S, T]. */
+static int check_attention_mask(const Ctx *c, const TpType *mask, TpDType dtype, int64_t batch, int64_t heads,
+                                int64_t s, int64_t total) {
+  TpType scores = {.dtype = mask->dtype, .rank = 4, .dims = {batch, heads, s, total}}, t;
+  if (mask->rank > 4 || broadcast(c, mask, &scores, &t)) return TP_ERR_INPUT;
+  if (!tp_type_equal(&t, &scores)) return tp_error_op(c->d, c->m, c->op, "attn_mask does not broadcast to the scores");
+  if (mask->dtype != TP_BOOL && mask->dtype != dtype)
+    return tp_error_op(c->d, c->m, c->op, "attn_mask must be bool or Q's dtype");
+  return TP_OK;
+}
+
 /* Attention (ONNX opset 23): 4-D [B, H, S, D] operands, or 3-D [B, S, H*D] with head counts. */
 static int infer_attention(const Ctx *c) {
   const TpType *q = operand(c, 0), *k = operand(c, 1), *v = operand(c, 2), *mask = operand(c, 3);
@@ -487,13 +509,8 @@ static int infer_attention(const Ctx *c) {
   }
   int64_t total = past + l;
   if (dv && hq > INT64_MAX / dv) return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
-  if (mask) {
-    TpType scores = {.dtype = mask->dtype, .rank = 4, .dims = {batch, hq, s, total}}, t;
-    if (mask->rank > 4 || broadcast(c, mask, &scores, &t)) return TP_ERR_INPUT;
-    if (!tp_type_equal(&t, &scores)) return tp_error_op(c->d, c->m, c->op, "attn_mask does not broadcast to the scores");
-    if (mask->dtype != TP_BOOL && mask->dtype != q->dtype)
-      return tp_error_op(c->d, c->m, c->op, "attn_mask must be bool or Q's dtype");
-  }
+  if (check_causal_attrs(c) || (mask && check_attention_mask(c, mask, q->dtype, batch, hq, s, total)))
+    return TP_ERR_INPUT;
   TpType y = q->rank == 4 ? (TpType){.dtype = q->dtype, .rank = 4, .dims = {batch, hq, s, dv}}
                           : (TpType){.dtype = q->dtype, .rank = 3, .dims = {batch, s, hq * dv}};
   y.dimnames[0] = q->dimnames[0];
@@ -684,7 +701,12 @@ static int infer_attention_backward(const Ctx *c) {
   }
   if (k->dims[0] != q->dims[0] || v->dims[0] != q->dims[0])
     return tp_error_op(c->d, c->m, c->op, "batch sizes differ");
-  if (check_grad(c, dy, &y)) return TP_ERR_INPUT;
+  if (check_grad(c, dy, &y) || check_causal_attrs(c)) return TP_ERR_INPUT;
+  const TpType *mask = operand(c, 4);
+  int seq = q->rank == 4 ? 2 : 1;
+  int64_t heads = q->rank == 4 ? q->dims[1] : tp_attr_int(c->m, c->op, "q_num_heads", 0);
+  if (mask && check_attention_mask(c, mask, q->dtype, q->dims[0], heads, q->dims[seq], k->dims[seq]))
+    return TP_ERR_INPUT;
   return set_results_like(c, 1, 3);
 }
 

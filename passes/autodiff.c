@@ -664,19 +664,23 @@ static void backward(Ad *a, const int *dys) {
     break;
   }
   case TP_OP_Attention: {
-    for (int i = 3; i < nin; i++)
+    for (int i = 4; i < nin; i++)
       if (in[i] >= 0) {
-        cannot(a, i == 3 ? "an explicit attention mask is not supported (causal attention needs is_causal = 1)"
-                         : "past key/value inputs are not supported");
+        cannot(a, "past key/value inputs are not supported");
         return;
       }
+    int mask = nin > 3 ? in[3] : -1;
+    if (mask >= 0 && need[3]) {
+      cannot(a, "the attention mask would need a gradient (a trained mask is not supported)");
+      return;
+    }
     const char *names[3];
     for (int i = 0; i < 3; i++) names[i] = need[i] ? contrib_name(a, in[i]) : tmp_name(a, in[i]);
     if (in[0] == in[1] || in[0] == in[2] || in[1] == in[2]) { /* distinct contribution names */
       int v = in[0];
       for (int i = 0; i < 3; i++) names[i] = tp_strfmt(a->m, "%s.%d", need[i] ? contrib_name(a, in[i]) : tmp_name(a, v), i);
     }
-    int op = begin(a, TP_OP_AttentionBackward, (int[]){dy, in[0], in[1], in[2]}, 4, names, 3);
+    int op = begin(a, TP_OP_AttentionBackward, (int[]){dy, in[0], in[1], in[2], mask}, mask >= 0 ? 5 : 4, names, 3);
     copy_attrs(a, op);
     end(a, op, NULL);
     for (int i = 0; i < 3; i++)

@@ -279,8 +279,11 @@ static const char *attention_problem(TpModule *m, int op) {
   const TpOp *o = &m->ops[op];
   const char *node = node_of(m, op);
   if (!tp_attr_int(m, op, "is_causal", 0)) return tp_strfmt(m, "attention at node '%s' is not causal", node);
-  if (o->ninputs > 3 && o->inputs[3] >= 0)
-    return tp_strfmt(m, "attention at node '%s' is not causal: it has an explicit mask", node);
+  /* With is_causal, a mask only biases (or hides) keys the causal band allows: a position
+   * bias that split-sequence cuts along its query and key dims, if the tokens do not feed it. */
+  if (o->ninputs > 3 && o->inputs[3] >= 0 && tp_token_axis(m, o->inputs[3]) >= 0)
+    return tp_strfmt(m, "attention at node '%s' has a mask computed from the tokens (%%%s); only a position bias "
+                        "the tokens do not feed can be sliced", node, m->values[o->inputs[3]].name);
   for (int i = 4; i < o->ninputs; i++)
     if (o->inputs[i] >= 0) return tp_strfmt(m, "attention at node '%s' reads past keys and values", node);
   for (int i = 1; i < o->noutputs; i++)

@@ -13,7 +13,10 @@
  *     Kctx_0 = Concat(K_0) and Kctx_i = Concat(Kctx_{i-1}, K_i) along the token axis
  *     ("<K>.ctx.s<i>"), each {context_rows = T}: the compiled plan keeps one buffer of T
  *     rows per K and V that every slice appends its rows to (ir/ops.def), not a copy of
- *     the growing context per slice.
+ *     the growing context per slice. Its mask (a position bias: insert-token-dim allows
+ *     only one the tokens do not feed) is cut to the query rows [c_i, c_i + l_i) and key
+ *     columns [0, c_i + l_i) ("<mask>.s<i>", folded when constant); a window stays exact
+ *     as it is, since causal_offset places the rows.
  *   - The loss: CrossEntropy per slice with the whole run's denominator (B*T), summed as
  *     the slices come ("<loss>.sum.s<i>"; the last sum takes the loss's name), so it is
  *     the mean over all B*T positions. A model's own loss cannot be cut (train the logits
@@ -39,6 +42,7 @@ typedef struct {
   int nvalues;      /* values before the pass: rep is indexed by them */
   int *rep;         /* rep[v * M + i]: slice i's part of value v, -1 before it exists */
   int *ctx;         /* ctx[v * M + i]: keys or values v of rows [0, c_i + l_i) */
+  int *mask;        /* mask[v * M + i]: attention mask v cut for slice i */
   int rc;
 } Split;
 
@@ -68,6 +72,22 @@ static TpType rows(TpType t, int a, int64_t n) {
   return t;
 }
 
+/* A Slice of v for slice i (like op `user`): the block of type t from `starts`, folded
+ * when v is a constant. */
+static int cut(Split *s, int v, const int64_t *starts, TpType t, int i, int user) {
+  TpModule *m = s->m;
+  int64_t steps[TP_MAX_RANK];
+  for (int k = 0; k < t.rank; k++) steps[k] = 1;
+  int op = add(s, TP_OP_Slice, &v, 1, (const char *[]){tp_strfmt(m, "%s.s%d", m->values[v].name, i)}, 1, &t, user, false, i);
+  tp_set_attr_ints(m, op, "starts", starts, t.rank);
+  tp_set_attr_ints(m, op, "steps", steps, t.rank);
+  int r = m->ops[op].outputs[0];
+  if (infer(s, op)) return r;
+  bool folded;
+  if (m->values[v].kind == TP_VAL_CONST && tp_fold_op(m, op, &folded, s->d) != TP_OK) s->rc = TP_ERR_INTERNAL;
+  return r;
+}
+
 /* Slice i of value v: v itself without a token axis, else the replica, or a Slice of a
  * graph input, parameter or constant (made on first use, like op `user`). */
 static int part(Split *s, int v, int i, int user) {
@@ -77,19 +97,9 @@ static int part(Split *s, int v, int i, int user) {
   int *r = &s->rep[v * s->M + i];
   if (*r >= 0) return *r;
   TP_ASSERT(m->values[v].kind != TP_VAL_RESULT); /* results are repeated before their users */
-  TpType t = m->values[v].type;
-  int64_t starts[TP_MAX_RANK] = {0}, steps[TP_MAX_RANK];
-  for (int k = 0; k < t.rank; k++) steps[k] = 1;
+  int64_t starts[TP_MAX_RANK] = {0};
   starts[a] = s->start[i];
-  TpType rt = rows(t, a, s->len[i]);
-  int op = add(s, TP_OP_Slice, &v, 1, (const char *[]){tp_strfmt(m, "%s.s%d", m->values[v].name, i)}, 1, &rt, user, false, i);
-  tp_set_attr_ints(m, op, "starts", starts, t.rank);
-  tp_set_attr_ints(m, op, "steps", steps, t.rank);
-  *r = m->ops[op].outputs[0];
-  if (infer(s, op)) return *r;
-  bool folded;
-  if (m->values[v].kind == TP_VAL_CONST && tp_fold_op(m, op, &folded, s->d) != TP_OK) s->rc = TP_ERR_INTERNAL;
-  return *r;
+  return *r = cut(s, v, starts, rows(m->values[v].type, a, s->len[i]), i, user);
 }
 
 /* Keys (or values) of rows [0, c_i + l_i) for slice i's attention, op `att`. */
@@ -106,6 +116,21 @@ static int context(Split *s, int kv, int i, int att) {
   tp_set_attr_int(m, op, "context_rows", m->values[kv].type.dims[a]);
   infer(s, op);
   return *r = m->ops[op].outputs[0];
+}
+
+/* Slice i's part of attention op att's mask v: the query rows [c_i, c_i + l_i) and key
+ * columns [0, c_i + l_i) of the scores it is added to (a dim of 1 is broadcast and stays
+ * whole); folded when v is a constant. */
+static int mask_part(Split *s, int v, int i, int att) {
+  TpModule *m = s->m;
+  int *r = &s->mask[v * s->M + i];
+  if (*r >= 0) return *r;
+  TpType t = m->values[v].type;
+  int64_t starts[TP_MAX_RANK] = {0};
+  int qd = t.rank - 2, kd = t.rank - 1;
+  if (qd >= 0 && t.dims[qd] != 1) starts[qd] = s->start[i], t.dims[qd] = s->len[i];
+  if (kd >= 0 && t.dims[kd] != 1) t.dims[kd] = s->start[i] + s->len[i];
+  return *r = cut(s, v, starts, t, i, att);
 }
 
 static void copy_attrs(TpModule *m, int from, int to) {
@@ -128,8 +153,10 @@ static int repeat(Split *s, int o, int i, TpTokenClass c) {
   TpType types[64];
   TP_ASSERT(nin <= 64 && nout <= 64);
   for (int k = 0; k < nin; k++) in[k] = part(s, m->ops[o].inputs[k], i, o);
-  if (c == TP_TOKEN_CAUSAL_PREFIX)
+  if (c == TP_TOKEN_CAUSAL_PREFIX) {
     for (int k = 1; k <= 2; k++) in[k] = context(s, m->ops[o].inputs[k], i, o);
+    if (nin > 3 && in[3] >= 0) in[3] = mask_part(s, m->ops[o].inputs[3], i, o);
+  }
   for (int k = 0; k < nout; k++) {
     int r = m->ops[o].outputs[k];
     names[k] = r >= 0 ? tp_strfmt(m, "%s.s%d", m->values[r].name, i) : NULL;
@@ -196,9 +223,10 @@ int pass_split_sequence(TpModule *m, TpDiag *d) {
   s.start = malloc((size_t)s.M * sizeof *s.start);
   s.rep = malloc((size_t)s.nvalues * (size_t)s.M * sizeof *s.rep);
   s.ctx = malloc((size_t)s.nvalues * (size_t)s.M * sizeof *s.ctx);
-  TP_ASSERT(s.start && s.rep && s.ctx);
+  s.mask = malloc((size_t)s.nvalues * (size_t)s.M * sizeof *s.mask);
+  TP_ASSERT(s.start && s.rep && s.ctx && s.mask);
   for (int i = 0; i < s.M; i++) s.start[i] = i ? s.start[i - 1] + s.len[i - 1] : 0;
-  for (size_t k = 0; k < (size_t)s.nvalues * (size_t)s.M; k++) s.rep[k] = s.ctx[k] = -1;
+  for (size_t k = 0; k < (size_t)s.nvalues * (size_t)s.M; k++) s.rep[k] = s.ctx[k] = s.mask[k] = -1;
 
   int loss = m->loss, sum_v = -1;
   for (int i = 0; i < s.M && s.rc == TP_OK; i++)
@@ -273,5 +301,6 @@ int pass_split_sequence(TpModule *m, TpDiag *d) {
   free(s.start);
   free(s.rep);
   free(s.ctx);
+  free(s.mask);
   return rc;
 }

@@ -124,7 +124,8 @@ static void concat_kv(const TpAttention *p, const float *past, const float *x, i
 }
 
 /* Query rows per attention task. With a causal mask a block of rows needs only the keys up
- * to its last row, so the products skip most of the masked-out upper triangle. */
+ * to its last row (and, with a window, from its first row's first), so the products skip
+ * most of the masked-out keys. */
 #define QUERY_BLOCK 64
 
 /* Where the keys and values of kv head g of batch b are, and their leading dimensions. */
@@ -141,39 +142,41 @@ TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int
   int64_t ldq, ldy, rows = i1 - i0;
   const float *qh = q + tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq) + i0 * ldq;
   float *yh = y + tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy) + i0 * ldy;
-  /* Keys [0, w) are the ones any row of the block may see; all of them when qk_out wants
-   * the full rows. Row i sees a prefix [0, n_i) of them (causal), minus the masked ones. */
-  int64_t w = total;
-  int64_t ahead = p->past_len + p->causal_offset; /* row i sees keys [0, i + ahead] */
-  if (p->is_causal && !qk_out && i1 + ahead < total) w = i1 + ahead;
+  /* Keys [lo, hi) are the ones any row of the block may see (the rows' ranges only move
+   * forward); all of them when qk_out wants the full rows. So the products skip the
+   * masked-out triangle after the block and, with a window, the keys before it. */
+  int64_t lo = 0, hi = total, unused;
+  if (!qk_out) {
+    tp_attention_key_range(p, i0, total, &lo, &unused);
+    tp_attention_key_range(p, i1 - 1, total, &unused, &hi);
+  }
+  int64_t w = hi - lo;
+  if (w <= 0) { /* no row sees a key */
+    for (int64_t i = 0; i < rows; i++) memset(yh + i * ldy, 0, (size_t)Dv * sizeof *yh);
+    return;
+  }
   float *qk = qk_out ? qk_out + ((b * p->q_heads + h) * Sq + i0) * total : NULL;
   size_t sbytes = (size_t)(rows * w) * sizeof *s;
 
-  tp_sgemm(false, true, rows, w, D, p->scale, qh, ldq, kv.k, kv.ldk, 0, s, w);
+  tp_sgemm(false, true, rows, w, D, p->scale, qh, ldq, kv.k + lo * kv.ldk, kv.ldk, 0, s, w);
   if (qk && p->qk_mode == 0) memcpy(qk, s, sbytes);
   if (p->softcap > 0)
     for (int64_t i = 0; i < rows * w; i++) s[i] = p->softcap * tanhf(s[i] / p->softcap);
   if (qk && p->qk_mode == 1) memcpy(qk, s, sbytes);
-  const unsigned char *mb = p->mask_is_bool ? p->mask : NULL;
-  const float *mf = p->mask_is_bool ? NULL : p->mask;
-  const int64_t *ms = p->mask_strides;
   for (int64_t i = i0; i < i1; i++) {
     float *row = s + (i - i0) * w;
-    int64_t n = p->is_causal && i + ahead + 1 < w ? i + ahead + 1 : w;
-    if (p->mask) {
-      if (n > p->mask_len) n = p->mask_len;
-      const int64_t mi = b * ms[0] + h * ms[1] + i * ms[2];
-      for (int64_t j = 0; j < n; j++)
-        if (mb) row[j] = mb[mi + j * ms[3]] ? row[j] : -INFINITY;
-        else row[j] += mf[mi + j * ms[3]];
-    }
-    for (int64_t j = n; j < w; j++) row[j] = -INFINITY;
+    int64_t first, end; /* keys [first, end) of this row, within [lo, hi) */
+    tp_attention_key_range(p, i, total, &first, &end);
+    if (p->mask) tp_attention_mask_row(p, b, h, i, first, end, row + (first - lo));
+    for (int64_t j = lo; j < first; j++) row[j - lo] = -INFINITY;
+    for (int64_t j = end; j < hi; j++) row[j - lo] = -INFINITY;
     if (qk && p->qk_mode == 2) memcpy(qk + (i - i0) * total, row, (size_t)w * sizeof *row);
-    softmax_row(row, row, n, 1, false);
-    for (int64_t j = n; j < w; j++) row[j] = 0;
+    softmax_row(row + (first - lo), row + (first - lo), end - first, 1, false);
+    for (int64_t j = lo; j < first; j++) row[j - lo] = 0;
+    for (int64_t j = end; j < hi; j++) row[j - lo] = 0;
     if (qk && p->qk_mode == 3) memcpy(qk + (i - i0) * total, row, (size_t)w * sizeof *row);
   }
-  tp_sgemm(false, false, rows, Dv, w, 1, s, w, kv.v, kv.ldv, 0, yh, ldy);
+  tp_sgemm(false, false, rows, Dv, w, 1, s, w, kv.v + lo * kv.ldv, kv.ldv, 0, yh, ldy);
 }
 
 void tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,

@@ -182,31 +182,37 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
 
 /* ---- Attention ---- */
 
-/* Per-thread scratch of the attention backward: (Sq, T) matrices. */
+/* Query rows per block, as in the forward: a block needs only the keys its rows see (up to
+ * its last row's causal bound, from its first row's window), so causal attention skips the
+ * masked-out triangle and a window the keys before it. */
+#define QUERY_BLOCK 64
+
+/* Per-thread scratch of the attention backward: (QUERY_BLOCK, T) matrices. */
 typedef struct {
   float *prob;   /* the recomputed probabilities */
   float *grad;   /* d probabilities, then d scores */
   float *capped; /* tanh(s / softcap) when softcap > 0 */
 } AttnScratch;
 
-/* Softmax of each row of s (Sq, T) in place; causal: query i sees keys j <= i + offset
- * only, the others get probability 0 (as tp_attention_f32's mask gives). */
-static void softmax_rows(float *s, int64_t Sq, int64_t T, bool causal, int64_t offset) {
-  for (int64_t i = 0; i < Sq; i++) {
-    float *row = s + i * T, mx = -INFINITY;
-    int64_t n = causal && i + offset + 1 < T ? i + offset + 1 : T;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-    double sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; j++) {
-      row[j] = tp_vexpf(row[j] - mx);
-      sum += row[j];
-    }
-    float inv = (float)(1.0 / sum);
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++) row[j] *= inv;
-    for (int64_t j = n; j < T; j++) row[j] = 0;
+/* Rows [r0, r1) of a head's (rows, D) matrix x with leading dimension ld set to zero. */
+static void zero_rows(float *x, int64_t ld, int64_t r0, int64_t r1, int64_t D) {
+  for (int64_t r = r0; r < r1; r++) memset(x + r * ld, 0, (size_t)D * sizeof *x);
+}
+
+/* The probabilities of query rows [i0, i1) of batch b, head h from their scores s
+ * (i1 - i0, hi - lo) over keys [lo, hi), in place, as tp_attention_f32 computes them:
+ * masked, softmax over each row's keys, 0 for the keys a row does not see. */
+static void attention_probabilities(const TpAttention *p, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                                    float *s, int64_t lo, int64_t hi) {
+  int64_t w = hi - lo;
+  for (int64_t i = i0; i < i1; i++) {
+    float *row = s + (i - i0) * w;
+    int64_t first, end;
+    tp_attention_key_range(p, i, p->kv_len, &first, &end);
+    if (p->mask) tp_attention_mask_row(p, b, h, i, first, end, row + (first - lo));
+    tp_softmax_f32(row + (first - lo), row + (first - lo), 1, end - first, 1, false);
+    for (int64_t j = lo; j < first; j++) row[j - lo] = 0;
+    for (int64_t j = end; j < hi; j++) row[j - lo] = 0;
   }
 }
 
@@ -222,40 +228,49 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
   int64_t ov = tp_attention_head_offset(p, b, g, p->kv_heads, T, Dv, &ldv);
   const float *kh = k + tp_attention_head_offset(p, b, g, p->kv_heads, rows, D, &ldk);
   const float *vh = v + tp_attention_head_offset(p, b, g, p->kv_heads, rows, Dv, &ldv);
+  /* every block adds its share; keys no query sees keep 0 */
+  if (dk) zero_rows(dk + ok, ldk, 0, T, D);
+  if (dv) zero_rows(dv + ov, ldv, 0, T, Dv);
   float *P = w->prob, *G = w->grad, c = p->softcap;
   for (int64_t hh = 0; hh < group; hh++) {
     int64_t h = g * group + hh;
     int64_t oq = tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq);
     int64_t oy = tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
-    const float *qh = q + oq, *dyh = dy + oy;
-    float first = hh ? 1 : 0; /* the group's first q head writes dk, dv; the others add */
+    for (int64_t i0 = 0; i0 < Sq; i0 += QUERY_BLOCK) {
+      int64_t i1 = i0 + QUERY_BLOCK < Sq ? i0 + QUERY_BLOCK : Sq, n = i1 - i0, lo, hi, unused;
+      tp_attention_key_range(p, i0, T, &lo, &unused);
+      tp_attention_key_range(p, i1 - 1, T, &unused, &hi);
+      int64_t W = hi - lo; /* keys [lo, hi): the ones a row of the block sees */
+      const float *qb = q + oq + i0 * ldq, *dyb = dy + oy + i0 * ldy, *kb = kh + lo * ldk, *vb = vh + lo * ldv;
 
-    /* P = softmax(mask(softcap(scale * Q K^T))), as the forward computes it */
-    gemm(false, true, Sq, T, D, p->scale, qh, ldq, kh, ldk, 0, P, T);
-    if (c > 0)
-      for (int64_t i = 0; i < Sq * T; i++) {
-        w->capped[i] = tanhf(P[i] / c);
-        P[i] = c * w->capped[i];
-      }
-    softmax_rows(P, Sq, T, p->is_causal, p->causal_offset);
+      /* P = softmax(mask(softcap(scale * Q K^T))), as the forward computes it */
+      gemm(false, true, n, W, D, p->scale, qb, ldq, kb, ldk, 0, P, W);
+      if (c > 0)
+        for (int64_t i = 0; i < n * W; i++) {
+          w->capped[i] = tanhf(P[i] / c);
+          P[i] = c * w->capped[i];
+        }
+      attention_probabilities(p, b, h, i0, i1, P, lo, hi);
 
-    if (dv) gemm(true, false, T, Dv, Sq, 1, P, T, dyh, ldy, first, dv + ov, ldv);
-    if (!dq && !dk) continue;
-    /* dP = dY V^T; dS = P * (dP - rowsum(P * dP)); through the softcap: * (1 - tanh^2) */
-    gemm(false, true, Sq, T, Dv, 1, dyh, ldy, vh, ldv, 0, G, T);
-    for (int64_t i = 0; i < Sq; i++) {
-      float *Pi = P + i * T, *Gi = G + i * T;
-      double dot = 0;
+      if (dv) gemm(true, false, W, Dv, n, 1, P, W, dyb, ldy, 1, dv + ov + lo * ldv, ldv);
+      if (!dq && !dk) continue;
+      /* dP = dY V^T; dS = P * (dP - rowsum(P * dP)); through the softcap: * (1 - tanh^2).
+       * The mask is added to the scores, so dS would be its gradient (not needed: constant). */
+      gemm(false, true, n, W, Dv, 1, dyb, ldy, vb, ldv, 0, G, W);
+      for (int64_t i = 0; i < n; i++) {
+        float *Pi = P + i * W, *Gi = G + i * W;
+        double dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < T; j++) dot += (double)Pi[j] * Gi[j];
-      float sum = (float)dot;
+        for (int64_t j = 0; j < W; j++) dot += (double)Pi[j] * Gi[j];
+        float sum = (float)dot;
 #pragma omp simd
-      for (int64_t j = 0; j < T; j++) Gi[j] = Pi[j] * (Gi[j] - sum);
+        for (int64_t j = 0; j < W; j++) Gi[j] = Pi[j] * (Gi[j] - sum);
+      }
+      if (c > 0)
+        for (int64_t i = 0; i < n * W; i++) G[i] *= 1 - w->capped[i] * w->capped[i];
+      if (dq) gemm(false, false, n, D, W, p->scale, G, W, kb, ldk, 0, dq + oq + i0 * ldq, ldq);
+      if (dk) gemm(true, false, W, D, n, p->scale, G, W, qb, ldq, 1, dk + ok + lo * ldk, ldk);
     }
-    if (c > 0)
-      for (int64_t i = 0; i < Sq * T; i++) G[i] *= 1 - w->capped[i] * w->capped[i];
-    if (dq) gemm(false, false, Sq, D, T, p->scale, G, T, kh, ldk, 0, dq + oq, ldq);
-    if (dk) gemm(true, false, T, D, Sq, p->scale, G, T, qh, ldq, first, dk + ok, ldk);
   }
 }
 
@@ -275,7 +290,7 @@ void tp_attention_backward_f32(const TpAttention *p, const float *dy, const floa
   int64_t tasks = B * p->kv_heads;
   int nthreads = omp_get_max_threads();
   bool parallel = nthreads > 1 && tasks >= nthreads;
-  size_t bytes = (size_t)(Sq * T) * sizeof(float);
+  size_t bytes = (size_t)((Sq < QUERY_BLOCK ? Sq : QUERY_BLOCK) * T) * sizeof(float);
 #pragma omp parallel if (parallel)
   {
     AttnScratch w = {malloc(bytes), malloc(bytes), p->softcap > 0 ? malloc(bytes) : NULL};

@@ -50,14 +50,17 @@ void tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_
 void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int64_t n,
                              int64_t inner, bool log, float *dx);
 
-/* Of tp_attention_f32 without mask or past (p->mask NULL, p->past_len 0): the
- * probabilities are recomputed from q and k (nothing is saved by the forward).
+/* Of tp_attention_f32 without past (p->past_len 0): the probabilities are recomputed from
+ * q, k and the mask (nothing is saved by the forward); the mask is a constant and gets no
+ * gradient.
  *   q, dq (B, q_heads, q_len, D)     or packed (B, q_len, q_heads * D)
  *   k, dk (B, kv_heads, kv_len, D)   or packed; k with kv_rows rows (TpAttention.kv_rows)
  *   v, dv (B, kv_heads, kv_len, Dv)  or packed; v likewise, dk and dv dense
  *   dy    (B, q_heads, q_len, Dv)    or packed
- * Grouped-query heads sum into their shared kv head. Causal (with causal_offset), scale and
- * softcap as in the forward. Work is spread over (batch, kv head). */
+ * Grouped-query heads sum into their shared kv head. Causal (with causal_offset and
+ * window), mask, scale and softcap as in the forward. Like the forward, each block of
+ * query rows computes only the keys its rows see (keys no query sees get zero dk, dv).
+ * Work is spread over (batch, kv head). */
 void tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
                                const float *k, const float *v, float *dq, float *dk, float *dv);
 

@@ -223,6 +223,9 @@ int tp_attention_params(const TpModule *m, int op, const TpTensor *Q, const TpTe
   p->is_causal = tp_attr_int(m, op, "is_causal", 0) != 0;
   p->causal_offset = tp_attr_int(m, op, "causal_offset", 0);
   if (p->causal_offset < 0) return tp_error_op(d, m, op, "causal_offset must be >= 0");
+  p->window = tp_attr_int(m, op, "window", 0);
+  if (p->window < 0 || (p->window && !p->is_causal))
+    return tp_error_op(d, m, op, "window must be >= 0, and only causal attention has one");
   p->scale = (float)tp_attr_float(m, op, "scale", 0);
   if (p->scale == 0) p->scale = 1.0f / sqrtf((float)p->head_size);
   p->softcap = (float)tp_attr_float(m, op, "softcap", 0);
@@ -242,17 +245,9 @@ int tp_exec_attention(const TpModule *m, int op, const TpTensor *in, TpTensor *o
   TpTensor mask = {0};
   if (has_mask) {
     const TpTensor *mt = &in[3];
-    p.mask_is_bool = mt->dtype == TP_BOOL;
-    mask = p.mask_is_bool ? *mt : f32_view(mt, true);
-    p.mask = mask.data;
-    p.mask_len = mt->dims[mt->rank - 1];
-    /* Strides of the mask seen as [B, q_heads, q_len, mask_len], right-aligned. */
-    int64_t stride = 1;
-    for (int k = 3, km = mt->rank - 1; k >= 0; k--, km--) {
-      int64_t dim = km >= 0 ? mt->dims[km] : 1;
-      p.mask_strides[k] = dim == 1 ? 0 : stride;
-      stride *= dim;
-    }
+    bool is_bool = mt->dtype == TP_BOOL;
+    mask = is_bool ? *mt : f32_view(mt, true);
+    tp_attention_set_mask(&p, mask.data, is_bool, mt->dims, mt->rank);
   }
 
   TpTensor q = f32_view(Q, true), k = f32_view(K, true), v = f32_view(V, true);

@@ -233,7 +233,7 @@ int tp_exec_softmax_backward(const TpModule *m, int op, const TpTensor *in, TpTe
 
 int tp_exec_attention_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
                                TpDiag *d) {
-  int rc = require_f32(m, op, in, out, 0, d);
+  int rc = require_f32(m, op, in, out, 1u << 4, d); /* the mask: below */
   if (rc) return rc;
   const TpTensor *dY = &in[0], *Q = &in[1], *K = &in[2], *V = &in[3];
   TpAttention p;
@@ -244,6 +244,12 @@ int tp_exec_attention_backward(const TpModule *m, int op, const TpTensor *in, Tp
       (present_out(m, op, 1) && tp_tensor_numel(&out[1]) != tp_tensor_numel(K)) ||
       (present_out(m, op, 2) && tp_tensor_numel(&out[2]) != tp_tensor_numel(V)))
     return shape_error(m, op, d);
+  if (m->ops[op].ninputs > 4 && m->ops[op].inputs[4] >= 0) {
+    const TpTensor *mask = &in[4];
+    if (mask->dtype != TP_BOOL && mask->dtype != TP_F32)
+      return tp_error_op(d, m, op, "the mask is %s: the CPU training kernels take bool or f32", dtype_name(mask->dtype));
+    tp_attention_set_mask(&p, mask->data, mask->dtype == TP_BOOL, mask->dims, mask->rank);
+  }
   tp_attention_backward_f32(&p, dY->data, Q->data, K->data, V->data, out_f32(m, op, out, 0),
                             out_f32(m, op, out, 1), out_f32(m, op, out, 2));
   return TP_OK;

@@ -481,6 +481,22 @@ static void test_nn(void) {
     CHECK(check_out(&c, packed ? "Attention 3-D" : "Attention 4-D", fin(&c, op, NULL)) == 3);
     end_case(&c);
   }
+  for (int packed = 0; packed < 2; packed++) { /* causal Attention with a window and a bias, grouped K/V */
+    Case c = begin_case(80 + packed);
+    TpType tq = packed ? f32t(DIMS(2, 6, 8)) : f32t(DIMS(2, 4, 6, 2)), tk = packed ? f32t(DIMS(2, 6, 4)) : f32t(DIMS(2, 2, 6, 2));
+    int q = param(&c, "q", tq), k = param(&c, "k", tk), v = param(&c, "v", tk);
+    /* ALiBi-like [1, 4, 1, 6] (4-D), a relative bias [1, 4, 6, 6] (3-D): constants */
+    int bias = data_value(&c, "bias", TP_VAL_CONST, packed ? f32t(DIMS(1, 4, 6, 6)) : f32t(DIMS(1, 4, 1, 6)), -2, 2);
+    int op = mk(&c, TP_OP_Attention, IN(q, k, v, bias), 1);
+    tp_set_attr_int(c.m, op, "is_causal", 1);
+    tp_set_attr_int(c.m, op, "window", packed ? 2 : 3);
+    if (packed) {
+      tp_set_attr_int(c.m, op, "q_num_heads", 4);
+      tp_set_attr_int(c.m, op, "kv_num_heads", 2);
+    }
+    CHECK(check_out(&c, packed ? "Attention 3-D window 2 bias" : "Attention 4-D window 3 ALiBi", fin(&c, op, NULL)) == 3);
+    end_case(&c);
+  }
   { /* Embedding with a repeated id, Linear head, CrossEntropy: the add-loss path */
     Case c = begin_case(53);
     int64_t bt[2] = {2, 3};
@@ -559,17 +575,17 @@ static void test_freeze_and_errors(void) {
     CHECK(pass_autodiff(c.m, &d) == TP_ERR_INPUT && strstr(d.last, "does not depend on any trainable parameter"));
     end_case(&c);
   }
-  { /* no backward: Attention with an explicit mask */
+  { /* no backward: Attention with a trained mask */
     Case c = begin_case(62);
     TpType t = f32t(DIMS(1, 1, 3, 2));
-    int q = param(&c, "q", t), mask = data_value(&c, "mask", TP_VAL_CONST, f32t(DIMS(3, 3)), -1, 0);
+    int q = param(&c, "q", t), mask = param(&c, "mask", f32t(DIMS(3, 3)));
     int op = mk(&c, TP_OP_Attention, IN(q, q, q, mask), 1);
     c.m->loss = weighted_sum(&c, fin(&c, op, NULL));
     TpDiag d;
     tp_diag_init(&d, "test", "m.onnx", NULL);
     CHECK(pass_autodiff(c.m, &d) == TP_ERR_INPUT);
     CHECK(strstr(d.last, "m.onnx: node '/n1' (Attention, opset 17): cannot differentiate op Attention at node '/n1': "
-                         "an explicit attention mask") == d.last);
+                         "the attention mask would need a gradient") == d.last);
     end_case(&c);
   }
   { /* autodiff without a loss */

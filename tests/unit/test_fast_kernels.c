@@ -60,7 +60,8 @@ static void attention_ref(const TpAttention *p, const float *q, const float *k, 
           }
           s[j] = p->scale * dotp;
           if (p->softcap > 0) s[j] = p->softcap * tanh(s[j] / p->softcap);
-          bool keep = !p->is_causal || j <= i + p->past_len + p->causal_offset;
+          int64_t last = i + p->past_len + p->causal_offset; /* the latest key a causal row sees */
+          bool keep = !p->is_causal || (j <= last && (!p->window || j > last - p->window));
           if (p->mask) {
             const int64_t *ms = p->mask_strides;
             int64_t mi = b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3];
@@ -154,7 +155,36 @@ static void test_attention(void) {
   f.mask = fm, f.mask_is_bool = false, f.mask_len = 80;
   f.mask_strides[0] = 80, f.mask_strides[3] = 1;
   attention_case("float mask softcap", f, false);
-  free(bm), free(fm);
+
+  /* windows: a band of keys per query, with the block of 64 rows skipping keys before it */
+  TpAttention w = base;
+  w.is_causal = true, w.window = 7;
+  attention_case("window 7", w, false);
+  attention_case("window 7 probabilities", w, true);
+  w.window = 100, w.packed = true, w.kv_heads = 2;
+  attention_case("window 100 packed gqa", w, false);
+  w.window = 1;
+  attention_case("window 1 packed gqa", w, false);
+  TpAttention wo = o;
+  wo.window = 30, wo.kv_heads = 2; /* a token slice: offset 80 */
+  attention_case("window 30 offset 80 gqa", wo, false);
+  TpAttention wp = past;
+  wp.window = 50;
+  attention_case("window 50 past", wp, false);
+  /* ALiBi-like bias [1, H, 1, T] and a relative bias [1, H, S, T], with a window */
+  float *alibi = malloc(4 * 150 * sizeof *alibi), *rel = rand_array(4 * 150 * 150, 3);
+  for (int h = 0; h < 4; h++)
+    for (int j = 0; j < 150; j++) alibi[h * 150 + j] = -powf(2.0f, -(float)(h + 1)) * (float)j;
+  TpAttention wa = base;
+  wa.is_causal = true, wa.window = 20, wa.kv_heads = 2;
+  tp_attention_set_mask(&wa, alibi, false, (const int64_t[]){1, 4, 1, 150}, 4);
+  attention_case("window 20 alibi gqa", wa, false);
+  attention_case("window 20 alibi gqa probabilities", wa, true);
+  TpAttention wr = o;
+  wr.window = 90, wr.softcap = 3;
+  tp_attention_set_mask(&wr, rel, false, (const int64_t[]){1, 4, 70, 150}, 4);
+  attention_case("window 90 offset 80 relative bias softcap", wr, false);
+  free(bm), free(fm), free(alibi), free(rel);
 }
 
 /* ---- softmax, layernorm ---- */
