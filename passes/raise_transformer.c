@@ -135,11 +135,14 @@ static bool is_output(const TpModule *m, int v) {
 
 /* A Cast to its operand's own dtype (the .to(dtype) calls of HF code) or a Reshape to its
  * operand's own shape is its operand: its readers read that instead, so the chains below
- * (the residual stream, the attention scores) see through it. A graph output keeps its op,
- * and so its name. */
+ * (the residual stream, the attention scores) see through it; so is a Reshape back to the
+ * shape a Reshape came from. A graph output keeps its op, and so its name. */
 static void drop_identities(TpModule *m) {
   for (int o = 0; o < m->nops; o++) {
     const TpOp *op = &m->ops[o];
+    int r = def_of(m, op->ninputs ? in(m, o, 0) : -1, TP_OP_Reshape);
+    if (!op->dead && op->kind == TP_OP_Reshape && r >= 0 && tp_type_equal(type(m, in(m, r, 0)), type(m, out(m, o))))
+      op->inputs[0] = in(m, r, 0);
     if (op->dead || (op->kind != TP_OP_Cast && op->kind != TP_OP_Reshape) || is_output(m, out(m, o))) continue;
     const TpType *tx = type(m, in(m, o, 0)), *ty = type(m, out(m, o));
     if (op->kind == TP_OP_Cast ? tx->dtype == ty->dtype : tp_type_equal(tx, ty)) tp_replace_uses(m, out(m, o), in(m, o, 0));
@@ -898,10 +901,6 @@ static const char *analyse(TpModule *m, int sm, Chain *c, Frame *f, Proof *pr) {
   if (hk != hv) return tp_strfmt(m, "its K has %lld heads and its V %lld", (long long)hk, (long long)hv);
   if (heads_of(c, type(m, out(m, c->pv))) != c->H)
     return tp_strfmt(m, "MatMul at node '%s' does not keep the scores' batch and heads", node_name(m, c->pv));
-  if (pr->window) /* until Attention has the window attribute (branch hx-maskrt) */
-    return tp_strfmt(m, "its sliding window of %lld keys is not supported yet", (long long)pr->window);
-  if (pr->biased) /* until autodiff and split-sequence take Attention's mask (branch hx-maskrt) */
-    return "its additive bias (ALiBi) is not supported yet";
   if (pr->biased && c->dt != TP_F32) return tp_strfmt(m, "its additive bias is on %s scores, not f32", tp_dtype_name(c->dt));
   return NULL;
 }

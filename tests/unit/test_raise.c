@@ -66,6 +66,10 @@ typedef struct {
   "0, 0, -3.4028235e+38, -3.4028235e+38, 0, 0, 0, -3.4028235e+38, 0, 0, 0, 0, "                \
   "0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, 0, 0, -3.4028235e+38, -3.4028235e+38, "  \
   "0, 0, 0, -3.4028235e+38, 0, 0, 0, 0]>\n"                                                    \
+  "const %band : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, "     \
+  "false, true, true, false, false, false, true, true]>\n"                                     \
+  "const %off_band : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
+  "false, true, false, false, false, false, true, true]>\n"                                    \
   "const %padding : f32[2, 1, 1, 4] = dense<0>\n"                                              \
   "const %padded : f32[2, 1, 1, 4] = dense<[0, 0, 0, 0, -3.4028235e+38, 0, 0, 0]>\n"           \
   "const %zeros : f32[4, 1, 4] = dense<0>\n"                                                   \
@@ -220,9 +224,9 @@ static const Case cases[] = {
             "output %y\n",
      "Attention=1 Softmax=0 Where=0 Add=0 Max=0 Mul=0"},
     {"attention: baddbmm's 3-D products (alpha, a zero bias) reshaped to 4-D around the mask",
-     BATCH2 BMM("%zeros") "output %y\n", "Attention=1 Softmax=0 MatMul=0 Mul=0 Add=0 Where=0 Reshape=2"},
+     BATCH2 BMM("%zeros") "output %y\n", "Attention=1 Softmax=0 MatMul=0 Mul=0 Add=0 Where=0 Reshape=1"},
     {"attention: an ALiBi bias [B*H, 1, T] in baddbmm becomes Attention's bias [1, H, 1, T]",
-     BATCH2 BMM("%alibi") "output %y\n", "Attention=0 Softmax=1"}, /* until hx-maskrt */
+     BATCH2 BMM("%alibi") "output %y\n", "Attention=1 Softmax=0 MatMul=0 Add=0"},
     {"attention: grouped K/V repeated by repeat_kv (Unsqueeze, Expand, Reshape)",
      GROUPED "%ku : f32[1, 1, 1, 4, 3] = Reshape(%kh)\n"
              "%ke : f32[1, 1, 2, 4, 3] = Expand(%ku)\n"
@@ -245,6 +249,22 @@ static const Case cases[] = {
              "%y : f32[1, 2, 4, 3] = MatMul(%p, %vh)\n"
              "output %y\n",
      "Attention=1 Transpose=0 MatMul=0"},
+    {"attention: a sliding window of 2 keys (Mistral's band mask, GPT-Neo's local layers)",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%band, %s, %min)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%w) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=1 Softmax=0 Where=0"},
+    {"not attention: a band that misses the diagonal",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%off_band, %s, %min)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%w) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1"},
     {"not attention: a padding mask hides key 0 of batch row 1",
      BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
             "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
