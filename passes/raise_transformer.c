@@ -709,37 +709,44 @@ typedef struct {
   bool biased;    /* some visible position has beta != 0 */
 } Proof;
 
+/* "query i" of frame position p, naming its batch row and head where the frame has them. */
+static const char *query_at(TpModule *m, const Frame *f, int64_t T, int64_t p) {
+  const char *at = tp_strfmt(m, "query %lld", (long long)(p / T % T));
+  if (f->nb > 1) at = tp_strfmt(m, "%s of batch row %lld", at, (long long)(p / (T * T * f->nh)));
+  if (f->nh > 1) at = tp_strfmt(m, "%s in head %lld", at, (long long)(p / (T * T) % f->nh));
+  return at;
+}
+
 /* Whether every score is proven causal (see the section's comment); NULL, or why not. */
 static const char *prove(TpModule *m, const Chain *c, const Frame *f, Proof *pr) {
   int64_t T = c->T, n = f->nb * f->nh * T * T, seen = 0;
   double bound = lowest(c->dt) * 1e-6; /* a finfo.min scaled by up to 1e-6 still vanishes */
   for (int64_t j = 0; j < T; j++) seen += !f->at[(T - 1) * T + j].masked;
   *pr = (Proof){.window = seen < T ? seen : 0};
-  bool masks = false;
-  for (int64_t p = 0; p < n && !masks; p++) masks = f->at[p].masked;
-  if (!masks && T > 1) return "nothing masks its scores: every query sees every key";
+  bool touched = false; /* by a mask or a bias */
+  for (int64_t p = 0; p < n && !touched; p++) touched = f->at[p].masked || f->at[p].beta != 0;
+  if (!touched && T > 1) return "nothing masks its scores: every query sees every key";
   bool have_scale = false;
   for (int64_t p = 0; p < n; p++) {
     const Score *s = &f->at[p];
-    int64_t j = p % T, i = p / T % T;
+    long long j = p % T, i = p / T % T;
     bool want = j <= i && (pr->window == 0 || j > i - pr->window);
     if (s->masked && want)
-      return tp_strfmt(m, "its mask hides key %lld from query %lld, which is not after it%s", (long long)j, (long long)i,
+      return tp_strfmt(m, "its mask hides key %lld from %s, which is not after it%s", j, query_at(m, f, T, p),
                        pr->window ? " nor outside the sliding window" : "");
     if (!s->masked && j > i)
-      return s->beta ? tp_strfmt(m, "its mask lets query %lld see key %lld after it (adds %g there, not the float minimum)",
-                                 (long long)i, (long long)j, s->beta)
-                     : tp_strfmt(m, "its mask lets query %lld see key %lld after it", (long long)i, (long long)j);
+      return tp_strfmt(m, "its mask lets %s see key %lld after it%s", query_at(m, f, T, p), j,
+                       s->beta ? tp_strfmt(m, " (adds %g there, not the float minimum)", s->beta) : "");
     if (!s->masked && !want)
-      return tp_strfmt(m, "its mask lets query %lld see key %lld, outside the sliding window of %lld keys its last query has",
-                       (long long)i, (long long)j, (long long)pr->window);
+      return tp_strfmt(m, "its mask lets %s see key %lld, outside the sliding window of %lld keys its last query has",
+                       query_at(m, f, T, p), j, (long long)pr->window);
     if (s->masked && !(s->beta <= bound))
-      return tp_strfmt(m, "it masks query %lld, key %lld with %g, which may keep weight in the softmax", (long long)i,
-                       (long long)j, s->beta);
+      return tp_strfmt(m, "it masks key %lld of %s with %g, which may keep weight in the softmax", j, query_at(m, f, T, p),
+                       s->beta);
     if (s->masked) continue;
     if (have_scale && s->alpha != pr->scale)
-      return tp_strfmt(m, "it scales the scores by %g at query %lld, key %lld but by %g elsewhere", s->alpha, (long long)i,
-                       (long long)j, pr->scale);
+      return tp_strfmt(m, "it scales the scores by %g at key %lld of %s but by %g elsewhere", s->alpha, j,
+                       query_at(m, f, T, p), pr->scale);
     pr->scale = s->alpha, have_scale = true;
     pr->biased |= s->beta != 0;
   }
