@@ -522,17 +522,43 @@ typedef struct {
   int slot[CHAIN_MAX];      /* which operand of each carries the scores */
   int nsteps;
   TpDType dt;
-  int64_t B, H, T, BH;      /* the scores as [B, H, T, T] (H 0 until a 4-D form is seen) */
+  int64_t B, H, T, BH;      /* B batch rows, H heads (0 until a form shows them), T tokens */
+  bool inner;               /* the heads inside the queries: [B, T, H, T] and [B, T*H, T]
+                               (GPT-BigCode's multi-query), not [B, H, T, T], [B*H, T, T] */
 } Chain;
 
-/* t is the scores' type in the 3-D or the 4-D form; the first 4-D form fixes B and H. */
+enum { BATCH = 1, HEADS = 2, QUERY = 4, KEY = 8 };
+
+/* What each axis of the scores' rank-`rank` form indexes (BATCH | HEADS: b * H + h). */
+static const unsigned *axis_roles(const Chain *c, int rank) {
+  static const unsigned outer4[] = {BATCH, HEADS, QUERY, KEY}, outer3[] = {BATCH | HEADS, QUERY, KEY};
+  static const unsigned inner4[] = {BATCH, QUERY, HEADS, KEY}, inner3[] = {BATCH, QUERY | HEADS, KEY};
+  return c->inner ? (rank == 4 ? inner4 : inner3) : (rank == 4 ? outer4 : outer3);
+}
+
+/* t is a form of the scores; the first that shows B and H fixes them. */
 static bool score_type(Chain *c, const TpType *t) {
-  if (t->dtype != c->dt || t->rank < 3 || t->rank > 4 || t->dims[t->rank - 1] != c->T || t->dims[t->rank - 2] != c->T)
-    return false;
-  if (t->rank == 3) return t->dims[0] == c->BH;
-  if (t->dims[0] * t->dims[1] != c->BH) return false;
-  if (!c->H) c->B = t->dims[0], c->H = t->dims[1];
-  return t->dims[0] == c->B && t->dims[1] == c->H;
+  if (t->dtype != c->dt || t->rank < 3 || t->rank > 4 || t->dims[t->rank - 1] != c->T) return false;
+  const unsigned *role = axis_roles(c, t->rank);
+  int64_t b = 1, h = 1;
+  for (int a = 0; a < t->rank - 1; a++) {
+    int64_t n = t->dims[a];
+    if (role[a] & QUERY) {
+      if (n % c->T) return false;
+      n /= c->T;
+    }
+    if (role[a] == (BATCH | HEADS)) {
+      if (n != c->BH) return false;
+      continue; /* shows neither alone */
+    }
+    if (role[a] & BATCH) b = n;
+    else if (role[a] & HEADS) h = n;
+    else if (n != 1) return false;
+  }
+  if (t->rank == 3 && !c->inner) return true;
+  if (b * h != c->BH) return false;
+  if (!c->H) c->B = b, c->H = h;
+  return b == c->B && h == c->H;
 }
 
 /* The operand of elementwise op o that carries the scores (same type as the result, not
@@ -563,6 +589,7 @@ static const char *score_chain(TpModule *m, int sm, Chain *c) {
     return tp_strfmt(m, "Softmax at node '%s' does not normalise the last axis of 3-D or 4-D scores", node_name(m, sm));
   c->T = t->dims[t->rank - 1];
   c->BH = c->T ? tp_type_numel(t) / (c->T * c->T) : 0;
+  c->inner = t->dims[t->rank - 2] != c->T;
   for (;;) {
     if (!score_type(c, type(m, x)) || c->BH == 0)
       return tp_strfmt(m, "the scores %%%s are not [B, H, %lld, %lld] or [B*H, %lld, %lld]", m->values[x].name,
@@ -613,22 +640,28 @@ typedef struct {
   Score *at;
 } Frame;
 
-/* Element of constant k, broadcast to result type r (the 3-D or 4-D scores), at score
- * position (b, h, i, j) of a frame with H heads. */
-static double element(const TpTensor *k, const TpType *r, int64_t H, int64_t b, int64_t h, int64_t i, int64_t j) {
-  int64_t pos4[4] = {b, h, i, j}, pos3[3] = {b * H + h, i, j}, off = 0;
-  const int64_t *pos = r->rank == 4 ? pos4 : pos3;
-  for (int a = 0; a < k->rank; a++) off = off * k->dims[a] + (k->dims[a] == 1 ? 0 : pos[a + r->rank - k->rank]);
+/* Element of constant k, broadcast to result type r (a form of the scores), at score
+ * position (b, h, i, j). */
+static double element(const Chain *c, const TpTensor *k, const TpType *r, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const unsigned *role = axis_roles(c, r->rank);
+  int64_t off = 0;
+  for (int a = 0; a < k->rank; a++) {
+    unsigned ra = role[a + r->rank - k->rank];
+    int64_t pos = ra == (BATCH | HEADS) ? b * c->H + h : ra == (QUERY | HEADS) ? i * c->H + h
+                : ra == BATCH ? b : ra == HEADS ? h : ra == QUERY ? i : j;
+    off = off * k->dims[a] + (k->dims[a] == 1 ? 0 : pos);
+  }
   return tp_tensor_get_f64(k, off);
 }
 
 /* Whether constant k (broadcast to r) varies along the batch or the heads. */
-static void varies(const TpTensor *k, const TpType *r, bool *batch, bool *heads) {
+static void varies(const Chain *c, const TpTensor *k, const TpType *r, bool *batch, bool *heads) {
+  const unsigned *role = axis_roles(c, r->rank);
   for (int a = 0; a < k->rank; a++) {
-    int ra = a + r->rank - k->rank;
-    if (k->dims[a] == 1 || ra >= r->rank - 2) continue;
-    if (r->rank == 3 || ra == 0) *batch = true;
-    if (r->rank == 3 || ra == 1) *heads = true;
+    unsigned ra = role[a + r->rank - k->rank];
+    if (k->dims[a] == 1) continue;
+    *batch |= ra & BATCH;
+    *heads |= ra & HEADS;
   }
 }
 
@@ -675,7 +708,7 @@ static const char *evaluate_chain(TpModule *m, const Chain *c, Frame *f) {
       if (i == c->slot[s] || n == 2) continue;
       if (!evaluate(m, op->inputs[i], EVAL_DEPTH, &k[s][n]))
         why = tp_strfmt(m, "the constant %%%s of the score chain cannot be evaluated", m->values[op->inputs[i]].name);
-      else varies(&k[s][n++], type(m, op->outputs[0]), &batch, &heads);
+      else varies(c, &k[s][n++], type(m, op->outputs[0]), &batch, &heads);
     }
   }
   f->nb = batch ? c->B : 1, f->nh = heads ? c->H : 1;
@@ -694,8 +727,8 @@ static const char *evaluate_chain(TpModule *m, const Chain *c, Frame *f) {
     const TpTensor *value = where ? &k[s][1] : &k[s][0];
     for (int64_t p = 0; p < n && !why && value->data; p++) {
       int64_t j = p % c->T, i = p / c->T % c->T, h = p / (c->T * c->T) % f->nh, b = p / (c->T * c->T * f->nh);
-      double cond = where ? element(&k[s][0], r, c->H, b, h, i, j) : 0;
-      why = transfer(m, o, c->slot[s], element(value, r, c->H, b, h, i, j), cond, &f->at[p]);
+      double cond = where ? element(c, &k[s][0], r, b, h, i, j) : 0;
+      why = transfer(m, o, c->slot[s], element(c, value, r, b, h, i, j), cond, &f->at[p]);
     }
   }
   for (int s = 0; s < c->nsteps; s++) free(k[s][0].data), free(k[s][1].data);
@@ -834,42 +867,50 @@ static int add_view(TpModule *m, TpOpKind kind, int x, int named, const char *su
   return o;
 }
 
-/* v as [B, heads, S, D]: itself when 4-D; for [B*heads, S, D], the 4-D value a Reshape made
- * it from, or a new Reshape. */
-static int as_heads(TpModule *m, int v, int64_t B, int64_t heads, TpDiag *d) {
-  const TpType *t = type(m, v);
-  if (t->rank == 4) return v;
+/* v seen as `dims` (the same elements in the same order): v itself, the value a Reshape
+ * made it from, or a new Reshape "<v>.<suffix>". */
+static int view_as(TpModule *m, int v, int rank, const int64_t *dims, const char *suffix, TpDiag *d) {
+  TpType want = tp_type_make(type(m, v)->dtype, rank, dims);
   int r = def_of(m, v, TP_OP_Reshape);
-  int src = r >= 0 ? in(m, r, 0) : -1;
-  const TpType *ts = src >= 0 ? type(m, src) : NULL;
-  if (ts && ts->rank == 4 && ts->dims[0] == B && ts->dims[1] == heads && ts->dims[2] == t->dims[1] &&
-      ts->dims[3] == t->dims[2])
-    return src;
-  TpType t4 = tp_type_make(t->dtype, 4, (int64_t[]){B, heads, t->dims[1], t->dims[2]});
-  int o = add_view(m, TP_OP_Reshape, v, v, "heads", m->values[v].origin, t4);
+  if (tp_type_equal(type(m, v), &want)) return v;
+  if (r >= 0 && tp_type_equal(type(m, in(m, r, 0)), &want)) return in(m, r, 0);
+  int o = add_view(m, TP_OP_Reshape, v, v, suffix, m->values[v].origin, want);
   return check(m, o, d) == TP_OK ? out(m, o) : -1;
 }
 
-/* K [B, H, T, D] given K^T [B, H, D, T] (4-D) or [B*H, D, T]: the operand of the transpose
- * that made it; else a new Transpose (of the [B, T, H, D] heads when the export folded the
- * head transpose into K^T's [0,2,3,1], or of K^T itself). */
-static int untranspose_k(TpModule *m, int kt, int64_t B, int64_t heads, TpDiag *d) {
+/* v as [B, heads, S, D]: itself when 4-D, else [B*heads, S, D] viewed so. */
+static int as_heads(TpModule *m, int v, int64_t B, int64_t heads, TpDiag *d) {
+  const TpType *t = type(m, v);
+  return t->rank == 4 ? v : view_as(m, v, 4, (int64_t[]){B, heads, t->dims[1], t->dims[2]}, "heads", d);
+}
+
+/* A new Transpose(x, perm) for K^T kt ("<kt>.k"). */
+static int transpose_k(TpModule *m, int x, int kt, const int64_t *perm, TpOrigin at, TpDiag *d) {
+  TpType t = *type(m, x);
+  for (int i = 0; i < t.rank; i++) t.dims[i] = type(m, x)->dims[perm[i]];
+  int o = add_view(m, TP_OP_Transpose, x, kt, "k", at, t);
+  tp_set_attr_ints(m, o, "perm", perm, t.rank);
+  return check(m, o, d) == TP_OK ? out(m, o) : -1;
+}
+
+/* K given K^T: [B, H, T, D] from [B, H, D, T] (4-D) or [B*H, D, T]; [B, T, D] from
+ * [B, D, T] when the heads are inside the queries. The operand of the transpose that made
+ * K^T, else a new Transpose (of the [B, T, H, D] heads when the export folded the head
+ * transpose into K^T's [0,2,3,1], or of K^T itself). */
+static int untranspose_k(TpModule *m, const Chain *c, int kt, int64_t heads, TpDiag *d) {
   static const int64_t swap3[] = {0, 2, 1}, swap_last[] = {0, 1, 3, 2}, heads_kt[] = {0, 2, 3, 1}, heads_p[] = {0, 2, 1, 3};
   int o = def_of(m, kt, TP_OP_Transpose);
+  TpOrigin at = o >= 0 ? m->ops[o].origin : m->values[kt].origin;
   if (type(m, kt)->rank == 3) {
-    if (o >= 0 && perm_is(m, o, swap3, 3)) return as_heads(m, in(m, o, 0), B, heads, d);
-    if ((kt = as_heads(m, kt, B, heads, d)) < 0) return -1;
+    bool swapped = o >= 0 && perm_is(m, o, swap3, 3);
+    if (c->inner) return swapped ? in(m, o, 0) : transpose_k(m, kt, kt, swap3, at, d);
+    if (swapped) return as_heads(m, in(m, o, 0), c->B, heads, d);
+    if ((kt = as_heads(m, kt, c->B, heads, d)) < 0) return -1;
     o = def_of(m, kt, TP_OP_Transpose);
   }
   if (o >= 0 && perm_is(m, o, swap_last, 4)) return in(m, o, 0);
-  int src = kt;
-  const int64_t *perm = swap_last;
-  if (o >= 0 && perm_is(m, o, heads_kt, 4)) src = in(m, o, 0), perm = heads_p;
-  TpType tk = *type(m, src);
-  for (int i = 0; i < 4; i++) tk.dims[i] = type(m, src)->dims[perm[i]];
-  int t = add_view(m, TP_OP_Transpose, src, kt, "k", o >= 0 ? m->ops[o].origin : m->values[kt].origin, tk);
-  tp_set_attr_ints(m, t, "perm", perm, 4);
-  return check(m, t, d) == TP_OK ? out(m, t) : -1;
+  if (o >= 0 && perm_is(m, o, heads_kt, 4)) return transpose_k(m, in(m, o, 0), kt, heads_p, at, d);
+  return transpose_k(m, kt, kt, swap_last, at, d);
 }
 
 /* K or V [B, Hkv*r, T, D] that HF's repeat_kv made from kv [B, Hkv, T, D] (Unsqueeze to
@@ -901,6 +942,13 @@ static const char *analyse(TpModule *m, int sm, Chain *c, Frame *f, Proof *pr) {
   c->pv = times_values(m, c);
   if (c->pv < 0) return tp_strfmt(m, "the probabilities of Softmax at node '%s' are not multiplied by values", node_name(m, sm));
   const TpType *tq = type(m, in(m, c->product, 0)), *tkt = type(m, in(m, c->product, 1)), *tv = type(m, in(m, c->pv, 1));
+  if (c->inner) { /* Q [B, T*H, D], K^T [B, D, T], V [B, T, Dv]: one K/V head */
+    bool ok = tq->rank == 3 && tkt->rank == 3 && tv->rank == 3 && tq->dims[0] == c->B && tkt->dims[0] == c->B &&
+              tv->dims[0] == c->B && tq->dims[1] == c->T * c->H && tkt->dims[2] == c->T && tv->dims[1] == c->T;
+    return ok ? NULL
+              : tp_strfmt(m, "the products at nodes '%s' and '%s' are not Q K^T and P V of one K/V head",
+                          node_name(m, c->product), node_name(m, c->pv));
+  }
   int64_t hk = heads_of(c, tkt), hv = heads_of(c, tv);
   if (heads_of(c, tq) != c->H || hk < 0 || hv < 0 || tkt->dims[tkt->rank - 1] != c->T || tv->dims[tv->rank - 2] != c->T)
     return tp_strfmt(m, "the products at nodes '%s' and '%s' are not Q K^T and P V over the scores' batch",
@@ -913,7 +961,8 @@ static const char *analyse(TpModule *m, int sm, Chain *c, Frame *f, Proof *pr) {
 }
 
 /* Anchored at Softmax sm: the P V MatMul becomes Attention(Q, K, V[, bias]) {is_causal = 1,
- * scale, window?} (3-D products: Attention on the 4-D heads, and a Reshape back). */
+ * scale, window?} (3-D products: Attention on the 4-D heads, and a Reshape back; heads
+ * inside the queries: Attention on [B, T, heads*D] rows, q_num_heads H, kv_num_heads 1). */
 static int raise_attention(TpModule *m, int sm, TpDiag *d) {
   Chain c;
   Frame f;
@@ -925,12 +974,17 @@ static int raise_attention(TpModule *m, int sm, TpDiag *d) {
   }
   int bias = pr.biased ? make_bias(m, &c, &f, m->ops[sm].origin) : -1;
   free(f.at);
-  int q = as_heads(m, in(m, c.product, 0), c.B, c.H, d);
-  int k = untranspose_k(m, in(m, c.product, 1), c.B, heads_of(&c, type(m, in(m, c.product, 1))), d);
-  int v = as_heads(m, in(m, c.pv, 1), c.B, heads_of(&c, type(m, in(m, c.pv, 1))), d);
+  int q, k = untranspose_k(m, &c, in(m, c.product, 1), heads_of(&c, type(m, in(m, c.product, 1))), d), v = in(m, c.pv, 1);
+  if (c.inner) {
+    const TpType *tq = type(m, in(m, c.product, 0));
+    q = view_as(m, in(m, c.product, 0), 3, (int64_t[]){c.B, c.T, c.H * tq->dims[2]}, "rows", d);
+  } else {
+    q = as_heads(m, in(m, c.product, 0), c.B, c.H, d);
+    v = as_heads(m, v, c.B, heads_of(&c, type(m, v)), d);
+  }
   if (q < 0 || k < 0 || v < 0) return TP_ERR_INTERNAL;
   int k1 = unrepeat(m, k), v1 = unrepeat(m, v); /* grouped K/V: the kv heads themselves */
-  if (type(m, k1)->dims[1] == type(m, v1)->dims[1]) k = k1, v = v1;
+  if (!c.inner && type(m, k1)->dims[1] == type(m, v1)->dims[1]) k = k1, v = v1;
   int at = c.pv;
   if (type(m, out(m, c.pv))->rank == 3) { /* Attention on the heads, then the 3-D view */
     const char *names[] = {tp_strfmt(m, "%s.heads", m->values[out(m, c.pv)].name)};
@@ -941,6 +995,7 @@ static int raise_attention(TpModule *m, int sm, TpDiag *d) {
   tp_set_attr_int(m, at, "is_causal", 1);
   tp_set_attr_float(m, at, "scale", pr.scale);
   if (pr.window) tp_set_attr_int(m, at, "window", pr.window);
+  if (c.inner) tp_set_attr_int(m, at, "q_num_heads", c.H), tp_set_attr_int(m, at, "kv_num_heads", 1);
   return check(m, at, d) != TP_OK || check(m, c.pv, d) != TP_OK ? TP_ERR_INTERNAL : TP_OK;
 }
 

@@ -90,6 +90,31 @@ typedef struct {
   "%y3 : f32[4, 4, 3] = MatMul(%p3, %v3)\n"                              \
   "%y : f32[2, 2, 4, 3] = Reshape(%y3)\n"
 
+/* Query rows [B=1, T=4, H*D = 2*3] over one K/V head [1, 4, 3], the heads inside the
+ * queries: scores [1, T*H, T] and [1, T, H, T], masked by [T, 1, T] (or [T, H, T]). */
+#define INNER(keep)                                                                          \
+  "input %x : f32[1, 4, 6]\n"                                                               \
+  "input %kv : f32[1, 4, 3]\n"                                                              \
+  "input %vv : f32[1, 4, 3]\n"                                                              \
+  "const %half : f32[] = dense<0.5>\n"                                                      \
+  "const %min : f32[] = dense<-3.4028235e+38>\n"                                            \
+  "const %keep_inner : bool[4, 1, 4] = dense<[true, false, false, false, true, true, false, " \
+  "false, true, true, true, false, true, true, true, true]>\n"                              \
+  "const %keep_wrong : bool[4, 2, 4] = dense<[true, false, false, false, true, false, false, " \
+  "false, true, true, false, false, true, true, false, false, true, true, true, false, "     \
+  "true, true, true, true, true, true, true, true, true, true, true, true]>\n"               \
+  "%q3 : f32[1, 8, 3] = Reshape(%x)\n"                                                      \
+  "%kt : f32[1, 3, 4] = Transpose(%kv) {perm = [0, 2, 1]}\n"                                \
+  "%s : f32[1, 8, 4] = MatMul(%q3, %kt)\n"                                                  \
+  "%ss : f32[1, 8, 4] = Mul(%s, %half)\n"                                                   \
+  "%s4 : f32[1, 4, 2, 4] = Reshape(%ss)\n"                                                  \
+  "%m : f32[1, 4, 2, 4] = Where(" keep ", %s4, %min)\n"                                     \
+  "%p : f32[1, 4, 2, 4] = Softmax(%m) {axis = 3}\n"                                         \
+  "%p3 : f32[1, 8, 4] = Reshape(%p)\n"                                                      \
+  "%y3 : f32[1, 8, 3] = MatMul(%p3, %vv)\n"                                                 \
+  "%y : f32[1, 4, 6] = Reshape(%y3)\n"                                                      \
+  "output %y\n"
+
 /* Two query heads over one K/V head [1, 1, 4, 3]. */
 #define GROUPED                                                                              \
   "input %q : f32[1, 2, 4, 3]\n"                                                            \
@@ -265,6 +290,10 @@ static const Case cases[] = {
             "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
             "output %y\n",
      "Attention=0 Softmax=1"},
+    {"attention: GPT-BigCode's multi-query scores [B, T*H, T] with the heads inside the queries",
+     INNER("%keep_inner"), "Attention=1 Softmax=0 MatMul=0 Where=0 Transpose=0 Reshape=1"},
+    {"not attention: the heads inside the queries, a mask wrong in head 1",
+     INNER("%keep_wrong"), "Attention=0 Softmax=1"},
     {"not attention: a padding mask hides key 0 of batch row 1",
      BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
             "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
