@@ -442,8 +442,9 @@ static int raise_gelu_tanh(TpModule *m, int tanh_op, TpDiag *d) {
 /* ---- causal self-attention ----
  *
  * Anchored at a Softmax over the keys of [B, H, T, T] scores (or [B*H, T, T] ones, as
- * baddbmm exports them). Back from it runs the score chain down to the product Q K^T (a
- * MatMul): reshapes between the 3-D and 4-D forms (no-op casts are gone already), and
+ * baddbmm exports them; or, with the heads inside the queries, [B, T, H, T] and
+ * [B, T*H, T]). Back from it runs the score chain down to the product Q K^T (a MatMul):
+ * reshapes between the 3-D and 4-D forms (no-op casts are gone already), and
  * elementwise ops whose other operands are constant data (Mul or Div by positive factors,
  * Add, Sub, Max clamps at the float minimum, Where). The chain is evaluated at every score
  * position as an abstract value: alpha * s + beta of the product s, or masked (at most
@@ -451,8 +452,8 @@ static int raise_gelu_tanh(TpModule *m, int tanh_op, TpDiag *d) {
  * gives them weight exactly 0, the masked positions are exactly the keys after the query
  * (and, with a sliding window of W keys, those W or more before it), and alpha is one
  * constant (the scale); beta at the visible positions is an additive bias (ALiBi). Forward
- * from the Softmax, reshapes lead to MatMul(probabilities, V). Each failure
- * returns why, which tp_attention_unproven gives insert-token-dim's refusal. */
+ * from the Softmax, reshapes lead to MatMul(probabilities, V). Each failure returns why,
+ * which tp_attention_unproven gives insert-token-dim's refusal. */
 
 /* The lowest finite value of dt: exporters mask with it (finfo.min) or with -inf. */
 static double lowest(TpDType dt) {

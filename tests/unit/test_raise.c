@@ -24,19 +24,22 @@ typedef struct {
   const char *expect; /* "Op=N ..." op counts after the passes */
 } Case;
 
-/* Attention operands [B=1, H=2, T=4, D=3] and the masks exporters write. */
-#define HEADS                                                                              \
-  "input %q : f32[1, 2, 4, 3]\n"                                                          \
-  "input %k : f32[1, 2, 4, 3]\n"                                                          \
-  "input %v : f32[1, 2, 4, 3]\n"                                                          \
+/* The masks exporters write over T = 4 keys, and the scalars around them. */
+#define MASKS                                                                              \
   "const %half : f32[] = dense<0.5>\n"                                                    \
-  "const %two : f32[1] = dense<2>\n"                                                      \
   "const %ninf : f32[] = dense<-inf>\n"                                                   \
   "const %min : f32[] = dense<-3.4028235e+38>\n"                                          \
   "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
   "true, true, true, false, true, true, true, true]>\n"                                   \
   "const %upper : bool[1, 1, 4, 4] = dense<[false, true, true, true, false, false, true, " \
-  "true, false, false, false, true, false, false, false, false]>\n"                       \
+  "true, false, false, false, true, false, false, false, false]>\n"
+
+/* Attention operands [B=1, H=2, T=4, D=3]. */
+#define HEADS                                                                              \
+  "input %q : f32[1, 2, 4, 3]\n"                                                          \
+  "input %k : f32[1, 2, 4, 3]\n"                                                          \
+  "input %v : f32[1, 2, 4, 3]\n"                                                          \
+  "const %two : f32[1] = dense<2>\n" MASKS                                                \
   "const %additive : f32[4, 4] = dense<[0, -inf, -inf, -inf, 0, 0, -inf, -inf, 0, 0, 0, " \
   "-inf, 0, 0, 0, 0]>\n"
 #define SCORES                                                    \
@@ -54,14 +57,7 @@ typedef struct {
   "input %q : f32[2, 2, 4, 3]\n"                                                               \
   "input %k : f32[2, 2, 4, 3]\n"                                                               \
   "input %v : f32[2, 2, 4, 3]\n"                                                               \
-  "const %half : f32[] = dense<0.5>\n"                                                         \
-  "const %two : f32[] = dense<2>\n"                                                            \
-  "const %ninf : f32[] = dense<-inf>\n"                                                        \
-  "const %min : f32[] = dense<-3.4028235e+38>\n"                                               \
-  "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, "    \
-  "true, true, true, false, true, true, true, true]>\n"                                        \
-  "const %upper : bool[1, 1, 4, 4] = dense<[false, true, true, true, false, false, true, "     \
-  "true, false, false, false, true, false, false, false, false]>\n"                            \
+  "const %two : f32[] = dense<2>\n" MASKS                                                      \
   "const %folded : f32[2, 1, 4, 4] = dense<[0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, " \
   "0, 0, -3.4028235e+38, -3.4028235e+38, 0, 0, 0, -3.4028235e+38, 0, 0, 0, 0, "                \
   "0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, 0, 0, -3.4028235e+38, -3.4028235e+38, "  \
@@ -95,9 +91,7 @@ typedef struct {
 #define INNER(keep)                                                                          \
   "input %x : f32[1, 4, 6]\n"                                                               \
   "input %kv : f32[1, 4, 3]\n"                                                              \
-  "input %vv : f32[1, 4, 3]\n"                                                              \
-  "const %half : f32[] = dense<0.5>\n"                                                      \
-  "const %min : f32[] = dense<-3.4028235e+38>\n"                                            \
+  "input %vv : f32[1, 4, 3]\n" MASKS                                                       \
   "const %keep_inner : bool[4, 1, 4] = dense<[true, false, false, false, true, true, false, " \
   "false, true, true, true, false, true, true, true, true]>\n"                              \
   "const %keep_wrong : bool[4, 2, 4] = dense<[true, false, false, false, true, false, false, " \
@@ -119,10 +113,7 @@ typedef struct {
 #define GROUPED                                                                              \
   "input %q : f32[1, 2, 4, 3]\n"                                                            \
   "input %kh : f32[1, 1, 4, 3]\n"                                                           \
-  "input %vh : f32[1, 1, 4, 3]\n"                                                           \
-  "const %min : f32[] = dense<-3.4028235e+38>\n"                                            \
-  "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
-  "true, true, true, false, true, true, true, true]>\n"
+  "input %vh : f32[1, 1, 4, 3]\n" MASKS
 
 /* x [2, 3, 4] normalised over its last axis; the chain up to n = (x - mean) / sqrt(var + eps). */
 #define LN_INPUTS                                                         \
