@@ -655,12 +655,26 @@ static double element(const Chain *c, const TpTensor *k, const TpType *r, int64_
   return tp_tensor_get_f64(k, off);
 }
 
-/* Whether constant k (broadcast to r) varies along the batch or the heads. */
+/* Whether every slice of k along axis a holds the same data as the first. */
+static bool same_along(const TpTensor *k, int a) {
+  size_t inner = tp_dtype_size(k->dtype), outer = 1;
+  for (int i = a + 1; i < k->rank; i++) inner *= (size_t)k->dims[i];
+  for (int i = 0; i < a; i++) outer *= (size_t)k->dims[i];
+  const char *data = k->data;
+  for (size_t o = 0; o < outer; o++)
+    for (int64_t x = 1; x < k->dims[a]; x++)
+      if (memcmp(data + (o * (size_t)k->dims[a] + (size_t)x) * inner, data + o * (size_t)k->dims[a] * inner, inner))
+        return false;
+  return true;
+}
+
+/* Whether constant k (broadcast to r) varies along the batch or the heads (a folded mask
+ * [B, 1, T, T] that repeats one [T, T] does not). */
 static void varies(const Chain *c, const TpTensor *k, const TpType *r, bool *batch, bool *heads) {
   const unsigned *role = axis_roles(c, r->rank);
   for (int a = 0; a < k->rank; a++) {
     unsigned ra = role[a + r->rank - k->rank];
-    if (k->dims[a] == 1) continue;
+    if (k->dims[a] == 1 || !(ra & (BATCH | HEADS)) || same_along(k, a)) continue;
     *batch |= ra & BATCH;
     *heads |= ra & HEADS;
   }
