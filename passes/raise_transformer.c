@@ -1,7 +1,8 @@
 /* raise-transformer: requires folded constants (fold-constants) so masks and scalars are
  * CONST values; provides the transformer ops of ir/ops.def in place of the primitive chains
  * exporters write (onnx-export-patterns.md), leaving the chains dead for dce. First, a Cast
- * to its operand's own dtype is dropped (its readers read the operand). Then:
+ * to its operand's own dtype or a Reshape to its own shape is dropped (its readers read the
+ * operand). Then:
  *   Gather(table [V, C], ids, axis 0)                           -> Embedding(table, ids)
  *   MatMul(x, W) (+ Add(bias [N])), Gemm, Reshape-Gemm-Reshape  -> Linear(x, W, bias?)
  *   ReduceMean-Sub-Pow(2)-ReduceMean-Add(eps)-Sqrt-Div(-Mul(scale))(-Add(bias))
@@ -9,18 +10,22 @@
  *   0.5 * x * (1 + erf(x / sqrt 2)), 0.5 * x * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  *                                                               -> Gelu {approximate}
  *   Softmax(mask(scale * MatMul(Q, K^T))) then MatMul(., V)      -> Attention(Q, K, V, bias?)
- *                                                                  {is_causal = 1, scale}
+ *                                                                  {is_causal = 1, scale, window?}
+ * and last, rows flattened [d0, .., dk, C] -> [N, C] for row-wise ops and reshaped back keep
+ * their leading dims (unflatten).
  * Every constant is checked (exponents, epsilon, GELU coefficients, reduce axes), and the
  * causal mask is proven from its values (see the attention section): the masked positions
- * of the [T, T] scores must be exactly those above the diagonal. Whatever does not match
+ * of the [T, T] scores must be exactly those above the diagonal (and, for a sliding window,
+ * those it leaves out). Whatever does not match
  * stays primitive, so the pass never changes what the module computes (beyond float
  * rounding).
  *
  * Each pattern is rewritten in place at its last op (the one whose result the rest of the
  * graph reads), so the result keeps its name, uses and origin and every operand is already
  * defined there; only Attention's K (when the export folded K^T into the head transpose),
- * the 4-D views of 3-D products and their Attention need new ops, placed by tp_sort_ops. A weight that retie-params re-tied stays the
- * result of its "retie" op (Linear reads it as W), so the record of the tie survives. */
+ * the 4-D views of 3-D products and their Attention need new ops, placed by tp_sort_ops. A
+ * weight that retie-params re-tied stays the result of its "retie" op (Linear reads it as
+ * W), so the record of the tie survives. */
 #include "../ir/ir.h"
 #include "../runtime/interp/interp.h"
 
@@ -171,8 +176,9 @@ static bool rowwise(const TpModule *m, int o, const int *rows, int n) {
   for (int i = 0; i < op->ninputs; i++) {
     int v = op->inputs[i];
     if (v < 0) continue;
-    if (among(v, rows, n) ? (elementwise ? !tp_type_equal(type(m, v), ty) : i != 0) : elementwise && type(m, v)->rank > 1)
-      return false;
+    bool inside = among(v, rows, n);
+    if (inside && (elementwise ? !tp_type_equal(type(m, v), ty) : i != 0)) return false; /* rows, unbroadcast */
+    if (!inside && elementwise && type(m, v)->rank > 1) return false;                     /* one row for all */
   }
   return true;
 }
