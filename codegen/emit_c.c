@@ -183,8 +183,17 @@ static const char *dtype_enum(TpDType t) {
   }
 }
 
-/* A float literal that reads back as exactly f: %.9g round-trips every float. */
+/* The literal of finite f that reads back as exactly f: %.9g round-trips every float; a
+ * point keeps "1" from becoming the invalid "1f". Returns buf. */
+static const char *float_literal(char buf[40], float f) {
+  char digits[32];
+  snprintf(digits, sizeof digits, "%.9g", f);
+  snprintf(buf, 40, "%s%sf", digits, strpbrk(digits, ".e") ? "" : ".0");
+  return buf;
+}
+
 static void put_float(Emitter *E, FILE *out, float f) {
+  char buf[40];
   if (isnan(f)) {
     E->uses_math = true;
     fputs("NAN", out);
@@ -192,9 +201,7 @@ static void put_float(Emitter *E, FILE *out, float f) {
     E->uses_math = true;
     fputs(f < 0 ? "-INFINITY" : "INFINITY", out);
   } else {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%.9g", f);
-    fprintf(out, "%s%sf", buf, strpbrk(buf, ".e") ? "" : ".0");
+    fputs(float_literal(buf, f), out);
   }
 }
 
@@ -490,14 +497,15 @@ static bool attention_params(Emitter *E, int op, int first, char *buf, size_t si
   float scale = (float)tp_attr_float(m, op, "scale", 0);
   if (scale == 0) scale = 1.0f / sqrtf((float)hs);
   float softcap = (float)tp_attr_float(m, op, "softcap", 0);
+  char lit[40];
   int len = snprintf(buf, size,
                      "&(TpAttention){.batch = %lld, .q_heads = %lld, .kv_heads = %lld, .q_len = %lld, "
                      ".kv_len = %lld, .head_size = %lld, .v_head_size = %lld, .packed = %s, "
-                     ".is_causal = %s, .scale = %.9gf",
+                     ".is_causal = %s, .scale = %s",
                      (long long)q->dims[0], (long long)qh, (long long)kvh, (long long)qlen,
                      (long long)kvlen, (long long)hs, (long long)vhs, packed ? "true" : "false",
-                     tp_attr_int(m, op, "is_causal", 0) ? "true" : "false", scale);
-  if (softcap != 0) len += snprintf(buf + len, size - (size_t)len, ", .softcap = %.9gf", softcap);
+                     tp_attr_int(m, op, "is_causal", 0) ? "true" : "false", float_literal(lit, scale));
+  if (softcap != 0) len += snprintf(buf + len, size - (size_t)len, ", .softcap = %s", float_literal(lit, softcap));
   int64_t offset = tp_attr_int(m, op, "causal_offset", 0);
   if (offset < 0) {
     unsupported(E, op, "causal_offset must be >= 0");

@@ -353,6 +353,11 @@ int pass_raise_transformer_unfused(TpModule *m, TpDiag *d); /* RMSNorm, Rotary, 
  * read; ops already in order keep their relative order. (passes/raise_transformer.c) */
 void tp_sort_ops(TpModule *m);
 
+/* Why the primitive attention whose scores MatMul `product` computes is not proven causal
+ * (a module-owned string naming the op or the mask values that failed), or NULL when no
+ * reason is known. (passes/raise_transformer.c) */
+const char *tp_attention_unproven(TpModule *m, int product);
+
 /* passes/insert_token_dim.c: the token (sequence) axis, for slicing the sequence.
  * insert-token-dim names the token axis of every value TP_TOKEN_DIM (a reserved dimension
  * name: the IR prints it, e.g. f32[2, tokens=16, 32], and reads it back; any other use of

@@ -302,6 +302,14 @@ static const char *attention_problem(TpModule *m, int op) {
   return NULL;
 }
 
+/* Why the product `op` of a primitive attention's scores cannot be sliced. */
+static const char *scores_why(TpModule *m, int op) {
+  const char *node = node_of(m, op), *kind = tp_op_info[m->ops[op].kind].name;
+  const char *unproven = m->ops[op].kind == TP_OP_MatMul ? tp_attention_unproven(m, op) : NULL;
+  return tp_strfmt(m, "attention at node '%s' is not causal: its scores (%s) relate every token to every other, with no "
+                   "causal mask raise-transformer could prove%s%s", node, kind, unproven ? ": " : "", unproven ? unproven : "");
+}
+
 TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
   const TpOp *o = &m->ops[op];
   const char *kind = tp_op_info[o->kind].name, *node = node_of(m, op);
@@ -324,9 +332,7 @@ TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
       *why = tp_strfmt(m, "%s at node '%s' %s the token axis", kind, node, x->mix_why[i]);
   for (int i = 0; i < o->noutputs && !*why; i++) /* token x token: a primitive attention's scores */
     if (o->outputs[i] >= 0 && token_axes(m, o->outputs[i]) > 1)
-      *why = o->kind == TP_OP_MatMul || o->kind == TP_OP_Gemm
-                 ? tp_strfmt(m, "attention at node '%s' is not causal: its scores (%s) relate every token to every "
-                          "other, with no causal mask raise-transformer could prove", node, kind)
+      *why = o->kind == TP_OP_MatMul || o->kind == TP_OP_Gemm ? scores_why(m, op)
                  : tp_strfmt(m, "%s at node '%s' mixes tokens: its result has two token axes", kind, node);
   free(x);
   if (*why) return TP_TOKEN_GLOBAL;

@@ -1,30 +1,36 @@
 /* raise-transformer (and raise-transformer-unfused, without the last three patterns
  * below): requires folded constants (fold-constants) so masks and scalars are
  * CONST values; provides the transformer ops of ir/ops.def in place of the primitive chains
- * exporters write (onnx-export-patterns.md), leaving the chains dead for dce:
+ * exporters write (onnx-export-patterns.md), leaving the chains dead for dce. First, a Cast
+ * to its operand's own dtype or a Reshape to its own shape is dropped (its readers read the
+ * operand). Then:
  *   Gather(table [V, C], ids, axis 0)                           -> Embedding(table, ids)
  *   MatMul(x, W) (+ Add(bias [N])), Gemm, Reshape-Gemm-Reshape  -> Linear(x, W, bias?)
  *   ReduceMean-Sub-Pow(2)-ReduceMean-Add(eps)-Sqrt-Div(-Mul(scale))(-Add(bias))
  *                                                               -> LayerNorm {axis, epsilon}
  *   0.5 * x * (1 + erf(x / sqrt 2)), 0.5 * x * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  *                                                               -> Gelu {approximate}
- *   Softmax(mask(scale * MatMul(Q, K^T))) then MatMul(., V)      -> Attention(Q, K, V)
- *                                                                  {is_causal = 1, scale}
+ *   Softmax(mask(scale * MatMul(Q, K^T))) then MatMul(., V)      -> Attention(Q, K, V, bias?)
+ *                                                                  {is_causal = 1, scale, window?}
  *   Sqrt(mean(x^2) + eps): x * 1/sqrt (or x / sqrt) (* scale)    -> RMSNorm {axis, epsilon}
  *   x * cos + rot(x) * sin, rot = rotate_half or rotate_every_two -> Rotary {interleaved,
  *     and Concat(Rotary(x[..., :rd]), x[..., rd:])                   rotary_dim}
  *   gate * Sigmoid(gate) * up                                    -> SwiGLU(gate, up)
- * (no-op Casts between the steps of an RMSNorm skipped)
+ * and last, rows flattened [d0, .., dk, C] -> [N, C] for row-wise ops and reshaped back keep
+ * their leading dims (unflatten).
  * Every constant is checked (exponents, epsilon, GELU coefficients, reduce axes), and the
- * causal mask is verified from its values: the masked positions of the [T, T] scores must be
- * exactly those above the diagonal. Whatever does not match stays primitive, so the pass
- * never changes what the module computes (beyond float rounding).
+ * causal mask is proven from its values (see the attention section): the masked positions
+ * of the [T, T] scores must be exactly those above the diagonal (and, for a sliding window,
+ * those it leaves out). Whatever does not match
+ * stays primitive, so the pass never changes what the module computes (beyond float
+ * rounding).
  *
  * Each pattern is rewritten in place at its last op (the one whose result the rest of the
  * graph reads), so the result keeps its name, uses and origin and every operand is already
- * defined there; only Attention's K (when the export folded K^T into the head transpose)
- * needs a new op, placed by tp_sort_ops. A weight that retie-params re-tied stays the
- * result of its "retie" op (Linear reads it as W), so the record of the tie survives. */
+ * defined there; only Attention's K (when the export folded K^T into the head transpose),
+ * the 4-D views of 3-D products and their Attention need new ops, placed by tp_sort_ops. A
+ * weight that retie-params re-tied stays the result of its "retie" op (Linear reads it as
+ * W), so the record of the tie survives. */
 #include "../ir/ir.h"
 #include "../runtime/interp/interp.h"
 
@@ -127,6 +133,96 @@ static int check(TpModule *m, int o, TpDiag *d) {
   if (tp_infer_op(m, o, &quiet) == TP_OK) return TP_OK;
   return tp_internal(d, "raise-transformer made an invalid %s at node '%s': %s", tp_op_info[m->ops[o].kind].name,
                      m->ops[o].origin.node ? m->ops[o].origin.node : "?", quiet.last);
+}
+
+/* ---- identities and flattened rows ---- */
+
+static bool is_output(const TpModule *m, int v) {
+  for (int i = 0; i < m->noutputs; i++)
+    if (m->outputs[i] == v) return true;
+  return false;
+}
+
+/* A Cast to its operand's own dtype (the .to(dtype) calls of HF code) or a Reshape to its
+ * operand's own shape is its operand: its readers read that instead, so the chains below
+ * (the residual stream, the attention scores) see through it; so is a Reshape back to the
+ * shape a Reshape came from. A graph output keeps its op, and so its name. */
+static void drop_identities(TpModule *m) {
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    int r = def_of(m, op->ninputs ? in(m, o, 0) : -1, TP_OP_Reshape);
+    if (!op->dead && op->kind == TP_OP_Reshape && r >= 0 && tp_type_equal(type(m, in(m, r, 0)), type(m, out(m, o))))
+      op->inputs[0] = in(m, r, 0);
+    if (op->dead || (op->kind != TP_OP_Cast && op->kind != TP_OP_Reshape) || is_output(m, out(m, o))) continue;
+    const TpType *tx = type(m, in(m, o, 0)), *ty = type(m, out(m, o));
+    if (op->kind == TP_OP_Cast ? tx->dtype == ty->dtype : tp_type_equal(tx, ty)) tp_replace_uses(m, out(m, o), in(m, o, 0));
+  }
+}
+
+enum { ROWS_MAX = 64 };
+
+static bool among(int v, const int *set, int n) {
+  for (int k = 0; k < n; k++)
+    if (set[k] == v) return true;
+  return false;
+}
+
+/* Whether op o computes row t of its one [N, C'] result from rows t of the operands in the
+ * region rows[0..n) alone (and from row-independent ones outside it): elementwise ops,
+ * Linear, LayerNorm over the last axis. */
+static bool rowwise(const TpModule *m, int o, const int *rows, int n) {
+  const TpOp *op = &m->ops[o];
+  const TpType *ty = type(m, out(m, o));
+  bool elementwise = tp_op_info[op->kind].traits & TP_TRAIT_ELEMENTWISE;
+  bool ln = op->kind == TP_OP_LayerNorm && tp_attr_int(m, o, "axis", -1) == 1;
+  if ((!elementwise && !ln && op->kind != TP_OP_Linear) || ty->rank != 2) return false;
+  for (int i = 1; i < op->noutputs; i++)
+    if (op->outputs[i] >= 0) return false;
+  for (int i = 0; i < op->ninputs; i++) {
+    int v = op->inputs[i];
+    if (v < 0) continue;
+    bool inside = among(v, rows, n);
+    if (inside && (elementwise ? !tp_type_equal(type(m, v), ty) : i != 0)) return false; /* rows, unbroadcast */
+    if (!inside && elementwise && type(m, v)->rank > 1) return false;                     /* one row for all */
+  }
+  return true;
+}
+
+/* Reshape r flattening x [d0, .., dk, C] to [N, C] (OPT's MLP block): when every reader of
+ * the rows, up to Reshapes back to [d0, .., dk, C'], computes row by row, the rows keep
+ * x's leading dims instead (the Reshapes become identities), so the token and batch axes
+ * run through and the residual stream stays one chain. */
+static int unflatten(TpModule *m, int r, TpDiag *d) {
+  const TpType *tx = type(m, in(m, r, 0)), *ty = type(m, out(m, r));
+  if (tx->rank < 3 || ty->rank != 2 || ty->dims[1] != tx->dims[tx->rank - 1]) return TP_OK;
+  int rows[ROWS_MAX], ops[ROWS_MAX], n = 0, nops = 0;
+  rows[n++] = out(m, r);
+  for (int o = r + 1; o < m->nops; o++) { /* in order: an op's operands come first */
+    const TpOp *op = &m->ops[o];
+    bool reads = false;
+    for (int i = 0; i < op->ninputs; i++) reads |= among(op->inputs[i], rows, n);
+    if (op->dead || !reads) continue;
+    const TpType *to = type(m, out(m, o));
+    if (op->kind == TP_OP_Reshape && to->rank == tx->rank &&
+        memcmp(to->dims, tx->dims, (size_t)(tx->rank - 1) * sizeof *to->dims) == 0)
+      continue; /* back to [d0, .., dk, C'] */
+    if (!rowwise(m, o, rows, n) || n == ROWS_MAX) return TP_OK;
+    ops[nops++] = o;
+    rows[n++] = out(m, o);
+  }
+  for (int i = 0; i < n; i++)
+    if (is_output(m, rows[i])) return TP_OK;
+  for (int i = 0; i < n; i++) { /* [N, C'] -> [d0, .., dk, C'] */
+    TpType *t = &m->values[rows[i]].type;
+    int64_t c = t->dims[1];
+    *t = *tx;
+    t->dims[tx->rank - 1] = c;
+  }
+  for (int i = 0; i < nops; i++) {
+    if (m->ops[ops[i]].kind == TP_OP_LayerNorm) tp_set_attr_int(m, ops[i], "axis", tx->rank - 1);
+    if (check(m, ops[i], d) != TP_OK) return TP_ERR_INTERNAL;
+  }
+  return TP_OK;
 }
 
 /* ---- Embedding ---- */
@@ -359,7 +455,21 @@ static int raise_gelu_tanh(TpModule *m, int tanh_op, TpDiag *d) {
   return TP_OK;
 }
 
-/* ---- causal self-attention ---- */
+/* ---- causal self-attention ----
+ *
+ * Anchored at a Softmax over the keys of [B, H, T, T] scores (or [B*H, T, T] ones, as
+ * baddbmm exports them; or, with the heads inside the queries, [B, T, H, T] and
+ * [B, T*H, T]). Back from it runs the score chain down to the product Q K^T (a MatMul):
+ * reshapes between the 3-D and 4-D forms (no-op casts are gone already), and
+ * elementwise ops whose other operands are constant data (Mul or Div by positive factors,
+ * Add, Sub, Max clamps at the float minimum, Where). The chain is evaluated at every score
+ * position as an abstract value: alpha * s + beta of the product s, or masked (at most
+ * beta, whatever s is). It is causal when the masked values are so low that the softmax
+ * gives them weight exactly 0, the masked positions are exactly the keys after the query
+ * (and, with a sliding window of W keys, those W or more before it), and alpha is one
+ * constant (the scale); beta at the visible positions is an additive bias (ALiBi). Forward
+ * from the Softmax, reshapes lead to MatMul(probabilities, V). Each failure returns why,
+ * which tp_attention_unproven gives insert-token-dim's refusal. */
 
 /* The lowest finite value of dt: exporters mask with it (finfo.min) or with -inf. */
 static double lowest(TpDType dt) {
@@ -371,7 +481,7 @@ static double lowest(TpDType dt) {
   }
 }
 
-enum { EVAL_DEPTH = 8, EVAL_MAX_BYTES = 64 << 20 };
+enum { EVAL_DEPTH = 8, EVAL_MAX_BYTES = 64 << 20, CHAIN_MAX = 32, FRAME_MAX = 1 << 24 };
 
 /* v depends on constant data alone: CONST or PARAM leaves, at most `depth` small ops deep. */
 static bool computable(const TpModule *m, int v, int depth) {
@@ -419,131 +529,530 @@ static bool evaluate(const TpModule *m, int v, int depth, TpTensor *t) {
   return ok;
 }
 
-/* Every element of constant v is -inf or <= the dtype's lowest finite value. */
-static bool all_masked(const TpModule *m, int v, TpDType dt) {
-  TpTensor t;
-  if (!is_float(m, v) || !evaluate(m, v, EVAL_DEPTH, &t)) return false;
-  bool ok = true;
-  for (int64_t i = 0, n = tp_tensor_numel(&t); i < n && ok; i++) ok = tp_tensor_get_f64(&t, i) <= lowest(dt);
-  free(t.data);
-  return ok;
+static const char *node_name(const TpModule *m, int o) {
+  return m->ops[o].origin.node ? m->ops[o].origin.node : m->values[out(m, o)].name;
 }
 
-/* Checks the mask c against causality over scores [.., T, T] (c broadcasts to them):
- * element (i, j) of every leading index must be masked exactly when j > i. A bool mask is
- * masked where it equals `masked_when`; an additive float mask must be 0 below and on the
- * diagonal and <= lowest(dt) above it. */
-static bool causal(const TpModule *m, int c, int64_t t, bool additive, bool masked_when, TpDType dt) {
-  TpTensor k;
-  if (additive ? !is_float(m, c) : type(m, c)->dtype != TP_BOOL) return false;
-  if (!evaluate(m, c, EVAL_DEPTH, &k)) return false;
-  int64_t rows = k.rank >= 2 ? k.dims[k.rank - 2] : 1, cols = k.rank >= 1 ? k.dims[k.rank - 1] : 1;
-  int64_t n = tp_tensor_numel(&k);
-  bool ok = (rows == 1 || rows == t) && (cols == 1 || cols == t) && n > 0;
-  for (int64_t lead = 0; ok && lead < n / (rows * cols); lead++)
-    for (int64_t i = 0; ok && i < t; i++)
-      for (int64_t j = 0; ok && j < t; j++) {
-        double e = tp_tensor_get_f64(&k, lead * rows * cols + (rows == 1 ? 0 : i) * cols + (cols == 1 ? 0 : j));
-        bool masked = additive ? e <= lowest(dt) : (e != 0) == masked_when;
-        ok = masked == (j > i) && (masked || !additive || e == 0);
+typedef struct {
+  int softmax, product, pv; /* the Softmax, the MatMuls Q K^T and P V */
+  int steps[CHAIN_MAX];     /* the score chain's ops, from the product to the Softmax */
+  int slot[CHAIN_MAX];      /* which operand of each carries the scores */
+  int nsteps;
+  TpDType dt;
+  int64_t B, H, T, BH;      /* B batch rows, H heads (0 until a form shows them), T tokens */
+  bool inner;               /* the heads inside the queries: [B, T, H, T] and [B, T*H, T]
+                               (GPT-BigCode's multi-query), not [B, H, T, T], [B*H, T, T] */
+} Chain;
+
+enum { BATCH = 1, HEADS = 2, QUERY = 4, KEY = 8 };
+
+/* What each axis of the scores' rank-`rank` form indexes (BATCH | HEADS: b * H + h). */
+static const unsigned *axis_roles(const Chain *c, int rank) {
+  static const unsigned outer4[] = {BATCH, HEADS, QUERY, KEY}, outer3[] = {BATCH | HEADS, QUERY, KEY};
+  static const unsigned inner4[] = {BATCH, QUERY, HEADS, KEY}, inner3[] = {BATCH, QUERY | HEADS, KEY};
+  return c->inner ? (rank == 4 ? inner4 : inner3) : (rank == 4 ? outer4 : outer3);
+}
+
+/* t is a form of the scores; the first that shows B and H fixes them. */
+static bool score_type(Chain *c, const TpType *t) {
+  if (t->dtype != c->dt || t->rank < 3 || t->rank > 4 || t->dims[t->rank - 1] != c->T) return false;
+  const unsigned *role = axis_roles(c, t->rank);
+  int64_t b = 1, h = 1;
+  for (int a = 0; a < t->rank - 1; a++) {
+    int64_t n = t->dims[a];
+    if (role[a] & QUERY) {
+      if (n % c->T) return false;
+      n /= c->T;
+    }
+    if (role[a] == (BATCH | HEADS)) {
+      if (n != c->BH) return false;
+      continue; /* shows neither alone */
+    }
+    if (role[a] & BATCH) b = n;
+    else if (role[a] & HEADS) h = n;
+    else if (n != 1) return false;
+  }
+  if (t->rank == 3 && !c->inner) return true;
+  if (b * h != c->BH) return false;
+  if (!c->H) c->B = b, c->H = h;
+  return b == c->B && h == c->H;
+}
+
+/* The operand of elementwise op o that carries the scores (same type as the result, not
+ * computable), the others being constant data; -1 with *why set if there is none. */
+static int score_operand(TpModule *m, int o, const char **why) {
+  const TpOp *op = &m->ops[o];
+  int first = op->kind == TP_OP_Where ? 1 : 0, last = op->kind == TP_OP_Sub ? 0 : op->ninputs - 1, slot = -1;
+  for (int i = first; i <= last && slot < 0; i++)
+    if (tp_type_equal(type(m, in(m, o, i)), type(m, out(m, o))) && !computable(m, in(m, o, i), EVAL_DEPTH)) slot = i;
+  for (int i = 0; i < op->ninputs && slot >= 0; i++)
+    if (i != slot && !computable(m, in(m, o, i), EVAL_DEPTH)) {
+      *why = tp_strfmt(m, "%s at node '%s' combines the scores with a value known only at run time",
+                       tp_op_info[op->kind].name, node_name(m, o));
+      return -1;
+    }
+  if (slot < 0)
+    *why = tp_strfmt(m, "%s at node '%s' does not take the scores %s", tp_op_info[op->kind].name, node_name(m, o),
+                     op->kind == TP_OP_Sub ? "as its first operand, unbroadcast" : "unbroadcast");
+  return slot;
+}
+
+/* The score chain back from Softmax sm to the product Q K^T: NULL, or why there is none. */
+static const char *score_chain(TpModule *m, int sm, Chain *c) {
+  int x = in(m, sm, 0);
+  const TpType *t = type(m, x);
+  *c = (Chain){.softmax = sm, .product = -1, .pv = -1, .dt = t->dtype};
+  if (t->rank < 3 || t->rank > 4 || tp_attr_int(m, sm, "axis", -1) != t->rank - 1 || !is_float(m, x))
+    return tp_strfmt(m, "Softmax at node '%s' does not normalise the last axis of 3-D or 4-D scores", node_name(m, sm));
+  c->T = t->dims[t->rank - 1];
+  c->BH = c->T ? tp_type_numel(t) / (c->T * c->T) : 0;
+  c->inner = t->dims[t->rank - 2] != c->T;
+  for (;;) {
+    if (!score_type(c, type(m, x)) || c->BH == 0)
+      return tp_strfmt(m, "the scores %%%s are not [B, H, %lld, %lld] or [B*H, %lld, %lld]", m->values[x].name,
+                       (long long)c->T, (long long)c->T, (long long)c->T, (long long)c->T);
+    int o = m->values[x].kind == TP_VAL_RESULT ? m->values[x].def : -1, slot = 0;
+    if (o < 0 || m->ops[o].dead) return tp_strfmt(m, "the scores %%%s are not computed by a product", m->values[x].name);
+    const char *kind = tp_op_info[m->ops[o].kind].name, *why = NULL;
+    switch (m->ops[o].kind) {
+    case TP_OP_MatMul:
+      c->product = o;
+      for (int i = 0, j = c->nsteps - 1; i < j; i++, j--) { /* forward order */
+        int s = c->steps[i], k = c->slot[i];
+        c->steps[i] = c->steps[j], c->slot[i] = c->slot[j];
+        c->steps[j] = s, c->slot[j] = k;
       }
-  free(k.data);
-  return ok;
+      if (!c->H) c->B = c->BH, c->H = 1; /* 3-D throughout: one head per batch row */
+      return NULL;
+    case TP_OP_Reshape: break; /* its operand's shape is checked next round */
+    case TP_OP_Add:
+    case TP_OP_Sub:
+    case TP_OP_Mul:
+    case TP_OP_Div:
+    case TP_OP_Max:
+    case TP_OP_Where:
+      if ((slot = score_operand(m, o, &why)) < 0) return why;
+      break;
+    default:
+      return tp_strfmt(m, "%s at node '%s' in the score chain is not understood", kind, node_name(m, o));
+    }
+    if (c->nsteps == CHAIN_MAX)
+      return tp_strfmt(m, "the score chain before Softmax at node '%s' is longer than %d ops", node_name(m, sm), CHAIN_MAX);
+    c->steps[c->nsteps] = o;
+    c->slot[c->nsteps++] = slot;
+    x = in(m, o, slot);
+  }
 }
 
-/* If op o applies a causal mask to scores s (its other operand), returns s; else -1.
- * Where(keep, s, fill), Where(drop, fill, s), Add(s, additive) in either order. */
-static int unmask(const TpModule *m, int o) {
-  const TpType *ty = type(m, out(m, o));
-  TpDType dt = ty->dtype;
-  int64_t t = ty->dims[3];
-  if (m->ops[o].kind == TP_OP_Where) {
-    int c = in(m, o, 0), a = in(m, o, 1), b = in(m, o, 2);
-    if (all_masked(m, b, dt) && tp_type_equal(type(m, a), ty) && causal(m, c, t, false, false, dt)) return a;
-    if (all_masked(m, a, dt) && tp_type_equal(type(m, b), ty) && causal(m, c, t, false, true, dt)) return b;
-  } else if (m->ops[o].kind == TP_OP_Add) {
-    for (int i = 0; i < 2; i++) {
-      int s = in(m, o, i), k = in(m, o, 1 - i);
-      if (tp_type_equal(type(m, s), ty) && causal(m, k, t, true, true, dt)) return s;
+/* One score position after the chain: alpha * s + beta, or masked: at most beta. */
+typedef struct {
+  double alpha, beta;
+  bool masked;
+} Score;
+
+/* The scores of every position, [nb, nh, T, T]: nb is 1 unless a constant varies along the
+ * batch (then B), nh likewise along the heads. */
+typedef struct {
+  int64_t nb, nh;
+  Score *at;
+} Frame;
+
+/* Element of constant k, broadcast to result type r (a form of the scores), at score
+ * position (b, h, i, j). */
+static double element(const Chain *c, const TpTensor *k, const TpType *r, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const unsigned *role = axis_roles(c, r->rank);
+  int64_t off = 0;
+  for (int a = 0; a < k->rank; a++) {
+    unsigned ra = role[a + r->rank - k->rank];
+    int64_t pos = ra == (BATCH | HEADS) ? b * c->H + h : ra == (QUERY | HEADS) ? i * c->H + h
+                : ra == BATCH ? b : ra == HEADS ? h : ra == QUERY ? i : j;
+    off = off * k->dims[a] + (k->dims[a] == 1 ? 0 : pos);
+  }
+  return tp_tensor_get_f64(k, off);
+}
+
+/* Whether every slice of k along axis a holds the same data as the first. */
+static bool same_along(const TpTensor *k, int a) {
+  size_t inner = tp_dtype_size(k->dtype), outer = 1;
+  for (int i = a + 1; i < k->rank; i++) inner *= (size_t)k->dims[i];
+  for (int i = 0; i < a; i++) outer *= (size_t)k->dims[i];
+  const char *data = k->data;
+  for (size_t o = 0; o < outer; o++)
+    for (int64_t x = 1; x < k->dims[a]; x++)
+      if (memcmp(data + (o * (size_t)k->dims[a] + (size_t)x) * inner, data + o * (size_t)k->dims[a] * inner, inner))
+        return false;
+  return true;
+}
+
+/* Whether constant k (broadcast to r) varies along the batch or the heads (a folded mask
+ * [B, 1, T, T] that repeats one [T, T] does not). */
+static void varies(const Chain *c, const TpTensor *k, const TpType *r, bool *batch, bool *heads) {
+  const unsigned *role = axis_roles(c, r->rank);
+  for (int a = 0; a < k->rank; a++) {
+    unsigned ra = role[a + r->rank - k->rank];
+    if (k->dims[a] == 1 || !(ra & (BATCH | HEADS)) || same_along(k, a)) continue;
+    *batch |= ra & BATCH;
+    *heads |= ra & HEADS;
+  }
+}
+
+/* Score position p after step o, whose constant operands hold k (and, for Where, the
+ * condition c); NULL, or why the step does not keep the scores' meaning. */
+static const char *transfer(TpModule *m, int o, int slot, double k, double c, Score *p) {
+  const char *kind = tp_op_info[m->ops[o].kind].name, *node = node_name(m, o);
+  double low = lowest(type(m, out(m, o))->dtype);
+  switch (m->ops[o].kind) {
+  case TP_OP_Sub: k = -k; /* fallthrough */
+  case TP_OP_Add:
+    if (isnan(k) || k == INFINITY) return tp_strfmt(m, "%s at node '%s' adds %g to the scores", kind, node, k);
+    if (k <= low && !p->masked) p->masked = true, p->beta = k;
+    else p->beta += k;
+    return NULL;
+  case TP_OP_Div: k = 1 / k; /* fallthrough */
+  case TP_OP_Mul:
+    if (!(k > 0) || isinf(k)) return tp_strfmt(m, "%s at node '%s' scales the scores by %g", kind, node, k);
+    p->alpha *= k, p->beta *= k;
+    return NULL;
+  case TP_OP_Max: /* max(x, finfo.min) is x for every finite x */
+    if (!(k <= low)) return tp_strfmt(m, "Max at node '%s' clamps the scores at %g, above the float minimum", node, k);
+    if (p->masked) p->beta = fmax(p->beta, k);
+    return NULL;
+  case TP_OP_Where:
+    if ((c != 0) == (slot == 1)) return NULL; /* keeps the score */
+    if (!(k <= low)) return tp_strfmt(m, "Where at node '%s' puts %g in place of scores, not the float minimum", node, k);
+    p->masked = true, p->beta = k;
+    return NULL;
+  default: return tp_strfmt(m, "%s at node '%s' in the score chain is not understood", kind, node);
+  }
+}
+
+/* Runs the chain over the frame; NULL, or why it cannot be followed. The caller frees
+ * f->at. */
+static const char *evaluate_chain(TpModule *m, const Chain *c, Frame *f) {
+  TpTensor k[CHAIN_MAX][2] = {{{0}}};
+  const char *why = NULL;
+  bool batch = false, heads = false;
+  f->at = NULL;
+  for (int s = 0; s < c->nsteps && !why; s++) {
+    const TpOp *op = &m->ops[c->steps[s]];
+    for (int i = 0, n = 0; i < op->ninputs && !why; i++) {
+      if (i == c->slot[s] || n == 2) continue;
+      if (!evaluate(m, op->inputs[i], EVAL_DEPTH, &k[s][n]))
+        why = tp_strfmt(m, "the constant %%%s of the score chain cannot be evaluated", m->values[op->inputs[i]].name);
+      else varies(c, &k[s][n++], type(m, op->outputs[0]), &batch, &heads);
     }
   }
-  return -1;
-}
-
-/* If op o multiplies s by a positive constant (Mul by c, Div by 1/c), returns s; *scale *= c. */
-static int unscale(const TpModule *m, int o, double *scale) {
-  const TpType *ty = type(m, out(m, o));
-  double c;
-  if (m->ops[o].kind == TP_OP_Div && scalar(m, in(m, o, 1), &c) && c > 0 && tp_type_equal(type(m, in(m, o, 0)), ty)) {
-    *scale /= c;
-    return in(m, o, 0);
+  f->nb = batch ? c->B : 1, f->nh = heads ? c->H : 1;
+  int64_t n = f->nb * f->nh * c->T * c->T;
+  if (!why && n > FRAME_MAX)
+    why = tp_strfmt(m, "its mask has %lld positions, more than the %d raise-transformer checks", (long long)n, FRAME_MAX);
+  if (!why) {
+    f->at = malloc((size_t)n * sizeof *f->at);
+    TP_ASSERT(f->at);
+    for (int64_t p = 0; p < n; p++) f->at[p] = (Score){.alpha = 1};
   }
-  for (int i = 0; m->ops[o].kind == TP_OP_Mul && i < 2; i++)
-    if (scalar(m, in(m, o, 1 - i), &c) && c > 0 && tp_type_equal(type(m, in(m, o, i)), ty)) {
-      *scale *= c;
-      return in(m, o, i);
+  for (int s = 0; s < c->nsteps && !why; s++) {
+    int o = c->steps[s];
+    const TpType *r = type(m, out(m, o));
+    bool where = m->ops[o].kind == TP_OP_Where;
+    const TpTensor *value = where ? &k[s][1] : &k[s][0];
+    for (int64_t p = 0; p < n && !why && value->data; p++) {
+      int64_t j = p % c->T, i = p / c->T % c->T, h = p / (c->T * c->T) % f->nh, b = p / (c->T * c->T * f->nh);
+      double cond = where ? element(c, &k[s][0], r, b, h, i, j) : 0;
+      why = transfer(m, o, c->slot[s], element(c, value, r, b, h, i, j), cond, &f->at[p]);
     }
-  return -1;
-}
-
-static bool perm_is(const TpModule *m, int o, const int64_t *want) {
-  int n;
-  const int64_t *p = tp_attr_ints(m, o, "perm", &n);
-  return n == 4 && memcmp(p, want, 4 * sizeof *p) == 0;
-}
-
-/* K [B, H, T, D] given K^T [B, H, D, T]: the operand of Transpose(K, [0,1,3,2]); else a new
- * Transpose (of the [B, T, H, D] heads when the export folded the head transpose into K^T's
- * [0,2,3,1], or of K^T itself). */
-static int untranspose_k(TpModule *m, int kt, TpDiag *d) {
-  static const int64_t swap_last[] = {0, 1, 3, 2}, heads_kt[] = {0, 2, 3, 1}, heads[] = {0, 2, 1, 3};
-  int o = def_of(m, kt, TP_OP_Transpose), src = kt;
-  const int64_t *perm = swap_last;
-  if (o >= 0 && perm_is(m, o, swap_last)) return in(m, o, 0);
-  if (o >= 0 && perm_is(m, o, heads_kt)) {
-    src = in(m, o, 0);
-    perm = heads;
   }
+  for (int s = 0; s < c->nsteps; s++) free(k[s][0].data), free(k[s][1].data);
+  return why;
+}
+
+/* What the attention computes, proven from the frame. */
+typedef struct {
+  double scale;
+  int64_t window; /* 0: none */
+  bool biased;    /* some visible position has beta != 0 */
+} Proof;
+
+/* "query i" of frame position p, naming its batch row and head where the frame has them. */
+static const char *query_at(TpModule *m, const Frame *f, int64_t T, int64_t p) {
+  const char *at = tp_strfmt(m, "query %lld", (long long)(p / T % T));
+  if (f->nb > 1) at = tp_strfmt(m, "%s of batch row %lld", at, (long long)(p / (T * T * f->nh)));
+  if (f->nh > 1) at = tp_strfmt(m, "%s in head %lld", at, (long long)(p / (T * T) % f->nh));
+  return at;
+}
+
+/* Whether every score is proven causal (see the section's comment); NULL, or why not. */
+static const char *prove(TpModule *m, const Chain *c, const Frame *f, Proof *pr) {
+  int64_t T = c->T, n = f->nb * f->nh * T * T, seen = 0;
+  double bound = lowest(c->dt) * 1e-6; /* a finfo.min scaled by up to 1e-6 still vanishes */
+  for (int64_t j = 0; j < T; j++) seen += !f->at[(T - 1) * T + j].masked;
+  *pr = (Proof){.window = seen < T ? seen : 0};
+  bool touched = false; /* by a mask or a bias */
+  for (int64_t p = 0; p < n && !touched; p++) touched = f->at[p].masked || f->at[p].beta != 0;
+  if (!touched && T > 1) return "nothing masks its scores: every query sees every key";
+  bool have_scale = false;
+  for (int64_t p = 0; p < n; p++) {
+    const Score *s = &f->at[p];
+    long long j = p % T, i = p / T % T;
+    bool want = j <= i && (pr->window == 0 || j > i - pr->window);
+    if (s->masked && want)
+      return tp_strfmt(m, "its mask hides key %lld from %s, which is not after it%s", j, query_at(m, f, T, p),
+                       pr->window ? " nor outside the sliding window" : "");
+    if (!s->masked && j > i)
+      return tp_strfmt(m, "its mask lets %s see key %lld after it%s", query_at(m, f, T, p), j,
+                       s->beta ? tp_strfmt(m, " (adds %g there, not the float minimum)", s->beta) : "");
+    if (!s->masked && !want)
+      return tp_strfmt(m, "its mask lets %s see key %lld, outside the sliding window of %lld keys its last query has",
+                       query_at(m, f, T, p), j, (long long)pr->window);
+    if (s->masked && !(s->beta <= bound))
+      return tp_strfmt(m, "it masks key %lld of %s with %g, which may keep weight in the softmax", j, query_at(m, f, T, p),
+                       s->beta);
+    if (s->masked) continue;
+    if (have_scale && s->alpha != pr->scale)
+      return tp_strfmt(m, "it scales the scores by %g at key %lld of %s but by %g elsewhere", s->alpha, j,
+                       query_at(m, f, T, p), pr->scale);
+    pr->scale = s->alpha, have_scale = true;
+    pr->biased |= s->beta != 0;
+  }
+  return NULL;
+}
+
+/* Collapses axis a of the bias b (dims d, row-major) to 1 when each fibre along it holds
+ * one value at its visible positions (masked ones are free). */
+static void collapse(Score *b, int64_t d[4], int a) {
+  int64_t inner = 1, outer = 1;
+  for (int k = a + 1; k < 4; k++) inner *= d[k];
+  for (int k = 0; k < a; k++) outer *= d[k];
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) {
+      const Score *first = NULL;
+      for (int64_t x = 0; x < d[a]; x++) {
+        const Score *s = &b[(o * d[a] + x) * inner + i];
+        if (s->masked) continue;
+        if (first && s->beta != first->beta) return;
+        if (!first) first = s;
+      }
+    }
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) {
+      Score keep = {.masked = true};
+      for (int64_t x = 0; x < d[a] && keep.masked; x++) keep = b[(o * d[a] + x) * inner + i];
+      b[o * inner + i] = keep;
+    }
+  d[a] = 1;
+}
+
+/* The additive bias at the visible positions as a constant [nb|1, nh|1, T|1, T] (0 where
+ * masked: the attention masks those itself); -1 if the scores are not f32. */
+static int make_bias(TpModule *m, const Chain *c, Frame *f, TpOrigin at) {
+  if (c->dt != TP_F32) return -1;
+  int64_t d[4] = {f->nb, f->nh, c->T, c->T};
+  collapse(f->at, d, 2);
+  collapse(f->at, d, 0);
+  collapse(f->at, d, 1);
+  int64_t n = d[0] * d[1] * d[2] * d[3];
+  float *data = malloc((size_t)n * sizeof *data + 1);
+  TP_ASSERT(data);
+  for (int64_t p = 0; p < n; p++) data[p] = f->at[p].masked ? 0.0f : (float)f->at[p].beta;
   char name[300];
-  snprintf(name, sizeof name, "%s.k", m->values[kt].name);
-  const char *names[] = {name};
-  TpOrigin at = o >= 0 ? m->ops[o].origin : m->values[kt].origin;
-  int t = tp_add_op(m, TP_OP_Transpose, &src, 1, names, 1, at);
-  tp_set_attr_ints(m, t, "perm", perm, 4);
-  return check(m, t, d) == TP_OK ? out(m, t) : -1;
+  snprintf(name, sizeof name, "%s.bias", m->values[out(m, c->pv)].name);
+  int v = tp_add_const(m, tp_unique_name(m, name), tp_type_make(TP_F32, 4, d), data, at);
+  free(data);
+  return v;
 }
 
-/* Anchored at Softmax(axis -1) of 4-D scores; the last op is MatMul(probabilities, V). */
-static int raise_attention(TpModule *m, int sm, TpDiag *d) {
-  int p = out(m, sm);
-  const TpType *tp = type(m, p);
-  if (tp->rank != 4 || tp_attr_int(m, sm, "axis", -1) != 3 || tp->dims[2] != tp->dims[3]) return TP_OK;
-  double scale = 1;
-  bool masked = false, scaled = false, scaled_after_mask = false;
-  int s = in(m, sm, 0), qk = -1;
-  for (int step = 0; step < 3 && qk < 0; step++) { /* back from the Softmax */
-    int o = m->values[s].kind == TP_VAL_RESULT ? m->values[s].def : -1, next;
-    if (o < 0 || m->ops[o].dead) return TP_OK;
-    if (m->ops[o].kind == TP_OP_MatMul) qk = o;
-    else if (!masked && (next = unmask(m, o)) >= 0) masked = true, s = next;
-    else if (!scaled && (next = unscale(m, o, &scale)) >= 0) scaled = true, scaled_after_mask = !masked, s = next;
-    else return TP_OK;
+/* The heads of operand t of a product over the scores: [B, h, ..] (4-D) or [B*H, ..] (3-D,
+ * H heads); -1 if its batch is not the scores'. */
+static int64_t heads_of(const Chain *c, const TpType *t) {
+  if (t->rank == 4) return t->dims[0] == c->B ? t->dims[1] : -1;
+  return t->rank == 3 && t->dims[0] == c->BH ? c->H : -1;
+}
+
+/* MatMul(probabilities, V) after Softmax c->softmax, through reshapes of the scores; -1 if
+ * there is none. */
+static int times_values(TpModule *m, Chain *c) {
+  int p = out(m, c->softmax);
+  for (int step = 0; step < CHAIN_MAX; step++) {
+    int u = user_of(m, p, TP_OP_MatMul, 0);
+    if (u >= 0) return u;
+    if ((u = user_of(m, p, TP_OP_Reshape, 0)) >= 0 && score_type(c, type(m, out(m, u)))) p = out(m, u);
+    else return -1;
   }
-  int pv = user_of(m, p, TP_OP_MatMul, 0);
-  if (!masked || qk < 0 || pv < 0) return TP_OK; /* not causal: stays primitive */
-  if (scaled_after_mask && scale < 1e-6) return TP_OK; /* a scaled finfo.min may not vanish */
-  int q = in(m, qk, 0), kt = in(m, qk, 1), v = in(m, pv, 1);
-  const TpType *tq = type(m, q), *tk = type(m, kt), *tv = type(m, v);
-  if (tq->rank != 4 || tk->rank != 4 || tv->rank != 4) return TP_OK;
-  for (int i = 0; i < 2; i++) /* no broadcasting over batch or heads */
-    if (tk->dims[i] != tq->dims[i] || tv->dims[i] != tq->dims[i]) return TP_OK;
-  if (tk->dims[2] != tq->dims[3] || tk->dims[3] != tq->dims[2] || tv->dims[2] != tq->dims[2]) return TP_OK;
-  int k = untranspose_k(m, kt, d);
-  if (k < 0) return TP_ERR_INTERNAL;
-  rewrite(m, pv, TP_OP_Attention, (int[]){q, k, v}, 3);
-  tp_set_attr_int(m, pv, "is_causal", 1);
-  tp_set_attr_float(m, pv, "scale", scale);
-  return check(m, pv, d);
+  return -1;
+}
+
+static bool perm_is(const TpModule *m, int o, const int64_t *want, int n) {
+  int got;
+  const int64_t *p = tp_attr_ints(m, o, "perm", &got);
+  return got == n && memcmp(p, want, (size_t)n * sizeof *p) == 0;
+}
+
+/* A new op of `kind` on x at origin `at`, its result named "<value named>.<suffix>" and
+ * typed type_out (the caller sets its attributes, then check()s it). */
+static int add_view(TpModule *m, TpOpKind kind, int x, int named, const char *suffix, TpOrigin at, TpType type_out) {
+  char name[300];
+  snprintf(name, sizeof name, "%s.%s", m->values[named].name, suffix);
+  const char *names[] = {name};
+  int o = tp_add_op(m, kind, &x, 1, names, 1, at);
+  m->values[out(m, o)].type = type_out;
+  return o;
+}
+
+/* v seen as `dims` (the same elements in the same order): v itself, the value a Reshape
+ * made it from, or a new Reshape "<v>.<suffix>". */
+static int view_as(TpModule *m, int v, int rank, const int64_t *dims, const char *suffix, TpDiag *d) {
+  TpType want = tp_type_make(type(m, v)->dtype, rank, dims);
+  int r = def_of(m, v, TP_OP_Reshape);
+  if (tp_type_equal(type(m, v), &want)) return v;
+  if (r >= 0 && tp_type_equal(type(m, in(m, r, 0)), &want)) return in(m, r, 0);
+  int o = add_view(m, TP_OP_Reshape, v, v, suffix, m->values[v].origin, want);
+  return check(m, o, d) == TP_OK ? out(m, o) : -1;
+}
+
+/* v as [B, heads, S, D]: itself when 4-D, else [B*heads, S, D] viewed so. */
+static int as_heads(TpModule *m, int v, int64_t B, int64_t heads, TpDiag *d) {
+  const TpType *t = type(m, v);
+  return t->rank == 4 ? v : view_as(m, v, 4, (int64_t[]){B, heads, t->dims[1], t->dims[2]}, "heads", d);
+}
+
+/* A new Transpose(x, perm) for K^T kt ("<kt>.k"). */
+static int transpose_k(TpModule *m, int x, int kt, const int64_t *perm, TpOrigin at, TpDiag *d) {
+  TpType t = *type(m, x);
+  for (int i = 0; i < t.rank; i++) t.dims[i] = type(m, x)->dims[perm[i]];
+  int o = add_view(m, TP_OP_Transpose, x, kt, "k", at, t);
+  tp_set_attr_ints(m, o, "perm", perm, t.rank);
+  return check(m, o, d) == TP_OK ? out(m, o) : -1;
+}
+
+/* K given K^T: [B, H, T, D] from [B, H, D, T] (4-D) or [B*H, D, T]; [B, T, D] from
+ * [B, D, T] when the heads are inside the queries. The operand of the transpose that made
+ * K^T, else a new Transpose (of the [B, T, H, D] heads when the export folded the head
+ * transpose into K^T's [0,2,3,1], or of K^T itself). */
+static int untranspose_k(TpModule *m, const Chain *c, int kt, int64_t heads, TpDiag *d) {
+  static const int64_t swap3[] = {0, 2, 1}, swap_last[] = {0, 1, 3, 2}, heads_kt[] = {0, 2, 3, 1}, heads_p[] = {0, 2, 1, 3};
+  int o = def_of(m, kt, TP_OP_Transpose);
+  TpOrigin at = o >= 0 ? m->ops[o].origin : m->values[kt].origin;
+  if (type(m, kt)->rank == 3) {
+    bool swapped = o >= 0 && perm_is(m, o, swap3, 3);
+    if (c->inner) return swapped ? in(m, o, 0) : transpose_k(m, kt, kt, swap3, at, d);
+    if (swapped) return as_heads(m, in(m, o, 0), c->B, heads, d);
+    if ((kt = as_heads(m, kt, c->B, heads, d)) < 0) return -1;
+    o = def_of(m, kt, TP_OP_Transpose);
+  }
+  if (o >= 0 && perm_is(m, o, swap_last, 4)) return in(m, o, 0);
+  if (o >= 0 && perm_is(m, o, heads_kt, 4)) return transpose_k(m, in(m, o, 0), kt, heads_p, at, d);
+  return transpose_k(m, kt, kt, swap_last, at, d);
+}
+
+/* K or V [B, Hkv*r, T, D] that HF's repeat_kv made from kv [B, Hkv, T, D] (Unsqueeze to
+ * [B, Hkv, 1, T, D], Expand to [B, Hkv, r, T, D], Reshape): kv; else x itself. */
+static int unrepeat(const TpModule *m, int x) {
+  int r2 = def_of(m, x, TP_OP_Reshape);
+  int e = r2 >= 0 ? def_of(m, in(m, r2, 0), TP_OP_Expand) : -1;
+  int r1 = e >= 0 ? def_of(m, in(m, e, 0), TP_OP_Reshape) : -1;
+  if (r1 < 0) return x;
+  int kv = in(m, r1, 0);
+  const TpType *tk = type(m, kv), *t1 = type(m, out(m, r1)), *te = type(m, out(m, e)), *tx = type(m, x);
+  if (tk->rank != 4 || t1->rank != 5 || te->rank != 5) return x;
+  int64_t B = tk->dims[0], Hkv = tk->dims[1], T = tk->dims[2], D = tk->dims[3], r = te->dims[2];
+  const int64_t want1[] = {B, Hkv, 1, T, D}, wante[] = {B, Hkv, r, T, D}, wantx[] = {B, Hkv * r, T, D};
+  return memcmp(t1->dims, want1, sizeof want1) == 0 && memcmp(te->dims, wante, sizeof wante) == 0 &&
+                 memcmp(tx->dims, wantx, sizeof wantx) == 0
+             ? kv
+             : x;
+}
+
+/* The whole analysis of the attention at Softmax sm: its chain, frame (the caller frees
+ * f->at), proof and P V product; NULL, or why it is not causal attention. */
+static const char *analyse(TpModule *m, int sm, Chain *c, Frame *f, Proof *pr) {
+  f->at = NULL;
+  const char *why = score_chain(m, sm, c);
+  if (!why) why = evaluate_chain(m, c, f);
+  if (!why) why = prove(m, c, f, pr);
+  if (why) return why;
+  c->pv = times_values(m, c);
+  if (c->pv < 0) return tp_strfmt(m, "the probabilities of Softmax at node '%s' are not multiplied by values", node_name(m, sm));
+  const TpType *tq = type(m, in(m, c->product, 0)), *tkt = type(m, in(m, c->product, 1)), *tv = type(m, in(m, c->pv, 1));
+  if (c->inner) { /* Q [B, T*H, D], K^T [B, D, T], V [B, T, Dv]: one K/V head */
+    bool ok = tq->rank == 3 && tkt->rank == 3 && tv->rank == 3 && tq->dims[0] == c->B && tkt->dims[0] == c->B &&
+              tv->dims[0] == c->B && tq->dims[1] == c->T * c->H && tkt->dims[2] == c->T && tv->dims[1] == c->T;
+    return ok ? NULL
+              : tp_strfmt(m, "the products at nodes '%s' and '%s' are not Q K^T and P V of one K/V head",
+                          node_name(m, c->product), node_name(m, c->pv));
+  }
+  int64_t hk = heads_of(c, tkt), hv = heads_of(c, tv);
+  if (heads_of(c, tq) != c->H || hk < 0 || hv < 0 || tkt->dims[tkt->rank - 1] != c->T || tv->dims[tv->rank - 2] != c->T)
+    return tp_strfmt(m, "the products at nodes '%s' and '%s' are not Q K^T and P V over the scores' batch",
+                     node_name(m, c->product), node_name(m, c->pv));
+  if (hk != hv) return tp_strfmt(m, "its K has %lld heads and its V %lld", (long long)hk, (long long)hv);
+  if (heads_of(c, type(m, out(m, c->pv))) != c->H)
+    return tp_strfmt(m, "MatMul at node '%s' does not keep the scores' batch and heads", node_name(m, c->pv));
+  if (pr->biased && c->dt != TP_F32) return tp_strfmt(m, "its additive bias is on %s scores, not f32", tp_dtype_name(c->dt));
+  return NULL;
+}
+
+/* Anchored at Softmax sm: the P V MatMul becomes Attention(Q, K, V[, bias]) {is_causal = 1,
+ * scale, window?} (3-D products: Attention on the 4-D heads, and a Reshape back; heads
+ * inside the queries: Attention on [B, T, heads*D] rows, q_num_heads H, kv_num_heads 1). */
+static int raise_attention(TpModule *m, int sm, TpDiag *d) {
+  Chain c;
+  Frame f;
+  Proof pr;
+  const char *why = analyse(m, sm, &c, &f, &pr);
+  if (why) {
+    free(f.at);
+    return TP_OK; /* not causal: stays primitive, and insert-token-dim says why */
+  }
+  int bias = pr.biased ? make_bias(m, &c, &f, m->ops[sm].origin) : -1;
+  free(f.at);
+  int q, k = untranspose_k(m, &c, in(m, c.product, 1), heads_of(&c, type(m, in(m, c.product, 1))), d), v = in(m, c.pv, 1);
+  if (c.inner) {
+    const TpType *tq = type(m, in(m, c.product, 0));
+    q = view_as(m, in(m, c.product, 0), 3, (int64_t[]){c.B, c.T, c.H * tq->dims[2]}, "rows", d);
+  } else {
+    q = as_heads(m, in(m, c.product, 0), c.B, c.H, d);
+    v = as_heads(m, v, c.B, heads_of(&c, type(m, v)), d);
+  }
+  if (q < 0 || k < 0 || v < 0) return TP_ERR_INTERNAL;
+  int k1 = unrepeat(m, k), v1 = unrepeat(m, v); /* grouped K/V: the kv heads themselves */
+  if (!c.inner && type(m, k1)->dims[1] == type(m, v1)->dims[1]) k = k1, v = v1;
+  int at = c.pv;
+  if (type(m, out(m, c.pv))->rank == 3) { /* Attention on the heads, then the 3-D view */
+    const char *names[] = {tp_strfmt(m, "%s.heads", m->values[out(m, c.pv)].name)};
+    at = tp_add_op(m, TP_OP_Attention, (int[]){q, k, v}, 3, names, 1, m->ops[c.pv].origin);
+    rewrite(m, c.pv, TP_OP_Reshape, (int[]){out(m, at)}, 1);
+  }
+  rewrite(m, at, TP_OP_Attention, (int[]){q, k, v, bias}, bias >= 0 ? 4 : 3);
+  tp_set_attr_int(m, at, "is_causal", 1);
+  tp_set_attr_float(m, at, "scale", pr.scale);
+  if (pr.window) tp_set_attr_int(m, at, "window", pr.window);
+  if (c.inner) tp_set_attr_int(m, at, "q_num_heads", c.H), tp_set_attr_int(m, at, "kv_num_heads", 1);
+  return check(m, at, d) != TP_OK || check(m, c.pv, d) != TP_OK ? TP_ERR_INTERNAL : TP_OK;
+}
+
+const char *tp_attention_unproven(TpModule *m, int product) {
+  /* the Softmax the product's scores reach, through the ops a score chain may hold */
+  int frontier[CHAIN_MAX], n = 0;
+  frontier[n++] = out(m, product);
+  for (int i = 0; i < n; i++)
+    for (int o = 0; o < m->nops; o++) {
+      const TpOp *op = &m->ops[o];
+      bool reads = false;
+      for (int k = 0; k < op->ninputs; k++) reads |= op->inputs[k] == frontier[i];
+      if (op->dead || !reads) continue;
+      if (op->kind == TP_OP_Softmax) {
+        Chain c;
+        Frame f;
+        Proof pr;
+        const char *why = analyse(m, o, &c, &f, &pr);
+        free(f.at);
+        if (why) return why;
+        return c.product == product ? "raise-transformer did not run" : NULL;
+      }
+      if (n < CHAIN_MAX && op->noutputs == 1 && (tp_op_info[op->kind].traits & TP_TRAIT_ELEMENTWISE || op->kind == TP_OP_Reshape))
+        frontier[n++] = op->outputs[0];
+    }
+  return "no Softmax over its keys follows the product";
 }
 
 /* ---- RMSNorm, Rotary, SwiGLU (f32: their kernels' type) ---- */
@@ -731,6 +1240,7 @@ static int raise_partial_rotary(TpModule *m, int cat, TpDiag *d) {
 /* fused: also the ops of modern blocks (RMSNorm, Rotary, SwiGLU). */
 static int raise(TpModule *m, bool fused, TpDiag *d) {
   int nops = m->nops, rc = TP_OK;
+  drop_identities(m);
   for (int o = 0; o < nops && rc == TP_OK; o++) {
     if (m->ops[o].dead) continue;
     switch (m->ops[o].kind) {
@@ -752,6 +1262,9 @@ static int raise(TpModule *m, bool fused, TpDiag *d) {
     default: break;
     }
   }
+  for (int o = 0; o < nops && rc == TP_OK; o++) /* after Gemm became Linear */
+    if (!m->ops[o].dead && m->ops[o].kind == TP_OP_Reshape) rc = unflatten(m, o, d);
+  drop_identities(m); /* what unflatten left */
   if (m->nops != nops) tp_sort_ops(m); /* Attention's new K transposes */
   return rc;
 }

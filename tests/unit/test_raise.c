@@ -24,19 +24,22 @@ typedef struct {
   const char *expect; /* "Op=N ..." op counts after the passes */
 } Case;
 
-/* Attention operands [B=1, H=2, T=4, D=3] and the masks exporters write. */
-#define HEADS                                                                              \
-  "input %q : f32[1, 2, 4, 3]\n"                                                          \
-  "input %k : f32[1, 2, 4, 3]\n"                                                          \
-  "input %v : f32[1, 2, 4, 3]\n"                                                          \
+/* The masks exporters write over T = 4 keys, and the scalars around them. */
+#define MASKS                                                                              \
   "const %half : f32[] = dense<0.5>\n"                                                    \
-  "const %two : f32[1] = dense<2>\n"                                                      \
   "const %ninf : f32[] = dense<-inf>\n"                                                   \
   "const %min : f32[] = dense<-3.4028235e+38>\n"                                          \
   "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
   "true, true, true, false, true, true, true, true]>\n"                                   \
   "const %upper : bool[1, 1, 4, 4] = dense<[false, true, true, true, false, false, true, " \
-  "true, false, false, false, true, false, false, false, false]>\n"                       \
+  "true, false, false, false, true, false, false, false, false]>\n"
+
+/* Attention operands [B=1, H=2, T=4, D=3]. */
+#define HEADS                                                                              \
+  "input %q : f32[1, 2, 4, 3]\n"                                                          \
+  "input %k : f32[1, 2, 4, 3]\n"                                                          \
+  "input %v : f32[1, 2, 4, 3]\n"                                                          \
+  "const %two : f32[1] = dense<2>\n" MASKS                                                \
   "const %additive : f32[4, 4] = dense<[0, -inf, -inf, -inf, 0, 0, -inf, -inf, 0, 0, 0, " \
   "-inf, 0, 0, 0, 0]>\n"
 #define SCORES                                                    \
@@ -46,6 +49,71 @@ typedef struct {
   "%p : f32[1, 2, 4, 4] = Softmax(" mask ") {axis = 3}\n" \
   "%y : f32[1, 2, 4, 3] = MatMul(%p, %v)\n"               \
   "output %y\n"
+
+/* Attention operands [B=2, H=2, T=4, D=3], masks with a batch dim, and the 3-D (baddbmm)
+ * form of the products with a bias [B*H, 1, T]: 0, or ALiBi's slope (0.5, 0.25 per head)
+ * times the key position. */
+#define BATCH2                                                                                  \
+  "input %q : f32[2, 2, 4, 3]\n"                                                               \
+  "input %k : f32[2, 2, 4, 3]\n"                                                               \
+  "input %v : f32[2, 2, 4, 3]\n"                                                               \
+  "const %two : f32[] = dense<2>\n" MASKS                                                      \
+  "const %folded : f32[2, 1, 4, 4] = dense<[0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, " \
+  "0, 0, -3.4028235e+38, -3.4028235e+38, 0, 0, 0, -3.4028235e+38, 0, 0, 0, 0, "                \
+  "0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, 0, 0, -3.4028235e+38, -3.4028235e+38, "  \
+  "0, 0, 0, -3.4028235e+38, 0, 0, 0, 0]>\n"                                                    \
+  "const %band : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, "     \
+  "false, true, true, false, false, false, true, true]>\n"                                     \
+  "const %off_band : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
+  "false, true, false, false, false, false, true, true]>\n"                                    \
+  "const %padding : f32[2, 1, 1, 4] = dense<0>\n"                                              \
+  "const %padded : f32[2, 1, 1, 4] = dense<[0, 0, 0, 0, -3.4028235e+38, 0, 0, 0]>\n"           \
+  "const %zeros : f32[4, 1, 4] = dense<0>\n"                                                   \
+  "const %alibi : f32[4, 1, 4] = dense<[0, 0.5, 1, 1.5, 0, 0.25, 0.5, 0.75, 0, 0.5, 1, 1.5, "   \
+  "0, 0.25, 0.5, 0.75]>\n"
+#define BMM(bias)                                                        \
+  "%q3 : f32[4, 4, 3] = Reshape(%q)\n"                                   \
+  "%kt4 : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"       \
+  "%kt3 : f32[4, 3, 4] = Reshape(%kt4)\n"                                \
+  "%v3 : f32[4, 4, 3] = Reshape(%v)\n"                                   \
+  "%s : f32[4, 4, 4] = MatMul(%q3, %kt3)\n"                              \
+  "%sa : f32[4, 4, 4] = Mul(%s, %half)\n"                                \
+  "%sb : f32[4, 4, 4] = Add(%sa, " bias ")\n"                            \
+  "%s4 : f32[2, 2, 4, 4] = Reshape(%sb)\n"                               \
+  "%m : f32[2, 2, 4, 4] = Where(%upper, %min, %s4)\n"                    \
+  "%p : f32[2, 2, 4, 4] = Softmax(%m) {axis = 3}\n"                      \
+  "%p3 : f32[4, 4, 4] = Reshape(%p)\n"                                   \
+  "%y3 : f32[4, 4, 3] = MatMul(%p3, %v3)\n"                              \
+  "%y : f32[2, 2, 4, 3] = Reshape(%y3)\n"
+
+/* Query rows [B=1, T=4, H*D = 2*3] over one K/V head [1, 4, 3], the heads inside the
+ * queries: scores [1, T*H, T] and [1, T, H, T], masked by [T, 1, T] (or [T, H, T]). */
+#define INNER(keep)                                                                          \
+  "input %x : f32[1, 4, 6]\n"                                                               \
+  "input %kv : f32[1, 4, 3]\n"                                                              \
+  "input %vv : f32[1, 4, 3]\n" MASKS                                                       \
+  "const %keep_inner : bool[4, 1, 4] = dense<[true, false, false, false, true, true, false, " \
+  "false, true, true, true, false, true, true, true, true]>\n"                              \
+  "const %keep_wrong : bool[4, 2, 4] = dense<[true, false, false, false, true, false, false, " \
+  "false, true, true, false, false, true, true, false, false, true, true, true, false, "     \
+  "true, true, true, true, true, true, true, true, true, true, true, true]>\n"               \
+  "%q3 : f32[1, 8, 3] = Reshape(%x)\n"                                                      \
+  "%kt : f32[1, 3, 4] = Transpose(%kv) {perm = [0, 2, 1]}\n"                                \
+  "%s : f32[1, 8, 4] = MatMul(%q3, %kt)\n"                                                  \
+  "%ss : f32[1, 8, 4] = Mul(%s, %half)\n"                                                   \
+  "%s4 : f32[1, 4, 2, 4] = Reshape(%ss)\n"                                                  \
+  "%m : f32[1, 4, 2, 4] = Where(" keep ", %s4, %min)\n"                                     \
+  "%p : f32[1, 4, 2, 4] = Softmax(%m) {axis = 3}\n"                                         \
+  "%p3 : f32[1, 8, 4] = Reshape(%p)\n"                                                      \
+  "%y3 : f32[1, 8, 3] = MatMul(%p3, %vv)\n"                                                 \
+  "%y : f32[1, 4, 6] = Reshape(%y3)\n"                                                      \
+  "output %y\n"
+
+/* Two query heads over one K/V head [1, 1, 4, 3]. */
+#define GROUPED                                                                              \
+  "input %q : f32[1, 2, 4, 3]\n"                                                            \
+  "input %kh : f32[1, 1, 4, 3]\n"                                                           \
+  "input %vh : f32[1, 1, 4, 3]\n" MASKS
 
 /* x [2, 3, 4] normalised over its last axis; the chain up to n = (x - mean) / sqrt(var + eps). */
 #define LN_INPUTS                                                         \
@@ -96,6 +164,22 @@ typedef struct {
                 "-0.924, -0.356, 0.69, -0.709, -0.639, -0.247, 0.752, 0.503, 0.89, -0.615, 0.768, " \
                 "-0.178, -0.065, -0.95]>"
 
+/* x [2, 3, 4] flattened to rows [6, 4] around an MLP with a residual Add (OPT), whose
+ * normalised rows %n are made before it. */
+#define FLAT                                                  \
+  "input %x : f32[2, 3, 4]\n"                                 \
+  "param %g : f32[4] = dense<[-0.521, -0.195, -0.807, 0.936]>\n" \
+  "param %w1 : f32[4, 5] = " W45 "\n"                         \
+  "param %w2 : f32[5, 4] = " W54 "\n"                         \
+  "%f : f32[6, 4] = Reshape(%x)\n"
+#define FLAT_MLP(h)                          \
+  "%a : f32[6, 5] = MatMul(%n, %w1)\n"       \
+  "%h : f32[6, 5] = Relu(%a)\n"              \
+  "%b : f32[6, 4] = MatMul(" h ", %w2)\n"    \
+  "%r : f32[6, 4] = Add(%f, %b)\n"           \
+  "%y : f32[2, 3, 4] = Reshape(%r)\n"        \
+  "output %y\n"
+
 static const Case cases[] = {
     /* causal self-attention */
     {"attention: Where(tril, scores, finfo.min) after Mul(scale)",
@@ -130,6 +214,102 @@ static const Case cases[] = {
      HEADS SCORES ATTEND("%s"), "Attention=0 Softmax=1 MatMul=2"},
     {"not attention: additive mask the wrong way round",
      HEADS SCORES "%m : f32[1, 2, 4, 4] = Sub(%s, %additive)\n" ATTEND("%m"), "Attention=0 Softmax=1"},
+
+    /* what Hugging Face exports put around the attention (issue 11) */
+    {"attention: Llama's casts before the mask and after Softmax, a folded [B, 1, T, T] mask",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%ss : f32[2, 2, 4, 4] = Div(%s, %two)\n"
+            "%c : f32[2, 2, 4, 4] = Cast(%ss)\n"
+            "%m : f32[2, 2, 4, 4] = Add(%c, %folded)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%m) {axis = 3}\n"
+            "%p1 : f32[2, 2, 4, 4] = Cast(%p)\n"
+            "%p2 : f32[2, 2, 4, 4] = Cast(%p1)\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p2, %v)\n"
+            "output %y\n",
+     "Attention=1 Softmax=0 Cast=0 MatMul=0 Add=0 Div=0"},
+    {"attention: two masks (Where(tril, s, -inf), an all-0 padding mask) and a Max clamp, scaled after",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%lower, %s, %ninf)\n"
+            "%a : f32[2, 2, 4, 4] = Add(%w, %padding)\n"
+            "%x : f32[2, 2, 4, 4] = Max(%a, %min)\n"
+            "%ss : f32[2, 2, 4, 4] = Mul(%x, %half)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%ss) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=1 Softmax=0 Where=0 Add=0 Max=0 Mul=0"},
+    {"attention: baddbmm's 3-D products (alpha, a zero bias) reshaped to 4-D around the mask",
+     BATCH2 BMM("%zeros") "output %y\n", "Attention=1 Softmax=0 MatMul=0 Mul=0 Add=0 Where=0 Reshape=1"},
+    {"attention: an ALiBi bias [B*H, 1, T] in baddbmm becomes Attention's bias [1, H, 1, T]",
+     BATCH2 BMM("%alibi") "output %y\n", "Attention=1 Softmax=0 MatMul=0 Add=0"},
+    {"attention: grouped K/V repeated by repeat_kv (Unsqueeze, Expand, Reshape)",
+     GROUPED "%ku : f32[1, 1, 1, 4, 3] = Reshape(%kh)\n"
+             "%ke : f32[1, 1, 2, 4, 3] = Expand(%ku)\n"
+             "%kr : f32[1, 2, 4, 3] = Reshape(%ke)\n"
+             "%vu : f32[1, 1, 1, 4, 3] = Reshape(%vh)\n"
+             "%ve : f32[1, 1, 2, 4, 3] = Expand(%vu)\n"
+             "%vr : f32[1, 2, 4, 3] = Reshape(%ve)\n"
+             "%kt : f32[1, 2, 3, 4] = Transpose(%kr) {perm = [0, 1, 3, 2]}\n"
+             "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
+             "%m : f32[1, 2, 4, 4] = Where(%lower, %s, %min)\n"
+             "%p : f32[1, 2, 4, 4] = Softmax(%m) {axis = 3}\n"
+             "%y : f32[1, 2, 4, 3] = MatMul(%p, %vr)\n"
+             "output %y\n",
+     "Attention=1 Expand=0 Reshape=0 Transpose=0 MatMul=0"},
+    {"attention: one K/V head broadcast by MatMul (Falcon's multi_query)",
+     GROUPED "%kt : f32[1, 1, 3, 4] = Transpose(%kh) {perm = [0, 1, 3, 2]}\n"
+             "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
+             "%m : f32[1, 2, 4, 4] = Where(%lower, %s, %min)\n"
+             "%p : f32[1, 2, 4, 4] = Softmax(%m) {axis = 3}\n"
+             "%y : f32[1, 2, 4, 3] = MatMul(%p, %vh)\n"
+             "output %y\n",
+     "Attention=1 Transpose=0 MatMul=0"},
+    {"attention: a sliding window of 2 keys (Mistral's band mask, GPT-Neo's local layers)",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%band, %s, %min)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%w) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=1 Softmax=0 Where=0"},
+    {"not attention: a band that misses the diagonal",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%off_band, %s, %min)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%w) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1"},
+    {"attention: GPT-BigCode's multi-query scores [B, T*H, T] with the heads inside the queries",
+     INNER("%keep_inner"), "Attention=1 Softmax=0 MatMul=0 Where=0 Transpose=0 Reshape=1"},
+    {"not attention: the heads inside the queries, a mask wrong in head 1",
+     INNER("%keep_wrong"), "Attention=0 Softmax=1"},
+    {"not attention: a padding mask hides key 0 of batch row 1",
+     BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%lower, %s, %ninf)\n"
+            "%a : f32[2, 2, 4, 4] = Add(%w, %padded)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%a) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1"},
+    {"not attention: a Max clamp at -10000",
+     BATCH2 "const %clamp : f32[] = dense<-10000>\n"
+            "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%a : f32[2, 2, 4, 4] = Add(%s, %folded)\n"
+            "%x : f32[2, 2, 4, 4] = Max(%a, %clamp)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%x) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1"},
+
+    /* OPT's MLP on rows flattened to [B*T, C] */
+    {"unflatten: Reshape [B*T, C], LayerNorm, Linear, Relu, Linear, residual Add, Reshape back",
+     FLAT "%n : f32[6, 4] = LayerNorm(%f, %g) {axis = 1, epsilon = 1e-05}\n" FLAT_MLP("%h"), "Reshape=1 LayerNorm=1 Linear=2"}, /* the output keeps its Reshape */
+    {"not unflatten: a Softmax over the rows (axis 0) in the block",
+     FLAT "%n : f32[6, 4] = Softmax(%f) {axis = 0}\n" FLAT_MLP("%h"), "Reshape=2 Softmax=1"},
 
     /* LayerNorm */
     {"layernorm: opset < 17 chain, affine operands first",
