@@ -35,7 +35,6 @@ typedef struct {
   RawSpan *raw;     /* per graph initializer */
   int nraw;
   NameMap names;
-  const Onnx__GraphProto *graph; /* the graph being imported */
 } Importer;
 
 /* One ONNX node being lowered. */

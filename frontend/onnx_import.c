@@ -841,7 +841,6 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
   const Onnx__GraphProto *g = model->graph;
   int rc;
   if (!g) return tp_error(I->d, "the model has no graph");
-  I->graph = g;
   if ((rc = read_opset(I, model))) return rc;
   if (g->n_sparse_initializer)
     return tp_error(I->d, "sparse initializer '%s' is not supported", g->sparse_initializer[0]->values &&

@@ -425,12 +425,6 @@ static int import_concat(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
-static bool is_graph_output(const Importer *I, const char *name) {
-  for (size_t i = 0; i < I->graph->n_output; i++)
-    if (I->graph->output[i]->name && strcmp(I->graph->output[i]->name, name) == 0) return true;
-  return false;
-}
-
 static int import_cast(Importer *I, Node *N) {
   int64_t to;
   if (attr_int(I, N, "to", 0, &to)) return TP_ERR_INPUT;
@@ -438,14 +432,6 @@ static int import_cast(Importer *I, Node *N) {
   TpType t = type_of(I, N->in[0]);
   t.dtype = dtype_from_onnx(to);
   if (t.dtype == TP_UNDEF) return node_error(I, N, "cannot cast to unsupported element type %lld", (long long)to);
-  /* A cast to the type it has (HF's .to(dtype) calls) is the value itself: as a Cast it
-   * would hide the residual stream's Adds and the attention's masks behind a no-op. It
-   * stays where it names a graph output (Llama's logits.float(): --logits logits). */
-  if (t.dtype == type_of(I, N->in[0]).dtype && I->m->values[N->in[0]].kind != TP_VAL_PARAM &&
-      !is_graph_output(I, N->n->output[0])) {
-    bind_output(I, N, 0, N->in[0]);
-    return TP_OK;
-  }
   int op = new_op(I, N, TP_OP_Cast, N->in, 1, 1);
   set_result_type(I, op, 0, t);
   return finish_op(I, N, op);

@@ -155,7 +155,10 @@ static void drop_identities(TpModule *m) {
       op->inputs[0] = in(m, r, 0);
     if (op->dead || (op->kind != TP_OP_Cast && op->kind != TP_OP_Reshape) || is_output(m, out(m, o))) continue;
     const TpType *tx = type(m, in(m, o, 0)), *ty = type(m, out(m, o));
-    if (op->kind == TP_OP_Cast ? tx->dtype == ty->dtype : tp_type_equal(tx, ty)) tp_replace_uses(m, out(m, o), in(m, o, 0));
+    if (op->kind == TP_OP_Cast ? tx->dtype == ty->dtype : tp_type_equal(tx, ty)) {
+      tp_replace_uses(m, out(m, o), in(m, o, 0));
+      m->ops[o].dead = true; /* read by nothing: no matcher may take it for a step */
+    }
   }
 }
 
@@ -1057,21 +1060,15 @@ const char *tp_attention_unproven(TpModule *m, int product) {
 
 /* ---- RMSNorm, Rotary, SwiGLU (f32: their kernels' type) ---- */
 
-/* v with the no-op Casts (to its own dtype) that .to(dtype) calls leave skipped. */
-static int uncast(const TpModule *m, int v) {
-  for (int c; (c = def_of(m, v, TP_OP_Cast)) >= 0 && type(m, in(m, c, 0))->dtype == type(m, v)->dtype;) v = in(m, c, 0);
-  return v;
-}
-
 static bool is_f32(const TpModule *m, int v) { return v >= 0 && type(m, v)->dtype == TP_F32; }
 
-/* A Mul reading v whose other operand, casts skipped, is want (any when want < 0): the op,
+/* A Mul reading v whose other operand is want (any when want < 0): the op,
  * its other operand in *other. */
 static int mul_with(const TpModule *m, int v, int want, int *other_operand) {
   for (int o = 0; o < m->nops; o++) {
     if (m->ops[o].dead || m->ops[o].kind != TP_OP_Mul) continue;
     int f = other(m, o, v);
-    if (f >= 0 && (want < 0 || uncast(m, f) == want)) {
+    if (f >= 0 && (want < 0 || f == want)) {
       *other_operand = f;
       return o;
     }
@@ -1080,8 +1077,9 @@ static int mul_with(const TpModule *m, int v, int want, int *other_operand) {
 }
 
 /* Anchored at Sqrt(mean(x^2) + eps) over the last axis: x * (1 / sqrt) (Div or Reciprocal)
- * or x / sqrt, an optional no-op Cast, then an optional Mul by the scale [C] (Gemma's
- * 1 + weight is a folded constant, or an Add the scale operand keeps). */
+ * or x / sqrt, then an optional Mul by the scale [C] (Gemma's 1 + weight is a folded
+ * constant, or an Add the scale operand keeps). The no-op Casts of HF's chain
+ * (x.to(float32), .to(dtype)) are gone already (drop_identities). */
 static int raise_rmsnorm(TpModule *m, int sq, TpDiag *d) {
   int add = def_of(m, in(m, sq, 0), TP_OP_Add), var = -1;
   double eps = -1;
@@ -1091,21 +1089,17 @@ static int raise_rmsnorm(TpModule *m, int sq, TpDiag *d) {
   int pow = def_of(m, in(m, var, 0), TP_OP_Pow), mul = def_of(m, in(m, var, 0), TP_OP_Mul), x = -1;
   if (pow >= 0 && scalar_is(m, in(m, pow, 1), 2)) x = in(m, pow, 0);
   if (mul >= 0 && in(m, mul, 0) == in(m, mul, 1)) x = in(m, mul, 0);
-  /* X stays the value the chain squares (a no-op Cast of the residual stream, often read
-   * by the residual Add too, which assign-stages follows); the casts are skipped only to
-   * compare it with the value normalised */
-  int base = x >= 0 ? uncast(m, x) : -1, sub = def_of(m, base, TP_OP_Sub);
+  int sub = def_of(m, x, TP_OP_Sub);
   if (!is_f32(m, x) || (sub >= 0 && mean_last(m, in(m, sub, 1)) >= 0)) return TP_OK; /* a LayerNorm's */
 
   int root = out(m, sq), div = user_of(m, root, TP_OP_Div, 1), normed = -1, inv = -1, f;
   if (div >= 0 && scalar_is(m, in(m, div, 0), 1)) inv = out(m, div);
-  else if (div >= 0 && uncast(m, in(m, div, 0)) == base) normed = div;
+  else if (div >= 0 && in(m, div, 0) == x) normed = div;
   int rec = user_of(m, root, TP_OP_Reciprocal, 0);
   if (inv < 0 && normed < 0 && rec >= 0) inv = out(m, rec);
-  if (inv >= 0) normed = mul_with(m, inv, base, &f);
+  if (inv >= 0) normed = mul_with(m, inv, x, &f);
   if (normed < 0) return TP_OK;
-  int last = normed, cast = user_of(m, out(m, last), TP_OP_Cast, 0), scale = -1;
-  if (cast >= 0 && tp_use_count(m, out(m, last)) == 1 && is_f32(m, out(m, cast))) last = cast;
+  int last = normed, scale = -1;
   TpType tx = *type(m, x);
   int64_t c = tx.dims[tx.rank - 1];
   int by = mul_with(m, out(m, last), -1, &scale);
@@ -1266,6 +1260,7 @@ static int raise(TpModule *m, bool fused, TpDiag *d) {
     if (!m->ops[o].dead && m->ops[o].kind == TP_OP_Reshape) rc = unflatten(m, o, d);
   drop_identities(m); /* what unflatten left */
   if (m->nops != nops) tp_sort_ops(m); /* Attention's new K transposes */
+  tp_module_compact(m); /* the identities dropped */
   return rc;
 }
 
