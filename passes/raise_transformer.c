@@ -484,12 +484,15 @@ static double lowest(TpDType dt) {
   }
 }
 
-enum { EVAL_DEPTH = 8, EVAL_MAX_BYTES = 64 << 20, CHAIN_MAX = 32, FRAME_MAX = 1 << 24 };
+/* A mask constant may be as large as [T, T] f32 at T = 16384; the proof runs over at most
+ * SCORES_MAX score positions (one [T, T] mask at T = 16384), one at a time. */
+enum { EVAL_DEPTH = 8, CHAIN_MAX = 32 };
+static const int64_t EVAL_MAX_BYTES = (int64_t)1 << 30, SCORES_MAX = (int64_t)1 << 28;
 
 /* v depends on constant data alone: CONST or PARAM leaves, at most `depth` small ops deep. */
 static bool computable(const TpModule *m, int v, int depth) {
   const TpValue *val = &m->values[v];
-  if ((size_t)tp_type_numel(&val->type) * tp_dtype_size(val->type.dtype) > EVAL_MAX_BYTES) return false;
+  if (tp_type_numel(&val->type) * (int64_t)tp_dtype_size(val->type.dtype) > EVAL_MAX_BYTES) return false;
   if (val->kind == TP_VAL_CONST || val->kind == TP_VAL_PARAM) return true;
   if (val->kind != TP_VAL_RESULT || depth == 0) return false;
   const TpOp *op = &m->ops[val->def];
@@ -653,12 +656,17 @@ typedef struct {
   bool masked;
 } Score;
 
-/* The scores of every position, [nb, nh, T, T]: nb is 1 unless a constant varies along the
- * batch (then B), nh likewise along the heads. */
+/* The scores of every position, [nb, nh, T, T], computed one position at a time from the
+ * chain's constants (a frame of them all would take 24 bytes a position): nb is 1 unless a
+ * constant varies along the batch (then B), nh likewise along the heads. */
 typedef struct {
   int64_t nb, nh;
-  Score *at;
+  TpTensor k[CHAIN_MAX][2]; /* each step's constant operands (Where: condition, fill) */
 } Frame;
+
+static void frame_free(Frame *f) {
+  for (int s = 0; s < CHAIN_MAX; s++) free(f->k[s][0].data), free(f->k[s][1].data);
+}
 
 /* Element of constant k, broadcast to result type r (a form of the scores), at score
  * position (b, h, i, j). */
@@ -729,43 +737,50 @@ static const char *transfer(TpModule *m, int o, int slot, double k, double c, Sc
   }
 }
 
-/* Runs the chain over the frame; NULL, or why it cannot be followed. The caller frees
- * f->at. */
+/* Score position p (row-major over the frame) after chain step s; NULL, or why the step
+ * does not keep the scores' meaning (which depends on the step's constants alone). */
+static const char *step_at(TpModule *m, const Chain *c, const Frame *f, int s, int64_t p, Score *score) {
+  int o = c->steps[s];
+  bool where = m->ops[o].kind == TP_OP_Where;
+  const TpTensor *value = where ? &f->k[s][1] : &f->k[s][0];
+  if (!value->data) return NULL; /* a reshape */
+  const TpType *r = type(m, out(m, o));
+  int64_t T = c->T, j = p % T, i = p / T % T, h = p / (T * T) % f->nh, b = p / (T * T * f->nh);
+  double cond = where ? element(c, &f->k[s][0], r, b, h, i, j) : 0;
+  return transfer(m, o, c->slot[s], element(c, value, r, b, h, i, j), cond, score);
+}
+
+/* Score position p after the whole chain, which evaluate_chain has checked. */
+static Score score_at(TpModule *m, const Chain *c, const Frame *f, int64_t p) {
+  Score score = {.alpha = 1};
+  for (int s = 0; s < c->nsteps; s++) step_at(m, c, f, s, p, &score);
+  return score;
+}
+
+static int64_t frame_size(const Chain *c, const Frame *f) { return f->nb * f->nh * c->T * c->T; }
+
+/* Evaluates the chain's constants into the frame and checks every step at every position;
+ * NULL, or why the chain cannot be followed. The caller frees the frame (frame_free). */
 static const char *evaluate_chain(TpModule *m, const Chain *c, Frame *f) {
-  TpTensor k[CHAIN_MAX][2] = {{{0}}};
   const char *why = NULL;
   bool batch = false, heads = false;
-  f->at = NULL;
+  memset(f, 0, sizeof *f);
   for (int s = 0; s < c->nsteps && !why; s++) {
     const TpOp *op = &m->ops[c->steps[s]];
     for (int i = 0, n = 0; i < op->ninputs && !why; i++) {
       if (i == c->slot[s] || n == 2) continue;
-      if (!evaluate(m, op->inputs[i], EVAL_DEPTH, &k[s][n]))
+      if (!evaluate(m, op->inputs[i], EVAL_DEPTH, &f->k[s][n]))
         why = tp_strfmt(m, "the constant %%%s of the score chain cannot be evaluated", m->values[op->inputs[i]].name);
-      else varies(c, &k[s][n++], type(m, op->outputs[0]), &batch, &heads);
+      else varies(c, &f->k[s][n++], type(m, op->outputs[0]), &batch, &heads);
     }
   }
   f->nb = batch ? c->B : 1, f->nh = heads ? c->H : 1;
-  int64_t n = f->nb * f->nh * c->T * c->T;
-  if (!why && n > FRAME_MAX)
-    why = tp_strfmt(m, "its mask has %lld positions, more than the %d raise-transformer checks", (long long)n, FRAME_MAX);
-  if (!why) {
-    f->at = malloc((size_t)n * sizeof *f->at);
-    TP_ASSERT(f->at);
-    for (int64_t p = 0; p < n; p++) f->at[p] = (Score){.alpha = 1};
-  }
-  for (int s = 0; s < c->nsteps && !why; s++) {
-    int o = c->steps[s];
-    const TpType *r = type(m, out(m, o));
-    bool where = m->ops[o].kind == TP_OP_Where;
-    const TpTensor *value = where ? &k[s][1] : &k[s][0];
-    for (int64_t p = 0; p < n && !why && value->data; p++) {
-      int64_t j = p % c->T, i = p / c->T % c->T, h = p / (c->T * c->T) % f->nh, b = p / (c->T * c->T * f->nh);
-      double cond = where ? element(c, &k[s][0], r, b, h, i, j) : 0;
-      why = transfer(m, o, c->slot[s], element(c, value, r, b, h, i, j), cond, &f->at[p]);
-    }
-  }
-  for (int s = 0; s < c->nsteps; s++) free(k[s][0].data), free(k[s][1].data);
+  int64_t n = frame_size(c, f);
+  if (!why && n > SCORES_MAX)
+    why = tp_strfmt(m, "its mask has %lld positions, more than the %lld raise-transformer checks", (long long)n,
+                    (long long)SCORES_MAX);
+  for (int s = 0; s < c->nsteps && !why; s++)
+    for (int64_t p = 0; p < n && !why; p++) why = step_at(m, c, f, s, p, &(Score){.alpha = 1});
   return why;
 }
 
@@ -786,16 +801,20 @@ static const char *query_at(TpModule *m, const Frame *f, int64_t T, int64_t p) {
 
 /* Whether every score is proven causal (see the section's comment); NULL, or why not. */
 static const char *prove(TpModule *m, const Chain *c, const Frame *f, Proof *pr) {
-  int64_t T = c->T, n = f->nb * f->nh * T * T, seen = 0;
+  int64_t T = c->T, n = frame_size(c, f), seen = 0;
   double bound = lowest(c->dt) * 1e-6; /* a finfo.min scaled by up to 1e-6 still vanishes */
-  for (int64_t j = 0; j < T; j++) seen += !f->at[(T - 1) * T + j].masked;
+  for (int64_t j = 0; j < T; j++) seen += !score_at(m, c, f, (T - 1) * T + j).masked;
   *pr = (Proof){.window = seen < T ? seen : 0};
   bool touched = false; /* by a mask or a bias */
-  for (int64_t p = 0; p < n && !touched; p++) touched = f->at[p].masked || f->at[p].beta != 0;
+  for (int64_t p = 0; p < n && !touched; p++) {
+    Score s = score_at(m, c, f, p);
+    touched = s.masked || s.beta != 0;
+  }
   if (!touched && T > 1) return "nothing masks its scores: every query sees every key";
   bool have_scale = false;
   for (int64_t p = 0; p < n; p++) {
-    const Score *s = &f->at[p];
+    Score score = score_at(m, c, f, p);
+    const Score *s = &score;
     long long j = p % T, i = p / T % T;
     bool want = j <= i && (pr->window == 0 || j > i - pr->window);
     if (s->masked && want)
@@ -820,26 +839,26 @@ static const char *prove(TpModule *m, const Chain *c, const Frame *f, Proof *pr)
   return NULL;
 }
 
-/* Collapses axis a of the bias b (dims d, row-major) to 1 when each fibre along it holds
- * one value at its visible positions (masked ones are free). */
-static void collapse(Score *b, int64_t d[4], int a) {
+/* Collapses axis a of the bias b (dims d, row-major; NaN where masked) to 1 when each fibre
+ * along it holds one value at its visible positions (masked ones are free). */
+static void collapse(float *b, int64_t d[4], int a) {
   int64_t inner = 1, outer = 1;
   for (int k = a + 1; k < 4; k++) inner *= d[k];
   for (int k = 0; k < a; k++) outer *= d[k];
   for (int64_t o = 0; o < outer; o++)
     for (int64_t i = 0; i < inner; i++) {
-      const Score *first = NULL;
+      float first = NAN;
       for (int64_t x = 0; x < d[a]; x++) {
-        const Score *s = &b[(o * d[a] + x) * inner + i];
-        if (s->masked) continue;
-        if (first && s->beta != first->beta) return;
-        if (!first) first = s;
+        float e = b[(o * d[a] + x) * inner + i];
+        if (isnan(e)) continue;
+        if (!isnan(first) && e != first) return;
+        first = e;
       }
     }
   for (int64_t o = 0; o < outer; o++)
     for (int64_t i = 0; i < inner; i++) {
-      Score keep = {.masked = true};
-      for (int64_t x = 0; x < d[a] && keep.masked; x++) keep = b[(o * d[a] + x) * inner + i];
+      float keep = NAN;
+      for (int64_t x = 0; x < d[a] && isnan(keep); x++) keep = b[(o * d[a] + x) * inner + i];
       b[o * inner + i] = keep;
     }
   d[a] = 1;
@@ -847,16 +866,21 @@ static void collapse(Score *b, int64_t d[4], int a) {
 
 /* The additive bias at the visible positions as a constant [nb|1, nh|1, T|1, T] (0 where
  * masked: the attention masks those itself); -1 if the scores are not f32. */
-static int make_bias(TpModule *m, const Chain *c, Frame *f, TpOrigin at) {
+static int make_bias(TpModule *m, const Chain *c, const Frame *f, TpOrigin at) {
   if (c->dt != TP_F32) return -1;
-  int64_t d[4] = {f->nb, f->nh, c->T, c->T};
-  collapse(f->at, d, 2);
-  collapse(f->at, d, 0);
-  collapse(f->at, d, 1);
-  int64_t n = d[0] * d[1] * d[2] * d[3];
+  int64_t d[4] = {f->nb, f->nh, c->T, c->T}, n = frame_size(c, f);
   float *data = malloc((size_t)n * sizeof *data + 1);
   TP_ASSERT(data);
-  for (int64_t p = 0; p < n; p++) data[p] = f->at[p].masked ? 0.0f : (float)f->at[p].beta;
+  for (int64_t p = 0; p < n; p++) {
+    Score s = score_at(m, c, f, p);
+    data[p] = s.masked ? NAN : (float)s.beta;
+  }
+  collapse(data, d, 2);
+  collapse(data, d, 0);
+  collapse(data, d, 1);
+  n = d[0] * d[1] * d[2] * d[3];
+  for (int64_t p = 0; p < n; p++)
+    if (isnan(data[p])) data[p] = 0;
   char name[300];
   snprintf(name, sizeof name, "%s.bias", m->values[out(m, c->pv)].name);
   int v = tp_add_const(m, tp_unique_name(m, name), tp_type_make(TP_F32, 4, d), data, at);
@@ -965,10 +989,10 @@ static int unrepeat(const TpModule *m, int x) {
              : x;
 }
 
-/* The whole analysis of the attention at Softmax sm: its chain, frame (the caller frees
- * f->at), proof and P V product; NULL, or why it is not causal attention. */
+/* The whole analysis of the attention at Softmax sm: its chain, frame (the caller frees it:
+ * frame_free), proof and P V product; NULL, or why it is not causal attention. */
 static const char *analyse(TpModule *m, int sm, Chain *c, Frame *f, Proof *pr) {
-  f->at = NULL;
+  memset(f, 0, sizeof *f);
   const char *why = score_chain(m, sm, c);
   if (!why) why = evaluate_chain(m, c, f);
   if (!why) why = prove(m, c, f, pr);
@@ -1002,12 +1026,9 @@ static int raise_attention(TpModule *m, int sm, TpDiag *d) {
   Frame f;
   Proof pr;
   const char *why = analyse(m, sm, &c, &f, &pr);
-  if (why) {
-    free(f.at);
-    return TP_OK; /* not causal: stays primitive, and insert-token-dim says why */
-  }
-  int bias = pr.biased ? make_bias(m, &c, &f, m->ops[sm].origin) : -1;
-  free(f.at);
+  int bias = !why && pr.biased ? make_bias(m, &c, &f, m->ops[sm].origin) : -1;
+  frame_free(&f);
+  if (why) return TP_OK; /* not causal: stays primitive, and insert-token-dim says why */
   int q, k = untranspose_k(m, &c, in(m, c.product, 1), heads_of(&c, type(m, in(m, c.product, 1))), d), v = in(m, c.pv, 1);
   if (c.inner) {
     const TpType *tq = type(m, in(m, c.product, 0));
@@ -1048,7 +1069,7 @@ const char *tp_attention_unproven(TpModule *m, int product) {
         Frame f;
         Proof pr;
         const char *why = analyse(m, o, &c, &f, &pr);
-        free(f.at);
+        frame_free(&f);
         if (why) return why;
         return c.product == product ? "raise-transformer did not run" : NULL;
       }
