@@ -806,18 +806,23 @@ static void emit_op(Emitter *E, int op) {
       unsupported(E, op, "operands must be 3-D or 4-D");
       return;
     }
-    char p[1024], mask[256] = "";
     int mv = in(E, op, fwd ? 3 : 4); /* the mask */
-    if (!attention_params(E, op, fwd ? 0 : 1, p, sizeof p)) return;
-    if (mv >= 0 && !attention_mask(E, op, mv, mask, sizeof mask)) return;
-    strcat(strcat(p, mask), "}");
-    E->headers |= fwd ? H_NN : H_NN_BACKWARD;
-    if (fwd)
-      emit(E, "tp_attention_f32(%s, %v, %v, %v, NULL, NULL, %v, %v, %v, %v);", p, x, in(E, op, 1),
-           in(E, op, 2), y, res(E, op, 1), res(E, op, 2), res(E, op, 3));
-    else
-      emit(E, "tp_attention_backward_f32(%s, %v, %v, %v, %v, %v, %v, %v);", p, x, in(E, op, 1),
-           in(E, op, 2), in(E, op, 3), y, res(E, op, 1), res(E, op, 2));
+    size_t size = 1024 + (mv >= 0 ? strlen(E->name[mv]) : 0); /* numbers, and the mask's name */
+    char *p = malloc(size), *mask = malloc(size);
+    TP_ASSERT(p && mask);
+    mask[0] = 0;
+    if (attention_params(E, op, fwd ? 0 : 1, p, size) && (mv < 0 || attention_mask(E, op, mv, mask, size))) {
+      strcat(strcat(p, mask), "}");
+      E->headers |= fwd ? H_NN : H_NN_BACKWARD;
+      if (fwd)
+        emit(E, "tp_attention_f32(%s, %v, %v, %v, NULL, NULL, %v, %v, %v, %v);", p, x, in(E, op, 1),
+             in(E, op, 2), y, res(E, op, 1), res(E, op, 2), res(E, op, 3));
+      else
+        emit(E, "tp_attention_backward_f32(%s, %v, %v, %v, %v, %v, %v, %v);", p, x, in(E, op, 1),
+             in(E, op, 2), in(E, op, 3), y, res(E, op, 1), res(E, op, 2));
+    }
+    free(p);
+    free(mask);
     return;
   }
   case TP_OP_Linear:

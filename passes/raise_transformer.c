@@ -502,6 +502,17 @@ static bool computable(const TpModule *m, int v, int depth) {
   return true;
 }
 
+/* A parameter that computable v reads (the first found), or -1. */
+static int param_leaf(const TpModule *m, int v, int depth) {
+  const TpValue *val = &m->values[v];
+  if (val->kind == TP_VAL_PARAM) return v;
+  if (val->kind != TP_VAL_RESULT || depth == 0) return -1;
+  const TpOp *op = &m->ops[val->def];
+  for (int i = 0, p; i < op->ninputs; i++)
+    if (op->inputs[i] >= 0 && (p = param_leaf(m, op->inputs[i], depth - 1)) >= 0) return p;
+  return -1;
+}
+
 /* The data of v when it is computable: e.g. a mask that an export without constant folding
  * computes from a float buffer (Slice(causal) == 0). The caller frees t->data. */
 static bool evaluate(const TpModule *m, int v, int depth, TpTensor *t) {
@@ -588,7 +599,8 @@ static bool score_type(Chain *c, const TpType *t) {
  * computable), the others being constant data; -1 with *why set if there is none. */
 static int score_operand(TpModule *m, int o, const char **why) {
   const TpOp *op = &m->ops[o];
-  int first = op->kind == TP_OP_Where ? 1 : 0, last = op->kind == TP_OP_Sub ? 0 : op->ninputs - 1, slot = -1;
+  bool first_only = op->kind == TP_OP_Sub || op->kind == TP_OP_Div; /* c - s, c / s are not affine in s */
+  int first = op->kind == TP_OP_Where ? 1 : 0, last = first_only ? 0 : op->ninputs - 1, slot = -1;
   for (int i = first; i <= last && slot < 0; i++)
     if (tp_type_equal(type(m, in(m, o, i)), type(m, out(m, o))) && !computable(m, in(m, o, i), EVAL_DEPTH)) slot = i;
   for (int i = 0; i < op->ninputs && slot >= 0; i++)
@@ -599,7 +611,7 @@ static int score_operand(TpModule *m, int o, const char **why) {
     }
   if (slot < 0)
     *why = tp_strfmt(m, "%s at node '%s' does not take the scores %s", tp_op_info[op->kind].name, node_name(m, o),
-                     op->kind == TP_OP_Sub ? "as its first operand, unbroadcast" : "unbroadcast");
+                     first_only ? "as its first operand, unbroadcast" : "unbroadcast");
   return slot;
 }
 
@@ -779,8 +791,22 @@ static const char *evaluate_chain(TpModule *m, const Chain *c, Frame *f) {
   if (!why && n > SCORES_MAX)
     why = tp_strfmt(m, "its mask has %lld positions, more than the %lld raise-transformer checks", (long long)n,
                     (long long)SCORES_MAX);
-  for (int s = 0; s < c->nsteps && !why; s++)
-    for (int64_t p = 0; p < n && !why; p++) why = step_at(m, c, f, s, p, &(Score){.alpha = 1});
+  /* A parameter may mask (a float buffer the export made an initializer); one that scales
+   * or shifts visible scores would be frozen into the attention, and is trained instead. */
+  for (int s = 0; s < c->nsteps && !why; s++) {
+    const TpOp *op = &m->ops[c->steps[s]];
+    int param = -1;
+    for (int i = 0; i < op->ninputs && param < 0; i++)
+      if (i != c->slot[s]) param = param_leaf(m, op->inputs[i], EVAL_DEPTH);
+    for (int64_t p = 0; p < n && !why; p++) {
+      Score one = {.alpha = 1};
+      why = step_at(m, c, f, s, p, &one);
+      if (!why && param >= 0 && (one.alpha != 1 || (!one.masked && one.beta != 0)))
+        why = tp_strfmt(m, "%s at node '%s' %s the scores by the parameter %%%s, which trains (raised, it would not)",
+                        tp_op_info[op->kind].name, node_name(m, c->steps[s]), one.alpha != 1 ? "scales" : "shifts",
+                        m->values[param].name);
+    }
+  }
   return why;
 }
 
@@ -802,7 +828,10 @@ static const char *query_at(TpModule *m, const Frame *f, int64_t T, int64_t p) {
 /* Whether every score is proven causal (see the section's comment); NULL, or why not. */
 static const char *prove(TpModule *m, const Chain *c, const Frame *f, Proof *pr) {
   int64_t T = c->T, n = frame_size(c, f), seen = 0;
-  double bound = lowest(c->dt) * 1e-6; /* a finfo.min scaled by up to 1e-6 still vanishes */
+  /* A masked score must leave exp() exactly 0 beside any visible score: a float32 finfo.min
+   * scaled by up to 1e-6 does (-3.4e32), and so does anything at or below -1e4 (exp(-1e4)
+   * underflows in every float type); float16's finfo.min scaled down further does not. */
+  double bound = fmin(lowest(c->dt) * 1e-6, -1e4);
   for (int64_t j = 0; j < T; j++) seen += !score_at(m, c, f, (T - 1) * T + j).masked;
   *pr = (Proof){.window = seen < T ? seen : 0};
   bool touched = false; /* by a mask or a bias */

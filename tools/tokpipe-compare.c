@@ -94,8 +94,10 @@ static int compare_tensors(const char *got_path, const char *want_path, double t
    * which follows the whole model's gradients, not its own: each tensor's scale is at least
    * FLOOR_SHARE of the largest in WANT. */
   double floor = 0;
-  for (int i = 0; i < want.n; i++)
-    if (tp_dtype_is_float(want.tensors[i].t.dtype)) floor = fmax(floor, FLOOR_SHARE * max_abs(&want.tensors[i].t));
+  for (int i = 0; i < want.n; i++) { /* a tensor holding inf or NaN sets no floor: it fails on its own */
+    double largest = tp_dtype_is_float(want.tensors[i].t.dtype) ? max_abs(&want.tensors[i].t) : 0;
+    if (isfinite(largest)) floor = fmax(floor, FLOOR_SHARE * largest);
+  }
   int bad = 0, compared = 0;
   const char *worst_name = NULL;
   TensorError worst = {-1, 0, 0, 0, 0};

@@ -52,8 +52,8 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x):
         dtype = x.dtype
-        if self.gemma:  # the blocks' norms skip it: a Cast between residual Adds hides the
-            x = x.to(torch.float32)  # stream from assign-stages (no-op casts: issue 11)
+        if self.gemma:  # only the final norm casts (raise-transformer drops no-op casts;
+            x = x.to(torch.float32)  # the hf_* fixtures cover them in every block)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
         if self.gemma:
             return (x * (1.0 + self.weight.float())).to(dtype)

@@ -10,6 +10,7 @@
 #   --stages 2 --slices 5,11 --microbatches 2 --schedule 1f1b
 #                                  the same against --microbatches 2 unsliced (a textual
 #                                  IR's batch is fixed: two microbatches read 4 rows a step)
+#   a copy whose mask has a 300-character name compiles
 # usage: window_bias.sh TOKPIPEC TOKPIPE_COMPARE DIR WORK_DIR
 set -uo pipefail
 tokpipec=$1 compare=$2 ref=$3 work=$4
@@ -63,3 +64,12 @@ same stages-2 whole
 train mb-2 --microbatches 2
 train stages-2-slices-5-11-mb-2-1f1b --stages 2 --slices 5,11 --microbatches 2 --schedule 1f1b
 same stages-2-slices-5-11-mb-2-1f1b mb-2
+
+# A mask named by 300 characters (ONNX names are unbounded) compiles in as it is.
+long=alibi_$(printf '%0300d' 0)
+mkdir -p "$work/named" && cp "$ref/weights.safetensors" "$work/named/" &&
+  sed "s/%alibi\b/%$long/g" "$ref/model.tir" >"$work/named/model.tir" || fail "cannot write the long-named copy"
+"$tokpipec" "$work/named/model.tir" -o "$work/long.c" --exe "$work/long" ||
+  fail "a mask with a 300-character name: no trainer (exit $?)"
+grep -q "\.mask = $long" "$work/long.c" || fail "the long-named mask is not in the program"
+echo "window_bias: ok: a 300-character mask name"

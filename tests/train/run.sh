@@ -505,6 +505,10 @@ compare) # tokpipe-compare's scale floor: 1% of WANT's largest element, so float
     grep -q "worst wpe max_rel_err=5.00e-06" out.txt && ok "noise under the floor passes" || fail "$(cat out.txt err.txt)"
   expect_exit 1 "a difference over the floor" "$bin/tokpipe-compare" wrong.safetensors want.safetensors --tol 1e-5 &&
     grep -q "FAIL wpe: max_rel_err=2.00e-05" err.txt && ok "a difference over the floor fails" || fail "$(cat out.txt err.txt)"
+  edit want-inf.safetensors tensor:wte=100 tensor:wpe=1e-9 tensor:head.bias=inf # no floor from inf
+  edit wrong-inf.safetensors tensor:wte=100 tensor:wpe=2e-5 tensor:head.bias=inf
+  expect_exit 1 "an inf elsewhere" "$bin/tokpipe-compare" wrong-inf.safetensors want-inf.safetensors --tol 1e-5 &&
+    grep -q "FAIL wpe: max_rel_err=2.00e-05" err.txt && ok "an inf in WANT sets no floor" || fail "$(cat out.txt err.txt)"
   ;;
 
 *)

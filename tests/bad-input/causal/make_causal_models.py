@@ -19,15 +19,18 @@ def const(name, array):
     return numpy_helper.from_array(np.asarray(array), name)
 
 
-def model(name, chain, extra_inits=()):
-    """chain(s) -> (nodes, result): the ops from the scores 's' to the Softmax input."""
+def model(name, chain, consts=(), params=()):
+    """chain(s) -> (nodes, result): the ops from the scores 's' to the Softmax input, reading
+    consts as Constant nodes (how torch.onnx.export writes buffers and literals) and params as
+    float initializers (which train)."""
     rng = np.random.default_rng(0)
     w = lambda n, shape: const(n, rng.standard_normal(shape).astype(np.float32) * 0.5)
     inits = [w("E", (8, 4)), w("Wq", (4, 4)), w("Wk", (4, 4)), w("Wv", (4, 4)), w("Wo", (4, 8)),
              const("heads", np.array([2, T, 2, 2], np.int64)), const("rows", np.array([2, T, 4], np.int64))]
-    inits += list(extra_inits)
+    inits += list(params)
     n = helper.make_node
-    nodes = [n("Gather", ["E", "ids"], ["x"], name="embed")]
+    nodes = [n("Constant", [], [t.name], value=t, name=t.name + "_constant") for t in consts]
+    nodes.append(n("Gather", ["E", "ids"], ["x"], name="embed"))
     for p, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
         nodes += [n("MatMul", ["x", "W" + p], [p + "_flat"], name=p + "_proj"),
                   n("Reshape", [p + "_flat", "heads"], [p + "_split"], name=p + "_split"),
@@ -97,3 +100,8 @@ model("runtime_mask", lambda s: ([helper.make_node("Unsqueeze", ["ids", "axes"],
                                   helper.make_node("Cast", ["ids4"], ["idsf"], to=TensorProto.FLOAT, name="idsf"),
                                   helper.make_node("Add", [s, "idsf"], ["out"], name="mask")], "out"),
       [const("axes", np.array([1, 2], np.int64))])
+# the scores as the divisor: 2 / s is not a scale of s
+model("scores_divisor", lambda s: (causal(s)[0] + [helper.make_node("Div", ["operand", "masked"], ["out"], name="scale")], "out"),
+      causal_inits + [const("operand", np.array(2, np.float32))])
+# a trained temperature (a float initializer trains): raising would freeze it
+model("param_scale", then(causal, "Mul", "operand", "scale"), causal_inits, [const("operand", np.array(0.5, np.float32))])
