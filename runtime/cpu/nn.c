@@ -123,11 +123,6 @@ static void concat_kv(const TpAttention *p, const float *past, const float *x, i
     }
 }
 
-/* Query rows per attention task. With a causal mask a block of rows needs only the keys up
- * to its last row (and, with a window, from its first row's first), so the products skip
- * most of the masked-out keys. */
-#define QUERY_BLOCK 64
-
 /* Where the keys and values of kv head g of batch b are, and their leading dimensions. */
 typedef struct {
   const float *k, *v;
@@ -142,14 +137,9 @@ TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int
   int64_t ldq, ldy, rows = i1 - i0;
   const float *qh = q + tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq) + i0 * ldq;
   float *yh = y + tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy) + i0 * ldy;
-  /* Keys [lo, hi) are the ones any row of the block may see (the rows' ranges only move
-   * forward); all of them when qk_out wants the full rows. So the products skip the
-   * masked-out triangle after the block and, with a window, the keys before it. */
-  int64_t lo = 0, hi = total, unused;
-  if (!qk_out) {
-    tp_attention_key_range(p, i0, total, &lo, &unused);
-    tp_attention_key_range(p, i1 - 1, total, &unused, &hi);
-  }
+  /* the keys a row of the block may see; all of them when qk_out wants the full rows */
+  int64_t lo = 0, hi = total;
+  if (!qk_out) tp_attention_block_keys(p, i0, i1, total, &lo, &hi);
   int64_t w = hi - lo;
   if (w <= 0) { /* no row sees a key */
     for (int64_t i = 0; i < rows; i++) memset(yh + i * ldy, 0, (size_t)Dv * sizeof *yh);
@@ -210,10 +200,10 @@ void tp_attention_f32(const TpAttention *p, const float *q, const float *k, cons
    * depend on the thread count. With a task for every thread they run in parallel, each
    * product on its thread alone (tp_sgemm inside a parallel region); otherwise one after
    * the other, each product split over the threads. */
-  int64_t blocks = (Sq + QUERY_BLOCK - 1) / QUERY_BLOCK, tasks = p->batch * p->q_heads * blocks;
+  int64_t blocks = (Sq + TP_ATTENTION_QUERY_BLOCK - 1) / TP_ATTENTION_QUERY_BLOCK, tasks = p->batch * p->q_heads * blocks;
   int nthreads = omp_get_max_threads();
   bool parallel = nthreads > 1 && tasks >= nthreads;
-  int64_t rows_max = Sq < QUERY_BLOCK ? Sq : QUERY_BLOCK;
+  int64_t rows_max = Sq < TP_ATTENTION_QUERY_BLOCK ? Sq : TP_ATTENTION_QUERY_BLOCK;
 #pragma omp parallel if (parallel)
   {
     float *s = malloc((size_t)(rows_max * total) * sizeof *s);
@@ -222,7 +212,7 @@ void tp_attention_f32(const TpAttention *p, const float *q, const float *k, cons
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < tasks; t++) {
       int64_t b = t / (p->q_heads * blocks), h = t / blocks % p->q_heads, blk = t % blocks;
-      int64_t g = h / group, i0 = blk * QUERY_BLOCK, i1 = i0 + QUERY_BLOCK < Sq ? i0 + QUERY_BLOCK : Sq;
+      int64_t g = h / group, i0 = blk * TP_ATTENTION_QUERY_BLOCK, i1 = i0 + TP_ATTENTION_QUERY_BLOCK < Sq ? i0 + TP_ATTENTION_QUERY_BLOCK : Sq;
       KeysValues kv;
       if (kbuf) kv.k = kbuf + (b * p->kv_heads + g) * total * D, kv.ldk = D;
       else kv.k = k + tp_attention_head_offset(p, b, g, p->kv_heads, tp_attention_kv_rows(p), D, &kv.ldk);

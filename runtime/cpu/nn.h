@@ -81,6 +81,20 @@ static inline void tp_attention_key_range(const TpAttention *p, int64_t i, int64
   if (*first > *end) *first = *end;
 }
 
+/* Query rows per attention block: a block needs only the keys up to its last row's causal
+ * bound (and, with a window, from its first row's first), so causal attention skips the
+ * masked-out triangle and a window the keys before it. */
+enum { TP_ATTENTION_QUERY_BLOCK = 64 };
+
+/* The keys [*lo, *hi) that some row of query rows [i0, i1) may see (the rows' ranges only
+ * move forward). */
+static inline void tp_attention_block_keys(const TpAttention *p, int64_t i0, int64_t i1, int64_t total, int64_t *lo,
+                                           int64_t *hi) {
+  int64_t unused;
+  tp_attention_key_range(p, i0, total, lo, &unused);
+  tp_attention_key_range(p, i1 - 1, total, &unused, hi);
+}
+
 /* Row i of the scores of batch b, head h over keys [j0, j1) (s[0] is key j0), masked:
  * a bool mask sets -inf where false, a float mask is added. */
 static inline void tp_attention_mask_row(const TpAttention *p, int64_t b, int64_t h, int64_t i, int64_t j0,

@@ -180,12 +180,7 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
 
 /* ---- Attention ---- */
 
-/* Query rows per block, as in the forward: a block needs only the keys its rows see (up to
- * its last row's causal bound, from its first row's window), so causal attention skips the
- * masked-out triangle and a window the keys before it. */
-#define QUERY_BLOCK 64
-
-/* Per-thread scratch of the attention backward: (QUERY_BLOCK, T) matrices. */
+/* Per-thread scratch of the attention backward: (TP_ATTENTION_QUERY_BLOCK, T) matrices. */
 typedef struct {
   float *prob;   /* the recomputed probabilities */
   float *grad;   /* d probabilities, then d scores */
@@ -234,10 +229,9 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
     int64_t h = g * group + hh;
     int64_t oq = tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq);
     int64_t oy = tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
-    for (int64_t i0 = 0; i0 < Sq; i0 += QUERY_BLOCK) {
-      int64_t i1 = i0 + QUERY_BLOCK < Sq ? i0 + QUERY_BLOCK : Sq, n = i1 - i0, lo, hi, unused;
-      tp_attention_key_range(p, i0, T, &lo, &unused);
-      tp_attention_key_range(p, i1 - 1, T, &unused, &hi);
+    for (int64_t i0 = 0; i0 < Sq; i0 += TP_ATTENTION_QUERY_BLOCK) {
+      int64_t i1 = i0 + TP_ATTENTION_QUERY_BLOCK < Sq ? i0 + TP_ATTENTION_QUERY_BLOCK : Sq, n = i1 - i0, lo, hi;
+      tp_attention_block_keys(p, i0, i1, T, &lo, &hi);
       int64_t W = hi - lo; /* keys [lo, hi): the ones a row of the block sees */
       const float *qb = q + oq + i0 * ldq, *dyb = dy + oy + i0 * ldy, *kb = kh + lo * ldk, *vb = vh + lo * ldv;
 
@@ -288,7 +282,7 @@ void tp_attention_backward_f32(const TpAttention *p, const float *dy, const floa
   int64_t tasks = B * p->kv_heads;
   int nthreads = omp_get_max_threads();
   bool parallel = nthreads > 1 && tasks >= nthreads;
-  size_t bytes = (size_t)((Sq < QUERY_BLOCK ? Sq : QUERY_BLOCK) * T) * sizeof(float);
+  size_t bytes = (size_t)((Sq < TP_ATTENTION_QUERY_BLOCK ? Sq : TP_ATTENTION_QUERY_BLOCK) * T) * sizeof(float);
 #pragma omp parallel if (parallel)
   {
     AttnScratch w = {malloc(bytes), malloc(bytes), p->softcap > 0 ? malloc(bytes) : NULL};
