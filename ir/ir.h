@@ -299,6 +299,8 @@ TpTensor tp_value_tensor(const TpModule *m, int value);
 void tp_replace_uses(TpModule *m, int from, int to);
 /* Number of op operands and graph outputs that read the value. */
 int tp_use_count(const TpModule *m, int value);
+/* Whether the value is one of the graph's outputs. */
+bool tp_is_output(const TpModule *m, int value);
 /* Removes ops and values marked dead, renumbering everything; a dead value must be unused. */
 void tp_module_compact(TpModule *m);
 

@@ -415,6 +415,12 @@ int tp_use_count(const TpModule *m, int value) {
   return n;
 }
 
+bool tp_is_output(const TpModule *m, int value) {
+  for (int i = 0; i < m->noutputs; i++)
+    if (m->outputs[i] == value) return true;
+  return false;
+}
+
 void tp_module_compact(TpModule *m) {
   int *vmap = malloc((size_t)(m->nvalues + 1) * sizeof *vmap);
   int *omap = malloc((size_t)(m->nops + 1) * sizeof *omap);

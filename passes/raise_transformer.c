@@ -137,12 +137,6 @@ static int check(TpModule *m, int o, TpDiag *d) {
 
 /* ---- identities and flattened rows ---- */
 
-static bool is_output(const TpModule *m, int v) {
-  for (int i = 0; i < m->noutputs; i++)
-    if (m->outputs[i] == v) return true;
-  return false;
-}
-
 /* A Cast to its operand's own dtype (the .to(dtype) calls of HF code) or a Reshape to its
  * operand's own shape is its operand: its readers read that instead, so the chains below
  * (the residual stream, the attention scores) see through it; so is a Reshape back to the
@@ -153,7 +147,7 @@ static void drop_identities(TpModule *m) {
     int r = def_of(m, op->ninputs ? in(m, o, 0) : -1, TP_OP_Reshape);
     if (!op->dead && op->kind == TP_OP_Reshape && r >= 0 && tp_type_equal(type(m, in(m, r, 0)), type(m, out(m, o))))
       op->inputs[0] = in(m, r, 0);
-    if (op->dead || (op->kind != TP_OP_Cast && op->kind != TP_OP_Reshape) || is_output(m, out(m, o))) continue;
+    if (op->dead || (op->kind != TP_OP_Cast && op->kind != TP_OP_Reshape) || tp_is_output(m, out(m, o))) continue;
     const TpType *tx = type(m, in(m, o, 0)), *ty = type(m, out(m, o));
     if (op->kind == TP_OP_Cast ? tx->dtype == ty->dtype : tp_type_equal(tx, ty)) {
       tp_replace_uses(m, out(m, o), in(m, o, 0));
@@ -214,7 +208,7 @@ static int unflatten(TpModule *m, int r, TpDiag *d) {
     rows[n++] = out(m, o);
   }
   for (int i = 0; i < n; i++)
-    if (is_output(m, rows[i])) return TP_OK;
+    if (tp_is_output(m, rows[i])) return TP_OK;
   for (int i = 0; i < n; i++) { /* [N, C'] -> [d0, .., dk, C'] */
     TpType *t = &m->values[rows[i]].type;
     int64_t c = t->dims[1];

@@ -145,12 +145,6 @@ static const TpModelDesc builtin_models[] = {
     {"GPT3-175B", 96, 12288, 96, 2048, 50257, 4 * 12288},
 };
 
-/* Is value v a graph output? */
-static bool is_output(const TpModule *m, int v) {
-  for (int i = 0; i < m->noutputs; i++)
-    if (m->outputs[i] == v) return true;
-  return false;
-}
 
 /* The transformer's sizes, read off a raised forward module (after raise-transformer):
  * layers = Attention ops, hidden and heads from the first one, vocab = the LM head's width
@@ -169,7 +163,7 @@ bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
       desc->hidden = q->rank == 4 ? (int)(q->dims[1] * q->dims[3]) : (int)q->dims[2];
     } else if (o->kind == TP_OP_Linear) {
       const TpType *y = &m->values[o->outputs[0]].type;
-      bool out = is_output(m, o->outputs[0]), head_out = head >= 0 && is_output(m, m->ops[head].outputs[0]);
+      bool out = tp_is_output(m, o->outputs[0]), head_out = head >= 0 && tp_is_output(m, m->ops[head].outputs[0]);
       if (out ? !head_out : !head_out && y->dims[y->rank - 1] > desc->vocab) {
         head = op;
         desc->vocab = (int)y->dims[y->rank - 1];
