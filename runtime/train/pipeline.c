@@ -549,7 +549,7 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
       if (!pipe_rank_updates(t, h, i)) continue;
       if (clip != 1) tp_scale_f32(R->grad[i], t->numel[i], clip);
       tp_adamw_step(t->param[i], R->grad[i], t->m[i], t->v[i], t->numel[i], lr, o->beta1, o->beta2, o->eps,
-                    o->weight_decay, step);
+                    t->decay[i], step);
     }
     if (t->trace) trace_add(t->trace, R->rank, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
   }

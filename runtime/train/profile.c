@@ -108,7 +108,7 @@ static double time_optimizer(Trainer *t, int h, TpStepIO io) {
     for (int i = 0; i < P->nparams; i++)
       if (pipe_rank_updates(t, h, i))
         tp_adamw_step(t->param[i], io.grad[i], t->m[i], t->v[i], t->numel[i], o->lr, o->beta1, o->beta2, o->eps,
-                      o->weight_decay, 1);
+                      t->decay[i], 1);
     x[r] = now_s() - t0;
   }
   return median(x + 1, OPTIMIZER_REPEATS);

@@ -22,6 +22,7 @@
 typedef struct {
   const char *init, *data, *val_data, *log, *dump_grads, *dump_weights, *save, *resume,
       *export_onnx, *trace, *profile;
+  const char *no_decay; /* POSIX ERE: the parameters AdamW does not decay */
   int64_t steps;       /* the total; -1: one pass over the training data */
   uint64_t seed;
   int64_t val_every;   /* 0: only after the last step */
@@ -50,6 +51,7 @@ typedef struct {
   float **param, **grad, **m, **v;
   bool *held;
   int64_t *numel;
+  double *decay; /* per parameter: its AdamW weight decay (0 where --no-decay matches) */
   void **arena; /* per stage (ABI 1) */
   int64_t *tokens, *targets; /* [global batch, seq] */
   TpTokenFile train, val;

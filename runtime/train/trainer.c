@@ -20,6 +20,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <regex.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -55,11 +56,13 @@ static const char *usage_text =
     "                       too), or a .safetensors of the parameters; without it they are\n"
     "                       random: matrices N(0, 0.02), vectors named *bias* 0, other 1\n"
     "  --seed N             seed of the random weights (default 1)\n"
-    "Optimizer: AdamW as torch.optim.AdamW, decay on every trainable parameter\n"
+    "Optimizer: AdamW as torch.optim.AdamW, decay on every trainable parameter but --no-decay's\n"
     "  --lr X               learning rate (default 0.001)\n"
     "  --beta1 X, --beta2 X (default 0.9, 0.999)\n"
     "  --eps X              (default 1e-8)\n"
     "  --weight-decay X     decoupled weight decay (default 0)\n"
+    "  --no-decay REGEX     parameters whose ONNX names match (POSIX ERE) are not decayed,\n"
+    "                       e.g. 'bias|norm' as Hugging Face's Trainer leaves biases and norms\n"
     "  --grad-clip NORM     scale the gradients down to this global norm (default: off)\n"
     "  --lr-schedule S      constant (default) or cosine (from --lr down to 0 at --steps)\n"
     "  --warmup N           linear warmup over the first N steps (default 0)\n"
@@ -104,6 +107,7 @@ static const OptSpec opt_specs[] = {
     {"--dump-weights", 's', AT(dump_weights), 0, 0},
     {"--save", 's', AT(save), 0, 0},
     {"--resume", 's', AT(resume), 0, 0},
+    {"--no-decay", 's', AT(no_decay), 0, 0},
     {"--export-onnx", 's', AT(export_onnx), 0, 0},
     {"--trace", 's', AT(trace), 0, 0},
     {"--profile", 's', AT(profile), 0, 0},
@@ -229,6 +233,35 @@ static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d
   if (!o->save && o->save_every) return usage_error(d, "--save-every needs --save");
   if (o->init && o->resume)
     return usage_error(d, "--init and --resume exclude each other (a checkpoint holds the weights)");
+  if (o->no_decay) {
+    regex_t re;
+    int err = regcomp(&re, o->no_decay, REG_EXTENDED | REG_NOSUB);
+    char why[128] = "";
+    if (err) regerror(err, &re, why, sizeof why);
+    else regfree(&re);
+    if (err) return usage_error(d, "--no-decay: bad regular expression '%s': %s", o->no_decay, why);
+  }
+  return TP_OK;
+}
+
+/* Each parameter's AdamW weight decay: --weight-decay, or 0 where --no-decay matches its
+ * name; a --no-decay that matches no trained parameter is an error (a misspelt name would
+ * silently decay everything). */
+static int decay_of_params(Trainer *t) {
+  const TpPlan *P = t->plan;
+  t->decay = calloc((size_t)(P->nparams ? P->nparams : 1), sizeof *t->decay);
+  TP_ASSERT(t->decay);
+  regex_t re;
+  bool matched = false;
+  if (t->o.no_decay) TP_ASSERT(regcomp(&re, t->o.no_decay, REG_EXTENDED | REG_NOSUB) == 0); /* parse_options checked it */
+  for (int i = 0; i < P->nparams; i++) {
+    bool exempt = t->o.no_decay && regexec(&re, P->params[i].name, 0, NULL, 0) == 0;
+    matched |= exempt && P->params[i].trainable;
+    t->decay[i] = exempt ? 0 : t->o.weight_decay;
+  }
+  if (t->o.no_decay) regfree(&re);
+  if (t->o.no_decay && !matched)
+    return tp_error(t->d, "--no-decay '%s' matches no trained parameter", t->o.no_decay);
   return TP_OK;
 }
 
@@ -326,6 +359,7 @@ static void free_buffers(Trainer *t) {
   pipe_free(t);
   for (int s = 0; t->arena && s < t->plan->nstages; s++) free(t->arena[s]);
   free(t->param), free(t->grad), free(t->m), free(t->v), free(t->held), free(t->numel), free(t->arena);
+  free(t->decay);
   free(t->tokens), free(t->targets);
   tp_tokens_close(&t->train);
   tp_tokens_close(&t->val);
@@ -397,7 +431,7 @@ static void update(Trainer *t, int64_t step, double lr, float clip) {
     if (!t->m[i]) continue;
     if (clip != 1) tp_scale_f32(t->grad[i], t->numel[i], clip);
     tp_adamw_step(t->param[i], t->grad[i], t->m[i], t->v[i], t->numel[i], lr, o->beta1, o->beta2, o->eps,
-                  o->weight_decay, step);
+                  t->decay[i], step);
   }
   if (t->trace) trace_add(t->trace, 0, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
 }
@@ -671,7 +705,7 @@ static int run(Trainer *t) {
               "without mpirun)\n", t->d->tool, t->comm->size);
     return TP_ERR_USAGE;
   }
-  if ((rc = pipe_agree(t, alloc_buffers(t)))) return rc;
+  if ((rc = pipe_agree(t, decay_of_params(t))) || (rc = pipe_agree(t, alloc_buffers(t)))) return rc;
   if (o->profile) return train_profile(t);
   if (o->data) rc = tp_tokens_open(o->data, train_token_limit(P), P->token_limit_of, need, &t->train, t->d);
   if (!rc && o->val_data)

@@ -511,6 +511,30 @@ compare) # tokpipe-compare's scale floor: 1% of WANT's largest element, so float
     grep -q "FAIL wpe: max_rel_err=2.00e-05" err.txt && ok "an inf in WANT sets no floor" || fail "$(cat out.txt err.txt)"
   ;;
 
+no-decay) # --no-decay REGEX: the parameters it matches are not decayed, the others are
+  make_text
+  step() { # step OUT FLAGS...: one step from the same initial weights, the weights after it
+    out=$1
+    shift
+    "$trainer" --data train.bin --steps 1 --lr 0.01 --dump-weights "$out" "$@" 2>/dev/null || fail "a step with $*"
+  }
+  only() { "$bin/train_edit_safetensors" "$1" "$2" $(for n in wte wpe head.bias head.weight_t frozen.shift; do
+    [ "$n" = "$3" ] || echo "-tensor:$n"; done) || fail "keep $3 of $1"; }
+  step plain.safetensors
+  step decayed.safetensors --weight-decay 5
+  step exempt.safetensors --weight-decay 5 --no-decay '^wpe$'
+  for f in plain decayed exempt; do only $f.safetensors $f.wpe wpe; only $f.safetensors $f.wte wte; done
+  same_files "--no-decay '^wpe$': wpe as without decay" plain.wpe exempt.wpe
+  same_files "--no-decay '^wpe$': wte decayed" decayed.wte exempt.wte
+  cmp -s plain.wpe decayed.wpe && fail "--weight-decay 5 does not move wpe" || ok "--weight-decay 5 moves wpe"
+  expect_run_error "--no-decay matching nothing" "--no-decay 'wpf' matches no trained parameter" \
+    "$trainer" --data train.bin --steps 1 --weight-decay 5 --no-decay wpf
+  expect_run_error "--no-decay matching only a frozen parameter" "--no-decay 'frozen' matches no trained parameter" \
+    "$trainer" --data train.bin --steps 1 --weight-decay 5 --no-decay frozen
+  expect_exit 2 "--no-decay bad regex" "$trainer" --data train.bin --no-decay '(' &&
+    grep -q -- "--no-decay: bad regular expression '('" err.txt && ok "bad regex: exit 2" || fail "$(cat err.txt)"
+  ;;
+
 *)
   echo "unknown case $case"
   exit 2
