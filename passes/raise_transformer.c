@@ -1225,14 +1225,25 @@ static int rotated(const TpModule *m, int r, int x) {
   return rs >= 0 && concat_rotates(m, def_of(m, in(m, rs, 0), TP_OP_Concat), rank, x, true) ? 1 : -1;
 }
 
-/* A Cos or Sin table for x: x's rank, its last dim d, the others 1 or x's (a constant as
- * exports compute it, or a parameter where a buffer became an initializer). */
+/* A Cos or Sin table for x: its last dim d, the others 1 or x's, right-aligned as numpy
+ * broadcasts (missing leading dims are 1); a constant as exports compute it, or a parameter
+ * where a buffer became an initializer. */
 static bool rotary_table(const TpModule *m, int t, int x, int64_t d) {
   const TpType *tt = type(m, t), *tx = type(m, x);
-  if (tt->dtype != TP_F32 || tt->rank != tx->rank || tt->dims[tt->rank - 1] != d) return false;
-  for (int k = 0; k < tx->rank - 1; k++)
-    if (tt->dims[k] != 1 && tt->dims[k] != tx->dims[k]) return false;
+  if (tt->dtype != TP_F32 || tt->rank < 1 || tt->rank > tx->rank || tt->dims[tt->rank - 1] != d) return false;
+  for (int k = 0; k < tt->rank - 1; k++)
+    if (tt->dims[k] != 1 && tt->dims[k] != tx->dims[k + tx->rank - tt->rank]) return false;
   return true;
+}
+
+/* Table t at rank `rank`: itself, or a view with leading dims of 1 (a [T, D] table that
+ * broadcasts over [B, H, T, D] heads, as models written by hand export it). */
+static int table_at_rank(TpModule *m, int t, int rank, TpDiag *d) {
+  const TpType *tt = type(m, t);
+  int64_t dims[TP_MAX_RANK];
+  int lead = rank - tt->rank;
+  for (int k = 0; k < rank; k++) dims[k] = k < lead ? 1 : tt->dims[k - lead];
+  return view_as(m, t, rank, dims, "table", d);
 }
 
 /* Anchored at Add(x * cos, rot(x) * sin), each product in either order. */
@@ -1246,6 +1257,9 @@ static int raise_rotary(TpModule *m, int add, TpDiag *d) {
     for (int j = 0; j < 2; j++) {
       int rot = in(m, ms, j), sin = in(m, ms, 1 - j), interleaved = rotated(m, rot, x);
       if (interleaved < 0 || !rotary_table(m, cos, x, dim) || !tp_type_equal(type(m, cos), type(m, sin))) continue;
+      int rank = type(m, x)->rank, same = sin == cos;
+      if ((cos = table_at_rank(m, cos, rank, d)) < 0 || (sin = same ? cos : table_at_rank(m, sin, rank, d)) < 0)
+        return TP_ERR_INTERNAL;
       rewrite(m, add, TP_OP_Rotary, (int[]){x, cos, sin}, 3);
       tp_set_attr_int(m, add, "interleaved", interleaved);
       tp_set_attr_int(m, add, "rotary_dim", dim);
