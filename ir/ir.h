@@ -401,6 +401,13 @@ typedef struct {
   bool unknown;
 } TpOpAxes;
 void tp_op_axes(const TpModule *m, int op, TpOpAxes *x);
+/* The class of axis key i (value * TP_MAX_RANK + axis) in a union-find forest over axes
+ * (parent[i] == i at a root), compressing the path on the way: how insert-token-dim and
+ * rebatch group the axes tp_op_axes links. */
+static inline int tp_axis_class(int *parent, int i) {
+  while (parent[i] != i) i = parent[i] = parent[parent[i]];
+  return i;
+}
 
 /* passes/rebatch.c: rebatch gives the forward module (before add-loss) m->batch rows: the
  * batch axis of every value, followed from the token input's first dim, takes the new size,

@@ -374,11 +374,6 @@ int tp_token_input(const TpModule *m) {
   return first;
 }
 
-static int find(int *parent, int i) {
-  while (parent[i] != i) i = parent[i] = parent[parent[i]];
-  return i;
-}
-
 int pass_insert_token_dim(TpModule *m, TpDiag *d) {
   for (int op = 0; op < m->nops; op++)
     if (m->ops[op].phase == TP_PHASE_BACKWARD)
@@ -402,15 +397,15 @@ int pass_insert_token_dim(TpModule *m, TpDiag *d) {
     describe(m, op, x);
     for (int i = 0; i < x->nlinks; i++) {
       Axis p = x->link[i][0], q = x->link[i][1];
-      parent[find(parent, p.v * TP_MAX_RANK + p.a)] = find(parent, q.v * TP_MAX_RANK + q.a);
+      parent[tp_axis_class(parent, p.v * TP_MAX_RANK + p.a)] = tp_axis_class(parent, q.v * TP_MAX_RANK + q.a);
     }
   }
-  int root = find(parent, tokens * TP_MAX_RANK + 1);
+  int root = tp_axis_class(parent, tokens * TP_MAX_RANK + 1);
   const char *name = tp_strdup(m, TP_TOKEN_DIM);
   for (int v = 0; v < m->nvalues; v++) {
     TpType *t = &m->values[v].type;
     for (int a = 0; a < t->rank; a++) {
-      if (find(parent, v * TP_MAX_RANK + a) == root) t->dimnames[a] = name;
+      if (tp_axis_class(parent, v * TP_MAX_RANK + a) == root) t->dimnames[a] = name;
       else if (is_token_name(t->dimnames[a])) t->dimnames[a] = NULL; /* the name is reserved */
     }
   }

@@ -40,11 +40,6 @@ typedef struct {
   bool *computed;   /* per value: computed from a graph input (not from weights alone) */
 } Rebatch;
 
-static int find(int *parent, int i) {
-  while (parent[i] != i) i = parent[i] = parent[parent[i]];
-  return i;
-}
-
 /* An axis of one element of a weight or constant (nothing computed along it) broadcasts
  * over any batch, the traced one of one row included: it is never taken for the batch, and
  * links through it (an axis of one element lines up with any other) are not followed. */
@@ -54,7 +49,7 @@ static bool broadcasts(const Rebatch *r, int v, int a) {
 
 static void join(Rebatch *r, int v1, int a1, int v2, int a2) {
   if (broadcasts(r, v1, a1) || broadcasts(r, v2, a2)) return;
-  r->parent[find(r->parent, v1 * TP_MAX_RANK + a1)] = find(r->parent, v2 * TP_MAX_RANK + a2);
+  r->parent[tp_axis_class(r->parent, v1 * TP_MAX_RANK + a1)] = tp_axis_class(r->parent, v2 * TP_MAX_RANK + a2);
 }
 
 static const TpType *type_of(const Rebatch *r, int v) { return &r->m->values[v].type; }
@@ -87,9 +82,9 @@ static void merge_links(Rebatch *r, int op) {
 
 /* The axis of v in the batch class so far, or -1. */
 static int class_axis(Rebatch *r, int v, int tokens) {
-  int root = find(r->parent, tokens * TP_MAX_RANK);
+  int root = tp_axis_class(r->parent, tokens * TP_MAX_RANK);
   for (int a = 0; a < type_of(r, v)->rank; a++)
-    if (find(r->parent, v * TP_MAX_RANK + a) == root) return a;
+    if (tp_axis_class(r->parent, v * TP_MAX_RANK + a) == root) return a;
   return -1;
 }
 
@@ -130,13 +125,13 @@ static int find_batch_axes(Rebatch *r, int tokens, TpOpAxes *x) {
     for (int i = 0; i < x->nlinks; i++) join(r, x->link[i][0].v, x->link[i][0].a, x->link[i][1].v, x->link[i][1].a);
     if (o->kind == TP_OP_Reshape) merge_links(r, op);
   }
-  int root = find(r->parent, tokens * TP_MAX_RANK);
+  int root = tp_axis_class(r->parent, tokens * TP_MAX_RANK);
   for (int v = 0; v < m->nvalues; v++) {
     r->axis[v] = -1;
     if (m->values[v].dead) continue;
     const TpType *t = type_of(r, v);
     for (int a = 0; a < t->rank; a++) {
-      if (find(r->parent, v * TP_MAX_RANK + a) != root) continue;
+      if (tp_axis_class(r->parent, v * TP_MAX_RANK + a) != root) continue;
       const char *why = NULL;
       if (r->axis[v] >= 0) why = tp_strfmt(m, "%%%s has two batch axes (%d and %d)", m->values[v].name, r->axis[v], a);
       else if (t->dims[a] % r->from)
