@@ -83,20 +83,12 @@ int tp_exec_cast(const TpModule *m, int op, const TpTensor *in, TpTensor *out, T
   return check(tp_cast(&in[0], &out[0]), m, op, in, 1, out, d);
 }
 
+/* Gather and GatherElements: one index check and message, the kernel by op kind. */
 int tp_exec_gather(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
   int axis = (int)tp_attr_int(m, op, "axis", 0);
   int64_t bad = 0;
-  TpKernelStatus s = tp_gather(&in[0], &in[1], axis, &out[0], &bad);
-  if (s == TP_KERNEL_BAD_INDEX)
-    return tp_error_op(d, m, op, "index %lld is out of range for axis %d of size %lld",
-                       (long long)bad, axis, (long long)in[0].dims[axis]);
-  return check(s, m, op, in, 2, out, d);
-}
-
-int tp_exec_gather_elements(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
-  int axis = (int)tp_attr_int(m, op, "axis", 0);
-  int64_t bad = 0;
-  TpKernelStatus s = tp_gather_elements(&in[0], &in[1], axis, &out[0], &bad);
+  TpKernelStatus s =
+      (m->ops[op].kind == TP_OP_Gather ? tp_gather : tp_gather_elements)(&in[0], &in[1], axis, &out[0], &bad);
   if (s == TP_KERNEL_BAD_INDEX)
     return tp_error_op(d, m, op, "index %lld is out of range for axis %d of size %lld",
                        (long long)bad, axis, (long long)in[0].dims[axis]);

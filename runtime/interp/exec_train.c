@@ -129,26 +129,15 @@ int tp_exec_embedding(const TpModule *m, int op, const TpTensor *in, TpTensor *o
   return rc;
 }
 
+/* GatherBackward and GatherElementsBackward: the kernel by op kind. */
 int tp_exec_gather_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
                             TpDiag *d) {
   int rc = require_f32(m, op, in, out, 1u << 1, d);
   if (rc || (rc = check_index_dtype(m, op, &in[1], d))) return rc;
   int axis = (int)tp_attr_int(m, op, "axis", 0);
   int64_t bad = 0;
-  TpKernelStatus s = tp_gather_backward(&in[0], &in[1], axis, &out[0], &bad);
-  if (s == TP_KERNEL_BAD_INDEX)
-    return tp_error_op(d, m, op, "index %lld is out of range for axis %d of size %lld",
-                       (long long)bad, axis, (long long)out[0].dims[axis]);
-  return s == TP_KERNEL_OK ? TP_OK : shape_error(m, op, d);
-}
-
-int tp_exec_gather_elements_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
-                                     TpDiag *d) {
-  int rc = require_f32(m, op, in, out, 1u << 1, d);
-  if (rc || (rc = check_index_dtype(m, op, &in[1], d))) return rc;
-  int axis = (int)tp_attr_int(m, op, "axis", 0);
-  int64_t bad = 0;
-  TpKernelStatus s = tp_gather_elements_backward(&in[0], &in[1], axis, &out[0], &bad);
+  TpKernelStatus s = (m->ops[op].kind == TP_OP_GatherBackward ? tp_gather_backward : tp_gather_elements_backward)(
+      &in[0], &in[1], axis, &out[0], &bad);
   if (s == TP_KERNEL_BAD_INDEX)
     return tp_error_op(d, m, op, "index %lld is out of range for axis %d of size %lld",
                        (long long)bad, axis, (long long)out[0].dims[axis]);

@@ -24,7 +24,6 @@ int tp_exec_binary(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
 int tp_exec_where(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_cast(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_gather(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
-int tp_exec_gather_elements(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_tile(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_cumsum(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_reshape(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
@@ -53,7 +52,6 @@ int tp_exec_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTenso
 int tp_exec_linear_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_matmul_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_gather_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
-int tp_exec_gather_elements_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_slice_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_layernorm_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
                                TpDiag *d);
