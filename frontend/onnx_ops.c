@@ -127,22 +127,13 @@ static int import_gemm(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+/* Gather and GatherElements (N->kind): the axis normalised to the data's rank. */
 static int import_gather(Importer *I, Node *N) {
   int64_t axis;
   if (attr_int(I, N, "axis", 0, &axis) ||
       norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
     return TP_ERR_INPUT;
-  int op = new_op(I, N, TP_OP_Gather, N->in, 2, 1);
-  tp_set_attr_int(I->m, op, "axis", axis);
-  return finish_op(I, N, op);
-}
-
-static int import_gather_elements(Importer *I, Node *N) {
-  int64_t axis;
-  if (attr_int(I, N, "axis", 0, &axis) ||
-      norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
-    return TP_ERR_INPUT;
-  int op = new_op(I, N, TP_OP_GatherElements, N->in, 2, 1);
+  int op = new_op(I, N, N->kind, N->in, 2, 1);
   tp_set_attr_int(I->m, op, "axis", axis);
   return finish_op(I, N, op);
 }
@@ -765,7 +756,7 @@ static const OpRow op_table[] = {
   BIN(MatMul, 13),
   {"Gemm", 13, import_gemm, TP_OP_Gemm, 2, 3, 1},
   {"Gather", 13, import_gather, TP_OP_Gather, 2, 2, 1},
-  {"GatherElements", 13, import_gather_elements, TP_OP_GatherElements, 2, 2, 1},
+  {"GatherElements", 13, import_gather, TP_OP_GatherElements, 2, 2, 1},
   {"CumSum", 11, import_cumsum, TP_OP_CumSum, 2, 2, 1}, {"CumSum", 14, import_cumsum, TP_OP_CumSum, 2, 2, 1},
   {"Tile", 13, import_tile, TP_OP_Tile, 2, 2, 1},
   {"Reshape", 13, import_reshape, TP_OP_Reshape, 2, 2, 1},
