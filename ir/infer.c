@@ -5,7 +5,6 @@
 
 #include <string.h>
 
-#include "../runtime/cpu/layout.h"
 
 typedef struct {
   TpModule *m;

@@ -15,15 +15,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../runtime/tensor.h"
-
-/* ---- status codes (also the tools' exit codes) ---- */
-enum { TP_OK = 0, TP_ERR_INPUT = 1, TP_ERR_USAGE = 2, TP_ERR_INTERNAL = 3 };
-
-/* Internal invariant: aborts with file and line. Never used for bad user input. */
-#define TP_ASSERT(cond) \
-  ((cond) ? (void)0 : tp_internal_error(__FILE__, __LINE__, #cond))
-_Noreturn void tp_internal_error(const char *file, int line, const char *what);
+#include "../base/atomic.h"
+#include "../base/diag.h"
+#include "../base/file.h"
+#include "../base/tensor.h"
 
 /* ---- the op table ---- */
 enum {
@@ -185,53 +180,13 @@ typedef struct TpModule {
   int name_table_cap;
 } TpModule;
 
-/* ---- diagnostics (ir/diag.c) ----
- * User-facing errors read like a compiler's:
- *   tokpipec: error: model.onnx: node '/blocks.0/attn/Where' (Where, opset 17): ...
- * Library code reports through a TpDiag and returns TP_ERR_*; it never exits. */
-typedef struct {
-  const char *tool;  /* "tokpipec" */
-  const char *file;  /* the input being processed, or NULL */
-  FILE *stream;      /* where lines go; NULL = silent (fuzzing) */
-  int errors;
-  char last[1024];    /* the last message, without the "tool: error: " prefix */
-} TpDiag;
-
-void tp_diag_init(TpDiag *d, const char *tool, const char *file, FILE *stream);
-/* "tool: error: file: msg"; returns TP_ERR_INPUT. */
-int tp_error(TpDiag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* ---- diagnostics at a node (ir/diag.c; the rest is base/diag.c) ---- */
 /* "tool: error: file: node 'N' (OpType, opset K): msg"; returns TP_ERR_INPUT. */
 int tp_error_at(TpDiag *d, TpOrigin at, int opset, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The same for an op of m (its origin; m->opset). */
 int tp_error_op(TpDiag *d, const TpModule *m, int op, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* An internal error (a compiler bug) reported without aborting; returns TP_ERR_INTERNAL. */
-int tp_internal(TpDiag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int tp_verror(TpDiag *d, int code, const char *prefix, const char *fmt, va_list ap);
-/* Control bytes (names from a model, paths) are written as \xNN in every diagnostic, so a
- * crafted name cannot drive the user's terminal. Escapes src into dst (always terminated). */
-void tp_escape_text(char *dst, size_t dst_size, const char *src);
-/* The length of the well-formed UTF-8 sequence at s (RFC 3629: no overlong forms, no
- * surrogates, at most U+10FFFF; 1 for ASCII) within its `avail` bytes, or 0. */
-size_t tp_utf8_length(const char *s, size_t avail);
-/* For lines that do not go through a TpDiag (reports, usage errors): the formatted text
- * escaped as above, as one line on stream. */
-void tp_print_line(FILE *stream, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* "tool: error: MSG" (escaped) and "Try 'tool --help'." on stream; returns TP_ERR_USAGE. */
-int tp_usage_error(FILE *stream, const char *tool, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int tp_vusage_error(FILE *stream, const char *tool, const char *fmt, va_list ap);
-
-/* ---- input files (ir/file.c) ----
- * Every reader opens its inputs through these: anything but a regular file (a FIFO, a
- * directory, a device) is refused before it could block. On failure they return -1/NULL
- * and say why in why[] ("No such file or directory", "not a regular file: it is a FIFO"). */
-int tp_open_input(const char *path, char *why, size_t why_size);
-FILE *tp_fopen_input(const char *path, char *why, size_t why_size);
-/* The whole file, malloc'ed, NUL-terminated after its *size bytes. */
-char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size);
-/* The folder part of a path, malloc'ed: "a/b/c" -> "a/b", "/c" -> "/", "c" -> ".". */
-char *tp_folder_of(const char *path);
 
 /* ---- module construction and queries (ir/module.c) ---- */
 TpModule *tp_module_new(const char *source);

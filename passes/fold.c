@@ -2,7 +2,7 @@
  * only constant operands (unless its results are too large to materialise). Evaluation uses
  * the reference interpreter, so folding and execution share each op's one implementation. */
 #include "../ir/ir.h"
-#include "../runtime/interp/interp.h"
+#include "../interp/interp.h"
 
 #include <stdlib.h>
 

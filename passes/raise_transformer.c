@@ -32,7 +32,7 @@
  * weight that retie-params re-tied stays the result of its "retie" op (Linear reads it as
  * W), so the record of the tie survives. */
 #include "../ir/ir.h"
-#include "../runtime/interp/interp.h"
+#include "../interp/interp.h"
 
 #include <float.h>
 #include <math.h>

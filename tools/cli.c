@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/train/atomic.h"
+#include "base/atomic.h"
 
 const char *cli_tool = "tokpipec";
 

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
-#include "runtime/interp/interp.h"
+#include "interp/interp.h"
 
 static const char usage[] =
     "usage: tokpipe-run MODEL.onnx|FILE.tir --test-dir DIR [--dim NAME=VALUE]... [--atol A] [--rtol R]\n"

@@ -16,7 +16,7 @@
 
 #include "codegen/codegen.h"
 #include "passes/planner/plan.h"
-#include "runtime/train/atomic.h"
+#include "base/atomic.h"
 #include "tokpipec_config.h" /* the C compiler, where the runtime is, what a plan links */
 
 extern char **environ;

@@ -248,19 +248,6 @@ TpJson *tp_json_parse_file(const char *path, char *err, size_t errsize) {
   return j;
 }
 
-void tp_json_write_string(FILE *f, const char *s) {
-  fputc('"', f);
-  while (*s) {
-    unsigned char c = (unsigned char)*s;
-    size_t n = c >= 0x80 ? tp_utf8_length(s, strnlen(s, 4)) : 0;
-    if (n) fwrite(s, 1, n, f), s += n; /* UTF-8 as it is: the reader takes it */
-    else if (c == '"' || c == '\\') fprintf(f, "\\%c", c), s++;
-    else if (c < 32 || c > 126) fprintf(f, "\\u%04x", c), s++; /* a byte that is not UTF-8: as Latin-1 */
-    else fputc(c, f), s++;
-  }
-  fputc('"', f);
-}
-
 const TpJson *tp_json_get(const TpJson *j, const char *key) {
   if (!j || j->kind != TP_JSON_OBJECT) return NULL;
   for (int i = 0; i < j->count; i++)

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "../../base/diag.h" /* tp_json_write_string */
+
 typedef enum { TP_JSON_NULL, TP_JSON_BOOL, TP_JSON_NUMBER, TP_JSON_STRING, TP_JSON_ARRAY,
                TP_JSON_OBJECT } TpJsonKind;
 
@@ -30,10 +32,6 @@ TpJson *tp_json_parse(const char *text, size_t len, char *err, size_t errsize);
 #define TP_JSON_MAX_BYTES (32 << 20)
 TpJson *tp_json_parse_file(const char *path, char *err, size_t errsize);
 void tp_json_free(TpJson *j);
-/* s as a JSON string: quotes, backslashes and control bytes escaped, UTF-8 as it is, and a
- * byte that is not UTF-8 as U+0080..U+00FF (Latin-1), so names in any encoding stay valid
- * JSON. */
-void tp_json_write_string(FILE *f, const char *s);
 
 /* Member `key` of an object, or NULL (also when j is not an object). */
 const TpJson *tp_json_get(const TpJson *j, const char *key);

@@ -17,8 +17,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "../../ir/ir.h"
-#include "../tensor.h"
+#include "../../base/diag.h"
+#include "../../base/file.h"
+#include "../../base/tensor.h"
 
 typedef struct TpComm TpComm;
 

@@ -5,7 +5,7 @@
 #ifndef TOKPIPE_CPU_ELEMENTWISE_H
 #define TOKPIPE_CPU_ELEMENTWISE_H
 
-#include "../tensor.h"
+#include "../../base/tensor.h"
 
 /* What a kernel returns; the caller turns a failure into a diagnostic. */
 typedef enum {

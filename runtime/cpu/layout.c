@@ -168,16 +168,6 @@ TpKernelStatus tp_transpose(const TpTensor *x, const int64_t *perm, TpTensor *y)
   return TP_KERNEL_OK;
 }
 
-bool tp_slice_fits(int64_t start, int64_t step, int64_t n, int64_t dim) {
-  if (n <= 0) return n == 0;
-  if (start < 0 || start >= dim) return false;
-  if (n == 1) return true;
-  /* the last index moves (n-1)*|step| from start: compare by division, no product */
-  uint64_t room = step > 0 ? (uint64_t)(dim - 1 - start) : (uint64_t)start;
-  uint64_t mag = step > 0 ? (uint64_t)step : step < 0 ? -(uint64_t)step : 0;
-  return mag != 0 && (uint64_t)(n - 1) <= room / mag;
-}
-
 TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y) {
   if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
   if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;

@@ -31,10 +31,6 @@ TpKernelStatus tp_transpose(const TpTensor *x, const int64_t *perm, TpTensor *y)
 /* ys[0..n) are consecutive pieces of x along axis, sized by their dims on it (a piece whose
  * data is NULL is skipped). */
 TpKernelStatus tp_split(const TpTensor *x, int axis, TpTensor *ys, int n);
-/* Whether the n indices start, start + step, ..., start + (n-1)*step all lie in [0, dim)
- * (n == 0 always fits; n > 1 needs step != 0). Exact for any int64 values: the one check
- * of Slice and SliceBackward shapes, in type inference and in the kernels. */
-bool tp_slice_fits(int64_t start, int64_t step, int64_t n, int64_t dim);
 /* y[j] = x[starts + j*steps] per dim (steps may be negative). */
 TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y);
 /* y = xs[0..n) joined along axis. */

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../tensor.h"
+#include "../../base/tensor.h"
 
 /* y = a @ b with numpy semantics: a 1-D a is [1,K] and a 1-D b is [K,1] (the added dim is
  * not in y), the batch dims (all but the last two) broadcast. y's data is allocated with

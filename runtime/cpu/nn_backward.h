@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../tensor.h"
+#include "../../base/tensor.h"
 #include "elementwise.h" /* TpKernelStatus */
 #include "nn.h"          /* TpAttention */
 

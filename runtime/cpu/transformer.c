@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tensor.h" /* TP_MAX_RANK */
+#include "../../base/tensor.h" /* TP_MAX_RANK */
 #include "matmul.h"
 #include "nn_backward.h" /* tp_column_sums_f32 */
 #include "vecmath.h"

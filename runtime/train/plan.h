@@ -106,7 +106,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../tensor.h"
+#include "../../base/tensor.h"
 
 #define TP_PLAN_ABI 2
 

@@ -24,9 +24,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../passes/planner/json.h" /* tp_json_write_string: names in any encoding stay valid JSON */
 #include "../cpu/optim.h"
-#include "atomic.h"
+#include "../../base/atomic.h"
 
 enum { MIN_REPEATS = 5, MAX_PASSES = 100000, OPTIMIZER_REPEATS = 5 };
 static const double MIN_SECONDS = 0.25; /* of timed work per probe on average: steady medians on a shared machine */

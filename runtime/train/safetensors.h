@@ -6,9 +6,10 @@
 #ifndef TOKPIPE_TRAIN_SAFETENSORS_H
 #define TOKPIPE_TRAIN_SAFETENSORS_H
 
-#include "../../ir/ir.h"
-#include "../tensor.h"
-#include "atomic.h"
+#include "../../base/diag.h"
+#include "../../base/file.h"
+#include "../../base/tensor.h"
+#include "../../base/atomic.h"
 
 typedef struct {
   const char *name;

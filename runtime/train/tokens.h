@@ -10,7 +10,8 @@
 
 #include <stdint.h>
 
-#include "../../ir/ir.h"
+#include "../../base/diag.h"
+#include "../../base/file.h"
 
 enum { TP_TOKENS_MAGIC = 20240520, TP_TOKENS_VERSION = 1, TP_TOKENS_HEADER_INTS = 256 };
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "atomic.h"
+#include "../../base/atomic.h"
 
 enum { TRACE_TAG = 31998, MAX_EVENTS = 1 << 20 }; /* per process; later events are dropped */
 

@@ -7,9 +7,10 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "../../ir/ir.h"
+#include "../../base/diag.h"
+#include "../../base/file.h"
 #include "../comm/comm.h"
-#include "atomic.h"
+#include "../../base/atomic.h"
 #include "plan.h"
 #include "safetensors.h"
 #include "tokens.h"

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "../cpu/optim.h"
-#include "atomic.h"
+#include "../../base/atomic.h"
 
 #ifndef TOKPIPE_VERSION
 #define TOKPIPE_VERSION "unknown"

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../../frontend/weights.h"
-#include "atomic.h"
+#include "../../base/atomic.h"
 #include "safetensors.h"
 
 #define CHECKPOINT_FORMAT "tokpipe-checkpoint"

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "frontend/frontend.h"
-#include "runtime/interp/interp.h"
+#include "interp/interp.h"
 #include "runtime/train/safetensors.h"
 #include "runtime/train/tokens.h"
 

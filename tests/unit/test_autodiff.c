@@ -19,7 +19,7 @@
  * differences as above. */
 #include "frontend/frontend.h"
 #include "ir/ir.h"
-#include "runtime/interp/interp.h"
+#include "interp/interp.h"
 
 #include <dirent.h>
 #include <math.h>

@@ -1,6 +1,6 @@
-/* Unit tests of runtime/interp/exec_basic.c: the exec functions read the canonical
+/* Unit tests of interp/exec_basic.c: the exec functions read the canonical
  * attributes of ir/ops.def and report data-dependent errors at the op's ONNX origin. */
-#include "runtime/interp/interp.h"
+#include "interp/interp.h"
 
 #include <stdlib.h>
 #include <string.h>

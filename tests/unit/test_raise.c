@@ -3,7 +3,7 @@
  * primitive, and in all cases the module computes the same outputs before and after the
  * passes (reference interpreter, random inputs): the passes must never change numerics. */
 #include "ir/ir.h"
-#include "runtime/interp/interp.h"
+#include "interp/interp.h"
 
 #include <math.h>
 #include <stdlib.h>

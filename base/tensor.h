@@ -57,6 +57,11 @@ static inline size_t tp_tensor_bytes(const TpTensor *t) {
   return (size_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype);
 }
 
+/* Whether the n indices start, start + step, ..., start + (n-1)*step all lie in [0, dim)
+ * (n == 0 always fits; n > 1 needs step != 0). Exact for any int64 values: the one check
+ * of Slice and SliceBackward shapes, in type inference and in the kernels. */
+bool tp_slice_fits(int64_t start, int64_t step, int64_t n, int64_t dim);
+
 /* Element i of a tensor of any numeric or bool dtype as a double; the data may be unaligned
  * (weights referenced inside a model file). */
 double tp_tensor_get_f64(const TpTensor *t, int64_t i);

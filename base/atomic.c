@@ -1,8 +1,10 @@
 #include "atomic.h"
+#include "file.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cpu/loss.h"
-#include "../cpu/matmul.h"
-#include "../cpu/nn.h"
+#include "../runtime/cpu/loss.h"
+#include "../runtime/cpu/matmul.h"
+#include "../runtime/cpu/nn.h"
 #include "interp.h"
 
 static bool present_in(const TpModule *m, int op, int i) {

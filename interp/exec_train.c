@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cpu/layout_backward.h"
-#include "../cpu/nn_backward.h"
-#include "../cpu/transformer.h"
+#include "../runtime/cpu/layout_backward.h"
+#include "../runtime/cpu/nn_backward.h"
+#include "../runtime/cpu/transformer.h"
 #include "interp.h"
 
 static const char *dtype_name(TpDType t) {

@@ -3,8 +3,8 @@
 #ifndef TOKPIPE_INTERP_H
 #define TOKPIPE_INTERP_H
 
-#include "../../ir/ir.h"
-#include "../cpu/nn.h"
+#include "../ir/ir.h"
+#include "../runtime/cpu/nn.h"
 
 /* Runs op `op` of m. in[i] views operand i (data NULL when absent); out[i] views result i
  * with its data already allocated from the result type (data NULL when absent). Returns
@@ -16,7 +16,7 @@ int tp_exec_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpD
 int tp_interp_run(const TpModule *m, const TpTensor *inputs, TpTensor *outputs, TpDiag *d);
 
 /* One exec function per group of ops; the table in interp.c maps each op to one.
- * runtime/interp/exec_basic.c: */
+ * interp/exec_basic.c: */
 typedef int (*TpExecFn)(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
                         TpDiag *d);
 int tp_exec_unary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
@@ -34,7 +34,7 @@ int tp_exec_slice(const TpModule *m, int op, const TpTensor *in, TpTensor *out, 
 int tp_exec_concat(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_trilu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_reduce(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
-/* runtime/interp/exec_nn.c: */
+/* interp/exec_nn.c: */
 int tp_exec_matmul(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_gemm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_softmax(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
@@ -45,7 +45,7 @@ int tp_exec_attention(const TpModule *m, int op, const TpTensor *in, TpTensor *o
 int tp_attention_params(const TpModule *m, int op, const TpTensor *Q, const TpTensor *K,
                         const TpTensor *V, TpAttention *p, TpDiag *d);
 int tp_exec_loss(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
-/* runtime/interp/exec_train.c (raised forward ops and backward ops): */
+/* interp/exec_train.c (raised forward ops and backward ops): */
 int tp_exec_linear(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_embedding(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);
 int tp_exec_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d);

@@ -1,9 +1,11 @@
 /* Reading input files: one place that refuses what is not a regular file before anything
  * can block on it (a FIFO, a terminal, a device), so every reader gets the same rule. */
-#include "ir.h"
+#include "file.h"
+#include "diag.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>

@@ -149,3 +149,13 @@ int64_t tp_physical_memory(void) {
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
   return pages > 0 && size > 0 ? (int64_t)pages * size : 0;
 }
+
+bool tp_slice_fits(int64_t start, int64_t step, int64_t n, int64_t dim) {
+  if (n <= 0) return n == 0;
+  if (start < 0 || start >= dim) return false;
+  if (n == 1) return true;
+  /* the last index moves (n-1)*|step| from start: compare by division, no product */
+  uint64_t room = step > 0 ? (uint64_t)(dim - 1 - start) : (uint64_t)start;
+  uint64_t mag = step > 0 ? (uint64_t)step : step < 0 ? -(uint64_t)step : 0;
+  return mag != 0 && (uint64_t)(n - 1) <= room / mag;
+}

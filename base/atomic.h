@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "../../ir/ir.h"
+#include "diag.h"
 
 typedef struct {
   FILE *f;        /* the temporary; callers may also fprintf to it */

@@ -4,9 +4,9 @@
 
 #include <string.h>
 
-#include "../cpu/elementwise.h"
-#include "../cpu/layout.h"
-#include "../cpu/reduce.h"
+#include "../runtime/cpu/elementwise.h"
+#include "../runtime/cpu/layout.h"
+#include "../runtime/cpu/reduce.h"
 
 static const char *dtype_name(TpDType t) {
   const char *s = tp_dtype_name(t);
