@@ -220,8 +220,8 @@ pkgconfig)
 install)
   make_data
   expect_exit 0 "cmake --install" cmake --install "$build" --prefix "$work/prefix" || exit 1
-  for f in bin/tokpipec bin/tokpipe-opt bin/tokpipe-run include/tokpipe/tensor.h \
-    include/tokpipe/train/plan.h include/tokpipe/cpu/nn.h lib/pkgconfig/tokpipe.pc; do
+  for f in bin/tokpipec bin/tokpipe-opt bin/tokpipe-run include/tokpipe/base/tensor.h \
+    include/tokpipe/runtime/train/plan.h include/tokpipe/runtime/cpu/nn.h lib/pkgconfig/tokpipe.pc; do
     [ -e "prefix/$f" ] || fail "not installed: $f"
   done
   expect_exit 0 "installed tokpipec --exe" prefix/bin/tokpipec "$model" --exe trainer1 -o plan.c -v || exit 1
