@@ -10,6 +10,7 @@
 
 #include "onnx/onnx.pb-c.h"
 
+#include "../../base/diag.h"
 #include "../../base/tensor.h"
 
 /* Room for a decoding error: what the importer's diagnostics hold. */
