@@ -1,22 +1,12 @@
 /* The runtime's TensorProto decoder (runtime/onnx/onnx_tensor.c) on its own: raw data
  * referenced in place, typed fields converted per dtype, external data found through the
  * caller's map (file id, offset, range), and the errors of each, word for word. */
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/onnx/onnx_tensor.h"
+#include "../check.h"
 
-static int failures;
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      fprintf(stderr, "%s:%d: FAIL %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                   \
-      fprintf(stderr, "\n");                                          \
-      failures++;                                                     \
-    }                                                                 \
-  } while (0)
+#define CHECK(cond, ...) ((cond) ? (void)0 : fail(__VA_ARGS__))
 
 /* A TensorProto of dtype and dims (fields set by the caller). */
 static Onnx__TensorProto proto(int dtype, int rank, int64_t *dims) {
