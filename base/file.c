@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -86,6 +87,72 @@ char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size) 
   }
   fclose(f);
   return buf;
+}
+
+int tp_map_input(const char *path, TpFileMap *out, char *why, size_t why_size) {
+  *out = (TpFileMap){.base = (const uint8_t *)""};
+  int fd = tp_open_input(path, why, why_size); /* a FIFO is refused, not waited on */
+  struct stat st;
+  if (fd < 0) return -1;
+  if (fstat(fd, &st) != 0) {
+    snprintf(why, why_size, "%s", strerror(errno));
+    close(fd);
+    return -1;
+  }
+  if (st.st_size > 0) {
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      snprintf(why, why_size, "%s", strerror(errno));
+      close(fd);
+      return -1;
+    }
+    *out = (TpFileMap){.base = p, .size = (size_t)st.st_size, .map_base = p, .map_size = (size_t)st.st_size};
+  }
+  close(fd);
+  return 0;
+}
+
+int tp_map_in_folder(const char *dir, const char *name, const char *folder, TpFileMap *out, char *why,
+                     size_t why_size) {
+  if (name[0] == '/') {
+    snprintf(why, why_size, "is an absolute path");
+    return -1;
+  }
+  for (const char *s = name; *s;) {
+    size_t n = strcspn(s, "/\\");
+    if (n == 2 && s[0] == '.' && s[1] == '.') {
+      snprintf(why, why_size, "leaves %s", folder);
+      return -1;
+    }
+    s += n;
+    if (*s) s++;
+  }
+  size_t plen = strlen(dir) + strlen(name) + 2;
+  char *path = malloc(plen);
+  TP_ASSERT(path);
+  snprintf(path, plen, "%s/%s", dir, name);
+  /* no symlink may lead out of the folder */
+  char *dir_real = realpath(dir, NULL), *real = dir_real ? realpath(path, NULL) : NULL;
+  int rc = -1;
+  char reason[200];
+  if (!real) {
+    snprintf(why, why_size, "cannot be opened: %s", strerror(errno));
+  } else {
+    size_t dl = strlen(dir_real);
+    if (strncmp(real, dir_real, dl) != 0 || (real[dl] != '/' && dl != 1)) /* dl 1: the folder is "/" */
+      snprintf(why, why_size, "resolves outside %s", folder);
+    else if ((rc = tp_map_input(real, out, reason, sizeof reason)) < 0) /* the path checked, not one swapped in since */
+      snprintf(why, why_size, "cannot be opened: %s", reason);
+  }
+  free(path);
+  free(dir_real);
+  free(real);
+  return rc;
+}
+
+void tp_unmap_input(TpFileMap *f) {
+  if (f->map_base) munmap(f->map_base, f->map_size);
+  *f = (TpFileMap){.base = (const uint8_t *)""};
 }
 
 char *tp_folder_of(const char *path) {

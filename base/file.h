@@ -3,6 +3,7 @@
 #define TOKPIPE_BASE_FILE_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* ---- input files (base/file.c) ----
@@ -13,6 +14,22 @@ int tp_open_input(const char *path, char *why, size_t why_size);
 FILE *tp_fopen_input(const char *path, char *why, size_t why_size);
 /* The whole file, malloc'ed, NUL-terminated after its *size bytes. */
 char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size);
+/* A whole input file mapped read-only: nothing is read until used. */
+typedef struct {
+  const uint8_t *base; /* the bytes ("" when the file is empty) */
+  size_t size;
+  void *map_base;      /* what tp_unmap_input unmaps, or NULL */
+  size_t map_size;
+} TpFileMap;
+/* Maps the file at path (refused as tp_open_input does); -1 with why[] on failure. */
+int tp_map_input(const char *path, TpFileMap *out, char *why, size_t why_size);
+/* The same for file `name` of folder `dir`, which must stay inside it: not absolute, no
+ * '..', no symlink leading out (how ONNX external data and textual IR blobs name files;
+ * `folder` says which folder in the reasons). -1 with why[] completing "the file 'name' ...":
+ * "is an absolute path", "leaves FOLDER", "resolves outside FOLDER", "cannot be opened: ...". */
+int tp_map_in_folder(const char *dir, const char *name, const char *folder, TpFileMap *out, char *why,
+                     size_t why_size);
+void tp_unmap_input(TpFileMap *f);
 /* The folder part of a path, malloc'ed: "a/b/c" -> "a/b", "/c" -> "/", "c" -> ".". */
 char *tp_folder_of(const char *path);
 

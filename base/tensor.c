@@ -52,6 +52,15 @@ int64_t tp_numel(int rank, const int64_t *dims) {
   return n;
 }
 
+bool tp_dims_size_ok(int rank, const int64_t *dims) {
+  int64_t n = 1;
+  for (int i = 0; i < rank; i++) {
+    if (dims[i] < 0 || (dims[i] && n > (INT64_C(1) << 50) / dims[i])) return false;
+    if (dims[i]) n *= dims[i];
+  }
+  return true;
+}
+
 float tp_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
   if (exp == 0) {

@@ -57,6 +57,10 @@ static inline size_t tp_tensor_bytes(const TpTensor *t) {
   return (size_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype);
 }
 
+/* Whether every dim is >= 0 and the product of the non-zero dims is at most 2^50: sizes
+ * of any part of the tensor stay far from overflow (dims of an empty tensor too). */
+bool tp_dims_size_ok(int rank, const int64_t *dims);
+
 /* Whether the n indices start, start + step, ..., start + (n-1)*step all lie in [0, dim)
  * (n == 0 always fits; n > 1 needs step != 0). Exact for any int64 values: the one check
  * of Slice and SliceBackward shapes, in type inference and in the kernels. */

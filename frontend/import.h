@@ -3,8 +3,7 @@
 #ifndef TOKPIPE_FRONTEND_IMPORT_H
 #define TOKPIPE_FRONTEND_IMPORT_H
 
-#include "onnx/onnx.pb-c.h"
-
+#include "../runtime/onnx/onnx_tensor.h" /* protobuf-c's onnx.pb-c.h, and the tensor decoder */
 #include "frontend.h"
 
 /* Longest constant operand read as integers (Split sizes, Slice starts, shapes, axes). */
@@ -95,14 +94,12 @@ int new_op(Importer *I, const Node *N, TpOpKind kind, const int *inputs, int nin
 int finish_op(Importer *I, const Node *N, int op);
 /* A new CONST value for ONNX output k of the node, holding a copy of data. */
 int add_output_const(Importer *I, const Node *N, int k, TpType type, const void *data);
-/* A small TensorProto (ConstantOfShape's value) as malloc'ed data. */
+/* A small TensorProto (ConstantOfShape's value) as malloc'ed data (no external data). */
 int read_small_tensor(Importer *I, const Node *N, const Onnx__TensorProto *t, const char *what,
                       TpType *type, void **data);
 /* Converts a TensorProto into a PARAM/CONST value named name; raw_index: its position among
    the graph's initializers (raw_data is then referenced in place), or -1 (copied). */
 int import_tensor_value(Importer *I, const Onnx__TensorProto *t, const char *name,
                         TpValueKind kind, TpOrigin at, int raw_index, int *value);
-/* dtype of an ONNX elem_type, or TP_UNDEF when tokpipec has no such dtype. */
-TpDType dtype_from_onnx(int64_t onnx_type);
 
 #endif

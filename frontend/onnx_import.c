@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ONNX raw data is little-endian");
-
 enum { MAX_OPSET = 23 };
 
 /* ---- diagnostics ---- */
@@ -165,134 +163,33 @@ static void locate_raw_data(Importer *I, const uint8_t *base, size_t size) {
   }
 }
 
-/* ---- tensors ---- */
+/* ---- tensors (decoded by runtime/onnx/onnx_tensor.c) ---- */
 
-TpDType dtype_from_onnx(int64_t onnx_type) {
-  if (onnx_type <= 0 || onnx_type >= TP_DTYPE_END) return TP_UNDEF;
-  return tp_dtype_size((TpDType)onnx_type) ? (TpDType)onnx_type : TP_UNDEF;
+/* External data of the model: files of its folder, mapped as module blobs. */
+static int map_external(void *ctx, const char *location, const uint8_t **bytes, size_t *size, char *why,
+                        size_t why_size) {
+  Importer *I = ctx;
+  int blob = tp_add_folder_blob(I->m, I->dir, location, "the model's folder", why, why_size);
+  if (blob >= 0) *bytes = I->m->blobs[blob].base, *size = I->m->blobs[blob].size;
+  return blob;
 }
 
-/* dtype and dims of a TensorProto, checked: rank, negative dims, size overflow. */
-static int tensor_type(TpDiag *d, const TpOrigin *at, int opset, const Onnx__TensorProto *t,
-                       const char *what, TpType *type) {
-  memset(type, 0, sizeof *type);
-  type->dtype = dtype_from_onnx(t->data_type);
-  if (type->dtype == TP_UNDEF)
-    return err_at(d, at, opset, "%s has unsupported element type %d", what, (int)t->data_type);
-  if (t->n_dims > TP_MAX_RANK)
-    return err_at(d, at, opset, "%s has rank %zu; tokpipec supports rank <= %d", what, t->n_dims,
-                  TP_MAX_RANK);
-  type->rank = (int)t->n_dims;
-  for (int i = 0; i < type->rank; i++) {
-    int64_t n = t->dims[i];
-    if (n < 0) return err_at(d, at, opset, "%s has negative dim %d (%lld)", what, i, (long long)n);
-    type->dims[i] = n;
-  }
-  if (!tp_type_size_ok(type)) return err_at(d, at, opset, "%s is too large", what);
-  if (t->segment) return err_at(d, at, opset, "%s is segmented; tokpipec does not support that", what);
-  return TP_OK;
-}
-
-/* Typed fields (float_data, int32_data, ...) -> malloc'ed little-endian data of `type`. */
-static int tensor_typed_data(TpDiag *d, const TpOrigin *at, int opset, const Onnx__TensorProto *t,
-                             const char *what, const TpType *type, void **out) {
-  int64_t numel = tp_type_numel(type);
-  size_t have;
-  switch (type->dtype) {
-  case TP_F32: have = t->n_float_data; break;
-  case TP_I64: have = t->n_int64_data; break;
-  case TP_F64: have = t->n_double_data; break;
-  case TP_U32: case TP_U64: have = t->n_uint64_data; break;
-  default: have = t->n_int32_data; break; /* bool, 8/16-bit ints, f16/bf16 bits, i32 */
-  }
-  if ((int64_t)have != numel)
-    return err_at(d, at, opset, "%s has %zu data elements, its shape needs %lld", what, have,
-                  (long long)numel);
-  size_t esize = tp_dtype_size(type->dtype);
-  uint8_t *p = malloc(numel ? (size_t)numel * esize : 1);
-  TP_ASSERT(p);
-  for (int64_t i = 0; i < numel; i++) {
-    uint8_t *e = p + i * (int64_t)esize;
-    switch (type->dtype) {
-    case TP_F32: memcpy(e, &t->float_data[i], 4); break;
-    case TP_I64: memcpy(e, &t->int64_data[i], 8); break;
-    case TP_F64: memcpy(e, &t->double_data[i], 8); break;
-    case TP_U32: { uint32_t v = (uint32_t)t->uint64_data[i]; memcpy(e, &v, 4); break; }
-    case TP_U64: memcpy(e, &t->uint64_data[i], 8); break;
-    case TP_I32: memcpy(e, &t->int32_data[i], 4); break;
-    case TP_BOOL: *e = t->int32_data[i] != 0; break;
-    case TP_I8: case TP_U8: *e = (uint8_t)t->int32_data[i]; break;
-    default: { uint16_t v = (uint16_t)t->int32_data[i]; memcpy(e, &v, 2); break; }
-    }
-  }
-  *out = p;
-  return TP_OK;
-}
-
-static const char *external_key(const Onnx__TensorProto *t, const char *key) {
-  const char *v = NULL;
-  for (size_t i = 0; i < t->n_external_data; i++)
-    if (t->external_data[i]->key && strcmp(t->external_data[i]->key, key) == 0)
-      v = t->external_data[i]->value;
-  return v;
-}
-
-/* A decimal offset or length into *out; NULL, or what is wrong with it. */
-static const char *parse_u63(const char *s, int64_t *out) {
-  int64_t v = 0;
-  if (*s == '-' && s[1] >= '0' && s[1] <= '9' && !s[1 + strspn(s + 1, "0123456789")]) return "is negative";
-  if (!*s || s[strspn(s, "0123456789")]) return "is not a number";
-  for (; *s; s++) {
-    if (v > (INT64_MAX - (*s - '0')) / 10) return "is out of range";
-    v = v * 10 + (*s - '0');
-  }
-  *out = v;
-  return NULL;
-}
-
-/* The blob and offset of an external-data tensor of `bytes` bytes. The file must lie in the
- * model's folder (tp_add_folder_blob: no absolute path, no `..`, no symlink leading out).
- * Mapping is lazy, so the weights themselves are not read. */
-static int external_blob(Importer *I, const Onnx__TensorProto *t, const TpOrigin *at,
-                         const char *what, int64_t bytes, int *blob, int64_t *offset) {
-  TpDiag *d = I->d;
-  const char *loc = external_key(t, "location"), *problem;
-  char why[300];
-  if (!I->dir) return err_at(d, at, I->opset, "%s: external data needs the model's folder", what);
-  if (!loc || !*loc) return err_at(d, at, I->opset, "%s: external data has no location", what);
-  *blob = tp_add_folder_blob(I->m, I->dir, loc, "the model's folder", why, sizeof why);
-  if (*blob < 0) return err_at(d, at, I->opset, "%s: external data location '%s' %s", what, loc, why);
-  int64_t off = 0, len = bytes;
-  const char *s_off = external_key(t, "offset"), *s_len = external_key(t, "length");
-  if (s_off && (problem = parse_u63(s_off, &off)))
-    return err_at(d, at, I->opset, "%s: external data offset '%s' %s", what, s_off, problem);
-  if (s_len && (problem = parse_u63(s_len, &len)))
-    return err_at(d, at, I->opset, "%s: external data length '%s' %s", what, s_len, problem);
-  if (len != bytes)
-    return err_at(d, at, I->opset, "%s: external data length %lld does not match its shape (%lld bytes)",
-                  what, (long long)len, (long long)bytes);
-  int64_t fsize = (int64_t)I->m->blobs[*blob].size;
-  if (off > fsize || len > fsize - off)
-    return err_at(d, at, I->opset, "%s: external data [%lld, +%lld) lies beyond the end of '%s' (%lld bytes)",
-                  what, (long long)off, (long long)len, loc, (long long)fsize);
-  *offset = off;
-  return TP_OK;
+/* Decodes t; an error is reported at the node `at` (NULL: about the model). */
+static int decode_tensor(Importer *I, const TpOrigin *at, const Onnx__TensorProto *t, const char *what,
+                         const TpOnnxData *data, TpOnnxTensor *out) {
+  char err[TP_ONNX_ERR_SIZE];
+  int rc = tp_onnx_tensor_decode(t, what, data, out, err, sizeof err);
+  return rc ? err_at(I->d, at, I->opset, "%s", err) : TP_OK;
 }
 
 int read_small_tensor(Importer *I, const Node *N, const Onnx__TensorProto *t, const char *what,
                       TpType *type, void **data) {
-  int rc = tensor_type(I->d, &N->at, I->opset, t, what, type);
+  TpOnnxTensor dec;
+  const TpOnnxData no_external = {.refused = "is not supported here"};
+  int rc = decode_tensor(I, &N->at, t, what, &no_external, &dec);
   if (rc) return rc;
-  size_t bytes = (size_t)tp_type_numel(type) * tp_dtype_size(type->dtype);
-  if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
-    return node_error(I, N, "%s: external data is not supported here", what);
-  if (!t->has_raw_data) return tensor_typed_data(I->d, &N->at, I->opset, t, what, type, data);
-  if (t->raw_data.len != bytes)
-    return node_error(I, N, "%s has %zu bytes of raw data, its shape needs %zu", what,
-                      t->raw_data.len, bytes);
-  *data = malloc(bytes ? bytes : 1);
-  TP_ASSERT(*data);
-  if (bytes) memcpy(*data, t->raw_data.data, bytes);
+  *type = tp_type_make(dec.t.dtype, dec.t.rank, dec.t.dims);
+  *data = tp_onnx_tensor_take(&dec);
   return TP_OK;
 }
 
@@ -301,38 +198,27 @@ int read_small_tensor(Importer *I, const Node *N, const Onnx__TensorProto *t, co
 int import_tensor_value(Importer *I, const Onnx__TensorProto *t, const char *name,
                         TpValueKind kind, TpOrigin at, int raw_index, int *value) {
   TpModule *m = I->m;
-  const TpOrigin *where = at.node ? &at : NULL;
   char what[300];
   snprintf(what, sizeof what, "%s '%s'", at.node ? "tensor" : "initializer", name);
-  TpType type;
-  int rc = tensor_type(I->d, where, I->opset, t, what, &type);
+  const TpOnnxData external = {.map = I->dir ? map_external : NULL, .ctx = I, .refused = "needs the model's folder"};
+  TpOnnxTensor dec;
+  int rc = decode_tensor(I, at.node ? &at : NULL, t, what, &external, &dec);
   if (rc) return rc;
-  int64_t bytes = tp_type_numel(&type) * (int64_t)tp_dtype_size(type.dtype);
-  int blob = -1;
-  int64_t offset = 0;
-  if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
-    if ((rc = external_blob(I, t, where, what, bytes, &blob, &offset))) return rc;
-  } else if (t->has_raw_data) {
-    if ((int64_t)t->raw_data.len != bytes)
-      return err_at(I->d, where, I->opset, "%s has %zu bytes of raw data, its shape needs %lld", what,
-                    t->raw_data.len, (long long)bytes);
-    /* weights stay in the model file; small non-float constants (shapes, indices) that
-     * constant folding reads are copied when misaligned there */
-    int64_t esize = (int64_t)tp_dtype_size(type.dtype);
-    if (raw_index >= 0 && raw_index < I->nraw && I->model_blob >= 0 &&
-        I->raw[raw_index].size == bytes && I->raw[raw_index].offset >= 0 &&
-        (kind == TP_VAL_PARAM || I->raw[raw_index].offset % esize == 0)) {
-      blob = I->model_blob;
-      offset = I->raw[raw_index].offset;
-    } else {
-      blob = tp_add_owned_blob(m, t->raw_data.data, (size_t)bytes);
-    }
-  } else {
-    void *data;
-    if ((rc = tensor_typed_data(I->d, where, I->opset, t, what, &type, &data))) return rc;
-    blob = tp_add_owned_blob(m, data, (size_t)bytes);
-    free(data);
+  int64_t bytes = (int64_t)tp_tensor_bytes(&dec.t), esize = (int64_t)tp_dtype_size(dec.t.dtype);
+  int blob = dec.file;
+  int64_t offset = dec.offset;
+  /* weights stay in the model file; small non-float constants (shapes, indices) that
+   * constant folding reads are copied when misaligned there */
+  if (dec.raw && raw_index >= 0 && raw_index < I->nraw && I->model_blob >= 0 && I->raw[raw_index].size == bytes &&
+      I->raw[raw_index].offset >= 0 && (kind == TP_VAL_PARAM || I->raw[raw_index].offset % esize == 0)) {
+    blob = I->model_blob;
+    offset = I->raw[raw_index].offset;
+  } else if (blob < 0) {
+    blob = tp_add_owned_blob(m, dec.t.data, (size_t)bytes);
+    offset = 0;
   }
+  free(dec.owned);
+  TpType type = tp_type_make(dec.t.dtype, dec.t.rank, dec.t.dims);
   *value = tp_add_data_value(m, name, kind, type, blob, offset, at.node ? at : (TpOrigin){0});
   return TP_OK;
 }
@@ -547,7 +433,7 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
     return tp_error(d, "input '%s' is not a tensor", name);
   const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
   TpType type = {0};
-  type.dtype = dtype_from_onnx(tt->elem_type);
+  type.dtype = tp_onnx_dtype(tt->elem_type);
   if (type.dtype == TP_UNDEF)
     return tp_error(d, "input '%s' has unsupported element type %d", name, (int)tt->elem_type);
   const TpInputBinding *b = find_binding(I, name);
@@ -608,15 +494,15 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
  * input's default value); tokpipec takes the initializer, so the input must declare its
  * type, where it declares one. */
 static int check_initializer_input(Importer *I, const Onnx__ValueInfoProto *vi, const Onnx__TensorProto *init) {
-  TpType it;
-  char what[300];
+  TpTensor shape;
+  char what[300], err[TP_ONNX_ERR_SIZE];
   snprintf(what, sizeof what, "initializer '%s'", vi->name);
-  int rc = tensor_type(I->d, NULL, I->opset, init, what, &it);
-  if (rc) return rc;
+  if (tp_onnx_tensor_type(init, what, &shape, err, sizeof err)) return tp_error(I->d, "%s", err);
+  TpType it = tp_type_make(shape.dtype, shape.rank, shape.dims);
   const Onnx__TypeProto *tp = vi->type;
   if (!tp || tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type) return TP_OK;
   const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
-  TpDType dtype = tt->elem_type ? dtype_from_onnx(tt->elem_type) : it.dtype;
+  TpDType dtype = tt->elem_type ? tp_onnx_dtype(tt->elem_type) : it.dtype;
   bool differs = dtype != it.dtype;
   /* the declared type as text: a symbolic dim by its name, matching any size */
   char declared[200], have[160];
@@ -781,7 +667,7 @@ static int check_output_type(Importer *I, const Onnx__ValueInfoProto *vi, int v)
   TpType want = *have;
   bool differs = false;
   if (tt->elem_type) {
-    want.dtype = dtype_from_onnx(tt->elem_type);
+    want.dtype = tp_onnx_dtype(tt->elem_type);
     differs |= want.dtype != have->dtype;
   }
   if (tt->shape) {
@@ -872,7 +758,7 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
   }
   for (size_t i = 0; i < g->n_initializer; i++) {
     const Onnx__TensorProto *t = g->initializer[i];
-    TpDType dt = dtype_from_onnx(t->data_type);
+    TpDType dt = tp_onnx_dtype(t->data_type);
     int v;
     rc = import_tensor_value(I, t, t->name, tp_dtype_is_float(dt) ? TP_VAL_PARAM : TP_VAL_CONST,
                              (TpOrigin){0}, (int)i, &v);
@@ -979,29 +865,16 @@ int tp_read_tensor_pb(const char *path, TpTensor *out, char **name, TpDiag *d) {
     d->file = file;
     return rc;
   }
-  TpType type;
   const char *what = t->name && *t->name ? t->name : "tensor";
-  if ((rc = tensor_type(d, NULL, 0, t, what, &type))) goto done;
-  size_t bytes = (size_t)tp_type_numel(&type) * tp_dtype_size(type.dtype);
-  void *data = NULL;
-  if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
-    rc = tp_error(d, "%s: external data is not supported in tensor files", what);
-    goto done;
-  } else if (t->has_raw_data) {
-    if (t->raw_data.len != bytes) {
-      rc = tp_error(d, "%s has %zu bytes of raw data, its shape needs %zu", what, t->raw_data.len, bytes);
-      goto done;
-    }
-    data = malloc(bytes ? bytes : 1);
-    TP_ASSERT(data);
-    if (bytes) memcpy(data, t->raw_data.data, bytes);
-  } else if ((rc = tensor_typed_data(d, NULL, 0, t, what, &type, &data))) {
+  const TpOnnxData no_external = {.refused = "is not supported in tensor files"};
+  TpOnnxTensor dec;
+  char err[TP_ONNX_ERR_SIZE];
+  if ((rc = tp_onnx_tensor_decode(t, what, &no_external, &dec, err, sizeof err))) {
+    tp_error(d, "%s", err);
     goto done;
   }
-  out->dtype = type.dtype;
-  out->rank = type.rank;
-  memcpy(out->dims, type.dims, sizeof out->dims);
-  out->data = data;
+  *out = dec.t;
+  out->data = tp_onnx_tensor_take(&dec);
   if (name) {
     *name = strdup(t->name ? t->name : "");
     TP_ASSERT(*name);

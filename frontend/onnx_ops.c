@@ -421,7 +421,7 @@ static int import_cast(Importer *I, Node *N) {
   if (attr_int(I, N, "to", 0, &to)) return TP_ERR_INPUT;
   if (!node_attr(N, "to")) return node_error(I, N, "attribute 'to' is missing");
   TpType t = type_of(I, N->in[0]);
-  t.dtype = dtype_from_onnx(to);
+  t.dtype = tp_onnx_dtype(to);
   if (t.dtype == TP_UNDEF) return node_error(I, N, "cannot cast to unsupported element type %lld", (long long)to);
   int op = new_op(I, N, TP_OP_Cast, N->in, 1, 1);
   set_result_type(I, op, 0, t);

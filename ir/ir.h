@@ -202,15 +202,12 @@ int tp_find_value(const TpModule *m, const char *name);
 const char *tp_unique_name(TpModule *m, const char *base);
 
 int tp_add_blob(TpModule *m, TpBlob blob);
-/* Maps a whole file read-only (nothing is read until used; anything but a regular file is
- * refused); `name` (NULL: path) is how the textual IR names it, relative to the module's
- * folder; a blob of the same name is reused. Returns the blob index, or -1 after reporting
- * why the file cannot be mapped. */
+/* Maps a whole file read-only (tp_map_input); `name` (NULL: path) is how the textual IR
+ * names it, relative to the module's folder; a blob of the same name is reused. Returns the
+ * blob index, or -1 after reporting why the file cannot be mapped. */
 int tp_add_file_blob(TpModule *m, const char *path, const char *name, TpDiag *d);
-/* The same for file `name` of folder `dir`, which must stay inside it: not absolute, no
- * '..', no symlink leading out (how ONNX external data and textual IR blobs name files;
- * `folder` says which folder in the reasons). -1 with why[] completing "the file 'name' ...":
- * "is an absolute path", "leaves FOLDER", "resolves outside FOLDER", "cannot be opened: ...". */
+/* The same for file `name` of folder `dir`, confined to it (tp_map_in_folder: -1 with why[]
+ * completing "the file 'name' ..."). */
 int tp_add_folder_blob(TpModule *m, const char *dir, const char *name, const char *folder, char *why,
                        size_t why_size);
 /* Copies `data` (numel*size bytes) into a new module-owned blob. */
@@ -263,8 +260,7 @@ void tp_module_compact(TpModule *m);
 TpType tp_type_make(TpDType dtype, int rank, const int64_t *dims);
 bool tp_type_equal(const TpType *a, const TpType *b); /* dtype and dims; names ignored */
 int64_t tp_type_numel(const TpType *t);
-/* Whether every dim is >= 0 and the product of the non-zero dims is at most 2^50: sizes
- * of any part of the tensor stay far from overflow (dims of an empty tensor too). */
+/* tp_dims_size_ok of its dims. */
 bool tp_type_size_ok(const TpType *t);
 /* "f32[batch=4, seq=8, 64]" into buf; returns buf. */
 char *tp_type_str(const TpType *t, char *buf, size_t n);

@@ -1,12 +1,9 @@
 /* Module construction, lookup, attributes and compaction. */
 #include "ir.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* ---- arena: a list of chunks, freed together with the module ---- */
 struct TpArena {
@@ -151,76 +148,41 @@ int tp_add_owned_blob(TpModule *m, const void *data, size_t bytes) {
   return tp_add_blob(m, (TpBlob){.base = copy, .size = bytes, .owned = true});
 }
 
-/* Maps `path` as blob `name`; -1 with why[] saying why it cannot be opened (or mapped). */
-static int map_file(TpModule *m, const char *path, const char *name, char *why, size_t why_size) {
+/* The blob named `name` (a file's name relative to the module's folder), or -1. */
+static int find_file_blob(const TpModule *m, const char *name) {
   for (int i = 0; i < m->nblobs; i++)
     if (m->blobs[i].path && strcmp(m->blobs[i].path, name) == 0) return i;
-  int fd = tp_open_input(path, why, why_size); /* a FIFO is refused, not waited on */
-  struct stat st;
-  if (fd < 0) return -1;
-  if (fstat(fd, &st) != 0) {
-    snprintf(why, why_size, "%s", strerror(errno));
-    close(fd);
-    return -1;
-  }
-  TpBlob b = {.path = name, .size = (size_t)st.st_size};
-  if (st.st_size > 0) {
-    b.map_base = mmap(NULL, b.size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (b.map_base == MAP_FAILED) {
-      snprintf(why, why_size, "%s", strerror(errno));
-      close(fd);
-      return -1;
-    }
-    b.map_size = b.size;
-    b.base = b.map_base;
-  } else {
-    b.base = (const uint8_t *)"";
-  }
-  close(fd);
-  return tp_add_blob(m, b);
+  return -1;
+}
+
+static int add_mapped_blob(TpModule *m, const char *name, TpFileMap f) {
+  return tp_add_blob(m, (TpBlob){.path = name, .base = f.base, .size = f.size, .map_base = f.map_base,
+                                 .map_size = f.map_size});
 }
 
 int tp_add_file_blob(TpModule *m, const char *path, const char *name, TpDiag *d) {
   char why[256];
-  int blob = map_file(m, path, name ? name : path, why, sizeof why);
-  if (blob < 0) tp_error(d, "cannot open '%s': %s", path, why);
-  return blob;
+  TpFileMap f;
+  if (!name) name = path;
+  int blob = find_file_blob(m, name);
+  if (blob >= 0) return blob;
+  if (tp_map_input(path, &f, why, sizeof why) < 0) {
+    tp_error(d, "cannot open '%s': %s", path, why);
+    return -1;
+  }
+  return add_mapped_blob(m, name, f);
 }
 
 int tp_add_folder_blob(TpModule *m, const char *dir, const char *name, const char *folder, char *why,
                        size_t why_size) {
-  if (name[0] == '/') {
-    snprintf(why, why_size, "is an absolute path");
-    return -1;
+  TpFileMap f;
+  if (tp_map_in_folder(dir, name, folder, &f, why, why_size) < 0) return -1;
+  int blob = find_file_blob(m, name); /* the same file named again: one blob */
+  if (blob >= 0) {
+    tp_unmap_input(&f);
+    return blob;
   }
-  for (const char *s = name; *s;) {
-    size_t n = strcspn(s, "/\\");
-    if (n == 2 && s[0] == '.' && s[1] == '.') {
-      snprintf(why, why_size, "leaves %s", folder);
-      return -1;
-    }
-    s += n;
-    if (*s) s++;
-  }
-  size_t plen = strlen(dir) + strlen(name) + 2;
-  char *path = tp_alloc(m, plen);
-  snprintf(path, plen, "%s/%s", dir, name);
-  /* no symlink may lead out of the folder */
-  char *dir_real = realpath(dir, NULL), *real = dir_real ? realpath(path, NULL) : NULL;
-  int blob = -1;
-  char reason[200];
-  if (!real) {
-    snprintf(why, why_size, "cannot be opened: %s", strerror(errno));
-  } else {
-    size_t dl = strlen(dir_real);
-    if (strncmp(real, dir_real, dl) != 0 || (real[dl] != '/' && dl != 1)) /* dl 1: the folder is "/" */
-      snprintf(why, why_size, "resolves outside %s", folder);
-    else if ((blob = map_file(m, real, name, reason, sizeof reason)) < 0) /* the path checked, not one swapped in since */
-      snprintf(why, why_size, "cannot be opened: %s", reason);
-  }
-  free(dir_real);
-  free(real);
-  return blob;
+  return add_mapped_blob(m, name, f);
 }
 
 int tp_add_value(TpModule *m, const char *name, TpValueKind kind, TpType type, TpOrigin origin) {
@@ -513,14 +475,7 @@ bool tp_type_equal(const TpType *a, const TpType *b) {
 
 int64_t tp_type_numel(const TpType *t) { return tp_numel(t->rank, t->dims); }
 
-bool tp_type_size_ok(const TpType *t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) {
-    if (t->dims[i] < 0 || (t->dims[i] && n > (INT64_C(1) << 50) / t->dims[i])) return false;
-    if (t->dims[i]) n *= t->dims[i];
-  }
-  return true;
-}
+bool tp_type_size_ok(const TpType *t) { return tp_dims_size_ok(t->rank, t->dims); }
 
 char *tp_type_str(const TpType *t, char *buf, size_t n) {
   const char *dt = tp_dtype_name(t->dtype);

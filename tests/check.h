@@ -23,13 +23,13 @@ static void fail(const char *fmt, ...) {
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Du;
 
-/* Uniform in [-1, 1), the same sequence on every run. */
-static float frand(void) {
+/* Uniform in [-1, 1), the same sequence on every run (unused by tests without random data). */
+__attribute__((unused)) static float frand(void) {
   rng_state = rng_state * 6364136223846793005u + 1442695040888963407u;
   return (float)((rng_state >> 40) * (1.0 / (1u << 24))) * 2 - 1;
 }
 
-static float *rand_array(int64_t n, float scale) {
+__attribute__((unused)) static float *rand_array(int64_t n, float scale) {
   float *a = malloc((size_t)(n ? n : 1) * sizeof *a);
   for (int64_t i = 0; i < n; i++) a[i] = frand() * scale;
   return a;

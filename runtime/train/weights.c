@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../frontend/weights.h"
+#include "../onnx/onnx_weights.h"
 #include "../../base/atomic.h"
 #include "safetensors.h"
 

@@ -221,9 +221,11 @@ install)
   make_data
   expect_exit 0 "cmake --install" cmake --install "$build" --prefix "$work/prefix" || exit 1
   for f in bin/tokpipec bin/tokpipe-opt bin/tokpipe-run include/tokpipe/base/tensor.h \
-    include/tokpipe/runtime/train/plan.h include/tokpipe/runtime/cpu/nn.h lib/pkgconfig/tokpipe.pc; do
+    include/tokpipe/runtime/train/plan.h include/tokpipe/runtime/cpu/nn.h lib/libtokpipe_onnx.a \
+    lib/pkgconfig/tokpipe.pc; do
     [ -e "prefix/$f" ] || fail "not installed: $f"
   done
+  [ ! -e prefix/lib/libtokpipe_compiler.a ] || fail "the compiler library is installed: trainers do not link it"
   expect_exit 0 "installed tokpipec --exe" prefix/bin/tokpipec "$model" --exe trainer1 -o plan.c -v || exit 1
   grep -qF -- "-I$work/prefix/bin/../include/tokpipe" err.txt || fail "not the install tree's headers: $(cat err.txt)"
   learns "installed tokpipec --exe" ./trainer1

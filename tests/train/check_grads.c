@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "frontend/weights.h"
+#include "runtime/onnx/onnx_weights.h"
 #include "runtime/train/safetensors.h"
 #include "runtime/train/tokens.h"
 

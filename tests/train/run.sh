@@ -178,6 +178,32 @@ init)
   [ ! -e log.jsonl ] && ok "nothing written on bad --init" || fail "log.jsonl written on bad --init"
   ;;
 
+init-external)
+  # --init reads external data as the importer does (runtime/onnx decodes for both): each
+  # bad weights.bin of tiny_ext gives the trainer tokpipec's message, word for word
+  for bad in truncated missing fifo outside absolute dotdot; do
+    mkdir "$bad" && cp "$src/tiny_ext/model.onnx" "$bad/" || fail "copy tiny_ext"
+    case $bad in
+    truncated) head -c 100 "$src/tiny_ext/weights.bin" >"$bad/weights.bin"
+      want="initializer 'wte': external data [0, +8192) lies beyond the end of 'weights.bin' (100 bytes)" ;;
+    missing) want="initializer 'wte': external data location 'weights.bin' cannot be opened: No such file or directory" ;;
+    fifo) mkfifo "$bad/weights.bin" # refused, not waited on (timeout: a hang fails)
+      want="initializer 'wte': external data location 'weights.bin' cannot be opened: not a regular file: it is a FIFO" ;;
+    outside) cp "$src/tiny_ext/weights.bin" outside.bin && ln -s ../outside.bin "$bad/weights.bin"
+      want="initializer 'wte': external data location 'weights.bin' resolves outside the model's folder" ;;
+    absolute) LC_ALL=C sed 's|weights\.bin|/etc/passwd|g' "$src/tiny_ext/model.onnx" >"$bad/model.onnx" # same length
+      want="initializer 'wte': external data location '/etc/passwd' is an absolute path" ;;
+    dotdot) cp "$src/tiny_ext/weights.bin" outside.bin && LC_ALL=C sed 's|weights\.bin|../outs.bin|g' "$src/tiny_ext/model.onnx" >"$bad/model.onnx"
+      want="initializer 'wte': external data location '../outs.bin' leaves the model's folder" ;;
+    esac
+    expect_error "--init, $bad external data" "$bad/model.onnx: $want" timeout 20 "$trainer" --init "$bad/model.onnx" --steps 0 || continue
+    sed 's/^[^:]*: error: //' err.txt >trainer.txt
+    timeout 20 "$bin/tokpipec" "$bad/model.onnx" --emit=ir >/dev/null 2>err.txt
+    sed 's/^[^:]*: error: //' err.txt >tokpipec.txt
+    same_files "--init and tokpipec say the same of $bad external data" trainer.txt tokpipec.txt
+  done
+  ;;
+
 resume)
   make_text
   common="--init $src/tiny.onnx --data train.bin --val-data val.bin --val-every 3 --lr 0.01 --steps 12 --save-every 4"

@@ -1,6 +1,7 @@
 /* The ONNX importer on models written here byte by byte (a tiny protobuf writer, so the
  * test needs neither Python nor protobuf-c): weights referenced in place, external data
- * never read while importing (mincore on a 4 GiB sparse file), canonical lowering of
+ * never read while importing (mincore on a 4 GiB sparse file) and refused where it cannot
+ * be read (each reader's reason), canonical lowering of
  * Slice/Squeeze/Unsqueeze/Reshape/Split, bound inputs turned into constants. */
 #include <fcntl.h>
 #include <stdarg.h>
@@ -86,9 +87,9 @@ static void node(Buf *graph, const char *op, const char *name, const char *const
   field_msg(graph, 1, &n);
 }
 
-/* TensorProto initializer with raw data (data == NULL: external, at `location`). */
-static void initializer(Buf *graph, const char *name, int dtype, int rank, const int64_t *dims,
-                        const void *data, size_t bytes, const char *location) {
+/* TensorProto with raw data (data == NULL: external, at `location`). */
+static Buf tensor(const char *name, int dtype, int rank, const int64_t *dims, const void *data, size_t bytes,
+                  const char *location) {
   Buf t = {0};
   for (int i = 0; i < rank; i++) field_int(&t, 1, dims[i]);
   field_int(&t, 2, dtype);
@@ -107,6 +108,12 @@ static void initializer(Buf *graph, const char *name, int dtype, int rank, const
     }
     field_int(&t, 14, 1);
   }
+  return t;
+}
+
+static void initializer(Buf *graph, const char *name, int dtype, int rank, const int64_t *dims,
+                        const void *data, size_t bytes, const char *location) {
+  Buf t = tensor(name, dtype, rank, dims, data, bytes, location);
   field_msg(graph, 5, &t);
 }
 
@@ -209,6 +216,47 @@ static void test_external_not_read(void) {
   free(b.p);
 }
 
+/* External data where none can be read: each reader's reason, through the one decoder. */
+static void test_external_refused(void) {
+  int64_t one[1] = {1}, shape[1] = {2};
+  Buf g = {0}, b;
+  TpDiag d;
+  /* a model from memory has no folder to hold its external data */
+  node(&g, "Identity", "id", (const char *[]){"w", NULL}, (const char *[]){"y", NULL}, NULL);
+  initializer(&g, "w", 1, 1, one, NULL, 4, "weights.bin");
+  value_info(&g, 12, "y", 1, 1, one);
+  b = model(&g, 17);
+  CHECK(!import(&b, NULL, NULL, &d, true) && strcmp(d.last, "initializer 'w': external data needs the model's folder") == 0,
+        "diagnostic: %s", d.last);
+  free(b.p);
+  /* ConstantOfShape's value is read whole, never from a file */
+  Buf attr = {0}, value = tensor("v", 1, 1, one, NULL, 4, "weights.bin");
+  field_str(&attr, 1, "value");
+  field_msg(&attr, 5, &value);
+  field_int(&attr, 20, 4); /* TENSOR */
+  Buf attrs = {0};
+  field_msg(&attrs, 5, &attr);
+  node(&g, "ConstantOfShape", "c", (const char *[]){"s", NULL}, (const char *[]){"y", NULL}, &attrs);
+  initializer(&g, "s", 7, 1, one, shape, sizeof shape, NULL);
+  value_info(&g, 12, "y", 1, 1, shape);
+  b = model(&g, 17);
+  CHECK(!import(&b, "cos.onnx", NULL, &d, true) &&
+        strcmp(d.last, "cos.onnx: node 'c' (ConstantOfShape, opset 17): attribute 'value': external data is not "
+               "supported here") == 0, "diagnostic: %s", d.last);
+  free(b.p);
+  /* a test-data tensor file stands alone */
+  const char *path = "test_frontend_ext_input.pb";
+  b = tensor("x", 1, 1, one, NULL, 4, "weights.bin");
+  write_file(path, &b);
+  TpTensor t;
+  tp_diag_init(&d, "test_frontend", NULL, NULL);
+  CHECK(tp_read_tensor_pb(path, &t, NULL, &d) == TP_ERR_INPUT &&
+        strcmp(d.last, "test_frontend_ext_input.pb: x: external data is not supported in tensor files") == 0,
+        "diagnostic: %s", d.last);
+  unlink(path);
+  free(b.p);
+}
+
 /* Slice with negative steps, clamped and INT64_MAX ends, default axes -> full-rank attrs. */
 static void test_slice_canonical(void) {
   int64_t xd[3] = {4, 5, 6}, yd[3] = {4, 2, 3};
@@ -307,6 +355,7 @@ static void test_bound_shape_and_split(void) {
 int main(void) {
   test_weights_referenced();
   test_external_not_read();
+  test_external_refused();
   test_slice_canonical();
   test_squeeze_unsqueeze();
   test_bound_shape_and_split();

@@ -1,18 +1,29 @@
 /* Reading and rewriting a model's initializers for the trainer (--init, --export-onnx).
- * Requires: an ONNX file. Provides: initializers decoded by the importer's tensor code
- * (import_tensor_value: raw, typed and external data, external files confined to the
- * model's folder), and the model re-serialized with trained weights. */
-#include "import.h"
-#include "weights.h"
+ * Requires: an ONNX file. Provides: initializers decoded by onnx_tensor.c (raw, typed and
+ * external data, external files confined to the model's folder, as the importer reads them),
+ * and the model re-serialized with trained weights. */
+#include "onnx_weights.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../base/file.h"
+#include "onnx_tensor.h"
+
+/* An external-data file, mapped once however many tensors it holds. */
+typedef struct {
+  char *location; /* as the model names it, relative to its folder */
+  TpFileMap map;
+} ExternalFile;
+
 struct TpOnnxWeights {
   Onnx__ModelProto *model;
-  TpModule *m; /* owns the mapped files and the decoded tensors */
-  Importer I;
-  const char *path;
+  char *path;
+  char *dir; /* the model's folder, where its external data lies */
+  ExternalFile *files;
+  int nfiles;
+  void **owned; /* tensors converted from typed fields, freed at close */
+  int nowned;
 };
 
 static bool is_identity(const Onnx__NodeProto *n) {
@@ -41,34 +52,45 @@ int tp_onnx_weights_open(const char *path, TpOnnxWeights **out, TpDiag *d) {
   *out = NULL;
   const char *file = d->file;
   d->file = path;
+  TpFileMap f;
+  char why[256];
+  int rc = TP_OK;
+  Onnx__ModelProto *model = NULL;
+  if (tp_map_input(path, &f, why, sizeof why) < 0) {
+    rc = tp_error(d, "cannot open '%s': %s", path, why);
+  } else {
+    model = onnx__model_proto__unpack(NULL, f.size, f.base); /* copies what it keeps */
+    tp_unmap_input(&f);
+    if (!model || !model->graph)
+      rc = tp_error(d, "cannot decode the file as an ONNX model (truncated, or not protobuf)");
+  }
+  d->file = file;
+  if (rc) {
+    if (model) onnx__model_proto__free_unpacked(model, NULL);
+    return rc;
+  }
   TpOnnxWeights *w = calloc(1, sizeof *w);
   TP_ASSERT(w);
-  w->m = tp_module_new(path);
-  w->path = tp_strdup(w->m, path);
-  int blob = tp_add_file_blob(w->m, path, model_file_name(path), d);
-  if (blob >= 0)
-    w->model = onnx__model_proto__unpack(NULL, w->m->blobs[blob].size, w->m->blobs[blob].base);
-  d->file = file;
-  if (blob < 0 || !w->model || !w->model->graph) {
-    if (blob >= 0) {
-      d->file = path;
-      tp_error(d, "cannot decode the file as an ONNX model (truncated, or not protobuf)");
-      d->file = file;
-    }
-    tp_onnx_weights_close(w);
-    return TP_ERR_INPUT;
-  }
-  /* external data is resolved against the model's folder, as the importer does */
-  w->I = (Importer){.m = w->m, .path = w->path, .dir = tp_folder_of(path), .model_blob = -1, .nraw = -1};
+  w->model = model;
+  w->path = strdup(path);
+  TP_ASSERT(w->path);
+  w->dir = tp_folder_of(path);
   *out = w;
   return TP_OK;
 }
 
 void tp_onnx_weights_close(TpOnnxWeights *w) {
   if (!w) return;
-  if (w->model) onnx__model_proto__free_unpacked(w->model, NULL);
-  free(w->I.dir);
-  tp_module_free(w->m);
+  onnx__model_proto__free_unpacked(w->model, NULL);
+  for (int i = 0; i < w->nfiles; i++) {
+    free(w->files[i].location);
+    tp_unmap_input(&w->files[i].map);
+  }
+  for (int i = 0; i < w->nowned; i++) free(w->owned[i]);
+  free(w->files);
+  free(w->owned);
+  free(w->path);
+  free(w->dir);
   free(w);
 }
 
@@ -76,21 +98,46 @@ bool tp_onnx_weights_has(const TpOnnxWeights *w, const char *name) {
   return find_initializer(w->model->graph, name) >= 0;
 }
 
+/* TpOnnxData.map: file `location` of the model's folder. */
+static int map_external(void *ctx, const char *location, const uint8_t **bytes, size_t *size, char *why,
+                        size_t why_size) {
+  TpOnnxWeights *w = ctx;
+  TpFileMap f;
+  if (tp_map_in_folder(w->dir, location, "the model's folder", &f, why, why_size) < 0) return -1;
+  int i = 0;
+  while (i < w->nfiles && strcmp(w->files[i].location, location) != 0) i++;
+  if (i < w->nfiles) { /* the same file named again */
+    tp_unmap_input(&f);
+  } else {
+    ExternalFile *grown = realloc(w->files, (size_t)(w->nfiles + 1) * sizeof *grown);
+    TP_ASSERT(grown);
+    w->files = grown;
+    w->files[w->nfiles++] = (ExternalFile){strdup(location), f};
+    TP_ASSERT(w->files[i].location);
+  }
+  *bytes = w->files[i].map.base;
+  *size = w->files[i].map.size;
+  return i;
+}
+
 int tp_onnx_weights_get(TpOnnxWeights *w, const char *name, TpTensor *out, TpDiag *d) {
   const char *file = d->file;
   d->file = w->path;
-  int rc = TP_OK, v = tp_find_value(w->m, name);
-  if (v < 0) { /* decoded on first use */
-    int i = find_initializer(w->model->graph, name);
-    if (i < 0) {
-      rc = tp_error(d, "the model has no initializer '%s'", name);
-    } else {
-      w->I.d = d;
-      rc = import_tensor_value(&w->I, w->model->graph->initializer[i], name, TP_VAL_PARAM,
-                               (TpOrigin){0}, -1, &v);
-    }
+  int rc, i = find_initializer(w->model->graph, name);
+  TpOnnxTensor dec;
+  char what[300], err[TP_ONNX_ERR_SIZE];
+  snprintf(what, sizeof what, "initializer '%s'", name);
+  const TpOnnxData external = {.map = map_external, .ctx = w};
+  if (i < 0) rc = tp_error(d, "the model has no initializer '%s'", name);
+  else if ((rc = tp_onnx_tensor_decode(w->model->graph->initializer[i], what, &external, &dec, err, sizeof err)))
+    tp_error(d, "%s", err);
+  if (!rc && dec.owned) {
+    void **grown = realloc(w->owned, (size_t)(w->nowned + 1) * sizeof *grown);
+    TP_ASSERT(grown);
+    w->owned = grown;
+    w->owned[w->nowned++] = dec.owned;
   }
-  if (!rc) *out = tp_value_tensor(w->m, v);
+  if (!rc) *out = dec.t;
   d->file = file;
   return rc;
 }

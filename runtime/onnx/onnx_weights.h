@@ -1,12 +1,15 @@
 /* ONNX weights for the trainer runtime: read a model's initializers (raw, typed or external
- * data, decoded by the importer's tensor code) and serialize a copy of the model with some
- * initializers replaced, for --init and --export-onnx. protobuf-c stays in frontend/. */
-#ifndef TOKPIPE_FRONTEND_WEIGHTS_H
-#define TOKPIPE_FRONTEND_WEIGHTS_H
+ * data, decoded by onnx_tensor.c as the importer decodes them) and serialize a copy of the
+ * model with some initializers replaced, for --init and --export-onnx. No IR module is
+ * built; protobuf-c types stay inside runtime/onnx/. */
+#ifndef TOKPIPE_RUNTIME_ONNX_WEIGHTS_H
+#define TOKPIPE_RUNTIME_ONNX_WEIGHTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
-#include "../ir/ir.h"
+#include "../../base/diag.h"
+#include "../../base/tensor.h"
 
 typedef struct TpOnnxWeights TpOnnxWeights;
 
@@ -17,7 +20,8 @@ void tp_onnx_weights_close(TpOnnxWeights *w);
 /* True if the model has an initializer `name`. */
 bool tp_onnx_weights_has(const TpOnnxWeights *w, const char *name);
 
-/* Initializer `name` as stored (dtype, shape); out->data stays valid until close. */
+/* Initializer `name` as stored (dtype, shape); out->data stays valid until close (or a
+ * pack that replaces it). */
 int tp_onnx_weights_get(TpOnnxWeights *w, const char *name, TpTensor *out, TpDiag *d);
 
 /* Checks that `name` can be replaced: it is an initializer, or the output of an Identity
