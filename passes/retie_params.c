@@ -3,9 +3,10 @@
  * a second, transposed copy of the embedding table (onnx::MatMul_374 = wte^T). Training the
  * two separately would untie them, so the later PARAM (in initializer order; the original
  * comes first in PyTorch's exports) becomes the result of Transpose(first) {perm = [1, 0]}
- * (Reshape(first) to the same shape for a copy). The value keeps its name and uses; the op
- * and the value get origin (duplicate's name, "retie"), which the IR dump shows and from
- * which codegen recovers the derived initializer (see TpValue.origin in ir/ir.h).
+ * (Reshape(first) to the same shape for a copy), a re-tie view (TP_ROLE_RETIE, printed
+ * `@retie`). The value keeps its name and uses; the op and the value get origin (the
+ * duplicate's initializer name, no op type), from which codegen recovers the derived
+ * initializer.
  *
  * Data is compared exactly, bit for bit, after a hash that ignores element order (so a
  * tensor and its transpose hash alike). Skipped: parameters whose elements are all equal
@@ -82,9 +83,10 @@ static bool is_transpose(const TpModule *m, int a, int b) {
 
 /* The duplicate `dup` becomes Transpose(keep) or Reshape(keep): same value, now a result. */
 static void retie(TpModule *m, int keep, int dup, bool transpose) {
-  TpOrigin at = {m->values[dup].name, "retie"};
+  TpOrigin at = {m->values[dup].name, NULL};
   const char *none = NULL;
   int op = tp_add_op(m, transpose ? TP_OP_Transpose : TP_OP_Reshape, &keep, 1, &none, 1, at);
+  m->ops[op].role = TP_ROLE_RETIE;
   if (transpose) tp_set_attr_ints(m, op, "perm", (const int64_t[]){1, 0}, 2);
   TpValue *v = &m->values[dup];
   v->kind = TP_VAL_RESULT;
