@@ -121,7 +121,8 @@ typedef enum {
   TP_ROLE_COMPUTE,  /* an ordinary op */
   /* A stage-boundary copy (passes/assign_stages.c): a same-shape Reshape whose operand is
    * a result of the neighbouring stage, sent from there: the stage before for a forward
-   * copy, the stage after for a backward one (a gradient going back). It runs no code. */
+   * copy, the stage after for a backward one (a gradient going back). A compiled plan
+   * runs no code for it: the runtime receives its value. */
   TP_ROLE_BOUNDARY,
   /* A re-tie view (passes/retie_params.c): a forward Transpose {perm = [1, 0]} or
    * same-shape Reshape of a PARAM standing for an initializer that duplicated it (the

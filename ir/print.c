@@ -5,12 +5,12 @@
  *   blob 0 "gpt.onnx"                                     a file holding weights
  *   input %idx : i64[batch=2, seq=8]                      graph inputs, in order
  *   param %wte : f32[256, 64] = blob 0 offset 1234 size 65536 loc("wte" initializer)
+ *   param %wte.stage1 : f32[256, 64] = blob 0 offset 1234 size 65536 @tied(%wte) loc("wte" initializer)
  *   const %c : f32[] = dense<0.5> loc("/Constant" Constant)
  *   %"/wte/Gather_output_0" : f32[batch=2, seq=8, 64] = Gather(%wte, %idx) {axis = 0} loc("/wte/Gather" Gather)
  *   %y : f32[2, 8], none, %inv : f32[2, 1] loc() = LayerNorm(%x, %s, none) {axis = 1, epsilon = 1e-05}
  *   %dx : f32[2, 8] = Neg(%dy) @stage(1) @slice(0) @backward loc("/neg" Neg)
  *   %h.stage1 : f32[2, 8] = Reshape(%h) @stage(1) @boundary loc("/h" Add)
- *   param %wte.stage1 : f32[256, 64] = blob 0 offset 1234 size 65536 @tied(%wte)
  *   output %"/wte/Gather_output_0"                        graph outputs, in order
  *   loss %loss                                            the training loss (after add-loss)
  *   grad %wte = %wte.grad                                 d loss / d param, in param order
