@@ -978,8 +978,9 @@ static void emit_unit(Emitter *E, int s, bool backward, int slice, FILE *out) {
     if (o->kind == TP_OP_Reshape && reshape_is_view(p, op, m) && !read_after(E, p->order[s] + i + 1, to - i - 1, o->outputs[0]))
       continue;
     fputc('\n', body);
+    const char *what = o->role == TP_ROLE_RETIE ? tp_op_role_names[o->role] : o->origin.op_type;
     if (o->origin.node)
-      fprintf(body, "  /* %s (%s)%s */\n", o->origin.node, o->origin.op_type ? o->origin.op_type : "?",
+      fprintf(body, "  /* %s (%s)%s */\n", o->origin.node, what ? what : "?",
               o->kind == TP_OP_Reshape && reshape_is_view(p, op, m) ? ": a view" : "");
     else
       fprintf(body, "  /* %s */\n", tp_op_info[o->kind].name);
@@ -1267,15 +1268,13 @@ static void emit_tables(Emitter *E, FILE *out) {
   }
   fputs("};\n", out);
 
-  /* Re-tied initializers: forward Transpose/Reshape ops of a parameter with origin
-   * (initializer name, "retie"). */
+  /* Re-tied initializers: the forward re-tie views (a Transpose or Reshape of a parameter,
+   * the initializer named by their origin). */
   int nderived = 0;
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
+    if (o->role != TP_ROLE_RETIE || o->phase != TP_PHASE_FORWARD) continue;
     int src = o->inputs[0];
-    if (!o->origin.op_type || strcmp(o->origin.op_type, "retie") != 0 || o->phase != TP_PHASE_FORWARD ||
-        (o->kind != TP_OP_Transpose && o->kind != TP_OP_Reshape) || m->values[src].kind != TP_VAL_PARAM)
-      continue;
     if (!nderived++)
       fputs("\n/* Initializers re-tied to a parameter: name, parameter, transposed. */\n"
             "static const TpPlanDerived derived[] = {\n",

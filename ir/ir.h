@@ -89,12 +89,14 @@ typedef struct {
   int def;          /* TP_VAL_RESULT: index of the defining op; else -1 */
   int blob;         /* TP_VAL_PARAM/CONST: data at blobs[blob].base + offset; else -1 */
   int64_t offset;
-  /* The ONNX node that made it. Two provenances that are not nodes: a PARAM an exporter's
-   * Identity named (a de-duplicated initializer) has (source initializer name, "Identity")
-   * and shares the source's blob and offset; a weight that retie-params re-tied becomes
-   * the result of a Transpose (or a same-shape Reshape, for a copy) of the parameter it
-   * duplicated, and that op and its result have (the duplicate's ONNX name, "retie"). */
+  /* The ONNX node that made it. A PARAM an exporter's Identity named (a de-duplicated
+   * initializer) has (source initializer name, "Identity") and shares the source's blob
+   * and offset; a weight that retie-params re-tied keeps its initializer's name as node. */
   TpOrigin origin;
+  /* TP_VAL_PARAM: the parameter this one is a tied copy of (same type and data; the last
+   * pipeline stage's own copy of a parameter the first stage reads too, so that each has
+   * its partial gradient: passes/assign_stages.c), else -1. Printed `@tied(%param)`. */
+  int tied;
   bool dead;        /* marked for removal by tp_module_compact */
 } TpValue;
 
@@ -107,6 +109,24 @@ typedef struct {
   int nints;
   const char *s;
 } TpAttr;
+
+/* The part an op plays in placing the model on pipeline stages (printed `@boundary`,
+ * `@retie`; none for compute). */
+typedef enum {
+  TP_ROLE_COMPUTE,  /* an ordinary op */
+  /* A stage-boundary copy (passes/assign_stages.c): a same-shape Reshape whose operand is
+   * a result of the neighbouring stage, sent from there: the stage before for a forward
+   * copy, the stage after for a backward one (a gradient going back). A compiled plan
+   * runs no code for it: the runtime receives its value. */
+  TP_ROLE_BOUNDARY,
+  /* A re-tie view (passes/retie_params.c): a forward Transpose {perm = [1, 0]} or
+   * same-shape Reshape of a PARAM standing for an initializer that duplicated it (the
+   * op's origin node names that initializer, which codegen derives from the parameter).
+   * Backward ops play the role of the forward op they differentiate (autodiff). */
+  TP_ROLE_RETIE,
+  TP_ROLE_COUNT
+} TpOpRole;
+extern const char *const tp_op_role_names[TP_ROLE_COUNT]; /* "compute", "boundary", "retie" */
 
 typedef struct {
   TpOpKind kind;
@@ -121,6 +141,7 @@ typedef struct {
   int stage;
   int slice;
   TpPhase phase;
+  TpOpRole role;
   bool dead;     /* marked for removal by tp_module_compact */
 } TpOp;
 
@@ -256,6 +277,14 @@ bool tp_is_output(const TpModule *m, int value);
 /* Removes ops and values marked dead, renumbering everything; a dead value must be unused. */
 void tp_module_compact(TpModule *m);
 
+/* Placement queries (the fields they read: TpOp.role, TpValue.tied). Is op a stage-boundary
+ * copy (its operand is sent from the neighbouring stage)? */
+bool tp_is_boundary_op(const TpModule *m, int op);
+/* For a tied copy of a parameter: the parameter; else -1. */
+int tp_tied_param(const TpModule *m, int v);
+/* The axis of value v named TP_TOKEN_DIM (passes/insert_token_dim.c marks it), or -1. */
+int tp_token_axis(const TpModule *m, int v);
+
 /* Types. */
 TpType tp_type_make(TpDType dtype, int rank, const int64_t *dims);
 bool tp_type_equal(const TpType *a, const TpType *b); /* dtype and dims; names ignored */
@@ -328,8 +357,6 @@ int pass_insert_token_dim(TpModule *m, TpDiag *d);
 /* The token ids: the graph input of integer [batch, seq] type read by an Embedding or
  * Gather (else the first such input) that no loss reads as labels; -1 if none. */
 int tp_token_input(const TpModule *m);
-/* The axis of value v named TP_TOKEN_DIM, or -1. */
-int tp_token_axis(const TpModule *m, int v);
 /* How op `op` of a marked module treats the token axis; for TP_TOKEN_GLOBAL, *why says
  * why (a module-owned string, "attention at node 'X' is not causal"). */
 TpTokenClass tp_token_class(TpModule *m, int op, const char **why);
@@ -371,15 +398,12 @@ int pass_split_sequence(TpModule *m, TpDiag *d);
 
 /* passes/assign_stages.c: assign-stages (after add-loss and split-sequence, before
  * autodiff) cuts the forward module's layers into m->nstages pipeline stages, places every
- * op, and makes each value that crosses stages an explicit boundary copy: a same-shape
- * Reshape on the receiving stage with origin (value, TP_ORIGIN_BOUNDARY). A parameter that
- * the first and the last stage both read gets a copy on the last stage: a PARAM with origin
- * (parameter, TP_ORIGIN_TIED), sharing its data, so that each stage has its own partial
- * gradient. finish-stages (after autodiff) moves the gradient copies autodiff made of the
- * boundaries to the stage that receives them and checks that boundary copies are the only
- * ops reading another stage's results. */
-#define TP_ORIGIN_BOUNDARY "stage-boundary"
-#define TP_ORIGIN_TIED "tied"
+ * op, and makes each value that crosses stages an explicit boundary copy (TP_ROLE_BOUNDARY)
+ * on the receiving stage. A parameter that the first and the last stage both read gets a
+ * tied copy (TpValue.tied) on the last stage, sharing its data, so that each stage has its
+ * own partial gradient. autodiff sends the gradient of a boundary copy back as a boundary
+ * copy on the sending stage; finish-stages (after autodiff) checks that boundary copies are
+ * the only ops reading another stage's results. */
 int pass_assign_stages(TpModule *m, TpDiag *d);
 /* --stage-cuts text "a,b,..", the first layers of stages 1, 2, .. of a model of nlayers
  * layers -> *nstages and a malloc'd *first[0..*nstages-1] (first[0] = 0); an error if the
@@ -387,10 +411,6 @@ int pass_assign_stages(TpModule *m, TpDiag *d);
  * do not make that many stages. */
 int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **first, TpDiag *d);
 int pass_finish_stages(TpModule *m, TpDiag *d);
-/* Is op a boundary copy (its operand is sent from the neighbouring stage)? */
-bool tp_is_boundary_op(const TpModule *m, int op);
-/* For a tied copy of a parameter (origin TP_ORIGIN_TIED): the parameter; else -1. */
-int tp_tied_param(const TpModule *m, int v);
 
 /* passes/pipeline.c: the pass manager. */
 typedef int (*TpPassFn)(TpModule *m, TpDiag *d);

@@ -197,6 +197,7 @@ int tp_add_value(TpModule *m, const char *name, TpValueKind kind, TpType type, T
       .def = -1,
       .blob = -1,
       .origin = {tp_strdup(m, origin.node), tp_strdup(m, origin.op_type)},
+      .tied = -1,
   };
   m->nvalues++;
   name_table_insert(m, m->nvalues - 1);
@@ -405,11 +406,13 @@ void tp_module_compact(TpModule *m) {
   }
   m->nvalues = nv;
   m->nops = no;
-  for (int v = 0; v < nv; v++)
+  for (int v = 0; v < nv; v++) {
     if (m->values[v].def >= 0) {
       m->values[v].def = omap[m->values[v].def];
       TP_ASSERT(m->values[v].kind != TP_VAL_RESULT || m->values[v].def >= 0);
     }
+    if (m->values[v].tied >= 0) m->values[v].tied = vmap[m->values[v].tied]; /* -1: its parameter died */
+  }
   for (int o = 0; o < no; o++) {
     TpOp *op = &m->ops[o];
     for (int i = 0; i < op->ninputs; i++)
@@ -456,6 +459,26 @@ void tp_module_compact(TpModule *m) {
     m->nvalues++;
     name_table_insert(m, m->nvalues - 1);
   }
+}
+
+/* ---- placement ---- */
+const char *const tp_op_role_names[TP_ROLE_COUNT] = {
+    [TP_ROLE_COMPUTE] = "compute",
+    [TP_ROLE_BOUNDARY] = "boundary",
+    [TP_ROLE_RETIE] = "retie",
+};
+
+bool tp_is_boundary_op(const TpModule *m, int op) { return m->ops[op].role == TP_ROLE_BOUNDARY; }
+
+int tp_tied_param(const TpModule *m, int v) {
+  return m->values[v].kind == TP_VAL_PARAM ? m->values[v].tied : -1;
+}
+
+int tp_token_axis(const TpModule *m, int v) {
+  const TpType *t = &m->values[v].type;
+  for (int a = 0; a < t->rank; a++)
+    if (t->dimnames[a] && strcmp(t->dimnames[a], TP_TOKEN_DIM) == 0) return a;
+  return -1;
 }
 
 /* ---- types ---- */

@@ -471,7 +471,28 @@ static int parse_dense(Parser *p, const TpType *t, uint8_t *data, int64_t numel)
   return expect(p, '>');
 }
 
-/* param|const %name : type = blob N offset O size S | dense<...>  [loc(...)] */
+/* @tied(%param) after a param's data: the param it is a tied copy of, defined above it;
+ * *tied stays -1 without one. */
+static int parse_tied(Parser *p, TpValueKind kind, int *tied) {
+  static const char *const kind_names[] = {"an input", "a param", "a const", "an op's result"};
+  *tied = -1;
+  size_t at = (skip_space(p), p->pos);
+  if (!accept(p, '@')) return TP_OK;
+  if (!accept_keyword(p, "tied")) return fail(p, "expected 'tied' after '@'");
+  if (kind != TP_VAL_PARAM) return fail_at(p, at, "a const cannot be @tied: only a param can be a tied copy");
+  if (expect(p, '(')) return TP_ERR_INPUT;
+  size_t name_at = (skip_space(p), p->pos);
+  if (parse_value_name(p)) return TP_ERR_INPUT;
+  int v = tp_find_value(p->m, p->word);
+  if (v < 0) return fail_at(p, name_at, "@tied(%%%s): no value of that name is defined above", p->word);
+  if (p->m->values[v].kind != TP_VAL_PARAM)
+    return fail_at(p, name_at, "@tied(%%%s): %%%s is %s, not a param", p->word, p->word,
+                   kind_names[p->m->values[v].kind]);
+  *tied = v;
+  return expect(p, ')');
+}
+
+/* param|const %name : type = blob N offset O size S | dense<...>  [@tied(%p)] [loc(...)] */
 static int parse_data_value(Parser *p, TpValueKind kind) {
   const char *name;
   TpType t;
@@ -519,8 +540,10 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
   }
   TpOrigin o;
   bool present;
-  if (parse_origin(p, &o, &present)) return TP_ERR_INPUT;
-  tp_add_data_value(p->m, name, kind, t, blob, offset, o);
+  int tied;
+  if (parse_tied(p, kind, &tied) || parse_origin(p, &o, &present)) return TP_ERR_INPUT;
+  int v = tp_add_data_value(p->m, name, kind, t, blob, offset, o);
+  p->m->values[v].tied = tied;
   return TP_OK;
 }
 
@@ -576,17 +599,26 @@ static int parse_attrs(Parser *p, int op) {
   return expect(p, '}');
 }
 
-/* @stage(S) @slice(K) @backward, in any order, each at most once. */
+/* @stage(S) @slice(K) @backward and one role (@boundary, @retie), in any order, each at
+ * most once. */
 static int parse_placement(Parser *p, int op) {
-  bool seen[3] = {false, false, false};
+  bool seen[4] = {false, false, false, false};
   while (accept(p, '@')) {
     size_t at = p->pos - 1;
     int which = accept_keyword(p, "stage") ? 0 : accept_keyword(p, "slice") ? 1 : accept_keyword(p, "backward") ? 2 : -1;
-    if (which < 0) return fail(p, "expected stage, slice or backward after '@'");
-    if (seen[which]) return fail_at(p, at, "placement given twice");
+    TpOpRole role = TP_ROLE_COMPUTE;
+    for (int r = TP_ROLE_COMPUTE + 1; which < 0 && r < TP_ROLE_COUNT; r++)
+      if (accept_keyword(p, tp_op_role_names[r])) which = 3, role = (TpOpRole)r;
+    if (which < 0) return fail(p, "expected stage, slice or backward after '@', or a role (boundary, retie)");
+    if (seen[which])
+      return fail_at(p, at, which == 3 ? "an op has one role: @boundary or @retie" : "placement given twice");
     seen[which] = true;
     if (which == 2) {
       p->m->ops[op].phase = TP_PHASE_BACKWARD;
+      continue;
+    }
+    if (which == 3) {
+      p->m->ops[op].role = role;
       continue;
     }
     int64_t n;

@@ -5,17 +5,20 @@
  *   blob 0 "gpt.onnx"                                     a file holding weights
  *   input %idx : i64[batch=2, seq=8]                      graph inputs, in order
  *   param %wte : f32[256, 64] = blob 0 offset 1234 size 65536 loc("wte" initializer)
+ *   param %wte.stage1 : f32[256, 64] = blob 0 offset 1234 size 65536 @tied(%wte) loc("wte" initializer)
  *   const %c : f32[] = dense<0.5> loc("/Constant" Constant)
  *   %"/wte/Gather_output_0" : f32[batch=2, seq=8, 64] = Gather(%wte, %idx) {axis = 0} loc("/wte/Gather" Gather)
  *   %y : f32[2, 8], none, %inv : f32[2, 1] loc() = LayerNorm(%x, %s, none) {axis = 1, epsilon = 1e-05}
  *   %dx : f32[2, 8] = Neg(%dy) @stage(1) @slice(0) @backward loc("/neg" Neg)
+ *   %h.stage1 : f32[2, 8] = Reshape(%h) @stage(1) @boundary loc("/h" Add)
  *   output %"/wte/Gather_output_0"                        graph outputs, in order
  *   loss %loss                                            the training loss (after add-loss)
  *   grad %wte = %wte.grad                                 d loss / d param, in param order
  *
  * An op's placement follows its attributes, each part only where it is not the default:
  * `@stage(S)` (default 0), `@slice(K)` (default -1: not sliced), `@backward` (default:
- * the forward phase).
+ * the forward phase), then its role (TpOpRole): `@boundary` or `@retie` (default: compute).
+ * A param that is a tied copy of another names it after its data: `@tied(%param)`.
  * Values are %name, quoted (%"a/b") unless [A-Za-z0-9_.]+; op types, attribute and dim
  * names are quoted unless [A-Za-z_][A-Za-z0-9_]*. In strings '"' and '\' are escaped
  * with a backslash, control and non-ASCII bytes as \xHH. A type is dtype[dims] with
@@ -262,15 +265,22 @@ static void print_data_value(FILE *out, const TpModule *m, int v) {
     print_dense(out, val->type.dtype, b->base + val->offset, tp_type_numel(&val->type));
   else
     fputs("<invalid data>", out); /* the verifier reports it; keep dumps of bad IR going */
+  if (val->kind == TP_VAL_PARAM && val->tied >= 0) {
+    fputs(" @tied(", out);
+    print_value_name(out, m, val->tied);
+    fputc(')', out);
+  }
   print_origin(out, val->origin);
   fputc('\n', out);
 }
 
-/* ` @stage(S) @slice(K) @backward`, each only where it is not the default. */
+/* ` @stage(S) @slice(K) @backward @role`, each only where it is not the default. */
 static void print_placement(FILE *out, const TpOp *op) {
   if (op->stage != 0) fprintf(out, " @stage(%d)", op->stage);
   if (op->slice != -1) fprintf(out, " @slice(%d)", op->slice);
   if (op->phase == TP_PHASE_BACKWARD) fputs(" @backward", out);
+  if (op->role != TP_ROLE_COMPUTE)
+    fprintf(out, " @%s", op->role > TP_ROLE_COMPUTE && op->role < TP_ROLE_COUNT ? tp_op_role_names[op->role] : "?");
 }
 
 static void print_op(FILE *out, const TpModule *m, int o) {

@@ -6,7 +6,11 @@
  * (ir/infer.c) computes. Graph outputs: at least one, all valid. Nothing marked dead.
  * Placement: stage >= 0, slice >= -1; data flows forward through the stages and back:
  * an op of stage s reads forward results of stages <= s only, and a backward op reads
- * backward results of stages >= s only (so no forward op reads a backward result).
+ * backward results of stages >= s only (so no forward op reads a backward result). A
+ * boundary copy is a same-shape Reshape of a result of the neighbouring stage (the one
+ * before for a forward copy, after for a backward one); a forward re-tie view a Transpose
+ * {perm = [1, 0]} or same-shape Reshape of a param, its origin naming the initializer; a
+ * tied copy a param of its parameter's type and data, that parameter no tied copy itself.
  * Training: the loss is a scalar float; every gradient belongs to a PARAM, has its type
  * and is computed (a result or a constant, never an input or a param). */
 #include "ir.h"
@@ -69,6 +73,8 @@ static int verify_value(const TpModule *m, int v, TpDiag *d) {
   if (!val->name) return tp_error(d, "value %d has no name", v);
   if (tp_find_value(m, val->name) != v) return tp_error(d, "value name %%%s is not unique", val->name);
   if (val->dead) return tp_error(d, "value %%%s is marked dead but still in the module", val->name);
+  if (val->tied != -1 && val->kind != TP_VAL_PARAM)
+    return tp_error(d, "value %%%s is a tied copy but not a param", val->name);
   if (verify_type(m, v, d)) return TP_ERR_INPUT;
   switch (val->kind) {
   case TP_VAL_INPUT: {
@@ -102,7 +108,63 @@ static int verify_value(const TpModule *m, int v, TpDiag *d) {
   return tp_error(d, "value %%%s has unknown kind %d", val->name, (int)val->kind);
 }
 
+/* After every value's own checks: a tied copy has its parameter's type and data. */
+static int verify_tied(const TpModule *m, int v, TpDiag *d) {
+  const TpValue *val = &m->values[v];
+  int p = val->tied;
+  if (p == -1) return TP_OK;
+  if (p < 0 || p >= m->nvalues || p == v)
+    return tp_error(d, "param %%%s is a tied copy of value %d, out of range", val->name, p);
+  const TpValue *pv = &m->values[p];
+  if (pv->kind != TP_VAL_PARAM) return tp_error(d, "param %%%s is a tied copy of %%%s, not a param", val->name, pv->name);
+  if (pv->tied != -1)
+    return tp_error(d, "param %%%s is a tied copy of %%%s, itself a tied copy", val->name, pv->name);
+  if (!tp_type_equal(&val->type, &pv->type) || val->type.dtype != pv->type.dtype) {
+    char have[256], want[256];
+    return tp_error(d, "param %%%s is a tied copy of %%%s but has type %s, not %s", val->name, pv->name,
+                    tp_type_str(&val->type, have, sizeof have), tp_type_str(&pv->type, want, sizeof want));
+  }
+  const void *a = tp_value_data(m, v), *b = tp_value_data(m, p);
+  size_t bytes = (size_t)tp_type_numel(&val->type) * tp_dtype_size(val->type.dtype);
+  if (a != b && memcmp(a, b, bytes) != 0)
+    return tp_error(d, "param %%%s is a tied copy of %%%s but holds other data", val->name, pv->name);
+  return TP_OK;
+}
+
 static const char *phase_name(TpPhase p) { return p == TP_PHASE_BACKWARD ? "backward" : "forward"; }
+
+/* The operand and result of a boundary copy or re-tie view (arity checked before). */
+static int verify_role(const TpModule *m, int o, TpDiag *d) {
+  const TpOp *op = &m->ops[o];
+  if (op->role == TP_ROLE_COMPUTE) return TP_OK;
+  if (op->role < 0 || op->role >= TP_ROLE_COUNT) return tp_error_op(d, m, o, "unknown role %d", (int)op->role);
+  if (op->role == TP_ROLE_RETIE && op->phase == TP_PHASE_BACKWARD) return TP_OK; /* what differentiates one */
+  /* both views have one operand and one result, which verify_op checked are there */
+  bool view = op->kind == TP_OP_Reshape || op->kind == TP_OP_Transpose;
+  int x = view ? op->inputs[0] : -1, y = view ? op->outputs[0] : -1;
+  bool same = op->kind == TP_OP_Reshape && tp_type_equal(&m->values[x].type, &m->values[y].type);
+  if (op->role == TP_ROLE_BOUNDARY) {
+    if (!same) return tp_error_op(d, m, o, "a boundary copy must be a Reshape to its operand's own shape");
+    int from = op->phase == TP_PHASE_FORWARD ? op->stage - 1 : op->stage + 1;
+    const TpValue *xv = &m->values[x];
+    if (xv->kind != TP_VAL_RESULT)
+      return tp_error_op(d, m, o, "a %s boundary copy on stage %d must read a result of stage %d, not %%%s, which "
+                         "no op computes", phase_name(op->phase), op->stage, from, xv->name);
+    if (m->ops[xv->def].stage != from)
+      return tp_error_op(d, m, o, "a %s boundary copy on stage %d must read a result of stage %d, not %%%s of stage %d",
+                         phase_name(op->phase), op->stage, from, xv->name, m->ops[xv->def].stage);
+    return TP_OK;
+  }
+  int n = 0;
+  const int64_t *perm = tp_attr_ints(m, o, "perm", &n);
+  bool transpose = op->kind == TP_OP_Transpose && m->values[x].type.rank == 2 && n == 2 && perm[0] == 1 && perm[1] == 0;
+  if ((!same && !transpose) || m->values[x].kind != TP_VAL_PARAM)
+    return tp_error_op(d, m, o, "a re-tie view must be a Transpose {perm = [1, 0]} or a same-shape Reshape of a "
+                       "param");
+  if (!op->origin.node)
+    return tp_error_op(d, m, o, "a re-tie view must name the initializer it stands for: loc(\"name\")");
+  return TP_OK;
+}
 
 static int verify_placement(const TpModule *m, int o, TpDiag *d) {
   const TpOp *op = &m->ops[o];
@@ -184,7 +246,7 @@ static int verify_op(const TpModule *m, int o, TpDiag *d) {
     for (int j = 0; j < i; j++)
       if (op->outputs[j] == v) return tp_error_op(d, m, o, "result %%%s appears twice", m->values[v].name);
   }
-  if (verify_attrs(m, o, d) || verify_placement(m, o, d)) return TP_ERR_INPUT;
+  if (verify_attrs(m, o, d) || verify_placement(m, o, d) || verify_role(m, o, d)) return TP_ERR_INPUT;
 
   /* Inference checks the recorded result types but also fills in missing dim names; it
    * runs on the module itself and the result types are put back, so the module is left
@@ -203,6 +265,8 @@ static int verify_op(const TpModule *m, int o, TpDiag *d) {
 int tp_verify(const TpModule *m, TpDiag *d) {
   for (int v = 0; v < m->nvalues; v++)
     if (verify_value(m, v, d)) return TP_ERR_INPUT;
+  for (int v = 0; v < m->nvalues; v++)
+    if (verify_tied(m, v, d)) return TP_ERR_INPUT;
   for (int i = 0; i < m->ninputs; i++) {
     int v = m->inputs[i];
     if (v < 0 || v >= m->nvalues || m->values[v].kind != TP_VAL_INPUT)

@@ -1,8 +1,8 @@
 /* assign-stages: requires the forward module (after add-loss and split-sequence, before
  * autodiff); provides op->stage on every op, boundary copies for every value that crosses
  * stages, and per-stage copies of parameters the first and last stage share.
- * finish-stages: requires autodiff after assign-stages; provides the gradient boundary
- * copies on their receiving stage and the check that nothing else crosses stages.
+ * finish-stages: requires autodiff after assign-stages; provides the check that nothing
+ * but boundary copies crosses stages, and tied copies that train when their parameter does.
  *
  * Layers come from the structure, not from names: the residual stream is a chain of Adds
  * Add(x, f(x)) whose skip operand x is the previous Add's result (one chain per token
@@ -16,34 +16,21 @@
  * the largest stage's forward FLOPs (a simple count per op).
  *
  * A forward op of stage t reading a result of stage s < t reads the copy
- * "<value>.stage<t>" = Reshape(copy on stage t-1) placed on stage t, origin (operand name,
- * TP_ORIGIN_BOUNDARY): one copy per stage in between, so transfers go to the next stage
- * only. Ops are then ordered by stage (stable, so still topological): every stage's ops
- * come before the next stage's, which makes autodiff sum the gradient contributions of a
- * sent value on the sending stage. A PARAM read on the first and the last stage gets a
- * copy "<param>.stage<last>" (origin (param, TP_ORIGIN_TIED), same data) that the last
- * stage reads instead: autodiff then gives each stage its own partial gradient, and the
- * runtime sums the two before the update (allreduce-tied). A parameter shared by other
+ * "<value>.stage<t>" = Reshape(copy on stage t-1) placed on stage t, a boundary copy
+ * (TP_ROLE_BOUNDARY) with the value's origin: one copy per stage in between, so transfers
+ * go to the next stage only. Ops are then ordered by stage (stable, so still topological):
+ * every stage's ops come before the next stage's, which makes autodiff sum the gradient
+ * contributions of a sent value on the sending stage (the boundary's gradient copy, which
+ * autodiff places there, is the first). A PARAM read on the first and the last stage gets
+ * a tied copy "<param>.stage<last>" (TpValue.tied = param, same data and origin) that the
+ * last stage reads instead: autodiff then gives each stage its own partial gradient, and
+ * the runtime sums the two before the update (allreduce-tied). A parameter shared by other
  * stages is an error. */
 #include "../ir/ir.h"
 
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-
-bool tp_is_boundary_op(const TpModule *m, int op) {
-  const TpOrigin *o = &m->ops[op].origin;
-  return m->ops[op].kind == TP_OP_Reshape && o->op_type && strcmp(o->op_type, TP_ORIGIN_BOUNDARY) == 0;
-}
-
-int tp_tied_param(const TpModule *m, int v) {
-  const TpValue *val = &m->values[v];
-  if (val->kind != TP_VAL_PARAM || !val->origin.op_type || !val->origin.node ||
-      strcmp(val->origin.op_type, TP_ORIGIN_TIED) != 0)
-    return -1;
-  int p = tp_find_value(m, val->origin.node);
-  return p >= 0 && p != v && m->values[p].kind == TP_VAL_PARAM ? p : -1;
-}
 
 static const char *fmt_name(TpModule *m, const char *base, int stage) {
   size_t n = strlen(base) + 24;
@@ -318,13 +305,12 @@ static int copy_on(TpModule *m, TpDiag *d, int **copies, int nstages, int v, int
   if (copies[v][t] >= 0) return copies[v][t];
   int prev = copy_on(m, d, copies, nstages, v, t - 1);
   const char *name = fmt_name(m, m->values[v].name, t);
-  TpOrigin origin = {m->values[prev].name, TP_ORIGIN_BOUNDARY};
-  int op = tp_add_op(m, TP_OP_Reshape, &prev, 1, &name, 1, origin);
+  int op = tp_add_op(m, TP_OP_Reshape, &prev, 1, &name, 1, m->values[v].origin);
   m->ops[op].stage = t;
   m->ops[op].slice = m->ops[m->values[v].def].slice;
+  m->ops[op].role = TP_ROLE_BOUNDARY;
   int r = m->ops[op].outputs[0];
   m->values[r].type = m->values[v].type;
-  m->values[r].origin = origin;
   int rc = tp_infer_op(m, op, d);
   TP_ASSERT(rc == TP_OK);
   copies[v][t] = r;
@@ -375,7 +361,8 @@ static int tie_params(TpModule *m, TpDiag *d, int nstages) {
     }
     const TpValue val = m->values[v];
     int copy = tp_add_data_value(m, fmt_name(m, val.name, hi[v]), TP_VAL_PARAM, val.type, val.blob, val.offset,
-                                 (TpOrigin){val.name, TP_ORIGIN_TIED});
+                                 val.origin);
+    m->values[copy].tied = v;
     for (int o = 0; o < m->nops; o++)
       if (m->ops[o].stage == hi[v])
         for (int i = 0; i < m->ops[o].ninputs; i++)
@@ -465,14 +452,6 @@ int pass_assign_stages(TpModule *m, TpDiag *d) {
 }
 
 int pass_finish_stages(TpModule *m, TpDiag *d) {
-  /* the gradient of a boundary copy goes back to the stage of the copied value */
-  for (int o = 0; o < m->nops; o++) {
-    TpOp *op = &m->ops[o];
-    if (op->dead || op->phase != TP_PHASE_BACKWARD || !tp_is_boundary_op(m, o)) continue;
-    int v = tp_find_value(m, op->origin.node), def = def_of(m, v);
-    if (def < 0) return tp_internal(d, "finish-stages: boundary copy of unknown value '%s'", op->origin.node);
-    op->stage = m->ops[def].stage;
-  }
   /* a tied copy trains exactly when its parameter does */
   for (int v = 0; v < m->nvalues; v++) {
     int p = tp_tied_param(m, v);

@@ -2,6 +2,9 @@
  * gradients. The backward ops are appended after the forward ops, each in the backward
  * phase at the stage and slice of the forward op it differentiates and with that op's
  * origin; m->grads[p] is d loss / d p for every trainable PARAM p the loss depends on.
+ * They play its role too (TpOpRole): the gradient of a stage-boundary copy
+ * (passes/assign_stages.c) is a boundary copy sent back, a Reshape on the stage the forward
+ * copy reads from.
  *
  * Trainable: every float PARAM whose name does not match m->freeze (a POSIX extended
  * regex, matched anywhere in the name). Only values that depend on a trainable param and
@@ -87,10 +90,15 @@ static int begin(Ad *a, TpOpKind kind, const int *in, int nin, const char *const
   const TpOp *f = &a->m->ops[a->fwd];
   TpOrigin origin = f->origin;
   int stage = f->stage, slice = f->slice;
+  TpOpRole role = f->role;
+  /* A boundary copy's gradient (one Reshape: by assign-stages' stage order it is the first
+   * contribution to its operand's, so no Add comes with it) goes back to the sender. */
+  if (role == TP_ROLE_BOUNDARY) stage = a->m->ops[a->m->values[f->inputs[0]].def].stage;
   int op = tp_add_op(a->m, kind, in, nin, names, nout, origin);
   a->m->ops[op].stage = stage;
   a->m->ops[op].slice = slice;
   a->m->ops[op].phase = TP_PHASE_BACKWARD;
+  a->m->ops[op].role = role;
   return op;
 }
 

@@ -261,13 +261,6 @@ void tp_op_axes(const TpModule *m, int op, TpOpAxes *x) { describe(m, op, x); }
 
 static bool is_token_name(const char *s) { return s && strcmp(s, TP_TOKEN_DIM) == 0; }
 
-int tp_token_axis(const TpModule *m, int v) {
-  const TpType *t = type_of(m, v);
-  for (int a = 0; a < t->rank; a++)
-    if (is_token_name(t->dimnames[a])) return a;
-  return -1;
-}
-
 static int token_axes(const TpModule *m, int v) {
   int n = 0;
   for (int a = 0; a < type_of(m, v)->rank; a++) n += is_token_name(type_of(m, v)->dimnames[a]);

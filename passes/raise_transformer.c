@@ -29,7 +29,7 @@
  * graph reads), so the result keeps its name, uses and origin and every operand is already
  * defined there; only Attention's K (when the export folded K^T into the head transpose),
  * the 4-D views of 3-D products and their Attention need new ops, placed by tp_sort_ops. A
- * weight that retie-params re-tied stays the result of its "retie" op (Linear reads it as
+ * weight that retie-params re-tied stays the result of its re-tie view (Linear reads it as
  * W), so the record of the tie survives. */
 #include "../ir/ir.h"
 #include "../interp/interp.h"
@@ -226,7 +226,7 @@ static int unflatten(TpModule *m, int r, TpDiag *d) {
 
 static bool is_retied(const TpModule *m, int v) {
   const TpValue *val = &m->values[v];
-  return val->kind == TP_VAL_RESULT && val->origin.op_type && strcmp(val->origin.op_type, "retie") == 0;
+  return val->kind == TP_VAL_RESULT && m->ops[val->def].role == TP_ROLE_RETIE;
 }
 
 /* A weight matrix: a PARAM, a re-tied one, or Transpose(PARAM) (*transposed is then set). */

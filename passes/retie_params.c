@@ -1,11 +1,12 @@
-/* retie-params: requires nothing; provides a module where no PARAM is an exact copy or an
- * exact 2-D transpose of another. Exporters fold weight tying away: a tied LM head becomes
- * a second, transposed copy of the embedding table (onnx::MatMul_374 = wte^T). Training the
- * two separately would untie them, so the later PARAM (in initializer order; the original
- * comes first in PyTorch's exports) becomes the result of Transpose(first) {perm = [1, 0]}
- * (Reshape(first) to the same shape for a copy). The value keeps its name and uses; the op
- * and the value get origin (duplicate's name, "retie"), which the IR dump shows and from
- * which codegen recovers the derived initializer (see TpValue.origin in ir/ir.h).
+/* retie-params: requires a module before assign-stages; provides a module where no PARAM
+ * is an exact copy or an exact 2-D transpose of another. Exporters fold weight tying away:
+ * a tied LM head becomes a second, transposed copy of the embedding table
+ * (onnx::MatMul_374 = wte^T). Training the two separately would untie them, so the later
+ * PARAM (in initializer order; the original comes first in PyTorch's exports) becomes the
+ * result of Transpose(first) {perm = [1, 0]} (Reshape(first) to the same shape for a
+ * copy), a re-tie view (TP_ROLE_RETIE, printed `@retie`). The value keeps its name and
+ * uses; the op and the value get origin (the duplicate's initializer name, no op type),
+ * from which codegen recovers the derived initializer.
  *
  * Data is compared exactly, bit for bit, after a hash that ignores element order (so a
  * tensor and its transpose hash alike). Skipped: parameters whose elements are all equal
@@ -82,9 +83,10 @@ static bool is_transpose(const TpModule *m, int a, int b) {
 
 /* The duplicate `dup` becomes Transpose(keep) or Reshape(keep): same value, now a result. */
 static void retie(TpModule *m, int keep, int dup, bool transpose) {
-  TpOrigin at = {m->values[dup].name, "retie"};
+  TpOrigin at = {m->values[dup].name, NULL};
   const char *none = NULL;
   int op = tp_add_op(m, transpose ? TP_OP_Transpose : TP_OP_Reshape, &keep, 1, &none, 1, at);
+  m->ops[op].role = TP_ROLE_RETIE;
   if (transpose) tp_set_attr_ints(m, op, "perm", (const int64_t[]){1, 0}, 2);
   TpValue *v = &m->values[dup];
   v->kind = TP_VAL_RESULT;
@@ -98,6 +100,11 @@ static void retie(TpModule *m, int keep, int dup, bool transpose) {
 static bool is_alias(const TpValue *v) { return v->origin.op_type && strcmp(v->origin.op_type, "Identity") == 0; }
 
 int pass_retie_params(TpModule *m, TpDiag *d) {
+  /* assign-stages' tied copies duplicate their parameters on purpose */
+  for (int v = 0; v < m->nvalues; v++)
+    if (m->values[v].tied >= 0)
+      return tp_error(d, "retie-params runs before assign-stages: %%%s is a stage's tied copy already",
+                      m->values[v].name);
   Candidate *c = malloc(((size_t)m->nvalues + 1) * sizeof *c);
   TP_ASSERT(c);
   int n = 0;
@@ -125,6 +132,5 @@ int pass_retie_params(TpModule *m, TpDiag *d) {
   }
   free(c);
   if (tied) tp_sort_ops(m);
-  (void)d;
   return TP_OK;
 }

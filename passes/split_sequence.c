@@ -163,6 +163,7 @@ static int repeat(Split *s, int o, int i, TpTokenClass c) {
     if (r >= 0) types[k] = rows(m->values[r].type, tp_token_axis(m, r), s->len[i]);
   }
   int op = add(s, m->ops[o].kind, in, nin, names, nout, types, o, true, i);
+  m->ops[op].role = m->ops[o].role; /* a slice of an op plays its part in placement */
   copy_attrs(m, o, op);
   if (c == TP_TOKEN_CAUSAL_PREFIX) tp_set_attr_int(m, op, "causal_offset", s->start[i]);
   infer(s, op);

@@ -2,7 +2,8 @@
 """Writes the textual IR fuzzer's seed corpus (corpus_tir/, committed): the IR of the lit
 tests (each split-file part on its own, comments dropped), and a small trained GPT's IR
 (raised, loss, gradients) with its weights made inline constants, since the fuzzer takes
-no blob files. Regenerate: /usr/bin/python3 tests/fuzz/make_corpus_tir.py BUILD_DIR"""
+no blob files, and a small residual network cut into stages (boundary, tied and re-tie
+placement). Regenerate: /usr/bin/python3 tests/fuzz/make_corpus_tir.py BUILD_DIR"""
 import glob
 import os
 import re
@@ -35,6 +36,10 @@ def main():
                          check=True, capture_output=True, text=True).stdout
     tir = re.sub(r"= blob \d+ offset \d+ size \d+", "= dense<0.5>", tir)
     open(os.path.join(out, "gpt_tiny_trained.tir"), "w").write(re.sub(r"^blob .*\n", "", tir, flags=re.M))
+    staged = subprocess.run([os.path.join(sys.argv[1], "bin", "tokpipe-opt"), os.path.join(out, "stages-assign-res.tir"),
+                             "--passes=retie-params,add-loss,assign-stages,autodiff,finish-stages,dce", "--stages", "2"],
+                            check=True, capture_output=True, text=True).stdout
+    open(os.path.join(out, "stages-assign-res-staged.tir"), "w").write(staged)
 
 
 if __name__ == "__main__":
