@@ -60,7 +60,7 @@ typedef struct {
   bool *declared;     /* per value: declared in the current function */
   bool *here;         /* per op: part of the current function */
   unsigned headers;
-  bool uses_check, uses_check_true, uses_math, uses_arena, uses_bad;
+  bool uses_check, uses_math, uses_arena, uses_bad;
   int rc;
 } Emitter;
 
@@ -592,13 +592,13 @@ static void emit_op(Emitter *E, int op) {
     return;
   case TP_OP_MatMul:
     E->headers |= H_MATMUL;
-    E->uses_check_true = true;
-    emit(E, "CHECK_TRUE(tp_matmul(%t, %t, %t));", x, in(E, op, 1), y);
+    E->uses_check = true;
+    emit(E, "CHECK(tp_matmul(%t, %t, %t));", x, in(E, op, 1), y);
     return;
   case TP_OP_Gemm:
     E->headers |= H_MATMUL;
-    E->uses_check_true = true;
-    emit(E, "CHECK_TRUE(tp_gemm(%t, %t, %t, %B, %B, %G, %G, %t));", x, in(E, op, 1), in(E, op, 2),
+    E->uses_check = true;
+    emit(E, "CHECK(tp_gemm(%t, %t, %t, %B, %B, %G, %G, %t));", x, in(E, op, 1), in(E, op, 2),
          (int)tp_attr_int(m, op, "transA", 0), (int)tp_attr_int(m, op, "transB", 0),
          tp_attr_float(m, op, "alpha", 1.0), tp_attr_float(m, op, "beta", 1.0), y);
     return;
@@ -712,6 +712,7 @@ static void emit_op(Emitter *E, int op) {
 
   /* The flat f32 kernels. */
   if (!f32_only(E, op)) return;
+  E->uses_check = true;
   const TpType *tx = x >= 0 ? type_of(E, x) : NULL;
   switch (k) {
   case TP_OP_Softmax:
@@ -724,8 +725,8 @@ static void emit_op(Emitter *E, int op) {
     int axis = (int)tp_attr_int(m, op, "axis", t->rank - 1);
     int64_t outer = dims_product(t, 0, axis), n = t->dims[axis], inner = dims_product(t, axis + 1, t->rank);
     E->headers |= fwd ? H_NN : H_NN_BACKWARD;
-    if (fwd) emit(E, "tp_softmax_f32(%v, %v, %I, %I, %I, %B);", x, y, outer, n, inner, log);
-    else emit(E, "tp_softmax_backward_f32(%v, %v, %I, %I, %I, %B, %v);", x, in(E, op, 1), outer, n, inner, log, y);
+    if (fwd) emit(E, "CHECK(tp_softmax_f32(%v, %v, %I, %I, %I, %B));", x, y, outer, n, inner, log);
+    else emit(E, "CHECK(tp_softmax_backward_f32(%v, %v, %I, %I, %I, %B, %v));", x, in(E, op, 1), outer, n, inner, log, y);
     return;
   }
   case TP_OP_LayerNorm: {
@@ -737,7 +738,7 @@ static void emit_op(Emitter *E, int op) {
       return;
     }
     E->headers |= H_NN;
-    emit(E, "tp_layernorm_f32(%v, %v, %v, %I, %I, %F, %v, %v, %v);", x, scale, bias, outer, n,
+    emit(E, "CHECK(tp_layernorm_f32(%v, %v, %v, %I, %I, %F, %v, %v, %v));", x, scale, bias, outer, n,
          tp_attr_float(m, op, "epsilon", 1e-5), y, res(E, op, 1), res(E, op, 2));
     return;
   }
@@ -750,7 +751,7 @@ static void emit_op(Emitter *E, int op) {
       return;
     }
     E->headers |= H_NN_BACKWARD;
-    emit(E, "tp_layernorm_backward_f32(%v, %v, %v, %v, %v, %I, %I, %v, %v, %v);", x, in(E, op, 1),
+    emit(E, "CHECK(tp_layernorm_backward_f32(%v, %v, %v, %v, %v, %I, %I, %v, %v, %v));", x, in(E, op, 1),
          in(E, op, 2), in(E, op, 3), in(E, op, 4), rows, n, y, res(E, op, 1), res(E, op, 2));
     return;
   }
@@ -758,7 +759,7 @@ static void emit_op(Emitter *E, int op) {
     bool tanh_approx;
     if (!gelu_tanh(E, op, &tanh_approx)) return;
     E->headers |= H_NN_BACKWARD;
-    emit(E, "tp_gelu_backward_f32(%v, %v, %I, %B, %v);", x, in(E, op, 1), tp_type_numel(tx), tanh_approx, y);
+    emit(E, "CHECK(tp_gelu_backward_f32(%v, %v, %I, %B, %v));", x, in(E, op, 1), tp_type_numel(tx), tanh_approx, y);
     return;
   }
   case TP_OP_RMSNorm:
@@ -769,9 +770,9 @@ static void emit_op(Emitter *E, int op) {
     int64_t rows = dims_product(t, 0, axis), n = dims_product(t, axis, t->rank);
     double eps = tp_attr_float(m, op, "epsilon", 0);
     E->headers |= H_TRANSFORMER;
-    if (fwd) emit(E, "tp_rmsnorm_f32(%v, %v, %I, %I, %F, %v);", x, in(E, op, 1), rows, n, eps, y);
+    if (fwd) emit(E, "CHECK(tp_rmsnorm_f32(%v, %v, %I, %I, %F, %v));", x, in(E, op, 1), rows, n, eps, y);
     else
-      emit(E, "tp_rmsnorm_backward_f32(%v, %v, %v, %I, %I, %F, %v, %v);", x, in(E, op, 1), in(E, op, 2), rows, n, eps,
+      emit(E, "CHECK(tp_rmsnorm_backward_f32(%v, %v, %v, %I, %I, %F, %v, %v));", x, in(E, op, 1), in(E, op, 2), rows, n, eps,
            y, res(E, op, 1));
     return;
   }
@@ -779,19 +780,19 @@ static void emit_op(Emitter *E, int op) {
   case TP_OP_RotaryBackward: {
     const TpType *tc = type_of(E, in(E, op, 1));
     E->headers |= H_TRANSFORMER;
-    emit(E, k == TP_OP_Rotary ? "tp_rotary_f32(%v, %v, %v, %I, %L, %L, %I, %B, %v);"
-                              : "tp_rotary_backward_f32(%v, %v, %v, %I, %L, %L, %I, %B, %v);",
+    emit(E, k == TP_OP_Rotary ? "CHECK(tp_rotary_f32(%v, %v, %v, %I, %L, %L, %I, %B, %v));"
+                              : "CHECK(tp_rotary_backward_f32(%v, %v, %v, %I, %L, %L, %I, %B, %v));",
          x, in(E, op, 1), in(E, op, 2), (int64_t)tx->rank, tx->dims, tx->rank, tc->dims, tc->rank,
          tp_attr_int(m, op, "rotary_dim", 0), (int)tp_attr_int(m, op, "interleaved", 0), y);
     return;
   }
   case TP_OP_SwiGLU:
     E->headers |= H_TRANSFORMER;
-    emit(E, "tp_swiglu_f32(%v, %v, %I, %v);", x, in(E, op, 1), tp_type_numel(tx), y);
+    emit(E, "CHECK(tp_swiglu_f32(%v, %v, %I, %v));", x, in(E, op, 1), tp_type_numel(tx), y);
     return;
   case TP_OP_SwiGLUBackward:
     E->headers |= H_TRANSFORMER;
-    emit(E, "tp_swiglu_backward_f32(%v, %v, %v, %I, %v, %v);", x, in(E, op, 1), in(E, op, 2), tp_type_numel(tx), y,
+    emit(E, "CHECK(tp_swiglu_backward_f32(%v, %v, %v, %I, %v, %v));", x, in(E, op, 1), in(E, op, 2), tp_type_numel(tx), y,
          res(E, op, 1));
     return;
   case TP_OP_Attention:
@@ -815,10 +816,10 @@ static void emit_op(Emitter *E, int op) {
       strcat(strcat(p, mask), "}");
       E->headers |= fwd ? H_NN : H_NN_BACKWARD;
       if (fwd)
-        emit(E, "tp_attention_f32(%s, %v, %v, %v, NULL, NULL, %v, %v, %v, %v);", p, x, in(E, op, 1),
+        emit(E, "CHECK(tp_attention_f32(%s, %v, %v, %v, NULL, NULL, %v, %v, %v, %v));", p, x, in(E, op, 1),
              in(E, op, 2), y, res(E, op, 1), res(E, op, 2), res(E, op, 3));
       else
-        emit(E, "tp_attention_backward_f32(%s, %v, %v, %v, %v, %v, %v, %v);", p, x, in(E, op, 1),
+        emit(E, "CHECK(tp_attention_backward_f32(%s, %v, %v, %v, %v, %v, %v, %v));", p, x, in(E, op, 1),
              in(E, op, 2), in(E, op, 3), y, res(E, op, 1), res(E, op, 2));
     }
     free(p);
@@ -833,16 +834,16 @@ static void emit_op(Emitter *E, int op) {
     bool tr = tp_attr_int(m, op, "transpose_w", 0) != 0;
     int64_t K = t->dims[t->rank - 1], M = tp_type_numel(t) / (K ? K : 1), N = tw->dims[tr ? 0 : 1];
     E->headers |= fwd ? H_TRANSFORMER : H_NN_BACKWARD;
-    if (fwd) emit(E, "tp_linear_f32(%v, %v, %v, %I, %I, %I, %B, %v);", x, w, in(E, op, 2), M, K, N, tr, y);
+    if (fwd) emit(E, "CHECK(tp_linear_f32(%v, %v, %v, %I, %I, %I, %B, %v));", x, w, in(E, op, 2), M, K, N, tr, y);
     else
-      emit(E, "tp_linear_backward_f32(%v, %v, %v, %I, %I, %I, %B, %v, %v, %v);", x, xv, w, M, K, N, tr,
+      emit(E, "CHECK(tp_linear_backward_f32(%v, %v, %v, %I, %I, %I, %B, %v, %v, %v));", x, xv, w, M, K, N, tr,
            y, res(E, op, 1), res(E, op, 2));
     return;
   }
   case TP_OP_MatMulBackward:
     E->headers |= H_NN_BACKWARD;
-    E->uses_check_true = true;
-    emit(E, "CHECK_TRUE(tp_matmul_backward_f32(%t, %t, %t, %t, %t));", x, in(E, op, 1), in(E, op, 2),
+    E->uses_check = true;
+    emit(E, "CHECK(tp_matmul_backward_f32(%t, %t, %t, %t, %t));", x, in(E, op, 1), in(E, op, 2),
          y, res(E, op, 1));
     return;
   case TP_OP_Embedding: {
@@ -899,16 +900,16 @@ static void emit_op(Emitter *E, int op) {
              ignore ? (long long)ignore->i : 0LL, reduction);
     int64_t N = tx->dims[0], C = tx->rank > 1 ? tx->dims[1] : 1, D = dims_product(tx, 2, tx->rank);
     E->headers |= H_LOSS;
-    E->uses_check_true = true;
+    E->uses_check = E->uses_bad = true;
     if (k == TP_OP_NegativeLogLikelihoodLoss) {
-      emit(E, "CHECK_TRUE(tp_nll_loss_f32(%v, %v, %I, %I, %I, %s, %v) < 0);", x, labels, N, C, D, opts, y);
+      emit(E, "CHECK(tp_nll_loss_f32(%v, %v, %I, %I, %I, %s, %v, &bad));", x, labels, N, C, D, opts, y);
       return;
     }
     char lp[64];
     const TpMemSlot *s = &E->mem->scratch[op];
     if (res(E, op, 1) >= 0) snprintf(lp, sizeof lp, "%s.data", E->name[res(E, op, 1)]);
     else snprintf(lp, sizeof lp, "(float *)(arena + %lld)", (long long)s->offset), E->uses_arena = true;
-    emit(E, "CHECK_TRUE(tp_softmax_cross_entropy_f32(%v, %v, %I, %I, %I, %s, %s, %v) < 0);", x, labels,
+    emit(E, "CHECK(tp_softmax_cross_entropy_f32(%v, %v, %I, %I, %I, %s, %s, %v, &bad));", x, labels,
          N, C, D, opts, lp, y);
     return;
   }
@@ -1401,7 +1402,6 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
     if (P.referenced[v]) emit_constant(&P, v, consts);
   E->headers |= P.headers;
   E->uses_check |= P.uses_check;
-  E->uses_check_true |= P.uses_check_true;
   E->uses_math |= P.uses_math;
   rc = P.rc;
   emitter_free(&P);
@@ -1466,12 +1466,12 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
       fprintf(out, "%s(%lld, %lld)%s", k % 8 ? " " : k ? "\n *   " : " * Profiling probes (--profile-grid), (l, c):\n *   ",
               (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
     fputs(" * Build: cc plan.c $(pkg-config --cflags --libs tokpipe) -o trainer */\n", out);
-    if (E.uses_check || E.uses_check_true) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
+    if (E.uses_check) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
     if (E.uses_math) fputs("#include <math.h>\n", out);
     fputs("\n#include \"train/plan.h\"\n", out);
     for (size_t h = 0; h < sizeof header_names / sizeof *header_names; h++)
       if (E.headers & (1u << h)) fprintf(out, "#include \"%s\"\n", header_names[h]);
-    if (E.uses_check || E.uses_check_true) {
+    if (E.uses_check) {
       fputs("\n/* The compiler fixed every shape and dtype, so a kernel refusing its operands is a\n"
             " * compiler bug (and an id out of range one the trainer let through): stop at the line. */\n"
             "static void kernel_failed(int line) {\n"
@@ -1479,8 +1479,7 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
             "  abort();\n"
             "}\n",
             out);
-      if (E.uses_check) fputs("#define CHECK(status) ((status) == TP_KERNEL_OK ? (void)0 : kernel_failed(__LINE__))\n", out);
-      if (E.uses_check_true) fputs("#define CHECK_TRUE(ok) ((ok) ? (void)0 : kernel_failed(__LINE__))\n", out);
+      fputs("#define CHECK(status) ((status) == TP_KERNEL_OK ? (void)0 : kernel_failed(__LINE__))\n", out);
     }
     if (const_len) {
       fputs("\n", out);

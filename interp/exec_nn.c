@@ -90,13 +90,13 @@ int tp_exec_matmul(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
     b = f32_view(&in[1], true);
     y = f32_view(&out[0], false);
   }
-  bool ok = tp_matmul(&a, &b, &y);
+  TpKernelStatus s = tp_matmul(&a, &b, &y);
   if (conv) {
     f32_release(&in[0], &a);
     f32_release(&in[1], &b);
     f32_commit(&out[0], &y);
   }
-  return ok ? TP_OK : bad_dtype(m, op, t, d);
+  return s == TP_KERNEL_OK ? TP_OK : bad_dtype(m, op, t, d);
 }
 
 int tp_exec_gemm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
@@ -109,16 +109,16 @@ int tp_exec_gemm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, T
     if (has_c) c = f32_view(&in[2], true);
     y = f32_view(&out[0], false);
   }
-  bool ok = tp_gemm(&a, &b, has_c ? &c : NULL, tp_attr_int(m, op, "transA", 0) != 0,
-                    tp_attr_int(m, op, "transB", 0) != 0, tp_attr_float(m, op, "alpha", 1.0),
-                    tp_attr_float(m, op, "beta", 1.0), &y);
+  TpKernelStatus s = tp_gemm(&a, &b, has_c ? &c : NULL, tp_attr_int(m, op, "transA", 0) != 0,
+                             tp_attr_int(m, op, "transB", 0) != 0, tp_attr_float(m, op, "alpha", 1.0),
+                             tp_attr_float(m, op, "beta", 1.0), &y);
   if (conv) {
     f32_release(&in[0], &a);
     f32_release(&in[1], &b);
     if (has_c) f32_release(&in[2], &c);
     f32_commit(&out[0], &y);
   }
-  return ok ? TP_OK : bad_dtype(m, op, t, d);
+  return s == TP_KERNEL_OK ? TP_OK : bad_dtype(m, op, t, d);
 }
 
 /* ---- Softmax, LogSoftmax, LayerNorm ---- */
@@ -296,24 +296,25 @@ int tp_exec_loss(const TpModule *m, int op, const TpTensor *in, TpTensor *out, T
   TpTensor w = present_in(m, op, 2) ? f32_view(&in[2], true) : (TpTensor){0};
   o.weight = w.data;
 
-  int64_t bad;
+  int64_t bad = 0;
+  TpKernelStatus s;
   if (sce) {
     bool has_lp = present_out(m, op, 1);
     TpTensor lp = has_lp ? f32_view(&out[1], false) : (TpTensor){0};
     float *lpbuf = has_lp ? lp.data : malloc((size_t)(N * C * D + 1) * sizeof(float));
     TP_ASSERT(lpbuf);
-    bad = tp_softmax_cross_entropy_f32(x.data, target, N, C, D, &o, lpbuf, loss.data);
+    s = tp_softmax_cross_entropy_f32(x.data, target, N, C, D, &o, lpbuf, loss.data, &bad);
     if (has_lp) f32_commit(&out[1], &lp);
     else free(lpbuf);
   } else {
-    bad = tp_nll_loss_f32(x.data, target, N, C, D, &o, loss.data);
+    s = tp_nll_loss_f32(x.data, target, N, C, D, &o, loss.data, &bad);
   }
   f32_commit(&out[0], &loss);
   f32_release(X, &x);
   if (w.data) f32_release(&in[2], &w);
-  int64_t bad_class = bad >= 0 ? target[bad] : 0;
+  int64_t bad_class = s == TP_KERNEL_BAD_INDEX ? target[bad] : 0;
   free(target);
-  if (bad >= 0)
+  if (s == TP_KERNEL_BAD_INDEX)
     return tp_error_op(d, m, op, "target %lld at flat index %lld is not a class in [0, %lld)",
                        (long long)bad_class, (long long)bad, (long long)C);
   return TP_OK;

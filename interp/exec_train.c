@@ -165,9 +165,9 @@ int tp_exec_matmul_backward(const TpModule *m, int op, const TpTensor *in, TpTen
                             TpDiag *d) {
   int rc = require_f32(m, op, in, out, 0, d);
   if (rc) return rc;
-  bool ok = tp_matmul_backward_f32(&in[0], &in[1], &in[2], present_out(m, op, 0) ? &out[0] : NULL,
-                                   present_out(m, op, 1) ? &out[1] : NULL);
-  return ok ? TP_OK : shape_error(m, op, d);
+  TpKernelStatus s = tp_matmul_backward_f32(&in[0], &in[1], &in[2], present_out(m, op, 0) ? &out[0] : NULL,
+                                            present_out(m, op, 1) ? &out[1] : NULL);
+  return s == TP_KERNEL_OK ? TP_OK : shape_error(m, op, d);
 }
 
 int tp_exec_layernorm_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out,

@@ -6,14 +6,7 @@
 #define TOKPIPE_CPU_ELEMENTWISE_H
 
 #include "../../base/tensor.h"
-
-/* What a kernel returns; the caller turns a failure into a diagnostic. */
-typedef enum {
-  TP_KERNEL_OK = 0,
-  TP_KERNEL_BAD_DTYPE, /* dtype (combination) the kernel does not implement */
-  TP_KERNEL_BAD_SHAPE, /* operand shapes do not fit the output */
-  TP_KERNEL_BAD_INDEX, /* a data-dependent index is out of range */
-} TpKernelStatus;
+#include "kernel.h"
 
 /* ---- strided iteration ----
  * Walks an n-d index space in row-major order over up to TP_ITER_MAX_OPERANDS operands,
