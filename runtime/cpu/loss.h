@@ -33,4 +33,21 @@ TpKernelStatus tp_softmax_cross_entropy_f32(const float *scores, const int64_t *
                                             int64_t C, int64_t D, const TpLossOptions *o,
                                             float *log_prob, float *loss, int64_t *bad);
 
+/* ---- argument structs (see nn.h) ---- */
+#include "../../base/tensor.h"
+
+/* NegativeLogLikelihoodLoss (x the log-probabilities) and SoftmaxCrossEntropyLoss (x the
+ * scores; log_prob where the log-probabilities go, NULL: a scratch of the kernel's). o.weight
+ * is the data of `weight`. */
+typedef struct {
+  const TpTensor *x, *target; /* target i64 */
+  int64_t N, C, D;
+  TpLossOptions o;
+  const TpTensor *weight;
+  TpTensor *log_prob, *loss;
+  int64_t *bad;
+} TpLossArgs;
+TpKernelStatus tp_run_nll_loss(const TpLossArgs *a);
+TpKernelStatus tp_run_softmax_cross_entropy(const TpLossArgs *a);
+
 #endif

@@ -43,4 +43,22 @@ void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
               const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
               int64_t ldc);
 
+/* ---- argument structs ----
+ * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
+ * kernels above: each struct holds one kernel's parameters, tensors as views, in the order
+ * of its parameters; tp_run_* runs the kernel on it. */
+typedef struct {
+  const TpTensor *a, *b;
+  TpTensor *y;
+} TpMatmulArgs;
+TpKernelStatus tp_run_matmul(const TpMatmulArgs *a);
+
+typedef struct {
+  const TpTensor *a, *b, *c;
+  bool trans_a, trans_b;
+  double alpha, beta;
+  TpTensor *y;
+} TpGemmArgs;
+TpKernelStatus tp_run_gemm(const TpGemmArgs *a);
+
 #endif

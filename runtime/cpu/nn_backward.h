@@ -78,4 +78,35 @@ TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
                                              const int64_t *targets, int64_t R, int64_t V,
                                              float denominator, float *dlogits, int64_t *bad);
 
+/* ---- argument structs (see nn.h) ---- */
+#include "transformer.h" /* TpLinearArgs */
+
+TpKernelStatus tp_run_linear_backward(const TpLinearArgs *a);
+
+/* dy, then a, b; da, db (either may be NULL). */
+typedef struct {
+  const TpTensor *dy, *a, *b;
+  TpTensor *da, *db;
+} TpMatmulBackwardArgs;
+TpKernelStatus tp_run_matmul_backward(const TpMatmulBackwardArgs *a);
+
+typedef struct {
+  const TpTensor *dy, *x, *scale, *mean, *inv_std;
+  int64_t rows, n;
+  TpTensor *dx, *dscale, *dbias;
+} TpLayerNormBackwardArgs;
+TpKernelStatus tp_run_layernorm_backward(const TpLayerNormBackwardArgs *a);
+
+typedef struct {
+  const TpTensor *dy, *x;
+  int64_t n;
+  bool tanh_approx;
+  TpTensor *dx;
+} TpGeluBackwardArgs;
+TpKernelStatus tp_run_gelu_backward(const TpGeluBackwardArgs *a);
+
+TpKernelStatus tp_run_softmax_backward(const TpSoftmaxArgs *a);
+TpKernelStatus tp_run_attention_backward(const TpAttentionArgs *a);
+TpKernelStatus tp_run_cross_entropy_backward(const TpCrossEntropyArgs *a);
+
 #endif

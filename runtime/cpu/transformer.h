@@ -70,4 +70,63 @@ TpKernelStatus tp_swiglu_f32(const float *gate, const float *up, int64_t n, floa
 TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                             float *dgate, float *dup);
 
+/* ---- argument structs (see nn.h) ---- */
+#include "../../base/tensor.h"
+
+/* Linear, and its backward (nn_backward.h: dy first; dx, dw, dbias as y, dw, dbias). */
+typedef struct {
+  const TpTensor *dy, *x, *w, *bias;
+  int64_t M, K, N;
+  bool transpose_w;
+  TpTensor *y, *dw, *dbias;
+} TpLinearArgs;
+TpKernelStatus tp_run_linear(const TpLinearArgs *a);
+
+typedef struct {
+  const TpTensor *table, *ids; /* ids i64 */
+  int64_t n, V, C;
+  TpTensor *y;
+  int64_t *bad;
+} TpEmbeddingArgs;
+TpKernelStatus tp_run_embedding(const TpEmbeddingArgs *a);
+
+/* CrossEntropy, and its backward (nn_backward.h: dloss the scalar gradient, y dlogits). */
+typedef struct {
+  const TpTensor *dloss, *logits, *targets; /* targets i64 */
+  int64_t R, V;
+  float denominator;
+  TpTensor *y;
+  int64_t *bad;
+} TpCrossEntropyArgs;
+TpKernelStatus tp_run_cross_entropy(const TpCrossEntropyArgs *a);
+
+/* RMSNorm and its backward (dy first; dx and dscale as y and dscale). */
+typedef struct {
+  const TpTensor *dy, *x, *scale;
+  int64_t rows, n;
+  float eps;
+  TpTensor *y, *dscale;
+} TpRMSNormArgs;
+TpKernelStatus tp_run_rmsnorm(const TpRMSNormArgs *a);
+TpKernelStatus tp_run_rmsnorm_backward(const TpRMSNormArgs *a);
+
+/* Rotary and its backward (x is dy, y dx). */
+typedef struct {
+  const TpTensor *x, *cos, *sin;
+  int64_t rotary_dim;
+  bool interleaved;
+  TpTensor *y;
+} TpRotaryArgs;
+TpKernelStatus tp_run_rotary(const TpRotaryArgs *a);
+TpKernelStatus tp_run_rotary_backward(const TpRotaryArgs *a);
+
+/* SwiGLU and its backward (dy first; dgate and dup as y and dup). */
+typedef struct {
+  const TpTensor *dy, *gate, *up;
+  int64_t n;
+  TpTensor *y, *dup;
+} TpSwiGLUArgs;
+TpKernelStatus tp_run_swiglu(const TpSwiGLUArgs *a);
+TpKernelStatus tp_run_swiglu_backward(const TpSwiGLUArgs *a);
+
 #endif
