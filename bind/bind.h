@@ -24,12 +24,12 @@ typedef enum {
 #include "kernels.def"
 #undef K
   TP_K_COUNT
-} TpKernel;
+} TpKernelId;
 
 /* A bound op: its kernel and the kernel's arguments. The views point into the operand and
  * result arrays given to tp_bind_op, and `bad` fields at b->bad: keep those, do not copy. */
 typedef struct {
-  TpKernel kernel;
+  TpKernelId kernel;
   union {
 #define K(id, name, args) args name;
 #include "kernels.def"
