@@ -10,7 +10,8 @@
 
 #include "../bind/bind.h"
 
-/* How one argument of a call is printed from a field of the bound struct. */
+/* How one argument of a call is printed from a field of the bound struct. The kinds up to
+ * TP_ARG_DIMS print a view (the field is a TpTensor pointer). */
 typedef enum {
   TP_ARG_VIEW,      /* const TpTensor *: &name (NULL when absent) */
   TP_ARG_DATA,      /* const TpTensor *: name.data (NULL when absent) */
