@@ -41,10 +41,10 @@ static TpTensor working_copy(const TpTensor *t, TpDType to, bool convert) {
   v.data = malloc((size_t)(n ? n : 1) * tp_dtype_size(to));
   TP_ASSERT(v.data);
   if (!convert) return v;
-  if (to == TP_I64)
-    for (int64_t i = 0; i < n; i++) ((int64_t *)v.data)[i] = ((const int32_t *)t->data)[i];
-  else if (tp_dtype_size(t->dtype) == tp_dtype_size(to) && t->dtype == to)
+  if (t->dtype == to) /* an aligned copy */
     memcpy(v.data, t->data, tp_tensor_bytes(t));
+  else if (to == TP_I64)
+    for (int64_t i = 0; i < n; i++) ((int64_t *)v.data)[i] = ((const int32_t *)t->data)[i];
   else
     for (int64_t i = 0; i < n; i++) ((float *)v.data)[i] = load_float(t->data, t->dtype, i);
   return v;

@@ -1,12 +1,14 @@
 /* The kernel binders (bind/bind.h) and the targets' kernel tables (codegen/target.h): every
  * kernel has a CPU entry and a spelling on every target, every op kind the interpreter runs
  * has a binder, and a binder turns attributes and dims into the kernel's arguments (RMSNorm:
- * rows, n and epsilon; its shape check). */
+ * rows, n and epsilon; its shape check), and the interpreter's working copies (an operand at
+ * an odd address, as weights referenced in place in a model file are, is copied whole). */
 #include <stdio.h>
 #include <string.h>
 
 #include "bind/bind.h"
 #include "codegen/target.h"
+#include "interp/interp.h"
 
 static int failures;
 #define fail(...) (failures++, fprintf(stderr, "FAIL " __VA_ARGS__), fputc('\n', stderr))
@@ -56,9 +58,33 @@ static void test_rmsnorm(void) {
   tp_module_free(m);
 }
 
+/* Neg of an i64 operand one byte off its alignment: the aligned copy keeps its dtype. */
+static void test_misaligned(void) {
+  TpModule *m = tp_module_new("bind.tir");
+  TpDiag d;
+  FILE *sink = tmpfile();
+  tp_diag_init(&d, "test", "bind.tir", sink);
+  TpType t = {.dtype = TP_I64, .rank = 1, .dims = {3}};
+  int x = tp_add_value(m, "x", TP_VAL_INPUT, t, (TpOrigin){0});
+  const char *names[1] = {"y"};
+  int op = tp_add_op(m, TP_OP_Neg, &x, 1, names, 1, (TpOrigin){"neg", "Neg"});
+  int64_t want[3] = {5000000000LL, -7, 3}, y[3] = {0};
+  _Alignas(8) unsigned char bytes[32];
+  for (int i = 0; i < 3; i++) {
+    int64_t v = -want[i];
+    memcpy(bytes + 1 + 8 * i, &v, 8);
+  }
+  TpTensor in = {TP_I64, 1, {3}, bytes + 1}, out = {TP_I64, 1, {3}, y};
+  if (tp_exec_op(m, op, &in, &out, &d) != TP_OK) fail("exec Neg i64: %s", d.last);
+  else if (memcmp(y, want, sizeof y)) fail("exec Neg of a misaligned i64: %lld %lld %lld", (long long)y[0], (long long)y[1], (long long)y[2]);
+  fclose(sink);
+  tp_module_free(m);
+}
+
 int main(void) {
   test_tables();
   test_rmsnorm();
+  test_misaligned();
   if (failures) return 1;
   printf("bind: ok\n");
   return 0;
