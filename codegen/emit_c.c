@@ -17,25 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/cpu/nn.h" /* tp_attention_set_mask: a mask's strides */
-
-/* Runtime headers a plan may include, one bit each. */
-enum {
-  H_ELEMENTWISE = 1 << 0,
-  H_LAYOUT = 1 << 1,
-  H_REDUCE = 1 << 2,
-  H_MATMUL = 1 << 3,
-  H_NN = 1 << 4,
-  H_LOSS = 1 << 5,
-  H_TRANSFORMER = 1 << 6,
-  H_NN_BACKWARD = 1 << 7,
-  H_LAYOUT_BACKWARD = 1 << 8,
-};
-static const char *const header_names[] = {
-    "cpu/elementwise.h", "cpu/layout.h",      "cpu/reduce.h",
-    "cpu/matmul.h",      "cpu/nn.h",          "cpu/loss.h",
-    "cpu/transformer.h", "cpu/nn_backward.h", "cpu/layout_backward.h",
-};
+#include "target.h"
 
 /* What the tables need of a profiling probe. */
 typedef struct {
@@ -59,8 +41,9 @@ typedef struct {
   bool *referenced;   /* per CONST value: its array is used */
   bool *declared;     /* per value: declared in the current function */
   bool *here;         /* per op: part of the current function */
-  unsigned headers;
-  bool uses_check, uses_check_true, uses_math, uses_arena, uses_bad;
+  const TpTarget *target; /* how kernel calls are spelled */
+  unsigned headers;       /* a bit per header of the target the plan uses */
+  bool uses_check, uses_math, uses_arena, uses_bad;
   int rc;
 } Emitter;
 
@@ -373,12 +356,6 @@ static void emit(Emitter *E, const char *fmt, ...) {
 
 /* ---- ops ---- */
 
-static int64_t dims_product(const TpType *t, int from, int to) {
-  int64_t n = 1;
-  for (int i = from; i < to; i++) n *= t->dims[i];
-  return n;
-}
-
 static const TpType *type_of(const Emitter *E, int v) { return &E->m->values[v].type; }
 
 static int in(const Emitter *E, int op, int i) {
@@ -429,491 +406,206 @@ static bool i64_ids(Emitter *E, int op, int v) {
   return false;
 }
 
-static const char *unary_name(TpOpKind k) {
-  switch (k) {
-  case TP_OP_Sqrt: return "TP_UNARY_SQRT";
-  case TP_OP_Neg: return "TP_UNARY_NEG";
-  case TP_OP_Reciprocal: return "TP_UNARY_RECIPROCAL";
-  case TP_OP_Exp: return "TP_UNARY_EXP";
-  case TP_OP_Log: return "TP_UNARY_LOG";
-  case TP_OP_Erf: return "TP_UNARY_ERF";
-  case TP_OP_Tanh: return "TP_UNARY_TANH";
-  case TP_OP_Relu: return "TP_UNARY_RELU";
-  case TP_OP_Sigmoid: return "TP_UNARY_SIGMOID";
-  case TP_OP_Sin: return "TP_UNARY_SIN";
-  case TP_OP_Cos: return "TP_UNARY_COS";
-  case TP_OP_Not: return "TP_UNARY_NOT";
-  default: return NULL;
-  }
-}
-
-static const char *binary_name(TpOpKind k) {
-  switch (k) {
-  case TP_OP_Add: return "TP_BINARY_ADD";
-  case TP_OP_Sub: return "TP_BINARY_SUB";
-  case TP_OP_Mul: return "TP_BINARY_MUL";
-  case TP_OP_Div: return "TP_BINARY_DIV";
-  case TP_OP_Pow: return "TP_BINARY_POW";
-  case TP_OP_Max: return "TP_BINARY_MAX";
-  case TP_OP_Min: return "TP_BINARY_MIN";
-  case TP_OP_And: return "TP_BINARY_AND";
-  case TP_OP_Equal: return "TP_BINARY_EQUAL";
-  case TP_OP_Less: return "TP_BINARY_LESS";
-  case TP_OP_LessOrEqual: return "TP_BINARY_LESS_EQUAL";
-  case TP_OP_Greater: return "TP_BINARY_GREATER";
-  case TP_OP_GreaterOrEqual: return "TP_BINARY_GREATER_EQUAL";
-  default: return NULL;
-  }
-}
-
-/* The gelu variant of an `approximate` attribute; false (after reporting) if unknown. */
-static bool gelu_tanh(Emitter *E, int op, bool *tanh_approx) {
-  const char *a = tp_attr_string(E->m, op, "approximate", "none");
-  *tanh_approx = strcmp(a, "tanh") == 0;
-  if (*tanh_approx || strcmp(a, "none") == 0) return true;
-  unsupported(E, op, "unknown approximate");
-  return false;
-}
-
-/* The TpAttention of an Attention or AttentionBackward op (Q, K, V from operand `first`),
- * as a compound literal without its closing brace. */
-static bool attention_params(Emitter *E, int op, int first, char *buf, size_t size) {
-  const TpModule *m = E->m;
-  const TpType *q = type_of(E, in(E, op, first)), *k = type_of(E, in(E, op, first + 1)),
-               *v = type_of(E, in(E, op, first + 2));
-  bool packed = q->rank == 3;
-  int64_t qh, kvh, qlen, kvlen, hs, vhs;
-  if (packed) {
-    qh = tp_attr_int(m, op, "q_num_heads", 0);
-    kvh = tp_attr_int(m, op, "kv_num_heads", 0);
-    if (qh <= 0 || kvh <= 0) {
-      unsupported(E, op, "3-D operands need q_num_heads and kv_num_heads");
-      return false;
-    }
-    qlen = q->dims[1], kvlen = k->dims[1], hs = q->dims[2] / qh, vhs = v->dims[2] / kvh;
-  } else {
-    qh = q->dims[1], kvh = k->dims[1], qlen = q->dims[2], kvlen = k->dims[2], hs = q->dims[3], vhs = v->dims[3];
-  }
-  float scale = (float)tp_attr_float(m, op, "scale", 0);
-  if (scale == 0) scale = 1.0f / sqrtf((float)hs);
-  float softcap = (float)tp_attr_float(m, op, "softcap", 0);
-  char lit[40];
-  int len = snprintf(buf, size,
-                     "&(TpAttention){.batch = %lld, .q_heads = %lld, .kv_heads = %lld, .q_len = %lld, "
-                     ".kv_len = %lld, .head_size = %lld, .v_head_size = %lld, .packed = %s, "
-                     ".is_causal = %s, .scale = %s",
-                     (long long)q->dims[0], (long long)qh, (long long)kvh, (long long)qlen,
-                     (long long)kvlen, (long long)hs, (long long)vhs, packed ? "true" : "false",
-                     tp_attr_int(m, op, "is_causal", 0) ? "true" : "false", float_literal(lit, scale));
-  if (softcap != 0) len += snprintf(buf + len, size - (size_t)len, ", .softcap = %s", float_literal(lit, softcap));
-  int64_t offset = tp_attr_int(m, op, "causal_offset", 0);
-  if (offset < 0) {
-    unsupported(E, op, "causal_offset must be >= 0");
-    return false;
-  }
-  if (offset) len += snprintf(buf + len, size - (size_t)len, ", .causal_offset = %lld", (long long)offset);
-  int64_t window = tp_attr_int(m, op, "window", 0);
-  if (window < 0) {
-    unsupported(E, op, "window must be >= 0");
-    return false;
-  }
-  if (window) len += snprintf(buf + len, size - (size_t)len, ", .window = %lld", (long long)window);
-  /* a token slice's K and V are read in place from their context buffers */
-  int64_t rows = tp_context_rows(m, in(E, op, first + 1));
-  if (rows != tp_context_rows(m, in(E, op, first + 2))) {
-    unsupported(E, op, "K and V must both be token-slice contexts, or neither");
-    return false;
-  }
-  if (rows) len += snprintf(buf + len, size - (size_t)len, ", .kv_rows = %lld", (long long)rows);
-  int mode = (int)tp_attr_int(m, op, "qk_matmul_output_mode", 0);
-  if (mode) snprintf(buf + len, size - (size_t)len, ", .qk_mode = %d", mode);
-  return true;
-}
-
-/* An attention op's mask (operand `mask`): the fields of TpAttention that describe it. */
-static bool attention_mask(Emitter *E, int op, int mask, char *buf, size_t size) {
-  const TpType *mt = type_of(E, mask);
-  if (mt->dtype != TP_BOOL && mt->dtype != TP_F32) {
-    unsupported(E, op, "the mask must be bool or f32");
-    return false;
-  }
-  TpAttention p = {0};
-  tp_attention_set_mask(&p, NULL, mt->dtype == TP_BOOL, mt->dims, mt->rank);
-  const int64_t *st = p.mask_strides;
-  snprintf(buf, size, ", .mask = %s.data, .mask_is_bool = %s, .mask_strides = {%lld, %lld, %lld, %lld}, .mask_len = %lld",
-           E->name[mask], p.mask_is_bool ? "true" : "false", (long long)st[0], (long long)st[1], (long long)st[2],
-           (long long)st[3], (long long)p.mask_len);
-  return true;
-}
-
 /* A Reshape whose result shares its operand's bytes: nothing to run. */
 static bool reshape_is_view(const TpMemoryPlan *p, int op, const TpModule *m) {
   const TpMemSlot *y = &p->value[m->ops[op].outputs[0]], *x = &p->value[m->ops[op].inputs[0]];
   return y->kind == TP_MEM_VIEW || (y->kind == TP_MEM_GRAD && x->kind == TP_MEM_GRAD && x->index == y->index);
 }
 
-/* The call of one op; its results are declared already. */
+static const char *const unary_names[] = {
+    [TP_UNARY_SQRT] = "TP_UNARY_SQRT", [TP_UNARY_NEG] = "TP_UNARY_NEG",   [TP_UNARY_RECIPROCAL] = "TP_UNARY_RECIPROCAL",
+    [TP_UNARY_EXP] = "TP_UNARY_EXP",   [TP_UNARY_LOG] = "TP_UNARY_LOG",   [TP_UNARY_ERF] = "TP_UNARY_ERF",
+    [TP_UNARY_TANH] = "TP_UNARY_TANH", [TP_UNARY_RELU] = "TP_UNARY_RELU", [TP_UNARY_SIGMOID] = "TP_UNARY_SIGMOID",
+    [TP_UNARY_SIN] = "TP_UNARY_SIN",   [TP_UNARY_COS] = "TP_UNARY_COS",   [TP_UNARY_NOT] = "TP_UNARY_NOT",
+    [TP_UNARY_GELU] = "TP_UNARY_GELU", [TP_UNARY_GELU_TANH] = "TP_UNARY_GELU_TANH",
+};
+
+static const char *const binary_names[] = {
+    [TP_BINARY_ADD] = "TP_BINARY_ADD",
+    [TP_BINARY_SUB] = "TP_BINARY_SUB",
+    [TP_BINARY_MUL] = "TP_BINARY_MUL",
+    [TP_BINARY_DIV] = "TP_BINARY_DIV",
+    [TP_BINARY_POW] = "TP_BINARY_POW",
+    [TP_BINARY_MAX] = "TP_BINARY_MAX",
+    [TP_BINARY_MIN] = "TP_BINARY_MIN",
+    [TP_BINARY_AND] = "TP_BINARY_AND",
+    [TP_BINARY_EQUAL] = "TP_BINARY_EQUAL",
+    [TP_BINARY_LESS] = "TP_BINARY_LESS",
+    [TP_BINARY_LESS_EQUAL] = "TP_BINARY_LESS_EQUAL",
+    [TP_BINARY_GREATER] = "TP_BINARY_GREATER",
+    [TP_BINARY_GREATER_EQUAL] = "TP_BINARY_GREATER_EQUAL",
+};
+
+static const char *const reduction_names[] = {
+    [TP_REDUCE_NONE] = "TP_REDUCE_NONE", [TP_REDUCE_SUM] = "TP_REDUCE_SUM", [TP_REDUCE_MEAN] = "TP_REDUCE_MEAN"};
+
+/* The operands and results of the op being printed, as the views its binder saw. */
+typedef struct {
+  int op;
+  const TpTensor *in, *out;
+  int nin, nout;
+} Views;
+
+/* The value a view of the bound struct stands for (-1: none). */
+static int value_of(const Emitter *E, const Views *w, const TpTensor *t) {
+  if (!t) return -1;
+  if (t >= w->in && t < w->in + w->nin) return in(E, w->op, (int)(t - w->in));
+  TP_ASSERT(t >= w->out && t < w->out + w->nout);
+  return res(E, w->op, (int)(t - w->out));
+}
+
+/* The TpAttention literal: the shape, causality and scale, then what is not 0. */
+static void put_attention(Emitter *E, FILE *out, const TpAttention *p, int mask) {
+  fprintf(out,
+          "&(TpAttention){.batch = %lld, .q_heads = %lld, .kv_heads = %lld, .q_len = %lld, .kv_len = %lld, "
+          ".head_size = %lld, .v_head_size = %lld, .packed = %s, .is_causal = %s, .scale = ",
+          (long long)p->batch, (long long)p->q_heads, (long long)p->kv_heads, (long long)p->q_len,
+          (long long)p->kv_len, (long long)p->head_size, (long long)p->v_head_size, p->packed ? "true" : "false",
+          p->is_causal ? "true" : "false");
+  put_float(E, out, p->scale);
+  if (p->softcap != 0) fputs(", .softcap = ", out), put_float(E, out, p->softcap);
+  if (p->causal_offset) fprintf(out, ", .causal_offset = %lld", (long long)p->causal_offset);
+  if (p->window) fprintf(out, ", .window = %lld", (long long)p->window);
+  if (p->kv_rows) fprintf(out, ", .kv_rows = %lld", (long long)p->kv_rows);
+  if (p->qk_mode) fprintf(out, ", .qk_mode = %d", p->qk_mode);
+  if (mask >= 0) {
+    const int64_t *st = p->mask_strides;
+    fprintf(out, ", .mask = %s.data, .mask_is_bool = %s, .mask_strides = {%lld, %lld, %lld, %lld}, .mask_len = %lld",
+            E->name[mask], p->mask_is_bool ? "true" : "false", (long long)st[0], (long long)st[1], (long long)st[2],
+            (long long)st[3], (long long)p->mask_len);
+  }
+  fputc('}', out);
+}
+
+static void put_ints(FILE *out, const int64_t *xs, int n) {
+  fputs("(const int64_t[]){", out);
+  for (int i = 0; i < n; i++) {
+    if (i) fputs(", ", out);
+    put_int(out, xs[i]);
+  }
+  fputc('}', out);
+}
+
+/* One argument of the call of bound op b (w: its views). */
+static void put_arg(Emitter *E, FILE *out, const TpArgSpelling *s, const TpBound *b, const Views *w) {
+  const char *base = (const char *)b;
+  const void *f = base + s->offset;
+  const TpTensor *t = s->kind <= TP_ARG_DIMS ? *(const TpTensor *const *)f : NULL;
+  int v = value_of(E, w, t);
+  switch (s->kind) {
+  case TP_ARG_VIEW: v < 0 ? fputs("NULL", out) : fprintf(out, "&%s", E->name[v]); break;
+  case TP_ARG_DATA: v < 0 ? fputs("NULL", out) : fprintf(out, "%s.data", E->name[v]); break;
+  case TP_ARG_SCALAR: fprintf(out, "*(const float *)%s.data", E->name[v]); break;
+  case TP_ARG_SCRATCH:
+    if (v >= 0) fprintf(out, "%s.data", E->name[v]);
+    else fprintf(out, "(float *)(arena + %lld)", (long long)E->mem->scratch[w->op].offset), E->uses_arena = true;
+    break;
+  case TP_ARG_RANK: put_int(out, t->rank); break;
+  case TP_ARG_DIMS: put_ints(out, t->dims, t->rank); break;
+  case TP_ARG_I64: put_int(out, *(const int64_t *)f); break;
+  case TP_ARG_INT: put_int(out, *(const int *)f); break;
+  case TP_ARG_BOOL: fputs(*(const bool *)f ? "true" : "false", out); break;
+  case TP_ARG_F32: put_float(E, out, *(const float *)f); break;
+  case TP_ARG_F64: put_double(E, out, *(const double *)f); break;
+  case TP_ARG_I64S: put_ints(out, *(const int64_t *const *)f, *(const int *)(base + s->aux)); break;
+  case TP_ARG_VIEWS_IN:
+  case TP_ARG_VIEWS_OUT: {
+    const TpTensor *xs = *(const TpTensor *const *)f;
+    fputs(s->kind == TP_ARG_VIEWS_IN ? "(const TpTensor[]){" : "(TpTensor[]){", out);
+    for (int i = 0, n = *(const int *)(base + s->aux); i < n; i++)
+      fprintf(out, "%s%s", i ? ", " : "", E->name[value_of(E, w, &xs[i])]);
+    fputc('}', out);
+    break;
+  }
+  case TP_ARG_UNARY_OP: fputs(unary_names[*(const TpUnaryOp *)f], out); break;
+  case TP_ARG_BINARY_OP: fputs(binary_names[*(const TpBinaryOp *)f], out); break;
+  case TP_ARG_ATTENTION: put_attention(E, out, f, value_of(E, w, *(const TpTensor *const *)(base + s->aux))); break;
+  case TP_ARG_LOSS: {
+    const TpLossOptions *o = f;
+    int weight = value_of(E, w, *(const TpTensor *const *)(base + s->aux));
+    fprintf(out, "&(TpLossOptions){.weight = %s%s, .has_ignore = %s, .ignore_index = %lld, .reduction = %s}",
+            weight >= 0 ? E->name[weight] : "NULL", weight >= 0 ? ".data" : "", o->has_ignore ? "true" : "false",
+            o->has_ignore ? (long long)o->ignore_index : 0LL, reduction_names[o->reduction]);
+    break;
+  }
+  case TP_ARG_BAD:
+    E->uses_bad = true;
+    fputs("&bad", out);
+    break;
+  }
+}
+
+/* CHECK(kernel(args...)); of bound op b in the target's spelling. */
+static void emit_call(Emitter *E, const TpBound *b, const Views *w) {
+  const TpKernelSpelling *k = &E->target->kernels[b->kernel];
+  TP_ASSERT(k->name);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&text, &len);
+  TP_ASSERT(out);
+  fprintf(out, "CHECK(%s(", k->name);
+  for (int i = 0; i < k->nargs; i++) {
+    if (i) fputs(", ", out);
+    put_arg(E, out, &k->args[i], b, w);
+  }
+  fputs("));", out);
+  fclose(out);
+  E->headers |= 1u << k->header;
+  E->uses_check = true;
+  emit(E, "%s", text);
+  free(text);
+}
+
+/* The call of one op; its results are declared already. The op's binder (bind/bind.c) gives
+ * the kernel and its arguments from views of the operands' types; what is decided here is
+ * the plan's memory: a Reshape that is a view runs nothing, and a token slice's keys and
+ * values are appended to, and read in place from, their context buffers. */
 static void emit_op(Emitter *E, int op) {
   const TpModule *m = E->m;
   const TpOp *o = &m->ops[op];
-  TpOpKind k = o->kind;
-  int x = in(E, op, 0), y = res(E, op, 0);
-  switch (k) {
-  case TP_OP_Sqrt: case TP_OP_Neg: case TP_OP_Reciprocal: case TP_OP_Exp: case TP_OP_Log:
-  case TP_OP_Erf: case TP_OP_Tanh: case TP_OP_Relu: case TP_OP_Sigmoid: case TP_OP_Sin: case TP_OP_Cos:
-  case TP_OP_Not: case TP_OP_Gelu: {
-    const char *u = unary_name(k);
-    bool tanh_approx;
-    if (k == TP_OP_Gelu) {
-      if (!gelu_tanh(E, op, &tanh_approx)) return;
-      u = tanh_approx ? "TP_UNARY_GELU_TANH" : "TP_UNARY_GELU";
-    }
-    E->headers |= H_ELEMENTWISE;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_unary(%s, %t, %t));", u, x, y);
+  const TpOpBinding *r = &tp_op_bindings[o->kind];
+  if (o->kind == TP_OP_Reshape && reshape_is_view(E->mem, op, m)) return;
+  if (!r->bind) {
+    unsupported(E, op, NULL);
     return;
   }
-  case TP_OP_Add: case TP_OP_Sub: case TP_OP_Mul: case TP_OP_Div: case TP_OP_Pow: case TP_OP_Max:
-  case TP_OP_Min: case TP_OP_And: case TP_OP_Equal: case TP_OP_Less: case TP_OP_LessOrEqual:
-  case TP_OP_Greater: case TP_OP_GreaterOrEqual:
-    E->headers |= H_ELEMENTWISE;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_binary(%s, %t, %t, %t));", binary_name(k), x, in(E, op, 1), y);
-    return;
-  case TP_OP_Where:
-    E->headers |= H_ELEMENTWISE;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_where(%t, %t, %t, %t));", x, in(E, op, 1), in(E, op, 2), y);
-    return;
-  case TP_OP_Cast:
-    E->headers |= H_ELEMENTWISE;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_cast(%t, %t));", x, y);
-    return;
-  case TP_OP_MatMul:
-    E->headers |= H_MATMUL;
-    E->uses_check_true = true;
-    emit(E, "CHECK_TRUE(tp_matmul(%t, %t, %t));", x, in(E, op, 1), y);
-    return;
-  case TP_OP_Gemm:
-    E->headers |= H_MATMUL;
-    E->uses_check_true = true;
-    emit(E, "CHECK_TRUE(tp_gemm(%t, %t, %t, %B, %B, %G, %G, %t));", x, in(E, op, 1), in(E, op, 2),
-         (int)tp_attr_int(m, op, "transA", 0), (int)tp_attr_int(m, op, "transB", 0),
-         tp_attr_float(m, op, "alpha", 1.0), tp_attr_float(m, op, "beta", 1.0), y);
-    return;
-  case TP_OP_Gather:
-    E->headers |= H_LAYOUT;
-    E->uses_check = E->uses_bad = true;
-    emit(E, "CHECK(tp_gather(%t, %t, %I, %t, &bad));", x, in(E, op, 1), tp_attr_int(m, op, "axis", 0), y);
-    return;
-  case TP_OP_GatherElements:
-    E->headers |= H_LAYOUT;
-    E->uses_check = E->uses_bad = true;
-    emit(E, "CHECK(tp_gather_elements(%t, %t, %I, %t, &bad));", x, in(E, op, 1), tp_attr_int(m, op, "axis", 0), y);
-    return;
-  case TP_OP_Tile:
-    E->headers |= H_LAYOUT;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_tile(%t, %t));", x, y);
-    return;
-  case TP_OP_CumSum:
-    E->headers |= H_REDUCE;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_cumsum(%t, %I, %B, %B, %t));", x, tp_attr_int(m, op, "axis", 0),
-         (int)tp_attr_int(m, op, "exclusive", 0), (int)tp_attr_int(m, op, "reverse", 0), y);
-    return;
-  case TP_OP_Reshape: /* a copy only where the result must be in its own buffer */
-    if (!reshape_is_view(E->mem, op, E->m)) {
-      E->headers |= H_LAYOUT;
-      E->uses_check = true;
-      emit(E, "CHECK(tp_reshape(%t, %t));", x, y);
-    }
-    return;
-  case TP_OP_Expand:
-    E->headers |= H_LAYOUT;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_expand(%t, %t));", x, y);
-    return;
-  case TP_OP_Transpose: {
-    int n;
-    const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
-    E->headers |= H_LAYOUT;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_transpose(%t, %L, %t));", x, perm, n, y);
+  if ((r->dtypes == TP_BIND_F32 || r->dtypes == TP_BIND_F32_COPY) && !f32_only(E, op)) return;
+  if (r->ids && !i64_ids(E, op, in(E, op, r->ids - 1))) return;
+  TpTensor views[128];
+  TP_ASSERT(o->ninputs + o->noutputs <= 128);
+  Views w = {op, views, views + o->ninputs, o->ninputs, o->noutputs};
+  for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+    int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+    views[k] = v >= 0 ? tp_value_tensor(m, v) : (TpTensor){0};
+  }
+  TpBound b;
+  int rc = tp_bind_op(m, op, w.in, views + o->ninputs, &b, E->d);
+  if (rc != TP_OK) {
+    E->rc = rc;
     return;
   }
-  case TP_OP_Split: {
-    char list[4096];
-    int len = 0;
-    for (int i = 0; i < o->noutputs && len < (int)sizeof list - 256; i++)
-      len += snprintf(list + len, sizeof list - (size_t)len, "%s%s", i ? ", " : "", E->name[o->outputs[i]]);
-    if (len >= (int)sizeof list - 256) {
-      unsupported(E, op, "too many results");
-      return;
-    }
-    E->headers |= H_LAYOUT;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_split(%t, %I, (TpTensor[]){%s}, %I));", x, tp_attr_int(m, op, "axis", 0), list,
-         (int64_t)o->noutputs);
-    return;
+  if (b.kernel == TP_K_CONCAT && tp_context_rows(m, o->outputs[0])) {
+    /* only the slice's own rows are new in the buffer */
+    const TpConcatArgs *c = &b.a.concat;
+    const TpTensor *own = &c->xs[c->n - 1];
+    b.kernel = TP_K_CONTEXT_APPEND;
+    b.a.context_append = (TpContextAppendArgs){own, c->axis, c->y->dims[c->axis] - own->dims[c->axis],
+                                               tp_context_rows(m, o->outputs[0]), c->y};
   }
-  case TP_OP_Slice:
-  case TP_OP_SliceBackward: {
-    int ns, nt;
-    const int64_t *starts = tp_attr_ints(m, op, "starts", &ns), *steps = tp_attr_ints(m, op, "steps", &nt);
-    bool fwd = k == TP_OP_Slice;
-    E->headers |= fwd ? H_LAYOUT : H_LAYOUT_BACKWARD;
-    E->uses_check = true;
-    emit(E, fwd ? "CHECK(tp_slice(%t, %L, %L, %t));" : "CHECK(tp_slice_backward(%t, %L, %L, %t));",
-         x, starts, ns, steps, nt, y);
-    return;
-  }
-  case TP_OP_Concat: {
-    int64_t rows = tp_context_rows(m, y), axis = tp_attr_int(m, op, "axis", 0);
-    if (rows) { /* a slice's keys or values: only its own rows are new in the buffer */
-      int own = in(E, op, o->ninputs - 1);
-      E->headers |= H_LAYOUT;
-      E->uses_check = true;
-      emit(E, "CHECK(tp_context_append(%t, %I, %I, %I, %v));", own, axis,
-           type_of(E, y)->dims[axis] - type_of(E, own)->dims[axis], rows, y);
-      return;
-    }
-    char list[4096];
-    int len = 0;
-    for (int i = 0; i < o->ninputs && len < (int)sizeof list - 256; i++)
-      len += snprintf(list + len, sizeof list - (size_t)len, "%s%s", i ? ", " : "", E->name[o->inputs[i]]);
-    if (len >= (int)sizeof list - 256) {
-      unsupported(E, op, "too many operands");
-      return;
-    }
-    E->headers |= H_LAYOUT;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_concat((const TpTensor[]){%s}, %I, %I, %t));", list, (int64_t)o->ninputs, axis, y);
-    return;
-  }
-  case TP_OP_Trilu:
-    E->headers |= H_LAYOUT;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_trilu(%t, %B, %I, %t));", x, (int)tp_attr_int(m, op, "upper", 1),
-         tp_attr_int(m, op, "k", 0), y);
-    return;
-  case TP_OP_ReduceMean:
-  case TP_OP_ReduceSum: {
-    int n;
-    const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
-    E->headers |= H_REDUCE;
-    E->uses_check = true;
-    emit(E, "CHECK(tp_reduce_sum(%t, %L, %I, %B, %t));", x, axes, n, (int64_t)n, k == TP_OP_ReduceMean, y);
-    return;
-  }
-  default: break;
-  }
-
-  /* The flat f32 kernels. */
-  if (!f32_only(E, op)) return;
-  const TpType *tx = x >= 0 ? type_of(E, x) : NULL;
-  switch (k) {
-  case TP_OP_Softmax:
-  case TP_OP_LogSoftmax:
-  case TP_OP_SoftmaxBackward:
-  case TP_OP_LogSoftmaxBackward: {
-    bool fwd = k == TP_OP_Softmax || k == TP_OP_LogSoftmax;
-    bool log = k == TP_OP_LogSoftmax || k == TP_OP_LogSoftmaxBackward;
-    const TpType *t = type_of(E, y);
-    int axis = (int)tp_attr_int(m, op, "axis", t->rank - 1);
-    int64_t outer = dims_product(t, 0, axis), n = t->dims[axis], inner = dims_product(t, axis + 1, t->rank);
-    E->headers |= fwd ? H_NN : H_NN_BACKWARD;
-    if (fwd) emit(E, "tp_softmax_f32(%v, %v, %I, %I, %I, %B);", x, y, outer, n, inner, log);
-    else emit(E, "tp_softmax_backward_f32(%v, %v, %I, %I, %I, %B, %v);", x, in(E, op, 1), outer, n, inner, log, y);
-    return;
-  }
-  case TP_OP_LayerNorm: {
-    int axis = (int)tp_attr_int(m, op, "axis", tx->rank - 1);
-    int64_t outer = dims_product(tx, 0, axis), n = dims_product(tx, axis, tx->rank);
-    int scale = in(E, op, 1), bias = in(E, op, 2);
-    if (tp_type_numel(type_of(E, scale)) != n || (bias >= 0 && tp_type_numel(type_of(E, bias)) != n)) {
-      unsupported(E, op, "scale and bias must have the normalised shape");
-      return;
-    }
-    E->headers |= H_NN;
-    emit(E, "tp_layernorm_f32(%v, %v, %v, %I, %I, %F, %v, %v, %v);", x, scale, bias, outer, n,
-         tp_attr_float(m, op, "epsilon", 1e-5), y, res(E, op, 1), res(E, op, 2));
-    return;
-  }
-  case TP_OP_LayerNormBackward: {
-    int axis = (int)tp_attr_int(m, op, "axis", type_of(E, in(E, op, 1))->rank - 1);
-    const TpType *t = type_of(E, in(E, op, 1));
-    int64_t rows = dims_product(t, 0, axis), n = dims_product(t, axis, t->rank);
-    if (tp_type_numel(type_of(E, in(E, op, 2))) != n) {
-      unsupported(E, op, "scale must have the normalised shape");
-      return;
-    }
-    E->headers |= H_NN_BACKWARD;
-    emit(E, "tp_layernorm_backward_f32(%v, %v, %v, %v, %v, %I, %I, %v, %v, %v);", x, in(E, op, 1),
-         in(E, op, 2), in(E, op, 3), in(E, op, 4), rows, n, y, res(E, op, 1), res(E, op, 2));
-    return;
-  }
-  case TP_OP_GeluBackward: {
-    bool tanh_approx;
-    if (!gelu_tanh(E, op, &tanh_approx)) return;
-    E->headers |= H_NN_BACKWARD;
-    emit(E, "tp_gelu_backward_f32(%v, %v, %I, %B, %v);", x, in(E, op, 1), tp_type_numel(tx), tanh_approx, y);
-    return;
-  }
-  case TP_OP_RMSNorm:
-  case TP_OP_RMSNormBackward: {
-    bool fwd = k == TP_OP_RMSNorm;
-    const TpType *t = type_of(E, fwd ? x : in(E, op, 1));
-    int axis = (int)tp_attr_int(m, op, "axis", t->rank - 1);
-    int64_t rows = dims_product(t, 0, axis), n = dims_product(t, axis, t->rank);
-    double eps = tp_attr_float(m, op, "epsilon", 0);
-    E->headers |= H_TRANSFORMER;
-    if (fwd) emit(E, "tp_rmsnorm_f32(%v, %v, %I, %I, %F, %v);", x, in(E, op, 1), rows, n, eps, y);
-    else
-      emit(E, "tp_rmsnorm_backward_f32(%v, %v, %v, %I, %I, %F, %v, %v);", x, in(E, op, 1), in(E, op, 2), rows, n, eps,
-           y, res(E, op, 1));
-    return;
-  }
-  case TP_OP_Rotary:
-  case TP_OP_RotaryBackward: {
-    const TpType *tc = type_of(E, in(E, op, 1));
-    E->headers |= H_TRANSFORMER;
-    emit(E, k == TP_OP_Rotary ? "tp_rotary_f32(%v, %v, %v, %I, %L, %L, %I, %B, %v);"
-                              : "tp_rotary_backward_f32(%v, %v, %v, %I, %L, %L, %I, %B, %v);",
-         x, in(E, op, 1), in(E, op, 2), (int64_t)tx->rank, tx->dims, tx->rank, tc->dims, tc->rank,
-         tp_attr_int(m, op, "rotary_dim", 0), (int)tp_attr_int(m, op, "interleaved", 0), y);
-    return;
-  }
-  case TP_OP_SwiGLU:
-    E->headers |= H_TRANSFORMER;
-    emit(E, "tp_swiglu_f32(%v, %v, %I, %v);", x, in(E, op, 1), tp_type_numel(tx), y);
-    return;
-  case TP_OP_SwiGLUBackward:
-    E->headers |= H_TRANSFORMER;
-    emit(E, "tp_swiglu_backward_f32(%v, %v, %v, %I, %v, %v);", x, in(E, op, 1), in(E, op, 2), tp_type_numel(tx), y,
-         res(E, op, 1));
-    return;
-  case TP_OP_Attention:
-  case TP_OP_AttentionBackward: {
-    bool fwd = k == TP_OP_Attention;
-    int q = fwd ? x : in(E, op, 1);
-    if (fwd && (in(E, op, 4) >= 0 || in(E, op, 5) >= 0)) {
+  if (b.kernel == TP_K_ATTENTION || b.kernel == TP_K_ATTENTION_BACKWARD) {
+    TpAttentionArgs *a = &b.a.attention;
+    if (a->past_k) {
       unsupported(E, op, "past keys and values");
       return;
     }
-    if (type_of(E, q)->rank != 3 && type_of(E, q)->rank != 4) {
-      unsupported(E, op, "operands must be 3-D or 4-D");
+    int64_t rows = tp_context_rows(m, value_of(E, &w, a->k));
+    if (rows != tp_context_rows(m, value_of(E, &w, a->v))) {
+      unsupported(E, op, "K and V must both be token-slice contexts, or neither");
       return;
     }
-    int mv = in(E, op, fwd ? 3 : 4); /* the mask */
-    size_t size = 1024 + (mv >= 0 ? strlen(E->name[mv]) : 0); /* numbers, and the mask's name */
-    char *p = malloc(size), *mask = malloc(size);
-    TP_ASSERT(p && mask);
-    mask[0] = 0;
-    if (attention_params(E, op, fwd ? 0 : 1, p, size) && (mv < 0 || attention_mask(E, op, mv, mask, size))) {
-      strcat(strcat(p, mask), "}");
-      E->headers |= fwd ? H_NN : H_NN_BACKWARD;
-      if (fwd)
-        emit(E, "tp_attention_f32(%s, %v, %v, %v, NULL, NULL, %v, %v, %v, %v);", p, x, in(E, op, 1),
-             in(E, op, 2), y, res(E, op, 1), res(E, op, 2), res(E, op, 3));
-      else
-        emit(E, "tp_attention_backward_f32(%s, %v, %v, %v, %v, %v, %v, %v);", p, x, in(E, op, 1),
-             in(E, op, 2), in(E, op, 3), y, res(E, op, 1), res(E, op, 2));
-    }
-    free(p);
-    free(mask);
-    return;
+    a->p.kv_rows = rows;
   }
-  case TP_OP_Linear:
-  case TP_OP_LinearBackward: {
-    bool fwd = k == TP_OP_Linear;
-    int xv = fwd ? x : in(E, op, 1), w = fwd ? in(E, op, 1) : in(E, op, 2);
-    const TpType *t = type_of(E, xv), *tw = type_of(E, w);
-    bool tr = tp_attr_int(m, op, "transpose_w", 0) != 0;
-    int64_t K = t->dims[t->rank - 1], M = tp_type_numel(t) / (K ? K : 1), N = tw->dims[tr ? 0 : 1];
-    E->headers |= fwd ? H_TRANSFORMER : H_NN_BACKWARD;
-    if (fwd) emit(E, "tp_linear_f32(%v, %v, %v, %I, %I, %I, %B, %v);", x, w, in(E, op, 2), M, K, N, tr, y);
-    else
-      emit(E, "tp_linear_backward_f32(%v, %v, %v, %I, %I, %I, %B, %v, %v, %v);", x, xv, w, M, K, N, tr,
-           y, res(E, op, 1), res(E, op, 2));
-    return;
-  }
-  case TP_OP_MatMulBackward:
-    E->headers |= H_NN_BACKWARD;
-    E->uses_check_true = true;
-    emit(E, "CHECK_TRUE(tp_matmul_backward_f32(%t, %t, %t, %t, %t));", x, in(E, op, 1), in(E, op, 2),
-         y, res(E, op, 1));
-    return;
-  case TP_OP_Embedding: {
-    int table = x, ids = in(E, op, 1);
-    if (!i64_ids(E, op, ids)) return;
-    const TpType *t = type_of(E, table);
-    E->headers |= H_TRANSFORMER;
-    E->uses_check = E->uses_bad = true;
-    emit(E, "CHECK(tp_embedding_f32(%v, %v, %I, %I, %I, %v, &bad));", table, ids,
-         tp_type_numel(type_of(E, ids)), t->dims[0], t->dims[1], y);
-    return;
-  }
-  case TP_OP_GatherBackward:
-    E->headers |= H_LAYOUT_BACKWARD;
-    E->uses_check = E->uses_bad = true;
-    emit(E, "CHECK(tp_gather_backward(%t, %t, %I, %t, &bad));", x, in(E, op, 1),
-         tp_attr_int(m, op, "axis", 0), y);
-    return;
-  case TP_OP_GatherElementsBackward:
-    E->headers |= H_LAYOUT_BACKWARD;
-    E->uses_check = E->uses_bad = true;
-    emit(E, "CHECK(tp_gather_elements_backward(%t, %t, %I, %t, &bad));", x, in(E, op, 1),
-         tp_attr_int(m, op, "axis", 0), y);
-    return;
-  case TP_OP_CrossEntropy:
-  case TP_OP_CrossEntropyBackward: {
-    bool fwd = k == TP_OP_CrossEntropy;
-    int logits = fwd ? x : in(E, op, 1), targets = fwd ? in(E, op, 1) : in(E, op, 2);
-    if (!i64_ids(E, op, targets)) return;
-    const TpType *t = type_of(E, logits);
-    int64_t V = t->dims[t->rank - 1], R = tp_type_numel(t) / (V ? V : 1);
-    double denom = tp_attr_float(m, op, "denominator", 1.0);
-    E->headers |= fwd ? H_TRANSFORMER : H_NN_BACKWARD;
-    E->uses_check = E->uses_bad = true;
-    if (fwd)
-      emit(E, "CHECK(tp_cross_entropy_f32(%v, %v, %I, %I, %F, %v, &bad));", logits, targets, R, V, denom, y);
-    else
-      emit(E, "CHECK(tp_cross_entropy_backward_f32(*(const float *)%v, %v, %v, %I, %I, %F, %v, &bad));", x,
-           logits, targets, R, V, denom, y);
-    return;
-  }
-  case TP_OP_SoftmaxCrossEntropyLoss:
-  case TP_OP_NegativeLogLikelihoodLoss: {
-    int labels = in(E, op, 1), weight = in(E, op, 2);
-    if (!i64_ids(E, op, labels)) return;
-    const char *red = tp_attr_string(m, op, "reduction", "mean");
-    const char *reduction = strcmp(red, "none") == 0  ? "TP_REDUCE_NONE"
-                            : strcmp(red, "sum") == 0 ? "TP_REDUCE_SUM"
-                                                      : "TP_REDUCE_MEAN";
-    const TpAttr *ignore = tp_get_attr(m, op, "ignore_index");
-    char opts[256];
-    snprintf(opts, sizeof opts, "&(TpLossOptions){.weight = %s%s, .has_ignore = %s, .ignore_index = %lld, .reduction = %s}",
-             weight >= 0 ? E->name[weight] : "NULL", weight >= 0 ? ".data" : "", ignore ? "true" : "false",
-             ignore ? (long long)ignore->i : 0LL, reduction);
-    int64_t N = tx->dims[0], C = tx->rank > 1 ? tx->dims[1] : 1, D = dims_product(tx, 2, tx->rank);
-    E->headers |= H_LOSS;
-    E->uses_check_true = true;
-    if (k == TP_OP_NegativeLogLikelihoodLoss) {
-      emit(E, "CHECK_TRUE(tp_nll_loss_f32(%v, %v, %I, %I, %I, %s, %v) < 0);", x, labels, N, C, D, opts, y);
-      return;
-    }
-    char lp[64];
-    const TpMemSlot *s = &E->mem->scratch[op];
-    if (res(E, op, 1) >= 0) snprintf(lp, sizeof lp, "%s.data", E->name[res(E, op, 1)]);
-    else snprintf(lp, sizeof lp, "(float *)(arena + %lld)", (long long)s->offset), E->uses_arena = true;
-    emit(E, "CHECK_TRUE(tp_softmax_cross_entropy_f32(%v, %v, %I, %I, %I, %s, %s, %v) < 0);", x, labels,
-         N, C, D, opts, lp, y);
-    return;
-  }
-  default: unsupported(E, op, NULL); return;
-  }
+  emit_call(E, &b, &w);
 }
 
 /* ---- functions and tables ---- */
@@ -1319,6 +1011,8 @@ static void emit_tables(Emitter *E, FILE *out) {
 static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem, const TpEmitOptions *o,
                          TpDiag *d, const char *prefix) {
   *E = (Emitter){.m = m, .mem = mem, .o = o, .d = d, .prefix = prefix};
+  E->target = tp_target_find(o->target ? o->target : "cpu");
+  TP_ASSERT(E->target); /* the tool checked the name */
   E->name = calloc((size_t)m->nvalues + 1, sizeof *E->name);
   E->array = calloc((size_t)m->nvalues + 1, sizeof *E->array);
   E->referenced = calloc((size_t)m->nvalues + 1, sizeof *E->referenced);
@@ -1400,7 +1094,6 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
     if (P.referenced[v]) emit_constant(&P, v, consts);
   E->headers |= P.headers;
   E->uses_check |= P.uses_check;
-  E->uses_check_true |= P.uses_check_true;
   E->uses_math |= P.uses_math;
   rc = P.rc;
   emitter_free(&P);
@@ -1465,12 +1158,12 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
       fprintf(out, "%s(%lld, %lld)%s", k % 8 ? " " : k ? "\n *   " : " * Profiling probes (--profile-grid), (l, c):\n *   ",
               (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
     fputs(" * Build: cc plan.c $(pkg-config --cflags --libs tokpipe) -o trainer */\n", out);
-    if (E.uses_check || E.uses_check_true) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
+    if (E.uses_check) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
     if (E.uses_math) fputs("#include <math.h>\n", out);
     fputs("\n#include \"train/plan.h\"\n", out);
-    for (size_t h = 0; h < sizeof header_names / sizeof *header_names; h++)
-      if (E.headers & (1u << h)) fprintf(out, "#include \"%s\"\n", header_names[h]);
-    if (E.uses_check || E.uses_check_true) {
+    for (int h = 0; h < E.target->nheaders; h++)
+      if (E.headers & (1u << h)) fprintf(out, "#include \"%s\"\n", E.target->headers[h]);
+    if (E.uses_check) {
       fputs("\n/* The compiler fixed every shape and dtype, so a kernel refusing its operands is a\n"
             " * compiler bug (and an id out of range one the trainer let through): stop at the line. */\n"
             "static void kernel_failed(int line) {\n"
@@ -1478,8 +1171,7 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
             "  abort();\n"
             "}\n",
             out);
-      if (E.uses_check) fputs("#define CHECK(status) ((status) == TP_KERNEL_OK ? (void)0 : kernel_failed(__LINE__))\n", out);
-      if (E.uses_check_true) fputs("#define CHECK_TRUE(ok) ((ok) ? (void)0 : kernel_failed(__LINE__))\n", out);
+      fputs("#define CHECK(status) ((status) == TP_KERNEL_OK ? (void)0 : kernel_failed(__LINE__))\n", out);
     }
     if (const_len) {
       fputs("\n", out);

@@ -1,102 +1,130 @@
 #include "interp.h"
 
+#include "../bind/bind.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Each IR op's one implementation. */
-static const TpExecFn exec_table[TP_OP_COUNT] = {
-    [TP_OP_Add] = tp_exec_binary,
-    [TP_OP_Sub] = tp_exec_binary,
-    [TP_OP_Mul] = tp_exec_binary,
-    [TP_OP_Div] = tp_exec_binary,
-    [TP_OP_Pow] = tp_exec_binary,
-    [TP_OP_Max] = tp_exec_binary,
-    [TP_OP_Min] = tp_exec_binary,
-    [TP_OP_And] = tp_exec_binary,
-    [TP_OP_Equal] = tp_exec_binary,
-    [TP_OP_Less] = tp_exec_binary,
-    [TP_OP_LessOrEqual] = tp_exec_binary,
-    [TP_OP_Greater] = tp_exec_binary,
-    [TP_OP_GreaterOrEqual] = tp_exec_binary,
-    [TP_OP_Sqrt] = tp_exec_unary,
-    [TP_OP_Neg] = tp_exec_unary,
-    [TP_OP_Reciprocal] = tp_exec_unary,
-    [TP_OP_Exp] = tp_exec_unary,
-    [TP_OP_Log] = tp_exec_unary,
-    [TP_OP_Erf] = tp_exec_unary,
-    [TP_OP_Tanh] = tp_exec_unary,
-    [TP_OP_Relu] = tp_exec_unary,
-    [TP_OP_Sigmoid] = tp_exec_unary,
-    [TP_OP_Sin] = tp_exec_unary,
-    [TP_OP_Cos] = tp_exec_unary,
-    [TP_OP_Not] = tp_exec_unary,
-    [TP_OP_Gelu] = tp_exec_unary,
-    [TP_OP_Where] = tp_exec_where,
-    [TP_OP_Cast] = tp_exec_cast,
-    [TP_OP_MatMul] = tp_exec_matmul,
-    [TP_OP_Gemm] = tp_exec_gemm,
-    [TP_OP_Gather] = tp_exec_gather,
-    [TP_OP_GatherElements] = tp_exec_gather,
-    [TP_OP_Tile] = tp_exec_tile,
-    [TP_OP_CumSum] = tp_exec_cumsum,
-    [TP_OP_Reshape] = tp_exec_reshape,
-    [TP_OP_Expand] = tp_exec_expand,
-    [TP_OP_Transpose] = tp_exec_transpose,
-    [TP_OP_Split] = tp_exec_split,
-    [TP_OP_Slice] = tp_exec_slice,
-    [TP_OP_Concat] = tp_exec_concat,
-    [TP_OP_Trilu] = tp_exec_trilu,
-    [TP_OP_Softmax] = tp_exec_softmax,
-    [TP_OP_LogSoftmax] = tp_exec_softmax,
-    [TP_OP_ReduceMean] = tp_exec_reduce,
-    [TP_OP_ReduceSum] = tp_exec_reduce,
-    [TP_OP_LayerNorm] = tp_exec_layernorm,
-    [TP_OP_Attention] = tp_exec_attention,
-    [TP_OP_SoftmaxCrossEntropyLoss] = tp_exec_loss,
-    [TP_OP_NegativeLogLikelihoodLoss] = tp_exec_loss,
-    [TP_OP_Linear] = tp_exec_linear,
-    [TP_OP_Embedding] = tp_exec_embedding,
-    [TP_OP_CrossEntropy] = tp_exec_cross_entropy,
-    [TP_OP_LinearBackward] = tp_exec_linear_backward,
-    [TP_OP_MatMulBackward] = tp_exec_matmul_backward,
-    [TP_OP_GatherBackward] = tp_exec_gather_backward,
-    [TP_OP_GatherElementsBackward] = tp_exec_gather_backward,
-    [TP_OP_SliceBackward] = tp_exec_slice_backward,
-    [TP_OP_LayerNormBackward] = tp_exec_layernorm_backward,
-    [TP_OP_GeluBackward] = tp_exec_gelu_backward,
-    [TP_OP_SoftmaxBackward] = tp_exec_softmax_backward,
-    [TP_OP_LogSoftmaxBackward] = tp_exec_softmax_backward,
-    [TP_OP_AttentionBackward] = tp_exec_attention_backward,
-    [TP_OP_CrossEntropyBackward] = tp_exec_cross_entropy_backward,
-    [TP_OP_RMSNorm] = tp_exec_rmsnorm,
-    [TP_OP_RMSNormBackward] = tp_exec_rmsnorm_backward,
-    [TP_OP_Rotary] = tp_exec_rotary,
-    [TP_OP_RotaryBackward] = tp_exec_rotary,
-    [TP_OP_SwiGLU] = tp_exec_swiglu,
-    [TP_OP_SwiGLUBackward] = tp_exec_swiglu_backward,
-};
+/* ---- working copies ----
+ * Kernels read elements through typed pointers, but weights referenced in place sit at any
+ * byte offset of the model file: such operands are copied to aligned memory. Ops whose
+ * kernels compute in f32 get f32 copies of other float dtypes (converted back into the
+ * results), and the flat kernels' ids are i64 (copies of i32 ones). */
 
-/* Kernels read elements through typed pointers, but weights referenced in place sit at any
- * byte offset of the model file: such operands are copied to aligned memory first. */
+static float load_float(const void *p, TpDType t, int64_t i) {
+  switch (t) {
+  case TP_F32: return ((const float *)p)[i];
+  case TP_F64: return (float)((const double *)p)[i];
+  case TP_F16: return tp_f16_to_f32(((const uint16_t *)p)[i]);
+  case TP_BF16: return tp_bf16_to_f32(((const uint16_t *)p)[i]);
+  default: return 0;
+  }
+}
+
+static void store_float(void *p, TpDType t, int64_t i, float v) {
+  switch (t) {
+  case TP_F32: ((float *)p)[i] = v; break;
+  case TP_F64: ((double *)p)[i] = v; break;
+  case TP_F16: ((uint16_t *)p)[i] = tp_f32_to_f16(v); break;
+  case TP_BF16: ((uint16_t *)p)[i] = tp_f32_to_bf16(v); break;
+  default: break;
+  }
+}
+
+/* A copy of t's elements as dtype `to` (f32 from a float, i64 from i32), converted when
+ * `convert` (else uninitialised, for a result). */
+static TpTensor working_copy(const TpTensor *t, TpDType to, bool convert) {
+  TpTensor v = *t;
+  int64_t n = tp_tensor_numel(t);
+  v.dtype = to;
+  v.data = malloc((size_t)(n ? n : 1) * tp_dtype_size(to));
+  TP_ASSERT(v.data);
+  if (!convert) return v;
+  if (t->dtype == to) /* an aligned copy */
+    memcpy(v.data, t->data, tp_tensor_bytes(t));
+  else if (to == TP_I64)
+    for (int64_t i = 0; i < n; i++) ((int64_t *)v.data)[i] = ((const int32_t *)t->data)[i];
+  else
+    for (int64_t i = 0; i < n; i++) ((float *)v.data)[i] = load_float(t->data, t->dtype, i);
+  return v;
+}
+
+static const char *dtype_name(TpDType t) {
+  const char *s = tp_dtype_name(t);
+  return s ? s : "?";
+}
+
+/* Does the op's dtype rule want an f32 copy of a t? */
+static bool wants_f32(TpBindDtypes rule, TpDType t) {
+  if (rule == TP_BIND_F32_COPY) return tp_dtype_is_float(t) && t != TP_F32;
+  if (rule == TP_BIND_HALF_COPY) return t == TP_F16 || t == TP_BF16;
+  return false;
+}
+
+/* in2/out2: the views the kernel gets (working copies where the op's row asks for them). */
+static int prepare(const TpModule *m, int op, const TpTensor *in, const TpTensor *out, TpTensor *in2,
+                   TpTensor *out2, TpDiag *d) {
+  const TpOp *o = &m->ops[op];
+  const TpOpBinding *r = &tp_op_bindings[o->kind];
+  if (r->dtypes == TP_BIND_F32_COPY && o->ninputs && !tp_dtype_is_float(in[0].dtype))
+    return tp_error_op(d, m, op, "element type %s is not supported by the CPU kernel", dtype_name(in[0].dtype));
+  for (int i = 0; i < o->ninputs; i++) {
+    if (o->inputs[i] < 0 || (r->not_float >> i & 1)) continue;
+    if (r->dtypes == TP_BIND_F32 && in[i].dtype != TP_F32)
+      return tp_error_op(d, m, op, "operand %d is %s: the CPU training kernels are f32 only", i,
+                         dtype_name(in[i].dtype));
+  }
+  for (int i = 0; i < o->noutputs; i++)
+    if (o->outputs[i] >= 0 && r->dtypes == TP_BIND_F32 && out[i].dtype != TP_F32)
+      return tp_error_op(d, m, op, "result %d is %s: the CPU training kernels are f32 only", i,
+                         dtype_name(out[i].dtype));
+  if (r->ids && in[r->ids - 1].dtype != TP_I32 && in[r->ids - 1].dtype != TP_I64)
+    return tp_error_op(d, m, op, "indices are %s, expected i32 or i64", dtype_name(in[r->ids - 1].dtype));
+
+  for (int i = 0; i < o->ninputs; i++) {
+    in2[i] = in[i];
+    if (!in[i].data) continue;
+    size_t size = tp_dtype_size(in[i].dtype);
+    if (i == r->ids - 1 && in[i].dtype == TP_I32) in2[i] = working_copy(&in[i], TP_I64, true);
+    else if (!(r->not_float >> i & 1) && wants_f32(r->dtypes, in[i].dtype)) in2[i] = working_copy(&in[i], TP_F32, true);
+    else if (size && (uintptr_t)in[i].data % size) in2[i] = working_copy(&in[i], in[i].dtype, true);
+  }
+  for (int i = 0; i < o->noutputs; i++) {
+    out2[i] = out[i];
+    if (out[i].data && wants_f32(r->dtypes, out[i].dtype)) out2[i] = working_copy(&out[i], TP_F32, false);
+  }
+  return TP_OK;
+}
+
+/* Stores the results computed in copies and frees every copy. */
+static void finish(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpTensor *in2, TpTensor *out2) {
+  const TpOp *o = &m->ops[op];
+  for (int i = 0; i < o->ninputs; i++)
+    if (in2[i].data != in[i].data) free(in2[i].data);
+  for (int i = 0; i < o->noutputs; i++) {
+    if (out2[i].data == out[i].data) continue;
+    for (int64_t k = 0, n = tp_tensor_numel(&out[i]); k < n; k++)
+      store_float(out[i].data, out[i].dtype, k, ((float *)out2[i].data)[k]);
+    free(out2[i].data);
+  }
+}
+
+/* Binds the op and runs its kernel. */
 int tp_exec_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
   const TpOp *o = &m->ops[op];
-  TpExecFn fn = exec_table[o->kind];
-  if (!fn) return tp_internal(d, "no CPU implementation of op %s", tp_op_info[o->kind].name);
-  TpTensor aligned[64];
-  TP_ASSERT(o->ninputs <= 64);
-  for (int i = 0; i < o->ninputs; i++) {
-    aligned[i] = in[i];
-    size_t size = tp_dtype_size(in[i].dtype);
-    if (in[i].data && size && (uintptr_t)in[i].data % size) {
-      aligned[i].data = malloc(tp_tensor_bytes(&in[i]));
-      TP_ASSERT(aligned[i].data);
-      memcpy(aligned[i].data, in[i].data, tp_tensor_bytes(&in[i]));
-    }
+  if (!tp_op_bindings[o->kind].bind) return tp_internal(d, "no CPU implementation of op %s", tp_op_info[o->kind].name);
+  TpTensor in2[64], out2[64];
+  TP_ASSERT(o->ninputs <= 64 && o->noutputs <= 64);
+  int rc = prepare(m, op, in, out, in2, out2, d);
+  if (rc) return rc;
+  TpBound b;
+  rc = tp_bind_op(m, op, in2, out2, &b, d);
+  if (rc == TP_OK) {
+    TpKernelStatus s = tp_bound_run(&b);
+    if (s != TP_KERNEL_OK) rc = tp_bound_failed(m, op, &b, in2, out2, s, d);
   }
-  int rc = fn(m, op, aligned, out, d);
-  for (int i = 0; i < o->ninputs; i++)
-    if (aligned[i].data != in[i].data) free(aligned[i].data);
+  finish(m, op, in, out, in2, out2);
   return rc;
 }
 

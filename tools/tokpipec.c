@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "codegen/codegen.h"
+#include "codegen/target.h"
 #include "passes/planner/plan.h"
 #include "base/atomic.h"
 #include "tokpipec_config.h" /* the C compiler, where the runtime is, what a plan links */
@@ -29,6 +30,7 @@ static const char usage[] =
     "                       plan (per rank), the ranks' instruction lists, or the C training\n"
     "                       program (the default when -o ends in .c)\n"
     "  -o OUT               write OUT (atomically) instead of stdout\n"
+    "  --target cpu         the kernels the C program calls (default cpu)\n"
     "  --exe TRAINER        also compile the C program into the executable TRAINER\n"
     "  -v, --verbose        print the C compiler's command line\n"
     "  --batch B, --seq T   the global batch of a step (B / (dp * microbatches) rows per\n"
@@ -89,7 +91,8 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
     FILE *f = open_memstream(text, &len);
     TP_ASSERT(f);
     TpEmitOptions o = {.model = model, .version = TOKPIPE_VERSION, .slicing = note, .pipeline = po,
-                       .nprobes = probes->nprobes, .probes = probes->probes, .stage_cuts = probes->stage_cuts};
+                       .nprobes = probes->nprobes, .probes = probes->probes, .stage_cuts = probes->stage_cuts,
+                       .target = probes->target};
     if (strcmp(emit, "memory") == 0) tp_print_memory(m, &plan, &pl, f);
     else if (strcmp(emit, "schedule") == 0) tp_schedule_print(&pl.schedule, f);
     else rc = tp_emit_c(m, &o, f, d);
@@ -451,7 +454,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
 
 int main(int argc, char **argv) {
   cli_tool = "tokpipec";
-  const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL,
+  const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL, *target = "cpu",
              *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *grid = NULL, *v;
   int nstages = 0;
   int64_t batch = 0, max_memory = 0;
@@ -471,6 +474,8 @@ int main(int argc, char **argv) {
       if (strcmp(emit, "ir") && strcmp(emit, "dot") && strcmp(emit, "memory") && strcmp(emit, "schedule") &&
           strcmp(emit, "c"))
         cli_usage_error("--emit expects ir, dot, memory, schedule or c, got '%s'", emit);
+    } else if (cli_value(argc, argv, &i, "--target", &target)) {
+      if (!tp_target_find(target)) cli_usage_error("--target expects %s, got '%s'", tp_target_names(), target);
     } else if (cli_value(argc, argv, &i, "-o", &output)) {
     } else if (cli_value(argc, argv, &i, "--exe", &exe)) {
     } else if (cli_value(argc, argv, &i, "--batch", &v)) {
@@ -588,6 +593,7 @@ int main(int argc, char **argv) {
     if (rc == TP_OK) rc = build_probes(input, &dims, m, retie, fuse, S, gl, gc, npoints, list, mods, &d);
     free(gl), free(gc);
   }
+  probes.target = target;
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
   else if (rc == TP_OK && strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);

@@ -6,14 +6,7 @@
 #define TOKPIPE_CPU_ELEMENTWISE_H
 
 #include "../../base/tensor.h"
-
-/* What a kernel returns; the caller turns a failure into a diagnostic. */
-typedef enum {
-  TP_KERNEL_OK = 0,
-  TP_KERNEL_BAD_DTYPE, /* dtype (combination) the kernel does not implement */
-  TP_KERNEL_BAD_SHAPE, /* operand shapes do not fit the output */
-  TP_KERNEL_BAD_INDEX, /* a data-dependent index is out of range */
-} TpKernelStatus;
+#include "kernel.h"
 
 /* ---- strided iteration ----
  * Walks an n-d index space in row-major order over up to TP_ITER_MAX_OPERANDS operands,
@@ -90,5 +83,36 @@ TpKernelStatus tp_where(const TpTensor *cond, const TpTensor *a, const TpTensor 
 /* y = x converted to y's dtype (any pair of dtypes; float -> integer truncates toward zero,
  * NaN gives 0 and out-of-range values saturate; nonzero -> true for bool). */
 TpKernelStatus tp_cast(const TpTensor *x, TpTensor *y);
+
+/* ---- argument structs ----
+ * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
+ * kernels above: each struct holds one kernel's parameters, tensors as views, in the order
+ * of its parameters; tp_run_* runs the kernel on it. */
+typedef struct {
+  TpUnaryOp op;
+  const TpTensor *x;
+  TpTensor *y;
+} TpUnaryArgs;
+TpKernelStatus tp_run_unary(const TpUnaryArgs *a);
+
+typedef struct {
+  TpBinaryOp op;
+  const TpTensor *a, *b;
+  TpTensor *y;
+} TpBinaryArgs;
+TpKernelStatus tp_run_binary(const TpBinaryArgs *a);
+
+typedef struct {
+  const TpTensor *cond, *a, *b;
+  TpTensor *y;
+} TpWhereArgs;
+TpKernelStatus tp_run_where(const TpWhereArgs *a);
+
+/* One operand, one result, nothing else: Cast here, Reshape, Expand and Tile in layout.h. */
+typedef struct {
+  const TpTensor *x;
+  TpTensor *y;
+} TpCopyArgs;
+TpKernelStatus tp_run_cast(const TpCopyArgs *a);
 
 #endif

@@ -1,9 +1,11 @@
 #include "loss.h"
 
+#include <stdlib.h>
+
 #include "nn.h"
 
-int64_t tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t N, int64_t C, int64_t D,
-                        const TpLossOptions *o, float *loss) {
+TpKernelStatus tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t N, int64_t C, int64_t D,
+                               const TpLossOptions *o, float *loss, int64_t *bad) {
   double sum = 0, wsum = 0;
   for (int64_t n = 0; n < N; n++)
     for (int64_t d = 0; d < D; d++) {
@@ -13,7 +15,10 @@ int64_t tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t N, int
         if (o->reduction == TP_REDUCE_NONE) loss[i] = 0;
         continue;
       }
-      if (t < 0 || t >= C) return i;
+      if (t < 0 || t >= C) {
+        *bad = i;
+        return TP_KERNEL_BAD_INDEX;
+      }
       float w = o->weight ? o->weight[t] : 1.0f;
       l = -logp[(n * C + t) * D + d] * w;
       if (o->reduction == TP_REDUCE_NONE) loss[i] = l;
@@ -22,12 +27,28 @@ int64_t tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t N, int
     }
   if (o->reduction == TP_REDUCE_SUM) loss[0] = (float)sum;
   if (o->reduction == TP_REDUCE_MEAN) loss[0] = (float)(sum / wsum);
-  return -1;
+  return TP_KERNEL_OK;
 }
 
-int64_t tp_softmax_cross_entropy_f32(const float *scores, const int64_t *target, int64_t N,
-                                     int64_t C, int64_t D, const TpLossOptions *o,
-                                     float *log_prob, float *loss) {
+TpKernelStatus tp_softmax_cross_entropy_f32(const float *scores, const int64_t *target, int64_t N,
+                                            int64_t C, int64_t D, const TpLossOptions *o,
+                                            float *log_prob, float *loss, int64_t *bad) {
   tp_softmax_f32(scores, log_prob, N, C, D, true);
-  return tp_nll_loss_f32(log_prob, target, N, C, D, o, loss);
+  return tp_nll_loss_f32(log_prob, target, N, C, D, o, loss, bad);
+}
+
+TpKernelStatus tp_run_nll_loss(const TpLossArgs *a) {
+  TpLossOptions o = a->o;
+  o.weight = TP_VIEW_DATA(a->weight);
+  return tp_nll_loss_f32(a->x->data, a->target->data, a->N, a->C, a->D, &o, a->loss->data, a->bad);
+}
+TpKernelStatus tp_run_softmax_cross_entropy(const TpLossArgs *a) {
+  TpLossOptions o = a->o;
+  o.weight = TP_VIEW_DATA(a->weight);
+  float *log_prob = a->log_prob ? a->log_prob->data : malloc((size_t)(a->N * a->C * a->D + 1) * sizeof(float));
+  if (!log_prob) abort(); /* out of memory */
+  TpKernelStatus s = tp_softmax_cross_entropy_f32(a->x->data, a->target->data, a->N, a->C, a->D, &o, log_prob,
+                                                  a->loss->data, a->bad);
+  if (!a->log_prob) free(log_prob);
+  return s;
 }

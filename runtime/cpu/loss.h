@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernel.h"
+
 typedef enum { TP_REDUCE_NONE, TP_REDUCE_SUM, TP_REDUCE_MEAN } TpReduction;
 
 /* How targets are weighted: weight[C] (NULL: all 1) and an optional ignored class. */
@@ -19,16 +21,33 @@ typedef struct {
 /* logp: [N, C, D] (D is the product of d1..dk, 1 when there are none); target: [N, D].
  * loss[n,d] = -logp[n, t, d] * weight[t] with t = target[n,d], 0 where t is ignored.
  * loss receives [N, D] (reduction none) or one scalar: the sum, or the mean weighted by
- * the targets' weights (ignored targets excluded; 0/0 is NaN). Returns -1, or the flat
- * index into target of the first class outside [0, C) that is not ignored (loss is then
- * unspecified). */
-int64_t tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t N, int64_t C, int64_t D,
-                        const TpLossOptions *o, float *loss);
+ * the targets' weights (ignored targets excluded; 0/0 is NaN). A class outside [0, C) that
+ * is not ignored gives TP_KERNEL_BAD_INDEX with its flat index into target in *bad (loss is
+ * then unspecified). */
+TpKernelStatus tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t N, int64_t C, int64_t D,
+                               const TpLossOptions *o, float *loss, int64_t *bad);
 
 /* The NLL loss of log_softmax(scores) along C; the log-probabilities [N, C, D] go to
  * log_prob (which the caller provides). Returns as tp_nll_loss_f32. */
-int64_t tp_softmax_cross_entropy_f32(const float *scores, const int64_t *target, int64_t N,
-                                     int64_t C, int64_t D, const TpLossOptions *o,
-                                     float *log_prob, float *loss);
+TpKernelStatus tp_softmax_cross_entropy_f32(const float *scores, const int64_t *target, int64_t N,
+                                            int64_t C, int64_t D, const TpLossOptions *o,
+                                            float *log_prob, float *loss, int64_t *bad);
+
+/* ---- argument structs (see nn.h) ---- */
+#include "../../base/tensor.h"
+
+/* NegativeLogLikelihoodLoss (x the log-probabilities) and SoftmaxCrossEntropyLoss (x the
+ * scores; log_prob where the log-probabilities go, NULL: a scratch of the kernel's). o.weight
+ * is the data of `weight`. */
+typedef struct {
+  const TpTensor *x, *target; /* target i64 */
+  int64_t N, C, D;
+  TpLossOptions o;
+  const TpTensor *weight;
+  TpTensor *log_prob, *loss;
+  int64_t *bad;
+} TpLossArgs;
+TpKernelStatus tp_run_nll_loss(const TpLossArgs *a);
+TpKernelStatus tp_run_softmax_cross_entropy(const TpLossArgs *a);
 
 #endif

@@ -147,20 +147,20 @@ void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t
   }
 }
 
-bool tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
-  if (a->dtype != b->dtype || a->dtype != y->dtype || !gemm_dtype_ok(a->dtype)) return false;
+TpKernelStatus tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
+  if (a->dtype != b->dtype || a->dtype != y->dtype || !gemm_dtype_ok(a->dtype)) return TP_KERNEL_BAD_DTYPE;
   TpMatmulLayout l;
-  if (!tp_matmul_layout(a, b, &l) || tp_tensor_numel(y) != l.nbatch * l.M * l.N) return false;
+  if (!tp_matmul_layout(a, b, &l) || tp_tensor_numel(y) != l.nbatch * l.M * l.N) return TP_KERNEL_BAD_SHAPE;
   int64_t M = l.M, K = l.K, N = l.N;
   if (K == 0 || l.nbatch == 0) { /* empty sum, or nothing to compute */
     memset(y->data, 0, tp_tensor_bytes(y));
-    return true;
+    return TP_KERNEL_OK;
   }
 
   TpDType t = a->dtype;
   if (l.nb == 1 && l.na == l.nbatch) { /* one shared right operand: fold the batch into M */
     gemm_any(t, false, false, l.nbatch * M, N, K, 1, a->data, 0, K, b->data, 0, N, 0, y->data, 0, N);
-    return true;
+    return TP_KERNEL_OK;
   }
   for (int64_t n = 0; n < l.nbatch; n++) {
     int64_t oa, ob;
@@ -168,22 +168,22 @@ bool tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
     gemm_any(t, false, false, M, N, K, 1, a->data, oa * M * K, K, b->data, ob * K * N, N, 0,
              y->data, n * M * N, N);
   }
-  return true;
+  return TP_KERNEL_OK;
 }
 
-bool tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
+TpKernelStatus tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
              double alpha, double beta, TpTensor *y) {
   TpDType t = a->dtype;
-  if (b->dtype != t || y->dtype != t || (c && c->dtype != t) || !gemm_dtype_ok(t)) return false;
-  if (a->rank != 2 || b->rank != 2 || y->rank != 2 || (c && c->rank > 2)) return false;
+  if (b->dtype != t || y->dtype != t || (c && c->dtype != t) || !gemm_dtype_ok(t)) return TP_KERNEL_BAD_DTYPE;
+  if (a->rank != 2 || b->rank != 2 || y->rank != 2 || (c && c->rank > 2)) return TP_KERNEL_BAD_SHAPE;
   int64_t M = trans_a ? a->dims[1] : a->dims[0], K = trans_a ? a->dims[0] : a->dims[1];
   int64_t Kb = trans_b ? b->dims[1] : b->dims[0], N = trans_b ? b->dims[0] : b->dims[1];
-  if (K != Kb || y->dims[0] != M || y->dims[1] != N) return false;
+  if (K != Kb || y->dims[0] != M || y->dims[1] != N) return TP_KERNEL_BAD_SHAPE;
 
   size_t es = tp_dtype_size(t);
   if (c && beta != 0) {
     int64_t cm = c->rank == 2 ? c->dims[0] : 1, cn = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
-    if ((cm != 1 && cm != M) || (cn != 1 && cn != N)) return false;
+    if ((cm != 1 && cm != M) || (cn != 1 && cn != N)) return TP_KERNEL_BAD_SHAPE;
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) {
         int64_t ci = (cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j);
@@ -199,9 +199,14 @@ bool tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans
       else if (t == TP_F64) ((double *)y->data)[i] *= beta;
       else store_int(y->data, t, i, (int64_t)(beta * (double)load_int(y->data, t, i)));
     }
-    return true;
+    return TP_KERNEL_OK;
   }
   gemm_any(t, trans_a, trans_b, M, N, K, alpha, a->data, 0, a->dims[1], b->data, 0, b->dims[1], beta,
            y->data, 0, N);
-  return true;
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_run_matmul(const TpMatmulArgs *a) { return tp_matmul(a->a, a->b, a->y); }
+TpKernelStatus tp_run_gemm(const TpGemmArgs *a) {
+  return tp_gemm(a->a, a->b, a->c, a->trans_a, a->trans_b, a->alpha, a->beta, a->y);
 }

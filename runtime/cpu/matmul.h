@@ -8,11 +8,13 @@
 #include <stdint.h>
 
 #include "../../base/tensor.h"
+#include "kernel.h"
 
 /* y = a @ b with numpy semantics: a 1-D a is [1,K] and a 1-D b is [K,1] (the added dim is
  * not in y), the batch dims (all but the last two) broadcast. y's data is allocated with
- * the result shape. False for mixed or unsupported dtypes, or shapes that do not fit. */
-bool tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y);
+ * the result shape. TP_KERNEL_BAD_DTYPE for mixed or unsupported dtypes, TP_KERNEL_BAD_SHAPE for
+ * shapes that do not fit (tp_gemm likewise). */
+TpKernelStatus tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y);
 
 /* The layout of numpy's matmul a x b: M x K times K x N matrices over right-aligned,
  * broadcast batch dims (a 1-D a is [1, K], a 1-D b is [K, 1]). Shared by the forward and
@@ -31,7 +33,7 @@ void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t
 
 /* y[M,N] = alpha * op(a) @ op(b) + beta * c, where op() transposes a 2-D operand when its
  * trans flag is set and c (NULL when absent) broadcasts to [M,N]. */
-bool tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
+TpKernelStatus tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
              double alpha, double beta, TpTensor *y);
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C with leading dimensions.
@@ -40,5 +42,23 @@ bool tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans
 void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
               int64_t ldc);
+
+/* ---- argument structs ----
+ * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
+ * kernels above: each struct holds one kernel's parameters, tensors as views, in the order
+ * of its parameters; tp_run_* runs the kernel on it. */
+typedef struct {
+  const TpTensor *a, *b;
+  TpTensor *y;
+} TpMatmulArgs;
+TpKernelStatus tp_run_matmul(const TpMatmulArgs *a);
+
+typedef struct {
+  const TpTensor *a, *b, *c;
+  bool trans_a, trans_b;
+  double alpha, beta;
+  TpTensor *y;
+} TpGemmArgs;
+TpKernelStatus tp_run_gemm(const TpGemmArgs *a);
 
 #endif

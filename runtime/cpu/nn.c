@@ -52,17 +52,18 @@ TP_VECTOR_CLONES static void softmax_rows(const float *x, float *y, int64_t r0, 
   }
 }
 
-void tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, bool log) {
+TpKernelStatus tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, bool log) {
   int64_t rows = outer * inner;
   if (rows * n < PARALLEL_MIN_ELEMS) {
     softmax_rows(x, y, 0, rows, n, inner, log);
-    return;
+    return TP_KERNEL_OK;
   }
 #pragma omp parallel
   {
     int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     softmax_rows(x, y, rows * t / nt, rows * (t + 1) / nt, n, inner, log);
   }
+  return TP_KERNEL_OK;
 }
 
 /* Rows [r0, r1) of tp_layernorm_f32. */
@@ -94,17 +95,18 @@ TP_VECTOR_CLONES static void layernorm_rows(const float *x, const float *scale, 
   }
 }
 
-void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
+TpKernelStatus tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
                       int64_t n, float eps, float *y, float *mean, float *inv_std) {
   if (outer * n < PARALLEL_MIN_ELEMS) {
     layernorm_rows(x, scale, bias, 0, outer, n, eps, y, mean, inv_std);
-    return;
+    return TP_KERNEL_OK;
   }
 #pragma omp parallel
   {
     int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     layernorm_rows(x, scale, bias, outer * t / nt, outer * (t + 1) / nt, n, eps, y, mean, inv_std);
   }
+  return TP_KERNEL_OK;
 }
 
 /* Writes past ++ new keys (or values) of every kv head into dst [B, kv_heads, total, D]. */
@@ -169,7 +171,7 @@ TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int
   tp_sgemm(false, false, rows, Dv, w, 1, s, w, kv.v + lo * kv.ldv, kv.ldv, 0, yh, ldy);
 }
 
-void tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
+TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
                       const float *past_k, const float *past_v, float *y, float *present_k,
                       float *present_v, float *qk_out) {
   int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size;
@@ -193,7 +195,7 @@ void tp_attention_f32(const TpAttention *p, const float *q, const float *k, cons
       }
     free(scratch_k);
     free(scratch_v);
-    return;
+    return TP_KERNEL_OK;
   }
   /* One task per (batch, head, block of query rows); each writes only its own rows of y
    * and qk_out, and computes them the same way on any thread, so the result does not
@@ -224,4 +226,20 @@ void tp_attention_f32(const TpAttention *p, const float *q, const float *k, cons
   }
   free(scratch_k);
   free(scratch_v);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_run_softmax(const TpSoftmaxArgs *a) {
+  return tp_softmax_f32(a->x->data, a->y->data, a->outer, a->n, a->inner, a->log);
+}
+TpKernelStatus tp_run_layernorm(const TpLayerNormArgs *a) {
+  return tp_layernorm_f32(a->x->data, a->scale->data, TP_VIEW_DATA(a->bias), a->outer, a->n, a->eps, a->y->data,
+                          TP_VIEW_DATA(a->mean), TP_VIEW_DATA(a->inv_std));
+}
+TpKernelStatus tp_run_attention(const TpAttentionArgs *a) {
+  TpAttention p = a->p;
+  p.mask = TP_VIEW_DATA(a->mask);
+  return tp_attention_f32(&p, a->q->data, a->k->data, a->v->data, TP_VIEW_DATA(a->past_k),
+                          TP_VIEW_DATA(a->past_v), a->y->data, TP_VIEW_DATA(a->present_k),
+                          TP_VIEW_DATA(a->present_v), TP_VIEW_DATA(a->qk_out));
 }

@@ -7,15 +7,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernel.h"
+
 /* Softmax (or log-softmax when `log`) of x viewed as [outer, n, inner] along the middle
  * axis. Numerically stable (the row maximum is subtracted). A row that is all -inf gives
  * zeros (log: -inf) instead of NaN. x and y may alias. */
-void tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, bool log);
+TpKernelStatus tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, bool log);
 
 /* Layer normalisation of x viewed as [outer, n]: y = (x - mean) * inv_std * scale + bias,
  * inv_std = 1 / sqrt(var + eps), var the biased variance of the row. scale and bias are [n]
  * (bias may be NULL); mean and inv_std (each [outer]) are written when not NULL. */
-void tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
+TpKernelStatus tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
                       int64_t n, float eps, float *y, float *mean, float *inv_std);
 
 /* Scaled dot-product attention as ONNX Attention (opset 23) defines it. Per batch b and
@@ -126,8 +128,40 @@ static inline int64_t tp_attention_kv_rows(const TpAttention *p) { return p->kv_
  * v_head_size; past_k/past_v: [B, kv_heads, past_len, D or Dv] or NULL (past_len 0).
  * y: [B, q_heads, q_len, Dv] (or packed). present_k/present_v ([B, kv_heads, total, D]),
  * qk_out ([B, q_heads, q_len, total]) are written when not NULL. */
-void tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
+TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
                       const float *past_k, const float *past_v, float *y, float *present_k,
                       float *present_v, float *qk_out);
+
+/* ---- argument structs ----
+ * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
+ * kernels above: each struct holds one kernel's parameters, tensors as views (the f32 kernels read their data), in the order
+ * of its parameters; tp_run_* runs the kernel on it. */
+#include "../../base/tensor.h"
+
+/* Softmax and LogSoftmax, and their backward (nn_backward.h: x is dy, dy is y, y is dx). */
+typedef struct {
+  const TpTensor *x, *dy;
+  TpTensor *y;
+  int64_t outer, n, inner;
+  bool log;
+} TpSoftmaxArgs;
+TpKernelStatus tp_run_softmax(const TpSoftmaxArgs *a);
+
+typedef struct {
+  const TpTensor *x, *scale, *bias;
+  int64_t outer, n;
+  float eps;
+  TpTensor *y, *mean, *inv_std;
+} TpLayerNormArgs;
+TpKernelStatus tp_run_layernorm(const TpLayerNormArgs *a);
+
+/* Attention and its backward (nn_backward.h: dy, then q, k, v; dq, dk, dv as y, present_k,
+ * present_v). p.mask is mask's data (p describes its shape). */
+typedef struct {
+  TpAttention p;
+  const TpTensor *dy, *q, *k, *v, *mask, *past_k, *past_v;
+  TpTensor *y, *present_k, *present_v, *qk_out;
+} TpAttentionArgs;
+TpKernelStatus tp_run_attention(const TpAttentionArgs *a);
 
 #endif

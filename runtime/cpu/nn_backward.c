@@ -59,7 +59,7 @@ void tp_column_sums_f32(const float *dy, const float *x, const float *mean, cons
 
 /* ---- Linear, MatMul ---- */
 
-void tp_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
+TpKernelStatus tp_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
                             int64_t N, bool transpose_w, float *dx, float *dw, float *dbias) {
   if (dx) {
     if (transpose_w) gemm(false, false, M, K, N, 1, dy, N, w, K, 0, dx, K);
@@ -70,17 +70,18 @@ void tp_linear_backward_f32(const float *dy, const float *x, const float *w, int
     else gemm(true, false, K, N, M, 1, x, K, dy, N, 0, dw, N);
   }
   if (dbias) tp_column_sums_f32(dy, NULL, NULL, NULL, M, N, NULL, dbias);
+  return TP_KERNEL_OK;
 }
 
-bool tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
+TpKernelStatus tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
                             TpTensor *db) {
-  if (dy->dtype != TP_F32 || a->dtype != TP_F32 || b->dtype != TP_F32) return false;
-  if ((da && da->dtype != TP_F32) || (db && db->dtype != TP_F32)) return false;
+  if (dy->dtype != TP_F32 || a->dtype != TP_F32 || b->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
+  if ((da && da->dtype != TP_F32) || (db && db->dtype != TP_F32)) return TP_KERNEL_BAD_DTYPE;
   if ((da && tp_tensor_numel(da) != tp_tensor_numel(a)) ||
       (db && tp_tensor_numel(db) != tp_tensor_numel(b)))
-    return false;
+    return TP_KERNEL_BAD_SHAPE;
   TpMatmulLayout l;
-  if (!tp_matmul_layout(a, b, &l) || tp_tensor_numel(dy) != l.nbatch * l.M * l.N) return false;
+  if (!tp_matmul_layout(a, b, &l) || tp_tensor_numel(dy) != l.nbatch * l.M * l.N) return TP_KERNEL_BAD_SHAPE;
   int64_t M = l.M, K = l.K, N = l.N, nbatch = l.nbatch;
   const float *g = dy->data, *A = a->data, *B = b->data;
   float *dA = da ? da->data : NULL, *dB = db ? db->data : NULL;
@@ -89,7 +90,7 @@ bool tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTenso
   if (l.nb == 1 && l.na == nbatch) {
     if (dA) gemm(false, true, nbatch * M, K, N, 1, g, N, B, N, 0, dA, K);
     if (dB) gemm(true, false, K, N, nbatch * M, 1, A, K, g, N, 0, dB, N);
-    return true;
+    return TP_KERNEL_OK;
   }
   /* An operand broadcast along a batch dim collects the sum of its products. */
   bool sum_a = l.na != nbatch, sum_b = l.nb != nbatch;
@@ -102,12 +103,12 @@ bool tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTenso
     if (dA) gemm(false, true, M, K, N, 1, gn, N, B + ob * K * N, N, sum_a, dA + oa * M * K, K);
     if (dB) gemm(true, false, K, N, M, 1, A + oa * M * K, K, gn, N, sum_b, dB + ob * K * N, N);
   }
-  return true;
+  return TP_KERNEL_OK;
 }
 
 /* ---- LayerNorm, Gelu, Softmax ---- */
 
-void tp_layernorm_backward_f32(const float *dy, const float *x, const float *scale,
+TpKernelStatus tp_layernorm_backward_f32(const float *dy, const float *x, const float *scale,
                                const float *mean, const float *inv_std, int64_t rows, int64_t n,
                                float *dx, float *dscale, float *dbias) {
   if (dx) {
@@ -129,9 +130,10 @@ void tp_layernorm_backward_f32(const float *dy, const float *x, const float *sca
     }
   }
   if (dscale || dbias) tp_column_sums_f32(dy, x, mean, inv_std, rows, n, dscale, dbias);
+  return TP_KERNEL_OK;
 }
 
-void tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {
+TpKernelStatus tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {
   const float inv_sqrt_2pi = 0.3989422804014327f, sqrt_2_over_pi = 0.7978845608028654f;
   const float kappa = 0.044715f;
   if (tanh_approx) {
@@ -151,9 +153,10 @@ void tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_
       dx[i] = dy[i] * (cdf + xi * pdf);
     }
   }
+  return TP_KERNEL_OK;
 }
 
-void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int64_t n,
+TpKernelStatus tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int64_t n,
                              int64_t inner, bool log, float *dx) {
   int64_t rows = outer * inner;
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
@@ -176,6 +179,7 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
       for (int64_t j = 0; j < n; j++) o[j * s] = yr[j * s] * (d[j * s] - sum);
     }
   }
+  return TP_KERNEL_OK;
 }
 
 /* ---- Attention ---- */
@@ -266,14 +270,14 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
   }
 }
 
-void tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
+TpKernelStatus tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
                                const float *k, const float *v, float *dq, float *dk, float *dv) {
   int64_t Sq = p->q_len, T = p->kv_len, B = p->batch;
   if (Sq == 0 || T == 0) { /* nothing attended: every gradient is zero */
     if (dq) memset(dq, 0, (size_t)(B * p->q_heads * Sq * p->head_size) * sizeof *dq);
     if (dk) memset(dk, 0, (size_t)(B * p->kv_heads * T * p->head_size) * sizeof *dk);
     if (dv) memset(dv, 0, (size_t)(B * p->kv_heads * T * p->v_head_size) * sizeof *dv);
-    return;
+    return TP_KERNEL_OK;
   }
   /* One task per (batch, kv head); each writes only its own heads' gradients. With enough
    * tasks for every thread, the tasks run in parallel, each product on its thread alone
@@ -294,6 +298,7 @@ void tp_attention_backward_f32(const TpAttention *p, const float *dy, const floa
     free(w.grad);
     free(w.capped);
   }
+  return TP_KERNEL_OK;
 }
 
 /* ---- CrossEntropy ---- */
@@ -325,4 +330,33 @@ TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
     o[targets[r]] -= scale;
   }
   return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_run_linear_backward(const TpLinearArgs *a) {
+  return tp_linear_backward_f32(a->dy->data, a->x->data, a->w->data, a->M, a->K, a->N, a->transpose_w,
+                                TP_VIEW_DATA(a->y), TP_VIEW_DATA(a->dw), TP_VIEW_DATA(a->dbias));
+}
+TpKernelStatus tp_run_matmul_backward(const TpMatmulBackwardArgs *a) {
+  return tp_matmul_backward_f32(a->dy, a->a, a->b, a->da, a->db);
+}
+TpKernelStatus tp_run_layernorm_backward(const TpLayerNormBackwardArgs *a) {
+  return tp_layernorm_backward_f32(a->dy->data, a->x->data, a->scale->data, a->mean->data, a->inv_std->data,
+                                   a->rows, a->n, TP_VIEW_DATA(a->dx), TP_VIEW_DATA(a->dscale),
+                                   TP_VIEW_DATA(a->dbias));
+}
+TpKernelStatus tp_run_gelu_backward(const TpGeluBackwardArgs *a) {
+  return tp_gelu_backward_f32(a->dy->data, a->x->data, a->n, a->tanh_approx, a->dx->data);
+}
+TpKernelStatus tp_run_softmax_backward(const TpSoftmaxArgs *a) {
+  return tp_softmax_backward_f32(a->x->data, a->dy->data, a->outer, a->n, a->inner, a->log, a->y->data);
+}
+TpKernelStatus tp_run_attention_backward(const TpAttentionArgs *a) {
+  TpAttention p = a->p;
+  p.mask = TP_VIEW_DATA(a->mask);
+  return tp_attention_backward_f32(&p, a->dy->data, a->q->data, a->k->data, a->v->data, TP_VIEW_DATA(a->y),
+                                   TP_VIEW_DATA(a->present_k), TP_VIEW_DATA(a->present_v));
+}
+TpKernelStatus tp_run_cross_entropy_backward(const TpCrossEntropyArgs *a) {
+  return tp_cross_entropy_backward_f32(*(const float *)a->dloss->data, a->logits->data, a->targets->data, a->R,
+                                       a->V, a->denominator, a->y->data, a->bad);
 }

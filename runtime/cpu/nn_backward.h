@@ -20,14 +20,14 @@
  *   dx (M, K) = dy @ w^T
  *   dw like w = x^T @ dy (or dy^T @ x)
  *   dbias (N) = the sum of dy's rows */
-void tp_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
+TpKernelStatus tp_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
                             int64_t N, bool transpose_w, float *dx, float *dw, float *dbias);
 
 /* Of tp_matmul (y = a @ b, numpy semantics): da = dy @ b^T with a's shape, db = a^T @ dy
  * with b's shape; a 1-D operand is promoted as in the forward, and a batch dim an operand
- * was broadcast along is summed over. f32 views; da or db may be NULL. False if the shapes
+ * was broadcast along is summed over. f32 views; da or db may be NULL. BAD_DTYPE or BAD_SHAPE if the shapes
  * or dtypes do not fit. */
-bool tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
+TpKernelStatus tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
                             TpTensor *db);
 
 /* Over the rows of dy (rows, n): sum_dy[j] = sum_r dy[r, j] and, when x is given,
@@ -41,19 +41,19 @@ void tp_column_sums_f32(const float *dy, const float *x, const float *mean, cons
  *   dx = inv_std * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale,
  *        xhat = (x - mean) * inv_std
  *   dscale (n) = sum over rows of dy * xhat; dbias (n) = sum over rows of dy */
-void tp_layernorm_backward_f32(const float *dy, const float *x, const float *scale,
+TpKernelStatus tp_layernorm_backward_f32(const float *dy, const float *x, const float *scale,
                                const float *mean, const float *inv_std, int64_t rows, int64_t n,
                                float *dx, float *dscale, float *dbias);
 
 /* Of Gelu (x * Phi(x), or its tanh approximation): dx = dy * gelu'(x). dy, x, dx (n);
  * dx may alias dy. */
-void tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx);
+TpKernelStatus tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx);
 
 /* Of tp_softmax_f32 along the middle axis of (outer, n, inner), from the forward RESULT y:
  *   softmax:     dx = y * (dy - sum_j dy * y)
  *   log-softmax: dx = dy - exp(y) * sum_j dy
  * dy, y, dx (outer, n, inner); dx may alias dy. */
-void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int64_t n,
+TpKernelStatus tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int64_t n,
                              int64_t inner, bool log, float *dx);
 
 /* Of tp_attention_f32 without past (p->past_len 0): the probabilities are recomputed from
@@ -67,7 +67,7 @@ void tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int
  * window), mask, scale and softcap as in the forward. Like the forward, each block of
  * query rows computes only the keys its rows see (keys no query sees get zero dk, dv).
  * Work is spread over (batch, kv head). */
-void tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
+TpKernelStatus tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
                                const float *k, const float *v, float *dq, float *dk, float *dv);
 
 /* Of tp_cross_entropy_f32:
@@ -77,5 +77,36 @@ void tp_attention_backward_f32(const TpAttention *p, const float *dy, const floa
 TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
                                              const int64_t *targets, int64_t R, int64_t V,
                                              float denominator, float *dlogits, int64_t *bad);
+
+/* ---- argument structs (see nn.h) ---- */
+#include "transformer.h" /* TpLinearArgs */
+
+TpKernelStatus tp_run_linear_backward(const TpLinearArgs *a);
+
+/* dy, then a, b; da, db (either may be NULL). */
+typedef struct {
+  const TpTensor *dy, *a, *b;
+  TpTensor *da, *db;
+} TpMatmulBackwardArgs;
+TpKernelStatus tp_run_matmul_backward(const TpMatmulBackwardArgs *a);
+
+typedef struct {
+  const TpTensor *dy, *x, *scale, *mean, *inv_std;
+  int64_t rows, n;
+  TpTensor *dx, *dscale, *dbias;
+} TpLayerNormBackwardArgs;
+TpKernelStatus tp_run_layernorm_backward(const TpLayerNormBackwardArgs *a);
+
+typedef struct {
+  const TpTensor *dy, *x;
+  int64_t n;
+  bool tanh_approx;
+  TpTensor *dx;
+} TpGeluBackwardArgs;
+TpKernelStatus tp_run_gelu_backward(const TpGeluBackwardArgs *a);
+
+TpKernelStatus tp_run_softmax_backward(const TpSoftmaxArgs *a);
+TpKernelStatus tp_run_attention_backward(const TpAttentionArgs *a);
+TpKernelStatus tp_run_cross_entropy_backward(const TpCrossEntropyArgs *a);
 
 #endif

@@ -13,4 +13,25 @@ TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, 
  * x[j] when `exclusive`, from the end when `reverse`. Accumulates as tp_reduce_sum. */
 TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool reverse, TpTensor *y);
 
+/* ---- argument structs ----
+ * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
+ * kernels above: each struct holds one kernel's parameters, tensors as views, in the order
+ * of its parameters; tp_run_* runs the kernel on it. */
+typedef struct {
+  const TpTensor *x;
+  const int64_t *axes;
+  int naxes;
+  bool mean;
+  TpTensor *y;
+} TpReduceArgs;
+TpKernelStatus tp_run_reduce_sum(const TpReduceArgs *a);
+
+typedef struct {
+  const TpTensor *x;
+  int axis;
+  bool exclusive, reverse;
+  TpTensor *y;
+} TpCumsumArgs;
+TpKernelStatus tp_run_cumsum(const TpCumsumArgs *a);
+
 #endif

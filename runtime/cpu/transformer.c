@@ -15,18 +15,19 @@
  * thread count. */
 #define SUM_PIECES 64
 
-void tp_linear_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K,
+TpKernelStatus tp_linear_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K,
                    int64_t N, bool transpose_w, float *y) {
-  if (M == 0 || N == 0) return;
+  if (M == 0 || N == 0) return TP_KERNEL_OK;
   if (bias) {
 #pragma omp parallel for if (M * N >= PARALLEL_MIN_ELEMS)
     for (int64_t i = 0; i < M; i++) memcpy(y + i * N, bias, (size_t)N * sizeof *y);
   }
   if (K == 0) { /* empty product */
     if (!bias) memset(y, 0, (size_t)(M * N) * sizeof *y);
-    return;
+    return TP_KERNEL_OK;
   }
   tp_sgemm(false, transpose_w, M, N, K, 1, x, K, w, transpose_w ? K : N, bias ? 1 : 0, y, N);
+  return TP_KERNEL_OK;
 }
 
 TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V,
@@ -89,7 +90,7 @@ TP_VECTOR_CLONES static float inv_rms(const float *x, int64_t n, float eps) {
   return (float)(1 / sqrt(sum / (double)n + eps));
 }
 
-void tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y) {
+TpKernelStatus tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y) {
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * n;
@@ -97,9 +98,10 @@ void tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n,
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) yr[j] = xr[j] * inv * scale[j];
   }
+  return TP_KERNEL_OK;
 }
 
-void tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
+TpKernelStatus tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
                              int64_t n, float eps, float *dx, float *dscale) {
   float *inv = malloc(((size_t)rows + 1) * sizeof *inv);
   if (!inv) abort(); /* out of memory */
@@ -118,6 +120,7 @@ void tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale
   }
   if (dscale) tp_column_sums_f32(dy, x, NULL, inv, rows, n, dscale, NULL);
   free(inv);
+  return TP_KERNEL_OK;
 }
 
 /* ---- Rotary ---- */
@@ -169,15 +172,17 @@ static void rotary(const float *x, const float *cos, const float *sin, int rank,
   }
 }
 
-void tp_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+TpKernelStatus tp_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
                    const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y) {
   rotary(x, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, false, y);
+  return TP_KERNEL_OK;
 }
 
-void tp_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank,
+TpKernelStatus tp_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank,
                             const int64_t *dims, const int64_t *table_dims, int64_t rotary_dim,
                             bool interleaved, float *dx) {
   rotary(dy, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, true, dx);
+  return TP_KERNEL_OK;
 }
 
 /* ---- SwiGLU ---- */
@@ -214,18 +219,52 @@ TP_VECTOR_CLONES static void swiglu_backward_range(const float *dy, const float 
   }
 }
 
-void tp_swiglu_f32(const float *gate, const float *up, int64_t n, float *y) {
+TpKernelStatus tp_swiglu_f32(const float *gate, const float *up, int64_t n, float *y) {
   int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
 #pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
   for (int64_t p = 0; p < pieces; p++)
     swiglu_range(gate, up, p * ELEMS_PER_PIECE, (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, y);
+  return TP_KERNEL_OK;
 }
 
-void tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                             float *dgate, float *dup) {
   int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
 #pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
   for (int64_t p = 0; p < pieces; p++)
     swiglu_backward_range(dy, gate, up, p * ELEMS_PER_PIECE,
                           (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, dgate, dup);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_run_linear(const TpLinearArgs *a) {
+  return tp_linear_f32(a->x->data, a->w->data, TP_VIEW_DATA(a->bias), a->M, a->K, a->N, a->transpose_w, a->y->data);
+}
+TpKernelStatus tp_run_embedding(const TpEmbeddingArgs *a) {
+  return tp_embedding_f32(a->table->data, a->ids->data, a->n, a->V, a->C, a->y->data, a->bad);
+}
+TpKernelStatus tp_run_cross_entropy(const TpCrossEntropyArgs *a) {
+  return tp_cross_entropy_f32(a->logits->data, a->targets->data, a->R, a->V, a->denominator, a->y->data, a->bad);
+}
+TpKernelStatus tp_run_rmsnorm(const TpRMSNormArgs *a) {
+  return tp_rmsnorm_f32(a->x->data, a->scale->data, a->rows, a->n, a->eps, a->y->data);
+}
+TpKernelStatus tp_run_rmsnorm_backward(const TpRMSNormArgs *a) {
+  return tp_rmsnorm_backward_f32(a->dy->data, a->x->data, a->scale->data, a->rows, a->n, a->eps,
+                                 TP_VIEW_DATA(a->y), TP_VIEW_DATA(a->dscale));
+}
+TpKernelStatus tp_run_rotary(const TpRotaryArgs *a) {
+  return tp_rotary_f32(a->x->data, a->cos->data, a->sin->data, a->x->rank, a->x->dims, a->cos->dims,
+                       a->rotary_dim, a->interleaved, a->y->data);
+}
+TpKernelStatus tp_run_rotary_backward(const TpRotaryArgs *a) {
+  return tp_rotary_backward_f32(a->x->data, a->cos->data, a->sin->data, a->x->rank, a->x->dims, a->cos->dims,
+                                a->rotary_dim, a->interleaved, a->y->data);
+}
+TpKernelStatus tp_run_swiglu(const TpSwiGLUArgs *a) {
+  return tp_swiglu_f32(a->gate->data, a->up->data, a->n, a->y->data);
+}
+TpKernelStatus tp_run_swiglu_backward(const TpSwiGLUArgs *a) {
+  return tp_swiglu_backward_f32(a->dy->data, a->gate->data, a->up->data, a->n, TP_VIEW_DATA(a->y),
+                                TP_VIEW_DATA(a->dup));
 }

@@ -11,14 +11,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "elementwise.h" /* TpKernelStatus */
+#include "kernel.h"
 
 /* y = x @ w + bias, one sgemm over all rows.
  *   x (M, K)   M = the product of the leading dims of X[..., K]
  *   w (K, N), or (N, K) when transpose_w
  *   bias (N) or NULL
  *   y (M, N) */
-void tp_linear_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K,
+TpKernelStatus tp_linear_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K,
                    int64_t N, bool transpose_w, float *y);
 
 /* out[i, :] = table[ids[i], :], ids as in ONNX Gather (-V <= id < V, negatives count from
@@ -39,13 +39,13 @@ TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets,
 
 /* y = x / sqrt(mean(x^2) + eps) * scale, per row; the mean of squares in double.
  *   x, y (rows, n); scale (n) */
-void tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y);
+TpKernelStatus tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y);
 
 /* Of tp_rmsnorm_f32, with r = 1 / sqrt(mean(x^2) + eps) of each row recomputed:
  *   dy, x, dx (rows, n); scale, dscale (n)
  *   dx = r * (g - x * r^2 * mean(g * x)), g = dy * scale
  *   dscale = the sum over rows of dy * x * r */
-void tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
+TpKernelStatus tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
                              int64_t n, float eps, float *dx, float *dscale);
 
 /* Rotary position embedding (ir/ops.def Rotary): over the first rotary_dim features of
@@ -53,21 +53,80 @@ void tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale
  * (interleaved) of each pair (x[2i], x[2i+1]); the other features are copied.
  *   x, y: rank dims, the last D; cos, sin: table_dims (rank of them, the last rotary_dim,
  *   the others 1, broadcast, or dims[k]) */
-void tp_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+TpKernelStatus tp_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
                    const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y);
 
 /* Of tp_rotary_f32 (a rotation, so the tables suffice): dx = dy * cos - rot(dy * sin) over
  * the first rotary_dim features, dy elsewhere. Shapes as tp_rotary_f32's. */
-void tp_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank,
+TpKernelStatus tp_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank,
                             const int64_t *dims, const int64_t *table_dims, int64_t rotary_dim,
                             bool interleaved, float *dx);
 
 /* y = silu(gate) * up = gate * sigmoid(gate) * up.  gate, up, y (n) */
-void tp_swiglu_f32(const float *gate, const float *up, int64_t n, float *y);
+TpKernelStatus tp_swiglu_f32(const float *gate, const float *up, int64_t n, float *y);
 
 /* Of tp_swiglu_f32, s = sigmoid(gate):  dy, gate, up, dgate, dup (n)
  *   dgate = dy * up * s * (1 + gate * (1 - s)),  dup = dy * gate * s */
-void tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                             float *dgate, float *dup);
+
+/* ---- argument structs (see nn.h) ---- */
+#include "../../base/tensor.h"
+
+/* Linear, and its backward (nn_backward.h: dy first; dx, dw, dbias as y, dw, dbias). */
+typedef struct {
+  const TpTensor *dy, *x, *w, *bias;
+  int64_t M, K, N;
+  bool transpose_w;
+  TpTensor *y, *dw, *dbias;
+} TpLinearArgs;
+TpKernelStatus tp_run_linear(const TpLinearArgs *a);
+
+typedef struct {
+  const TpTensor *table, *ids; /* ids i64 */
+  int64_t n, V, C;
+  TpTensor *y;
+  int64_t *bad;
+} TpEmbeddingArgs;
+TpKernelStatus tp_run_embedding(const TpEmbeddingArgs *a);
+
+/* CrossEntropy, and its backward (nn_backward.h: dloss the scalar gradient, y dlogits). */
+typedef struct {
+  const TpTensor *dloss, *logits, *targets; /* targets i64 */
+  int64_t R, V;
+  float denominator;
+  TpTensor *y;
+  int64_t *bad;
+} TpCrossEntropyArgs;
+TpKernelStatus tp_run_cross_entropy(const TpCrossEntropyArgs *a);
+
+/* RMSNorm and its backward (dy first; dx and dscale as y and dscale). */
+typedef struct {
+  const TpTensor *dy, *x, *scale;
+  int64_t rows, n;
+  float eps;
+  TpTensor *y, *dscale;
+} TpRMSNormArgs;
+TpKernelStatus tp_run_rmsnorm(const TpRMSNormArgs *a);
+TpKernelStatus tp_run_rmsnorm_backward(const TpRMSNormArgs *a);
+
+/* Rotary and its backward (x is dy, y dx). */
+typedef struct {
+  const TpTensor *x, *cos, *sin;
+  int64_t rotary_dim;
+  bool interleaved;
+  TpTensor *y;
+} TpRotaryArgs;
+TpKernelStatus tp_run_rotary(const TpRotaryArgs *a);
+TpKernelStatus tp_run_rotary_backward(const TpRotaryArgs *a);
+
+/* SwiGLU and its backward (dy first; dgate and dup as y and dup). */
+typedef struct {
+  const TpTensor *dy, *gate, *up;
+  int64_t n;
+  TpTensor *y, *dup;
+} TpSwiGLUArgs;
+TpKernelStatus tp_run_swiglu(const TpSwiGLUArgs *a);
+TpKernelStatus tp_run_swiglu_backward(const TpSwiGLUArgs *a);
 
 #endif

@@ -61,14 +61,14 @@ static void stage0_forward(TpStepIO *io) {
   TpTensor h_0_ln_1_LayerNormalization = {TP_F32, 3, {2, 4, 8}, arena + 3840};
   TpTensor h_0_ln_1_LayerNormalization_mean = {TP_F32, 3, {2, 4, 1}, arena + 6400};
   TpTensor h_0_ln_1_LayerNormalization_invstddev = {TP_F32, 3, {2, 4, 1}, arena + 6464};
-  tp_layernorm_f32(Add.data, h_0_ln_1_weight.data, h_0_ln_1_bias.data, 8, 8, 9.99999975e-06f,
-                   h_0_ln_1_LayerNormalization.data, h_0_ln_1_LayerNormalization_mean.data,
-                   h_0_ln_1_LayerNormalization_invstddev.data);
+  CHECK(tp_layernorm_f32(Add.data, h_0_ln_1_weight.data, h_0_ln_1_bias.data, 8, 8, 9.99999975e-06f,
+                         h_0_ln_1_LayerNormalization.data, h_0_ln_1_LayerNormalization_mean.data,
+                         h_0_ln_1_LayerNormalization_invstddev.data));
 
   /* /h.0/attn/c_attn/Add (Add) */
   TpTensor h_0_attn_c_attn_Add = {TP_F32, 3, {2, 4, 24}, arena + 0};
-  tp_linear_f32(h_0_ln_1_LayerNormalization.data, onnx_MatMul_121.data, h_0_attn_c_attn_bias.data,
-                8, 8, 24, false, h_0_attn_c_attn_Add.data);
+  CHECK(tp_linear_f32(h_0_ln_1_LayerNormalization.data, onnx_MatMul_121.data,
+                      h_0_attn_c_attn_bias.data, 8, 8, 24, false, h_0_attn_c_attn_Add.data));
 
   /* /h.0/attn/Split (Split) */
   TpTensor h_0_attn_Split = {TP_F32, 3, {2, 4, 8}, arena + 768};
@@ -101,11 +101,12 @@ static void stage0_forward(TpStepIO *io) {
 
   /* /h.0/attn/MatMul_1 (MatMul) */
   TpTensor h_0_attn_MatMul_1 = {TP_F32, 4, {2, 2, 4, 4}, arena + 0};
-  tp_attention_f32(&(TpAttention){.batch = 2, .q_heads = 2, .kv_heads = 2, .q_len = 4, .kv_len = 4,
-                                  .head_size = 4, .v_head_size = 4, .packed = false,
-                                  .is_causal = true, .scale = 0.5f},
-                   h_0_attn_Transpose.data, h_0_attn_Transpose_2_k.data, h_0_attn_Transpose_1.data,
-                   NULL, NULL, h_0_attn_MatMul_1.data, NULL, NULL, NULL);
+  CHECK(tp_attention_f32(&(TpAttention){.batch = 2, .q_heads = 2, .kv_heads = 2, .q_len = 4,
+                                        .kv_len = 4, .head_size = 4, .v_head_size = 4,
+                                        .packed = false, .is_causal = true, .scale = 0.5f},
+                         h_0_attn_Transpose.data, h_0_attn_Transpose_2_k.data,
+                         h_0_attn_Transpose_1.data, NULL, NULL, h_0_attn_MatMul_1.data, NULL, NULL,
+                         NULL));
 
   /* /h.0/attn/Transpose_3 (Transpose) */
   TpTensor h_0_attn_Transpose_3 = {TP_F32, 4, {2, 4, 2, 4}, arena + 4864};
@@ -116,8 +117,8 @@ static void stage0_forward(TpStepIO *io) {
 
   /* /h.0/attn/c_proj/Add (Add) */
   TpTensor h_0_attn_c_proj_Add = {TP_F32, 3, {2, 4, 8}, arena + 0};
-  tp_linear_f32(h_0_attn_Reshape_3.data, onnx_MatMul_145.data, h_0_attn_c_proj_bias.data, 8, 8, 8,
-                false, h_0_attn_c_proj_Add.data);
+  CHECK(tp_linear_f32(h_0_attn_Reshape_3.data, onnx_MatMul_145.data, h_0_attn_c_proj_bias.data, 8,
+                      8, 8, false, h_0_attn_c_proj_Add.data));
 
   /* /h.0/Add (Add) */
   TpTensor h_0_Add = {TP_F32, 3, {2, 4, 8}, arena + 5120};
@@ -127,14 +128,15 @@ static void stage0_forward(TpStepIO *io) {
   TpTensor h_0_ln_2_LayerNormalization = {TP_F32, 3, {2, 4, 8}, arena + 5376};
   TpTensor h_0_ln_2_LayerNormalization_mean = {TP_F32, 3, {2, 4, 1}, arena + 6528};
   TpTensor h_0_ln_2_LayerNormalization_invstddev = {TP_F32, 3, {2, 4, 1}, arena + 6592};
-  tp_layernorm_f32(h_0_Add.data, h_0_ln_2_weight.data, h_0_ln_2_bias.data, 8, 8, 9.99999975e-06f,
-                   h_0_ln_2_LayerNormalization.data, h_0_ln_2_LayerNormalization_mean.data,
-                   h_0_ln_2_LayerNormalization_invstddev.data);
+  CHECK(tp_layernorm_f32(h_0_Add.data, h_0_ln_2_weight.data, h_0_ln_2_bias.data, 8, 8,
+                         9.99999975e-06f, h_0_ln_2_LayerNormalization.data,
+                         h_0_ln_2_LayerNormalization_mean.data,
+                         h_0_ln_2_LayerNormalization_invstddev.data));
 
   /* /h.0/c_fc/Add (Add) */
   TpTensor h_0_c_fc_Add = {TP_F32, 3, {2, 4, 32}, arena + 0};
-  tp_linear_f32(h_0_ln_2_LayerNormalization.data, onnx_MatMul_146.data, h_0_c_fc_bias.data, 8, 8,
-                32, false, h_0_c_fc_Add.data);
+  CHECK(tp_linear_f32(h_0_ln_2_LayerNormalization.data, onnx_MatMul_146.data, h_0_c_fc_bias.data, 8,
+                      8, 32, false, h_0_c_fc_Add.data));
 
   /* /h.0/gelu/Mul_1 (Mul) */
   TpTensor h_0_gelu_Mul_1 = {TP_F32, 3, {2, 4, 32}, arena + 1024};
@@ -142,8 +144,8 @@ static void stage0_forward(TpStepIO *io) {
 
   /* /h.0/c_proj/Add (Add) */
   TpTensor h_0_c_proj_Add = {TP_F32, 3, {2, 4, 8}, arena + 2048};
-  tp_linear_f32(h_0_gelu_Mul_1.data, onnx_MatMul_147.data, h_0_c_proj_bias.data, 8, 32, 8, false,
-                h_0_c_proj_Add.data);
+  CHECK(tp_linear_f32(h_0_gelu_Mul_1.data, onnx_MatMul_147.data, h_0_c_proj_bias.data, 8, 32, 8,
+                      false, h_0_c_proj_Add.data));
 
   /* /h.0/Add_1 (Add) */
   TpTensor h_0_Add_1 = {TP_F32, 3, {2, 4, 8}, arena + 5632};
@@ -153,9 +155,9 @@ static void stage0_forward(TpStepIO *io) {
   TpTensor ln_f_LayerNormalization = {TP_F32, 3, {2, 4, 8}, arena + 5888};
   TpTensor ln_f_LayerNormalization_mean = {TP_F32, 3, {2, 4, 1}, arena + 6656};
   TpTensor ln_f_LayerNormalization_invstddev = {TP_F32, 3, {2, 4, 1}, arena + 6720};
-  tp_layernorm_f32(h_0_Add_1.data, ln_f_weight.data, ln_f_bias.data, 8, 8, 9.99999975e-06f,
-                   ln_f_LayerNormalization.data, ln_f_LayerNormalization_mean.data,
-                   ln_f_LayerNormalization_invstddev.data);
+  CHECK(tp_layernorm_f32(h_0_Add_1.data, ln_f_weight.data, ln_f_bias.data, 8, 8, 9.99999975e-06f,
+                         ln_f_LayerNormalization.data, ln_f_LayerNormalization_mean.data,
+                         ln_f_LayerNormalization_invstddev.data));
 
   /* onnx::MatMul_148 (retie) */
   TpTensor onnx_MatMul_148 = {TP_F32, 2, {8, 16}, arena + 2048};
@@ -163,8 +165,8 @@ static void stage0_forward(TpStepIO *io) {
 
   /* /lm_head/MatMul (MatMul) */
   TpTensor logits = {TP_F32, 3, {2, 4, 16}, arena + 2560};
-  tp_linear_f32(ln_f_LayerNormalization.data, onnx_MatMul_148.data, NULL, 8, 8, 16, false,
-                logits.data);
+  CHECK(tp_linear_f32(ln_f_LayerNormalization.data, onnx_MatMul_148.data, NULL, 8, 8, 16, false,
+                      logits.data));
 
   /* CrossEntropy */
   TpTensor loss = {TP_F32, 0, {0}, arena + 6144};
@@ -217,9 +219,9 @@ static void stage0_backward(TpStepIO *io) {
   /* /lm_head/MatMul (MatMul) */
   TpTensor ln_f_LayerNormalization_grad = {TP_F32, 3, {2, 4, 8}, arena + 6144};
   TpTensor onnx_MatMul_148_grad = {TP_F32, 2, {8, 16}, arena + 2560};
-  tp_linear_backward_f32(logits_grad.data, ln_f_LayerNormalization.data, onnx_MatMul_148.data, 8, 8,
-                         16, false, ln_f_LayerNormalization_grad.data, onnx_MatMul_148_grad.data,
-                         NULL);
+  CHECK(tp_linear_backward_f32(logits_grad.data, ln_f_LayerNormalization.data, onnx_MatMul_148.data,
+                               8, 8, 16, false, ln_f_LayerNormalization_grad.data,
+                               onnx_MatMul_148_grad.data, NULL));
 
   /* onnx::MatMul_148 (retie) */
   TpTensor wte_weight_grad_0 = {TP_F32, 2, {16, 8}, arena + 3072};
@@ -229,41 +231,42 @@ static void stage0_backward(TpStepIO *io) {
   TpTensor h_0_Add_1_grad = {TP_F32, 3, {2, 4, 8}, arena + 5888};
   TpTensor ln_f_weight_grad = {TP_F32, 1, {8}, io->grad[13]};
   TpTensor ln_f_bias_grad = {TP_F32, 1, {8}, io->grad[12]};
-  tp_layernorm_backward_f32(ln_f_LayerNormalization_grad.data, h_0_Add_1.data, ln_f_weight.data,
-                            ln_f_LayerNormalization_mean.data,
-                            ln_f_LayerNormalization_invstddev.data, 8, 8, h_0_Add_1_grad.data,
-                            ln_f_weight_grad.data, ln_f_bias_grad.data);
+  CHECK(tp_layernorm_backward_f32(ln_f_LayerNormalization_grad.data, h_0_Add_1.data,
+                                  ln_f_weight.data, ln_f_LayerNormalization_mean.data,
+                                  ln_f_LayerNormalization_invstddev.data, 8, 8, h_0_Add_1_grad.data,
+                                  ln_f_weight_grad.data, ln_f_bias_grad.data));
 
   /* /h.0/c_proj/Add (Add) */
   TpTensor h_0_gelu_Mul_1_grad = {TP_F32, 3, {2, 4, 32}, arena + 2048};
   TpTensor onnx_MatMul_147_grad = {TP_F32, 2, {32, 8}, io->grad[11]};
   TpTensor h_0_c_proj_bias_grad = {TP_F32, 1, {8}, io->grad[6]};
-  tp_linear_backward_f32(h_0_Add_1_grad.data, h_0_gelu_Mul_1.data, onnx_MatMul_147.data, 8, 32, 8,
-                         false, h_0_gelu_Mul_1_grad.data, onnx_MatMul_147_grad.data,
-                         h_0_c_proj_bias_grad.data);
+  CHECK(tp_linear_backward_f32(h_0_Add_1_grad.data, h_0_gelu_Mul_1.data, onnx_MatMul_147.data, 8,
+                               32, 8, false, h_0_gelu_Mul_1_grad.data, onnx_MatMul_147_grad.data,
+                               h_0_c_proj_bias_grad.data));
 
   /* /h.0/gelu/Mul_1 (Mul) */
   TpTensor h_0_c_fc_Add_grad = {TP_F32, 3, {2, 4, 32}, arena + 1024};
-  tp_gelu_backward_f32(h_0_gelu_Mul_1_grad.data, h_0_c_fc_Add.data, 256, false,
-                       h_0_c_fc_Add_grad.data);
+  CHECK(tp_gelu_backward_f32(h_0_gelu_Mul_1_grad.data, h_0_c_fc_Add.data, 256, false,
+                             h_0_c_fc_Add_grad.data));
 
   /* /h.0/c_fc/Add (Add) */
   TpTensor h_0_ln_2_LayerNormalization_grad = {TP_F32, 3, {2, 4, 8}, arena + 5632};
   TpTensor onnx_MatMul_146_grad = {TP_F32, 2, {8, 32}, io->grad[10]};
   TpTensor h_0_c_fc_bias_grad = {TP_F32, 1, {32}, io->grad[5]};
-  tp_linear_backward_f32(h_0_c_fc_Add_grad.data, h_0_ln_2_LayerNormalization.data,
-                         onnx_MatMul_146.data, 8, 8, 32, false,
-                         h_0_ln_2_LayerNormalization_grad.data, onnx_MatMul_146_grad.data,
-                         h_0_c_fc_bias_grad.data);
+  CHECK(tp_linear_backward_f32(h_0_c_fc_Add_grad.data, h_0_ln_2_LayerNormalization.data,
+                               onnx_MatMul_146.data, 8, 8, 32, false,
+                               h_0_ln_2_LayerNormalization_grad.data, onnx_MatMul_146_grad.data,
+                               h_0_c_fc_bias_grad.data));
 
   /* /h.0/ln_2/LayerNormalization (LayerNormalization) */
   TpTensor h_0_Add_grad_1 = {TP_F32, 3, {2, 4, 8}, arena + 5376};
   TpTensor h_0_ln_2_weight_grad = {TP_F32, 1, {8}, io->grad[15]};
   TpTensor h_0_ln_2_bias_grad = {TP_F32, 1, {8}, io->grad[14]};
-  tp_layernorm_backward_f32(h_0_ln_2_LayerNormalization_grad.data, h_0_Add.data,
-                            h_0_ln_2_weight.data, h_0_ln_2_LayerNormalization_mean.data,
-                            h_0_ln_2_LayerNormalization_invstddev.data, 8, 8, h_0_Add_grad_1.data,
-                            h_0_ln_2_weight_grad.data, h_0_ln_2_bias_grad.data);
+  CHECK(tp_layernorm_backward_f32(h_0_ln_2_LayerNormalization_grad.data, h_0_Add.data,
+                                  h_0_ln_2_weight.data, h_0_ln_2_LayerNormalization_mean.data,
+                                  h_0_ln_2_LayerNormalization_invstddev.data, 8, 8,
+                                  h_0_Add_grad_1.data, h_0_ln_2_weight_grad.data,
+                                  h_0_ln_2_bias_grad.data));
 
   /* /h.0/ln_2/LayerNormalization (LayerNormalization) */
   TpTensor h_0_Add_grad = {TP_F32, 3, {2, 4, 8}, arena + 5120};
@@ -273,9 +276,9 @@ static void stage0_backward(TpStepIO *io) {
   TpTensor h_0_attn_Reshape_3_grad = {TP_F32, 3, {2, 4, 8}, arena + 0};
   TpTensor onnx_MatMul_145_grad = {TP_F32, 2, {8, 8}, io->grad[9]};
   TpTensor h_0_attn_c_proj_bias_grad = {TP_F32, 1, {8}, io->grad[4]};
-  tp_linear_backward_f32(h_0_Add_grad.data, h_0_attn_Reshape_3.data, onnx_MatMul_145.data, 8, 8, 8,
-                         false, h_0_attn_Reshape_3_grad.data, onnx_MatMul_145_grad.data,
-                         h_0_attn_c_proj_bias_grad.data);
+  CHECK(tp_linear_backward_f32(h_0_Add_grad.data, h_0_attn_Reshape_3.data, onnx_MatMul_145.data, 8,
+                               8, 8, false, h_0_attn_Reshape_3_grad.data, onnx_MatMul_145_grad.data,
+                               h_0_attn_c_proj_bias_grad.data));
 
   /* /h.0/attn/Reshape_3 (Reshape): a view */
   TpTensor h_0_attn_Transpose_3_grad = {TP_F32, 4, {2, 4, 2, 4}, h_0_attn_Reshape_3_grad.data};
@@ -289,13 +292,14 @@ static void stage0_backward(TpStepIO *io) {
   TpTensor h_0_attn_Transpose_grad = {TP_F32, 4, {2, 2, 4, 4}, arena + 0};
   TpTensor h_0_attn_Transpose_2_k_grad = {TP_F32, 4, {2, 2, 4, 4}, arena + 256};
   TpTensor h_0_attn_Transpose_1_grad = {TP_F32, 4, {2, 2, 4, 4}, arena + 512};
-  tp_attention_backward_f32(&(TpAttention){.batch = 2, .q_heads = 2, .kv_heads = 2, .q_len = 4,
-                                           .kv_len = 4, .head_size = 4, .v_head_size = 4,
-                                           .packed = false, .is_causal = true, .scale = 0.5f},
-                            h_0_attn_MatMul_1_grad.data, h_0_attn_Transpose.data,
-                            h_0_attn_Transpose_2_k.data, h_0_attn_Transpose_1.data,
-                            h_0_attn_Transpose_grad.data, h_0_attn_Transpose_2_k_grad.data,
-                            h_0_attn_Transpose_1_grad.data);
+  CHECK(tp_attention_backward_f32(&(TpAttention){.batch = 2, .q_heads = 2, .kv_heads = 2,
+                                                 .q_len = 4, .kv_len = 4, .head_size = 4,
+                                                 .v_head_size = 4, .packed = false,
+                                                 .is_causal = true, .scale = 0.5f},
+                                  h_0_attn_MatMul_1_grad.data, h_0_attn_Transpose.data,
+                                  h_0_attn_Transpose_2_k.data, h_0_attn_Transpose_1.data,
+                                  h_0_attn_Transpose_grad.data, h_0_attn_Transpose_2_k_grad.data,
+                                  h_0_attn_Transpose_1_grad.data));
 
   /* /h.0/attn/Transpose_2 (Transpose) */
   TpTensor h_0_attn_Reshape_1_grad = {TP_F32, 4, {2, 4, 2, 4}, arena + 4096};
@@ -331,19 +335,19 @@ static void stage0_backward(TpStepIO *io) {
   TpTensor h_0_ln_1_LayerNormalization_grad = {TP_F32, 3, {2, 4, 8}, arena + 4096};
   TpTensor onnx_MatMul_121_grad = {TP_F32, 2, {8, 24}, io->grad[8]};
   TpTensor h_0_attn_c_attn_bias_grad = {TP_F32, 1, {24}, io->grad[3]};
-  tp_linear_backward_f32(h_0_attn_c_attn_Add_grad.data, h_0_ln_1_LayerNormalization.data,
-                         onnx_MatMul_121.data, 8, 8, 24, false,
-                         h_0_ln_1_LayerNormalization_grad.data, onnx_MatMul_121_grad.data,
-                         h_0_attn_c_attn_bias_grad.data);
+  CHECK(tp_linear_backward_f32(h_0_attn_c_attn_Add_grad.data, h_0_ln_1_LayerNormalization.data,
+                               onnx_MatMul_121.data, 8, 8, 24, false,
+                               h_0_ln_1_LayerNormalization_grad.data, onnx_MatMul_121_grad.data,
+                               h_0_attn_c_attn_bias_grad.data));
 
   /* /h.0/ln_1/LayerNormalization (LayerNormalization) */
   TpTensor Add_grad_1 = {TP_F32, 3, {2, 4, 8}, arena + 3840};
   TpTensor h_0_ln_1_weight_grad = {TP_F32, 1, {8}, io->grad[1]};
   TpTensor h_0_ln_1_bias_grad = {TP_F32, 1, {8}, io->grad[2]};
-  tp_layernorm_backward_f32(h_0_ln_1_LayerNormalization_grad.data, Add.data, h_0_ln_1_weight.data,
-                            h_0_ln_1_LayerNormalization_mean.data,
-                            h_0_ln_1_LayerNormalization_invstddev.data, 8, 8, Add_grad_1.data,
-                            h_0_ln_1_weight_grad.data, h_0_ln_1_bias_grad.data);
+  CHECK(tp_layernorm_backward_f32(h_0_ln_1_LayerNormalization_grad.data, Add.data,
+                                  h_0_ln_1_weight.data, h_0_ln_1_LayerNormalization_mean.data,
+                                  h_0_ln_1_LayerNormalization_invstddev.data, 8, 8, Add_grad_1.data,
+                                  h_0_ln_1_weight_grad.data, h_0_ln_1_bias_grad.data));
 
   /* /h.0/ln_1/LayerNormalization (LayerNormalization) */
   TpTensor Add_grad = {TP_F32, 3, {2, 4, 8}, arena + 3584};

@@ -1,0 +1,91 @@
+/* The kernel binders (bind/bind.h) and the targets' kernel tables (codegen/target.h): every
+ * kernel has a CPU entry and a spelling on every target, every op kind the interpreter runs
+ * has a binder, and a binder turns attributes and dims into the kernel's arguments (RMSNorm:
+ * rows, n and epsilon; its shape check), and the interpreter's working copies (an operand at
+ * an odd address, as weights referenced in place in a model file are, is copied whole). */
+#include <stdio.h>
+#include <string.h>
+
+#include "bind/bind.h"
+#include "codegen/target.h"
+#include "interp/interp.h"
+
+static int failures;
+#define fail(...) (failures++, fprintf(stderr, "FAIL " __VA_ARGS__), fputc('\n', stderr))
+
+static void test_tables(void) {
+  const TpTarget *cpu = tp_target_find("cpu");
+  if (!cpu) {
+    fail("no cpu target");
+    return;
+  }
+  if (tp_target_find("cuda")) fail("a cuda target before issue 13");
+  if (strcmp(tp_target_names(), "cpu") != 0) fail("target names '%s'", tp_target_names());
+  for (int k = 0; k < TP_K_COUNT; k++) {
+    const TpKernelSpelling *s = &cpu->kernels[k];
+    if (!s->name || s->nargs <= 0 || s->nargs > TP_MAX_KERNEL_ARGS || s->header < 0 || s->header >= cpu->nheaders)
+      fail("cpu kernel %d: no spelling (name %s, %d args, header %d)", k, s->name ? s->name : "-", s->nargs,
+           s->header);
+  }
+  int bound = 0;
+  for (int k = 0; k < TP_OP_COUNT; k++) bound += tp_op_bindings[k].bind != NULL;
+  if (bound < 60) fail("only %d op kinds have a binder", bound);
+}
+
+static void test_rmsnorm(void) {
+  TpModule *m = tp_module_new("bind.tir");
+  TpDiag d;
+  FILE *sink = tmpfile();
+  tp_diag_init(&d, "test", "bind.tir", sink);
+  TpType t = {.dtype = TP_F32};
+  int in[2] = {tp_add_value(m, "x", TP_VAL_INPUT, t, (TpOrigin){0}), tp_add_value(m, "s", TP_VAL_INPUT, t, (TpOrigin){0})};
+  const char *names[1] = {"y"};
+  int op = tp_add_op(m, TP_OP_RMSNorm, in, 2, names, 1, (TpOrigin){"rms", "RMSNorm"});
+  tp_set_attr_int(m, op, "axis", 1);
+  tp_set_attr_float(m, op, "epsilon", 0.25);
+  TpTensor views[3] = {{TP_F32, 3, {2, 3, 4}, NULL}, {TP_F32, 2, {3, 4}, NULL}, {TP_F32, 3, {2, 3, 4}, NULL}};
+  TpBound b;
+  if (tp_bind_op(m, op, views, views + 2, &b, &d) != TP_OK) fail("bind RMSNorm: %s", d.last);
+  const TpRMSNormArgs *a = &b.a.rmsnorm;
+  if (b.kernel != TP_K_RMSNORM || a->rows != 2 || a->n != 12 || a->eps != 0.25f || a->x != &views[0] ||
+      a->scale != &views[1] || a->y != &views[2] || a->dy || a->dscale)
+    fail("bind RMSNorm: kernel %d, rows %lld, n %lld, eps %g", (int)b.kernel, (long long)a->rows, (long long)a->n,
+         (double)a->eps);
+  views[1].dims[1] = 5; /* a scale that is not the normalised shape */
+  if (tp_bind_op(m, op, views, views + 2, &b, &d) != TP_ERR_INPUT || !strstr(d.last, "shapes do not fit"))
+    fail("bind RMSNorm accepted a scale of 15 for rows of 12");
+  fclose(sink);
+  tp_module_free(m);
+}
+
+/* Neg of an i64 operand one byte off its alignment: the aligned copy keeps its dtype. */
+static void test_misaligned(void) {
+  TpModule *m = tp_module_new("bind.tir");
+  TpDiag d;
+  FILE *sink = tmpfile();
+  tp_diag_init(&d, "test", "bind.tir", sink);
+  TpType t = {.dtype = TP_I64, .rank = 1, .dims = {3}};
+  int x = tp_add_value(m, "x", TP_VAL_INPUT, t, (TpOrigin){0});
+  const char *names[1] = {"y"};
+  int op = tp_add_op(m, TP_OP_Neg, &x, 1, names, 1, (TpOrigin){"neg", "Neg"});
+  int64_t want[3] = {5000000000LL, -7, 3}, y[3] = {0};
+  _Alignas(8) unsigned char bytes[32];
+  for (int i = 0; i < 3; i++) {
+    int64_t v = -want[i];
+    memcpy(bytes + 1 + 8 * i, &v, 8);
+  }
+  TpTensor in = {TP_I64, 1, {3}, bytes + 1}, out = {TP_I64, 1, {3}, y};
+  if (tp_exec_op(m, op, &in, &out, &d) != TP_OK) fail("exec Neg i64: %s", d.last);
+  else if (memcmp(y, want, sizeof y)) fail("exec Neg of a misaligned i64: %lld %lld %lld", (long long)y[0], (long long)y[1], (long long)y[2]);
+  fclose(sink);
+  tp_module_free(m);
+}
+
+int main(void) {
+  test_tables();
+  test_rmsnorm();
+  test_misaligned();
+  if (failures) return 1;
+  printf("bind: ok\n");
+  return 0;
+}
