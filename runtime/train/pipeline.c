@@ -1,10 +1,10 @@
 /* The trainer's buffers and steps, on the compute backend (../compute.h): ABI 1 plans run
  * their stage functions in one process; ABI 2 plans, the ranks of a pipeline (stage k of
- * replica d is rank d * S + k) and their schedules. A process hosts either every rank (one process, no MPI: the ranks take turns,
- * each running until it waits for a message another hosted rank has yet to send) or
- * exactly one (mpirun -np S*D). Both run the same instruction lists with the same
- * arithmetic in the same order, so a one-process run and an mpirun run of a plan give the
- * same bits.
+ * replica d is rank d * S + k) and their schedules. A process hosts either every rank (one
+ * process, no MPI: the ranks take turns, each running until it waits for a message
+ * another hosted rank has yet to send) or exactly one (mpirun -np S*D). Both run the same
+ * instruction lists with the same arithmetic in the same order, so a one-process run and
+ * an mpirun run of a plan give the same bits.
  *
  * Messages are packed into one device buffer per (kind, microbatch, slice): the sender's
  * arena is free again once the pack ran, and a message of several boundary buffers (or
@@ -583,7 +583,8 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     return true;
   case TP_PLAN_BACKWARD:
     /* the microbatch's backward units run together, from its last slice to slice 0 */
-    if (x->slice == P->nslices - 1) be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * 4);
+    if (x->slice == P->nslices - 1)
+      be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * 4);
     io = unit_io(t, R, x->mb);
     run_unit(t, R->stream, R->st->backward[x->slice], &io);
     if (x->slice == 0 && R->scratch_block != R->grad_block)
@@ -813,7 +814,8 @@ void pipe_upload(Trainer *t) {
 
 void pipe_host_free(Trainer *t) {
   TrainHost *H = &t->host;
-  for (int i = 0; H->param && i < t->plan->nparams; i++) free(H->param[i]), free(H->grad[i]), free(H->m[i]), free(H->v[i]);
+  for (int i = 0; H->param && i < t->plan->nparams; i++)
+    free(H->param[i]), free(H->grad[i]), free(H->m[i]), free(H->v[i]);
   free(H->param), free(H->grad), free(H->m), free(H->v);
   *H = (TrainHost){0};
 }

@@ -115,7 +115,8 @@ static void test_run_unit(TpCompute *c, TpStream *s) {
   c->be->run_unit(c, s, unit_doubles_param, &io);
   c->be->stream_sync(c, s);
   float *h = to_host(c, s, w, 4);
-  if (h[0] != 2 || h[3] != 8 || io.loss != 8) fail("%s: run_unit: w = %g..%g, loss %g; expected 2..8, 8", name, h[0], h[3], io.loss);
+  if (h[0] != 2 || h[3] != 8 || io.loss != 8)
+    fail("%s: run_unit: w = %g..%g, loss %g; expected 2..8, 8", name, h[0], h[3], io.loss);
   if (io.compute != c || io.stream != s) fail("%s: run_unit: io's compute and stream are not the unit's", name);
   free(h);
   c->be->free(c, w);
