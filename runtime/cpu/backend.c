@@ -90,22 +90,26 @@ static void cpu_adamw(TpCompute *c, TpStream *s, float *w, const float *g, float
   tp_adamw_step(w, g, m, v, n, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->step);
 }
 
-static void cpu_pack(TpCompute *c, TpStream *s, void *dst, const void *arena, const TpPlanBuffer *buffers, int n) {
-  (void)c, (void)s;
+/* A message's buffers between the arena and the contiguous message, in message order. */
+static void move_buffers(char *msg, char *arena, const TpPlanBuffer *buffers, int n, bool pack) {
   size_t at = 0;
   for (int j = 0; j < n; j++) {
-    memcpy((char *)dst + at, (const char *)arena + buffers[j].offset, (size_t)buffers[j].bytes);
-    at += (size_t)buffers[j].bytes;
+    char *in_arena = arena + buffers[j].offset;
+    size_t bytes = (size_t)buffers[j].bytes;
+    if (pack) memcpy(msg + at, in_arena, bytes);
+    else memcpy(in_arena, msg + at, bytes);
+    at += bytes;
   }
+}
+
+static void cpu_pack(TpCompute *c, TpStream *s, void *dst, const void *arena, const TpPlanBuffer *buffers, int n) {
+  (void)c, (void)s;
+  move_buffers(dst, (char *)arena, buffers, n, true);
 }
 
 static void cpu_unpack(TpCompute *c, TpStream *s, void *arena, const void *src, const TpPlanBuffer *buffers, int n) {
   (void)c, (void)s;
-  size_t at = 0;
-  for (int j = 0; j < n; j++) {
-    memcpy((char *)arena + buffers[j].offset, (const char *)src + at, (size_t)buffers[j].bytes);
-    at += (size_t)buffers[j].bytes;
-  }
+  move_buffers((char *)src, arena, buffers, n, false);
 }
 
 const TpComputeBackend tp_compute_cpu = {
