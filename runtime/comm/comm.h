@@ -10,7 +10,12 @@
  * process (MPI_Abort). This is the one place runtime code ends the process: the other ranks
  * are blocked on this one and cannot be told otherwise. Collectives run over a group (an
  * ascending list of ranks) and reduce in the group's rank order, so results are the same
- * bits on every run and every backend. */
+ * bits on every run and every backend.
+ *
+ * The trainer's messages, gradients and gathered tensors live in the compute backend's
+ * device memory (../compute.h). MPI gets those buffers directly from the CPU backend, whose
+ * device memory is host memory, and host copies from any other (runtime/train/pipeline.c,
+ * host_view); a transport that reads device memory (NCCL) would take them directly. */
 #ifndef TOKPIPE_COMM_H
 #define TOKPIPE_COMM_H
 

@@ -1,31 +1,36 @@
-/* ABI 2 plans: the ranks of a pipeline (stage k of replica d is rank d * S + k) and their
- * schedules. A process hosts either every rank (one process, no MPI: the ranks take turns,
- * each running until it waits for a message another hosted rank has yet to send) or
- * exactly one (mpirun -np S*D). Both run the same instruction lists with the same
- * arithmetic in the same order, so a one-process run and an mpirun run of a plan give the
- * same bits.
+/* The trainer's buffers and steps, on the compute backend (../compute.h): ABI 1 plans run
+ * their stage functions in one process; ABI 2 plans, the ranks of a pipeline (stage k of
+ * replica d is rank d * S + k) and their schedules. A process hosts either every rank (one
+ * process, no MPI: the ranks take turns, each running until it waits for a message
+ * another hosted rank has yet to send) or exactly one (mpirun -np S*D). Both run the same
+ * instruction lists with the same arithmetic in the same order, so a one-process run and
+ * an mpirun run of a plan give the same bits.
  *
- * Messages are packed into one buffer per (kind, microbatch, slice): the sender's arena is
- * free again at once, and a message of several boundary buffers (or none) is one send. */
+ * Messages are packed into one device buffer per (kind, microbatch, slice): the sender's
+ * arena is free again once the pack ran, and a message of several boundary buffers (or
+ * none) is one send. Each hosted rank queues its work on its own stream; events order a
+ * message's unpack after its pack, and the host synchronizes before it hands a buffer to
+ * the transport, reads a result back or frees a buffer still in use. */
 #include "train.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "../cpu/optim.h"
 
 enum { GATHER_TAG = 31999 }; /* pipeline tags are below, collectives above (comm.c) */
 
 typedef struct {
   int src, tag;
   size_t bytes;
-  char *data;
+  void *data;     /* device */
+  TpEvent *ready; /* after its pack, on the sender's stream */
 } Message;
 
 typedef struct {
   TpCommRequest r;
-  char *data;
+  void *data, *view; /* the device buffer, and what the transport reads (host_view) */
+  size_t bytes;
 } PendingSend;
 
 struct PipeRank {
@@ -44,6 +49,8 @@ struct PipeRank {
   int ninbox, inbox_cap;
   PendingSend *sends;     /* mpirun: sends not yet complete */
   int nsends, sends_cap;
+  TpStream *stream;       /* where its units and math run */
+  TpEvent *event;
 };
 
 static void *xcalloc(size_t n, size_t size) {
@@ -115,7 +122,37 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
   return ok ? TP_OK : tp_internal(d, "the compiled plan's pipeline is malformed");
 }
 
-/* ---- setup ---- */
+/* ---- buffers ---- */
+
+static const TpComputeBackend *be(const Trainer *t) { return t->compute->be; }
+
+/* `bytes` of device memory (device) or host memory, zeroed; NULL after an error naming
+ * what they are for. */
+static void *alloc_bytes(Trainer *t, bool device, size_t bytes, const char *what) {
+  /* Beyond the machine's memory it is refused without trying: with overcommit the allocation
+   * could succeed and zeroing it end in the OOM killer. */
+  int64_t machine = tp_physical_memory();
+  bool fits = bytes <= SIZE_MAX - 64 && (!machine || (uint64_t)bytes <= (uint64_t)machine);
+  void *p = NULL;
+  if (fits && device) p = be(t)->alloc(t->compute, bytes);
+  else if (fits && (p = aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64))) memset(p, 0, bytes);
+  if (p) return p;
+  tp_error(t->d, "cannot allocate %zu bytes (%.1f GiB) for %s: %s (compile the plan for a smaller --batch or "
+           "--seq, or more --stages)", bytes, (double)bytes / (1 << 30), what,
+           fits ? "out of memory" : "more than this machine's memory");
+  return NULL;
+}
+
+void *pipe_alloc(Trainer *t, size_t bytes, const char *fmt, ...) {
+  char what[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  return alloc_bytes(t, true, bytes, what);
+}
+
+static void dev_free(Trainer *t, void *p) { be(t)->free(t->compute, p); }
 
 /* Rank `rank`'s buffers into *out (set first, so that pipe_free frees what was allocated
  * before a failure). */
@@ -126,6 +163,8 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
   R->stage = rank % P->nstages;
   R->replica = rank / P->nstages;
   R->st = &P->stages[R->stage];
+  R->stream = be(t)->stream_new(t->compute);
+  R->event = be(t)->event_new(t->compute);
   R->param = xcalloc((size_t)P->nparams, sizeof *R->param);
   R->grad = xcalloc((size_t)P->nparams, sizeof *R->grad);
   R->scratch = xcalloc((size_t)P->nparams, sizeof *R->scratch);
@@ -134,8 +173,8 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
   R->arena = xcalloc((size_t)R->st->arenas, sizeof *R->arena);
   R->loss = xcalloc((size_t)P->microbatches, sizeof *R->loss);
   size_t grad_bytes = (size_t)R->grad_count * 4;
-  if (!(R->grad_block = train_alloc(t, grad_bytes, "the gradients of rank %d", rank)) ||
-      !(R->scratch_block = P->microbatches > 1 ? train_alloc(t, grad_bytes, "rank %d's microbatch gradients", rank)
+  if (!(R->grad_block = pipe_alloc(t, grad_bytes, "the gradients of rank %d", rank)) ||
+      !(R->scratch_block = P->microbatches > 1 ? pipe_alloc(t, grad_bytes, "rank %d's microbatch gradients", rank)
                                                : R->grad_block))
     return TP_ERR_INPUT;
   int64_t at = 0;
@@ -147,13 +186,40 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
       at += t->numel[i];
     }
   for (int a = 0; a < R->st->arenas; a++)
-    if (!(R->arena[a] = train_alloc(t, R->st->arena_bytes, "the activations of rank %d (arena %d of %d)", rank, a + 1,
-                                    R->st->arenas)))
+    if (!(R->arena[a] = pipe_alloc(t, R->st->arena_bytes, "the activations of rank %d (arena %d of %d)", rank, a + 1,
+                                   R->st->arenas)))
       return TP_ERR_INPUT;
   return TP_OK;
 }
 
-int pipe_setup(Trainer *t) {
+/* A parameter's value and, if trainable, AdamW state. */
+static int alloc_param(Trainer *t, int i) {
+  size_t bytes = (size_t)t->numel[i] * 4;
+  const char *name = t->plan->params[i].name;
+  if (!(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name)) ||
+      (t->plan->params[i].trainable && (!(t->m[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
+                                        !(t->v[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)))))
+    return TP_ERR_INPUT;
+  return TP_OK;
+}
+
+/* ABI 1: every parameter and stage in this process. */
+static int setup_stages(Trainer *t) {
+  const TpPlan *P = t->plan;
+  t->arena = xcalloc((size_t)P->nstages, sizeof *t->arena);
+  for (int i = 0; i < P->nparams; i++) {
+    t->held[i] = true;
+    if (alloc_param(t, i) ||
+        !(t->grad[i] = pipe_alloc(t, (size_t)t->numel[i] * 4, "the gradient of '%s'", P->params[i].name)))
+      return TP_ERR_INPUT;
+  }
+  for (int s = 0; s < P->nstages; s++)
+    if (!(t->arena[s] = pipe_alloc(t, P->arena_bytes[s], "the activations of stage %d (its arena)", s)))
+      return TP_ERR_INPUT;
+  return TP_OK;
+}
+
+static int setup_ranks(Trainer *t) {
   const TpPlan *P = t->plan;
   int S = P->nstages, D = P->dp, nprocs = t->comm->size;
   t->nranks = S * D;
@@ -169,41 +235,100 @@ int pipe_setup(Trainer *t) {
   for (int i = 0; i < P->nparams; i++) {
     t->held[i] = false;
     for (int h = 0; h < t->nhosted; h++) t->held[i] |= stage_holds(&P->params[i], (first + h) % S);
-    size_t bytes = (size_t)t->numel[i] * 4;
-    if (!t->held[i] && !train_is_root(t)) continue;
-    const char *name = P->params[i].name;
-    if (!(t->param[i] = train_alloc(t, bytes, "parameter '%s'", name)) ||
-        (P->params[i].trainable && (!(t->m[i] = train_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
-                                    !(t->v[i] = train_alloc(t, bytes, "the optimizer state of '%s'", name)))))
-      return TP_ERR_INPUT;
+    if (t->held[i] && alloc_param(t, i)) return TP_ERR_INPUT;
   }
   t->hosted = xcalloc((size_t)t->nhosted, sizeof *t->hosted);
   int rc = TP_OK;
   for (int h = 0; h < t->nhosted && !rc; h++) rc = new_rank(t, first + h, &t->hosted[h]);
-  for (int i = 0; i < P->nparams && !rc; i++) {
+  for (int i = 0; i < P->nparams && !rc; i++)
     for (int h = 0; h < t->nhosted && !t->grad[i]; h++) t->grad[i] = t->hosted[h]->grad[i];
-    if (!t->grad[i] && train_is_root(t) &&
-        !(t->grad[i] = train_alloc(t, (size_t)t->numel[i] * 4, "the gradient of '%s'", P->params[i].name)))
-      rc = TP_ERR_INPUT;
-  }
+  return rc;
+}
+
+int pipe_setup(Trainer *t) {
+  const TpPlan *P = t->plan;
+  size_t np = (size_t)(P->nparams ? P->nparams : 1), ntok = (size_t)(train_rows(P) * P->seq);
+  t->param = xcalloc(np, sizeof *t->param);
+  t->grad = xcalloc(np, sizeof *t->grad);
+  t->m = xcalloc(np, sizeof *t->m);
+  t->v = xcalloc(np, sizeof *t->v);
+  t->held = xcalloc(np, sizeof *t->held);
+  t->numel = xcalloc(np, sizeof *t->numel);
+  for (int i = 0; i < P->nparams; i++) t->numel[i] = tp_numel(P->params[i].rank, P->params[i].dims);
+  t->stream = be(t)->stream_new(t->compute);
+  t->nranks = 1;
+  if (!(t->tokens = alloc_bytes(t, false, ntok * sizeof *t->tokens, "a step's token ids")) ||
+      !(t->targets = alloc_bytes(t, false, ntok * sizeof *t->targets, "a step's targets")) ||
+      !(t->dev_tokens = pipe_alloc(t, ntok * sizeof *t->tokens, "a step's token ids")) ||
+      !(t->dev_targets = pipe_alloc(t, ntok * sizeof *t->targets, "a step's targets")))
+    return TP_ERR_INPUT;
+  int rc = P->stages ? setup_ranks(t) : setup_stages(t);
+  if (!rc && !(t->norm_sum = pipe_alloc(t, (size_t)(P->stages ? t->nhosted : 1) * sizeof(double),
+                                        "the gradient norm")))
+    rc = TP_ERR_INPUT;
   return rc;
 }
 
 void pipe_free(Trainer *t) {
+  if (!t->compute) return;
+  pipe_host_free(t);
   for (int h = 0; t->hosted && h < t->nhosted; h++) {
     PipeRank *R = t->hosted[h];
     if (!R) continue; /* setup failed before it */
-    for (int a = 0; a < R->st->arenas; a++) free(R->arena[a]);
-    if (R->scratch_block != R->grad_block) free(R->scratch_block);
-    free(R->grad_block);
-    for (int j = 0; j < R->ninbox; j++) free(R->inbox[j].data);
-    for (int j = 0; j < R->nsends; j++) free(R->sends[j].data);
+    for (int a = 0; a < R->st->arenas; a++) dev_free(t, R->arena[a]);
+    if (R->scratch_block != R->grad_block) dev_free(t, R->scratch_block);
+    dev_free(t, R->grad_block);
+    for (int j = 0; j < R->ninbox; j++) dev_free(t, R->inbox[j].data), be(t)->event_free(t->compute, R->inbox[j].ready);
+    for (int j = 0; j < R->nsends; j++) {
+      if (R->sends[j].view != R->sends[j].data) free(R->sends[j].view);
+      dev_free(t, R->sends[j].data);
+    }
+    be(t)->event_free(t->compute, R->event);
+    be(t)->stream_free(t->compute, R->stream);
     free(R->arena), free(R->param), free(R->grad), free(R->scratch), free(R->loss);
     free(R->inbox), free(R->sends);
     free(R);
   }
   free(t->hosted);
   t->hosted = NULL;
+  for (int i = 0; t->param && i < t->plan->nparams; i++) {
+    dev_free(t, t->param[i]);
+    if (!t->plan->stages) dev_free(t, t->grad[i]); /* else a hosted rank's */
+    dev_free(t, t->m[i]);
+    dev_free(t, t->v[i]);
+  }
+  for (int s = 0; t->arena && s < t->plan->nstages; s++) dev_free(t, t->arena[s]);
+  dev_free(t, t->dev_tokens), dev_free(t, t->dev_targets), dev_free(t, t->norm_sum);
+  free(t->tokens), free(t->targets);
+  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->held), free(t->numel), free(t->arena);
+  if (t->stream) be(t)->stream_free(t->compute, t->stream);
+}
+
+/* ---- transports and device memory ----
+ * The transport gets device buffers where the backend is host_addressable (the CPU's
+ * device memory is host memory, which MPI reads and writes directly); else a host copy. */
+
+/* What the transport may read or write for device buffer dev: dev, or a host copy (of
+ * dev's contents when `fill`). */
+static void *host_view(Trainer *t, TpStream *s, void *dev, size_t bytes, bool fill) {
+  if (be(t)->host_addressable) return dev;
+  void *view = malloc(bytes ? bytes : 1);
+  TP_ASSERT(view);
+  if (fill) {
+    be(t)->copy_d2h(t->compute, s, view, dev, bytes);
+    be(t)->stream_sync(t->compute, s);
+  }
+  return view;
+}
+
+/* The end of host_view: its contents back into dev when `back`. */
+static void end_host_view(Trainer *t, TpStream *s, void *dev, void *view, size_t bytes, bool back) {
+  if (view == dev) return;
+  if (back) {
+    be(t)->copy_h2d(t->compute, s, dev, view, bytes);
+    be(t)->stream_sync(t->compute, s);
+  }
+  free(view);
 }
 
 /* ---- messages ---- */
@@ -227,23 +352,21 @@ static PipeRank *hosted_rank(Trainer *t, int rank) {
 static void send_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   const TpPlanStage *st = R->st;
   const TpPlanMessage *msg = x->kind == TP_PLAN_SEND_ACT ? &st->send_act[x->slice] : &st->send_grad[x->slice];
-  const char *arena = R->arena[x->mb % st->arenas];
-  size_t bytes = message_bytes(msg), at = 0;
-  char *data = malloc(bytes ? bytes : 1);
-  TP_ASSERT(data);
-  for (int j = 0; j < msg->nbuffers; j++) {
-    memcpy(data + at, arena + msg->buffers[j].offset, (size_t)msg->buffers[j].bytes);
-    at += (size_t)msg->buffers[j].bytes;
-  }
+  size_t bytes = message_bytes(msg);
+  void *data = be(t)->alloc(t->compute, bytes);
+  TP_ASSERT(data); /* as malloc's: a message is a few boundary buffers */
+  be(t)->pack(t->compute, R->stream, data, R->arena[x->mb % st->arenas], msg->buffers, msg->nbuffers);
   int dst = R->replica * t->plan->nstages + x->peer, tag = message_tag(t->plan, x->kind, x->mb, x->slice);
-  if (one_process(t)) {
+  if (one_process(t)) { /* the receiver's stream waits for the pack */
+    TpEvent *ready = be(t)->event_new(t->compute);
+    be(t)->event_record(t->compute, ready, R->stream);
     PipeRank *to = hosted_rank(t, dst);
     if (to->ninbox == to->inbox_cap) {
       to->inbox_cap = to->inbox_cap ? 2 * to->inbox_cap : 8;
       to->inbox = realloc(to->inbox, (size_t)to->inbox_cap * sizeof *to->inbox);
       TP_ASSERT(to->inbox);
     }
-    to->inbox[to->ninbox++] = (Message){R->rank, tag, bytes, data};
+    to->inbox[to->ninbox++] = (Message){R->rank, tag, bytes, data, ready};
     return;
   }
   if (R->nsends == R->sends_cap) {
@@ -251,11 +374,13 @@ static void send_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     R->sends = realloc(R->sends, (size_t)R->sends_cap * sizeof *R->sends);
     TP_ASSERT(R->sends);
   }
+  be(t)->event_record(t->compute, R->event, R->stream);
+  be(t)->event_sync(t->compute, R->event); /* the transport reads it from the host's side */
   PendingSend *s = &R->sends[R->nsends++];
   *s = (PendingSend){.r = {.what = x->kind == TP_PLAN_SEND_ACT ? "an activation to be received"
                                                                 : "a gradient to be received"},
-                     .data = data};
-  t->comm->be->isend(t->comm, data, bytes, dst, tag, &s->r);
+                     .data = data, .view = host_view(t, R->stream, data, bytes, true), .bytes = bytes};
+  t->comm->be->isend(t->comm, s->view, bytes, dst, tag, &s->r);
 }
 
 /* Frees the sends that completed; all of them when `all` (waiting). */
@@ -268,7 +393,8 @@ static void complete_sends(Trainer *t, PipeRank *R, bool all) {
       R->sends[kept++] = *s;
       continue;
     }
-    free(s->data);
+    end_host_view(t, R->stream, s->data, s->view, s->bytes, false);
+    dev_free(t, s->data);
   }
   R->nsends = kept;
 }
@@ -279,46 +405,69 @@ static bool receive_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   const TpPlanMessage *msg = x->kind == TP_PLAN_RECV_ACT ? &st->recv_act[x->slice] : &st->recv_grad[x->slice];
   int src = R->replica * t->plan->nstages + x->peer, tag = message_tag(t->plan, x->kind, x->mb, x->slice);
   size_t bytes = message_bytes(msg);
-  char *data;
+  void *data;
+  TpEvent *ready = R->event;
   if (one_process(t)) {
     int j = 0;
     while (j < R->ninbox && !(R->inbox[j].src == src && R->inbox[j].tag == tag)) j++;
     if (j == R->ninbox) return false;
     TP_ASSERT(R->inbox[j].bytes == bytes);
     data = R->inbox[j].data;
+    ready = R->inbox[j].ready;
+    be(t)->stream_wait(t->compute, R->stream, ready);
     R->inbox[j] = R->inbox[--R->ninbox];
   } else {
-    data = malloc(bytes ? bytes : 1);
+    data = be(t)->alloc(t->compute, bytes);
     TP_ASSERT(data);
     char what[96];
     snprintf(what, sizeof what, "the %s of microbatch %d, slice %d", x->kind == TP_PLAN_RECV_ACT ?
              "activation" : "gradient", x->mb, x->slice);
-    tp_comm_recv(t->comm, data, bytes, src, tag, what);
+    void *view = host_view(t, R->stream, data, bytes, false);
+    tp_comm_recv(t->comm, view, bytes, src, tag, what);
+    end_host_view(t, R->stream, data, view, bytes, true);
   }
-  char *arena = R->arena[x->mb % st->arenas];
-  size_t at = 0;
-  for (int j = 0; j < msg->nbuffers; j++) {
-    memcpy(arena + msg->buffers[j].offset, data + at, (size_t)msg->buffers[j].bytes);
-    at += (size_t)msg->buffers[j].bytes;
-  }
-  free(data);
+  be(t)->unpack(t->compute, R->stream, R->arena[x->mb % st->arenas], data, msg->buffers, msg->nbuffers);
+  be(t)->event_record(t->compute, ready, R->stream);
+  be(t)->event_sync(t->compute, ready); /* the unpack is done with data */
+  dev_free(t, data);
+  if (ready != R->event) be(t)->event_free(t->compute, ready);
   return true;
 }
 
 /* ---- collectives ---- */
 
-/* Sums `count` values of each member's buffer (bufs[i] for group[i]; NULL where not
+static int group_index(const Trainer *t, const int *group) {
+  int me = 0;
+  while (group[me] != t->comm->rank) me++;
+  return me;
+}
+
+/* Sums `count` doubles of each member's host buffer (bufs[i] for group[i]; NULL where not
  * hosted) in group order; every member gets the sum. One process: every member is hosted. */
-static void sum_over(Trainer *t, void **bufs, const int *group, int n, size_t count, TpDType dtype) {
+static void sum_host(Trainer *t, double **bufs, const int *group, int n, size_t count) {
   if (!one_process(t)) {
-    int me = 0;
-    while (group[me] != t->comm->rank) me++;
-    tp_comm_allreduce_sum(t->comm, bufs[me], count, dtype, group, n);
+    tp_comm_allreduce_sum(t->comm, bufs[group_index(t, group)], count, TP_F64, group, n);
     return;
   }
-  size_t bytes = count * (dtype == TP_F32 ? 4 : 8);
-  for (int i = 1; i < n; i++) tp_comm_sum_into(bufs[0], bufs[i], count, dtype);
-  for (int i = 1; i < n; i++) memcpy(bufs[i], bufs[0], bytes);
+  for (int i = 1; i < n; i++) tp_comm_sum_into(bufs[0], bufs[i], count, TP_F64);
+  for (int i = 1; i < n; i++) memcpy(bufs[i], bufs[0], count * sizeof **bufs);
+}
+
+/* The same for the gradients of the members' (hosted ranks') device buffers bufs[i], once
+ * their streams are done with them. */
+static void sum_grads(Trainer *t, float **bufs, PipeRank **members, const int *group, int n, size_t count) {
+  for (int i = 0; i < n; i++)
+    if (members[i]) be(t)->stream_sync(t->compute, members[i]->stream);
+  if (!one_process(t)) {
+    float *mine = bufs[group_index(t, group)];
+    void *view = host_view(t, t->stream, mine, count * 4, true);
+    tp_comm_allreduce_sum(t->comm, view, count, TP_F32, group, n);
+    end_host_view(t, t->stream, mine, view, count * 4, true);
+    return;
+  }
+  for (int i = 1; i < n; i++) be(t)->add_into(t->compute, t->stream, bufs[0], bufs[i], (int64_t)count);
+  for (int i = 1; i < n; i++) be(t)->copy_d2d(t->compute, t->stream, bufs[i], bufs[0], count * 4);
+  be(t)->stream_sync(t->compute, t->stream);
 }
 
 /* A collective of R over the ranks `group`: one process runs it when the last member
@@ -343,8 +492,7 @@ static void finish_grads(Trainer *t, PipeRank *R) {
   if (R->grads_final) return;
   R->grads_final = true;
   int M = t->plan->microbatches;
-  if (M > 1)
-    for (int64_t j = 0; j < R->grad_count; j++) R->grad_block[j] /= (float)M;
+  if (M > 1) be(t)->divide(t->compute, R->stream, R->grad_block, R->grad_count, (float)M);
 }
 
 static bool allreduce_tied(Trainer *t, PipeRank *R) {
@@ -354,8 +502,8 @@ static bool allreduce_tied(Trainer *t, PipeRank *R) {
   if (!arrive(t, R, group, 2, members)) return false;
   for (int i = 0; i < P->nparams; i++) {
     if (!P->params[i].tied_stage) continue;
-    void *bufs[2] = {members[0] ? members[0]->grad[i] : NULL, members[1] ? members[1]->grad[i] : NULL};
-    sum_over(t, bufs, group, 2, (size_t)t->numel[i], TP_F32);
+    float *bufs[2] = {members[0] ? members[0]->grad[i] : NULL, members[1] ? members[1]->grad[i] : NULL};
+    sum_grads(t, bufs, members, group, 2, (size_t)t->numel[i]);
   }
   return true;
 }
@@ -365,15 +513,14 @@ static bool allreduce_replicas(Trainer *t, PipeRank *R) {
   int D = P->dp;
   int *group = xcalloc((size_t)D, sizeof *group);
   PipeRank **members = xcalloc((size_t)D, sizeof *members);
-  void **bufs = xcalloc((size_t)D, sizeof *bufs);
+  float **bufs = xcalloc((size_t)D, sizeof *bufs);
   for (int d = 0; d < D; d++) group[d] = d * P->nstages + R->stage;
   bool done = arrive(t, R, group, D, members);
   if (done) {
     for (int d = 0; d < D; d++) bufs[d] = members[d] ? members[d]->grad_block : NULL;
-    sum_over(t, bufs, group, D, (size_t)R->grad_count, TP_F32);
+    sum_grads(t, bufs, members, group, D, (size_t)R->grad_count);
     for (int d = 0; d < D; d++)
-      if (members[d])
-        for (int64_t j = 0; j < R->grad_count; j++) members[d]->grad_block[j] /= (float)D;
+      if (members[d]) be(t)->divide(t->compute, members[d]->stream, members[d]->grad_block, R->grad_count, (float)D);
   }
   free(group), free(members), free(bufs);
   return done;
@@ -383,13 +530,13 @@ static bool allreduce_replicas(Trainer *t, PipeRank *R) {
 static double sum_ranks(Trainer *t, const double *x) {
   int *group = xcalloc((size_t)t->nranks, sizeof *group);
   double *vals = xcalloc((size_t)t->nranks, sizeof *vals);
-  void **bufs = xcalloc((size_t)t->nranks, sizeof *bufs);
+  double **bufs = xcalloc((size_t)t->nranks, sizeof *bufs);
   for (int r = 0; r < t->nranks; r++) group[r] = r;
   for (int h = 0; h < t->nhosted; h++) {
     vals[t->hosted[h]->rank] = x[h];
     bufs[t->hosted[h]->rank] = &vals[t->hosted[h]->rank];
   }
-  sum_over(t, bufs, group, t->nranks, 1, TP_F64);
+  sum_host(t, bufs, group, t->nranks, 1);
   double sum = vals[t->hosted[0]->rank];
   free(group), free(vals), free(bufs);
   return sum;
@@ -397,11 +544,24 @@ static double sum_ranks(Trainer *t, const double *x) {
 
 /* ---- running the schedules ---- */
 
+void pipe_tokens_to_device(Trainer *t) {
+  size_t bytes = (size_t)(train_rows(t->plan) * t->plan->seq) * sizeof *t->tokens;
+  be(t)->copy_h2d(t->compute, t->stream, t->dev_tokens, t->tokens, bytes);
+  be(t)->copy_h2d(t->compute, t->stream, t->dev_targets, t->targets, bytes);
+  be(t)->stream_sync(t->compute, t->stream); /* before any unit reads them, or the host refills them */
+}
+
+/* Runs a unit on `stream`. io->loss (a host float) is the unit's to set before it returns. */
+static void run_unit(Trainer *t, TpStream *stream, TpUnitFn fn, TpStepIO *io) {
+  be(t)->run_unit(t->compute, stream, fn, io);
+}
+
 static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
   const TpPlan *P = t->plan;
   int64_t row = ((int64_t)R->replica * P->microbatches + mb) * P->batch;
   return (TpStepIO){.arena = R->arena[mb % R->st->arenas], .param = R->param, .grad = R->scratch,
-                    .tokens = t->tokens + row * P->seq, .targets = t->targets + row * P->seq, .loss = NAN};
+                    .tokens = t->dev_tokens + row * P->seq, .targets = t->dev_targets + row * P->seq, .loss = NAN,
+                    .compute = t->compute, .stream = R->stream};
 }
 
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica) {
@@ -418,16 +578,17 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   switch (x->kind) {
   case TP_PLAN_FORWARD:
     io = unit_io(t, R, x->mb);
-    R->st->forward[x->slice](&io);
+    run_unit(t, R->stream, R->st->forward[x->slice], &io);
     if (R->stage == P->nstages - 1 && x->slice == P->nslices - 1) R->loss[x->mb] = io.loss;
     return true;
   case TP_PLAN_BACKWARD:
     /* the microbatch's backward units run together, from its last slice to slice 0 */
-    if (x->slice == P->nslices - 1) memset(R->scratch_block, 0, (size_t)R->grad_count * 4);
+    if (x->slice == P->nslices - 1)
+      be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * 4);
     io = unit_io(t, R, x->mb);
-    R->st->backward[x->slice](&io);
+    run_unit(t, R->stream, R->st->backward[x->slice], &io);
     if (x->slice == 0 && R->scratch_block != R->grad_block)
-      for (int64_t j = 0; j < R->grad_count; j++) R->grad_block[j] += R->scratch_block[j];
+      be(t)->add_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count);
     return true;
   case TP_PLAN_SEND_ACT:
   case TP_PLAN_SEND_GRAD:
@@ -459,7 +620,8 @@ static void run_schedules(Trainer *t, bool train) {
     PipeRank *R = t->hosted[h];
     R->pc = 0;
     R->waiting = R->grads_final = false;
-    if (train && R->scratch_block != R->grad_block) memset(R->grad_block, 0, (size_t)R->grad_count * 4);
+    if (train && R->scratch_block != R->grad_block)
+      be(t)->memset(t->compute, R->stream, R->grad_block, 0, (size_t)R->grad_count * 4);
     for (int m = 0; m < t->plan->microbatches; m++) R->loss[m] = NAN;
   }
   for (;;) {
@@ -474,7 +636,10 @@ static void run_schedules(Trainer *t, bool train) {
         }
         double start = t->trace ? trace_now_us(t->trace) : 0;
         if (!exec(t, R, x)) break;
-        if (t->trace) trace_add(t->trace, R->rank, x->kind, x->mb, x->slice, x->peer, start, trace_now_us(t->trace));
+        if (t->trace) {
+          be(t)->stream_sync(t->compute, R->stream); /* the instruction's end */
+          trace_add(t->trace, R->rank, x->kind, x->mb, x->slice, x->peer, start, trace_now_us(t->trace));
+        }
         R->pc++;
         progress = true;
         if (R->nsends) complete_sends(t, R, false);
@@ -492,6 +657,7 @@ static void run_schedules(Trainer *t, bool train) {
   for (int h = 0; h < t->nhosted; h++) {
     complete_sends(t, t->hosted[h], true);
     if (train) finish_grads(t, t->hosted[h]);
+    be(t)->stream_sync(t->compute, t->hosted[h]->stream);
   }
 }
 
@@ -510,31 +676,72 @@ static double step_loss(Trainer *t) {
   return loss;
 }
 
+/* ABI 1: the stage functions in order (backward: in reverse), one process; the loss. */
+static double run_stages(Trainer *t, bool backward) {
+  const TpPlan *P = t->plan;
+  TpStepIO io = {.param = t->param, .grad = t->grad, .tokens = t->dev_tokens, .targets = t->dev_targets,
+                 .loss = NAN, .compute = t->compute, .stream = t->stream};
+  for (int pass = 0; pass <= (int)backward; pass++)
+    for (int k = 0; k < P->nstages; k++) {
+      int s = pass ? P->nstages - 1 - k : k;
+      double start = t->trace ? trace_now_us(t->trace) : 0;
+      io.arena = t->arena[s];
+      run_unit(t, t->stream, (pass ? P->backward : P->forward)[s], &io);
+      if (t->trace) {
+        be(t)->stream_sync(t->compute, t->stream);
+        trace_add(t->trace, 0, pass ? TP_PLAN_BACKWARD : TP_PLAN_FORWARD, 0, 0, s, start, trace_now_us(t->trace));
+      }
+    }
+  be(t)->stream_sync(t->compute, t->stream);
+  return io.loss;
+}
+
 double pipe_train_step(Trainer *t) {
+  pipe_tokens_to_device(t);
+  if (!t->plan->stages) {
+    for (int i = 0; i < t->plan->nparams; i++)
+      be(t)->memset(t->compute, t->stream, t->grad[i], 0, (size_t)t->numel[i] * 4);
+    return run_stages(t, true);
+  }
   run_schedules(t, true);
   return step_loss(t);
 }
 
 double pipe_eval(Trainer *t) {
+  pipe_tokens_to_device(t);
+  if (!t->plan->stages) return run_stages(t, false);
   run_schedules(t, false);
   return step_loss(t);
 }
 
-/* The rank that owns parameter i: replica 0's rank of its stage. */
+/* The rank that owns parameter i: replica 0's rank of its stage (ABI 1: the one). */
 static int owner(const Trainer *t, int i) { return t->plan->params[i].stage; }
 
+/* Whether hosted rank h (ABI 1: h 0, the process) counts parameter i in the norm. */
+static bool counts_in_norm(const Trainer *t, int h, int i) {
+  if (!t->plan->stages) return t->m[i] != NULL;
+  return t->plan->params[i].trainable && owner(t, i) == t->hosted[h]->rank;
+}
+
 double pipe_grad_norm(Trainer *t) {
-  double *x = xcalloc((size_t)t->nhosted, sizeof *x);
-  for (int h = 0; h < t->nhosted; h++)
+  int H = t->plan->stages ? t->nhosted : 1;
+  double *x = xcalloc((size_t)H, sizeof *x);
+  for (int h = 0; h < H; h++) {
+    TpStream *s = t->plan->stages ? t->hosted[h]->stream : t->stream;
+    float **grad = t->plan->stages ? t->hosted[h]->grad : t->grad;
+    be(t)->memset(t->compute, s, &t->norm_sum[h], 0, sizeof *t->norm_sum);
     for (int i = 0; i < t->plan->nparams; i++)
-      if (t->plan->params[i].trainable && owner(t, i) == t->hosted[h]->rank)
-        x[h] += tp_sum_squares_f32(t->hosted[h]->grad[i], t->numel[i]);
-  double norm = sqrt(sum_ranks(t, x));
+      if (counts_in_norm(t, h, i)) be(t)->sum_squares(t->compute, s, grad[i], t->numel[i], &t->norm_sum[h]);
+    be(t)->copy_d2h(t->compute, s, &x[h], &t->norm_sum[h], sizeof *x);
+    be(t)->stream_sync(t->compute, s);
+  }
+  double norm = sqrt(t->plan->stages ? sum_ranks(t, x) : x[0]);
   free(x);
   return norm;
 }
 
 bool pipe_rank_updates(const Trainer *t, int h, int i) {
+  if (!t->plan->stages) return t->m[i] != NULL;
   const PipeRank *R = t->hosted[h];
   return t->plan->params[i].trainable && (one_process(t) ? owner(t, i) == R->rank : R->param[i] != NULL);
 }
@@ -542,40 +749,109 @@ bool pipe_rank_updates(const Trainer *t, int h, int i) {
 void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
   const TpPlan *P = t->plan;
   const TrainOptions *o = &t->o;
-  for (int h = 0; h < t->nhosted; h++) {
-    PipeRank *R = t->hosted[h];
+  for (int h = 0; h < (P->stages ? t->nhosted : 1); h++) {
+    TpStream *s = P->stages ? t->hosted[h]->stream : t->stream;
+    float **grad = P->stages ? t->hosted[h]->grad : t->grad;
     double start = t->trace ? trace_now_us(t->trace) : 0;
     for (int i = 0; i < P->nparams; i++) {
       if (!pipe_rank_updates(t, h, i)) continue;
-      if (clip != 1) tp_scale_f32(R->grad[i], t->numel[i], clip);
-      tp_adamw_step(t->param[i], R->grad[i], t->m[i], t->v[i], t->numel[i], lr, o->beta1, o->beta2, o->eps,
-                    t->decay[i], step);
+      TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, t->decay[i], step};
+      if (clip != 1) be(t)->clip(t->compute, s, grad[i], t->numel[i], clip);
+      be(t)->adamw(t->compute, s, t->param[i], grad[i], t->m[i], t->v[i], t->numel[i], &adamw);
     }
-    if (t->trace) trace_add(t->trace, R->rank, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
+    be(t)->stream_sync(t->compute, s);
+    if (t->trace)
+      trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
   }
 }
 
-/* ---- gathering to process 0 ---- */
+/* ---- host copies ---- */
 
-static void gather_buffer(Trainer *t, int i, float *buf) {
+static float **host_array(const Trainer *t) {
+  return xcalloc((size_t)(t->plan->nparams ? t->plan->nparams : 1), sizeof(float *));
+}
+
+/* Host copies for parameter i: its gradient (grads), else its value and with moments, if
+ * trainable, AdamW's m and v. */
+static int host_alloc_param(Trainer *t, int i, bool grads, bool moments) {
+  TrainHost *H = &t->host;
+  const TpPlanParam *p = &t->plan->params[i];
+  size_t bytes = (size_t)t->numel[i] * 4;
+  char what[256];
+  snprintf(what, sizeof what, "a host copy of '%s'", p->name);
+  if (grads) return p->trainable && !(H->grad[i] = alloc_bytes(t, false, bytes, what)) ? TP_ERR_INPUT : TP_OK;
+  if (!(H->param[i] = alloc_bytes(t, false, bytes, what))) return TP_ERR_INPUT;
+  if (moments && p->trainable &&
+      (!(H->m[i] = alloc_bytes(t, false, bytes, what)) || !(H->v[i] = alloc_bytes(t, false, bytes, what))))
+    return TP_ERR_INPUT;
+  return TP_OK;
+}
+
+static void host_arrays(Trainer *t) {
+  pipe_host_free(t);
+  t->host = (TrainHost){host_array(t), host_array(t), host_array(t), host_array(t)};
+}
+
+int pipe_host_alloc(Trainer *t, bool moments) {
+  host_arrays(t);
+  int rc = TP_OK;
+  for (int i = 0; i < t->plan->nparams && !rc; i++)
+    if (t->held[i]) rc = host_alloc_param(t, i, false, moments);
+  return rc;
+}
+
+void pipe_upload(Trainer *t) {
+  TrainHost *H = &t->host;
+  for (int i = 0; i < t->plan->nparams; i++) {
+    size_t bytes = (size_t)t->numel[i] * 4;
+    if (!t->held[i]) continue;
+    if (H->param[i]) be(t)->copy_h2d(t->compute, t->stream, t->param[i], H->param[i], bytes);
+    if (H->m[i]) be(t)->copy_h2d(t->compute, t->stream, t->m[i], H->m[i], bytes);
+    if (H->v[i]) be(t)->copy_h2d(t->compute, t->stream, t->v[i], H->v[i], bytes);
+  }
+  be(t)->stream_sync(t->compute, t->stream); /* before the host copies are freed */
+}
+
+void pipe_host_free(Trainer *t) {
+  TrainHost *H = &t->host;
+  for (int i = 0; H->param && i < t->plan->nparams; i++)
+    free(H->param[i]), free(H->grad[i]), free(H->m[i]), free(H->v[i]);
+  free(H->param), free(H->grad), free(H->m), free(H->v);
+  *H = (TrainHost){0};
+}
+
+/* Device buffer dev of parameter i from its owner into process 0's host copy. */
+static void fetch(Trainer *t, int i, void *dev, float *host) {
   int from = owner(t, i);
   size_t bytes = (size_t)t->numel[i] * 4;
-  if (from == 0) return;
-  if (t->comm->rank == from) tp_comm_send(t->comm, buf, bytes, 0, GATHER_TAG, "rank 0 to gather a tensor");
-  else if (t->comm->rank == 0) tp_comm_recv(t->comm, buf, bytes, from, GATHER_TAG, "a tensor to gather");
+  if (one_process(t) || from == 0) {
+    if (!train_is_root(t)) return;
+    be(t)->copy_d2h(t->compute, t->stream, host, dev, bytes);
+    be(t)->stream_sync(t->compute, t->stream);
+  } else if (t->comm->rank == from) {
+    void *view = host_view(t, t->stream, dev, bytes, true);
+    tp_comm_send(t->comm, view, bytes, 0, GATHER_TAG, "rank 0 to gather a tensor");
+    end_host_view(t, t->stream, dev, view, bytes, false);
+  } else if (train_is_root(t)) {
+    tp_comm_recv(t->comm, host, bytes, from, GATHER_TAG, "a tensor to gather");
+  }
 }
 
-void pipe_gather(Trainer *t, bool grads, bool moments) {
-  if (one_process(t)) return;
+int pipe_download(Trainer *t, bool grads, bool moments) {
   const TpPlan *P = t->plan;
+  host_arrays(t);
+  int rc = TP_OK;
+  for (int i = 0; i < P->nparams && !rc && train_is_root(t); i++) rc = host_alloc_param(t, i, grads, moments);
+  if ((rc = pipe_agree(t, rc))) return rc;
   for (int i = 0; i < P->nparams; i++) {
     if (grads) {
-      if (P->params[i].trainable) gather_buffer(t, i, t->grad[i]);
+      if (P->params[i].trainable) fetch(t, i, t->grad[i], t->host.grad[i]);
       continue;
     }
-    gather_buffer(t, i, t->param[i]);
-    if (moments && P->params[i].trainable) gather_buffer(t, i, t->m[i]), gather_buffer(t, i, t->v[i]);
+    fetch(t, i, t->param[i], t->host.param[i]);
+    if (moments && P->params[i].trainable) fetch(t, i, t->m[i], t->host.m[i]), fetch(t, i, t->v[i], t->host.v[i]);
   }
+  return TP_OK;
 }
 
 int pipe_agree(Trainer *t, int rc) {

@@ -2,7 +2,7 @@
  * trainer runtime (runtime/train/) it links against. The generated file defines one
  * `const TpPlan tp_plan` and a main() that calls tp_trainer_main(&tp_plan, argc, argv);
  * everything else (command line, data, optimizer, communication, checkpoints, logs) is the
- * runtime's. Depends only on runtime/tensor.h, so plan.c needs no compiler headers.
+ * runtime's. Depends only on base/tensor.h, so plan.c needs no compiler headers.
  *
  * ---- How a step runs (ABI 2: stages x microbatches x slices x replicas) ----
  * The program runs as S x D processes ("ranks"): S pipeline stages times D data-parallel
@@ -108,7 +108,12 @@
 
 #include "../../base/tensor.h"
 
-#define TP_PLAN_ABI 2
+/* 3: TpStepIO gained compute and stream; what "ABI 2" names below (plans with stages) and
+ * "ABI 1" (without) is unchanged. */
+#define TP_PLAN_ABI 3
+
+typedef struct TpCompute TpCompute; /* ../compute.h */
+typedef struct TpStream TpStream;
 
 /* A trainable or frozen parameter: one ONNX initializer (or the name an exporter's
  * Identity gave a de-duplicated one). Values and gradients are f32, row-major. */
@@ -141,6 +146,11 @@ typedef struct {
   const int64_t *tokens;  /* [batch, seq] model input ids of the microbatch */
   const int64_t *targets; /* [batch, seq] the next token of each position */
   float loss;             /* set by the last stage's loss unit: the microbatch's mean */
+  /* The compute backend whose device memory arena, param[i], grad[i], tokens and targets
+   * point into (io and the arrays param and grad are host memory), and the stream the unit
+   * queues its work on. Units of the CPU target compute at once and use neither. */
+  TpCompute *compute;
+  TpStream *stream;
 } TpStepIO;
 
 typedef void (*TpUnitFn)(TpStepIO *io);

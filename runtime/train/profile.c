@@ -24,7 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "../cpu/optim.h"
 #include "../../base/atomic.h"
 
 enum { MIN_REPEATS = 5, MAX_PASSES = 100000, OPTIMIZER_REPEATS = 5 };
@@ -58,8 +57,10 @@ static double quantile(const double *x, int n, double q) {
  * written, or that the probed backward overwrote: each repetition starts, untimed, from a
  * zeroed arena and the setup forwards (zeros time like data; stale bits may not). */
 static void prepare(const TpPlanProbeStage *ps, TpStepIO *io) {
-  memset(io->arena, 0, (size_t)ps->arena_bytes);
-  for (int i = 0; i < ps->nsetup; i++) ps->setup[i](io);
+  const TpComputeBackend *be = io->compute->be;
+  be->memset(io->compute, io->stream, io->arena, 0, (size_t)ps->arena_bytes);
+  for (int i = 0; i < ps->nsetup; i++) be->run_unit(io->compute, io->stream, ps->setup[i], io);
+  be->stream_sync(io->compute, io->stream);
 }
 
 /* A growing list of times, one per pass. */
@@ -87,11 +88,14 @@ typedef struct {
  * the warm-up (pt NULL). Returns the seconds they took. */
 static double time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, ProbeTimes *pt) {
   const TpPlanProbeStage *ps = &pr->stages[stage];
+  const TpComputeBackend *be = io.compute->be;
   prepare(ps, &io);
   double t0 = now_s();
-  ps->forward(&io);
+  be->run_unit(io.compute, io.stream, ps->forward, &io);
+  be->stream_sync(io.compute, io.stream);
   double t1 = now_s();
-  ps->backward(&io);
+  be->run_unit(io.compute, io.stream, ps->backward, &io);
+  be->stream_sync(io.compute, io.stream);
   double t2 = now_s();
   if (pt) append(&pt->fwd, t1 - t0), append(&pt->bwd, t2 - t1);
   return t2 - t0;
@@ -104,10 +108,12 @@ static double time_optimizer(Trainer *t, int h, TpStepIO io) {
   double x[OPTIMIZER_REPEATS + 1];
   for (int r = 0; r <= OPTIMIZER_REPEATS; r++) { /* the first is the warm-up */
     double t0 = now_s();
-    for (int i = 0; i < P->nparams; i++)
+    for (int i = 0; i < P->nparams; i++) {
+      TpAdamW adamw = {o->lr, o->beta1, o->beta2, o->eps, t->decay[i], 1};
       if (pipe_rank_updates(t, h, i))
-        tp_adamw_step(t->param[i], io.grad[i], t->m[i], t->v[i], t->numel[i], o->lr, o->beta1, o->beta2, o->eps,
-                      t->decay[i], 1);
+        t->compute->be->adamw(t->compute, io.stream, t->param[i], io.grad[i], t->m[i], t->v[i], t->numel[i], &adamw);
+    }
+    t->compute->be->stream_sync(t->compute, io.stream);
     x[r] = now_s() - t0;
   }
   return median(x + 1, OPTIMIZER_REPEATS);
@@ -178,6 +184,7 @@ int train_profile(Trainer *t) {
   int64_t ids = train_token_limit(P);
   for (int64_t j = 0; j < train_rows(P) * P->seq; j++)
     t->tokens[j] = (j * 7919 + 13) % ids, t->targets[j] = (j * 7919 + 7932) % ids;
+  pipe_tokens_to_device(t);
   if (train_is_root(t))
     fprintf(stderr, "%s: profiling %d grid point%s x %d stage%s (microbatch of %" PRId64 " row%s, seq %" PRId64
             "); %d rank%s in %d process%s, %d thread%s each\n", t->d->tool, P->nprobes, P->nprobes == 1 ? "" : "s",
@@ -199,11 +206,11 @@ int train_profile(Trainer *t) {
     size_t bytes = 0;
     for (int p = 0; p < P->nprobes; p++)
       if (P->probes[p].stages[stage].arena_bytes > bytes) bytes = P->probes[p].stages[stage].arena_bytes;
-    if (!rc && !(arena[h] = train_alloc(t, bytes, "the largest probe's activations on stage %d", stage)))
+    if (!rc && !(arena[h] = pipe_alloc(t, bytes, "the largest probe's activations on stage %d", stage)))
       rc = TP_ERR_INPUT;
   }
   if ((rc = pipe_agree(t, rc))) {
-    for (int h = 0; h < H; h++) free(arena[h]);
+    for (int h = 0; h < H; h++) t->compute->be->free(t->compute, arena[h]);
     free(arena), free(pt), free(times);
     return rc;
   }
@@ -238,7 +245,7 @@ int train_profile(Trainer *t) {
       free(x->fwd.x), free(x->bwd.x);
     }
   free(pt);
-  for (int h = 0; h < H; h++) free(arena[h]);
+  for (int h = 0; h < H; h++) t->compute->be->free(t->compute, arena[h]);
   free(arena);
   tp_comm_barrier(t->comm);
   for (int h = 0; h < t->nhosted; h++) {

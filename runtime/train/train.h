@@ -1,6 +1,10 @@
 /* Internal to runtime/train/: the trainer's state, shared by trainer.c (command line, the
  * step loop, logs), weights.c (initial weights, checkpoints, dumps, ONNX export),
- * pipeline.c (the ranks of an ABI 2 plan and their schedules) and trace.c (--trace). */
+ * profile.c (--profile), pipeline.c (the buffers and the steps of every plan) and trace.c
+ * (--trace). Calls go one way, each file using only those after it:
+ *   trainer.c -> profile.c -> weights.c -> pipeline.c -> trace.c
+ * (trainer.c also calls weights.c, pipeline.c and trace.c; profile.c pipeline.c), and
+ * pipeline.c alone reaches the compute backend for the others. */
 #ifndef TOKPIPE_TRAIN_TRAIN_H
 #define TOKPIPE_TRAIN_TRAIN_H
 
@@ -10,6 +14,7 @@
 #include "../../base/diag.h"
 #include "../../base/file.h"
 #include "../comm/comm.h"
+#include "../compute.h"
 #include "../../base/atomic.h"
 #include "plan.h"
 #include "safetensors.h"
@@ -37,24 +42,38 @@ typedef struct {
 typedef struct PipeRank PipeRank; /* pipeline.c */
 typedef struct TraceLog TraceLog; /* trace.c */
 
+/* Host copies of parameter values, gradients and AdamW moments (per parameter; NULL
+ * where absent): the values weights.c reads and writes. */
+typedef struct {
+  float **param, **grad, **m, **v;
+} TrainHost;
+
 /* The parameters: in an ABI 1 plan all of them, in one process. In an ABI 2 plan each
  * process holds the parameters of the stages of the ranks it hosts (held[i]): values and
  * AdamW state once per process, gradients per hosted rank (grad[i] is the step gradient
- * of the first hosted rank holding i; after the all-reduces they are all equal). Process 0
- * also has buffers for the parameters it does not hold, which gather_* fill for dumps,
- * checkpoints and --export-onnx; elsewhere those entries are NULL. */
+ * of the first hosted rank holding i; after the all-reduces they are all equal).
+ * param, grad, m, v, arena, dev_tokens and dev_targets are device memory of `compute`,
+ * which the runtime reaches only through its entries (../compute.h); `host` holds host
+ * copies while weights.c works on them: what every process holds while the weights load
+ * (pipe_host_alloc, pipe_upload), and on process 0 every parameter's for the writers
+ * (pipe_download). */
 typedef struct {
   const TpPlan *plan;
   TrainOptions o;
   TpDiag *d;
   TpComm *comm;
+  TpCompute *compute;
+  TpStream *stream; /* transfers, the norm's read-back, ABI 1's units */
   /* per parameter; m and v are NULL for frozen ones (whose grad stays unused, zero) */
   float **param, **grad, **m, **v;
+  TrainHost host;
   bool *held;
   int64_t *numel;
   double *decay; /* per parameter: its AdamW weight decay (0 where --no-decay matches) */
   void **arena; /* per stage (ABI 1) */
-  int64_t *tokens, *targets; /* [global batch, seq] */
+  int64_t *tokens, *targets; /* [global batch, seq], host: what the token reader fills */
+  int64_t *dev_tokens, *dev_targets; /* their device copies, which the units read */
+  double *norm_sum; /* device: one double per hosted rank (ABI 1: one) */
   TpTokenFile train, val;
   int64_t step;     /* steps done */
   int64_t data_pos; /* token position of the next training batch */
@@ -70,13 +89,10 @@ typedef struct {
   TraceLog *trace;  /* NULL without --trace */
 } Trainer;
 
-/* Zeroed, 64-byte aligned (rounded up to a multiple of 64 bytes); NULL after an error
- * naming the bytes and what they are for (fmt, printf-style). */
-void *train_alloc(Trainer *t, size_t bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Rows of one step: global_batch in ABI 2, batch in ABI 1. */
-int64_t train_rows(const TpPlan *P);
+static inline int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
 /* Token ids must be below this (TpPlan.token_limit, else the vocabulary). */
-int64_t train_token_limit(const TpPlan *P);
+static inline int64_t train_token_limit(const TpPlan *P) { return P->token_limit ? P->token_limit : P->vocab; }
 /* Whether this process writes the outputs (rank 0). */
 static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 
@@ -107,28 +123,40 @@ int train_export_onnx(Trainer *t);
 /* The folder of a checkpoint file; the checkpoint inside it. */
 char *train_checkpoint_path(const char *dir);
 
-/* pipeline.c: ABI 2 plans */
+/* pipeline.c: the buffers and the steps of every plan (ABI 2: the ranks of a pipeline) */
 /* Checks the pipeline part of the plan (TP_ERR_INTERNAL if malformed). */
 int pipe_check_plan(const TpPlan *P, TpDiag *d);
-/* Which ranks this process hosts (one process: all; mpirun with stages * dp: one), which
- * parameters it holds; allocates their buffers. TP_ERR_USAGE on a wrong process count. */
+/* Device memory: zeroed, 64-byte aligned; NULL after an error naming the bytes and what
+ * they are for (fmt, printf-style). */
+void *pipe_alloc(Trainer *t, size_t bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Every buffer: the step's tokens; for ABI 2 which ranks this process hosts (one
+ * process: all; mpirun with stages * dp: one) and which parameters it holds.
+ * TP_ERR_USAGE on a wrong process count. */
 int pipe_setup(Trainer *t);
 void pipe_free(Trainer *t);
-/* One training step's forward and backward over every hosted rank's schedule, the
- * all-reduces included; returns the step's loss (the same on every process). */
+/* One training step's forward and backward of the step's tokens over every hosted rank's
+ * schedule, the all-reduces included; returns the step's loss (the same on every
+ * process). */
 double pipe_train_step(Trainer *t);
 /* Forward only over the current tokens: the loss. */
 double pipe_eval(Trainer *t);
+/* The step's tokens and targets to the device (pipe_train_step and pipe_eval do it). */
+void pipe_tokens_to_device(Trainer *t);
 /* AdamW on every parameter this process holds, gradients scaled by `clip` first unless it
  * is 1 (each parameter updated once per process; a tied one on both of its ranks). */
 void pipe_update(Trainer *t, int64_t step, double lr, float clip);
 /* The global gradient norm over every trainable parameter once (the same on every process). */
 double pipe_grad_norm(Trainer *t);
+/* Host copies (t->host) of the parameters this process holds (values; with moments, AdamW's
+ * m and v of trainable ones), for weights.c to fill; pipe_upload sends them to the device. */
+int pipe_host_alloc(Trainer *t, bool moments);
+void pipe_upload(Trainer *t);
 /* Brings what the owner of every parameter holds (values, m and v, or gradients) to
- * process 0's buffers. A no-op in one process. */
-void pipe_gather(Trainer *t, bool grads, bool moments);
+ * process 0's host copies (t->host). */
+int pipe_download(Trainer *t, bool grads, bool moments);
+void pipe_host_free(Trainer *t);
 /* Hosted rank h's stage and replica, and the io of its units: its parameters, its
- * (scratch) gradients, microbatch 0's arena and rows. */
+ * (scratch) gradients, microbatch 0's arena and rows, its stream. */
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
 /* Does hosted rank h update parameter i in the optimizer step? (In one process each value
  * has one copy, updated by its owner; under MPI every rank that holds it.) */

@@ -26,7 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../cpu/optim.h"
 #include "../../base/atomic.h"
 
 #ifndef TOKPIPE_VERSION
@@ -267,10 +266,6 @@ static int decay_of_params(Trainer *t) {
 
 /* ---- the plan ---- */
 
-int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
-
-int64_t train_token_limit(const TpPlan *P) { return P->token_limit ? P->token_limit : P->vocab; }
-
 static int check_plan(const TpPlan *P, TpDiag *d) {
   if (P->abi != TP_PLAN_ABI)
     return tp_internal(d, "the plan has ABI version %d, this runtime %d: compile it again with "
@@ -294,73 +289,9 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
 
 /* ---- buffers ---- */
 
-void *train_alloc(Trainer *t, size_t bytes, const char *fmt, ...) {
-  /* Beyond the machine's memory it is refused without trying: with overcommit the allocation
-   * could succeed and zeroing it end in the OOM killer. */
-  int64_t machine = tp_physical_memory();
-  size_t rounded = bytes <= SIZE_MAX - 64 ? (bytes + 63) / 64 * 64 : 0;
-  bool fits = (rounded || !bytes) && (!machine || (uint64_t)rounded <= (uint64_t)machine);
-  void *p = fits ? aligned_alloc(64, rounded ? rounded : 64) : NULL;
-  if (p) return memset(p, 0, rounded ? rounded : 64);
-  char what[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  tp_error(t->d, "cannot allocate %zu bytes (%.1f GiB) for %s: %s (compile the plan for a smaller --batch or "
-           "--seq, or more --stages)", bytes, (double)bytes / (1 << 30), what,
-           fits ? "out of memory" : "more than this machine's memory");
-  return NULL;
-}
-
-/* ABI 1: every parameter and stage in this process. ABI 2: pipe_setup. */
-static int alloc_buffers(Trainer *t) {
-  const TpPlan *P = t->plan;
-  size_t np = (size_t)(P->nparams ? P->nparams : 1);
-  t->param = calloc(np, sizeof *t->param);
-  t->grad = calloc(np, sizeof *t->grad);
-  t->m = calloc(np, sizeof *t->m);
-  t->v = calloc(np, sizeof *t->v);
-  t->held = calloc(np, sizeof *t->held);
-  t->numel = calloc(np, sizeof *t->numel);
-  TP_ASSERT(t->param && t->grad && t->m && t->v && t->held && t->numel);
-  size_t ntok = (size_t)(train_rows(P) * P->seq);
-  if (!(t->tokens = train_alloc(t, ntok * sizeof *t->tokens, "a step's token ids")) ||
-      !(t->targets = train_alloc(t, ntok * sizeof *t->targets, "a step's targets")))
-    return TP_ERR_INPUT;
-  for (int i = 0; i < P->nparams; i++) t->numel[i] = tp_numel(P->params[i].rank, P->params[i].dims);
-  if (P->stages) return pipe_setup(t);
-  t->arena = calloc((size_t)P->nstages, sizeof *t->arena);
-  TP_ASSERT(t->arena);
-  for (int i = 0; i < P->nparams; i++) {
-    size_t bytes = (size_t)t->numel[i] * 4;
-    t->held[i] = true;
-    if (!(t->param[i] = train_alloc(t, bytes, "parameter '%s'", P->params[i].name)) ||
-        !(t->grad[i] = train_alloc(t, bytes, "the gradient of '%s'", P->params[i].name)))
-      return TP_ERR_INPUT;
-    if (P->params[i].trainable &&
-        (!(t->m[i] = train_alloc(t, bytes, "the optimizer state of '%s'", P->params[i].name)) ||
-         !(t->v[i] = train_alloc(t, bytes, "the optimizer state of '%s'", P->params[i].name))))
-      return TP_ERR_INPUT;
-  }
-  for (int s = 0; s < P->nstages; s++)
-    if (!(t->arena[s] = train_alloc(t, P->arena_bytes[s], "the activations of stage %d (its arena)", s)))
-      return TP_ERR_INPUT;
-  return TP_OK;
-}
-
 static void free_buffers(Trainer *t) {
-  for (int i = 0; t->param && i < t->plan->nparams; i++) {
-    free(t->param[i]);
-    if (!(t->plan->stages && t->held[i])) free(t->grad[i]); /* else a hosted rank's */
-    free(t->m[i]);
-    free(t->v[i]);
-  }
   pipe_free(t);
-  for (int s = 0; t->arena && s < t->plan->nstages; s++) free(t->arena[s]);
-  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->held), free(t->numel), free(t->arena);
   free(t->decay);
-  free(t->tokens), free(t->targets);
   tp_tokens_close(&t->train);
   tp_tokens_close(&t->val);
   trace_free(t->trace);
@@ -374,34 +305,6 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static TpStepIO step_io(Trainer *t) {
-  return (TpStepIO){.param = t->param, .grad = t->grad, .tokens = t->tokens, .targets = t->targets,
-                    .loss = NAN};
-}
-
-/* ABI 1: the stage functions in order, one process. */
-static void run_stages(Trainer *t, TpStepIO *io, bool backward) {
-  const TpPlan *P = t->plan;
-  for (int k = 0; k < P->nstages; k++) {
-    int s = backward ? P->nstages - 1 - k : k;
-    double start = t->trace ? trace_now_us(t->trace) : 0;
-    io->arena = t->arena[s];
-    (backward ? P->backward : P->forward)[s](io);
-    if (t->trace)
-      trace_add(t->trace, 0, backward ? TP_PLAN_BACKWARD : TP_PLAN_FORWARD, 0, 0, s, start, trace_now_us(t->trace));
-  }
-}
-
-/* Forward and backward of the current tokens; the step's loss. */
-static double train_step(Trainer *t) {
-  if (t->plan->stages) return pipe_train_step(t);
-  for (int i = 0; i < t->plan->nparams; i++) memset(t->grad[i], 0, (size_t)t->numel[i] * 4);
-  TpStepIO io = step_io(t);
-  run_stages(t, &io, false);
-  run_stages(t, &io, true);
-  return io.loss;
-}
-
 /* The learning rate of step (1-based): linear warmup, then constant or cosine to 0. */
 static double lr_at(const TrainOptions *o, int64_t step, int64_t total) {
   int64_t i = step - 1;
@@ -409,31 +312,6 @@ static double lr_at(const TrainOptions *o, int64_t step, int64_t total) {
   if (!o->cosine) return o->lr;
   double ratio = (double)(i - o->warmup) / (double)(total - o->warmup);
   return o->lr * 0.5 * (1 + cos(M_PI * ratio));
-}
-
-static double grad_norm(Trainer *t) {
-  if (t->plan->stages) return pipe_grad_norm(t);
-  double sum = 0;
-  for (int i = 0; i < t->plan->nparams; i++)
-    if (t->m[i]) sum += tp_sum_squares_f32(t->grad[i], t->numel[i]);
-  return sqrt(sum);
-}
-
-static void update(Trainer *t, int64_t step, double lr, float clip) {
-  const TpPlan *P = t->plan;
-  const TrainOptions *o = &t->o;
-  if (P->stages) {
-    pipe_update(t, step, lr, clip);
-    return;
-  }
-  double start = t->trace ? trace_now_us(t->trace) : 0;
-  for (int i = 0; i < P->nparams; i++) {
-    if (!t->m[i]) continue;
-    if (clip != 1) tp_scale_f32(t->grad[i], t->numel[i], clip);
-    tp_adamw_step(t->param[i], t->grad[i], t->m[i], t->v[i], t->numel[i], lr, o->beta1, o->beta2, o->eps,
-                  t->decay[i], step);
-  }
-  if (t->trace) trace_add(t->trace, 0, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
 }
 
 /* The next batch of `file` into the step's tokens; every process learns whether each read it
@@ -449,13 +327,7 @@ static int evaluate(Trainer *t, double *loss) {
   int rc;
   for (int64_t j = 0; j < n; j++) {
     if ((rc = read_batch(t, &t->val, j * bt % t->val.count))) return rc;
-    if (t->plan->stages) {
-      sum += pipe_eval(t);
-      continue;
-    }
-    TpStepIO io = step_io(t);
-    run_stages(t, &io, false);
-    sum += io.loss;
+    sum += pipe_eval(t);
   }
   *loss = sum / (double)n;
   return TP_OK;
@@ -612,6 +484,15 @@ static int root_writes(Trainer *t, int (*write)(Trainer *t)) {
   return pipe_agree(t, train_is_root(t) ? write(t) : TP_OK);
 }
 
+/* root_writes of the host copies of the gradients (grads) or the values (with moments,
+ * AdamW's m and v too), brought to process 0 first. */
+static int root_writes_host(Trainer *t, bool grads, bool moments, int (*write)(Trainer *t)) {
+  int rc = pipe_download(t, grads, moments);
+  if (!rc) rc = root_writes(t, write);
+  pipe_host_free(t);
+  return rc;
+}
+
 static int write_grads(Trainer *t) { return train_dump(t, t->o.dump_grads, true); }
 static int write_weights(Trainer *t) { return train_dump(t, t->o.dump_weights, false); }
 
@@ -626,24 +507,23 @@ static int train(Trainer *t, int64_t total) {
   for (int64_t step = first; step <= total; step++) {
     double t0 = now_ms();
     if ((rc = read_batch(t, &t->train, t->data_pos))) return rc;
-    double loss = train_step(t);
+    double loss = pipe_train_step(t);
     if (!isfinite(loss)) /* the same loss on every process: each fails, process 0 says why */
       return tp_error(t->d, "the loss is %f at step %" PRId64 ": training diverged (lower --lr, or "
                       "--grad-clip)", loss, step);
-    double norm = grad_norm(t), lr = lr_at(o, step, total);
+    double norm = pipe_grad_norm(t), lr = lr_at(o, step, total);
     if (!isfinite(norm)) /* likewise the same everywhere */
       return tp_error(t->d, "the gradient norm is %f at step %" PRId64 ": training diverged (lower --lr, or "
                       "--grad-clip)", norm, step);
     double t_grads = now_ms();
     if (step == first && o->dump_grads) {
       t->step = step; /* the dump's metadata names the step */
-      pipe_gather(t, true, false);
-      if ((rc = root_writes(t, write_grads))) return rc;
+      if ((rc = root_writes_host(t, true, false, write_grads))) return rc;
     }
     double dump_ms = now_ms() - t_grads;
     float clip = 1;
     if (o->grad_clip > 0 && o->grad_clip / (norm + 1e-6) < 1) clip = (float)(o->grad_clip / (norm + 1e-6));
-    update(t, step, lr, clip);
+    pipe_update(t, step, lr, clip);
     t->step = step;
     t->data_pos = (t->data_pos + bt) % t->train.count;
     StepRecord r = {step, (float)loss, lr, norm, now_ms() - t0 - dump_ms, NAN};
@@ -652,8 +532,7 @@ static int train(Trainer *t, int64_t total) {
     if (o->log && (rc = write_log(t, &r, bt))) return rc;
     if (train_is_root(t)) print_progress(t, &r, total);
     if (o->save && (step == total || (o->save_every && step % o->save_every == 0))) {
-      pipe_gather(t, false, true);
-      if ((rc = root_writes(t, train_save_checkpoint))) return rc;
+      if ((rc = root_writes_host(t, false, true, train_save_checkpoint))) return rc;
     }
     kill_hook(t, "TOKPIPE_TEST_KILL_AFTER_STEP", step);
   }
@@ -698,14 +577,13 @@ static int run(Trainer *t) {
   TrainOptions *o = &t->o;
   int64_t need = train_rows(P) * P->seq + 1;
   int rc;
-  t->nranks = 1;
   if (!P->stages && t->comm->size > 1) {
     if (train_is_root(t))
       fprintf(stderr, "%s: error: the plan has 1 stage x 1 replica = 1 rank; mpirun started %d (run it "
               "without mpirun)\n", t->d->tool, t->comm->size);
     return TP_ERR_USAGE;
   }
-  if ((rc = pipe_agree(t, decay_of_params(t))) || (rc = pipe_agree(t, alloc_buffers(t)))) return rc;
+  if ((rc = pipe_agree(t, decay_of_params(t))) || (rc = pipe_agree(t, pipe_setup(t)))) return rc;
   if (o->profile) return train_profile(t);
   if (o->data) rc = tp_tokens_open(o->data, train_token_limit(P), P->token_limit_of, need, &t->train, t->d);
   if (!rc && o->val_data)
@@ -731,9 +609,8 @@ static int run(Trainer *t) {
     rc = train(t, total);
   }
   if ((rc = pipe_agree(t, close_outputs(t, rc)))) return rc;
-  if (o->dump_weights || o->export_onnx) pipe_gather(t, false, false);
-  if (o->dump_weights && (rc = root_writes(t, write_weights))) return rc;
-  if (o->export_onnx && (rc = root_writes(t, train_export_onnx))) return rc;
+  if (o->dump_weights && (rc = root_writes_host(t, false, false, write_weights))) return rc;
+  if (o->export_onnx && (rc = root_writes_host(t, false, false, train_export_onnx))) return rc;
   if (o->trace) rc = pipe_agree(t, trace_write(t, o->trace));
   return rc;
 }
@@ -753,9 +630,11 @@ int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
   Trainer t = {.plan = plan, .d = &d, .comm = comm};
   rc = check_plan(plan, &d);
   if (rc) rc = TP_ERR_INTERNAL;
+  else if ((rc = tp_compute_open(&t.compute, &d))) rc = pipe_agree(&t, rc);
   else if ((rc = parse_options(&t.o, argc, argv, &d, plan)) < 0) rc = TP_OK;
   else if (!rc) rc = run(&t);
   free_buffers(&t);
+  tp_compute_close(t.compute);
   tp_comm_close(comm);
   return rc;
 }

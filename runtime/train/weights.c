@@ -1,7 +1,8 @@
 /* The trainer's weights: initial values (random, --init MODEL.onnx or .safetensors),
  * checkpoints (--save / --resume), dumps (--dump-grads, --dump-weights) and --export-onnx.
  * Everything is keyed by the ONNX initializer names of TpPlan. Each process loads only the
- * parameters it holds (t->held); the writers run on process 0 after pipe_gather. */
+ * parameters it holds (t->held); the writers run on process 0 after pipe_download. All of
+ * it works on the host copies of t->host (train.h). */
 #include "train.h"
 
 #include <inttypes.h>
@@ -80,7 +81,7 @@ static void init_random(Trainer *t) {
   const TpPlan *P = t->plan;
   t->rng = t->o.seed;
   for (int i = 0; i < P->nparams; i++) {
-    float *w = t->param[i];
+    float *w = t->host.param[i];
     if (!t->held[i]) { /* skip its two draws per element: splitmix64's state is a counter */
       if (P->params[i].rank >= 2) t->rng += 2 * (uint64_t)t->numel[i] * 0x9e3779b97f4a7c15ull;
       continue;
@@ -109,7 +110,7 @@ static int init_from_onnx(Trainer *t, const char *path) {
     if (!tp_onnx_weights_has(w, p->source)) rc = missing(t, path, "initializer", p->source);
     else if (!(rc = tp_onnx_weights_get(w, p->source, &v, t->d)) &&
              !(rc = check_tensor(t, path, p->source, &v, p)))
-      memcpy(t->param[i], v.data, (size_t)t->numel[i] * 4);
+      memcpy(t->host.param[i], v.data, (size_t)t->numel[i] * 4);
   }
   tp_onnx_weights_close(w);
   return rc;
@@ -123,7 +124,7 @@ static int init_from_safetensors(Trainer *t, const char *path) {
     const TpTensor *v = tp_safetensors_find(&st, p->name);
     if (!t->held[i]) continue;
     if (!v) rc = missing(t, path, "tensor", p->name);
-    else if (!(rc = check_tensor(t, path, p->name, v, p))) memcpy(t->param[i], v->data, (size_t)t->numel[i] * 4);
+    else if (!(rc = check_tensor(t, path, p->name, v, p))) memcpy(t->host.param[i], v->data, (size_t)t->numel[i] * 4);
   }
   tp_safetensors_free(&st);
   return rc;
@@ -171,7 +172,7 @@ static int64_t first_non_finite(const float *values, int64_t numel) {
 int train_check_finite(Trainer *t, bool moments) {
   const TpPlan *P = t->plan;
   for (int i = 0; i < P->nparams; i++) {
-    const float *what[3] = {t->param[i], moments ? t->m[i] : NULL, moments ? t->v[i] : NULL};
+    const float *what[3] = {t->host.param[i], moments ? t->host.m[i] : NULL, moments ? t->host.v[i] : NULL};
     for (int k = 0; k < 3; k++) {
       int64_t at = what[k] ? first_non_finite(what[k], t->numel[i]) : -1;
       if (at >= 0)
@@ -192,10 +193,10 @@ int train_save_checkpoint(Trainer *t) {
   TP_ASSERT(ts);
   int n = 0;
   for (int i = 0; i < P->nparams; i++) {
-    ts[n++] = (TpNamedTensor){P->params[i].name, param_tensor(&P->params[i], t->param[i])};
-    if (!t->m[i]) continue;
-    ts[n++] = (TpNamedTensor){moment_key("m", P->params[i].name), param_tensor(&P->params[i], t->m[i])};
-    ts[n++] = (TpNamedTensor){moment_key("v", P->params[i].name), param_tensor(&P->params[i], t->v[i])};
+    ts[n++] = (TpNamedTensor){P->params[i].name, param_tensor(&P->params[i], t->host.param[i])};
+    if (!t->host.m[i]) continue;
+    ts[n++] = (TpNamedTensor){moment_key("m", P->params[i].name), param_tensor(&P->params[i], t->host.m[i])};
+    ts[n++] = (TpNamedTensor){moment_key("v", P->params[i].name), param_tensor(&P->params[i], t->host.v[i])};
   }
   char step[24], pos[24], tokens[24], crc[16], rng[24], seed[24], batch[24], seq[24], vocab[24], version[8];
   snprintf(step, sizeof step, "%" PRId64, t->step);
@@ -352,7 +353,7 @@ static int resume(Trainer *t) {
   t->d->file = saved;
   if (!rc) rc = check_checkpoint_tensors(t, &st, path);
   for (int i = 0; !rc && i < P->nparams; i++) {
-    float *dst[3] = {t->param[i], t->m[i], t->v[i]};
+    float *dst[3] = {t->host.param[i], t->host.m[i], t->host.v[i]};
     for (int k = 0; t->held[i] && k < 3 && dst[k]; k++) {
       char *name;
       const TpTensor *v = checkpoint_tensor(&st, &P->params[i], k, &name);
@@ -370,7 +371,7 @@ static int resume(Trainer *t) {
   return rc;
 }
 
-int train_load_weights(Trainer *t) {
+static int load_weights(Trainer *t) {
   if (t->o.resume) return resume(t);
   if (!t->o.init) {
     init_random(t);
@@ -378,6 +379,15 @@ int train_load_weights(Trainer *t) {
   }
   return ends_with(t->o.init, ".safetensors") ? init_from_safetensors(t, t->o.init)
                                               : init_from_onnx(t, t->o.init);
+}
+
+/* Into host copies, then to the device. */
+int train_load_weights(Trainer *t) {
+  int rc = pipe_host_alloc(t, t->o.resume != NULL);
+  if (!rc) rc = load_weights(t);
+  if (!rc) pipe_upload(t);
+  pipe_host_free(t);
+  return rc;
 }
 
 /* ---- dumps and export ---- */
@@ -415,12 +425,13 @@ static TpNamedTensor *collect(const Trainer *t, bool grads, int *n, int *owned_f
   *n = 0;
   for (int i = 0; i < P->nparams; i++)
     if (!grads || P->params[i].trainable)
-      ts[(*n)++] = (TpNamedTensor){P->params[i].name, param_tensor(&P->params[i], grads ? t->grad[i] : t->param[i])};
+      ts[(*n)++] = (TpNamedTensor){P->params[i].name,
+                                   param_tensor(&P->params[i], grads ? t->host.grad[i] : t->host.param[i])};
   *owned_from = *n;
   for (int k = 0; k < P->nderived; k++) {
     int i = P->derived[k].param;
     if (grads && !P->params[i].trainable) continue;
-    float *v = derived_value(t, k, grads ? t->grad[i] : t->param[i]);
+    float *v = derived_value(t, k, grads ? t->host.grad[i] : t->host.param[i]);
     ts[(*n)++] = (TpNamedTensor){P->derived[k].name, derived_tensor(t, k, v)};
   }
   return ts;

@@ -1,0 +1,104 @@
+/* The compute backend of the trainer runtime: a table of functions per device, as
+ * TpCommBackend (comm/comm.h) is for communication. Everything the runtime does to the
+ * memory that units compute in (parameters, gradients, AdamW state, arenas, token ids,
+ * messages) goes through it:
+ *
+ *   memory   device buffers: allocated zeroed, freed, set, copied to, from and within
+ *   streams  queues of work in order; events mark a point of a stream, which another
+ *            stream or the host waits for
+ *   units    the generated unit functions, run on a stream (TpStepIO.compute/.stream)
+ *   math     the runtime's own: gradient sums and averages, the norm's sum of squares,
+ *            clipping, AdamW, and packing a message's arena buffers into one send buffer
+ *
+ * The contract: the runtime never dereferences a pointer the backend allocated. It moves
+ * values with explicit copies (copy_d2h, copy_h2d), and an entry may still be running when
+ * it returns: a result is the host's after the stream it was queued on is synchronized (or
+ * an event recorded after it). Communication buffers are device buffers: a transport that
+ * cannot read device memory (MPI without CUDA awareness) gets them through host copies
+ * unless the backend is host_addressable.
+ *
+ *   cpu        runtime/cpu/backend.c: device memory is host memory, streams run their work
+ *              at once (every wait is already over), the math is the CPU kernels
+ *   cpu-strict the same, test-only (TOKPIPE_TEST_STRICT_DEVICE=1): device memory is
+ *              inaccessible (PROT_NONE) except while its own entries or a unit run, so a
+ *              direct host access by the runtime crashes
+ *
+ * A second backend (CUDA) slots in as a second table: its entries wrap cudaMalloc,
+ * cudaMemcpyAsync, cudaStream/cudaEvent and its kernels, host_addressable is false, and
+ * tp_compute_open picks it (the plan's target); codegen emits units that queue their
+ * kernels on io->stream. Nothing in runtime/train changes. */
+#ifndef TOKPIPE_COMPUTE_H
+#define TOKPIPE_COMPUTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/diag.h"
+#include "train/plan.h"
+
+typedef struct TpStream TpStream; /* the backend's */
+typedef struct TpEvent TpEvent;
+typedef struct TpCompute TpCompute;
+
+/* AdamW's hyperparameters for one step (tp_adamw_step in cpu/optim.h says how). */
+typedef struct {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step; /* 1 on the first */
+} TpAdamW;
+
+typedef struct {
+  const char *name;
+  /* Its device memory is host memory: a host transport (MPI) may read and write it. */
+  bool host_addressable;
+  void (*close)(TpCompute *c);
+
+  /* ---- memory ---- */
+  /* bytes (0 allowed) zeroed, 64-byte aligned; NULL if the device has no room. */
+  void *(*alloc)(TpCompute *c, size_t bytes);
+  void (*free)(TpCompute *c, void *p); /* p may be NULL */
+  void (*memset)(TpCompute *c, TpStream *s, void *p, int value, size_t bytes);
+  void (*copy_h2d)(TpCompute *c, TpStream *s, void *dst, const void *src, size_t bytes);
+  void (*copy_d2h)(TpCompute *c, TpStream *s, void *dst, const void *src, size_t bytes);
+  void (*copy_d2d)(TpCompute *c, TpStream *s, void *dst, const void *src, size_t bytes);
+
+  /* ---- streams and events ---- */
+  TpStream *(*stream_new)(TpCompute *c);
+  void (*stream_free)(TpCompute *c, TpStream *s);
+  void (*stream_sync)(TpCompute *c, TpStream *s); /* the host waits for s's work */
+  TpEvent *(*event_new)(TpCompute *c);
+  void (*event_free)(TpCompute *c, TpEvent *e);
+  void (*event_record)(TpCompute *c, TpEvent *e, TpStream *s); /* e: s's work so far */
+  void (*stream_wait)(TpCompute *c, TpStream *s, TpEvent *e);  /* s's later work waits for e */
+  void (*event_sync)(TpCompute *c, TpEvent *e);                /* the host waits for e */
+
+  /* ---- units ---- */
+  /* fn(io) with io->compute == c and io->stream == s. */
+  void (*run_unit)(TpCompute *c, TpStream *s, TpUnitFn fn, TpStepIO *io);
+
+  /* ---- the runtime's math, f32 device buffers of n elements ---- */
+  void (*add_into)(TpCompute *c, TpStream *s, float *dst, const float *src, int64_t n); /* dst += src */
+  void (*divide)(TpCompute *c, TpStream *s, float *x, int64_t n, float by); /* x /= by: a sum into a mean */
+  /* *acc += the sum of x[i]^2 in double (acc: one device double), in an order that does
+   * not depend on the thread count (tp_sum_squares_f32) */
+  void (*sum_squares)(TpCompute *c, TpStream *s, const float *x, int64_t n, double *acc);
+  void (*clip)(TpCompute *c, TpStream *s, float *x, int64_t n, float factor); /* x *= factor */
+  void (*adamw)(TpCompute *c, TpStream *s, float *w, const float *g, float *m, float *v, int64_t n,
+                const TpAdamW *h);
+  /* A message: the arena's buffers in order into dst (their total bytes), and back. */
+  void (*pack)(TpCompute *c, TpStream *s, void *dst, const void *arena, const TpPlanBuffer *buffers, int n);
+  void (*unpack)(TpCompute *c, TpStream *s, void *arena, const void *src, const TpPlanBuffer *buffers, int n);
+} TpComputeBackend;
+
+struct TpCompute {
+  const TpComputeBackend *be;
+  void *impl;
+};
+
+/* The CPU backend (the strict variant if TOKPIPE_TEST_STRICT_DEVICE=1). */
+int tp_compute_open(TpCompute **out, TpDiag *d);
+void tp_compute_close(TpCompute *c);
+
+extern const TpComputeBackend tp_compute_cpu, tp_compute_cpu_strict;
+
+#endif

@@ -1,0 +1,267 @@
+/* Unit tests of the compute backend table (runtime/compute.h): every entry of the CPU
+ * backend and of its strict variant, against plain host loops and the optim.c kernels
+ * (bit for bit: the trainer's losses and gradients must not change through the table),
+ * with device values seen only through copies; message packing with zero-byte buffers
+ * and empty messages; the strict variant crashing on a direct host access. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "runtime/compute.h"
+#include "runtime/cpu/optim.h"
+#include "../check.h"
+
+enum { N = 40000 }; /* above the kernels' threshold for OpenMP */
+
+static TpCompute *open_backend(const TpComputeBackend *be) {
+  TpCompute *c = calloc(1, sizeof *c);
+  c->be = be;
+  return c;
+}
+
+static void close_backend(TpCompute *c) {
+  c->be->close(c);
+  free(c);
+}
+
+/* The device buffer's n floats, on the host (malloc'ed). */
+static float *to_host(TpCompute *c, TpStream *s, const float *dev, int64_t n) {
+  float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+  c->be->copy_d2h(c, s, h, dev, (size_t)n * sizeof *h);
+  c->be->stream_sync(c, s);
+  return h;
+}
+
+static float *to_device(TpCompute *c, TpStream *s, const float *host, int64_t n) {
+  float *d = c->be->alloc(c, (size_t)n * sizeof *d);
+  c->be->copy_h2d(c, s, d, host, (size_t)n * sizeof *d);
+  return d;
+}
+
+/* Bitwise equality of n floats; the first difference reported. */
+static void same_bits(const char *be, const char *what, const float *got, const float *want, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(&got[i], &want[i], sizeof *got) != 0) {
+      fail("%s: %s: element %lld is %.9g, expected %.9g", be, what, (long long)i, got[i], want[i]);
+      return;
+    }
+}
+
+static void test_memory(TpCompute *c, TpStream *s) {
+  const char *name = c->be->name;
+  float *d = c->be->alloc(c, N * sizeof(float));
+  if (!d || (uintptr_t)d % 64) fail("%s: alloc: %p is not a 64-byte aligned buffer", name, (void *)d);
+  float *h = to_host(c, s, d, N), *zero = calloc(N, sizeof *zero);
+  same_bits(name, "alloc zeroes", h, zero, N);
+  free(h);
+  void *empty = c->be->alloc(c, 0);
+  if (!empty) fail("%s: alloc(0) is NULL", name);
+  c->be->free(c, empty);
+  c->be->free(c, NULL);
+
+  /* memset of a middle part: bytes 0x3f make 0.746... floats */
+  c->be->memset(c, s, d + 100, 0x3f, 50 * sizeof(float));
+  h = to_host(c, s, d, N);
+  float want[3];
+  memset(want, 0x3f, sizeof want);
+  if (h[99] != 0 || memcmp(&h[100], want, sizeof(float)) || memcmp(&h[149], want, sizeof(float)) || h[150] != 0)
+    fail("%s: memset: elements 99, 100, 149, 150 are %g %g %g %g", name, h[99], h[100], h[149], h[150]);
+  free(h);
+
+  /* host -> device -> device -> host */
+  float *x = rand_array(N, 3);
+  float *a = to_device(c, s, x, N), *b = c->be->alloc(c, N * sizeof(float));
+  c->be->copy_d2d(c, s, b, a, N * sizeof(float));
+  h = to_host(c, s, b, N);
+  same_bits(name, "copies host to device to device to host", h, x, N);
+  c->be->copy_d2h(c, s, h, a, 0); /* zero bytes: nothing */
+  free(h), free(x), free(zero);
+  c->be->free(c, a), c->be->free(c, b), c->be->free(c, d);
+}
+
+/* Streams and events: work queued on one stream, waited for by another and the host. */
+static void test_streams(TpCompute *c) {
+  const char *name = c->be->name;
+  TpStream *s1 = c->be->stream_new(c), *s2 = c->be->stream_new(c);
+  TpEvent *e = c->be->event_new(c);
+  float one = 1, *d = c->be->alloc(c, sizeof(float)), *copy = c->be->alloc(c, sizeof(float)), got = 0;
+  c->be->copy_h2d(c, s1, d, &one, sizeof one);
+  c->be->event_record(c, e, s1);
+  c->be->stream_wait(c, s2, e); /* s2's copy after s1's */
+  c->be->copy_d2d(c, s2, copy, d, sizeof one);
+  c->be->event_sync(c, e);
+  c->be->copy_d2h(c, s2, &got, copy, sizeof got);
+  c->be->stream_sync(c, s2);
+  if (got != 1) fail("%s: streams: a copy ordered by an event read %g, expected 1", name, got);
+  c->be->free(c, d), c->be->free(c, copy);
+  c->be->event_free(c, e);
+  c->be->stream_free(c, s1), c->be->stream_free(c, s2);
+}
+
+static void unit_doubles_param(TpStepIO *io) {
+  float *w = io->param[0];
+  for (int i = 0; i < 4; i++) w[i] *= 2;
+  io->loss = w[3];
+}
+
+static void test_run_unit(TpCompute *c, TpStream *s) {
+  const char *name = c->be->name;
+  float x[4] = {1, 2, 3, 4}, *w = to_device(c, s, x, 4);
+  float *params[1] = {w};
+  TpStepIO io = {.param = params, .loss = 0};
+  c->be->run_unit(c, s, unit_doubles_param, &io);
+  c->be->stream_sync(c, s);
+  float *h = to_host(c, s, w, 4);
+  if (h[0] != 2 || h[3] != 8 || io.loss != 8)
+    fail("%s: run_unit: w = %g..%g, loss %g; expected 2..8, 8", name, h[0], h[3], io.loss);
+  if (io.compute != c || io.stream != s) fail("%s: run_unit: io's compute and stream are not the unit's", name);
+  free(h);
+  c->be->free(c, w);
+}
+
+static void test_math(TpCompute *c, TpStream *s) {
+  const char *name = c->be->name;
+  float *x = rand_array(N, 2), *y = rand_array(N, 2), *want = malloc(N * sizeof *want);
+  float *dx = to_device(c, s, x, N), *dy = to_device(c, s, y, N);
+
+  c->be->add_into(c, s, dx, dy, N);
+  for (int i = 0; i < N; i++) want[i] = x[i] + y[i];
+  float *h = to_host(c, s, dx, N);
+  same_bits(name, "add_into", h, want, N);
+  free(h);
+
+  c->be->divide(c, s, dx, N, 3.0f);
+  for (int i = 0; i < N; i++) want[i] /= 3.0f;
+  h = to_host(c, s, dx, N);
+  same_bits(name, "divide", h, want, N);
+  free(h);
+
+  c->be->clip(c, s, dx, N, 0.37f);
+  tp_scale_f32(want, N, 0.37f);
+  h = to_host(c, s, dx, N);
+  same_bits(name, "clip", h, want, N);
+  free(h);
+
+  /* the sum of squares adds into a device double, read back explicitly */
+  double start = 1.5, got = 0, *acc = c->be->alloc(c, sizeof *acc);
+  c->be->copy_h2d(c, s, acc, &start, sizeof start);
+  c->be->sum_squares(c, s, dx, N, acc);
+  c->be->sum_squares(c, s, dy, 0, acc); /* an empty gradient adds 0 */
+  c->be->copy_d2h(c, s, &got, acc, sizeof got);
+  c->be->stream_sync(c, s);
+  double expect = start + tp_sum_squares_f32(want, N);
+  if (memcmp(&got, &expect, sizeof got)) fail("%s: sum_squares: %.17g, expected %.17g", name, got, expect);
+  c->be->free(c, acc);
+
+  /* two AdamW steps, against the kernel on host copies */
+  float *g = rand_array(N, 1), *m = calloc(N, sizeof *m), *v = calloc(N, sizeof *v);
+  float *dw = to_device(c, s, x, N), *dg = to_device(c, s, g, N), *dm = to_device(c, s, m, N),
+        *dv = to_device(c, s, v, N);
+  for (int64_t step = 1; step <= 2; step++) {
+    TpAdamW h2 = {1e-3, 0.9, 0.95, 1e-8, 0.1, step};
+    c->be->adamw(c, s, dw, dg, dm, dv, N, &h2);
+    tp_adamw_step(x, g, m, v, N, h2.lr, h2.beta1, h2.beta2, h2.eps, h2.weight_decay, step);
+  }
+  float *hw = to_host(c, s, dw, N), *hm = to_host(c, s, dm, N), *hv = to_host(c, s, dv, N);
+  same_bits(name, "adamw w", hw, x, N);
+  same_bits(name, "adamw m", hm, m, N);
+  same_bits(name, "adamw v", hv, v, N);
+  free(hw), free(hm), free(hv), free(g), free(m), free(v);
+  c->be->free(c, dw), c->be->free(c, dg), c->be->free(c, dm), c->be->free(c, dv);
+  c->be->free(c, dx), c->be->free(c, dy);
+  free(x), free(y), free(want);
+}
+
+/* pack: the arena's buffers (in message order, not arena order; one of zero bytes) into one
+ * send buffer; unpack into another arena; an empty message packs nothing. */
+static void test_pack(TpCompute *c, TpStream *s) {
+  const char *name = c->be->name;
+  enum { ARENA = 256 };
+  unsigned char src[ARENA], got[ARENA], want[ARENA] = {0}, sent[40];
+  for (int i = 0; i < ARENA; i++) src[i] = (unsigned char)(i * 7 + 1);
+  const TpPlanBuffer bufs[] = {{200, 16}, {8, 0}, {10, 20}, {255, 1}};
+  const int nb = 4, total = 37;
+  unsigned char *arena = c->be->alloc(c, ARENA), *arena2 = c->be->alloc(c, ARENA), *msg = c->be->alloc(c, total);
+  c->be->copy_h2d(c, s, arena, src, ARENA);
+  c->be->pack(c, s, msg, arena, bufs, nb);
+  c->be->copy_d2h(c, s, sent, msg, total);
+  c->be->stream_sync(c, s);
+  unsigned char expect[40];
+  memcpy(expect, src + 200, 16), memcpy(expect + 16, src + 10, 20), expect[36] = src[255];
+  if (memcmp(sent, expect, total)) fail("%s: pack: the send buffer is not the buffers in message order", name);
+
+  c->be->unpack(c, s, arena2, msg, bufs, nb);
+  c->be->copy_d2h(c, s, got, arena2, ARENA);
+  c->be->stream_sync(c, s);
+  memcpy(want + 200, src + 200, 16), memcpy(want + 10, src + 10, 20), want[255] = src[255];
+  if (memcmp(got, want, ARENA)) fail("%s: unpack: the arena differs from the buffers sent", name);
+
+  /* an empty message: no buffers, a zero-byte send buffer, the arena untouched */
+  void *none = c->be->alloc(c, 0);
+  c->be->pack(c, s, none, arena, NULL, 0);
+  c->be->unpack(c, s, arena2, none, NULL, 0);
+  const TpPlanBuffer zero[] = {{0, 0}, {ARENA, 0}}; /* zero bytes, even at the arena's end */
+  c->be->pack(c, s, none, arena, zero, 2);
+  c->be->unpack(c, s, arena2, none, zero, 2);
+  c->be->copy_d2h(c, s, got, arena2, ARENA);
+  c->be->stream_sync(c, s);
+  if (memcmp(got, want, ARENA)) fail("%s: an empty message changed the arena", name);
+  c->be->free(c, none), c->be->free(c, arena), c->be->free(c, arena2), c->be->free(c, msg);
+}
+
+static void test_backend(const TpComputeBackend *be) {
+  TpCompute *c = open_backend(be);
+  TpStream *s = be->stream_new(c);
+  test_memory(c, s);
+  test_streams(c);
+  test_run_unit(c, s);
+  test_math(c, s);
+  test_pack(c, s);
+  be->stream_free(c, s);
+  close_backend(c);
+}
+
+/* In a child: a direct read of strict device memory must end it with SIGSEGV. */
+static void test_strict_traps(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGSEGV, SIG_DFL); /* not a sanitizer's report: the signal itself */
+    TpCompute *c = open_backend(&tp_compute_cpu_strict);
+    volatile float *p = c->be->alloc(c, 4096);
+    _exit(p[0] == 0 ? 0 : 1); /* must not get here */
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGSEGV)
+    fail("cpu-strict: a direct host read of device memory did not crash (status %#x)", status);
+}
+
+static void test_open(void) {
+  TpDiag d;
+  tp_diag_init(&d, "test_compute", NULL, stderr);
+  TpCompute *c;
+  unsetenv("TOKPIPE_TEST_STRICT_DEVICE");
+  if (tp_compute_open(&c, &d) || c->be != &tp_compute_cpu) fail("tp_compute_open: not the cpu backend");
+  tp_compute_close(c);
+  setenv("TOKPIPE_TEST_STRICT_DEVICE", "1", 1);
+  if (tp_compute_open(&c, &d) || c->be != &tp_compute_cpu_strict)
+    fail("tp_compute_open: TOKPIPE_TEST_STRICT_DEVICE=1 did not give the strict backend");
+  tp_compute_close(c);
+  unsetenv("TOKPIPE_TEST_STRICT_DEVICE");
+}
+
+int main(void) {
+  test_open();
+  test_backend(&tp_compute_cpu);
+  test_backend(&tp_compute_cpu_strict);
+  test_strict_traps();
+  if (failures) {
+    fprintf(stderr, "%d failure(s)\n", failures);
+    return 1;
+  }
+  printf("ok compute backends: cpu, cpu-strict\n");
+  return 0;
+}
