@@ -468,7 +468,9 @@ const char *const tp_op_role_names[TP_ROLE_COUNT] = {
     [TP_ROLE_RETIE] = "retie",
 };
 
-bool tp_is_boundary_op(const TpModule *m, int op) { return m->ops[op].role == TP_ROLE_BOUNDARY; }
+bool tp_is_boundary_op(const TpModule *m, int op) {
+  return m->ops[op].role == TP_ROLE_BOUNDARY && m->ops[op].kind == TP_OP_Reshape;
+}
 
 int tp_tied_param(const TpModule *m, int v) {
   return m->values[v].kind == TP_VAL_PARAM ? m->values[v].tied : -1;

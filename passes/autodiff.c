@@ -91,9 +91,13 @@ static int begin(Ad *a, TpOpKind kind, const int *in, int nin, const char *const
   TpOrigin origin = f->origin;
   int stage = f->stage, slice = f->slice;
   TpOpRole role = f->role;
-  /* A boundary copy's gradient (one Reshape: by assign-stages' stage order it is the first
-   * contribution to its operand's, so no Add comes with it) goes back to the sender. */
-  if (role == TP_ROLE_BOUNDARY) stage = a->m->ops[a->m->values[f->inputs[0]].def].stage;
+  /* A boundary copy's gradient goes back to the sender: the Reshape is the boundary copy
+   * of the gradient, and an Add summing it into the operand's other contributions is
+   * ordinary compute on the sender's stage. */
+  if (role == TP_ROLE_BOUNDARY) {
+    stage = a->m->ops[a->m->values[f->inputs[0]].def].stage;
+    if (kind != TP_OP_Reshape) role = TP_ROLE_COMPUTE;
+  }
   int op = tp_add_op(a->m, kind, in, nin, names, nout, origin);
   a->m->ops[op].stage = stage;
   a->m->ops[op].slice = slice;
