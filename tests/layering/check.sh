@@ -1,9 +1,9 @@
 #!/bin/sh
 # The one-way layering of tokpipec (README, Layout):
 #   check.sh includes SRC WORK
-#     base/ includes only base/; runtime/ nothing from ir/, frontend/, passes/, codegen/ or
-#     interp/; ir/ nothing from runtime/, frontend/, passes/, codegen/ or interp/; protobuf-c
-#     (onnx.pb-c.h) only in frontend/ and runtime/onnx/. Every #include "..." or <...> is
+#     base/ includes only base/; runtime/ only base/ and runtime/; ir/ only base/ and ir/;
+#     bind/ (IR ops to kernel arguments) only those and bind/; interp/ those and interp/;
+#     protobuf-c (onnx.pb-c.h) only in frontend/ and runtime/onnx/. Every #include "..." or <...> is
 #     resolved as the compiler would (the including file's folder, then the include roots:
 #     the source root and runtime/), so "../../ir/ir.h" and any other spelling are caught.
 #   check.sh trainer SRC BUILD TOKPIPEC WORK
@@ -82,10 +82,12 @@ check_protobuf() {
 case $mode in
 includes)
   check_layer base "base" ""
-  check_layer runtime "*" "ir frontend passes codegen interp"
-  check_layer ir "*" "runtime frontend passes codegen interp"
+  check_layer runtime "base runtime" ""
+  check_layer ir "base ir" ""
+  check_layer bind "base ir runtime bind" ""
+  check_layer interp "base ir runtime bind interp" ""
   check_protobuf
-  [ $status -eq 0 ] && ok "base/, runtime/ and ir/ include only the layers below them"
+  [ $status -eq 0 ] && ok "base/, runtime/, ir/, bind/ and interp/ include only the layers below them"
   ;;
 trainer)
   model=$src/tests/fixtures/hf_gpt2/model.onnx
