@@ -13,8 +13,9 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* Room for a decoding error: what the importer's diagnostics hold. */
-#define TP_ONNX_ERR_SIZE 400
+/* Room for a decoding error: a whole diagnostic line (TpDiag.last), so long initializer
+ * names and locations never cut off the reason. */
+#define TP_ONNX_ERR_SIZE 1024
 
 /* Where external data comes from. `map` opens file `location` of the model's folder,
  * confined to it (tp_map_in_folder), and returns an id >= 0 with the file's bytes, or -1

@@ -121,6 +121,19 @@ static void test_external(void) {
   len.value = "8";
   loc.value = "v.bin";
   expect_error(&t, &data, "tensor 'x': external data location 'v.bin' cannot be opened: No such file or directory");
+  /* a long location and name leave the reason whole (the message is one diagnostic line) */
+  char longloc[201];
+  memset(longloc, 'v', 200);
+  longloc[200] = 0;
+  loc.value = longloc;
+  char longname[280], want[700];
+  snprintf(longname, sizeof longname, "initializer '%0249d'", 0);
+  snprintf(want, sizeof want, "%s: external data location '%s' cannot be opened: No such file or directory",
+           longname, longloc);
+  TpOnnxTensor dec2;
+  CHECK(tp_onnx_tensor_decode(&t, longname, &data, &dec2, err, sizeof err) == TP_ERR_INPUT && strcmp(err, want) == 0,
+        "a long name and location cut the error: '%s'", err);
+  loc.value = "w.bin";
   const TpOnnxData refused = {.refused = "is not supported in tensor files"};
   expect_error(&t, &refused, "tensor 'x': external data is not supported in tensor files");
 }
