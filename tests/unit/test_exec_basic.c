@@ -1,5 +1,6 @@
-/* Unit tests of interp/exec_basic.c: the exec functions read the canonical
- * attributes of ir/ops.def and report data-dependent errors at the op's ONNX origin. */
+/* Unit tests of the interpreter's basic ops (interp/interp.c, bound by bind/bind.c): they
+ * read the canonical attributes of ir/ops.def and report data-dependent errors at the op's
+ * ONNX origin. */
 #include "interp/interp.h"
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* Unit tests of the training kernels (runtime/cpu/{transformer,nn_backward,layout_backward,
- * optim}) and their interpreter entries (interp/exec_train.c). Every backward
+ * optim}) and their interpreter entries (interp/interp.c through bind/bind.c). Every backward
  * kernel is checked against central finite differences of its forward kernel: with
  * L = sum(dy * forward(inputs)) for a random dy, d L / d input[i] must match the kernel's
  * gradient; forward kernels against plain loops. The optimizer is checked against
