@@ -51,14 +51,14 @@ static const char *const cpu_headers[] = {
 static TpKernelSpelling cpu_kernels[TP_K_COUNT];
 
 static void build_cpu_kernels(void) {
-#define K(id, member, Args_, fn, header_, ...)                                                       \
-  {                                                                                               \
-    typedef Args_ Args;                                                                           \
-    const TpArgSpelling args[] = {__VA_ARGS__};                                                   \
-    TpKernelSpelling *k = &cpu_kernels[TP_K_##id];                                                \
-    *k = (TpKernelSpelling){.name = #fn, .header = H_##header_, .nargs = (int)(sizeof args / sizeof *args)}; \
-    _Static_assert(sizeof args / sizeof *args <= TP_MAX_KERNEL_ARGS, #fn " has too many arguments"); \
-    memcpy(k->args, args, sizeof args);                                                           \
+#define K(id, member, Args_, fn, header_, ...)                                                 \
+  {                                                                                           \
+    typedef Args_ Args;                                                                       \
+    const TpArgSpelling args[] = {__VA_ARGS__};                                               \
+    _Static_assert(sizeof args / sizeof *args <= TP_MAX_KERNEL_ARGS, #fn ": too many arguments"); \
+    TpKernelSpelling *k = &cpu_kernels[TP_K_##id];                                            \
+    *k = (TpKernelSpelling){.name = #fn, .header = H_##header_, .nargs = sizeof args / sizeof *args}; \
+    memcpy(k->args, args, sizeof args);                                                       \
   }
 #include "../bind/kernels.def"
 #undef K
