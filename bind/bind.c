@@ -579,21 +579,6 @@ int tp_bind_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpB
   return fn(m, op, in, out, b, d);
 }
 
-/* Typed calls of the entries, one per kernel. */
-#define K(id, name, args) \
-  static TpKernelStatus run_##name(const TpBound *b) { return tp_run_##name(&b->a.name); }
-#include "kernels.def"
-#undef K
-
-TpKernelStatus tp_bound_run(const TpBound *b) {
-  static TpKernelStatus (*const run[TP_K_COUNT])(const TpBound *) = {
-#define K(id, name, args) [TP_K_##id] = run_##name,
-#include "kernels.def"
-#undef K
-  };
-  return run[b->kernel](b);
-}
-
 int tp_bound_failed(const TpModule *m, int op, const TpBound *b, const TpTensor *in, const TpTensor *out,
                     TpKernelStatus s, TpDiag *d) {
   long long bad = (long long)b->bad;

@@ -3,8 +3,8 @@
  * calls the kernel (tp_bound_run), codegen binds and prints the struct as the kernel's call
  * (codegen/target.c). A binder reads attributes, dims and dtypes, never tensor data (codegen
  * has none), and checks that the shapes fit the kernel. Adding an op: a row of
- * bind/kernels.def if it needs a new kernel, its binder and its row in bind.c's table, and
- * the kernel's row in each target's table. */
+ * bind/kernels.def if it needs a new kernel (its argument struct, function and call), and its
+ * binder and its row in bind.c's table. */
 #ifndef TOKPIPE_BIND_H
 #define TOKPIPE_BIND_H
 
@@ -20,7 +20,7 @@
 #include "../runtime/cpu/transformer.h"
 
 typedef enum {
-#define K(id, name, args) TP_K_##id,
+#define K(id, name, args, ...) TP_K_##id,
 #include "kernels.def"
 #undef K
   TP_K_COUNT
@@ -31,7 +31,7 @@ typedef enum {
 typedef struct {
   TpKernelId kernel;
   union {
-#define K(id, name, args) args name;
+#define K(id, name, args, ...) args name;
 #include "kernels.def"
 #undef K
   } a;
@@ -64,7 +64,7 @@ extern const TpOpBinding tp_op_bindings[TP_OP_COUNT];
  * i). TP_OK, or an error at the op naming what does not fit. */
 int tp_bind_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d);
 
-/* Runs the bound kernel on the CPU. */
+/* Runs the bound kernel on the CPU: its row of kernels.def's call. */
 TpKernelStatus tp_bound_run(const TpBound *b);
 
 /* The error of a kernel's failure s, at the op. */

@@ -1,8 +1,8 @@
 /* Code generation targets: how each kernel of bind/kernels.def is spelled in a generated
  * plan for one kind of device (its function's name, the header declaring it, and how each
- * field of the bound argument struct is printed as an argument of its call). codegen/emit_c.c
- * binds every op (bind/bind.h) and prints the call through the chosen target's table; a new
- * target (cuda) is one more table in target.c. */
+ * field of the bound argument struct is printed as an argument of its call), built from the
+ * kernel's row. codegen/emit_c.c binds every op (bind/bind.h) and prints the call through the
+ * chosen target's table; a new target (cuda) is one more table in target.c. */
 #ifndef TOKPIPE_CODEGEN_TARGET_H
 #define TOKPIPE_CODEGEN_TARGET_H
 

@@ -552,8 +552,3 @@ TpKernelStatus tp_cast(const TpTensor *x, TpTensor *y) {
   tp_iter_run(&it, (char *const[]){y->data, x->data}, cast_run, &c);
   return TP_KERNEL_OK;
 }
-
-TpKernelStatus tp_run_unary(const TpUnaryArgs *a) { return tp_unary(a->op, a->x, a->y); }
-TpKernelStatus tp_run_binary(const TpBinaryArgs *a) { return tp_binary(a->op, a->a, a->b, a->y); }
-TpKernelStatus tp_run_where(const TpWhereArgs *a) { return tp_where(a->cond, a->a, a->b, a->y); }
-TpKernelStatus tp_run_cast(const TpCopyArgs *a) { return tp_cast(a->x, a->y); }

@@ -86,33 +86,29 @@ TpKernelStatus tp_cast(const TpTensor *x, TpTensor *y);
 
 /* ---- argument structs ----
  * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views, in the order
- * of its parameters; tp_run_* runs the kernel on it. */
+ * kernels above: each struct holds one kernel's parameters, tensors as views; the kernel's
+ * row of bind/kernels.def says how each is passed. */
 typedef struct {
   TpUnaryOp op;
   const TpTensor *x;
   TpTensor *y;
 } TpUnaryArgs;
-TpKernelStatus tp_run_unary(const TpUnaryArgs *a);
 
 typedef struct {
   TpBinaryOp op;
   const TpTensor *a, *b;
   TpTensor *y;
 } TpBinaryArgs;
-TpKernelStatus tp_run_binary(const TpBinaryArgs *a);
 
 typedef struct {
   const TpTensor *cond, *a, *b;
   TpTensor *y;
 } TpWhereArgs;
-TpKernelStatus tp_run_where(const TpWhereArgs *a);
 
 /* One operand, one result, nothing else: Cast here, Reshape, Expand and Tile in layout.h. */
 typedef struct {
   const TpTensor *x;
   TpTensor *y;
 } TpCopyArgs;
-TpKernelStatus tp_run_cast(const TpCopyArgs *a);
 
 #endif

@@ -12,7 +12,4 @@ typedef enum {
   TP_KERNEL_BAD_INDEX, /* a data-dependent index is out of range */
 } TpKernelStatus;
 
-/* The data of an optional view in a kernel's argument struct (NULL when absent). */
-#define TP_VIEW_DATA(t) ((t) ? (t)->data : NULL)
-
 #endif

@@ -271,19 +271,3 @@ TpKernelStatus tp_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor *y) {
   }
   return TP_KERNEL_OK;
 }
-
-TpKernelStatus tp_run_gather(const TpGatherArgs *a) { return tp_gather(a->data, a->indices, a->axis, a->y, a->bad); }
-TpKernelStatus tp_run_gather_elements(const TpGatherArgs *a) {
-  return tp_gather_elements(a->data, a->indices, a->axis, a->y, a->bad);
-}
-TpKernelStatus tp_run_reshape(const TpCopyArgs *a) { return tp_reshape(a->x, a->y); }
-TpKernelStatus tp_run_expand(const TpCopyArgs *a) { return tp_expand(a->x, a->y); }
-TpKernelStatus tp_run_tile(const TpCopyArgs *a) { return tp_tile(a->x, a->y); }
-TpKernelStatus tp_run_transpose(const TpTransposeArgs *a) { return tp_transpose(a->x, a->perm, a->y); }
-TpKernelStatus tp_run_split(const TpSplitArgs *a) { return tp_split(a->x, a->axis, a->ys, a->n); }
-TpKernelStatus tp_run_slice(const TpSliceArgs *a) { return tp_slice(a->x, a->starts, a->steps, a->y); }
-TpKernelStatus tp_run_concat(const TpConcatArgs *a) { return tp_concat(a->xs, a->n, a->axis, a->y); }
-TpKernelStatus tp_run_context_append(const TpContextAppendArgs *a) {
-  return tp_context_append(a->x, a->axis, a->at, a->rows, a->buffer->data);
-}
-TpKernelStatus tp_run_trilu(const TpTriluArgs *a) { return tp_trilu(a->x, a->upper, a->k, a->y); }

@@ -50,8 +50,8 @@ void tp_copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step
 
 /* ---- argument structs ----
  * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views, in the order
- * of its parameters; tp_run_* runs the kernel on it. */
+ * kernels above: each struct holds one kernel's parameters, tensors as views; the kernel's
+ * row of bind/kernels.def says how each is passed. */
 /* Gather, GatherElements and their backward ops (layout_backward.h: data is dy, y ddata). */
 typedef struct {
   const TpTensor *data, *indices;
@@ -59,12 +59,7 @@ typedef struct {
   TpTensor *y;
   int64_t *bad;
 } TpGatherArgs;
-TpKernelStatus tp_run_gather(const TpGatherArgs *a);
-TpKernelStatus tp_run_gather_elements(const TpGatherArgs *a);
 
-TpKernelStatus tp_run_reshape(const TpCopyArgs *a);
-TpKernelStatus tp_run_expand(const TpCopyArgs *a);
-TpKernelStatus tp_run_tile(const TpCopyArgs *a);
 
 typedef struct {
   const TpTensor *x;
@@ -72,7 +67,6 @@ typedef struct {
   int nperm; /* printed, not passed: perm's length */
   TpTensor *y;
 } TpTransposeArgs;
-TpKernelStatus tp_run_transpose(const TpTransposeArgs *a);
 
 typedef struct {
   const TpTensor *x;
@@ -80,7 +74,6 @@ typedef struct {
   TpTensor *ys;
   int n;
 } TpSplitArgs;
-TpKernelStatus tp_run_split(const TpSplitArgs *a);
 
 /* Slice and its backward (layout_backward.h: x is dy, y dx). */
 typedef struct {
@@ -89,14 +82,12 @@ typedef struct {
   int rank; /* printed, not passed: the length of starts and steps */
   TpTensor *y;
 } TpSliceArgs;
-TpKernelStatus tp_run_slice(const TpSliceArgs *a);
 
 typedef struct {
   const TpTensor *xs;
   int n, axis;
   TpTensor *y;
 } TpConcatArgs;
-TpKernelStatus tp_run_concat(const TpConcatArgs *a);
 
 typedef struct {
   const TpTensor *x;
@@ -104,7 +95,6 @@ typedef struct {
   int64_t at, rows;
   TpTensor *buffer; /* its data */
 } TpContextAppendArgs;
-TpKernelStatus tp_run_context_append(const TpContextAppendArgs *a);
 
 typedef struct {
   const TpTensor *x;
@@ -112,6 +102,5 @@ typedef struct {
   int64_t k;
   TpTensor *y;
 } TpTriluArgs;
-TpKernelStatus tp_run_trilu(const TpTriluArgs *a);
 
 #endif

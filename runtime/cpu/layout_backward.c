@@ -99,11 +99,3 @@ TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, cons
   tp_iter_run(&it, (char *const[]){(char *)dx->data + start, dy->data}, tp_copy_run, &es);
   return TP_KERNEL_OK;
 }
-
-TpKernelStatus tp_run_gather_backward(const TpGatherArgs *a) {
-  return tp_gather_backward(a->data, a->indices, a->axis, a->y, a->bad);
-}
-TpKernelStatus tp_run_gather_elements_backward(const TpGatherArgs *a) {
-  return tp_gather_elements_backward(a->data, a->indices, a->axis, a->y, a->bad);
-}
-TpKernelStatus tp_run_slice_backward(const TpSliceArgs *a) { return tp_slice_backward(a->x, a->starts, a->steps, a->y); }

@@ -29,8 +29,5 @@ TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, cons
 
 /* Their entries, over layout.h's argument structs. */
 #include "layout.h"
-TpKernelStatus tp_run_gather_backward(const TpGatherArgs *a);
-TpKernelStatus tp_run_gather_elements_backward(const TpGatherArgs *a);
-TpKernelStatus tp_run_slice_backward(const TpSliceArgs *a);
 
 #endif

@@ -1,7 +1,5 @@
 #include "loss.h"
 
-#include <stdlib.h>
-
 #include "nn.h"
 
 TpKernelStatus tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t N, int64_t C, int64_t D,
@@ -35,20 +33,4 @@ TpKernelStatus tp_softmax_cross_entropy_f32(const float *scores, const int64_t *
                                             float *log_prob, float *loss, int64_t *bad) {
   tp_softmax_f32(scores, log_prob, N, C, D, true);
   return tp_nll_loss_f32(log_prob, target, N, C, D, o, loss, bad);
-}
-
-TpKernelStatus tp_run_nll_loss(const TpLossArgs *a) {
-  TpLossOptions o = a->o;
-  o.weight = TP_VIEW_DATA(a->weight);
-  return tp_nll_loss_f32(a->x->data, a->target->data, a->N, a->C, a->D, &o, a->loss->data, a->bad);
-}
-TpKernelStatus tp_run_softmax_cross_entropy(const TpLossArgs *a) {
-  TpLossOptions o = a->o;
-  o.weight = TP_VIEW_DATA(a->weight);
-  float *log_prob = a->log_prob ? a->log_prob->data : malloc((size_t)(a->N * a->C * a->D + 1) * sizeof(float));
-  if (!log_prob) abort(); /* out of memory */
-  TpKernelStatus s = tp_softmax_cross_entropy_f32(a->x->data, a->target->data, a->N, a->C, a->D, &o, log_prob,
-                                                  a->loss->data, a->bad);
-  if (!a->log_prob) free(log_prob);
-  return s;
 }

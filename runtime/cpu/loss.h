@@ -47,7 +47,5 @@ typedef struct {
   TpTensor *log_prob, *loss;
   int64_t *bad;
 } TpLossArgs;
-TpKernelStatus tp_run_nll_loss(const TpLossArgs *a);
-TpKernelStatus tp_run_softmax_cross_entropy(const TpLossArgs *a);
 
 #endif

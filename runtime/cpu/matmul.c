@@ -205,8 +205,3 @@ TpKernelStatus tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, 
            y->data, 0, N);
   return TP_KERNEL_OK;
 }
-
-TpKernelStatus tp_run_matmul(const TpMatmulArgs *a) { return tp_matmul(a->a, a->b, a->y); }
-TpKernelStatus tp_run_gemm(const TpGemmArgs *a) {
-  return tp_gemm(a->a, a->b, a->c, a->trans_a, a->trans_b, a->alpha, a->beta, a->y);
-}

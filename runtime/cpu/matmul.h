@@ -45,13 +45,12 @@ void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 
 /* ---- argument structs ----
  * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views, in the order
- * of its parameters; tp_run_* runs the kernel on it. */
+ * kernels above: each struct holds one kernel's parameters, tensors as views; the kernel's
+ * row of bind/kernels.def says how each is passed. */
 typedef struct {
   const TpTensor *a, *b;
   TpTensor *y;
 } TpMatmulArgs;
-TpKernelStatus tp_run_matmul(const TpMatmulArgs *a);
 
 typedef struct {
   const TpTensor *a, *b, *c;
@@ -59,6 +58,5 @@ typedef struct {
   double alpha, beta;
   TpTensor *y;
 } TpGemmArgs;
-TpKernelStatus tp_run_gemm(const TpGemmArgs *a);
 
 #endif

@@ -228,18 +228,3 @@ TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const floa
   free(scratch_v);
   return TP_KERNEL_OK;
 }
-
-TpKernelStatus tp_run_softmax(const TpSoftmaxArgs *a) {
-  return tp_softmax_f32(a->x->data, a->y->data, a->outer, a->n, a->inner, a->log);
-}
-TpKernelStatus tp_run_layernorm(const TpLayerNormArgs *a) {
-  return tp_layernorm_f32(a->x->data, a->scale->data, TP_VIEW_DATA(a->bias), a->outer, a->n, a->eps, a->y->data,
-                          TP_VIEW_DATA(a->mean), TP_VIEW_DATA(a->inv_std));
-}
-TpKernelStatus tp_run_attention(const TpAttentionArgs *a) {
-  TpAttention p = a->p;
-  p.mask = TP_VIEW_DATA(a->mask);
-  return tp_attention_f32(&p, a->q->data, a->k->data, a->v->data, TP_VIEW_DATA(a->past_k),
-                          TP_VIEW_DATA(a->past_v), a->y->data, TP_VIEW_DATA(a->present_k),
-                          TP_VIEW_DATA(a->present_v), TP_VIEW_DATA(a->qk_out));
-}

@@ -134,8 +134,8 @@ TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const floa
 
 /* ---- argument structs ----
  * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views (the f32 kernels read their data), in the order
- * of its parameters; tp_run_* runs the kernel on it. */
+ * kernels above: each struct holds one kernel's parameters, tensors as views (the f32 kernels
+ * read their data); the kernel's row of bind/kernels.def says how each is passed. */
 #include "../../base/tensor.h"
 
 /* Softmax and LogSoftmax, and their backward (nn_backward.h: x is dy, dy is y, y is dx). */
@@ -145,7 +145,6 @@ typedef struct {
   int64_t outer, n, inner;
   bool log;
 } TpSoftmaxArgs;
-TpKernelStatus tp_run_softmax(const TpSoftmaxArgs *a);
 
 typedef struct {
   const TpTensor *x, *scale, *bias;
@@ -153,7 +152,6 @@ typedef struct {
   float eps;
   TpTensor *y, *mean, *inv_std;
 } TpLayerNormArgs;
-TpKernelStatus tp_run_layernorm(const TpLayerNormArgs *a);
 
 /* Attention and its backward (nn_backward.h: dy, then q, k, v; dq, dk, dv as y, present_k,
  * present_v). p.mask is mask's data (p describes its shape). */
@@ -162,6 +160,5 @@ typedef struct {
   const TpTensor *dy, *q, *k, *v, *mask, *past_k, *past_v;
   TpTensor *y, *present_k, *present_v, *qk_out;
 } TpAttentionArgs;
-TpKernelStatus tp_run_attention(const TpAttentionArgs *a);
 
 #endif

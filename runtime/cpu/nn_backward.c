@@ -331,32 +331,3 @@ TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
   }
   return TP_KERNEL_OK;
 }
-
-TpKernelStatus tp_run_linear_backward(const TpLinearArgs *a) {
-  return tp_linear_backward_f32(a->dy->data, a->x->data, a->w->data, a->M, a->K, a->N, a->transpose_w,
-                                TP_VIEW_DATA(a->y), TP_VIEW_DATA(a->dw), TP_VIEW_DATA(a->dbias));
-}
-TpKernelStatus tp_run_matmul_backward(const TpMatmulBackwardArgs *a) {
-  return tp_matmul_backward_f32(a->dy, a->a, a->b, a->da, a->db);
-}
-TpKernelStatus tp_run_layernorm_backward(const TpLayerNormBackwardArgs *a) {
-  return tp_layernorm_backward_f32(a->dy->data, a->x->data, a->scale->data, a->mean->data, a->inv_std->data,
-                                   a->rows, a->n, TP_VIEW_DATA(a->dx), TP_VIEW_DATA(a->dscale),
-                                   TP_VIEW_DATA(a->dbias));
-}
-TpKernelStatus tp_run_gelu_backward(const TpGeluBackwardArgs *a) {
-  return tp_gelu_backward_f32(a->dy->data, a->x->data, a->n, a->tanh_approx, a->dx->data);
-}
-TpKernelStatus tp_run_softmax_backward(const TpSoftmaxArgs *a) {
-  return tp_softmax_backward_f32(a->x->data, a->dy->data, a->outer, a->n, a->inner, a->log, a->y->data);
-}
-TpKernelStatus tp_run_attention_backward(const TpAttentionArgs *a) {
-  TpAttention p = a->p;
-  p.mask = TP_VIEW_DATA(a->mask);
-  return tp_attention_backward_f32(&p, a->dy->data, a->q->data, a->k->data, a->v->data, TP_VIEW_DATA(a->y),
-                                   TP_VIEW_DATA(a->present_k), TP_VIEW_DATA(a->present_v));
-}
-TpKernelStatus tp_run_cross_entropy_backward(const TpCrossEntropyArgs *a) {
-  return tp_cross_entropy_backward_f32(*(const float *)a->dloss->data, a->logits->data, a->targets->data, a->R,
-                                       a->V, a->denominator, a->y->data, a->bad);
-}

@@ -81,21 +81,18 @@ TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
 /* ---- argument structs (see nn.h) ---- */
 #include "transformer.h" /* TpLinearArgs */
 
-TpKernelStatus tp_run_linear_backward(const TpLinearArgs *a);
 
 /* dy, then a, b; da, db (either may be NULL). */
 typedef struct {
   const TpTensor *dy, *a, *b;
   TpTensor *da, *db;
 } TpMatmulBackwardArgs;
-TpKernelStatus tp_run_matmul_backward(const TpMatmulBackwardArgs *a);
 
 typedef struct {
   const TpTensor *dy, *x, *scale, *mean, *inv_std;
   int64_t rows, n;
   TpTensor *dx, *dscale, *dbias;
 } TpLayerNormBackwardArgs;
-TpKernelStatus tp_run_layernorm_backward(const TpLayerNormBackwardArgs *a);
 
 typedef struct {
   const TpTensor *dy, *x;
@@ -103,10 +100,6 @@ typedef struct {
   bool tanh_approx;
   TpTensor *dx;
 } TpGeluBackwardArgs;
-TpKernelStatus tp_run_gelu_backward(const TpGeluBackwardArgs *a);
 
-TpKernelStatus tp_run_softmax_backward(const TpSoftmaxArgs *a);
-TpKernelStatus tp_run_attention_backward(const TpAttentionArgs *a);
-TpKernelStatus tp_run_cross_entropy_backward(const TpCrossEntropyArgs *a);
 
 #endif

@@ -132,6 +132,3 @@ TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool rever
     }
   return TP_KERNEL_OK;
 }
-
-TpKernelStatus tp_run_reduce_sum(const TpReduceArgs *a) { return tp_reduce_sum(a->x, a->axes, a->naxes, a->mean, a->y); }
-TpKernelStatus tp_run_cumsum(const TpCumsumArgs *a) { return tp_cumsum(a->x, a->axis, a->exclusive, a->reverse, a->y); }

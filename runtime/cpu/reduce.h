@@ -15,8 +15,8 @@ TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool rever
 
 /* ---- argument structs ----
  * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views, in the order
- * of its parameters; tp_run_* runs the kernel on it. */
+ * kernels above: each struct holds one kernel's parameters, tensors as views; the kernel's
+ * row of bind/kernels.def says how each is passed. */
 typedef struct {
   const TpTensor *x;
   const int64_t *axes;
@@ -24,7 +24,6 @@ typedef struct {
   bool mean;
   TpTensor *y;
 } TpReduceArgs;
-TpKernelStatus tp_run_reduce_sum(const TpReduceArgs *a);
 
 typedef struct {
   const TpTensor *x;
@@ -32,6 +31,5 @@ typedef struct {
   bool exclusive, reverse;
   TpTensor *y;
 } TpCumsumArgs;
-TpKernelStatus tp_run_cumsum(const TpCumsumArgs *a);
 
 #endif

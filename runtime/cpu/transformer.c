@@ -236,35 +236,3 @@ TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const 
                           (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, dgate, dup);
   return TP_KERNEL_OK;
 }
-
-TpKernelStatus tp_run_linear(const TpLinearArgs *a) {
-  return tp_linear_f32(a->x->data, a->w->data, TP_VIEW_DATA(a->bias), a->M, a->K, a->N, a->transpose_w, a->y->data);
-}
-TpKernelStatus tp_run_embedding(const TpEmbeddingArgs *a) {
-  return tp_embedding_f32(a->table->data, a->ids->data, a->n, a->V, a->C, a->y->data, a->bad);
-}
-TpKernelStatus tp_run_cross_entropy(const TpCrossEntropyArgs *a) {
-  return tp_cross_entropy_f32(a->logits->data, a->targets->data, a->R, a->V, a->denominator, a->y->data, a->bad);
-}
-TpKernelStatus tp_run_rmsnorm(const TpRMSNormArgs *a) {
-  return tp_rmsnorm_f32(a->x->data, a->scale->data, a->rows, a->n, a->eps, a->y->data);
-}
-TpKernelStatus tp_run_rmsnorm_backward(const TpRMSNormArgs *a) {
-  return tp_rmsnorm_backward_f32(a->dy->data, a->x->data, a->scale->data, a->rows, a->n, a->eps,
-                                 TP_VIEW_DATA(a->y), TP_VIEW_DATA(a->dscale));
-}
-TpKernelStatus tp_run_rotary(const TpRotaryArgs *a) {
-  return tp_rotary_f32(a->x->data, a->cos->data, a->sin->data, a->x->rank, a->x->dims, a->cos->dims,
-                       a->rotary_dim, a->interleaved, a->y->data);
-}
-TpKernelStatus tp_run_rotary_backward(const TpRotaryArgs *a) {
-  return tp_rotary_backward_f32(a->x->data, a->cos->data, a->sin->data, a->x->rank, a->x->dims, a->cos->dims,
-                                a->rotary_dim, a->interleaved, a->y->data);
-}
-TpKernelStatus tp_run_swiglu(const TpSwiGLUArgs *a) {
-  return tp_swiglu_f32(a->gate->data, a->up->data, a->n, a->y->data);
-}
-TpKernelStatus tp_run_swiglu_backward(const TpSwiGLUArgs *a) {
-  return tp_swiglu_backward_f32(a->dy->data, a->gate->data, a->up->data, a->n, TP_VIEW_DATA(a->y),
-                                TP_VIEW_DATA(a->dup));
-}

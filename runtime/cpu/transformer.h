@@ -80,7 +80,6 @@ typedef struct {
   bool transpose_w;
   TpTensor *y, *dw, *dbias;
 } TpLinearArgs;
-TpKernelStatus tp_run_linear(const TpLinearArgs *a);
 
 typedef struct {
   const TpTensor *table, *ids; /* ids i64 */
@@ -88,7 +87,6 @@ typedef struct {
   TpTensor *y;
   int64_t *bad;
 } TpEmbeddingArgs;
-TpKernelStatus tp_run_embedding(const TpEmbeddingArgs *a);
 
 /* CrossEntropy, and its backward (nn_backward.h: dloss the scalar gradient, y dlogits). */
 typedef struct {
@@ -98,7 +96,6 @@ typedef struct {
   TpTensor *y;
   int64_t *bad;
 } TpCrossEntropyArgs;
-TpKernelStatus tp_run_cross_entropy(const TpCrossEntropyArgs *a);
 
 /* RMSNorm and its backward (dy first; dx and dscale as y and dscale). */
 typedef struct {
@@ -107,8 +104,6 @@ typedef struct {
   float eps;
   TpTensor *y, *dscale;
 } TpRMSNormArgs;
-TpKernelStatus tp_run_rmsnorm(const TpRMSNormArgs *a);
-TpKernelStatus tp_run_rmsnorm_backward(const TpRMSNormArgs *a);
 
 /* Rotary and its backward (x is dy, y dx). */
 typedef struct {
@@ -117,8 +112,6 @@ typedef struct {
   bool interleaved;
   TpTensor *y;
 } TpRotaryArgs;
-TpKernelStatus tp_run_rotary(const TpRotaryArgs *a);
-TpKernelStatus tp_run_rotary_backward(const TpRotaryArgs *a);
 
 /* SwiGLU and its backward (dy first; dgate and dup as y and dup). */
 typedef struct {
@@ -126,7 +119,5 @@ typedef struct {
   int64_t n;
   TpTensor *y, *dup;
 } TpSwiGLUArgs;
-TpKernelStatus tp_run_swiglu(const TpSwiGLUArgs *a);
-TpKernelStatus tp_run_swiglu_backward(const TpSwiGLUArgs *a);
 
 #endif
