@@ -1012,7 +1012,7 @@ static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem,
                          TpDiag *d, const char *prefix) {
   *E = (Emitter){.m = m, .mem = mem, .o = o, .d = d, .prefix = prefix};
   E->target = tp_target_find(o->target ? o->target : "cpu");
-  TP_ASSERT(E->target); /* the tool checked the name */
+  TP_ASSERT(E->target); /* tp_emit_c checked the name */
   E->name = calloc((size_t)m->nvalues + 1, sizeof *E->name);
   E->array = calloc((size_t)m->nvalues + 1, sizeof *E->array);
   E->referenced = calloc((size_t)m->nvalues + 1, sizeof *E->referenced);
@@ -1103,11 +1103,13 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
 }
 
 int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
+  static const TpEmitOptions none = {0};
+  if (!o) o = &none;
+  if (!tp_target_find(o->target ? o->target : "cpu"))
+    return tp_error(d, "no code generation target '%s'", o->target);
   TpMemoryPlan plan;
   int rc = tp_plan_memory(m, &plan, d);
   if (rc != TP_OK) return rc;
-  static const TpEmitOptions none = {0};
-  if (!o) o = &none;
   TpPipeline pipe;
   rc = tp_pipeline_build(m, &plan, o->pipeline, &pipe, d);
   if (rc != TP_OK) {

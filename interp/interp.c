@@ -12,12 +12,17 @@
  * kernels compute in f32 get f32 copies of other float dtypes (converted back into the
  * results), and the flat kernels' ids are i64 (copies of i32 ones). */
 
+/* Element i of p, which may be misaligned for t (memcpy reads it whatever the offset). */
 static float load_float(const void *p, TpDType t, int64_t i) {
+  const char *at = (const char *)p + (size_t)i * tp_dtype_size(t);
+  float f;
+  double f64;
+  uint16_t h;
   switch (t) {
-  case TP_F32: return ((const float *)p)[i];
-  case TP_F64: return (float)((const double *)p)[i];
-  case TP_F16: return tp_f16_to_f32(((const uint16_t *)p)[i]);
-  case TP_BF16: return tp_bf16_to_f32(((const uint16_t *)p)[i]);
+  case TP_F32: memcpy(&f, at, sizeof f); return f;
+  case TP_F64: memcpy(&f64, at, sizeof f64); return (float)f64;
+  case TP_F16: memcpy(&h, at, sizeof h); return tp_f16_to_f32(h);
+  case TP_BF16: memcpy(&h, at, sizeof h); return tp_bf16_to_f32(h);
   default: return 0;
   }
 }
@@ -44,7 +49,11 @@ static TpTensor working_copy(const TpTensor *t, TpDType to, bool convert) {
   if (t->dtype == to) /* an aligned copy */
     memcpy(v.data, t->data, tp_tensor_bytes(t));
   else if (to == TP_I64)
-    for (int64_t i = 0; i < n; i++) ((int64_t *)v.data)[i] = ((const int32_t *)t->data)[i];
+    for (int64_t i = 0; i < n; i++) {
+      int32_t id;
+      memcpy(&id, (const char *)t->data + i * (int64_t)sizeof id, sizeof id); /* may be misaligned */
+      ((int64_t *)v.data)[i] = id;
+    }
   else
     for (int64_t i = 0; i < n; i++) ((float *)v.data)[i] = load_float(t->data, t->dtype, i);
   return v;
