@@ -402,18 +402,27 @@ static void scale(void) {
   }
 }
 
+/* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
 static const struct {
   const char *name;
   void (*run)(void);
 } TESTS[] = {
-    {"rmsnorm_fwd", rmsnorm_fwd},     {"rmsnorm_bwd", rmsnorm_bwd},
-    {"layernorm_fwd", layernorm_fwd}, {"layernorm_bwd", layernorm_bwd},
-    {"softmax_fwd", softmax_fwd},     {"softmax_bwd", softmax_bwd},
-    {"gelu_fwd", gelu_fwd},           {"gelu_bwd", gelu_bwd},
-    {"swiglu_fwd", swiglu_fwd},       {"swiglu_bwd", swiglu_bwd},
-    {"embedding_fwd", embedding_fwd}, {"embedding_bwd", embedding_bwd},
-    {"cross_entropy_fwd", cross_entropy_fwd}, {"cross_entropy_bwd", cross_entropy_bwd},
-    {"adamw", adamw},                 {"sum_squares", sum_squares},
+    {"rmsnorm_fwd", rmsnorm_fwd},
+    {"rmsnorm_bwd", rmsnorm_bwd},
+    {"layernorm_fwd", layernorm_fwd},
+    {"layernorm_bwd", layernorm_bwd},
+    {"softmax_fwd", softmax_fwd},
+    {"softmax_bwd", softmax_bwd},
+    {"gelu_fwd", gelu_fwd},
+    {"gelu_bwd", gelu_bwd},
+    {"swiglu_fwd", swiglu_fwd},
+    {"swiglu_bwd", swiglu_bwd},
+    {"embedding_fwd", embedding_fwd},
+    {"embedding_bwd", embedding_bwd},
+    {"cross_entropy_fwd", cross_entropy_fwd},
+    {"cross_entropy_bwd", cross_entropy_bwd},
+    {"adamw", adamw},
+    {"sum_squares", sum_squares},
     {"scale", scale},
 };
 
