@@ -404,11 +404,10 @@ static void scale(void) {
 
 /* Attention shapes: {batch, q_heads, kv_heads, q_len, kv_len, kv_rows, D, Dv, causal_offset}:
  * one of everything; a token slice of 5 queries at row 8 of 13 keys read from a context
- * buffer of 16 rows, grouped heads, D not a multiple of 32; a whole causal sequence past
- * the CPU's 64-row query block with D over a warp's width. Each causal and not, packed
- * and not. */
+ * buffer of 16 rows, grouped heads, D not a multiple of 32; a whole sequence with D and Dv
+ * over a warp's width (3 and 2 values per lane). Each causal and not, packed and not. */
 static const int64_t ATTENTION_SHAPES[][9] = {
-    {1, 1, 1, 1, 1, 0, 1, 1, 0}, {2, 4, 2, 5, 13, 16, 40, 24, 8}, {1, 2, 1, 70, 70, 0, 72, 33, 0}};
+    {1, 1, 1, 1, 1, 0, 1, 1, 0}, {2, 4, 2, 5, 13, 16, 40, 24, 8}, {1, 2, 1, 9, 9, 0, 72, 33, 0}};
 enum { NATTENTION = sizeof ATTENTION_SHAPES / sizeof ATTENTION_SHAPES[0] };
 
 /* The CPU's and the CUDA kernels' descriptions of attention shape a, causal or not,
@@ -462,7 +461,7 @@ static void attention_bwd(void) {
       tp_attention_backward_f32(&cp, dy, q, k, v, want_dq, want_dk, want_dv);
       tp_cuda_attention_f32(&gp, q, k, v, y, lse, NULL);
       tp_cuda_attention_backward_f32(&gp, dy, q, k, v, y, lse, dq, dk, dv, delta, NULL);
-      /* dk and dv: float sums over the <= 140 query rows of the group's heads that see a key,
+      /* dk and dv: float sums over the <= 18 query rows of the group's heads that see a key,
        * as the CPU's sgemm sums them: ROW */
       Tolerance tol = ROW;
       snprintf(what, sizeof what, "dq %s", at);

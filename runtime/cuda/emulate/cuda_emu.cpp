@@ -83,18 +83,21 @@ unsigned warp_lanes(int w) {
   return n >= warpSize ? 0xffffffffu : (1u << n) - 1;
 }
 
+/* Thread i of the block, ready to start. Not inlined: getcontext returns twice, and the
+ * caller's loop variables must not live across it. */
+__attribute__((noinline)) void start_fiber(Fiber *f, int i) {
+  f->state = RUNNABLE;
+  f->idx = dim3(i % blockDim.x, i / blockDim.x % blockDim.y, i / (blockDim.x * blockDim.y));
+  getcontext(&f->ctx);
+  f->ctx.uc_stack.ss_sp = f->stack;
+  f->ctx.uc_stack.ss_size = STACK_SIZE;
+  f->ctx.uc_link = nullptr;
+  makecontext(&f->ctx, fiber_main, 0);
+}
+
 void run_block(Block *b) {
   int n = b->nthreads;
-  for (int i = 0; i < n; i++) {
-    Fiber *f = &b->fibers[i];
-    f->state = RUNNABLE;
-    f->idx = dim3(i % blockDim.x, i / blockDim.x % blockDim.y, i / (blockDim.x * blockDim.y));
-    getcontext(&f->ctx);
-    f->ctx.uc_stack.ss_sp = f->stack;
-    f->ctx.uc_stack.ss_size = STACK_SIZE;
-    f->ctx.uc_link = nullptr;
-    makecontext(&f->ctx, fiber_main, 0);
-  }
+  for (int i = 0; i < n; i++) start_fiber(&b->fibers[i], i);
   b->block_arrived = 0;
   memset(b->warp_arrived, 0, sizeof b->warp_arrived);
   /* Each warp runs as far as it can (until every lane waits at a block barrier or has
