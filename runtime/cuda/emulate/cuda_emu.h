@@ -9,8 +9,12 @@
  *   __shared__      one copy per block: a function-static variable (blocks run one after
  *                   another), so shared memory is never per thread
  *   atomics         plain read-modify-write (one fiber runs at a time)
- * Fibers switch only at barriers and shuffles, so a missing __syncthreads shows up as a
- * read of a value another thread has not written yet. */
+ * Fibers switch only at barriers and shuffles, and each warp runs as far as it can before
+ * the next one (odd blocks: the last warp first), so a missing __syncthreads shows up as a
+ * read of shared memory another warp has not written yet or has already overwritten.
+ * Not checked: races between the lanes of one warp through shared memory (no __syncwarp
+ * here; the kernels exchange within a warp only by shuffles), and shared memory read
+ * before it is written (it keeps the previous block's values, not garbage). */
 #ifndef TOKPIPE_CUDA_EMULATE_CUDA_EMU_H
 #define TOKPIPE_CUDA_EMULATE_CUDA_EMU_H
 
