@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  cmake make gcc pkg-config clang libclang-rt-14-dev libomp-14-dev
+  cmake make gcc g++ pkg-config clang libclang-rt-14-dev libomp-14-dev
   protobuf-c-compiler libprotobuf-c-dev libonnx-dev
   libopenblas-dev openmpi-bin libopenmpi-dev
   llvm-14-tools libonnx-testdata python3-onnx python3-torch

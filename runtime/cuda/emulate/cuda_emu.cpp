@@ -1,0 +1,215 @@
+/* The fiber scheduler under cuda_emu.h: one block at a time, each of its threads a
+ * ucontext fiber with its own stack, switched only at barriers. (ucontext rather than
+ * Boost.Fiber: the barriers must be strict, reporting a thread that leaves a block's
+ * barrier unmatched, which needs our own scheduler loop anyway, and glibc's ucontext adds
+ * no dependency.) */
+#include "cuda_emu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <ucontext.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#endif
+
+dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace {
+
+enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+enum { STACK_SIZE = 256 * 1024, MAX_SHUFFLE_BYTES = 8 };
+
+struct Fiber {
+  ucontext_t ctx;
+  State state;
+  dim3 idx;
+  char *stack;
+};
+
+struct Block {
+  Fiber *fibers;
+  int nthreads;
+  int running; /* the fiber now executing */
+  int block_arrived;
+  int warp_arrived[32];
+  unsigned char slot[1024][MAX_SHUFFLE_BYTES];
+  void (*body)(void *);
+  void *closure;
+  ucontext_t scheduler;
+  const void *main_stack; /* the scheduler's stack, for AddressSanitizer's fiber switches */
+  size_t main_stack_size;
+};
+
+Block *cur;
+
+[[noreturn]] void die(const char *what) {
+  fprintf(stderr, "cuda-emulate: block (%u,%u,%u) thread (%u,%u,%u): %s\n", blockIdx.x, blockIdx.y,
+          blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z, what);
+  abort();
+}
+
+int linear_thread(void) { return cur->running; }
+
+/* Switches from the running fiber back to the scheduler. */
+void yield_to_scheduler(void) {
+  Fiber *f = &cur->fibers[cur->running];
+#ifdef EMU_ASAN
+  void *fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, cur->main_stack, cur->main_stack_size);
+#endif
+  swapcontext(&f->ctx, &cur->scheduler);
+#ifdef EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, &cur->main_stack, &cur->main_stack_size);
+#endif
+}
+
+void fiber_main(void) {
+#ifdef EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &cur->main_stack, &cur->main_stack_size);
+#endif
+  cur->body(cur->closure);
+  cur->fibers[cur->running].state = DONE;
+#ifdef EMU_ASAN
+  __sanitizer_start_switch_fiber(nullptr, cur->main_stack, cur->main_stack_size); /* this fiber ends */
+#endif
+  setcontext(&cur->scheduler);
+}
+
+/* The lanes of warp w of the block (its last warp may be partial). */
+unsigned warp_lanes(int w) {
+  int n = cur->nthreads - w * warpSize;
+  return n >= warpSize ? 0xffffffffu : (1u << n) - 1;
+}
+
+/* Thread i of the block, ready to start. Not inlined: getcontext returns twice, and the
+ * caller's loop variables must not live across it. */
+__attribute__((noinline)) void start_fiber(Fiber *f, int i) {
+  f->state = RUNNABLE;
+  f->idx = dim3(i % blockDim.x, i / blockDim.x % blockDim.y, i / (blockDim.x * blockDim.y));
+  getcontext(&f->ctx);
+  f->ctx.uc_stack.ss_sp = f->stack;
+  f->ctx.uc_stack.ss_size = STACK_SIZE;
+  f->ctx.uc_link = nullptr;
+  makecontext(&f->ctx, fiber_main, 0);
+}
+
+void run_block(Block *b) {
+  int n = b->nthreads;
+  for (int i = 0; i < n; i++) start_fiber(&b->fibers[i], i);
+  b->block_arrived = 0;
+  memset(b->warp_arrived, 0, sizeof b->warp_arrived);
+  /* Each warp runs as far as it can (until every lane waits at a block barrier or has
+   * ended) before the next one starts, so a warp races ahead of the others wherever no
+   * __syncthreads holds it: a missing barrier shows up as a read of shared memory another
+   * warp has not written yet, or has overwritten already. Odd blocks take the warps in
+   * reverse order, so both orders are tried. */
+  int warps = (n + warpSize - 1) / warpSize;
+  for (;;) {
+    bool progress = false, all_done = true;
+    for (int k = 0; k < warps; k++) {
+      int w = blockIdx.x % 2 ? warps - 1 - k : k;
+      for (bool warp_ran = true; warp_ran;) {
+        warp_ran = false;
+        for (int i = w * warpSize; i < n && i < (w + 1) * warpSize; i++) {
+          Fiber *f = &b->fibers[i];
+          if (f->state != RUNNABLE) continue;
+          warp_ran = progress = true;
+          b->running = i;
+          threadIdx = f->idx;
+#ifdef EMU_ASAN
+          void *fake = nullptr;
+          __sanitizer_start_switch_fiber(&fake, f->stack, STACK_SIZE);
+#endif
+          swapcontext(&b->scheduler, &f->ctx);
+#ifdef EMU_ASAN
+          __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+        }
+      }
+    }
+    for (int i = 0; i < n; i++)
+      if (b->fibers[i].state != DONE) all_done = false;
+    if (all_done) return;
+    if (!progress) {
+      for (int i = 0; i < n; i++)
+        if (b->fibers[i].state == DONE) {
+          threadIdx = b->fibers[i].idx;
+          die("exited while other threads of its block wait at a barrier (__syncthreads or a shuffle in "
+              "divergent code)");
+        }
+      die("deadlock: every thread waits at a barrier that cannot complete");
+    }
+  }
+}
+
+} // namespace
+
+void __syncthreads(void) {
+  Fiber *f = &cur->fibers[cur->running];
+  if (++cur->block_arrived == cur->nthreads) { /* the last one releases the others */
+    cur->block_arrived = 0;
+    for (int i = 0; i < cur->nthreads; i++)
+      if (cur->fibers[i].state == AT_BLOCK_BARRIER) cur->fibers[i].state = RUNNABLE;
+    return;
+  }
+  f->state = AT_BLOCK_BARRIER;
+  yield_to_scheduler();
+}
+
+int tp_emu_lane(void) { return linear_thread() % warpSize; }
+
+/* A barrier of the calling thread's warp. */
+static void warp_barrier(void) {
+  int t = linear_thread(), w = t / warpSize, first = w * warpSize;
+  int lanes = __builtin_popcount(warp_lanes(w));
+  if (++cur->warp_arrived[w] == lanes) {
+    cur->warp_arrived[w] = 0;
+    for (int i = first; i < first + lanes; i++)
+      if (cur->fibers[i].state == AT_WARP_BARRIER) cur->fibers[i].state = RUNNABLE;
+    return;
+  }
+  cur->fibers[t].state = AT_WARP_BARRIER;
+  yield_to_scheduler();
+}
+
+void tp_emu_shuffle(unsigned mask, const void *in, void *out, size_t size, int src) {
+  int t = linear_thread(), w = t / warpSize;
+  if (mask != warp_lanes(w))
+    die("shuffle mask must name exactly the warp's lanes (a partial warp: only those it has)");
+  if (size > MAX_SHUFFLE_BYTES) die("shuffle of a value wider than 8 bytes");
+  if (src < 0 || !(warp_lanes(w) >> src & 1)) die("shuffle reads a lane the warp does not have");
+  memcpy(cur->slot[t], in, size);
+  warp_barrier(); /* every lane has written */
+  memcpy(out, cur->slot[w * warpSize + src], size);
+  warp_barrier(); /* every lane has read before the slots are reused */
+}
+
+void tp_emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *closure) {
+  int n = (int)(block.x * block.y * block.z);
+  if (n < 1 || n > 1024) {
+    fprintf(stderr, "cuda-emulate: block of %d threads (CUDA allows 1..1024)\n", n);
+    abort();
+  }
+  Block *b = new Block();
+  b->nthreads = n;
+  b->body = body;
+  b->closure = closure;
+  b->fibers = new Fiber[n];
+  for (int i = 0; i < n; i++) b->fibers[i].stack = static_cast<char *>(malloc(STACK_SIZE));
+  Block *outer = cur;
+  cur = b;
+  gridDim = grid;
+  blockDim = block;
+  for (unsigned z = 0; z < grid.z; z++)
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) {
+        blockIdx = dim3(x, y, z);
+        run_block(b);
+      }
+  cur = outer;
+  for (int i = 0; i < n; i++) free(b->fibers[i].stack);
+  delete[] b->fibers;
+  delete b;
+}

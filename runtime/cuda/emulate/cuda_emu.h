@@ -1,0 +1,92 @@
+/* The CUDA execution model on the CPU, for tests only (issue 13, section 3): the kernels of
+ * runtime/cuda/ (the .cu files) compile as host C++ against this header (TOKPIPE_CUDA_EMULATE) and run
+ * a grid block by block, each CUDA thread a fiber (ucontext) of one OS thread. What the
+ * kernels rely on behaves as on a GPU, and what CUDA leaves undefined stops the test:
+ *   __syncthreads   a barrier of every thread of the block; a thread that exits while
+ *                   others wait there (a barrier in divergent code) is reported, aborting
+ *   __shfl_*_sync   a barrier of the warp + exchange; the mask must name every lane of the
+ *                   calling warp (a partial last warp names only its lanes)
+ *   __shared__      one copy per block: a function-static variable (blocks run one after
+ *                   another), so shared memory is never per thread
+ *   atomics         plain read-modify-write (one fiber runs at a time)
+ * Fibers switch only at barriers and shuffles, and each warp runs as far as it can before
+ * the next one (odd blocks: the last warp first), so a missing __syncthreads shows up as a
+ * read of shared memory another warp has not written yet or has already overwritten.
+ * Not checked: races between the lanes of one warp through shared memory (no __syncwarp
+ * here; the kernels exchange within a warp only by shuffles), and shared memory read
+ * before it is written (it keeps the previous block's values, not garbage). */
+#ifndef TOKPIPE_CUDA_EMULATE_CUDA_EMU_H
+#define TOKPIPE_CUDA_EMULATE_CUDA_EMU_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+typedef struct CUstream_st *cudaStream_t;
+
+/* The running fiber's coordinates, set by the scheduler before it resumes a fiber. */
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
+enum { warpSize = 32 };
+
+void __syncthreads(void);
+/* The warp barrier + exchange under the shuffles: every lane of mask puts `size` bytes
+ * from `in`, then reads lane `src`'s into `out` (its own when src is outside the warp). */
+void tp_emu_shuffle(unsigned mask, const void *in, void *out, size_t size, int src);
+int tp_emu_lane(void);
+
+template <typename T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) {
+  T out;
+  int lane = tp_emu_lane(), src = lane ^ lane_mask;
+  if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;
+  tp_emu_shuffle(mask, &v, &out, sizeof v, src);
+  return out;
+}
+template <typename T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+  T out;
+  int lane = tp_emu_lane(), src = lane + (int)delta;
+  if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;
+  tp_emu_shuffle(mask, &v, &out, sizeof v, src);
+  return out;
+}
+template <typename T> T __shfl_sync(unsigned mask, T v, int src_lane, int width = warpSize) {
+  T out;
+  int lane = tp_emu_lane();
+  tp_emu_shuffle(mask, &v, &out, sizeof v, (lane & ~(width - 1)) + src_lane % width);
+  return out;
+}
+
+template <typename T> T atomicAdd(T *p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T> T atomicMin(T *p, T v) {
+  T old = *p;
+  if (v < old) *p = v;
+  return old;
+}
+
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+
+/* Runs body(closure) as every thread of every block of the grid (blocks in x, y, z
+ * order). Aborts with a message on a deadlock or a misused shuffle. */
+void tp_emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *closure);
+
+template <typename F> void tp_emu_launch_fn(dim3 grid, dim3 block, F fn) {
+  tp_emu_launch(grid, block, [](void *c) { (*static_cast<F *>(c))(); }, &fn);
+}
+
+#endif

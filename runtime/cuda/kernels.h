@@ -1,0 +1,119 @@
+/* The CUDA kernels' launchers, callable from C: each runs one kernel (or a fixed pair) on
+ * `stream` over DEVICE pointers and returns without synchronising. Each computes what the
+ * CPU kernel it names computes (same formulas, same shapes, same NULL conventions); sums
+ * differ from the CPU's only in their order (tests/cuda states the tolerances). In the
+ * emulated test build the pointers are host pointers and the kernels run on the CPU. */
+#ifndef TOKPIPE_CUDA_KERNELS_H
+#define TOKPIPE_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *TpCudaStream; /* cudaStream_t */
+
+/* ---- norm.cu ---- */
+/* tp_rmsnorm_f32: x, y (rows, n); scale (n) */
+void tp_cuda_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
+                         TpCudaStream stream);
+/* tp_rmsnorm_backward_f32; inv_rms (rows) is scratch; dx or dscale may be NULL */
+void tp_cuda_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
+                                  float eps, float *dx, float *dscale, float *inv_rms, TpCudaStream stream);
+/* tp_layernorm_f32 (bias, mean, inv_std may be NULL) */
+void tp_cuda_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
+                           float eps, float *y, float *mean, float *inv_std, TpCudaStream stream);
+/* tp_layernorm_backward_f32 (dx, dscale, dbias may be NULL) */
+void tp_cuda_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
+                                    const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
+                                    float *dbias, TpCudaStream stream);
+
+/* ---- softmax.cu: rows of n (tp_softmax_f32 with inner 1), x and y may alias ---- */
+void tp_cuda_softmax_f32(const float *x, float *y, int64_t rows, int64_t n, bool log, TpCudaStream stream);
+void tp_cuda_softmax_backward_f32(const float *dy, const float *y, int64_t rows, int64_t n, bool log, float *dx,
+                                  TpCudaStream stream);
+
+/* ---- activation.cu ---- */
+/* Gelu (TP_UNARY_GELU / TP_UNARY_GELU_TANH) and tp_gelu_backward_f32 */
+void tp_cuda_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream);
+void tp_cuda_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
+                               TpCudaStream stream);
+/* tp_swiglu_f32, tp_swiglu_backward_f32 (dgate or dup may be NULL) */
+void tp_cuda_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream);
+void tp_cuda_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
+                                 float *dup, TpCudaStream stream);
+
+/* ---- embedding.cu ----
+ * Ids as tp_embedding_f32's (negatives count from the end). An id out of range is not
+ * read (its row of out is left as it was) and the smallest such position goes to *bad,
+ * which the caller sets to INT64_MAX before (device memory). */
+void tp_cuda_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
+                           int64_t *bad, TpCudaStream stream);
+/* Embedding's backward (tp_gather_backward on axis 0): dtable (V, C) = 0, then
+ * dtable[ids[i]] += dy[i] in the order of i (one thread per column: deterministic, no
+ * atomics). Out-of-range ids are skipped and reported in *bad as above. */
+void tp_cuda_embedding_backward_f32(const float *dy, const int64_t *ids, int64_t n, int64_t V, int64_t C,
+                                    float *dtable, int64_t *bad, TpCudaStream stream);
+
+/* ---- loss.cu ----
+ * tp_cross_entropy_f32: *loss (device) = the sum over rows of logsumexp - the target's
+ * logit, / denominator; row_loss (R doubles) is scratch. A target outside [0, V) adds 0
+ * and its smallest row goes to *bad (set to INT64_MAX before). */
+void tp_cuda_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+                               float denominator, float *loss, double *row_loss, int64_t *bad,
+                               TpCudaStream stream);
+/* tp_cross_entropy_backward_f32 with dloss on the device (the backward of a loss that
+ * stays there); rows with a bad target are left as they were and reported in *bad. */
+void tp_cuda_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
+                                        int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
+                                        TpCudaStream stream);
+
+/* ---- optim.cu ---- */
+/* tp_adamw_step over n parameters (the scalar factors computed on the host in double) */
+void tp_cuda_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+                        double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream);
+/* Pieces of the sum of squares; partial holds that many doubles of scratch. */
+enum { TP_CUDA_SUM_PIECES = 64 };
+/* *sum (device) = tp_sum_squares_f32(x, n), in a fixed order (deterministic). */
+void tp_cuda_sum_squares_f32(const float *x, int64_t n, double *sum, double *partial, TpCudaStream stream);
+/* tp_scale_f32 with the factor on the device (the clipping factor computed there). */
+void tp_cuda_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream);
+
+/* ---- attention.cu ----
+ * Causal (or full) scaled dot-product attention as tp_attention_f32 computes it, for the
+ * cases without past keys, mask, softcap or window: grouped K/V heads (query head h reads
+ * kv head h / (q_heads / kv_heads)), the keys of a token slice read in place from a
+ * context buffer of kv_rows rows per (batch, kv head), and the slice's causal offset
+ * (query i sees key j iff j <= i + causal_offset). Fused: one warp per query row runs an
+ * online softmax over the keys the row sees (the scores are never stored; keys past the
+ * causal bound are never read). D and Dv at most TP_CUDA_ATTENTION_MAX_D. */
+enum { TP_CUDA_ATTENTION_MAX_D = 256 };
+typedef struct {
+  int64_t batch, q_heads, kv_heads;
+  int64_t q_len, kv_len, kv_rows; /* kv_rows >= kv_len, 0: kv_len */
+  int64_t head_size, v_head_size;
+  bool packed; /* true: [B, S, heads*D]; false: [B, heads, S, D] */
+  bool is_causal;
+  int64_t causal_offset;
+  float scale;
+} TpCudaAttention;
+/* q (B, q_heads, q_len, D), k (.., kv_rows, D), v (.., kv_rows, Dv), y (B, q_heads, q_len,
+ * Dv) or packed; lse (B, q_heads, q_len): each row's log-sum-exp of its scores, for the
+ * backward (-inf for a row that sees no key, whose y is 0). */
+void tp_cuda_attention_f32(const TpCudaAttention *p, const float *q, const float *k, const float *v, float *y,
+                           float *lse, TpCudaStream stream);
+/* tp_attention_backward_f32 from the forward's y and lse: dq like q, dk and dv dense
+ * (B, kv_heads, kv_len, D or Dv) or packed; delta (B, q_heads, q_len) is scratch. dq by
+ * query rows, then dk and dv by key rows (each key row sums over its group's query heads
+ * and the rows that see it, in order: deterministic, no atomics). */
+void tp_cuda_attention_backward_f32(const TpCudaAttention *p, const float *dy, const float *q, const float *k,
+                                    const float *v, const float *y, const float *lse, float *dq, float *dk,
+                                    float *dv, float *delta, TpCudaStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

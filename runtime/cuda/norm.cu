@@ -1,0 +1,132 @@
+/* RMSNorm and LayerNorm, forward and backward (runtime/cpu/transformer.h, nn.h,
+ * nn_backward.h): one block per row, the row's sums through block_reduce; the parameter
+ * gradients by column_sums, one thread per column summing the rows in order (float runs of
+ * 64 rows added in double, as tp_column_sums_f32 does: the same bits). */
+#include "common.cuh"
+
+/* The rows of a run summed in float before the run is added in double (tp_column_sums_f32's
+ * ROW_RUN). */
+enum { COLUMN_ROW_RUN = 64 };
+
+/* sum_dy[j] = sum_r dy[r, j]; sum_dy_xhat[j] = sum_r dy[r, j] * (x[r, j] - mean[r]) *
+ * inv_std[r] (mean NULL: 0); either may be NULL. One thread per column. */
+__global__ void column_sums_kernel(const float *dy, const float *x, const float *mean, const float *inv_std,
+                                   int64_t rows, int64_t n, float *sum_dy_xhat, float *sum_dy) {
+  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  double s = 0, sx = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += COLUMN_ROW_RUN) {
+    float fs = 0, fsx = 0;
+    for (int64_t r = r0; r < rows && r < r0 + COLUMN_ROW_RUN; r++) {
+      float d = dy[r * n + j];
+      fs += d;
+      if (sum_dy_xhat) fsx += d * ((x[r * n + j] - (mean ? mean[r] : 0.0f)) * inv_std[r]);
+    }
+    s += fs;
+    sx += fsx;
+  }
+  if (sum_dy) sum_dy[j] = (float)s;
+  if (sum_dy_xhat) sum_dy_xhat[j] = (float)sx;
+}
+
+static void column_sums(const float *dy, const float *x, const float *mean, const float *inv_std, int64_t rows,
+                        int64_t n, float *sum_dy_xhat, float *sum_dy, TpCudaStream stream) {
+  if (n == 0) return;
+  dim3 grid((unsigned)((n + TP_CUDA_ROW_THREADS - 1) / TP_CUDA_ROW_THREADS));
+  TP_LAUNCH(column_sums_kernel, grid, dim3(TP_CUDA_ROW_THREADS), stream, dy, x, mean, inv_std, rows, n,
+            sum_dy_xhat, sum_dy);
+}
+
+/* 1 / sqrt(mean(x^2) + eps) of the block's row xr of n (every thread gets it). */
+__device__ float row_inv_rms(const float *xr, int64_t n, float eps) {
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += xr[j] * xr[j];
+  sum = block_reduce(sum, TpSum(), 0.0f);
+  return 1.0f / sqrtf(sum / (float)n + eps);
+}
+
+__global__ void rmsnorm_kernel(const float *x, const float *scale, int64_t n, float eps, float *y) {
+  const float *xr = x + blockIdx.x * n;
+  float *yr = y + blockIdx.x * n, inv = row_inv_rms(xr, n, eps);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = xr[j] * inv * scale[j];
+}
+
+void tp_cuda_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
+                         TpCudaStream stream) {
+  if (rows == 0 || n == 0) return;
+  TP_LAUNCH(rmsnorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, x, scale, n, eps, y);
+}
+
+/* dx = r * (g - x * r^2 * mean(g * x)), g = dy * scale; inv_rms[row] = r. */
+__global__ void rmsnorm_backward_kernel(const float *dy, const float *x, const float *scale, int64_t n, float eps,
+                                        float *dx, float *inv_rms) {
+  const float *d = dy + blockIdx.x * n, *xr = x + blockIdx.x * n;
+  float r = row_inv_rms(xr, n, eps);
+  if (threadIdx.x == 0) inv_rms[blockIdx.x] = r;
+  if (!dx) return; /* the whole block leaves: no barrier is left unmatched */
+  float sum_gx = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum_gx += d[j] * scale[j] * xr[j];
+  sum_gx = block_reduce(sum_gx, TpSum(), 0.0f);
+  float k = sum_gx / (float)n * r * r;
+  float *o = dx + blockIdx.x * n;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) o[j] = r * (d[j] * scale[j] - xr[j] * k);
+}
+
+void tp_cuda_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
+                                  float eps, float *dx, float *dscale, float *inv_rms, TpCudaStream stream) {
+  if (n == 0) return;
+  if (rows)
+    TP_LAUNCH(rmsnorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, dy, x, scale, n,
+              eps, dx, inv_rms);
+  if (dscale) column_sums(dy, x, nullptr, inv_rms, rows, n, dscale, nullptr, stream);
+}
+
+__global__ void layernorm_kernel(const float *x, const float *scale, const float *bias, int64_t n, float eps,
+                                 float *y, float *mean, float *inv_std) {
+  const float *xr = x + blockIdx.x * n;
+  float *yr = y + blockIdx.x * n, sum = 0, sq = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += xr[j];
+  float mu = block_reduce(sum, TpSum(), 0.0f) / (float)n;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sq += (xr[j] - mu) * (xr[j] - mu);
+  float inv = 1.0f / sqrtf(block_reduce(sq, TpSum(), 0.0f) / (float)n + eps);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    yr[j] = (xr[j] - mu) * inv * scale[j] + (bias ? bias[j] : 0.0f);
+  if (threadIdx.x == 0) {
+    if (mean) mean[blockIdx.x] = mu;
+    if (inv_std) inv_std[blockIdx.x] = inv;
+  }
+}
+
+void tp_cuda_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
+                           float eps, float *y, float *mean, float *inv_std, TpCudaStream stream) {
+  if (rows == 0 || n == 0) return;
+  TP_LAUNCH(layernorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, x, scale, bias, n, eps, y,
+            mean, inv_std);
+}
+
+/* dx = inv_std * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale. */
+__global__ void layernorm_backward_kernel(const float *dy, const float *x, const float *scale, const float *mean,
+                                          const float *inv_std, int64_t n, float *dx) {
+  const float *d = dy + blockIdx.x * n, *xr = x + blockIdx.x * n;
+  float mu = mean[blockIdx.x], rs = inv_std[blockIdx.x], sum_g = 0, sum_gx = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float g = d[j] * scale[j];
+    sum_g += g;
+    sum_gx += g * ((xr[j] - mu) * rs);
+  }
+  float mean_g = block_reduce(sum_g, TpSum(), 0.0f) / (float)n;
+  float mean_gx = block_reduce(sum_gx, TpSum(), 0.0f) / (float)n;
+  float *o = dx + blockIdx.x * n;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    o[j] = rs * (d[j] * scale[j] - mean_g - (xr[j] - mu) * rs * mean_gx);
+}
+
+void tp_cuda_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
+                                    const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
+                                    float *dbias, TpCudaStream stream) {
+  if (n == 0) return;
+  if (dx && rows)
+    TP_LAUNCH(layernorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, dy, x, scale,
+              mean, inv_std, n, dx);
+  if (dscale || dbias) column_sums(dy, x, mean, inv_std, rows, n, dscale, dbias, stream);
+}

@@ -1,0 +1,521 @@
+/* The CUDA kernels (the .cu files of runtime/cuda) run on the CPU through the emulation of the CUDA
+ * execution model (runtime/cuda/emulate), each against the CPU kernel it implements, at
+ * small and awkward sizes: rows of 1, lengths below, at and past the warp size (32) and
+ * the block size (256), odd lengths, more rows than a column-sum run (64). One ctest per
+ * kernel and direction: `test_cuda_emulated NAME`.
+ *
+ * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element:
+ *   EXACT (0, 0): copies, the embedding's scatter-add (the same additions in the same
+ *     order) and AdamW and scaling (the same float operations in the same order; the host
+ *     build does not contract them into FMAs).
+ *   ELEMENTWISE (1e-6, 1e-5): the same float formula, but libm's expf/erff/erfcf/tanhf
+ *     against runtime/cpu/vecmath.h's vectorised ones (each within a few ulp; a few ulp
+ *     through the formula's few operations stays below 1e-5 relative; 1e-6 absolute where
+ *     the result cancels to near 0, as dgate and Gelu's do).
+ *   GELU_TANH_BWD (5e-6, 1e-5): the tanh form's gradient, 0.5 (1 + t) + 0.5 x (1 - t^2)
+ *     c (1 + 3 k x^2), cancels where t = tanh(..) is near -1: an ulp of t (6e-8) there is
+ *     multiplied by about |x| c (1 + 3 k x^2) <= 28 for the tests' |x| <= 6, so the two
+ *     tanh implementations may differ by ~2e-6 on results near 0.
+ *   ROW (1e-5, 1e-5): row reductions in float (block_reduce) against the CPU's in double:
+ *     a float sum of n <= 4099 terms of magnitude <= 1 through per-thread runs of <= 17
+ *     and a 13-level tree errs by <= ~30 ulp of the sum (~2e-6 relative); the statistics'
+ *     error then scales outputs of magnitude ~1.
+ *   COLUMN (1e-5 * rows, 1e-5): parameter gradients sum `rows` terms each carrying a ROW
+ *     error, in the CPU's order.
+ *   SUM (0, 1e-12): the sums of squares and losses in double, in another order. */
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "cpu/elementwise.h"
+#include "cpu/layout_backward.h"
+#include "cpu/nn.h"
+#include "cpu/nn_backward.h"
+#include "cpu/optim.h"
+#include "cpu/transformer.h"
+#include "cuda/kernels.h"
+
+typedef struct {
+  double atol, rtol;
+} Tolerance;
+
+static const Tolerance EXACT = {0, 0}, ELEMENTWISE = {1e-6, 1e-5}, GELU_TANH_BWD = {5e-6, 1e-5}, ROW = {1e-5, 1e-5}, SUM = {0, 1e-12};
+static Tolerance column(int64_t rows) { return (Tolerance){1e-5 * (double)rows, 1e-5}; }
+
+/* Compares n results; reports the worst element (relative to its tolerance) on failure. */
+static void check_close(const char *what, const float *got, const float *want, int64_t n, Tolerance tol) {
+  int64_t worst = -1;
+  double worst_ratio = 1;
+  for (int64_t i = 0; i < n; i++) {
+    double err = fabs((double)got[i] - want[i]), allowed = tol.atol + tol.rtol * fabs((double)want[i]);
+    bool same = got[i] == want[i] || (isnan(got[i]) && isnan(want[i]));
+    if (same) continue;
+    double ratio = err <= allowed ? 0 : allowed > 0 ? err / allowed : INFINITY;
+    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+  }
+  if (worst >= 0)
+    fail("%s: abs_err=%.3g at [%lld] (gpu %.9g, cpu %.9g; atol %g, rtol %g)", what,
+         fabs((double)got[worst] - want[worst]), (long long)worst, got[worst], want[worst], tol.atol, tol.rtol);
+}
+
+static float *zeros(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
+
+/* (rows, n) shapes of the row kernels */
+static const int64_t SHAPES[][2] = {{1, 1}, {3, 31}, {2, 32}, {5, 33}, {4, 255}, {3, 256}, {3, 257}, {2, 1000},
+                                    {1, 4099}, {130, 7}};
+enum { NSHAPES = sizeof SHAPES / sizeof SHAPES[0] };
+
+static void rmsnorm_fwd(void) {
+  for (int s = 0; s < NSHAPES; s++) {
+    int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
+    char at[48];
+    snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
+    float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *y = zeros(rows * n), *want = zeros(rows * n);
+    tp_rmsnorm_f32(x, scale, rows, n, 1e-5f, want);
+    tp_cuda_rmsnorm_f32(x, scale, rows, n, 1e-5f, y, NULL);
+    check_close(at, y, want, rows * n, ROW);
+    free(x), free(scale), free(y), free(want);
+  }
+}
+
+static void rmsnorm_bwd(void) {
+  for (int s = 0; s < NSHAPES; s++) {
+    int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
+    char at[48];
+    snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
+    float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *dy = rand_array(rows * n, 1);
+    float *dx = zeros(rows * n), *ds = zeros(n), *want_dx = zeros(rows * n), *want_ds = zeros(n), *inv = zeros(rows);
+    tp_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, want_dx, want_ds);
+    tp_cuda_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, dx, ds, inv, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "dx %s", at);
+    check_close(what, dx, want_dx, rows * n, ROW);
+    snprintf(what, sizeof what, "dscale %s", at);
+    check_close(what, ds, want_ds, n, column(rows));
+    free(x), free(scale), free(dy), free(dx), free(ds), free(want_dx), free(want_ds), free(inv);
+  }
+}
+
+static void layernorm_fwd(void) {
+  for (int s = 0; s < NSHAPES; s++) {
+    int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
+    char at[48];
+    snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+      float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *bias = rand_array(n, 1);
+      float *y = zeros(rows * n), *mean = zeros(rows), *inv = zeros(rows);
+      float *want = zeros(rows * n), *want_mean = zeros(rows), *want_inv = zeros(rows);
+      for (int64_t i = 0; i < rows * n; i++) x[i] += 3; /* a mean far from 0 */
+      const float *b = with_bias ? bias : NULL;
+      tp_layernorm_f32(x, scale, b, rows, n, 1e-5f, want, want_mean, want_inv);
+      tp_cuda_layernorm_f32(x, scale, b, rows, n, 1e-5f, y, mean, inv, NULL);
+      char what[96];
+      snprintf(what, sizeof what, "y %s bias=%d", at, with_bias);
+      check_close(what, y, want, rows * n, ROW);
+      snprintf(what, sizeof what, "mean %s", at);
+      check_close(what, mean, want_mean, rows, ROW);
+      snprintf(what, sizeof what, "inv_std %s", at);
+      check_close(what, inv, want_inv, rows, ROW);
+      free(x), free(scale), free(bias), free(y), free(mean), free(inv), free(want), free(want_mean), free(want_inv);
+    }
+  }
+}
+
+static void layernorm_bwd(void) {
+  for (int s = 0; s < NSHAPES; s++) {
+    int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
+    char at[48];
+    snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
+    float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *dy = rand_array(rows * n, 1);
+    float *y = zeros(rows * n), *mean = zeros(rows), *inv = zeros(rows);
+    tp_layernorm_f32(x, scale, NULL, rows, n, 1e-5f, y, mean, inv); /* the saved statistics */
+    float *dx = zeros(rows * n), *ds = zeros(n), *db = zeros(n);
+    float *want_dx = zeros(rows * n), *want_ds = zeros(n), *want_db = zeros(n);
+    tp_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, want_dx, want_ds, want_db);
+    tp_cuda_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, dx, ds, db, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "dx %s", at);
+    check_close(what, dx, want_dx, rows * n, ROW);
+    snprintf(what, sizeof what, "dscale %s", at);
+    check_close(what, ds, want_ds, n, column(rows));
+    snprintf(what, sizeof what, "dbias %s", at);
+    check_close(what, db, want_db, n, column(rows));
+    free(x), free(scale), free(dy), free(y), free(mean), free(inv), free(dx), free(ds), free(db);
+    free(want_dx), free(want_ds), free(want_db);
+  }
+}
+
+static void softmax_fwd(void) {
+  for (int s = 0; s < NSHAPES; s++) {
+    int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
+    char at[48];
+    snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
+    for (int log = 0; log < 2; log++) {
+      float *x = rand_array(rows * n, 8), *y = zeros(rows * n), *want = zeros(rows * n);
+      for (int64_t j = 0; j < n; j++) x[j] = -INFINITY; /* row 0 masked out: zeros (log: -inf) */
+      if (rows > 1) x[n + n / 2] = -INFINITY;           /* one masked element */
+      tp_softmax_f32(x, want, rows, n, 1, log);
+      tp_cuda_softmax_f32(x, y, rows, n, log, NULL);
+      char what[96];
+      snprintf(what, sizeof what, "%s log=%d", at, log);
+      check_close(what, y, want, rows * n, ROW);
+      tp_cuda_softmax_f32(x, x, rows, n, log, NULL); /* in place */
+      snprintf(what, sizeof what, "in place %s log=%d", at, log);
+      check_close(what, x, want, rows * n, ROW);
+      free(x), free(y), free(want);
+    }
+  }
+}
+
+static void softmax_bwd(void) {
+  for (int s = 0; s < NSHAPES; s++) {
+    int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
+    char at[48];
+    snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
+    for (int log = 0; log < 2; log++) {
+      float *x = rand_array(rows * n, 4), *y = zeros(rows * n), *dy = rand_array(rows * n, 1);
+      float *dx = zeros(rows * n), *want = zeros(rows * n);
+      tp_softmax_f32(x, y, rows, n, 1, log);
+      tp_softmax_backward_f32(dy, y, rows, n, 1, log, want);
+      tp_cuda_softmax_backward_f32(dy, y, rows, n, log, dx, NULL);
+      char what[96];
+      snprintf(what, sizeof what, "%s log=%d", at, log);
+      check_close(what, dx, want, rows * n, ROW);
+      free(x), free(y), free(dy), free(dx), free(want);
+    }
+  }
+}
+
+/* Lengths of the elementwise kernels: one element, below and past a warp and a block,
+ * several blocks. */
+static const int64_t LENGTHS[] = {1, 31, 256, 257, 4099};
+enum { NLENGTHS = sizeof LENGTHS / sizeof LENGTHS[0] };
+
+static void gelu_fwd(void) {
+  for (int l = 0; l < NLENGTHS; l++)
+    for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
+      int64_t n = LENGTHS[l];
+      float *x = rand_array(n, 6), *y = zeros(n), *want = zeros(n);
+      TpTensor xt = {.dtype = TP_F32, .rank = 1, .dims = {n}, .data = x};
+      TpTensor yt = {.dtype = TP_F32, .rank = 1, .dims = {n}, .data = want};
+      if (tp_unary(tanh_form ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, &xt, &yt) != TP_KERNEL_OK) fail("tp_unary");
+      tp_cuda_gelu_f32(x, n, tanh_form, y, NULL);
+      char what[96];
+      snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
+      check_close(what, y, want, n, ELEMENTWISE);
+      free(x), free(y), free(want);
+    }
+}
+
+static void gelu_bwd(void) {
+  for (int l = 0; l < NLENGTHS; l++)
+    for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
+      int64_t n = LENGTHS[l];
+      float *x = rand_array(n, 6), *dy = rand_array(n, 1), *dx = zeros(n), *want = zeros(n);
+      tp_gelu_backward_f32(dy, x, n, tanh_form, want);
+      tp_cuda_gelu_backward_f32(dy, x, n, tanh_form, dx, NULL);
+      char what[96];
+      snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
+      check_close(what, dx, want, n, tanh_form ? GELU_TANH_BWD : ELEMENTWISE);
+      free(x), free(dy), free(dx), free(want);
+    }
+}
+
+static void swiglu_fwd(void) {
+  for (int l = 0; l < NLENGTHS; l++) {
+    int64_t n = LENGTHS[l];
+    float *gate = rand_array(n, 6), *up = rand_array(n, 2), *y = zeros(n), *want = zeros(n);
+    tp_swiglu_f32(gate, up, n, want);
+    tp_cuda_swiglu_f32(gate, up, n, y, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "n=%lld", (long long)n);
+    check_close(what, y, want, n, ELEMENTWISE);
+    free(gate), free(up), free(y), free(want);
+  }
+}
+
+static void swiglu_bwd(void) {
+  for (int l = 0; l < NLENGTHS; l++) {
+    int64_t n = LENGTHS[l];
+    float *gate = rand_array(n, 6), *up = rand_array(n, 2), *dy = rand_array(n, 1);
+    float *dg = zeros(n), *du = zeros(n), *want_dg = zeros(n), *want_du = zeros(n);
+    tp_swiglu_backward_f32(dy, gate, up, n, want_dg, want_du);
+    tp_cuda_swiglu_backward_f32(dy, gate, up, n, dg, du, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "dgate n=%lld", (long long)n);
+    check_close(what, dg, want_dg, n, ELEMENTWISE);
+    snprintf(what, sizeof what, "dup n=%lld", (long long)n);
+    check_close(what, du, want_du, n, ELEMENTWISE);
+    free(gate), free(up), free(dy), free(dg), free(du), free(want_dg), free(want_du);
+  }
+}
+
+/* (positions, vocabulary, width) of the embedding and cross-entropy tests */
+static const int64_t TABLES[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 11, 257}, {64, 300, 40}, {5, 50000, 2}};
+enum { NTABLES = sizeof TABLES / sizeof TABLES[0] };
+
+/* n ids in [-V, V), repeats likely (the scatter-add's accumulation). */
+static int64_t *random_ids(int64_t n, int64_t V) {
+  int64_t *ids = malloc((size_t)n * sizeof *ids);
+  for (int64_t i = 0; i < n; i++) ids[i] = (int64_t)((frand() + 1) * (double)V) - V;
+  for (int64_t i = 0; i < n; i++) ids[i] = ids[i] < -V ? -V : ids[i] >= V ? V - 1 : ids[i];
+  return ids;
+}
+
+static void embedding_fwd(void) {
+  for (int t = 0; t < NTABLES; t++) {
+    int64_t n = TABLES[t][0], V = TABLES[t][1], C = TABLES[t][2], bad = INT64_MAX, want_bad = -1;
+    float *table = rand_array(V * C, 1), *out = zeros(n * C), *want = zeros(n * C);
+    int64_t *ids = random_ids(n, V);
+    if (tp_embedding_f32(table, ids, n, V, C, want, &want_bad) != TP_KERNEL_OK) fail("tp_embedding_f32");
+    tp_cuda_embedding_f32(table, ids, n, V, C, out, &bad, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
+    check_close(what, out, want, n * C, EXACT);
+    if (bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)bad);
+    ids[n - 1] = V, ids[n / 2] = -V - 1; /* out of range: the first one is reported */
+    tp_embedding_f32(table, ids, n, V, C, want, &want_bad);
+    tp_cuda_embedding_f32(table, ids, n, V, C, out, &bad, NULL);
+    if (bad != want_bad) fail("%s: bad id at %lld, cpu says %lld", what, (long long)bad, (long long)want_bad);
+    free(table), free(out), free(want), free(ids);
+  }
+}
+
+static void embedding_bwd(void) {
+  for (int t = 0; t < NTABLES; t++) {
+    int64_t n = TABLES[t][0], V = TABLES[t][1], C = TABLES[t][2], bad = INT64_MAX, want_bad = -1;
+    if (V * C > 1 << 20) continue; /* the emulated zeroing of a large table is slow and tests nothing new */
+    float *dy = rand_array(n * C, 1), *dtable = rand_array(V * C, 1), *want = zeros(V * C);
+    int64_t *ids = random_ids(n, V);
+    TpTensor dyt = {.dtype = TP_F32, .rank = 2, .dims = {n, C}, .data = dy};
+    TpTensor idt = {.dtype = TP_I64, .rank = 1, .dims = {n}, .data = ids};
+    TpTensor dtt = {.dtype = TP_F32, .rank = 2, .dims = {V, C}, .data = want};
+    if (tp_gather_backward(&dyt, &idt, 0, &dtt, &want_bad) != TP_KERNEL_OK) fail("tp_gather_backward");
+    tp_cuda_embedding_backward_f32(dy, ids, n, V, C, dtable, &bad, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
+    check_close(what, dtable, want, V * C, EXACT);
+    if (bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)bad);
+    ids[n - 1] = -V - 3;
+    tp_cuda_embedding_backward_f32(dy, ids, n, V, C, dtable, &bad, NULL);
+    if (bad != n - 1) fail("%s: bad id at %lld, want %lld", what, (long long)bad, (long long)(n - 1));
+    free(dy), free(dtable), free(want), free(ids);
+  }
+}
+
+/* targets in [0, V) */
+static int64_t *random_targets(int64_t R, int64_t V) {
+  int64_t *t = random_ids(R, V);
+  for (int64_t r = 0; r < R; r++) t[r] = t[r] < 0 ? t[r] + V : t[r];
+  return t;
+}
+
+static void cross_entropy_fwd(void) {
+  for (int c = 0; c < NTABLES; c++) {
+    int64_t R = TABLES[c][0], V = TABLES[c][1], bad = INT64_MAX, want_bad = -1;
+    float *logits = rand_array(R * V, 10), loss = 0, want = 0;
+    int64_t *targets = random_targets(R, V);
+    double *row_loss = calloc((size_t)R, sizeof *row_loss);
+    if (tp_cross_entropy_f32(logits, targets, R, V, (float)R, &want, &want_bad) != TP_KERNEL_OK)
+      fail("tp_cross_entropy_f32");
+    tp_cuda_cross_entropy_f32(logits, targets, R, V, (float)R, &loss, row_loss, &bad, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "R=%lld V=%lld", (long long)R, (long long)V);
+    /* the rows' sums of exp in float against the CPU's in double: ROW */
+    check_close(what, &loss, &want, 1, ROW);
+    if (bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)bad);
+    targets[R - 1] = V, targets[R / 2] = -1;
+    tp_cross_entropy_f32(logits, targets, R, V, (float)R, &want, &want_bad);
+    tp_cuda_cross_entropy_f32(logits, targets, R, V, (float)R, &loss, row_loss, &bad, NULL);
+    if (bad != want_bad) fail("%s: bad target at %lld, cpu says %lld", what, (long long)bad, (long long)want_bad);
+    free(logits), free(targets), free(row_loss);
+  }
+}
+
+static void cross_entropy_bwd(void) {
+  for (int c = 0; c < NTABLES; c++) {
+    int64_t R = TABLES[c][0], V = TABLES[c][1], bad = INT64_MAX, want_bad = -1;
+    float *logits = rand_array(R * V, 10), *d = zeros(R * V), *want = zeros(R * V), dloss = 0.75f;
+    int64_t *targets = random_targets(R, V);
+    if (tp_cross_entropy_backward_f32(dloss, logits, targets, R, V, (float)R, want, &want_bad) != TP_KERNEL_OK)
+      fail("tp_cross_entropy_backward_f32");
+    tp_cuda_cross_entropy_backward_f32(&dloss, logits, targets, R, V, (float)R, d, &bad, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "R=%lld V=%lld", (long long)R, (long long)V);
+    check_close(what, d, want, R * V, ROW);
+    if (bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)bad);
+    free(logits), free(d), free(want), free(targets);
+  }
+}
+
+static void adamw(void) {
+  for (int l = 0; l < NLENGTHS; l++) {
+    int64_t n = LENGTHS[l];
+    float *w = rand_array(n, 1), *m = zeros(n), *v = zeros(n);
+    float *ww = malloc((size_t)n * sizeof *ww), *wm = zeros(n), *wv = zeros(n);
+    memcpy(ww, w, (size_t)n * sizeof *w);
+    for (int64_t step = 1; step <= 3; step++) { /* the bias corrections change with the step */
+      float *g = rand_array(n, 1);
+      tp_adamw_step(ww, g, wm, wv, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+      tp_cuda_adamw_step(w, g, m, v, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, NULL);
+      free(g);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "w n=%lld", (long long)n);
+    check_close(what, w, ww, n, EXACT);
+    snprintf(what, sizeof what, "m n=%lld", (long long)n);
+    check_close(what, m, wm, n, EXACT);
+    snprintf(what, sizeof what, "v n=%lld", (long long)n);
+    check_close(what, v, wv, n, EXACT);
+    free(w), free(m), free(v), free(ww), free(wm), free(wv);
+  }
+}
+
+static void sum_squares(void) {
+  const int64_t lengths[] = {0, 1, 63, 64, 65, 4099, 100003};
+  for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++) {
+    int64_t n = lengths[l];
+    float *x = rand_array(n, 3);
+    double sum = -1, partial[TP_CUDA_SUM_PIECES], want = tp_sum_squares_f32(x, n);
+    tp_cuda_sum_squares_f32(x, n, &sum, partial, NULL);
+    if (!(fabs(sum - want) <= SUM.rtol * fabs(want)))
+      fail("n=%lld: sum of squares %.17g, cpu %.17g", (long long)n, sum, want);
+    free(x);
+  }
+}
+
+static void scale(void) {
+  for (int l = 0; l < NLENGTHS; l++) {
+    int64_t n = LENGTHS[l];
+    float *x = rand_array(n, 3), *want = malloc((size_t)n * sizeof *want), s = 0.37f;
+    memcpy(want, x, (size_t)n * sizeof *x);
+    tp_scale_f32(want, n, s);
+    tp_cuda_scale_f32(x, n, &s, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "n=%lld", (long long)n);
+    check_close(what, x, want, n, EXACT);
+    free(x), free(want);
+  }
+}
+
+/* Attention shapes: {batch, q_heads, kv_heads, q_len, kv_len, kv_rows, D, Dv, causal_offset}:
+ * one of everything; a token slice of 5 queries at row 8 of 13 keys read from a context
+ * buffer of 16 rows, grouped heads, D not a multiple of 32; a whole sequence with D and Dv
+ * over a warp's width (3 and 2 values per lane). Each causal and not, packed and not. */
+static const int64_t ATTENTION_SHAPES[][9] = {
+    {1, 1, 1, 1, 1, 0, 1, 1, 0}, {2, 4, 2, 5, 13, 16, 40, 24, 8}, {1, 2, 1, 9, 9, 0, 72, 33, 0}};
+enum { NATTENTION = sizeof ATTENTION_SHAPES / sizeof ATTENTION_SHAPES[0] };
+
+/* The CPU's and the CUDA kernels' descriptions of attention shape a, causal or not,
+ * packed or not. */
+static void attention_case(int a, bool causal, bool packed, TpAttention *cpu, TpCudaAttention *gpu, char *at,
+                           size_t at_size) {
+  const int64_t *x = ATTENTION_SHAPES[a];
+  *gpu = (TpCudaAttention){.batch = x[0], .q_heads = x[1], .kv_heads = x[2], .q_len = x[3], .kv_len = x[4],
+                           .kv_rows = x[5], .head_size = x[6], .v_head_size = x[7], .packed = packed,
+                           .is_causal = causal, .causal_offset = causal ? x[8] : 0,
+                           .scale = 1 / sqrtf((float)x[6])};
+  *cpu = (TpAttention){.batch = x[0], .q_heads = x[1], .kv_heads = x[2], .q_len = x[3], .kv_len = x[4],
+                       .kv_rows = x[5], .head_size = x[6], .v_head_size = x[7], .packed = packed,
+                       .is_causal = causal, .causal_offset = gpu->causal_offset, .scale = gpu->scale};
+  snprintf(at, at_size, "shape %d causal=%d packed=%d", a, causal, packed);
+}
+
+static void attention_fwd(void) {
+  for (int a = 0; a < NATTENTION; a++)
+    for (int variant = 0; variant < 4; variant++) {
+      TpAttention cp;
+      TpCudaAttention gp;
+      char at[64], what[96];
+      attention_case(a, variant & 1, variant & 2, &cp, &gp, at, sizeof at);
+      int64_t rows = gp.kv_rows ? gp.kv_rows : gp.kv_len, nq = gp.batch * gp.q_heads * gp.q_len;
+      float *q = rand_array(nq * gp.head_size, 2), *k = rand_array(gp.batch * gp.kv_heads * rows * gp.head_size, 2);
+      float *v = rand_array(gp.batch * gp.kv_heads * rows * gp.v_head_size, 1);
+      float *y = zeros(nq * gp.v_head_size), *want = zeros(nq * gp.v_head_size), *lse = zeros(nq);
+      tp_attention_f32(&cp, q, k, v, NULL, NULL, want, NULL, NULL, NULL);
+      tp_cuda_attention_f32(&gp, q, k, v, y, lse, NULL);
+      snprintf(what, sizeof what, "y %s", at);
+      check_close(what, y, want, nq * gp.v_head_size, ROW);
+      free(q), free(k), free(v), free(y), free(want), free(lse);
+    }
+}
+
+static void attention_bwd(void) {
+  for (int a = 0; a < NATTENTION; a++)
+    for (int variant = 0; variant < 4; variant++) {
+      TpAttention cp;
+      TpCudaAttention gp;
+      char at[64], what[96];
+      attention_case(a, variant & 1, variant & 2, &cp, &gp, at, sizeof at);
+      int64_t rows = gp.kv_rows ? gp.kv_rows : gp.kv_len, nq = gp.batch * gp.q_heads * gp.q_len;
+      int64_t nk = gp.batch * gp.kv_heads * gp.kv_len, D = gp.head_size, Dv = gp.v_head_size;
+      float *q = rand_array(nq * D, 2), *k = rand_array(gp.batch * gp.kv_heads * rows * D, 2);
+      float *v = rand_array(gp.batch * gp.kv_heads * rows * Dv, 1), *dy = rand_array(nq * Dv, 1);
+      float *y = zeros(nq * Dv), *lse = zeros(nq), *delta = zeros(nq);
+      float *dq = zeros(nq * D), *dk = zeros(nk * D), *dv = zeros(nk * Dv);
+      float *want_dq = zeros(nq * D), *want_dk = zeros(nk * D), *want_dv = zeros(nk * Dv);
+      tp_attention_backward_f32(&cp, dy, q, k, v, want_dq, want_dk, want_dv);
+      tp_cuda_attention_f32(&gp, q, k, v, y, lse, NULL);
+      tp_cuda_attention_backward_f32(&gp, dy, q, k, v, y, lse, dq, dk, dv, delta, NULL);
+      /* dk and dv: float sums over the <= 18 query rows of the group's heads that see a key,
+       * as the CPU's sgemm sums them: ROW */
+      Tolerance tol = ROW;
+      snprintf(what, sizeof what, "dq %s", at);
+      check_close(what, dq, want_dq, nq * D, ROW);
+      snprintf(what, sizeof what, "dk %s", at);
+      check_close(what, dk, want_dk, nk * D, tol);
+      snprintf(what, sizeof what, "dv %s", at);
+      check_close(what, dv, want_dv, nk * Dv, tol);
+      free(q), free(k), free(v), free(dy), free(y), free(lse), free(delta), free(dq), free(dk), free(dv);
+      free(want_dq), free(want_dk), free(want_dv);
+    }
+}
+
+/* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
+static const struct {
+  const char *name;
+  void (*run)(void);
+} TESTS[] = {
+    {"rmsnorm_fwd", rmsnorm_fwd},
+    {"rmsnorm_bwd", rmsnorm_bwd},
+    {"layernorm_fwd", layernorm_fwd},
+    {"layernorm_bwd", layernorm_bwd},
+    {"softmax_fwd", softmax_fwd},
+    {"softmax_bwd", softmax_bwd},
+    {"gelu_fwd", gelu_fwd},
+    {"gelu_bwd", gelu_bwd},
+    {"swiglu_fwd", swiglu_fwd},
+    {"swiglu_bwd", swiglu_bwd},
+    {"embedding_fwd", embedding_fwd},
+    {"embedding_bwd", embedding_bwd},
+    {"cross_entropy_fwd", cross_entropy_fwd},
+    {"cross_entropy_bwd", cross_entropy_bwd},
+    {"adamw", adamw},
+    {"sum_squares", sum_squares},
+    {"scale", scale},
+    {"attention_fwd", attention_fwd},
+    {"attention_bwd", attention_bwd},
+};
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: test_cuda_emulated TEST (or --list)\n");
+    return 2;
+  }
+  for (size_t i = 0; i < sizeof TESTS / sizeof *TESTS; i++) {
+    if (!strcmp(argv[1], "--list")) printf("%s\n", TESTS[i].name);
+    else if (!strcmp(argv[1], TESTS[i].name)) {
+      TESTS[i].run();
+      if (failures) fprintf(stderr, "%s: %d failure(s)\n", argv[1], failures);
+      else printf("%s: ok\n", argv[1]);
+      return failures ? 1 : 0;
+    }
+  }
+  if (!strcmp(argv[1], "--list")) return 0;
+  fprintf(stderr, "test_cuda_emulated: no test '%s'\n", argv[1]);
+  return 2;
+}
