@@ -15,9 +15,7 @@
  * so that the stride-1 calls vectorise with unit steps, and into both copies of its
  * TP_VECTOR_CLONES callers. */
 TP_VECTOR_INLINE void softmax_row(const float *x, float *y, int64_t n, int64_t stride, bool log) {
-  float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; j++) mx = x[j * stride] > mx ? x[j * stride] : mx;
+  float mx = tp_row_max(x, n, stride);
   if (mx == -INFINITY) { /* every element masked out */
     for (int64_t j = 0; j < n; j++) y[j * stride] = log ? -INFINITY : 0.0f;
     return;

@@ -315,9 +315,7 @@ TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < R; r++) {
     const float *x = logits + r * V;
-    float *o = dlogits + r * V, mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    float *o = dlogits + r * V, mx = tp_row_max(x, V, 1);
     double sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < V; j++) {

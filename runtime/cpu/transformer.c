@@ -47,9 +47,7 @@ TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t 
 
 /* logsumexp of a row, the maximum subtracted first; the exponentials summed in double. */
 TP_VECTOR_CLONES static double row_logsumexp(const float *x, int64_t n) {
-  float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+  float mx = tp_row_max(x, n, 1);
   if (mx == -INFINITY || mx == INFINITY) return mx;
   double sum = 0;
 #pragma omp simd reduction(+ : sum)

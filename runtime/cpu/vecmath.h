@@ -3,6 +3,8 @@
 #ifndef TOKPIPE_CPU_VECMATH_H
 #define TOKPIPE_CPU_VECMATH_H
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -24,6 +26,21 @@
 #define TP_VECTOR_CLONES
 #endif
 #define TP_VECTOR_INLINE __attribute__((always_inline)) static inline
+
+/* The largest of x[0], x[stride], ... x[(n-1)*stride], -inf when n is 0 or every element
+ * is -inf (a fully masked row). The vector reduction's lanes start at the type's lowest
+ * value, which clang takes as -FLT_MAX (GCC as -inf): a row of -inf would give -FLT_MAX,
+ * so that one result is checked again element by element. */
+TP_VECTOR_INLINE float tp_row_max(const float *x, int64_t n, int64_t stride) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; j++) mx = x[j * stride] > mx ? x[j * stride] : mx;
+  if (mx == -FLT_MAX) {
+    mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) mx = x[j * stride] > mx ? x[j * stride] : mx;
+  }
+  return mx;
+}
 
 /* e^x within 1 ulp for -87 <= x <= 88 (Cephes' polynomial after the reduction
  * x = n ln2 + r); 0 below -88, +inf above 88.37 (expf overflows above 88.72). The upper
