@@ -112,6 +112,36 @@ void tp_cuda_attention_backward_f32(const TpCudaAttention *p, const float *dy, c
                                     const float *v, const float *y, const float *lse, float *dq, float *dk,
                                     float *dv, float *delta, TpCudaStream stream);
 
+/* ---- rotary.cu, elementwise.cu, reduce.cu: the ops plans keep around the kernels above ---- */
+#include "../cpu/elementwise.h" /* TpTensor, TpIter, TpUnaryOp, TpBinaryOp */
+
+/* tp_rotary_f32 and tp_rotary_backward_f32: the same arguments (dims and table_dims in host
+ * memory, the tensors on the device). */
+void tp_cuda_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+                        const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y,
+                        TpCudaStream stream);
+void tp_cuda_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank, const int64_t *dims,
+                                 const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *dx,
+                                 TpCudaStream stream);
+
+/* tp_unary over n f32 elements (x and y may alias): every op but Not (bool only), which
+ * returns false and launches nothing. */
+bool tp_cuda_unary_f32(TpUnaryOp op, const float *x, int64_t n, float *y, TpCudaStream stream);
+/* tp_binary's f32 arithmetic (Add, Sub, Mul, Div, Pow, Max, Min) with numpy broadcasting:
+ * `it` is the host's iterator over (y, a, b) from tp_iter_broadcast (then coalesced or not),
+ * byte strides of f32 elements. False (nothing launched) for a comparison or And, whose
+ * result is bool. */
+bool tp_cuda_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, const float *b, float *y,
+                        TpCudaStream stream);
+/* tp_where on f32: `it` over (y, cond, a, b), cond bool (1 byte). */
+void tp_cuda_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
+                       TpCudaStream stream);
+/* tp_reduce_sum on f32: x's dims (host) and data (device), axes sorted and distinct; y holds
+ * the kept dims' elements. Each output adds its elements in double in x's row-major order,
+ * as the CPU kernel does (the same result; deterministic). False for bad axes. */
+bool tp_cuda_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
+                            TpCudaStream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,112 @@
+/* Unary and binary f32 ops with numpy broadcasting, Where, over the host's TpIter (the CPU
+ * kernels' broadcasting, computed once on the host): one thread per output element, which
+ * finds each operand's offset from its index. */
+#include <math.h>
+
+#include "common.cuh"
+
+/* A TpIter in element strides (cond's bytes are its elements), by value. */
+struct Strided {
+  int rank;
+  int64_t dims[TP_MAX_RANK], stride[TP_ITER_MAX_OPERANDS][TP_MAX_RANK], n;
+};
+
+static Strided strided(const TpIter *it, const size_t *elsize) {
+  Strided s = {};
+  s.rank = it->rank, s.n = 1;
+  for (int d = 0; d < it->rank; d++) {
+    s.dims[d] = it->dims[d];
+    s.n *= it->dims[d];
+    for (int k = 0; k < it->noperands; k++) s.stride[k][d] = it->strides[k][d] / (int64_t)elsize[k];
+  }
+  return s;
+}
+
+/* Operand k's element offset at output index e (row-major over s.dims). */
+__device__ __forceinline__ int64_t offset_of(const Strided &s, int k, int64_t e) {
+  int64_t at = 0;
+  for (int d = s.rank - 1; d >= 0; d--) {
+    at += e % s.dims[d] * s.stride[k][d];
+    e /= s.dims[d];
+  }
+  return at;
+}
+
+/* The CPU's formulas (elementwise.c UNARY_LOOP, float); Gelu is activation.cu's. */
+__global__ void unary_kernel(TpUnaryOp op, const float *x, int64_t n, float *y) {
+  TP_GRID_STRIDE_LOOP(i, n) {
+    float v = x[i], r = v;
+    switch (op) {
+    case TP_UNARY_SQRT: r = sqrtf(v); break;
+    case TP_UNARY_NEG: r = -v; break;
+    case TP_UNARY_RECIPROCAL: r = 1.0f / v; break;
+    case TP_UNARY_EXP: r = expf(v); break;
+    case TP_UNARY_LOG: r = logf(v); break;
+    case TP_UNARY_ERF: r = erff(v); break;
+    case TP_UNARY_TANH: r = tanhf(v); break;
+    case TP_UNARY_SIN: r = sinf(v); break;
+    case TP_UNARY_COS: r = cosf(v); break;
+    case TP_UNARY_RELU: r = v < 0 ? 0.0f : v; break; /* keeps NaN */
+    case TP_UNARY_SIGMOID: { /* exp of a non-positive argument only: no overflow */
+      float e = expf(-fabsf(v));
+      r = v >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+      break;
+    }
+    default: break; /* Gelu and Not never get here */
+    }
+    y[i] = r;
+  }
+}
+
+bool tp_cuda_unary_f32(TpUnaryOp op, const float *x, int64_t n, float *y, TpCudaStream stream) {
+  if (op == TP_UNARY_NOT) return false;
+  if (op == TP_UNARY_GELU || op == TP_UNARY_GELU_TANH) {
+    tp_cuda_gelu_f32(x, n, op == TP_UNARY_GELU_TANH, y, stream);
+    return true;
+  }
+  if (n == 0) return true;
+  TP_LAUNCH(unary_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, op, x, n, y);
+  return true;
+}
+
+/* The CPU's float formulas (elementwise.c FLOAT_BINARY_RUN): Max and Min propagate a's NaN. */
+__global__ void binary_kernel(TpBinaryOp op, Strided s, const float *a, const float *b, float *y) {
+  TP_GRID_STRIDE_LOOP(e, s.n) {
+    float u = a[offset_of(s, 1, e)], v = b[offset_of(s, 2, e)], r = 0;
+    switch (op) {
+    case TP_BINARY_ADD: r = u + v; break;
+    case TP_BINARY_SUB: r = u - v; break;
+    case TP_BINARY_MUL: r = u * v; break;
+    case TP_BINARY_DIV: r = u / v; break;
+    case TP_BINARY_POW: r = powf(u, v); break;
+    case TP_BINARY_MAX: r = u > v || u != u ? u : v; break;
+    case TP_BINARY_MIN: r = u < v || u != u ? u : v; break;
+    default: break; /* bool results never get here */
+    }
+    y[offset_of(s, 0, e)] = r;
+  }
+}
+
+bool tp_cuda_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, const float *b, float *y,
+                        TpCudaStream stream) {
+  if (op > TP_BINARY_MIN) return false;
+  const size_t elsize[] = {sizeof(float), sizeof(float), sizeof(float)};
+  Strided s = strided(it, elsize);
+  if (s.n == 0) return true;
+  TP_LAUNCH(binary_kernel, tp_elementwise_grid(s.n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, op, s, a, b, y);
+  return true;
+}
+
+__global__ void where_kernel(Strided s, const bool *cond, const float *a, const float *b, float *y) {
+  TP_GRID_STRIDE_LOOP(e, s.n) {
+    y[offset_of(s, 0, e)] = cond[offset_of(s, 1, e)] ? a[offset_of(s, 2, e)] : b[offset_of(s, 3, e)];
+  }
+}
+
+void tp_cuda_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
+                       TpCudaStream stream) {
+  const size_t elsize[] = {sizeof(float), sizeof(bool), sizeof(float), sizeof(float)};
+  Strided s = strided(it, elsize);
+  if (s.n == 0) return;
+  TP_LAUNCH(where_kernel, tp_elementwise_grid(s.n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, s, cond, a, b, y);
+}
