@@ -3,34 +3,7 @@
  * finds each operand's offset from its index. */
 #include <math.h>
 
-#include "common.cuh"
-
-/* A TpIter in element strides (cond's bytes are its elements), by value. */
-struct Strided {
-  int rank;
-  int64_t dims[TP_MAX_RANK], stride[TP_ITER_MAX_OPERANDS][TP_MAX_RANK], n;
-};
-
-static Strided strided(const TpIter *it, const size_t *elsize) {
-  Strided s = {};
-  s.rank = it->rank, s.n = 1;
-  for (int d = 0; d < it->rank; d++) {
-    s.dims[d] = it->dims[d];
-    s.n *= it->dims[d];
-    for (int k = 0; k < it->noperands; k++) s.stride[k][d] = it->strides[k][d] / (int64_t)elsize[k];
-  }
-  return s;
-}
-
-/* Operand k's element offset at output index e (row-major over s.dims). */
-__device__ __forceinline__ int64_t offset_of(const Strided &s, int k, int64_t e) {
-  int64_t at = 0;
-  for (int d = s.rank - 1; d >= 0; d--) {
-    at += e % s.dims[d] * s.stride[k][d];
-    e /= s.dims[d];
-  }
-  return at;
-}
+#include "strided.cuh"
 
 /* The CPU's formulas (elementwise.c UNARY_LOOP, float); Gelu is activation.cu's. */
 __global__ void unary_kernel(TpUnaryOp op, const float *x, int64_t n, float *y) {

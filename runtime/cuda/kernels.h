@@ -112,7 +112,7 @@ void tp_cuda_attention_backward_f32(const TpCudaAttention *p, const float *dy, c
                                     const float *v, const float *y, const float *lse, float *dq, float *dk,
                                     float *dv, float *delta, TpCudaStream stream);
 
-/* ---- rotary.cu, elementwise.cu, reduce.cu: the ops plans keep around the kernels above ---- */
+/* ---- rotary.cu, elementwise.cu, reduce.cu (layout.cu below): the ops plans keep around the kernels above ---- */
 #include "../cpu/elementwise.h" /* TpTensor, TpIter, TpUnaryOp, TpBinaryOp */
 
 /* tp_rotary_f32 and tp_rotary_backward_f32: the same arguments (dims and table_dims in host
@@ -141,6 +141,27 @@ void tp_cuda_where_f32(const TpIter *it, const bool *cond, const float *a, const
  * as the CPU kernel does (the same result; deterministic). False for bad axes. */
 bool tp_cuda_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
                             TpCudaStream stream);
+
+/* ---- layout.cu: f32 layout ops as strided copies (data on the device, dims on the host;
+ * shapes as the CPU kernel named accepts them, which the caller has checked) ---- */
+/* y = x through an iterator over (y, x) in byte strides: Expand with tp_iter_broadcast's. */
+void tp_cuda_strided_copy_f32(const TpIter *it, const float *x, float *y, TpCudaStream stream);
+/* Reshape (tp_reshape): n contiguous elements; nothing when x == y. */
+void tp_cuda_copy_f32(const float *x, int64_t n, float *y, TpCudaStream stream);
+/* tp_transpose; false (nothing launched) for a perm that is no permutation fitting y. */
+bool tp_cuda_transpose_f32(const TpTensor *x, const int64_t *perm, TpTensor *y, TpCudaStream stream);
+/* tp_slice (steps may be negative; tp_slice_fits holds for every dim) */
+void tp_cuda_slice_f32(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y,
+                       TpCudaStream stream);
+/* tp_slice_backward: dx = 0, then dy written where the slice read */
+void tp_cuda_slice_backward_f32(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx,
+                                TpCudaStream stream);
+/* tp_split (a piece whose data is NULL is skipped) and tp_concat */
+void tp_cuda_split_f32(const TpTensor *x, int axis, TpTensor *ys, int n, TpCudaStream stream);
+void tp_cuda_concat_f32(const TpTensor *xs, int n, int axis, TpTensor *y, TpCudaStream stream);
+/* tp_context_append: x as rows [at, at + x->dims[axis]) of buffer's `rows` along axis */
+void tp_cuda_context_append_f32(const TpTensor *x, int axis, int64_t at, int64_t rows, float *buffer,
+                                TpCudaStream stream);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,12 @@
 /* The second set of CUDA kernels (runtime/cuda/rotary.cu, elementwise.cu, reduce.cu) on the
  * CPU through the emulation of the CUDA execution model, each against the CPU kernel it
- * implements, at awkward shapes: ranks 1 to 6, 1-sized and broadcast dims, odd lengths and
+ * implements, the layout ops (Reshape, Expand, Transpose, Slice and its backward, Split,
+ * Concat, the K/V context append at nonzero offsets) too, at awkward shapes: ranks 1 to 6, 1-sized and broadcast dims, odd lengths and
  * lengths past the block size (256), partial rotary dims, tables of lower rank. One ctest
  * per kernel and direction: `test_cuda_kernels2 NAME`.
  *
  * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element:
- *   EXACT (0, 0): copies and single IEEE operations (Neg, Reciprocal, Sqrt, Relu, Add, Sub,
+ *   EXACT (0, 0): copies (the layout ops) and single IEEE operations (Neg, Reciprocal, Sqrt, Relu, Add, Sub,
  *     Mul, Div, Max, Min, Where), and ReduceSum (the same additions in double in the same
  *     order, one rounding to float).
  *   ROTARY (1e-6, 0): x_a c - x_b s in two products and a sum; the CPU kernel's AVX2 clone
@@ -21,6 +22,8 @@
 
 #include "../check.h"
 #include "cpu/elementwise.h"
+#include "cpu/layout.h"
+#include "cpu/layout_backward.h"
 #include "cpu/reduce.h"
 #include "cpu/transformer.h"
 #include "cuda/kernels.h"
@@ -296,6 +299,177 @@ static void reduce_test(bool mean) {
 static void reduce_sum(void) { reduce_test(false); }
 static void reduce_mean(void) { reduce_test(true); }
 
+/* ---- layout ---- */
+static void reshape_fwd(void) {
+  for (size_t l = 0; l < sizeof LENGTHS / sizeof *LENGTHS; l++) {
+    int64_t n = LENGTHS[l], dims2[2] = {1, n};
+    float *x = rand_array(n, 1), *got = poisoned(n), *want = poisoned(n);
+    TpTensor xt = view(TP_F32, 1, &n, x), yt = view(TP_F32, 2, dims2, want);
+    if (tp_reshape(&xt, &yt) != TP_KERNEL_OK) fail("n=%lld: the CPU kernel refused it", (long long)n);
+    tp_cuda_copy_f32(x, n, got, NULL);
+    char what[32];
+    snprintf(what, sizeof what, "n=%lld", (long long)n);
+    check_close(what, got, want, n, EXACT);
+    free(x), free(got), free(want);
+  }
+}
+
+static void expand_fwd(void) {
+  for (int c = 0; c < NBROADCAST; c++) {
+    const BroadcastCase *bc = &BROADCAST_CASES[c];
+    int64_t yd[6];
+    int ry = broadcast_dims(bc, yd);
+    int64_t nx = numel(bc->ra, bc->a), ny = numel(ry, yd);
+    float *x = rand_array(nx, 1), *got = poisoned(ny), *want = poisoned(ny);
+    TpTensor xt = view(TP_F32, bc->ra, bc->a, x), wt = view(TP_F32, ry, yd, want), gt = view(TP_F32, ry, yd, got);
+    if (tp_expand(&xt, &wt) != TP_KERNEL_OK) fail("case %d: the CPU kernel refused it", c);
+    TpIter it;
+    if (!tp_iter_broadcast(&it, 2, (const TpTensor *const[]){&gt, &xt})) fail("case %d: no broadcast", c);
+    if (c % 2) tp_iter_coalesce(&it);
+    tp_cuda_strided_copy_f32(&it, x, got, NULL);
+    char what[32];
+    snprintf(what, sizeof what, "Expand case %d", c);
+    check_close(what, got, want, ny, EXACT);
+    free(x), free(got), free(want);
+  }
+}
+
+typedef struct {
+  int rank;
+  int64_t dims[6], perm[6];
+} TransposeCase;
+
+static const TransposeCase TRANSPOSE_CASES[] = {
+    {1, {7}, {0}},
+    {2, {3, 257}, {1, 0}},
+    {3, {2, 1, 5}, {2, 0, 1}},
+    {4, {2, 3, 4, 5}, {0, 2, 1, 3}}, /* heads to the front and back */
+    {5, {2, 3, 1, 4, 3}, {4, 3, 2, 1, 0}},
+    {6, {2, 1, 3, 2, 5, 3}, {5, 0, 4, 1, 3, 2}},
+};
+
+static void transpose_fwd(void) {
+  for (size_t c = 0; c < sizeof TRANSPOSE_CASES / sizeof *TRANSPOSE_CASES; c++) {
+    const TransposeCase *tc = &TRANSPOSE_CASES[c];
+    int64_t yd[6], n = numel(tc->rank, tc->dims);
+    for (int d = 0; d < tc->rank; d++) yd[d] = tc->dims[tc->perm[d]];
+    float *x = rand_array(n, 1), *got = poisoned(n), *want = poisoned(n);
+    TpTensor xt = view(TP_F32, tc->rank, tc->dims, x), wt = view(TP_F32, tc->rank, yd, want);
+    TpTensor gt = view(TP_F32, tc->rank, yd, got);
+    if (tp_transpose(&xt, tc->perm, &wt) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
+    if (!tp_cuda_transpose_f32(&xt, tc->perm, &gt, NULL)) fail("case %zu: the launcher refused it", c);
+    char shape[64], what[96];
+    dims_text(shape, sizeof shape, tc->rank, tc->dims);
+    snprintf(what, sizeof what, "Transpose x %s", shape);
+    check_close(what, got, want, n, EXACT);
+    free(x), free(got), free(want);
+  }
+  float x[6] = {0}, y[6];
+  int64_t dims[2] = {2, 3}, twice[2] = {0, 0};
+  TpTensor xt = view(TP_F32, 2, dims, x), yt = view(TP_F32, 2, dims, y);
+  if (tp_cuda_transpose_f32(&xt, twice, &yt, NULL)) fail("a perm naming one dim twice was not refused");
+}
+
+typedef struct {
+  int rank;
+  int64_t x[4], starts[4], steps[4], y[4];
+} SliceCase;
+
+static const SliceCase SLICE_CASES[] = {
+    {1, {10}, {1}, {3}, {3}},                                 /* 1, 4, 7 */
+    {1, {300}, {299}, {-1}, {300}},                           /* reversed, past the block size */
+    {2, {5, 7}, {4, 1}, {-2, 2}, {3, 3}},
+    {3, {2, 5, 9}, {1, 0, 8}, {1, 1, -3}, {1, 5, 3}},
+    {4, {2, 3, 4, 6}, {0, 2, 1, 5}, {1, -1, 2, -5}, {2, 3, 2, 2}},
+    {2, {4, 3}, {5, 0}, {1, 1}, {0, 3}},                      /* empty */
+};
+
+static void slice_test(bool backward) {
+  for (size_t c = 0; c < sizeof SLICE_CASES / sizeof *SLICE_CASES; c++) {
+    const SliceCase *sc = &SLICE_CASES[c];
+    int64_t nx = numel(sc->rank, sc->x), ny = numel(sc->rank, sc->y), nout = backward ? nx : ny;
+    float *in = rand_array(backward ? ny : nx, 1), *got = poisoned(nout), *want = poisoned(nout);
+    TpTensor xt = view(TP_F32, sc->rank, sc->x, backward ? want : in), yt = view(TP_F32, sc->rank, sc->y, backward ? in : want);
+    TpTensor gx = view(TP_F32, sc->rank, sc->x, got), gy = view(TP_F32, sc->rank, sc->y, got);
+    TpKernelStatus st = backward ? tp_slice_backward(&yt, sc->starts, sc->steps, &xt) : tp_slice(&xt, sc->starts, sc->steps, &yt);
+    if (st != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
+    if (backward) tp_cuda_slice_backward_f32(&yt, sc->starts, sc->steps, &gx, NULL);
+    else tp_cuda_slice_f32(&xt, sc->starts, sc->steps, &gy, NULL);
+    char shape[64], what[96];
+    dims_text(shape, sizeof shape, sc->rank, sc->x);
+    snprintf(what, sizeof what, "Slice case %zu x %s", c, shape);
+    check_close(what, got, want, nout, EXACT);
+    free(in), free(got), free(want);
+  }
+}
+
+static void slice_fwd(void) { slice_test(false); }
+static void slice_bwd(void) { slice_test(true); }
+
+/* pieces of x (rank 4, dims[axis] split 1, 3, 0, along - 4) */
+static void pieces_test(bool concat) {
+  static const int64_t X[4] = {3, 5, 7, 33};
+  for (int axis = 0; axis < 4; axis++) {
+    int64_t n = numel(4, X), along = X[axis], sizes[4] = {1, 3, 0, along - 4};
+    if (along < 4) sizes[0] = along, sizes[1] = sizes[2] = sizes[3] = 0;
+    float *x = rand_array(n, 1), *bufs[2][4];
+    TpTensor pieces[2][4];
+    for (int k = 0; k < 4; k++) {
+      int64_t d[4];
+      memcpy(d, X, sizeof d);
+      d[axis] = sizes[k];
+      for (int w = 0; w < 2; w++) {
+        bufs[w][k] = concat ? rand_array(numel(4, d), 1) : poisoned(numel(4, d));
+        if (concat && w) memcpy(bufs[1][k], bufs[0][k], (size_t)numel(4, d) * sizeof(float));
+        pieces[w][k] = view(TP_F32, 4, d, bufs[w][k]);
+      }
+    }
+    if (!concat) pieces[0][1].data = pieces[1][1].data = NULL; /* skipped */
+    char what[64];
+    if (concat) {
+      float *got = poisoned(n), *want = poisoned(n);
+      TpTensor wt = view(TP_F32, 4, X, want), gt = view(TP_F32, 4, X, got);
+      if (tp_concat(pieces[0], 4, axis, &wt) != TP_KERNEL_OK) fail("axis %d: the CPU kernel refused it", axis);
+      tp_cuda_concat_f32(pieces[1], 4, axis, &gt, NULL);
+      snprintf(what, sizeof what, "Concat axis %d", axis);
+      check_close(what, got, want, n, EXACT);
+      free(got), free(want);
+    } else {
+      TpTensor xt = view(TP_F32, 4, X, x);
+      if (tp_split(&xt, axis, pieces[0], 4) != TP_KERNEL_OK) fail("axis %d: the CPU kernel refused it", axis);
+      tp_cuda_split_f32(&xt, axis, pieces[1], 4, NULL);
+      for (int k = 0; k < 4; k++) {
+        snprintf(what, sizeof what, "Split axis %d piece %d", axis, k);
+        check_close(what, bufs[1][k], bufs[0][k], tp_tensor_numel(&pieces[0][k]), EXACT);
+      }
+    }
+    for (int k = 0; k < 4; k++) free(bufs[0][k]), free(bufs[1][k]);
+    free(x);
+  }
+}
+
+static void concat_fwd(void) { pieces_test(true); }
+static void split_fwd(void) { pieces_test(false); }
+
+/* keys (B, H, T, D) of a token slice appended at rows [at, at + T) of a buffer of `rows` */
+static void context_append(void) {
+  static const int64_t CASES[][6] = {/* B, H, T, D, at, rows */
+                                     {1, 1, 1, 1, 0, 1},  {2, 3, 5, 8, 0, 16}, {2, 3, 5, 8, 11, 16},
+                                     {1, 4, 7, 33, 3, 10}, {2, 1, 300, 3, 1, 301}};
+  for (size_t c = 0; c < sizeof CASES / sizeof *CASES; c++) {
+    const int64_t *p = CASES[c];
+    int64_t dims[4] = {p[0], p[1], p[2], p[3]}, n = numel(4, dims), nbuf = p[0] * p[1] * p[5] * p[3];
+    float *x = rand_array(n, 1), *got = poisoned(nbuf), *want = poisoned(nbuf);
+    TpTensor xt = view(TP_F32, 4, dims, x);
+    if (tp_context_append(&xt, 2, p[4], p[5], want) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
+    tp_cuda_context_append_f32(&xt, 2, p[4], p[5], got, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "T=%lld at %lld of %lld rows", (long long)p[2], (long long)p[4], (long long)p[5]);
+    check_close(what, got, want, nbuf, EXACT); /* the rows around the slice stay as they were */
+    free(x), free(got), free(want);
+  }
+}
+
 static const struct {
   const char *name;
   void (*run)(void);
@@ -307,6 +481,14 @@ static const struct {
     {"where_fwd", where_fwd},
     {"reduce_sum", reduce_sum},
     {"reduce_mean", reduce_mean},
+    {"reshape_fwd", reshape_fwd},
+    {"expand_fwd", expand_fwd},
+    {"transpose_fwd", transpose_fwd},
+    {"slice_fwd", slice_fwd},
+    {"slice_bwd", slice_bwd},
+    {"concat_fwd", concat_fwd},
+    {"split_fwd", split_fwd},
+    {"context_append", context_append},
 };
 
 int main(int argc, char **argv) {
