@@ -26,29 +26,10 @@
 #include "cpu/layout_backward.h"
 #include "cpu/reduce.h"
 #include "cpu/transformer.h"
+#include "compare.h"
 #include "cuda/kernels.h"
 
-typedef struct {
-  double atol, rtol;
-} Tolerance;
-
 static const Tolerance EXACT = {0, 0}, ROTARY = {1e-6, 0}, LIBM = {1e-6, 1e-5};
-
-/* Compares n results; reports the worst element (relative to its tolerance) on failure. */
-static void check_close(const char *what, const float *got, const float *want, int64_t n, Tolerance tol) {
-  int64_t worst = -1;
-  double worst_ratio = 1;
-  for (int64_t i = 0; i < n; i++) {
-    double err = fabs((double)got[i] - want[i]), allowed = tol.atol + tol.rtol * fabs((double)want[i]);
-    bool same = got[i] == want[i] || (isnan(got[i]) && isnan(want[i]));
-    if (same) continue;
-    double ratio = err <= allowed ? 0 : allowed > 0 ? err / allowed : INFINITY;
-    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
-  }
-  if (worst >= 0)
-    fail("%s: abs_err=%.3g at [%lld] (gpu %.9g, cpu %.9g; atol %g, rtol %g)", what,
-         fabs((double)got[worst] - want[worst]), (long long)worst, got[worst], want[worst], tol.atol, tol.rtol);
-}
 
 /* Filled with a value no kernel computes here, so that an element left unwritten differs. */
 static float *poisoned(int64_t n) {
@@ -470,10 +451,8 @@ static void context_append(void) {
   }
 }
 
-static const struct {
-  const char *name;
-  void (*run)(void);
-} TESTS[] = {
+/* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
+static const CudaTest TESTS[] = {
     {"rotary_fwd", rotary_fwd},
     {"rotary_bwd", rotary_bwd},
     {"unary_fwd", unary_fwd},
@@ -492,20 +471,5 @@ static const struct {
 };
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: test_cuda_kernels2 TEST (or --list)\n");
-    return 2;
-  }
-  for (size_t i = 0; i < sizeof TESTS / sizeof *TESTS; i++) {
-    if (!strcmp(argv[1], "--list")) printf("%s\n", TESTS[i].name);
-    else if (!strcmp(argv[1], TESTS[i].name)) {
-      TESTS[i].run();
-      if (failures) fprintf(stderr, "%s: %d failure(s)\n", argv[1], failures);
-      else printf("%s: ok\n", argv[1]);
-      return failures ? 1 : 0;
-    }
-  }
-  if (!strcmp(argv[1], "--list")) return 0;
-  fprintf(stderr, "test_cuda_kernels2: no test '%s'\n", argv[1]);
-  return 2;
+  return run_named_test("test_cuda_kernels2", TESTS, sizeof TESTS / sizeof *TESTS, argc, argv);
 }
