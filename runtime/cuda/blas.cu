@@ -1,0 +1,152 @@
+/* Matrix products through cuBLASLt (blas.h); the emulated build runs the same column-major
+ * products through OpenBLAS. The bias broadcast and the bias gradient's column sums are
+ * kernels of this file, so they run through the emulation for real. */
+#include <stdlib.h>
+
+#include "blas.h"
+#include "common.cuh"
+
+#ifdef TOKPIPE_CUDA_EMULATE
+#include <cblas.h>
+#endif
+
+struct TpCudaBlas {
+#ifndef TOKPIPE_CUDA_EMULATE
+  cublasLtHandle_t lt;
+  void *workspace;
+  size_t workspace_size;
+#else
+  int unused; /* the emulated products need no state */
+#endif
+};
+
+/* cuBLASLt's recommended workspace for Hopper (Ampere needs less). */
+enum { BLAS_WORKSPACE_BYTES = 32 << 20 };
+
+TpCudaBlas *tp_cuda_blas_create(void) {
+  TpCudaBlas *blas = static_cast<TpCudaBlas *>(calloc(1, sizeof *blas));
+  if (!blas) return NULL;
+#ifndef TOKPIPE_CUDA_EMULATE
+  TP_CUBLAS_CHECK(cublasLtCreate(&blas->lt));
+  blas->workspace_size = BLAS_WORKSPACE_BYTES;
+  TP_CUDA_CHECK(cudaMalloc(&blas->workspace, blas->workspace_size));
+#endif
+  return blas;
+}
+
+void tp_cuda_blas_destroy(TpCudaBlas *blas) {
+  if (!blas) return;
+#ifndef TOKPIPE_CUDA_EMULATE
+  TP_CUDA_CHECK(cudaFree(blas->workspace));
+  TP_CUBLAS_CHECK(cublasLtDestroy(blas->lt));
+#endif
+  free(blas);
+}
+
+/* Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n) + beta C, with k > 0. */
+static void gemm_column_major(TpCudaBlas *blas, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                              int64_t ldc, TpCudaStream stream) {
+  const float alpha = 1;
+#ifdef TOKPIPE_CUDA_EMULATE
+  (void)blas, (void)stream;
+  cblas_sgemm(CblasColMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+              (int)n, (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+#else
+  /* CUBLAS_COMPUTE_32F keeps the products in fp32: cuBLASLt uses TF32 only when asked
+   * for by a *_FAST_TF32 compute type (it does not read cuBLAS's math mode). */
+  cublasLtMatmulDesc_t op;
+  TP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  cublasLtMatrixLayout_t layout_a, layout_b, layout_c; /* the stored matrices: rows, columns, leading dim */
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a, CUDA_R_32F, (uint64_t)(trans_a ? k : m),
+                                             (uint64_t)(trans_a ? m : k), lda));
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b, CUDA_R_32F, (uint64_t)(trans_b ? n : k),
+                                             (uint64_t)(trans_b ? k : n), ldb));
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc));
+  cublasLtMatmulPreference_t preference;
+  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  uint64_t workspace_size = blas->workspace_size;
+  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_size, sizeof workspace_size));
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  TP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas->lt, op, layout_a, layout_b, layout_c, layout_c, preference,
+                                                 1, &heuristic, &found));
+  if (found == 0) tp_cuda_fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", "no algorithm for this product");
+  TP_CUBLAS_CHECK(cublasLtMatmul(blas->lt, op, &alpha, A, layout_a, B, layout_b, &beta, C, layout_c, C, layout_c,
+                                 &heuristic.algo, blas->workspace, blas->workspace_size,
+                                 static_cast<cudaStream_t>(stream)));
+  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_c));
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_a));
+  TP_CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+#endif
+}
+
+/* y (rows, n): every row = bias, or zeros when bias is NULL. */
+__global__ void fill_rows_kernel(const float *bias, int64_t rows, int64_t n, float *y) {
+  TP_GRID_STRIDE_LOOP(i, rows * n) y[i] = bias ? bias[i % n] : 0.0f;
+}
+
+static void fill_rows(const float *bias, int64_t rows, int64_t n, float *y, TpCudaStream stream) {
+  if (rows * n == 0) return;
+  TP_LAUNCH(fill_rows_kernel, tp_elementwise_grid(rows * n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, bias, rows,
+            n, y);
+}
+
+/* Row-major contiguous C (M, N) = op(A) (M, K) @ op(B) (K, N) + beta C (tp_sgemm's
+ * convention). Row-major C is column-major C^T = op(B)^T op(A)^T, and a row-major matrix
+ * read as column-major is its transpose: so the column-major call takes B first, A second,
+ * with the same transposition flags and no copies. */
+static void gemm_row_major(TpCudaBlas *blas, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                           const float *A, const float *B, float beta, float *C, TpCudaStream stream) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) { /* an empty sum; cuBLASLt takes no k of 0 */
+    if (beta == 0) fill_rows(NULL, M, N, C, stream);
+    return;
+  }
+  gemm_column_major(blas, trans_b, trans_a, N, M, K, B, trans_b ? K : N, A, trans_a ? M : K, beta, C, N, stream);
+}
+
+void tp_cuda_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
+                        int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
+  if (bias) fill_rows(bias, M, N, y, stream); /* then accumulated onto, as the CPU kernel does */
+  gemm_row_major(blas, false, transpose_w, M, N, K, x, w, bias ? 1.0f : 0.0f, y, stream);
+}
+
+/* As runtime/cpu/nn_backward.c's tp_column_sums_f32: runs of COLUMN_ROW_RUN rows summed in
+ * float, the runs in double, in the order of the rows, so the sums are the CPU's bit for bit. */
+enum { COLUMN_ROW_RUN = 64, COLUMN_THREADS = 256 };
+
+/* One thread per column. */
+__global__ void column_sums_kernel(const float *dy, int64_t rows, int64_t n, float *sums) {
+  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  double sum = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += COLUMN_ROW_RUN) {
+    float run = 0;
+    for (int64_t r = r0; r < rows && r < r0 + COLUMN_ROW_RUN; r++) run += dy[r * n + j];
+    sum += run;
+  }
+  sums[j] = (float)sum;
+}
+
+void tp_cuda_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
+                                 int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
+                                 TpCudaStream stream) {
+  if (dx) { /* dy (M, N) @ w^T */
+    gemm_row_major(blas, false, !transpose_w, M, K, N, dy, w, 0, dx, stream);
+  }
+  if (dw) {
+    if (transpose_w) gemm_row_major(blas, true, false, N, K, M, dy, x, 0, dw, stream); /* dy^T @ x */
+    else gemm_row_major(blas, true, false, K, N, M, x, dy, 0, dw, stream);              /* x^T @ dy */
+  }
+  if (dbias && N > 0) {
+    dim3 grid((unsigned)((N + COLUMN_THREADS - 1) / COLUMN_THREADS));
+    TP_LAUNCH(column_sums_kernel, grid, dim3(COLUMN_THREADS), stream, dy, M, N, dbias);
+  }
+}

@@ -1,0 +1,41 @@
+/* Matrix products on the GPU through cuBLASLt, behind thin entry points that compute what
+ * the CPU kernels they name compute (same shapes, same NULL and overwrite conventions),
+ * over DEVICE pointers, on `stream`, without synchronising. All products run in fp32 with
+ * fp32 accumulation (CUBLAS_COMPUTE_32F, never the TF32 compute types), so results differ
+ * from the CPU's only in the order of the sums. In the emulated test build
+ * (TOKPIPE_CUDA_EMULATE) the same entry points run the products through OpenBLAS
+ * (cblas_sgemm, with the same column-major operands as the cuBLASLt call) and the bias and
+ * reduction kernels through the emulation. */
+#ifndef TOKPIPE_CUDA_BLAS_H
+#define TOKPIPE_CUDA_BLAS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels.h" /* TpCudaStream */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A cuBLASLt handle and its workspace: one per stream (calls on two streams at once would
+ * share the workspace), created once, destroyed at close. */
+typedef struct TpCudaBlas TpCudaBlas;
+TpCudaBlas *tp_cuda_blas_create(void);
+void tp_cuda_blas_destroy(TpCudaBlas *blas);
+
+/* tp_linear_f32: y (M, N) = x (M, K) @ w (K, N), or w (N, K) transposed when transpose_w,
+ * + bias (N) or NULL */
+void tp_cuda_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
+                        int64_t N, bool transpose_w, float *y, TpCudaStream stream);
+/* tp_linear_backward_f32: dx (M, K) = dy @ w^T, dw like w = x^T @ dy (dy^T @ x when
+ * transpose_w), dbias (N) = the sum of dy's rows; each overwritten, each may be NULL. */
+void tp_cuda_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
+                                 int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
+                                 TpCudaStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,142 @@
+/* The matrix products of runtime/cuda/blas.h, run on the CPU in the emulated build (the
+ * products through OpenBLAS with the column-major operands the cuBLASLt call takes, the
+ * bias and column-sum kernels through the emulation), each against the CPU kernel it
+ * implements, at awkward shapes: sizes of 0 and 1, odd sizes, more rows than a column-sum
+ * run (64), w transposed both ways, with and without bias. Outputs start as NaN, so an
+ * output the entry point should overwrite but reads or skips fails. One ctest per kernel
+ * and direction: `test_cuda_blas NAME`.
+ *
+ * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element:
+ *   product(K) (1e-6 * K, 1e-5): a dot product of K terms, each |a b| <= 1 (inputs in
+ *     [-1, 1)), summed in float in another order (other blocking, other kernel): the
+ *     rounding errors of the K partial sums, each <= 2^-24 |partial sum|, stay well below
+ *     1e-6 * K (about 17 K ulp of 1) for sums of random signs.
+ *   EXACT (0, 0): the bias broadcast (copies, then the same product onto it) is compared
+ *     through the product's tolerance, but dbias is the CPU's column sum in the same order
+ *     (runs of 64 rows in float, the runs in double), so bit for bit. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "cpu/nn_backward.h"
+#include "cpu/transformer.h"
+#include "cuda/blas.h"
+
+typedef struct {
+  double atol, rtol;
+} Tolerance;
+
+static const Tolerance EXACT = {0, 0};
+static Tolerance product(int64_t K) { return (Tolerance){1e-6 * (double)K, 1e-5}; }
+
+/* Compares n results; reports the worst element (relative to its tolerance) on failure. */
+static void check_close(const char *what, const float *got, const float *want, int64_t n, Tolerance tol) {
+  int64_t worst = -1;
+  double worst_ratio = 1;
+  for (int64_t i = 0; i < n; i++) {
+    double err = fabs((double)got[i] - want[i]), allowed = tol.atol + tol.rtol * fabs((double)want[i]);
+    if (got[i] == want[i]) continue;
+    double ratio = err <= allowed ? 0 : allowed > 0 ? err / allowed : INFINITY; /* NaN: infinite */
+    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+  }
+  if (worst >= 0)
+    fail("%s: abs_err=%.3g at [%lld] (gpu %.9g, cpu %.9g; atol %g, rtol %g)", what,
+         fabs((double)got[worst] - want[worst]), (long long)worst, got[worst], want[worst], tol.atol, tol.rtol);
+}
+
+/* n floats set to NaN: what an output holds before the kernel must overwrite it. */
+static float *nans(int64_t n) {
+  float *a = malloc((size_t)(n ? n : 1) * sizeof *a);
+  for (int64_t i = 0; i < n; i++) a[i] = NAN;
+  return a;
+}
+
+/* (M, K, N) of the linear tests */
+static const int64_t SHAPES[][3] = {{1, 1, 1}, {1, 7, 3},    {3, 1, 5},     {5, 33, 17}, {64, 65, 63},
+                                    {130, 257, 31}, {200, 96, 300}, {0, 4, 3}, {3, 0, 4},    {2, 5, 0}};
+enum { NSHAPES = sizeof SHAPES / sizeof SHAPES[0] };
+
+static void describe(char *at, size_t size, const int64_t *shape, bool transpose_w, bool bias) {
+  snprintf(at, size, "M=%lld K=%lld N=%lld transpose_w=%d bias=%d", (long long)shape[0], (long long)shape[1],
+           (long long)shape[2], transpose_w, bias);
+}
+
+static void linear_fwd(void) {
+  TpCudaBlas *blas = tp_cuda_blas_create();
+  for (int s = 0; s < NSHAPES; s++)
+    for (int variant = 0; variant < 4; variant++) {
+      int64_t M = SHAPES[s][0], K = SHAPES[s][1], N = SHAPES[s][2];
+      bool transpose_w = variant & 1, with_bias = variant & 2;
+      char at[96];
+      describe(at, sizeof at, SHAPES[s], transpose_w, with_bias);
+      float *x = rand_array(M * K, 1), *w = rand_array(K * N, 1), *bias = with_bias ? rand_array(N, 1) : NULL;
+      float *y = nans(M * N), *want = nans(M * N);
+      tp_linear_f32(x, w, bias, M, K, N, transpose_w, want);
+      tp_cuda_linear_f32(blas, x, w, bias, M, K, N, transpose_w, y, NULL);
+      check_close(at, y, want, M * N, product(K));
+      free(x), free(w), free(bias), free(y), free(want);
+    }
+  tp_cuda_blas_destroy(blas);
+}
+
+static void linear_bwd(void) {
+  TpCudaBlas *blas = tp_cuda_blas_create();
+  for (int s = 0; s < NSHAPES; s++)
+    for (int variant = 0; variant < 4; variant++) {
+      int64_t M = SHAPES[s][0], K = SHAPES[s][1], N = SHAPES[s][2];
+      bool transpose_w = variant & 1, all_outputs = variant & 2; /* else dw alone (dx, dbias NULL) */
+      char at[96], what[128];
+      describe(at, sizeof at, SHAPES[s], transpose_w, all_outputs);
+      float *dy = rand_array(M * N, 1), *x = rand_array(M * K, 1), *w = rand_array(K * N, 1);
+      float *dx = nans(M * K), *dw = nans(K * N), *dbias = nans(N);
+      float *want_dx = nans(M * K), *want_dw = nans(K * N), *want_dbias = nans(N);
+      tp_linear_backward_f32(dy, x, w, M, K, N, transpose_w, all_outputs ? want_dx : NULL, want_dw,
+                             all_outputs ? want_dbias : NULL);
+      tp_cuda_linear_backward_f32(blas, dy, x, w, M, K, N, transpose_w, all_outputs ? dx : NULL, dw,
+                                  all_outputs ? dbias : NULL, NULL);
+      snprintf(what, sizeof what, "%s dw", at);
+      check_close(what, dw, want_dw, K * N, product(M));
+      snprintf(what, sizeof what, "%s dx", at);
+      check_close(what, dx, want_dx, all_outputs ? M * K : 0, product(N));
+      snprintf(what, sizeof what, "%s dbias", at);
+      check_close(what, dbias, want_dbias, all_outputs ? N : 0, EXACT);
+      if (!all_outputs) /* the outputs not asked for are left alone */
+        for (int64_t i = 0; i < M * K; i++)
+          if (!isnan(dx[i])) {
+            fail("%s: dx[%lld] written though dx was not asked for", at, (long long)i);
+            break;
+          }
+      free(dy), free(x), free(w), free(dx), free(dw), free(dbias), free(want_dx), free(want_dw), free(want_dbias);
+    }
+  tp_cuda_blas_destroy(blas);
+}
+
+static const struct {
+  const char *name;
+  void (*run)(void);
+} TESTS[] = {
+    {"linear_fwd", linear_fwd},
+    {"linear_bwd", linear_bwd},
+};
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: test_cuda_blas TEST (or --list)\n");
+    return 2;
+  }
+  for (size_t i = 0; i < sizeof TESTS / sizeof *TESTS; i++) {
+    if (!strcmp(argv[1], "--list")) printf("%s\n", TESTS[i].name);
+    else if (!strcmp(argv[1], TESTS[i].name)) {
+      TESTS[i].run();
+      if (failures) fprintf(stderr, "%s: %d failure(s)\n", argv[1], failures);
+      else printf("%s: ok\n", argv[1]);
+      return failures ? 1 : 0;
+    }
+  }
+  if (!strcmp(argv[1], "--list")) return 0;
+  fprintf(stderr, "test_cuda_blas: no test '%s'\n", argv[1]);
+  return 2;
+}
