@@ -150,3 +150,38 @@ void tp_cuda_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float 
     TP_LAUNCH(column_sums_kernel, grid, dim3(COLUMN_THREADS), stream, dy, M, N, dbias);
   }
 }
+
+void tp_cuda_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
+                        TpCudaStream stream) {
+  int64_t M = l->M, K = l->K, N = l->N;
+  if (l->nb == 1 && l->na == l->nbatch) { /* one shared right operand: fold the batch into M */
+    gemm_row_major(blas, false, false, l->nbatch * M, N, K, a, b, 0, y, stream);
+    return;
+  }
+  for (int64_t n = 0; n < l->nbatch; n++) {
+    int64_t oa, ob;
+    tp_matmul_operands(l, n, &oa, &ob);
+    gemm_row_major(blas, false, false, M, N, K, a + oa * M * K, b + ob * K * N, 0, y + n * M * N, stream);
+  }
+}
+
+void tp_cuda_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
+                                 const float *b, float *da, float *db, TpCudaStream stream) {
+  int64_t M = l->M, K = l->K, N = l->N, nbatch = l->nbatch;
+  if (l->nb == 1 && l->na == nbatch) { /* one shared b: the batch folds into the rows */
+    if (da) gemm_row_major(blas, false, true, nbatch * M, K, N, dy, b, 0, da, stream);
+    if (db) gemm_row_major(blas, true, false, K, N, nbatch * M, a, dy, 0, db, stream);
+    return;
+  }
+  /* An operand broadcast along a batch dim collects the sum of its products. */
+  bool sum_a = l->na != nbatch, sum_b = l->nb != nbatch;
+  if (da && sum_a) fill_rows(NULL, l->na * M, K, da, stream);
+  if (db && sum_b) fill_rows(NULL, l->nb * K, N, db, stream);
+  for (int64_t n = 0; n < nbatch; n++) {
+    int64_t oa, ob;
+    tp_matmul_operands(l, n, &oa, &ob);
+    const float *dy_n = dy + n * M * N;
+    if (da) gemm_row_major(blas, false, true, M, K, N, dy_n, b + ob * K * N, sum_a ? 1.0f : 0.0f, da + oa * M * K, stream);
+    if (db) gemm_row_major(blas, true, false, K, N, M, a + oa * M * K, dy_n, sum_b ? 1.0f : 0.0f, db + ob * K * N, stream);
+  }
+}

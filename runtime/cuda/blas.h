@@ -17,6 +17,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "cpu/matmul.h" /* TpMatmulLayout, tp_matmul_operands: a C header */
 
 /* A cuBLASLt handle and its workspace: one per stream (calls on two streams at once would
  * share the workspace), created once, destroyed at close. */
@@ -33,6 +34,15 @@ void tp_cuda_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const 
 void tp_cuda_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
                                  int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
                                  TpCudaStream stream);
+
+/* tp_matmul on f32 (numpy semantics, broadcast batch dims): l is tp_matmul_layout of a's
+ * and b's shapes (host memory); y (l->nbatch, M, N) is overwritten. */
+void tp_cuda_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
+                        TpCudaStream stream);
+/* tp_matmul_backward_f32: da = dy @ b^T with a's shape, db = a^T @ dy with b's shape, a
+ * batch dim an operand was broadcast along summed over; each overwritten, each may be NULL. */
+void tp_cuda_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
+                                 const float *b, float *da, float *db, TpCudaStream stream);
 
 #ifdef __cplusplus
 }

@@ -11,9 +11,11 @@
  *     [-1, 1)), summed in float in another order (other blocking, other kernel): the
  *     rounding errors of the K partial sums, each <= 2^-24 |partial sum|, stay well below
  *     1e-6 * K (about 17 K ulp of 1) for sums of random signs.
- *   EXACT (0, 0): the bias broadcast (copies, then the same product onto it) is compared
- *     through the product's tolerance, but dbias is the CPU's column sum in the same order
- *     (runs of 64 rows in float, the runs in double), so bit for bit. */
+ *     A gradient summed over a broadcast batch dim adds (batch) such products: product(K *
+ *     batch), K the inner size of one product.
+ *   EXACT (0, 0): dbias is the CPU's column sum in the same order (runs of 64 rows in
+ *     float, the runs in double), so bit for bit. (The bias broadcast is a copy the product
+ *     is then added onto, inside the forward's product tolerance.) */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@
 #include <string.h>
 
 #include "../check.h"
+#include "cpu/matmul.h"
 #include "cpu/nn_backward.h"
 #include "cpu/transformer.h"
 #include "cuda/blas.h"
@@ -114,12 +117,106 @@ static void linear_bwd(void) {
   tp_cuda_blas_destroy(blas);
 }
 
+/* MatMul operand shapes: 2-D, 1-D either side, a batch folded into the rows (shared b),
+ * equal batches, a broadcast a, both broadcast over different dims, sizes of 1, K = 0,
+ * M = 0, larger odd sizes. */
+typedef struct {
+  int rank;
+  int64_t dims[4];
+} Shape;
+static const Shape MATMUL_SHAPES[][2] = {
+    {{2, {3, 5}}, {2, {5, 4}}},           {{1, {5}}, {2, {5, 4}}},
+    {{2, {3, 5}}, {1, {5}}},              {{3, {2, 3, 5}}, {2, {5, 4}}},
+    {{3, {2, 3, 5}}, {3, {2, 5, 4}}},     {{2, {3, 5}}, {3, {2, 5, 4}}},
+    {{4, {2, 1, 3, 5}}, {4, {1, 4, 5, 7}}}, {{3, {1, 1, 1}}, {2, {1, 1}}},
+    {{3, {2, 3, 0}}, {2, {0, 4}}},        {{3, {2, 3, 0}}, {3, {2, 0, 4}}},
+    {{3, {2, 0, 5}}, {2, {5, 3}}},        {{3, {4, 33, 65}}, {3, {4, 65, 17}}},
+    {{3, {1, 70, 9}}, {3, {3, 9, 130}}},
+};
+enum { NMATMUL_SHAPES = sizeof MATMUL_SHAPES / sizeof MATMUL_SHAPES[0] };
+
+static TpTensor f32_tensor(Shape shape) {
+  TpTensor t = {.dtype = TP_F32, .rank = shape.rank};
+  for (int i = 0; i < shape.rank; i++) t.dims[i] = shape.dims[i];
+  return t;
+}
+
+static void describe_matmul(char *at, size_t size, const TpTensor *a, const TpTensor *b) {
+  int used = snprintf(at, size, "a");
+  for (int i = 0; i < a->rank; i++) used += snprintf(at + used, size - (size_t)used, "%s%lld", i ? "x" : " ", (long long)a->dims[i]);
+  used += snprintf(at + used, size - (size_t)used, " b");
+  for (int i = 0; i < b->rank; i++) used += snprintf(at + used, size - (size_t)used, "%s%lld", i ? "x" : " ", (long long)b->dims[i]);
+}
+
+static void matmul_fwd(void) {
+  TpCudaBlas *blas = tp_cuda_blas_create();
+  for (int s = 0; s < NMATMUL_SHAPES; s++) {
+    TpTensor a = f32_tensor(MATMUL_SHAPES[s][0]), b = f32_tensor(MATMUL_SHAPES[s][1]);
+    TpMatmulLayout l;
+    if (!tp_matmul_layout(&a, &b, &l)) {
+      fail("shape %d does not multiply", s);
+      continue;
+    }
+    char at[96];
+    describe_matmul(at, sizeof at, &a, &b);
+    int64_t ny = l.nbatch * l.M * l.N;
+    a.data = rand_array(tp_tensor_numel(&a), 1), b.data = rand_array(tp_tensor_numel(&b), 1);
+    float *y = nans(ny), *want = nans(ny);
+    TpTensor want_t = {.dtype = TP_F32, .rank = 1, .dims = {ny}, .data = want};
+    if (tp_matmul(&a, &b, &want_t) != TP_KERNEL_OK) fail("%s: tp_matmul refused", at);
+    tp_cuda_matmul_f32(blas, &l, a.data, b.data, y, NULL);
+    check_close(at, y, want, ny, product(l.K));
+    free(a.data), free(b.data), free(y), free(want);
+  }
+  tp_cuda_blas_destroy(blas);
+}
+
+static void matmul_bwd(void) {
+  TpCudaBlas *blas = tp_cuda_blas_create();
+  for (int s = 0; s < NMATMUL_SHAPES; s++)
+    for (int variant = 0; variant < 2; variant++) { /* both gradients, then db alone */
+      TpTensor a = f32_tensor(MATMUL_SHAPES[s][0]), b = f32_tensor(MATMUL_SHAPES[s][1]);
+      TpMatmulLayout l;
+      if (!tp_matmul_layout(&a, &b, &l)) {
+        fail("shape %d does not multiply", s);
+        continue;
+      }
+      char at[96], what[128];
+      describe_matmul(at, sizeof at, &a, &b);
+      int64_t ny = l.nbatch * l.M * l.N, na = tp_tensor_numel(&a), nb = tp_tensor_numel(&b);
+      bool with_da = variant == 0;
+      a.data = rand_array(na, 1), b.data = rand_array(nb, 1);
+      float *dy = rand_array(ny, 1), *da = nans(na), *db = nans(nb), *want_da = nans(na), *want_db = nans(nb);
+      TpTensor dy_t = {.dtype = TP_F32, .rank = 1, .dims = {ny}, .data = dy};
+      TpTensor want_da_t = a, want_db_t = b;
+      want_da_t.data = want_da, want_db_t.data = want_db;
+      if (tp_matmul_backward_f32(&dy_t, &a, &b, with_da ? &want_da_t : NULL, &want_db_t) != TP_KERNEL_OK)
+        fail("%s: tp_matmul_backward_f32 refused", at);
+      tp_cuda_matmul_backward_f32(blas, &l, dy, a.data, b.data, with_da ? da : NULL, db, NULL);
+      /* a gradient summed over a broadcast batch adds nbatch / (its own matrices) products */
+      snprintf(what, sizeof what, "%s da", at);
+      check_close(what, da, want_da, with_da ? na : 0, product(l.N * (l.nbatch / (l.na ? l.na : 1))));
+      snprintf(what, sizeof what, "%s db", at);
+      check_close(what, db, want_db, nb, product(l.M * (l.nbatch / (l.nb ? l.nb : 1))));
+      if (!with_da)
+        for (int64_t i = 0; i < na; i++)
+          if (!isnan(da[i])) {
+            fail("%s: da[%lld] written though da was not asked for", at, (long long)i);
+            break;
+          }
+      free(a.data), free(b.data), free(dy), free(da), free(db), free(want_da), free(want_db);
+    }
+  tp_cuda_blas_destroy(blas);
+}
+
 static const struct {
   const char *name;
   void (*run)(void);
 } TESTS[] = {
     {"linear_fwd", linear_fwd},
     {"linear_bwd", linear_bwd},
+    {"matmul_fwd", matmul_fwd},
+    {"matmul_bwd", matmul_bwd},
 };
 
 int main(int argc, char **argv) {
