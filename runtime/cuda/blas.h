@@ -29,6 +29,10 @@ void tp_cuda_blas_destroy(TpCudaBlas *blas);
  * + bias (N) or NULL */
 void tp_cuda_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
                         int64_t N, bool transpose_w, float *y, TpCudaStream stream);
+/* tp_cuda_linear_f32 on bf16 x and w (the bits of base/tensor.h's TP_BF16): the products
+ * accumulate in fp32 (CUBLAS_COMPUTE_32F); bias and y are fp32. */
+void tp_cuda_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint16_t *w, const float *bias, int64_t M,
+                         int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream);
 /* tp_linear_backward_f32: dx (M, K) = dy @ w^T, dw like w = x^T @ dy (dy^T @ x when
  * transpose_w), dbias (N) = the sum of dy's rows; each overwritten, each may be NULL. */
 void tp_cuda_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,

@@ -13,6 +13,7 @@
  *     1e-6 * K (about 17 K ulp of 1) for sums of random signs.
  *     A gradient summed over a broadcast batch dim adds (batch) such products: product(K *
  *     batch), K the inner size of one product.
+ *     The bf16 forward's products are exact in f32 (8-bit significands), so product(K) too.
  *   EXACT (0, 0): dbias is the CPU's column sum in the same order (runs of 64 rows in
  *     float, the runs in double), so bit for bit. (The bias broadcast is a copy the product
  *     is then added onto, inside the forward's product tolerance.) */
@@ -85,6 +86,35 @@ static void linear_fwd(void) {
   tp_cuda_blas_destroy(blas);
 }
 
+/* bf16 x and w: their products are exact in f32, so against tp_linear_f32 on the widened
+ * values only the order of the f32 sums differs. (The emulated build widens the operands
+ * itself: this checks the operand mapping and the bias, not cuBLASLt's bf16 path.) */
+static uint16_t *rand_bf16(int64_t n, float **wide) {
+  uint16_t *bits = malloc((size_t)(n ? n : 1) * sizeof *bits);
+  *wide = rand_array(n, 1);
+  for (int64_t i = 0; i < n; i++) bits[i] = tp_f32_to_bf16((*wide)[i]), (*wide)[i] = tp_bf16_to_f32(bits[i]);
+  return bits;
+}
+
+static void linear_bf16_fwd(void) {
+  TpCudaBlas *blas = tp_cuda_blas_create();
+  for (int s = 0; s < NSHAPES; s++)
+    for (int variant = 0; variant < 4; variant++) {
+      int64_t M = SHAPES[s][0], K = SHAPES[s][1], N = SHAPES[s][2];
+      bool transpose_w = variant & 1, with_bias = variant & 2;
+      char at[96];
+      describe(at, sizeof at, SHAPES[s], transpose_w, with_bias);
+      float *x, *w, *bias = with_bias ? rand_array(N, 1) : NULL;
+      uint16_t *x_bits = rand_bf16(M * K, &x), *w_bits = rand_bf16(K * N, &w);
+      float *y = nans(M * N), *want = nans(M * N);
+      tp_linear_f32(x, w, bias, M, K, N, transpose_w, want);
+      tp_cuda_linear_bf16(blas, x_bits, w_bits, bias, M, K, N, transpose_w, y, NULL);
+      check_close(at, y, want, M * N, product(K));
+      free(x), free(w), free(x_bits), free(w_bits), free(bias), free(y), free(want);
+    }
+  tp_cuda_blas_destroy(blas);
+}
+
 static void linear_bwd(void) {
   TpCudaBlas *blas = tp_cuda_blas_create();
   for (int s = 0; s < NSHAPES; s++)
@@ -141,11 +171,15 @@ static TpTensor f32_tensor(Shape shape) {
   return t;
 }
 
+/* "a 2x3x5 b 5x4" */
 static void describe_matmul(char *at, size_t size, const TpTensor *a, const TpTensor *b) {
-  int used = snprintf(at, size, "a");
-  for (int i = 0; i < a->rank; i++) used += snprintf(at + used, size - (size_t)used, "%s%lld", i ? "x" : " ", (long long)a->dims[i]);
-  used += snprintf(at + used, size - (size_t)used, " b");
-  for (int i = 0; i < b->rank; i++) used += snprintf(at + used, size - (size_t)used, "%s%lld", i ? "x" : " ", (long long)b->dims[i]);
+  int used = 0;
+  for (int t = 0; t < 2; t++) {
+    const TpTensor *x = t ? b : a;
+    used += snprintf(at + used, size - (size_t)used, "%s", t ? " b" : "a");
+    for (int i = 0; i < x->rank; i++)
+      used += snprintf(at + used, size - (size_t)used, "%s%lld", i ? "x" : " ", (long long)x->dims[i]);
+  }
 }
 
 static void matmul_fwd(void) {
@@ -215,6 +249,7 @@ static const struct {
 } TESTS[] = {
     {"linear_fwd", linear_fwd},
     {"linear_bwd", linear_bwd},
+    {"linear_bf16_fwd", linear_bf16_fwd},
     {"matmul_fwd", matmul_fwd},
     {"matmul_bwd", matmul_bwd},
 };
