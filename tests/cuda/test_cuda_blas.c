@@ -23,33 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../check.h"
+#include "compare.h"
 #include "cpu/matmul.h"
 #include "cpu/nn_backward.h"
 #include "cpu/transformer.h"
 #include "cuda/blas.h"
 
-typedef struct {
-  double atol, rtol;
-} Tolerance;
-
 static const Tolerance EXACT = {0, 0};
 static Tolerance product(int64_t K) { return (Tolerance){1e-6 * (double)K, 1e-5}; }
-
-/* Compares n results; reports the worst element (relative to its tolerance) on failure. */
-static void check_close(const char *what, const float *got, const float *want, int64_t n, Tolerance tol) {
-  int64_t worst = -1;
-  double worst_ratio = 1;
-  for (int64_t i = 0; i < n; i++) {
-    double err = fabs((double)got[i] - want[i]), allowed = tol.atol + tol.rtol * fabs((double)want[i]);
-    if (got[i] == want[i]) continue;
-    double ratio = err <= allowed ? 0 : allowed > 0 ? err / allowed : INFINITY; /* NaN: infinite */
-    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
-  }
-  if (worst >= 0)
-    fail("%s: abs_err=%.3g at [%lld] (gpu %.9g, cpu %.9g; atol %g, rtol %g)", what,
-         fabs((double)got[worst] - want[worst]), (long long)worst, got[worst], want[worst], tol.atol, tol.rtol);
-}
 
 /* n floats set to NaN: what an output holds before the kernel must overwrite it. */
 static float *nans(int64_t n) {
@@ -243,10 +224,7 @@ static void matmul_bwd(void) {
   tp_cuda_blas_destroy(blas);
 }
 
-static const struct {
-  const char *name;
-  void (*run)(void);
-} TESTS[] = {
+static const CudaTest TESTS[] = {
     {"linear_fwd", linear_fwd},
     {"linear_bwd", linear_bwd},
     {"linear_bf16_fwd", linear_bf16_fwd},
@@ -254,21 +232,4 @@ static const struct {
     {"matmul_bwd", matmul_bwd},
 };
 
-int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: test_cuda_blas TEST (or --list)\n");
-    return 2;
-  }
-  for (size_t i = 0; i < sizeof TESTS / sizeof *TESTS; i++) {
-    if (!strcmp(argv[1], "--list")) printf("%s\n", TESTS[i].name);
-    else if (!strcmp(argv[1], TESTS[i].name)) {
-      TESTS[i].run();
-      if (failures) fprintf(stderr, "%s: %d failure(s)\n", argv[1], failures);
-      else printf("%s: ok\n", argv[1]);
-      return failures ? 1 : 0;
-    }
-  }
-  if (!strcmp(argv[1], "--list")) return 0;
-  fprintf(stderr, "test_cuda_blas: no test '%s'\n", argv[1]);
-  return 2;
-}
+int main(int argc, char **argv) { return run_cuda_test(argc, argv, TESTS, sizeof TESTS / sizeof *TESTS); }

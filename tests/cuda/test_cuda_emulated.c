@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../check.h"
+#include "compare.h"
 #include "cpu/elementwise.h"
 #include "cpu/layout_backward.h"
 #include "cpu/nn.h"
@@ -39,28 +39,8 @@
 #include "cpu/transformer.h"
 #include "cuda/kernels.h"
 
-typedef struct {
-  double atol, rtol;
-} Tolerance;
-
 static const Tolerance EXACT = {0, 0}, ELEMENTWISE = {1e-6, 1e-5}, GELU_TANH_BWD = {5e-6, 1e-5}, ROW = {1e-5, 1e-5}, SUM = {0, 1e-12};
 static Tolerance column(int64_t rows) { return (Tolerance){1e-5 * (double)rows, 1e-5}; }
-
-/* Compares n results; reports the worst element (relative to its tolerance) on failure. */
-static void check_close(const char *what, const float *got, const float *want, int64_t n, Tolerance tol) {
-  int64_t worst = -1;
-  double worst_ratio = 1;
-  for (int64_t i = 0; i < n; i++) {
-    double err = fabs((double)got[i] - want[i]), allowed = tol.atol + tol.rtol * fabs((double)want[i]);
-    bool same = got[i] == want[i] || (isnan(got[i]) && isnan(want[i]));
-    if (same) continue;
-    double ratio = err <= allowed ? 0 : allowed > 0 ? err / allowed : INFINITY;
-    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
-  }
-  if (worst >= 0)
-    fail("%s: abs_err=%.3g at [%lld] (gpu %.9g, cpu %.9g; atol %g, rtol %g)", what,
-         fabs((double)got[worst] - want[worst]), (long long)worst, got[worst], want[worst], tol.atol, tol.rtol);
-}
 
 static float *zeros(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
 
@@ -476,10 +456,7 @@ static void attention_bwd(void) {
 }
 
 /* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
-static const struct {
-  const char *name;
-  void (*run)(void);
-} TESTS[] = {
+static const CudaTest TESTS[] = {
     {"rmsnorm_fwd", rmsnorm_fwd},
     {"rmsnorm_bwd", rmsnorm_bwd},
     {"layernorm_fwd", layernorm_fwd},
@@ -501,21 +478,4 @@ static const struct {
     {"attention_bwd", attention_bwd},
 };
 
-int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: test_cuda_emulated TEST (or --list)\n");
-    return 2;
-  }
-  for (size_t i = 0; i < sizeof TESTS / sizeof *TESTS; i++) {
-    if (!strcmp(argv[1], "--list")) printf("%s\n", TESTS[i].name);
-    else if (!strcmp(argv[1], TESTS[i].name)) {
-      TESTS[i].run();
-      if (failures) fprintf(stderr, "%s: %d failure(s)\n", argv[1], failures);
-      else printf("%s: ok\n", argv[1]);
-      return failures ? 1 : 0;
-    }
-  }
-  if (!strcmp(argv[1], "--list")) return 0;
-  fprintf(stderr, "test_cuda_emulated: no test '%s'\n", argv[1]);
-  return 2;
-}
+int main(int argc, char **argv) { return run_cuda_test(argc, argv, TESTS, sizeof TESTS / sizeof *TESTS); }
