@@ -49,24 +49,6 @@ static void describe(char *at, size_t size, const int64_t *shape, bool transpose
            (long long)shape[2], transpose_w, bias);
 }
 
-static void linear_fwd(void) {
-  TpCudaBlas *blas = tp_cuda_blas_create();
-  for (int s = 0; s < NSHAPES; s++)
-    for (int variant = 0; variant < 4; variant++) {
-      int64_t M = SHAPES[s][0], K = SHAPES[s][1], N = SHAPES[s][2];
-      bool transpose_w = variant & 1, with_bias = variant & 2;
-      char at[96];
-      describe(at, sizeof at, SHAPES[s], transpose_w, with_bias);
-      float *x = rand_array(M * K, 1), *w = rand_array(K * N, 1), *bias = with_bias ? rand_array(N, 1) : NULL;
-      float *y = nans(M * N), *want = nans(M * N);
-      tp_linear_f32(x, w, bias, M, K, N, transpose_w, want);
-      tp_cuda_linear_f32(blas, x, w, bias, M, K, N, transpose_w, y, NULL);
-      check_close(at, y, want, M * N, product(K));
-      free(x), free(w), free(bias), free(y), free(want);
-    }
-  tp_cuda_blas_destroy(blas);
-}
-
 /* bf16 x and w: their products are exact in f32, so against tp_linear_f32 on the widened
  * values only the order of the f32 sums differs. (The emulated build widens the operands
  * itself: this checks the operand mapping and the bias, not cuBLASLt's bf16 path.) */
@@ -77,7 +59,8 @@ static uint16_t *rand_bf16(int64_t n, float **wide) {
   return bits;
 }
 
-static void linear_bf16_fwd(void) {
+/* tp_cuda_linear_f32, or tp_cuda_linear_bf16 on bf16 x and w, against tp_linear_f32 */
+static void linear_forward(bool bf16) {
   TpCudaBlas *blas = tp_cuda_blas_create();
   for (int s = 0; s < NSHAPES; s++)
     for (int variant = 0; variant < 4; variant++) {
@@ -86,15 +69,21 @@ static void linear_bf16_fwd(void) {
       char at[96];
       describe(at, sizeof at, SHAPES[s], transpose_w, with_bias);
       float *x, *w, *bias = with_bias ? rand_array(N, 1) : NULL;
-      uint16_t *x_bits = rand_bf16(M * K, &x), *w_bits = rand_bf16(K * N, &w);
+      uint16_t *x_bits = NULL, *w_bits = NULL;
+      if (bf16) x_bits = rand_bf16(M * K, &x), w_bits = rand_bf16(K * N, &w);
+      else x = rand_array(M * K, 1), w = rand_array(K * N, 1);
       float *y = nans(M * N), *want = nans(M * N);
       tp_linear_f32(x, w, bias, M, K, N, transpose_w, want);
-      tp_cuda_linear_bf16(blas, x_bits, w_bits, bias, M, K, N, transpose_w, y, NULL);
+      if (bf16) tp_cuda_linear_bf16(blas, x_bits, w_bits, bias, M, K, N, transpose_w, y, NULL);
+      else tp_cuda_linear_f32(blas, x, w, bias, M, K, N, transpose_w, y, NULL);
       check_close(at, y, want, M * N, product(K));
       free(x), free(w), free(x_bits), free(w_bits), free(bias), free(y), free(want);
     }
   tp_cuda_blas_destroy(blas);
 }
+
+static void linear_fwd(void) { linear_forward(false); }
+static void linear_bf16_fwd(void) { linear_forward(true); }
 
 static void linear_bwd(void) {
   TpCudaBlas *blas = tp_cuda_blas_create();
