@@ -57,6 +57,22 @@ static float *widen_bf16(const void *bits, int64_t n) {
 }
 #endif
 
+#ifndef TOKPIPE_CUDA_EMULATE
+/* The largest power of two up to 256 dividing p's address: cuBLASLt's heuristic assumes
+ * 256-byte aligned operands unless told less (a batch element of a MatMul starts anywhere). */
+static uint32_t alignment_bytes(const void *p) {
+  uint32_t bytes = 256;
+  while (bytes > 1 && reinterpret_cast<uintptr_t>(p) % bytes) bytes /= 2;
+  return bytes;
+}
+
+static void set_alignment(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
+                          const void *p) {
+  uint32_t bytes = alignment_bytes(p);
+  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof bytes));
+}
+#endif
+
 /* Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n) + beta C, with k > 0; A and B f32,
  * or bf16 when `bf16` (C f32 either way). */
 static void gemm_column_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t m, int64_t n,
@@ -94,6 +110,10 @@ static void gemm_column_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool tr
   uint64_t workspace_size = blas->workspace_size;
   TP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &workspace_size, sizeof workspace_size));
+  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, A);
+  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, B);
+  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, C);
+  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, C);
   cublasLtMatmulHeuristicResult_t heuristic;
   int found = 0;
   TP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas->lt, op, layout_a, layout_b, layout_c, layout_c, preference,
