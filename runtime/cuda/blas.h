@@ -1,0 +1,55 @@
+/* Matrix products on the GPU through cuBLASLt, behind thin entry points that compute what
+ * the CPU kernels they name compute (same shapes, same NULL and overwrite conventions),
+ * over DEVICE pointers, on `stream`, without synchronising. All products run in fp32 with
+ * fp32 accumulation (CUBLAS_COMPUTE_32F, never the TF32 compute types), so results differ
+ * from the CPU's only in the order of the sums. In the emulated test build
+ * (TOKPIPE_CUDA_EMULATE) the same entry points run the products through OpenBLAS
+ * (cblas_sgemm, with the same column-major operands as the cuBLASLt call) and the bias and
+ * reduction kernels through the emulation. */
+#ifndef TOKPIPE_CUDA_BLAS_H
+#define TOKPIPE_CUDA_BLAS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels.h" /* TpCudaStream */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "cpu/matmul.h" /* TpMatmulLayout, tp_matmul_operands: a C header */
+
+/* A cuBLASLt handle and its workspace: one per stream (calls on two streams at once would
+ * share the workspace), created once, destroyed at close. */
+typedef struct TpCudaBlas TpCudaBlas;
+TpCudaBlas *tp_cuda_blas_create(void);
+void tp_cuda_blas_destroy(TpCudaBlas *blas);
+
+/* tp_linear_f32: y (M, N) = x (M, K) @ w (K, N), or w (N, K) transposed when transpose_w,
+ * + bias (N) or NULL */
+void tp_cuda_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
+                        int64_t N, bool transpose_w, float *y, TpCudaStream stream);
+/* tp_cuda_linear_f32 on bf16 x and w (the bits of base/tensor.h's TP_BF16): the products
+ * accumulate in fp32 (CUBLAS_COMPUTE_32F); bias and y are fp32. */
+void tp_cuda_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint16_t *w, const float *bias, int64_t M,
+                         int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream);
+/* tp_linear_backward_f32: dx (M, K) = dy @ w^T, dw like w = x^T @ dy (dy^T @ x when
+ * transpose_w), dbias (N) = the sum of dy's rows; each overwritten, each may be NULL. */
+void tp_cuda_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
+                                 int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
+                                 TpCudaStream stream);
+
+/* tp_matmul on f32 (numpy semantics, broadcast batch dims): l is tp_matmul_layout of a's
+ * and b's shapes (host memory); y (l->nbatch, M, N) is overwritten. */
+void tp_cuda_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
+                        TpCudaStream stream);
+/* tp_matmul_backward_f32: da = dy @ b^T with a's shape, db = a^T @ dy with b's shape, a
+ * batch dim an operand was broadcast along summed over; each overwritten, each may be NULL. */
+void tp_cuda_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
+                                 const float *b, float *da, float *db, TpCudaStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
