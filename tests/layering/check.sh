@@ -44,7 +44,7 @@ resolve() { # FILE KIND SPELLING
 # ALLOWED (a list of layers; "*" for any) and into none of FORBIDDEN.
 check_layer() {
   layer=$1 allowed=$2 forbidden=$3 n=0
-  for f in $(find "$src/$layer" -type f \( -name '*.c' -o -name '*.h' -o -name '*.def' \) | sort); do
+  for f in $(find "$src/$layer" -type f \( -name '*.c' -o -name '*.h' -o -name '*.def' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' \) | sort); do
     sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*\(["<]\)\([^">]*\)[">].*/\1 \2/p' "$f" > includes.txt
     while read -r kind spelled; do
       n=$((n + 1))
