@@ -8,6 +8,7 @@
  * controls them too): word 3 the id limit, word 4 the batch shape, word 5 a position,
  * word 6 where to cut the file. */
 #define _GNU_SOURCE /* memfd_create */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
