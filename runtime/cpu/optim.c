@@ -1,7 +1,5 @@
 #include "optim.h"
 
-#include <math.h>
-
 #define PARALLEL_MIN_ELEMS 32768
 /* Sums are cut into this many fixed pieces, added in order: the same bits on any thread
  * count. */
@@ -9,21 +7,9 @@
 
 void tp_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
                    double beta2, double eps, double weight_decay, int64_t step) {
-  const float decay = (float)(1 - lr * weight_decay);
-  const float b1 = (float)beta1, a1 = (float)(1 - beta1), b2 = (float)beta2,
-              a2 = (float)(1 - beta2);
-  const float neg_step_size = (float)-(lr / (1 - pow(beta1, (double)step)));
-  const float bc2_sqrt = (float)sqrt(1 - pow(beta2, (double)step)), e = (float)eps;
+  const TpAdamWFactors f = tp_adamw_factors(lr, beta1, beta2, eps, weight_decay, step);
 #pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
-  for (int64_t i = 0; i < n; i++) {
-    float wi = w[i] * decay, gi = g[i];
-    float mi = m[i] * b1 + a1 * gi;
-    float vi = v[i] * b2 + a2 * gi * gi;
-    float denom = sqrtf(vi) / bc2_sqrt + e;
-    w[i] = wi + neg_step_size * mi / denom;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  for (int64_t i = 0; i < n; i++) tp_adamw_element(w, g, m, v, i, f);
 }
 
 double tp_sum_squares_f32(const float *x, int64_t n) {

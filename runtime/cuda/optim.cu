@@ -1,33 +1,17 @@
 /* AdamW and the pieces of global-norm clipping (runtime/cpu/optim.h) on the device. */
 #include "common.cuh"
+#include "cpu/optim.h"
 
-#include <math.h>
-
-
-
-/* tp_adamw_step's per-element float work, in its order of operations. */
-__global__ void adamw_kernel(float *w, const float *g, float *m, float *v, int64_t n, float decay, float b1,
-                             float a1, float b2, float a2, float neg_step_size, float bc2_sqrt, float e) {
-  TP_GRID_STRIDE_LOOP(i, n) {
-    float wi = w[i] * decay, gi = g[i];
-    float mi = m[i] * b1 + a1 * gi;
-    float vi = v[i] * b2 + a2 * gi * gi;
-    float denom = sqrtf(vi) / bc2_sqrt + e;
-    w[i] = wi + neg_step_size * mi / denom;
-    m[i] = mi;
-    v[i] = vi;
-  }
+/* tp_adamw_step's per-element work (cpu/optim.h) on the device. */
+__global__ void adamw_kernel(float *w, const float *g, float *m, float *v, int64_t n, TpAdamWFactors f) {
+  TP_GRID_STRIDE_LOOP(i, n) tp_adamw_element(w, g, m, v, i, f);
 }
 
 void tp_cuda_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
                         double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream) {
   if (n == 0) return;
-  /* the scalar factors exactly as tp_adamw_step computes them, in double on the host */
-  float decay = (float)(1 - lr * weight_decay);
-  float neg_step_size = (float)-(lr / (1 - pow(beta1, (double)step)));
-  float bc2_sqrt = (float)sqrt(1 - pow(beta2, (double)step));
-  TP_LAUNCH(adamw_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, w, g, m, v, n, decay, (float)beta1,
-            (float)(1 - beta1), (float)beta2, (float)(1 - beta2), neg_step_size, bc2_sqrt, (float)eps);
+  TP_LAUNCH(adamw_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, w, g, m, v, n,
+            tp_adamw_factors(lr, beta1, beta2, eps, weight_decay, step));
 }
 
 /* Block b: the sum of squares of piece b of TP_CUDA_SUM_PIECES, in double. */
