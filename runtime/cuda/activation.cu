@@ -14,7 +14,7 @@ __global__ void gelu_kernel(const float *x, int64_t n, bool tanh_approx, float *
   }
 }
 
-void tp_cuda_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream) {
+void tp_cuda_launch_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream) {
   if (n == 0) return;
   TP_LAUNCH(gelu_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n, tanh_approx, y);
 }
@@ -32,7 +32,7 @@ __global__ void gelu_backward_kernel(const float *dy, const float *x, int64_t n,
   }
 }
 
-void tp_cuda_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
+void tp_cuda_launch_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
                                TpCudaStream stream) {
   if (n == 0) return;
   TP_LAUNCH(gelu_backward_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy, x, n, tanh_approx,
@@ -45,7 +45,7 @@ __global__ void swiglu_kernel(const float *gate, const float *up, int64_t n, flo
   TP_GRID_STRIDE_LOOP(i, n) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
 }
 
-void tp_cuda_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream) {
+void tp_cuda_launch_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream) {
   if (n == 0) return;
   TP_LAUNCH(swiglu_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, gate, up, n, y);
 }
@@ -60,7 +60,7 @@ __global__ void swiglu_backward_kernel(const float *dy, const float *gate, const
   }
 }
 
-void tp_cuda_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
+void tp_cuda_launch_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
                                  float *dup, TpCudaStream stream) {
   if (n == 0) return;
   TP_LAUNCH(swiglu_backward_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy, gate, up, n, dgate,

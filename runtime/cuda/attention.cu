@@ -67,7 +67,7 @@ static bool attention_empty(const TpCudaAttention *p) {
   return p->batch == 0 || p->q_heads == 0 || p->q_len == 0;
 }
 
-void tp_cuda_attention_f32(const TpCudaAttention *p, const float *q, const float *k, const float *v, float *y,
+void tp_cuda_launch_attention_f32(const TpCudaAttention *p, const float *q, const float *k, const float *v, float *y,
                            float *lse, TpCudaStream stream) {
   if (attention_empty(p)) return;
   dim3 grid((unsigned)p->q_len, (unsigned)p->q_heads, (unsigned)p->batch);
@@ -134,7 +134,7 @@ __global__ void attention_dkdv_kernel(TpCudaAttention p, const float *dy, const 
   }
 }
 
-void tp_cuda_attention_backward_f32(const TpCudaAttention *p, const float *dy, const float *q, const float *k,
+void tp_cuda_launch_attention_backward_f32(const TpCudaAttention *p, const float *dy, const float *q, const float *k,
                                     const float *v, const float *y, const float *lse, float *dq, float *dk,
                                     float *dv, float *delta, TpCudaStream stream) {
   if (p->batch == 0 || p->kv_heads == 0) return;

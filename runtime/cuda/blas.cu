@@ -168,12 +168,12 @@ static void linear(TpCudaBlas *blas, bool bf16, const void *x, const void *w, co
   gemm_any_row_major(blas, bf16, false, transpose_w, M, N, K, x, w, bias ? 1.0f : 0.0f, y, stream);
 }
 
-void tp_cuda_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
+void tp_cuda_launch_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
                         int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
   linear(blas, false, x, w, bias, M, K, N, transpose_w, y, stream);
 }
 
-void tp_cuda_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint16_t *w, const float *bias, int64_t M,
+void tp_cuda_launch_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint16_t *w, const float *bias, int64_t M,
                          int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
   linear(blas, true, x, w, bias, M, K, N, transpose_w, y, stream);
 }
@@ -195,7 +195,7 @@ __global__ void column_sums_kernel(const float *dy, int64_t rows, int64_t n, flo
   sums[j] = (float)sum;
 }
 
-void tp_cuda_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
+void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
                                  int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
                                  TpCudaStream stream) {
   if (dx) { /* dy (M, N) @ w^T */
@@ -211,7 +211,7 @@ void tp_cuda_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float 
   }
 }
 
-void tp_cuda_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
+void tp_cuda_launch_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
                         TpCudaStream stream) {
   int64_t M = l->M, K = l->K, N = l->N;
   if (l->nb == 1 && l->na == l->nbatch) { /* one shared right operand: fold the batch into M */
@@ -225,7 +225,7 @@ void tp_cuda_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *
   }
 }
 
-void tp_cuda_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
+void tp_cuda_launch_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
                                  const float *b, float *da, float *db, TpCudaStream stream) {
   int64_t M = l->M, K = l->K, N = l->N, nbatch = l->nbatch;
   if (l->nb == 1 && l->na == nbatch) { /* one shared b: the batch folds into the rows */

@@ -31,10 +31,10 @@ __global__ void unary_kernel(TpUnaryOp op, const float *x, int64_t n, float *y) 
   }
 }
 
-bool tp_cuda_unary_f32(TpUnaryOp op, const float *x, int64_t n, float *y, TpCudaStream stream) {
+bool tp_cuda_launch_unary_f32(TpUnaryOp op, const float *x, int64_t n, float *y, TpCudaStream stream) {
   if (op == TP_UNARY_NOT) return false;
   if (op == TP_UNARY_GELU || op == TP_UNARY_GELU_TANH) {
-    tp_cuda_gelu_f32(x, n, op == TP_UNARY_GELU_TANH, y, stream);
+    tp_cuda_launch_gelu_f32(x, n, op == TP_UNARY_GELU_TANH, y, stream);
     return true;
   }
   if (n == 0) return true;
@@ -60,7 +60,7 @@ __global__ void binary_kernel(TpBinaryOp op, Strided s, const float *a, const fl
   }
 }
 
-bool tp_cuda_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, const float *b, float *y,
+bool tp_cuda_launch_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, const float *b, float *y,
                         TpCudaStream stream) {
   if (op > TP_BINARY_MIN) return false;
   const size_t elsize[] = {sizeof(float), sizeof(float), sizeof(float)};
@@ -76,7 +76,7 @@ __global__ void where_kernel(Strided s, const bool *cond, const float *a, const 
   }
 }
 
-void tp_cuda_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
+void tp_cuda_launch_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
                        TpCudaStream stream) {
   const size_t elsize[] = {sizeof(float), sizeof(bool), sizeof(float), sizeof(float)};
   Strided s = strided(it, elsize);

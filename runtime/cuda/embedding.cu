@@ -25,7 +25,7 @@ __global__ void embedding_kernel(const float *table, const int64_t *ids, int64_t
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[i * C + c] = table[id * C + c];
 }
 
-void tp_cuda_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
+void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
                            int64_t *bad, TpCudaStream stream) {
   if (n == 0) return;
   TP_LAUNCH(embedding_kernel, dim3((unsigned)n), dim3(EMBEDDING_THREADS), stream, table, ids, V, C, out, bad);
@@ -44,7 +44,7 @@ __global__ void embedding_backward_kernel(const float *dy, const int64_t *ids, i
   }
 }
 
-void tp_cuda_embedding_backward_f32(const float *dy, const int64_t *ids, int64_t n, int64_t V, int64_t C,
+void tp_cuda_launch_embedding_backward_f32(const float *dy, const int64_t *ids, int64_t n, int64_t V, int64_t C,
                                     float *dtable, int64_t *bad, TpCudaStream stream) {
   if (C == 0) return;
   dim3 grid((unsigned)((C + EMBEDDING_THREADS - 1) / EMBEDDING_THREADS));

@@ -17,69 +17,69 @@ typedef struct CUstream_st *TpCudaStream; /* cudaStream_t */
 
 /* ---- norm.cu ---- */
 /* tp_rmsnorm_f32: x, y (rows, n); scale (n) */
-void tp_cuda_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
+void tp_cuda_launch_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
                          TpCudaStream stream);
 /* tp_rmsnorm_backward_f32; inv_rms (rows) is scratch; dx or dscale may be NULL */
-void tp_cuda_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
+void tp_cuda_launch_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
                                   float eps, float *dx, float *dscale, float *inv_rms, TpCudaStream stream);
 /* tp_layernorm_f32 (bias, mean, inv_std may be NULL) */
-void tp_cuda_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
+void tp_cuda_launch_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
                            float eps, float *y, float *mean, float *inv_std, TpCudaStream stream);
 /* tp_layernorm_backward_f32 (dx, dscale, dbias may be NULL) */
-void tp_cuda_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
+void tp_cuda_launch_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
                                     const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
                                     float *dbias, TpCudaStream stream);
 
 /* ---- softmax.cu: rows of n (tp_softmax_f32 with inner 1), x and y may alias ---- */
-void tp_cuda_softmax_f32(const float *x, float *y, int64_t rows, int64_t n, bool log, TpCudaStream stream);
-void tp_cuda_softmax_backward_f32(const float *dy, const float *y, int64_t rows, int64_t n, bool log, float *dx,
+void tp_cuda_launch_softmax_f32(const float *x, float *y, int64_t rows, int64_t n, bool log, TpCudaStream stream);
+void tp_cuda_launch_softmax_backward_f32(const float *dy, const float *y, int64_t rows, int64_t n, bool log, float *dx,
                                   TpCudaStream stream);
 
 /* ---- activation.cu ---- */
 /* Gelu (TP_UNARY_GELU / TP_UNARY_GELU_TANH) and tp_gelu_backward_f32 */
-void tp_cuda_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream);
-void tp_cuda_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
+void tp_cuda_launch_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream);
+void tp_cuda_launch_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
                                TpCudaStream stream);
 /* tp_swiglu_f32, tp_swiglu_backward_f32 (dgate or dup may be NULL) */
-void tp_cuda_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream);
-void tp_cuda_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
+void tp_cuda_launch_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream);
+void tp_cuda_launch_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
                                  float *dup, TpCudaStream stream);
 
 /* ---- embedding.cu ----
  * Ids as tp_embedding_f32's (negatives count from the end). An id out of range is not
  * read (its row of out is left as it was) and the smallest such position goes to *bad,
  * which the caller sets to INT64_MAX before (device memory). */
-void tp_cuda_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
+void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
                            int64_t *bad, TpCudaStream stream);
 /* Embedding's backward (tp_gather_backward on axis 0): dtable (V, C) = 0, then
  * dtable[ids[i]] += dy[i] in the order of i (one thread per column: deterministic, no
  * atomics). Out-of-range ids are skipped and reported in *bad as above. */
-void tp_cuda_embedding_backward_f32(const float *dy, const int64_t *ids, int64_t n, int64_t V, int64_t C,
+void tp_cuda_launch_embedding_backward_f32(const float *dy, const int64_t *ids, int64_t n, int64_t V, int64_t C,
                                     float *dtable, int64_t *bad, TpCudaStream stream);
 
 /* ---- loss.cu ----
  * tp_cross_entropy_f32: *loss (device) = the sum over rows of logsumexp - the target's
  * logit, / denominator; row_loss (R doubles) is scratch. A target outside [0, V) adds 0
  * and its smallest row goes to *bad (set to INT64_MAX before). */
-void tp_cuda_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
                                float denominator, float *loss, double *row_loss, int64_t *bad,
                                TpCudaStream stream);
 /* tp_cross_entropy_backward_f32 with dloss on the device (the backward of a loss that
  * stays there); rows with a bad target are left as they were and reported in *bad. */
-void tp_cuda_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
+void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
                                         int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
                                         TpCudaStream stream);
 
 /* ---- optim.cu ---- */
 /* tp_adamw_step over n parameters (the scalar factors computed on the host in double) */
-void tp_cuda_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+void tp_cuda_launch_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
                         double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream);
 /* Pieces of the sum of squares; partial holds that many doubles of scratch. */
 enum { TP_CUDA_SUM_PIECES = 64 };
 /* *sum (device) = tp_sum_squares_f32(x, n), in a fixed order (deterministic). */
-void tp_cuda_sum_squares_f32(const float *x, int64_t n, double *sum, double *partial, TpCudaStream stream);
+void tp_cuda_launch_sum_squares_f32(const float *x, int64_t n, double *sum, double *partial, TpCudaStream stream);
 /* tp_scale_f32 with the factor on the device (the clipping factor computed there). */
-void tp_cuda_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream);
+void tp_cuda_launch_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream);
 
 /* ---- attention.cu ----
  * Causal (or full) scaled dot-product attention as tp_attention_f32 computes it, for the
@@ -102,13 +102,13 @@ typedef struct {
 /* q (B, q_heads, q_len, D), k (.., kv_rows, D), v (.., kv_rows, Dv), y (B, q_heads, q_len,
  * Dv) or packed; lse (B, q_heads, q_len): each row's log-sum-exp of its scores, for the
  * backward (-inf for a row that sees no key, whose y is 0). */
-void tp_cuda_attention_f32(const TpCudaAttention *p, const float *q, const float *k, const float *v, float *y,
+void tp_cuda_launch_attention_f32(const TpCudaAttention *p, const float *q, const float *k, const float *v, float *y,
                            float *lse, TpCudaStream stream);
 /* tp_attention_backward_f32 from the forward's y and lse: dq like q, dk and dv dense
  * (B, kv_heads, kv_len, D or Dv) or packed; delta (B, q_heads, q_len) is scratch. dq by
  * query rows, then dk and dv by key rows (each key row sums over its group's query heads
  * and the rows that see it, in order: deterministic, no atomics). */
-void tp_cuda_attention_backward_f32(const TpCudaAttention *p, const float *dy, const float *q, const float *k,
+void tp_cuda_launch_attention_backward_f32(const TpCudaAttention *p, const float *dy, const float *q, const float *k,
                                     const float *v, const float *y, const float *lse, float *dq, float *dk,
                                     float *dv, float *delta, TpCudaStream stream);
 
@@ -117,50 +117,50 @@ void tp_cuda_attention_backward_f32(const TpCudaAttention *p, const float *dy, c
 
 /* tp_rotary_f32 and tp_rotary_backward_f32: the same arguments (dims and table_dims in host
  * memory, the tensors on the device). */
-void tp_cuda_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+void tp_cuda_launch_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
                         const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y,
                         TpCudaStream stream);
-void tp_cuda_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank, const int64_t *dims,
+void tp_cuda_launch_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank, const int64_t *dims,
                                  const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *dx,
                                  TpCudaStream stream);
 
 /* tp_unary over n f32 elements (x and y may alias): every op but Not (bool only), which
  * returns false and launches nothing. */
-bool tp_cuda_unary_f32(TpUnaryOp op, const float *x, int64_t n, float *y, TpCudaStream stream);
+bool tp_cuda_launch_unary_f32(TpUnaryOp op, const float *x, int64_t n, float *y, TpCudaStream stream);
 /* tp_binary's f32 arithmetic (Add, Sub, Mul, Div, Pow, Max, Min) with numpy broadcasting:
  * `it` is the host's iterator over (y, a, b) from tp_iter_broadcast (then coalesced or not),
  * byte strides of f32 elements. False (nothing launched) for a comparison or And, whose
  * result is bool. */
-bool tp_cuda_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, const float *b, float *y,
+bool tp_cuda_launch_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, const float *b, float *y,
                         TpCudaStream stream);
 /* tp_where on f32: `it` over (y, cond, a, b), cond bool (1 byte). */
-void tp_cuda_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
+void tp_cuda_launch_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
                        TpCudaStream stream);
 /* tp_reduce_sum on f32: x's dims (host) and data (device), axes sorted and distinct; y holds
  * the kept dims' elements. Each output adds its elements in double in x's row-major order,
  * as the CPU kernel does (the same result; deterministic). False for bad axes. */
-bool tp_cuda_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
+bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
                             TpCudaStream stream);
 
 /* ---- layout.cu: f32 layout ops as strided copies (data on the device, dims on the host;
  * shapes as the CPU kernel named accepts them, which the caller has checked) ---- */
 /* y = x through an iterator over (y, x) in byte strides: Expand with tp_iter_broadcast's. */
-void tp_cuda_strided_copy_f32(const TpIter *it, const float *x, float *y, TpCudaStream stream);
+void tp_cuda_launch_strided_copy_f32(const TpIter *it, const float *x, float *y, TpCudaStream stream);
 /* Reshape (tp_reshape): n contiguous elements; nothing when x == y. */
-void tp_cuda_copy_f32(const float *x, int64_t n, float *y, TpCudaStream stream);
+void tp_cuda_launch_copy_f32(const float *x, int64_t n, float *y, TpCudaStream stream);
 /* tp_transpose; false (nothing launched) for a perm that is no permutation fitting y. */
-bool tp_cuda_transpose_f32(const TpTensor *x, const int64_t *perm, TpTensor *y, TpCudaStream stream);
+bool tp_cuda_launch_transpose_f32(const TpTensor *x, const int64_t *perm, TpTensor *y, TpCudaStream stream);
 /* tp_slice (steps may be negative; tp_slice_fits holds for every dim) */
-void tp_cuda_slice_f32(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y,
+void tp_cuda_launch_slice_f32(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y,
                        TpCudaStream stream);
 /* tp_slice_backward: dx = 0, then dy written where the slice read */
-void tp_cuda_slice_backward_f32(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx,
+void tp_cuda_launch_slice_backward_f32(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx,
                                 TpCudaStream stream);
 /* tp_split (a piece whose data is NULL is skipped) and tp_concat */
-void tp_cuda_split_f32(const TpTensor *x, int axis, TpTensor *ys, int n, TpCudaStream stream);
-void tp_cuda_concat_f32(const TpTensor *xs, int n, int axis, TpTensor *y, TpCudaStream stream);
+void tp_cuda_launch_split_f32(const TpTensor *x, int axis, TpTensor *ys, int n, TpCudaStream stream);
+void tp_cuda_launch_concat_f32(const TpTensor *xs, int n, int axis, TpTensor *y, TpCudaStream stream);
 /* tp_context_append: x as rows [at, at + x->dims[axis]) of buffer's `rows` along axis */
-void tp_cuda_context_append_f32(const TpTensor *x, int axis, int64_t at, int64_t rows, float *buffer,
+void tp_cuda_launch_context_append_f32(const TpTensor *x, int axis, int64_t at, int64_t rows, float *buffer,
                                 TpCudaStream stream);
 
 #ifdef __cplusplus

@@ -30,17 +30,17 @@ static void contiguous(int rank, const int64_t *dims, int64_t *stride) {
   for (int d = rank - 1; d >= 0; d--) stride[d] = t, t *= dims[d];
 }
 
-void tp_cuda_strided_copy_f32(const TpIter *it, const float *x, float *y, TpCudaStream stream) {
+void tp_cuda_launch_strided_copy_f32(const TpIter *it, const float *x, float *y, TpCudaStream stream) {
   const size_t elsize[] = {sizeof(float), sizeof(float)};
   launch_copy(strided(it, elsize), x, y, stream);
 }
 
-void tp_cuda_copy_f32(const float *x, int64_t n, float *y, TpCudaStream stream) {
+void tp_cuda_launch_copy_f32(const float *x, int64_t n, float *y, TpCudaStream stream) {
   int64_t one = 1;
   if (x != y) launch_copy(dense_to(1, &n, &one), x, y, stream);
 }
 
-bool tp_cuda_transpose_f32(const TpTensor *x, const int64_t *perm, TpTensor *y, TpCudaStream stream) {
+bool tp_cuda_launch_transpose_f32(const TpTensor *x, const int64_t *perm, TpTensor *y, TpCudaStream stream) {
   if (x->rank != y->rank) return false;
   int64_t xs[TP_MAX_RANK], from[TP_MAX_RANK];
   unsigned seen = 0;
@@ -75,7 +75,7 @@ static void swap_operands(Strided *s) {
   }
 }
 
-void tp_cuda_slice_f32(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y,
+void tp_cuda_launch_slice_f32(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y,
                        TpCudaStream stream) {
   if (tp_numel(y->rank, y->dims) == 0) return; /* starts may be past the end then */
   int64_t start;
@@ -87,7 +87,7 @@ __global__ void zero_kernel(float *y, int64_t n) {
   TP_GRID_STRIDE_LOOP(i, n) y[i] = 0;
 }
 
-void tp_cuda_slice_backward_f32(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx,
+void tp_cuda_launch_slice_backward_f32(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx,
                                 TpCudaStream stream) {
   int64_t n = tp_numel(dx->rank, dx->dims);
   if (n == 0) return;
@@ -125,15 +125,15 @@ static void move_pieces(TpTensor *whole, TpTensor *pieces, int n, int axis, bool
   }
 }
 
-void tp_cuda_split_f32(const TpTensor *x, int axis, TpTensor *ys, int n, TpCudaStream stream) {
+void tp_cuda_launch_split_f32(const TpTensor *x, int axis, TpTensor *ys, int n, TpCudaStream stream) {
   move_pieces((TpTensor *)x, ys, n, axis, true, stream); /* x is only read */
 }
 
-void tp_cuda_concat_f32(const TpTensor *xs, int n, int axis, TpTensor *y, TpCudaStream stream) {
+void tp_cuda_launch_concat_f32(const TpTensor *xs, int n, int axis, TpTensor *y, TpCudaStream stream) {
   move_pieces(y, (TpTensor *)xs, n, axis, false, stream); /* the xs are only read */
 }
 
-void tp_cuda_context_append_f32(const TpTensor *x, int axis, int64_t at, int64_t rows, float *buffer,
+void tp_cuda_launch_context_append_f32(const TpTensor *x, int axis, int64_t at, int64_t rows, float *buffer,
                                 TpCudaStream stream) {
   int64_t outer = tp_numel(axis, x->dims), inner = tp_numel(x->rank - axis - 1, x->dims + axis + 1);
   move_piece(outer, x->dims[axis], inner, rows, at, buffer, (float *)x->data, false, stream);

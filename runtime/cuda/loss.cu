@@ -37,7 +37,7 @@ __global__ void sum_rows_kernel(const double *row_loss, int64_t R, float denomin
   if (threadIdx.x == 0) *loss = (float)(s / denominator);
 }
 
-void tp_cuda_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
                                float denominator, float *loss, double *row_loss, int64_t *bad,
                                TpCudaStream stream) {
   if (R)
@@ -61,7 +61,7 @@ __global__ void cross_entropy_backward_kernel(const float *dloss, const float *l
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) o[j] = expf(x[j] - mx) * inv - (j == t ? scale : 0.0f);
 }
 
-void tp_cuda_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
+void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
                                         int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
                                         TpCudaStream stream) {
   if (R == 0 || V == 0) return;

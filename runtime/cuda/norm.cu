@@ -51,7 +51,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *scale, int64_t n, fl
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = xr[j] * inv * scale[j];
 }
 
-void tp_cuda_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
+void tp_cuda_launch_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
                          TpCudaStream stream) {
   if (rows == 0 || n == 0) return;
   TP_LAUNCH(rmsnorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, x, scale, n, eps, y);
@@ -72,7 +72,7 @@ __global__ void rmsnorm_backward_kernel(const float *dy, const float *x, const f
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) o[j] = r * (d[j] * scale[j] - xr[j] * k);
 }
 
-void tp_cuda_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
+void tp_cuda_launch_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
                                   float eps, float *dx, float *dscale, float *inv_rms, TpCudaStream stream) {
   if (n == 0) return;
   if (rows)
@@ -97,7 +97,7 @@ __global__ void layernorm_kernel(const float *x, const float *scale, const float
   }
 }
 
-void tp_cuda_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
+void tp_cuda_launch_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
                            float eps, float *y, float *mean, float *inv_std, TpCudaStream stream) {
   if (rows == 0 || n == 0) return;
   TP_LAUNCH(layernorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, x, scale, bias, n, eps, y,
@@ -121,7 +121,7 @@ __global__ void layernorm_backward_kernel(const float *dy, const float *x, const
     o[j] = rs * (d[j] * scale[j] - mean_g - (xr[j] - mu) * rs * mean_gx);
 }
 
-void tp_cuda_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
+void tp_cuda_launch_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
                                     const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
                                     float *dbias, TpCudaStream stream) {
   if (n == 0) return;

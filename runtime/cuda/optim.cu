@@ -7,7 +7,7 @@ __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, int64
   TP_GRID_STRIDE_LOOP(i, n) tp_adamw_element(w, g, m, v, i, f);
 }
 
-void tp_cuda_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+void tp_cuda_launch_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
                         double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream) {
   if (n == 0) return;
   TP_LAUNCH(adamw_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, w, g, m, v, n,
@@ -28,7 +28,7 @@ __global__ void sum_pieces_kernel(const double *partial, double *sum) {
   if (threadIdx.x == 0) *sum = s;
 }
 
-void tp_cuda_sum_squares_f32(const float *x, int64_t n, double *sum, double *partial, TpCudaStream stream) {
+void tp_cuda_launch_sum_squares_f32(const float *x, int64_t n, double *sum, double *partial, TpCudaStream stream) {
   TP_LAUNCH(sum_squares_pieces_kernel, dim3(TP_CUDA_SUM_PIECES), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n, partial);
   TP_LAUNCH(sum_pieces_kernel, dim3(1), dim3(TP_CUDA_SUM_PIECES), stream, partial, sum);
 }
@@ -37,7 +37,7 @@ __global__ void scale_kernel(float *x, int64_t n, const float *s) {
   TP_GRID_STRIDE_LOOP(i, n) x[i] *= *s;
 }
 
-void tp_cuda_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream) {
+void tp_cuda_launch_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream) {
   if (n == 0) return;
   TP_LAUNCH(scale_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n, s);
 }

@@ -32,7 +32,7 @@ __global__ void reduce_sum_kernel(const float *x, ReduceShape p, float *y) {
   }
 }
 
-bool tp_cuda_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
+bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
                             TpCudaStream stream) {
   ReduceShape p = {};
   p.mean = mean, p.nout = 1, p.count = 1;

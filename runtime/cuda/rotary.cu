@@ -55,13 +55,13 @@ static void rotary(const float *x, const float *cos, const float *sin, int rank,
             p, y);
 }
 
-void tp_cuda_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+void tp_cuda_launch_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
                         const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y,
                         TpCudaStream stream) {
   rotary(x, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, false, y, stream);
 }
 
-void tp_cuda_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank, const int64_t *dims,
+void tp_cuda_launch_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank, const int64_t *dims,
                                  const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *dx,
                                  TpCudaStream stream) {
   rotary(dy, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, true, dx, stream);

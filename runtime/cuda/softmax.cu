@@ -23,7 +23,7 @@ __global__ void softmax_kernel(const float *x, float *y, int64_t n, bool log) {
   }
 }
 
-void tp_cuda_softmax_f32(const float *x, float *y, int64_t rows, int64_t n, bool log, TpCudaStream stream) {
+void tp_cuda_launch_softmax_f32(const float *x, float *y, int64_t rows, int64_t n, bool log, TpCudaStream stream) {
   if (rows == 0 || n == 0) return;
   TP_LAUNCH(softmax_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, x, y, n, log);
 }
@@ -37,7 +37,7 @@ __global__ void softmax_backward_kernel(const float *dy, const float *y, int64_t
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) o[j] = log ? d[j] - expf(yr[j]) * dot : yr[j] * (d[j] - dot);
 }
 
-void tp_cuda_softmax_backward_f32(const float *dy, const float *y, int64_t rows, int64_t n, bool log, float *dx,
+void tp_cuda_launch_softmax_backward_f32(const float *dy, const float *y, int64_t rows, int64_t n, bool log, float *dx,
                                   TpCudaStream stream) {
   if (rows == 0 || n == 0) return;
   TP_LAUNCH(softmax_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, dy, y, n, log, dx);

@@ -106,14 +106,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 3: TpStepIO gained compute and stream; what "ABI 2" names below (plans with stages) and
- * "ABI 1" (without) is unchanged. */
-#define TP_PLAN_ABI 3
+/* 4: TpPlan gained device (3: TpStepIO gained compute and stream); what "ABI 2" names below
+ * (plans with stages) and "ABI 1" (without) is unchanged. */
+#define TP_PLAN_ABI 4
 
 typedef struct TpCompute TpCompute; /* ../compute.h */
 typedef struct TpStream TpStream;
+typedef struct TpComm TpComm; /* ../comm/comm.h */
+typedef struct TpPlan TpPlan;
 
 /* A trainable or frozen parameter: one ONNX initializer (or the name an exporter's
  * Identity gave a de-duplicated one). Values and gradients are f32, row-major. */
@@ -217,7 +220,23 @@ typedef struct {
   const TpPlanProbeStage *stages; /* [nstages] */
 } TpPlanProbe;
 
+/* The device a plan's units run on, other than the CPU (tokpipec --target cuda: the
+ * runtime/cuda library's tp_plan_device_cuda). A CPU plan's device is NULL: the CPU compute
+ * backend and the host transport (MPI or local). */
 typedef struct {
+  const char *name; /* "cuda" */
+  /* The compute backend for this process (local_rank: its index among the processes of
+   * its node, which picks the GPU). Without a usable device: one error naming it, TP_ERR_INPUT
+   * (the trainer prints it and exits 1 before reading anything). */
+  int (*open_compute)(TpCompute **out, int local_rank, TpDiag *d);
+  /* The transport between ranks over device memory, built on the host transport `host`
+   * (which it may use to bootstrap), with every communicator the plan's schedules need
+   * created here, in a fixed order. *out NULL: the host transport serves (one process, or
+   * several processes sharing a GPU), with host copies. */
+  int (*open_comm)(TpComm *host, TpCompute *compute, const TpPlan *plan, TpComm **out, TpDiag *d);
+} TpPlanDevice;
+
+struct TpPlan {
   int abi;                 /* TP_PLAN_ABI */
   const char *model;       /* the ONNX file it was compiled from (--export-onnx rewrites it
                               unless --init names another) */
@@ -249,7 +268,8 @@ typedef struct {
   const int *stage_cuts;   /* [nstages]: the first layer of each stage */
   int nprobes;
   const TpPlanProbe *probes; /* [nprobes] */
-} TpPlan;
+  const TpPlanDevice *device; /* NULL: the CPU (see TpPlanDevice) */
+};
 
 /* The trainer: parses the command line, runs training, returns the process exit code
  * (0 ok, 1 bad input, 2 bad usage). */

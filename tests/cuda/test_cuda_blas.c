@@ -60,7 +60,7 @@ static uint16_t *rand_bf16(int64_t n, float **wide) {
   return bits;
 }
 
-/* tp_cuda_linear_f32, or tp_cuda_linear_bf16 on bf16 x and w, against tp_linear_f32 */
+/* tp_cuda_launch_linear_f32, or tp_cuda_launch_linear_bf16 on bf16 x and w, against tp_linear_f32 */
 static void linear_forward(bool bf16) {
   TpCudaBlas *blas = tp_cuda_blas_create();
   for (int s = 0; s < NSHAPES; s++)
@@ -75,8 +75,8 @@ static void linear_forward(bool bf16) {
       else x = rand_array(M * K, 1), w = rand_array(K * N, 1);
       float *y = nans(M * N), *want = nans(M * N);
       tp_linear_f32(x, w, bias, M, K, N, transpose_w, want);
-      if (bf16) tp_cuda_linear_bf16(blas, x_bits, w_bits, bias, M, K, N, transpose_w, y, NULL);
-      else tp_cuda_linear_f32(blas, x, w, bias, M, K, N, transpose_w, y, NULL);
+      if (bf16) tp_cuda_launch_linear_bf16(blas, x_bits, w_bits, bias, M, K, N, transpose_w, y, NULL);
+      else tp_cuda_launch_linear_f32(blas, x, w, bias, M, K, N, transpose_w, y, NULL);
       check_close(at, y, want, M * N, product(K));
       free(x), free(w), free(x_bits), free(w_bits), free(bias), free(y), free(want);
     }
@@ -99,7 +99,7 @@ static void linear_bwd(void) {
       float *want_dx = nans(M * K), *want_dw = nans(K * N), *want_dbias = nans(N);
       tp_linear_backward_f32(dy, x, w, M, K, N, transpose_w, all_outputs ? want_dx : NULL, want_dw,
                              all_outputs ? want_dbias : NULL);
-      tp_cuda_linear_backward_f32(blas, dy, x, w, M, K, N, transpose_w, all_outputs ? dx : NULL, dw,
+      tp_cuda_launch_linear_backward_f32(blas, dy, x, w, M, K, N, transpose_w, all_outputs ? dx : NULL, dw,
                                   all_outputs ? dbias : NULL, NULL);
       snprintf(what, sizeof what, "%s dw", at);
       check_close(what, dw, want_dw, K * N, product(M));
@@ -169,7 +169,7 @@ static void matmul_fwd(void) {
     float *y = nans(ny), *want = nans(ny);
     TpTensor want_t = {.dtype = TP_F32, .rank = 1, .dims = {ny}, .data = want};
     if (tp_matmul(&a, &b, &want_t) != TP_KERNEL_OK) fail("%s: tp_matmul refused", at);
-    tp_cuda_matmul_f32(blas, &l, a.data, b.data, y, NULL);
+    tp_cuda_launch_matmul_f32(blas, &l, a.data, b.data, y, NULL);
     check_close(at, y, want, ny, product(l.K));
     free(a.data), free(b.data), free(y), free(want);
   }
@@ -197,7 +197,7 @@ static void matmul_bwd(void) {
       want_da_t.data = want_da, want_db_t.data = want_db;
       if (tp_matmul_backward_f32(&dy_t, &a, &b, with_da ? &want_da_t : NULL, &want_db_t) != TP_KERNEL_OK)
         fail("%s: tp_matmul_backward_f32 refused", at);
-      tp_cuda_matmul_backward_f32(blas, &l, dy, a.data, b.data, with_da ? da : NULL, db, NULL);
+      tp_cuda_launch_matmul_backward_f32(blas, &l, dy, a.data, b.data, with_da ? da : NULL, db, NULL);
       /* a gradient summed over a broadcast batch adds nbatch / (its own matrices) products */
       snprintf(what, sizeof what, "%s da", at);
       check_close(what, da, want_da, with_da ? na : 0, product(l.N * (l.nbatch / (l.na ? l.na : 1))));

@@ -57,7 +57,7 @@ static void rmsnorm_fwd(void) {
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
     float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *y = zeros(rows * n), *want = zeros(rows * n);
     tp_rmsnorm_f32(x, scale, rows, n, 1e-5f, want);
-    tp_cuda_rmsnorm_f32(x, scale, rows, n, 1e-5f, y, NULL);
+    tp_cuda_launch_rmsnorm_f32(x, scale, rows, n, 1e-5f, y, NULL);
     check_close(at, y, want, rows * n, ROW);
     free(x), free(scale), free(y), free(want);
   }
@@ -71,7 +71,7 @@ static void rmsnorm_bwd(void) {
     float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *dy = rand_array(rows * n, 1);
     float *dx = zeros(rows * n), *ds = zeros(n), *want_dx = zeros(rows * n), *want_ds = zeros(n), *inv = zeros(rows);
     tp_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, want_dx, want_ds);
-    tp_cuda_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, dx, ds, inv, NULL);
+    tp_cuda_launch_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, dx, ds, inv, NULL);
     char what[96];
     snprintf(what, sizeof what, "dx %s", at);
     check_close(what, dx, want_dx, rows * n, ROW);
@@ -93,7 +93,7 @@ static void layernorm_fwd(void) {
       for (int64_t i = 0; i < rows * n; i++) x[i] += 3; /* a mean far from 0 */
       const float *b = with_bias ? bias : NULL;
       tp_layernorm_f32(x, scale, b, rows, n, 1e-5f, want, want_mean, want_inv);
-      tp_cuda_layernorm_f32(x, scale, b, rows, n, 1e-5f, y, mean, inv, NULL);
+      tp_cuda_launch_layernorm_f32(x, scale, b, rows, n, 1e-5f, y, mean, inv, NULL);
       char what[96];
       snprintf(what, sizeof what, "y %s bias=%d", at, with_bias);
       check_close(what, y, want, rows * n, ROW);
@@ -117,7 +117,7 @@ static void layernorm_bwd(void) {
     float *dx = zeros(rows * n), *ds = zeros(n), *db = zeros(n);
     float *want_dx = zeros(rows * n), *want_ds = zeros(n), *want_db = zeros(n);
     tp_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, want_dx, want_ds, want_db);
-    tp_cuda_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, dx, ds, db, NULL);
+    tp_cuda_launch_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, dx, ds, db, NULL);
     char what[96];
     snprintf(what, sizeof what, "dx %s", at);
     check_close(what, dx, want_dx, rows * n, ROW);
@@ -140,11 +140,11 @@ static void softmax_fwd(void) {
       for (int64_t j = 0; j < n; j++) x[j] = -INFINITY; /* row 0 masked out: zeros (log: -inf) */
       if (rows > 1) x[n + n / 2] = -INFINITY;           /* one masked element */
       tp_softmax_f32(x, want, rows, n, 1, log);
-      tp_cuda_softmax_f32(x, y, rows, n, log, NULL);
+      tp_cuda_launch_softmax_f32(x, y, rows, n, log, NULL);
       char what[96];
       snprintf(what, sizeof what, "%s log=%d", at, log);
       check_close(what, y, want, rows * n, ROW);
-      tp_cuda_softmax_f32(x, x, rows, n, log, NULL); /* in place */
+      tp_cuda_launch_softmax_f32(x, x, rows, n, log, NULL); /* in place */
       snprintf(what, sizeof what, "in place %s log=%d", at, log);
       check_close(what, x, want, rows * n, ROW);
       free(x), free(y), free(want);
@@ -162,7 +162,7 @@ static void softmax_bwd(void) {
       float *dx = zeros(rows * n), *want = zeros(rows * n);
       tp_softmax_f32(x, y, rows, n, 1, log);
       tp_softmax_backward_f32(dy, y, rows, n, 1, log, want);
-      tp_cuda_softmax_backward_f32(dy, y, rows, n, log, dx, NULL);
+      tp_cuda_launch_softmax_backward_f32(dy, y, rows, n, log, dx, NULL);
       char what[96];
       snprintf(what, sizeof what, "%s log=%d", at, log);
       check_close(what, dx, want, rows * n, ROW);
@@ -184,7 +184,7 @@ static void gelu_fwd(void) {
       TpTensor xt = {.dtype = TP_F32, .rank = 1, .dims = {n}, .data = x};
       TpTensor yt = {.dtype = TP_F32, .rank = 1, .dims = {n}, .data = want};
       if (tp_unary(tanh_form ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, &xt, &yt) != TP_KERNEL_OK) fail("tp_unary");
-      tp_cuda_gelu_f32(x, n, tanh_form, y, NULL);
+      tp_cuda_launch_gelu_f32(x, n, tanh_form, y, NULL);
       char what[96];
       snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, y, want, n, ELEMENTWISE);
@@ -198,7 +198,7 @@ static void gelu_bwd(void) {
       int64_t n = LENGTHS[l];
       float *x = rand_array(n, 6), *dy = rand_array(n, 1), *dx = zeros(n), *want = zeros(n);
       tp_gelu_backward_f32(dy, x, n, tanh_form, want);
-      tp_cuda_gelu_backward_f32(dy, x, n, tanh_form, dx, NULL);
+      tp_cuda_launch_gelu_backward_f32(dy, x, n, tanh_form, dx, NULL);
       char what[96];
       snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, dx, want, n, tanh_form ? GELU_TANH_BWD : ELEMENTWISE);
@@ -211,7 +211,7 @@ static void swiglu_fwd(void) {
     int64_t n = LENGTHS[l];
     float *gate = rand_array(n, 6), *up = rand_array(n, 2), *y = zeros(n), *want = zeros(n);
     tp_swiglu_f32(gate, up, n, want);
-    tp_cuda_swiglu_f32(gate, up, n, y, NULL);
+    tp_cuda_launch_swiglu_f32(gate, up, n, y, NULL);
     char what[64];
     snprintf(what, sizeof what, "n=%lld", (long long)n);
     check_close(what, y, want, n, ELEMENTWISE);
@@ -225,7 +225,7 @@ static void swiglu_bwd(void) {
     float *gate = rand_array(n, 6), *up = rand_array(n, 2), *dy = rand_array(n, 1);
     float *dg = zeros(n), *du = zeros(n), *want_dg = zeros(n), *want_du = zeros(n);
     tp_swiglu_backward_f32(dy, gate, up, n, want_dg, want_du);
-    tp_cuda_swiglu_backward_f32(dy, gate, up, n, dg, du, NULL);
+    tp_cuda_launch_swiglu_backward_f32(dy, gate, up, n, dg, du, NULL);
     char what[64];
     snprintf(what, sizeof what, "dgate n=%lld", (long long)n);
     check_close(what, dg, want_dg, n, ELEMENTWISE);
@@ -253,14 +253,14 @@ static void embedding_fwd(void) {
     float *table = rand_array(V * C, 1), *out = zeros(n * C), *want = zeros(n * C);
     int64_t *ids = random_ids(n, V);
     if (tp_embedding_f32(table, ids, n, V, C, want, &want_bad) != TP_KERNEL_OK) fail("tp_embedding_f32");
-    tp_cuda_embedding_f32(table, ids, n, V, C, out, &bad, NULL);
+    tp_cuda_launch_embedding_f32(table, ids, n, V, C, out, &bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
     check_close(what, out, want, n * C, EXACT);
     if (bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)bad);
     ids[n - 1] = V, ids[n / 2] = -V - 1; /* out of range: the first one is reported */
     tp_embedding_f32(table, ids, n, V, C, want, &want_bad);
-    tp_cuda_embedding_f32(table, ids, n, V, C, out, &bad, NULL);
+    tp_cuda_launch_embedding_f32(table, ids, n, V, C, out, &bad, NULL);
     if (bad != want_bad) fail("%s: bad id at %lld, cpu says %lld", what, (long long)bad, (long long)want_bad);
     free(table), free(out), free(want), free(ids);
   }
@@ -276,13 +276,13 @@ static void embedding_bwd(void) {
     TpTensor idt = {.dtype = TP_I64, .rank = 1, .dims = {n}, .data = ids};
     TpTensor dtt = {.dtype = TP_F32, .rank = 2, .dims = {V, C}, .data = want};
     if (tp_gather_backward(&dyt, &idt, 0, &dtt, &want_bad) != TP_KERNEL_OK) fail("tp_gather_backward");
-    tp_cuda_embedding_backward_f32(dy, ids, n, V, C, dtable, &bad, NULL);
+    tp_cuda_launch_embedding_backward_f32(dy, ids, n, V, C, dtable, &bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
     check_close(what, dtable, want, V * C, EXACT);
     if (bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)bad);
     ids[n - 1] = -V - 3;
-    tp_cuda_embedding_backward_f32(dy, ids, n, V, C, dtable, &bad, NULL);
+    tp_cuda_launch_embedding_backward_f32(dy, ids, n, V, C, dtable, &bad, NULL);
     if (bad != n - 1) fail("%s: bad id at %lld, want %lld", what, (long long)bad, (long long)(n - 1));
     free(dy), free(dtable), free(want), free(ids);
   }
@@ -303,7 +303,7 @@ static void cross_entropy_fwd(void) {
     double *row_loss = calloc((size_t)R, sizeof *row_loss);
     if (tp_cross_entropy_f32(logits, targets, R, V, (float)R, &want, &want_bad) != TP_KERNEL_OK)
       fail("tp_cross_entropy_f32");
-    tp_cuda_cross_entropy_f32(logits, targets, R, V, (float)R, &loss, row_loss, &bad, NULL);
+    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, (float)R, &loss, row_loss, &bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "R=%lld V=%lld", (long long)R, (long long)V);
     /* the rows' sums of exp in float against the CPU's in double: ROW */
@@ -311,7 +311,7 @@ static void cross_entropy_fwd(void) {
     if (bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)bad);
     targets[R - 1] = V, targets[R / 2] = -1;
     tp_cross_entropy_f32(logits, targets, R, V, (float)R, &want, &want_bad);
-    tp_cuda_cross_entropy_f32(logits, targets, R, V, (float)R, &loss, row_loss, &bad, NULL);
+    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, (float)R, &loss, row_loss, &bad, NULL);
     if (bad != want_bad) fail("%s: bad target at %lld, cpu says %lld", what, (long long)bad, (long long)want_bad);
     free(logits), free(targets), free(row_loss);
   }
@@ -324,7 +324,7 @@ static void cross_entropy_bwd(void) {
     int64_t *targets = random_targets(R, V);
     if (tp_cross_entropy_backward_f32(dloss, logits, targets, R, V, (float)R, want, &want_bad) != TP_KERNEL_OK)
       fail("tp_cross_entropy_backward_f32");
-    tp_cuda_cross_entropy_backward_f32(&dloss, logits, targets, R, V, (float)R, d, &bad, NULL);
+    tp_cuda_launch_cross_entropy_backward_f32(&dloss, logits, targets, R, V, (float)R, d, &bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "R=%lld V=%lld", (long long)R, (long long)V);
     check_close(what, d, want, R * V, ROW);
@@ -342,7 +342,7 @@ static void adamw(void) {
     for (int64_t step = 1; step <= 3; step++) { /* the bias corrections change with the step */
       float *g = rand_array(n, 1);
       tp_adamw_step(ww, g, wm, wv, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
-      tp_cuda_adamw_step(w, g, m, v, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, NULL);
+      tp_cuda_launch_adamw_step(w, g, m, v, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, NULL);
       free(g);
     }
     char what[64];
@@ -362,7 +362,7 @@ static void sum_squares(void) {
     int64_t n = lengths[l];
     float *x = rand_array(n, 3);
     double sum = -1, partial[TP_CUDA_SUM_PIECES], want = tp_sum_squares_f32(x, n);
-    tp_cuda_sum_squares_f32(x, n, &sum, partial, NULL);
+    tp_cuda_launch_sum_squares_f32(x, n, &sum, partial, NULL);
     if (!(fabs(sum - want) <= SUM.rtol * fabs(want)))
       fail("n=%lld: sum of squares %.17g, cpu %.17g", (long long)n, sum, want);
     free(x);
@@ -375,7 +375,7 @@ static void scale(void) {
     float *x = rand_array(n, 3), *want = malloc((size_t)n * sizeof *want), s = 0.37f;
     memcpy(want, x, (size_t)n * sizeof *x);
     tp_scale_f32(want, n, s);
-    tp_cuda_scale_f32(x, n, &s, NULL);
+    tp_cuda_launch_scale_f32(x, n, &s, NULL);
     char what[64];
     snprintf(what, sizeof what, "n=%lld", (long long)n);
     check_close(what, x, want, n, EXACT);
@@ -418,7 +418,7 @@ static void attention_fwd(void) {
       float *v = rand_array(gp.batch * gp.kv_heads * rows * gp.v_head_size, 1);
       float *y = zeros(nq * gp.v_head_size), *want = zeros(nq * gp.v_head_size), *lse = zeros(nq);
       tp_attention_f32(&cp, q, k, v, NULL, NULL, want, NULL, NULL, NULL);
-      tp_cuda_attention_f32(&gp, q, k, v, y, lse, NULL);
+      tp_cuda_launch_attention_f32(&gp, q, k, v, y, lse, NULL);
       snprintf(what, sizeof what, "y %s", at);
       check_close(what, y, want, nq * gp.v_head_size, ROW);
       free(q), free(k), free(v), free(y), free(want), free(lse);
@@ -440,8 +440,8 @@ static void attention_bwd(void) {
       float *dq = zeros(nq * D), *dk = zeros(nk * D), *dv = zeros(nk * Dv);
       float *want_dq = zeros(nq * D), *want_dk = zeros(nk * D), *want_dv = zeros(nk * Dv);
       tp_attention_backward_f32(&cp, dy, q, k, v, want_dq, want_dk, want_dv);
-      tp_cuda_attention_f32(&gp, q, k, v, y, lse, NULL);
-      tp_cuda_attention_backward_f32(&gp, dy, q, k, v, y, lse, dq, dk, dv, delta, NULL);
+      tp_cuda_launch_attention_f32(&gp, q, k, v, y, lse, NULL);
+      tp_cuda_launch_attention_backward_f32(&gp, dy, q, k, v, y, lse, dq, dk, dv, delta, NULL);
       /* dk and dv: float sums over the <= 18 query rows of the group's heads that see a key,
        * as the CPU's sgemm sums them: ROW */
       Tolerance tol = ROW;

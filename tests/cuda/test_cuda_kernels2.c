@@ -77,11 +77,11 @@ static void rotary_test(bool backward) {
       float *got = poisoned(n), *want = poisoned(n);
       if (backward) {
         tp_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, want);
-        tp_cuda_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got,
+        tp_cuda_launch_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got,
                                     NULL);
       } else {
         tp_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, want);
-        tp_cuda_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got, NULL);
+        tp_cuda_launch_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got, NULL);
       }
       char shape[64], what[160];
       dims_text(shape, sizeof shape, rc->rank, rc->dims);
@@ -107,7 +107,7 @@ static void unary_test(TpUnaryOp op, const char *name, float lo, float hi, Toler
     if (n > 3) x[1] = 0, x[2] = -0.0f, x[3] = NAN; /* signed zeros and NaN as the CPU treats them */
     TpTensor xt = view(TP_F32, 1, &n, x), yt = view(TP_F32, 1, &n, want);
     if (tp_unary(op, &xt, &yt) != TP_KERNEL_OK) fail("%s: the CPU kernel refused it", name);
-    if (!tp_cuda_unary_f32(op, x, n, got, NULL)) fail("%s: the CUDA launcher refused it", name);
+    if (!tp_cuda_launch_unary_f32(op, x, n, got, NULL)) fail("%s: the CUDA launcher refused it", name);
     char what[64];
     snprintf(what, sizeof what, "%s n=%lld", name, (long long)n);
     check_close(what, got, want, n, tol);
@@ -130,7 +130,7 @@ static void unary_fwd(void) {
   unary_test(TP_UNARY_GELU, "Gelu", -6, 6, LIBM);
   unary_test(TP_UNARY_GELU_TANH, "GeluTanh", -6, 6, LIBM);
   float x = 1, y = 0;
-  if (tp_cuda_unary_f32(TP_UNARY_NOT, &x, 1, &y, NULL)) fail("Not (bool only) was not refused");
+  if (tp_cuda_launch_unary_f32(TP_UNARY_NOT, &x, 1, &y, NULL)) fail("Not (bool only) was not refused");
 }
 
 /* ---- broadcasting: binary, Where ---- */
@@ -186,7 +186,7 @@ static void binary_test(TpBinaryOp op, const char *name, Tolerance tol) {
     const TpTensor *ops[] = {&gt, &at, &bt};
     if (!tp_iter_broadcast(&it, 3, ops)) fail("%s case %d: no broadcast", name, c);
     if (c % 2) tp_iter_coalesce(&it); /* both the raw and the merged dims */
-    if (!tp_cuda_binary_f32(op, &it, a, b, got, NULL)) fail("%s: the CUDA launcher refused it", name);
+    if (!tp_cuda_launch_binary_f32(op, &it, a, b, got, NULL)) fail("%s: the CUDA launcher refused it", name);
     char sa[48], sb[48], what[160];
     dims_text(sa, sizeof sa, bc->ra, bc->a), dims_text(sb, sizeof sb, bc->rb, bc->b);
     snprintf(what, sizeof what, "%s %s %s", name, sa, sb);
@@ -205,7 +205,7 @@ static void binary_fwd(void) {
   binary_test(TP_BINARY_POW, "Pow", LIBM);
   TpIter it = {0};
   float v = 0;
-  if (tp_cuda_binary_f32(TP_BINARY_LESS, &it, &v, &v, &v, NULL)) fail("Less (a bool result) was not refused");
+  if (tp_cuda_launch_binary_f32(TP_BINARY_LESS, &it, &v, &v, &v, NULL)) fail("Less (a bool result) was not refused");
 }
 
 static void where_fwd(void) {
@@ -225,7 +225,7 @@ static void where_fwd(void) {
     const TpTensor *ops[] = {&gt, &ct, &at, &bt};
     if (!tp_iter_broadcast(&it, 4, ops)) fail("Where case %d: no broadcast", c);
     if (c % 2) tp_iter_coalesce(&it);
-    tp_cuda_where_f32(&it, cond, a, b, got, NULL);
+    tp_cuda_launch_where_f32(&it, cond, a, b, got, NULL);
     char what[64];
     snprintf(what, sizeof what, "Where case %d", c);
     check_close(what, got, want, ny, EXACT);
@@ -264,7 +264,7 @@ static void reduce_test(bool mean) {
     float *x = rand_array(n, 3), *got = poisoned(nout), *want = poisoned(nout);
     TpTensor xt = view(TP_F32, rc->rank, rc->dims, x), yt = view(TP_F32, 1, &nout, want);
     if (tp_reduce_sum(&xt, rc->axes, rc->naxes, mean, &yt) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
-    if (!tp_cuda_reduce_sum_f32(&xt, rc->axes, rc->naxes, mean, got, NULL)) fail("case %zu: the launcher refused it", c);
+    if (!tp_cuda_launch_reduce_sum_f32(&xt, rc->axes, rc->naxes, mean, got, NULL)) fail("case %zu: the launcher refused it", c);
     char shape[64], what[128];
     dims_text(shape, sizeof shape, rc->rank, rc->dims);
     snprintf(what, sizeof what, "x %s naxes %d mean=%d", shape, rc->naxes, mean);
@@ -274,7 +274,7 @@ static void reduce_test(bool mean) {
   float x[6] = {0}, y = 0;
   int64_t dims[2] = {2, 3}, unsorted[2] = {1, 0};
   TpTensor xt = view(TP_F32, 2, dims, x);
-  if (tp_cuda_reduce_sum_f32(&xt, unsorted, 2, mean, &y, NULL)) fail("unsorted axes were not refused");
+  if (tp_cuda_launch_reduce_sum_f32(&xt, unsorted, 2, mean, &y, NULL)) fail("unsorted axes were not refused");
 }
 
 static void reduce_sum(void) { reduce_test(false); }
@@ -287,7 +287,7 @@ static void reshape_fwd(void) {
     float *x = rand_array(n, 1), *got = poisoned(n), *want = poisoned(n);
     TpTensor xt = view(TP_F32, 1, &n, x), yt = view(TP_F32, 2, dims2, want);
     if (tp_reshape(&xt, &yt) != TP_KERNEL_OK) fail("n=%lld: the CPU kernel refused it", (long long)n);
-    tp_cuda_copy_f32(x, n, got, NULL);
+    tp_cuda_launch_copy_f32(x, n, got, NULL);
     char what[32];
     snprintf(what, sizeof what, "n=%lld", (long long)n);
     check_close(what, got, want, n, EXACT);
@@ -307,7 +307,7 @@ static void expand_fwd(void) {
     TpIter it;
     if (!tp_iter_broadcast(&it, 2, (const TpTensor *const[]){&gt, &xt})) fail("case %d: no broadcast", c);
     if (c % 2) tp_iter_coalesce(&it);
-    tp_cuda_strided_copy_f32(&it, x, got, NULL);
+    tp_cuda_launch_strided_copy_f32(&it, x, got, NULL);
     char what[32];
     snprintf(what, sizeof what, "Expand case %d", c);
     check_close(what, got, want, ny, EXACT);
@@ -338,7 +338,7 @@ static void transpose_fwd(void) {
     TpTensor xt = view(TP_F32, tc->rank, tc->dims, x), wt = view(TP_F32, tc->rank, yd, want);
     TpTensor gt = view(TP_F32, tc->rank, yd, got);
     if (tp_transpose(&xt, tc->perm, &wt) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
-    if (!tp_cuda_transpose_f32(&xt, tc->perm, &gt, NULL)) fail("case %zu: the launcher refused it", c);
+    if (!tp_cuda_launch_transpose_f32(&xt, tc->perm, &gt, NULL)) fail("case %zu: the launcher refused it", c);
     char shape[64], what[96];
     dims_text(shape, sizeof shape, tc->rank, tc->dims);
     snprintf(what, sizeof what, "Transpose x %s", shape);
@@ -348,7 +348,7 @@ static void transpose_fwd(void) {
   float x[6] = {0}, y[6];
   int64_t dims[2] = {2, 3}, twice[2] = {0, 0};
   TpTensor xt = view(TP_F32, 2, dims, x), yt = view(TP_F32, 2, dims, y);
-  if (tp_cuda_transpose_f32(&xt, twice, &yt, NULL)) fail("a perm naming one dim twice was not refused");
+  if (tp_cuda_launch_transpose_f32(&xt, twice, &yt, NULL)) fail("a perm naming one dim twice was not refused");
 }
 
 typedef struct {
@@ -374,8 +374,8 @@ static void slice_test(bool backward) {
     TpTensor gx = view(TP_F32, sc->rank, sc->x, got), gy = view(TP_F32, sc->rank, sc->y, got);
     TpKernelStatus st = backward ? tp_slice_backward(&yt, sc->starts, sc->steps, &xt) : tp_slice(&xt, sc->starts, sc->steps, &yt);
     if (st != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
-    if (backward) tp_cuda_slice_backward_f32(&yt, sc->starts, sc->steps, &gx, NULL);
-    else tp_cuda_slice_f32(&xt, sc->starts, sc->steps, &gy, NULL);
+    if (backward) tp_cuda_launch_slice_backward_f32(&yt, sc->starts, sc->steps, &gx, NULL);
+    else tp_cuda_launch_slice_f32(&xt, sc->starts, sc->steps, &gy, NULL);
     char shape[64], what[96];
     dims_text(shape, sizeof shape, sc->rank, sc->x);
     snprintf(what, sizeof what, "Slice case %zu x %s", c, shape);
@@ -411,14 +411,14 @@ static void pieces_test(bool concat) {
       float *got = poisoned(n), *want = poisoned(n);
       TpTensor wt = view(TP_F32, 4, X, want), gt = view(TP_F32, 4, X, got);
       if (tp_concat(pieces[0], 4, axis, &wt) != TP_KERNEL_OK) fail("axis %d: the CPU kernel refused it", axis);
-      tp_cuda_concat_f32(pieces[1], 4, axis, &gt, NULL);
+      tp_cuda_launch_concat_f32(pieces[1], 4, axis, &gt, NULL);
       snprintf(what, sizeof what, "Concat axis %d", axis);
       check_close(what, got, want, n, EXACT);
       free(got), free(want);
     } else {
       TpTensor xt = view(TP_F32, 4, X, x);
       if (tp_split(&xt, axis, pieces[0], 4) != TP_KERNEL_OK) fail("axis %d: the CPU kernel refused it", axis);
-      tp_cuda_split_f32(&xt, axis, pieces[1], 4, NULL);
+      tp_cuda_launch_split_f32(&xt, axis, pieces[1], 4, NULL);
       for (int k = 0; k < 4; k++) {
         snprintf(what, sizeof what, "Split axis %d piece %d", axis, k);
         check_close(what, bufs[1][k], bufs[0][k], tp_tensor_numel(&pieces[0][k]), EXACT);
@@ -443,7 +443,7 @@ static void context_append(void) {
     float *x = rand_array(n, 1), *got = poisoned(nbuf), *want = poisoned(nbuf);
     TpTensor xt = view(TP_F32, 4, dims, x);
     if (tp_context_append(&xt, 2, p[4], p[5], want) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
-    tp_cuda_context_append_f32(&xt, 2, p[4], p[5], got, NULL);
+    tp_cuda_launch_context_append_f32(&xt, 2, p[4], p[5], got, NULL);
     char what[64];
     snprintf(what, sizeof what, "T=%lld at %lld of %lld rows", (long long)p[2], (long long)p[4], (long long)p[5]);
     check_close(what, got, want, nbuf, EXACT); /* the rows around the slice stay as they were */

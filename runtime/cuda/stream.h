@@ -1,0 +1,49 @@
+/* The CUDA compute backend's stream: what a CUDA plan's units get as io->stream and pass
+ * as the last argument of every kernel call (tokpipec --target cuda). Besides the CUDA
+ * stream it carries what the plan's kernels need and cannot allocate per call: the
+ * cuBLASLt handle, device scratch, the device copies of the plan's constants, and where
+ * kernels report an index out of range.
+ *
+ * Implemented in runtime/cuda/backend.cu (the compute backend, tp_compute_cuda); the
+ * adaptors of runtime/cuda/ops.h use it. In the emulated test build the same code runs
+ * on the emulated runtime API (emulate/cuda_emu.h): device memory is host memory. */
+#ifndef TOKPIPE_CUDA_STREAM_H
+#define TOKPIPE_CUDA_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "blas.h"   /* TpCudaBlas */
+#include "kernels.h" /* TpCudaStream */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct TpCompute TpCompute;
+
+struct TpStream {
+  TpCudaStream cuda;
+  TpCudaBlas *blas;  /* this stream's cuBLASLt handle and workspace */
+  TpCompute *compute; /* the backend it belongs to (its constant cache) */
+  void *scratch;     /* device scratch (tp_cuda_scratch) */
+  size_t scratch_bytes;
+  /* device: the smallest index a kernel found out of range (INT64_MAX: none), checked
+   * (one error line, exit 1) each time the host synchronizes with the stream */
+  int64_t *bad;
+};
+
+/* At least `bytes` of device scratch for the kernels queued next on s, 256-byte aligned;
+ * the same memory for every call (an op takes all it needs in one call). Growing it waits
+ * for s's earlier work first. */
+void *tp_cuda_scratch(TpStream *s, size_t bytes);
+
+/* The device copy of a plan's constant `host` (a static array of `bytes` in plan.c),
+ * uploaded on first use and kept until the backend closes. */
+const void *tp_cuda_constant(TpStream *s, const void *host, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
