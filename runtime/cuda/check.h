@@ -1,14 +1,20 @@
 /* Checking of every CUDA runtime and cuBLASLt call: a failure prints the file, line, the
  * call and the library's message as one line and ends the process with exit code 1 (a
- * failed device call leaves the context unusable; nothing can be recovered). */
+ * failed device call leaves the context unusable; nothing can be recovered). In the
+ * emulated test build the runtime calls are the emulation's (emulate/cuda_emu.h), checked
+ * the same way; it makes no cuBLASLt calls. */
 #ifndef TOKPIPE_CUDA_CHECK_H
 #define TOKPIPE_CUDA_CHECK_H
 
-#ifndef TOKPIPE_CUDA_EMULATE
-#include <cublasLt.h>
-#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#ifdef TOKPIPE_CUDA_EMULATE
+#include "emulate/cuda_emu.h"
+#else
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#endif
 
 static inline void tp_cuda_fail(const char *file, int line, const char *call, const char *message) {
   fprintf(stderr, "tokpipe: error: %s:%d: %s: %s\n", file, line, call, message);
@@ -21,15 +27,13 @@ static inline void tp_cuda_fail(const char *file, int line, const char *call, co
     if (tp_err_ != cudaSuccess) tp_cuda_fail(__FILE__, __LINE__, #call, cudaGetErrorString(tp_err_)); \
   } while (0)
 
+#ifndef TOKPIPE_CUDA_EMULATE
 #define TP_CUBLAS_CHECK(call)                                                           \
   do {                                                                                  \
     cublasStatus_t tp_st_ = (call);                                                     \
     if (tp_st_ != CUBLAS_STATUS_SUCCESS)                                                \
       tp_cuda_fail(__FILE__, __LINE__, #call, cublasLtGetStatusString(tp_st_));         \
   } while (0)
-
-#else /* the emulated build (tests) makes no library calls */
-#define TP_CUDA_CHECK(call) ((void)0)
 #endif
 
 #endif

@@ -22,16 +22,28 @@ extern "C" {
 
 typedef struct TpCompute TpCompute;
 
+typedef struct TpCudaConstant TpCudaConstant;
+
 struct TpStream {
   TpCudaStream cuda;
   TpCudaBlas *blas;  /* this stream's cuBLASLt handle and workspace */
-  TpCompute *compute; /* the backend it belongs to (its constant cache) */
   void *scratch;     /* device scratch (tp_cuda_scratch) */
   size_t scratch_bytes;
-  /* device: the smallest index a kernel found out of range (INT64_MAX: none), checked
-   * (one error line, exit 1) each time the host synchronizes with the stream */
+  /* device: the smallest index a kernel found out of range (INT64_MAX: none) */
   int64_t *bad;
+  /* the device copies of the plan's constants (tp_cuda_constant): an open-addressing
+   * table keyed by the host address */
+  TpCudaConstant *constants;
+  size_t nconstants, constant_slots;
 };
+
+/* A stream with its handle, scratch (none yet) and bad index (none); NULL if the device
+ * cannot make one (every other failure ends the process, check.h). */
+TpStream *tp_cuda_stream_new(void);
+void tp_cuda_stream_free(TpStream *s); /* after its work is done; s may be NULL */
+/* The host waits for s's work; then the smallest index out of range a kernel met since
+ * the last call (and forgets it), or -1 if none. */
+int64_t tp_cuda_stream_sync(TpStream *s);
 
 /* At least `bytes` of device scratch for the kernels queued next on s, 256-byte aligned;
  * the same memory for every call (an op takes all it needs in one call). Growing it waits

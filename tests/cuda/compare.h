@@ -7,7 +7,23 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* Memory a kernel under test reads or writes, zeroed. Host memory in the emulated build;
+ * when the drivers run on a GPU (tests/device/run.sh builds them against the real kernels
+ * with TOKPIPE_CUDA_TESTS_ON_GPU) managed memory, which host and device both address, and
+ * test_sync() makes the host wait for the kernels before it reads their results. Every
+ * driver allocates its kernels' buffers here and calls test_sync() before comparing. */
+static void *test_alloc(size_t bytes) {
+  void *p = calloc(1, bytes ? bytes : 1);
+  if (!p) {
+    fprintf(stderr, "out of memory\n");
+    exit(1);
+  }
+  return p;
+}
+static void test_sync(void) {}
 
 /* |gpu - cpu| <= atol + rtol * |cpu| per element */
 typedef struct {

@@ -213,3 +213,73 @@ void tp_emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *closure) {
   delete[] b->fibers;
   delete b;
 }
+
+/* ---- the runtime API (cuda_emu.h): device memory is host memory, streams run at once ---- */
+namespace {
+int emulated_device_count(void) {
+  const char *n = getenv("TOKPIPE_CUDA_EMULATE_DEVICES");
+  return n ? atoi(n) : 1;
+}
+int current_device;
+/* Streams and events are never dereferenced: distinct non-null handles suffice. */
+char stream_handle, event_handle;
+} // namespace
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  *count = emulated_device_count();
+  return *count > 0 ? cudaSuccess : cudaErrorNoDevice;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= emulated_device_count()) return cudaErrorInvalidDevice;
+  current_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *device) {
+  *device = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+  *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void *p) {
+  free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind) {
+  if (bytes) memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
+  if (bytes) memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
+  *s = reinterpret_cast<cudaStream_t>(&stream_handle);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+  *e = reinterpret_cast<cudaEvent_t>(&event_handle);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+  case cudaErrorInvalidDevice: return "invalid device ordinal";
+  }
+  return "unknown error";
+}

@@ -1,0 +1,95 @@
+/* The CUDA stream of the compute backend and what the plan's kernels need beside it
+ * (stream.h). */
+#include "stream.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+struct TpCudaConstant {
+  const void *host; /* NULL: a free slot */
+  void *device;
+};
+
+TpStream *tp_cuda_stream_new(void) {
+  TpStream *s = static_cast<TpStream *>(calloc(1, sizeof *s));
+  if (!s) return NULL;
+  cudaStream_t cuda;
+  TP_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
+  s->cuda = cuda;
+  s->blas = tp_cuda_blas_create();
+  TP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&s->bad), sizeof *s->bad));
+  const int64_t none = INT64_MAX;
+  TP_CUDA_CHECK(cudaMemcpy(s->bad, &none, sizeof none, cudaMemcpyHostToDevice));
+  if (!s->blas) {
+    tp_cuda_stream_free(s);
+    return NULL;
+  }
+  return s;
+}
+
+void tp_cuda_stream_free(TpStream *s) {
+  if (!s) return;
+  for (size_t i = 0; i < s->constant_slots; i++)
+    if (s->constants[i].host) TP_CUDA_CHECK(cudaFree(s->constants[i].device));
+  free(s->constants);
+  TP_CUDA_CHECK(cudaFree(s->scratch));
+  TP_CUDA_CHECK(cudaFree(s->bad));
+  tp_cuda_blas_destroy(s->blas);
+  TP_CUDA_CHECK(cudaStreamDestroy(s->cuda));
+  free(s);
+}
+
+int64_t tp_cuda_stream_sync(TpStream *s) {
+  int64_t bad;
+  TP_CUDA_CHECK(cudaMemcpyAsync(&bad, s->bad, sizeof bad, cudaMemcpyDeviceToHost, s->cuda));
+  TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda));
+  if (bad == INT64_MAX) return -1;
+  const int64_t none = INT64_MAX;
+  TP_CUDA_CHECK(cudaMemcpy(s->bad, &none, sizeof none, cudaMemcpyHostToDevice));
+  return bad;
+}
+
+void *tp_cuda_scratch(TpStream *s, size_t bytes) {
+  if (bytes <= s->scratch_bytes) return s->scratch;
+  size_t grown = s->scratch_bytes * 2 > bytes ? s->scratch_bytes * 2 : bytes;
+  TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda)); /* earlier kernels may still read the old one */
+  TP_CUDA_CHECK(cudaFree(s->scratch));
+  s->scratch = NULL;
+  TP_CUDA_CHECK(cudaMalloc(&s->scratch, (grown + 255) / 256 * 256));
+  s->scratch_bytes = grown;
+  return s->scratch;
+}
+
+static size_t constant_slot(const TpCudaConstant *table, size_t slots, const void *host) {
+  size_t i = ((uintptr_t)host >> 4) * 0x9E3779B97F4A7C15ull % slots;
+  while (table[i].host && table[i].host != host) i = (i + 1) % slots;
+  return i;
+}
+
+const void *tp_cuda_constant(TpStream *s, const void *host, size_t bytes) {
+  if (s->constant_slots) {
+    TpCudaConstant *c = &s->constants[constant_slot(s->constants, s->constant_slots, host)];
+    if (c->host) return c->device;
+  }
+  if (2 * (s->nconstants + 1) > s->constant_slots) { /* grow, keeping it at most half full */
+    size_t slots = s->constant_slots ? 2 * s->constant_slots : 64;
+    TpCudaConstant *table = static_cast<TpCudaConstant *>(calloc(slots, sizeof *table));
+    if (!table) {
+      fprintf(stderr, "tokpipe: error: out of host memory for the plan's constants\n");
+      exit(1);
+    }
+    for (size_t i = 0; i < s->constant_slots; i++)
+      if (s->constants[i].host) table[constant_slot(table, slots, s->constants[i].host)] = s->constants[i];
+    free(s->constants);
+    s->constants = table;
+    s->constant_slots = slots;
+  }
+  TpCudaConstant *c = &s->constants[constant_slot(s->constants, s->constant_slots, host)];
+  TP_CUDA_CHECK(cudaMalloc(&c->device, bytes ? bytes : 1));
+  TP_CUDA_CHECK(cudaMemcpy(c->device, host, bytes, cudaMemcpyHostToDevice));
+  c->host = host;
+  s->nconstants++;
+  return c->device;
+}
