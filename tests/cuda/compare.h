@@ -15,7 +15,7 @@
  * with TOKPIPE_CUDA_TESTS_ON_GPU) managed memory, which host and device both address, and
  * test_sync() makes the host wait for the kernels before it reads their results. Every
  * driver allocates its kernels' buffers here and calls test_sync() before comparing. */
-static void *test_alloc(size_t bytes) {
+static inline void *test_alloc(size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
   if (!p) {
     fprintf(stderr, "out of memory\n");
@@ -23,7 +23,7 @@ static void *test_alloc(size_t bytes) {
   }
   return p;
 }
-static void test_sync(void) {}
+static inline void test_sync(void) {}
 
 /* |gpu - cpu| <= atol + rtol * |cpu| per element */
 typedef struct {
