@@ -100,5 +100,7 @@ int tp_compute_open(TpCompute **out, TpDiag *d);
 void tp_compute_close(TpCompute *c);
 
 extern const TpComputeBackend tp_compute_cpu, tp_compute_cpu_strict;
+/* runtime/cuda/backend.cu, in the CUDA library (tokpipe_cuda, or tokpipe_cuda_emulated in tests) */
+extern const TpComputeBackend tp_compute_cuda;
 
 #endif

@@ -551,7 +551,8 @@ void pipe_tokens_to_device(Trainer *t) {
   be(t)->stream_sync(t->compute, t->stream); /* before any unit reads them, or the host refills them */
 }
 
-/* Runs a unit on `stream`. io->loss (a host float) is the unit's to set before it returns. */
+/* Runs a unit on `stream`. io->loss (a host float) is set once the stream is synchronized
+ * (a device unit queues its copy there). */
 static void run_unit(Trainer *t, TpStream *stream, TpUnitFn fn, TpStepIO *io) {
   be(t)->run_unit(t->compute, stream, fn, io);
 }
@@ -579,7 +580,10 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   case TP_PLAN_FORWARD:
     io = unit_io(t, R, x->mb);
     run_unit(t, R->stream, R->st->forward[x->slice], &io);
-    if (R->stage == P->nstages - 1 && x->slice == P->nslices - 1) R->loss[x->mb] = io.loss;
+    if (R->stage == P->nstages - 1 && x->slice == P->nslices - 1) {
+      be(t)->stream_sync(t->compute, R->stream); /* the unit queued the copy of its loss into io.loss */
+      R->loss[x->mb] = io.loss;
+    }
     return true;
   case TP_PLAN_BACKWARD:
     /* the microbatch's backward units run together, from its last slice to slice 0 */

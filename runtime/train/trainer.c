@@ -615,6 +615,30 @@ static int run(Trainer *t) {
   return rc;
 }
 
+/* This process's index among the processes of its node, which picks its GPU: what the MPI
+ * launcher tells it (OpenMPI, MPICH's Hydra, Slurm), else its rank (one node); 0 alone. */
+static int local_rank(const TpComm *comm) {
+  if (comm->size == 1) return 0;
+  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v >= '0' && *v <= '9') return atoi(v);
+  }
+  return comm->rank;
+}
+
+/* The compute backend of the plan's device (none: the CPU's), then its transport, which
+ * replaces the host transport when it gives one (*device_comm). Each step agreed by every
+ * process, since opening a transport is collective. */
+static int open_device(Trainer *t, TpComm **device_comm) {
+  const TpPlanDevice *dev = t->plan->device;
+  int rc = dev ? dev->open_compute(&t->compute, local_rank(t->comm), t->d) : tp_compute_open(&t->compute, t->d);
+  if ((rc = pipe_agree(t, rc)) || !dev || !dev->open_comm) return rc;
+  if ((rc = pipe_agree(t, dev->open_comm(t->comm, t->compute, t->plan, device_comm, t->d)))) return rc;
+  if (*device_comm) t->comm = *device_comm;
+  return TP_OK;
+}
+
 int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
   const char *tool = argc > 0 && argv[0] ? argv[0] : "trainer";
   if (strrchr(tool, '/')) tool = strrchr(tool, '/') + 1;
@@ -628,12 +652,13 @@ int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
   }
   if (comm->rank != 0) d.stream = NULL; /* process 0 speaks for all (pipe_agree) */
   Trainer t = {.plan = plan, .d = &d, .comm = comm};
+  TpComm *device_comm = NULL;
   rc = check_plan(plan, &d);
   if (rc) rc = TP_ERR_INTERNAL;
-  else if ((rc = tp_compute_open(&t.compute, &d))) rc = pipe_agree(&t, rc);
-  else if ((rc = parse_options(&t.o, argc, argv, &d, plan)) < 0) rc = TP_OK;
-  else if (!rc) rc = run(&t);
+  else if ((rc = parse_options(&t.o, argc, argv, &d, plan)) < 0) rc = TP_OK; /* --help, --version */
+  else if (!rc && !(rc = open_device(&t, &device_comm))) rc = run(&t);
   free_buffers(&t);
+  tp_comm_close(device_comm); /* before the device it runs on */
   tp_compute_close(t.compute);
   tp_comm_close(comm);
   return rc;

@@ -22,6 +22,9 @@
 
 #include "passes/planner/schedule.h"
 #include "runtime/train/plan.h"
+#ifdef TEST_CUDA_DEVICE /* tests/cuda's pipe_trainer_cuda: the same plan on the CUDA backend */
+#include "runtime/cuda/ops.h"
+#endif
 
 enum { B = 4, T = 8, V = 256, C = 8, MAX_SLICES = 4 };
 enum { WTE, WPE, SHIFT, GAIN, BIAS, NPARAMS };
@@ -246,6 +249,9 @@ static int configure(void) {
   plan.slice_len = slice_len;
   plan.schedule = kind == TP_SCHEDULE_1F1B ? TP_PLAN_1F1B : TP_PLAN_GPIPE;
   plan.stages = stages;
+#ifdef TEST_CUDA_DEVICE
+  plan.device = &tp_plan_device_cuda;
+#endif
   return 0;
 }
 

@@ -15,6 +15,9 @@
 #include "runtime/cpu/nn_backward.h"
 #include "runtime/cpu/transformer.h"
 #include "runtime/train/plan.h"
+#ifdef TEST_CUDA_DEVICE /* tests/cuda's tiny_trainer_cuda: the same plan on the CUDA backend */
+#include "runtime/cuda/ops.h"
+#endif
 
 #ifndef TINY_BATCH /* tiny_trainer_b4: the same model with another batch (resume checks) */
 #define TINY_BATCH 2
@@ -85,6 +88,9 @@ const TpPlan tp_plan = {
     .arena_bytes = arena_bytes,
     .forward = forward,
     .backward = backward,
+#ifdef TEST_CUDA_DEVICE
+    .device = &tp_plan_device_cuda,
+#endif
 };
 
 int main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }

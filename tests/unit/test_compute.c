@@ -2,7 +2,15 @@
  * backend and of its strict variant, against plain host loops and the optim.c kernels
  * (bit for bit: the trainer's losses and gradients must not change through the table),
  * with device values seen only through copies; message packing with zero-byte buffers
- * and empty messages; the strict variant crashing on a direct host access. */
+ * and empty messages; the strict variant crashing on a direct host access.
+ *
+ * Built again as test_compute_cuda (tests/cuda, TEST_CUDA_BACKEND) for the CUDA backend
+ * (runtime/cuda/backend.cu) on the emulated CUDA runtime: the same checks, bit for bit but
+ * the sum of squares (the same 64 pieces as the CPU's, summed inside each in another order:
+ * within 1e-12), plus the device's opening (GPU choice, no GPU) and a bad index found at a
+ * stream synchronization. run_unit's unit reads its parameter directly: emulated device
+ * memory is host memory. */
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +21,9 @@
 #include "runtime/compute.h"
 #include "runtime/cpu/optim.h"
 #include "../check.h"
+#ifdef TEST_CUDA_BACKEND
+#include "runtime/cuda/ops.h"
+#endif
 
 enum { N = 40000 }; /* above the kernels' threshold for OpenMP */
 
@@ -122,7 +133,8 @@ static void test_run_unit(TpCompute *c, TpStream *s) {
   c->be->free(c, w);
 }
 
-static void test_math(TpCompute *c, TpStream *s) {
+/* exact_sums: the sum of squares is tp_sum_squares_f32's bits (else within 1e-12). */
+static void test_math(TpCompute *c, TpStream *s, bool exact_sums) {
   const char *name = c->be->name;
   float *x = rand_array(N, 2), *y = rand_array(N, 2), *want = malloc(N * sizeof *want);
   float *dx = to_device(c, s, x, N), *dy = to_device(c, s, y, N);
@@ -153,7 +165,8 @@ static void test_math(TpCompute *c, TpStream *s) {
   c->be->copy_d2h(c, s, &got, acc, sizeof got);
   c->be->stream_sync(c, s);
   double expect = start + tp_sum_squares_f32(want, N);
-  if (memcmp(&got, &expect, sizeof got)) fail("%s: sum_squares: %.17g, expected %.17g", name, got, expect);
+  if (exact_sums ? memcmp(&got, &expect, sizeof got) != 0 : !(fabs(got - expect) <= 1e-12 * expect))
+    fail("%s: sum_squares: %.17g, expected %.17g", name, got, expect);
   c->be->free(c, acc);
 
   /* two AdamW steps, against the kernel on host copies */
@@ -212,18 +225,81 @@ static void test_pack(TpCompute *c, TpStream *s) {
   c->be->free(c, none), c->be->free(c, arena), c->be->free(c, arena2), c->be->free(c, msg);
 }
 
-static void test_backend(const TpComputeBackend *be) {
+static void test_backend(const TpComputeBackend *be, bool exact_sums) {
   TpCompute *c = open_backend(be);
   TpStream *s = be->stream_new(c);
   test_memory(c, s);
   test_streams(c);
   test_run_unit(c, s);
-  test_math(c, s);
+  test_math(c, s, exact_sums);
   test_pack(c, s);
   be->stream_free(c, s);
   close_backend(c);
 }
 
+#ifdef TEST_CUDA_BACKEND
+/* tp_plan_device_cuda's open_compute: GPU local_rank % count, and one error without a GPU. */
+static void test_cuda_open(void) {
+  TpDiag d;
+  tp_diag_init(&d, "test_compute", NULL, NULL);
+  TpCompute *c = NULL;
+  setenv("TOKPIPE_CUDA_EMULATE_DEVICES", "2", 1);
+  if (tp_plan_device_cuda.open_compute(&c, 3, &d) || !c || c->be != &tp_compute_cuda)
+    fail("cuda: open_compute on local rank 3 of 2 GPUs: %s", d.last);
+  tp_compute_close(c);
+  setenv("TOKPIPE_CUDA_EMULATE_DEVICES", "0", 1);
+  c = NULL;
+  int rc = tp_plan_device_cuda.open_compute(&c, 0, &d);
+  const char *want = "no CUDA GPU: cudaGetDeviceCount: no CUDA-capable device is detected";
+  if (rc != TP_ERR_INPUT || c || strcmp(d.last, want))
+    fail("cuda: open_compute without a GPU: rc %d, '%s'; expected %d, '%s'", rc, d.last, TP_ERR_INPUT, want);
+  unsetenv("TOKPIPE_CUDA_EMULATE_DEVICES");
+}
+
+/* In a child: an embedding kernel meets id 300 of a 4-row table at position 2; the stream's
+ * synchronization must end the process with one error line naming it, exit code 1. */
+static void test_cuda_bad_index(void) {
+  char path[] = "/tmp/test_compute_cuda_XXXXXX";
+  int fd = mkstemp(path);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd, 2);
+    TpCompute *c = open_backend(&tp_compute_cuda);
+    TpStream *s = c->be->stream_new(c);
+    int64_t ids[3] = {0, 3, 300};
+    float *table = c->be->alloc(c, 4 * 2 * sizeof(float)), *out = c->be->alloc(c, 3 * 2 * sizeof(float));
+    int64_t *dev_ids = c->be->alloc(c, sizeof ids);
+    c->be->copy_h2d(c, s, dev_ids, ids, sizeof ids);
+    tp_cuda_launch_embedding_f32(table, dev_ids, 3, 4, 2, out, s->bad, s->cuda);
+    c->be->stream_sync(c, s);
+    _exit(0); /* must not get here */
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  char text[512] = "";
+  ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  text[n > 0 ? n : 0] = 0;
+  close(fd);
+  unlink(path);
+  const char *want = "tokpipe: error: a kernel on the GPU met an index out of range (at position 2 of its ids or "
+                     "targets)\n";
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || strcmp(text, want))
+    fail("cuda: a bad index at a stream synchronization: status %#x, stderr '%s'; expected exit 1, '%s'", status,
+         text, want);
+}
+
+int main(void) {
+  test_cuda_open();
+  test_backend(&tp_compute_cuda, false);
+  test_cuda_bad_index();
+  if (failures) {
+    fprintf(stderr, "%d failure(s)\n", failures);
+    return 1;
+  }
+  printf("ok compute backend: cuda (emulated)\n");
+  return 0;
+}
+#else
 /* In a child: a direct read of strict device memory must end it with SIGSEGV. */
 static void test_strict_traps(void) {
   pid_t pid = fork();
@@ -255,8 +331,8 @@ static void test_open(void) {
 
 int main(void) {
   test_open();
-  test_backend(&tp_compute_cpu);
-  test_backend(&tp_compute_cpu_strict);
+  test_backend(&tp_compute_cpu, true);
+  test_backend(&tp_compute_cpu_strict, true);
   test_strict_traps();
   if (failures) {
     fprintf(stderr, "%d failure(s)\n", failures);
@@ -265,3 +341,4 @@ int main(void) {
   printf("ok compute backends: cpu, cpu-strict\n");
   return 0;
 }
+#endif

@@ -1,0 +1,268 @@
+/* The CUDA compute backend (../compute.h) and the device of CUDA plans (ops.h's
+ * tp_plan_device_cuda): device memory from cudaMalloc, streams are stream.h's TpStream
+ * (a CUDA stream with what the plan's kernels need), events are CUDA events, copies and
+ * sets are queued on the stream (cudaMemcpyAsync, cudaMemsetAsync), and the runtime's math
+ * runs as kernels on the stream. Device memory is not host memory (host_addressable is
+ * false): the runtime moves values with explicit copies and synchronizes before it reads
+ * them. Every call is checked (check.h: one line and exit 1 on failure), and a stream
+ * synchronization that finds an index a kernel met out of range stops the same way. */
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" { /* C headers */
+#include "compute.h"
+}
+#include "common.cuh"
+#include "stream.h"
+
+static cudaStream_t cuda_of(TpStream *s) { return s->cuda; }
+
+static void cuda_close(TpCompute *c) {
+  (void)c;
+  TP_CUDA_CHECK(cudaDeviceSynchronize()); /* nothing queued outlives the backend */
+}
+
+/* ---- memory ---- */
+
+static void *cuda_alloc(TpCompute *c, size_t bytes) {
+  (void)c;
+  void *p = NULL;
+  cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1); /* cudaMalloc(0) gives NULL */
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError(); /* not sticky: the caller reports it and the context stays usable */
+    return NULL;
+  }
+  TP_CUDA_CHECK(err);
+  /* zeroed before any stream can use it: on the legacy default stream, waited for */
+  TP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+  TP_CUDA_CHECK(cudaStreamSynchronize(0));
+  return p;
+}
+
+static void cuda_free(TpCompute *c, void *p) {
+  (void)c;
+  if (p) TP_CUDA_CHECK(cudaFree(p));
+}
+
+static void cuda_memset(TpCompute *c, TpStream *s, void *p, int value, size_t bytes) {
+  (void)c;
+  if (bytes) TP_CUDA_CHECK(cudaMemsetAsync(p, value, bytes, cuda_of(s)));
+}
+
+static void copy(TpStream *s, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes) TP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cuda_of(s)));
+}
+
+static void cuda_copy_h2d(TpCompute *c, TpStream *s, void *dst, const void *src, size_t bytes) {
+  (void)c;
+  copy(s, dst, src, bytes, cudaMemcpyHostToDevice);
+}
+
+static void cuda_copy_d2h(TpCompute *c, TpStream *s, void *dst, const void *src, size_t bytes) {
+  (void)c;
+  copy(s, dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+static void cuda_copy_d2d(TpCompute *c, TpStream *s, void *dst, const void *src, size_t bytes) {
+  (void)c;
+  copy(s, dst, src, bytes, cudaMemcpyDeviceToDevice);
+}
+
+/* ---- streams and events ---- */
+
+static TpStream *cuda_stream_new(TpCompute *c) {
+  (void)c;
+  TpStream *s = tp_cuda_stream_new();
+  if (!s) {
+    fprintf(stderr, "tokpipe: error: the CUDA device cannot make another stream\n");
+    exit(1);
+  }
+  return s;
+}
+
+static void cuda_stream_free(TpCompute *c, TpStream *s) {
+  (void)c;
+  if (!s) return;
+  TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda));
+  tp_cuda_stream_free(s);
+}
+
+static void cuda_stream_sync(TpCompute *c, TpStream *s) {
+  (void)c;
+  int64_t bad = tp_cuda_stream_sync(s);
+  if (bad >= 0) {
+    /* the trainer checked every token id against the tables, so this is a plan's bug */
+    fprintf(stderr, "tokpipe: error: a kernel on the GPU met an index out of range (at position %lld of its "
+            "ids or targets)\n", (long long)bad);
+    exit(1);
+  }
+}
+
+static cudaEvent_t event_of(TpEvent *e) { return reinterpret_cast<cudaEvent_t>(e); }
+
+static TpEvent *cuda_event_new(TpCompute *c) {
+  (void)c;
+  cudaEvent_t e;
+  TP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return reinterpret_cast<TpEvent *>(e);
+}
+
+static void cuda_event_free(TpCompute *c, TpEvent *e) {
+  (void)c;
+  if (e) TP_CUDA_CHECK(cudaEventDestroy(event_of(e)));
+}
+
+static void cuda_event_record(TpCompute *c, TpEvent *e, TpStream *s) {
+  (void)c;
+  TP_CUDA_CHECK(cudaEventRecord(event_of(e), cuda_of(s)));
+}
+
+static void cuda_stream_wait(TpCompute *c, TpStream *s, TpEvent *e) {
+  (void)c;
+  TP_CUDA_CHECK(cudaStreamWaitEvent(cuda_of(s), event_of(e), 0));
+}
+
+static void cuda_event_sync(TpCompute *c, TpEvent *e) {
+  (void)c;
+  TP_CUDA_CHECK(cudaEventSynchronize(event_of(e)));
+}
+
+/* ---- units ---- */
+
+static void cuda_run_unit(TpCompute *c, TpStream *s, TpUnitFn fn, TpStepIO *io) {
+  io->compute = c;
+  io->stream = s;
+  fn(io); /* queues its kernels on s->cuda */
+}
+
+/* ---- the runtime's math: elementwise, so each element's result is the CPU loop's ---- */
+
+__global__ void add_into_kernel(float *dst, const float *src, int64_t n) {
+  TP_GRID_STRIDE_LOOP(i, n) dst[i] += src[i];
+}
+
+__global__ void divide_kernel(float *x, int64_t n, float by) {
+  TP_GRID_STRIDE_LOOP(i, n) x[i] /= by;
+}
+
+__global__ void clip_kernel(float *x, int64_t n, float factor) {
+  TP_GRID_STRIDE_LOOP(i, n) x[i] *= factor;
+}
+
+__global__ void add_double_kernel(double *acc, const double *x) { *acc += *x; }
+
+static void cuda_add_into(TpCompute *c, TpStream *s, float *dst, const float *src, int64_t n) {
+  (void)c;
+  if (n > 0)
+    TP_LAUNCH(add_into_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s), dst, src, n);
+}
+
+static void cuda_divide(TpCompute *c, TpStream *s, float *x, int64_t n, float by) {
+  (void)c;
+  if (n > 0) TP_LAUNCH(divide_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s), x, n, by);
+}
+
+/* The pieces are tp_sum_squares_f32's; only the order of the sums inside a piece differs. */
+static void cuda_sum_squares(TpCompute *c, TpStream *s, const float *x, int64_t n, double *acc) {
+  (void)c;
+  if (n <= 0) return;
+  double *partial = static_cast<double *>(tp_cuda_scratch(s, (TP_CUDA_SUM_PIECES + 1) * sizeof(double)));
+  double *sum = partial + TP_CUDA_SUM_PIECES;
+  tp_cuda_launch_sum_squares_f32(x, n, sum, partial, cuda_of(s));
+  TP_LAUNCH(add_double_kernel, dim3(1), dim3(1), cuda_of(s), acc, sum);
+}
+
+static void cuda_clip(TpCompute *c, TpStream *s, float *x, int64_t n, float factor) {
+  (void)c;
+  if (n > 0)
+    TP_LAUNCH(clip_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s), x, n, factor);
+}
+
+static void cuda_adamw(TpCompute *c, TpStream *s, float *w, const float *g, float *m, float *v, int64_t n,
+                       const TpAdamW *h) {
+  (void)c;
+  tp_cuda_launch_adamw_step(w, g, m, v, n, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->step,
+                            cuda_of(s));
+}
+
+/* A message's buffers between the arena and the contiguous message, in message order. */
+static void move_buffers(TpStream *s, char *msg, char *arena, const TpPlanBuffer *buffers, int n, bool pack) {
+  size_t at = 0;
+  for (int j = 0; j < n; j++) {
+    char *in_arena = arena + buffers[j].offset;
+    size_t bytes = (size_t)buffers[j].bytes;
+    if (pack) copy(s, msg + at, in_arena, bytes, cudaMemcpyDeviceToDevice);
+    else copy(s, in_arena, msg + at, bytes, cudaMemcpyDeviceToDevice);
+    at += bytes;
+  }
+}
+
+static void cuda_pack(TpCompute *c, TpStream *s, void *dst, const void *arena, const TpPlanBuffer *buffers, int n) {
+  (void)c;
+  move_buffers(s, static_cast<char *>(dst), const_cast<char *>(static_cast<const char *>(arena)), buffers, n, true);
+}
+
+static void cuda_unpack(TpCompute *c, TpStream *s, void *arena, const void *src, const TpPlanBuffer *buffers,
+                        int n) {
+  (void)c;
+  move_buffers(s, const_cast<char *>(static_cast<const char *>(src)), static_cast<char *>(arena), buffers, n, false);
+}
+
+extern "C" const TpComputeBackend tp_compute_cuda = {
+    "cuda",
+    false, /* host_addressable */
+    cuda_close,
+    cuda_alloc,
+    cuda_free,
+    cuda_memset,
+    cuda_copy_h2d,
+    cuda_copy_d2h,
+    cuda_copy_d2d,
+    cuda_stream_new,
+    cuda_stream_free,
+    cuda_stream_sync,
+    cuda_event_new,
+    cuda_event_free,
+    cuda_event_record,
+    cuda_stream_wait,
+    cuda_event_sync,
+    cuda_run_unit,
+    cuda_add_into,
+    cuda_divide,
+    cuda_sum_squares,
+    cuda_clip,
+    cuda_adamw,
+    cuda_pack,
+    cuda_unpack,
+};
+
+/* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */
+
+/* GPU local_rank % the node's GPUs, so the processes of a node spread over its GPUs. */
+static int cuda_open_compute(TpCompute **out, int local_rank, TpDiag *d) {
+  *out = NULL;
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count <= 0) {
+    (void)cudaGetLastError();
+    return tp_error(d, "no CUDA GPU: cudaGetDeviceCount: %s",
+                    err != cudaSuccess ? cudaGetErrorString(err) : "no device");
+  }
+  int device = local_rank % count;
+  if ((err = cudaSetDevice(device)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return tp_error(d, "CUDA GPU %d (local rank %d of %d GPUs): cudaSetDevice: %s", device, local_rank, count,
+                    cudaGetErrorString(err));
+  }
+  TpCompute *c = static_cast<TpCompute *>(calloc(1, sizeof *c));
+  TP_ASSERT(c);
+  c->be = &tp_compute_cuda;
+  *out = c;
+  return TP_OK;
+}
+
+extern "C" const TpPlanDevice tp_plan_device_cuda = {
+    "cuda",
+    cuda_open_compute,
+    NULL, /* open_comm: the host transport, with host copies (NCCL: comm_nccl.cu) */
+};
