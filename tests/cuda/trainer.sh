@@ -123,6 +123,15 @@ mpi) # under mpirun: 2 ranks (2 stages, 2 microbatches, 2 slices) and 4 (2 stage
     --save {}.save --export-onnx {}.onnx
   shape 2 2 2 3,3,2 1f1b
   both np4 mpi 4 --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 --dump-grads {}.grads --dump-weights {}.weights
+  # a device with a transport of its own (counting_comm.h, as NCCL): opened, used, closed
+  PIPE_COUNTING_COMM=1 run np4-comm cuda mpi 4 --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 \
+    --dump-grads np4-comm.grads
+  same_files "4 ranks over the device's transport: the same gradients" np4-comm.grads np4-cuda.grads
+  for r in 0 1 2 3; do
+    sends=$(sed -n "s/^pipe_trainer_cuda: rank $r: the device transport carried \([0-9]*\) sends$/\1/p" np4-comm-cuda.out)
+    [ "${sends:-0}" -gt 0 ] && ok "rank $r sent its $sends messages over the device's transport" ||
+      fail "rank $r: no sends counted: $(cat np4-comm-cuda.out)"
+  done
   # the one-process run of the 4-rank shape: the same bits on the CUDA backend
   run np4-one cuda --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 --dump-grads np4-one.grads
   same_files "4 ranks in one process or under mpirun: the same gradients" np4-one.grads np4-cuda.grads
