@@ -22,11 +22,10 @@
  *   cpu-strict the same, test-only (TOKPIPE_TEST_STRICT_DEVICE=1): device memory is
  *              inaccessible (PROT_NONE) except while its own entries or a unit run, so a
  *              direct host access by the runtime crashes
- *
- * A second backend (CUDA) slots in as a second table: its entries wrap cudaMalloc,
- * cudaMemcpyAsync, cudaStream/cudaEvent and its kernels, host_addressable is false, and
- * tp_compute_open picks it (the plan's target); codegen emits units that queue their
- * kernels on io->stream. Nothing in runtime/train changes. */
+ *   cuda       runtime/cuda/backend.cu (tp_compute_cuda): cudaMalloc, cudaMemcpyAsync,
+ *              stream.h's TpStream and CUDA events, kernels on the stream; host_addressable
+ *              is false. A CUDA plan's device (TpPlan.device = &tp_plan_device_cuda) opens it
+ *              on the process's GPU; its units queue their kernels on io->stream. */
 #ifndef TOKPIPE_COMPUTE_H
 #define TOKPIPE_COMPUTE_H
 
@@ -95,7 +94,8 @@ struct TpCompute {
   void *impl;
 };
 
-/* The CPU backend (the strict variant if TOKPIPE_TEST_STRICT_DEVICE=1). */
+/* The CPU backend (the strict variant if TOKPIPE_TEST_STRICT_DEVICE=1): a plan without a
+ * device. */
 int tp_compute_open(TpCompute **out, TpDiag *d);
 void tp_compute_close(TpCompute *c);
 

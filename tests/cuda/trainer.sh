@@ -18,12 +18,9 @@ mpi="sh $src/../comm/mpirun.sh"
 . "$src/../case.sh"
 export OMP_NUM_THREADS=1
 
-i=0
-while [ $i -lt 40 ]; do
-  echo "pack my box with five dozen liquor jugs $i; the five boxing wizards jump quickly."
-  i=$((i + 1))
-done >text.txt
-"$bin/tokpipe-tokens" text.txt -o train.bin --val-fraction 0.25 --val-out val.bin 2>/dev/null || { fail "tokpipe-tokens"; exit 1; }
+# byte tokens of this script: both backends read the same data
+"$bin/tokpipe-tokens" "$src/trainer.sh" -o train.bin --val-fraction 0.25 --val-out val.bin 2>/dev/null ||
+  { fail "tokpipe-tokens"; exit 1; }
 
 # The log without the timing fields and the grad norm.
 unnormed() { sed -E 's/, "grad_norm": [^,]*//; s/, "ms": [^,]*, "tokens_per_s": [^,}]*//' "$1"; }

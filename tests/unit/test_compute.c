@@ -264,11 +264,16 @@ static void test_cuda_bad_index(void) {
   pid_t pid = fork();
   if (pid == 0) {
     dup2(fd, 2);
-    TpCompute *c = open_backend(&tp_compute_cuda);
-    TpStream *s = c->be->stream_new(c);
+    /* static: still reachable when the synchronization exits (no leak report) */
+    static TpCompute *c;
+    static TpStream *s;
+    static float *table, *out;
+    static int64_t *dev_ids;
     int64_t ids[3] = {0, 3, 300};
-    float *table = c->be->alloc(c, 4 * 2 * sizeof(float)), *out = c->be->alloc(c, 3 * 2 * sizeof(float));
-    int64_t *dev_ids = c->be->alloc(c, sizeof ids);
+    c = open_backend(&tp_compute_cuda);
+    s = c->be->stream_new(c);
+    table = c->be->alloc(c, 4 * 2 * sizeof(float)), out = c->be->alloc(c, 3 * 2 * sizeof(float));
+    dev_ids = c->be->alloc(c, sizeof ids);
     c->be->copy_h2d(c, s, dev_ids, ids, sizeof ids);
     tp_cuda_launch_embedding_f32(table, dev_ids, 3, 4, 2, out, s->bad, s->cuda);
     c->be->stream_sync(c, s);
@@ -283,22 +288,12 @@ static void test_cuda_bad_index(void) {
   unlink(path);
   const char *want = "tokpipe: error: a kernel on the GPU met an index out of range (at position 2 of its ids or "
                      "targets)\n";
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || strcmp(text, want))
+  /* (its first line: a sanitizer may note things at exit after it) */
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || strncmp(text, want, strlen(want)))
     fail("cuda: a bad index at a stream synchronization: status %#x, stderr '%s'; expected exit 1, '%s'", status,
          text, want);
 }
 
-int main(void) {
-  test_cuda_open();
-  test_backend(&tp_compute_cuda, false);
-  test_cuda_bad_index();
-  if (failures) {
-    fprintf(stderr, "%d failure(s)\n", failures);
-    return 1;
-  }
-  printf("ok compute backend: cuda (emulated)\n");
-  return 0;
-}
 #else
 /* In a child: a direct read of strict device memory must end it with SIGSEGV. */
 static void test_strict_traps(void) {
@@ -329,16 +324,25 @@ static void test_open(void) {
   unsetenv("TOKPIPE_TEST_STRICT_DEVICE");
 }
 
+#endif
+
 int main(void) {
+#ifdef TEST_CUDA_BACKEND
+  test_cuda_open();
+  test_backend(&tp_compute_cuda, false);
+  test_cuda_bad_index();
+  const char *tested = "cuda (emulated)";
+#else
   test_open();
   test_backend(&tp_compute_cpu, true);
   test_backend(&tp_compute_cpu_strict, true);
   test_strict_traps();
+  const char *tested = "cpu, cpu-strict";
+#endif
   if (failures) {
     fprintf(stderr, "%d failure(s)\n", failures);
     return 1;
   }
-  printf("ok compute backends: cpu, cpu-strict\n");
+  printf("ok compute backends: %s\n", tested);
   return 0;
 }
-#endif
