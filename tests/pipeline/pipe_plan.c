@@ -23,7 +23,7 @@
 #include "passes/planner/schedule.h"
 #include "runtime/train/plan.h"
 #ifdef TEST_CUDA_DEVICE /* tests/cuda's pipe_trainer_cuda: the same plan on the CUDA backend */
-#include "../cuda/counting_comm.h"
+#include "../cuda/test_device.h"
 #endif
 
 enum { B = 4, T = 8, V = 256, C = 8, MAX_SLICES = 4 };

@@ -16,7 +16,7 @@
 #include "runtime/cpu/transformer.h"
 #include "runtime/train/plan.h"
 #ifdef TEST_CUDA_DEVICE /* tests/cuda's tiny_trainer_cuda: the same plan on the CUDA backend */
-#include "runtime/cuda/ops.h"
+#include "../cuda/test_device.h"
 #endif
 
 #ifndef TINY_BATCH /* tiny_trainer_b4: the same model with another batch (resume checks) */
@@ -89,7 +89,7 @@ const TpPlan tp_plan = {
     .forward = forward,
     .backward = backward,
 #ifdef TEST_CUDA_DEVICE
-    .device = &tp_plan_device_cuda,
+    .device = &deferred_loss_device,
 #endif
 };
 
