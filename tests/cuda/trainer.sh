@@ -2,8 +2,9 @@
 # trainer.sh CASE BIN_DIR SRC_DIR WORK_DIR: the trainer runtime on the CUDA compute backend
 # (runtime/cuda/backend.cu, tp_plan_device_cuda) over the emulated CUDA runtime, against the
 # CPU backend: the hand-written plans of tests/train (tiny_plan.c) and tests/pipeline
-# (pipe_plan.c) built twice, as tiny_trainer / pipe_trainer and, with .device =
-# &tp_plan_device_cuda, as tiny_trainer_cuda / pipe_trainer_cuda.
+# (pipe_plan.c) built twice, as tiny_trainer / pipe_trainer and, with .device set to
+# the CUDA device, as tiny_trainer_cuda / pipe_trainer_cuda (test_device.h: a unit's loss
+# reaches the host only at its stream's next synchronization, as on a GPU).
 #
 # What must be the same bits: losses, --dump-grads, --dump-weights, checkpoints, --export-onnx.
 # The units are the same code on both (emulated device memory is host memory), and the
