@@ -4,7 +4,8 @@
  * backend's open_compute does (TOKPIPE_CUDA_EMULATE_DEVICES: the devices per node).
  *   p2p        STAGES = N: messages of 0, 1, 4093 and 2^20 bytes in device memory between
  *              neighbouring stages, both directions at once (a single communicator would
- *              deadlock on NCCL); receives posted before their sends, and test() returns
+ *              deadlock on NCCL), received under other tags than sent (NCCL has none, so
+ *              only NCCL delivers them); receives posted before their sends, test() returns
  *              false, without blocking, for a receive whose send is not posted yet; host
  *              buffers through the same transport (they go by the host transport)
  *   allreduce  STAGES x N/STAGES replicas: all-reduces of f32, f64 and int64 device
@@ -132,9 +133,11 @@ static void p2p(TpComm *host, int S) {
     void *act_out = device_alloc(n), *act_in = device_alloc(n), *grad_out = device_alloc(n), *grad_in = device_alloc(n);
     TpCommRequest ra = {NULL, -1, "activation", NULL}, rg = {NULL, -1, "gradient", NULL};
     TpCommRequest sa = {NULL, -1, "activation sent", stream}, sg = {NULL, -1, "gradient sent", stream};
-    /* the receives first; nothing is sent before every rank checked that they are pending */
-    if (prev >= 0) c->be->irecv(c, act_in, n, prev, 0, &ra);
-    if (next >= 0) c->be->irecv(c, grad_in, n, next, 1, &rg);
+    /* the receives first; nothing is sent before every rank checked that they are pending.
+     * Their tags differ from the sends': NCCL has none (it matches a direction's messages in
+     * order), so only device buffers that went through NCCL arrive; MPI would wait. */
+    if (prev >= 0) c->be->irecv(c, act_in, n, prev, 7, &ra);
+    if (next >= 0) c->be->irecv(c, grad_in, n, next, 8, &rg);
     if (prev >= 0) EXPECT(c, !c->be->test(c, &ra) && ra.impl);
     if (next >= 0) EXPECT(c, !c->be->test(c, &rg) && rg.impl);
     tp_comm_barrier(c);
