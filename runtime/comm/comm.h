@@ -12,10 +12,12 @@
  * are blocked on this one and cannot be told otherwise. Collectives run over a group (an
  * ascending list of ranks). local and mpi reduce in the group's rank order, so their
  * results are the same bits on every run. nccl does not promise an order: NCCL picks its
- * algorithm (ring, tree...), protocol and channel count from the topology, the size and
- * the NCCL version, and adds in the order that algorithm gives; what it gives is the same
- * bits on every member, and on every run of one job shape on one machine and NCCL version.
- * A group of two adds one pair (a + b == b + a): the same bits as rank order.
+ * algorithm (ring, tree, NVLS...), protocol and channel count from the topology, the size
+ * and the NCCL version, and adds in the order that algorithm gives. What its maintainers
+ * promise is the same bits on every member (NVIDIA/nccl#434, #855); ring and tree give the
+ * same bits run to run for one job shape, machine and NCCL version, NVLS (in-switch
+ * reduction on NVSwitch machines) may not (#1497; NCCL_NVLS_ENABLE=0 turns it off). A
+ * group of two adds one pair (a + b == b + a): the same bits as rank order.
  *
  * The trainer's messages, gradients and gathered tensors live in the compute backend's
  * device memory (../compute.h). MPI gets those buffers directly from the CPU backend, whose

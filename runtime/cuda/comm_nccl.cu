@@ -11,7 +11,8 @@
  *   replicas  one per stage with ALLREDUCE: the stage's ranks of every replica
  *   tied      one per replica with ALLREDUCE_TIED: its first and last stage
  * Every ncclCommSplit is collective over the world, so the groups are split in rounds of
- * disjoint groups (one split call each, every rank in the same order).
+ * disjoint groups (one split call each, every rank in the same order). Then one byte goes
+ * over every link, which connects them all (NCCL would on their first message).
  *
  * Why a communicator per direction rather than the world for every message: NCCL runs the
  * operations of one communicator one after another, and a send waits for its receive. With
@@ -198,6 +199,26 @@ bool shares_gpu(TpComm *host) {
   return shared;
 }
 
+/* One byte over every link, all at once: NCCL connects a pair on its first message (the
+ * host waiting for the peer's side), which is better done here than mid-schedule, and a
+ * link that cannot work fails at start-up. */
+void connect_links(Nccl *N) {
+  void *bytes = NULL;
+  TP_CUDA_CHECK(cudaMalloc(&bytes, 2));
+  char *byte = static_cast<char *>(bytes);
+  TP_NCCL_CHECK(ncclGroupStart());
+  for (int i = 0; i < N->ngroups; i++) {
+    Group *g = &N->groups[i];
+    if (g->kind != GROUP_LINK || !g->comm) continue;
+    if (g->members[0] == N->host->rank) TP_NCCL_CHECK(ncclSend(byte, 1, ncclInt8, 1, g->comm, g->stream));
+    else TP_NCCL_CHECK(ncclRecv(byte + 1, 1, ncclInt8, 0, g->comm, g->stream));
+  }
+  TP_NCCL_CHECK(ncclGroupEnd());
+  for (int i = 0; i < N->ngroups; i++)
+    if (N->groups[i].kind == GROUP_LINK && N->groups[i].comm) TP_CUDA_CHECK(cudaStreamSynchronize(N->groups[i].stream));
+  TP_CUDA_CHECK(cudaFree(bytes));
+}
+
 /* The world from rank 0's unique id, then every other group, round by round. */
 void create_groups(Nccl *N) {
   TpComm *host = N->host;
@@ -221,6 +242,7 @@ void create_groups(Nccl *N) {
   }
   for (int i = 0; i < N->ngroups; i++)
     if (N->groups[i].comm) TP_CUDA_CHECK(cudaStreamCreateWithFlags(&N->groups[i].stream, cudaStreamNonBlocking));
+  connect_links(N);
 }
 
 /* ---- the backend ---- */

@@ -48,6 +48,9 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
                            ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream);
+/* Operations between these two run together on NCCL; MPI's non-blocking calls need no grouping. */
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
 const char *ncclGetErrorString(ncclResult_t r);
 
 #endif
