@@ -232,12 +232,15 @@ void create_groups(Nccl *N) {
   for (int i = 1; i < N->ngroups; i++)
     if (N->groups[i].round > rounds) rounds = N->groups[i].round;
   for (int round = 1; round <= rounds; round++) {
-    Group *mine = NULL;
-    int color = NCCL_SPLIT_NOCOLOR;
-    for (int i = 1; i < N->ngroups; i++)
-      if (N->groups[i].round == round && index_in(N->groups[i].members, N->groups[i].n, host->rank) >= 0) mine = &N->groups[i], color = i;
+    Group *mine = NULL; /* the group of this round with this rank, if any: color = its index */
+    int color = NCCL_SPLIT_NOCOLOR, key = 0;
+    for (int i = 1; i < N->ngroups; i++) {
+      Group *g = &N->groups[i];
+      int at = index_in(g->members, g->n, host->rank);
+      if (g->round == round && at >= 0) mine = g, color = i, key = at;
+    }
     ncclComm_t comm = NULL;
-    TP_NCCL_CHECK(ncclCommSplit(world->comm, color, mine ? index_in(mine->members, mine->n, host->rank) : 0, &comm, NULL));
+    TP_NCCL_CHECK(ncclCommSplit(world->comm, color, key, &comm, NULL));
     if (mine) mine->comm = comm;
   }
   for (int i = 0; i < N->ngroups; i++)

@@ -32,16 +32,7 @@ extern "C" {
 #include "cuda/check.h"
 #include "cuda/comm_nccl.h"
 #include "cuda/stream.h"
-
-static int failures;
-
-#define EXPECT(c, cond)                                                                           \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      fprintf(stderr, "rank %d: %s:%d: expected %s\n", (c)->rank, __FILE__, __LINE__, #cond);      \
-      failures++;                                                                                 \
-    }                                                                                             \
-  } while (0)
+#include "../comm/expect.h"
 
 /* ---- a plan's schedules (GPipe, one slice): what the transport reads ---- */
 
@@ -113,10 +104,6 @@ static void *device_alloc(size_t bytes) {
 }
 
 static unsigned char byte_of(int rank, int dir, size_t i) { return (unsigned char)(rank * 37 + dir * 101 + i * 7); }
-
-/* The value rank r contributes at index i: sums that are not exact, so that the order of
- * addition would show. */
-static float value_f32(int r, size_t i) { return 1.0f / (float)(3 + r) + (float)i * 1e-3f * (float)(r + 1); }
 
 /* ---- p2p ---- */
 
@@ -285,7 +272,8 @@ static void order(TpComm *host, int S) {
     char mine[16];
     snprintf(mine, sizeof mine, " %d", c->rank);
     bool member = false;
-    for (const char *p = ranks; (p = strstr(p, mine)); p += strlen(mine)) member |= p[strlen(mine)] == 0 || p[strlen(mine)] == ' ';
+    for (const char *p = ranks; (p = strstr(p, mine)); p += strlen(mine))
+      member |= p[strlen(mine)] == 0 || p[strlen(mine)] == ' ';
     snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s\n", text, member ? " *" : "");
     line = end + 1;
   }
