@@ -1,21 +1,30 @@
 /* Communication between the processes of a pipeline-parallel trainer, behind one small
  * interface: a table of functions per backend (as ggml's backends), so that the instruction
- * lists that drive MPI on CPU ranks now can drive NCCL later.
+ * lists that drive MPI on CPU ranks drive NCCL on GPUs.
  *
  *   local  one process, no MPI (comm_local.c): size 1; collectives are no-ops
  *   mpi    OpenMPI (comm_mpi.c), when the program was started by mpirun
+ *   nccl   NCCL between GPUs (runtime/cuda/comm_nccl.cu), built on mpi (device_memory)
  *
  * Failures are fatal to the whole job: a communication error, or a peer that stays silent
  * past the timeout, prints one line naming the rank and what it waited for and ends every
  * process (MPI_Abort). This is the one place runtime code ends the process: the other ranks
  * are blocked on this one and cannot be told otherwise. Collectives run over a group (an
- * ascending list of ranks) and reduce in the group's rank order, so results are the same
- * bits on every run and every backend.
+ * ascending list of ranks). local and mpi reduce in the group's rank order, so their
+ * results are the same bits on every run. nccl does not promise an order: NCCL picks its
+ * algorithm (ring, tree, NVLS...), protocol and channel count from the topology, the size
+ * and the NCCL version, and adds in the order that algorithm gives. What its maintainers
+ * promise is the same bits on every member (NVIDIA/nccl#434, #855); ring and tree give the
+ * same bits run to run for one job shape, machine and NCCL version, NVLS (in-switch
+ * reduction on NVSwitch machines) may not (#1497; NCCL_NVLS_ENABLE=0 turns it off). A
+ * group of two adds one pair (a + b == b + a): the same bits as rank order.
  *
  * The trainer's messages, gradients and gathered tensors live in the compute backend's
  * device memory (../compute.h). MPI gets those buffers directly from the CPU backend, whose
  * device memory is host memory, and host copies from any other (runtime/train/pipeline.c,
- * host_view); a transport that reads device memory (NCCL) would take them directly. */
+ * host_view); a transport that reads device memory (device_memory: nccl) takes them
+ * directly, and host memory as well, as a CUDA-aware MPI would: the two sides of a message
+ * and every member of a collective must pass the same kind of memory. */
 #ifndef TOKPIPE_COMM_H
 #define TOKPIPE_COMM_H
 
@@ -27,16 +36,24 @@
 #include "../../base/tensor.h"
 
 typedef struct TpComm TpComm;
+typedef struct TpStream TpStream; /* ../compute.h */
 
 /* A posted send or receive. */
 typedef struct {
   void *impl;      /* the backend's handle; NULL once complete */
   int peer;
   const char *what; /* for the timeout message, e.g. "activation of unit (0, 1)" */
+  /* A device_memory transport's transfer of a device buffer waits for this compute stream's
+   * work queued so far (what produced the buffer); NULL: the buffer is ready. Host
+   * transports ignore it (their caller synchronizes first). */
+  TpStream *stream;
 } TpCommRequest;
 
 typedef struct {
   const char *name;
+  /* isend, irecv, allreduce_sum and broadcast take device buffers of the compute backend
+   * (../compute.h) as well as host memory */
+  bool device_memory;
   void (*finalize)(TpComm *c);
   /* Non-blocking point to point; the buffer must stay untouched until the request completes. */
   void (*isend)(TpComm *c, const void *buf, size_t bytes, int peer, int tag, TpCommRequest *r);
@@ -70,7 +87,7 @@ void tp_comm_close(TpComm *c);
 void tp_comm_wait(TpComm *c, TpCommRequest *r);
 void tp_comm_send(TpComm *c, const void *buf, size_t bytes, int peer, int tag, const char *what);
 void tp_comm_recv(TpComm *c, void *buf, size_t bytes, int peer, int tag, const char *what);
-_Noreturn void tp_comm_abort(TpComm *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+TP_NORETURN void tp_comm_abort(TpComm *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static inline void tp_comm_allreduce_sum(TpComm *c, void *buf, size_t count, TpDType dtype,
                                          const int *group, int n) {

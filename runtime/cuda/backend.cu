@@ -12,6 +12,7 @@
 extern "C" { /* C headers */
 #include "compute.h"
 }
+#include "comm_nccl.h"
 #include "common.cuh"
 #include "stream.h"
 
@@ -264,5 +265,5 @@ static int cuda_open_compute(TpCompute **out, int local_rank, TpDiag *d) {
 extern "C" const TpPlanDevice tp_plan_device_cuda = {
     "cuda",
     cuda_open_compute,
-    NULL, /* open_comm: the host transport, with host copies (NCCL: comm_nccl.cu) */
+    tp_cuda_comm_open, /* NCCL, or the host transport with host copies (comm_nccl.h) */
 };

@@ -10,7 +10,8 @@
  * arena is free again once the pack ran, and a message of several boundary buffers (or
  * none) is one send. Each hosted rank queues its work on its own stream; events order a
  * message's unpack after its pack, and the host synchronizes before it hands a buffer to
- * the transport, reads a result back or frees a buffer still in use. */
+ * the transport (one that reads device memory gets the stream instead, and its own stream
+ * waits for the pack), reads a result back or frees a buffer still in use. */
 #include "train.h"
 
 #include <math.h>
@@ -306,12 +307,14 @@ void pipe_free(Trainer *t) {
 
 /* ---- transports and device memory ----
  * The transport gets device buffers where the backend is host_addressable (the CPU's
- * device memory is host memory, which MPI reads and writes directly); else a host copy. */
+ * device memory is host memory, which MPI reads and writes directly) or the transport
+ * reads device memory (NCCL) and the other side passes device memory too (`direct`: not
+ * so for a tensor gathered into rank 0's host copy); else a host copy. */
 
 /* What the transport may read or write for device buffer dev: dev, or a host copy (of
  * dev's contents when `fill`). */
-static void *host_view(Trainer *t, TpStream *s, void *dev, size_t bytes, bool fill) {
-  if (be(t)->host_addressable) return dev;
+static void *host_view(Trainer *t, TpStream *s, void *dev, size_t bytes, bool fill, bool direct) {
+  if (be(t)->host_addressable || (direct && t->comm->be->device_memory)) return dev;
   void *view = malloc(bytes ? bytes : 1);
   TP_ASSERT(view);
   if (fill) {
@@ -374,12 +377,14 @@ static void send_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     R->sends = realloc(R->sends, (size_t)R->sends_cap * sizeof *R->sends);
     TP_ASSERT(R->sends);
   }
-  be(t)->event_record(t->compute, R->event, R->stream);
-  be(t)->event_sync(t->compute, R->event); /* the transport reads it from the host's side */
+  if (!t->comm->be->device_memory) { /* the transport reads it from the host's side; else its stream waits */
+    be(t)->event_record(t->compute, R->event, R->stream);
+    be(t)->event_sync(t->compute, R->event);
+  }
   PendingSend *s = &R->sends[R->nsends++];
   *s = (PendingSend){.r = {.what = x->kind == TP_PLAN_SEND_ACT ? "an activation to be received"
-                                                                : "a gradient to be received"},
-                     .data = data, .view = host_view(t, R->stream, data, bytes, true), .bytes = bytes};
+                                                                : "a gradient to be received", .stream = R->stream},
+                     .data = data, .view = host_view(t, R->stream, data, bytes, true, true), .bytes = bytes};
   t->comm->be->isend(t->comm, s->view, bytes, dst, tag, &s->r);
 }
 
@@ -422,8 +427,8 @@ static bool receive_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     char what[96];
     snprintf(what, sizeof what, "the %s of microbatch %d, slice %d", x->kind == TP_PLAN_RECV_ACT ?
              "activation" : "gradient", x->mb, x->slice);
-    void *view = host_view(t, R->stream, data, bytes, false);
-    tp_comm_recv(t->comm, view, bytes, src, tag, what);
+    void *view = host_view(t, R->stream, data, bytes, false, true);
+    tp_comm_recv(t->comm, view, bytes, src, tag, what); /* complete: the unpack below finds it */
     end_host_view(t, R->stream, data, view, bytes, true);
   }
   be(t)->unpack(t->compute, R->stream, R->arena[x->mb % st->arenas], data, msg->buffers, msg->nbuffers);
@@ -460,7 +465,7 @@ static void sum_grads(Trainer *t, float **bufs, PipeRank **members, const int *g
     if (members[i]) be(t)->stream_sync(t->compute, members[i]->stream);
   if (!one_process(t)) {
     float *mine = bufs[group_index(t, group)];
-    void *view = host_view(t, t->stream, mine, count * 4, true);
+    void *view = host_view(t, t->stream, mine, count * 4, true, true);
     tp_comm_allreduce_sum(t->comm, view, count, TP_F32, group, n);
     end_host_view(t, t->stream, mine, view, count * 4, true);
     return;
@@ -833,7 +838,7 @@ static void fetch(Trainer *t, int i, void *dev, float *host) {
     be(t)->copy_d2h(t->compute, t->stream, host, dev, bytes);
     be(t)->stream_sync(t->compute, t->stream);
   } else if (t->comm->rank == from) {
-    void *view = host_view(t, t->stream, dev, bytes, true);
+    void *view = host_view(t, t->stream, dev, bytes, true, false);
     tp_comm_send(t->comm, view, bytes, 0, GATHER_TAG, "rank 0 to gather a tensor");
     end_host_view(t, t->stream, dev, view, bytes, false);
   } else if (train_is_root(t)) {

@@ -12,21 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "expect.h"
 #include "runtime/comm/comm.h"
-
-static int failures;
-
-#define EXPECT(c, cond)                                                                    \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      fprintf(stderr, "rank %d: %s:%d: expected %s\n", (c)->rank, __FILE__, __LINE__, #cond); \
-      failures++;                                                                          \
-    }                                                                                      \
-  } while (0)
-
-/* The value rank r contributes at index i: not exactly representable sums, so that a
- * different order of addition would show. */
-static float value_f32(int r, size_t i) { return 1.0f / (float)(3 + r) + (float)i * 1e-3f * (float)(r + 1); }
 
 static void ring(TpComm *c) {
   if (c->size < 2) return;

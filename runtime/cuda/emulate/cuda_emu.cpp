@@ -5,6 +5,11 @@
  * no dependency.) */
 #include "cuda_emu.h"
 
+#include <deque>
+#include <map>
+#include <set>
+
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <ucontext.h>
@@ -221,8 +226,36 @@ int emulated_device_count(void) {
   return n ? atoi(n) : 1;
 }
 int current_device;
-/* Streams and events are never dereferenced: distinct non-null handles suffice. */
-char stream_handle, event_handle;
+/* What cudaMalloc handed out (start -> bytes), for cudaPointerGetAttributes. */
+std::map<uintptr_t, size_t> device_blocks;
+} // namespace
+
+/* A stream's asynchronous work (tp_emu_stream_async): queued[completed..] are pending. */
+struct CUstream_st {
+  struct Async {
+    bool (*poll)(void *);
+    void *arg;
+  };
+  std::deque<Async> pending;
+  uint64_t queued = 0, completed = 0;
+  /* Polls the pending work in order; true once everything queued before `upto` is done. */
+  bool done_upto(uint64_t upto) {
+    while (completed < upto && pending.front().poll(pending.front().arg)) pending.pop_front(), completed++;
+    return completed >= upto;
+  }
+  void wait_upto(uint64_t upto) {
+    while (!done_upto(upto)) sched_yield();
+  }
+};
+/* An event: its stream's work queued before the record (no stream: never recorded). */
+struct CUevent_st {
+  CUstream_st *stream = nullptr;
+  uint64_t upto = 0;
+};
+namespace {
+CUstream_st default_stream; /* stream 0 */
+std::set<CUstream_st *> live_streams;
+CUstream_st *stream_of(cudaStream_t s) { return s ? s : &default_stream; }
 } // namespace
 
 cudaError_t cudaGetDeviceCount(int *count) {
@@ -240,10 +273,26 @@ cudaError_t cudaGetDevice(int *device) {
 }
 cudaError_t cudaMalloc(void **p, size_t bytes) {
   *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*p) return cudaErrorMemoryAllocation;
+  device_blocks[reinterpret_cast<uintptr_t>(*p)] = bytes;
+  return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+  device_blocks.erase(reinterpret_cast<uintptr_t>(p));
   free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
+  uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  auto block = device_blocks.upper_bound(at);
+  bool device = block != device_blocks.begin() && (--block, at < block->first + (block->second ? block->second : 1));
+  *a = {device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered, device ? current_device : -1,
+        device ? const_cast<void *>(p) : nullptr, nullptr};
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device) {
+  if (device < 0 || device >= emulated_device_count()) return cudaErrorInvalidDevice;
+  snprintf(id, (size_t)len, "0000:%02x:00.0", device);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind) {
@@ -258,20 +307,51 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
-  *s = reinterpret_cast<cudaStream_t>(&stream_handle);
+  *s = new CUstream_st;
+  live_streams.insert(*s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+/* Its asynchronous work is done first (a GPU finishes it after the call returns). */
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s) return cudaErrorInvalidValue;
+  s->wait_upto(s->queued);
+  live_streams.erase(s);
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  stream_of(s)->wait_upto(stream_of(s)->queued);
+  return cudaSuccess;
+}
+void tp_emu_stream_async(cudaStream_t s, bool (*poll)(void *), void *arg) {
+  stream_of(s)->pending.push_back({poll, arg});
+  stream_of(s)->queued++;
+}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
-  *e = reinterpret_cast<cudaEvent_t>(&event_handle);
+  *e = new CUevent_st;
   return cudaSuccess;
 }
-cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  *e = {stream_of(s), stream_of(s)->queued};
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  return !e->stream || e->stream->done_upto(e->upto) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e->stream) e->stream->wait_upto(e->upto);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return cudaEventSynchronize(e); }
+cudaError_t cudaDeviceSynchronize(void) {
+  cudaStreamSynchronize(nullptr);
+  for (CUstream_st *s : live_streams) s->wait_upto(s->queued);
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
@@ -280,6 +360,7 @@ const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorMemoryAllocation: return "out of memory";
   case cudaErrorNoDevice: return "no CUDA-capable device is detected";
   case cudaErrorInvalidDevice: return "invalid device ordinal";
+  case cudaErrorNotReady: return "device not ready";
   }
   return "unknown error";
 }

@@ -48,6 +48,7 @@ typedef enum {
   cudaErrorMemoryAllocation = 2,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorNotReady = 600,
 } cudaError_t;
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -76,6 +77,30 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
+
+/* Asynchronous work, for the emulated NCCL (nccl_emu.h, whose operations are MPI
+ * requests): everything else on a stream is done when its call returns, but work queued
+ * by tp_emu_stream_async is done once poll(arg) returns true (poll frees arg then), in the
+ * order queued. Events recorded after it, cudaEventQuery (cudaErrorNotReady until then) and
+ * the synchronizations see it; cudaStreamWaitEvent makes the host wait for the event, since
+ * the waiting stream's later work runs at once. */
+void tp_emu_stream_async(cudaStream_t s, bool (*poll)(void *arg), void *arg);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+/* Where a pointer points: device memory is what cudaMalloc returned (a host address here). */
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type;
+  int device;
+  void *devicePointer, *hostPointer;
+};
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p);
+/* "0000:NN:00.0", NN the device number: one bus id per emulated device */
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device);
 
 /* The running fiber's coordinates, set by the scheduler before it resumes a fiber. */
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;

@@ -1,0 +1,475 @@
+/* The NCCL transport (comm_nccl.h): device buffers between the GPUs of a pipeline through
+ * NCCL, everything in host memory through the host transport it is built on (as a
+ * CUDA-aware MPI takes both: cudaPointerGetAttributes tells them apart).
+ *
+ * Communicators, all created at start-up in one fixed order that every process computes
+ * from the plan (a communicator made on first use is how pipeline trainers deadlock):
+ *   world     every rank (ncclCommInitRank; rank 0's unique id broadcast over the host
+ *             transport), the parent the others are split from
+ *   link      one per direction between neighbouring stages of a replica, where the
+ *             schedules send (sender, receiver): activations k -> k+1, gradients k+1 -> k
+ *   replicas  one per stage with ALLREDUCE: the stage's ranks of every replica
+ *   tied      one per replica with ALLREDUCE_TIED: its first and last stage
+ * Every ncclCommSplit is collective over the world, so the groups are split in rounds of
+ * disjoint groups (one split call each, every rank in the same order). Then one byte goes
+ * over every link, which connects them all (NCCL would on their first message).
+ *
+ * Why a communicator per direction rather than the world for every message: NCCL runs the
+ * operations of one communicator one after another, and a send waits for its receive. With
+ * one communicator, 1F1B deadlocks: stage 0 queues the activation of microbatch 1 and then
+ * the receive of gradient 0, while stage 1 queues the send of gradient 0 and then the
+ * receive of activation 1; each waits for the other's second operation. On a communicator
+ * of its own, a direction's messages pair up in order on both sides, whatever the other
+ * direction does, as MPI's non-blocking sends do. NCCL has no tags: it matches a
+ * direction's messages in the order they are posted, so tp_cuda_comm_open checks that each
+ * receiving stage's schedule takes them in the order the sender sends them.
+ *
+ * Streams and events: each communicator has its own CUDA stream. A send (or receive) of a
+ * device buffer first makes that stream wait for the compute stream the request names
+ * (TpCommRequest.stream, an event recorded on it: the pack that filled the buffer), then
+ * queues ncclSend, then records an event, which test() queries (cudaEventQuery: never
+ * blocks). The runtime reads a received buffer only after test() saw that event complete,
+ * so every later kernel on any stream finds the data there. An all-reduce or broadcast
+ * returns when its event is complete (the host waits, polling under the host transport's
+ * watchdog). */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern "C" { /* C headers */
+#include "comm/comm.h"
+#include "train/plan.h"
+}
+#include "check.h"
+#include "comm_nccl.h"
+#include "stream.h"
+
+namespace {
+
+enum GroupKind { GROUP_WORLD, GROUP_LINK, GROUP_REPLICAS, GROUP_TIED };
+const char *const group_names[] = {"world", "link", "replicas", "tied"};
+
+struct Group {
+  GroupKind kind;
+  int n;
+  int *members;     /* world ranks; NCCL rank i is members[i] (a link: sender, receiver) */
+  int round;        /* the split that made it (world: 0) */
+  ncclComm_t comm;  /* NULL where this rank is not a member */
+  cudaStream_t stream;
+};
+
+struct Nccl {
+  TpComm *host;
+  int ngroups;
+  Group *groups;
+  cudaEvent_t ready; /* marks a compute stream's work for a group's stream to wait for */
+};
+
+/* A request's impl: an NCCL operation's event, or the host transport's request. */
+struct Request {
+  cudaEvent_t done; /* NULL: host */
+  TpCommRequest host;
+};
+
+Nccl *nccl_of(const TpComm *c) { return static_cast<Nccl *>(c->impl); }
+
+void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  TP_ASSERT(p);
+  return p;
+}
+
+/* ---- the communicators a plan needs ---- */
+
+void add_group(Nccl *N, GroupKind kind, int n, const int *members) {
+  N->groups = static_cast<Group *>(realloc(N->groups, (size_t)(N->ngroups + 1) * sizeof *N->groups));
+  TP_ASSERT(N->groups);
+  Group *g = &N->groups[N->ngroups++];
+  *g = Group{kind, n, static_cast<int *>(xcalloc((size_t)n, sizeof(int))), 0, NULL, NULL};
+  memcpy(g->members, members, (size_t)n * sizeof *members);
+}
+
+bool stage_has(const TpPlanStage *st, int kind) {
+  for (int j = 0; j < st->ninsns; j++)
+    if (st->insns[j].kind == kind) return true;
+  return false;
+}
+
+/* Every group, in creation order, from the plan's schedules. */
+void plan_groups(Nccl *N, const TpPlan *P, int size) {
+  int S = P->nstages, D = P->dp;
+  int *all = static_cast<int *>(xcalloc((size_t)size, sizeof(int)));
+  for (int r = 0; r < size; r++) all[r] = r;
+  add_group(N, GROUP_WORLD, size, all);
+  free(all);
+  for (int d = 0; d < D; d++)
+    for (int k = 0; k + 1 < S; k++) {
+      int act[2] = {d * S + k, d * S + k + 1}, grad[2] = {d * S + k + 1, d * S + k};
+      if (stage_has(&P->stages[k], TP_PLAN_SEND_ACT)) add_group(N, GROUP_LINK, 2, act);
+      if (stage_has(&P->stages[k + 1], TP_PLAN_SEND_GRAD)) add_group(N, GROUP_LINK, 2, grad);
+    }
+  int *replicas = static_cast<int *>(xcalloc((size_t)D, sizeof(int)));
+  for (int k = 0; k < S; k++) {
+    if (!stage_has(&P->stages[k], TP_PLAN_ALLREDUCE)) continue;
+    for (int d = 0; d < D; d++) replicas[d] = d * S + k;
+    add_group(N, GROUP_REPLICAS, D, replicas);
+  }
+  free(replicas);
+  if (S > 1 && stage_has(&P->stages[0], TP_PLAN_ALLREDUCE_TIED))
+    for (int d = 0; d < D; d++) {
+      int pair[2] = {d * S, d * S + S - 1};
+      add_group(N, GROUP_TIED, 2, pair);
+    }
+}
+
+/* The groups after the world into split rounds: each round takes, in order, every group
+ * not yet made that shares no rank with one it took already. */
+void plan_rounds(Nccl *N, int size) {
+  bool *taken = static_cast<bool *>(xcalloc((size_t)size, sizeof(bool)));
+  for (int left = N->ngroups - 1, round = 1; left > 0; round++) {
+    memset(taken, 0, (size_t)size * sizeof *taken);
+    for (int i = 1; i < N->ngroups; i++) {
+      Group *g = &N->groups[i];
+      bool free_ranks = g->round == 0;
+      for (int m = 0; m < g->n && free_ranks; m++) free_ranks = !taken[g->members[m]];
+      if (!free_ranks) continue;
+      g->round = round;
+      for (int m = 0; m < g->n; m++) taken[g->members[m]] = true;
+      left--;
+    }
+  }
+  free(taken);
+}
+
+int index_in(const int *members, int n, int rank) {
+  for (int m = 0; m < n; m++)
+    if (members[m] == rank) return m;
+  return -1;
+}
+
+/* The sequence of (mb, slice) of the instructions of `kind` in a schedule equals another's. */
+bool same_units(const TpPlanStage *a, int kind_a, const TpPlanStage *b, int kind_b) {
+  int i = 0, j = 0;
+  for (;;) {
+    while (i < a->ninsns && a->insns[i].kind != kind_a) i++;
+    while (j < b->ninsns && b->insns[j].kind != kind_b) j++;
+    if (i == a->ninsns || j == b->ninsns) return i == a->ninsns && j == b->ninsns;
+    if (a->insns[i].mb != b->insns[j].mb || a->insns[i].slice != b->insns[j].slice) return false;
+    i++, j++;
+  }
+}
+
+int check_message_order(const TpPlan *P, TpDiag *d) {
+  for (int k = 0; k + 1 < P->nstages; k++) {
+    if (!same_units(&P->stages[k], TP_PLAN_SEND_ACT, &P->stages[k + 1], TP_PLAN_RECV_ACT))
+      return tp_internal(d, "stage %d receives its activations in another order than stage %d sends them "
+                         "(NCCL matches the messages of a direction in order)", k + 1, k);
+    if (!same_units(&P->stages[k + 1], TP_PLAN_SEND_GRAD, &P->stages[k], TP_PLAN_RECV_GRAD))
+      return tp_internal(d, "stage %d receives its gradients in another order than stage %d sends them "
+                         "(NCCL matches the messages of a direction in order)", k, k + 1);
+  }
+  return TP_OK;
+}
+
+/* Whether two processes would share a GPU: every rank's (host name, PCI bus id of its
+ * device) gathered over the host transport, compared as 64-bit hashes. */
+bool shares_gpu(TpComm *host) {
+  int device = 0;
+  char id[256] = "";
+  TP_CUDA_CHECK(cudaGetDevice(&device));
+  if (gethostname(id, 128) != 0) snprintf(id, 128, "?");
+  id[127] = 0;
+  size_t at = strlen(id) + 1;
+  TP_CUDA_CHECK(cudaDeviceGetPCIBusId(id + at, (int)(sizeof id - at), device));
+  uint64_t hash = 14695981039346656037u; /* FNV-1a over both strings */
+  for (size_t i = 0; i < at + strlen(id + at); i++) hash = (hash ^ (unsigned char)id[i]) * 1099511628211u;
+  int64_t *keys = static_cast<int64_t *>(xcalloc((size_t)host->size, sizeof(int64_t)));
+  int *all = static_cast<int *>(xcalloc((size_t)host->size, sizeof(int)));
+  for (int r = 0; r < host->size; r++) all[r] = r;
+  keys[host->rank] = (int64_t)(hash >> 1); /* every rank's key in its own slot: the sum is a gather */
+  tp_comm_allreduce_sum(host, keys, (size_t)host->size, TP_I64, all, host->size);
+  bool shared = false;
+  for (int i = 0; i < host->size && !shared; i++)
+    for (int j = 0; j < i && !shared; j++) shared = keys[i] == keys[j];
+  free(keys);
+  free(all);
+  return shared;
+}
+
+/* One byte over every link, all at once: NCCL connects a pair on its first message (the
+ * host waiting for the peer's side), which is better done here than mid-schedule, and a
+ * link that cannot work fails at start-up. */
+void connect_links(Nccl *N) {
+  void *bytes = NULL;
+  TP_CUDA_CHECK(cudaMalloc(&bytes, 2));
+  char *byte = static_cast<char *>(bytes);
+  TP_NCCL_CHECK(ncclGroupStart());
+  for (int i = 0; i < N->ngroups; i++) {
+    Group *g = &N->groups[i];
+    if (g->kind != GROUP_LINK || !g->comm) continue;
+    if (g->members[0] == N->host->rank) TP_NCCL_CHECK(ncclSend(byte, 1, ncclInt8, 1, g->comm, g->stream));
+    else TP_NCCL_CHECK(ncclRecv(byte + 1, 1, ncclInt8, 0, g->comm, g->stream));
+  }
+  TP_NCCL_CHECK(ncclGroupEnd());
+  for (int i = 0; i < N->ngroups; i++)
+    if (N->groups[i].kind == GROUP_LINK && N->groups[i].comm) TP_CUDA_CHECK(cudaStreamSynchronize(N->groups[i].stream));
+  TP_CUDA_CHECK(cudaFree(bytes));
+}
+
+/* The world from rank 0's unique id, then every other group, round by round. */
+void create_groups(Nccl *N) {
+  TpComm *host = N->host;
+  Group *world = &N->groups[0];
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  if (host->rank == 0) TP_NCCL_CHECK(ncclGetUniqueId(&id));
+  tp_comm_broadcast(host, &id, sizeof id, 0, world->members, world->n);
+  TP_NCCL_CHECK(ncclCommInitRank(&world->comm, world->n, id, host->rank));
+  int rounds = 0;
+  for (int i = 1; i < N->ngroups; i++)
+    if (N->groups[i].round > rounds) rounds = N->groups[i].round;
+  for (int round = 1; round <= rounds; round++) {
+    Group *mine = NULL; /* the group of this round with this rank, if any: color = its index */
+    int color = NCCL_SPLIT_NOCOLOR, key = 0;
+    for (int i = 1; i < N->ngroups; i++) {
+      Group *g = &N->groups[i];
+      int at = index_in(g->members, g->n, host->rank);
+      if (g->round == round && at >= 0) mine = g, color = i, key = at;
+    }
+    ncclComm_t comm = NULL;
+    TP_NCCL_CHECK(ncclCommSplit(world->comm, color, key, &comm, NULL));
+    if (mine) mine->comm = comm;
+  }
+  for (int i = 0; i < N->ngroups; i++)
+    if (N->groups[i].comm) TP_CUDA_CHECK(cudaStreamCreateWithFlags(&N->groups[i].stream, cudaStreamNonBlocking));
+  connect_links(N);
+}
+
+/* ---- the backend ---- */
+
+bool on_device(const void *p) {
+  if (!p) return false;
+  cudaPointerAttributes a;
+  TP_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* printf into out[*at..size), never past its end. */
+__attribute__((format(printf, 4, 5))) void append(char *out, size_t size, size_t *at, const char *fmt, ...) {
+  if (*at >= size) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(out + *at, size - *at, fmt, ap);
+  va_end(ap);
+  *at = n < 0 ? size : *at + (size_t)n;
+}
+
+/* The link from `from` to `to`; none is an internal error ending the job. */
+Group *link_group(TpComm *c, int from, int to) {
+  Nccl *N = nccl_of(c);
+  for (int i = 0; i < N->ngroups; i++) {
+    Group *g = &N->groups[i];
+    if (g->kind == GROUP_LINK && g->members[0] == from && g->members[1] == to) return g;
+  }
+  tp_comm_abort(c, TP_ERR_INTERNAL, "internal error: no NCCL communicator for messages from rank %d to rank %d "
+                "was created at start-up (the plan's schedules send none)", from, to);
+}
+
+/* The communicator of a collective over `group` (ascending world ranks); likewise. */
+Group *collective_group(TpComm *c, const int *group, int n, const char *what) {
+  Nccl *N = nccl_of(c);
+  TP_ASSERT(index_in(group, n, c->rank) >= 0);
+  for (int i = 0; i < N->ngroups; i++) {
+    Group *g = &N->groups[i];
+    if (g->kind != GROUP_LINK && g->n == n && !memcmp(g->members, group, (size_t)n * sizeof *group)) return g;
+  }
+  char ranks[256] = "";
+  size_t at = 0;
+  for (int i = 0; i < n; i++) append(ranks, sizeof ranks, &at, "%s%d", i ? ", " : "", group[i]);
+  tp_comm_abort(c, TP_ERR_INTERNAL, "internal error: no NCCL communicator for %s over ranks {%s} was created at "
+                "start-up (the plan's schedules use none)", what, ranks);
+}
+
+Request *new_request(TpCommRequest *r, int peer) {
+  Request *q = static_cast<Request *>(xcalloc(1, sizeof *q));
+  q->host.what = r->what;
+  r->impl = q;
+  r->peer = peer;
+  return q;
+}
+
+/* g's stream waits for the work queued so far on a compute stream (NULL: nothing). */
+void wait_for_stream(Nccl *N, Group *g, TpStream *s) {
+  if (!s) return;
+  TP_CUDA_CHECK(cudaEventRecord(N->ready, s->cuda));
+  TP_CUDA_CHECK(cudaStreamWaitEvent(g->stream, N->ready, 0));
+}
+
+void record_done(Request *q, Group *g) {
+  TP_CUDA_CHECK(cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming));
+  TP_CUDA_CHECK(cudaEventRecord(q->done, g->stream));
+}
+
+bool nccl_test(TpComm *c, TpCommRequest *r) {
+  Request *q = static_cast<Request *>(r->impl);
+  if (!q) return true;
+  if (q->done) {
+    cudaError_t err = cudaEventQuery(q->done);
+    if (err == cudaErrorNotReady) return false;
+    TP_CUDA_CHECK(err);
+    TP_CUDA_CHECK(cudaEventDestroy(q->done));
+  } else {
+    TpComm *host = nccl_of(c)->host;
+    if (!host->be->test(host, &q->host)) return false;
+  }
+  free(q);
+  r->impl = NULL;
+  return true;
+}
+
+/* Queues the operation's end on g's stream and waits for it (a collective's return). */
+void finish(TpComm *c, Group *g, const char *what) {
+  TpCommRequest r = {NULL, -1, what, NULL};
+  record_done(new_request(&r, -1), g);
+  tp_comm_wait(c, &r);
+}
+
+void nccl_finalize(TpComm *c) {
+  Nccl *N = nccl_of(c);
+  for (int i = N->ngroups - 1; i >= 0; i--) {
+    Group *g = &N->groups[i];
+    if (g->comm) {
+      TP_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+      TP_NCCL_CHECK(ncclCommDestroy(g->comm));
+      TP_CUDA_CHECK(cudaStreamDestroy(g->stream));
+    }
+    free(g->members);
+  }
+  TP_CUDA_CHECK(cudaEventDestroy(N->ready));
+  free(N->groups);
+  free(N);
+  c->impl = NULL;
+}
+
+void nccl_isend(TpComm *c, const void *buf, size_t bytes, int peer, int tag, TpCommRequest *r) {
+  Nccl *N = nccl_of(c);
+  Request *q = new_request(r, peer);
+  if (!on_device(buf)) {
+    N->host->be->isend(N->host, buf, bytes, peer, tag, &q->host);
+    return;
+  }
+  Group *g = link_group(c, c->rank, peer);
+  wait_for_stream(N, g, r->stream);
+  TP_NCCL_CHECK(ncclSend(buf, bytes, ncclInt8, 1, g->comm, g->stream));
+  record_done(q, g);
+}
+
+void nccl_irecv(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpCommRequest *r) {
+  Nccl *N = nccl_of(c);
+  Request *q = new_request(r, peer);
+  if (!on_device(buf)) {
+    N->host->be->irecv(N->host, buf, bytes, peer, tag, &q->host);
+    return;
+  }
+  Group *g = link_group(c, peer, c->rank);
+  wait_for_stream(N, g, r->stream);
+  TP_NCCL_CHECK(ncclRecv(buf, bytes, ncclInt8, 0, g->comm, g->stream));
+  record_done(q, g);
+}
+
+ncclDataType_t nccl_type(TpDType t) {
+  switch (t) {
+  case TP_F32: return ncclFloat32;
+  case TP_F64: return ncclFloat64;
+  case TP_I64: return ncclInt64;
+  default: TP_ASSERT(!"a collective of an unsupported dtype");
+  }
+  return ncclInt8;
+}
+
+void nccl_allreduce_sum(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n) {
+  Nccl *N = nccl_of(c);
+  if (!on_device(buf)) {
+    N->host->be->allreduce_sum(N->host, buf, count, dtype, group, n);
+    return;
+  }
+  Group *g = collective_group(c, group, n, "an all-reduce");
+  TP_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, g->comm, g->stream));
+  finish(c, g, "an all-reduce");
+}
+
+void nccl_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n) {
+  Nccl *N = nccl_of(c);
+  if (!on_device(buf)) {
+    N->host->be->broadcast(N->host, buf, bytes, root, group, n);
+    return;
+  }
+  Group *g = collective_group(c, group, n, "a broadcast");
+  int at = index_in(g->members, g->n, root);
+  TP_ASSERT(at >= 0);
+  TP_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclInt8, at, g->comm, g->stream));
+  finish(c, g, "a broadcast");
+}
+
+void nccl_barrier(TpComm *c) { tp_comm_barrier(nccl_of(c)->host); }
+
+[[noreturn]] void nccl_abort(TpComm *c, int code, const char *msg) {
+  TpComm *host = nccl_of(c)->host;
+  host->be->abort(host, code, msg);
+  abort(); /* not reached */
+}
+
+const TpCommBackend tp_comm_nccl = {
+    "nccl",
+    true, /* device_memory */
+    nccl_finalize,
+    nccl_isend,
+    nccl_irecv,
+    nccl_test,
+    nccl_allreduce_sum,
+    nccl_broadcast,
+    nccl_barrier,
+    nccl_abort,
+};
+
+} // namespace
+
+extern "C" int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan *plan, TpComm **out, TpDiag *d) {
+  (void)compute; /* the GPU is the current device: open_compute chose it */
+  *out = NULL;
+  if (host->size == 1 || !plan->stages || host->size != plan->nstages * plan->dp) return TP_OK;
+  int rc = check_message_order(plan, d);
+  if (rc) return rc;
+  if (shares_gpu(host)) {
+    if (host->rank == 0)
+      fprintf(stderr, "%s: note: processes share a GPU, which NCCL does not allow: messages go through %s with "
+              "host copies\n", host->tool, host->be->name);
+    return TP_OK;
+  }
+  Nccl *N = static_cast<Nccl *>(xcalloc(1, sizeof *N));
+  N->host = host;
+  plan_groups(N, plan, host->size);
+  plan_rounds(N, host->size);
+  create_groups(N);
+  TP_CUDA_CHECK(cudaEventCreateWithFlags(&N->ready, cudaEventDisableTiming));
+  TpComm *c = static_cast<TpComm *>(xcalloc(1, sizeof *c));
+  *c = TpComm{&tp_comm_nccl, host->tool, host->rank, host->size, host->timeout_s, N};
+  *out = c;
+  return TP_OK;
+}
+
+extern "C" void tp_cuda_comm_describe(const TpComm *c, char *out, size_t size) {
+  const Nccl *N = nccl_of(c);
+  size_t at = 0;
+  out[0] = 0;
+  for (int i = 0; i < N->ngroups; i++) {
+    const Group *g = &N->groups[i];
+    if (g->round) append(out, size, &at, "round %d: ", g->round);
+    append(out, size, &at, "%s", group_names[g->kind]);
+    for (int m = 0; m < g->n; m++) append(out, size, &at, " %d", g->members[m]);
+    append(out, size, &at, "%s\n", g->comm ? " *" : "");
+  }
+}

@@ -1,0 +1,39 @@
+#!/bin/sh
+# One case of the NCCL transport's tests (test_cuda_nccl.cpp says what each mode checks).
+# Usage: nccl.sh CASE TEST_CUDA_NCCL. TOKPIPE_CUDA_EMULATE_DEVICES: the GPUs of the node.
+set -u
+case=$1 prog=$2
+here=$(dirname "$0")
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+# mpirun -np NP with DEVICES emulated GPUs: test_cuda_nccl ARGS...
+on() {
+  devices=$1 np=$2
+  shift 2
+  TOKPIPE_CUDA_EMULATE_DEVICES=$devices sh "$here/../comm/mpirun.sh" 60 "$np" "$prog" "$@"
+}
+
+case $case in
+p2p-2) on 2 2 p2p ;;
+p2p-4) on 4 4 p2p ;;
+allreduce-2) on 2 2 allreduce 2 ;;    # tied pair
+allreduce-2x2) on 4 4 allreduce 2 ;;  # replicas of two, tied pairs
+allreduce-1x4) on 4 4 allreduce 1 ;;  # replicas of four
+order-2) on 2 2 order 2 ;;
+order-2x2) on 4 4 order 2 ;;
+order-4) on 4 4 order 4 ;;
+fallback-one) TOKPIPE_CUDA_EMULATE_DEVICES=1 "$prog" fallback ;;
+fallback-shared) # two processes on one GPU: the host transport, and rank 0 says why
+  on 1 2 fallback >"$out" 2>&1
+  rc=$?
+  cat "$out"
+  [ $rc -eq 0 ] && [ "$(grep -c 'test_cuda_nccl: note: processes share a GPU, which NCCL does not allow: messages go through mpi with host copies' "$out")" -eq 1 ] ;;
+missing-group) # an all-reduce over a group no schedule uses: one line per rank, the job ends
+  on 4 4 missing >"$out" 2>&1
+  rc=$?
+  cat "$out"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+    grep -Eq '^test_cuda_nccl: error: rank [01]: internal error: no NCCL communicator for an all-reduce over ranks \{0, 1\} was created at start-up \(the plan.s schedules use none\)$' "$out" ;;
+*) echo "unknown case $case"; exit 2 ;;
+esac

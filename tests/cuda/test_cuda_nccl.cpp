@@ -1,0 +1,348 @@
+/* The NCCL transport (runtime/cuda/comm_nccl.cu) on the emulated NCCL (NCCL calls run on
+ * MPI, emulate/nccl_emu.h), as `test_cuda_nccl MODE [STAGES]` under mpirun -np N
+ * (nccl.sh runs each case). Each process takes GPU local_rank % devices, as the CUDA
+ * backend's open_compute does (TOKPIPE_CUDA_EMULATE_DEVICES: the devices per node).
+ *   p2p        STAGES = N: messages of 0, 1, 4093 and 2^20 bytes in device memory between
+ *              neighbouring stages, both directions at once (a single communicator would
+ *              deadlock on NCCL), received under other tags than sent (NCCL has none, so
+ *              only NCCL delivers them); receives posted before their sends, test() returns
+ *              false, without blocking, for a receive whose send is not posted yet; host
+ *              buffers through the same transport (they go by the host transport)
+ *   allreduce  STAGES x N/STAGES replicas: all-reduces of f32, f64 and int64 device
+ *              buffers over each replicas group and tied pair equal to the host
+ *              transport's sums (the same bits for two ranks; NCCL's order of addition is
+ *              its own, so within 1e-6 relative for more), broadcasts, and host memory
+ *   order      the communicators and their creation order for a STAGES x N/STAGES plan
+ *              (the same list on every rank); a plan whose receiver takes messages in
+ *              another order than the sender sends them: an internal error
+ *   fallback   the transport is the host's (NULL): one process, or ranks sharing a GPU
+ *              (a note from rank 0 then)
+ *   missing    an all-reduce over a group the plan never uses: one internal error line,
+ *              the job ends */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "comm/comm.h"
+#include "train/plan.h"
+}
+#include "cuda/check.h"
+#include "cuda/comm_nccl.h"
+#include "cuda/stream.h"
+#include "../comm/expect.h"
+
+/* ---- a plan's schedules (GPipe, one slice): what the transport reads ---- */
+
+struct TestPlan {
+  TpPlan plan;
+  TpPlanStage *stages;
+  TpPlanInsn *insns;
+};
+
+static void make_plan(TestPlan *t, int S, int D, int M, bool tied) {
+  memset(t, 0, sizeof *t);
+  t->stages = static_cast<TpPlanStage *>(calloc((size_t)S, sizeof *t->stages));
+  t->insns = static_cast<TpPlanInsn *>(calloc((size_t)S * (6 * M + 3), sizeof *t->insns));
+  TpPlanInsn *x = t->insns;
+  for (int k = 0; k < S; k++) {
+    t->stages[k].insns = x;
+    for (int mb = 0; mb < M; mb++) {
+      if (k > 0) *x++ = {TP_PLAN_RECV_ACT, mb, 0, k - 1};
+      *x++ = {TP_PLAN_FORWARD, mb, 0, -1};
+      if (k + 1 < S) *x++ = {TP_PLAN_SEND_ACT, mb, 0, k + 1};
+    }
+    for (int mb = M - 1; mb >= 0; mb--) {
+      if (k + 1 < S) *x++ = {TP_PLAN_RECV_GRAD, mb, 0, k + 1};
+      *x++ = {TP_PLAN_BACKWARD, mb, 0, -1};
+      if (k > 0) *x++ = {TP_PLAN_SEND_GRAD, mb, 0, k - 1};
+    }
+    if (tied && S > 1 && (k == 0 || k == S - 1)) *x++ = {TP_PLAN_ALLREDUCE_TIED, -1, -1, k == 0 ? S - 1 : 0};
+    if (D > 1) *x++ = {TP_PLAN_ALLREDUCE, -1, -1, -1};
+    *x++ = {TP_PLAN_OPTIMIZER_STEP, -1, -1, -1};
+    t->stages[k].ninsns = (int)(x - t->stages[k].insns);
+  }
+  t->plan.abi = TP_PLAN_ABI;
+  t->plan.nstages = S;
+  t->plan.dp = D;
+  t->plan.microbatches = M;
+  t->plan.nslices = 1;
+  t->plan.stages = t->stages;
+}
+
+static void free_plan(TestPlan *t) {
+  free(t->stages);
+  free(t->insns);
+}
+
+/* ---- helpers ---- */
+
+static void pick_gpu(void) {
+  int count = 0;
+  TP_CUDA_CHECK(cudaGetDeviceCount(&count));
+  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  TP_CUDA_CHECK(cudaSetDevice((local ? atoi(local) : 0) % count));
+}
+
+static TpComm *open_nccl(TpComm *host, const TpPlan *plan) {
+  TpDiag d;
+  tp_diag_init(&d, "test_cuda_nccl", NULL, stderr);
+  TpComm *c = NULL;
+  if (tp_cuda_comm_open(host, NULL, plan, &c, &d) != TP_OK || !c) {
+    fprintf(stderr, "rank %d: no NCCL transport\n", host->rank);
+    exit(1);
+  }
+  return c;
+}
+
+static void *device_alloc(size_t bytes) {
+  void *p = NULL;
+  TP_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+  return p;
+}
+
+static unsigned char byte_of(int rank, int dir, size_t i) { return (unsigned char)(rank * 37 + dir * 101 + i * 7); }
+
+/* ---- p2p ---- */
+
+static void p2p(TpComm *host, int S) {
+  TestPlan tp;
+  make_plan(&tp, S, 1, 1, false);
+  TpComm *c = open_nccl(host, &tp.plan);
+  TpStream *stream = tp_cuda_stream_new();
+  int k = c->rank, prev = k - 1, next = k + 1 < S ? k + 1 : -1;
+  const size_t sizes[] = {0, 1, 4093, (size_t)1 << 20};
+  for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
+    size_t n = sizes[z];
+    unsigned char *host_buf = static_cast<unsigned char *>(malloc(n + 1));
+    void *act_out = device_alloc(n), *act_in = device_alloc(n), *grad_out = device_alloc(n), *grad_in = device_alloc(n);
+    TpCommRequest ra = {NULL, -1, "activation", NULL}, rg = {NULL, -1, "gradient", NULL};
+    TpCommRequest sa = {NULL, -1, "activation sent", stream}, sg = {NULL, -1, "gradient sent", stream};
+    /* the receives first; nothing is sent before every rank checked that they are pending.
+     * Their tags differ from the sends': NCCL has none (it matches a direction's messages in
+     * order), so only device buffers that went through NCCL arrive; MPI would wait. */
+    if (prev >= 0) c->be->irecv(c, act_in, n, prev, 7, &ra);
+    if (next >= 0) c->be->irecv(c, grad_in, n, next, 8, &rg);
+    if (prev >= 0) EXPECT(c, !c->be->test(c, &ra) && ra.impl);
+    if (next >= 0) EXPECT(c, !c->be->test(c, &rg) && rg.impl);
+    tp_comm_barrier(c);
+    for (size_t i = 0; i < n; i++) host_buf[i] = byte_of(k, 0, i);
+    TP_CUDA_CHECK(cudaMemcpyAsync(act_out, host_buf, n, cudaMemcpyHostToDevice, stream->cuda));
+    for (size_t i = 0; i < n; i++) host_buf[i] = byte_of(k, 1, i);
+    TP_CUDA_CHECK(cudaMemcpy(grad_out, host_buf, n, cudaMemcpyHostToDevice));
+    /* both directions at once: the activation out, then the gradient back */
+    if (next >= 0) c->be->isend(c, act_out, n, next, 0, &sa);
+    if (prev >= 0) c->be->isend(c, grad_out, n, prev, 1, &sg);
+    TpCommRequest *all[] = {&ra, &rg, &sa, &sg};
+    for (TpCommRequest *r : all)
+      if (r->impl) tp_comm_wait(c, r);
+    size_t bad = 0;
+    if (prev >= 0) {
+      TP_CUDA_CHECK(cudaMemcpy(host_buf, act_in, n, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < n; i++) bad += host_buf[i] != byte_of(prev, 0, i);
+    }
+    if (next >= 0) {
+      TP_CUDA_CHECK(cudaMemcpy(host_buf, grad_in, n, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < n; i++) bad += host_buf[i] != byte_of(next, 1, i);
+    }
+    if (bad) fprintf(stderr, "rank %d: %zu of %zu bytes differ\n", k, bad, n);
+    EXPECT(c, bad == 0);
+    /* host memory through the same transport: the host transport carries it */
+    if (next >= 0) {
+      for (size_t i = 0; i < n; i++) host_buf[i] = byte_of(k, 2, i);
+      tp_comm_send(c, host_buf, n, next, 2, "a host buffer");
+    }
+    if (prev >= 0) {
+      tp_comm_recv(c, host_buf, n, prev, 2, "a host buffer");
+      for (size_t i = 0; i < n; i++) bad += host_buf[i] != byte_of(prev, 2, i);
+      EXPECT(c, bad == 0);
+    }
+    void *bufs[] = {act_out, act_in, grad_out, grad_in};
+    for (void *b : bufs) TP_CUDA_CHECK(cudaFree(b));
+    free(host_buf);
+  }
+  tp_cuda_stream_free(stream);
+  tp_comm_close(c);
+  free_plan(&tp);
+}
+
+/* ---- collectives ---- */
+
+/* An all-reduce and a broadcast over `group` through the NCCL transport c, against the
+ * host transport's. */
+static void reduce_group(TpComm *c, TpComm *host, const int *group, int n) {
+  enum { COUNT = 1000 };
+  size_t bytes = COUNT * sizeof(float);
+  float *x = static_cast<float *>(malloc(bytes)), *want = static_cast<float *>(malloc(bytes));
+  float *dev = static_cast<float *>(device_alloc(bytes));
+  for (size_t i = 0; i < COUNT; i++) x[i] = want[i] = value_f32(c->rank, i);
+  tp_comm_allreduce_sum(host, want, COUNT, TP_F32, group, n); /* the sum in group order */
+  TP_CUDA_CHECK(cudaMemcpy(dev, x, bytes, cudaMemcpyHostToDevice));
+  tp_comm_allreduce_sum(c, dev, COUNT, TP_F32, group, n);
+  TP_CUDA_CHECK(cudaMemcpy(x, dev, bytes, cudaMemcpyDeviceToHost));
+  if (n == 2) {
+    EXPECT(c, memcmp(x, want, bytes) == 0); /* a + b == b + a: the same bits */
+  } else {
+    double worst = 0;
+    for (size_t i = 0; i < COUNT; i++) {
+      double err = fabs((double)x[i] - want[i]) / fabs((double)want[i]);
+      if (err > worst) worst = err;
+    }
+    if (worst > 1e-6) fprintf(stderr, "rank %d: all-reduce over %d ranks: rel_err=%.3g\n", c->rank, n, worst);
+    EXPECT(c, worst <= 1e-6);
+  }
+  double y[3] = {c->rank * 0.1, 1.0 / (c->rank + 7), -2.5}, ywant[3];
+  int64_t z[2] = {c->rank, (int64_t)1 << 40}, zwant[2];
+  memcpy(ywant, y, sizeof y), memcpy(zwant, z, sizeof z);
+  tp_comm_allreduce_sum(host, ywant, 3, TP_F64, group, n);
+  tp_comm_allreduce_sum(host, zwant, 2, TP_I64, group, n);
+  void *dy = device_alloc(sizeof y), *dz = device_alloc(sizeof z);
+  TP_CUDA_CHECK(cudaMemcpy(dy, y, sizeof y, cudaMemcpyHostToDevice));
+  TP_CUDA_CHECK(cudaMemcpy(dz, z, sizeof z, cudaMemcpyHostToDevice));
+  tp_comm_allreduce_sum(c, dy, 3, TP_F64, group, n);
+  tp_comm_allreduce_sum(c, dz, 2, TP_I64, group, n);
+  TP_CUDA_CHECK(cudaMemcpy(y, dy, sizeof y, cudaMemcpyDeviceToHost));
+  TP_CUDA_CHECK(cudaMemcpy(z, dz, sizeof z, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 3; i++) EXPECT(c, fabs(y[i] - ywant[i]) <= 1e-15 * fabs(ywant[i]));
+  EXPECT(c, z[0] == zwant[0] && z[1] == zwant[1]);
+  /* host memory through the NCCL transport: the host transport's sum, bit for bit */
+  double h[3] = {c->rank * 0.1, 1.0 / (c->rank + 7), -2.5};
+  tp_comm_allreduce_sum(c, h, 3, TP_F64, group, n);
+  EXPECT(c, memcmp(h, ywant, sizeof h) == 0);
+  /* a broadcast from the group's last rank */
+  for (size_t i = 0; i < COUNT; i++) x[i] = value_f32(c->rank, i);
+  TP_CUDA_CHECK(cudaMemcpy(dev, x, bytes, cudaMemcpyHostToDevice));
+  tp_comm_broadcast(c, dev, bytes, group[n - 1], group, n);
+  TP_CUDA_CHECK(cudaMemcpy(x, dev, bytes, cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t i = 0; i < COUNT; i++) bad += x[i] != value_f32(group[n - 1], i);
+  EXPECT(c, bad == 0);
+  void *bufs[] = {dev, dy, dz};
+  for (void *b : bufs) TP_CUDA_CHECK(cudaFree(b));
+  free(x), free(want);
+}
+
+static void allreduce(TpComm *host, int S) {
+  int D = host->size / S;
+  TestPlan tp;
+  make_plan(&tp, S, D, 2, true);
+  TpComm *c = open_nccl(host, &tp.plan);
+  int k = c->rank % S, d = c->rank / S;
+  if (D > 1) { /* the stage's replicas, as pipeline.c's ALLREDUCE */
+    int *group = static_cast<int *>(calloc((size_t)D, sizeof(int)));
+    for (int r = 0; r < D; r++) group[r] = r * S + k;
+    reduce_group(c, host, group, D);
+    free(group);
+  }
+  if (S > 1 && (k == 0 || k == S - 1)) { /* the tied pair, as ALLREDUCE_TIED */
+    int pair[2] = {d * S, d * S + S - 1};
+    reduce_group(c, host, pair, 2);
+  }
+  tp_comm_close(c);
+  free_plan(&tp);
+}
+
+/* ---- start-up ---- */
+
+static void order(TpComm *host, int S) {
+  int D = host->size / S;
+  TestPlan tp;
+  make_plan(&tp, S, D, 2, true);
+  TpComm *c = open_nccl(host, &tp.plan);
+  char got[2048], want[2048] = "";
+  tp_cuda_comm_describe(c, got, sizeof got);
+  /* the list every rank must have made, in this order, with this rank's groups starred */
+  const char *expected = NULL;
+  if (S == 2 && D == 1)
+    expected = "world 0 1\nround 1: link 0 1\nround 2: link 1 0\nround 3: tied 0 1\n";
+  else if (S == 2 && D == 2)
+    expected = "world 0 1 2 3\nround 1: link 0 1\nround 2: link 1 0\nround 1: link 2 3\nround 2: link 3 2\n"
+               "round 3: replicas 0 2\nround 3: replicas 1 3\nround 4: tied 0 1\nround 4: tied 2 3\n";
+  else if (S == 4 && D == 1)
+    expected = "world 0 1 2 3\nround 1: link 0 1\nround 2: link 1 0\nround 3: link 1 2\nround 4: link 2 1\n"
+               "round 1: link 2 3\nround 2: link 3 2\nround 3: tied 0 3\n";
+  EXPECT(c, expected != NULL);
+  for (const char *line = expected; line && *line;) {
+    const char *end = strchr(line, '\n');
+    char text[128];
+    snprintf(text, sizeof text, "%.*s", (int)(end - line), line);
+    const char *ranks = strrchr(text, ':') ? strrchr(text, ':') + 1 : strchr(text, ' ');
+    char mine[16];
+    snprintf(mine, sizeof mine, " %d", c->rank);
+    bool member = false;
+    for (const char *p = ranks; (p = strstr(p, mine)); p += strlen(mine))
+      member |= p[strlen(mine)] == 0 || p[strlen(mine)] == ' ';
+    snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s\n", text, member ? " *" : "");
+    line = end + 1;
+  }
+  if (strcmp(got, want)) fprintf(stderr, "rank %d: communicators:\n%swanted:\n%s", c->rank, got, want);
+  EXPECT(c, strcmp(got, want) == 0);
+  tp_comm_close(c);
+  /* stage 1 takes microbatch 1's activation before microbatch 0's: NCCL could not match it */
+  TpPlanInsn *stage1 = tp.insns + (tp.stages[1].insns - tp.insns);
+  for (int j = 0; j < tp.stages[1].ninsns; j++)
+    if (stage1[j].kind == TP_PLAN_RECV_ACT) stage1[j].mb = 1 - stage1[j].mb;
+  TpDiag d;
+  tp_diag_init(&d, "test_cuda_nccl", NULL, NULL);
+  TpComm *none = NULL;
+  EXPECT(host, tp_cuda_comm_open(host, NULL, &tp.plan, &none, &d) == TP_ERR_INTERNAL && !none);
+  EXPECT(host, strstr(d.last, "stage 1 receives its activations in another order than stage 0 sends them"));
+  free_plan(&tp);
+}
+
+/* The host transport serves: one process, or processes sharing a GPU. */
+static void fallback(TpComm *host) {
+  TestPlan tp;
+  make_plan(&tp, host->size, 1, 1, false);
+  TpDiag d;
+  tp_diag_init(&d, "test_cuda_nccl", NULL, stderr);
+  TpComm *c = host; /* overwritten */
+  EXPECT(host, tp_cuda_comm_open(host, NULL, &tp.plan, &c, &d) == TP_OK && c == NULL);
+  free_plan(&tp);
+}
+
+/* An all-reduce over stages 0 and 1 of replica 0 of a 2 x 2 plan without tied parameters
+ * (the world, the replicas and the links have communicators; not that pair). */
+static void missing(TpComm *host) {
+  TestPlan tp;
+  make_plan(&tp, 2, host->size / 2, 1, false);
+  TpComm *c = open_nccl(host, &tp.plan);
+  int pair[2] = {0, 1};
+  float *x = static_cast<float *>(device_alloc(4 * sizeof(float)));
+  if (c->rank < 2) tp_comm_allreduce_sum(c, x, 4, TP_F32, pair, 2); /* ends the job */
+  tp_comm_barrier(c);
+  EXPECT(c, !"reached");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: test_cuda_nccl p2p|allreduce|order|fallback|missing [STAGES]\n");
+    return 2;
+  }
+  TpDiag d;
+  tp_diag_init(&d, "test_cuda_nccl", NULL, stderr);
+  TpComm *host;
+  if (tp_comm_open(&host, "test_cuda_nccl", &argc, &argv, &d)) return 1;
+  pick_gpu();
+  int S = argc > 2 ? atoi(argv[2]) : host->size;
+  if (S < 1 || host->size % S) {
+    fprintf(stderr, "test_cuda_nccl: %d processes are not STAGES=%d x replicas\n", host->size, S);
+    return 2;
+  }
+  const char *mode = argv[1];
+  if (!strcmp(mode, "p2p")) p2p(host, host->size);
+  else if (!strcmp(mode, "allreduce")) allreduce(host, S);
+  else if (!strcmp(mode, "order")) order(host, S);
+  else if (!strcmp(mode, "fallback")) fallback(host);
+  else if (!strcmp(mode, "missing")) missing(host);
+  else {
+    fprintf(stderr, "test_cuda_nccl: no mode '%s'\n", mode);
+    return 2;
+  }
+  int first = -1, rc = tp_comm_agree(host, failures ? 1 : 0, &first);
+  if (host->rank == 0) printf("%s: %s\n", mode, rc ? "FAILED" : "ok");
+  tp_comm_close(host);
+  return rc;
+}
