@@ -35,10 +35,19 @@ static inline void test_sync(void) {
   test_cuda_check(cudaGetLastError(), "kernel launch");
   test_cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
+/* managed memory back to CUDA, anything else (the host's own buffers) to free() */
 static inline void test_free(void *p) {
+  struct cudaPointerAttributes at;
   test_sync(); /* a kernel may still be using it */
-  test_cuda_check(cudaFree(p), "cudaFree");
+  test_cuda_check(cudaPointerGetAttributes(&at, p), "cudaPointerGetAttributes");
+  if (at.type == cudaMemoryTypeManaged) test_cuda_check(cudaFree(p), "cudaFree");
+  else free(p);
 }
+/* Drivers written before test_free and test_rand existed free test_alloc memory with
+ * free() and make random kernel inputs with tests/check.h's rand_array (plain host memory,
+ * which a kernel on a GPU cannot read): on a GPU both go through the functions above. */
+#define free(p) test_free(p)
+#define rand_array(n, scale) test_rand(n, scale)
 #else
 static inline void *test_alloc(size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
