@@ -94,7 +94,7 @@ def train(dir, steps, log, compile):
     for block in model.h:
         block.attn.__class__ = FlashAttention
     model = model.to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), **parity.ADAMW, fused=True)  # the trainer's defaults
     step_fn = model
     if compile:
         step_fn = torch.compile(model)

@@ -81,7 +81,11 @@ echo "== tests/device/run.sh: $([ $emulated = 1 ] && echo 'emulated, on this CPU
 sed 's/^/   /' "$bundle/MANIFEST" | grep -v '^   libs '
 cuda_libs=""
 if [ $emulated = 0 ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/   gpu: /'
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/   gpu: /'
+  else
+    echo "   gpu: no nvidia-smi here: every check below fails on a machine without a GPU (--emulated runs here)"
+  fi
   # cuBLASLt is the GPU machine's (too large to carry): the toolkit's, else PyTorch's wheel's
   if ! ldconfig -p | grep -q 'libcublasLt\.so\.13 '; then
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
@@ -135,8 +139,12 @@ if stage parity 40; then
       else fail "parity $p: no trainers in the bundle (MANIFEST: $(grep -c "^missing parity-$p/" "$bundle/MANIFEST") missing)"; fi
       continue
     fi
-    while read -r _ name _; do fail "parity $p ${name#parity-"$p"/}: not in the bundle"; done < <(grep "^missing parity-$p/" "$bundle/MANIFEST")
+    while read -r _ name _; do
+      name=${name%:}
+      fail "parity $p ${name#parity-"$p"/}: not in the bundle (tokpipec failed: MANIFEST)"
+    done < <(grep "^missing parity-$p/" "$bundle/MANIFEST")
     for trainer in "$bundle/trainers/parity-$p"/*; do
+      [ -x "$trainer" ] || continue
       fixture=$(basename "$trainer") work=$out/parity-$p-$fixture
       if PARITY_TRAINER=$trainer PARITY_TOLS=${tols[$p]} bundled timeout 120 \
         bash tests/parity/parity.sh - "$bundle/bin/tokpipe-compare" "tests/fixtures/$fixture" "$work" >"$work.log" 2>&1; then
