@@ -90,6 +90,7 @@ def export(dir):
 
 def train(dir, steps, log, compile):
     dev = torch.device("cuda")
+    print(f"pytorch {torch.__version__} on {torch.cuda.get_device_name(dev)}", file=sys.stderr)
     model = make_model()
     for block in model.h:
         block.attn.__class__ = FlashAttention

@@ -97,6 +97,11 @@ if [ $emulated = 0 ]; then
   fi
 fi
 
+# every bundled binary must find its libraries here (a missing one fails each check below)
+unresolved=$(find "$bundle/bin" "$bundle/trainers" -type f -perm -u+x -print0 | bundled xargs -0 -r ldd 2>/dev/null |
+  grep 'not found' | sort -u | tr -s ' \t\n' ' ')
+if [ -n "$unresolved" ]; then fail "libraries: not found here: $unresolved"; else pass "libraries: every bundled binary finds its libraries"; fi
+
 # ---- kernels: the drivers' tests, one by one (a crash fails one test, not the stage) ----
 if stage kernels 30; then
   for driver in "$bundle"/bin/test_cuda_*; do
