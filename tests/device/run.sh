@@ -19,12 +19,18 @@
 #   8 minutes less a margin) drops stages, and torch.compile, that would not fit.
 #   --emulated runs the same flow on this machine (bundle.sh --emulated): the cuda-emulated
 #   drivers, CPU trainers in fp32 (bf16 and the benchmark need the GPU and are skipped).
-#   The logs go to --out (default $OUT when the device tool sets it, else build/device-run).
+#   The logs go to --out (default build/device-run). Under the device tool ($OUT set, of
+#   which at most 8 files come back), the transcript goes to $OUT/run.txt and the logs,
+#   packed at the end, to $OUT/logs.tar.gz.
 #
 # On the device machine (bundle made here first with bash tests/device/bundle.sh):
 #   run(command="bash tests/device/run.sh", carry=["build-device/carry"], timeout_s=540)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+if [ -n "${OUT:-}" ] && [ -z "${TOKPIPE_DEVICE_RUN_TEED:-}" ]; then # the transcript to $OUT too
+  TOKPIPE_DEVICE_RUN_TEED=1 bash tests/device/run.sh "$@" 2>&1 | tee "$OUT/run.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 start=$SECONDS
 emulated=0 bundle="" only="kernels,parity,pipeline,bench" skip="" budget=450 out=""
 usage() { echo "usage: run.sh [--emulated] [--bundle DIR] [--only STAGES] [--skip STAGES] [--budget S] [--out DIR]" >&2; exit 2; }
@@ -41,7 +47,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 [[ $budget =~ ^[0-9]+$ ]] || usage
-out=${out:-${OUT:-build/device-run}}
+pack_logs=""
+if [ -z "$out" ] && [ -n "${OUT:-}" ]; then # a fresh folder: a rerun on a warm machine finds the last one's
+  out=/tmp/tokpipe-device-run pack_logs=$OUT/logs.tar.gz
+  rm -rf "$out"
+fi
+out=${out:-build/device-run}
 mkdir -p "$out" || { echo "run.sh: error: cannot make $out" >&2; exit 1; }
 # the bundle: the folder bundle.sh wrote, or on the GPU machine the pack that travelled
 if [ -z "$bundle" ] && [ $emulated = 1 ]; then bundle=build/bundle
@@ -235,5 +246,6 @@ elif stage bench 90; then
 fi
 
 echo "== done in $(elapsed)s (budget ${budget}s); logs in $out"
+[ -z "$pack_logs" ] || tar -C "$out" -czf "$pack_logs" . || fail "cannot pack the logs into $pack_logs"
 echo "device: $passed passed, $failed failed, $skipped skipped"
 [ $failed = 0 ]
