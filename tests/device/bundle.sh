@@ -11,8 +11,9 @@
 #               pipeline/ref and pipeline/piped (2 stages, 3 slices, 1F1B, one process),
 #               bench/trainer (GPT-2 124M shape, bf16, B 16, T 1024) and bench/train.bin
 #   lib/        the shared libraries those binaries need that the GPU machine lacks (ldd:
-#               everything but glibc's, the C++ runtime's, and the CUDA driver's and
-#               cuBLAS's, which the GPU machine has and which are too large to carry);
+#               everything but glibc's, the C++ runtime's, and the CUDA driver's,
+#               cuBLAS's and NCCL's, which the GPU machine has and which are too large
+#               to carry);
 #               run.sh puts lib/ on LD_LIBRARY_PATH for the bundle's binaries alone
 #   MANIFEST    what was built, from which commit, and what could not be
 #
@@ -118,9 +119,10 @@ if [ $emulated = 0 ]; then
 fi
 
 # The shared libraries the GPU machine lacks. Left out: glibc's and the dynamic loader,
-# the C++ runtime (newer there), and the CUDA driver and cuBLAS (there; cuBLASLt is
-# ~500 MB). cudart is carried: it is small and the one the binaries were built with.
-keep_out='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libresolv\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas)'
+# the C++ runtime (newer there), the CUDA driver, cuBLAS and NCCL (there, in the toolkit or
+# PyTorch's wheels, where run.sh finds them; cuBLASLt is ~540 MB, NCCL ~220 MB). cudart is
+# carried: it is small and the one the binaries were built with.
+keep_out='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libresolv\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas|libnccl)'
 find "$out/bin" "$out/trainers" -type f -perm -u+x -print0 | xargs -0 ldd 2>/dev/null |
   awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u | while read -r name path; do
   echo "$name" | grep -Eq "$keep_out" && continue

@@ -97,15 +97,19 @@ if [ $emulated = 0 ]; then
   else
     echo "   gpu: no nvidia-smi here: every check below fails on a machine without a GPU (--emulated runs here)"
   fi
-  # cuBLASLt is the GPU machine's (too large to carry): the toolkit's, else PyTorch's wheel's
-  if ! ldconfig -p | grep -q 'libcublasLt\.so\.13 '; then
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-      "$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)"/nvidia/cu13/lib \
-      "$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)"/nvidia/cublas/lib; do
-      [ -e "$d/libcublasLt.so.13" ] && { cuda_libs=$d; break; }
+  # cuBLASLt (~540 MB) and NCCL (~220 MB) are the GPU machine's, too large to carry: where
+  # the loader does not find them, the toolkit's, else PyTorch's wheels' (nvidia/*/lib)
+  wheels=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0])' 2>/dev/null)
+  for lib in libcublasLt.so.13 libnccl.so.2; do
+    ldconfig -p | grep -q "$lib " && continue
+    dir=""
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib ${wheels:+"$wheels"/*/lib}; do
+      [ -e "$d/$lib" ] && { dir=$d; break; }
     done
-    echo "   libcublasLt.so.13 from ${cuda_libs:-nowhere: the binaries will not start}"
-  fi
+    [ -n "$dir" ] || dir=$(dirname "$(find /usr /opt -name "$lib" -print -quit 2>/dev/null)")
+    echo "   $lib from ${dir:-nowhere: the binaries that need it will not start}"
+    [ -n "$dir" ] && cuda_libs=${cuda_libs:+$cuda_libs:}$dir
+  done
 fi
 
 # every bundled binary must find its libraries here (a missing one fails each check below)
