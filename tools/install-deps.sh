@@ -10,6 +10,7 @@ packages=(
   libopenblas-dev openmpi-bin libopenmpi-dev
   llvm-14-tools libonnx-testdata python3-onnx python3-torch
   python3-pip ca-certificates unzip
+  shellcheck xz-utils
 )
 
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -10,11 +10,45 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Memory a kernel under test reads or writes, zeroed. Host memory in the emulated build;
- * when the drivers run on a GPU (tests/device/run.sh builds them against the real kernels
- * with TOKPIPE_CUDA_TESTS_ON_GPU) managed memory, which host and device both address, and
- * test_sync() makes the host wait for the kernels before it reads their results. Every
- * driver allocates its kernels' buffers here and calls test_sync() before comparing. */
+/* Memory a kernel under test reads or writes, zeroed, freed with test_free(). Host memory in
+ * the emulated build. When the drivers run on a real GPU (the CMake option
+ * TOKPIPE_CUDA_TESTS_ON_GPU builds them against tokpipe_cuda, for tests/device/run.sh),
+ * managed memory, which the host and the device both address, and test_sync() makes the
+ * host wait for the kernels before it reads their results (check_close() calls it). Every
+ * driver allocates what its kernels touch here (test_rand for random inputs), never with
+ * malloc: a kernel on a GPU cannot read plain host memory. */
+#ifdef TOKPIPE_CUDA_TESTS_ON_GPU
+#include <cuda_runtime_api.h>
+/* a failed CUDA call: one line naming it and the runtime's message, exit 1 */
+static inline void test_cuda_check(cudaError_t e, const char *call) {
+  if (e == cudaSuccess) return;
+  fprintf(stderr, "%s: %s\n", call, cudaGetErrorString(e));
+  exit(1);
+}
+static inline void *test_alloc(size_t bytes) {
+  void *p = NULL;
+  test_cuda_check(cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal), "cudaMallocManaged");
+  memset(p, 0, bytes ? bytes : 1); /* no kernel runs yet: the host may write it */
+  return p;
+}
+static inline void test_sync(void) {
+  test_cuda_check(cudaGetLastError(), "kernel launch");
+  test_cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+/* managed memory back to CUDA, anything else (the host's own buffers) to free() */
+static inline void test_free(void *p) {
+  struct cudaPointerAttributes at;
+  test_sync(); /* a kernel may still be using it */
+  test_cuda_check(cudaPointerGetAttributes(&at, p), "cudaPointerGetAttributes");
+  if (at.type == cudaMemoryTypeManaged) test_cuda_check(cudaFree(p), "cudaFree");
+  else free(p);
+}
+/* Drivers written before test_free and test_rand existed free test_alloc memory with
+ * free() and make random kernel inputs with tests/check.h's rand_array (plain host memory,
+ * which a kernel on a GPU cannot read): on a GPU both go through the functions above. */
+#define free(p) test_free(p)
+#define rand_array(n, scale) test_rand(n, scale)
+#else
 static inline void *test_alloc(size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
   if (!p) {
@@ -24,6 +58,15 @@ static inline void *test_alloc(size_t bytes) {
   return p;
 }
 static inline void test_sync(void) {}
+static inline void test_free(void *p) { free(p); }
+#endif
+
+/* n floats uniform in [-scale, scale) (tests/check.h's frand), in test_alloc memory */
+__attribute__((unused)) static float *test_rand(int64_t n, float scale) {
+  float *a = test_alloc((size_t)(n ? n : 1) * sizeof *a);
+  for (int64_t i = 0; i < n; i++) a[i] = frand() * scale;
+  return a;
+}
 
 /* |gpu - cpu| <= atol + rtol * |cpu| per element */
 typedef struct {
@@ -32,6 +75,7 @@ typedef struct {
 
 /* Compares n results; reports the worst element (relative to its tolerance) on failure. */
 static void check_close(const char *what, const float *got, const float *want, int64_t n, Tolerance tol) {
+  test_sync();
   int64_t worst = -1;
   double worst_ratio = 1;
   for (int64_t i = 0; i < n; i++) {

@@ -35,7 +35,7 @@ static Tolerance product(int64_t K) { return (Tolerance){1e-6 * (double)K, 1e-5}
 
 /* n floats set to NaN: what an output holds before the kernel must overwrite it. */
 static float *nans(int64_t n) {
-  float *a = malloc((size_t)(n ? n : 1) * sizeof *a);
+  float *a = test_alloc((size_t)(n ? n : 1) * sizeof *a);
   for (int64_t i = 0; i < n; i++) a[i] = NAN;
   return a;
 }
@@ -54,8 +54,8 @@ static void describe(char *at, size_t size, const int64_t *shape, bool transpose
  * values only the order of the f32 sums differs. (The emulated build widens the operands
  * itself: this checks the operand mapping and the bias, not cuBLASLt's bf16 path.) */
 static uint16_t *rand_bf16(int64_t n, float **wide) {
-  uint16_t *bits = malloc((size_t)(n ? n : 1) * sizeof *bits);
-  *wide = rand_array(n, 1);
+  uint16_t *bits = test_alloc((size_t)(n ? n : 1) * sizeof *bits);
+  *wide = test_rand(n, 1);
   for (int64_t i = 0; i < n; i++) bits[i] = tp_f32_to_bf16((*wide)[i]), (*wide)[i] = tp_bf16_to_f32(bits[i]);
   return bits;
 }
@@ -69,16 +69,16 @@ static void linear_forward(bool bf16) {
       bool transpose_w = variant & 1, with_bias = variant & 2;
       char at[96];
       describe(at, sizeof at, SHAPES[s], transpose_w, with_bias);
-      float *x, *w, *bias = with_bias ? rand_array(N, 1) : NULL;
+      float *x, *w, *bias = with_bias ? test_rand(N, 1) : NULL;
       uint16_t *x_bits = NULL, *w_bits = NULL;
       if (bf16) x_bits = rand_bf16(M * K, &x), w_bits = rand_bf16(K * N, &w);
-      else x = rand_array(M * K, 1), w = rand_array(K * N, 1);
+      else x = test_rand(M * K, 1), w = test_rand(K * N, 1);
       float *y = nans(M * N), *want = nans(M * N);
       tp_linear_f32(x, w, bias, M, K, N, transpose_w, want);
       if (bf16) tp_cuda_launch_linear_bf16(blas, x_bits, w_bits, bias, M, K, N, transpose_w, y, NULL);
       else tp_cuda_launch_linear_f32(blas, x, w, bias, M, K, N, transpose_w, y, NULL);
       check_close(at, y, want, M * N, product(K));
-      free(x), free(w), free(x_bits), free(w_bits), free(bias), free(y), free(want);
+      test_free(x), test_free(w), test_free(x_bits), test_free(w_bits), test_free(bias), test_free(y), test_free(want);
     }
   tp_cuda_blas_destroy(blas);
 }
@@ -94,7 +94,7 @@ static void linear_bwd(void) {
       bool transpose_w = variant & 1, all_outputs = variant & 2; /* else dw alone (dx, dbias NULL) */
       char at[96], what[128];
       describe(at, sizeof at, SHAPES[s], transpose_w, all_outputs);
-      float *dy = rand_array(M * N, 1), *x = rand_array(M * K, 1), *w = rand_array(K * N, 1);
+      float *dy = test_rand(M * N, 1), *x = test_rand(M * K, 1), *w = test_rand(K * N, 1);
       float *dx = nans(M * K), *dw = nans(K * N), *dbias = nans(N);
       float *want_dx = nans(M * K), *want_dw = nans(K * N), *want_dbias = nans(N);
       tp_linear_backward_f32(dy, x, w, M, K, N, transpose_w, all_outputs ? want_dx : NULL, want_dw,
@@ -113,7 +113,7 @@ static void linear_bwd(void) {
             fail("%s: dx[%lld] written though dx was not asked for", at, (long long)i);
             break;
           }
-      free(dy), free(x), free(w), free(dx), free(dw), free(dbias), free(want_dx), free(want_dw), free(want_dbias);
+      test_free(dy), test_free(x), test_free(w), test_free(dx), test_free(dw), test_free(dbias), test_free(want_dx), test_free(want_dw), test_free(want_dbias);
     }
   tp_cuda_blas_destroy(blas);
 }
@@ -165,13 +165,13 @@ static void matmul_fwd(void) {
     char at[96];
     describe_matmul(at, sizeof at, &a, &b);
     int64_t ny = l.nbatch * l.M * l.N;
-    a.data = rand_array(tp_tensor_numel(&a), 1), b.data = rand_array(tp_tensor_numel(&b), 1);
+    a.data = test_rand(tp_tensor_numel(&a), 1), b.data = test_rand(tp_tensor_numel(&b), 1);
     float *y = nans(ny), *want = nans(ny);
     TpTensor want_t = {.dtype = TP_F32, .rank = 1, .dims = {ny}, .data = want};
     if (tp_matmul(&a, &b, &want_t) != TP_KERNEL_OK) fail("%s: tp_matmul refused", at);
     tp_cuda_launch_matmul_f32(blas, &l, a.data, b.data, y, NULL);
     check_close(at, y, want, ny, product(l.K));
-    free(a.data), free(b.data), free(y), free(want);
+    test_free(a.data), test_free(b.data), test_free(y), test_free(want);
   }
   tp_cuda_blas_destroy(blas);
 }
@@ -190,8 +190,8 @@ static void matmul_bwd(void) {
       describe_matmul(at, sizeof at, &a, &b);
       int64_t ny = l.nbatch * l.M * l.N, na = tp_tensor_numel(&a), nb = tp_tensor_numel(&b);
       bool with_da = variant == 0;
-      a.data = rand_array(na, 1), b.data = rand_array(nb, 1);
-      float *dy = rand_array(ny, 1), *da = nans(na), *db = nans(nb), *want_da = nans(na), *want_db = nans(nb);
+      a.data = test_rand(na, 1), b.data = test_rand(nb, 1);
+      float *dy = test_rand(ny, 1), *da = nans(na), *db = nans(nb), *want_da = nans(na), *want_db = nans(nb);
       TpTensor dy_t = {.dtype = TP_F32, .rank = 1, .dims = {ny}, .data = dy};
       TpTensor want_da_t = a, want_db_t = b;
       want_da_t.data = want_da, want_db_t.data = want_db;
@@ -209,7 +209,7 @@ static void matmul_bwd(void) {
             fail("%s: da[%lld] written though da was not asked for", at, (long long)i);
             break;
           }
-      free(a.data), free(b.data), free(dy), free(da), free(db), free(want_da), free(want_db);
+      test_free(a.data), test_free(b.data), test_free(dy), test_free(da), test_free(db), test_free(want_da), test_free(want_db);
     }
   tp_cuda_blas_destroy(blas);
 }

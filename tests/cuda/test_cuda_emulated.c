@@ -43,7 +43,7 @@
 static const Tolerance EXACT = {0, 0}, ELEMENTWISE = {1e-6, 1e-5}, GELU_TANH_BWD = {5e-6, 1e-5}, ROW = {1e-5, 1e-5}, SUM = {0, 1e-12};
 static Tolerance column(int64_t rows) { return (Tolerance){1e-5 * (double)rows, 1e-5}; }
 
-static float *zeros(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
+static float *zeros(int64_t n) { return test_alloc((size_t)n * sizeof(float)); }
 
 /* (rows, n) shapes of the row kernels */
 static const int64_t SHAPES[][2] = {{1, 1}, {3, 31}, {2, 32}, {5, 33}, {4, 255}, {3, 256}, {3, 257}, {2, 1000},
@@ -55,11 +55,11 @@ static void rmsnorm_fwd(void) {
     int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
     char at[48];
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
-    float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *y = zeros(rows * n), *want = zeros(rows * n);
+    float *x = test_rand(rows * n, 2), *scale = test_rand(n, 1.5f), *y = zeros(rows * n), *want = zeros(rows * n);
     tp_rmsnorm_f32(x, scale, rows, n, 1e-5f, want);
     tp_cuda_launch_rmsnorm_f32(x, scale, rows, n, 1e-5f, y, NULL);
     check_close(at, y, want, rows * n, ROW);
-    free(x), free(scale), free(y), free(want);
+    test_free(x), test_free(scale), test_free(y), test_free(want);
   }
 }
 
@@ -68,7 +68,7 @@ static void rmsnorm_bwd(void) {
     int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
     char at[48];
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
-    float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *dy = rand_array(rows * n, 1);
+    float *x = test_rand(rows * n, 2), *scale = test_rand(n, 1.5f), *dy = test_rand(rows * n, 1);
     float *dx = zeros(rows * n), *ds = zeros(n), *want_dx = zeros(rows * n), *want_ds = zeros(n), *inv = zeros(rows);
     tp_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, want_dx, want_ds);
     tp_cuda_launch_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, dx, ds, inv, NULL);
@@ -77,7 +77,7 @@ static void rmsnorm_bwd(void) {
     check_close(what, dx, want_dx, rows * n, ROW);
     snprintf(what, sizeof what, "dscale %s", at);
     check_close(what, ds, want_ds, n, column(rows));
-    free(x), free(scale), free(dy), free(dx), free(ds), free(want_dx), free(want_ds), free(inv);
+    test_free(x), test_free(scale), test_free(dy), test_free(dx), test_free(ds), test_free(want_dx), test_free(want_ds), test_free(inv);
   }
 }
 
@@ -87,7 +87,7 @@ static void layernorm_fwd(void) {
     char at[48];
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
     for (int with_bias = 0; with_bias < 2; with_bias++) {
-      float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *bias = rand_array(n, 1);
+      float *x = test_rand(rows * n, 2), *scale = test_rand(n, 1.5f), *bias = test_rand(n, 1);
       float *y = zeros(rows * n), *mean = zeros(rows), *inv = zeros(rows);
       float *want = zeros(rows * n), *want_mean = zeros(rows), *want_inv = zeros(rows);
       for (int64_t i = 0; i < rows * n; i++) x[i] += 3; /* a mean far from 0 */
@@ -101,7 +101,7 @@ static void layernorm_fwd(void) {
       check_close(what, mean, want_mean, rows, ROW);
       snprintf(what, sizeof what, "inv_std %s", at);
       check_close(what, inv, want_inv, rows, ROW);
-      free(x), free(scale), free(bias), free(y), free(mean), free(inv), free(want), free(want_mean), free(want_inv);
+      test_free(x), test_free(scale), test_free(bias), test_free(y), test_free(mean), test_free(inv), test_free(want), test_free(want_mean), test_free(want_inv);
     }
   }
 }
@@ -111,7 +111,7 @@ static void layernorm_bwd(void) {
     int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
     char at[48];
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
-    float *x = rand_array(rows * n, 2), *scale = rand_array(n, 1.5f), *dy = rand_array(rows * n, 1);
+    float *x = test_rand(rows * n, 2), *scale = test_rand(n, 1.5f), *dy = test_rand(rows * n, 1);
     float *y = zeros(rows * n), *mean = zeros(rows), *inv = zeros(rows);
     tp_layernorm_f32(x, scale, NULL, rows, n, 1e-5f, y, mean, inv); /* the saved statistics */
     float *dx = zeros(rows * n), *ds = zeros(n), *db = zeros(n);
@@ -125,8 +125,8 @@ static void layernorm_bwd(void) {
     check_close(what, ds, want_ds, n, column(rows));
     snprintf(what, sizeof what, "dbias %s", at);
     check_close(what, db, want_db, n, column(rows));
-    free(x), free(scale), free(dy), free(y), free(mean), free(inv), free(dx), free(ds), free(db);
-    free(want_dx), free(want_ds), free(want_db);
+    test_free(x), test_free(scale), test_free(dy), test_free(y), test_free(mean), test_free(inv), test_free(dx), test_free(ds), test_free(db);
+    test_free(want_dx), test_free(want_ds), test_free(want_db);
   }
 }
 
@@ -136,7 +136,7 @@ static void softmax_fwd(void) {
     char at[48];
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
     for (int log = 0; log < 2; log++) {
-      float *x = rand_array(rows * n, 8), *y = zeros(rows * n), *want = zeros(rows * n);
+      float *x = test_rand(rows * n, 8), *y = zeros(rows * n), *want = zeros(rows * n);
       for (int64_t j = 0; j < n; j++) x[j] = -INFINITY; /* row 0 masked out: zeros (log: -inf) */
       if (rows > 1) x[n + n / 2] = -INFINITY;           /* one masked element */
       tp_softmax_f32(x, want, rows, n, 1, log);
@@ -147,7 +147,7 @@ static void softmax_fwd(void) {
       tp_cuda_launch_softmax_f32(x, x, rows, n, log, NULL); /* in place */
       snprintf(what, sizeof what, "in place %s log=%d", at, log);
       check_close(what, x, want, rows * n, ROW);
-      free(x), free(y), free(want);
+      test_free(x), test_free(y), test_free(want);
     }
   }
 }
@@ -158,7 +158,7 @@ static void softmax_bwd(void) {
     char at[48];
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
     for (int log = 0; log < 2; log++) {
-      float *x = rand_array(rows * n, 4), *y = zeros(rows * n), *dy = rand_array(rows * n, 1);
+      float *x = test_rand(rows * n, 4), *y = zeros(rows * n), *dy = test_rand(rows * n, 1);
       float *dx = zeros(rows * n), *want = zeros(rows * n);
       tp_softmax_f32(x, y, rows, n, 1, log);
       tp_softmax_backward_f32(dy, y, rows, n, 1, log, want);
@@ -166,7 +166,7 @@ static void softmax_bwd(void) {
       char what[96];
       snprintf(what, sizeof what, "%s log=%d", at, log);
       check_close(what, dx, want, rows * n, ROW);
-      free(x), free(y), free(dy), free(dx), free(want);
+      test_free(x), test_free(y), test_free(dy), test_free(dx), test_free(want);
     }
   }
 }
@@ -180,7 +180,7 @@ static void gelu_fwd(void) {
   for (int l = 0; l < NLENGTHS; l++)
     for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
       int64_t n = LENGTHS[l];
-      float *x = rand_array(n, 6), *y = zeros(n), *want = zeros(n);
+      float *x = test_rand(n, 6), *y = zeros(n), *want = zeros(n);
       TpTensor xt = {.dtype = TP_F32, .rank = 1, .dims = {n}, .data = x};
       TpTensor yt = {.dtype = TP_F32, .rank = 1, .dims = {n}, .data = want};
       if (tp_unary(tanh_form ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, &xt, &yt) != TP_KERNEL_OK) fail("tp_unary");
@@ -188,7 +188,7 @@ static void gelu_fwd(void) {
       char what[96];
       snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, y, want, n, ELEMENTWISE);
-      free(x), free(y), free(want);
+      test_free(x), test_free(y), test_free(want);
     }
 }
 
@@ -196,33 +196,33 @@ static void gelu_bwd(void) {
   for (int l = 0; l < NLENGTHS; l++)
     for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
       int64_t n = LENGTHS[l];
-      float *x = rand_array(n, 6), *dy = rand_array(n, 1), *dx = zeros(n), *want = zeros(n);
+      float *x = test_rand(n, 6), *dy = test_rand(n, 1), *dx = zeros(n), *want = zeros(n);
       tp_gelu_backward_f32(dy, x, n, tanh_form, want);
       tp_cuda_launch_gelu_backward_f32(dy, x, n, tanh_form, dx, NULL);
       char what[96];
       snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, dx, want, n, tanh_form ? GELU_TANH_BWD : ELEMENTWISE);
-      free(x), free(dy), free(dx), free(want);
+      test_free(x), test_free(dy), test_free(dx), test_free(want);
     }
 }
 
 static void swiglu_fwd(void) {
   for (int l = 0; l < NLENGTHS; l++) {
     int64_t n = LENGTHS[l];
-    float *gate = rand_array(n, 6), *up = rand_array(n, 2), *y = zeros(n), *want = zeros(n);
+    float *gate = test_rand(n, 6), *up = test_rand(n, 2), *y = zeros(n), *want = zeros(n);
     tp_swiglu_f32(gate, up, n, want);
     tp_cuda_launch_swiglu_f32(gate, up, n, y, NULL);
     char what[64];
     snprintf(what, sizeof what, "n=%lld", (long long)n);
     check_close(what, y, want, n, ELEMENTWISE);
-    free(gate), free(up), free(y), free(want);
+    test_free(gate), test_free(up), test_free(y), test_free(want);
   }
 }
 
 static void swiglu_bwd(void) {
   for (int l = 0; l < NLENGTHS; l++) {
     int64_t n = LENGTHS[l];
-    float *gate = rand_array(n, 6), *up = rand_array(n, 2), *dy = rand_array(n, 1);
+    float *gate = test_rand(n, 6), *up = test_rand(n, 2), *dy = test_rand(n, 1);
     float *dg = zeros(n), *du = zeros(n), *want_dg = zeros(n), *want_du = zeros(n);
     tp_swiglu_backward_f32(dy, gate, up, n, want_dg, want_du);
     tp_cuda_launch_swiglu_backward_f32(dy, gate, up, n, dg, du, NULL);
@@ -231,8 +231,15 @@ static void swiglu_bwd(void) {
     check_close(what, dg, want_dg, n, ELEMENTWISE);
     snprintf(what, sizeof what, "dup n=%lld", (long long)n);
     check_close(what, du, want_du, n, ELEMENTWISE);
-    free(gate), free(up), free(dy), free(dg), free(du), free(want_dg), free(want_du);
+    test_free(gate), test_free(up), test_free(dy), test_free(dg), test_free(du), test_free(want_dg), test_free(want_du);
   }
+}
+
+/* A kernel's bad-index flag, in memory the kernel can write. */
+static int64_t *test_scalar_i64(int64_t value) {
+  int64_t *p = test_alloc(sizeof *p);
+  *p = value;
+  return p;
 }
 
 /* (positions, vocabulary, width) of the embedding and cross-entropy tests */
@@ -241,7 +248,7 @@ enum { NTABLES = sizeof TABLES / sizeof TABLES[0] };
 
 /* n ids in [-V, V), repeats likely (the scatter-add's accumulation). */
 static int64_t *random_ids(int64_t n, int64_t V) {
-  int64_t *ids = malloc((size_t)n * sizeof *ids);
+  int64_t *ids = test_alloc((size_t)n * sizeof *ids);
   for (int64_t i = 0; i < n; i++) ids[i] = (int64_t)((frand() + 1) * (double)V) - V;
   for (int64_t i = 0; i < n; i++) ids[i] = ids[i] < -V ? -V : ids[i] >= V ? V - 1 : ids[i];
   return ids;
@@ -249,42 +256,44 @@ static int64_t *random_ids(int64_t n, int64_t V) {
 
 static void embedding_fwd(void) {
   for (int t = 0; t < NTABLES; t++) {
-    int64_t n = TABLES[t][0], V = TABLES[t][1], C = TABLES[t][2], bad = INT64_MAX, want_bad = -1;
-    float *table = rand_array(V * C, 1), *out = zeros(n * C), *want = zeros(n * C);
+    int64_t n = TABLES[t][0], V = TABLES[t][1], C = TABLES[t][2], want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
+    float *table = test_rand(V * C, 1), *out = zeros(n * C), *want = zeros(n * C);
     int64_t *ids = random_ids(n, V);
     if (tp_embedding_f32(table, ids, n, V, C, want, &want_bad) != TP_KERNEL_OK) fail("tp_embedding_f32");
-    tp_cuda_launch_embedding_f32(table, ids, n, V, C, out, &bad, NULL);
+    tp_cuda_launch_embedding_f32(table, ids, n, V, C, out, bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
     check_close(what, out, want, n * C, EXACT);
-    if (bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)bad);
+    if (*bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)*bad);
     ids[n - 1] = V, ids[n / 2] = -V - 1; /* out of range: the first one is reported */
     tp_embedding_f32(table, ids, n, V, C, want, &want_bad);
-    tp_cuda_launch_embedding_f32(table, ids, n, V, C, out, &bad, NULL);
-    if (bad != want_bad) fail("%s: bad id at %lld, cpu says %lld", what, (long long)bad, (long long)want_bad);
-    free(table), free(out), free(want), free(ids);
+    tp_cuda_launch_embedding_f32(table, ids, n, V, C, out, bad, NULL);
+    test_sync();
+    if (*bad != want_bad) fail("%s: bad id at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
+    test_free(table), test_free(out), test_free(want), test_free(ids), test_free(bad);
   }
 }
 
 static void embedding_bwd(void) {
   for (int t = 0; t < NTABLES; t++) {
-    int64_t n = TABLES[t][0], V = TABLES[t][1], C = TABLES[t][2], bad = INT64_MAX, want_bad = -1;
+    int64_t n = TABLES[t][0], V = TABLES[t][1], C = TABLES[t][2], want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
     if (V * C > 1 << 20) continue; /* the emulated zeroing of a large table is slow and tests nothing new */
-    float *dy = rand_array(n * C, 1), *dtable = rand_array(V * C, 1), *want = zeros(V * C);
+    float *dy = test_rand(n * C, 1), *dtable = test_rand(V * C, 1), *want = zeros(V * C);
     int64_t *ids = random_ids(n, V);
     TpTensor dyt = {.dtype = TP_F32, .rank = 2, .dims = {n, C}, .data = dy};
     TpTensor idt = {.dtype = TP_I64, .rank = 1, .dims = {n}, .data = ids};
     TpTensor dtt = {.dtype = TP_F32, .rank = 2, .dims = {V, C}, .data = want};
     if (tp_gather_backward(&dyt, &idt, 0, &dtt, &want_bad) != TP_KERNEL_OK) fail("tp_gather_backward");
-    tp_cuda_launch_embedding_backward_f32(dy, ids, n, V, C, dtable, &bad, NULL);
+    tp_cuda_launch_embedding_backward_f32(dy, ids, n, V, C, dtable, bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
     check_close(what, dtable, want, V * C, EXACT);
-    if (bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)bad);
+    if (*bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)*bad);
     ids[n - 1] = -V - 3;
-    tp_cuda_launch_embedding_backward_f32(dy, ids, n, V, C, dtable, &bad, NULL);
-    if (bad != n - 1) fail("%s: bad id at %lld, want %lld", what, (long long)bad, (long long)(n - 1));
-    free(dy), free(dtable), free(want), free(ids);
+    tp_cuda_launch_embedding_backward_f32(dy, ids, n, V, C, dtable, bad, NULL);
+    test_sync();
+    if (*bad != n - 1) fail("%s: bad id at %lld, want %lld", what, (long long)*bad, (long long)(n - 1));
+    test_free(dy), test_free(dtable), test_free(want), test_free(ids), test_free(bad);
   }
 }
 
@@ -297,53 +306,55 @@ static int64_t *random_targets(int64_t R, int64_t V) {
 
 static void cross_entropy_fwd(void) {
   for (int c = 0; c < NTABLES; c++) {
-    int64_t R = TABLES[c][0], V = TABLES[c][1], bad = INT64_MAX, want_bad = -1;
-    float *logits = rand_array(R * V, 10), loss = 0, want = 0;
+    int64_t R = TABLES[c][0], V = TABLES[c][1], want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
+    float *logits = test_rand(R * V, 10), *loss = test_alloc(sizeof *loss), want = 0;
     int64_t *targets = random_targets(R, V);
-    double *row_loss = calloc((size_t)R, sizeof *row_loss);
+    double *row_loss = test_alloc((size_t)R * sizeof *row_loss);
     if (tp_cross_entropy_f32(logits, targets, R, V, (float)R, &want, &want_bad) != TP_KERNEL_OK)
       fail("tp_cross_entropy_f32");
-    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, (float)R, &loss, row_loss, &bad, NULL);
+    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, (float)R, loss, row_loss, bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "R=%lld V=%lld", (long long)R, (long long)V);
     /* the rows' sums of exp in float against the CPU's in double: ROW */
-    check_close(what, &loss, &want, 1, ROW);
-    if (bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)bad);
+    check_close(what, loss, &want, 1, ROW);
+    if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
     targets[R - 1] = V, targets[R / 2] = -1;
     tp_cross_entropy_f32(logits, targets, R, V, (float)R, &want, &want_bad);
-    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, (float)R, &loss, row_loss, &bad, NULL);
-    if (bad != want_bad) fail("%s: bad target at %lld, cpu says %lld", what, (long long)bad, (long long)want_bad);
-    free(logits), free(targets), free(row_loss);
+    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, (float)R, loss, row_loss, bad, NULL);
+    test_sync();
+    if (*bad != want_bad) fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
+    test_free(logits), test_free(targets), test_free(row_loss), test_free(loss), test_free(bad);
   }
 }
 
 static void cross_entropy_bwd(void) {
   for (int c = 0; c < NTABLES; c++) {
-    int64_t R = TABLES[c][0], V = TABLES[c][1], bad = INT64_MAX, want_bad = -1;
-    float *logits = rand_array(R * V, 10), *d = zeros(R * V), *want = zeros(R * V), dloss = 0.75f;
+    int64_t R = TABLES[c][0], V = TABLES[c][1], want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
+    float *logits = test_rand(R * V, 10), *d = zeros(R * V), *want = zeros(R * V), *dloss = test_alloc(sizeof *dloss);
     int64_t *targets = random_targets(R, V);
-    if (tp_cross_entropy_backward_f32(dloss, logits, targets, R, V, (float)R, want, &want_bad) != TP_KERNEL_OK)
+    *dloss = 0.75f;
+    if (tp_cross_entropy_backward_f32(*dloss, logits, targets, R, V, (float)R, want, &want_bad) != TP_KERNEL_OK)
       fail("tp_cross_entropy_backward_f32");
-    tp_cuda_launch_cross_entropy_backward_f32(&dloss, logits, targets, R, V, (float)R, d, &bad, NULL);
+    tp_cuda_launch_cross_entropy_backward_f32(dloss, logits, targets, R, V, (float)R, d, bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "R=%lld V=%lld", (long long)R, (long long)V);
     check_close(what, d, want, R * V, ROW);
-    if (bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)bad);
-    free(logits), free(d), free(want), free(targets);
+    if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
+    test_free(logits), test_free(d), test_free(want), test_free(targets), test_free(dloss), test_free(bad);
   }
 }
 
 static void adamw(void) {
   for (int l = 0; l < NLENGTHS; l++) {
     int64_t n = LENGTHS[l];
-    float *w = rand_array(n, 1), *m = zeros(n), *v = zeros(n);
-    float *ww = malloc((size_t)n * sizeof *ww), *wm = zeros(n), *wv = zeros(n);
+    float *w = test_rand(n, 1), *m = zeros(n), *v = zeros(n);
+    float *ww = test_alloc((size_t)n * sizeof *ww), *wm = zeros(n), *wv = zeros(n);
     memcpy(ww, w, (size_t)n * sizeof *w);
     for (int64_t step = 1; step <= 3; step++) { /* the bias corrections change with the step */
-      float *g = rand_array(n, 1);
+      float *g = test_rand(n, 1);
       tp_adamw_step(ww, g, wm, wv, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
       tp_cuda_launch_adamw_step(w, g, m, v, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, NULL);
-      free(g);
+      test_free(g);
     }
     char what[64];
     snprintf(what, sizeof what, "w n=%lld", (long long)n);
@@ -352,7 +363,7 @@ static void adamw(void) {
     check_close(what, m, wm, n, EXACT);
     snprintf(what, sizeof what, "v n=%lld", (long long)n);
     check_close(what, v, wv, n, EXACT);
-    free(w), free(m), free(v), free(ww), free(wm), free(wv);
+    test_free(w), test_free(m), test_free(v), test_free(ww), test_free(wm), test_free(wv);
   }
 }
 
@@ -360,26 +371,30 @@ static void sum_squares(void) {
   const int64_t lengths[] = {0, 1, 63, 64, 65, 4099, 100003};
   for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++) {
     int64_t n = lengths[l];
-    float *x = rand_array(n, 3);
-    double sum = -1, partial[TP_CUDA_SUM_PIECES], want = tp_sum_squares_f32(x, n);
-    tp_cuda_launch_sum_squares_f32(x, n, &sum, partial, NULL);
-    if (!(fabs(sum - want) <= SUM.rtol * fabs(want)))
-      fail("n=%lld: sum of squares %.17g, cpu %.17g", (long long)n, sum, want);
-    free(x);
+    float *x = test_rand(n, 3);
+    double *sum = test_alloc(sizeof *sum), *partial = test_alloc(TP_CUDA_SUM_PIECES * sizeof *partial);
+    double want = tp_sum_squares_f32(x, n);
+    *sum = -1;
+    tp_cuda_launch_sum_squares_f32(x, n, sum, partial, NULL);
+    test_sync();
+    if (!(fabs(*sum - want) <= SUM.rtol * fabs(want)))
+      fail("n=%lld: sum of squares %.17g, cpu %.17g", (long long)n, *sum, want);
+    test_free(x), test_free(sum), test_free(partial);
   }
 }
 
 static void scale(void) {
   for (int l = 0; l < NLENGTHS; l++) {
     int64_t n = LENGTHS[l];
-    float *x = rand_array(n, 3), *want = malloc((size_t)n * sizeof *want), s = 0.37f;
+    float *x = test_rand(n, 3), *want = test_alloc((size_t)n * sizeof *want), *s = test_alloc(sizeof *s);
+    *s = 0.37f;
     memcpy(want, x, (size_t)n * sizeof *x);
-    tp_scale_f32(want, n, s);
-    tp_cuda_launch_scale_f32(x, n, &s, NULL);
+    tp_scale_f32(want, n, *s);
+    tp_cuda_launch_scale_f32(x, n, s, NULL);
     char what[64];
     snprintf(what, sizeof what, "n=%lld", (long long)n);
     check_close(what, x, want, n, EXACT);
-    free(x), free(want);
+    test_free(x), test_free(want), test_free(s);
   }
 }
 
@@ -414,14 +429,14 @@ static void attention_fwd(void) {
       char at[64], what[96];
       attention_case(a, variant & 1, variant & 2, &cp, &gp, at, sizeof at);
       int64_t rows = gp.kv_rows ? gp.kv_rows : gp.kv_len, nq = gp.batch * gp.q_heads * gp.q_len;
-      float *q = rand_array(nq * gp.head_size, 2), *k = rand_array(gp.batch * gp.kv_heads * rows * gp.head_size, 2);
-      float *v = rand_array(gp.batch * gp.kv_heads * rows * gp.v_head_size, 1);
+      float *q = test_rand(nq * gp.head_size, 2), *k = test_rand(gp.batch * gp.kv_heads * rows * gp.head_size, 2);
+      float *v = test_rand(gp.batch * gp.kv_heads * rows * gp.v_head_size, 1);
       float *y = zeros(nq * gp.v_head_size), *want = zeros(nq * gp.v_head_size), *lse = zeros(nq);
       tp_attention_f32(&cp, q, k, v, NULL, NULL, want, NULL, NULL, NULL);
       tp_cuda_launch_attention_f32(&gp, q, k, v, y, lse, NULL);
       snprintf(what, sizeof what, "y %s", at);
       check_close(what, y, want, nq * gp.v_head_size, ROW);
-      free(q), free(k), free(v), free(y), free(want), free(lse);
+      test_free(q), test_free(k), test_free(v), test_free(y), test_free(want), test_free(lse);
     }
 }
 
@@ -434,8 +449,8 @@ static void attention_bwd(void) {
       attention_case(a, variant & 1, variant & 2, &cp, &gp, at, sizeof at);
       int64_t rows = gp.kv_rows ? gp.kv_rows : gp.kv_len, nq = gp.batch * gp.q_heads * gp.q_len;
       int64_t nk = gp.batch * gp.kv_heads * gp.kv_len, D = gp.head_size, Dv = gp.v_head_size;
-      float *q = rand_array(nq * D, 2), *k = rand_array(gp.batch * gp.kv_heads * rows * D, 2);
-      float *v = rand_array(gp.batch * gp.kv_heads * rows * Dv, 1), *dy = rand_array(nq * Dv, 1);
+      float *q = test_rand(nq * D, 2), *k = test_rand(gp.batch * gp.kv_heads * rows * D, 2);
+      float *v = test_rand(gp.batch * gp.kv_heads * rows * Dv, 1), *dy = test_rand(nq * Dv, 1);
       float *y = zeros(nq * Dv), *lse = zeros(nq), *delta = zeros(nq);
       float *dq = zeros(nq * D), *dk = zeros(nk * D), *dv = zeros(nk * Dv);
       float *want_dq = zeros(nq * D), *want_dk = zeros(nk * D), *want_dv = zeros(nk * Dv);
@@ -451,8 +466,8 @@ static void attention_bwd(void) {
       check_close(what, dk, want_dk, nk * D, tol);
       snprintf(what, sizeof what, "dv %s", at);
       check_close(what, dv, want_dv, nk * Dv, tol);
-      free(q), free(k), free(v), free(dy), free(y), free(lse), free(delta), free(dq), free(dk), free(dv);
-      free(want_dq), free(want_dk), free(want_dv);
+      test_free(q), test_free(k), test_free(v), test_free(dy), test_free(y), test_free(lse), test_free(delta), test_free(dq), test_free(dk), test_free(dv);
+      test_free(want_dq), test_free(want_dk), test_free(want_dv);
     }
 }
 

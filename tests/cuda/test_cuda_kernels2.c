@@ -33,7 +33,7 @@ static const Tolerance EXACT = {0, 0}, ROTARY = {1e-6, 0}, LIBM = {1e-6, 1e-5};
 
 /* Filled with a value no kernel computes here, so that an element left unwritten differs. */
 static float *poisoned(int64_t n) {
-  float *a = malloc((size_t)(n ? n : 1) * sizeof *a);
+  float *a = test_alloc((size_t)(n ? n : 1) * sizeof *a);
   for (int64_t i = 0; i < n; i++) a[i] = 12345.0f;
   return a;
 }
@@ -73,7 +73,7 @@ static void rotary_test(bool backward) {
     int64_t n = 1, nt = 1;
     for (int d = 0; d < rc->rank; d++) n *= rc->dims[d], nt *= rc->table_dims[d];
     for (int interleaved = 0; interleaved < 2; interleaved++) {
-      float *x = rand_array(n, 2), *cs = rand_array(nt, 1), *sn = rand_array(nt, 1);
+      float *x = test_rand(n, 2), *cs = test_rand(nt, 1), *sn = test_rand(nt, 1);
       float *got = poisoned(n), *want = poisoned(n);
       if (backward) {
         tp_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, want);
@@ -88,7 +88,7 @@ static void rotary_test(bool backward) {
       snprintf(what, sizeof what, "x %s rotary_dim %lld interleaved=%d", shape, (long long)rc->rotary_dim,
                interleaved);
       check_close(what, got, want, n, ROTARY);
-      free(x), free(cs), free(sn), free(got), free(want);
+      test_free(x), test_free(cs), test_free(sn), test_free(got), test_free(want);
     }
   }
 }
@@ -102,7 +102,7 @@ static const int64_t LENGTHS[] = {1, 31, 33, 255, 256, 257, 1000, 4099};
 static void unary_test(TpUnaryOp op, const char *name, float lo, float hi, Tolerance tol) {
   for (size_t l = 0; l < sizeof LENGTHS / sizeof *LENGTHS; l++) {
     int64_t n = LENGTHS[l];
-    float *x = rand_array(n, 1), *got = poisoned(n), *want = poisoned(n);
+    float *x = test_rand(n, 1), *got = poisoned(n), *want = poisoned(n);
     for (int64_t i = 0; i < n; i++) x[i] = lo + (x[i] + 1) / 2 * (hi - lo);
     if (n > 3) x[1] = 0, x[2] = -0.0f, x[3] = NAN; /* signed zeros and NaN as the CPU treats them */
     TpTensor xt = view(TP_F32, 1, &n, x), yt = view(TP_F32, 1, &n, want);
@@ -111,7 +111,7 @@ static void unary_test(TpUnaryOp op, const char *name, float lo, float hi, Toler
     char what[64];
     snprintf(what, sizeof what, "%s n=%lld", name, (long long)n);
     check_close(what, got, want, n, tol);
-    free(x), free(got), free(want);
+    test_free(x), test_free(got), test_free(want);
   }
 }
 
@@ -175,7 +175,7 @@ static void binary_test(TpBinaryOp op, const char *name, Tolerance tol) {
     int64_t yd[6];
     int ry = broadcast_dims(bc, yd);
     int64_t na = numel(bc->ra, bc->a), nb = numel(bc->rb, bc->b), ny = numel(ry, yd);
-    float *a = rand_array(na, 3), *b = rand_array(nb, 3), *got = poisoned(ny), *want = poisoned(ny);
+    float *a = test_rand(na, 3), *b = test_rand(nb, 3), *got = poisoned(ny), *want = poisoned(ny);
     if (op == TP_BINARY_POW)
       for (int64_t i = 0; i < na; i++) a[i] = fabsf(a[i]) + 0.1f; /* a real power */
     if (na > 2) a[2] = NAN; /* Max and Min propagate it */
@@ -191,7 +191,7 @@ static void binary_test(TpBinaryOp op, const char *name, Tolerance tol) {
     dims_text(sa, sizeof sa, bc->ra, bc->a), dims_text(sb, sizeof sb, bc->rb, bc->b);
     snprintf(what, sizeof what, "%s %s %s", name, sa, sb);
     check_close(what, got, want, ny, tol);
-    free(a), free(b), free(got), free(want);
+    test_free(a), test_free(b), test_free(got), test_free(want);
   }
 }
 
@@ -215,9 +215,9 @@ static void where_fwd(void) {
     int ry = broadcast_dims(bc, yd);
     /* cond shaped as a, a shaped as b, b as the result: three ways of broadcasting */
     int64_t nc = numel(bc->ra, bc->a), na = numel(bc->rb, bc->b), ny = numel(ry, yd);
-    bool *cond = malloc((size_t)nc);
+    bool *cond = test_alloc((size_t)nc);
     for (int64_t i = 0; i < nc; i++) cond[i] = frand() > 0;
-    float *a = rand_array(na, 3), *b = rand_array(ny, 3), *got = poisoned(ny), *want = poisoned(ny);
+    float *a = test_rand(na, 3), *b = test_rand(ny, 3), *got = poisoned(ny), *want = poisoned(ny);
     TpTensor ct = view(TP_BOOL, bc->ra, bc->a, cond), at = view(TP_F32, bc->rb, bc->b, a);
     TpTensor bt = view(TP_F32, ry, yd, b), wt = view(TP_F32, ry, yd, want), gt = view(TP_F32, ry, yd, got);
     if (tp_where(&ct, &at, &bt, &wt) != TP_KERNEL_OK) fail("Where case %d: the CPU kernel refused it", c);
@@ -229,7 +229,7 @@ static void where_fwd(void) {
     char what[64];
     snprintf(what, sizeof what, "Where case %d", c);
     check_close(what, got, want, ny, EXACT);
-    free(cond), free(a), free(b), free(got), free(want);
+    test_free(cond), test_free(a), test_free(b), test_free(got), test_free(want);
   }
 }
 
@@ -261,7 +261,7 @@ static void reduce_test(bool mean) {
       if (a < rc->naxes && rc->axes[a] == d) a++;
       else nout *= rc->dims[d];
     }
-    float *x = rand_array(n, 3), *got = poisoned(nout), *want = poisoned(nout);
+    float *x = test_rand(n, 3), *got = poisoned(nout), *want = poisoned(nout);
     TpTensor xt = view(TP_F32, rc->rank, rc->dims, x), yt = view(TP_F32, 1, &nout, want);
     if (tp_reduce_sum(&xt, rc->axes, rc->naxes, mean, &yt) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
     if (!tp_cuda_launch_reduce_sum_f32(&xt, rc->axes, rc->naxes, mean, got, NULL)) fail("case %zu: the launcher refused it", c);
@@ -269,7 +269,7 @@ static void reduce_test(bool mean) {
     dims_text(shape, sizeof shape, rc->rank, rc->dims);
     snprintf(what, sizeof what, "x %s naxes %d mean=%d", shape, rc->naxes, mean);
     check_close(what, got, want, nout, EXACT);
-    free(x), free(got), free(want);
+    test_free(x), test_free(got), test_free(want);
   }
   float x[6] = {0}, y = 0;
   int64_t dims[2] = {2, 3}, unsorted[2] = {1, 0};
@@ -284,14 +284,14 @@ static void reduce_mean(void) { reduce_test(true); }
 static void reshape_fwd(void) {
   for (size_t l = 0; l < sizeof LENGTHS / sizeof *LENGTHS; l++) {
     int64_t n = LENGTHS[l], dims2[2] = {1, n};
-    float *x = rand_array(n, 1), *got = poisoned(n), *want = poisoned(n);
+    float *x = test_rand(n, 1), *got = poisoned(n), *want = poisoned(n);
     TpTensor xt = view(TP_F32, 1, &n, x), yt = view(TP_F32, 2, dims2, want);
     if (tp_reshape(&xt, &yt) != TP_KERNEL_OK) fail("n=%lld: the CPU kernel refused it", (long long)n);
     tp_cuda_launch_copy_f32(x, n, got, NULL);
     char what[32];
     snprintf(what, sizeof what, "n=%lld", (long long)n);
     check_close(what, got, want, n, EXACT);
-    free(x), free(got), free(want);
+    test_free(x), test_free(got), test_free(want);
   }
 }
 
@@ -301,7 +301,7 @@ static void expand_fwd(void) {
     int64_t yd[6];
     int ry = broadcast_dims(bc, yd);
     int64_t nx = numel(bc->ra, bc->a), ny = numel(ry, yd);
-    float *x = rand_array(nx, 1), *got = poisoned(ny), *want = poisoned(ny);
+    float *x = test_rand(nx, 1), *got = poisoned(ny), *want = poisoned(ny);
     TpTensor xt = view(TP_F32, bc->ra, bc->a, x), wt = view(TP_F32, ry, yd, want), gt = view(TP_F32, ry, yd, got);
     if (tp_expand(&xt, &wt) != TP_KERNEL_OK) fail("case %d: the CPU kernel refused it", c);
     TpIter it;
@@ -311,7 +311,7 @@ static void expand_fwd(void) {
     char what[32];
     snprintf(what, sizeof what, "Expand case %d", c);
     check_close(what, got, want, ny, EXACT);
-    free(x), free(got), free(want);
+    test_free(x), test_free(got), test_free(want);
   }
 }
 
@@ -334,7 +334,7 @@ static void transpose_fwd(void) {
     const TransposeCase *tc = &TRANSPOSE_CASES[c];
     int64_t yd[6], n = numel(tc->rank, tc->dims);
     for (int d = 0; d < tc->rank; d++) yd[d] = tc->dims[tc->perm[d]];
-    float *x = rand_array(n, 1), *got = poisoned(n), *want = poisoned(n);
+    float *x = test_rand(n, 1), *got = poisoned(n), *want = poisoned(n);
     TpTensor xt = view(TP_F32, tc->rank, tc->dims, x), wt = view(TP_F32, tc->rank, yd, want);
     TpTensor gt = view(TP_F32, tc->rank, yd, got);
     if (tp_transpose(&xt, tc->perm, &wt) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
@@ -343,7 +343,7 @@ static void transpose_fwd(void) {
     dims_text(shape, sizeof shape, tc->rank, tc->dims);
     snprintf(what, sizeof what, "Transpose x %s", shape);
     check_close(what, got, want, n, EXACT);
-    free(x), free(got), free(want);
+    test_free(x), test_free(got), test_free(want);
   }
   float x[6] = {0}, y[6];
   int64_t dims[2] = {2, 3}, twice[2] = {0, 0};
@@ -369,7 +369,7 @@ static void slice_test(bool backward) {
   for (size_t c = 0; c < sizeof SLICE_CASES / sizeof *SLICE_CASES; c++) {
     const SliceCase *sc = &SLICE_CASES[c];
     int64_t nx = numel(sc->rank, sc->x), ny = numel(sc->rank, sc->y), nout = backward ? nx : ny;
-    float *in = rand_array(backward ? ny : nx, 1), *got = poisoned(nout), *want = poisoned(nout);
+    float *in = test_rand(backward ? ny : nx, 1), *got = poisoned(nout), *want = poisoned(nout);
     TpTensor xt = view(TP_F32, sc->rank, sc->x, backward ? want : in), yt = view(TP_F32, sc->rank, sc->y, backward ? in : want);
     TpTensor gx = view(TP_F32, sc->rank, sc->x, got), gy = view(TP_F32, sc->rank, sc->y, got);
     TpKernelStatus st = backward ? tp_slice_backward(&yt, sc->starts, sc->steps, &xt) : tp_slice(&xt, sc->starts, sc->steps, &yt);
@@ -380,7 +380,7 @@ static void slice_test(bool backward) {
     dims_text(shape, sizeof shape, sc->rank, sc->x);
     snprintf(what, sizeof what, "Slice case %zu x %s", c, shape);
     check_close(what, got, want, nout, EXACT);
-    free(in), free(got), free(want);
+    test_free(in), test_free(got), test_free(want);
   }
 }
 
@@ -393,14 +393,14 @@ static void pieces_test(bool concat) {
   for (int axis = 0; axis < 4; axis++) {
     int64_t n = numel(4, X), along = X[axis], sizes[4] = {1, 3, 0, along - 4};
     if (along < 4) sizes[0] = along, sizes[1] = sizes[2] = sizes[3] = 0;
-    float *x = rand_array(n, 1), *bufs[2][4];
+    float *x = test_rand(n, 1), *bufs[2][4];
     TpTensor pieces[2][4];
     for (int k = 0; k < 4; k++) {
       int64_t d[4];
       memcpy(d, X, sizeof d);
       d[axis] = sizes[k];
       for (int w = 0; w < 2; w++) {
-        bufs[w][k] = concat ? rand_array(numel(4, d), 1) : poisoned(numel(4, d));
+        bufs[w][k] = concat ? test_rand(numel(4, d), 1) : poisoned(numel(4, d));
         if (concat && w) memcpy(bufs[1][k], bufs[0][k], (size_t)numel(4, d) * sizeof(float));
         pieces[w][k] = view(TP_F32, 4, d, bufs[w][k]);
       }
@@ -414,7 +414,7 @@ static void pieces_test(bool concat) {
       tp_cuda_launch_concat_f32(pieces[1], 4, axis, &gt, NULL);
       snprintf(what, sizeof what, "Concat axis %d", axis);
       check_close(what, got, want, n, EXACT);
-      free(got), free(want);
+      test_free(got), test_free(want);
     } else {
       TpTensor xt = view(TP_F32, 4, X, x);
       if (tp_split(&xt, axis, pieces[0], 4) != TP_KERNEL_OK) fail("axis %d: the CPU kernel refused it", axis);
@@ -424,8 +424,8 @@ static void pieces_test(bool concat) {
         check_close(what, bufs[1][k], bufs[0][k], tp_tensor_numel(&pieces[0][k]), EXACT);
       }
     }
-    for (int k = 0; k < 4; k++) free(bufs[0][k]), free(bufs[1][k]);
-    free(x);
+    for (int k = 0; k < 4; k++) test_free(bufs[0][k]), test_free(bufs[1][k]);
+    test_free(x);
   }
 }
 
@@ -440,14 +440,14 @@ static void context_append(void) {
   for (size_t c = 0; c < sizeof CASES / sizeof *CASES; c++) {
     const int64_t *p = CASES[c];
     int64_t dims[4] = {p[0], p[1], p[2], p[3]}, n = numel(4, dims), nbuf = p[0] * p[1] * p[5] * p[3];
-    float *x = rand_array(n, 1), *got = poisoned(nbuf), *want = poisoned(nbuf);
+    float *x = test_rand(n, 1), *got = poisoned(nbuf), *want = poisoned(nbuf);
     TpTensor xt = view(TP_F32, 4, dims, x);
     if (tp_context_append(&xt, 2, p[4], p[5], want) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
     tp_cuda_launch_context_append_f32(&xt, 2, p[4], p[5], got, NULL);
     char what[64];
     snprintf(what, sizeof what, "T=%lld at %lld of %lld rows", (long long)p[2], (long long)p[4], (long long)p[5]);
     check_close(what, got, want, nbuf, EXACT); /* the rows around the slice stay as they were */
-    free(x), free(got), free(want);
+    test_free(x), test_free(got), test_free(want);
   }
 }
 
