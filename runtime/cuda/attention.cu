@@ -23,9 +23,15 @@
 
 enum { ROW_THREADS = 8, MAX_HEAD_SIZE = 256 };
 
-/* The tiles of a kernel for head sizes up to DMAX: ROWS rows of DMAX floats are 8 KiB,
- * so the four tiles a kernel stages stay under the 48 KiB of static shared memory a
- * block may have (at most 32 rows: 256 threads). */
+/* The tiles of a kernel for head sizes up to DMAX (64, 128, 256): ROWS rows of DMAX floats
+ * are 8 KiB, so the four tiles a kernel stages (Q, K, V, dY) and its scores stay under the
+ * 48 KiB of static shared memory a block may have (the emulation has no dynamic shared
+ * memory); at most 32 rows: 256 threads. fp32 attention runs on the CUDA cores (no fp32
+ * tensor-core path), so the tiles are sized for occupancy: nvcc --resource-usage gives
+ * 24-42 KB of shared memory and 48-139 registers per thread, no spills, so an H100/H200
+ * SM (228 KB shared, 64K registers) holds 4 forward blocks of 256 threads for D <= 64.
+ * Key tiles are as long as query tiles: a causal query tile reads at most one key tile
+ * past its diagonal. */
 template <int DMAX> struct Tile {
   static constexpr int ROWS = 2048 / DMAX < 32 ? 2048 / DMAX : 32;
   static constexpr int THREADS = ROWS * ROW_THREADS;
@@ -84,8 +90,33 @@ __device__ float score(const TpAttention &p, int64_t b, int64_t h, int64_t i, in
   return s;
 }
 
-/* The query tile of block x: the last tiles first (causal tiles further down see more keys). */
-__device__ __forceinline__ int64_t query_tile(void) { return (int64_t)gridDim.x - 1 - blockIdx.x; }
+/* A block's tile of query rows (grid (query tiles, q_heads, batch), the last tiles first:
+ * causal tiles further down see more keys) and the calling thread's place in it: row r
+ * (query i, keys [first, end) of `total`), thread t of the row; the tile's rows see keys
+ * [lo, hi). */
+struct QueryTile {
+  int64_t b, h, g, i0, n, i, first, end, lo, hi;
+  int r, t;
+};
+template <int R> __device__ QueryTile query_tile(const TpAttention &p, int64_t total) {
+  QueryTile q;
+  q.b = blockIdx.z, q.h = blockIdx.y, q.g = q.h / (p.q_heads / p.kv_heads);
+  q.i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * R, q.n = p.q_len - q.i0 < R ? p.q_len - q.i0 : R;
+  q.r = threadIdx.x / ROW_THREADS, q.t = threadIdx.x % ROW_THREADS, q.i = q.i0 + q.r;
+  q.first = q.end = 0;
+  if (q.r < q.n) tp_attention_key_range(&p, q.i, total, &q.first, &q.end);
+  tp_attention_block_keys(&p, q.i0, q.i0 + q.n, total, &q.lo, &q.hi);
+  return q;
+}
+
+/* Keys (and values) [j0, j0 + *nk) of a query tile's [lo, hi) into the shared tiles. */
+template <int DMAX>
+__device__ void load_keys(float (*ks)[Tile<DMAX>::LD], float (*vs)[Tile<DMAX>::LD], Rows k, Rows v,
+                          const QueryTile &q, int64_t j0, int64_t *nk) {
+  *nk = q.hi - j0 < Tile<DMAX>::ROWS ? q.hi - j0 : Tile<DMAX>::ROWS;
+  load_tile<DMAX>(ks, k, q.b, q.g, j0, *nk);
+  load_tile<DMAX>(vs, v, q.b, q.g, j0, *nk);
+}
 
 /* grid (query tiles, q_heads, batch). y (or NULL) as tp_attention_f32's; with lse: the
  * statistics pass of the backward, writing each row's log-sum-exp of its scores (+inf for
@@ -96,23 +127,18 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
                              float *lse, float *delta) {
   constexpr int R = Tile<DMAX>::ROWS, C = Tile<DMAX>::COLS, LD = Tile<DMAX>::LD;
   __shared__ float qs[R][LD], ks[R][LD], vs[R][LD], ss[R][R + 1];
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.q_heads / p.kv_heads), D = p.head_size;
-  const int64_t Dv = p.v_head_size, i0 = query_tile() * R, n = p.q_len - i0 < R ? p.q_len - i0 : R;
-  const int r = threadIdx.x / ROW_THREADS, t = threadIdx.x % ROW_THREADS;
-  const int64_t i = i0 + r;
-  int64_t first = 0, end = 0, lo, hi;
-  if (r < n) tp_attention_key_range(&p, i, total, &first, &end);
-  tp_attention_block_keys(&p, i0, i0 + n, total, &lo, &hi);
-  load_tile<DMAX>(qs, q, b, h, i0, n);
+  const QueryTile tile = query_tile<R>(p, total);
+  const int64_t b = tile.b, h = tile.h, i = tile.i, n = tile.n, D = p.head_size, Dv = p.v_head_size;
+  const int r = tile.r, t = tile.t;
+  load_tile<DMAX>(qs, q, b, h, tile.i0, n);
 
   float m = -INFINITY, l = 0, acc[C] = {0}, unused;
-  for (int64_t j0 = lo; j0 < hi; j0 += R) {
-    int64_t nk = hi - j0 < R ? hi - j0 : R;
-    load_tile<DMAX>(ks, k, b, g, j0, nk);
-    load_tile<DMAX>(vs, v, b, g, j0, nk);
+  for (int64_t j0 = tile.lo, nk; j0 < tile.hi; j0 += R) {
+    load_keys<DMAX>(ks, vs, k, v, tile, j0, &nk);
     __syncthreads();
     for (int jj = t; jj < nk; jj += ROW_THREADS)
-      ss[r][jj] = r < n ? score(p, b, h, i, j0 + jj, dot(qs[r], ks[jj], D), first, end, &unused) : -INFINITY;
+      ss[r][jj] = r < n ? score(p, b, h, i, j0 + jj, dot(qs[r], ks[jj], D), tile.first, tile.end, &unused)
+                        : -INFINITY;
     __syncthreads();
     float m_new = m;
     for (int jj = 0; jj < nk; jj++) m_new = fmaxf(m_new, ss[r][jj]);
@@ -170,26 +196,20 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
                         float *dq) {
   constexpr int R = Tile<DMAX>::ROWS, C = Tile<DMAX>::COLS, LD = Tile<DMAX>::LD;
   __shared__ float qs[R][LD], dys[R][LD], ks[R][LD], vs[R][LD], dss[R][R + 1];
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.q_heads / p.kv_heads), T = p.kv_len;
-  const int64_t i0 = query_tile() * R, n = p.q_len - i0 < R ? p.q_len - i0 : R;
-  const int r = threadIdx.x / ROW_THREADS, t = threadIdx.x % ROW_THREADS;
-  const int64_t i = i0 + r, row = (b * p.q_heads + h) * p.q_len + i;
-  int64_t first = 0, end = 0, lo, hi;
-  if (r < n) tp_attention_key_range(&p, i, T, &first, &end);
-  tp_attention_block_keys(&p, i0, i0 + n, T, &lo, &hi);
+  const QueryTile tile = query_tile<R>(p, p.kv_len);
+  const int64_t b = tile.b, h = tile.h, i = tile.i, n = tile.n, row = (b * p.q_heads + h) * p.q_len + i;
+  const int r = tile.r, t = tile.t;
   const float li = r < n ? lse[row] : INFINITY, di = r < n ? delta[row] : 0;
-  load_tile<DMAX>(qs, q, b, h, i0, n);
-  load_tile<DMAX>(dys, dy, b, h, i0, n);
+  load_tile<DMAX>(qs, q, b, h, tile.i0, n);
+  load_tile<DMAX>(dys, dy, b, h, tile.i0, n);
 
   float acc[C] = {0}, unused;
-  for (int64_t j0 = lo; j0 < hi; j0 += R) {
-    int64_t nk = hi - j0 < R ? hi - j0 : R;
-    load_tile<DMAX>(ks, k, b, g, j0, nk);
-    load_tile<DMAX>(vs, v, b, g, j0, nk);
+  for (int64_t j0 = tile.lo, nk; j0 < tile.hi; j0 += R) {
+    load_keys<DMAX>(ks, vs, k, v, tile, j0, &nk);
     __syncthreads();
     for (int jj = t; jj < nk; jj += ROW_THREADS)
-      dss[r][jj] = r < n ? score_gradient(p, b, h, i, j0 + jj, qs[r], ks[jj], dys[r], vs[jj], first, end, li, di,
-                                          &unused)
+      dss[r][jj] = r < n ? score_gradient(p, b, h, i, j0 + jj, qs[r], ks[jj], dys[r], vs[jj], tile.first, tile.end,
+                                          li, di, &unused)
                          : 0.0f;
     __syncthreads();
     for (int jj = 0; jj < nk; jj++)
