@@ -5,8 +5,10 @@
  * TpAttention at a length that is no multiple of the kernels' tiles (32 rows for head
  * sizes <= 64, 16 for <= 128, 8 for <= 256): grouped and multi-query heads, packed, a
  * token slice (causal_offset) reading its keys from a longer context buffer (kv_rows),
- * window, softcap, bool and f32 masks broadcast over some dims, past keys (forward only:
- * the CPU backward takes none), rows that see no key, head sizes 1, 64, 80, 128, 256.
+ * window (within one key tile and across several), softcap, bool and f32 masks broadcast
+ * over some dims or none, past keys (forward only: the CPU backward takes none), with and
+ * without present outputs, rows that see no key, no keys at all, NULL gradients, head
+ * sizes 1, 8, 64, 80, 128, 256 and a V head size unlike K's.
  * Outputs start as NaN, so an element the kernel should write but skips fails. Each test
  * prints its worst absolute error.
  *
@@ -70,6 +72,14 @@ static const Case PAST_SCRATCH = {1, 2, 1, 4, 4, 0, 5, 16, 16, .causal = true};
 static const Case D128 = {1, 2, 1, 21, 21, 0, 0, 128, 128, .causal = true};
 static const Case D256 = {1, 2, 2, 11, 11, 0, 0, 256, 256, .causal = true};
 static const Case DV_DIFFERS = {1, 2, 1, 9, 9, 0, 0, 72, 33, .causal = false};
+/* a full f32 mask [B, q_heads, q_len, 9] (no broadcast) and a bool one [q_len, 10] over
+ * batch and heads of grouped heads, causal */
+static const Case F32_MASK_FULL = {1, 2, 1, 7, 9, 0, 0, 8, 8, .mask = F32_MASK, .mask_rank = 4,
+                                   .mask_dims = {1, 2, 7, 9}};
+static const Case BOOL_MASK_ROWS = {2, 4, 2, 10, 10, 0, 0, 8, 8, .causal = true, .mask = BOOL_MASK,
+                                    .mask_rank = 2, .mask_dims = {10, 10}};
+/* a window of 40 over 100 rows: tiles of 32 skip the key tiles before the window too */
+static const Case LONG_WINDOW = {1, 1, 1, 100, 100, 0, 0, 8, 8, .causal = true, .window = 40};
 static const Case NO_KEYS_AT_ALL = {1, 2, 1, 3, 0, 0, 0, 8, 8, .causal = false};
 
 /* n floats set to NaN: an output before the kernel must overwrite it. */
@@ -115,7 +125,7 @@ static Inputs make_inputs(const Case *c) {
     if (c->mask == BOOL_MASK) {
       unsigned char *m = test_alloc((size_t)n);
       for (int64_t e = 0; e < n; e++) m[e] = frand() > -0.6f; /* 80% attend */
-      if (c->mask_dims[0] > 1) /* row 3 of batch 1 sees nothing */
+      if (c->mask_rank == 4 && c->mask_dims[0] > 1) /* row 3 of batch 1 sees nothing */
         memset(m + (c->mask_dims[2] + 3) * c->mask_dims[3], 0, (size_t)c->mask_dims[3]);
       in.mask = m;
     } else {
@@ -183,6 +193,26 @@ static void backward(const Case *c) {
   free_inputs(&in);
 }
 
+/* A NULL gradient is skipped, the others still written: dk alone, then dq alone. */
+static void null_gradients(void) {
+  Inputs in = make_inputs(&GQA_CAUSAL);
+  const Case *c = &GQA_CAUSAL;
+  TpStream *s = tp_cuda_stream_new();
+  float *dq = nans(in.nq * c->D), *dk = nans(in.nk * c->D);
+  float *want_dq = nans(in.nq * c->D), *want_dk = nans(in.nk * c->D);
+  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, want_dq, want_dk, NULL);
+  if (tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, dk, NULL, s) != TP_KERNEL_OK ||
+      tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, dq, NULL, NULL, s) != TP_KERNEL_OK)
+    fail("tp_cuda_attention_backward_f32 refused NULL gradients");
+  test_sync();
+  tp_cuda_stream_sync(s);
+  compare("dk alone", dk, want_dk, in.nk * c->D);
+  compare("dq alone", dq, want_dq, in.nq * c->D);
+  tp_cuda_stream_free(s);
+  free(dq), free(dk), free(want_dq), free(want_dk);
+  free_inputs(&in);
+}
+
 /* The entry points refuse what they do not implement: qk_out (it would need the scores
  * the fused kernel never stores), head sizes over 256, a backward with past keys. */
 static void refusals(void) {
@@ -220,6 +250,9 @@ CASE_TESTS(no_key, NO_KEY)
 CASE_TESTS(d128, D128)
 CASE_TESTS(d256, D256)
 CASE_TESTS(dv_differs, DV_DIFFERS)
+CASE_TESTS(f32_mask_full, F32_MASK_FULL)
+CASE_TESTS(bool_mask_rows, BOOL_MASK_ROWS)
+CASE_TESTS(long_window, LONG_WINDOW)
 CASE_TESTS(no_keys_at_all, NO_KEYS_AT_ALL)
 static void past_fwd(void) { forward(&PAST); }
 static void past_scratch_fwd(void) { forward(&PAST_SCRATCH); }
@@ -252,10 +285,17 @@ static const CudaTest TESTS[] = {
     {"attention_d256_bwd", d256_bwd},
     {"attention_dv_differs_fwd", dv_differs_fwd},
     {"attention_dv_differs_bwd", dv_differs_bwd},
+    {"attention_f32_mask_full_fwd", f32_mask_full_fwd},
+    {"attention_f32_mask_full_bwd", f32_mask_full_bwd},
+    {"attention_bool_mask_rows_fwd", bool_mask_rows_fwd},
+    {"attention_bool_mask_rows_bwd", bool_mask_rows_bwd},
+    {"attention_long_window_fwd", long_window_fwd},
+    {"attention_long_window_bwd", long_window_bwd},
     {"attention_no_keys_at_all_fwd", no_keys_at_all_fwd},
     {"attention_no_keys_at_all_bwd", no_keys_at_all_bwd},
     {"attention_past_fwd", past_fwd},
     {"attention_past_scratch_fwd", past_scratch_fwd},
+    {"attention_null_gradients_bwd", null_gradients},
     {"attention_refusals", refusals},
 };
 
