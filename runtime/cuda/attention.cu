@@ -30,8 +30,8 @@ enum { ROW_THREADS = 8, MAX_HEAD_SIZE = 256 };
  * tensor-core path), so the tiles are sized for occupancy: nvcc --resource-usage gives
  * 24-42 KB of shared memory and 48-139 registers per thread, no spills, so an H100/H200
  * SM (228 KB shared, 64K registers) holds 4 forward blocks of 256 threads for D <= 64.
- * Key tiles are as long as query tiles: a causal query tile reads at most one key tile
- * past its diagonal. */
+ * Key tiles are as long as query tiles, so the masked-out triangle a causal query tile
+ * still computes is at most its diagonal tile's half. */
 template <int DMAX> struct Tile {
   static constexpr int ROWS = 2048 / DMAX < 32 ? 2048 / DMAX : 32;
   static constexpr int THREADS = ROWS * ROW_THREADS;
