@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     attention_forward_kernel(TpAttention p, Rows q, Rows k, Rows v, int64_t total, float *y, const float *dy,
                              float *lse, float *delta) {
   constexpr int R = Tile<DMAX>::ROWS, C = Tile<DMAX>::COLS, LD = Tile<DMAX>::LD;
-  __shared__ float qs[R][LD], ks[R][LD], vs[R][LD], ss[R][R + 1];
+  __shared__ float qs[R][LD], ks[R][LD], vs[R][LD], ss[R][R + 1], es[R][R + 1];
   const QueryTile tile = query_tile<R>(p, total);
   const int64_t b = tile.b, h = tile.h, i = tile.i, n = tile.n, D = p.head_size, Dv = p.v_head_size;
   const int r = tile.r, t = tile.t;
@@ -140,14 +140,16 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
       ss[r][jj] = r < n ? score(p, b, h, i, j0 + jj, dot(qs[r], ks[jj], D), tile.first, tile.end, &unused)
                         : -INFINITY;
     __syncthreads();
-    float m_new = m;
+    float m_new = m; /* each thread of the row finds its maximum, then exponentiates its keys */
     for (int jj = 0; jj < nk; jj++) m_new = fmaxf(m_new, ss[r][jj]);
+    for (int jj = t; jj < nk; jj += ROW_THREADS) es[r][jj] = m_new != -INFINITY ? expf(ss[r][jj] - m_new) : 0.0f;
+    __syncthreads();
     if (m_new != -INFINITY) { /* else no key of the row so far has weight */
       float rescale = expf(m - m_new);
       l *= rescale;
       for (int c = 0; c < C; c++) acc[c] *= rescale;
       for (int jj = 0; jj < nk; jj++) {
-        float e = expf(ss[r][jj] - m_new);
+        float e = es[r][jj];
         l += e;
         for (int c = 0; c < C; c++) acc[c] += e * vs[jj][t + ROW_THREADS * c];
       }
