@@ -28,7 +28,7 @@ enum { ROW_THREADS = 8, MAX_HEAD_SIZE = 256 };
  * 48 KiB of static shared memory a block may have (the emulation has no dynamic shared
  * memory); at most 32 rows: 256 threads. fp32 attention runs on the CUDA cores (no fp32
  * tensor-core path), so the tiles are sized for occupancy: nvcc --resource-usage gives
- * 24-42 KB of shared memory and 48-139 registers per thread, no spills, so an H100/H200
+ * 25-42 KB of shared memory and 54-139 registers per thread, no spills, so an H100/H200
  * SM (228 KB shared, 64K registers) holds 4 forward blocks of 256 threads for D <= 64.
  * Key tiles are as long as query tiles, so the masked-out triangle a causal query tile
  * still computes is at most its diagonal tile's half. */
