@@ -81,37 +81,6 @@ void tp_cuda_launch_sum_squares_f32(const float *x, int64_t n, double *sum, doub
 /* tp_scale_f32 with the factor on the device (the clipping factor computed there). */
 void tp_cuda_launch_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream);
 
-/* ---- attention.cu ----
- * Causal (or full) scaled dot-product attention as tp_attention_f32 computes it, for the
- * cases without past keys, mask, softcap or window: grouped K/V heads (query head h reads
- * kv head h / (q_heads / kv_heads)), the keys of a token slice read in place from a
- * context buffer of kv_rows rows per (batch, kv head), and the slice's causal offset
- * (query i sees key j iff j <= i + causal_offset). Fused: one warp per query row runs an
- * online softmax over the keys the row sees (the scores are never stored; keys past the
- * causal bound are never read). D and Dv at most TP_CUDA_ATTENTION_MAX_D. */
-enum { TP_CUDA_ATTENTION_MAX_D = 256 };
-typedef struct {
-  int64_t batch, q_heads, kv_heads;
-  int64_t q_len, kv_len, kv_rows; /* kv_rows >= kv_len, 0: kv_len */
-  int64_t head_size, v_head_size;
-  bool packed; /* true: [B, S, heads*D]; false: [B, heads, S, D] */
-  bool is_causal;
-  int64_t causal_offset;
-  float scale;
-} TpCudaAttention;
-/* q (B, q_heads, q_len, D), k (.., kv_rows, D), v (.., kv_rows, Dv), y (B, q_heads, q_len,
- * Dv) or packed; lse (B, q_heads, q_len): each row's log-sum-exp of its scores, for the
- * backward (-inf for a row that sees no key, whose y is 0). */
-void tp_cuda_launch_attention_f32(const TpCudaAttention *p, const float *q, const float *k, const float *v, float *y,
-                           float *lse, TpCudaStream stream);
-/* tp_attention_backward_f32 from the forward's y and lse: dq like q, dk and dv dense
- * (B, kv_heads, kv_len, D or Dv) or packed; delta (B, q_heads, q_len) is scratch. dq by
- * query rows, then dk and dv by key rows (each key row sums over its group's query heads
- * and the rows that see it, in order: deterministic, no atomics). */
-void tp_cuda_launch_attention_backward_f32(const TpCudaAttention *p, const float *dy, const float *q, const float *k,
-                                    const float *v, const float *y, const float *lse, float *dq, float *dk,
-                                    float *dv, float *delta, TpCudaStream stream);
-
 /* ---- rotary.cu, elementwise.cu, reduce.cu (layout.cu below): the ops plans keep around the kernels above ---- */
 #include "../cpu/elementwise.h" /* TpTensor, TpIter, TpUnaryOp, TpBinaryOp */
 

@@ -398,79 +398,6 @@ static void scale(void) {
   }
 }
 
-/* Attention shapes: {batch, q_heads, kv_heads, q_len, kv_len, kv_rows, D, Dv, causal_offset}:
- * one of everything; a token slice of 5 queries at row 8 of 13 keys read from a context
- * buffer of 16 rows, grouped heads, D not a multiple of 32; a whole sequence with D and Dv
- * over a warp's width (3 and 2 values per lane). Each causal and not, packed and not. */
-static const int64_t ATTENTION_SHAPES[][9] = {
-    {1, 1, 1, 1, 1, 0, 1, 1, 0}, {2, 4, 2, 5, 13, 16, 40, 24, 8}, {1, 2, 1, 9, 9, 0, 72, 33, 0}};
-enum { NATTENTION = sizeof ATTENTION_SHAPES / sizeof ATTENTION_SHAPES[0] };
-
-/* The CPU's and the CUDA kernels' descriptions of attention shape a, causal or not,
- * packed or not. */
-static void attention_case(int a, bool causal, bool packed, TpAttention *cpu, TpCudaAttention *gpu, char *at,
-                           size_t at_size) {
-  const int64_t *x = ATTENTION_SHAPES[a];
-  *gpu = (TpCudaAttention){.batch = x[0], .q_heads = x[1], .kv_heads = x[2], .q_len = x[3], .kv_len = x[4],
-                           .kv_rows = x[5], .head_size = x[6], .v_head_size = x[7], .packed = packed,
-                           .is_causal = causal, .causal_offset = causal ? x[8] : 0,
-                           .scale = 1 / sqrtf((float)x[6])};
-  *cpu = (TpAttention){.batch = x[0], .q_heads = x[1], .kv_heads = x[2], .q_len = x[3], .kv_len = x[4],
-                       .kv_rows = x[5], .head_size = x[6], .v_head_size = x[7], .packed = packed,
-                       .is_causal = causal, .causal_offset = gpu->causal_offset, .scale = gpu->scale};
-  snprintf(at, at_size, "shape %d causal=%d packed=%d", a, causal, packed);
-}
-
-static void attention_fwd(void) {
-  for (int a = 0; a < NATTENTION; a++)
-    for (int variant = 0; variant < 4; variant++) {
-      TpAttention cp;
-      TpCudaAttention gp;
-      char at[64], what[96];
-      attention_case(a, variant & 1, variant & 2, &cp, &gp, at, sizeof at);
-      int64_t rows = gp.kv_rows ? gp.kv_rows : gp.kv_len, nq = gp.batch * gp.q_heads * gp.q_len;
-      float *q = test_rand(nq * gp.head_size, 2), *k = test_rand(gp.batch * gp.kv_heads * rows * gp.head_size, 2);
-      float *v = test_rand(gp.batch * gp.kv_heads * rows * gp.v_head_size, 1);
-      float *y = zeros(nq * gp.v_head_size), *want = zeros(nq * gp.v_head_size), *lse = zeros(nq);
-      tp_attention_f32(&cp, q, k, v, NULL, NULL, want, NULL, NULL, NULL);
-      tp_cuda_launch_attention_f32(&gp, q, k, v, y, lse, NULL);
-      snprintf(what, sizeof what, "y %s", at);
-      check_close(what, y, want, nq * gp.v_head_size, ROW);
-      test_free(q), test_free(k), test_free(v), test_free(y), test_free(want), test_free(lse);
-    }
-}
-
-static void attention_bwd(void) {
-  for (int a = 0; a < NATTENTION; a++)
-    for (int variant = 0; variant < 4; variant++) {
-      TpAttention cp;
-      TpCudaAttention gp;
-      char at[64], what[96];
-      attention_case(a, variant & 1, variant & 2, &cp, &gp, at, sizeof at);
-      int64_t rows = gp.kv_rows ? gp.kv_rows : gp.kv_len, nq = gp.batch * gp.q_heads * gp.q_len;
-      int64_t nk = gp.batch * gp.kv_heads * gp.kv_len, D = gp.head_size, Dv = gp.v_head_size;
-      float *q = test_rand(nq * D, 2), *k = test_rand(gp.batch * gp.kv_heads * rows * D, 2);
-      float *v = test_rand(gp.batch * gp.kv_heads * rows * Dv, 1), *dy = test_rand(nq * Dv, 1);
-      float *y = zeros(nq * Dv), *lse = zeros(nq), *delta = zeros(nq);
-      float *dq = zeros(nq * D), *dk = zeros(nk * D), *dv = zeros(nk * Dv);
-      float *want_dq = zeros(nq * D), *want_dk = zeros(nk * D), *want_dv = zeros(nk * Dv);
-      tp_attention_backward_f32(&cp, dy, q, k, v, want_dq, want_dk, want_dv);
-      tp_cuda_launch_attention_f32(&gp, q, k, v, y, lse, NULL);
-      tp_cuda_launch_attention_backward_f32(&gp, dy, q, k, v, y, lse, dq, dk, dv, delta, NULL);
-      /* dk and dv: float sums over the <= 18 query rows of the group's heads that see a key,
-       * as the CPU's sgemm sums them: ROW */
-      Tolerance tol = ROW;
-      snprintf(what, sizeof what, "dq %s", at);
-      check_close(what, dq, want_dq, nq * D, ROW);
-      snprintf(what, sizeof what, "dk %s", at);
-      check_close(what, dk, want_dk, nk * D, tol);
-      snprintf(what, sizeof what, "dv %s", at);
-      check_close(what, dv, want_dv, nk * Dv, tol);
-      test_free(q), test_free(k), test_free(v), test_free(dy), test_free(y), test_free(lse), test_free(delta), test_free(dq), test_free(dk), test_free(dv);
-      test_free(want_dq), test_free(want_dk), test_free(want_dv);
-    }
-}
-
 /* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
 static const CudaTest TESTS[] = {
     {"rmsnorm_fwd", rmsnorm_fwd},
@@ -490,8 +417,6 @@ static const CudaTest TESTS[] = {
     {"adamw", adamw},
     {"sum_squares", sum_squares},
     {"scale", scale},
-    {"attention_fwd", attention_fwd},
-    {"attention_bwd", attention_bwd},
 };
 
 int main(int argc, char **argv) {

@@ -1,0 +1,312 @@
+/* The fused attention of runtime/cuda/attention.cu (ops.h's tp_cuda_attention_f32 and
+ * tp_cuda_attention_backward_f32) on the CPU through the emulation of the CUDA execution
+ * model, against tp_attention_f32 and tp_attention_backward_f32, one ctest per case and
+ * direction (`test_cuda_attention NAME_fwd` / `NAME_bwd`). Each case is one feature of
+ * TpAttention at a length that is no multiple of the kernels' tiles (32 rows for head
+ * sizes <= 64, 16 for <= 128, 8 for <= 256): grouped and multi-query heads, packed, a
+ * token slice (causal_offset) reading its keys from a longer context buffer (kv_rows),
+ * window (within one key tile and across several), softcap, bool and f32 masks broadcast
+ * over some dims or none, past keys (forward only: the CPU backward takes none), with and
+ * without present outputs, rows that see no key, no keys at all, NULL gradients, head
+ * sizes 1, 8, 64, 80, 128, 256 and a V head size unlike K's.
+ * Outputs start as NaN, so an element the kernel should write but skips fails. Each test
+ * prints its worst absolute error.
+ *
+ * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element (ATTENTION = (5e-6, 1e-5)):
+ * inputs are in [-1, 1) (q scaled by 2). y is a convex combination of rows of v, summed
+ * online (rescaled when a row's maximum grows) against the CPU's softmax then sgemm; the
+ * gradients sum <= 2 heads * 41 rows of terms of magnitude <= ~2 in another order than
+ * the CPU's (double dot products, sgemm's blocking; delta as dy . y rather than
+ * sum P dP) and the softcap's tanhf differs from the CPU's by an ulp or two. Each sum
+ * errs by a few ulp of its largest partial sum (<= ~40), so under 5e-6 absolute (the
+ * worst measured: 1.2e-6, dv of gqa_causal) and 1e-5 relative. The copies into
+ * present_k/present_v are EXACT. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "compare.h"
+#include "cpu/nn.h"
+#include "cpu/nn_backward.h"
+#include "cuda/ops.h"
+
+static const Tolerance ATTENTION = {5e-6, 1e-5};
+
+enum MaskKind { NO_MASK, BOOL_MASK, F32_MASK };
+
+typedef struct {
+  int64_t batch, q_heads, kv_heads, q_len, kv_len, kv_rows, past_len, D, Dv;
+  bool packed, causal;
+  int64_t causal_offset, window;
+  float softcap;
+  enum MaskKind mask;
+  int mask_rank;
+  int64_t mask_dims[4]; /* right-aligned over [B, q_heads, q_len, mask_len] */
+  bool present;         /* the forward writes present_k and present_v */
+} Case;
+
+/* The cases (see the header comment): one feature each. */
+static const Case ONE = {1, 1, 1, 1, 1, 0, 0, 1, 1, .causal = false};
+static const Case GQA_CAUSAL = {2, 4, 2, 37, 37, 0, 0, 64, 64, .causal = true};
+static const Case MQA_PACKED = {1, 3, 1, 19, 19, 0, 0, 80, 80, .packed = true, .causal = true};
+static const Case SLICE = {2, 4, 2, 5, 13, 16, 0, 40, 24, .causal = true, .causal_offset = 8};
+static const Case SLICE_PACKED = {1, 2, 1, 11, 35, 40, 0, 64, 64, .packed = true, .causal = true, .causal_offset = 24};
+static const Case WINDOW = {1, 2, 2, 41, 41, 0, 0, 32, 32, .causal = true, .window = 5};
+static const Case SOFTCAP = {1, 2, 1, 17, 17, 0, 0, 16, 16, .causal = true, .softcap = 1.5f};
+/* a bool mask [B, 1, q_len, 18] over 20 keys: keys 18, 19 masked out by its length; row 3
+ * of batch 1 all false (sees no key) */
+static const Case BOOL_MASKED = {2, 2, 1, 9, 20, 0, 0, 24, 24, .mask = BOOL_MASK, .mask_rank = 4,
+                                 .mask_dims = {2, 1, 9, 18}};
+/* an f32 mask [B, 1, 1, kv_len] (padding: -inf on some keys, values elsewhere), causal */
+static const Case F32_MASKED = {2, 2, 2, 13, 13, 0, 0, 8, 8, .causal = true, .mask = F32_MASK, .mask_rank = 4,
+                                .mask_dims = {2, 1, 1, 13}};
+/* window 3 with an f32 mask [4] (broadcast over everything) of 4 keys: rows i >= 6 see
+ * keys [i - 2, 4), none */
+static const Case NO_KEY = {1, 2, 1, 12, 12, 0, 0, 16, 16, .causal = true, .window = 3, .mask = F32_MASK,
+                            .mask_rank = 1, .mask_dims = {4}};
+static const Case PAST = {2, 4, 2, 3, 3, 0, 6, 32, 24, .packed = true, .causal = true, .present = true};
+static const Case PAST_SCRATCH = {1, 2, 1, 4, 4, 0, 5, 16, 16, .causal = true};
+static const Case D128 = {1, 2, 1, 21, 21, 0, 0, 128, 128, .causal = true};
+static const Case D256 = {1, 2, 2, 11, 11, 0, 0, 256, 256, .causal = true};
+static const Case DV_DIFFERS = {1, 2, 1, 9, 9, 0, 0, 72, 33, .causal = false};
+/* a full f32 mask [B, q_heads, q_len, 9] (no broadcast) and a bool one [q_len, 10] over
+ * batch and heads of grouped heads, causal */
+static const Case F32_MASK_FULL = {1, 2, 1, 7, 9, 0, 0, 8, 8, .mask = F32_MASK, .mask_rank = 4,
+                                   .mask_dims = {1, 2, 7, 9}};
+static const Case BOOL_MASK_ROWS = {2, 4, 2, 10, 10, 0, 0, 8, 8, .causal = true, .mask = BOOL_MASK,
+                                    .mask_rank = 2, .mask_dims = {10, 10}};
+/* a window of 40 over 100 rows: tiles of 32 skip the key tiles before the window too */
+static const Case LONG_WINDOW = {1, 1, 1, 100, 100, 0, 0, 8, 8, .causal = true, .window = 40};
+static const Case NO_KEYS_AT_ALL = {1, 2, 1, 3, 0, 0, 0, 8, 8, .causal = false};
+
+/* n floats set to NaN: an output before the kernel must overwrite it. */
+static float *nans(int64_t n) {
+  float *a = test_alloc((size_t)n * sizeof *a);
+  for (int64_t i = 0; i < n; i++) a[i] = NAN;
+  return a;
+}
+static float *random_floats(int64_t n, float scale) {
+  float *a = test_alloc((size_t)n * sizeof *a);
+  for (int64_t i = 0; i < n; i++) a[i] = frand() * scale;
+  return a;
+}
+
+/* The case's description, inputs and mask. */
+typedef struct {
+  TpAttention p;
+  int64_t nq, nk, nkr, npast; /* rows of q, of dense k, of k as read (kv_rows), of past */
+  float *q, *k, *v, *past_k, *past_v, *dy;
+  void *mask;
+} Inputs;
+
+static Inputs make_inputs(const Case *c) {
+  Inputs in = {.p = {.batch = c->batch, .q_heads = c->q_heads, .kv_heads = c->kv_heads, .q_len = c->q_len,
+                     .kv_len = c->kv_len, .past_len = c->past_len, .head_size = c->D, .v_head_size = c->Dv,
+                     .packed = c->packed, .is_causal = c->causal, .causal_offset = c->causal_offset,
+                     .window = c->window, .kv_rows = c->kv_rows, .scale = 1 / sqrtf((float)c->D),
+                     .softcap = c->softcap}};
+  int64_t rows = c->kv_rows ? c->kv_rows : c->kv_len;
+  in.nq = c->batch * c->q_heads * c->q_len;
+  in.nk = c->batch * c->kv_heads * c->kv_len;
+  in.nkr = c->batch * c->kv_heads * rows;
+  in.npast = c->batch * c->kv_heads * c->past_len;
+  in.q = random_floats(in.nq * c->D, 2);
+  in.k = random_floats(in.nkr * c->D, 1);
+  in.v = random_floats(in.nkr * c->Dv, 1);
+  in.past_k = c->past_len ? random_floats(in.npast * c->D, 1) : NULL;
+  in.past_v = c->past_len ? random_floats(in.npast * c->Dv, 1) : NULL;
+  in.dy = random_floats(in.nq * c->Dv, 1);
+  if (c->mask != NO_MASK) {
+    int64_t n = 1;
+    for (int d = 0; d < c->mask_rank; d++) n *= c->mask_dims[d];
+    if (c->mask == BOOL_MASK) {
+      unsigned char *m = test_alloc((size_t)n);
+      for (int64_t e = 0; e < n; e++) m[e] = frand() > -0.6f; /* 80% attend */
+      if (c->mask_rank == 4 && c->mask_dims[0] > 1) /* row 3 of batch 1 sees nothing */
+        memset(m + (c->mask_dims[2] + 3) * c->mask_dims[3], 0, (size_t)c->mask_dims[3]);
+      in.mask = m;
+    } else {
+      float *m = test_alloc((size_t)n * sizeof *m);
+      for (int64_t e = 0; e < n; e++) m[e] = frand() < -0.7f ? -INFINITY : frand();
+      in.mask = m;
+    }
+    tp_attention_set_mask(&in.p, in.mask, c->mask == BOOL_MASK, c->mask_dims, c->mask_rank);
+  }
+  return in;
+}
+
+/* Frees what test_alloc gave, skipping NULL (on a GPU, compare.h's free asks CUDA about
+ * the pointer first). */
+static void release(void *p) {
+  if (p) free(p);
+}
+
+static void free_inputs(Inputs *in) {
+  free(in->q), free(in->k), free(in->v), free(in->dy);
+  release(in->past_k), release(in->past_v), release(in->mask);
+}
+
+/* Compares n results and prints the worst absolute error. */
+static void compare(const char *what, const float *got, const float *want, int64_t n) {
+  double worst = 0;
+  for (int64_t e = 0; e < n; e++) {
+    double err = fabs((double)got[e] - want[e]);
+    if (!(err <= worst)) worst = err;
+  }
+  printf("%s: worst abs error %.3g over %lld values\n", what, worst, (long long)n);
+  check_close(what, got, want, n, ATTENTION);
+}
+
+static void forward(const Case *c) {
+  Inputs in = make_inputs(c);
+  TpStream *s = tp_cuda_stream_new();
+  int64_t total = c->past_len + c->kv_len, nt = c->batch * c->kv_heads * total;
+  float *y = nans(in.nq * c->Dv), *want = nans(in.nq * c->Dv);
+  float *pk = c->present ? nans(nt * c->D) : NULL, *pv = c->present ? nans(nt * c->Dv) : NULL;
+  float *want_pk = c->present ? nans(nt * c->D) : NULL, *want_pv = c->present ? nans(nt * c->Dv) : NULL;
+  tp_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, want, want_pk, want_pv, NULL);
+  TpKernelStatus st = tp_cuda_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y, pk, pv, NULL, s);
+  if (st != TP_KERNEL_OK) fail("tp_cuda_attention_f32 returned %d", (int)st);
+  test_sync();
+  tp_cuda_stream_sync(s);
+  compare("y", y, want, in.nq * c->Dv);
+  if (c->present) {
+    check_close("present_k", pk, want_pk, nt * c->D, (Tolerance){0, 0});
+    check_close("present_v", pv, want_pv, nt * c->Dv, (Tolerance){0, 0});
+  }
+  tp_cuda_stream_free(s);
+  free(y), free(want);
+  release(pk), release(pv), release(want_pk), release(want_pv);
+  free_inputs(&in);
+}
+
+static void backward(const Case *c) {
+  Inputs in = make_inputs(c);
+  TpStream *s = tp_cuda_stream_new();
+  float *dq = nans(in.nq * c->D), *dk = nans(in.nk * c->D), *dv = nans(in.nk * c->Dv);
+  float *want_dq = nans(in.nq * c->D), *want_dk = nans(in.nk * c->D), *want_dv = nans(in.nk * c->Dv);
+  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, want_dq, want_dk, want_dv);
+  TpKernelStatus st = tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, dq, dk, dv, s);
+  if (st != TP_KERNEL_OK) fail("tp_cuda_attention_backward_f32 returned %d", (int)st);
+  test_sync();
+  tp_cuda_stream_sync(s);
+  compare("dq", dq, want_dq, in.nq * c->D);
+  compare("dk", dk, want_dk, in.nk * c->D);
+  compare("dv", dv, want_dv, in.nk * c->Dv);
+  tp_cuda_stream_free(s);
+  free(dq), free(dk), free(dv), free(want_dq), free(want_dk), free(want_dv);
+  free_inputs(&in);
+}
+
+/* A NULL gradient is skipped, the others still written: dk alone, then dq alone. */
+static void null_gradients(void) {
+  Inputs in = make_inputs(&GQA_CAUSAL);
+  const Case *c = &GQA_CAUSAL;
+  TpStream *s = tp_cuda_stream_new();
+  float *dq = nans(in.nq * c->D), *dk = nans(in.nk * c->D);
+  float *want_dq = nans(in.nq * c->D), *want_dk = nans(in.nk * c->D);
+  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, want_dq, want_dk, NULL);
+  if (tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, dk, NULL, s) != TP_KERNEL_OK ||
+      tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, dq, NULL, NULL, s) != TP_KERNEL_OK)
+    fail("tp_cuda_attention_backward_f32 refused NULL gradients");
+  test_sync();
+  tp_cuda_stream_sync(s);
+  compare("dk alone", dk, want_dk, in.nk * c->D);
+  compare("dq alone", dq, want_dq, in.nq * c->D);
+  tp_cuda_stream_free(s);
+  free(dq), free(dk), free(want_dq), free(want_dk);
+  free_inputs(&in);
+}
+
+/* The entry points refuse what they do not implement: qk_out (it would need the scores
+ * the fused kernel never stores), head sizes over 256, a backward with past keys. */
+static void refusals(void) {
+  Inputs in = make_inputs(&ONE);
+  TpStream *s = tp_cuda_stream_new();
+  float *y = nans(in.nq), *qk = nans(in.nq), *big = nans(257);
+  if (tp_cuda_attention_f32(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, qk, s) != TP_KERNEL_BAD_DTYPE)
+    fail("qk_out accepted");
+  TpAttention wide = in.p;
+  wide.head_size = wide.v_head_size = 257;
+  if (tp_cuda_attention_f32(&wide, big, big, big, NULL, NULL, big, NULL, NULL, NULL, s) != TP_KERNEL_BAD_DTYPE)
+    fail("head size 257 accepted");
+  TpAttention past = in.p;
+  past.past_len = 1;
+  if (tp_cuda_attention_backward_f32(&past, y, in.q, in.k, in.v, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
+    fail("a backward with past keys accepted");
+  tp_cuda_stream_free(s);
+  free(y), free(qk), free(big);
+  free_inputs(&in);
+}
+
+#define CASE_TESTS(name, c)                                \
+  static void name##_fwd(void) { forward(&c); }            \
+  static void name##_bwd(void) { backward(&c); }
+CASE_TESTS(one, ONE)
+CASE_TESTS(gqa_causal, GQA_CAUSAL)
+CASE_TESTS(mqa_packed, MQA_PACKED)
+CASE_TESTS(slice, SLICE)
+CASE_TESTS(slice_packed, SLICE_PACKED)
+CASE_TESTS(window, WINDOW)
+CASE_TESTS(softcap, SOFTCAP)
+CASE_TESTS(bool_mask, BOOL_MASKED)
+CASE_TESTS(f32_mask, F32_MASKED)
+CASE_TESTS(no_key, NO_KEY)
+CASE_TESTS(d128, D128)
+CASE_TESTS(d256, D256)
+CASE_TESTS(dv_differs, DV_DIFFERS)
+CASE_TESTS(f32_mask_full, F32_MASK_FULL)
+CASE_TESTS(bool_mask_rows, BOOL_MASK_ROWS)
+CASE_TESTS(long_window, LONG_WINDOW)
+CASE_TESTS(no_keys_at_all, NO_KEYS_AT_ALL)
+static void past_fwd(void) { forward(&PAST); }
+static void past_scratch_fwd(void) { forward(&PAST_SCRATCH); }
+
+/* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
+static const CudaTest TESTS[] = {
+    {"attention_one_fwd", one_fwd},
+    {"attention_one_bwd", one_bwd},
+    {"attention_gqa_causal_fwd", gqa_causal_fwd},
+    {"attention_gqa_causal_bwd", gqa_causal_bwd},
+    {"attention_mqa_packed_fwd", mqa_packed_fwd},
+    {"attention_mqa_packed_bwd", mqa_packed_bwd},
+    {"attention_slice_fwd", slice_fwd},
+    {"attention_slice_bwd", slice_bwd},
+    {"attention_slice_packed_fwd", slice_packed_fwd},
+    {"attention_slice_packed_bwd", slice_packed_bwd},
+    {"attention_window_fwd", window_fwd},
+    {"attention_window_bwd", window_bwd},
+    {"attention_softcap_fwd", softcap_fwd},
+    {"attention_softcap_bwd", softcap_bwd},
+    {"attention_bool_mask_fwd", bool_mask_fwd},
+    {"attention_bool_mask_bwd", bool_mask_bwd},
+    {"attention_f32_mask_fwd", f32_mask_fwd},
+    {"attention_f32_mask_bwd", f32_mask_bwd},
+    {"attention_no_key_fwd", no_key_fwd},
+    {"attention_no_key_bwd", no_key_bwd},
+    {"attention_d128_fwd", d128_fwd},
+    {"attention_d128_bwd", d128_bwd},
+    {"attention_d256_fwd", d256_fwd},
+    {"attention_d256_bwd", d256_bwd},
+    {"attention_dv_differs_fwd", dv_differs_fwd},
+    {"attention_dv_differs_bwd", dv_differs_bwd},
+    {"attention_f32_mask_full_fwd", f32_mask_full_fwd},
+    {"attention_f32_mask_full_bwd", f32_mask_full_bwd},
+    {"attention_bool_mask_rows_fwd", bool_mask_rows_fwd},
+    {"attention_bool_mask_rows_bwd", bool_mask_rows_bwd},
+    {"attention_long_window_fwd", long_window_fwd},
+    {"attention_long_window_bwd", long_window_bwd},
+    {"attention_no_keys_at_all_fwd", no_keys_at_all_fwd},
+    {"attention_no_keys_at_all_bwd", no_keys_at_all_bwd},
+    {"attention_past_fwd", past_fwd},
+    {"attention_past_scratch_fwd", past_scratch_fwd},
+    {"attention_null_gradients_bwd", null_gradients},
+    {"attention_refusals", refusals},
+};
+
+int main(int argc, char **argv) {
+  return run_named_test("test_cuda_attention", TESTS, sizeof TESTS / sizeof *TESTS, argc, argv);
+}
