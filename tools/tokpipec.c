@@ -535,8 +535,8 @@ int main(int argc, char **argv) {
     }
   }
   if (!input) cli_usage_error("no input model");
-  const TpTarget *kernels = tp_target_find(target, NULL);
-  if (precision && !kernels->precision)
+  const TpTarget *code_target = tp_target_find(target, NULL);
+  if (precision && !code_target->precision)
     cli_usage_error("--precision goes with --target cuda: the %s target computes in fp32", target);
   if (precision && !tp_target_find(target, precision))
     cli_usage_error("--precision expects %s, got '%s'", tp_target_precisions(target), precision);
@@ -565,7 +565,7 @@ int main(int argc, char **argv) {
   if (exe) {
     TpDiag exe_diag;
     tp_diag_init(&exe_diag, cli_tool, NULL, stderr);
-    if (kernels->device && !*TOKPIPE_CUDA_PLAN_LIBS) {
+    if (code_target->device && !*TOKPIPE_CUDA_PLAN_LIBS) {
       tp_error(&exe_diag, "--exe: this tokpipec was built without the CUDA runtime (TOKPIPE_CUDA=OFF); write the "
                "plan with -o plan.c and build it where tokpipe-cuda is installed");
       return cli_exit_code(TP_ERR_INPUT);
@@ -617,7 +617,7 @@ int main(int argc, char **argv) {
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
   else if (rc == TP_OK && strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);
   if (rc == TP_OK && text) {
-    if (exe) rc = build_trainer(text, output, exe, kernels->device != NULL, verbose, &d);
+    if (exe) rc = build_trainer(text, output, exe, code_target->device != NULL, verbose, &d);
     else rc = cli_write_output(output, write_text, text, &d);
   }
   free(text);

@@ -24,7 +24,9 @@ export OMP_NUM_THREADS=1
 
 # A static fixture with vocabulary 128 (tests/codegen's), for the link and install tests.
 model=$root/tests/fixtures/gpt_o17_erf_tied_bias_static/model.onnx
-cuda_flags() { PKG_CONFIG_PATH=$1 pkg-config "$2" tokpipe-cuda; }
+# cuda_flags PC_DIR 'PKG-CONFIG OPTIONS': tokpipe-cuda's flags from the .pc files in PC_DIR.
+# shellcheck disable=SC2086 # the options are words
+cuda_flags() { PKG_CONFIG_PATH=$1 pkg-config $2 tokpipe-cuda; }
 
 # The plan must not read device memory on the host: no float dereference of a view's data,
 # no constant array used as tensor data, no loss read in place; and it names the device.
