@@ -119,8 +119,7 @@ const TpTarget *tp_target_find(const char *name, const char *precision) {
   return NULL;
 }
 
-/* The ", "-separated list of the targets' names (precisions NULL) or of target `name`'s
- * precisions, into buf. */
+/* Into buf, ", "-separated: the targets' names (name NULL), or target `name`'s precisions. */
 static const char *list(char *buf, size_t size, const char *name) {
   buf[0] = 0;
   for (int i = 0; i < NTARGETS; i++) {
