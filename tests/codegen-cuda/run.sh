@@ -148,13 +148,7 @@ no-cuda)
 
 emulated)
   cuda=$1 cpu=$2 model=$3
-  # the fixture's vocabulary is 16: a text of the bytes 1..15
-  i=0
-  while [ $i -lt 300 ]; do
-    printf "\\$(printf %03o $(((i * 5 + i / 7) % 15 + 1)))"
-    i=$((i + 1))
-  done >small.txt
-  "$bin/tokpipe-tokens" small.txt -o train.bin 2>/dev/null || { fail "tokpipe-tokens small.txt"; exit 1; }
+  byte_tokens 16 300 train.bin || exit 1 # the model's vocabulary is 16
   for t in cuda cpu; do
     eval "trainer=\$$t"
     expect_exit 0 "the $t trainer" "$trainer" --init "$model" --data train.bin --steps 2 --lr 0.01 \
