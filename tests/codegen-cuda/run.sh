@@ -115,10 +115,10 @@ no-gpu)
   [ -x "$trainer" ] || { fail "no trainer from the link test ($trainer)"; exit 1; }
   "$trainer" --data none.bin --steps 1 >out.txt 2>&1
   rc=$?
-  if [ $rc -eq 1 ] && [ "$(wc -l <out.txt)" -eq 1 ] && grep -qi 'gpu' out.txt; then
+  if [ $rc -eq 1 ] && [ "$(wc -l <out.txt)" -eq 1 ] && grep -q 'error: no CUDA GPU' out.txt; then
     ok "without a GPU: $(cat out.txt)"
   else
-    fail "without a GPU: exit code $rc (expected 1) and one line about the GPU, got: $(cat out.txt)"
+    fail "without a GPU: exit code $rc (expected 1) and one line saying there is no CUDA GPU, got: $(cat out.txt)"
   fi
   ;;
 
@@ -162,10 +162,10 @@ emulated)
   fi
   TOKPIPE_CUDA_EMULATE_DEVICES=0 "$cuda" --init "$model" --data train.bin --steps 1 >out.txt 2>&1
   rc=$?
-  if [ $rc -eq 1 ] && [ "$(wc -l <out.txt)" -eq 1 ] && grep -qi 'gpu' out.txt; then
+  if [ $rc -eq 1 ] && [ "$(wc -l <out.txt)" -eq 1 ] && grep -q 'error: no CUDA GPU' out.txt; then
     ok "without a GPU: $(cat out.txt)"
   else
-    fail "without a GPU: exit code $rc (expected 1) and one line about the GPU, got: $(cat out.txt)"
+    fail "without a GPU: exit code $rc (expected 1) and one line saying there is no CUDA GPU, got: $(cat out.txt)"
   fi
   ;;
 
