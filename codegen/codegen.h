@@ -142,7 +142,8 @@ typedef struct {
   int nprobes;         /* profiling probes (0: none, and the plan has no probe tables) */
   const TpEmitProbe *probes;
   const int *stage_cuts; /* with probes: [nstages], the first layer of each stage */
-  const char *target;    /* the kernel table (codegen/target.h): NULL or "cpu" */
+  const char *target;    /* the kernel table (codegen/target.h): NULL (cpu), "cpu", "cuda" */
+  const char *precision; /* the target's precision (NULL: its first; cuda: "fp32", "bf16") */
 } TpEmitOptions;
 
 /* Writes the C training program of module m (after the training pipeline: loss, gradients,

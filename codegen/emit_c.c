@@ -1,8 +1,13 @@
 /* C emission (see codegen.h): requires a module after the training pipeline (op placement,
  * loss and gradient map) and its memory plan; provides plan.c, the program's half that
  * knows the model: a forward and a backward function per stage that call the runtime's
- * kernels (runtime/cpu) one op at a time, the constants, and the TpPlan tables the trainer
- * runtime (runtime/train/plan.h) reads.
+ * kernels (runtime/cpu, or a device's: codegen/target.h) one op at a time, the constants,
+ * and the TpPlan tables the trainer runtime (runtime/train/plan.h) reads.
+ *
+ * On a device target the views hold device pointers, so the plan never reads tensor data
+ * on the host: constants are the device copies of their arrays (target->constant), the
+ * loss is copied to io->loss by the stream (target->copy_to_host), a scalar operand is
+ * passed as its device pointer (target.c), and every call is queued on io->stream.
  *
  * Every value is a TpTensor view named after its ONNX name (sanitised, unique), declared
  * at the top of a function when it comes from outside (a parameter, the tokens, a forward
@@ -220,7 +225,9 @@ static void put_data(Emitter *E, FILE *out, int v) {
   case TP_MEM_GRAD: fprintf(out, "io->grad[%d]", E->param_map ? E->param_map[s->index] : s->index); break;
   case TP_MEM_CONST:
     E->referenced[v] = true;
-    fprintf(out, "(void *)%s", E->array[v]);
+    if (E->target->constant)
+      fprintf(out, "(void *)%s(io->stream, %s, sizeof %s)", E->target->constant, E->array[v], E->array[v]);
+    else fprintf(out, "(void *)%s", E->array[v]);
     break;
   case TP_MEM_TOKENS: fputs("(void *)io->tokens", out); break;
   case TP_MEM_TARGETS: fputs("(void *)io->targets", out); break;
@@ -532,13 +539,14 @@ static void put_arg(Emitter *E, FILE *out, const TpArgSpelling *s, const TpBound
     E->uses_bad = true;
     fputs("&bad", out);
     break;
+  case TP_ARG_STREAM: fputs("io->stream", out); break;
   }
 }
 
 /* CHECK(kernel(args...)); of bound op b in the target's spelling. */
 static void emit_call(Emitter *E, const TpBound *b, const Views *w) {
   const TpKernelSpelling *k = &E->target->kernels[b->kernel];
-  TP_ASSERT(k->name);
+  TP_ASSERT(k->name[0]);
   char *text = NULL;
   size_t len = 0;
   FILE *out = open_memstream(&text, &len);
@@ -682,7 +690,12 @@ static void emit_unit(Emitter *E, int s, bool backward, int slice, FILE *out) {
   }
   if (!backward && m->loss >= 0 && m->values[m->loss].def >= 0 && E->here[m->values[m->loss].def]) {
     fputc('\n', body);
-    fprintf(body, "  io->loss = *(const float *)%s.data;\n", E->name[m->loss]);
+    if (E->target->copy_to_host) { /* the runtime synchronizes before it reads io->loss */
+      E->uses_check = true;
+      emit(E, "CHECK(%s(&io->loss, %v, sizeof(float), io->stream));", E->target->copy_to_host, m->loss);
+    } else {
+      fprintf(body, "  io->loss = *(const float *)%s.data;\n", E->name[m->loss]);
+    }
   }
   fclose(top);
   fclose(body);
@@ -1004,6 +1017,10 @@ static void emit_tables(Emitter *E, FILE *out) {
   if (E->o->nprobes)
     fprintf(out, "    .stage_cuts = %s,\n    .nprobes = %d,\n    .probes = probes,\n",
             E->o->stage_cuts ? "stage_cuts" : "NULL", E->o->nprobes);
+  if (E->target->device) {
+    fprintf(out, "    .device = &%s,\n", E->target->device);
+    E->headers |= 1u << E->target->device_header;
+  }
   fputs("};\n", out);
   fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
 }
@@ -1011,7 +1028,7 @@ static void emit_tables(Emitter *E, FILE *out) {
 static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem, const TpEmitOptions *o,
                          TpDiag *d, const char *prefix) {
   *E = (Emitter){.m = m, .mem = mem, .o = o, .d = d, .prefix = prefix};
-  E->target = tp_target_find(o->target ? o->target : "cpu");
+  E->target = tp_target_find(o->target ? o->target : "cpu", o->precision);
   TP_ASSERT(E->target); /* tp_emit_c checked the name */
   E->name = calloc((size_t)m->nvalues + 1, sizeof *E->name);
   E->array = calloc((size_t)m->nvalues + 1, sizeof *E->array);
@@ -1105,8 +1122,9 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
 int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   static const TpEmitOptions none = {0};
   if (!o) o = &none;
-  if (!tp_target_find(o->target ? o->target : "cpu"))
-    return tp_error(d, "no code generation target '%s'", o->target);
+  if (!tp_target_find(o->target ? o->target : "cpu", o->precision))
+    return tp_error(d, "no code generation target '%s'%s%s", o->target ? o->target : "cpu",
+                    o->precision ? " in precision " : "", o->precision ? o->precision : "");
   TpMemoryPlan plan;
   int rc = tp_plan_memory(m, &plan, d);
   if (rc != TP_OK) return rc;
@@ -1159,7 +1177,9 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
     for (int k = 0; k < o->nprobes; k++)
       fprintf(out, "%s(%lld, %lld)%s", k % 8 ? " " : k ? "\n *   " : " * Profiling probes (--profile-grid), (l, c):\n *   ",
               (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
-    fputs(" * Build: cc plan.c $(pkg-config --cflags --libs tokpipe) -o trainer */\n", out);
+    if (E.target->precision)
+      fprintf(out, " * Target %s, precision %s.\n", E.target->name, E.target->precision);
+    fprintf(out, " * Build: %s */\n", E.target->build);
     if (E.uses_check) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
     if (E.uses_math) fputs("#include <math.h>\n", out);
     fputs("\n#include \"train/plan.h\"\n", out);

@@ -1,8 +1,10 @@
 /* Code generation targets: how each kernel of bind/kernels.def is spelled in a generated
  * plan for one kind of device (its function's name, the header declaring it, and how each
  * field of the bound argument struct is printed as an argument of its call), built from the
- * kernel's row. codegen/emit_c.c binds every op (bind/bind.h) and prints the call through the
- * chosen target's table; a new target (cuda) is one more table in target.c. */
+ * kernel's row, and how the plan reaches memory that a device target's host cannot read.
+ * codegen/emit_c.c binds every op (bind/bind.h) and prints the call through the chosen
+ * target's table. Targets: cpu (runtime/cpu), and cuda (runtime/cuda/ops.h) in the
+ * precisions fp32 and bf16 (bf16 matrix products). */
 #ifndef TOKPIPE_CODEGEN_TARGET_H
 #define TOKPIPE_CODEGEN_TARGET_H
 
@@ -32,6 +34,7 @@ typedef enum {
   TP_ARG_ATTENTION, /* TpAttention: &(TpAttention){...}, its mask the view at `aux` */
   TP_ARG_LOSS,      /* TpLossOptions: &(TpLossOptions){...}, its weight the view at `aux` */
   TP_ARG_BAD,       /* int64_t *: &bad, the unit's */
+  TP_ARG_STREAM,    /* no field: the unit's stream, io->stream (device targets) */
 } TpArgKind;
 
 typedef struct {
@@ -42,7 +45,7 @@ typedef struct {
 #define TP_MAX_KERNEL_ARGS 12
 
 typedef struct {
-  const char *name; /* the function */
+  char name[48];    /* the function */
   int header;       /* index into the target's headers */
   int nargs;
   TpArgSpelling args[TP_MAX_KERNEL_ARGS];
@@ -50,14 +53,24 @@ typedef struct {
 
 typedef struct {
   const char *name;                /* as --target spells it */
+  const char *precision;           /* as --precision spells it; NULL: the target has no choice */
   const char *const *headers;      /* included in this order, those a plan uses */
   int nheaders;
   const TpKernelSpelling *kernels; /* [TP_K_COUNT] */
+  const char *build;               /* the plan's build command, for its header comment */
+  /* A device target's plan holds device pointers in its views (TpStepIO: the arena,
+   * parameters, gradients, tokens, targets); NULL for the cpu, whose plan reads them: */
+  const char *device;       /* the TpPlanDevice of TpPlan.device, declared in headers[device_header] */
+  int device_header;
+  const char *constant;     /* F(io->stream, array, sizeof array): the device copy of a constant */
+  const char *copy_to_host; /* F(host, device, bytes, io->stream): queues a copy to the host (the loss) */
 } TpTarget;
 
-/* The target named `name`, or NULL. */
-const TpTarget *tp_target_find(const char *name);
+/* The target named `name` in `precision` (NULL: its first, fp32), or NULL. */
+const TpTarget *tp_target_find(const char *name, const char *precision);
 /* The known targets' names, ", "-separated, for a usage message. */
 const char *tp_target_names(void);
+/* The precisions of target `name`, ", "-separated ("" when it has no choice). */
+const char *tp_target_precisions(const char *name);
 
 #endif

@@ -30,3 +30,14 @@ expect_message() {
   fi
   ok "$what: $(cat err.txt)"
 }
+
+# byte_tokens VOCAB N FILE: a token file FILE of N tokens, each in 1..VOCAB-1 (a text of
+# those bytes, varied), for models whose vocabulary is smaller than the bytes'.
+byte_tokens() {
+  i=0
+  while [ $i -lt "$2" ]; do
+    printf "\\$(printf %03o $(((i * 7 + i / 3) % ($1 - 1) + 1)))"
+    i=$((i + 1))
+  done >byte_tokens.txt
+  "$bin/tokpipe-tokens" byte_tokens.txt -o "$3" 2>/dev/null || { fail "tokpipe-tokens byte_tokens.txt"; return 1; }
+}

@@ -30,7 +30,10 @@ static const char usage[] =
     "                       plan (per rank), the ranks' instruction lists, or the C training\n"
     "                       program (the default when -o ends in .c)\n"
     "  -o OUT               write OUT (atomically) instead of stdout\n"
-    "  --target cpu         the kernels the C program calls (default cpu)\n"
+    "  --target cpu|cuda    the kernels the C program calls (default cpu); cuda: a trainer\n"
+    "                       for NVIDIA GPUs (runtime/cuda), built on the CPU trainer\n"
+    "  --precision fp32|bf16  with --target cuda: the matrix products in fp32 (default) or\n"
+    "                       bf16 operands with fp32 accumulation; weights and AdamW stay fp32\n"
     "  --exe TRAINER        also compile the C program into the executable TRAINER\n"
     "  -v, --verbose        print the C compiler's command line\n"
     "  --batch B, --seq T   the global batch of a step (B / (dp * microbatches) rows per\n"
@@ -92,7 +95,7 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
     TP_ASSERT(f);
     TpEmitOptions o = {.model = model, .version = TOKPIPE_VERSION, .slicing = note, .pipeline = po,
                        .nprobes = probes->nprobes, .probes = probes->probes, .stage_cuts = probes->stage_cuts,
-                       .target = probes->target};
+                       .target = probes->target, .precision = probes->precision};
     if (strcmp(emit, "memory") == 0) tp_print_memory(m, &plan, &pl, f);
     else if (strcmp(emit, "schedule") == 0) tp_schedule_print(&pl.schedule, f);
     else rc = tp_emit_c(m, &o, f, d);
@@ -188,14 +191,18 @@ static char *command_line(const Args *a) {
   return s;
 }
 
-static int compile_trainer(const char *plan_c, const char *exe, bool verbose, TpDiag *d) {
+/* A device plan (--target cuda) links the device runtime and its libraries before the CPU
+ * trainer's (TOKPIPE_CUDA_PLAN_*: empty when tokpipec was built without them). */
+static int compile_trainer(const char *plan_c, const char *exe, bool device, bool verbose, TpDiag *d) {
   Args a = {0};
   push(&a, TOKPIPE_CC);
   push(&a, "-O2");
   runtime_flags(&a); /* -I and -L */
+  if (device) push_list(&a, TOKPIPE_CUDA_PLAN_CFLAGS);
   push_path(&a, plan_c);
   push(&a, "-o");
   push_path(&a, exe);
+  if (device) push_list(&a, TOKPIPE_CUDA_PLAN_LIBS);
   push_list(&a, TOKPIPE_PLAN_LIBS);
   if (verbose) {
     char *cmd = command_line(&a);
@@ -219,7 +226,7 @@ static int compile_trainer(const char *plan_c, const char *exe, bool verbose, Tp
 }
 
 /* Writes the program to `output` (or a temporary next to the executable) and compiles it. */
-static int build_trainer(const char *code, const char *output, const char *exe, bool verbose,
+static int build_trainer(const char *code, const char *output, const char *exe, bool device, bool verbose,
                          TpDiag *d) {
   char *tmp = NULL;
   const char *plan_c = output;
@@ -238,7 +245,7 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
     plan_c = tmp;
   }
   int rc = cli_write_output(plan_c, write_text, code, d);
-  if (rc == TP_OK) rc = compile_trainer(plan_c, exe, verbose, d);
+  if (rc == TP_OK) rc = compile_trainer(plan_c, exe, device, verbose, d);
   if (tmp) unlink(tmp);
   free(tmp);
   return rc;
@@ -455,7 +462,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
 int main(int argc, char **argv) {
   cli_tool = "tokpipec";
   const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL, *target = "cpu",
-             *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *grid = NULL, *v;
+             *precision = NULL, *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *grid = NULL, *v;
   int nstages = 0;
   int64_t batch = 0, max_memory = 0;
   TpPipelineOptions pipe = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
@@ -475,7 +482,8 @@ int main(int argc, char **argv) {
           strcmp(emit, "c"))
         cli_usage_error("--emit expects ir, dot, memory, schedule or c, got '%s'", emit);
     } else if (cli_value(argc, argv, &i, "--target", &target)) {
-      if (!tp_target_find(target)) cli_usage_error("--target expects %s, got '%s'", tp_target_names(), target);
+      if (!tp_target_find(target, NULL)) cli_usage_error("--target expects %s, got '%s'", tp_target_names(), target);
+    } else if (cli_value(argc, argv, &i, "--precision", &precision)) {
     } else if (cli_value(argc, argv, &i, "-o", &output)) {
     } else if (cli_value(argc, argv, &i, "--exe", &exe)) {
     } else if (cli_value(argc, argv, &i, "--batch", &v)) {
@@ -527,6 +535,11 @@ int main(int argc, char **argv) {
     }
   }
   if (!input) cli_usage_error("no input model");
+  const TpTarget *code_target = tp_target_find(target, NULL);
+  if (precision && !code_target->precision)
+    cli_usage_error("--precision goes with --target cuda: the %s target computes in fp32", target);
+  if (precision && !tp_target_find(target, precision))
+    cli_usage_error("--precision expects %s, got '%s'", tp_target_precisions(target), precision);
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0) cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
   if (forward_only && strcmp(emit, "c") == 0)
@@ -552,6 +565,11 @@ int main(int argc, char **argv) {
   if (exe) {
     TpDiag exe_diag;
     tp_diag_init(&exe_diag, cli_tool, NULL, stderr);
+    if (code_target->device && !*TOKPIPE_CUDA_PLAN_LIBS) {
+      tp_error(&exe_diag, "--exe: this tokpipec was built without the CUDA runtime (TOKPIPE_CUDA=OFF); write the "
+               "plan with -o plan.c and build it where tokpipe-cuda is installed");
+      return cli_exit_code(TP_ERR_INPUT);
+    }
     if (tp_check_writable(exe, "--exe", &exe_diag)) /* else the linker fails, as if tokpipec had */ return cli_exit_code(TP_ERR_INPUT);
   }
   TpDiag d;
@@ -594,11 +612,12 @@ int main(int argc, char **argv) {
     free(gl), free(gc);
   }
   probes.target = target;
+  probes.precision = precision;
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
   else if (rc == TP_OK && strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);
   if (rc == TP_OK && text) {
-    if (exe) rc = build_trainer(text, output, exe, verbose, &d);
+    if (exe) rc = build_trainer(text, output, exe, code_target->device != NULL, verbose, &d);
     else rc = cli_write_output(output, write_text, text, &d);
   }
   free(text);

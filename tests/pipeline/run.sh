@@ -176,13 +176,7 @@ generated-fixture | generated-deep) # trainers tokpipec generates, under mpirun
       "--stages 2 --microbatches 2 --dp 2 --schedule 1f1b --slices 3,2,2" "--dp 2 --microbatches 2 --slices 3,2,2"
   else # 4 layers (tests/stages), tied, B 4, T 8
     model=$src/../stages/deep_gpt.onnx bt="--batch 4 --seq 8"
-    # its vocabulary is 32: a text of the bytes 1..31
-    i=0
-    while [ $i -lt 400 ]; do
-      printf "\\$(printf %03o $(((i * 7 + i / 3) % 31 + 1)))"
-      i=$((i + 1))
-    done >small.txt
-    "$bin/tokpipe-tokens" small.txt -o train.bin 2>/dev/null || { fail "tokpipe-tokens small.txt"; exit 1; }
+    byte_tokens 32 400 train.bin || exit 1 # its vocabulary is 32
     set -- "--stages 3 --microbatches 2 --slices 3,3,2 --schedule 1f1b" "--stages 4 --slices 2" \
       "--stages 4 --microbatches 2 --dp 2 --slices 5,3 --schedule 1f1b"
   fi

@@ -13,19 +13,42 @@
 static int failures;
 #define fail(...) (failures++, fprintf(stderr, "FAIL " __VA_ARGS__), fputc('\n', stderr))
 
+/* Every kernel has a cpu spelling; cuda's (fp32, bf16) are the same rows renamed, their
+ * scalar passed as a device pointer and the unit's stream last. */
 static void test_tables(void) {
-  const TpTarget *cpu = tp_target_find("cpu");
-  if (!cpu) {
-    fail("no cpu target");
+  const TpTarget *cpu = tp_target_find("cpu", NULL), *cuda = tp_target_find("cuda", NULL),
+                 *bf16 = tp_target_find("cuda", "bf16");
+  if (!cpu || !cuda || !bf16) {
+    fail("targets: cpu %p, cuda %p, cuda bf16 %p", (const void *)cpu, (const void *)cuda, (const void *)bf16);
     return;
   }
-  if (tp_target_find("cuda")) fail("a cuda target before issue 13");
-  if (strcmp(tp_target_names(), "cpu") != 0) fail("target names '%s'", tp_target_names());
+  if (tp_target_find("cpu", "bf16") || tp_target_find("cuda", "fp16")) fail("a precision the targets lack");
+  if (strcmp(cuda->precision, "fp32") != 0) fail("cuda's default precision is %s", cuda->precision);
+  if (strcmp(tp_target_names(), "cpu, cuda") != 0) fail("target names '%s'", tp_target_names());
+  if (strcmp(tp_target_precisions("cuda"), "fp32, bf16") != 0 || strcmp(tp_target_precisions("cpu"), "") != 0)
+    fail("precisions '%s', '%s'", tp_target_precisions("cuda"), tp_target_precisions("cpu"));
+  if (cpu->device || !cuda->device || strcmp(cuda->device, "tp_plan_device_cuda") != 0) fail("the targets' devices");
   for (int k = 0; k < TP_K_COUNT; k++) {
     const TpKernelSpelling *s = &cpu->kernels[k];
-    if (!s->name || s->nargs <= 0 || s->nargs > TP_MAX_KERNEL_ARGS || s->header < 0 || s->header >= cpu->nheaders)
-      fail("cpu kernel %d: no spelling (name %s, %d args, header %d)", k, s->name ? s->name : "-", s->nargs,
-           s->header);
+    if (!s->name[0] || s->nargs <= 0 || s->nargs >= TP_MAX_KERNEL_ARGS || s->header < 0 || s->header >= cpu->nheaders)
+      fail("cpu kernel %d: no spelling (name %s, %d args, header %d)", k, s->name, s->nargs, s->header);
+    const TpTarget *device[] = {cuda, bf16};
+    for (int j = 0; j < 2; j++) {
+      const TpTarget *t = device[j];
+      const TpKernelSpelling *c = &t->kernels[k];
+      bool product = k == TP_K_GEMM || k == TP_K_MATMUL || k == TP_K_LINEAR || k == TP_K_LINEAR_BACKWARD ||
+                     k == TP_K_MATMUL_BACKWARD;
+      char want[64];
+      snprintf(want, sizeof want, "tp_cuda_%s%s", t == bf16 && product ? "bf16_" : "", s->name + 3);
+      if (strcmp(c->name, want) != 0 || c->header != 0 || c->nargs != s->nargs + 1 ||
+          c->args[s->nargs].kind != TP_ARG_STREAM)
+        fail("cuda %s kernel %d: %s with %d args, expected %s with %d", t->precision, k, c->name, c->nargs, want,
+             s->nargs + 1);
+      for (int i = 0; i < s->nargs; i++)
+        if (c->args[i].offset != s->args[i].offset ||
+            c->args[i].kind != (s->args[i].kind == TP_ARG_SCALAR ? TP_ARG_DATA : s->args[i].kind))
+          fail("cuda %s: %s argument %d", t->precision, c->name, i);
+    }
   }
   int bound = 0;
   for (int k = 0; k < TP_OP_COUNT; k++) bound += tp_op_bindings[k].bind != NULL;
