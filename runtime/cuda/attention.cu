@@ -116,7 +116,7 @@ static __device__ __forceinline__ int quads_of(int64_t n) { return (int)((n + 3)
 /* Score of query row i of batch b, head h with key j, from their dot product, as the
  * softmax sees it (cpu/nn.c's order): scaled, capped, masked; -inf for a key outside the
  * row's [first, end). *t gets tanh(s / softcap), for the backward. */
-__device__ float score(const TpAttention &p, int64_t b, int64_t h, int64_t i, int64_t j, float qk, int64_t first,
+__device__ __forceinline__ float score(const TpAttention &p, int64_t b, int64_t h, int64_t i, int64_t j, float qk, int64_t first,
                        int64_t end, float *t) {
   if (j < first || j >= end) return -INFINITY;
   float s = p.scale * qk;
@@ -185,13 +185,14 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     __syncthreads();
     float qk[K];
     dots<K, Q>(qs[r], ks, t, dq4, qk);
-    for (int kk = 0; kk < K; kk++) {
+    for (int kk = 0; kk < K; kk++) { /* -inf past nk: the maximum below reads whole quads */
       int jj = t + ROW_THREADS * kk;
-      if (jj < nk) elem(ss[r], jj) = r < n ? score(p, b, h, i, j0 + jj, qk[kk], tile.first, tile.end, &unused) : -INFINITY;
+      elem(ss[r], jj) = r < n && jj < nk ? score(p, b, h, i, j0 + jj, qk[kk], tile.first, tile.end, &unused) : -INFINITY;
     }
     __syncthreads();
     float m_new = m; /* each thread of the row finds its maximum, then exponentiates its keys */
-    for (int jj = 0; jj < nk; jj++) m_new = fmaxf(m_new, elem(ss[r], jj));
+    for (int j4 = 0; j4 < quads_of(nk); j4++)
+      for (int u = 0; u < 4; u++) m_new = fmaxf(m_new, ss[r][j4].v[u]);
     for (int kk = 0; kk < K; kk++) {
       int jj = t + ROW_THREADS * kk; /* zeros past nk: accumulate runs over whole quads */
       elem(es[r], jj) = jj < nk && m_new != -INFINITY ? expf(elem(ss[r], jj) - m_new) : 0.0f;
