@@ -14,10 +14,26 @@
  *             and delta_i = dy_i . y_i, in stream scratch), then dq by query tiles, then dk
  *             and dv by key tiles, each key tile summing over its group's query heads and
  *             the query tiles that see it in a fixed order (deterministic, no atomics).
- * Threads: ROW_THREADS per row of a tile; thread t of a row owns columns t, t + 8, ... of
- * the row's vectors and keys (or queries) t, t + 8, ... of the tile's scores. A row's
- * softmax statistics are read back from shared memory by its 8 threads, so the kernels
- * need no shuffles, only __syncthreads. */
+ * Threads: ROW_THREADS per row of a tile; thread t of a row owns the quads (4 columns)
+ * t, t + 8, ... of the row's vectors and keys (or queries) t, t + 8, ... of the tile's
+ * scores. A row's softmax statistics are read back from shared memory by its 8 threads,
+ * so the kernels need no shuffles, only __syncthreads.
+ *
+ * fp32 on the CUDA cores, so the products are bounded by shared-memory traffic: an SM
+ * issues 4 warp FMAs a cycle but reads 128 bytes of shared memory a cycle. The tiles are
+ * stored in quads and each thread works on register blocks of them:
+ *   QK^T (dots)     one quad of its row and one quad of each of its KEYS = ROWS / 8 keys
+ *                   per 4 KEYS FMAs: a warp (4 rows x 8 threads) reads 64 + 128 KEYS
+ *                   bytes (1 + KEYS shared cycles) per 4 KEYS warp FMAs;
+ *   P V, dS K,...   one quad of 4 weights and COLS / 4 quads of 4 rows (accumulate) per
+ *   (accumulate)    4 COLS FMAs: 1 + COLS shared cycles per 4 COLS warp FMAs.
+ * In SM cycles (shared cycles / FMA cycles) that is 1.25 and 1.13 for head sizes <= 64
+ * (KEYS 4, COLS 8), 1.5 and 1.06 for <= 128, 2 and 1.03 for <= 256, against 8 and 4.5
+ * when every FMA loaded its operands as single floats (2 loads per FMA in QK^T, 1 + 1 /
+ * COLS in P V): for D <= 64 the products can run at ~80-90% of the FMA peak instead of
+ * 12-22% (a model from the code, not timed on a GPU). The quads' 16-byte loads need no
+ * alignment fallback: rows are padded with zeros to whole quads in shared memory (the
+ * global loads stay scalar and coalesced; they are O(1 / ROWS) of the shared traffic). */
 #include "common.cuh"
 #include "ops.h"
 
@@ -33,9 +49,10 @@ struct alignas(16) Quad {
 /* The tiles of a kernel for head sizes up to DMAX (64, 128, 256): ROWS rows of DMAX floats
  * are 8 KiB, so the four tiles a kernel stages (Q, K, V, dY) and its scores stay under the
  * 48 KiB of static shared memory a block may have (the emulation has no dynamic shared
- * memory); at most 32 rows: 256 threads. fp32 attention runs on the CUDA cores (no fp32
- * tensor-core path), so the tiles are sized for occupancy (nvcc --resource-usage: see the
- * commit that introduced the quads). Key tiles are as long as query tiles, so the
+ * memory); at most 32 rows: 256 threads. nvcc --resource-usage (sm_90) gives 25-44 KB of
+ * shared memory and 64-157 registers per thread (the forward for <= 64 spills 32 bytes at
+ * the 64 registers ptxas picks), so an H100/H200 SM (228 KB shared, 64K registers) holds
+ * 4 forward blocks of 256 threads for D <= 64. Key tiles are as long as query tiles, so the
  * masked-out triangle a causal query tile still computes is at most its diagonal tile's
  * half. A tile row is QUADS quads, one of padding: rows start 4 banks apart, so the 8
  * rows the 8 threads of a tile row read at once fill the 32 banks without conflict. */
