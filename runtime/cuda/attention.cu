@@ -50,9 +50,9 @@ struct alignas(16) Quad {
  * are 8 KiB, so the four tiles a kernel stages (Q, K, V, dY) and its scores stay under the
  * 48 KiB of static shared memory a block may have (the emulation has no dynamic shared
  * memory); at most 32 rows: 256 threads. nvcc --resource-usage (sm_90) gives 25-44 KB of
- * shared memory and 64-157 registers per thread (the forward for <= 64 spills 32 bytes at
- * the 64 registers ptxas picks), so an H100/H200 SM (228 KB shared, 64K registers) holds
- * 4 forward blocks of 256 threads for D <= 64. Key tiles are as long as query tiles, so the
+ * shared memory and 79-157 registers per thread, no spills, so an H100/H200 SM (228 KB
+ * shared, 64K registers) holds 3 forward blocks of 256 threads for D <= 64 (24 warps,
+ * enough with 4-key register blocks). Key tiles are as long as query tiles, so the
  * masked-out triangle a causal query tile still computes is at most its diagonal tile's
  * half. A tile row is QUADS quads, one of padding: rows start 4 banks apart, so the 8
  * rows the 8 threads of a tile row read at once fill the 32 banks without conflict. */
