@@ -91,12 +91,13 @@ template <int DMAX>
 __device__ void load_tile(Quad (*tile)[Tile<DMAX>::QUADS], Rows x, int64_t b, int64_t head, int64_t s0, int64_t n) {
   for (int e = threadIdx.x; e < Tile<DMAX>::ROWS * DMAX; e += Tile<DMAX>::THREADS) {
     int r = e / DMAX, c = e % DMAX;
-    elem(tile[r], c) = r < n && c < x.D ? x.data[row_offset(x.packed, b, head, x.heads, x.rows, s0 + r, x.D) + c] : 0.0f;
+    elem(tile[r], c) =
+        r < n && c < x.D ? x.data[row_offset(x.packed, b, head, x.heads, x.rows, s0 + r, x.D) + c] : 0.0f;
   }
 }
 
 /* out[k] = a . rows[t + 8 k] over the first `quads` quads, k < K: a thread's K scores of
- * its row of a tile pair, summed in column order like a plain dot product. Each quad of a
+ * its row of a tile pair, summed in column order like a plain dot product. Each quad of `a`
  * loaded feeds 4 K FMAs, each quad of a row 4. */
 template <int K, int QUADS>
 __device__ __forceinline__ void dots(const Quad *a, const Quad (*rows)[QUADS], int t, int quads, float *out) {
@@ -128,13 +129,13 @@ __device__ __forceinline__ void accumulate(const Quad *w, const Quad (*rows)[QUA
   }
 }
 
-static __device__ __forceinline__ int quads_of(int64_t n) { return (int)((n + 3) / 4); }
+__device__ __forceinline__ int quads_of(int64_t n) { return (int)((n + 3) / 4); }
 
 /* Score of query row i of batch b, head h with key j, from their dot product, as the
  * softmax sees it (cpu/nn.c's order): scaled, capped, masked; -inf for a key outside the
  * row's [first, end). *t gets tanh(s / softcap), for the backward. */
-__device__ __forceinline__ float score(const TpAttention &p, int64_t b, int64_t h, int64_t i, int64_t j, float qk, int64_t first,
-                       int64_t end, float *t) {
+__device__ __forceinline__ float score(const TpAttention &p, int64_t b, int64_t h, int64_t i, int64_t j, float qk,
+                                       int64_t first, int64_t end, float *t) {
   if (j < first || j >= end) return -INFINITY;
   float s = p.scale * qk;
   if (p.softcap > 0) {
@@ -204,7 +205,8 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     dots<K, Q>(qs[r], ks, t, dq4, qk);
     for (int kk = 0; kk < K; kk++) { /* -inf past nk: the maximum below reads whole quads */
       int jj = t + ROW_THREADS * kk;
-      elem(ss[r], jj) = r < n && jj < nk ? score(p, b, h, i, j0 + jj, qk[kk], tile.first, tile.end, &unused) : -INFINITY;
+      elem(ss[r], jj) =
+          r < n && jj < nk ? score(p, b, h, i, j0 + jj, qk[kk], tile.first, tile.end, &unused) : -INFINITY;
     }
     __syncthreads();
     float m_new = m; /* each thread of the row finds its maximum, then exponentiates its keys */
