@@ -14,30 +14,63 @@
  *             and delta_i = dy_i . y_i, in stream scratch), then dq by query tiles, then dk
  *             and dv by key tiles, each key tile summing over its group's query heads and
  *             the query tiles that see it in a fixed order (deterministic, no atomics).
- * Threads: ROW_THREADS per row of a tile; thread t of a row owns columns t, t + 8, ... of
- * the row's vectors and keys (or queries) t, t + 8, ... of the tile's scores. A row's
- * softmax statistics are read back from shared memory by its 8 threads, so the kernels
- * need no shuffles, only __syncthreads. */
+ * Threads: ROW_THREADS per row of a tile; thread t of a row owns the quads (4 columns)
+ * t, t + 8, ... of the row's vectors and keys (or queries) t, t + 8, ... of the tile's
+ * scores. A row's softmax statistics are read back from shared memory by its 8 threads,
+ * so the kernels need no shuffles, only __syncthreads.
+ *
+ * fp32 on the CUDA cores, so the products are bounded by shared-memory traffic: an SM
+ * issues 4 warp FMAs a cycle but reads 128 bytes of shared memory a cycle. The tiles are
+ * stored in quads and each thread works on register blocks of them:
+ *   QK^T (dots)     one quad of its row and one quad of each of its KEYS = ROWS / 8 keys
+ *                   per 4 KEYS FMAs: a warp (4 rows x 8 threads) reads 64 + 128 KEYS
+ *                   bytes (1 + KEYS shared cycles) per 4 KEYS warp FMAs;
+ *   P V, dS K,...   one quad of 4 weights and COLS / 4 quads of 4 rows (accumulate) per
+ *   (accumulate)    4 COLS FMAs: 1 + COLS shared cycles per 4 COLS warp FMAs.
+ * In SM cycles (shared cycles / FMA cycles) that is 1.25 and 1.13 for head sizes <= 64
+ * (KEYS 4, COLS 8), 1.5 and 1.06 for <= 128, 2 and 1.03 for <= 256, against 8 and 4.5
+ * when every FMA loaded its operands as single floats (2 loads per FMA in QK^T, 1 + 1 /
+ * COLS in P V): for D <= 64 the products can run at ~80-90% of the FMA peak instead of
+ * 12-22% (a model from the code, not timed on a GPU). The quads' 16-byte loads need no
+ * alignment fallback: rows are padded with zeros to whole quads in shared memory (the
+ * global loads stay scalar and coalesced; they are O(1 / ROWS) of the shared traffic). */
 #include "common.cuh"
 #include "ops.h"
 
 enum { ROW_THREADS = 8, MAX_HEAD_SIZE = 256 };
 
+/* Four floats, 16-byte aligned: the unit the tiles are stored and read in, so a thread
+ * reads four columns of a shared row with one 128-bit load (ld.shared.v4; the emulation
+ * has no float4, and a struct of an array needs no type punning). */
+struct alignas(16) Quad {
+  float v[4];
+};
+
 /* The tiles of a kernel for head sizes up to DMAX (64, 128, 256): ROWS rows of DMAX floats
  * are 8 KiB, so the four tiles a kernel stages (Q, K, V, dY) and its scores stay under the
  * 48 KiB of static shared memory a block may have (the emulation has no dynamic shared
- * memory); at most 32 rows: 256 threads. fp32 attention runs on the CUDA cores (no fp32
- * tensor-core path), so the tiles are sized for occupancy: nvcc --resource-usage gives
- * 25-42 KB of shared memory and 54-139 registers per thread, no spills, so an H100/H200
- * SM (228 KB shared, 64K registers) holds 4 forward blocks of 256 threads for D <= 64.
- * Key tiles are as long as query tiles, so the masked-out triangle a causal query tile
- * still computes is at most its diagonal tile's half. */
+ * memory); at most 32 rows: 256 threads. nvcc --resource-usage (sm_90) gives 25-44 KB of
+ * shared memory and 79-157 registers per thread, no spills, so an H100/H200 SM (228 KB
+ * shared, 64K registers) holds 3 forward blocks of 256 threads for D <= 64 (24 warps,
+ * enough with 4-key register blocks). Key tiles are as long as query tiles, so the
+ * masked-out triangle a causal query tile still computes is at most its diagonal tile's
+ * half. A tile row is QUADS quads, one of padding: rows start 4 banks apart, so the 8
+ * rows the 8 threads of a tile row read at once fill the 32 banks without conflict. */
 template <int DMAX> struct Tile {
   static constexpr int ROWS = 2048 / DMAX < 32 ? 2048 / DMAX : 32;
   static constexpr int THREADS = ROWS * ROW_THREADS;
-  static constexpr int COLS = DMAX / ROW_THREADS; /* the columns a thread owns */
-  static constexpr int LD = DMAX + 1;             /* a padded row: rows start in different banks */
+  static constexpr int COLS = DMAX / ROW_THREADS;  /* the columns a thread owns (a multiple of 4) */
+  static constexpr int KEYS = ROWS / ROW_THREADS;  /* the scores of its row a thread computes */
+  static constexpr int QUADS = DMAX / 4 + 1;       /* a Q/K/V/dY tile row */
+  static constexpr int SQUADS = ROWS / 4 + 1;      /* a row of a tile's scores */
 };
+
+/* Column c (< COLS) of the vectors of its row thread t owns: the quads t, t + 8, ..., so
+ * the 8 threads of a row read 128 consecutive bytes of a tile row at once. */
+__device__ __forceinline__ int owned_col(int t, int c) { return 4 * (t + ROW_THREADS * (c / 4)) + c % 4; }
+
+/* Element c of a row of quads. */
+__device__ __forceinline__ float &elem(Quad *row, int c) { return row[c / 4].v[c % 4]; }
 
 /* Where the rows of a Q/K/V-shaped tensor lie: `rows` rows per (batch, head), packed
  * ([B, rows, heads * D]) or not ([B, heads, rows, D]). */
@@ -52,26 +85,57 @@ __device__ __forceinline__ int64_t row_offset(bool packed, int64_t b, int64_t he
   return packed ? ((b * rows + s) * heads + head) * D : ((b * heads + head) * rows + s) * D;
 }
 
-/* Rows [s0, s0 + n) of head `head` of batch b into tile[ROWS][LD] (rows past n: zeros). */
+/* Rows [s0, s0 + n) of head `head` of batch b into the tile, zeros past row n and column
+ * D: the products below run over whole quads and tiles, and a zero adds nothing. */
 template <int DMAX>
-__device__ void load_tile(float (*tile)[Tile<DMAX>::LD], Rows x, int64_t b, int64_t head, int64_t s0, int64_t n) {
-  for (int64_t e = threadIdx.x; e < Tile<DMAX>::ROWS * x.D; e += Tile<DMAX>::THREADS) {
-    int64_t r = e / x.D, c = e % x.D;
-    tile[r][c] = r < n ? x.data[row_offset(x.packed, b, head, x.heads, x.rows, s0 + r, x.D) + c] : 0.0f;
+__device__ void load_tile(Quad (*tile)[Tile<DMAX>::QUADS], Rows x, int64_t b, int64_t head, int64_t s0, int64_t n) {
+  for (int e = threadIdx.x; e < Tile<DMAX>::ROWS * DMAX; e += Tile<DMAX>::THREADS) {
+    int r = e / DMAX, c = e % DMAX;
+    elem(tile[r], c) =
+        r < n && c < x.D ? x.data[row_offset(x.packed, b, head, x.heads, x.rows, s0 + r, x.D) + c] : 0.0f;
   }
 }
 
-__device__ __forceinline__ float dot(const float *a, const float *b, int64_t n) {
-  float s = 0;
-  for (int64_t d = 0; d < n; d++) s += a[d] * b[d];
-  return s;
+/* out[k] = a . rows[t + 8 k] over the first `quads` quads, k < K: a thread's K scores of
+ * its row of a tile pair, summed in column order like a plain dot product. Each quad of `a`
+ * loaded feeds 4 K FMAs, each quad of a row 4. */
+template <int K, int QUADS>
+__device__ __forceinline__ void dots(const Quad *a, const Quad (*rows)[QUADS], int t, int quads, float *out) {
+  for (int k = 0; k < K; k++) out[k] = 0;
+  for (int d = 0; d < quads; d++) {
+    const Quad x = a[d];
+    for (int k = 0; k < K; k++) {
+      const Quad y = rows[t + ROW_THREADS * k][d];
+      for (int u = 0; u < 4; u++) out[k] += x.v[u] * y.v[u];
+    }
+  }
 }
+
+/* acc[c] += w_j rows[j][owned_col(t, c)] for j < n rounded up to 4 (w and rows zero past
+ * n), in order of j; *wsum (or NULL) += w_j. Each quad of weights loaded feeds 4 C FMAs,
+ * each quad of a row 4. */
+template <int C, int QUADS>
+__device__ __forceinline__ void accumulate(const Quad *w, const Quad (*rows)[QUADS], int t, int n, float *acc,
+                                           float *wsum) {
+  for (int j4 = 0; j4 < (n + 3) / 4; j4++) {
+    const Quad e = w[j4];
+    for (int u = 0; u < 4; u++) {
+      if (wsum) *wsum += e.v[u];
+      for (int c4 = 0; c4 < C / 4; c4++) {
+        const Quad y = rows[4 * j4 + u][t + ROW_THREADS * c4];
+        for (int q = 0; q < 4; q++) acc[4 * c4 + q] += e.v[u] * y.v[q];
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ int quads_of(int64_t n) { return (int)((n + 3) / 4); }
 
 /* Score of query row i of batch b, head h with key j, from their dot product, as the
  * softmax sees it (cpu/nn.c's order): scaled, capped, masked; -inf for a key outside the
  * row's [first, end). *t gets tanh(s / softcap), for the backward. */
-__device__ float score(const TpAttention &p, int64_t b, int64_t h, int64_t i, int64_t j, float qk, int64_t first,
-                       int64_t end, float *t) {
+__device__ __forceinline__ float score(const TpAttention &p, int64_t b, int64_t h, int64_t i, int64_t j, float qk,
+                                       int64_t first, int64_t end, float *t) {
   if (j < first || j >= end) return -INFINITY;
   float s = p.scale * qk;
   if (p.softcap > 0) {
@@ -111,7 +175,7 @@ template <int R> __device__ QueryTile query_tile(const TpAttention &p, int64_t t
 
 /* Keys (and values) [j0, j0 + *nk) of a query tile's [lo, hi) into the shared tiles. */
 template <int DMAX>
-__device__ void load_keys(float (*ks)[Tile<DMAX>::LD], float (*vs)[Tile<DMAX>::LD], Rows k, Rows v,
+__device__ void load_keys(Quad (*ks)[Tile<DMAX>::QUADS], Quad (*vs)[Tile<DMAX>::QUADS], Rows k, Rows v,
                           const QueryTile &q, int64_t j0, int64_t *nk) {
   *nk = q.hi - j0 < Tile<DMAX>::ROWS ? q.hi - j0 : Tile<DMAX>::ROWS;
   load_tile<DMAX>(ks, k, q.b, q.g, j0, *nk);
@@ -125,34 +189,39 @@ template <int DMAX>
 __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     attention_forward_kernel(TpAttention p, Rows q, Rows k, Rows v, int64_t total, float *y, const float *dy,
                              float *lse, float *delta) {
-  constexpr int R = Tile<DMAX>::ROWS, C = Tile<DMAX>::COLS, LD = Tile<DMAX>::LD;
-  __shared__ float qs[R][LD], ks[R][LD], vs[R][LD], ss[R][R + 1], es[R][R + 1];
+  using Tl = Tile<DMAX>;
+  constexpr int R = Tl::ROWS, C = Tl::COLS, K = Tl::KEYS, Q = Tl::QUADS;
+  __shared__ Quad qs[R][Q], ks[R][Q], vs[R][Q], ss[R][Tl::SQUADS], es[R][Tl::SQUADS];
   const QueryTile tile = query_tile<R>(p, total);
-  const int64_t b = tile.b, h = tile.h, i = tile.i, n = tile.n, D = p.head_size, Dv = p.v_head_size;
-  const int r = tile.r, t = tile.t;
+  const int64_t b = tile.b, h = tile.h, i = tile.i, n = tile.n, Dv = p.v_head_size;
+  const int r = tile.r, t = tile.t, dq4 = quads_of(p.head_size);
   load_tile<DMAX>(qs, q, b, h, tile.i0, n);
 
   float m = -INFINITY, l = 0, acc[C] = {0}, unused;
   for (int64_t j0 = tile.lo, nk; j0 < tile.hi; j0 += R) {
     load_keys<DMAX>(ks, vs, k, v, tile, j0, &nk);
     __syncthreads();
-    for (int jj = t; jj < nk; jj += ROW_THREADS)
-      ss[r][jj] = r < n ? score(p, b, h, i, j0 + jj, dot(qs[r], ks[jj], D), tile.first, tile.end, &unused)
-                        : -INFINITY;
+    float qk[K];
+    dots<K, Q>(qs[r], ks, t, dq4, qk);
+    for (int kk = 0; kk < K; kk++) { /* -inf past nk: the maximum below reads whole quads */
+      int jj = t + ROW_THREADS * kk;
+      elem(ss[r], jj) =
+          r < n && jj < nk ? score(p, b, h, i, j0 + jj, qk[kk], tile.first, tile.end, &unused) : -INFINITY;
+    }
     __syncthreads();
     float m_new = m; /* each thread of the row finds its maximum, then exponentiates its keys */
-    for (int jj = 0; jj < nk; jj++) m_new = fmaxf(m_new, ss[r][jj]);
-    for (int jj = t; jj < nk; jj += ROW_THREADS) es[r][jj] = m_new != -INFINITY ? expf(ss[r][jj] - m_new) : 0.0f;
+    for (int j4 = 0; j4 < quads_of(nk); j4++)
+      for (int u = 0; u < 4; u++) m_new = fmaxf(m_new, ss[r][j4].v[u]);
+    for (int kk = 0; kk < K; kk++) {
+      int jj = t + ROW_THREADS * kk; /* zeros past nk: accumulate runs over whole quads */
+      elem(es[r], jj) = jj < nk && m_new != -INFINITY ? expf(elem(ss[r], jj) - m_new) : 0.0f;
+    }
     __syncthreads();
     if (m_new != -INFINITY) { /* else no key of the row so far has weight */
       float rescale = expf(m - m_new);
       l *= rescale;
       for (int c = 0; c < C; c++) acc[c] *= rescale;
-      for (int jj = 0; jj < nk; jj++) {
-        float e = es[r][jj];
-        l += e;
-        for (int c = 0; c < C; c++) acc[c] += e * vs[jj][t + ROW_THREADS * c];
-      }
+      accumulate<C, Q>(es[r], vs, t, (int)nk, acc, &l);
       m = m_new;
     }
     __syncthreads(); /* every row is done with the tiles before the next ones overwrite them */
@@ -161,33 +230,33 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
   const float inv = l > 0 ? 1 / l : 0; /* a row that sees no key gives zeros */
   float part = 0;                      /* this thread's share of dy_i . y_i */
   for (int c = 0; c < C; c++) {
-    int64_t col = t + ROW_THREADS * c;
+    int64_t col = owned_col(t, c);
     if (r >= n || col >= Dv) continue;
     int64_t at = row_offset(q.packed, b, h, p.q_heads, p.q_len, i, Dv) + col;
     if (y) y[at] = acc[c] * inv;
     if (dy) part += dy[at] * (acc[c] * inv);
   }
   if (!lse) return;
-  ss[r][t] = part; /* the last loop's barrier freed ss */
+  elem(ss[r], t) = part; /* the last loop's barrier freed ss */
   __syncthreads();
   if (t == 0 && r < n) {
     float sum = 0;
-    for (int u = 0; u < ROW_THREADS; u++) sum += ss[r][u];
+    for (int u = 0; u < ROW_THREADS; u++) sum += elem(ss[r], u);
     int64_t row = (b * p.q_heads + h) * p.q_len + i;
     delta[row] = sum;
     lse[row] = l > 0 ? m + logf(l) : INFINITY;
   }
 }
 
-/* The probability of key j for row i (from its log-sum-exp) and the gradient of its
- * score, d s_ij = p_ij (dy_i . v_j - delta_i), through the softcap when there is one. */
+/* The gradient of score s_ij, d s_ij = p_ij (dy_i . v_j - delta_i) with p_ij from row
+ * i's log-sum-exp, through the softcap when there is one; qk = q_i . k_j, dyv = dy_i . v_j. */
 __device__ __forceinline__ float score_gradient(const TpAttention &p, int64_t b, int64_t h, int64_t i, int64_t j,
-                                                const float *qi, const float *kj, const float *dyi, const float *vj,
-                                                int64_t first, int64_t end, float lse, float delta, float *prob) {
-  float t = 0, s = score(p, b, h, i, j, dot(qi, kj, p.head_size), first, end, &t);
+                                                float qk, float dyv, int64_t first, int64_t end, float lse,
+                                                float delta, float *prob) {
+  float t = 0, s = score(p, b, h, i, j, qk, first, end, &t);
   float pij = expf(s - lse);
   *prob = pij;
-  float ds = pij * (dot(dyi, vj, p.v_head_size) - delta);
+  float ds = pij * (dyv - delta);
   return p.softcap > 0 ? ds * (1 - t * t) : ds;
 }
 
@@ -196,11 +265,12 @@ template <int DMAX>
 __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     attention_dq_kernel(TpAttention p, Rows q, Rows k, Rows v, Rows dy, const float *lse, const float *delta,
                         float *dq) {
-  constexpr int R = Tile<DMAX>::ROWS, C = Tile<DMAX>::COLS, LD = Tile<DMAX>::LD;
-  __shared__ float qs[R][LD], dys[R][LD], ks[R][LD], vs[R][LD], dss[R][R + 1];
+  using Tl = Tile<DMAX>;
+  constexpr int R = Tl::ROWS, C = Tl::COLS, K = Tl::KEYS, Q = Tl::QUADS;
+  __shared__ Quad qs[R][Q], dys[R][Q], ks[R][Q], vs[R][Q], dss[R][Tl::SQUADS];
   const QueryTile tile = query_tile<R>(p, p.kv_len);
   const int64_t b = tile.b, h = tile.h, i = tile.i, n = tile.n, row = (b * p.q_heads + h) * p.q_len + i;
-  const int r = tile.r, t = tile.t;
+  const int r = tile.r, t = tile.t, dq4 = quads_of(p.head_size), dv4 = quads_of(p.v_head_size);
   const float li = r < n ? lse[row] : INFINITY, di = r < n ? delta[row] : 0;
   load_tile<DMAX>(qs, q, b, h, tile.i0, n);
   load_tile<DMAX>(dys, dy, b, h, tile.i0, n);
@@ -209,33 +279,41 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
   for (int64_t j0 = tile.lo, nk; j0 < tile.hi; j0 += R) {
     load_keys<DMAX>(ks, vs, k, v, tile, j0, &nk);
     __syncthreads();
-    for (int jj = t; jj < nk; jj += ROW_THREADS)
-      dss[r][jj] = r < n ? score_gradient(p, b, h, i, j0 + jj, qs[r], ks[jj], dys[r], vs[jj], tile.first, tile.end,
-                                          li, di, &unused)
-                         : 0.0f;
+    float qk[K], dyv[K];
+    dots<K, Q>(qs[r], ks, t, dq4, qk);
+    dots<K, Q>(dys[r], vs, t, dv4, dyv);
+    for (int kk = 0; kk < K; kk++) {
+      int jj = t + ROW_THREADS * kk; /* zeros past nk: accumulate runs over whole quads */
+      elem(dss[r], jj) = r < n && jj < nk ? score_gradient(p, b, h, i, j0 + jj, qk[kk], dyv[kk], tile.first,
+                                                           tile.end, li, di, &unused)
+                                          : 0.0f;
+    }
     __syncthreads();
-    for (int jj = 0; jj < nk; jj++)
-      for (int c = 0; c < C; c++) acc[c] += dss[r][jj] * ks[jj][t + ROW_THREADS * c];
+    accumulate<C, Q>(dss[r], ks, t, (int)nk, acc, NULL);
     __syncthreads();
   }
   for (int c = 0; c < C; c++) {
-    int64_t col = t + ROW_THREADS * c;
+    int64_t col = owned_col(t, c);
     if (r < n && col < p.head_size) dq[row_offset(q.packed, b, h, p.q_heads, p.q_len, i, p.head_size) + col] = p.scale * acc[c];
   }
 }
 
 /* grid (key tiles, kv_heads, batch): dk and dv of the tile's keys (dense: kv_len rows),
  * dv_j = sum p_ij dy_i, dk_j = scale sum ds_ij q_i over the group's query heads in order
- * and, in each, the query tiles that see one of the keys, in order. */
+ * and, in each, the query tiles that see one of the keys, in order. Thread t of key row r
+ * computes the scores of queries t, t + 8, ... of a query tile. */
 template <int DMAX>
 __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     attention_dkdv_kernel(TpAttention p, Rows q, Rows k, Rows v, Rows dy, const float *lse, const float *delta,
                           float *dk, float *dv) {
-  constexpr int R = Tile<DMAX>::ROWS, C = Tile<DMAX>::COLS, LD = Tile<DMAX>::LD;
-  __shared__ float ks[R][LD], vs[R][LD], qs[R][LD], dys[R][LD], ps[R][R + 1], dss[R][R + 1], ls[R], ds[R];
+  using Tl = Tile<DMAX>;
+  constexpr int R = Tl::ROWS, C = Tl::COLS, K = Tl::KEYS, Q = Tl::QUADS;
+  __shared__ Quad ks[R][Q], vs[R][Q], qs[R][Q], dys[R][Q], ps[R][Tl::SQUADS], dss[R][Tl::SQUADS];
+  __shared__ float ls[R], ds[R];
   const int64_t b = blockIdx.z, g = blockIdx.y, group = p.q_heads / p.kv_heads, T = p.kv_len;
   const int64_t j0 = (int64_t)blockIdx.x * R, nk = T - j0 < R ? T - j0 : R;
   const int r = threadIdx.x / ROW_THREADS, t = threadIdx.x % ROW_THREADS;
+  const int dq4 = quads_of(p.head_size), dv4 = quads_of(p.v_head_size);
   const int64_t j = j0 + r;
   load_tile<DMAX>(ks, k, b, g, j0, nk);
   load_tile<DMAX>(vs, v, b, g, j0, nk);
@@ -248,30 +326,34 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
       if (hi <= j0 || lo >= j0 + nk) continue; /* no row of the tile sees these keys */
       load_tile<DMAX>(qs, q, b, h, i0, n);
       load_tile<DMAX>(dys, dy, b, h, i0, n);
-      for (int ii = threadIdx.x; ii < n; ii += Tile<DMAX>::THREADS) {
+      for (int ii = threadIdx.x; ii < n; ii += Tl::THREADS) {
         int64_t row = (b * p.q_heads + h) * p.q_len + i0 + ii;
         ls[ii] = lse[row];
         ds[ii] = delta[row];
       }
       __syncthreads();
-      for (int ii = t; ii < n; ii += ROW_THREADS) {
-        int64_t i = i0 + ii, first = 0, end = 0;
-        if (r < nk) tp_attention_key_range(&p, i, T, &first, &end);
-        float prob;
-        dss[r][ii] = score_gradient(p, b, h, i, j, qs[ii], ks[r], dys[ii], vs[r], first, end, ls[ii], ds[ii], &prob);
-        ps[r][ii] = prob;
+      float qk[K], dyv[K];
+      dots<K, Q>(ks[r], qs, t, dq4, qk);
+      dots<K, Q>(vs[r], dys, t, dv4, dyv);
+      for (int kk = 0; kk < K; kk++) {
+        int ii = t + ROW_THREADS * kk; /* zeros past n: accumulate runs over whole quads */
+        float grad = 0, prob = 0;
+        if (ii < n) {
+          int64_t i = i0 + ii, first = 0, end = 0;
+          if (r < nk) tp_attention_key_range(&p, i, T, &first, &end);
+          grad = score_gradient(p, b, h, i, j, qk[kk], dyv[kk], first, end, ls[ii], ds[ii], &prob);
+        }
+        elem(dss[r], ii) = grad;
+        elem(ps[r], ii) = prob;
       }
       __syncthreads();
-      for (int ii = 0; ii < n; ii++)
-        for (int c = 0; c < C; c++) {
-          dv_acc[c] += ps[r][ii] * dys[ii][t + ROW_THREADS * c];
-          dk_acc[c] += dss[r][ii] * qs[ii][t + ROW_THREADS * c];
-        }
+      accumulate<C, Q>(ps[r], dys, t, (int)n, dv_acc, NULL);
+      accumulate<C, Q>(dss[r], qs, t, (int)n, dk_acc, NULL);
       __syncthreads();
     }
   if (r >= nk) return;
   for (int c = 0; c < C; c++) {
-    int64_t col = t + ROW_THREADS * c;
+    int64_t col = owned_col(t, c);
     if (dk && col < p.head_size) dk[row_offset(p.packed, b, g, p.kv_heads, T, j, p.head_size) + col] = p.scale * dk_acc[c];
     if (dv && col < p.v_head_size) dv[row_offset(p.packed, b, g, p.kv_heads, T, j, p.v_head_size) + col] = dv_acc[c];
   }
