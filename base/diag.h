@@ -13,7 +13,11 @@ enum { TP_OK = 0, TP_ERR_INPUT = 1, TP_ERR_USAGE = 2, TP_ERR_INTERNAL = 3 };
 /* Internal invariant: aborts with file and line. Never used for bad user input. */
 #define TP_ASSERT(cond) \
   ((cond) ? (void)0 : tp_internal_error(__FILE__, __LINE__, #cond))
+#ifdef __cplusplus /* runtime/cuda's C++ includes this too */
+[[noreturn]] void tp_internal_error(const char *file, int line, const char *what);
+#else
 _Noreturn void tp_internal_error(const char *file, int line, const char *what);
+#endif
 
 /* ---- diagnostics (base/diag.c) ----
  * User-facing errors read like a compiler's:

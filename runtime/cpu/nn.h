@@ -104,11 +104,11 @@ static inline void tp_attention_mask_row(const TpAttention *p, int64_t b, int64_
   const int64_t *ms = p->mask_strides;
   const int64_t at = b * ms[0] + h * ms[1] + i * ms[2];
   if (p->mask_is_bool) {
-    const unsigned char *mb = p->mask;
+    const unsigned char *mb = (const unsigned char *)p->mask; /* casts: C++ (runtime/cuda) includes this too */
     for (int64_t j = j0; j < j1; j++)
       if (!mb[at + j * ms[3]]) s[j - j0] = -INFINITY;
   } else {
-    const float *mf = p->mask;
+    const float *mf = (const float *)p->mask;
     for (int64_t j = j0; j < j1; j++) s[j - j0] += mf[at + j * ms[3]];
   }
 }
