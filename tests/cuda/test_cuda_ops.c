@@ -255,6 +255,10 @@ static void cast_fwd(void) {
       if (tp_dtype_is_float(types[s])) { /* NaN, infinities, fractions, out of every integer range */
         set_f64(&x, 0, NAN), set_f64(&x, 1, INFINITY), set_f64(&x, 2, -INFINITY), set_f64(&x, 3, -2.7);
         set_f64(&x, 4, 1e30), set_f64(&x, 5, 0.3), set_f64(&x, 6, 65519.9);
+        /* f64s just above a tie of f16 (1 + 2^-8 + 2^-11) and of bf16 (1 + 2^-8), which f32
+           rounds onto the tie: only f32's round-to-odd keeps them rounding up */
+        set_f64(&x, 7, 1 + ldexp(1, -8) + ldexp(1, -11) + ldexp(1, -40));
+        set_f64(&x, 8, 1 + ldexp(1, -8) + ldexp(1, -40));
       }
       TpTensor want = result(types[d], 1, &n), got = result(types[d], 1, &n);
       char what[64];
@@ -458,8 +462,16 @@ static void gather_test(bool backward) {
   int64_t n = 3;
   TpTensor x = tensor(TP_F32, 1, &n, 0, 1), f = tensor(TP_F32, 1, &n, 0, 1), y = result_like(&x);
   check_status("Gather by f32 indices", tp_cuda_gather(&x, &f, 0, &y, NULL, stream()), TP_KERNEL_BAD_DTYPE);
-  TpTensor i = tensor(TP_I64, 1, &n, 0, 1);
+  TpTensor i = tensor(TP_I64, 1, &n, 0, 1), y64 = result(TP_F64, 1, &n), d64 = tensor(TP_F64, 1, &n, 0, 1);
   check_status("Gather on axis 1", tp_cuda_gather(&x, &i, 1, &y, NULL, stream()), TP_KERNEL_BAD_SHAPE);
+  check_status("Gather f32 into f64", tp_cuda_gather(&x, &i, 0, &y64, NULL, stream()), TP_KERNEL_BAD_DTYPE);
+  check_status("GatherBackward on f64", tp_cuda_gather_backward(&d64, &i, 0, &y64, NULL, stream()),
+               TP_KERNEL_BAD_DTYPE);
+  check_status("GatherElements f32 into f64", tp_cuda_gather_elements(&x, &i, 0, &y64, NULL, stream()),
+               TP_KERNEL_BAD_DTYPE);
+  check_status("GatherElementsBackward on f64", tp_cuda_gather_elements_backward(&d64, &i, 0, &y64, NULL, stream()),
+               TP_KERNEL_BAD_DTYPE);
+  check_status("GatherElements by f32", tp_cuda_gather_elements(&x, &f, 0, &y, NULL, stream()), TP_KERNEL_BAD_DTYPE);
 }
 static void gather_fwd(void) { gather_test(false); }
 static void gather_bwd(void) { gather_test(true); }
