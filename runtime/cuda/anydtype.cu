@@ -2,16 +2,15 @@
  * reduce.h: the host checks of the CPU kernel (the same statuses), then the f32 launchers
  * of kernels.h where they apply and, for the other dtypes, axes and ops, the kernels below:
  * one thread per output element (or per line that must be summed in order), computing
- * through dtype.cuh as the CPU computes. Deterministic: no float atomics. */
+ * through cpu/scalar.h and dtype.cuh as the CPU computes. Deterministic: no float atomics. */
 #include <string.h>
 
 #include "dtype.cuh"
 #include "ops.h"
 #include "strided.cuh"
 
-static dim3 elementwise_grid(int64_t n) { return tp_elementwise_grid(n); }
 #define LAUNCH_OVER(n, kernel, stream, ...) \
-  TP_LAUNCH(kernel, elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), (stream)->cuda, __VA_ARGS__)
+  TP_LAUNCH(kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), (stream)->cuda, __VA_ARGS__)
 
 static bool same_dims(const TpTensor *a, const TpTensor *b) {
   return a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
@@ -66,11 +65,7 @@ __global__ void unary_any_kernel(TpUnaryOp op, TpDType t, size_t es, const char 
 }
 
 TpKernelStatus tp_cuda_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y, TpStream *stream) {
-  TpDClass cl = tp_dclass(x->dtype);
-  bool ok = op == TP_UNARY_NOT ? cl == TP_CLASS_BOOL
-            : op == TP_UNARY_NEG || op == TP_UNARY_RELU ? cl == TP_CLASS_FLOAT || cl == TP_CLASS_SIGNED
-                                                          : cl == TP_CLASS_FLOAT;
-  if (!ok || y->dtype != x->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (!tp_unary_dtype_ok(op, x->dtype) || y->dtype != x->dtype) return TP_KERNEL_BAD_DTYPE;
   if (!same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;
   int64_t n = tp_tensor_numel(x);
   if (x->dtype == TP_F32) {
@@ -98,67 +93,6 @@ __device__ static double float_binary(TpBinaryOp op, double a, double b) {
   }
 }
 
-/* elementwise.c int_arith: wrapping arithmetic; division truncates and x/0 gives 0; Pow by
- * squaring, or through double for a float exponent. */
-__device__ static uint64_t int_binary(TpBinaryOp op, bool sgn, uint64_t a, TpDType tb, const char *pb, TpDType ty,
-                                      size_t ey) {
-  uint64_t b = tp_dclass(tb) == TP_CLASS_FLOAT ? 0 : tp_load_bits(tb, pb);
-  switch (op) {
-  case TP_BINARY_ADD: return a + b;
-  case TP_BINARY_SUB: return a - b;
-  case TP_BINARY_MUL: return a * b;
-  case TP_BINARY_MAX: return (sgn ? (int64_t)a > (int64_t)b : a > b) ? a : b;
-  case TP_BINARY_MIN: return (sgn ? (int64_t)a < (int64_t)b : a < b) ? a : b;
-  case TP_BINARY_DIV:
-    if (b == 0) return 0;
-    if (!sgn) return a / b;
-    if ((int64_t)b == -1) return 0 - a; /* INT64_MIN / -1 wraps */
-    return (uint64_t)((int64_t)a / (int64_t)b);
-  case TP_BINARY_POW: {
-    if (tp_dclass(tb) == TP_CLASS_FLOAT) {
-      double base = sgn ? (double)(int64_t)a : (double)a;
-      return tp_float_to_bits(ty, ey, pow(base, tp_load_float(tb, pb)));
-    }
-    if (tp_dclass(tb) == TP_CLASS_SIGNED && (int64_t)b < 0) /* 1/a^|b| truncated */
-      return a == 1 ? 1 : sgn && (int64_t)a == -1 ? ((b & 1) ? a : 1) : 0;
-    uint64_t r = 1;
-    for (; b; b >>= 1, a *= a)
-      if (b & 1) r *= a;
-    return r;
-  }
-  default: return 0;
-  }
-}
-
-/* The sign of a - b; 2 when unordered (NaN). */
-__device__ static int compare3(TpDType t, const char *pa, const char *pb) {
-  switch (tp_dclass(t)) {
-  case TP_CLASS_FLOAT: {
-    double a = tp_load_float(t, pa), b = tp_load_float(t, pb);
-    return a < b ? -1 : a > b ? 1 : a == b ? 0 : 2;
-  }
-  case TP_CLASS_SIGNED: {
-    int64_t a = (int64_t)tp_load_bits(t, pa), b = (int64_t)tp_load_bits(t, pb);
-    return (a > b) - (a < b);
-  }
-  default: {
-    uint64_t a = tp_load_bits(t, pa), b = tp_load_bits(t, pb);
-    return (a > b) - (a < b);
-  }
-  }
-}
-
-__device__ static bool compare(TpBinaryOp op, int c) {
-  switch (op) {
-  case TP_BINARY_EQUAL: return c == 0;
-  case TP_BINARY_LESS: return c == -1;
-  case TP_BINARY_LESS_EQUAL: return c == -1 || c == 0;
-  case TP_BINARY_GREATER: return c == 1;
-  case TP_BINARY_GREATER_EQUAL: return c == 1 || c == 0;
-  default: return false;
-  }
-}
-
 struct BinaryTypes {
   TpDType a, b, y;
   size_t ey;
@@ -169,33 +103,17 @@ __global__ void binary_any_kernel(TpBinaryOp op, BinaryTypes t, Strided s, const
     const char *pa = a + offset_of(s, 1, e), *pb = b + offset_of(s, 2, e);
     char *py = y + offset_of(s, 0, e);
     if (op > TP_BINARY_MIN) /* And, comparisons: bool */
-      *py = op == TP_BINARY_AND ? (*pa && *pb) : compare(op, compare3(t.a, pa, pb));
+      *py = op == TP_BINARY_AND ? (*pa && *pb) : tp_compare(op, tp_compare3(t.a, pa, pb));
     else if (tp_dclass(t.y) == TP_CLASS_FLOAT)
       tp_store_float(t.y, py, float_binary(op, tp_load_double(t.a, pa), tp_load_double(t.b, pb)));
     else
       tp_store_bits(t.y, t.ey, py,
-                    int_binary(op, tp_dclass(t.y) == TP_CLASS_SIGNED, tp_load_bits(t.a, pa), t.b, pb, t.y, t.ey));
-  }
-}
-
-/* elementwise.c binary_dtypes_ok */
-static bool binary_dtypes_ok(TpBinaryOp op, TpDType a, TpDType b, TpDType y) {
-  TpDClass ca = tp_dclass(a), cb = tp_dclass(b);
-  switch (op) {
-  case TP_BINARY_AND:
-    return a == TP_BOOL && b == TP_BOOL && y == TP_BOOL;
-  case TP_BINARY_EQUAL: case TP_BINARY_LESS: case TP_BINARY_LESS_EQUAL: case TP_BINARY_GREATER:
-  case TP_BINARY_GREATER_EQUAL:
-    return a == b && y == TP_BOOL && ca != TP_CLASS_NONE && (ca != TP_CLASS_BOOL || op == TP_BINARY_EQUAL);
-  case TP_BINARY_POW:
-    return a == y && ca != TP_CLASS_NONE && ca != TP_CLASS_BOOL && cb != TP_CLASS_NONE && cb != TP_CLASS_BOOL;
-  default:
-    return a == b && a == y && ca != TP_CLASS_NONE && ca != TP_CLASS_BOOL;
+                    tp_int_binary(op, tp_dclass(t.y) == TP_CLASS_SIGNED, tp_load_bits(t.a, pa), t.b, pb, t.y, t.ey));
   }
 }
 
 TpKernelStatus tp_cuda_binary(TpBinaryOp op, const TpTensor *a, const TpTensor *b, TpTensor *y, TpStream *stream) {
-  if (!binary_dtypes_ok(op, a->dtype, b->dtype, y->dtype)) return TP_KERNEL_BAD_DTYPE;
+  if (!tp_binary_dtypes_ok(op, a->dtype, b->dtype, y->dtype)) return TP_KERNEL_BAD_DTYPE;
   TpIter it;
   const TpTensor *const ops[] = {y, a, b};
   if (!tp_iter_broadcast(&it, 3, ops)) return TP_KERNEL_BAD_SHAPE;
@@ -352,29 +270,14 @@ TpKernelStatus tp_cuda_slice_backward(const TpTensor *dy, const int64_t *starts,
   return TP_KERNEL_OK;
 }
 
-/* layout.c check_pieces: Split's and Concat's pieces fit the whole along axis. */
-static TpKernelStatus check_pieces(const TpTensor *whole, const TpTensor *pieces, int n, int axis) {
-  if (axis < 0 || axis >= whole->rank) return TP_KERNEL_BAD_SHAPE;
-  int64_t along = 0;
-  for (int k = 0; k < n; k++) {
-    const TpTensor *p = &pieces[k];
-    if (p->dtype != whole->dtype) return TP_KERNEL_BAD_DTYPE;
-    if (p->rank != whole->rank) return TP_KERNEL_BAD_SHAPE;
-    for (int d = 0; d < whole->rank; d++)
-      if (d != axis && p->dims[d] != whole->dims[d]) return TP_KERNEL_BAD_SHAPE;
-    along += p->dims[axis];
-  }
-  return along == whole->dims[axis] ? TP_KERNEL_OK : TP_KERNEL_BAD_SHAPE;
-}
-
 TpKernelStatus tp_cuda_split(const TpTensor *x, int axis, TpTensor *ys, int n, TpStream *stream) {
-  TpKernelStatus s = check_pieces(x, ys, n, axis);
+  TpKernelStatus s = tp_pieces_check(x, ys, n, axis);
   if (s == TP_KERNEL_OK) tp_cuda_launch_split_f32(x, axis, ys, n, stream->cuda);
   return s;
 }
 
 TpKernelStatus tp_cuda_concat(const TpTensor *xs, int n, int axis, TpTensor *y, TpStream *stream) {
-  TpKernelStatus s = check_pieces(y, xs, n, axis);
+  TpKernelStatus s = tp_pieces_check(y, xs, n, axis);
   if (s == TP_KERNEL_OK) tp_cuda_launch_concat_f32(xs, n, axis, y, stream->cuda);
   return s;
 }
@@ -425,24 +328,11 @@ __global__ void gather_kernel(const char *data, TpDType index_type, const void *
   }
 }
 
-/* layout.c tp_gather's checks of y's dims */
-static TpKernelStatus gather_shape(const TpTensor *data, const TpTensor *indices, int axis, const TpTensor *y) {
-  if (axis < 0 || axis >= data->rank || y->rank != data->rank - 1 + indices->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < y->rank; d++) {
-    int64_t want = d < axis                   ? data->dims[d]
-                   : d < axis + indices->rank ? indices->dims[d - axis]
-                                              : data->dims[d - indices->rank + 1];
-    if (y->dims[d] != want) return TP_KERNEL_BAD_SHAPE;
-  }
-  return TP_KERNEL_OK;
-}
-
 TpKernelStatus tp_cuda_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y, int64_t *bad,
                               TpStream *stream) {
   (void)bad;
-  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
   if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  TpKernelStatus s = gather_shape(data, indices, axis, y);
+  TpKernelStatus s = tp_gather_check(data->rank, data->dims, indices, axis, y, NULL);
   if (s != TP_KERNEL_OK) return s;
   int64_t outer = tp_numel(axis, data->dims), n = data->dims[axis], nidx = tp_tensor_numel(indices);
   int64_t inner = tp_numel(data->rank - axis - 1, data->dims + axis + 1), total = outer * nidx * inner;
@@ -475,9 +365,8 @@ __global__ void gather_backward_kernel(const float *dy, TpDType index_type, cons
 TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis, TpTensor *ddata,
                                        int64_t *bad, TpStream *stream) {
   (void)bad;
-  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
   if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
-  TpKernelStatus s = gather_shape(ddata, indices, axis, dy);
+  TpKernelStatus s = tp_gather_check(ddata->rank, ddata->dims, indices, axis, dy, NULL);
   if (s != TP_KERNEL_OK) return s;
   int64_t outer = tp_numel(axis, ddata->dims), n = ddata->dims[axis], nidx = tp_tensor_numel(indices);
   int64_t inner = tp_numel(ddata->rank - axis - 1, ddata->dims + axis + 1);
@@ -517,16 +406,6 @@ __global__ void gather_elements_kernel(const char *data, ElementsShape p, TpDTyp
   }
 }
 
-/* layout.c tp_gather_elements_check but for the indices, which are on the device */
-static TpKernelStatus elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
-                                     const TpTensor *y) {
-  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
-  if (axis < 0 || axis >= rank || indices->rank != rank || y->rank != rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < rank; d++)
-    if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d])) return TP_KERNEL_BAD_SHAPE;
-  return TP_KERNEL_OK;
-}
-
 static ElementsShape elements_shape(int rank, const int64_t *data_dims, const TpTensor *indices, int axis) {
   ElementsShape p = {};
   p.rank = rank, p.axis = axis, p.n = data_dims[axis], p.total = tp_tensor_numel(indices);
@@ -540,7 +419,7 @@ TpKernelStatus tp_cuda_gather_elements(const TpTensor *data, const TpTensor *ind
                                        int64_t *bad, TpStream *stream) {
   (void)bad;
   if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  TpKernelStatus s = elements_check(data->rank, data->dims, indices, axis, y);
+  TpKernelStatus s = tp_gather_elements_check(data->rank, data->dims, indices, axis, y, NULL);
   if (s != TP_KERNEL_OK) return s;
   ElementsShape p = elements_shape(data->rank, data->dims, indices, axis);
   if (p.total) LAUNCH_OVER(p.total, gather_elements_kernel, stream, static_cast<const char *>(data->data), p,
@@ -567,7 +446,7 @@ TpKernelStatus tp_cuda_gather_elements_backward(const TpTensor *dy, const TpTens
                                                 TpTensor *ddata, int64_t *bad, TpStream *stream) {
   (void)bad;
   if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
-  TpKernelStatus s = elements_check(ddata->rank, ddata->dims, indices, axis, dy);
+  TpKernelStatus s = tp_gather_elements_check(ddata->rank, ddata->dims, indices, axis, dy, NULL);
   if (s != TP_KERNEL_OK) return s;
   if (tp_tensor_bytes(ddata)) TP_CUDA_CHECK(cudaMemsetAsync(ddata->data, 0, tp_tensor_bytes(ddata), stream->cuda));
   ElementsShape p = elements_shape(ddata->rank, ddata->dims, indices, axis);
