@@ -244,28 +244,6 @@ TpKernelStatus tp_cuda_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y,
   return s;
 }
 
-/* y = alpha * y + beta * c[i or 0, j or 0] (c's broadcast dims cm, cn; c NULL: no term) */
-__global__ void gemm_epilogue_kernel(float *y, int64_t M, int64_t N, float alpha, float beta, const float *c,
-                                     int64_t cm, int64_t cn) {
-  TP_GRID_STRIDE_LOOP(e, M * N) {
-    int64_t i = e / N, j = e % N;
-    float v = alpha * y[e];
-    if (c) v += beta * c[(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
-    y[e] = v;
-  }
-}
-
-/* tp_gemm on f32 (its other dtypes: TP_KERNEL_BAD_DTYPE), the operands rounded to bf16
- * first when bf16. op(a) is made row-major in scratch when trans_a, then the product is
- * Linear's (op(b) as its w), then alpha and beta * c applied. */
-static TpKernelStatus gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
-                           double alpha, double beta, TpTensor *y, bool bf16, TpStream *stream);
-
-TpKernelStatus tp_cuda_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
-                            double alpha, double beta, TpTensor *y, TpStream *stream) {
-  return gemm(a, b, c, trans_a, trans_b, alpha, beta, y, false, stream);
-}
-
 /* ---- --precision bf16: operands rounded to bf16 in scratch ---- */
 
 __global__ void to_bf16_kernel(const float *x, int64_t n, uint16_t *y) {
@@ -356,11 +334,20 @@ TpKernelStatus tp_cuda_bf16_matmul_backward_f32(const TpTensor *dy, const TpTens
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_cuda_bf16_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
-                                 double alpha, double beta, TpTensor *y, TpStream *stream) {
-  return gemm(a, b, c, trans_a, trans_b, alpha, beta, y, true, stream);
+/* y = alpha * y + beta * c[i or 0, j or 0] (c's broadcast dims cm, cn; c NULL: no term) */
+__global__ void gemm_epilogue_kernel(float *y, int64_t M, int64_t N, float alpha, float beta, const float *c,
+                                     int64_t cm, int64_t cn) {
+  TP_GRID_STRIDE_LOOP(e, M * N) {
+    int64_t i = e / N, j = e % N;
+    float v = alpha * y[e];
+    if (c) v += beta * c[(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
+    y[e] = v;
+  }
 }
 
+/* tp_gemm on f32 (its other dtypes: TP_KERNEL_BAD_DTYPE), the operands rounded to bf16
+ * first when bf16. op(a) is made row-major in scratch when trans_a, then the product is
+ * Linear's (op(b) as its w), then alpha and beta * c applied. */
 static TpKernelStatus gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
                            double alpha, double beta, TpTensor *y, bool bf16, TpStream *stream) {
   if (a->dtype != TP_F32 || b->dtype != TP_F32 || y->dtype != TP_F32 || (c && c->dtype != TP_F32))
@@ -396,4 +383,14 @@ static TpKernelStatus gemm(const TpTensor *a, const TpTensor *b, const TpTensor 
               static_cast<float *>(y->data), M, N, (float)alpha, (float)beta,
               with_c ? static_cast<const float *>(c->data) : NULL, cm, cn);
   return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
+                            double alpha, double beta, TpTensor *y, TpStream *stream) {
+  return gemm(a, b, c, trans_a, trans_b, alpha, beta, y, false, stream);
+}
+
+TpKernelStatus tp_cuda_bf16_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
+                                 double alpha, double beta, TpTensor *y, TpStream *stream) {
+  return gemm(a, b, c, trans_a, trans_b, alpha, beta, y, true, stream);
 }
