@@ -40,6 +40,18 @@ static int64_t index_at(const TpTensor *indices, int64_t j) {
   return indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j] : ((const int32_t *)indices->data)[j];
 }
 
+/* Every index in [-n, n) (bad NULL: not read, they may be on a device), or the first one
+ * outside into *bad: checked first, so that the copies cannot fail. */
+static TpKernelStatus check_indices(const TpTensor *indices, int64_t n, int64_t *bad) {
+  int64_t total = tp_tensor_numel(indices);
+  for (int64_t j = 0; bad && j < total; j++)
+    if (index_at(indices, j) < -n || index_at(indices, j) >= n) {
+      *bad = index_at(indices, j);
+      return TP_KERNEL_BAD_INDEX;
+    }
+  return TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_gather_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
                                const TpTensor *y, int64_t *bad) {
   if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
@@ -50,15 +62,7 @@ TpKernelStatus tp_gather_check(int rank, const int64_t *data_dims, const TpTenso
                                               : data_dims[d - indices->rank + 1];
     if (y->dims[d] != want) return TP_KERNEL_BAD_SHAPE;
   }
-  int64_t n = data_dims[axis], nidx = tp_tensor_numel(indices);
-  for (int64_t j = 0; bad && j < nidx; j++) { /* every index first, so the copy cannot fail */
-    int64_t ix = index_at(indices, j);
-    if (ix < -n || ix >= n) {
-      *bad = ix;
-      return TP_KERNEL_BAD_INDEX;
-    }
-  }
-  return TP_KERNEL_OK;
+  return check_indices(indices, data_dims[axis], bad);
 }
 
 TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
@@ -75,14 +79,12 @@ TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis
 #pragma omp parallel for schedule(static) if (total * (int64_t)row > PARALLEL_BYTES)
   for (int64_t r = 0; r < total; r++) {
     int64_t o = r / nidx, j = r % nidx;
-    int64_t ix = indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j]
-                                          : ((const int32_t *)indices->data)[j];
+    int64_t ix = index_at(indices, j);
     if (ix < 0) ix += n;
     memcpy(dst + (size_t)r * row, src + (size_t)(o * n + ix) * row, row);
   }
   return TP_KERNEL_OK;
 }
-
 
 TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
                                         const TpTensor *y, int64_t *bad) {
@@ -91,13 +93,7 @@ TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, cons
   for (int d = 0; d < rank; d++)
     if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d]))
       return TP_KERNEL_BAD_SHAPE;
-  int64_t n = data_dims[axis], total = tp_tensor_numel(indices);
-  for (int64_t j = 0; bad && j < total; j++) /* every index first, so the copy cannot fail */
-    if (index_at(indices, j) < -n || index_at(indices, j) >= n) {
-      *bad = index_at(indices, j);
-      return TP_KERNEL_BAD_INDEX;
-    }
-  return TP_KERNEL_OK;
+  return check_indices(indices, data_dims[axis], bad);
 }
 
 TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
