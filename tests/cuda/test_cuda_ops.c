@@ -34,14 +34,37 @@
 
 static const Tolerance EXACT = {0, 0}, F32 = {1e-5, 1e-5}, BF16 = {1e-4, 1e-4};
 
+static TpStream *the_stream;
+
 static TpStream *stream(void) {
-  static TpStream *s;
-  if (!s) s = tp_cuda_stream_new();
-  if (!s) {
+  if (!the_stream) the_stream = tp_cuda_stream_new();
+  if (!the_stream) {
     fprintf(stderr, "no CUDA stream\n");
     exit(1);
   }
-  return s;
+  return the_stream;
+}
+
+/* Every buffer of the test (test_alloc'd), freed with the stream when it ends. */
+static void **buffers;
+static size_t nbuffers, buffer_slots;
+
+static void *buffer(size_t bytes) {
+  if (nbuffers == buffer_slots) {
+    buffer_slots = buffer_slots ? 2 * buffer_slots : 256;
+    buffers = realloc(buffers, buffer_slots * sizeof *buffers);
+    if (!buffers) {
+      fprintf(stderr, "out of memory\n");
+      exit(1);
+    }
+  }
+  return buffers[nbuffers++] = test_alloc(bytes);
+}
+
+static void free_buffers(void) {
+  for (size_t i = 0; i < nbuffers; i++) free(buffers[i]);
+  free(buffers);
+  tp_cuda_stream_free(the_stream);
 }
 
 /* Waits for the queued work; a bad index reported when none was expected fails. */
@@ -68,7 +91,7 @@ static void set_f64(TpTensor *t, int64_t i, double v) {
 static TpTensor tensor(TpDType t, int rank, const int64_t *dims, double lo, double hi) {
   TpTensor v = {.dtype = t, .rank = rank};
   memcpy(v.dims, dims, (size_t)rank * sizeof *dims);
-  v.data = test_alloc(tp_tensor_bytes(&v));
+  v.data = buffer(tp_tensor_bytes(&v));
   int64_t n = tp_tensor_numel(&v);
   if (lo > hi) memset(v.data, 0x5a, tp_tensor_bytes(&v));
   else
@@ -80,8 +103,6 @@ static TpTensor tensor(TpDType t, int rank, const int64_t *dims, double lo, doub
 }
 static TpTensor result(TpDType t, int rank, const int64_t *dims) { return tensor(t, rank, dims, 1, 0); }
 static TpTensor result_like(const TpTensor *x) { return result(x->dtype, x->rank, x->dims); }
-
-static void release(TpTensor *t) { free(t->data); }
 
 /* got against want element by element (as doubles; NaN equals NaN), integers exactly. */
 static void check_tensor(const char *what, const TpTensor *got, const TpTensor *want, Tolerance tol) {
@@ -136,7 +157,6 @@ static void unary_case(TpUnaryOp op, TpDType t, double lo, double hi) {
     check_status(what, tp_cuda_unary(op, &x, &got, stream()), tp_unary(op, &x, &want));
     sync_expect(what, -1);
     check_tensor(what, &got, &want, ieee ? EXACT : libm_tolerance(t));
-    release(&x), release(&want), release(&got);
   }
 }
 
@@ -202,7 +222,6 @@ static void binary_case(TpBinaryOp op, TpDType ta, TpDType tb, TpDType ty, doubl
     check_status(what, tp_cuda_binary(op, &a, &b, &got, stream()), tp_binary(op, &a, &b, &want));
     sync_expect(what, -1);
     check_tensor(what, &got, &want, tol);
-    release(&a), release(&b), release(&want), release(&got);
   }
 }
 
@@ -247,7 +266,6 @@ static void where_fwd(void) {
       check_status(what, tp_cuda_where(&cond, &a, &b, &got, stream()), tp_where(&cond, &a, &b, &want));
       sync_expect(what, -1);
       check_tensor(what, &got, &want, EXACT);
-      release(&cond), release(&a), release(&b), release(&want), release(&got);
     }
   int64_t n = 3;
   TpTensor c = tensor(TP_I32, 1, &n, 0, 1), a = tensor(TP_F32, 1, &n, 0, 1), y = result(TP_F32, 1, &n);
@@ -275,7 +293,6 @@ static void cast_fwd(void) {
       check_status(what, tp_cuda_cast(&x, &got, stream()), tp_cast(&x, &want));
       sync_expect(what, -1);
       check_tensor(what, &got, &want, EXACT);
-      release(&x), release(&want), release(&got);
     }
 }
 
@@ -294,22 +311,18 @@ static void reshape_expand_tile(void) {
     check_status(what, tp_cuda_reshape(&x, &g, stream()), tp_reshape(&x, &w));
     sync_expect(what, -1);
     check_tensor(what, &g, &w, EXACT);
-    release(&w), release(&g);
     w = result(d, 4, ed), g = result(d, 4, ed);
     snprintf(what, sizeof what, "Expand on %s", dtype_name(d));
     check_status(what, tp_cuda_expand(&x, &g, stream()), tp_expand(&x, &w));
     sync_expect(what, -1);
     check_tensor(what, &g, &w, EXACT);
-    release(&w), release(&g);
     for (int z = 0; z < 2; z++) {
       w = result(d, 3, z ? zd : td), g = result(d, 3, z ? zd : td);
       snprintf(what, sizeof what, "Tile on %s%s", dtype_name(d), z ? " into an empty y" : "");
       check_status(what, tp_cuda_tile(&x, &g, stream()), tp_tile(&x, &w));
       sync_expect(what, -1);
       check_tensor(what, &g, &w, EXACT);
-      release(&w), release(&g);
     }
-    release(&x);
   }
   int64_t a[2] = {2, 3}, b[2] = {4, 3}, c[2] = {2, 2};
   TpTensor x = tensor(TP_F32, 2, a, 0, 1), y = result(TP_F32, 2, b), z = result(TP_F32, 2, c), y64 = result(TP_F64, 2, b);
@@ -328,7 +341,6 @@ static void transpose_fwd(void) {
                  tp_transpose(&x, bad_perm, &w));
     sync_expect("Transpose", -1);
     check_tensor(dtype_name(LAYOUT_TYPES[t]), &g, &w, EXACT);
-    release(&x), release(&w), release(&g);
   }
 }
 
@@ -361,7 +373,6 @@ static void slice_test(bool backward) {
         check_status(what, tp_cuda_slice(&in, s->starts, s->steps, &g, stream()), tp_slice(&in, s->starts, s->steps, &w));
       sync_expect(what, -1);
       if (c < 3) check_tensor(what, &g, &w, EXACT);
-      release(&in), release(&w), release(&g);
     }
 }
 static void slice_fwd(void) { slice_test(false); }
@@ -391,8 +402,6 @@ static void split_concat(void) {
       check_tensor(what, &cg, &cw, EXACT);
       check_status("Split on axis 3", tp_cuda_split(&x, 3, got, 3, stream()), tp_split(&x, 3, want, 3));
       check_status("Concat of 2 pieces", tp_cuda_concat(want, 2, axis, &cg, stream()), tp_concat(want, 2, axis, &cw));
-      release(&x), release(&cw), release(&cg);
-      for (int k = 0; k < 3; k++) release(&want[k]), release(&got[k]);
     }
 }
 
@@ -407,7 +416,6 @@ static void context_append(void) {
                  tp_context_append(&x, 1, 5, 7, w.data));
     sync_expect("ContextAppend", -1);
     check_tensor("ContextAppend", &g, &w, EXACT);
-    release(&x), release(&w), release(&g);
   }
 }
 
@@ -423,7 +431,6 @@ static void trilu_fwd(void) {
         check_status(what, tp_cuda_trilu(&x, upper, ks[k], &g, stream()), tp_trilu(&x, upper, ks[k], &w));
         sync_expect(what, -1);
         check_tensor(what, &g, &w, EXACT);
-        release(&x), release(&w), release(&g);
       }
   int64_t n = 4;
   TpTensor v = tensor(TP_F32, 1, &n, 0, 1), y = result_like(&v);
@@ -466,7 +473,6 @@ static void gather_test(bool backward) {
         if (backward) tp_cuda_gather_backward(&in, &idx, axis, &g, NULL, stream());
         else tp_cuda_gather(&in, &idx, axis, &g, NULL, stream());
         sync_expect(what, data_dims[axis] + 2);
-        release(&idx), release(&in), release(&w), release(&g);
       }
   int64_t n = 3;
   TpTensor x = tensor(TP_F32, 1, &n, 0, 1), f = tensor(TP_F32, 1, &n, 0, 1), y = result_like(&x);
@@ -515,7 +521,6 @@ static void gather_elements_test(bool backward) {
                    backward ? tp_cuda_gather_elements_backward(&in, &idx, axis, &short_y, NULL, stream())
                             : tp_cuda_gather_elements(&in, &idx, axis, &short_y, NULL, stream()),
                    TP_KERNEL_BAD_SHAPE);
-      release(&idx), release(&in), release(&w), release(&g), release(&short_y);
     }
 }
 static void gather_elements_fwd(void) { gather_elements_test(false); }
@@ -536,7 +541,6 @@ static void cumsum_fwd(void) {
                      tp_cumsum(&x, axis, flags & 1, flags & 2, &w));
         sync_expect(what, -1);
         check_tensor(what, &g, &w, EXACT);
-        release(&x), release(&w), release(&g);
       }
   TpTensor b = tensor(TP_BOOL, 3, xd, 0, 1), y = result_like(&b);
   check_status("CumSum on bool", tp_cuda_cumsum(&b, 0, false, false, &y, stream()), TP_KERNEL_BAD_DTYPE);
@@ -561,7 +565,6 @@ static void reduce_sum_fwd(void) {
                      tp_reduce_sum(&x, axes_sets[a], naxes[a], mean, &w));
         sync_expect(what, -1);
         check_tensor(what, &g, &w, EXACT);
-        release(&x), release(&w), release(&g);
       }
   const int64_t unsorted[2] = {3, 1};
   TpTensor x = tensor(TP_I64, 4, xd, 0, 1), y = result(TP_I64, 2, xd);
@@ -573,13 +576,13 @@ static void reduce_sum_fwd(void) {
 
 /* ---- nn (f32 arrays) ---- */
 static float *floats(int64_t n, float scale) {
-  float *a = test_alloc((size_t)n * sizeof *a);
+  float *a = buffer((size_t)n * sizeof *a);
   for (int64_t i = 0; i < n; i++) a[i] = frand() * scale;
   return a;
 }
 
 static float *poison(int64_t n) {
-  float *a = test_alloc((size_t)n * sizeof *a);
+  float *a = buffer((size_t)n * sizeof *a);
   for (int64_t i = 0; i < n; i++) a[i] = 12345.0f;
   return a;
 }
@@ -608,12 +611,9 @@ static void softmax_test(bool backward) {
         tp_softmax_f32(x2, want, outer, n, inner, log);
         check_status(what, tp_cuda_softmax_f32(x2, got, outer, n, inner, log, stream()), TP_KERNEL_OK);
         compare(what, got, want, total, F32);
-        free(x2);
-        free(x), free(dy), free(want), free(got);
         continue;
       }
       compare(what, got, want, total, F32);
-      free(x), free(dy), free(want), free(got);
     }
 }
 static void softmax_fwd(void) { softmax_test(false); }
@@ -701,7 +701,7 @@ static void swiglu_gelu(void) {
 }
 
 static int64_t *ids(int64_t n, int64_t lo, int64_t hi) {
-  int64_t *a = test_alloc((size_t)n * sizeof *a);
+  int64_t *a = buffer((size_t)n * sizeof *a);
   for (int64_t i = 0; i < n; i++) a[i] = lo + (int64_t)((frand() + 1) / 2 * (double)(hi - lo + 1)) % (hi - lo + 1);
   return a;
 }
@@ -721,7 +721,7 @@ static void embedding_fwd(void) {
 static void cross_entropy_test(bool backward) {
   const int64_t R = 13, V = 301;
   float *logits = floats(R * V, 5), *want = poison(backward ? R * V : 1), *got = poison(backward ? R * V : 1);
-  float *dloss = test_alloc(sizeof *dloss);
+  float *dloss = buffer(sizeof *dloss);
   int64_t *targets = ids(R, 0, V - 1), bad = -1;
   *dloss = 0.75f;
   if (backward) {
@@ -773,7 +773,6 @@ static void loss_test(bool softmax) {
         else tp_cuda_nll_loss_f32(x, target, N, C, D, &o, got, NULL, stream());
         sync_expect(what, 5);
       }
-      free(x), free(weight), free(target), free(want), free(got), free(wlp), free(glp);
     }
 }
 static void nll_loss_fwd(void) { loss_test(false); }
@@ -791,7 +790,7 @@ static void copy_to_host(void) {
 /* x as the bf16 plan's products read it: a copy rounded to bf16 when bf16, else x */
 static float *operand(const float *x, int64_t n, bool bf16) {
   if (!bf16) return (float *)x;
-  float *r = malloc((size_t)(n ? n : 1) * sizeof *r);
+  float *r = buffer((size_t)n * sizeof *r);
   for (int64_t i = 0; i < n; i++) r[i] = tp_bf16_to_f32(tp_f32_to_bf16(x[i]));
   return r;
 }
@@ -813,7 +812,6 @@ static void linear_test(bool backward, bool bf16) {
         check_status(what, (bf16 ? tp_cuda_bf16_linear_f32 : tp_cuda_linear_f32)(x, w, bias, M, K, N, tw, got, stream()),
                      TP_KERNEL_OK);
         compare(what, got, want, M * N, tol);
-        free(want), free(got);
       } else {
         float *wdx = poison(M * K + 1), *gdx = poison(M * K + 1), *wdw = poison(K * N + 1), *gdw = poison(K * N + 1);
         float *wdb = poison(N + 1), *gdb = poison(N + 1);
@@ -825,10 +823,7 @@ static void linear_test(bool backward, bool bf16) {
         compare(what, gdx, wdx, M * K, tol);
         check_close(what, gdw, wdw, K * N, tol);
         check_close(what, gdb, wdb, N, F32);
-        free(wdx), free(gdx), free(wdw), free(gdw), free(wdb), free(gdb);
       }
-      if (bf16) free(xr), free(wr), free(dyr);
-      free(x), free(w), free(bias), free(dy);
     }
 }
 static void linear_fwd(void) { linear_test(false, false); }
@@ -877,11 +872,7 @@ static void matmul_test(bool backward, bool bf16) {
       sync_expect(what, -1);
       check_tensor(what, &gda, &wda, tol);
       check_tensor(what, &gdb, &wdb, tol);
-      if (bf16) free(dyr.data);
-      release(&dy), release(&wda), release(&gda), release(&wdb), release(&gdb);
     }
-    if (bf16) free(ar.data), free(br.data);
-    release(&a), release(&b), release(&w), release(&g);
   }
   int64_t d2[2] = {2, 3};
   TpTensor x = tensor(TP_F64, 2, d2, 0, 1), y = result(TP_F64, 2, d2), f = tensor(TP_F32, 2, d2, 0, 1);
@@ -914,8 +905,6 @@ static void gemm_test(bool bf16) {
                    tp_gemm(&ar, &br, cp, ta, tb, 0.5, 2, &w));
       sync_expect(what, -1);
       check_tensor(what, &g, &w, bf16 ? BF16 : F32);
-      if (bf16) free(ar.data), free(br.data);
-      release(&a), release(&b), release(&c), release(&w), release(&g);
     }
   int64_t d2[2] = {2, 3}, d3[2] = {3, 3};
   TpTensor x = tensor(TP_F32, 2, d2, 0, 1), y = result(TP_F32, 2, d3), i = tensor(TP_I32, 2, d2, 0, 1);
@@ -973,5 +962,6 @@ static const CudaTest TESTS[] = {
 };
 
 int main(int argc, char **argv) {
+  atexit(free_buffers);
   return run_named_test("test_cuda_ops", TESTS, sizeof TESTS / sizeof *TESTS, argc, argv);
 }
