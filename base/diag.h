@@ -10,14 +10,17 @@
 /* ---- status codes (also the tools' exit codes) ---- */
 enum { TP_OK = 0, TP_ERR_INPUT = 1, TP_ERR_USAGE = 2, TP_ERR_INTERNAL = 3 };
 
+/* C's _Noreturn, or C++'s attribute where runtime/cuda's C++ (backend.cu) includes this */
+#ifdef __cplusplus
+#define TP_NORETURN [[noreturn]]
+#else
+#define TP_NORETURN _Noreturn
+#endif
+
 /* Internal invariant: aborts with file and line. Never used for bad user input. */
 #define TP_ASSERT(cond) \
   ((cond) ? (void)0 : tp_internal_error(__FILE__, __LINE__, #cond))
-#ifdef __cplusplus /* runtime/cuda's C++ includes this too */
-[[noreturn]] void tp_internal_error(const char *file, int line, const char *what);
-#else
-_Noreturn void tp_internal_error(const char *file, int line, const char *what);
-#endif
+TP_NORETURN void tp_internal_error(const char *file, int line, const char *what);
 
 /* ---- diagnostics (base/diag.c) ----
  * User-facing errors read like a compiler's:

@@ -9,6 +9,16 @@
 
 #include "kernel.h"
 
+/* The attention helpers below are host and device code alike (runtime/cuda/attention.cu
+ * calls them in its kernels); the same definition as cpu/optim.h's. */
+#ifndef TP_HOST_DEVICE
+#ifdef __CUDACC__
+#define TP_HOST_DEVICE __host__ __device__
+#else
+#define TP_HOST_DEVICE
+#endif
+#endif
+
 /* Softmax (or log-softmax when `log`) of x viewed as [outer, n, inner] along the middle
  * axis. Numerically stable (the row maximum is subtracted). A row that is all -inf gives
  * zeros (log: -inf) instead of NaN. x and y may alias. */
@@ -74,7 +84,7 @@ static inline void tp_attention_set_mask(TpAttention *p, const void *mask, bool 
 
 /* The keys [*first, *end) of the `total` that query row i may see: the causal and window
  * bounds, and the mask's length (first <= end; the mask's values are not read). */
-static inline void tp_attention_key_range(const TpAttention *p, int64_t i, int64_t total, int64_t *first,
+TP_HOST_DEVICE static inline void tp_attention_key_range(const TpAttention *p, int64_t i, int64_t total, int64_t *first,
                                           int64_t *end) {
   int64_t last = i + p->past_len + p->causal_offset; /* the latest key a causal row sees */
   *end = p->is_causal && last + 1 < total ? last + 1 : total;
@@ -90,7 +100,7 @@ enum { TP_ATTENTION_QUERY_BLOCK = 64 };
 
 /* The keys [*lo, *hi) that some row of query rows [i0, i1) may see (the rows' ranges only
  * move forward). */
-static inline void tp_attention_block_keys(const TpAttention *p, int64_t i0, int64_t i1, int64_t total, int64_t *lo,
+TP_HOST_DEVICE static inline void tp_attention_block_keys(const TpAttention *p, int64_t i0, int64_t i1, int64_t total, int64_t *lo,
                                            int64_t *hi) {
   int64_t unused;
   tp_attention_key_range(p, i0, total, lo, &unused);
@@ -104,7 +114,7 @@ static inline void tp_attention_mask_row(const TpAttention *p, int64_t b, int64_
   const int64_t *ms = p->mask_strides;
   const int64_t at = b * ms[0] + h * ms[1] + i * ms[2];
   if (p->mask_is_bool) {
-    const unsigned char *mb = (const unsigned char *)p->mask; /* casts: C++ (runtime/cuda) includes this too */
+    const unsigned char *mb = (const unsigned char *)p->mask;
     for (int64_t j = j0; j < j1; j++)
       if (!mb[at + j * ms[3]]) s[j - j0] = -INFINITY;
   } else {
