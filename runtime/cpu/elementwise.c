@@ -3,6 +3,7 @@
 #include <string.h>
 #include <tgmath.h> /* sqrt, exp, ... pick the float or double version from the argument */
 
+#include "scalar.h"
 #include "vecmath.h"
 
 /* ---- strided iteration ---- */
@@ -119,100 +120,6 @@ static bool same_dims(const TpTensor *a, const TpTensor *b) {
   return a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
 }
 
-/* ---- scalar loads and stores of any dtype ---- */
-
-typedef enum { CLASS_FLOAT, CLASS_SIGNED, CLASS_UNSIGNED, CLASS_BOOL, CLASS_NONE } DClass;
-
-static DClass dclass(TpDType t) {
-  switch (t) {
-  case TP_F32: case TP_F64: case TP_F16: case TP_BF16: return CLASS_FLOAT;
-  case TP_I8: case TP_I16: case TP_I32: case TP_I64: return CLASS_SIGNED;
-  case TP_U8: case TP_U16: case TP_U32: case TP_U64: return CLASS_UNSIGNED;
-  case TP_BOOL: return CLASS_BOOL;
-  default: return CLASS_NONE;
-  }
-}
-
-static double load_float(TpDType t, const char *p) {
-  switch (t) {
-  case TP_F32: { float v; memcpy(&v, p, 4); return v; }
-  case TP_F64: { double v; memcpy(&v, p, 8); return v; }
-  case TP_F16: { uint16_t v; memcpy(&v, p, 2); return tp_f16_to_f32(v); }
-  case TP_BF16: { uint16_t v; memcpy(&v, p, 2); return tp_bf16_to_f32(v); }
-  default: return 0;
-  }
-}
-
-/* Integer or bool element as 64 bits, sign-extended for signed dtypes. */
-static uint64_t load_bits(TpDType t, const char *p) {
-  switch (t) {
-  case TP_I8: { int8_t v; memcpy(&v, p, 1); return (uint64_t)(int64_t)v; }
-  case TP_I16: { int16_t v; memcpy(&v, p, 2); return (uint64_t)(int64_t)v; }
-  case TP_I32: { int32_t v; memcpy(&v, p, 4); return (uint64_t)(int64_t)v; }
-  case TP_I64: { int64_t v; memcpy(&v, p, 8); return (uint64_t)v; }
-  case TP_U8: case TP_BOOL: { uint8_t v; memcpy(&v, p, 1); return v; }
-  case TP_U16: { uint16_t v; memcpy(&v, p, 2); return v; }
-  case TP_U32: { uint32_t v; memcpy(&v, p, 4); return v; }
-  case TP_U64: { uint64_t v; memcpy(&v, p, 8); return v; }
-  default: return 0;
-  }
-}
-
-/* Any numeric element as a double (exact for all but 64-bit integers beyond 2^53). */
-static double load_double(TpDType t, const char *p) {
-  switch (dclass(t)) {
-  case CLASS_FLOAT: return load_float(t, p);
-  case CLASS_SIGNED: return (double)(int64_t)load_bits(t, p);
-  default: return (double)load_bits(t, p);
-  }
-}
-
-/* Low bytes of v (two's complement wraps); bool stores v != 0. */
-static void store_bits(TpDType t, char *p, uint64_t v) {
-  switch (tp_dtype_size(t)) {
-  case 1: { uint8_t x = t == TP_BOOL ? v != 0 : (uint8_t)v; memcpy(p, &x, 1); break; }
-  case 2: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
-  case 4: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
-  case 8: memcpy(p, &v, 8); break;
-  }
-}
-
-/* v rounded to f32 with round-to-odd, so that a second rounding to f16/bf16 (11 and 8
- * bits, far below f32's 24) gives the correctly rounded result of v. */
-static float round_to_odd_f32(double v) {
-  float f = (float)v;
-  uint32_t bits;
-  memcpy(&bits, &f, 4);
-  if (isfinite(f) && (double)f != v && !(bits & 1)) f = nextafterf(f, v > f ? INFINITY : -INFINITY);
-  return f;
-}
-
-static void store_float(TpDType t, char *p, double v) {
-  switch (t) {
-  case TP_F32: { float x = (float)v; memcpy(p, &x, 4); break; }
-  case TP_F64: memcpy(p, &v, 8); break;
-  case TP_F16: { uint16_t x = tp_f32_to_f16(round_to_odd_f32(v)); memcpy(p, &x, 2); break; }
-  case TP_BF16: { uint16_t x = tp_f32_to_bf16(round_to_odd_f32(v)); memcpy(p, &x, 2); break; }
-  default: break;
-  }
-}
-
-/* Float to integer dtype t: truncation toward zero; NaN gives 0, out-of-range saturates. */
-static uint64_t float_to_bits(TpDType t, double v) {
-  if (isnan(v)) return 0;
-  int bits = (int)tp_dtype_size(t) * 8;
-  if (dclass(t) == CLASS_SIGNED) {
-    double lo = -ldexp(1.0, bits - 1), hi = ldexp(1.0, bits - 1); /* valid: [lo, hi) */
-    if (v <= lo) return (uint64_t)(int64_t)lo;
-    if (v >= hi) return bits == 64 ? (uint64_t)INT64_MAX : (uint64_t)((int64_t)hi - 1);
-    return (uint64_t)(int64_t)v;
-  }
-  double hi = ldexp(1.0, bits);
-  if (v <= 0) return 0;
-  if (v >= hi) return bits == 64 ? UINT64_MAX : (uint64_t)hi - 1;
-  return (uint64_t)v;
-}
-
 /* ---- unary ---- */
 
 typedef struct {
@@ -296,28 +203,24 @@ static void unary_run(const void *ctx, int64_t n, char *const p[], const int64_t
     double buf[BLOCK];
     for (int64_t b = 0; b < n; b += BLOCK) {
       int64_t m = n - b < BLOCK ? n - b : BLOCK;
-      for (int64_t i = 0; i < m; i++) buf[i] = load_float(t, p[1] + (b + i) * es);
+      for (int64_t i = 0; i < m; i++) buf[i] = tp_load_float(t, p[1] + (b + i) * es);
       UNARY_LOOP(double, c->op, m, buf, buf);
-      for (int64_t i = 0; i < m; i++) store_float(t, p[0] + (b + i) * es, buf[i]);
+      for (int64_t i = 0; i < m; i++) tp_store_float(t, p[0] + (b + i) * es, buf[i]);
     }
   } else if (t == TP_BOOL) { /* Not */
     for (int64_t i = 0; i < n; i++) p[0][i] = !p[1][i];
   } else { /* signed integers: Neg, Relu */
     for (int64_t i = 0; i < n; i++) {
-      uint64_t v = load_bits(t, p[1] + i * es);
+      uint64_t v = tp_load_bits(t, p[1] + i * es);
       if (c->op == TP_UNARY_NEG) v = 0 - v;
       else if ((int64_t)v < 0) v = 0;
-      store_bits(t, p[0] + i * es, v);
+      tp_store_bits(t, es, p[0] + i * es, v);
     }
   }
 }
 
 TpKernelStatus tp_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y) {
-  DClass cl = dclass(x->dtype);
-  bool ok = op == TP_UNARY_NOT ? cl == CLASS_BOOL
-            : op == TP_UNARY_NEG || op == TP_UNARY_RELU ? cl == CLASS_FLOAT || cl == CLASS_SIGNED
-                                                          : cl == CLASS_FLOAT;
-  if (!ok || y->dtype != x->dtype) return TP_KERNEL_BAD_DTYPE;
+  if (!tp_unary_dtype_ok(op, x->dtype) || y->dtype != x->dtype) return TP_KERNEL_BAD_DTYPE;
   if (!same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;
   TpIter it;
   iter_flat(&it, 2, (const TpTensor *const[]){y, x});
@@ -372,66 +275,6 @@ static void float_binary_f64(TpBinaryOp op, int64_t n, double *y, const double *
   FLOAT_BINARY(double, op);
 }
 
-/* Integer arithmetic wraps; division truncates and x/0 gives 0. Pow: integer exponents by
- * squaring, float exponents through double. */
-static uint64_t int_arith(TpBinaryOp op, bool sgn, uint64_t a, TpDType tb, const char *pb,
-                          TpDType ty) {
-  uint64_t b = dclass(tb) == CLASS_FLOAT ? 0 : load_bits(tb, pb);
-  switch (op) {
-  case TP_BINARY_ADD: return a + b;
-  case TP_BINARY_SUB: return a - b;
-  case TP_BINARY_MUL: return a * b;
-  case TP_BINARY_MAX: return (sgn ? (int64_t)a > (int64_t)b : a > b) ? a : b;
-  case TP_BINARY_MIN: return (sgn ? (int64_t)a < (int64_t)b : a < b) ? a : b;
-  case TP_BINARY_DIV:
-    if (b == 0) return 0;
-    if (!sgn) return a / b;
-    if ((int64_t)b == -1) return 0 - a; /* INT64_MIN / -1 wraps */
-    return (uint64_t)((int64_t)a / (int64_t)b);
-  case TP_BINARY_POW: {
-    if (dclass(tb) == CLASS_FLOAT) {
-      double base = sgn ? (double)(int64_t)a : (double)a;
-      return float_to_bits(ty, pow(base, load_float(tb, pb)));
-    }
-    if (dclass(tb) == CLASS_SIGNED && (int64_t)b < 0) /* 1/a^|b| truncated */
-      return a == 1 ? 1 : sgn && (int64_t)a == -1 ? ((b & 1) ? a : 1) : 0;
-    uint64_t r = 1;
-    for (; b; b >>= 1, a *= a)
-      if (b & 1) r *= a;
-    return r;
-  }
-  default: return 0;
-  }
-}
-
-static bool compare(TpBinaryOp op, int c) { /* c: sign of a - b; 2 when unordered (NaN) */
-  switch (op) {
-  case TP_BINARY_EQUAL: return c == 0;
-  case TP_BINARY_LESS: return c == -1;
-  case TP_BINARY_LESS_EQUAL: return c == -1 || c == 0;
-  case TP_BINARY_GREATER: return c == 1;
-  case TP_BINARY_GREATER_EQUAL: return c == 1 || c == 0;
-  default: return false;
-  }
-}
-
-static int compare3(TpDType t, const char *pa, const char *pb) {
-  switch (dclass(t)) {
-  case CLASS_FLOAT: {
-    double a = load_float(t, pa), b = load_float(t, pb);
-    return a < b ? -1 : a > b ? 1 : a == b ? 0 : 2;
-  }
-  case CLASS_SIGNED: {
-    int64_t a = (int64_t)load_bits(t, pa), b = (int64_t)load_bits(t, pb);
-    return (a > b) - (a < b);
-  }
-  default: {
-    uint64_t a = load_bits(t, pa), b = load_bits(t, pb);
-    return (a > b) - (a < b);
-  }
-  }
-}
-
 static void binary_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {
   const BinaryCtx *c = ctx;
   size_t ey = tp_dtype_size(c->y);
@@ -439,49 +282,34 @@ static void binary_run(const void *ctx, int64_t n, char *const p[], const int64_
   if (!is_arith(c->op)) {
     for (int64_t i = 0; i < n; i++) {
       const char *pa = p[1] + i * step[1], *pb = p[2] + i * step[2];
-      p[0][i] = c->op == TP_BINARY_AND ? (*pa && *pb) : compare(c->op, compare3(c->a, pa, pb));
+      p[0][i] = c->op == TP_BINARY_AND ? (*pa && *pb) : tp_compare(c->op, tp_compare3(c->a, pa, pb));
     }
   } else if (c->y == TP_F32 && c->b == TP_F32) {
     float_binary_f32(c->op, n, (float *)p[0], (const float *)p[1], sa, (const float *)p[2], sb);
   } else if (c->y == TP_F64 && c->b == TP_F64) {
     float_binary_f64(c->op, n, (double *)p[0], (const double *)p[1], sa, (const double *)p[2], sb);
-  } else if (dclass(c->y) == CLASS_FLOAT) { /* f16, bf16, Pow with another exponent dtype */
+  } else if (tp_dclass(c->y) == TP_CLASS_FLOAT) { /* f16, bf16, Pow with another exponent dtype */
     double a[BLOCK], b[BLOCK];
     for (int64_t k = 0; k < n; k += BLOCK) {
       int64_t m = n - k < BLOCK ? n - k : BLOCK;
       for (int64_t i = 0; i < m; i++) {
-        a[i] = load_double(c->a, p[1] + (k + i) * step[1]);
-        b[i] = load_double(c->b, p[2] + (k + i) * step[2]);
+        a[i] = tp_load_double(c->a, p[1] + (k + i) * step[1]);
+        b[i] = tp_load_double(c->b, p[2] + (k + i) * step[2]);
       }
       float_binary_f64(c->op, m, a, a, true, b, true);
-      for (int64_t i = 0; i < m; i++) store_float(c->y, p[0] + (k + i) * ey, a[i]);
+      for (int64_t i = 0; i < m; i++) tp_store_float(c->y, p[0] + (k + i) * ey, a[i]);
     }
   } else {
-    bool sgn = dclass(c->y) == CLASS_SIGNED;
+    bool sgn = tp_dclass(c->y) == TP_CLASS_SIGNED;
     for (int64_t i = 0; i < n; i++) {
-      uint64_t a = load_bits(c->a, p[1] + i * step[1]);
-      store_bits(c->y, p[0] + i * ey, int_arith(c->op, sgn, a, c->b, p[2] + i * step[2], c->y));
+      uint64_t a = tp_load_bits(c->a, p[1] + i * step[1]);
+      tp_store_bits(c->y, ey, p[0] + i * ey, tp_int_binary(c->op, sgn, a, c->b, p[2] + i * step[2], c->y, ey));
     }
-  }
-}
-
-static TpKernelStatus binary_dtypes_ok(TpBinaryOp op, TpDType a, TpDType b, TpDType y) {
-  DClass ca = dclass(a), cb = dclass(b);
-  switch (op) {
-  case TP_BINARY_AND:
-    return a == TP_BOOL && b == TP_BOOL && y == TP_BOOL;
-  case TP_BINARY_EQUAL: case TP_BINARY_LESS: case TP_BINARY_LESS_EQUAL: case TP_BINARY_GREATER:
-  case TP_BINARY_GREATER_EQUAL:
-    return a == b && y == TP_BOOL && ca != CLASS_NONE && (ca != CLASS_BOOL || op == TP_BINARY_EQUAL);
-  case TP_BINARY_POW:
-    return a == y && ca != CLASS_NONE && ca != CLASS_BOOL && cb != CLASS_NONE && cb != CLASS_BOOL;
-  default:
-    return a == b && a == y && ca != CLASS_NONE && ca != CLASS_BOOL;
   }
 }
 
 TpKernelStatus tp_binary(TpBinaryOp op, const TpTensor *a, const TpTensor *b, TpTensor *y) {
-  if (!binary_dtypes_ok(op, a->dtype, b->dtype, y->dtype)) return TP_KERNEL_BAD_DTYPE;
+  if (!tp_binary_dtypes_ok(op, a->dtype, b->dtype, y->dtype)) return TP_KERNEL_BAD_DTYPE;
   TpIter it;
   if (!tp_iter_broadcast(&it, 3, (const TpTensor *const[]){y, a, b})) return TP_KERNEL_BAD_SHAPE;
   tp_iter_coalesce(&it);
@@ -520,27 +348,27 @@ static void cast_run(const void *ctx, int64_t n, char *const p[], const int64_t 
   (void)step;
   const CastCtx *c = ctx;
   size_t ex = tp_dtype_size(c->x), ey = tp_dtype_size(c->y);
-  DClass cx = dclass(c->x), cy = dclass(c->y);
+  TpDClass cx = tp_dclass(c->x), cy = tp_dclass(c->y);
   for (int64_t i = 0; i < n; i++) {
     const char *src = p[1] + i * ex;
     char *dst = p[0] + i * ey;
-    if (cx == CLASS_FLOAT) {
-      double v = load_float(c->x, src);
-      if (cy == CLASS_FLOAT) store_float(c->y, dst, v);
-      else if (cy == CLASS_BOOL) store_bits(c->y, dst, v != 0);
-      else store_bits(c->y, dst, float_to_bits(c->y, v));
+    if (cx == TP_CLASS_FLOAT) {
+      double v = tp_load_float(c->x, src);
+      if (cy == TP_CLASS_FLOAT) tp_store_float(c->y, dst, v);
+      else if (cy == TP_CLASS_BOOL) tp_store_bits(c->y, ey, dst, v != 0);
+      else tp_store_bits(c->y, ey, dst, tp_float_to_bits(c->y, ey, v));
     } else {
-      uint64_t v = load_bits(c->x, src);
-      if (cy != CLASS_FLOAT) store_bits(c->y, dst, v);
+      uint64_t v = tp_load_bits(c->x, src);
+      if (cy != TP_CLASS_FLOAT) tp_store_bits(c->y, ey, dst, v);
       else if (c->y == TP_F32) /* directly, not through double: one rounding */
-        store_float(c->y, dst, cx == CLASS_SIGNED ? (float)(int64_t)v : (float)v);
-      else store_float(c->y, dst, cx == CLASS_SIGNED ? (double)(int64_t)v : (double)v);
+        tp_store_float(c->y, dst, cx == TP_CLASS_SIGNED ? (float)(int64_t)v : (float)v);
+      else tp_store_float(c->y, dst, cx == TP_CLASS_SIGNED ? (double)(int64_t)v : (double)v);
     }
   }
 }
 
 TpKernelStatus tp_cast(const TpTensor *x, TpTensor *y) {
-  if (dclass(x->dtype) == CLASS_NONE || dclass(y->dtype) == CLASS_NONE) return TP_KERNEL_BAD_DTYPE;
+  if (tp_dclass(x->dtype) == TP_CLASS_NONE || tp_dclass(y->dtype) == TP_CLASS_NONE) return TP_KERNEL_BAD_DTYPE;
   if (!same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;
   if (x->dtype == y->dtype) {
     if (tp_tensor_bytes(x)) memcpy(y->data, x->data, tp_tensor_bytes(x));

@@ -36,46 +36,54 @@ static void strided_copy(TpIter *it, const TpTensor *x, int64_t start, TpTensor 
   tp_iter_run(it, (char *const[]){y->data, (char *)x->data + start}, tp_copy_run, &es);
 }
 
-TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
-                         int64_t *bad) {
+static int64_t index_at(const TpTensor *indices, int64_t j) {
+  return indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j] : ((const int32_t *)indices->data)[j];
+}
+
+/* Every index in [-n, n) (bad NULL: not read, they may be on a device), or the first one
+ * outside into *bad: checked first, so that the copies cannot fail. */
+static TpKernelStatus check_indices(const TpTensor *indices, int64_t n, int64_t *bad) {
+  int64_t total = tp_tensor_numel(indices);
+  for (int64_t j = 0; bad && j < total; j++)
+    if (index_at(indices, j) < -n || index_at(indices, j) >= n) {
+      *bad = index_at(indices, j);
+      return TP_KERNEL_BAD_INDEX;
+    }
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_gather_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                               const TpTensor *y, int64_t *bad) {
   if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
-  if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (axis < 0 || axis >= data->rank || y->rank != data->rank - 1 + indices->rank)
-    return TP_KERNEL_BAD_SHAPE;
+  if (axis < 0 || axis >= rank || y->rank != rank - 1 + indices->rank) return TP_KERNEL_BAD_SHAPE;
   for (int d = 0; d < y->rank; d++) {
-    int64_t want = d < axis                   ? data->dims[d]
+    int64_t want = d < axis                   ? data_dims[d]
                    : d < axis + indices->rank ? indices->dims[d - axis]
-                                              : data->dims[d - indices->rank + 1];
+                                              : data_dims[d - indices->rank + 1];
     if (y->dims[d] != want) return TP_KERNEL_BAD_SHAPE;
   }
+  return check_indices(indices, data_dims[axis], bad);
+}
+
+TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
+                         int64_t *bad) {
+  if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
+  TpKernelStatus s = tp_gather_check(data->rank, data->dims, indices, axis, y, bad);
+  if (s != TP_KERNEL_OK) return s;
   int64_t outer = prod(data->dims, 0, axis), n = data->dims[axis];
   int64_t nidx = tp_tensor_numel(indices);
   size_t row = (size_t)prod(data->dims, axis + 1, data->rank) * tp_dtype_size(data->dtype);
-  /* Check every index first, so the copy below cannot fail. */
-  for (int64_t j = 0; j < nidx; j++) {
-    int64_t ix = indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j]
-                                          : ((const int32_t *)indices->data)[j];
-    if (ix < -n || ix >= n) {
-      *bad = ix;
-      return TP_KERNEL_BAD_INDEX;
-    }
-  }
   const char *src = data->data;
   char *dst = y->data;
   int64_t total = outer * nidx;
 #pragma omp parallel for schedule(static) if (total * (int64_t)row > PARALLEL_BYTES)
   for (int64_t r = 0; r < total; r++) {
     int64_t o = r / nidx, j = r % nidx;
-    int64_t ix = indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j]
-                                          : ((const int32_t *)indices->data)[j];
+    int64_t ix = index_at(indices, j);
     if (ix < 0) ix += n;
     memcpy(dst + (size_t)r * row, src + (size_t)(o * n + ix) * row, row);
   }
   return TP_KERNEL_OK;
-}
-
-static int64_t index_at(const TpTensor *indices, int64_t j) {
-  return indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j] : ((const int32_t *)indices->data)[j];
 }
 
 TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
@@ -85,13 +93,7 @@ TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, cons
   for (int d = 0; d < rank; d++)
     if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d]))
       return TP_KERNEL_BAD_SHAPE;
-  int64_t n = data_dims[axis], total = tp_tensor_numel(indices);
-  for (int64_t j = 0; j < total; j++) /* every index first, so the copy cannot fail */
-    if (index_at(indices, j) < -n || index_at(indices, j) >= n) {
-      *bad = index_at(indices, j);
-      return TP_KERNEL_BAD_INDEX;
-    }
-  return TP_KERNEL_OK;
+  return check_indices(indices, data_dims[axis], bad);
 }
 
 TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
@@ -186,7 +188,7 @@ TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t 
 }
 
 /* Split and Concat: x viewed as [outer, along, inner]; piece k owns a band of `along`. */
-static TpKernelStatus check_pieces(const TpTensor *whole, const TpTensor *pieces, int n, int axis) {
+TpKernelStatus tp_pieces_check(const TpTensor *whole, const TpTensor *pieces, int n, int axis) {
   if (axis < 0 || axis >= whole->rank) return TP_KERNEL_BAD_SHAPE;
   int64_t along = 0;
   for (int k = 0; k < n; k++) {
@@ -219,13 +221,13 @@ static void move_pieces(const TpTensor *whole, TpTensor *pieces, int n, int axis
 }
 
 TpKernelStatus tp_split(const TpTensor *x, int axis, TpTensor *ys, int n) {
-  TpKernelStatus s = check_pieces(x, ys, n, axis);
+  TpKernelStatus s = tp_pieces_check(x, ys, n, axis);
   if (s == TP_KERNEL_OK) move_pieces(x, ys, n, axis, true);
   return s;
 }
 
 TpKernelStatus tp_concat(const TpTensor *xs, int n, int axis, TpTensor *y) {
-  TpKernelStatus s = check_pieces(y, xs, n, axis);
+  TpKernelStatus s = tp_pieces_check(y, xs, n, axis);
   if (s == TP_KERNEL_OK) move_pieces(y, (TpTensor *)xs, n, axis, false);
   return s;
 }

@@ -16,24 +16,11 @@ TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, i
                                   TpTensor *ddata, int64_t *bad) {
   if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
   if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
-  if (axis < 0 || axis >= ddata->rank || dy->rank != ddata->rank - 1 + indices->rank)
-    return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < dy->rank; d++) {
-    int64_t want = d < axis                   ? ddata->dims[d]
-                   : d < axis + indices->rank ? indices->dims[d - axis]
-                                              : ddata->dims[d - indices->rank + 1];
-    if (dy->dims[d] != want) return TP_KERNEL_BAD_SHAPE;
-  }
+  TpKernelStatus status = tp_gather_check(ddata->rank, ddata->dims, indices, axis, dy, bad);
+  if (status != TP_KERNEL_OK) return status;
   int64_t outer = tp_numel(axis, ddata->dims), n = ddata->dims[axis];
   int64_t inner = tp_numel(ddata->rank - axis - 1, ddata->dims + axis + 1);
   int64_t nidx = tp_tensor_numel(indices);
-  for (int64_t j = 0; j < nidx; j++) { /* checked first, so the scatter cannot fail */
-    int64_t ix = load_index(indices, j);
-    if (ix < -n || ix >= n) {
-      *bad = ix;
-      return TP_KERNEL_BAD_INDEX;
-    }
-  }
   const float *g = dy->data;
   float *out = ddata->data;
   int64_t nblocks = (inner + COLUMN_BLOCK - 1) / COLUMN_BLOCK, tasks = outer * nblocks;

@@ -7,6 +7,7 @@
 #define TOKPIPE_CUDA_KERNELS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -110,10 +111,18 @@ void tp_cuda_launch_where_f32(const TpIter *it, const bool *cond, const float *a
  * as the CPU kernel does (the same result; deterministic). False for bad axes. */
 bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
                             TpCudaStream stream);
+/* The same on x's dtype (any but bool; y of that dtype): integers wrap and their mean
+ * truncates, as the CPU's. */
+bool tp_cuda_launch_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, void *y,
+                               TpCudaStream stream);
 
-/* ---- layout.cu: f32 layout ops as strided copies (data on the device, dims on the host;
- * shapes as the CPU kernel named accepts them, which the caller has checked) ---- */
-/* y = x through an iterator over (y, x) in byte strides: Expand with tp_iter_broadcast's. */
+/* ---- layout.cu: layout ops as strided copies (data on the device, dims on the host;
+ * shapes as the CPU kernel named accepts them, which the caller has checked). The ones
+ * taking TpTensor views move elements of any dtype (their dtype's size), despite the
+ * _f32 of their names. ---- */
+/* y = x through an iterator over (y, x) in byte strides, elements of es bytes: Expand with
+ * tp_iter_broadcast's. */
+void tp_cuda_launch_strided_copy(const TpIter *it, size_t es, const void *x, void *y, TpCudaStream stream);
 void tp_cuda_launch_strided_copy_f32(const TpIter *it, const float *x, float *y, TpCudaStream stream);
 /* Reshape (tp_reshape): n contiguous elements; nothing when x == y. */
 void tp_cuda_launch_copy_f32(const float *x, int64_t n, float *y, TpCudaStream stream);

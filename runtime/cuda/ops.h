@@ -20,10 +20,14 @@
 #ifndef TOKPIPE_CUDA_OPS_H
 #define TOKPIPE_CUDA_OPS_H
 
+#include <math.h> /* before extern "C": C++ declares templates in it */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the C headers below, included first here, declare C functions */
+extern "C" {
+#endif
 #include "../cpu/elementwise.h"
 #include "../cpu/kernel.h"
 #include "../cpu/layout.h"
@@ -33,10 +37,6 @@
 #include "../cpu/reduce.h"
 #include "../train/plan.h"
 #include "stream.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
 
 /* The device of a CUDA plan (TpPlan.device): backend.cu's compute backend, the NCCL
  * transport (comm_nccl.cu). */

@@ -1,7 +1,8 @@
-/* ReduceSum and ReduceMean on f32 (tp_reduce_sum): one thread per output, adding its
- * elements in double in x's row-major order as the CPU kernel does, so the results are the
- * CPU's and never depend on the launch (no atomics). Gradient unbroadcasting runs on it. */
-#include "common.cuh"
+/* ReduceSum and ReduceMean (tp_reduce_sum), any dtype but bool: one thread per output,
+ * adding its elements in x's row-major order as the CPU kernel does (floats in double,
+ * integers wrapping), so the results are the CPU's and never depend on the launch (no
+ * atomics). Gradient unbroadcasting runs on it. */
+#include "dtype.cuh"
 
 /* x's kept and reduced dims with their element strides, by value. */
 struct ReduceShape {
@@ -9,9 +10,11 @@ struct ReduceShape {
   int64_t kept_dims[TP_MAX_RANK], kept_stride[TP_MAX_RANK], red_dims[TP_MAX_RANK], red_stride[TP_MAX_RANK];
   int64_t nout, count;
   bool mean;
+  TpDType dtype;
+  size_t es;
 };
 
-__global__ void reduce_sum_kernel(const float *x, ReduceShape p, float *y) {
+__global__ void reduce_sum_kernel(const char *x, ReduceShape p, char *y) {
   TP_GRID_STRIDE_LOOP(j, p.nout) {
     int64_t base = 0, rem = j;
     for (int d = p.kept_rank - 1; d >= 0; d--) {
@@ -19,23 +22,31 @@ __global__ void reduce_sum_kernel(const float *x, ReduceShape p, float *y) {
       rem /= p.kept_dims[d];
     }
     double f = 0;
+    uint64_t u = 0;
     for (int64_t i = 0; i < p.count; i++) { /* the reduced elements in row-major order */
       int64_t at = base, r = i;
       for (int d = p.red_rank - 1; d >= 0; d--) {
         at += r % p.red_dims[d] * p.red_stride[d];
         r /= p.red_dims[d];
       }
-      f += (double)x[at];
+      tp_sum_element(p.dtype, x + at * (int64_t)p.es, &f, &u);
     }
-    if (p.mean) f /= (double)p.count; /* NaN for an empty reduction, as numpy */
-    y[j] = (float)f;
+    bool is_signed = tp_dclass(p.dtype) == TP_CLASS_SIGNED;
+    if (p.mean && tp_dclass(p.dtype) == TP_CLASS_FLOAT) f /= (double)p.count; /* NaN for an empty reduction, as numpy */
+    else if (p.mean && p.count > 0) u = is_signed ? (uint64_t)((int64_t)u / p.count) : u / (uint64_t)p.count;
+    tp_store_sum(p.dtype, p.es, y + j * (int64_t)p.es, f, u);
   }
 }
 
 bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
                             TpCudaStream stream) {
+  return tp_cuda_launch_reduce_sum(x, axes, naxes, mean, y, stream);
+}
+
+bool tp_cuda_launch_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, void *y,
+                               TpCudaStream stream) {
   ReduceShape p = {};
-  p.mean = mean, p.nout = 1, p.count = 1;
+  p.mean = mean, p.nout = 1, p.count = 1, p.dtype = x->dtype, p.es = tp_dtype_size(x->dtype);
   int64_t stride[TP_MAX_RANK], t = 1;
   for (int d = x->rank - 1; d >= 0; d--) stride[d] = t, t *= x->dims[d]; /* contiguous */
   int a = 0;
@@ -48,6 +59,6 @@ bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int n
   if (a != naxes) return false; /* axes not sorted, distinct and in range */
   if (p.nout == 0) return true;
   TP_LAUNCH(reduce_sum_kernel, tp_elementwise_grid(p.nout), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream,
-            (const float *)x->data, p, y);
+            static_cast<const char *>(x->data), p, static_cast<char *>(y));
   return true;
 }
