@@ -7,13 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifndef TP_HOST_DEVICE
-#ifdef __CUDACC__
-#define TP_HOST_DEVICE __host__ __device__
-#else
-#define TP_HOST_DEVICE
-#endif
-#endif
+#include "host_device.h"
 
 TP_HOST_DEVICE static inline float tp_half_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;

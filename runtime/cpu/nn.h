@@ -7,17 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../../base/host_device.h"
 #include "kernel.h"
-
-/* The attention helpers below are host and device code alike (runtime/cuda/attention.cu
- * calls them in its kernels); the same definition as cpu/optim.h's. */
-#ifndef TP_HOST_DEVICE
-#ifdef __CUDACC__
-#define TP_HOST_DEVICE __host__ __device__
-#else
-#define TP_HOST_DEVICE
-#endif
-#endif
 
 /* Softmax (or log-softmax when `log`) of x viewed as [outer, n, inner] along the middle
  * axis. Numerically stable (the row maximum is subtracted). A row that is all -inf gives

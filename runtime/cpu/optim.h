@@ -6,12 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
-/* Host and device code alike (runtime/cuda includes this header too). */
-#ifdef __CUDACC__
-#define TP_HOST_DEVICE __host__ __device__
-#else
-#define TP_HOST_DEVICE
-#endif
+#include "../../base/host_device.h"
 
 /* One AdamW step over n parameters, as torch.optim.AdamW (amsgrad off) does it, in its
  * order of float operations, with step = 1 on the first call:
