@@ -9,7 +9,11 @@
  * A transport of its own (PIPE_COUNTING_COMM=1, under mpirun), as a device with NCCL has
  * (TpPlanDevice.open_comm): it passes everything to the host transport it was built on and
  * counts the sends; closing it prints the count, so a test sees that the trainer opened it
- * after the compute backend, sent its messages through it and closed it. */
+ * after the compute backend, sent its messages through it and closed it.
+ *
+ * The NCCL transport (PIPE_NCCL=1, under mpirun with TOKPIPE_CUDA_EMULATE_DEVICES=np, so
+ * that no two processes share a GPU): tp_plan_device_cuda's own open_comm, on the emulated
+ * NCCL; each rank says which transport carries its messages. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +21,7 @@
 
 #include "runtime/comm/comm.h"
 #include "runtime/compute.h"
+#include "runtime/cuda/comm_nccl.h"
 #include "runtime/cuda/ops.h"
 
 /* ---- deferred losses ---- */
@@ -133,10 +138,21 @@ static int counting_open_comm(TpComm *host, TpCompute *compute, const TpPlan *pl
   return TP_OK;
 }
 
+/* ---- the NCCL transport ---- */
+
+static int nccl_open_comm(TpComm *host, TpCompute *compute, const TpPlan *plan, TpComm **out, TpDiag *d) {
+  int rc = tp_cuda_comm_open(host, compute, plan, out, d);
+  if (!rc && host->size > 1)
+    fprintf(stderr, "%s: rank %d: messages go through %s\n", host->tool, host->rank, (*out ? *out : host)->be->name);
+  return rc;
+}
+
 static const TpPlanDevice deferred_loss_device = {"cuda", deferred_open_compute, NULL},
-                          counting_device = {"cuda", deferred_open_compute, counting_open_comm};
+                          counting_device = {"cuda", deferred_open_compute, counting_open_comm},
+                          nccl_device = {"cuda", deferred_open_compute, nccl_open_comm};
 
 static inline const TpPlanDevice *test_device(void) {
-  const char *counting = getenv("PIPE_COUNTING_COMM");
+  const char *counting = getenv("PIPE_COUNTING_COMM"), *nccl = getenv("PIPE_NCCL");
+  if (nccl && *nccl == '1') return &nccl_device;
   return counting && *counting == '1' ? &counting_device : &deferred_loss_device;
 }

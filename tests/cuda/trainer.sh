@@ -135,6 +135,29 @@ mpi) # under mpirun: 2 ranks (2 stages, 2 microbatches, 2 slices) and 4 (2 stage
   same_files "4 ranks in one process or under mpirun: the same gradients" np4-one.grads np4-cuda.grads
   ;;
 
+nccl) # the NCCL transport end to end (emulated NCCL: sends complete only once received, as
+  # NCCL's; device memory allocation waits for the whole device): one GPU per rank, so the
+  # CUDA device's own open_comm picks NCCL; every rank must say so, and the bits must be the
+  # CPU trainer's under mpirun. 1F1B with several microbatches deadlocks a runtime that
+  # allocates (or waits for its stream) between its sends and the receive its peer needs.
+  prog=pipe_trainer
+  export PIPE_NCCL=1
+  for s in "np2-1f1b 2 2 4 1 5,3 1f1b" "np2-gpipe 2 2 2 1 8 gpipe" "np2-dp 2 1 2 2 5,3 gpipe" \
+           "np4-1f1b 4 2 2 2 3,3,2 1f1b" "np4-gpipe 4 2 2 2 8 gpipe"; do
+    set -- $s
+    shape $3 $4 $5 $6 $7
+    export TOKPIPE_CUDA_EMULATE_DEVICES=$2
+    both "$1" mpi $2 --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 \
+      --val-data val.bin --val-every 2 --dump-grads {}.grads --dump-weights {}.weights || continue
+    r=0
+    while [ $r -lt $2 ]; do
+      grep -qx "pipe_trainer_cuda: rank $r: messages go through nccl" "$1-cuda.out" &&
+        ok "$1: rank $r's messages go through NCCL" || fail "$1: rank $r: not NCCL: $(cat "$1-cuda.out")"
+      r=$((r + 1))
+    done
+  done
+  ;;
+
 no-gpu) # no GPU: one error line, exit 1, before any data is read (the data file is missing)
   prog=tiny_trainer
   TOKPIPE_CUDA_EMULATE_DEVICES=0 expect_message 1 "no GPU" \

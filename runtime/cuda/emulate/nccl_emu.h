@@ -6,11 +6,15 @@
  *                     (nranks is the world's size); the members' unique ids are compared
  *                     (a bootstrap that handed out different ids fails: ncclInvalidArgument)
  *   ncclCommSplit     MPI_Comm_split (NCCL_SPLIT_NOCOLOR: MPI_UNDEFINED)
- *   ncclSend/Recv     MPI_Isend/MPI_Irecv of bytes, tag 0: matched in order, as NCCL does
+ *   ncclSend/Recv     MPI_Issend/MPI_Irecv of bytes, tag 0: matched in order, as NCCL does;
+ *                     a send completes only once its receive is posted (rendezvous, as
+ *                     NCCL's), so a runtime whose peer posts that receive only after
+ *                     something this rank blocks on deadlocks here as on GPUs
  *   ncclAllReduce     MPI_Iallreduce (MPI's order of addition, not NCCL's), ncclBroadcast
  *                     MPI_Ibcast
  * Each operation is queued on the stream as asynchronous work (cuda_emu.h's
- * tp_emu_stream_async): an event recorded after it is complete once MPI completed it. Built
+ * tp_emu_stream_async), started when the stream reaches it (its earlier work done): an
+ * event recorded after it is complete once MPI completed it. Built
  * without MPI, every call fails with ncclSystemError. */
 #ifndef TOKPIPE_CUDA_EMULATE_NCCL_EMU_H
 #define TOKPIPE_CUDA_EMULATE_NCCL_EMU_H
