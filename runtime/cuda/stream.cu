@@ -11,6 +11,8 @@
  * set it are queued on the stream and read their source when the stream reaches them. */
 static const int64_t no_bad_index = INT64_MAX;
 
+void (*tp_cuda_failure_hook)(const char *what) = NULL; /* check.h (C linkage there) */
+
 struct TpCudaConstant {
   const void *host; /* NULL: a free slot */
   void *device;

@@ -18,8 +18,18 @@ const char *ncclGetErrorString(ncclResult_t r) {
   case ncclInternalError: return "internal error";
   case ncclInvalidArgument: return "invalid argument";
   case ncclInvalidUsage: return "invalid usage";
+  case ncclInProgress: return "NCCL operation in progress";
   }
   return "unknown result code";
+}
+
+static char last_error[256];
+
+const char *ncclGetLastError(ncclComm_t) { return last_error; }
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *async) {
+  *async = ncclSuccess;
+  return ncclSuccess;
 }
 
 ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
@@ -72,6 +82,13 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *) {
+  const char *fail = getenv("TOKPIPE_NCCL_EMULATE_FAIL_RANK");
+  int world = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  if (fail && atoi(fail) == world) {
+    snprintf(last_error, sizeof last_error, "emulated failure of rank %d (TOKPIPE_NCCL_EMULATE_FAIL_RANK)", world);
+    return ncclInternalError;
+  }
   MPI_Comm mpi;
   if (MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &mpi) != MPI_SUCCESS)
     return ncclSystemError;

@@ -30,6 +30,7 @@ typedef enum {
   ncclInternalError = 3,
   ncclInvalidArgument = 4,
   ncclInvalidUsage = 5,
+  ncclInProgress = 7,
 } ncclResult_t;
 typedef enum { ncclInt8 = 0, ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
 typedef enum { ncclSum = 0 } ncclRedOp_t;
@@ -56,5 +57,11 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 const char *ncclGetErrorString(ncclResult_t r);
+/* The detail of the last failure (empty: none). */
+const char *ncclGetLastError(ncclComm_t comm);
+/* An operation that failed after its call returned (never here: every failure is the call's). */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async);
+/* Tests: TOKPIPE_NCCL_EMULATE_FAIL_RANK=R makes ncclCommSplit fail on world rank R (one
+ * rank of a job failing while the others wait in the collective). */
 
 #endif
