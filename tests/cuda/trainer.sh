@@ -112,6 +112,17 @@ pipeline) # ABI 2 in one process: stages x microbatches x slices x replicas, eac
     shape $2 $3 $4 $5 $6
     both "$1" --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 --dump-grads {}.grads --dump-weights {}.weights
   done
+  # The host waits for a rank's stream where every rank's does (the step's end, the norm,
+  # the update): the last stage as often as the first, not once more per microbatch to
+  # read its loss (its loss copies are read at the schedule's end).
+  shape 2 4 1 5,3 1f1b
+  PIPE_COUNT_SYNCS=1 run syncs cuda --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 --val-data val.bin \
+    --val-every 2 && {
+    first=$(sed -n 's/^stream 1: \([0-9]*\) synchronizations$/\1/p' syncs-cuda.out)
+    last=$(sed -n 's/^stream 2: \([0-9]*\) synchronizations$/\1/p' syncs-cuda.out)
+    [ -n "$first" ] && [ "$first" = "$last" ] && ok "4 microbatches: both stages' streams synchronized $first times" ||
+      fail "stage 0's stream synchronized ${first:-?} times, stage 1's ${last:-?}: $(cat syncs-cuda.out)"
+  }
   ;;
 
 mpi) # under mpirun: 2 ranks (2 stages, 2 microbatches, 2 slices) and 4 (2 stages x 2 replicas)
