@@ -71,8 +71,22 @@ struct Nccl {
 /* A request's impl: an NCCL operation's event, or the host transport's request. */
 struct Request {
   cudaEvent_t done; /* NULL: host */
+  ncclComm_t comm;  /* the operation's, whose asynchronous errors test() polls */
   TpCommRequest host;
 };
+
+/* check.h's failure hook while a transport is open: one rank's failed CUDA or NCCL call
+ * ends the whole job through the host transport (MPI_Abort), rather than leaving the other
+ * ranks blocked in a collective (ncclCommSplit) until their timeout. */
+TpComm *failing_host;
+
+[[noreturn]] void abort_job(const char *what) {
+  TpComm *host = failing_host;
+  failing_host = NULL;
+  tp_cuda_failure_hook = NULL; /* a failure inside the abort exits as usual */
+  host->be->abort(host, 1, what);
+  abort(); /* not reached */
+}
 
 Nccl *nccl_of(const TpComm *c) { return static_cast<Nccl *>(c->impl); }
 
@@ -309,6 +323,7 @@ void wait_for_stream(Nccl *N, Group *g, TpStream *s) {
 }
 
 void record_done(Request *q, Group *g) {
+  q->comm = g->comm;
   TP_CUDA_CHECK(cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming));
   TP_CUDA_CHECK(cudaEventRecord(q->done, g->stream));
 }
@@ -318,7 +333,18 @@ bool nccl_test(TpComm *c, TpCommRequest *r) {
   if (!q) return true;
   if (q->done) {
     cudaError_t err = cudaEventQuery(q->done);
-    if (err == cudaErrorNotReady) return false;
+    if (err == cudaErrorNotReady) {
+      /* a peer's failure (or a broken link) shows here with NCCL's reason, rather than as
+       * the waiting's timeout */
+      ncclResult_t async = ncclSuccess;
+      TP_NCCL_CHECK(ncclCommGetAsyncError(q->comm, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        char msg[512];
+        tp_comm_abort(c, TP_ERR_INTERNAL, "NCCL failed waiting for %s: %s", r->what ? r->what : "a message",
+                      tp_nccl_message(async, msg, sizeof msg));
+      }
+      return false;
+    }
     TP_CUDA_CHECK(err);
     TP_CUDA_CHECK(cudaEventDestroy(q->done));
   } else {
@@ -349,6 +375,8 @@ void nccl_finalize(TpComm *c) {
     free(g->members);
   }
   TP_CUDA_CHECK(cudaEventDestroy(N->ready));
+  failing_host = NULL; /* the host transport may close after this */
+  tp_cuda_failure_hook = NULL;
   free(N->groups);
   free(N);
   c->impl = NULL;
@@ -449,6 +477,8 @@ extern "C" int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan 
               "host copies\n", host->tool, host->be->name);
     return TP_OK;
   }
+  failing_host = host;
+  tp_cuda_failure_hook = abort_job;
   Nccl *N = static_cast<Nccl *>(xcalloc(1, sizeof *N));
   N->host = host;
   plan_groups(N, plan, host->size);

@@ -7,6 +7,12 @@
 
 #include "common.cuh"
 
+/* What s->bad holds while no kernel has met an index out of range. Static: the copies that
+ * set it are queued on the stream and read their source when the stream reaches them. */
+static const int64_t no_bad_index = INT64_MAX;
+
+void (*tp_cuda_failure_hook)(const char *what) = NULL; /* check.h (C linkage there) */
+
 struct TpCudaConstant {
   const void *host; /* NULL: a free slot */
   void *device;
@@ -20,8 +26,9 @@ TpStream *tp_cuda_stream_new(void) {
   s->cuda = cuda;
   s->blas = tp_cuda_blas_create();
   TP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&s->bad), sizeof *s->bad));
-  const int64_t none = INT64_MAX;
-  TP_CUDA_CHECK(cudaMemcpy(s->bad, &none, sizeof none, cudaMemcpyHostToDevice));
+  /* on s itself: cudaMemcpy runs on the legacy stream, which a non-blocking stream's kernels
+   * do not wait for */
+  TP_CUDA_CHECK(cudaMemcpyAsync(s->bad, &no_bad_index, sizeof no_bad_index, cudaMemcpyHostToDevice, cuda));
   if (!s->blas) {
     tp_cuda_stream_free(s);
     return NULL;
@@ -45,9 +52,9 @@ int64_t tp_cuda_stream_sync(TpStream *s) {
   int64_t bad;
   TP_CUDA_CHECK(cudaMemcpyAsync(&bad, s->bad, sizeof bad, cudaMemcpyDeviceToHost, s->cuda));
   TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda));
-  if (bad == INT64_MAX) return -1;
-  const int64_t none = INT64_MAX;
-  TP_CUDA_CHECK(cudaMemcpy(s->bad, &none, sizeof none, cudaMemcpyHostToDevice));
+  if (bad == no_bad_index) return -1;
+  /* before the next kernels of s, never after one of them has reported */
+  TP_CUDA_CHECK(cudaMemcpyAsync(s->bad, &no_bad_index, sizeof no_bad_index, cudaMemcpyHostToDevice, s->cuda));
   return bad;
 }
 
@@ -88,7 +95,9 @@ const void *tp_cuda_constant(TpStream *s, const void *host, size_t bytes) {
   }
   TpCudaConstant *c = &s->constants[constant_slot(s->constants, s->constant_slots, host)];
   TP_CUDA_CHECK(cudaMalloc(&c->device, bytes ? bytes : 1));
-  TP_CUDA_CHECK(cudaMemcpy(c->device, host, bytes, cudaMemcpyHostToDevice));
+  /* queued on s, before the kernel that asked for it (the plan's constants are static, so
+   * the host copy outlives the transfer) */
+  TP_CUDA_CHECK(cudaMemcpyAsync(c->device, host, bytes, cudaMemcpyHostToDevice, s->cuda));
   c->host = host;
   s->nconstants++;
   return c->device;

@@ -8,10 +8,16 @@
  *
  * Messages are packed into one device buffer per (kind, microbatch, slice): the sender's
  * arena is free again once the pack ran, and a message of several boundary buffers (or
- * none) is one send. Each hosted rank queues its work on its own stream; events order a
- * message's unpack after its pack, and the host synchronizes before it hands a buffer to
- * the transport (one that reads device memory gets the stream instead, and its own stream
- * waits for the pack), reads a result back or frees a buffer still in use. */
+ * none) is one send. These buffers are allocated with the rank (MessageBuffers), never on
+ * the step path: allocating or freeing device memory may synchronize the whole device,
+ * which would keep the host from running ahead of the GPU and, between a rank's sends and
+ * the receive its peer waits for, deadlock a transport whose sends wait for their receives
+ * (NCCL). Each (kind, microbatch, slice) has its own, so a step never reuses one; the step's
+ * end (every send complete, every stream synchronized) frees them all for the next. Each
+ * hosted rank queues its work on its own stream; events order a message's unpack after its
+ * pack, and the host synchronizes before it hands a buffer to the transport (one that reads
+ * device memory gets the stream instead, and its own stream waits for the pack) or reads a
+ * result back. */
 #include "train.h"
 
 #include <math.h>
@@ -34,6 +40,17 @@ typedef struct {
   size_t bytes;
 } PendingSend;
 
+/* The device buffers of one kind of message (send or receive of activations or gradients):
+ * one per (microbatch, slice), at data[mb * nslices + slice], carved from one allocation;
+ * sends have an event each (one process: the receiver's stream waits for the pack). */
+typedef struct {
+  void *block;
+  void **data;
+  TpEvent **ready;
+} MessageBuffers;
+
+enum { MESSAGE_KINDS = 4, MESSAGE_ALIGN = 256 };
+
 struct PipeRank {
   int rank, stage, replica;
   const TpPlanStage *st;
@@ -43,6 +60,8 @@ struct PipeRank {
   int64_t grad_count;
   void **arena;           /* [st->arenas] */
   double *loss;           /* [microbatches]: the last stage's losses */
+  TpStepIO *loss_io;      /* [microbatches]: the last forward units' io, whose loss a device
+                           * unit's copy sets by the step's final synchronization */
   int pc;                 /* the next instruction */
   bool waiting;           /* at a collective, until every hosted member arrives */
   bool grads_final;       /* divided by the microbatch count */
@@ -50,6 +69,7 @@ struct PipeRank {
   int ninbox, inbox_cap;
   PendingSend *sends;     /* mpirun: sends not yet complete */
   int nsends, sends_cap;
+  MessageBuffers messages[MESSAGE_KINDS]; /* by message_kind() */
   TpStream *stream;       /* where its units and math run */
   TpEvent *event;
 };
@@ -155,6 +175,61 @@ void *pipe_alloc(Trainer *t, size_t bytes, const char *fmt, ...) {
 
 static void dev_free(Trainer *t, void *p) { be(t)->free(t->compute, p); }
 
+static const TpPlanMessage *stage_messages(const TpPlanStage *st, int kind) {
+  switch (kind) {
+  case TP_PLAN_SEND_ACT: return st->send_act;
+  case TP_PLAN_RECV_ACT: return st->recv_act;
+  case TP_PLAN_SEND_GRAD: return st->send_grad;
+  default: return st->recv_grad;
+  }
+}
+
+static int message_kind(int kind) { return kind - TP_PLAN_SEND_ACT; } /* SEND_ACT..RECV_GRAD */
+
+static size_t message_bytes(const TpPlanMessage *msg) {
+  size_t n = 0;
+  for (int j = 0; j < msg->nbuffers; j++) n += (size_t)msg->buffers[j].bytes;
+  return n;
+}
+
+static size_t aligned(size_t bytes) { return (bytes + MESSAGE_ALIGN - 1) / MESSAGE_ALIGN * MESSAGE_ALIGN; }
+
+/* R's buffers for the messages of `kind` its schedule has (mpirun: receives too; one
+ * process: a receiver unpacks from the sender's buffer). */
+static int alloc_messages(Trainer *t, PipeRank *R, int kind) {
+  const TpPlan *P = t->plan;
+  int M = P->microbatches, N = P->nslices;
+  bool send = kind == TP_PLAN_SEND_ACT || kind == TP_PLAN_SEND_GRAD, used = false;
+  for (int j = 0; j < R->st->ninsns; j++) used |= R->st->insns[j].kind == kind;
+  if (!used || (!send && one_process(t))) return TP_OK;
+  const TpPlanMessage *msgs = stage_messages(R->st, kind);
+  size_t per_mb = 0;
+  for (int i = 0; i < N; i++) per_mb += aligned(message_bytes(&msgs[i]));
+  MessageBuffers *B = &R->messages[message_kind(kind)];
+  B->data = xcalloc((size_t)M * N, sizeof *B->data);
+  if (send) B->ready = xcalloc((size_t)M * N, sizeof *B->ready);
+  if (!(B->block = pipe_alloc(t, per_mb * (size_t)M, "rank %d's message buffers", R->rank))) return TP_ERR_INPUT;
+  for (int mb = 0, at = 0; mb < M; mb++) {
+    char *next = (char *)B->block + per_mb * (size_t)mb;
+    for (int i = 0; i < N; i++, at++) {
+      B->data[at] = next;
+      next += aligned(message_bytes(&msgs[i]));
+      if (send) B->ready[at] = be(t)->event_new(t->compute);
+    }
+  }
+  return TP_OK;
+}
+
+static void free_messages(Trainer *t, PipeRank *R) {
+  int n = t->plan->microbatches * t->plan->nslices;
+  for (int k = 0; k < MESSAGE_KINDS; k++) {
+    MessageBuffers *B = &R->messages[k];
+    for (int i = 0; B->ready && i < n; i++) be(t)->event_free(t->compute, B->ready[i]);
+    dev_free(t, B->block);
+    free(B->data), free(B->ready);
+  }
+}
+
 /* Rank `rank`'s buffers into *out (set first, so that pipe_free frees what was allocated
  * before a failure). */
 static int new_rank(Trainer *t, int rank, PipeRank **out) {
@@ -173,6 +248,7 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
     if (stage_holds(&P->params[i], R->stage)) R->grad_count += t->numel[i];
   R->arena = xcalloc((size_t)R->st->arenas, sizeof *R->arena);
   R->loss = xcalloc((size_t)P->microbatches, sizeof *R->loss);
+  R->loss_io = xcalloc((size_t)P->microbatches, sizeof *R->loss_io);
   size_t grad_bytes = (size_t)R->grad_count * 4;
   if (!(R->grad_block = pipe_alloc(t, grad_bytes, "the gradients of rank %d", rank)) ||
       !(R->scratch_block = P->microbatches > 1 ? pipe_alloc(t, grad_bytes, "rank %d's microbatch gradients", rank)
@@ -190,6 +266,8 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
     if (!(R->arena[a] = pipe_alloc(t, R->st->arena_bytes, "the activations of rank %d (arena %d of %d)", rank, a + 1,
                                    R->st->arenas)))
       return TP_ERR_INPUT;
+  for (int kind = TP_PLAN_SEND_ACT; kind <= TP_PLAN_RECV_GRAD; kind++)
+    if (alloc_messages(t, R, kind)) return TP_ERR_INPUT;
   return TP_OK;
 }
 
@@ -279,14 +357,12 @@ void pipe_free(Trainer *t) {
     for (int a = 0; a < R->st->arenas; a++) dev_free(t, R->arena[a]);
     if (R->scratch_block != R->grad_block) dev_free(t, R->scratch_block);
     dev_free(t, R->grad_block);
-    for (int j = 0; j < R->ninbox; j++) dev_free(t, R->inbox[j].data), be(t)->event_free(t->compute, R->inbox[j].ready);
-    for (int j = 0; j < R->nsends; j++) {
+    for (int j = 0; j < R->nsends; j++)
       if (R->sends[j].view != R->sends[j].data) free(R->sends[j].view);
-      dev_free(t, R->sends[j].data);
-    }
+    free_messages(t, R);
     be(t)->event_free(t->compute, R->event);
     be(t)->stream_free(t->compute, R->stream);
-    free(R->arena), free(R->param), free(R->grad), free(R->scratch), free(R->loss);
+    free(R->arena), free(R->param), free(R->grad), free(R->scratch), free(R->loss), free(R->loss_io);
     free(R->inbox), free(R->sends);
     free(R);
   }
@@ -340,12 +416,6 @@ static int message_tag(const TpPlan *P, int kind, int mb, int slice) {
   return (mb * P->nslices + slice) * 2 + (kind == TP_PLAN_SEND_GRAD || kind == TP_PLAN_RECV_GRAD);
 }
 
-static size_t message_bytes(const TpPlanMessage *msg) {
-  size_t n = 0;
-  for (int j = 0; j < msg->nbuffers; j++) n += (size_t)msg->buffers[j].bytes;
-  return n;
-}
-
 static PipeRank *hosted_rank(Trainer *t, int rank) {
   for (int h = 0; h < t->nhosted; h++)
     if (t->hosted[h]->rank == rank) return t->hosted[h];
@@ -354,14 +424,15 @@ static PipeRank *hosted_rank(Trainer *t, int rank) {
 
 static void send_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   const TpPlanStage *st = R->st;
-  const TpPlanMessage *msg = x->kind == TP_PLAN_SEND_ACT ? &st->send_act[x->slice] : &st->send_grad[x->slice];
+  const TpPlanMessage *msg = &stage_messages(st, x->kind)[x->slice];
   size_t bytes = message_bytes(msg);
-  void *data = be(t)->alloc(t->compute, bytes);
-  TP_ASSERT(data); /* as malloc's: a message is a few boundary buffers */
+  const MessageBuffers *B = &R->messages[message_kind(x->kind)];
+  int at = x->mb * t->plan->nslices + x->slice;
+  void *data = B->data[at];
   be(t)->pack(t->compute, R->stream, data, R->arena[x->mb % st->arenas], msg->buffers, msg->nbuffers);
   int dst = R->replica * t->plan->nstages + x->peer, tag = message_tag(t->plan, x->kind, x->mb, x->slice);
   if (one_process(t)) { /* the receiver's stream waits for the pack */
-    TpEvent *ready = be(t)->event_new(t->compute);
+    TpEvent *ready = B->ready[at];
     be(t)->event_record(t->compute, ready, R->stream);
     PipeRank *to = hosted_rank(t, dst);
     if (to->ninbox == to->inbox_cap) {
@@ -399,7 +470,6 @@ static void complete_sends(Trainer *t, PipeRank *R, bool all) {
       continue;
     }
     end_host_view(t, R->stream, s->data, s->view, s->bytes, false);
-    dev_free(t, s->data);
   }
   R->nsends = kept;
 }
@@ -407,23 +477,20 @@ static void complete_sends(Trainer *t, PipeRank *R, bool all) {
 /* False while the message has not arrived (one process: its sender has yet to run). */
 static bool receive_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   const TpPlanStage *st = R->st;
-  const TpPlanMessage *msg = x->kind == TP_PLAN_RECV_ACT ? &st->recv_act[x->slice] : &st->recv_grad[x->slice];
+  const TpPlanMessage *msg = &stage_messages(st, x->kind)[x->slice];
   int src = R->replica * t->plan->nstages + x->peer, tag = message_tag(t->plan, x->kind, x->mb, x->slice);
   size_t bytes = message_bytes(msg);
   void *data;
-  TpEvent *ready = R->event;
   if (one_process(t)) {
     int j = 0;
     while (j < R->ninbox && !(R->inbox[j].src == src && R->inbox[j].tag == tag)) j++;
     if (j == R->ninbox) return false;
     TP_ASSERT(R->inbox[j].bytes == bytes);
     data = R->inbox[j].data;
-    ready = R->inbox[j].ready;
-    be(t)->stream_wait(t->compute, R->stream, ready);
+    be(t)->stream_wait(t->compute, R->stream, R->inbox[j].ready);
     R->inbox[j] = R->inbox[--R->ninbox];
   } else {
-    data = be(t)->alloc(t->compute, bytes);
-    TP_ASSERT(data);
+    data = R->messages[message_kind(x->kind)].data[x->mb * t->plan->nslices + x->slice];
     char what[96];
     snprintf(what, sizeof what, "the %s of microbatch %d, slice %d", x->kind == TP_PLAN_RECV_ACT ?
              "activation" : "gradient", x->mb, x->slice);
@@ -431,11 +498,9 @@ static bool receive_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     tp_comm_recv(t->comm, view, bytes, src, tag, what); /* complete: the unpack below finds it */
     end_host_view(t, R->stream, data, view, bytes, true);
   }
+  /* queued after the message on R's stream: nothing waits for it here (data is not reused
+   * before the step's end) */
   be(t)->unpack(t->compute, R->stream, R->arena[x->mb % st->arenas], data, msg->buffers, msg->nbuffers);
-  be(t)->event_record(t->compute, ready, R->stream);
-  be(t)->event_sync(t->compute, ready); /* the unpack is done with data */
-  dev_free(t, data);
-  if (ready != R->event) be(t)->event_free(t->compute, ready);
   return true;
 }
 
@@ -584,10 +649,12 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   switch (x->kind) {
   case TP_PLAN_FORWARD:
     io = unit_io(t, R, x->mb);
-    run_unit(t, R->stream, R->st->forward[x->slice], &io);
     if (R->stage == P->nstages - 1 && x->slice == P->nslices - 1) {
-      be(t)->stream_sync(t->compute, R->stream); /* the unit queued the copy of its loss into io.loss */
-      R->loss[x->mb] = io.loss;
+      /* the unit queues the copy of its loss: read after the schedule's last synchronization */
+      R->loss_io[x->mb] = io;
+      run_unit(t, R->stream, R->st->forward[x->slice], &R->loss_io[x->mb]);
+    } else {
+      run_unit(t, R->stream, R->st->forward[x->slice], &io);
     }
     return true;
   case TP_PLAN_BACKWARD:
@@ -631,7 +698,7 @@ static void run_schedules(Trainer *t, bool train) {
     R->waiting = R->grads_final = false;
     if (train && R->scratch_block != R->grad_block)
       be(t)->memset(t->compute, R->stream, R->grad_block, 0, (size_t)R->grad_count * 4);
-    for (int m = 0; m < t->plan->microbatches; m++) R->loss[m] = NAN;
+    for (int m = 0; m < t->plan->microbatches; m++) R->loss[m] = R->loss_io[m].loss = NAN;
   }
   for (;;) {
     bool progress = false, done = true;
@@ -664,9 +731,12 @@ static void run_schedules(Trainer *t, bool train) {
     }
   }
   for (int h = 0; h < t->nhosted; h++) {
-    complete_sends(t, t->hosted[h], true);
-    if (train) finish_grads(t, t->hosted[h]);
-    be(t)->stream_sync(t->compute, t->hosted[h]->stream);
+    PipeRank *R = t->hosted[h];
+    complete_sends(t, R, true);
+    if (train) finish_grads(t, R);
+    be(t)->stream_sync(t->compute, R->stream);
+    if (R->stage == t->plan->nstages - 1)
+      for (int m = 0; m < t->plan->microbatches; m++) R->loss[m] = R->loss_io[m].loss;
   }
 }
 

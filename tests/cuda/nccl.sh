@@ -35,5 +35,12 @@ missing-group) # an all-reduce over a group no schedule uses: one line per rank,
   cat "$out"
   [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
     grep -Eq '^test_cuda_nccl: error: rank [01]: internal error: no NCCL communicator for an all-reduce over ranks \{0, 1\} was created at start-up \(the plan.s schedules use none\)$' "$out" ;;
+fail-rank) # ncclCommSplit fails on rank 1 while rank 0 waits in it: one line naming the
+  # rank, the call and NCCL's detail, and the whole job ends through MPI_Abort (no timeout)
+  TOKPIPE_NCCL_EMULATE_FAIL_RANK=1 on 2 2 p2p >"$out" 2>&1
+  rc=$?
+  cat "$out"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'error:' "$out")" -eq 1 ] &&
+    grep -Eq '^test_cuda_nccl: error: rank 1: .*comm_nccl.cu:[0-9]+: ncclCommSplit\(.*\): internal error \(emulated failure of rank 1 \(TOKPIPE_NCCL_EMULATE_FAIL_RANK\)\)$' "$out" ;;
 *) echo "unknown case $case"; exit 2 ;;
 esac

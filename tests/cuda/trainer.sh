@@ -112,6 +112,17 @@ pipeline) # ABI 2 in one process: stages x microbatches x slices x replicas, eac
     shape $2 $3 $4 $5 $6
     both "$1" --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 --dump-grads {}.grads --dump-weights {}.weights
   done
+  # The host waits for a rank's stream where every rank's does (the step's end, the norm,
+  # the update): the last stage as often as the first, not once more per microbatch to
+  # read its loss (its loss copies are read at the schedule's end).
+  shape 2 4 1 5,3 1f1b
+  PIPE_COUNT_SYNCS=1 run syncs cuda --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 --val-data val.bin \
+    --val-every 2 && {
+    first=$(sed -n 's/^stream 1: \([0-9]*\) synchronizations$/\1/p' syncs-cuda.out)
+    last=$(sed -n 's/^stream 2: \([0-9]*\) synchronizations$/\1/p' syncs-cuda.out)
+    [ -n "$first" ] && [ "$first" = "$last" ] && ok "4 microbatches: both stages' streams synchronized $first times" ||
+      fail "stage 0's stream synchronized ${first:-?} times, stage 1's ${last:-?}: $(cat syncs-cuda.out)"
+  }
   ;;
 
 mpi) # under mpirun: 2 ranks (2 stages, 2 microbatches, 2 slices) and 4 (2 stages x 2 replicas)
@@ -133,6 +144,29 @@ mpi) # under mpirun: 2 ranks (2 stages, 2 microbatches, 2 slices) and 4 (2 stage
   # the one-process run of the 4-rank shape: the same bits on the CUDA backend
   run np4-one cuda --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 --dump-grads np4-one.grads
   same_files "4 ranks in one process or under mpirun: the same gradients" np4-one.grads np4-cuda.grads
+  ;;
+
+nccl) # the NCCL transport end to end (emulated NCCL: sends complete only once received, as
+  # NCCL's; device memory allocation waits for the whole device): one GPU per rank, so the
+  # CUDA device's own open_comm picks NCCL; every rank must say so, and the bits must be the
+  # CPU trainer's under mpirun. 1F1B with several microbatches deadlocks a runtime that
+  # allocates (or waits for its stream) between its sends and the receive its peer needs.
+  prog=pipe_trainer
+  export PIPE_NCCL=1
+  for s in "np2-1f1b 2 2 4 1 5,3 1f1b" "np2-gpipe 2 2 2 1 8 gpipe" "np2-dp 2 1 2 2 5,3 gpipe" \
+           "np4-1f1b 4 2 2 2 3,3,2 1f1b" "np4-gpipe 4 2 2 2 8 gpipe"; do
+    set -- $s
+    shape $3 $4 $5 $6 $7
+    export TOKPIPE_CUDA_EMULATE_DEVICES=$2
+    both "$1" mpi $2 --init "$src/../pipeline/tiny2.onnx" --steps 3 --lr 0.01 \
+      --val-data val.bin --val-every 2 --dump-grads {}.grads --dump-weights {}.weights || continue
+    r=0
+    while [ $r -lt $2 ]; do
+      grep -qx "pipe_trainer_cuda: rank $r: messages go through nccl" "$1-cuda.out" &&
+        ok "$1: rank $r's messages go through NCCL" || fail "$1: rank $r: not NCCL: $(cat "$1-cuda.out")"
+      r=$((r + 1))
+    done
+  done
   ;;
 
 no-gpu) # no GPU: one error line, exit 1, before any data is read (the data file is missing)

@@ -230,6 +230,8 @@ int current_device;
 std::map<uintptr_t, size_t> device_blocks;
 } // namespace
 
+void progress_all_streams(void);
+
 /* A stream's asynchronous work (tp_emu_stream_async): queued[completed..] are pending. */
 struct CUstream_st {
   struct Async {
@@ -243,8 +245,14 @@ struct CUstream_st {
     while (completed < upto && pending.front().poll(pending.front().arg)) pending.pop_front(), completed++;
     return completed >= upto;
   }
+  /* Every stream moves on meanwhile, as a GPU's do whatever the host waits for: work queued
+   * on one stream (an NCCL send) may be what another's (a receive) needs from the peer. */
   void wait_upto(uint64_t upto) {
-    while (!done_upto(upto)) sched_yield();
+    for (;;) {
+      progress_all_streams();
+      if (done_upto(upto)) return;
+      sched_yield();
+    }
   }
 };
 /* An event: its stream's work queued before the record (no stream: never recorded). */
@@ -257,6 +265,11 @@ CUstream_st default_stream; /* stream 0 */
 std::set<CUstream_st *> live_streams;
 CUstream_st *stream_of(cudaStream_t s) { return s ? s : &default_stream; }
 } // namespace
+
+void progress_all_streams(void) {
+  default_stream.done_upto(default_stream.queued);
+  for (CUstream_st *s : live_streams) s->done_upto(s->queued);
+}
 
 cudaError_t cudaGetDeviceCount(int *count) {
   *count = emulated_device_count();
@@ -271,13 +284,18 @@ cudaError_t cudaGetDevice(int *device) {
   *device = current_device;
   return cudaSuccess;
 }
+/* cudaMalloc and cudaFree wait for the whole device first, as CUDA may (and cudaFree does):
+ * a runtime that allocates between an NCCL send and the receive its peer needs first
+ * deadlocks here as it could on a GPU. */
 cudaError_t cudaMalloc(void **p, size_t bytes) {
+  cudaDeviceSynchronize();
   *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
   if (!*p) return cudaErrorMemoryAllocation;
   device_blocks[reinterpret_cast<uintptr_t>(*p)] = bytes;
   return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+  cudaDeviceSynchronize();
   device_blocks.erase(reinterpret_cast<uintptr_t>(p));
   free(p);
   return cudaSuccess;
@@ -340,6 +358,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
+  progress_all_streams();
   return !e->stream || e->stream->done_upto(e->upto) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {

@@ -83,7 +83,9 @@ const char *cudaGetErrorString(cudaError_t e);
  * by tp_emu_stream_async is done once poll(arg) returns true (poll frees arg then), in the
  * order queued. Events recorded after it, cudaEventQuery (cudaErrorNotReady until then) and
  * the synchronizations see it; cudaStreamWaitEvent makes the host wait for the event, since
- * the waiting stream's later work runs at once. */
+ * the waiting stream's later work runs at once. Whenever the host waits or queries, every
+ * stream's work moves on (as a GPU runs all its streams); cudaMalloc and cudaFree first
+ * wait for every stream (cudaDeviceSynchronize), as CUDA may. */
 void tp_emu_stream_async(cudaStream_t s, bool (*poll)(void *arg), void *arg);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 /* Where a pointer points: device memory is what cudaMalloc returned (a host address here). */

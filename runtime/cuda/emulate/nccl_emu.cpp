@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <functional>
+
 const char *ncclGetErrorString(ncclResult_t r) {
   switch (r) {
   case ncclSuccess: return "no error";
@@ -16,8 +18,18 @@ const char *ncclGetErrorString(ncclResult_t r) {
   case ncclInternalError: return "internal error";
   case ncclInvalidArgument: return "invalid argument";
   case ncclInvalidUsage: return "invalid usage";
+  case ncclInProgress: return "NCCL operation in progress";
   }
   return "unknown result code";
+}
+
+static char last_error[256];
+
+const char *ncclGetLastError(ncclComm_t) { return last_error; }
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *async) {
+  *async = ncclSuccess;
+  return ncclSuccess;
 }
 
 ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
@@ -70,6 +82,13 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *) {
+  const char *fail = getenv("TOKPIPE_NCCL_EMULATE_FAIL_RANK");
+  int world = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  if (fail && atoi(fail) == world) {
+    snprintf(last_error, sizeof last_error, "emulated failure of rank %d (TOKPIPE_NCCL_EMULATE_FAIL_RANK)", world);
+    return ncclInternalError;
+  }
   MPI_Comm mpi;
   if (MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &mpi) != MPI_SUCCESS)
     return ncclSystemError;
@@ -83,24 +102,33 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-/* The stream's asynchronous work for an MPI request: done once MPI_Test says so. */
-static bool request_done(void *arg) {
-  MPI_Request *q = static_cast<MPI_Request *>(arg);
+/* An operation on a stream: started (an MPI request) when the stream reaches it, as NCCL's
+ * kernel starts once the stream's earlier work is done; done once MPI_Test says so. */
+struct Op {
+  std::function<int(MPI_Request *)> start;
+  const char *name;
+  MPI_Request q;
+  bool started;
+};
+
+static bool op_done(void *arg) {
+  Op *op = static_cast<Op *>(arg);
   int done = 0;
-  if (MPI_Test(q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-    fprintf(stderr, "nccl_emu: MPI_Test failed\n");
+  if (!op->started && op->start(&op->q) != MPI_SUCCESS) {
+    fprintf(stderr, "nccl_emu: %s: MPI failed\n", op->name);
     abort();
   }
-  if (done) delete q;
+  op->started = true;
+  if (MPI_Test(&op->q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+    fprintf(stderr, "nccl_emu: %s: MPI_Test failed\n", op->name);
+    abort();
+  }
+  if (done) delete op;
   return done;
 }
 
-static ncclResult_t queue(int err, MPI_Request *q, cudaStream_t stream) {
-  if (err != MPI_SUCCESS) {
-    delete q;
-    return ncclSystemError;
-  }
-  tp_emu_stream_async(stream, request_done, q);
+static ncclResult_t queue(const char *name, cudaStream_t stream, std::function<int(MPI_Request *)> start) {
+  tp_emu_stream_async(stream, op_done, new Op{std::move(start), name, MPI_REQUEST_NULL, false});
   return ncclSuccess;
 }
 
@@ -110,15 +138,16 @@ ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int pe
                       cudaStream_t stream) {
   int n = mpi_count(count * type_bytes(type));
   if (n < 0) return ncclInvalidArgument;
-  MPI_Request *q = new MPI_Request;
-  return queue(MPI_Isend(buf, n, MPI_BYTE, peer, 0, comm->mpi, q), q, stream);
+  /* synchronous mode: complete only once the receive matched it, as an NCCL send */
+  MPI_Comm mpi = comm->mpi;
+  return queue("ncclSend", stream, [=](MPI_Request *q) { return MPI_Issend(buf, n, MPI_BYTE, peer, 0, mpi, q); });
 }
 
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
   int n = mpi_count(count * type_bytes(type));
   if (n < 0) return ncclInvalidArgument;
-  MPI_Request *q = new MPI_Request;
-  return queue(MPI_Irecv(buf, n, MPI_BYTE, peer, 0, comm->mpi, q), q, stream);
+  MPI_Comm mpi = comm->mpi;
+  return queue("ncclRecv", stream, [=](MPI_Request *q) { return MPI_Irecv(buf, n, MPI_BYTE, peer, 0, mpi, q); });
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
@@ -126,9 +155,11 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
   MPI_Datatype t = type == ncclFloat32 ? MPI_FLOAT : type == ncclFloat64 ? MPI_DOUBLE : type == ncclInt64 ? MPI_INT64_T
                                                                                                            : MPI_INT8_T;
   if (op != ncclSum || count > (size_t)INT32_MAX) return ncclInvalidArgument;
-  if (send != recv) memcpy(recv, send, count * type_bytes(type));
-  MPI_Request *q = new MPI_Request;
-  return queue(MPI_Iallreduce(MPI_IN_PLACE, recv, (int)count, t, MPI_SUM, comm->mpi, q), q, stream);
+  MPI_Comm mpi = comm->mpi;
+  return queue("ncclAllReduce", stream, [=](MPI_Request *q) {
+    if (send != recv) memcpy(recv, send, count * type_bytes(type));
+    return MPI_Iallreduce(MPI_IN_PLACE, recv, (int)count, t, MPI_SUM, mpi, q);
+  });
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root,
@@ -136,9 +167,11 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
   int n = mpi_count(count * type_bytes(type)), rank = 0;
   if (n < 0) return ncclInvalidArgument;
   MPI_Comm_rank(comm->mpi, &rank);
-  if (rank == root && send != recv) memcpy(recv, send, (size_t)n);
-  MPI_Request *q = new MPI_Request;
-  return queue(MPI_Ibcast(recv, n, MPI_BYTE, root, comm->mpi, q), q, stream);
+  MPI_Comm mpi = comm->mpi;
+  return queue("ncclBroadcast", stream, [=](MPI_Request *q) {
+    if (rank == root && send != recv) memcpy(recv, send, (size_t)n);
+    return MPI_Ibcast(recv, n, MPI_BYTE, root, mpi, q);
+  });
 }
 
 #else /* without MPI: no communicator can be made */

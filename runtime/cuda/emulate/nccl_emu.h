@@ -6,11 +6,15 @@
  *                     (nranks is the world's size); the members' unique ids are compared
  *                     (a bootstrap that handed out different ids fails: ncclInvalidArgument)
  *   ncclCommSplit     MPI_Comm_split (NCCL_SPLIT_NOCOLOR: MPI_UNDEFINED)
- *   ncclSend/Recv     MPI_Isend/MPI_Irecv of bytes, tag 0: matched in order, as NCCL does
+ *   ncclSend/Recv     MPI_Issend/MPI_Irecv of bytes, tag 0: matched in order, as NCCL does;
+ *                     a send completes only once its receive is posted (rendezvous, as
+ *                     NCCL's), so a runtime whose peer posts that receive only after
+ *                     something this rank blocks on deadlocks here as on GPUs
  *   ncclAllReduce     MPI_Iallreduce (MPI's order of addition, not NCCL's), ncclBroadcast
  *                     MPI_Ibcast
  * Each operation is queued on the stream as asynchronous work (cuda_emu.h's
- * tp_emu_stream_async): an event recorded after it is complete once MPI completed it. Built
+ * tp_emu_stream_async), started when the stream reaches it (its earlier work done): an
+ * event recorded after it is complete once MPI completed it. Built
  * without MPI, every call fails with ncclSystemError. */
 #ifndef TOKPIPE_CUDA_EMULATE_NCCL_EMU_H
 #define TOKPIPE_CUDA_EMULATE_NCCL_EMU_H
@@ -26,6 +30,7 @@ typedef enum {
   ncclInternalError = 3,
   ncclInvalidArgument = 4,
   ncclInvalidUsage = 5,
+  ncclInProgress = 7,
 } ncclResult_t;
 typedef enum { ncclInt8 = 0, ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
 typedef enum { ncclSum = 0 } ncclRedOp_t;
@@ -52,5 +57,11 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 const char *ncclGetErrorString(ncclResult_t r);
+/* The detail of the last failure (empty: none). */
+const char *ncclGetLastError(ncclComm_t comm);
+/* An operation that failed after its call returned (never here: every failure is the call's). */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async);
+/* Tests: TOKPIPE_NCCL_EMULATE_FAIL_RANK=R makes ncclCommSplit fail on world rank R (one
+ * rank of a job failing while the others wait in the collective). */
 
 #endif
