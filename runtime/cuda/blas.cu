@@ -142,11 +142,11 @@ static void fill_rows(const float *bias, int64_t rows, int64_t n, float *y, TpCu
 }
 
 /* Row-major contiguous C (M, N) = op(A) (M, K) @ op(B) (K, N) + beta C (tp_sgemm's
- * convention). Row-major C is column-major C^T = op(B)^T op(A)^T, and a row-major matrix
- * read as column-major is its transpose: so the column-major call takes B first, A second,
- * with the same transposition flags and no copies. */
-static void gemm_any_row_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N,
-                               int64_t K, const void *A, const void *B, float beta, float *C, TpCudaStream stream) {
+ * convention); A and B f32, or bf16 when `bf16`. Row-major C is column-major C^T =
+ * op(B)^T op(A)^T, and a row-major matrix read as column-major is its transpose: so the
+ * column-major call takes B first, A second, with the same transposition flags and no copies. */
+static void gemm_row_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                           const void *A, const void *B, float beta, float *C, TpCudaStream stream) {
   if (M == 0 || N == 0) return;
   if (K == 0) { /* an empty sum; cuBLASLt takes no k of 0 */
     if (beta == 0) fill_rows(NULL, M, N, C, stream);
@@ -156,16 +156,16 @@ static void gemm_any_row_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool t
                     stream);
 }
 
-static void gemm_row_major(TpCudaBlas *blas, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                           const float *A, const float *B, float beta, float *C, TpCudaStream stream) {
-  gemm_any_row_major(blas, false, trans_a, trans_b, M, N, K, A, B, beta, C, stream);
+/* the element `index` of an operand array of f32, or of bf16 when `bf16` */
+static const void *element(const void *p, bool bf16, int64_t index) {
+  return static_cast<const char *>(p) + index * (bf16 ? 2 : 4);
 }
 
 /* y = x @ w (+ bias) on f32 or bf16 operands. */
 static void linear(TpCudaBlas *blas, bool bf16, const void *x, const void *w, const float *bias, int64_t M,
                    int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
   if (bias) fill_rows(bias, M, N, y, stream); /* then accumulated onto, as the CPU kernel does */
-  gemm_any_row_major(blas, bf16, false, transpose_w, M, N, K, x, w, bias ? 1.0f : 0.0f, y, stream);
+  gemm_row_major(blas, bf16, false, transpose_w, M, N, K, x, w, bias ? 1.0f : 0.0f, y, stream);
 }
 
 void tp_cuda_launch_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
@@ -195,42 +195,60 @@ __global__ void column_sums_kernel(const float *dy, int64_t rows, int64_t n, flo
   sums[j] = (float)sum;
 }
 
-void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
-                                 int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
-                                 TpCudaStream stream) {
-  if (dx) { /* dy (M, N) @ w^T */
-    gemm_row_major(blas, false, !transpose_w, M, K, N, dy, w, 0, dx, stream);
-  }
+/* The bias gradient: dy's column sums. */
+static void column_sums(const float *dy, int64_t M, int64_t N, float *dbias, TpCudaStream stream) {
+  if (N == 0) return;
+  dim3 grid((unsigned)((N + COLUMN_THREADS - 1) / COLUMN_THREADS));
+  TP_LAUNCH(column_sums_kernel, grid, dim3(COLUMN_THREADS), stream, dy, M, N, dbias);
+}
+
+/* The two products of tp_linear_backward_f32 on f32 or bf16 operands. */
+static void linear_backward(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w, int64_t M,
+                            int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, TpCudaStream stream) {
+  if (dx) gemm_row_major(blas, bf16, false, !transpose_w, M, K, N, dy, w, 0, dx, stream); /* dy (M, N) @ w^T */
   if (dw) {
-    if (transpose_w) gemm_row_major(blas, true, false, N, K, M, dy, x, 0, dw, stream); /* dy^T @ x */
-    else gemm_row_major(blas, true, false, K, N, M, x, dy, 0, dw, stream);              /* x^T @ dy */
-  }
-  if (dbias && N > 0) {
-    dim3 grid((unsigned)((N + COLUMN_THREADS - 1) / COLUMN_THREADS));
-    TP_LAUNCH(column_sums_kernel, grid, dim3(COLUMN_THREADS), stream, dy, M, N, dbias);
+    if (transpose_w) gemm_row_major(blas, bf16, true, false, N, K, M, dy, x, 0, dw, stream); /* dy^T @ x */
+    else gemm_row_major(blas, bf16, true, false, K, N, M, x, dy, 0, dw, stream);              /* x^T @ dy */
   }
 }
 
-void tp_cuda_launch_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
-                        TpCudaStream stream) {
+void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
+                                 int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
+                                 TpCudaStream stream) {
+  linear_backward(blas, false, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
+  if (dbias) column_sums(dy, M, N, dbias, stream);
+}
+
+void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, const uint16_t *x, const uint16_t *w,
+                                         const float *dy_f32, int64_t M, int64_t K, int64_t N, bool transpose_w,
+                                         float *dx, float *dw, float *dbias, TpCudaStream stream) {
+  linear_backward(blas, true, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
+  if (dbias) column_sums(dy_f32, M, N, dbias, stream);
+}
+
+/* tp_matmul's product on f32 or bf16 operands */
+static void matmul(TpCudaBlas *blas, bool bf16, const TpMatmulLayout *l, const void *a, const void *b, float *y,
+                   TpCudaStream stream) {
   int64_t M = l->M, K = l->K, N = l->N;
   if (l->nb == 1 && l->na == l->nbatch) { /* one shared right operand: fold the batch into M */
-    gemm_row_major(blas, false, false, l->nbatch * M, N, K, a, b, 0, y, stream);
+    gemm_row_major(blas, bf16, false, false, l->nbatch * M, N, K, a, b, 0, y, stream);
     return;
   }
   for (int64_t n = 0; n < l->nbatch; n++) {
     int64_t oa, ob;
     tp_matmul_operands(l, n, &oa, &ob);
-    gemm_row_major(blas, false, false, M, N, K, a + oa * M * K, b + ob * K * N, 0, y + n * M * N, stream);
+    gemm_row_major(blas, bf16, false, false, M, N, K, element(a, bf16, oa * M * K), element(b, bf16, ob * K * N), 0,
+                   y + n * M * N, stream);
   }
 }
 
-void tp_cuda_launch_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
-                                 const float *b, float *da, float *db, TpCudaStream stream) {
+/* tp_matmul_backward_f32's products on f32 or bf16 operands */
+static void matmul_backward(TpCudaBlas *blas, bool bf16, const TpMatmulLayout *l, const void *dy, const void *a,
+                            const void *b, float *da, float *db, TpCudaStream stream) {
   int64_t M = l->M, K = l->K, N = l->N, nbatch = l->nbatch;
   if (l->nb == 1 && l->na == nbatch) { /* one shared b: the batch folds into the rows */
-    if (da) gemm_row_major(blas, false, true, nbatch * M, K, N, dy, b, 0, da, stream);
-    if (db) gemm_row_major(blas, true, false, K, N, nbatch * M, a, dy, 0, db, stream);
+    if (da) gemm_row_major(blas, bf16, false, true, nbatch * M, K, N, dy, b, 0, da, stream);
+    if (db) gemm_row_major(blas, bf16, true, false, K, N, nbatch * M, a, dy, 0, db, stream);
     return;
   }
   /* An operand broadcast along a batch dim collects the sum of its products. */
@@ -241,8 +259,30 @@ void tp_cuda_launch_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *
   for (int64_t n = 0; n < nbatch; n++) {
     int64_t oa, ob;
     tp_matmul_operands(l, n, &oa, &ob);
-    const float *dy_n = dy + n * M * N;
-    if (da) gemm_row_major(blas, false, true, M, K, N, dy_n, b + ob * K * N, beta_a, da + oa * M * K, stream);
-    if (db) gemm_row_major(blas, true, false, K, N, M, a + oa * M * K, dy_n, beta_b, db + ob * K * N, stream);
+    const void *dy_n = element(dy, bf16, n * M * N), *a_n = element(a, bf16, oa * M * K);
+    const void *b_n = element(b, bf16, ob * K * N);
+    if (da) gemm_row_major(blas, bf16, false, true, M, K, N, dy_n, b_n, beta_a, da + oa * M * K, stream);
+    if (db) gemm_row_major(blas, bf16, true, false, K, N, M, a_n, dy_n, beta_b, db + ob * K * N, stream);
   }
+}
+
+void tp_cuda_launch_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
+                        TpCudaStream stream) {
+  matmul(blas, false, l, a, b, y, stream);
+}
+
+void tp_cuda_launch_matmul_bf16(TpCudaBlas *blas, const TpMatmulLayout *l, const uint16_t *a, const uint16_t *b,
+                                float *y, TpCudaStream stream) {
+  matmul(blas, true, l, a, b, y, stream);
+}
+
+void tp_cuda_launch_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
+                                 const float *b, float *da, float *db, TpCudaStream stream) {
+  matmul_backward(blas, false, l, dy, a, b, da, db, stream);
+}
+
+void tp_cuda_launch_matmul_backward_bf16(TpCudaBlas *blas, const TpMatmulLayout *l, const uint16_t *dy,
+                                         const uint16_t *a, const uint16_t *b, float *da, float *db,
+                                         TpCudaStream stream) {
+  matmul_backward(blas, true, l, dy, a, b, da, db, stream);
 }

@@ -1,11 +1,14 @@
 /* Matrix products on the GPU through cuBLASLt, behind thin entry points that compute what
  * the CPU kernels they name compute (same shapes, same NULL and overwrite conventions),
- * over DEVICE pointers, on `stream`, without synchronising. All products run in fp32 with
- * fp32 accumulation (CUBLAS_COMPUTE_32F, never the TF32 compute types), so results differ
- * from the CPU's only in the order of the sums. In the emulated test build
+ * over DEVICE pointers, on `stream`, without synchronising. All products accumulate in
+ * fp32 (CUBLAS_COMPUTE_32F, never the TF32 compute types), on f32 operands or, in the *_bf16
+ * entries, on bf16 operands (the bits of base/tensor.h's TP_BF16: tensor cores) with f32
+ * outputs; results differ from the CPU's product of the same values only in the order of
+ * the sums. In the emulated test build
  * (TOKPIPE_CUDA_EMULATE) the same entry points run the products through OpenBLAS
  * (cblas_sgemm, with the same column-major operands as the cuBLASLt call) and the bias and
- * reduction kernels through the emulation. */
+ * reduction kernels through the emulation; bf16 operands are widened to f32 first, which
+ * gives the same products. */
 #ifndef TOKPIPE_CUDA_BLAS_H
 #define TOKPIPE_CUDA_BLAS_H
 
@@ -38,15 +41,28 @@ void tp_cuda_launch_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint1
 void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
                                  int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
                                  TpCudaStream stream);
+/* tp_cuda_launch_linear_backward_f32's dx and dw from bf16 dy, x and w; dbias from dy_f32, the
+ * gradient before its rounding to bf16 (a sum, no product: as the f32 plan's), which may be
+ * NULL when dbias is. */
+void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, const uint16_t *x, const uint16_t *w,
+                                         const float *dy_f32, int64_t M, int64_t K, int64_t N, bool transpose_w,
+                                         float *dx, float *dw, float *dbias, TpCudaStream stream);
 
 /* tp_matmul on f32 (numpy semantics, broadcast batch dims): l is tp_matmul_layout of a's
  * and b's shapes (host memory); y (l->nbatch, M, N) is overwritten. */
 void tp_cuda_launch_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
                         TpCudaStream stream);
+/* tp_cuda_launch_matmul_f32 on bf16 a and b; y is fp32. */
+void tp_cuda_launch_matmul_bf16(TpCudaBlas *blas, const TpMatmulLayout *l, const uint16_t *a, const uint16_t *b,
+                                float *y, TpCudaStream stream);
 /* tp_matmul_backward_f32: da = dy @ b^T with a's shape, db = a^T @ dy with b's shape, a
  * batch dim an operand was broadcast along summed over; each overwritten, each may be NULL. */
 void tp_cuda_launch_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
                                  const float *b, float *da, float *db, TpCudaStream stream);
+/* tp_cuda_launch_matmul_backward_f32 on bf16 dy, a and b; da and db are fp32. */
+void tp_cuda_launch_matmul_backward_bf16(TpCudaBlas *blas, const TpMatmulLayout *l, const uint16_t *dy,
+                                         const uint16_t *a, const uint16_t *b, float *da, float *db,
+                                         TpCudaStream stream);
 
 #ifdef __cplusplus
 }

@@ -244,23 +244,16 @@ TpKernelStatus tp_cuda_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y,
   return s;
 }
 
-/* ---- --precision bf16: operands rounded to bf16 in scratch ---- */
+/* ---- --precision bf16: operands rounded to bf16 in scratch, products on bf16 ---- */
 
+/* round to nearest even, as base/half.h */
 __global__ void to_bf16_kernel(const float *x, int64_t n, uint16_t *y) {
   TP_GRID_STRIDE_LOOP(i, n) y[i] = tp_half_f32_to_bf16(x[i]);
 }
 
-/* the f32 value of x's bf16 rounding (products of these are exact in fp32 as bf16's are) */
-__global__ void round_bf16_kernel(const float *x, int64_t n, float *y) {
-  TP_GRID_STRIDE_LOOP(i, n) y[i] = tp_half_bf16_to_f32(tp_half_f32_to_bf16(x[i]));
-}
-
+/* x's bf16 rounding into y, when y is wanted (NULL: not converted) */
 static void to_bf16(const float *x, int64_t n, uint16_t *y, TpStream *stream) {
-  if (n) TP_LAUNCH(to_bf16_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, x, n, y);
-}
-
-static void round_bf16(const float *x, int64_t n, float *y, TpStream *stream) {
-  if (n) TP_LAUNCH(round_bf16_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, x, n, y);
+  if (y && n) TP_LAUNCH(to_bf16_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, x, n, y);
 }
 
 /* Carves scratch into pieces of the given byte sizes (256-byte aligned), taken in one call. */
@@ -271,34 +264,41 @@ static void carve(TpStream *stream, int n, const size_t *bytes, void **out) {
   for (int k = 0; k < n; k++) out[k] = base + at[k];
 }
 
+/* bf16 copies in scratch of the f32 arrays from[k] of n[k] elements; out[k] NULL where
+ * wanted[k] is false (an operand no requested output reads) */
+static void bf16_operands(TpStream *stream, int count, const float *const *from, const int64_t *n,
+                          const bool *wanted, uint16_t **out) {
+  void *p[4];
+  size_t bytes[4];
+  for (int k = 0; k < count; k++) bytes[k] = wanted[k] ? (size_t)n[k] * sizeof(uint16_t) : 0;
+  carve(stream, count, bytes, p);
+  for (int k = 0; k < count; k++) {
+    out[k] = wanted[k] ? static_cast<uint16_t *>(p[k]) : NULL;
+    to_bf16(from[k], n[k], out[k], stream);
+  }
+}
+
 TpKernelStatus tp_cuda_bf16_linear_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K,
                                        int64_t N, bool transpose_w, float *y, TpStream *stream) {
-  void *p[2];
-  const size_t bytes[2] = {(size_t)(M * K) * 2, (size_t)(K * N) * 2};
-  carve(stream, 2, bytes, p);
-  to_bf16(x, M * K, static_cast<uint16_t *>(p[0]), stream);
-  to_bf16(w, K * N, static_cast<uint16_t *>(p[1]), stream);
-  tp_cuda_launch_linear_bf16(stream->blas, static_cast<const uint16_t *>(p[0]), static_cast<const uint16_t *>(p[1]),
-                             bias, M, K, N, transpose_w, y, stream->cuda);
+  const float *from[2] = {x, w};
+  const int64_t n[2] = {M * K, K * N};
+  const bool wanted[2] = {true, true};
+  uint16_t *h[2];
+  bf16_operands(stream, 2, from, n, wanted, h);
+  tp_cuda_launch_linear_bf16(stream->blas, h[0], h[1], bias, M, K, N, transpose_w, y, stream->cuda);
   return TP_KERNEL_OK;
 }
 
-/* The backward products take f32 copies of the bf16-rounded operands: the same products,
- * accumulated in fp32 (blas.h has the bf16 operand type for the forward Linear only). */
 TpKernelStatus tp_cuda_bf16_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
                                                 int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
                                                 TpStream *stream) {
-  void *p[3];
-  const size_t bytes[3] = {(size_t)(M * N) * 4, (size_t)(M * K) * 4, (size_t)(K * N) * 4};
-  carve(stream, 3, bytes, p);
-  float *dy_r = static_cast<float *>(p[0]), *x_r = static_cast<float *>(p[1]), *w_r = static_cast<float *>(p[2]);
-  round_bf16(dy, M * N, dy_r, stream);
-  round_bf16(x, M * K, x_r, stream);
-  round_bf16(w, K * N, w_r, stream);
-  tp_cuda_launch_linear_backward_f32(stream->blas, dy_r, x_r, w_r, M, K, N, transpose_w, dx, dw, NULL, stream->cuda);
-  /* the bias gradient is a sum of dy, no product: from dy as it is, as the f32 plan's */
-  if (dbias) tp_cuda_launch_linear_backward_f32(stream->blas, dy, x, w, M, K, N, transpose_w, NULL, NULL, dbias,
-                                                stream->cuda);
+  const float *from[3] = {dy, x, w};
+  const int64_t n[3] = {M * N, M * K, K * N};
+  const bool wanted[3] = {dx || dw, dw != NULL, dx != NULL}; /* dx = dy w^T, dw = x^T dy */
+  uint16_t *h[3];
+  bf16_operands(stream, 3, from, n, wanted, h);
+  tp_cuda_launch_linear_backward_bf16(stream->blas, h[0], h[1], h[2], dy, M, K, N, transpose_w, dx, dw, dbias,
+                                      stream->cuda);
   return TP_KERNEL_OK;
 }
 
@@ -306,13 +306,12 @@ TpKernelStatus tp_cuda_bf16_matmul(const TpTensor *a, const TpTensor *b, TpTenso
   TpMatmulLayout l;
   TpKernelStatus s = matmul_check(a, b, y, &l);
   if (s != TP_KERNEL_OK) return s;
-  void *p[2];
-  const size_t bytes[2] = {tp_tensor_bytes(a), tp_tensor_bytes(b)};
-  carve(stream, 2, bytes, p);
-  round_bf16(static_cast<const float *>(a->data), tp_tensor_numel(a), static_cast<float *>(p[0]), stream);
-  round_bf16(static_cast<const float *>(b->data), tp_tensor_numel(b), static_cast<float *>(p[1]), stream);
-  tp_cuda_launch_matmul_f32(stream->blas, &l, static_cast<const float *>(p[0]), static_cast<const float *>(p[1]),
-                            static_cast<float *>(y->data), stream->cuda);
+  const float *from[2] = {static_cast<const float *>(a->data), static_cast<const float *>(b->data)};
+  const int64_t n[2] = {tp_tensor_numel(a), tp_tensor_numel(b)};
+  const bool wanted[2] = {true, true};
+  uint16_t *h[2];
+  bf16_operands(stream, 2, from, n, wanted, h);
+  tp_cuda_launch_matmul_bf16(stream->blas, &l, h[0], h[1], static_cast<float *>(y->data), stream->cuda);
   return TP_KERNEL_OK;
 }
 
@@ -321,16 +320,14 @@ TpKernelStatus tp_cuda_bf16_matmul_backward_f32(const TpTensor *dy, const TpTens
   TpMatmulLayout l;
   TpKernelStatus s = matmul_backward_check(dy, a, b, da, db, &l);
   if (s != TP_KERNEL_OK) return s;
-  void *p[3];
-  const size_t bytes[3] = {tp_tensor_bytes(dy), tp_tensor_bytes(a), tp_tensor_bytes(b)};
-  carve(stream, 3, bytes, p);
-  const TpTensor *from[3] = {dy, a, b};
-  for (int k = 0; k < 3; k++)
-    round_bf16(static_cast<const float *>(from[k]->data), tp_tensor_numel(from[k]), static_cast<float *>(p[k]), stream);
-  tp_cuda_launch_matmul_backward_f32(stream->blas, &l, static_cast<const float *>(p[0]),
-                                     static_cast<const float *>(p[1]), static_cast<const float *>(p[2]),
-                                     da ? static_cast<float *>(da->data) : NULL,
-                                     db ? static_cast<float *>(db->data) : NULL, stream->cuda);
+  const float *from[3] = {static_cast<const float *>(dy->data), static_cast<const float *>(a->data),
+                          static_cast<const float *>(b->data)};
+  const int64_t n[3] = {tp_tensor_numel(dy), tp_tensor_numel(a), tp_tensor_numel(b)};
+  const bool wanted[3] = {da || db, db != NULL, da != NULL}; /* da = dy b^T, db = a^T dy */
+  uint16_t *h[3];
+  bf16_operands(stream, 3, from, n, wanted, h);
+  tp_cuda_launch_matmul_backward_bf16(stream->blas, &l, h[0], h[1], h[2], da ? static_cast<float *>(da->data) : NULL,
+                                      db ? static_cast<float *>(db->data) : NULL, stream->cuda);
   return TP_KERNEL_OK;
 }
 
@@ -345,9 +342,9 @@ __global__ void gemm_epilogue_kernel(float *y, int64_t M, int64_t N, float alpha
   }
 }
 
-/* tp_gemm on f32 (its other dtypes: TP_KERNEL_BAD_DTYPE), the operands rounded to bf16
- * first when bf16. op(a) is made row-major in scratch when trans_a, then the product is
- * Linear's (op(b) as its w), then alpha and beta * c applied. */
+/* tp_gemm on f32 (its other dtypes: TP_KERNEL_BAD_DTYPE), on the operands rounded to bf16
+ * when bf16. op(a) is made row-major in scratch when trans_a (before the rounding), then the
+ * product is Linear's (op(b) as its w), then alpha and beta * c applied. */
 static TpKernelStatus gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
                            double alpha, double beta, TpTensor *y, bool bf16, TpStream *stream) {
   if (a->dtype != TP_F32 || b->dtype != TP_F32 || y->dtype != TP_F32 || (c && c->dtype != TP_F32))
@@ -362,26 +359,28 @@ static TpKernelStatus gemm(const TpTensor *a, const TpTensor *b, const TpTensor 
     cm = c->rank == 2 ? c->dims[0] : 1, cn = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
     if ((cm != 1 && cm != M) || (cn != 1 && cn != N)) return TP_KERNEL_BAD_SHAPE;
   }
-  void *p[3]; /* a and b rounded to bf16, op(a) row-major */
-  const size_t bytes[3] = {(size_t)(M * K) * 4, (size_t)(K * N) * 4, (size_t)(M * K) * 4};
+  void *p[3]; /* op(a) row-major, then a and b rounded to bf16 */
+  const size_t bytes[3] = {(size_t)(M * K) * 4, bf16 ? (size_t)(M * K) * 2 : 0, bf16 ? (size_t)(K * N) * 2 : 0};
   carve(stream, 3, bytes, p);
   const float *A = static_cast<const float *>(a->data), *B = static_cast<const float *>(b->data);
-  if (bf16) {
-    round_bf16(A, M * K, static_cast<float *>(p[0]), stream);
-    round_bf16(B, K * N, static_cast<float *>(p[1]), stream);
-    A = static_cast<const float *>(p[0]), B = static_cast<const float *>(p[1]);
-  }
   if (trans_a && M * K != 0) {
-    TpTensor from = {TP_F32, 2, {K, M}, const_cast<float *>(A)}, to = {TP_F32, 2, {M, K}, p[2]};
+    TpTensor from = {TP_F32, 2, {K, M}, const_cast<float *>(A)}, to = {TP_F32, 2, {M, K}, p[0]};
     const int64_t perm[2] = {1, 0};
     tp_cuda_launch_transpose_f32(&from, perm, &to, stream->cuda);
-    A = static_cast<const float *>(p[2]);
+    A = static_cast<const float *>(p[0]);
   }
-  tp_cuda_launch_linear_f32(stream->blas, A, B, NULL, M, K, N, trans_b, static_cast<float *>(y->data), stream->cuda);
+  float *Y = static_cast<float *>(y->data);
+  if (bf16) {
+    uint16_t *a16 = static_cast<uint16_t *>(p[1]), *b16 = static_cast<uint16_t *>(p[2]);
+    to_bf16(A, M * K, a16, stream);
+    to_bf16(B, K * N, b16, stream);
+    tp_cuda_launch_linear_bf16(stream->blas, a16, b16, NULL, M, K, N, trans_b, Y, stream->cuda);
+  } else {
+    tp_cuda_launch_linear_f32(stream->blas, A, B, NULL, M, K, N, trans_b, Y, stream->cuda);
+  }
   if (M * N != 0)
     TP_LAUNCH(gemm_epilogue_kernel, tp_elementwise_grid(M * N), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda,
-              static_cast<float *>(y->data), M, N, (float)alpha, (float)beta,
-              with_c ? static_cast<const float *>(c->data) : NULL, cm, cn);
+              Y, M, N, (float)alpha, (float)beta, with_c ? static_cast<const float *>(c->data) : NULL, cm, cn);
   return TP_KERNEL_OK;
 }
 

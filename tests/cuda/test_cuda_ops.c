@@ -796,35 +796,38 @@ static float *operand(const float *x, int64_t n, bool bf16) {
 }
 
 static void linear_test(bool backward, bool bf16) {
-  const int64_t shapes[][3] = {{5, 37, 9}, {33, 1, 7}, {4, 0, 3}, {0, 5, 2}};
-  for (int s = 0; s < 4; s++)
-    for (int tw = 0; tw < 2; tw++) {
-      int64_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
-      float *x = floats(M * K + 1, 2), *w = floats(K * N + 1, 2), *bias = floats(N, 1), *dy = floats(M * N + 1, 1);
-      float *xr = operand(x, M * K, bf16), *wr = operand(w, K * N, bf16), *dyr = operand(dy, M * N, bf16);
-      char what[80];
-      snprintf(what, sizeof what, "%sLinear%s [%lld,%lld,%lld] transpose_w %d", bf16 ? "bf16 " : "",
-               backward ? "Backward" : "", (long long)M, (long long)K, (long long)N, tw);
-      Tolerance tol = bf16 ? BF16 : F32;
-      if (!backward) {
-        float *want = poison(M * N + 1), *got = poison(M * N + 1);
-        tp_linear_f32(xr, wr, bias, M, K, N, tw, want);
-        check_status(what, (bf16 ? tp_cuda_bf16_linear_f32 : tp_cuda_linear_f32)(x, w, bias, M, K, N, tw, got, stream()),
-                     TP_KERNEL_OK);
-        compare(what, got, want, M * N, tol);
-      } else {
-        float *wdx = poison(M * K + 1), *gdx = poison(M * K + 1), *wdw = poison(K * N + 1), *gdw = poison(K * N + 1);
-        float *wdb = poison(N + 1), *gdb = poison(N + 1);
-        tp_linear_backward_f32(dyr, xr, wr, M, K, N, tw, wdx, wdw, NULL);
-        tp_linear_backward_f32(dy, x, w, M, K, N, tw, NULL, NULL, wdb); /* a sum of dy, no product */
-        check_status(what, (bf16 ? tp_cuda_bf16_linear_backward_f32 : tp_cuda_linear_backward_f32)(
-                               dy, x, w, M, K, N, tw, gdx, gdw, gdb, stream()),
-                     TP_KERNEL_OK);
-        compare(what, gdx, wdx, M * K, tol);
-        check_close(what, gdw, wdw, K * N, tol);
-        check_close(what, gdb, wdb, N, F32);
+  const int64_t shapes[][3] = {{5, 37, 9}, {33, 1, 7}, {67, 129, 33}, {4, 0, 3}, {0, 5, 2}};
+  for (int s = 0; s < 5; s++)
+    for (int tw = 0; tw < 2; tw++)
+      for (int outputs = 0; outputs < (backward ? 3 : 1); outputs++) { /* backward: all, dx alone, dw alone */
+        int64_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
+        float *x = floats(M * K + 1, 2), *w = floats(K * N + 1, 2), *bias = floats(N, 1), *dy = floats(M * N + 1, 1);
+        float *xr = operand(x, M * K, bf16), *wr = operand(w, K * N, bf16), *dyr = operand(dy, M * N, bf16);
+        char what[96];
+        snprintf(what, sizeof what, "%sLinear%s [%lld,%lld,%lld] transpose_w %d outputs %d", bf16 ? "bf16 " : "",
+                 backward ? "Backward" : "", (long long)M, (long long)K, (long long)N, tw, outputs);
+        Tolerance tol = bf16 ? BF16 : F32;
+        if (!backward) {
+          float *want = poison(M * N + 1), *got = poison(M * N + 1);
+          tp_linear_f32(xr, wr, bias, M, K, N, tw, want);
+          check_status(what,
+                       (bf16 ? tp_cuda_bf16_linear_f32 : tp_cuda_linear_f32)(x, w, bias, M, K, N, tw, got, stream()),
+                       TP_KERNEL_OK);
+          compare(what, got, want, M * N, tol);
+        } else {
+          float *wdx = poison(M * K + 1), *gdx = poison(M * K + 1), *wdw = poison(K * N + 1), *gdw = poison(K * N + 1);
+          float *wdb = poison(N + 1), *gdb = poison(N + 1);
+          bool with_dx = outputs != 2, with_dw = outputs != 1;
+          tp_linear_backward_f32(dyr, xr, wr, M, K, N, tw, with_dx ? wdx : NULL, with_dw ? wdw : NULL, NULL);
+          tp_linear_backward_f32(dy, x, w, M, K, N, tw, NULL, NULL, wdb); /* a sum of dy, no product */
+          check_status(what, (bf16 ? tp_cuda_bf16_linear_backward_f32 : tp_cuda_linear_backward_f32)(
+                                 dy, x, w, M, K, N, tw, with_dx ? gdx : NULL, with_dw ? gdw : NULL, gdb, stream()),
+                       TP_KERNEL_OK);
+          compare(what, gdx, wdx, M * K + 1, tol); /* + 1: the poison past the end, and all of an output left out */
+          check_close(what, gdw, wdw, K * N + 1, tol);
+          check_close(what, gdb, wdb, N, F32);
+        }
       }
-    }
 }
 static void linear_fwd(void) { linear_test(false, false); }
 static void linear_bwd(void) { linear_test(true, false); }
@@ -842,6 +845,8 @@ static const MatmulCase MATMULS[] = {
     {4, 3, {2, 1, 3, 4}, {3, 4, 5}},   /* both broadcast */
     {1, 3, {4}, {2, 4, 3}},            /* a vector */
     {2, 2, {3, 0}, {0, 2}},            /* K = 0 */
+    {3, 3, {1, 70, 9}, {3, 9, 130}},   /* a broadcast, odd sizes */
+    {3, 3, {4, 33, 65}, {4, 65, 17}},  /* equal batches, odd sizes */
 };
 
 static void matmul_test(bool backward, bool bf16) {
@@ -864,14 +869,17 @@ static void matmul_test(bool backward, bool bf16) {
     } else {
       TpTensor dy = tensor(TP_F32, 2, yd, -1, 1), dyr = dy;
       dyr.data = operand(dy.data, tp_tensor_numel(&dy), bf16);
-      TpTensor wda = result_like(&a), gda = result_like(&a), wdb = result_like(&b), gdb = result_like(&b);
-      check_status(what,
-                   (bf16 ? tp_cuda_bf16_matmul_backward_f32 : tp_cuda_matmul_backward_f32)(&dy, &a, &b, &gda, &gdb,
-                                                                                           stream()),
-                   tp_matmul_backward_f32(&dyr, &ar, &br, &wda, &wdb));
-      sync_expect(what, -1);
-      check_tensor(what, &gda, &wda, tol);
-      check_tensor(what, &gdb, &wdb, tol);
+      for (int outputs = 0; outputs < 3; outputs++) { /* da and db, da alone, db alone */
+        TpTensor wda = result_like(&a), gda = result_like(&a), wdb = result_like(&b), gdb = result_like(&b);
+        bool with_da = outputs != 2, with_db = outputs != 1;
+        check_status(what,
+                     (bf16 ? tp_cuda_bf16_matmul_backward_f32 : tp_cuda_matmul_backward_f32)(
+                         &dy, &a, &b, with_da ? &gda : NULL, with_db ? &gdb : NULL, stream()),
+                     tp_matmul_backward_f32(&dyr, &ar, &br, with_da ? &wda : NULL, with_db ? &wdb : NULL));
+        sync_expect(what, -1);
+        check_tensor(what, &gda, &wda, tol); /* an output left out: the poison of both, untouched */
+        check_tensor(what, &gdb, &wdb, tol);
+      }
     }
   }
   int64_t d2[2] = {2, 3};
