@@ -51,21 +51,41 @@ static bool carries_split(TpOpKind k) {
          k == TP_OP_Transpose || k == TP_OP_Split || k == TP_OP_Rotary || k == TP_OP_Attention;
 }
 
-/* Does value v reach the input of a Linear through ops that carry a split? */
-static bool reaches_linear(const TpModule *m, int v, bool *seen) {
+/* Does an elementwise op combine v with another activation (a residual), not only with
+ * constants and params? */
+static bool combines(const TpModule *m, const TpOp *op, int v) {
+  for (int i = 0; i < op->ninputs; i++) {
+    int u = op->inputs[i];
+    if (u >= 0 && u != v && (m->values[u].kind == TP_VAL_RESULT || m->values[u].kind == TP_VAL_INPUT)) return true;
+  }
+  return false;
+}
+
+/* Does value v reach the input of a Linear within its block: through any op but a norm or
+ * a residual (where a block ends)? *blocker gets the first op on such a path that cannot
+ * carry a split, or stays -1. */
+static bool reaches_linear(const TpModule *m, int v, bool *seen, int *blocker) {
   if (seen[v]) return false;
   seen[v] = true;
+  bool found = false;
   for (int o = 0; o < m->nops; o++) {
     const TpOp *op = &m->ops[o];
     for (int i = 0; i < op->ninputs; i++) {
       if (op->inputs[i] != v) continue;
-      if (op->kind == TP_OP_Linear && i == 0) return true;
-      if (!carries_split(op->kind)) continue;
+      if (op->kind == TP_OP_Linear && i == 0) {
+        found = true;
+        continue;
+      }
+      bool elementwise = tp_op_info[op->kind].traits & TP_TRAIT_ELEMENTWISE;
+      if (op->kind == TP_OP_LayerNorm || op->kind == TP_OP_RMSNorm || (elementwise && combines(m, op, v))) continue;
       for (int r = 0; r < op->noutputs; r++)
-        if (op->outputs[r] >= 0 && reaches_linear(m, op->outputs[r], seen)) return true;
+        if (op->outputs[r] >= 0 && reaches_linear(m, op->outputs[r], seen, blocker)) {
+          found = true;
+          if (*blocker < 0 && !carries_split(op->kind)) *blocker = o;
+        }
     }
   }
-  return false;
+  return found;
 }
 
 /* The one op reading v (-1 when none or several). */
@@ -251,11 +271,12 @@ static int follow(Shard *s, int op) {
     return refuse(s, op, tp_strfmt(m, "it reads %%%s, which is split over the ranks", m->values[x].name));
   /* Positionwise: every split operand along one axis (aligned from the right), the others
    * broadcast along it. */
-  int axis = -1, parts = 0;
+  int axis = -1, parts = 0, split = x;
   for (int i = 0; i < o->ninputs; i++) {
     int v = o->inputs[i];
     if (v < 0 || s->axis[v] < 0) continue;
     int a = s->axis[v] + ry - m->values[v].type.rank;
+    split = v;
     if (axis >= 0 && (a != axis || s->parts[v] != parts))
       return refuse(s, op, "its operands are split along different axes");
     axis = a, parts = s->parts[v];
@@ -266,7 +287,7 @@ static int follow(Shard *s, int op) {
     if (v < 0 || s->axis[v] >= 0) continue;
     int a = axis - (ry - m->values[v].type.rank);
     if (a >= 0 && m->values[v].type.dims[a] != 1)
-      return refuse(s, op, tp_strfmt(m, "it combines the split %%%s with the replicated %%%s", m->values[x].name,
+      return refuse(s, op, tp_strfmt(m, "it combines the split %%%s with the replicated %%%s", m->values[split].name,
                                      m->values[v].name));
   }
   mark(s, y, axis, parts);
@@ -293,8 +314,14 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
     if (o->kind == TP_OP_Linear && split_in) {
       rc = row(&s, op);
     } else if (o->kind == TP_OP_Linear) {
+      int blocker = -1;
       memset(seen, 0, (size_t)m->nvalues);
-      if (m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, o->outputs[0], seen)) rc = column(&s, op);
+      bool block = m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, o->outputs[0], seen, &blocker);
+      if (block && blocker >= 0)
+        rc = refuse(&s, blocker, tp_strfmt(m, "it lies between the column-parallel product %%%s and a row-parallel one",
+                                           m->values[o->outputs[0]].name));
+      else if (block)
+        rc = column(&s, op);
     } else if (split_in) {
       rc = follow(&s, op);
     }
