@@ -51,9 +51,10 @@ static bool carries_split(TpOpKind k) {
          k == TP_OP_Transpose || k == TP_OP_Split || k == TP_OP_Rotary || k == TP_OP_Attention;
 }
 
-/* Does an elementwise op combine v with another activation (a residual), not only with
- * constants and params? */
-static bool combines(const TpModule *m, const TpOp *op, int v) {
+/* Is op a residual: an Add or Sub of v and another activation (not only constants and
+ * params)? A product of two activations (a gated MLP's gate and up) is not. */
+static bool residual(const TpModule *m, const TpOp *op, int v) {
+  if (op->kind != TP_OP_Add && op->kind != TP_OP_Sub) return false;
   for (int i = 0; i < op->ninputs; i++) {
     int u = op->inputs[i];
     if (u >= 0 && u != v && (m->values[u].kind == TP_VAL_RESULT || m->values[u].kind == TP_VAL_INPUT)) return true;
@@ -76,8 +77,7 @@ static bool reaches_linear(const TpModule *m, int v, bool *seen, int *blocker) {
         found = true;
         continue;
       }
-      bool elementwise = tp_op_info[op->kind].traits & TP_TRAIT_ELEMENTWISE;
-      if (op->kind == TP_OP_LayerNorm || op->kind == TP_OP_RMSNorm || (elementwise && combines(m, op, v))) continue;
+      if (op->kind == TP_OP_LayerNorm || op->kind == TP_OP_RMSNorm || residual(m, op, v)) continue;
       for (int r = 0; r < op->noutputs; r++)
         if (op->outputs[r] >= 0 && reaches_linear(m, op->outputs[r], seen, blocker)) {
           found = true;
