@@ -134,11 +134,23 @@ static void mark(Shard *s, int v, int axis, int parts) {
   s->parts[v] = parts;
 }
 
+/* Is v's data one element repeated (a `dense<x>` splat)? */
+static bool splat(const TpModule *m, int v) {
+  const uint8_t *p = tp_value_data(m, v);
+  size_t size = tp_dtype_size(m->values[v].type.dtype), n = (size_t)tp_type_numel(&m->values[v].type);
+  for (size_t i = 1; i < n; i++)
+    if (memcmp(p, p + i * size, size) != 0) return false;
+  return true;
+}
+
 /* Splits param w along axis into parts (of chunks chunks each). */
 static int split_param(Shard *s, int op, int w, int axis, int parts, int chunks) {
   TpValue *val = &s->m->values[w];
   if (val->kind != TP_VAL_PARAM || val->tied >= 0 || val->shard.parts || tp_use_count(s->m, w) != 1)
     return refuse(s, op, tp_strfmt(s->m, "its weight %%%s is not a param that it alone reads", val->name));
+  /* the textual IR prints inline data with the per-rank type: only a splat stays whole */
+  if (!s->m->blobs[val->blob].path && !splat(s->m, w))
+    return refuse(s, op, tp_strfmt(s->m, "%%%s holds inline data, not a file's: it would print cut", val->name));
   if (val->type.dims[axis] % ((int64_t)parts * chunks) != 0)
     return refuse(s, op, tp_strfmt(s->m, "dim %d of %%%s (%lld) does not split into %d parts", axis, val->name,
                                    (long long)val->type.dims[axis], parts * chunks));

@@ -56,12 +56,13 @@ static float noise(uint64_t *s) {
   return (float)((*s >> 40) / (double)(1 << 24)) * 2 - 1;
 }
 
-/* Gives every f32 param random data of its whole shape (before any sharding). */
+/* Gives every f32 param random data of its whole shape (after sharding: shard-tensor
+ * refuses inline non-splat data, which the textual IR would print cut). */
 static void randomize(TpModule *m) {
   for (int v = 0; v < m->nvalues; v++) {
     TpValue *val = &m->values[v];
     if (val->kind != TP_VAL_PARAM) continue;
-    int64_t n = tp_type_numel(&val->type);
+    int64_t n = tp_type_numel(&val->type) * (val->shard.parts ? val->shard.parts : 1);
     float *data = malloc((size_t)n * sizeof *data);
     uint64_t s = 1469598103934665603u;
     for (const char *c = val->name; *c; c++) s = (s ^ (uint8_t)*c) * 1099511628211u;
@@ -159,13 +160,14 @@ static void check_case(const char *lit, const char *name, int ranks) {
   TpModule *whole = load(lit, name, &d), *sharded = load(lit, name, &d);
   CHECK(whole && sharded);
   if (!whole || !sharded) return;
-  randomize(whole);
-  randomize(sharded);
   sharded->tensor = ranks;
   const char *const train[] = {"add-loss", "autodiff", "verify"};
-  const char *const shard_train[] = {"shard-tensor", "add-loss", "autodiff", "verify"};
+  const char *const shard[] = {"shard-tensor"};
+  CHECK(tp_run_passes(sharded, shard, 1, NULL, &d) == TP_OK);
+  randomize(whole);
+  randomize(sharded);
   CHECK(tp_run_passes(whole, train, 3, NULL, &d) == TP_OK);
-  CHECK(tp_run_passes(sharded, shard_train, 4, NULL, &d) == TP_OK);
+  CHECK(tp_run_passes(sharded, train, 3, NULL, &d) == TP_OK);
   /* integer inputs: token ids and targets below every vocabulary here (16) */
   TpTensor inputs[4];
   int64_t ids[64];
