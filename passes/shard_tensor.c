@@ -14,7 +14,8 @@
  *    attention) when N is a multiple of them: then each head is one part, held by N/heads
  *    ranks (TpShard). A fused Q|K|V product split three ways keeps three chunks.
  *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, Split,
- *    Reshape (into and out of heads), Transpose, Rotary and Attention (which gets the
+ *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
+ *    head-major fused Q|K|V, partial rotary), Rotary and Attention (which gets the
  *    per-rank head counts).
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
  *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
@@ -48,7 +49,8 @@ static int refuse(Shard *s, int op, const char *why) {
 /* Ops a split feature axis can flow through (each is checked when it is reached). */
 static bool carries_split(TpOpKind k) {
   return (tp_op_info[k].traits & TP_TRAIT_ELEMENTWISE) || k == TP_OP_SwiGLU || k == TP_OP_Reshape ||
-         k == TP_OP_Transpose || k == TP_OP_Split || k == TP_OP_Rotary || k == TP_OP_Attention;
+         k == TP_OP_Transpose || k == TP_OP_Split || k == TP_OP_Slice || k == TP_OP_Concat || k == TP_OP_Rotary ||
+         k == TP_OP_Attention;
 }
 
 /* Is op a residual: an Add or Sub of v and another activation (not only constants and
@@ -264,6 +266,23 @@ static int follow(Shard *s, int op) {
         mark(s, o->outputs[r], s->axis[x], s->parts[x]);
       }
     return TP_OK;
+  case TP_OP_Slice: { /* a fused product's parts cut along another axis (GPT-NeoX) */
+    int n, a = s->axis[x];
+    const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
+    TpType *out = &m->values[y].type;
+    if (starts[a] != 0 || steps[a] != 1 || out->dims[a] != m->values[x].type.dims[a] * s->parts[x])
+      return refuse(s, op, "it cuts the axis split over the ranks");
+    out->dims[a] /= s->parts[x];
+    mark(s, y, a, s->parts[x]);
+    return tp_infer_op(m, op, s->d); /* checks the preset result */
+  }
+  case TP_OP_Concat:
+    for (int i = 0; i < o->ninputs; i++)
+      if (s->axis[o->inputs[i]] != s->axis[x] || s->parts[o->inputs[i]] != s->parts[x] ||
+          tp_attr_int(m, op, "axis", -1) == s->axis[x])
+        return refuse(s, op, "its operands are not all split along one axis it does not join along");
+    mark(s, y, s->axis[x], s->parts[x]);
+    return reinfer(s, op);
   case TP_OP_Attention:
     for (int i = 0; i < o->ninputs; i++)
       if (i > 2 && o->inputs[i] >= 0) return refuse(s, op, "a mask or past keys would need splitting too");
