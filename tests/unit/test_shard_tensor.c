@@ -1,4 +1,4 @@
-/* shard-tensor checked by running it: the GPT and Llama blocks of tests/lit/shard-*.tir,
+/* shard-tensor checked by running it: the GPT, NeoX and Llama blocks of tests/lit/shard-*.tir,
  * given random weights, are trained one step's worth (forward, loss, backward) by the
  * reference interpreter whole, and again sharded over N ranks in lockstep: every rank runs
  * the same sharded module on its own slice of each split parameter (cut as its TpShard
@@ -214,6 +214,7 @@ static void check_case(const char *lit, const char *name, int ranks) {
 
 int main(void) {
   check_case("shard-gpt.tir", "gpt.tir", 2);
+  check_case("shard-gpt.tir", "neox.tir", 2); /* head-major fused Q|K|V, Slice and Concat */
   check_case("shard-llama.tir", "llama.tir", 2);
   check_case("shard-llama.tir", "llama.tir", 4); /* K/V heads shared by two ranks each */
   if (failures) fprintf(stderr, "test_shard_tensor: %d failures\n", failures);
