@@ -471,7 +471,7 @@ static int parse_dense(Parser *p, const TpType *t, uint8_t *data, int64_t numel)
   return expect(p, '>');
 }
 
-/* (axis=A, parts=P, ranks=N[, chunks=C]) after `@shard`, at `at`. */
+/* (axis=A, parts=P, ranks=N[, chunks=C]) after `@shard`, at `at`; all but the axis >= 1. */
 static int parse_shard(Parser *p, TpValueKind kind, size_t at, TpShard *shard) {
   if (kind != TP_VAL_PARAM) return fail_at(p, at, "a const cannot be @shard: only a param is split over ranks");
   static const char *const keys[] = {"axis", "parts", "ranks", "chunks"};
@@ -480,7 +480,7 @@ static int parse_shard(Parser *p, TpValueKind kind, size_t at, TpShard *shard) {
   for (int k = 0; k < 4; k++) {
     if (k == 3 && !accept(p, ',')) break;
     if (k > 0 && k < 3 && expect(p, ',')) return TP_ERR_INPUT;
-    if (expect_keyword(p, keys[k]) || expect(p, '=') || parse_int_in(p, 0, 1 << 20, keys[k], &v[k]))
+    if (expect_keyword(p, keys[k]) || expect(p, '=') || parse_int_in(p, k > 0, 1 << 20, keys[k], &v[k]))
       return TP_ERR_INPUT;
   }
   *shard = (TpShard){.axis = (int)v[0], .parts = (int)v[1], .ranks = (int)v[2], .chunks = (int)v[3]};
