@@ -10,21 +10,12 @@
 #include "ir/ir.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
+
+#include "../check.h"
 
 static const double TOL = 1e-5;
 enum { MAX_RANKS = 4 };
-
-static int failures;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                              \
-    }                                                                          \
-  } while (0)
 
 /* The module after `//--- name` in the lit test file `lit`, parsed; NULL on failure. */
 static TpModule *load(const char *lit, const char *name, TpDiag *d) {
@@ -50,12 +41,6 @@ static TpModule *load(const char *lit, const char *name, TpDiag *d) {
   return m;
 }
 
-/* Deterministic pseudo-random floats in [-1, 1) from a name (same data in both modules). */
-static float noise(uint64_t *s) {
-  *s = *s * 6364136223846793005u + 1442695040888963407u;
-  return (float)((*s >> 40) / (double)(1 << 24)) * 2 - 1;
-}
-
 /* Gives every f32 param random data of its whole shape (after sharding: shard-tensor
  * refuses inline non-splat data, which the textual IR would print cut). */
 static void randomize(TpModule *m) {
@@ -64,9 +49,9 @@ static void randomize(TpModule *m) {
     if (val->kind != TP_VAL_PARAM) continue;
     int64_t n = tp_type_numel(&val->type) * (val->shard.parts ? val->shard.parts : 1);
     float *data = malloc((size_t)n * sizeof *data);
-    uint64_t s = 1469598103934665603u;
-    for (const char *c = val->name; *c; c++) s = (s ^ (uint8_t)*c) * 1099511628211u;
-    for (int64_t i = 0; i < n; i++) data[i] = noise(&s) * 0.5f;
+    rng_state = 1469598103934665603u; /* seeded by the name: the same data in both modules */
+    for (const char *c = val->name; *c; c++) rng_state = (rng_state ^ (uint8_t)*c) * 1099511628211u;
+    for (int64_t i = 0; i < n; i++) data[i] = frand() * 0.5f;
     val->blob = tp_add_owned_blob(m, data, (size_t)n * sizeof *data);
     val->offset = 0;
     free(data);
@@ -158,16 +143,23 @@ static void check_case(const char *lit, const char *name, int ranks) {
   TpDiag d;
   tp_diag_init(&d, "test_shard_tensor", name, stderr);
   TpModule *whole = load(lit, name, &d), *sharded = load(lit, name, &d);
-  CHECK(whole && sharded);
-  if (!whole || !sharded) return;
+  if (!whole || !sharded) {
+    fail("%s: cannot read it from tests/lit/%s", name, lit);
+    return;
+  }
   sharded->tensor = ranks;
   const char *const train[] = {"add-loss", "autodiff", "verify"};
   const char *const shard[] = {"shard-tensor"};
-  CHECK(tp_run_passes(sharded, shard, 1, NULL, &d) == TP_OK);
+  if (tp_run_passes(sharded, shard, 1, NULL, &d) != TP_OK) {
+    fail("%s: shard-tensor failed", name);
+    return;
+  }
   randomize(whole);
   randomize(sharded);
-  CHECK(tp_run_passes(whole, train, 3, NULL, &d) == TP_OK);
-  CHECK(tp_run_passes(sharded, train, 3, NULL, &d) == TP_OK);
+  if (tp_run_passes(whole, train, 3, NULL, &d) != TP_OK || tp_run_passes(sharded, train, 3, NULL, &d) != TP_OK) {
+    fail("%s: add-loss or autodiff failed", name);
+    return;
+  }
   /* integer inputs: token ids and targets below every vocabulary here (16) */
   TpTensor inputs[4];
   int64_t ids[64];
@@ -179,8 +171,10 @@ static void check_case(const char *lit, const char *name, int ranks) {
     TP_ASSERT(tp_tensor_numel(&inputs[i]) <= 64 && inputs[i].dtype == TP_I64);
   }
   Run a = {{0}}, b = {{0}};
-  CHECK(run(whole, 1, inputs, &a, &d) == TP_OK);
-  CHECK(run(sharded, ranks, inputs, &b, &d) == TP_OK);
+  if (run(whole, 1, inputs, &a, &d) != TP_OK || run(sharded, ranks, inputs, &b, &d) != TP_OK) {
+    fail("%s: the interpreter failed", name);
+    return;
+  }
   double worst = 0;
   for (int r = 0; r < ranks; r++) {
     int lw = tp_find_value(whole, "logits"), ls = tp_find_value(sharded, "logits");
@@ -191,8 +185,10 @@ static void check_case(const char *lit, const char *name, int ranks) {
     const TpValue *val = &sharded->values[v];
     int g = tp_grad_of(sharded, v), w = tp_find_value(whole, val->name), gw = w >= 0 ? tp_grad_of(whole, w) : -1;
     if (g < 0) continue;
-    CHECK(gw >= 0);
-    if (gw < 0) continue;
+    if (gw < 0) {
+      fail("%s: %%%s has a gradient only when sharded", name, val->name);
+      continue;
+    }
     const float *want = a.vals[0][gw].data;
     int64_t n = tp_type_numel(&whole->values[w].type);
     if (!val->shard.parts) {
@@ -205,7 +201,7 @@ static void check_case(const char *lit, const char *name, int ranks) {
     free(got);
   }
   printf("test_shard_tensor: %s over %d ranks: worst relative error %.2g\n", name, ranks, worst);
-  CHECK(worst <= TOL);
+  if (worst > TOL) fail("%s over %d ranks: relative error %.2g above %.0e", name, ranks, worst, TOL);
   free_run(whole, 1, &a);
   free_run(sharded, ranks, &b);
   tp_module_free(whole);
