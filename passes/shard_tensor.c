@@ -188,9 +188,14 @@ static int column(Shard *s, int op) {
   }
   int chunks = 1, i;
   int reader = sole_reader(m, y, &i);
-  if (reader >= 0 && m->ops[reader].kind == TP_OP_Split &&
-      tp_attr_int(m, reader, "axis", -1) == m->values[y].type.rank - 1)
-    chunks = m->ops[reader].noutputs;
+  int last = m->values[y].type.rank - 1;
+  if (reader >= 0 && m->ops[reader].kind == TP_OP_Split && tp_attr_int(m, reader, "axis", -1) == last) {
+    const TpOp *split = &m->ops[reader];
+    chunks = split->noutputs;
+    for (int k = 0; k < chunks; k++)
+      if (split->outputs[k] < 0 || m->values[split->outputs[k]].type.dims[last] * chunks != m->values[y].type.dims[last])
+        return refuse(s, op, "its result is split into unequal parts (a fused product of unlike heads)");
+  }
   bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
   if (split_param(s, op, w, tw ? 0 : 1, parts, chunks) || (b >= 0 && split_param(s, op, b, 0, parts, chunks)))
     return TP_ERR_INPUT;
