@@ -788,6 +788,15 @@ static int infer_swiglu_backward(const Ctx *c) {
   return set_results_like(c, 1, 2);
 }
 
+/* AllReduce and TensorCopy: a float operand, the result of its type; the group is named. */
+static int infer_collective(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  if (need_float(c, x, "X")) return TP_ERR_INPUT;
+  if (!tp_get_attr(c->m, c->op, "group"))
+    return tp_error_op(c->d, c->m, c->op, "a collective needs its group attribute");
+  return set_result(c, 0, *x);
+}
+
 int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   Ctx c = {m, op, d};
   const TpOp *o = &m->ops[op];
@@ -845,6 +854,8 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_RotaryBackward: return infer_rotary_backward(&c);
   case TP_OP_SwiGLU: return infer_swiglu(&c);
   case TP_OP_SwiGLUBackward: return infer_swiglu_backward(&c);
+  case TP_OP_AllReduce:
+  case TP_OP_TensorCopy: return infer_collective(&c);
   default:
     TP_ASSERT(info->traits & TP_TRAIT_ELEMENTWISE);
     return infer_elementwise(&c, o->kind);

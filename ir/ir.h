@@ -82,6 +82,19 @@ typedef enum {
   TP_VAL_RESULT, /* result of an op */
 } TpValueKind;
 
+/* How a PARAM is split over the N ranks of the tensor group (passes/shard_tensor.c),
+ * printed `@shard(axis=A, parts=P, ranks=N)` (`, chunks=C` when C > 1). Every rank runs
+ * the same module, so the param's type is one rank's part; the whole tensor has dim A
+ * times P. Along A the whole is C equal chunks (a fused Q|K|V weight: 3); each chunk is
+ * cut into P equal pieces and rank r in [0, N) holds piece r*P/N of every chunk, in chunk
+ * order: P == N gives each rank its own piece; P < N (grouped K/V heads fewer than the
+ * ranks) gives N/P ranks the same piece, whose gradient those ranks must sum. A file
+ * blob's data at the param's offset is the whole tensor, which the runtime scatters (and
+ * gathers back for checkpoints). parts == 0: not split (whole on every rank). */
+typedef struct {
+  int axis, parts, ranks, chunks;
+} TpShard;
+
 typedef struct {
   const char *name; /* unique in the module; from ONNX names where there is one */
   TpType type;
@@ -97,6 +110,7 @@ typedef struct {
    * pipeline stage's own copy of a parameter the first stage reads too, so that each has
    * its partial gradient: passes/assign_stages.c), else -1. Printed `@tied(%param)`. */
   int tied;
+  TpShard shard;    /* TP_VAL_PARAM split over the tensor group; see TpShard */
   bool dead;        /* marked for removal by tp_module_compact */
 } TpValue;
 
@@ -196,6 +210,9 @@ typedef struct TpModule {
    * should have, when the module was made for another batch (a fixed-shape export); 0:
    * keep the module's batch. */
   int64_t batch;
+  /* Tensor parallelism (passes/shard_tensor.c; set by the tool, not printed): the ranks
+   * of the tensor group that split each stage's ops (<= 1: none). */
+  int tensor;
   /* name -> value index hash table (open addressing), maintained by tp_module_* */
   int *name_table;
   int name_table_cap;
@@ -411,6 +428,11 @@ int pass_assign_stages(TpModule *m, TpDiag *d);
  * do not make that many stages. */
 int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **first, TpDiag *d);
 int pass_finish_stages(TpModule *m, TpDiag *d);
+
+/* passes/shard_tensor.c: shard-tensor splits the raised forward module (before add-loss)
+ * over m->tensor ranks the Megatron way (column-parallel, then row-parallel products,
+ * collectives between); see the file. */
+int pass_shard_tensor(TpModule *m, TpDiag *d);
 
 /* passes/pipeline.c: the pass manager. */
 typedef int (*TpPassFn)(TpModule *m, TpDiag *d);

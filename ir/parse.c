@@ -471,14 +471,33 @@ static int parse_dense(Parser *p, const TpType *t, uint8_t *data, int64_t numel)
   return expect(p, '>');
 }
 
+/* (axis=A, parts=P, ranks=N[, chunks=C]) after `@shard`, at `at`; all but the axis >= 1. */
+static int parse_shard(Parser *p, TpValueKind kind, size_t at, TpShard *shard) {
+  if (kind != TP_VAL_PARAM) return fail_at(p, at, "a const cannot be @shard: only a param is split over ranks");
+  static const char *const keys[] = {"axis", "parts", "ranks", "chunks"};
+  int64_t v[4] = {0, 0, 0, 1};
+  if (expect(p, '(')) return TP_ERR_INPUT;
+  for (int k = 0; k < 4; k++) {
+    if (k == 3 && !accept(p, ',')) break;
+    if (k > 0 && k < 3 && expect(p, ',')) return TP_ERR_INPUT;
+    if (expect_keyword(p, keys[k]) || expect(p, '=') || parse_int_in(p, k > 0, 1 << 20, keys[k], &v[k]))
+      return TP_ERR_INPUT;
+  }
+  *shard = (TpShard){.axis = (int)v[0], .parts = (int)v[1], .ranks = (int)v[2], .chunks = (int)v[3]};
+  return expect(p, ')');
+}
+
 /* @tied(%param) after a param's data: the param it is a tied copy of, defined above it;
- * *tied stays -1 without one. */
-static int parse_tied(Parser *p, TpValueKind kind, int *tied) {
+ * *tied stays -1 without one. Then @shard(axis=A, parts=P, ranks=N[, chunks=C]): how the
+ * param is split over the tensor group (TpShard; the verifier checks the numbers). */
+static int parse_tied(Parser *p, TpValueKind kind, int *tied, TpShard *shard) {
   static const char *const kind_names[] = {"an input", "a param", "a const", "an op's result"};
   *tied = -1;
+  *shard = (TpShard){0};
   size_t at = (skip_space(p), p->pos);
   if (!accept(p, '@')) return TP_OK;
-  if (!accept_keyword(p, "tied")) return fail(p, "expected 'tied' after '@'");
+  if (accept_keyword(p, "shard")) return parse_shard(p, kind, at, shard);
+  if (!accept_keyword(p, "tied")) return fail(p, "expected 'tied' or 'shard' after '@'");
   if (kind != TP_VAL_PARAM) return fail_at(p, at, "a const cannot be @tied: only a param can be a tied copy");
   if (expect(p, '(')) return TP_ERR_INPUT;
   size_t name_at = (skip_space(p), p->pos);
@@ -489,7 +508,11 @@ static int parse_tied(Parser *p, TpValueKind kind, int *tied) {
     return fail_at(p, name_at, "@tied(%%%s): %%%s is %s, not a param", p->word, p->word,
                    kind_names[p->m->values[v].kind]);
   *tied = v;
-  return expect(p, ')');
+  if (expect(p, ')')) return TP_ERR_INPUT;
+  at = (skip_space(p), p->pos);
+  if (!accept(p, '@')) return TP_OK;
+  if (!accept_keyword(p, "shard")) return fail(p, "expected 'shard' after '@'");
+  return parse_shard(p, kind, at, shard);
 }
 
 /* param|const %name : type = blob N offset O size S | dense<...>  [@tied(%p)] [loc(...)] */
@@ -541,9 +564,11 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
   TpOrigin o;
   bool present;
   int tied;
-  if (parse_tied(p, kind, &tied) || parse_origin(p, &o, &present)) return TP_ERR_INPUT;
+  TpShard shard;
+  if (parse_tied(p, kind, &tied, &shard) || parse_origin(p, &o, &present)) return TP_ERR_INPUT;
   int v = tp_add_data_value(p->m, name, kind, t, blob, offset, o);
   p->m->values[v].tied = tied;
+  p->m->values[v].shard = shard;
   return TP_OK;
 }
 

@@ -68,6 +68,24 @@ static int verify_type(const TpModule *m, int v, TpDiag *d) {
   return TP_OK;
 }
 
+/* A param's split over the tensor group (TpShard): an axis it has, every rank holding one
+ * of the pieces (parts divides ranks), whole chunks along the axis. */
+static int verify_shard(const TpModule *m, int v, TpDiag *d) {
+  const TpValue *val = &m->values[v];
+  const TpShard *s = &val->shard;
+  if (s->parts == 0) return TP_OK;
+  if (val->kind != TP_VAL_PARAM) return tp_error(d, "value %%%s is split over ranks but not a param", val->name);
+  if (s->axis < 0 || s->axis >= val->type.rank)
+    return tp_error(d, "param %%%s is split along axis %d, not one of its %d axes", val->name, s->axis, val->type.rank);
+  if (s->parts < 1 || s->ranks < s->parts || s->ranks % s->parts != 0)
+    return tp_error(d, "param %%%s is split into %d parts over %d ranks: the parts must divide the ranks", val->name,
+                    s->parts, s->ranks);
+  if (s->chunks < 1 || val->type.dims[s->axis] % s->chunks != 0)
+    return tp_error(d, "param %%%s: axis %d of %lld elements is not %d equal chunks", val->name, s->axis,
+                    (long long)val->type.dims[s->axis], s->chunks);
+  return TP_OK;
+}
+
 static int verify_value(const TpModule *m, int v, TpDiag *d) {
   const TpValue *val = &m->values[v];
   if (!val->name) return tp_error(d, "value %d has no name", v);
@@ -75,7 +93,7 @@ static int verify_value(const TpModule *m, int v, TpDiag *d) {
   if (val->dead) return tp_error(d, "value %%%s is marked dead but still in the module", val->name);
   if (val->tied != -1 && val->kind != TP_VAL_PARAM)
     return tp_error(d, "value %%%s is a tied copy but not a param", val->name);
-  if (verify_type(m, v, d)) return TP_ERR_INPUT;
+  if (verify_type(m, v, d) || verify_shard(m, v, d)) return TP_ERR_INPUT;
   switch (val->kind) {
   case TP_VAL_INPUT: {
     int listed = 0;

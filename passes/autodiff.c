@@ -759,6 +759,12 @@ static void backward(Ad *a, const int *dys) {
     if (need[0]) give_op(a, x, TP_OP_RotaryBackward, (int[]){dy, in[1], in[2]}, 3, false, true);
     if (need[1] || need[2]) rotary_tables_backward(a, in, need, dy);
     break;
+  case TP_OP_AllReduce: /* every rank's partial sum counts once in the sum: dX = dY */
+    give_value(a, x, dy);
+    break;
+  case TP_OP_TensorCopy: /* each rank's dX is partial (its columns only): sum them */
+    give_op(a, x, TP_OP_AllReduce, &dy, 1, false, true);
+    break;
   default:
     cannot(a, NULL);
     break;

@@ -236,6 +236,10 @@ static void describe(const TpModule *m, int op, OpAxes *x) {
   case TP_OP_SwiGLU:
     all_links(m, x, X, Y), all_links(m, x, o->inputs[1], Y);
     break;
+  case TP_OP_AllReduce: /* the tensor-parallel collectives sum or copy across the ranks, */
+  case TP_OP_TensorCopy: /* position by position: every axis kept */
+    all_links(m, x, X, Y);
+    break;
   case TP_OP_CrossEntropy: /* Logits [..., V], Targets [...] */
     all_links(m, x, X, o->inputs[1]);
     mix(x, X, rx - 1, "reduces over");

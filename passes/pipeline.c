@@ -18,6 +18,7 @@ const TpPassInfo tp_pass_registry[] = {
     {"insert-token-dim", pass_insert_token_dim, "mark the token axis of every value; refuse ops that mix tokens"},
     {"split-sequence", pass_split_sequence, "cut the forward into per-slice units along the token axis (--slices)"},
     {"assign-stages", pass_assign_stages, "cut the layers into pipeline stages (--stages, --stage-cuts); boundary copies"},
+    {"shard-tensor", pass_shard_tensor, "split each stage's products over --tensor ranks (Megatron); collectives between"},
     {"finish-stages", pass_finish_stages, "put the gradients of boundary copies on the receiving stage; check stage crossings"},
     {NULL, NULL, NULL},
 };

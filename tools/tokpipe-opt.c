@@ -24,6 +24,7 @@ static const char usage[] =
     "  --slices N|L1,L2,..  split-sequence: N near-equal token slices, or their lengths\n"
     "  --stages S           assign-stages: cut the layers into S pipeline stages\n"
     "  --stage-cuts A,B,..  assign-stages: stage k starts at layer cut k (default: balance FLOPs)\n"
+    "  --tensor N           shard-tensor: split the products over N tensor-parallel ranks\n"
     CLI_PASS_OPTIONS_HELP
     "  --help, --version\n"
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
   cli_tool = "tokpipe-opt";
   const char *input = NULL, *passes = "", *output = NULL, *emit = "ir", *logits = NULL,
              *freeze = NULL, *stage_cuts = NULL, *slices = NULL, *v;
-  int nstages = 0;
+  int nstages = 0, tensor = 0;
   int64_t batch = 0;
   CliDims dims = {0};
   TpPassOptions po = {0};
@@ -79,6 +80,8 @@ int main(int argc, char **argv) {
       batch = cli_int("--batch", v, 1, INT32_MAX);
     } else if (cli_value(argc, argv, &i, "--stages", &v)) {
       nstages = (int)cli_int("--stages", v, 1, 1024);
+    } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
+      tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--stage-cuts", &stage_cuts)) {
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);
@@ -101,7 +104,7 @@ int main(int argc, char **argv) {
   int rc = cli_load_module(input, &dims, &m, &d);
   if (rc == TP_OK) m->logits_name = logits, m->freeze = freeze;
   if (rc == TP_OK && slices) cli_set_slices(m, slices);
-  if (rc == TP_OK) m->nstages = nstages, m->stage_cuts = stage_cuts, m->batch = batch;
+  if (rc == TP_OK) m->nstages = nstages, m->stage_cuts = stage_cuts, m->batch = batch, m->tensor = tensor;
   if (rc == TP_OK) rc = cli_run_pipeline(m, (const char *const *)names, n, &po, &d);
   char *text = NULL;
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);

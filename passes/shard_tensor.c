@@ -1,0 +1,375 @@
+/* shard-tensor: Megatron-style tensor parallelism inside each stage, over the m->tensor
+ * ranks of the "tensor" group. Every rank runs the module this pass leaves (SPMD), so
+ * every type it writes is one rank's type.
+ *
+ * It runs on the raised forward module, before add-loss. Values are replicated (whole on
+ * every rank) until a column-parallel product splits one:
+ *  - A Linear whose input is replicated and whose weight is a param read by it alone is
+ *    column-parallel when its result reaches another Linear through ops that can work on
+ *    a split value (the Q/K/V projections, the first MLP products, SwiGLU's gate and up;
+ *    not the LM head, whose logits reach the loss). Its weight's output columns and its
+ *    bias are split, and its input passes through TensorCopy (Megatron's f: identity
+ *    forward, all-reduce of the input gradient backward), one per input value. The parts
+ *    are N, except for K/V projections of fewer heads than ranks (grouped or multi-query
+ *    attention) when N is a multiple of them: then each head is one part, held by N/heads
+ *    ranks (TpShard). A fused Q|K|V product split three ways keeps three chunks.
+ *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, Split,
+ *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
+ *    head-major fused Q|K|V, partial rotary), Rotary and Attention (which gets the
+ *    per-rank head counts).
+ *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
+ *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
+ *    sums it; its bias is added once after the sum.
+ * Norms, residuals, the embedding and the LM head stay replicated (vocab-parallel
+ * embedding and head are not done yet). Any other op reading a split value, or a split
+ * value the graph outputs, is refused with an error naming it. */
+#include "../ir/ir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  TpModule *m;
+  TpDiag *d;
+  int ranks;
+  int *axis;    /* per value: the axis split over the ranks, -1 when replicated */
+  int *parts;   /* per value: how many parts that axis is cut into */
+  int *copy_of; /* per value: its TensorCopy result, -1 when none yet */
+} Shard;
+
+static int refuse(Shard *s, int op, const char *why) {
+  const TpModule *m = s->m;
+  if (m->ops[op].origin.node)
+    return tp_error_op(s->d, m, op, "shard-tensor cannot split op %s over %d tensor ranks: %s",
+                       tp_op_info[m->ops[op].kind].name, s->ranks, why);
+  return tp_error(s->d, "op %s of %%%s: shard-tensor cannot split it over %d tensor ranks: %s",
+                  tp_op_info[m->ops[op].kind].name, m->values[m->ops[op].outputs[0]].name, s->ranks, why);
+}
+
+/* Ops a split feature axis can flow through (each is checked when it is reached). */
+static bool carries_split(TpOpKind k) {
+  return (tp_op_info[k].traits & TP_TRAIT_ELEMENTWISE) || k == TP_OP_SwiGLU || k == TP_OP_Reshape ||
+         k == TP_OP_Transpose || k == TP_OP_Split || k == TP_OP_Slice || k == TP_OP_Concat || k == TP_OP_Rotary ||
+         k == TP_OP_Attention;
+}
+
+/* Is op a residual: an Add or Sub of v and another activation (not only constants and
+ * params)? A product of two activations (a gated MLP's gate and up) is not. */
+static bool residual(const TpModule *m, const TpOp *op, int v) {
+  if (op->kind != TP_OP_Add && op->kind != TP_OP_Sub) return false;
+  for (int i = 0; i < op->ninputs; i++) {
+    int u = op->inputs[i];
+    if (u >= 0 && u != v && (m->values[u].kind == TP_VAL_RESULT || m->values[u].kind == TP_VAL_INPUT)) return true;
+  }
+  return false;
+}
+
+/* Does value v reach the input of a Linear within its block: through any op but a norm or
+ * a residual (where a block ends)? *blocker gets the first op on such a path that cannot
+ * carry a split, or stays -1. */
+static bool reaches_linear(const TpModule *m, int v, bool *seen, int *blocker) {
+  if (seen[v]) return false;
+  seen[v] = true;
+  bool found = false;
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    for (int i = 0; i < op->ninputs; i++) {
+      if (op->inputs[i] != v) continue;
+      if (op->kind == TP_OP_Linear && i == 0) {
+        found = true;
+        continue;
+      }
+      if (op->kind == TP_OP_LayerNorm || op->kind == TP_OP_RMSNorm || residual(m, op, v)) continue;
+      for (int r = 0; r < op->noutputs; r++)
+        if (op->outputs[r] >= 0 && reaches_linear(m, op->outputs[r], seen, blocker)) {
+          found = true;
+          if (*blocker < 0 && !carries_split(op->kind)) *blocker = o;
+        }
+    }
+  }
+  return found;
+}
+
+/* The one op reading v (-1 when none or several). */
+static int sole_reader(const TpModule *m, int v, int *operand) {
+  int found = -1;
+  for (int o = 0; o < m->nops; o++)
+    for (int i = 0; i < m->ops[o].ninputs; i++)
+      if (m->ops[o].inputs[i] == v) {
+        if (found >= 0) return -1;
+        found = o, *operand = i;
+      }
+  return found;
+}
+
+/* The heads a column product's result y is reshaped into (0: none, an MLP product), and
+ * whether they are keys or values of an attention, following y's lone readers. */
+static int64_t heads_of(const TpModule *m, int y, bool *kv) {
+  int64_t heads = 0;
+  *kv = false;
+  for (int v = y, i; v >= 0;) {
+    int o = sole_reader(m, v, &i);
+    if (o < 0) break;
+    const TpOp *op = &m->ops[o];
+    const TpType *in = &m->values[v].type, *out = &m->values[op->outputs[0]].type;
+    if (op->kind == TP_OP_Attention) {
+      *kv = i == 1 || i == 2;
+      break;
+    }
+    if (op->kind == TP_OP_Reshape && !heads && out->rank == in->rank + 1) heads = out->dims[in->rank - 1];
+    if (!carries_split(op->kind) || op->kind == TP_OP_Linear) break;
+    v = op->outputs[0];
+  }
+  return heads;
+}
+
+/* Re-infers op's results from its (now per-rank) operands. */
+static int reinfer(Shard *s, int op) {
+  TpOp *o = &s->m->ops[op];
+  for (int r = 0; r < o->noutputs; r++)
+    if (o->outputs[r] >= 0) s->m->values[o->outputs[r]].type.dtype = TP_UNDEF;
+  return tp_infer_op(s->m, op, s->d);
+}
+
+static void mark(Shard *s, int v, int axis, int parts) {
+  s->axis[v] = axis;
+  s->parts[v] = parts;
+}
+
+/* Is v's data one element repeated (a `dense<x>` splat)? */
+static bool splat(const TpModule *m, int v) {
+  const uint8_t *p = tp_value_data(m, v);
+  size_t size = tp_dtype_size(m->values[v].type.dtype), n = (size_t)tp_type_numel(&m->values[v].type);
+  for (size_t i = 1; i < n; i++)
+    if (memcmp(p, p + i * size, size) != 0) return false;
+  return true;
+}
+
+/* Splits param w along axis into parts (of chunks chunks each). */
+static int split_param(Shard *s, int op, int w, int axis, int parts, int chunks) {
+  TpValue *val = &s->m->values[w];
+  if (val->kind != TP_VAL_PARAM || val->tied >= 0 || val->shard.parts || tp_use_count(s->m, w) != 1)
+    return refuse(s, op, tp_strfmt(s->m, "its weight %%%s is not a param that it alone reads", val->name));
+  /* the textual IR prints inline data with the per-rank type: only a splat stays whole */
+  if (!s->m->blobs[val->blob].path && !splat(s->m, w))
+    return refuse(s, op, tp_strfmt(s->m, "%%%s holds inline data, not a file's: it would print cut", val->name));
+  if (val->type.dims[axis] % ((int64_t)parts * chunks) != 0)
+    return refuse(s, op, tp_strfmt(s->m, "dim %d of %%%s (%lld) does not split into %d parts", axis, val->name,
+                                   (long long)val->type.dims[axis], parts * chunks));
+  val->type.dims[axis] /= parts;
+  val->shard = (TpShard){.axis = axis, .parts = parts, .ranks = s->ranks, .chunks = chunks};
+  return TP_OK;
+}
+
+/* A new op after `after` (same placement and origin) computing kind(in); its result. */
+static int add_after(Shard *s, int after, TpOpKind kind, const int *in, int nin, const char *name) {
+  TpOrigin origin = s->m->ops[after].origin;
+  int op = tp_add_op(s->m, kind, in, nin, (const char *[]){name}, 1, origin);
+  TpOp *a = &s->m->ops[after], *o = &s->m->ops[op];
+  o->stage = a->stage, o->slice = a->slice, o->phase = a->phase;
+  if (kind != TP_OP_Add) tp_set_attr_string(s->m, op, "group", "tensor");
+  if (kind == TP_OP_AllReduce) tp_set_attr_string(s->m, op, "reduce", "sum");
+  return tp_infer_op(s->m, op, s->d) == TP_OK ? s->m->ops[op].outputs[0] : -1;
+}
+
+/* Column-parallel Linear op (replicated input). */
+static int column(Shard *s, int op) {
+  TpModule *m = s->m;
+  int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
+  int y = m->ops[op].outputs[0];
+  bool kv;
+  int64_t heads = heads_of(m, y, &kv);
+  int parts = s->ranks;
+  if (heads && heads % s->ranks != 0) {
+    if (!kv || s->ranks % heads != 0)
+      return refuse(s, op, tp_strfmt(m, "its %lld %s heads do not divide among the ranks", (long long)heads,
+                                     kv ? "key/value" : "query"));
+    parts = (int)heads; /* one head per part, N/heads ranks each */
+  }
+  int chunks = 1, i;
+  int reader = sole_reader(m, y, &i);
+  int last = m->values[y].type.rank - 1;
+  if (reader >= 0 && m->ops[reader].kind == TP_OP_Split && tp_attr_int(m, reader, "axis", -1) == last) {
+    const TpOp *split = &m->ops[reader];
+    chunks = split->noutputs;
+    for (int k = 0; k < chunks; k++)
+      if (split->outputs[k] < 0 || m->values[split->outputs[k]].type.dims[last] * chunks != m->values[y].type.dims[last])
+        return refuse(s, op, "its result is split into unequal parts (a fused product of unlike heads)");
+  }
+  bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
+  if (split_param(s, op, w, tw ? 0 : 1, parts, chunks) || (b >= 0 && split_param(s, op, b, 0, parts, chunks)))
+    return TP_ERR_INPUT;
+  if (s->copy_of[x] < 0) s->copy_of[x] = add_after(s, op, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
+  if (s->copy_of[x] < 0) return TP_ERR_INPUT;
+  m->ops[op].inputs[0] = s->copy_of[x];
+  if (reinfer(s, op)) return TP_ERR_INPUT;
+  mark(s, y, m->values[y].type.rank - 1, parts);
+  return TP_OK;
+}
+
+/* Row-parallel Linear op (input split along its last axis): partial sums, all-reduced,
+ * then the bias. */
+static int row(Shard *s, int op) {
+  TpModule *m = s->m;
+  int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
+  int y = m->ops[op].outputs[0];
+  if (s->axis[x] != m->values[x].type.rank - 1 || s->parts[x] != s->ranks)
+    return refuse(s, op, tp_strfmt(m, "its input %%%s is not split along its features into one part per rank",
+                                   m->values[x].name));
+  bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
+  if (split_param(s, op, w, tw ? 1 : 0, s->ranks, 1)) return TP_ERR_INPUT;
+  if (b >= 0) m->ops[op].inputs[2] = -1;
+  if (reinfer(s, op)) return TP_ERR_INPUT;
+  const char *name = m->values[y].name;
+  int sum = add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
+  int out = sum >= 0 && b >= 0 ? add_after(s, op, TP_OP_Add, (int[]){sum, b}, 2, tp_strfmt(m, "%s.bias", name)) : sum;
+  if (out < 0) return TP_ERR_INPUT;
+  tp_replace_uses(m, y, out);
+  m->ops[m->values[sum].def].inputs[0] = y;
+  return TP_OK;
+}
+
+/* The axis of the (whole) result dims `out` that continues axis a of the per-rank operand
+ * dims `in`, split into p parts, through a Reshape, or -1: the same elements before it,
+ * whole pieces either way. */
+static int reshape_axis(const TpType *in, const TpType *out, int a, int p) {
+  int64_t before = 1, after = 1, whole = in->dims[a] * p;
+  for (int i = 0; i < a; i++) before *= in->dims[i];
+  for (int b = 0; b < out->rank; after *= out->dims[b], b++)
+    if (after == before && out->dims[b] % p == 0 && (whole % out->dims[b] == 0 || out->dims[b] % whole == 0))
+      return b;
+  return -1;
+}
+
+/* An op other than Linear reading at least one split value. */
+static int follow(Shard *s, int op) {
+  TpModule *m = s->m;
+  TpOp *o = &m->ops[op];
+  int y = o->outputs[0], x = o->inputs[0], ry = m->values[y].type.rank;
+  switch (o->kind) {
+  case TP_OP_Reshape: {
+    TpType *out = &m->values[y].type;
+    int b = s->axis[x] < 0 ? -1 : reshape_axis(&m->values[x].type, out, s->axis[x], s->parts[x]);
+    if (b < 0) return refuse(s, op, "the split axis does not map onto one axis of the result");
+    out->dims[b] /= s->parts[x];
+    mark(s, y, b, s->parts[x]);
+    return TP_OK;
+  }
+  case TP_OP_Transpose: {
+    int n, b = 0;
+    const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
+    while (b < n && perm[b] != s->axis[x]) b++;
+    if (s->axis[x] < 0 || b == n) return refuse(s, op, "the split axis is not permuted");
+    mark(s, y, b, s->parts[x]);
+    return reinfer(s, op);
+  }
+  case TP_OP_Split:
+    if (s->axis[x] < 0) return refuse(s, op, "its operand is replicated");
+    for (int r = 0; r < o->noutputs; r++)
+      if (o->outputs[r] >= 0) {
+        m->values[o->outputs[r]].type.dims[s->axis[x]] /= s->parts[x];
+        mark(s, o->outputs[r], s->axis[x], s->parts[x]);
+      }
+    return TP_OK;
+  case TP_OP_Slice: { /* a fused product's parts cut along another axis (GPT-NeoX) */
+    int n, a = s->axis[x];
+    const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
+    TpType *out = &m->values[y].type;
+    if (starts[a] != 0 || steps[a] != 1 || out->dims[a] != m->values[x].type.dims[a] * s->parts[x])
+      return refuse(s, op, "it cuts the axis split over the ranks");
+    out->dims[a] /= s->parts[x];
+    mark(s, y, a, s->parts[x]);
+    return tp_infer_op(m, op, s->d); /* checks the preset result */
+  }
+  case TP_OP_Concat:
+    for (int i = 0; i < o->ninputs; i++)
+      if (s->axis[o->inputs[i]] != s->axis[x] || s->parts[o->inputs[i]] != s->parts[x] ||
+          tp_attr_int(m, op, "axis", -1) == s->axis[x])
+        return refuse(s, op, "its operands are not all split along one axis it does not join along");
+    mark(s, y, s->axis[x], s->parts[x]);
+    return reinfer(s, op);
+  case TP_OP_Attention:
+    for (int i = 0; i < o->ninputs; i++)
+      if (i > 2 && o->inputs[i] >= 0) return refuse(s, op, "a mask or past keys would need splitting too");
+    for (int i = 0; i < 3; i++)
+      if (s->axis[o->inputs[i]] != m->values[o->inputs[i]].type.rank - (m->values[x].type.rank == 4 ? 3 : 1))
+        return refuse(s, op, tp_strfmt(m, "its operand %%%s is not split by heads", m->values[o->inputs[i]].name));
+    if (tp_get_attr(m, op, "q_num_heads"))
+      tp_set_attr_int(m, op, "q_num_heads", tp_attr_int(m, op, "q_num_heads", 0) / s->parts[x]);
+    if (tp_get_attr(m, op, "kv_num_heads"))
+      tp_set_attr_int(m, op, "kv_num_heads", tp_attr_int(m, op, "kv_num_heads", 0) / s->parts[o->inputs[1]]);
+    mark(s, y, s->axis[x], s->parts[x]);
+    return reinfer(s, op);
+  default:
+    break;
+  }
+  if (!(tp_op_info[o->kind].traits & TP_TRAIT_ELEMENTWISE) && o->kind != TP_OP_SwiGLU && o->kind != TP_OP_Rotary)
+    return refuse(s, op, tp_strfmt(m, "it reads %%%s, which is split over the ranks", m->values[x].name));
+  /* Positionwise: every split operand along one axis (aligned from the right), the others
+   * broadcast along it. */
+  int axis = -1, parts = 0, split = x;
+  for (int i = 0; i < o->ninputs; i++) {
+    int v = o->inputs[i];
+    if (v < 0 || s->axis[v] < 0) continue;
+    int a = s->axis[v] + ry - m->values[v].type.rank;
+    split = v;
+    if (axis >= 0 && (a != axis || s->parts[v] != parts))
+      return refuse(s, op, "its operands are split along different axes");
+    axis = a, parts = s->parts[v];
+  }
+  if (o->kind == TP_OP_Rotary && axis == ry - 1) return refuse(s, op, "the rotated features are split");
+  for (int i = 0; i < o->ninputs; i++) {
+    int v = o->inputs[i];
+    if (v < 0 || s->axis[v] >= 0) continue;
+    int a = axis - (ry - m->values[v].type.rank);
+    if (a >= 0 && m->values[v].type.dims[a] != 1)
+      return refuse(s, op, tp_strfmt(m, "it combines the split %%%s with the replicated %%%s", m->values[split].name,
+                                     m->values[v].name));
+  }
+  mark(s, y, axis, parts);
+  return reinfer(s, op);
+}
+
+int pass_shard_tensor(TpModule *m, TpDiag *d) {
+  if (m->tensor <= 1) return TP_OK;
+  if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
+  Shard s = {m, d, m->tensor, NULL, NULL, NULL};
+  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK;
+  /* values added below are replicated and never split: room for them too */
+  int cap = nvalues + 3 * nops;
+  s.axis = malloc((size_t)cap * sizeof *s.axis);
+  s.parts = calloc((size_t)cap, sizeof *s.parts);
+  s.copy_of = malloc((size_t)cap * sizeof *s.copy_of);
+  bool *seen = malloc((size_t)cap);
+  TP_ASSERT(s.axis && s.parts && s.copy_of && seen);
+  for (int v = 0; v < cap; v++) s.axis[v] = s.copy_of[v] = -1;
+  for (int op = 0; op < nops && rc == TP_OK; op++) {
+    const TpOp *o = &m->ops[op];
+    bool split_in = false;
+    for (int i = 0; i < o->ninputs; i++) split_in |= o->inputs[i] >= 0 && s.axis[o->inputs[i]] >= 0;
+    if (o->kind == TP_OP_Linear && split_in) {
+      rc = row(&s, op);
+    } else if (o->kind == TP_OP_Linear) {
+      int blocker = -1;
+      memset(seen, 0, (size_t)m->nvalues);
+      bool block = m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, o->outputs[0], seen, &blocker);
+      if (block && blocker >= 0)
+        rc = refuse(&s, blocker, tp_strfmt(m, "it lies between the column-parallel product %%%s and a row-parallel one",
+                                           m->values[o->outputs[0]].name));
+      else if (block)
+        rc = column(&s, op);
+    } else if (split_in) {
+      rc = follow(&s, op);
+    }
+  }
+  for (int i = 0; i < m->noutputs && rc == TP_OK; i++)
+    if (s.axis[m->outputs[i]] >= 0)
+      rc = refuse(&s, m->values[m->outputs[i]].def, tp_strfmt(m, "the graph outputs its split result %%%s",
+                                                              m->values[m->outputs[i]].name));
+  free(s.axis);
+  free(s.parts);
+  free(s.copy_of);
+  free(seen);
+  if (rc == TP_OK) tp_sort_ops(m);
+  return rc;
+}

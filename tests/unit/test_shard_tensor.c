@@ -1,0 +1,218 @@
+/* shard-tensor checked by running it: the GPT, NeoX and Llama blocks of tests/lit/shard-*.tir,
+ * given random weights, are trained one step's worth (forward, loss, backward) by the
+ * reference interpreter whole, and again sharded over N ranks in lockstep: every rank runs
+ * the same sharded module on its own slice of each split parameter (cut as its TpShard
+ * says), AllReduce sums the ranks' operands and TensorCopy copies. Every rank's logits and
+ * loss must equal the whole run's, and every gradient the whole gradient's slice (summed
+ * over the ranks sharing a piece, for K/V heads fewer than the ranks), within TOL relative
+ * to the tensor's largest magnitude: f32 sums taken in another order differ near 1e-7. */
+#include "interp/interp.h"
+#include "ir/ir.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../check.h"
+
+static const double TOL = 1e-5;
+enum { MAX_RANKS = 4 };
+
+/* The module after `//--- name` in the lit test file `lit`, parsed; NULL on failure. */
+static TpModule *load(const char *lit, const char *name, TpDiag *d) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s", __FILE__);
+  char *slash = strrchr(path, '/');
+  if (!slash) return NULL;
+  snprintf(slash, sizeof path - (size_t)(slash - path), "/../lit/%s", lit);
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  static char text[1 << 16];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  char marker[64];
+  snprintf(marker, sizeof marker, "//--- %s\n", name);
+  char *start = strstr(text, marker);
+  if (!start) return NULL;
+  start += strlen(marker);
+  char *end = strstr(start, "//--- ");
+  TpModule *m = NULL;
+  if (tp_parse_module(start, end ? (size_t)(end - start) : strlen(start), path, &m, d) != TP_OK) return NULL;
+  return m;
+}
+
+/* Gives every f32 param random data of its whole shape (after sharding: shard-tensor
+ * refuses inline non-splat data, which the textual IR would print cut). */
+static void randomize(TpModule *m) {
+  for (int v = 0; v < m->nvalues; v++) {
+    TpValue *val = &m->values[v];
+    if (val->kind != TP_VAL_PARAM) continue;
+    int64_t n = tp_type_numel(&val->type) * (val->shard.parts ? val->shard.parts : 1);
+    float *data = malloc((size_t)n * sizeof *data);
+    rng_state = 1469598103934665603u; /* seeded by the name: the same data in both modules */
+    for (const char *c = val->name; *c; c++) rng_state = (rng_state ^ (uint8_t)*c) * 1099511628211u;
+    for (int64_t i = 0; i < n; i++) data[i] = frand() * 0.5f;
+    val->blob = tp_add_owned_blob(m, data, (size_t)n * sizeof *data);
+    val->offset = 0;
+    free(data);
+  }
+}
+
+/* Copies rank r's part (TpShard sh) of the whole f32 tensor `whole` of per-rank type t
+ * into part, or (add) adds part into the whole's slice. */
+static void slice(const TpType *t, TpShard sh, int r, float *whole, float *part, bool add) {
+  int64_t outer = 1, inner = 1, piece = t->dims[sh.axis] / sh.chunks;
+  for (int i = 0; i < sh.axis; i++) outer *= t->dims[i];
+  for (int i = sh.axis + 1; i < t->rank; i++) inner *= t->dims[i];
+  int64_t wdim = t->dims[sh.axis] * sh.parts, wchunk = wdim / sh.chunks, k = (int64_t)r * sh.parts / sh.ranks;
+  for (int64_t o = 0; o < outer; o++)
+    for (int c = 0; c < sh.chunks; c++)
+      for (int64_t j = 0; j < piece; j++) {
+        float *w = whole + (o * wdim + c * wchunk + k * piece + j) * inner;
+        float *p = part + (o * t->dims[sh.axis] + c * piece + j) * inner;
+        for (int64_t i = 0; i < inner; i++)
+          if (add) w[i] += p[i];
+          else p[i] = w[i];
+      }
+}
+
+typedef struct {
+  TpTensor *vals[MAX_RANKS];
+} Run;
+
+/* Runs m forward and backward on `ranks` ranks in lockstep; inputs[i] feeds graph input i
+ * on every rank. Returns TP_OK or the error. */
+static int run(const TpModule *m, int ranks, const TpTensor *inputs, Run *out, TpDiag *d) {
+  for (int r = 0; r < ranks; r++) {
+    TpTensor *vals = out->vals[r] = calloc((size_t)m->nvalues, sizeof *vals);
+    for (int v = 0; v < m->nvalues; v++) {
+      vals[v] = tp_value_tensor(m, v);
+      const TpValue *val = &m->values[v];
+      if (val->kind == TP_VAL_PARAM && val->shard.parts) {
+        void *whole = (void *)tp_value_data(m, v);
+        vals[v].data = malloc(tp_tensor_bytes(&vals[v]));
+        slice(&val->type, val->shard, r, whole, vals[v].data, false);
+      } else if (val->kind == TP_VAL_RESULT) {
+        vals[v].data = calloc(1, tp_tensor_bytes(&vals[v]) + 1);
+      }
+    }
+    for (int i = 0; i < m->ninputs; i++) vals[m->inputs[i]].data = inputs[i].data;
+  }
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    for (int r = 0; r < ranks; r++) {
+      TpTensor in[8], res[8], *vals = out->vals[r];
+      for (int i = 0; i < op->ninputs; i++) in[i] = op->inputs[i] >= 0 ? vals[op->inputs[i]] : (TpTensor){0};
+      for (int i = 0; i < op->noutputs; i++) res[i] = op->outputs[i] >= 0 ? vals[op->outputs[i]] : (TpTensor){0};
+      if (op->kind == TP_OP_TensorCopy) {
+        memcpy(res[0].data, in[0].data, tp_tensor_bytes(&in[0]));
+      } else if (op->kind == TP_OP_AllReduce) {
+        float *y = res[0].data;
+        for (int64_t i = 0; i < tp_tensor_numel(&in[0]); i++) {
+          y[i] = 0; /* in rank order; a runtime may sum in another: TOL covers it */
+          for (int q = 0; q < ranks; q++) y[i] += ((const float *)out->vals[q][op->inputs[0]].data)[i];
+        }
+      } else if (tp_exec_op(m, o, in, res, d) != TP_OK) {
+        return TP_ERR_INPUT;
+      }
+    }
+  }
+  return TP_OK;
+}
+
+static void free_run(const TpModule *m, int ranks, Run *out) {
+  for (int r = 0; r < ranks; r++) {
+    for (int v = 0; v < m->nvalues; v++)
+      if (m->values[v].kind == TP_VAL_RESULT || (m->values[v].kind == TP_VAL_PARAM && m->values[v].shard.parts))
+        free(out->vals[r][v].data);
+    free(out->vals[r]);
+  }
+}
+
+/* Largest |a - b| over the largest |b|, both of n floats. */
+static double rel_err(const float *a, const float *b, int64_t n) {
+  double err = 0, big = 1e-30;
+  for (int64_t i = 0; i < n; i++) {
+    err = fmax(err, fabs((double)a[i] - b[i]));
+    big = fmax(big, fabs((double)b[i]));
+  }
+  return err / big;
+}
+
+static void check_case(const char *lit, const char *name, int ranks) {
+  TpDiag d;
+  tp_diag_init(&d, "test_shard_tensor", name, stderr);
+  TpModule *whole = load(lit, name, &d), *sharded = load(lit, name, &d);
+  if (!whole || !sharded) {
+    fail("%s: cannot read it from tests/lit/%s", name, lit);
+    return;
+  }
+  sharded->tensor = ranks;
+  const char *const train[] = {"add-loss", "autodiff", "verify"};
+  const char *const shard[] = {"shard-tensor"};
+  if (tp_run_passes(sharded, shard, 1, NULL, &d) != TP_OK) {
+    fail("%s: shard-tensor failed", name);
+    return;
+  }
+  randomize(whole);
+  randomize(sharded);
+  if (tp_run_passes(whole, train, 3, NULL, &d) != TP_OK || tp_run_passes(sharded, train, 3, NULL, &d) != TP_OK) {
+    fail("%s: add-loss or autodiff failed", name);
+    return;
+  }
+  /* integer inputs: token ids and targets below every vocabulary here (16) */
+  TpTensor inputs[4];
+  int64_t ids[64];
+  for (int i = 0; i < 64; i++) ids[i] = (i * 7 + 3) % 16;
+  TP_ASSERT(whole->ninputs <= 4 && whole->ninputs == sharded->ninputs);
+  for (int i = 0; i < whole->ninputs; i++) {
+    inputs[i] = tp_value_tensor(whole, whole->inputs[i]);
+    inputs[i].data = ids;
+    TP_ASSERT(tp_tensor_numel(&inputs[i]) <= 64 && inputs[i].dtype == TP_I64);
+  }
+  Run a = {{0}}, b = {{0}};
+  if (run(whole, 1, inputs, &a, &d) != TP_OK || run(sharded, ranks, inputs, &b, &d) != TP_OK) {
+    fail("%s: the interpreter failed", name);
+    return;
+  }
+  double worst = 0;
+  for (int r = 0; r < ranks; r++) {
+    int lw = tp_find_value(whole, "logits"), ls = tp_find_value(sharded, "logits");
+    worst = fmax(worst, rel_err(b.vals[r][ls].data, a.vals[0][lw].data, tp_type_numel(&whole->values[lw].type)));
+    worst = fmax(worst, rel_err(b.vals[r][sharded->loss].data, a.vals[0][whole->loss].data, 1));
+  }
+  for (int v = 0; v < sharded->nvalues; v++) {
+    const TpValue *val = &sharded->values[v];
+    int g = tp_grad_of(sharded, v), w = tp_find_value(whole, val->name), gw = w >= 0 ? tp_grad_of(whole, w) : -1;
+    if (g < 0) continue;
+    if (gw < 0) {
+      fail("%s: %%%s has a gradient only when sharded", name, val->name);
+      continue;
+    }
+    const float *want = a.vals[0][gw].data;
+    int64_t n = tp_type_numel(&whole->values[w].type);
+    if (!val->shard.parts) {
+      for (int r = 0; r < ranks; r++) worst = fmax(worst, rel_err(b.vals[r][g].data, want, n));
+      continue;
+    }
+    float *got = calloc((size_t)n, sizeof *got); /* the ranks' parts put together */
+    for (int r = 0; r < ranks; r++) slice(&val->type, val->shard, r, got, b.vals[r][g].data, true);
+    worst = fmax(worst, rel_err(got, want, n));
+    free(got);
+  }
+  printf("test_shard_tensor: %s over %d ranks: worst relative error %.2g\n", name, ranks, worst);
+  if (worst > TOL) fail("%s over %d ranks: relative error %.2g above %.0e", name, ranks, worst, TOL);
+  free_run(whole, 1, &a);
+  free_run(sharded, ranks, &b);
+  tp_module_free(whole);
+  tp_module_free(sharded);
+}
+
+int main(void) {
+  check_case("shard-gpt.tir", "gpt.tir", 2);
+  check_case("shard-gpt.tir", "neox.tir", 2); /* head-major fused Q|K|V, Slice and Concat */
+  check_case("shard-llama.tir", "llama.tir", 2);
+  check_case("shard-llama.tir", "llama.tir", 4); /* K/V heads shared by two ranks each */
+  if (failures) fprintf(stderr, "test_shard_tensor: %d failures\n", failures);
+  return failures ? 1 : 0;
+}
