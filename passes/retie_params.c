@@ -11,15 +11,16 @@
  * The export keeps nothing else of the tying: a tied head and an untied one (hf_gpt2,
  * hf_llama) have the same kind of name, shape and uses, so only the data can tell them
  * apart. Metadata picks the candidates: parameters with a partner of the same dtype and
- * shape, or of the transposed 2-D shape. Only their data is read, and by default only data
- * already in memory (dense IR literals, raw data inside the .onnx, which the importer has
- * read anyway, at most protobuf's 2 GB): weights in external-data files, the large models,
- * are never read to compile; retie-params-data (tokpipec --retie=data) compares those too,
- * touching only the candidates' pages. Candidates are compared exactly, bit for bit, after
- * a hash that ignores element order (so a tensor and its transpose hash alike). Skipped:
- * parameters whose elements are all equal (fresh ones/zeros: equal by coincidence, not
- * tying) and Identity aliases (the exporter's merge of such tensors, deliberately separate
- * parameters). */
+ * shape, or of the transposed 2-D shape. By default only data already in memory is read
+ * (dense IR literals, raw data inside the .onnx, which the importer has read anyway, at
+ * most protobuf's 2 GB): weights in external-data files, the large models, are never read
+ * to compile; retie-params-data (tokpipec --retie=data) compares those too. Of the
+ * candidates, first the first and last elements are compared (equal in a copy and in a
+ * transpose: two pages of each), then only those still paired are read whole: exactly, bit
+ * for bit, after a hash that ignores element order (so a tensor and its transpose hash
+ * alike). Skipped: parameters whose elements are all equal (fresh ones/zeros: equal by
+ * coincidence, not tying) and Identity aliases (the exporter's merge of such tensors,
+ * deliberately separate parameters). */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
@@ -27,8 +28,7 @@
 
 typedef struct {
   int value;
-  uint64_t shape; /* dtype and dims, a 2-D shape's two dims in either order */
-  uint64_t key;   /* shape and the element multiset */
+  uint64_t key; /* the shape, then its corner elements, then the element multiset */
 } Candidate;
 
 static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
@@ -70,12 +70,6 @@ static uint64_t shape_key(const TpType *t) {
   for (int i = 0; i < t->rank; i++)
     key = mix64(key ^ (uint64_t)(t->rank == 2 ? (i == 0 ? d0 : t->dims[0] + t->dims[1] - d0) : t->dims[i]));
   return key;
-}
-
-static int by_shape(const void *a, const void *b) {
-  const Candidate *x = a, *y = b;
-  if (x->shape != y->shape) return x->shape < y->shape ? -1 : 1;
-  return (x->value > y->value) - (x->value < y->value);
 }
 
 static int by_key(const void *a, const void *b) {
@@ -133,8 +127,18 @@ static bool data_in_memory(const TpModule *m, int v) {
   return m->source && strcmp(b->path, slash ? slash + 1 : m->source) == 0;
 }
 
-/* The parameters that may be re-tied, sorted by shape, those without a partner of their
- * shape left out; *n their count. external: also parameters in external-data files. */
+/* Sorts c[0..n) by key and keeps those whose key another one shares (in order); returns
+ * how many. */
+static int keep_paired(Candidate *c, int n) {
+  qsort(c, (size_t)n, sizeof *c, by_key);
+  int kept = 0;
+  for (int i = 0; i < n; i++)
+    if ((i > 0 && c[i - 1].key == c[i].key) || (i + 1 < n && c[i + 1].key == c[i].key)) c[kept++] = c[i];
+  return kept;
+}
+
+/* The parameters that may be re-tied, sorted by shape key, those without a partner of
+ * their shape left out; *n their count. external: also parameters in external-data files. */
 static Candidate *shape_candidates(const TpModule *m, bool external, int *n) {
   Candidate *c = malloc(((size_t)m->nvalues + 1) * sizeof *c);
   TP_ASSERT(c);
@@ -143,13 +147,21 @@ static Candidate *shape_candidates(const TpModule *m, bool external, int *n) {
     const TpValue *val = &m->values[v];
     if (val->kind == TP_VAL_PARAM && !val->dead && val->blob >= 0 && !is_alias(val) &&
         (external || data_in_memory(m, v)))
-      c[all++] = (Candidate){.value = v, .shape = shape_key(&val->type)};
+      c[all++] = (Candidate){.value = v, .key = shape_key(&val->type)};
   }
-  qsort(c, (size_t)all, sizeof *c, by_shape);
-  *n = 0;
-  for (int i = 0; i < all; i++)
-    if ((i > 0 && c[i - 1].shape == c[i].shape) || (i + 1 < all && c[i + 1].shape == c[i].shape)) c[(*n)++] = c[i];
+  *n = keep_paired(c, all);
   return c;
+}
+
+/* Mixes v's first and last elements into *key: the same for a copy and a 2-D transpose,
+ * and read from two pages, so that only candidates that may be equal are read whole. */
+static void corners(const TpModule *m, int v, uint64_t *key) {
+  const TpType *t = &m->values[v].type;
+  const uint8_t *data = tp_value_data(m, v);
+  size_t size = tp_dtype_size(t->dtype);
+  int64_t n = tp_type_numel(t);
+  if (!data || n < 1 || size > 8) return;
+  *key = mix64(*key ^ mix64(element(data, size)) ^ element(data + (n - 1) * (int64_t)size, size));
 }
 
 static int retie_params(TpModule *m, bool external, TpDiag *d) {
@@ -160,9 +172,10 @@ static int retie_params(TpModule *m, bool external, TpDiag *d) {
                       m->values[v].name);
   int candidates, n = 0;
   Candidate *c = shape_candidates(m, external, &candidates);
+  for (int i = 0; i < candidates; i++) corners(m, c[i].value, &c[i].key);
+  candidates = keep_paired(c, candidates);
   for (int i = 0; i < candidates; i++) {
     c[n] = c[i];
-    c[n].key = c[i].shape;
     if (multiset_hash(m, c[i].value, &c[n].key)) n++;
   }
   qsort(c, (size_t)n, sizeof *c, by_key);
@@ -195,7 +208,7 @@ static void note_external(const TpModule *m, const TpDiag *d) {
   Candidate *c = shape_candidates(m, true, &n);
   for (int i = 0; i < n; i++)
     if (!data_in_memory(m, c[i].value) && external++ == 0)
-      first = c[i].value, partner = c[i > 0 && c[i - 1].shape == c[i].shape ? i - 1 : i + 1].value;
+      first = c[i].value, partner = c[i > 0 && c[i - 1].key == c[i].key ? i - 1 : i + 1].value;
   free(c);
   if (!external || !d->stream) return;
   tp_print_line(d->stream,
