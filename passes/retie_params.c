@@ -45,14 +45,22 @@ static uint64_t element(const uint8_t *p, size_t size) {
   return bits;
 }
 
+/* v's data (NULL when its elements are wider than the 8 bytes hashed), *size the bytes
+ * of an element, *n their count. */
+static const uint8_t *elements(const TpModule *m, int v, size_t *size, int64_t *n) {
+  const TpType *t = &m->values[v].type;
+  *size = tp_dtype_size(t->dtype);
+  *n = tp_type_numel(t);
+  return *size <= 8 ? tp_value_data(m, v) : NULL;
+}
+
 /* Mixes the sum of mixed element bits into *key: equal for any permutation of the same
  * elements. Returns false when every element is the same. */
 static bool multiset_hash(const TpModule *m, int v, uint64_t *key) {
-  const TpType *t = &m->values[v].type;
-  const uint8_t *data = tp_value_data(m, v);
-  size_t size = tp_dtype_size(t->dtype);
-  int64_t n = tp_type_numel(t);
-  if (!data || n < 2 || size > 8) return false;
+  size_t size;
+  int64_t n;
+  const uint8_t *data = elements(m, v, &size, &n);
+  if (!data || n < 2) return false;
   uint64_t sum = 0;
   bool varied = false;
   for (int64_t i = 0; i < n; i++) {
@@ -156,11 +164,10 @@ static Candidate *shape_candidates(const TpModule *m, bool external, int *n) {
 /* Mixes v's first and last elements into *key: the same for a copy and a 2-D transpose,
  * and read from two pages, so that only candidates that may be equal are read whole. */
 static void corners(const TpModule *m, int v, uint64_t *key) {
-  const TpType *t = &m->values[v].type;
-  const uint8_t *data = tp_value_data(m, v);
-  size_t size = tp_dtype_size(t->dtype);
-  int64_t n = tp_type_numel(t);
-  if (!data || n < 1 || size > 8) return;
+  size_t size;
+  int64_t n;
+  const uint8_t *data = elements(m, v, &size, &n);
+  if (!data || n < 1) return;
   *key = mix64(*key ^ mix64(element(data, size)) ^ element(data + (n - 1) * (int64_t)size, size));
 }
 
