@@ -36,7 +36,9 @@ model() {
   gpt3-44b) dims="96 6144 48" ;;
   gpt3-175b) dims="96 12288 96" ;;
   esac
-  [ -f "$work/$1/model.onnx" ] || { mkdir -p "$work/$1" && /usr/bin/python3 "$here/gpt3_onnx.py" "$work/$1" $dims 2048 >&2; } ||
+  # weights.bin is written last
+  # shellcheck disable=SC2086 # dims are words
+  [ -f "$work/$1/weights.bin" ] || { mkdir -p "$work/$1" && /usr/bin/python3 "$here/gpt3_onnx.py" "$work/$1" $dims >&2; } ||
     { echo "compile_paper.sh: cannot write $work/$1" >&2; exit 1; }
   echo "$work/$1"
 }
@@ -76,7 +78,9 @@ for s in $(echo "$settings" | tr , ' '); do
   printf '%s | ' "$(measure "$out.plan.log" "$tokpipec" $args -o "$out.plan.c")"
   if [ -f "$out.plan.c" ]; then
     printf '%9s %11s' "$(wc -l <"$out.plan.c")" "$(wc -c <"$out.plan.c")"
-    [ $cc = 1 ] && printf ' | %s' "$(measure "$out.cc.log" cc -O2 -I"$here/.." -c "$out.plan.c" -o "$out.plan.o")"
+    # shellcheck disable=SC2046 # pkg-config's flags are words
+    [ $cc = 1 ] && printf ' | %s' "$(measure "$out.cc.log" cc -O2 $(PKG_CONFIG_PATH=$build pkg-config --cflags tokpipe) \
+      -c "$out.plan.c" -o "$out.plan.o")"
   fi
   echo
   rm -f "$out.plan.c" "$out.plan.o"
