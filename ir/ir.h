@@ -346,6 +346,7 @@ int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
 
 /* passes/retie_params.c and passes/raise_transformer.c (the raise helper's passes). */
 int pass_retie_params(TpModule *m, TpDiag *d);
+int pass_retie_params_data(TpModule *m, TpDiag *d); /* also weights in external-data files */
 int pass_raise_transformer(TpModule *m, TpDiag *d);
 int pass_raise_transformer_unfused(TpModule *m, TpDiag *d); /* RMSNorm, Rotary, SwiGLU left primitive */
 /* Restores the topological order of m->ops after a pass appended ops that earlier ops now

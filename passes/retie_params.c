@@ -8,10 +8,19 @@
  * uses; the op and the value get origin (the duplicate's initializer name, no op type),
  * from which codegen recovers the derived initializer.
  *
- * Data is compared exactly, bit for bit, after a hash that ignores element order (so a
- * tensor and its transpose hash alike). Skipped: parameters whose elements are all equal
- * (fresh ones/zeros: equal by coincidence, not tying) and Identity aliases (the exporter's
- * merge of such tensors, deliberately separate parameters). */
+ * The export keeps nothing else of the tying: a tied head and an untied one (hf_gpt2,
+ * hf_llama) have the same kind of name, shape and uses, so only the data can tell them
+ * apart. Metadata picks the candidates: parameters with a partner of the same dtype and
+ * shape, or of the transposed 2-D shape. By default only data already in memory is read
+ * (dense IR literals, raw data inside the .onnx, which the importer has read anyway, at
+ * most protobuf's 2 GB): weights in external-data files, the large models, are never read
+ * to compile; retie-params-data (tokpipec --retie=data) compares those too. Of the
+ * candidates, first the first and last elements are compared (equal in a copy and in a
+ * transpose: two pages of each), then only those still paired are read whole: exactly, bit
+ * for bit, after a hash that ignores element order (so a tensor and its transpose hash
+ * alike). Skipped: parameters whose elements are all equal (fresh ones/zeros: equal by
+ * coincidence, not tying) and Identity aliases (the exporter's merge of such tensors,
+ * deliberately separate parameters). */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
@@ -19,7 +28,7 @@
 
 typedef struct {
   int value;
-  uint64_t key; /* dtype, element count and the element multiset */
+  uint64_t key; /* the shape, then its corner elements, then the element multiset */
 } Candidate;
 
 static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
@@ -36,22 +45,39 @@ static uint64_t element(const uint8_t *p, size_t size) {
   return bits;
 }
 
-/* Sum of mixed element bits: equal for any permutation of the same elements. Returns false
- * when every element is the same. */
-static bool multiset_hash(const TpModule *m, int v, uint64_t *key) {
+/* v's data (NULL when its elements are wider than the 8 bytes hashed), *size the bytes
+ * of an element, *n their count. */
+static const uint8_t *elements(const TpModule *m, int v, size_t *size, int64_t *n) {
   const TpType *t = &m->values[v].type;
-  const uint8_t *data = tp_value_data(m, v);
-  size_t size = tp_dtype_size(t->dtype);
-  int64_t n = tp_type_numel(t);
-  if (!data || n < 2 || size > 8) return false;
+  *size = tp_dtype_size(t->dtype);
+  *n = tp_type_numel(t);
+  return *size <= 8 ? tp_value_data(m, v) : NULL;
+}
+
+/* Mixes the sum of mixed element bits into *key: equal for any permutation of the same
+ * elements. Returns false when every element is the same. */
+static bool multiset_hash(const TpModule *m, int v, uint64_t *key) {
+  size_t size;
+  int64_t n;
+  const uint8_t *data = elements(m, v, &size, &n);
+  if (!data || n < 2) return false;
   uint64_t sum = 0;
   bool varied = false;
   for (int64_t i = 0; i < n; i++) {
     sum += mix64(element(data + i * (int64_t)size, size));
     varied |= memcmp(data, data + i * (int64_t)size, size) != 0;
   }
-  *key = mix64(sum ^ mix64(((uint64_t)t->dtype << 48) ^ (uint64_t)n));
+  *key = mix64(sum ^ *key);
   return varied;
+}
+
+/* Equal for shapes that may hold a copy or a 2-D transpose of each other. */
+static uint64_t shape_key(const TpType *t) {
+  uint64_t key = mix64((uint64_t)t->dtype << 8 | (uint64_t)t->rank);
+  int64_t d0 = t->rank == 2 && t->dims[1] < t->dims[0] ? t->dims[1] : t->dims[0];
+  for (int i = 0; i < t->rank; i++)
+    key = mix64(key ^ (uint64_t)(t->rank == 2 ? (i == 0 ? d0 : t->dims[0] + t->dims[1] - d0) : t->dims[i]));
+  return key;
 }
 
 static int by_key(const void *a, const void *b) {
@@ -99,19 +125,65 @@ static void retie(TpModule *m, int keep, int dup, bool transpose) {
 
 static bool is_alias(const TpValue *v) { return v->origin.op_type && strcmp(v->origin.op_type, "Identity") == 0; }
 
-int pass_retie_params(TpModule *m, TpDiag *d) {
+/* Is v's data in memory already: a module-owned copy, or raw data of the model file the
+ * module was imported from (a blob named like its source, also in its printed IR read
+ * back, which so re-ties as the import does), not an external-data file? */
+static bool data_in_memory(const TpModule *m, int v) {
+  const TpBlob *b = &m->blobs[m->values[v].blob];
+  if (b->owned || !b->path) return true;
+  const char *slash = strrchr(m->source ? m->source : "", '/');
+  return m->source && strcmp(b->path, slash ? slash + 1 : m->source) == 0;
+}
+
+/* Sorts c[0..n) by key and keeps those whose key another one shares (in order); returns
+ * how many. */
+static int keep_paired(Candidate *c, int n) {
+  qsort(c, (size_t)n, sizeof *c, by_key);
+  int kept = 0;
+  for (int i = 0; i < n; i++)
+    if ((i > 0 && c[i - 1].key == c[i].key) || (i + 1 < n && c[i + 1].key == c[i].key)) c[kept++] = c[i];
+  return kept;
+}
+
+/* The parameters that may be re-tied, sorted by shape key, those without a partner of
+ * their shape left out; *n their count. external: also parameters in external-data files. */
+static Candidate *shape_candidates(const TpModule *m, bool external, int *n) {
+  Candidate *c = malloc(((size_t)m->nvalues + 1) * sizeof *c);
+  TP_ASSERT(c);
+  int all = 0;
+  for (int v = 0; v < m->nvalues; v++) {
+    const TpValue *val = &m->values[v];
+    if (val->kind == TP_VAL_PARAM && !val->dead && val->blob >= 0 && !is_alias(val) &&
+        (external || data_in_memory(m, v)))
+      c[all++] = (Candidate){.value = v, .key = shape_key(&val->type)};
+  }
+  *n = keep_paired(c, all);
+  return c;
+}
+
+/* Mixes v's first and last elements into *key: the same for a copy and a 2-D transpose,
+ * and read from two pages, so that only candidates that may be equal are read whole. */
+static void corners(const TpModule *m, int v, uint64_t *key) {
+  size_t size;
+  int64_t n;
+  const uint8_t *data = elements(m, v, &size, &n);
+  if (!data || n < 1) return;
+  *key = mix64(*key ^ mix64(element(data, size)) ^ element(data + (n - 1) * (int64_t)size, size));
+}
+
+static int retie_params(TpModule *m, bool external, TpDiag *d) {
   /* assign-stages' tied copies duplicate their parameters on purpose */
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].tied >= 0)
       return tp_error(d, "retie-params runs before assign-stages: %%%s is a stage's tied copy already",
                       m->values[v].name);
-  Candidate *c = malloc(((size_t)m->nvalues + 1) * sizeof *c);
-  TP_ASSERT(c);
-  int n = 0;
-  for (int v = 0; v < m->nvalues; v++) {
-    const TpValue *val = &m->values[v];
-    if (val->kind == TP_VAL_PARAM && !val->dead && !is_alias(val) && multiset_hash(m, v, &c[n].key))
-      c[n++].value = v;
+  int candidates, n = 0;
+  Candidate *c = shape_candidates(m, external, &candidates);
+  for (int i = 0; i < candidates; i++) corners(m, c[i].value, &c[i].key);
+  candidates = keep_paired(c, candidates);
+  for (int i = 0; i < candidates; i++) {
+    c[n] = c[i];
+    if (multiset_hash(m, c[i].value, &c[n].key)) n++;
   }
   qsort(c, (size_t)n, sizeof *c, by_key);
   int tied = 0;
@@ -134,3 +206,30 @@ int pass_retie_params(TpModule *m, TpDiag *d) {
   if (tied) tp_sort_ops(m);
   return TP_OK;
 }
+
+/* Says (one note line) which external-data parameters could have been copies of another
+ * had their data been read, so that a tied model exported with external data is not
+ * untied silently. */
+static void note_external(const TpModule *m, const TpDiag *d) {
+  int n, external = 0, first = -1, partner = -1;
+  Candidate *c = shape_candidates(m, true, &n);
+  for (int i = 0; i < n; i++)
+    if (!data_in_memory(m, c[i].value) && external++ == 0)
+      first = c[i].value, partner = c[i > 0 && c[i - 1].key == c[i].key ? i - 1 : i + 1].value;
+  free(c);
+  if (!external || !d->stream) return;
+  tp_print_line(d->stream,
+                "%s: note: %s%s%d parameters in external-data files have the shape of another (such as '%s' "
+                "and '%s'); their data is not read, so copies among them stay separate (retie-params-data, "
+                "tokpipec --retie=data, compares them)",
+                d->tool ? d->tool : "tokpipec", d->file ? d->file : "", d->file ? ": " : "", external,
+                m->values[first].name, m->values[partner].name);
+}
+
+int pass_retie_params(TpModule *m, TpDiag *d) {
+  int rc = retie_params(m, false, d);
+  if (rc == TP_OK) note_external(m, d);
+  return rc;
+}
+
+int pass_retie_params_data(TpModule *m, TpDiag *d) { return retie_params(m, true, d); }

@@ -42,7 +42,12 @@ static const char usage[] =
     "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
     "  --logits NAME        the graph output the loss reads (default: the float [B, T, V] one)\n"
     "  --freeze REGEX       parameters whose ONNX names match (POSIX ERE) are not trained\n"
-    "  --no-retie           keep duplicated weights separate (no re-tying)\n"
+    "  --retie auto|data|off  re-tie weights the exporter duplicated (a tied LM head saved\n"
+    "                       as a transposed copy of the embedding): auto (the default)\n"
+    "                       compares the data of same-shaped weights held in the .onnx\n"
+    "                       itself and never reads external-data files; data compares\n"
+    "                       those too (only the same-shaped ones); off keeps them apart\n"
+    "  --no-retie           --retie off\n"
     "  --no-fuse            leave RMSNorm, rotary embeddings and SwiGLU as primitive chains\n"
     "                       (raise-transformer-unfused; to compare against the fused ops)\n"
     "  --forward-only       stop before the loss: the raised forward module, to inspect\n"
@@ -251,15 +256,15 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
   return rc;
 }
 
-/* The default pipeline into names[64], less retie-params under --no-retie, less the loss
+/* The default pipeline into names[64], with the re-tie pass `retie` (NULL: none), less the loss
  * and the gradients under --forward-only, less the token slicing passes when unsliced;
  * --no-fuse raises without the fused ops. */
-static int pipeline_names(bool retie, bool fuse, bool forward_only, bool slicing, const char **names) {
+static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool slicing, const char **names) {
   int n = 0;
   for (int i = 0; tp_default_pipeline[i]; i++) {
     const char *p = tp_default_pipeline[i];
     TP_ASSERT(n < 64);
-    if (!retie && strcmp(p, "retie-params") == 0) continue;
+    if (strcmp(p, "retie-params") == 0 && !(p = retie)) continue;
     if (!fuse && strcmp(p, "raise-transformer") == 0) p = "raise-transformer-unfused";
     if (forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
     if (!slicing && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
@@ -419,7 +424,7 @@ static int stage_layout(const TpModule *m, int *nstages, int **cuts, TpDiag *d) 
 
 /* Compiles the model again for each grid point (one microbatch sliced [c, l, rest], the
  * stage cuts of the main module, the same passes and options): probes[i].m. */
-static int build_probes(const char *input, const CliDims *dims, const TpModule *m, bool retie, bool fuse, int S,
+static int build_probes(const char *input, const CliDims *dims, const TpModule *m, const char *retie, bool fuse, int S,
                         const int64_t *l, const int64_t *c, int n, TpEmitProbe *probes, TpModule **mods, TpDiag *d) {
   int64_t T = m->values[tp_token_input(m)].type.dims[1];
   int rc = TP_OK;
@@ -466,7 +471,8 @@ int main(int argc, char **argv) {
   int nstages = 0;
   int64_t batch = 0, max_memory = 0;
   TpPipelineOptions pipe = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
-  bool retie = true, fuse = true, verbose = false, forward_only = false, slicing = false;
+  const char *retie = "retie-params";
+  bool fuse = true, verbose = false, forward_only = false, slicing = false;
   CliDims dims = {0};
   TpPassOptions po = {0};
   for (int i = 1; i < argc; i++) {
@@ -519,7 +525,12 @@ int main(int argc, char **argv) {
     } else if (cli_is(a, "--forward-only")) {
       forward_only = true;
     } else if (cli_is(a, "--no-retie")) {
-      retie = false;
+      retie = NULL;
+    } else if (cli_value(argc, argv, &i, "--retie", &v)) {
+      if (strcmp(v, "auto") == 0) retie = "retie-params";
+      else if (strcmp(v, "data") == 0) retie = "retie-params-data";
+      else if (strcmp(v, "off") == 0) retie = NULL;
+      else cli_usage_error("--retie takes auto, data or off, not '%s'", v);
     } else if (cli_is(a, "--no-fuse")) {
       fuse = false;
     } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
