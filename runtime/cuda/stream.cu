@@ -39,9 +39,10 @@ TpStream *tp_cuda_stream_new(void) {
 void tp_cuda_stream_free(TpStream *s) {
   if (!s) return;
   for (size_t i = 0; i < s->constant_slots; i++)
-    if (s->constants[i].host) TP_CUDA_CHECK(cudaFree(s->constants[i].device));
+    if (s->constants[i].host) TP_CUDA_CHECK(cudaFreeAsync(s->constants[i].device, s->cuda));
   free(s->constants);
-  TP_CUDA_CHECK(cudaFree(s->scratch));
+  if (s->scratch) TP_CUDA_CHECK(cudaFreeAsync(s->scratch, s->cuda));
+  TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda));
   TP_CUDA_CHECK(cudaFree(s->bad));
   tp_cuda_blas_destroy(s->blas);
   TP_CUDA_CHECK(cudaStreamDestroy(s->cuda));
@@ -58,13 +59,15 @@ int64_t tp_cuda_stream_sync(TpStream *s) {
   return bad;
 }
 
+/* Scratch and constants are allocated and freed in the order of the stream (cudaMallocAsync):
+ * no device-wide wait, which a cudaMalloc or cudaFree in the middle of a step could make
+ * while an NCCL transfer waits for this rank's next unit (a deadlock). */
 void *tp_cuda_scratch(TpStream *s, size_t bytes) {
   if (bytes <= s->scratch_bytes) return s->scratch;
   size_t grown = s->scratch_bytes * 2 > bytes ? s->scratch_bytes * 2 : bytes;
-  TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda)); /* earlier kernels may still read the old one */
-  TP_CUDA_CHECK(cudaFree(s->scratch));
+  if (s->scratch) TP_CUDA_CHECK(cudaFreeAsync(s->scratch, s->cuda)); /* after the kernels queued before */
   s->scratch = NULL;
-  TP_CUDA_CHECK(cudaMalloc(&s->scratch, (grown + 255) / 256 * 256));
+  TP_CUDA_CHECK(cudaMallocAsync(&s->scratch, (grown + 255) / 256 * 256, s->cuda));
   s->scratch_bytes = grown;
   return s->scratch;
 }
@@ -94,7 +97,7 @@ const void *tp_cuda_constant(TpStream *s, const void *host, size_t bytes) {
     s->constant_slots = slots;
   }
   TpCudaConstant *c = &s->constants[constant_slot(s->constants, s->constant_slots, host)];
-  TP_CUDA_CHECK(cudaMalloc(&c->device, bytes ? bytes : 1));
+  TP_CUDA_CHECK(cudaMallocAsync(&c->device, bytes ? bytes : 1, s->cuda));
   /* queued on s, before the kernel that asked for it (the plan's constants are static, so
    * the host copy outlives the transfer) */
   TP_CUDA_CHECK(cudaMemcpyAsync(c->device, host, bytes, cudaMemcpyHostToDevice, s->cuda));

@@ -300,6 +300,20 @@ cudaError_t cudaFree(void *p) {
   free(p);
   return cudaSuccess;
 }
+/* Stream-ordered allocation: no device-wide wait. The memory is the stream's from this
+ * point of it on, and it is released once the stream's earlier work is done. */
+cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t) {
+  *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  if (!*p) return cudaErrorMemoryAllocation;
+  device_blocks[reinterpret_cast<uintptr_t>(*p)] = bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+  cudaStreamSynchronize(s);
+  device_blocks.erase(reinterpret_cast<uintptr_t>(p));
+  free(p);
+  return cudaSuccess;
+}
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
   uintptr_t at = reinterpret_cast<uintptr_t>(p);
   auto block = device_blocks.upper_bound(at);
