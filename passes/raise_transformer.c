@@ -668,24 +668,29 @@ typedef struct {
 typedef struct {
   int64_t nb, nh;
   TpTensor k[CHAIN_MAX][2]; /* each step's constant operands (Where: condition, fill) */
+  int64_t at[CHAIN_MAX][2][4]; /* and where each holds a position's element (offsets) */
 } Frame;
 
 static void frame_free(Frame *f) {
   for (int s = 0; s < CHAIN_MAX; s++) free(f->k[s][0].data), free(f->k[s][1].data);
 }
 
-/* Element of constant k, broadcast to result type r (a form of the scores), at score
- * position (b, h, i, j). */
-static double element(const Chain *c, const TpTensor *k, const TpType *r, int64_t b, int64_t h, int64_t i, int64_t j) {
+/* Where constant k, broadcast to result type r (a form of the scores), holds its element at
+ * score position (b, h, i, j): at offset b*o[0] + h*o[1] + i*o[2] + j*o[3] (an axis of both
+ * the batch and heads indexes b * H + h; of the queries and heads, i * H + h). Computed once
+ * per constant, so the proof does not decompose offsets at each of its positions. */
+static void offsets(const Chain *c, const TpTensor *k, const TpType *r, int64_t o[4]) {
   const unsigned *role = axis_roles(c, r->rank);
-  int64_t off = 0;
-  for (int a = 0; a < k->rank; a++) {
+  o[0] = o[1] = o[2] = o[3] = 0;
+  int64_t step = 1;
+  for (int a = k->rank - 1; a >= 0; step *= k->dims[a], a--) {
     unsigned ra = role[a + r->rank - k->rank];
-    int64_t pos = ra == (BATCH | HEADS) ? b * c->H + h : ra == (QUERY | HEADS) ? i * c->H + h
-                : ra == BATCH ? b : ra == HEADS ? h : ra == QUERY ? i : j;
-    off = off * k->dims[a] + (k->dims[a] == 1 ? 0 : pos);
+    if (k->dims[a] == 1) continue; /* broadcast */
+    if (ra & BATCH) o[0] += ra & HEADS ? step * c->H : step;
+    if (ra & QUERY) o[2] += ra & HEADS ? step * c->H : step;
+    if (ra & HEADS) o[1] += step;
+    if (ra & KEY) o[3] += step;
   }
-  return tp_tensor_get_f64(k, off);
 }
 
 /* Whether every slice of k along axis a holds the same data as the first. */
@@ -743,23 +748,32 @@ static const char *transfer(TpModule *m, int o, int slot, double k, double c, Sc
   }
 }
 
-/* Score position p (row-major over the frame) after chain step s; NULL, or why the step
+/* The indices (b, h, i, j) of score position p, row-major over frame f. */
+static void position(const Chain *c, const Frame *f, int64_t p, int64_t pos[4]) {
+  int64_t T = c->T;
+  pos[0] = p / (T * T * f->nh), pos[1] = p / (T * T) % f->nh, pos[2] = p / T % T, pos[3] = p % T;
+}
+
+/* Score position pos after chain step s; NULL, or why the step
  * does not keep the scores' meaning (which depends on the step's constants alone). */
-static const char *step_at(TpModule *m, const Chain *c, const Frame *f, int s, int64_t p, Score *score) {
+static const char *step_at(TpModule *m, const Chain *c, const Frame *f, int s, const int64_t pos[4], Score *score) {
   int o = c->steps[s];
   bool where = m->ops[o].kind == TP_OP_Where;
-  const TpTensor *value = where ? &f->k[s][1] : &f->k[s][0];
-  if (!value->data) return NULL; /* a reshape */
-  const TpType *r = type(m, out(m, o));
-  int64_t T = c->T, j = p % T, i = p / T % T, h = p / (T * T) % f->nh, b = p / (T * T * f->nh);
-  double cond = where ? element(c, &f->k[s][0], r, b, h, i, j) : 0;
-  return transfer(m, o, c->slot[s], element(c, value, r, b, h, i, j), cond, score);
+  if (!f->k[s][where].data) return NULL; /* a reshape */
+  double k[2] = {0, 0}; /* the constants' elements there (Where: condition, fill) */
+  for (int n = 0; n <= where; n++) {
+    const int64_t *at = f->at[s][n];
+    k[n] = tp_tensor_get_f64(&f->k[s][n], pos[0] * at[0] + pos[1] * at[1] + pos[2] * at[2] + pos[3] * at[3]);
+  }
+  return transfer(m, o, c->slot[s], k[where], where ? k[0] : 0, score);
 }
 
 /* Score position p after the whole chain, which evaluate_chain has checked. */
 static Score score_at(TpModule *m, const Chain *c, const Frame *f, int64_t p) {
   Score score = {.alpha = 1};
-  for (int s = 0; s < c->nsteps; s++) step_at(m, c, f, s, p, &score);
+  int64_t pos[4];
+  position(c, f, p, pos);
+  for (int s = 0; s < c->nsteps; s++) step_at(m, c, f, s, pos, &score);
   return score;
 }
 
@@ -777,7 +791,11 @@ static const char *evaluate_chain(TpModule *m, const Chain *c, Frame *f) {
       if (i == c->slot[s] || n == 2) continue;
       if (!evaluate(m, op->inputs[i], EVAL_DEPTH, &f->k[s][n]))
         why = tp_strfmt(m, "the constant %%%s of the score chain cannot be evaluated", m->values[op->inputs[i]].name);
-      else varies(c, &f->k[s][n++], type(m, op->outputs[0]), &batch, &heads);
+      else {
+        varies(c, &f->k[s][n], type(m, op->outputs[0]), &batch, &heads);
+        offsets(c, &f->k[s][n], type(m, op->outputs[0]), f->at[s][n]);
+        n++;
+      }
     }
   }
   f->nb = batch ? c->B : 1, f->nh = heads ? c->H : 1;
@@ -808,7 +826,9 @@ static const char *check_steps(TpModule *m, const Chain *c, const Frame *f) {
     int param = step_param(m, c, s);
     for (int64_t p = 0; p < n && !why; p++) {
       Score one = {.alpha = 1};
-      why = step_at(m, c, f, s, p, &one);
+      int64_t pos[4];
+      position(c, f, p, pos);
+      why = step_at(m, c, f, s, pos, &one);
       if (!why && param >= 0 && (one.alpha != 1 || (!one.masked && one.beta != 0)))
         why = tp_strfmt(m, "%s at node '%s' %s the scores by the parameter %%%s, which trains (raised, it would not)",
                         tp_op_info[op->kind].name, node_name(m, c->steps[s]), one.alpha != 1 ? "scales" : "shifts",
