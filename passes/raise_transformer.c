@@ -460,7 +460,7 @@ static int raise_gelu_tanh(TpModule *m, int tanh_op, TpDiag *d) {
  * reshapes between the 3-D and 4-D forms (no-op casts are gone already), and
  * elementwise ops whose other operands are constant data (Mul or Div by positive factors,
  * Add, Sub, Max clamps at the float minimum, Where). The chain is evaluated at every score
- * position as an abstract value: alpha * s + beta of the product s, or masked (at most
+ * position (once per distinct chain: see "proofs already made") as an abstract value: alpha * s + beta of the product s, or masked (at most
  * beta, whatever s is). It is causal when the masked values are so low that the softmax
  * gives them weight exactly 0, the masked positions are exactly the keys after the query
  * (and, with a sliding window of W keys, those W or more before it), and alpha is one
