@@ -460,7 +460,7 @@ static int raise_gelu_tanh(TpModule *m, int tanh_op, TpDiag *d) {
  * reshapes between the 3-D and 4-D forms (no-op casts are gone already), and
  * elementwise ops whose other operands are constant data (Mul or Div by positive factors,
  * Add, Sub, Max clamps at the float minimum, Where). The chain is evaluated at every score
- * position as an abstract value: alpha * s + beta of the product s, or masked (at most
+ * position (once per distinct chain: see "proofs already made") as an abstract value: alpha * s + beta of the product s, or masked (at most
  * beta, whatever s is). It is causal when the masked values are so low that the softmax
  * gives them weight exactly 0, the masked positions are exactly the keys after the query
  * (and, with a sliding window of W keys, those W or more before it), and alpha is one
@@ -668,24 +668,29 @@ typedef struct {
 typedef struct {
   int64_t nb, nh;
   TpTensor k[CHAIN_MAX][2]; /* each step's constant operands (Where: condition, fill) */
+  int64_t at[CHAIN_MAX][2][4]; /* and where each holds a position's element (offsets) */
 } Frame;
 
 static void frame_free(Frame *f) {
   for (int s = 0; s < CHAIN_MAX; s++) free(f->k[s][0].data), free(f->k[s][1].data);
 }
 
-/* Element of constant k, broadcast to result type r (a form of the scores), at score
- * position (b, h, i, j). */
-static double element(const Chain *c, const TpTensor *k, const TpType *r, int64_t b, int64_t h, int64_t i, int64_t j) {
+/* Where constant k, broadcast to result type r (a form of the scores), holds its element at
+ * score position (b, h, i, j): at offset b*o[0] + h*o[1] + i*o[2] + j*o[3] (an axis of both
+ * the batch and heads indexes b * H + h; of the queries and heads, i * H + h). Computed once
+ * per constant, so the proof does not decompose offsets at each of its positions. */
+static void offsets(const Chain *c, const TpTensor *k, const TpType *r, int64_t o[4]) {
   const unsigned *role = axis_roles(c, r->rank);
-  int64_t off = 0;
-  for (int a = 0; a < k->rank; a++) {
+  o[0] = o[1] = o[2] = o[3] = 0;
+  int64_t step = 1;
+  for (int a = k->rank - 1; a >= 0; step *= k->dims[a], a--) {
     unsigned ra = role[a + r->rank - k->rank];
-    int64_t pos = ra == (BATCH | HEADS) ? b * c->H + h : ra == (QUERY | HEADS) ? i * c->H + h
-                : ra == BATCH ? b : ra == HEADS ? h : ra == QUERY ? i : j;
-    off = off * k->dims[a] + (k->dims[a] == 1 ? 0 : pos);
+    if (k->dims[a] == 1) continue; /* broadcast */
+    if (ra & BATCH) o[0] += ra & HEADS ? step * c->H : step;
+    if (ra & QUERY) o[2] += ra & HEADS ? step * c->H : step;
+    if (ra & HEADS) o[1] += step;
+    if (ra & KEY) o[3] += step;
   }
-  return tp_tensor_get_f64(k, off);
 }
 
 /* Whether every slice of k along axis a holds the same data as the first. */
@@ -743,30 +748,39 @@ static const char *transfer(TpModule *m, int o, int slot, double k, double c, Sc
   }
 }
 
-/* Score position p (row-major over the frame) after chain step s; NULL, or why the step
+/* The indices (b, h, i, j) of score position p, row-major over frame f. */
+static void position(const Chain *c, const Frame *f, int64_t p, int64_t pos[4]) {
+  int64_t T = c->T;
+  pos[0] = p / (T * T * f->nh), pos[1] = p / (T * T) % f->nh, pos[2] = p / T % T, pos[3] = p % T;
+}
+
+/* Score position pos after chain step s; NULL, or why the step
  * does not keep the scores' meaning (which depends on the step's constants alone). */
-static const char *step_at(TpModule *m, const Chain *c, const Frame *f, int s, int64_t p, Score *score) {
+static const char *step_at(TpModule *m, const Chain *c, const Frame *f, int s, const int64_t pos[4], Score *score) {
   int o = c->steps[s];
   bool where = m->ops[o].kind == TP_OP_Where;
-  const TpTensor *value = where ? &f->k[s][1] : &f->k[s][0];
-  if (!value->data) return NULL; /* a reshape */
-  const TpType *r = type(m, out(m, o));
-  int64_t T = c->T, j = p % T, i = p / T % T, h = p / (T * T) % f->nh, b = p / (T * T * f->nh);
-  double cond = where ? element(c, &f->k[s][0], r, b, h, i, j) : 0;
-  return transfer(m, o, c->slot[s], element(c, value, r, b, h, i, j), cond, score);
+  if (!f->k[s][where].data) return NULL; /* a reshape */
+  double k[2] = {0, 0}; /* the constants' elements there (Where: condition, fill) */
+  for (int n = 0; n <= where; n++) {
+    const int64_t *at = f->at[s][n];
+    k[n] = tp_tensor_get_f64(&f->k[s][n], pos[0] * at[0] + pos[1] * at[1] + pos[2] * at[2] + pos[3] * at[3]);
+  }
+  return transfer(m, o, c->slot[s], k[where], where ? k[0] : 0, score);
 }
 
 /* Score position p after the whole chain, which evaluate_chain has checked. */
 static Score score_at(TpModule *m, const Chain *c, const Frame *f, int64_t p) {
   Score score = {.alpha = 1};
-  for (int s = 0; s < c->nsteps; s++) step_at(m, c, f, s, p, &score);
+  int64_t pos[4];
+  position(c, f, p, pos);
+  for (int s = 0; s < c->nsteps; s++) step_at(m, c, f, s, pos, &score);
   return score;
 }
 
 static int64_t frame_size(const Chain *c, const Frame *f) { return f->nb * f->nh * c->T * c->T; }
 
-/* Evaluates the chain's constants into the frame and checks every step at every position;
- * NULL, or why the chain cannot be followed. The caller frees the frame (frame_free). */
+/* Evaluates the chain's constants into the frame; NULL, or why one cannot be evaluated.
+ * The caller frees the frame (frame_free). */
 static const char *evaluate_chain(TpModule *m, const Chain *c, Frame *f) {
   const char *why = NULL;
   bool batch = false, heads = false;
@@ -777,24 +791,44 @@ static const char *evaluate_chain(TpModule *m, const Chain *c, Frame *f) {
       if (i == c->slot[s] || n == 2) continue;
       if (!evaluate(m, op->inputs[i], EVAL_DEPTH, &f->k[s][n]))
         why = tp_strfmt(m, "the constant %%%s of the score chain cannot be evaluated", m->values[op->inputs[i]].name);
-      else varies(c, &f->k[s][n++], type(m, op->outputs[0]), &batch, &heads);
+      else {
+        varies(c, &f->k[s][n], type(m, op->outputs[0]), &batch, &heads);
+        offsets(c, &f->k[s][n], type(m, op->outputs[0]), f->at[s][n]);
+        n++;
+      }
     }
   }
   f->nb = batch ? c->B : 1, f->nh = heads ? c->H : 1;
+  return why;
+}
+
+/* A parameter that a constant operand of chain step s reads, or -1. */
+static int step_param(const TpModule *m, const Chain *c, int s) {
+  const TpOp *op = &m->ops[c->steps[s]];
+  int param = -1;
+  for (int i = 0; i < op->ninputs && param < 0; i++)
+    if (i != c->slot[s]) param = param_leaf(m, op->inputs[i], EVAL_DEPTH);
+  return param;
+}
+
+/* Checks every step of the chain at every position of frame f (evaluate_chain filled it);
+ * NULL, or why the chain cannot be followed. */
+static const char *check_steps(TpModule *m, const Chain *c, const Frame *f) {
+  const char *why = NULL;
   int64_t n = frame_size(c, f);
-  if (!why && n > SCORES_MAX)
+  if (n > SCORES_MAX)
     why = tp_strfmt(m, "its mask has %lld positions, more than the %lld raise-transformer checks", (long long)n,
                     (long long)SCORES_MAX);
   /* A parameter may mask (a float buffer the export made an initializer); one that scales
    * or shifts visible scores would be frozen into the attention, and is trained instead. */
   for (int s = 0; s < c->nsteps && !why; s++) {
     const TpOp *op = &m->ops[c->steps[s]];
-    int param = -1;
-    for (int i = 0; i < op->ninputs && param < 0; i++)
-      if (i != c->slot[s]) param = param_leaf(m, op->inputs[i], EVAL_DEPTH);
+    int param = step_param(m, c, s);
     for (int64_t p = 0; p < n && !why; p++) {
       Score one = {.alpha = 1};
-      why = step_at(m, c, f, s, p, &one);
+      int64_t pos[4];
+      position(c, f, p, pos);
+      why = step_at(m, c, f, s, pos, &one);
       if (!why && param >= 0 && (one.alpha != 1 || (!one.masked && one.beta != 0)))
         why = tp_strfmt(m, "%s at node '%s' %s the scores by the parameter %%%s, which trains (raised, it would not)",
                         tp_op_info[op->kind].name, node_name(m, c->steps[s]), one.alpha != 1 ? "scales" : "shifts",
@@ -1012,13 +1046,100 @@ static int unrepeat(const TpModule *m, int x) {
              : x;
 }
 
+/* ---- proofs already made ----
+ *
+ * check_steps and prove evaluate the chain at every score position: at T = 2048, 4 million
+ * positions per layer, although the layers of a model usually share one mask. What they
+ * compute at a position depends only on the chain's shape (T, B, H, the scores' dtype and
+ * form), each step's kind, score operand, result type, constant data and whether a
+ * parameter feeds it: the op and value ids only name things in refusals. So a chain equal
+ * to one proven causal in all of these has the same proof, and is not evaluated again.
+ * Only acceptances are remembered: a refusal is recomputed, and names its own nodes. */
+
+typedef struct {
+  TpOpKind kind;
+  int slot;
+  TpType type;
+  bool param;
+} StepKey;
+
+typedef struct {
+  Chain c;                 /* its shape (steps and slot name the first chain proven) */
+  StepKey step[CHAIN_MAX];
+  Frame f;                 /* its constants, owned */
+  Proof pr;
+} Proven;
+
+typedef struct {
+  Proven *at;
+  int n;
+} ProofMemo;
+
+static StepKey step_key(const TpModule *m, const Chain *c, int s) {
+  int o = c->steps[s];
+  return (StepKey){m->ops[o].kind, c->slot[s], *type(m, out(m, o)), step_param(m, c, s) >= 0};
+}
+
+static bool same_tensor(const TpTensor *a, const TpTensor *b) {
+  if (!a->data || !b->data) return !a->data && !b->data;
+  return a->dtype == b->dtype && a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof *a->dims) == 0 &&
+         memcmp(a->data, b->data, tp_tensor_bytes(a)) == 0;
+}
+
+/* The proof of a chain equal to c with frame f (see above), or NULL. */
+static const Proven *recall(const TpModule *m, const ProofMemo *memo, const Chain *c, const Frame *f) {
+  for (int e = 0; memo && e < memo->n; e++) {
+    const Proven *p = &memo->at[e];
+    bool same = p->c.dt == c->dt && p->c.T == c->T && p->c.B == c->B && p->c.H == c->H && p->c.BH == c->BH &&
+                p->c.inner == c->inner && p->c.nsteps == c->nsteps && p->f.nb == f->nb && p->f.nh == f->nh;
+    for (int s = 0; s < c->nsteps && same; s++) {
+      StepKey k = step_key(m, c, s);
+      same = k.kind == p->step[s].kind && k.slot == p->step[s].slot && k.param == p->step[s].param &&
+             tp_type_equal(&k.type, &p->step[s].type) && same_tensor(&f->k[s][0], &p->f.k[s][0]) &&
+             same_tensor(&f->k[s][1], &p->f.k[s][1]);
+    }
+    if (same) return p;
+  }
+  return NULL;
+}
+
+/* Remembers proof pr of chain c with frame f (copied). */
+static void remember(const TpModule *m, ProofMemo *memo, const Chain *c, const Frame *f, const Proof *pr) {
+  memo->at = realloc(memo->at, (size_t)(memo->n + 1) * sizeof *memo->at);
+  TP_ASSERT(memo->at);
+  Proven *p = &memo->at[memo->n++];
+  *p = (Proven){.c = *c, .f = *f, .pr = *pr};
+  for (int s = 0; s < c->nsteps; s++) {
+    p->step[s] = step_key(m, c, s);
+    for (int n = 0; n < 2; n++) {
+      TpTensor *k = &p->f.k[s][n];
+      if (!k->data) continue;
+      void *copy = malloc(tp_tensor_bytes(k) + 1);
+      TP_ASSERT(copy);
+      k->data = memcpy(copy, k->data, tp_tensor_bytes(k));
+    }
+  }
+}
+
+static void memo_free(ProofMemo *memo) {
+  for (int e = 0; e < memo->n; e++) frame_free(&memo->at[e].f);
+  free(memo->at);
+}
+
 /* The whole analysis of the attention at Softmax sm: its chain, frame (the caller frees it:
- * frame_free), proof and P V product; NULL, or why it is not causal attention. */
-static const char *analyse(TpModule *m, int sm, Chain *c, Frame *f, Proof *pr) {
+ * frame_free), proof and P V product; NULL, or why it is not causal attention. A memo
+ * (may be NULL) gives and keeps the proofs of the score chains. */
+static const char *analyse(TpModule *m, int sm, ProofMemo *memo, Chain *c, Frame *f, Proof *pr) {
   memset(f, 0, sizeof *f);
   const char *why = score_chain(m, sm, c);
   if (!why) why = evaluate_chain(m, c, f);
-  if (!why) why = prove(m, c, f, pr);
+  const Proven *known = why ? NULL : recall(m, memo, c, f);
+  if (known) *pr = known->pr;
+  else {
+    if (!why) why = check_steps(m, c, f);
+    if (!why) why = prove(m, c, f, pr);
+    if (!why && memo) remember(m, memo, c, f, pr);
+  }
   if (why) return why;
   c->pv = times_values(m, c);
   if (c->pv < 0) return tp_strfmt(m, "the probabilities of Softmax at node '%s' are not multiplied by values", node_name(m, sm));
@@ -1044,11 +1165,11 @@ static const char *analyse(TpModule *m, int sm, Chain *c, Frame *f, Proof *pr) {
 /* Anchored at Softmax sm: the P V MatMul becomes Attention(Q, K, V[, bias]) {is_causal = 1,
  * scale, window?} (3-D products: Attention on the 4-D heads, and a Reshape back; heads
  * inside the queries: Attention on [B, T, heads*D] rows, q_num_heads H, kv_num_heads 1). */
-static int raise_attention(TpModule *m, int sm, TpDiag *d) {
+static int raise_attention(TpModule *m, int sm, ProofMemo *memo, TpDiag *d) {
   Chain c;
   Frame f;
   Proof pr;
-  const char *why = analyse(m, sm, &c, &f, &pr);
+  const char *why = analyse(m, sm, memo, &c, &f, &pr);
   int bias = !why && pr.biased ? make_bias(m, &c, &f, m->ops[sm].origin) : -1;
   frame_free(&f);
   if (why) return TP_OK; /* not causal: stays primitive, and insert-token-dim says why */
@@ -1091,7 +1212,7 @@ const char *tp_attention_unproven(TpModule *m, int product) {
         Chain c;
         Frame f;
         Proof pr;
-        const char *why = analyse(m, o, &c, &f, &pr);
+        const char *why = analyse(m, o, NULL, &c, &f, &pr);
         frame_free(&f);
         if (why) return why;
         return c.product == product ? "raise-transformer did not run" : NULL;
@@ -1292,6 +1413,7 @@ static int raise_partial_rotary(TpModule *m, int cat, TpDiag *d) {
 /* fused: also the ops of modern blocks (RMSNorm, Rotary, SwiGLU). */
 static int raise(TpModule *m, bool fused, TpDiag *d) {
   int nops = m->nops, rc = TP_OK;
+  ProofMemo memo = {0};
   drop_identities(m);
   for (int o = 0; o < nops && rc == TP_OK; o++) {
     if (m->ops[o].dead) continue;
@@ -1310,10 +1432,11 @@ static int raise(TpModule *m, bool fused, TpDiag *d) {
     case TP_OP_Div: rc = raise_layernorm(m, o, d); break;
     case TP_OP_Erf: rc = raise_gelu_erf(m, o, d); break;
     case TP_OP_Tanh: rc = raise_gelu_tanh(m, o, d); break;
-    case TP_OP_Softmax: rc = raise_attention(m, o, d); break;
+    case TP_OP_Softmax: rc = raise_attention(m, o, &memo, d); break;
     default: break;
     }
   }
+  memo_free(&memo);
   for (int o = 0; o < nops && rc == TP_OK; o++) /* after Gemm became Linear */
     if (!m->ops[o].dead && m->ops[o].kind == TP_OP_Reshape) rc = unflatten(m, o, d);
   drop_identities(m); /* what unflatten left */
