@@ -3,9 +3,8 @@
 
 enum { EMBEDDING_THREADS = 256 };
 
-/* The id at position i, counted from the end when negative; -1 when outside [-V, V). */
-__device__ __forceinline__ int64_t table_row(const int64_t *ids, int64_t i, int64_t V) {
-  int64_t id = ids[i];
+/* The row of id, counted from the end when negative; -1 when outside [-V, V). */
+__device__ __forceinline__ int64_t table_row(int64_t id, int64_t V) {
   if (id < -V || id >= V) return -1;
   return id < 0 ? id + V : id;
 }
@@ -13,7 +12,7 @@ __device__ __forceinline__ int64_t table_row(const int64_t *ids, int64_t i, int6
 /* One block per position; its threads copy the row. */
 __global__ void embedding_kernel(const float *table, const int64_t *ids, int64_t V, int64_t C, float *out,
                                  int64_t *bad) {
-  int64_t i = blockIdx.x, id = table_row(ids, i, V);
+  int64_t i = blockIdx.x, id = table_row(ids[i], V);
   if (id < 0) {
     if (threadIdx.x == 0) tp_report_bad(bad, i);
     return;
@@ -42,9 +41,9 @@ __global__ void __launch_bounds__(SORT_THREADS)
     sort_rows_kernel(const void *ids, bool ids_i32, int64_t n, int64_t V, int bits, int64_t *keys, int64_t *pos,
                      int64_t *keys2, int64_t *pos2, int64_t *bad) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    int64_t id = tp_load_index(ids_i32 ? TP_I32 : TP_I64, ids, i);
-    if (id < -V || id >= V) tp_report_bad(bad, i);
-    keys[i] = id < -V || id >= V ? V : id < 0 ? id + V : id, pos[i] = i;
+    int64_t row = table_row(tp_load_index(ids_i32 ? TP_I32 : TP_I64, ids, i), V);
+    if (row < 0) tp_report_bad(bad, i);
+    keys[i] = row < 0 ? V : row, pos[i] = i;
   }
   __shared__ int64_t zeros_through[SORT_THREADS]; /* zeros in the chunks up to this thread's */
   int64_t per = (n + blockDim.x - 1) / blockDim.x, first = per * threadIdx.x, last = first + per;
