@@ -312,7 +312,8 @@ TpKernelStatus tp_cuda_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor 
 }
 
 /* ---- Gather, GatherElements and their backwards: an index out of range is skipped and
- * the smallest such index value goes to stream->bad (the CPU's *bad is the first one's) ---- */
+ * the smallest flat position (in indices) of one goes to stream->bad, as the embedding
+ * and loss kernels report theirs ---- */
 
 /* data [outer, n, inner] -> y [outer, nidx, inner], elements of es bytes */
 __global__ void gather_kernel(const char *data, TpDType index_type, const void *indices, int64_t outer, int64_t n,
@@ -320,7 +321,7 @@ __global__ void gather_kernel(const char *data, TpDType index_type, const void *
   TP_GRID_STRIDE_LOOP(e, outer * nidx * inner) {
     int64_t c = e % inner, j = e / inner % nidx, o = e / inner / nidx, ix = tp_load_index(index_type, indices, j);
     if (ix < -n || ix >= n) {
-      if (c == 0) tp_report_bad(bad, ix);
+      if (c == 0) tp_report_bad(bad, j);
       continue;
     }
     if (ix < 0) ix += n;
@@ -342,26 +343,7 @@ TpKernelStatus tp_cuda_gather(const TpTensor *data, const TpTensor *indices, int
   return TP_KERNEL_OK;
 }
 
-/* One thread per column (o, c) of ddata [outer, n, inner]: zeroed, then dy's rows added in
- * the order of j, as the CPU adds them (the same bits). */
-__global__ void gather_backward_kernel(const float *dy, TpDType index_type, const void *indices, int64_t outer,
-                                       int64_t n, int64_t nidx, int64_t inner, float *ddata, int64_t *bad) {
-  TP_GRID_STRIDE_LOOP(e, outer * inner) {
-    int64_t o = e / inner, c = e % inner;
-    float *dst = ddata + o * n * inner + c;
-    const float *src = dy + o * nidx * inner + c;
-    for (int64_t r = 0; r < n; r++) dst[r * inner] = 0;
-    for (int64_t j = 0; j < nidx; j++) {
-      int64_t ix = tp_load_index(index_type, indices, j);
-      if (ix < -n || ix >= n) {
-        if (e == 0) tp_report_bad(bad, ix);
-        continue;
-      }
-      dst[(ix < 0 ? ix + n : ix) * inner] += src[j * inner];
-    }
-  }
-}
-
+/* Embedding's backward with outer rows of (n, inner) (embedding.cu). */
 TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis, TpTensor *ddata,
                                        int64_t *bad, TpStream *stream) {
   (void)bad;
@@ -370,9 +352,10 @@ TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indic
   if (s != TP_KERNEL_OK) return s;
   int64_t outer = tp_numel(axis, ddata->dims), n = ddata->dims[axis], nidx = tp_tensor_numel(indices);
   int64_t inner = tp_numel(ddata->rank - axis - 1, ddata->dims + axis + 1);
-  if (outer * inner != 0)
-    LAUNCH_OVER(outer * inner, gather_backward_kernel, stream, static_cast<const float *>(dy->data), indices->dtype,
-                indices->data, outer, n, nidx, inner, static_cast<float *>(ddata->data), stream->bad);
+  void *scratch = tp_cuda_scratch(stream, tp_cuda_embedding_backward_scratch(nidx) + 1);
+  tp_cuda_launch_embedding_backward_f32(static_cast<const float *>(dy->data), indices->data, indices->dtype == TP_I32,
+                                        nidx, outer, n, inner, static_cast<float *>(ddata->data), stream->bad,
+                                        scratch, stream->cuda);
   return TP_KERNEL_OK;
 }
 
@@ -387,7 +370,7 @@ __device__ static int64_t elements_source(const ElementsShape &p, TpDType index_
                                           int64_t *bad) {
   int64_t ix = tp_load_index(index_type, indices, e), src = 0, rem = e;
   if (ix < -p.n || ix >= p.n) {
-    tp_report_bad(bad, ix);
+    tp_report_bad(bad, e);
     return -1;
   }
   if (ix < 0) ix += p.n;

@@ -39,7 +39,8 @@ __device__ static inline int64_t tp_load_index(TpDType t, const void *indices, i
   return t == TP_I64 ? static_cast<const int64_t *>(indices)[j] : static_cast<const int32_t *>(indices)[j];
 }
 
-/* The smallest out-of-range value reported so far stays in *bad (stream->bad). */
+/* The smallest position (of an index out of range) reported so far stays in *bad
+ * (stream->bad); v is a position, never the index's value. */
 __device__ static inline void tp_report_bad(int64_t *bad, int64_t v) {
   atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(v));
 }

@@ -1,25 +1,20 @@
 /* Embedding (a gather of table rows) and its backward (a scatter-add into the table). */
-#include "common.cuh"
+#include "dtype.cuh"
 
 enum { EMBEDDING_THREADS = 256 };
 
-/* The id at position i, counted from the end when negative; -1 when outside [-V, V). */
-__device__ __forceinline__ int64_t table_row(const int64_t *ids, int64_t i, int64_t V) {
-  int64_t id = ids[i];
+/* The row of id, counted from the end when negative; -1 when outside [-V, V). */
+__device__ __forceinline__ int64_t table_row(int64_t id, int64_t V) {
   if (id < -V || id >= V) return -1;
   return id < 0 ? id + V : id;
-}
-
-__device__ __forceinline__ void report_bad(int64_t *bad, int64_t i) {
-  atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(i));
 }
 
 /* One block per position; its threads copy the row. */
 __global__ void embedding_kernel(const float *table, const int64_t *ids, int64_t V, int64_t C, float *out,
                                  int64_t *bad) {
-  int64_t i = blockIdx.x, id = table_row(ids, i, V);
+  int64_t i = blockIdx.x, id = table_row(ids[i], V);
   if (id < 0) {
-    if (threadIdx.x == 0) report_bad(bad, i);
+    if (threadIdx.x == 0) tp_report_bad(bad, i);
     return;
   }
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[i * C + c] = table[id * C + c];
@@ -31,22 +26,77 @@ void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_
   TP_LAUNCH(embedding_kernel, dim3((unsigned)n), dim3(EMBEDDING_THREADS), stream, table, ids, V, C, out, bad);
 }
 
-/* One thread per column c: dtable[:, c] = 0, then the positions in order. */
-__global__ void embedding_backward_kernel(const float *dy, const int64_t *ids, int64_t n, int64_t V, int64_t C,
-                                          float *dtable, int64_t *bad) {
-  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t v = 0; v < V; v++) dtable[v * C + c] = 0;
-  for (int64_t i = 0; i < n; i++) {
-    int64_t id = table_row(ids, i, V);
-    if (id >= 0) dtable[id * C + c] += dy[i * C + c];
-    else if (c == 0) report_bad(bad, i);
+/* ---- the backward: a scatter-add, deterministic ----
+ * The positions are sorted by their row (stable: each row's stay in the order of i), then
+ * one thread per (row, column) adds that row's dy in that order, as the CPU does. */
+
+enum { SORT_THREADS = 1024 };
+
+/* One block: keys[i] = the row of ids[i] (V when out of range, reported), pos[i] = i, then
+ * a stable LSD radix sort of (key, pos), one bit a pass, between (keys, pos) and (keys2,
+ * pos2); after `bits` passes the result is in (keys, pos) if bits is even, else in
+ * (keys2, pos2). Each thread keeps a contiguous chunk, so a pass is a count of the
+ * chunk's zeros, a block scan of the counts and an in-order scatter. */
+__global__ void __launch_bounds__(SORT_THREADS)
+    sort_rows_kernel(const void *ids, bool ids_i32, int64_t n, int64_t V, int bits, int64_t *keys, int64_t *pos,
+                     int64_t *keys2, int64_t *pos2, int64_t *bad) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    int64_t row = table_row(tp_load_index(ids_i32 ? TP_I32 : TP_I64, ids, i), V);
+    if (row < 0) tp_report_bad(bad, i);
+    keys[i] = row < 0 ? V : row, pos[i] = i;
+  }
+  __shared__ int64_t zeros_through[SORT_THREADS]; /* zeros in the chunks up to this thread's */
+  int64_t per = (n + blockDim.x - 1) / blockDim.x, first = per * threadIdx.x, last = first + per;
+  first = first < n ? first : n, last = last < n ? last : n;
+  for (int b = 0; b < bits; b++) {
+    __syncthreads(); /* the previous pass's scatter (or the fill) is done */
+    int64_t zeros = 0;
+    for (int64_t k = first; k < last; k++) zeros += !(keys[k] >> b & 1);
+    zeros_through[threadIdx.x] = zeros;
+    for (unsigned step = 1; step < blockDim.x; step <<= 1) {
+      __syncthreads();
+      int64_t add = threadIdx.x >= step ? zeros_through[threadIdx.x - step] : 0;
+      __syncthreads();
+      zeros_through[threadIdx.x] += add;
+    }
+    __syncthreads();
+    int64_t zero_at = zeros_through[threadIdx.x] - zeros, one_at = zeros_through[blockDim.x - 1] + first - zero_at;
+    for (int64_t k = first; k < last; k++) {
+      int64_t at = keys[k] >> b & 1 ? one_at++ : zero_at++;
+      keys2[at] = keys[k], pos2[at] = pos[k];
+    }
+    int64_t *t = keys;
+    keys = keys2, keys2 = t, t = pos, pos = pos2, pos2 = t;
   }
 }
 
-void tp_cuda_launch_embedding_backward_f32(const float *dy, const int64_t *ids, int64_t n, int64_t V, int64_t C,
-                                    float *dtable, int64_t *bad, TpCudaStream stream) {
-  if (C == 0) return;
-  dim3 grid((unsigned)((C + EMBEDDING_THREADS - 1) / EMBEDDING_THREADS));
-  TP_LAUNCH(embedding_backward_kernel, grid, dim3(EMBEDDING_THREADS), stream, dy, ids, n, V, C, dtable, bad);
+/* For each (o, p, c) where p starts the run of a row in the sorted keys: that row's dy,
+ * added in the order of the positions (the CPU's bits: 0 + the first is the first). */
+__global__ void add_rows_kernel(const float *dy, const int64_t *keys, const int64_t *pos, int64_t n, int64_t outer,
+                                int64_t V, int64_t C, float *dtable) {
+  TP_GRID_STRIDE_LOOP(e, outer * n * C) {
+    int64_t c = e % C, p = e / C % n, o = e / C / n, row = keys[p];
+    if (row == V || (p > 0 && keys[p - 1] == row)) continue;
+    float sum = 0;
+    for (int64_t q = p; q < n && keys[q] == row; q++) sum += dy[(o * n + pos[q]) * C + c];
+    dtable[(o * V + row) * C + c] = sum;
+  }
+}
+
+size_t tp_cuda_embedding_backward_scratch(int64_t n) { return 4 * (size_t)n * sizeof(int64_t); }
+
+void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t n, int64_t outer,
+                                           int64_t V, int64_t C, float *dtable, int64_t *bad, void *scratch,
+                                           TpCudaStream stream) {
+  if (outer * V * C != 0) TP_CUDA_CHECK(cudaMemsetAsync(dtable, 0, (size_t)(outer * V * C) * sizeof(float), stream));
+  if (n == 0) return;
+  int bits = 0; /* the keys are in [0, V] */
+  while (bits < 63 && (V >> bits) != 0) bits++;
+  int64_t *keys = static_cast<int64_t *>(scratch), *pos = keys + n, *keys2 = pos + n, *pos2 = keys2 + n;
+  TP_LAUNCH(sort_rows_kernel, dim3(1), dim3(SORT_THREADS), stream, ids, ids_i32, n, V, bits, keys, pos, keys2, pos2,
+            bad);
+  if (bits % 2) keys = keys2, pos = pos2;
+  if (outer * C != 0)
+    TP_LAUNCH(add_rows_kernel, tp_elementwise_grid(outer * n * C), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy,
+              keys, pos, n, outer, V, C, dtable);
 }

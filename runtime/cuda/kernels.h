@@ -52,11 +52,16 @@ void tp_cuda_launch_swiglu_backward_f32(const float *dy, const float *gate, cons
  * which the caller sets to INT64_MAX before (device memory). */
 void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
                            int64_t *bad, TpCudaStream stream);
-/* Embedding's backward (tp_gather_backward on axis 0): dtable (V, C) = 0, then
- * dtable[ids[i]] += dy[i] in the order of i (one thread per column: deterministic, no
- * atomics). Out-of-range ids are skipped and reported in *bad as above. */
-void tp_cuda_launch_embedding_backward_f32(const float *dy, const int64_t *ids, int64_t n, int64_t V, int64_t C,
-                                    float *dtable, int64_t *bad, TpCudaStream stream);
+/* Embedding's backward, and Gather's on any axis (tp_gather_backward): dy (outer, n, C)
+ * added into dtable (outer, V, C) at the rows ids (n of them, int32 if ids_i32, else
+ * int64) name, dtable zeroed first. Deterministic, the CPU's bits: the positions are sorted
+ * by id (stable, on the device) and each row's are added in the order of i, no float
+ * atomics. Out-of-range ids are skipped and reported in *bad as above. scratch: device
+ * memory of tp_cuda_embedding_backward_scratch(n) bytes, 8-byte aligned. */
+size_t tp_cuda_embedding_backward_scratch(int64_t n);
+void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t n, int64_t outer,
+                                           int64_t V, int64_t C, float *dtable, int64_t *bad, void *scratch,
+                                           TpCudaStream stream);
 
 /* ---- loss.cu ----
  * tp_cross_entropy_f32: *loss (device) = the sum over rows of logsumexp - the target's

@@ -8,7 +8,8 @@
  *   - the one exception to "the same parameters": a SCALAR argument (the loss gradient
  *     of tp_cross_entropy_backward_f32) is a device pointer to the float, not its value;
  *   - an index out of range is reported through stream->bad (checked when the host next
- *     synchronizes), not through `bad`, which is the host's and is not written;
+ *     synchronizes) by its flat position in the ids, targets or indices (the smallest
+ *     one), not through `bad`, which is the host's and is not written;
  *   - the status is the CPU function's for what can be checked on the host (dtypes,
  *     shapes), TP_KERNEL_BAD_DTYPE for a case the CPU kernel takes and these do not.
  * With --precision bf16 the plans call tp_cuda_bf16_X for the matrix products (GEMM,

@@ -29,7 +29,8 @@ struct TpStream {
   TpCudaBlas *blas;  /* this stream's cuBLASLt handle and workspace */
   void *scratch;     /* device scratch (tp_cuda_scratch) */
   size_t scratch_bytes;
-  /* device: the smallest index a kernel found out of range (INT64_MAX: none) */
+  /* device: the smallest position (in its ids, targets or indices) at which a kernel found
+   * an index out of range (INT64_MAX: none) */
   int64_t *bad;
   /* the device copies of the plan's constants (tp_cuda_constant): an open-addressing
    * table keyed by the host address */
@@ -41,8 +42,8 @@ struct TpStream {
  * cannot make one (every other failure ends the process, check.h). */
 TpStream *tp_cuda_stream_new(void);
 void tp_cuda_stream_free(TpStream *s); /* after its work is done; s may be NULL */
-/* The host waits for s's work; then the smallest index out of range a kernel met since
- * the last call (and forgets it), or -1 if none. */
+/* The host waits for s's work; then the smallest position of an index out of range a
+ * kernel met since the last call (and forgets it), or -1 if none. */
 int64_t tp_cuda_stream_sync(TpStream *s);
 
 /* At least `bytes` of device scratch for the kernels queued next on s, 256-byte aligned;

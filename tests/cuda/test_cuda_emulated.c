@@ -274,27 +274,46 @@ static void embedding_fwd(void) {
   }
 }
 
+/* The backward's sort (one block of 1024 threads, contiguous chunks per thread) and row
+ * sums: besides TABLES, n past the block and not a multiple of it with many repeats (V
+ * small), and V large next to n. */
+static const int64_t BACKWARD_SHAPES[][3] = {{3000, 3, 5}, {2049, 1, 2}, {1500, 40000, 3}, {1025, 700, 9}};
+
+static void embedding_bwd_case(int64_t n, int64_t V, int64_t C) {
+  int64_t want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
+  float *dy = test_rand(n * C, 1), *dtable = test_rand(V * C, 1), *want = zeros(V * C);
+  int64_t *ids = random_ids(n, V);
+  void *scratch = test_alloc(tp_cuda_embedding_backward_scratch(n));
+  TpTensor dyt = {.dtype = TP_F32, .rank = 2, .dims = {n, C}, .data = dy};
+  TpTensor idt = {.dtype = TP_I64, .rank = 1, .dims = {n}, .data = ids};
+  TpTensor dtt = {.dtype = TP_F32, .rank = 2, .dims = {V, C}, .data = want};
+  if (tp_gather_backward(&dyt, &idt, 0, &dtt, &want_bad) != TP_KERNEL_OK) fail("tp_gather_backward");
+  tp_cuda_launch_embedding_backward_f32(dy, ids, false, n, 1, V, C, dtable, bad, scratch, NULL);
+  char what[96];
+  snprintf(what, sizeof what, "backward n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
+  test_sync();
+  check_close(what, dtable, want, V * C, EXACT);
+  if (*bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)*bad);
+  ids[n - 1] = -V - 3; /* below -V: skipped, its position reported */
+  tp_cuda_launch_embedding_backward_f32(dy, ids, false, n, 1, V, C, dtable, bad, scratch, NULL);
+  test_sync();
+  if (*bad != n - 1) fail("%s: bad id at %lld, want %lld", what, (long long)*bad, (long long)(n - 1));
+  ids[n / 2] = V; /* the smallest position of the two */
+  tp_cuda_launch_embedding_backward_f32(dy, ids, false, n, 1, V, C, dtable, bad, scratch, NULL);
+  test_sync();
+  if (*bad != n / 2) fail("%s: bad id at %lld, want %lld", what, (long long)*bad, (long long)(n / 2));
+  /* the others' rows are still the CPU's (which skips nothing, so zero those two dy rows) */
+  memset(dy + (n - 1) * C, 0, (size_t)C * sizeof *dy), memset(dy + n / 2 * C, 0, (size_t)C * sizeof *dy);
+  ids[n - 1] = ids[n / 2] = 0;
+  tp_gather_backward(&dyt, &idt, 0, &dtt, &want_bad);
+  check_close(what, dtable, want, V * C, EXACT);
+  test_free(dy), test_free(dtable), test_free(want), test_free(ids), test_free(bad), test_free(scratch);
+}
+
 static void embedding_bwd(void) {
-  for (int t = 0; t < NTABLES; t++) {
-    int64_t n = TABLES[t][0], V = TABLES[t][1], C = TABLES[t][2], want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
-    if (V * C > 1 << 20) continue; /* the emulated zeroing of a large table is slow and tests nothing new */
-    float *dy = test_rand(n * C, 1), *dtable = test_rand(V * C, 1), *want = zeros(V * C);
-    int64_t *ids = random_ids(n, V);
-    TpTensor dyt = {.dtype = TP_F32, .rank = 2, .dims = {n, C}, .data = dy};
-    TpTensor idt = {.dtype = TP_I64, .rank = 1, .dims = {n}, .data = ids};
-    TpTensor dtt = {.dtype = TP_F32, .rank = 2, .dims = {V, C}, .data = want};
-    if (tp_gather_backward(&dyt, &idt, 0, &dtt, &want_bad) != TP_KERNEL_OK) fail("tp_gather_backward");
-    tp_cuda_launch_embedding_backward_f32(dy, ids, n, V, C, dtable, bad, NULL);
-    char what[96];
-    snprintf(what, sizeof what, "n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
-    check_close(what, dtable, want, V * C, EXACT);
-    if (*bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)*bad);
-    ids[n - 1] = -V - 3;
-    tp_cuda_launch_embedding_backward_f32(dy, ids, n, V, C, dtable, bad, NULL);
-    test_sync();
-    if (*bad != n - 1) fail("%s: bad id at %lld, want %lld", what, (long long)*bad, (long long)(n - 1));
-    test_free(dy), test_free(dtable), test_free(want), test_free(ids), test_free(bad);
-  }
+  for (int t = 0; t < NTABLES; t++) embedding_bwd_case(TABLES[t][0], TABLES[t][1], TABLES[t][2]);
+  for (size_t t = 0; t < sizeof BACKWARD_SHAPES / sizeof *BACKWARD_SHAPES; t++)
+    embedding_bwd_case(BACKWARD_SHAPES[t][0], BACKWARD_SHAPES[t][1], BACKWARD_SHAPES[t][2]);
 }
 
 /* targets in [0, V) */

@@ -468,11 +468,15 @@ static void gather_test(bool backward) {
           check_status(what, tp_cuda_gather(&in, &idx, axis, &g, NULL, stream()), tp_gather(&in, &idx, axis, &w, &bad));
         sync_expect(what, -1);
         check_tensor(what, &g, &w, EXACT);
-        /* one index out of range: reported with its value through the stream */
+        /* indices out of range, above n and below -n: the smallest position is reported */
         set_f64(&idx, 7, data_dims[axis] + 2);
         if (backward) tp_cuda_gather_backward(&in, &idx, axis, &g, NULL, stream());
         else tp_cuda_gather(&in, &idx, axis, &g, NULL, stream());
-        sync_expect(what, data_dims[axis] + 2);
+        sync_expect(what, 7);
+        set_f64(&idx, 3, -data_dims[axis] - 1);
+        if (backward) tp_cuda_gather_backward(&in, &idx, axis, &g, NULL, stream());
+        else tp_cuda_gather(&in, &idx, axis, &g, NULL, stream());
+        sync_expect(what, 3);
       }
   int64_t n = 3;
   TpTensor x = tensor(TP_F32, 1, &n, 0, 1), f = tensor(TP_F32, 1, &n, 0, 1), y = result_like(&x);
@@ -515,7 +519,7 @@ static void gather_elements_test(bool backward) {
       set_f64(&idx, 11, -data_dims[axis] - 1);
       if (backward) tp_cuda_gather_elements_backward(&in, &idx, axis, &g, NULL, stream());
       else tp_cuda_gather_elements(&in, &idx, axis, &g, NULL, stream());
-      sync_expect(what, -data_dims[axis] - 1);
+      sync_expect(what, 11); /* the position of the index below -n, not its value */
       TpTensor short_y = result(d, 2, idx_dims);
       check_status("GatherElements of another rank",
                    backward ? tp_cuda_gather_elements_backward(&in, &idx, axis, &short_y, NULL, stream())
