@@ -968,8 +968,9 @@ static void emit_tables(Emitter *E, FILE *out) {
     put_string(out, alias ? val->origin.node : val->name);
     fprintf(out, ", %d, {", val->type.rank);
     for (int k = 0; k < val->type.rank; k++) fprintf(out, "%s%lld", k ? ", " : "", (long long)val->type.dims[k]);
-    fprintf(out, "%s}, %d, %d, %d},\n", val->type.rank ? "" : "0", m->grads && tp_grad_of(m, p->params[i]) >= 0,
-            p->param_stage[i], p->param_tied_stage[i]);
+    fprintf(out, "%s}, %d, %d, %d, {%d, %d, %d}},\n", val->type.rank ? "" : "0",
+            m->grads && tp_grad_of(m, p->params[i]) >= 0, p->param_stage[i], p->param_tied_stage[i],
+            val->shard.axis, val->shard.parts, val->shard.chunks);
   }
   fputs("};\n", out);
 

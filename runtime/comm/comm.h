@@ -62,6 +62,11 @@ typedef struct {
   bool (*test)(TpComm *c, TpCommRequest *r);
   /* Collectives (tp_comm_allreduce_p2p and friends below, unless a backend has better). */
   void (*allreduce_sum)(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n);
+  /* allreduce_sum of a device buffer ordered on a compute stream: queued after the work on
+   * `stream` so far, and work queued there later sees the sum (a tensor group's all-reduce
+   * inside a unit). NULL: the caller synchronizes the stream, then calls allreduce_sum. */
+  void (*allreduce_sum_on)(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n,
+                           TpStream *stream);
   void (*broadcast)(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n);
   void (*barrier)(TpComm *c);
   /* Prints "tool: error: rank K: msg" and ends every process with `code`. */

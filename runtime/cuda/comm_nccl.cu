@@ -458,6 +458,7 @@ const TpCommBackend tp_comm_nccl = {
     nccl_irecv,
     nccl_test,
     nccl_allreduce_sum,
+    NULL, /* allreduce_sum_on: not yet */
     nccl_broadcast,
     nccl_barrier,
     nccl_abort,

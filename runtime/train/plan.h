@@ -4,11 +4,24 @@
  * everything else (command line, data, optimizer, communication, checkpoints, logs) is the
  * runtime's. Depends only on base/tensor.h, so plan.c needs no compiler headers.
  *
- * ---- How a step runs (ABI 2: stages x microbatches x slices x replicas) ----
- * The program runs as S x D processes ("ranks"): S pipeline stages times D data-parallel
- * replicas. Rank r runs stage k = r % S of replica d = r / S; the ranks of one replica are
- * consecutive. A schedule's peer (TpPlanInsn.peer) is a stage of the same replica: MPI rank
- * d * S + peer.
+ * ---- How a step runs (ABI 2: stages x microbatches x slices x replicas; ABI 5: x tensor) ----
+ * The program runs as S x N x D processes ("ranks"): S pipeline stages, each split over N
+ * tensor-parallel ranks (N = plan->tensor, 1 without --tensor), times D data-parallel
+ * replicas. Rank r is tensor rank t = r % N of stage k = (r / N) % S of replica
+ * d = r / (N * S): the N ranks of one stage are adjacent (as on one node, where tensor
+ * parallelism's all-reduces belong), then the stages of one replica. A schedule's peer
+ * (TpPlanInsn.peer) is a stage of the same replica and the same tensor rank: MPI rank
+ * (d * S + peer) * N + t. With N == 1 this is ABI 2's layout (rank d * S + k).
+ *
+ * Tensor groups (N > 1): the N ranks of one stage of one replica run the same schedule and
+ * the same unit functions (SPMD) on their own parts of the parameters. A unit calls
+ * io->tensor_allreduce to sum a buffer over its tensor group (Megatron's all-reduces after
+ * row-parallel products and of input gradients of column-parallel ones), in the order its
+ * code gives, the same on every member; stages[k].forward_reduces[i] and
+ * .backward_reduces[i] count the calls the units of slice i make, which the runtime checks.
+ * Boundary messages go from tensor rank t of stage k to tensor rank t of stage k + 1: each
+ * member holds the whole (replicated) activation. The loss is computed by every member; the
+ * step's loss is tensor rank 0's. The dp group of rank (d, k, t) is the ranks (d', k, t).
  *
  * Data: a step reads one window of global_batch * seq + 1 tokens, as in ABI 1 (row j of
  * the [global_batch, seq] tokens starts at token j * seq; targets are shifted by one).
@@ -45,7 +58,14 @@
  * mb % arenas is given to another microbatch, and all of them by the step's end.
  *
  * Parameters: params[i].stage is the stage that holds, updates and (for --dump-*,
- * --export-onnx, checkpoints) owns parameter i; other stages may leave io->param[i] and
+ * --export-onnx, checkpoints) owns parameter i. With N > 1 a parameter may be split over
+ * the stage's tensor group (params[i].shard, as TpShard in ir/ir.h): dims are one rank's
+ * part; --init, checkpoints, --dump-* and --export-onnx read and write the whole tensor
+ * (dims[axis] * parts along shard.axis), which the runtime scatters to and gathers from the
+ * members, so files are the same as a one-process run's and a run can resume under another
+ * (S, N, D). A parameter not split is whole on every member, and every member computes the
+ * same gradient bits for it (its inputs are replicated; tensor_allreduce gives every member
+ * the same bits); other stages may leave io->param[i] and
  * io->grad[i] NULL. A tied parameter (tied_stage != 0: the embedding re-tied to the LM
  * head) is held by both `stage` (the first) and `tied_stage` (the last); each computes its
  * own partial gradient; the schedule's allreduce-tied sums the two partials (both ranks get
@@ -73,7 +93,11 @@
  *   SEND_GRAD mb i    post the send of send_grad[i] to peer (= k-1)
  *   RECV_GRAD mb i    receive recv_grad[i] from peer (= k+1); blocks
  *   ALLREDUCE_TIED    sum the gradients of the tied parameters with stage peer
- *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1)
+ *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1),
+ *                     and first sum, over the tensor ranks that hold the same piece, the
+ *                     gradients of params with shard.parts < N (grouped K/V heads fewer
+ *                     than the ranks: each member's gradient is partial); the compiler
+ *                     emits it when dp > 1 or such a param exists
  *   OPTIMIZER_STEP    update the parameters this stage holds
  * Sends must not block (MPI_Isend): 1f1b schedules deadlock with blocking sends. The
  * compiler verified the lists: every send has exactly one matching receive, and running
@@ -109,14 +133,26 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 4: TpPlan gained device (3: TpStepIO gained compute and stream); what "ABI 2" names below
- * (plans with stages) and "ABI 1" (without) is unchanged. */
-#define TP_PLAN_ABI 4
+/* 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce,
+ * TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
+ * compute and stream); what "ABI 2" names below (plans with stages) and "ABI 1" (without) is
+ * unchanged. */
+#define TP_PLAN_ABI 5
 
 typedef struct TpCompute TpCompute; /* ../compute.h */
 typedef struct TpStream TpStream;
 typedef struct TpComm TpComm; /* ../comm/comm.h */
 typedef struct TpPlan TpPlan;
+typedef struct TpStepIO TpStepIO;
+
+/* How a parameter is split over the N ranks of a tensor group: the whole tensor is
+ * `chunks` equal chunks along `axis` (a fused Q|K|V weight: 3), each cut into `parts` equal
+ * pieces, and tensor rank t holds piece t * parts / N of every chunk, in chunk order
+ * (parts == N: its own; parts < N: N / parts ranks hold the same piece). parts 0: not split.
+ * The same as the compiler's TpShard (ir/ir.h). */
+typedef struct {
+  int axis, parts, chunks;
+} TpPlanShard;
 
 /* A trainable or frozen parameter: one ONNX initializer (or the name an exporter's
  * Identity gave a de-duplicated one). Values and gradients are f32, row-major. */
@@ -130,6 +166,7 @@ typedef struct {
   int stage;           /* the stage that holds it (ABI 2; 0 in one-stage plans) */
   int tied_stage;      /* 0: held by `stage` only; else the later stage that also holds it
                           (a tied embedding and head: gradients summed by allreduce-tied) */
+  TpPlanShard shard;   /* how it is split over the tensor group; parts 0: whole */
 } TpPlanParam;
 
 /* An ONNX initializer that the compiler replaced by a function of a parameter (weight
@@ -142,7 +179,7 @@ typedef struct {
 } TpPlanDerived;
 
 /* What one unit function reads and writes. The trainer owns all buffers. */
-typedef struct {
+struct TpStepIO {
   void *arena;            /* the (stage, microbatch) arena: stages[k].arena_bytes, 64-aligned */
   float *const *param;    /* param[i]: values of plan->params[i] (NULL where not held) */
   float *const *grad;     /* grad[i]: gradients (see "Gradients" above) */
@@ -154,7 +191,12 @@ typedef struct {
    * queues its work on. Units of the CPU target compute at once and use neither. */
   TpCompute *compute;
   TpStream *stream;
-} TpStepIO;
+  /* Tensor parallelism (plan->tensor > 1; NULL otherwise): sums `count` floats at buf (the
+   * compute backend's memory, produced by work the unit queued on `stream`) over the unit's
+   * tensor group, in place, ordered after that work; every member gets the same bits. */
+  void (*tensor_allreduce)(TpStepIO *io, float *buf, int64_t count);
+  void *tensor_ctx; /* the runtime's, for tensor_allreduce */
+};
 
 typedef void (*TpUnitFn)(TpStepIO *io);
 typedef TpUnitFn TpStageFn; /* ABI 1's name */
@@ -205,6 +247,9 @@ typedef struct {
   const TpPlanInsn *insns;   /* the rank's schedule for one step */
   int64_t memory_bytes;      /* the compiler's estimate of the rank's peak: parameters,
                                 gradients, AdamW state, arenas * arena_bytes */
+  /* [nslices] each: the io->tensor_allreduce calls the forward (backward) unit of slice i
+   * makes; NULL when tensor == 1 */
+  const int *forward_reduces, *backward_reduces;
 } TpPlanStage;
 
 /* One stage's units of a profiling probe (see "Profiling probes" above). */
@@ -269,6 +314,7 @@ struct TpPlan {
   int nprobes;
   const TpPlanProbe *probes; /* [nprobes] */
   const TpPlanDevice *device; /* NULL: the CPU (see TpPlanDevice) */
+  int tensor;              /* N: tensor-parallel ranks per stage (ABI 5; 1: none) */
 };
 
 /* The trainer: parses the command line, runs training, returns the process exit code

@@ -369,22 +369,22 @@ static void stage0_backward(TpStepIO *io) {
 /* The parameters: ONNX name, the initializer --init reads, shape, trainable, the stage
  * holding it, the last stage if it holds a tied copy too. */
 static const TpPlanParam params[16] = {
-    {"wte.weight", "wte.weight", 2, {16, 8}, 1, 0, 0},
-    {"h.0.ln_1.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0},
-    {"h.0.ln_1.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0},
-    {"h.0.attn.c_attn.bias", "h.0.attn.c_attn.bias", 1, {24}, 1, 0, 0},
-    {"h.0.attn.c_proj.bias", "h.0.attn.c_proj.bias", 1, {8}, 1, 0, 0},
-    {"h.0.c_fc.bias", "h.0.c_fc.bias", 1, {32}, 1, 0, 0},
-    {"h.0.c_proj.bias", "h.0.c_proj.bias", 1, {8}, 1, 0, 0},
-    {"onnx::Add_120", "onnx::Add_120", 2, {4, 8}, 1, 0, 0},
-    {"onnx::MatMul_121", "onnx::MatMul_121", 2, {8, 24}, 1, 0, 0},
-    {"onnx::MatMul_145", "onnx::MatMul_145", 2, {8, 8}, 1, 0, 0},
-    {"onnx::MatMul_146", "onnx::MatMul_146", 2, {8, 32}, 1, 0, 0},
-    {"onnx::MatMul_147", "onnx::MatMul_147", 2, {32, 8}, 1, 0, 0},
-    {"ln_f.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0},
-    {"ln_f.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0},
-    {"h.0.ln_2.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0},
-    {"h.0.ln_2.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0},
+    {"wte.weight", "wte.weight", 2, {16, 8}, 1, 0, 0, {0, 0, 0}},
+    {"h.0.ln_1.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0, {0, 0, 0}},
+    {"h.0.ln_1.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0, {0, 0, 0}},
+    {"h.0.attn.c_attn.bias", "h.0.attn.c_attn.bias", 1, {24}, 1, 0, 0, {0, 0, 0}},
+    {"h.0.attn.c_proj.bias", "h.0.attn.c_proj.bias", 1, {8}, 1, 0, 0, {0, 0, 0}},
+    {"h.0.c_fc.bias", "h.0.c_fc.bias", 1, {32}, 1, 0, 0, {0, 0, 0}},
+    {"h.0.c_proj.bias", "h.0.c_proj.bias", 1, {8}, 1, 0, 0, {0, 0, 0}},
+    {"onnx::Add_120", "onnx::Add_120", 2, {4, 8}, 1, 0, 0, {0, 0, 0}},
+    {"onnx::MatMul_121", "onnx::MatMul_121", 2, {8, 24}, 1, 0, 0, {0, 0, 0}},
+    {"onnx::MatMul_145", "onnx::MatMul_145", 2, {8, 8}, 1, 0, 0, {0, 0, 0}},
+    {"onnx::MatMul_146", "onnx::MatMul_146", 2, {8, 32}, 1, 0, 0, {0, 0, 0}},
+    {"onnx::MatMul_147", "onnx::MatMul_147", 2, {32, 8}, 1, 0, 0, {0, 0, 0}},
+    {"ln_f.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0, {0, 0, 0}},
+    {"ln_f.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0, {0, 0, 0}},
+    {"h.0.ln_2.bias", "h.0.ln_1.bias", 1, {8}, 1, 0, 0, {0, 0, 0}},
+    {"h.0.ln_2.weight", "h.0.ln_1.weight", 1, {8}, 1, 0, 0, {0, 0, 0}},
 };
 
 /* Initializers re-tied to a parameter: name, parameter, transposed. */

@@ -163,11 +163,11 @@ UNITS(backward_all)
 /* ---- the plan's tables, filled from the environment ---- */
 
 static TpPlanParam params[NPARAMS] = {
-    {"wte", "wte", 2, {V, C}, 1, 0, 0},
-    {"wpe", "wpe", 2, {T, C}, 1, 0, 0},
-    {"frozen.shift", "frozen.shift", 1, {C}, 0, 0, 0},
-    {"gain", "gain", 1, {C}, 1, 0, 0},
-    {"head.bias", "shared.bias", 1, {V}, 1, 0, 0},
+    {"wte", "wte", 2, {V, C}, 1, 0, 0, {0, 0, 0}},
+    {"wpe", "wpe", 2, {T, C}, 1, 0, 0, {0, 0, 0}},
+    {"frozen.shift", "frozen.shift", 1, {C}, 0, 0, 0, {0, 0, 0}},
+    {"gain", "gain", 1, {C}, 1, 0, 0, {0, 0, 0}},
+    {"head.bias", "shared.bias", 1, {V}, 1, 0, 0, {0, 0, 0}},
 };
 static const TpPlanDerived derived[] = {{"head.weight_t", WTE, 1}};
 static TpPlanBuffer buffers[4][MAX_SLICES][B]; /* y0, y1, dy1, dy0 rows of each slice */

@@ -63,10 +63,10 @@ static void backward0(TpStepIO *io) {
 }
 
 static const TpPlanParam params[] = {
-    {"wte", "wte", 2, {V, C}, 1, 0, 0},
-    {"wpe", "wpe", 2, {T, C}, 1, 0, 0},
-    {"frozen.shift", "frozen.shift", 1, {C}, 0, 0, 0},
-    {"head.bias", "shared.bias", 1, {V}, 1, 0, 0},
+    {"wte", "wte", 2, {V, C}, 1, 0, 0, {0, 0, 0}},
+    {"wpe", "wpe", 2, {T, C}, 1, 0, 0, {0, 0, 0}},
+    {"frozen.shift", "frozen.shift", 1, {C}, 0, 0, 0, {0, 0, 0}},
+    {"head.bias", "shared.bias", 1, {V}, 1, 0, 0, {0, 0, 0}},
 };
 static const TpPlanDerived derived[] = {{"head.weight_t", WTE, 1}};
 static const size_t arena_bytes[] = {64, (2 * BT * V + V * C + V) * sizeof(float)};
