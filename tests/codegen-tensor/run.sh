@@ -5,8 +5,8 @@
 #   plans     tiny GPTs and hf_llama at --tensor 2, cpu and cuda targets: the plan compiles
 #             with -Werror -pedantic, calls io->tensor_allreduce once per AllReduce of the IR,
 #             and each unit's calls are what its stage's forward/backward_reduces say
-#   compose   --tensor 2 with stages, slices, microbatches, 1f1b and dp: the same checks, and
-#             the schedule's ALLREDUCE (dp > 1)
+#   compose   --tensor 2 with stages, slices (also auto), microbatches, 1f1b and dp: the same
+#             checks, and the schedule's ALLREDUCE (dp > 1)
 #   shared    a K/V head shared by tensor ranks (hf_gemma's one head, hf_llama's two at
 #             --tensor 4): its gradient is summed by the schedule's ALLREDUCE even at dp 1;
 #             without shared pieces there is none
@@ -98,6 +98,11 @@ compose)
   plan llama_s2_sl3_mb2_dp2_1f1b "$llama" --tensor 2 --stages 2 --slices 3 --microbatches 2 --dp 2 --batch 8 \
     --schedule 1f1b
   plan gpt_s2_sl754_mb2 "$gpt" --tensor 2 --stages 2 --slices 7,5,4 --microbatches 2 --batch 4
+  # --slices auto prices the whole model's sizes (read before shard-tensor) on N ranks
+  plan llama_auto "$llama" --tensor 2 --stages 2 --slices auto
+  grep -q '^ \* (--slices auto chose .* for 2 stages x 2 tensor ranks x 1 microbatch on the cpu profile' llama_auto.cpu.c &&
+    ok "--slices auto: $(grep -o 'chose [^:]*' llama_auto.cpu.c) for 2 stages x 2 tensor ranks" ||
+    fail "--slices auto: $(grep -- '--slices auto' llama_auto.cpu.c)"
   n=$(allreduces llama_s2_sl3_mb2_dp2_1f1b.cpu.c)
   [ "$n" = 2 ] && ok "dp 2: one ALLREDUCE per stage" || fail "dp 2: $n ALLREDUCE instructions, expected 2"
   ;;
