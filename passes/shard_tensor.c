@@ -352,11 +352,22 @@ static int head_param(const TpModule *m, int w, int *axis) {
   return view->inputs[0];
 }
 
+/* The Linear whose result logits v are, through Casts (a model's upcast of its logits)
+ * that alone read their operands; -1 when v is not such a result. */
+static int logits_linear(const TpModule *m, int v) {
+  while (v >= 0 && m->values[v].kind == TP_VAL_RESULT && m->ops[m->values[v].def].kind == TP_OP_Cast &&
+         tp_use_count(m, m->ops[m->values[v].def].inputs[0]) == 1)
+    v = m->ops[m->values[v].def].inputs[0];
+  return v >= 0 && m->values[v].kind == TP_VAL_RESULT && m->ops[m->values[v].def].kind == TP_OP_Linear
+             ? m->values[v].def : -1;
+}
+
 /* The Linear computing logits v, if its weight (a param, or a view of one) is split along
  * its output columns. */
 static int vocab_head(const TpModule *m, int v, int *param) {
-  if (v < 0 || m->values[v].kind != TP_VAL_RESULT || m->ops[m->values[v].def].kind != TP_OP_Linear) return -1;
-  int op = m->values[v].def, axis = tp_attr_int(m, op, "transpose_w", 0) ? 0 : 1;
+  int op = logits_linear(m, v);
+  if (op < 0) return -1;
+  int axis = tp_attr_int(m, op, "transpose_w", 0) ? 0 : 1;
   *param = head_param(m, m->ops[op].inputs[1], &axis);
   return *param >= 0 && m->values[*param].shard.parts > 1 && m->values[*param].shard.axis == axis ? op : -1;
 }
@@ -409,7 +420,7 @@ static int split_vocab(Shard *s, int w, int axis, int head, int op) {
   if (val->type.dims[axis] % s->ranks != 0) {
     if (s->d->stream)
       tp_print_line(s->d->stream, "%s: note: %s%s%%%s: a vocabulary of %lld does not split over %d tensor ranks; "
-                    "the embedding and LM head reading it stay replicated", s->d->tool ? s->d->tool : "tokpipec",
+                    "it stays replicated", s->d->tool ? s->d->tool : "tokpipec",
                     s->d->file ? s->d->file : "", s->d->file ? ": " : "", val->name, (long long)val->type.dims[axis],
                     s->ranks);
     return TP_OK;
@@ -429,7 +440,14 @@ static int split_vocab(Shard *s, int w, int axis, int head, int op) {
   if (s->copy_of[x] < 0) s->copy_of[x] = add_after(s, head, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
   if (s->copy_of[x] < 0) return TP_ERR_INPUT;
   m->ops[head].inputs[0] = s->copy_of[x];
-  return reinfer(s, head);
+  if (reinfer(s, head)) return TP_ERR_INPUT;
+  for (int op = head, i;;) { /* the Casts of its logits: their result types are preset */
+    int y = m->ops[op].outputs[0], r = m->values[y].type.rank - 1;
+    op = sole_reader(m, y, &i);
+    if (op < 0 || m->ops[op].kind != TP_OP_Cast) return TP_OK;
+    m->values[m->ops[op].outputs[0]].type.dims[r] = m->values[y].type.dims[r];
+    if (tp_infer_op(m, op, s->d)) return TP_ERR_INPUT;
+  }
 }
 
 /* Vocabulary parallelism: the LM head whose logits add-loss trains becomes column-parallel
@@ -439,10 +457,10 @@ static int split_vocab(Shard *s, int w, int axis, int head, int op) {
  * does a tied table the head reads along its rows' other axis. */
 static int split_vocabularies(Shard *s) {
   TpModule *m = s->m;
-  int logits = tp_loss_logits(m), head = -1, head_w = -1, view = -1, axis = -1;
-  if (logits >= 0 && m->values[logits].kind == TP_VAL_RESULT && m->ops[m->values[logits].def].kind == TP_OP_Linear &&
-      tp_use_count(m, logits) == 1) { /* the graph output alone */
-    head = m->values[logits].def, axis = tp_attr_int(m, head, "transpose_w", 0) ? 0 : 1;
+  int logits = tp_loss_logits(m), head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
+  int head_w = -1, view = -1, axis = -1;
+  if (head >= 0) { /* logits read by the graph output alone */
+    axis = tp_attr_int(m, head, "transpose_w", 0) ? 0 : 1;
     int w = m->ops[head].inputs[1];
     head_w = head_param(m, w, &axis);
     view = head_w >= 0 && w != head_w ? m->values[w].def : -1;
