@@ -487,12 +487,12 @@ static int bind_vocab(const TpModule *m, int op, const TpTensor *in, TpTensor *o
   if (tp_tensor_numel(a->ids) != a->n) return shape_error(m, op, d);
   if (kind == TP_OP_CrossEntropyStats) {
     a->part = &in[2], a->parts = tp_attr_int(m, op, "vocab_parts", 1);
-    if (tp_tensor_numel(&out[0]) != a->n * (a->parts + 1)) return shape_error(m, op, d);
+    if (tp_tensor_numel(&out[0]) != a->n * (2 * a->parts + 1)) return shape_error(m, op, d);
     b->kernel = TP_K_CROSS_ENTROPY_STATS;
     return TP_OK;
   }
-  a->stats = &in[first + 2], a->part = &in[first + 3], a->parts = last_dim(a->stats) - 1;
-  if (tp_tensor_numel(a->stats) != a->n * (a->parts + 1) || tp_tensor_numel(&out[0]) != (first ? a->n * a->V : 1) ||
+  a->stats = &in[first + 2], a->part = &in[first + 3], a->parts = (last_dim(a->stats) - 1) / 2;
+  if (tp_tensor_numel(a->stats) != a->n * (2 * a->parts + 1) || tp_tensor_numel(&out[0]) != (first ? a->n * a->V : 1) ||
       (first && tp_tensor_numel(&in[0]) != 1))
     return shape_error(m, op, d);
   a->dloss = first ? &in[0] : NULL;

@@ -629,10 +629,10 @@ static int check_logits_targets(const Ctx *c, const TpType *logits, const TpType
 }
 
 /* The statistics CrossEntropyStats computes from logits [..., Vp] over `parts` ranges:
- * [..., parts + 1]. */
+ * [..., 2 parts + 1]. */
 static TpType vocab_stats_type(const TpType *logits, int64_t parts) {
   TpType t = *logits;
-  t.dims[t.rank - 1] = parts + 1;
+  t.dims[t.rank - 1] = 2 * parts + 1;
   t.dimnames[t.rank - 1] = NULL;
   return t;
 }
@@ -644,7 +644,7 @@ static int check_vocab_stats(const Ctx *c, int first, const TpType *logits) {
   if (!stats && !part) return TP_OK;
   if (!stats || !part) return tp_error_op(c->d, c->m, c->op, "Stats and Part come together");
   if (check_vocab_part(c, first + 3, NULL)) return TP_ERR_INPUT;
-  int64_t parts = stats->rank == logits->rank ? stats->dims[stats->rank - 1] - 1 : 0;
+  int64_t parts = stats->rank == logits->rank ? (stats->dims[stats->rank - 1] - 1) / 2 : 0;
   TpType want = vocab_stats_type(logits, parts);
   if (parts < 1 || !tp_type_equal(stats, &want)) {
     char ss[256], sl[256];

@@ -85,14 +85,22 @@ TpKernelStatus tp_embedding_part_backward_f32(const float *dy, const int64_t *id
   return TP_KERNEL_OK;
 }
 
-/* logsumexp of a row, the maximum subtracted first; the exponentials summed in double. */
-TP_VECTOR_CLONES static double row_logsumexp(const float *x, int64_t n) {
-  float mx = tp_row_max(x, n, 1);
-  if (mx == -INFINITY || mx == INFINITY) return mx;
+/* The sum of exp(x[j] - *mx) over a row, *mx its maximum, in double (the sum
+ * row_logsumexp takes the log of); 1 when *mx is infinite. */
+TP_VECTOR_CLONES static double row_sumexp(const float *x, int64_t n, float *mx) {
+  float m = *mx = tp_row_max(x, n, 1);
+  if (m == -INFINITY || m == INFINITY) return 1;
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; j++) sum += tp_vexpf(x[j] - mx);
-  return mx + log(sum);
+  for (int64_t j = 0; j < n; j++) sum += tp_vexpf(x[j] - m);
+  return sum;
+}
+
+/* logsumexp of a row, the maximum subtracted first; the exponentials summed in double. */
+static double row_logsumexp(const float *x, int64_t n) {
+  float mx;
+  double sum = row_sumexp(x, n, &mx);
+  return mx == -INFINITY || mx == INFINITY ? mx : mx + log(sum);
 }
 
 TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R,
@@ -118,17 +126,28 @@ TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets,
   return TP_KERNEL_OK;
 }
 
+/* From a row of summed statistics (maxima, sums, target logit: tp_cross_entropy_stats_f32),
+ * the whole row's maximum in *mx and the sum of exp(x - *mx) over every range, in double. */
+static double stats_sumexp(const float *s, int64_t parts, float *mx) {
+  *mx = tp_row_max(s, parts, 1);
+  if (*mx == -INFINITY || *mx == INFINITY) return 1;
+  double sum = 0;
+  for (int64_t p = 0; p < parts; p++)
+    if (s[p] != -INFINITY) sum += s[parts + p] * exp((double)s[p] - *mx);
+  return sum;
+}
+
 TpKernelStatus tp_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
                                           int64_t V, int64_t parts, float *stats, int64_t *bad) {
   if (!ids_in_range(targets, R, V, parts, false, bad)) return TP_KERNEL_BAD_INDEX;
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < R; r++) {
     const float *row = logits + r * V;
-    float *s = stats + r * (parts + 1);
-    memset(s, 0, (size_t)(parts + 1) * sizeof *s);
-    s[*part] = (float)row_logsumexp(row, V);
+    float *s = stats + r * (2 * parts + 1);
+    memset(s, 0, (size_t)(2 * parts + 1) * sizeof *s);
+    s[parts + *part] = (float)row_sumexp(row, V, &s[*part]);
     int64_t t = range_row(targets[r], V, parts, *part);
-    if (t >= 0) s[parts] = row[t];
+    if (t >= 0) s[2 * parts] = row[t];
   }
   return TP_KERNEL_OK;
 }
@@ -140,8 +159,10 @@ TpKernelStatus tp_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t
   for (int p = 0; p < SUM_PIECES; p++) {
     double sum = 0;
     for (int64_t r = R * p / SUM_PIECES; r < R * (p + 1) / SUM_PIECES; r++) {
-      const float *s = stats + r * (parts + 1);
-      sum += row_logsumexp(s, parts) - s[parts];
+      const float *s = stats + r * (2 * parts + 1);
+      float mx;
+      double total = stats_sumexp(s, parts, &mx);
+      sum += (mx == -INFINITY || mx == INFINITY ? mx : mx + log(total)) - s[2 * parts];
     }
     piece[p] = sum;
   }
@@ -159,9 +180,10 @@ TpKernelStatus tp_cross_entropy_parts_backward_f32(float dloss, const float *log
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < R; r++) {
     const float *x = logits + r * V;
-    float *o = dlogits + r * V, lse = (float)row_logsumexp(stats + r * (parts + 1), parts);
+    float *o = dlogits + r * V, mx;
+    float inv = (float)(1.0 / stats_sumexp(stats + r * (2 * parts + 1), parts, &mx)) * scale;
 #pragma omp simd
-    for (int64_t j = 0; j < V; j++) o[j] = tp_vexpf(x[j] - lse) * scale;
+    for (int64_t j = 0; j < V; j++) o[j] = tp_vexpf(x[j] - mx) * inv;
     int64_t t = range_row(targets[r], V, parts, *part);
     if (t >= 0) o[t] -= scale;
   }

@@ -57,22 +57,27 @@ TpKernelStatus tp_embedding_part_f32(const float *table, const int64_t *ids, con
 TpKernelStatus tp_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
                                               int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad);
 
-/* CrossEntropyStats: per row r, stats[r, *part] = logsumexp(logits[r, :]) (as
- * tp_cross_entropy_f32's), stats[r, parts] = the target's logit when it is in the range,
- * every other column 0.
- *   logits (R, V), targets (R), stats (R, parts + 1) */
+/* CrossEntropyStats: per row r of stats (2 parts + 1 columns), column *part the row's
+ * maximum mx, column parts + *part the sum of exp(logits[r, j] - mx) (as
+ * tp_cross_entropy_f32's, in double, stored as float; 1 for an infinite mx), column
+ * 2 parts the target's logit when it is in the range; every other column 0. Summed over
+ * the ranks, a row holds every range's maximum and sum: the whole row's logsumexp without
+ * the rounding of a logsumexp stored as float.
+ *   logits (R, V), targets (R), stats (R, 2 parts + 1) */
 TpKernelStatus tp_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
                                           int64_t V, int64_t parts, float *stats, int64_t *bad);
 
 /* CrossEntropy from the statistics summed over the ranks: *loss = the sum over rows of
- * logsumexp(stats[r, :parts]) - stats[r, parts], divided by denominator; in double, in a
- * fixed order, so every rank gets the same bits. */
+ * lse_r - stats[r, 2 parts], lse_r = M + log(sum over ranges p of sum_p exp(max_p - M)),
+ * M the largest max_p, divided by denominator; in double, in a fixed order, so every
+ * rank gets the same bits. */
 TpKernelStatus tp_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
                                           float *loss);
 
 /* Its backward, the range's dlogits: (exp(logits[r, j] - lse_r) - onehot(targets[r])) *
- * dloss / denominator, lse_r = logsumexp(stats[r, :parts]) as the forward's.
- *   logits, dlogits (R, V), targets (R), stats (R, parts + 1) */
+ * dloss / denominator, computed as exp(logits - M) / (the forward's sum), as
+ * tp_cross_entropy_backward_f32 does with its row's maximum.
+ *   logits, dlogits (R, V), targets (R), stats (R, 2 parts + 1) */
 TpKernelStatus tp_cross_entropy_parts_backward_f32(float dloss, const float *logits, const int64_t *targets,
                                                    const float *stats, const int64_t *part, int64_t R, int64_t V,
                                                    int64_t parts, float denominator, float *dlogits, int64_t *bad);
