@@ -20,9 +20,23 @@
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
  *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
  *    sums it; its bias is added once after the sum.
- * Norms, residuals, the embedding and the LM head stay replicated (vocab-parallel
- * embedding and head are not done yet). Any other op reading a split value, or a split
- * value the graph outputs, is refused with an error naming it. */
+ * Norms and residuals stay replicated. Any other op reading a split value, or a split
+ * value the graph outputs, is refused with an error naming it.
+ *
+ * Vocabulary parallelism (Megatron's parallel embedding and cross-entropy; ir/ops.def):
+ *  - The LM head (the Linear computing the logits add-loss trains, through a model's
+ *    upcasting Cast) is column-parallel over the vocabulary: its weight (own, or the
+ *    embedding table through its @retie view) and bias are split along the vocabulary,
+ *    its input passes through TensorCopy, and each rank's logits are [..., V / N], the
+ *    graph output as it is: add-loss then appends the parallel cross-entropy, which never
+ *    gathers them (tp_vocab_parts tells it the split).
+ *  - A token embedding (ids a graph input) whose table nothing else reads but the head
+ *    looks up only its rank's rows, [r V/N, (r+1) V/N) for rank r = TensorRank() (ids
+ *    outside give zeros), and an AllReduce sums the ranks' rows. A tied table is split
+ *    once for both.
+ *  - A vocabulary V that N does not divide stays replicated, with a note: padding it
+ *    would change the model's softmax and the files' shapes.
+ * A model that computes its own loss keeps its head replicated. */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
