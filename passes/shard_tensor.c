@@ -472,7 +472,10 @@ static int split_vocab(Shard *s, int w, int axis, int head, int op) {
 static int split_vocabularies(Shard *s) {
   TpModule *m = s->m;
   int logits = tp_loss_logits(m), head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
-  int head_w = -1, view = -1, axis = -1;
+  int head_w = -1, view = -1, axis = -1, b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
+  if (b >= 0 && (m->values[b].kind != TP_VAL_PARAM || m->values[b].tied >= 0 || m->values[b].shard.parts ||
+                 tp_use_count(m, b) != 1))
+    head = -1; /* a bias it cannot split with the head: all stays replicated */
   if (head >= 0) { /* logits read by the graph output alone */
     axis = tp_attr_int(m, head, "transpose_w", 0) ? 0 : 1;
     int w = m->ops[head].inputs[1];
