@@ -15,7 +15,7 @@
 #include "../check.h"
 
 static const double TOL = 1e-5;
-enum { MAX_RANKS = 4 };
+enum { MAX_RANKS = 5 };
 
 /* The module after `//--- name` in the lit test file `lit`, parsed; NULL on failure. */
 static TpModule *load(const char *lit, const char *name, TpDiag *d) {
@@ -83,6 +83,7 @@ typedef struct {
 /* Runs m forward and backward on `ranks` ranks in lockstep; inputs[i] feeds graph input i
  * on every rank. Returns TP_OK or the error. */
 static int run(const TpModule *m, int ranks, const TpTensor *inputs, Run *out, TpDiag *d) {
+  TP_ASSERT(ranks <= MAX_RANKS);
   for (int r = 0; r < ranks; r++) {
     TpTensor *vals = out->vals[r] = calloc((size_t)m->nvalues, sizeof *vals);
     for (int v = 0; v < m->nvalues; v++) {
