@@ -462,7 +462,46 @@ static int bind_attention(const TpModule *m, int op, const TpTensor *in, TpTenso
 
 /* ---- ids and losses ---- */
 
+/* The vocabulary-parallel ops (ir/ops.def): Embedding and CrossEntropy(Backward) with a
+ * Part operand, EmbeddingBackward, CrossEntropyStats. */
+static int bind_vocab(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  TpOpKind kind = m->ops[op].kind;
+  TpVocabArgs *a = &b->a.embedding_part;
+  *a = (TpVocabArgs){.bad = &b->bad, .y = &out[0]};
+  if (kind == TP_OP_Embedding || kind == TP_OP_EmbeddingBackward) {
+    bool fwd = kind == TP_OP_Embedding;
+    const TpTensor *w = fwd ? &in[0] : &out[0];
+    a->x = &in[0], a->ids = &in[1], a->part = &in[2];
+    a->n = tp_tensor_numel(&in[1]), a->parts = tp_attr_int(m, op, "vocab_parts", 1);
+    if (w->rank != 2 || tp_tensor_numel(fwd ? &out[0] : &in[0]) != a->n * w->dims[1]) return shape_error(m, op, d);
+    a->V = w->dims[0], a->C = w->dims[1];
+    b->kernel = fwd ? TP_K_EMBEDDING_PART : TP_K_EMBEDDING_PART_BACKWARD;
+    return TP_OK;
+  }
+  int first = kind == TP_OP_CrossEntropyBackward; /* dLoss before the logits */
+  const TpTensor *logits = &in[first];
+  if (logits->rank < 1) return shape_error(m, op, d);
+  a->x = logits, a->ids = &in[first + 1];
+  a->V = last_dim(logits), a->n = numel_from(logits, 0, logits->rank - 1);
+  a->denominator = (float)tp_attr_float(m, op, "denominator", (double)a->n);
+  if (tp_tensor_numel(a->ids) != a->n) return shape_error(m, op, d);
+  if (kind == TP_OP_CrossEntropyStats) {
+    a->part = &in[2], a->parts = tp_attr_int(m, op, "vocab_parts", 1);
+    if (tp_tensor_numel(&out[0]) != a->n * (2 * a->parts + 1)) return shape_error(m, op, d);
+    b->kernel = TP_K_CROSS_ENTROPY_STATS;
+    return TP_OK;
+  }
+  a->stats = &in[first + 2], a->part = &in[first + 3], a->parts = (last_dim(a->stats) - 1) / 2;
+  if (tp_tensor_numel(a->stats) != a->n * (2 * a->parts + 1) || tp_tensor_numel(&out[0]) != (first ? a->n * a->V : 1) ||
+      (first && tp_tensor_numel(&in[0]) != 1))
+    return shape_error(m, op, d);
+  a->dloss = first ? &in[0] : NULL;
+  b->kernel = first ? TP_K_CROSS_ENTROPY_PARTS_BACKWARD : TP_K_CROSS_ENTROPY_PARTS;
+  return TP_OK;
+}
+
 static int bind_embedding(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  if (m->ops[op].ninputs > 2) return bind_vocab(m, op, in, out, b, d);
   const TpTensor *w = &in[0];
   int64_t n = tp_tensor_numel(&in[1]);
   if (w->rank != 2 || tp_tensor_numel(&out[0]) != n * w->dims[1]) return shape_error(m, op, d);
@@ -476,6 +515,7 @@ static int bind_embedding(const TpModule *m, int op, const TpTensor *in, TpTenso
 static int bind_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b,
                               TpDiag *d) {
   bool fwd = m->ops[op].kind == TP_OP_CrossEntropy;
+  if (m->ops[op].ninputs > (fwd ? 2 : 3)) return bind_vocab(m, op, in, out, b, d);
   const TpTensor *logits = fwd ? &in[0] : &in[1], *targets = fwd ? &in[1] : &in[2];
   if (logits->rank < 1) return shape_error(m, op, d);
   int64_t V = last_dim(logits), R = numel_from(logits, 0, logits->rank - 1);
@@ -551,8 +591,10 @@ const TpOpBinding tp_op_bindings[TP_OP_COUNT] = {
     [TP_OP_SoftmaxCrossEntropyLoss] = {bind_loss, TP_BIND_F32_COPY, 1u << 1, 2},
     [TP_OP_NegativeLogLikelihoodLoss] = {bind_loss, TP_BIND_F32_COPY, 1u << 1, 2},
     [TP_OP_Linear] = TRAIN(bind_linear),
-    [TP_OP_Embedding] = {bind_embedding, TP_BIND_F32, 1u << 1, 2},
-    [TP_OP_CrossEntropy] = {bind_cross_entropy, TP_BIND_F32, 1u << 1, 2},
+    [TP_OP_Embedding] = {bind_embedding, TP_BIND_F32, 1u << 1 | 1u << 2, 2},
+    [TP_OP_CrossEntropy] = {bind_cross_entropy, TP_BIND_F32, 1u << 1 | 1u << 3, 2},
+    [TP_OP_EmbeddingBackward] = {bind_vocab, TP_BIND_F32, 1u << 1 | 1u << 2, 2},
+    [TP_OP_CrossEntropyStats] = {bind_vocab, TP_BIND_F32, 1u << 1 | 1u << 2, 2},
     [TP_OP_LinearBackward] = TRAIN(bind_linear),
     [TP_OP_MatMulBackward] = TRAIN(bind_matmul_backward),
     [TP_OP_GatherBackward] = {bind_gather, TP_BIND_F32, 1u << 1, 0},
@@ -563,7 +605,7 @@ const TpOpBinding tp_op_bindings[TP_OP_COUNT] = {
     [TP_OP_SoftmaxBackward] = TRAIN(bind_softmax),
     [TP_OP_LogSoftmaxBackward] = TRAIN(bind_softmax),
     [TP_OP_AttentionBackward] = {bind_attention, TP_BIND_F32, 1u << 4, 0},
-    [TP_OP_CrossEntropyBackward] = {bind_cross_entropy, TP_BIND_F32, 1u << 2, 3},
+    [TP_OP_CrossEntropyBackward] = {bind_cross_entropy, TP_BIND_F32, 1u << 2 | 1u << 4, 3},
     [TP_OP_RMSNorm] = TRAIN(bind_rmsnorm),
     [TP_OP_RMSNormBackward] = TRAIN(bind_rmsnorm),
     [TP_OP_Rotary] = TRAIN(bind_rotary),
@@ -596,6 +638,15 @@ int tp_bound_failed(const TpModule *m, int op, const TpBound *b, const TpTensor 
       const TpEmbeddingArgs *a = &b->a.embedding;
       return tp_error_op(d, m, op, "id %lld at position %lld is out of range for %lld embedding rows",
                          (long long)((const int64_t *)a->ids->data)[bad], bad, (long long)a->V);
+    }
+    case TP_K_EMBEDDING_PART:
+    case TP_K_EMBEDDING_PART_BACKWARD:
+    case TP_K_CROSS_ENTROPY_STATS:
+    case TP_K_CROSS_ENTROPY_PARTS_BACKWARD: {
+      const TpVocabArgs *a = &b->a.embedding_part;
+      return tp_error_op(d, m, op, "%s %lld at position %lld is not a class in [0, %lld)",
+                         b->kernel == TP_K_EMBEDDING_PART || b->kernel == TP_K_EMBEDDING_PART_BACKWARD ? "id" : "target",
+                         (long long)((const int64_t *)a->ids->data)[bad], bad, (long long)(a->V * a->parts));
     }
     case TP_K_CROSS_ENTROPY:
     case TP_K_CROSS_ENTROPY_BACKWARD: {

@@ -570,11 +570,46 @@ static int infer_linear(const Ctx *c) {
   return linear_type(c, operand(c, 0), operand(c, 1), operand(c, 2), &y) || set_result(c, 0, y) ? TP_ERR_INPUT : TP_OK;
 }
 
+static int check_grad(const Ctx *c, const TpType *dy, const TpType *want);
+
+enum { MAX_VOCAB_PARTS = 1 << 20 }; /* as @shard's parts */
+
+/* A vocabulary-parallel op's Part operand i (an i64 scalar: TensorRank's) and its
+ * vocab_parts attribute (when `parts`: >= 1, in *parts). */
+static int check_vocab_part(const Ctx *c, int i, int64_t *parts) {
+  const TpType *part = operand(c, i);
+  if (part->dtype != TP_I64 || part->rank != 0)
+    return tp_error_op(c->d, c->m, c->op, "Part must be an i64 scalar (the tensor rank)");
+  if (!parts) return TP_OK;
+  *parts = tp_attr_int(c->m, c->op, "vocab_parts", 0);
+  if (*parts < 1 || *parts > MAX_VOCAB_PARTS)
+    return tp_error_op(c->d, c->m, c->op, "vocab_parts must be in [1, %d] with a Part operand", MAX_VOCAB_PARTS);
+  return TP_OK;
+}
+
 static int infer_embedding(const Ctx *c) {
   const TpType *w = operand(c, 0);
   if (w->rank != 2) return tp_error_op(c->d, c->m, c->op, "the table must be [V, C]");
+  int64_t parts;
+  if (operand(c, 2) ? check_vocab_part(c, 2, &parts) : tp_get_attr(c->m, c->op, "vocab_parts") != NULL)
+    return operand(c, 2) ? TP_ERR_INPUT : tp_error_op(c->d, c->m, c->op, "vocab_parts needs a Part operand");
   TpType t;
   return gather_type(c, w, operand(c, 1), 0, &t) || set_result(c, 0, t) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_tensor_rank(const Ctx *c) {
+  if (!tp_get_attr(c->m, c->op, "group")) return tp_error_op(c->d, c->m, c->op, "TensorRank needs its group attribute");
+  return set_result(c, 0, (TpType){.dtype = TP_I64});
+}
+
+static int infer_embedding_backward(const Ctx *c) {
+  const TpType *w = preset(c, 0);
+  int64_t parts;
+  TpType y;
+  if (!w || check_vocab_part(c, 2, &parts)) return TP_ERR_INPUT;
+  if (w->rank != 2) return tp_error_op(c->d, c->m, c->op, "the table must be [V, C]");
+  if (gather_type(c, w, operand(c, 1), 0, &y)) return TP_ERR_INPUT;
+  return check_grad(c, operand(c, 0), &y);
 }
 
 /* Logits [..., V] and Targets [...] with the same leading dims. */
@@ -593,10 +628,44 @@ static int check_logits_targets(const Ctx *c, const TpType *logits, const TpType
   return TP_OK;
 }
 
+/* The statistics CrossEntropyStats computes from logits [..., Vp] over `parts` ranges:
+ * [..., 2 parts + 1]. */
+static TpType vocab_stats_type(const TpType *logits, int64_t parts) {
+  TpType t = *logits;
+  t.dims[t.rank - 1] = 2 * parts + 1;
+  t.dimnames[t.rank - 1] = NULL;
+  return t;
+}
+
+/* CrossEntropy's (first = 0) and CrossEntropyBackward's (first = 1) optional Stats and
+ * Part, both or neither: Stats as CrossEntropyStats gives them. */
+static int check_vocab_stats(const Ctx *c, int first, const TpType *logits) {
+  const TpType *stats = operand(c, first + 2), *part = operand(c, first + 3);
+  if (!stats && !part) return TP_OK;
+  if (!stats || !part) return tp_error_op(c->d, c->m, c->op, "Stats and Part come together");
+  if (check_vocab_part(c, first + 3, NULL)) return TP_ERR_INPUT;
+  int64_t parts = stats->rank == logits->rank ? (stats->dims[stats->rank - 1] - 1) / 2 : 0;
+  TpType want = vocab_stats_type(logits, parts);
+  if (parts < 1 || !tp_type_equal(stats, &want)) {
+    char ss[256], sl[256];
+    return tp_error_op(c->d, c->m, c->op, "Stats %s are not the vocabulary statistics of logits %s",
+                       type_str(stats, ss), type_str(logits, sl));
+  }
+  return TP_OK;
+}
+
 static int infer_cross_entropy(const Ctx *c) {
   const TpType *logits = operand(c, 0);
-  if (check_logits_targets(c, logits, operand(c, 1))) return TP_ERR_INPUT;
+  if (check_logits_targets(c, logits, operand(c, 1)) || check_vocab_stats(c, 0, logits)) return TP_ERR_INPUT;
   return set_result(c, 0, (TpType){.dtype = logits->dtype});
+}
+
+static int infer_cross_entropy_stats(const Ctx *c) {
+  const TpType *logits = operand(c, 0);
+  int64_t parts;
+  if (check_logits_targets(c, logits, operand(c, 1)) || check_vocab_part(c, 2, &parts)) return TP_ERR_INPUT;
+  if (logits->dtype != TP_F32) return tp_error_op(c->d, c->m, c->op, "the logits must be f32");
+  return set_result(c, 0, vocab_stats_type(logits, parts));
 }
 
 /* The gradient operand dY must have the type the forward op gave its result. */
@@ -713,7 +782,7 @@ static int infer_cross_entropy_backward(const Ctx *c) {
   const TpType *dloss = operand(c, 0), *logits = operand(c, 1);
   if (dloss->rank != 0 || dloss->dtype != logits->dtype)
     return tp_error_op(c->d, c->m, c->op, "dLoss must be a scalar of the logits' dtype");
-  if (check_logits_targets(c, logits, operand(c, 2))) return TP_ERR_INPUT;
+  if (check_logits_targets(c, logits, operand(c, 2)) || check_vocab_stats(c, 1, logits)) return TP_ERR_INPUT;
   return set_result(c, 0, *logits);
 }
 
@@ -856,6 +925,9 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_SwiGLUBackward: return infer_swiglu_backward(&c);
   case TP_OP_AllReduce:
   case TP_OP_TensorCopy: return infer_collective(&c);
+  case TP_OP_TensorRank: return infer_tensor_rank(&c);
+  case TP_OP_EmbeddingBackward: return infer_embedding_backward(&c);
+  case TP_OP_CrossEntropyStats: return infer_cross_entropy_stats(&c);
   default:
     TP_ASSERT(info->traits & TP_TRAIT_ELEMENTWISE);
     return infer_elementwise(&c, o->kind);

@@ -434,6 +434,12 @@ int pass_finish_stages(TpModule *m, TpDiag *d);
  * over m->tensor ranks the Megatron way (column-parallel, then row-parallel products,
  * collectives between); see the file. */
 int pass_shard_tensor(TpModule *m, TpDiag *d);
+/* How many vocabulary ranges the logits value v holds one of: shard-tensor's vocabulary-
+ * parallel LM head gives each rank [..., V / N] logits; 1 for any other value. */
+int tp_vocab_parts(const TpModule *m, int v);
+/* passes/add_loss.c: the graph output add-loss would train as the logits; -1 when it would
+ * not (a loss already, the model's own loss, no or several candidates). */
+int tp_loss_logits(TpModule *m);
 
 /* passes/pipeline.c: the pass manager. */
 typedef int (*TpPassFn)(TpModule *m, TpDiag *d);

@@ -60,6 +60,25 @@ static int find_logits(TpModule *m, TpDiag *d, int *logits) {
   return TP_OK;
 }
 
+int tp_loss_logits(TpModule *m) {
+  TpDiag quiet;
+  tp_diag_init(&quiet, NULL, NULL, NULL);
+  int loss = -1, logits = -1;
+  if (m->loss >= 0 || (!m->logits_name && (find_model_loss(m, &quiet, &loss) || loss >= 0))) return -1;
+  return find_logits(m, &quiet, &logits) ? -1 : logits;
+}
+
+/* A new op of the loss, on stage `stage`, from kind(in) with one result named `name`; its
+ * result (-1 after an error). */
+static int loss_op(TpModule *m, TpDiag *d, TpOpKind kind, const int *in, int nin, const char *name, int stage) {
+  int op = tp_add_op(m, kind, in, nin, (const char *[]){tp_unique_name(m, name)}, 1, (TpOrigin){0});
+  m->ops[op].stage = stage;
+  if (kind == TP_OP_TensorRank || kind == TP_OP_AllReduce) tp_set_attr_string(m, op, "group", "tensor");
+  if (kind == TP_OP_AllReduce) tp_set_attr_string(m, op, "reduce", "sum");
+  if (kind == TP_OP_CrossEntropyStats) tp_set_attr_int(m, op, "vocab_parts", tp_vocab_parts(m, in[0]));
+  return tp_infer_op(m, op, d) == TP_OK ? m->ops[op].outputs[0] : -1;
+}
+
 int pass_add_loss(TpModule *m, TpDiag *d) {
   if (m->loss >= 0) return TP_OK;
   int logits = -1;
@@ -86,10 +105,18 @@ int pass_add_loss(TpModule *m, TpDiag *d) {
   int tv = tp_add_value(m, tp_unique_name(m, "targets"), TP_VAL_INPUT, targets, (TpOrigin){0});
   tp_add_input(m, tv);
 
-  int op = tp_add_op(m, TP_OP_CrossEntropy, (int[]){logits, tv}, 2, (const char *[]){"loss"}, 1, (TpOrigin){0});
+  /* vocabulary-parallel logits (shard-tensor): each rank's statistics, summed over the
+   * ranks, give the whole vocabulary's loss */
+  int def = m->values[logits].def, stage = def >= 0 ? m->ops[def].stage : 0, in[4] = {logits, tv, -1, -1};
+  if (tp_vocab_parts(m, logits) > 1) {
+    int part = in[3] = loss_op(m, d, TP_OP_TensorRank, NULL, 0, "loss.part", stage);
+    int stats = part < 0 ? -1 : loss_op(m, d, TP_OP_CrossEntropyStats, (int[]){logits, tv, part}, 3, "loss.stats", stage);
+    in[2] = stats < 0 ? -1 : loss_op(m, d, TP_OP_AllReduce, &stats, 1, "loss.stats.sum", stage);
+    if (in[2] < 0) return TP_ERR_INTERNAL;
+  }
+  int op = tp_add_op(m, TP_OP_CrossEntropy, in, in[2] >= 0 ? 4 : 2, (const char *[]){"loss"}, 1, (TpOrigin){0});
   tp_set_attr_float(m, op, "denominator", (double)(bt[0] * bt[1]));
-  int def = m->values[logits].def;
-  if (def >= 0) m->ops[op].stage = m->ops[def].stage;
+  m->ops[op].stage = stage;
   if (tp_infer_op(m, op, d)) return TP_ERR_INTERNAL;
   m->loss = m->ops[op].outputs[0];
   return TP_OK;

@@ -363,6 +363,7 @@ static int tie_params(TpModule *m, TpDiag *d, int nstages) {
     int copy = tp_add_data_value(m, fmt_name(m, val.name, hi[v]), TP_VAL_PARAM, val.type, val.blob, val.offset,
                                  val.origin);
     m->values[copy].tied = v;
+    m->values[copy].shard = val.shard; /* a vocabulary-parallel table: the same rows */
     for (int o = 0; o < m->nops; o++)
       if (m->ops[o].stage == hi[v])
         for (int i = 0; i < m->ops[o].ninputs; i++)

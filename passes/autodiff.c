@@ -620,6 +620,12 @@ static void backward(Ad *a, const int *dys) {
     break;
   case TP_OP_Embedding: {
     TpType wt = type_of(a, x);
+    if (nin > 2) { /* vocabulary-parallel: only the ids of this rank's rows */
+      int op = begin(a, TP_OP_EmbeddingBackward, (int[]){dy, in[1], in[2]}, 3, (const char *[]){contrib_name(a, x)}, 1);
+      copy_attrs(a, op);
+      give(a, x, end(a, op, &wt));
+      break;
+    }
     int op = begin(a, TP_OP_GatherBackward, (int[]){dy, in[1]}, 2, (const char *[]){contrib_name(a, x)}, 1);
     tp_set_attr_int(m, op, "axis", 0);
     give(a, x, end(a, op, &wt));
@@ -745,8 +751,9 @@ static void backward(Ad *a, const int *dys) {
       if (need[i]) give(a, in[i], m->ops[op].outputs[i]);
     break;
   }
-  case TP_OP_CrossEntropy: {
-    int op = begin(a, TP_OP_CrossEntropyBackward, (int[]){dy, in[0], in[1]}, 3, (const char *[]){contrib_name(a, x)}, 1);
+  case TP_OP_CrossEntropy: { /* with Stats and Part: the whole derivative (ir/ops.def) */
+    int op = begin(a, TP_OP_CrossEntropyBackward, (int[]){dy, in[0], in[1], nin > 2 ? in[2] : -1, nin > 3 ? in[3] : -1},
+                   nin > 2 ? 5 : 3, (const char *[]){contrib_name(a, x)}, 1);
     copy_attrs(a, op);
     give(a, x, end(a, op, NULL));
     break;
@@ -804,6 +811,7 @@ int pass_autodiff(TpModule *m, TpDiag *d) {
     const TpOp *op = &m->ops[o];
     bool any = false;
     for (int i = 0; i < op->ninputs; i++) any |= op->inputs[i] >= 0 && a.requires[op->inputs[i]];
+    if (op->kind == TP_OP_CrossEntropyStats) continue; /* CrossEntropy's backward covers it */
     for (int i = 0; any && !op->dead && i < op->noutputs; i++)
       if (op->outputs[i] >= 0) a.requires[op->outputs[i]] = tp_dtype_is_float(m->values[op->outputs[i]].type.dtype);
   }

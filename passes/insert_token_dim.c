@@ -240,8 +240,13 @@ static void describe(const TpModule *m, int op, OpAxes *x) {
   case TP_OP_TensorCopy: /* position by position: every axis kept */
     all_links(m, x, X, Y);
     break;
-  case TP_OP_CrossEntropy: /* Logits [..., V], Targets [...] */
+  case TP_OP_CrossEntropy: /* Logits [..., V], Targets [...], Stats? [..., P + 1] */
     all_links(m, x, X, o->inputs[1]);
+    if (o->ninputs > 2) all_links(m, x, X, o->inputs[2]);
+    mix(x, X, rx - 1, "reduces over");
+    break;
+  case TP_OP_CrossEntropyStats: /* Logits [..., V], Targets [...] -> [..., P + 1] */
+    all_links(m, x, X, o->inputs[1]), all_links(m, x, X, Y);
     mix(x, X, rx - 1, "reduces over");
     break;
   case TP_OP_SoftmaxCrossEntropyLoss:

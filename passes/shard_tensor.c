@@ -20,9 +20,23 @@
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
  *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
  *    sums it; its bias is added once after the sum.
- * Norms, residuals, the embedding and the LM head stay replicated (vocab-parallel
- * embedding and head are not done yet). Any other op reading a split value, or a split
- * value the graph outputs, is refused with an error naming it. */
+ * Norms and residuals stay replicated. Any other op reading a split value, or a split
+ * value the graph outputs, is refused with an error naming it.
+ *
+ * Vocabulary parallelism (Megatron's parallel embedding and cross-entropy; ir/ops.def):
+ *  - The LM head (the Linear computing the logits add-loss trains, through a model's
+ *    upcasting Cast) is column-parallel over the vocabulary: its weight (own, or the
+ *    embedding table through its @retie view) and bias are split along the vocabulary,
+ *    its input passes through TensorCopy, and each rank's logits are [..., V / N], the
+ *    graph output as it is: add-loss then appends the parallel cross-entropy, which never
+ *    gathers them (tp_vocab_parts tells it the split).
+ *  - A token embedding (ids a graph input) whose table nothing else reads but the head
+ *    looks up only its rank's rows, [r V/N, (r+1) V/N) for rank r = TensorRank() (ids
+ *    outside give zeros), and an AllReduce sums the ranks' rows. A tied table is split
+ *    once for both.
+ *  - A vocabulary V that N does not divide stays replicated, with a note: padding it
+ *    would change the model's softmax and the files' shapes.
+ * A model that computes its own loss keeps its head replicated. */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
@@ -145,11 +159,19 @@ static bool splat(const TpModule *m, int v) {
   return true;
 }
 
+static int cut_param(Shard *s, int op, int w, int axis, int parts, int chunks);
+
 /* Splits param w along axis into parts (of chunks chunks each). */
 static int split_param(Shard *s, int op, int w, int axis, int parts, int chunks) {
   TpValue *val = &s->m->values[w];
   if (val->kind != TP_VAL_PARAM || val->tied >= 0 || val->shard.parts || tp_use_count(s->m, w) != 1)
     return refuse(s, op, tp_strfmt(s->m, "its weight %%%s is not a param that it alone reads", val->name));
+  return cut_param(s, op, w, axis, parts, chunks);
+}
+
+/* split_param's cut, whoever reads w. */
+static int cut_param(Shard *s, int op, int w, int axis, int parts, int chunks) {
+  TpValue *val = &s->m->values[w];
   /* the textual IR prints inline data with the per-rank type: only a splat stays whole */
   if (!s->m->blobs[val->blob].path && !splat(s->m, w))
     return refuse(s, op, tp_strfmt(s->m, "%%%s holds inline data, not a file's: it would print cut", val->name));
@@ -330,6 +352,153 @@ static int follow(Shard *s, int op) {
   return reinfer(s, op);
 }
 
+/* ---- vocabulary-parallel embedding and LM head ---- */
+
+/* The param that the weight w of a Linear stands for: w itself, or the param of a re-tie
+ * view (a Transpose {perm = [1, 0]} or same-shape Reshape: passes/retie_params.c) read by
+ * the Linear alone; -1 for anything else. *axis, an axis of w, becomes the param's. */
+static int head_param(const TpModule *m, int w, int *axis) {
+  if (m->values[w].kind == TP_VAL_PARAM) return w;
+  if (m->values[w].kind != TP_VAL_RESULT || tp_use_count(m, w) != 1) return -1;
+  const TpOp *view = &m->ops[m->values[w].def];
+  if (view->role != TP_ROLE_RETIE || m->values[view->inputs[0]].kind != TP_VAL_PARAM) return -1;
+  if (view->kind == TP_OP_Transpose) *axis = 1 - *axis;
+  return view->inputs[0];
+}
+
+/* The Linear whose result logits v are, through Casts (a model's upcast of its logits)
+ * that alone read their operands; -1 when v is not such a result. */
+static int logits_linear(const TpModule *m, int v) {
+  while (v >= 0 && m->values[v].kind == TP_VAL_RESULT && m->ops[m->values[v].def].kind == TP_OP_Cast &&
+         tp_use_count(m, m->ops[m->values[v].def].inputs[0]) == 1)
+    v = m->ops[m->values[v].def].inputs[0];
+  return v >= 0 && m->values[v].kind == TP_VAL_RESULT && m->ops[m->values[v].def].kind == TP_OP_Linear
+             ? m->values[v].def : -1;
+}
+
+/* The Linear computing logits v, if its weight (a param, or a view of one) is split along
+ * its output columns. */
+static int vocab_head(const TpModule *m, int v, int *param) {
+  int op = logits_linear(m, v);
+  if (op < 0) return -1;
+  int axis = tp_attr_int(m, op, "transpose_w", 0) ? 0 : 1;
+  *param = head_param(m, m->ops[op].inputs[1], &axis);
+  return *param >= 0 && m->values[*param].shard.parts > 1 && m->values[*param].shard.axis == axis ? op : -1;
+}
+
+int tp_vocab_parts(const TpModule *m, int v) {
+  int param;
+  return vocab_head(m, v, &param) >= 0 ? m->values[param].shard.parts : 1;
+}
+
+/* Is op an Embedding of table w by token ids (a graph input) that can look up a range? */
+static bool token_embedding(const TpModule *m, int op, int w) {
+  const TpOp *o = &m->ops[op];
+  return o->kind == TP_OP_Embedding && o->ninputs == 2 && o->inputs[0] == w &&
+         m->values[o->inputs[1]].kind == TP_VAL_INPUT;
+}
+
+/* Gives op one more operand, v. */
+static void append_operand(TpModule *m, int op, int v) {
+  TpOp *o = &m->ops[op];
+  int *in = tp_alloc(m, (size_t)(o->ninputs + 1) * sizeof *in);
+  memcpy(in, o->inputs, (size_t)o->ninputs * sizeof *in);
+  in[o->ninputs] = v;
+  o->inputs = in, o->ninputs++;
+}
+
+/* Embedding op looks up this rank's range of its (split) table; an AllReduce of the ranks'
+ * rows (zeros outside each range) is the whole embedding. */
+static int range_embedding(Shard *s, int op) {
+  TpModule *m = s->m;
+  int y = m->ops[op].outputs[0];
+  const char *name = m->values[y].name;
+  int part = add_after(s, op, TP_OP_TensorRank, NULL, 0, tp_strfmt(m, "%s.part", name));
+  if (part < 0) return TP_ERR_INPUT;
+  append_operand(m, op, part);
+  tp_set_attr_int(m, op, "vocab_parts", s->ranks);
+  int sum = reinfer(s, op) ? -1 : add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
+  if (sum < 0) return TP_ERR_INPUT;
+  tp_replace_uses(m, y, sum);
+  m->ops[m->values[sum].def].inputs[0] = y;
+  return TP_OK;
+}
+
+/* Splits table w (a param) along its rows (axis 0) or, for a head's own weight, its output
+ * columns (axis), for every reader: the token embeddings, and the LM head `head` (-1: none;
+ * through the view of w it reads when there is one). op names the place for errors. Leaves
+ * everything replicated, with a note, when the vocabulary does not divide among the ranks. */
+static int split_vocab(Shard *s, int w, int axis, int head, int op) {
+  TpModule *m = s->m;
+  const TpValue *val = &m->values[w];
+  if (val->type.dims[axis] % s->ranks != 0) {
+    if (s->d->stream)
+      tp_print_line(s->d->stream, "%s: note: %s%s%%%s: a vocabulary of %lld does not split over %d tensor ranks; "
+                    "it stays replicated", s->d->tool ? s->d->tool : "tokpipec",
+                    s->d->file ? s->d->file : "", s->d->file ? ": " : "", val->name, (long long)val->type.dims[axis],
+                    s->ranks);
+    return TP_OK;
+  }
+  int b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
+  if (cut_param(s, op, w, axis, s->ranks, 1) || (b >= 0 && split_param(s, head, b, 0, s->ranks, 1)))
+    return TP_ERR_INPUT;
+  for (int e = 0; e < m->nops; e++)
+    if (token_embedding(m, e, w) && range_embedding(s, e)) return TP_ERR_INPUT;
+  if (head < 0) return TP_OK;
+  int view = m->ops[head].inputs[1], x = m->ops[head].inputs[0];
+  if (view != w) { /* the re-tie view: a Transpose infers its cut type, a Reshape is preset */
+    int def = m->values[view].def;
+    if (m->ops[def].kind == TP_OP_Reshape) m->values[view].type.dims[axis] /= s->ranks;
+    else if (reinfer(s, def)) return TP_ERR_INPUT;
+  }
+  if (s->copy_of[x] < 0) s->copy_of[x] = add_after(s, head, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
+  if (s->copy_of[x] < 0) return TP_ERR_INPUT;
+  m->ops[head].inputs[0] = s->copy_of[x];
+  if (reinfer(s, head)) return TP_ERR_INPUT;
+  for (int op = head, i;;) { /* the Casts of its logits: their result types are preset */
+    int y = m->ops[op].outputs[0], r = m->values[y].type.rank - 1;
+    op = sole_reader(m, y, &i);
+    if (op < 0 || m->ops[op].kind != TP_OP_Cast) return TP_OK;
+    m->values[m->ops[op].outputs[0]].type.dims[r] = m->values[y].type.dims[r];
+    if (tp_infer_op(m, op, s->d)) return TP_ERR_INPUT;
+  }
+}
+
+/* Vocabulary parallelism: the LM head whose logits add-loss trains becomes column-parallel
+ * over the vocabulary (add-loss then appends the parallel cross-entropy, which never
+ * gathers the logits), and every token embedding looks up only its rank's rows of its
+ * table, tied to the head or not. A table anything else reads stays replicated, and so
+ * does a tied table the head reads along its rows' other axis. */
+static int split_vocabularies(Shard *s) {
+  TpModule *m = s->m;
+  int logits = tp_loss_logits(m), head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
+  int head_w = -1, view = -1, axis = -1, b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
+  if (b >= 0 && (m->values[b].kind != TP_VAL_PARAM || m->values[b].tied >= 0 || m->values[b].shard.parts ||
+                 tp_use_count(m, b) != 1))
+    head = -1; /* a bias it cannot split with the head: all stays replicated */
+  if (head >= 0) { /* logits read by the graph output alone */
+    axis = tp_attr_int(m, head, "transpose_w", 0) ? 0 : 1;
+    int w = m->ops[head].inputs[1];
+    head_w = head_param(m, w, &axis);
+    view = head_w >= 0 && w != head_w ? m->values[w].def : -1;
+  }
+  for (int w = 0; w < m->nvalues; w++) {
+    const TpValue *val = &m->values[w];
+    if (val->kind != TP_VAL_PARAM || val->tied >= 0 || val->shard.parts || val->type.rank != 2) continue;
+    int embeddings = 0, others = 0, first = -1;
+    for (int op = 0; op < m->nops; op++)
+      for (int i = 0; i < m->ops[op].ninputs; i++) {
+        if (m->ops[op].inputs[i] != w) continue;
+        if (i == 0 && token_embedding(m, op, w)) embeddings++, first = first < 0 ? op : first;
+        else if (w != head_w || (op != head && op != view) || (op == head && i != 1)) others++;
+      }
+    bool is_head = w == head_w;
+    if (others || (!embeddings && !is_head) || (is_head && embeddings && axis != 0)) continue;
+    if (split_vocab(s, w, is_head ? axis : 0, is_head ? head : -1, is_head ? head : first)) return TP_ERR_INPUT;
+  }
+  return TP_OK;
+}
+
 int pass_shard_tensor(TpModule *m, TpDiag *d) {
   if (m->tensor <= 1) return TP_OK;
   if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
@@ -362,6 +531,7 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
       rc = follow(&s, op);
     }
   }
+  if (rc == TP_OK) rc = split_vocabularies(&s);
   for (int i = 0; i < m->noutputs && rc == TP_OK; i++)
     if (s.axis[m->outputs[i]] >= 0)
       rc = refuse(&s, m->values[m->outputs[i]].def, tp_strfmt(m, "the graph outputs its split result %%%s",

@@ -32,27 +32,75 @@ TpKernelStatus tp_linear_f32(const float *x, const float *w, const float *bias, 
 
 TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V,
                                 int64_t C, float *out, int64_t *bad) {
-  for (int64_t i = 0; i < n; i++) /* checked first, so the copy below cannot fail */
-    if (ids[i] < -V || ids[i] >= V) {
+  static const int64_t whole = 0; /* the one range of one */
+  return tp_embedding_part_f32(table, ids, &whole, n, V, 1, C, out, bad);
+}
+
+/* Are ids (n) all in [-V * parts, V * parts) (without negatives: [0, ...))? Else the
+ * position of the first that is not goes to *bad. */
+static bool ids_in_range(const int64_t *ids, int64_t n, int64_t V, int64_t parts, bool negatives, int64_t *bad) {
+  for (int64_t i = 0; i < n; i++)
+    if (ids[i] < (negatives ? -V * parts : 0) || ids[i] >= V * parts) {
       *bad = i;
-      return TP_KERNEL_BAD_INDEX;
+      return false;
     }
+  return true;
+}
+
+/* The row of the range's V that id (checked) falls on, or -1. */
+static inline int64_t range_row(int64_t id, int64_t V, int64_t parts, int64_t part) {
+  int64_t row = (id < 0 ? id + V * parts : id) - part * V;
+  return row >= 0 && row < V ? row : -1;
+}
+
+TpKernelStatus tp_embedding_part_f32(const float *table, const int64_t *ids, const int64_t *part, int64_t n,
+                                     int64_t V, int64_t parts, int64_t C, float *out, int64_t *bad) {
+  if (!ids_in_range(ids, n, V, parts, true, bad)) return TP_KERNEL_BAD_INDEX; /* first: the copy cannot fail */
 #pragma omp parallel for if (n * C >= PARALLEL_MIN_ELEMS)
   for (int64_t i = 0; i < n; i++) {
-    int64_t id = ids[i] < 0 ? ids[i] + V : ids[i];
-    memcpy(out + i * C, table + id * C, (size_t)C * sizeof *out);
+    int64_t row = range_row(ids[i], V, parts, *part);
+    if (row >= 0) memcpy(out + i * C, table + row * C, (size_t)C * sizeof *out);
+    else memset(out + i * C, 0, (size_t)C * sizeof *out);
   }
   return TP_KERNEL_OK;
 }
 
-/* logsumexp of a row, the maximum subtracted first; the exponentials summed in double. */
-TP_VECTOR_CLONES static double row_logsumexp(const float *x, int64_t n) {
-  float mx = tp_row_max(x, n, 1);
-  if (mx == -INFINITY || mx == INFINITY) return mx;
+TpKernelStatus tp_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
+                                              int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad) {
+  if (!ids_in_range(ids, n, V, parts, true, bad)) return TP_KERNEL_BAD_INDEX;
+  if (V * C != 0) memset(dtable, 0, (size_t)(V * C) * sizeof *dtable);
+  /* columns split among the threads: each row's sum keeps the order of i */
+#pragma omp parallel for schedule(static) if (n * C >= PARALLEL_MIN_ELEMS)
+  for (int64_t c0 = 0; c0 < C; c0 += 64) {
+    int64_t w = C - c0 < 64 ? C - c0 : 64;
+    for (int64_t i = 0; i < n; i++) {
+      int64_t row = range_row(ids[i], V, parts, *part);
+      if (row < 0) continue;
+      float *d = dtable + row * C + c0;
+      const float *s = dy + i * C + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < w; c++) d[c] += s[c];
+    }
+  }
+  return TP_KERNEL_OK;
+}
+
+/* The sum of exp(x[j] - *mx) over a row, *mx its maximum, in double (the sum
+ * row_logsumexp takes the log of); 1 when *mx is infinite. */
+TP_VECTOR_CLONES static double row_sumexp(const float *x, int64_t n, float *mx) {
+  float m = *mx = tp_row_max(x, n, 1);
+  if (m == -INFINITY || m == INFINITY) return 1;
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; j++) sum += tp_vexpf(x[j] - mx);
-  return mx + log(sum);
+  for (int64_t j = 0; j < n; j++) sum += tp_vexpf(x[j] - m);
+  return sum;
+}
+
+/* logsumexp of a row, the maximum subtracted first; the exponentials summed in double. */
+static double row_logsumexp(const float *x, int64_t n) {
+  float mx;
+  double sum = row_sumexp(x, n, &mx);
+  return mx == -INFINITY || mx == INFINITY ? mx : mx + log(sum);
 }
 
 TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R,
@@ -75,6 +123,70 @@ TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets,
   double total = 0;
   for (int p = 0; p < SUM_PIECES; p++) total += piece[p];
   *loss = (float)(total / denominator);
+  return TP_KERNEL_OK;
+}
+
+/* From a row of summed statistics (maxima, sums, target logit: tp_cross_entropy_stats_f32),
+ * the whole row's maximum in *mx and the sum of exp(x - *mx) over every range, in double. */
+static double stats_sumexp(const float *s, int64_t parts, float *mx) {
+  *mx = tp_row_max(s, parts, 1);
+  if (*mx == -INFINITY || *mx == INFINITY) return 1;
+  double sum = 0;
+  for (int64_t p = 0; p < parts; p++)
+    if (s[p] != -INFINITY) sum += s[parts + p] * exp((double)s[p] - *mx);
+  return sum;
+}
+
+TpKernelStatus tp_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
+                                          int64_t V, int64_t parts, float *stats, int64_t *bad) {
+  if (!ids_in_range(targets, R, V, parts, false, bad)) return TP_KERNEL_BAD_INDEX;
+#pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
+  for (int64_t r = 0; r < R; r++) {
+    const float *row = logits + r * V;
+    float *s = stats + r * (2 * parts + 1);
+    memset(s, 0, (size_t)(2 * parts + 1) * sizeof *s);
+    s[parts + *part] = (float)row_sumexp(row, V, &s[*part]);
+    int64_t t = range_row(targets[r], V, parts, *part);
+    if (t >= 0) s[2 * parts] = row[t];
+  }
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
+                                          float *loss) {
+  double piece[SUM_PIECES];
+#pragma omp parallel for schedule(static) if (R * parts >= PARALLEL_MIN_ELEMS)
+  for (int p = 0; p < SUM_PIECES; p++) {
+    double sum = 0;
+    for (int64_t r = R * p / SUM_PIECES; r < R * (p + 1) / SUM_PIECES; r++) {
+      const float *s = stats + r * (2 * parts + 1);
+      float mx;
+      double total = stats_sumexp(s, parts, &mx);
+      sum += (mx == -INFINITY || mx == INFINITY ? mx : mx + log(total)) - s[2 * parts];
+    }
+    piece[p] = sum;
+  }
+  double total = 0;
+  for (int p = 0; p < SUM_PIECES; p++) total += piece[p];
+  *loss = (float)(total / denominator);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cross_entropy_parts_backward_f32(float dloss, const float *logits, const int64_t *targets,
+                                                   const float *stats, const int64_t *part, int64_t R, int64_t V,
+                                                   int64_t parts, float denominator, float *dlogits, int64_t *bad) {
+  if (!ids_in_range(targets, R, V, parts, false, bad)) return TP_KERNEL_BAD_INDEX;
+  float scale = dloss / denominator;
+#pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
+  for (int64_t r = 0; r < R; r++) {
+    const float *x = logits + r * V;
+    float *o = dlogits + r * V, mx;
+    float inv = (float)(1.0 / stats_sumexp(stats + r * (2 * parts + 1), parts, &mx)) * scale;
+#pragma omp simd
+    for (int64_t j = 0; j < V; j++) o[j] = tp_vexpf(x[j] - mx) * inv;
+    int64_t t = range_row(targets[r], V, parts, *part);
+    if (t >= 0) o[t] -= scale;
+  }
   return TP_KERNEL_OK;
 }
 

@@ -37,6 +37,51 @@ TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t 
 TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R,
                                     int64_t V, float denominator, float *loss, int64_t *bad);
 
+/* ---- Vocabulary-parallel embedding and loss (ir/ops.def; passes/shard_tensor.c) ----
+ * The vocabulary of V * parts classes is cut into parts ranges of V; this rank holds
+ * range *part, classes [*part * V, (*part + 1) * V) (part points at TensorRank's result:
+ * device memory for the CUDA kernels). Summing a forward's results over the ranks (the
+ * AllReduce after it) gives the unsplit kernel's; each backward gives this range's part
+ * of the unsplit gradient. An id or target outside [0, V * parts) (ids also [-V * parts,
+ * 0), counted from the end) gives TP_KERNEL_BAD_INDEX with its position in *bad. */
+
+/* tp_embedding_f32 of the range: out[i, :] = table[ids[i] - *part * V, :] for the ids in
+ * it, zeros for the others.
+ *   table (V, C), ids (n), out (n, C) */
+TpKernelStatus tp_embedding_part_f32(const float *table, const int64_t *ids, const int64_t *part, int64_t n,
+                                     int64_t V, int64_t parts, int64_t C, float *out, int64_t *bad);
+
+/* Its backward: dtable = the sum of dy[i, :] into the row of each id in the range, in the
+ * order of i (the bits of the unsplit GatherBackward's rows).
+ *   dy (n, C), ids (n), dtable (V, C) */
+TpKernelStatus tp_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
+                                              int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad);
+
+/* CrossEntropyStats: per row r of stats (2 parts + 1 columns), column *part the row's
+ * maximum mx, column parts + *part the sum of exp(logits[r, j] - mx) (as
+ * tp_cross_entropy_f32's, in double, stored as float; 1 for an infinite mx), column
+ * 2 parts the target's logit when it is in the range; every other column 0. Summed over
+ * the ranks, a row holds every range's maximum and sum: the whole row's logsumexp without
+ * the rounding of a logsumexp stored as float.
+ *   logits (R, V), targets (R), stats (R, 2 parts + 1) */
+TpKernelStatus tp_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
+                                          int64_t V, int64_t parts, float *stats, int64_t *bad);
+
+/* CrossEntropy from the statistics summed over the ranks: *loss = the sum over rows of
+ * lse_r - stats[r, 2 parts], lse_r = M + log(sum over ranges p of sum_p exp(max_p - M)),
+ * M the largest max_p, divided by denominator; in double, in a fixed order, so every
+ * rank gets the same bits. */
+TpKernelStatus tp_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
+                                          float *loss);
+
+/* Its backward, the range's dlogits: (exp(logits[r, j] - lse_r) - onehot(targets[r])) *
+ * dloss / denominator, computed as exp(logits - M) / (the forward's sum), as
+ * tp_cross_entropy_backward_f32 does with its row's maximum.
+ *   logits, dlogits (R, V), targets (R), stats (R, 2 parts + 1) */
+TpKernelStatus tp_cross_entropy_parts_backward_f32(float dloss, const float *logits, const int64_t *targets,
+                                                   const float *stats, const int64_t *part, int64_t R, int64_t V,
+                                                   int64_t parts, float denominator, float *dlogits, int64_t *bad);
+
 /* y = x / sqrt(mean(x^2) + eps) * scale, per row; the mean of squares in double.
  *   x, y (rows, n); scale (n) */
 TpKernelStatus tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y);
@@ -96,6 +141,16 @@ typedef struct {
   TpTensor *y;
   int64_t *bad;
 } TpCrossEntropyArgs;
+
+/* The vocabulary-parallel kernels: x the table, dY or logits; ids the ids or targets (i64);
+ * n the ids' or rows' count; V the range's classes; y the result. */
+typedef struct {
+  const TpTensor *dloss, *x, *ids, *stats, *part;
+  int64_t n, V, parts, C;
+  float denominator;
+  TpTensor *y;
+  int64_t *bad;
+} TpVocabArgs;
 
 /* RMSNorm and its backward (dy first; dx and dscale as y and dscale). */
 typedef struct {

@@ -9,21 +9,36 @@ __device__ __forceinline__ int64_t table_row(int64_t id, int64_t V) {
   return id < 0 ? id + V : id;
 }
 
-/* One block per position; its threads copy the row. */
-__global__ void embedding_kernel(const float *table, const int64_t *ids, int64_t V, int64_t C, float *out,
-                                 int64_t *bad) {
-  int64_t i = blockIdx.x, id = table_row(ids[i], V);
+/* The row of the range *part (of V rows; none: the whole table) that the table row `row`
+ * of a table of V * parts rows falls on, or -1. */
+__device__ __forceinline__ int64_t range_row(int64_t row, const int64_t *part, int64_t V) {
+  int64_t local = part ? row - *part * V : row;
+  return local >= 0 && local < V ? local : -1;
+}
+
+/* One block per position; its threads copy the row, zeros for an id outside the range. */
+__global__ void embedding_kernel(const float *table, const int64_t *ids, const int64_t *part, int64_t V,
+                                 int64_t parts, int64_t C, float *out, int64_t *bad) {
+  int64_t i = blockIdx.x, id = table_row(ids[i], V * parts);
   if (id < 0) {
     if (threadIdx.x == 0) tp_report_bad(bad, i);
     return;
   }
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[i * C + c] = table[id * C + c];
+  id = range_row(id, part, V);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[i * C + c] = id < 0 ? 0.0f : table[id * C + c];
 }
 
 void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
                            int64_t *bad, TpCudaStream stream) {
+  tp_cuda_launch_embedding_part_f32(table, ids, NULL, n, V, 1, C, out, bad, stream);
+}
+
+void tp_cuda_launch_embedding_part_f32(const float *table, const int64_t *ids, const int64_t *part, int64_t n,
+                                       int64_t V, int64_t parts, int64_t C, float *out, int64_t *bad,
+                                       TpCudaStream stream) {
   if (n == 0) return;
-  TP_LAUNCH(embedding_kernel, dim3((unsigned)n), dim3(EMBEDDING_THREADS), stream, table, ids, V, C, out, bad);
+  TP_LAUNCH(embedding_kernel, dim3((unsigned)n), dim3(EMBEDDING_THREADS), stream, table, ids, part, V, parts, C, out,
+            bad);
 }
 
 /* ---- the backward: a scatter-add, deterministic ----
@@ -32,17 +47,20 @@ void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_
 
 enum { SORT_THREADS = 1024 };
 
-/* One block: keys[i] = the row of ids[i] (V when out of range, reported), pos[i] = i, then
+/* One block: keys[i] = the row of ids[i] in the range *part of V rows of a table of V *
+ * parts (part NULL: the whole; V when outside it, reported when outside the table),
+ * pos[i] = i, then
  * a stable LSD radix sort of (key, pos), one bit a pass, between (keys, pos) and (keys2,
  * pos2); after `bits` passes the result is in (keys, pos) if bits is even, else in
  * (keys2, pos2). Each thread keeps a contiguous chunk, so a pass is a count of the
  * chunk's zeros, a block scan of the counts and an in-order scatter. */
 __global__ void __launch_bounds__(SORT_THREADS)
-    sort_rows_kernel(const void *ids, bool ids_i32, int64_t n, int64_t V, int bits, int64_t *keys, int64_t *pos,
-                     int64_t *keys2, int64_t *pos2, int64_t *bad) {
+    sort_rows_kernel(const void *ids, bool ids_i32, const int64_t *part, int64_t n, int64_t V, int64_t parts, int bits,
+                     int64_t *keys, int64_t *pos, int64_t *keys2, int64_t *pos2, int64_t *bad) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    int64_t row = table_row(tp_load_index(ids_i32 ? TP_I32 : TP_I64, ids, i), V);
+    int64_t row = table_row(tp_load_index(ids_i32 ? TP_I32 : TP_I64, ids, i), V * parts);
     if (row < 0) tp_report_bad(bad, i);
+    else row = range_row(row, part, V);
     keys[i] = row < 0 ? V : row, pos[i] = i;
   }
   __shared__ int64_t zeros_through[SORT_THREADS]; /* zeros in the chunks up to this thread's */
@@ -85,18 +103,31 @@ __global__ void add_rows_kernel(const float *dy, const int64_t *keys, const int6
 
 size_t tp_cuda_embedding_backward_scratch(int64_t n) { return 4 * (size_t)n * sizeof(int64_t); }
 
-void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t n, int64_t outer,
-                                           int64_t V, int64_t C, float *dtable, int64_t *bad, void *scratch,
-                                           TpCudaStream stream) {
+/* The backward of the range *part (NULL: the whole table, parts 1). */
+static void embedding_backward(const float *dy, const void *ids, bool ids_i32, const int64_t *part, int64_t n,
+                               int64_t outer, int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
+                               void *scratch, TpCudaStream stream) {
   if (outer * V * C != 0) TP_CUDA_CHECK(cudaMemsetAsync(dtable, 0, (size_t)(outer * V * C) * sizeof(float), stream));
   if (n == 0) return;
   int bits = 0; /* the keys are in [0, V] */
   while (bits < 63 && (V >> bits) != 0) bits++;
   int64_t *keys = static_cast<int64_t *>(scratch), *pos = keys + n, *keys2 = pos + n, *pos2 = keys2 + n;
-  TP_LAUNCH(sort_rows_kernel, dim3(1), dim3(SORT_THREADS), stream, ids, ids_i32, n, V, bits, keys, pos, keys2, pos2,
-            bad);
+  TP_LAUNCH(sort_rows_kernel, dim3(1), dim3(SORT_THREADS), stream, ids, ids_i32, part, n, V, parts, bits, keys, pos,
+            keys2, pos2, bad);
   if (bits % 2) keys = keys2, pos = pos2;
   if (outer * C != 0)
     TP_LAUNCH(add_rows_kernel, tp_elementwise_grid(outer * n * C), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy,
               keys, pos, n, outer, V, C, dtable);
+}
+
+void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t n, int64_t outer,
+                                           int64_t V, int64_t C, float *dtable, int64_t *bad, void *scratch,
+                                           TpCudaStream stream) {
+  embedding_backward(dy, ids, ids_i32, NULL, n, outer, V, 1, C, dtable, bad, scratch, stream);
+}
+
+void tp_cuda_launch_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
+                                                int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
+                                                void *scratch, TpCudaStream stream) {
+  embedding_backward(dy, ids, false, part, n, 1, V, parts, C, dtable, bad, scratch, stream);
 }

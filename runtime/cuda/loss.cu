@@ -68,3 +68,85 @@ void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *
   TP_LAUNCH(cross_entropy_backward_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, dloss, logits,
             targets, V, denominator, dlogits, bad);
 }
+
+/* ---- vocabulary-parallel (tp_cross_entropy_stats_f32 and the loss from the summed
+ * statistics, runtime/cpu/transformer.h) ---- */
+
+/* One block per row: this range's maximum and sum of exp in the row's statistics. */
+__global__ void cross_entropy_stats_kernel(const float *logits, const int64_t *targets, const int64_t *part, int64_t V,
+                                           int64_t parts, float *stats, int64_t *bad) {
+  int64_t r = blockIdx.x, t = targets[r] - *part * V, width = 2 * parts + 1;
+  float *s = stats + r * width, mx, sum;
+  row_max_sumexp(logits + r * V, V, &mx, &sum);
+  for (int64_t j = threadIdx.x; j < width; j += blockDim.x) s[j] = 0;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (targets[r] < 0 || targets[r] >= V * parts) {
+    atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
+    return;
+  }
+  s[*part] = mx, s[parts + *part] = isinf(mx) ? 1.0f : sum;
+  if (t >= 0 && t < V) s[2 * parts] = logits[r * V + t];
+}
+
+void tp_cuda_launch_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
+                                            int64_t V, int64_t parts, float *stats, int64_t *bad, TpCudaStream stream) {
+  if (R == 0) return;
+  TP_LAUNCH(cross_entropy_stats_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, logits, targets, part, V,
+            parts, stats, bad);
+}
+
+/* From a row of summed statistics: the row's maximum and the sum of exp(x - max) over every
+ * range, in double (the CPU's stats_sumexp). */
+__device__ double stats_sumexp(const float *s, int64_t parts, float *mx) {
+  float m = -INFINITY;
+  for (int64_t p = 0; p < parts; p++) m = fmaxf(m, s[p]);
+  *mx = m;
+  if (isinf(m)) return 1;
+  double sum = 0;
+  for (int64_t p = 0; p < parts; p++)
+    if (s[p] != -INFINITY) sum += s[parts + p] * exp((double)s[p] - m);
+  return sum;
+}
+
+__global__ void cross_entropy_parts_rows_kernel(const float *stats, int64_t R, int64_t parts, double *row_loss) {
+  TP_GRID_STRIDE_LOOP(r, R) {
+    const float *s = stats + r * (2 * parts + 1);
+    float mx;
+    double sum = stats_sumexp(s, parts, &mx);
+    row_loss[r] = (isinf(mx) ? (double)mx : mx + log(sum)) - s[2 * parts];
+  }
+}
+
+void tp_cuda_launch_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator, float *loss,
+                                            double *row_loss, TpCudaStream stream) {
+  if (R)
+    TP_LAUNCH(cross_entropy_parts_rows_kernel, tp_elementwise_grid(R), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream,
+              stats, R, parts, row_loss);
+  TP_LAUNCH(sum_rows_kernel, dim3(1), dim3(LOSS_SUM_THREADS), stream, row_loss, R, denominator, loss);
+}
+
+/* One block per row: exp(x - max) / sum - onehot, scaled (as cross_entropy_backward_kernel). */
+__global__ void cross_entropy_parts_backward_kernel(const float *dloss, const float *logits, const int64_t *targets,
+                                                    const float *stats, const int64_t *part, int64_t V, int64_t parts,
+                                                    float denominator, float *dlogits, int64_t *bad) {
+  int64_t r = blockIdx.x, t = targets[r];
+  if (t < 0 || t >= V * parts) { /* uniform over the block */
+    if (threadIdx.x == 0) atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
+    return;
+  }
+  t -= *part * V;
+  const float *x = logits + r * V;
+  float *o = dlogits + r * V, mx, scale = *dloss / denominator;
+  float inv = (float)(1.0 / stats_sumexp(stats + r * (2 * parts + 1), parts, &mx)) * scale;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) o[j] = expf(x[j] - mx) * inv - (j == t ? scale : 0.0f);
+}
+
+void tp_cuda_launch_cross_entropy_parts_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
+                                                     const float *stats, const int64_t *part, int64_t R, int64_t V,
+                                                     int64_t parts, float denominator, float *dlogits, int64_t *bad,
+                                                     TpCudaStream stream) {
+  if (R == 0 || V == 0) return;
+  TP_LAUNCH(cross_entropy_parts_backward_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, dloss, logits,
+            targets, stats, part, V, parts, denominator, dlogits, bad);
+}

@@ -143,6 +143,49 @@ TpKernelStatus tp_cuda_cross_entropy_f32(const float *logits, const int64_t *tar
   return TP_KERNEL_OK;
 }
 
+TpKernelStatus tp_cuda_embedding_part_f32(const float *table, const int64_t *ids, const int64_t *part, int64_t n,
+                                          int64_t V, int64_t parts, int64_t C, float *out, int64_t *bad,
+                                          TpStream *stream) {
+  (void)bad;
+  tp_cuda_launch_embedding_part_f32(table, ids, part, n, V, parts, C, out, stream->bad, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
+                                                   int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
+                                                   TpStream *stream) {
+  (void)bad;
+  void *scratch = tp_cuda_scratch(stream, tp_cuda_embedding_backward_scratch(n) + 1);
+  tp_cuda_launch_embedding_part_backward_f32(dy, ids, part, n, V, parts, C, dtable, stream->bad, scratch, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
+                                               int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad,
+                                               TpStream *stream) {
+  (void)bad;
+  tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, stream->bad, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
+                                               float *loss, TpStream *stream) {
+  double *row_loss = static_cast<double *>(tp_cuda_scratch(stream, (size_t)R * sizeof(double) + 1));
+  tp_cuda_launch_cross_entropy_parts_f32(stats, R, parts, denominator, loss, row_loss, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_cross_entropy_parts_backward_f32(const float *dloss, const float *logits,
+                                                        const int64_t *targets, const float *stats,
+                                                        const int64_t *part, int64_t R, int64_t V, int64_t parts,
+                                                        float denominator, float *dlogits, int64_t *bad,
+                                                        TpStream *stream) {
+  (void)bad;
+  tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, stats, part, R, V, parts, denominator,
+                                                  dlogits, stream->bad, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_cuda_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
                                    TpStream *stream) {
   tp_cuda_launch_rmsnorm_f32(x, scale, rows, n, eps, y, stream->cuda);

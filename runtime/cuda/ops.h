@@ -113,6 +113,22 @@ TpKernelStatus tp_cuda_embedding_f32(const float *table, const int64_t *ids, int
                                      float *out, int64_t *bad, TpStream *stream);
 TpKernelStatus tp_cuda_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
                                          float denominator, float *loss, int64_t *bad, TpStream *stream);
+TpKernelStatus tp_cuda_embedding_part_f32(const float *table, const int64_t *ids, const int64_t *part, int64_t n,
+                                          int64_t V, int64_t parts, int64_t C, float *out, int64_t *bad,
+                                          TpStream *stream);
+TpKernelStatus tp_cuda_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
+                                                   int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
+                                                   TpStream *stream);
+TpKernelStatus tp_cuda_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
+                                               int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad,
+                                               TpStream *stream);
+TpKernelStatus tp_cuda_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
+                                               float *loss, TpStream *stream);
+TpKernelStatus tp_cuda_cross_entropy_parts_backward_f32(const float *dloss, const float *logits,
+                                                        const int64_t *targets, const float *stats,
+                                                        const int64_t *part, int64_t R, int64_t V, int64_t parts,
+                                                        float denominator, float *dlogits, int64_t *bad,
+                                                        TpStream *stream);
 TpKernelStatus tp_cuda_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps,
                                    float *y, TpStream *stream);
 TpKernelStatus tp_cuda_rotary_f32(const float *x, const float *cos, const float *sin, int rank,

@@ -418,6 +418,78 @@ static void scale(void) {
 }
 
 /* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
+/* The vocabulary-parallel kernels, range by range (2 and 3 ranges of TABLES' V each),
+ * against the CPU's: the embedding's lookup and scatter-add EXACT, the statistics ROW (the
+ * float sum of exp against the CPU's double); the loss and dlogits from the same summed
+ * statistics SUM and ROW. Ids and targets are over the whole vocabulary, so most fall
+ * outside a range. */
+static void embedding_part(void) {
+  for (int t = 0; t < NTABLES; t++)
+    for (int64_t parts = 2; parts <= 3; parts++) {
+      int64_t n = TABLES[t][0], V = TABLES[t][1], C = TABLES[t][2], want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
+      int64_t *ids = random_ids(n, V * parts), *part = test_scalar_i64(parts - 1);
+      float *table = test_rand(V * C, 1), *out = zeros(n * C), *want = zeros(n * C), *dy = test_rand(n * C, 1);
+      float *dtable = test_rand(V * C, 1), *dwant = zeros(V * C);
+      void *scratch = test_alloc(tp_cuda_embedding_backward_scratch(n));
+      char what[96];
+      snprintf(what, sizeof what, "range %lld of %lld: n=%lld V=%lld C=%lld", (long long)*part, (long long)parts,
+               (long long)n, (long long)V, (long long)C);
+      if (tp_embedding_part_f32(table, ids, part, n, V, parts, C, want, &want_bad) ||
+          tp_embedding_part_backward_f32(dy, ids, part, n, V, parts, C, dwant, &want_bad))
+        fail("%s: the cpu refused", what);
+      tp_cuda_launch_embedding_part_f32(table, ids, part, n, V, parts, C, out, bad, NULL);
+      tp_cuda_launch_embedding_part_backward_f32(dy, ids, part, n, V, parts, C, dtable, bad, scratch, NULL);
+      test_sync();
+      check_close(what, out, want, n * C, EXACT);
+      check_close(what, dtable, dwant, V * C, EXACT);
+      if (*bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)*bad);
+      ids[n - 1] = V * parts; /* outside the whole table: reported */
+      tp_embedding_part_f32(table, ids, part, n, V, parts, C, want, &want_bad);
+      tp_cuda_launch_embedding_part_f32(table, ids, part, n, V, parts, C, out, bad, NULL);
+      test_sync();
+      if (*bad != want_bad) fail("%s: bad id at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
+      test_free(ids), test_free(part), test_free(table), test_free(out), test_free(want), test_free(dy);
+      test_free(dtable), test_free(dwant), test_free(scratch), test_free(bad);
+    }
+}
+
+static void cross_entropy_parts(void) {
+  for (int c = 0; c < NTABLES; c++)
+    for (int64_t parts = 2; parts <= 3; parts++) {
+      int64_t R = TABLES[c][0], V = TABLES[c][1], W = 2 * parts + 1, want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
+      int64_t *targets = random_targets(R, V * parts), *part = test_scalar_i64(parts - 1);
+      float *logits = test_rand(R * V, 10), *stats = zeros(R * W), *want = zeros(R * W), *loss = zeros(1), want_loss;
+      float *d = zeros(R * V), *dwant = zeros(R * V), *dloss = zeros(1);
+      double *row_loss = test_alloc((size_t)R * sizeof *row_loss);
+      *dloss = 0.75f;
+      char what[96];
+      snprintf(what, sizeof what, "range %lld of %lld: R=%lld V=%lld", (long long)*part, (long long)parts, (long long)R,
+               (long long)V);
+      if (tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad)) fail("%s: cpu stats", what);
+      tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, bad, NULL);
+      test_sync();
+      check_close(what, stats, want, R * W, ROW);
+      for (int64_t r = 0; r < R; r++) /* the other ranges' statistics, as the AllReduce would bring them */
+        for (int64_t p = 0; p < parts - 1; p++) want[r * W + p] = frand(), want[r * W + parts + p] = 2 + frand();
+      tp_cross_entropy_parts_f32(want, R, parts, (float)R, &want_loss);
+      tp_cross_entropy_parts_backward_f32(*dloss, logits, targets, want, part, R, V, parts, (float)R, dwant, &want_bad);
+      tp_cuda_launch_cross_entropy_parts_f32(want, R, parts, (float)R, loss, row_loss, NULL);
+      tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, want, part, R, V, parts, (float)R, d, bad,
+                                                      NULL);
+      test_sync();
+      check_close(what, loss, &want_loss, 1, SUM);
+      check_close(what, d, dwant, R * V, ROW);
+      if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
+      targets[R - 1] = V * parts;
+      tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad);
+      tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, bad, NULL);
+      test_sync();
+      if (*bad != want_bad) fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
+      test_free(targets), test_free(part), test_free(logits), test_free(stats), test_free(want), test_free(loss);
+      test_free(d), test_free(dwant), test_free(dloss), test_free(row_loss), test_free(bad);
+    }
+}
+
 static const CudaTest TESTS[] = {
     {"rmsnorm_fwd", rmsnorm_fwd},
     {"rmsnorm_bwd", rmsnorm_bwd},
@@ -433,6 +505,8 @@ static const CudaTest TESTS[] = {
     {"embedding_bwd", embedding_bwd},
     {"cross_entropy_fwd", cross_entropy_fwd},
     {"cross_entropy_bwd", cross_entropy_bwd},
+    {"embedding_part", embedding_part},
+    {"cross_entropy_parts", cross_entropy_parts},
     {"adamw", adamw},
     {"sum_squares", sum_squares},
     {"scale", scale},

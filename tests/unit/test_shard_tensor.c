@@ -15,7 +15,7 @@
 #include "../check.h"
 
 static const double TOL = 1e-5;
-enum { MAX_RANKS = 4 };
+enum { MAX_RANKS = 5 };
 
 /* The module after `//--- name` in the lit test file `lit`, parsed; NULL on failure. */
 static TpModule *load(const char *lit, const char *name, TpDiag *d) {
@@ -83,6 +83,7 @@ typedef struct {
 /* Runs m forward and backward on `ranks` ranks in lockstep; inputs[i] feeds graph input i
  * on every rank. Returns TP_OK or the error. */
 static int run(const TpModule *m, int ranks, const TpTensor *inputs, Run *out, TpDiag *d) {
+  TP_ASSERT(ranks <= MAX_RANKS);
   for (int r = 0; r < ranks; r++) {
     TpTensor *vals = out->vals[r] = calloc((size_t)m->nvalues, sizeof *vals);
     for (int v = 0; v < m->nvalues; v++) {
@@ -104,7 +105,9 @@ static int run(const TpModule *m, int ranks, const TpTensor *inputs, Run *out, T
       TpTensor in[8], res[8], *vals = out->vals[r];
       for (int i = 0; i < op->ninputs; i++) in[i] = op->inputs[i] >= 0 ? vals[op->inputs[i]] : (TpTensor){0};
       for (int i = 0; i < op->noutputs; i++) res[i] = op->outputs[i] >= 0 ? vals[op->outputs[i]] : (TpTensor){0};
-      if (op->kind == TP_OP_TensorCopy) {
+      if (op->kind == TP_OP_TensorRank) {
+        *(int64_t *)res[0].data = r;
+      } else if (op->kind == TP_OP_TensorCopy) {
         memcpy(res[0].data, in[0].data, tp_tensor_bytes(&in[0]));
       } else if (op->kind == TP_OP_AllReduce) {
         float *y = res[0].data;
@@ -127,6 +130,20 @@ static void free_run(const TpModule *m, int ranks, Run *out) {
         free(out->vals[r][v].data);
     free(out->vals[r]);
   }
+}
+
+/* Largest |a - b| over the largest |b|, both of n floats. */
+static double rel_err(const float *a, const float *b, int64_t n);
+
+/* rel_err of rank r's logits (rows of Vp) against its columns of the whole (rows of V): a
+ * vocabulary-parallel head gives each rank V / ranks of them. */
+static double logits_err(const float *part, const float *whole, int64_t rows, int64_t Vp, int64_t V, int r) {
+  float *cut = malloc((size_t)(rows * Vp) * sizeof *cut);
+  int64_t first = Vp == V ? 0 : r * Vp;
+  for (int64_t i = 0; i < rows; i++) memcpy(cut + i * Vp, whole + i * V + first, (size_t)Vp * sizeof *cut);
+  double err = rel_err(part, cut, rows * Vp);
+  free(cut);
+  return err;
 }
 
 /* Largest |a - b| over the largest |b|, both of n floats. */
@@ -160,10 +177,11 @@ static void check_case(const char *lit, const char *name, int ranks) {
     fail("%s: add-loss or autodiff failed", name);
     return;
   }
-  /* integer inputs: token ids and targets below every vocabulary here (16) */
+  /* integer inputs: token ids and targets below every vocabulary here (12 or 16), each
+   * vocabulary range met */
   TpTensor inputs[4];
   int64_t ids[64];
-  for (int i = 0; i < 64; i++) ids[i] = (i * 7 + 3) % 16;
+  for (int i = 0; i < 64; i++) ids[i] = (i * 7 + 3) % 12;
   TP_ASSERT(whole->ninputs <= 4 && whole->ninputs == sharded->ninputs);
   for (int i = 0; i < whole->ninputs; i++) {
     inputs[i] = tp_value_tensor(whole, whole->inputs[i]);
@@ -178,7 +196,9 @@ static void check_case(const char *lit, const char *name, int ranks) {
   double worst = 0;
   for (int r = 0; r < ranks; r++) {
     int lw = tp_find_value(whole, "logits"), ls = tp_find_value(sharded, "logits");
-    worst = fmax(worst, rel_err(b.vals[r][ls].data, a.vals[0][lw].data, tp_type_numel(&whole->values[lw].type)));
+    const TpType *tw = &whole->values[lw].type, *ts = &sharded->values[ls].type;
+    int64_t V = tw->dims[tw->rank - 1], Vp = ts->dims[ts->rank - 1];
+    worst = fmax(worst, logits_err(b.vals[r][ls].data, a.vals[0][lw].data, tp_type_numel(tw) / V, Vp, V, r));
     worst = fmax(worst, rel_err(b.vals[r][sharded->loss].data, a.vals[0][whole->loss].data, 1));
   }
   for (int v = 0; v < sharded->nvalues; v++) {
@@ -213,6 +233,12 @@ int main(void) {
   check_case("shard-gpt.tir", "neox.tir", 2); /* head-major fused Q|K|V, Slice and Concat */
   check_case("shard-llama.tir", "llama.tir", 2);
   check_case("shard-llama.tir", "llama.tir", 4); /* K/V heads shared by two ranks each */
+  /* vocabulary-parallel: a table tied to the head; an own [C, V] head with bias and an
+   * upcast, over 2, 3 and 5 ranks (5: V = 12 does not split into them, kept whole) */
+  check_case("shard-vocab.tir", "tied.tir", 2);
+  check_case("shard-vocab.tir", "small.tir", 2);
+  check_case("shard-vocab.tir", "small.tir", 3);
+  check_case("shard-vocab.tir", "small.tir", 5);
   if (failures) fprintf(stderr, "test_shard_tensor: %d failures\n", failures);
   return failures ? 1 : 0;
 }
