@@ -23,6 +23,16 @@ allreduce-1x4) on 4 4 allreduce 1 ;;  # replicas of four
 order-2) on 2 2 order 2 ;;
 order-2x2) on 4 4 order 2 ;;
 order-4) on 4 4 order 4 ;;
+# tensor parallelism (plan.h's layout: rank (d * S + k) * N + t): sN stages, nN tensor
+# ranks, dN replicas
+p2p-s2n2) on 4 4 p2p 2 2 ;;            # stage peers at the same tensor rank
+allreduce-s2n2) on 4 4 allreduce 2 2 ;;   # tied pairs at the same tensor rank
+allreduce-s1n2d2) on 4 4 allreduce 1 2 ;; # replicas at the same tensor rank
+tensor-s2n2) on 4 4 tensor 2 2 ;;         # two tensor groups at once
+tensor-s1n4) on 4 4 tensor 1 4 ;;
+order-s2n2) on 4 4 order 2 2 ;;
+order-s1n2d2) on 4 4 order 1 2 ;;
+order-s1n4) on 4 4 order 1 4 ;;           # groups of shared pieces
 fallback-one) TOKPIPE_CUDA_EMULATE_DEVICES=1 "$prog" fallback ;;
 fallback-shared) # two processes on one GPU: the host transport, and rank 0 says why
   on 1 2 fallback >"$out" 2>&1
