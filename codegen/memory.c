@@ -60,6 +60,15 @@ static bool is_label_input(const TpModule *m, int v) {
   return false;
 }
 
+/* May AllReduce op sum its operand's bytes in place (its result a view of them)? Only when
+ * nothing else reads those bytes: the operand has a buffer of its own (not a view, a
+ * context, a parameter's or a gradient's), and the op is its one reader (not the loss, not
+ * a graph output). */
+static bool reduces_in_place(const TpModule *m, const TpMemoryPlan *p, int op) {
+  int x = m->ops[op].inputs[0];
+  return p->value[x].kind == TP_MEM_ARENA && !tp_context_rows(m, x) && x != m->loss && tp_use_count(m, x) == 1;
+}
+
 /* Where each value lives, before any placement. */
 static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag *d) {
   int tokens = -1, targets = -1;
@@ -123,7 +132,8 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
   }
   /* Other results: a Reshape is a view of its operand's bytes, and so is a slice's
    * context of the one before (they share the buffer the first slice's context owns: its
-   * bytes times context_rows / its rows); the rest need a buffer. */
+   * bytes times context_rows / its rows), a TensorCopy (the identity on each rank) and an
+   * AllReduce that may sum its operand's bytes in place; the rest need a buffer. */
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
     for (int k = 0; k < o->noutputs; k++) {
@@ -131,7 +141,8 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
       if (r < 0 || p->value[r].kind != TP_MEM_NONE) continue;
       TpMemSlot *s = &p->value[r];
       int64_t context_rows = tp_context_rows(m, r);
-      if ((o->kind == TP_OP_Reshape && !tp_is_boundary_op(m, op)) || (context_rows && o->ninputs == 2)) {
+      if ((o->kind == TP_OP_Reshape && !tp_is_boundary_op(m, op)) || (context_rows && o->ninputs == 2) ||
+          o->kind == TP_OP_TensorCopy || (o->kind == TP_OP_AllReduce && reduces_in_place(m, p, op))) {
         s->kind = TP_MEM_VIEW;
         s->index = o->inputs[0];
       } else if (context_rows) {

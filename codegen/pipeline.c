@@ -43,6 +43,17 @@ static int count_arenas(const TpSchedule *s, int k) {
   return arenas;
 }
 
+/* Is a parameter split into fewer parts than the tensor group has ranks (grouped K/V heads
+ * fewer than the ranks)? Each rank holding a piece then has a partial gradient of it, which
+ * the schedule's allreduce sums over the ranks sharing the piece (runtime/train/plan.h). */
+static bool shared_pieces(const TpModule *m, const TpMemoryPlan *mem) {
+  for (int i = 0; i < mem->nparams; i++) {
+    const TpShard *sh = &m->values[mem->params[i]].shard;
+    if (sh->parts && sh->parts < sh->ranks) return true;
+  }
+  return false;
+}
+
 int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl,
                       TpDiag *d) {
   static const TpPipelineOptions one = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
@@ -54,7 +65,7 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   TP_ASSERT(nslices);
   for (int mb = 0; mb < M; mb++) nslices[mb] = mem->nslices;
   TpScheduleSpec spec = {.kind = pl->o.kind, .stages = S, .nmb = M, .nslices = nslices,
-                         .data_parallel = pl->o.dp > 1, .tied_embedding = pl->tied};
+                         .data_parallel = pl->o.dp > 1 || shared_pieces(m, mem), .tied_embedding = pl->tied};
   tp_schedule_build(&spec, &pl->schedule);
   free(nslices);
   TpDiag quiet;

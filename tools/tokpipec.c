@@ -61,8 +61,13 @@ static const char usage[] =
     "  --microbatches M     microbatches per replica and step (default 1)\n"
     "  --dp D               data-parallel replicas of the pipeline (default 1)\n"
     "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
+    "  --tensor N           split each stage's products over N tensor-parallel ranks\n"
+    "                       (Megatron: attention heads and MLP columns, then rows, with an\n"
+    "                       all-reduce after each row-parallel product); N must divide the\n"
+    "                       heads and widths. Ranks: stages x N x dp (default 1)\n"
     "  --max-memory BYTES   refuse a plan whose per-rank peak (weights, gradients, AdamW\n"
-    "                       state, microbatch arenas) exceeds BYTES\n"
+    "                       state, microbatch arenas; with --tensor, one tensor rank's\n"
+    "                       parts) exceeds BYTES\n"
     "  --profile-grid auto|L1,L2,..:C1,C2,..  build profiling units into the trainer for its\n"
     "                       --profile: one stage unit per slice length l and context c (l + c\n"
     "                       <= seq); auto: l in seq/8, seq/4, seq/2, seq and c in 0, seq/4,\n"
@@ -257,9 +262,10 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
 }
 
 /* The default pipeline into names[64], with the re-tie pass `retie` (NULL: none), less the loss
- * and the gradients under --forward-only, less the token slicing passes when unsliced;
- * --no-fuse raises without the fused ops. */
-static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool slicing, const char **names) {
+ * and the gradients under --forward-only, less the token slicing passes when unsliced and
+ * shard-tensor without --tensor; --no-fuse raises without the fused ops. */
+static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool slicing, bool tensor,
+                          const char **names) {
   int n = 0;
   for (int i = 0; tp_default_pipeline[i]; i++) {
     const char *p = tp_default_pipeline[i];
@@ -268,6 +274,10 @@ static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool 
     if (!fuse && strcmp(p, "raise-transformer") == 0) p = "raise-transformer-unfused";
     if (forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
     if (!slicing && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
+    if (!tensor && strcmp(p, "shard-tensor") == 0) continue;
+    /* raise-transformer leaves the products it replaced unread until dce, and shard-tensor
+     * refuses to split a weight that two products read */
+    if (strcmp(p, "shard-tensor") == 0) names[n++] = "dce";
     names[n++] = p;
   }
   return n;
@@ -436,7 +446,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
     slices[nslices++] = l[i];
     if (c[i] + l[i] < T) slices[nslices++] = T - c[i] - l[i];
     const char *names[64];
-    int np = pipeline_names(retie, fuse, false, nslices > 1, names);
+    int np = pipeline_names(retie, fuse, false, nslices > 1, false, names);
     char where[PATH_MAX + 96];
     /* errors name the probe: "model.onnx (--profile-grid point l 4, c 2): ..." */
     snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i], (long long)c[i]);
@@ -468,7 +478,7 @@ int main(int argc, char **argv) {
   cli_tool = "tokpipec";
   const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL, *target = "cpu",
              *precision = NULL, *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *grid = NULL, *v;
-  int nstages = 0;
+  int nstages = 0, tensor = 1;
   int64_t batch = 0, max_memory = 0;
   TpPipelineOptions pipe = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
   const char *retie = "retie-params";
@@ -502,6 +512,8 @@ int main(int argc, char **argv) {
       pipe.microbatches = (int)cli_int("--microbatches", v, 1, 65536);
     } else if (cli_value(argc, argv, &i, "--dp", &v)) {
       pipe.dp = (int)cli_int("--dp", v, 1, 65536);
+    } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
+      tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &pipe.kind)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {
@@ -559,6 +571,9 @@ int main(int argc, char **argv) {
     cli_usage_error("--profile-grid builds profiling units into the C program: use it with --exe or --emit=c");
   if (grid && strcmp(input, "-") == 0)
     cli_usage_error("--profile-grid compiles the model once per grid point: read it from a file, not stdin");
+  if (grid && tensor > 1)
+    cli_usage_error("--profile-grid cannot go with --tensor yet: its probes are compiled whole, without the "
+                    "tensor split");
   /* --batch is the step's: every microbatch of every replica gets an equal share of rows */
   int64_t units = (int64_t)pipe.dp * pipe.microbatches;
   if (batch && batch % units)
@@ -571,7 +586,7 @@ int main(int argc, char **argv) {
   dims.rebatch = true;
 
   const char *names[64];
-  int n = pipeline_names(retie, fuse, forward_only, slicing, names);
+  int n = pipeline_names(retie, fuse, forward_only, slicing, tensor > 1, names);
 
   if (exe) {
     TpDiag exe_diag;
@@ -595,6 +610,7 @@ int main(int argc, char **argv) {
     m->batch = dims.token_dims[0];
     m->nstages = nstages;
     m->stage_cuts = stage_cuts;
+    m->tensor = tensor;
     if (slices && strcmp(slices, "auto") != 0) cli_set_slices(m, slices);
     /* --slices auto: the passes up to split-sequence, the slicing, the rest */
     int first = n;
