@@ -24,11 +24,14 @@
 #   N=2 -> N=2   bitwise (cmp of the --dump-weights files): the same reduction order
 #   N=2 -> N=1   within 1e-6 of the uninterrupted N=1 run: steps 1-2 added in N=2's order
 #   N=1 -> N=2   within 1e-6 of the uninterrupted N=2 run: likewise
-# MODE "alone" runs t2 only. A fixture that shard-tensor refuses today (falcon, mpt,
+# MODE "alone" runs t2 only. MODE "errors" (EDIT: tests/train's edit_safetensors) checks
+# bad input: a tensor-parallel trainer started as one process or by mpirun -np 3 (one
+# error, exit 2), and a checkpoint holding a rank's piece instead of the whole tensor (one
+# error naming the tensor and the file, exit 1). A fixture that shard-tensor refuses today (falcon, mpt,
 # bloom: "shard-tensor cannot split ...") is skipped (exit 77) with its reason.
-# usage: tensor.sh TOKPIPEC TOKPIPE_COMPARE FIXTURE_DIR WORK_DIR full|alone
+# usage: tensor.sh TOKPIPEC TOKPIPE_COMPARE FIXTURE_DIR WORK_DIR full|alone|errors [EDIT]
 set -uo pipefail
-tokpipec=$1 compare=$2 fixture=$3 work=$4 mode=$5
+tokpipec=$1 compare=$2 fixture=$3 work=$4 mode=$5 edit=${6:-}
 ref=$fixture/train
 name=$(basename "$fixture")
 status=0
@@ -93,7 +96,33 @@ against() {
     echo "tensor: ok: $name $tag"
 }
 
+# expect_error RC LINE COMMAND...: COMMAND exits RC and prints LINE as its only error line
+expect_error() {
+  local rc=$1 line=$2 got
+  shift 2
+  OMP_NUM_THREADS=1 "$@" >"$work/error.out" 2>&1
+  got=$?
+  if [ "$got" != "$rc" ] || ! grep -qxF "$line" "$work/error.out" || [ "$(grep -c 'error' "$work/error.out")" != 1 ]; then
+    fail "$* exited with $got, expected $rc and the one error line '$line'; it printed: $(head -n 5 "$work/error.out")"
+  else
+    echo "  ok: $line"
+  fi
+}
+
 build t2 --tensor 2 || exit 1
+if [ "$mode" = errors ]; then
+  mpi=(timeout -k 5 100 mpirun --allow-run-as-root --oversubscribe --bind-to none)
+  expect_error 2 "t2: error: the plan has 1 stage x 2 tensor ranks x 1 replica = 2 ranks; it was started as 1 process (run it as mpirun -np 2: a tensor-parallel plan runs one process per rank)" \
+    "$work/t2" --data "$ref/train.bin" --steps 1
+  expect_error 2 "t2: error: the plan has 1 stage x 2 tensor ranks x 1 replica = 2 ranks; mpirun started 3 (run it as mpirun -np 2: a tensor-parallel plan runs one process per rank)" \
+    "${mpi[@]}" -np 3 "$work/t2" --data "$ref/train.bin" --steps 1
+  run t2 c2 2 1 --save "$work/ckpt2" || exit 1
+  mkdir -p "$work/piece" && "$edit" "$work/ckpt2/checkpoint.safetensors" "$work/piece/checkpoint.safetensors" \
+    rows:m.transformer.h.0.attn.c_proj.weight=16 || { fail "edit_safetensors failed"; exit 1; }
+  expect_error 1 "t2: error: $work/piece/checkpoint.safetensors: initializer 'm.transformer.h.0.attn.c_proj.weight' has shape [16, 32]; the compiled plan needs [32, 32]" \
+    "${mpi[@]}" -np 2 "$work/t2" --data "$ref/train.bin" --steps 2 --resume "$work/piece"
+  exit $status
+fi
 build whole || exit 1
 run whole whole local 10 --dump-grads "$work/whole.grads" || exit 1
 
