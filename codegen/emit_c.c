@@ -575,7 +575,8 @@ static void emit_tensor_op(Emitter *E, int op) {
   int x = in(E, op, 0), y = res(E, op, 0);
   if (!f32_only(E, op)) return;
   if (E->tensor <= 1) {
-    unsupported(E, op, "the module has no tensor group (tokpipec --tensor N)");
+    E->rc = tp_error_op(E->d, m, op, "codegen: %s works over the tensor group, but the module has none (tokpipec "
+                        "--tensor N)", tp_op_info[m->ops[op].kind].name);
     return;
   }
   if (strcmp(tp_attr_string(m, op, "group", "tensor"), "tensor") != 0 ||
@@ -861,15 +862,6 @@ static bool has_peer(const TpMemoryPlan *p, int s, int k) {
   return k == TP_MSG_RECV_ACT || k == TP_MSG_SEND_GRAD ? s > 0 : s + 1 < p->nstages;
 }
 
-/* The tensor group's size: --tensor (m->tensor), or for a module read back from text, the
- * ranks its split parameters were split over; 1 without. */
-static int tensor_ranks(const TpModule *m) {
-  int n = m->tensor > 1 ? m->tensor : 1;
-  for (int v = 0; v < m->nvalues && n == 1; v++)
-    if (m->values[v].kind == TP_VAL_PARAM && m->values[v].shard.parts) n = m->values[v].shard.ranks;
-  return n;
-}
-
 /* The io->tensor_allreduce calls of stage s's unit (phase, slice): its AllReduce ops. */
 static int unit_reduces(const TpModule *m, const TpMemoryPlan *p, int s, bool backward, int slice) {
   int unit = (backward ? p->nslices : 0) + slice, n = 0;
@@ -1101,7 +1093,7 @@ static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem,
   E->declared = calloc((size_t)m->nvalues + 1, sizeof *E->declared);
   E->here = calloc((size_t)m->nops + 1, sizeof *E->here);
   TP_ASSERT(E->name && E->array && E->referenced && E->declared && E->here);
-  E->tensor = tensor_ranks(m);
+  E->tensor = tp_tensor_ranks(m);
   name_values(E);
 }
 
@@ -1245,6 +1237,9 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
               (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
     if (E.target->precision)
       fprintf(out, " * Target %s, precision %s.\n", E.target->name, E.target->precision);
+    if (E.tensor > 1)
+      fprintf(out, " * Tensor parallel over %d ranks per stage: shapes and parameter figures are one rank's.\n",
+              E.tensor);
     fprintf(out, " * Build: %s */\n", E.target->build);
     if (E.uses_check) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
     if (E.uses_math) fputs("#include <math.h>\n", out);

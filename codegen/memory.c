@@ -567,8 +567,10 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     params += bytes;
     if (m->grads && tp_grad_of(m, v) >= 0) grads += bytes, ntrainable++;
   }
-  char note[64];
-  fprintf(out, "totals:\n");
+  char note[128];
+  int tensor = tp_tensor_ranks(m);
+  if (tensor > 1) fprintf(out, "totals (per tensor rank: its parts of the parameters split %d ways):\n", tensor);
+  else fprintf(out, "totals:\n");
   snprintf(note, sizeof note, "%d tensors, %lld floats", p->nparams, (long long)(params / 4));
   print_bytes(out, "  parameters", params, note);
   snprintf(note, sizeof note, "%d trainable tensors", ntrainable);
@@ -577,16 +579,27 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   print_bytes(out, "  activations", activations, "the stage arenas");
   print_bytes(out, "  total", params + grads + 2 * grads + activations, NULL);
   if (!pl) return;
-  fprintf(out, "ranks: %d stage%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",
-          p->nstages, p->nstages == 1 ? "" : "s", pl->o.dp, pl->o.dp == 1 ? "" : "s", tp_schedule_name(pl->o.kind),
+  if (tensor > 1) snprintf(note, sizeof note, " x %d tensor ranks", tensor);
+  fprintf(out, "ranks: %d stage%s%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",
+          p->nstages, p->nstages == 1 ? "" : "s", tensor > 1 ? note : "", pl->o.dp, pl->o.dp == 1 ? "" : "s",
+          tp_schedule_name(pl->o.kind),
           pl->o.microbatches, pl->o.microbatches == 1 ? "" : "es", p->nslices, p->nslices == 1 ? "" : "s");
   for (int s = 0; s < p->nstages; s++) {
-    fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
+    if (tensor > 1)
+      fprintf(out, "ranks %d-%d (stage %d, per tensor rank%s):\n", s * tensor, s * tensor + tensor - 1, s,
+              pl->o.dp > 1 ? "; every replica's alike" : "");
+    else fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
     print_bytes(out, "  parameters", pl->params[s], NULL);
     print_bytes(out, "  gradients", pl->grads[s], pl->o.microbatches > 1 ? "the step's sum and a microbatch's" : NULL);
     print_bytes(out, "  optimizer state", pl->state[s], NULL);
     snprintf(note, sizeof note, "%d microbatch arena%s alive at once", pl->arenas[s], pl->arenas[s] == 1 ? "" : "s");
     print_bytes(out, "  activations", pl->activations[s], note);
     print_bytes(out, "  peak", pl->peak[s], NULL);
+    if (tensor > 1) {
+      int64_t split = pl->params[s] + pl->grads[s] + pl->state[s];
+      snprintf(note, sizeof note, "parameters, gradients and optimizer state at --tensor 1; %d-way saves %lld", tensor,
+               (long long)(pl->whole[s] - split));
+      print_bytes(out, "  unsplit", pl->whole[s], note);
+    }
   }
 }

@@ -287,15 +287,17 @@ static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool 
 
 /* TeraPipe's optimal slicing (passes/planner/slicing.h, Eqs. 5-8) of the plan's
  * `microbatches` microbatches (of the token input's rows each, all sliced alike, as the
- * trainer runs them) on its stages (--stage-cuts, else near-equal cuts), priced by the
- * planner's cost model on the CPU profile; writes m->nslices and m->slice_len, and a note for the
- * program's header. */
-static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, TpDiag *d) {
+ * trainer runs them) on its stages (--stage-cuts, else near-equal cuts) and m->tensor
+ * tensor ranks, priced by the planner's cost model on the CPU profile; writes m->nslices
+ * and m->slice_len, and a note for the program's header. `whole` describes the model as
+ * it was before shard-tensor cut its widths (NULL: read off m). */
+static int auto_slices(TpModule *m, const TpModelDesc *whole, int microbatches, char *note, size_t size, TpDiag *d) {
   int tokens = tp_token_input(m);
   if (tokens < 0) return tp_error(d, "--slices auto: the model has no integer [batch, seq] token input");
   int64_t rows = m->values[tokens].type.dims[0], T = m->values[tokens].type.dims[1];
   TpModelDesc desc;
-  if (!tp_model_describe(m, T, &desc))
+  if (whole) desc = *whole;
+  else if (!tp_model_describe(m, T, &desc))
     return tp_error(d, "--slices auto: cannot read the layer count, width and vocabulary off the model; give the slices");
   int stages = m->nstages > 1 ? m->nstages : 1, *cuts = NULL;
   int rc = m->stage_cuts ? tp_stage_cuts_parse(m->stage_cuts, desc.layers, &stages, &cuts, d) : TP_OK;
@@ -304,7 +306,7 @@ static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, T
   char dirs[4096];
   tp_profile_dirs(TOKPIPE_PROFILE_DIRS, dirs, sizeof dirs);
   if (rc == TP_OK) rc = tp_hardware_find("cpu", dirs, &hw, d);
-  if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, 1, 1, d);
+  if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, m->tensor > 1 ? m->tensor : 1, 1, d);
   if (rc == TP_OK && stages > 1 && stages <= desc.layers && stages <= TP_MAX_STAGES) {
     if (!cuts) { /* assign-stages balances the layers' compute: near-equal cuts */
       cuts = malloc(sizeof(int) * (size_t)stages);
@@ -335,8 +337,9 @@ static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, T
     int n = snprintf(note, size, "--slices auto chose");
     for (int i = 0; i < m->nslices && n < (int)size; i++) n += snprintf(note + n, size - (size_t)n, "%s %lld", i ? "," : "", (long long)len[i]);
     if (n < (int)size)
-      snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for %d stage%s x %d microbatch%s on the %s "
-               "profile, %.3g s a step", cm.nstages, cm.nstages > 1 ? "s" : "", microbatches,
+      snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for %d stage%s%s x %d microbatch%s on the "
+               "%s profile, %.3g s a step", cm.nstages, cm.nstages > 1 ? "s" : "",
+               cm.tensor > 1 ? tp_strfmt(m, " x %d tensor ranks", cm.tensor) : "", microbatches,
                microbatches > 1 ? "es" : "", hw.name, plan.time);
   }
   tp_slicing_free(&plan);
@@ -612,12 +615,21 @@ int main(int argc, char **argv) {
     m->stage_cuts = stage_cuts;
     m->tensor = tensor;
     if (slices && strcmp(slices, "auto") != 0) cli_set_slices(m, slices);
-    /* --slices auto: the passes up to split-sequence, the slicing, the rest */
-    int first = n;
-    for (int i = 0; i < n && slices && strcmp(slices, "auto") == 0; i++)
+    /* --slices auto: the passes up to split-sequence, the slicing, the rest; the sizes it
+     * prices are read off the model before shard-tensor makes them one rank's */
+    int first = n, shard = n;
+    for (int i = 0; i < n && slices && strcmp(slices, "auto") == 0; i++) {
       if (strcmp(names[i], "split-sequence") == 0) first = i;
-    rc = cli_run_pipeline(m, names, first, &po, &d);
-    if (rc == TP_OK && first < n) rc = auto_slices(m, pipe.microbatches, note, sizeof note, &d);
+      if (strcmp(names[i], "shard-tensor") == 0) shard = i;
+    }
+    TpModelDesc whole, *described = NULL;
+    rc = cli_run_pipeline(m, names, shard < first ? shard : first, &po, &d);
+    if (rc == TP_OK && shard < first) {
+      int tokens = tp_token_input(m);
+      if (tokens >= 0 && tp_model_describe(m, m->values[tokens].type.dims[1], &whole)) described = &whole;
+      rc = cli_run_pipeline(m, names + shard, first - shard, &po, &d);
+    }
+    if (rc == TP_OK && first < n) rc = auto_slices(m, described, pipe.microbatches, note, sizeof note, &d);
     if (rc == TP_OK && first < n) rc = cli_run_pipeline(m, names + first, n - first, &po, &d);
   }
   /* --profile-grid: the model again per grid point, with the stage cuts it got */
