@@ -29,14 +29,19 @@
 #   N=2 -> N=2   bitwise (cmp of the --dump-weights files): the same reduction order
 #   N=2 -> N=1   within 1e-6 of the uninterrupted N=1 run: steps 1-2 added in N=2's order
 #   N=1 -> N=2   within 1e-6 of the uninterrupted N=2 run: likewise
-# MODE "alone" runs t2 only. MODE "errors" (EDIT: tests/train's edit_safetensors) checks
-# bad input: a tensor-parallel trainer started as one process or by mpirun -np 3 (one
-# error, exit 2), and a checkpoint holding a rank's piece instead of the whole tensor (one
-# error naming the tensor and the file, exit 1). A fixture that shard-tensor refuses today (falcon, mpt,
-# bloom: "shard-tensor cannot split ...") is skipped (exit 77) with its reason.
-# usage: tensor.sh TOKPIPEC TOKPIPE_COMPARE FIXTURE_DIR WORK_DIR full|alone|errors [EDIT]
+# MODE "alone" runs t2 only; MODE "emulated" runs t2 as the given trainer (EDIT: a CUDA
+# plan --tensor 2 on the emulated CUDA runtime, tests/tensor/CMakeLists.txt) under
+# mpirun -np 2, 1 step instead of 10 (an emulated step takes ~20 s).
+# MODE "errors" (EDIT: tests/train's edit_safetensors) checks bad input: a tensor-parallel
+# trainer started as one process or by mpirun -np 3 (one error, exit 2), and a checkpoint
+# holding a rank's piece instead of the whole tensor (one error naming the tensor and the
+# file, exit 1). A fixture that shard-tensor refuses today (falcon, mpt, bloom:
+# "shard-tensor cannot split ...") is skipped (exit 77) with its reason.
+# usage: tensor.sh TOKPIPEC TOKPIPE_COMPARE FIXTURE_DIR WORK_DIR full|alone|errors|emulated [EDIT]
 set -uo pipefail
 tokpipec=$1 compare=$2 fixture=$3 work=$4 mode=$5 edit=${6:-}
+steps=10
+[ "$mode" = emulated ] && steps=1
 ref=$fixture/train
 name=$(basename "$fixture")
 status=0
@@ -90,12 +95,12 @@ check() {
   echo "  $tag: $what (tol $tol): $(grep -o 'worst [^(]*' <<<"$out")"
 }
 
-# against TAG: the shape's 10-step run against the one-process run and PyTorch
+# against TAG: the shape's run against the one-process run and PyTorch
 against() {
   local tag=$1
-  check "$tag" "10 losses vs one process" "$work/$tag.jsonl" "$work/whole.jsonl" 1e-5 --losses &&
+  check "$tag" "$steps losses vs one process" "$work/$tag.jsonl" "$work/whole.jsonl" 1e-5 --losses &&
     check "$tag" "step-1 gradients vs one process" "$work/$tag.grads" "$work/whole.grads" 1e-5 &&
-    check "$tag" "weights after 10 steps vs one process" "$work/$tag.weights" "$work/whole.weights" 1e-5 &&
+    check "$tag" "weights after $steps steps vs one process" "$work/$tag.weights" "$work/whole.weights" 1e-5 &&
     check "$tag" "step-1 loss vs PyTorch" "$work/$tag.jsonl" "$ref/losses.jsonl" 1e-5 --losses --steps 1 &&
     check "$tag" "step-1 gradients vs PyTorch" "$work/$tag.grads" "$ref/grads.safetensors" 1e-4 &&
     echo "tensor: ok: $name $tag"
@@ -114,7 +119,11 @@ expect_error() {
   fi
 }
 
-build t2 --tensor 2 || exit 1
+if [ "$mode" = emulated ]; then
+  ln -s "$edit" "$work/t2" || { fail "cannot link $edit"; exit 1; }
+else
+  build t2 --tensor 2 || exit 1
+fi
 if [ "$mode" = errors ]; then
   mpi=(timeout -k 5 100 mpirun --allow-run-as-root --oversubscribe --bind-to none)
   expect_error 2 "t2: error: the plan has 1 stage x 2 tensor ranks x 1 replica = 2 ranks; it was started as 1 process (run it as mpirun -np 2: a tensor-parallel plan runs one process per rank)" \
@@ -129,7 +138,7 @@ if [ "$mode" = errors ]; then
   exit $status
 fi
 build whole || exit 1
-run whole whole local 10 --dump-grads "$work/whole.grads" || exit 1
+run whole whole local $steps --dump-grads "$work/whole.grads" || exit 1
 
 # The shapes: "TAG RANKS tokpipec flags..."
 shapes=("t2 2 --tensor 2")
@@ -144,7 +153,7 @@ for shape in "${shapes[@]}"; do
   read -r -a flags <<<"$flags"
   echo "tensor: $name: ${flags[*]} (mpirun -np $ranks)"
   [ "$tag" = t2 ] || build "$tag" "${flags[@]}" || continue
-  run "$tag" "$tag" "$ranks" 10 --dump-grads "$work/$tag.grads" && against "$tag"
+  run "$tag" "$tag" "$ranks" $steps --dump-grads "$work/$tag.grads" && against "$tag"
 done
 [ "$mode" = full ] || exit $status
 
