@@ -271,7 +271,8 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
     return tp_internal(d, "the plan has ABI version %d, this runtime %d: compile it again with "
                        "the tokpipec of this runtime", P->abi, TP_PLAN_ABI);
   bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->token_limit >= 0 && P->nstages >= 1 &&
-            P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward));
+            P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward)) &&
+            (P->stages || P->tensor <= 1); /* tensor ranks run schedules (ABI 2) */
   for (int s = 0; ok && !P->stages && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
   for (int i = 0; ok && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
