@@ -1,6 +1,7 @@
 #!/bin/sh
 # One case of the NCCL transport's tests (test_cuda_nccl.cpp says what each mode checks).
-# Usage: nccl.sh CASE TEST_CUDA_NCCL. TOKPIPE_CUDA_EMULATE_DEVICES: the GPUs of the node.
+# Usage: nccl.sh CASE TEST_CUDA_NCCL, or nccl.sh tensor-trainer TRAINER TOKPIPEC
+# TOKPIPE_COMPARE FIXTURE WORK. TOKPIPE_CUDA_EMULATE_DEVICES: the GPUs of the node.
 set -u
 case=$1 prog=$2
 here=$(dirname "$0")
@@ -52,5 +53,12 @@ fail-rank) # ncclCommSplit fails on rank 1 while rank 0 waits in it: one line na
   cat "$out"
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'error:' "$out")" -eq 1 ] &&
     grep -Eq '^test_cuda_nccl: error: rank 1: .*comm_nccl.cu:[0-9]+: ncclCommSplit\(.*\): internal error \(emulated failure of rank 1 \(TOKPIPE_NCCL_EMULATE_FAIL_RANK\)\)$' "$out" ;;
+tensor-trainer) # a --tensor 2 CUDA plan as two processes with a GPU each: tensor.sh checks
+  # it against the one-process CPU trainer, and the trainer must say NCCL carries it
+  shift 2
+  work=$4
+  TOKPIPE_CUDA_EMULATE_DEVICES=2 bash "$here/../tensor/tensor.sh" "$1" "$2" "$3" "$work" emulated "$prog" || exit 1
+  grep -q ' 2 ranks in 2 processes (nccl)$' "$work/t2.err" ||
+    { echo "nccl.sh: the trainer did not run over NCCL: $(grep -m1 ' ranks in ' "$work/t2.err")"; exit 1; } ;;
 *) echo "unknown case $case"; exit 2 ;;
 esac
