@@ -287,7 +287,8 @@ void warm_up(Nccl *N) {
   for (int i = 1; i < N->ngroups; i++) {
     Group *g = &N->groups[i];
     if (!g->comm) continue;
-    if (g->kind != GROUP_LINK) TP_NCCL_CHECK(ncclAllReduce(byte + 2, byte + 2, 1, ncclInt8, ncclSum, g->comm, g->stream));
+    if (g->kind != GROUP_LINK)
+      TP_NCCL_CHECK(ncclAllReduce(byte + 2, byte + 2, 1, ncclInt8, ncclSum, g->comm, g->stream));
     else if (g->members[0] == N->host->rank) TP_NCCL_CHECK(ncclSend(byte, 1, ncclInt8, 1, g->comm, g->stream));
     else TP_NCCL_CHECK(ncclRecv(byte + 1, 1, ncclInt8, 0, g->comm, g->stream));
   }

@@ -292,10 +292,11 @@ static void tensor(TpComm *host, int S, int N) {
   }
   /* Before the all-reduces, on the stream: a copy and a kernel (x 2) per buffer. Rank 0
    * queues its all-reduces while the others wait at the barrier: they cannot be done, and
-   * the host did not wait for them (a transport that waited would hang here). After them: a
-   * kernel (1 / x: it does not commute with the sum, as a scaling would) reading each sum. (The emulation runs a stream's work when it is queued,
-   * so it waits for pending all-reduces there, where a GPU's host would run ahead: hence
-   * every all-reduce is queued before the kernels after them.) */
+   * the host did not wait for them (a transport that waited would hang here). After them:
+   * a kernel reading each sum (1 / x: it does not commute with the sum, as a scaling
+   * would). The emulation runs a stream's work when it is queued, so it waits there for
+   * pending all-reduces, where a GPU's host would run ahead: hence every all-reduce is
+   * queued before the kernels after them. */
   for (int b = 0; b < NBUF; b++) {
     TP_CUDA_CHECK(cudaMemcpyAsync(dev[b], x[b], counts[b] * sizeof(float), cudaMemcpyHostToDevice, stream->cuda));
     tp_cuda_launch_scale_f32(dev[b], (int64_t)counts[b], factor, stream->cuda);
@@ -310,7 +311,8 @@ static void tensor(TpComm *host, int S, int N) {
     TP_CUDA_CHECK(cudaEventDestroy(queued));
     tp_comm_barrier(host);
   }
-  for (int b = 0; b < NBUF; b++) tp_cuda_launch_unary_f32(TP_UNARY_RECIPROCAL, dev[b], (int64_t)counts[b], dev[b], stream->cuda);
+  for (int b = 0; b < NBUF; b++)
+    tp_cuda_launch_unary_f32(TP_UNARY_RECIPROCAL, dev[b], (int64_t)counts[b], dev[b], stream->cuda);
   EXPECT(c, tp_cuda_stream_sync(stream) == -1);
   for (int b = 0; b < NBUF; b++) {
     size_t n = counts[b];
@@ -323,8 +325,8 @@ static void tensor(TpComm *host, int S, int N) {
     }
     /* two ranks: a + b == b + a, the same bits; more: NCCL's order, within 1e-6 */
     if (worst > (N == 2 ? 0 : 1e-6))
-      fprintf(stderr, "rank %d: tensor all-reduce of %zu floats over %d ranks: rel_err=%.3g at [%zu] (%.9g, want %.9g)\n",
-              c->rank, n, N, worst, at, x[b][at], want[b][at]);
+      fprintf(stderr, "rank %d: tensor all-reduce of %zu floats over %d ranks: rel_err=%.3g at [%zu] "
+              "(%.9g, want %.9g)\n", c->rank, n, N, worst, at, x[b][at], want[b][at]);
     EXPECT(c, worst <= (N == 2 ? 0 : 1e-6));
     TP_CUDA_CHECK(cudaFree(dev[b]));
     free(want[b]);
@@ -369,7 +371,8 @@ static void order(TpComm *host, int S, int N) {
     expected = "world 0 1 2 3\nround 1: link 0 2\nround 2: link 2 0\nround 1: link 1 3\nround 2: link 3 1\n"
                "round 3: tensor 0 1\nround 3: tensor 2 3\nround 4: tied 0 2\nround 4: tied 1 3\n";
   else if (S == 1 && N == 2 && D == 2) /* replicas: (d, k, t) for every d */
-    expected = "world 0 1 2 3\nround 1: tensor 0 1\nround 1: tensor 2 3\nround 2: replicas 0 2\nround 2: replicas 1 3\n";
+    expected = "world 0 1 2 3\nround 1: tensor 0 1\nround 1: tensor 2 3\nround 2: replicas 0 2\n"
+               "round 2: replicas 1 3\n";
   else if (S == 1 && N == 4 && D == 1) /* the tensor group and the one-piece group are the world */
     expected = "world 0 1 2 3\nround 1: pieces 0 1\nround 1: pieces 2 3\n";
   EXPECT(c, expected != NULL);
