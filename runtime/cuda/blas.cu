@@ -80,7 +80,8 @@ static void gemm_column_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool tr
                               int64_t ldc, TpCudaStream stream) {
   const float alpha = 1;
 #ifdef TOKPIPE_CUDA_EMULATE
-  (void)blas, (void)stream;
+  (void)blas;
+  tp_emu_stream_ready(stream); /* after the stream's all-reduces, as on a GPU */
   /* OpenBLAS's sbgemm is missing from some builds: bf16 operands are widened first (the
    * products are then the same as bf16 products accumulated in f32) */
   float *wide_a = bf16 ? widen_bf16(A, lda * (trans_a ? m : k)) : NULL;

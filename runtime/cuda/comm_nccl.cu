@@ -3,16 +3,28 @@
  * CUDA-aware MPI takes both: cudaPointerGetAttributes tells them apart).
  *
  * Communicators, all created at start-up in one fixed order that every process computes
- * from the plan (a communicator made on first use is how pipeline trainers deadlock):
+ * from the plan (a communicator made on first use is how pipeline trainers deadlock). The
+ * ranks are plan.h's layout: rank (d * S + k) * N + t is tensor rank t of stage k of
+ * replica d (N = plan->tensor):
  *   world     every rank (ncclCommInitRank; rank 0's unique id broadcast over the host
  *             transport), the parent the others are split from
- *   link      one per direction between neighbouring stages of a replica, where the
- *             schedules send (sender, receiver): activations k -> k+1, gradients k+1 -> k
- *   replicas  one per stage with ALLREDUCE: the stage's ranks of every replica
- *   tied      one per replica with ALLREDUCE_TIED: its first and last stage
- * Every ncclCommSplit is collective over the world, so the groups are split in rounds of
- * disjoint groups (one split call each, every rank in the same order). Then one byte goes
- * over every link, which connects them all (NCCL would on their first message).
+ *   link      one per direction between neighbouring stages of a replica and tensor rank,
+ *             where the schedules send (sender, receiver): activations k -> k+1, gradients
+ *             k+1 -> k, both at tensor rank t
+ *   tensor    (N > 1) one per stage of each replica: its N tensor ranks, for the units'
+ *             all-reduces (io->tensor_allreduce, allreduce_sum_on)
+ *   replicas  (D > 1) one per stage with ALLREDUCE and tensor rank: (d', k, t) for every d'
+ *   pieces    one per stage with ALLREDUCE, replica and piece of a parameter split in
+ *             fewer parts than N (shard.parts < N): the tensor ranks holding that piece,
+ *             whose partial gradients ALLREDUCE sums
+ *   tied      one per replica and tensor rank with ALLREDUCE_TIED: (d, 0, t), (d, S-1, t)
+ * A collective group with the members of one made before (a tensor group that is the
+ * world, pieces of one part: the tensor group) is not made twice, nor one of one rank
+ * (nothing to sum: the collectives return at once). Every ncclCommSplit is collective over
+ * the world, so the groups are split in rounds of disjoint groups (one split call each,
+ * every rank in the same order). Then one byte goes over every link and one all-reduce of
+ * a byte over every other group, all in one NCCL group, which connects them all (NCCL
+ * would on their first use, mid-step).
  *
  * Why a communicator per direction rather than the world for every message: NCCL runs the
  * operations of one communicator one after another, and a send waits for its receive. With
@@ -31,7 +43,14 @@
  * blocks). The runtime reads a received buffer only after test() saw that event complete,
  * so every later kernel on any stream finds the data there. An all-reduce or broadcast
  * returns when its event is complete (the host waits, polling under the host transport's
- * watchdog). */
+ * watchdog).
+ *
+ * A tensor group's all-reduce inside a unit (allreduce_sum_on) is queued on the unit's
+ * compute stream itself, after the kernels that produced the buffer and before those that
+ * read the sum: no event, no host wait (the host runs ahead, as with the kernels). Every
+ * member queues the same all-reduces in the same order (the units are SPMD). A failure
+ * inside it (a peer's) shows where the host next waits for the stream, which ends the job
+ * through check.h; a peer that died has ended it already (MPI_Abort). */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,8 +68,8 @@ extern "C" { /* C headers */
 
 namespace {
 
-enum GroupKind { GROUP_WORLD, GROUP_LINK, GROUP_REPLICAS, GROUP_TIED };
-const char *const group_names[] = {"world", "link", "replicas", "tied"};
+enum GroupKind { GROUP_WORLD, GROUP_LINK, GROUP_TENSOR, GROUP_REPLICAS, GROUP_PIECES, GROUP_TIED };
+const char *const group_names[] = {"world", "link", "tensor", "replicas", "pieces", "tied"};
 
 struct Group {
   GroupKind kind;
@@ -98,7 +117,16 @@ void *xcalloc(size_t n, size_t size) {
 
 /* ---- the communicators a plan needs ---- */
 
+bool same_members(const Group *g, const int *members, int n) {
+  return g->kind != GROUP_LINK && g->n == n && !memcmp(g->members, members, (size_t)n * sizeof *members);
+}
+
+/* A collective group of one rank, or of the members of one already listed, is left out
+ * (see the top). */
 void add_group(Nccl *N, GroupKind kind, int n, const int *members) {
+  if (kind != GROUP_LINK && n < 2) return;
+  for (int i = 0; kind != GROUP_LINK && i < N->ngroups; i++)
+    if (same_members(&N->groups[i], members, n)) return;
   N->groups = static_cast<Group *>(realloc(N->groups, (size_t)(N->ngroups + 1) * sizeof *N->groups));
   TP_ASSERT(N->groups);
   Group *g = &N->groups[N->ngroups++];
@@ -112,31 +140,65 @@ bool stage_has(const TpPlanStage *st, int kind) {
   return false;
 }
 
-/* Every group, in creation order, from the plan's schedules. */
+/* N of a plan: ABI 5's tensor (hand-written plans may leave it 0). */
+int tensor_ranks(const TpPlan *P) { return P->tensor > 1 ? P->tensor : 1; }
+
+/* The world rank of tensor rank t of stage k of replica d (plan.h). */
+int rank_of(const TpPlan *P, int d, int k, int t) { return (d * P->nstages + k) * tensor_ranks(P) + t; }
+
+/* Whether stage k holds a trainable parameter split in `parts` pieces (0 < parts < N). */
+bool stage_has_parts(const TpPlan *P, int k, int parts) {
+  for (int i = 0; i < P->nparams; i++) {
+    const TpPlanParam *p = &P->params[i];
+    if (p->trainable && p->shard.parts == parts && (p->stage == k || (k > 0 && p->tied_stage == k)))
+      return true;
+  }
+  return false;
+}
+
+/* Every group, in creation order, from the plan's schedules and parameters. */
 void plan_groups(Nccl *N, const TpPlan *P, int size) {
-  int S = P->nstages, D = P->dp;
-  int *all = static_cast<int *>(xcalloc((size_t)size, sizeof(int)));
-  for (int r = 0; r < size; r++) all[r] = r;
-  add_group(N, GROUP_WORLD, size, all);
-  free(all);
+  int S = P->nstages, D = P->dp, T = tensor_ranks(P);
+  int *ranks = static_cast<int *>(xcalloc((size_t)size, sizeof(int)));
+  for (int r = 0; r < size; r++) ranks[r] = r;
+  add_group(N, GROUP_WORLD, size, ranks);
   for (int d = 0; d < D; d++)
-    for (int k = 0; k + 1 < S; k++) {
-      int act[2] = {d * S + k, d * S + k + 1}, grad[2] = {d * S + k + 1, d * S + k};
-      if (stage_has(&P->stages[k], TP_PLAN_SEND_ACT)) add_group(N, GROUP_LINK, 2, act);
-      if (stage_has(&P->stages[k + 1], TP_PLAN_SEND_GRAD)) add_group(N, GROUP_LINK, 2, grad);
+    for (int k = 0; k + 1 < S; k++)
+      for (int t = 0; t < T; t++) {
+        int act[2] = {rank_of(P, d, k, t), rank_of(P, d, k + 1, t)}, grad[2] = {act[1], act[0]};
+        if (stage_has(&P->stages[k], TP_PLAN_SEND_ACT)) add_group(N, GROUP_LINK, 2, act);
+        if (stage_has(&P->stages[k + 1], TP_PLAN_SEND_GRAD)) add_group(N, GROUP_LINK, 2, grad);
+      }
+  for (int d = 0; d < D; d++)
+    for (int k = 0; k < S; k++) {
+      for (int t = 0; t < T; t++) ranks[t] = rank_of(P, d, k, t);
+      add_group(N, GROUP_TENSOR, T, ranks);
     }
-  int *replicas = static_cast<int *>(xcalloc((size_t)D, sizeof(int)));
   for (int k = 0; k < S; k++) {
     if (!stage_has(&P->stages[k], TP_PLAN_ALLREDUCE)) continue;
-    for (int d = 0; d < D; d++) replicas[d] = d * S + k;
-    add_group(N, GROUP_REPLICAS, D, replicas);
-  }
-  free(replicas);
-  if (S > 1 && stage_has(&P->stages[0], TP_PLAN_ALLREDUCE_TIED))
-    for (int d = 0; d < D; d++) {
-      int pair[2] = {d * S, d * S + S - 1};
-      add_group(N, GROUP_TIED, 2, pair);
+    for (int t = 0; t < T; t++) {
+      for (int d = 0; d < D; d++) ranks[d] = rank_of(P, d, k, t);
+      add_group(N, GROUP_REPLICAS, D, ranks);
     }
+    /* tensor rank t holds piece t * parts / T: the T / parts ranks from piece * T / parts */
+    for (int parts = 1; parts < T; parts++) {
+      if (!stage_has_parts(P, k, parts)) continue;
+      for (int d = 0; d < D; d++)
+        for (int piece = 0; piece < parts; piece++) {
+          int n = 0;
+          for (int t = 0; t < T; t++)
+            if (t * parts / T == piece) ranks[n++] = rank_of(P, d, k, t);
+          add_group(N, GROUP_PIECES, n, ranks);
+        }
+    }
+  }
+  free(ranks);
+  if (S > 1 && stage_has(&P->stages[0], TP_PLAN_ALLREDUCE_TIED))
+    for (int d = 0; d < D; d++)
+      for (int t = 0; t < T; t++) {
+        int pair[2] = {rank_of(P, d, 0, t), rank_of(P, d, S - 1, t)};
+        add_group(N, GROUP_TIED, 2, pair);
+      }
 }
 
 /* The groups after the world into split rounds: each round takes, in order, every group
@@ -213,23 +275,26 @@ bool shares_gpu(TpComm *host) {
   return shared;
 }
 
-/* One byte over every link, all at once: NCCL connects a pair on its first message (the
- * host waiting for the peer's side), which is better done here than mid-schedule, and a
- * link that cannot work fails at start-up. */
-void connect_links(Nccl *N) {
+/* One byte over every link and an all-reduce of a byte over every other group of this
+ * rank but the world, all at once: NCCL connects a pair on its first message (the host
+ * waiting for the peer's side) and a collective's members on its first use, which is
+ * better done here than mid-schedule, and a group that cannot work fails at start-up. */
+void warm_up(Nccl *N) {
   void *bytes = NULL;
-  TP_CUDA_CHECK(cudaMalloc(&bytes, 2));
+  TP_CUDA_CHECK(cudaMalloc(&bytes, 3));
   char *byte = static_cast<char *>(bytes);
   TP_NCCL_CHECK(ncclGroupStart());
-  for (int i = 0; i < N->ngroups; i++) {
+  for (int i = 1; i < N->ngroups; i++) {
     Group *g = &N->groups[i];
-    if (g->kind != GROUP_LINK || !g->comm) continue;
-    if (g->members[0] == N->host->rank) TP_NCCL_CHECK(ncclSend(byte, 1, ncclInt8, 1, g->comm, g->stream));
+    if (!g->comm) continue;
+    if (g->kind != GROUP_LINK)
+      TP_NCCL_CHECK(ncclAllReduce(byte + 2, byte + 2, 1, ncclInt8, ncclSum, g->comm, g->stream));
+    else if (g->members[0] == N->host->rank) TP_NCCL_CHECK(ncclSend(byte, 1, ncclInt8, 1, g->comm, g->stream));
     else TP_NCCL_CHECK(ncclRecv(byte + 1, 1, ncclInt8, 0, g->comm, g->stream));
   }
   TP_NCCL_CHECK(ncclGroupEnd());
-  for (int i = 0; i < N->ngroups; i++)
-    if (N->groups[i].kind == GROUP_LINK && N->groups[i].comm) TP_CUDA_CHECK(cudaStreamSynchronize(N->groups[i].stream));
+  for (int i = 1; i < N->ngroups; i++)
+    if (N->groups[i].comm) TP_CUDA_CHECK(cudaStreamSynchronize(N->groups[i].stream));
   TP_CUDA_CHECK(cudaFree(bytes));
 }
 
@@ -259,7 +324,7 @@ void create_groups(Nccl *N) {
   }
   for (int i = 0; i < N->ngroups; i++)
     if (N->groups[i].comm) TP_CUDA_CHECK(cudaStreamCreateWithFlags(&N->groups[i].stream, cudaStreamNonBlocking));
-  connect_links(N);
+  warm_up(N);
 }
 
 /* ---- the backend ---- */
@@ -296,10 +361,8 @@ Group *link_group(TpComm *c, int from, int to) {
 Group *collective_group(TpComm *c, const int *group, int n, const char *what) {
   Nccl *N = nccl_of(c);
   TP_ASSERT(index_in(group, n, c->rank) >= 0);
-  for (int i = 0; i < N->ngroups; i++) {
-    Group *g = &N->groups[i];
-    if (g->kind != GROUP_LINK && g->n == n && !memcmp(g->members, group, (size_t)n * sizeof *group)) return g;
-  }
+  for (int i = 0; i < N->ngroups; i++)
+    if (same_members(&N->groups[i], group, n)) return &N->groups[i];
   char ranks[256] = "";
   size_t at = 0;
   for (int i = 0; i < n; i++) append(ranks, sizeof ranks, &at, "%s%d", i ? ", " : "", group[i]);
@@ -418,15 +481,32 @@ ncclDataType_t nccl_type(TpDType t) {
   return ncclInt8;
 }
 
+/* A group of one rank has nothing to sum or send (and no communicator: add_group). */
 void nccl_allreduce_sum(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n) {
   Nccl *N = nccl_of(c);
   if (!on_device(buf)) {
     N->host->be->allreduce_sum(N->host, buf, count, dtype, group, n);
     return;
   }
+  if (n < 2) return;
   Group *g = collective_group(c, group, n, "an all-reduce");
   TP_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, g->comm, g->stream));
   finish(c, g, "an all-reduce");
+}
+
+/* On the compute stream itself (see the top); host memory: the stream's work first, then
+ * the host transport's sum, as a caller of a transport without allreduce_sum_on does. */
+void nccl_allreduce_sum_on(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n,
+                           TpStream *stream) {
+  Nccl *N = nccl_of(c);
+  if (!on_device(buf)) {
+    TP_CUDA_CHECK(cudaStreamSynchronize(stream->cuda));
+    N->host->be->allreduce_sum(N->host, buf, count, dtype, group, n);
+    return;
+  }
+  if (n < 2) return;
+  Group *g = collective_group(c, group, n, "an all-reduce");
+  TP_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, g->comm, stream->cuda));
 }
 
 void nccl_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n) {
@@ -435,6 +515,7 @@ void nccl_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *gro
     N->host->be->broadcast(N->host, buf, bytes, root, group, n);
     return;
   }
+  if (n < 2) return;
   Group *g = collective_group(c, group, n, "a broadcast");
   int at = index_in(g->members, g->n, root);
   TP_ASSERT(at >= 0);
@@ -458,7 +539,7 @@ const TpCommBackend tp_comm_nccl = {
     nccl_irecv,
     nccl_test,
     nccl_allreduce_sum,
-    NULL, /* allreduce_sum_on: not yet */
+    nccl_allreduce_sum_on,
     nccl_broadcast,
     nccl_barrier,
     nccl_abort,
@@ -469,7 +550,7 @@ const TpCommBackend tp_comm_nccl = {
 extern "C" int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan *plan, TpComm **out, TpDiag *d) {
   (void)compute; /* the GPU is the current device: open_compute chose it */
   *out = NULL;
-  if (host->size == 1 || !plan->stages || host->size != plan->nstages * plan->dp) return TP_OK;
+  if (host->size == 1 || !plan->stages || host->size != plan->nstages * plan->dp * tensor_ranks(plan)) return TP_OK;
   int rc = check_message_order(plan, d);
   if (rc) return rc;
   if (shares_gpu(host)) {

@@ -20,13 +20,15 @@ typedef struct TpPlan TpPlan;
  * that), or processes of one node sharing a GPU (NCCL takes one process per GPU; a note on
  * stderr says so); else the NCCL transport on the current GPU (open_compute chose it),
  * with every communicator the plan's schedules use created now, in a fixed order (see
- * comm_nccl.cu). Collective over the host transport's processes. TP_ERR_INTERNAL for a
+ * comm_nccl.cu; a tensor group's all-reduce, allreduce_sum_on, is queued on the unit's
+ * stream). Collective over the host transport's processes. TP_ERR_INTERNAL for a
  * plan whose messages NCCL could not match (a compiler bug); NCCL failures end the
  * process (check.h). */
 int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan *plan, TpComm **out, TpDiag *d);
 
 /* The communicators of an NCCL transport in the order they were created, one per line:
- * "world 0 1 2 3", then "round R: KIND m0 m1..." (KIND link: sender, receiver; replicas; tied),
+ * "world 0 1 2 3", then "round R: KIND m0 m1..." (KIND link: sender, receiver; tensor;
+ * replicas; pieces; tied),
  * with "*" after the groups this rank belongs to. For tests. */
 void tp_cuda_comm_describe(const TpComm *c, char *out, size_t size);
 

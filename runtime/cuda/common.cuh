@@ -5,9 +5,10 @@
 
 #ifdef TOKPIPE_CUDA_EMULATE
 #include "emulate/cuda_emu.h"
-/* kernel<<<grid, block, 0, stream>>>(args...) on the CPU emulation */
+/* kernel<<<grid, block, 0, stream>>>(args...) on the CPU emulation, after the stream's
+ * asynchronous work (an all-reduce it may read) */
 #define TP_LAUNCH(kernel, grid, block, stream, ...) \
-  ((void)(stream), tp_emu_launch_fn((grid), (block), [=] { kernel(__VA_ARGS__); }))
+  (tp_emu_stream_ready(stream), tp_emu_launch_fn((grid), (block), [=] { kernel(__VA_ARGS__); }))
 #else
 #include <cuda_runtime.h>
 #define TP_LAUNCH(kernel, grid, block, stream, ...)             \

@@ -1,20 +1,28 @@
 /* The NCCL transport (runtime/cuda/comm_nccl.cu) on the emulated NCCL (NCCL calls run on
- * MPI, emulate/nccl_emu.h), as `test_cuda_nccl MODE [STAGES]` under mpirun -np N
- * (nccl.sh runs each case). Each process takes GPU local_rank % devices, as the CUDA
- * backend's open_compute does (TOKPIPE_CUDA_EMULATE_DEVICES: the devices per node).
- *   p2p        STAGES = N: messages of 0, 1, 4093 and 2^20 bytes in device memory between
- *              neighbouring stages, both directions at once (a single communicator would
- *              deadlock on NCCL), received under other tags than sent (NCCL has none, so
- *              only NCCL delivers them); receives posted before their sends, test() returns
- *              false, without blocking, for a receive whose send is not posted yet; host
- *              buffers through the same transport (they go by the host transport)
- *   allreduce  STAGES x N/STAGES replicas: all-reduces of f32, f64 and int64 device
- *              buffers over each replicas group and tied pair equal to the host
- *              transport's sums (the same bits for two ranks; NCCL's order of addition is
- *              its own, so within 1e-6 relative for more), broadcasts, and host memory
- *   order      the communicators and their creation order for a STAGES x N/STAGES plan
- *              (the same list on every rank); a plan whose receiver takes messages in
- *              another order than the sender sends them: an internal error
+ * MPI, emulate/nccl_emu.h), as `test_cuda_nccl MODE [STAGES [TENSOR]]` under mpirun -np P
+ * (nccl.sh runs each case): a plan of STAGES stages x TENSOR tensor ranks (default 1) x
+ * P / (STAGES x TENSOR) replicas, its ranks in plan.h's layout (rank (d * S + k) * N + t).
+ * Each process takes GPU local_rank % devices, as the CUDA backend's open_compute does
+ * (TOKPIPE_CUDA_EMULATE_DEVICES: the devices per node).
+ *   p2p        messages of 0, 1, 4093 and 2^20 bytes in device memory between
+ *              neighbouring stages (tensor rank t to tensor rank t), both directions at once
+ *              (a single communicator would deadlock on NCCL), received under other tags
+ *              than sent (NCCL has none, so only NCCL delivers them); receives posted before
+ *              their sends, test() returns false, without blocking, for a receive whose
+ *              send is not posted yet; host buffers through the same transport (they go by
+ *              the host transport)
+ *   allreduce  all-reduces of f32, f64 and int64 device buffers over each replicas group
+ *              and tied pair equal to the host transport's sums (the same bits for two
+ *              ranks; NCCL's order of addition is its own, so within 1e-6 relative for
+ *              more), broadcasts, and host memory
+ *   tensor     all-reduces over each tensor group on the compute stream (allreduce_sum_on):
+ *              after the work queued before them there (a copy, a kernel), before the
+ *              kernel queued after, which reads the sum; the host does not wait (rank 0's
+ *              all-reduce is still pending while the others have not started theirs); equal
+ *              to the host transport's sum as above; host memory: the host transport's
+ *   order      the communicators and their creation order for the plan (the same list on
+ *              every rank); a plan whose receiver takes messages in another order than the
+ *              sender sends them: an internal error
  *   fallback   the transport is the host's (NULL): one process, or ranks sharing a GPU
  *              (a note from rank 0 then)
  *   missing    an all-reduce over a group the plan never uses: one internal error line,
@@ -34,15 +42,18 @@ extern "C" {
 #include "cuda/stream.h"
 #include "../comm/expect.h"
 
-/* ---- a plan's schedules (GPipe, one slice): what the transport reads ---- */
+/* ---- a plan's schedules (GPipe, one slice) and parameters: what the transport reads ---- */
 
 struct TestPlan {
   TpPlan plan;
   TpPlanStage *stages;
   TpPlanInsn *insns;
+  TpPlanParam params[2];
 };
 
-static void make_plan(TestPlan *t, int S, int D, int M, bool tied) {
+/* S stages x N tensor ranks x D replicas, M microbatches; `parts`: a trainable parameter
+ * of stage 0 split in that many pieces (0: none), which makes stage 0 ALLREDUCE. */
+static void make_plan(TestPlan *t, int S, int N, int D, int M, bool tied, const int *parts = NULL, int nparts = 0) {
   memset(t, 0, sizeof *t);
   t->stages = static_cast<TpPlanStage *>(calloc((size_t)S, sizeof *t->stages));
   t->insns = static_cast<TpPlanInsn *>(calloc((size_t)S * (6 * M + 3), sizeof *t->insns));
@@ -60,16 +71,25 @@ static void make_plan(TestPlan *t, int S, int D, int M, bool tied) {
       if (k > 0) *x++ = {TP_PLAN_SEND_GRAD, mb, 0, k - 1};
     }
     if (tied && S > 1 && (k == 0 || k == S - 1)) *x++ = {TP_PLAN_ALLREDUCE_TIED, -1, -1, k == 0 ? S - 1 : 0};
-    if (D > 1) *x++ = {TP_PLAN_ALLREDUCE, -1, -1, -1};
+    if (D > 1 || (k == 0 && nparts)) *x++ = {TP_PLAN_ALLREDUCE, -1, -1, -1};
     *x++ = {TP_PLAN_OPTIMIZER_STEP, -1, -1, -1};
     t->stages[k].ninsns = (int)(x - t->stages[k].insns);
+  }
+  for (int i = 0; i < nparts; i++) {
+    TpPlanParam *p = &t->params[i];
+    p->name = p->source = i ? "w1" : "w0";
+    p->rank = 1, p->dims[0] = 8, p->trainable = 1;
+    p->shard = {0, parts[i], 1};
   }
   t->plan.abi = TP_PLAN_ABI;
   t->plan.nstages = S;
   t->plan.dp = D;
+  t->plan.tensor = N;
   t->plan.microbatches = M;
   t->plan.nslices = 1;
   t->plan.stages = t->stages;
+  t->plan.nparams = nparts;
+  t->plan.params = t->params;
 }
 
 static void free_plan(TestPlan *t) {
@@ -107,12 +127,13 @@ static unsigned char byte_of(int rank, int dir, size_t i) { return (unsigned cha
 
 /* ---- p2p ---- */
 
-static void p2p(TpComm *host, int S) {
+static void p2p(TpComm *host, int S, int N) {
   TestPlan tp;
-  make_plan(&tp, S, 1, 1, false);
+  make_plan(&tp, S, N, host->size / (S * N), 1, false);
   TpComm *c = open_nccl(host, &tp.plan);
   TpStream *stream = tp_cuda_stream_new();
-  int k = c->rank, prev = k - 1, next = k + 1 < S ? k + 1 : -1;
+  /* the same tensor rank of the neighbouring stages of this replica */
+  int k = c->rank, stage = c->rank / N % S, prev = stage > 0 ? k - N : -1, next = stage + 1 < S ? k + N : -1;
   const size_t sizes[] = {0, 1, 4093, (size_t)1 << 20};
   for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
     size_t n = sizes[z];
@@ -224,45 +245,136 @@ static void reduce_group(TpComm *c, TpComm *host, const int *group, int n) {
   free(x), free(want);
 }
 
-static void allreduce(TpComm *host, int S) {
-  int D = host->size / S;
+static void allreduce(TpComm *host, int S, int N) {
+  int D = host->size / (S * N);
   TestPlan tp;
-  make_plan(&tp, S, D, 2, true);
+  make_plan(&tp, S, N, D, 2, true);
   TpComm *c = open_nccl(host, &tp.plan);
-  int k = c->rank % S, d = c->rank / S;
-  if (D > 1) { /* the stage's replicas, as pipeline.c's ALLREDUCE */
+  int t = c->rank % N, k = c->rank / N % S, d = c->rank / (N * S);
+  if (D > 1) { /* the stage's replicas at this tensor rank, as pipeline.c's ALLREDUCE */
     int *group = static_cast<int *>(calloc((size_t)D, sizeof(int)));
-    for (int r = 0; r < D; r++) group[r] = r * S + k;
+    for (int r = 0; r < D; r++) group[r] = (r * S + k) * N + t;
     reduce_group(c, host, group, D);
     free(group);
   }
   if (S > 1 && (k == 0 || k == S - 1)) { /* the tied pair, as ALLREDUCE_TIED */
-    int pair[2] = {d * S, d * S + S - 1};
+    int pair[2] = {d * S * N + t, (d * S + S - 1) * N + t};
     reduce_group(c, host, pair, 2);
   }
   tp_comm_close(c);
   free_plan(&tp);
 }
 
+/* ---- tensor groups: all-reduces on the compute stream ---- */
+
+
+static void tensor(TpComm *host, int S, int N) {
+  TestPlan tp;
+  make_plan(&tp, S, N, host->size / (S * N), 1, false);
+  TpComm *c = open_nccl(host, &tp.plan);
+  EXPECT(c, c->be->allreduce_sum_on != NULL);
+  int first = c->rank - c->rank % N, *group = static_cast<int *>(calloc((size_t)N, sizeof(int)));
+  for (int t = 0; t < N; t++) group[t] = first + t;
+  TpStream *stream = tp_cuda_stream_new();
+  const float two = 2;
+  float *factor = static_cast<float *>(device_alloc(sizeof(float)));
+  TP_CUDA_CHECK(cudaMemcpy(factor, &two, sizeof two, cudaMemcpyHostToDevice));
+  const size_t counts[] = {1, 1000, (size_t)1 << 18};
+  enum { NBUF = 3 };
+  float *x[NBUF], *want[NBUF], *dev[NBUF];
+  for (int b = 0; b < NBUF; b++) {
+    size_t n = counts[b];
+    x[b] = static_cast<float *>(malloc(n * sizeof(float))), want[b] = static_cast<float *>(malloc(n * sizeof(float)));
+    dev[b] = static_cast<float *>(device_alloc(n * sizeof(float)));
+    for (size_t i = 0; i < n; i++) x[b][i] = value_f32(c->rank + b, i), want[b][i] = 2 * x[b][i];
+    tp_comm_allreduce_sum(host, want[b], n, TP_F32, group, N); /* the sum in group order */
+    for (size_t i = 0; i < n; i++) want[b][i] = 1.0f / want[b][i];
+  }
+  /* Before the all-reduces, on the stream: a copy and a kernel (x 2) per buffer. Rank 0
+   * queues its all-reduces while the others wait at the barrier: they cannot be done, and
+   * the host did not wait for them (a transport that waited would hang here). After them:
+   * a kernel reading each sum (1 / x: it does not commute with the sum, as a scaling
+   * would). The emulation runs a stream's work when it is queued, so it waits there for
+   * pending all-reduces, where a GPU's host would run ahead: hence every all-reduce is
+   * queued before the kernels after them. */
+  for (int b = 0; b < NBUF; b++) {
+    TP_CUDA_CHECK(cudaMemcpyAsync(dev[b], x[b], counts[b] * sizeof(float), cudaMemcpyHostToDevice, stream->cuda));
+    tp_cuda_launch_scale_f32(dev[b], (int64_t)counts[b], factor, stream->cuda);
+  }
+  if (c->rank != 0) tp_comm_barrier(host);
+  for (int b = 0; b < NBUF; b++) c->be->allreduce_sum_on(c, dev[b], counts[b], TP_F32, group, N, stream);
+  if (c->rank == 0) {
+    cudaEvent_t queued;
+    TP_CUDA_CHECK(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
+    TP_CUDA_CHECK(cudaEventRecord(queued, stream->cuda));
+    EXPECT(c, cudaEventQuery(queued) == cudaErrorNotReady);
+    TP_CUDA_CHECK(cudaEventDestroy(queued));
+    tp_comm_barrier(host);
+  }
+  for (int b = 0; b < NBUF; b++)
+    tp_cuda_launch_unary_f32(TP_UNARY_RECIPROCAL, dev[b], (int64_t)counts[b], dev[b], stream->cuda);
+  EXPECT(c, tp_cuda_stream_sync(stream) == -1);
+  for (int b = 0; b < NBUF; b++) {
+    size_t n = counts[b];
+    TP_CUDA_CHECK(cudaMemcpy(x[b], dev[b], n * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+      double err = fabs((double)x[b][i] - want[b][i]) / fabs((double)want[b][i]);
+      if (err > worst) worst = err, at = i;
+    }
+    /* two ranks: a + b == b + a, the same bits; more: NCCL's order, within 1e-6 */
+    if (worst > (N == 2 ? 0 : 1e-6))
+      fprintf(stderr, "rank %d: tensor all-reduce of %zu floats over %d ranks: rel_err=%.3g at [%zu] "
+              "(%.9g, want %.9g)\n", c->rank, n, N, worst, at, x[b][at], want[b][at]);
+    EXPECT(c, worst <= (N == 2 ? 0 : 1e-6));
+    TP_CUDA_CHECK(cudaFree(dev[b]));
+    free(want[b]);
+  }
+  /* host memory: the stream's work first, then the host transport's sum, bit for bit */
+  float h[3] = {c->rank * 0.1f, 1.0f / (float)(c->rank + 7), -2.5f}, hwant[3];
+  memcpy(hwant, h, sizeof h);
+  tp_comm_allreduce_sum(host, hwant, 3, TP_F32, group, N);
+  c->be->allreduce_sum_on(c, h, 3, TP_F32, group, N, stream);
+  EXPECT(c, memcmp(h, hwant, sizeof h) == 0);
+  for (int b = 0; b < NBUF; b++) free(x[b]);
+  TP_CUDA_CHECK(cudaFree(factor));
+  tp_cuda_stream_free(stream);
+  free(group);
+  tp_comm_close(c);
+  free_plan(&tp);
+}
+
 /* ---- start-up ---- */
 
-static void order(TpComm *host, int S) {
-  int D = host->size / S;
+static void order(TpComm *host, int S, int N) {
+  int D = host->size / (S * N);
+  /* with N > 2: parameters of stage 0 split in N / 2 pieces and in one (its ALLREDUCE sums
+   * their partial gradients over the ranks holding a piece) */
+  const int parts[2] = {N / 2, 1};
   TestPlan tp;
-  make_plan(&tp, S, D, 2, true);
+  make_plan(&tp, S, N, D, 2, true, parts, N > 2 ? 2 : 0);
   TpComm *c = open_nccl(host, &tp.plan);
   char got[2048], want[2048] = "";
   tp_cuda_comm_describe(c, got, sizeof got);
   /* the list every rank must have made, in this order, with this rank's groups starred */
   const char *expected = NULL;
-  if (S == 2 && D == 1)
-    expected = "world 0 1\nround 1: link 0 1\nround 2: link 1 0\nround 3: tied 0 1\n";
-  else if (S == 2 && D == 2)
+  if (S == 2 && N == 1 && D == 1) /* the tied pair is the world: its communicator serves */
+    expected = "world 0 1\nround 1: link 0 1\nround 2: link 1 0\n";
+  else if (S == 2 && N == 1 && D == 2)
     expected = "world 0 1 2 3\nround 1: link 0 1\nround 2: link 1 0\nround 1: link 2 3\nround 2: link 3 2\n"
                "round 3: replicas 0 2\nround 3: replicas 1 3\nround 4: tied 0 1\nround 4: tied 2 3\n";
-  else if (S == 4 && D == 1)
+  else if (S == 4 && N == 1 && D == 1)
     expected = "world 0 1 2 3\nround 1: link 0 1\nround 2: link 1 0\nround 3: link 1 2\nround 4: link 2 1\n"
                "round 1: link 2 3\nround 2: link 3 2\nround 3: tied 0 3\n";
+  else if (S == 2 && N == 2 && D == 1) /* peers and tied pairs at the same tensor rank */
+    expected = "world 0 1 2 3\nround 1: link 0 2\nround 2: link 2 0\nround 1: link 1 3\nround 2: link 3 1\n"
+               "round 3: tensor 0 1\nround 3: tensor 2 3\nround 4: tied 0 2\nround 4: tied 1 3\n";
+  else if (S == 1 && N == 2 && D == 2) /* replicas: (d, k, t) for every d */
+    expected = "world 0 1 2 3\nround 1: tensor 0 1\nround 1: tensor 2 3\nround 2: replicas 0 2\n"
+               "round 2: replicas 1 3\n";
+  else if (S == 1 && N == 4 && D == 1) /* the tensor group and the one-piece group are the world */
+    expected = "world 0 1 2 3\nround 1: pieces 0 1\nround 1: pieces 2 3\n";
   EXPECT(c, expected != NULL);
   for (const char *line = expected; line && *line;) {
     const char *end = strchr(line, '\n');
@@ -280,6 +392,10 @@ static void order(TpComm *host, int S) {
   if (strcmp(got, want)) fprintf(stderr, "rank %d: communicators:\n%swanted:\n%s", c->rank, got, want);
   EXPECT(c, strcmp(got, want) == 0);
   tp_comm_close(c);
+  if (S == 1) {
+    free_plan(&tp);
+    return;
+  }
   /* stage 1 takes microbatch 1's activation before microbatch 0's: NCCL could not match it */
   TpPlanInsn *stage1 = tp.insns + (tp.stages[1].insns - tp.insns);
   for (int j = 0; j < tp.stages[1].ninsns; j++)
@@ -295,7 +411,7 @@ static void order(TpComm *host, int S) {
 /* The host transport serves: one process, or processes sharing a GPU. */
 static void fallback(TpComm *host) {
   TestPlan tp;
-  make_plan(&tp, host->size, 1, 1, false);
+  make_plan(&tp, host->size, 1, 1, 1, false);
   TpDiag d;
   tp_diag_init(&d, "test_cuda_nccl", NULL, stderr);
   TpComm *c = host; /* overwritten */
@@ -307,7 +423,7 @@ static void fallback(TpComm *host) {
  * (the world, the replicas and the links have communicators; not that pair). */
 static void missing(TpComm *host) {
   TestPlan tp;
-  make_plan(&tp, 2, host->size / 2, 1, false);
+  make_plan(&tp, 2, 1, host->size / 2, 1, false);
   TpComm *c = open_nccl(host, &tp.plan);
   int pair[2] = {0, 1};
   float *x = static_cast<float *>(device_alloc(4 * sizeof(float)));
@@ -318,7 +434,7 @@ static void missing(TpComm *host) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_cuda_nccl p2p|allreduce|order|fallback|missing [STAGES]\n");
+    fprintf(stderr, "usage: test_cuda_nccl p2p|allreduce|tensor|order|fallback|missing [STAGES [TENSOR]]\n");
     return 2;
   }
   TpDiag d;
@@ -326,15 +442,16 @@ int main(int argc, char **argv) {
   TpComm *host;
   if (tp_comm_open(&host, "test_cuda_nccl", &argc, &argv, &d)) return 1;
   pick_gpu();
-  int S = argc > 2 ? atoi(argv[2]) : host->size;
-  if (S < 1 || host->size % S) {
-    fprintf(stderr, "test_cuda_nccl: %d processes are not STAGES=%d x replicas\n", host->size, S);
+  int S = argc > 2 ? atoi(argv[2]) : host->size, N = argc > 3 ? atoi(argv[3]) : 1;
+  if (S < 1 || N < 1 || host->size % (S * N)) {
+    fprintf(stderr, "test_cuda_nccl: %d processes are not STAGES=%d x TENSOR=%d x replicas\n", host->size, S, N);
     return 2;
   }
   const char *mode = argv[1];
-  if (!strcmp(mode, "p2p")) p2p(host, host->size);
-  else if (!strcmp(mode, "allreduce")) allreduce(host, S);
-  else if (!strcmp(mode, "order")) order(host, S);
+  if (!strcmp(mode, "p2p")) p2p(host, S, N);
+  else if (!strcmp(mode, "allreduce")) allreduce(host, S, N);
+  else if (!strcmp(mode, "tensor")) tensor(host, S, N);
+  else if (!strcmp(mode, "order")) order(host, S, N);
   else if (!strcmp(mode, "fallback")) fallback(host);
   else if (!strcmp(mode, "missing")) missing(host);
   else {

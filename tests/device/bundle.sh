@@ -5,7 +5,8 @@
 # everything is built here and carried (the device tool's `carry`, 64 MiB with the working
 # tree, which is ~11 MB):
 #   bin/        tokpipe-compare and the tests/cuda drivers (built against tokpipe_cuda with
-#               TOKPIPE_CUDA_TESTS_ON_GPU: their buffers in managed memory)
+#               TOKPIPE_CUDA_TESTS_ON_GPU: their buffers in managed memory); nccl-test, the
+#               NCCL transport's test (tests/cuda/test_cuda_nccl.cpp, run under mpirun)
 #   trainers/   trainers compiled here with tokpipec --target cuda, stripped:
 #               parity-fp32/FIXTURE, parity-bf16/FIXTURE (every GPT fixture with train/),
 #               pipeline/ref and pipeline/piped (2 stages, 3 slices, 1F1B, one process),
@@ -61,8 +62,10 @@ for c in tests/cuda/test_cuda_*.c; do
   # (the help of Makefiles, then of Ninja)
   if grep -Eq "^(\.\.\. )?$d(:|\$)" <<<"$targets"; then drivers+=("$d"); else echo "bundle: $c has no target $d: not bundled" >&2; fi
 done
+nccl_test=test_cuda_nccl
+[ $emulated = 1 ] || nccl_test=${nccl_test}_gpu
 if [ $emulated = 0 ]; then
-  cmake --build "$build" -j2 --target tokpipec tokpipe-compare "${drivers[@]}" >"$build/bundle-build.log" 2>&1 ||
+  cmake --build "$build" -j2 --target tokpipec tokpipe-compare "${drivers[@]}" $nccl_test >"$build/bundle-build.log" 2>&1 ||
     { tail -20 "$build/bundle-build.log" >&2; die "the build failed (log: $build/bundle-build.log)"; }
 fi
 bin=$build/bin
@@ -76,6 +79,8 @@ manifest=$out/MANIFEST
 } >"$manifest"
 cp "$bin/tokpipe-compare" "$out/bin/" || die "no $bin/tokpipe-compare"
 for d in "${drivers[@]}"; do cp "$bin/$d" "$out/bin/${d%_gpu}" || die "no $bin/$d"; done
+# not test_cuda_*: run.sh's kernels stage runs those one test per name
+cp "$bin/$nccl_test" "$out/bin/nccl-test" 2>/dev/null || echo "missing nccl-test: no $bin/$nccl_test" | tee -a "$manifest" >&2
 
 # The trainers: every one tokpipec builds is listed, every one it cannot is listed missing.
 if [ $emulated = 1 ]; then precisions=(fp32) target=(); else precisions=(fp32 bf16) target=(--target cuda); fi

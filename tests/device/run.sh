@@ -8,6 +8,8 @@
 #             every step-1 gradient, 10 AdamW losses) by trainers of tokpipec --target cuda,
 #             fp32 with the CPU trainer's tolerances and bf16 with bf16's (below)
 #   pipeline  2 stages, 3 slices, 1F1B in one process on one GPU against the unsliced run
+#   tensor    a tensor group's all-reduce on the compute stream through NCCL (two ranks
+#             under mpirun); skipped, saying why, with fewer than 2 GPUs or no mpirun
 #   bench     GPT-2 124M shape in bf16: tokens/s and MFU of the trainer and of PyTorch
 #             (eager, torch.compile) on the same GPU, model and batch (bench/gpu_gpt2.py)
 # Each check prints one PASS/FAIL line with its figures, each stage its time; the script
@@ -15,7 +17,7 @@
 #
 #   bash tests/device/run.sh [--emulated] [--bundle DIR] [--only STAGES] [--skip STAGES]
 #                            [--budget SECONDS] [--out DIR]
-#   STAGES: a comma list of kernels,parity,pipeline,bench; --budget (default 450: the issue's
+#   STAGES: a comma list of kernels,parity,pipeline,tensor,bench; --budget (default 450: the issue's
 #   8 minutes less a margin) drops stages, and torch.compile, that would not fit.
 #   --emulated runs the same flow on this machine (bundle.sh --emulated): the cuda-emulated
 #   drivers, CPU trainers in fp32 (bf16 and the benchmark need the GPU and are skipped).
@@ -32,7 +34,7 @@ if [ -n "${OUT:-}" ] && [ -z "${TOKPIPE_DEVICE_RUN_TEED:-}" ]; then # the transc
   exit "${PIPESTATUS[0]}"
 fi
 start=$SECONDS
-emulated=0 bundle="" only="kernels,parity,pipeline,bench" skip="" budget=450 out=""
+emulated=0 bundle="" only="kernels,parity,pipeline,tensor,bench" skip="" budget=450 out=""
 usage() { echo "usage: run.sh [--emulated] [--bundle DIR] [--only STAGES] [--skip STAGES] [--budget S] [--out DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -204,6 +206,26 @@ if stage pipeline 20; then
     fi
   fi
   stage_end pipeline
+fi
+
+# ---- tensor: a tensor group's all-reduce through NCCL, on the compute stream ----
+# tests/cuda/test_cuda_nccl.cpp's tensor mode: two ranks, one GPU each (NCCL takes one
+# process per GPU), under mpirun; the emulated run pretends two GPUs. The device machine
+# has one H200 and no MPI launcher, so there the check is skipped, saying why; so is a
+# --tensor 2 trainer's parity on the GPU, which needs the same (the cuda-emulated tests
+# nccl-tensor-* and the emulated --tensor trainer cover both on the CPU).
+if stage tensor 15; then
+  gpus=2 # the emulated run's TOKPIPE_CUDA_EMULATE_DEVICES below
+  [ $emulated = 1 ] || gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ ! -x "$bundle/bin/nccl-test" ]; then fail "tensor: no nccl-test in the bundle ($(grep '^missing nccl-test' "$bundle/MANIFEST"))"
+  elif [ "$gpus" -lt 2 ]; then skip_check "tensor: NCCL's tensor-group all-reduce needs 2 GPUs (one process each), this machine has $gpus"
+  elif ! command -v mpirun >/dev/null; then skip_check "tensor: no mpirun here to start the 2 ranks"
+  elif TOKPIPE_CUDA_EMULATE_DEVICES=2 bundled sh tests/comm/mpirun.sh 120 2 "$bundle/bin/nccl-test" tensor 1 2 >"$out/tensor.log" 2>&1; then
+    pass "tensor: all-reduces of 1, 1000 and 2^18 floats over a tensor group of 2 on the stream = the host's sums"
+  else
+    fail "tensor: $(grep -v '^$' "$out/tensor.log" | tail -3 | tr '\n' ' ' | head -c 500)"
+  fi
+  stage_end tensor
 fi
 
 # ---- bench: GPT-2 124M shape, bf16, the trainer beside PyTorch ----

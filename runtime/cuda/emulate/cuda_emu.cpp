@@ -331,10 +331,12 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind)
   if (bytes) memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  tp_emu_stream_ready(s);
   return cudaMemcpy(dst, src, bytes, kind);
 }
-cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
+  tp_emu_stream_ready(s);
   if (bytes) memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -354,6 +356,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   stream_of(s)->wait_upto(stream_of(s)->queued);
   return cudaSuccess;
+}
+void tp_emu_stream_ready(cudaStream_t s) {
+  if (stream_of(s)->completed < stream_of(s)->queued) stream_of(s)->wait_upto(stream_of(s)->queued);
 }
 void tp_emu_stream_async(cudaStream_t s, bool (*poll)(void *), void *arg) {
   stream_of(s)->pending.push_back({poll, arg});

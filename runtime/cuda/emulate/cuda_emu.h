@@ -85,10 +85,15 @@ const char *cudaGetErrorString(cudaError_t e);
  * by tp_emu_stream_async is done once poll(arg) returns true (poll frees arg then), in the
  * order queued. Events recorded after it, cudaEventQuery (cudaErrorNotReady until then) and
  * the synchronizations see it; cudaStreamWaitEvent makes the host wait for the event, since
- * the waiting stream's later work runs at once. Whenever the host waits or queries, every
- * stream's work moves on (as a GPU runs all its streams); cudaMalloc and cudaFree first
- * wait for every stream (cudaDeviceSynchronize), as CUDA may. */
+ * the waiting stream's later work runs at once. So does work queued after it on the same
+ * stream (a kernel reading an all-reduce's sum: TP_LAUNCH, the emulated products,
+ * cudaMemcpyAsync, cudaMemsetAsync), through tp_emu_stream_ready. Whenever the host waits
+ * or queries, every stream's work moves on (as a GPU runs all its streams); cudaMalloc and
+ * cudaFree first wait for every stream (cudaDeviceSynchronize), as CUDA may. */
 void tp_emu_stream_async(cudaStream_t s, bool (*poll)(void *arg), void *arg);
+/* The host waits for s's asynchronous work queued so far (the stream order of what it
+ * queues next); at once when there is none. */
+void tp_emu_stream_ready(cudaStream_t s);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 /* Where a pointer points: device memory is what cudaMalloc returned (a host address here). */
 enum cudaMemoryType {
