@@ -527,15 +527,16 @@ int main(int argc, char **argv) {
   if (search && !gpus) cli_usage_error("--search needs --gpus: the device count the layouts divide");
   if (search && (calibrate || predicting))
     cli_usage_error("--search is for the planner's search, not with --calibrate or the prediction of one plan");
-  for (char **names = search ? cli_split_list("--search", search, &(int){0}) : NULL, **n = names; n && *n; n++) {
+  char **names = search ? cli_split_list("--search", search, &(int){0}) : NULL;
+  for (char **n = names; n && *n; n++) {
     bool all = !strcmp(*n, "all");
     if (!all && strcmp(*n, "pipeline") && strcmp(*n, "tensor") && strcmp(*n, "data"))
       cli_usage_error("--search expects pipeline, tensor, data or all, got '%s'", *n);
     if ((all || !strcmp(*n, "pipeline")) && pipeline) cli_usage_error("--search %s: --pipeline is given", *n);
     if ((all || !strcmp(*n, "tensor")) && tensor) cli_usage_error("--search %s: --tensor is given", *n);
     if ((all || !strcmp(*n, "data")) && data) cli_usage_error("--search %s: --data is given", *n);
-    if (!n[1]) cli_free_list(names);
   }
+  if (names) cli_free_list(names);
   bool searching = gpus && !calibrate && !predicting && (!pipeline || !tensor || !data);
   int64_t fixed[3] = {pipeline, tensor, data}; /* searching: the degrees given, 0 = searched */
   if (searching) pipeline = 1; /* the base request: each layout sets its own */
