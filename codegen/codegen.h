@@ -102,6 +102,10 @@ typedef struct {
   TpPipelineOptions o;
   TpSchedule schedule;
   bool tied;            /* a parameter is held by the first and the last stage */
+  int tensor;           /* N: the tensor ranks of each stage (1: none); the figures below
+                           are one tensor rank's (its parts of the split parameters) */
+  int64_t *whole;       /* per stage: parameters, gradients and AdamW state as --tensor 1
+                           would hold them (the split parameters whole) */
   int *arenas;          /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
   /* per stage (the rank running it), in bytes: its parameters, their gradients (twice with
    * M > 1: the step's sum and one microbatch's), AdamW's two moments, arenas x arena */
@@ -113,6 +117,9 @@ typedef struct {
 int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl,
                       TpDiag *d);
 void tp_pipeline_free(TpPipeline *pl);
+/* The module's tensor group size: --tensor (m->tensor), or for a module read back from
+ * text, the ranks its split parameters were split over; 1 without. */
+int tp_tensor_ranks(const TpModule *m);
 /* An input error for every rank whose peak exceeds max_bytes, naming the rank, by how much,
  * the limit (`limit` names it: "--max-memory") and what takes the bytes; hint (or NULL)
  * ends the line. */

@@ -50,6 +50,7 @@ typedef struct {
   unsigned headers;       /* a bit per header of the target the plan uses */
   bool uses_check, uses_math, uses_arena, uses_bad;
   int rc;
+  int tensor; /* the ranks of the tensor group (1: none) */
 } Emitter;
 
 /* ---- identifiers ---- */
@@ -564,6 +565,35 @@ static void emit_call(Emitter *E, const TpBound *b, const Views *w) {
   free(text);
 }
 
+/* The tensor group's ops (passes/shard_tensor.c). TensorCopy is the identity on every
+ * rank: its result is a view of its operand (memory.c), nothing runs. AllReduce sums its
+ * operand over the group in place through the runtime's io->tensor_allreduce (the same
+ * call on every target: the runtime picks the transport), first copying it into the
+ * result's own buffer where the memory plan could not alias them. */
+static void emit_tensor_op(Emitter *E, int op) {
+  const TpModule *m = E->m;
+  int x = in(E, op, 0), y = res(E, op, 0);
+  if (!f32_only(E, op)) return;
+  if (E->tensor <= 1) {
+    E->rc = tp_error_op(E->d, m, op, "codegen: %s works over the tensor group, but the module has none (tokpipec "
+                        "--tensor N)", tp_op_info[m->ops[op].kind].name);
+    return;
+  }
+  if (strcmp(tp_attr_string(m, op, "group", "tensor"), "tensor") != 0 ||
+      (m->ops[op].kind == TP_OP_AllReduce && strcmp(tp_attr_string(m, op, "reduce", "sum"), "sum") != 0)) {
+    unsupported(E, op, "only sums over the tensor group are");
+    return;
+  }
+  if (E->mem->value[y].kind != TP_MEM_VIEW) {
+    TpTensor views[2] = {tp_value_tensor(m, x), tp_value_tensor(m, y)};
+    Views w = {op, views, views + 1, 1, 1};
+    TpBound b = {.kernel = TP_K_RESHAPE};
+    b.a.reshape = (TpCopyArgs){&views[0], &views[1]};
+    emit_call(E, &b, &w);
+  }
+  if (m->ops[op].kind == TP_OP_AllReduce) emit(E, "io->tensor_allreduce(io, %v, %I);", y, tp_type_numel(type_of(E, y)));
+}
+
 /* The call of one op; its results are declared already. The op's binder (bind/bind.c) gives
  * the kernel and its arguments from views of the operands' types; what is decided here is
  * the plan's memory: a Reshape that is a view runs nothing, and a token slice's keys and
@@ -573,6 +603,10 @@ static void emit_op(Emitter *E, int op) {
   const TpOp *o = &m->ops[op];
   const TpOpBinding *r = &tp_op_bindings[o->kind];
   if (o->kind == TP_OP_Reshape && reshape_is_view(E->mem, op, m)) return;
+  if (o->kind == TP_OP_TensorCopy || o->kind == TP_OP_AllReduce) {
+    emit_tensor_op(E, op);
+    return;
+  }
   if (!r->bind) {
     unsupported(E, op, NULL);
     return;
@@ -828,6 +862,23 @@ static bool has_peer(const TpMemoryPlan *p, int s, int k) {
   return k == TP_MSG_RECV_ACT || k == TP_MSG_SEND_GRAD ? s > 0 : s + 1 < p->nstages;
 }
 
+/* The io->tensor_allreduce calls of stage s's unit (phase, slice): its AllReduce ops. */
+static int unit_reduces(const TpModule *m, const TpMemoryPlan *p, int s, bool backward, int slice) {
+  int unit = (backward ? p->nslices : 0) + slice, n = 0;
+  for (int i = p->unit_begin[s][unit]; i < p->unit_end[s][unit]; i++) n += m->ops[p->order[s][i]].kind == TP_OP_AllReduce;
+  return n;
+}
+
+/* Stage s's stageS_forward_reduces and stageS_backward_reduces: per slice, the calls of
+ * its units, which the runtime checks (runtime/train/plan.h). */
+static void emit_reduce_tables(const Emitter *E, FILE *out, int s) {
+  for (int b = 0; b < 2; b++) {
+    fprintf(out, "static const int stage%d_%s_reduces[] = {", s, b ? "backward" : "forward");
+    for (int i = 0; i < E->mem->nslices; i++) fprintf(out, "%s%d", i ? ", " : "", unit_reduces(E->m, E->mem, s, b, i));
+    fputs("};\n", out);
+  }
+}
+
 /* The schedule's tables: per stage its unit functions, boundary messages and instruction
  * list, then the stages. */
 static void emit_pipeline(Emitter *E, FILE *out, int64_t seq) {
@@ -892,6 +943,7 @@ static void emit_pipeline(Emitter *E, FILE *out, int64_t seq) {
       fprintf(out, "    {%s, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice, x->peer);
     }
     fputs("};\n", out);
+    if (E->tensor > 1) emit_reduce_tables(E, out, s);
   }
   fputs("\nstatic const TpPlanStage stages[] = {\n", out);
   for (int s = 0; s < S; s++) {
@@ -900,6 +952,9 @@ static void emit_pipeline(Emitter *E, FILE *out, int64_t seq) {
     fprintf(out, "     .arena_bytes = %lld,\n     .arenas = %d,\n", (long long)p->arena_bytes[s], pl->arenas[s]);
     for (int k = 0; k < TP_MSG_COUNT; k++)
       if (has_peer(p, s, k)) fprintf(out, "     .%s = stage%d_%s,\n", message_names[k], s, message_names[k]);
+    if (E->tensor > 1)
+      fprintf(out, "     .forward_reduces = stage%d_forward_reduces,\n     .backward_reduces = stage%d_backward_reduces,\n",
+              s, s);
     fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n     .memory_bytes = %lld},\n",
             pl->schedule.count[s], s, (long long)pl->peak[s]);
   }
@@ -1022,6 +1077,7 @@ static void emit_tables(Emitter *E, FILE *out) {
     fprintf(out, "    .device = &%s,\n", E->target->device);
     E->headers |= 1u << E->target->device_header;
   }
+  if (E->tensor > 1) fprintf(out, "    .tensor = %d,\n", E->tensor);
   fputs("};\n", out);
   fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
 }
@@ -1037,6 +1093,7 @@ static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem,
   E->declared = calloc((size_t)m->nvalues + 1, sizeof *E->declared);
   E->here = calloc((size_t)m->nops + 1, sizeof *E->here);
   TP_ASSERT(E->name && E->array && E->referenced && E->declared && E->here);
+  E->tensor = tp_tensor_ranks(m);
   name_values(E);
 }
 
@@ -1180,6 +1237,9 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
               (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
     if (E.target->precision)
       fprintf(out, " * Target %s, precision %s.\n", E.target->name, E.target->precision);
+    if (E.tensor > 1)
+      fprintf(out, " * Tensor parallel over %d ranks per stage: shapes and parameter figures are one rank's.\n",
+              E.tensor);
     fprintf(out, " * Build: %s */\n", E.target->build);
     if (E.uses_check) fputs("#include <stdio.h>\n#include <stdlib.h>\n", out);
     if (E.uses_math) fputs("#include <math.h>\n", out);

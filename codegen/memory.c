@@ -60,6 +60,15 @@ static bool is_label_input(const TpModule *m, int v) {
   return false;
 }
 
+/* May AllReduce op sum its operand's bytes in place (its result a view of them)? Only when
+ * nothing else reads those bytes: the operand has a buffer of its own (not a view, a
+ * context, a parameter's or a gradient's), and the op is its one reader (not the loss, not
+ * a graph output). */
+static bool reduces_in_place(const TpModule *m, const TpMemoryPlan *p, int op) {
+  int x = m->ops[op].inputs[0];
+  return p->value[x].kind == TP_MEM_ARENA && !tp_context_rows(m, x) && x != m->loss && tp_use_count(m, x) == 1;
+}
+
 /* Where each value lives, before any placement. */
 static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag *d) {
   int tokens = -1, targets = -1;
@@ -123,7 +132,8 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
   }
   /* Other results: a Reshape is a view of its operand's bytes, and so is a slice's
    * context of the one before (they share the buffer the first slice's context owns: its
-   * bytes times context_rows / its rows); the rest need a buffer. */
+   * bytes times context_rows / its rows), a TensorCopy (the identity on each rank) and an
+   * AllReduce that may sum its operand's bytes in place; the rest need a buffer. */
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
     for (int k = 0; k < o->noutputs; k++) {
@@ -131,7 +141,8 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
       if (r < 0 || p->value[r].kind != TP_MEM_NONE) continue;
       TpMemSlot *s = &p->value[r];
       int64_t context_rows = tp_context_rows(m, r);
-      if ((o->kind == TP_OP_Reshape && !tp_is_boundary_op(m, op)) || (context_rows && o->ninputs == 2)) {
+      if ((o->kind == TP_OP_Reshape && !tp_is_boundary_op(m, op)) || (context_rows && o->ninputs == 2) ||
+          o->kind == TP_OP_TensorCopy || (o->kind == TP_OP_AllReduce && reduces_in_place(m, p, op))) {
         s->kind = TP_MEM_VIEW;
         s->index = o->inputs[0];
       } else if (context_rows) {
@@ -556,8 +567,10 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     params += bytes;
     if (m->grads && tp_grad_of(m, v) >= 0) grads += bytes, ntrainable++;
   }
-  char note[64];
-  fprintf(out, "totals:\n");
+  char note[128];
+  int tensor = tp_tensor_ranks(m);
+  if (tensor > 1) fprintf(out, "totals (per tensor rank: its parts of the parameters split %d ways):\n", tensor);
+  else fprintf(out, "totals:\n");
   snprintf(note, sizeof note, "%d tensors, %lld floats", p->nparams, (long long)(params / 4));
   print_bytes(out, "  parameters", params, note);
   snprintf(note, sizeof note, "%d trainable tensors", ntrainable);
@@ -566,16 +579,27 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   print_bytes(out, "  activations", activations, "the stage arenas");
   print_bytes(out, "  total", params + grads + 2 * grads + activations, NULL);
   if (!pl) return;
-  fprintf(out, "ranks: %d stage%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",
-          p->nstages, p->nstages == 1 ? "" : "s", pl->o.dp, pl->o.dp == 1 ? "" : "s", tp_schedule_name(pl->o.kind),
+  if (tensor > 1) snprintf(note, sizeof note, " x %d tensor ranks", tensor);
+  fprintf(out, "ranks: %d stage%s%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",
+          p->nstages, p->nstages == 1 ? "" : "s", tensor > 1 ? note : "", pl->o.dp, pl->o.dp == 1 ? "" : "s",
+          tp_schedule_name(pl->o.kind),
           pl->o.microbatches, pl->o.microbatches == 1 ? "" : "es", p->nslices, p->nslices == 1 ? "" : "s");
   for (int s = 0; s < p->nstages; s++) {
-    fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
+    if (tensor > 1)
+      fprintf(out, "ranks %d-%d (stage %d, per tensor rank%s):\n", s * tensor, s * tensor + tensor - 1, s,
+              pl->o.dp > 1 ? "; every replica's alike" : "");
+    else fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
     print_bytes(out, "  parameters", pl->params[s], NULL);
     print_bytes(out, "  gradients", pl->grads[s], pl->o.microbatches > 1 ? "the step's sum and a microbatch's" : NULL);
     print_bytes(out, "  optimizer state", pl->state[s], NULL);
     snprintf(note, sizeof note, "%d microbatch arena%s alive at once", pl->arenas[s], pl->arenas[s] == 1 ? "" : "s");
     print_bytes(out, "  activations", pl->activations[s], note);
     print_bytes(out, "  peak", pl->peak[s], NULL);
+    if (tensor > 1) {
+      int64_t split = pl->params[s] + pl->grads[s] + pl->state[s];
+      snprintf(note, sizeof note, "parameters, gradients and optimizer state at --tensor 1; %d-way saves %lld", tensor,
+               (long long)(pl->whole[s] - split));
+      print_bytes(out, "  unsplit", pl->whole[s], note);
+    }
   }
 }

@@ -3,6 +3,7 @@
  * arenas each rank keeps alive, and its memory. */
 #include "codegen.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,10 +44,28 @@ static int count_arenas(const TpSchedule *s, int k) {
   return arenas;
 }
 
+int tp_tensor_ranks(const TpModule *m) {
+  int n = m->tensor > 1 ? m->tensor : 1;
+  for (int v = 0; v < m->nvalues && n == 1; v++)
+    if (m->values[v].kind == TP_VAL_PARAM && m->values[v].shard.parts) n = m->values[v].shard.ranks;
+  return n;
+}
+
+/* Is a parameter split into fewer parts than the tensor group has ranks (grouped K/V heads
+ * fewer than the ranks)? Each rank holding a piece then has a partial gradient of it, which
+ * the schedule's allreduce sums over the ranks sharing the piece (runtime/train/plan.h). */
+static bool shared_pieces(const TpModule *m, const TpMemoryPlan *mem) {
+  for (int i = 0; i < mem->nparams; i++) {
+    const TpShard *sh = &m->values[mem->params[i]].shard;
+    if (sh->parts && sh->parts < sh->ranks) return true;
+  }
+  return false;
+}
+
 int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl,
                       TpDiag *d) {
   static const TpPipelineOptions one = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
-  *pl = (TpPipeline){.o = o ? *o : one};
+  *pl = (TpPipeline){.o = o ? *o : one, .tensor = tp_tensor_ranks(m)};
   int S = mem->nstages, M = pl->o.microbatches;
   TP_ASSERT(M >= 1 && pl->o.dp >= 1);
   for (int i = 0; i < mem->nparams; i++) pl->tied |= mem->param_tied_stage[i] != 0;
@@ -54,7 +73,7 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   TP_ASSERT(nslices);
   for (int mb = 0; mb < M; mb++) nslices[mb] = mem->nslices;
   TpScheduleSpec spec = {.kind = pl->o.kind, .stages = S, .nmb = M, .nslices = nslices,
-                         .data_parallel = pl->o.dp > 1, .tied_embedding = pl->tied};
+                         .data_parallel = pl->o.dp > 1 || shared_pieces(m, mem), .tied_embedding = pl->tied};
   tp_schedule_build(&spec, &pl->schedule);
   free(nslices);
   TpDiag quiet;
@@ -71,15 +90,18 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   pl->state = calloc((size_t)S, sizeof *pl->state);
   pl->activations = calloc((size_t)S, sizeof *pl->activations);
   pl->peak = calloc((size_t)S, sizeof *pl->peak);
-  TP_ASSERT(pl->arenas && pl->params && pl->grads && pl->state && pl->activations && pl->peak);
+  pl->whole = calloc((size_t)S, sizeof *pl->whole);
+  TP_ASSERT(pl->arenas && pl->params && pl->grads && pl->state && pl->activations && pl->peak && pl->whole);
   for (int i = 0; i < mem->nparams; i++) {
     int v = mem->params[i];
-    int64_t bytes = tp_type_numel(&m->values[v].type) * 4;
+    int64_t bytes = tp_type_numel(&m->values[v].type) * 4, parts = m->values[v].shard.parts;
     bool trained = m->grads && tp_grad_of(m, v) >= 0;
+    int copies = 1 + (trained ? (M > 1 ? 2 : 1) + 2 : 0); /* the value, gradients, AdamW's moments */
     for (int k = 0; k < S; k++) {
       if (k != mem->param_stage[i] && (k == 0 || k != mem->param_tied_stage[i])) continue;
       pl->params[k] += bytes;
       if (trained) pl->grads[k] += (M > 1 ? 2 : 1) * bytes, pl->state[k] += 2 * bytes;
+      pl->whole[k] += copies * bytes * (parts ? parts : 1);
     }
   }
   for (int k = 0; k < S; k++) {
@@ -106,17 +128,20 @@ void tp_pipeline_free(TpPipeline *pl) {
   free(pl->state);
   free(pl->activations);
   free(pl->peak);
+  free(pl->whole);
   *pl = (TpPipeline){0};
 }
 
 int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, const char *limit, const char *hint,
                              TpDiag *d) {
   int rc = TP_OK;
+  char tensor[64] = ""; /* the first tensor rank of the stage speaks for all of them */
+  if (pl->tensor > 1) snprintf(tensor, sizeof tensor, ", tensor rank 0 of %d, the others alike", pl->tensor);
   for (int k = 0; k < pl->schedule.stages; k++)
     if (pl->peak[k] > max_bytes)
-      rc = tp_error(d, "rank %d (pipeline stage %d%s) needs %lld bytes at its peak, %lld more than %s "
+      rc = tp_error(d, "rank %d (pipeline stage %d%s%s) needs %lld bytes at its peak, %lld more than %s "
                     "%lld: parameters %lld, gradients %lld, optimizer state %lld, %d microbatch arena%s %lld%s",
-                    k, k, pl->o.dp > 1 ? ", as in every replica" : "", (long long)pl->peak[k],
+                    k * pl->tensor, k, tensor, pl->o.dp > 1 ? ", as in every replica" : "", (long long)pl->peak[k],
                     (long long)(pl->peak[k] - max_bytes), limit, (long long)max_bytes, (long long)pl->params[k],
                     (long long)pl->grads[k], (long long)pl->state[k], pl->arenas[k], pl->arenas[k] == 1 ? "" : "s",
                     (long long)pl->activations[k], hint ? hint : "");

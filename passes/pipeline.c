@@ -30,10 +30,12 @@ const TpPassInfo tp_pass_registry[] = {
  * token passes mark the sequence axis on the raised forward and cut the forward (with its
  * per-slice loss terms) into slices before autodiff, which then emits the slices' backward
  * in reverse; tokpipec runs them only when --slices asks for more than one slice.
+ * shard-tensor (tokpipec --tensor N > 1) splits the raised forward over the tensor ranks
+ * before the loss is added, so autodiff differentiates its collectives too.
  * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
  * and finish-stages places the gradients that cross stages once autodiff made them. */
 const char *const tp_default_pipeline[] = {"fold-constants", "dce", "rebatch", "retie-params", "raise-transformer",
-                                           "insert-token-dim", "add-loss", "split-sequence", "assign-stages",
+                                           "insert-token-dim", "shard-tensor", "add-loss", "split-sequence", "assign-stages",
                                            "autodiff", "finish-stages", "dce", NULL};
 
 const TpPassInfo *tp_find_pass(const char *name) {

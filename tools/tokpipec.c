@@ -61,8 +61,13 @@ static const char usage[] =
     "  --microbatches M     microbatches per replica and step (default 1)\n"
     "  --dp D               data-parallel replicas of the pipeline (default 1)\n"
     "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
+    "  --tensor N           split each stage's products over N tensor-parallel ranks\n"
+    "                       (Megatron: attention heads and MLP columns, then rows, with an\n"
+    "                       all-reduce after each row-parallel product); N must divide the\n"
+    "                       heads and widths. Ranks: stages x N x dp (default 1)\n"
     "  --max-memory BYTES   refuse a plan whose per-rank peak (weights, gradients, AdamW\n"
-    "                       state, microbatch arenas) exceeds BYTES\n"
+    "                       state, microbatch arenas; with --tensor, one tensor rank's\n"
+    "                       parts) exceeds BYTES\n"
     "  --profile-grid auto|L1,L2,..:C1,C2,..  build profiling units into the trainer for its\n"
     "                       --profile: one stage unit per slice length l and context c (l + c\n"
     "                       <= seq); auto: l in seq/8, seq/4, seq/2, seq and c in 0, seq/4,\n"
@@ -257,9 +262,10 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
 }
 
 /* The default pipeline into names[64], with the re-tie pass `retie` (NULL: none), less the loss
- * and the gradients under --forward-only, less the token slicing passes when unsliced;
- * --no-fuse raises without the fused ops. */
-static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool slicing, const char **names) {
+ * and the gradients under --forward-only, less the token slicing passes when unsliced and
+ * shard-tensor without --tensor; --no-fuse raises without the fused ops. */
+static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool slicing, bool tensor,
+                          const char **names) {
   int n = 0;
   for (int i = 0; tp_default_pipeline[i]; i++) {
     const char *p = tp_default_pipeline[i];
@@ -268,6 +274,10 @@ static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool 
     if (!fuse && strcmp(p, "raise-transformer") == 0) p = "raise-transformer-unfused";
     if (forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
     if (!slicing && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
+    if (!tensor && strcmp(p, "shard-tensor") == 0) continue;
+    /* raise-transformer leaves the products it replaced unread until dce, and shard-tensor
+     * refuses to split a weight that two products read */
+    if (strcmp(p, "shard-tensor") == 0) names[n++] = "dce";
     names[n++] = p;
   }
   return n;
@@ -277,15 +287,17 @@ static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool 
 
 /* TeraPipe's optimal slicing (passes/planner/slicing.h, Eqs. 5-8) of the plan's
  * `microbatches` microbatches (of the token input's rows each, all sliced alike, as the
- * trainer runs them) on its stages (--stage-cuts, else near-equal cuts), priced by the
- * planner's cost model on the CPU profile; writes m->nslices and m->slice_len, and a note for the
- * program's header. */
-static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, TpDiag *d) {
+ * trainer runs them) on its stages (--stage-cuts, else near-equal cuts) and m->tensor
+ * tensor ranks, priced by the planner's cost model on the CPU profile; writes m->nslices
+ * and m->slice_len, and a note for the program's header. `whole` describes the model as
+ * it was before shard-tensor cut its widths (NULL: read off m). */
+static int auto_slices(TpModule *m, const TpModelDesc *whole, int microbatches, char *note, size_t size, TpDiag *d) {
   int tokens = tp_token_input(m);
   if (tokens < 0) return tp_error(d, "--slices auto: the model has no integer [batch, seq] token input");
   int64_t rows = m->values[tokens].type.dims[0], T = m->values[tokens].type.dims[1];
   TpModelDesc desc;
-  if (!tp_model_describe(m, T, &desc))
+  if (whole) desc = *whole;
+  else if (!tp_model_describe(m, T, &desc))
     return tp_error(d, "--slices auto: cannot read the layer count, width and vocabulary off the model; give the slices");
   int stages = m->nstages > 1 ? m->nstages : 1, *cuts = NULL;
   int rc = m->stage_cuts ? tp_stage_cuts_parse(m->stage_cuts, desc.layers, &stages, &cuts, d) : TP_OK;
@@ -294,7 +306,7 @@ static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, T
   char dirs[4096];
   tp_profile_dirs(TOKPIPE_PROFILE_DIRS, dirs, sizeof dirs);
   if (rc == TP_OK) rc = tp_hardware_find("cpu", dirs, &hw, d);
-  if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, 1, 1, d);
+  if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, m->tensor > 1 ? m->tensor : 1, 1, d);
   if (rc == TP_OK && stages > 1 && stages <= desc.layers && stages <= TP_MAX_STAGES) {
     if (!cuts) { /* assign-stages balances the layers' compute: near-equal cuts */
       cuts = malloc(sizeof(int) * (size_t)stages);
@@ -325,8 +337,9 @@ static int auto_slices(TpModule *m, int microbatches, char *note, size_t size, T
     int n = snprintf(note, size, "--slices auto chose");
     for (int i = 0; i < m->nslices && n < (int)size; i++) n += snprintf(note + n, size - (size_t)n, "%s %lld", i ? "," : "", (long long)len[i]);
     if (n < (int)size)
-      snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for %d stage%s x %d microbatch%s on the %s "
-               "profile, %.3g s a step", cm.nstages, cm.nstages > 1 ? "s" : "", microbatches,
+      snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for %d stage%s%s x %d microbatch%s on the "
+               "%s profile, %.3g s a step", cm.nstages, cm.nstages > 1 ? "s" : "",
+               cm.tensor > 1 ? tp_strfmt(m, " x %d tensor ranks", cm.tensor) : "", microbatches,
                microbatches > 1 ? "es" : "", hw.name, plan.time);
   }
   tp_slicing_free(&plan);
@@ -436,7 +449,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
     slices[nslices++] = l[i];
     if (c[i] + l[i] < T) slices[nslices++] = T - c[i] - l[i];
     const char *names[64];
-    int np = pipeline_names(retie, fuse, false, nslices > 1, names);
+    int np = pipeline_names(retie, fuse, false, nslices > 1, false, names);
     char where[PATH_MAX + 96];
     /* errors name the probe: "model.onnx (--profile-grid point l 4, c 2): ..." */
     snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i], (long long)c[i]);
@@ -468,7 +481,7 @@ int main(int argc, char **argv) {
   cli_tool = "tokpipec";
   const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL, *target = "cpu",
              *precision = NULL, *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *grid = NULL, *v;
-  int nstages = 0;
+  int nstages = 0, tensor = 1;
   int64_t batch = 0, max_memory = 0;
   TpPipelineOptions pipe = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
   const char *retie = "retie-params";
@@ -502,6 +515,8 @@ int main(int argc, char **argv) {
       pipe.microbatches = (int)cli_int("--microbatches", v, 1, 65536);
     } else if (cli_value(argc, argv, &i, "--dp", &v)) {
       pipe.dp = (int)cli_int("--dp", v, 1, 65536);
+    } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
+      tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &pipe.kind)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {
@@ -559,6 +574,9 @@ int main(int argc, char **argv) {
     cli_usage_error("--profile-grid builds profiling units into the C program: use it with --exe or --emit=c");
   if (grid && strcmp(input, "-") == 0)
     cli_usage_error("--profile-grid compiles the model once per grid point: read it from a file, not stdin");
+  if (grid && tensor > 1)
+    cli_usage_error("--profile-grid cannot go with --tensor yet: its probes are compiled whole, without the "
+                    "tensor split");
   /* --batch is the step's: every microbatch of every replica gets an equal share of rows */
   int64_t units = (int64_t)pipe.dp * pipe.microbatches;
   if (batch && batch % units)
@@ -571,7 +589,7 @@ int main(int argc, char **argv) {
   dims.rebatch = true;
 
   const char *names[64];
-  int n = pipeline_names(retie, fuse, forward_only, slicing, names);
+  int n = pipeline_names(retie, fuse, forward_only, slicing, tensor > 1, names);
 
   if (exe) {
     TpDiag exe_diag;
@@ -595,13 +613,23 @@ int main(int argc, char **argv) {
     m->batch = dims.token_dims[0];
     m->nstages = nstages;
     m->stage_cuts = stage_cuts;
+    m->tensor = tensor;
     if (slices && strcmp(slices, "auto") != 0) cli_set_slices(m, slices);
-    /* --slices auto: the passes up to split-sequence, the slicing, the rest */
-    int first = n;
-    for (int i = 0; i < n && slices && strcmp(slices, "auto") == 0; i++)
+    /* --slices auto: the passes up to split-sequence, the slicing, the rest; the sizes it
+     * prices are read off the model before shard-tensor makes them one rank's */
+    int first = n, shard = n;
+    for (int i = 0; i < n && slices && strcmp(slices, "auto") == 0; i++) {
       if (strcmp(names[i], "split-sequence") == 0) first = i;
-    rc = cli_run_pipeline(m, names, first, &po, &d);
-    if (rc == TP_OK && first < n) rc = auto_slices(m, pipe.microbatches, note, sizeof note, &d);
+      if (strcmp(names[i], "shard-tensor") == 0) shard = i;
+    }
+    TpModelDesc whole, *described = NULL;
+    rc = cli_run_pipeline(m, names, shard < first ? shard : first, &po, &d);
+    if (rc == TP_OK && shard < first) {
+      int tokens = tp_token_input(m);
+      if (tokens >= 0 && tp_model_describe(m, m->values[tokens].type.dims[1], &whole)) described = &whole;
+      rc = cli_run_pipeline(m, names + shard, first - shard, &po, &d);
+    }
+    if (rc == TP_OK && first < n) rc = auto_slices(m, described, pipe.microbatches, note, sizeof note, &d);
     if (rc == TP_OK && first < n) rc = cli_run_pipeline(m, names + first, n - first, &po, &d);
   }
   /* --profile-grid: the model again per grid point, with the stage cuts it got */
