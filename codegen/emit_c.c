@@ -865,7 +865,8 @@ static bool has_peer(const TpMemoryPlan *p, int s, int k) {
 /* The io->tensor_allreduce calls of stage s's unit (phase, slice): its AllReduce ops. */
 static int unit_reduces(const TpModule *m, const TpMemoryPlan *p, int s, bool backward, int slice) {
   int unit = (backward ? p->nslices : 0) + slice, n = 0;
-  for (int i = p->unit_begin[s][unit]; i < p->unit_end[s][unit]; i++) n += m->ops[p->order[s][i]].kind == TP_OP_AllReduce;
+  for (int i = p->unit_begin[s][unit]; i < p->unit_end[s][unit]; i++)
+    n += m->ops[p->order[s][i]].kind == TP_OP_AllReduce;
   return n;
 }
 
@@ -953,8 +954,8 @@ static void emit_pipeline(Emitter *E, FILE *out, int64_t seq) {
     for (int k = 0; k < TP_MSG_COUNT; k++)
       if (has_peer(p, s, k)) fprintf(out, "     .%s = stage%d_%s,\n", message_names[k], s, message_names[k]);
     if (E->tensor > 1)
-      fprintf(out, "     .forward_reduces = stage%d_forward_reduces,\n     .backward_reduces = stage%d_backward_reduces,\n",
-              s, s);
+      fprintf(out, "     .forward_reduces = stage%d_forward_reduces,\n"
+                   "     .backward_reduces = stage%d_backward_reduces,\n", s, s);
     fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n     .memory_bytes = %lld},\n",
             pl->schedule.count[s], s, (long long)pl->peak[s]);
   }

@@ -35,8 +35,8 @@ const TpPassInfo tp_pass_registry[] = {
  * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
  * and finish-stages places the gradients that cross stages once autodiff made them. */
 const char *const tp_default_pipeline[] = {"fold-constants", "dce", "rebatch", "retie-params", "raise-transformer",
-                                           "insert-token-dim", "shard-tensor", "add-loss", "split-sequence", "assign-stages",
-                                           "autodiff", "finish-stages", "dce", NULL};
+                                           "insert-token-dim", "shard-tensor", "add-loss", "split-sequence",
+                                           "assign-stages", "autodiff", "finish-stages", "dce", NULL};
 
 const TpPassInfo *tp_find_pass(const char *name) {
   for (const TpPassInfo *p = tp_pass_registry; p->name; p++)
