@@ -86,6 +86,10 @@ for s in $(echo "$settings" | tr , ' '); do
   [ "$1 $2" = "tokpipec MODEL.onnx" ] || { echo "$s: not a command line: $command"; continue; }
   shift 2
   args=$(echo "$*" | sed 's/ -o plan\.c$//')
+  # settings of one model, device count and batch get the same plan: compiled once
+  same=$(sed -n "s/^\([0-9]*\) $name $args\$/\1/p" "$work/compiled.$$" 2>/dev/null | head -1)
+  echo "$s $name $args" >>"$work/compiled.$$"
+  [ -n "$same" ] && { echo "$s   $name: the plan of setting $same"; continue; }
   layout=$(echo "$found" | sed -n 's/.* = pipeline \([0-9]*\) x tensor \([0-9]*\) x data \([0-9]*\);.*/\1x\2x\3/p')
   mb=$(echo "$args" | sed -n 's/.*--microbatches \([0-9]*\).*/\1/p')
   nslices=$(echo "$args" | sed -n 's/.*--slices \([0-9,]*\).*/\1/p' | awk -F, '{ print $1 == 1 && NF == 1 ? 1 : NF }')
@@ -111,3 +115,4 @@ for s in $(echo "$settings" | tr , ' '); do
   echo "    tokpipec MODEL.onnx $args -o plan.c"
   rm -f "$out.plan.c" "$out.plan.o"
 done
+rm -f "$work/compiled.$$"

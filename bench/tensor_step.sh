@@ -20,7 +20,6 @@ build=${TOKPIPE_BUILD:-build}
 steps=${1:-10}
 rounds=${BENCH_ROUNDS:-3}
 work=$build/bench/tensor_step
-py=/usr/bin/python3
 shape=(--batch 8 --seq 256 --microbatches 2 --slices 4 --schedule gpipe)
 plans=("1 1" "1 2" "2 1") # stages tensor
 
@@ -29,14 +28,8 @@ for tool in tokpipec tokpipe-plan; do
 done
 [[ $("$build/bin/tokpipec" --help) == *--tensor* ]] || { echo "bench: this tokpipec has no --tensor" >&2; exit 2; }
 mkdir -p "$work"
-echo "== export the benchmark GPT (symbolic batch and sequence) and its token file ($work)"
-$py - "$work" <<'EOF_PY' >/dev/null
-import dataclasses, sys
-sys.path.insert(0, "bench")
-import train_pytorch as bench
-bench.MODEL = dataclasses.replace(bench.MODEL, dynamic=True)  # microbatches of 4 rows
-bench.export(sys.argv[1])
-EOF_PY
+. bench/bench_gpt.sh
+export_bench_gpt "$work"
 
 export OMP_NUM_THREADS=${BENCH_THREADS:-1}
 export OPENBLAS_NUM_THREADS=$OMP_NUM_THREADS
@@ -53,7 +46,6 @@ done
 openblas_core "$work/plan0" --version
 echo "$OMP_NUM_THREADS thread(s) per rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-median() { sort -g | awk '{ x[NR] = $1 } END { print NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }'; }
 for round in $(seq "$rounds"); do
   for i in "${!plans[@]}"; do
     read -r S N <<<"${plans[$i]}"
@@ -61,8 +53,7 @@ for round in $(seq "$rounds"); do
     timeout -k 5 900 mpirun --allow-run-as-root --oversubscribe -np $((S * N)) "$work/plan$i" --init "$work/model.onnx" \
       --data "$work/train.bin" --steps "$steps" --log "$work/plan$tag.jsonl" 2>"$work/plan$tag.err" ||
       { echo "bench: plan$i failed: $(tail -3 "$work/plan$tag.err")" >&2; exit 1; }
-    jq -s '[.[] | select(.step > 1) | .ms] | sort | if length % 2 == 1 then .[length / 2 | floor]
-           else (.[length / 2 - 1] + .[length / 2]) / 2 end' "$work/plan$tag.jsonl" >>"$work/meas$i.txt.$$"
+    median_step_ms "$work/plan$tag.jsonl" >>"$work/meas$i.txt.$$"
   done
   echo "round $round done; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 done
