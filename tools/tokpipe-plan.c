@@ -538,6 +538,8 @@ int main(int argc, char **argv) {
   }
   if (names) cli_free_list(names);
   bool searching = gpus && !calibrate && !predicting && (!pipeline || !tensor || !data);
+  if (searching && !joint)
+    cli_usage_error("--no-joint cannot go with the layout search (--gpus with degrees left out): it compares joint plans");
   int64_t fixed[3] = {pipeline, tensor, data}; /* searching: the degrees given, 0 = searched */
   if (searching) pipeline = 1; /* the base request: each layout sets its own */
   tensor = tensor && !searching ? tensor : 1;
