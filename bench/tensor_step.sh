@@ -10,7 +10,7 @@
 # one-process plan (the ratio isolates the layout's terms: compute / N plus the 4
 # all-reduces of b*l*C per layer and slice for N=2), with the all-reduce calls per unit
 # the compiled plan makes (its .forward_reduces / .backward_reduces) next to the model's 2 + 2
-# per layer.
+# per layer (+ 4 on the edges, priced vocab-parallel as in the paper's Megatron).
 #   bash bench/tensor_step.sh [STEPS]          (default 10)
 #   env: TOKPIPE_BUILD (default build), BENCH_THREADS (OpenMP threads per rank, default 1),
 #        BENCH_ROUNDS (default 3)
@@ -69,7 +69,9 @@ for i in "${!plans[@]}"; do
   # the compiled plan's reduce calls per unit, each stage: its tables' first entries
   compiled=$(sed -n 's/^static const int stage\([0-9]*\)_\(forward\|backward\)_reduces\[\] = {\([0-9]*\).*/\3/p' \
     "$work/plan$i.c" | awk '{ n += $1 } END { print n + 0 }')
-  model=$([ "$N" -gt 1 ] && echo $((4 * 4)) || echo 0) # 4 layers x (2 forward + 2 backward)
+  # the model's: 4 layers x (2 forward + 2 backward), and the vocab-parallel edges it prices (embedding
+  # forward and backward, the loss's sums, the head's input gradient), which tokpipec does not split yet
+  model=$([ "$N" -gt 1 ] && echo "$((4 * 4))+4" || echo 0)
   awk -v s="${S}x${N}" -v p="$pred" -v m="$meas" -v p0="$p0" -v m0="$m0" -v c="$compiled" -v mo="$model" 'BEGIN {
     printf "%-10s %12.1f %12.1f %+7.1f%% | %10.2f %10.2f | %s / %s\n", s, p, m, 100 * (p - m) / m, p / p0, m / m0, c, mo }'
 done
