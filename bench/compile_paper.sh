@@ -13,16 +13,18 @@
 # accounting's largest rank against the 16 GiB instead of refusing the compile.
 # Printed: the plan, wall time and max resident memory of `tokpipec --emit=memory` and
 # `tokpipec -o plan.c`, plan.c's size (lines, bytes), and with --cc the time of
-# `cc -O2 -c plan.c`.
-# usage: bench/compile_paper.sh [BUILD_DIR] [--settings 1,2,..] [--cc] [--work DIR]
-#                               [-- extra tokpipec options]
+# `cc -O2 -c plan.c`. With --slices N|L1,..|auto, the paper's own layout of each setting
+# (S x N x D, one microbatch per replica, gpipe) cut into those slices is compiled instead.
+# usage: bench/compile_paper.sh [BUILD_DIR] [--settings 1,2,..] [--slices N|auto] [--cc]
+#                               [--work DIR] [-- extra tokpipec options]
 # The models are kept in the work folder (default /tmp/tokpipe-paper) for the next run.
-build=build settings=1,2,3,4,5,6,7,8,9,10 cc=0 work=${TMPDIR:-/tmp}/tokpipe-paper
+build=build settings=1,2,3,4,5,6,7,8,9,10 cc=0 work=${TMPDIR:-/tmp}/tokpipe-paper slices=
 case $1 in -*|'') ;; *) build=$1; shift ;; esac
 while [ $# -gt 0 ]; do
   case $1 in
   --settings) settings=$2; shift 2 ;;
   --cc) cc=1; shift ;;
+  --slices) slices=$2; shift 2 ;;
   --work) work=$2; shift 2 ;;
   --) shift; break ;;
   *) echo "compile_paper.sh: unknown option '$1'" >&2; exit 2 ;;
@@ -66,20 +68,31 @@ printf '%-3s %-9s %4s %5s | %-10s %3s %-6s %6s | %-19s %-14s | %-19s | %9s %11s'
 [ $cc = 1 ] && printf ' | %s' "cc -O2 -c"
 echo
 for s in $(echo "$settings" | tr , ' '); do
-  case $s in # model gpus batch (the paper's; bench/plan_paper.sh)
-  1) set -- gpt3-1b 192 128 ;;
-  2|3) set -- gpt3-1b 192 72 ;;
-  4|5) set -- gpt3-13b 320 32 ;;
-  6|7|8) set -- gpt3-44b 384 8 ;;
-  9|10) set -- gpt3-175b 384 2 ;;
+  case $s in # model gpus batch and the paper's S N D (bench/plan_paper.sh)
+  1) set -- gpt3-1b 192 128 24 1 8 ;;
+  2) set -- gpt3-1b 192 72 12 8 2 ;;
+  3) set -- gpt3-1b 192 72 24 8 1 ;;
+  4) set -- gpt3-13b 320 32 20 8 2 ;;
+  5) set -- gpt3-13b 320 32 40 8 1 ;;
+  6) set -- gpt3-44b 384 8 96 1 4 ;;
+  7) set -- gpt3-44b 384 8 24 8 2 ;;
+  8) set -- gpt3-44b 384 8 48 8 1 ;;
+  9) set -- gpt3-175b 384 2 96 4 1 ;;
+  10) set -- gpt3-175b 384 2 48 8 1 ;;
   *) echo "compile_paper.sh: no setting $s in the paper's table (1..10)" >&2; exit 2 ;;
   esac
   name=$1 gpus=$2 batch=$3
   dir=$(model "$name") || exit 1
   out=$work/setting$s
-  found=$("$plan" --model "$name" --hardware p3.16xlarge --gpus "$gpus" --batch "$batch" 2>&1) || {
-    echo "$s: tokpipe-plan: $found"; continue; }
-  command=$(echo "$found" | sed -n 's/^  compile it with: //p')
+  if [ -n "$slices" ]; then # the paper's layout, as tokpipe-plan would print it
+    command="tokpipec MODEL.onnx --batch $batch --stages $4 --tensor $5 --dp $6 --microbatches 1 --slices $slices"
+    command="$command --schedule gpipe --max-memory 17179869184 -o plan.c"
+    found=" = pipeline $4 x tensor $5 x data $6;"
+  else
+    found=$("$plan" --model "$name" --hardware p3.16xlarge --gpus "$gpus" --batch "$batch" 2>&1) || {
+      echo "$s: tokpipe-plan: $found"; continue; }
+    command=$(echo "$found" | sed -n 's/^  compile it with: //p')
+  fi
   # the command's words (plain: tokpipe-plan quotes only odd ones), MODEL.onnx and -o put in
   # shellcheck disable=SC2086
   set -- $command
@@ -92,7 +105,7 @@ for s in $(echo "$settings" | tr , ' '); do
   [ -n "$same" ] && { echo "$s   $name: the plan of setting $same"; continue; }
   layout=$(echo "$found" | sed -n 's/.* = pipeline \([0-9]*\) x tensor \([0-9]*\) x data \([0-9]*\);.*/\1x\2x\3/p')
   mb=$(echo "$args" | sed -n 's/.*--microbatches \([0-9]*\).*/\1/p')
-  nslices=$(echo "$args" | sed -n 's/.*--slices \([0-9,]*\).*/\1/p' | awk -F, '{ print $1 == 1 && NF == 1 ? 1 : NF }')
+  nslices=$(echo "$args" | sed -n 's/.*--slices \([0-9a-z,]*\).*/\1/p' | awk -F, '{ print (NF > 1 ? NF : $1) }')
   sched=$(echo "$args" | sed -n 's/.*--schedule \([a-z0-9]*\).*/\1/p')
   printf '%-3s %-9s %4s %5s | %-10s %3s %-6s %6s | ' "$s" "$name" "$gpus" "$batch" "$layout" "$mb" "$nslices" "$sched"
   bound=$(echo "$args" | sed -n 's/.*--max-memory \([0-9]*\).*/\1/p')
