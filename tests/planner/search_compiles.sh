@@ -13,4 +13,6 @@ command=$(sed -n 's/^  compile it with: //p' plan.txt)
 echo "$command"
 eval "PATH=\"$bin:\$PATH\" $command" >tokpipec.txt 2>&1 || { echo "FAIL: it does not compile: $(cat tokpipec.txt)"; exit 1; }
 [ -s plan.c ] || { echo "FAIL: no plan.c"; exit 1; }
+tensor=$(echo "$command" | sed -n 's/.* --tensor \([0-9]*\) .*/\1/p')
+[ "$tensor" -le 1 ] || grep -q "^ *\.tensor = $tensor,$" plan.c || { echo "FAIL: plan.c is not of --tensor $tensor"; exit 1; }
 echo "ok: compiled ($(wc -l <plan.c) lines of C)"
