@@ -25,7 +25,6 @@ steps=${1:-20}
 rounds=${BENCH_ROUNDS:-3}
 tol=${BENCH_TOL:-15}
 work=$build/bench/calibrated
-py=/usr/bin/python3
 mpi=(timeout -k 5 900 mpirun --allow-run-as-root --oversubscribe -np 2)
 shape=(--batch 8 --seq 256 --stages 2 --microbatches 2)
 plans=("4 1f1b" "4 gpipe" "96,64,48,48 1f1b" "96,64,48,48 gpipe" "1 gpipe" "8 1f1b")
@@ -34,14 +33,8 @@ for tool in tokpipec tokpipe-plan; do
   [ -x "$build/bin/$tool" ] || { echo "bench: no $build/bin/$tool; build the tree first" >&2; exit 2; }
 done
 mkdir -p "$work"
-echo "== export the benchmark GPT (symbolic batch and sequence) and its token file ($work)"
-$py - "$work" <<'EOF_PY' >/dev/null
-import dataclasses, sys
-sys.path.insert(0, "bench")
-import train_pytorch as bench
-bench.MODEL = dataclasses.replace(bench.MODEL, dynamic=True)  # microbatches of 4 rows
-bench.export(sys.argv[1])
-EOF_PY
+. bench/bench_gpt.sh
+export_bench_gpt "$work"
 
 export OMP_NUM_THREADS=${BENCH_THREADS:-1}
 export OPENBLAS_NUM_THREADS=$OMP_NUM_THREADS
@@ -56,7 +49,6 @@ openblas_core "$work/plan0" --version
 echo "$OMP_NUM_THREADS thread(s) per rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo "== $rounds rounds of, per plan: profile (mpirun -np 2 planI --profile), predict, train $steps steps"
-median() { sort -g | awk '{ x[NR] = $1 } END { print NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }'; }
 for round in $(seq "$rounds"); do
   for i in "${!plans[@]}"; do
     read -r slices schedule <<<"${plans[$i]}"
@@ -69,8 +61,7 @@ for round in $(seq "$rounds"); do
     jq -r 'if .drift then "+\(.drift * 100 | round)%" else "?" end' "$work/prof$tag.json" >>"$work/drift$i.txt.$$"
     "${mpi[@]}" "$work/plan$i" --init "$work/model.onnx" --data "$work/train.bin" --steps "$steps" \
       --log "$work/plan$tag.jsonl" 2>"$work/plan$tag.err"
-    jq -s '[.[] | select(.step > 1) | .ms] | sort | if length % 2 == 1 then .[length / 2 | floor]
-           else (.[length / 2 - 1] + .[length / 2]) / 2 end' "$work/plan$tag.jsonl" >>"$work/meas$i.txt.$$"
+    median_step_ms "$work/plan$tag.jsonl" >>"$work/meas$i.txt.$$"
   done
   echo "round $round done; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 done

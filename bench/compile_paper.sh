@@ -1,21 +1,30 @@
 #!/bin/sh
-# Paper-scale compiles (issue 14): for the TeraPipe paper's settings
-# (../shared/reference/terapipe.md section 5: GPT3-1B, 13B, 44B, 175B at sequence 2048),
-# writes a full-size GPT-3-shaped ONNX model whose weights are a sparse external-data file
-# (bench/gpt3_onnx.py: never written, so nothing but metadata can be read cheaply), then
-# times `tokpipec --emit=memory` and `tokpipec -o plan.c` with the paper's batch, data
-# replicas and pipeline stages, printing wall time and max resident memory of each, and
-# plan.c's size (lines, bytes); with --cc also the time of `cc -O2 -c plan.c`.
-# usage: bench/compile_paper.sh [BUILD_DIR] [--settings 1,5,..] [--slices N|auto] [--cc]
+# Paper-scale compiles (issue 14): for the TeraPipe paper's settings 1-10
+# (../shared/reference/terapipe.md section 5; bench/plan_paper.sh: GPT3-1B, 13B, 44B, 175B
+# at sequence 2048 on the paper's device counts and batches), tokpipe-plan's layout search
+# picks the plan (pipeline x tensor x data, microbatches, slices, schedule; 16 GiB per
+# V100) and prints its tokpipec command line; this script runs that command as it is on a
+# full-size GPT-3-shaped ONNX model whose weights are a sparse external-data file
+# (bench/gpt3_onnx.py: never written, so nothing but metadata can be read cheaply), only
+# MODEL.onnx and the output file put in, and --max-memory raised to 1 PiB: the planner's
+# bound is the V100's 16 GiB for the paper's fp16 training, while tokpipec checks its own
+# trainer's per-rank accounting (fp32 weights, AdamW state and arenas; the embedding and
+# head whole until they are vocab-parallel), so the column "tokpipec peak" shows that
+# accounting's largest rank against the 16 GiB instead of refusing the compile.
+# Printed: the plan, wall time and max resident memory of `tokpipec --emit=memory` and
+# `tokpipec -o plan.c`, plan.c's size (lines, bytes), and with --cc the time of
+# `cc -O2 -c plan.c`. With --slices N|L1,..|auto, the paper's own layout of each setting
+# (S x N x D, one microbatch per replica, gpipe) cut into those slices is compiled instead.
+# usage: bench/compile_paper.sh [BUILD_DIR] [--settings 1,2,..] [--slices N|auto] [--cc]
 #                               [--work DIR] [-- extra tokpipec options]
 # The models are kept in the work folder (default /tmp/tokpipe-paper) for the next run.
-build=build settings=1,5,6,8,9,10 slices=16 cc=0 work=${TMPDIR:-/tmp}/tokpipe-paper
+build=build settings=1,2,3,4,5,6,7,8,9,10 cc=0 work=${TMPDIR:-/tmp}/tokpipe-paper slices=
 case $1 in -*|'') ;; *) build=$1; shift ;; esac
 while [ $# -gt 0 ]; do
   case $1 in
   --settings) settings=$2; shift 2 ;;
-  --slices) slices=$2; shift 2 ;;
   --cc) cc=1; shift ;;
+  --slices) slices=$2; shift 2 ;;
   --work) work=$2; shift 2 ;;
   --) shift; break ;;
   *) echo "compile_paper.sh: unknown option '$1'" >&2; exit 2 ;;
@@ -23,10 +32,11 @@ while [ $# -gt 0 ]; do
 done
 extra="$*"
 here=$(dirname "$0")
-tokpipec=$build/bin/tokpipec
-[ -x "$tokpipec" ] || { echo "compile_paper.sh: $tokpipec not built" >&2; exit 2; }
+tokpipec=$build/bin/tokpipec plan=$build/bin/tokpipe-plan
+for tool in "$tokpipec" "$plan"; do [ -x "$tool" ] || { echo "compile_paper.sh: $tool not built" >&2; exit 2; }; done
 [ -x /usr/bin/time ] || { echo "compile_paper.sh: needs /usr/bin/time (Debian package time)" >&2; exit 2; }
 mkdir -p "$work" || exit 1
+unbounded=1125899906842624 # 1 PiB
 
 # model NAME: its folder, written once (layers, hidden, heads from the paper's table)
 model() {
@@ -47,35 +57,67 @@ model() {
 measure() {
   log=$1; shift
   if /usr/bin/time -f '%e %M' -o "$log.time" "$@" >"$log" 2>&1; then
-    awk '{ printf "%7.1f s %7.0f MiB", $1, $2 / 1024 }' "$log.time"
+    awk '{ printf "%6.1f s %6.0f MiB", $1, $2 / 1024 }' "$log.time"
   else
-    printf '%17s' "failed (see $log)"
+    printf '%-17s' "failed (see $log)"
   fi
 }
 
-printf '%-3s %-9s %5s %3s %5s %6s | %-22s | %-22s | %9s %11s' setting model batch dp stages slices \
-  "--emit=memory" "-o plan.c" "lines" "bytes"
+printf '%-3s %-9s %4s %5s | %-10s %3s %-6s %6s | %-19s %-14s | %-19s | %9s %11s' set model GPUs batch \
+  "SxNxD" mb slices sched "--emit=memory" "tokpipec peak" "-o plan.c" "lines" "bytes"
 [ $cc = 1 ] && printf ' | %s' "cc -O2 -c"
 echo
 for s in $(echo "$settings" | tr , ' '); do
-  case $s in # model batch dp stages (tensor parallelism: tokpipec's --tensor, where built)
-  1) set -- gpt3-1b 128 8 24 ;;
-  5) set -- gpt3-13b 32 1 40 ;;
-  6) set -- gpt3-44b 8 4 96 ;;
-  8) set -- gpt3-44b 8 1 48 ;;
-  9) set -- gpt3-175b 2 1 96 ;;
-  10) set -- gpt3-175b 2 1 48 ;;
-  *) echo "compile_paper.sh: no setting $s in the paper's table (1, 5, 6, 8, 9, 10)" >&2; exit 2 ;;
+  case $s in # model gpus batch and the paper's S N D (bench/plan_paper.sh)
+  1) set -- gpt3-1b 192 128 24 1 8 ;;
+  2) set -- gpt3-1b 192 72 12 8 2 ;;
+  3) set -- gpt3-1b 192 72 24 8 1 ;;
+  4) set -- gpt3-13b 320 32 20 8 2 ;;
+  5) set -- gpt3-13b 320 32 40 8 1 ;;
+  6) set -- gpt3-44b 384 8 96 1 4 ;;
+  7) set -- gpt3-44b 384 8 24 8 2 ;;
+  8) set -- gpt3-44b 384 8 48 8 1 ;;
+  9) set -- gpt3-175b 384 2 96 4 1 ;;
+  10) set -- gpt3-175b 384 2 48 8 1 ;;
+  *) echo "compile_paper.sh: no setting $s in the paper's table (1..10)" >&2; exit 2 ;;
   esac
-  dir=$(model "$1") || exit 1
+  name=$1 gpus=$2 batch=$3
+  dir=$(model "$name") || exit 1
   out=$work/setting$s
-  # the plan is for the paper's cluster, not this machine: no memory bound
-  args="$dir/model.onnx --batch $2 --dp $3 --stages $4 --slices $slices --max-memory 1125899906842624 $extra"
-  printf '%-7s %-9s %5s %3s %5s %6s | ' "$s" "$1" "$2" "$3" "$4" "$slices"
-  # shellcheck disable=SC2086 # args are words
-  printf '%s | ' "$(measure "$out.memory.log" "$tokpipec" $args --emit=memory)"
+  if [ -n "$slices" ]; then # the paper's layout, as tokpipe-plan would print it
+    command="tokpipec MODEL.onnx --batch $batch --stages $4 --tensor $5 --dp $6 --microbatches 1 --slices $slices"
+    command="$command --schedule gpipe --max-memory 17179869184 -o plan.c"
+    found=" = pipeline $4 x tensor $5 x data $6;"
+  else
+    found=$("$plan" --model "$name" --hardware p3.16xlarge --gpus "$gpus" --batch "$batch" 2>&1) || {
+      echo "$s: tokpipe-plan: $found"; continue; }
+    command=$(echo "$found" | sed -n 's/^  compile it with: //p')
+  fi
+  # the command's words (plain: tokpipe-plan quotes only odd ones), MODEL.onnx and -o put in
   # shellcheck disable=SC2086
-  printf '%s | ' "$(measure "$out.plan.log" "$tokpipec" $args -o "$out.plan.c")"
+  set -- $command
+  [ "$1 $2" = "tokpipec MODEL.onnx" ] || { echo "$s: not a command line: $command"; continue; }
+  shift 2
+  args=$(echo "$*" | sed 's/ -o plan\.c$//')
+  # settings of one model, device count and batch get the same plan: compiled once
+  same=$(sed -n "s/^\([0-9]*\) $name $args\$/\1/p" "$work/compiled.$$" 2>/dev/null | head -1)
+  echo "$s $name $args" >>"$work/compiled.$$"
+  [ -n "$same" ] && { echo "$s   $name: the plan of setting $same"; continue; }
+  layout=$(echo "$found" | sed -n 's/.* = pipeline \([0-9]*\) x tensor \([0-9]*\) x data \([0-9]*\);.*/\1x\2x\3/p')
+  mb=$(echo "$args" | sed -n 's/.*--microbatches \([0-9]*\).*/\1/p')
+  nslices=$(echo "$args" | sed -n 's/.*--slices \([0-9a-z,]*\).*/\1/p' | awk -F, '{ print (NF > 1 ? NF : $1) }')
+  sched=$(echo "$args" | sed -n 's/.*--schedule \([a-z0-9]*\).*/\1/p')
+  printf '%-3s %-9s %4s %5s | %-10s %3s %-6s %6s | ' "$s" "$name" "$gpus" "$batch" "$layout" "$mb" "$nslices" "$sched"
+  bound=$(echo "$args" | sed -n 's/.*--max-memory \([0-9]*\).*/\1/p')
+  # shellcheck disable=SC2086 # args are words
+  printf '%s ' "$(measure "$out.memory.log" "$tokpipec" "$dir/model.onnx" $args $extra --max-memory $unbounded --emit=memory)"
+  # the largest rank's peak in tokpipec's memory plan, and whether the planner's bound holds it
+  awk -v bound="$bound" '$1 == "peak" { if ($2 > max) max = $2 } END {
+    if (max) printf "%5.1f GiB %-4s | ", max / 2^30, max <= bound ? "fits" : "over"; else printf "%-14s | ", "-" }' \
+    "$out.memory.log"
+  # shellcheck disable=SC2086
+  printf '%s | ' "$(measure "$out.plan.log" "$tokpipec" "$dir/model.onnx" $args $extra --max-memory $unbounded \
+    -o "$out.plan.c")"
   if [ -f "$out.plan.c" ]; then
     printf '%9s %11s' "$(wc -l <"$out.plan.c")" "$(wc -c <"$out.plan.c")"
     # shellcheck disable=SC2046 # pkg-config's flags are words
@@ -83,5 +125,7 @@ for s in $(echo "$settings" | tr , ' '); do
       -c "$out.plan.c" -o "$out.plan.o")"
   fi
   echo
+  echo "    tokpipec MODEL.onnx $args -o plan.c"
   rm -f "$out.plan.c" "$out.plan.o"
 done
+rm -f "$work/compiled.$$"

@@ -5,7 +5,9 @@
  * Model input: an ONNX model (sizes read off the raised IR), built-in GPT-3 sizes or a
  * KEY=VALUE description. --calibrate prices the stages from a generated trainer's
  * --profile; --slices/--microbatches price one given plan (as tokpipec compiles it)
- * instead of searching. */
+ * instead of searching. --gpus with --search (or with some degrees left out) searches
+ * the layout too: pipeline x tensor x data. The chosen plan is printed as the tokpipec
+ * command line that compiles it. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,17 +36,28 @@ static const char usage[] =
     "Layout and search:\n"
     "  --hardware H         profile name (tools/profiles/H.json) or a .json path\n"
     "                       (default p3.16xlarge; cpu with --calibrate)\n"
-    "  --gpus N             devices in all; must equal pipeline x tensor x data\n"
-    "  --pipeline S         pipeline stages (default 1)\n"
-    "  --tensor T           tensor-parallel degree (default 1)\n"
-    "  --data D             data-parallel replicas (default 1)\n"
+    "  --gpus N             devices in all: pipeline x tensor x data. The degrees left out\n"
+    "                       are searched (as with --search naming them); given all, their\n"
+    "                       product must be N\n"
+    "  --pipeline S         pipeline stages (default 1, or searched)\n"
+    "  --tensor T           tensor-parallel degree (default 1, or searched)\n"
+    "  --data D             data-parallel replicas (default 1, or searched)\n"
+    "  --search LIST        with --gpus: also choose these degrees, a ','-list of pipeline,\n"
+    "                       tensor, data (or all): every layout with pipeline dividing the\n"
+    "                       layers, tensor the heads and ffn width, data the batch gets the\n"
+    "                       joint search below; the fastest that fits the memory bound wins\n"
+    "                       and the layouts are listed with their times\n"
     "  --batch B            global batch in sequences, divided by D (default 1; calibrated:\n"
     "                       the profiled microbatch size x D x M)\n"
     "  --schedule S         gpipe (default, TeraPipe's) or 1f1b\n"
     "  --granularity G      slice lengths are multiples of G tokens (default 8)\n"
     "  --max-memory BYTES   per device (suffix K, M, G = 2^10..2^30); default: the profile's\n"
     "  --uniform-stages     price every stage like a middle one (no embedding/head)\n"
-    "  --no-joint           skip the joint search\n"
+    "  --no-joint           skip the joint search (the joint plan is one tokpipec compiles as\n"
+    "                       it is: equal microbatches sliced alike, no recomputation; printed\n"
+    "                       as its tokpipec command line, whose --max-memory is the bound\n"
+    "                       here: tokpipec checks it against its own trainer's per-rank\n"
+    "                       memory, fp32 weights and AdamW state, more than an fp16 profile's)\n"
     "  --show P             plan drawn and emitted: terapipe (default), joint, baseline, uniform\n"
     "Calibration:\n"
     "  --calibrate FILE     a generated trainer's --profile FILE.json: each stage's forward and\n"
@@ -377,12 +390,80 @@ done:
   return rc;
 }
 
+/* The layouts the search tried: their joint and TeraPipe times, or why they have no plan. */
+static void json_layouts(const TpLayoutSearch *s, int gpus, int best) {
+  printf("  \"search\": {\"gpus\": %d, \"layouts\": [", gpus);
+  for (int i = 0; i < s->n; i++) {
+    const TpLayoutEval *e = &s->layouts[i];
+    printf("%s\n    {\"pipeline\": %d, \"tensor\": %d, \"data\": %d, \"chosen\": %s, \"fits\": %s", i ? "," : "",
+           e->pipeline, e->tensor, e->data, i == best ? "true" : "false", e->fits ? "true" : "false");
+    if (e->fits)
+      printf(", \"iteration_time_s\": %.6g, \"terapipe_time_s\": %.6g, \"max_peak_bytes\": %.0f}", e->time_s,
+             e->terapipe_s, e->max_peak_bytes);
+    else
+      printf(", \"why\": "), tp_json_write_string(stdout, e->why), printf("}");
+  }
+  printf("]},\n");
+}
+
+static void text_layouts(const TpLayoutSearch *s, int gpus, int best) {
+  printf("layouts of %d devices (pipeline x tensor x data), joint plan / TeraPipe's plan:\n", gpus);
+  for (int i = 0; i < s->n; i++) {
+    const TpLayoutEval *e = &s->layouts[i];
+    printf("  %c %4d x %3d x %4d  ", i == best ? '*' : ' ', e->pipeline, e->tensor, e->data);
+    if (e->fits)
+      printf("%9.4g s / %9.4g s, max %.2f GiB\n", e->time_s, e->terapipe_s, e->max_peak_bytes / (1 << 30));
+    else
+      printf("no plan: %s\n", e->why);
+  }
+}
+
+/* A word for the shell: as it is when plain, else in single quotes. */
+static void shell_word(FILE *out, const char *w) {
+  if (*w && strspn(w, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=,:+-") == strlen(w)) {
+    fputs(w, out);
+    return;
+  }
+  fputc('\'', out);
+  for (; *w; w++) fputs(*w == '\'' ? "'\\''" : (char[2]){*w, 0}, out);
+  fputc('\'', out);
+}
+
+/* The tokpipec command line that compiles plan `e` of req's layout as it is (a plan of
+ * equal microbatches sliced alike: tp_slicing_compiles). `model` is the model file, or
+ * MODEL.onnx for a --model description; `extra` the model options given here (--seq,
+ * --dim). Written into a malloc'ed string. */
+static char *tokpipec_command(const char *model, const char *extra, const TpPlanRequest *req, int global_batch,
+                              const TpPlanEval *e) {
+  char *text = NULL;
+  size_t size = 0;
+  FILE *out = open_memstream(&text, &size);
+  TP_ASSERT(out);
+  const TpCostModel *cm = &req->cm;
+  const TpMicrobatch *mb = &e->slicing.mb[0];
+  fputs("tokpipec ", out);
+  shell_word(out, model);
+  fprintf(out, "%s --batch %d --stages %d", extra, global_batch, cm->nstages);
+  if (cm->nstages > 1) { /* the planner's cuts, not tokpipec's own balance */
+    fputs(" --stage-cuts ", out);
+    for (int k = 1; k < cm->nstages; k++) fprintf(out, "%s%d", k > 1 ? "," : "", e->cuts[k]);
+  }
+  fprintf(out, " --tensor %d --dp %d --microbatches %d --slices ", cm->tensor, cm->data, e->slicing.n);
+  if (mb->nslices == 1) fputs("1", out); /* one number is a count */
+  for (int i = 0; mb->nslices > 1 && i < mb->nslices; i++) fprintf(out, "%s%d", i ? "," : "", mb->len[i]);
+  fprintf(out, " --schedule %s --max-memory %.0f -o plan.c", tp_schedule_name(e->schedule), req->max_memory);
+  fclose(out);
+  return text;
+}
+
 int main(int argc, char **argv) {
   cli_tool = "tokpipe-plan";
   const char *model_spec = NULL, *hardware = NULL, *cost_table = NULL, *svg = NULL, *trace = NULL,
              *show = "terapipe", *profiles = NULL, *input = NULL, *calibrate = NULL,
-             *slices = NULL, *v;
-  int64_t gpus = 0, pipeline = 0, tensor = 1, data = 1, batch = -1, granularity = 8, microbatches = 0;
+             *slices = NULL, *search = NULL, *v;
+  int64_t gpus = 0, pipeline = 0, tensor = 0, data = 0, batch = -1, granularity = 8, microbatches = 0;
+  char extra[1024] = ""; /* the model options, for the tokpipec command line */
+  size_t nextra = 0;
   double max_memory = -1;
   bool json = false, joint = true, uniform_stages = false, emit_schedule = false;
   TpScheduleKind schedule = TP_SCHEDULE_GPIPE;
@@ -403,6 +484,7 @@ int main(int argc, char **argv) {
     else if (cli_value(argc, argv, &i, "--profiles", &profiles)) {}
     else if (cli_value(argc, argv, &i, "--calibrate", &calibrate)) {}
     else if (cli_value(argc, argv, &i, "--slices", &slices)) {}
+    else if (cli_value(argc, argv, &i, "--search", &search)) {}
     else if (cli_value(argc, argv, &i, "--show", &show)) {
       if (strcmp(show, "terapipe") && strcmp(show, "joint") && strcmp(show, "baseline") && strcmp(show, "uniform"))
         cli_usage_error("--show expects terapipe, joint, baseline or uniform, got '%s'", show);
@@ -415,8 +497,11 @@ int main(int argc, char **argv) {
     else if (cli_value(argc, argv, &i, "--microbatches", &v)) microbatches = cli_int("--microbatches", v, 1, 65536);
     else if (cli_value(argc, argv, &i, "--granularity", &v)) granularity = cli_int("--granularity", v, 1, 1 << 20);
     else if (cli_value(argc, argv, &i, "--max-memory", &v)) max_memory = parse_bytes("--max-memory", v);
-    else if (cli_value(argc, argv, &i, "--seq", &v)) dims.token_dims[1] = cli_int("--seq", v, 1, TP_MAX_SEQ);
-    else if (cli_value(argc, argv, &i, "--dim", &v)) cli_add_dim(&dims, v);
+    else if (cli_value(argc, argv, &i, "--seq", &v) || cli_value(argc, argv, &i, "--dim", &v)) {
+      if (a[2] == 's') dims.token_dims[1] = cli_int("--seq", v, 1, TP_MAX_SEQ);
+      else cli_add_dim(&dims, v);
+      if (nextra + strlen(v) + 8 < sizeof extra) nextra += (size_t)snprintf(extra + nextra, sizeof extra - nextra, " %s %s", a[2] == 's' ? "--seq" : "--dim", v);
+    }
     else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &schedule)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
@@ -438,7 +523,29 @@ int main(int argc, char **argv) {
   bool predicting = slices || microbatches;
   bool onnx = input && cli_ends_with(input, ".onnx");
   if (calibrate && uniform_stages) cli_usage_error("--uniform-stages cannot go with --calibrate: the profile prices each stage");
-  if (calibrate && tensor != 1) cli_usage_error("--calibrate prices the profiled stages: --tensor must be 1");
+  if (calibrate && tensor > 1) cli_usage_error("--calibrate prices the profiled stages: --tensor must be 1");
+  /* the layout: with --gpus the degrees not given are searched (--search says so
+   * explicitly); without, they are 1 */
+  if (search && !gpus) cli_usage_error("--search needs --gpus: the device count the layouts divide");
+  if (search && (calibrate || predicting))
+    cli_usage_error("--search is for the planner's search, not with --calibrate or the prediction of one plan");
+  char **names = search ? cli_split_list("--search", search, &(int){0}) : NULL;
+  for (char **n = names; n && *n; n++) {
+    bool all = !strcmp(*n, "all");
+    if (!all && strcmp(*n, "pipeline") && strcmp(*n, "tensor") && strcmp(*n, "data"))
+      cli_usage_error("--search expects pipeline, tensor, data or all, got '%s'", *n);
+    if ((all || !strcmp(*n, "pipeline")) && pipeline) cli_usage_error("--search %s: --pipeline is given", *n);
+    if ((all || !strcmp(*n, "tensor")) && tensor) cli_usage_error("--search %s: --tensor is given", *n);
+    if ((all || !strcmp(*n, "data")) && data) cli_usage_error("--search %s: --data is given", *n);
+  }
+  if (names) cli_free_list(names);
+  bool searching = gpus && !calibrate && !predicting && (!pipeline || !tensor || !data);
+  if (searching && !joint)
+    cli_usage_error("--no-joint cannot go with the layout search (--gpus with degrees left out): it compares joint plans");
+  int64_t fixed[3] = {pipeline, tensor, data}; /* searching: the degrees given, 0 = searched */
+  if (searching) pipeline = 1; /* the base request: each layout sets its own */
+  tensor = tensor && !searching ? tensor : 1;
+  data = data && !searching ? data : 1;
   if (predicting && (joint == false || strcmp(show, "terapipe")))
     cli_usage_error("--no-joint and --show are for the search, not for the prediction of one plan (--slices, --microbatches)");
 
@@ -475,7 +582,7 @@ int main(int argc, char **argv) {
   if (!rc && calibrate && prof.seq && prof.seq != model.seq)
     rc = tp_error(&d, "the profile %s was measured at sequence length %d, the model has %d", calibrate, prof.seq, model.seq);
   if (!rc) rc = tp_hardware_find(hardware, profiles, &hw, &d);
-  if (!rc && gpus && gpus != pipeline * tensor * data)
+  if (!rc && gpus && !searching && gpus != pipeline * tensor * data)
     rc = tp_error(&d, "--gpus %lld is not pipeline x tensor x data = %lld x %lld x %lld = %lld", (long long)gpus,
                   (long long)pipeline, (long long)tensor, (long long)data, (long long)(pipeline * tensor * data));
   /* the microbatch size: the profile's, or the global batch's share of each microbatch */
@@ -512,6 +619,7 @@ int main(int argc, char **argv) {
   req->max_memory = max_memory >= 0 ? max_memory : hw.memory_bytes;
   req->joint = joint;
   req->untied = !tied;
+  req->compilable = true;
   int S = req->cm.nstages;
 
   if (predicting) {
@@ -545,7 +653,20 @@ int main(int argc, char **argv) {
   }
 
   TpPlanResult *res = calloc(1, sizeof *res);
-  rc = tp_plan(req, res, &d);
+  TpLayoutSearch layouts = {.best = -1};
+  int best = -1;
+  if (searching) {
+    rc = tp_plan_layouts(req, (int)gpus, (int)fixed[0], (int)fixed[1], (int)fixed[2], (int)batch, &layouts, &d);
+    if (!rc) { /* the winner's request and plans are the ones shown */
+      *req = layouts.req;
+      *res = layouts.result;
+      best = layouts.best;
+      layouts.best = -1; /* res holds its plans now */
+      S = req->cm.nstages;
+      tensor = req->cm.tensor;
+      data = req->cm.data;
+    }
+  } else rc = tp_plan(req, res, &d);
   if (rc) {
     free(res);
     free(req);
@@ -555,6 +676,7 @@ int main(int argc, char **argv) {
   }
 
   const TpPlanEval *tp = &res->terapipe, *base = &res->baseline, *uni = &res->uniform, *jt = &res->joint;
+  char *command = res->has_joint ? tokpipec_command(input ? input : "MODEL.onnx", extra, req, (int)batch, jt) : NULL;
   if (json) {
     printf("{\n");
     json_model(&model);
@@ -562,6 +684,7 @@ int main(int argc, char **argv) {
     tp_json_write_string(stdout, hw.name);
     printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n",
            S, (int)tensor, (int)data);
+    if (searching) json_layouts(&layouts, (int)gpus, best);
     if (calibrate) json_calibration(&cal, calibrate, &prof);
     printf("  \"batch\": %d,\n  \"granularity\": %d,\n  \"schedule\": \"%s\",\n", (int)batch,
            (int)granularity, tp_schedule_name(schedule));
@@ -583,10 +706,12 @@ int main(int argc, char **argv) {
              "\"recompute\": %s, \"stage_cuts\": [", jt->time_s, tp->time_s / jt->time_s,
              tp_schedule_name(jt->schedule), jt->recompute ? "true" : "false");
       for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", jt->cuts[k]);
-      printf("], \"slices\": ");
+      printf("], \"microbatches\": %d, \"microbatch_size\": %d, \"slices\": ", jt->slicing.n, jt->slicing.mb[0].size);
       json_slices(stdout, &jt->slicing);
       printf(", \"peak_memory_bytes\": ");
       json_peaks(stdout, jt, S);
+      printf(", \"tokpipec\": ");
+      tp_json_write_string(stdout, command);
       printf("},\n");
     }
     printf("  \"fits_memory\": %s\n}\n", tp->fits ? "true" : "false");
@@ -596,6 +721,7 @@ int main(int argc, char **argv) {
     printf("%s (%s): %lld devices = pipeline %d x tensor %lld x data %lld; batch %lld (%d per replica)\n",
            hw.name, hw.device, (long long)(S * tensor * data), S, (long long)tensor, (long long)data,
            (long long)batch, req->batch);
+    if (searching) text_layouts(&layouts, (int)gpus, best);
     if (calibrate) text_calibration(&cal, calibrate, &prof);
     printf("TeraPipe plan (%s, granularity %d):\n", tp_schedule_name(schedule), (int)granularity);
     text_slices(stdout, &tp->slicing);
@@ -617,6 +743,7 @@ int main(int argc, char **argv) {
              calibrate ? "the profile's" : jt->balanced_cuts ? "balanced" : "equal", jt->recompute ? ", recomputation" : "",
              jt->max_peak_bytes / (1 << 30));
       text_slices(stdout, &jt->slicing);
+      printf("  compile it with: %s\n", command);
     }
   }
 
@@ -635,6 +762,8 @@ int main(int argc, char **argv) {
     tp_schedule_free(&sched);
   }
   tp_plan_result_free(res);
+  tp_layout_search_free(&layouts);
+  free(command);
   free(res);
   free(req);
   tp_calibration_free(&cal);

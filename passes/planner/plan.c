@@ -246,8 +246,8 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     else balanced_cuts(cm, cuts[1]);
     bool cuts_differ = memcmp(cuts[0], cuts[1], sizeof(int) * (size_t)cm->nstages) != 0;
     for (int c = 0; c < ncand; c++)
-      for (int s = 0; s < 2; s++)
-        for (int rec = 0; rec < 2 - (cm->cal != NULL); rec++)
+      for (int s = 0; s < 2 && (!req->compilable || tp_slicing_compiles(&cands[c])); s++)
+        for (int rec = 0; rec < 2 - (cm->cal != NULL || req->compilable); rec++)
           for (int cut = 0; cut < 1 + cuts_differ; cut++) {
             TpPlanEval cand;
             init_eval(req, &cand, s ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE);
@@ -273,6 +273,94 @@ done:
   tp_slice_cost_free(&table);
   if (rc) tp_plan_result_free(out);
   return rc;
+}
+
+bool tp_slicing_compiles(const TpSlicing *s) {
+  for (int m = 1; m < s->n; m++)
+    if (s->mb[m].size != s->mb[0].size || s->mb[m].nslices != s->mb[0].nslices ||
+        memcmp(s->mb[m].len, s->mb[0].len, sizeof(int) * (size_t)s->mb[0].nslices))
+      return false;
+  return s->n > 0;
+}
+
+static void free_plan_result(TpPlanResult *r) {
+  tp_plan_result_free(r);
+  memset(r, 0, sizeof *r);
+}
+
+int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tensor, int data, int global_batch,
+                    TpLayoutSearch *out, TpDiag *d) {
+  memset(out, 0, sizeof *out);
+  out->best = -1;
+  const TpModelDesc *m = &base->cm.model;
+  TpPlanRequest *req = malloc(sizeof *req);
+  TpPlanResult *res = malloc(sizeof *res);
+  TP_ASSERT(req && res);
+  int cap = 0;
+  for (int S = 1; S <= gpus && S <= m->layers && S <= TP_MAX_STAGES; S++) {
+    if (gpus % S || m->layers % S || (pipeline && S != pipeline)) continue;
+    for (int N = 1; N <= gpus / S; N++) {
+      int D = gpus / S / N;
+      if ((gpus / S) % N || m->heads % N || m->ffn % N || (tensor && N != tensor) || (data && D != data) ||
+          global_batch % D)
+        continue;
+      *req = *base;
+      TpDiag quiet;
+      tp_diag_init(&quiet, d->tool, d->file, NULL);
+      int rc = tp_cost_model_init(&req->cm, &base->cm.hw, m, S, N, D, &quiet);
+      req->cm.uniform_stages = base->cm.uniform_stages;
+      req->batch = global_batch / D;
+      req->joint = true;
+      if (!rc) rc = tp_plan(req, res, &quiet);
+      if (out->n == cap) out->layouts = realloc(out->layouts, sizeof *out->layouts * (size_t)(cap = cap ? 2 * cap : 16));
+      TpLayoutEval *e = &out->layouts[out->n++];
+      *e = (TpLayoutEval){S, N, D, false, INFINITY, INFINITY, 0, ""};
+      if (rc == TP_ERR_INPUT) { /* this layout has no plan: say why, try the others */
+        snprintf(e->why, sizeof e->why, "%.*s", (int)sizeof e->why - 1, quiet.last);
+        continue;
+      }
+      if (rc) { /* not the input's fault: stop */
+        free(req), free(res);
+        tp_layout_search_free(out);
+        return tp_internal(d, "layout %d x %d x %d: %s", S, N, D, quiet.last);
+      }
+      e->fits = res->joint.fits;
+      e->time_s = res->joint.time_s;
+      e->terapipe_s = res->terapipe.time_s;
+      e->max_peak_bytes = res->joint.max_peak_bytes;
+      if (out->best < 0 || e->time_s < out->layouts[out->best].time_s) {
+        if (out->best >= 0) free_plan_result(&out->result);
+        out->best = out->n - 1;
+        out->req = *req;
+        out->result = *res;
+      } else free_plan_result(res);
+    }
+  }
+  free(req), free(res);
+  if (!out->n) {
+    int rc = tp_error(d, "no layout of %d devices: pipeline%s x tensor%s x data%s must be %d, pipeline dividing the "
+                         "%d layers, tensor the %d heads and data the batch %d", gpus, pipeline ? " (given)" : "",
+                      tensor ? " (given)" : "", data ? " (given)" : "", gpus, m->layers, m->heads, global_batch);
+    tp_layout_search_free(out);
+    return rc;
+  }
+  if (out->best < 0) { /* the most model-parallel layout needs the least memory per device: its reason */
+    const TpLayoutEval *close = &out->layouts[0];
+    for (int i = 0; i < out->n; i++)
+      if (out->layouts[i].pipeline * out->layouts[i].tensor > close->pipeline * close->tensor) close = &out->layouts[i];
+    int rc = tp_error(d, "none of the %d layouts of %d devices has a plan; pipeline %d x tensor %d x data %d: %s",
+                      out->n, gpus, close->pipeline, close->tensor, close->data, close->why);
+    tp_layout_search_free(out);
+    return rc;
+  }
+  return TP_OK;
+}
+
+void tp_layout_search_free(TpLayoutSearch *s) {
+  if (s->best >= 0) tp_plan_result_free(&s->result);
+  free(s->layouts);
+  memset(s, 0, sizeof *s);
+  s->best = -1;
 }
 
 void tp_plan_result_free(TpPlanResult *r) {

@@ -9,7 +9,8 @@
  * 3. The joint search: schedule (gpipe, 1f1b) x stage cuts (equal, compute-balanced with
  *    embedding and head) x activation recomputation x candidate slicings (the Eq. 5
  *    optimum overall and per microbatch size, the best uniform ones), each simulated;
- *    the fastest whose every rank fits the memory bound wins.
+ *    the fastest whose every rank fits the memory bound wins (with `compilable`, among
+ *    the plans tokpipec compiles as they are).
  * Calibrated (cm.cal): only the profiled microbatch size is priced, the stage cuts are the
  * profile's and recomputation (never measured) is not searched. */
 #ifndef TOKPIPE_PLANNER_PLAN_H
@@ -28,6 +29,8 @@ typedef struct {
   double max_memory;        /* bytes per device */
   bool joint;               /* also run the joint search */
   bool untied;              /* the LM head does not share the embedding (no allreduce-tied) */
+  bool compilable;          /* the joint search keeps only plans tokpipec compiles as they are:
+                               equal microbatches sliced alike, no recomputation */
 } TpPlanRequest;
 
 typedef struct {
@@ -58,6 +61,39 @@ int tp_plan_check_units(int64_t units, int stages, TpDiag *d);
 
 int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d);
 void tp_plan_result_free(TpPlanResult *r);
+
+/* Does tokpipec compile this slicing as it is (--microbatches M --slices L1,..: M equal
+ * microbatches, every one cut into the same lengths)? */
+bool tp_slicing_compiles(const TpSlicing *s);
+
+/* 4. The search over layouts: every (pipeline S, tensor N, data D) with S x N x D = gpus,
+ * S dividing the layers (equal cuts to start from), N dividing the heads and the ffn
+ * width, D dividing the global batch; a degree given (> 0) stays fixed. Each layout gets
+ * tp_plan's joint search (base's hardware, model, granularity, schedule, memory bound);
+ * the fastest layout whose joint plan fits wins. */
+typedef struct {
+  int pipeline, tensor, data;
+  bool fits;                /* a plan of this layout fits the memory bound */
+  double time_s;            /* its joint plan's simulated iteration time (INFINITY: none) */
+  double terapipe_s;        /* TeraPipe's plan (gpipe, equal cuts) on it */
+  double max_peak_bytes;    /* of the joint plan (0 when it has none) */
+  char why[200];            /* why it has no plan, when it has none */
+} TpLayoutEval;
+
+typedef struct {
+  TpLayoutEval *layouts;
+  int n;
+  int best;                 /* index of the winner, -1 when no layout fits */
+  TpPlanRequest req;        /* the winner's request (its layout, batch per replica) */
+  TpPlanResult result;      /* and its search */
+} TpLayoutSearch;
+
+/* `base` carries the hardware, model and options (its layout is ignored); global_batch is
+ * split over the D replicas. No layout at all (the degrees cannot multiply to gpus) or
+ * none that fits is an input error naming the closest. */
+int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tensor, int data, int global_batch,
+                    TpLayoutSearch *out, TpDiag *d);
+void tp_layout_search_free(TpLayoutSearch *s);
 
 /* The DP table for cm (its stage cuts): see 1. above. */
 void tp_model_slice_cost(const TpCostModel *cm, int batch, int granularity, TpSliceCost *t,
