@@ -64,7 +64,7 @@ static const char usage[] =
     "  --tensor N           split each stage's products over N tensor-parallel ranks\n"
     "                       (Megatron: attention heads and MLP columns, then rows, with an\n"
     "                       all-reduce after each row-parallel product); N must divide the\n"
-    "                       heads and widths. Ranks: stages x N x dp (default 1)\n"
+    "                       query heads and the MLP width. Ranks: stages x N x dp (default 1)\n"
     "  --max-memory BYTES   refuse a plan whose per-rank peak (weights, gradients, AdamW\n"
     "                       state, microbatch arenas; with --tensor, one tensor rank's\n"
     "                       parts) exceeds BYTES\n"
