@@ -33,9 +33,11 @@
 # plan --tensor 2 on the emulated CUDA runtime, tests/tensor/CMakeLists.txt) under
 # mpirun -np 2, 1 step instead of 10 (an emulated step takes ~20 s).
 # MODE "errors" (EDIT: tests/train's edit_safetensors) checks bad input: a tensor-parallel
-# trainer started as one process or by mpirun -np 3 (one error, exit 2), and a checkpoint
+# trainer started as one process or by mpirun -np 3 (one error, exit 2), a checkpoint
 # holding a rank's piece instead of the whole tensor (one error naming the tensor and the
-# file, exit 1). A fixture that shard-tensor refuses today (falcon, mpt, bloom:
+# file, exit 1), and a plan whose reduce table says one all-reduce more than its backward
+# unit makes (the plan.c tokpipec wrote, edited and compiled again: every rank's error names
+# the unit, exit 3). A fixture that shard-tensor refuses today (falcon, mpt, bloom:
 # "shard-tensor cannot split ...") is skipped (exit 77) with its reason.
 # usage: tensor.sh TOKPIPEC TOKPIPE_COMPARE FIXTURE_DIR WORK_DIR full|alone|errors|emulated [EDIT]
 set -uo pipefail
@@ -127,6 +129,22 @@ if [ "$mode" = errors ]; then
     rows:m.transformer.h.0.attn.c_proj.weight=16 || { fail "edit_safetensors failed"; exit 1; }
   expect_error 1 "t2: error: $work/piece/checkpoint.safetensors: initializer 'm.transformer.h.0.attn.c_proj.weight' has shape [16, 32]; the compiled plan needs [32, 32]" \
     "${mpi[@]}" -np 2 "$work/t2" --data "$ref/train.bin" --steps 2 --resume "$work/piece"
+  # the cc line tokpipec -v prints, run again on the edited plan
+  "$tokpipec" "$fixture/model.onnx" "${compile_flags[@]}" --tensor 2 -o "$work/miscount.c" --exe "$work/miscount" \
+    -v 2>"$work/miscount.cc" || { fail "tokpipec -o miscount.c: $(cat "$work/miscount.cc")"; exit 1; }
+  calls=$(sed -n 's/^static const int stage0_backward_reduces\[\] = {\([0-9]*\)};$/\1/p' "$work/miscount.c")
+  [ -n "$calls" ] || { fail "no stage0_backward_reduces table of one slice in miscount.c"; exit 1; }
+  sed -i "s/^static const int stage0_backward_reduces\[\] = {$calls};$/static const int stage0_backward_reduces[] = {$((calls + 1))};/" \
+    "$work/miscount.c"
+  (cd "$work" && sh -c "$(head -n 1 miscount.cc)") || { fail "cannot compile the edited miscount.c"; exit 1; }
+  OMP_NUM_THREADS=1 "${mpi[@]}" -np 2 "$work/miscount" --data "$ref/train.bin" --steps 1 >"$work/miscount.out" 2>&1
+  got=$?
+  line="miscount: error: rank [01]: the backward unit of stage 0, slice 0 \(microbatch 0\) made $calls tensor all-reduces; the plan says $((calls + 1)) \(a compiler bug\)"
+  if [ $got = 3 ] && grep -Eqx "$line" "$work/miscount.out" && ! grep -v -Ex "$line" "$work/miscount.out" | grep -q 'error:'; then
+    echo "  ok: $(grep -Ex "$line" "$work/miscount.out" | head -n 1)"
+  else
+    fail "a miscounted unit: exit $got (expected 3) and only errors like '$line'; got: $(head -n 5 "$work/miscount.out")"
+  fi
   exit $status
 fi
 build whole || exit 1
