@@ -1360,7 +1360,7 @@ static int64_t slice_context(const Emitter *E, int slice, int64_t seq) {
 /* " 4-7 (slice 2), 9 (slice 2)": the stages whose units call body b, as ranges per slice,
  * wrapped as a comment's lines. */
 static void put_body_users(const Emitter *E, const Unit *units, int nunits, const Run *runs, int b, FILE *out) {
-  int col = 64, N = E->mem->nslices, count = 0;
+  int col = 24, N = E->mem->nslices, count = 0;
   int *stages = malloc(((size_t)nunits + 1) * sizeof *stages);
   TP_ASSERT(stages);
   for (int slice = 0; slice < N; slice++) {
@@ -1402,9 +1402,10 @@ static void emit_shared_body(Emitter *E, const Unit *units, int nunits, const Ru
   fprintf(out, "\n/* %s: %d ops of the %s of a %lld-token slice", body->name, body->nops,
           u->backward ? "backward" : "forward", (long long)slice_length(E, u->slice, seq));
   if (E->mem->nslices > 1) fprintf(out, " after %lld tokens", (long long)slice_context(E, u->slice, seq));
-  fprintf(out, ", run %d times with\n * the arena offsets (at) and parameters (p) of each; by the stages", body->count);
+  fprintf(out, ",\n * run %d times by stages", body->count);
   put_body_users(E, units, nunits, runs, b, out);
-  fprintf(out, ".\n * Values are named after stage %d's. */\nstatic void %s(TpStepIO *io", u->s, body->name);
+  fprintf(out, ",\n * with the arena offsets (at) and parameters (p) of each. Values are named after stage %d's. */\n"
+          "static void %s(TpStepIO *io", u->s, body->name);
   if (nums.nat) fputs(", const int64_t *at", out);
   if (nums.np) fputs(", const int *p", out);
   fputs(") {\n", out);
