@@ -1171,6 +1171,8 @@ typedef struct {
   int unit, begin, end;
   int body;        /* the shared body it calls, or -1: written inline */
   RunNumbers nums; /* its numbers, for the call */
+  int table;       /* its arena offsets: table `table` of its body's (runs on stages alike share one) */
+  bool new_table;  /* the first run with that table */
 } Run;
 
 /* A distinct run text: its signature, the runs with it, its function's name once shared. */
@@ -1178,6 +1180,7 @@ typedef struct {
   char *key;
   uint64_t hash;
   int first, count, nops;
+  int ntables; /* distinct arena offset lists of its runs */
   char *name;
 } Body;
 
@@ -1291,7 +1294,7 @@ static Run *find_runs(Unit *units, int nunits, int *nruns) {
           runs = realloc(runs, (size_t)cap * sizeof *runs);
           TP_ASSERT(runs);
         }
-        runs[n++] = (Run){u, i, i + len, -1, {0}};
+        runs[n++] = (Run){u, i, i + len, -1, {0}, 0, false};
         i += len;
       }
     }
@@ -1385,9 +1388,9 @@ static void put_body_users(const Emitter *E, const Unit *units, int nunits, cons
   free(stages);
 }
 
-/* The function of shared body b, whose first run is r. */
-static void emit_shared_body(Emitter *E, const Unit *units, int nunits, const Run *runs, const Body *body, int b,
-                             int64_t seq, FILE *out) {
+/* The function of shared body b, whose first run is r, and its runs' arena offset lists. */
+static void emit_shared_body(Emitter *E, const Unit *units, int nunits, const Run *runs, int nruns,
+                             const Body *body, int b, int64_t seq, FILE *out) {
   const Run *r = &runs[body->first];
   const Unit *u = &units[r->unit];
   UnitText t;
@@ -1416,6 +1419,20 @@ static void emit_shared_body(Emitter *E, const Unit *units, int nunits, const Ru
   free(text);
   free(nums.at);
   free(nums.p);
+  if (!r->nums.nat) return;
+  fprintf(out, "/* %s's arena offsets (units on stages alike share a list): */\n", body->name);
+  for (int q = body->first; q < nruns; q++) {
+    if (runs[q].body != b || !runs[q].new_table) continue;
+    int col = fprintf(out, "static const int64_t %s_at%d[] = {", body->name, runs[q].table);
+    for (int i = 0; i < runs[q].nums.nat; i++) {
+      char x[24];
+      int len = snprintf(x, sizeof x, "%lld", (long long)runs[q].nums.at[i]);
+      if (i && col + len + 3 > WRAP) col = fprintf(out, ",\n    ") - 2;
+      else if (i) col += fprintf(out, ", ");
+      col += fprintf(out, "%s", x);
+    }
+    fputs("};\n", out);
+  }
 }
 
 /* The call of shared body `body` with run r's numbers (a malloc'd statement). */
@@ -1425,10 +1442,7 @@ static char *body_call(const Run *r, const Body *body) {
   FILE *text = open_memstream(&call, &call_len);
   TP_ASSERT(text);
   fprintf(text, "%s(io", body->name);
-  if (r->nums.nat) {
-    fputs(", ", text);
-    put_ints(text, r->nums.at, r->nums.nat);
-  }
+  if (r->nums.nat) fprintf(text, ", %s_at%d", body->name, r->table);
   if (r->nums.np) {
     fputs(", (const int[]){", text);
     for (int i = 0; i < r->nums.np; i++) fprintf(text, "%s%d", i ? ", " : "", r->nums.p[i]);
@@ -1512,7 +1526,7 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
       at = (at + 1) & (size_t)(cap - 1);
     if (table[at] < 0) {
       table[at] = nbodies;
-      bodies[nbodies++] = (Body){key, h, r, 0, nops, NULL};
+      bodies[nbodies++] = (Body){key, h, r, 0, nops, 0, NULL};
     } else {
       free(key);
     }
@@ -1532,6 +1546,17 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
   free(names.slots); /* the strings belong to the bodies */
   for (int r = 0; r < nruns; r++)
     if (!bodies[runs[r].body].name) runs[r].body = -1; /* run by one unit: written inline */
+  for (int r = 0; r < nruns; r++) { /* the distinct arena offset lists of each body */
+    Run *x = &runs[r];
+    if (x->body < 0) continue;
+    int q = bodies[x->body].first;
+    for (; q < r; q++)
+      if (runs[q].body == x->body && runs[q].new_table &&
+          memcmp(runs[q].nums.at, x->nums.at, (size_t)x->nums.nat * sizeof *x->nums.at) == 0)
+        break;
+    x->new_table = q == r;
+    x->table = x->new_table ? bodies[x->body].ntables++ : runs[q].table;
+  }
 
   for (int i = 0; i < n && E->rc == TP_OK; i++) {
     const Unit *u = &units[i];
@@ -1540,7 +1565,7 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
       const Run *r = &runs[u->first_run + k];
       if (r->body < 0) continue;
       any = true;
-      if (bodies[r->body].first == u->first_run + k) emit_shared_body(E, units, n, runs, &bodies[r->body], r->body, seq, out);
+      if (bodies[r->body].first == u->first_run + k) emit_shared_body(E, units, n, runs, nruns, &bodies[r->body], r->body, seq, out);
     }
     if (any) emit_unit_calls(E, u, runs, bodies, out);
     else emit_unit(E, u->s, u->backward, u->slice, out);
