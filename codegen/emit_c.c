@@ -46,10 +46,10 @@ typedef struct {
   bool *referenced;   /* per CONST value: its array is used */
   bool *declared;     /* per value: declared in the current function */
   bool *here;         /* per op: part of the current function */
+  bool signature;     /* rendering a run's signature: no comments (see run_signature) */
   const TpTarget *target; /* how kernel calls are spelled */
   unsigned headers;       /* a bit per header of the target the plan uses */
   bool uses_check, uses_math, uses_arena, uses_bad;
-  bool signature;         /* rendering a unit's signature: no comments (see share_units) */
   int rc;
 } Emitter;
 
@@ -706,9 +706,9 @@ static void render_ops(Emitter *E, int s, bool backward, int from, int to, const
       continue;
     fputc('\n', body);
     const char *what = o->role == TP_ROLE_RETIE ? tp_op_role_names[o->role] : o->origin.op_type;
-    if (E->signature) /* node names differ between instances of a shared body */
-      ;
-    else if (o->origin.node)
+    if (E->signature) {
+      /* no comment: node names differ between the runs of a shared body */
+    } else if (o->origin.node)
       fprintf(body, "  /* %s (%s)%s */\n", o->origin.node, what ? what : "?",
               o->kind == TP_OP_Reshape && reshape_is_view(p, op, m) ? ": a view" : "");
     else
@@ -1088,7 +1088,7 @@ static void emit_tables(Emitter *E, FILE *out) {
  * Runs are found on op keys (kind, attributes, operand types and storage kinds): the
  * repeats within a unit (its layers), else a unit's whole op list where other units have
  * the same one (a middle stage). Runs are then compared by their text, with the values
- * named by their place in the run and the numbers taken out (unit_signature): only runs
+ * named by their place in the run and the numbers taken out (run_signature): only runs
  * whose texts are equal share a body, so the key only decides where to look. */
 
 /* The numbers a run's text addresses memory with, in order of appearance. */
