@@ -1252,6 +1252,24 @@ static int proposal_order(const void *x, const void *y) {
 /* Cuts every unit into runs: each unit proposes its repeated list (its layer) or, without
  * one, its whole op list; proposals are tried on every unit, most proposed first, and each
  * match not overlapping an earlier one is a run. */
+/* The polynomial hash of keys[0, len): that of a window follows from prefix hashes. */
+#define KEY_BASE 0x9e3779b97f4a7c15ull
+static uint64_t keys_hash(const uint64_t *key, int len) {
+  uint64_t h = 0;
+  for (int i = 0; i < len; i++) h = h * KEY_BASE + key[i];
+  return h;
+}
+
+/* A place where proposal k matches a unit's keys, from key i. */
+typedef struct {
+  int k, i;
+} Match;
+
+static int match_order(const void *x, const void *y) {
+  const Match *a = x, *b = y;
+  return a->k != b->k ? (a->k < b->k ? -1 : 1) : (a->i < b->i ? -1 : a->i > b->i);
+}
+
 static Run *find_runs(Unit *units, int nunits, int *nruns) {
   Proposal *props = calloc((size_t)nunits + 1, sizeof *props);
   TP_ASSERT(props);
@@ -1262,55 +1280,95 @@ static Run *find_runs(Unit *units, int nunits, int *nruns) {
     bool repeats = period > 0;
     Proposal p = {u, start, repeats ? period : units[u].n, 1, 0};
     if (!p.len) continue;
-    p.hash = 1469598103934665603ull;
-    for (int i = 0; i < p.len; i++) p.hash = mix(p.hash, units[u].key[p.first + i]);
+    p.hash = keys_hash(units[u].key + p.first, p.len);
     int k = 0;
     while (k < nprops && !(props[k].hash == p.hash && same_keys(units, &props[k], &p))) k++;
     if (k < nprops) props[k].count++;
     else props[nprops++] = p, props[k].count = repeats ? 2 : 1; /* a unit's own repeats count */
   }
   qsort(props, (size_t)nprops, sizeof *props, proposal_order);
-  int cap = 64, n = 0;
-  Run *runs = malloc((size_t)cap * sizeof *runs);
+  while (nprops && props[nprops - 1].count < 2) nprops--; /* proposed by one unit, repeated nowhere */
+
+  /* the proposals by (length, hash), and their lengths */
+  int cap = 64, nlens = 0;
+  while (cap < 2 * nprops) cap *= 2;
+  int *table = malloc((size_t)cap * sizeof *table), *lens = malloc(((size_t)nprops + 1) * sizeof *lens);
+  TP_ASSERT(table && lens);
+  memset(table, -1, (size_t)cap * sizeof *table);
+  for (int k = 0; k < nprops; k++) {
+    size_t at = (props[k].hash ^ (uint64_t)props[k].len) & (size_t)(cap - 1);
+    while (table[at] >= 0) at = (at + 1) & (size_t)(cap - 1);
+    table[at] = k;
+    int l = 0;
+    while (l < nlens && lens[l] != props[k].len) l++;
+    if (l == nlens) lens[nlens++] = props[k].len;
+  }
+
+  int nrun = 0, cap_runs = 64;
+  Run *runs = malloc((size_t)cap_runs * sizeof *runs);
   TP_ASSERT(runs);
   for (int u = 0; u < nunits; u++) {
     Unit *U = &units[u];
+    uint64_t *prefix = malloc(((size_t)U->n + 1) * sizeof *prefix);
     unsigned char *taken = calloc((size_t)U->n + 1, 1);
-    TP_ASSERT(taken);
-    int first = n;
-    for (int k = 0; k < nprops && props[k].count > 1; k++) {
-      const uint64_t *want = units[props[k].unit].key + props[k].first;
-      int len = props[k].len;
-      for (int i = 0; i + len <= U->n;) {
-        bool fits = !taken[i] && !taken[i + len - 1] && memcmp(U->key + i, want, (size_t)len * sizeof *want) == 0;
-        for (int j = i; fits && j < i + len; j++) fits = !taken[j];
-        if (!fits) {
-          i++;
-          continue;
+    TP_ASSERT(prefix && taken);
+    prefix[0] = 0;
+    for (int i = 0; i < U->n; i++) prefix[i + 1] = prefix[i] * KEY_BASE + U->key[i];
+    Match *matches = NULL;
+    int nmatches = 0, cap_matches = 0;
+    for (int l = 0; l < nlens; l++) {
+      int len = lens[l];
+      uint64_t power = 1;
+      for (int i = 0; i < len; i++) power *= KEY_BASE;
+      for (int i = 0; i + len <= U->n; i++) {
+        uint64_t h = prefix[i + len] - prefix[i] * power;
+        for (size_t at = (h ^ (uint64_t)len) & (size_t)(cap - 1); table[at] >= 0; at = (at + 1) & (size_t)(cap - 1)) {
+          const Proposal *p = &props[table[at]];
+          if (p->len != len || p->hash != h ||
+              memcmp(U->key + i, units[p->unit].key + p->first, (size_t)len * sizeof *U->key) != 0)
+            continue;
+          if (nmatches == cap_matches) {
+            cap_matches = cap_matches ? 2 * cap_matches : 16;
+            matches = realloc(matches, (size_t)cap_matches * sizeof *matches);
+            TP_ASSERT(matches);
+          }
+          matches[nmatches++] = (Match){table[at], i};
         }
-        memset(taken + i, 1, (size_t)len);
-        if (n == cap) {
-          cap *= 2;
-          runs = realloc(runs, (size_t)cap * sizeof *runs);
-          TP_ASSERT(runs);
-        }
-        runs[n++] = (Run){u, i, i + len, -1, {0}, 0, false};
-        i += len;
       }
     }
+    /* most proposed first, left to right, each where nothing is taken yet */
+    qsort(matches, (size_t)nmatches, sizeof *matches, match_order);
+    int first = nrun;
+    for (int m = 0; m < nmatches; m++) {
+      int i = matches[m].i, len = props[matches[m].k].len;
+      bool free_keys = true;
+      for (int j = i; free_keys && j < i + len; j++) free_keys = !taken[j];
+      if (!free_keys) continue;
+      memset(taken + i, 1, (size_t)len);
+      if (nrun == cap_runs) {
+        cap_runs *= 2;
+        runs = realloc(runs, (size_t)cap_runs * sizeof *runs);
+        TP_ASSERT(runs);
+      }
+      runs[nrun++] = (Run){u, i, i + len, -1, {0}, 0, false};
+    }
+    free(matches);
+    free(prefix);
     free(taken);
     /* in unit order */
-    for (int a = first + 1; a < n; a++)
+    for (int a = first + 1; a < nrun; a++)
       for (int b = a; b > first && runs[b - 1].begin > runs[b].begin; b--) {
         Run t = runs[b];
         runs[b] = runs[b - 1];
         runs[b - 1] = t;
       }
     U->first_run = first;
-    U->nruns = n - first;
+    U->nruns = nrun - first;
   }
+  free(table);
+  free(lens);
   free(props);
-  *nruns = n;
+  *nruns = nrun;
   return runs;
 }
 
@@ -1360,36 +1418,37 @@ static int64_t slice_context(const Emitter *E, int slice, int64_t seq) {
   return c;
 }
 
+/* (slice, stage) pairs in order. */
+static int pair_order(const void *x, const void *y) {
+  const int *a = x, *b = y;
+  return a[0] != b[0] ? (a[0] < b[0] ? -1 : 1) : (a[1] < b[1] ? -1 : a[1] > b[1]);
+}
+
 /* " 4-7 (slice 2), 9 (slice 2)": the stages whose units call body b, as ranges per slice,
  * wrapped as a comment's lines. */
-static void put_body_users(const Emitter *E, const Unit *units, int nunits, const Run *runs, int b, FILE *out) {
-  int col = 24, N = E->mem->nslices, count = 0;
-  int *stages = malloc(((size_t)nunits + 1) * sizeof *stages);
-  TP_ASSERT(stages);
-  for (int slice = 0; slice < N; slice++) {
-    int n = 0; /* the stages calling b in this slice, ascending */
-    for (int u = 0; u < nunits; u++) {
-      bool calls = false;
-      for (int r = 0; r < units[u].nruns; r++) calls |= runs[units[u].first_run + r].body == b;
-      if (calls && units[u].slice == slice && (!n || stages[n - 1] != units[u].s)) stages[n++] = units[u].s;
-    }
-    for (int i = 0, j; i < n; i = j) {
-      for (j = i + 1; j < n && stages[j] == stages[j - 1] + 1;) j++;
-      char text[64];
-      int len = j - 1 > i ? snprintf(text, sizeof text, "%d-%d", stages[i], stages[j - 1])
-                          : snprintf(text, sizeof text, "%d", stages[i]);
-      if (N > 1) len += snprintf(text + len, sizeof text - (size_t)len, " (slice %d)", slice);
-      fputs(count++ ? "," : "", out);
-      if (col + len > 96) fputs("\n *", out), col = 2;
-      fprintf(out, " %s", text);
-      col += len + 2;
-    }
+static void put_body_users(const Emitter *E, const Unit *units, const Run *runs, int nruns, int b, FILE *out) {
+  int col = 24, count = 0, n = 0;
+  int (*pairs)[2] = malloc(((size_t)nruns + 1) * sizeof *pairs);
+  TP_ASSERT(pairs);
+  for (int r = 0; r < nruns; r++)
+    if (runs[r].body == b) pairs[n][0] = units[runs[r].unit].slice, pairs[n++][1] = units[runs[r].unit].s;
+  qsort(pairs, (size_t)n, sizeof *pairs, pair_order);
+  for (int i = 0, j; i < n; i = j) { /* a range of stages of one slice */
+    for (j = i + 1; j < n && pairs[j][0] == pairs[i][0] && pairs[j][1] <= pairs[j - 1][1] + 1;) j++;
+    char text[64];
+    int len = pairs[j - 1][1] > pairs[i][1] ? snprintf(text, sizeof text, "%d-%d", pairs[i][1], pairs[j - 1][1])
+                                            : snprintf(text, sizeof text, "%d", pairs[i][1]);
+    if (E->mem->nslices > 1) len += snprintf(text + len, sizeof text - (size_t)len, " (slice %d)", pairs[i][0]);
+    fputs(count++ ? "," : "", out);
+    if (col + len > 96) fputs("\n *", out), col = 2;
+    fprintf(out, " %s", text);
+    col += len + 2;
   }
-  free(stages);
+  free(pairs);
 }
 
 /* The function of shared body b, whose first run is r, and its runs' arena offset lists. */
-static void emit_shared_body(Emitter *E, const Unit *units, int nunits, const Run *runs, int nruns,
+static void emit_shared_body(Emitter *E, const Unit *units, const Run *runs, int nruns,
                              const Body *body, int b, int64_t seq, FILE *out) {
   const Run *r = &runs[body->first];
   const Unit *u = &units[r->unit];
@@ -1406,7 +1465,7 @@ static void emit_shared_body(Emitter *E, const Unit *units, int nunits, const Ru
           u->backward ? "backward" : "forward", (long long)slice_length(E, u->slice, seq));
   if (E->mem->nslices > 1) fprintf(out, " after %lld tokens", (long long)slice_context(E, u->slice, seq));
   fprintf(out, ",\n * run %d times by stages", body->count);
-  put_body_users(E, units, nunits, runs, b, out);
+  put_body_users(E, units, runs, nruns, b, out);
   fprintf(out, ",\n * with the arena offsets (at) and parameters (p) of each. Values are named after stage %d's. */\n"
           "static void %s(TpStepIO *io", u->s, body->name);
   if (nums.nat) fputs(", const int64_t *at", out);
@@ -1565,7 +1624,7 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
       const Run *r = &runs[u->first_run + k];
       if (r->body < 0) continue;
       any = true;
-      if (bodies[r->body].first == u->first_run + k) emit_shared_body(E, units, n, runs, nruns, &bodies[r->body], r->body, seq, out);
+      if (bodies[r->body].first == u->first_run + k) emit_shared_body(E, units, runs, nruns, &bodies[r->body], r->body, seq, out);
     }
     if (any) emit_unit_calls(E, u, runs, bodies, out);
     else emit_unit(E, u->s, u->backward, u->slice, out);
