@@ -1172,6 +1172,7 @@ typedef struct {
   int body;        /* the shared body it calls, or -1: written inline */
   RunNumbers nums; /* its numbers, for the call */
   int table;       /* its arena offsets: table `table` of its body's (runs on stages alike share one) */
+  int prev_table;  /* if new_table: the first run of the body's table before, or -1 */
   bool new_table;  /* the first run with that table */
 } Run;
 
@@ -1180,7 +1181,8 @@ typedef struct {
   char *key;
   uint64_t hash;
   int first, count, nops;
-  int ntables; /* distinct arena offset lists of its runs */
+  int ntables;    /* distinct arena offset lists of its runs */
+  int last_table; /* the first run with its last table */
   char *name;
 } Body;
 
@@ -1350,7 +1352,7 @@ static Run *find_runs(Unit *units, int nunits, int *nruns) {
         runs = realloc(runs, (size_t)cap_runs * sizeof *runs);
         TP_ASSERT(runs);
       }
-      runs[nrun++] = (Run){u, i, i + len, -1, {0}, 0, false};
+      runs[nrun++] = (Run){u, i, i + len, -1, {0}, 0, -1, false};
     }
     free(matches);
     free(prefix);
@@ -1585,7 +1587,7 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
       at = (at + 1) & (size_t)(cap - 1);
     if (table[at] < 0) {
       table[at] = nbodies;
-      bodies[nbodies++] = (Body){key, h, r, 0, nops, 0, NULL};
+      bodies[nbodies++] = (Body){key, h, r, 0, nops, 0, -1, NULL};
     } else {
       free(key);
     }
@@ -1608,13 +1610,13 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
   for (int r = 0; r < nruns; r++) { /* the distinct arena offset lists of each body */
     Run *x = &runs[r];
     if (x->body < 0) continue;
-    int q = bodies[x->body].first;
-    for (; q < r; q++)
-      if (runs[q].body == x->body && runs[q].new_table &&
-          memcmp(runs[q].nums.at, x->nums.at, (size_t)x->nums.nat * sizeof *x->nums.at) == 0)
-        break;
-    x->new_table = q == r;
-    x->table = x->new_table ? bodies[x->body].ntables++ : runs[q].table;
+    Body *body = &bodies[x->body];
+    int q = body->last_table;
+    while (q >= 0 && memcmp(runs[q].nums.at, x->nums.at, (size_t)x->nums.nat * sizeof *x->nums.at) != 0)
+      q = runs[q].prev_table;
+    x->new_table = q < 0;
+    if (x->new_table) x->table = body->ntables++, x->prev_table = body->last_table, body->last_table = r;
+    else x->table = runs[q].table;
   }
 
   for (int i = 0; i < n && E->rc == TP_OK; i++) {
