@@ -13,7 +13,9 @@
  * at the top of a function when it comes from outside (a parameter, the tokens, a forward
  * activation read by the backward) and else just before the op that computes it. Each
  * op's call is preceded by a comment naming the ONNX node it came from. The output depends
- * on nothing but the module: no addresses, no times, no hash orders. */
+ * on nothing but the module: no addresses, no times, no hash orders. Runs of ops that
+ * several units run alike (layers, middle stages) are written once, as shared bodies the
+ * units call (see "shared bodies" below). */
 #include "codegen.h"
 
 #include <ctype.h>
