@@ -733,11 +733,6 @@ static void render_ops(Emitter *E, int s, bool backward, int from, int to, const
   *u = (UnitText){top_text, body_text, top_len, body_len, nops, E->uses_arena, E->uses_bad};
 }
 
-static void render_unit(Emitter *E, int s, bool backward, int slice, UnitText *u) {
-  int unit = (backward ? E->mem->nslices : 0) + slice;
-  render_ops(E, s, backward, E->mem->unit_begin[s][unit], E->mem->unit_end[s][unit], NULL, 0, u);
-}
-
 /* The first lines of a unit function's body: the arena, the id report, what it reads. */
 static void put_unit_top(const UnitText *u, FILE *out) {
   if (u->uses_arena) fputs("  char *arena = io->arena;\n", out);
@@ -756,10 +751,12 @@ static void put_unit_comment(const Emitter *E, int s, bool backward, int slice, 
   else fprintf(out, "\n/* Stage %d, %s of slice %d: %d ops", s, backward ? "backward" : "forward", slice, nops);
 }
 
-/* Stage s's forward (or backward) function of one slice into `out`. */
-static void emit_unit(Emitter *E, int s, bool backward, int slice, FILE *out) {
+/* Stage s's forward (or backward) function of one slice into `out`, the runs of calls[0,
+ * ncalls) as their calls. */
+static void emit_unit(Emitter *E, int s, bool backward, int slice, const UnitCall *calls, int ncalls, FILE *out) {
+  int unit = (backward ? E->mem->nslices : 0) + slice;
   UnitText u;
-  render_unit(E, s, backward, slice, &u);
+  render_ops(E, s, backward, E->mem->unit_begin[s][unit], E->mem->unit_end[s][unit], calls, ncalls, &u);
   char name[64];
   unit_name(E, s, backward, slice, name, sizeof name);
   put_unit_comment(E, s, backward, slice, u.nops, out);
@@ -1525,18 +1522,7 @@ static void emit_unit_calls(Emitter *E, const Unit *u, const Run *runs, const Bo
     const Run *r = &runs[u->first_run + i];
     if (r->body >= 0) calls[ncalls++] = (UnitCall){u->pos[r->begin], u->pos[r->end - 1] + 1, body_call(r, &bodies[r->body])};
   }
-  int unit = (u->backward ? E->mem->nslices : 0) + u->slice;
-  UnitText t;
-  render_ops(E, u->s, u->backward, E->mem->unit_begin[u->s][unit], E->mem->unit_end[u->s][unit], calls, ncalls, &t);
-  char name[64];
-  unit_name(E, u->s, u->backward, u->slice, name, sizeof name);
-  put_unit_comment(E, u->s, u->backward, u->slice, t.nops, out);
-  fprintf(out, ". */\nstatic void %s(TpStepIO *io) {\n", name);
-  put_unit_top(&t, out);
-  fputs(t.body, out);
-  fputs("}\n", out);
-  free(t.top);
-  free(t.body);
+  emit_unit(E, u->s, u->backward, u->slice, calls, ncalls, out);
   for (int i = 0; i < ncalls; i++) free((char *)calls[i].call);
   free(calls);
 }
@@ -1631,7 +1617,7 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
       if (bodies[r->body].first == u->first_run + k) emit_shared_body(E, units, runs, nruns, &bodies[r->body], r->body, seq, out);
     }
     if (any) emit_unit_calls(E, u, runs, bodies, out);
-    else emit_unit(E, u->s, u->backward, u->slice, out);
+    else emit_unit(E, u->s, u->backward, u->slice, NULL, 0, out);
   }
   for (int b = 0; b < nbodies; b++) {
     free(bodies[b].key);
