@@ -1181,6 +1181,7 @@ typedef struct {
   uint64_t hash;
   int first, count, nops;
   int ntables;    /* distinct arena offset lists of its runs */
+  bool contexts;  /* its runs follow contexts of different lengths (so its name has none) */
   int last_table; /* the first run with its last table */
   char *name;
 } Body;
@@ -1464,7 +1465,8 @@ static void emit_shared_body(Emitter *E, const Unit *units, const Run *runs, int
   t.top = top, t.top_len = strlen(top);
   fprintf(out, "\n/* %s: %d ops of the %s of a %lld-token slice", body->name, body->nops,
           u->backward ? "backward" : "forward", (long long)slice_length(E, u->slice, seq));
-  if (E->mem->nslices > 1) fprintf(out, " after %lld tokens", (long long)slice_context(E, u->slice, seq));
+  if (E->mem->nslices > 1 && !body->contexts)
+    fprintf(out, " after %lld tokens", (long long)slice_context(E, u->slice, seq));
   fprintf(out, ",\n * run %d times by stages", body->count);
   put_body_users(E, units, runs, nruns, b, out);
   fprintf(out, ",\n * with the arena offsets (at) and parameters (p) of each. Values are named after stage %d's. */\n"
@@ -1575,13 +1577,21 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
       at = (at + 1) & (size_t)(cap - 1);
     if (table[at] < 0) {
       table[at] = nbodies;
-      bodies[nbodies++] = (Body){key, h, r, 0, nops, 0, -1, NULL};
+      bodies[nbodies++] = (Body){key, h, r, 0, nops, 0, false, -1, NULL};
     } else {
       free(key);
     }
     runs[r].body = table[at];
     bodies[runs[r].body].count++;
   }
+  int64_t *context = malloc(((size_t)p->nslices + 1) * sizeof *context); /* per slice */
+  TP_ASSERT(context);
+  for (int i = 0; i < p->nslices; i++) context[i] = slice_context(E, i, seq);
+  for (int r = 0; r < nruns; r++) {
+    Body *body = &bodies[runs[r].body];
+    body->contexts |= context[units[runs[r].unit].slice] != context[units[runs[body->first].unit].slice];
+  }
+  free(context);
   NameSet names = {0};
   for (int b = 0; b < nbodies; b++) {
     if (bodies[b].count < 2) continue;
@@ -1589,7 +1599,8 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
     char base[96];
     int len = snprintf(base, sizeof base, "block_%s_l%lld", u->backward ? "backward" : "forward",
                        (long long)slice_length(E, u->slice, seq));
-    if (p->nslices > 1) snprintf(base + len, sizeof base - (size_t)len, "_c%lld", (long long)slice_context(E, u->slice, seq));
+    if (p->nslices > 1 && !bodies[b].contexts)
+      snprintf(base + len, sizeof base - (size_t)len, "_c%lld", (long long)slice_context(E, u->slice, seq));
     bodies[b].name = unique_ident(&names, E->prefix, base);
   }
   free(names.slots); /* the strings belong to the bodies */
