@@ -1339,7 +1339,7 @@ static Run *find_runs(Unit *units, int nunits, int *nruns) {
       }
     }
     /* most proposed first, left to right, each where nothing is taken yet */
-    qsort(matches, (size_t)nmatches, sizeof *matches, match_order);
+    if (nmatches) qsort(matches, (size_t)nmatches, sizeof *matches, match_order);
     int first = nrun;
     for (int m = 0; m < nmatches; m++) {
       int i = matches[m].i, len = props[matches[m].k].len;
@@ -1611,7 +1611,7 @@ static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
     if (x->body < 0) continue;
     Body *body = &bodies[x->body];
     int q = body->last_table;
-    while (q >= 0 && memcmp(runs[q].nums.at, x->nums.at, (size_t)x->nums.nat * sizeof *x->nums.at) != 0)
+    while (q >= 0 && x->nums.nat && memcmp(runs[q].nums.at, x->nums.at, (size_t)x->nums.nat * sizeof *x->nums.at) != 0)
       q = runs[q].prev_table;
     x->new_table = q < 0;
     if (x->new_table) x->table = body->ntables++, x->prev_table = body->last_table, body->last_table = r;
