@@ -13,7 +13,9 @@
  * at the top of a function when it comes from outside (a parameter, the tokens, a forward
  * activation read by the backward) and else just before the op that computes it. Each
  * op's call is preceded by a comment naming the ONNX node it came from. The output depends
- * on nothing but the module: no addresses, no times, no hash orders. */
+ * on nothing but the module: no addresses, no times, no hash orders. Runs of ops that
+ * several units run alike (layers, middle stages) are written once, as shared bodies the
+ * units call (see "shared bodies" below). */
 #include "codegen.h"
 
 #include <ctype.h>
@@ -46,6 +48,7 @@ typedef struct {
   bool *referenced;   /* per CONST value: its array is used */
   bool *declared;     /* per value: declared in the current function */
   bool *here;         /* per op: part of the current function */
+  bool signature;     /* rendering a run's signature: no comments (see run_signature) */
   const TpTarget *target; /* how kernel calls are spelled */
   unsigned headers;       /* a bit per header of the target the plan uses */
   bool uses_check, uses_math, uses_arena, uses_bad;
@@ -652,11 +655,11 @@ static void emit_op(Emitter *E, int op) {
 
 /* ---- functions and tables ---- */
 
-/* Is value v read by one of the ops ops[0..n) (or is it the loss)? */
+/* Is value v read by one of the ops ops[0..n) of the current function (or is it the loss)? */
 static bool read_after(const Emitter *E, const int *ops, int n, int v) {
   if (v == E->m->loss) return true;
   for (int i = 0; i < n; i++)
-    for (int k = 0; k < E->m->ops[ops[i]].ninputs; k++)
+    for (int k = 0; E->here[ops[i]] && k < E->m->ops[ops[i]].ninputs; k++)
       if (E->m->ops[ops[i]].inputs[k] == v) return true;
   return false;
 }
@@ -672,18 +675,38 @@ static void unit_name(const Emitter *E, int s, bool backward, int slice, char *b
   unit_name_of(E->prefix, E->mem->nslices, s, backward, slice, buf, n);
 }
 
-/* Stage s's forward (or backward) function of one slice into `out`. Boundary copies run no
- * code: the runtime receives their values into the arena before the unit runs. */
-static void emit_unit(Emitter *E, int s, bool backward, int slice, FILE *out) {
+/* The body of stage s's forward (or backward) function of one slice: the declarations of
+ * what it reads from outside (top) and its ops (body). Boundary copies run no code: the
+ * runtime receives their values into the arena before the unit runs. */
+typedef struct {
+  char *top, *body;
+  size_t top_len, body_len;
+  int nops;
+  bool uses_arena, uses_bad;
+} UnitText;
+
+/* A run of a unit's ops that the unit runs by calling a shared body (see emit_units):
+ * positions [begin, end) of its stage's order, and the call's statement. */
+typedef struct {
+  int begin, end;
+  const char *call;
+} UnitCall;
+
+/* The text of the ops at positions [from, to) of stage s's order (a unit, or a run of one),
+ * those of calls[0, ncalls) (in order, inside the range) replaced by their calls. */
+static void render_ops(Emitter *E, int s, bool backward, int from, int to, const UnitCall *calls, int ncalls,
+                       UnitText *u) {
   const TpModule *m = E->m;
   const TpMemoryPlan *p = E->mem;
-  int unit = (backward ? p->nslices : 0) + slice;
-  int from = p->unit_begin[s][unit], to = p->unit_end[s][unit];
   memset(E->declared, 0, (size_t)m->nvalues * sizeof *E->declared);
   memset(E->here, 0, (size_t)m->nops * sizeof *E->here);
   int nops = 0;
-  for (int i = from; i < to; i++)
-    if (!tp_is_boundary_op(m, p->order[s][i])) E->here[p->order[s][i]] = true, nops++;
+  for (int i = from, c = 0; i < to; i++) {
+    if (tp_is_boundary_op(m, p->order[s][i])) continue;
+    nops++;
+    while (c < ncalls && calls[c].end <= i) c++;
+    if (c == ncalls || i < calls[c].begin) E->here[p->order[s][i]] = true;
+  }
   E->uses_arena = E->uses_bad = false;
 
   /* What the function reads from outside, in order of first use. */
@@ -704,16 +727,24 @@ static void emit_unit(Emitter *E, int s, bool backward, int slice, FILE *out) {
     }
   }
   E->out = body;
-  for (int i = from; i < to && E->rc == TP_OK; i++) {
+  for (int i = from, c = 0; i < to && E->rc == TP_OK; i++) {
     int op = p->order[s][i];
     const TpOp *o = &m->ops[op];
+    if (c < ncalls && i == calls[c].begin) {
+      if (ftell(top) > 0 || ftell(body) > 0) fputc('\n', body);
+      emit(E, "%s", calls[c].call);
+      i = calls[c++].end - 1;
+      continue;
+    }
     if (!E->here[op]) continue;
     /* A Reshape that runs nothing is only worth a line where its result is read here. */
     if (o->kind == TP_OP_Reshape && reshape_is_view(p, op, m) && !read_after(E, p->order[s] + i + 1, to - i - 1, o->outputs[0]))
       continue;
     fputc('\n', body);
     const char *what = o->role == TP_ROLE_RETIE ? tp_op_role_names[o->role] : o->origin.op_type;
-    if (o->origin.node)
+    if (E->signature) {
+      /* no comment: node names differ between the runs of a shared body */
+    } else if (o->origin.node)
       fprintf(body, "  /* %s (%s)%s */\n", o->origin.node, what ? what : "?",
               o->kind == TP_OP_Reshape && reshape_is_view(p, op, m) ? ": a view" : "");
     else
@@ -733,24 +764,42 @@ static void emit_unit(Emitter *E, int s, bool backward, int slice, FILE *out) {
   }
   fclose(top);
   fclose(body);
+  *u = (UnitText){top_text, body_text, top_len, body_len, nops, E->uses_arena, E->uses_bad};
+}
 
+/* The first lines of a unit function's body: the arena, the id report, what it reads. */
+static void put_unit_top(const UnitText *u, FILE *out) {
+  if (u->uses_arena) fputs("  char *arena = io->arena;\n", out);
+  if (u->uses_bad) fputs("  int64_t bad; /* where the kernels report an id out of range */\n", out);
+  if (!u->nops) fputs("  (void)io; /* nothing to do */\n", out);
+  if (u->top_len) fputs("  /* computed elsewhere: */\n", out);
+  fputs(u->top, out);
+}
+
+/* The comment above stage s's unit function (without its closing). */
+static void put_unit_comment(const Emitter *E, int s, bool backward, int slice, int nops, FILE *out) {
+  if (E->param_map) /* a probe's */
+    fprintf(out, "\n/* %.*s: stage %d, %s of slice %d: %d ops", (int)strlen(E->prefix) - 1, E->prefix, s,
+            backward ? "backward" : "forward", slice, nops);
+  else if (E->mem->nslices == 1) fprintf(out, "\n/* Stage %d, %s: %d ops", s, backward ? "backward" : "forward", nops);
+  else fprintf(out, "\n/* Stage %d, %s of slice %d: %d ops", s, backward ? "backward" : "forward", slice, nops);
+}
+
+/* Stage s's forward (or backward) function of one slice into `out`, the runs of calls[0,
+ * ncalls) as their calls. */
+static void emit_unit(Emitter *E, int s, bool backward, int slice, const UnitCall *calls, int ncalls, FILE *out) {
+  int unit = (backward ? E->mem->nslices : 0) + slice;
+  UnitText u;
+  render_ops(E, s, backward, E->mem->unit_begin[s][unit], E->mem->unit_end[s][unit], calls, ncalls, &u);
   char name[64];
   unit_name(E, s, backward, slice, name, sizeof name);
-  if (E->param_map) /* a probe's */
-    fprintf(out, "\n/* %.*s: stage %d, %s of slice %d: %d ops. */\n", (int)strlen(E->prefix) - 1, E->prefix, s,
-            backward ? "backward" : "forward", slice, nops);
-  else if (p->nslices == 1) fprintf(out, "\n/* Stage %d, %s: %d ops. */\n", s, backward ? "backward" : "forward", nops);
-  else fprintf(out, "\n/* Stage %d, %s of slice %d: %d ops. */\n", s, backward ? "backward" : "forward", slice, nops);
-  fprintf(out, "static void %s(TpStepIO *io) {\n", name);
-  if (E->uses_arena) fputs("  char *arena = io->arena;\n", out);
-  if (E->uses_bad) fputs("  int64_t bad; /* where the kernels report an id out of range */\n", out);
-  if (!nops) fputs("  (void)io; /* nothing to do */\n", out);
-  if (top_len) fputs("  /* computed elsewhere: */\n", out);
-  fputs(top_text, out);
-  fputs(body_text, out);
+  put_unit_comment(E, s, backward, slice, u.nops, out);
+  fprintf(out, ". */\nstatic void %s(TpStepIO *io) {\n", name);
+  put_unit_top(&u, out);
+  fputs(u.body, out);
   fputs("}\n", out);
-  free(top_text);
-  free(body_text);
+  free(u.top);
+  free(u.body);
 }
 
 /* "text" with C escapes. */
@@ -1083,6 +1132,582 @@ static void emit_tables(Emitter *E, FILE *out) {
   fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
 }
 
+/* ---- shared bodies ----
+ * A unit's ops fall into runs that other units run too, up to the names of their values,
+ * their arena offsets and their parameter indices: a layer (the kernels of layer 5 are
+ * those of layer 4 on other parameters, at other offsets), or a middle stage's whole unit.
+ * Each distinct run is written once, as a function taking those numbers (a shared body),
+ * and every unit running it calls it with its own. The plan thus grows with the distinct
+ * layer shapes and (slice length, context) pairs, not with layers x slices. A unit with
+ * no run that another shares is written whole, as before.
+ *
+ * Runs are found on op keys (kind, attributes, operand types and storage kinds): the
+ * repeats within a unit (its layers), else a unit's whole op list where other units have
+ * the same one (a middle stage). Runs are then compared by their text, with the values
+ * named by their place in the run and the numbers taken out (run_signature): only runs
+ * whose texts are equal share a body, so the key only decides where to look. */
+
+/* The numbers a run's text addresses memory with, in order of appearance. */
+typedef struct {
+  int64_t *at; /* arena offsets */
+  int *p;      /* parameter indices (of io->param and io->grad) */
+  int nat, np, cap_at, cap_p;
+} RunNumbers;
+
+/* Does text[i..] start with `word` at an identifier boundary? */
+static bool starts_word(const char *text, size_t len, size_t i, const char *word) {
+  size_t n = strlen(word);
+  if (i + n > len || memcmp(text + i, word, n) != 0) return false;
+  return i == 0 || !(isalnum((unsigned char)text[i - 1]) || text[i - 1] == '_');
+}
+
+/* text[0, len) with each arena offset (`arena + N`) written `arena + at[k]` and each
+ * parameter index (`io->param[N]`, `io->grad[N]`) `p[k]`, comments left alone; the
+ * numbers are appended to *nums. Whatever call a statement is (a kernel's, a collective's),
+ * the arena and parameter addresses it takes are covered. Returns a malloc'd string. */
+static char *parameterise(const char *text, size_t len, RunNumbers *nums) {
+  char *res = NULL;
+  size_t res_len = 0;
+  FILE *out = open_memstream(&res, &res_len);
+  TP_ASSERT(out);
+  for (size_t i = 0; i < len;) {
+    if (i + 1 < len && text[i] == '/' && text[i + 1] == '*') {
+      const char *end = strstr(text + i + 2, "*/");
+      size_t n = end ? (size_t)(end + 2 - (text + i)) : len - i;
+      fwrite(text + i, 1, n, out);
+      i += n;
+      continue;
+    }
+    static const char *const words[] = {"arena + ", "io->param[", "io->grad["};
+    int w = 0;
+    while (w < 3 && !starts_word(text, len, i, words[w])) w++;
+    size_t digits = w < 3 ? i + strlen(words[w]) : i;
+    if (w == 3 || digits >= len || !isdigit((unsigned char)text[digits])) {
+      fputc(text[i++], out);
+      continue;
+    }
+    char *end;
+    long long x = strtoll(text + digits, &end, 10);
+    fwrite(text + i, 1, digits - i, out);
+    if (w == 0) {
+      if (nums->nat == nums->cap_at) {
+        nums->cap_at = nums->cap_at ? 2 * nums->cap_at : 32;
+        nums->at = realloc(nums->at, (size_t)nums->cap_at * sizeof *nums->at);
+        TP_ASSERT(nums->at);
+      }
+      fprintf(out, "at[%d]", nums->nat);
+      nums->at[nums->nat++] = x;
+    } else {
+      if (nums->np == nums->cap_p) {
+        nums->cap_p = nums->cap_p ? 2 * nums->cap_p : 32;
+        nums->p = realloc(nums->p, (size_t)nums->cap_p * sizeof *nums->p);
+        TP_ASSERT(nums->p);
+      }
+      fprintf(out, "p[%d]", nums->np);
+      nums->p[nums->np++] = (int)x;
+    }
+    i = (size_t)(end - text);
+  }
+  fclose(out);
+  return res;
+}
+
+/* A unit of the plan: its ops' keys (boundary copies left out) and its runs. */
+typedef struct {
+  int s, slice;
+  bool backward;
+  int n;          /* ops with keys */
+  int *pos;       /* their positions in the stage's order */
+  uint64_t *key;
+  int first_run, nruns;
+} Unit;
+
+/* A run of a unit's ops: key indices [begin, end) of units[unit]. */
+typedef struct {
+  int unit, begin, end;
+  int body;        /* the shared body it calls, or -1: written inline */
+  RunNumbers nums; /* its numbers, for the call */
+  int table;       /* its arena offsets: table `table` of its body's (runs on stages alike share one) */
+  int prev_table;  /* if new_table: the first run of the body's table before, or -1 */
+  bool new_table;  /* the first run with that table */
+} Run;
+
+/* A distinct run text: its signature, the runs with it, its function's name once shared. */
+typedef struct {
+  char *key;
+  uint64_t hash;
+  int first, count, nops;
+  int ntables;    /* distinct arena offset lists of its runs */
+  bool contexts;  /* its runs follow contexts of different lengths (so its name has none) */
+  int last_table; /* the first run with its last table */
+  char *name;
+} Body;
+
+static uint64_t mix(uint64_t h, uint64_t x) { return (h ^ x) * 1099511628211ull; }
+
+/* What an op's code depends on besides the names and numbers of its values. */
+static uint64_t op_key(const Emitter *E, int op) {
+  const TpOp *o = &E->m->ops[op];
+  uint64_t h = mix(1469598103934665603ull, (uint64_t)o->kind);
+  h = mix(mix(mix(h, (uint64_t)o->role), (uint64_t)o->ninputs), (uint64_t)o->noutputs);
+  for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+    int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+    if (v < 0) {
+      h = mix(h, 7);
+      continue;
+    }
+    const TpType *t = &E->m->values[v].type;
+    h = mix(mix(mix(h, (uint64_t)t->dtype), (uint64_t)t->rank), (uint64_t)E->mem->value[v].kind);
+    for (int i = 0; i < t->rank; i++) h = mix(h, (uint64_t)t->dims[i]);
+  }
+  for (int a = 0; a < o->nattrs; a++) {
+    const TpAttr *x = &o->attrs[a];
+    uint64_t f;
+    memcpy(&f, &x->f, sizeof f);
+    h = mix(mix(mix(mix(h, hash_str(x->name)), (uint64_t)x->kind), (uint64_t)x->i), f);
+    for (int i = 0; i < x->nints; i++) h = mix(h, (uint64_t)x->ints[i]);
+    if (x->s) h = mix(h, hash_str(x->s));
+  }
+  return h;
+}
+
+/* The fewest ops a layer found by repetition has (fewer repeat by chance: two Transposes). */
+#define MIN_LAYER_OPS 6
+
+/* The largest run of repeats in keys[0, n): *start and *period of the repeated list, or 0
+ * in *period if nothing repeats. */
+static void find_repeats(const uint64_t *key, int n, int *start, int *period) {
+  int best = 0;
+  *start = *period = 0;
+  for (int P = MIN_LAYER_OPS; 2 * P <= n; P++) {
+    for (int i = 0, stretch = 0; i + P < n; i++) { /* stretch: keys so far with key[j] == key[j + P] */
+      stretch = key[i] == key[i + P] ? stretch + 1 : 0;
+      int covered = (stretch / P + 1) * P;
+      if (stretch >= P && covered > best) best = covered, *start = i + 1 - stretch, *period = P;
+    }
+  }
+}
+
+/* A candidate run: a list of keys that units[unit] proposes (from first, len long), and
+ * how many units propose the same list. */
+typedef struct {
+  int unit, first, len, count;
+  uint64_t hash;
+} Proposal;
+
+static bool same_keys(const Unit *units, const Proposal *a, const Proposal *b) {
+  return a->len == b->len &&
+         memcmp(units[a->unit].key + a->first, units[b->unit].key + b->first, (size_t)a->len * sizeof(uint64_t)) == 0;
+}
+
+/* Most proposed first, then longest, then first proposed: deterministic. */
+static int proposal_order(const void *x, const void *y) {
+  const Proposal *a = x, *b = y;
+  if (a->count != b->count) return a->count > b->count ? -1 : 1;
+  if (a->len != b->len) return a->len > b->len ? -1 : 1;
+  return a->unit != b->unit ? (a->unit < b->unit ? -1 : 1) : (a->first < b->first ? -1 : a->first > b->first);
+}
+
+/* Cuts every unit into runs: each unit proposes its repeated list (its layer) or, without
+ * one, its whole op list; proposals are tried on every unit, most proposed first, and each
+ * match not overlapping an earlier one is a run. */
+/* The polynomial hash of keys[0, len): that of a window follows from prefix hashes. */
+#define KEY_BASE 0x9e3779b97f4a7c15ull
+static uint64_t keys_hash(const uint64_t *key, int len) {
+  uint64_t h = 0;
+  for (int i = 0; i < len; i++) h = h * KEY_BASE + key[i];
+  return h;
+}
+
+/* A place where proposal k matches a unit's keys, from key i. */
+typedef struct {
+  int k, i;
+} Match;
+
+static int match_order(const void *x, const void *y) {
+  const Match *a = x, *b = y;
+  return a->k != b->k ? (a->k < b->k ? -1 : 1) : (a->i < b->i ? -1 : a->i > b->i);
+}
+
+static Run *find_runs(Unit *units, int nunits, int *nruns) {
+  Proposal *props = calloc((size_t)nunits + 1, sizeof *props);
+  TP_ASSERT(props);
+  int nprops = 0;
+  for (int u = 0; u < nunits; u++) {
+    int start, period;
+    find_repeats(units[u].key, units[u].n, &start, &period);
+    bool repeats = period > 0;
+    Proposal p = {u, start, repeats ? period : units[u].n, 1, 0};
+    if (!p.len) continue;
+    p.hash = keys_hash(units[u].key + p.first, p.len);
+    int k = 0;
+    while (k < nprops && !(props[k].hash == p.hash && same_keys(units, &props[k], &p))) k++;
+    if (k < nprops) props[k].count++;
+    else props[nprops++] = p, props[k].count = repeats ? 2 : 1; /* a unit's own repeats count */
+  }
+  qsort(props, (size_t)nprops, sizeof *props, proposal_order);
+  while (nprops && props[nprops - 1].count < 2) nprops--; /* proposed by one unit, repeated nowhere */
+
+  /* the proposals by (length, hash), and their lengths */
+  int cap = 64, nlens = 0;
+  while (cap < 2 * nprops) cap *= 2;
+  int *table = malloc((size_t)cap * sizeof *table), *lens = malloc(((size_t)nprops + 1) * sizeof *lens);
+  TP_ASSERT(table && lens);
+  memset(table, -1, (size_t)cap * sizeof *table);
+  for (int k = 0; k < nprops; k++) {
+    size_t at = (props[k].hash ^ (uint64_t)props[k].len) & (size_t)(cap - 1);
+    while (table[at] >= 0) at = (at + 1) & (size_t)(cap - 1);
+    table[at] = k;
+    int l = 0;
+    while (l < nlens && lens[l] != props[k].len) l++;
+    if (l == nlens) lens[nlens++] = props[k].len;
+  }
+
+  int nrun = 0, cap_runs = 64;
+  Run *runs = malloc((size_t)cap_runs * sizeof *runs);
+  TP_ASSERT(runs);
+  for (int u = 0; u < nunits; u++) {
+    Unit *U = &units[u];
+    uint64_t *prefix = malloc(((size_t)U->n + 1) * sizeof *prefix);
+    unsigned char *taken = calloc((size_t)U->n + 1, 1);
+    TP_ASSERT(prefix && taken);
+    prefix[0] = 0;
+    for (int i = 0; i < U->n; i++) prefix[i + 1] = prefix[i] * KEY_BASE + U->key[i];
+    Match *matches = NULL;
+    int nmatches = 0, cap_matches = 0;
+    for (int l = 0; l < nlens; l++) {
+      int len = lens[l];
+      uint64_t power = 1;
+      for (int i = 0; i < len; i++) power *= KEY_BASE;
+      for (int i = 0; i + len <= U->n; i++) {
+        uint64_t h = prefix[i + len] - prefix[i] * power;
+        for (size_t at = (h ^ (uint64_t)len) & (size_t)(cap - 1); table[at] >= 0; at = (at + 1) & (size_t)(cap - 1)) {
+          const Proposal *p = &props[table[at]];
+          if (p->len != len || p->hash != h ||
+              memcmp(U->key + i, units[p->unit].key + p->first, (size_t)len * sizeof *U->key) != 0)
+            continue;
+          if (nmatches == cap_matches) {
+            cap_matches = cap_matches ? 2 * cap_matches : 16;
+            matches = realloc(matches, (size_t)cap_matches * sizeof *matches);
+            TP_ASSERT(matches);
+          }
+          matches[nmatches++] = (Match){table[at], i};
+        }
+      }
+    }
+    /* most proposed first, left to right, each where nothing is taken yet */
+    if (nmatches) qsort(matches, (size_t)nmatches, sizeof *matches, match_order);
+    int first = nrun;
+    for (int m = 0; m < nmatches; m++) {
+      int i = matches[m].i, len = props[matches[m].k].len;
+      bool free_keys = true;
+      for (int j = i; free_keys && j < i + len; j++) free_keys = !taken[j];
+      if (!free_keys) continue;
+      memset(taken + i, 1, (size_t)len);
+      if (nrun == cap_runs) {
+        cap_runs *= 2;
+        runs = realloc(runs, (size_t)cap_runs * sizeof *runs);
+        TP_ASSERT(runs);
+      }
+      runs[nrun++] = (Run){u, i, i + len, -1, {0}, 0, -1, false};
+    }
+    free(matches);
+    free(prefix);
+    free(taken);
+    /* in unit order */
+    for (int a = first + 1; a < nrun; a++)
+      for (int b = a; b > first && runs[b - 1].begin > runs[b].begin; b--) {
+        Run t = runs[b];
+        runs[b] = runs[b - 1];
+        runs[b - 1] = t;
+      }
+    U->first_run = first;
+    U->nruns = nrun - first;
+  }
+  free(table);
+  free(lens);
+  free(props);
+  *nruns = nrun;
+  return runs;
+}
+
+/* The signature of run r: its text with each value named by its place of first use in
+ * the run (v0, v1, ...) and without comments, parameterised; the numbers go to r->nums. */
+static char *run_signature(Emitter *E, const Unit *u, Run *r, char **canon, char **positional, int *nops) {
+  const TpModule *m = E->m;
+  const int *order = E->mem->order[u->s];
+  int from = u->pos[r->begin], to = u->pos[r->end - 1] + 1, next = 0;
+  for (int i = from; i < to; i++) {
+    const TpOp *o = &m->ops[order[i]];
+    for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+      int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+      if (v >= 0 && E->name[v] && !canon[v]) canon[v] = positional[next++];
+    }
+  }
+  char **names = E->name;
+  E->name = canon;
+  E->signature = true;
+  UnitText t;
+  render_ops(E, u->s, u->backward, from, to, NULL, 0, &t);
+  E->name = names;
+  E->signature = false;
+  *nops = t.nops;
+  char *all = malloc(t.top_len + t.body_len + 4);
+  TP_ASSERT(all);
+  snprintf(all, t.top_len + t.body_len + 4, "%c%c%s%s", t.uses_arena ? 'A' : '-', t.uses_bad ? 'B' : '-', t.top,
+           t.body);
+  char *key = parameterise(all, strlen(all), &r->nums);
+  free(all);
+  free(t.top);
+  free(t.body);
+  for (int i = from; i < to; i++) { /* forget the places for the next run */
+    const TpOp *o = &m->ops[order[i]];
+    for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+      int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+      if (v >= 0) canon[v] = NULL;
+    }
+  }
+  return key;
+}
+
+/* The context of slice i: the tokens of the slices before it. */
+static int64_t slice_context(const Emitter *E, int slice, int64_t seq) {
+  int64_t c = 0;
+  for (int i = 0; i < slice; i++) c += slice_length(E, i, seq);
+  return c;
+}
+
+/* (slice, stage) pairs in order. */
+static int pair_order(const void *x, const void *y) {
+  const int *a = x, *b = y;
+  return a[0] != b[0] ? (a[0] < b[0] ? -1 : 1) : (a[1] < b[1] ? -1 : a[1] > b[1]);
+}
+
+/* " 4-7 (slice 2), 9 (slice 2)": the stages whose units call body b, as ranges per slice,
+ * wrapped as a comment's lines. */
+static void put_body_users(const Emitter *E, const Unit *units, const Run *runs, int nruns, int b, FILE *out) {
+  int col = 24, count = 0, n = 0;
+  int (*pairs)[2] = malloc(((size_t)nruns + 1) * sizeof *pairs);
+  TP_ASSERT(pairs);
+  for (int r = 0; r < nruns; r++)
+    if (runs[r].body == b) pairs[n][0] = units[runs[r].unit].slice, pairs[n++][1] = units[runs[r].unit].s;
+  qsort(pairs, (size_t)n, sizeof *pairs, pair_order);
+  for (int i = 0, j; i < n; i = j) { /* a range of stages of one slice */
+    for (j = i + 1; j < n && pairs[j][0] == pairs[i][0] && pairs[j][1] <= pairs[j - 1][1] + 1;) j++;
+    char text[64];
+    int len = pairs[j - 1][1] > pairs[i][1] ? snprintf(text, sizeof text, "%d-%d", pairs[i][1], pairs[j - 1][1])
+                                            : snprintf(text, sizeof text, "%d", pairs[i][1]);
+    if (E->mem->nslices > 1) len += snprintf(text + len, sizeof text - (size_t)len, " (slice %d)", pairs[i][0]);
+    fputs(count++ ? "," : "", out);
+    if (col + len > 96) fputs("\n *", out), col = 2;
+    fprintf(out, " %s", text);
+    col += len + 2;
+  }
+  free(pairs);
+}
+
+/* The function of shared body b, whose first run is r, and its runs' arena offset lists. */
+static void emit_shared_body(Emitter *E, const Unit *units, const Run *runs, int nruns,
+                             const Body *body, int b, int64_t seq, FILE *out) {
+  const Run *r = &runs[body->first];
+  const Unit *u = &units[r->unit];
+  UnitText t;
+  render_ops(E, u->s, u->backward, u->pos[r->begin], u->pos[r->end - 1] + 1, NULL, 0, &t);
+  RunNumbers nums = {0};
+  char *top = parameterise(t.top, t.top_len, &nums);
+  char *text = parameterise(t.body, t.body_len, &nums);
+  TP_ASSERT(nums.nat == r->nums.nat && nums.np == r->nums.np);
+  free(t.top);
+  free(t.body);
+  t.top = top, t.top_len = strlen(top);
+  fprintf(out, "\n/* %s: %d ops of the %s of a %lld-token slice", body->name, body->nops,
+          u->backward ? "backward" : "forward", (long long)slice_length(E, u->slice, seq));
+  if (E->mem->nslices > 1 && !body->contexts)
+    fprintf(out, " after %lld tokens", (long long)slice_context(E, u->slice, seq));
+  fprintf(out, ",\n * run %d times by stages", body->count);
+  put_body_users(E, units, runs, nruns, b, out);
+  fprintf(out, ",\n * with the arena offsets (at) and parameters (p) of each. Values are named after stage %d's. */\n"
+          "static void %s(TpStepIO *io", u->s, body->name);
+  if (nums.nat) fputs(", const int64_t *at", out);
+  if (nums.np) fputs(", const int *p", out);
+  fputs(") {\n", out);
+  put_unit_top(&t, out);
+  fputs(text, out);
+  fputs("}\n", out);
+  free(t.top);
+  free(text);
+  free(nums.at);
+  free(nums.p);
+  if (!r->nums.nat) return;
+  fprintf(out, "/* %s's arena offsets (units on stages alike share a list): */\n", body->name);
+  for (int q = body->first; q < nruns; q++) {
+    if (runs[q].body != b || !runs[q].new_table) continue;
+    int col = fprintf(out, "static const int64_t %s_at%d[] = {", body->name, runs[q].table);
+    for (int i = 0; i < runs[q].nums.nat; i++) {
+      char x[24];
+      int len = snprintf(x, sizeof x, "%lld", (long long)runs[q].nums.at[i]);
+      if (i && col + len + 3 > WRAP) col = fprintf(out, ",\n    ") - 2;
+      else if (i) col += fprintf(out, ", ");
+      col += fprintf(out, "%s", x);
+    }
+    fputs("};\n", out);
+  }
+}
+
+/* The call of shared body `body` with run r's numbers (a malloc'd statement). */
+static char *body_call(const Run *r, const Body *body) {
+  char *call = NULL;
+  size_t call_len = 0;
+  FILE *text = open_memstream(&call, &call_len);
+  TP_ASSERT(text);
+  fprintf(text, "%s(io", body->name);
+  if (r->nums.nat) fprintf(text, ", %s_at%d", body->name, r->table);
+  if (r->nums.np) {
+    fputs(", (const int[]){", text);
+    for (int i = 0; i < r->nums.np; i++) fprintf(text, "%s%d", i ? ", " : "", r->nums.p[i]);
+    fputc('}', text);
+  }
+  fputs(");", text);
+  fclose(text);
+  return call;
+}
+
+/* Unit u's function: its own ops, and a call for each of its runs with a shared body. */
+static void emit_unit_calls(Emitter *E, const Unit *u, const Run *runs, const Body *bodies, FILE *out) {
+  UnitCall *calls = calloc((size_t)u->nruns + 1, sizeof *calls);
+  TP_ASSERT(calls);
+  int ncalls = 0;
+  for (int i = 0; i < u->nruns; i++) {
+    const Run *r = &runs[u->first_run + i];
+    if (r->body >= 0) calls[ncalls++] = (UnitCall){u->pos[r->begin], u->pos[r->end - 1] + 1, body_call(r, &bodies[r->body])};
+  }
+  emit_unit(E, u->s, u->backward, u->slice, calls, ncalls, out);
+  for (int i = 0; i < ncalls; i++) free((char *)calls[i].call);
+  free(calls);
+}
+
+/* The functions of the units (s, backward, slice) of list[0, n), in that order, with the
+ * shared bodies they call each written before its first caller. */
+static void emit_units(Emitter *E, const int (*list)[3], int n, FILE *out) {
+  const TpModule *m = E->m;
+  const TpMemoryPlan *p = E->mem;
+  int64_t seq = 0;
+  for (int v = 0; v < m->nvalues; v++)
+    if (p->value[v].kind == TP_MEM_TOKENS) seq = m->values[v].type.dims[1];
+  Unit *units = calloc((size_t)n + 1, sizeof *units);
+  TP_ASSERT(units);
+  for (int i = 0; i < n; i++) {
+    Unit *u = &units[i];
+    *u = (Unit){.s = list[i][0], .backward = list[i][1], .slice = list[i][2]};
+    int unit = (u->backward ? p->nslices : 0) + u->slice;
+    int from = p->unit_begin[u->s][unit], to = p->unit_end[u->s][unit];
+    u->pos = malloc(((size_t)(to - from) + 1) * sizeof *u->pos);
+    u->key = malloc(((size_t)(to - from) + 1) * sizeof *u->key);
+    TP_ASSERT(u->pos && u->key);
+    for (int k = from; k < to; k++)
+      if (!tp_is_boundary_op(m, p->order[u->s][k])) u->pos[u->n] = k, u->key[u->n++] = op_key(E, p->order[u->s][k]);
+  }
+  int nruns;
+  Run *runs = find_runs(units, n, &nruns);
+
+  /* the runs' texts, and which are equal */
+  char **canon = calloc((size_t)m->nvalues + 1, sizeof *canon);
+  char **positional = malloc(((size_t)m->nvalues + 1) * sizeof *positional);
+  Body *bodies = calloc((size_t)nruns + 1, sizeof *bodies);
+  int nbodies = 0, cap = 64;
+  while (cap < 2 * nruns) cap *= 2;
+  int *table = malloc((size_t)cap * sizeof *table); /* open addressing over the bodies */
+  TP_ASSERT(canon && positional && bodies && table);
+  memset(table, -1, (size_t)cap * sizeof *table);
+  for (int v = 0; v < m->nvalues; v++) {
+    char id[24];
+    snprintf(id, sizeof id, "v%d", v);
+    positional[v] = strdup(id);
+    TP_ASSERT(positional[v]);
+  }
+  for (int r = 0; r < nruns && E->rc == TP_OK; r++) {
+    int nops;
+    char *key = run_signature(E, &units[runs[r].unit], &runs[r], canon, positional, &nops);
+    uint64_t h = hash_str(key);
+    size_t at = h & (size_t)(cap - 1);
+    while (table[at] >= 0 && (bodies[table[at]].hash != h || strcmp(bodies[table[at]].key, key) != 0))
+      at = (at + 1) & (size_t)(cap - 1);
+    if (table[at] < 0) {
+      table[at] = nbodies;
+      bodies[nbodies++] = (Body){key, h, r, 0, nops, 0, false, -1, NULL};
+    } else {
+      free(key);
+    }
+    runs[r].body = table[at];
+    bodies[runs[r].body].count++;
+  }
+  int64_t *context = malloc(((size_t)p->nslices + 1) * sizeof *context); /* per slice */
+  TP_ASSERT(context);
+  for (int i = 0; i < p->nslices; i++) context[i] = slice_context(E, i, seq);
+  for (int r = 0; r < nruns; r++) {
+    Body *body = &bodies[runs[r].body];
+    body->contexts |= context[units[runs[r].unit].slice] != context[units[runs[body->first].unit].slice];
+  }
+  free(context);
+  NameSet names = {0};
+  for (int b = 0; b < nbodies; b++) {
+    if (bodies[b].count < 2) continue;
+    const Unit *u = &units[runs[bodies[b].first].unit];
+    char base[96];
+    int len = snprintf(base, sizeof base, "block_%s_l%lld", u->backward ? "backward" : "forward",
+                       (long long)slice_length(E, u->slice, seq));
+    if (p->nslices > 1 && !bodies[b].contexts)
+      snprintf(base + len, sizeof base - (size_t)len, "_c%lld", (long long)slice_context(E, u->slice, seq));
+    bodies[b].name = unique_ident(&names, E->prefix, base);
+  }
+  free(names.slots); /* the strings belong to the bodies */
+  for (int r = 0; r < nruns; r++)
+    if (!bodies[runs[r].body].name) runs[r].body = -1; /* run by one unit: written inline */
+  for (int r = 0; r < nruns; r++) { /* the distinct arena offset lists of each body */
+    Run *x = &runs[r];
+    if (x->body < 0) continue;
+    Body *body = &bodies[x->body];
+    int q = body->last_table;
+    while (q >= 0 && x->nums.nat && memcmp(runs[q].nums.at, x->nums.at, (size_t)x->nums.nat * sizeof *x->nums.at) != 0)
+      q = runs[q].prev_table;
+    x->new_table = q < 0;
+    if (x->new_table) x->table = body->ntables++, x->prev_table = body->last_table, body->last_table = r;
+    else x->table = runs[q].table;
+  }
+
+  for (int i = 0; i < n && E->rc == TP_OK; i++) {
+    const Unit *u = &units[i];
+    bool any = false;
+    for (int k = 0; k < u->nruns; k++) {
+      const Run *r = &runs[u->first_run + k];
+      if (r->body < 0) continue;
+      any = true;
+      if (bodies[r->body].first == u->first_run + k) emit_shared_body(E, units, runs, nruns, &bodies[r->body], r->body, seq, out);
+    }
+    if (any) emit_unit_calls(E, u, runs, bodies, out);
+    else emit_unit(E, u->s, u->backward, u->slice, NULL, 0, out);
+  }
+  for (int b = 0; b < nbodies; b++) {
+    free(bodies[b].key);
+    free(bodies[b].name);
+  }
+  for (int r = 0; r < nruns; r++) {
+    free(runs[r].nums.at);
+    free(runs[r].nums.p);
+  }
+  for (int i = 0; i < n; i++) {
+    free(units[i].pos);
+    free(units[i].key);
+  }
+  for (int v = 0; v < m->nvalues; v++) free(positional[v]);
+  free(positional);
+  free(canon);
+  free(bodies);
+  free(table);
+  free(runs);
+  free(units);
+}
+
 static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem, const TpEmitOptions *o,
                          TpDiag *d, const char *prefix) {
   *E = (Emitter){.m = m, .mem = mem, .o = o, .d = d, .prefix = prefix};
@@ -1161,11 +1786,16 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
   Emitter P;
   emitter_init(&P, pm, &plan, E->o, E->d, prefix);
   P.param_map = map;
-  for (int s = 0; s < plan.nstages && P.rc == TP_OK; s++) {
+  int (*units)[3] = calloc((size_t)(plan.nstages * (info->probed + 2)) + 1, sizeof *units);
+  TP_ASSERT(units);
+  int nunits = 0;
+  for (int s = 0; s < plan.nstages; s++) {
     info->arena_bytes[s] = plan.arena_bytes[s];
-    for (int i = 0; i <= info->probed && P.rc == TP_OK; i++) emit_unit(&P, s, false, i, fns);
-    if (P.rc == TP_OK) emit_unit(&P, s, true, info->probed, fns);
+    for (int i = 0; i <= info->probed; i++) units[nunits][0] = s, units[nunits][1] = 0, units[nunits++][2] = i;
+    units[nunits][0] = s, units[nunits][1] = 1, units[nunits++][2] = info->probed;
   }
+  emit_units(&P, (const int(*)[3])units, nunits, fns);
+  free(units);
   for (int v = 0; v < pm->nvalues && P.rc == TP_OK; v++)
     if (P.referenced[v]) emit_constant(&P, v, consts);
   E->headers |= P.headers;
@@ -1204,10 +1834,15 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   FILE *fns = open_memstream(&fn_text, &fn_len);
   FILE *consts = open_memstream(&const_text, &const_len);
   TP_ASSERT(fns && consts);
-  for (int s = 0; s < plan.nstages && E.rc == TP_OK; s++) {
-    for (int i = 0; i < plan.nslices && E.rc == TP_OK; i++) emit_unit(&E, s, false, i, fns);
-    for (int i = plan.nslices - 1; i >= 0 && E.rc == TP_OK; i--) emit_unit(&E, s, true, i, fns);
+  int (*units)[3] = calloc((size_t)(2 * plan.nstages * plan.nslices) + 1, sizeof *units);
+  TP_ASSERT(units);
+  int nunits = 0;
+  for (int s = 0; s < plan.nstages; s++) {
+    for (int i = 0; i < plan.nslices; i++) units[nunits][0] = s, units[nunits][1] = 0, units[nunits++][2] = i;
+    for (int i = plan.nslices - 1; i >= 0; i--) units[nunits][0] = s, units[nunits][1] = 1, units[nunits++][2] = i;
   }
+  emit_units(&E, (const int(*)[3])units, nunits, fns);
+  free(units);
   for (int v = 0; v < m->nvalues && E.rc == TP_OK; v++)
     if (E.referenced[v]) emit_constant(&E, v, consts);
   for (int k = 0; k < o->nprobes && E.rc == TP_OK; k++) E.rc = emit_probe(&E, k, fns, consts);

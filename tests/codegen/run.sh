@@ -4,6 +4,12 @@
 #   golden    tiny_gpt.onnx's plan is byte for byte tiny_gpt.plan.c, and twice the same
 #             (TOKPIPE_UPDATE_GOLDEN=1 rewrites the golden file instead)
 #   werror    every fixture's plan compiles with -std=c11 -Wall -Wextra -Werror -pedantic
+#   shared    code that units run alike is written once: a 4-layer model on 4 stages in 2
+#             slices has one forward and one backward body per slice, which every unit
+#             calls (a middle stage's unit is one call), with its own parameters and
+#             arena offsets (one list for stages laid out alike); on 2 stages each unit calls its layers' body twice; it compiles
+#             with -Werror and is deterministic (that it trains alike: tests/pipeline's
+#             generated-deep, tests/slicing, tests/parity)
 #   errors    what codegen and --exe cannot do fails with one clear message and exit code
 #   memory    --emit=memory's report
 #   exe       tokpipec --exe (build tree): the trainer learns (loss finite, falling)
@@ -81,6 +87,49 @@ werror)
       ok "$name: $(wc -l <"$name.c") lines compile cleanly"
     else
       fail "$name: $(head -5 err.txt)"
+    fi
+  done
+  ;;
+
+shared)
+  deep=$root/tests/stages/deep_gpt.onnx # 4 layers
+  # bodies PLAN: the names of its shared bodies, one a line
+  bodies() { sed -n 's/^static void \(block_[a-z0-9_]*\)(TpStepIO \*io, const int64_t \*at, const int \*p) {$/\1/p' "$1"; }
+  "$tokpipec" "$deep" --batch 4 --seq 8 --stages 4 --slices 2 -o plan.c || { fail "tokpipec --stages 4 failed"; exit 1; }
+  "$tokpipec" "$deep" --batch 4 --seq 8 --stages 4 --slices 2 -o again.c
+  if cmp -s plan.c again.c; then ok "deterministic"; else fail "two runs differ"; fi
+  want="block_forward_l4_c0 block_forward_l4_c4 block_backward_l4_c4 block_backward_l4_c0"
+  got=$(bodies plan.c | tr '\n' ' ' | sed 's/ $//')
+  if [ "$got" = "$want" ]; then ok "4 stages x 2 slices: bodies $got"; else fail "4 stages x 2 slices: bodies '$got', expected '$want'"; fi
+  for unit in stage1_forward_slice0 stage1_forward_slice1 stage2_backward_slice0 stage2_backward_slice1; do
+    sed -n "/^static void $unit(TpStepIO \*io) {\$/,/^}/p" plan.c >unit.txt
+    calls=$(grep -c '^  block_[a-z0-9_]*(io, ' unit.txt) kernels=$(grep -c 'CHECK(' unit.txt)
+    if [ "$calls" = 1 ] && [ "$kernels" = 0 ]; then ok "$unit is one call"
+    else fail "$unit: $calls calls of a shared body and $kernels kernel calls, expected one call: $(cat unit.txt)"; fi
+  done
+  # stages 1 and 2 lay out their arenas alike: one list of offsets
+  t1=$(sed -n '/^static void stage1_forward_slice1(/,/^}/s/^  block_forward_l4_c4(io, \(block_forward_l4_c4_at[0-9]*\),.*/\1/p' plan.c)
+  t2=$(sed -n '/^static void stage2_forward_slice1(/,/^}/s/^  block_forward_l4_c4(io, \(block_forward_l4_c4_at[0-9]*\),.*/\1/p' plan.c)
+  if [ -n "$t1" ] && [ "$t1" = "$t2" ]; then ok "stages 1 and 2 share the arena offsets $t1"
+  else fail "stages 1 and 2 call block_forward_l4_c4 with offsets '$t1' and '$t2', expected one list"; fi
+  # the first and last stages run their own ops around the shared layer
+  for unit in stage0_forward_slice0 stage3_backward_slice1; do
+    sed -n "/^static void $unit(TpStepIO \*io) {\$/,/^}/p" plan.c >unit.txt
+    calls=$(grep -c '^  block_[a-z0-9_]*(io, ' unit.txt) kernels=$(grep -c 'CHECK(' unit.txt)
+    if [ "$calls" = 1 ] && [ "$kernels" -gt 0 ]; then ok "$unit: its own $kernels kernel calls and the layer's body"
+    else fail "$unit: $calls calls of a shared body and $kernels kernel calls, expected one and some"; fi
+  done
+  "$tokpipec" "$deep" --batch 4 --seq 8 --stages 2 -o two.c || { fail "tokpipec --stages 2 failed"; exit 1; }
+  got=$(bodies two.c | tr '\n' ' ' | sed 's/ $//')
+  [ "$got" = "block_forward_l8 block_backward_l8" ] && ok "2 stages: bodies $got" || fail "2 stages: bodies '$got'"
+  sed -n '/^static void stage1_forward(TpStepIO \*io) {$/,/^}/p' two.c >unit.txt
+  calls=$(grep -c '^  block_forward_l8(io, ' unit.txt)
+  [ "$calls" = 2 ] && ok "2 layers a stage: its unit calls the layer's body twice" || fail "stage1_forward calls block_forward_l8 $calls times, expected 2"
+  for plan in plan.c two.c; do
+    if "$cc" -std=c11 -Wall -Wextra -Werror -pedantic -I"$root/runtime" -c $plan -o plan.o 2>err.txt; then
+      ok "$plan compiles cleanly ($(wc -l <$plan) lines)"
+    else
+      fail "$plan does not compile: $(head -5 err.txt)"
     fi
   done
   ;;
