@@ -213,6 +213,11 @@ int main(void) {
   check_case("shard-gpt.tir", "neox.tir", 2); /* head-major fused Q|K|V, Slice and Concat */
   check_case("shard-llama.tir", "llama.tir", 2);
   check_case("shard-llama.tir", "llama.tir", 4); /* K/V heads shared by two ranks each */
+  check_case("shard-fused.tir", "mpt.tir", 2);   /* fused Q|K|V cut by Slice: three chunks */
+  check_case("shard-fused.tir", "bloom.tir", 2); /* head-major [heads, 3, head_dim] picked by Gather */
+  check_case("shard-fused.tir", "mask.tir", 2);  /* a bias alike for every head stays whole */
+  check_case("shard-fused.tir", "alibi.tir", 2); /* a per-head bias: the attention stays whole */
+  check_case("shard-fused.tir", "mqa.tir", 2);   /* multi-query K/V fused with Q: likewise */
   if (failures) fprintf(stderr, "test_shard_tensor: %d failures\n", failures);
   return failures ? 1 : 0;
 }
