@@ -218,6 +218,8 @@ int main(void) {
   check_case("shard-fused.tir", "mask.tir", 2);  /* a bias alike for every head stays whole */
   check_case("shard-fused.tir", "alibi.tir", 2); /* a per-head bias: the attention stays whole */
   check_case("shard-fused.tir", "mqa.tir", 2);   /* multi-query K/V fused with Q: likewise */
+  check_case("shard-fused.tir", "qkv-mq.tir", 2); /* one K/V head fused apart from Q: whole on both */
+  check_case("shard-fused.tir", "grouped.tir", 2); /* [groups, q per group + 2, head_dim] */
   if (failures) fprintf(stderr, "test_shard_tensor: %d failures\n", failures);
   return failures ? 1 : 0;
 }
