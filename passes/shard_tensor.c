@@ -24,7 +24,9 @@
  *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
  *    head-major fused Q|K|V, partial rotary), Slice of one whole chunk, Gather along
  *    another axis (Bloom's [heads, 3, head_dim]), Rotary and Attention (which gets the
- *    per-rank head counts; a mask alike for every head stays whole).
+ *    per-rank head counts; a mask alike for every head stays whole). A trainable value
+ *    such an op broadcasts along the split axis (a scale, a Rotary table exported as a
+ *    param) passes through TensorCopy, whose backward sums the ranks' partial gradients.
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
  *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
  *    sums it; its bias is added once after the sum.
@@ -388,6 +390,21 @@ static int gather(Shard *s, int op) {
   return reinfer(s, op);
 }
 
+/* Routes operand i of op, replicated while op works on split values, through TensorCopy
+ * (Megatron's f) unless it is a constant or not a float: each rank differentiates it by its
+ * own part only (a trainable Rotary table, a gate broadcast over the split features), so
+ * its gradient must be summed over the ranks. */
+static int share_operand(Shard *s, int op, int i) {
+  TpModule *m = s->m;
+  int v = m->ops[op].inputs[i];
+  if (v < 0 || s->axis[v] >= 0 || m->values[v].kind == TP_VAL_CONST || !tp_dtype_is_float(m->values[v].type.dtype))
+    return TP_OK;
+  if (s->copy_of[v] < 0) s->copy_of[v] = add_after(s, op, TP_OP_TensorCopy, &v, 1, tp_strfmt(m, "%s.tp", m->values[v].name));
+  if (s->copy_of[v] < 0) return TP_ERR_INPUT;
+  m->ops[op].inputs[i] = s->copy_of[v];
+  return TP_OK;
+}
+
 /* An op other than Linear reading at least one split value. */
 static int follow(Shard *s, int op) {
   TpModule *m = s->m;
@@ -450,6 +467,7 @@ static int follow(Shard *s, int op) {
       tp_set_attr_int(m, op, "q_num_heads", tp_attr_int(m, op, "q_num_heads", 0) / s->parts[x]);
     if (tp_get_attr(m, op, "kv_num_heads"))
       tp_set_attr_int(m, op, "kv_num_heads", tp_attr_int(m, op, "kv_num_heads", 0) / s->parts[o->inputs[1]]);
+    if (o->ninputs > 3 && share_operand(s, op, 3)) return TP_ERR_INPUT;
     mark(s, y, s->axis[x], s->parts[x]);
     return reinfer(s, op);
   default:
@@ -478,6 +496,8 @@ static int follow(Shard *s, int op) {
       return refuse(s, op, tp_strfmt(m, "it combines the split %%%s with the replicated %%%s", m->values[split].name,
                                      m->values[v].name));
   }
+  for (int i = 0; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
+    if (share_operand(s, op, i)) return TP_ERR_INPUT;
   mark(s, y, axis, parts);
   return reinfer(s, op);
 }
