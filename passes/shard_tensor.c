@@ -289,17 +289,35 @@ static int chunks_of(const Shard *s, int v) {
   const TpModule *m = s->m;
   for (int def = m->values[v].def; def >= 0; def = m->values[v].def) {
     const TpOp *op = &m->ops[def];
-    if (op->kind == TP_OP_Linear) return m->values[op->inputs[1]].shard.chunks > 1 ? m->values[op->inputs[1]].shard.chunks : 1;
+    int w = op->inputs[1];
+    if (op->kind == TP_OP_Linear) return m->values[w].shard.chunks > 1 ? m->values[w].shard.chunks : 1;
     if (op->kind != TP_OP_Reshape && op->kind != TP_OP_Transpose) break;
     v = op->inputs[0];
   }
   return 1;
 }
 
+/* Routes operand i of op, replicated while op works on split values (or makes them: a
+ * column-parallel product's input), through TensorCopy (Megatron's f), one per value,
+ * unless it is a constant or not a float: each rank differentiates it by its own part only
+ * (also a trainable Rotary table, a scale broadcast over the split features), so its
+ * gradient must be summed over the ranks. */
+static int share_operand(Shard *s, int op, int i) {
+  TpModule *m = s->m;
+  int v = m->ops[op].inputs[i];
+  if (v < 0 || s->axis[v] >= 0 || m->values[v].kind == TP_VAL_CONST || !tp_dtype_is_float(m->values[v].type.dtype))
+    return TP_OK;
+  if (s->copy_of[v] < 0)
+    s->copy_of[v] = add_after(s, op, TP_OP_TensorCopy, &v, 1, tp_strfmt(m, "%s.tp", m->values[v].name));
+  if (s->copy_of[v] < 0) return TP_ERR_INPUT;
+  m->ops[op].inputs[i] = s->copy_of[v];
+  return TP_OK;
+}
+
 /* Column-parallel Linear op (replicated input). */
 static int column(Shard *s, int op) {
   TpModule *m = s->m;
-  int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
+  int w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
   int y = m->ops[op].outputs[0];
   bool kv;
   int chunks, piece;
@@ -316,9 +334,7 @@ static int column(Shard *s, int op) {
   bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
   if (split_param(s, op, w, tw ? 0 : 1, parts, chunks) || (b >= 0 && split_param(s, op, b, 0, parts, chunks)))
     return TP_ERR_INPUT;
-  if (s->copy_of[x] < 0) s->copy_of[x] = add_after(s, op, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
-  if (s->copy_of[x] < 0) return TP_ERR_INPUT;
-  m->ops[op].inputs[0] = s->copy_of[x];
+  if (share_operand(s, op, 0)) return TP_ERR_INPUT;
   if (reinfer(s, op)) return TP_ERR_INPUT;
   mark(s, y, m->values[y].type.rank - 1, parts);
   return TP_OK;
@@ -365,7 +381,7 @@ static int slice_chunk(Shard *s, int op) {
   int n, x = m->ops[op].inputs[0], y = m->ops[op].outputs[0], a = s->axis[x], p = s->parts[x];
   int64_t whole = m->values[x].type.dims[a] * p, len = m->values[y].type.dims[a];
   const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
-  if (chunks_of(s, x) < 2 || steps[a] != 1 || len * chunks_of(s, x) != whole || starts[a] % len || len % p)
+  if (chunks_of(s, x) < 2 || steps[a] != 1 || len <= 0 || len * chunks_of(s, x) != whole || starts[a] % len || len % p)
     return refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
   int64_t local[TP_MAX_RANK];
   memcpy(local, starts, (size_t)n * sizeof *local);
@@ -388,21 +404,6 @@ static int gather(Shard *s, int op) {
   if (g == a) return refuse(s, op, "it picks along the axis split over the ranks");
   mark(s, m->ops[op].outputs[0], a < g ? a : a + m->values[idx].type.rank - 1, s->parts[x]);
   return reinfer(s, op);
-}
-
-/* Routes operand i of op, replicated while op works on split values, through TensorCopy
- * (Megatron's f) unless it is a constant or not a float: each rank differentiates it by its
- * own part only (a trainable Rotary table, a gate broadcast over the split features), so
- * its gradient must be summed over the ranks. */
-static int share_operand(Shard *s, int op, int i) {
-  TpModule *m = s->m;
-  int v = m->ops[op].inputs[i];
-  if (v < 0 || s->axis[v] >= 0 || m->values[v].kind == TP_VAL_CONST || !tp_dtype_is_float(m->values[v].type.dtype))
-    return TP_OK;
-  if (s->copy_of[v] < 0) s->copy_of[v] = add_after(s, op, TP_OP_TensorCopy, &v, 1, tp_strfmt(m, "%s.tp", m->values[v].name));
-  if (s->copy_of[v] < 0) return TP_ERR_INPUT;
-  m->ops[op].inputs[i] = s->copy_of[v];
-  return TP_OK;
 }
 
 /* An op other than Linear reading at least one split value. */
