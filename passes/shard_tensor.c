@@ -269,18 +269,31 @@ static bool feeds_per_head_bias(const TpModule *m, int v, bool *seen) {
   return false;
 }
 
-/* Does the column candidate Linear op stay whole, computed alike on every rank with the
- * attention it feeds? When its result's heads are cut unequally (cut_pieces), or that
+/* Why the column candidate Linear op stays whole, computed alike on every rank with the
+ * attention it feeds, or NULL: its result's heads are cut unequally (cut_pieces), or that
  * attention's bias differs per head (ALiBi): each rank would need its own constant, which
  * the plan cannot hold (only params are split). */
-static bool stays_whole(const Shard *s, int op) {
+static const char *whole_reason(const Shard *s, int op) {
   int chunks, piece, y = s->m->ops[op].outputs[0];
-  if (!cut_pieces(s->m, y, &chunks, &piece)) return true;
+  if (!cut_pieces(s->m, y, &chunks, &piece))
+    return "its heads are cut into unequal groups (multi-query K/V fused with Q)";
   bool *seen = calloc((size_t)s->m->nvalues, 1);
   TP_ASSERT(seen);
   bool found = feeds_per_head_bias(s->m, y, seen);
   free(seen);
-  return found;
+  return found ? "its attention adds a bias that differs per head (ALiBi)" : NULL;
+}
+
+/* One note line: how many products stay whole (whole_reason), naming the first. */
+static void note_whole(const Shard *s, int nwhole, int first, const char *why) {
+  const TpModule *m = s->m;
+  if (!nwhole || !s->d->stream) return;
+  const char *node = m->ops[first].origin.node;
+  if (!node) node = m->values[m->ops[first].outputs[0]].name;
+  tp_print_line(s->d->stream,
+                "%s: note: %s%sshard-tensor keeps %d attention product%s whole on every tensor rank, such as '%s': %s",
+                s->d->tool ? s->d->tool : "tokpipec", s->d->file ? s->d->file : "", s->d->file ? ": " : "", nwhole,
+                nwhole > 1 ? "s" : "", node, why);
 }
 
 /* The chunks of split value v: those of the column product it views (through Reshape and
@@ -321,7 +334,7 @@ static int column(Shard *s, int op) {
   int y = m->ops[op].outputs[0];
   bool kv;
   int chunks, piece;
-  cut_pieces(m, y, &chunks, &piece); /* equal: stays_whole() checked */
+  cut_pieces(m, y, &chunks, &piece); /* equal: whole_reason() checked */
   int64_t heads = heads_of(m, y, &kv);
   if (!heads && piece >= 0) heads = heads_of(m, piece, &kv);
   int parts = s->ranks;
@@ -507,7 +520,8 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
   if (m->tensor <= 1) return TP_OK;
   if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
   Shard s = {m, d, m->tensor, NULL, NULL, NULL};
-  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK;
+  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1;
+  const char *first_why = NULL;
   /* values added below are replicated and never split: room for them too */
   int cap = nvalues + 3 * nops;
   s.axis = malloc((size_t)cap * sizeof *s.axis);
@@ -526,7 +540,9 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
       int blocker = -1;
       memset(seen, 0, (size_t)m->nvalues);
       bool block = m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, o->outputs[0], seen, &blocker);
-      block = block && !stays_whole(&s, op);
+      const char *why = block ? whole_reason(&s, op) : NULL;
+      if (why && !nwhole++) first_whole = op, first_why = why;
+      block = block && !why;
       if (block && blocker >= 0)
         rc = refuse(&s, blocker, tp_strfmt(m, "it lies between the column-parallel product %%%s and a row-parallel one",
                                            m->values[o->outputs[0]].name));
@@ -544,6 +560,7 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
   free(s.parts);
   free(s.copy_of);
   free(seen);
+  if (rc == TP_OK) note_whole(&s, nwhole, first_whole, first_why);
   if (rc == TP_OK) tp_sort_ops(m);
   return rc;
 }
