@@ -336,7 +336,9 @@ static int column(Shard *s, int op) {
   int chunks, piece;
   cut_pieces(m, y, &chunks, &piece); /* equal: whole_reason() checked */
   int64_t heads = heads_of(m, y, &kv);
+  int i, r = sole_reader(m, y, &i);
   if (!heads && piece >= 0) heads = heads_of(m, piece, &kv);
+  else if (r >= 0 && m->ops[r].kind == TP_OP_Reshape) heads /= chunks; /* the chunks cut y's heads */
   int parts = s->ranks;
   if (heads && heads % s->ranks != 0) {
     if (!kv || s->ranks % heads != 0)
@@ -445,6 +447,9 @@ static int follow(Shard *s, int op) {
     if (s->axis[x] < 0) return refuse(s, op, "its operand is replicated");
     if ((tp_attr_int(m, op, "axis", 0) + ry) % ry == s->axis[x] && chunks_of(s, x) != o->noutputs)
       return refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
+    for (int r = 0; r < o->noutputs; r++)
+      if (o->outputs[r] >= 0 && m->values[o->outputs[r]].type.dims[s->axis[x]] % s->parts[x])
+        return refuse(s, op, "its parts do not cut into whole pieces per rank (heads that do not divide)");
     for (int r = 0; r < o->noutputs; r++)
       if (o->outputs[r] >= 0) {
         m->values[o->outputs[r]].type.dims[s->axis[x]] /= s->parts[x];

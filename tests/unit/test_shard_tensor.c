@@ -275,6 +275,7 @@ int main(void) {
   check_case("shard-fused.tir", "qkv-mq.tir", 2); /* one K/V head fused apart from Q: whole on both */
   check_case("shard-fused.tir", "grouped.tir", 2); /* [groups, q per group + 2, head_dim] */
   check_case("shard-fused.tir", "scaled.tir", 2);  /* a trainable scale of split features */
+  check_case("shard-fused.tir", "heads-split.tir", 2); /* [3 x heads, head_dim] cut by Split */
   /* every fixture, raised as tokpipec raises it, over 2 ranks and over 4 where its heads
    * divide (not fused_block's 2, gpt_o17_erf_untied_bias_dyn_trilu's 2 or
    * gpt_o17_erf_untied_bias_external's 6) */
