@@ -230,9 +230,11 @@ static bool cut_pieces(const TpModule *m, int y, int *chunks, int *piece) {
       c.equal &= steps[a] == 1;
     } else if (op->kind == TP_OP_Gather && axis == a) {
       int idx = op->inputs[1];
-      bool one = m->values[idx].kind == TP_VAL_CONST && tp_type_numel(&m->values[idx].type) == 1;
-      int64_t k = !one ? 0 : m->values[idx].type.dtype == TP_I64 ? *(const int64_t *)tp_value_data(m, idx)
-                                                                 : *(const int32_t *)tp_value_data(m, idx);
+      TpDType dt = m->values[idx].type.dtype;
+      bool one = m->values[idx].kind == TP_VAL_CONST && tp_type_numel(&m->values[idx].type) == 1 &&
+                 (dt == TP_I64 || dt == TP_I32);
+      const void *p = one ? tp_value_data(m, idx) : NULL;
+      int64_t k = !p ? 0 : dt == TP_I64 ? *(const int64_t *)p : *(const int32_t *)p;
       cut(&c, k < 0 ? k + t->dims[a] : k, 1, out);
       c.equal &= one;
     }
@@ -302,8 +304,8 @@ static int chunks_of(const Shard *s, int v) {
   const TpModule *m = s->m;
   for (int def = m->values[v].def; def >= 0; def = m->values[v].def) {
     const TpOp *op = &m->ops[def];
-    int w = op->inputs[1];
-    if (op->kind == TP_OP_Linear) return m->values[w].shard.chunks > 1 ? m->values[w].shard.chunks : 1;
+    const TpShard *sh = op->kind == TP_OP_Linear ? &m->values[op->inputs[1]].shard : NULL;
+    if (sh) return sh->chunks > 1 ? sh->chunks : 1;
     if (op->kind != TP_OP_Reshape && op->kind != TP_OP_Transpose) break;
     v = op->inputs[0];
   }
