@@ -18,13 +18,14 @@
  *  - Such a product stays whole instead (replicated, computed alike on every rank, with
  *    the attention it feeds) when the heads cannot be cut as TpShard writes them: K/V
  *    fused with more query heads (Falcon's multi-query Q|K|V: unequal chunks), or an
- *    attention bias that differs per head (ALiBi), which each rank would need its own
- *    part of while only params are split.
+ *    attention bias constant that differs per head (ALiBi), which each rank would need
+ *    its own part of while only params are split.
  *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, Split,
  *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
  *    head-major fused Q|K|V, partial rotary), Slice of one whole chunk, Gather along
  *    another axis (Bloom's [heads, 3, head_dim]), Rotary and Attention (which gets the
- *    per-rank head counts; a mask alike for every head stays whole). A trainable value
+ *    per-rank head counts; a mask alike for every head stays whole, a per-head bias that
+ *    is a param it alone reads is split with the heads). A trainable value
  *    such an op broadcasts along the split axis (a scale, a Rotary table exported as a
  *    param) passes through TensorCopy, whose backward sums the ranks' partial gradients.
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
@@ -253,7 +254,15 @@ static bool per_head_bias(const TpModule *m, int op) {
   return t->rank >= 3 && t->dims[t->rank - 3] > 1;
 }
 
-/* Does v reach the Q, K or V of an Attention with a per-head bias within its block? */
+/* Is Attention op's bias a param that it alone reads (then split with the heads)? */
+static bool own_bias(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  return o->ninputs > 3 && o->inputs[3] >= 0 && m->values[o->inputs[3]].kind == TP_VAL_PARAM &&
+         tp_use_count(m, o->inputs[3]) == 1;
+}
+
+/* Does v reach the Q, K or V of an Attention with a per-head bias that is not its own
+ * param (a constant: ALiBi's) within its block? */
 static bool feeds_per_head_bias(const TpModule *m, int v, bool *seen) {
   if (seen[v]) return false;
   seen[v] = true;
@@ -261,7 +270,7 @@ static bool feeds_per_head_bias(const TpModule *m, int v, bool *seen) {
     const TpOp *op = &m->ops[o];
     for (int i = 0; i < op->ninputs; i++) {
       if (op->inputs[i] != v) continue;
-      if (op->kind == TP_OP_Attention && i < 3 && per_head_bias(m, o)) return true;
+      if (op->kind == TP_OP_Attention && i < 3 && per_head_bias(m, o) && !own_bias(m, o)) return true;
       if (op->kind == TP_OP_Attention || op->kind == TP_OP_Linear || !carries_split(op->kind) || residual(m, op, v))
         continue;
       for (int r = 0; r < op->noutputs; r++)
@@ -477,9 +486,15 @@ static int follow(Shard *s, int op) {
     return reinfer(s, op);
   case TP_OP_Gather:
     return gather(s, op);
-  case TP_OP_Attention: /* a mask or bias alike for every head stays whole */
-    for (int i = 0; i < o->ninputs; i++)
-      if (i > 2 && o->inputs[i] >= 0 && (i > 3 || s->axis[o->inputs[i]] >= 0 || per_head_bias(m, op)))
+  case TP_OP_Attention: { /* a mask or bias alike for every head stays whole */
+    int bias = o->ninputs > 3 ? o->inputs[3] : -1, a = bias >= 0 ? m->values[bias].type.rank - 3 : -1;
+    bool per_head = per_head_bias(m, op);
+    if (per_head && own_bias(m, op)) { /* a per-head bias param: split with the heads */
+      if (split_param(s, op, bias, a, s->parts[x], 1)) return TP_ERR_INPUT;
+      mark(s, bias, a, s->parts[x]);
+    }
+    for (int i = 3; i < o->ninputs; i++)
+      if (o->inputs[i] >= 0 && (i > 3 || (per_head ? s->axis[bias] != a : s->axis[bias] >= 0)))
         return refuse(s, op, "a per-head bias or past keys would need splitting too");
     for (int i = 0; i < 3; i++)
       if (s->axis[o->inputs[i]] != m->values[o->inputs[i]].type.rank - (m->values[x].type.rank == 4 ? 3 : 1))
@@ -491,6 +506,7 @@ static int follow(Shard *s, int op) {
     if (o->ninputs > 3 && share_operand(s, op, 3)) return TP_ERR_INPUT;
     mark(s, y, s->axis[x], s->parts[x]);
     return reinfer(s, op);
+  }
   default:
     break;
   }

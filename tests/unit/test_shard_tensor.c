@@ -153,9 +153,12 @@ static double worse(double worst, double e, const char **where, const char *what
 }
 
 /* Shards `sharded` (a second copy of `whole`) over `ranks` and compares the two runs; the
- * graph output `logits` names the logits. Frees both. */
-static void compare(const char *name, TpModule *whole, TpModule *sharded, const char *logits, int ranks, TpDiag *d) {
+ * graph output `logits` names the logits; params matching `freeze` (NULL: none) are not
+ * trained. Frees both. */
+static void compare(const char *name, TpModule *whole, TpModule *sharded, const char *logits, const char *freeze,
+                    int ranks, TpDiag *d) {
   sharded->tensor = ranks;
+  whole->freeze = sharded->freeze = freeze;
   const char *const train[] = {"add-loss", "autodiff", "verify"};
   const char *const shard[] = {"shard-tensor"};
   if (tp_run_passes(sharded, shard, 1, NULL, d) != TP_OK) {
@@ -218,7 +221,7 @@ static void compare(const char *name, TpModule *whole, TpModule *sharded, const 
   tp_module_free(sharded);
 }
 
-static void check_case(const char *lit, const char *name, int ranks) {
+static void check_frozen(const char *lit, const char *name, int ranks, const char *freeze) {
   TpDiag d;
   tp_diag_init(&d, "test_shard_tensor", name, stderr);
   TpModule *whole = load(lit, name, &d), *sharded = load(lit, name, &d);
@@ -226,8 +229,10 @@ static void check_case(const char *lit, const char *name, int ranks) {
     fail("%s: cannot read it from tests/lit/%s", name, lit);
     return;
   }
-  compare(name, whole, sharded, "logits", ranks, &d);
+  compare(name, whole, sharded, "logits", freeze, ranks, &d);
 }
+
+static void check_case(const char *lit, const char *name, int ranks) { check_frozen(lit, name, ranks, NULL); }
 
 /* The ONNX fixture tests/fixtures/<name>, imported with tokens [2, 16] and raised as
  * tokpipec does before shard-tensor (its weights are replaced by random ones). */
@@ -259,7 +264,7 @@ static void check_fixture(const char *name, int ranks) {
   }
   char logits[256];
   snprintf(logits, sizeof logits, "%s", whole->values[whole->outputs[0]].name);
-  compare(name, whole, sharded, logits, ranks, &d);
+  compare(name, whole, sharded, logits, NULL, ranks, &d);
 }
 
 int main(void) {
@@ -271,6 +276,7 @@ int main(void) {
   check_case("shard-fused.tir", "bloom.tir", 2); /* head-major [heads, 3, head_dim] picked by Gather */
   check_case("shard-fused.tir", "mask.tir", 2);  /* a bias alike for every head stays whole */
   check_case("shard-fused.tir", "alibi.tir", 2); /* a per-head bias: the attention stays whole */
+  check_frozen("shard-fused.tir", "alibi-param.tir", 2, "alibi"); /* a frozen bias param: split */
   check_case("shard-fused.tir", "mqa.tir", 2);   /* multi-query K/V fused with Q: likewise */
   check_case("shard-fused.tir", "qkv-mq.tir", 2); /* one K/V head fused apart from Q: whole on both */
   check_case("shard-fused.tir", "grouped.tir", 2); /* [groups, q per group + 2, head_dim] */
