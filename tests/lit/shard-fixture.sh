@@ -7,12 +7,9 @@
 set -eu
 opt=$1 model=$2 work=$3
 shift 3
-mkdir -p "$work"
-# the printed IR names the model's files relative to its own folder: write it beside a copy
-cp "$model" "$work/model.onnx"
-for f in "$(dirname "$model")"/*.bin; do
-  if [ -e "$f" ]; then cp "$f" "$work/"; fi
-done
+# The printed IR names the model's files relative to the model's folder: the IR is written
+# beside a copy of the model and its weights.
+sh "$(dirname "$0")/copy-model.sh" "$model" "$work"
 passes=fold-constants,dce,rebatch,retie-params,raise-transformer,insert-token-dim,shard-tensor,add-loss
 passes=$passes,split-sequence,assign-stages,autodiff,finish-stages,dce,verify
 for n in 2 4; do
