@@ -196,6 +196,10 @@ struct TpStepIO {
    * tensor group, in place, ordered after that work; every member gets the same bits. */
   void (*tensor_allreduce)(TpStepIO *io, float *buf, int64_t count);
   void *tensor_ctx; /* the runtime's, for tensor_allreduce */
+  /* This rank's place t = r % N in its tensor group (0 when plan->tensor == 1): the unit
+   * writes it where the IR's TensorRank asks (the vocabulary range a vocabulary-parallel
+   * embedding, LM head and cross-entropy hold). */
+  int tensor_rank;
 };
 
 typedef void (*TpUnitFn)(TpStepIO *io);
