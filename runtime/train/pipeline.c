@@ -1,10 +1,13 @@
 /* The trainer's buffers and steps, on the compute backend (../compute.h): ABI 1 plans run
- * their stage functions in one process; ABI 2 plans, the ranks of a pipeline (stage k of
- * replica d is rank d * S + k) and their schedules. A process hosts either every rank (one
- * process, no MPI: the ranks take turns, each running until it waits for a message
- * another hosted rank has yet to send) or exactly one (mpirun -np S*D). Both run the same
- * instruction lists with the same arithmetic in the same order, so a one-process run and
- * an mpirun run of a plan give the same bits.
+ * their stage functions in one process; ABI 2 plans, the ranks of a pipeline (tensor rank
+ * t of stage k of replica d is rank (d * S + k) * N + t, plan.h) and their schedules. A
+ * process hosts either every rank (one process, no MPI: the ranks take turns, each running
+ * until it waits for a message another hosted rank has yet to send) or exactly one
+ * (mpirun -np S*N*D). Both run the same instruction lists with the same arithmetic in the
+ * same order, so a one-process run and an mpirun run of a plan give the same bits. A
+ * tensor-parallel plan (N > 1) needs one process per rank: its units call
+ * io->tensor_allreduce in the middle of their work, where a rank cannot wait for another
+ * hosted rank to take its turn.
  *
  * Messages are packed into one device buffer per (kind, microbatch, slice): the sender's
  * arena is free again once the pack ran, and a message of several boundary buffers (or
@@ -52,7 +55,10 @@ typedef struct {
 enum { MESSAGE_KINDS = 4, MESSAGE_ALIGN = 256 };
 
 struct PipeRank {
-  int rank, stage, replica;
+  int rank, stage, replica, tensor;
+  Trainer *trainer;       /* for io->tensor_allreduce (tensor_ctx is the rank) */
+  int *tensor_group;      /* [N]: the ranks of its stage's tensor group */
+  int reduces;            /* io->tensor_allreduce calls of the unit running */
   const TpPlanStage *st;
   float **param;          /* [nparams]: the process's values where this stage holds them */
   float **grad, **scratch; /* [nparams]: the step's gradient; one microbatch's (== grad if M == 1) */
@@ -86,6 +92,21 @@ static bool stage_holds(const TpPlanParam *p, int stage) {
 
 static bool one_process(const Trainer *t) { return t->comm->size == 1; }
 
+/* The rank of tensor rank `tensor` of stage `stage` of replica `replica` (plan.h). */
+static int rank_of(const TpPlan *P, int replica, int stage, int tensor) {
+  return (replica * P->nstages + stage) * train_tensor(P) + tensor;
+}
+
+static int stage_of(const TpPlan *P, int rank) { return rank / train_tensor(P) % P->nstages; }
+
+/* The first tensor rank holding the same piece of p as tensor rank `tensor` (0 for a
+ * parameter not split: every member holds the same bits, the first speaks for them). */
+static int piece_holder(const TpPlan *P, const TpPlanParam *p, int tensor) {
+  if (!train_split(P, p)) return 0;
+  int N = train_tensor(P);
+  return tensor * p->shard.parts / N * (N / p->shard.parts);
+}
+
 /* ---- the plan ---- */
 
 static bool message_ok(const TpPlanMessage *msgs, int n, size_t arena) {
@@ -107,14 +128,22 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
   int64_t total = 0;
   for (int i = 0; ok && i < N; i++) ok = P->slice_len[i] >= 1, total += P->slice_len[i];
   ok = ok && total == P->seq;
+  int T = train_tensor(P);
   for (int i = 0; ok && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
+    const TpPlanShard *sh = &p->shard;
     ok = p->stage >= 0 && p->stage < S && (p->tied_stage == 0 || (p->tied_stage > p->stage && p->tied_stage < S));
+    /* a piece is whole chunks' equal parts: its dim is chunks (>= 1) x the piece's length */
+    if (ok && train_split(P, p))
+      ok = sh->axis >= 0 && sh->axis < p->rank && sh->parts <= T && T % sh->parts == 0 && sh->chunks >= 0 &&
+           p->dims[sh->axis] % (sh->chunks > 1 ? sh->chunks : 1) == 0;
   }
   for (int k = 0; ok && k < S; k++) {
     const TpPlanStage *st = &P->stages[k];
-    ok = st->forward && st->backward && st->arenas >= 1 && st->ninsns >= 0 && (st->insns || !st->ninsns);
-    for (int i = 0; ok && i < N; i++) ok = st->forward[i] && st->backward[i];
+    ok = st->forward && st->backward && st->arenas >= 1 && st->ninsns >= 0 && (st->insns || !st->ninsns) &&
+         (T == 1 || (st->forward_reduces && st->backward_reduces));
+    for (int i = 0; ok && i < N; i++)
+      ok = st->forward[i] && st->backward[i] && (T == 1 || (st->forward_reduces[i] >= 0 && st->backward_reduces[i] >= 0));
     if (ok && k > 0) ok = message_ok(st->recv_act, N, st->arena_bytes) && message_ok(st->send_grad, N, st->arena_bytes);
     if (ok && k + 1 < S) ok = message_ok(st->send_act, N, st->arena_bytes) && message_ok(st->recv_grad, N, st->arena_bytes);
     for (int j = 0; ok && j < st->ninsns; j++) {
@@ -235,9 +264,14 @@ static void free_messages(Trainer *t, PipeRank *R) {
 static int new_rank(Trainer *t, int rank, PipeRank **out) {
   const TpPlan *P = t->plan;
   PipeRank *R = *out = xcalloc(1, sizeof *R);
+  int N = train_tensor(P);
   R->rank = rank;
-  R->stage = rank % P->nstages;
-  R->replica = rank / P->nstages;
+  R->stage = stage_of(P, rank);
+  R->replica = rank / (N * P->nstages);
+  R->tensor = rank % N;
+  R->trainer = t;
+  R->tensor_group = xcalloc((size_t)N, sizeof *R->tensor_group);
+  for (int j = 0; j < N; j++) R->tensor_group[j] = rank_of(P, R->replica, R->stage, j);
   R->st = &P->stages[R->stage];
   R->stream = be(t)->stream_new(t->compute);
   R->event = be(t)->event_new(t->compute);
@@ -300,20 +334,25 @@ static int setup_stages(Trainer *t) {
 
 static int setup_ranks(Trainer *t) {
   const TpPlan *P = t->plan;
-  int S = P->nstages, D = P->dp, nprocs = t->comm->size;
-  t->nranks = S * D;
-  if (nprocs != 1 && nprocs != t->nranks) {
+  int S = P->nstages, N = train_tensor(P), D = P->dp, nprocs = t->comm->size;
+  t->nranks = S * N * D;
+  /* one process hosts every rank, except a tensor-parallel plan's (see the top) */
+  if (nprocs != t->nranks && (nprocs != 1 || N > 1)) {
+    char tensor[48] = "";
+    if (N > 1) snprintf(tensor, sizeof tensor, " x %d tensor ranks", N);
     if (train_is_root(t))
-      fprintf(stderr, "%s: error: the plan has %d stage%s x %d replica%s = %d ranks; mpirun started %d "
-              "(run it as mpirun -np %d, or as one process without mpirun)\n", t->d->tool, S,
-              S == 1 ? "" : "s", D, D == 1 ? "" : "s", t->nranks, nprocs, t->nranks);
+      fprintf(stderr, "%s: error: the plan has %d stage%s%s x %d replica%s = %d ranks; %s %d%s (run it as mpirun -np %d%s)\n",
+              t->d->tool, S, S == 1 ? "" : "s", tensor, D, D == 1 ? "" : "s", t->nranks,
+              tp_comm_launched_by_mpi() ? "mpirun started" : "it was started as", nprocs,
+              tp_comm_launched_by_mpi() ? "" : " process", t->nranks,
+              N > 1 ? ": a tensor-parallel plan runs one process per rank" : ", or as one process without mpirun");
     return TP_ERR_USAGE;
   }
   t->nhosted = nprocs == 1 ? t->nranks : 1;
   int first = nprocs == 1 ? 0 : t->comm->rank;
   for (int i = 0; i < P->nparams; i++) {
     t->held[i] = false;
-    for (int h = 0; h < t->nhosted; h++) t->held[i] |= stage_holds(&P->params[i], (first + h) % S);
+    for (int h = 0; h < t->nhosted; h++) t->held[i] |= stage_holds(&P->params[i], stage_of(P, first + h));
     if (t->held[i] && alloc_param(t, i)) return TP_ERR_INPUT;
   }
   t->hosted = xcalloc((size_t)t->nhosted, sizeof *t->hosted);
@@ -333,7 +372,12 @@ int pipe_setup(Trainer *t) {
   t->v = xcalloc(np, sizeof *t->v);
   t->held = xcalloc(np, sizeof *t->held);
   t->numel = xcalloc(np, sizeof *t->numel);
-  for (int i = 0; i < P->nparams; i++) t->numel[i] = tp_numel(P->params[i].rank, P->params[i].dims);
+  t->whole_numel = xcalloc(np, sizeof *t->whole_numel);
+  for (int i = 0; i < P->nparams; i++) {
+    const TpPlanParam *p = &P->params[i];
+    t->numel[i] = tp_numel(p->rank, p->dims);
+    t->whole_numel[i] = t->numel[i] * (train_split(P, p) ? p->shard.parts : 1);
+  }
   t->stream = be(t)->stream_new(t->compute);
   t->nranks = 1;
   if (!(t->tokens = alloc_bytes(t, false, ntok * sizeof *t->tokens, "a step's token ids")) ||
@@ -363,6 +407,7 @@ void pipe_free(Trainer *t) {
     be(t)->event_free(t->compute, R->event);
     be(t)->stream_free(t->compute, R->stream);
     free(R->arena), free(R->param), free(R->grad), free(R->scratch), free(R->loss), free(R->loss_io);
+    free(R->tensor_group);
     free(R->inbox), free(R->sends);
     free(R);
   }
@@ -378,6 +423,7 @@ void pipe_free(Trainer *t) {
   dev_free(t, t->dev_tokens), dev_free(t, t->dev_targets), dev_free(t, t->norm_sum);
   free(t->tokens), free(t->targets);
   free(t->param), free(t->grad), free(t->m), free(t->v), free(t->held), free(t->numel), free(t->arena);
+  free(t->whole_numel);
   if (t->stream) be(t)->stream_free(t->compute, t->stream);
 }
 
@@ -430,7 +476,7 @@ static void send_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   int at = x->mb * t->plan->nslices + x->slice;
   void *data = B->data[at];
   be(t)->pack(t->compute, R->stream, data, R->arena[x->mb % st->arenas], msg->buffers, msg->nbuffers);
-  int dst = R->replica * t->plan->nstages + x->peer, tag = message_tag(t->plan, x->kind, x->mb, x->slice);
+  int dst = rank_of(t->plan, R->replica, x->peer, R->tensor), tag = message_tag(t->plan, x->kind, x->mb, x->slice);
   if (one_process(t)) { /* the receiver's stream waits for the pack */
     TpEvent *ready = B->ready[at];
     be(t)->event_record(t->compute, ready, R->stream);
@@ -478,7 +524,7 @@ static void complete_sends(Trainer *t, PipeRank *R, bool all) {
 static bool receive_message(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   const TpPlanStage *st = R->st;
   const TpPlanMessage *msg = &stage_messages(st, x->kind)[x->slice];
-  int src = R->replica * t->plan->nstages + x->peer, tag = message_tag(t->plan, x->kind, x->mb, x->slice);
+  int src = rank_of(t->plan, R->replica, x->peer, R->tensor), tag = message_tag(t->plan, x->kind, x->mb, x->slice);
   size_t bytes = message_bytes(msg);
   void *data;
   if (one_process(t)) {
@@ -567,7 +613,7 @@ static void finish_grads(Trainer *t, PipeRank *R) {
 
 static bool allreduce_tied(Trainer *t, PipeRank *R) {
   const TpPlan *P = t->plan;
-  int group[2] = {R->replica * P->nstages, R->replica * P->nstages + P->nstages - 1};
+  int group[2] = {rank_of(P, R->replica, 0, R->tensor), rank_of(P, R->replica, P->nstages - 1, R->tensor)};
   PipeRank *members[2];
   if (!arrive(t, R, group, 2, members)) return false;
   for (int i = 0; i < P->nparams; i++) {
@@ -578,14 +624,38 @@ static bool allreduce_tied(Trainer *t, PipeRank *R) {
   return true;
 }
 
+/* The gradients of R's parameters split in fewer pieces than tensor ranks (grouped K/V
+ * heads): each holder of a piece has a partial gradient, summed over the holders. Only
+ * with one process per rank (N > 1), so no member waits in arrive(). */
+static void sum_shared_pieces(Trainer *t, PipeRank *R) {
+  const TpPlan *P = t->plan;
+  int N = train_tensor(P);
+  int *group = xcalloc((size_t)N, sizeof *group);
+  PipeRank **members = xcalloc((size_t)N, sizeof *members);
+  float **bufs = xcalloc((size_t)N, sizeof *bufs);
+  for (int i = 0; i < P->nparams; i++) {
+    const TpPlanParam *p = &P->params[i];
+    if (!R->grad[i] || !p->trainable || !train_split(P, p) || p->shard.parts == N) continue;
+    int n = 0, first = piece_holder(P, p, R->tensor);
+    for (int j = first; j < first + N / p->shard.parts; j++) {
+      group[n] = R->tensor_group[j];
+      members[n] = hosted_rank(t, group[n]);
+      bufs[n++] = j == R->tensor ? R->grad[i] : NULL;
+    }
+    sum_grads(t, bufs, members, group, n, (size_t)t->numel[i]);
+  }
+  free(group), free(members), free(bufs);
+}
+
 static bool allreduce_replicas(Trainer *t, PipeRank *R) {
   const TpPlan *P = t->plan;
   int D = P->dp;
   int *group = xcalloc((size_t)D, sizeof *group);
   PipeRank **members = xcalloc((size_t)D, sizeof *members);
   float **bufs = xcalloc((size_t)D, sizeof *bufs);
-  for (int d = 0; d < D; d++) group[d] = d * P->nstages + R->stage;
+  for (int d = 0; d < D; d++) group[d] = rank_of(P, d, R->stage, R->tensor);
   bool done = arrive(t, R, group, D, members);
+  if (done && train_tensor(P) > 1) sum_shared_pieces(t, R);
   if (done) {
     for (int d = 0; d < D; d++) bufs[d] = members[d] ? members[d]->grad_block : NULL;
     sum_grads(t, bufs, members, group, D, (size_t)R->grad_count);
@@ -627,12 +697,47 @@ static void run_unit(Trainer *t, TpStream *stream, TpUnitFn fn, TpStepIO *io) {
   be(t)->run_unit(t->compute, stream, fn, io);
 }
 
+/* io->tensor_allreduce: buf summed over the unit's tensor group, ordered after the work the
+ * unit queued on io->stream (plan.h). */
+static void tensor_allreduce(TpStepIO *io, float *buf, int64_t count) {
+  PipeRank *R = io->tensor_ctx;
+  Trainer *t = R->trainer;
+  TpComm *c = t->comm;
+  int N = train_tensor(t->plan);
+  R->reduces++;
+  if (c->be->device_memory && c->be->allreduce_sum_on) {
+    c->be->allreduce_sum_on(c, buf, (size_t)count, TP_F32, R->tensor_group, N, io->stream);
+    return;
+  }
+  be(t)->stream_sync(t->compute, io->stream);
+  void *view = host_view(t, io->stream, buf, (size_t)count * 4, true, true);
+  c->be->allreduce_sum(c, view, (size_t)count, TP_F32, R->tensor_group, N);
+  end_host_view(t, io->stream, buf, view, (size_t)count * 4, true);
+}
+
 static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
   const TpPlan *P = t->plan;
   int64_t row = ((int64_t)R->replica * P->microbatches + mb) * P->batch;
+  bool tensor = train_tensor(P) > 1;
   return (TpStepIO){.arena = R->arena[mb % R->st->arenas], .param = R->param, .grad = R->scratch,
                     .tokens = t->dev_tokens + row * P->seq, .targets = t->dev_targets + row * P->seq, .loss = NAN,
-                    .compute = t->compute, .stream = R->stream};
+                    .compute = t->compute, .stream = R->stream,
+                    .tensor_allreduce = tensor ? tensor_allreduce : NULL, .tensor_ctx = tensor ? R : NULL};
+}
+
+/* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it
+ * called io->tensor_allreduce as often as the plan says (a member that does not would
+ * leave the others waiting in an all-reduce, or pair theirs wrongly). */
+static void run_rank_unit(Trainer *t, PipeRank *R, const TpPlanInsn *x, TpStepIO *io) {
+  bool fwd = x->kind == TP_PLAN_FORWARD;
+  R->reduces = 0;
+  run_unit(t, R->stream, (fwd ? R->st->forward : R->st->backward)[x->slice], io);
+  if (train_tensor(t->plan) == 1) return;
+  int want = (fwd ? R->st->forward_reduces : R->st->backward_reduces)[x->slice];
+  if (R->reduces != want)
+    tp_comm_abort(t->comm, TP_ERR_INTERNAL, "the %s unit of stage %d, slice %d (microbatch %d) made %d tensor "
+                  "all-reduce%s; the plan says %d (a compiler bug)", fwd ? "forward" : "backward", R->stage,
+                  x->slice, x->mb, R->reduces, R->reduces == 1 ? "" : "s", want);
 }
 
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica) {
@@ -652,9 +757,9 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     if (R->stage == P->nstages - 1 && x->slice == P->nslices - 1) {
       /* the unit queues the copy of its loss: read after the schedule's last synchronization */
       R->loss_io[x->mb] = io;
-      run_unit(t, R->stream, R->st->forward[x->slice], &R->loss_io[x->mb]);
+      run_rank_unit(t, R, x, &R->loss_io[x->mb]);
     } else {
-      run_unit(t, R->stream, R->st->forward[x->slice], &io);
+      run_rank_unit(t, R, x, &io);
     }
     return true;
   case TP_PLAN_BACKWARD:
@@ -662,7 +767,7 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     if (x->slice == P->nslices - 1)
       be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * 4);
     io = unit_io(t, R, x->mb);
-    run_unit(t, R->stream, R->st->backward[x->slice], &io);
+    run_rank_unit(t, R, x, &io);
     if (x->slice == 0 && R->scratch_block != R->grad_block)
       be(t)->add_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count);
     return true;
@@ -740,13 +845,13 @@ static void run_schedules(Trainer *t, bool train) {
   }
 }
 
-/* The mean over microbatches and replicas of the last stage's losses. */
+/* The mean over microbatches and replicas of the last stage's losses (tensor rank 0's). */
 static double step_loss(Trainer *t) {
   const TpPlan *P = t->plan;
   double *x = xcalloc((size_t)t->nhosted, sizeof *x);
   for (int h = 0; h < t->nhosted; h++) {
     const PipeRank *R = t->hosted[h];
-    if (R->stage != P->nstages - 1) continue;
+    if (R->stage != P->nstages - 1 || R->tensor != 0) continue;
     for (int m = 0; m < P->microbatches; m++) x[h] += R->loss[m];
     x[h] /= P->microbatches;
   }
@@ -793,13 +898,19 @@ double pipe_eval(Trainer *t) {
   return step_loss(t);
 }
 
-/* The rank that owns parameter i: replica 0's rank of its stage (ABI 1: the one). */
-static int owner(const Trainer *t, int i) { return t->plan->params[i].stage; }
+/* The rank that owns parameter i (its piece held by tensor rank `tensor`): replica 0's
+ * rank of its stage, the first tensor rank holding that piece (ABI 1: the one). */
+static int owner(const Trainer *t, int i, int tensor) {
+  const TpPlan *P = t->plan;
+  return P->stages ? rank_of(P, 0, P->params[i].stage, piece_holder(P, &P->params[i], tensor)) : 0;
+}
 
-/* Whether hosted rank h (ABI 1: h 0, the process) counts parameter i in the norm. */
+/* Whether hosted rank h (ABI 1: h 0, the process) counts parameter i in the norm: every
+ * piece once. */
 static bool counts_in_norm(const Trainer *t, int h, int i) {
   if (!t->plan->stages) return t->m[i] != NULL;
-  return t->plan->params[i].trainable && owner(t, i) == t->hosted[h]->rank;
+  const PipeRank *R = t->hosted[h];
+  return t->plan->params[i].trainable && owner(t, i, R->tensor) == R->rank;
 }
 
 double pipe_grad_norm(Trainer *t) {
@@ -822,7 +933,7 @@ double pipe_grad_norm(Trainer *t) {
 bool pipe_rank_updates(const Trainer *t, int h, int i) {
   if (!t->plan->stages) return t->m[i] != NULL;
   const PipeRank *R = t->hosted[h];
-  return t->plan->params[i].trainable && (one_process(t) ? owner(t, i) == R->rank : R->param[i] != NULL);
+  return t->plan->params[i].trainable && (one_process(t) ? owner(t, i, 0) == R->rank : R->param[i] != NULL);
 }
 
 void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
@@ -850,12 +961,12 @@ static float **host_array(const Trainer *t) {
   return xcalloc((size_t)(t->plan->nparams ? t->plan->nparams : 1), sizeof(float *));
 }
 
-/* Host copies for parameter i: its gradient (grads), else its value and with moments, if
- * trainable, AdamW's m and v. */
+/* Host copies for parameter i (the whole tensor): its gradient (grads), else its value and
+ * with moments, if trainable, AdamW's m and v. */
 static int host_alloc_param(Trainer *t, int i, bool grads, bool moments) {
   TrainHost *H = &t->host;
   const TpPlanParam *p = &t->plan->params[i];
-  size_t bytes = (size_t)t->numel[i] * 4;
+  size_t bytes = (size_t)t->whole_numel[i] * 4;
   char what[256];
   snprintf(what, sizeof what, "a host copy of '%s'", p->name);
   if (grads) return p->trainable && !(H->grad[i] = alloc_bytes(t, false, bytes, what)) ? TP_ERR_INPUT : TP_OK;
@@ -879,14 +990,48 @@ int pipe_host_alloc(Trainer *t, bool moments) {
   return rc;
 }
 
+void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather) {
+  if (!train_split(P, p)) {
+    if (gather) memcpy(whole, piece, (size_t)tp_numel(p->rank, p->dims) * 4);
+    else memcpy(piece, whole, (size_t)tp_numel(p->rank, p->dims) * 4);
+    return;
+  }
+  const TpPlanShard *sh = &p->shard;
+  int N = train_tensor(P), chunks = sh->chunks > 1 ? sh->chunks : 1, at = tensor * sh->parts / N;
+  int64_t outer = tp_numel(sh->axis, p->dims), inner = tp_numel(p->rank - sh->axis - 1, p->dims + sh->axis + 1);
+  int64_t len = p->dims[sh->axis] / chunks * inner; /* one piece of one chunk */
+  int64_t chunk = len * sh->parts;                  /* one chunk of the whole */
+  for (int64_t o = 0; o < outer; o++)
+    for (int c = 0; c < chunks; c++) {
+      float *mine = piece + (o * chunks + c) * len, *there = whole + (o * chunks + c) * chunk + at * len;
+      memcpy(gather ? there : mine, gather ? mine : there, (size_t)len * 4);
+    }
+}
+
+/* A host copy of parameter i (the whole tensor) into device buffer dev: this rank's piece
+ * where it is split. */
+static void upload(Trainer *t, int i, void *dev, const float *host) {
+  const TpPlan *P = t->plan;
+  size_t bytes = (size_t)t->numel[i] * 4;
+  if (!train_split(P, &P->params[i])) {
+    be(t)->copy_h2d(t->compute, t->stream, dev, host, bytes);
+    return;
+  }
+  float *piece = alloc_bytes(t, false, bytes, "a parameter's piece");
+  TP_ASSERT(piece); /* no larger than the whole tensor, allocated already */
+  pipe_shard_copy(P, &P->params[i], t->hosted[0]->tensor, piece, (float *)host, false);
+  be(t)->copy_h2d(t->compute, t->stream, dev, piece, bytes);
+  be(t)->stream_sync(t->compute, t->stream);
+  free(piece);
+}
+
 void pipe_upload(Trainer *t) {
   TrainHost *H = &t->host;
   for (int i = 0; i < t->plan->nparams; i++) {
-    size_t bytes = (size_t)t->numel[i] * 4;
     if (!t->held[i]) continue;
-    if (H->param[i]) be(t)->copy_h2d(t->compute, t->stream, t->param[i], H->param[i], bytes);
-    if (H->m[i]) be(t)->copy_h2d(t->compute, t->stream, t->m[i], H->m[i], bytes);
-    if (H->v[i]) be(t)->copy_h2d(t->compute, t->stream, t->v[i], H->v[i], bytes);
+    if (H->param[i]) upload(t, i, t->param[i], H->param[i]);
+    if (H->m[i]) upload(t, i, t->m[i], H->m[i]);
+    if (H->v[i]) upload(t, i, t->v[i], H->v[i]);
   }
   be(t)->stream_sync(t->compute, t->stream); /* before the host copies are freed */
 }
@@ -899,9 +1044,10 @@ void pipe_host_free(Trainer *t) {
   *H = (TrainHost){0};
 }
 
-/* Device buffer dev of parameter i from its owner into process 0's host copy. */
-static void fetch(Trainer *t, int i, void *dev, float *host) {
-  int from = owner(t, i);
+/* Device buffer dev of parameter i (the piece of tensor rank `tensor` where it is split)
+ * from its owner into `host` on process 0. */
+static void fetch_piece(Trainer *t, int i, int tensor, void *dev, float *host) {
+  int from = owner(t, i, tensor);
   size_t bytes = (size_t)t->numel[i] * 4;
   if (one_process(t) || from == 0) {
     if (!train_is_root(t)) return;
@@ -914,6 +1060,25 @@ static void fetch(Trainer *t, int i, void *dev, float *host) {
   } else if (train_is_root(t)) {
     tp_comm_recv(t->comm, host, bytes, from, GATHER_TAG, "a tensor to gather");
   }
+}
+
+/* The whole tensor of device buffer dev of parameter i into process 0's host copy: from
+ * its owner, or each piece from the first tensor rank holding it. */
+static void fetch(Trainer *t, int i, void *dev, float *host) {
+  const TpPlan *P = t->plan;
+  const TpPlanParam *p = &P->params[i];
+  if (!train_split(P, p)) {
+    fetch_piece(t, i, 0, dev, host);
+    return;
+  }
+  int N = train_tensor(P);
+  float *piece = train_is_root(t) ? alloc_bytes(t, false, (size_t)t->numel[i] * 4, "a parameter's piece") : NULL;
+  TP_ASSERT(piece || !train_is_root(t)); /* no larger than the whole tensor, allocated already */
+  for (int tensor = 0; tensor < N; tensor += N / p->shard.parts) {
+    fetch_piece(t, i, tensor, dev, piece);
+    if (piece) pipe_shard_copy(P, p, tensor, piece, host, true);
+  }
+  free(piece);
 }
 
 int pipe_download(Trainer *t, bool grads, bool moments) {

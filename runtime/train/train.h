@@ -68,7 +68,8 @@ typedef struct {
   float **param, **grad, **m, **v;
   TrainHost host;
   bool *held;
-  int64_t *numel;
+  int64_t *numel;       /* elements of what a rank holds (its piece of a split parameter) */
+  int64_t *whole_numel; /* of the whole tensor: what host copies and files hold */
   double *decay; /* per parameter: its AdamW weight decay (0 where --no-decay matches) */
   void **arena; /* per stage (ABI 1) */
   int64_t *tokens, *targets; /* [global batch, seq], host: what the token reader fills */
@@ -83,7 +84,7 @@ typedef struct {
   TpPathLock save_lock;  /* --save's checkpoint, locked from before the first step */
   bool made_save_dir;    /* --save's folder was created by this run */
   /* ABI 2 */
-  int nranks;       /* stages * dp */
+  int nranks;       /* stages * tensor * dp */
   int nhosted;      /* ranks this process runs: all of them (one process) or one */
   PipeRank **hosted;
   TraceLog *trace;  /* NULL without --trace */
@@ -93,6 +94,13 @@ typedef struct {
 static inline int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
 /* Token ids must be below this (TpPlan.token_limit, else the vocabulary). */
 static inline int64_t train_token_limit(const TpPlan *P) { return P->token_limit ? P->token_limit : P->vocab; }
+/* N: the tensor-parallel ranks of a stage (plans before ABI 5 have 0: 1). */
+static inline int train_tensor(const TpPlan *P) { return P->tensor > 1 ? P->tensor : 1; }
+/* Whether parameter p is split over its stage's tensor group (TpPlanShard): a rank holds a
+ * piece (p->dims), host copies and files the whole (dims[axis] * parts). */
+static inline bool train_split(const TpPlan *P, const TpPlanParam *p) {
+  return train_tensor(P) > 1 && p->shard.parts > 0;
+}
 /* Whether this process writes the outputs (rank 0). */
 static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 
@@ -147,10 +155,13 @@ void pipe_tokens_to_device(Trainer *t);
 void pipe_update(Trainer *t, int64_t step, double lr, float clip);
 /* The global gradient norm over every trainable parameter once (the same on every process). */
 double pipe_grad_norm(Trainer *t);
-/* Host copies (t->host) of the parameters this process holds (values; with moments, AdamW's
+/* Host copies (t->host, whole tensors) of the parameters this process holds (values; with moments, AdamW's
  * m and v of trainable ones), for weights.c to fill; pipe_upload sends them to the device. */
 int pipe_host_alloc(Trainer *t, bool moments);
 void pipe_upload(Trainer *t);
+/* Tensor rank `tensor`'s piece of parameter p (TpPlanShard) from the whole tensor (into
+ * piece), or into the whole (gather); a parameter not split is copied whole. */
+void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather);
 /* Brings what the owner of every parameter holds (values, m and v, or gradients) to
  * process 0's host copies (t->host). */
 int pipe_download(Trainer *t, bool grads, bool moments);

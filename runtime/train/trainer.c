@@ -3,8 +3,8 @@
  * stage functions with AdamW, and writes logs, checkpoints, dumps and the trained model.
  * Exit codes: 0 ok, 1 bad input (one error line), 2 bad usage, 3 internal error.
  *
- * An ABI 2 plan (stages x replicas, see plan.h) runs in one process or under mpirun with
- * one process per rank (pipeline.c). Every process reads the options, the data and its
+ * An ABI 2 plan (stages x tensor ranks x replicas, see plan.h) runs in one process or under
+ * mpirun with one process per rank (pipeline.c; a tensor-parallel plan only the latter). Every process reads the options, the data and its
  * own parameters; process 0 alone writes the outputs (logs, dumps, checkpoints, the
  * model, the trace), from what it gathers, and only it prints errors: a failure of
  * another process is agreed on (pipe_agree), which prints that process's message. */
@@ -271,7 +271,8 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
     return tp_internal(d, "the plan has ABI version %d, this runtime %d: compile it again with "
                        "the tokpipec of this runtime", P->abi, TP_PLAN_ABI);
   bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->token_limit >= 0 && P->nstages >= 1 &&
-            P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward));
+            P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward)) &&
+            (P->stages || P->tensor <= 1); /* tensor ranks run schedules (ABI 2) */
   for (int s = 0; ok && !P->stages && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
   for (int i = 0; ok && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
@@ -557,16 +558,18 @@ static void print_start(const Trainer *t, int64_t total) {
   const TpPlan *P = t->plan;
   int64_t nel = 0, ntrain = 0;
   for (int i = 0; i < P->nparams; i++) {
-    nel += t->numel[i];
-    if (P->params[i].trainable) ntrain += t->numel[i];
+    nel += t->whole_numel[i];
+    if (P->params[i].trainable) ntrain += t->whole_numel[i];
   }
   fprintf(stderr, "%s: %" PRId64 " parameters (%" PRId64 " trainable) in %d tensors; batch %" PRId64
           " x seq %" PRId64 "; %" PRId64 " training tokens; steps %" PRId64 "..%" PRId64 "\n",
           t->d->tool, nel, ntrain, P->nparams, train_rows(P), P->seq, t->train.count, t->step + 1, total);
+  char tensor[48] = "";
+  if (train_tensor(P) > 1) snprintf(tensor, sizeof tensor, " x %d tensor ranks", train_tensor(P));
   if (P->stages)
-    fprintf(stderr, "%s: pipeline of %d stage%s x %d replica%s, %d microbatch%s of %" PRId64 " row%s, %d slice%s, "
+    fprintf(stderr, "%s: pipeline of %d stage%s%s x %d replica%s, %d microbatch%s of %" PRId64 " row%s, %d slice%s, "
             "%s schedule; %d rank%s in %d process%s (%s)\n", t->d->tool, P->nstages, P->nstages == 1 ? "" : "s",
-            P->dp, P->dp == 1 ? "" : "s", P->microbatches, P->microbatches == 1 ? "" : "es", P->batch,
+            tensor, P->dp, P->dp == 1 ? "" : "s", P->microbatches, P->microbatches == 1 ? "" : "es", P->batch,
             P->batch == 1 ? "" : "s", P->nslices,
             P->nslices == 1 ? "" : "s", P->schedule == TP_PLAN_1F1B ? "1f1b" : "gpipe", t->nranks,
             t->nranks == 1 ? "" : "s", t->comm->size, t->comm->size == 1 ? "" : "es", t->comm->be->name);

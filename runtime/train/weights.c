@@ -2,7 +2,9 @@
  * checkpoints (--save / --resume), dumps (--dump-grads, --dump-weights) and --export-onnx.
  * Everything is keyed by the ONNX initializer names of TpPlan. Each process loads only the
  * parameters it holds (t->held); the writers run on process 0 after pipe_download. All of
- * it works on the host copies of t->host (train.h). */
+ * it works on the host copies of t->host (train.h), which hold whole tensors also where a
+ * rank holds a piece (tensor parallelism: pipeline.c scatters and gathers them), so files
+ * are the same whatever the plan's stages, tensor ranks and replicas. */
 #include "train.h"
 
 #include <inttypes.h>
@@ -30,10 +32,12 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-static TpTensor param_tensor(const TpPlanParam *p, void *data) {
-  TpTensor t = {.dtype = TP_F32, .rank = p->rank, .data = data};
-  memcpy(t.dims, p->dims, sizeof t.dims);
-  return t;
+/* Parameter p's whole tensor (p->dims are a rank's piece where it is split). */
+static TpTensor param_tensor(const Trainer *t, const TpPlanParam *p, void *data) {
+  TpTensor v = {.dtype = TP_F32, .rank = p->rank, .data = data};
+  memcpy(v.dims, p->dims, sizeof v.dims);
+  if (train_split(t->plan, p)) v.dims[p->shard.axis] *= p->shard.parts;
+  return v;
 }
 
 /* `have` (tensor `name` of file) can initialise plan parameter p. */
@@ -43,7 +47,7 @@ static int check_tensor(Trainer *t, const char *file, const char *name, const Tp
   const char *saved = t->d->file;
   int rc = TP_OK;
   t->d->file = file;
-  TpTensor want = param_tensor(p, NULL);
+  TpTensor want = param_tensor(t, p, NULL);
   if (have->dtype != TP_F32)
     rc = tp_error(t->d, "initializer '%s' is %s; the compiled plan needs f32", name,
                   tp_dtype_name(have->dtype) ? tp_dtype_name(have->dtype) : "of an unknown type");
@@ -83,17 +87,17 @@ static void init_random(Trainer *t) {
   for (int i = 0; i < P->nparams; i++) {
     float *w = t->host.param[i];
     if (!t->held[i]) { /* skip its two draws per element: splitmix64's state is a counter */
-      if (P->params[i].rank >= 2) t->rng += 2 * (uint64_t)t->numel[i] * 0x9e3779b97f4a7c15ull;
+      if (P->params[i].rank >= 2) t->rng += 2 * (uint64_t)t->whole_numel[i] * 0x9e3779b97f4a7c15ull;
       continue;
     }
     if (P->params[i].rank >= 2) {
-      for (int64_t k = 0; k < t->numel[i]; k++) {
+      for (int64_t k = 0; k < t->whole_numel[i]; k++) {
         double r = sqrt(-2 * log(uniform(&t->rng))), a = 2 * M_PI * uniform(&t->rng);
         w[k] = (float)(0.02 * r * cos(a));
       }
     } else {
       float fill = strstr(P->params[i].name, "bias") ? 0.0f : 1.0f;
-      for (int64_t k = 0; k < t->numel[i]; k++) w[k] = fill;
+      for (int64_t k = 0; k < t->whole_numel[i]; k++) w[k] = fill;
     }
   }
 }
@@ -110,7 +114,7 @@ static int init_from_onnx(Trainer *t, const char *path) {
     if (!tp_onnx_weights_has(w, p->source)) rc = missing(t, path, "initializer", p->source);
     else if (!(rc = tp_onnx_weights_get(w, p->source, &v, t->d)) &&
              !(rc = check_tensor(t, path, p->source, &v, p)))
-      memcpy(t->host.param[i], v.data, (size_t)t->numel[i] * 4);
+      memcpy(t->host.param[i], v.data, (size_t)t->whole_numel[i] * 4);
   }
   tp_onnx_weights_close(w);
   return rc;
@@ -124,7 +128,7 @@ static int init_from_safetensors(Trainer *t, const char *path) {
     const TpTensor *v = tp_safetensors_find(&st, p->name);
     if (!t->held[i]) continue;
     if (!v) rc = missing(t, path, "tensor", p->name);
-    else if (!(rc = check_tensor(t, path, p->name, v, p))) memcpy(t->host.param[i], v->data, (size_t)t->numel[i] * 4);
+    else if (!(rc = check_tensor(t, path, p->name, v, p))) memcpy(t->host.param[i], v->data, (size_t)t->whole_numel[i] * 4);
   }
   tp_safetensors_free(&st);
   return rc;
@@ -174,7 +178,7 @@ int train_check_finite(Trainer *t, bool moments) {
   for (int i = 0; i < P->nparams; i++) {
     const float *what[3] = {t->host.param[i], moments ? t->host.m[i] : NULL, moments ? t->host.v[i] : NULL};
     for (int k = 0; k < 3; k++) {
-      int64_t at = what[k] ? first_non_finite(what[k], t->numel[i]) : -1;
+      int64_t at = what[k] ? first_non_finite(what[k], t->whole_numel[i]) : -1;
       if (at >= 0)
         return tp_error(t->d, "the %s of '%s' after step %" PRId64 " is %g at element %" PRId64
                         ": training diverged (lower --lr, or --grad-clip); nothing was written",
@@ -193,10 +197,10 @@ int train_save_checkpoint(Trainer *t) {
   TP_ASSERT(ts);
   int n = 0;
   for (int i = 0; i < P->nparams; i++) {
-    ts[n++] = (TpNamedTensor){P->params[i].name, param_tensor(&P->params[i], t->host.param[i])};
+    ts[n++] = (TpNamedTensor){P->params[i].name, param_tensor(t, &P->params[i], t->host.param[i])};
     if (!t->host.m[i]) continue;
-    ts[n++] = (TpNamedTensor){moment_key("m", P->params[i].name), param_tensor(&P->params[i], t->host.m[i])};
-    ts[n++] = (TpNamedTensor){moment_key("v", P->params[i].name), param_tensor(&P->params[i], t->host.v[i])};
+    ts[n++] = (TpNamedTensor){moment_key("m", P->params[i].name), param_tensor(t, &P->params[i], t->host.m[i])};
+    ts[n++] = (TpNamedTensor){moment_key("v", P->params[i].name), param_tensor(t, &P->params[i], t->host.v[i])};
   }
   char step[24], pos[24], tokens[24], crc[16], rng[24], seed[24], batch[24], seq[24], vocab[24], version[8];
   snprintf(step, sizeof step, "%" PRId64, t->step);
@@ -357,7 +361,7 @@ static int resume(Trainer *t) {
     for (int k = 0; t->held[i] && k < 3 && dst[k]; k++) {
       char *name;
       const TpTensor *v = checkpoint_tensor(&st, &P->params[i], k, &name);
-      memcpy(dst[k], v->data, (size_t)t->numel[i] * 4);
+      memcpy(dst[k], v->data, (size_t)t->whole_numel[i] * 4);
       free(name);
     }
   }
@@ -395,14 +399,14 @@ int train_load_weights(Trainer *t) {
 /* The value of derived initializer k computed from its parameter's values (or grads). */
 static float *derived_value(const Trainer *t, int k, const float *src) {
   const TpPlanDerived *dv = &t->plan->derived[k];
-  const TpPlanParam *p = &t->plan->params[dv->param];
-  int64_t n = t->numel[dv->param];
+  TpTensor whole = param_tensor(t, &t->plan->params[dv->param], NULL);
+  int64_t n = t->whole_numel[dv->param];
   float *out = malloc((size_t)(n ? n : 1) * 4);
   TP_ASSERT(out);
   if (!dv->transpose) {
     memcpy(out, src, (size_t)n * 4);
   } else {
-    int64_t rows = p->dims[0], cols = p->dims[1];
+    int64_t rows = whole.dims[0], cols = whole.dims[1];
     for (int64_t r = 0; r < rows; r++)
       for (int64_t c = 0; c < cols; c++) out[c * rows + r] = src[r * cols + c];
   }
@@ -411,8 +415,11 @@ static float *derived_value(const Trainer *t, int k, const float *src) {
 
 static TpTensor derived_tensor(const Trainer *t, int k, float *data) {
   const TpPlanDerived *dv = &t->plan->derived[k];
-  TpTensor v = param_tensor(&t->plan->params[dv->param], data);
-  if (dv->transpose) v.dims[0] = t->plan->params[dv->param].dims[1], v.dims[1] = t->plan->params[dv->param].dims[0];
+  TpTensor v = param_tensor(t, &t->plan->params[dv->param], data);
+  if (dv->transpose) {
+    int64_t rows = v.dims[0];
+    v.dims[0] = v.dims[1], v.dims[1] = rows;
+  }
   return v;
 }
 
@@ -426,7 +433,7 @@ static TpNamedTensor *collect(const Trainer *t, bool grads, int *n, int *owned_f
   for (int i = 0; i < P->nparams; i++)
     if (!grads || P->params[i].trainable)
       ts[(*n)++] = (TpNamedTensor){P->params[i].name,
-                                   param_tensor(&P->params[i], grads ? t->host.grad[i] : t->host.param[i])};
+                                   param_tensor(t, &P->params[i], grads ? t->host.grad[i] : t->host.param[i])};
   *owned_from = *n;
   for (int k = 0; k < P->nderived; k++) {
     int i = P->derived[k].param;

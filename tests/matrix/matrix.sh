@@ -17,16 +17,7 @@ name=$(basename "$fixture")
 status=0
 fail() { echo "matrix: FAIL: $name: $*" >&2; status=1; }
 
-[ -x "$compare" ] || { fail "tokpipe-compare is not built ($compare)"; exit 1; }
-{ rm -rf "$work" && mkdir -p "$work"; } || { fail "cannot make $work"; exit 1; }
-read -r -a compile_flags <<<"$(sed -n 's/^tokpipec //p' "$ref/args")"
-read -r -a train_flags <<<"$(sed -n 's/^trainer //p' "$ref/args")"
-B=$(sed -n 's/^tokpipec .*--batch \([0-9]*\).*/\1/p' "$ref/args")
-T=$(sed -n 's/^tokpipec .*--seq \([0-9]*\).*/\1/p' "$ref/args")
-[ -n "$B" ] && [ -n "$T" ] && [ "$T" -ge 3 ] || { fail "no --batch B and --seq T >= 3 in $ref/args"; exit 1; }
-a=$((T * 45 / 100)) r=$((T - T * 45 / 100))
-b=$((r * 56 / 100))
-uneven="$a,$b,$((r - b))" # as tests/slicing: 7,5,4 for T = 16
+. "$(dirname "$0")/fixture.sh" # compile_flags, train_flags, B, T, uneven
 
 # The shapes: "S SLICES M D SCHEDULE [mpi]", SLICES 1 = unsliced. Every value of every
 # dimension appears where the batch allows; the pairs are covered as far as 4 shapes can.

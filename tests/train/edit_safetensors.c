@@ -3,7 +3,8 @@
  *   edit_safetensors IN OUT EDIT...
  * EDIT: KEY=VALUE sets a metadata string (adds it if missing), -KEY removes one,
  * tensor:NAME=X fills the F32 tensor NAME with X (inf and nan too), -tensor:NAME drops it,
- * copy:NAME=NEW adds a copy of tensor NAME named NEW. */
+ * copy:NAME=NEW adds a copy of tensor NAME named NEW, rows:NAME=K keeps the first K rows
+ * (dim 0) of tensor NAME (what one tensor rank holds of a row-split parameter). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,14 @@ int main(int argc, char **argv) {
       const TpTensor *t = tp_safetensors_find(&st, edit + 5);
       if (!t) return fprintf(stderr, "no tensor '%s'\n", edit + 5), 2;
       ts[n++] = (TpNamedTensor){eq + 1, *t};
+    } else if (strncmp(edit, "rows:", 5) == 0 && eq) {
+      *eq = 0;
+      int i = 0;
+      while (i < n && strcmp(ts[i].name, edit + 5) != 0) i++;
+      long long rows = strtoll(eq + 1, NULL, 10);
+      if (i == n || ts[i].t.rank < 1 || rows < 0 || rows > ts[i].t.dims[0])
+        return fprintf(stderr, "no tensor '%s' of at least %lld rows\n", edit + 5, rows), 2;
+      ts[i].t.dims[0] = rows;
     } else if (strncmp(edit, "tensor:", 7) == 0 && eq) {
       *eq = 0;
       const TpTensor *t = tp_safetensors_find(&st, edit + 7);
