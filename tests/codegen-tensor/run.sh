@@ -18,7 +18,8 @@
 #   rank      vocabulary-parallel plans (a tied and an untied head): every TensorRank of the
 #             IR writes io->tensor_rank (cpu: stored, cuda: tp_cuda_fill_i64 on the stream),
 #             and .vocab, .token_limit and what it names are --tensor 1's, the whole
-#             vocabulary's, though each rank's table holds half its rows
+#             vocabulary's, though each rank's table holds half its rows; a TensorRank in a
+#             module without a tensor group is refused
 case=$1 bin=$2 src=$3 work=$4/$1 cc=$5
 root=$src/../..
 fixtures=$root/tests/fixtures
@@ -213,6 +214,21 @@ rank)
       ok "$name: table '$table' split: $part of its $whole rows per rank" ||
       fail "$name: table '$table': $part rows per rank at --tensor 2, $whole at --tensor 1"
   done
+  cat >rank.tir <<'TIR'
+tir 1 opset 17
+input %ids : i64[2, 4]
+param %wte : f32[8, 8] = dense<0.5>
+%p : i64[] = TensorRank() {group = "tensor"} loc("/wte" Gather)
+%x : f32[2, 4, 8] = Embedding(%wte, %ids, %p) {vocab_parts = 2} loc("/wte" Gather)
+output %x
+TIR
+  expect_message 1 "TensorRank without a tensor group" \
+    "rank.tir: node '/wte' (Gather, opset 17): codegen: TensorRank works over the tensor group, but the module has none (tokpipec --tensor N)" \
+    "$bin/tokpipe-opt" rank.tir --emit=c -o rank.c
+  sed 's/dense<0.5>/dense<0.5> @shard(axis=0, parts=2, ranks=2)/' rank.tir >split.tir
+  expect_exit 0 "TensorRank with a tensor group" "$bin/tokpipe-opt" split.tir --emit=c -o split.c &&
+    grep -q '^  \*(int64_t \*)p\.data = io->tensor_rank;$' split.c && ok "split.tir: TensorRank stores io->tensor_rank" ||
+    fail "split.tir: $(grep -n 'tensor_rank' split.c)"
   ;;
 
 *)
