@@ -477,7 +477,7 @@ int64_t tp_loss_classes(const TpModule *m, int op) {
   const TpType *t = &m->values[o->inputs[0]].type;
   if (o->kind != TP_OP_CrossEntropy) return t->dims[1];
   const TpType *stats = o->ninputs > 2 && o->inputs[2] >= 0 ? &m->values[o->inputs[2]].type : NULL;
-  int64_t parts = stats ? (stats->dims[stats->rank - 1] - 1) / 2 : 1; /* 2 P + 1 columns */
+  int64_t parts = stats ? (stats->dims[stats->rank - 1] - 1) / 2 : 1; /* 2 P + 1 columns (ir/infer.c) */
   return t->dims[t->rank - 1] * parts;
 }
 
