@@ -78,8 +78,14 @@ void tp_memory_plan_free(TpMemoryPlan *plan);
 /* The bound on token ids (runtime/train/plan.h's token_limit): the fewest rows of every
  * table that the token ids or the targets index (Embedding and Gather tables, the classes
  * of a loss), following them through ops that move ids unchanged (Slice, Reshape, Concat,
- * ...). `what` gets the phrase naming it ("the 100 rows of table 'wte'"). 0: none found. */
+ * ...); a vocabulary-parallel table or loss counts the whole vocabulary's, not one tensor
+ * rank's range. `what` gets the phrase naming it ("the 100 rows of table 'wte'"). 0: none
+ * found. */
 int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, size_t what_size);
+/* The classes of loss op `op` (CrossEntropy, SoftmaxCrossEntropyLoss or
+ * NegativeLogLikelihoodLoss): a vocabulary-parallel CrossEntropy's logits hold one tensor
+ * rank's range of them, its statistics operand (2 P + 1 columns) says how many ranges. */
+int64_t tp_loss_classes(const TpModule *m, int op);
 
 /* The rows of the buffer a token slice's K/V context v lives in (Concat {context_rows}):
  * attention reads it in place with TpAttention.kv_rows; 0 for any other value. */

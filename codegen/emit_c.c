@@ -568,6 +568,33 @@ static void emit_call(Emitter *E, const TpBound *b, const Views *w) {
   free(text);
 }
 
+/* Whether the plan has a tensor group for op to work over; else the error. */
+static bool has_tensor_group(Emitter *E, int op) {
+  if (E->tensor > 1) return true;
+  E->rc = tp_error_op(E->d, E->m, op, "codegen: %s works over the tensor group, but the module has none (tokpipec "
+                      "--tensor N)", tp_op_info[E->m->ops[op].kind].name);
+  return false;
+}
+
+/* TensorRank (passes/shard_tensor.c): this rank's place in its tensor group, which the
+ * runtime gives in io->tensor_rank, stored in the i64 scalar for the vocabulary-parallel
+ * ops that read it (queued on the stream on a device target: its buffer is the device's). */
+static void emit_tensor_rank(Emitter *E, int op) {
+  int y = res(E, op, 0);
+  if (!has_tensor_group(E, op)) return;
+  if (strcmp(tp_attr_string(E->m, op, "group", "tensor"), "tensor") != 0 || type_of(E, y)->dtype != TP_I64 ||
+      type_of(E, y)->rank != 0) {
+    unsupported(E, op, "only the i64 scalar rank in the tensor group is");
+    return;
+  }
+  if (E->target->fill_i64) {
+    E->uses_check = true;
+    emit(E, "CHECK(%s(%v, io->tensor_rank, io->stream));", E->target->fill_i64, y);
+  } else {
+    emit(E, "*(int64_t *)%v = io->tensor_rank;", y);
+  }
+}
+
 /* The tensor group's ops (passes/shard_tensor.c). TensorCopy is the identity on every
  * rank: its result is a view of its operand (memory.c), nothing runs. AllReduce sums its
  * operand over the group in place through the runtime's io->tensor_allreduce (the same
@@ -576,12 +603,7 @@ static void emit_call(Emitter *E, const TpBound *b, const Views *w) {
 static void emit_tensor_op(Emitter *E, int op) {
   const TpModule *m = E->m;
   int x = in(E, op, 0), y = res(E, op, 0);
-  if (!f32_only(E, op)) return;
-  if (E->tensor <= 1) {
-    E->rc = tp_error_op(E->d, m, op, "codegen: %s works over the tensor group, but the module has none (tokpipec "
-                        "--tensor N)", tp_op_info[m->ops[op].kind].name);
-    return;
-  }
+  if (!f32_only(E, op) || !has_tensor_group(E, op)) return;
   if (strcmp(tp_attr_string(m, op, "group", "tensor"), "tensor") != 0 ||
       (m->ops[op].kind == TP_OP_AllReduce && strcmp(tp_attr_string(m, op, "reduce", "sum"), "sum") != 0)) {
     unsupported(E, op, "only sums over the tensor group are");
@@ -608,6 +630,10 @@ static void emit_op(Emitter *E, int op) {
   if (o->kind == TP_OP_Reshape && reshape_is_view(E->mem, op, m)) return;
   if (o->kind == TP_OP_TensorCopy || o->kind == TP_OP_AllReduce) {
     emit_tensor_op(E, op);
+    return;
+  }
+  if (o->kind == TP_OP_TensorRank) {
+    emit_tensor_rank(E, op);
     return;
   }
   if (!r->bind) {
@@ -870,16 +896,13 @@ static void emit_constant(Emitter *E, int v, FILE *out) {
   fputs("};\n", out);
 }
 
-/* The vocabulary: the classes of the loss, else of the first output [B, T, V]. */
+/* The vocabulary: the classes of the loss (the whole vocabulary's where it is split over
+ * the tensor ranks), else of the first output [B, T, V]. */
 static int64_t vocab_size(const TpModule *m) {
   for (int op = 0; op < m->nops; op++) {
     TpOpKind k = m->ops[op].kind;
-    if (k == TP_OP_CrossEntropy) {
-      const TpType *t = &m->values[m->ops[op].inputs[0]].type;
-      return t->dims[t->rank - 1];
-    }
-    if (k == TP_OP_SoftmaxCrossEntropyLoss || k == TP_OP_NegativeLogLikelihoodLoss)
-      return m->values[m->ops[op].inputs[0]].type.dims[1];
+    if (k == TP_OP_CrossEntropy || k == TP_OP_SoftmaxCrossEntropyLoss || k == TP_OP_NegativeLogLikelihoodLoss)
+      return tp_loss_classes(m, op);
   }
   if (m->noutputs && m->values[m->outputs[0]].type.rank == 3) return m->values[m->outputs[0]].type.dims[2];
   return 0;

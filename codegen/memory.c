@@ -472,6 +472,15 @@ static bool moves_ids(const TpModule *m, const TpOp *o, const bool *ids) {
   }
 }
 
+int64_t tp_loss_classes(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  const TpType *t = &m->values[o->inputs[0]].type;
+  if (o->kind != TP_OP_CrossEntropy) return t->dims[1];
+  const TpType *stats = o->ninputs > 2 && o->inputs[2] >= 0 ? &m->values[o->inputs[2]].type : NULL;
+  int64_t parts = stats ? (stats->dims[stats->rank - 1] - 1) / 2 : 1; /* 2 P + 1 columns (ir/infer.c) */
+  return t->dims[t->rank - 1] * parts;
+}
+
 int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, size_t what_size) {
   bool *ids = calloc((size_t)m->nvalues + 1, sizeof *ids);
   TP_ASSERT(ids);
@@ -496,12 +505,12 @@ int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, 
       int64_t axis = o->kind == TP_OP_Gather ? tp_attr_int(m, op, "axis", 0) : 0;
       if (axis < 0) axis += t->rank;
       if (axis < 0 || axis >= t->rank) continue;
-      n = t->dims[axis];
+      n = t->dims[axis] * (o->kind == TP_OP_Embedding ? tp_attr_int(m, op, "vocab_parts", 1) : 1);
       if (n > 0 && (!limit || n < limit))
         snprintf(what, what_size, "the %lld rows of table '%s'", (long long)n, m->values[o->inputs[0]].name);
     } else if (o->kind == TP_OP_CrossEntropy || o->kind == TP_OP_SoftmaxCrossEntropyLoss ||
                o->kind == TP_OP_NegativeLogLikelihoodLoss) {
-      n = o->kind == TP_OP_CrossEntropy ? t->dims[t->rank - 1] : t->dims[1];
+      n = tp_loss_classes(m, op);
       if (n > 0 && (!limit || n < limit))
         snprintf(what, what_size, "the %lld classes of the loss on '%s'", (long long)n, m->values[o->inputs[0]].name);
     }

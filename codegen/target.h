@@ -64,6 +64,7 @@ typedef struct {
   int device_header;
   const char *constant;     /* F(io->stream, array, sizeof array): the device copy of a constant */
   const char *copy_to_host; /* F(host, device, bytes, io->stream): queues a copy to the host (the loss) */
+  const char *fill_i64;     /* F(dst, value, io->stream): queues storing one int64 (TensorRank) */
 } TpTarget;
 
 /* The target named `name` in `precision` (NULL: its first, fp32), or NULL. */

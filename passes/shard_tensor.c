@@ -12,11 +12,22 @@
  *    forward, all-reduce of the input gradient backward), one per input value. The parts
  *    are N, except for K/V projections of fewer heads than ranks (grouped or multi-query
  *    attention) when N is a multiple of them: then each head is one part, held by N/heads
- *    ranks (TpShard). A fused Q|K|V product split three ways keeps three chunks.
+ *    ranks (TpShard). A fused Q|K|V product cut into equal chunks (by Split, by Slice at
+ *    the chunk boundaries, or by Gather, after a Reshape into heads or not) keeps them:
+ *    each rank holds its piece of every chunk.
+ *  - Such a product stays whole instead (replicated, computed alike on every rank, with
+ *    the attention it feeds) when the heads cannot be cut as TpShard writes them: K/V
+ *    fused with more query heads (Falcon's multi-query Q|K|V: unequal chunks), or an
+ *    attention bias constant that differs per head (ALiBi), which each rank would need
+ *    its own part of while only params are split.
  *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, Split,
  *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
- *    head-major fused Q|K|V, partial rotary), Rotary and Attention (which gets the
- *    per-rank head counts).
+ *    head-major fused Q|K|V, partial rotary), Slice of one whole chunk, Gather along
+ *    another axis (Bloom's [heads, 3, head_dim]), Rotary and Attention (which gets the
+ *    per-rank head counts; a mask alike for every head stays whole, a per-head bias that
+ *    is a param it alone reads is split with the heads). A trainable value
+ *    such an op broadcasts along the split axis (a scale, a Rotary table exported as a
+ *    param) passes through TensorCopy, whose backward sums the ranks' partial gradients.
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
  *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
  *    sums it; its bias is added once after the sum.
@@ -64,7 +75,7 @@ static int refuse(Shard *s, int op, const char *why) {
 static bool carries_split(TpOpKind k) {
   return (tp_op_info[k].traits & TP_TRAIT_ELEMENTWISE) || k == TP_OP_SwiGLU || k == TP_OP_Reshape ||
          k == TP_OP_Transpose || k == TP_OP_Split || k == TP_OP_Slice || k == TP_OP_Concat || k == TP_OP_Rotary ||
-         k == TP_OP_Attention;
+         k == TP_OP_Attention || k == TP_OP_Gather;
 }
 
 /* Is op a residual: an Add or Sub of v and another activation (not only constants and
@@ -130,7 +141,7 @@ static int64_t heads_of(const TpModule *m, int y, bool *kv) {
       *kv = i == 1 || i == 2;
       break;
     }
-    if (op->kind == TP_OP_Reshape && !heads && out->rank == in->rank + 1) heads = out->dims[in->rank - 1];
+    if (op->kind == TP_OP_Reshape && !heads && out->rank > in->rank) heads = out->dims[in->rank - 1];
     if (!carries_split(op->kind) || op->kind == TP_OP_Linear) break;
     v = op->outputs[0];
   }
@@ -194,13 +205,173 @@ static int add_after(Shard *s, int after, TpOpKind kind, const int *in, int nin,
   return tp_infer_op(s->m, op, s->d) == TP_OK ? s->m->ops[op].outputs[0] : -1;
 }
 
+static int reshape_axis(const TpType *in, const TpType *out, int a, int p);
+
+/* The chunks cut_pieces finds: their length (0: none yet), a value holding the first, and
+ * whether every cut so far is one chunk at a chunk boundary. */
+typedef struct {
+  int64_t len;
+  int piece;
+  bool equal;
+} Cuts;
+
+static void cut(Cuts *c, int64_t at, int64_t len, int value) {
+  if (!c->len) c->len = len, c->piece = value;
+  c->equal &= len == c->len && len > 0 && at % len == 0;
+}
+
+/* How the readers of column product y cut the axis a split would follow (y's features, or
+ * the heads axis of a Reshape of y into heads): into *chunks equal chunks (1: not cut), by
+ * Split, Slice or Gather; *piece is a value holding one chunk (-1: none). False when the
+ * cuts are unequal or off the chunk boundaries (K/V fused with more query heads: Falcon's
+ * multi-query Q|K|V), which TpShard cannot write as one split. */
+static bool cut_pieces(const TpModule *m, int y, int *chunks, int *piece) {
+  int v = y, a = m->values[y].type.rank - 1, i, r = sole_reader(m, y, &i);
+  *chunks = 1, *piece = -1;
+  if (r >= 0 && m->ops[r].kind == TP_OP_Reshape && m->values[m->ops[r].outputs[0]].type.rank > a + 1) {
+    v = m->ops[r].outputs[0];
+    a = reshape_axis(&m->values[y].type, &m->values[v].type, a, 1);
+    if (a < 0) return true; /* follow() refuses the Reshape */
+  }
+  const TpType *t = &m->values[v].type;
+  Cuts c = {0, -1, true};
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    if (op->ninputs < 1 || op->inputs[0] != v) continue;
+    int n, axis = (int)tp_attr_int(m, o, "axis", 0), out = op->outputs[0];
+    if (axis < 0) axis += t->rank;
+    if (op->kind == TP_OP_Split && axis == a) {
+      int64_t at = 0;
+      for (int k = 0; k < op->noutputs; k++) {
+        int64_t len = op->outputs[k] >= 0 ? m->values[op->outputs[k]].type.dims[a] : 0;
+        cut(&c, at, len, op->outputs[k]);
+        at += len;
+      }
+    } else if (op->kind == TP_OP_Slice && m->values[out].type.dims[a] != t->dims[a]) {
+      const int64_t *starts = tp_attr_ints(m, o, "starts", &n), *steps = tp_attr_ints(m, o, "steps", &n);
+      cut(&c, starts[a] < 0 ? starts[a] + t->dims[a] : starts[a], m->values[out].type.dims[a], out);
+      c.equal &= steps[a] == 1;
+    } else if (op->kind == TP_OP_Gather && axis == a) {
+      int idx = op->inputs[1];
+      TpDType dt = m->values[idx].type.dtype;
+      bool one = m->values[idx].kind == TP_VAL_CONST && tp_type_numel(&m->values[idx].type) == 1 &&
+                 (dt == TP_I64 || dt == TP_I32);
+      const void *p = one ? tp_value_data(m, idx) : NULL;
+      int64_t k = !p ? 0 : dt == TP_I64 ? *(const int64_t *)p : *(const int32_t *)p;
+      cut(&c, k < 0 ? k + t->dims[a] : k, 1, out);
+      c.equal &= one;
+    }
+  }
+  if (!c.equal || (c.len && t->dims[a] % c.len != 0)) return false;
+  if (c.len) *chunks = (int)(t->dims[a] / c.len), *piece = c.piece;
+  return true;
+}
+
+/* Does Attention op add a bias that differs per head (ALiBi's slopes): a mask/bias operand
+ * whose heads axis (of the scores [B, H, S, T], aligned from the right) is not 1? */
+static bool per_head_bias(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  if (o->ninputs < 4 || o->inputs[3] < 0) return false;
+  const TpType *t = &m->values[o->inputs[3]].type;
+  return t->rank >= 3 && t->dims[t->rank - 3] > 1;
+}
+
+/* Is Attention op's bias a param that it alone reads (then split with the heads)? */
+static bool own_bias(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  return o->ninputs > 3 && o->inputs[3] >= 0 && m->values[o->inputs[3]].kind == TP_VAL_PARAM &&
+         tp_use_count(m, o->inputs[3]) == 1;
+}
+
+/* Does v reach the Q, K or V of an Attention with a per-head bias that is not its own
+ * param (a constant: ALiBi's) within its block? */
+static bool feeds_per_head_bias(const TpModule *m, int v, bool *seen) {
+  if (seen[v]) return false;
+  seen[v] = true;
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    for (int i = 0; i < op->ninputs; i++) {
+      if (op->inputs[i] != v) continue;
+      if (op->kind == TP_OP_Attention && i < 3 && per_head_bias(m, o) && !own_bias(m, o)) return true;
+      if (op->kind == TP_OP_Attention || op->kind == TP_OP_Linear || !carries_split(op->kind) || residual(m, op, v))
+        continue;
+      for (int r = 0; r < op->noutputs; r++)
+        if (op->outputs[r] >= 0 && feeds_per_head_bias(m, op->outputs[r], seen)) return true;
+    }
+  }
+  return false;
+}
+
+/* Why the column candidate Linear op stays whole, computed alike on every rank with the
+ * attention it feeds, or NULL: its result's heads are cut unequally (cut_pieces), or that
+ * attention's bias differs per head (ALiBi): each rank would need its own constant, which
+ * the plan cannot hold (only params are split). */
+static const char *whole_reason(const Shard *s, int op) {
+  int chunks, piece, y = s->m->ops[op].outputs[0];
+  if (!cut_pieces(s->m, y, &chunks, &piece))
+    return "its heads are cut into unequal groups (multi-query K/V fused with Q)";
+  bool *seen = calloc((size_t)s->m->nvalues, 1);
+  TP_ASSERT(seen);
+  bool found = feeds_per_head_bias(s->m, y, seen);
+  free(seen);
+  return found ? "its attention adds a bias that differs per head (ALiBi)" : NULL;
+}
+
+/* One note line: how many products stay whole (whole_reason), naming the first. */
+static void note_whole(const Shard *s, int nwhole, int first, const char *why) {
+  const TpModule *m = s->m;
+  if (!nwhole || !s->d->stream) return;
+  const char *node = m->ops[first].origin.node;
+  if (!node) node = m->values[m->ops[first].outputs[0]].name;
+  tp_print_line(s->d->stream,
+                "%s: note: %s%sshard-tensor keeps %d attention product%s whole on every tensor rank, such as '%s': %s",
+                s->d->tool ? s->d->tool : "tokpipec", s->d->file ? s->d->file : "", s->d->file ? ": " : "", nwhole,
+                nwhole > 1 ? "s" : "", node, why);
+}
+
+/* The chunks of split value v: those of the column product it views (through Reshape and
+ * Transpose); 1 for a value cut out of it. */
+static int chunks_of(const Shard *s, int v) {
+  const TpModule *m = s->m;
+  for (int def = m->values[v].def; def >= 0; def = m->values[v].def) {
+    const TpOp *op = &m->ops[def];
+    const TpShard *sh = op->kind == TP_OP_Linear ? &m->values[op->inputs[1]].shard : NULL;
+    if (sh) return sh->chunks > 1 ? sh->chunks : 1;
+    if (op->kind != TP_OP_Reshape && op->kind != TP_OP_Transpose) break;
+    v = op->inputs[0];
+  }
+  return 1;
+}
+
+/* Routes operand i of op, replicated while op works on split values (or makes them: a
+ * column-parallel product's input), through TensorCopy (Megatron's f), one per value,
+ * unless it is a constant or not a float: each rank differentiates it by its own part only
+ * (also a trainable Rotary table, a scale broadcast over the split features), so its
+ * gradient must be summed over the ranks. */
+static int share_operand(Shard *s, int op, int i) {
+  TpModule *m = s->m;
+  int v = m->ops[op].inputs[i];
+  if (v < 0 || s->axis[v] >= 0 || m->values[v].kind == TP_VAL_CONST || !tp_dtype_is_float(m->values[v].type.dtype))
+    return TP_OK;
+  if (s->copy_of[v] < 0)
+    s->copy_of[v] = add_after(s, op, TP_OP_TensorCopy, &v, 1, tp_strfmt(m, "%s.tp", m->values[v].name));
+  if (s->copy_of[v] < 0) return TP_ERR_INPUT;
+  m->ops[op].inputs[i] = s->copy_of[v];
+  return TP_OK;
+}
+
 /* Column-parallel Linear op (replicated input). */
 static int column(Shard *s, int op) {
   TpModule *m = s->m;
-  int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
+  int w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
   int y = m->ops[op].outputs[0];
   bool kv;
+  int chunks, piece;
+  cut_pieces(m, y, &chunks, &piece); /* equal: whole_reason() checked */
   int64_t heads = heads_of(m, y, &kv);
+  int i, r = sole_reader(m, y, &i);
+  if (!heads && piece >= 0) heads = heads_of(m, piece, &kv);
+  else if (r >= 0 && m->ops[r].kind == TP_OP_Reshape) heads /= chunks; /* the chunks cut y's heads */
   int parts = s->ranks;
   if (heads && heads % s->ranks != 0) {
     if (!kv || s->ranks % heads != 0)
@@ -208,22 +379,10 @@ static int column(Shard *s, int op) {
                                      kv ? "key/value" : "query"));
     parts = (int)heads; /* one head per part, N/heads ranks each */
   }
-  int chunks = 1, i;
-  int reader = sole_reader(m, y, &i);
-  int last = m->values[y].type.rank - 1;
-  if (reader >= 0 && m->ops[reader].kind == TP_OP_Split && tp_attr_int(m, reader, "axis", -1) == last) {
-    const TpOp *split = &m->ops[reader];
-    chunks = split->noutputs;
-    for (int k = 0; k < chunks; k++)
-      if (split->outputs[k] < 0 || m->values[split->outputs[k]].type.dims[last] * chunks != m->values[y].type.dims[last])
-        return refuse(s, op, "its result is split into unequal parts (a fused product of unlike heads)");
-  }
   bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
   if (split_param(s, op, w, tw ? 0 : 1, parts, chunks) || (b >= 0 && split_param(s, op, b, 0, parts, chunks)))
     return TP_ERR_INPUT;
-  if (s->copy_of[x] < 0) s->copy_of[x] = add_after(s, op, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
-  if (s->copy_of[x] < 0) return TP_ERR_INPUT;
-  m->ops[op].inputs[0] = s->copy_of[x];
+  if (share_operand(s, op, 0)) return TP_ERR_INPUT;
   if (reinfer(s, op)) return TP_ERR_INPUT;
   mark(s, y, m->values[y].type.rank - 1, parts);
   return TP_OK;
@@ -263,6 +422,38 @@ static int reshape_axis(const TpType *in, const TpType *out, int a, int p) {
   return -1;
 }
 
+/* A Slice of split value x that takes one whole chunk of it (a fused Q|K|V cut along its
+ * features, MPT): this rank's piece of that chunk. */
+static int slice_chunk(Shard *s, int op) {
+  TpModule *m = s->m;
+  int n, x = m->ops[op].inputs[0], y = m->ops[op].outputs[0], a = s->axis[x], p = s->parts[x];
+  int64_t whole = m->values[x].type.dims[a] * p, len = m->values[y].type.dims[a];
+  const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
+  if (chunks_of(s, x) < 2 || steps[a] != 1 || len <= 0 || len * chunks_of(s, x) != whole || starts[a] % len || len % p)
+    return refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
+  int64_t local[TP_MAX_RANK];
+  memcpy(local, starts, (size_t)n * sizeof *local);
+  local[a] /= p;
+  tp_set_attr_ints(m, op, "starts", local, n);
+  m->values[y].type.dims[a] /= p;
+  mark(s, y, a, p);
+  return tp_infer_op(m, op, s->d); /* checks the preset result */
+}
+
+/* A Gather of split data along another axis with replicated indices (Bloom picks q, k or v
+ * out of each head's [3, head_dim]). */
+static int gather(Shard *s, int op) {
+  TpModule *m = s->m;
+  int x = m->ops[op].inputs[0], idx = m->ops[op].inputs[1], a = s->axis[x];
+  int g = (int)tp_attr_int(m, op, "axis", 0);
+  if (g < 0) g += m->values[x].type.rank;
+  if (a < 0 || s->axis[idx] >= 0)
+    return refuse(s, op, tp_strfmt(m, "its indices %%%s are split over the ranks", m->values[idx].name));
+  if (g == a) return refuse(s, op, "it picks along the axis split over the ranks");
+  mark(s, m->ops[op].outputs[0], a < g ? a : a + m->values[idx].type.rank - 1, s->parts[x]);
+  return reinfer(s, op);
+}
+
 /* An op other than Linear reading at least one split value. */
 static int follow(Shard *s, int op) {
   TpModule *m = s->m;
@@ -287,6 +478,11 @@ static int follow(Shard *s, int op) {
   }
   case TP_OP_Split:
     if (s->axis[x] < 0) return refuse(s, op, "its operand is replicated");
+    if ((tp_attr_int(m, op, "axis", 0) + ry) % ry == s->axis[x] && chunks_of(s, x) != o->noutputs)
+      return refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
+    for (int r = 0; r < o->noutputs; r++)
+      if (o->outputs[r] >= 0 && m->values[o->outputs[r]].type.dims[s->axis[x]] % s->parts[x])
+        return refuse(s, op, "its parts do not cut into whole pieces per rank (heads that do not divide)");
     for (int r = 0; r < o->noutputs; r++)
       if (o->outputs[r] >= 0) {
         m->values[o->outputs[r]].type.dims[s->axis[x]] /= s->parts[x];
@@ -298,7 +494,7 @@ static int follow(Shard *s, int op) {
     const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
     TpType *out = &m->values[y].type;
     if (starts[a] != 0 || steps[a] != 1 || out->dims[a] != m->values[x].type.dims[a] * s->parts[x])
-      return refuse(s, op, "it cuts the axis split over the ranks");
+      return slice_chunk(s, op);
     out->dims[a] /= s->parts[x];
     mark(s, y, a, s->parts[x]);
     return tp_infer_op(m, op, s->d); /* checks the preset result */
@@ -310,9 +506,18 @@ static int follow(Shard *s, int op) {
         return refuse(s, op, "its operands are not all split along one axis it does not join along");
     mark(s, y, s->axis[x], s->parts[x]);
     return reinfer(s, op);
-  case TP_OP_Attention:
-    for (int i = 0; i < o->ninputs; i++)
-      if (i > 2 && o->inputs[i] >= 0) return refuse(s, op, "a mask or past keys would need splitting too");
+  case TP_OP_Gather:
+    return gather(s, op);
+  case TP_OP_Attention: { /* a mask or bias alike for every head stays whole */
+    int bias = o->ninputs > 3 ? o->inputs[3] : -1, a = bias >= 0 ? m->values[bias].type.rank - 3 : -1;
+    bool per_head = per_head_bias(m, op);
+    if (per_head && own_bias(m, op)) { /* a per-head bias param: split with the heads */
+      if (split_param(s, op, bias, a, s->parts[x], 1)) return TP_ERR_INPUT;
+      mark(s, bias, a, s->parts[x]);
+    }
+    for (int i = 3; i < o->ninputs; i++)
+      if (o->inputs[i] >= 0 && (i > 3 || (per_head ? s->axis[bias] != a : s->axis[bias] >= 0)))
+        return refuse(s, op, "a per-head bias or past keys would need splitting too");
     for (int i = 0; i < 3; i++)
       if (s->axis[o->inputs[i]] != m->values[o->inputs[i]].type.rank - (m->values[x].type.rank == 4 ? 3 : 1))
         return refuse(s, op, tp_strfmt(m, "its operand %%%s is not split by heads", m->values[o->inputs[i]].name));
@@ -320,8 +525,10 @@ static int follow(Shard *s, int op) {
       tp_set_attr_int(m, op, "q_num_heads", tp_attr_int(m, op, "q_num_heads", 0) / s->parts[x]);
     if (tp_get_attr(m, op, "kv_num_heads"))
       tp_set_attr_int(m, op, "kv_num_heads", tp_attr_int(m, op, "kv_num_heads", 0) / s->parts[o->inputs[1]]);
+    if (o->ninputs > 3 && share_operand(s, op, 3)) return TP_ERR_INPUT;
     mark(s, y, s->axis[x], s->parts[x]);
     return reinfer(s, op);
+  }
   default:
     break;
   }
@@ -348,6 +555,8 @@ static int follow(Shard *s, int op) {
       return refuse(s, op, tp_strfmt(m, "it combines the split %%%s with the replicated %%%s", m->values[split].name,
                                      m->values[v].name));
   }
+  for (int i = 0; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
+    if (share_operand(s, op, i)) return TP_ERR_INPUT;
   mark(s, y, axis, parts);
   return reinfer(s, op);
 }
@@ -503,7 +712,8 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
   if (m->tensor <= 1) return TP_OK;
   if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
   Shard s = {m, d, m->tensor, NULL, NULL, NULL};
-  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK;
+  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1;
+  const char *first_why = NULL;
   /* values added below are replicated and never split: room for them too */
   int cap = nvalues + 3 * nops;
   s.axis = malloc((size_t)cap * sizeof *s.axis);
@@ -522,6 +732,9 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
       int blocker = -1;
       memset(seen, 0, (size_t)m->nvalues);
       bool block = m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, o->outputs[0], seen, &blocker);
+      const char *why = block ? whole_reason(&s, op) : NULL;
+      if (why && !nwhole++) first_whole = op, first_why = why;
+      block = block && !why;
       if (block && blocker >= 0)
         rc = refuse(&s, blocker, tp_strfmt(m, "it lies between the column-parallel product %%%s and a row-parallel one",
                                            m->values[o->outputs[0]].name));
@@ -540,6 +753,7 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
   free(s.parts);
   free(s.copy_of);
   free(seen);
+  if (rc == TP_OK) note_whole(&s, nwhole, first_whole, first_why);
   if (rc == TP_OK) tp_sort_ops(m);
   return rc;
 }

@@ -10,6 +10,14 @@ TpKernelStatus tp_cuda_copy_to_host(void *host, const void *device, size_t bytes
   return TP_KERNEL_OK;
 }
 
+/* One thread: the value travels in the launch, so the host's copy may change at once. */
+__global__ void fill_i64_kernel(int64_t *dst, int64_t value) { *dst = value; }
+
+TpKernelStatus tp_cuda_fill_i64(int64_t *dst, int64_t value, TpStream *stream) {
+  TP_LAUNCH(fill_i64_kernel, dim3(1), dim3(1), stream->cuda, dst, value);
+  return TP_KERNEL_OK;
+}
+
 /* ---- Softmax: rows of n in place for inner 1; else [outer, n, inner] is transposed to
  * rows in scratch and back ---- */
 

@@ -47,6 +47,9 @@ extern const TpPlanDevice tp_plan_device_cuda;
  * io->loss): the host reads it after it synchronizes with s. */
 TpKernelStatus tp_cuda_copy_to_host(void *host, const void *device, size_t bytes, TpStream *stream);
 
+/* Queues storing `value` at the device's *dst on s (a unit's TensorRank: io->tensor_rank). */
+TpKernelStatus tp_cuda_fill_i64(int64_t *dst, int64_t value, TpStream *stream);
+
 
 /* ---- cpu/elementwise.h ---- */
 TpKernelStatus tp_cuda_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y, TpStream *stream);

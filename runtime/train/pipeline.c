@@ -722,7 +722,8 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
   return (TpStepIO){.arena = R->arena[mb % R->st->arenas], .param = R->param, .grad = R->scratch,
                     .tokens = t->dev_tokens + row * P->seq, .targets = t->dev_targets + row * P->seq, .loss = NAN,
                     .compute = t->compute, .stream = R->stream,
-                    .tensor_allreduce = tensor ? tensor_allreduce : NULL, .tensor_ctx = tensor ? R : NULL};
+                    .tensor_allreduce = tensor ? tensor_allreduce : NULL, .tensor_ctx = tensor ? R : NULL,
+                    .tensor_rank = R->tensor};
 }
 
 /* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it

@@ -133,8 +133,8 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce,
- * TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
+/* 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
+ * tensor_rank, TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
  * compute and stream); what "ABI 2" names below (plans with stages) and "ABI 1" (without) is
  * unchanged. */
 #define TP_PLAN_ABI 5
@@ -196,6 +196,10 @@ struct TpStepIO {
    * tensor group, in place, ordered after that work; every member gets the same bits. */
   void (*tensor_allreduce)(TpStepIO *io, float *buf, int64_t count);
   void *tensor_ctx; /* the runtime's, for tensor_allreduce */
+  /* This rank's place t = r % N in its tensor group (0 when plan->tensor == 1): the unit
+   * writes it where the IR's TensorRank asks (the vocabulary range a vocabulary-parallel
+   * embedding, LM head and cross-entropy hold). */
+  int tensor_rank;
 };
 
 typedef void (*TpUnitFn)(TpStepIO *io);
@@ -289,7 +293,8 @@ struct TpPlan {
   int64_t batch, seq, vocab; /* batch: rows of one microbatch (the compiled batch dim) */
   /* Token ids (inputs and targets) must be below token_limit: the fewest rows of every
    * table they index (embedding and Gather tables, the loss's classes), which
-   * token_limit_of names for errors ("the 100 rows of table 'wte'"). 0 and NULL: vocab. */
+   * token_limit_of names for errors ("the 100 rows of table 'wte'"). 0 and NULL: vocab.
+   * Both count whole tables and the whole vocabulary, also where tensor ranks split them. */
   int64_t token_limit;
   const char *token_limit_of;
   int nparams;

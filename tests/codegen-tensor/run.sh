@@ -15,6 +15,11 @@
 #             parameters, gradients and AdamW state; --max-memory refuses per rank
 #   copy      an AllReduce whose operand is read again sums a copy (not in place); one in a
 #             module without a tensor group is refused
+#   rank      vocabulary-parallel plans (a tied and an untied head): every TensorRank of the
+#             IR writes io->tensor_rank (cpu: stored, cuda: tp_cuda_fill_i64 on the stream),
+#             and .vocab, .token_limit and what it names are --tensor 1's, the whole
+#             vocabulary's, though each rank's table holds half its rows; a TensorRank in a
+#             module without a tensor group is refused
 case=$1 bin=$2 src=$3 work=$4/$1 cc=$5
 root=$src/../..
 fixtures=$root/tests/fixtures
@@ -95,8 +100,9 @@ plans)
   plan gpt_dyn "$fixtures/gpt_o14_tanh_untied_nobias_dyn/model.onnx" $(cat "$fixtures/gpt_o14_tanh_untied_nobias_dyn/dims") --tensor 2
   plan hf_llama "$llama" --tensor 2
   # 3 layers x (attention, MLP) x (forward after the row-parallel product, backward at the
-  # column-parallel one's input)
-  check_reduces hf_llama.cpu.c 12 || fail "hf_llama: expected 12 calls"
+  # column-parallel one's input), and the vocabulary-parallel embedding's, loss statistics'
+  # and LM head input gradient's
+  check_reduces hf_llama.cpu.c 15 || fail "hf_llama: expected 15 calls"
   ;;
 
 compose)
@@ -189,6 +195,45 @@ TIR
   expect_message 1 "AllReduce without a tensor group" \
     "whole.tir: node '/fc' (MatMul, opset 17): codegen: AllReduce works over the tensor group, but the module has none (tokpipec --tensor N)" \
     "$bin/tokpipe-opt" whole.tir --emit=c -o whole.c
+  ;;
+
+rank)
+  for m in "gpt_static $gpt" "llama $llama"; do
+    name=${m%% *} model=${m#* }
+    plan "$name" "$model" --tensor 2 || continue
+    ranks=$(grep -c '= TensorRank()' "$name.tir")
+    [ "$ranks" -gt 0 ] || { fail "$name: the IR has no TensorRank"; continue; }
+    cpu=$(grep -c '^  \*(int64_t \*)[A-Za-z0-9_]*\.data = io->tensor_rank;$' "$name.cpu.c")
+    cuda=$(grep -c '^  CHECK(tp_cuda_fill_i64([A-Za-z0-9_]*\.data, io->tensor_rank, io->stream));$' "$name.cuda.c")
+    [ "$cpu" = "$ranks" ] && [ "$cuda" = "$ranks" ] && ok "$name: $ranks TensorRank ops write io->tensor_rank" ||
+      fail "$name: $ranks TensorRank ops, $cpu io->tensor_rank stores (cpu), $cuda tp_cuda_fill_i64 (cuda)"
+    expect_exit 0 "$name --tensor 1" "$tokpipec" "$model" -o "$name.one.c" || continue
+    for field in vocab token_limit token_limit_of; do
+      one=$(sed -n "s/^    \.$field = \(.*\),$/\1/p" "$name.one.c") two=$(sed -n "s/^    \.$field = \(.*\),$/\1/p" "$name.cpu.c")
+      [ -n "$one" ] && [ "$one" = "$two" ] && ok "$name: .$field = $two" || fail "$name: .$field: --tensor 2 '$two', --tensor 1 '$one'"
+    done
+    table=$(sed -n "s/^    \.token_limit_of = \"the [0-9]* rows of table '\(.*\)'\",\$/\1/p" "$name.cpu.c")
+    rows() { sed -n "s/^    {\"$table\", \"[^\"]*\", [0-9]*, {\([0-9]*\),.*/\1/p" "$1"; }
+    whole=$(rows "$name.one.c") part=$(rows "$name.cpu.c")
+    [ -n "$table" ] && [ -n "$part" ] && [ "$((part * 2))" = "$whole" ] &&
+      ok "$name: table '$table' split: $part of its $whole rows per rank" ||
+      fail "$name: table '$table': $part rows per rank at --tensor 2, $whole at --tensor 1"
+  done
+  cat >rank.tir <<'TIR'
+tir 1 opset 17
+input %ids : i64[2, 4]
+param %wte : f32[8, 8] = dense<0.5>
+%p : i64[] = TensorRank() {group = "tensor"} loc("/wte" Gather)
+%x : f32[2, 4, 8] = Embedding(%wte, %ids, %p) {vocab_parts = 2} loc("/wte" Gather)
+output %x
+TIR
+  expect_message 1 "TensorRank without a tensor group" \
+    "rank.tir: node '/wte' (Gather, opset 17): codegen: TensorRank works over the tensor group, but the module has none (tokpipec --tensor N)" \
+    "$bin/tokpipe-opt" rank.tir --emit=c -o rank.c
+  sed 's/dense<0.5>/dense<0.5> @shard(axis=0, parts=2, ranks=2)/' rank.tir >split.tir
+  expect_exit 0 "TensorRank with a tensor group" "$bin/tokpipe-opt" split.tir --emit=c -o split.c &&
+    grep -q '^  \*(int64_t \*)p\.data = io->tensor_rank;$' split.c && ok "split.tir: TensorRank stores io->tensor_rank" ||
+    fail "split.tir: $(grep -n 'tensor_rank' split.c)"
   ;;
 
 *)

@@ -7,13 +7,9 @@
 set -eu
 opt=$1 model=$2 work=$3
 shift 3
-mkdir -p "$work"
-# The printed IR names the model's files relative to the model's folder (a .tir reads blobs
-# from its own folder only): the IR is written beside a copy of the model and its weights.
-cp "$model" "$work/model.onnx"
-for f in "$(dirname "$model")"/*.bin; do
-  if [ -e "$f" ]; then cp "$f" "$work/"; fi
-done
+# The printed IR names the model's files relative to the model's folder: the IR is written
+# beside a copy of the model and its weights.
+sh "$(dirname "$0")/copy-model.sh" "$model" "$work"
 model=$work/model.onnx
 for passes in "" "fold-constants,dce" "fold-constants,dce,retie-params,raise-transformer,add-loss,autodiff,dce"; do
   tag=${passes:-none}
