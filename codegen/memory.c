@@ -64,13 +64,14 @@ static bool is_label_input(const TpModule *m, int v) {
  * nothing else reads those bytes: the operand has a buffer of its own (not a view, a
  * context, a parameter's or a gradient's), and the op is its one reader (not the loss, not
  * a graph output). */
-static bool reduces_in_place(const TpModule *m, const TpMemoryPlan *p, int op) {
+static bool reduces_in_place(const TpModule *m, const TpMemoryPlan *p, const int *uses, int op) {
   int x = m->ops[op].inputs[0];
-  return p->value[x].kind == TP_MEM_ARENA && !tp_context_rows(m, x) && x != m->loss && tp_use_count(m, x) == 1;
+  return p->value[x].kind == TP_MEM_ARENA && !tp_context_rows(m, x) && x != m->loss && uses[x] == 1;
 }
 
-/* Where each value lives, before any placement. */
-static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag *d) {
+/* Where each value lives, before any placement. uses[v]: tp_use_count(m, v), counted once
+ * (asking per op is quadratic in a paper-scale module's ops). */
+static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const int *uses, TpDiag *d) {
   int tokens = -1, targets = -1;
   for (int v = 0; v < m->nvalues; v++) {
     const TpValue *val = &m->values[v];
@@ -127,7 +128,7 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
     int r = o->outputs[0], x = o->inputs[0];
     if (o->kind == TP_OP_Reshape && p->value[r].kind == TP_MEM_GRAD &&
         m->values[x].kind == TP_VAL_RESULT && p->value[x].kind == TP_MEM_NONE && x != m->loss &&
-        tp_use_count(m, x) == 1)
+        uses[x] == 1)
       p->value[x] = p->value[r];
   }
   /* Other results: a Reshape is a view of its operand's bytes, and so is a slice's
@@ -142,7 +143,7 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, TpDiag
       TpMemSlot *s = &p->value[r];
       int64_t context_rows = tp_context_rows(m, r);
       if ((o->kind == TP_OP_Reshape && !tp_is_boundary_op(m, op)) || (context_rows && o->ninputs == 2) ||
-          o->kind == TP_OP_TensorCopy || (o->kind == TP_OP_AllReduce && reduces_in_place(m, p, op))) {
+          o->kind == TP_OP_TensorCopy || (o->kind == TP_OP_AllReduce && reduces_in_place(m, p, uses, op))) {
         s->kind = TP_MEM_VIEW;
         s->index = o->inputs[0];
       } else if (context_rows) {
@@ -197,25 +198,41 @@ static int order_ops(const TpModule *m, TpMemoryPlan *p, int *pos, TpDiag *d) {
   int N = p->nslices, *eff = malloc(((size_t)m->nops + 1) * sizeof *eff);
   TP_ASSERT(eff);
   unit_slices(m, N, eff);
+  /* Run step r of a stage is forward slice r (r < N), then backward slice 2N - 1 - r. One
+   * stable bucket pass puts each op at its (stage, step) in module order (scanning every op
+   * for each unit is quadratic in a paper-scale module). */
+  int steps = 2 * N, *first = calloc((size_t)p->nstages * steps + 1, sizeof *first);
+  TP_ASSERT(first);
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    if (o->stage < 0 || o->stage >= p->nstages || eff[op] < 0 || eff[op] >= N) continue;
+    int r = o->phase == TP_PHASE_FORWARD ? eff[op] : 2 * N - 1 - eff[op];
+    first[o->stage * steps + r + 1]++;
+  }
   for (int s = 0; s < p->nstages; s++) {
     p->order[s] = malloc((size_t)(m->nops + 1) * sizeof(int));
     p->unit_begin[s] = malloc(sizeof(int) * 2 * (size_t)N);
     p->unit_end[s] = malloc(sizeof(int) * 2 * (size_t)N);
     TP_ASSERT(p->order[s] && p->unit_begin[s] && p->unit_end[s]);
-    for (int phase = TP_PHASE_FORWARD; phase <= TP_PHASE_BACKWARD; phase++) {
-      for (int k = 0; k < N; k++) {
-        int slice = phase == TP_PHASE_FORWARD ? k : N - 1 - k, unit = phase * N + slice;
-        p->unit_begin[s][unit] = p->norder[s];
-        for (int op = 0; op < m->nops; op++)
-          if (m->ops[op].stage == s && (int)m->ops[op].phase == phase && eff[op] == slice) {
-            pos[op] = p->norder[s];
-            p->order[s][p->norder[s]++] = op;
-          }
-        p->unit_end[s][unit] = p->norder[s];
-      }
-      if (phase == TP_PHASE_FORWARD) p->nforward[s] = p->norder[s];
+    int *at = &first[s * steps];
+    at[0] = 0;
+    for (int r = 0; r < steps; r++) {
+      int slice = r < N ? r : 2 * N - 1 - r, unit = (r < N ? TP_PHASE_FORWARD : TP_PHASE_BACKWARD) * N + slice;
+      at[r + 1] += at[r];
+      p->unit_begin[s][unit] = at[r];
+      p->unit_end[s][unit] = at[r + 1];
     }
+    p->norder[s] = at[steps];
+    p->nforward[s] = at[N];
   }
+  for (int op = 0; op < m->nops; op++) { /* first[s * steps + r] walks through step r's places */
+    const TpOp *o = &m->ops[op];
+    if (o->stage < 0 || o->stage >= p->nstages || eff[op] < 0 || eff[op] >= N) continue;
+    int r = o->phase == TP_PHASE_FORWARD ? eff[op] : 2 * N - 1 - eff[op], *next = &first[o->stage * steps + r];
+    pos[op] = *next;
+    p->order[o->stage][(*next)++] = op;
+  }
+  free(first);
   /* Every op runs after what it reads on its stage; a forward op must not read what the
    * backward computes. */
   int rc = TP_OK;
@@ -423,16 +440,21 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   p->param_tied_stage = calloc((size_t)nv + 1, sizeof *p->param_tied_stage);
   int *pos = calloc((size_t)no + 1, sizeof *pos);
   bool *used = calloc((size_t)nv + 1, sizeof *used);
+  int *uses = calloc((size_t)nv + 1, sizeof *uses);
   Buf *bufs = malloc((size_t)(nv + no + 1) * sizeof *bufs);
   TP_ASSERT(p->value && p->scratch && p->params && p->arena_bytes && p->live_peak &&
             p->total_bytes && p->nbuffers && p->order && p->norder && p->nforward && pos &&
-            used && bufs && p->unit_begin && p->unit_end && p->messages && p->param_stage &&
+            used && uses && bufs && p->unit_begin && p->unit_end && p->messages && p->param_stage &&
             p->param_tied_stage);
   for (int op = 0; op < no; op++)
     for (int i = 0; i < m->ops[op].ninputs; i++)
-      if (m->ops[op].inputs[i] >= 0) used[m->ops[op].inputs[i]] = true;
+      if (m->ops[op].inputs[i] >= 0) {
+        used[m->ops[op].inputs[i]] = true;
+        uses[m->ops[op].inputs[i]] += !m->ops[op].dead;
+      }
+  for (int i = 0; i < m->noutputs; i++) uses[m->outputs[i]]++;
 
-  int rc = classify(m, p, used, d);
+  int rc = classify(m, p, used, uses, d);
   if (rc == TP_OK) rc = order_ops(m, p, pos, d);
   if (rc == TP_OK) rc = live_ranges(m, p, pos, d);
   if (rc == TP_OK) list_messages(m, p, pos), param_stages(m, p);
@@ -450,6 +472,7 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   }
   free(pos);
   free(used);
+  free(uses);
   free(bufs);
   if (rc != TP_OK) tp_memory_plan_free(p);
   return rc;
