@@ -12,6 +12,7 @@ enum { FOLD_MAX_BYTES = 64 << 20 };
 int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d) {
   const TpOp *o = &m->ops[op];
   *folded = false;
+  if (o->kind == TP_OP_TensorRank) return TP_OK; /* no operands, yet a value per rank */
   size_t bytes = 0;
   for (int i = 0; i < o->ninputs; i++)
     if (o->inputs[i] >= 0 && m->values[o->inputs[i]].kind != TP_VAL_CONST) return TP_OK;

@@ -685,6 +685,8 @@ static int split_vocabularies(Shard *s) {
   if (b >= 0 && (m->values[b].kind != TP_VAL_PARAM || m->values[b].tied >= 0 || m->values[b].shard.parts ||
                  tp_use_count(m, b) != 1))
     head = -1; /* a bias it cannot split with the head: all stays replicated */
+  if (logits >= 0 && m->values[logits].type.dtype != TP_F32)
+    head = -1; /* the parallel cross-entropy takes f32 logits; the plain loss says what it needs */
   if (head >= 0) { /* logits read by the graph output alone */
     axis = tp_attr_int(m, head, "transpose_w", 0) ? 0 : 1;
     int w = m->ops[head].inputs[1];

@@ -306,7 +306,9 @@ static int auto_slices(TpModule *m, const TpModelDesc *whole, int microbatches, 
   char dirs[4096];
   tp_profile_dirs(TOKPIPE_PROFILE_DIRS, dirs, sizeof dirs);
   if (rc == TP_OK) rc = tp_hardware_find("cpu", dirs, &hw, d);
-  if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, m->tensor > 1 ? m->tensor : 1, 1, d);
+  /* described from the split module (whole == NULL), its sizes are one tensor rank's already */
+  int tensor = whole && m->tensor > 1 ? m->tensor : 1;
+  if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, tensor, 1, d);
   if (rc == TP_OK && stages > 1 && stages <= desc.layers && stages <= TP_MAX_STAGES) {
     if (!cuts) { /* assign-stages balances the layers' compute: near-equal cuts */
       cuts = malloc(sizeof(int) * (size_t)stages);

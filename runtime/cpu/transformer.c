@@ -140,6 +140,7 @@ static double stats_sumexp(const float *s, int64_t parts, float *mx) {
 TpKernelStatus tp_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
                                           int64_t V, int64_t parts, float *stats, int64_t *bad) {
   if (!ids_in_range(targets, R, V, parts, false, bad)) return TP_KERNEL_BAD_INDEX;
+  if (*part < 0 || *part >= parts) return TP_KERNEL_BAD_SHAPE; /* a range past the row's columns */
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < R; r++) {
     const float *row = logits + r * V;

@@ -81,7 +81,7 @@ __global__ void cross_entropy_stats_kernel(const float *logits, const int64_t *t
   for (int64_t j = threadIdx.x; j < width; j += blockDim.x) s[j] = 0;
   __syncthreads();
   if (threadIdx.x != 0) return;
-  if (targets[r] < 0 || targets[r] >= V * parts) {
+  if (targets[r] < 0 || targets[r] >= V * parts || *part < 0 || *part >= parts) { /* the range: never past the row */
     atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
     return;
   }

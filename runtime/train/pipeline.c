@@ -1011,6 +1011,17 @@ void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *p
 
 /* A host copy of parameter i (the whole tensor) into device buffer dev: this rank's piece
  * where it is split. */
+/* A host buffer for one tensor rank's piece of parameter i. The whole tensor's host copy is
+ * held meanwhile, so this can still fail: the job ends with one line (the ranks of the
+ * tensor group wait on this one). */
+static float *piece_buffer(Trainer *t, int i) {
+  float *piece = alloc_bytes(t, false, (size_t)t->numel[i] * 4, "a parameter's piece");
+  if (!piece)
+    tp_comm_abort(t->comm, 1, "cannot hold a piece of parameter '%s' beside the whole tensor",
+                  t->plan->params[i].name);
+  return piece;
+}
+
 static void upload(Trainer *t, int i, void *dev, const float *host) {
   const TpPlan *P = t->plan;
   size_t bytes = (size_t)t->numel[i] * 4;
@@ -1018,8 +1029,7 @@ static void upload(Trainer *t, int i, void *dev, const float *host) {
     be(t)->copy_h2d(t->compute, t->stream, dev, host, bytes);
     return;
   }
-  float *piece = alloc_bytes(t, false, bytes, "a parameter's piece");
-  TP_ASSERT(piece); /* no larger than the whole tensor, allocated already */
+  float *piece = piece_buffer(t, i);
   pipe_shard_copy(P, &P->params[i], t->hosted[0]->tensor, piece, (float *)host, false);
   be(t)->copy_h2d(t->compute, t->stream, dev, piece, bytes);
   be(t)->stream_sync(t->compute, t->stream);
@@ -1073,8 +1083,7 @@ static void fetch(Trainer *t, int i, void *dev, float *host) {
     return;
   }
   int N = train_tensor(P);
-  float *piece = train_is_root(t) ? alloc_bytes(t, false, (size_t)t->numel[i] * 4, "a parameter's piece") : NULL;
-  TP_ASSERT(piece || !train_is_root(t)); /* no larger than the whole tensor, allocated already */
+  float *piece = train_is_root(t) ? piece_buffer(t, i) : NULL;
   for (int tensor = 0; tensor < N; tensor += N / p->shard.parts) {
     fetch_piece(t, i, tensor, dev, piece);
     if (piece) pipe_shard_copy(P, p, tensor, piece, host, true);

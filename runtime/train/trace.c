@@ -97,17 +97,19 @@ static int write_json(Trainer *t, const char *path, const TraceEvent *ev, int64_
   const TpPlan *P = t->plan;
   char *out = NULL, line[512];
   size_t len = 0, cap = 0;
-  int S = P->stages ? P->nstages : 1;
+  int S = P->stages ? P->nstages : 1, N = P->stages ? train_tensor(P) : 1;
   int k = snprintf(line, sizeof line, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"stages\": %d, "
-                   "\"replicas\": %d, \"microbatches\": %d, \"slices\": %d, \"dropped_events\": %" PRId64
-                   "}, \"traceEvents\": [\n", S, P->stages ? P->dp : 1, P->stages ? P->microbatches : 1,
+                   "\"tensor\": %d, \"replicas\": %d, \"microbatches\": %d, \"slices\": %d, \"dropped_events\": %"
+                   PRId64 "}, \"traceEvents\": [\n", S, N, P->stages ? P->dp : 1, P->stages ? P->microbatches : 1,
                    P->stages ? P->nslices : 1, dropped);
   append(&out, &len, &cap, line, (size_t)k);
-  for (int r = 0; r < t->nranks; r++) {
+  for (int r = 0; r < t->nranks; r++) { /* rank r = (replica * S + stage) * N + tensor rank (plan.h) */
+    char tensor[32] = "";
+    if (N > 1) snprintf(tensor, sizeof tensor, ", tensor rank %d", r % N);
     k = snprintf(line, sizeof line, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
-                 "{\"name\": \"rank %d: stage %d, replica %d\"}},\n{\"name\": \"process_sort_index\", "
-                 "\"ph\": \"M\", \"pid\": %d, \"args\": {\"sort_index\": %d}}", r ? ",\n" : "", r, r, r % S,
-                 r / S, r, r);
+                 "{\"name\": \"rank %d: stage %d%s, replica %d\"}},\n{\"name\": \"process_sort_index\", "
+                 "\"ph\": \"M\", \"pid\": %d, \"args\": {\"sort_index\": %d}}", r ? ",\n" : "", r, r,
+                 r / N % S, tensor, r / (N * S), r, r);
     append(&out, &len, &cap, line, (size_t)k);
   }
   for (int64_t i = 0; i < n; i++) {
