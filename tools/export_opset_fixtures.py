@@ -1,0 +1,155 @@
+#!/work/venv26/env/bin/python
+"""Export tiny Hugging Face causal LMs with today's torch.onnx.export at each opset 18..23.
+
+Each fixture becomes tests/fixtures/opsets/<name>/ (one level below the GPT fixtures, so the
+training, pipeline and matrix tests do not pick these up; tests/fixtures/opsets/CMakeLists.txt
+registers a forward check for each):
+    model.onnx                  torch.onnx.export(..., dynamo=True, opset_version=K,
+                                external_data=False) of a wrapper returning the logits: one
+                                input_ids [2, 16], fixed shapes; the exporter's optimizer on
+                                unless the name ends in _noopt (optimize=False: CastLike, ...)
+    test_data_set_0/input_0.pb  token ids, int64 [2, 16]
+    test_data_set_0/output_0.pb PyTorch's logits, float32 [2, 16, 128]
+
+The models are built from configs (no model hub): 2 layers, hidden 32, 4 heads, vocab 128,
+no cache, eager attention unless the name ends in _sdpa (torch then emits ONNX's Attention
+at opset 23). To keep the files small, the node metadata the importer does not read (stack
+traces, class hierarchies, name scopes, namespaces: over half of each file) is dropped;
+each node's pkg.torch.onnx.fx_node and the graph's value_info metadata (parameter, buffer
+or constant) are kept as exported. Weights are redrawn from a seeded generator (as export_hf_fixtures.py does) so
+every norm scale and bias shows in the logits. What each one covers is in FIXTURES.
+
+The venv (today's toolchain; the CUDA wheels work on a CPU, about 6 GB):
+    python3 -m venv /work/venv26/env
+    /work/venv26/env/bin/pip install torch==2.15.0 transformers==5.25.0 onnx onnxscript
+Regenerate (deterministic, one thread; rewrites the named fixtures, or all):
+    /work/venv26/env/bin/python tools/export_opset_fixtures.py [NAME...]
+"""
+import contextlib
+import io
+import math
+import os
+import shutil
+import sys
+import warnings
+from collections import Counter
+
+import onnx
+import torch
+import transformers as tf
+from onnx import numpy_helper
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "opsets")
+B, T, VOCAB = 2, 16, 128
+LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=64)
+ARCHS = {  # name -> (config class, config arguments)
+    # Conv1D heads (Gemm), gelu_new decomposed, tied head, Split num_outputs
+    "gpt2": (tf.GPT2Config, dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+    # fused QKV sliced, fused gate/up split, grouped K/V
+    "phi3": (tf.Phi3Config, dict(LLAMA_LIKE, num_key_value_heads=2, pad_token_id=0)),
+    # llama3 rope scaling, grouped K/V
+    "llama3": (tf.LlamaConfig, dict(LLAMA_LIKE, num_key_value_heads=2,
+                                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                      high_freq_factor=4.0,
+                                                      original_max_position_embeddings=16))),
+    # soft-capping (attention and logits), window 8 < T, (1 + w) norms, multi-query, tanh GELU
+    "gemma2": (tf.Gemma2Config, dict(LLAMA_LIKE, num_key_value_heads=1, head_dim=8, sliding_window=8)),
+    # partial rotary (25%), parallel residual, erf GELU, LayerNorm
+    "gpt_neox": (tf.GPTNeoXConfig, dict(LLAMA_LIKE)),
+    # per-head q/k RMSNorm, head_dim given
+    "qwen3": (tf.Qwen3Config, dict(LLAMA_LIKE, num_key_value_heads=2, head_dim=8)),
+}
+FIXTURES = {  # name -> (architecture, opset, attention implementation, exporter optimizer on)
+    "o18_gpt2": ("gpt2", 18, "eager", True),
+    "o18_llama3_noopt": ("llama3", 18, "eager", False),
+    "o19_phi3": ("phi3", 19, "eager", True),
+    "o20_llama3": ("llama3", 20, "eager", True),  # the exporter's default opset
+    "o21_gemma2": ("gemma2", 21, "eager", True),
+    "o22_gpt_neox": ("gpt_neox", 22, "eager", True),
+    "o23_qwen3": ("qwen3", 23, "eager", True),  # RMSNormalization (also on per-head q/k)
+    "o23_gemma2": ("gemma2", 23, "eager", True),  # RMSNormalization of a (1 + w) scale, Gelu
+    "o23_llama3_sdpa": ("llama3", 23, "sdpa", True),  # ONNX Attention, grouped K/V
+    "o23_llama3_noopt": ("llama3", 23, "eager", False),
+}
+
+DROPPED_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.class_hierarchy", "pkg.torch.onnx.name_scopes",
+                    "namespace"}
+
+
+class LogitsOnly(torch.nn.Module):
+    """What a user exports: the model called on input_ids alone, its logits returned."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, input_ids):
+        return self.m(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+
+
+def make_model(arch, attn, seed):
+    cls, kw = ARCHS[arch]
+    config = cls(**kw)
+    config.use_cache = False
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+            else:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
+    return LogitsOnly(model).eval()
+
+
+def save_tensor(array, path, name):
+    with open(path, "wb") as f:
+        f.write(numpy_helper.from_array(array, name).SerializeToString())
+
+
+def main():
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    names = sys.argv[1:] or list(FIXTURES)
+    unknown = sorted(set(names) - set(FIXTURES))
+    if unknown:
+        sys.exit(f"export_opset_fixtures.py: unknown fixture {unknown[0]} (known: {' '.join(FIXTURES)})")
+    for seed, name in enumerate(FIXTURES):
+        if name not in names:
+            continue
+        arch, opset, attn, optimize = FIXTURES[name]
+        dir = os.path.join(ROOT, name)
+        shutil.rmtree(dir, ignore_errors=True)
+        os.makedirs(os.path.join(dir, "test_data_set_0"))
+        model = make_model(arch, attn, seed)
+        path = os.path.join(dir, "model.onnx")
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            torch.onnx.export(model, (torch.zeros(B, T, dtype=torch.long),), path, dynamo=True,
+                              opset_version=opset, optimize=optimize, external_data=False,
+                              input_names=["input_ids"], output_names=["logits"])
+        proto = onnx.load(path)
+        for node in proto.graph.node:
+            keep = [p for p in node.metadata_props if p.key not in DROPPED_METADATA]
+            del node.metadata_props[:]
+            node.metadata_props.extend(keep)
+        onnx.checker.check_model(proto)
+        onnx.save_model(proto, path)
+        gen = torch.Generator().manual_seed(1000 + seed)
+        idx = torch.randint(0, VOCAB, (B, T), generator=gen)
+        with torch.no_grad():
+            logits = model(idx)
+        data = os.path.join(dir, "test_data_set_0")
+        save_tensor(idx.numpy(), os.path.join(data, "input_0.pb"), "input_ids")
+        save_tensor(logits.numpy(), os.path.join(data, "output_0.pb"), "logits")
+        ops = Counter(n.op_type for n in proto.graph.node)
+        print(f"{name}: opset {proto.opset_import[0].version}, {len(proto.graph.node)} nodes, "
+              f"{os.path.getsize(path)} bytes, |logits|max={logits.abs().max().item():.3g}")
+        print("  " + " ".join(f"{op}:{n}" for op, n in sorted(ops.items())))
+
+
+if __name__ == "__main__":
+    main()
