@@ -145,6 +145,17 @@ static int import_variadic(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+/* IsNaN(x): Not(Equal(x, x)), since only NaN differs from itself (SDPA's decomposition
+ * below opset 23 guards the softmax of fully masked rows with it). */
+static int import_isnan(Importer *I, Node *N) {
+  if (!tp_dtype_is_float(type_of(I, N->in[0]).dtype))
+    return node_error(I, N, "input is %s, expected a float type", tp_dtype_name(type_of(I, N->in[0]).dtype));
+  int same, rc = step(I, N, "is_number", TP_OP_Equal, (int[]){N->in[0], N->in[0]}, 2, NULL, &same);
+  if (rc) return rc;
+  int op = new_op(I, N, TP_OP_Not, &same, 1, 1);
+  return finish_op(I, N, op);
+}
+
 static int import_gemm(Importer *I, Node *N) {
   int64_t ta, tb;
   double alpha, beta;
@@ -996,6 +1007,7 @@ static const OpRow op_table[] = {
   {"Pow", 13, import_pow, TP_OP_Pow, 2, 2, 1}, {"Pow", 15, import_pow, TP_OP_Pow, 2, 2, 1},
   UN(Sqrt, 13), UN(Neg, 13), UN(Reciprocal, 13), UN(Exp, 13), UN(Log, 13), UN(Erf, 13),
   UN(Tanh, 13), UN(Relu, 13), UN(Relu, 14), UN(Sigmoid, 13), UN(Not, 1),
+  {"IsNaN", 13, import_isnan, TP_OP_COUNT, 1, 1, 1}, {"IsNaN", 20, import_isnan, TP_OP_COUNT, 1, 1, 1},
   UN(Sin, 7), UN(Sin, 22), UN(Cos, 7), UN(Cos, 22),
   {"Max", 13, import_variadic, TP_OP_Max, 1, TP_MAX_CONST_INTS, 1},
   {"Min", 13, import_variadic, TP_OP_Min, 1, TP_MAX_CONST_INTS, 1},

@@ -7,13 +7,16 @@ registers a forward check for each):
     model.onnx                  torch.onnx.export(..., dynamo=True, opset_version=K,
                                 external_data=False) of a wrapper returning the logits: one
                                 input_ids [2, 16], fixed shapes; the exporter's optimizer on
-                                unless the name ends in _noopt (optimize=False: CastLike, ...)
+                                unless the name ends in _noopt (optimize=False: CastLike, ...);
+                                names ending in _ts: the TorchScript exporter (dynamo=False),
+                                whose wrapper passes an all-ones attention_mask, as
+                                transformers 5 needs there
     test_data_set_0/input_0.pb  token ids, int64 [2, 16]
     test_data_set_0/output_0.pb PyTorch's logits, float32 [2, 16, 128]
 
 The models are built from configs (no model hub): 2 layers, hidden 32, 4 heads, vocab 128,
-no cache, eager attention unless the name ends in _sdpa (torch then emits ONNX's Attention
-at opset 23). To keep the files small, the node metadata the importer does not read (stack
+no cache, eager attention unless the name ends in _sdpa (transformers' default: below
+opset 23 torch decomposes it, with an IsNaN guard; at 23 it emits ONNX's Attention). To keep the files small, the node metadata the importer does not read (stack
 traces, class hierarchies, name scopes, namespaces: over half of each file) is dropped;
 each node's pkg.torch.onnx.fx_node and the graph's value_info metadata (parameter, buffer
 or constant) are kept as exported. Weights are redrawn from a seeded generator (as export_hf_fixtures.py does) so
@@ -60,17 +63,22 @@ ARCHS = {  # name -> (config class, config arguments)
     # per-head q/k RMSNorm, head_dim given
     "qwen3": (tf.Qwen3Config, dict(LLAMA_LIKE, num_key_value_heads=2, head_dim=8)),
 }
-FIXTURES = {  # name -> (architecture, opset, attention implementation, exporter optimizer on)
-    "o18_gpt2": ("gpt2", 18, "eager", True),
-    "o18_llama3_noopt": ("llama3", 18, "eager", False),
-    "o19_phi3": ("phi3", 19, "eager", True),
-    "o20_llama3": ("llama3", 20, "eager", True),  # the exporter's default opset
-    "o21_gemma2": ("gemma2", 21, "eager", True),
-    "o22_gpt_neox": ("gpt_neox", 22, "eager", True),
-    "o23_qwen3": ("qwen3", 23, "eager", True),  # RMSNormalization (also on per-head q/k)
-    "o23_gemma2": ("gemma2", 23, "eager", True),  # RMSNormalization of a (1 + w) scale, Gelu
-    "o23_llama3_sdpa": ("llama3", 23, "sdpa", True),  # ONNX Attention, grouped K/V
-    "o23_llama3_noopt": ("llama3", 23, "eager", False),
+# name -> (architecture, opset, attention implementation, exporter: dynamo, dynamo-noopt
+# (optimize=False) or torchscript). New ones go last: a fixture's seed is its place here.
+FIXTURES = {
+    "o18_gpt2": ("gpt2", 18, "eager", "dynamo"),
+    "o18_llama3_noopt": ("llama3", 18, "eager", "dynamo-noopt"),
+    "o19_phi3": ("phi3", 19, "eager", "dynamo"),
+    "o20_llama3": ("llama3", 20, "eager", "dynamo"),  # the exporter's default opset
+    "o21_gemma2": ("gemma2", 21, "eager", "dynamo"),
+    "o22_gpt_neox": ("gpt_neox", 22, "eager", "dynamo"),
+    "o23_qwen3": ("qwen3", 23, "eager", "dynamo"),  # RMSNormalization (also on per-head q/k)
+    "o23_gemma2": ("gemma2", 23, "eager", "dynamo"),  # RMSNormalization of a (1 + w) scale, Gelu
+    "o23_llama3_sdpa": ("llama3", 23, "sdpa", "dynamo"),  # ONNX Attention, grouped K/V
+    "o23_llama3_noopt": ("llama3", 23, "eager", "dynamo-noopt"),
+    "o20_llama3_sdpa": ("llama3", 20, "sdpa", "dynamo"),  # a user's defaults: IsNaN-guarded softmax
+    "o18_llama3_ts": ("llama3", 18, "eager", "torchscript"),
+    "o23_gpt2_ts": ("gpt2", 23, "eager", "torchscript"),
 }
 
 DROPPED_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.class_hierarchy", "pkg.torch.onnx.name_scopes",
@@ -80,15 +88,19 @@ DROPPED_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.class_hierarch
 class LogitsOnly(torch.nn.Module):
     """What a user exports: the model called on input_ids alone, its logits returned."""
 
-    def __init__(self, model):
+    def __init__(self, model, with_mask):
         super().__init__()
         self.m = model
+        self.with_mask = with_mask
 
     def forward(self, input_ids):
+        if self.with_mask:
+            return self.m(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False,
+                          return_dict=False)[0]
         return self.m(input_ids=input_ids, use_cache=False, return_dict=False)[0]
 
 
-def make_model(arch, attn, seed):
+def make_model(arch, attn, with_mask, seed):
     cls, kw = ARCHS[arch]
     config = cls(**kw)
     config.use_cache = False
@@ -103,7 +115,7 @@ def make_model(arch, attn, seed):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
             else:
                 p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
-    return LogitsOnly(model).eval()
+    return LogitsOnly(model, with_mask).eval()
 
 
 def save_tensor(array, path, name):
@@ -121,16 +133,21 @@ def main():
     for seed, name in enumerate(FIXTURES):
         if name not in names:
             continue
-        arch, opset, attn, optimize = FIXTURES[name]
+        arch, opset, attn, exporter = FIXTURES[name]
         dir = os.path.join(ROOT, name)
         shutil.rmtree(dir, ignore_errors=True)
         os.makedirs(os.path.join(dir, "test_data_set_0"))
-        model = make_model(arch, attn, seed)
+        model = make_model(arch, attn, exporter == "torchscript", seed)
         path = os.path.join(dir, "model.onnx")
+        dummy = (torch.zeros(B, T, dtype=torch.long),)
         with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
-            torch.onnx.export(model, (torch.zeros(B, T, dtype=torch.long),), path, dynamo=True,
-                              opset_version=opset, optimize=optimize, external_data=False,
-                              input_names=["input_ids"], output_names=["logits"])
+            if exporter == "torchscript":
+                torch.onnx.export(model, dummy, path, dynamo=False, opset_version=opset,
+                                  input_names=["input_ids"], output_names=["logits"])
+            else:
+                torch.onnx.export(model, dummy, path, dynamo=True, opset_version=opset,
+                                  optimize=exporter == "dynamo", external_data=False,
+                                  input_names=["input_ids"], output_names=["logits"])
         proto = onnx.load(path)
         for node in proto.graph.node:
             keep = [p for p in node.metadata_props if p.key not in DROPPED_METADATA]
