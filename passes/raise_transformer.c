@@ -11,6 +11,8 @@
  *   0.5 * x * (1 + erf(x / sqrt 2)), 0.5 * x * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  *                                                               -> Gelu {approximate}
  *   Softmax(mask(scale * MatMul(Q, K^T))) then MatMul(., V)      -> Attention(Q, K, V, bias?)
+ *     (the probabilities may pass a NaN guard Where(IsNaN(p), 0, p))
+ *   Attention(Q, K, V, mask) {is_causal = 0}, the mask proven causal -> Attention {is_causal = 1}
  *                                                                  {is_causal = 1, scale, window?}
  *   Sqrt(mean(x^2) + eps): x * 1/sqrt (or x / sqrt) (* scale)    -> RMSNorm {axis, epsilon}
  *   x * cos + rot(x) * sin, rot = rotate_half or rotate_every_two -> Rotary {interleaved,
@@ -952,14 +954,28 @@ static int64_t heads_of(const Chain *c, const TpType *t) {
   return t->rank == 3 && t->dims[0] == c->BH ? c->H : -1;
 }
 
-/* MatMul(probabilities, V) after Softmax c->softmax, through reshapes of the scores; -1 if
- * there is none. */
+/* Where(IsNaN(p), x, p) reading probabilities p (IsNaN imports as Not(Equal(p, p))): torch's
+ * SDPA decomposition zeroes the rows whose every key is masked. -1 if there is none. */
+static int nan_guard_of(const TpModule *m, int p) {
+  for (int o = 0; o < m->nops; o++) {
+    if (m->ops[o].dead || m->ops[o].kind != TP_OP_Where || in(m, o, 2) != p) continue;
+    int not = def_of(m, in(m, o, 0), TP_OP_Not), eq = not >= 0 ? def_of(m, in(m, not, 0), TP_OP_Equal) : -1;
+    if (eq >= 0 && in(m, eq, 0) == p && in(m, eq, 1) == p) return o;
+  }
+  return -1;
+}
+
+/* MatMul(probabilities, V) after Softmax c->softmax, through reshapes of the scores and a
+ * NaN guard; -1 if there is none. The guard is the identity here: the proven mask leaves
+ * every query its own key, so no row is all masked and no probability NaN (for finite
+ * scores). */
 static int times_values(TpModule *m, Chain *c) {
   int p = out(m, c->softmax);
   for (int step = 0; step < CHAIN_MAX; step++) {
     int u = user_of(m, p, TP_OP_MatMul, 0);
     if (u >= 0) return u;
     if ((u = user_of(m, p, TP_OP_Reshape, 0)) >= 0 && score_type(c, type(m, out(m, u)))) p = out(m, u);
+    else if ((u = nan_guard_of(m, p)) >= 0) p = out(m, u);
     else return -1;
   }
   return -1;
@@ -1198,6 +1214,60 @@ static int raise_attention(TpModule *m, int sm, ProofMemo *memo, TpDiag *d) {
   return check(m, at, d) != TP_OK || check(m, c.pv, d) != TP_OK ? TP_ERR_INTERNAL : TP_OK;
 }
 
+/* Anchored at an imported Attention(Q, K, V, mask) {is_causal = 0} without past keys (torch
+ * emits SDPA so at opset 23, its causal mask a constant): when the mask, evaluated at every
+ * position of the [T, T] scores as above (bool: false hides; float: at most the bound hides,
+ * anything else is an additive bias), hides exactly the keys after each query (and those
+ * outside a sliding window), the op becomes is_causal = 1 {window?} with no mask, or with
+ * the bias alone (0 where hidden) when some visible position has one. Else it stays. */
+static int raise_attention_mask(TpModule *m, int o, TpDiag *d) {
+  const TpOp *op = &m->ops[o];
+  int q = in(m, o, 0), k = in(m, o, 1), mask = op->ninputs > 3 ? in(m, o, 3) : -1;
+  if (tp_attr_int(m, o, "is_causal", 0) || mask < 0 || op->ninputs > 4 || op->noutputs > 1) return TP_OK;
+  const TpType *tq = type(m, q), *tk = type(m, k), *tm = type(m, mask);
+  int64_t T = tq->dims[tq->rank == 4 ? 2 : 1], L = tk->dims[tk->rank == 4 ? 2 : 1]; /* 4-D heads or 3-D rows */
+  if (T != L || T < 1 || tm->rank < 2 || tm->dims[tm->rank - 1] != T || tm->dims[tm->rank - 2] != T) return TP_OK;
+  TpTensor t;
+  if (!evaluate(m, mask, EVAL_DEPTH, &t)) return TP_OK;
+  bool boolean = t.dtype == TP_BOOL, biased = false, causal = true;
+  double bound = fmin(lowest(type(m, q)->dtype) * 1e-6, -1e4);
+  int64_t n = tp_tensor_numel(&t), window = 0;
+  for (int64_t j = 0; j < T; j++) { /* the visible keys of the last query: the window */
+    double v = tp_tensor_get_f64(&t, (T - 1) * T + j);
+    window += boolean ? v != 0 : v > bound;
+  }
+  if (window == T) window = 0;
+  float *bias = malloc((size_t)n * sizeof *bias + 1);
+  TP_ASSERT(bias);
+  for (int64_t p = 0; p < n && causal; p++) {
+    int64_t j = p % T, i = p / T % T;
+    double v = tp_tensor_get_f64(&t, p);
+    bool visible = boolean ? v != 0 : v > bound, want = j <= i && (window == 0 || j > i - window);
+    causal = visible == want && (boolean || !visible || isfinite(v));
+    bias[p] = boolean || !visible ? 0.0f : (float)v;
+    biased |= bias[p] != 0;
+  }
+  free(t.data);
+  /* a parameter may hide keys (a float buffer the export made an initializer); one that
+   * biases visible scores would be frozen into the attention, and is trained instead */
+  if (!causal || (biased && (param_leaf(m, mask, EVAL_DEPTH) >= 0 || tm->dtype != TP_F32))) {
+    free(bias);
+    return TP_OK;
+  }
+  int nin = 3;
+  if (biased) {
+    char name[300];
+    snprintf(name, sizeof name, "%s.bias", m->values[mask].name);
+    m->ops[o].inputs[3] = tp_add_const(m, tp_unique_name(m, name), *tm, bias, m->ops[o].origin);
+    nin = 4;
+  }
+  free(bias);
+  m->ops[o].ninputs = nin;
+  tp_set_attr_int(m, o, "is_causal", 1);
+  if (window) tp_set_attr_int(m, o, "window", window);
+  return check(m, o, d);
+}
+
 const char *tp_attention_unproven(TpModule *m, int product) {
   /* the Softmax the product's scores reach, through the ops a score chain may hold */
   int frontier[CHAIN_MAX], n = 0;
@@ -1433,6 +1503,7 @@ static int raise(TpModule *m, bool fused, TpDiag *d) {
     case TP_OP_Erf: rc = raise_gelu_erf(m, o, d); break;
     case TP_OP_Tanh: rc = raise_gelu_tanh(m, o, d); break;
     case TP_OP_Softmax: rc = raise_attention(m, o, &memo, d); break;
+    case TP_OP_Attention: rc = raise_attention_mask(m, o, d); break;
     default: break;
     }
   }
