@@ -23,6 +23,15 @@ typedef struct {
   int64_t offset, size;
 } RawSpan;
 
+/* A tensor sequence that SplitToSequence made: its elements, SequenceAt's results
+ * (module-owned). */
+typedef struct Sequence {
+  const char *name;
+  int n;
+  int *values;
+  struct Sequence *next;
+} Sequence;
+
 typedef struct {
   TpModule *m;
   TpDiag *d;
@@ -34,6 +43,7 @@ typedef struct {
   RawSpan *raw;     /* per graph initializer */
   int nraw;
   NameMap names;
+  Sequence *sequences;
 } Importer;
 
 /* One ONNX node being lowered. */

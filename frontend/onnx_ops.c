@@ -586,6 +586,90 @@ static int64_t elem_i64(const TpTensor *t) {
   }
 }
 
+/* SplitToSequence(input, split?) {axis, keepdims}: a Split whose results are the sequence's
+ * elements (sizes 1, squeezed unless keepdims; or chunks of a scalar split, the last
+ * smaller; or the sizes of a 1-D one). Only SequenceAt reads a sequence here (the exporter
+ * without its optimizer splits so); the node's output name stands for the first element. */
+static int import_split_to_sequence(Importer *I, Node *N) {
+  TpType in = type_of(I, N->in[0]);
+  int64_t axis, keepdims, sizes[TP_MAX_CONST_INTS], split[TP_MAX_CONST_INTS];
+  int n = 0, rc;
+  if ((rc = attr_int(I, N, "axis", 0, &axis)) || (rc = attr_int(I, N, "keepdims", 1, &keepdims)) ||
+      (rc = norm_axis(I, N, "axis", axis, in.rank, &axis)))
+    return rc;
+  int64_t dim = in.dims[axis], total = 0;
+  bool squeeze = N->nin < 2 && !keepdims;
+  if (N->nin < 2) { /* one element per index */
+    if (dim > TP_MAX_CONST_INTS) return node_error(I, N, "splits dim %lld into more than %d tensors", (long long)dim, TP_MAX_CONST_INTS);
+    for (n = 0; n < dim; n++) sizes[n] = 1;
+  } else if ((rc = const_ints(I, N, 1, "split", split, &n))) {
+    return rc;
+  } else if (type_of(I, N->in[1]).rank == 0) { /* chunks of split[0] */
+    if (split[0] < 1) return node_error(I, N, "split %lld is not positive", (long long)split[0]);
+    if ((dim + split[0] - 1) / split[0] > TP_MAX_CONST_INTS)
+      return node_error(I, N, "splits dim %lld into more than %d tensors", (long long)dim, TP_MAX_CONST_INTS);
+    for (n = 0; total < dim; n++) total += sizes[n] = dim - total < split[0] ? dim - total : split[0];
+  } else {
+    for (int k = 0; k < n; k++) {
+      if (split[k] < 0 || split[k] > dim - total)
+        return node_error(I, N, "split sizes do not add up to dim %lld (%lld)", (long long)axis, (long long)dim);
+      total += sizes[k] = split[k];
+    }
+    if (total != dim) return node_error(I, N, "split sizes add up to %lld, dim %lld is %lld", (long long)total, (long long)axis, (long long)dim);
+  }
+  if (n < 1) return node_error(I, N, "makes an empty sequence");
+  const char *names[TP_MAX_CONST_INTS];
+  for (int k = 0; k < n; k++) names[k] = tp_strfmt(I->m, "%.200s.%d", N->n->output[0], k);
+  int op = tp_add_op(I->m, TP_OP_Split, N->in, 1, names, n, N->at);
+  tp_set_attr_int(I->m, op, "axis", axis);
+  for (int k = 0; k < n; k++) {
+    TpType t = in;
+    t.dims[axis] = sizes[k];
+    t.dimnames[axis] = NULL;
+    set_result_type(I, op, k, t);
+  }
+  bool folded;
+  if ((rc = tp_infer_op(I->m, op, I->d)) || (rc = tp_fold_op(I->m, op, &folded, I->d))) return rc;
+  Sequence *seq = tp_alloc(I->m, sizeof *seq);
+  seq->name = tp_strdup(I->m, N->n->output[0]);
+  seq->n = n;
+  seq->values = tp_alloc(I->m, (size_t)n * sizeof *seq->values);
+  for (int k = 0; k < n; k++) {
+    seq->values[k] = I->m->ops[op].outputs[k];
+    if (!squeeze) continue;
+    TpType t = in; /* the axis dropped */
+    t.rank--;
+    memmove(t.dims + axis, t.dims + axis + 1, (size_t)(t.rank - axis) * sizeof t.dims[0]);
+    memmove(t.dimnames + axis, t.dimnames + axis + 1, (size_t)(t.rank - axis) * sizeof t.dimnames[0]);
+    t.dimnames[t.rank] = NULL;
+    char what[32];
+    snprintf(what, sizeof what, "%d.squeezed", k);
+    if ((rc = step(I, N, what, TP_OP_Reshape, &seq->values[k], 1, &t, &seq->values[k]))) return rc;
+  }
+  seq->next = I->sequences;
+  I->sequences = seq;
+  bind_output(I, N, 0, seq->values[0]);
+  return TP_OK;
+}
+
+/* SequenceAt(sequence, position): the element itself (a negative position counts from the
+ * end). */
+static int import_sequence_at(Importer *I, Node *N) {
+  const Sequence *seq = I->sequences;
+  while (seq && strcmp(seq->name, N->n->input[0]) != 0) seq = seq->next;
+  if (!seq) return node_error(I, N, "input '%s' is not a sequence made by SplitToSequence, the one tokpipec reads", N->n->input[0]);
+  TpTensor t;
+  int rc = const_operand(I, N, 1, "position", &t);
+  if (rc) return rc;
+  if ((t.dtype != TP_I64 && t.dtype != TP_I32) || tp_tensor_numel(&t) != 1)
+    return node_error(I, N, "position must be an int32 or int64 scalar");
+  int64_t at = elem_i64(&t);
+  if (at < -seq->n || at >= seq->n)
+    return node_error(I, N, "position %lld is outside the sequence of %d tensors", (long long)at, seq->n);
+  bind_output(I, N, 0, seq->values[at < 0 ? at + seq->n : at]);
+  return TP_OK;
+}
+
 static int import_range(Importer *I, Node *N) {
   TpTensor start, limit, delta;
   int rc;
@@ -1031,6 +1115,8 @@ static const OpRow op_table[] = {
   {"Transpose", 23, import_transpose, TP_OP_Transpose, 1, 1, 1},
   {"Split", 13, import_split, TP_OP_Split, 1, 2, TP_MAX_CONST_INTS},
   {"Split", 18, import_split, TP_OP_Split, 1, 2, TP_MAX_CONST_INTS},
+  {"SplitToSequence", 11, import_split_to_sequence, TP_OP_Split, 1, 2, 1},
+  {"SequenceAt", 11, import_sequence_at, TP_OP_COUNT, 2, 2, 1},
   {"Slice", 13, import_slice, TP_OP_Slice, 3, 5, 1},
   {"Concat", 13, import_concat, TP_OP_Concat, 1, TP_MAX_CONST_INTS, 1},
   {"Unsqueeze", 13, import_unsqueeze, TP_OP_Reshape, 2, 2, 1},

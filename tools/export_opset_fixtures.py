@@ -79,6 +79,7 @@ FIXTURES = {
     "o20_llama3_sdpa": ("llama3", 20, "sdpa", "dynamo"),  # a user's defaults: IsNaN-guarded softmax
     "o18_llama3_ts": ("llama3", 18, "eager", "torchscript"),
     "o23_gpt2_ts": ("gpt2", 23, "eager", "torchscript"),
+    "o21_phi3_noopt": ("phi3", 21, "eager", "dynamo-noopt"),  # SplitToSequence, SequenceAt
 }
 
 DROPPED_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.class_hierarchy", "pkg.torch.onnx.name_scopes",
