@@ -184,8 +184,9 @@ static int import_gather(Importer *I, Node *N) {
 /* GatherND(data, indices) {batch_dims b}: each tuple of k indices (indices' last axis)
  * picks data[batch..., i1, .., ik, :]. Lowered onto Gather: data's first b + k dims become
  * one axis, each tuple its row there (negative entries wrapped, the batch row's offset
- * added). An entry out of its dim's range becomes a row past the end, so Gather reports it
- * rather than read a neighbouring slice. */
+ * added). Constant indices are checked here; at run time an entry out of its dim's range
+ * becomes a row past the end, so Gather reports it (as that row) rather than read a
+ * neighbouring slice. */
 static int import_gathernd(Importer *I, Node *N) {
   TpType dt = type_of(I, N->in[0]), it = type_of(I, N->in[1]);
   int64_t b;
@@ -211,6 +212,15 @@ static int import_gathernd(Importer *I, Node *N) {
     block *= dims[j];
   }
   for (int i = 0; i < b + k; i++) rows *= dt.dims[i];
+  if (I->m->values[N->in[1]].kind == TP_VAL_CONST) { /* known now: name the entry */
+    TpTensor t = tp_value_tensor(I->m, N->in[1]);
+    for (int64_t e = 0; e < tp_tensor_numel(&t); e++) {
+      int64_t at = (int64_t)tp_tensor_get_f64(&t, e), size = dims[e % k];
+      if (at < -size || at >= size)
+        return node_error(I, N, "index %lld (entry %lld of tuple %lld) is out of range for dim %lld of size %lld",
+                          (long long)at, (long long)(e % k), (long long)(e / k), (long long)(b + e % k), (long long)size);
+    }
+  }
   int64_t kk = k, zero = 0;
   TpType vec = tp_type_make(TP_I64, 1, &kk), scalar = tp_type_make(TP_I64, 0, &kk);
   int idx = N->in[1], neg, wrapped, lo, hi, ok, at, lin;

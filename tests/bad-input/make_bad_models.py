@@ -122,6 +122,7 @@ def main():
 
     frontend_models()
     ops_models()
+    opset_models()
 
 
 I64_MIN, I64_MAX = -2**63, 2**63 - 1
@@ -236,6 +237,33 @@ def ops_models():
     repeats = numpy_helper.from_array(np.array([2], np.int64), "repeats")
     save(model([helper.make_node("Tile", ["x", "repeats"], ["y"], name="tile")],
                [vi("x", [2])], [vi("y", [4])], [repeats], opset=12), "ops/tile_opset12.onnx")
+
+
+def opset_models():
+    """Issue 21, the ops of today's exporter at opsets 18..23 (cases-opsets.txt, opsets/)."""
+    i64 = TensorProto.INT64
+    data = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "x")
+    idx = numpy_helper.from_array(np.array([[1, 3]], np.int64), "i")
+    save(model([helper.make_node("GatherND", ["x", "i"], ["y"], name="gathernd")],
+               [], [vi("y", [1])], [data, idx], opset=20), "opsets/gathernd_index.onnx")
+    # indices known at run time only: the Gather that GatherND lowers onto reports the tuple
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    save_run(model([helper.make_node("GatherND", ["x", "i"], ["y"], name="gathernd")],
+                   [vi("x", [2, 3]), vi("i", [1, 2], i64)], [vi("y", [1])], opset=20),
+             "opsets/gathernd_runtime", [("x", x), ("i", np.array([[0, 4]], np.int64))],
+             [("y", np.zeros(1, np.float32))])
+    save(model([helper.make_node("GatherND", ["x", "i"], ["y"], name="gathernd", batch_dims=1)],
+               [vi("x", [2, 3]), vi("i", [3, 1], i64)], [vi("y", [3])], opset=20), "opsets/gathernd_batch.onnx")
+    save(model([helper.make_node("RMSNormalization", ["x", "scale"], ["y"], name="rms", axis=-1)],
+               [vi("x", [2, 3, 4]), vi("scale", [3])], [vi("y", [2, 3, 4])], opset=23), "opsets/rms_scale.onnx")
+    cache = numpy_helper.from_array(np.ones((8, 3), np.float32), "cos")
+    save(model([helper.make_node("RotaryEmbedding", ["x", "cos", "cos", "pos"], ["y"], name="rotary")],
+               [vi("x", [1, 2, 4, 8]), vi("pos", [1, 4], i64)], [vi("y", [1, 2, 4, 8])], [cache], opset=23),
+         "opsets/rotary_cache.onnx")
+    first = numpy_helper.from_array(np.array(2, np.int64), "at")
+    save(model([helper.make_node("SplitToSequence", ["x"], ["seq"], name="split", axis=0),
+                helper.make_node("SequenceAt", ["seq", "at"], ["y"], name="at")],
+               [vi("x", [2, 3])], [vi("y", [1, 3])], [first], opset=20), "opsets/sequence_at_range.onnx")
 
 
 if __name__ == "__main__":
