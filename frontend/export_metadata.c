@@ -181,12 +181,16 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
       if (!is_dotted(from[k])) continue;
       ntensors++, tensor = from[k];
       int p = parameter_by_name(I, g, fx_text, from[k]);
-      /* undecided: a tensor folded with literals only (no arange, cos, ...) is a
-       * parameter's transpose or affine stand-in; one folded with computation a buffer's */
+      /* undecided (no node names its placeholder any more): a tensor folded with literals
+       * only (val_N: a transpose, Gemma's 1 + w) is a parameter's stand-in, and so is one
+       * named like a module's parameter (.weight, .bias: GPT-2's position rows for T,
+       * folded from wpe and arange); rotary tables fold a buffer (inv_freq) */
       if (p < 0) {
         p = 1;
         for (int j = 0; j < n; j++)
           if (j != k && strncmp(from[j], "val_", 4) != 0) p = 0;
+        const char *last = strrchr(from[k], '.') + 1;
+        if (!p) p = strcmp(last, "weight") == 0 || strcmp(last, "bias") == 0;
       }
       if (p) params[nparams++] = from[k];
     }
