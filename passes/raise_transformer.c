@@ -1145,8 +1145,9 @@ static int unrepeat(const TpModule *m, int x) {
  * positions per layer, although the layers of a model usually share one mask. What they
  * compute at a position depends only on the chain's shape (T, B, H, the scores' dtype and
  * form), each step's kind, score operand, result type, constant data, whether a
- * parameter feeds it and whether it is the soft-cap: the op and value ids only name things in refusals. So a chain equal
- * to one proven causal in all of these has the same proof, and is not evaluated again.
+ * parameter feeds it and whether it is the soft-cap: the op and value ids only name things
+ * in refusals. So a chain equal to one proven causal in all of these has the same proof,
+ * and is not evaluated again.
  * Only acceptances are remembered: a refusal is recomputed, and names its own nodes. */
 
 typedef struct {
@@ -1187,8 +1188,8 @@ static const Proven *recall(const TpModule *m, const ProofMemo *memo, const Chai
                 p->c.inner == c->inner && p->c.nsteps == c->nsteps && p->f.nb == f->nb && p->f.nh == f->nh;
     for (int s = 0; s < c->nsteps && same; s++) {
       StepKey k = step_key(m, c, s);
-      same = k.kind == p->step[s].kind && k.slot == p->step[s].slot && k.param == p->step[s].param && k.cap == p->step[s].cap &&
-             tp_type_equal(&k.type, &p->step[s].type) && same_tensor(&f->k[s][0], &p->f.k[s][0]) &&
+      same = k.kind == p->step[s].kind && k.slot == p->step[s].slot && k.param == p->step[s].param &&
+             k.cap == p->step[s].cap && tp_type_equal(&k.type, &p->step[s].type) && same_tensor(&f->k[s][0], &p->f.k[s][0]) &&
              same_tensor(&f->k[s][1], &p->f.k[s][1]);
     }
     if (same) return p;
