@@ -301,18 +301,29 @@ static int raise_bias(TpModule *m, int o, TpDiag *d) {
   return TP_OK;
 }
 
+static int view_as(TpModule *m, int v, int rank, const int64_t *dims, const char *suffix, TpDiag *d);
+
 /* Reshape(Linear(Reshape(x [..., K]) [M, K]) [M, N]) [..., N] -> Linear(x): Conv1D's
- * flatten-Gemm-unflatten, when the reshapes only merge and split the leading dims. */
+ * flatten-Gemm-unflatten, when the reshapes only merge and split the leading dims. The
+ * dynamo exporter flattens the heads with the rows ([B, T, H, D] -> [B*T, H*D] before
+ * GPT-2's c_proj): x is then seen as [B, T, H*D] first. */
 static int raise_flattened(TpModule *m, int o, TpDiag *d) {
   int l = def_of(m, in(m, o, 0), TP_OP_Linear);
   int r = l >= 0 ? def_of(m, in(m, l, 0), TP_OP_Reshape) : -1;
   if (r < 0 || tp_use_count(m, out(m, l)) != 1) return TP_OK;
   int x = in(m, r, 0);
   const TpType *tx = type(m, x), *ty = type(m, out(m, o)), *flat = type(m, out(m, r));
-  if (tx->rank < 2 || tx->rank != ty->rank || flat->rank != 2 || flat->dims[1] != tx->dims[tx->rank - 1])
-    return TP_OK;
-  for (int i = 0; i < tx->rank - 1; i++)
-    if (tx->dims[i] != ty->dims[i]) return TP_OK;
+  int lead = ty->rank - 1;
+  if (ty->rank < 2 || tx->rank < ty->rank || flat->rank != 2) return TP_OK;
+  int64_t k = 1, dims[TP_MAX_RANK];
+  for (int i = 0; i < tx->rank; i++) {
+    if (i < lead && tx->dims[i] != ty->dims[i]) return TP_OK;
+    if (i >= lead) k *= tx->dims[i];
+    dims[i] = tx->dims[i];
+  }
+  if (k != flat->dims[1]) return TP_OK;
+  dims[lead] = k;
+  if (tx->rank != ty->rank && (x = view_as(m, x, ty->rank, dims, "rows", d)) < 0) return TP_ERR_INTERNAL;
   int bias = m->ops[l].ninputs > 2 ? in(m, l, 2) : -1;
   return make_linear(m, o, x, in(m, l, 1), tp_attr_int(m, l, "transpose_w", 0), bias, d);
 }
