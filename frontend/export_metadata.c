@@ -76,14 +76,6 @@ static bool is_ident_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
-/* Does an FX call in text name the placeholder `%name` (whole)? */
-static bool mentions(const char *text, const char *name) {
-  size_t n = strlen(name);
-  for (const char *p = text; (p = strstr(p, name)); p += n)
-    if (p > text && p[-1] == '%' && !is_ident_char(p[n])) return true;
-  return false;
-}
-
 /* The quoted entries of a Python list repr "['a', 'b']" into out[], at most max; count. */
 static int list_entries(Importer *I, const char *list, const char **out, int max) {
   int n = 0;
@@ -101,41 +93,45 @@ static bool is_dotted(const char *s) { return strchr(s, '.') != NULL; }
 
 /* ---- the per-initializer rule ---- */
 
-static const Onnx__ValueInfoProto *find_info(const Onnx__GraphProto *g, const char *name) {
-  for (size_t i = 0; i < g->n_value_info; i++)
-    if (g->value_info[i]->name && strcmp(g->value_info[i]->name, name) == 0) return g->value_info[i];
-  for (size_t i = 0; i < g->n_input; i++)
-    if (g->input[i]->name && strcmp(g->input[i]->name, name) == 0) return g->input[i];
-  return NULL;
+/* The value_info (or graph input) of a name, through the map record_names made. */
+static const Onnx__ValueInfoProto *find_info(Importer *I, const Onnx__GraphProto *g, const char *name) {
+  int i = map_get(&I->infos, name);
+  return i < 0 ? NULL : i < (int)g->n_value_info ? g->value_info[i] : g->input[i - (int)g->n_value_info];
 }
 
 static const char *info_metadata(Importer *I, const Onnx__GraphProto *g, const char *name, const char *key) {
-  const Onnx__ValueInfoProto *vi = find_info(g, name);
+  const Onnx__ValueInfoProto *vi = find_info(I, g, name);
   return vi ? onnx_metadata(I, &vi->base, false, key) : NULL;
 }
 
 /* Is the dotted name a parameter of the exported module? Its value_info's kind where it has
  * one, else a placeholder an FX call names (p_ a parameter, b_/c_ not), else undecided. */
-static int parameter_by_name(Importer *I, const Onnx__GraphProto *g, const char *fx_text, const char *dotted) {
+static int parameter_by_name(Importer *I, const Onnx__GraphProto *g, const char *dotted) {
   const char *kind = info_metadata(I, g, dotted, KIND_KEY);
   if (kind) return strcmp(kind, "PARAMETER") == 0;
-  if (mentions(fx_text, placeholder(I, 'p', dotted))) return 1;
-  if (mentions(fx_text, placeholder(I, 'b', dotted)) || mentions(fx_text, placeholder(I, 'c', dotted))) return 0;
+  if (map_get(&I->placeholders, placeholder(I, 'p', dotted)) >= 0) return 1;
+  if (map_get(&I->placeholders, placeholder(I, 'b', dotted)) >= 0 ||
+      map_get(&I->placeholders, placeholder(I, 'c', dotted)) >= 0)
+    return 0;
   return -1;
 }
 
-/* Every node's FX call, joined (a placeholder may be named by any of them). */
-static const char *all_fx_calls(Importer *I, const Onnx__GraphProto *g) {
-  size_t len = 0;
-  const char **calls = calloc(g->n_node + 1, sizeof *calls);
-  TP_ASSERT(calls);
-  for (size_t i = 0; i < g->n_node; i++)
-    if ((calls[i] = onnx_metadata(I, &g->node[i]->base, true, FX_KEY))) len += strlen(calls[i]) + 1;
-  char *text = tp_alloc(I->m, len + 1), *p = text;
-  for (size_t i = 0; i < g->n_node; i++)
-    if (calls[i]) p += sprintf(p, "%s\n", calls[i]);
-  free(calls);
-  return text;
+/* I->infos: value_info and graph input names; I->placeholders: every %name an FX call
+ * names (a lifted tensor may be named by any node). Made once: a large export has tens of
+ * thousands of both. */
+static void record_names(Importer *I, const Onnx__GraphProto *g) {
+  for (size_t i = 0; i < g->n_value_info; i++)
+    if (g->value_info[i]->name) map_put(&I->infos, g->value_info[i]->name, (int)i);
+  for (size_t i = 0; i < g->n_input; i++)
+    if (g->input[i]->name) map_put(&I->infos, g->input[i]->name, (int)(g->n_value_info + i));
+  for (size_t i = 0; i < g->n_node; i++) {
+    const char *call = onnx_metadata(I, &g->node[i]->base, true, FX_KEY);
+    for (const char *p = call; p && (p = strchr(p, '%'));) {
+      const char *start = ++p;
+      while (is_ident_char(*p)) p++;
+      if (p > start) map_put(&I->placeholders, module_strndup(I->m, (const uint8_t *)start, (size_t)(p - start)), 1);
+    }
+  }
 }
 
 bool export_records_kinds(Importer *I, const Onnx__GraphProto *g) {
@@ -148,7 +144,7 @@ bool export_records_kinds(Importer *I, const Onnx__GraphProto *g) {
 
 int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out) {
   bool recorded = export_records_kinds(I, g);
-  const char *fx_text = recorded ? all_fx_calls(I, g) : "";
+  if (recorded) record_names(I, g);
   for (size_t i = 0; i < g->n_initializer; i++) {
     const Onnx__TensorProto *t = g->initializer[i];
     InitClass *c = &out[i];
@@ -180,7 +176,7 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
     for (int k = 0; k < n; k++) {
       if (!is_dotted(from[k])) continue;
       ntensors++, tensor = from[k];
-      int p = parameter_by_name(I, g, fx_text, from[k]);
+      int p = parameter_by_name(I, g, from[k]);
       /* undecided (no node names its placeholder any more): a tensor folded with literals
        * only (val_N: a transpose, Gemma's 1 + w) is a parameter's stand-in, and so is one
        * named like a module's parameter (.weight, .bias: GPT-2's position rows for T,

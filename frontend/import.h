@@ -42,6 +42,8 @@ typedef struct {
   NameMap names;
   Override *overrides;
   int noverrides, cap_overrides;
+  /* export_metadata.c: value_info and graph input names; FX placeholders named by nodes */
+  NameMap infos, placeholders;
 } Importer;
 
 /* One ONNX node being lowered. */
