@@ -32,6 +32,12 @@ typedef struct Sequence {
   struct Sequence *next;
 } Sequence;
 
+/* A node operand the importer reads from another value than its ONNX name's (a parameter
+ * the exporter merged into another initializer: export_metadata.c). */
+typedef struct {
+  int node, operand, value;
+} Override;
+
 typedef struct {
   TpModule *m;
   TpDiag *d;
@@ -44,6 +50,10 @@ typedef struct {
   int nraw;
   NameMap names;
   Sequence *sequences;
+  Override *overrides;
+  int noverrides, cap_overrides;
+  /* export_metadata.c: value_info and graph input names; FX placeholders named by nodes */
+  NameMap infos, placeholders;
 } Importer;
 
 /* One ONNX node being lowered. */
@@ -57,6 +67,33 @@ typedef struct {
 } Node;
 
 typedef int (*ImportFn)(Importer *I, Node *N);
+
+/* onnx_import.c: the name map, the protobuf wire format, operand overrides */
+int map_get(const NameMap *t, const char *key);
+void map_put(NameMap *t, const char *key, int val);
+void map_free(NameMap *t);
+bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v);
+/* Next field of a message's bytes: number, wire type, and for length-delimited ones the payload. */
+bool wire_field(const uint8_t **p, const uint8_t *end, uint64_t *field, const uint8_t **payload, uint64_t *len);
+void add_override(Importer *I, int node, int operand, int value);
+int override_of(const Importer *I, int node, int operand); /* -1: none */
+
+/* export_metadata.c: what a torch.export-based export records (see its header) */
+/* The value of metadata_props key `key` of a ValueInfoProto (node false) or NodeProto (node
+ * true), module-owned, or NULL. */
+const char *onnx_metadata(Importer *I, const ProtobufCMessage *msg, bool node, const char *key);
+/* Does the export record the kinds of its lifted inputs (PARAMETER, BUFFER, ...)? */
+bool export_records_kinds(Importer *I, const Onnx__GraphProto *g);
+typedef struct {
+  TpValueKind kind;   /* TP_VAL_PARAM: trains; TP_VAL_CONST */
+  const char *why;    /* TpValue.why */
+  const char *source; /* the parameter a folded initializer stands for, or NULL */
+} InitClass;
+/* out[i] for each initializer i of g; an error for an initializer folded from several parameters. */
+int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out);
+/* Gives each parameter the exporter merged into another trainable initializer (equal bytes)
+ * a PARAM of its own, read by its nodes' operands (overrides); values[i]: initializer i's value. */
+int split_merged_params(Importer *I, const Onnx__GraphProto *g, const InitClass *cls, const int *values);
 
 /* onnx_ops.c */
 /* The op-table row for (op_type, opset): highest since_version <= opset. NULL if none;

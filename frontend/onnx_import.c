@@ -53,7 +53,7 @@ static int map_slot(const NameMap *t, const char *key) {
   return i;
 }
 
-static int map_get(const NameMap *t, const char *key) {
+int map_get(const NameMap *t, const char *key) {
   if (!t->cap) return -1;
   int i = map_slot(t, key);
   return t->keys[i] ? t->vals[i] : -1;
@@ -63,7 +63,7 @@ static bool map_has(const NameMap *t, const char *key) {
   return t->cap && t->keys[map_slot(t, key)] != NULL;
 }
 
-static void map_put(NameMap *t, const char *key, int val) {
+void map_put(NameMap *t, const char *key, int val) {
   if (2 * (t->count + 1) > t->cap) {
     NameMap g = {0};
     g.cap = t->cap ? 2 * t->cap : 64;
@@ -82,10 +82,25 @@ static void map_put(NameMap *t, const char *key, int val) {
   t->vals[i] = val;
 }
 
-static void map_free(NameMap *t) {
+void map_free(NameMap *t) {
   free(t->keys);
   free(t->vals);
   memset(t, 0, sizeof *t);
+}
+
+void add_override(Importer *I, int node, int operand, int value) {
+  if (I->noverrides == I->cap_overrides) {
+    I->cap_overrides = I->cap_overrides ? 2 * I->cap_overrides : 16;
+    I->overrides = realloc(I->overrides, (size_t)I->cap_overrides * sizeof *I->overrides);
+    TP_ASSERT(I->overrides);
+  }
+  I->overrides[I->noverrides++] = (Override){node, operand, value};
+}
+
+int override_of(const Importer *I, int node, int operand) {
+  for (int i = 0; i < I->noverrides; i++)
+    if (I->overrides[i].node == node && I->overrides[i].operand == operand) return I->overrides[i].value;
+  return -1;
 }
 
 /* ---- locating raw_data in the model bytes ----
@@ -95,7 +110,7 @@ static void map_free(NameMap *t) {
  * merged by protobuf (initializers concatenate; the last raw_data wins), and so here. Any
  * surprise makes the walk give up; the importer then copies the bytes instead. */
 
-static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
   *v = 0;
   for (int shift = 0; shift < 64 && *p < end; shift += 7) {
     uint8_t b = *(*p)++;
@@ -106,7 +121,7 @@ static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
 }
 
 /* Next field: number, wire type, and for length-delimited ones the payload. */
-static bool wire_field(const uint8_t **p, const uint8_t *end, uint64_t *field, const uint8_t **payload,
+bool wire_field(const uint8_t **p, const uint8_t *end, uint64_t *field, const uint8_t **payload,
                        uint64_t *len) {
   uint64_t key, v;
   if (!wire_varint(p, end, &key)) return false;
@@ -568,7 +583,8 @@ static int import_node(Importer *I, const Onnx__NodeProto *n, size_t index) {
   N.nin = (int)n->n_input;
   N.nout = (int)n->n_output;
   for (int k = 0; k < N.nin; k++) {
-    N.in[k] = *n->input[k] ? map_get(&I->names, n->input[k]) : -1;
+    int merged = override_of(I, (int)index, k);
+    N.in[k] = merged >= 0 ? merged : *n->input[k] ? map_get(&I->names, n->input[k]) : -1;
     TP_ASSERT(!*n->input[k] || N.in[k] >= 0); /* topo_order checked it */
   }
   /* trailing absent operands and results are as good as missing */
@@ -756,15 +772,21 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
     if (v < 0 || I->m->values[v].kind != TP_VAL_INPUT)
       return tp_error(I->d, "input data '%s' names no graph input of the model", name);
   }
-  for (size_t i = 0; i < g->n_initializer; i++) {
+  InitClass *cls = malloc((g->n_initializer + 1) * sizeof *cls);
+  int *values = malloc((g->n_initializer + 1) * sizeof *values);
+  TP_ASSERT(cls && values);
+  rc = classify_initializers(I, g, cls);
+  for (size_t i = 0; rc == TP_OK && i < g->n_initializer; i++) {
     const Onnx__TensorProto *t = g->initializer[i];
-    TpDType dt = tp_onnx_dtype(t->data_type);
-    int v;
-    rc = import_tensor_value(I, t, t->name, tp_dtype_is_float(dt) ? TP_VAL_PARAM : TP_VAL_CONST,
-                             (TpOrigin){0}, (int)i, &v);
-    if (rc) return rc;
-    map_put(&I->names, t->name, v);
+    rc = import_tensor_value(I, t, t->name, cls[i].kind, (TpOrigin){0}, (int)i, &values[i]);
+    if (rc) break;
+    I->m->values[values[i]].why = cls[i].why;
+    map_put(&I->names, t->name, values[i]);
   }
+  if (rc == TP_OK) rc = split_merged_params(I, g, cls, values);
+  free(cls);
+  free(values);
+  if (rc) return rc;
   int *order = malloc((g->n_node + 1) * sizeof *order);
   TP_ASSERT(order);
   rc = topo_order(I, g, order);
@@ -803,6 +825,9 @@ static int import_bytes(const uint8_t *bytes, size_t size, const char *path, int
   onnx__model_proto__free_unpacked(model, NULL);
   map_free(&I.names);
   free(I.raw);
+  free(I.overrides);
+  map_free(&I.infos);
+  map_free(&I.placeholders);
   free(I.dir);
   return rc;
 }

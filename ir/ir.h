@@ -111,6 +111,9 @@ typedef struct {
    * its partial gradient: passes/assign_stages.c), else -1. Printed `@tied(%param)`. */
   int tied;
   TpShard shard;    /* TP_VAL_PARAM split over the tensor group; see TpShard */
+  /* An initializer: why the importer made it a PARAM (trained) or a CONST, e.g. "a parameter
+   * (export metadata)"; module-owned, not printed in the IR (tokpipec --emit=params). */
+  const char *why;
   bool dead;        /* marked for removal by tp_module_compact */
 } TpValue;
 
@@ -346,7 +349,6 @@ int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
 
 /* passes/retie_params.c and passes/raise_transformer.c (the raise helper's passes). */
 int pass_retie_params(TpModule *m, TpDiag *d);
-int pass_retie_params_data(TpModule *m, TpDiag *d); /* also weights in external-data files */
 int pass_raise_transformer(TpModule *m, TpDiag *d);
 int pass_raise_transformer_unfused(TpModule *m, TpDiag *d); /* RMSNorm, Rotary, SwiGLU left primitive */
 /* Restores the topological order of m->ops after a pass appended ops that earlier ops now

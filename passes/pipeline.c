@@ -13,7 +13,6 @@ const TpPassInfo tp_pass_registry[] = {
     {"verify", pass_verify, "check the IR's invariants"},
     {"rebatch", pass_rebatch, "give the token input --batch rows: follow the batch axis, cut or repeat constants along it"},
     {"retie-params", pass_retie_params, "re-tie parameters that are exact copies or transposes of another"},
-    {"retie-params-data", pass_retie_params_data, "retie-params, comparing weights in external-data files too"},
     {"raise-transformer", pass_raise_transformer, "raise primitive chains to Embedding, Linear, LayerNorm, Gelu, Attention, RMSNorm, Rotary, SwiGLU"},
     {"raise-transformer-unfused", pass_raise_transformer_unfused, "raise-transformer leaving the RMSNorm, rotary and SwiGLU chains primitive"},
     {"insert-token-dim", pass_insert_token_dim, "mark the token axis of every value; refuse ops that mix tokens"},

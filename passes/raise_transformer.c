@@ -14,6 +14,7 @@
  *     (the probabilities may pass a NaN guard Where(IsNaN(p), 0, p))
  *   Attention(Q, K, V, mask) {is_causal = 0}, the mask proven causal -> Attention {is_causal = 1}
  *                                                                  {is_causal = 1, scale, window?}
+ *     with Gemma 2's soft-cap tanh(s / c) * c between the scale and the mask   {.., softcap = c}
  *   Sqrt(mean(x^2) + eps): x * 1/sqrt (or x / sqrt) (* scale)    -> RMSNorm {axis, epsilon}
  *   x * cos + rot(x) * sin, rot = rotate_half or rotate_every_two -> Rotary {interleaved,
  *     and Concat(Rotary(x[..., :rd]), x[..., rd:])                   rotary_dim}
@@ -302,18 +303,29 @@ static int raise_bias(TpModule *m, int o, TpDiag *d) {
   return TP_OK;
 }
 
+static int view_as(TpModule *m, int v, int rank, const int64_t *dims, const char *suffix, TpDiag *d);
+
 /* Reshape(Linear(Reshape(x [..., K]) [M, K]) [M, N]) [..., N] -> Linear(x): Conv1D's
- * flatten-Gemm-unflatten, when the reshapes only merge and split the leading dims. */
+ * flatten-Gemm-unflatten, when the reshapes only merge and split the leading dims. The
+ * dynamo exporter flattens the heads with the rows ([B, T, H, D] -> [B*T, H*D] before
+ * GPT-2's c_proj): x is then seen as [B, T, H*D] first. */
 static int raise_flattened(TpModule *m, int o, TpDiag *d) {
   int l = def_of(m, in(m, o, 0), TP_OP_Linear);
   int r = l >= 0 ? def_of(m, in(m, l, 0), TP_OP_Reshape) : -1;
   if (r < 0 || tp_use_count(m, out(m, l)) != 1) return TP_OK;
   int x = in(m, r, 0);
   const TpType *tx = type(m, x), *ty = type(m, out(m, o)), *flat = type(m, out(m, r));
-  if (tx->rank < 2 || tx->rank != ty->rank || flat->rank != 2 || flat->dims[1] != tx->dims[tx->rank - 1])
-    return TP_OK;
-  for (int i = 0; i < tx->rank - 1; i++)
-    if (tx->dims[i] != ty->dims[i]) return TP_OK;
+  int lead = ty->rank - 1;
+  if (ty->rank < 2 || tx->rank < ty->rank || flat->rank != 2) return TP_OK;
+  int64_t k = 1, dims[TP_MAX_RANK];
+  for (int i = 0; i < tx->rank; i++) {
+    if (i < lead && tx->dims[i] != ty->dims[i]) return TP_OK;
+    if (i >= lead) k *= tx->dims[i];
+    dims[i] = tx->dims[i];
+  }
+  if (k != flat->dims[1]) return TP_OK;
+  dims[lead] = k;
+  if (tx->rank != ty->rank && (x = view_as(m, x, ty->rank, dims, "rows", d)) < 0) return TP_ERR_INTERNAL;
   int bias = m->ops[l].ninputs > 2 ? in(m, l, 2) : -1;
   return make_linear(m, o, x, in(m, l, 1), tp_attr_int(m, l, "transpose_w", 0), bias, d);
 }
@@ -466,9 +478,14 @@ static int raise_gelu_tanh(TpModule *m, int tanh_op, TpDiag *d) {
  * beta, whatever s is). It is causal when the masked values are so low that the softmax
  * gives them weight exactly 0, the masked positions are exactly the keys after the query
  * (and, with a sliding window of W keys, those W or more before it), and alpha is one
- * constant (the scale); beta at the visible positions is an additive bias (ALiBi). Forward
- * from the Softmax, reshapes lead to MatMul(probabilities, V). Each failure returns why,
- * which tp_attention_unproven gives insert-token-dim's refusal. */
+ * constant (the scale); beta at the visible positions is an additive bias (ALiBi). Gemma 2's
+ * soft-cap c * tanh(s / c) (Div by c, or Mul by 1 / c, then Tanh, then Mul by c; c a
+ * positive scalar constant) may sit between the scales and the masks: it is one step of the
+ * chain, which only scales (Mul, Div) may precede and only masks and biases may follow, as
+ * Attention computes mask(softcap(scale * Q K^T)). It leaves alpha alone (the proof is about
+ * the masks, and alpha before it is Attention's scale). Forward from the Softmax, reshapes
+ * lead to MatMul(probabilities, V). Each failure returns why, which tp_attention_unproven
+ * gives insert-token-dim's refusal. */
 
 /* The lowest finite value of dt: exporters mask with it (finfo.min) or with -inf. */
 static double lowest(TpDType dt) {
@@ -548,6 +565,8 @@ static const char *node_name(const TpModule *m, int o) {
 
 typedef struct {
   int softmax, product, pv; /* the Softmax, the MatMuls Q K^T and P V */
+  int cap;                  /* the soft-cap's last op, Mul(Tanh(..), c), a step; -1: none */
+  double softcap;           /* its c */
   int steps[CHAIN_MAX];     /* the score chain's ops, from the product to the Softmax */
   int slot[CHAIN_MAX];      /* which operand of each carries the scores */
   int nsteps;
@@ -611,11 +630,76 @@ static int score_operand(TpModule *m, int o, const char **why) {
   return slot;
 }
 
+/* The soft-cap c of op `op` (naming it): a float scalar CONST, positive and finite; NULL, or
+ * why not. A parameter would train (raised into Attention's attribute, it would not). */
+static const char *cap_constant(TpModule *m, int op, int v, double *c) {
+  const char *kind = tp_op_info[m->ops[op].kind].name, *node = node_name(m, op);
+  if (m->values[v].kind == TP_VAL_PARAM)
+    return tp_strfmt(m, "%s at node '%s' soft-caps the scores by the parameter %%%s, which trains (raised, it would not)",
+                     kind, node, m->values[v].name);
+  if (m->values[v].kind != TP_VAL_CONST || !scalar(m, v, c))
+    return tp_strfmt(m, "%s at node '%s' soft-caps the scores by %%%s, not a constant scalar", kind, node,
+                     m->values[v].name);
+  if (!(*c > 0) || isinf(*c))
+    return tp_strfmt(m, "%s at node '%s' soft-caps the scores at %g, not a positive cap", kind, node, *c);
+  return NULL;
+}
+
+/* Op o of the score chain as Gemma 2's soft-cap: o = Mul(Tanh(Div(u, c) or Mul(u, 1 / c)), c)
+ * in either operand order, u the scores (unbroadcast). 0 if no operand of o is a Tanh; 1 if
+ * it is the soft-cap (*u, *slot: the Tanh's operand of o, *c); -1 if a Tanh feeds o but the
+ * rest is not a soft-cap (*why). */
+static int soft_cap(TpModule *m, int o, int *u, int *slot, double *c, const char **why) {
+  int t = -1;
+  for (int i = 0; i < 2 && t < 0; i++)
+    if ((t = def_of(m, in(m, o, i), TP_OP_Tanh)) >= 0) *slot = i;
+  if (t < 0 || !tp_type_equal(type(m, out(m, t)), type(m, out(m, o)))) return 0;
+  if ((*why = cap_constant(m, o, in(m, o, 1 - *slot), c))) return -1;
+  int div = def_of(m, in(m, t, 0), TP_OP_Div), mul = def_of(m, in(m, t, 0), TP_OP_Mul), first = div >= 0 ? div : mul;
+  double k = 0;
+  *u = -1;
+  if (div >= 0) *u = in(m, div, 0);
+  for (int i = 0; mul >= 0 && i < 2 && *u < 0; i++)
+    if (tp_type_equal(type(m, in(m, mul, i)), type(m, out(m, t)))) *u = in(m, mul, i);
+  if (*u < 0 || !tp_type_equal(type(m, *u), type(m, out(m, t)))) {
+    *why = tp_strfmt(m, "Tanh at node '%s' does not take the scores divided by the cap %g (a soft-cap is tanh(s / c) * c)",
+                     node_name(m, t), *c);
+    return -1;
+  }
+  if ((*why = cap_constant(m, first, div >= 0 ? in(m, div, 1) : other(m, mul, *u), &k))) return -1;
+  bool same = div >= 0 ? k == *c : fabs(k * *c - 1) <= 1e-6;
+  if (!same)
+    *why = tp_strfmt(m, "Mul at node '%s' multiplies the soft-capped scores by %g, not the cap %g that %s at node '%s' %s",
+                     node_name(m, o), *c, div >= 0 ? k : 1 / k, div >= 0 ? "Div" : "Mul", node_name(m, first),
+                     div >= 0 ? "divides them by" : "scales them by the inverse of");
+  return same ? 1 : -1;
+}
+
+/* The order a soft-cap needs in chain c (in forward order): scales and reshapes before it,
+ * no scale after it; NULL, or why not. */
+static const char *cap_order(TpModule *m, const Chain *c) {
+  int at = -1;
+  for (int s = 0; s < c->nsteps; s++)
+    if (c->steps[s] == c->cap) at = s;
+  for (int s = 0; s < c->nsteps; s++) {
+    int o = c->steps[s];
+    TpOpKind kind = m->ops[o].kind;
+    bool scale = kind == TP_OP_Mul || kind == TP_OP_Div;
+    if (s < at && !scale && kind != TP_OP_Reshape)
+      return tp_strfmt(m, "%s at node '%s' comes before the soft-cap at node '%s': only scales may (a mask must follow it)",
+                       tp_op_info[kind].name, node_name(m, o), node_name(m, c->cap));
+    if (s > at && scale)
+      return tp_strfmt(m, "%s at node '%s' scales the soft-capped scores of node '%s': only masks may follow the soft-cap",
+                       tp_op_info[kind].name, node_name(m, o), node_name(m, c->cap));
+  }
+  return NULL;
+}
+
 /* The score chain back from Softmax sm to the product Q K^T: NULL, or why there is none. */
 static const char *score_chain(TpModule *m, int sm, Chain *c) {
   int x = in(m, sm, 0);
   const TpType *t = type(m, x);
-  *c = (Chain){.softmax = sm, .product = -1, .pv = -1, .dt = t->dtype};
+  *c = (Chain){.softmax = sm, .product = -1, .pv = -1, .cap = -1, .dt = t->dtype};
   if (t->rank < 3 || t->rank > 4 || tp_attr_int(m, sm, "axis", -1) != t->rank - 1 || !is_float(m, x))
     return tp_strfmt(m, "Softmax at node '%s' does not normalise the last axis of 3-D or 4-D scores", node_name(m, sm));
   c->T = t->dims[t->rank - 1];
@@ -637,11 +721,30 @@ static const char *score_chain(TpModule *m, int sm, Chain *c) {
         c->steps[j] = s, c->slot[j] = k;
       }
       if (!c->H) c->B = c->BH, c->H = 1; /* 3-D throughout: one head per batch row */
-      return NULL;
+      return c->cap >= 0 ? cap_order(m, c) : NULL;
     case TP_OP_Reshape: break; /* its operand's shape is checked next round */
+    case TP_OP_Mul: {
+      int u, cap = soft_cap(m, o, &u, &slot, &c->softcap, &why);
+      if (cap < 0) return why;
+      if (cap == 0) {
+        if ((slot = score_operand(m, o, &why)) < 0) return why;
+        break;
+      }
+      if (c->cap >= 0)
+        return tp_strfmt(m, "the scores are soft-capped twice, at nodes '%s' and '%s'", node_name(m, o), node_name(m, c->cap));
+      if (c->nsteps == CHAIN_MAX) break; /* refused below */
+      c->cap = o;
+      c->steps[c->nsteps] = o;
+      c->slot[c->nsteps++] = slot;
+      x = u; /* past the Tanh and the division */
+      continue;
+    }
+    case TP_OP_Tanh:
+      return tp_strfmt(m, "Tanh at node '%s' in the score chain is not a soft-cap: its result is not multiplied by the cap "
+                          "(tanh(s / c) * c)",
+                       node_name(m, o));
     case TP_OP_Add:
     case TP_OP_Sub:
-    case TP_OP_Mul:
     case TP_OP_Div:
     case TP_OP_Max:
     case TP_OP_Where:
@@ -761,7 +864,7 @@ static void position(const Chain *c, const Frame *f, int64_t p, int64_t pos[4]) 
 static const char *step_at(TpModule *m, const Chain *c, const Frame *f, int s, const int64_t pos[4], Score *score) {
   int o = c->steps[s];
   bool where = m->ops[o].kind == TP_OP_Where;
-  if (!f->k[s][where].data) return NULL; /* a reshape */
+  if (!f->k[s][where].data || o == c->cap) return NULL; /* a reshape; the soft-cap keeps alpha */
   double k[2] = {0, 0}; /* the constants' elements there (Where: condition, fill) */
   for (int n = 0; n <= where; n++) {
     const int64_t *at = f->at[s][n];
@@ -843,6 +946,7 @@ static const char *check_steps(TpModule *m, const Chain *c, const Frame *f) {
 /* What the attention computes, proven from the frame. */
 typedef struct {
   double scale;
+  double softcap; /* 0: none */
   int64_t window; /* 0: none */
   bool biased;    /* some visible position has beta != 0 */
 } Proof;
@@ -863,7 +967,7 @@ static const char *prove(TpModule *m, const Chain *c, const Frame *f, Proof *pr)
    * underflows in every float type); float16's finfo.min scaled down further does not. */
   double bound = fmin(lowest(c->dt) * 1e-6, -1e4);
   for (int64_t j = 0; j < T; j++) seen += !score_at(m, c, f, (T - 1) * T + j).masked;
-  *pr = (Proof){.window = seen < T ? seen : 0};
+  *pr = (Proof){.window = seen < T ? seen : 0, .softcap = c->cap >= 0 ? c->softcap : 0};
   bool touched = false; /* by a mask or a bias */
   for (int64_t p = 0; p < n && !touched; p++) {
     Score s = score_at(m, c, f, p);
@@ -1067,16 +1171,17 @@ static int unrepeat(const TpModule *m, int x) {
  * check_steps and prove evaluate the chain at every score position: at T = 2048, 4 million
  * positions per layer, although the layers of a model usually share one mask. What they
  * compute at a position depends only on the chain's shape (T, B, H, the scores' dtype and
- * form), each step's kind, score operand, result type, constant data and whether a
- * parameter feeds it: the op and value ids only name things in refusals. So a chain equal
- * to one proven causal in all of these has the same proof, and is not evaluated again.
+ * form), each step's kind, score operand, result type, constant data, whether a
+ * parameter feeds it and whether it is the soft-cap: the op and value ids only name things
+ * in refusals. So a chain equal to one proven causal in all of these has the same proof,
+ * and is not evaluated again.
  * Only acceptances are remembered: a refusal is recomputed, and names its own nodes. */
 
 typedef struct {
   TpOpKind kind;
   int slot;
   TpType type;
-  bool param;
+  bool param, cap; /* cap: the soft-cap */
 } StepKey;
 
 typedef struct {
@@ -1093,7 +1198,7 @@ typedef struct {
 
 static StepKey step_key(const TpModule *m, const Chain *c, int s) {
   int o = c->steps[s];
-  return (StepKey){m->ops[o].kind, c->slot[s], *type(m, out(m, o)), step_param(m, c, s) >= 0};
+  return (StepKey){m->ops[o].kind, c->slot[s], *type(m, out(m, o)), step_param(m, c, s) >= 0, o == c->cap};
 }
 
 static bool same_tensor(const TpTensor *a, const TpTensor *b) {
@@ -1111,7 +1216,7 @@ static const Proven *recall(const TpModule *m, const ProofMemo *memo, const Chai
     for (int s = 0; s < c->nsteps && same; s++) {
       StepKey k = step_key(m, c, s);
       same = k.kind == p->step[s].kind && k.slot == p->step[s].slot && k.param == p->step[s].param &&
-             tp_type_equal(&k.type, &p->step[s].type) && same_tensor(&f->k[s][0], &p->f.k[s][0]) &&
+             k.cap == p->step[s].cap && tp_type_equal(&k.type, &p->step[s].type) && same_tensor(&f->k[s][0], &p->f.k[s][0]) &&
              same_tensor(&f->k[s][1], &p->f.k[s][1]);
     }
     if (same) return p;
@@ -1210,6 +1315,7 @@ static int raise_attention(TpModule *m, int sm, ProofMemo *memo, TpDiag *d) {
   tp_set_attr_int(m, at, "is_causal", 1);
   tp_set_attr_float(m, at, "scale", pr.scale);
   if (pr.window) tp_set_attr_int(m, at, "window", pr.window);
+  if (pr.softcap) tp_set_attr_float(m, at, "softcap", pr.softcap);
   if (c.inner) tp_set_attr_int(m, at, "q_num_heads", c.H), tp_set_attr_int(m, at, "kv_num_heads", 1);
   return check(m, at, d) != TP_OK || check(m, c.pv, d) != TP_OK ? TP_ERR_INTERNAL : TP_OK;
 }

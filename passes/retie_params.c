@@ -11,14 +11,12 @@
  * The export keeps nothing else of the tying: a tied head and an untied one (hf_gpt2,
  * hf_llama) have the same kind of name, shape and uses, so only the data can tell them
  * apart. Metadata picks the candidates: parameters with a partner of the same dtype and
- * shape, or of the transposed 2-D shape. By default only data already in memory is read
- * (dense IR literals, raw data inside the .onnx, which the importer has read anyway, at
- * most protobuf's 2 GB): weights in external-data files, the large models, are never read
- * to compile; retie-params-data (tokpipec --retie=data) compares those too. Of the
- * candidates, first the first and last elements are compared (equal in a copy and in a
- * transpose: two pages of each), then only those still paired are read whole: exactly, bit
- * for bit, after a hash that ignores element order (so a tensor and its transpose hash
- * alike). Skipped: parameters whose elements are all equal (fresh ones/zeros: equal by
+ * shape, or of the transposed 2-D shape. Of the candidates, first the first and last
+ * elements are compared (equal in a copy and in a transpose: two pages of each, also of
+ * external-data files, which stay mapped, not read), then only those still paired are read
+ * whole: exactly, bit for bit, after a hash that ignores element order (so a tensor and its
+ * transpose hash alike). A large model's weights are thus never read to compile, but for
+ * the few that are copies of each other (the tied head). Skipped: parameters whose elements are all equal (fresh ones/zeros: equal by
  * coincidence, not tying) and Identity aliases (the exporter's merge of such tensors,
  * deliberately separate parameters). */
 #include "../ir/ir.h"
@@ -125,16 +123,6 @@ static void retie(TpModule *m, int keep, int dup, bool transpose) {
 
 static bool is_alias(const TpValue *v) { return v->origin.op_type && strcmp(v->origin.op_type, "Identity") == 0; }
 
-/* Is v's data in memory already: a module-owned copy, or raw data of the model file the
- * module was imported from (a blob named like its source, also in its printed IR read
- * back, which so re-ties as the import does), not an external-data file? */
-static bool data_in_memory(const TpModule *m, int v) {
-  const TpBlob *b = &m->blobs[m->values[v].blob];
-  if (b->owned || !b->path) return true;
-  const char *slash = strrchr(m->source ? m->source : "", '/');
-  return m->source && strcmp(b->path, slash ? slash + 1 : m->source) == 0;
-}
-
 /* Sorts c[0..n) by key and keeps those whose key another one shares (in order); returns
  * how many. */
 static int keep_paired(Candidate *c, int n) {
@@ -146,15 +134,14 @@ static int keep_paired(Candidate *c, int n) {
 }
 
 /* The parameters that may be re-tied, sorted by shape key, those without a partner of
- * their shape left out; *n their count. external: also parameters in external-data files. */
-static Candidate *shape_candidates(const TpModule *m, bool external, int *n) {
+ * their shape left out; *n their count. */
+static Candidate *shape_candidates(const TpModule *m, int *n) {
   Candidate *c = malloc(((size_t)m->nvalues + 1) * sizeof *c);
   TP_ASSERT(c);
   int all = 0;
   for (int v = 0; v < m->nvalues; v++) {
     const TpValue *val = &m->values[v];
-    if (val->kind == TP_VAL_PARAM && !val->dead && val->blob >= 0 && !is_alias(val) &&
-        (external || data_in_memory(m, v)))
+    if (val->kind == TP_VAL_PARAM && !val->dead && val->blob >= 0 && !is_alias(val))
       c[all++] = (Candidate){.value = v, .key = shape_key(&val->type)};
   }
   *n = keep_paired(c, all);
@@ -171,14 +158,14 @@ static void corners(const TpModule *m, int v, uint64_t *key) {
   *key = mix64(*key ^ mix64(element(data, size)) ^ element(data + (n - 1) * (int64_t)size, size));
 }
 
-static int retie_params(TpModule *m, bool external, TpDiag *d) {
+int pass_retie_params(TpModule *m, TpDiag *d) {
   /* assign-stages' tied copies duplicate their parameters on purpose */
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].tied >= 0)
       return tp_error(d, "retie-params runs before assign-stages: %%%s is a stage's tied copy already",
                       m->values[v].name);
   int candidates, n = 0;
-  Candidate *c = shape_candidates(m, external, &candidates);
+  Candidate *c = shape_candidates(m, &candidates);
   for (int i = 0; i < candidates; i++) corners(m, c[i].value, &c[i].key);
   candidates = keep_paired(c, candidates);
   for (int i = 0; i < candidates; i++) {
@@ -206,30 +193,3 @@ static int retie_params(TpModule *m, bool external, TpDiag *d) {
   if (tied) tp_sort_ops(m);
   return TP_OK;
 }
-
-/* Says (one note line) which external-data parameters could have been copies of another
- * had their data been read, so that a tied model exported with external data is not
- * untied silently. */
-static void note_external(const TpModule *m, const TpDiag *d) {
-  int n, external = 0, first = -1, partner = -1;
-  Candidate *c = shape_candidates(m, true, &n);
-  for (int i = 0; i < n; i++)
-    if (!data_in_memory(m, c[i].value) && external++ == 0)
-      first = c[i].value, partner = c[i > 0 && c[i - 1].key == c[i].key ? i - 1 : i + 1].value;
-  free(c);
-  if (!external || !d->stream) return;
-  tp_print_line(d->stream,
-                "%s: note: %s%s%d parameters in external-data files have the shape of another (such as '%s' "
-                "and '%s'); their data is not read, so copies among them stay separate (retie-params-data, "
-                "tokpipec --retie=data, compares them)",
-                d->tool ? d->tool : "tokpipec", d->file ? d->file : "", d->file ? ": " : "", external,
-                m->values[first].name, m->values[partner].name);
-}
-
-int pass_retie_params(TpModule *m, TpDiag *d) {
-  int rc = retie_params(m, false, d);
-  if (rc == TP_OK) note_external(m, d);
-  return rc;
-}
-
-int pass_retie_params_data(TpModule *m, TpDiag *d) { return retie_params(m, true, d); }

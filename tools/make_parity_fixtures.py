@@ -141,7 +141,8 @@ def mapped(grads, forms):
     out = {}
     for name, (pname, form) in forms.items():
         g = grads[pname]
-        out[name] = g.T if form == "T" else g[:form[1]] if isinstance(form, tuple) else g
+        out[name] = (g.T if form == "T" else g if not isinstance(form, tuple) else
+                     g[:form[1]].reshape(form[2]) if len(form) > 2 else g[:form[1]])
     return out
 
 
@@ -178,8 +179,9 @@ def train(make_model, tokens, B, T, dtype, adamw=ADAMW):
             logits = model(x)
         loss = F.cross_entropy(logits.view(B * T, -1), y.view(-1))
         loss.backward()
-        if k == 0:
-            grads = {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()}
+        if k == 0:   # tied parameters under each of their names
+            grads = {n: p.grad.detach().numpy().copy()
+                     for n, p in model.named_parameters(remove_duplicate=False)}
         losses.append(loss.item())
         opt.step()
     with torch.no_grad():   # back to the initial weights, for the ONNX name mapping
@@ -193,10 +195,11 @@ def max_rel(a, b):
 
 
 def write_references(dir, name, make_model, proto, B, T, vocab, seed, adamw=ADAMW,
-                     compile_flags=()):
+                     compile_flags=(), forms=None):
     """dir/train/ for the model make_model() builds, exported as proto: tokens drawn from
-    seed, PyTorch's step-1 gradients keyed by ONNX name, 10 losses, and the args file (with
-    compile_flags added to the tokpipec line). Prints the float32-vs-float64 spread."""
+    seed, PyTorch's step-1 gradients keyed by ONNX name (forms: the mapping, default
+    onnx_params'), 10 losses, and the args file (with compile_flags added to the tokpipec
+    line). Prints the float32-vs-float64 spread."""
     tokens = make_tokens(B * T * STEPS + 1, vocab, seed=2000 + seed)
     model, grads, losses = train(make_model, tokens, B, T, torch.float32, adamw)
     _, grads64, losses64 = train(make_model, tokens, B, T, torch.float64, adamw)
@@ -206,8 +209,7 @@ def write_references(dir, name, make_model, proto, B, T, vocab, seed, adamw=ADAM
     zero = [k for k in grads if np.abs(grads64[k]).max() < 1e-12]
     for k in zero:
         grads[k] = np.zeros_like(grads[k])
-    forms = onnx_params(proto, model)
-    named = mapped(grads, forms)
+    named = mapped(grads, forms or onnx_params(proto, model))
 
     out = os.path.join(dir, "train")
     os.makedirs(out, exist_ok=True)

@@ -26,9 +26,10 @@ static const char usage[] =
     "usage: tokpipec MODEL.onnx|FILE.tir [options]\n"
     "Imports MODEL.onnx (or textual IR; '-' reads stdin), runs the training pipeline (raise\n"
     "the transformer, add the loss, differentiate) and writes the result.\n"
-    "  --emit=ir|dot|memory|schedule|c  textual IR (the default), a Graphviz graph, the memory\n"
-    "                       plan (per rank), the ranks' instruction lists, or the C training\n"
-    "                       program (the default when -o ends in .c)\n"
+    "  --emit=ir|dot|memory|schedule|c|params  textual IR (the default), a Graphviz graph,\n"
+    "                       the memory plan (per rank), the ranks' instruction lists, the C\n"
+    "                       training program (the default when -o ends in .c), or one line\n"
+    "                       per initializer: name, type, whether it trains, and why\n"
     "  -o OUT               write OUT (atomically) instead of stdout\n"
     "  --target cpu|cuda    the kernels the C program calls (default cpu); cuda: a trainer\n"
     "                       for NVIDIA GPUs (runtime/cuda), built on the CPU trainer\n"
@@ -42,11 +43,10 @@ static const char usage[] =
     "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
     "  --logits NAME        the graph output the loss reads (default: the float [B, T, V] one)\n"
     "  --freeze REGEX       parameters whose ONNX names match (POSIX ERE) are not trained\n"
-    "  --retie auto|data|off  re-tie weights the exporter duplicated (a tied LM head saved\n"
+    "  --retie auto|off     re-tie weights the exporter duplicated (a tied LM head saved\n"
     "                       as a transposed copy of the embedding): auto (the default)\n"
-    "                       compares the data of same-shaped weights held in the .onnx\n"
-    "                       itself and never reads external-data files; data compares\n"
-    "                       those too (only the same-shaped ones); off keeps them apart\n"
+    "                       compares same-shaped weights, first by their first and last\n"
+    "                       elements, then whole; off keeps them apart\n"
     "  --no-retie           --retie off\n"
     "  --no-fuse            leave RMSNorm, rotary embeddings and SwiGLU as primitive chains\n"
     "                       (raise-transformer-unfused; to compare against the fused ops)\n"
@@ -76,6 +76,40 @@ static const char usage[] =
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
 
 static void write_ir(const void *m, FILE *out) { tp_print_module(m, out); }
+
+/* --emit=params: each initializer the model still reads after re-tying, as
+ * "name type trains|frozen|tied|constant why". */
+typedef struct {
+  const TpModule *m;
+  const char *freeze;
+} ParamsReport;
+
+static void write_params(const void *arg, FILE *out) {
+  const ParamsReport *r = arg;
+  const TpModule *m = r->m;
+  regex_t freeze;
+  bool frozen_any = r->freeze && regcomp(&freeze, r->freeze, REG_EXTENDED | REG_NOSUB) == 0;
+  fprintf(out, "# initializer, type, trains|frozen|tied|constant, why\n");
+  for (int v = 0; v < m->nvalues; v++) {
+    const TpValue *val = &m->values[v];
+    if (!val->why || val->dead) continue;
+    char type[128];
+    tp_type_str(&val->type, type, sizeof type);
+    const char *state = "constant", *because = "";
+    if (val->kind == TP_VAL_RESULT && val->def >= 0 && m->ops[val->def].role == TP_ROLE_RETIE) {
+      const TpOp *o = &m->ops[val->def];
+      state = "tied";
+      because = tp_strfmt((TpModule *)m, "%s of %s (retie-params); ", o->kind == TP_OP_Transpose ? "the transpose" : "a copy",
+                          m->values[o->inputs[0]].name);
+    } else if (val->kind == TP_VAL_PARAM) {
+      bool frozen = frozen_any && regexec(&freeze, val->name, 0, NULL, 0) == 0;
+      state = frozen ? "frozen" : "trains";
+      if (frozen) because = "matches --freeze; ";
+    }
+    fprintf(out, "%s %s %s %s%s\n", val->name, type, state, because, val->why);
+  }
+  if (frozen_any) regfree(&freeze);
+}
 static void write_dot(const void *m, FILE *out) { tp_print_dot(m, out); }
 static void write_text(const void *text, FILE *out) { fputs(text, out); }
 
@@ -500,8 +534,8 @@ int main(int argc, char **argv) {
       return 0;
     } else if (cli_value(argc, argv, &i, "--emit", &emit)) {
       if (strcmp(emit, "ir") && strcmp(emit, "dot") && strcmp(emit, "memory") && strcmp(emit, "schedule") &&
-          strcmp(emit, "c"))
-        cli_usage_error("--emit expects ir, dot, memory, schedule or c, got '%s'", emit);
+          strcmp(emit, "c") && strcmp(emit, "params"))
+        cli_usage_error("--emit expects ir, dot, memory, schedule, c or params, got '%s'", emit);
     } else if (cli_value(argc, argv, &i, "--target", &target)) {
       if (!tp_target_find(target, NULL)) cli_usage_error("--target expects %s, got '%s'", tp_target_names(), target);
     } else if (cli_value(argc, argv, &i, "--precision", &precision)) {
@@ -545,7 +579,7 @@ int main(int argc, char **argv) {
       retie = NULL;
     } else if (cli_value(argc, argv, &i, "--retie", &v)) {
       if (strcmp(v, "auto") == 0) retie = "retie-params";
-      else if (strcmp(v, "data") == 0) retie = "retie-params-data";
+      else if (strcmp(v, "data") == 0) retie = "retie-params"; /* what auto does since external data is compared */
       else if (strcmp(v, "off") == 0) retie = NULL;
       else cli_usage_error("--retie takes auto, data or off, not '%s'", v);
     } else if (cli_is(a, "--no-fuse")) {
@@ -592,6 +626,9 @@ int main(int argc, char **argv) {
 
   const char *names[64];
   int n = pipeline_names(retie, fuse, forward_only, slicing, tensor > 1, names);
+  /* --emit=params: the passes up to re-tying, which decide what trains */
+  for (int i = 0; strcmp(emit, "params") == 0 && i < n; i++)
+    if (strcmp(names[i], "raise-transformer") == 0 || strcmp(names[i], "raise-transformer-unfused") == 0) n = i;
 
   if (exe) {
     TpDiag exe_diag;
@@ -655,6 +692,8 @@ int main(int argc, char **argv) {
   probes.target = target;
   probes.precision = precision;
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
+  ParamsReport params = {m, freeze};
+  if (rc == TP_OK && strcmp(emit, "params") == 0) rc = cli_write_output(output, write_params, &params, &d);
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
   else if (rc == TP_OK && strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);
   if (rc == TP_OK && text) {

@@ -281,6 +281,70 @@ static const Case cases[] = {
             "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
             "output %y\n",
      "Attention=0 Softmax=1"},
+    /* Gemma 2's soft-cap c * tanh(s / c) between the scale and the mask (cap 2: the scores
+     * here reach 6, so the tanh bends them) */
+    {"attention: Gemma 2's soft-cap Mul(Tanh(Div(s, c)), c) after the scale, before a sliding window",
+     BATCH2 "const %cap : f32[] = dense<2>\n"
+            "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%ss : f32[2, 2, 4, 4] = Mul(%s, %half)\n"
+            "%d : f32[2, 2, 4, 4] = Div(%ss, %cap)\n"
+            "%t : f32[2, 2, 4, 4] = Tanh(%d)\n"
+            "%c : f32[2, 2, 4, 4] = Mul(%t, %cap)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%band, %c, %min)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%w) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=1 Softmax=0 Tanh=0 Div=0 Mul=0 Where=0"},
+    {"attention: a soft-cap by Mul(s, 1 / c) and Mul(c, tanh), a folded additive mask after it",
+     BATCH2 "const %cap : f32[] = dense<4>\n"
+            "const %inverse : f32[] = dense<0.25>\n"
+            "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%ss : f32[2, 2, 4, 4] = Div(%s, %two)\n"
+            "%d : f32[2, 2, 4, 4] = Mul(%inverse, %ss)\n"
+            "%t : f32[2, 2, 4, 4] = Tanh(%d)\n"
+            "%c : f32[2, 2, 4, 4] = Mul(%cap, %t)\n"
+            "%a : f32[2, 2, 4, 4] = Add(%c, %folded)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%a) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=1 Softmax=0 Tanh=0 Mul=0 Add=0"},
+    {"not attention: a Tanh in the score chain not multiplied back by its cap",
+     BATCH2 "const %cap : f32[] = dense<2>\n"
+            "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%d : f32[2, 2, 4, 4] = Div(%s, %cap)\n"
+            "%t : f32[2, 2, 4, 4] = Tanh(%d)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%lower, %t, %min)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%w) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1 Tanh=1"},
+    {"not attention: a soft-cap after the mask (a masked score becomes -c, which keeps weight)",
+     BATCH2 "const %cap : f32[] = dense<2>\n"
+            "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%lower, %s, %min)\n"
+            "%d : f32[2, 2, 4, 4] = Div(%w, %cap)\n"
+            "%t : f32[2, 2, 4, 4] = Tanh(%d)\n"
+            "%c : f32[2, 2, 4, 4] = Mul(%t, %cap)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%c) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1 Tanh=1"},
+    {"not attention: a soft-cap by a trained parameter",
+     BATCH2 "param %cap : f32[] = dense<2>\n"
+            "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
+            "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
+            "%d : f32[2, 2, 4, 4] = Div(%s, %cap)\n"
+            "%t : f32[2, 2, 4, 4] = Tanh(%d)\n"
+            "%c : f32[2, 2, 4, 4] = Mul(%t, %cap)\n"
+            "%w : f32[2, 2, 4, 4] = Where(%lower, %c, %min)\n"
+            "%p : f32[2, 2, 4, 4] = Softmax(%w) {axis = 3}\n"
+            "%y : f32[2, 2, 4, 3] = MatMul(%p, %v)\n"
+            "output %y\n",
+     "Attention=0 Softmax=1 Tanh=1"},
     {"attention: GPT-BigCode's multi-query scores [B, T*H, T] with the heads inside the queries",
      INNER("%keep_inner"), "Attention=1 Softmax=0 MatMul=0 Where=0 Transpose=0 Reshape=1"},
     {"not attention: the heads inside the queries, a mask wrong in head 1",

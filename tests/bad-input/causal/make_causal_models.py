@@ -80,7 +80,7 @@ model("fill_small", *where(LOWER, -1e9))
 # an additive mask of -1e9
 model("additive_small", lambda s: ([helper.make_node("Add", [s, "operand"], ["out"], name="mask")], "out"),
       [const("operand", np.where(LOWER, 0, -1e9).astype(np.float32))])
-# a softcap (Gemma 2) before the mask: Tanh is not a step the proof follows
+# a bare Tanh before the mask: not Gemma 2's soft-cap tanh(s / c) * c (raise-softcap.tir has those)
 model("softcap", lambda s: ([helper.make_node("Tanh", [s], ["capped"], name="softcap"),
                              helper.make_node("Where", ["keep", "capped", "fill"], ["out"], name="mask")], "out"),
       causal_inits)
