@@ -105,6 +105,15 @@ static void attention_axes(const TpModule *m, int op, OpAxes *x) {
   link(x, q, seq, y, seq), link(x, q, seq, k, seq), link(x, k, seq, v, seq);
   if (r == 4) link(x, q, 1, y, 1), link(x, k, 1, v, 1); /* heads */
   mix(x, q, feat, "contracts over"), mix(x, k, feat, "contracts over"), mix(x, v, feat, "contracts over");
+  /* the mask, broadcast to the scores [B, H, Tq, Tk]: its batch and head axes (a mask folded
+   * per batch row, as torch's SDPA export has it, is cut by rebatch); its query and key
+   * axes are cut by split-sequence itself */
+  int mask = o->ninputs > 3 ? o->inputs[3] : -1, rm = mask >= 0 ? type_of(m, mask)->rank : 0;
+  for (int a = 0; a < rm; a++) {
+    int d = a + 4 - rm;
+    if (d == 0 && type_of(m, mask)->dims[a] == type_of(m, q)->dims[0]) link(x, mask, a, q, 0);
+    if (d == 1 && r == 4 && type_of(m, mask)->dims[a] == type_of(m, q)->dims[1]) link(x, mask, a, q, 1);
+  }
 }
 
 /* The axis relations of op `op` and the axes it combines elements along. */

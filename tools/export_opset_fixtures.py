@@ -13,6 +13,10 @@ registers a forward check for each):
                                 transformers 5 needs there
     test_data_set_0/input_0.pb  token ids, int64 [2, 16]
     test_data_set_0/output_0.pb PyTorch's logits, float32 [2, 16, 128]
+    train/                      for the fixtures in TRAINED: the references of 10 AdamW
+                                steps (make_parity_fixtures.py; ctest parity/opsets/<name>),
+                                parameters mapped to initializers by the dynamo metadata
+                                as export_hf26_fixtures.py does
 
 The models are built from configs (no model hub): 2 layers, hidden 32, 4 heads, vocab 128,
 no cache, eager attention unless the name ends in _sdpa (transformers' default: below
@@ -41,6 +45,10 @@ import onnx
 import torch
 import transformers as tf
 from onnx import numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import export_hf26_fixtures as hf26  # noqa: E402  (parameters of a dynamo export)
+import make_parity_fixtures as parity  # noqa: E402  (training references)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "opsets")
 B, T, VOCAB = 2, 16, 128
@@ -81,6 +89,8 @@ FIXTURES = {
     "o23_gpt2_ts": ("gpt2", 23, "eager", "torchscript"),
     "o21_phi3_noopt": ("phi3", 21, "eager", "dynamo-noopt"),  # SplitToSequence, SequenceAt
 }
+# Trained too (parity/opsets/<name>): ONNX's RMSNormalization and Attention imported directly.
+TRAINED = {"o23_qwen3", "o23_llama3_sdpa"}
 
 DROPPED_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.class_hierarchy", "pkg.torch.onnx.name_scopes",
                     "namespace"}
@@ -167,6 +177,10 @@ def main():
         print(f"{name}: opset {proto.opset_import[0].version}, {len(proto.graph.node)} nodes, "
               f"{os.path.getsize(path)} bytes, |logits|max={logits.abs().max().item():.3g}")
         print("  " + " ".join(f"{op}:{n}" for op, n in sorted(ops.items())))
+        if name in TRAINED:
+            build = lambda: make_model(arch, attn, exporter == "torchscript", seed)  # noqa: E731
+            parity.write_references(dir, name, build, proto, B, T, VOCAB, seed, parity.ADAMW, [],
+                                    forms=hf26.dynamo_params(proto, model))
 
 
 if __name__ == "__main__":
