@@ -432,6 +432,20 @@ static int import_transpose(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+/* A Split of the node's first operand along axis into n results of the sizes, named. */
+static int split_op(Importer *I, const Node *N, const char *const *names, const int64_t *sizes, int n, int64_t axis) {
+  TpType in = type_of(I, N->in[0]);
+  int op = tp_add_op(I->m, TP_OP_Split, N->in, 1, names, n, N->at);
+  tp_set_attr_int(I->m, op, "axis", axis);
+  for (int k = 0; k < n; k++) {
+    TpType t = in;
+    t.dims[axis] = sizes[k];
+    t.dimnames[axis] = NULL;
+    set_result_type(I, op, k, t);
+  }
+  return op;
+}
+
 static int import_split(Importer *I, Node *N) {
   TpType in = type_of(I, N->in[0]);
   int64_t axis, sizes[TP_MAX_CONST_INTS], num;
@@ -470,14 +484,7 @@ static int import_split(Importer *I, Node *N) {
       names[k] = tp_unique_name(I->m, buf);
     }
   }
-  int op = tp_add_op(I->m, TP_OP_Split, N->in, 1, names, nout, N->at);
-  tp_set_attr_int(I->m, op, "axis", axis);
-  for (int k = 0; k < nout; k++) {
-    TpType t = in;
-    t.dims[axis] = sizes[k];
-    t.dimnames[axis] = NULL;
-    set_result_type(I, op, k, t);
-  }
+  int op = split_op(I, N, names, sizes, nout, axis);
   N->nout = nout;
   return finish_op(I, N, op);
 }
@@ -630,14 +637,7 @@ static int import_split_to_sequence(Importer *I, Node *N) {
   if (n < 1) return node_error(I, N, "makes an empty sequence");
   const char *names[TP_MAX_CONST_INTS];
   for (int k = 0; k < n; k++) names[k] = tp_strfmt(I->m, "%.200s.%d", N->n->output[0], k);
-  int op = tp_add_op(I->m, TP_OP_Split, N->in, 1, names, n, N->at);
-  tp_set_attr_int(I->m, op, "axis", axis);
-  for (int k = 0; k < n; k++) {
-    TpType t = in;
-    t.dims[axis] = sizes[k];
-    t.dimnames[axis] = NULL;
-    set_result_type(I, op, k, t);
-  }
+  int op = split_op(I, N, names, sizes, n, axis);
   bool folded;
   if ((rc = tp_infer_op(I->m, op, I->d)) || (rc = tp_fold_op(I->m, op, &folded, I->d))) return rc;
   Sequence *seq = tp_alloc(I->m, sizeof *seq);

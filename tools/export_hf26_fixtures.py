@@ -26,7 +26,6 @@ Regenerate (deterministic, one thread; rewrites the named fixtures, default all)
 """
 import contextlib
 import io
-import math
 import os
 import re
 import shutil
@@ -100,15 +99,7 @@ def make_model(arch, seed, with_mask, redraw=True):
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     if redraw:
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.dim() >= 2:
-                    p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-                elif name.endswith("bias"):
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-                else:
-                    p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
+        hf.redraw(model, seed)
     return LogitsOnly(model, with_mask).eval()
 
 

@@ -106,6 +106,13 @@ def make_model(arch, seed):
     config.use_cache = False
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    redraw(model, seed)
+    return LogitsOnly(model).eval()
+
+
+def redraw(model, seed):
+    """Weights from a seeded generator: matrices N(0, 1/fan), biases N(0, 0.1), norm scales
+    N(1, 0.2), so every bias and norm shows in the logits and no two initializers are equal."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -115,7 +122,6 @@ def make_model(arch, seed):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
             else:
                 p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
-    return LogitsOnly(model).eval()
 
 
 def export(model, path):

@@ -1,9 +1,9 @@
 #!/work/venv26/env/bin/python
 """Export tiny Hugging Face causal LMs with today's torch.onnx.export at each opset 18..23.
 
-Each fixture becomes tests/fixtures/opsets/<name>/ (one level below the GPT fixtures, so the
-training, pipeline and matrix tests do not pick these up; tests/fixtures/opsets/CMakeLists.txt
-registers a forward check for each):
+Each fixture becomes tests/fixtures/opsets/<name>/ (one level below the other fixtures, so
+the areas that take every tests/fixtures/*/ do not pick these up; tests/fixtures, parity
+and matrix register their own checks of these):
     model.onnx                  torch.onnx.export(..., dynamo=True, opset_version=K,
                                 external_data=False) of a wrapper returning the logits: one
                                 input_ids [2, 16], fixed shapes; the exporter's optimizer on
@@ -14,17 +14,17 @@ registers a forward check for each):
     test_data_set_0/input_0.pb  token ids, int64 [2, 16]
     test_data_set_0/output_0.pb PyTorch's logits, float32 [2, 16, 128]
     train/                      for the fixtures in TRAINED: the references of 10 AdamW
-                                steps (make_parity_fixtures.py; ctest parity/opsets/<name>),
-                                parameters mapped to initializers by the dynamo metadata
-                                as export_hf26_fixtures.py does
+                                steps (make_parity_fixtures.py), parameters mapped to
+                                initializers by the dynamo metadata (export_hf26_fixtures.py)
 
 The models are built from configs (no model hub): 2 layers, hidden 32, 4 heads, vocab 128,
 no cache, eager attention unless the name ends in _sdpa (transformers' default: below
-opset 23 torch decomposes it, with an IsNaN guard; at 23 it emits ONNX's Attention). To keep the files small, the node metadata the importer does not read (stack
-traces, class hierarchies, name scopes, namespaces: over half of each file) is dropped;
-each node's pkg.torch.onnx.fx_node and the graph's value_info metadata (parameter, buffer
-or constant) are kept as exported. Weights are redrawn from a seeded generator (as export_hf_fixtures.py does) so
-every norm scale and bias shows in the logits. What each one covers is in FIXTURES.
+opset 23 torch decomposes it, with an IsNaN guard; at 23 it emits ONNX's Attention). The
+weights are redrawn from a seeded generator (export_hf_fixtures.redraw) so every norm scale
+and bias shows in the logits. What each fixture covers is in FIXTURES. To keep the files
+small, the node metadata the importer does not read (stack traces, class hierarchies, name
+scopes, namespaces: over half of each file) is dropped; each node's pkg.torch.onnx.fx_node
+and the graph's value_info metadata (parameter, buffer or constant) are kept as exported.
 
 The venv (today's toolchain; the CUDA wheels work on a CPU, about 6 GB):
     python3 -m venv /work/venv26/env
@@ -34,7 +34,6 @@ Regenerate (deterministic, one thread; rewrites the named fixtures, or all):
 """
 import contextlib
 import io
-import math
 import os
 import shutil
 import sys
@@ -44,10 +43,11 @@ from collections import Counter
 import onnx
 import torch
 import transformers as tf
-from onnx import numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import export_hf26_fixtures as hf26  # noqa: E402  (parameters of a dynamo export)
+import export_gpt_fixtures as fx  # noqa: E402  (saving tensors)
+import export_hf_fixtures as hf  # noqa: E402  (weight redraw)
+import export_hf26_fixtures as hf26  # noqa: E402  (the logits wrapper, parameters of a dynamo export)
 import make_parity_fixtures as parity  # noqa: E402  (training references)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "opsets")
@@ -96,42 +96,14 @@ DROPPED_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.class_hierarch
                     "namespace"}
 
 
-class LogitsOnly(torch.nn.Module):
-    """What a user exports: the model called on input_ids alone, its logits returned."""
-
-    def __init__(self, model, with_mask):
-        super().__init__()
-        self.m = model
-        self.with_mask = with_mask
-
-    def forward(self, input_ids):
-        if self.with_mask:
-            return self.m(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False,
-                          return_dict=False)[0]
-        return self.m(input_ids=input_ids, use_cache=False, return_dict=False)[0]
-
-
 def make_model(arch, attn, with_mask, seed):
     cls, kw = ARCHS[arch]
     config = cls(**kw)
     config.use_cache = False
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-            else:
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
-    return LogitsOnly(model, with_mask).eval()
-
-
-def save_tensor(array, path, name):
-    with open(path, "wb") as f:
-        f.write(numpy_helper.from_array(array, name).SerializeToString())
+    hf.redraw(model, seed)
+    return hf26.LogitsOnly(model, with_mask).eval()
 
 
 def main():
@@ -171,8 +143,8 @@ def main():
         with torch.no_grad():
             logits = model(idx)
         data = os.path.join(dir, "test_data_set_0")
-        save_tensor(idx.numpy(), os.path.join(data, "input_0.pb"), "input_ids")
-        save_tensor(logits.numpy(), os.path.join(data, "output_0.pb"), "logits")
+        fx.save_tensor(idx.numpy(), os.path.join(data, "input_0.pb"), "input_ids")
+        fx.save_tensor(logits.numpy(), os.path.join(data, "output_0.pb"), "logits")
         ops = Counter(n.op_type for n in proto.graph.node)
         print(f"{name}: opset {proto.opset_import[0].version}, {len(proto.graph.node)} nodes, "
               f"{os.path.getsize(path)} bytes, |logits|max={logits.abs().max().item():.3g}")
