@@ -70,7 +70,40 @@ ARCHS = {  # name -> (config class, config arguments)
     "gpt_neox": (tf.GPTNeoXConfig, dict(LLAMA_LIKE)),
     # per-head q/k RMSNorm, head_dim given
     "qwen3": (tf.Qwen3Config, dict(LLAMA_LIKE, num_key_value_heads=2, head_dim=8)),
+    "tiny_sdpa": None,  # TinySdpa below: no Hugging Face model emits these forms
 }
+
+
+class TinySdpa(torch.nn.Module):
+    """Two pre-norm attention blocks written with torch's own modules: nn.RMSNorm
+    (RMSNormalization at opset 23) and F.scaled_dot_product_attention(is_causal=True,
+    enable_gqa=True) (Attention {is_causal = 1} on 4 query and 2 K/V heads). Called as
+    LogitsOnly calls a Hugging Face model."""
+
+    def __init__(self, vocab=VOCAB, hidden=32, heads=4, kv_heads=2, layers=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict(dict(
+            norm=torch.nn.RMSNorm(hidden, eps=1e-5), q=torch.nn.Linear(hidden, hidden),
+            kv=torch.nn.Linear(hidden, 2 * kv_heads * self.head_dim), o=torch.nn.Linear(hidden, hidden)))
+            for _ in range(layers))
+        self.norm = torch.nn.RMSNorm(hidden, eps=1e-5)
+        self.head = torch.nn.Linear(hidden, vocab)
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False, return_dict=False):
+        x = self.embed(input_ids)
+        b, t, c = x.shape
+        for block in self.blocks:
+            h = block["norm"](x)
+            q = block["q"](h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            kv = block["kv"](h).view(b, t, 2, self.kv_heads, self.head_dim)
+            k, v = (z.transpose(1, 2) for z in kv.unbind(2))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + block["o"](y.transpose(1, 2).reshape(b, t, c))
+        return (self.head(self.norm(x)),)
+
+
 # name -> (architecture, opset, attention implementation, exporter: dynamo, dynamo-noopt
 # (optimize=False) or torchscript). New ones go last: a fixture's seed is its place here.
 FIXTURES = {
@@ -88,20 +121,24 @@ FIXTURES = {
     "o18_llama3_ts": ("llama3", 18, "eager", "torchscript"),
     "o23_gpt2_ts": ("gpt2", 23, "eager", "torchscript"),
     "o21_phi3_noopt": ("phi3", 21, "eager", "dynamo-noopt"),  # SplitToSequence, SequenceAt
+    "o23_tiny_sdpa": ("tiny_sdpa", 23, "sdpa", "dynamo"),  # Attention {is_causal = 1}, GQA
 }
 # Trained too (parity/opsets/<name>): ONNX's RMSNormalization and Attention imported directly.
-TRAINED = {"o23_qwen3", "o23_llama3_sdpa"}
+TRAINED = {"o23_qwen3", "o23_llama3_sdpa", "o23_tiny_sdpa"}
 
 DROPPED_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.class_hierarchy", "pkg.torch.onnx.name_scopes",
                     "namespace"}
 
 
 def make_model(arch, attn, with_mask, seed):
-    cls, kw = ARCHS[arch]
-    config = cls(**kw)
-    config.use_cache = False
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    if arch == "tiny_sdpa":
+        model = TinySdpa()
+    else:
+        cls, kw = ARCHS[arch]
+        config = cls(**kw)
+        config.use_cache = False
+        model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
     hf.redraw(model, seed)
     return hf26.LogitsOnly(model, with_mask).eval()
 
