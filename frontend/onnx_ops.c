@@ -24,6 +24,18 @@ static int import_plain(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+/* IsNaN(x) = Not(Equal(x, x)): NaN is the one value unequal to itself (SDPA's
+ * decomposition zeroes the probabilities of rows that see no key with it). */
+static int import_isnan(Importer *I, Node *N) {
+  int same[2] = {N->in[0], N->in[0]};
+  const char *name = tp_unique_name(I->m, tp_strfmt(I->m, "%s.equal", N->n->output[0]));
+  int eq = tp_add_op(I->m, TP_OP_Equal, same, 2, &name, 1, N->at);
+  int rc = tp_infer_op(I->m, eq, I->d);
+  if (rc) return rc;
+  int equal = I->m->ops[eq].outputs[0];
+  return finish_op(I, N, new_op(I, N, TP_OP_Not, &equal, 1, 1));
+}
+
 /* value v (the result of node N's lowering) becomes Reshape(v) to `t`. */
 static int emit_reshape(Importer *I, Node *N, int v, TpType t) {
   int op = new_op(I, N, TP_OP_Reshape, &v, 1, 1);
@@ -747,6 +759,7 @@ static const OpRow op_table[] = {
   {"Pow", 13, import_pow, TP_OP_Pow, 2, 2, 1}, {"Pow", 15, import_pow, TP_OP_Pow, 2, 2, 1},
   UN(Sqrt, 13), UN(Neg, 13), UN(Reciprocal, 13), UN(Exp, 13), UN(Log, 13), UN(Erf, 13),
   UN(Tanh, 13), UN(Relu, 13), UN(Relu, 14), UN(Sigmoid, 13), UN(Not, 1),
+  {"IsNaN", 13, import_isnan, TP_OP_COUNT, 1, 1, 1}, {"IsNaN", 20, import_isnan, TP_OP_COUNT, 1, 1, 1},
   UN(Sin, 7), UN(Sin, 22), UN(Cos, 7), UN(Cos, 22),
   {"Max", 13, import_variadic, TP_OP_Max, 1, TP_MAX_CONST_INTS, 1},
   {"Min", 13, import_variadic, TP_OP_Min, 1, TP_MAX_CONST_INTS, 1},

@@ -1056,14 +1056,29 @@ static int64_t heads_of(const Chain *c, const TpType *t) {
   return t->rank == 3 && t->dims[0] == c->BH ? c->H : -1;
 }
 
-/* MatMul(probabilities, V) after Softmax c->softmax, through reshapes of the scores; -1 if
- * there is none. */
+/* Where(IsNaN(p), 0, p) (IsNaN imported as Not(Equal(p, p))): SDPA's decomposition
+ * zeroes the probabilities of a row that sees no key, as Attention does. The guard, or -1. */
+static int nan_guard(const TpModule *m, int p) {
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    if (op->dead || op->kind != TP_OP_Where || in(m, o, 2) != p || m->values[in(m, o, 1)].kind != TP_VAL_CONST ||
+        !scalar_is(m, in(m, o, 1), 0))
+      continue;
+    int n = def_of(m, in(m, o, 0), TP_OP_Not), e = n >= 0 ? def_of(m, in(m, n, 0), TP_OP_Equal) : -1;
+    if (e >= 0 && in(m, e, 0) == p && in(m, e, 1) == p) return o;
+  }
+  return -1;
+}
+
+/* MatMul(probabilities, V) after Softmax c->softmax, through reshapes of the scores and a
+ * NaN guard; -1 if there is none. */
 static int times_values(TpModule *m, Chain *c) {
   int p = out(m, c->softmax);
   for (int step = 0; step < CHAIN_MAX; step++) {
     int u = user_of(m, p, TP_OP_MatMul, 0);
     if (u >= 0) return u;
     if ((u = user_of(m, p, TP_OP_Reshape, 0)) >= 0 && score_type(c, type(m, out(m, u)))) p = out(m, u);
+    else if ((u = nan_guard(m, p)) >= 0) p = out(m, u);
     else return -1;
   }
   return -1;

@@ -14,7 +14,8 @@ the other fixtures (model.onnx, test_data_set_0/{input_0,output_0}.pb, train/):
 hf26_qwen2_fresh_d keeps transformers' own initialisation (zero biases, all-ones norms),
 which the exporter merges into shared initializers: tokpipec must train them apart.
 
-Models: 2 layers, hidden 32, 4 heads, vocab 128, eager attention, no cache, B 2, T 16;
+Models: 2 layers, hidden 32, 4 heads, vocab 128, eager attention (transformers' default,
+sdpa, for the dynamo exports of SDPA below), no cache, B 2, T 16;
 weights redrawn as in export_hf_fixtures.py so no two initializers are equal.
 
 The venv (PyPI; about 6 GB, whose CUDA wheels run on a CPU):
@@ -77,6 +78,10 @@ ARCHS = {   # name -> (config class, config arguments, exporters)
     "gpt_neox": (tf.GPTNeoXConfig, dict(LLAMA_LIKE), "dt"),
 }
 FRESH = "qwen2_fresh"   # qwen2 with transformers' own init, dynamo only
+# transformers' default attention (torch's scaled_dot_product_attention, decomposed by the
+# dynamo exporter with its NaN guard and Q and K each scaled by sqrt(scale)) for these
+# dynamo exports; the rest use eager attention
+SDPA = {"llama3", "mistral", "gpt2"}
 
 
 class LogitsOnly(torch.nn.Module):
@@ -93,12 +98,12 @@ class LogitsOnly(torch.nn.Module):
         return self.m(input_ids=input_ids, attention_mask=mask, use_cache=False, return_dict=False)[0]
 
 
-def make_model(arch, seed, with_mask, redraw=True):
+def make_model(arch, seed, with_mask, redraw=True, attention="eager"):
     cls, kw, _ = ARCHS[arch]
     config = cls(**kw)
     config.use_cache = False
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     if redraw:
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -190,7 +195,8 @@ def main():
         base = "qwen2" if fresh else arch
         seed = 100 + list(ARCHS).index(base)
         dynamo = exporter == "d"
-        build = lambda: make_model(base, seed, not dynamo, redraw=not fresh)  # noqa: E731
+        attention = "sdpa" if dynamo and arch in SDPA else "eager"
+        build = lambda: make_model(base, seed, not dynamo, redraw=not fresh, attention=attention)  # noqa: E731
         dir = os.path.join(fx.ROOT, f"hf26_{name}")
         shutil.rmtree(dir, ignore_errors=True)
         os.makedirs(os.path.join(dir, "test_data_set_0"))
