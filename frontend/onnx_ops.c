@@ -127,14 +127,79 @@ static int import_gemm(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
-/* Gather and GatherElements (N->kind): the axis normalised to the data's rank. */
+/* ---- an embedding's padding row, from the export's node metadata ----
+ * The torch.export-based exporter writes on every node metadata_props
+ * `pkg.torch.onnx.fx_node`, the FX call it came from; for an embedding lookup
+ *   %embedding : [num_users=3] = call_function[target=torch.ops.aten.embedding.default](args =
+ *       (%p_embed_tokens_weight, %input_ids, 0), kwargs = {})
+ * whose third argument is padding_idx. nn.Embedding has already made a negative one
+ * count from the end, so at this level a negative one (aten's default, -1) means none,
+ * as in aten's embedding_backward. */
+
+/* NodeProto.metadata_props is field 9 from ONNX 1.16 on; an onnx.proto older than that
+ * (Debian's) leaves it among protobuf-c's unknown fields. The value of `key`, malloc'ed,
+ * or NULL. */
+static char *node_metadata(const Onnx__NodeProto *n, const char *key) {
+  enum { METADATA_PROPS = 9 };
+  for (unsigned i = 0; i < n->base.n_unknown_fields; i++) {
+    const ProtobufCMessageUnknownField *f = &n->base.unknown_fields[i];
+    if (f->tag != METADATA_PROPS || f->wire_type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED) continue;
+    size_t at = 0; /* the data still starts with its length, a varint */
+    while (at < f->len && f->data[at] & 0x80) at++;
+    if (++at > f->len) continue;
+    Onnx__StringStringEntryProto *e = onnx__string_string_entry_proto__unpack(NULL, f->len - at, f->data + at);
+    char *value = e && e->key && e->value && strcmp(e->key, key) == 0 ? strdup(e->value) : NULL;
+    if (e) onnx__string_string_entry_proto__free_unpacked(e, NULL);
+    if (value) return value;
+  }
+  return NULL;
+}
+
+/* The padding row of an embedding Gather of a table of `rows` rows into *row (-1: none). */
+static int export_padding_idx(Importer *I, const Node *N, int64_t rows, int64_t *row) {
+  static const char call[] = "target=torch.ops.aten.embedding.default](args = (";
+  *row = -1;
+  char *fx = node_metadata(N->n, "pkg.torch.onnx.fx_node");
+  const char *args = fx ? strstr(fx, call) : NULL;
+  int rc = TP_OK;
+  if (args) { /* the positional arguments: weight, indices, padding_idx, scale_grad_by_freq, sparse */
+    const char *p = args + sizeof call - 1;
+    char arg[5][32] = {{0}};
+    int n = 0;
+    while (n < 5 && *p && *p != ')') {
+      size_t len = strcspn(p, ",)");
+      snprintf(arg[n++], sizeof arg[0], "%.*s", (int)(len < 31 ? len : 31), p);
+      p += len + (p[len] == ',');
+      p += strspn(p, " ");
+    }
+    char *end;
+    long long pad = n > 2 ? strtoll(arg[2], &end, 10) : -1;
+    if (n > 2 && (end == arg[2] || *end))
+      rc = node_error(I, N, "the export's aten.embedding call has padding_idx '%s', not an integer", arg[2]);
+    else if (n > 3 && strcmp(arg[3], "False") != 0)
+      rc = node_error(I, N, "the export's aten.embedding call has scale_grad_by_freq '%s', which is not supported",
+                      arg[3]);
+    else if (rows >= 0 && pad >= rows)
+      rc = node_error(I, N, "the export's aten.embedding padding_idx %lld is not a row of the table's %lld", pad,
+                      (long long)rows);
+    else
+      *row = pad < 0 ? -1 : pad;
+  }
+  free(fx);
+  return rc;
+}
+
+/* Gather and GatherElements (N->kind): the axis normalised to the data's rank; a Gather
+ * on axis 0 gets the padding row its export's metadata names (export_padding_idx). */
 static int import_gather(Importer *I, Node *N) {
-  int64_t axis;
-  if (attr_int(I, N, "axis", 0, &axis) ||
-      norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
+  int64_t axis, padding_idx = -1;
+  TpType data = type_of(I, N->in[0]);
+  if (attr_int(I, N, "axis", 0, &axis) || norm_axis(I, N, "axis", axis, data.rank, &axis) ||
+      (N->kind == TP_OP_Gather && axis == 0 && export_padding_idx(I, N, data.dims[0], &padding_idx)))
     return TP_ERR_INPUT;
   int op = new_op(I, N, N->kind, N->in, 2, 1);
   tp_set_attr_int(I->m, op, "axis", axis);
+  if (padding_idx >= 0) tp_set_attr_int(I->m, op, "padding_idx", padding_idx);
   return finish_op(I, N, op);
 }
 

@@ -197,6 +197,12 @@ static int gather_type(const Ctx *c, const TpType *data, const TpType *idx, int6
     return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
   if (data->rank - 1 + idx->rank > TP_MAX_RANK)
     return tp_error_op(c->d, c->m, c->op, "result rank exceeds %d", TP_MAX_RANK);
+  /* a vocabulary-split table's padding row is a row of the whole table */
+  int64_t rows = data->dims[axis] * tp_attr_int(c->m, c->op, "vocab_parts", 1);
+  int64_t pad = tp_attr_int(c->m, c->op, "padding_idx", 0);
+  if (pad < 0 || (pad >= rows && rows >= 0))
+    return tp_error_op(c->d, c->m, c->op, "padding_idx %lld is not a row of the %lld along axis %lld", (long long)pad,
+                       (long long)rows, (long long)axis);
   *t = (TpType){.dtype = data->dtype};
   for (int i = 0; i < axis; i++, t->rank++) t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
   for (int i = 0; i < idx->rank; i++, t->rank++) t->dims[t->rank] = idx->dims[i], t->dimnames[t->rank] = idx->dimnames[i];
