@@ -5,7 +5,8 @@ PyTorch, with PyTorch's training references in train/ (tools/make_parity_fixture
 layout, which tests/parity/parity.sh checks): in PyTorch the padding row gets no gradient
 from the lookup, so step 1's gradient of that row is zero (untied), or only the LM head's
 part of it (tied). The token stream makes every third token the padding id.
-test_data_set_0/ holds the first batch's tokens and PyTorch's logits.
+test_data_set_0/ holds the first batch's tokens and PyTorch's logits. It also writes
+tests/bad-input/padding_meta_*.onnx, dynamo_tied with the FX call's arguments edited.
 
     dynamo_tied      torch.export-based exporter (the default), tied head, padding_idx=-1
                      (nn.Embedding makes it row V-1): tokpipec reads the padding row from
@@ -76,6 +77,21 @@ def write_test_data(dir, model, x):
             f.write(numpy_helper.from_array(value.numpy(), name).SerializeToString())
 
 
+def write_bad_metadata(model_path):
+    """tests/bad-input/padding_meta_*.onnx: dynamo_tied with the embedding's FX call edited
+    (tests/bad-input/cases-padding.txt, tests/lit/padding-idx.test)."""
+    bad = os.path.join(ROOT, "..", "bad-input")
+    for name, args in (("negative", "-1"), ("not_int", "pad"), ("out_of_range", "64"),
+                       ("scale_grad", "63, True")):
+        proto = onnx.load(model_path)
+        gather = next(n for n in proto.graph.node if n.op_type == "Gather")
+        for prop in gather.metadata_props:
+            if prop.key == "pkg.torch.onnx.fx_node":
+                assert ", 63)" in prop.value, prop.value
+                prop.value = prop.value.replace(", 63)", f", {args})")
+        onnx.save(proto, os.path.join(bad, f"padding_meta_{name}.onnx"))
+
+
 def main():
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
@@ -101,6 +117,7 @@ def main():
         assert (g > 0) if tied else (g == 0), f"{name}: padding row gradient {g}"
         print(f"{name}: padding row {row} ({int((tokens == row).sum())} of {len(tokens)} tokens), "
               f"its step-1 gradient max |g| {g:.3g} ({'the head' if tied else 'none'})")
+    write_bad_metadata(os.path.join(ROOT, "dynamo_tied", "model.onnx"))
 
 
 if __name__ == "__main__":
