@@ -755,8 +755,10 @@ static int parse_blob(Parser *p) {
   char why[300];
   int blob = tp_add_folder_blob(p->m, p->dir, p->word, p->dir_given ? "the --blob-dir folder" : "the IR file's folder",
                                 why, sizeof why);
-  if (blob < 0 && !p->dir_given && strncmp(why, "cannot be opened", 16) == 0) {
-    /* most likely written away from its model: say where the blobs may be */
+  char missing[128];
+  snprintf(missing, sizeof missing, "cannot be opened: %s", strerror(ENOENT));
+  if (blob < 0 && !p->dir_given && strcmp(why, missing) == 0) {
+    /* not there: most likely written away from its model, so say where blobs may be */
     char *from = p->m->source ? tp_folder_of(p->m->source) : NULL;
     int rc = fail_at(p, path_at,
                      "blob file '%s' %s; blob files are read from the IR file's folder '%s': pass --blob-dir "

@@ -110,9 +110,10 @@ void cli_apply_padding(TpModule *m, const CliDims *dims) {
   for (int k = 0; k < dims->npadding; k++) {
     const CliPadding *p = &dims->padding[k];
     int table = tp_find_value(m, p->table), lookups = 0;
+    if (table >= 0 && m->values[table].kind != TP_VAL_PARAM) table = -1;
     for (int op = 0; table >= 0 && op < m->nops; op++) {
       if (!embedding_lookup(m, op) || m->ops[op].inputs[0] != table) continue;
-      int64_t rows = m->values[table].type.dims[0] * tp_attr_int(m, op, "vocab_parts", 1);
+      int64_t rows = m->values[table].type.dims[0];
       if (p->row < -rows || p->row >= rows)
         cli_usage_error("--padding-idx %s=%lld: the table has %lld rows", p->table, (long long)p->row, (long long)rows);
       tp_set_attr_int(m, op, "padding_idx", p->row < 0 ? p->row + rows : p->row);
