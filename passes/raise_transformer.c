@@ -250,7 +250,10 @@ static int raise_embedding(TpModule *m, int o, TpDiag *d) {
   if (tp_attr_int(m, o, "axis", 0) != 0 || !is_float(m, table) || !weight(m, table, &w, &transposed) ||
       transposed || (it != TP_I64 && it != TP_I32))
     return TP_OK;
+  const TpAttr *pad = tp_get_attr(m, o, "padding_idx");
+  int64_t padding_idx = pad ? pad->i : -1;
   rewrite(m, o, TP_OP_Embedding, (int[]){table, ids}, 2);
+  if (padding_idx >= 0) tp_set_attr_int(m, o, "padding_idx", padding_idx);
   return check(m, o, d);
 }
 

@@ -73,7 +73,57 @@ void cli_add_dim(CliDims *dims, const char *text) {
 void cli_free_dims(CliDims *dims) {
   for (int i = 0; i < dims->n; i++) free((char *)dims->dims[i].name);
   free(dims->dims);
+  for (int i = 0; i < dims->npadding; i++) free((char *)dims->padding[i].table);
+  free(dims->padding);
   *dims = (CliDims){0};
+}
+
+bool cli_load_option(int argc, char **argv, int *i, CliDims *dims) {
+  const char *v;
+  if (cli_value(argc, argv, i, "--blob-dir", &v)) {
+    if (!*v) cli_usage_error("--blob-dir expects a folder, got ''");
+    dims->blob_dir = v;
+    return true;
+  }
+  if (!cli_value(argc, argv, i, "--padding-idx", &v)) return false;
+  const char *eq = strrchr(v, '='); /* initializer names may hold '=', rows never */
+  if (!eq || eq == v || !eq[1]) cli_usage_error("--padding-idx expects TABLE=ROW, got '%s'", v);
+  CliPadding p = {strndup(v, (size_t)(eq - v)), cli_int("--padding-idx", eq + 1, INT64_MIN + 1, INT64_MAX)};
+  TP_ASSERT(p.table);
+  for (int k = 0; k < dims->npadding; k++)
+    if (strcmp(dims->padding[k].table, p.table) == 0) cli_usage_error("--padding-idx %s given twice", p.table);
+  dims->padding = realloc(dims->padding, (size_t)(dims->npadding + 1) * sizeof *dims->padding);
+  TP_ASSERT(dims->padding);
+  dims->padding[dims->npadding++] = p;
+  return true;
+}
+
+/* Is op an embedding lookup: Gather on axis 0 or Embedding (whose table is operand 0)? */
+static bool embedding_lookup(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  return !o->dead && ((o->kind == TP_OP_Gather && tp_attr_int(m, op, "axis", 0) == 0) || o->kind == TP_OP_Embedding);
+}
+
+void cli_apply_padding(TpModule *m, const CliDims *dims) {
+  if (dims->npadding && m->grads)
+    cli_usage_error("--padding-idx applies before autodiff: this IR is already differentiated");
+  for (int k = 0; k < dims->npadding; k++) {
+    const CliPadding *p = &dims->padding[k];
+    int table = tp_find_value(m, p->table), lookups = 0;
+    if (table >= 0 && m->values[table].kind != TP_VAL_PARAM) table = -1;
+    for (int op = 0; table >= 0 && op < m->nops; op++) {
+      if (!embedding_lookup(m, op) || m->ops[op].inputs[0] != table) continue;
+      int64_t rows = m->values[table].type.dims[0];
+      if (p->row < -rows || p->row >= rows)
+        cli_usage_error("--padding-idx %s=%lld: the table has %lld rows", p->table, (long long)p->row, (long long)rows);
+      tp_set_attr_int(m, op, "padding_idx", p->row < 0 ? p->row + rows : p->row);
+      lookups++;
+    }
+    if (!lookups)
+      cli_usage_error("--padding-idx %s: %s", p->table,
+                      table < 0 ? "the model has no initializer of that name"
+                                : "no embedding lookup (Gather on axis 0) reads that initializer");
+  }
 }
 
 bool cli_pass_option(int argc, char **argv, int *i, TpPassOptions *o) {
@@ -157,14 +207,19 @@ bool cli_ends_with(const char *s, const char *suffix) {
 
 int cli_load_module(const char *path, const CliDims *dims, TpModule **out, TpDiag *d) {
   if (cli_ends_with(path, ".onnx")) {
+    if (dims->blob_dir) cli_usage_error("--blob-dir applies to textual IR, not ONNX models ('%s')", path);
     TpImportOptions o = {.dims = dims->dims, .ndims = dims->n,
                          .token_dims = {dims->token_dims[0], dims->token_dims[1]}, .rebatch = dims->rebatch};
-    return tp_import_onnx_file(path, &o, out, d);
+    int rc = tp_import_onnx_file(path, &o, out, d);
+    if (rc == TP_OK) cli_apply_padding(*out, dims);
+    return rc;
   }
   if (dims->n) cli_usage_error("--dim applies to ONNX models, not textual IR ('%s')", path);
   if ((dims->token_dims[0] && !dims->rebatch) || dims->token_dims[1])
     cli_usage_error("--batch and --seq apply to ONNX models, not textual IR ('%s')", path);
-  return tp_parse_file(path, out, d);
+  int rc = tp_parse_file(path, dims->blob_dir, out, d);
+  if (rc == TP_OK) cli_apply_padding(*out, dims);
+  return rc;
 }
 
 int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag *d) {

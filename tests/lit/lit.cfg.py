@@ -16,7 +16,9 @@ config.environment["PATH"] = os.pathsep.join([config.llvm_tools_dir, config.envi
 
 config.substitutions.append(("%tokpipe-opt", os.path.join(config.tokpipe_bin_dir, "tokpipe-opt")))
 config.substitutions.append(("%tokpipec", os.path.join(config.tokpipe_bin_dir, "tokpipec")))
+config.substitutions.append(("%tokpipe-run", os.path.join(config.tokpipe_bin_dir, "tokpipe-run")))
 config.substitutions.append(("%fixtures", os.path.join(config.tokpipe_source_dir, "tests", "fixtures")))
+config.substitutions.append(("%padding", os.path.join(config.tokpipe_source_dir, "tests", "padding")))
 
 # Under the sanitizers a report must abort (a signal), so that `not` and exit-code checks
 # cannot mistake it for an ordinary error exit.
