@@ -213,10 +213,14 @@ def main():
         print(f"  {fx.histogram(proto)}")
         if dynamo:
             forms, flags = dynamo_params(proto, model), []
-        else:
+        else:   # no metadata: freeze the non-parameters and name the padding rows
             forms = parity.onnx_params(proto, model)
             freeze = hf.freeze_regex(proto, forms)
             flags = ["--freeze", freeze] if freeze else []
+            for mname, mod in model.named_modules():
+                if isinstance(mod, torch.nn.Embedding) and mod.padding_idx is not None:
+                    table = [o for o, (p, f) in forms.items() if p == f"{mname}.weight" and f == "copy"]
+                    flags += ["--padding-idx", f"{table[0]}={mod.padding_idx}"]
         parity.write_references(dir, f"hf26_{name}", build, proto, B, T, VOCAB, seed, parity.ADAMW,
                                 flags, forms=forms)
 
