@@ -61,12 +61,6 @@ static bool mpi_test(TpComm *c, TpCommRequest *r) {
   return done;
 }
 
-static void mpi_barrier(TpComm *c) {
-  TpCommRequest r = {.peer = -1, .what = "a barrier"};
-  CHECK(c, MPI_Ibarrier(MPI_COMM_WORLD, new_request(&r, -1)));
-  tp_comm_wait(c, &r);
-}
-
 static _Noreturn void mpi_abort(TpComm *c, int code, const char *msg) {
   fprintf(stderr, "%s: error: rank %d: %s\n", c->tool, c->rank, msg);
   fflush(stderr);
@@ -82,6 +76,6 @@ const TpCommBackend tp_comm_mpi = {
     .test = mpi_test,
     .allreduce_sum = tp_comm_allreduce_p2p,
     .broadcast = tp_comm_broadcast_p2p,
-    .barrier = mpi_barrier,
+    .barrier = tp_comm_barrier_p2p, /* numbered and checked like the other collectives */
     .abort = mpi_abort,
 };
