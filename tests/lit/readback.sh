@@ -5,10 +5,11 @@
 # (and in the comment listing the slice lengths, which the IR does not print).
 set -eu
 tokpipec=$1 model=$2 opts=$3 fwd=${4:-}
+seq=${SEQ:-8}
 run="$(echo "$opts" | grep -o -- '--microbatches [0-9]*' || true) $(echo "$opts" | grep -o -- '--dp [0-9]*' || true)"
 run="$run $(echo "$opts" | grep -o -- '--schedule [a-z0-9]*' || true)"
-$tokpipec "$model" --batch 4 --seq 8 $opts $fwd --emit=ir -o rb.tir
-$tokpipec "$model" --batch 4 --seq 8 $opts -o direct.c
+$tokpipec "$model" --batch 4 --seq $seq $opts $fwd --emit=ir -o rb.tir
+$tokpipec "$model" --batch 4 --seq $seq $opts -o direct.c
 $tokpipec rb.tir $run -o readback.c
 strip() { sed -e "s|$1|INPUT|g" -e '/ \* Token slices (/d' "$2"; }
 strip "$model" direct.c >a.c
