@@ -426,6 +426,11 @@ double tp_send_time(const TpCostModel *cm, int k, int b, int l) {
   return hw->intra_latency_s + bytes / cm->tensor / hw->intra_bandwidth;
 }
 
+double tp_model_params(const TpModelDesc *m) {
+  double h = m->hidden;
+  return m->layers * (4 * h * h + 2 * h * m->ffn + 9 * h + m->ffn) + 2.0 * m->vocab * h + (double)m->seq * h + 2 * h;
+}
+
 double tp_stage_params(const TpCostModel *cm, int k) {
   const TpModelDesc *m = &cm->model;
   const TpStage *s = &cm->stage[k];
@@ -562,6 +567,12 @@ int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag
       rc = tp_error(d, "profile %s: \"%s\" must be an integer in [1, %d]", path, ints[i].key, ints[i].max);
       goto done;
     }
+  const TpJson *params = tp_json_get(j, "parameters");
+  if (params && (params->kind != TP_JSON_NUMBER || !(params->number >= 1 && params->number <= 1e15))) {
+    rc = tp_error(d, "profile %s: \"parameters\" must be a count in [1, 1e15]", path);
+    goto done;
+  }
+  p->parameters = params ? params->number : 0;
   snprintf(p->device, sizeof p->device, "%s", device && device->kind == TP_JSON_STRING ? device->string : "unknown");
   snprintf(p->model, sizeof p->model, "%s", model && model->kind == TP_JSON_STRING ? model->string : "");
   if (!s || s->kind != TP_JSON_ARRAY || s->count == 0) {
