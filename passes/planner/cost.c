@@ -1,3 +1,4 @@
+#include <errno.h>
 #include "cost.h"
 
 #include <dirent.h>
@@ -196,9 +197,14 @@ int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
   for (char *kv = strtok_r(copy, ",", &save); kv && rc == TP_OK; kv = strtok_r(NULL, ",", &save)) {
     char *eq = strchr(kv, '=');
     char *end = NULL;
-    long v = eq ? strtol(eq + 1, &end, 10) : 0;
-    if (!eq || end == eq + 1 || *end || v < 1 || v > (1L << 24)) {
+    errno = 0;
+    long long v = eq ? strtoll(eq + 1, &end, 10) : 0;
+    if (!eq || end == eq + 1 || *end || v < 1) {
       rc = tp_error(d, "model description: '%s' is not KEY=POSITIVE_INTEGER", kv);
+      break;
+    }
+    if (v > TP_MAX_MODEL_SIZE || errno) {
+      rc = tp_error(d, "model description: '%s' is more than the planner handles (%d)", kv, TP_MAX_MODEL_SIZE);
       break;
     }
     *eq = 0;
@@ -206,6 +212,7 @@ int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
              : !strcmp(kv, "heads") ? &m->heads : !strcmp(kv, "seq") ? &m->seq
              : !strcmp(kv, "vocab") ? &m->vocab : !strcmp(kv, "ffn") ? &m->ffn : NULL;
     if (!dst) rc = tp_error(d, "model description: unknown key '%s' (layers, hidden, heads, seq, vocab, ffn)", kv);
+    else if (*dst) rc = tp_error(d, "model description: '%s' is given twice", kv);
     else *dst = (int)v;
   }
   free(copy);
@@ -237,9 +244,12 @@ int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc 
     return tp_error(d, "pipeline degree %d out of range 1..%d", pipeline, TP_MAX_STAGES);
   if (m->layers % pipeline)
     return tp_error(d, "%d layers are not divisible into %d pipeline stages", m->layers, pipeline);
-  if (m->heads % tensor || m->ffn % tensor || m->vocab < tensor)
-    return tp_error(d, "tensor-parallel degree %d does not divide heads %d and ffn %d", tensor,
-                    m->heads, m->ffn);
+  if (m->heads % tensor || m->ffn % tensor)
+    return tp_error(d, "tensor-parallel degree %d does not divide %s %d", tensor, m->heads % tensor ? "heads" : "ffn",
+                    m->heads % tensor ? m->heads : m->ffn);
+  if (m->vocab < tensor)
+    return tp_error(d, "tensor-parallel degree %d is more than the vocabulary of %d: every tensor rank holds at "
+                    "least one row of the embedding and the head", tensor, m->vocab);
   cm->nstages = pipeline;
   int cuts[TP_MAX_STAGES];
   for (int k = 0; k < pipeline; k++) cuts[k] = k * (m->layers / pipeline);

@@ -53,6 +53,7 @@ typedef struct {
 /* "gpt3-1b|gpt3-13b|gpt3-44b|gpt3-175b" or "layers=96,hidden=12288,heads=96,seq=2048,
  * vocab=50257[,ffn=F]" (ffn defaults to 4*hidden). */
 int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d);
+#define TP_MAX_MODEL_SIZE (1 << 24) /* the largest value of a model description's key */
 /* The sizes of the transformer in a module after raise-transformer (layers = its Attention
  * ops) with sequence length seq; false if it has no attention, width or head. */
 bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc);
