@@ -306,13 +306,13 @@ static int verify_partition(const TpModule *m, TpDiag *d) {
                          m->nslices);
   }
   if (last < 0) return TP_OK;
-  int nslices = m->ops[last].slice + 1;
-  bool *used = calloc((size_t)nslices, sizeof *used);
+  /* n ops leave a slice among 0..n empty if they use more: the table need not be longer */
+  int size = m->ops[last].slice + 1 <= m->nops ? m->ops[last].slice + 1 : m->nops + 1, missing = -1;
+  bool *used = calloc((size_t)size, sizeof *used);
   TP_ASSERT(used);
   for (int o = 0; o < m->nops; o++)
-    if (m->ops[o].slice >= 0) used[m->ops[o].slice] = true;
-  int missing = -1;
-  for (int k = 0; k < nslices && missing < 0; k++)
+    if (m->ops[o].slice >= 0 && m->ops[o].slice < size) used[m->ops[o].slice] = true;
+  for (int k = 0; k < size && missing < 0; k++)
     if (!used[k]) missing = k;
   free(used);
   if (missing >= 0)
