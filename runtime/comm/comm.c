@@ -208,7 +208,7 @@ static void check_header(TpComm *c, const CollHeader *mine, const CollHeader *th
  * nothing for a barrier) to every member. */
 static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_t count, int root, const int *group,
                        int n) {
-  int me = group_index(c, group, n);
+  group_index(c, group, n);
   if (n < 2) return;
   size_t bytes = kind == COLL_ALLREDUCE ? count * dtype_bytes(dtype) : count;
   uint64_t key = group_key(group, n);
@@ -219,12 +219,11 @@ static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_
     TpCommRequest hr = {.what = what}, dr = {.what = what};
     c->be->isend(c, &h, sizeof h, root, HEADER_TAG, &hr);
     if (kind == COLL_ALLREDUCE) c->be->isend(c, buf, bytes, root, DATA_TAG, &dr);
-    tp_comm_recv(c, buf, bytes, root, DATA_TAG, what);
     tp_comm_wait(c, &hr);
-    if (dr.impl) tp_comm_wait(c, &dr);
+    if (dr.impl) tp_comm_wait(c, &dr); /* buf is sent before the result lands in it */
+    tp_comm_recv(c, buf, bytes, root, DATA_TAG, what);
     return;
   }
-  (void)me;
   CollHeader *hs = calloc((size_t)n, sizeof *hs);
   TpCommRequest *rs = calloc((size_t)n, sizeof *rs);
   TP_ASSERT(hs && rs);
