@@ -8,7 +8,10 @@
  *   size   rank 1 all-reduces more elements than the others: one error naming both ranks,
  *          never a truncated message or a buffer overrun
  *   order  rank 1 runs a collective the others do not (as a rank with an option the
- *          others lack would): the next collective's header shows it out of step */
+ *          others lack would): the next collective's header shows it out of step
+ *   longer, shorter  rank 0 sends rank 1 a message of 16 (4) bytes where rank 1 expects 8:
+ *          one error naming both ranks and the sizes (MPI truncates a longer one with an
+ *          error of its own, and delivers a shorter one without a word) */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -127,6 +130,16 @@ static int out_of_step(TpComm *c, bool by_size) {
   return 1;
 }
 
+/* A message of another size than its receiver expects. */
+static int wrong_message_size(TpComm *c, size_t sent) {
+  char buf[16] = {0};
+  if (c->rank == 0) tp_comm_send(c, buf, sent, 1, 5, "the test message");
+  if (c->rank == 1) tp_comm_recv(c, buf, 8, 0, 5, "the test message");
+  tp_comm_barrier(c);
+  fprintf(stderr, "rank %d: a message of %zu bytes was taken for one of 8\n", c->rank, sent);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   TpDiag d;
   tp_diag_init(&d, "test_comm", NULL, stderr);
@@ -139,6 +152,8 @@ int main(int argc, char **argv) {
     if (c->rank == 0) printf("%s backend, %d ranks: %s\n", c->be->name, c->size, rc ? "FAILED" : "ok");
   } else if (strcmp(mode, "die") == 0 || strcmp(mode, "hang") == 0) {
     rc = lose_rank_one(c, strcmp(mode, "die") == 0);
+  } else if (strcmp(mode, "longer") == 0 || strcmp(mode, "shorter") == 0) {
+    rc = wrong_message_size(c, strcmp(mode, "longer") == 0 ? 16 : 4);
   } else if (strcmp(mode, "size") == 0 || strcmp(mode, "order") == 0) {
     rc = out_of_step(c, strcmp(mode, "size") == 0);
   } else {
