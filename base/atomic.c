@@ -165,7 +165,9 @@ static int lock_path(TpPathLock *l, const char *path, const char *what, bool sha
     }
     if (flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
       int err = errno, rc = err == EWOULDBLOCK
-          ? tp_error(d, "%s '%s' is being written by another process (it holds '%s')", what, path, lock)
+          ? tp_error(d, shared ? "%s '%s' is being written by another process (it holds '%s')"
+                               : "%s '%s' is in use by another process, which writes or reads it (it holds '%s')",
+                     what, path, lock)
           : tp_error(d, "%s '%s': cannot lock '%s': %s", what, path, lock, strerror(err));
       close(fd);
       free(lock);
