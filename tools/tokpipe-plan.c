@@ -235,6 +235,13 @@ static int describe_file(const char *path, const CliDims *dims, TpModelDesc *des
     if (!strcmp(tp_default_pipeline[i], "raise-transformer")) break;
   }
   TpPassOptions po = {0};
+  if (rc == TP_OK && !cli_ends_with(path, ".onnx")) { /* IR tokpipec printed: the passes it shows are not run again */
+    bool done[CLI_RESUME_COUNT], wanted[CLI_RESUME_COUNT] = {0};
+    cli_passes_done(m, done);
+    rc = done[CLI_RESUME_SHARD] ? tp_error(d, "IR printed after shard-tensor holds one tensor rank's sizes: give "
+                                           "tokpipe-plan the IR printed without --tensor (its --tensor prices the split)")
+                                : cli_resume_after(m, names, &n, wanted, false, d);
+  }
   if (rc == TP_OK) rc = cli_run_pipeline(m, names, n, &po, d);
   int tokens = rc == TP_OK ? tp_token_input(m) : -1;
   if (rc == TP_OK && (tokens < 0 || !tp_model_describe(m, m->values[tokens].type.dims[1], desc)))

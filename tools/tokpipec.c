@@ -479,73 +479,6 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
   return rc;
 }
 
-/* ---- textual IR that tokpipec printed, read back ----
- * A module read from text may be what tokpipec printed after its pipeline, or part of it
- * (--forward-only): the passes whose work it shows are not run again (raise-transformer
- * on a differentiated module, assign-stages on a staged one, do not expect their own
- * output). The work shows as: */
-typedef struct {
-  const char *pass, *option; /* the pass, and what asks tokpipec to run it */
-} ResumePass;
-static const ResumePass resume_passes[] = { /* in pipeline order */
-    {"shard-tensor", "--tensor"}, {"add-loss", "training (no --forward-only)"}, {"split-sequence", "--slices"},
-    {"assign-stages", "--stages"}, {"autodiff", "training (no --forward-only)"}, {"finish-stages", NULL},
-};
-enum { RESUME_SHARD, RESUME_LOSS, RESUME_SLICE, RESUME_STAGES, RESUME_AUTODIFF, RESUME_COUNT = 6 };
-
-/* Which of resume_passes m shows the work of. */
-static void passes_done(const TpModule *m, bool done[RESUME_COUNT]) {
-  memset(done, 0, RESUME_COUNT * sizeof *done);
-  done[RESUME_LOSS] = m->loss >= 0;
-  for (int v = 0; v < m->nvalues; v++) done[RESUME_SHARD] |= m->values[v].kind == TP_VAL_PARAM && m->values[v].shard.parts;
-  for (int o = 0; o < m->nops; o++) {
-    const TpOp *op = &m->ops[o];
-    done[RESUME_SHARD] |= op->kind == TP_OP_AllReduce || op->kind == TP_OP_TensorCopy || op->kind == TP_OP_TensorRank;
-    done[RESUME_SLICE] |= op->slice >= 0;
-    done[RESUME_STAGES] |= op->stage > 0 || op->role == TP_ROLE_BOUNDARY;
-    done[RESUME_AUTODIFF] |= op->phase == TP_PHASE_BACKWARD;
-  }
-}
-
-static int resume_index(const char *pass) {
-  for (int i = 0; i < RESUME_COUNT; i++)
-    if (strcmp(resume_passes[i].pass, pass) == 0) return i;
-  return -1;
-}
-
-/* Drops from names[0..*n) the passes up to the last one whose work m shows; an error
- * naming it if a pass before it, which this run asks for (`wanted`: --tensor, --slices,
- * --stages, training; `batch`: --batch), has not been done, or if an option asks for a pass
- * done already. */
-static int resume_after(const TpModule *m, const char **names, int *n, const bool wanted[RESUME_COUNT],
-                        bool batch, TpDiag *d) {
-  bool done[RESUME_COUNT];
-  passes_done(m, done);
-  int last = -1;
-  for (int i = 0; i < RESUME_COUNT; i++)
-    if (done[i]) last = i;
-  if (last < 0) return TP_OK;
-  for (int i = 0; i <= last; i++) {
-    bool again = wanted[i] && done[i] && i != RESUME_LOSS && i != RESUME_AUTODIFF; /* an option's pass done already */
-    if (i < last && wanted[i] && !done[i])
-      return tp_error(d, "IR printed after %s: tokpipec cannot resume after %s for %s, whose pass %s comes "
-                      "before it; give it the ONNX model, or IR printed before %s", resume_passes[last].pass,
-                      resume_passes[last].pass, resume_passes[i].option, resume_passes[i].pass, resume_passes[last].pass);
-    if (again)
-      return tp_error(d, "IR printed after %s, which %s asks for again; give it the ONNX model, or drop %s",
-                      resume_passes[i].pass, resume_passes[i].option, resume_passes[i].option);
-  }
-  if (batch)
-    return tp_error(d, "IR printed after %s: tokpipec cannot resume after %s for --batch, whose pass rebatch "
-                    "comes before it; give it the ONNX model, or IR printed before %s", resume_passes[last].pass,
-                    resume_passes[last].pass, resume_passes[last].pass);
-  int cut = 0; /* the first pass after `last` */
-  while (cut < *n && (resume_index(names[cut]) < 0 || resume_index(names[cut]) <= last)) cut++;
-  memmove(names, names + cut, (size_t)(*n - cut) * sizeof *names);
-  *n -= cut;
-  return TP_OK;
-}
-
 int main(int argc, char **argv) {
   cli_tool = "tokpipec";
   const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL, *target = "cpu",
@@ -677,9 +610,10 @@ int main(int argc, char **argv) {
   int rc = cli_load_module(input, &dims, &m, &d);
   char note[256] = "";
   if (rc == TP_OK && !cli_ends_with(input, ".onnx")) {
-    bool wanted[RESUME_COUNT] = {[RESUME_SHARD] = tensor > 1, [RESUME_LOSS] = !forward_only, [RESUME_SLICE] = slicing,
-                                 [RESUME_STAGES] = nstages > 1, [RESUME_AUTODIFF] = !forward_only};
-    rc = resume_after(m, names, &n, wanted, batch != 0, &d);
+    bool wanted[CLI_RESUME_COUNT] = {[CLI_RESUME_SHARD] = tensor > 1, [CLI_RESUME_LOSS] = !forward_only,
+                                     [CLI_RESUME_SLICE] = slicing, [CLI_RESUME_STAGES] = nstages > 1,
+                                     [CLI_RESUME_AUTODIFF] = !forward_only};
+    rc = cli_resume_after(m, names, &n, wanted, batch != 0, &d);
   }
   if (rc == TP_OK) {
     m->logits_name = logits;

@@ -147,10 +147,20 @@ static const TpModelDesc builtin_models[] = {
 };
 
 
-/* The transformer's sizes, read off a raised forward module (after raise-transformer):
- * layers = Attention ops, hidden and heads from the first one, vocab = the LM head's width
- * (the Linear giving a graph output, else the widest), ffn = the widest other Linear than
- * the head and the QKV projection. */
+/* The transformer's sizes, read off a raised module (after raise-transformer; trained,
+ * staged or sliced too): layers = Attention ops (of one slice), hidden and heads from the
+ * first one, vocab = the LM head's width (the Linear the loss reads, else the one giving a
+ * graph output, else the widest), ffn = the widest other Linear than the head and the QKV
+ * projection. */
+/* How surely the Linear op is the LM head: 2 if the loss reads it (in a trained module,
+ * sliced or not), 1 if it gives a graph output, else 0. */
+static int head_rank(const TpModule *m, int op) {
+  int y = m->ops[op].outputs[0];
+  for (int o = 0; o < m->nops; o++)
+    if (m->ops[o].kind == TP_OP_CrossEntropy && m->ops[o].ninputs > 0 && m->ops[o].inputs[0] == y) return 2;
+  return tp_is_output(m, y) ? 1 : 0;
+}
+
 bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
   *desc = (TpModelDesc){.seq = (int)seq};
   snprintf(desc->name, sizeof desc->name, "model");
@@ -159,13 +169,13 @@ bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
     const TpOp *o = &m->ops[op];
     if (o->kind == TP_OP_Attention) {
       const TpType *q = &m->values[o->inputs[0]].type;
-      desc->layers++;
+      desc->layers += o->slice <= 0; /* a sliced module has each layer's attention once per slice */
       desc->heads = q->rank == 4 ? (int)q->dims[1] : (int)tp_attr_int(m, op, "q_num_heads", 1);
       desc->hidden = q->rank == 4 ? (int)(q->dims[1] * q->dims[3]) : (int)q->dims[2];
     } else if (o->kind == TP_OP_Linear) {
       const TpType *y = &m->values[o->outputs[0]].type;
-      bool out = tp_is_output(m, o->outputs[0]), head_out = head >= 0 && tp_is_output(m, m->ops[head].outputs[0]);
-      if (out ? !head_out : !head_out && y->dims[y->rank - 1] > desc->vocab) {
+      int rank = head_rank(m, op), have = head >= 0 ? head_rank(m, head) : -1;
+      if (rank > have || (rank == have && y->dims[y->rank - 1] > desc->vocab)) {
         head = op;
         desc->vocab = (int)y->dims[y->rank - 1];
       }
