@@ -736,8 +736,12 @@ static int agree_at_start(Trainer *t) {
                       : k == F_CKPT_STEP || k == F_CKPT_CRC ? "every process must resume from the same checkpoint: "
                                                               "another copy of the folder, or one replaced meanwhile?"
                                                             : "every process must be given the same options";
-    rc = tp_error(t->d, "the processes disagree on %s: process 0 has %s, process%s %s %s %s (%s)", start_fields[k].name,
-                  a, odd == 1 ? "" : "es", list, odd == 1 ? "has" : "have (the first)", b, why);
+    if (odd == 1)
+      rc = tp_error(t->d, "the processes disagree on %s: process 0 has %s, process %s has %s (%s)", start_fields[k].name,
+                    a, list, b, why);
+    else
+      rc = tp_error(t->d, "the processes disagree on %s: process 0 has %s, processes %s have others (process %d: %s) "
+                    "(%s)", start_fields[k].name, a, list, other, b, why);
   }
   free(all);
   free(ranks);
