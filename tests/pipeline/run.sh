@@ -173,6 +173,13 @@ disagree) # processes given other options, data or checkpoints (an MPMD launch, 
     1 "$trainer" $common --log only0.jsonl : -np 1 "$trainer" $common
   must_stop "another --lr on process 1" "the processes disagree on --lr: process 0 has 0.01" \
     1 "$trainer" $common : -np 1 "$trainer" $common --lr 0.02
+  # a command line wrong on process 1 only: exit 2 at once, process 1 says why
+  start=$(date +%s)
+  $mpi 60 1 "$trainer" $common : -np 1 "$trainer" $common --lr abc >out.txt 2>&1
+  rc=$? took=$(($(date +%s) - start))
+  [ $rc -eq 2 ] && [ $took -le 15 ] && grep -q "rank 1's command line" out.txt &&
+    grep -q -- "error: --lr needs a number in \[0, .*\], not 'abc'" out.txt &&
+    ok "a usage error on process 1 only: exit 2 after ${took}s" || fail "usage error on process 1: exit $rc after ${took}s: $(cat out.txt)"
   # a trainer saving to ck every step, a resume from ck under mpirun meanwhile
   "$trainer" --init "$src/tiny2.onnx" --data train.bin --steps 100000 --save busy --save-every 1 2>/dev/null &
   writer=$!
