@@ -30,6 +30,12 @@ bool cli_value(int argc, char **argv, int *i, const char *flag, const char **val
   }
   if (arg[n] != 0) return false;
   if (*i + 1 >= argc) cli_usage_error("%s needs a value", flag);
+  /* the next word is an option, not this one's value ('--precision -o p.c'); '-' (stdin)
+   * and negative numbers are values, and FLAG=-x gives a value that starts with '-' */
+  const char *next = argv[*i + 1];
+  if (next[0] == '-' && next[1] && !(next[1] >= '0' && next[1] <= '9') && next[1] != '.')
+    cli_usage_error("%s needs a value, but the next argument is the option '%s' (write %s=VALUE for a value "
+                    "that starts with '-')", flag, next, flag);
   *value = argv[++*i];
   return true;
 }
@@ -237,4 +243,68 @@ int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag 
 
 int cli_exit_code(int rc) {
   return rc == TP_OK || rc == TP_ERR_INPUT || rc == TP_ERR_USAGE ? rc : TP_ERR_INTERNAL;
+}
+
+/* ---- textual IR that tokpipec printed, read back (cli.h) ----
+ * A module read from text may be what tokpipec printed after its pipeline, or part of it
+ * (--forward-only): the passes whose work it shows are not run again (raise-transformer
+ * on a differentiated module, assign-stages on a staged one, do not expect their own
+ * output). The work shows as: */
+typedef struct {
+  const char *pass, *option; /* the pass, and what asks tokpipec to run it */
+} ResumePass;
+static const ResumePass resume_passes[CLI_RESUME_COUNT] = { /* in pipeline order */
+    {"shard-tensor", "--tensor"}, {"add-loss", "training (no --forward-only)"}, {"split-sequence", "--slices"},
+    {"assign-stages", "--stages"}, {"autodiff", "training (no --forward-only)"}, {"finish-stages", NULL},
+};
+
+void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]) {
+  memset(done, 0, CLI_RESUME_COUNT * sizeof *done);
+  done[CLI_RESUME_LOSS] = m->loss >= 0;
+  for (int v = 0; v < m->nvalues; v++)
+    done[CLI_RESUME_SHARD] |= m->values[v].kind == TP_VAL_PARAM && m->values[v].shard.parts;
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    done[CLI_RESUME_SHARD] |=
+        op->kind == TP_OP_AllReduce || op->kind == TP_OP_TensorCopy || op->kind == TP_OP_TensorRank;
+    done[CLI_RESUME_SLICE] |= op->slice >= 0;
+    done[CLI_RESUME_STAGES] |= op->stage > 0 || op->role == TP_ROLE_BOUNDARY;
+    done[CLI_RESUME_AUTODIFF] |= op->phase == TP_PHASE_BACKWARD;
+  }
+}
+
+static int resume_index(const char *pass) {
+  for (int i = 0; i < CLI_RESUME_COUNT; i++)
+    if (strcmp(resume_passes[i].pass, pass) == 0) return i;
+  return -1;
+}
+
+int cli_resume_after(const TpModule *m, const char **names, int *n, const bool wanted[CLI_RESUME_COUNT], bool batch,
+                     TpDiag *d) {
+  bool done[CLI_RESUME_COUNT];
+  cli_passes_done(m, done);
+  int last = -1;
+  for (int i = 0; i < CLI_RESUME_COUNT; i++)
+    if (done[i]) last = i;
+  if (last < 0) return TP_OK;
+  for (int i = 0; i <= last; i++) {
+    /* an option's pass done already */
+    bool again = wanted[i] && done[i] && i != CLI_RESUME_LOSS && i != CLI_RESUME_AUTODIFF;
+    if (i < last && wanted[i] && !done[i])
+      return tp_error(d, "IR printed after %s: %s cannot resume after %s for %s, whose pass %s comes "
+                      "before it; give it the ONNX model, or IR printed before %s", resume_passes[last].pass, cli_tool,
+                      resume_passes[last].pass, resume_passes[i].option, resume_passes[i].pass, resume_passes[last].pass);
+    if (again)
+      return tp_error(d, "IR printed after %s, which %s asks for again; give it the ONNX model, or drop %s",
+                      resume_passes[i].pass, resume_passes[i].option, resume_passes[i].option);
+  }
+  if (batch)
+    return tp_error(d, "IR printed after %s: %s cannot resume after %s for --batch, whose pass rebatch "
+                    "comes before it; give it the ONNX model, or IR printed before %s", resume_passes[last].pass, cli_tool,
+                    resume_passes[last].pass, resume_passes[last].pass);
+  int cut = 0; /* the first pass after `last` */
+  while (cut < *n && (resume_index(names[cut]) < 0 || resume_index(names[cut]) <= last)) cut++;
+  memmove(names, names + cut, (size_t)(*n - cut) * sizeof *names);
+  *n -= cut;
+  return TP_OK;
 }

@@ -108,4 +108,16 @@ int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag 
 /* A status code (TP_OK, TP_ERR_*) as the process exit code. */
 int cli_exit_code(int rc);
 
+/* Textual IR that tokpipec printed after its pipeline, or part of it, read back: which of
+ * the passes that leave their mark it shows the work of (in pipeline order), and the
+ * default pipeline's names[0..*n) cut to the passes after the last of them. */
+enum { CLI_RESUME_SHARD, CLI_RESUME_LOSS, CLI_RESUME_SLICE, CLI_RESUME_STAGES, CLI_RESUME_AUTODIFF, CLI_RESUME_COUNT = 6 };
+void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]);
+/* Drops from names[0..*n) the passes up to the last one whose work m shows; an error
+ * naming it if a pass before it, which this run asks for (`wanted`: --tensor, --slices,
+ * --stages, training; `batch`: --batch), has not been done, or if an option asks for a pass
+ * done already. */
+int cli_resume_after(const TpModule *m, const char **names, int *n, const bool wanted[CLI_RESUME_COUNT], bool batch,
+                     TpDiag *d);
+
 #endif

@@ -648,6 +648,12 @@ int main(int argc, char **argv) {
   char *text = NULL;
   int rc = cli_load_module(input, &dims, &m, &d);
   char note[256] = "";
+  if (rc == TP_OK && !cli_ends_with(input, ".onnx")) {
+    bool wanted[CLI_RESUME_COUNT] = {[CLI_RESUME_SHARD] = tensor > 1, [CLI_RESUME_LOSS] = !forward_only,
+                                     [CLI_RESUME_SLICE] = slicing, [CLI_RESUME_STAGES] = nstages > 1,
+                                     [CLI_RESUME_AUTODIFF] = !forward_only};
+    rc = cli_resume_after(m, names, &n, wanted, batch != 0, &d);
+  }
   if (rc == TP_OK) {
     m->logits_name = logits;
     m->freeze = freeze;
