@@ -5,7 +5,8 @@
  * constants into more initializers (the float causal mask, rotary tables, scales, Pow
  * exponents, transposed Linear weights). Only PyTorch's parameters may train. ONNX IR 10
  * carries what tells them apart in metadata_props, which the IR-8 onnx.proto we compile does
- * not know; protobuf-c keeps such fields as unknown fields, read here:
+ * not know; protobuf-c keeps such fields as unknown fields, read here (or as the field it
+ * is, with a newer onnx.proto):
  *   value_info: pkg.torch.export.graph_signature.InputSpec.kind  PARAMETER|BUFFER|CONSTANT_TENSOR
  *               pkg.onnxscript.optimizer.folded_from              "['m.lm_head.weight']"
  *               pkg.torch.onnx.original_node_name                  "p_m_lm_head_weight"
@@ -43,6 +44,18 @@ static const char *module_strndup(TpModule *m, const uint8_t *s, size_t n) {
 }
 
 const char *onnx_metadata(Importer *I, const ProtobufCMessage *msg, bool node, const char *key) {
+  /* an onnx.proto from ONNX 1.16 on (-DTOKPIPE_ONNX_PROTO) knows the field */
+  const ProtobufCFieldDescriptor *known = protobuf_c_message_descriptor_get_field_by_name(msg->descriptor,
+                                                                                          "metadata_props");
+  if (known && known->label == PROTOBUF_C_LABEL_REPEATED && known->type == PROTOBUF_C_TYPE_MESSAGE) {
+    size_t n = *(const size_t *)((const char *)msg + known->quantifier_offset);
+    Onnx__StringStringEntryProto *const *entries =
+        *(Onnx__StringStringEntryProto *const *const *)((const char *)msg + known->offset);
+    for (size_t i = 0; i < n; i++)
+      if (entries[i]->key && strcmp(entries[i]->key, key) == 0)
+        return tp_strdup(I->m, entries[i]->value ? entries[i]->value : "");
+    return NULL;
+  }
   unsigned field = node ? NODE_METADATA : VALUE_INFO_METADATA;
   size_t want = strlen(key);
   for (unsigned i = 0; i < msg->n_unknown_fields; i++) {
@@ -208,9 +221,7 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
 
 /* ---- initializers the exporter merged ---- */
 
-/* The top-level comma-separated arguments of the FX call's `args = (...)` into out[]; the
- * count, or -1 when the text has no such list or more than max. */
-static int fx_args(Importer *I, const char *call, const char **out, int max) {
+int fx_call_args(Importer *I, const char *call, const char **out, int max) {
   const char *p = call ? strstr(call, "args = (") : NULL;
   if (!p) return -1;
   p += strlen("args = (");
@@ -276,7 +287,7 @@ static size_t common_suffix(const char *a, const char *b) {
 static int pair_operands(Importer *I, const Onnx__GraphProto *g, const Onnx__NodeProto *n, const NameMap *index,
                          const InitClass *cls, Use *out) {
   const char *args[TP_MAX_CONST_INTS], *placeholders[TP_MAX_CONST_INTS], *own[TP_MAX_CONST_INTS];
-  int nargs = fx_args(I, onnx_metadata(I, &n->base, true, FX_KEY), args, TP_MAX_CONST_INTS);
+  int nargs = fx_call_args(I, onnx_metadata(I, &n->base, true, FX_KEY), args, TP_MAX_CONST_INTS);
   int operands[TP_MAX_CONST_INTS], nops = 0, nplace = 0;
   bool taken[TP_MAX_CONST_INTS] = {false};
   for (size_t k = 0; k < n->n_input && k < TP_MAX_CONST_INTS; k++) {
