@@ -24,6 +24,47 @@ static int import_plain(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+/* A step of a node's lowering before its last op: a new op over `inputs` whose one result
+ * is named `name` (made unique) and typed `t` where the op takes its type from it (Reshape,
+ * Expand, Cast; NULL: inferred). The caller sets attributes, then step_value. */
+static int step_named(Importer *I, const Node *N, const char *name, TpOpKind kind, const int *inputs,
+                      int ninputs, const TpType *t) {
+  const char *names[1] = {name};
+  int op = tp_add_op(I->m, kind, inputs, ninputs, names, 1, N->at);
+  if (t) set_result_type(I, op, 0, *t);
+  return op;
+}
+
+/* The same, named <the node's first output>.<what>. */
+static int step_op(Importer *I, const Node *N, const char *what, TpOpKind kind, const int *inputs,
+                   int ninputs, const TpType *t) {
+  char name[300];
+  snprintf(name, sizeof name, "%.200s.%s", N->n->output[0], what);
+  return step_named(I, N, name, kind, inputs, ninputs, t);
+}
+
+/* Infers and folds a step's op; *v gets its result. */
+static int step_value(Importer *I, int op, int *v) {
+  int rc = tp_infer_op(I->m, op, I->d);
+  bool folded;
+  if (rc || (rc = tp_fold_op(I->m, op, &folded, I->d))) return rc;
+  *v = I->m->ops[op].outputs[0];
+  return TP_OK;
+}
+
+/* A step without attributes: its result in *v. */
+static int step(Importer *I, const Node *N, const char *what, TpOpKind kind, const int *inputs,
+                int ninputs, const TpType *t, int *v) {
+  return step_value(I, step_op(I, N, what, kind, inputs, ninputs, t), v);
+}
+
+/* A constant of the lowering, named <the node's first output>.<what>. */
+static int step_const(Importer *I, const Node *N, const char *what, TpType t, const void *data) {
+  char name[300];
+  snprintf(name, sizeof name, "%.200s.%s", N->n->output[0], what);
+  return tp_add_const(I->m, tp_unique_name(I->m, name), t, data, N->at);
+}
+
 /* value v (the result of node N's lowering) becomes Reshape(v) to `t`. */
 static int emit_reshape(Importer *I, Node *N, int v, TpType t) {
   int op = new_op(I, N, TP_OP_Reshape, &v, 1, 1);
@@ -77,14 +118,9 @@ static int import_pow(Importer *I, Node *N) {
   if (ex.dtype != base.dtype) {
     char name[300];
     snprintf(name, sizeof name, "%s.cast", I->m->values[N->in[1]].name);
-    const char *names[1] = {name};
-    int cast = tp_add_op(I->m, TP_OP_Cast, &N->in[1], 1, names, 1, N->at);
     ex.dtype = base.dtype;
-    set_result_type(I, cast, 0, ex);
-    int rc = tp_infer_op(I->m, cast, I->d);
-    bool folded;
-    if (rc || (rc = tp_fold_op(I->m, cast, &folded, I->d))) return rc;
-    N->in[1] = I->m->ops[cast].outputs[0];
+    int rc = step_value(I, step_named(I, N, name, TP_OP_Cast, &N->in[1], 1, &ex), &N->in[1]);
+    if (rc) return rc;
   }
   return import_plain(I, N);
 }
@@ -100,14 +136,10 @@ static int import_variadic(Importer *I, Node *N) {
   }
   int acc = N->in[0];
   for (int k = 1; k < N->nin - 1; k++) { /* all but the last op make temporaries */
-    char name[300];
-    snprintf(name, sizeof name, "%.200s.%d", N->n->output[0], k);
-    const char *names[1] = {tp_unique_name(I->m, name)};
-    int op = tp_add_op(I->m, N->kind, (int[]){acc, N->in[k]}, 2, names, 1, N->at);
-    int rc = tp_infer_op(I->m, op, I->d);
-    bool folded;
-    if (rc || (rc = tp_fold_op(I->m, op, &folded, I->d))) return rc;
-    acc = I->m->ops[op].outputs[0];
+    char what[16];
+    snprintf(what, sizeof what, "%d", k);
+    int rc = step(I, N, what, N->kind, (int[]){acc, N->in[k]}, 2, NULL, &acc);
+    if (rc) return rc;
   }
   int op = new_op(I, N, N->kind, (int[]){acc, N->in[N->nin - 1]}, 2, 1);
   return finish_op(I, N, op);
@@ -135,6 +167,80 @@ static int import_gather(Importer *I, Node *N) {
     return TP_ERR_INPUT;
   int op = new_op(I, N, N->kind, N->in, 2, 1);
   tp_set_attr_int(I->m, op, "axis", axis);
+  return finish_op(I, N, op);
+}
+
+/* GatherND(data, indices) {batch_dims b}: each tuple of k indices (indices' last axis)
+ * picks data[batch..., i1, .., ik, :]. Lowered onto Gather: data's first b + k dims become
+ * one axis, each tuple its row there (negative entries wrapped, the batch row's offset
+ * added). An entry out of its dim's range becomes a row past the end, so Gather reports it
+ * rather than read a neighbouring slice. */
+static int import_gathernd(Importer *I, Node *N) {
+  TpType dt = type_of(I, N->in[0]), it = type_of(I, N->in[1]);
+  int64_t b;
+  int r = dt.rank, q = it.rank, rc;
+  if ((rc = attr_int(I, N, "batch_dims", 0, &b))) return rc;
+  if (it.dtype != TP_I64 && it.dtype != TP_I32)
+    return node_error(I, N, "indices are %s, expected int64 or int32", tp_dtype_name(it.dtype));
+  if (r < 1 || q < 1 || b < 0 || b >= (r < q ? r : q))
+    return node_error(I, N, "batch_dims %lld must be below the ranks of data (%d) and indices (%d)",
+                      (long long)b, r, q);
+  int64_t k = it.dims[q - 1];
+  if (k < 1 || k > r - b)
+    return node_error(I, N, "index tuples have %lld entries; data has %lld dims after the batch dims",
+                      (long long)k, (long long)(r - b));
+  for (int i = 0; i < b; i++)
+    if (it.dims[i] != dt.dims[i])
+      return node_error(I, N, "batch dim %d is %lld in indices but %lld in data", i,
+                        (long long)it.dims[i], (long long)dt.dims[i]);
+  int64_t dims[TP_MAX_RANK], strides[TP_MAX_RANK], rows = 1, block = 1; /* over the k indexed dims */
+  for (int j = (int)k - 1; j >= 0; j--) {
+    dims[j] = dt.dims[b + j];
+    strides[j] = block;
+    block *= dims[j];
+  }
+  for (int i = 0; i < b + k; i++) rows *= dt.dims[i];
+  int64_t kk = k, zero = 0;
+  TpType vec = tp_type_make(TP_I64, 1, &kk), scalar = tp_type_make(TP_I64, 0, &kk);
+  int idx = N->in[1], neg, wrapped, lo, hi, ok, at, lin;
+  int c_dims = step_const(I, N, "dims", vec, dims), c_strides = step_const(I, N, "strides", vec, strides);
+  int c_zero = step_const(I, N, "zero", scalar, &zero), c_past = step_const(I, N, "past_end", scalar, &rows);
+  TpType i64 = it;
+  i64.dtype = TP_I64;
+  if (it.dtype != TP_I64 && (rc = step(I, N, "i64", TP_OP_Cast, &idx, 1, &i64, &idx))) return rc;
+  if ((rc = step(I, N, "negative", TP_OP_Less, (int[]){idx, c_zero}, 2, NULL, &neg)) ||
+      (rc = step(I, N, "from_end", TP_OP_Add, (int[]){idx, c_dims}, 2, NULL, &wrapped)) ||
+      (rc = step(I, N, "wrapped", TP_OP_Where, (int[]){neg, wrapped, idx}, 3, NULL, &idx)) ||
+      (rc = step(I, N, "not_below", TP_OP_GreaterOrEqual, (int[]){idx, c_zero}, 2, NULL, &lo)) ||
+      (rc = step(I, N, "below_dim", TP_OP_Less, (int[]){idx, c_dims}, 2, NULL, &hi)) ||
+      (rc = step(I, N, "in_range", TP_OP_And, (int[]){lo, hi}, 2, NULL, &ok)) ||
+      (rc = step(I, N, "checked", TP_OP_Where, (int[]){ok, idx, c_past}, 3, NULL, &idx)) ||
+      (rc = step(I, N, "strided", TP_OP_Mul, (int[]){idx, c_strides}, 2, NULL, &at)))
+    return rc;
+  int sum = step_op(I, N, "row", TP_OP_ReduceSum, &at, 1, NULL);
+  tp_set_attr_ints(I->m, sum, "axes", (int64_t[]){q - 1}, 1);
+  tp_set_attr_int(I->m, sum, "keepdims", 0);
+  if ((rc = step_value(I, sum, &lin))) return rc;
+  if (b > 0) { /* batch row n's tuples index rows n * block .. */
+    TpType ot = tp_type_make(TP_I64, q - 1, it.dims);
+    for (int i = (int)b; i < q - 1; i++) ot.dims[i] = 1;
+    int64_t n = tp_type_numel(&ot);
+    int64_t *offsets = malloc((size_t)n * sizeof *offsets + 1);
+    TP_ASSERT(offsets);
+    for (int64_t i = 0; i < n; i++) offsets[i] = i * block;
+    int c_offsets = step_const(I, N, "batch_offsets", ot, offsets);
+    free(offsets);
+    if ((rc = step(I, N, "batch_row", TP_OP_Add, (int[]){lin, c_offsets}, 2, NULL, &lin))) return rc;
+  }
+  TpType flat = dt;
+  flat.rank = r - (int)(b + k) + 1;
+  flat.dims[0] = rows;
+  for (int i = 1; i < flat.rank; i++) flat.dims[i] = dt.dims[b + k + i - 1];
+  memset(flat.dimnames, 0, sizeof flat.dimnames);
+  int data;
+  if ((rc = step(I, N, "rows", TP_OP_Reshape, &N->in[0], 1, &flat, &data))) return rc;
+  int op = new_op(I, N, TP_OP_Gather, (int[]){data, lin}, 2, 1);
+  tp_set_attr_int(I->m, op, "axis", 0);
   return finish_op(I, N, op);
 }
 
@@ -416,17 +522,30 @@ static int import_concat(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+/* Value v (the node's first operand, or a step's result) cast to `t` as the node's result. */
+static int cast_to_type(Importer *I, Node *N, int v, TpType t) {
+  int op = new_op(I, N, TP_OP_Cast, &v, 1, 1);
+  set_result_type(I, op, 0, t);
+  return finish_op(I, N, op);
+}
+
+static int cast_to(Importer *I, Node *N, TpDType dtype) {
+  TpType t = type_of(I, N->in[0]);
+  t.dtype = dtype;
+  return cast_to_type(I, N, N->in[0], t);
+}
+
 static int import_cast(Importer *I, Node *N) {
   int64_t to;
   if (attr_int(I, N, "to", 0, &to)) return TP_ERR_INPUT;
   if (!node_attr(N, "to")) return node_error(I, N, "attribute 'to' is missing");
-  TpType t = type_of(I, N->in[0]);
-  t.dtype = tp_onnx_dtype(to);
-  if (t.dtype == TP_UNDEF) return node_error(I, N, "cannot cast to unsupported element type %lld", (long long)to);
-  int op = new_op(I, N, TP_OP_Cast, N->in, 1, 1);
-  set_result_type(I, op, 0, t);
-  return finish_op(I, N, op);
+  TpDType dtype = tp_onnx_dtype(to);
+  if (dtype == TP_UNDEF) return node_error(I, N, "cannot cast to unsupported element type %lld", (long long)to);
+  return cast_to(I, N, dtype);
 }
+
+/* CastLike: Cast to the element type of the second operand (only its type is read). */
+static int import_castlike(Importer *I, Node *N) { return cast_to(I, N, type_of(I, N->in[1]).dtype); }
 
 /* ---- ops that become constants or aliases ---- */
 
@@ -676,6 +795,136 @@ static int import_layernorm(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+/* RMSNormalization(X, scale) {axis, epsilon, stash_type} onto RMSNorm, which computes in
+ * f32 (stash_type 1): the scale is reshaped or expanded to the normalised shape X[axis:],
+ * and other float types are cast to f32 and back. */
+static int import_rms_normalization(Importer *I, Node *N) {
+  TpType xt = type_of(I, N->in[0]), st = type_of(I, N->in[1]);
+  int64_t axis, stash;
+  double eps;
+  int rc;
+  if ((rc = attr_int(I, N, "axis", -1, &axis)) || (rc = attr_float(I, N, "epsilon", 1e-5, &eps)) ||
+      (rc = attr_int(I, N, "stash_type", 1, &stash)) || (rc = norm_axis(I, N, "axis", axis, xt.rank, &axis)))
+    return rc;
+  if (stash != 1)
+    return node_error(I, N, "stash_type %lld is not supported: tokpipec computes RMSNormalization in float (1)",
+                      (long long)stash);
+  if (!tp_dtype_is_float(xt.dtype) || !tp_dtype_is_float(st.dtype))
+    return node_error(I, N, "X and scale must be floats, not %s and %s", tp_dtype_name(xt.dtype),
+                      tp_dtype_name(st.dtype));
+  TpType norm = xt; /* X[axis:] in f32 */
+  norm.dtype = TP_F32;
+  norm.rank = xt.rank - (int)axis;
+  memmove(norm.dims, xt.dims + axis, (size_t)norm.rank * sizeof norm.dims[0]);
+  memset(norm.dimnames, 0, sizeof norm.dimnames);
+  TpType aligned = norm; /* the scale's dims right-aligned to the normalised ones */
+  for (int i = 0; i < st.rank; i++) {
+    int j = i - (st.rank - norm.rank);
+    if (j < 0 ? st.dims[i] != 1 : st.dims[i] != 1 && st.dims[i] != norm.dims[j])
+      return node_error(I, N, "scale's shape does not broadcast to the normalised shape X[%lld:]", (long long)axis);
+  }
+  for (int j = 0; j < norm.rank; j++) {
+    int i = j + (st.rank - norm.rank);
+    aligned.dims[j] = i >= 0 ? st.dims[i] : 1;
+  }
+  int x = N->in[0], scale = N->in[1], y;
+  TpType x32 = xt;
+  x32.dtype = TP_F32;
+  if (xt.dtype != TP_F32 && (rc = step(I, N, "x_f32", TP_OP_Cast, &x, 1, &x32, &x))) return rc;
+  TpType s32 = st;
+  s32.dtype = TP_F32;
+  if (st.dtype != TP_F32 && (rc = step(I, N, "scale_f32", TP_OP_Cast, &scale, 1, &s32, &scale))) return rc;
+  if (!tp_type_equal(&s32, &aligned) && (rc = step(I, N, "scale_aligned", TP_OP_Reshape, &scale, 1, &aligned, &scale)))
+    return rc;
+  if (!tp_type_equal(&aligned, &norm) && (rc = step(I, N, "scale_expanded", TP_OP_Expand, &scale, 1, &norm, &scale)))
+    return rc;
+  if (xt.dtype == TP_F32) {
+    int op = new_op(I, N, TP_OP_RMSNorm, (int[]){x, scale}, 2, 1);
+    tp_set_attr_int(I->m, op, "axis", axis);
+    tp_set_attr_float(I->m, op, "epsilon", eps);
+    return finish_op(I, N, op);
+  }
+  int op = step_op(I, N, "f32", TP_OP_RMSNorm, (int[]){x, scale}, 2, NULL);
+  tp_set_attr_int(I->m, op, "axis", axis);
+  tp_set_attr_float(I->m, op, "epsilon", eps);
+  if ((rc = step_value(I, op, &y))) return rc;
+  return cast_to_type(I, N, y, xt);
+}
+
+/* One RotaryEmbedding cache as a Rotary table: looked up at the positions (when given),
+ * one angle per pair widened to one per feature (the halves, or each pair, share it), and
+ * shaped [batch, 1, seq, rd] (4-D X, heads on axis 1) or [batch, seq, 1, rd] (3-D X). */
+static int rotary_table(Importer *I, const Node *N, int k, int positions, bool interleaved, bool heads_first,
+                        int64_t rd, int *v) {
+  const char *what = k == 1 ? "cos" : "sin";
+  int t = N->in[k], rc;
+  TpType ct = type_of(I, t);
+  if (ct.rank != (positions >= 0 ? 2 : 3))
+    return node_error(I, N, "%s_cache has rank %d, expected %d", what, ct.rank, positions >= 0 ? 2 : 3);
+  if (positions >= 0) {
+    int g = step_op(I, N, tp_strfmt(I->m, "%s_at", what), TP_OP_Gather,
+                    (int[]){t, positions}, 2, NULL);
+    tp_set_attr_int(I->m, g, "axis", 0);
+    if ((rc = step_value(I, g, &t))) return rc;
+    ct = type_of(I, t);
+  }
+  if (ct.rank != 3 || ct.dims[2] != rd / 2)
+    return node_error(I, N, "%s_cache gives %lld angles per position; rotary_embedding_dim %lld needs %lld", what,
+                      (long long)ct.dims[ct.rank - 1], (long long)rd, (long long)(rd / 2));
+  int64_t bs = ct.dims[0], seq = ct.dims[1];
+  if (interleaved) { /* [b, s, rd/2] -> [b, s, rd/2, 1] -> [b, s, rd/2, 2] */
+    TpType col = tp_type_make(ct.dtype, 4, (int64_t[]){bs, seq, rd / 2, 1});
+    if ((rc = step(I, N, tp_strfmt(I->m, "%s_col", what), TP_OP_Reshape, &t, 1, &col, &t))) return rc;
+  }
+  int cat = step_op(I, N, tp_strfmt(I->m, "%s_wide", what), TP_OP_Concat,
+                    (int[]){t, t}, 2, NULL);
+  tp_set_attr_int(I->m, cat, "axis", interleaved ? 3 : 2);
+  if ((rc = step_value(I, cat, &t))) return rc;
+  int64_t dims[4] = {bs, 1, seq, rd};
+  if (!heads_first) dims[1] = seq, dims[2] = 1;
+  TpType table = tp_type_make(ct.dtype, 4, dims);
+  return step(I, N, what, TP_OP_Reshape, &t, 1, &table, v);
+}
+
+/* RotaryEmbedding(X, cos_cache, sin_cache, position_ids?) {interleaved, num_heads,
+ * rotary_embedding_dim} onto Rotary: X [batch, heads, seq, head] as it is, X [batch, seq,
+ * hidden] viewed as [batch, seq, num_heads, head] and back. */
+static int import_rotary_embedding(Importer *I, Node *N) {
+  TpType xt = type_of(I, N->in[0]);
+  int64_t interleaved, heads, rd;
+  int rc;
+  if ((rc = attr_int(I, N, "interleaved", 0, &interleaved)) || (rc = attr_int(I, N, "num_heads", 0, &heads)) ||
+      (rc = attr_int(I, N, "rotary_embedding_dim", 0, &rd)))
+    return rc;
+  int x = N->in[0];
+  if (xt.rank == 3) {
+    if (heads <= 0 || xt.dims[2] % heads)
+      return node_error(I, N, "a 3-D input needs num_heads dividing its hidden size %lld (num_heads %lld)",
+                        (long long)xt.dims[2], (long long)heads);
+    TpType split = tp_type_make(xt.dtype, 4, (int64_t[]){xt.dims[0], xt.dims[1], heads, xt.dims[2] / heads});
+    if ((rc = step(I, N, "heads", TP_OP_Reshape, &x, 1, &split, &x))) return rc;
+  } else if (xt.rank != 4) {
+    return node_error(I, N, "input has rank %d, expected 3 or 4", xt.rank);
+  }
+  int64_t head = type_of(I, x).dims[3];
+  if (rd == 0) rd = head;
+  if (rd < 2 || rd % 2 || rd > head)
+    return node_error(I, N, "rotary_embedding_dim %lld must be even, positive and at most the head size %lld",
+                      (long long)rd, (long long)head);
+  int positions = N->nin > 3 ? N->in[3] : -1, cos, sin;
+  if ((rc = rotary_table(I, N, 1, positions, interleaved != 0, xt.rank == 4, rd, &cos)) ||
+      (rc = rotary_table(I, N, 2, positions, interleaved != 0, xt.rank == 4, rd, &sin)))
+    return rc;
+  int op, y;
+  if (xt.rank == 4) op = new_op(I, N, TP_OP_Rotary, (int[]){x, cos, sin}, 3, 1);
+  else op = step_op(I, N, "rotated", TP_OP_Rotary, (int[]){x, cos, sin}, 3, NULL);
+  tp_set_attr_int(I->m, op, "interleaved", interleaved != 0);
+  tp_set_attr_int(I->m, op, "rotary_dim", rd);
+  if (xt.rank == 4) return finish_op(I, N, op);
+  if ((rc = step_value(I, op, &y))) return rc;
+  return emit_reshape(I, N, y, xt);
+}
+
 static int import_gelu(Importer *I, Node *N) {
   const char *approx;
   if (attr_string(I, N, "approximate", "none", &approx)) return TP_ERR_INPUT;
@@ -757,6 +1006,7 @@ static const OpRow op_table[] = {
   {"Gemm", 13, import_gemm, TP_OP_Gemm, 2, 3, 1},
   {"Gather", 13, import_gather, TP_OP_Gather, 2, 2, 1},
   {"GatherElements", 13, import_gather, TP_OP_GatherElements, 2, 2, 1},
+  {"GatherND", 13, import_gathernd, TP_OP_COUNT, 2, 2, 1},
   {"CumSum", 11, import_cumsum, TP_OP_CumSum, 2, 2, 1}, {"CumSum", 14, import_cumsum, TP_OP_CumSum, 2, 2, 1},
   {"Tile", 13, import_tile, TP_OP_Tile, 2, 2, 1},
   {"Reshape", 13, import_reshape, TP_OP_Reshape, 2, 2, 1},
@@ -783,6 +1033,8 @@ static const OpRow op_table[] = {
   {"Expand", 13, import_expand, TP_OP_Expand, 2, 2, 1},
   {"Cast", 13, import_cast, TP_OP_Cast, 1, 1, 1}, {"Cast", 19, import_cast, TP_OP_Cast, 1, 1, 1},
   {"Cast", 21, import_cast, TP_OP_Cast, 1, 1, 1}, {"Cast", 23, import_cast, TP_OP_Cast, 1, 1, 1},
+  {"CastLike", 15, import_castlike, TP_OP_Cast, 2, 2, 1}, {"CastLike", 19, import_castlike, TP_OP_Cast, 2, 2, 1},
+  {"CastLike", 21, import_castlike, TP_OP_Cast, 2, 2, 1}, {"CastLike", 23, import_castlike, TP_OP_Cast, 2, 2, 1},
   {"Shape", 13, import_shape, TP_OP_COUNT, 1, 1, 1}, {"Shape", 15, import_shape, TP_OP_COUNT, 1, 1, 1},
   {"Shape", 19, import_shape, TP_OP_COUNT, 1, 1, 1}, {"Shape", 21, import_shape, TP_OP_COUNT, 1, 1, 1},
   {"Shape", 23, import_shape, TP_OP_COUNT, 1, 1, 1},
@@ -810,6 +1062,8 @@ static const OpRow op_table[] = {
   {"ReduceMean", 18, import_reduce, TP_OP_ReduceMean, 1, 2, 1},
   {"ReduceSum", 13, import_reduce, TP_OP_ReduceSum, 1, 2, 1},
   {"LayerNormalization", 17, import_layernorm, TP_OP_LayerNorm, 2, 3, 3},
+  {"RMSNormalization", 23, import_rms_normalization, TP_OP_RMSNorm, 2, 2, 1},
+  {"RotaryEmbedding", 23, import_rotary_embedding, TP_OP_Rotary, 3, 4, 1},
   {"Gelu", 20, import_gelu, TP_OP_Gelu, 1, 1, 1},
   {"Attention", 23, import_attention, TP_OP_Attention, 3, 6, 4},
   {"SoftmaxCrossEntropyLoss", 13, import_loss, TP_OP_SoftmaxCrossEntropyLoss, 2, 3, 2},
