@@ -75,7 +75,16 @@ ARCHS = {   # name -> (config class, config arguments, exporters)
     # Conv1D, learned positions, tied head
     "gpt2": (tf.GPT2Config, dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64), "dt"),
     "gpt_neox": (tf.GPTNeoXConfig, dict(LLAMA_LIKE), "dt"),
+    # mixtures of experts: softmax router, top-2 of 4 experts (Mixtral renormalises the two
+    # weights, Qwen2-MoE adds a sigmoid-gated shared expert). Dynamo only: transformers'
+    # default experts (grouped_mm) fail in torch.export, "eager" ones have data-dependent
+    # shapes there and NonZero in TorchScript; "batched_mm" exports as TopK, GatherND of
+    # each token's expert weights and batched products (MOE_EXPERTS)
+    "mixtral": (tf.MixtralConfig, dict(LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2), "d"),
+    "qwen2_moe": (tf.Qwen2MoeConfig, dict(LLAMA_LIKE, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=32, shared_expert_intermediate_size=48), "d"),
 }
+MOE_EXPERTS = {"mixtral": "batched_mm", "qwen2_moe": "batched_mm"}   # experts_implementation
 FRESH = "qwen2_fresh"   # qwen2 with transformers' own init, dynamo only
 
 
@@ -98,7 +107,8 @@ def make_model(arch, seed, with_mask, redraw=True):
     config = cls(**kw)
     config.use_cache = False
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    experts = {"experts_implementation": MOE_EXPERTS[arch]} if arch in MOE_EXPERTS else {}
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **experts)
     if redraw:
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
