@@ -293,7 +293,7 @@ static int infer_topk(const Ctx *c) {
   const TpType *x = operand(c, 0);
   int64_t axis = tp_attr_int(c->m, c->op, "axis", 0), k = tp_attr_int(c->m, c->op, "k", 0);
   if (check_axis(c, axis, x->rank, "axis")) return TP_ERR_INPUT;
-  if (!tp_dtype_is_float(x->dtype)) return need_float(c, x, "the operand");
+  if (x->dtype == TP_BOOL) return tp_error_op(c->d, c->m, c->op, "the operand must be numeric");
   if (k < 1 || k > x->dims[axis])
     return tp_error_op(c->d, c->m, c->op, "k %lld is out of range for %lld entries on axis %lld", (long long)k,
                        (long long)x->dims[axis], (long long)axis);

@@ -137,7 +137,8 @@ TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool rever
 
 /* TopK's dtype and shape checks, shared with the CUDA kernel. */
 TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y) {
-  if (tp_dclass(x->dtype) != TP_CLASS_FLOAT || y->dtype != TP_I64) return TP_KERNEL_BAD_DTYPE;
+  TpDClass c = tp_dclass(x->dtype);
+  if (c == TP_CLASS_BOOL || c == TP_CLASS_NONE || y->dtype != TP_I64) return TP_KERNEL_BAD_DTYPE;
   if (axis < 0 || axis >= x->rank || x->rank != y->rank || y->dims[axis] > x->dims[axis]) return TP_KERNEL_BAD_SHAPE;
   for (int d = 0; d < x->rank; d++)
     if (d != axis && x->dims[d] != y->dims[d]) return TP_KERNEL_BAD_SHAPE;
