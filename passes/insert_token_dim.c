@@ -553,10 +553,12 @@ static int lift_merged(TpModule *m, TpDiag *d, int tokens, bool *lifted) {
       *lifted = true;
     }
   }
-  for (int i = 0; i < m->noutputs && !rc; i++)
-    if (L.q[m->outputs[i]])
-      rc = tp_error(d, "cannot slice the sequence: the module's output %%%s holds the batch's tokens merged into rows",
-                    m->values[m->outputs[i]].name);
+  for (int i = 0; i < m->noutputs && !rc; i++) {
+    int v = m->outputs[i], def = m->values[v].def;
+    if (L.q[v])
+      rc = tp_error_op(d, m, def, "cannot slice the sequence: %s at node '%s' gives the module's output %%%s the batch's "
+                       "tokens merged into rows", tp_op_info[m->ops[def].kind].name, node_of(m, def), m->values[v].name);
+  }
   free(L.q);
   return rc;
 }
