@@ -86,6 +86,19 @@ ARCHS = {   # name -> (config class, config arguments, exporters)
 }
 MOE_EXPERTS = {"mixtral": "batched_mm", "qwen2_moe": "batched_mm"}   # experts_implementation
 FRESH = "qwen2_fresh"   # qwen2 with transformers' own init, dynamo only
+ROUTING_MARGINS = []    # per router call: its smallest gap between a token's k-th and (k+1)-th probability
+
+
+def watch_routing(model):
+    """Records in ROUTING_MARGINS how close each router call came to a tie: tokpipec breaks
+    ties by lower index (ONNX's rule), torch's CPU topk otherwise, so the references must
+    route no token on a tie (the redrawn weights make one unlikely; this proves there is none)."""
+    for module in model.modules():
+        if type(module).__name__.endswith("TopKRouter"):
+            def margin(module, args, out):
+                p = torch.softmax(out[0].detach().double(), -1).sort(-1, descending=True).values
+                ROUTING_MARGINS.append((p[:, module.top_k - 1] - p[:, module.top_k]).min().item())
+            module.register_forward_hook(margin)
 
 
 class LogitsOnly(torch.nn.Module):
@@ -109,6 +122,8 @@ def make_model(arch, seed, with_mask, redraw=True):
     torch.manual_seed(seed)
     experts = {"experts_implementation": MOE_EXPERTS[arch]} if arch in MOE_EXPERTS else {}
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **experts)
+    if experts:
+        watch_routing(model)
     if redraw:
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -221,8 +236,13 @@ def main():
             forms = parity.onnx_params(proto, model)
             freeze = hf.freeze_regex(proto, forms)
             flags = ["--freeze", freeze] if freeze else []
+        ROUTING_MARGINS.clear()
         parity.write_references(dir, f"hf26_{name}", build, proto, B, T, VOCAB, seed, parity.ADAMW,
                                 flags, forms=forms)
+        if base in MOE_EXPERTS:   # every forward of the 10 training steps, float32 and float64
+            margin = min(ROUTING_MARGINS)
+            print(f"  routing: the closest call to a tie over {len(ROUTING_MARGINS)} router calls: {margin:.3g}")
+            assert margin > 1e-4, f"hf26_{name}: a token's k-th and (k+1)-th router scores are {margin:.3g} apart"
 
 
 if __name__ == "__main__":
