@@ -151,6 +151,14 @@ static void describe(const TpModule *m, int op, OpAxes *x) {
     mix(x, X, a, "gathers along");
     break;
   }
+  case TP_OP_Tile: { /* the axes repeated once are kept */
+    int n;
+    const int64_t *repeats = tp_attr_ints(m, op, "repeats", &n);
+    for (int k = 0; k < rx && k < n; k++)
+      if (repeats[k] == 1) link(x, X, k, Y, k);
+      else mix(x, X, k, "repeats along");
+    break;
+  }
   case TP_OP_TopK: { /* the k largest along axis: the other axes kept */
     int a = (int)tp_attr_int(m, op, "axis", 0);
     for (int k = 0; k < rx; k++)
@@ -450,7 +458,7 @@ static int lift_op(Lift *L, int op) {
   case TP_OP_Slice: {
     int n;
     const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
-    if (starts[0] != 0 || steps[0] != 1 || old[0].dims[0] != type_of(m, X)->dims[0])
+    if (starts[0] != 0 || steps[0] != 1 || old[0].dims[0] != L->rows * L->q[X])
       return lift_refused(L, op, "slices the rows");
     int64_t st[TP_MAX_RANK] = {0}, sp[TP_MAX_RANK] = {1, 1, 1};
     for (int k = 1; k < n; k++) st[k + s] = starts[k], sp[k + s] = steps[k];
@@ -480,6 +488,15 @@ static int lift_op(Lift *L, int op) {
       moved[k] = axes[k] + s;
     }
     tp_set_attr_ints(m, op, "axes", moved, n);
+    break;
+  }
+  case TP_OP_Tile: {
+    int n;
+    const int64_t *repeats = tp_attr_ints(m, op, "repeats", &n);
+    if (repeats[0] != 1) return lift_refused(L, op, "repeats the rows");
+    int64_t moved[TP_MAX_RANK] = {1, 1, 1};
+    for (int k = 1; k < n; k++) moved[k + s] = repeats[k];
+    tp_set_attr_ints(m, op, "repeats", moved, n + s);
     break;
   }
   case TP_OP_Transpose: {

@@ -76,13 +76,14 @@ ARCHS = {   # name -> (config class, config arguments, exporters)
     "gpt2": (tf.GPT2Config, dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64), "dt"),
     "gpt_neox": (tf.GPTNeoXConfig, dict(LLAMA_LIKE), "dt"),
     # mixtures of experts: softmax router, top-2 of 4 experts (Mixtral renormalises the two
-    # weights, Qwen2-MoE adds a sigmoid-gated shared expert). Dynamo only: transformers'
-    # default experts (grouped_mm) fail in torch.export, "eager" ones have data-dependent
-    # shapes there and NonZero in TorchScript; "batched_mm" exports as TopK, GatherND of
-    # each token's expert weights and batched products (MOE_EXPERTS)
-    "mixtral": (tf.MixtralConfig, dict(LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2), "d"),
+    # weights, Qwen2-MoE adds a sigmoid-gated shared expert). transformers' default experts
+    # (grouped_mm) fail in torch.export, its "eager" ones have data-dependent shapes there and
+    # NonZero in TorchScript; "batched_mm" (MOE_EXPERTS) exports as TopK, a gather of each
+    # token's expert weights (GatherND in dynamo, Gather and Tile in TorchScript) and
+    # batched products
+    "mixtral": (tf.MixtralConfig, dict(LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2), "dt"),
     "qwen2_moe": (tf.Qwen2MoeConfig, dict(LLAMA_LIKE, num_experts=4, num_experts_per_tok=2,
-                                          moe_intermediate_size=32, shared_expert_intermediate_size=48), "d"),
+                                          moe_intermediate_size=32, shared_expert_intermediate_size=48), "dt"),
 }
 MOE_EXPERTS = {"mixtral": "batched_mm", "qwen2_moe": "batched_mm"}   # experts_implementation
 FRESH = "qwen2_fresh"   # qwen2 with transformers' own init, dynamo only
