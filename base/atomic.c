@@ -140,7 +140,8 @@ int tp_check_writable(const char *path, const char *what, TpDiag *d) {
   return tp_check_folder_writable(path, what, d);
 }
 
-int tp_lock_path(TpPathLock *l, const char *path, const char *what, TpDiag *d) {
+/* tp_lock_path and tp_lock_path_shared: flock (exclusive or shared) of PATH.lock. */
+static int lock_path(TpPathLock *l, const char *path, const char *what, bool shared, TpDiag *d) {
   memset(l, 0, sizeof *l);
   size_t n = strlen(path) + sizeof ".lock";
   char *lock = malloc(n);
@@ -148,14 +149,25 @@ int tp_lock_path(TpPathLock *l, const char *path, const char *what, TpDiag *d) {
   snprintf(lock, n, "%s.lock", path);
   for (;;) {
     int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    /* a reader in a folder it cannot write: open what is there; nothing there (or no
+     * folder: the reader's own error says so), no writer has it (a writer creates it) */
+    if (fd < 0 && shared && (errno == EACCES || errno == EROFS || errno == ENOENT)) {
+      if (errno != ENOENT) fd = open(lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT) {
+        free(lock);
+        return TP_OK;
+      }
+    }
     if (fd < 0) {
       int rc = tp_error(d, "%s '%s': cannot create the lock file '%s': %s", what, path, lock, strerror(errno));
       free(lock);
       return rc;
     }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
       int err = errno, rc = err == EWOULDBLOCK
-          ? tp_error(d, "%s '%s' is being written by another process (it holds '%s')", what, path, lock)
+          ? tp_error(d, shared ? "%s '%s' is being written by another process (it holds '%s')"
+                               : "%s '%s' is in use by another process, which writes or reads it (it holds '%s')",
+                     what, path, lock)
           : tp_error(d, "%s '%s': cannot lock '%s': %s", what, path, lock, strerror(err));
       close(fd);
       free(lock);
@@ -173,9 +185,19 @@ int tp_lock_path(TpPathLock *l, const char *path, const char *what, TpDiag *d) {
   }
 }
 
+int tp_lock_path(TpPathLock *l, const char *path, const char *what, TpDiag *d) {
+  return lock_path(l, path, what, false, d);
+}
+
+int tp_lock_path_shared(TpPathLock *l, const char *path, const char *what, TpDiag *d) {
+  return lock_path(l, path, what, true, d);
+}
+
 void tp_unlock_path(TpPathLock *l) {
   if (!l->lock_path) return;
-  unlink(l->lock_path); /* while still held, so no one locks the removed file and believes it */
+  /* Removed while held exclusively, so no one locks the removed file and believes it; a
+   * shared lock that other readers hold too leaves the file to the last of them. */
+  if (flock(l->fd, LOCK_EX | LOCK_NB) == 0) unlink(l->lock_path);
   close(l->fd);
   free(l->lock_path);
   memset(l, 0, sizeof *l);

@@ -51,6 +51,10 @@ typedef struct {
   char *lock_path; /* NULL: not held (a zeroed TpPathLock) */
 } TpPathLock;
 int tp_lock_path(TpPathLock *l, const char *path, const char *what, TpDiag *d);
+/* A shared lock of PATH.lock, for readers: it excludes an exclusive holder (a writer), not
+ * other readers. In a folder the reader cannot write, an absent lock file means no writer:
+ * then nothing is held (l->lock_path NULL) and TP_OK. */
+int tp_lock_path_shared(TpPathLock *l, const char *path, const char *what, TpDiag *d);
 void tp_unlock_path(TpPathLock *l);
 
 #endif

@@ -115,7 +115,8 @@ static int bind_gather(const TpModule *m, int op, const TpTensor *in, TpTensor *
               : k == TP_OP_GatherElements ? TP_K_GATHER_ELEMENTS
               : k == TP_OP_GatherBackward ? TP_K_GATHER_BACKWARD
                                           : TP_K_GATHER_ELEMENTS_BACKWARD;
-  b->a.gather = (TpGatherArgs){&in[0], &in[1], (int)tp_attr_int(m, op, "axis", 0), &out[0], &b->bad};
+  b->a.gather = (TpGatherArgs){&in[0], &in[1], (int)tp_attr_int(m, op, "axis", 0),
+                               tp_attr_int(m, op, "padding_idx", -1), &out[0], &b->bad};
   return TP_OK;
 }
 

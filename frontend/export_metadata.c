@@ -5,7 +5,8 @@
  * constants into more initializers (the float causal mask, rotary tables, scales, Pow
  * exponents, transposed Linear weights). Only PyTorch's parameters may train. ONNX IR 10
  * carries what tells them apart in metadata_props, which the IR-8 onnx.proto we compile does
- * not know; protobuf-c keeps such fields as unknown fields, read here:
+ * not know; protobuf-c keeps such fields as unknown fields, read here (or as the field it
+ * is, with a newer onnx.proto):
  *   value_info: pkg.torch.export.graph_signature.InputSpec.kind  PARAMETER|BUFFER|CONSTANT_TENSOR
  *               pkg.onnxscript.optimizer.folded_from              "['m.lm_head.weight']"
  *               pkg.torch.onnx.original_node_name                  "p_m_lm_head_weight"
@@ -43,6 +44,18 @@ static const char *module_strndup(TpModule *m, const uint8_t *s, size_t n) {
 }
 
 const char *onnx_metadata(Importer *I, const ProtobufCMessage *msg, bool node, const char *key) {
+  /* an onnx.proto from ONNX 1.16 on (-DTOKPIPE_ONNX_PROTO) knows the field */
+  const ProtobufCFieldDescriptor *known = protobuf_c_message_descriptor_get_field_by_name(msg->descriptor,
+                                                                                          "metadata_props");
+  if (known && known->label == PROTOBUF_C_LABEL_REPEATED && known->type == PROTOBUF_C_TYPE_MESSAGE) {
+    size_t n = *(const size_t *)((const char *)msg + known->quantifier_offset);
+    Onnx__StringStringEntryProto *const *entries =
+        *(Onnx__StringStringEntryProto *const *const *)((const char *)msg + known->offset);
+    for (size_t i = 0; i < n; i++)
+      if (entries[i]->key && strcmp(entries[i]->key, key) == 0)
+        return tp_strdup(I->m, entries[i]->value ? entries[i]->value : "");
+    return NULL;
+  }
   unsigned field = node ? NODE_METADATA : VALUE_INFO_METADATA;
   size_t want = strlen(key);
   for (unsigned i = 0; i < msg->n_unknown_fields; i++) {
@@ -76,14 +89,6 @@ static bool is_ident_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
-/* Does an FX call in text name the placeholder `%name` (whole)? */
-static bool mentions(const char *text, const char *name) {
-  size_t n = strlen(name);
-  for (const char *p = text; (p = strstr(p, name)); p += n)
-    if (p > text && p[-1] == '%' && !is_ident_char(p[n])) return true;
-  return false;
-}
-
 /* The quoted entries of a Python list repr "['a', 'b']" into out[], at most max; count. */
 static int list_entries(Importer *I, const char *list, const char **out, int max) {
   int n = 0;
@@ -101,41 +106,45 @@ static bool is_dotted(const char *s) { return strchr(s, '.') != NULL; }
 
 /* ---- the per-initializer rule ---- */
 
-static const Onnx__ValueInfoProto *find_info(const Onnx__GraphProto *g, const char *name) {
-  for (size_t i = 0; i < g->n_value_info; i++)
-    if (g->value_info[i]->name && strcmp(g->value_info[i]->name, name) == 0) return g->value_info[i];
-  for (size_t i = 0; i < g->n_input; i++)
-    if (g->input[i]->name && strcmp(g->input[i]->name, name) == 0) return g->input[i];
-  return NULL;
+/* The value_info (or graph input) of a name, through the map record_names made. */
+static const Onnx__ValueInfoProto *find_info(Importer *I, const Onnx__GraphProto *g, const char *name) {
+  int i = map_get(&I->infos, name);
+  return i < 0 ? NULL : i < (int)g->n_value_info ? g->value_info[i] : g->input[i - (int)g->n_value_info];
 }
 
 static const char *info_metadata(Importer *I, const Onnx__GraphProto *g, const char *name, const char *key) {
-  const Onnx__ValueInfoProto *vi = find_info(g, name);
+  const Onnx__ValueInfoProto *vi = find_info(I, g, name);
   return vi ? onnx_metadata(I, &vi->base, false, key) : NULL;
 }
 
 /* Is the dotted name a parameter of the exported module? Its value_info's kind where it has
  * one, else a placeholder an FX call names (p_ a parameter, b_/c_ not), else undecided. */
-static int parameter_by_name(Importer *I, const Onnx__GraphProto *g, const char *fx_text, const char *dotted) {
+static int parameter_by_name(Importer *I, const Onnx__GraphProto *g, const char *dotted) {
   const char *kind = info_metadata(I, g, dotted, KIND_KEY);
   if (kind) return strcmp(kind, "PARAMETER") == 0;
-  if (mentions(fx_text, placeholder(I, 'p', dotted))) return 1;
-  if (mentions(fx_text, placeholder(I, 'b', dotted)) || mentions(fx_text, placeholder(I, 'c', dotted))) return 0;
+  if (map_get(&I->placeholders, placeholder(I, 'p', dotted)) >= 0) return 1;
+  if (map_get(&I->placeholders, placeholder(I, 'b', dotted)) >= 0 ||
+      map_get(&I->placeholders, placeholder(I, 'c', dotted)) >= 0)
+    return 0;
   return -1;
 }
 
-/* Every node's FX call, joined (a placeholder may be named by any of them). */
-static const char *all_fx_calls(Importer *I, const Onnx__GraphProto *g) {
-  size_t len = 0;
-  const char **calls = calloc(g->n_node + 1, sizeof *calls);
-  TP_ASSERT(calls);
-  for (size_t i = 0; i < g->n_node; i++)
-    if ((calls[i] = onnx_metadata(I, &g->node[i]->base, true, FX_KEY))) len += strlen(calls[i]) + 1;
-  char *text = tp_alloc(I->m, len + 1), *p = text;
-  for (size_t i = 0; i < g->n_node; i++)
-    if (calls[i]) p += sprintf(p, "%s\n", calls[i]);
-  free(calls);
-  return text;
+/* I->infos: value_info and graph input names; I->placeholders: every %name an FX call
+ * names (a lifted tensor may be named by any node). Made once: a large export has tens of
+ * thousands of both. */
+static void record_names(Importer *I, const Onnx__GraphProto *g) {
+  for (size_t i = 0; i < g->n_value_info; i++)
+    if (g->value_info[i]->name) map_put(&I->infos, g->value_info[i]->name, (int)i);
+  for (size_t i = 0; i < g->n_input; i++)
+    if (g->input[i]->name) map_put(&I->infos, g->input[i]->name, (int)(g->n_value_info + i));
+  for (size_t i = 0; i < g->n_node; i++) {
+    const char *call = onnx_metadata(I, &g->node[i]->base, true, FX_KEY);
+    for (const char *p = call; p && (p = strchr(p, '%'));) {
+      const char *start = ++p;
+      while (is_ident_char(*p)) p++;
+      if (p > start) map_put(&I->placeholders, module_strndup(I->m, (const uint8_t *)start, (size_t)(p - start)), 1);
+    }
+  }
 }
 
 bool export_records_kinds(Importer *I, const Onnx__GraphProto *g) {
@@ -148,7 +157,7 @@ bool export_records_kinds(Importer *I, const Onnx__GraphProto *g) {
 
 int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out) {
   bool recorded = export_records_kinds(I, g);
-  const char *fx_text = recorded ? all_fx_calls(I, g) : "";
+  if (recorded) record_names(I, g);
   for (size_t i = 0; i < g->n_initializer; i++) {
     const Onnx__TensorProto *t = g->initializer[i];
     InitClass *c = &out[i];
@@ -180,7 +189,7 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
     for (int k = 0; k < n; k++) {
       if (!is_dotted(from[k])) continue;
       ntensors++, tensor = from[k];
-      int p = parameter_by_name(I, g, fx_text, from[k]);
+      int p = parameter_by_name(I, g, from[k]);
       /* undecided (no node names its placeholder any more): a tensor folded with literals
        * only (val_N: a transpose, Gemma's 1 + w) is a parameter's stand-in, and so is one
        * named like a module's parameter (.weight, .bias: GPT-2's position rows for T,
@@ -212,9 +221,7 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
 
 /* ---- initializers the exporter merged ---- */
 
-/* The top-level comma-separated arguments of the FX call's `args = (...)` into out[]; the
- * count, or -1 when the text has no such list or more than max. */
-static int fx_args(Importer *I, const char *call, const char **out, int max) {
+int fx_call_args(Importer *I, const char *call, const char **out, int max) {
   const char *p = call ? strstr(call, "args = (") : NULL;
   if (!p) return -1;
   p += strlen("args = (");
@@ -280,7 +287,7 @@ static size_t common_suffix(const char *a, const char *b) {
 static int pair_operands(Importer *I, const Onnx__GraphProto *g, const Onnx__NodeProto *n, const NameMap *index,
                          const InitClass *cls, Use *out) {
   const char *args[TP_MAX_CONST_INTS], *placeholders[TP_MAX_CONST_INTS], *own[TP_MAX_CONST_INTS];
-  int nargs = fx_args(I, onnx_metadata(I, &n->base, true, FX_KEY), args, TP_MAX_CONST_INTS);
+  int nargs = fx_call_args(I, onnx_metadata(I, &n->base, true, FX_KEY), args, TP_MAX_CONST_INTS);
   int operands[TP_MAX_CONST_INTS], nops = 0, nplace = 0;
   bool taken[TP_MAX_CONST_INTS] = {false};
   for (size_t k = 0; k < n->n_input && k < TP_MAX_CONST_INTS; k++) {

@@ -42,6 +42,8 @@ typedef struct {
   NameMap names;
   Override *overrides;
   int noverrides, cap_overrides;
+  /* export_metadata.c: value_info and graph input names; FX placeholders named by nodes */
+  NameMap infos, placeholders;
 } Importer;
 
 /* One ONNX node being lowered. */
@@ -70,6 +72,9 @@ int override_of(const Importer *I, int node, int operand); /* -1: none */
 /* The value of metadata_props key `key` of a ValueInfoProto (node false) or NodeProto (node
  * true), module-owned, or NULL. */
 const char *onnx_metadata(Importer *I, const ProtobufCMessage *msg, bool node, const char *key);
+/* The top-level comma-separated arguments of an FX call's `args = (...)` (fx_node
+ * metadata) into out[], module-owned; the count, or -1 without such a list or past max. */
+int fx_call_args(Importer *I, const char *call, const char **out, int max);
 /* Does the export record the kinds of its lifted inputs (PARAMETER, BUFFER, ...)? */
 bool export_records_kinds(Importer *I, const Onnx__GraphProto *g);
 typedef struct {

@@ -839,6 +839,8 @@ static int import_bytes(const uint8_t *bytes, size_t size, const char *path, int
   map_free(&I.names);
   free(I.raw);
   free(I.overrides);
+  map_free(&I.infos);
+  map_free(&I.placeholders);
   free(I.dir);
   return rc;
 }

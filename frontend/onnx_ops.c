@@ -65,6 +65,18 @@ static int step_const(Importer *I, const Node *N, const char *what, TpType t, co
   return tp_add_const(I->m, tp_unique_name(I->m, name), t, data, N->at);
 }
 
+/* IsNaN(x) = Not(Equal(x, x)): NaN is the one value unequal to itself (SDPA's
+ * decomposition zeroes the probabilities of rows that see no key with it). */
+static int import_isnan(Importer *I, Node *N) {
+  int same[2] = {N->in[0], N->in[0]};
+  const char *name = tp_unique_name(I->m, tp_strfmt(I->m, "%s.equal", N->n->output[0]));
+  int eq = tp_add_op(I->m, TP_OP_Equal, same, 2, &name, 1, N->at);
+  int rc = tp_infer_op(I->m, eq, I->d);
+  if (rc) return rc;
+  int equal = I->m->ops[eq].outputs[0];
+  return finish_op(I, N, new_op(I, N, TP_OP_Not, &equal, 1, 1));
+}
+
 /* value v (the result of node N's lowering) becomes Reshape(v) to `t`. */
 static int emit_reshape(Importer *I, Node *N, int v, TpType t) {
   int op = new_op(I, N, TP_OP_Reshape, &v, 1, 1);
@@ -159,14 +171,47 @@ static int import_gemm(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
-/* Gather and GatherElements (N->kind): the axis normalised to the data's rank. */
+/* ---- an embedding's padding row, from the export's node metadata ----
+ * The torch.export-based exporter writes on every node metadata_props
+ * `pkg.torch.onnx.fx_node`, the FX call it came from; for an embedding lookup
+ *   %embedding : [num_users=3] = call_function[target=torch.ops.aten.embedding.default](args =
+ *       (%p_embed_tokens_weight, %input_ids, 0), kwargs = {})
+ * whose third argument is padding_idx. nn.Embedding has already made a negative one
+ * count from the end, so at this level a negative one (aten's default, -1) means none,
+ * as in aten's embedding_backward. */
+
+/* The padding row of an embedding Gather of a table of `rows` rows into *row (-1: none). */
+static int export_padding_idx(Importer *I, const Node *N, int64_t rows, int64_t *row) {
+  *row = -1;
+  const char *call = onnx_metadata(I, &N->n->base, true, "pkg.torch.onnx.fx_node"), *arg[5];
+  if (!call || !strstr(call, "[target=torch.ops.aten.embedding.default]")) return TP_OK;
+  /* the positional arguments: weight, indices, padding_idx, scale_grad_by_freq, sparse */
+  int n = fx_call_args(I, call, arg, 5);
+  char *end = NULL;
+  long long pad = n > 2 ? strtoll(arg[2], &end, 10) : -1;
+  if (n > 2 && (end == arg[2] || *end))
+    return node_error(I, N, "the export's aten.embedding call has padding_idx '%s', not an integer", arg[2]);
+  if (n > 3 && strcmp(arg[3], "False") != 0)
+    return node_error(I, N, "the export's aten.embedding call has scale_grad_by_freq '%s', which is not supported",
+                      arg[3]);
+  if (rows >= 0 && pad >= rows)
+    return node_error(I, N, "the export's aten.embedding padding_idx %lld is not a row of the table's %lld", pad,
+                      (long long)rows);
+  *row = pad < 0 ? -1 : pad;
+  return TP_OK;
+}
+
+/* Gather and GatherElements (N->kind): the axis normalised to the data's rank; a Gather
+ * on axis 0 gets the padding row its export's metadata names (export_padding_idx). */
 static int import_gather(Importer *I, Node *N) {
-  int64_t axis;
-  if (attr_int(I, N, "axis", 0, &axis) ||
-      norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
+  int64_t axis, padding_idx = -1;
+  TpType data = type_of(I, N->in[0]);
+  if (attr_int(I, N, "axis", 0, &axis) || norm_axis(I, N, "axis", axis, data.rank, &axis) ||
+      (N->kind == TP_OP_Gather && axis == 0 && export_padding_idx(I, N, data.dims[0], &padding_idx)))
     return TP_ERR_INPUT;
   int op = new_op(I, N, N->kind, N->in, 2, 1);
   tp_set_attr_int(I->m, op, "axis", axis);
+  if (padding_idx >= 0) tp_set_attr_int(I->m, op, "padding_idx", padding_idx);
   return finish_op(I, N, op);
 }
 
@@ -1025,6 +1070,7 @@ static const OpRow op_table[] = {
   {"Pow", 13, import_pow, TP_OP_Pow, 2, 2, 1}, {"Pow", 15, import_pow, TP_OP_Pow, 2, 2, 1},
   UN(Sqrt, 13), UN(Neg, 13), UN(Reciprocal, 13), UN(Exp, 13), UN(Log, 13), UN(Erf, 13),
   UN(Tanh, 13), UN(Relu, 13), UN(Relu, 14), UN(Sigmoid, 13), UN(Not, 1),
+  {"IsNaN", 13, import_isnan, TP_OP_COUNT, 1, 1, 1}, {"IsNaN", 20, import_isnan, TP_OP_COUNT, 1, 1, 1},
   UN(Sin, 7), UN(Sin, 22), UN(Cos, 7), UN(Cos, 22),
   {"Max", 13, import_variadic, TP_OP_Max, 1, TP_MAX_CONST_INTS, 1},
   {"Min", 13, import_variadic, TP_OP_Min, 1, TP_MAX_CONST_INTS, 1},

@@ -139,6 +139,14 @@ int tp_exec_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpD
 
 /* A buffer per value, allocated when its op runs and freed after its last use. */
 int tp_interp_run(const TpModule *m, const TpTensor *inputs, TpTensor *outputs, TpDiag *d) {
+  /* a module split over tensor ranks runs as one process per rank (a trainer under mpirun) */
+  for (int o = 0; o < m->nops; o++) {
+    TpOpKind k = m->ops[o].kind;
+    if (k == TP_OP_AllReduce || k == TP_OP_TensorCopy || k == TP_OP_TensorRank)
+      return tp_error_op(d, m, o, "the module is split over tensor ranks (shard-tensor made this %s): the reference "
+                         "interpreter runs one process; give it the IR printed without --tensor",
+                         tp_op_info[k].name);
+  }
   int rc = TP_OK;
   TpTensor *vals = calloc((size_t)m->nvalues, sizeof *vals);
   bool *owned = calloc((size_t)m->nvalues, sizeof *owned);

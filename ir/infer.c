@@ -197,6 +197,10 @@ static int gather_type(const Ctx *c, const TpType *data, const TpType *idx, int6
     return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
   if (data->rank - 1 + idx->rank > TP_MAX_RANK)
     return tp_error_op(c->d, c->m, c->op, "result rank exceeds %d", TP_MAX_RANK);
+  int64_t rows = data->dims[axis], pad = tp_attr_int(c->m, c->op, "padding_idx", 0);
+  if (pad < 0 || (pad >= rows && rows >= 0))
+    return tp_error_op(c->d, c->m, c->op, "padding_idx %lld is not a row of the %lld along axis %lld", (long long)pad,
+                       (long long)rows, (long long)axis);
   *t = (TpType){.dtype = data->dtype};
   for (int i = 0; i < axis; i++, t->rank++) t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
   for (int i = 0; i < idx->rank; i++, t->rank++) t->dims[t->rank] = idx->dims[i], t->dimnames[t->rank] = idx->dimnames[i];
@@ -609,6 +613,8 @@ static int infer_embedding(const Ctx *c) {
   int64_t parts;
   if (operand(c, 2) ? check_vocab_part(c, 2, &parts) : tp_get_attr(c->m, c->op, "vocab_parts") != NULL)
     return operand(c, 2) ? TP_ERR_INPUT : tp_error_op(c->d, c->m, c->op, "vocab_parts needs a Part operand");
+  if (operand(c, 2) && tp_get_attr(c->m, c->op, "padding_idx")) /* the range kernels skip no row */
+    return tp_error_op(c->d, c->m, c->op, "a vocabulary-split embedding has no padding_idx (shard-tensor keeps one whole)");
   TpType t;
   return gather_type(c, w, operand(c, 1), 0, &t) || set_result(c, 0, t) ? TP_ERR_INPUT : TP_OK;
 }

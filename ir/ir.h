@@ -332,7 +332,9 @@ int tp_verify(const TpModule *m, TpDiag *d);
 void tp_print_module(const TpModule *m, FILE *out);
 /* Parses textual IR; `path` is used in diagnostics and to resolve blob file names. */
 int tp_parse_module(const char *text, size_t len, const char *path, TpModule **out, TpDiag *d);
-int tp_parse_file(const char *path, TpModule **out, TpDiag *d);
+/* The file at path ("-": stdin); its blob files are read from blob_dir, a folder the user
+ * trusts (tools' --blob-dir), or when NULL from the file's own folder. */
+int tp_parse_file(const char *path, const char *blob_dir, TpModule **out, TpDiag *d);
 void tp_print_dot(const TpModule *m, FILE *out);
 
 /* ---- passes (passes/) ----

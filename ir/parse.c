@@ -9,7 +9,10 @@
  * only files inside it: no absolute path, no '..', no symlink leading out
  * (tp_add_folder_blob, the rule of ONNX external data). Constant folding prints blob bytes
  * into its output, so a .tir from elsewhere must not reach files outside its folder.
- * Text parsed without a path (tp_parse_module with path NULL) may name no blob at all. */
+ * Text parsed without a path (tp_parse_module with path NULL) may name no blob at all.
+ * A folder the user names (tp_parse_file's blob_dir, the tools' --blob-dir) replaces the
+ * .tir file's own, with the same confinement: IR written away from its model (tokpipe-opt
+ * model.onnx -o elsewhere/x.tir) reads back with --blob-dir naming the model's folder. */
 #include "ir.h"
 
 #include <errno.h>
@@ -37,6 +40,7 @@ typedef struct {
   size_t len, pos;
   const char *path;
   char *dir; /* the folder blob files lie in, or NULL: blobs refused */
+  bool dir_given; /* dir is the user's --blob-dir, not the IR file's folder */
   TpDiag *d;
   TpModule *m;
   bool failed;
@@ -749,7 +753,21 @@ static int parse_blob(Parser *p) {
   if (!p->dir) return fail_at(p, path_at, "blob files are refused here (the text has no folder)");
   if (!*p->word) return fail_at(p, path_at, "blob file name is empty");
   char why[300];
-  int blob = tp_add_folder_blob(p->m, p->dir, p->word, "the IR file's folder", why, sizeof why);
+  int blob = tp_add_folder_blob(p->m, p->dir, p->word, p->dir_given ? "the --blob-dir folder" : "the IR file's folder",
+                                why, sizeof why);
+  char missing[128];
+  snprintf(missing, sizeof missing, "cannot be opened: %s", strerror(ENOENT));
+  if (blob < 0 && !p->dir_given && strcmp(why, missing) == 0) {
+    /* not there: most likely written away from its model, so say where blobs may be */
+    char *from = p->m->source ? tp_folder_of(p->m->source) : NULL;
+    int rc = fail_at(p, path_at,
+                     "blob file '%s' %s; blob files are read from the IR file's folder '%s': pass --blob-dir "
+                     "DIR naming the folder that holds it%s%s%s",
+                     p->word, why, p->dir, from ? " (the IR was printed from '" : "", from ? p->m->source : "",
+                     from ? "')" : "");
+    free(from);
+    return rc;
+  }
   if (blob < 0) return fail_at(p, path_at, "blob file '%s' %s", p->word, why);
   p->file_blobs = realloc(p->file_blobs, (size_t)(p->nfile_blobs + 1) * sizeof *p->file_blobs);
   TP_ASSERT(p->file_blobs);
@@ -842,13 +860,17 @@ static int parse_all(Parser *p) {
   return TP_OK;
 }
 
-int tp_parse_module(const char *text, size_t len, const char *path, TpModule **out, TpDiag *d) {
+/* blob_dir: as tp_parse_file's; only with a path */
+static int parse_text(const char *text, size_t len, const char *path, const char *blob_dir, TpModule **out,
+                      TpDiag *d) {
   char *copy = malloc(len + 1);
   TP_ASSERT(copy);
   memcpy(copy, text, len);
   copy[len] = 0;
   Parser p = {.text = copy, .len = len, .path = path ? path : "<input>", .d = d};
-  if (path) p.dir = tp_folder_of(path); /* blob files lie there */
+  if (path) p.dir = blob_dir ? strdup(blob_dir) : tp_folder_of(path); /* blob files lie there */
+  p.dir_given = path && blob_dir;
+  TP_ASSERT(!path || p.dir);
   p.m = tp_module_new(NULL);
   int rc = parse_all(&p);
   if (rc == TP_OK && p.failed) rc = TP_ERR_INPUT;
@@ -867,7 +889,11 @@ int tp_parse_module(const char *text, size_t len, const char *path, TpModule **o
   return TP_OK;
 }
 
-int tp_parse_file(const char *path, TpModule **out, TpDiag *d) {
+int tp_parse_module(const char *text, size_t len, const char *path, TpModule **out, TpDiag *d) {
+  return parse_text(text, len, path, NULL, out, d);
+}
+
+int tp_parse_file(const char *path, const char *blob_dir, TpModule **out, TpDiag *d) {
   *out = NULL;
   if (strcmp(path, "-") == 0) { /* stdin: whatever it is, the user asked for it */
     char *text = NULL;
@@ -881,7 +907,7 @@ int tp_parse_file(const char *path, TpModule **out, TpDiag *d) {
       n = fread(text + len, 1, cap - len, stdin);
       len += n;
     } while (n > 0);
-    int rc = ferror(stdin) ? tp_error(d, "cannot read stdin") : tp_parse_module(text, len, "<stdin>", out, d);
+    int rc = ferror(stdin) ? tp_error(d, "cannot read stdin") : parse_text(text, len, "<stdin>", blob_dir, out, d);
     free(text);
     return rc;
   }
@@ -889,7 +915,7 @@ int tp_parse_file(const char *path, TpModule **out, TpDiag *d) {
   size_t len;
   char *text = tp_read_input(path, &len, why, sizeof why); /* a FIFO is refused, not waited on */
   if (!text) return tp_error(d, "cannot open '%s': %s", path, why);
-  int rc = tp_parse_module(text, len, path, out, d);
+  int rc = parse_text(text, len, path, blob_dir, out, d);
   free(text);
   return rc;
 }

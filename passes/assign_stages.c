@@ -6,7 +6,8 @@
  *
  * Layers come from the structure, not from names: the residual stream is a chain of Adds
  * Add(x, f(x)) whose skip operand x is the previous Add's result (one chain per token
- * slice after split-sequence). A layer starts at each chain member whose branch contains
+ * slice after split-sequence); Add(Add(x, f(x)), g(x)) adds a parallel block's second
+ * branch. A layer starts at each chain member whose branch contains
  * an Attention (at every member when the model has none), so a transformer block (an
  * attention and an MLP residual) is one layer. Every op depending on the stream belongs to
  * the last layer whose start it depends on; the others (the embedding, weight-only ops such
@@ -121,6 +122,14 @@ static void find_chains(Stream *s) {
     bool attention = false;
     if (tp_type_equal(ta, ty) && depends(&r, a, b, o, &attention)) s->skip[o] = a;
     else if (tp_type_equal(tb, ty) && depends(&r, b, a, o, &attention)) s->skip[o] = b;
+    /* a parallel block added one branch at a time, (x + attn(n(x))) + mlp(n(x)) (Cohere's
+     * dynamo export): the second branch reads the first Add's skip operand x */
+    for (int k = 0; k < 2 && s->skip[o] < 0; k++) {
+      int sum = k ? b : a, branch = k ? a : b, prev = def_of(m, sum);
+      if (tp_type_equal(&m->values[sum].type, ty) && m->ops[prev].kind == TP_OP_Add && s->skip[prev] >= 0 &&
+          depends(&r, s->skip[prev], branch, o, &attention))
+        s->skip[o] = sum;
+    }
     s->attn[o] = attention;
   }
   /* link each residual Add to the one whose skip operand it computes */

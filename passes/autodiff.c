@@ -601,7 +601,7 @@ static void backward(Ad *a, const int *dys) {
   case TP_OP_Slice:
     give_op(a, x, TP_OP_SliceBackward, &dy, 1, true, true);
     break;
-  case TP_OP_Gather:
+  case TP_OP_Gather: /* copies axis and padding_idx */
     if (need[0]) give_op(a, x, TP_OP_GatherBackward, (int[]){dy, in[1]}, 2, true, true);
     break;
   case TP_OP_GatherElements:
@@ -627,6 +627,7 @@ static void backward(Ad *a, const int *dys) {
       break;
     }
     int op = begin(a, TP_OP_GatherBackward, (int[]){dy, in[1]}, 2, (const char *[]){contrib_name(a, x)}, 1);
+    copy_attrs(a, op); /* padding_idx: that row gets nothing from this lookup */
     tp_set_attr_int(m, op, "axis", 0);
     give(a, x, end(a, op, &wt));
     break;

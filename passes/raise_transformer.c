@@ -250,7 +250,10 @@ static int raise_embedding(TpModule *m, int o, TpDiag *d) {
   if (tp_attr_int(m, o, "axis", 0) != 0 || !is_float(m, table) || !weight(m, table, &w, &transposed) ||
       transposed || (it != TP_I64 && it != TP_I32))
     return TP_OK;
+  const TpAttr *pad = tp_get_attr(m, o, "padding_idx");
+  int64_t padding_idx = pad ? pad->i : -1;
   rewrite(m, o, TP_OP_Embedding, (int[]){table, ids}, 2);
+  if (padding_idx >= 0) tp_set_attr_int(m, o, "padding_idx", padding_idx);
   return check(m, o, d);
 }
 
@@ -301,18 +304,29 @@ static int raise_bias(TpModule *m, int o, TpDiag *d) {
   return TP_OK;
 }
 
+static int view_as(TpModule *m, int v, int rank, const int64_t *dims, const char *suffix, TpDiag *d);
+
 /* Reshape(Linear(Reshape(x [..., K]) [M, K]) [M, N]) [..., N] -> Linear(x): Conv1D's
- * flatten-Gemm-unflatten, when the reshapes only merge and split the leading dims. */
+ * flatten-Gemm-unflatten, when the reshapes only merge and split the leading dims. The
+ * dynamo exporter flattens the heads with the rows ([B, T, H, D] -> [B*T, H*D] before
+ * GPT-2's c_proj): x is then seen as [B, T, H*D] first. */
 static int raise_flattened(TpModule *m, int o, TpDiag *d) {
   int l = def_of(m, in(m, o, 0), TP_OP_Linear);
   int r = l >= 0 ? def_of(m, in(m, l, 0), TP_OP_Reshape) : -1;
   if (r < 0 || tp_use_count(m, out(m, l)) != 1) return TP_OK;
   int x = in(m, r, 0);
   const TpType *tx = type(m, x), *ty = type(m, out(m, o)), *flat = type(m, out(m, r));
-  if (tx->rank < 2 || tx->rank != ty->rank || flat->rank != 2 || flat->dims[1] != tx->dims[tx->rank - 1])
-    return TP_OK;
-  for (int i = 0; i < tx->rank - 1; i++)
-    if (tx->dims[i] != ty->dims[i]) return TP_OK;
+  int lead = ty->rank - 1;
+  if (ty->rank < 2 || tx->rank < ty->rank || flat->rank != 2) return TP_OK;
+  int64_t k = 1, dims[TP_MAX_RANK];
+  for (int i = 0; i < tx->rank; i++) {
+    if (i < lead && tx->dims[i] != ty->dims[i]) return TP_OK;
+    if (i >= lead) k *= tx->dims[i];
+    dims[i] = tx->dims[i];
+  }
+  if (k != flat->dims[1]) return TP_OK;
+  dims[lead] = k;
+  if (tx->rank != ty->rank && (x = view_as(m, x, ty->rank, dims, "rows", d)) < 0) return TP_ERR_INTERNAL;
   int bias = m->ops[l].ninputs > 2 ? in(m, l, 2) : -1;
   return make_linear(m, o, x, in(m, l, 1), tp_attr_int(m, l, "transpose_w", 0), bias, d);
 }
@@ -1045,14 +1059,29 @@ static int64_t heads_of(const Chain *c, const TpType *t) {
   return t->rank == 3 && t->dims[0] == c->BH ? c->H : -1;
 }
 
-/* MatMul(probabilities, V) after Softmax c->softmax, through reshapes of the scores; -1 if
- * there is none. */
+/* Where(IsNaN(p), 0, p) (IsNaN imported as Not(Equal(p, p))): SDPA's decomposition
+ * zeroes the probabilities of a row that sees no key, as Attention does. The guard, or -1. */
+static int nan_guard(const TpModule *m, int p) {
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    if (op->dead || op->kind != TP_OP_Where || in(m, o, 2) != p || m->values[in(m, o, 1)].kind != TP_VAL_CONST ||
+        !scalar_is(m, in(m, o, 1), 0))
+      continue;
+    int n = def_of(m, in(m, o, 0), TP_OP_Not), e = n >= 0 ? def_of(m, in(m, n, 0), TP_OP_Equal) : -1;
+    if (e >= 0 && in(m, e, 0) == p && in(m, e, 1) == p) return o;
+  }
+  return -1;
+}
+
+/* MatMul(probabilities, V) after Softmax c->softmax, through reshapes of the scores and a
+ * NaN guard; -1 if there is none. */
 static int times_values(TpModule *m, Chain *c) {
   int p = out(m, c->softmax);
   for (int step = 0; step < CHAIN_MAX; step++) {
     int u = user_of(m, p, TP_OP_MatMul, 0);
     if (u >= 0) return u;
     if ((u = user_of(m, p, TP_OP_Reshape, 0)) >= 0 && score_type(c, type(m, out(m, u)))) p = out(m, u);
+    else if ((u = nan_guard(m, p)) >= 0) p = out(m, u);
     else return -1;
   }
   return -1;
@@ -1082,7 +1111,8 @@ static int view_as(TpModule *m, int v, int rank, const int64_t *dims, const char
   int r = def_of(m, v, TP_OP_Reshape);
   if (tp_type_equal(type(m, v), &want)) return v;
   if (r >= 0 && tp_type_equal(type(m, in(m, r, 0)), &want)) return in(m, r, 0);
-  int o = add_view(m, TP_OP_Reshape, v, v, suffix, m->values[v].origin, want);
+  /* a view of a Reshape's source (repeat_kv's Expand stays in sight of unrepeat) */
+  int o = add_view(m, TP_OP_Reshape, r >= 0 ? in(m, r, 0) : v, v, suffix, m->values[v].origin, want);
   return check(m, o, d) == TP_OK ? out(m, o) : -1;
 }
 
@@ -1090,6 +1120,14 @@ static int view_as(TpModule *m, int v, int rank, const int64_t *dims, const char
 static int as_heads(TpModule *m, int v, int64_t B, int64_t heads, TpDiag *d) {
   const TpType *t = type(m, v);
   return t->rank == 4 ? v : view_as(m, v, 4, (int64_t[]){B, heads, t->dims[1], t->dims[2]}, "heads", d);
+}
+
+/* x = Mul(y, s) with s a scalar CONST: y, *s set; else x itself. */
+static int unscaled(const TpModule *m, int x, double *s) {
+  int o = def_of(m, x, TP_OP_Mul);
+  for (int i = 0; o >= 0 && i < 2; i++)
+    if (m->values[in(m, o, i)].kind == TP_VAL_CONST && scalar(m, in(m, o, i), s)) return in(m, o, 1 - i);
+  return x;
 }
 
 /* A new Transpose(x, perm) for K^T kt ("<kt>.k"). */
@@ -1118,6 +1156,10 @@ static int untranspose_k(TpModule *m, const Chain *c, int kt, int64_t heads, TpD
   }
   if (o >= 0 && perm_is(m, o, swap_last, 4)) return in(m, o, 0);
   if (o >= 0 && perm_is(m, o, heads_kt, 4)) return transpose_k(m, in(m, o, 0), kt, heads_p, at, d);
+  /* SDPA's decomposition: [B, H, D, T] viewed from K [B*H, T, D] transposed in 3-D */
+  int r = def_of(m, kt, TP_OP_Reshape), t3 = r >= 0 ? def_of(m, in(m, r, 0), TP_OP_Transpose) : -1;
+  if (t3 >= 0 && perm_is(m, t3, swap3, 3) && type(m, in(m, t3, 0))->dims[0] == c->B * heads)
+    return as_heads(m, in(m, t3, 0), c->B, heads, d);
   return transpose_k(m, kt, kt, swap_last, at, d);
 }
 
@@ -1267,12 +1309,16 @@ static int raise_attention(TpModule *m, int sm, ProofMemo *memo, TpDiag *d) {
   int bias = !why && pr.biased ? make_bias(m, &c, &f, m->ops[sm].origin) : -1;
   frame_free(&f);
   if (why) return TP_OK; /* not causal: stays primitive, and insert-token-dim says why */
-  int q, k = untranspose_k(m, &c, in(m, c.product, 1), heads_of(&c, type(m, in(m, c.product, 1))), d), v = in(m, c.pv, 1);
+  /* SDPA's decomposition scales Q and K^T each by sqrt(scale): part of the scale */
+  double scale = pr.scale, sq = 1, sk = 1;
+  int qs = unscaled(m, in(m, c.product, 0), &sq), kts = unscaled(m, in(m, c.product, 1), &sk);
+  scale *= sq * sk;
+  int q, k = untranspose_k(m, &c, kts, heads_of(&c, type(m, kts)), d), v = in(m, c.pv, 1);
   if (c.inner) {
-    const TpType *tq = type(m, in(m, c.product, 0));
-    q = view_as(m, in(m, c.product, 0), 3, (int64_t[]){c.B, c.T, c.H * tq->dims[2]}, "rows", d);
+    const TpType *tq = type(m, qs);
+    q = view_as(m, qs, 3, (int64_t[]){c.B, c.T, c.H * tq->dims[2]}, "rows", d);
   } else {
-    q = as_heads(m, in(m, c.product, 0), c.B, c.H, d);
+    q = as_heads(m, qs, c.B, c.H, d);
     v = as_heads(m, v, c.B, heads_of(&c, type(m, v)), d);
   }
   if (q < 0 || k < 0 || v < 0) return TP_ERR_INTERNAL;
@@ -1286,7 +1332,7 @@ static int raise_attention(TpModule *m, int sm, ProofMemo *memo, TpDiag *d) {
   }
   rewrite(m, at, TP_OP_Attention, (int[]){q, k, v, bias}, bias >= 0 ? 4 : 3);
   tp_set_attr_int(m, at, "is_causal", 1);
-  tp_set_attr_float(m, at, "scale", pr.scale);
+  tp_set_attr_float(m, at, "scale", scale);
   if (pr.window) tp_set_attr_int(m, at, "window", pr.window);
   if (pr.softcap) tp_set_attr_float(m, at, "softcap", pr.softcap);
   if (c.inner) tp_set_attr_int(m, at, "q_num_heads", c.H), tp_set_attr_int(m, at, "kv_num_heads", 1);

@@ -48,6 +48,7 @@
  *    looks up only its rank's rows, [r V/N, (r+1) V/N) for rank r = TensorRank() (ids
  *    outside give zeros), and an AllReduce sums the ranks' rows. A tied table is split
  *    once for both.
+ *    An embedding with a padding row (padding_idx) keeps its table whole.
  *  - A vocabulary V that N does not divide stays replicated, with a note: padding it
  *    would change the model's softmax and the files' shapes.
  * A model that computes its own loss keeps its head replicated. */
@@ -614,11 +615,12 @@ int tp_vocab_parts(const TpModule *m, int v) {
   return vocab_head(m, v, &param) >= 0 ? m->values[param].shard.parts : 1;
 }
 
-/* Is op an Embedding of table w by token ids (a graph input) that can look up a range? */
+/* Is op an Embedding of table w by token ids (a graph input) that can look up a range?
+ * One with a padding row stays whole: the range kernels do not skip it. */
 static bool token_embedding(const TpModule *m, int op, int w) {
   const TpOp *o = &m->ops[op];
   return o->kind == TP_OP_Embedding && o->ninputs == 2 && o->inputs[0] == w &&
-         m->values[o->inputs[1]].kind == TP_VAL_INPUT;
+         m->values[o->inputs[1]].kind == TP_VAL_INPUT && !tp_get_attr(m, op, "padding_idx");
 }
 
 /* Gives op one more operand, v. */

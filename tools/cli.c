@@ -30,6 +30,12 @@ bool cli_value(int argc, char **argv, int *i, const char *flag, const char **val
   }
   if (arg[n] != 0) return false;
   if (*i + 1 >= argc) cli_usage_error("%s needs a value", flag);
+  /* the next word is an option, not this one's value ('--precision -o p.c'); '-' (stdin)
+   * and negative numbers are values, and FLAG=-x gives a value that starts with '-' */
+  const char *next = argv[*i + 1];
+  if (next[0] == '-' && next[1] && !(next[1] >= '0' && next[1] <= '9') && next[1] != '.')
+    cli_usage_error("%s needs a value, but the next argument is the option '%s' (write %s=VALUE for a value "
+                    "that starts with '-')", flag, next, flag);
   *value = argv[++*i];
   return true;
 }
@@ -73,7 +79,57 @@ void cli_add_dim(CliDims *dims, const char *text) {
 void cli_free_dims(CliDims *dims) {
   for (int i = 0; i < dims->n; i++) free((char *)dims->dims[i].name);
   free(dims->dims);
+  for (int i = 0; i < dims->npadding; i++) free((char *)dims->padding[i].table);
+  free(dims->padding);
   *dims = (CliDims){0};
+}
+
+bool cli_load_option(int argc, char **argv, int *i, CliDims *dims) {
+  const char *v;
+  if (cli_value(argc, argv, i, "--blob-dir", &v)) {
+    if (!*v) cli_usage_error("--blob-dir expects a folder, got ''");
+    dims->blob_dir = v;
+    return true;
+  }
+  if (!cli_value(argc, argv, i, "--padding-idx", &v)) return false;
+  const char *eq = strrchr(v, '='); /* initializer names may hold '=', rows never */
+  if (!eq || eq == v || !eq[1]) cli_usage_error("--padding-idx expects TABLE=ROW, got '%s'", v);
+  CliPadding p = {strndup(v, (size_t)(eq - v)), cli_int("--padding-idx", eq + 1, INT64_MIN + 1, INT64_MAX)};
+  TP_ASSERT(p.table);
+  for (int k = 0; k < dims->npadding; k++)
+    if (strcmp(dims->padding[k].table, p.table) == 0) cli_usage_error("--padding-idx %s given twice", p.table);
+  dims->padding = realloc(dims->padding, (size_t)(dims->npadding + 1) * sizeof *dims->padding);
+  TP_ASSERT(dims->padding);
+  dims->padding[dims->npadding++] = p;
+  return true;
+}
+
+/* Is op an embedding lookup: Gather on axis 0 or Embedding (whose table is operand 0)? */
+static bool embedding_lookup(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  return !o->dead && ((o->kind == TP_OP_Gather && tp_attr_int(m, op, "axis", 0) == 0) || o->kind == TP_OP_Embedding);
+}
+
+void cli_apply_padding(TpModule *m, const CliDims *dims) {
+  if (dims->npadding && m->grads)
+    cli_usage_error("--padding-idx applies before autodiff: this IR is already differentiated");
+  for (int k = 0; k < dims->npadding; k++) {
+    const CliPadding *p = &dims->padding[k];
+    int table = tp_find_value(m, p->table), lookups = 0;
+    if (table >= 0 && m->values[table].kind != TP_VAL_PARAM) table = -1;
+    for (int op = 0; table >= 0 && op < m->nops; op++) {
+      if (!embedding_lookup(m, op) || m->ops[op].inputs[0] != table) continue;
+      int64_t rows = m->values[table].type.dims[0];
+      if (p->row < -rows || p->row >= rows)
+        cli_usage_error("--padding-idx %s=%lld: the table has %lld rows", p->table, (long long)p->row, (long long)rows);
+      tp_set_attr_int(m, op, "padding_idx", p->row < 0 ? p->row + rows : p->row);
+      lookups++;
+    }
+    if (!lookups)
+      cli_usage_error("--padding-idx %s: %s", p->table,
+                      table < 0 ? "the model has no initializer of that name"
+                                : "no embedding lookup (Gather on axis 0) reads that initializer");
+  }
 }
 
 bool cli_pass_option(int argc, char **argv, int *i, TpPassOptions *o) {
@@ -157,14 +213,19 @@ bool cli_ends_with(const char *s, const char *suffix) {
 
 int cli_load_module(const char *path, const CliDims *dims, TpModule **out, TpDiag *d) {
   if (cli_ends_with(path, ".onnx")) {
+    if (dims->blob_dir) cli_usage_error("--blob-dir applies to textual IR, not ONNX models ('%s')", path);
     TpImportOptions o = {.dims = dims->dims, .ndims = dims->n,
                          .token_dims = {dims->token_dims[0], dims->token_dims[1]}, .rebatch = dims->rebatch};
-    return tp_import_onnx_file(path, &o, out, d);
+    int rc = tp_import_onnx_file(path, &o, out, d);
+    if (rc == TP_OK) cli_apply_padding(*out, dims);
+    return rc;
   }
   if (dims->n) cli_usage_error("--dim applies to ONNX models, not textual IR ('%s')", path);
   if ((dims->token_dims[0] && !dims->rebatch) || dims->token_dims[1])
     cli_usage_error("--batch and --seq apply to ONNX models, not textual IR ('%s')", path);
-  return tp_parse_file(path, out, d);
+  int rc = tp_parse_file(path, dims->blob_dir, out, d);
+  if (rc == TP_OK) cli_apply_padding(*out, dims);
+  return rc;
 }
 
 int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag *d) {
@@ -182,4 +243,68 @@ int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag 
 
 int cli_exit_code(int rc) {
   return rc == TP_OK || rc == TP_ERR_INPUT || rc == TP_ERR_USAGE ? rc : TP_ERR_INTERNAL;
+}
+
+/* ---- textual IR that tokpipec printed, read back (cli.h) ----
+ * A module read from text may be what tokpipec printed after its pipeline, or part of it
+ * (--forward-only): the passes whose work it shows are not run again (raise-transformer
+ * on a differentiated module, assign-stages on a staged one, do not expect their own
+ * output). The work shows as: */
+typedef struct {
+  const char *pass, *option; /* the pass, and what asks tokpipec to run it */
+} ResumePass;
+static const ResumePass resume_passes[CLI_RESUME_COUNT] = { /* in pipeline order */
+    {"shard-tensor", "--tensor"}, {"add-loss", "training (no --forward-only)"}, {"split-sequence", "--slices"},
+    {"assign-stages", "--stages"}, {"autodiff", "training (no --forward-only)"}, {"finish-stages", NULL},
+};
+
+void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]) {
+  memset(done, 0, CLI_RESUME_COUNT * sizeof *done);
+  done[CLI_RESUME_LOSS] = m->loss >= 0;
+  for (int v = 0; v < m->nvalues; v++)
+    done[CLI_RESUME_SHARD] |= m->values[v].kind == TP_VAL_PARAM && m->values[v].shard.parts;
+  for (int o = 0; o < m->nops; o++) {
+    const TpOp *op = &m->ops[o];
+    done[CLI_RESUME_SHARD] |=
+        op->kind == TP_OP_AllReduce || op->kind == TP_OP_TensorCopy || op->kind == TP_OP_TensorRank;
+    done[CLI_RESUME_SLICE] |= op->slice >= 0;
+    done[CLI_RESUME_STAGES] |= op->stage > 0 || op->role == TP_ROLE_BOUNDARY;
+    done[CLI_RESUME_AUTODIFF] |= op->phase == TP_PHASE_BACKWARD;
+  }
+}
+
+static int resume_index(const char *pass) {
+  for (int i = 0; i < CLI_RESUME_COUNT; i++)
+    if (strcmp(resume_passes[i].pass, pass) == 0) return i;
+  return -1;
+}
+
+int cli_resume_after(const TpModule *m, const char **names, int *n, const bool wanted[CLI_RESUME_COUNT], bool batch,
+                     TpDiag *d) {
+  bool done[CLI_RESUME_COUNT];
+  cli_passes_done(m, done);
+  int last = -1;
+  for (int i = 0; i < CLI_RESUME_COUNT; i++)
+    if (done[i]) last = i;
+  if (last < 0) return TP_OK;
+  for (int i = 0; i <= last; i++) {
+    /* an option's pass done already */
+    bool again = wanted[i] && done[i] && i != CLI_RESUME_LOSS && i != CLI_RESUME_AUTODIFF;
+    if (i < last && wanted[i] && !done[i])
+      return tp_error(d, "IR printed after %s: %s cannot resume after %s for %s, whose pass %s comes "
+                      "before it; give it the ONNX model, or IR printed before %s", resume_passes[last].pass, cli_tool,
+                      resume_passes[last].pass, resume_passes[i].option, resume_passes[i].pass, resume_passes[last].pass);
+    if (again)
+      return tp_error(d, "IR printed after %s, which %s asks for again; give it the ONNX model, or drop %s",
+                      resume_passes[i].pass, resume_passes[i].option, resume_passes[i].option);
+  }
+  if (batch)
+    return tp_error(d, "IR printed after %s: %s cannot resume after %s for --batch, whose pass rebatch "
+                    "comes before it; give it the ONNX model, or IR printed before %s", resume_passes[last].pass, cli_tool,
+                    resume_passes[last].pass, resume_passes[last].pass);
+  int cut = 0; /* the first pass after `last` */
+  while (cut < *n && (resume_index(names[cut]) < 0 || resume_index(names[cut]) <= last)) cut++;
+  memmove(names, names + cut, (size_t)(*n - cut) * sizeof *names);
+  *n -= cut;
+  return TP_OK;
 }

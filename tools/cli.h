@@ -35,8 +35,13 @@ bool cli_value(int argc, char **argv, int *i, const char *flag, const char **val
 int64_t cli_int(const char *flag, const char *text, int64_t lo, int64_t hi);
 double cli_double(const char *flag, const char *text);
 
-/* Repeatable --dim NAME=VALUE (VALUE >= 1), and tokpipec's --batch/--seq (0: not given):
- * the token input's two dims, whatever they are named. */
+/* What loading a model takes besides its file (cli_load_module): repeatable --dim
+ * NAME=VALUE (VALUE >= 1), tokpipec's --batch/--seq (0: not given): the token input's two
+ * dims, whatever they are named; and the loading options of cli_load_option. */
+typedef struct {
+  const char *table; /* --padding-idx TABLE=ROW: an initializer's name */
+  int64_t row;
+} CliPadding;
 typedef struct {
   TpDimBinding *dims;
   int n;
@@ -44,9 +49,26 @@ typedef struct {
   /* tokpipec: token_dims[0] binds a symbolic batch only; a fixed one (and textual IR's) is
    * kept for the rebatch pass (TpModule.batch, which the tool sets). */
   bool rebatch;
+  /* --blob-dir DIR: textual IR reads its blob files from DIR, not its own folder */
+  const char *blob_dir;
+  CliPadding *padding;
+  int npadding;
 } CliDims;
 void cli_add_dim(CliDims *dims, const char *text);
 void cli_free_dims(CliDims *dims);
+
+/* --blob-dir DIR and repeatable --padding-idx TABLE=ROW into dims. True if argv[*i] was one. */
+bool cli_load_option(int argc, char **argv, int *i, CliDims *dims);
+#define CLI_LOAD_OPTIONS_HELP                                                                   \
+  "  --padding-idx TABLE=ROW  the embedding lookups of initializer TABLE give row ROW no\n"   \
+  "                       gradient, as torch's padding_idx (negative: from the end); for\n"  \
+  "                       exports without the metadata that says so (repeatable)\n"          \
+  "  --blob-dir DIR       textual IR: read its blob files from DIR (trusted: any file in it)\n" \
+  "                       instead of the IR file's own folder\n"
+/* Gives the embedding lookups of each --padding-idx table their padding row; a table no
+ * lookup reads, a row outside it, or a module already differentiated is a usage error.
+ * cli_load_module does it; tokpipe-run, which imports by itself, calls it. */
+void cli_apply_padding(TpModule *m, const CliDims *dims);
 
 /* The pass manager's switches: --print-before=P, --print-after=P, --print-after-all,
  * --verify-each. True if argv[*i] was one. */
@@ -85,5 +107,17 @@ int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag 
 
 /* A status code (TP_OK, TP_ERR_*) as the process exit code. */
 int cli_exit_code(int rc);
+
+/* Textual IR that tokpipec printed after its pipeline, or part of it, read back: which of
+ * the passes that leave their mark it shows the work of (in pipeline order), and the
+ * default pipeline's names[0..*n) cut to the passes after the last of them. */
+enum { CLI_RESUME_SHARD, CLI_RESUME_LOSS, CLI_RESUME_SLICE, CLI_RESUME_STAGES, CLI_RESUME_AUTODIFF, CLI_RESUME_COUNT = 6 };
+void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]);
+/* Drops from names[0..*n) the passes up to the last one whose work m shows; an error
+ * naming it if a pass before it, which this run asks for (`wanted`: --tensor, --slices,
+ * --stages, training; `batch`: --batch), has not been done, or if an option asks for a pass
+ * done already. */
+int cli_resume_after(const TpModule *m, const char **names, int *n, const bool wanted[CLI_RESUME_COUNT], bool batch,
+                     TpDiag *d);
 
 #endif

@@ -14,7 +14,8 @@ the other fixtures (model.onnx, test_data_set_0/{input_0,output_0}.pb, train/):
 hf26_qwen2_fresh_d keeps transformers' own initialisation (zero biases, all-ones norms),
 which the exporter merges into shared initializers: tokpipec must train them apart.
 
-Models: 2 layers, hidden 32, 4 heads, vocab 128, eager attention, no cache, B 2, T 16;
+Models: 2 layers, hidden 32, 4 heads, vocab 128, eager attention (transformers' default,
+sdpa, for the dynamo exports of SDPA below), no cache, B 2, T 16;
 weights redrawn as in export_hf_fixtures.py so no two initializers are equal.
 
 The venv (PyPI; about 6 GB, whose CUDA wheels run on a CPU):
@@ -87,6 +88,10 @@ ARCHS = {   # name -> (config class, config arguments, exporters)
 }
 MOE_EXPERTS = {"mixtral": "batched_mm", "qwen2_moe": "batched_mm"}   # experts_implementation
 FRESH = "qwen2_fresh"   # qwen2 with transformers' own init, dynamo only
+# transformers' default attention (torch's scaled_dot_product_attention, decomposed by the
+# dynamo exporter with its NaN guard and Q and K each scaled by sqrt(scale)) for these
+# dynamo exports; the rest use eager attention
+SDPA = {"llama3", "mistral", "gpt2"}
 ROUTING_MARGINS = []    # per router call: its smallest gap between a token's k-th and (k+1)-th probability
 
 
@@ -116,13 +121,13 @@ class LogitsOnly(torch.nn.Module):
         return self.m(input_ids=input_ids, attention_mask=mask, use_cache=False, return_dict=False)[0]
 
 
-def make_model(arch, seed, with_mask, redraw=True):
+def make_model(arch, seed, with_mask, redraw=True, attention="eager"):
     cls, kw, _ = ARCHS[arch]
     config = cls(**kw)
     config.use_cache = False
     torch.manual_seed(seed)
     experts = {"experts_implementation": MOE_EXPERTS[arch]} if arch in MOE_EXPERTS else {}
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **experts)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attention, **experts)
     if experts:
         watch_routing(model)
     if redraw:
@@ -216,7 +221,8 @@ def main():
         base = "qwen2" if fresh else arch
         seed = 100 + list(ARCHS).index(base)
         dynamo = exporter == "d"
-        build = lambda: make_model(base, seed, not dynamo, redraw=not fresh)  # noqa: E731
+        attention = "sdpa" if dynamo and arch in SDPA else "eager"
+        build = lambda: make_model(base, seed, not dynamo, redraw=not fresh, attention=attention)  # noqa: E731
         dir = os.path.join(fx.ROOT, f"hf26_{name}")
         shutil.rmtree(dir, ignore_errors=True)
         os.makedirs(os.path.join(dir, "test_data_set_0"))
@@ -233,10 +239,14 @@ def main():
         print(f"  {fx.histogram(proto)}")
         if dynamo:
             forms, flags = dynamo_params(proto, model), []
-        else:
+        else:   # no metadata: freeze the non-parameters and name the padding rows
             forms = parity.onnx_params(proto, model)
             freeze = hf.freeze_regex(proto, forms)
             flags = ["--freeze", freeze] if freeze else []
+            for mname, mod in model.named_modules():
+                if isinstance(mod, torch.nn.Embedding) and mod.padding_idx is not None:
+                    table = [o for o, (p, f) in forms.items() if p == f"{mname}.weight" and f == "copy"]
+                    flags += ["--padding-idx", f"{table[0]}={mod.padding_idx}"]
         ROUTING_MARGINS.clear()
         parity.write_references(dir, f"hf26_{name}", build, proto, B, T, VOCAB, seed, parity.ADAMW,
                                 flags, forms=forms)

@@ -195,12 +195,13 @@ def max_rel(a, b):
 
 
 def write_references(dir, name, make_model, proto, B, T, vocab, seed, adamw=ADAMW,
-                     compile_flags=(), forms=None):
+                     compile_flags=(), forms=None, tokens=None):
     """dir/train/ for the model make_model() builds, exported as proto: tokens drawn from
-    seed, PyTorch's step-1 gradients keyed by ONNX name (forms: the mapping, default
-    onnx_params'), 10 losses, and the args file (with compile_flags added to the tokpipec
-    line). Prints the float32-vs-float64 spread."""
-    tokens = make_tokens(B * T * STEPS + 1, vocab, seed=2000 + seed)
+    seed (or the stream given), PyTorch's step-1 gradients keyed by ONNX name (forms: the
+    mapping, default onnx_params'), 10 losses, and the args file (with compile_flags added
+    to the tokpipec line). Prints the float32-vs-float64 spread."""
+    if tokens is None:
+        tokens = make_tokens(B * T * STEPS + 1, vocab, seed=2000 + seed)
     model, grads, losses = train(make_model, tokens, B, T, torch.float32, adamw)
     _, grads64, losses64 = train(make_model, tokens, B, T, torch.float64, adamw)
     # A gradient that is zero in exact arithmetic (a key bias: softmax ignores a shift

@@ -18,6 +18,7 @@ static const char usage[] =
     "                       memory plan\n"
     "  -o OUT               write OUT (atomically) instead of stdout\n"
     "  --dim NAME=VALUE     fix a symbolic input dimension of an ONNX model (repeatable)\n"
+    CLI_LOAD_OPTIONS_HELP
     "  --logits NAME        add-loss: the graph output holding the logits\n"
     "  --freeze REGEX       autodiff: params whose name matches (POSIX ERE) stay frozen\n"
     "  --batch B            rebatch: the rows the token input gets\n"
@@ -85,6 +86,7 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--stage-cuts", &stage_cuts)) {
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);
+    } else if (cli_load_option(argc, argv, &i, &dims)) {
     } else if (cli_pass_option(argc, argv, &i, &po)) {
     } else if (a[0] == '-' && a[1]) {
       cli_usage_error("unknown option '%s'", a);

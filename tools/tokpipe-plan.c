@@ -235,6 +235,13 @@ static int describe_file(const char *path, const CliDims *dims, TpModelDesc *des
     if (!strcmp(tp_default_pipeline[i], "raise-transformer")) break;
   }
   TpPassOptions po = {0};
+  if (rc == TP_OK && !cli_ends_with(path, ".onnx")) { /* IR tokpipec printed: the passes it shows are not run again */
+    bool done[CLI_RESUME_COUNT], wanted[CLI_RESUME_COUNT] = {0};
+    cli_passes_done(m, done);
+    rc = done[CLI_RESUME_SHARD] ? tp_error(d, "IR printed after shard-tensor holds one tensor rank's sizes: give "
+                                           "tokpipe-plan the IR printed without --tensor (its --tensor prices the split)")
+                                : cli_resume_after(m, names, &n, wanted, false, d);
+  }
   if (rc == TP_OK) rc = cli_run_pipeline(m, names, n, &po, d);
   int tokens = rc == TP_OK ? tp_token_input(m) : -1;
   if (rc == TP_OK && (tokens < 0 || !tp_model_describe(m, m->values[tokens].type.dims[1], desc)))
@@ -456,6 +463,27 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
   return text;
 }
 
+/* A profile prices the model it was measured on: one of another size (its "parameters"
+ * more than 4x off the model's estimate, far beyond the estimate's error) is refused; a
+ * profile without its size, of a model under another file name, is warned about (into
+ * warning, printed once the plan is made, so that an error stays one line). Both name the
+ * two models. */
+static int check_profile_model(const TpProfile *prof, const char *path, const char *name, const TpModelDesc *model,
+                               char *warning, size_t size, TpDiag *d) {
+  const char *measured = prof->model[0] ? prof->model : "an unnamed model";
+  double have = tp_model_params(model);
+  if (prof->parameters > 0 && (have > 4 * prof->parameters || prof->parameters > 4 * have))
+    return tp_error(d, "the profile %s was measured on '%s' (%.4g parameters), not on '%s' (about %.4g): its "
+                    "times do not price another model; profile this model's trainer", path, measured,
+                    prof->parameters, name, have);
+  const char *a = strrchr(measured, '/') ? strrchr(measured, '/') + 1 : measured;
+  const char *b = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+  if (prof->parameters == 0 && strcmp(a, b) != 0)
+    snprintf(warning, size, "%s: warning: the profile %s was measured on '%s' and does not record its size: nothing "
+             "checks that '%s' is that model", d->tool, path, measured, name);
+  return TP_OK;
+}
+
 int main(int argc, char **argv) {
   cli_tool = "tokpipe-plan";
   const char *model_spec = NULL, *hardware = NULL, *cost_table = NULL, *svg = NULL, *trace = NULL,
@@ -581,6 +609,10 @@ int main(int argc, char **argv) {
   cli_free_dims(&dims);
   if (!rc && calibrate && prof.seq && prof.seq != model.seq)
     rc = tp_error(&d, "the profile %s was measured at sequence length %d, the model has %d", calibrate, prof.seq, model.seq);
+  char profile_warning[1024] = "";
+  if (!rc && calibrate)
+    rc = check_profile_model(&prof, calibrate, input ? input : model_spec, &model, profile_warning,
+                             sizeof profile_warning, &d);
   if (!rc) rc = tp_hardware_find(hardware, profiles, &hw, &d);
   if (!rc && gpus && !searching && gpus != pipeline * tensor * data)
     rc = tp_error(&d, "--gpus %lld is not pipeline x tensor x data = %lld x %lld x %lld = %lld", (long long)gpus,
@@ -649,6 +681,7 @@ int main(int argc, char **argv) {
     free(req);
     tp_calibration_free(&cal);
     tp_profile_free(&prof);
+    if (!rc && profile_warning[0]) tp_print_line(stderr, "%s", profile_warning);
     return cli_exit_code(rc);
   }
 
@@ -768,5 +801,6 @@ int main(int argc, char **argv) {
   free(req);
   tp_calibration_free(&cal);
   tp_profile_free(&prof);
+  if (!rc && profile_warning[0]) tp_print_line(stderr, "%s", profile_warning);
   return cli_exit_code(rc);
 }

@@ -25,6 +25,7 @@ static const char usage[] =
     "options:\n"
     "  --test-dir DIR       the test data (required)\n"
     "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
+    CLI_LOAD_OPTIONS_HELP
     "  --atol A             absolute tolerance (default 1e-5)\n"
     "  --rtol R             relative tolerance (default 1e-4)\n"
     "  --passes=a,b,c       the passes to run before executing (default fold-constants,dce;\n"
@@ -224,6 +225,7 @@ static int run_data_set(const char *model_path, const char *set, const char *lab
     rc = cli_load_module(model_path, o->dims, &m, d);
   } else {
     rc = tp_import_onnx_file(model_path, &io, &m, d);
+    if (rc == TP_OK) cli_apply_padding(m, o->dims);
   }
   if (rc) goto done;
   if (o->slices) cli_set_slices(m, o->slices);
@@ -301,6 +303,7 @@ int main(int argc, char **argv) {
       test_dir = v;
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);
+    } else if (cli_load_option(argc, argv, &i, &dims)) {
     } else if (cli_value(argc, argv, &i, "--atol", &v)) {
       o.atol = cli_double("--atol", v);
       if (o.atol < 0) cli_usage_error("--atol must be >= 0");
@@ -320,6 +323,8 @@ int main(int argc, char **argv) {
   }
   if (!model) cli_usage_error("no model given");
   if (!test_dir) cli_usage_error("--test-dir is required");
+  if (dims.blob_dir && cli_ends_with(model, ".onnx"))
+    cli_usage_error("--blob-dir applies to textual IR, not ONNX models ('%s')", model);
   o.passes = *passes ? cli_split_list("--passes", passes, &o.npasses) : NULL;
   for (int i = 0; i < o.npasses; i++)
     if (!tp_find_pass(o.passes[i])) cli_usage_error("unknown pass '%s' (tokpipe-opt --list-passes lists them)", o.passes[i]);

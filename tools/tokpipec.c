@@ -41,6 +41,7 @@ static const char usage[] =
     "                       microbatch: the token input's first dim, to which a model exported\n"
     "                       with a fixed batch is re-batched) and the sequence length\n"
     "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
+    CLI_LOAD_OPTIONS_HELP
     "  --logits NAME        the graph output the loss reads (default: the float [B, T, V] one)\n"
     "  --freeze REGEX       parameters whose ONNX names match (POSIX ERE) are not trained\n"
     "  --retie auto|off     re-tie weights the exporter duplicated (a tied LM head saved\n"
@@ -561,6 +562,7 @@ int main(int argc, char **argv) {
       dims.token_dims[1] = cli_int("--seq", v, 1, INT32_MAX);
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);
+    } else if (cli_load_option(argc, argv, &i, &dims)) {
     } else if (cli_value(argc, argv, &i, "--logits", &logits)) {
     } else if (cli_value(argc, argv, &i, "--freeze", &freeze)) {
       regex_t re;
@@ -646,6 +648,12 @@ int main(int argc, char **argv) {
   char *text = NULL;
   int rc = cli_load_module(input, &dims, &m, &d);
   char note[256] = "";
+  if (rc == TP_OK && !cli_ends_with(input, ".onnx")) {
+    bool wanted[CLI_RESUME_COUNT] = {[CLI_RESUME_SHARD] = tensor > 1, [CLI_RESUME_LOSS] = !forward_only,
+                                     [CLI_RESUME_SLICE] = slicing, [CLI_RESUME_STAGES] = nstages > 1,
+                                     [CLI_RESUME_AUTODIFF] = !forward_only};
+    rc = cli_resume_after(m, names, &n, wanted, batch != 0, &d);
+  }
   if (rc == TP_OK) {
     m->logits_name = logits;
     m->freeze = freeze;

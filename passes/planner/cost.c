@@ -1,3 +1,4 @@
+#include <errno.h>
 #include "cost.h"
 
 #include <dirent.h>
@@ -146,10 +147,20 @@ static const TpModelDesc builtin_models[] = {
 };
 
 
-/* The transformer's sizes, read off a raised forward module (after raise-transformer):
- * layers = Attention ops, hidden and heads from the first one, vocab = the LM head's width
- * (the Linear giving a graph output, else the widest), ffn = the widest other Linear than
- * the head and the QKV projection. */
+/* The transformer's sizes, read off a raised module (after raise-transformer; trained,
+ * staged or sliced too): layers = Attention ops (of one slice), hidden and heads from the
+ * first one, vocab = the LM head's width (the Linear the loss reads, else the one giving a
+ * graph output, else the widest), ffn = the widest other Linear than the head and the QKV
+ * projection. */
+/* How surely the Linear op is the LM head: 2 if the loss reads it (in a trained module,
+ * sliced or not), 1 if it gives a graph output, else 0. */
+static int head_rank(const TpModule *m, int op) {
+  int y = m->ops[op].outputs[0];
+  for (int o = 0; o < m->nops; o++)
+    if (m->ops[o].kind == TP_OP_CrossEntropy && m->ops[o].ninputs > 0 && m->ops[o].inputs[0] == y) return 2;
+  return tp_is_output(m, y) ? 1 : 0;
+}
+
 bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
   *desc = (TpModelDesc){.seq = (int)seq};
   snprintf(desc->name, sizeof desc->name, "model");
@@ -158,13 +169,13 @@ bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
     const TpOp *o = &m->ops[op];
     if (o->kind == TP_OP_Attention) {
       const TpType *q = &m->values[o->inputs[0]].type;
-      desc->layers++;
+      desc->layers += o->slice <= 0; /* a sliced module has each layer's attention once per slice */
       desc->heads = q->rank == 4 ? (int)q->dims[1] : (int)tp_attr_int(m, op, "q_num_heads", 1);
       desc->hidden = q->rank == 4 ? (int)(q->dims[1] * q->dims[3]) : (int)q->dims[2];
     } else if (o->kind == TP_OP_Linear) {
       const TpType *y = &m->values[o->outputs[0]].type;
-      bool out = tp_is_output(m, o->outputs[0]), head_out = head >= 0 && tp_is_output(m, m->ops[head].outputs[0]);
-      if (out ? !head_out : !head_out && y->dims[y->rank - 1] > desc->vocab) {
+      int rank = head_rank(m, op), have = head >= 0 ? head_rank(m, head) : -1;
+      if (rank > have || (rank == have && y->dims[y->rank - 1] > desc->vocab)) {
         head = op;
         desc->vocab = (int)y->dims[y->rank - 1];
       }
@@ -196,9 +207,14 @@ int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
   for (char *kv = strtok_r(copy, ",", &save); kv && rc == TP_OK; kv = strtok_r(NULL, ",", &save)) {
     char *eq = strchr(kv, '=');
     char *end = NULL;
-    long v = eq ? strtol(eq + 1, &end, 10) : 0;
-    if (!eq || end == eq + 1 || *end || v < 1 || v > (1L << 24)) {
+    errno = 0;
+    long long v = eq ? strtoll(eq + 1, &end, 10) : 0;
+    if (!eq || end == eq + 1 || *end || v < 1) {
       rc = tp_error(d, "model description: '%s' is not KEY=POSITIVE_INTEGER", kv);
+      break;
+    }
+    if (v > TP_MAX_MODEL_SIZE || errno) {
+      rc = tp_error(d, "model description: '%s' is more than the planner handles (%d)", kv, TP_MAX_MODEL_SIZE);
       break;
     }
     *eq = 0;
@@ -206,6 +222,7 @@ int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
              : !strcmp(kv, "heads") ? &m->heads : !strcmp(kv, "seq") ? &m->seq
              : !strcmp(kv, "vocab") ? &m->vocab : !strcmp(kv, "ffn") ? &m->ffn : NULL;
     if (!dst) rc = tp_error(d, "model description: unknown key '%s' (layers, hidden, heads, seq, vocab, ffn)", kv);
+    else if (*dst) rc = tp_error(d, "model description: '%s' is given twice", kv);
     else *dst = (int)v;
   }
   free(copy);
@@ -237,9 +254,12 @@ int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc 
     return tp_error(d, "pipeline degree %d out of range 1..%d", pipeline, TP_MAX_STAGES);
   if (m->layers % pipeline)
     return tp_error(d, "%d layers are not divisible into %d pipeline stages", m->layers, pipeline);
-  if (m->heads % tensor || m->ffn % tensor || m->vocab < tensor)
-    return tp_error(d, "tensor-parallel degree %d does not divide heads %d and ffn %d", tensor,
-                    m->heads, m->ffn);
+  if (m->heads % tensor || m->ffn % tensor)
+    return tp_error(d, "tensor-parallel degree %d does not divide %s %d", tensor, m->heads % tensor ? "heads" : "ffn",
+                    m->heads % tensor ? m->heads : m->ffn);
+  if (m->vocab < tensor)
+    return tp_error(d, "tensor-parallel degree %d is more than the vocabulary of %d: every tensor rank holds at "
+                    "least one row of the embedding and the head", tensor, m->vocab);
   cm->nstages = pipeline;
   int cuts[TP_MAX_STAGES];
   for (int k = 0; k < pipeline; k++) cuts[k] = k * (m->layers / pipeline);
@@ -426,6 +446,11 @@ double tp_send_time(const TpCostModel *cm, int k, int b, int l) {
   return hw->intra_latency_s + bytes / cm->tensor / hw->intra_bandwidth;
 }
 
+double tp_model_params(const TpModelDesc *m) {
+  double h = m->hidden;
+  return m->layers * (4 * h * h + 2 * h * m->ffn + 9 * h + m->ffn) + 2.0 * m->vocab * h + (double)m->seq * h + 2 * h;
+}
+
 double tp_stage_params(const TpCostModel *cm, int k) {
   const TpModelDesc *m = &cm->model;
   const TpStage *s = &cm->stage[k];
@@ -562,6 +587,12 @@ int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag
       rc = tp_error(d, "profile %s: \"%s\" must be an integer in [1, %d]", path, ints[i].key, ints[i].max);
       goto done;
     }
+  const TpJson *params = tp_json_get(j, "parameters");
+  if (params && (params->kind != TP_JSON_NUMBER || !(params->number >= 1 && params->number <= 1e15))) {
+    rc = tp_error(d, "profile %s: \"parameters\" must be a count in [1, 1e15]", path);
+    goto done;
+  }
+  p->parameters = params ? params->number : 0;
   snprintf(p->device, sizeof p->device, "%s", device && device->kind == TP_JSON_STRING ? device->string : "unknown");
   snprintf(p->model, sizeof p->model, "%s", model && model->kind == TP_JSON_STRING ? model->string : "");
   if (!s || s->kind != TP_JSON_ARRAY || s->count == 0) {

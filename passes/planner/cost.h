@@ -53,9 +53,13 @@ typedef struct {
 /* "gpt3-1b|gpt3-13b|gpt3-44b|gpt3-175b" or "layers=96,hidden=12288,heads=96,seq=2048,
  * vocab=50257[,ffn=F]" (ffn defaults to 4*hidden). */
 int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d);
+#define TP_MAX_MODEL_SIZE (1 << 24) /* the largest value of a model description's key */
 /* The sizes of the transformer in a module after raise-transformer (layers = its Attention
  * ops) with sequence length seq; false if it has no attention, width or head. */
 bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc);
+/* The parameter count of a model so described, as the cost model counts it (an untied
+ * head; learned positions): an estimate within tens of percent of the real model's. */
+double tp_model_params(const TpModelDesc *m);
 
 /* Stage k holds layers [first, first + layers); the first stage also the embedding, the
  * last the final norm, LM head and loss. */
@@ -135,7 +139,7 @@ double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full
  * Profile file (written by a generated trainer's --profile, read here):
  *   {"format": "tokpipe-profile", "version": 1,
  *    "device": "CPU model or GPU name", "threads": 2, "ranks": 2,
- *    "model": "model.onnx", "stages": 2, "stage_cuts": [0, 2], "batch": 4, "seq": 256,
+ *    "model": "model.onnx", "parameters": 2384, "stages": 2, "stage_cuts": [0, 2], "batch": 4, "seq": 256,
  *    "optimizer": [0.0031, 0.0042], "drift": 0.12,
  *    "samples": [{"stage": 0, "b": 4, "l": 64, "c": 0,
  *                 "forward": 0.010, "backward": 0.021, "seconds": 0.031}, ...]}
@@ -147,7 +151,9 @@ double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full
  * of one AdamW step of each stage's parameters. "stage_cuts" (optional): the first layer of
  * each stage, as tokpipec's --stage-cuts. "drift" (optional): the spread of the trainer's
  * timed passes over the whole grid, upper / lower quartile of their times - 1 (0.12: 12%);
- * the same work each pass, so it is the machine's own drift while profiling. */
+ * the same work each pass, so it is the machine's own drift while profiling. "parameters"
+ * (optional): the model's parameter count, which the planner compares with the model it
+ * prices (tp_model_params). */
 /* One sample; stage 0 and split = false where the file does not say. */
 typedef struct {
   int b, l, c;
@@ -162,6 +168,7 @@ typedef struct {
 typedef struct {
   char device[256], model[256];
   int threads, ranks, stages, batch, seq;
+  double parameters;       /* the profiled model's parameter count; 0 when absent */
   int *cuts;               /* [stages] first layer of each stage */
   double *optimizer;       /* [stages] seconds of one AdamW step */
   double drift;            /* the passes' spread, -1 when absent */

@@ -301,7 +301,7 @@ int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tenso
     if (gpus % S || m->layers % S || (pipeline && S != pipeline)) continue;
     for (int N = 1; N <= gpus / S; N++) {
       int D = gpus / S / N;
-      if ((gpus / S) % N || m->heads % N || m->ffn % N || (tensor && N != tensor) || (data && D != data) ||
+      if ((gpus / S) % N || m->heads % N || m->ffn % N || m->vocab < N || (tensor && N != tensor) || (data && D != data) ||
           global_batch % D)
         continue;
       *req = *base;
@@ -339,8 +339,9 @@ int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tenso
   free(req), free(res);
   if (!out->n) {
     int rc = tp_error(d, "no layout of %d devices: pipeline%s x tensor%s x data%s must be %d, pipeline dividing the "
-                         "%d layers, tensor the %d heads and data the batch %d", gpus, pipeline ? " (given)" : "",
-                      tensor ? " (given)" : "", data ? " (given)" : "", gpus, m->layers, m->heads, global_batch);
+                         "%d layers, tensor the %d heads and the ffn width %d (and at most the vocabulary of %d) and data the batch %d",
+                      gpus, pipeline ? " (given)" : "", tensor ? " (given)" : "", data ? " (given)" : "", gpus, m->layers,
+                      m->heads, m->ffn, m->vocab, global_batch);
     tp_layout_search_free(out);
     return rc;
   }

@@ -10,7 +10,16 @@
 #include <string.h>
 #include <time.h>
 
-enum { COLLECTIVE_TAG = 32000 }; /* above every pipeline tag; MPI guarantees tags < 32768 */
+/* Above every pipeline tag; MPI guarantees tags < 32768. Headers and data have tags of their
+ * own, so that a header is never taken for data or the reverse. */
+enum { HEADER_TAG = 32000, DATA_TAG = 32001 };
+
+struct TpCommGroupSeq {
+  uint64_t key;
+  int n;
+  int *members;
+  uint64_t done;
+};
 
 static double now_s(void) {
   struct timespec ts;
@@ -53,6 +62,8 @@ int tp_comm_open(TpComm **out, const char *tool, int *argc, char ***argv, TpDiag
 void tp_comm_close(TpComm *c) {
   if (!c) return;
   if (c->be) c->be->finalize(c);
+  for (int i = 0; i < c->ngroup_seqs; i++) free(c->group_seqs[i].members);
+  free(c->group_seqs);
   free(c);
 }
 
@@ -130,45 +141,134 @@ static int group_index(const TpComm *c, const int *group, int n) {
   return -1;
 }
 
-void tp_comm_broadcast_p2p(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n) {
-  group_index(c, group, n);
-  if (n < 2) return;
-  if (c->rank != root) {
-    tp_comm_recv(c, buf, bytes, root, COLLECTIVE_TAG, "a broadcast");
-    return;
-  }
-  TpCommRequest *rs = calloc((size_t)n, sizeof *rs);
-  TP_ASSERT(rs);
-  for (int i = 0; i < n; i++) {
-    rs[i].what = "a broadcast";
-    if (group[i] != root) c->be->isend(c, buf, bytes, group[i], COLLECTIVE_TAG, &rs[i]);
-  }
-  for (int i = 0; i < n; i++)
-    if (rs[i].impl) tp_comm_wait(c, &rs[i]);
-  free(rs);
+/* ---- collectives with a header: sequence number, kind and size checked at the root ---- */
+
+typedef enum { COLL_ALLREDUCE, COLL_BROADCAST, COLL_BARRIER } CollKind;
+static const char *const coll_names[] = {"an all-reduce", "a broadcast", "a barrier"};
+
+/* What every member sends the root before a collective's data (fixed size, so a header
+ * never truncates another). */
+typedef struct {
+  uint64_t seq;   /* the group's collective number, from 1 */
+  uint64_t bytes; /* of the data */
+  uint64_t group; /* hash of the member list */
+  int32_t kind, dtype, root, n;
+} CollHeader;
+
+static uint64_t group_key(const int *group, int n) {
+  uint64_t h = 1469598103934665603ull ^ (uint64_t)n; /* FNV-1a */
+  for (int i = 0; i < n; i++) h = (h ^ (uint64_t)(uint32_t)group[i]) * 1099511628211ull;
+  return h;
 }
 
-void tp_comm_allreduce_p2p(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n) {
-  int me = group_index(c, group, n);
+/* The next collective number of the group (1 for its first). */
+static uint64_t group_next_seq(TpComm *c, const int *group, int n, uint64_t key) {
+  for (int i = 0; i < c->ngroup_seqs; i++) {
+    TpCommGroupSeq *g = &c->group_seqs[i];
+    if (g->key == key && g->n == n && memcmp(g->members, group, sizeof *group * (size_t)n) == 0) return ++g->done;
+  }
+  c->group_seqs = realloc(c->group_seqs, sizeof *c->group_seqs * (size_t)(c->ngroup_seqs + 1));
+  TP_ASSERT(c->group_seqs);
+  TpCommGroupSeq *g = &c->group_seqs[c->ngroup_seqs++];
+  *g = (TpCommGroupSeq){key, n, malloc(sizeof *group * (size_t)n), 1};
+  TP_ASSERT(g->members);
+  memcpy(g->members, group, sizeof *group * (size_t)n);
+  return 1;
+}
+
+static void describe(char *out, size_t size, int rank, const CollHeader *h) {
+  char root[32] = "";
+  if (h->kind == COLL_BROADCAST) snprintf(root, sizeof root, " from rank %d", (int)h->root);
+  snprintf(out, size, "rank %d's collective #%llu over %d ranks is %s of %llu bytes%s", rank,
+           (unsigned long long)h->seq, (int)h->n, h->kind >= 0 && h->kind <= COLL_BARRIER ? coll_names[h->kind]
+           : "an unknown collective", (unsigned long long)h->bytes, root);
+}
+
+/* At the root: a member's header against the root's own; a difference ends the job naming
+ * both ranks and the field. */
+static void check_header(TpComm *c, const CollHeader *mine, const CollHeader *theirs, int peer) {
+  const char *field = theirs->group != mine->group || theirs->n != mine->n ? "the group"
+                      : theirs->seq != mine->seq                          ? "the sequence number"
+                      : theirs->kind != mine->kind                        ? "the kind"
+                      : theirs->root != mine->root                        ? "the root"
+                      : theirs->dtype != mine->dtype                      ? "the element type"
+                      : theirs->bytes != mine->bytes                      ? "the size"
+                                                                          : NULL;
+  if (!field) return;
+  char a[160], b[160];
+  describe(a, sizeof a, c->rank, mine);
+  describe(b, sizeof b, peer, theirs);
+  tp_comm_abort(c, TP_ERR_INTERNAL, "ranks %d and %d are out of step (%s differs): %s; %s (every rank must run "
+                "the same steps: were they given other options?)", c->rank, peer, field, a, b);
+}
+
+/* One collective over group (ascending, with this rank) rooted at root: every other member
+ * sends its header (and for an all-reduce its data) to the root, which checks the headers
+ * before it takes any data; then the root sends buf (the sum, the broadcast data, or
+ * nothing for a barrier) to every member. */
+static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_t count, int root, const int *group,
+                       int n) {
+  group_index(c, group, n);
   if (n < 2) return;
-  size_t bytes = count * dtype_bytes(dtype);
-  if (me != 0) {
-    tp_comm_send(c, buf, bytes, group[0], COLLECTIVE_TAG, "an all-reduce");
-  } else {
+  size_t bytes = kind == COLL_ALLREDUCE ? count * dtype_bytes(dtype) : count;
+  uint64_t key = group_key(group, n);
+  CollHeader h = {group_next_seq(c, group, n, key), bytes, key, (int32_t)kind,
+                  kind == COLL_ALLREDUCE ? (int32_t)dtype : -1, root, n};
+  const char *what = coll_names[kind];
+  if (c->rank != root) {
+    TpCommRequest hr = {.what = what}, dr = {.what = what};
+    c->be->isend(c, &h, sizeof h, root, HEADER_TAG, &hr);
+    if (kind == COLL_ALLREDUCE) c->be->isend(c, buf, bytes, root, DATA_TAG, &dr);
+    tp_comm_wait(c, &hr);
+    if (dr.impl) tp_comm_wait(c, &dr); /* buf is sent before the result lands in it */
+    tp_comm_recv(c, buf, bytes, root, DATA_TAG, what);
+    return;
+  }
+  CollHeader *hs = calloc((size_t)n, sizeof *hs);
+  TpCommRequest *rs = calloc((size_t)n, sizeof *rs);
+  TP_ASSERT(hs && rs);
+  for (int i = 0; i < n; i++) {
+    rs[i].what = what;
+    if (group[i] != root) c->be->irecv(c, &hs[i], sizeof hs[i], group[i], HEADER_TAG, &rs[i]);
+  }
+  for (int i = 0; i < n; i++) {
+    if (group[i] == root) continue;
+    tp_comm_wait(c, &rs[i]);
+    check_header(c, &h, &hs[i], group[i]);
+  }
+  if (kind == COLL_ALLREDUCE) {
     /* receive everything first (in any order of arrival), then add in group order */
+    TP_ASSERT(root == group[0]);
     void *parts = malloc(bytes * (size_t)(n - 1) + 1);
-    TpCommRequest *rs = calloc((size_t)n, sizeof *rs);
-    TP_ASSERT(parts && rs);
-    for (int i = 1; i < n; i++) {
-      rs[i].what = "an all-reduce";
-      c->be->irecv(c, (char *)parts + bytes * (size_t)(i - 1), bytes, group[i], COLLECTIVE_TAG, &rs[i]);
-    }
+    TP_ASSERT(parts);
+    for (int i = 1; i < n; i++)
+      c->be->irecv(c, (char *)parts + bytes * (size_t)(i - 1), bytes, group[i], DATA_TAG, &rs[i]);
     for (int i = 1; i < n; i++) tp_comm_wait(c, &rs[i]);
     for (int i = 1; i < n; i++) tp_comm_sum_into(buf, (char *)parts + bytes * (size_t)(i - 1), count, dtype);
     free(parts);
-    free(rs);
   }
-  tp_comm_broadcast_p2p(c, buf, bytes, group[0], group, n);
+  for (int i = 0; i < n; i++)
+    if (group[i] != root) c->be->isend(c, buf, bytes, group[i], DATA_TAG, &rs[i]);
+  for (int i = 0; i < n; i++)
+    if (rs[i].impl) tp_comm_wait(c, &rs[i]);
+  free(hs);
+  free(rs);
+}
+
+void tp_comm_broadcast_p2p(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n) {
+  collective(c, COLL_BROADCAST, TP_F32, buf, bytes, root, group, n);
+}
+
+void tp_comm_allreduce_p2p(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n) {
+  collective(c, COLL_ALLREDUCE, dtype, buf, count, group[0], group, n);
+}
+
+void tp_comm_barrier_p2p(TpComm *c) {
+  int *all = malloc(sizeof *all * (size_t)c->size);
+  TP_ASSERT(all);
+  for (int i = 0; i < c->size; i++) all[i] = i;
+  collective(c, COLL_BARRIER, TP_F32, NULL, 0, 0, all, c->size);
+  free(all);
 }
 
 int tp_comm_agree(TpComm *c, int rc, int *first) {

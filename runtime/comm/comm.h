@@ -73,12 +73,18 @@ typedef struct {
   void (*abort)(TpComm *c, int code, const char *msg); /* does not return */
 } TpCommBackend;
 
+typedef struct TpCommGroupSeq TpCommGroupSeq; /* comm.c */
+
 struct TpComm {
   const TpCommBackend *be;
   const char *tool;
   int rank, size;
   double timeout_s; /* how long a wait may see no progress before the job is aborted */
   void *impl;
+  /* The collectives done so far per group (comm.c): every member numbers a group's
+   * collectives alike, so a member out of step is seen at the next one. */
+  TpCommGroupSeq *group_seqs;
+  int ngroup_seqs;
 };
 
 /* True if this process was started by an MPI launcher (mpirun, srun with PMI). */
@@ -108,9 +114,17 @@ static inline void tp_comm_barrier(TpComm *c) { c->be->barrier(c); }
 int tp_comm_agree(TpComm *c, int rc, int *first);
 
 /* Collectives built on isend/irecv/test: sum at the group's first rank in group order
- * ((g0 + g1) + g2 ...), then a broadcast from it. dtype TP_F32, TP_F64 or TP_I64. */
+ * ((g0 + g1) + g2 ...), then a broadcast from it. dtype TP_F32, TP_F64 or TP_I64.
+ * Every member first sends the collective's root a header: the group's collective number
+ * (its sequence number in that group), the kind, the dtype, the bytes and the root. The
+ * root takes a member's data only after its header matched its own, so members out of step
+ * (one ran a collective the others did not, or with another size) end the job with one
+ * error naming both ranks and what differs, never a truncated message or memory written
+ * past a buffer. */
 void tp_comm_allreduce_p2p(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n);
 void tp_comm_broadcast_p2p(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n);
+/* A barrier over every rank, with the same header check. */
+void tp_comm_barrier_p2p(TpComm *c);
 /* dst[i] += src[i] for count elements of dtype: the one reduction every backend uses. */
 void tp_comm_sum_into(void *dst, const void *src, size_t count, TpDType dtype);
 

@@ -6,6 +6,7 @@
 #include "comm.h"
 
 #include <mpi.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -32,39 +33,60 @@ int tp_comm_mpi_init(TpComm *c, int *argc, char ***argv, TpDiag *d) {
 
 static void mpi_finalize(TpComm *c) { CHECK(c, MPI_Finalize()); }
 
-static MPI_Request *new_request(TpCommRequest *r, int peer) {
-  MPI_Request *q = malloc(sizeof *q);
+/* A posted MPI request and, for a receive, the bytes it must bring. */
+typedef struct {
+  MPI_Request q;
+  bool receive;
+  int bytes;
+} Request;
+
+static MPI_Request *new_request(TpCommRequest *r, int peer, bool receive, size_t bytes) {
+  Request *q = malloc(sizeof *q);
   TP_ASSERT(q);
+  *q = (Request){.receive = receive, .bytes = (int)bytes};
   r->impl = q;
   r->peer = peer;
-  return q;
+  return &q->q;
 }
 
 static void mpi_isend(TpComm *c, const void *buf, size_t bytes, int peer, int tag, TpCommRequest *r) {
   TP_ASSERT(bytes <= (size_t)INT32_MAX);
-  CHECK(c, MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, new_request(r, peer)));
+  CHECK(c, MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, new_request(r, peer, false, bytes)));
 }
 
 static void mpi_irecv(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpCommRequest *r) {
   TP_ASSERT(bytes <= (size_t)INT32_MAX);
-  CHECK(c, MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, new_request(r, peer)));
+  CHECK(c, MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, new_request(r, peer, true, bytes)));
+}
+
+/* A received message of another size than the receiver expects (longer: MPI truncates it
+ * with an error; shorter: MPI delivers it as it is) means ranks out of step: one error
+ * naming both ranks and the sizes. */
+static _Noreturn void wrong_size(TpComm *c, const TpCommRequest *r, const char *got) {
+  const Request *q = r->impl;
+  tp_comm_abort(c, TP_ERR_INTERNAL, "%s from rank %d has %s bytes, not the %d this rank expects: the ranks are out "
+                "of step (were they given other options?)", r->what ? r->what : "a message", r->peer, got, q->bytes);
 }
 
 static bool mpi_test(TpComm *c, TpCommRequest *r) {
   if (!r->impl) return true;
-  int done = 0;
-  CHECK(c, MPI_Test(r->impl, &done, MPI_STATUS_IGNORE));
-  if (done) {
-    free(r->impl);
-    r->impl = NULL;
+  Request *q = r->impl;
+  int done = 0, err, cls = 0;
+  MPI_Status status;
+  err = MPI_Test(&q->q, &done, &status);
+  if (err != MPI_SUCCESS && q->receive && MPI_Error_class(err, &cls) == MPI_SUCCESS && cls == MPI_ERR_TRUNCATE)
+    wrong_size(c, r, "more");
+  CHECK(c, err);
+  if (!done) return false;
+  int count = 0;
+  if (q->receive && (MPI_Get_count(&status, MPI_BYTE, &count) != MPI_SUCCESS || count != q->bytes)) {
+    char got[24];
+    snprintf(got, sizeof got, "%d", count);
+    wrong_size(c, r, got);
   }
-  return done;
-}
-
-static void mpi_barrier(TpComm *c) {
-  TpCommRequest r = {.peer = -1, .what = "a barrier"};
-  CHECK(c, MPI_Ibarrier(MPI_COMM_WORLD, new_request(&r, -1)));
-  tp_comm_wait(c, &r);
+  free(r->impl);
+  r->impl = NULL;
+  return true;
 }
 
 static _Noreturn void mpi_abort(TpComm *c, int code, const char *msg) {
@@ -82,6 +104,6 @@ const TpCommBackend tp_comm_mpi = {
     .test = mpi_test,
     .allreduce_sum = tp_comm_allreduce_p2p,
     .broadcast = tp_comm_broadcast_p2p,
-    .barrier = mpi_barrier,
+    .barrier = tp_comm_barrier_p2p, /* numbered and checked like the other collectives */
     .abort = mpi_abort,
 };

@@ -65,6 +65,7 @@ void tp_copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step
 typedef struct {
   const TpTensor *data, *indices;
   int axis;
+  int64_t padding_idx; /* GatherBackward: the index that adds nothing (-1: none) */
   TpTensor *y;
   int64_t *bad;
 } TpGatherArgs;

@@ -12,7 +12,7 @@ static int64_t load_index(const TpTensor *t, int64_t i) {
   return t->dtype == TP_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
 }
 
-TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis,
+TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis, int64_t padding_idx,
                                   TpTensor *ddata, int64_t *bad) {
   if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
   if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
@@ -33,7 +33,9 @@ TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, i
     for (int64_t r = 0; r < n; r++) memset(dst + r * inner, 0, (size_t)w * sizeof *dst);
     for (int64_t j = 0; j < nidx; j++) {
       int64_t ix = load_index(indices, j);
-      float *d = dst + (ix < 0 ? ix + n : ix) * inner;
+      if (ix < 0) ix += n;
+      if (ix == padding_idx) continue;
+      float *d = dst + ix * inner;
       const float *s = src + j * inner;
 #pragma omp simd
       for (int64_t c = 0; c < w; c++) d[c] += s[c];

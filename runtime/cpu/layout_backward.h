@@ -11,9 +11,11 @@
  * j, ..]; repeated indices accumulate, in the order of j (deterministic: the work is split
  * over the columns after axis, never over j). Also Embedding's backward (axis 0).
  *   dy (outer, nidx, inner), indices (nidx) i32|i64 (negatives count from the end),
+ *   padding_idx: an index in [0, n) whose positions add nothing (torch's embedding
+ *   padding_idx: that row's gradient stays 0), or -1 for none,
  *   ddata (outer, n, inner): data's shape; f32.
  * An index outside [-n, n) gives TP_KERNEL_BAD_INDEX with the index in *bad. */
-TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis,
+TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis, int64_t padding_idx,
                                   TpTensor *ddata, int64_t *bad);
 
 /* Of y = tp_gather_elements(data, indices, axis): ddata = 0, then ddata[i with its axis

@@ -344,8 +344,8 @@ TpKernelStatus tp_cuda_gather(const TpTensor *data, const TpTensor *indices, int
 }
 
 /* Embedding's backward with outer rows of (n, inner) (embedding.cu). */
-TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis, TpTensor *ddata,
-                                       int64_t *bad, TpStream *stream) {
+TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis, int64_t padding_idx,
+                                       TpTensor *ddata, int64_t *bad, TpStream *stream) {
   (void)bad;
   if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
   TpKernelStatus s = tp_gather_check(ddata->rank, ddata->dims, indices, axis, dy, NULL);
@@ -354,7 +354,7 @@ TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indic
   int64_t inner = tp_numel(ddata->rank - axis - 1, ddata->dims + axis + 1);
   void *scratch = tp_cuda_scratch(stream, tp_cuda_embedding_backward_scratch(nidx) + 1);
   tp_cuda_launch_embedding_backward_f32(static_cast<const float *>(dy->data), indices->data, indices->dtype == TP_I32,
-                                        nidx, outer, n, inner, static_cast<float *>(ddata->data), stream->bad,
+                                        padding_idx, nidx, outer, n, inner, static_cast<float *>(ddata->data), stream->bad,
                                         scratch, stream->cuda);
   return TP_KERNEL_OK;
 }

@@ -568,7 +568,7 @@ extern "C" int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan 
   create_groups(N);
   TP_CUDA_CHECK(cudaEventCreateWithFlags(&N->ready, cudaEventDisableTiming));
   TpComm *c = static_cast<TpComm *>(xcalloc(1, sizeof *c));
-  *c = TpComm{&tp_comm_nccl, host->tool, host->rank, host->size, host->timeout_s, N};
+  *c = TpComm{&tp_comm_nccl, host->tool, host->rank, host->size, host->timeout_s, N, nullptr, 0};
   *out = c;
   return TP_OK;
 }

@@ -48,19 +48,21 @@ void tp_cuda_launch_embedding_part_f32(const float *table, const int64_t *ids, c
 enum { SORT_THREADS = 1024 };
 
 /* One block: keys[i] = the row of ids[i] in the range *part of V rows of a table of V *
- * parts (part NULL: the whole; V when outside it, reported when outside the table),
+ * parts (part NULL: the whole; V when outside it, reported when outside the table, or
+ * when it is the table's row padding_idx, which adds nothing),
  * pos[i] = i, then
  * a stable LSD radix sort of (key, pos), one bit a pass, between (keys, pos) and (keys2,
  * pos2); after `bits` passes the result is in (keys, pos) if bits is even, else in
  * (keys2, pos2). Each thread keeps a contiguous chunk, so a pass is a count of the
  * chunk's zeros, a block scan of the counts and an in-order scatter. */
 __global__ void __launch_bounds__(SORT_THREADS)
-    sort_rows_kernel(const void *ids, bool ids_i32, const int64_t *part, int64_t n, int64_t V, int64_t parts, int bits,
+    sort_rows_kernel(const void *ids, bool ids_i32, int64_t padding_idx, const int64_t *part, int64_t n, int64_t V,
+                     int64_t parts, int bits,
                      int64_t *keys, int64_t *pos, int64_t *keys2, int64_t *pos2, int64_t *bad) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     int64_t row = table_row(tp_load_index(ids_i32 ? TP_I32 : TP_I64, ids, i), V * parts);
     if (row < 0) tp_report_bad(bad, i);
-    else row = range_row(row, part, V);
+    else row = row == padding_idx ? -1 : range_row(row, part, V);
     keys[i] = row < 0 ? V : row, pos[i] = i;
   }
   __shared__ int64_t zeros_through[SORT_THREADS]; /* zeros in the chunks up to this thread's */
@@ -103,31 +105,32 @@ __global__ void add_rows_kernel(const float *dy, const int64_t *keys, const int6
 
 size_t tp_cuda_embedding_backward_scratch(int64_t n) { return 4 * (size_t)n * sizeof(int64_t); }
 
-/* The backward of the range *part (NULL: the whole table, parts 1). */
-static void embedding_backward(const float *dy, const void *ids, bool ids_i32, const int64_t *part, int64_t n,
-                               int64_t outer, int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
-                               void *scratch, TpCudaStream stream) {
+/* The backward of the range *part (NULL: the whole table, parts 1); row padding_idx of the
+ * whole table (-1: none) gets nothing. */
+static void embedding_backward(const float *dy, const void *ids, bool ids_i32, int64_t padding_idx, const int64_t *part,
+                               int64_t n, int64_t outer, int64_t V, int64_t parts, int64_t C, float *dtable,
+                               int64_t *bad, void *scratch, TpCudaStream stream) {
   if (outer * V * C != 0) TP_CUDA_CHECK(cudaMemsetAsync(dtable, 0, (size_t)(outer * V * C) * sizeof(float), stream));
   if (n == 0) return;
   int bits = 0; /* the keys are in [0, V] */
   while (bits < 63 && (V >> bits) != 0) bits++;
   int64_t *keys = static_cast<int64_t *>(scratch), *pos = keys + n, *keys2 = pos + n, *pos2 = keys2 + n;
-  TP_LAUNCH(sort_rows_kernel, dim3(1), dim3(SORT_THREADS), stream, ids, ids_i32, part, n, V, parts, bits, keys, pos,
-            keys2, pos2, bad);
+  TP_LAUNCH(sort_rows_kernel, dim3(1), dim3(SORT_THREADS), stream, ids, ids_i32, padding_idx, part, n, V, parts, bits,
+            keys, pos, keys2, pos2, bad);
   if (bits % 2) keys = keys2, pos = pos2;
   if (outer * C != 0)
     TP_LAUNCH(add_rows_kernel, tp_elementwise_grid(outer * n * C), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy,
               keys, pos, n, outer, V, C, dtable);
 }
 
-void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t n, int64_t outer,
-                                           int64_t V, int64_t C, float *dtable, int64_t *bad, void *scratch,
-                                           TpCudaStream stream) {
-  embedding_backward(dy, ids, ids_i32, NULL, n, outer, V, 1, C, dtable, bad, scratch, stream);
+void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t padding_idx,
+                                           int64_t n, int64_t outer, int64_t V, int64_t C, float *dtable, int64_t *bad,
+                                           void *scratch, TpCudaStream stream) {
+  embedding_backward(dy, ids, ids_i32, padding_idx, NULL, n, outer, V, 1, C, dtable, bad, scratch, stream);
 }
 
 void tp_cuda_launch_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
                                                 int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
                                                 void *scratch, TpCudaStream stream) {
-  embedding_backward(dy, ids, false, part, n, 1, V, parts, C, dtable, bad, scratch, stream);
+  embedding_backward(dy, ids, false, -1, part, n, 1, V, parts, C, dtable, bad, scratch, stream);
 }

@@ -56,10 +56,12 @@ void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_
  * added into dtable (outer, V, C) at the rows ids (n of them, int32 if ids_i32, else
  * int64) name, dtable zeroed first. Deterministic, the CPU's bits: the positions are sorted
  * by id (stable, on the device) and each row's are added in the order of i, no float
- * atomics. Out-of-range ids are skipped and reported in *bad as above. scratch: device
- * memory of tp_cuda_embedding_backward_scratch(n) bytes, 8-byte aligned. */
+ * atomics. Out-of-range ids are skipped and reported in *bad as above; those naming row
+ * padding_idx (>= 0; -1: none) add nothing. scratch: device memory of
+ * tp_cuda_embedding_backward_scratch(n) bytes, 8-byte aligned. */
 size_t tp_cuda_embedding_backward_scratch(int64_t n);
-void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t n, int64_t outer,
+void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t padding_idx,
+                                           int64_t n, int64_t outer,
                                            int64_t V, int64_t C, float *dtable, int64_t *bad, void *scratch,
                                            TpCudaStream stream);
 

@@ -148,7 +148,8 @@ TpKernelStatus tp_cuda_matmul_backward_f32(const TpTensor *dy, const TpTensor *a
                                            TpTensor *da, TpTensor *db, TpStream *stream);
 
 /* ---- cpu/layout_backward.h ---- */
-TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis, TpTensor *ddata,
+TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indices, int axis, int64_t padding_idx,
+                                       TpTensor *ddata,
                                        int64_t *bad, TpStream *stream);
 TpKernelStatus tp_cuda_gather_elements_backward(const TpTensor *dy, const TpTensor *indices, int axis,
                                                 TpTensor *ddata, int64_t *bad, TpStream *stream);

@@ -151,7 +151,9 @@ static int write_profile(Trainer *t, const double *times, const double *opt, dou
   tp_json_write_string(f, device);
   fprintf(f, ", \"threads\": %d, \"ranks\": %d,\n \"model\": ", omp_get_max_threads(), t->comm->size);
   tp_json_write_string(f, P->model ? P->model : "");
-  fprintf(f, ", \"stages\": %d, ", S);
+  int64_t params = 0; /* the model's size: tokpipe-plan --calibrate refuses to price another model */
+  for (int i = 0; i < P->nparams; i++) params += t->whole_numel[i];
+  fprintf(f, ", \"parameters\": %" PRId64 ", \"stages\": %d, ", params, S);
   if (P->stage_cuts) {
     fputs("\"stage_cuts\": [", f);
     for (int k = 0; k < S; k++) fprintf(f, "%s%d", k ? ", " : "", P->stage_cuts[k]);

@@ -39,6 +39,14 @@ typedef struct {
   bool cosine;
 } TrainOptions;
 
+/* A checkpoint's metadata, every field checked (no unknown key, no missing one, plain
+ * decimal numbers in range, the version this runtime writes). */
+typedef struct {
+  int64_t step, data_position, data_tokens, batch, seq, vocab;
+  uint32_t data_crc32c;
+  uint64_t rng, seed;
+} TrainCheckpointMeta;
+
 typedef struct PipeRank PipeRank; /* pipeline.c */
 typedef struct TraceLog TraceLog; /* trace.c */
 
@@ -88,6 +96,14 @@ typedef struct {
   int nhosted;      /* ranks this process runs: all of them (one process) or one */
   PipeRank **hosted;
   TraceLog *trace;  /* NULL without --trace */
+  /* --resume: the checkpoint as read at start-up (train_open_checkpoint), until the
+   * weights are loaded from it; process 0 holds the folder's lock for reading meanwhile,
+   * so that no trainer replaces it while the ranks read it */
+  TpSafetensors resume_st;
+  bool resume_open;
+  TrainCheckpointMeta resume_meta;
+  uint32_t resume_crc; /* CRC-32C of its checksums: the whole file's identity */
+  TpPathLock resume_lock;
 } Trainer;
 
 /* Rows of one step: global_batch in ABI 2, batch in ABI 1. */
@@ -116,14 +132,11 @@ int train_save_checkpoint(Trainer *t);
 /* Every parameter value (and with moments, AdamW's moments) is finite; else one error
  * naming the parameter and the step. */
 int train_check_finite(Trainer *t, bool moments);
-/* A checkpoint's metadata, every field checked (no unknown key, no missing one, plain
- * decimal numbers in range, the version this runtime writes). */
-typedef struct {
-  int64_t step, data_position, data_tokens, batch, seq, vocab;
-  uint32_t data_crc32c;
-  uint64_t rng, seed;
-} TrainCheckpointMeta;
 int train_checkpoint_meta(const TpSafetensors *st, TrainCheckpointMeta *m, TpDiag *d);
+/* --resume's checkpoint read and its metadata checked (t->resume_st, resume_meta,
+ * resume_crc); train_load_weights takes the weights from it and closes it. */
+int train_open_checkpoint(Trainer *t);
+void train_close_checkpoint(Trainer *t);
 /* --dump-grads (grads) and --dump-weights: every (trainable, for grads) parameter and
  * derived initializer by ONNX name. */
 int train_dump(Trainer *t, const char *path, bool grads);

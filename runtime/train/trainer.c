@@ -296,6 +296,8 @@ static void free_buffers(Trainer *t) {
   tp_tokens_close(&t->train);
   tp_tokens_close(&t->val);
   trace_free(t->trace);
+  train_close_checkpoint(t);
+  tp_unlock_path(&t->resume_lock);
 }
 
 /* ---- one step ---- */
@@ -575,6 +577,194 @@ static void print_start(const Trainer *t, int64_t total) {
             t->nranks == 1 ? "" : "s", t->comm->size, t->comm->size == 1 ? "" : "es", t->comm->be->name);
 }
 
+/* ---- the ranks agree at start-up ---- */
+
+static uint32_t crc_of(uint32_t crc, const void *data, size_t size) { return tp_crc32c(crc, data, size); }
+static uint32_t crc_i64(uint32_t crc, int64_t x) { return crc_of(crc, &x, sizeof x); }
+static uint32_t crc_str(uint32_t crc, const char *s) { return s ? crc_of(crc, s, strlen(s) + 1) : crc_i64(crc, -1); }
+
+static uint32_t crc_message(uint32_t crc, const TpPlanMessage *msgs, int n) {
+  crc = crc_i64(crc, msgs != NULL);
+  for (int i = 0; msgs && i < n; i++) {
+    crc = crc_i64(crc, msgs[i].nbuffers);
+    for (int j = 0; j < msgs[i].nbuffers; j++)
+      crc = crc_i64(crc_i64(crc, msgs[i].buffers[j].offset), msgs[i].buffers[j].bytes);
+  }
+  return crc;
+}
+
+/* The plan's identity: a CRC-32C of what it says (sizes, parameters, stages, schedules,
+ * messages, collectives), not of its code's addresses, so that every process of one
+ * program, or of two programs compiled alike, has the same. */
+static uint32_t plan_identity(const TpPlan *P) {
+  uint32_t c = crc_i64(0, P->abi);
+  c = crc_str(c, P->tokpipec_version);
+  int64_t sizes[] = {P->batch, P->seq, P->vocab, P->token_limit, P->nparams, P->nderived, P->nstages,
+                     P->global_batch, P->microbatches, P->dp, P->nslices, P->schedule, P->tensor, P->nprobes};
+  c = crc_of(c, sizes, sizeof sizes);
+  c = crc_str(c, P->device ? P->device->name : "cpu");
+  for (int i = 0; i < P->nparams; i++) {
+    const TpPlanParam *p = &P->params[i];
+    c = crc_str(crc_str(c, p->name), p->source);
+    int64_t v[] = {p->rank, p->trainable, p->stage, p->tied_stage, p->shard.axis, p->shard.parts, p->shard.chunks};
+    c = crc_of(c, v, sizeof v);
+    for (int k = 0; k < p->rank && k < TP_MAX_RANK; k++) c = crc_i64(c, p->dims[k]);
+  }
+  for (int k = 0; k < P->nderived; k++)
+    c = crc_i64(crc_i64(crc_str(c, P->derived[k].name), P->derived[k].param), P->derived[k].transpose);
+  for (int i = 0; P->slice_len && i < P->nslices; i++) c = crc_i64(c, P->slice_len[i]);
+  for (int k = 0; !P->stages && P->arena_bytes && k < P->nstages; k++) c = crc_i64(c, (int64_t)P->arena_bytes[k]);
+  for (int k = 0; P->stages && k < P->nstages; k++) {
+    const TpPlanStage *st = &P->stages[k];
+    c = crc_i64(crc_i64(crc_i64(c, (int64_t)st->arena_bytes), st->arenas), st->ninsns);
+    for (int i = 0; i < st->ninsns; i++) {
+      int64_t v[] = {st->insns[i].kind, st->insns[i].mb, st->insns[i].slice, st->insns[i].peer};
+      c = crc_of(c, v, sizeof v);
+    }
+    c = crc_message(crc_message(c, st->recv_act, P->nslices), st->send_act, P->nslices);
+    c = crc_message(crc_message(c, st->recv_grad, P->nslices), st->send_grad, P->nslices);
+    for (int i = 0; st->forward_reduces && i < P->nslices; i++) c = crc_i64(c, st->forward_reduces[i]);
+    for (int i = 0; st->backward_reduces && i < P->nslices; i++) c = crc_i64(c, st->backward_reduces[i]);
+  }
+  for (int p = 0; p < P->nprobes; p++) {
+    int64_t v[] = {P->probes[p].b, P->probes[p].l, P->probes[p].c};
+    c = crc_of(c, v, sizeof v);
+  }
+  return c;
+}
+
+typedef enum { FIELD_COUNT, FIELD_NUMBER, FIELD_GIVEN, FIELD_CRC } FieldKind;
+
+/* What every process must have alike, each a 64-bit slot of the start-up gather. */
+typedef struct {
+  const char *name;
+  FieldKind kind;
+} StartField;
+
+#define OPTION_FIELDS(X)                                                                                           \
+  X("--init", init) X("--data", data) X("--val-data", val_data) X("--log", log) X("--dump-grads", dump_grads)      \
+  X("--dump-weights", dump_weights) X("--save", save) X("--resume", resume) X("--export-onnx", export_onnx)        \
+  X("--trace", trace) X("--profile", profile)
+
+enum {
+  F_PLAN, F_STEPS, F_SEED, F_VAL_EVERY, F_VAL_BATCHES, F_SAVE_EVERY, F_WARMUP, F_LR, F_BETA1, F_BETA2, F_EPS,
+  F_WEIGHT_DECAY, F_GRAD_CLIP, F_SCHEDULE, F_NO_DECAY, F_DATA_TOKENS, F_DATA_CRC, F_VAL_TOKENS, F_VAL_CRC,
+  F_CKPT_STEP, F_CKPT_CRC, F_GIVEN /* then one per OPTION_FIELDS entry */
+};
+
+static const StartField start_fields[] = {
+    {"the plan (its CRC-32C)", FIELD_CRC}, {"--steps", FIELD_COUNT}, {"--seed", FIELD_COUNT},
+    {"--val-every", FIELD_COUNT}, {"--val-batches", FIELD_COUNT}, {"--save-every", FIELD_COUNT},
+    {"--warmup", FIELD_COUNT}, {"--lr", FIELD_NUMBER}, {"--beta1", FIELD_NUMBER}, {"--beta2", FIELD_NUMBER},
+    {"--eps", FIELD_NUMBER}, {"--weight-decay", FIELD_NUMBER}, {"--grad-clip", FIELD_NUMBER},
+    {"--lr-schedule (1: cosine)", FIELD_COUNT}, {"--no-decay (its CRC-32C)", FIELD_CRC},
+    {"the --data file's token count", FIELD_COUNT}, {"the --data file's CRC-32C", FIELD_CRC},
+    {"the --val-data file's token count", FIELD_COUNT}, {"the --val-data file's CRC-32C", FIELD_CRC},
+    {"the --resume checkpoint's step", FIELD_COUNT},
+    {"the --resume checkpoint's checksums (their CRC-32C)", FIELD_CRC},
+#define NAME_FIELD(flag, field) {flag, FIELD_GIVEN},
+    OPTION_FIELDS(NAME_FIELD)
+#undef NAME_FIELD
+};
+enum { NFIELDS = sizeof start_fields / sizeof *start_fields };
+
+static int64_t bits_of(double x) {
+  int64_t b;
+  memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+static void field_text(char *out, size_t size, const StartField *f, int64_t v) {
+  FieldKind kind = f->kind;
+  double x;
+  memcpy(&x, &v, sizeof x);
+  switch (kind) {
+  case FIELD_COUNT: snprintf(out, size, "%" PRId64, v); break;
+  case FIELD_NUMBER: snprintf(out, size, "%.17g", x); break;
+  case FIELD_GIVEN: snprintf(out, size, "%s%s", v ? "" : "no ", f->name); break;
+  default: snprintf(out, size, "%08" PRIx32, (uint32_t)v); break;
+  }
+}
+
+/* Before the first step, in one collective: every process has the same plan, the same
+ * options that decide the collectives and the results, the same training and validation
+ * data (token count and CRC-32C) and the same checkpoint (step and checksums). Else one
+ * error naming the field and the processes that differ: processes out of step would
+ * deadlock or mix what they compute. */
+static int agree_at_start(Trainer *t) {
+  if (t->comm->size == 1) return TP_OK;
+  const TrainOptions *o = &t->o;
+  int64_t mine[NFIELDS] = {
+      [F_PLAN] = plan_identity(t->plan), [F_STEPS] = o->steps, [F_SEED] = (int64_t)o->seed,
+      [F_VAL_EVERY] = o->val_every, [F_VAL_BATCHES] = o->val_batches, [F_SAVE_EVERY] = o->save_every,
+      [F_WARMUP] = o->warmup, [F_LR] = bits_of(o->lr), [F_BETA1] = bits_of(o->beta1), [F_BETA2] = bits_of(o->beta2),
+      [F_EPS] = bits_of(o->eps), [F_WEIGHT_DECAY] = bits_of(o->weight_decay), [F_GRAD_CLIP] = bits_of(o->grad_clip),
+      [F_SCHEDULE] = o->cosine, [F_NO_DECAY] = o->no_decay ? crc_str(0, o->no_decay) : 0,
+      [F_DATA_TOKENS] = o->data ? t->train.count : 0, [F_DATA_CRC] = o->data ? t->train.crc32c : 0,
+      [F_VAL_TOKENS] = o->val_data ? t->val.count : 0, [F_VAL_CRC] = o->val_data ? t->val.crc32c : 0,
+      [F_CKPT_STEP] = t->resume_open ? t->resume_meta.step : 0, [F_CKPT_CRC] = t->resume_open ? t->resume_crc : 0};
+  int f = F_GIVEN;
+#define GIVEN_FIELD(flag, field) mine[f++] = o->field != NULL;
+  OPTION_FIELDS(GIVEN_FIELD)
+#undef GIVEN_FIELD
+  TP_ASSERT(f == NFIELDS);
+  int n = t->comm->size;
+  int64_t *all = calloc((size_t)n * NFIELDS, sizeof *all);
+  int *ranks = malloc(sizeof *ranks * (size_t)n);
+  TP_ASSERT(all && ranks);
+  for (int r = 0; r < n; r++) ranks[r] = r;
+  memcpy(all + (size_t)t->comm->rank * NFIELDS, mine, sizeof mine); /* a gather as a sum of slots */
+  tp_comm_allreduce_sum(t->comm, all, (size_t)n * NFIELDS, TP_I64, ranks, n);
+  int rc = TP_OK;
+  for (int k = 0; k < NFIELDS && !rc; k++) {
+    char list[160] = "";
+    int odd = 0, other = -1;
+    for (int r = 1; r < n; r++) {
+      if (all[(size_t)r * NFIELDS + k] == all[k]) continue;
+      if (other < 0) other = r;
+      if (odd < 8) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", odd ? ", " : "", r);
+      odd++;
+    }
+    if (other < 0) continue;
+    if (odd > 8) snprintf(list + strlen(list), sizeof list - strlen(list), " and %d more", odd - 8);
+    char a[40], b[40];
+    field_text(a, sizeof a, &start_fields[k], all[k]);
+    field_text(b, sizeof b, &start_fields[k], all[(size_t)other * NFIELDS + k]);
+    const char *why = k == F_PLAN ? "every process must run the same compiled plan"
+                      : k >= F_DATA_TOKENS && k <= F_VAL_CRC ? "every process must read the same tokens: a stale "
+                                                               "copy of the file on another node?"
+                      : k == F_CKPT_STEP || k == F_CKPT_CRC ? "every process must resume from the same checkpoint: "
+                                                              "another copy of the folder, or one replaced meanwhile?"
+                                                            : "every process must be given the same options";
+    if (odd == 1)
+      rc = tp_error(t->d, "the processes disagree on %s: process 0 has %s, process %s has %s (%s)", start_fields[k].name,
+                    a, list, b, why);
+    else
+      rc = tp_error(t->d, "the processes disagree on %s: process 0 has %s, processes %s have others (process %d: %s) "
+                    "(%s)", start_fields[k].name, a, list, other, b, why);
+  }
+  free(all);
+  free(ranks);
+  return rc;
+}
+
+/* --resume: process 0 holds the checkpoint's lock for reading while every process reads it
+ * (a trainer saving there would replace it between two processes' reads), unless it holds
+ * it already for --save; then every process reads it. */
+static int open_resume(Trainer *t) {
+  int rc = TP_OK;
+  if (train_is_root(t)) {
+    struct stat a, b;
+    bool saving_there = t->o.save && stat(t->o.save, &a) == 0 && stat(t->o.resume, &b) == 0 &&
+                        a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    char *path = train_checkpoint_path(t->o.resume);
+    if (!saving_there) rc = tp_lock_path_shared(&t->resume_lock, path, "--resume checkpoint", t->d);
+    free(path);
+  }
+  if ((rc = pipe_agree(t, rc))) return rc;
+  return pipe_agree(t, train_open_checkpoint(t));
+}
+
 static int run(Trainer *t) {
   const TpPlan *P = t->plan;
   TrainOptions *o = &t->o;
@@ -587,23 +777,28 @@ static int run(Trainer *t) {
     return TP_ERR_USAGE;
   }
   if ((rc = pipe_agree(t, decay_of_params(t))) || (rc = pipe_agree(t, pipe_setup(t)))) return rc;
-  if (o->profile) return train_profile(t);
+  /* Up to agree_at_start every process runs the same collectives whatever its options */
   if (o->data) rc = tp_tokens_open(o->data, train_token_limit(P), P->token_limit_of, need, &t->train, t->d);
   if (!rc && o->val_data)
     rc = tp_tokens_open(o->val_data, train_token_limit(P), P->token_limit_of, need, &t->val, t->d);
   if ((rc = pipe_agree(t, rc))) return rc;
-  int64_t val_held = o->val_data ? (t->val.count - 1) / (need - 1) : 0; /* whole batches */
-  if (o->val_batches > val_held)
-    return tp_error(t->d, "--val-batches %" PRId64 " is more than '%s' holds: %" PRId64 " batch%s of %" PRId64
-                    " tokens (batch * seq + 1)", o->val_batches, o->val_data, val_held, val_held == 1 ? "" : "es", need);
-  if (o->val_data && !o->val_batches) o->val_batches = val_held < MAX_VAL_BATCHES ? val_held : MAX_VAL_BATCHES;
-  int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
-  o->steps = total; /* the default is below 2^31: a token file holds fewer tokens */
   if ((rc = pipe_agree(t, train_is_root(t) ? check_outputs(t) : TP_OK))) return rc;
   /* The lock before the resume: a second trainer on this --save stops at once, before it
    * reads a checkpoint the first one may be replacing. */
-  rc = o->save && train_is_root(t) ? lock_save_dir(t) : TP_OK;
-  if (!(rc = pipe_agree(t, rc)) && !(rc = pipe_agree(t, train_load_weights(t))) && o->dump_grads && t->step >= total)
+  rc = pipe_agree(t, o->save && train_is_root(t) ? lock_save_dir(t) : TP_OK);
+  if (!rc && o->resume) rc = open_resume(t);
+  if (!rc) rc = agree_at_start(t);
+  if (!rc && o->profile) return train_profile(t); /* it has no outputs to close */
+  int64_t val_held = o->val_data ? (t->val.count - 1) / (need - 1) : 0; /* whole batches */
+  if (!rc && o->val_batches > val_held)
+    rc = tp_error(t->d, "--val-batches %" PRId64 " is more than '%s' holds: %" PRId64 " batch%s of %" PRId64
+                  " tokens (batch * seq + 1)", o->val_batches, o->val_data, val_held, val_held == 1 ? "" : "es", need);
+  if (o->val_data && !o->val_batches) o->val_batches = val_held < MAX_VAL_BATCHES ? val_held : MAX_VAL_BATCHES;
+  int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
+  o->steps = total; /* the default is below 2^31: a token file holds fewer tokens */
+  if (!rc) rc = pipe_agree(t, train_load_weights(t));
+  tp_unlock_path(&t->resume_lock); /* every process has read the checkpoint */
+  if (!rc && o->dump_grads && t->step >= total)
     rc = tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);
   if (!rc) {
     if (train_is_root(t)) print_start(t, total);
@@ -642,6 +837,22 @@ static int open_device(Trainer *t, TpComm **device_comm) {
   return TP_OK;
 }
 
+/* parse_options on every process; a process whose command line is wrong (an MPMD launch
+ * gives each its own) fails them all, and the first such process prints its error (process
+ * 0 prints its own). */
+static int parse_command_line(Trainer *t, int argc, char **argv) {
+  int rc = parse_options(&t->o, argc, argv, t->d, t->plan), first;
+  if (rc < 0 || t->comm->size == 1) return rc;
+  int worst = tp_comm_agree(t->comm, rc, &first);
+  if (first > 0 && first == t->comm->rank) {
+    TpDiag mine = *t->d;
+    mine.stream = stderr;
+    fprintf(stderr, "%s: rank %d's command line:\n", t->d->tool, t->comm->rank);
+    parse_options(&t->o, argc, argv, &mine, t->plan);
+  }
+  return worst;
+}
+
 int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
   const char *tool = argc > 0 && argv[0] ? argv[0] : "trainer";
   if (strrchr(tool, '/')) tool = strrchr(tool, '/') + 1;
@@ -658,7 +869,7 @@ int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
   TpComm *device_comm = NULL;
   rc = check_plan(plan, &d);
   if (rc) rc = TP_ERR_INTERNAL;
-  else if ((rc = parse_options(&t.o, argc, argv, &d, plan)) < 0) rc = TP_OK; /* --help, --version */
+  else if ((rc = parse_command_line(&t, argc, argv)) < 0) rc = TP_OK; /* --help, --version */
   else if (!rc && !(rc = open_device(&t, &device_comm))) rc = run(&t);
   free_buffers(&t);
   tp_comm_close(device_comm); /* before the device it runs on */

@@ -331,36 +331,57 @@ static int check_checkpoint_tensors(Trainer *t, const TpSafetensors *st, const c
   return rc;
 }
 
-static int resume(Trainer *t) {
-  const TpPlan *P = t->plan;
+int train_open_checkpoint(Trainer *t) {
   char *path = train_checkpoint_path(t->o.resume);
-  TpSafetensors st;
-  TrainCheckpointMeta m;
-  int rc = tp_safetensors_load(path, &st, t->d);
+  int rc = tp_safetensors_load(path, &t->resume_st, t->d);
   if (rc) {
     free(path);
     return rc;
   }
+  t->resume_open = true;
   const char *saved = t->d->file;
   t->d->file = path;
-  rc = train_checkpoint_meta(&st, &m, t->d);
-  if (!rc && (m.batch != train_rows(P) || m.seq != P->seq || m.vocab != P->vocab))
+  rc = train_checkpoint_meta(&t->resume_st, &t->resume_meta, t->d);
+  t->d->file = saved;
+  free(path);
+  /* train_checkpoint_meta required the checksums: their CRC names the whole file */
+  const char *sums = tp_safetensors_meta(&t->resume_st, TP_SAFETENSORS_CRC_KEY);
+  if (!rc) t->resume_crc = tp_crc32c(0, sums, strlen(sums));
+  return rc;
+}
+
+void train_close_checkpoint(Trainer *t) {
+  if (t->resume_open) tp_safetensors_free(&t->resume_st);
+  t->resume_open = false;
+}
+
+/* From the checkpoint train_open_checkpoint read. */
+static int resume(Trainer *t) {
+  const TpPlan *P = t->plan;
+  char *path = train_checkpoint_path(t->o.resume);
+  const TpSafetensors *st = &t->resume_st;
+  const TrainCheckpointMeta m = t->resume_meta;
+  TP_ASSERT(t->resume_open);
+  int rc = TP_OK;
+  const char *saved = t->d->file;
+  t->d->file = path;
+  if (m.batch != train_rows(P) || m.seq != P->seq || m.vocab != P->vocab)
     rc = tp_error(t->d, "the checkpoint was trained with batch %" PRId64 " x seq %" PRId64 ", vocab %" PRId64
                   "; this trainer has batch %" PRId64 " x seq %" PRId64 ", vocab %" PRId64
                   " (the data order would differ)", m.batch, m.seq, m.vocab, train_rows(P), P->seq, P->vocab);
-  else if (!rc && t->o.steps >= 0 && m.step > t->o.steps)
+  else if (t->o.steps >= 0 && m.step > t->o.steps)
     rc = tp_error(t->d, "the checkpoint is at step %" PRId64 ", beyond --steps %" PRId64, m.step, t->o.steps);
-  else if (!rc && t->o.data && (m.data_tokens != t->train.count || m.data_crc32c != t->train.crc32c))
+  else if (t->o.data && (m.data_tokens != t->train.count || m.data_crc32c != t->train.crc32c))
     rc = tp_error(t->d, "the checkpoint was trained on %" PRId64 " tokens of CRC-32C %08" PRIx32 "; --data '%s' has "
                   "%" PRId64 " tokens of CRC-32C %08" PRIx32 " (another data file?)", m.data_tokens, m.data_crc32c,
                   t->o.data, t->train.count, t->train.crc32c);
   t->d->file = saved;
-  if (!rc) rc = check_checkpoint_tensors(t, &st, path);
+  if (!rc) rc = check_checkpoint_tensors(t, st, path);
   for (int i = 0; !rc && i < P->nparams; i++) {
     float *dst[3] = {t->host.param[i], t->host.m[i], t->host.v[i]};
     for (int k = 0; t->held[i] && k < 3 && dst[k]; k++) {
       char *name;
-      const TpTensor *v = checkpoint_tensor(&st, &P->params[i], k, &name);
+      const TpTensor *v = checkpoint_tensor(st, &P->params[i], k, &name);
       memcpy(dst[k], v->data, (size_t)t->whole_numel[i] * 4);
       free(name);
     }
@@ -370,7 +391,7 @@ static int resume(Trainer *t) {
     t->data_pos = m.data_position;
     t->rng = m.rng;
   }
-  tp_safetensors_free(&st);
+  train_close_checkpoint(t);
   free(path);
   return rc;
 }

@@ -359,7 +359,7 @@ static void stage0_backward(TpStepIO *io) {
 
   /* /wte/Gather (Gather) */
   TpTensor wte_weight_grad_1 = {TP_F32, 2, {16, 8}, arena + 0};
-  CHECK(tp_gather_backward(&Add_grad, &idx, 0, &wte_weight_grad_1, &bad));
+  CHECK(tp_gather_backward(&Add_grad, &idx, 0, -1, &wte_weight_grad_1, &bad));
 
   /* /wte/Gather (Gather) */
   TpTensor wte_weight_grad = {TP_F32, 2, {16, 8}, io->grad[0]};

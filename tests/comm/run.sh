@@ -33,5 +33,18 @@ hang) # nobody dies: the waiting ranks' watchdog ends the job
   export TOKPIPE_COMM_TIMEOUT=2
   must_fail 15 "rank [02]: no progress for 2 s waiting for the test message (peer: rank 1)" hang \
     sh "$here/mpirun.sh" 60 3 "$prog" hang ;;
+size) # rank 1 all-reduces 8 floats, the others 4
+  export TOKPIPE_COMM_TIMEOUT=20
+  must_fail 15 "rank 0: ranks 0 and 1 are out of step (the size differs): rank 0's collective #1 over 3 ranks is an all-reduce of 16 bytes; rank 1's collective #1 over 3 ranks is an all-reduce of 32 bytes" size \
+    sh "$here/mpirun.sh" 60 3 "$prog" size ;;
+order) # rank 1 runs one all-reduce more than the others
+  export TOKPIPE_COMM_TIMEOUT=20
+  must_fail 15 "rank 0: ranks 0 and 1 are out of step (the kind differs): rank 0's collective #2 over 3 ranks is a barrier of 0 bytes; rank 1's collective #2 over 3 ranks is an all-reduce of 16 bytes" order \
+    sh "$here/mpirun.sh" 60 3 "$prog" order ;;
+longer | shorter) # rank 0 sends 16 (4) bytes, rank 1 expects 8
+  export TOKPIPE_COMM_TIMEOUT=20
+  [ $case = longer ] && got=more || got=4
+  must_fail 15 "rank 1: the test message from rank 0 has $got bytes, not the 8 this rank expects: the ranks are out of step" $case \
+    sh "$here/mpirun.sh" 60 2 "$prog" $case ;;
 *) echo "unknown case $case"; exit 2 ;;
 esac

@@ -4,7 +4,14 @@
  *          sub-group) bit for bit equal to the sum in rank order, broadcast, barrier, agree
  *   die    rank 1 is killed (SIGKILL) while the others wait for it
  *   hang   rank 1 stops answering (sleeps) while the others wait for it: their watchdog
- *          (TOKPIPE_COMM_TIMEOUT) must end the job */
+ *          (TOKPIPE_COMM_TIMEOUT) must end the job
+ *   size   rank 1 all-reduces more elements than the others: one error naming both ranks,
+ *          never a truncated message or a buffer overrun
+ *   order  rank 1 runs a collective the others do not (as a rank with an option the
+ *          others lack would): the next collective's header shows it out of step
+ *   longer, shorter  rank 0 sends rank 1 a message of 16 (4) bytes where rank 1 expects 8:
+ *          one error naming both ranks and the sizes (MPI truncates a longer one with an
+ *          error of its own, and delivers a shorter one without a word) */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -105,6 +112,34 @@ static int lose_rank_one(TpComm *c, bool die) {
   return 1;
 }
 
+/* Ranks out of step: after this the job must have ended with an error. */
+static int out_of_step(TpComm *c, bool by_size) {
+  int *all = malloc(sizeof *all * (size_t)c->size);
+  for (int i = 0; i < c->size; i++) all[i] = i;
+  float x[8] = {0};
+  if (by_size) {
+    tp_comm_allreduce_sum(c, x, c->rank == 1 ? 8 : 4, TP_F32, all, c->size);
+  } else {
+    if (c->rank == 1) tp_comm_allreduce_sum(c, x, 4, TP_F32, all, c->size);
+    tp_comm_allreduce_sum(c, x, 4, TP_F32, all, c->size);
+    tp_comm_barrier(c);
+    tp_comm_broadcast(c, x, sizeof x, 0, all, c->size);
+  }
+  fprintf(stderr, "rank %d: the collectives of ranks out of step completed\n", c->rank);
+  free(all);
+  return 1;
+}
+
+/* A message of another size than its receiver expects. */
+static int wrong_message_size(TpComm *c, size_t sent) {
+  char buf[16] = {0};
+  if (c->rank == 0) tp_comm_send(c, buf, sent, 1, 5, "the test message");
+  if (c->rank == 1) tp_comm_recv(c, buf, 8, 0, 5, "the test message");
+  tp_comm_barrier(c);
+  fprintf(stderr, "rank %d: a message of %zu bytes was taken for one of 8\n", c->rank, sent);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   TpDiag d;
   tp_diag_init(&d, "test_comm", NULL, stderr);
@@ -117,6 +152,10 @@ int main(int argc, char **argv) {
     if (c->rank == 0) printf("%s backend, %d ranks: %s\n", c->be->name, c->size, rc ? "FAILED" : "ok");
   } else if (strcmp(mode, "die") == 0 || strcmp(mode, "hang") == 0) {
     rc = lose_rank_one(c, strcmp(mode, "die") == 0);
+  } else if (strcmp(mode, "longer") == 0 || strcmp(mode, "shorter") == 0) {
+    rc = wrong_message_size(c, strcmp(mode, "longer") == 0 ? 16 : 4);
+  } else if (strcmp(mode, "size") == 0 || strcmp(mode, "order") == 0) {
+    rc = out_of_step(c, strcmp(mode, "size") == 0);
   } else {
     fprintf(stderr, "test_comm: unknown mode '%s'\n", mode);
   }

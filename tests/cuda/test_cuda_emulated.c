@@ -287,25 +287,33 @@ static void embedding_bwd_case(int64_t n, int64_t V, int64_t C) {
   TpTensor dyt = {.dtype = TP_F32, .rank = 2, .dims = {n, C}, .data = dy};
   TpTensor idt = {.dtype = TP_I64, .rank = 1, .dims = {n}, .data = ids};
   TpTensor dtt = {.dtype = TP_F32, .rank = 2, .dims = {V, C}, .data = want};
-  if (tp_gather_backward(&dyt, &idt, 0, &dtt, &want_bad) != TP_KERNEL_OK) fail("tp_gather_backward");
-  tp_cuda_launch_embedding_backward_f32(dy, ids, false, n, 1, V, C, dtable, bad, scratch, NULL);
+  if (tp_gather_backward(&dyt, &idt, 0, -1, &dtt, &want_bad) != TP_KERNEL_OK) fail("tp_gather_backward");
+  tp_cuda_launch_embedding_backward_f32(dy, ids, false, -1, n, 1, V, C, dtable, bad, scratch, NULL);
   char what[96];
   snprintf(what, sizeof what, "backward n=%lld V=%lld C=%lld", (long long)n, (long long)V, (long long)C);
   test_sync();
   check_close(what, dtable, want, V * C, EXACT);
   if (*bad != INT64_MAX) fail("%s: bad id reported at %lld, none is", what, (long long)*bad);
+  /* the row of the first id as the padding row: it stays 0 on both, the others as before */
+  int64_t pad = ids[0] < 0 ? ids[0] + V : ids[0];
+  if (tp_gather_backward(&dyt, &idt, 0, pad, &dtt, &want_bad) != TP_KERNEL_OK) fail("tp_gather_backward");
+  tp_cuda_launch_embedding_backward_f32(dy, ids, false, pad, n, 1, V, C, dtable, bad, scratch, NULL);
+  test_sync();
+  for (int64_t c = 0; c < C; c++)
+    if (want[pad * C + c] != 0) fail("%s: the CPU's padding row %lld is not 0", what, (long long)pad);
+  check_close(what, dtable, want, V * C, EXACT);
   ids[n - 1] = -V - 3; /* below -V: skipped, its position reported */
-  tp_cuda_launch_embedding_backward_f32(dy, ids, false, n, 1, V, C, dtable, bad, scratch, NULL);
+  tp_cuda_launch_embedding_backward_f32(dy, ids, false, -1, n, 1, V, C, dtable, bad, scratch, NULL);
   test_sync();
   if (*bad != n - 1) fail("%s: bad id at %lld, want %lld", what, (long long)*bad, (long long)(n - 1));
   ids[n / 2] = V; /* the smallest position of the two */
-  tp_cuda_launch_embedding_backward_f32(dy, ids, false, n, 1, V, C, dtable, bad, scratch, NULL);
+  tp_cuda_launch_embedding_backward_f32(dy, ids, false, -1, n, 1, V, C, dtable, bad, scratch, NULL);
   test_sync();
   if (*bad != n / 2) fail("%s: bad id at %lld, want %lld", what, (long long)*bad, (long long)(n / 2));
   /* the others' rows are still the CPU's (which skips nothing, so zero those two dy rows) */
   memset(dy + (n - 1) * C, 0, (size_t)C * sizeof *dy), memset(dy + n / 2 * C, 0, (size_t)C * sizeof *dy);
   ids[n - 1] = ids[n / 2] = 0;
-  tp_gather_backward(&dyt, &idt, 0, &dtt, &want_bad);
+  tp_gather_backward(&dyt, &idt, 0, -1, &dtt, &want_bad);
   check_close(what, dtable, want, V * C, EXACT);
   test_free(dy), test_free(dtable), test_free(want), test_free(ids), test_free(bad), test_free(scratch);
 }

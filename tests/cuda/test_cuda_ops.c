@@ -462,19 +462,19 @@ static void gather_test(bool backward) {
         snprintf(what, sizeof what, "Gather%s on %s by %s, axis %d", backward ? "Backward" : "", dtype_name(d),
                  dtype_name(ti), axis);
         if (backward)
-          check_status(what, tp_cuda_gather_backward(&in, &idx, axis, &g, NULL, stream()),
-                       tp_gather_backward(&in, &idx, axis, &w, &bad));
+          check_status(what, tp_cuda_gather_backward(&in, &idx, axis, it ? 1 : -1, &g, NULL, stream()),
+                       tp_gather_backward(&in, &idx, axis, it ? 1 : -1, &w, &bad)); /* a padding index by i32 */
         else
           check_status(what, tp_cuda_gather(&in, &idx, axis, &g, NULL, stream()), tp_gather(&in, &idx, axis, &w, &bad));
         sync_expect(what, -1);
         check_tensor(what, &g, &w, EXACT);
         /* indices out of range, above n and below -n: the smallest position is reported */
         set_f64(&idx, 7, data_dims[axis] + 2);
-        if (backward) tp_cuda_gather_backward(&in, &idx, axis, &g, NULL, stream());
+        if (backward) tp_cuda_gather_backward(&in, &idx, axis, -1, &g, NULL, stream());
         else tp_cuda_gather(&in, &idx, axis, &g, NULL, stream());
         sync_expect(what, 7);
         set_f64(&idx, 3, -data_dims[axis] - 1);
-        if (backward) tp_cuda_gather_backward(&in, &idx, axis, &g, NULL, stream());
+        if (backward) tp_cuda_gather_backward(&in, &idx, axis, -1, &g, NULL, stream());
         else tp_cuda_gather(&in, &idx, axis, &g, NULL, stream());
         sync_expect(what, 3);
       }
@@ -484,7 +484,7 @@ static void gather_test(bool backward) {
   TpTensor i = tensor(TP_I64, 1, &n, 0, 1), y64 = result(TP_F64, 1, &n), d64 = tensor(TP_F64, 1, &n, 0, 1);
   check_status("Gather on axis 1", tp_cuda_gather(&x, &i, 1, &y, NULL, stream()), TP_KERNEL_BAD_SHAPE);
   check_status("Gather f32 into f64", tp_cuda_gather(&x, &i, 0, &y64, NULL, stream()), TP_KERNEL_BAD_DTYPE);
-  check_status("GatherBackward on f64", tp_cuda_gather_backward(&d64, &i, 0, &y64, NULL, stream()),
+  check_status("GatherBackward on f64", tp_cuda_gather_backward(&d64, &i, 0, -1, &y64, NULL, stream()),
                TP_KERNEL_BAD_DTYPE);
   check_status("GatherElements f32 into f64", tp_cuda_gather_elements(&x, &i, 0, &y64, NULL, stream()),
                TP_KERNEL_BAD_DTYPE);

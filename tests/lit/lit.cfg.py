@@ -15,8 +15,11 @@ config.test_exec_root = config.tokpipe_lit_exec_dir
 config.environment["PATH"] = os.pathsep.join([config.llvm_tools_dir, config.environment.get("PATH", "")])
 
 config.substitutions.append(("%tokpipe-opt", os.path.join(config.tokpipe_bin_dir, "tokpipe-opt")))
+config.substitutions.append(("%tokpipe-plan", os.path.join(config.tokpipe_bin_dir, "tokpipe-plan")))
 config.substitutions.append(("%tokpipec", os.path.join(config.tokpipe_bin_dir, "tokpipec")))
+config.substitutions.append(("%tokpipe-run", os.path.join(config.tokpipe_bin_dir, "tokpipe-run")))
 config.substitutions.append(("%fixtures", os.path.join(config.tokpipe_source_dir, "tests", "fixtures")))
+config.substitutions.append(("%padding", os.path.join(config.tokpipe_source_dir, "tests", "padding")))
 
 # Under the sanitizers a report must abort (a signal), so that `not` and exit-code checks
 # cannot mistake it for an ordinary error exit.

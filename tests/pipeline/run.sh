@@ -145,6 +145,56 @@ errors) # a wrong process count is one clear error; so is a failure of one rank 
     ok "only the last stage fails: $(grep error out.txt)" || fail "exit $rc: $(cat out.txt)"
   ;;
 
+disagree) # processes given other options, data or checkpoints (an MPMD launch, a stale copy on
+  # another node) stop before the first step with one error naming the field and processes;
+  # a resume never reads a checkpoint another trainer is replacing
+  shape g 2 1 1 8 gpipe
+  export TOKPIPE_COMM_TIMEOUT=20
+  # must_stop WHAT MESSAGE MPIRUN-ARGS...: exit 1 in 15 s, one error line, saying MESSAGE
+  must_stop() {
+    what=$1 msg=$2
+    shift 2
+    start=$(date +%s)
+    $mpi 60 "$@" >out.txt 2>&1
+    rc=$? took=$(($(date +%s) - start))
+    [ $rc -eq 1 ] && [ $took -le 15 ] && [ "$(grep -c 'error' out.txt)" -eq 1 ] && grep -qF -- "$msg" out.txt &&
+      ok "$what: exit 1 after ${took}s: $(grep error out.txt)" || fail "$what: exit $rc after ${took}s: $(cat out.txt)"
+  }
+  "$trainer" --init "$src/tiny2.onnx" --data train.bin --steps 2 --save ck2 2>/dev/null &&
+    "$trainer" --init "$src/tiny2.onnx" --data train.bin --steps 3 --save ck3 2>/dev/null || fail "checkpoints"
+  must_stop "each process its own checkpoint" "the processes disagree on the --resume checkpoint's step: process 0 has 2, process 1 has 3" \
+    1 "$trainer" --data train.bin --steps 4 --resume ck2 : -np 1 "$trainer" --data train.bin --steps 4 --resume ck3
+  # other letters: the same token count, another CRC
+  tr a-y b-z <text.txt >text2.txt
+  "$bin/tokpipe-tokens" text2.txt -o same_size.bin --val-fraction 0.25 --val-out same_size_val.bin 2>/dev/null
+  must_stop "another --data file on process 1" "the processes disagree on the --data file's CRC-32C: process 0 has" \
+    1 "$trainer" $common : -np 1 "$trainer" --init "$src/tiny2.onnx" --data same_size.bin --steps 3 --lr 0.01
+  must_stop "--log on process 0 only" "the processes disagree on --log: process 0 has --log, process 1 has no --log" \
+    1 "$trainer" $common --log only0.jsonl : -np 1 "$trainer" $common
+  must_stop "another --lr on process 1" "the processes disagree on --lr: process 0 has 0.01" \
+    1 "$trainer" $common : -np 1 "$trainer" $common --lr 0.02
+  # a command line wrong on process 1 only: exit 2 at once, process 1 says why
+  start=$(date +%s)
+  $mpi 60 1 "$trainer" $common : -np 1 "$trainer" $common --lr abc >out.txt 2>&1
+  rc=$? took=$(($(date +%s) - start))
+  [ $rc -eq 2 ] && [ $took -le 15 ] && grep -q "rank 1's command line" out.txt &&
+    grep -q -- "error: --lr needs a number in \[0, .*\], not 'abc'" out.txt &&
+    ok "a usage error on process 1 only: exit 2 after ${took}s" || fail "usage error on process 1: exit $rc after ${took}s: $(cat out.txt)"
+  # a trainer saving to ck every step, a resume from ck under mpirun meanwhile
+  "$trainer" --init "$src/tiny2.onnx" --data train.bin --steps 100000 --save busy --save-every 1 2>/dev/null &
+  writer=$!
+  i=0
+  while [ ! -f busy/checkpoint.safetensors ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+  must_stop "a resume from a folder another trainer saves to" \
+    "--resume checkpoint 'busy/checkpoint.safetensors' is being written by another process (it holds 'busy/checkpoint.safetensors.lock')" \
+    2 "$trainer" --data train.bin --steps 100001 --resume busy
+  kill "$writer"
+  wait "$writer" 2>/dev/null
+  # once it has stopped, the same resume runs
+  $mpi 60 2 "$trainer" --data train.bin --steps 3 --resume ck2 >out.txt 2>&1 &&
+    ok "a resume of an idle folder under mpirun runs" || fail "resume: $(cat out.txt)"
+  ;;
+
 rank-death) # a rank killed after step 1: the others end with an error, no hang
   shape k 2 2 2 5,3 1f1b
   start=$(date +%s)

@@ -439,9 +439,9 @@ writers) # links are never followed; two writers of one file each write a whole 
   first=$!
   i=0
   while ! grep -q "^step" first.txt && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-  expect_error "a second trainer on the same --save" "--save checkpoint 'ck/checkpoint.safetensors' is being written by another process (it holds 'ck/checkpoint.safetensors.lock')" \
+  expect_error "a second trainer on the same --save" "--save checkpoint 'ck/checkpoint.safetensors' is in use by another process, which writes or reads it (it holds 'ck/checkpoint.safetensors.lock')" \
     "$trainer" --data train.bin --steps 2 --save ck
-  expect_error "a second trainer resuming from it: the lock comes first" "--save checkpoint 'ck/checkpoint.safetensors' is being written by another process (it holds 'ck/checkpoint.safetensors.lock')" \
+  expect_error "a second trainer resuming from it: the lock comes first" "--save checkpoint 'ck/checkpoint.safetensors' is in use by another process, which writes or reads it (it holds 'ck/checkpoint.safetensors.lock')" \
     "$trainer" --data train.bin --steps 2 --resume ck --save ck
   kill $first && wait $first 2>/dev/null
   # two processes writing one file at once, many times: always one whole version

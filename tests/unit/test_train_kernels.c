@@ -217,12 +217,22 @@ static void test_gather_case(int axis, TpDType idt) {
   c.dy = rand_array(tp_tensor_numel(&c.y), 1);
   TpTensor dyt = tensor(TP_F32, c.dy, 4, ydims), dd = tensor(TP_F32, rand_array(60, 1), 3, ddims);
   int64_t bad = 0;
-  if (tp_gather_backward(&dyt, &c.idx, axis, &dd, &bad) != TP_KERNEL_OK)
+  if (tp_gather_backward(&dyt, &c.idx, axis, -1, &dd, &bad) != TP_KERNEL_OK)
     fail("gather backward refused");
   char what[64];
   snprintf(what, sizeof what, "gather backward axis %d %s", axis, tp_dtype_name(idt));
   check_grad(what, gather_loss, &c, c.data.data, 60, dd.data, 1e-2f, 1e-5);
-  free(c.data.data), free(c.y.data), free(c.dy), free(dd.data);
+  /* padding index 1 (named three times) leaves its slice 0 and every other as it was */
+  TpTensor dp = tensor(TP_F32, rand_array(60, 1), 3, ddims);
+  if (tp_gather_backward(&dyt, &c.idx, axis, 1, &dp, &bad) != TP_KERNEL_OK) fail("gather backward refused a padding index");
+  int64_t inner = 1;
+  for (int d = axis + 1; d < 3; d++) inner *= ddims[d];
+  for (int64_t e = 0; e < 60; e++) {
+    bool pad_row = e / inner % ddims[axis] == 1;
+    float want = pad_row ? 0.0f : ((float *)dd.data)[e], got = ((float *)dp.data)[e];
+    if (got != want) fail("%s, padding index 1: element %lld is %g, want %g", what, (long long)e, got, want);
+  }
+  free(c.data.data), free(c.y.data), free(c.dy), free(dd.data), free(dp.data);
 }
 
 static void test_gather_embedding(void) {
@@ -250,7 +260,7 @@ static void test_gather_embedding(void) {
   float g[15] = {0}, dt[12];
   TpTensor G = tensor(TP_F32, g, 2, (int64_t[]){5, 3}),
            DT = tensor(TP_F32, dt, 2, (int64_t[]){4, 3});
-  if (tp_gather_backward(&G, &I, 0, &DT, &bad) != TP_KERNEL_BAD_INDEX || bad != -5)
+  if (tp_gather_backward(&G, &I, 0, -1, &DT, &bad) != TP_KERNEL_BAD_INDEX || bad != -5)
     fail("gather backward: index -5 not reported (bad %lld)", (long long)bad);
   free(table);
 }
@@ -644,7 +654,7 @@ static void test_thread_count(void) {
     tp_cross_entropy_backward_f32(1, logits, targets, M, V, M, o[6], &bad);
     tp_cross_entropy_f32(logits, targets, M, V, M, o[7], &bad);
     TpTensor DW = tensor(TP_F32, o[8], 2, (int64_t[]){V, C});
-    tp_gather_backward(&G, &I, 0, &DW, &bad);
+    tp_gather_backward(&G, &I, 0, -1, &DW, &bad);
     sums[t] = tp_sum_squares_f32(logits, M * V);
   }
   omp_set_num_threads(saved);

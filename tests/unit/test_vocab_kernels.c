@@ -51,7 +51,7 @@ static void check_embedding(int parts) {
   expect_close("embedding", parts, got, want, N_IDS * C);
 
   TpTensor tdy = {TP_F32, 2, {N_IDS, C}, dy}, tids = {TP_I64, 1, {N_IDS}, ids}, tdt = {TP_F32, 2, {V, C}, dwant};
-  if (tp_gather_backward(&tdy, &tids, 0, &tdt, &bad)) fail("tp_gather_backward refused");
+  if (tp_gather_backward(&tdy, &tids, 0, -1, &tdt, &bad)) fail("tp_gather_backward refused");
   for (int64_t p = 0; p < parts; p++) /* each rank's rows of the table's gradient */
     if (tp_embedding_part_backward_f32(dy, ids, &p, N_IDS, Vp, parts, C, dgot + p * Vp * C, &bad))
       fail("tp_embedding_part_backward_f32 refused range %lld", (long long)p);
