@@ -19,7 +19,11 @@
  * Reshape merging it with the batch), or attention that is not causal. The first
  * token-global op is an error naming the node and why: slicing would change the result.
  * tokpipec runs this pass only when slicing (or pipelining) is asked for, so a bidirectional
- * model still trains whole. */
+ * model still trains whole.
+ *
+ * Where only rows that merge the batch and the tokens stop it (a mixture of experts runs on
+ * [B*T, C], routing each token), the pass first gives those rows back their axes
+ * (lift_merged, below) and marks again. */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
