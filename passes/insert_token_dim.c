@@ -21,9 +21,9 @@
  * tokpipec runs this pass only when slicing (or pipelining) is asked for, so a bidirectional
  * model still trains whole.
  *
- * Where only rows that merge the batch and the tokens stop it (a mixture of experts runs on
- * [B*T, C], routing each token), the pass first gives those rows back their axes
- * (lift_merged, below) and marks again. */
+ * When an op would stop the slicing, rows that merge the batch and the tokens ([B*T, C]: a
+ * mixture of experts routes each token) are first given back their axes (lift_merged,
+ * below), and the axes marked again. */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
