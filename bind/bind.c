@@ -128,6 +128,13 @@ static int bind_cumsum(const TpModule *m, int op, const TpTensor *in, TpTensor *
   return TP_OK;
 }
 
+static int bind_topk(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  b->kernel = TP_K_TOPK;
+  b->a.topk = (TpTopkArgs){&in[0], (int)tp_attr_int(m, op, "axis", 0), &out[0]};
+  return TP_OK;
+}
+
 static int bind_transpose(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   int n;
   const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
@@ -578,6 +585,7 @@ const TpOpBinding tp_op_bindings[TP_OP_COUNT] = {
     [TP_OP_Gather] = {bind_gather, TP_BIND_ANY, 0, 0},
     [TP_OP_GatherElements] = {bind_gather, TP_BIND_ANY, 0, 0},
     [TP_OP_CumSum] = {bind_cumsum, TP_BIND_ANY, 0, 0},
+    [TP_OP_TopK] = {bind_topk, TP_BIND_ANY, 0, 0},
     [TP_OP_Transpose] = {bind_transpose, TP_BIND_ANY, 0, 0},
     [TP_OP_Split] = {bind_split, TP_BIND_ANY, 0, 0},
     [TP_OP_Slice] = {bind_slice, TP_BIND_ANY, 0, 0},

@@ -561,6 +561,18 @@ static bool is_default_domain(const char *domain) {
   return !domain || !*domain || strcmp(domain, "ai.onnx") == 0;
 }
 
+/* NonZero's result has as many rows as its operand has nonzero entries: no static plan holds
+ * it. A mixture's experts exported by TorchScript with transformers' eager experts route
+ * tokens so (OneHot, NonZero, ScatterElements), its OneHot first: this names the NonZero
+ * before any other node stops the import, with the export that works. */
+static int refuse_data_dependent(Importer *I, const Onnx__NodeProto *n, size_t index) {
+  if (!is_default_domain(n->domain) || !n->op_type || strcmp(n->op_type, "NonZero") != 0) return TP_OK;
+  Node N = {.n = n, .at = node_origin(I, n, index)};
+  return node_error(I, &N, "NonZero has a data-dependent shape, which tokpipec does not support (a mixture of "
+                    "experts' eager routing); export with torch.onnx.export(..., dynamo=True) and the model "
+                    "loaded with experts_implementation=\"batched_mm\"");
+}
+
 static int import_node(Importer *I, const Onnx__NodeProto *n, size_t index) {
   Node N = {.n = n, .at = node_origin(I, n, index)};
   const char *op = N.at.op_type;
@@ -790,6 +802,7 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
   int *order = malloc((g->n_node + 1) * sizeof *order);
   TP_ASSERT(order);
   rc = topo_order(I, g, order);
+  for (size_t i = 0; !rc && i < g->n_node; i++) rc = refuse_data_dependent(I, g->node[order[i]], (size_t)order[i]);
   for (size_t i = 0; !rc && i < g->n_node; i++) rc = import_node(I, g->node[order[i]], (size_t)order[i]);
   free(order);
   if (rc) return rc;

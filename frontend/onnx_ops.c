@@ -315,6 +315,35 @@ static int import_cumsum(Importer *I, Node *N) {
   return finish_op(I, N, op);
 }
 
+/* TopK(X, K) {axis, largest, sorted} -> Values, Indices: the indices by TopK (largest first,
+ * ties by lower index: ONNX's order, which sorted = 0 allows too), the values GatherElements
+ * of X by them, so a gradient reaches the selected entries alone. */
+static int import_topk(Importer *I, Node *N) {
+  int64_t ks[TP_MAX_CONST_INTS], axis, largest;
+  int n, rc;
+  TpType xt = type_of(I, N->in[0]);
+  if ((rc = const_ints(I, N, 1, "K", ks, &n))) return rc;
+  if (n != 1) return node_error(I, N, "operand 'K' must hold one integer, not %d", n);
+  if (attr_int(I, N, "axis", -1, &axis) || norm_axis(I, N, "axis", axis, xt.rank, &axis) ||
+      attr_int(I, N, "largest", 1, &largest))
+    return TP_ERR_INPUT;
+  if (!largest) return node_error(I, N, "largest = 0 (the k smallest entries) is not supported");
+  if (ks[0] < 1 || ks[0] > xt.dims[axis])
+    return node_error(I, N, "K = %lld is out of range for %lld entries on axis %lld", (long long)ks[0],
+                      (long long)xt.dims[axis], (long long)axis);
+  bool named = N->nout > 1 && *N->n->output[1];
+  int top = named ? step_named(I, N, N->n->output[1], TP_OP_TopK, N->in, 1, NULL)
+                  : step_op(I, N, "indices", TP_OP_TopK, N->in, 1, NULL);
+  tp_set_attr_int(I->m, top, "axis", axis);
+  tp_set_attr_int(I->m, top, "k", ks[0]);
+  int idx;
+  if ((rc = step_value(I, top, &idx))) return rc;
+  bind_output(I, N, 1, idx);
+  int op = new_op(I, N, TP_OP_GatherElements, (int[]){N->in[0], idx}, 2, 1);
+  tp_set_attr_int(I->m, op, "axis", axis);
+  return finish_op(I, N, op);
+}
+
 /* ---- shape ops ---- */
 
 static int import_tile(Importer *I, Node *N) {
@@ -1148,6 +1177,7 @@ static const OpRow op_table[] = {
   {"GatherElements", 13, import_gather, TP_OP_GatherElements, 2, 2, 1},
   {"GatherND", 13, import_gathernd, TP_OP_COUNT, 2, 2, 1},
   {"CumSum", 11, import_cumsum, TP_OP_CumSum, 2, 2, 1}, {"CumSum", 14, import_cumsum, TP_OP_CumSum, 2, 2, 1},
+  {"TopK", 11, import_topk, TP_OP_COUNT, 2, 2, 2},
   {"Tile", 13, import_tile, TP_OP_Tile, 2, 2, 1},
   {"Reshape", 13, import_reshape, TP_OP_Reshape, 2, 2, 1},
   {"Reshape", 14, import_reshape, TP_OP_Reshape, 2, 2, 1},

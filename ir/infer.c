@@ -292,6 +292,22 @@ static int infer_cumsum(const Ctx *c) {
   return set_result(c, 0, *x);
 }
 
+/* TopK(X) {axis, k} -> i64 indices: X's dims with k on axis (names kept off axis) */
+static int infer_topk(const Ctx *c) {
+  const TpType *x = operand(c, 0);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0), k = tp_attr_int(c->m, c->op, "k", 0);
+  if (check_axis(c, axis, x->rank, "axis")) return TP_ERR_INPUT;
+  if (x->dtype == TP_BOOL) return tp_error_op(c->d, c->m, c->op, "the operand must be numeric");
+  if (k < 1 || k > x->dims[axis])
+    return tp_error_op(c->d, c->m, c->op, "k %lld is out of range for %lld entries on axis %lld", (long long)k,
+                       (long long)x->dims[axis], (long long)axis);
+  TpType t = *x;
+  t.dtype = TP_I64;
+  t.dims[axis] = k;
+  t.dimnames[axis] = NULL;
+  return set_result(c, 0, t);
+}
+
 static int infer_cast(const Ctx *c) {
   const TpType *x = operand(c, 0), *r = preset(c, 0);
   if (!r) return TP_ERR_INPUT;
@@ -894,6 +910,7 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_GatherElements: return infer_gather_elements(&c);
   case TP_OP_Tile: return infer_tile(&c);
   case TP_OP_CumSum: return infer_cumsum(&c);
+  case TP_OP_TopK: return infer_topk(&c);
   case TP_OP_Reshape: return infer_reshape(&c);
   case TP_OP_Expand: return infer_expand(&c);
   case TP_OP_Transpose: return infer_transpose(&c);

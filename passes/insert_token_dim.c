@@ -19,7 +19,11 @@
  * Reshape merging it with the batch), or attention that is not causal. The first
  * token-global op is an error naming the node and why: slicing would change the result.
  * tokpipec runs this pass only when slicing (or pipelining) is asked for, so a bidirectional
- * model still trains whole. */
+ * model still trains whole.
+ *
+ * When an op would stop the slicing, rows that merge the batch and the tokens ([B*T, C]: a
+ * mixture of experts routes each token) are first given back their axes (lift_merged,
+ * below), and the axes marked again. */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
@@ -158,6 +162,29 @@ static void describe(const TpModule *m, int op, OpAxes *x) {
       if (k != a) link(x, X, k, Y, k < a ? k : k - 1 + ri);
     for (int k = 0; k < ri; k++) link(x, idx, k, Y, a + k);
     mix(x, X, a, "gathers along");
+    break;
+  }
+  case TP_OP_Tile: { /* the axes repeated once are kept */
+    int n;
+    const int64_t *repeats = tp_attr_ints(m, op, "repeats", &n);
+    for (int k = 0; k < rx && k < n; k++)
+      if (repeats[k] == 1) link(x, X, k, Y, k);
+      else mix(x, X, k, "repeats along");
+    break;
+  }
+  case TP_OP_TopK: { /* the k largest along axis: the other axes kept */
+    int a = (int)tp_attr_int(m, op, "axis", 0);
+    for (int k = 0; k < rx; k++)
+      if (k != a) link(x, X, k, Y, k);
+    mix(x, X, a, "selects the largest along");
+    break;
+  }
+  case TP_OP_GatherElements: { /* the result has the indices' shape */
+    int a = (int)tp_attr_int(m, op, "axis", 0), idx = o->inputs[1];
+    all_links(m, x, idx, Y);
+    for (int k = 0; k < rx; k++)
+      if (k != a && type_of(m, X)->dims[k] == type_of(m, idx)->dims[k]) link(x, X, k, idx, k);
+      else mix(x, X, k, k == a ? "gathers along" : "gathers part of");
     break;
   }
   case TP_OP_Reshape:
@@ -359,6 +386,213 @@ TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
   return c;
 }
 
+
+/* ---- rows that merge the batch and the tokens ---- */
+
+/* An export may run a block on the batch's tokens as rows: [B, T, C] -> [B*T, C], as the
+ * experts of a mixture do (Mixtral, Qwen2-MoE: routing is per token). A merged value's
+ * leading axis holds B*T*q rows, (b, t) outermost and q rows per token. lift_merged gives
+ * every such value back its own axes, [B, T, q, ...] (q = 1: [B, T, ...]), from the
+ * Reshape that merges the rows to the one that splits them again, moving the ops' axis
+ * attributes; the ops compute the same numbers in the same order, and the token axis is an
+ * axis again. An op it cannot carry over is refused, naming the node. */
+typedef struct {
+  TpModule *m;
+  TpDiag *d;
+  int64_t rows;  /* B*T */
+  int64_t B, T;
+  int64_t *q;    /* per value: rows per token of a merged value, 0: not merged */
+} Lift;
+
+static int shift_of(const Lift *L, int v) { return L->q[v] > 1 ? 2 : 1; }
+
+/* The lifted form of merged type t: [B, T, q, rest] or [B, T, rest]; false if t's leading
+ * axis is not whole tokens or the rank would be too large. */
+static bool lifted_type(const Lift *L, const TpType *t, TpType *out, int64_t *q) {
+  if (t->rank < 1 || t->dims[0] < L->rows || t->dims[0] % L->rows) return false;
+  *q = t->dims[0] / L->rows;
+  int s = *q > 1 ? 2 : 1;
+  if (t->rank + s > TP_MAX_RANK) return false;
+  *out = *t;
+  out->rank = t->rank + s;
+  out->dims[0] = L->B, out->dims[1] = L->T, out->dims[2] = *q;
+  out->dimnames[0] = out->dimnames[1] = out->dimnames[2] = NULL;
+  for (int k = 1; k < t->rank; k++) out->dims[k + s] = t->dims[k], out->dimnames[k + s] = t->dimnames[k];
+  return true;
+}
+
+static int lift_refused(Lift *L, int op, const char *why) {
+  const TpOp *o = &L->m->ops[op];
+  return tp_error_op(L->d, L->m, op,
+                     "cannot slice the sequence: %s at node '%s' reads the batch's tokens merged into rows (%%%s) "
+                     "and %s", tp_op_info[o->kind].name, node_of(L->m, op), L->m->values[o->inputs[0]].name, why);
+}
+
+/* Moves axis attribute `name` of op past the s axes the lift puts in front; 0 is refused. */
+static int lift_axis(Lift *L, int op, const char *name, int s) {
+  int64_t a = tp_attr_int(L->m, op, name, 0);
+  if (a == 0) return lift_refused(L, op, "combines the rows (axis 0)");
+  tp_set_attr_int(L->m, op, name, a + s);
+  return TP_OK;
+}
+
+/* Op `op` reads merged values: its attributes moved, its results lifted (their types
+ * inferred again and checked against the lift of the old ones). */
+static int lift_op(Lift *L, int op) {
+  TpModule *m = L->m;
+  TpOp *o = &m->ops[op];
+  int X = o->inputs[0], s = L->q[X] ? shift_of(L, X) : 0, rold = 0;
+  TpType old[64]; /* Split's most results */
+  TP_ASSERT(o->noutputs <= (int)(sizeof old / sizeof *old));
+  for (int i = 0; i < o->noutputs; i++)
+    if (o->outputs[i] >= 0) old[i] = m->values[o->outputs[i]].type;
+  if (o->noutputs && o->outputs[0] >= 0) rold = old[0].rank;
+  bool preset = false, elementwise = tp_op_info[o->kind].traits & TP_TRAIT_ELEMENTWISE;
+  for (int i = 0; i < o->ninputs; i++) { /* a plain operand must not line up with the rows */
+    int v = o->inputs[i];
+    if (v < 0 || L->q[v]) continue;
+    const TpType *t = type_of(m, v);
+    bool aligned = elementwise ? t->rank == rold && t->dims[0] != 1
+                   : o->kind == TP_OP_MatMul ? t->rank >= 3 && t->rank >= rold && t->dims[0] != 1
+                   : o->kind == TP_OP_Gather || o->kind == TP_OP_Linear || o->kind == TP_OP_RMSNorm ? false : i > 0;
+    if (aligned) return lift_refused(L, op, "combines them with a value that is not merged");
+  }
+  switch (o->kind) {
+  case TP_OP_Reshape: {
+    const TpType *y = &old[0];
+    if (y->rank >= 2 && y->dims[0] == L->B && y->dims[1] == L->T) return TP_OK; /* splits them again */
+    preset = true;
+    break;
+  }
+  case TP_OP_Expand: case TP_OP_Cast: case TP_OP_Split:
+    preset = true;
+    if (o->kind == TP_OP_Split && lift_axis(L, op, "axis", s)) return TP_ERR_INPUT;
+    break;
+  case TP_OP_Slice: {
+    int n;
+    const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
+    if (starts[0] != 0 || steps[0] != 1 || old[0].dims[0] != L->rows * L->q[X])
+      return lift_refused(L, op, "slices the rows");
+    int64_t st[TP_MAX_RANK] = {0}, sp[TP_MAX_RANK] = {1, 1, 1};
+    for (int k = 1; k < n; k++) st[k + s] = starts[k], sp[k + s] = steps[k];
+    tp_set_attr_ints(m, op, "starts", st, n + s), tp_set_attr_ints(m, op, "steps", sp, n + s);
+    preset = true;
+    break;
+  }
+  case TP_OP_Softmax: case TP_OP_LogSoftmax: case TP_OP_TopK: case TP_OP_CumSum: case TP_OP_Concat:
+  case TP_OP_RMSNorm:
+    if (lift_axis(L, op, "axis", s)) return TP_ERR_INPUT;
+    break;
+  case TP_OP_GatherElements:
+    if (!L->q[o->inputs[1]] || L->q[o->inputs[1]] != L->q[X]) return lift_refused(L, op, "gathers by indices of other rows");
+    if (lift_axis(L, op, "axis", s)) return TP_ERR_INPUT;
+    break;
+  case TP_OP_Gather:
+    if (L->q[X] && L->q[o->inputs[1]]) return lift_refused(L, op, "gathers by merged indices");
+    if (L->q[X] && lift_axis(L, op, "axis", s)) return TP_ERR_INPUT;
+    if (!L->q[X] && tp_attr_int(m, op, "axis", 0) != 0) return lift_refused(L, op, "gathers inside its rows");
+    break;
+  case TP_OP_ReduceSum: case TP_OP_ReduceMean: {
+    int n;
+    const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
+    int64_t moved[TP_MAX_RANK];
+    for (int k = 0; k < n; k++) {
+      if (axes[k] == 0) return lift_refused(L, op, "reduces over the rows");
+      moved[k] = axes[k] + s;
+    }
+    tp_set_attr_ints(m, op, "axes", moved, n);
+    break;
+  }
+  case TP_OP_Tile: {
+    int n;
+    const int64_t *repeats = tp_attr_ints(m, op, "repeats", &n);
+    if (repeats[0] != 1) return lift_refused(L, op, "repeats the rows");
+    int64_t moved[TP_MAX_RANK] = {1, 1, 1};
+    for (int k = 1; k < n; k++) moved[k + s] = repeats[k];
+    tp_set_attr_ints(m, op, "repeats", moved, n + s);
+    break;
+  }
+  case TP_OP_Transpose: {
+    int n;
+    const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
+    if (perm[0] != 0) return lift_refused(L, op, "moves the rows");
+    int64_t moved[TP_MAX_RANK];
+    for (int k = 0; k <= s; k++) moved[k] = k;
+    for (int k = 1; k < n; k++) moved[k + s] = perm[k] + s;
+    tp_set_attr_ints(m, op, "perm", moved, n + s);
+    break;
+  }
+  case TP_OP_MatMul:
+    if (L->q[o->inputs[1]] && type_of(m, o->inputs[1])->rank < 3 + shift_of(L, o->inputs[1]))
+      return lift_refused(L, op, "contracts over the rows");
+    break;
+  case TP_OP_Linear: case TP_OP_SwiGLU:
+    break;
+  default:
+    if (!elementwise) return lift_refused(L, op, "is not known to keep them apart");
+  }
+  for (int i = 0; i < o->noutputs; i++) {
+    int v = o->outputs[i];
+    TpType want;
+    int64_t q;
+    if (v < 0) continue;
+    if (!lifted_type(L, &old[i], &want, &q)) return lift_refused(L, op, "gives a result whose rows are not whole tokens");
+    if (preset) m->values[v].type = want;
+    else m->values[v].type.dtype = TP_UNDEF;
+    L->q[v] = q;
+  }
+  if (tp_infer_op(m, op, L->d)) return TP_ERR_INPUT;
+  for (int i = 0; i < o->noutputs; i++) {
+    int v = o->outputs[i];
+    TpType want;
+    int64_t q;
+    if (v >= 0 && lifted_type(L, &old[i], &want, &q) && !tp_type_equal(&want, &m->values[v].type))
+      return lift_refused(L, op, "does not compute the lifted shape");
+  }
+  return TP_OK;
+}
+
+/* Lifts the merged rows of a [B, T, ...] token value (tokens on axis 1) wherever a Reshape
+ * merges them; *lifted tells whether any was. */
+static int lift_merged(TpModule *m, TpDiag *d, int tokens, bool *lifted) {
+  Lift L = {.m = m, .d = d, .B = type_of(m, tokens)->dims[0], .T = type_of(m, tokens)->dims[1]};
+  L.rows = L.B * L.T;
+  *lifted = false;
+  if (L.rows <= 1) return TP_OK;
+  L.q = calloc((size_t)m->nvalues, sizeof *L.q);
+  TP_ASSERT(L.q);
+  int rc = TP_OK;
+  for (int op = 0; op < m->nops && !rc; op++) {
+    TpOp *o = &m->ops[op];
+    if (o->dead) continue;
+    bool merged = false;
+    for (int i = 0; i < o->ninputs; i++) merged |= o->inputs[i] >= 0 && L.q[o->inputs[i]];
+    if (merged) {
+      rc = lift_op(&L, op);
+      continue;
+    }
+    int X = o->ninputs ? o->inputs[0] : -1, Y = o->noutputs ? o->outputs[0] : -1;
+    if (o->kind != TP_OP_Reshape || X < 0 || Y < 0) continue;
+    const TpType *x = type_of(m, X), *y = type_of(m, Y);
+    TpType want;
+    int64_t q;
+    if (x->rank >= 2 && x->dims[0] == L.B && tp_token_axis(m, X) == 1 && tp_token_axis(m, Y) <= 0 &&
+        lifted_type(&L, y, &want, &q)) { /* [B, T, ...] -> [B*T*q, ...] (B = 1: [T, ...]): now [B, T, q, ...] */
+      m->values[Y].type = want;
+      L.q[Y] = q;
+      *lifted = true;
+    }
+  }
+  for (int i = 0; i < m->noutputs && !rc; i++) {
+    int v = m->outputs[i], def = m->values[v].def;
+    if (L.q[v])
+      rc = tp_error_op(d, m, def, "cannot slice the sequence: %s at node '%s' gives the module's output %%%s the batch's "
+                       "tokens merged into rows", tp_op_info[m->ops[def].kind].name, node_of(m, def), m->values[v].name);
+  }
+  free(L.q);
+  return rc;
+}
+
 /* ---- the pass ---- */
 
 /* Is v read as the labels of a loss? */
@@ -385,19 +619,8 @@ int tp_token_input(const TpModule *m) {
   return first;
 }
 
-int pass_insert_token_dim(TpModule *m, TpDiag *d) {
-  for (int op = 0; op < m->nops; op++)
-    if (m->ops[op].phase == TP_PHASE_BACKWARD)
-      return tp_error(d, "insert-token-dim marks the forward module: run it before autodiff");
-  pass_dce(m, d); /* what raising left behind (the primitive attention) is not computed */
-  int tokens = tp_token_input(m);
-  if (tokens < 0) return tp_error(d, "cannot slice the sequence: no graph input is integer [batch, seq] token ids");
-  for (int v = 0; v < m->nvalues; v++)
-    for (int a = 0; a < type_of(m, v)->rank; a++)
-      if (type_of(m, v)->dims[a] < 0)
-        return tp_error(d, "cannot slice the sequence: %%%s has an unknown dimension (fix it with --dim, --batch or --seq)",
-                        m->values[v].name);
-
+/* Names TP_TOKEN_DIM the axes in the class of the token input's second dim. */
+static void mark_tokens(TpModule *m, int tokens) {
   int n = m->nvalues * TP_MAX_RANK;
   int *parent = malloc((size_t)n * sizeof *parent);
   OpAxes *x = malloc(sizeof *x);
@@ -422,6 +645,29 @@ int pass_insert_token_dim(TpModule *m, TpDiag *d) {
   }
   free(parent);
   free(x);
+}
+
+int pass_insert_token_dim(TpModule *m, TpDiag *d) {
+  for (int op = 0; op < m->nops; op++)
+    if (m->ops[op].phase == TP_PHASE_BACKWARD)
+      return tp_error(d, "insert-token-dim marks the forward module: run it before autodiff");
+  pass_dce(m, d); /* what raising left behind (the primitive attention) is not computed */
+  int tokens = tp_token_input(m);
+  if (tokens < 0) return tp_error(d, "cannot slice the sequence: no graph input is integer [batch, seq] token ids");
+  for (int v = 0; v < m->nvalues; v++)
+    for (int a = 0; a < type_of(m, v)->rank; a++)
+      if (type_of(m, v)->dims[a] < 0)
+        return tp_error(d, "cannot slice the sequence: %%%s has an unknown dimension (fix it with --dim, --batch or --seq)",
+                        m->values[v].name);
+
+  bool lifted = false, global = false;
+  mark_tokens(m, tokens);
+  for (int op = 0; op < m->nops && !global; op++) {
+    const char *why;
+    global = !m->ops[op].dead && tp_token_class(m, op, &why) == TP_TOKEN_GLOBAL;
+  }
+  if (global && lift_merged(m, d, tokens, &lifted)) return TP_ERR_INPUT; /* only where the rows stop it */
+  if (lifted) mark_tokens(m, tokens);
 
   for (int op = 0; op < m->nops; op++) {
     const char *why;

@@ -31,8 +31,11 @@
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
  *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
  *    sums it; its bias is added once after the sum.
- * Norms and residuals stay replicated. Any other op reading a split value, or a split
- * value the graph outputs, is refused with an error naming it.
+ * Norms and residuals stay replicated, and so do a mixture's routed experts (Mixtral,
+ * Qwen2-MoE: products of expert weights gathered per token, by TopK of the router), with a
+ * note: split neither by experts nor within them, every rank computes all of them alike;
+ * a shared expert (Qwen2-MoE) is an MLP, split as one. Any other op reading a split value,
+ * or a split value the graph outputs, is refused with an error naming it.
  *
  * Vocabulary parallelism (Megatron's parallel embedding and cross-entropy; ir/ops.def):
  *  - The LM head (the Linear computing the logits add-loss trains, through a model's
@@ -318,16 +321,27 @@ static const char *whole_reason(const Shard *s, int op) {
   return found ? "its attention adds a bias that differs per head (ALiBi)" : NULL;
 }
 
-/* One note line: how many products stay whole (whole_reason), naming the first. */
-static void note_whole(const Shard *s, int nwhole, int first, const char *why) {
+/* One note line: how many products (`what`) stay whole, naming the first, and why. */
+static void note_whole(const Shard *s, int nwhole, int first, const char *what, const char *why) {
   const TpModule *m = s->m;
   if (!nwhole || !s->d->stream) return;
   const char *node = m->ops[first].origin.node;
   if (!node) node = m->values[m->ops[first].outputs[0]].name;
   tp_print_line(s->d->stream,
-                "%s: note: %s%sshard-tensor keeps %d attention product%s whole on every tensor rank, such as '%s': %s",
+                "%s: note: %s%sshard-tensor keeps %d %s%s whole on every tensor rank, such as '%s': %s",
                 s->d->tool ? s->d->tool : "tokpipec", s->d->file ? s->d->file : "", s->d->file ? ": " : "", nwhole,
-                nwhole > 1 ? "s" : "", node, why);
+                what, nwhole > 1 ? "s" : "", node, why);
+}
+
+/* Is v (through Reshapes) a Gather of a param's rows: a mixture's expert weights, picked per
+ * token by its router? */
+static bool gathered_param(const TpModule *m, int v) {
+  while (m->values[v].def >= 0 && m->ops[m->values[v].def].kind == TP_OP_Reshape) v = m->ops[m->values[v].def].inputs[0];
+  if (m->values[v].def < 0 || m->ops[m->values[v].def].kind != TP_OP_Gather) return false;
+  int data = m->ops[m->values[v].def].inputs[0];
+  while (m->values[data].def >= 0 && m->ops[m->values[data].def].kind == TP_OP_Reshape)
+    data = m->ops[m->values[data].def].inputs[0];
+  return m->values[data].kind == TP_VAL_PARAM;
 }
 
 /* The chunks of split value v: those of the column product it views (through Reshape and
@@ -716,7 +730,7 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
   if (m->tensor <= 1) return TP_OK;
   if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
   Shard s = {m, d, m->tensor, NULL, NULL, NULL};
-  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1;
+  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1, nexperts = 0, first_expert = -1;
   const char *first_why = NULL;
   /* values added below are replicated and never split: room for them too */
   int cap = nvalues + 3 * nops;
@@ -730,6 +744,9 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
     const TpOp *o = &m->ops[op];
     bool split_in = false;
     for (int i = 0; i < o->ninputs; i++) split_in |= o->inputs[i] >= 0 && s.axis[o->inputs[i]] >= 0;
+    if (o->kind == TP_OP_MatMul && (gathered_param(m, o->inputs[0]) || gathered_param(m, o->inputs[1])) &&
+        !nexperts++)
+      first_expert = op;
     if (o->kind == TP_OP_Linear && split_in) {
       rc = row(&s, op);
     } else if (o->kind == TP_OP_Linear) {
@@ -757,7 +774,10 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
   free(s.parts);
   free(s.copy_of);
   free(seen);
-  if (rc == TP_OK) note_whole(&s, nwhole, first_whole, first_why);
+  if (rc == TP_OK) note_whole(&s, nwhole, first_whole, "attention product", first_why);
+  if (rc == TP_OK)
+    note_whole(&s, nexperts, first_expert, "expert product",
+               "a mixture's experts, picked per token, are split neither by experts nor within them");
   if (rc == TP_OK) tp_sort_ops(m);
   return rc;
 }

@@ -75,12 +75,35 @@ ARCHS = {   # name -> (config class, config arguments, exporters)
     # Conv1D, learned positions, tied head
     "gpt2": (tf.GPT2Config, dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64), "dt"),
     "gpt_neox": (tf.GPTNeoXConfig, dict(LLAMA_LIKE), "dt"),
+    # mixtures of experts: softmax router, top-2 of 4 experts (Mixtral renormalises the two
+    # weights, Qwen2-MoE adds a sigmoid-gated shared expert). transformers' default experts
+    # (grouped_mm) fail in torch.export, its "eager" ones have data-dependent shapes there and
+    # NonZero in TorchScript; "batched_mm" (MOE_EXPERTS) exports as TopK, a gather of each
+    # token's expert weights (GatherND in dynamo, Gather and Tile in TorchScript) and
+    # batched products
+    "mixtral": (tf.MixtralConfig, dict(LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2), "dt"),
+    "qwen2_moe": (tf.Qwen2MoeConfig, dict(LLAMA_LIKE, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=32, shared_expert_intermediate_size=48), "dt"),
 }
+MOE_EXPERTS = {"mixtral": "batched_mm", "qwen2_moe": "batched_mm"}   # experts_implementation
 FRESH = "qwen2_fresh"   # qwen2 with transformers' own init, dynamo only
 # transformers' default attention (torch's scaled_dot_product_attention, decomposed by the
 # dynamo exporter with its NaN guard and Q and K each scaled by sqrt(scale)) for these
 # dynamo exports; the rest use eager attention
 SDPA = {"llama3", "mistral", "gpt2"}
+ROUTING_MARGINS = []    # per router call: its smallest gap between a token's k-th and (k+1)-th probability
+
+
+def watch_routing(model):
+    """Records in ROUTING_MARGINS how close each router call came to a tie: tokpipec breaks
+    ties by lower index (ONNX's rule), torch's CPU topk otherwise, so the references must
+    route no token on a tie (the redrawn weights make one unlikely; this proves there is none)."""
+    for module in model.modules():
+        if type(module).__name__.endswith("TopKRouter"):
+            def margin(module, args, out):
+                p = torch.softmax(out[0].detach().double(), -1).sort(-1, descending=True).values
+                ROUTING_MARGINS.append((p[:, module.top_k - 1] - p[:, module.top_k]).min().item())
+            module.register_forward_hook(margin)
 
 
 class LogitsOnly(torch.nn.Module):
@@ -102,7 +125,10 @@ def make_model(arch, seed, with_mask, redraw=True, attention="eager"):
     config = cls(**kw)
     config.use_cache = False
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+    experts = {"experts_implementation": MOE_EXPERTS[arch]} if arch in MOE_EXPERTS else {}
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attention, **experts)
+    if experts:
+        watch_routing(model)
     if redraw:
         hf.redraw(model, seed)
     return LogitsOnly(model, with_mask).eval()
@@ -212,8 +238,13 @@ def main():
                 if isinstance(mod, torch.nn.Embedding) and mod.padding_idx is not None:
                     table = [o for o, (p, f) in forms.items() if p == f"{mname}.weight" and f == "copy"]
                     flags += ["--padding-idx", f"{table[0]}={mod.padding_idx}"]
+        ROUTING_MARGINS.clear()
         parity.write_references(dir, f"hf26_{name}", build, proto, B, T, VOCAB, seed, parity.ADAMW,
                                 flags, forms=forms)
+        if base in MOE_EXPERTS:   # every forward of the 10 training steps, float32 and float64
+            margin = min(ROUTING_MARGINS)
+            print(f"  routing: the closest call to a tie over {len(ROUTING_MARGINS)} router calls: {margin:.3g}")
+            assert margin > 1e-4, f"hf26_{name}: a token's k-th and (k+1)-th router scores are {margin:.3g} apart"
 
 
 if __name__ == "__main__":

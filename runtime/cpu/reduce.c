@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "scalar.h"
+
 /* Adds a run of n elements `step` bytes apart to *acc (signed integers wrap modulo 2^64). */
 #define SUM_RUN(T, ACC, CONVERT)                                               \
   for (int64_t i = 0; i < n; i++) {                                            \
@@ -130,5 +132,28 @@ TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool rever
         if (exclusive) sum_run(t, (const char *)x->data + at, 1, 0, &f, &u);
       }
     }
+  return TP_KERNEL_OK;
+}
+
+/* TopK's dtype and shape checks, shared with the CUDA kernel. */
+TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y) {
+  TpDClass c = tp_dclass(x->dtype);
+  if (c == TP_CLASS_BOOL || c == TP_CLASS_NONE || y->dtype != TP_I64) return TP_KERNEL_BAD_DTYPE;
+  if (axis < 0 || axis >= x->rank || x->rank != y->rank || y->dims[axis] > x->dims[axis]) return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < x->rank; d++)
+    if (d != axis && x->dims[d] != y->dims[d]) return TP_KERNEL_BAD_SHAPE;
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_topk(const TpTensor *x, int axis, TpTensor *y) {
+  TpKernelStatus s = tp_topk_check(x, axis, y);
+  if (s != TP_KERNEL_OK) return s;
+  size_t es = tp_dtype_size(x->dtype);
+  int64_t outer = tp_numel(axis, x->dims), n = x->dims[axis], k = y->dims[axis];
+  int64_t inner = tp_numel(x->rank - axis - 1, x->dims + axis + 1);
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++)
+      tp_topk_line(x->dtype, (const char *)x->data + ((o * n) * inner + i) * (int64_t)es, n, inner * (int64_t)es, k,
+                   (int64_t *)y->data + (o * k) * inner + i, inner);
   return TP_KERNEL_OK;
 }

@@ -12,6 +12,10 @@ TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, 
 /* y = running sums of x along axis (same dims and dtype): y[j] = x[0] + ... + x[j], without
  * x[j] when `exclusive`, from the end when `reverse`. Accumulates as tp_reduce_sum. */
 TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool reverse, TpTensor *y);
+/* TopK: y (i64, x's dims but k = y's dim on axis) gets the indices of each line's k largest
+ * entries along axis, largest first, ties by lower index, NaN above all (scalar.h). */
+TpKernelStatus tp_topk(const TpTensor *x, int axis, TpTensor *y);
+TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y); /* its checks (CUDA's too) */
 
 /* ---- argument structs ----
  * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
@@ -31,5 +35,11 @@ typedef struct {
   bool exclusive, reverse;
   TpTensor *y;
 } TpCumsumArgs;
+
+typedef struct {
+  const TpTensor *x;
+  int axis;
+  TpTensor *y;
+} TpTopkArgs;
 
 #endif

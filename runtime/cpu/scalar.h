@@ -60,6 +60,34 @@ TP_HOST_DEVICE static inline double tp_load_double(TpDType t, const char *p) {
   }
 }
 
+/* TopK's order of a line of numbers: (a, i) before (b, j) when a is NaN and b is not, or a > b,
+ * or they are equal (or both NaN) and i < j: largest first, ties by lower index (ONNX). */
+TP_HOST_DEVICE static inline bool tp_topk_before(double a, int64_t i, double b, int64_t j) {
+  if (isnan(a) != isnan(b)) return isnan(a);
+  if (!isnan(a) && a != b) return a > b;
+  return i < j;
+}
+
+/* TopK of one line: the n numbers of dtype t `step` bytes apart from x; the indices of the k
+ * first in tp_topk_before's order into idx[0], idx[idx_step], ... Each pick is the first of
+ * the entries after the previous pick: O(n k), for the few experts a router chooses from. */
+TP_HOST_DEVICE static inline void tp_topk_line(TpDType t, const char *x, int64_t n, int64_t step, int64_t k,
+                                               int64_t *idx, int64_t idx_step) {
+  double prev = 0;
+  int64_t prev_i = -1;
+  for (int64_t r = 0; r < k; r++) {
+    double best = 0;
+    int64_t best_i = -1;
+    for (int64_t i = 0; i < n; i++) {
+      double v = tp_load_double(t, x + i * step);
+      if (prev_i >= 0 && !tp_topk_before(prev, prev_i, v, i)) continue; /* picked already */
+      if (best_i < 0 || tp_topk_before(v, i, best, best_i)) best = v, best_i = i;
+    }
+    idx[r * idx_step] = best_i;
+    prev = best, prev_i = best_i;
+  }
+}
+
 /* The low bytes of v (two's complement wraps); bool stores v != 0. es: t's size. */
 TP_HOST_DEVICE static inline void tp_store_bits(TpDType t, size_t es, char *p, uint64_t v) {
   switch (es) {

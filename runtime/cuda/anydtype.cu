@@ -471,6 +471,26 @@ TpKernelStatus tp_cuda_cumsum(const TpTensor *x, int axis, bool exclusive, bool 
   return TP_KERNEL_OK;
 }
 
+/* One thread per line (o, i) along axis: TopK's picks as the CPU makes them (cpu/scalar.h). */
+__global__ void topk_kernel(TpDType t, size_t es, const char *x, int64_t outer, int64_t n, int64_t inner, int64_t k,
+                            int64_t *y) {
+  TP_GRID_STRIDE_LOOP(line, outer * inner) {
+    int64_t o = line / inner, i = line % inner;
+    tp_topk_line(t, x + (o * n * inner + i) * (int64_t)es, n, inner * (int64_t)es, k, y + o * k * inner + i, inner);
+  }
+}
+
+TpKernelStatus tp_cuda_topk(const TpTensor *x, int axis, TpTensor *y, TpStream *stream) {
+  TpKernelStatus s = tp_topk_check(x, axis, y);
+  if (s != TP_KERNEL_OK) return s;
+  int64_t outer = tp_numel(axis, x->dims), n = x->dims[axis], k = y->dims[axis];
+  int64_t inner = tp_numel(x->rank - axis - 1, x->dims + axis + 1);
+  if (outer * inner != 0 && k != 0)
+    LAUNCH_OVER(outer * inner, topk_kernel, stream, x->dtype, tp_dtype_size(x->dtype),
+                static_cast<const char *>(x->data), outer, n, inner, k, static_cast<int64_t *>(y->data));
+  return TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_cuda_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, TpTensor *y,
                                   TpStream *stream) {
   TpDType t = x->dtype;

@@ -74,6 +74,7 @@ TpKernelStatus tp_cuda_tile(const TpTensor *x, TpTensor *y, TpStream *stream);
 /* ---- cpu/reduce.h ---- */
 TpKernelStatus tp_cuda_cumsum(const TpTensor *x, int axis, bool exclusive, bool reverse, TpTensor *y,
                               TpStream *stream);
+TpKernelStatus tp_cuda_topk(const TpTensor *x, int axis, TpTensor *y, TpStream *stream);
 
 /* ---- cpu/layout.h ---- */
 TpKernelStatus tp_cuda_reshape(const TpTensor *x, TpTensor *y, TpStream *stream);

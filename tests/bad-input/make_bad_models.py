@@ -237,6 +237,19 @@ def ops_models():
     repeats = numpy_helper.from_array(np.array([2], np.int64), "repeats")
     save(model([helper.make_node("Tile", ["x", "repeats"], ["y"], name="tile")],
                [vi("x", [2])], [vi("y", [4])], [repeats], opset=12), "ops/tile_opset12.onnx")
+    # a mixture's router (issue 21): TopK of the k smallest, K past the axis; and the eager
+    # experts' routing as TorchScript exports it, OneHot before NonZero: NonZero is named
+    k = numpy_helper.from_array(np.array([2], np.int64), "k")
+    save(model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", largest=0)],
+               [vi("x", [3, 4])], [vi("v", [3, 2]), vi("i", [3, 2], i64)], [k]), "ops/topk_smallest.onnx")
+    k = numpy_helper.from_array(np.array([5], np.int64), "k")
+    save(model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk")],
+               [vi("x", [3, 4])], [vi("v", [3, 5]), vi("i", [3, 5], i64)], [k]), "ops/topk_k_range.onnx")
+    depth = numpy_helper.from_array(np.array(4, np.int64), "depth")
+    onoff = numpy_helper.from_array(np.array([0, 1], np.int64), "onoff")
+    save(model([helper.make_node("OneHot", ["i", "depth", "onoff"], ["hot"], name="experts/OneHot"),
+                helper.make_node("NonZero", ["hot"], ["where"], name="experts/NonZero")],
+               [vi("i", [3, 2], i64)], [vi("where", [3, None], i64)], [depth, onoff]), "ops/moe_eager_nonzero.onnx")
 
 
 def opset_models():

@@ -551,6 +551,26 @@ static void cumsum_fwd(void) {
   check_status("CumSum on axis 3", tp_cuda_cumsum(&b, 3, false, false, &y, stream()), TP_KERNEL_BAD_DTYPE);
 }
 
+/* TopK: random lines, and lines of few distinct values (ties broken by lower index) */
+static void topk_fwd(void) {
+  const int64_t xd[3] = {3, 37, 4};
+  for (int t = 0; t < 7; t++)
+    for (int axis = 0; axis < 3; axis++)
+      for (int ties = 0; ties < 2; ties++) {
+        TpTensor x = tensor(SUM_TYPES[t], 3, xd, ties ? 0 : -9, ties ? 2 : 9);
+        int64_t yd[3] = {3, 37, 4};
+        yd[axis] = xd[axis] > 2 ? 2 : 1;
+        TpTensor w = result(TP_I64, 3, yd), g = result(TP_I64, 3, yd);
+        char what[64];
+        snprintf(what, sizeof what, "TopK on %s, axis %d%s", dtype_name(x.dtype), axis, ties ? ", ties" : "");
+        check_status(what, tp_cuda_topk(&x, axis, &g, stream()), tp_topk(&x, axis, &w));
+        sync_expect(what, -1);
+        check_tensor(what, &g, &w, EXACT);
+      }
+  TpTensor b = tensor(TP_BOOL, 3, xd, 0, 1), y = result(TP_I64, 3, xd);
+  check_status("TopK on bool", tp_cuda_topk(&b, 0, &y, stream()), TP_KERNEL_BAD_DTYPE);
+}
+
 static void reduce_sum_fwd(void) {
   const int64_t xd[4] = {3, 5, 1, 37}, axes_sets[4][3] = {{1, 3}, {0}, {0, 1, 2}, {2}};
   const int naxes[4] = {2, 1, 3, 1};
@@ -945,6 +965,7 @@ static const CudaTest TESTS[] = {
     {"ops_gather_elements_fwd", gather_elements_fwd},
     {"ops_gather_elements_bwd", gather_elements_bwd},
     {"ops_cumsum_fwd", cumsum_fwd},
+    {"ops_topk_fwd", topk_fwd},
     {"ops_reduce_sum_fwd", reduce_sum_fwd},
     {"ops_softmax_fwd", softmax_fwd},
     {"ops_softmax_bwd", softmax_bwd},

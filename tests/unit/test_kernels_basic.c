@@ -315,6 +315,27 @@ static void test_reduce(void) {
   CHECK(tp_reduce_sum(&txi, (int64_t[]){0}, 1, false, &tyi) == TP_KERNEL_BAD_SHAPE);
 }
 
+/* TopK, a mixture's router (issue 21): largest first; ties by lower index (ONNX's order,
+ * which torch's CPU topk does not keep: it gives [2, 4, 1] for row 0's k = 3); NaN first. */
+static void test_topk(void) {
+  float x[3][5] = {{1, 3, 3, 2, 3}, {0, 0, 0, 0, 0}, {NAN, 1, NAN, 5, 5}};
+  int64_t y[3][3], y0[1][5];
+  TpTensor tx = T(TP_F32, 2, (int64_t[]){3, 5}, x), ty = T(TP_I64, 2, (int64_t[]){3, 3}, y);
+  CHECK(tp_topk(&tx, 1, &ty) == TP_KERNEL_OK);
+  check_i64("topk ties by lower index, NaN first", &y[0][0], (int64_t[]){1, 2, 4, 0, 1, 2, 0, 2, 3}, 9);
+  TpTensor ty0 = T(TP_I64, 2, (int64_t[]){1, 5}, y0);
+  CHECK(tp_topk(&tx, 0, &ty0) == TP_KERNEL_OK); /* along axis 0: per column */
+  check_i64("topk along axis 0", &y0[0][0], (int64_t[]){2, 0, 2, 2, 2}, 5);
+  int32_t xi[4] = {-7, 9, 9, -1};
+  int64_t yi[2];
+  TpTensor txi = T(TP_I32, 1, (int64_t[]){4}, xi), tyi = T(TP_I64, 1, (int64_t[]){2}, yi);
+  CHECK(tp_topk(&txi, 0, &tyi) == TP_KERNEL_OK);
+  check_i64("topk of i32", yi, (int64_t[]){1, 2}, 2);
+  TpTensor wide = T(TP_I64, 2, (int64_t[]){3, 6}, y);
+  CHECK(tp_topk(&tx, 1, &wide) == TP_KERNEL_BAD_SHAPE); /* k 6 > 5 entries */
+  CHECK(tp_topk(&tx, 1, &tx) == TP_KERNEL_BAD_DTYPE);   /* indices are i64 */
+}
+
 /* The ops Hugging Face exports compute from constants: Sin, Cos, Max, Min, GreaterOrEqual,
  * CumSum, Tile, GatherElements (issue 11). */
 static void test_constant_ops(void) {
@@ -397,6 +418,7 @@ int main(void) {
   test_transpose_large();
   test_reduce();
   test_constant_ops();
+  test_topk();
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
   return failures != 0;
 }
