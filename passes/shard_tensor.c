@@ -17,17 +17,22 @@
  *    each rank holds its piece of every chunk.
  *  - Such a product stays whole instead (replicated, computed alike on every rank, with
  *    the attention it feeds) when the heads cannot be cut as TpShard writes them: K/V
- *    fused with more query heads (Falcon's multi-query Q|K|V: unequal chunks), or an
+ *    fused with more query heads (Falcon's multi-query Q|K|V: unequal chunks), an
  *    attention bias constant that differs per head (ALiBi), which each rank would need
- *    its own part of while only params are split.
+ *    its own part of while only params are split, or queries or keys normalised over all
+ *    heads at once (OLMo 2's q_norm and k_norm over the projection's whole width: split,
+ *    each rank would need every rank's sum of squares). A norm over the whole width ends
+ *    the block like the residual stream's, so those products are never column-parallel.
  *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, Split,
  *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
  *    head-major fused Q|K|V, partial rotary), Slice of one whole chunk, Gather along
  *    another axis (Bloom's [heads, 3, head_dim]), Rotary and Attention (which gets the
  *    per-rank head counts; a mask alike for every head stays whole, a per-head bias that
- *    is a param it alone reads is split with the heads). A trainable value
- *    such an op broadcasts along the split axis (a scale, a Rotary table exported as a
- *    param) passes through TensorCopy, whose backward sums the ranks' partial gradients.
+ *    is a param it alone reads is split with the heads), and RMSNorm or LayerNorm within
+ *    each head (Qwen 3's and Gemma 3's q_norm and k_norm over head_dim, before rotary),
+ *    whose scale stays whole. A trainable value such an op broadcasts along the split
+ *    axis (a scale, a Rotary table exported as a param, such a norm's scale) passes
+ *    through TensorCopy, whose backward sums the ranks' partial gradients.
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
  *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
  *    sums it; its bias is added once after the sum.
@@ -82,6 +87,24 @@ static bool carries_split(TpOpKind k) {
          k == TP_OP_Attention || k == TP_OP_Gather;
 }
 
+static bool is_norm(TpOpKind k) { return k == TP_OP_LayerNorm || k == TP_OP_RMSNorm; }
+
+/* The first axis norm op normalises (the axes from it to the last are normalised). */
+static int norm_axis(const TpModule *m, int op) {
+  int rank = m->values[m->ops[op].inputs[0]].type.rank, a = (int)tp_attr_int(m, op, "axis", -1);
+  return a < 0 ? a + rank : a;
+}
+
+/* Is norm op one within each head, reached from a column product's result of rank `rank`:
+ * its operand has been cut into more axes than that result (heads, then a head's
+ * features) and it normalises the last axis alone (Qwen 3's and Gemma 3's q_norm, k_norm)?
+ * One over the product's whole width (OLMo 2's) ends the block, as the residual stream's
+ * norms do. follow() checks the split itself. */
+static bool norm_within_heads(const TpModule *m, int op, int rank) {
+  int x = m->ops[op].inputs[0];
+  return is_norm(m->ops[op].kind) && m->values[x].type.rank > rank && norm_axis(m, op) == m->values[x].type.rank - 1;
+}
+
 /* Is op a residual: an Add or Sub of v and another activation (not only constants and
  * params)? A product of two activations (a gated MLP's gate and up) is not. */
 static bool residual(const TpModule *m, const TpOp *op, int v) {
@@ -93,10 +116,11 @@ static bool residual(const TpModule *m, const TpOp *op, int v) {
   return false;
 }
 
-/* Does value v reach the input of a Linear within its block: through any op but a norm or
- * a residual (where a block ends)? *blocker gets the first op on such a path that cannot
+/* Does value v, a view of a column product's result of rank `rank`, reach the input of a
+ * Linear within its block: through any op but a residual or a norm other than one within
+ * each head (where a block ends)? *blocker gets the first op on such a path that cannot
  * carry a split, or stays -1. */
-static bool reaches_linear(const TpModule *m, int v, bool *seen, int *blocker) {
+static bool reaches_linear(const TpModule *m, int v, int rank, bool *seen, int *blocker) {
   if (seen[v]) return false;
   seen[v] = true;
   bool found = false;
@@ -108,11 +132,12 @@ static bool reaches_linear(const TpModule *m, int v, bool *seen, int *blocker) {
         found = true;
         continue;
       }
-      if (op->kind == TP_OP_LayerNorm || op->kind == TP_OP_RMSNorm || residual(m, op, v)) continue;
+      bool within_heads = norm_within_heads(m, o, rank);
+      if ((is_norm(op->kind) && !within_heads) || residual(m, op, v)) continue;
       for (int r = 0; r < op->noutputs; r++)
-        if (op->outputs[r] >= 0 && reaches_linear(m, op->outputs[r], seen, blocker)) {
+        if (op->outputs[r] >= 0 && reaches_linear(m, op->outputs[r], rank, seen, blocker)) {
           found = true;
-          if (*blocker < 0 && !carries_split(op->kind)) *blocker = o;
+          if (*blocker < 0 && !carries_split(op->kind) && !within_heads) *blocker = o;
         }
     }
   }
@@ -131,9 +156,10 @@ static int sole_reader(const TpModule *m, int v, int *operand) {
   return found;
 }
 
-/* The heads a column product's result y is reshaped into (0: none, an MLP product), and
- * whether they are keys or values of an attention, following y's lone readers. */
-static int64_t heads_of(const TpModule *m, int y, bool *kv) {
+/* The heads a column product's result y (or a chunk of it), of rank `rank`, is reshaped
+ * into (0: none, an MLP product), and whether they are keys or values of an attention,
+ * following y's lone readers. */
+static int64_t heads_of(const TpModule *m, int y, int rank, bool *kv) {
   int64_t heads = 0;
   *kv = false;
   for (int v = y, i; v >= 0;) {
@@ -146,7 +172,7 @@ static int64_t heads_of(const TpModule *m, int y, bool *kv) {
       break;
     }
     if (op->kind == TP_OP_Reshape && !heads && out->rank > in->rank) heads = out->dims[in->rank - 1];
-    if (!carries_split(op->kind) || op->kind == TP_OP_Linear) break;
+    if ((!carries_split(op->kind) && !norm_within_heads(m, o, rank)) || op->kind == TP_OP_Linear) break;
     v = op->outputs[0];
   }
   return heads;
@@ -287,38 +313,73 @@ static bool own_bias(const TpModule *m, int op) {
          tp_use_count(m, o->inputs[3]) == 1;
 }
 
-/* Does v reach the Q, K or V of an Attention with a per-head bias that is not its own
- * param (a constant: ALiBi's) within its block? */
-static bool feeds_per_head_bias(const TpModule *m, int v, bool *seen) {
-  if (seen[v]) return false;
+/* The column product that v views: the Linear reached back from v through the first
+ * operands of ops that carry a split and norms (-1: none). */
+static int viewed_product(const TpModule *m, int v) {
+  while (v >= 0 && m->values[v].kind == TP_VAL_RESULT) {
+    const TpOp *op = &m->ops[m->values[v].def];
+    if (op->kind == TP_OP_Linear) return m->values[v].def;
+    if (op->kind == TP_OP_Attention || (!carries_split(op->kind) && !is_norm(op->kind))) break;
+    v = op->inputs[0];
+  }
+  return -1;
+}
+
+/* Is v, an operand of an Attention, normalised over all its heads at once on the way from
+ * the product it views (OLMo 2's q_norm and k_norm over the projection's whole width)?
+ * Split by heads, each rank would need the sum of squares of every rank's features. */
+static bool normed_across_heads(const TpModule *m, int v) {
+  int product = viewed_product(m, v);
+  if (product < 0) return false;
+  int rank = m->values[m->ops[product].outputs[0]].type.rank;
+  for (; v != m->ops[product].outputs[0]; v = m->ops[m->values[v].def].inputs[0]) {
+    int def = m->values[v].def;
+    if (is_norm(m->ops[def].kind) && !norm_within_heads(m, def, rank)) return true;
+  }
+  return false;
+}
+
+/* Why the Attention that v (a column product's result of rank `rank`, or a view of it)
+ * reaches as Q, K or V within its block must stay whole, or NULL: a per-head bias that is
+ * not its own param (a constant: ALiBi's), or an operand normalised over all heads. */
+static const char *whole_attention(const TpModule *m, int v, int rank, bool *seen) {
+  if (seen[v]) return NULL;
   seen[v] = true;
   for (int o = 0; o < m->nops; o++) {
     const TpOp *op = &m->ops[o];
     for (int i = 0; i < op->ninputs; i++) {
       if (op->inputs[i] != v) continue;
-      if (op->kind == TP_OP_Attention && i < 3 && per_head_bias(m, o) && !own_bias(m, o)) return true;
-      if (op->kind == TP_OP_Attention || op->kind == TP_OP_Linear || !carries_split(op->kind) || residual(m, op, v))
+      if (op->kind == TP_OP_Attention && i < 3 && per_head_bias(m, o) && !own_bias(m, o))
+        return "its attention adds a bias that differs per head (ALiBi)";
+      for (int j = 0; op->kind == TP_OP_Attention && i < 3 && j < 3; j++)
+        if (normed_across_heads(m, op->inputs[j]))
+          return "its attention's queries or keys are normalised over all heads at once (OLMo 2's q_norm, k_norm)";
+      if (op->kind == TP_OP_Attention || op->kind == TP_OP_Linear || residual(m, op, v) ||
+          (!carries_split(op->kind) && !norm_within_heads(m, o, rank)))
         continue;
-      for (int r = 0; r < op->noutputs; r++)
-        if (op->outputs[r] >= 0 && feeds_per_head_bias(m, op->outputs[r], seen)) return true;
+      for (int r = 0; r < op->noutputs; r++) {
+        const char *why = op->outputs[r] >= 0 ? whole_attention(m, op->outputs[r], rank, seen) : NULL;
+        if (why) return why;
+      }
     }
   }
-  return false;
+  return NULL;
 }
 
 /* Why the column candidate Linear op stays whole, computed alike on every rank with the
  * attention it feeds, or NULL: its result's heads are cut unequally (cut_pieces), or that
- * attention's bias differs per head (ALiBi): each rank would need its own constant, which
- * the plan cannot hold (only params are split). */
+ * attention cannot be split by heads (whole_attention): ALiBi's bias, for which each rank
+ * would need its own constant, which the plan cannot hold (only params are split), or
+ * queries or keys normalised over every head. */
 static const char *whole_reason(const Shard *s, int op) {
   int chunks, piece, y = s->m->ops[op].outputs[0];
   if (!cut_pieces(s->m, y, &chunks, &piece))
     return "its heads are cut into unequal groups (multi-query K/V fused with Q)";
   bool *seen = calloc((size_t)s->m->nvalues, 1);
   TP_ASSERT(seen);
-  bool found = feeds_per_head_bias(s->m, y, seen);
+  const char *why = whole_attention(s->m, y, s->m->values[y].type.rank, seen);
   free(seen);
-  return found ? "its attention adds a bias that differs per head (ALiBi)" : NULL;
+  return why;
 }
 
 /* One note line: how many products (`what`) stay whole, naming the first, and why. */
@@ -383,9 +444,9 @@ static int column(Shard *s, int op) {
   bool kv;
   int chunks, piece;
   cut_pieces(m, y, &chunks, &piece); /* equal: whole_reason() checked */
-  int64_t heads = heads_of(m, y, &kv);
+  int64_t heads = heads_of(m, y, m->values[y].type.rank, &kv);
   int i, r = sole_reader(m, y, &i);
-  if (!heads && piece >= 0) heads = heads_of(m, piece, &kv);
+  if (!heads && piece >= 0) heads = heads_of(m, piece, m->values[y].type.rank, &kv);
   else if (r >= 0 && m->ops[r].kind == TP_OP_Reshape) heads /= chunks; /* the chunks cut y's heads */
   int parts = s->ranks;
   if (heads && heads % s->ranks != 0) {
@@ -523,6 +584,18 @@ static int follow(Shard *s, int op) {
     return reinfer(s, op);
   case TP_OP_Gather:
     return gather(s, op);
+  case TP_OP_LayerNorm:
+  case TP_OP_RMSNorm: /* within each head: its scale (and bias) whole on every rank */
+    for (int i = 1; i < o->ninputs; i++)
+      if (o->inputs[i] >= 0 && s->axis[o->inputs[i]] >= 0)
+        return refuse(s, op, tp_strfmt(m, "its scale or bias %%%s is split over the ranks", m->values[o->inputs[i]].name));
+    if (s->axis[x] >= norm_axis(m, op))
+      return refuse(s, op, "it normalises over the axis split over the ranks (all heads at once)");
+    for (int i = 1; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
+      if (share_operand(s, op, i)) return TP_ERR_INPUT;
+    for (int r = 0; r < m->ops[op].noutputs; r++) /* LayerNorm's statistics keep the heads axis too */
+      if (m->ops[op].outputs[r] >= 0) mark(s, m->ops[op].outputs[r], s->axis[x], s->parts[x]);
+    return reinfer(s, op);
   case TP_OP_Attention: { /* a mask or bias alike for every head stays whole */
     int bias = o->ninputs > 3 ? o->inputs[3] : -1, a = bias >= 0 ? m->values[bias].type.rank - 3 : -1;
     bool per_head = per_head_bias(m, op);
@@ -752,7 +825,7 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
     } else if (o->kind == TP_OP_Linear) {
       int blocker = -1;
       memset(seen, 0, (size_t)m->nvalues);
-      bool block = m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, o->outputs[0], seen, &blocker);
+      bool block = m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, o->outputs[0], m->values[o->outputs[0]].type.rank, seen, &blocker);
       const char *why = block ? whole_reason(&s, op) : NULL;
       if (why && !nwhole++) first_whole = op, first_why = why;
       block = block && !why;

@@ -6,8 +6,9 @@
  * loss must equal the whole run's, and every gradient the whole gradient's slice (summed
  * over the ranks sharing a piece, for K/V heads fewer than the ranks), within TOL relative
  * to the tensor's largest magnitude: f32 sums taken in another order differ near 1e-7.
- * The same for the modules of tests/lit/shard-fused.tir and for every ONNX fixture, raised
- * as tokpipec raises it, over 2 ranks and over 4 where its heads divide. */
+ * The same for the modules of tests/lit/shard-fused.tir and shard-qknorm.tir and for every
+ * ONNX fixture, raised as tokpipec raises it, over 2 ranks and over 4 where its heads
+ * divide. */
 #include "frontend/frontend.h"
 #include "interp/interp.h"
 #include "ir/ir.h"
@@ -307,6 +308,10 @@ int main(void) {
   check_case("shard-fused.tir", "grouped.tir", 2); /* [groups, q per group + 2, head_dim] */
   check_case("shard-fused.tir", "scaled.tir", 2);  /* a trainable scale of split features */
   check_case("shard-fused.tir", "heads-split.tir", 2); /* [3 x heads, head_dim] cut by Split */
+  check_case("shard-qknorm.tir", "qk.tir", 2);     /* norms within each head: scales whole, summed */
+  check_case("shard-qknorm.tir", "qk.tir", 4);     /* ... and K/V heads shared by two ranks each */
+  check_case("shard-qknorm.tir", "olmo.tir", 2);   /* norms over all heads: the attention stays whole */
+  check_case("shard-qknorm.tir", "across.tir", 2); /* likewise over heads and features of [B, T, H, D] */
   /* every fixture, raised as tokpipec raises it, over 2 ranks and over 4 where its heads
    * divide (not fused_block's 2, gpt_o17_erf_untied_bias_dyn_trilu's 2 or
    * gpt_o17_erf_untied_bias_external's 6) */
