@@ -20,9 +20,9 @@
  *    fused with more query heads (Falcon's multi-query Q|K|V: unequal chunks), an
  *    attention bias constant that differs per head (ALiBi), which each rank would need
  *    its own part of while only params are split, or queries or keys normalised over all
- *    heads at once (OLMo 2's q_norm and k_norm over the projection's whole width: split,
- *    each rank would need every rank's sum of squares). A norm over the whole width ends
- *    the block like the residual stream's, so those products are never column-parallel.
+ *    heads at once by a norm that cannot be split across the ranks (a LayerNorm, or an
+ *    RMSNorm whose scale is not a param of its own). Such a norm ends the block like the
+ *    residual stream's, so the products it normalises are never column-parallel.
  *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, Split,
  *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
  *    head-major fused Q|K|V, partial rotary), Slice of one whole chunk, Gather along
@@ -30,17 +30,21 @@
  *    per-rank head counts; a mask alike for every head stays whole, a per-head bias that
  *    is a param it alone reads is split with the heads), and RMSNorm or LayerNorm within
  *    each head (Qwen 3's and Gemma 3's q_norm and k_norm over head_dim, before rotary),
- *    whose scale stays whole. A trainable value such an op broadcasts along the split
- *    axis (a scale, a Rotary table exported as a param, such a norm's scale) passes
- *    through TensorCopy, whose backward sums the ranks' partial gradients.
+ *    whose scale stays whole, and RMSNorm over all heads at once, its scale a param of its
+ *    own (OLMo 2's q_norm and k_norm over the projection's whole width): each rank's mean
+ *    of squares is all-reduced (norm_across_ranks) and the scale cut with the features.
+ *    A trainable value such an op broadcasts along the split axis (a scale, a Rotary
+ *    table exported as a param, a norm's scale within heads) passes through TensorCopy,
+ *    whose backward sums the ranks' partial gradients.
  *  - A Linear whose input is split along its last axis is row-parallel: its weight's rows
  *    are split, its result is this rank's partial sum, and an AllReduce (Megatron's g)
  *    sums it; its bias is added once after the sum.
- * Norms and residuals stay replicated, and so do a mixture's routed experts (Mixtral,
- * Qwen2-MoE: products of expert weights gathered per token, by TopK of the router), with a
- * note: split neither by experts nor within them, every rank computes all of them alike;
- * a shared expert (Qwen2-MoE) is an MLP, split as one. Any other op reading a split value,
- * or a split value the graph outputs, is refused with an error naming it.
+ * The residual stream's norms and residuals stay replicated, and so do a mixture's routed
+ * experts (Mixtral, Qwen2-MoE: products of expert weights gathered per token, by TopK of
+ * the router), with a note: split neither by experts nor within them, every rank computes
+ * all of them alike; a shared expert (Qwen2-MoE) is an MLP, split as one. Any other op
+ * reading a split value, or a split value the graph outputs, is refused with an error
+ * naming it.
  *
  * Vocabulary parallelism (Megatron's parallel embedding and cross-entropy; ir/ops.def):
  *  - The LM head (the Linear computing the logits add-loss trains, through a model's
@@ -105,6 +109,17 @@ static bool norm_within_heads(const TpModule *m, int op, int rank) {
   return is_norm(m->ops[op].kind) && m->values[x].type.rank > rank && norm_axis(m, op) == m->values[x].type.rank - 1;
 }
 
+/* Is norm op one over all of a column product's heads that follow() can split across the
+ * ranks (OLMo 2's q_norm and k_norm over the projection's whole width): an RMSNorm whose
+ * scale is a param it alone reads, cut with the features. Each rank's mean of squares is
+ * summed over the ranks (norm_across_ranks). */
+static bool norm_splits_across(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  const TpValue *w = &m->values[o->inputs[1]];
+  return o->kind == TP_OP_RMSNorm && w->kind == TP_VAL_PARAM && w->tied < 0 && !w->shard.parts &&
+         tp_use_count(m, o->inputs[1]) == 1;
+}
+
 /* Is op a residual: an Add or Sub of v and another activation (not only constants and
  * params)? A product of two activations (a gated MLP's gate and up) is not. */
 static bool residual(const TpModule *m, const TpOp *op, int v) {
@@ -118,7 +133,7 @@ static bool residual(const TpModule *m, const TpOp *op, int v) {
 
 /* Does value v, a view of a column product's result of rank `rank`, reach the input of a
  * Linear within its block: through any op but a residual or a norm other than one within
- * each head (where a block ends)? *blocker gets the first op on such a path that cannot
+ * each head or one split across the ranks (where a block ends)? *blocker gets the first op on such a path that cannot
  * carry a split, or stays -1. */
 static bool reaches_linear(const TpModule *m, int v, int rank, bool *seen, int *blocker) {
   if (seen[v]) return false;
@@ -132,12 +147,12 @@ static bool reaches_linear(const TpModule *m, int v, int rank, bool *seen, int *
         found = true;
         continue;
       }
-      bool within_heads = norm_within_heads(m, o, rank);
-      if ((is_norm(op->kind) && !within_heads) || residual(m, op, v)) continue;
+      bool norm = is_norm(op->kind) && (norm_within_heads(m, o, rank) || norm_splits_across(m, o));
+      if ((is_norm(op->kind) && !norm) || residual(m, op, v)) continue;
       for (int r = 0; r < op->noutputs; r++)
         if (op->outputs[r] >= 0 && reaches_linear(m, op->outputs[r], rank, seen, blocker)) {
           found = true;
-          if (*blocker < 0 && !carries_split(op->kind) && !within_heads) *blocker = o;
+          if (*blocker < 0 && !carries_split(op->kind) && !norm) *blocker = o;
         }
     }
   }
@@ -172,7 +187,8 @@ static int64_t heads_of(const TpModule *m, int y, int rank, bool *kv) {
       break;
     }
     if (op->kind == TP_OP_Reshape && !heads && out->rank > in->rank) heads = out->dims[in->rank - 1];
-    if ((!carries_split(op->kind) && !norm_within_heads(m, o, rank)) || op->kind == TP_OP_Linear) break;
+    bool norm = norm_within_heads(m, o, rank) || (is_norm(op->kind) && norm_splits_across(m, o));
+    if ((!carries_split(op->kind) && !norm) || op->kind == TP_OP_Linear) break;
     v = op->outputs[0];
   }
   return heads;
@@ -224,14 +240,22 @@ static int cut_param(Shard *s, int op, int w, int axis, int parts, int chunks) {
   return TP_OK;
 }
 
-/* A new op after `after` (same placement and origin) computing kind(in); its result. */
-static int add_after(Shard *s, int after, TpOpKind kind, const int *in, int nin, const char *name) {
+/* A new op after `after` (same placement and origin) computing kind(in), its result not
+ * yet inferred; the op. */
+static int new_op(Shard *s, int after, TpOpKind kind, const int *in, int nin, const char *name) {
   TpOrigin origin = s->m->ops[after].origin;
   int op = tp_add_op(s->m, kind, in, nin, (const char *[]){name}, 1, origin);
   TpOp *a = &s->m->ops[after], *o = &s->m->ops[op];
   o->stage = a->stage, o->slice = a->slice, o->phase = a->phase;
-  if (kind != TP_OP_Add) tp_set_attr_string(s->m, op, "group", "tensor");
+  if (kind == TP_OP_AllReduce || kind == TP_OP_TensorCopy || kind == TP_OP_TensorRank)
+    tp_set_attr_string(s->m, op, "group", "tensor");
   if (kind == TP_OP_AllReduce) tp_set_attr_string(s->m, op, "reduce", "sum");
+  return op;
+}
+
+/* new_op, inferred; its result (-1 after an error). */
+static int add_after(Shard *s, int after, TpOpKind kind, const int *in, int nin, const char *name) {
+  int op = new_op(s, after, kind, in, nin, name);
   return tp_infer_op(s->m, op, s->d) == TP_OK ? s->m->ops[op].outputs[0] : -1;
 }
 
@@ -326,15 +350,15 @@ static int viewed_product(const TpModule *m, int v) {
 }
 
 /* Is v, an operand of an Attention, normalised over all its heads at once on the way from
- * the product it views (OLMo 2's q_norm and k_norm over the projection's whole width)?
- * Split by heads, each rank would need the sum of squares of every rank's features. */
+ * the product it views, by a norm that cannot be split across the ranks (a LayerNorm, or a
+ * scale that is not a param of its own: norm_splits_across)? */
 static bool normed_across_heads(const TpModule *m, int v) {
   int product = viewed_product(m, v);
   if (product < 0) return false;
   int rank = m->values[m->ops[product].outputs[0]].type.rank;
   for (; v != m->ops[product].outputs[0]; v = m->ops[m->values[v].def].inputs[0]) {
     int def = m->values[v].def;
-    if (is_norm(m->ops[def].kind) && !norm_within_heads(m, def, rank)) return true;
+    if (is_norm(m->ops[def].kind) && !norm_within_heads(m, def, rank) && !norm_splits_across(m, def)) return true;
   }
   return false;
 }
@@ -353,9 +377,10 @@ static const char *whole_attention(const TpModule *m, int v, int rank, bool *see
         return "its attention adds a bias that differs per head (ALiBi)";
       for (int j = 0; op->kind == TP_OP_Attention && i < 3 && j < 3; j++)
         if (normed_across_heads(m, op->inputs[j]))
-          return "its attention's queries or keys are normalised over all heads at once (OLMo 2's q_norm, k_norm)";
+          return "its attention's queries or keys are normalised over all heads at once by a norm other than an "
+                 "RMSNorm with a scale of its own";
       if (op->kind == TP_OP_Attention || op->kind == TP_OP_Linear || residual(m, op, v) ||
-          (!carries_split(op->kind) && !norm_within_heads(m, o, rank)))
+          (!carries_split(op->kind) && !norm_within_heads(m, o, rank) && !(is_norm(op->kind) && norm_splits_across(m, o))))
         continue;
       for (int r = 0; r < op->noutputs; r++) {
         const char *why = op->outputs[r] >= 0 ? whole_attention(m, op->outputs[r], rank, seen) : NULL;
@@ -530,6 +555,50 @@ static int gather(Shard *s, int op) {
   return reinfer(s, op);
 }
 
+/* RMSNorm op over axes that hold the split axis of its operand x (norm_splits_across):
+ * each rank has some of every row's features, so it becomes
+ *   x / sqrt(TensorCopy(AllReduce(mean(x^2))) / N + epsilon) * scale
+ * with the scale cut as x's features. The all-reduced means of the N ranks (of equal
+ * parts; ranks sharing a part add it alike) are N times the row's. The AllReduce's
+ * gradient passes through, and TensorCopy's sums the ranks' partial ones, as each rank's
+ * features reach the mean. */
+static int norm_across_ranks(Shard *s, int op) {
+  TpModule *m = s->m;
+  int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], y = m->ops[op].outputs[0], a = norm_axis(m, op);
+  int rank = m->values[x].type.rank, axis = s->axis[x], parts = s->parts[x];
+  if (chunks_of(s, x) > 1) return refuse(s, op, "it normalises the chunks of a fused product together");
+  if (split_param(s, op, w, axis - a, parts, 1)) return TP_ERR_INPUT;
+  const char *name = m->values[y].name;
+  float inv = 1.0f / (float)s->ranks, eps = (float)tp_attr_float(m, op, "epsilon", 1e-5);
+  int c_inv = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.ranks", name)), tp_type_make(TP_F32, 0, NULL), &inv,
+                           m->ops[op].origin);
+  int c_eps = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.eps", name)), tp_type_make(TP_F32, 0, NULL), &eps,
+                           m->ops[op].origin);
+  int sq = add_after(s, op, TP_OP_Mul, (int[]){x, x}, 2, tp_strfmt(m, "%s.sq", name));
+  if (sq < 0) return TP_ERR_INPUT;
+  int mean_op = new_op(s, op, TP_OP_ReduceMean, &sq, 1, tp_strfmt(m, "%s.mean", name));
+  int64_t axes[TP_MAX_RANK];
+  for (int i = a; i < rank; i++) axes[i - a] = i;
+  tp_set_attr_ints(m, mean_op, "axes", axes, rank - a);
+  tp_set_attr_int(m, mean_op, "keepdims", 1);
+  if (tp_infer_op(m, mean_op, s->d)) return TP_ERR_INPUT;
+  int mean = m->ops[mean_op].outputs[0];
+  int sum = add_after(s, op, TP_OP_AllReduce, &mean, 1, tp_strfmt(m, "%s.sum", name));
+  int all = sum < 0 ? -1 : add_after(s, op, TP_OP_TensorCopy, &sum, 1, tp_strfmt(m, "%s.tp", m->values[sum].name));
+  int row = all < 0 ? -1 : add_after(s, op, TP_OP_Mul, (int[]){all, c_inv}, 2, tp_strfmt(m, "%s.row", name));
+  int var = row < 0 ? -1 : add_after(s, op, TP_OP_Add, (int[]){row, c_eps}, 2, tp_strfmt(m, "%s.var", name));
+  int rms = var < 0 ? -1 : add_after(s, op, TP_OP_Sqrt, &var, 1, tp_strfmt(m, "%s.rms", name));
+  int xn = rms < 0 ? -1 : add_after(s, op, TP_OP_Div, (int[]){x, rms}, 2, tp_strfmt(m, "%s.normed", name));
+  if (xn < 0) return TP_ERR_INPUT;
+  mark(s, sq, axis, parts);
+  mark(s, xn, axis, parts);
+  TpOp *o = &m->ops[op]; /* the norm itself becomes the product with the scale */
+  o->kind = TP_OP_Mul;
+  o->inputs[0] = xn, o->nattrs = 0, o->attrs = NULL;
+  mark(s, y, axis, parts);
+  return reinfer(s, op);
+}
+
 /* An op other than Linear reading at least one split value. */
 static int follow(Shard *s, int op) {
   TpModule *m = s->m;
@@ -589,8 +658,10 @@ static int follow(Shard *s, int op) {
     for (int i = 1; i < o->ninputs; i++)
       if (o->inputs[i] >= 0 && s->axis[o->inputs[i]] >= 0)
         return refuse(s, op, tp_strfmt(m, "its scale or bias %%%s is split over the ranks", m->values[o->inputs[i]].name));
+    if (s->axis[x] >= norm_axis(m, op) && norm_splits_across(m, op)) return norm_across_ranks(s, op);
     if (s->axis[x] >= norm_axis(m, op))
-      return refuse(s, op, "it normalises over the axis split over the ranks (all heads at once)");
+      return refuse(s, op, "it normalises over the axis split over the ranks (only an RMSNorm with a scale of its own "
+                            "splits so)");
     for (int i = 1; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
       if (share_operand(s, op, i)) return TP_ERR_INPUT;
     for (int r = 0; r < m->ops[op].noutputs; r++) /* LayerNorm's statistics keep the heads axis too */
@@ -805,8 +876,8 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
   Shard s = {m, d, m->tensor, NULL, NULL, NULL};
   int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1, nexperts = 0, first_expert = -1;
   const char *first_why = NULL;
-  /* values added below are replicated and never split: room for them too */
-  int cap = nvalues + 3 * nops;
+  /* room for the values added below too: at most 11 per op (norm_across_ranks) */
+  int cap = nvalues + 12 * nops;
   s.axis = malloc((size_t)cap * sizeof *s.axis);
   s.parts = calloc((size_t)cap, sizeof *s.parts);
   s.copy_of = malloc((size_t)cap * sizeof *s.copy_of);

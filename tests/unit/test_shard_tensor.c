@@ -310,7 +310,8 @@ int main(void) {
   check_case("shard-fused.tir", "heads-split.tir", 2); /* [3 x heads, head_dim] cut by Split */
   check_case("shard-qknorm.tir", "qk.tir", 2);     /* norms within each head: scales whole, summed */
   check_case("shard-qknorm.tir", "qk.tir", 4);     /* ... and K/V heads shared by two ranks each */
-  check_case("shard-qknorm.tir", "olmo.tir", 2);   /* norms over all heads: the attention stays whole */
+  check_case("shard-qknorm.tir", "olmo.tir", 2);   /* norms over all heads: mean squares all-reduced */
+  check_case("shard-qknorm.tir", "olmo.tir", 4);   /* ... with K/V heads shared by two ranks each */
   check_case("shard-qknorm.tir", "across.tir", 2); /* likewise over heads and features of [B, T, H, D] */
   /* every fixture, raised as tokpipec raises it, over 2 ranks and over 4 where its heads
    * divide (not fused_block's 2, gpt_o17_erf_untied_bias_dyn_trilu's 2 or
