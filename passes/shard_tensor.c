@@ -102,8 +102,7 @@ static int norm_axis(const TpModule *m, int op) {
 /* Is norm op one within each head, reached from a column product's result of rank `rank`:
  * its operand has been cut into more axes than that result (heads, then a head's
  * features) and it normalises the last axis alone (Qwen 3's and Gemma 3's q_norm, k_norm)?
- * One over the product's whole width (OLMo 2's) ends the block, as the residual stream's
- * norms do. follow() checks the split itself. */
+ * One over all heads is norm_splits_across's. follow() checks the split itself. */
 static bool norm_within_heads(const TpModule *m, int op, int rank) {
   int x = m->ops[op].inputs[0];
   return is_norm(m->ops[op].kind) && m->values[x].type.rank > rank && norm_axis(m, op) == m->values[x].type.rank - 1;
@@ -115,9 +114,14 @@ static bool norm_within_heads(const TpModule *m, int op, int rank) {
  * summed over the ranks (norm_across_ranks). */
 static bool norm_splits_across(const TpModule *m, int op) {
   const TpOp *o = &m->ops[op];
+  if (o->kind != TP_OP_RMSNorm) return false;
   const TpValue *w = &m->values[o->inputs[1]];
-  return o->kind == TP_OP_RMSNorm && w->kind == TP_VAL_PARAM && w->tied < 0 && !w->shard.parts &&
-         tp_use_count(m, o->inputs[1]) == 1;
+  return w->kind == TP_VAL_PARAM && w->tied < 0 && !w->shard.parts && tp_use_count(m, o->inputs[1]) == 1;
+}
+
+/* Does a split pass through op as a norm (norm_within_heads, norm_splits_across)? */
+static bool split_norm(const TpModule *m, int op, int rank) {
+  return norm_within_heads(m, op, rank) || norm_splits_across(m, op);
 }
 
 /* Is op a residual: an Add or Sub of v and another activation (not only constants and
@@ -132,8 +136,8 @@ static bool residual(const TpModule *m, const TpOp *op, int v) {
 }
 
 /* Does value v, a view of a column product's result of rank `rank`, reach the input of a
- * Linear within its block: through any op but a residual or a norm other than one within
- * each head or one split across the ranks (where a block ends)? *blocker gets the first op on such a path that cannot
+ * Linear within its block: through any op but a residual or a norm a split cannot pass
+ * (split_norm; where a block ends)? *blocker gets the first op on such a path that cannot
  * carry a split, or stays -1. */
 static bool reaches_linear(const TpModule *m, int v, int rank, bool *seen, int *blocker) {
   if (seen[v]) return false;
@@ -147,7 +151,7 @@ static bool reaches_linear(const TpModule *m, int v, int rank, bool *seen, int *
         found = true;
         continue;
       }
-      bool norm = is_norm(op->kind) && (norm_within_heads(m, o, rank) || norm_splits_across(m, o));
+      bool norm = split_norm(m, o, rank);
       if ((is_norm(op->kind) && !norm) || residual(m, op, v)) continue;
       for (int r = 0; r < op->noutputs; r++)
         if (op->outputs[r] >= 0 && reaches_linear(m, op->outputs[r], rank, seen, blocker)) {
@@ -187,8 +191,7 @@ static int64_t heads_of(const TpModule *m, int y, int rank, bool *kv) {
       break;
     }
     if (op->kind == TP_OP_Reshape && !heads && out->rank > in->rank) heads = out->dims[in->rank - 1];
-    bool norm = norm_within_heads(m, o, rank) || (is_norm(op->kind) && norm_splits_across(m, o));
-    if ((!carries_split(op->kind) && !norm) || op->kind == TP_OP_Linear) break;
+    if ((!carries_split(op->kind) && !split_norm(m, o, rank)) || op->kind == TP_OP_Linear) break;
     v = op->outputs[0];
   }
   return heads;
@@ -358,7 +361,7 @@ static bool normed_across_heads(const TpModule *m, int v) {
   int rank = m->values[m->ops[product].outputs[0]].type.rank;
   for (; v != m->ops[product].outputs[0]; v = m->ops[m->values[v].def].inputs[0]) {
     int def = m->values[v].def;
-    if (is_norm(m->ops[def].kind) && !norm_within_heads(m, def, rank) && !norm_splits_across(m, def)) return true;
+    if (is_norm(m->ops[def].kind) && !split_norm(m, def, rank)) return true;
   }
   return false;
 }
@@ -380,7 +383,7 @@ static const char *whole_attention(const TpModule *m, int v, int rank, bool *see
           return "its attention's queries or keys are normalised over all heads at once by a norm other than an "
                  "RMSNorm with a scale of its own";
       if (op->kind == TP_OP_Attention || op->kind == TP_OP_Linear || residual(m, op, v) ||
-          (!carries_split(op->kind) && !norm_within_heads(m, o, rank) && !(is_norm(op->kind) && norm_splits_across(m, o))))
+          (!carries_split(op->kind) && !split_norm(m, o, rank)))
         continue;
       for (int r = 0; r < op->noutputs; r++) {
         const char *why = op->outputs[r] >= 0 ? whole_attention(m, op->outputs[r], rank, seen) : NULL;
@@ -654,10 +657,11 @@ static int follow(Shard *s, int op) {
   case TP_OP_Gather:
     return gather(s, op);
   case TP_OP_LayerNorm:
-  case TP_OP_RMSNorm: /* within each head: its scale (and bias) whole on every rank */
+  case TP_OP_RMSNorm: /* within each head its scale (and bias) stays whole; across the ranks, norm_across_ranks */
     for (int i = 1; i < o->ninputs; i++)
       if (o->inputs[i] >= 0 && s->axis[o->inputs[i]] >= 0)
-        return refuse(s, op, tp_strfmt(m, "its scale or bias %%%s is split over the ranks", m->values[o->inputs[i]].name));
+        return refuse(s, op,
+                      tp_strfmt(m, "its scale or bias %%%s is split over the ranks", m->values[o->inputs[i]].name));
     if (s->axis[x] >= norm_axis(m, op) && norm_splits_across(m, op)) return norm_across_ranks(s, op);
     if (s->axis[x] >= norm_axis(m, op))
       return refuse(s, op, "it normalises over the axis split over the ranks (only an RMSNorm with a scale of its own "
@@ -896,7 +900,9 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
     } else if (o->kind == TP_OP_Linear) {
       int blocker = -1;
       memset(seen, 0, (size_t)m->nvalues);
-      bool block = m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, o->outputs[0], m->values[o->outputs[0]].type.rank, seen, &blocker);
+      int y = o->outputs[0];
+      bool block =
+          m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, y, m->values[y].type.rank, seen, &blocker);
       const char *why = block ? whole_reason(&s, op) : NULL;
       if (why && !nwhole++) first_whole = op, first_why = why;
       block = block && !why;
