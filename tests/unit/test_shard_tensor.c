@@ -326,6 +326,13 @@ int main(void) {
     check_fixture(fixtures[i], 2);
     if (i != 0 && i != 6 && i != 7) check_fixture(fixtures[i], 4);
   }
+  /* today's exports with query and key norms: within each head (Qwen 3, TorchScript; Gemma 3,
+   * dynamo: 1 + w scales, one K/V head) and over all heads (OLMo 2, dynamo) */
+  static const char *const qk_norms[] = {"hf26_qwen3_t", "hf26_gemma3_d", "hf26_olmo2_d"};
+  for (size_t i = 0; i < sizeof qk_norms / sizeof *qk_norms; i++) {
+    check_fixture(qk_norms[i], 2);
+    check_fixture(qk_norms[i], 4);
+  }
   if (failures) fprintf(stderr, "test_shard_tensor: %d failures\n", failures);
   return failures ? 1 : 0;
 }
