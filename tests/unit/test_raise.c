@@ -257,6 +257,25 @@ static const Case cases[] = {
              "%y : f32[1, 2, 4, 3] = MatMul(%p, %vr)\n"
              "output %y\n",
      "Attention=1 Expand=0 Reshape=0 Transpose=0 MatMul=0"},
+    {"attention: torch's SDPA decomposition (dynamo): Q and K^T each scaled by sqrt(scale), K^T a "
+     "transpose of the repeated K viewed [B*H, T, D]",
+     GROUPED "const %root : f32[] = dense<0.75>\n"
+             "%ku : f32[1, 1, 1, 4, 3] = Reshape(%kh)\n"
+             "%ke : f32[1, 1, 2, 4, 3] = Expand(%ku)\n"
+             "%k3 : f32[2, 4, 3] = Reshape(%ke)\n"
+             "%kt3 : f32[2, 3, 4] = Transpose(%k3) {perm = [0, 2, 1]}\n"
+             "%kt : f32[1, 2, 3, 4] = Reshape(%kt3)\n"
+             "%vu : f32[1, 1, 1, 4, 3] = Reshape(%vh)\n"
+             "%ve : f32[1, 1, 2, 4, 3] = Expand(%vu)\n"
+             "%vr : f32[1, 2, 4, 3] = Reshape(%ve)\n"
+             "%qs : f32[1, 2, 4, 3] = Mul(%q, %root)\n"
+             "%kts : f32[1, 2, 3, 4] = Mul(%kt, %root)\n"
+             "%s : f32[1, 2, 4, 4] = MatMul(%qs, %kts)\n"
+             "%m : f32[1, 2, 4, 4] = Where(%lower, %s, %min)\n"
+             "%p : f32[1, 2, 4, 4] = Softmax(%m) {axis = 3}\n"
+             "%y : f32[1, 2, 4, 3] = MatMul(%p, %vr)\n"
+             "output %y\n",
+     "Attention=1 Expand=0 Reshape=0 Transpose=0 MatMul=0 Mul=0"},
     {"attention: one K/V head broadcast by MatMul (Falcon's multi_query)",
      GROUPED "%kt : f32[1, 1, 3, 4] = Transpose(%kh) {perm = [0, 1, 3, 2]}\n"
              "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
