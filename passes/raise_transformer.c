@@ -1341,6 +1341,18 @@ static int raise_attention(TpModule *m, int sm, ProofMemo *memo, TpDiag *d) {
   return check(m, at, d) != TP_OK || check(m, c.pv, d) != TP_OK ? TP_ERR_INTERNAL : TP_OK;
 }
 
+/* An imported Attention (opset 23) whose 4-D K and V are repeat_kv's repeated heads (torch's
+ * SDPA with grouped K/V): it reads the K/V heads themselves, as raise_attention does, so
+ * the repeat is not computed and shard-tensor splits the K/V heads. */
+static int read_kv_once(TpModule *m, int o, TpDiag *d) {
+  if (m->ops[o].ninputs < 3 || type(m, in(m, o, 1))->rank != 4 || type(m, in(m, o, 2))->rank != 4) return TP_OK;
+  int k = unrepeat(m, in(m, o, 1)), v = unrepeat(m, in(m, o, 2));
+  if (k == in(m, o, 1) || v == in(m, o, 2) || type(m, k)->dims[1] != type(m, v)->dims[1]) return TP_OK;
+  m->ops[o].inputs[1] = k, m->ops[o].inputs[2] = v;
+  if (tp_attr_int(m, o, "kv_num_heads", 0) > 0) tp_set_attr_int(m, o, "kv_num_heads", type(m, k)->dims[1]);
+  return check(m, o, d);
+}
+
 /* Anchored at an imported Attention(Q, K, V, mask) {is_causal = 0} without past keys (torch
  * emits SDPA so at opset 23, its causal mask a constant): when the mask, evaluated at every
  * position of the [T, T] scores as above (bool: false hides; float: at most the bound hides,
@@ -1630,7 +1642,10 @@ static int raise(TpModule *m, bool fused, TpDiag *d) {
     case TP_OP_Erf: rc = raise_gelu_erf(m, o, d); break;
     case TP_OP_Tanh: rc = raise_gelu_tanh(m, o, d); break;
     case TP_OP_Softmax: rc = raise_attention(m, o, &memo, d); break;
-    case TP_OP_Attention: rc = raise_attention_mask(m, o, d); break;
+    case TP_OP_Attention:
+      rc = raise_attention_mask(m, o, d);
+      if (rc == TP_OK) rc = read_kv_once(m, o, d);
+      break;
     default: break;
     }
   }
