@@ -8,9 +8,11 @@
  * uses; the op and the value get origin (the duplicate's initializer name, no op type),
  * from which codegen recovers the derived initializer.
  *
- * The export keeps nothing else of the tying: a tied head and an untied one (hf_gpt2,
- * hf_llama) have the same kind of name, shape and uses, so only the data can tell them
- * apart. Metadata picks the candidates: parameters with a partner of the same dtype and
+ * A torch.export-based export records the parameter a folded initializer came from
+ * (TpValue.folded_from): where that parameter is in the module too, the two are tied
+ * without reading data. Otherwise the export keeps nothing else of the tying: a tied head
+ * and an untied one (hf_gpt2, hf_llama) have the same kind of name, shape and uses, so
+ * only the data can tell them apart. Metadata picks the candidates: parameters with a partner of the same dtype and
  * shape, or of the transposed 2-D shape. Of the candidates, first the first and last
  * elements are compared (equal in a copy and in a transpose: two pages of each, also of
  * external-data files, which stay mapped, not read), then only those still paired are read
@@ -158,12 +160,32 @@ static void corners(const TpModule *m, int v, uint64_t *key) {
   *key = mix64(*key ^ mix64(element(data, size)) ^ element(data + (n - 1) * (int64_t)size, size));
 }
 
+/* What the export records (TpValue.folded_from): a PARAM folded from another PARAM of the
+ * module is its copy, or its transpose where the 2-D shapes say so; no data is read. A
+ * square one is left to the data comparison (a transpose and a copy have its shape). */
+static int retie_recorded(TpModule *m) {
+  int tied = 0;
+  for (int v = 0; v < m->nvalues; v++) {
+    const TpValue *val = &m->values[v];
+    int p = val->kind == TP_VAL_PARAM && val->folded_from ? tp_find_value(m, val->folded_from) : -1;
+    if (p < 0 || p == v || m->values[p].kind != TP_VAL_PARAM) continue;
+    const TpType *tv = &val->type, *tp = &m->values[p].type;
+    bool square = tv->rank == 2 && tv->dims[0] == tv->dims[1];
+    if (tp_type_equal(tv, tp) && !square) retie(m, p, v, false), tied++;
+    else if (tv->rank == 2 && tp->rank == 2 && tv->dtype == tp->dtype && !square && tv->dims[0] == tp->dims[1] &&
+             tv->dims[1] == tp->dims[0])
+      retie(m, p, v, true), tied++;
+  }
+  return tied;
+}
+
 int pass_retie_params(TpModule *m, TpDiag *d) {
   /* assign-stages' tied copies duplicate their parameters on purpose */
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].tied >= 0)
       return tp_error(d, "retie-params runs before assign-stages: %%%s is a stage's tied copy already",
                       m->values[v].name);
+  int recorded = retie_recorded(m);
   int candidates, n = 0;
   Candidate *c = shape_candidates(m, &candidates);
   for (int i = 0; i < candidates; i++) corners(m, c[i].value, &c[i].key);
@@ -190,6 +212,6 @@ int pass_retie_params(TpModule *m, TpDiag *d) {
       }
   }
   free(c);
-  if (tied) tp_sort_ops(m);
+  if (tied || recorded) tp_sort_ops(m);
   return TP_OK;
 }
