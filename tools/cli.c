@@ -30,10 +30,11 @@ bool cli_value(int argc, char **argv, int *i, const char *flag, const char **val
   }
   if (arg[n] != 0) return false;
   if (*i + 1 >= argc) cli_usage_error("%s needs a value", flag);
-  /* the next word is an option, not this one's value ('--precision -o p.c'); '-' (stdin)
-   * and negative numbers are values, and FLAG=-x gives a value that starts with '-' */
+  /* the next word is an option, not this one's value ('--precision -o p.c'): a long
+   * option or the tools' short ones; other words are values, '-' (stdin), negative
+   * numbers and names like '-dash' among them (FLAG=VALUE also takes any value) */
   const char *next = argv[*i + 1];
-  if (next[0] == '-' && next[1] && !(next[1] >= '0' && next[1] <= '9') && next[1] != '.')
+  if ((next[0] == '-' && next[1] == '-' && next[2]) || cli_is(next, "-o") || cli_is(next, "-v") || cli_is(next, "-h"))
     cli_usage_error("%s needs a value, but the next argument is the option '%s' (write %s=VALUE for a value "
                     "that starts with '-')", flag, next, flag);
   *value = argv[++*i];

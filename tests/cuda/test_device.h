@@ -161,6 +161,8 @@ static int counting_open_comm(TpComm *host, TpCompute *compute, const TpPlan *pl
   TpComm *c = malloc(sizeof *c);
   if (!c) return tp_error(d, "out of memory");
   *c = *host;
+  c->group_seqs = NULL; /* the host's collectives stay the host's (it runs them), never freed twice */
+  c->ngroup_seqs = 0;
   c->be = &counting_comm;
   counting_host = host;
   *out = c;
