@@ -129,16 +129,16 @@ static int parameter_by_name(Importer *I, const Onnx__GraphProto *g, const char 
   return -1;
 }
 
-/* I->infos: value_info and graph input names; I->placeholders: every %name an FX call
- * names (a lifted tensor may be named by any node). Made once: a large export has tens of
- * thousands of both. */
+/* I->infos: value_info and graph input names; I->fx_calls: each node's FX call (or NULL);
+ * I->placeholders: every %name an FX call names (a lifted tensor may be named by any
+ * node). Made once: a large export has tens of thousands of each. */
 static void record_names(Importer *I, const Onnx__GraphProto *g) {
   for (size_t i = 0; i < g->n_value_info; i++)
     if (g->value_info[i]->name) map_put(&I->infos, g->value_info[i]->name, (int)i);
   for (size_t i = 0; i < g->n_input; i++)
     if (g->input[i]->name) map_put(&I->infos, g->input[i]->name, (int)(g->n_value_info + i));
   for (size_t i = 0; i < g->n_node; i++) {
-    const char *call = onnx_metadata(I, &g->node[i]->base, true, FX_KEY);
+    const char *call = I->fx_calls[i] = onnx_metadata(I, &g->node[i]->base, true, FX_KEY);
     for (const char *p = call; p && (p = strchr(p, '%'));) {
       const char *start = ++p;
       while (is_ident_char(*p)) p++;
@@ -157,7 +157,10 @@ bool export_records_kinds(Importer *I, const Onnx__GraphProto *g) {
 
 int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out) {
   bool recorded = export_records_kinds(I, g);
-  if (recorded) record_names(I, g);
+  if (recorded) {
+    I->fx_calls = tp_alloc(I->m, (g->n_node + 1) * sizeof *I->fx_calls);
+    record_names(I, g);
+  }
   for (size_t i = 0; i < g->n_initializer; i++) {
     const Onnx__TensorProto *t = g->initializer[i];
     InitClass *c = &out[i];
@@ -284,10 +287,11 @@ static size_t common_suffix(const char *a, const char *b) {
  * are more (a Linear's MatMul and Add both carry linear(x, %p_w, %p_b)), each operand takes
  * its own placeholder, or the free one ending most like it (_bias, not _weight); else by
  * position where the call has one argument per operand. */
-static int pair_operands(Importer *I, const Onnx__GraphProto *g, const Onnx__NodeProto *n, const NameMap *index,
+static int pair_operands(Importer *I, const Onnx__GraphProto *g, size_t node, const NameMap *index,
                          const InitClass *cls, Use *out) {
   const char *args[TP_MAX_CONST_INTS], *placeholders[TP_MAX_CONST_INTS], *own[TP_MAX_CONST_INTS];
-  int nargs = fx_call_args(I, onnx_metadata(I, &n->base, true, FX_KEY), args, TP_MAX_CONST_INTS);
+  const Onnx__NodeProto *n = g->node[node];
+  int nargs = fx_call_args(I, I->fx_calls ? I->fx_calls[node] : NULL, args, TP_MAX_CONST_INTS);
   int operands[TP_MAX_CONST_INTS], nops = 0, nplace = 0;
   bool taken[TP_MAX_CONST_INTS] = {false};
   for (size_t k = 0; k < n->n_input && k < TP_MAX_CONST_INTS; k++) {
@@ -331,7 +335,7 @@ int split_merged_params(Importer *I, const Onnx__GraphProto *g, const InitClass 
   NameMap index = {0}; /* initializer name -> index */
   for (size_t i = 0; i < g->n_initializer; i++) map_put(&index, g->initializer[i]->name, (int)i);
   for (size_t i = 0; i < g->n_node; i++) {
-    int n = pair_operands(I, g, g->node[i], &index, cls, uses + nuses);
+    int n = pair_operands(I, g, i, &index, cls, uses + nuses);
     for (int u = nuses; u < nuses + n; u++) uses[u].node = (int)i;
     nuses += n;
   }

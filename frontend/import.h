@@ -52,8 +52,10 @@ typedef struct {
   Sequence *sequences;
   Override *overrides;
   int noverrides, cap_overrides;
-  /* export_metadata.c: value_info and graph input names; FX placeholders named by nodes */
+  /* export_metadata.c: value_info and graph input names; FX placeholders named by nodes;
+   * each node's FX call (module-owned; NULL without the export's record) */
   NameMap infos, placeholders;
+  const char **fx_calls;
 } Importer;
 
 /* One ONNX node being lowered. */

@@ -68,13 +68,8 @@ static int step_const(Importer *I, const Node *N, const char *what, TpType t, co
 /* IsNaN(x) = Not(Equal(x, x)): NaN is the one value unequal to itself (SDPA's
  * decomposition zeroes the probabilities of rows that see no key with it). */
 static int import_isnan(Importer *I, Node *N) {
-  int same[2] = {N->in[0], N->in[0]};
-  const char *name = tp_unique_name(I->m, tp_strfmt(I->m, "%s.equal", N->n->output[0]));
-  int eq = tp_add_op(I->m, TP_OP_Equal, same, 2, &name, 1, N->at);
-  int rc = tp_infer_op(I->m, eq, I->d);
-  if (rc) return rc;
-  int equal = I->m->ops[eq].outputs[0];
-  return finish_op(I, N, new_op(I, N, TP_OP_Not, &equal, 1, 1));
+  int equal, rc = step(I, N, "equal", TP_OP_Equal, (int[]){N->in[0], N->in[0]}, 2, NULL, &equal);
+  return rc ? rc : finish_op(I, N, new_op(I, N, TP_OP_Not, &equal, 1, 1));
 }
 
 /* value v (the result of node N's lowering) becomes Reshape(v) to `t`. */
