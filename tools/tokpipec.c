@@ -97,11 +97,13 @@ static void write_params(const void *arg, FILE *out) {
     char type[128];
     tp_type_str(&val->type, type, sizeof type);
     const char *state = "constant", *because = "";
+    char tied[512];
     if (val->kind == TP_VAL_RESULT && val->def >= 0 && m->ops[val->def].role == TP_ROLE_RETIE) {
       const TpOp *o = &m->ops[val->def];
       state = "tied";
-      because = tp_strfmt((TpModule *)m, "%s of %s (retie-params); ", o->kind == TP_OP_Transpose ? "the transpose" : "a copy",
-                          m->values[o->inputs[0]].name);
+      snprintf(tied, sizeof tied, "%s of %s (retie-params); ", o->kind == TP_OP_Transpose ? "the transpose" : "a copy",
+               m->values[o->inputs[0]].name);
+      because = tied;
     } else if (val->kind == TP_VAL_PARAM) {
       bool frozen = frozen_any && regexec(&freeze, val->name, 0, NULL, 0) == 0;
       state = frozen ? "frozen" : "trains";
