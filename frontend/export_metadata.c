@@ -166,11 +166,11 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
     InitClass *c = &out[i];
     c->source = NULL;
     if (!tp_dtype_is_float(tp_onnx_dtype(t->data_type))) {
-      *c = (InitClass){TP_VAL_CONST, "not floating-point", NULL};
+      *c = (InitClass){TP_VAL_CONST, "not floating-point", NULL, false};
       continue;
     }
     if (!recorded) {
-      *c = (InitClass){TP_VAL_PARAM, "a float initializer (the export records no parameters: all train)", NULL};
+      *c = (InitClass){TP_VAL_PARAM, "a float initializer (the export records no parameters: all train)", NULL, false};
       continue;
     }
     const char *kind = info_metadata(I, g, t->name, KIND_KEY);
@@ -179,11 +179,11 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
       bool param = strcmp(kind, "PARAMETER") == 0;
       *c = (InitClass){param ? TP_VAL_PARAM : TP_VAL_CONST,
                        tp_strfmt(I->m, "%s (export metadata)", param ? "a parameter"
-                                 : strcmp(kind, "BUFFER") == 0 ? "a buffer" : "a constant tensor"), NULL};
+                                 : strcmp(kind, "BUFFER") == 0 ? "a buffer" : "a constant tensor"), NULL, false};
       continue;
     }
     if (!folded) {
-      *c = (InitClass){TP_VAL_CONST, "a constant the exporter made (export metadata)", NULL};
+      *c = (InitClass){TP_VAL_CONST, "a constant the exporter made (export metadata)", NULL, false};
       continue;
     }
     const char *from[64], *params[64];
@@ -212,12 +212,12 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
                       t->name, params[0], params[1]);
     if (nparams == 1)
       *c = (InitClass){TP_VAL_PARAM, tp_strfmt(I->m, "folded from the parameter %s (export metadata)", params[0]),
-                       params[0]};
+                       params[0], n == 1};
     else if (ntensors)
       *c = (InitClass){TP_VAL_CONST, tp_strfmt(I->m, "folded by the exporter from %s and computation, no "
-                       "parameter (export metadata)", tensor), NULL};
+                       "parameter (export metadata)", tensor), NULL, false};
     else
-      *c = (InitClass){TP_VAL_CONST, "folded by the exporter from constants (export metadata)", NULL};
+      *c = (InitClass){TP_VAL_CONST, "folded by the exporter from constants (export metadata)", NULL, false};
   }
   return TP_OK;
 }

@@ -93,6 +93,7 @@ typedef struct {
   TpValueKind kind;   /* TP_VAL_PARAM: trains; TP_VAL_CONST */
   const char *why;    /* TpValue.why */
   const char *source; /* the parameter a folded initializer stands for, or NULL */
+  bool alone;         /* folded from that parameter alone (a transpose or a view of it) */
 } InitClass;
 /* out[i] for each initializer i of g; an error for an initializer folded from several parameters. */
 int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out);

@@ -793,7 +793,7 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
     rc = import_tensor_value(I, t, t->name, cls[i].kind, (TpOrigin){0}, (int)i, &values[i]);
     if (rc) break;
     I->m->values[values[i]].why = cls[i].why;
-    I->m->values[values[i]].folded_from = cls[i].source;
+    I->m->values[values[i]].folded_from = cls[i].alone ? cls[i].source : NULL;
     map_put(&I->names, t->name, values[i]);
   }
   if (rc == TP_OK) rc = split_merged_params(I, g, cls, values);

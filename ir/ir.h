@@ -114,9 +114,10 @@ typedef struct {
   /* An initializer: why the importer made it a PARAM (trained) or a CONST, e.g. "a parameter
    * (export metadata)"; module-owned, not printed in the IR (tokpipec --emit=params). */
   const char *why;
-  /* An initializer the exporter folded from one parameter (export metadata): that
-   * parameter's name, or NULL; retie-params re-ties it without reading data when the
-   * parameter is an initializer too (a tied head). Not printed. */
+  /* An initializer the exporter folded from one parameter alone, with no constants or
+   * other ops it records (export metadata): that parameter's name, or NULL; retie-params
+   * re-ties it as a transpose without reading data when the parameter is in the module
+   * too and the shapes say so (a tied head). Not printed. */
   const char *folded_from;
   bool dead;        /* marked for removal by tp_module_compact */
 } TpValue;

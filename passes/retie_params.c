@@ -161,8 +161,8 @@ static void corners(const TpModule *m, int v, uint64_t *key) {
 }
 
 /* What the export records (TpValue.folded_from): a PARAM folded from another PARAM of the
- * module is its copy, or its transpose where the 2-D shapes say so; no data is read. A
- * square one is left to the data comparison (a transpose and a copy have its shape). */
+ * module alone, of its transposed 2-D shape, is its transpose; no data is read. Any other
+ * shape (a square one holds a copy as well as a transpose) is left to the comparison. */
 static int retie_recorded(TpModule *m) {
   int tied = 0;
   for (int v = 0; v < m->nvalues; v++) {
@@ -170,10 +170,8 @@ static int retie_recorded(TpModule *m) {
     int p = val->kind == TP_VAL_PARAM && val->folded_from ? tp_find_value(m, val->folded_from) : -1;
     if (p < 0 || p == v || m->values[p].kind != TP_VAL_PARAM) continue;
     const TpType *tv = &val->type, *tp = &m->values[p].type;
-    bool square = tv->rank == 2 && tv->dims[0] == tv->dims[1];
-    if (tp_type_equal(tv, tp) && !square) retie(m, p, v, false), tied++;
-    else if (tv->rank == 2 && tp->rank == 2 && tv->dtype == tp->dtype && !square && tv->dims[0] == tp->dims[1] &&
-             tv->dims[1] == tp->dims[0])
+    if (tv->rank == 2 && tp->rank == 2 && tv->dtype == tp->dtype && tv->dims[0] != tv->dims[1] &&
+        tv->dims[0] == tp->dims[1] && tv->dims[1] == tp->dims[0])
       retie(m, p, v, true), tied++;
   }
   return tied;
