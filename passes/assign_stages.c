@@ -28,6 +28,7 @@
  * the runtime sums the two before the update (allreduce-tied). A parameter shared by other
  * stages is an error. */
 #include "../ir/ir.h"
+#include "../ops/rules.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -218,30 +219,10 @@ static int place_layers(Stream *s) {
 
 /* ---- cost and cuts ---- */
 
-/* Forward FLOPs of an op: a simple count (multiply-adds as 2) that ranks layers. */
+/* Forward FLOPs of an op (its rule's count; one per result element by default). */
 static double op_flops(const TpModule *m, int op) {
-  const TpOp *o = &m->ops[op];
-  const TpType *y = o->noutputs && o->outputs[0] >= 0 ? &m->values[o->outputs[0]].type : NULL;
-  const TpType *x = o->ninputs && o->inputs[0] >= 0 ? &m->values[o->inputs[0]].type : NULL;
-  double out = y ? (double)tp_type_numel(y) : 0;
-  switch (o->kind) {
-  case TP_OP_Linear:
-  case TP_OP_MatMul: return x && x->rank ? 2 * out * (double)x->dims[x->rank - 1] : out;
-  case TP_OP_Gemm: return x && x->rank == 2 ? 2 * out * (double)x->dims[tp_attr_int(m, op, "transA", 0) ? 0 : 1] : out;
-  case TP_OP_Attention: {
-    const TpType *k = &m->values[o->inputs[1]].type;
-    double kv = (double)k->dims[k->rank == 4 ? 2 : 1];
-    double f = 4 * (double)tp_type_numel(x) * kv;
-    return tp_attr_int(m, op, "is_causal", 0) ? f / 2 : f;
-  }
-  case TP_OP_LayerNorm:
-  case TP_OP_Gelu: return 8 * out;
-  case TP_OP_Softmax:
-  case TP_OP_LogSoftmax: return 5 * out;
-  case TP_OP_CrossEntropy:
-  case TP_OP_SoftmaxCrossEntropyLoss: return x ? 5 * (double)tp_type_numel(x) : out;
-  default: return out;
-  }
+  double (*flops)(const TpModule *, int) = tp_op_rules[m->ops[op].kind]->flops;
+  return flops ? flops(m, op) : tp_flops_per_result(m, op);
 }
 
 /* cuts[k] = first layer of stage k, chosen to minimise the largest stage cost (the first

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The one-way layering of tokpipec (README, Layout):
 #   check.sh includes SRC WORK
-#     base/ includes only base/; runtime/ only base/ and runtime/; ir/ only base/ and ir/;
+#     base/ includes only base/; runtime/ only base/ and runtime/; ir/ only base/, ir/ and
+#     ops/ (the op rules: ir/infer.c calls their shape rules); ops/ only those and runtime/;
 #     bind/ (IR ops to kernel arguments) only those and bind/; interp/ those and interp/;
 #     protobuf-c (onnx.pb-c.h) only in frontend/ and runtime/onnx/. Every #include "..." or <...> is
 #     resolved as the compiler would (the including file's folder, then the include roots:
@@ -83,11 +84,12 @@ case $mode in
 includes)
   check_layer base "base" ""
   check_layer runtime "base runtime" ""
-  check_layer ir "base ir" ""
+  check_layer ir "base ir ops" ""
+  check_layer ops "base ir runtime ops" ""
   check_layer bind "base ir runtime bind" ""
   check_layer interp "base ir runtime bind interp" ""
   check_protobuf
-  [ $status -eq 0 ] && ok "base/, runtime/, ir/, bind/ and interp/ include only the layers below them"
+  [ $status -eq 0 ] && ok "base/, runtime/, ir/, ops/, bind/ and interp/ include only the layers below them"
   ;;
 trainer)
   model=$src/tests/fixtures/hf_gpt2/model.onnx

@@ -1,0 +1,57 @@
+/* Activations: GELU, softmax and log-softmax over an axis, the fused SwiGLU
+ * (silu(gate) * up), and their backward ops.
+ *
+ * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
+ * it names are above it. */
+#include "infer.h"
+
+/* ---- shape rules ---- */
+
+static int infer_softmax(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0);
+  if (need_float(c, x, "the operand") || check_axis(c, tp_attr_int(c->m, c->op, "axis", -1), x->rank, "axis"))
+    return TP_ERR_INPUT;
+  return set_result(c, 0, *x);
+}
+
+static int infer_unary_backward(const TpInferCtx *c) { /* dY and the forward operand or result */
+  const TpType *dy = operand(c, 0), *x = operand(c, 1);
+  if (need_float(c, x, "the operand") || check_grad(c, dy, x)) return TP_ERR_INPUT;
+  if ((c->m->ops[c->op].kind == TP_OP_SoftmaxBackward || c->m->ops[c->op].kind == TP_OP_LogSoftmaxBackward) &&
+      check_axis(c, tp_attr_int(c->m, c->op, "axis", -1), x->rank, "axis"))
+    return TP_ERR_INPUT;
+  return set_result(c, 0, *x);
+}
+
+static int infer_swiglu(const TpInferCtx *c) {
+  const TpType *gate = operand(c, 0), *up = operand(c, 1);
+  if (need_float(c, gate, "Gate") || same_dtype(c, gate, up)) return TP_ERR_INPUT;
+  if (!tp_type_equal(gate, up)) return tp_error_op(c->d, c->m, c->op, "Gate and Up must have one shape");
+  return set_result(c, 0, *gate);
+}
+
+static int infer_swiglu_backward(const TpInferCtx *c) {
+  const TpType *dy = operand(c, 0), *gate = operand(c, 1), *up = operand(c, 2);
+  if (need_float(c, gate, "Gate") || same_dtype(c, gate, up)) return TP_ERR_INPUT;
+  if (!tp_type_equal(gate, up)) return tp_error_op(c->d, c->m, c->op, "Gate and Up must have one shape");
+  if (check_grad(c, dy, gate)) return TP_ERR_INPUT;
+  return set_results_like(c, 1, 2);
+}
+
+/* ---- FLOPs ---- */
+
+/* about 8 FLOPs per element (the erf or tanh form) */
+static double flops_gelu(const TpModule *m, int op) { return 8 * tp_flops_per_result(m, op); }
+
+static double flops_softmax(const TpModule *m, int op) { return 5 * tp_flops_per_result(m, op); }
+
+/* ---- rule sets ---- */
+
+const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu};
+const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax};
+const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax};
+const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu};
+const TpOpRules tp_rules_GeluBackward = {.infer = infer_unary_backward};
+const TpOpRules tp_rules_SoftmaxBackward = {.infer = infer_unary_backward};
+const TpOpRules tp_rules_LogSoftmaxBackward = {.infer = infer_unary_backward};
+const TpOpRules tp_rules_SwiGLUBackward = {.infer = infer_swiglu_backward};

@@ -1,0 +1,158 @@
+/* Attention (ONNX opset 23, with the causal band and soft-cap tokpipec adds),
+ * the rotary position embedding, and their backward ops.
+ *
+ * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
+ * it names are above it. */
+#include "infer.h"
+
+/* ---- shape rules ---- */
+
+/* Attention's and AttentionBackward's causal attributes: causal_offset >= 0, and a window
+ * >= 0 that only a causal attention has. */
+static int check_causal_attrs(const TpInferCtx *c) {
+  int64_t offset = tp_attr_int(c->m, c->op, "causal_offset", 0), window = tp_attr_int(c->m, c->op, "window", 0);
+  if (offset < 0) return tp_error_op(c->d, c->m, c->op, "causal_offset %lld must be >= 0", (long long)offset);
+  if (window < 0) return tp_error_op(c->d, c->m, c->op, "window %lld must be >= 0", (long long)window);
+  if (window && !tp_attr_int(c->m, c->op, "is_causal", 0))
+    return tp_error_op(c->d, c->m, c->op, "window %lld needs is_causal = 1", (long long)window);
+  return TP_OK;
+}
+
+/* An attention mask: bool or Q's dtype, rank <= 4, broadcast to the scores [B, H, S, T]. */
+static int check_attention_mask(const TpInferCtx *c, const TpType *mask, TpDType dtype, int64_t batch, int64_t heads,
+                                int64_t s, int64_t total) {
+  TpType scores = {.dtype = mask->dtype, .rank = 4, .dims = {batch, heads, s, total}}, t;
+  if (mask->rank > 4 || broadcast(c, mask, &scores, &t)) return TP_ERR_INPUT;
+  if (!tp_type_equal(&t, &scores)) return tp_error_op(c->d, c->m, c->op, "attn_mask does not broadcast to the scores");
+  if (mask->dtype != TP_BOOL && mask->dtype != dtype)
+    return tp_error_op(c->d, c->m, c->op, "attn_mask must be bool or Q's dtype");
+  return TP_OK;
+}
+
+/* Attention (ONNX opset 23): 4-D [B, H, S, D] operands, or 3-D [B, S, H*D] with head counts. */
+static int infer_attention(const TpInferCtx *c) {
+  const TpType *q = operand(c, 0), *k = operand(c, 1), *v = operand(c, 2), *mask = operand(c, 3);
+  const TpType *past_k = operand(c, 4), *past_v = operand(c, 5);
+  if (need_float(c, q, "Q") || same_dtype(c, q, k) || same_dtype(c, q, v)) return TP_ERR_INPUT;
+  if (q->rank != k->rank || q->rank != v->rank || (q->rank != 3 && q->rank != 4))
+    return tp_error_op(c->d, c->m, c->op, "Q, K and V must all be 3-D or all 4-D");
+  int64_t batch = q->dims[0], hq, hkv, s, l, dq, dv;
+  if (q->rank == 4) {
+    hq = q->dims[1], s = q->dims[2], dq = q->dims[3];
+    hkv = k->dims[1], l = k->dims[2], dv = v->dims[3];
+    if (k->dims[3] != dq || v->dims[1] != hkv || v->dims[2] != l)
+      return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's head size or each other");
+  } else {
+    hq = tp_attr_int(c->m, c->op, "q_num_heads", 0), hkv = tp_attr_int(c->m, c->op, "kv_num_heads", 0);
+    if (hq <= 0 || hkv <= 0 || q->dims[2] % hq || k->dims[2] % hkv || v->dims[2] % hkv)
+      return tp_error_op(c->d, c->m, c->op, "3-D operands need q_num_heads and kv_num_heads dividing the hidden sizes");
+    s = q->dims[1], l = k->dims[1], dq = q->dims[2] / hq, dv = v->dims[2] / hkv;
+    if (k->dims[2] / hkv != dq || v->dims[1] != l)
+      return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's head size or each other");
+  }
+  if (k->dims[0] != batch || v->dims[0] != batch || hkv <= 0 || hq % hkv)
+    return tp_error_op(c->d, c->m, c->op, "batch sizes differ or q heads are not a multiple of kv heads");
+  int64_t past = 0;
+  if ((past_k == NULL) != (past_v == NULL))
+    return tp_error_op(c->d, c->m, c->op, "past_key and past_value come together");
+  if (past_k) {
+    past = past_k->dims[2];
+    if (past_k->rank != 4 || past_v->rank != 4 || past_k->dims[0] != batch || past_k->dims[1] != hkv ||
+        past_k->dims[3] != dq || past_v->dims[0] != batch || past_v->dims[1] != hkv || past_v->dims[2] != past ||
+        past_v->dims[3] != dv)
+      return tp_error_op(c->d, c->m, c->op, "past_key/past_value must be [B, kv_heads, P, head_size]");
+  }
+  int64_t total = past + l;
+  if (dv && hq > INT64_MAX / dv) return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
+  if (check_causal_attrs(c) || (mask && check_attention_mask(c, mask, q->dtype, batch, hq, s, total)))
+    return TP_ERR_INPUT;
+  TpType y = q->rank == 4 ? (TpType){.dtype = q->dtype, .rank = 4, .dims = {batch, hq, s, dv}}
+                          : (TpType){.dtype = q->dtype, .rank = 3, .dims = {batch, s, hq * dv}};
+  y.dimnames[0] = q->dimnames[0];
+  y.dimnames[q->rank == 4 ? 2 : 1] = q->dimnames[q->rank == 4 ? 2 : 1];
+  TpType pk = {.dtype = q->dtype, .rank = 4, .dims = {batch, hkv, total, dq}};
+  TpType pv = {.dtype = q->dtype, .rank = 4, .dims = {batch, hkv, total, dv}};
+  TpType qk = {.dtype = q->dtype, .rank = 4, .dims = {batch, hq, s, total}};
+  return set_result(c, 0, y) || set_result(c, 1, pk) || set_result(c, 2, pv) || set_result(c, 3, qk)
+             ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_attention_backward(const TpInferCtx *c) {
+  const TpType *dy = operand(c, 0), *q = operand(c, 1), *k = operand(c, 2), *v = operand(c, 3);
+  if (need_float(c, q, "Q") || same_dtype(c, q, k) || same_dtype(c, q, v)) return TP_ERR_INPUT;
+  if (q->rank != k->rank || q->rank != v->rank || (q->rank != 3 && q->rank != 4))
+    return tp_error_op(c->d, c->m, c->op, "Q, K and V must all be 3-D or all 4-D");
+  TpType y = *q; /* [B, H, S, Dv] or [B, S, H*Dv] */
+  if (q->rank == 4) {
+    if (k->dims[3] != q->dims[3] || k->dims[1] <= 0 || q->dims[1] % k->dims[1] || v->dims[1] != k->dims[1] || v->dims[2] != k->dims[2])
+      return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's heads or head size");
+    y.dims[3] = v->dims[3];
+  } else {
+    int64_t hq = tp_attr_int(c->m, c->op, "q_num_heads", 0), hkv = tp_attr_int(c->m, c->op, "kv_num_heads", 0);
+    if (hq <= 0 || hkv <= 0 || hq % hkv || q->dims[2] % hq || k->dims[2] % hkv || v->dims[2] % hkv ||
+        k->dims[2] / hkv != q->dims[2] / hq || v->dims[1] != k->dims[1])
+      return tp_error_op(c->d, c->m, c->op, "3-D operands need matching q_num_heads and kv_num_heads");
+    int64_t dv = v->dims[2] / hkv;
+    if (dv && hq > INT64_MAX / dv) return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
+    y.dims[2] = hq * dv;
+  }
+  if (k->dims[0] != q->dims[0] || v->dims[0] != q->dims[0])
+    return tp_error_op(c->d, c->m, c->op, "batch sizes differ");
+  if (check_grad(c, dy, &y) || check_causal_attrs(c)) return TP_ERR_INPUT;
+  const TpType *mask = operand(c, 4);
+  int seq = q->rank == 4 ? 2 : 1;
+  int64_t heads = q->rank == 4 ? q->dims[1] : tp_attr_int(c->m, c->op, "q_num_heads", 0);
+  if (mask && check_attention_mask(c, mask, q->dtype, q->dims[0], heads, q->dims[seq], k->dims[seq]))
+    return TP_ERR_INPUT;
+  return set_results_like(c, 1, 3);
+}
+
+/* Rotary's (or RotaryBackward's) tables against X (or dY): one shape, X's rank, last dim
+ * rotary_dim, the other dims 1 or X's. */
+static int rotary_operands(const TpInferCtx *c, const TpType *x, const TpType *cos, const TpType *sin) {
+  int64_t rd = tp_attr_int(c->m, c->op, "rotary_dim", 0);
+  if (need_float(c, x, "X") || same_dtype(c, x, cos) || same_dtype(c, x, sin)) return TP_ERR_INPUT;
+  if (x->rank < 1 || rd <= 0 || rd % 2 || rd > x->dims[x->rank - 1])
+    return tp_error_op(c->d, c->m, c->op, "rotary_dim %lld must be even, positive and at most X's last dim",
+                       (long long)rd);
+  if (!tp_type_equal(cos, sin)) return tp_error_op(c->d, c->m, c->op, "Cos and Sin must have one shape");
+  for (int t = 0; t < 2; t++) {
+    const TpType *table = t ? sin : cos;
+    bool ok = table->rank == x->rank && table->dims[x->rank - 1] == rd;
+    for (int k = 0; ok && k < x->rank - 1; k++) ok = table->dims[k] == 1 || table->dims[k] == x->dims[k];
+    if (!ok)
+      return tp_error_op(c->d, c->m, c->op, "%s must have X's rank, last dim rotary_dim and other dims 1 or X's",
+                         t ? "Sin" : "Cos");
+  }
+  return TP_OK;
+}
+
+static int infer_rotary(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0);
+  if (rotary_operands(c, x, operand(c, 1), operand(c, 2))) return TP_ERR_INPUT;
+  return set_result(c, 0, *x);
+}
+
+static int infer_rotary_backward(const TpInferCtx *c) {
+  const TpType *dy = operand(c, 0);
+  if (rotary_operands(c, dy, operand(c, 1), operand(c, 2))) return TP_ERR_INPUT;
+  return set_result(c, 0, *dy);
+}
+
+/* ---- FLOPs ---- */
+
+/* QK^T and PV: 2 multiply-adds per query element and key; half of them when causal */
+static double flops_attention(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  const TpType *q = &m->values[o->inputs[0]].type, *k = &m->values[o->inputs[1]].type;
+  double kv = (double)k->dims[k->rank == 4 ? 2 : 1];
+  double f = 4 * (double)tp_type_numel(q) * kv;
+  return tp_attr_int(m, op, "is_causal", 0) ? f / 2 : f;
+}
+
+/* ---- rule sets ---- */
+
+const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention};
+const TpOpRules tp_rules_Rotary = {.infer = infer_rotary};
+const TpOpRules tp_rules_AttentionBackward = {.infer = infer_attention_backward};
+const TpOpRules tp_rules_RotaryBackward = {.infer = infer_rotary_backward};

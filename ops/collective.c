@@ -1,0 +1,28 @@
+/* Tensor-parallel collectives: AllReduce, TensorCopy, and TensorRank (a rank's
+ * index in its group).
+ *
+ * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
+ * it names are above it. */
+#include "infer.h"
+
+/* ---- shape rules ---- */
+
+static int infer_tensor_rank(const TpInferCtx *c) {
+  if (!tp_get_attr(c->m, c->op, "group")) return tp_error_op(c->d, c->m, c->op, "TensorRank needs its group attribute");
+  return set_result(c, 0, (TpType){.dtype = TP_I64});
+}
+
+/* AllReduce and TensorCopy: a float operand, the result of its type; the group is named. */
+static int infer_collective(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0);
+  if (need_float(c, x, "X")) return TP_ERR_INPUT;
+  if (!tp_get_attr(c->m, c->op, "group"))
+    return tp_error_op(c->d, c->m, c->op, "a collective needs its group attribute");
+  return set_result(c, 0, *x);
+}
+
+/* ---- rule sets ---- */
+
+const TpOpRules tp_rules_AllReduce = {.infer = infer_collective};
+const TpOpRules tp_rules_TensorCopy = {.infer = infer_collective};
+const TpOpRules tp_rules_TensorRank = {.infer = infer_tensor_rank};

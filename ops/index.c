@@ -1,0 +1,122 @@
+/* Indexing ops: Gather, GatherElements, TopK, the raised Embedding, and their
+ * backward ops.
+ *
+ * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
+ * it names are above it. */
+#include "infer.h"
+
+/* ---- shape rules ---- */
+
+static int gather_type(const TpInferCtx *c, const TpType *data, const TpType *idx, int64_t axis, TpType *t) {
+  if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
+  if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
+    return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
+  if (data->rank - 1 + idx->rank > TP_MAX_RANK)
+    return tp_error_op(c->d, c->m, c->op, "result rank exceeds %d", TP_MAX_RANK);
+  int64_t rows = data->dims[axis], pad = tp_attr_int(c->m, c->op, "padding_idx", 0);
+  if (pad < 0 || (pad >= rows && rows >= 0))
+    return tp_error_op(c->d, c->m, c->op, "padding_idx %lld is not a row of the %lld along axis %lld", (long long)pad,
+                       (long long)rows, (long long)axis);
+  *t = (TpType){.dtype = data->dtype};
+  for (int i = 0; i < axis; i++, t->rank++) t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
+  for (int i = 0; i < idx->rank; i++, t->rank++) t->dims[t->rank] = idx->dims[i], t->dimnames[t->rank] = idx->dimnames[i];
+  for (int i = (int)axis + 1; i < data->rank; i++, t->rank++)
+    t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
+  return TP_OK;
+}
+
+static int infer_gather(const TpInferCtx *c) {
+  TpType t;
+  return gather_type(c, operand(c, 0), operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &t) || set_result(c, 0, t)
+             ? TP_ERR_INPUT : TP_OK;
+}
+
+/* GatherElements(data, idx) {axis}: the result (and a gradient) has idx's dims */
+static int gather_elements_type(const TpInferCtx *c, const TpType *data, const TpType *idx, int64_t axis, TpType *t) {
+  if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
+  if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
+    return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
+  char sd[256], si[256];
+  if (idx->rank != data->rank)
+    return tp_error_op(c->d, c->m, c->op, "indices %s must have the rank of data %s", type_str(idx, si),
+                       type_str(data, sd));
+  for (int i = 0; i < idx->rank; i++)
+    if (i != axis && idx->dims[i] > data->dims[i])
+      return tp_error_op(c->d, c->m, c->op, "indices %s exceed data %s outside axis %lld", type_str(idx, si),
+                         type_str(data, sd), (long long)axis);
+  *t = *idx;
+  t->dtype = data->dtype;
+  for (int i = 0; i < t->rank; i++)
+    t->dimnames[i] = i != axis && idx->dims[i] == data->dims[i] ? data->dimnames[i] : NULL;
+  return TP_OK;
+}
+
+static int infer_gather_elements(const TpInferCtx *c) {
+  TpType t;
+  return gather_elements_type(c, operand(c, 0), operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &t) ||
+                 set_result(c, 0, t)
+             ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_topk(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0), k = tp_attr_int(c->m, c->op, "k", 0);
+  if (check_axis(c, axis, x->rank, "axis")) return TP_ERR_INPUT;
+  if (x->dtype == TP_BOOL) return tp_error_op(c->d, c->m, c->op, "the operand must be numeric");
+  if (k < 1 || k > x->dims[axis])
+    return tp_error_op(c->d, c->m, c->op, "k %lld is out of range for %lld entries on axis %lld", (long long)k,
+                       (long long)x->dims[axis], (long long)axis);
+  TpType t = *x;
+  t.dtype = TP_I64;
+  t.dims[axis] = k;
+  t.dimnames[axis] = NULL;
+  return set_result(c, 0, t);
+}
+
+static int infer_embedding(const TpInferCtx *c) {
+  const TpType *w = operand(c, 0);
+  if (w->rank != 2) return tp_error_op(c->d, c->m, c->op, "the table must be [V, C]");
+  int64_t parts = 0; /* set by check_vocab_part */
+  if (operand(c, 2) ? check_vocab_part(c, 2, &parts) : tp_get_attr(c->m, c->op, "vocab_parts") != NULL)
+    return operand(c, 2) ? TP_ERR_INPUT : tp_error_op(c->d, c->m, c->op, "vocab_parts needs a Part operand");
+  if (operand(c, 2) && tp_get_attr(c->m, c->op, "padding_idx")) /* the range kernels skip no row */
+    return tp_error_op(c->d, c->m, c->op, "a vocabulary-split embedding has no padding_idx (shard-tensor keeps one whole)");
+  TpType t;
+  return gather_type(c, w, operand(c, 1), 0, &t) || set_result(c, 0, t) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_embedding_backward(const TpInferCtx *c) {
+  const TpType *w = preset(c, 0);
+  int64_t parts = 0; /* set by check_vocab_part */
+  TpType y;
+  if (!w || check_vocab_part(c, 2, &parts)) return TP_ERR_INPUT;
+  if (w->rank != 2) return tp_error_op(c->d, c->m, c->op, "the table must be [V, C]");
+  if (gather_type(c, w, operand(c, 1), 0, &y)) return TP_ERR_INPUT;
+  return check_grad(c, operand(c, 0), &y);
+}
+
+static int infer_gather_backward(const TpInferCtx *c) {
+  const TpType *data = preset(c, 0);
+  TpType y;
+  if (!data) return TP_ERR_INPUT;
+  if (gather_type(c, data, operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &y)) return TP_ERR_INPUT;
+  return check_grad(c, operand(c, 0), &y);
+}
+
+static int infer_gather_elements_backward(const TpInferCtx *c) {
+  const TpType *data = preset(c, 0);
+  TpType y;
+  if (!data) return TP_ERR_INPUT;
+  if (gather_elements_type(c, data, operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &y)) return TP_ERR_INPUT;
+  return check_grad(c, operand(c, 0), &y);
+}
+
+/* ---- rule sets ---- */
+
+const TpOpRules tp_rules_Gather = {.infer = infer_gather};
+const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements};
+const TpOpRules tp_rules_TopK = {.infer = infer_topk};
+const TpOpRules tp_rules_Embedding = {.infer = infer_embedding};
+const TpOpRules tp_rules_GatherBackward = {.infer = infer_gather_backward};
+const TpOpRules tp_rules_GatherElementsBackward = {.infer = infer_gather_elements_backward};
+const TpOpRules tp_rules_EmbeddingBackward = {.infer = infer_embedding_backward};

@@ -1,0 +1,188 @@
+/* Layout ops: they move elements without computing on them (Reshape, Expand,
+ * Transpose, Split, Slice, Concat, Tile) or mask them (Trilu); SliceBackward scatters back.
+ *
+ * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
+ * it names are above it. */
+#include "infer.h"
+
+/* ---- shape rules ---- */
+
+static int infer_reshape(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0), *r = preset(c, 0);
+  if (!r) return TP_ERR_INPUT;
+  if (same_dtype(c, x, r)) return TP_ERR_INPUT;
+  if (tp_type_numel(x) != tp_type_numel(r)) {
+    char sx[256], sr[256];
+    return tp_error_op(c->d, c->m, c->op, "cannot reshape %s to %s", type_str(x, sx), type_str(r, sr));
+  }
+  /* a row-major reshape keeps the leading dims it leaves unchanged, and their names */
+  TpType *named = result(c, 0);
+  for (int i = 0; i < x->rank && i < r->rank && x->dims[i] == r->dims[i]; i++)
+    if (!named->dimnames[i]) named->dimnames[i] = x->dimnames[i];
+  return TP_OK;
+}
+
+static int infer_expand(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0), *r = preset(c, 0);
+  if (!r) return TP_ERR_INPUT;
+  TpType t;
+  if (same_dtype(c, x, r) || broadcast(c, x, r, &t)) return TP_ERR_INPUT;
+  if (!tp_type_equal(&t, r)) {
+    char sx[256], sr[256];
+    return tp_error_op(c->d, c->m, c->op, "cannot expand %s to %s", type_str(x, sx), type_str(r, sr));
+  }
+  return set_result(c, 0, t); /* fills in the names broadcasting carried over */
+}
+
+static int infer_tile(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0);
+  int n;
+  const int64_t *repeats = tp_attr_ints(c->m, c->op, "repeats", &n);
+  if (n != x->rank) return tp_error_op(c->d, c->m, c->op, "repeats has %d entries for rank %d", n, x->rank);
+  TpType t = {.dtype = x->dtype, .rank = x->rank};
+  for (int i = 0; i < n; i++) {
+    if (repeats[i] < 0) return tp_error_op(c->d, c->m, c->op, "repeats has negative value %lld", (long long)repeats[i]);
+    if (x->dims[i] && repeats[i] > INT64_MAX / 16 / x->dims[i])
+      return tp_error_op(c->d, c->m, c->op, "the tiled tensor is too large");
+    t.dims[i] = x->dims[i] * repeats[i];
+    if (repeats[i] == 1) t.dimnames[i] = x->dimnames[i];
+  }
+  return set_result(c, 0, t); /* checks the total size */
+}
+
+static int infer_transpose(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0);
+  int n;
+  const int64_t *perm = tp_attr_ints(c->m, c->op, "perm", &n);
+  if (n != x->rank) return tp_error_op(c->d, c->m, c->op, "perm has %d entries for rank %d", n, x->rank);
+  TpType t = {.dtype = x->dtype, .rank = x->rank};
+  bool seen[TP_MAX_RANK] = {0};
+  for (int i = 0; i < n; i++) {
+    if (perm[i] < 0 || perm[i] >= n || seen[perm[i]])
+      return tp_error_op(c->d, c->m, c->op, "perm is not a permutation of 0..%d", n - 1);
+    seen[perm[i]] = true;
+    t.dims[i] = x->dims[perm[i]];
+    t.dimnames[i] = x->dimnames[perm[i]];
+  }
+  return set_result(c, 0, t);
+}
+
+/* dims of `r` equal to x's except on `axis`; names carried over from x */
+static int same_but_axis(const TpInferCtx *c, const TpType *x, TpType *r, int64_t axis) {
+  if (r->rank != x->rank || r->dtype != x->dtype) {
+    char sx[256], sr[256];
+    return tp_error_op(c->d, c->m, c->op, "%s does not match %s outside axis %lld", type_str(r, sr),
+                       type_str(x, sx), (long long)axis);
+  }
+  for (int i = 0; i < x->rank; i++) {
+    if (i != axis && r->dims[i] != x->dims[i]) {
+      char sx[256], sr[256];
+      return tp_error_op(c->d, c->m, c->op, "%s does not match %s outside axis %lld", type_str(r, sr),
+                         type_str(x, sx), (long long)axis);
+    }
+    if (i != axis && !r->dimnames[i]) r->dimnames[i] = x->dimnames[i];
+  }
+  return TP_OK;
+}
+
+static int infer_split(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0), total = 0;
+  if (check_axis(c, axis, x->rank, "axis")) return TP_ERR_INPUT;
+  const TpOp *op = &c->m->ops[c->op];
+  for (int i = 0; i < op->noutputs; i++) {
+    TpType *r = result(c, i);
+    if (!r) return tp_error_op(c->d, c->m, c->op, "every result of Split must be present");
+    if (!preset(c, i) || same_but_axis(c, x, r, axis)) return TP_ERR_INPUT;
+    total += r->dims[axis];
+  }
+  if (total != x->dims[axis])
+    return tp_error_op(c->d, c->m, c->op, "split sizes sum to %lld, not %lld", (long long)total,
+                       (long long)x->dims[axis]);
+  return TP_OK;
+}
+
+static int infer_slice(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0);
+  TpType *r = result(c, 0);
+  if (!preset(c, 0)) return TP_ERR_INPUT;
+  int ns, nt;
+  const int64_t *starts = tp_attr_ints(c->m, c->op, "starts", &ns), *steps = tp_attr_ints(c->m, c->op, "steps", &nt);
+  if (ns != x->rank || nt != x->rank || r->rank != x->rank || r->dtype != x->dtype)
+    return tp_error_op(c->d, c->m, c->op, "starts, steps and result must have the operand's rank %d", x->rank);
+  for (int i = 0; i < x->rank; i++) {
+    int64_t n = r->dims[i];
+    if (steps[i] == 0 || !tp_slice_fits(starts[i], steps[i], n, x->dims[i]))
+      return tp_error_op(c->d, c->m, c->op, "slice of dim %d (start %lld, step %lld, %lld elements) leaves [0, %lld)",
+                         i, (long long)starts[i], (long long)steps[i], (long long)n, (long long)x->dims[i]);
+    if (n == x->dims[i] && steps[i] == 1 && !r->dimnames[i]) r->dimnames[i] = x->dimnames[i];
+  }
+  return TP_OK;
+}
+
+static int infer_concat(const TpInferCtx *c) {
+  const TpOp *op = &c->m->ops[c->op];
+  const TpType *first = operand(c, 0);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", 0);
+  if (check_axis(c, axis, first->rank, "axis")) return TP_ERR_INPUT;
+  TpType t = *first;
+  t.dims[axis] = 0;
+  t.dimnames[axis] = NULL;
+  for (int i = 0; i < op->ninputs; i++) {
+    const TpType *x = operand(c, i);
+    if (!x) return tp_error_op(c->d, c->m, c->op, "operand %d is absent", i);
+    TpType probe = *x;
+    if (same_but_axis(c, first, &probe, axis)) return TP_ERR_INPUT;
+    t.dims[axis] += x->dims[axis];
+  }
+  /* a token slice's context (ir/ops.def): appends one operand to the previous context */
+  int64_t rows = tp_attr_int(c->m, c->op, "context_rows", 0);
+  if (rows < 0 || (rows && rows < t.dims[axis]))
+    return tp_error_op(c->d, c->m, c->op, "context_rows %lld cannot hold the %lld rows of the result", (long long)rows,
+                       (long long)t.dims[axis]);
+  if (rows && (op->ninputs > 2 || t.dims[axis] == 0))
+    return tp_error_op(c->d, c->m, c->op, "a context (context_rows) appends one non-empty operand to at most one "
+                       "previous context");
+  if (rows && op->ninputs == 2) {
+    int prev = c->m->values[op->inputs[0]].def;
+    if (prev < 0 || c->m->ops[prev].kind != TP_OP_Concat || tp_attr_int(c->m, prev, "context_rows", 0) != rows ||
+        tp_attr_int(c->m, prev, "axis", 0) != axis)
+      return tp_error_op(c->d, c->m, c->op, "operand 0 of a context must be the previous context: a Concat with the "
+                         "same axis and context_rows");
+  }
+  return set_result(c, 0, t);
+}
+
+/* Trilu: a matrix or a batch of them, masked in place */
+static int infer_trilu(const TpInferCtx *c) {
+  const int min_rank = 2;
+  const TpType *x = operand(c, 0);
+  if (x->rank < min_rank) return tp_error_op(c->d, c->m, c->op, "operand must have rank >= %d", min_rank);
+  return set_result(c, 0, *x);
+}
+
+static int infer_slice_backward(const TpInferCtx *c) {
+  const TpType *x = preset(c, 0), *dy = operand(c, 0);
+  if (!x) return TP_ERR_INPUT;
+  int ns, nt;
+  const int64_t *starts = tp_attr_ints(c->m, c->op, "starts", &ns), *steps = tp_attr_ints(c->m, c->op, "steps", &nt);
+  if (ns != x->rank || nt != x->rank || dy->rank != x->rank || dy->dtype != x->dtype)
+    return tp_error_op(c->d, c->m, c->op, "starts, steps and gradient must have the result's rank %d", x->rank);
+  for (int i = 0; i < x->rank; i++) {
+    if (steps[i] == 0 || !tp_slice_fits(starts[i], steps[i], dy->dims[i], x->dims[i]))
+      return tp_error_op(c->d, c->m, c->op, "slice of dim %d leaves [0, %lld)", i, (long long)x->dims[i]);
+  }
+  return TP_OK;
+}
+
+/* ---- rule sets ---- */
+
+const TpOpRules tp_rules_Reshape = {.infer = infer_reshape};
+const TpOpRules tp_rules_Expand = {.infer = infer_expand};
+const TpOpRules tp_rules_Transpose = {.infer = infer_transpose};
+const TpOpRules tp_rules_Split = {.infer = infer_split};
+const TpOpRules tp_rules_Slice = {.infer = infer_slice};
+const TpOpRules tp_rules_Concat = {.infer = infer_concat};
+const TpOpRules tp_rules_Trilu = {.infer = infer_trilu};
+const TpOpRules tp_rules_Tile = {.infer = infer_tile};
+const TpOpRules tp_rules_SliceBackward = {.infer = infer_slice_backward};

@@ -1,0 +1,124 @@
+/* Matrix products: MatMul, Gemm, the raised Linear, and their backward ops.
+ *
+ * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
+ * it names are above it. */
+#include "infer.h"
+
+/* ---- shape rules ---- */
+
+/* numpy matmul of a and b into *t */
+static int matmul_type(const TpInferCtx *c, const TpType *a, const TpType *b, TpType *t) {
+  if (same_dtype(c, a, b)) return TP_ERR_INPUT;
+  if (a->rank < 1 || b->rank < 1) return tp_error_op(c->d, c->m, c->op, "operands must have rank >= 1");
+  /* promote vectors, as numpy does: [K] x [..,K,N] and [..,M,K] x [K] */
+  TpType pa = *a, pb = *b;
+  if (a->rank == 1) pa = (TpType){.dtype = a->dtype, .rank = 2, .dims = {1, a->dims[0]}, .dimnames = {NULL, a->dimnames[0]}};
+  if (b->rank == 1) pb = (TpType){.dtype = b->dtype, .rank = 2, .dims = {b->dims[0], 1}, .dimnames = {b->dimnames[0], NULL}};
+  int64_t k1 = pa.dims[pa.rank - 1], k2 = pb.dims[pb.rank - 2];
+  if (k1 != k2) {
+    char sa[256], sb[256];
+    return tp_error_op(c->d, c->m, c->op, "inner dimensions differ: %s x %s", type_str(a, sa), type_str(b, sb));
+  }
+  TpType ba = pa, bb = pb;
+  ba.rank -= 2;
+  bb.rank -= 2;
+  if (broadcast(c, &ba, &bb, t)) return TP_ERR_INPUT;
+  if (a->rank > 1) {
+    t->dims[t->rank] = pa.dims[pa.rank - 2];
+    t->dimnames[t->rank++] = pa.dimnames[pa.rank - 2];
+  }
+  if (b->rank > 1) {
+    t->dims[t->rank] = pb.dims[pb.rank - 1];
+    t->dimnames[t->rank++] = pb.dimnames[pb.rank - 1];
+  }
+  t->dtype = a->dtype;
+  return TP_OK;
+}
+
+static int infer_matmul(const TpInferCtx *c) {
+  TpType t;
+  return matmul_type(c, operand(c, 0), operand(c, 1), &t) || set_result(c, 0, t) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_gemm(const TpInferCtx *c) {
+  const TpType *a = operand(c, 0), *b = operand(c, 1), *bias = operand(c, 2);
+  if (a->rank != 2 || b->rank != 2) return tp_error_op(c->d, c->m, c->op, "A and B must be matrices");
+  if (same_dtype(c, a, b)) return TP_ERR_INPUT;
+  bool ta = tp_attr_int(c->m, c->op, "transA", 0), tb = tp_attr_int(c->m, c->op, "transB", 0);
+  int64_t m = a->dims[ta ? 1 : 0], k = a->dims[ta ? 0 : 1], k2 = b->dims[tb ? 1 : 0], n = b->dims[tb ? 0 : 1];
+  if (k != k2) {
+    char sa[256], sb[256];
+    return tp_error_op(c->d, c->m, c->op, "inner dimensions differ: %s x %s", type_str(a, sa), type_str(b, sb));
+  }
+  TpType t = {.dtype = a->dtype, .rank = 2, .dims = {m, n},
+              .dimnames = {a->dimnames[ta ? 1 : 0], b->dimnames[tb ? 0 : 1]}};
+  if (bias) {
+    TpType bt;
+    if (same_dtype(c, a, bias) || broadcast(c, bias, &t, &bt)) return TP_ERR_INPUT;
+    if (!tp_type_equal(&bt, &t)) return tp_error_op(c->d, c->m, c->op, "C does not broadcast to [M, N]");
+  }
+  return set_result(c, 0, t);
+}
+
+/* Y = X W (+ B): X [..., K], W [K, N] or [N, K] (transpose_w), B [N] */
+static int linear_type(const TpInferCtx *c, const TpType *x, const TpType *w, const TpType *b, TpType *y) {
+  bool tw = tp_attr_int(c->m, c->op, "transpose_w", 0);
+  if (need_float(c, x, "X") || same_dtype(c, x, w)) return TP_ERR_INPUT;
+  if (w->rank != 2 || x->rank < 1) return tp_error_op(c->d, c->m, c->op, "W must be a matrix and X at least 1-D");
+  int64_t k = w->dims[tw ? 1 : 0], n = w->dims[tw ? 0 : 1];
+  if (x->dims[x->rank - 1] != k) {
+    char sx[256], sw[256];
+    return tp_error_op(c->d, c->m, c->op, "inner dimensions differ: %s x %s%s", type_str(x, sx), type_str(w, sw),
+                       tw ? " (transposed)" : "");
+  }
+  if (b && (b->rank != 1 || b->dims[0] != n || b->dtype != x->dtype))
+    return tp_error_op(c->d, c->m, c->op, "B must be a vector of %lld %s", (long long)n, tp_dtype_name(x->dtype));
+  *y = *x;
+  y->dims[y->rank - 1] = n;
+  y->dimnames[y->rank - 1] = w->dimnames[tw ? 0 : 1];
+  return TP_OK;
+}
+
+static int infer_linear(const TpInferCtx *c) {
+  TpType y;
+  return linear_type(c, operand(c, 0), operand(c, 1), operand(c, 2), &y) || set_result(c, 0, y) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_linear_backward(const TpInferCtx *c) {
+  const TpType *dy = operand(c, 0), *x = operand(c, 1), *w = operand(c, 2);
+  TpType y;
+  if (linear_type(c, x, w, NULL, &y) || check_grad(c, dy, &y)) return TP_ERR_INPUT;
+  TpType db = {.dtype = w->dtype, .rank = 1, .dims = {y.dims[y.rank - 1]}};
+  return set_result(c, 0, *x) || set_result(c, 1, *w) || set_result(c, 2, db) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_matmul_backward(const TpInferCtx *c) {
+  TpType y;
+  if (matmul_type(c, operand(c, 1), operand(c, 2), &y) || check_grad(c, operand(c, 0), &y)) return TP_ERR_INPUT;
+  return set_results_like(c, 1, 2);
+}
+
+/* ---- FLOPs ---- */
+
+/* MatMul and Linear: a multiply-add per result element and inner index */
+static double flops_matmul(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  const TpType *x = o->inputs[0] >= 0 ? &m->values[o->inputs[0]].type : NULL;
+  double out = tp_flops_per_result(m, op);
+  return x && x->rank ? 2 * out * (double)x->dims[x->rank - 1] : out;
+}
+
+static double flops_gemm(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  const TpType *x = o->inputs[0] >= 0 ? &m->values[o->inputs[0]].type : NULL;
+  double out = tp_flops_per_result(m, op);
+  return x && x->rank == 2 ? 2 * out * (double)x->dims[tp_attr_int(m, op, "transA", 0) ? 0 : 1] : out;
+}
+
+/* ---- rule sets ---- */
+
+const TpOpRules tp_rules_MatMul = {.infer = infer_matmul, .flops = flops_matmul};
+const TpOpRules tp_rules_Gemm = {.infer = infer_gemm, .flops = flops_gemm};
+const TpOpRules tp_rules_Linear = {.infer = infer_linear, .flops = flops_matmul};
+const TpOpRules tp_rules_LinearBackward = {.infer = infer_linear_backward};
+const TpOpRules tp_rules_MatMulBackward = {.infer = infer_matmul_backward};

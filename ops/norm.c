@@ -1,0 +1,77 @@
+/* Normalisations: LayerNorm and RMSNorm, and their backward ops.
+ *
+ * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
+ * it names are above it. */
+#include "infer.h"
+
+#include <string.h>
+
+/* ---- shape rules ---- */
+
+static int infer_layernorm(const TpInferCtx *c) {
+  const TpType *x = operand(c, 0), *scale = operand(c, 1), *bias = operand(c, 2);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", -1);
+  if (need_float(c, x, "X") || check_axis(c, axis, x->rank, "axis")) return TP_ERR_INPUT;
+  TpType norm = {.dtype = x->dtype, .rank = x->rank - (int)axis}, t;
+  memcpy(norm.dims, x->dims + axis, (size_t)norm.rank * sizeof norm.dims[0]);
+  for (int i = 1; i < 3; i++) {
+    const TpType *p = i == 1 ? scale : bias;
+    if (!p) continue;
+    if (same_dtype(c, x, p) || broadcast(c, p, &norm, &t)) return TP_ERR_INPUT;
+    if (!tp_type_equal(&t, &norm))
+      return tp_error_op(c->d, c->m, c->op, "%s does not broadcast to the normalised dims", i == 1 ? "Scale" : "B");
+  }
+  if (set_result(c, 0, *x)) return TP_ERR_INPUT;
+  TpType stat = *x;
+  stat.dtype = TP_F32;
+  for (int i = (int)axis; i < x->rank; i++) stat.dims[i] = 1, stat.dimnames[i] = NULL;
+  return set_result(c, 1, stat) || set_result(c, 2, stat) ? TP_ERR_INPUT : TP_OK;
+}
+
+static int infer_layernorm_backward(const TpInferCtx *c) {
+  const TpType *dy = operand(c, 0), *x = operand(c, 1), *scale = operand(c, 2);
+  const TpType *mean = operand(c, 3), *invstd = operand(c, 4);
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", -1);
+  if (need_float(c, x, "X") || check_axis(c, axis, x->rank, "axis") || check_grad(c, dy, x)) return TP_ERR_INPUT;
+  TpType stat = *x;
+  stat.dtype = TP_F32;
+  for (int i = (int)axis; i < x->rank; i++) stat.dims[i] = 1;
+  if (!tp_type_equal(mean, &stat) || !tp_type_equal(invstd, &stat))
+    return tp_error_op(c->d, c->m, c->op, "Mean and InvStdDev must be the forward LayerNorm's statistics");
+  return set_result(c, 0, *x) || set_result(c, 1, *scale) || set_result(c, 2, *scale) ? TP_ERR_INPUT : TP_OK;
+}
+
+/* ---- the fused ops of modern blocks: RMSNorm, Rotary, SwiGLU and their backward ---- */
+
+/* RMSNorm(X, Scale) and RMSNormBackward's X and Scale: Scale has the normalised shape. */
+static int rmsnorm_operands(const TpInferCtx *c, const TpType *x, const TpType *scale) {
+  int64_t axis = tp_attr_int(c->m, c->op, "axis", -1);
+  if (need_float(c, x, "X") || check_axis(c, axis, x->rank, "axis") || same_dtype(c, x, scale)) return TP_ERR_INPUT;
+  if (tp_attr_float(c->m, c->op, "epsilon", 0) < 0) return tp_error_op(c->d, c->m, c->op, "epsilon must not be negative");
+  TpType norm = {.dtype = x->dtype, .rank = x->rank - (int)axis};
+  memcpy(norm.dims, x->dims + axis, (size_t)norm.rank * sizeof norm.dims[0]);
+  if (!tp_type_equal(scale, &norm)) return tp_error_op(c->d, c->m, c->op, "Scale must have the normalised shape of X");
+  return TP_OK;
+}
+
+static int infer_rmsnorm(const TpInferCtx *c) {
+  if (rmsnorm_operands(c, operand(c, 0), operand(c, 1))) return TP_ERR_INPUT;
+  return set_result(c, 0, *operand(c, 0));
+}
+
+static int infer_rmsnorm_backward(const TpInferCtx *c) {
+  const TpType *dy = operand(c, 0), *x = operand(c, 1);
+  if (rmsnorm_operands(c, x, operand(c, 2)) || check_grad(c, dy, x)) return TP_ERR_INPUT;
+  return set_results_like(c, 1, 2);
+}
+
+/* ---- FLOPs ---- */
+
+static double flops_layernorm(const TpModule *m, int op) { return 8 * tp_flops_per_result(m, op); }
+
+/* ---- rule sets ---- */
+
+const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm};
+const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm};
+const TpOpRules tp_rules_LayerNormBackward = {.infer = infer_layernorm_backward};
+const TpOpRules tp_rules_RMSNormBackward = {.infer = infer_rmsnorm_backward};

@@ -1,0 +1,33 @@
+/* An op's meaning, in one place: the hooks each pass calls for an op, gathered per op in
+ * one TpOpRules defined in the op's family file (ops/<family>.c), e.g. tp_rules_SwiGLU in
+ * ops/activation.c. The passes are drivers: they walk the module and call tp_op_rules[kind]'s
+ * hooks. A hook left NULL takes the driver's generic case (named at each field).
+ *
+ * ops/README.md lists the families and which file holds which op. */
+#ifndef TOKPIPE_OPS_RULES_H
+#define TOKPIPE_OPS_RULES_H
+
+#include "../ir/ir.h"
+
+typedef struct TpInferCtx TpInferCtx; /* ops/infer.h */
+
+typedef struct TpOpRules {
+  /* Result types from the operands and attributes, or a check of the recorded ones
+   * (ir/infer.c runs it after the arity checks). Required. */
+  int (*infer)(const TpInferCtx *c);
+  /* Forward FLOPs, a simple count (multiply-adds as 2) that ranks layers for
+   * assign-stages; NULL: one per element of the first result. */
+  double (*flops)(const TpModule *m, int op);
+} TpOpRules;
+
+/* One rule set per op of ir/ops.def, named tp_rules_<Op>. */
+#define TP_OP(name, min_in, max_in, min_out, max_out, traits) extern const TpOpRules tp_rules_##name;
+#include "../ir/ops.def"
+
+/* tp_op_rules[kind]: the rule set of every op (ops/rules.c). */
+extern const TpOpRules *const tp_op_rules[TP_OP_COUNT];
+
+/* Elements of op's first result (0 when it has none): the FLOPs of a pointwise op. */
+double tp_flops_per_result(const TpModule *m, int op);
+
+#endif
