@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
 
 /* ---- shape rules ---- */
@@ -45,12 +46,33 @@ static double flops_gelu(const TpModule *m, int op) { return 8 * tp_flops_per_re
 
 static double flops_softmax(const TpModule *m, int op) { return 5 * tp_flops_per_result(m, op); }
 
+/* ---- gradients ---- */
+
+static void grad_gelu(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_op(a, x, TP_OP_GeluBackward, (int[]){dy, x}, 2, false, true);
+}
+
+static void grad_softmax(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  tp_grad_give_op(a, x, TP_OP_SoftmaxBackward, (int[]){dy, y}, 2, false, true);
+}
+
+static void grad_log_softmax(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  tp_grad_give_op(a, x, TP_OP_LogSoftmaxBackward, (int[]){dy, y}, 2, false, true);
+}
+
+static void grad_swiglu(TpGradCtx *a, const TpGradOp *fwd) {
+  tp_grad_one_op(a, fwd, TP_OP_SwiGLUBackward, false);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu};
-const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax};
-const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax};
-const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu};
+const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu, .gradient = grad_gelu};
+const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_softmax};
+const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_log_softmax};
+const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu, .gradient = grad_swiglu};
 const TpOpRules tp_rules_GeluBackward = {.infer = infer_unary_backward};
 const TpOpRules tp_rules_SoftmaxBackward = {.infer = infer_unary_backward};
 const TpOpRules tp_rules_LogSoftmaxBackward = {.infer = infer_unary_backward};

@@ -3,7 +3,10 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
+
+#include <stdlib.h>
 
 /* ---- shape rules ---- */
 
@@ -150,9 +153,89 @@ static double flops_attention(const TpModule *m, int op) {
   return tp_attr_int(m, op, "is_causal", 0) ? f / 2 : f;
 }
 
+/* ---- gradients ---- */
+
+/* A CONST [1, .., 1, n] of rank `rank` filled with `value` (f32). */
+static int filled_table(TpGradCtx *a, int rank, int64_t n, float value) {
+  TpType t = {.dtype = TP_F32, .rank = rank};
+  for (int k = 0; k < rank; k++) t.dims[k] = k == rank - 1 ? n : 1;
+  float *data = malloc((size_t)n * sizeof *data + 1);
+  TP_ASSERT(data);
+  for (int64_t i = 0; i < n; i++) data[i] = value;
+  int v = tp_add_const(a->m, tp_unique_name(a->m, tp_strfmt(a->m, "ad.rotary.%g", value)), t, data, (TpOrigin){0});
+  free(data);
+  return v;
+}
+
+/* Rotary's Cos and Sin as trainable values (a buffer exported as an initializer): over the
+ * first rotary_dim features, dCos = dY X and dSin = dY rot(X), summed over the axes the
+ * tables broadcast along; rot(X) is Rotary(X, 0, 1). */
+static void rotary_tables_backward(TpGradCtx *a, const int *in, const bool *need, int dy) {
+  TpModule *m = a->m;
+  TpType part = type_of(a, in[0]);
+  int r = part.rank, x = in[0], g = dy;
+  int64_t rd = tp_attr_int(m, a->fwd, "rotary_dim", 0), starts[TP_MAX_RANK] = {0}, steps[TP_MAX_RANK];
+  if (rd < part.dims[r - 1]) { /* the rotated features of X and dY */
+    part.dims[r - 1] = rd;
+    for (int k = 0; k < r; k++) steps[k] = 1;
+    int s[2];
+    for (int i = 0; i < 2; i++) {
+      int op = tp_grad_begin(a, TP_OP_Slice, i ? &dy : &x, 1, (const char *[]){tp_grad_tmp_name(a, in[i ? 1 : 0])}, 1);
+      tp_set_attr_ints(m, op, "starts", starts, r);
+      tp_set_attr_ints(m, op, "steps", steps, r);
+      s[i] = tp_grad_end(a, op, &part);
+    }
+    x = s[0], g = s[1];
+  }
+  if (need[1]) tp_grad_give_binary(a, in[1], TP_OP_Mul, g, x);
+  if (need[2]) {
+    int op = tp_grad_begin(a, TP_OP_Rotary, (int[]){x, filled_table(a, r, rd, 0), filled_table(a, r, rd, 1)}, 3,
+                   (const char *[]){tp_grad_tmp_name(a, in[2])}, 1);
+    tp_grad_copy_attrs(a, op);
+    tp_grad_give_binary(a, in[2], TP_OP_Mul, g, tp_grad_end(a, op, NULL));
+  }
+}
+
+static void grad_attention(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  int nin = fwd->nin;
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy;
+  for (int i = 4; i < nin; i++)
+    if (in[i] >= 0) {
+      tp_grad_cannot(a, "past key/value inputs are not supported");
+      return;
+    }
+  int mask = nin > 3 ? in[3] : -1;
+  if (mask >= 0 && need[3]) {
+    tp_grad_cannot(a, "the attention mask would need a gradient (a trained mask is not supported)");
+    return;
+  }
+  const char *names[3];
+  for (int i = 0; i < 3; i++) names[i] = need[i] ? tp_grad_contrib_name(a, in[i]) : tp_grad_tmp_name(a, in[i]);
+  if (in[0] == in[1] || in[0] == in[2] || in[1] == in[2]) { /* distinct contribution names */
+    int v = in[0];
+    for (int i = 0; i < 3; i++) names[i] = tp_strfmt(a->m, "%s.%d", need[i] ? tp_grad_contrib_name(a, in[i]) : tp_grad_tmp_name(a, v), i);
+  }
+  int op = tp_grad_begin(a, TP_OP_AttentionBackward, (int[]){dy, in[0], in[1], in[2], mask}, mask >= 0 ? 5 : 4, names, 3);
+  tp_grad_copy_attrs(a, op);
+  tp_grad_end(a, op, NULL);
+  for (int i = 0; i < 3; i++)
+    if (need[i]) tp_grad_give(a, in[i], m->ops[op].outputs[i]);
+}
+
+static void grad_rotary(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy, x = fwd->x;
+  if (need[0]) tp_grad_give_op(a, x, TP_OP_RotaryBackward, (int[]){dy, in[1], in[2]}, 3, false, true);
+  if (need[1] || need[2]) rotary_tables_backward(a, in, need, dy);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention};
-const TpOpRules tp_rules_Rotary = {.infer = infer_rotary};
+const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention, .gradient = grad_attention};
+const TpOpRules tp_rules_Rotary = {.infer = infer_rotary, .gradient = grad_rotary};
 const TpOpRules tp_rules_AttentionBackward = {.infer = infer_attention_backward};
 const TpOpRules tp_rules_RotaryBackward = {.infer = infer_rotary_backward};

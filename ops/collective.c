@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
 
 /* ---- shape rules ---- */
@@ -21,8 +22,22 @@ static int infer_collective(const TpInferCtx *c) {
   return set_result(c, 0, *x);
 }
 
+/* ---- gradients ---- */
+
+/* every rank's partial sum counts once in the sum: dX = dY */
+static void grad_all_reduce(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_value(a, x, dy);
+}
+
+/* each rank's dX is partial (its columns only): sum them */
+static void grad_tensor_copy(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_op(a, x, TP_OP_AllReduce, &dy, 1, false, true);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_AllReduce = {.infer = infer_collective};
-const TpOpRules tp_rules_TensorCopy = {.infer = infer_collective};
+const TpOpRules tp_rules_AllReduce = {.infer = infer_collective, .gradient = grad_all_reduce};
+const TpOpRules tp_rules_TensorCopy = {.infer = infer_collective, .gradient = grad_tensor_copy};
 const TpOpRules tp_rules_TensorRank = {.infer = infer_tensor_rank};

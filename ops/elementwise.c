@@ -3,7 +3,10 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
+
+#include <string.h>
 
 /* ---- shape rules ---- */
 
@@ -53,26 +56,237 @@ static int infer_cast(const TpInferCtx *c) {
   return set_result(c, 0, t);
 }
 
+/* ---- gradients ---- */
+
+/* The one element of a CONST, as a double; false if v is not such a constant. */
+static bool const_scalar(const TpModule *m, int v, double *out) {
+  const TpValue *val = &m->values[v];
+  if (val->kind != TP_VAL_CONST || tp_type_numel(&val->type) != 1) return false;
+  const uint8_t *p = tp_value_data(m, v);
+  union { float f; double d; uint16_t h; int32_t i32; int64_t i64; } u;
+  memcpy(&u, p, tp_dtype_size(val->type.dtype));
+  switch (val->type.dtype) {
+  case TP_F32: *out = u.f; return true;
+  case TP_F64: *out = u.d; return true;
+  case TP_F16: *out = tp_f16_to_f32(u.h); return true;
+  case TP_BF16: *out = tp_bf16_to_f32(u.h); return true;
+  case TP_I32: *out = u.i32; return true;
+  case TP_I64: *out = (double)u.i64; return true;
+  default: return false;
+  }
+}
+
+static void grad_add(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy;
+  for (int i = 0; i < 2; i++)
+    if (need[i]) tp_grad_give_value(a, in[i], dy);
+}
+
+static void grad_sub(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy;
+  if (need[0]) tp_grad_give_value(a, in[0], dy);
+  if (need[1]) tp_grad_give_unary(a, in[1], TP_OP_Neg, dy);
+}
+
+static void grad_mul(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy;
+  if (need[0]) tp_grad_give_binary(a, in[0], TP_OP_Mul, dy, in[1]);
+  if (need[1]) tp_grad_give_binary(a, in[1], TP_OP_Mul, dy, in[0]);
+}
+
+/* d/db a/b = -y/b */
+static void grad_div(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy, y = fwd->y;
+  if (need[0]) tp_grad_give_binary(a, in[0], TP_OP_Div, dy, in[1]);
+  if (need[1]) {
+    int t = tp_grad_emit2(a, TP_OP_Div, y, in[1], tp_grad_tmp_name(a, in[1]));
+    t = tp_grad_emit2(a, TP_OP_Mul, dy, t, tp_grad_tmp_name(a, in[1]));
+    tp_grad_give_unary(a, in[1], TP_OP_Neg, t);
+  }
+}
+
+/* d/da a^b = b a^(b-1); d/db = y log(a) */
+static void grad_pow(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  TpDType dt = fwd->dt;
+  int b = in[1];
+  double c;
+  if (need[0]) {
+    int t;
+    if (const_scalar(m, b, &c) && c == 2) {
+      t = tp_grad_emit2(a, TP_OP_Mul, x, tp_grad_scalar(a, dt, 2), tp_grad_tmp_name(a, x));
+    } else if (const_scalar(m, b, &c)) {
+      t = tp_grad_emit2(a, TP_OP_Pow, x, tp_grad_scalar(a, dt, c - 1), tp_grad_tmp_name(a, x));
+      t = tp_grad_emit2(a, TP_OP_Mul, t, tp_grad_scalar(a, dt, c), tp_grad_tmp_name(a, x));
+    } else {
+      int bf = b;
+      if (type_of(a, b).dtype != dt) {
+        TpType bt = type_of(a, b);
+        bt.dtype = dt;
+        bf = tp_grad_emit(a, TP_OP_Cast, &b, 1, tp_grad_tmp_name(a, x), &bt);
+      }
+      t = tp_grad_emit2(a, TP_OP_Sub, bf, tp_grad_scalar(a, dt, 1), tp_grad_tmp_name(a, x));
+      t = tp_grad_emit2(a, TP_OP_Pow, x, t, tp_grad_tmp_name(a, x));
+      t = tp_grad_emit2(a, TP_OP_Mul, t, bf, tp_grad_tmp_name(a, x));
+    }
+    tp_grad_give_binary(a, x, TP_OP_Mul, dy, t);
+  }
+  if (need[1]) {
+    if (type_of(a, b).dtype != dt) {
+      tp_grad_cannot(a, "the exponent's type differs from the base's");
+      return;
+    }
+    int t = tp_grad_emit(a, TP_OP_Log, &x, 1, tp_grad_tmp_name(a, b), NULL);
+    t = tp_grad_emit2(a, TP_OP_Mul, y, t, tp_grad_tmp_name(a, b));
+    tp_grad_give_binary(a, b, TP_OP_Mul, dy, t);
+  }
+}
+
+/* dy / (2 y) */
+static void grad_sqrt(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  TpDType dt = fwd->dt;
+  tp_grad_give_binary(a, x, TP_OP_Div, dy, tp_grad_emit2(a, TP_OP_Mul, y, tp_grad_scalar(a, dt, 2), tp_grad_tmp_name(a, x)));
+}
+
+static void grad_neg(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_unary(a, x, TP_OP_Neg, dy);
+}
+
+/* -dy y^2 */
+static void grad_reciprocal(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  int t = tp_grad_emit2(a, TP_OP_Mul, y, y, tp_grad_tmp_name(a, x));
+  t = tp_grad_emit2(a, TP_OP_Mul, dy, t, tp_grad_tmp_name(a, x));
+  tp_grad_give_unary(a, x, TP_OP_Neg, t);
+}
+
+static void grad_exp(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  tp_grad_give_binary(a, x, TP_OP_Mul, dy, y);
+}
+
+static void grad_log(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_binary(a, x, TP_OP_Div, dy, x);
+}
+
+/* dy 2/sqrt(pi) exp(-x^2) */
+static void grad_erf(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  TpDType dt = fwd->dt;
+  int t = tp_grad_emit2(a, TP_OP_Mul, x, x, tp_grad_tmp_name(a, x));
+  t = tp_grad_emit(a, TP_OP_Neg, &t, 1, tp_grad_tmp_name(a, x), NULL);
+  t = tp_grad_emit(a, TP_OP_Exp, &t, 1, tp_grad_tmp_name(a, x), NULL);
+  t = tp_grad_emit2(a, TP_OP_Mul, t, tp_grad_scalar(a, dt, 1.1283791670955126), tp_grad_tmp_name(a, x));
+  tp_grad_give_binary(a, x, TP_OP_Mul, dy, t);
+}
+
+/* dy (1 - y^2) */
+static void grad_tanh(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  TpDType dt = fwd->dt;
+  int t = tp_grad_emit2(a, TP_OP_Mul, y, y, tp_grad_tmp_name(a, x));
+  t = tp_grad_emit2(a, TP_OP_Sub, tp_grad_scalar(a, dt, 1), t, tp_grad_tmp_name(a, x));
+  tp_grad_give_binary(a, x, TP_OP_Mul, dy, t);
+}
+
+/* dy y (1 - y) */
+static void grad_sigmoid(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  TpDType dt = fwd->dt;
+  int t = tp_grad_emit2(a, TP_OP_Sub, tp_grad_scalar(a, dt, 1), y, tp_grad_tmp_name(a, x));
+  t = tp_grad_emit2(a, TP_OP_Mul, y, t, tp_grad_tmp_name(a, x));
+  tp_grad_give_binary(a, x, TP_OP_Mul, dy, t);
+}
+
+/* dy cos x */
+static void grad_sin(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_binary(a, x, TP_OP_Mul, dy, tp_grad_emit(a, TP_OP_Cos, &x, 1, tp_grad_tmp_name(a, x), NULL));
+}
+
+/* -dy sin x */
+static void grad_cos(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  int t = tp_grad_emit(a, TP_OP_Sin, &x, 1, tp_grad_tmp_name(a, x), NULL);
+  t = tp_grad_emit2(a, TP_OP_Mul, dy, t, tp_grad_tmp_name(a, x));
+  tp_grad_give_unary(a, x, TP_OP_Neg, t);
+}
+
+/* dy to the operand chosen; a tie splits it equally, as torch.maximum */
+static void grad_max_min(TpGradCtx *a, const TpGradOp *fwd) {
+  TpOpKind kind = a->m->ops[a->fwd].kind;
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy, x = fwd->x;
+  TpDType dt = fwd->dt;
+  int tie = -1;
+  for (int i = 0; i < 2; i++) {
+    if (!need[i]) continue;
+    if (tie < 0) {
+      int eq = tp_grad_emit2(a, TP_OP_Equal, in[0], in[1], tp_grad_tmp_name(a, x));
+      int half = tp_grad_emit2(a, TP_OP_Mul, dy, tp_grad_scalar(a, dt, 0.5), tp_grad_tmp_name(a, x));
+      tie = tp_grad_emit(a, TP_OP_Where, (int[]){eq, half, tp_grad_scalar(a, dt, 0)}, 3, tp_grad_tmp_name(a, x), NULL);
+    }
+    int wins = tp_grad_emit2(a, kind == TP_OP_Max ? TP_OP_Greater : TP_OP_Less, in[i], in[1 - i], tp_grad_tmp_name(a, in[i]));
+    tp_grad_give_elementwise(a, in[i], TP_OP_Where, (int[]){wins, dy, tie}, 3);
+  }
+}
+
+static void grad_relu(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, y = fwd->y, x = fwd->x;
+  TpDType dt = fwd->dt;
+  int pos = tp_grad_emit2(a, TP_OP_Greater, y, tp_grad_scalar(a, dt, 0), tp_grad_tmp_name(a, x));
+  tp_grad_give_elementwise(a, x, TP_OP_Where, (int[]){pos, dy, tp_grad_scalar(a, dt, 0)}, 3);
+}
+
+static void grad_where(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy;
+  TpDType dt = fwd->dt;
+  if (need[1]) tp_grad_give_elementwise(a, in[1], TP_OP_Where, (int[]){in[0], dy, tp_grad_scalar(a, dt, 0)}, 3);
+  if (need[2]) tp_grad_give_elementwise(a, in[2], TP_OP_Where, (int[]){in[0], tp_grad_scalar(a, dt, 0), dy}, 3);
+}
+
+static void grad_cast(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_op(a, x, TP_OP_Cast, &dy, 1, true, false);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise};
+const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise, .gradient = grad_add};
+const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise, .gradient = grad_sub};
+const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise, .gradient = grad_mul};
+const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise, .gradient = grad_div};
+const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise, .gradient = grad_pow};
+const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise, .gradient = grad_max_min};
+const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise, .gradient = grad_max_min};
+const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise, .gradient = grad_sqrt};
+const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise, .gradient = grad_neg};
+const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise, .gradient = grad_reciprocal};
+const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise, .gradient = grad_exp};
+const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise, .gradient = grad_log};
+const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise, .gradient = grad_erf};
+const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise, .gradient = grad_tanh};
+const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise, .gradient = grad_relu};
+const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise, .gradient = grad_sigmoid};
+const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise, .gradient = grad_sin};
+const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise, .gradient = grad_cos};
 const TpOpRules tp_rules_Not = {.infer = tp_infer_elementwise};
 const TpOpRules tp_rules_And = {.infer = tp_infer_elementwise};
 const TpOpRules tp_rules_Equal = {.infer = tp_infer_elementwise};
@@ -80,5 +294,5 @@ const TpOpRules tp_rules_Less = {.infer = tp_infer_elementwise};
 const TpOpRules tp_rules_LessOrEqual = {.infer = tp_infer_elementwise};
 const TpOpRules tp_rules_Greater = {.infer = tp_infer_elementwise};
 const TpOpRules tp_rules_GreaterOrEqual = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Where = {.infer = infer_where};
-const TpOpRules tp_rules_Cast = {.infer = infer_cast};
+const TpOpRules tp_rules_Where = {.infer = infer_where, .gradient = grad_where};
+const TpOpRules tp_rules_Cast = {.infer = infer_cast, .gradient = grad_cast};

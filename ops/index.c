@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
 
 /* ---- shape rules ---- */
@@ -111,12 +112,47 @@ static int infer_gather_elements_backward(const TpInferCtx *c) {
   return check_grad(c, operand(c, 0), &y);
 }
 
+/* ---- gradients ---- */
+
+/* copies axis and padding_idx */
+static void grad_gather(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy, x = fwd->x;
+  if (need[0]) tp_grad_give_op(a, x, TP_OP_GatherBackward, (int[]){dy, in[1]}, 2, true, true);
+}
+
+static void grad_gather_elements(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy, x = fwd->x;
+  if (need[0]) tp_grad_give_op(a, x, TP_OP_GatherElementsBackward, (int[]){dy, in[1]}, 2, true, true);
+}
+
+static void grad_embedding(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  int nin = fwd->nin;
+  const int *in = fwd->in;
+  int dy = fwd->dy, x = fwd->x;
+  TpType wt = type_of(a, x);
+  if (nin > 2) { /* vocabulary-parallel: only the ids of this rank's rows */
+    int op = tp_grad_begin(a, TP_OP_EmbeddingBackward, (int[]){dy, in[1], in[2]}, 3, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+    tp_grad_copy_attrs(a, op);
+    tp_grad_give(a, x, tp_grad_end(a, op, &wt));
+    return;
+  }
+  int op = tp_grad_begin(a, TP_OP_GatherBackward, (int[]){dy, in[1]}, 2, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+  tp_grad_copy_attrs(a, op); /* padding_idx: that row gets nothing from this lookup */
+  tp_set_attr_int(m, op, "axis", 0);
+  tp_grad_give(a, x, tp_grad_end(a, op, &wt));
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gather = {.infer = infer_gather};
-const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements};
+const TpOpRules tp_rules_Gather = {.infer = infer_gather, .gradient = grad_gather};
+const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements, .gradient = grad_gather_elements};
 const TpOpRules tp_rules_TopK = {.infer = infer_topk};
-const TpOpRules tp_rules_Embedding = {.infer = infer_embedding};
+const TpOpRules tp_rules_Embedding = {.infer = infer_embedding, .gradient = grad_embedding};
 const TpOpRules tp_rules_GatherBackward = {.infer = infer_gather_backward};
 const TpOpRules tp_rules_GatherElementsBackward = {.infer = infer_gather_elements_backward};
 const TpOpRules tp_rules_EmbeddingBackward = {.infer = infer_embedding_backward};

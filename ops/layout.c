@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
 
 /* ---- shape rules ---- */
@@ -175,14 +176,131 @@ static int infer_slice_backward(const TpInferCtx *c) {
   return TP_OK;
 }
 
+/* ---- gradients ---- */
+
+/* Tile: dy seen as [r0, x0, r1, x1, ...] (the dims repeated once only as x_d), summed over
+ * the repeats. */
+static void tile_backward(TpGradCtx *a, int x, int dy) {
+  TpType xt = type_of(a, x), split = {.dtype = xt.dtype};
+  int n, naxes = 0;
+  const int64_t *repeats = tp_attr_ints(a->m, a->fwd, "repeats", &n);
+  int64_t axes[TP_MAX_RANK];
+  for (int d = 0; d < xt.rank; d++) naxes += repeats[d] != 1;
+  if (xt.rank + naxes > TP_MAX_RANK) {
+    tp_grad_cannot(a, tp_strfmt(a->m, "tiling %d dims of a rank-%d tensor (at most rank %d in all)", naxes, xt.rank, TP_MAX_RANK));
+    return;
+  }
+  if (!naxes) {
+    tp_grad_give_value(a, x, dy);
+    return;
+  }
+  naxes = 0;
+  for (int d = 0; d < xt.rank; d++) {
+    if (repeats[d] != 1) {
+      axes[naxes++] = split.rank;
+      split.dims[split.rank++] = repeats[d];
+    }
+    split.dims[split.rank++] = xt.dims[d];
+  }
+  int g = tp_grad_emit(a, TP_OP_Reshape, &dy, 1, tp_grad_tmp_name(a, x), &split);
+  int op = tp_grad_begin(a, TP_OP_ReduceSum, &g, 1, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+  tp_set_attr_ints(a->m, op, "axes", axes, naxes);
+  tp_set_attr_int(a->m, op, "keepdims", 0);
+  tp_grad_give(a, x, tp_grad_end(a, op, NULL));
+}
+
+static void grad_trilu(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_op(a, x, TP_OP_Trilu, &dy, 1, false, true);
+}
+
+static void grad_reshape(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_op(a, x, TP_OP_Reshape, &dy, 1, true, false);
+}
+
+static void grad_expand(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_value(a, x, dy);
+}
+
+static void grad_slice(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tp_grad_give_op(a, x, TP_OP_SliceBackward, &dy, 1, true, true);
+}
+
+static void grad_tile(TpGradCtx *a, const TpGradOp *fwd) {
+  int dy = fwd->dy, x = fwd->x;
+  tile_backward(a, x, dy);
+}
+
+static void grad_transpose(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  int o = a->fwd;
+  int dy = fwd->dy, x = fwd->x;
+  int n;
+  const int64_t *perm = tp_attr_ints(m, o, "perm", &n);
+  int64_t inv[TP_MAX_RANK];
+  for (int i = 0; i < n; i++) inv[perm[i]] = i;
+  int op = tp_grad_begin(a, TP_OP_Transpose, &dy, 1, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+  tp_set_attr_ints(m, op, "perm", inv, n);
+  tp_grad_give(a, x, tp_grad_end(a, op, NULL));
+}
+
+/* Concat of the results' gradients, zeros for those without */
+static void grad_split(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  int o = a->fwd;
+  const int *out = fwd->out;
+  const int *dys = fwd->dys;
+  int x = fwd->x;
+  TpDType dt = fwd->dt;
+  int nout = m->ops[o].noutputs, parts[64];
+  for (int k = 0; k < nout; k++) {
+    parts[k] = dys[k];
+    if (parts[k] < 0) {
+      TpType t = type_of(a, out[k]);
+      int zero = tp_grad_scalar(a, dt, 0);
+      parts[k] = tp_grad_emit(a, TP_OP_Expand, &zero, 1, tp_grad_tmp_name(a, x), &t);
+    }
+  }
+  int op = tp_grad_begin(a, TP_OP_Concat, parts, nout, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+  tp_grad_copy_attrs(a, op);
+  tp_grad_give(a, x, tp_grad_end(a, op, NULL));
+}
+
+/* each operand's part of dy */
+static void grad_concat(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  int o = a->fwd;
+  int nin = fwd->nin;
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy;
+  int64_t axis = tp_attr_int(m, o, "axis", 0), offset = 0;
+  for (int i = 0; i < nin; i++) {
+    TpType t = type_of(a, in[i]);
+    if (need[i]) {
+      int64_t starts[TP_MAX_RANK] = {0}, steps[TP_MAX_RANK];
+      for (int k = 0; k < t.rank; k++) steps[k] = 1;
+      starts[axis] = offset;
+      int op = tp_grad_begin(a, TP_OP_Slice, &dy, 1, (const char *[]){tp_grad_contrib_name(a, in[i])}, 1);
+      tp_set_attr_ints(m, op, "starts", starts, t.rank);
+      tp_set_attr_ints(m, op, "steps", steps, t.rank);
+      tp_grad_give(a, in[i], tp_grad_end(a, op, &t));
+    }
+    offset += t.dims[axis];
+  }
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Reshape = {.infer = infer_reshape};
-const TpOpRules tp_rules_Expand = {.infer = infer_expand};
-const TpOpRules tp_rules_Transpose = {.infer = infer_transpose};
-const TpOpRules tp_rules_Split = {.infer = infer_split};
-const TpOpRules tp_rules_Slice = {.infer = infer_slice};
-const TpOpRules tp_rules_Concat = {.infer = infer_concat};
-const TpOpRules tp_rules_Trilu = {.infer = infer_trilu};
-const TpOpRules tp_rules_Tile = {.infer = infer_tile};
+const TpOpRules tp_rules_Reshape = {.infer = infer_reshape, .gradient = grad_reshape};
+const TpOpRules tp_rules_Expand = {.infer = infer_expand, .gradient = grad_expand};
+const TpOpRules tp_rules_Transpose = {.infer = infer_transpose, .gradient = grad_transpose};
+const TpOpRules tp_rules_Split = {.infer = infer_split, .gradient = grad_split, .grads_every_result = true};
+const TpOpRules tp_rules_Slice = {.infer = infer_slice, .gradient = grad_slice};
+const TpOpRules tp_rules_Concat = {.infer = infer_concat, .gradient = grad_concat};
+const TpOpRules tp_rules_Trilu = {.infer = infer_trilu, .gradient = grad_trilu};
+const TpOpRules tp_rules_Tile = {.infer = infer_tile, .gradient = grad_tile};
 const TpOpRules tp_rules_SliceBackward = {.infer = infer_slice_backward};

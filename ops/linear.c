@@ -2,6 +2,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
 
 /* ---- shape rules ---- */
@@ -115,10 +116,55 @@ static double flops_gemm(const TpModule *m, int op) {
   return x && x->rank == 2 ? 2 * out * (double)x->dims[tp_attr_int(m, op, "transA", 0) ? 0 : 1] : out;
 }
 
+/* ---- gradients ---- */
+
+/* Gemm: Y = alpha op(A) op(B) + beta C, op(X) = X or X^T. Its gradients are Gemms too. */
+static void gemm_backward(TpGradCtx *a, const int *in, bool need_a, bool need_b, bool need_c, int dy) {
+  int o = a->fwd;
+  double alpha = tp_attr_float(a->m, o, "alpha", 1), beta = tp_attr_float(a->m, o, "beta", 1);
+  bool ta = tp_attr_int(a->m, o, "transA", 0), tb = tp_attr_int(a->m, o, "transB", 0);
+  for (int which = 0; which < 2; which++) {
+    if (!(which ? need_b : need_a)) continue;
+    int v = in[which], x, y;
+    bool tx, ty;
+    if (which == 0 && !ta) x = dy, y = in[1], tx = false, ty = !tb;      /* dA = dY op(B)^T */
+    else if (which == 0) x = in[1], y = dy, tx = tb, ty = true;           /* dA = op(B) dY^T */
+    else if (!tb) x = in[0], y = dy, tx = !ta, ty = false;                /* dB = op(A)^T dY */
+    else x = dy, y = in[0], tx = true, ty = ta;                           /* dB = dY^T op(A) */
+    int op = tp_grad_begin(a, TP_OP_Gemm, (int[]){x, y}, 2, (const char *[]){tp_grad_contrib_name(a, v)}, 1);
+    if (alpha != 1) tp_set_attr_float(a->m, op, "alpha", alpha);
+    if (tx) tp_set_attr_int(a->m, op, "transA", 1);
+    if (ty) tp_set_attr_int(a->m, op, "transB", 1);
+    tp_grad_give(a, v, tp_grad_end(a, op, NULL));
+  }
+  if (need_c) {
+    if (beta == 1)
+      tp_grad_give_value(a, in[2], dy);
+    else
+      tp_grad_give_binary(a, in[2], TP_OP_Mul, dy, tp_grad_scalar(a, type_of(a, dy).dtype, beta));
+  }
+}
+
+static void grad_matmul(TpGradCtx *a, const TpGradOp *fwd) {
+  tp_grad_one_op(a, fwd, TP_OP_MatMulBackward, false);
+}
+
+static void grad_linear(TpGradCtx *a, const TpGradOp *fwd) {
+  tp_grad_one_op(a, fwd, TP_OP_LinearBackward, fwd->nin > 2 && fwd->in[2] >= 0);
+}
+
+static void grad_gemm(TpGradCtx *a, const TpGradOp *fwd) {
+  int nin = fwd->nin;
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy;
+  gemm_backward(a, in, need[0], need[1], nin > 2 && need[2], dy);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_MatMul = {.infer = infer_matmul, .flops = flops_matmul};
-const TpOpRules tp_rules_Gemm = {.infer = infer_gemm, .flops = flops_gemm};
-const TpOpRules tp_rules_Linear = {.infer = infer_linear, .flops = flops_matmul};
+const TpOpRules tp_rules_MatMul = {.infer = infer_matmul, .flops = flops_matmul, .gradient = grad_matmul};
+const TpOpRules tp_rules_Gemm = {.infer = infer_gemm, .flops = flops_gemm, .gradient = grad_gemm};
+const TpOpRules tp_rules_Linear = {.infer = infer_linear, .flops = flops_matmul, .gradient = grad_linear};
 const TpOpRules tp_rules_LinearBackward = {.infer = infer_linear_backward};
 const TpOpRules tp_rules_MatMulBackward = {.infer = infer_matmul_backward};

@@ -3,8 +3,10 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- shape rules ---- */
@@ -104,10 +106,101 @@ static double flops_cross_entropy(const TpModule *m, int op) {
   return o->inputs[0] >= 0 ? 5 * (double)tp_type_numel(&m->values[o->inputs[0]].type) : tp_flops_per_result(m, op);
 }
 
+/* ---- gradients ---- */
+
+/* SoftmaxCrossEntropyLoss (through CrossEntropyBackward, classes moved last) and
+ * NegativeLogLikelihoodLoss (-dLoss/denominator where the class is the target). */
+static void loss_backward(TpGradCtx *a, const int *in, int dy) {
+  int o = a->fwd, x = in[0], labels = in[1];
+  TpType xt = type_of(a, x), lt = type_of(a, labels);
+  const char *reduction = tp_attr_string(a->m, o, "reduction", "mean");
+  const TpAttr *ignore = tp_get_attr(a->m, o, "ignore_index");
+  if (a->m->ops[o].ninputs > 2 && in[2] >= 0) {
+    tp_grad_cannot(a, "class weights are not supported");
+    return;
+  }
+  if (strcmp(reduction, "none") == 0) {
+    tp_grad_cannot(a, "reduction 'none' is not supported");
+    return;
+  }
+  /* an ignore_index no class can have changes nothing: the trainer's targets are tokens */
+  if (ignore && ignore->i >= 0 && ignore->i < xt.dims[1]) {
+    tp_grad_cannot(a, "an ignore_index inside the class range is not supported");
+    return;
+  }
+  double denominator = strcmp(reduction, "mean") == 0 ? (double)tp_type_numel(&lt) : 1;
+  if (a->m->ops[o].kind == TP_OP_SoftmaxCrossEntropyLoss) {
+    int r = xt.rank, scores = x;
+    int64_t last[TP_MAX_RANK], back[TP_MAX_RANK]; /* [N, C, d...] <-> [N, d..., C] */
+    for (int i = 0; i < r; i++) last[i] = i == 0 ? 0 : i == r - 1 ? 1 : i + 1;
+    for (int i = 0; i < r; i++) back[last[i]] = i;
+    if (r > 2) {
+      int op = tp_grad_begin(a, TP_OP_Transpose, &x, 1, (const char *[]){tp_grad_tmp_name(a, x)}, 1);
+      tp_set_attr_ints(a->m, op, "perm", last, r);
+      scores = tp_grad_end(a, op, NULL);
+    }
+    int op = tp_grad_begin(a, TP_OP_CrossEntropyBackward, (int[]){dy, scores, labels}, 3,
+                   (const char *[]){r > 2 ? tp_grad_tmp_name(a, x) : tp_grad_contrib_name(a, x)}, 1);
+    tp_set_attr_float(a->m, op, "denominator", denominator);
+    int g = tp_grad_end(a, op, NULL);
+    if (r > 2) {
+      op = tp_grad_begin(a, TP_OP_Transpose, &g, 1, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+      tp_set_attr_ints(a->m, op, "perm", back, r);
+      g = tp_grad_end(a, op, NULL);
+    }
+    tp_grad_give(a, x, g);
+    return;
+  }
+  /* NLL: onehot = Equal(labels as [N, 1, d...], classes [1, C, 1...]) */
+  TpType col = lt, classes = {.dtype = lt.dtype, .rank = xt.rank};
+  col.rank = xt.rank;
+  col.dims[0] = lt.dims[0];
+  col.dimnames[0] = lt.dimnames[0];
+  col.dims[1] = 1;
+  col.dimnames[1] = NULL;
+  for (int i = 2; i < xt.rank; i++) col.dims[i] = lt.dims[i - 1], col.dimnames[i] = lt.dimnames[i - 1];
+  for (int i = 0; i < xt.rank; i++) classes.dims[i] = i == 1 ? xt.dims[1] : 1;
+  int64_t nclasses = xt.dims[1];
+  size_t size = tp_dtype_size(lt.dtype);
+  uint8_t *iota = malloc((size_t)nclasses * size + 1);
+  TP_ASSERT(iota);
+  for (int64_t c = 0; c < nclasses; c++) {
+    int32_t c32 = (int32_t)c;
+    if (size == 8) memcpy(iota + c * 8, &c, 8);
+    else memcpy(iota + c * 4, &c32, 4);
+  }
+  int cls = tp_add_const(a->m, tp_unique_name(a->m, tp_strfmt(a->m, "%s.classes", name_of(a, x))), classes, iota, (TpOrigin){0});
+  free(iota);
+  int lab = tp_grad_emit(a, TP_OP_Reshape, &labels, 1, tp_grad_tmp_name(a, x), &col);
+  int onehot = tp_grad_emit2(a, TP_OP_Equal, lab, cls, tp_grad_tmp_name(a, x));
+  TpDType dt = xt.dtype;
+  int scale = tp_grad_emit2(a, TP_OP_Div, dy, tp_grad_scalar(a, dt, denominator), tp_grad_tmp_name(a, x));
+  scale = tp_grad_emit(a, TP_OP_Neg, &scale, 1, tp_grad_tmp_name(a, x), NULL);
+  tp_grad_give_elementwise(a, x, TP_OP_Where, (int[]){onehot, scale, tp_grad_scalar(a, dt, 0)}, 3);
+}
+
+/* with Stats and Part: the whole derivative (ir/ops.def) */
+static void grad_cross_entropy(TpGradCtx *a, const TpGradOp *fwd) {
+  int nin = fwd->nin;
+  const int *in = fwd->in;
+  int dy = fwd->dy, x = fwd->x;
+  int op = tp_grad_begin(a, TP_OP_CrossEntropyBackward, (int[]){dy, in[0], in[1], nin > 2 ? in[2] : -1, nin > 3 ? in[3] : -1},
+                 nin > 2 ? 5 : 3, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+  tp_grad_copy_attrs(a, op);
+  tp_grad_give(a, x, tp_grad_end(a, op, NULL));
+}
+
+static void grad_onnx_loss(TpGradCtx *a, const TpGradOp *fwd) {
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy;
+  if (need[0]) loss_backward(a, in, dy);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_SoftmaxCrossEntropyLoss = {.infer = infer_loss, .flops = flops_cross_entropy};
-const TpOpRules tp_rules_NegativeLogLikelihoodLoss = {.infer = infer_loss};
-const TpOpRules tp_rules_CrossEntropy = {.infer = infer_cross_entropy, .flops = flops_cross_entropy};
+const TpOpRules tp_rules_SoftmaxCrossEntropyLoss = {.infer = infer_loss, .flops = flops_cross_entropy, .gradient = grad_onnx_loss};
+const TpOpRules tp_rules_NegativeLogLikelihoodLoss = {.infer = infer_loss, .gradient = grad_onnx_loss};
+const TpOpRules tp_rules_CrossEntropy = {.infer = infer_cross_entropy, .flops = flops_cross_entropy, .gradient = grad_cross_entropy};
 const TpOpRules tp_rules_CrossEntropyStats = {.infer = infer_cross_entropy_stats};
 const TpOpRules tp_rules_CrossEntropyBackward = {.infer = infer_cross_entropy_backward};

@@ -2,6 +2,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
 
 #include <string.h>
@@ -69,9 +70,61 @@ static int infer_rmsnorm_backward(const TpInferCtx *c) {
 
 static double flops_layernorm(const TpModule *m, int op) { return 8 * tp_flops_per_result(m, op); }
 
+/* ---- gradients ---- */
+
+/* Adds the Mean and InvStdDev results to forward LayerNorm op o where absent. */
+static void layernorm_stats(TpGradCtx *a, int o) {
+  TpModule *m = a->m;
+  if (m->ops[o].noutputs < 3) {
+    int *outs = tp_alloc(m, 3 * sizeof *outs);
+    for (int i = 0; i < 3; i++) outs[i] = i < m->ops[o].noutputs ? m->ops[o].outputs[i] : -1;
+    m->ops[o].outputs = outs;
+    m->ops[o].noutputs = 3;
+  }
+  const char *y = name_of(a, m->ops[o].outputs[0]);
+  for (int i = 1; i < 3; i++) {
+    if (m->ops[o].outputs[i] >= 0) continue;
+    const char *name = tp_unique_name(m, tp_strfmt(a->m, "%s.%s", y, i == 1 ? "mean" : "invstddev"));
+    int v = tp_add_value(m, name, TP_VAL_RESULT, (TpType){0}, m->ops[o].origin);
+    m->values[v].def = o;
+    m->ops[o].outputs[i] = v;
+  }
+  if (tp_infer_op(m, o, a->d) != TP_OK) a->rc = TP_ERR_INTERNAL;
+}
+
+static void grad_rmsnorm(TpGradCtx *a, const TpGradOp *fwd) {
+  tp_grad_one_op(a, fwd, TP_OP_RMSNormBackward, false);
+}
+
+static void grad_layer_norm(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  int o = a->fwd;
+  int nin = fwd->nin;
+  const int *in = fwd->in;
+  const bool *need = fwd->need;
+  int dy = fwd->dy, x = fwd->x;
+  TpType xt = type_of(a, x);
+  int64_t axis = tp_attr_int(m, o, "axis", -1), norm = tp_numel(xt.rank - (int)axis, xt.dims + axis);
+  for (int i = 1; i < nin; i++)
+    if (in[i] >= 0 && tp_type_numel(&m->values[in[i]].type) != norm) {
+      tp_grad_cannot(a, "Scale and B must have the normalised shape");
+      return;
+    }
+  layernorm_stats(a, o);
+  int mean = m->ops[o].outputs[1], inv = m->ops[o].outputs[2];
+  bool bias = nin > 2 && in[2] >= 0;
+  const char *names[3] = {need[0] ? tp_grad_contrib_name(a, x) : tp_grad_tmp_name(a, x), need[1] ? tp_grad_contrib_name(a, in[1]) : NULL,
+                          bias && need[2] ? tp_grad_contrib_name(a, in[2]) : NULL};
+  int op = tp_grad_begin(a, TP_OP_LayerNormBackward, (int[]){dy, x, in[1], mean, inv}, 5, names, grad_results(names, 3));
+  tp_grad_copy_attrs(a, op);
+  tp_grad_end(a, op, NULL);
+  for (int i = 0; i < m->ops[op].noutputs; i++)
+    if (names[i] && (i > 0 || need[0])) tp_grad_give(a, in[i], m->ops[op].outputs[i]);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm};
-const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm};
+const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm, .gradient = grad_layer_norm};
+const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm, .gradient = grad_rmsnorm};
 const TpOpRules tp_rules_LayerNormBackward = {.infer = infer_layernorm_backward};
 const TpOpRules tp_rules_RMSNormBackward = {.infer = infer_rmsnorm_backward};

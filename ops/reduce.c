@@ -2,6 +2,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "grad.h"
 #include "infer.h"
 
 /* ---- shape rules ---- */
@@ -34,8 +35,40 @@ static int infer_reduce(const TpInferCtx *c) {
   return set_result(c, 0, t);
 }
 
+/* ---- gradients ---- */
+
+/* running sums of dy in the other direction */
+static void grad_cumsum(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  int o = a->fwd;
+  int dy = fwd->dy, x = fwd->x;
+  int op = tp_grad_begin(a, TP_OP_CumSum, &dy, 1, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+  tp_set_attr_int(m, op, "axis", tp_attr_int(m, o, "axis", 0));
+  tp_set_attr_int(m, op, "exclusive", tp_attr_int(m, o, "exclusive", 0));
+  tp_set_attr_int(m, op, "reverse", !tp_attr_int(m, o, "reverse", 0));
+  tp_grad_give(a, x, tp_grad_end(a, op, NULL));
+}
+
+/* dy (divided by the count), expanded back */
+static void grad_reduce(TpGradCtx *a, const TpGradOp *fwd) {
+  TpModule *m = a->m;
+  int o = a->fwd;
+  TpOpKind kind = a->m->ops[a->fwd].kind;
+  int dy = fwd->dy, x = fwd->x;
+  TpDType dt = fwd->dt;
+  TpType xt = type_of(a, x), kept = xt;
+  int n;
+  const int64_t *axes = tp_attr_ints(m, o, "axes", &n);
+  int64_t count = 1;
+  for (int k = 0; k < n; k++) count *= xt.dims[axes[k]], kept.dims[axes[k]] = 1, kept.dimnames[axes[k]] = NULL;
+  int g = dy;
+  if (kind == TP_OP_ReduceMean) g = tp_grad_emit2(a, TP_OP_Div, g, tp_grad_scalar(a, dt, (double)count), tp_grad_tmp_name(a, x));
+  if (!tp_attr_int(m, o, "keepdims", 1)) g = tp_grad_emit(a, TP_OP_Reshape, &g, 1, tp_grad_tmp_name(a, x), &kept);
+  tp_grad_give_op(a, x, TP_OP_Expand, &g, 1, true, false);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_ReduceMean = {.infer = infer_reduce};
-const TpOpRules tp_rules_ReduceSum = {.infer = infer_reduce};
-const TpOpRules tp_rules_CumSum = {.infer = infer_cumsum};
+const TpOpRules tp_rules_ReduceMean = {.infer = infer_reduce, .gradient = grad_reduce};
+const TpOpRules tp_rules_ReduceSum = {.infer = infer_reduce, .gradient = grad_reduce};
+const TpOpRules tp_rules_CumSum = {.infer = infer_cumsum, .gradient = grad_cumsum};

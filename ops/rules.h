@@ -10,6 +10,8 @@
 #include "../ir/ir.h"
 
 typedef struct TpInferCtx TpInferCtx; /* ops/infer.h */
+typedef struct TpGradCtx TpGradCtx;   /* ops/grad.h */
+typedef struct TpGradOp TpGradOp;
 
 typedef struct TpOpRules {
   /* Result types from the operands and attributes, or a check of the recorded ones
@@ -18,6 +20,12 @@ typedef struct TpOpRules {
   /* Forward FLOPs, a simple count (multiply-adds as 2) that ranks layers for
    * assign-stages; NULL: one per element of the first result. */
   double (*flops)(const TpModule *m, int op);
+  /* Emits the backward ops of a forward op (passes/autodiff.c calls it when a result
+   * carries a gradient and an operand needs one); NULL: "cannot differentiate". */
+  void (*gradient)(TpGradCtx *a, const TpGradOp *fwd);
+  /* The gradient rule takes a gradient for every result; otherwise a gradient of a result
+   * after the first is an error (Split's results are its pieces). */
+  bool grads_every_result;
 } TpOpRules;
 
 /* One rule set per op of ir/ops.def, named tp_rules_<Op>. */
