@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -67,12 +68,27 @@ static void grad_swiglu(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_one_op(a, fwd, TP_OP_SwiGLUBackward, false);
 }
 
+/* ---- token axes ---- */
+
+static void axes_softmax(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  axes_all(m, x, X, Y);
+  axes_mix(x, X, (int)tp_attr_int(m, op, "axis", rx - 1), "normalises over");
+}
+
+static void axes_swiglu(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  axes_all(m, x, X, Y), axes_all(m, x, o->inputs[1], Y);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu, .gradient = grad_gelu};
-const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_softmax};
-const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_log_softmax};
-const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu, .gradient = grad_swiglu};
+const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu, .gradient = grad_gelu, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_softmax, .token_axes = axes_softmax};
+const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_log_softmax, .token_axes = axes_softmax};
+const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu, .gradient = grad_swiglu, .token_axes = axes_swiglu};
 const TpOpRules tp_rules_GeluBackward = {.infer = infer_unary_backward};
 const TpOpRules tp_rules_SoftmaxBackward = {.infer = infer_unary_backward};
 const TpOpRules tp_rules_LogSoftmaxBackward = {.infer = infer_unary_backward};

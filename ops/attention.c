@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -233,9 +234,44 @@ static void grad_rotary(TpGradCtx *a, const TpGradOp *fwd) {
   if (need[1] || need[2]) rotary_tables_backward(a, in, need, dy);
 }
 
+/* ---- token axes ---- */
+
+static void attention_axes(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int q = o->inputs[0], k = o->inputs[1], v = o->inputs[2], y = o->outputs[0];
+  int r = value_type(m, q)->rank, seq = r == 4 ? 2 : 1, feat = r - 1;
+  axes_link(x, q, 0, y, 0), axes_link(x, k, 0, q, 0), axes_link(x, v, 0, q, 0);
+  axes_link(x, q, seq, y, seq), axes_link(x, q, seq, k, seq), axes_link(x, k, seq, v, seq);
+  if (r == 4) axes_link(x, q, 1, y, 1), axes_link(x, k, 1, v, 1); /* heads */
+  axes_mix(x, q, feat, "contracts over"), axes_mix(x, k, feat, "contracts over"), axes_mix(x, v, feat, "contracts over");
+  /* the mask, broadcast to the scores [B, H, Tq, Tk]: its batch and head axes (a mask folded
+   * per batch row, as torch's SDPA export has it, is cut by rebatch); its query and key
+   * axes are cut by split-sequence itself */
+  int mask = o->ninputs > 3 ? o->inputs[3] : -1, rm = mask >= 0 ? value_type(m, mask)->rank : 0;
+  for (int a = 0; a < rm; a++) {
+    int d = a + 4 - rm;
+    if (d == 0 && value_type(m, mask)->dims[a] == value_type(m, q)->dims[0]) axes_link(x, mask, a, q, 0);
+    if (d == 1 && r == 4 && value_type(m, mask)->dims[a] == value_type(m, q)->dims[1]) axes_link(x, mask, a, q, 1);
+  }
+}
+
+static void axes_attention(const TpModule *m, int op, TpOpAxes *x) {
+  attention_axes(m, op, x);
+}
+
+/* the Cos and Sin tables (position by position) broadcast to X */
+static void axes_rotary(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  axes_all(m, x, X, Y);
+  axes_mix(x, X, rx - 1, "rotates along");
+  axes_broadcast(m, x, Y, o->inputs[1]), axes_broadcast(m, x, Y, o->inputs[2]);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention, .gradient = grad_attention};
-const TpOpRules tp_rules_Rotary = {.infer = infer_rotary, .gradient = grad_rotary};
+const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention, .gradient = grad_attention, .token_axes = axes_attention};
+const TpOpRules tp_rules_Rotary = {.infer = infer_rotary, .gradient = grad_rotary, .token_axes = axes_rotary};
 const TpOpRules tp_rules_AttentionBackward = {.infer = infer_attention_backward};
 const TpOpRules tp_rules_RotaryBackward = {.infer = infer_rotary_backward};

@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -36,8 +37,17 @@ static void grad_tensor_copy(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_give_op(a, x, TP_OP_AllReduce, &dy, 1, false, true);
 }
 
+/* ---- token axes ---- */
+
+/* the tensor-parallel collectives sum or copy across the ranks, position by position:
+ * every axis kept */
+static void axes_collective(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  axes_all(m, x, X, Y);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_AllReduce = {.infer = infer_collective, .gradient = grad_all_reduce};
-const TpOpRules tp_rules_TensorCopy = {.infer = infer_collective, .gradient = grad_tensor_copy};
+const TpOpRules tp_rules_AllReduce = {.infer = infer_collective, .gradient = grad_all_reduce, .token_axes = axes_collective};
+const TpOpRules tp_rules_TensorCopy = {.infer = infer_collective, .gradient = grad_tensor_copy, .token_axes = axes_collective};
 const TpOpRules tp_rules_TensorRank = {.infer = infer_tensor_rank};

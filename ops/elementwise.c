@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -267,32 +268,40 @@ static void grad_cast(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_give_op(a, x, TP_OP_Cast, &dy, 1, true, false);
 }
 
+/* ---- token axes ---- */
+
+/* Every operand's axes broadcast to the result's (numpy, right-aligned). */
+void tp_axes_elementwise(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  for (int i = 0; i < o->ninputs; i++) axes_broadcast(m, x, o->outputs[0], o->inputs[i]);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise, .gradient = grad_add};
-const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise, .gradient = grad_sub};
-const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise, .gradient = grad_mul};
-const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise, .gradient = grad_div};
-const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise, .gradient = grad_pow};
-const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise, .gradient = grad_max_min};
-const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise, .gradient = grad_max_min};
-const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise, .gradient = grad_sqrt};
-const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise, .gradient = grad_neg};
-const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise, .gradient = grad_reciprocal};
-const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise, .gradient = grad_exp};
-const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise, .gradient = grad_log};
-const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise, .gradient = grad_erf};
-const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise, .gradient = grad_tanh};
-const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise, .gradient = grad_relu};
-const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise, .gradient = grad_sigmoid};
-const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise, .gradient = grad_sin};
-const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise, .gradient = grad_cos};
-const TpOpRules tp_rules_Not = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_And = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Equal = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Less = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_LessOrEqual = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Greater = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_GreaterOrEqual = {.infer = tp_infer_elementwise};
-const TpOpRules tp_rules_Where = {.infer = infer_where, .gradient = grad_where};
-const TpOpRules tp_rules_Cast = {.infer = infer_cast, .gradient = grad_cast};
+const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise, .gradient = grad_add, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise, .gradient = grad_sub, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise, .gradient = grad_mul, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise, .gradient = grad_div, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise, .gradient = grad_pow, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise, .gradient = grad_sqrt, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise, .gradient = grad_neg, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise, .gradient = grad_reciprocal, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise, .gradient = grad_exp, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise, .gradient = grad_log, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise, .gradient = grad_erf, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise, .gradient = grad_tanh, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise, .gradient = grad_relu, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise, .gradient = grad_sigmoid, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise, .gradient = grad_sin, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise, .gradient = grad_cos, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Not = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_And = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Equal = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Less = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_LessOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Greater = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_GreaterOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Where = {.infer = infer_where, .gradient = grad_where, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Cast = {.infer = infer_cast, .gradient = grad_cast, .token_axes = tp_axes_elementwise};

@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -147,12 +148,56 @@ static void grad_embedding(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_give(a, x, tp_grad_end(a, op, &wt));
 }
 
+/* ---- token axes ---- */
+
+/* Embedding(W, Ids) -> [Ids..., C] */
+static void axes_embedding(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  axes_all(m, x, o->inputs[1], Y);
+  axes_mix(x, X, 0, "gathers along");
+}
+
+/* data[:a] ++ indices ++ data[a+1:] */
+static void axes_gather(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int a = (int)tp_attr_int(m, op, "axis", 0), idx = o->inputs[1], ri = value_type(m, idx)->rank;
+  for (int k = 0; k < rx; k++)
+    if (k != a) axes_link(x, X, k, Y, k < a ? k : k - 1 + ri);
+  for (int k = 0; k < ri; k++) axes_link(x, idx, k, Y, a + k);
+  axes_mix(x, X, a, "gathers along");
+}
+
+/* the k largest along axis: the other axes kept */
+static void axes_topk(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int a = (int)tp_attr_int(m, op, "axis", 0);
+  for (int k = 0; k < rx; k++)
+    if (k != a) axes_link(x, X, k, Y, k);
+  axes_mix(x, X, a, "selects the largest along");
+}
+
+/* the result has the indices' shape */
+static void axes_gather_elements(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int a = (int)tp_attr_int(m, op, "axis", 0), idx = o->inputs[1];
+  axes_all(m, x, idx, Y);
+  for (int k = 0; k < rx; k++)
+    if (k != a && value_type(m, X)->dims[k] == value_type(m, idx)->dims[k]) axes_link(x, X, k, idx, k);
+    else axes_mix(x, X, k, k == a ? "gathers along" : "gathers part of");
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gather = {.infer = infer_gather, .gradient = grad_gather};
-const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements, .gradient = grad_gather_elements};
-const TpOpRules tp_rules_TopK = {.infer = infer_topk};
-const TpOpRules tp_rules_Embedding = {.infer = infer_embedding, .gradient = grad_embedding};
+const TpOpRules tp_rules_Gather = {.infer = infer_gather, .gradient = grad_gather, .token_axes = axes_gather};
+const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements, .gradient = grad_gather_elements, .token_axes = axes_gather_elements};
+const TpOpRules tp_rules_TopK = {.infer = infer_topk, .token_axes = axes_topk};
+const TpOpRules tp_rules_Embedding = {.infer = infer_embedding, .gradient = grad_embedding, .token_axes = axes_embedding};
 const TpOpRules tp_rules_GatherBackward = {.infer = infer_gather_backward};
 const TpOpRules tp_rules_GatherElementsBackward = {.infer = infer_gather_elements_backward};
 const TpOpRules tp_rules_EmbeddingBackward = {.infer = infer_embedding_backward};

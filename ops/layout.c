@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -293,14 +294,97 @@ static void grad_concat(TpGradCtx *a, const TpGradOp *fwd) {
   }
 }
 
+/* ---- token axes ---- */
+
+/* Reshape: input axis a and output axis b are the same positions when their extents and
+ * the elements before them are equal. */
+static void reshape_links(const TpModule *m, TpOpAxes *x, int in, int out) {
+  const TpType *ti = value_type(m, in), *to = value_type(m, out);
+  int64_t before_in = 1;
+  for (int a = 0; a < ti->rank; a++) {
+    int64_t before_out = 1;
+    for (int b = 0; b < to->rank; b++) {
+      if (before_out == before_in && to->dims[b] == ti->dims[a]) {
+        axes_link(x, in, a, out, b);
+        break;
+      }
+      before_out *= to->dims[b];
+    }
+    before_in *= ti->dims[a];
+  }
+}
+
+/* the axes repeated once are kept */
+static void axes_tile(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int n;
+  const int64_t *repeats = tp_attr_ints(m, op, "repeats", &n);
+  for (int k = 0; k < rx && k < n; k++)
+    if (repeats[k] == 1) axes_link(x, X, k, Y, k);
+    else axes_mix(x, X, k, "repeats along");
+}
+
+static void axes_reshape(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  reshape_links(m, x, X, Y);
+}
+
+static void axes_expand(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  axes_broadcast(m, x, Y, X);
+}
+
+static void axes_transpose(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int n;
+  const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
+  for (int k = 0; k < n; k++) axes_link(x, X, (int)perm[k], Y, k);
+}
+
+static void axes_split_concat(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int a = (int)tp_attr_int(m, op, "axis", 0), whole = o->kind == TP_OP_Split ? X : Y;
+  int n = o->kind == TP_OP_Split ? o->noutputs : o->ninputs;
+  for (int i = 0; i < n; i++) {
+    int part = o->kind == TP_OP_Split ? o->outputs[i] : o->inputs[i];
+    for (int k = 0; k < rx; k++)
+      if (k != a) axes_link(x, whole, k, part, k);
+    axes_mix(x, part, a, o->kind == TP_OP_Split ? "splits along" : "concatenates along");
+  }
+  axes_mix(x, whole, a, o->kind == TP_OP_Split ? "splits along" : "concatenates along");
+}
+
+static void axes_slice(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int n;
+  const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
+  for (int k = 0; k < rx; k++) {
+    if (starts[k] == 0 && steps[k] == 1 && value_type(m, Y)->dims[k] == value_type(m, X)->dims[k])
+      axes_link(x, X, k, Y, k);
+    else
+      axes_mix(x, X, k, "slices");
+  }
+}
+
+static void axes_trilu(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  axes_all(m, x, X, Y);
+  axes_mix(x, X, rx - 1, "masks a triangle of"), axes_mix(x, X, rx - 2, "masks a triangle of");
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Reshape = {.infer = infer_reshape, .gradient = grad_reshape};
-const TpOpRules tp_rules_Expand = {.infer = infer_expand, .gradient = grad_expand};
-const TpOpRules tp_rules_Transpose = {.infer = infer_transpose, .gradient = grad_transpose};
-const TpOpRules tp_rules_Split = {.infer = infer_split, .gradient = grad_split, .grads_every_result = true};
-const TpOpRules tp_rules_Slice = {.infer = infer_slice, .gradient = grad_slice};
-const TpOpRules tp_rules_Concat = {.infer = infer_concat, .gradient = grad_concat};
-const TpOpRules tp_rules_Trilu = {.infer = infer_trilu, .gradient = grad_trilu};
-const TpOpRules tp_rules_Tile = {.infer = infer_tile, .gradient = grad_tile};
+const TpOpRules tp_rules_Reshape = {.infer = infer_reshape, .gradient = grad_reshape, .token_axes = axes_reshape};
+const TpOpRules tp_rules_Expand = {.infer = infer_expand, .gradient = grad_expand, .token_axes = axes_expand};
+const TpOpRules tp_rules_Transpose = {.infer = infer_transpose, .gradient = grad_transpose, .token_axes = axes_transpose};
+const TpOpRules tp_rules_Split = {.infer = infer_split, .gradient = grad_split, .grads_every_result = true, .token_axes = axes_split_concat};
+const TpOpRules tp_rules_Slice = {.infer = infer_slice, .gradient = grad_slice, .token_axes = axes_slice};
+const TpOpRules tp_rules_Concat = {.infer = infer_concat, .gradient = grad_concat, .token_axes = axes_split_concat};
+const TpOpRules tp_rules_Trilu = {.infer = infer_trilu, .gradient = grad_trilu, .token_axes = axes_trilu};
+const TpOpRules tp_rules_Tile = {.infer = infer_tile, .gradient = grad_tile, .token_axes = axes_tile};
 const TpOpRules tp_rules_SliceBackward = {.infer = infer_slice_backward};

@@ -2,6 +2,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -161,10 +162,55 @@ static void grad_gemm(TpGradCtx *a, const TpGradOp *fwd) {
   gemm_backward(a, in, need[0], need[1], nin > 2 && need[2], dy);
 }
 
+/* ---- token axes ---- */
+
+static void matmul_axes(const TpModule *m, TpOpAxes *x, int A, int B, int Y) {
+  int ra = value_type(m, A)->rank, rb = value_type(m, B)->rank, ry = value_type(m, Y)->rank;
+  axes_mix(x, A, ra - 1, "contracts over");
+  axes_mix(x, B, rb >= 2 ? rb - 2 : 0, "contracts over");
+  if (ra >= 2) axes_link(x, A, ra - 2, Y, ry - (rb >= 2 ? 2 : 1));
+  if (rb >= 2) axes_link(x, B, rb - 1, Y, ry - 1);
+  if (ra < 2 || rb < 2) return;
+  const TpType *ty = value_type(m, Y);
+  for (int side = 0; side < 2; side++) { /* batch axes broadcast */
+    int v = side ? B : A, r = side ? rb : ra;
+    for (int k = 0; k < r - 2; k++) {
+      int b = k + ry - r;
+      if (b >= 0 && value_type(m, v)->dims[k] == ty->dims[b]) axes_link(x, v, k, Y, b);
+    }
+  }
+}
+
+static void axes_matmul(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  matmul_axes(m, x, X, o->inputs[1], Y);
+}
+
+/* A [M, K] (transA: [K, M]), B [K, N] (transB: [N, K]) */
+static void axes_gemm(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  bool ta = tp_attr_int(m, op, "transA", 0), tb = tp_attr_int(m, op, "transB", 0);
+  int B = o->inputs[1];
+  axes_link(x, X, ta ? 1 : 0, Y, 0), axes_link(x, B, tb ? 0 : 1, Y, 1);
+  axes_mix(x, X, ta ? 0 : 1, "contracts over"), axes_mix(x, B, tb ? 1 : 0, "contracts over");
+  if (o->ninputs > 2) axes_broadcast(m, x, Y, o->inputs[2]);
+}
+
+static void axes_linear(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  for (int k = 0; k < rx - 1; k++) axes_link(x, X, k, Y, k);
+  axes_mix(x, X, rx - 1, "contracts over");
+  if (o->ninputs > 2) axes_broadcast(m, x, Y, o->inputs[2]);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_MatMul = {.infer = infer_matmul, .flops = flops_matmul, .gradient = grad_matmul};
-const TpOpRules tp_rules_Gemm = {.infer = infer_gemm, .flops = flops_gemm, .gradient = grad_gemm};
-const TpOpRules tp_rules_Linear = {.infer = infer_linear, .flops = flops_matmul, .gradient = grad_linear};
+const TpOpRules tp_rules_MatMul = {.infer = infer_matmul, .flops = flops_matmul, .gradient = grad_matmul, .token_axes = axes_matmul};
+const TpOpRules tp_rules_Gemm = {.infer = infer_gemm, .flops = flops_gemm, .gradient = grad_gemm, .token_axes = axes_gemm};
+const TpOpRules tp_rules_Linear = {.infer = infer_linear, .flops = flops_matmul, .gradient = grad_linear, .token_axes = axes_linear};
 const TpOpRules tp_rules_LinearBackward = {.infer = infer_linear_backward};
 const TpOpRules tp_rules_MatMulBackward = {.infer = infer_matmul_backward};

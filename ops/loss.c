@@ -3,6 +3,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -197,10 +198,43 @@ static void grad_onnx_loss(TpGradCtx *a, const TpGradOp *fwd) {
   if (need[0]) loss_backward(a, in, dy);
 }
 
+/* ---- token axes ---- */
+
+/* Logits [..., V], Targets [...], Stats? [..., P + 1] */
+static void axes_cross_entropy(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  axes_all(m, x, X, o->inputs[1]);
+  if (o->ninputs > 2) axes_all(m, x, X, o->inputs[2]);
+  axes_mix(x, X, rx - 1, "reduces over");
+}
+
+/* Logits [..., V], Targets [...] -> [..., P + 1] */
+static void axes_cross_entropy_stats(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  axes_all(m, x, X, o->inputs[1]), axes_all(m, x, X, Y);
+  axes_mix(x, X, rx - 1, "reduces over");
+}
+
+/* scores [N, C, d...], labels [N, d...] */
+static void axes_onnx_loss(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int labels = o->inputs[1];
+  axes_link(x, X, 0, labels, 0);
+  for (int k = 2; k < rx; k++) axes_link(x, X, k, labels, k - 1);
+  axes_mix(x, X, 1, "reduces over");
+  if (o->noutputs > 1) axes_all(m, x, X, o->outputs[1]);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_SoftmaxCrossEntropyLoss = {.infer = infer_loss, .flops = flops_cross_entropy, .gradient = grad_onnx_loss};
-const TpOpRules tp_rules_NegativeLogLikelihoodLoss = {.infer = infer_loss, .gradient = grad_onnx_loss};
-const TpOpRules tp_rules_CrossEntropy = {.infer = infer_cross_entropy, .flops = flops_cross_entropy, .gradient = grad_cross_entropy};
-const TpOpRules tp_rules_CrossEntropyStats = {.infer = infer_cross_entropy_stats};
+const TpOpRules tp_rules_SoftmaxCrossEntropyLoss = {.infer = infer_loss, .flops = flops_cross_entropy, .gradient = grad_onnx_loss, .token_axes = axes_onnx_loss};
+const TpOpRules tp_rules_NegativeLogLikelihoodLoss = {.infer = infer_loss, .gradient = grad_onnx_loss, .token_axes = axes_onnx_loss};
+const TpOpRules tp_rules_CrossEntropy = {.infer = infer_cross_entropy, .flops = flops_cross_entropy, .gradient = grad_cross_entropy, .token_axes = axes_cross_entropy};
+const TpOpRules tp_rules_CrossEntropyStats = {.infer = infer_cross_entropy_stats, .token_axes = axes_cross_entropy_stats};
 const TpOpRules tp_rules_CrossEntropyBackward = {.infer = infer_cross_entropy_backward};

@@ -2,6 +2,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -122,9 +123,33 @@ static void grad_layer_norm(TpGradCtx *a, const TpGradOp *fwd) {
     if (names[i] && (i > 0 || need[0])) tp_grad_give(a, in[i], m->ops[op].outputs[i]);
 }
 
+/* ---- token axes ---- */
+
+static void axes_layer_norm(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int a = (int)tp_attr_int(m, op, "axis", -1);
+  axes_all(m, x, X, Y);
+  for (int k = a; k < rx; k++) axes_mix(x, X, k, "normalises over");
+  for (int i = 1; i < o->noutputs; i++) /* Mean, InvStdDev: [d0 .. d(a-1), 1 ...] */
+    for (int k = 0; k < a && o->outputs[i] >= 0; k++) axes_link(x, X, k, o->outputs[i], k);
+  for (int i = 1; i < o->ninputs; i++) axes_broadcast(m, x, Y, o->inputs[i]);
+}
+
+static void axes_rmsnorm(const TpModule *m, int op, TpOpAxes *x) {
+  const TpOp *o = &m->ops[op];
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int a = (int)tp_attr_int(m, op, "axis", -1);
+  axes_all(m, x, X, Y);
+  for (int k = a; k < rx; k++) axes_mix(x, X, k, "normalises over");
+  axes_broadcast(m, x, Y, o->inputs[1]);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm, .gradient = grad_layer_norm};
-const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm, .gradient = grad_rmsnorm};
+const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm, .gradient = grad_layer_norm, .token_axes = axes_layer_norm};
+const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm, .gradient = grad_rmsnorm, .token_axes = axes_rmsnorm};
 const TpOpRules tp_rules_LayerNormBackward = {.infer = infer_layernorm_backward};
 const TpOpRules tp_rules_RMSNormBackward = {.infer = infer_rmsnorm_backward};

@@ -2,6 +2,7 @@
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
+#include "axes.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -67,8 +68,24 @@ static void grad_reduce(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_give_op(a, x, TP_OP_Expand, &g, 1, true, false);
 }
 
+/* ---- token axes ---- */
+
+static void axes_reduce(const TpModule *m, int op, TpOpAxes *x) {
+  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int n, kept = 0;
+  const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
+  bool keepdims = tp_attr_int(m, op, "keepdims", 1);
+  for (int k = 0, j = 0; k < rx; k++) {
+    bool reduced = j < n && axes[j] == k;
+    if (reduced) j++, axes_mix(x, X, k, "reduces over");
+    else axes_link(x, X, k, Y, keepdims ? k : kept);
+    if (!reduced || keepdims) kept++;
+  }
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_ReduceMean = {.infer = infer_reduce, .gradient = grad_reduce};
-const TpOpRules tp_rules_ReduceSum = {.infer = infer_reduce, .gradient = grad_reduce};
+const TpOpRules tp_rules_ReduceMean = {.infer = infer_reduce, .gradient = grad_reduce, .token_axes = axes_reduce};
+const TpOpRules tp_rules_ReduceSum = {.infer = infer_reduce, .gradient = grad_reduce, .token_axes = axes_reduce};
 const TpOpRules tp_rules_CumSum = {.infer = infer_cumsum, .gradient = grad_cumsum};

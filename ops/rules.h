@@ -26,6 +26,10 @@ typedef struct TpOpRules {
   /* The gradient rule takes a gradient for every result; otherwise a gradient of a result
    * after the first is an error (Split's results are its pieces). */
   bool grads_every_result;
+  /* The relations between the token (and batch) axes of the op's values, and the axes it
+   * combines elements along (ops/axes.h), for insert-token-dim and rebatch; NULL: unknown,
+   * which stops slicing at the op. Backward ops have none: slicing runs before autodiff. */
+  void (*token_axes)(const TpModule *m, int op, TpOpAxes *x);
 } TpOpRules;
 
 /* One rule set per op of ir/ops.def, named tp_rules_<Op>. */

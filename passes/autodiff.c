@@ -14,7 +14,7 @@
  * Temporaries are "<value>.grad.tmp[.N]", constants "ad.<dtype>.<value>". A param whose
  * gradient passes through unchanged (Add with an operand of the result's shape) shares
  * that value. LayerNorm ops whose backward needs their Mean and InvStdDev get them added.
- * A float op on the path from a param to the loss without a backward rule here is an
+ * A float op on the path from a param to the loss without a gradient rule (ops/, TpOpRules.gradient) is an
  * error: "cannot differentiate op X at node 'Y'". A module that has backward ops already
  * is left alone. */
 #include "../ir/ir.h"

@@ -25,279 +25,30 @@
  * mixture of experts routes each token) are first given back their axes (lift_merged,
  * below), and the axes marked again. */
 #include "../ir/ir.h"
+#include "../ops/rules.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- what an op does with its axes ---- */
 
-enum { MAX_LINKS = TP_MAX_AXIS_LINKS, MAX_MIXES = TP_MAX_AXIS_MIXES };
 typedef TpAxis Axis;
 typedef TpOpAxes OpAxes; /* ir/ir.h: shared with passes/rebatch.c */
 
 static const TpType *type_of(const TpModule *m, int v) { return &m->values[v].type; }
 
-static void link(OpAxes *x, int v1, int a1, int v2, int a2) {
-  if (v1 < 0 || v2 < 0) return;
-  TP_ASSERT(x->nlinks < MAX_LINKS);
-  x->link[x->nlinks][0] = (Axis){v1, a1};
-  x->link[x->nlinks++][1] = (Axis){v2, a2};
-}
-
-static void mix(OpAxes *x, int v, int a, const char *why) {
-  if (v < 0) return;
-  TP_ASSERT(x->nmixes < MAX_MIXES);
-  x->mix_why[x->nmixes] = why;
-  x->mix[x->nmixes++] = (Axis){v, a};
-}
-
-/* Operand v broadcast (numpy, right-aligned) to result r: the axes it does not stretch. */
-static void broadcast_links(const TpModule *m, OpAxes *x, int r, int v) {
-  if (v < 0 || r < 0) return;
-  const TpType *tr = type_of(m, r), *tv = type_of(m, v);
-  for (int k = 0; k < tv->rank; k++) {
-    int b = k + tr->rank - tv->rank;
-    if (b >= 0 && tv->dims[k] == tr->dims[b]) link(x, v, k, r, b);
-  }
-}
-
-static void all_links(const TpModule *m, OpAxes *x, int v1, int v2) {
-  if (v1 < 0 || v2 < 0) return;
-  for (int k = 0; k < type_of(m, v1)->rank && k < type_of(m, v2)->rank; k++) link(x, v1, k, v2, k);
-}
-
-/* Reshape: input axis a and output axis b are the same positions when their extents and
- * the elements before them are equal. */
-static void reshape_links(const TpModule *m, OpAxes *x, int in, int out) {
-  const TpType *ti = type_of(m, in), *to = type_of(m, out);
-  int64_t before_in = 1;
-  for (int a = 0; a < ti->rank; a++) {
-    int64_t before_out = 1;
-    for (int b = 0; b < to->rank; b++) {
-      if (before_out == before_in && to->dims[b] == ti->dims[a]) {
-        link(x, in, a, out, b);
-        break;
-      }
-      before_out *= to->dims[b];
-    }
-    before_in *= ti->dims[a];
-  }
-}
-
-static void matmul_axes(const TpModule *m, OpAxes *x, int A, int B, int Y) {
-  int ra = type_of(m, A)->rank, rb = type_of(m, B)->rank, ry = type_of(m, Y)->rank;
-  mix(x, A, ra - 1, "contracts over");
-  mix(x, B, rb >= 2 ? rb - 2 : 0, "contracts over");
-  if (ra >= 2) link(x, A, ra - 2, Y, ry - (rb >= 2 ? 2 : 1));
-  if (rb >= 2) link(x, B, rb - 1, Y, ry - 1);
-  if (ra < 2 || rb < 2) return;
-  const TpType *ty = type_of(m, Y);
-  for (int side = 0; side < 2; side++) { /* batch axes broadcast */
-    int v = side ? B : A, r = side ? rb : ra;
-    for (int k = 0; k < r - 2; k++) {
-      int b = k + ry - r;
-      if (b >= 0 && type_of(m, v)->dims[k] == ty->dims[b]) link(x, v, k, Y, b);
-    }
-  }
-}
-
-static void attention_axes(const TpModule *m, int op, OpAxes *x) {
-  const TpOp *o = &m->ops[op];
-  int q = o->inputs[0], k = o->inputs[1], v = o->inputs[2], y = o->outputs[0];
-  int r = type_of(m, q)->rank, seq = r == 4 ? 2 : 1, feat = r - 1;
-  link(x, q, 0, y, 0), link(x, k, 0, q, 0), link(x, v, 0, q, 0);
-  link(x, q, seq, y, seq), link(x, q, seq, k, seq), link(x, k, seq, v, seq);
-  if (r == 4) link(x, q, 1, y, 1), link(x, k, 1, v, 1); /* heads */
-  mix(x, q, feat, "contracts over"), mix(x, k, feat, "contracts over"), mix(x, v, feat, "contracts over");
-  /* the mask, broadcast to the scores [B, H, Tq, Tk]: its batch and head axes (a mask folded
-   * per batch row, as torch's SDPA export has it, is cut by rebatch); its query and key
-   * axes are cut by split-sequence itself */
-  int mask = o->ninputs > 3 ? o->inputs[3] : -1, rm = mask >= 0 ? type_of(m, mask)->rank : 0;
-  for (int a = 0; a < rm; a++) {
-    int d = a + 4 - rm;
-    if (d == 0 && type_of(m, mask)->dims[a] == type_of(m, q)->dims[0]) link(x, mask, a, q, 0);
-    if (d == 1 && r == 4 && type_of(m, mask)->dims[a] == type_of(m, q)->dims[1]) link(x, mask, a, q, 1);
-  }
-}
-
-/* The axis relations of op `op` and the axes it combines elements along. */
+/* The axis relations of op `op` and the axes it combines elements along: its token-axes
+ * rule (TpOpRules.token_axes); unknown for backward ops and ops without one. */
 static void describe(const TpModule *m, int op, OpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = o->ninputs ? o->inputs[0] : -1, Y = o->noutputs ? o->outputs[0] : -1;
-  int rx = X >= 0 ? type_of(m, X)->rank : 0;
+  void (*axes)(const TpModule *, int, TpOpAxes *) = tp_op_rules[o->kind]->token_axes;
   x->nlinks = x->nmixes = 0;
   x->unknown = false;
-  if (o->phase == TP_PHASE_BACKWARD) {
+  if (o->phase == TP_PHASE_BACKWARD || !axes) {
     x->unknown = true;
     return;
   }
-  if (tp_op_info[o->kind].traits & TP_TRAIT_ELEMENTWISE) {
-    for (int i = 0; i < o->ninputs; i++) broadcast_links(m, x, Y, o->inputs[i]);
-    return;
-  }
-  switch (o->kind) {
-  case TP_OP_MatMul:
-    matmul_axes(m, x, X, o->inputs[1], Y);
-    break;
-  case TP_OP_Gemm: { /* A [M, K] (transA: [K, M]), B [K, N] (transB: [N, K]) */
-    bool ta = tp_attr_int(m, op, "transA", 0), tb = tp_attr_int(m, op, "transB", 0);
-    int B = o->inputs[1];
-    link(x, X, ta ? 1 : 0, Y, 0), link(x, B, tb ? 0 : 1, Y, 1);
-    mix(x, X, ta ? 0 : 1, "contracts over"), mix(x, B, tb ? 1 : 0, "contracts over");
-    if (o->ninputs > 2) broadcast_links(m, x, Y, o->inputs[2]);
-    break;
-  }
-  case TP_OP_Linear:
-    for (int k = 0; k < rx - 1; k++) link(x, X, k, Y, k);
-    mix(x, X, rx - 1, "contracts over");
-    if (o->ninputs > 2) broadcast_links(m, x, Y, o->inputs[2]);
-    break;
-  case TP_OP_Embedding: /* Embedding(W, Ids) -> [Ids..., C] */
-    all_links(m, x, o->inputs[1], Y);
-    mix(x, X, 0, "gathers along");
-    break;
-  case TP_OP_Gather: { /* data[:a] ++ indices ++ data[a+1:] */
-    int a = (int)tp_attr_int(m, op, "axis", 0), idx = o->inputs[1], ri = type_of(m, idx)->rank;
-    for (int k = 0; k < rx; k++)
-      if (k != a) link(x, X, k, Y, k < a ? k : k - 1 + ri);
-    for (int k = 0; k < ri; k++) link(x, idx, k, Y, a + k);
-    mix(x, X, a, "gathers along");
-    break;
-  }
-  case TP_OP_Tile: { /* the axes repeated once are kept */
-    int n;
-    const int64_t *repeats = tp_attr_ints(m, op, "repeats", &n);
-    for (int k = 0; k < rx && k < n; k++)
-      if (repeats[k] == 1) link(x, X, k, Y, k);
-      else mix(x, X, k, "repeats along");
-    break;
-  }
-  case TP_OP_TopK: { /* the k largest along axis: the other axes kept */
-    int a = (int)tp_attr_int(m, op, "axis", 0);
-    for (int k = 0; k < rx; k++)
-      if (k != a) link(x, X, k, Y, k);
-    mix(x, X, a, "selects the largest along");
-    break;
-  }
-  case TP_OP_GatherElements: { /* the result has the indices' shape */
-    int a = (int)tp_attr_int(m, op, "axis", 0), idx = o->inputs[1];
-    all_links(m, x, idx, Y);
-    for (int k = 0; k < rx; k++)
-      if (k != a && type_of(m, X)->dims[k] == type_of(m, idx)->dims[k]) link(x, X, k, idx, k);
-      else mix(x, X, k, k == a ? "gathers along" : "gathers part of");
-    break;
-  }
-  case TP_OP_Reshape:
-    reshape_links(m, x, X, Y);
-    break;
-  case TP_OP_Expand:
-    broadcast_links(m, x, Y, X);
-    break;
-  case TP_OP_Transpose: {
-    int n;
-    const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
-    for (int k = 0; k < n; k++) link(x, X, (int)perm[k], Y, k);
-    break;
-  }
-  case TP_OP_Split:
-  case TP_OP_Concat: {
-    int a = (int)tp_attr_int(m, op, "axis", 0), whole = o->kind == TP_OP_Split ? X : Y;
-    int n = o->kind == TP_OP_Split ? o->noutputs : o->ninputs;
-    for (int i = 0; i < n; i++) {
-      int part = o->kind == TP_OP_Split ? o->outputs[i] : o->inputs[i];
-      for (int k = 0; k < rx; k++)
-        if (k != a) link(x, whole, k, part, k);
-      mix(x, part, a, o->kind == TP_OP_Split ? "splits along" : "concatenates along");
-    }
-    mix(x, whole, a, o->kind == TP_OP_Split ? "splits along" : "concatenates along");
-    break;
-  }
-  case TP_OP_Slice: {
-    int n;
-    const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
-    for (int k = 0; k < rx; k++) {
-      if (starts[k] == 0 && steps[k] == 1 && type_of(m, Y)->dims[k] == type_of(m, X)->dims[k])
-        link(x, X, k, Y, k);
-      else
-        mix(x, X, k, "slices");
-    }
-    break;
-  }
-  case TP_OP_Trilu:
-    all_links(m, x, X, Y);
-    mix(x, X, rx - 1, "masks a triangle of"), mix(x, X, rx - 2, "masks a triangle of");
-    break;
-  case TP_OP_Softmax:
-  case TP_OP_LogSoftmax:
-    all_links(m, x, X, Y);
-    mix(x, X, (int)tp_attr_int(m, op, "axis", rx - 1), "normalises over");
-    break;
-  case TP_OP_ReduceMean:
-  case TP_OP_ReduceSum: {
-    int n, kept = 0;
-    const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
-    bool keepdims = tp_attr_int(m, op, "keepdims", 1);
-    for (int k = 0, j = 0; k < rx; k++) {
-      bool reduced = j < n && axes[j] == k;
-      if (reduced) j++, mix(x, X, k, "reduces over");
-      else link(x, X, k, Y, keepdims ? k : kept);
-      if (!reduced || keepdims) kept++;
-    }
-    break;
-  }
-  case TP_OP_LayerNorm: {
-    int a = (int)tp_attr_int(m, op, "axis", -1);
-    all_links(m, x, X, Y);
-    for (int k = a; k < rx; k++) mix(x, X, k, "normalises over");
-    for (int i = 1; i < o->noutputs; i++) /* Mean, InvStdDev: [d0 .. d(a-1), 1 ...] */
-      for (int k = 0; k < a && o->outputs[i] >= 0; k++) link(x, X, k, o->outputs[i], k);
-    for (int i = 1; i < o->ninputs; i++) broadcast_links(m, x, Y, o->inputs[i]);
-    break;
-  }
-  case TP_OP_Attention:
-    attention_axes(m, op, x);
-    break;
-  case TP_OP_RMSNorm: {
-    int a = (int)tp_attr_int(m, op, "axis", -1);
-    all_links(m, x, X, Y);
-    for (int k = a; k < rx; k++) mix(x, X, k, "normalises over");
-    broadcast_links(m, x, Y, o->inputs[1]);
-    break;
-  }
-  case TP_OP_Rotary: /* the Cos and Sin tables (position by position) broadcast to X */
-    all_links(m, x, X, Y);
-    mix(x, X, rx - 1, "rotates along");
-    broadcast_links(m, x, Y, o->inputs[1]), broadcast_links(m, x, Y, o->inputs[2]);
-    break;
-  case TP_OP_SwiGLU:
-    all_links(m, x, X, Y), all_links(m, x, o->inputs[1], Y);
-    break;
-  case TP_OP_AllReduce: /* the tensor-parallel collectives sum or copy across the ranks, */
-  case TP_OP_TensorCopy: /* position by position: every axis kept */
-    all_links(m, x, X, Y);
-    break;
-  case TP_OP_CrossEntropy: /* Logits [..., V], Targets [...], Stats? [..., P + 1] */
-    all_links(m, x, X, o->inputs[1]);
-    if (o->ninputs > 2) all_links(m, x, X, o->inputs[2]);
-    mix(x, X, rx - 1, "reduces over");
-    break;
-  case TP_OP_CrossEntropyStats: /* Logits [..., V], Targets [...] -> [..., P + 1] */
-    all_links(m, x, X, o->inputs[1]), all_links(m, x, X, Y);
-    mix(x, X, rx - 1, "reduces over");
-    break;
-  case TP_OP_SoftmaxCrossEntropyLoss:
-  case TP_OP_NegativeLogLikelihoodLoss: { /* scores [N, C, d...], labels [N, d...] */
-    int labels = o->inputs[1];
-    link(x, X, 0, labels, 0);
-    for (int k = 2; k < rx; k++) link(x, X, k, labels, k - 1);
-    mix(x, X, 1, "reduces over");
-    if (o->noutputs > 1) all_links(m, x, X, o->outputs[1]);
-    break;
-  }
-  default:
-    x->unknown = true;
-    break;
-  }
+  axes(m, op, x);
 }
 
 void tp_op_axes(const TpModule *m, int op, TpOpAxes *x) { describe(m, op, x); }
@@ -385,7 +136,6 @@ TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
   }
   return c;
 }
-
 
 /* ---- rows that merge the batch and the tokens ---- */
 
