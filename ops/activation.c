@@ -6,6 +6,7 @@
 #include "axes.h"
 #include "grad.h"
 #include "infer.h"
+#include "split.h"
 
 /* ---- shape rules ---- */
 
@@ -83,12 +84,16 @@ static void axes_swiglu(const TpModule *m, int op, TpOpAxes *x) {
   axes_all(m, x, X, Y), axes_all(m, x, o->inputs[1], Y);
 }
 
+/* ---- tensor-parallel split ---- */
+
+static int split_swiglu(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, NULL); }
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu, .gradient = grad_gelu, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu, .gradient = grad_gelu, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
 const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_softmax, .token_axes = axes_softmax};
 const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_log_softmax, .token_axes = axes_softmax};
-const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu, .gradient = grad_swiglu, .token_axes = axes_swiglu};
+const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu, .gradient = grad_swiglu, .token_axes = axes_swiglu, .tensor_split = split_swiglu};
 const TpOpRules tp_rules_GeluBackward = {.infer = infer_unary_backward};
 const TpOpRules tp_rules_SoftmaxBackward = {.infer = infer_unary_backward};
 const TpOpRules tp_rules_LogSoftmaxBackward = {.infer = infer_unary_backward};

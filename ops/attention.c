@@ -6,6 +6,7 @@
 #include "axes.h"
 #include "grad.h"
 #include "infer.h"
+#include "split.h"
 
 #include <stdlib.h>
 
@@ -269,9 +270,39 @@ static void axes_rotary(const TpModule *m, int op, TpOpAxes *x) {
   axes_broadcast(m, x, Y, o->inputs[1]), axes_broadcast(m, x, Y, o->inputs[2]);
 }
 
+/* ---- tensor-parallel split ---- */
+
+/* a mask or bias alike for every head stays whole */
+static int split_attention(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  TpOp *o = &s->m->ops[op];
+  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0];
+  int bias = o->ninputs > 3 ? o->inputs[3] : -1, a = bias >= 0 ? m->values[bias].type.rank - 3 : -1;
+  bool per_head = tp_split_per_head_bias(m, op);
+  if (per_head && tp_split_own_bias(m, op)) { /* a per-head bias param: split with the heads */
+    if (tp_split_param(s, op, bias, a, s->parts[x], 1)) return TP_ERR_INPUT;
+    tp_split_mark(s, bias, a, s->parts[x]);
+  }
+  for (int i = 3; i < o->ninputs; i++)
+    if (o->inputs[i] >= 0 && (i > 3 || (per_head ? s->axis[bias] != a : s->axis[bias] >= 0)))
+      return tp_split_refuse(s, op, "a per-head bias or past keys would need splitting too");
+  for (int i = 0; i < 3; i++)
+    if (s->axis[o->inputs[i]] != m->values[o->inputs[i]].type.rank - (m->values[x].type.rank == 4 ? 3 : 1))
+      return tp_split_refuse(s, op, tp_strfmt(m, "its operand %%%s is not split by heads", m->values[o->inputs[i]].name));
+  if (tp_get_attr(m, op, "q_num_heads"))
+    tp_set_attr_int(m, op, "q_num_heads", tp_attr_int(m, op, "q_num_heads", 0) / s->parts[x]);
+  if (tp_get_attr(m, op, "kv_num_heads"))
+    tp_set_attr_int(m, op, "kv_num_heads", tp_attr_int(m, op, "kv_num_heads", 0) / s->parts[o->inputs[1]]);
+  if (o->ninputs > 3 && tp_split_share_operand(s, op, 3)) return TP_ERR_INPUT;
+  tp_split_mark(s, y, s->axis[x], s->parts[x]);
+  return tp_split_reinfer(s, op);
+}
+
+static int split_rotary(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, "the rotated features are split"); }
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention, .gradient = grad_attention, .token_axes = axes_attention};
-const TpOpRules tp_rules_Rotary = {.infer = infer_rotary, .gradient = grad_rotary, .token_axes = axes_rotary};
+const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention, .gradient = grad_attention, .token_axes = axes_attention, .tensor_split = split_attention};
+const TpOpRules tp_rules_Rotary = {.infer = infer_rotary, .gradient = grad_rotary, .token_axes = axes_rotary, .tensor_split = split_rotary};
 const TpOpRules tp_rules_AttentionBackward = {.infer = infer_attention_backward};
 const TpOpRules tp_rules_RotaryBackward = {.infer = infer_rotary_backward};

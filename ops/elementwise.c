@@ -6,6 +6,7 @@
 #include "axes.h"
 #include "grad.h"
 #include "infer.h"
+#include "split.h"
 
 #include <string.h>
 
@@ -276,32 +277,70 @@ void tp_axes_elementwise(const TpModule *m, int op, TpOpAxes *x) {
   for (int i = 0; i < o->ninputs; i++) axes_broadcast(m, x, o->outputs[0], o->inputs[i]);
 }
 
+/* ---- tensor-parallel split ---- */
+
+/* Positionwise ops (elementwise, SwiGLU, Rotary): the result split as the operands, when
+ * every split operand is split along one axis (aligned from the right) and the others
+ * broadcast along it; `last_axis_refusal`, when set, refuses a split last axis. */
+int tp_split_positionwise(TpSplitCtx *s, int op, const char *last_axis_refusal) {
+  TpModule *m = s->m;
+  TpOp *o = &s->m->ops[op];
+  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0], ry = s->m->values[s->m->ops[op].outputs[0]].type.rank;
+  /* Positionwise: every split operand along one axis (aligned from the right), the others
+   * broadcast along it. */
+  int axis = -1, parts = 0, split = x;
+  for (int i = 0; i < o->ninputs; i++) {
+    int v = o->inputs[i];
+    if (v < 0 || s->axis[v] < 0) continue;
+    int a = s->axis[v] + ry - m->values[v].type.rank;
+    split = v;
+    if (axis >= 0 && (a != axis || s->parts[v] != parts))
+      return tp_split_refuse(s, op, "its operands are split along different axes");
+    axis = a, parts = s->parts[v];
+  }
+  if (last_axis_refusal && axis == ry - 1) return tp_split_refuse(s, op, last_axis_refusal);
+  for (int i = 0; i < o->ninputs; i++) {
+    int v = o->inputs[i];
+    if (v < 0 || s->axis[v] >= 0) continue;
+    int a = axis - (ry - m->values[v].type.rank);
+    if (a >= 0 && m->values[v].type.dims[a] != 1)
+      return tp_split_refuse(s, op, tp_strfmt(m, "it combines the split %%%s with the replicated %%%s", m->values[split].name,
+                                     m->values[v].name));
+  }
+  for (int i = 0; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
+    if (tp_split_share_operand(s, op, i)) return TP_ERR_INPUT;
+  tp_split_mark(s, y, axis, parts);
+  return tp_split_reinfer(s, op);
+}
+
+int tp_split_elementwise(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, NULL); }
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise, .gradient = grad_add, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise, .gradient = grad_sub, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise, .gradient = grad_mul, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise, .gradient = grad_div, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise, .gradient = grad_pow, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise, .gradient = grad_sqrt, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise, .gradient = grad_neg, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise, .gradient = grad_reciprocal, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise, .gradient = grad_exp, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise, .gradient = grad_log, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise, .gradient = grad_erf, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise, .gradient = grad_tanh, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise, .gradient = grad_relu, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise, .gradient = grad_sigmoid, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise, .gradient = grad_sin, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise, .gradient = grad_cos, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Not = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_And = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Equal = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Less = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_LessOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Greater = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_GreaterOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Where = {.infer = infer_where, .gradient = grad_where, .token_axes = tp_axes_elementwise};
-const TpOpRules tp_rules_Cast = {.infer = infer_cast, .gradient = grad_cast, .token_axes = tp_axes_elementwise};
+const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise, .gradient = grad_add, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise, .gradient = grad_sub, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise, .gradient = grad_mul, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise, .gradient = grad_div, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise, .gradient = grad_pow, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise, .gradient = grad_sqrt, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise, .gradient = grad_neg, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise, .gradient = grad_reciprocal, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise, .gradient = grad_exp, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise, .gradient = grad_log, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise, .gradient = grad_erf, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise, .gradient = grad_tanh, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise, .gradient = grad_relu, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise, .gradient = grad_sigmoid, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise, .gradient = grad_sin, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise, .gradient = grad_cos, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Not = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_And = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Equal = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Less = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_LessOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Greater = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_GreaterOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Where = {.infer = infer_where, .gradient = grad_where, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Cast = {.infer = infer_cast, .gradient = grad_cast, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};

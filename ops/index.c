@@ -6,6 +6,7 @@
 #include "axes.h"
 #include "grad.h"
 #include "infer.h"
+#include "split.h"
 
 /* ---- shape rules ---- */
 
@@ -192,9 +193,29 @@ static void axes_gather_elements(const TpModule *m, int op, TpOpAxes *x) {
     else axes_mix(x, X, k, k == a ? "gathers along" : "gathers part of");
 }
 
+/* ---- tensor-parallel split ---- */
+
+/* A Gather of split data along another axis with replicated indices (Bloom picks q, k or v
+ * out of each head's [3, head_dim]). */
+static int split_gather_other_axis(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  int x = m->ops[op].inputs[0], idx = m->ops[op].inputs[1], a = s->axis[x];
+  int g = (int)tp_attr_int(m, op, "axis", 0);
+  if (g < 0) g += m->values[x].type.rank;
+  if (a < 0 || s->axis[idx] >= 0)
+    return tp_split_refuse(s, op, tp_strfmt(m, "its indices %%%s are split over the ranks", m->values[idx].name));
+  if (g == a) return tp_split_refuse(s, op, "it picks along the axis split over the ranks");
+  tp_split_mark(s, m->ops[op].outputs[0], a < g ? a : a + m->values[idx].type.rank - 1, s->parts[x]);
+  return tp_split_reinfer(s, op);
+}
+
+static int split_gather(TpSplitCtx *s, int op) {
+  return split_gather_other_axis(s, op);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gather = {.infer = infer_gather, .gradient = grad_gather, .token_axes = axes_gather};
+const TpOpRules tp_rules_Gather = {.infer = infer_gather, .gradient = grad_gather, .token_axes = axes_gather, .tensor_split = split_gather};
 const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements, .gradient = grad_gather_elements, .token_axes = axes_gather_elements};
 const TpOpRules tp_rules_TopK = {.infer = infer_topk, .token_axes = axes_topk};
 const TpOpRules tp_rules_Embedding = {.infer = infer_embedding, .gradient = grad_embedding, .token_axes = axes_embedding};

@@ -6,6 +6,9 @@
 #include "axes.h"
 #include "grad.h"
 #include "infer.h"
+#include "split.h"
+
+#include <string.h>
 
 /* ---- shape rules ---- */
 
@@ -377,14 +380,100 @@ static void axes_trilu(const TpModule *m, int op, TpOpAxes *x) {
   axes_mix(x, X, rx - 1, "masks a triangle of"), axes_mix(x, X, rx - 2, "masks a triangle of");
 }
 
+/* ---- tensor-parallel split ---- */
+
+/* A Slice of split value x that takes one whole chunk of it (a fused Q|K|V cut along its
+ * features, MPT): this rank's piece of that chunk. */
+static int split_slice_chunk(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  int n, x = m->ops[op].inputs[0], y = m->ops[op].outputs[0], a = s->axis[x], p = s->parts[x];
+  int64_t whole = m->values[x].type.dims[a] * p, len = m->values[y].type.dims[a];
+  const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
+  if (tp_split_chunks_of(s, x) < 2 || steps[a] != 1 || len <= 0 || len * tp_split_chunks_of(s, x) != whole || starts[a] % len || len % p)
+    return tp_split_refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
+  int64_t local[TP_MAX_RANK];
+  memcpy(local, starts, (size_t)n * sizeof *local);
+  local[a] /= p;
+  tp_set_attr_ints(m, op, "starts", local, n);
+  m->values[y].type.dims[a] /= p;
+  tp_split_mark(s, y, a, p);
+  return tp_infer_op(m, op, s->d); /* checks the preset result */
+}
+
+static int split_reshape(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0];
+  TpType *out = &m->values[y].type;
+  int b = s->axis[x] < 0 ? -1 : tp_split_reshape_axis(&m->values[x].type, out, s->axis[x], s->parts[x]);
+  if (b < 0) return tp_split_refuse(s, op, "the split axis does not map onto one axis of the result");
+  out->dims[b] /= s->parts[x];
+  tp_split_mark(s, y, b, s->parts[x]);
+  return TP_OK;
+}
+
+static int split_transpose(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0];
+  int n, b = 0;
+  const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
+  while (b < n && perm[b] != s->axis[x]) b++;
+  if (s->axis[x] < 0 || b == n) return tp_split_refuse(s, op, "the split axis is not permuted");
+  tp_split_mark(s, y, b, s->parts[x]);
+  return tp_split_reinfer(s, op);
+}
+
+static int split_split(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  TpOp *o = &s->m->ops[op];
+  int x = s->m->ops[op].inputs[0], ry = s->m->values[s->m->ops[op].outputs[0]].type.rank;
+  if (s->axis[x] < 0) return tp_split_refuse(s, op, "its operand is replicated");
+  if ((tp_attr_int(m, op, "axis", 0) + ry) % ry == s->axis[x] && tp_split_chunks_of(s, x) != o->noutputs)
+    return tp_split_refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
+  for (int r = 0; r < o->noutputs; r++)
+    if (o->outputs[r] >= 0 && m->values[o->outputs[r]].type.dims[s->axis[x]] % s->parts[x])
+      return tp_split_refuse(s, op, "its parts do not cut into whole pieces per rank (heads that do not divide)");
+  for (int r = 0; r < o->noutputs; r++)
+    if (o->outputs[r] >= 0) {
+      m->values[o->outputs[r]].type.dims[s->axis[x]] /= s->parts[x];
+      tp_split_mark(s, o->outputs[r], s->axis[x], s->parts[x]);
+    }
+  return TP_OK;
+}
+
+/* a fused product's parts cut along another axis (GPT-NeoX) */
+static int split_slice(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0];
+  int n, a = s->axis[x];
+  const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
+  TpType *out = &m->values[y].type;
+  if (starts[a] != 0 || steps[a] != 1 || out->dims[a] != m->values[x].type.dims[a] * s->parts[x])
+    return split_slice_chunk(s, op);
+  out->dims[a] /= s->parts[x];
+  tp_split_mark(s, y, a, s->parts[x]);
+  return tp_infer_op(m, op, s->d); /* checks the preset result */
+}
+
+static int split_concat(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  TpOp *o = &s->m->ops[op];
+  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0];
+  for (int i = 0; i < o->ninputs; i++)
+    if (s->axis[o->inputs[i]] != s->axis[x] || s->parts[o->inputs[i]] != s->parts[x] ||
+        tp_attr_int(m, op, "axis", -1) == s->axis[x])
+      return tp_split_refuse(s, op, "its operands are not all split along one axis it does not join along");
+  tp_split_mark(s, y, s->axis[x], s->parts[x]);
+  return tp_split_reinfer(s, op);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Reshape = {.infer = infer_reshape, .gradient = grad_reshape, .token_axes = axes_reshape};
+const TpOpRules tp_rules_Reshape = {.infer = infer_reshape, .gradient = grad_reshape, .token_axes = axes_reshape, .tensor_split = split_reshape};
 const TpOpRules tp_rules_Expand = {.infer = infer_expand, .gradient = grad_expand, .token_axes = axes_expand};
-const TpOpRules tp_rules_Transpose = {.infer = infer_transpose, .gradient = grad_transpose, .token_axes = axes_transpose};
-const TpOpRules tp_rules_Split = {.infer = infer_split, .gradient = grad_split, .grads_every_result = true, .token_axes = axes_split_concat};
-const TpOpRules tp_rules_Slice = {.infer = infer_slice, .gradient = grad_slice, .token_axes = axes_slice};
-const TpOpRules tp_rules_Concat = {.infer = infer_concat, .gradient = grad_concat, .token_axes = axes_split_concat};
+const TpOpRules tp_rules_Transpose = {.infer = infer_transpose, .gradient = grad_transpose, .token_axes = axes_transpose, .tensor_split = split_transpose};
+const TpOpRules tp_rules_Split = {.infer = infer_split, .gradient = grad_split, .grads_every_result = true, .token_axes = axes_split_concat, .tensor_split = split_split};
+const TpOpRules tp_rules_Slice = {.infer = infer_slice, .gradient = grad_slice, .token_axes = axes_slice, .tensor_split = split_slice};
+const TpOpRules tp_rules_Concat = {.infer = infer_concat, .gradient = grad_concat, .token_axes = axes_split_concat, .tensor_split = split_concat};
 const TpOpRules tp_rules_Trilu = {.infer = infer_trilu, .gradient = grad_trilu, .token_axes = axes_trilu};
 const TpOpRules tp_rules_Tile = {.infer = infer_tile, .gradient = grad_tile, .token_axes = axes_tile};
 const TpOpRules tp_rules_SliceBackward = {.infer = infer_slice_backward};

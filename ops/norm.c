@@ -5,6 +5,7 @@
 #include "axes.h"
 #include "grad.h"
 #include "infer.h"
+#include "split.h"
 
 #include <string.h>
 
@@ -147,9 +148,75 @@ static void axes_rmsnorm(const TpModule *m, int op, TpOpAxes *x) {
   axes_broadcast(m, x, Y, o->inputs[1]);
 }
 
+/* ---- tensor-parallel split ---- */
+
+/* RMSNorm op over axes that hold the split axis of its operand x (norm_splits_across):
+ * each rank has some of every row's features, so it becomes
+ *   x / sqrt(TensorCopy(AllReduce(mean(x^2))) / N + epsilon) * scale
+ * with the scale cut as x's features. The all-reduced means of the N ranks (of equal
+ * parts; ranks sharing a part add it alike) are N times the row's. The AllReduce's
+ * gradient passes through, and TensorCopy's sums the ranks' partial ones, as each rank's
+ * features reach the mean. */
+static int split_norm_across_ranks(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], y = m->ops[op].outputs[0], a = tp_split_norm_axis(m, op);
+  int rank = m->values[x].type.rank, axis = s->axis[x], parts = s->parts[x];
+  if (tp_split_chunks_of(s, x) > 1) return tp_split_refuse(s, op, "it normalises the chunks of a fused product together");
+  if (tp_split_param(s, op, w, axis - a, parts, 1)) return TP_ERR_INPUT;
+  const char *name = m->values[y].name;
+  float inv = 1.0f / (float)s->ranks, eps = (float)tp_attr_float(m, op, "epsilon", 1e-5);
+  int c_inv = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.ranks", name)), tp_type_make(TP_F32, 0, NULL), &inv,
+                           m->ops[op].origin);
+  int c_eps = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.eps", name)), tp_type_make(TP_F32, 0, NULL), &eps,
+                           m->ops[op].origin);
+  int sq = tp_split_add_after(s, op, TP_OP_Mul, (int[]){x, x}, 2, tp_strfmt(m, "%s.sq", name));
+  if (sq < 0) return TP_ERR_INPUT;
+  int mean_op = tp_split_new_op(s, op, TP_OP_ReduceMean, &sq, 1, tp_strfmt(m, "%s.mean", name));
+  int64_t axes[TP_MAX_RANK];
+  for (int i = a; i < rank; i++) axes[i - a] = i;
+  tp_set_attr_ints(m, mean_op, "axes", axes, rank - a);
+  tp_set_attr_int(m, mean_op, "keepdims", 1);
+  if (tp_infer_op(m, mean_op, s->d)) return TP_ERR_INPUT;
+  int mean = m->ops[mean_op].outputs[0];
+  int sum = tp_split_add_after(s, op, TP_OP_AllReduce, &mean, 1, tp_strfmt(m, "%s.sum", name));
+  int all = sum < 0 ? -1 : tp_split_add_after(s, op, TP_OP_TensorCopy, &sum, 1, tp_strfmt(m, "%s.tp", m->values[sum].name));
+  int row = all < 0 ? -1 : tp_split_add_after(s, op, TP_OP_Mul, (int[]){all, c_inv}, 2, tp_strfmt(m, "%s.row", name));
+  int var = row < 0 ? -1 : tp_split_add_after(s, op, TP_OP_Add, (int[]){row, c_eps}, 2, tp_strfmt(m, "%s.var", name));
+  int rms = var < 0 ? -1 : tp_split_add_after(s, op, TP_OP_Sqrt, &var, 1, tp_strfmt(m, "%s.rms", name));
+  int xn = rms < 0 ? -1 : tp_split_add_after(s, op, TP_OP_Div, (int[]){x, rms}, 2, tp_strfmt(m, "%s.normed", name));
+  if (xn < 0) return TP_ERR_INPUT;
+  tp_split_mark(s, sq, axis, parts);
+  tp_split_mark(s, xn, axis, parts);
+  TpOp *o = &m->ops[op]; /* the norm itself becomes the product with the scale */
+  o->kind = TP_OP_Mul;
+  o->inputs[0] = xn, o->nattrs = 0, o->attrs = NULL;
+  tp_split_mark(s, y, axis, parts);
+  return tp_split_reinfer(s, op);
+}
+
+/* within each head its scale (and bias) stays whole; across the ranks, norm_across_ranks */
+static int split_norm(TpSplitCtx *s, int op) {
+  TpModule *m = s->m;
+  TpOp *o = &s->m->ops[op];
+  int x = s->m->ops[op].inputs[0];
+  for (int i = 1; i < o->ninputs; i++)
+    if (o->inputs[i] >= 0 && s->axis[o->inputs[i]] >= 0)
+      return tp_split_refuse(s, op,
+                    tp_strfmt(m, "its scale or bias %%%s is split over the ranks", m->values[o->inputs[i]].name));
+  if (s->axis[x] >= tp_split_norm_axis(m, op) && tp_split_norm_splits_across(m, op)) return split_norm_across_ranks(s, op);
+  if (s->axis[x] >= tp_split_norm_axis(m, op))
+    return tp_split_refuse(s, op, "it normalises over the axis split over the ranks (only an RMSNorm with a scale of its own "
+                          "splits so)");
+  for (int i = 1; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
+    if (tp_split_share_operand(s, op, i)) return TP_ERR_INPUT;
+  for (int r = 0; r < m->ops[op].noutputs; r++) /* LayerNorm's statistics keep the heads axis too */
+    if (m->ops[op].outputs[r] >= 0) tp_split_mark(s, m->ops[op].outputs[r], s->axis[x], s->parts[x]);
+  return tp_split_reinfer(s, op);
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm, .gradient = grad_layer_norm, .token_axes = axes_layer_norm};
-const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm, .gradient = grad_rmsnorm, .token_axes = axes_rmsnorm};
+const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm, .gradient = grad_layer_norm, .token_axes = axes_layer_norm, .tensor_split = split_norm};
+const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm, .gradient = grad_rmsnorm, .token_axes = axes_rmsnorm, .tensor_split = split_norm};
 const TpOpRules tp_rules_LayerNormBackward = {.infer = infer_layernorm_backward};
 const TpOpRules tp_rules_RMSNormBackward = {.infer = infer_rmsnorm_backward};

@@ -12,6 +12,7 @@
 typedef struct TpInferCtx TpInferCtx; /* ops/infer.h */
 typedef struct TpGradCtx TpGradCtx;   /* ops/grad.h */
 typedef struct TpGradOp TpGradOp;
+typedef struct TpSplitCtx TpSplitCtx; /* ops/split.h */
 
 typedef struct TpOpRules {
   /* Result types from the operands and attributes, or a check of the recorded ones
@@ -30,6 +31,10 @@ typedef struct TpOpRules {
    * combines elements along (ops/axes.h), for insert-token-dim and rebatch; NULL: unknown,
    * which stops slicing at the op. Backward ops have none: slicing runs before autodiff. */
   void (*token_axes)(const TpModule *m, int op, TpOpAxes *x);
+  /* Splits the op over the tensor-parallel ranks when it reads a split value (ops/split.h;
+   * passes/shard_tensor.c, for every op but the Linear products it splits itself); NULL:
+   * the op cannot take a split operand, which shard-tensor refuses. */
+  int (*tensor_split)(TpSplitCtx *s, int op);
 } TpOpRules;
 
 /* One rule set per op of ir/ops.def, named tp_rules_<Op>. */

@@ -62,20 +62,12 @@
  *    would change the model's softmax and the files' shapes.
  * A model that computes its own loss keeps its head replicated. */
 #include "../ir/ir.h"
+#include "../ops/split.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-  TpModule *m;
-  TpDiag *d;
-  int ranks;
-  int *axis;    /* per value: the axis split over the ranks, -1 when replicated */
-  int *parts;   /* per value: how many parts that axis is cut into */
-  int *copy_of; /* per value: its TensorCopy result, -1 when none yet */
-} Shard;
-
-static int refuse(Shard *s, int op, const char *why) {
+int tp_split_refuse(TpSplitCtx *s, int op, const char *why) {
   const TpModule *m = s->m;
   if (m->ops[op].origin.node)
     return tp_error_op(s->d, m, op, "shard-tensor cannot split op %s over %d tensor ranks: %s",
@@ -84,17 +76,14 @@ static int refuse(Shard *s, int op, const char *why) {
                   tp_op_info[m->ops[op].kind].name, m->values[m->ops[op].outputs[0]].name, s->ranks, why);
 }
 
-/* Ops a split feature axis can flow through (each is checked when it is reached). */
-static bool carries_split(TpOpKind k) {
-  return (tp_op_info[k].traits & TP_TRAIT_ELEMENTWISE) || k == TP_OP_SwiGLU || k == TP_OP_Reshape ||
-         k == TP_OP_Transpose || k == TP_OP_Split || k == TP_OP_Slice || k == TP_OP_Concat || k == TP_OP_Rotary ||
-         k == TP_OP_Attention || k == TP_OP_Gather;
-}
-
 static bool is_norm(TpOpKind k) { return k == TP_OP_LayerNorm || k == TP_OP_RMSNorm; }
 
+/* Ops a split feature axis can flow through (each is checked when it is reached): those with
+ * a tensor-split rule, the norms aside (split_norm). */
+static bool carries_split(TpOpKind k) { return tp_op_rules[k]->tensor_split && !is_norm(k); }
+
 /* The first axis norm op normalises (the axes from it to the last are normalised). */
-static int norm_axis(const TpModule *m, int op) {
+int tp_split_norm_axis(const TpModule *m, int op) {
   int rank = m->values[m->ops[op].inputs[0]].type.rank, a = (int)tp_attr_int(m, op, "axis", -1);
   return a < 0 ? a + rank : a;
 }
@@ -105,14 +94,14 @@ static int norm_axis(const TpModule *m, int op) {
  * One over all heads is norm_splits_across's. follow() checks the split itself. */
 static bool norm_within_heads(const TpModule *m, int op, int rank) {
   int x = m->ops[op].inputs[0];
-  return is_norm(m->ops[op].kind) && m->values[x].type.rank > rank && norm_axis(m, op) == m->values[x].type.rank - 1;
+  return is_norm(m->ops[op].kind) && m->values[x].type.rank > rank && tp_split_norm_axis(m, op) == m->values[x].type.rank - 1;
 }
 
 /* Is norm op one over all of a column product's heads that follow() can split across the
  * ranks (OLMo 2's q_norm and k_norm over the projection's whole width): an RMSNorm whose
  * scale is a param it alone reads, cut with the features. Each rank's mean of squares is
  * summed over the ranks (norm_across_ranks). */
-static bool norm_splits_across(const TpModule *m, int op) {
+bool tp_split_norm_splits_across(const TpModule *m, int op) {
   const TpOp *o = &m->ops[op];
   if (o->kind != TP_OP_RMSNorm) return false;
   const TpValue *w = &m->values[o->inputs[1]];
@@ -121,7 +110,7 @@ static bool norm_splits_across(const TpModule *m, int op) {
 
 /* Does a split pass through op as a norm (norm_within_heads, norm_splits_across)? */
 static bool split_norm(const TpModule *m, int op, int rank) {
-  return norm_within_heads(m, op, rank) || norm_splits_across(m, op);
+  return norm_within_heads(m, op, rank) || tp_split_norm_splits_across(m, op);
 }
 
 /* Is op a residual: an Add or Sub of v and another activation (not only constants and
@@ -198,14 +187,14 @@ static int64_t heads_of(const TpModule *m, int y, int rank, bool *kv) {
 }
 
 /* Re-infers op's results from its (now per-rank) operands. */
-static int reinfer(Shard *s, int op) {
+int tp_split_reinfer(TpSplitCtx *s, int op) {
   TpOp *o = &s->m->ops[op];
   for (int r = 0; r < o->noutputs; r++)
     if (o->outputs[r] >= 0) s->m->values[o->outputs[r]].type.dtype = TP_UNDEF;
   return tp_infer_op(s->m, op, s->d);
 }
 
-static void mark(Shard *s, int v, int axis, int parts) {
+void tp_split_mark(TpSplitCtx *s, int v, int axis, int parts) {
   s->axis[v] = axis;
   s->parts[v] = parts;
 }
@@ -219,24 +208,24 @@ static bool splat(const TpModule *m, int v) {
   return true;
 }
 
-static int cut_param(Shard *s, int op, int w, int axis, int parts, int chunks);
+static int cut_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chunks);
 
 /* Splits param w along axis into parts (of chunks chunks each). */
-static int split_param(Shard *s, int op, int w, int axis, int parts, int chunks) {
+int tp_split_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chunks) {
   TpValue *val = &s->m->values[w];
   if (val->kind != TP_VAL_PARAM || val->tied >= 0 || val->shard.parts || tp_use_count(s->m, w) != 1)
-    return refuse(s, op, tp_strfmt(s->m, "its weight %%%s is not a param that it alone reads", val->name));
+    return tp_split_refuse(s, op, tp_strfmt(s->m, "its weight %%%s is not a param that it alone reads", val->name));
   return cut_param(s, op, w, axis, parts, chunks);
 }
 
 /* split_param's cut, whoever reads w. */
-static int cut_param(Shard *s, int op, int w, int axis, int parts, int chunks) {
+static int cut_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chunks) {
   TpValue *val = &s->m->values[w];
   /* the textual IR prints inline data with the per-rank type: only a splat stays whole */
   if (!s->m->blobs[val->blob].path && !splat(s->m, w))
-    return refuse(s, op, tp_strfmt(s->m, "%%%s holds inline data, not a file's: it would print cut", val->name));
+    return tp_split_refuse(s, op, tp_strfmt(s->m, "%%%s holds inline data, not a file's: it would print cut", val->name));
   if (val->type.dims[axis] % ((int64_t)parts * chunks) != 0)
-    return refuse(s, op, tp_strfmt(s->m, "dim %d of %%%s (%lld) does not split into %d parts", axis, val->name,
+    return tp_split_refuse(s, op, tp_strfmt(s->m, "dim %d of %%%s (%lld) does not split into %d parts", axis, val->name,
                                    (long long)val->type.dims[axis], parts * chunks));
   val->type.dims[axis] /= parts;
   val->shard = (TpShard){.axis = axis, .parts = parts, .ranks = s->ranks, .chunks = chunks};
@@ -245,7 +234,7 @@ static int cut_param(Shard *s, int op, int w, int axis, int parts, int chunks) {
 
 /* A new op after `after` (same placement and origin) computing kind(in), its result not
  * yet inferred; the op. */
-static int new_op(Shard *s, int after, TpOpKind kind, const int *in, int nin, const char *name) {
+int tp_split_new_op(TpSplitCtx *s, int after, TpOpKind kind, const int *in, int nin, const char *name) {
   TpOrigin origin = s->m->ops[after].origin;
   int op = tp_add_op(s->m, kind, in, nin, (const char *[]){name}, 1, origin);
   TpOp *a = &s->m->ops[after], *o = &s->m->ops[op];
@@ -257,12 +246,11 @@ static int new_op(Shard *s, int after, TpOpKind kind, const int *in, int nin, co
 }
 
 /* new_op, inferred; its result (-1 after an error). */
-static int add_after(Shard *s, int after, TpOpKind kind, const int *in, int nin, const char *name) {
-  int op = new_op(s, after, kind, in, nin, name);
+int tp_split_add_after(TpSplitCtx *s, int after, TpOpKind kind, const int *in, int nin, const char *name) {
+  int op = tp_split_new_op(s, after, kind, in, nin, name);
   return tp_infer_op(s->m, op, s->d) == TP_OK ? s->m->ops[op].outputs[0] : -1;
 }
 
-static int reshape_axis(const TpType *in, const TpType *out, int a, int p);
 
 /* The chunks cut_pieces finds: their length (0: none yet), a value holding the first, and
  * whether every cut so far is one chunk at a chunk boundary. */
@@ -287,7 +275,7 @@ static bool cut_pieces(const TpModule *m, int y, int *chunks, int *piece) {
   *chunks = 1, *piece = -1;
   if (r >= 0 && m->ops[r].kind == TP_OP_Reshape && m->values[m->ops[r].outputs[0]].type.rank > a + 1) {
     v = m->ops[r].outputs[0];
-    a = reshape_axis(&m->values[y].type, &m->values[v].type, a, 1);
+    a = tp_split_reshape_axis(&m->values[y].type, &m->values[v].type, a, 1);
     if (a < 0) return true; /* follow() refuses the Reshape */
   }
   const TpType *t = &m->values[v].type;
@@ -326,7 +314,7 @@ static bool cut_pieces(const TpModule *m, int y, int *chunks, int *piece) {
 
 /* Does Attention op add a bias that differs per head (ALiBi's slopes): a mask/bias operand
  * whose heads axis (of the scores [B, H, S, T], aligned from the right) is not 1? */
-static bool per_head_bias(const TpModule *m, int op) {
+bool tp_split_per_head_bias(const TpModule *m, int op) {
   const TpOp *o = &m->ops[op];
   if (o->ninputs < 4 || o->inputs[3] < 0) return false;
   const TpType *t = &m->values[o->inputs[3]].type;
@@ -334,7 +322,7 @@ static bool per_head_bias(const TpModule *m, int op) {
 }
 
 /* Is Attention op's bias a param that it alone reads (then split with the heads)? */
-static bool own_bias(const TpModule *m, int op) {
+bool tp_split_own_bias(const TpModule *m, int op) {
   const TpOp *o = &m->ops[op];
   return o->ninputs > 3 && o->inputs[3] >= 0 && m->values[o->inputs[3]].kind == TP_VAL_PARAM &&
          tp_use_count(m, o->inputs[3]) == 1;
@@ -376,7 +364,7 @@ static const char *whole_attention(const TpModule *m, int v, int rank, bool *see
     const TpOp *op = &m->ops[o];
     for (int i = 0; i < op->ninputs; i++) {
       if (op->inputs[i] != v) continue;
-      if (op->kind == TP_OP_Attention && i < 3 && per_head_bias(m, o) && !own_bias(m, o))
+      if (op->kind == TP_OP_Attention && i < 3 && tp_split_per_head_bias(m, o) && !tp_split_own_bias(m, o))
         return "its attention adds a bias that differs per head (ALiBi)";
       for (int j = 0; op->kind == TP_OP_Attention && i < 3 && j < 3; j++)
         if (normed_across_heads(m, op->inputs[j]))
@@ -399,7 +387,7 @@ static const char *whole_attention(const TpModule *m, int v, int rank, bool *see
  * attention cannot be split by heads (whole_attention): ALiBi's bias, for which each rank
  * would need its own constant, which the plan cannot hold (only params are split), or
  * queries or keys normalised over every head. */
-static const char *whole_reason(const Shard *s, int op) {
+static const char *whole_reason(const TpSplitCtx *s, int op) {
   int chunks, piece, y = s->m->ops[op].outputs[0];
   if (!cut_pieces(s->m, y, &chunks, &piece))
     return "its heads are cut into unequal groups (multi-query K/V fused with Q)";
@@ -411,7 +399,7 @@ static const char *whole_reason(const Shard *s, int op) {
 }
 
 /* One note line: how many products (`what`) stay whole, naming the first, and why. */
-static void note_whole(const Shard *s, int nwhole, int first, const char *what, const char *why) {
+static void note_whole(const TpSplitCtx *s, int nwhole, int first, const char *what, const char *why) {
   const TpModule *m = s->m;
   if (!nwhole || !s->d->stream) return;
   const char *node = m->ops[first].origin.node;
@@ -435,7 +423,7 @@ static bool gathered_param(const TpModule *m, int v) {
 
 /* The chunks of split value v: those of the column product it views (through Reshape and
  * Transpose); 1 for a value cut out of it. */
-static int chunks_of(const Shard *s, int v) {
+int tp_split_chunks_of(const TpSplitCtx *s, int v) {
   const TpModule *m = s->m;
   for (int def = m->values[v].def; def >= 0; def = m->values[v].def) {
     const TpOp *op = &m->ops[def];
@@ -452,20 +440,20 @@ static int chunks_of(const Shard *s, int v) {
  * unless it is a constant or not a float: each rank differentiates it by its own part only
  * (also a trainable Rotary table, a scale broadcast over the split features), so its
  * gradient must be summed over the ranks. */
-static int share_operand(Shard *s, int op, int i) {
+int tp_split_share_operand(TpSplitCtx *s, int op, int i) {
   TpModule *m = s->m;
   int v = m->ops[op].inputs[i];
   if (v < 0 || s->axis[v] >= 0 || m->values[v].kind == TP_VAL_CONST || !tp_dtype_is_float(m->values[v].type.dtype))
     return TP_OK;
   if (s->copy_of[v] < 0)
-    s->copy_of[v] = add_after(s, op, TP_OP_TensorCopy, &v, 1, tp_strfmt(m, "%s.tp", m->values[v].name));
+    s->copy_of[v] = tp_split_add_after(s, op, TP_OP_TensorCopy, &v, 1, tp_strfmt(m, "%s.tp", m->values[v].name));
   if (s->copy_of[v] < 0) return TP_ERR_INPUT;
   m->ops[op].inputs[i] = s->copy_of[v];
   return TP_OK;
 }
 
 /* Column-parallel Linear op (replicated input). */
-static int column(Shard *s, int op) {
+static int column(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   int w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
   int y = m->ops[op].outputs[0];
@@ -479,35 +467,35 @@ static int column(Shard *s, int op) {
   int parts = s->ranks;
   if (heads && heads % s->ranks != 0) {
     if (!kv || s->ranks % heads != 0)
-      return refuse(s, op, tp_strfmt(m, "its %lld %s heads do not divide among the ranks", (long long)heads,
+      return tp_split_refuse(s, op, tp_strfmt(m, "its %lld %s heads do not divide among the ranks", (long long)heads,
                                      kv ? "key/value" : "query"));
     parts = (int)heads; /* one head per part, N/heads ranks each */
   }
   bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
-  if (split_param(s, op, w, tw ? 0 : 1, parts, chunks) || (b >= 0 && split_param(s, op, b, 0, parts, chunks)))
+  if (tp_split_param(s, op, w, tw ? 0 : 1, parts, chunks) || (b >= 0 && tp_split_param(s, op, b, 0, parts, chunks)))
     return TP_ERR_INPUT;
-  if (share_operand(s, op, 0)) return TP_ERR_INPUT;
-  if (reinfer(s, op)) return TP_ERR_INPUT;
-  mark(s, y, m->values[y].type.rank - 1, parts);
+  if (tp_split_share_operand(s, op, 0)) return TP_ERR_INPUT;
+  if (tp_split_reinfer(s, op)) return TP_ERR_INPUT;
+  tp_split_mark(s, y, m->values[y].type.rank - 1, parts);
   return TP_OK;
 }
 
 /* Row-parallel Linear op (input split along its last axis): partial sums, all-reduced,
  * then the bias. */
-static int row(Shard *s, int op) {
+static int row(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
   int y = m->ops[op].outputs[0];
   if (s->axis[x] != m->values[x].type.rank - 1 || s->parts[x] != s->ranks)
-    return refuse(s, op, tp_strfmt(m, "its input %%%s is not split along its features into one part per rank",
+    return tp_split_refuse(s, op, tp_strfmt(m, "its input %%%s is not split along its features into one part per rank",
                                    m->values[x].name));
   bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
-  if (split_param(s, op, w, tw ? 1 : 0, s->ranks, 1)) return TP_ERR_INPUT;
+  if (tp_split_param(s, op, w, tw ? 1 : 0, s->ranks, 1)) return TP_ERR_INPUT;
   if (b >= 0) m->ops[op].inputs[2] = -1;
-  if (reinfer(s, op)) return TP_ERR_INPUT;
+  if (tp_split_reinfer(s, op)) return TP_ERR_INPUT;
   const char *name = m->values[y].name;
-  int sum = add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
-  int out = sum >= 0 && b >= 0 ? add_after(s, op, TP_OP_Add, (int[]){sum, b}, 2, tp_strfmt(m, "%s.bias", name)) : sum;
+  int sum = tp_split_add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
+  int out = sum >= 0 && b >= 0 ? tp_split_add_after(s, op, TP_OP_Add, (int[]){sum, b}, 2, tp_strfmt(m, "%s.bias", name)) : sum;
   if (out < 0) return TP_ERR_INPUT;
   tp_replace_uses(m, y, out);
   m->ops[m->values[sum].def].inputs[0] = y;
@@ -517,7 +505,7 @@ static int row(Shard *s, int op) {
 /* The axis of the (whole) result dims `out` that continues axis a of the per-rank operand
  * dims `in`, split into p parts, through a Reshape, or -1: the same elements before it,
  * whole pieces either way. */
-static int reshape_axis(const TpType *in, const TpType *out, int a, int p) {
+int tp_split_reshape_axis(const TpType *in, const TpType *out, int a, int p) {
   int64_t before = 1, after = 1, whole = in->dims[a] * p;
   for (int i = 0; i < a; i++) before *= in->dims[i];
   for (int b = 0; b < out->rank; after *= out->dims[b], b++)
@@ -526,202 +514,14 @@ static int reshape_axis(const TpType *in, const TpType *out, int a, int p) {
   return -1;
 }
 
-/* A Slice of split value x that takes one whole chunk of it (a fused Q|K|V cut along its
- * features, MPT): this rank's piece of that chunk. */
-static int slice_chunk(Shard *s, int op) {
+/* An op other than Linear reading at least one split value: its tensor-split rule
+ * (TpOpRules.tensor_split), which splits its result along, or refuses. */
+static int follow(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
-  int n, x = m->ops[op].inputs[0], y = m->ops[op].outputs[0], a = s->axis[x], p = s->parts[x];
-  int64_t whole = m->values[x].type.dims[a] * p, len = m->values[y].type.dims[a];
-  const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
-  if (chunks_of(s, x) < 2 || steps[a] != 1 || len <= 0 || len * chunks_of(s, x) != whole || starts[a] % len || len % p)
-    return refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
-  int64_t local[TP_MAX_RANK];
-  memcpy(local, starts, (size_t)n * sizeof *local);
-  local[a] /= p;
-  tp_set_attr_ints(m, op, "starts", local, n);
-  m->values[y].type.dims[a] /= p;
-  mark(s, y, a, p);
-  return tp_infer_op(m, op, s->d); /* checks the preset result */
-}
-
-/* A Gather of split data along another axis with replicated indices (Bloom picks q, k or v
- * out of each head's [3, head_dim]). */
-static int gather(Shard *s, int op) {
-  TpModule *m = s->m;
-  int x = m->ops[op].inputs[0], idx = m->ops[op].inputs[1], a = s->axis[x];
-  int g = (int)tp_attr_int(m, op, "axis", 0);
-  if (g < 0) g += m->values[x].type.rank;
-  if (a < 0 || s->axis[idx] >= 0)
-    return refuse(s, op, tp_strfmt(m, "its indices %%%s are split over the ranks", m->values[idx].name));
-  if (g == a) return refuse(s, op, "it picks along the axis split over the ranks");
-  mark(s, m->ops[op].outputs[0], a < g ? a : a + m->values[idx].type.rank - 1, s->parts[x]);
-  return reinfer(s, op);
-}
-
-/* RMSNorm op over axes that hold the split axis of its operand x (norm_splits_across):
- * each rank has some of every row's features, so it becomes
- *   x / sqrt(TensorCopy(AllReduce(mean(x^2))) / N + epsilon) * scale
- * with the scale cut as x's features. The all-reduced means of the N ranks (of equal
- * parts; ranks sharing a part add it alike) are N times the row's. The AllReduce's
- * gradient passes through, and TensorCopy's sums the ranks' partial ones, as each rank's
- * features reach the mean. */
-static int norm_across_ranks(Shard *s, int op) {
-  TpModule *m = s->m;
-  int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], y = m->ops[op].outputs[0], a = norm_axis(m, op);
-  int rank = m->values[x].type.rank, axis = s->axis[x], parts = s->parts[x];
-  if (chunks_of(s, x) > 1) return refuse(s, op, "it normalises the chunks of a fused product together");
-  if (split_param(s, op, w, axis - a, parts, 1)) return TP_ERR_INPUT;
-  const char *name = m->values[y].name;
-  float inv = 1.0f / (float)s->ranks, eps = (float)tp_attr_float(m, op, "epsilon", 1e-5);
-  int c_inv = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.ranks", name)), tp_type_make(TP_F32, 0, NULL), &inv,
-                           m->ops[op].origin);
-  int c_eps = tp_add_const(m, tp_unique_name(m, tp_strfmt(m, "%s.eps", name)), tp_type_make(TP_F32, 0, NULL), &eps,
-                           m->ops[op].origin);
-  int sq = add_after(s, op, TP_OP_Mul, (int[]){x, x}, 2, tp_strfmt(m, "%s.sq", name));
-  if (sq < 0) return TP_ERR_INPUT;
-  int mean_op = new_op(s, op, TP_OP_ReduceMean, &sq, 1, tp_strfmt(m, "%s.mean", name));
-  int64_t axes[TP_MAX_RANK];
-  for (int i = a; i < rank; i++) axes[i - a] = i;
-  tp_set_attr_ints(m, mean_op, "axes", axes, rank - a);
-  tp_set_attr_int(m, mean_op, "keepdims", 1);
-  if (tp_infer_op(m, mean_op, s->d)) return TP_ERR_INPUT;
-  int mean = m->ops[mean_op].outputs[0];
-  int sum = add_after(s, op, TP_OP_AllReduce, &mean, 1, tp_strfmt(m, "%s.sum", name));
-  int all = sum < 0 ? -1 : add_after(s, op, TP_OP_TensorCopy, &sum, 1, tp_strfmt(m, "%s.tp", m->values[sum].name));
-  int row = all < 0 ? -1 : add_after(s, op, TP_OP_Mul, (int[]){all, c_inv}, 2, tp_strfmt(m, "%s.row", name));
-  int var = row < 0 ? -1 : add_after(s, op, TP_OP_Add, (int[]){row, c_eps}, 2, tp_strfmt(m, "%s.var", name));
-  int rms = var < 0 ? -1 : add_after(s, op, TP_OP_Sqrt, &var, 1, tp_strfmt(m, "%s.rms", name));
-  int xn = rms < 0 ? -1 : add_after(s, op, TP_OP_Div, (int[]){x, rms}, 2, tp_strfmt(m, "%s.normed", name));
-  if (xn < 0) return TP_ERR_INPUT;
-  mark(s, sq, axis, parts);
-  mark(s, xn, axis, parts);
-  TpOp *o = &m->ops[op]; /* the norm itself becomes the product with the scale */
-  o->kind = TP_OP_Mul;
-  o->inputs[0] = xn, o->nattrs = 0, o->attrs = NULL;
-  mark(s, y, axis, parts);
-  return reinfer(s, op);
-}
-
-/* An op other than Linear reading at least one split value. */
-static int follow(Shard *s, int op) {
-  TpModule *m = s->m;
-  TpOp *o = &m->ops[op];
-  int y = o->outputs[0], x = o->inputs[0], ry = m->values[y].type.rank;
-  switch (o->kind) {
-  case TP_OP_Reshape: {
-    TpType *out = &m->values[y].type;
-    int b = s->axis[x] < 0 ? -1 : reshape_axis(&m->values[x].type, out, s->axis[x], s->parts[x]);
-    if (b < 0) return refuse(s, op, "the split axis does not map onto one axis of the result");
-    out->dims[b] /= s->parts[x];
-    mark(s, y, b, s->parts[x]);
-    return TP_OK;
-  }
-  case TP_OP_Transpose: {
-    int n, b = 0;
-    const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
-    while (b < n && perm[b] != s->axis[x]) b++;
-    if (s->axis[x] < 0 || b == n) return refuse(s, op, "the split axis is not permuted");
-    mark(s, y, b, s->parts[x]);
-    return reinfer(s, op);
-  }
-  case TP_OP_Split:
-    if (s->axis[x] < 0) return refuse(s, op, "its operand is replicated");
-    if ((tp_attr_int(m, op, "axis", 0) + ry) % ry == s->axis[x] && chunks_of(s, x) != o->noutputs)
-      return refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
-    for (int r = 0; r < o->noutputs; r++)
-      if (o->outputs[r] >= 0 && m->values[o->outputs[r]].type.dims[s->axis[x]] % s->parts[x])
-        return refuse(s, op, "its parts do not cut into whole pieces per rank (heads that do not divide)");
-    for (int r = 0; r < o->noutputs; r++)
-      if (o->outputs[r] >= 0) {
-        m->values[o->outputs[r]].type.dims[s->axis[x]] /= s->parts[x];
-        mark(s, o->outputs[r], s->axis[x], s->parts[x]);
-      }
-    return TP_OK;
-  case TP_OP_Slice: { /* a fused product's parts cut along another axis (GPT-NeoX) */
-    int n, a = s->axis[x];
-    const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
-    TpType *out = &m->values[y].type;
-    if (starts[a] != 0 || steps[a] != 1 || out->dims[a] != m->values[x].type.dims[a] * s->parts[x])
-      return slice_chunk(s, op);
-    out->dims[a] /= s->parts[x];
-    mark(s, y, a, s->parts[x]);
-    return tp_infer_op(m, op, s->d); /* checks the preset result */
-  }
-  case TP_OP_Concat:
-    for (int i = 0; i < o->ninputs; i++)
-      if (s->axis[o->inputs[i]] != s->axis[x] || s->parts[o->inputs[i]] != s->parts[x] ||
-          tp_attr_int(m, op, "axis", -1) == s->axis[x])
-        return refuse(s, op, "its operands are not all split along one axis it does not join along");
-    mark(s, y, s->axis[x], s->parts[x]);
-    return reinfer(s, op);
-  case TP_OP_Gather:
-    return gather(s, op);
-  case TP_OP_LayerNorm:
-  case TP_OP_RMSNorm: /* within each head its scale (and bias) stays whole; across the ranks, norm_across_ranks */
-    for (int i = 1; i < o->ninputs; i++)
-      if (o->inputs[i] >= 0 && s->axis[o->inputs[i]] >= 0)
-        return refuse(s, op,
-                      tp_strfmt(m, "its scale or bias %%%s is split over the ranks", m->values[o->inputs[i]].name));
-    if (s->axis[x] >= norm_axis(m, op) && norm_splits_across(m, op)) return norm_across_ranks(s, op);
-    if (s->axis[x] >= norm_axis(m, op))
-      return refuse(s, op, "it normalises over the axis split over the ranks (only an RMSNorm with a scale of its own "
-                            "splits so)");
-    for (int i = 1; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
-      if (share_operand(s, op, i)) return TP_ERR_INPUT;
-    for (int r = 0; r < m->ops[op].noutputs; r++) /* LayerNorm's statistics keep the heads axis too */
-      if (m->ops[op].outputs[r] >= 0) mark(s, m->ops[op].outputs[r], s->axis[x], s->parts[x]);
-    return reinfer(s, op);
-  case TP_OP_Attention: { /* a mask or bias alike for every head stays whole */
-    int bias = o->ninputs > 3 ? o->inputs[3] : -1, a = bias >= 0 ? m->values[bias].type.rank - 3 : -1;
-    bool per_head = per_head_bias(m, op);
-    if (per_head && own_bias(m, op)) { /* a per-head bias param: split with the heads */
-      if (split_param(s, op, bias, a, s->parts[x], 1)) return TP_ERR_INPUT;
-      mark(s, bias, a, s->parts[x]);
-    }
-    for (int i = 3; i < o->ninputs; i++)
-      if (o->inputs[i] >= 0 && (i > 3 || (per_head ? s->axis[bias] != a : s->axis[bias] >= 0)))
-        return refuse(s, op, "a per-head bias or past keys would need splitting too");
-    for (int i = 0; i < 3; i++)
-      if (s->axis[o->inputs[i]] != m->values[o->inputs[i]].type.rank - (m->values[x].type.rank == 4 ? 3 : 1))
-        return refuse(s, op, tp_strfmt(m, "its operand %%%s is not split by heads", m->values[o->inputs[i]].name));
-    if (tp_get_attr(m, op, "q_num_heads"))
-      tp_set_attr_int(m, op, "q_num_heads", tp_attr_int(m, op, "q_num_heads", 0) / s->parts[x]);
-    if (tp_get_attr(m, op, "kv_num_heads"))
-      tp_set_attr_int(m, op, "kv_num_heads", tp_attr_int(m, op, "kv_num_heads", 0) / s->parts[o->inputs[1]]);
-    if (o->ninputs > 3 && share_operand(s, op, 3)) return TP_ERR_INPUT;
-    mark(s, y, s->axis[x], s->parts[x]);
-    return reinfer(s, op);
-  }
-  default:
-    break;
-  }
-  if (!(tp_op_info[o->kind].traits & TP_TRAIT_ELEMENTWISE) && o->kind != TP_OP_SwiGLU && o->kind != TP_OP_Rotary)
-    return refuse(s, op, tp_strfmt(m, "it reads %%%s, which is split over the ranks", m->values[x].name));
-  /* Positionwise: every split operand along one axis (aligned from the right), the others
-   * broadcast along it. */
-  int axis = -1, parts = 0, split = x;
-  for (int i = 0; i < o->ninputs; i++) {
-    int v = o->inputs[i];
-    if (v < 0 || s->axis[v] < 0) continue;
-    int a = s->axis[v] + ry - m->values[v].type.rank;
-    split = v;
-    if (axis >= 0 && (a != axis || s->parts[v] != parts))
-      return refuse(s, op, "its operands are split along different axes");
-    axis = a, parts = s->parts[v];
-  }
-  if (o->kind == TP_OP_Rotary && axis == ry - 1) return refuse(s, op, "the rotated features are split");
-  for (int i = 0; i < o->ninputs; i++) {
-    int v = o->inputs[i];
-    if (v < 0 || s->axis[v] >= 0) continue;
-    int a = axis - (ry - m->values[v].type.rank);
-    if (a >= 0 && m->values[v].type.dims[a] != 1)
-      return refuse(s, op, tp_strfmt(m, "it combines the split %%%s with the replicated %%%s", m->values[split].name,
-                                     m->values[v].name));
-  }
-  for (int i = 0; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
-    if (share_operand(s, op, i)) return TP_ERR_INPUT;
-  mark(s, y, axis, parts);
-  return reinfer(s, op);
+  int (*split)(TpSplitCtx *, int) = tp_op_rules[m->ops[op].kind]->tensor_split;
+  if (!split)
+    return tp_split_refuse(s, op, tp_strfmt(m, "it reads %%%s, which is split over the ranks", m->values[m->ops[op].inputs[0]].name));
+  return split(s, op);
 }
 
 /* ---- vocabulary-parallel embedding and LM head ---- */
@@ -782,15 +582,15 @@ static void append_operand(TpModule *m, int op, int v) {
 
 /* Embedding op looks up this rank's range of its (split) table; an AllReduce of the ranks'
  * rows (zeros outside each range) is the whole embedding. */
-static int range_embedding(Shard *s, int op) {
+static int range_embedding(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   int y = m->ops[op].outputs[0];
   const char *name = m->values[y].name;
-  int part = add_after(s, op, TP_OP_TensorRank, NULL, 0, tp_strfmt(m, "%s.part", name));
+  int part = tp_split_add_after(s, op, TP_OP_TensorRank, NULL, 0, tp_strfmt(m, "%s.part", name));
   if (part < 0) return TP_ERR_INPUT;
   append_operand(m, op, part);
   tp_set_attr_int(m, op, "vocab_parts", s->ranks);
-  int sum = reinfer(s, op) ? -1 : add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
+  int sum = tp_split_reinfer(s, op) ? -1 : tp_split_add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
   if (sum < 0) return TP_ERR_INPUT;
   tp_replace_uses(m, y, sum);
   m->ops[m->values[sum].def].inputs[0] = y;
@@ -801,7 +601,7 @@ static int range_embedding(Shard *s, int op) {
  * columns (axis), for every reader: the token embeddings, and the LM head `head` (-1: none;
  * through the view of w it reads when there is one). op names the place for errors. Leaves
  * everything replicated, with a note, when the vocabulary does not divide among the ranks. */
-static int split_vocab(Shard *s, int w, int axis, int head, int op) {
+static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
   TpModule *m = s->m;
   const TpValue *val = &m->values[w];
   if (val->type.dims[axis] % s->ranks != 0) {
@@ -813,7 +613,7 @@ static int split_vocab(Shard *s, int w, int axis, int head, int op) {
     return TP_OK;
   }
   int b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
-  if (cut_param(s, op, w, axis, s->ranks, 1) || (b >= 0 && split_param(s, head, b, 0, s->ranks, 1)))
+  if (cut_param(s, op, w, axis, s->ranks, 1) || (b >= 0 && tp_split_param(s, head, b, 0, s->ranks, 1)))
     return TP_ERR_INPUT;
   for (int e = 0; e < m->nops; e++)
     if (token_embedding(m, e, w) && range_embedding(s, e)) return TP_ERR_INPUT;
@@ -822,12 +622,12 @@ static int split_vocab(Shard *s, int w, int axis, int head, int op) {
   if (view != w) { /* the re-tie view: a Transpose infers its cut type, a Reshape is preset */
     int def = m->values[view].def;
     if (m->ops[def].kind == TP_OP_Reshape) m->values[view].type.dims[axis] /= s->ranks;
-    else if (reinfer(s, def)) return TP_ERR_INPUT;
+    else if (tp_split_reinfer(s, def)) return TP_ERR_INPUT;
   }
-  if (s->copy_of[x] < 0) s->copy_of[x] = add_after(s, head, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
+  if (s->copy_of[x] < 0) s->copy_of[x] = tp_split_add_after(s, head, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
   if (s->copy_of[x] < 0) return TP_ERR_INPUT;
   m->ops[head].inputs[0] = s->copy_of[x];
-  if (reinfer(s, head)) return TP_ERR_INPUT;
+  if (tp_split_reinfer(s, head)) return TP_ERR_INPUT;
   for (int op = head, i;;) { /* the Casts of its logits: their result types are preset */
     int y = m->ops[op].outputs[0], r = m->values[y].type.rank - 1;
     op = sole_reader(m, y, &i);
@@ -842,7 +642,7 @@ static int split_vocab(Shard *s, int w, int axis, int head, int op) {
  * gathers the logits), and every token embedding looks up only its rank's rows of its
  * table, tied to the head or not. A table anything else reads stays replicated, and so
  * does a tied table the head reads along its rows' other axis. */
-static int split_vocabularies(Shard *s) {
+static int split_vocabularies(TpSplitCtx *s) {
   TpModule *m = s->m;
   int logits = tp_loss_logits(m), head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
   int head_w = -1, view = -1, axis = -1, b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
@@ -877,7 +677,7 @@ static int split_vocabularies(Shard *s) {
 int pass_shard_tensor(TpModule *m, TpDiag *d) {
   if (m->tensor <= 1) return TP_OK;
   if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
-  Shard s = {m, d, m->tensor, NULL, NULL, NULL};
+  TpSplitCtx s = {m, d, m->tensor, NULL, NULL, NULL};
   int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1, nexperts = 0, first_expert = -1;
   const char *first_why = NULL;
   /* room for the values added below too: at most 11 per op (norm_across_ranks) */
@@ -907,7 +707,7 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
       if (why && !nwhole++) first_whole = op, first_why = why;
       block = block && !why;
       if (block && blocker >= 0)
-        rc = refuse(&s, blocker, tp_strfmt(m, "it lies between the column-parallel product %%%s and a row-parallel one",
+        rc = tp_split_refuse(&s, blocker, tp_strfmt(m, "it lies between the column-parallel product %%%s and a row-parallel one",
                                            m->values[o->outputs[0]].name));
       else if (block)
         rc = column(&s, op);
@@ -918,7 +718,7 @@ int pass_shard_tensor(TpModule *m, TpDiag *d) {
   if (rc == TP_OK) rc = split_vocabularies(&s);
   for (int i = 0; i < m->noutputs && rc == TP_OK; i++)
     if (s.axis[m->outputs[i]] >= 0)
-      rc = refuse(&s, m->values[m->outputs[i]].def, tp_strfmt(m, "the graph outputs its split result %%%s",
+      rc = tp_split_refuse(&s, m->values[m->outputs[i]].def, tp_strfmt(m, "the graph outputs its split result %%%s",
                                                               m->values[m->outputs[i]].name));
   free(s.axis);
   free(s.parts);
