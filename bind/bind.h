@@ -4,7 +4,7 @@
  * (codegen/target.c). A binder reads attributes, dims and dtypes, never tensor data (codegen
  * has none), and checks that the shapes fit the kernel. Adding an op: a row of
  * bind/kernels.def if it needs a new kernel (its argument struct, function and call), and its
- * binder and its row in bind.c's table. */
+ * binder and its row (TpOpRules.bind) in its family's file under ops/. */
 #ifndef TOKPIPE_BIND_H
 #define TOKPIPE_BIND_H
 
@@ -51,14 +51,15 @@ typedef int (*TpBindFn)(const TpModule *m, int op, const TpTensor *in, TpTensor 
 /* An op kind's row: its binder (NULL: no kernel runs it), dtypes, the operands the dtype
  * rule skips (a bit each: indices, masks), and its ids operand (+1; 0: none), which the
  * flat kernels read as i64. */
-typedef struct {
+typedef struct TpOpBinding {
   TpBindFn bind;
   TpBindDtypes dtypes;
   unsigned not_float;
   int ids;
 } TpOpBinding;
 
-extern const TpOpBinding tp_op_bindings[TP_OP_COUNT];
+/* An op kind's row: its rule set's (ops/, TpOpRules.bind), or one with no binder. */
+const TpOpBinding *tp_op_binding(TpOpKind kind);
 
 /* Binds op of m over the views in[] (operand i, data NULL when absent) and out[] (result
  * i). TP_OK, or an error at the op naming what does not fit. */

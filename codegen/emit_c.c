@@ -626,7 +626,7 @@ static void emit_tensor_op(Emitter *E, int op) {
 static void emit_op(Emitter *E, int op) {
   const TpModule *m = E->m;
   const TpOp *o = &m->ops[op];
-  const TpOpBinding *r = &tp_op_bindings[o->kind];
+  const TpOpBinding *r = tp_op_binding(o->kind);
   if (o->kind == TP_OP_Reshape && reshape_is_view(E->mem, op, m)) return;
   if (o->kind == TP_OP_TensorCopy || o->kind == TP_OP_AllReduce) {
     emit_tensor_op(E, op);

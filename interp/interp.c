@@ -75,7 +75,7 @@ static bool wants_f32(TpBindDtypes rule, TpDType t) {
 static int prepare(const TpModule *m, int op, const TpTensor *in, const TpTensor *out, TpTensor *in2,
                    TpTensor *out2, TpDiag *d) {
   const TpOp *o = &m->ops[op];
-  const TpOpBinding *r = &tp_op_bindings[o->kind];
+  const TpOpBinding *r = tp_op_binding(o->kind);
   if (r->dtypes == TP_BIND_F32_COPY && o->ninputs && !tp_dtype_is_float(in[0].dtype))
     return tp_error_op(d, m, op, "element type %s is not supported by the CPU kernel", dtype_name(in[0].dtype));
   for (int i = 0; i < o->ninputs; i++) {
@@ -122,7 +122,7 @@ static void finish(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
 /* Binds the op and runs its kernel. */
 int tp_exec_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
   const TpOp *o = &m->ops[op];
-  if (!tp_op_bindings[o->kind].bind) return tp_internal(d, "no CPU implementation of op %s", tp_op_info[o->kind].name);
+  if (!tp_op_binding(o->kind)->bind) return tp_internal(d, "no CPU implementation of op %s", tp_op_info[o->kind].name);
   TpTensor in2[64], out2[64];
   TP_ASSERT(o->ninputs <= 64 && o->noutputs <= 64);
   int rc = prepare(m, op, in, out, in2, out2, d);

@@ -4,6 +4,7 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 #include "split.h"
@@ -88,13 +89,60 @@ static void axes_swiglu(const TpModule *m, int op, TpOpAxes *x) {
 
 static int split_swiglu(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, NULL); }
 
+/* ---- kernel binders ---- */
+
+/* Softmax, LogSoftmax {axis} and their backward (dY, Y). */
+static int bind_softmax(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  TpOpKind k = m->ops[op].kind;
+  bool fwd = k == TP_OP_Softmax || k == TP_OP_LogSoftmax;
+  const TpTensor *y = fwd ? &in[0] : &in[1]; /* the shape */
+  int axis = (int)tp_attr_int(m, op, "axis", y->rank - 1);
+  int64_t n = tp_tensor_numel(y);
+  if (axis < 0 || axis >= y->rank || tp_tensor_numel(&in[0]) != n || tp_tensor_numel(&out[0]) != n)
+    return shape_error(m, op, d);
+  b->kernel = fwd ? TP_K_SOFTMAX : TP_K_SOFTMAX_BACKWARD;
+  b->a.softmax = (TpSoftmaxArgs){&in[0],
+                                 fwd ? NULL : &in[1],
+                                 &out[0],
+                                 numel_from(y, 0, axis),
+                                 y->dims[axis],
+                                 numel_from(y, axis + 1, y->rank),
+                                 k == TP_OP_LogSoftmax || k == TP_OP_LogSoftmaxBackward};
+  return TP_OK;
+}
+
+static int bind_gelu_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b,
+                              TpDiag *d) {
+  bool tanh_approx;
+  int rc = gelu_tanh(m, op, &tanh_approx, d);
+  if (rc) return rc;
+  int64_t n = tp_tensor_numel(&in[1]);
+  if (tp_tensor_numel(&in[0]) != n || tp_tensor_numel(&out[0]) != n) return shape_error(m, op, d);
+  b->kernel = TP_K_GELU_BACKWARD;
+  b->a.gelu_backward = (TpGeluBackwardArgs){&in[0], &in[1], n, tanh_approx, &out[0]};
+  return TP_OK;
+}
+
+/* SwiGLU(Gate, Up) and SwiGLUBackward(dY, Gate, Up) -> dGate, dUp. */
+static int bind_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  bool fwd = m->ops[op].kind == TP_OP_SwiGLU;
+  const TpTensor *gate = fwd ? &in[0] : &in[1], *up = fwd ? &in[1] : &in[2];
+  int64_t n = tp_tensor_numel(gate);
+  if (tp_tensor_numel(up) != n || (fwd ? tp_tensor_numel(&out[0]) : tp_tensor_numel(&in[0])) != n)
+    return shape_error(m, op, d);
+  b->kernel = fwd ? TP_K_SWIGLU : TP_K_SWIGLU_BACKWARD;
+  b->a.swiglu =
+      (TpSwiGLUArgs){fwd ? NULL : &in[0], gate, up, n, opt_out(m, op, out, 0), fwd ? NULL : opt_out(m, op, out, 1)};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu, .gradient = grad_gelu, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_softmax, .token_axes = axes_softmax};
-const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_log_softmax, .token_axes = axes_softmax};
-const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu, .gradient = grad_swiglu, .token_axes = axes_swiglu, .tensor_split = split_swiglu};
-const TpOpRules tp_rules_GeluBackward = {.infer = infer_unary_backward};
-const TpOpRules tp_rules_SoftmaxBackward = {.infer = infer_unary_backward};
-const TpOpRules tp_rules_LogSoftmaxBackward = {.infer = infer_unary_backward};
-const TpOpRules tp_rules_SwiGLUBackward = {.infer = infer_swiglu_backward};
+const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu, .gradient = grad_gelu, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_softmax, .token_axes = axes_softmax, .bind = TP_BINDING(bind_softmax, TP_BIND_F32_COPY, 0, 0)};
+const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_log_softmax, .token_axes = axes_softmax, .bind = TP_BINDING(bind_softmax, TP_BIND_F32_COPY, 0, 0)};
+const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu, .gradient = grad_swiglu, .token_axes = axes_swiglu, .tensor_split = split_swiglu, .bind = TP_TRAINING_BINDING(bind_swiglu)};
+const TpOpRules tp_rules_GeluBackward = {.infer = infer_unary_backward, .bind = TP_TRAINING_BINDING(bind_gelu_backward)};
+const TpOpRules tp_rules_SoftmaxBackward = {.infer = infer_unary_backward, .bind = TP_TRAINING_BINDING(bind_softmax)};
+const TpOpRules tp_rules_LogSoftmaxBackward = {.infer = infer_unary_backward, .bind = TP_TRAINING_BINDING(bind_softmax)};
+const TpOpRules tp_rules_SwiGLUBackward = {.infer = infer_swiglu_backward, .bind = TP_TRAINING_BINDING(bind_swiglu)};

@@ -4,9 +4,12 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 #include "split.h"
+
+#include <math.h>
 
 #include <stdlib.h>
 
@@ -300,9 +303,111 @@ static int split_attention(TpSplitCtx *s, int op) {
 
 static int split_rotary(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, "the rotated features are split"); }
 
+/* ---- kernel binders ---- */
+
+/* The TpAttention of Q, K, V (heads, lengths, head sizes, causality, scale, softcap; no mask
+ * or past), shapes checked. */
+static int attention_params(const TpModule *m, int op, const TpTensor *Q, const TpTensor *K, const TpTensor *V,
+                            TpAttention *p, TpDiag *d) {
+  *p = (TpAttention){0};
+  if (Q->rank != K->rank || Q->rank != V->rank || (Q->rank != 3 && Q->rank != 4))
+    return tp_error_op(d, m, op, "Q, K and V must all be 3-D or all 4-D");
+  p->packed = Q->rank == 3;
+  p->batch = Q->dims[0];
+  bool fit;
+  if (p->packed) {
+    p->q_heads = tp_attr_int(m, op, "q_num_heads", 0);
+    p->kv_heads = tp_attr_int(m, op, "kv_num_heads", 0);
+    if (p->q_heads <= 0 || p->kv_heads <= 0)
+      return tp_error_op(d, m, op, "3-D inputs need q_num_heads and kv_num_heads");
+    p->q_len = Q->dims[1];
+    p->kv_len = K->dims[1];
+    p->head_size = Q->dims[2] / p->q_heads;
+    p->v_head_size = V->dims[2] / p->kv_heads;
+    fit = Q->dims[2] % p->q_heads == 0 && K->dims[2] == p->head_size * p->kv_heads &&
+          V->dims[2] % p->kv_heads == 0 && V->dims[1] == p->kv_len;
+  } else {
+    p->q_heads = Q->dims[1];
+    p->kv_heads = K->dims[1];
+    p->q_len = Q->dims[2];
+    p->kv_len = K->dims[2];
+    p->head_size = Q->dims[3];
+    p->v_head_size = V->dims[3];
+    fit = K->dims[3] == p->head_size && V->dims[1] == p->kv_heads && V->dims[2] == p->kv_len;
+  }
+  if (!fit || K->dims[0] != p->batch || V->dims[0] != p->batch)
+    return tp_error_op(d, m, op, "the shapes of Q, K and V do not fit together");
+  if (p->kv_heads <= 0 || p->q_heads % p->kv_heads != 0)
+    return tp_error_op(d, m, op, "q_num_heads %lld is not a multiple of kv_num_heads %lld", (long long)p->q_heads,
+                       (long long)p->kv_heads);
+  p->is_causal = tp_attr_int(m, op, "is_causal", 0) != 0;
+  p->causal_offset = tp_attr_int(m, op, "causal_offset", 0);
+  if (p->causal_offset < 0) return tp_error_op(d, m, op, "causal_offset must be >= 0");
+  p->window = tp_attr_int(m, op, "window", 0);
+  if (p->window < 0 || (p->window && !p->is_causal))
+    return tp_error_op(d, m, op, "window must be >= 0, and only causal attention has one");
+  p->scale = (float)tp_attr_float(m, op, "scale", 0);
+  if (p->scale == 0) p->scale = 1.0f / sqrtf((float)p->head_size);
+  p->softcap = (float)tp_attr_float(m, op, "softcap", 0);
+  return TP_OK;
+}
+
+/* Attention(Q, K, V, Mask, PastK, PastV) -> Y, PresentK, PresentV, QK, and
+ * AttentionBackward(dY, Q, K, V, Mask) -> dQ, dK, dV. */
+static int bind_attention(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  bool fwd = m->ops[op].kind == TP_OP_Attention;
+  int q = fwd ? 0 : 1, mask = fwd ? 3 : 4;
+  TpAttentionArgs *a = &b->a.attention;
+  *a = (TpAttentionArgs){0};
+  int rc = attention_params(m, op, &in[q], &in[q + 1], &in[q + 2], &a->p, d);
+  if (rc) return rc;
+  a->q = &in[q], a->k = &in[q + 1], a->v = &in[q + 2];
+  a->mask = opt_in(m, op, in, mask);
+  if (a->mask) {
+    /* the interpreter computes a forward's float mask in an f32 copy */
+    if (a->mask->dtype != TP_BOOL && (fwd ? !tp_dtype_is_float(a->mask->dtype) : a->mask->dtype != TP_F32))
+      return tp_error_op(d, m, op, "the mask is %s: the CPU kernels take bool or f32", dtype_name(a->mask->dtype));
+    tp_attention_set_mask(&a->p, NULL, a->mask->dtype == TP_BOOL, a->mask->dims, a->mask->rank);
+  }
+  if (fwd) {
+    a->past_k = opt_in(m, op, in, 4), a->past_v = opt_in(m, op, in, 5);
+    if (!a->past_k || !a->past_v) a->past_k = a->past_v = NULL;
+    a->p.past_len = a->past_k ? a->past_k->dims[2] : 0;
+    a->p.qk_mode = (int)tp_attr_int(m, op, "qk_matmul_output_mode", 0);
+    a->y = &out[0];
+    a->present_k = opt_out(m, op, out, 1), a->present_v = opt_out(m, op, out, 2), a->qk_out = opt_out(m, op, out, 3);
+    b->kernel = TP_K_ATTENTION;
+    return TP_OK;
+  }
+  const TpAttention *p = &a->p;
+  a->dy = &in[0];
+  if (tp_tensor_numel(&in[0]) != p->batch * p->q_heads * p->q_len * p->v_head_size ||
+      !out_numel(m, op, out, 0, tp_tensor_numel(a->q)) || !out_numel(m, op, out, 1, tp_tensor_numel(a->k)) ||
+      !out_numel(m, op, out, 2, tp_tensor_numel(a->v)))
+    return shape_error(m, op, d);
+  a->y = opt_out(m, op, out, 0), a->present_k = opt_out(m, op, out, 1), a->present_v = opt_out(m, op, out, 2);
+  b->kernel = TP_K_ATTENTION_BACKWARD;
+  return TP_OK;
+}
+
+/* Rotary(X, Cos, Sin) {rotary_dim, interleaved}, and RotaryBackward with dY as X. */
+static int bind_rotary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  const TpTensor *x = &in[0], *cos = &in[1], *sin = &in[2];
+  int64_t rd = tp_attr_int(m, op, "rotary_dim", 0);
+  bool ok = x->rank >= 1 && rd > 0 && rd % 2 == 0 && rd <= last_dim(x) && cos->rank == x->rank &&
+            sin->rank == x->rank && tp_tensor_numel(&out[0]) == tp_tensor_numel(x);
+  for (int k = 0; ok && k < x->rank; k++)
+    ok = cos->dims[k] == sin->dims[k] &&
+         (k == x->rank - 1 ? cos->dims[k] == rd : cos->dims[k] == 1 || cos->dims[k] == x->dims[k]);
+  if (!ok) return shape_error(m, op, d);
+  b->kernel = m->ops[op].kind == TP_OP_Rotary ? TP_K_ROTARY : TP_K_ROTARY_BACKWARD;
+  b->a.rotary = (TpRotaryArgs){x, cos, sin, rd, tp_attr_int(m, op, "interleaved", 0) != 0, &out[0]};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention, .gradient = grad_attention, .token_axes = axes_attention, .tensor_split = split_attention};
-const TpOpRules tp_rules_Rotary = {.infer = infer_rotary, .gradient = grad_rotary, .token_axes = axes_rotary, .tensor_split = split_rotary};
-const TpOpRules tp_rules_AttentionBackward = {.infer = infer_attention_backward};
-const TpOpRules tp_rules_RotaryBackward = {.infer = infer_rotary_backward};
+const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention, .gradient = grad_attention, .token_axes = axes_attention, .tensor_split = split_attention, .bind = TP_BINDING(bind_attention, TP_BIND_F32_COPY, 0, 0)};
+const TpOpRules tp_rules_Rotary = {.infer = infer_rotary, .gradient = grad_rotary, .token_axes = axes_rotary, .tensor_split = split_rotary, .bind = TP_TRAINING_BINDING(bind_rotary)};
+const TpOpRules tp_rules_AttentionBackward = {.infer = infer_attention_backward, .bind = TP_BINDING(bind_attention, TP_BIND_F32, 1u << 4, 0)};
+const TpOpRules tp_rules_RotaryBackward = {.infer = infer_rotary_backward, .bind = TP_TRAINING_BINDING(bind_rotary)};

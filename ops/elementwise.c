@@ -4,6 +4,7 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 #include "split.h"
@@ -315,32 +316,76 @@ int tp_split_positionwise(TpSplitCtx *s, int op, const char *last_axis_refusal) 
 
 int tp_split_elementwise(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, NULL); }
 
+/* ---- kernel binders ---- */
+
+int tp_bind_unary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  static const TpUnaryOp ops[TP_OP_COUNT] = {
+      [TP_OP_Sqrt] = TP_UNARY_SQRT,       [TP_OP_Neg] = TP_UNARY_NEG,   [TP_OP_Reciprocal] = TP_UNARY_RECIPROCAL,
+      [TP_OP_Exp] = TP_UNARY_EXP,         [TP_OP_Log] = TP_UNARY_LOG,   [TP_OP_Erf] = TP_UNARY_ERF,
+      [TP_OP_Tanh] = TP_UNARY_TANH,       [TP_OP_Relu] = TP_UNARY_RELU, [TP_OP_Sigmoid] = TP_UNARY_SIGMOID,
+      [TP_OP_Sin] = TP_UNARY_SIN,         [TP_OP_Cos] = TP_UNARY_COS,   [TP_OP_Not] = TP_UNARY_NOT,
+  };
+  TpUnaryOp u = ops[m->ops[op].kind];
+  if (m->ops[op].kind == TP_OP_Gelu) {
+    bool tanh_approx;
+    int rc = gelu_tanh(m, op, &tanh_approx, d);
+    if (rc) return rc;
+    u = tanh_approx ? TP_UNARY_GELU_TANH : TP_UNARY_GELU;
+  }
+  b->kernel = TP_K_UNARY;
+  b->a.unary = (TpUnaryArgs){u, &in[0], &out[0]};
+  return TP_OK;
+}
+
+static int bind_binary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  static const TpBinaryOp ops[TP_OP_COUNT] = {
+      [TP_OP_Add] = TP_BINARY_ADD,     [TP_OP_Sub] = TP_BINARY_SUB,
+      [TP_OP_Mul] = TP_BINARY_MUL,     [TP_OP_Div] = TP_BINARY_DIV,
+      [TP_OP_Pow] = TP_BINARY_POW,     [TP_OP_Max] = TP_BINARY_MAX,
+      [TP_OP_Min] = TP_BINARY_MIN,     [TP_OP_And] = TP_BINARY_AND,
+      [TP_OP_Equal] = TP_BINARY_EQUAL, [TP_OP_Less] = TP_BINARY_LESS,
+      [TP_OP_LessOrEqual] = TP_BINARY_LESS_EQUAL, [TP_OP_Greater] = TP_BINARY_GREATER,
+      [TP_OP_GreaterOrEqual] = TP_BINARY_GREATER_EQUAL,
+  };
+  b->kernel = TP_K_BINARY;
+  b->a.binary = (TpBinaryArgs){ops[m->ops[op].kind], &in[0], &in[1], &out[0]};
+  return TP_OK;
+}
+
+static int bind_where(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)m, (void)op, (void)d;
+  b->kernel = TP_K_WHERE;
+  b->a.where = (TpWhereArgs){&in[0], &in[1], &in[2], &out[0]};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise, .gradient = grad_add, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise, .gradient = grad_sub, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise, .gradient = grad_mul, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise, .gradient = grad_div, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise, .gradient = grad_pow, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise, .gradient = grad_sqrt, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise, .gradient = grad_neg, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise, .gradient = grad_reciprocal, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise, .gradient = grad_exp, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise, .gradient = grad_log, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise, .gradient = grad_erf, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise, .gradient = grad_tanh, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise, .gradient = grad_relu, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise, .gradient = grad_sigmoid, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise, .gradient = grad_sin, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise, .gradient = grad_cos, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Not = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_And = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Equal = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Less = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_LessOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Greater = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_GreaterOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Where = {.infer = infer_where, .gradient = grad_where, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
-const TpOpRules tp_rules_Cast = {.infer = infer_cast, .gradient = grad_cast, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise};
+const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise, .gradient = grad_add, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise, .gradient = grad_sub, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise, .gradient = grad_mul, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise, .gradient = grad_div, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise, .gradient = grad_pow, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise, .gradient = grad_sqrt, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise, .gradient = grad_neg, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise, .gradient = grad_reciprocal, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise, .gradient = grad_exp, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise, .gradient = grad_log, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise, .gradient = grad_erf, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise, .gradient = grad_tanh, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise, .gradient = grad_relu, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise, .gradient = grad_sigmoid, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise, .gradient = grad_sin, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise, .gradient = grad_cos, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Not = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_And = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Equal = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Less = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_LessOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Greater = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_GreaterOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Where = {.infer = infer_where, .gradient = grad_where, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_where, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Cast = {.infer = infer_cast, .gradient = grad_cast, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0)};

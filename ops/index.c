@@ -4,6 +4,7 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 #include "split.h"
@@ -213,12 +214,82 @@ static int split_gather(TpSplitCtx *s, int op) {
   return split_gather_other_axis(s, op);
 }
 
+/* ---- kernel binders ---- */
+
+/* Gather, GatherElements and their backward ops: data (or dy), indices {axis}. */
+static int bind_gather(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  TpOpKind k = m->ops[op].kind;
+  b->kernel = k == TP_OP_Gather           ? TP_K_GATHER
+              : k == TP_OP_GatherElements ? TP_K_GATHER_ELEMENTS
+              : k == TP_OP_GatherBackward ? TP_K_GATHER_BACKWARD
+                                          : TP_K_GATHER_ELEMENTS_BACKWARD;
+  b->a.gather = (TpGatherArgs){&in[0], &in[1], (int)tp_attr_int(m, op, "axis", 0),
+                               tp_attr_int(m, op, "padding_idx", -1), &out[0], &b->bad};
+  return TP_OK;
+}
+
+static int bind_topk(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  b->kernel = TP_K_TOPK;
+  b->a.topk = (TpTopkArgs){&in[0], (int)tp_attr_int(m, op, "axis", 0), &out[0]};
+  return TP_OK;
+}
+
+/* The vocabulary-parallel ops (ir/ops.def): Embedding and CrossEntropy(Backward) with a
+ * Part operand, EmbeddingBackward, CrossEntropyStats. */
+int tp_bind_vocab(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  TpOpKind kind = m->ops[op].kind;
+  TpVocabArgs *a = &b->a.embedding_part;
+  *a = (TpVocabArgs){.bad = &b->bad, .y = &out[0]};
+  if (kind == TP_OP_Embedding || kind == TP_OP_EmbeddingBackward) {
+    bool fwd = kind == TP_OP_Embedding;
+    const TpTensor *w = fwd ? &in[0] : &out[0];
+    a->x = &in[0], a->ids = &in[1], a->part = &in[2];
+    a->n = tp_tensor_numel(&in[1]), a->parts = tp_attr_int(m, op, "vocab_parts", 1);
+    if (w->rank != 2 || tp_tensor_numel(fwd ? &out[0] : &in[0]) != a->n * w->dims[1]) return shape_error(m, op, d);
+    a->V = w->dims[0], a->C = w->dims[1];
+    b->kernel = fwd ? TP_K_EMBEDDING_PART : TP_K_EMBEDDING_PART_BACKWARD;
+    return TP_OK;
+  }
+  int first = kind == TP_OP_CrossEntropyBackward; /* dLoss before the logits */
+  const TpTensor *logits = &in[first];
+  if (logits->rank < 1) return shape_error(m, op, d);
+  a->x = logits, a->ids = &in[first + 1];
+  a->V = last_dim(logits), a->n = numel_from(logits, 0, logits->rank - 1);
+  a->denominator = (float)tp_attr_float(m, op, "denominator", (double)a->n);
+  if (tp_tensor_numel(a->ids) != a->n) return shape_error(m, op, d);
+  if (kind == TP_OP_CrossEntropyStats) {
+    a->part = &in[2], a->parts = tp_attr_int(m, op, "vocab_parts", 1);
+    if (tp_tensor_numel(&out[0]) != a->n * (2 * a->parts + 1)) return shape_error(m, op, d);
+    b->kernel = TP_K_CROSS_ENTROPY_STATS;
+    return TP_OK;
+  }
+  a->stats = &in[first + 2], a->part = &in[first + 3], a->parts = (last_dim(a->stats) - 1) / 2;
+  if (tp_tensor_numel(a->stats) != a->n * (2 * a->parts + 1) || tp_tensor_numel(&out[0]) != (first ? a->n * a->V : 1) ||
+      (first && tp_tensor_numel(&in[0]) != 1))
+    return shape_error(m, op, d);
+  a->dloss = first ? &in[0] : NULL;
+  b->kernel = first ? TP_K_CROSS_ENTROPY_PARTS_BACKWARD : TP_K_CROSS_ENTROPY_PARTS;
+  return TP_OK;
+}
+
+static int bind_embedding(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  if (m->ops[op].ninputs > 2) return tp_bind_vocab(m, op, in, out, b, d);
+  const TpTensor *w = &in[0];
+  int64_t n = tp_tensor_numel(&in[1]);
+  if (w->rank != 2 || tp_tensor_numel(&out[0]) != n * w->dims[1]) return shape_error(m, op, d);
+  b->kernel = TP_K_EMBEDDING;
+  b->a.embedding = (TpEmbeddingArgs){w, &in[1], n, w->dims[0], w->dims[1], &out[0], &b->bad};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gather = {.infer = infer_gather, .gradient = grad_gather, .token_axes = axes_gather, .tensor_split = split_gather};
-const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements, .gradient = grad_gather_elements, .token_axes = axes_gather_elements};
-const TpOpRules tp_rules_TopK = {.infer = infer_topk, .token_axes = axes_topk};
-const TpOpRules tp_rules_Embedding = {.infer = infer_embedding, .gradient = grad_embedding, .token_axes = axes_embedding};
-const TpOpRules tp_rules_GatherBackward = {.infer = infer_gather_backward};
-const TpOpRules tp_rules_GatherElementsBackward = {.infer = infer_gather_elements_backward};
-const TpOpRules tp_rules_EmbeddingBackward = {.infer = infer_embedding_backward};
+const TpOpRules tp_rules_Gather = {.infer = infer_gather, .gradient = grad_gather, .token_axes = axes_gather, .tensor_split = split_gather, .bind = TP_BINDING(bind_gather, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements, .gradient = grad_gather_elements, .token_axes = axes_gather_elements, .bind = TP_BINDING(bind_gather, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_TopK = {.infer = infer_topk, .token_axes = axes_topk, .bind = TP_BINDING(bind_topk, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Embedding = {.infer = infer_embedding, .gradient = grad_embedding, .token_axes = axes_embedding, .bind = TP_BINDING(bind_embedding, TP_BIND_F32, 1u << 1 | 1u << 2, 2)};
+const TpOpRules tp_rules_GatherBackward = {.infer = infer_gather_backward, .bind = TP_BINDING(bind_gather, TP_BIND_F32, 1u << 1, 0)};
+const TpOpRules tp_rules_GatherElementsBackward = {.infer = infer_gather_elements_backward, .bind = TP_BINDING(bind_gather, TP_BIND_F32, 1u << 1, 0)};
+const TpOpRules tp_rules_EmbeddingBackward = {.infer = infer_embedding_backward, .bind = TP_BINDING(tp_bind_vocab, TP_BIND_F32, 1u << 1 | 1u << 2, 2)};

@@ -4,6 +4,7 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 #include "split.h"
@@ -466,14 +467,67 @@ static int split_concat(TpSplitCtx *s, int op) {
   return tp_split_reinfer(s, op);
 }
 
+/* ---- kernel binders ---- */
+
+/* Cast, Reshape, Expand, Tile: x to y, the kernel by op kind. */
+int tp_bind_copy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  TpOpKind k = m->ops[op].kind;
+  b->kernel = k == TP_OP_Cast ? TP_K_CAST : k == TP_OP_Reshape ? TP_K_RESHAPE : k == TP_OP_Expand ? TP_K_EXPAND : TP_K_TILE;
+  b->a.cast = (TpCopyArgs){&in[0], &out[0]};
+  return TP_OK;
+}
+
+static int bind_transpose(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  int n;
+  const int64_t *perm = tp_attr_ints(m, op, "perm", &n);
+  if (n != in[0].rank) return tp_error_op(d, m, op, "perm has %d entries for rank %d", n, in[0].rank);
+  b->kernel = TP_K_TRANSPOSE;
+  b->a.transpose = (TpTransposeArgs){&in[0], perm, n, &out[0]};
+  return TP_OK;
+}
+
+static int bind_split(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  b->kernel = TP_K_SPLIT;
+  b->a.split = (TpSplitArgs){&in[0], (int)tp_attr_int(m, op, "axis", 0), out, m->ops[op].noutputs};
+  return TP_OK;
+}
+
+/* Slice and SliceBackward: {starts, steps} per dim of the sliced tensor (x, or dx). */
+static int bind_slice(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  bool fwd = m->ops[op].kind == TP_OP_Slice;
+  int ns, nt, rank = fwd ? in[0].rank : out[0].rank;
+  const int64_t *starts = tp_attr_ints(m, op, "starts", &ns), *steps = tp_attr_ints(m, op, "steps", &nt);
+  if (ns != rank || nt != rank)
+    return tp_error_op(d, m, op, "starts/steps have %d/%d entries for rank %d", ns, nt, rank);
+  b->kernel = fwd ? TP_K_SLICE : TP_K_SLICE_BACKWARD;
+  b->a.slice = (TpSliceArgs){&in[0], starts, steps, rank, &out[0]};
+  return TP_OK;
+}
+
+static int bind_concat(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  b->kernel = TP_K_CONCAT;
+  b->a.concat = (TpConcatArgs){in, m->ops[op].ninputs, (int)tp_attr_int(m, op, "axis", 0), &out[0]};
+  return TP_OK;
+}
+
+static int bind_trilu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  b->kernel = TP_K_TRILU;
+  b->a.trilu = (TpTriluArgs){&in[0], tp_attr_int(m, op, "upper", 1) != 0, tp_attr_int(m, op, "k", 0), &out[0]};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Reshape = {.infer = infer_reshape, .gradient = grad_reshape, .token_axes = axes_reshape, .tensor_split = split_reshape};
-const TpOpRules tp_rules_Expand = {.infer = infer_expand, .gradient = grad_expand, .token_axes = axes_expand};
-const TpOpRules tp_rules_Transpose = {.infer = infer_transpose, .gradient = grad_transpose, .token_axes = axes_transpose, .tensor_split = split_transpose};
-const TpOpRules tp_rules_Split = {.infer = infer_split, .gradient = grad_split, .grads_every_result = true, .token_axes = axes_split_concat, .tensor_split = split_split};
-const TpOpRules tp_rules_Slice = {.infer = infer_slice, .gradient = grad_slice, .token_axes = axes_slice, .tensor_split = split_slice};
-const TpOpRules tp_rules_Concat = {.infer = infer_concat, .gradient = grad_concat, .token_axes = axes_split_concat, .tensor_split = split_concat};
-const TpOpRules tp_rules_Trilu = {.infer = infer_trilu, .gradient = grad_trilu, .token_axes = axes_trilu};
-const TpOpRules tp_rules_Tile = {.infer = infer_tile, .gradient = grad_tile, .token_axes = axes_tile};
-const TpOpRules tp_rules_SliceBackward = {.infer = infer_slice_backward};
+const TpOpRules tp_rules_Reshape = {.infer = infer_reshape, .gradient = grad_reshape, .token_axes = axes_reshape, .tensor_split = split_reshape, .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Expand = {.infer = infer_expand, .gradient = grad_expand, .token_axes = axes_expand, .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Transpose = {.infer = infer_transpose, .gradient = grad_transpose, .token_axes = axes_transpose, .tensor_split = split_transpose, .bind = TP_BINDING(bind_transpose, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Split = {.infer = infer_split, .gradient = grad_split, .grads_every_result = true, .token_axes = axes_split_concat, .tensor_split = split_split, .bind = TP_BINDING(bind_split, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Slice = {.infer = infer_slice, .gradient = grad_slice, .token_axes = axes_slice, .tensor_split = split_slice, .bind = TP_BINDING(bind_slice, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Concat = {.infer = infer_concat, .gradient = grad_concat, .token_axes = axes_split_concat, .tensor_split = split_concat, .bind = TP_BINDING(bind_concat, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Trilu = {.infer = infer_trilu, .gradient = grad_trilu, .token_axes = axes_trilu, .bind = TP_BINDING(bind_trilu, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Tile = {.infer = infer_tile, .gradient = grad_tile, .token_axes = axes_tile, .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_SliceBackward = {.infer = infer_slice_backward, .bind = TP_BINDING(bind_slice, TP_BIND_ANY, 0, 0)};

@@ -3,6 +3,7 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -207,10 +208,79 @@ static void axes_linear(const TpModule *m, int op, TpOpAxes *x) {
   if (o->ninputs > 2) axes_broadcast(m, x, Y, o->inputs[2]);
 }
 
+/* ---- kernel binders ---- */
+
+static int bind_matmul(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)m, (void)op, (void)d;
+  b->kernel = TP_K_MATMUL;
+  b->a.matmul = (TpMatmulArgs){&in[0], &in[1], &out[0]};
+  return TP_OK;
+}
+
+static int bind_gemm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  b->kernel = TP_K_GEMM;
+  b->a.gemm = (TpGemmArgs){&in[0],
+                           &in[1],
+                           opt_in(m, op, in, 2),
+                           tp_attr_int(m, op, "transA", 0) != 0,
+                           tp_attr_int(m, op, "transB", 0) != 0,
+                           tp_attr_float(m, op, "alpha", 1.0),
+                           tp_attr_float(m, op, "beta", 1.0),
+                           &out[0]};
+  return TP_OK;
+}
+
+/* M, K, N of Linear(X[..., K], W) {transpose_w} and whether W fits. */
+static bool linear_dims(const TpModule *m, int op, const TpTensor *x, const TpTensor *w, TpLinearArgs *a) {
+  a->transpose_w = tp_attr_int(m, op, "transpose_w", 0) != 0;
+  if (x->rank < 1 || w->rank != 2) return false;
+  a->K = last_dim(x);
+  a->M = numel_from(x, 0, x->rank - 1);
+  a->N = a->transpose_w ? w->dims[0] : w->dims[1];
+  return w->dims[a->transpose_w ? 1 : 0] == a->K;
+}
+
+/* Linear(X, W, Bias) and LinearBackward(dY, X, W) -> dX, dW, dBias. */
+static int bind_linear(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  bool fwd = m->ops[op].kind == TP_OP_Linear;
+  TpLinearArgs *a = &b->a.linear;
+  *a = (TpLinearArgs){0};
+  int x = fwd ? 0 : 1;
+  if (!linear_dims(m, op, &in[x], &in[x + 1], a)) return shape_error(m, op, d);
+  int64_t M = a->M, K = a->K, N = a->N;
+  a->x = &in[x];
+  a->w = &in[x + 1];
+  if (fwd) {
+    a->bias = opt_in(m, op, in, 2);
+    a->y = &out[0];
+    if (tp_tensor_numel(&out[0]) != M * N || (a->bias && tp_tensor_numel(a->bias) != N)) return shape_error(m, op, d);
+    b->kernel = TP_K_LINEAR;
+    return TP_OK;
+  }
+  a->dy = &in[0];
+  a->y = opt_out(m, op, out, 0);
+  a->dw = opt_out(m, op, out, 1);
+  a->dbias = opt_out(m, op, out, 2);
+  if (tp_tensor_numel(&in[0]) != M * N || !out_numel(m, op, out, 0, M * K) || !out_numel(m, op, out, 1, K * N) ||
+      !out_numel(m, op, out, 2, N))
+    return shape_error(m, op, d);
+  b->kernel = TP_K_LINEAR_BACKWARD;
+  return TP_OK;
+}
+
+static int bind_matmul_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b,
+                                TpDiag *d) {
+  (void)d;
+  b->kernel = TP_K_MATMUL_BACKWARD;
+  b->a.matmul_backward = (TpMatmulBackwardArgs){&in[0], &in[1], &in[2], opt_out(m, op, out, 0), opt_out(m, op, out, 1)};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_MatMul = {.infer = infer_matmul, .flops = flops_matmul, .gradient = grad_matmul, .token_axes = axes_matmul};
-const TpOpRules tp_rules_Gemm = {.infer = infer_gemm, .flops = flops_gemm, .gradient = grad_gemm, .token_axes = axes_gemm};
-const TpOpRules tp_rules_Linear = {.infer = infer_linear, .flops = flops_matmul, .gradient = grad_linear, .token_axes = axes_linear};
-const TpOpRules tp_rules_LinearBackward = {.infer = infer_linear_backward};
-const TpOpRules tp_rules_MatMulBackward = {.infer = infer_matmul_backward};
+const TpOpRules tp_rules_MatMul = {.infer = infer_matmul, .flops = flops_matmul, .gradient = grad_matmul, .token_axes = axes_matmul, .bind = TP_BINDING(bind_matmul, TP_BIND_HALF_COPY, 0, 0)};
+const TpOpRules tp_rules_Gemm = {.infer = infer_gemm, .flops = flops_gemm, .gradient = grad_gemm, .token_axes = axes_gemm, .bind = TP_BINDING(bind_gemm, TP_BIND_HALF_COPY, 0, 0)};
+const TpOpRules tp_rules_Linear = {.infer = infer_linear, .flops = flops_matmul, .gradient = grad_linear, .token_axes = axes_linear, .bind = TP_TRAINING_BINDING(bind_linear)};
+const TpOpRules tp_rules_LinearBackward = {.infer = infer_linear_backward, .bind = TP_TRAINING_BINDING(bind_linear)};
+const TpOpRules tp_rules_MatMulBackward = {.infer = infer_matmul_backward, .bind = TP_TRAINING_BINDING(bind_matmul_backward)};

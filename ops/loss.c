@@ -4,6 +4,7 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -231,10 +232,56 @@ static void axes_onnx_loss(const TpModule *m, int op, TpOpAxes *x) {
   if (o->noutputs > 1) axes_all(m, x, X, o->outputs[1]);
 }
 
+/* ---- kernel binders ---- */
+
+/* CrossEntropy(Logits[..., V], Targets) {denominator} and CrossEntropyBackward(dLoss,
+ * Logits, Targets): R rows of V. */
+static int bind_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b,
+                              TpDiag *d) {
+  bool fwd = m->ops[op].kind == TP_OP_CrossEntropy;
+  if (m->ops[op].ninputs > (fwd ? 2 : 3)) return tp_bind_vocab(m, op, in, out, b, d);
+  const TpTensor *logits = fwd ? &in[0] : &in[1], *targets = fwd ? &in[1] : &in[2];
+  if (logits->rank < 1) return shape_error(m, op, d);
+  int64_t V = last_dim(logits), R = numel_from(logits, 0, logits->rank - 1);
+  if (tp_tensor_numel(targets) != R || tp_tensor_numel(&out[0]) != (fwd ? 1 : R * V) ||
+      (!fwd && tp_tensor_numel(&in[0]) != 1))
+    return shape_error(m, op, d);
+  b->kernel = fwd ? TP_K_CROSS_ENTROPY : TP_K_CROSS_ENTROPY_BACKWARD;
+  b->a.cross_entropy = (TpCrossEntropyArgs){fwd ? NULL : &in[0], logits, targets, R, V,
+                                            (float)tp_attr_float(m, op, "denominator", (double)R), &out[0], &b->bad};
+  return TP_OK;
+}
+
+/* SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (X [N, C, d1...], Labels, Weight)
+ * {reduction, ignore_index} -> Loss (and LogProb). */
+static int bind_loss(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  const char *red = tp_attr_string(m, op, "reduction", "mean");
+  TpLossArgs *a = &b->a.nll_loss;
+  *a = (TpLossArgs){0};
+  if (strcmp(red, "none") == 0) a->o.reduction = TP_REDUCE_NONE;
+  else if (strcmp(red, "sum") == 0) a->o.reduction = TP_REDUCE_SUM;
+  else if (strcmp(red, "mean") == 0) a->o.reduction = TP_REDUCE_MEAN;
+  else return tp_error_op(d, m, op, "unknown reduction '%s'", red);
+  a->o.has_ignore = tp_get_attr(m, op, "ignore_index") != NULL;
+  a->o.ignore_index = tp_attr_int(m, op, "ignore_index", 0);
+  const TpTensor *x = &in[0];
+  if (x->rank < 1) return shape_error(m, op, d);
+  a->x = x, a->target = &in[1], a->weight = opt_in(m, op, in, 2);
+  a->N = x->dims[0], a->C = x->rank > 1 ? x->dims[1] : 1, a->D = numel_from(x, 2, x->rank);
+  if (tp_tensor_numel(&in[1]) != a->N * a->D || (a->weight && tp_tensor_numel(a->weight) != a->C))
+    return shape_error(m, op, d);
+  a->loss = &out[0];
+  a->bad = &b->bad;
+  bool sce = m->ops[op].kind == TP_OP_SoftmaxCrossEntropyLoss;
+  a->log_prob = sce ? opt_out(m, op, out, 1) : NULL;
+  b->kernel = sce ? TP_K_SOFTMAX_CROSS_ENTROPY : TP_K_NLL_LOSS;
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_SoftmaxCrossEntropyLoss = {.infer = infer_loss, .flops = flops_cross_entropy, .gradient = grad_onnx_loss, .token_axes = axes_onnx_loss};
-const TpOpRules tp_rules_NegativeLogLikelihoodLoss = {.infer = infer_loss, .gradient = grad_onnx_loss, .token_axes = axes_onnx_loss};
-const TpOpRules tp_rules_CrossEntropy = {.infer = infer_cross_entropy, .flops = flops_cross_entropy, .gradient = grad_cross_entropy, .token_axes = axes_cross_entropy};
-const TpOpRules tp_rules_CrossEntropyStats = {.infer = infer_cross_entropy_stats, .token_axes = axes_cross_entropy_stats};
-const TpOpRules tp_rules_CrossEntropyBackward = {.infer = infer_cross_entropy_backward};
+const TpOpRules tp_rules_SoftmaxCrossEntropyLoss = {.infer = infer_loss, .flops = flops_cross_entropy, .gradient = grad_onnx_loss, .token_axes = axes_onnx_loss, .bind = TP_BINDING(bind_loss, TP_BIND_F32_COPY, 1u << 1, 2)};
+const TpOpRules tp_rules_NegativeLogLikelihoodLoss = {.infer = infer_loss, .gradient = grad_onnx_loss, .token_axes = axes_onnx_loss, .bind = TP_BINDING(bind_loss, TP_BIND_F32_COPY, 1u << 1, 2)};
+const TpOpRules tp_rules_CrossEntropy = {.infer = infer_cross_entropy, .flops = flops_cross_entropy, .gradient = grad_cross_entropy, .token_axes = axes_cross_entropy, .bind = TP_BINDING(bind_cross_entropy, TP_BIND_F32, 1u << 1 | 1u << 3, 2)};
+const TpOpRules tp_rules_CrossEntropyStats = {.infer = infer_cross_entropy_stats, .token_axes = axes_cross_entropy_stats, .bind = TP_BINDING(tp_bind_vocab, TP_BIND_F32, 1u << 1 | 1u << 2, 2)};
+const TpOpRules tp_rules_CrossEntropyBackward = {.infer = infer_cross_entropy_backward, .bind = TP_BINDING(bind_cross_entropy, TP_BIND_F32, 1u << 2 | 1u << 4, 3)};

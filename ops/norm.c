@@ -3,6 +3,7 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 #include "split.h"
@@ -214,9 +215,75 @@ static int split_norm(TpSplitCtx *s, int op) {
   return tp_split_reinfer(s, op);
 }
 
+/* ---- kernel binders ---- */
+
+/* LayerNorm(X, Scale, Bias) {axis, epsilon} -> Y, Mean, InvStdDev. Scale and bias have the
+ * normalised shape. */
+static int bind_layernorm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  const TpTensor *x = &in[0];
+  int axis = (int)tp_attr_int(m, op, "axis", x->rank - 1);
+  if (axis < 0 || axis >= x->rank) return shape_error(m, op, d);
+  int64_t outer = numel_from(x, 0, axis), n = numel_from(x, axis, x->rank);
+  const TpTensor *bias = opt_in(m, op, in, 2);
+  if (tp_tensor_numel(&in[1]) != n || (bias && tp_tensor_numel(bias) != n))
+    return tp_error_op(d, m, op, "scale and bias must have the normalised shape");
+  if (tp_tensor_numel(&out[0]) != outer * n || !out_numel(m, op, out, 1, outer) || !out_numel(m, op, out, 2, outer))
+    return shape_error(m, op, d);
+  b->kernel = TP_K_LAYERNORM;
+  b->a.layernorm = (TpLayerNormArgs){x,
+                                     &in[1],
+                                     bias,
+                                     outer,
+                                     n,
+                                     (float)tp_attr_float(m, op, "epsilon", 1e-5),
+                                     &out[0],
+                                     opt_out(m, op, out, 1),
+                                     opt_out(m, op, out, 2)};
+  return TP_OK;
+}
+
+/* LayerNormBackward(dY, X, Scale, Mean, InvStdDev) -> dX, dScale, dBias. */
+static int bind_layernorm_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b,
+                                   TpDiag *d) {
+  const TpTensor *x = &in[1];
+  int axis = (int)tp_attr_int(m, op, "axis", x->rank - 1);
+  if (axis < 0 || axis >= x->rank) return shape_error(m, op, d);
+  int64_t rows = numel_from(x, 0, axis), n = numel_from(x, axis, x->rank);
+  /* Scale (and so dScale, dB) must have the normalised shape: no broadcast to sum back. */
+  if (tp_tensor_numel(&in[0]) != rows * n || tp_tensor_numel(&in[2]) != n || tp_tensor_numel(&in[3]) != rows ||
+      tp_tensor_numel(&in[4]) != rows || !out_numel(m, op, out, 0, rows * n) || !out_numel(m, op, out, 1, n) ||
+      !out_numel(m, op, out, 2, n))
+    return shape_error(m, op, d);
+  b->kernel = TP_K_LAYERNORM_BACKWARD;
+  b->a.layernorm_backward = (TpLayerNormBackwardArgs){&in[0], x, &in[2], &in[3], &in[4], rows, n,
+                                                      opt_out(m, op, out, 0), opt_out(m, op, out, 1),
+                                                      opt_out(m, op, out, 2)};
+  return TP_OK;
+}
+
+/* RMSNorm(X, Scale) {axis, epsilon} and RMSNormBackward(dY, X, Scale) -> dX, dScale. */
+static int bind_rmsnorm(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  bool fwd = m->ops[op].kind == TP_OP_RMSNorm;
+  const TpTensor *x = fwd ? &in[0] : &in[1], *scale = fwd ? &in[1] : &in[2];
+  int axis = (int)tp_attr_int(m, op, "axis", x->rank - 1);
+  if (axis < 0 || axis >= x->rank) return shape_error(m, op, d);
+  int64_t rows = numel_from(x, 0, axis), n = numel_from(x, axis, x->rank);
+  if (tp_tensor_numel(scale) != n || (!fwd && tp_tensor_numel(&in[0]) != rows * n)) return shape_error(m, op, d);
+  b->kernel = fwd ? TP_K_RMSNORM : TP_K_RMSNORM_BACKWARD;
+  b->a.rmsnorm = (TpRMSNormArgs){fwd ? NULL : &in[0],
+                                 x,
+                                 scale,
+                                 rows,
+                                 n,
+                                 (float)tp_attr_float(m, op, "epsilon", 0),
+                                 opt_out(m, op, out, 0),
+                                 fwd ? NULL : opt_out(m, op, out, 1)};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm, .gradient = grad_layer_norm, .token_axes = axes_layer_norm, .tensor_split = split_norm};
-const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm, .gradient = grad_rmsnorm, .token_axes = axes_rmsnorm, .tensor_split = split_norm};
-const TpOpRules tp_rules_LayerNormBackward = {.infer = infer_layernorm_backward};
-const TpOpRules tp_rules_RMSNormBackward = {.infer = infer_rmsnorm_backward};
+const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm, .gradient = grad_layer_norm, .token_axes = axes_layer_norm, .tensor_split = split_norm, .bind = TP_BINDING(bind_layernorm, TP_BIND_F32_COPY, 0, 0)};
+const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm, .gradient = grad_rmsnorm, .token_axes = axes_rmsnorm, .tensor_split = split_norm, .bind = TP_TRAINING_BINDING(bind_rmsnorm)};
+const TpOpRules tp_rules_LayerNormBackward = {.infer = infer_layernorm_backward, .bind = TP_TRAINING_BINDING(bind_layernorm_backward)};
+const TpOpRules tp_rules_RMSNormBackward = {.infer = infer_rmsnorm_backward, .bind = TP_TRAINING_BINDING(bind_rmsnorm)};

@@ -3,6 +3,7 @@
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
 #include "axes.h"
+#include "bind.h"
 #include "grad.h"
 #include "infer.h"
 
@@ -84,8 +85,27 @@ static void axes_reduce(const TpModule *m, int op, TpOpAxes *x) {
   }
 }
 
+/* ---- kernel binders ---- */
+
+static int bind_cumsum(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  b->kernel = TP_K_CUMSUM;
+  b->a.cumsum = (TpCumsumArgs){&in[0], (int)tp_attr_int(m, op, "axis", 0), tp_attr_int(m, op, "exclusive", 0) != 0,
+                               tp_attr_int(m, op, "reverse", 0) != 0, &out[0]};
+  return TP_OK;
+}
+
+static int bind_reduce(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  (void)d;
+  int n;
+  const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
+  b->kernel = TP_K_REDUCE_SUM;
+  b->a.reduce_sum = (TpReduceArgs){&in[0], axes, n, m->ops[op].kind == TP_OP_ReduceMean, &out[0]};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_ReduceMean = {.infer = infer_reduce, .gradient = grad_reduce, .token_axes = axes_reduce};
-const TpOpRules tp_rules_ReduceSum = {.infer = infer_reduce, .gradient = grad_reduce, .token_axes = axes_reduce};
-const TpOpRules tp_rules_CumSum = {.infer = infer_cumsum, .gradient = grad_cumsum};
+const TpOpRules tp_rules_ReduceMean = {.infer = infer_reduce, .gradient = grad_reduce, .token_axes = axes_reduce, .bind = TP_BINDING(bind_reduce, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_ReduceSum = {.infer = infer_reduce, .gradient = grad_reduce, .token_axes = axes_reduce, .bind = TP_BINDING(bind_reduce, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_CumSum = {.infer = infer_cumsum, .gradient = grad_cumsum, .bind = TP_BINDING(bind_cumsum, TP_BIND_ANY, 0, 0)};

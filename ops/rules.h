@@ -13,6 +13,7 @@ typedef struct TpInferCtx TpInferCtx; /* ops/infer.h */
 typedef struct TpGradCtx TpGradCtx;   /* ops/grad.h */
 typedef struct TpGradOp TpGradOp;
 typedef struct TpSplitCtx TpSplitCtx; /* ops/split.h */
+typedef struct TpOpBinding TpOpBinding; /* bind/bind.h */
 
 typedef struct TpOpRules {
   /* Result types from the operands and attributes, or a check of the recorded ones
@@ -35,6 +36,9 @@ typedef struct TpOpRules {
    * passes/shard_tensor.c, for every op but the Linear products it splits itself); NULL:
    * the op cannot take a split operand, which shard-tensor refuses. */
   int (*tensor_split)(TpSplitCtx *s, int op);
+  /* The op's kernel binder and how its kernel takes dtypes (ops/bind.h; bind/bind.c's
+   * tp_bind_op, for the interpreter and codegen); NULL: no kernel runs the op. */
+  const TpOpBinding *bind;
 } TpOpRules;
 
 /* One rule set per op of ir/ops.def, named tp_rules_<Op>. */

@@ -2,8 +2,9 @@
 # The one-way layering of tokpipec (README, Layout):
 #   check.sh includes SRC WORK
 #     base/ includes only base/; runtime/ only base/ and runtime/; ir/ only base/, ir/ and
-#     ops/ (the op rules: ir/infer.c calls their shape rules); ops/ only those and runtime/;
-#     bind/ (IR ops to kernel arguments) only those and bind/; interp/ those and interp/;
+#     ops/ (the op rules: ir/infer.c calls their shape rules); ops/ only those, runtime/ and
+#     bind/ (IR ops to kernel arguments: the binders are op rules), bind/ only those;
+#     interp/ base/, ir/, runtime/, bind/ and interp/;
 #     protobuf-c (onnx.pb-c.h) only in frontend/ and runtime/onnx/. Every #include "..." or <...> is
 #     resolved as the compiler would (the including file's folder, then the include roots:
 #     the source root and runtime/), so "../../ir/ir.h" and any other spelling are caught.
@@ -85,8 +86,8 @@ includes)
   check_layer base "base" ""
   check_layer runtime "base runtime" ""
   check_layer ir "base ir ops" ""
-  check_layer ops "base ir runtime ops" ""
-  check_layer bind "base ir runtime bind" ""
+  check_layer ops "base ir runtime bind ops" ""
+  check_layer bind "base ir runtime bind ops" ""
   check_layer interp "base ir runtime bind interp" ""
   check_protobuf
   [ $status -eq 0 ] && ok "base/, runtime/, ir/, ops/, bind/ and interp/ include only the layers below them"

@@ -51,7 +51,7 @@ static void test_tables(void) {
     }
   }
   int bound = 0;
-  for (int k = 0; k < TP_OP_COUNT; k++) bound += tp_op_bindings[k].bind != NULL;
+  for (int k = 0; k < TP_OP_COUNT; k++) bound += tp_op_binding(k)->bind != NULL;
   if (bound < 60) fail("only %d op kinds have a binder", bound);
 }
 
