@@ -138,11 +138,48 @@ static int bind_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gelu = {.infer = tp_infer_elementwise, .flops = flops_gelu, .gradient = grad_gelu, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Softmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_softmax, .token_axes = axes_softmax, .bind = TP_BINDING(bind_softmax, TP_BIND_F32_COPY, 0, 0)};
-const TpOpRules tp_rules_LogSoftmax = {.infer = infer_softmax, .flops = flops_softmax, .gradient = grad_log_softmax, .token_axes = axes_softmax, .bind = TP_BINDING(bind_softmax, TP_BIND_F32_COPY, 0, 0)};
-const TpOpRules tp_rules_SwiGLU = {.infer = infer_swiglu, .gradient = grad_swiglu, .token_axes = axes_swiglu, .tensor_split = split_swiglu, .bind = TP_TRAINING_BINDING(bind_swiglu)};
-const TpOpRules tp_rules_GeluBackward = {.infer = infer_unary_backward, .bind = TP_TRAINING_BINDING(bind_gelu_backward)};
-const TpOpRules tp_rules_SoftmaxBackward = {.infer = infer_unary_backward, .bind = TP_TRAINING_BINDING(bind_softmax)};
-const TpOpRules tp_rules_LogSoftmaxBackward = {.infer = infer_unary_backward, .bind = TP_TRAINING_BINDING(bind_softmax)};
-const TpOpRules tp_rules_SwiGLUBackward = {.infer = infer_swiglu_backward, .bind = TP_TRAINING_BINDING(bind_swiglu)};
+const TpOpRules tp_rules_Gelu = {
+    .infer = tp_infer_elementwise,
+    .flops = flops_gelu,
+    .gradient = grad_gelu,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Softmax = {
+    .infer = infer_softmax,
+    .flops = flops_softmax,
+    .gradient = grad_softmax,
+    .token_axes = axes_softmax,
+    .bind = TP_BINDING(bind_softmax, TP_BIND_F32_COPY, 0, 0),
+};
+const TpOpRules tp_rules_LogSoftmax = {
+    .infer = infer_softmax,
+    .flops = flops_softmax,
+    .gradient = grad_log_softmax,
+    .token_axes = axes_softmax,
+    .bind = TP_BINDING(bind_softmax, TP_BIND_F32_COPY, 0, 0),
+};
+const TpOpRules tp_rules_SwiGLU = {
+    .infer = infer_swiglu,
+    .gradient = grad_swiglu,
+    .token_axes = axes_swiglu,
+    .tensor_split = split_swiglu,
+    .bind = TP_TRAINING_BINDING(bind_swiglu),
+};
+const TpOpRules tp_rules_GeluBackward = {
+    .infer = infer_unary_backward,
+    .bind = TP_TRAINING_BINDING(bind_gelu_backward),
+};
+const TpOpRules tp_rules_SoftmaxBackward = {
+    .infer = infer_unary_backward,
+    .bind = TP_TRAINING_BINDING(bind_softmax),
+};
+const TpOpRules tp_rules_LogSoftmaxBackward = {
+    .infer = infer_unary_backward,
+    .bind = TP_TRAINING_BINDING(bind_softmax),
+};
+const TpOpRules tp_rules_SwiGLUBackward = {
+    .infer = infer_swiglu_backward,
+    .bind = TP_TRAINING_BINDING(bind_swiglu),
+};

@@ -407,7 +407,26 @@ static int bind_rotary(const TpModule *m, int op, const TpTensor *in, TpTensor *
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Attention = {.infer = infer_attention, .flops = flops_attention, .gradient = grad_attention, .token_axes = axes_attention, .tensor_split = split_attention, .bind = TP_BINDING(bind_attention, TP_BIND_F32_COPY, 0, 0)};
-const TpOpRules tp_rules_Rotary = {.infer = infer_rotary, .gradient = grad_rotary, .token_axes = axes_rotary, .tensor_split = split_rotary, .bind = TP_TRAINING_BINDING(bind_rotary)};
-const TpOpRules tp_rules_AttentionBackward = {.infer = infer_attention_backward, .bind = TP_BINDING(bind_attention, TP_BIND_F32, 1u << 4, 0)};
-const TpOpRules tp_rules_RotaryBackward = {.infer = infer_rotary_backward, .bind = TP_TRAINING_BINDING(bind_rotary)};
+const TpOpRules tp_rules_Attention = {
+    .infer = infer_attention,
+    .flops = flops_attention,
+    .gradient = grad_attention,
+    .token_axes = axes_attention,
+    .tensor_split = split_attention,
+    .bind = TP_BINDING(bind_attention, TP_BIND_F32_COPY, 0, 0),
+};
+const TpOpRules tp_rules_Rotary = {
+    .infer = infer_rotary,
+    .gradient = grad_rotary,
+    .token_axes = axes_rotary,
+    .tensor_split = split_rotary,
+    .bind = TP_TRAINING_BINDING(bind_rotary),
+};
+const TpOpRules tp_rules_AttentionBackward = {
+    .infer = infer_attention_backward,
+    .bind = TP_BINDING(bind_attention, TP_BIND_F32, 1u << 4, 0),
+};
+const TpOpRules tp_rules_RotaryBackward = {
+    .infer = infer_rotary_backward,
+    .bind = TP_TRAINING_BINDING(bind_rotary),
+};

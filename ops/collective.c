@@ -48,6 +48,14 @@ static void axes_collective(const TpModule *m, int op, TpOpAxes *x) {
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_AllReduce = {.infer = infer_collective, .gradient = grad_all_reduce, .token_axes = axes_collective};
-const TpOpRules tp_rules_TensorCopy = {.infer = infer_collective, .gradient = grad_tensor_copy, .token_axes = axes_collective};
+const TpOpRules tp_rules_AllReduce = {
+    .infer = infer_collective,
+    .gradient = grad_all_reduce,
+    .token_axes = axes_collective,
+};
+const TpOpRules tp_rules_TensorCopy = {
+    .infer = infer_collective,
+    .gradient = grad_tensor_copy,
+    .token_axes = axes_collective,
+};
 const TpOpRules tp_rules_TensorRank = {.infer = infer_tensor_rank};

@@ -280,7 +280,7 @@ void tp_axes_elementwise(const TpModule *m, int op, TpOpAxes *x) {
 
 /* ---- tensor-parallel split ---- */
 
-/* Positionwise ops (elementwise, SwiGLU, Rotary): the result split as the operands, when
+/* Positionwise ops (elementwise and fused ones): the result split as the operands, when
  * every split operand is split along one axis (aligned from the right) and the others
  * broadcast along it; `last_axis_refusal`, when set, refuses a split last axis. */
 int tp_split_positionwise(TpSplitCtx *s, int op, const char *last_axis_refusal) {
@@ -362,30 +362,185 @@ static int bind_where(const TpModule *m, int op, const TpTensor *in, TpTensor *o
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Add = {.infer = tp_infer_elementwise, .gradient = grad_add, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Sub = {.infer = tp_infer_elementwise, .gradient = grad_sub, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Mul = {.infer = tp_infer_elementwise, .gradient = grad_mul, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Div = {.infer = tp_infer_elementwise, .gradient = grad_div, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Pow = {.infer = tp_infer_elementwise, .gradient = grad_pow, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Max = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Min = {.infer = tp_infer_elementwise, .gradient = grad_max_min, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Sqrt = {.infer = tp_infer_elementwise, .gradient = grad_sqrt, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Neg = {.infer = tp_infer_elementwise, .gradient = grad_neg, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Reciprocal = {.infer = tp_infer_elementwise, .gradient = grad_reciprocal, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Exp = {.infer = tp_infer_elementwise, .gradient = grad_exp, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Log = {.infer = tp_infer_elementwise, .gradient = grad_log, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Erf = {.infer = tp_infer_elementwise, .gradient = grad_erf, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Tanh = {.infer = tp_infer_elementwise, .gradient = grad_tanh, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Relu = {.infer = tp_infer_elementwise, .gradient = grad_relu, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Sigmoid = {.infer = tp_infer_elementwise, .gradient = grad_sigmoid, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Sin = {.infer = tp_infer_elementwise, .gradient = grad_sin, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Cos = {.infer = tp_infer_elementwise, .gradient = grad_cos, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Not = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_And = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Equal = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Less = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_LessOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Greater = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_GreaterOrEqual = {.infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Where = {.infer = infer_where, .gradient = grad_where, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(bind_where, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Cast = {.infer = infer_cast, .gradient = grad_cast, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise, .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Add = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_add,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Sub = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_sub,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Mul = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_mul,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Div = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_div,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Pow = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_pow,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Max = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_max_min,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Min = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_max_min,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Sqrt = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_sqrt,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Neg = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_neg,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Reciprocal = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_reciprocal,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Exp = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_exp,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Log = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_log,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Erf = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_erf,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Tanh = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_tanh,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Relu = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_relu,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Sigmoid = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_sigmoid,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Sin = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_sin,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Cos = {
+    .infer = tp_infer_elementwise,
+    .gradient = grad_cos,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Not = {
+    .infer = tp_infer_elementwise,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_And = {
+    .infer = tp_infer_elementwise,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Equal = {
+    .infer = tp_infer_elementwise,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Less = {
+    .infer = tp_infer_elementwise,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_LessOrEqual = {
+    .infer = tp_infer_elementwise,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Greater = {
+    .infer = tp_infer_elementwise,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_GreaterOrEqual = {
+    .infer = tp_infer_elementwise,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Where = {
+    .infer = infer_where,
+    .gradient = grad_where,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(bind_where, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Cast = {
+    .infer = infer_cast,
+    .gradient = grad_cast,
+    .token_axes = tp_axes_elementwise,
+    .tensor_split = tp_split_elementwise,
+    .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0),
+};

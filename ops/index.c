@@ -286,10 +286,39 @@ static int bind_embedding(const TpModule *m, int op, const TpTensor *in, TpTenso
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Gather = {.infer = infer_gather, .gradient = grad_gather, .token_axes = axes_gather, .tensor_split = split_gather, .bind = TP_BINDING(bind_gather, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_GatherElements = {.infer = infer_gather_elements, .gradient = grad_gather_elements, .token_axes = axes_gather_elements, .bind = TP_BINDING(bind_gather, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_TopK = {.infer = infer_topk, .token_axes = axes_topk, .bind = TP_BINDING(bind_topk, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Embedding = {.infer = infer_embedding, .gradient = grad_embedding, .token_axes = axes_embedding, .bind = TP_BINDING(bind_embedding, TP_BIND_F32, 1u << 1 | 1u << 2, 2)};
-const TpOpRules tp_rules_GatherBackward = {.infer = infer_gather_backward, .bind = TP_BINDING(bind_gather, TP_BIND_F32, 1u << 1, 0)};
-const TpOpRules tp_rules_GatherElementsBackward = {.infer = infer_gather_elements_backward, .bind = TP_BINDING(bind_gather, TP_BIND_F32, 1u << 1, 0)};
-const TpOpRules tp_rules_EmbeddingBackward = {.infer = infer_embedding_backward, .bind = TP_BINDING(tp_bind_vocab, TP_BIND_F32, 1u << 1 | 1u << 2, 2)};
+const TpOpRules tp_rules_Gather = {
+    .infer = infer_gather,
+    .gradient = grad_gather,
+    .token_axes = axes_gather,
+    .tensor_split = split_gather,
+    .bind = TP_BINDING(bind_gather, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_GatherElements = {
+    .infer = infer_gather_elements,
+    .gradient = grad_gather_elements,
+    .token_axes = axes_gather_elements,
+    .bind = TP_BINDING(bind_gather, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_TopK = {
+    .infer = infer_topk,
+    .token_axes = axes_topk,
+    .bind = TP_BINDING(bind_topk, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Embedding = {
+    .infer = infer_embedding,
+    .gradient = grad_embedding,
+    .token_axes = axes_embedding,
+    .bind = TP_BINDING(bind_embedding, TP_BIND_F32, 1u << 1 | 1u << 2, 2),
+};
+const TpOpRules tp_rules_GatherBackward = {
+    .infer = infer_gather_backward,
+    .bind = TP_BINDING(bind_gather, TP_BIND_F32, 1u << 1, 0),
+};
+const TpOpRules tp_rules_GatherElementsBackward = {
+    .infer = infer_gather_elements_backward,
+    .bind = TP_BINDING(bind_gather, TP_BIND_F32, 1u << 1, 0),
+};
+const TpOpRules tp_rules_EmbeddingBackward = {
+    .infer = infer_embedding_backward,
+    .bind = TP_BINDING(tp_bind_vocab, TP_BIND_F32, 1u << 1 | 1u << 2, 2),
+};

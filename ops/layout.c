@@ -522,12 +522,61 @@ static int bind_trilu(const TpModule *m, int op, const TpTensor *in, TpTensor *o
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Reshape = {.infer = infer_reshape, .gradient = grad_reshape, .token_axes = axes_reshape, .tensor_split = split_reshape, .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Expand = {.infer = infer_expand, .gradient = grad_expand, .token_axes = axes_expand, .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Transpose = {.infer = infer_transpose, .gradient = grad_transpose, .token_axes = axes_transpose, .tensor_split = split_transpose, .bind = TP_BINDING(bind_transpose, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Split = {.infer = infer_split, .gradient = grad_split, .grads_every_result = true, .token_axes = axes_split_concat, .tensor_split = split_split, .bind = TP_BINDING(bind_split, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Slice = {.infer = infer_slice, .gradient = grad_slice, .token_axes = axes_slice, .tensor_split = split_slice, .bind = TP_BINDING(bind_slice, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Concat = {.infer = infer_concat, .gradient = grad_concat, .token_axes = axes_split_concat, .tensor_split = split_concat, .bind = TP_BINDING(bind_concat, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Trilu = {.infer = infer_trilu, .gradient = grad_trilu, .token_axes = axes_trilu, .bind = TP_BINDING(bind_trilu, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_Tile = {.infer = infer_tile, .gradient = grad_tile, .token_axes = axes_tile, .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_SliceBackward = {.infer = infer_slice_backward, .bind = TP_BINDING(bind_slice, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_Reshape = {
+    .infer = infer_reshape,
+    .gradient = grad_reshape,
+    .token_axes = axes_reshape,
+    .tensor_split = split_reshape,
+    .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Expand = {
+    .infer = infer_expand,
+    .gradient = grad_expand,
+    .token_axes = axes_expand,
+    .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Transpose = {
+    .infer = infer_transpose,
+    .gradient = grad_transpose,
+    .token_axes = axes_transpose,
+    .tensor_split = split_transpose,
+    .bind = TP_BINDING(bind_transpose, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Split = {
+    .infer = infer_split,
+    .gradient = grad_split,
+    .grads_every_result = true,
+    .token_axes = axes_split_concat,
+    .tensor_split = split_split,
+    .bind = TP_BINDING(bind_split, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Slice = {
+    .infer = infer_slice,
+    .gradient = grad_slice,
+    .token_axes = axes_slice,
+    .tensor_split = split_slice,
+    .bind = TP_BINDING(bind_slice, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Concat = {
+    .infer = infer_concat,
+    .gradient = grad_concat,
+    .token_axes = axes_split_concat,
+    .tensor_split = split_concat,
+    .bind = TP_BINDING(bind_concat, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Trilu = {
+    .infer = infer_trilu,
+    .gradient = grad_trilu,
+    .token_axes = axes_trilu,
+    .bind = TP_BINDING(bind_trilu, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_Tile = {
+    .infer = infer_tile,
+    .gradient = grad_tile,
+    .token_axes = axes_tile,
+    .bind = TP_BINDING(tp_bind_copy, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_SliceBackward = {
+    .infer = infer_slice_backward,
+    .bind = TP_BINDING(bind_slice, TP_BIND_ANY, 0, 0),
+};

@@ -279,8 +279,32 @@ static int bind_matmul_backward(const TpModule *m, int op, const TpTensor *in, T
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_MatMul = {.infer = infer_matmul, .flops = flops_matmul, .gradient = grad_matmul, .token_axes = axes_matmul, .bind = TP_BINDING(bind_matmul, TP_BIND_HALF_COPY, 0, 0)};
-const TpOpRules tp_rules_Gemm = {.infer = infer_gemm, .flops = flops_gemm, .gradient = grad_gemm, .token_axes = axes_gemm, .bind = TP_BINDING(bind_gemm, TP_BIND_HALF_COPY, 0, 0)};
-const TpOpRules tp_rules_Linear = {.infer = infer_linear, .flops = flops_matmul, .gradient = grad_linear, .token_axes = axes_linear, .bind = TP_TRAINING_BINDING(bind_linear)};
-const TpOpRules tp_rules_LinearBackward = {.infer = infer_linear_backward, .bind = TP_TRAINING_BINDING(bind_linear)};
-const TpOpRules tp_rules_MatMulBackward = {.infer = infer_matmul_backward, .bind = TP_TRAINING_BINDING(bind_matmul_backward)};
+const TpOpRules tp_rules_MatMul = {
+    .infer = infer_matmul,
+    .flops = flops_matmul,
+    .gradient = grad_matmul,
+    .token_axes = axes_matmul,
+    .bind = TP_BINDING(bind_matmul, TP_BIND_HALF_COPY, 0, 0),
+};
+const TpOpRules tp_rules_Gemm = {
+    .infer = infer_gemm,
+    .flops = flops_gemm,
+    .gradient = grad_gemm,
+    .token_axes = axes_gemm,
+    .bind = TP_BINDING(bind_gemm, TP_BIND_HALF_COPY, 0, 0),
+};
+const TpOpRules tp_rules_Linear = {
+    .infer = infer_linear,
+    .flops = flops_matmul,
+    .gradient = grad_linear,
+    .token_axes = axes_linear,
+    .bind = TP_TRAINING_BINDING(bind_linear),
+};
+const TpOpRules tp_rules_LinearBackward = {
+    .infer = infer_linear_backward,
+    .bind = TP_TRAINING_BINDING(bind_linear),
+};
+const TpOpRules tp_rules_MatMulBackward = {
+    .infer = infer_matmul_backward,
+    .bind = TP_TRAINING_BINDING(bind_matmul_backward),
+};

@@ -280,8 +280,32 @@ static int bind_loss(const TpModule *m, int op, const TpTensor *in, TpTensor *ou
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_SoftmaxCrossEntropyLoss = {.infer = infer_loss, .flops = flops_cross_entropy, .gradient = grad_onnx_loss, .token_axes = axes_onnx_loss, .bind = TP_BINDING(bind_loss, TP_BIND_F32_COPY, 1u << 1, 2)};
-const TpOpRules tp_rules_NegativeLogLikelihoodLoss = {.infer = infer_loss, .gradient = grad_onnx_loss, .token_axes = axes_onnx_loss, .bind = TP_BINDING(bind_loss, TP_BIND_F32_COPY, 1u << 1, 2)};
-const TpOpRules tp_rules_CrossEntropy = {.infer = infer_cross_entropy, .flops = flops_cross_entropy, .gradient = grad_cross_entropy, .token_axes = axes_cross_entropy, .bind = TP_BINDING(bind_cross_entropy, TP_BIND_F32, 1u << 1 | 1u << 3, 2)};
-const TpOpRules tp_rules_CrossEntropyStats = {.infer = infer_cross_entropy_stats, .token_axes = axes_cross_entropy_stats, .bind = TP_BINDING(tp_bind_vocab, TP_BIND_F32, 1u << 1 | 1u << 2, 2)};
-const TpOpRules tp_rules_CrossEntropyBackward = {.infer = infer_cross_entropy_backward, .bind = TP_BINDING(bind_cross_entropy, TP_BIND_F32, 1u << 2 | 1u << 4, 3)};
+const TpOpRules tp_rules_SoftmaxCrossEntropyLoss = {
+    .infer = infer_loss,
+    .flops = flops_cross_entropy,
+    .gradient = grad_onnx_loss,
+    .token_axes = axes_onnx_loss,
+    .bind = TP_BINDING(bind_loss, TP_BIND_F32_COPY, 1u << 1, 2),
+};
+const TpOpRules tp_rules_NegativeLogLikelihoodLoss = {
+    .infer = infer_loss,
+    .gradient = grad_onnx_loss,
+    .token_axes = axes_onnx_loss,
+    .bind = TP_BINDING(bind_loss, TP_BIND_F32_COPY, 1u << 1, 2),
+};
+const TpOpRules tp_rules_CrossEntropy = {
+    .infer = infer_cross_entropy,
+    .flops = flops_cross_entropy,
+    .gradient = grad_cross_entropy,
+    .token_axes = axes_cross_entropy,
+    .bind = TP_BINDING(bind_cross_entropy, TP_BIND_F32, 1u << 1 | 1u << 3, 2),
+};
+const TpOpRules tp_rules_CrossEntropyStats = {
+    .infer = infer_cross_entropy_stats,
+    .token_axes = axes_cross_entropy_stats,
+    .bind = TP_BINDING(tp_bind_vocab, TP_BIND_F32, 1u << 1 | 1u << 2, 2),
+};
+const TpOpRules tp_rules_CrossEntropyBackward = {
+    .infer = infer_cross_entropy_backward,
+    .bind = TP_BINDING(bind_cross_entropy, TP_BIND_F32, 1u << 2 | 1u << 4, 3),
+};

@@ -45,8 +45,6 @@ static int infer_layernorm_backward(const TpInferCtx *c) {
   return set_result(c, 0, *x) || set_result(c, 1, *scale) || set_result(c, 2, *scale) ? TP_ERR_INPUT : TP_OK;
 }
 
-/* ---- the fused ops of modern blocks: RMSNorm, Rotary, SwiGLU and their backward ---- */
-
 /* RMSNorm(X, Scale) and RMSNormBackward's X and Scale: Scale has the normalised shape. */
 static int rmsnorm_operands(const TpInferCtx *c, const TpType *x, const TpType *scale) {
   int64_t axis = tp_attr_int(c->m, c->op, "axis", -1);
@@ -99,7 +97,7 @@ static void grad_rmsnorm(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_one_op(a, fwd, TP_OP_RMSNormBackward, false);
 }
 
-static void grad_layer_norm(TpGradCtx *a, const TpGradOp *fwd) {
+static void grad_layernorm(TpGradCtx *a, const TpGradOp *fwd) {
   TpModule *m = a->m;
   int o = a->fwd;
   int nin = fwd->nin;
@@ -127,7 +125,8 @@ static void grad_layer_norm(TpGradCtx *a, const TpGradOp *fwd) {
 
 /* ---- token axes ---- */
 
-static void axes_layer_norm(const TpModule *m, int op, TpOpAxes *x) {
+/* LayerNorm(X, Scale, B?) -> Y, Mean?, InvStdDev? and RMSNorm(X, Scale) -> Y */
+static void axes_norm(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
   int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
   int rx = value_type(m, m->ops[op].inputs[0])->rank;
@@ -137,16 +136,6 @@ static void axes_layer_norm(const TpModule *m, int op, TpOpAxes *x) {
   for (int i = 1; i < o->noutputs; i++) /* Mean, InvStdDev: [d0 .. d(a-1), 1 ...] */
     for (int k = 0; k < a && o->outputs[i] >= 0; k++) axes_link(x, X, k, o->outputs[i], k);
   for (int i = 1; i < o->ninputs; i++) axes_broadcast(m, x, Y, o->inputs[i]);
-}
-
-static void axes_rmsnorm(const TpModule *m, int op, TpOpAxes *x) {
-  const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
-  int a = (int)tp_attr_int(m, op, "axis", -1);
-  axes_all(m, x, X, Y);
-  for (int k = a; k < rx; k++) axes_mix(x, X, k, "normalises over");
-  axes_broadcast(m, x, Y, o->inputs[1]);
 }
 
 /* ---- tensor-parallel split ---- */
@@ -283,7 +272,26 @@ static int bind_rmsnorm(const TpModule *m, int op, const TpTensor *in, TpTensor 
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_LayerNorm = {.infer = infer_layernorm, .flops = flops_layernorm, .gradient = grad_layer_norm, .token_axes = axes_layer_norm, .tensor_split = split_norm, .bind = TP_BINDING(bind_layernorm, TP_BIND_F32_COPY, 0, 0)};
-const TpOpRules tp_rules_RMSNorm = {.infer = infer_rmsnorm, .gradient = grad_rmsnorm, .token_axes = axes_rmsnorm, .tensor_split = split_norm, .bind = TP_TRAINING_BINDING(bind_rmsnorm)};
-const TpOpRules tp_rules_LayerNormBackward = {.infer = infer_layernorm_backward, .bind = TP_TRAINING_BINDING(bind_layernorm_backward)};
-const TpOpRules tp_rules_RMSNormBackward = {.infer = infer_rmsnorm_backward, .bind = TP_TRAINING_BINDING(bind_rmsnorm)};
+const TpOpRules tp_rules_LayerNorm = {
+    .infer = infer_layernorm,
+    .flops = flops_layernorm,
+    .gradient = grad_layernorm,
+    .token_axes = axes_norm,
+    .tensor_split = split_norm,
+    .bind = TP_BINDING(bind_layernorm, TP_BIND_F32_COPY, 0, 0),
+};
+const TpOpRules tp_rules_RMSNorm = {
+    .infer = infer_rmsnorm,
+    .gradient = grad_rmsnorm,
+    .token_axes = axes_norm,
+    .tensor_split = split_norm,
+    .bind = TP_TRAINING_BINDING(bind_rmsnorm),
+};
+const TpOpRules tp_rules_LayerNormBackward = {
+    .infer = infer_layernorm_backward,
+    .bind = TP_TRAINING_BINDING(bind_layernorm_backward),
+};
+const TpOpRules tp_rules_RMSNormBackward = {
+    .infer = infer_rmsnorm_backward,
+    .bind = TP_TRAINING_BINDING(bind_rmsnorm),
+};

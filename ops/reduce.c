@@ -106,6 +106,20 @@ static int bind_reduce(const TpModule *m, int op, const TpTensor *in, TpTensor *
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_ReduceMean = {.infer = infer_reduce, .gradient = grad_reduce, .token_axes = axes_reduce, .bind = TP_BINDING(bind_reduce, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_ReduceSum = {.infer = infer_reduce, .gradient = grad_reduce, .token_axes = axes_reduce, .bind = TP_BINDING(bind_reduce, TP_BIND_ANY, 0, 0)};
-const TpOpRules tp_rules_CumSum = {.infer = infer_cumsum, .gradient = grad_cumsum, .bind = TP_BINDING(bind_cumsum, TP_BIND_ANY, 0, 0)};
+const TpOpRules tp_rules_ReduceMean = {
+    .infer = infer_reduce,
+    .gradient = grad_reduce,
+    .token_axes = axes_reduce,
+    .bind = TP_BINDING(bind_reduce, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_ReduceSum = {
+    .infer = infer_reduce,
+    .gradient = grad_reduce,
+    .token_axes = axes_reduce,
+    .bind = TP_BINDING(bind_reduce, TP_BIND_ANY, 0, 0),
+};
+const TpOpRules tp_rules_CumSum = {
+    .infer = infer_cumsum,
+    .gradient = grad_cumsum,
+    .bind = TP_BINDING(bind_cumsum, TP_BIND_ANY, 0, 0),
+};

@@ -1,7 +1,8 @@
 /* An op's meaning, in one place: the hooks each pass calls for an op, gathered per op in
- * one TpOpRules defined in the op's family file (ops/<family>.c), e.g. tp_rules_SwiGLU in
- * ops/activation.c. The passes are drivers: they walk the module and call tp_op_rules[kind]'s
- * hooks. A hook left NULL takes the driver's generic case (named at each field).
+ * one TpOpRules defined in the op's family file (ops/<family>.c), e.g. tp_rules_Softmax in
+ * ops/activation.c. The passes are drivers: they walk the module and call
+ * tp_op_rules[kind]'s hooks. A hook left NULL takes the driver's generic case (named at
+ * each field).
  *
  * ops/README.md lists the families and which file holds which op. */
 #ifndef TOKPIPE_OPS_RULES_H

@@ -46,8 +46,9 @@ bool tp_split_norm_splits_across(const TpModule *m, int op);
 bool tp_split_per_head_bias(const TpModule *m, int op);
 bool tp_split_own_bias(const TpModule *m, int op);
 
-/* Positionwise ops' rule (ops/elementwise.c): the result split as the operands;
- * `last_axis_refusal`, when set, refuses a split last axis. tp_split_elementwise: none. */
+/* Positionwise ops' rule (ops/elementwise.c, for the fused positionwise ops too): the
+ * result split as the operands; `last_axis_refusal`, when set, refuses a split last axis.
+ * tp_split_elementwise: none. */
 int tp_split_positionwise(TpSplitCtx *s, int op, const char *last_axis_refusal);
 int tp_split_elementwise(TpSplitCtx *s, int op);
 

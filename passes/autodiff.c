@@ -14,9 +14,9 @@
  * Temporaries are "<value>.grad.tmp[.N]", constants "ad.<dtype>.<value>". A param whose
  * gradient passes through unchanged (Add with an operand of the result's shape) shares
  * that value. LayerNorm ops whose backward needs their Mean and InvStdDev get them added.
- * A float op on the path from a param to the loss without a gradient rule (ops/, TpOpRules.gradient) is an
- * error: "cannot differentiate op X at node 'Y'". A module that has backward ops already
- * is left alone. */
+ * A float op on the path from a param to the loss without a gradient rule (ops/,
+ * TpOpRules.gradient) is an error: "cannot differentiate op X at node 'Y'". A module that
+ * has backward ops already is left alone. */
 #include "../ir/ir.h"
 #include "../ops/grad.h"
 
@@ -196,9 +196,8 @@ int tp_grad_cannot(TpGradCtx *a, const char *why) {
                              tp_op_info[f->kind].name, node, why ? ": " : "", why ? why : "");
 }
 
-/* The gradient of an op with one backward op computing every operand's gradient (MatMul,
- * Linear, RMSNorm, SwiGLU): back(dY, X0, X1) -> dX0, dX1?, dB? (dB when `bias`); the first
- * is always computed. */
+/* The gradient of an op with one backward op computing every operand's gradient:
+ * back(dY, X0, X1) -> dX0, dX1?, dB? (dB when `bias`); the first is always computed. */
 void tp_grad_one_op(TpGradCtx *a, const TpGradOp *fwd, TpOpKind back, bool bias) {
   TpModule *m = a->m;
   const int *in = fwd->in;
