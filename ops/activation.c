@@ -139,11 +139,9 @@ static int bind_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *
 /* ---- rule sets ---- */
 
 const TpOpRules tp_rules_Gelu = {
-    .infer = tp_infer_elementwise,
+    TP_ELEMENTWISE_RULES,
     .flops = flops_gelu,
     .gradient = grad_gelu,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
     .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
 };
 const TpOpRules tp_rules_Softmax = {

@@ -362,174 +362,34 @@ static int bind_where(const TpModule *m, int op, const TpTensor *in, TpTensor *o
 
 /* ---- rule sets ---- */
 
-const TpOpRules tp_rules_Add = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_add,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Sub = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_sub,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Mul = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_mul,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Div = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_div,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Pow = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_pow,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Max = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_max_min,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Min = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_max_min,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Sqrt = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_sqrt,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Neg = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_neg,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Reciprocal = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_reciprocal,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Exp = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_exp,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Log = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_log,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Erf = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_erf,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Tanh = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_tanh,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Relu = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_relu,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Sigmoid = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_sigmoid,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Sin = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_sin,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Cos = {
-    .infer = tp_infer_elementwise,
-    .gradient = grad_cos,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Not = {
-    .infer = tp_infer_elementwise,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_And = {
-    .infer = tp_infer_elementwise,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Equal = {
-    .infer = tp_infer_elementwise,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Less = {
-    .infer = tp_infer_elementwise,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_LessOrEqual = {
-    .infer = tp_infer_elementwise,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_Greater = {
-    .infer = tp_infer_elementwise,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
-const TpOpRules tp_rules_GreaterOrEqual = {
-    .infer = tp_infer_elementwise,
-    .token_axes = tp_axes_elementwise,
-    .tensor_split = tp_split_elementwise,
-    .bind = TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0),
-};
+#define BINARY TP_BINDING(bind_binary, TP_BIND_ANY, 0, 0)
+#define UNARY TP_BINDING(tp_bind_unary, TP_BIND_ANY, 0, 0)
+
+const TpOpRules tp_rules_Add = {TP_ELEMENTWISE_RULES, .gradient = grad_add, .bind = BINARY};
+const TpOpRules tp_rules_Sub = {TP_ELEMENTWISE_RULES, .gradient = grad_sub, .bind = BINARY};
+const TpOpRules tp_rules_Mul = {TP_ELEMENTWISE_RULES, .gradient = grad_mul, .bind = BINARY};
+const TpOpRules tp_rules_Div = {TP_ELEMENTWISE_RULES, .gradient = grad_div, .bind = BINARY};
+const TpOpRules tp_rules_Pow = {TP_ELEMENTWISE_RULES, .gradient = grad_pow, .bind = BINARY};
+const TpOpRules tp_rules_Max = {TP_ELEMENTWISE_RULES, .gradient = grad_max_min, .bind = BINARY};
+const TpOpRules tp_rules_Min = {TP_ELEMENTWISE_RULES, .gradient = grad_max_min, .bind = BINARY};
+const TpOpRules tp_rules_Sqrt = {TP_ELEMENTWISE_RULES, .gradient = grad_sqrt, .bind = UNARY};
+const TpOpRules tp_rules_Neg = {TP_ELEMENTWISE_RULES, .gradient = grad_neg, .bind = UNARY};
+const TpOpRules tp_rules_Reciprocal = {TP_ELEMENTWISE_RULES, .gradient = grad_reciprocal, .bind = UNARY};
+const TpOpRules tp_rules_Exp = {TP_ELEMENTWISE_RULES, .gradient = grad_exp, .bind = UNARY};
+const TpOpRules tp_rules_Log = {TP_ELEMENTWISE_RULES, .gradient = grad_log, .bind = UNARY};
+const TpOpRules tp_rules_Erf = {TP_ELEMENTWISE_RULES, .gradient = grad_erf, .bind = UNARY};
+const TpOpRules tp_rules_Tanh = {TP_ELEMENTWISE_RULES, .gradient = grad_tanh, .bind = UNARY};
+const TpOpRules tp_rules_Relu = {TP_ELEMENTWISE_RULES, .gradient = grad_relu, .bind = UNARY};
+const TpOpRules tp_rules_Sigmoid = {TP_ELEMENTWISE_RULES, .gradient = grad_sigmoid, .bind = UNARY};
+const TpOpRules tp_rules_Sin = {TP_ELEMENTWISE_RULES, .gradient = grad_sin, .bind = UNARY};
+const TpOpRules tp_rules_Cos = {TP_ELEMENTWISE_RULES, .gradient = grad_cos, .bind = UNARY};
+const TpOpRules tp_rules_Not = {TP_ELEMENTWISE_RULES, .bind = UNARY};
+const TpOpRules tp_rules_And = {TP_ELEMENTWISE_RULES, .bind = BINARY};
+const TpOpRules tp_rules_Equal = {TP_ELEMENTWISE_RULES, .bind = BINARY};
+const TpOpRules tp_rules_Less = {TP_ELEMENTWISE_RULES, .bind = BINARY};
+const TpOpRules tp_rules_LessOrEqual = {TP_ELEMENTWISE_RULES, .bind = BINARY};
+const TpOpRules tp_rules_Greater = {TP_ELEMENTWISE_RULES, .bind = BINARY};
+const TpOpRules tp_rules_GreaterOrEqual = {TP_ELEMENTWISE_RULES, .bind = BINARY};
 const TpOpRules tp_rules_Where = {
     .infer = infer_where,
     .gradient = grad_where,

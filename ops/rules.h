@@ -46,6 +46,11 @@ typedef struct TpOpRules {
 #define TP_OP(name, min_in, max_in, min_out, max_out, traits) extern const TpOpRules tp_rules_##name;
 #include "../ir/ops.def"
 
+/* The elementwise trait: the shape rule, token axes and tensor split every elementwise op
+ * shares (ops/infer.h, ops/axes.h, ops/split.h), for a rule set's initializer. */
+#define TP_ELEMENTWISE_RULES \
+  .infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise
+
 /* tp_op_rules[kind]: the rule set of every op (ops/rules.c). */
 extern const TpOpRules *const tp_op_rules[TP_OP_COUNT];
 
