@@ -388,7 +388,7 @@ int tp_token_input(const TpModule *m);
  * why (a module-owned string, "attention at node 'X' is not causal"). */
 TpTokenClass tp_token_class(TpModule *m, int op, const char **why);
 
-/* The positional axis relations of a forward op (passes/insert_token_dim.c): pairs of axes
+/* The positional axis relations of a forward op (its token-axes rule, ops/axes.h): pairs of axes
  * of its operands and results that index the same positions whatever the data (elementwise
  * ops align their broadcast axes, Transpose permutes, Reshape keeps an axis whose extent and
  * preceding elements are unchanged, ...), the axes along which it combines elements, each

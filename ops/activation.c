@@ -74,14 +74,14 @@ static void grad_swiglu(TpGradCtx *a, const TpGradOp *fwd) {
 
 static void axes_softmax(const TpModule *m, int op, TpOpAxes *x) {
   int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int rx = value_type(m, X)->rank;
   axes_all(m, x, X, Y);
   axes_mix(x, X, (int)tp_attr_int(m, op, "axis", rx - 1), "normalises over");
 }
 
 static void axes_swiglu(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int X = o->inputs[0], Y = o->outputs[0];
   axes_all(m, x, X, Y), axes_all(m, x, o->inputs[1], Y);
 }
 

@@ -266,8 +266,8 @@ static void axes_attention(const TpModule *m, int op, TpOpAxes *x) {
 /* the Cos and Sin tables (position by position) broadcast to X */
 static void axes_rotary(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0], Y = o->outputs[0];
+  int rx = value_type(m, X)->rank;
   axes_all(m, x, X, Y);
   axes_mix(x, X, rx - 1, "rotates along");
   axes_broadcast(m, x, Y, o->inputs[1]), axes_broadcast(m, x, Y, o->inputs[2]);
@@ -279,7 +279,7 @@ static void axes_rotary(const TpModule *m, int op, TpOpAxes *x) {
 static int split_attention(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   TpOp *o = &s->m->ops[op];
-  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0];
+  int y = o->outputs[0], x = o->inputs[0];
   int bias = o->ninputs > 3 ? o->inputs[3] : -1, a = bias >= 0 ? m->values[bias].type.rank - 3 : -1;
   bool per_head = tp_split_per_head_bias(m, op);
   if (per_head && tp_split_own_bias(m, op)) { /* a per-head bias param: split with the heads */

@@ -286,7 +286,7 @@ void tp_axes_elementwise(const TpModule *m, int op, TpOpAxes *x) {
 int tp_split_positionwise(TpSplitCtx *s, int op, const char *last_axis_refusal) {
   TpModule *m = s->m;
   TpOp *o = &s->m->ops[op];
-  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0], ry = s->m->values[s->m->ops[op].outputs[0]].type.rank;
+  int y = o->outputs[0], x = o->inputs[0], ry = s->m->values[o->outputs[0]].type.rank;
   /* Positionwise: every split operand along one axis (aligned from the right), the others
    * broadcast along it. */
   int axis = -1, parts = 0, split = x;

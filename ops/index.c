@@ -155,7 +155,7 @@ static void grad_embedding(TpGradCtx *a, const TpGradOp *fwd) {
 /* Embedding(W, Ids) -> [Ids..., C] */
 static void axes_embedding(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int X = o->inputs[0], Y = o->outputs[0];
   axes_all(m, x, o->inputs[1], Y);
   axes_mix(x, X, 0, "gathers along");
 }
@@ -163,8 +163,8 @@ static void axes_embedding(const TpModule *m, int op, TpOpAxes *x) {
 /* data[:a] ++ indices ++ data[a+1:] */
 static void axes_gather(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0], Y = o->outputs[0];
+  int rx = value_type(m, X)->rank;
   int a = (int)tp_attr_int(m, op, "axis", 0), idx = o->inputs[1], ri = value_type(m, idx)->rank;
   for (int k = 0; k < rx; k++)
     if (k != a) axes_link(x, X, k, Y, k < a ? k : k - 1 + ri);
@@ -175,7 +175,7 @@ static void axes_gather(const TpModule *m, int op, TpOpAxes *x) {
 /* the k largest along axis: the other axes kept */
 static void axes_topk(const TpModule *m, int op, TpOpAxes *x) {
   int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int rx = value_type(m, X)->rank;
   int a = (int)tp_attr_int(m, op, "axis", 0);
   for (int k = 0; k < rx; k++)
     if (k != a) axes_link(x, X, k, Y, k);
@@ -185,8 +185,8 @@ static void axes_topk(const TpModule *m, int op, TpOpAxes *x) {
 /* the result has the indices' shape */
 static void axes_gather_elements(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0], Y = o->outputs[0];
+  int rx = value_type(m, X)->rank;
   int a = (int)tp_attr_int(m, op, "axis", 0), idx = o->inputs[1];
   axes_all(m, x, idx, Y);
   for (int k = 0; k < rx; k++)

@@ -321,7 +321,7 @@ static void reshape_links(const TpModule *m, TpOpAxes *x, int in, int out) {
 /* the axes repeated once are kept */
 static void axes_tile(const TpModule *m, int op, TpOpAxes *x) {
   int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int rx = value_type(m, X)->rank;
   int n;
   const int64_t *repeats = tp_attr_ints(m, op, "repeats", &n);
   for (int k = 0; k < rx && k < n; k++)
@@ -348,8 +348,8 @@ static void axes_transpose(const TpModule *m, int op, TpOpAxes *x) {
 
 static void axes_split_concat(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0], Y = o->outputs[0];
+  int rx = value_type(m, X)->rank;
   int a = (int)tp_attr_int(m, op, "axis", 0), whole = o->kind == TP_OP_Split ? X : Y;
   int n = o->kind == TP_OP_Split ? o->noutputs : o->ninputs;
   for (int i = 0; i < n; i++) {
@@ -363,7 +363,7 @@ static void axes_split_concat(const TpModule *m, int op, TpOpAxes *x) {
 
 static void axes_slice(const TpModule *m, int op, TpOpAxes *x) {
   int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int rx = value_type(m, X)->rank;
   int n;
   const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
   for (int k = 0; k < rx; k++) {
@@ -376,7 +376,7 @@ static void axes_slice(const TpModule *m, int op, TpOpAxes *x) {
 
 static void axes_trilu(const TpModule *m, int op, TpOpAxes *x) {
   int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int rx = value_type(m, X)->rank;
   axes_all(m, x, X, Y);
   axes_mix(x, X, rx - 1, "masks a triangle of"), axes_mix(x, X, rx - 2, "masks a triangle of");
 }
@@ -426,7 +426,7 @@ static int split_transpose(TpSplitCtx *s, int op) {
 static int split_split(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   TpOp *o = &s->m->ops[op];
-  int x = s->m->ops[op].inputs[0], ry = s->m->values[s->m->ops[op].outputs[0]].type.rank;
+  int x = o->inputs[0], ry = s->m->values[o->outputs[0]].type.rank;
   if (s->axis[x] < 0) return tp_split_refuse(s, op, "its operand is replicated");
   if ((tp_attr_int(m, op, "axis", 0) + ry) % ry == s->axis[x] && tp_split_chunks_of(s, x) != o->noutputs)
     return tp_split_refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
@@ -458,7 +458,7 @@ static int split_slice(TpSplitCtx *s, int op) {
 static int split_concat(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   TpOp *o = &s->m->ops[op];
-  int y = s->m->ops[op].outputs[0], x = s->m->ops[op].inputs[0];
+  int y = o->outputs[0], x = o->inputs[0];
   for (int i = 0; i < o->ninputs; i++)
     if (s->axis[o->inputs[i]] != s->axis[x] || s->parts[o->inputs[i]] != s->parts[x] ||
         tp_attr_int(m, op, "axis", -1) == s->axis[x])

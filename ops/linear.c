@@ -184,14 +184,14 @@ static void matmul_axes(const TpModule *m, TpOpAxes *x, int A, int B, int Y) {
 
 static void axes_matmul(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int X = o->inputs[0], Y = o->outputs[0];
   matmul_axes(m, x, X, o->inputs[1], Y);
 }
 
 /* A [M, K] (transA: [K, M]), B [K, N] (transB: [N, K]) */
 static void axes_gemm(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
+  int X = o->inputs[0], Y = o->outputs[0];
   bool ta = tp_attr_int(m, op, "transA", 0), tb = tp_attr_int(m, op, "transB", 0);
   int B = o->inputs[1];
   axes_link(x, X, ta ? 1 : 0, Y, 0), axes_link(x, B, tb ? 0 : 1, Y, 1);
@@ -201,8 +201,8 @@ static void axes_gemm(const TpModule *m, int op, TpOpAxes *x) {
 
 static void axes_linear(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0], Y = o->outputs[0];
+  int rx = value_type(m, X)->rank;
   for (int k = 0; k < rx - 1; k++) axes_link(x, X, k, Y, k);
   axes_mix(x, X, rx - 1, "contracts over");
   if (o->ninputs > 2) axes_broadcast(m, x, Y, o->inputs[2]);

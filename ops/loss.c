@@ -204,8 +204,8 @@ static void grad_onnx_loss(TpGradCtx *a, const TpGradOp *fwd) {
 /* Logits [..., V], Targets [...], Stats? [..., P + 1] */
 static void axes_cross_entropy(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0];
+  int rx = value_type(m, X)->rank;
   axes_all(m, x, X, o->inputs[1]);
   if (o->ninputs > 2) axes_all(m, x, X, o->inputs[2]);
   axes_mix(x, X, rx - 1, "reduces over");
@@ -214,8 +214,8 @@ static void axes_cross_entropy(const TpModule *m, int op, TpOpAxes *x) {
 /* Logits [..., V], Targets [...] -> [..., P + 1] */
 static void axes_cross_entropy_stats(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0], Y = o->outputs[0];
+  int rx = value_type(m, X)->rank;
   axes_all(m, x, X, o->inputs[1]), axes_all(m, x, X, Y);
   axes_mix(x, X, rx - 1, "reduces over");
 }
@@ -223,8 +223,8 @@ static void axes_cross_entropy_stats(const TpModule *m, int op, TpOpAxes *x) {
 /* scores [N, C, d...], labels [N, d...] */
 static void axes_onnx_loss(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0];
+  int rx = value_type(m, X)->rank;
   int labels = o->inputs[1];
   axes_link(x, X, 0, labels, 0);
   for (int k = 2; k < rx; k++) axes_link(x, X, k, labels, k - 1);

@@ -128,8 +128,8 @@ static void grad_layernorm(TpGradCtx *a, const TpGradOp *fwd) {
 /* LayerNorm(X, Scale, B?) -> Y, Mean?, InvStdDev? and RMSNorm(X, Scale) -> Y */
 static void axes_norm(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
-  int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int X = o->inputs[0], Y = o->outputs[0];
+  int rx = value_type(m, X)->rank;
   int a = (int)tp_attr_int(m, op, "axis", -1);
   axes_all(m, x, X, Y);
   for (int k = a; k < rx; k++) axes_mix(x, X, k, "normalises over");
@@ -188,7 +188,7 @@ static int split_norm_across_ranks(TpSplitCtx *s, int op) {
 static int split_norm(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   TpOp *o = &s->m->ops[op];
-  int x = s->m->ops[op].inputs[0];
+  int x = o->inputs[0];
   for (int i = 1; i < o->ninputs; i++)
     if (o->inputs[i] >= 0 && s->axis[o->inputs[i]] >= 0)
       return tp_split_refuse(s, op,

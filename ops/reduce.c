@@ -73,7 +73,7 @@ static void grad_reduce(TpGradCtx *a, const TpGradOp *fwd) {
 
 static void axes_reduce(const TpModule *m, int op, TpOpAxes *x) {
   int X = m->ops[op].inputs[0], Y = m->ops[op].outputs[0];
-  int rx = value_type(m, m->ops[op].inputs[0])->rank;
+  int rx = value_type(m, X)->rank;
   int n, kept = 0;
   const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
   bool keepdims = tp_attr_int(m, op, "keepdims", 1);
