@@ -6,7 +6,7 @@
  * every rank) until a column-parallel product splits one:
  *  - A Linear whose input is replicated and whose weight is a param read by it alone is
  *    column-parallel when its result reaches another Linear through ops that can work on
- *    a split value (the Q/K/V projections, the first MLP products, SwiGLU's gate and up;
+ *    a split value (the Q/K/V projections, the first MLP products, a gated MLP's gate and up;
  *    not the LM head, whose logits reach the loss). Its weight's output columns and its
  *    bias are split, and its input passes through TensorCopy (Megatron's f: identity
  *    forward, all-reduce of the input gradient backward), one per input value. The parts
@@ -23,7 +23,8 @@
  *    heads at once by a norm that cannot be split across the ranks (a LayerNorm, or an
  *    RMSNorm whose scale is not a param of its own). Such a norm ends the block like the
  *    residual stream's, so the products it normalises are never column-parallel.
- *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, Split,
+ *  - The split follows the feature axis through the ops with a tensor-split rule (ops/,
+ *    TpOpRules.tensor_split): elementwise ops, Gelu, the fused gated activation, Split,
  *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
  *    head-major fused Q|K|V, partial rotary), Slice of one whole chunk, Gather along
  *    another axis (Bloom's [heads, 3, head_dim]), Rotary and Attention (which gets the
