@@ -4,7 +4,7 @@
  * Exit codes: 0 ok, 1 bad input (one error line), 2 bad usage, 3 internal error.
  *
  * An ABI 2 plan (stages x tensor ranks x replicas, see plan.h) runs in one process or under
- * mpirun with one process per rank (pipeline.c; a tensor-parallel plan only the latter). Every process reads the options, the data and its
+ * mpirun with one process per rank (step.h; a tensor-parallel plan only the latter). Every process reads the options, the data and its
  * own parameters; process 0 alone writes the outputs (logs, dumps, checkpoints, the
  * model, the trace), from what it gathers, and only it prints errors: a failure of
  * another process is agreed on (pipe_agree), which prints that process's message. */

@@ -3,7 +3,7 @@
  * Everything is keyed by the ONNX initializer names of TpPlan. Each process loads only the
  * parameters it holds (t->held); the writers run on process 0 after pipe_download. All of
  * it works on the host copies of t->host (train.h), which hold whole tensors also where a
- * rank holds a piece (tensor parallelism: pipeline.c scatters and gathers them), so files
+ * rank holds a piece (tensor parallelism: params.c scatters and gathers them), so files
  * are the same whatever the plan's stages, tensor ranks and replicas. */
 #include "train.h"
 
