@@ -118,6 +118,16 @@ bool pipe_allreduce_replicas(Trainer *t, PipeRank *R) {
 
 /* ---- over every process ---- */
 
+/* buf (count elements of dtype) summed over every process in place: a gather where each
+ * process filled its own slots and left the others zero. */
+void pipe_sum_processes(Trainer *t, void *buf, size_t count, TpDType dtype) {
+  int n = t->comm->size;
+  int *group = xcalloc((size_t)n, sizeof *group);
+  for (int r = 0; r < n; r++) group[r] = r;
+  tp_comm_allreduce_sum(t->comm, buf, count, dtype, group, n);
+  free(group);
+}
+
 /* Every rank's value of x (one per hosted rank) summed in rank order, on every process. */
 double pipe_sum_ranks(Trainer *t, const double *x) {
   int *group = xcalloc((size_t)t->nranks, sizeof *group);

@@ -24,6 +24,8 @@ int pipe_alloc_param(Trainer *t, int i) {
   return TP_OK;
 }
 
+/* ---- host copies ---- */
+
 static float **host_array(const Trainer *t) {
   return xcalloc((size_t)(t->plan->nparams ? t->plan->nparams : 1), sizeof(float *));
 }

@@ -241,25 +241,31 @@ double pipe_grad_norm(Trainer *t) {
   return norm;
 }
 
-bool pipe_rank_updates(const Trainer *t, int h, int i) {
+/* Does hosted rank h update parameter i in the optimizer step? (In one process each value
+ * has one copy, updated by its owner; under MPI every rank that holds it.) */
+static bool rank_updates(const Trainer *t, int h, int i) {
   if (!t->plan->stages) return t->m[i] != NULL;
   const PipeRank *R = t->hosted[h];
   return t->plan->params[i].trainable && (one_process(t) ? pipe_owner(t, i, 0) == R->rank : R->param[i] != NULL);
 }
 
+void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step, double lr, float clip) {
+  const TrainOptions *o = &t->o;
+  for (int i = 0; i < t->plan->nparams; i++) {
+    if (!rank_updates(t, h, i)) continue;
+    TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, t->decay[i], step};
+    if (clip != 1) be(t)->clip(t->compute, s, grad[i], t->numel[i], clip);
+    be(t)->adamw(t->compute, s, t->param[i], grad[i], t->m[i], t->v[i], t->numel[i], &adamw);
+  }
+}
+
 void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
   const TpPlan *P = t->plan;
-  const TrainOptions *o = &t->o;
   for (int h = 0; h < (P->stages ? t->nhosted : 1); h++) {
     TpStream *s = P->stages ? t->hosted[h]->stream : t->stream;
     float **grad = P->stages ? t->hosted[h]->grad : t->grad;
     double start = t->trace ? trace_now_us(t->trace) : 0;
-    for (int i = 0; i < P->nparams; i++) {
-      if (!pipe_rank_updates(t, h, i)) continue;
-      TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, t->decay[i], step};
-      if (clip != 1) be(t)->clip(t->compute, s, grad[i], t->numel[i], clip);
-      be(t)->adamw(t->compute, s, t->param[i], grad[i], t->m[i], t->v[i], t->numel[i], &adamw);
-    }
+    pipe_adamw(t, h, s, grad, step, lr, clip);
     be(t)->stream_sync(t->compute, s);
     if (t->trace)
       trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));

@@ -175,9 +175,10 @@ double pipe_grad_norm(Trainer *t);
 /* Hosted rank h's stage and replica, and the io of its units: its parameters, its
  * (scratch) gradients, microbatch 0's arena and rows, its stream. */
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
-/* Does hosted rank h update parameter i in the optimizer step? (In one process each value
- * has one copy, updated by its owner; under MPI every rank that holds it.) */
-bool pipe_rank_updates(const Trainer *t, int h, int i);
+/* AdamW, gradients scaled by `clip` first unless it is 1, on stream s over the parameters
+ * hosted rank h (ABI 1: h 0, the process) updates in the optimizer step, with grad its
+ * gradients (each parameter updated once per process; a tied one on both of its ranks). */
+void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step, double lr, float clip);
 /* params.c: the parameter store */
 /* Host copies (t->host, whole tensors) of the parameters this process holds (values; with moments, AdamW's
  * m and v of trainable ones), for weights.c to fill; pipe_upload sends them to the device. */
@@ -191,6 +192,9 @@ void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *p
 int pipe_download(Trainer *t, bool grads, bool moments);
 void pipe_host_free(Trainer *t);
 /* collectives.c */
+/* buf (count elements of dtype) summed over every process in place: a gather where each
+ * process filled its own slots and left the others zero. */
+void pipe_sum_processes(Trainer *t, void *buf, size_t count, TpDType dtype);
 /* Every process's rc: the worst; the first failing process other than 0 prints its error
  * (process 0 printed its own). */
 int pipe_agree(Trainer *t, int rc);
