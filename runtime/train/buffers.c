@@ -151,7 +151,7 @@ int pipe_setup(Trainer *t) {
   for (int i = 0; i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
     t->numel[i] = tp_numel(p->rank, p->dims);
-    t->whole_numel[i] = t->numel[i] * (train_split(P, p) ? p->shard.parts : 1);
+    t->whole_numel[i] = tp_numel(p->rank, pipe_whole_tensor(P, p, NULL).dims);
   }
   t->stream = be(t)->stream_new(t->compute);
   t->nranks = 1;

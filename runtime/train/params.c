@@ -26,6 +26,13 @@ int pipe_alloc_param(Trainer *t, int i) {
 
 /* ---- host copies ---- */
 
+TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data) {
+  TpTensor v = {.dtype = TP_F32, .rank = p->rank, .data = data};
+  memcpy(v.dims, p->dims, sizeof v.dims);
+  if (train_split(P, p)) v.dims[p->shard.axis] *= p->shard.parts;
+  return v;
+}
+
 static float **host_array(const Trainer *t) {
   return xcalloc((size_t)(t->plan->nparams ? t->plan->nparams : 1), sizeof(float *));
 }

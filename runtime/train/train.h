@@ -184,6 +184,9 @@ void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step
  * m and v of trainable ones), for weights.c to fill; pipe_upload sends them to the device. */
 int pipe_host_alloc(Trainer *t, bool moments);
 void pipe_upload(Trainer *t);
+/* Parameter p's whole tensor, as host copies and files hold it (p->dims are a rank's piece
+ * where it is split), over data. */
+TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data);
 /* Tensor rank `tensor`'s piece of parameter p (TpPlanShard) from the whole tensor (into
  * piece), or into the whole (gather); a parameter not split is copied whole. */
 void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather);
