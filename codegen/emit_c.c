@@ -34,7 +34,6 @@ typedef struct {
   const TpModule *m;
   const TpMemoryPlan *mem;
   const TpEmitOptions *o;
-  const TpPipeline *pipe;
   TpDiag *d;
   const char *prefix;   /* of the unit functions and constant arrays: "" or "probeP_" */
   TpLowering lowering;  /* how this plan's ops become statements */
@@ -839,7 +838,6 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   }
   Emitter E;
   emitter_init(&E, m, &plan, o, d, "");
-  E.pipe = &pipe;
   E.probe = calloc((size_t)o->nprobes + 1, sizeof *E.probe);
   TP_ASSERT(E.probe);
 
