@@ -603,7 +603,10 @@ static void put_body_users(const Emitter *E, const TpOutline *ol, int b, FILE *o
   int (*pairs)[2] = malloc(((size_t)ol->nrun + 1) * sizeof *pairs);
   TP_ASSERT(pairs);
   for (int r = 0; r < ol->nrun; r++)
-    if (ol->runs[r].body == b) pairs[n][0] = ol->units[ol->runs[r].unit].slice, pairs[n++][1] = ol->units[ol->runs[r].unit].s;
+    if (ol->runs[r].body == b) {
+      const TpUnitId *u = &ol->units[ol->runs[r].unit];
+      pairs[n][0] = u->slice, pairs[n++][1] = u->s;
+    }
   qsort(pairs, (size_t)n, sizeof *pairs, pair_order);
   for (int i = 0, j; i < n; i = j) { /* a range of stages of one slice */
     for (j = i + 1; j < n && pairs[j][0] == pairs[i][0] && pairs[j][1] <= pairs[j - 1][1] + 1;) j++;

@@ -305,7 +305,27 @@ static void put_arg(Key *k, const TpLowArg *a) {
   }
 }
 
-/* The key of lowered run f (see the file's comment), and its numbers into r. */
+/* Appends an arena offset (a parameter index) to run r's numbers; *cap: the room. */
+static void add_offset(TpRun *r, int64_t at, int *cap) {
+  if (r->nat == *cap) {
+    *cap = *cap ? 2 * *cap : 32;
+    r->at = realloc(r->at, (size_t)*cap * sizeof *r->at);
+    TP_ASSERT(r->at);
+  }
+  r->at[r->nat++] = at;
+}
+
+static void add_param(TpRun *r, int p, int *cap) {
+  if (r->np == *cap) {
+    *cap = *cap ? 2 * *cap : 32;
+    r->p = realloc(r->p, (size_t)*cap * sizeof *r->p);
+    TP_ASSERT(r->p);
+  }
+  r->p[r->np++] = p;
+}
+
+/* The key of lowered run f (see the file's comment), and its numbers into r, in the order
+ * the printed body uses them (codegen/emit_c.c numbers them alike). */
 static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
   int cap_at = 0, cap_p = 0;
   k->n = 0;
@@ -327,20 +347,10 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
       if (s->addr.kind == TP_ADDR_CONST) put(k, (uint64_t)s->addr.n); /* the very array */
       if (s->addr.kind == TP_ADDR_VALUE) put_value(k, (int)s->addr.n);
       if (s->addr.kind == TP_ADDR_ARENA) {
-        if (r->nat == cap_at) {
-          cap_at = cap_at ? 2 * cap_at : 32;
-          r->at = realloc(r->at, (size_t)cap_at * sizeof *r->at);
-          TP_ASSERT(r->at);
-        }
-        r->at[r->nat++] = s->addr.n;
+        add_offset(r, s->addr.n, &cap_at);
       }
       if (s->addr.kind == TP_ADDR_PARAM || s->addr.kind == TP_ADDR_GRAD) {
-        if (r->np == cap_p) {
-          cap_p = cap_p ? 2 * cap_p : 32;
-          r->p = realloc(r->p, (size_t)cap_p * sizeof *r->p);
-          TP_ASSERT(r->p);
-        }
-        r->p[r->np++] = (int)s->addr.n;
+        add_param(r, (int)s->addr.n, &cap_p);
       }
       break;
     }
@@ -349,14 +359,7 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
       put(k, (uint64_t)s->nargs);
       for (int a = 0; a < s->nargs; a++) {
         put_arg(k, &s->args[a]);
-        if (s->args[a].kind == TP_ARG_SCRATCH && s->args[a].value < 0) {
-          if (r->nat == cap_at) {
-            cap_at = cap_at ? 2 * cap_at : 32;
-            r->at = realloc(r->at, (size_t)cap_at * sizeof *r->at);
-            TP_ASSERT(r->at);
-          }
-          r->at[r->nat++] = s->args[a].i;
-        }
+        if (s->args[a].kind == TP_ARG_SCRATCH && s->args[a].value < 0) add_offset(r, s->args[a].i, &cap_at);
       }
       break;
     case TP_LOW_ALLREDUCE:
@@ -415,7 +418,8 @@ int tp_outline(const TpLowering *L, const TpUnitId *list, int n, TpOutline *o) {
   int *table = malloc((size_t)cap * sizeof *table); /* open addressing over the bodies */
   Seen *seen = calloc((size_t)o->nrun + 1, sizeof *seen);
   o->bodies = calloc((size_t)o->nrun + 1, sizeof *o->bodies);
-  Key key = {.canon = malloc(((size_t)m->nvalues + 1) * sizeof(int)), .used = malloc(((size_t)m->nvalues + 1) * sizeof(int))};
+  Key key = {.canon = malloc(((size_t)m->nvalues + 1) * sizeof(int)),
+             .used = malloc(((size_t)m->nvalues + 1) * sizeof(int))};
   TP_ASSERT(table && seen && o->bodies && key.canon && key.used);
   memset(table, -1, (size_t)cap * sizeof *table);
   memset(key.canon, -1, ((size_t)m->nvalues + 1) * sizeof(int));

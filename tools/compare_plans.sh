@@ -31,8 +31,11 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 keep=${3:-}
 work=${3:-$(mktemp -d)}
-rm -rf "$work/shim" "$work/run" "$work/plans" && mkdir -p "$work/shim" "$work/run" "$work/plans" "$work/pc" ||
-  { echo "compare_plans: error: cannot make $work" >&2; exit 2; }
+if ! { rm -rf "$work/shim" "$work/run" "$work/plans" && mkdir -p "$work/shim" "$work/run" "$work/plans" "$work/pc"; }
+then
+  echo "compare_plans: error: cannot make $work" >&2
+  exit 2
+fi
 log=$work/invocations
 : >"$log"
 
@@ -61,23 +64,27 @@ chmod +x "$work/shim/tokpipec" "$work/shim/mpirun"
 printf 'Name: tokpipe-cuda\nDescription: stand-in\nVersion: 0\nCflags:\n' >"$work/pc/tokpipe-cuda.pc"
 export PATH="$work/shim:$PATH"
 pattern=${TOKPIPE_COMPARE_FIXTURES:-*}
-# The fixture folders of a list that the pattern takes.
+# The fixture folders of the files given (FOLDER/model.onnx, FOLDER/train/args) whose
+# names the pattern takes.
 pick() {
-  local dir
-  for dir in "$@"; do
+  local file dir
+  for file in "$@"; do
+    [ -e "$file" ] || continue
+    dir=${file%/model.onnx}
+    dir=${dir%/train/args}
     # shellcheck disable=SC2053 # the pattern is a glob
-    [[ $(basename "$dir") = $pattern ]] && echo "$dir"
+    [[ ${dir##*/} = $pattern ]] && echo "$dir"
   done
 }
 
 # ---- recording the tests' invocations ----
 echo "compare_plans: recording the plans the tests compile ..."
-training=$(pick $(ls -d "$root"/tests/fixtures/*/train/args | xargs -r -n 1 dirname | xargs -r -n 1 dirname))
-opsets=$(pick $(ls -d "$root"/tests/fixtures/opsets/*/train/args 2>/dev/null | xargs -r -n 1 dirname |
-  xargs -r -n 1 dirname))
+mapfile -t training < <(pick "$root"/tests/fixtures/*/train/args)
+mapfile -t opsets < <(pick "$root"/tests/fixtures/opsets/*/train/args)
+mapfile -t models < <(pick "$root"/tests/fixtures/*/model.onnx)
 opset_shape=$(grep -o '} all "[^"]*")' "$root/tests/matrix/CMakeLists.txt" | sed 's/^} all "\(.*\)")$/\1/')
 full=" $(sed -n 's/^set(full \(.*\))$/\1/p' "$root/tests/tensor/CMakeLists.txt") "
-for dir in $training; do
+for dir in "${training[@]}"; do
   name=$(basename "$dir")
   bash "$root/tests/matrix/matrix.sh" "$work/shim/tokpipec" /bin/true "$dir" "$work/run/matrix-$name" all \
     >/dev/null 2>&1
@@ -86,29 +93,34 @@ for dir in $training; do
   bash "$root/tests/tensor/tensor.sh" "$work/shim/tokpipec" /bin/true "$dir" "$work/run/tensor-$name" $mode \
     >/dev/null 2>&1
 done
-for dir in $opsets; do
+for dir in "${opsets[@]}"; do
   name=$(basename "$dir")
   bash "$root/tests/matrix/matrix.sh" "$work/shim/tokpipec" /bin/true "$dir" "$work/run/matrix-o-$name" all \
     "$opset_shape" >/dev/null 2>&1
   bash "$root/tests/tensor/tensor.sh" "$work/shim/tokpipec" /bin/true "$dir" "$work/run/tensor-o-$name" alone \
     >/dev/null 2>&1
 done
-for dir in $(pick $(ls -d "$root"/tests/fixtures/*/model.onnx | xargs -r -n 1 dirname)); do
+for dir in "${models[@]}"; do
   sh "$root/tests/codegen-cuda/run.sh" compile "$work/shim" "$root/tests/codegen-cuda" "$work/pc" \
     "$work/run/cuda-$(basename "$dir")" /bin/true "$dir" >/dev/null 2>&1
 done
 # the CUDA plans the CMake files write at build time: COMMAND tokpipec ${model} [${options}] FLAGS -o ${plan}
+# shellcheck disable=SC2016,SC2001 # the ${...} are CMake's, matched as text
 for cmake in "$root/tests/tensor/CMakeLists.txt" "$root/tests/cuda/CMakeLists.txt"; do
   model='' options=''
   while IFS= read -r line; do
     case $line in
-    *'set(model '*) model=$(sed 's/.*set(model \(.*\))$/\1/; s|${PROJECT_SOURCE_DIR}|'"$root"'|' <<<"$line") ;;
+    *'set(model '*)
+      model=$(sed 's/.*set(model \(.*\))$/\1/' <<<"$line")
+      model=${model//'${PROJECT_SOURCE_DIR}'/$root}
+      ;;
     *'set(options '*) options=$(sed 's/.*set(options \(.*\))$/\1/' <<<"$line") ;;
     *'COMMAND tokpipec ${model} '*'-o ${plan}'*)
       flags=$(sed 's/.*COMMAND tokpipec ${model} \(.*\) -o ${plan}.*/\1/' <<<"$line")
       flags=${flags//'${options}'/$options}
       # shellcheck disable=SC2086 # flags is a list of words
-      [ -n "$model" ] && [ -n "$(pick "$(dirname "$model")")" ] && tokpipec "$model" $flags -o "$work/run/cmake.c" >/dev/null 2>&1
+      [ -n "$model" ] && [ -n "$(pick "$model")" ] &&
+        tokpipec "$model" $flags -o "$work/run/cmake.c" >/dev/null 2>&1
       ;;
     esac
   done <"$cmake"
@@ -120,6 +132,7 @@ mapfile -t lines < <(sort -u "$log")
 declare -A seen=()
 plans=()
 for line in "${lines[@]}"; do
+  words=()
   eval "words=($line)"
   args=() plan=no
   for ((i = 0; i < ${#words[@]}; i++)); do
@@ -142,7 +155,8 @@ done
 # The outlined bodies renamed BODY1, BODY2, ... in order of first appearance (their offset
 # tables BODYn_atK).
 normalise() {
-  perl -pe 's/\b((?:probe\d+_)?block_(?:forward|backward)_l\d+(?:_c\d+)?(?:_\d+)?)(?=_at\d+\b|\b)/$m{$1} \/\/= "BODY" . ++$n/ge' "$1"
+  local name='(?:probe\d+_)?block_(?:forward|backward)_l\d+(?:_c\d+)?(?:_\d+)?'
+  perl -pe 's/\b('"$name"')(?=_at\d+\b|\b)/$m{$1} \/\/= "BODY" . ++$n/ge' "$1"
 }
 
 echo "compare_plans: comparing ${#plans[@]} plans ..."
