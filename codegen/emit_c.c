@@ -546,7 +546,10 @@ static void put_function_body(Emitter *E, const TpLowFunc *f, char *const *calls
     }
     case TP_LOW_DECLARE: put_declare(E, out, s, num); break;
     case TP_LOW_LOSS_STORE: fprintf(out, "\n  io->loss = *(const float *)%s.data;\n", E->name[s->value]); break;
-    case TP_LOW_LOSS_COPY: fputc('\n', out); /* fall through */
+    case TP_LOW_LOSS_COPY:
+      fputc('\n', out);
+      put_code(E, out, s, num);
+      break;
     default: put_code(E, out, s, num); break;
     }
     any = true;
