@@ -754,22 +754,6 @@ static void emitter_free(Emitter *E) {
   free(E->referenced);
 }
 
-/* The main plan's index of probe parameter i (matched by ONNX name), checked to be held
- * by the same stages; -1 after reporting a mismatch. */
-static int main_param(const Emitter *E, const TpModule *pm, const TpMemoryPlan *pp, int i) {
-  const char *name = pm->values[pp->params[i]].name;
-  for (int j = 0; j < E->mem->nparams; j++) {
-    if (strcmp(E->m->values[E->mem->params[j]].name, name) != 0) continue;
-    if (pp->param_stage[i] == E->mem->param_stage[j] && pp->param_tied_stage[i] == E->mem->param_tied_stage[j])
-      return j;
-    tp_internal(E->d, "codegen: probe parameter '%s' is held by stage %d, in the plan by stage %d: the stage "
-                "cuts differ", name, pp->param_stage[i], E->mem->param_stage[j]);
-    return -1;
-  }
-  tp_internal(E->d, "codegen: probe parameter '%s' is not a parameter of the plan", name);
-  return -1;
-}
-
 /* Probe k of E->o: its units into fns, its constants into consts; what the tables need
  * into E->probe[k]. */
 static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
@@ -783,8 +767,7 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
                      (long long)pr->c, plan.nstages, E->mem->nstages);
   int *map = calloc((size_t)plan.nparams + 1, sizeof *map);
   TP_ASSERT(map);
-  for (int i = 0; i < plan.nparams && rc == TP_OK; i++)
-    if ((map[i] = main_param(E, pm, &plan, i)) < 0) rc = TP_ERR_INTERNAL;
+  if (rc == TP_OK) rc = tp_lower_param_map(E->m, E->mem, pm, &plan, map, E->d);
   TpProbeInfo *info = &E->probe[k];
   info->nslices = plan.nslices;
   info->probed = pr->c > 0 ? 1 : 0;

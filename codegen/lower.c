@@ -390,3 +390,18 @@ int64_t tp_slice_context(const TpModule *m, const TpMemoryPlan *mem, int slice, 
   for (int i = 0; i < slice; i++) c += tp_slice_length(m, mem, i, seq);
   return c;
 }
+
+int tp_lower_param_map(const TpModule *m, const TpMemoryPlan *mem, const TpModule *pm, const TpMemoryPlan *pp,
+                       int *map, TpDiag *d) {
+  for (int i = 0; i < pp->nparams; i++) {
+    const char *name = pm->values[pp->params[i]].name;
+    int j = 0;
+    while (j < mem->nparams && strcmp(m->values[mem->params[j]].name, name) != 0) j++;
+    if (j == mem->nparams) return tp_internal(d, "codegen: probe parameter '%s' is not a parameter of the plan", name);
+    if (pp->param_stage[i] != mem->param_stage[j] || pp->param_tied_stage[i] != mem->param_tied_stage[j])
+      return tp_internal(d, "codegen: probe parameter '%s' is held by stage %d, in the plan by stage %d: the stage "
+                         "cuts differ", name, pp->param_stage[i], mem->param_stage[j]);
+    map[i] = j;
+  }
+  return TP_OK;
+}

@@ -105,6 +105,13 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
                    int noutlined, TpLowFunc *f);
 void tp_low_func_free(TpLowFunc *f);
 
+/* A profiling probe's parameters (module pm, plan pp) as the plan's (m, mem): map[i], for
+ * each parameter i of pp, the plan's parameter of the same ONNX name, which must be held by
+ * the same stages (else an internal error: the stage cuts differ). Lowering a probe's units
+ * with this map (TpLowering.param_map) addresses the plan's parameter buffers. */
+int tp_lower_param_map(const TpModule *m, const TpMemoryPlan *mem, const TpModule *pm, const TpMemoryPlan *pp,
+                       int *map, TpDiag *d);
+
 /* The tokens of token slice `slice` (seq: the whole sequence), and the tokens of the slices
  * before it (its context). */
 int64_t tp_slice_length(const TpModule *m, const TpMemoryPlan *mem, int slice, int64_t seq);
