@@ -4,8 +4,10 @@
  * parameters and their gradients in the trainer's buffers (TpStepIO), constants in static
  * arrays, token ids in the trainer's batch, and every activation and activation gradient
  * at an offset of its stage's arena, placed by liveness so that buffers whose lifetimes do
- * not overlap share bytes. codegen/emit_c.c writes the plan.c that runs it (see
- * runtime/train/plan.h for the interface it implements). */
+ * not overlap share bytes. The plan.c that runs it (see runtime/train/plan.h for the
+ * interface it implements) is written in three steps: codegen/lower.c lowers each unit's ops
+ * to kernel calls on those memory slots, codegen/outline.c finds the runs units share, and
+ * codegen/emit_c.c prints them (codegen/plan_tables.c the TpPlan tables). */
 #ifndef TOKPIPE_CODEGEN_H
 #define TOKPIPE_CODEGEN_H
 

@@ -2,9 +2,9 @@
  * plan for one kind of device (its function's name, the header declaring it, and how each
  * field of the bound argument struct is printed as an argument of its call), built from the
  * kernel's row, and how the plan reaches memory that a device target's host cannot read.
- * codegen/emit_c.c binds every op (bind/bind.h) and prints the call through the chosen
- * target's table. Targets: cpu (runtime/cpu), and cuda (runtime/cuda/ops.h) in the
- * precisions fp32 and bf16 (bf16 matrix products). */
+ * codegen/lower.c binds every op (bind/bind.h) and lowers the call through the chosen
+ * target's table; codegen/emit_c.c prints it. Targets: cpu (runtime/cpu), and cuda
+ * (runtime/cuda/ops.h) in the precisions fp32 and bf16 (bf16 matrix products). */
 #ifndef TOKPIPE_CODEGEN_TARGET_H
 #define TOKPIPE_CODEGEN_TARGET_H
 

@@ -21,8 +21,8 @@
  *
  * The trainer's messages, gradients and gathered tensors live in the compute backend's
  * device memory (../compute.h). MPI gets those buffers directly from the CPU backend, whose
- * device memory is host memory, and host copies from any other (runtime/train/pipeline.c,
- * host_view); a transport that reads device memory (device_memory: nccl) takes them
+ * device memory is host memory, and host copies from any other (runtime/train/buffers.c,
+ * pipe_host_view); a transport that reads device memory (device_memory: nccl) takes them
  * directly, and host memory as well, as a CUDA-aware MPI would: the two sides of a message
  * and every member of a collective must pass the same kind of memory. */
 #ifndef TOKPIPE_COMM_H

@@ -1,5 +1,5 @@
 /* The one-process backend: no MPI, size 1. A plan of several ranks runs in one process by
- * the trainer hosting all of them (runtime/train/pipeline.c), which moves their messages
+ * the trainer hosting all of them (runtime/train/messages.c), which moves their messages
  * itself, so nothing here ever has a peer. */
 #include "comm.h"
 

@@ -103,16 +103,10 @@ static double time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, ProbeTim
 
 /* One AdamW step over the parameters hosted rank h updates in training. */
 static double time_optimizer(Trainer *t, int h, TpStepIO io) {
-  const TpPlan *P = t->plan;
-  const TrainOptions *o = &t->o;
   double x[OPTIMIZER_REPEATS + 1];
   for (int r = 0; r <= OPTIMIZER_REPEATS; r++) { /* the first is the warm-up */
     double t0 = now_s();
-    for (int i = 0; i < P->nparams; i++) {
-      TpAdamW adamw = {o->lr, o->beta1, o->beta2, o->eps, t->decay[i], 1};
-      if (pipe_rank_updates(t, h, i))
-        t->compute->be->adamw(t->compute, io.stream, t->param[i], io.grad[i], t->m[i], t->v[i], t->numel[i], &adamw);
-    }
+    pipe_adamw(t, h, io.stream, io.grad, 1, t->o.lr, 1);
     t->compute->be->stream_sync(t->compute, io.stream);
     x[r] = now_s() - t0;
   }
@@ -257,13 +251,8 @@ int train_profile(Trainer *t) {
     double x = time_optimizer(t, h, io);
     if (replica == 0) opt[stage] = x;
   }
-  if (t->comm->size > 1) { /* each entry is one rank's, zero elsewhere: the sum gathers them */
-    int *group = malloc((size_t)t->comm->size * sizeof *group);
-    TP_ASSERT(group);
-    for (int r = 0; r < t->comm->size; r++) group[r] = r;
-    tp_comm_allreduce_sum(t->comm, times, n, TP_F64, group, t->comm->size);
-    free(group);
-  }
+  if (t->comm->size > 1) /* each entry is one rank's, zero elsewhere: the sum gathers them */
+    pipe_sum_processes(t, times, n, TP_F64);
   double typical = median(pass.x, pass.n), lower = quantile(pass.x, pass.n, 0.25),
          drift = lower > 0 ? quantile(pass.x, pass.n, 0.75) / lower - 1 : 0;
   free(pass.x);

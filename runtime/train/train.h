@@ -1,10 +1,11 @@
 /* Internal to runtime/train/: the trainer's state, shared by trainer.c (command line, the
  * step loop, logs), weights.c (initial weights, checkpoints, dumps, ONNX export),
- * profile.c (--profile), pipeline.c (the buffers and the steps of every plan) and trace.c
- * (--trace). Calls go one way, each file using only those after it:
- *   trainer.c -> profile.c -> weights.c -> pipeline.c -> trace.c
- * (trainer.c also calls weights.c, pipeline.c and trace.c; profile.c pipeline.c), and
- * pipeline.c alone reaches the compute backend for the others. */
+ * profile.c (--profile), the step's files (the buffers and the steps of every plan:
+ * schedule.c, plan_check.c, buffers.c, messages.c, collectives.c, params.c; step.h is
+ * private to them) and trace.c (--trace). Calls go one way, each using only those after it:
+ *   trainer.c -> profile.c -> weights.c -> the step's files -> trace.c
+ * (trainer.c also calls weights.c, the step's files and trace.c; profile.c the step's), and
+ * the step's files alone reach the compute backend for the others. */
 #ifndef TOKPIPE_TRAIN_TRAIN_H
 #define TOKPIPE_TRAIN_TRAIN_H
 
@@ -47,7 +48,7 @@ typedef struct {
   uint64_t rng, seed;
 } TrainCheckpointMeta;
 
-typedef struct PipeRank PipeRank; /* pipeline.c */
+typedef struct PipeRank PipeRank; /* step.h */
 typedef struct TraceLog TraceLog; /* trace.c */
 
 /* Host copies of parameter values, gradients and AdamW moments (per parameter; NULL
@@ -144,9 +145,11 @@ int train_export_onnx(Trainer *t);
 /* The folder of a checkpoint file; the checkpoint inside it. */
 char *train_checkpoint_path(const char *dir);
 
-/* pipeline.c: the buffers and the steps of every plan (ABI 2: the ranks of a pipeline) */
-/* Checks the pipeline part of the plan (TP_ERR_INTERNAL if malformed). */
+/* The step's files: the buffers and the steps of every plan (ABI 2: the ranks of a
+ * pipeline). */
+/* plan_check.c: checks the pipeline part of the plan (TP_ERR_INTERNAL if malformed). */
 int pipe_check_plan(const TpPlan *P, TpDiag *d);
+/* buffers.c */
 /* Device memory: zeroed, 64-byte aligned; NULL after an error naming the bytes and what
  * they are for (fmt, printf-style). */
 void *pipe_alloc(Trainer *t, size_t bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -155,6 +158,7 @@ void *pipe_alloc(Trainer *t, size_t bytes, const char *fmt, ...) __attribute__((
  * TP_ERR_USAGE on a wrong process count. */
 int pipe_setup(Trainer *t);
 void pipe_free(Trainer *t);
+/* schedule.c */
 /* One training step's forward and backward of the step's tokens over every hosted rank's
  * schedule, the all-reduces included; returns the step's loss (the same on every
  * process). */
@@ -168,10 +172,21 @@ void pipe_tokens_to_device(Trainer *t);
 void pipe_update(Trainer *t, int64_t step, double lr, float clip);
 /* The global gradient norm over every trainable parameter once (the same on every process). */
 double pipe_grad_norm(Trainer *t);
+/* Hosted rank h's stage and replica, and the io of its units: its parameters, its
+ * (scratch) gradients, microbatch 0's arena and rows, its stream. */
+TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
+/* AdamW, gradients scaled by `clip` first unless it is 1, on stream s over the parameters
+ * hosted rank h (ABI 1: h 0, the process) updates in the optimizer step, with grad its
+ * gradients (each parameter updated once per process; a tied one on both of its ranks). */
+void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step, double lr, float clip);
+/* params.c: the parameter store */
 /* Host copies (t->host, whole tensors) of the parameters this process holds (values; with moments, AdamW's
  * m and v of trainable ones), for weights.c to fill; pipe_upload sends them to the device. */
 int pipe_host_alloc(Trainer *t, bool moments);
 void pipe_upload(Trainer *t);
+/* Parameter p's whole tensor, as host copies and files hold it (p->dims are a rank's piece
+ * where it is split), over data. */
+TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data);
 /* Tensor rank `tensor`'s piece of parameter p (TpPlanShard) from the whole tensor (into
  * piece), or into the whole (gather); a parameter not split is copied whole. */
 void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather);
@@ -179,12 +194,10 @@ void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *p
  * process 0's host copies (t->host). */
 int pipe_download(Trainer *t, bool grads, bool moments);
 void pipe_host_free(Trainer *t);
-/* Hosted rank h's stage and replica, and the io of its units: its parameters, its
- * (scratch) gradients, microbatch 0's arena and rows, its stream. */
-TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
-/* Does hosted rank h update parameter i in the optimizer step? (In one process each value
- * has one copy, updated by its owner; under MPI every rank that holds it.) */
-bool pipe_rank_updates(const Trainer *t, int h, int i);
+/* collectives.c */
+/* buf (count elements of dtype) summed over every process in place: a gather where each
+ * process filled its own slots and left the others zero. */
+void pipe_sum_processes(Trainer *t, void *buf, size_t count, TpDType dtype);
 /* Every process's rc: the worst; the first failing process other than 0 prints its error
  * (process 0 printed its own). */
 int pipe_agree(Trainer *t, int rc);

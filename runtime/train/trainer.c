@@ -4,7 +4,7 @@
  * Exit codes: 0 ok, 1 bad input (one error line), 2 bad usage, 3 internal error.
  *
  * An ABI 2 plan (stages x tensor ranks x replicas, see plan.h) runs in one process or under
- * mpirun with one process per rank (pipeline.c; a tensor-parallel plan only the latter). Every process reads the options, the data and its
+ * mpirun with one process per rank (step.h; a tensor-parallel plan only the latter). Every process reads the options, the data and its
  * own parameters; process 0 alone writes the outputs (logs, dumps, checkpoints, the
  * model, the trace), from what it gathers, and only it prints errors: a failure of
  * another process is agreed on (pipe_agree), which prints that process's message. */
@@ -710,11 +710,9 @@ static int agree_at_start(Trainer *t) {
   TP_ASSERT(f == NFIELDS);
   int n = t->comm->size;
   int64_t *all = calloc((size_t)n * NFIELDS, sizeof *all);
-  int *ranks = malloc(sizeof *ranks * (size_t)n);
-  TP_ASSERT(all && ranks);
-  for (int r = 0; r < n; r++) ranks[r] = r;
+  TP_ASSERT(all);
   memcpy(all + (size_t)t->comm->rank * NFIELDS, mine, sizeof mine); /* a gather as a sum of slots */
-  tp_comm_allreduce_sum(t->comm, all, (size_t)n * NFIELDS, TP_I64, ranks, n);
+  pipe_sum_processes(t, all, (size_t)n * NFIELDS, TP_I64);
   int rc = TP_OK;
   for (int k = 0; k < NFIELDS && !rc; k++) {
     char list[160] = "";
@@ -744,7 +742,6 @@ static int agree_at_start(Trainer *t) {
                     "(%s)", start_fields[k].name, a, list, other, b, why);
   }
   free(all);
-  free(ranks);
   return rc;
 }
 

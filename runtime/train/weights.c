@@ -3,7 +3,7 @@
  * Everything is keyed by the ONNX initializer names of TpPlan. Each process loads only the
  * parameters it holds (t->held); the writers run on process 0 after pipe_download. All of
  * it works on the host copies of t->host (train.h), which hold whole tensors also where a
- * rank holds a piece (tensor parallelism: pipeline.c scatters and gathers them), so files
+ * rank holds a piece (tensor parallelism: params.c scatters and gathers them), so files
  * are the same whatever the plan's stages, tensor ranks and replicas. */
 #include "train.h"
 
@@ -32,14 +32,6 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* Parameter p's whole tensor (p->dims are a rank's piece where it is split). */
-static TpTensor param_tensor(const Trainer *t, const TpPlanParam *p, void *data) {
-  TpTensor v = {.dtype = TP_F32, .rank = p->rank, .data = data};
-  memcpy(v.dims, p->dims, sizeof v.dims);
-  if (train_split(t->plan, p)) v.dims[p->shard.axis] *= p->shard.parts;
-  return v;
-}
-
 /* `have` (tensor `name` of file) can initialise plan parameter p. */
 static int check_tensor(Trainer *t, const char *file, const char *name, const TpTensor *have,
                         const TpPlanParam *p) {
@@ -47,7 +39,7 @@ static int check_tensor(Trainer *t, const char *file, const char *name, const Tp
   const char *saved = t->d->file;
   int rc = TP_OK;
   t->d->file = file;
-  TpTensor want = param_tensor(t, p, NULL);
+  TpTensor want = pipe_whole_tensor(t->plan, p, NULL);
   if (have->dtype != TP_F32)
     rc = tp_error(t->d, "initializer '%s' is %s; the compiled plan needs f32", name,
                   tp_dtype_name(have->dtype) ? tp_dtype_name(have->dtype) : "of an unknown type");
@@ -197,10 +189,10 @@ int train_save_checkpoint(Trainer *t) {
   TP_ASSERT(ts);
   int n = 0;
   for (int i = 0; i < P->nparams; i++) {
-    ts[n++] = (TpNamedTensor){P->params[i].name, param_tensor(t, &P->params[i], t->host.param[i])};
+    ts[n++] = (TpNamedTensor){P->params[i].name, pipe_whole_tensor(P, &P->params[i], t->host.param[i])};
     if (!t->host.m[i]) continue;
-    ts[n++] = (TpNamedTensor){moment_key("m", P->params[i].name), param_tensor(t, &P->params[i], t->host.m[i])};
-    ts[n++] = (TpNamedTensor){moment_key("v", P->params[i].name), param_tensor(t, &P->params[i], t->host.v[i])};
+    ts[n++] = (TpNamedTensor){moment_key("m", P->params[i].name), pipe_whole_tensor(P, &P->params[i], t->host.m[i])};
+    ts[n++] = (TpNamedTensor){moment_key("v", P->params[i].name), pipe_whole_tensor(P, &P->params[i], t->host.v[i])};
   }
   char step[24], pos[24], tokens[24], crc[16], rng[24], seed[24], batch[24], seq[24], vocab[24], version[8];
   snprintf(step, sizeof step, "%" PRId64, t->step);
@@ -420,7 +412,7 @@ int train_load_weights(Trainer *t) {
 /* The value of derived initializer k computed from its parameter's values (or grads). */
 static float *derived_value(const Trainer *t, int k, const float *src) {
   const TpPlanDerived *dv = &t->plan->derived[k];
-  TpTensor whole = param_tensor(t, &t->plan->params[dv->param], NULL);
+  TpTensor whole = pipe_whole_tensor(t->plan, &t->plan->params[dv->param], NULL);
   int64_t n = t->whole_numel[dv->param];
   float *out = malloc((size_t)(n ? n : 1) * 4);
   TP_ASSERT(out);
@@ -436,7 +428,7 @@ static float *derived_value(const Trainer *t, int k, const float *src) {
 
 static TpTensor derived_tensor(const Trainer *t, int k, float *data) {
   const TpPlanDerived *dv = &t->plan->derived[k];
-  TpTensor v = param_tensor(t, &t->plan->params[dv->param], data);
+  TpTensor v = pipe_whole_tensor(t->plan, &t->plan->params[dv->param], data);
   if (dv->transpose) {
     int64_t rows = v.dims[0];
     v.dims[0] = v.dims[1], v.dims[1] = rows;
@@ -454,7 +446,7 @@ static TpNamedTensor *collect(const Trainer *t, bool grads, int *n, int *owned_f
   for (int i = 0; i < P->nparams; i++)
     if (!grads || P->params[i].trainable)
       ts[(*n)++] = (TpNamedTensor){P->params[i].name,
-                                   param_tensor(t, &P->params[i], grads ? t->host.grad[i] : t->host.param[i])};
+                                   pipe_whole_tensor(P, &P->params[i], grads ? t->host.grad[i] : t->host.param[i])};
   *owned_from = *n;
   for (int k = 0; k < P->nderived; k++) {
     int i = P->derived[k].param;

@@ -251,7 +251,7 @@ static void allreduce(TpComm *host, int S, int N) {
   make_plan(&tp, S, N, D, 2, true);
   TpComm *c = open_nccl(host, &tp.plan);
   int t = c->rank % N, k = c->rank / N % S, d = c->rank / (N * S);
-  if (D > 1) { /* the stage's replicas at this tensor rank, as pipeline.c's ALLREDUCE */
+  if (D > 1) { /* the stage's replicas at this tensor rank, as collectives.c's ALLREDUCE */
     int *group = static_cast<int *>(calloc((size_t)D, sizeof(int)));
     for (int r = 0; r < D; r++) group[r] = (r * S + k) * N + t;
     reduce_group(c, host, group, D);

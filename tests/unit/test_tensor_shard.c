@@ -1,4 +1,4 @@
-/* The trainer's scatter and gather of split parameters (runtime/train/pipeline.c,
+/* The trainer's scatter and gather of split parameters (runtime/train/params.c,
  * pipe_shard_copy) against TpPlanShard's definition (plan.h), element by element: the whole
  * tensor is `chunks` chunks along `axis`, each cut into `parts` pieces, and tensor rank t of
  * N holds piece t * parts / N of every chunk, in chunk order. Cases: a fused Q|K|V weight

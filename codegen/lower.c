@@ -1,0 +1,407 @@
+/* Lowering (see lower.h): requires a module after the training pipeline and its memory plan;
+ * provides, for a range of a stage's ops, the statements of the function that runs it. Each
+ * op is bound by its binder (bind/bind.c, the one the interpreter runs too) and its bound
+ * struct turned into the call's arguments in the order of the target's kernel table
+ * (codegen/target.c). What is decided here besides is the plan's memory: where each view
+ * points, which Reshapes run nothing, and how token slices append to and read their K/V
+ * context buffers. */
+#include "lower.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  const TpLowering *L;
+  TpLowFunc *f;
+  bool *declared; /* per value: declared in the function */
+  bool *here;     /* per op: lowered in the function (not a boundary copy, not outlined) */
+  int rc;
+} Lowerer;
+
+static TpLowStmt *add(Lowerer *X, TpLowKind kind) {
+  TpLowFunc *f = X->f;
+  if (f->n == f->cap) {
+    f->cap = f->cap ? 2 * f->cap : 32;
+    f->stmts = realloc(f->stmts, (size_t)f->cap * sizeof *f->stmts);
+    TP_ASSERT(f->stmts);
+  }
+  TpLowStmt *s = &f->stmts[f->n++];
+  *s = (TpLowStmt){.kind = kind, .op = -1, .value = -1, .call = -1};
+  return s;
+}
+
+static const TpType *type_of(const Lowerer *X, int v) { return &X->L->m->values[v].type; }
+
+static const char *node_name(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  return o->origin.node ? o->origin.node : tp_op_info[o->kind].name;
+}
+
+static int unsupported(Lowerer *X, int op, const char *why) {
+  const TpModule *m = X->L->m;
+  const TpOp *o = &m->ops[op];
+  return X->rc = tp_internal(X->L->d, "codegen: op %s (node '%s') is not supported%s%s", tp_op_info[o->kind].name,
+                             node_name(m, op), why ? ": " : "", why ? why : "");
+}
+
+/* The flat kernels take f32 arrays: every float operand and result must be f32. */
+static bool f32_only(Lowerer *X, int op) {
+  const TpModule *m = X->L->m;
+  const TpOp *o = &m->ops[op];
+  for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+    int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+    if (v >= 0 && tp_dtype_is_float(type_of(X, v)->dtype) && type_of(X, v)->dtype != TP_F32) {
+      char why[96];
+      snprintf(why, sizeof why, "'%s' is %s; the kernel takes f32", m->values[v].name,
+               tp_dtype_name(type_of(X, v)->dtype));
+      unsupported(X, op, why);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Integer ids read by a flat kernel must be i64. */
+static bool i64_ids(Lowerer *X, int op, int v) {
+  if (type_of(X, v)->dtype == TP_I64) return true;
+  char why[96];
+  snprintf(why, sizeof why, "ids '%s' are %s; the kernel takes i64", X->L->m->values[v].name,
+           tp_dtype_name(type_of(X, v)->dtype));
+  unsupported(X, op, why);
+  return false;
+}
+
+/* A Reshape whose result shares its operand's bytes: nothing to run. */
+static bool reshape_is_view(const TpMemoryPlan *p, int op, const TpModule *m) {
+  const TpMemSlot *y = &p->value[m->ops[op].outputs[0]], *x = &p->value[m->ops[op].inputs[0]];
+  return y->kind == TP_MEM_VIEW || (y->kind == TP_MEM_GRAD && x->kind == TP_MEM_GRAD && x->index == y->index);
+}
+
+/* Where value v's bytes are: a view declared before is addressed through it. */
+static TpAddr addr_of(Lowerer *X, int v) {
+  const TpMemSlot *s = &X->L->mem->value[v];
+  const int *map = X->L->param_map;
+  switch (s->kind) {
+  case TP_MEM_ARENA: X->f->uses_arena = true; return (TpAddr){TP_ADDR_ARENA, s->offset};
+  case TP_MEM_VIEW: return X->declared[s->index] ? (TpAddr){TP_ADDR_VALUE, s->index} : addr_of(X, s->index);
+  case TP_MEM_PARAM: return (TpAddr){TP_ADDR_PARAM, map ? map[s->index] : s->index};
+  case TP_MEM_GRAD: return (TpAddr){TP_ADDR_GRAD, map ? map[s->index] : s->index};
+  case TP_MEM_CONST: return (TpAddr){TP_ADDR_CONST, v};
+  case TP_MEM_TOKENS: return (TpAddr){TP_ADDR_TOKENS, 0};
+  case TP_MEM_TARGETS: return (TpAddr){TP_ADDR_TARGETS, 0};
+  case TP_MEM_NONE: break;
+  }
+  TP_ASSERT(!"a used value has no storage");
+  return (TpAddr){TP_ADDR_TOKENS, 0};
+}
+
+static void declare(Lowerer *X, int v, bool top) {
+  TpAddr a = addr_of(X, v);
+  TpLowStmt *s = add(X, TP_LOW_DECLARE);
+  s->value = v, s->top = top, s->addr = a;
+  X->declared[v] = true;
+}
+
+/* The operands and results of the op being lowered, as the views its binder saw. */
+typedef struct {
+  int op;
+  const TpTensor *in, *out;
+  int nin, nout;
+} Views;
+
+/* The value a view of the bound struct stands for (-1: none). */
+static int value_of(const Lowerer *X, const Views *w, const TpTensor *t) {
+  const TpOp *o = &X->L->m->ops[w->op];
+  if (!t) return -1;
+  if (t >= w->in && t < w->in + w->nin) {
+    int i = (int)(t - w->in);
+    return i < o->ninputs ? o->inputs[i] : -1;
+  }
+  TP_ASSERT(t >= w->out && t < w->out + w->nout);
+  int i = (int)(t - w->out);
+  return i < o->noutputs ? o->outputs[i] : -1;
+}
+
+static int64_t *copy_ints(const int64_t *xs, int n) {
+  int64_t *c = malloc(((size_t)n + 1) * sizeof *c);
+  TP_ASSERT(c);
+  if (n) memcpy(c, xs, (size_t)n * sizeof *c);
+  return c;
+}
+
+/* One argument of the call of bound op b (w: its views), spelled s. */
+static TpLowArg lower_arg(Lowerer *X, const TpArgSpelling *s, const TpBound *b, const Views *w) {
+  const char *base = (const char *)b;
+  const void *f = base + s->offset;
+  const TpTensor *t = s->kind <= TP_ARG_DIMS ? *(const TpTensor *const *)f : NULL;
+  TpLowArg a = {.kind = s->kind, .value = value_of(X, w, t), .aux = -1};
+  switch (s->kind) {
+  case TP_ARG_VIEW:
+  case TP_ARG_DATA:
+  case TP_ARG_SCALAR: break;
+  case TP_ARG_SCRATCH:
+    if (a.value < 0) a.i = X->L->mem->scratch[w->op].offset, X->f->uses_arena = true;
+    break;
+  case TP_ARG_RANK: a.kind = TP_ARG_I64, a.i = t->rank; break;
+  case TP_ARG_DIMS: a.kind = TP_ARG_I64S, a.n = t->rank, a.ints = copy_ints(t->dims, t->rank); break;
+  case TP_ARG_I64: a.i = *(const int64_t *)f; break;
+  case TP_ARG_INT: a.i = *(const int *)f; break;
+  case TP_ARG_BOOL: a.i = *(const bool *)f; break;
+  case TP_ARG_F32: a.f = *(const float *)f; break;
+  case TP_ARG_F64: a.f = *(const double *)f; break;
+  case TP_ARG_I64S:
+    a.n = *(const int *)(base + s->aux);
+    a.ints = copy_ints(*(const int64_t *const *)f, a.n);
+    break;
+  case TP_ARG_VIEWS_IN:
+  case TP_ARG_VIEWS_OUT: {
+    const TpTensor *xs = *(const TpTensor *const *)f;
+    a.n = *(const int *)(base + s->aux);
+    a.values = malloc(((size_t)a.n + 1) * sizeof *a.values);
+    TP_ASSERT(a.values);
+    for (int i = 0; i < a.n; i++) a.values[i] = value_of(X, w, &xs[i]);
+    break;
+  }
+  case TP_ARG_UNARY_OP: a.i = *(const TpUnaryOp *)f; break;
+  case TP_ARG_BINARY_OP: a.i = *(const TpBinaryOp *)f; break;
+  case TP_ARG_ATTENTION:
+    a.attention = *(const TpAttention *)f;
+    a.aux = value_of(X, w, *(const TpTensor *const *)(base + s->aux));
+    break;
+  case TP_ARG_LOSS:
+    a.loss = *(const TpLossOptions *)f;
+    a.aux = value_of(X, w, *(const TpTensor *const *)(base + s->aux));
+    break;
+  case TP_ARG_BAD: X->f->uses_bad = true; break;
+  case TP_ARG_STREAM: break;
+  }
+  return a;
+}
+
+/* The call of bound op b, its arguments in the target's order. */
+static void lower_call(Lowerer *X, const TpBound *b, const Views *w) {
+  const TpKernelSpelling *k = &X->L->target->kernels[b->kernel];
+  TP_ASSERT(k->name[0]);
+  TpLowArg *args = calloc((size_t)k->nargs + 1, sizeof *args);
+  TP_ASSERT(args);
+  for (int i = 0; i < k->nargs; i++) args[i] = lower_arg(X, &k->args[i], b, w);
+  TpLowStmt *s = add(X, TP_LOW_CALL);
+  s->kernel = b->kernel, s->nargs = k->nargs, s->args = args;
+}
+
+/* Whether the plan has a tensor group for op to work over; else the error. */
+static bool has_tensor_group(Lowerer *X, int op) {
+  if (X->L->tensor > 1) return true;
+  const TpModule *m = X->L->m;
+  X->rc = tp_error_op(X->L->d, m, op, "codegen: %s works over the tensor group, but the module has none (tokpipec "
+                      "--tensor N)", tp_op_info[m->ops[op].kind].name);
+  return false;
+}
+
+/* TensorRank (passes/shard_tensor.c): this rank's place in its tensor group, which the
+ * runtime gives in io->tensor_rank, stored in the i64 scalar for the vocabulary-parallel
+ * ops that read it (queued on the stream on a device target: its buffer is the device's). */
+static void lower_tensor_rank(Lowerer *X, int op) {
+  const TpModule *m = X->L->m;
+  int y = m->ops[op].outputs[0];
+  if (!has_tensor_group(X, op)) return;
+  if (strcmp(tp_attr_string(m, op, "group", "tensor"), "tensor") != 0 || type_of(X, y)->dtype != TP_I64 ||
+      type_of(X, y)->rank != 0) {
+    unsupported(X, op, "only the i64 scalar rank in the tensor group is");
+    return;
+  }
+  add(X, X->L->target->fill_i64 ? TP_LOW_RANK_FILL : TP_LOW_RANK_STORE)->value = y;
+}
+
+/* The tensor group's ops (passes/shard_tensor.c). TensorCopy is the identity on every
+ * rank: its result is a view of its operand (memory.c), nothing runs. AllReduce sums its
+ * operand over the group in place through the runtime's io->tensor_allreduce (the same
+ * call on every target: the runtime picks the transport), first copying it into the
+ * result's own buffer where the memory plan could not alias them. */
+static void lower_tensor_op(Lowerer *X, int op) {
+  const TpModule *m = X->L->m;
+  int x = m->ops[op].inputs[0], y = m->ops[op].outputs[0];
+  if (!f32_only(X, op) || !has_tensor_group(X, op)) return;
+  if (strcmp(tp_attr_string(m, op, "group", "tensor"), "tensor") != 0 ||
+      (m->ops[op].kind == TP_OP_AllReduce && strcmp(tp_attr_string(m, op, "reduce", "sum"), "sum") != 0)) {
+    unsupported(X, op, "only sums over the tensor group are");
+    return;
+  }
+  if (X->L->mem->value[y].kind != TP_MEM_VIEW) {
+    TpTensor views[2] = {tp_value_tensor(m, x), tp_value_tensor(m, y)};
+    Views w = {op, views, views + 1, 1, 1};
+    TpBound b = {.kernel = TP_K_RESHAPE};
+    b.a.reshape = (TpCopyArgs){&views[0], &views[1]};
+    lower_call(X, &b, &w);
+  }
+  if (m->ops[op].kind == TP_OP_AllReduce) {
+    TpLowStmt *s = add(X, TP_LOW_ALLREDUCE);
+    s->value = y, s->count = tp_type_numel(type_of(X, y));
+  }
+}
+
+/* The statements of one op; its results are declared already. The op's binder gives the
+ * kernel and its arguments from views of the operands' types; what is decided here is the
+ * plan's memory: a token slice's keys and values are appended to, and read in place from,
+ * their context buffers. */
+static void lower_op(Lowerer *X, int op) {
+  const TpModule *m = X->L->m;
+  const TpOp *o = &m->ops[op];
+  const TpOpBinding *r = tp_op_binding(o->kind);
+  if (o->kind == TP_OP_Reshape && reshape_is_view(X->L->mem, op, m)) return;
+  if (o->kind == TP_OP_TensorCopy || o->kind == TP_OP_AllReduce) {
+    lower_tensor_op(X, op);
+    return;
+  }
+  if (o->kind == TP_OP_TensorRank) {
+    lower_tensor_rank(X, op);
+    return;
+  }
+  if (!r->bind) {
+    unsupported(X, op, NULL);
+    return;
+  }
+  if ((r->dtypes == TP_BIND_F32 || r->dtypes == TP_BIND_F32_COPY) && !f32_only(X, op)) return;
+  if (r->ids && !i64_ids(X, op, o->inputs[r->ids - 1])) return;
+  TpTensor views[128];
+  TP_ASSERT(o->ninputs + o->noutputs <= 128);
+  Views w = {op, views, views + o->ninputs, o->ninputs, o->noutputs};
+  for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+    int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+    views[k] = v >= 0 ? tp_value_tensor(m, v) : (TpTensor){0};
+  }
+  TpBound b;
+  int rc = tp_bind_op(m, op, w.in, views + o->ninputs, &b, X->L->d);
+  if (rc != TP_OK) {
+    X->rc = rc;
+    return;
+  }
+  if (b.kernel == TP_K_CONCAT && tp_context_rows(m, o->outputs[0])) {
+    /* only the slice's own rows are new in the buffer */
+    const TpConcatArgs *c = &b.a.concat;
+    const TpTensor *own = &c->xs[c->n - 1];
+    b.kernel = TP_K_CONTEXT_APPEND;
+    b.a.context_append = (TpContextAppendArgs){own, c->axis, c->y->dims[c->axis] - own->dims[c->axis],
+                                               tp_context_rows(m, o->outputs[0]), c->y};
+  }
+  if (b.kernel == TP_K_ATTENTION || b.kernel == TP_K_ATTENTION_BACKWARD) {
+    TpAttentionArgs *a = &b.a.attention;
+    if (a->past_k) {
+      unsupported(X, op, "past keys and values");
+      return;
+    }
+    int64_t rows = tp_context_rows(m, value_of(X, &w, a->k));
+    if (rows != tp_context_rows(m, value_of(X, &w, a->v))) {
+      unsupported(X, op, "K and V must both be token-slice contexts, or neither");
+      return;
+    }
+    a->p.kv_rows = rows;
+  }
+  lower_call(X, &b, &w);
+}
+
+/* Is value v read by one of the ops ops[0..n) lowered here (or is it the loss)? */
+static bool read_after(const Lowerer *X, const int *ops, int n, int v) {
+  const TpModule *m = X->L->m;
+  if (v == m->loss) return true;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; X->here[ops[i]] && k < m->ops[ops[i]].ninputs; k++)
+      if (m->ops[ops[i]].inputs[k] == v) return true;
+  return false;
+}
+
+int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, const TpLowRange *outlined,
+                   int noutlined, TpLowFunc *f) {
+  const TpModule *m = L->m;
+  const int *order = L->mem->order[s];
+  *f = (TpLowFunc){0};
+  Lowerer X = {L, f, calloc((size_t)m->nvalues + 1, sizeof(bool)), calloc((size_t)m->nops + 1, sizeof(bool)), TP_OK};
+  TP_ASSERT(X.declared && X.here);
+  for (int i = from, c = 0; i < to; i++) {
+    if (tp_is_boundary_op(m, order[i])) continue;
+    f->nops++;
+    while (c < noutlined && outlined[c].end <= i) c++;
+    if (c == noutlined || i < outlined[c].begin) X.here[order[i]] = true;
+  }
+  /* What the function reads from outside, in order of first use. */
+  for (int i = from; i < to; i++) {
+    const TpOp *o = &m->ops[order[i]];
+    if (!X.here[order[i]]) continue;
+    for (int k = 0; k < o->ninputs; k++) {
+      int v = o->inputs[k];
+      if (v < 0 || X.declared[v]) continue;
+      int def = m->values[v].kind == TP_VAL_RESULT ? m->values[v].def : -1;
+      if (def >= 0 && X.here[def]) continue;
+      declare(&X, v, true);
+    }
+  }
+  for (int i = from, c = 0; i < to && X.rc == TP_OK; i++) {
+    int op = order[i];
+    const TpOp *o = &m->ops[op];
+    if (c < noutlined && i == outlined[c].begin) {
+      add(&X, TP_LOW_OUTLINED)->call = c;
+      i = outlined[c++].end - 1;
+      continue;
+    }
+    if (!X.here[op]) continue;
+    bool view = o->kind == TP_OP_Reshape && reshape_is_view(L->mem, op, m);
+    /* A Reshape that runs nothing is only worth a line where its result is read here. */
+    if (view && !read_after(&X, order + i + 1, to - i - 1, o->outputs[0])) continue;
+    TpLowStmt *begin = add(&X, TP_LOW_OP);
+    begin->op = op, begin->view = view;
+    for (int k = 0; k < o->noutputs; k++)
+      if (o->outputs[k] >= 0) declare(&X, o->outputs[k], false);
+    lower_op(&X, op);
+  }
+  if (X.rc == TP_OK && !backward && m->loss >= 0 && m->values[m->loss].def >= 0 && X.here[m->values[m->loss].def])
+    add(&X, L->target->copy_to_host ? TP_LOW_LOSS_COPY : TP_LOW_LOSS_STORE)->value = m->loss;
+  free(X.declared);
+  free(X.here);
+  return X.rc;
+}
+
+void tp_low_func_free(TpLowFunc *f) {
+  for (int i = 0; i < f->n; i++) {
+    for (int k = 0; k < f->stmts[i].nargs; k++) {
+      free(f->stmts[i].args[k].ints);
+      free(f->stmts[i].args[k].values);
+    }
+    free(f->stmts[i].args);
+  }
+  free(f->stmts);
+  *f = (TpLowFunc){0};
+}
+
+int64_t tp_slice_length(const TpModule *m, const TpMemoryPlan *mem, int slice, int64_t seq) {
+  if (mem->nslices == 1) return seq;
+  if (m->nslices == mem->nslices && m->slice_len) return m->slice_len[slice];
+  /* else from the token axis of a forward result of the slice */
+  for (int op = 0; op < m->nops; op++)
+    if (m->ops[op].slice == slice && m->ops[op].phase == TP_PHASE_FORWARD)
+      for (int k = 0; k < m->ops[op].noutputs; k++) {
+        int v = m->ops[op].outputs[k], axis = v >= 0 ? tp_token_axis(m, v) : -1;
+        if (axis >= 0) return m->values[v].type.dims[axis];
+      }
+  return 0;
+}
+
+int64_t tp_slice_context(const TpModule *m, const TpMemoryPlan *mem, int slice, int64_t seq) {
+  int64_t c = 0;
+  for (int i = 0; i < slice; i++) c += tp_slice_length(m, mem, i, seq);
+  return c;
+}
+
+int tp_lower_param_map(const TpModule *m, const TpMemoryPlan *mem, const TpModule *pm, const TpMemoryPlan *pp,
+                       int *map, TpDiag *d) {
+  for (int i = 0; i < pp->nparams; i++) {
+    const char *name = pm->values[pp->params[i]].name;
+    int j = 0;
+    while (j < mem->nparams && strcmp(m->values[mem->params[j]].name, name) != 0) j++;
+    if (j == mem->nparams) return tp_internal(d, "codegen: probe parameter '%s' is not a parameter of the plan", name);
+    if (pp->param_stage[i] != mem->param_stage[j] || pp->param_tied_stage[i] != mem->param_tied_stage[j])
+      return tp_internal(d, "codegen: probe parameter '%s' is held by stage %d, in the plan by stage %d: the stage "
+                         "cuts differ", name, pp->param_stage[i], mem->param_stage[j]);
+    map[i] = j;
+  }
+  return TP_OK;
+}

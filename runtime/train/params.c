@@ -1,0 +1,184 @@
+/* The parameter store: where each parameter lives (its owner rank), its device value and
+ * AdamW state, and its host copies as whole tensors (t->host), which weights.c reads and
+ * writes. Loading scatters a whole tensor to this process's piece of it (pipe_upload);
+ * saving gathers every piece from its first holder into process 0's copy (pipe_download). */
+#include "step.h"
+
+#include <string.h>
+
+/* The rank that owns parameter i (its piece held by tensor rank `tensor`): replica 0's
+ * rank of its stage, the first tensor rank holding that piece (ABI 1: the one). */
+int pipe_owner(const Trainer *t, int i, int tensor) {
+  const TpPlan *P = t->plan;
+  return P->stages ? rank_of(P, 0, P->params[i].stage, piece_holder(P, &P->params[i], tensor)) : 0;
+}
+
+/* A parameter's value and, if trainable, AdamW state. */
+int pipe_alloc_param(Trainer *t, int i) {
+  size_t bytes = (size_t)t->numel[i] * 4;
+  const char *name = t->plan->params[i].name;
+  if (!(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name)) ||
+      (t->plan->params[i].trainable && (!(t->m[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
+                                        !(t->v[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)))))
+    return TP_ERR_INPUT;
+  return TP_OK;
+}
+
+/* ---- host copies ---- */
+
+TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data) {
+  TpTensor v = {.dtype = TP_F32, .rank = p->rank, .data = data};
+  memcpy(v.dims, p->dims, sizeof v.dims);
+  if (train_split(P, p)) v.dims[p->shard.axis] *= p->shard.parts;
+  return v;
+}
+
+static float **host_array(const Trainer *t) {
+  return xcalloc((size_t)(t->plan->nparams ? t->plan->nparams : 1), sizeof(float *));
+}
+
+/* Host copies for parameter i (the whole tensor): its gradient (grads), else its value and
+ * with moments, if trainable, AdamW's m and v. */
+static int host_alloc_param(Trainer *t, int i, bool grads, bool moments) {
+  TrainHost *H = &t->host;
+  const TpPlanParam *p = &t->plan->params[i];
+  size_t bytes = (size_t)t->whole_numel[i] * 4;
+  char what[256];
+  snprintf(what, sizeof what, "a host copy of '%s'", p->name);
+  if (grads) return p->trainable && !(H->grad[i] = pipe_alloc_bytes(t, false, bytes, what)) ? TP_ERR_INPUT : TP_OK;
+  if (!(H->param[i] = pipe_alloc_bytes(t, false, bytes, what))) return TP_ERR_INPUT;
+  if (moments && p->trainable &&
+      (!(H->m[i] = pipe_alloc_bytes(t, false, bytes, what)) || !(H->v[i] = pipe_alloc_bytes(t, false, bytes, what))))
+    return TP_ERR_INPUT;
+  return TP_OK;
+}
+
+static void host_arrays(Trainer *t) {
+  pipe_host_free(t);
+  t->host = (TrainHost){host_array(t), host_array(t), host_array(t), host_array(t)};
+}
+
+int pipe_host_alloc(Trainer *t, bool moments) {
+  host_arrays(t);
+  int rc = TP_OK;
+  for (int i = 0; i < t->plan->nparams && !rc; i++)
+    if (t->held[i]) rc = host_alloc_param(t, i, false, moments);
+  return rc;
+}
+
+void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather) {
+  if (!train_split(P, p)) {
+    if (gather) memcpy(whole, piece, (size_t)tp_numel(p->rank, p->dims) * 4);
+    else memcpy(piece, whole, (size_t)tp_numel(p->rank, p->dims) * 4);
+    return;
+  }
+  const TpPlanShard *sh = &p->shard;
+  int N = train_tensor(P), chunks = sh->chunks > 1 ? sh->chunks : 1, at = tensor * sh->parts / N;
+  int64_t outer = tp_numel(sh->axis, p->dims), inner = tp_numel(p->rank - sh->axis - 1, p->dims + sh->axis + 1);
+  int64_t len = p->dims[sh->axis] / chunks * inner; /* one piece of one chunk */
+  int64_t chunk = len * sh->parts;                  /* one chunk of the whole */
+  for (int64_t o = 0; o < outer; o++)
+    for (int c = 0; c < chunks; c++) {
+      float *mine = piece + (o * chunks + c) * len, *there = whole + (o * chunks + c) * chunk + at * len;
+      memcpy(gather ? there : mine, gather ? mine : there, (size_t)len * 4);
+    }
+}
+
+/* A host buffer for one tensor rank's piece of parameter i. The whole tensor's host copy is
+ * held meanwhile, so this can still fail: the job ends with one line (the ranks of the
+ * tensor group wait on this one). */
+static float *piece_buffer(Trainer *t, int i) {
+  float *piece = pipe_alloc_bytes(t, false, (size_t)t->numel[i] * 4, "a parameter's piece");
+  if (!piece)
+    tp_comm_abort(t->comm, 1, "cannot hold a piece of parameter '%s' beside the whole tensor",
+                  t->plan->params[i].name);
+  return piece;
+}
+
+/* A host copy of parameter i (the whole tensor) into device buffer dev: this rank's piece
+ * where it is split. */
+static void upload(Trainer *t, int i, void *dev, const float *host) {
+  const TpPlan *P = t->plan;
+  size_t bytes = (size_t)t->numel[i] * 4;
+  if (!train_split(P, &P->params[i])) {
+    be(t)->copy_h2d(t->compute, t->stream, dev, host, bytes);
+    return;
+  }
+  float *piece = piece_buffer(t, i);
+  pipe_shard_copy(P, &P->params[i], t->hosted[0]->tensor, piece, (float *)host, false);
+  be(t)->copy_h2d(t->compute, t->stream, dev, piece, bytes);
+  be(t)->stream_sync(t->compute, t->stream);
+  free(piece);
+}
+
+void pipe_upload(Trainer *t) {
+  TrainHost *H = &t->host;
+  for (int i = 0; i < t->plan->nparams; i++) {
+    if (!t->held[i]) continue;
+    if (H->param[i]) upload(t, i, t->param[i], H->param[i]);
+    if (H->m[i]) upload(t, i, t->m[i], H->m[i]);
+    if (H->v[i]) upload(t, i, t->v[i], H->v[i]);
+  }
+  be(t)->stream_sync(t->compute, t->stream); /* before the host copies are freed */
+}
+
+void pipe_host_free(Trainer *t) {
+  TrainHost *H = &t->host;
+  for (int i = 0; H->param && i < t->plan->nparams; i++)
+    free(H->param[i]), free(H->grad[i]), free(H->m[i]), free(H->v[i]);
+  free(H->param), free(H->grad), free(H->m), free(H->v);
+  *H = (TrainHost){0};
+}
+
+/* Device buffer dev of parameter i (the piece of tensor rank `tensor` where it is split)
+ * from its owner into `host` on process 0. */
+static void fetch_piece(Trainer *t, int i, int tensor, void *dev, float *host) {
+  int from = pipe_owner(t, i, tensor);
+  size_t bytes = (size_t)t->numel[i] * 4;
+  if (one_process(t) || from == 0) {
+    if (!train_is_root(t)) return;
+    be(t)->copy_d2h(t->compute, t->stream, host, dev, bytes);
+    be(t)->stream_sync(t->compute, t->stream);
+  } else if (t->comm->rank == from) {
+    void *view = pipe_host_view(t, t->stream, dev, bytes, true, false);
+    tp_comm_send(t->comm, view, bytes, 0, GATHER_TAG, "rank 0 to gather a tensor");
+    pipe_end_host_view(t, t->stream, dev, view, bytes, false);
+  } else if (train_is_root(t)) {
+    tp_comm_recv(t->comm, host, bytes, from, GATHER_TAG, "a tensor to gather");
+  }
+}
+
+/* The whole tensor of device buffer dev of parameter i into process 0's host copy: from
+ * its owner, or each piece from the first tensor rank holding it. */
+static void fetch(Trainer *t, int i, void *dev, float *host) {
+  const TpPlan *P = t->plan;
+  const TpPlanParam *p = &P->params[i];
+  if (!train_split(P, p)) {
+    fetch_piece(t, i, 0, dev, host);
+    return;
+  }
+  int N = train_tensor(P);
+  float *piece = train_is_root(t) ? piece_buffer(t, i) : NULL;
+  for (int tensor = 0; tensor < N; tensor += N / p->shard.parts) {
+    fetch_piece(t, i, tensor, dev, piece);
+    if (piece) pipe_shard_copy(P, p, tensor, piece, host, true);
+  }
+  free(piece);
+}
+
+int pipe_download(Trainer *t, bool grads, bool moments) {
+  const TpPlan *P = t->plan;
+  host_arrays(t);
+  int rc = TP_OK;
+  for (int i = 0; i < P->nparams && !rc && train_is_root(t); i++) rc = host_alloc_param(t, i, grads, moments);
+  if ((rc = pipe_agree(t, rc))) return rc;
+  for (int i = 0; i < P->nparams; i++) {
+    if (grads) {
+      if (P->params[i].trainable) fetch(t, i, t->grad[i], t->host.grad[i]);
+      continue;
+    }
+    fetch(t, i, t->param[i], t->host.param[i]);
+    if (moments && P->params[i].trainable) fetch(t, i, t->m[i], t->host.m[i]), fetch(t, i, t->v[i], t->host.v[i]);
+  }
+  return TP_OK;
+}

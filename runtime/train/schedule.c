@@ -1,0 +1,273 @@
+/* A step: the schedule interpreter that runs every hosted rank's instruction list (ABI 2;
+ * ABI 1: the stage functions in order), the step's loss, the global gradient norm and the
+ * AdamW update. Messages are messages.c's, collectives collectives.c's. */
+#include "step.h"
+
+#include <math.h>
+
+/* ---- the units ---- */
+
+void pipe_tokens_to_device(Trainer *t) {
+  size_t bytes = (size_t)(train_rows(t->plan) * t->plan->seq) * sizeof *t->tokens;
+  be(t)->copy_h2d(t->compute, t->stream, t->dev_tokens, t->tokens, bytes);
+  be(t)->copy_h2d(t->compute, t->stream, t->dev_targets, t->targets, bytes);
+  be(t)->stream_sync(t->compute, t->stream); /* before any unit reads them, or the host refills them */
+}
+
+/* Runs a unit on `stream`. io->loss (a host float) is set once the stream is synchronized
+ * (a device unit queues its copy there). */
+static void run_unit(Trainer *t, TpStream *stream, TpUnitFn fn, TpStepIO *io) {
+  be(t)->run_unit(t->compute, stream, fn, io);
+}
+
+static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
+  const TpPlan *P = t->plan;
+  int64_t row = ((int64_t)R->replica * P->microbatches + mb) * P->batch;
+  bool tensor = train_tensor(P) > 1;
+  return (TpStepIO){.arena = R->arena[mb % R->st->arenas], .param = R->param, .grad = R->scratch,
+                    .tokens = t->dev_tokens + row * P->seq, .targets = t->dev_targets + row * P->seq, .loss = NAN,
+                    .compute = t->compute, .stream = R->stream,
+                    .tensor_allreduce = tensor ? pipe_tensor_allreduce : NULL, .tensor_ctx = tensor ? R : NULL,
+                    .tensor_rank = R->tensor};
+}
+
+/* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it
+ * called io->tensor_allreduce as often as the plan says (a member that does not would
+ * leave the others waiting in an all-reduce, or pair theirs wrongly). */
+static void run_rank_unit(Trainer *t, PipeRank *R, const TpPlanInsn *x, TpStepIO *io) {
+  bool fwd = x->kind == TP_PLAN_FORWARD;
+  R->reduces = 0;
+  run_unit(t, R->stream, (fwd ? R->st->forward : R->st->backward)[x->slice], io);
+  if (train_tensor(t->plan) == 1) return;
+  int want = (fwd ? R->st->forward_reduces : R->st->backward_reduces)[x->slice];
+  if (R->reduces != want)
+    tp_comm_abort(t->comm, TP_ERR_INTERNAL, "the %s unit of stage %d, slice %d (microbatch %d) made %d tensor "
+                  "all-reduce%s; the plan says %d (a compiler bug)", fwd ? "forward" : "backward", R->stage,
+                  x->slice, x->mb, R->reduces, R->reduces == 1 ? "" : "s", want);
+}
+
+TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica) {
+  PipeRank *R = t->hosted[h];
+  *stage = R->stage;
+  *replica = R->replica;
+  return unit_io(t, R, 0);
+}
+
+/* ---- the schedules ---- */
+
+/* The step's gradient: the microbatches' sum over their count. */
+static void finish_grads(Trainer *t, PipeRank *R) {
+  if (R->grads_final) return;
+  R->grads_final = true;
+  int M = t->plan->microbatches;
+  if (M > 1) be(t)->divide(t->compute, R->stream, R->grad_block, R->grad_count, (float)M);
+}
+
+/* Runs instruction x of R; false if it must wait (one process only). */
+static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
+  const TpPlan *P = t->plan;
+  TpStepIO io;
+  switch (x->kind) {
+  case TP_PLAN_FORWARD:
+    io = unit_io(t, R, x->mb);
+    if (R->stage == P->nstages - 1 && x->slice == P->nslices - 1) {
+      /* the unit queues the copy of its loss: read after the schedule's last synchronization */
+      R->loss_io[x->mb] = io;
+      run_rank_unit(t, R, x, &R->loss_io[x->mb]);
+    } else {
+      run_rank_unit(t, R, x, &io);
+    }
+    return true;
+  case TP_PLAN_BACKWARD:
+    /* the microbatch's backward units run together, from its last slice to slice 0 */
+    if (x->slice == P->nslices - 1)
+      be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * 4);
+    io = unit_io(t, R, x->mb);
+    run_rank_unit(t, R, x, &io);
+    if (x->slice == 0 && R->scratch_block != R->grad_block)
+      be(t)->add_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count);
+    return true;
+  case TP_PLAN_SEND_ACT:
+  case TP_PLAN_SEND_GRAD:
+    pipe_send(t, R, x);
+    return true;
+  case TP_PLAN_RECV_ACT:
+  case TP_PLAN_RECV_GRAD:
+    return pipe_receive(t, R, x);
+  case TP_PLAN_ALLREDUCE_TIED:
+    finish_grads(t, R);
+    return pipe_allreduce_tied(t, R);
+  case TP_PLAN_ALLREDUCE:
+    finish_grads(t, R);
+    return pipe_allreduce_replicas(t, R);
+  default:
+    TP_ASSERT(!"an instruction the runtime does not run here");
+    return false;
+  }
+}
+
+static bool forward_side(int kind) {
+  return kind == TP_PLAN_FORWARD || kind == TP_PLAN_SEND_ACT || kind == TP_PLAN_RECV_ACT;
+}
+
+/* Runs every hosted rank's schedule up to its optimizer step (train) or its forward
+ * instructions only (!train). One process: round robin, each rank until it must wait. */
+static void run_schedules(Trainer *t, bool train) {
+  for (int h = 0; h < t->nhosted; h++) {
+    PipeRank *R = t->hosted[h];
+    R->pc = 0;
+    R->waiting = R->grads_final = false;
+    if (train && R->scratch_block != R->grad_block)
+      be(t)->memset(t->compute, R->stream, R->grad_block, 0, (size_t)R->grad_count * 4);
+    for (int m = 0; m < t->plan->microbatches; m++) R->loss[m] = R->loss_io[m].loss = NAN;
+  }
+  for (;;) {
+    bool progress = false, done = true;
+    for (int h = 0; h < t->nhosted; h++) {
+      PipeRank *R = t->hosted[h];
+      while (R->pc < R->st->ninsns) {
+        const TpPlanInsn *x = &R->st->insns[R->pc];
+        if (x->kind == TP_PLAN_OPTIMIZER_STEP || (!train && !forward_side(x->kind))) {
+          R->pc++;
+          continue;
+        }
+        double start = t->trace ? trace_now_us(t->trace) : 0;
+        if (!exec(t, R, x)) break;
+        if (t->trace) {
+          be(t)->stream_sync(t->compute, R->stream); /* the instruction's end */
+          trace_add(t->trace, R->rank, x->kind, x->mb, x->slice, x->peer, start, trace_now_us(t->trace));
+        }
+        R->pc++;
+        progress = true;
+        if (R->nsends) pipe_complete_sends(t, R, false);
+      }
+      if (R->pc < R->st->ninsns) done = false;
+    }
+    if (done) break;
+    if (!progress) {
+      const PipeRank *R = t->hosted[0];
+      for (int h = 0; h < t->nhosted && R->pc >= R->st->ninsns; h++) R = t->hosted[h];
+      tp_comm_abort(t->comm, TP_ERR_INTERNAL, "the schedule deadlocked: rank %d waits at instruction %d "
+                    "(a compiler bug: the plan's schedule was verified)", R->rank, R->pc);
+    }
+  }
+  for (int h = 0; h < t->nhosted; h++) {
+    PipeRank *R = t->hosted[h];
+    pipe_complete_sends(t, R, true);
+    if (train) finish_grads(t, R);
+    be(t)->stream_sync(t->compute, R->stream);
+    if (R->stage == t->plan->nstages - 1)
+      for (int m = 0; m < t->plan->microbatches; m++) R->loss[m] = R->loss_io[m].loss;
+  }
+}
+
+/* The mean over microbatches and replicas of the last stage's losses (tensor rank 0's). */
+static double step_loss(Trainer *t) {
+  const TpPlan *P = t->plan;
+  double *x = xcalloc((size_t)t->nhosted, sizeof *x);
+  for (int h = 0; h < t->nhosted; h++) {
+    const PipeRank *R = t->hosted[h];
+    if (R->stage != P->nstages - 1 || R->tensor != 0) continue;
+    for (int m = 0; m < P->microbatches; m++) x[h] += R->loss[m];
+    x[h] /= P->microbatches;
+  }
+  double loss = pipe_sum_ranks(t, x) / P->dp;
+  free(x);
+  return loss;
+}
+
+/* ABI 1: the stage functions in order (backward: in reverse), one process; the loss. */
+static double run_stages(Trainer *t, bool backward) {
+  const TpPlan *P = t->plan;
+  TpStepIO io = {.param = t->param, .grad = t->grad, .tokens = t->dev_tokens, .targets = t->dev_targets,
+                 .loss = NAN, .compute = t->compute, .stream = t->stream};
+  for (int pass = 0; pass <= (int)backward; pass++)
+    for (int k = 0; k < P->nstages; k++) {
+      int s = pass ? P->nstages - 1 - k : k;
+      double start = t->trace ? trace_now_us(t->trace) : 0;
+      io.arena = t->arena[s];
+      run_unit(t, t->stream, (pass ? P->backward : P->forward)[s], &io);
+      if (t->trace) {
+        be(t)->stream_sync(t->compute, t->stream);
+        trace_add(t->trace, 0, pass ? TP_PLAN_BACKWARD : TP_PLAN_FORWARD, 0, 0, s, start, trace_now_us(t->trace));
+      }
+    }
+  be(t)->stream_sync(t->compute, t->stream);
+  return io.loss;
+}
+
+double pipe_train_step(Trainer *t) {
+  pipe_tokens_to_device(t);
+  if (!t->plan->stages) {
+    for (int i = 0; i < t->plan->nparams; i++)
+      be(t)->memset(t->compute, t->stream, t->grad[i], 0, (size_t)t->numel[i] * 4);
+    return run_stages(t, true);
+  }
+  run_schedules(t, true);
+  return step_loss(t);
+}
+
+double pipe_eval(Trainer *t) {
+  pipe_tokens_to_device(t);
+  if (!t->plan->stages) return run_stages(t, false);
+  run_schedules(t, false);
+  return step_loss(t);
+}
+
+/* ---- the gradient norm and the optimizer ---- */
+
+/* Whether hosted rank h (ABI 1: h 0, the process) counts parameter i in the norm: every
+ * piece once. */
+static bool counts_in_norm(const Trainer *t, int h, int i) {
+  if (!t->plan->stages) return t->m[i] != NULL;
+  const PipeRank *R = t->hosted[h];
+  return t->plan->params[i].trainable && pipe_owner(t, i, R->tensor) == R->rank;
+}
+
+double pipe_grad_norm(Trainer *t) {
+  int H = t->plan->stages ? t->nhosted : 1;
+  double *x = xcalloc((size_t)H, sizeof *x);
+  for (int h = 0; h < H; h++) {
+    TpStream *s = t->plan->stages ? t->hosted[h]->stream : t->stream;
+    float **grad = t->plan->stages ? t->hosted[h]->grad : t->grad;
+    be(t)->memset(t->compute, s, &t->norm_sum[h], 0, sizeof *t->norm_sum);
+    for (int i = 0; i < t->plan->nparams; i++)
+      if (counts_in_norm(t, h, i)) be(t)->sum_squares(t->compute, s, grad[i], t->numel[i], &t->norm_sum[h]);
+    be(t)->copy_d2h(t->compute, s, &x[h], &t->norm_sum[h], sizeof *x);
+    be(t)->stream_sync(t->compute, s);
+  }
+  double norm = sqrt(t->plan->stages ? pipe_sum_ranks(t, x) : x[0]);
+  free(x);
+  return norm;
+}
+
+/* Does hosted rank h update parameter i in the optimizer step? (In one process each value
+ * has one copy, updated by its owner; under MPI every rank that holds it.) */
+static bool rank_updates(const Trainer *t, int h, int i) {
+  if (!t->plan->stages) return t->m[i] != NULL;
+  const PipeRank *R = t->hosted[h];
+  return t->plan->params[i].trainable && (one_process(t) ? pipe_owner(t, i, 0) == R->rank : R->param[i] != NULL);
+}
+
+void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step, double lr, float clip) {
+  const TrainOptions *o = &t->o;
+  for (int i = 0; i < t->plan->nparams; i++) {
+    if (!rank_updates(t, h, i)) continue;
+    TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, t->decay[i], step};
+    if (clip != 1) be(t)->clip(t->compute, s, grad[i], t->numel[i], clip);
+    be(t)->adamw(t->compute, s, t->param[i], grad[i], t->m[i], t->v[i], t->numel[i], &adamw);
+  }
+}
+
+void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
+  const TpPlan *P = t->plan;
+  for (int h = 0; h < (P->stages ? t->nhosted : 1); h++) {
+    TpStream *s = P->stages ? t->hosted[h]->stream : t->stream;
+    float **grad = P->stages ? t->hosted[h]->grad : t->grad;
+    double start = t->trace ? trace_now_us(t->trace) : 0;
+    pipe_adamw(t, h, s, grad, step, lr, clip);
+    be(t)->stream_sync(t->compute, s);
+    if (t->trace)
+      trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
+  }
+}

@@ -1,0 +1,153 @@
+/* Private to the files of a training step (runtime/train/): a rank's state, and what these
+ * files call of each other. The trainer's buffers and steps run on the compute backend
+ * (../compute.h): ABI 1 plans run their stage functions in one process; ABI 2 plans, the
+ * ranks of a pipeline (tensor rank t of stage k of replica d is rank (d * S + k) * N + t,
+ * plan.h) and their schedules. A process hosts either every rank (one process, no MPI: the
+ * ranks take turns, each running until it waits for a message another hosted rank has yet
+ * to send) or exactly one (mpirun -np S*N*D). Both run the same instruction lists with the
+ * same arithmetic in the same order, so a one-process run and an mpirun run of a plan give
+ * the same bits. A tensor-parallel plan (N > 1) needs one process per rank: its units call
+ * io->tensor_allreduce in the middle of their work, where a rank cannot wait for another
+ * hosted rank to take its turn.
+ *
+ *   schedule.c     runs the step: the schedule interpreter, the gradient norm, AdamW
+ *   plan_check.c   the plan's pipeline checked before anything runs
+ *   buffers.c      device memory, the ranks' buffers, the transport's view of device memory
+ *   messages.c     point-to-point messages between a stage and its neighbours
+ *   collectives.c  all-reduces over replicas, tied stages and tensor groups; sums over ranks
+ *   params.c       the parameter store: host copies of whole tensors, scattered to the
+ *                  ranks' pieces and gathered back to process 0
+ * The entry points the rest of the trainer calls are in train.h. */
+#ifndef TOKPIPE_TRAIN_STEP_H
+#define TOKPIPE_TRAIN_STEP_H
+
+#include <stdlib.h>
+
+#include "train.h"
+
+enum { GATHER_TAG = 31999 }; /* pipeline tags are below, collectives above (comm.c) */
+
+/* ---- messages.c's state in a rank ---- */
+
+typedef struct {
+  int src, tag;
+  size_t bytes;
+  void *data;     /* device */
+  TpEvent *ready; /* after its pack, on the sender's stream */
+} Message;
+
+typedef struct {
+  TpCommRequest r;
+  void *data, *view; /* the device buffer, and what the transport reads (host_view) */
+  size_t bytes;
+} PendingSend;
+
+/* The device buffers of one kind of message (send or receive of activations or gradients):
+ * one per (microbatch, slice), at data[mb * nslices + slice], carved from one allocation;
+ * sends have an event each (one process: the receiver's stream waits for the pack). */
+typedef struct {
+  void *block;
+  void **data;
+  TpEvent **ready;
+} MessageBuffers;
+
+enum { MESSAGE_KINDS = 4 };
+
+struct PipeRank {
+  int rank, stage, replica, tensor;
+  Trainer *trainer;       /* for io->tensor_allreduce (tensor_ctx is the rank) */
+  int *tensor_group;      /* [N]: the ranks of its stage's tensor group */
+  int reduces;            /* io->tensor_allreduce calls of the unit running */
+  const TpPlanStage *st;
+  float **param;          /* [nparams]: the process's values where this stage holds them */
+  float **grad, **scratch; /* [nparams]: the step's gradient; one microbatch's (== grad if M == 1) */
+  float *grad_block, *scratch_block; /* the held parameters' gradients, contiguous in param order */
+  int64_t grad_count;
+  void **arena;           /* [st->arenas] */
+  double *loss;           /* [microbatches]: the last stage's losses */
+  TpStepIO *loss_io;      /* [microbatches]: the last forward units' io, whose loss a device
+                           * unit's copy sets by the step's final synchronization */
+  int pc;                 /* the next instruction */
+  bool waiting;           /* at a collective, until every hosted member arrives */
+  bool grads_final;       /* divided by the microbatch count */
+  Message *inbox;         /* one process: messages sent to this rank, not yet received */
+  int ninbox, inbox_cap;
+  PendingSend *sends;     /* mpirun: sends not yet complete */
+  int nsends, sends_cap;
+  MessageBuffers messages[MESSAGE_KINDS]; /* by message_kind() */
+  TpStream *stream;       /* where its units and math run */
+  TpEvent *event;
+};
+
+/* ---- small helpers ---- */
+
+static inline void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  TP_ASSERT(p);
+  return p;
+}
+
+static inline const TpComputeBackend *be(const Trainer *t) { return t->compute->be; }
+
+static inline bool stage_holds(const TpPlanParam *p, int stage) {
+  return p->stage == stage || (p->tied_stage && p->tied_stage == stage);
+}
+
+static inline bool one_process(const Trainer *t) { return t->comm->size == 1; }
+
+/* The rank of tensor rank `tensor` of stage `stage` of replica `replica` (plan.h). */
+static inline int rank_of(const TpPlan *P, int replica, int stage, int tensor) {
+  return (replica * P->nstages + stage) * train_tensor(P) + tensor;
+}
+
+static inline int stage_of(const TpPlan *P, int rank) { return rank / train_tensor(P) % P->nstages; }
+
+/* The first tensor rank holding the same piece of p as tensor rank `tensor` (0 for a
+ * parameter not split: every member holds the same bits, the first speaks for them). */
+static inline int piece_holder(const TpPlan *P, const TpPlanParam *p, int tensor) {
+  if (!train_split(P, p)) return 0;
+  int N = train_tensor(P);
+  return tensor * p->shard.parts / N * (N / p->shard.parts);
+}
+
+/* ---- buffers.c ---- */
+/* `bytes` of device memory (device) or host memory, zeroed; NULL after an error naming
+ * what they are for. */
+void *pipe_alloc_bytes(Trainer *t, bool device, size_t bytes, const char *what);
+void pipe_dev_free(Trainer *t, void *p);
+/* What the transport may read or write for device buffer dev: dev, or a host copy (of
+ * dev's contents when `fill`); `direct` when the other side passes device memory too. */
+void *pipe_host_view(Trainer *t, TpStream *s, void *dev, size_t bytes, bool fill, bool direct);
+/* The end of pipe_host_view: its contents back into dev when `back`. */
+void pipe_end_host_view(Trainer *t, TpStream *s, void *dev, void *view, size_t bytes, bool back);
+/* The hosted rank `rank`, or NULL where another process hosts it. */
+PipeRank *pipe_hosted_rank(Trainer *t, int rank);
+
+/* ---- messages.c ---- */
+/* R's buffers for the messages of `kind` (TP_PLAN_SEND_ACT..TP_PLAN_RECV_GRAD). */
+int pipe_alloc_messages(Trainer *t, PipeRank *R, int kind);
+/* Every message buffer of R, its inbox and its pending sends. */
+void pipe_free_messages(Trainer *t, PipeRank *R);
+/* SEND_ACT or SEND_GRAD instruction x of R. */
+void pipe_send(Trainer *t, PipeRank *R, const TpPlanInsn *x);
+/* RECV_ACT or RECV_GRAD instruction x of R; false while the message has not arrived. */
+bool pipe_receive(Trainer *t, PipeRank *R, const TpPlanInsn *x);
+/* Frees the sends that completed; all of them when `all` (waiting). */
+void pipe_complete_sends(Trainer *t, PipeRank *R, bool all);
+
+/* ---- collectives.c ---- */
+/* ALLREDUCE_TIED and ALLREDUCE of R; false while R waits for hosted members (one process). */
+bool pipe_allreduce_tied(Trainer *t, PipeRank *R);
+bool pipe_allreduce_replicas(Trainer *t, PipeRank *R);
+/* Every rank's value of x (one per hosted rank) summed in rank order, on every process. */
+double pipe_sum_ranks(Trainer *t, const double *x);
+/* io->tensor_allreduce of every unit of a tensor-parallel plan. */
+void pipe_tensor_allreduce(TpStepIO *io, float *buf, int64_t count);
+
+/* ---- params.c ---- */
+/* A parameter's device value and, if trainable, AdamW state. */
+int pipe_alloc_param(Trainer *t, int i);
+/* The rank that owns parameter i (its piece held by tensor rank `tensor`). */
+int pipe_owner(const Trainer *t, int i, int tensor);
+
+#endif
