@@ -301,6 +301,9 @@ int tp_use_count(const TpModule *m, int value);
 bool tp_is_output(const TpModule *m, int value);
 /* Removes ops and values marked dead, renumbering everything; a dead value must be unused. */
 void tp_module_compact(TpModule *m);
+/* Restores the topological order of m->ops after a pass appended ops that earlier ops now
+ * read; ops already in order keep their relative order. */
+void tp_sort_ops(TpModule *m);
 
 /* Placement queries (the fields they read: TpOp.role, TpValue.tied). Is op a stage-boundary
  * copy (its operand is sent from the neighbouring stage)? */
@@ -358,9 +361,6 @@ int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
 int pass_retie_params(TpModule *m, TpDiag *d);
 int pass_raise_transformer(TpModule *m, TpDiag *d);
 int pass_raise_transformer_unfused(TpModule *m, TpDiag *d); /* RMSNorm, Rotary, SwiGLU left primitive */
-/* Restores the topological order of m->ops after a pass appended ops that earlier ops now
- * read; ops already in order keep their relative order. (passes/raise_transformer.c) */
-void tp_sort_ops(TpModule *m);
 
 /* Why the primitive attention whose scores MatMul `product` computes is not proven causal
  * (a module-owned string naming the op or the mask values that failed), or NULL when no
