@@ -364,7 +364,7 @@ int pass_raise_transformer_unfused(TpModule *m, TpDiag *d); /* RMSNorm, Rotary, 
 
 /* Why the primitive attention whose scores MatMul `product` computes is not proven causal
  * (a module-owned string naming the op or the mask values that failed), or NULL when no
- * reason is known. (passes/raise_transformer.c) */
+ * reason is known. (passes/causal_mask.c) */
 const char *tp_attention_unproven(TpModule *m, int product);
 
 /* passes/insert_token_dim.c: the token (sequence) axis, for slicing the sequence.
