@@ -826,8 +826,14 @@ static int raise(TpModule *m, bool fused, TpDiag *d) {
   return rc;
 }
 
-int pass_raise_transformer(TpModule *m, TpDiag *d) { return raise(m, true, d); }
+int pass_raise_transformer(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt;
+  return raise(m, true, d);
+}
 
 /* The same, with the chains of RMSNorm, rotary embeddings and SwiGLU left primitive: the
  * reference the fused ops are measured and checked against (tokpipec --no-fuse). */
-int pass_raise_transformer_unfused(TpModule *m, TpDiag *d) { return raise(m, false, d); }
+int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt;
+  return raise(m, false, d);
+}
