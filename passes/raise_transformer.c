@@ -1,7 +1,7 @@
 /* raise-transformer (and raise-transformer-unfused, without the last three patterns
  * below): requires folded constants (fold-constants) so masks and scalars are
  * CONST values; provides the transformer ops of ir/ops.def in place of the primitive chains
- * exporters write (onnx-export-patterns.md), leaving the chains dead for dce. First, a Cast
+ * exporters write (torch.onnx.export and the dynamo exporter), leaving the chains dead for dce. First, a Cast
  * to its operand's own dtype or a Reshape to its own shape is dropped (its readers read the
  * operand). Then:
  *   Gather(table [V, C], ids, axis 0)                           -> Embedding(table, ids)

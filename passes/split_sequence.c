@@ -1,7 +1,7 @@
 /* split-sequence: requires a module marked by insert-token-dim, with its loss (add-loss)
  * or without one (a forward module), and no backward ops yet; opt->nslices and
  * opt->slice_len (tokpipec --slices); provides the forward cut along the token axis into
- * opt->nslices units, first to last (terapipe.md sections 1-2), recorded in m->nslices and
+ * opt->nslices units, first to last (TeraPipe's token slices), recorded in m->nslices and
  * m->slice_len. Slice i covers token rows [c_i, c_i + l_i), c_i = l_0 + ... + l_{i-1}.
  * With nslices <= 1 it does nothing.
  *   - An op that touches no token axis stays as it is, computed once (slice -1).

@@ -15,7 +15,7 @@
  * train/grads.safetensors) are imported, raised, re-tied, given a loss, differentiated and
  * run by the interpreter on train/train.bin's first batch: the loss must be within 1e-5
  * relative and every parameter gradient within 1e-4 of PyTorch's relative to that tensor's
- * largest magnitude (the issue's parity bound), and a few entries are checked by finite
+ * largest magnitude (the parity bound of tests/parity), and a few entries are checked by finite
  * differences as above. */
 #include "frontend/frontend.h"
 #include "ir/ir.h"
