@@ -101,14 +101,6 @@ int tp_atomic_commit(TpAtomicFile *a, TpDiag *d) {
   return rc;
 }
 
-void tp_atomic_abort(TpAtomicFile *a) {
-  if (a->f) fclose(a->f);
-  if (a->tmp) unlink(a->tmp);
-  free(a->path);
-  free(a->tmp);
-  memset(a, 0, sizeof *a);
-}
-
 int tp_write_file_atomic(const char *path, const void *data, size_t size, TpDiag *d) {
   TpAtomicFile a;
   int rc = tp_atomic_open(&a, path, d);

@@ -29,8 +29,6 @@ void tp_atomic_write(TpAtomicFile *a, const void *data, size_t size);
 /* Syncs and renames into place; on any error (a failed write or fprintf included) removes
  * the temporary and reports. */
 int tp_atomic_commit(TpAtomicFile *a, TpDiag *d);
-/* Drops the temporary (after an error of the caller's own). */
-void tp_atomic_abort(TpAtomicFile *a);
 
 /* The whole of `data` as PATH, atomically. */
 int tp_write_file_atomic(const char *path, const void *data, size_t size, TpDiag *d);

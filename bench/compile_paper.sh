@@ -1,6 +1,6 @@
 #!/bin/sh
-# Paper-scale compiles (issue 14): for the TeraPipe paper's settings 1-10
-# (../shared/reference/terapipe.md section 5; bench/plan_paper.sh: GPT3-1B, 13B, 44B, 175B
+# Paper-scale compiles: for the TeraPipe paper's settings 1-10
+# (its table of GPT-3 settings; bench/plan_paper.sh: GPT3-1B, 13B, 44B, 175B
 # at sequence 2048 on the paper's device counts and batches), tokpipe-plan's layout search
 # picks the plan (pipeline x tensor x data, microbatches, slices, schedule; 16 GiB per
 # V100) and prints its tokpipec command line; this script runs that command as it is on a

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The TeraPipe paper's settings (../shared/reference/terapipe.md section 5) with tokpipe-plan,
+# The TeraPipe paper's settings (its table of GPT-3 settings 1-10) with tokpipe-plan,
 # one hardware profile (tools/profiles/p3.16xlarge.json: V100 16 GB, its memory the bound)
 # for every setting, no tuning. Two tables:
 # 1. the paper's layout: predicted vs reported latency, batch-only baseline and TeraPipe,
@@ -9,7 +9,7 @@
 #    on the paper's device count and batch against the paper's hand-picked (S, N, D) with
 #    TeraPipe's slicing: both predicted by the same model, the ratio, and the tokpipec
 #    command line that compiles the search's choice (bench/compile_paper.sh runs them).
-# Settings 2, 3, 4 and 7 are not in terapipe.md: their layouts (batch, S, N, D) are the
+# Settings 2, 3, 4 and 7 have no reported times in the paper: their layouts (batch, S, N, D) are the
 # paper authors' own (github.com/zhuohan123/terapipe, latency_model.py's inputs, the
 # paper's Table 1); no reported times for them here.
 # usage: bench/plan_paper.sh [BUILD_DIR] [--settings 1,2,..,10,sweep] [-- extra tokpipe-plan options]
@@ -33,8 +33,8 @@ joint_schedule() { sed -n 's/^  "joint": .*"schedule": "\([a-z0-9]*\)".*/\1/p'; 
 command_line() { sed -n 's/^  "joint": .*"tokpipec": "\(.*\)"},$/\1/p'; }
 fits() { sed -n 's/^  "fits_memory": \([a-z]*\)$/\1/p'; }
 
-# setting N: "model batch data pipe tensor seq reported_without reported_with" (- = not in
-# terapipe.md)
+# setting N: "model batch data pipe tensor seq reported_without reported_with" (- = not
+# reported in the paper)
 setting() {
   case $1 in
   1) echo gpt3-1b 128 8 24 1 2048 1.517 1.254 ;;

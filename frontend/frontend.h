@@ -34,7 +34,7 @@ typedef struct {
    * one fixed otherwise must equal it. */
   int64_t token_dims[2];
   /* tokpipec: a token input whose batch (dim 0) is a fixed number other than token_dims[0]
-   * keeps it; the rebatch pass then changes the batch (TpModule.batch). */
+   * keeps it; the rebatch pass then changes the batch (TpPassOptions.batch). */
   bool rebatch;
 } TpImportOptions;
 

@@ -817,7 +817,7 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
   }
   drop_const_inputs(m);
   tp_module_compact(m); /* folded ops first: pass_dce recomputes every op's dead flag */
-  return pass_dce(m, I->d);
+  return pass_dce(m, &(TpPassOptions){0}, I->d);
 }
 
 const char *model_file_name(const char *path) {

@@ -198,28 +198,13 @@ typedef struct TpModule {
   int loss;
   int *grads;
   int ngrads;
-  /* Options of the training passes, set by the tool before the pipeline (not printed):
-   * the graph output add-loss takes as the logits (NULL: the one float [B, T, V] output),
-   * and a POSIX extended regex of PARAM names autodiff leaves frozen, matched anywhere in
-   * the name (NULL: every float PARAM is trainable). */
-  const char *logits_name;
-  const char *freeze;
-  /* Token slicing (passes/split_sequence.c; set by the tool, not printed): the lengths of
-   * the nslices slices each sequence is cut into, first to last, summing to the token
-   * axis's length. nslices <= 1: the sequence stays whole. */
+  /* What split-sequence cut (not printed; 0 and NULL before it, and in IR read back): the
+   * lengths of the nslices slices each sequence is cut into, first to last, summing to the
+   * token axis's length. */
   int nslices;
   const int64_t *slice_len;
-  /* Pipeline stages (passes/assign_stages.c; set by the tool, not printed): how many
-   * stages to cut the layers into (<= 1: one), and the first layer of stages 1.. as "a,b,..."
-   * (NULL: balance the estimated compute). assign-stages sets both to the cuts it made. */
-  int nstages;
-  const char *stage_cuts;
-  /* Re-batching (passes/rebatch.c; set by the tool, not printed): the rows the token input
-   * should have, when the module was made for another batch (a fixed-shape export); 0:
-   * keep the module's batch. */
-  int64_t batch;
-  /* Tensor parallelism (passes/shard_tensor.c; set by the tool, not printed): the ranks
-   * of the tensor group that split each stage's ops (<= 1: none). */
+  /* The ranks of the tensor group shard-tensor split the module over (not printed; 0 before
+   * it, and in IR read back, whose split params record their ranks: TpShard). */
   int tensor;
   /* name -> value index hash table (open addressing), maintained by tp_module_* */
   int *name_table;
@@ -301,6 +286,9 @@ int tp_use_count(const TpModule *m, int value);
 bool tp_is_output(const TpModule *m, int value);
 /* Removes ops and values marked dead, renumbering everything; a dead value must be unused. */
 void tp_module_compact(TpModule *m);
+/* Restores the topological order of m->ops after a pass appended ops that earlier ops now
+ * read; ops already in order keep their relative order. */
+void tp_sort_ops(TpModule *m);
 
 /* Placement queries (the fields they read: TpOp.role, TpValue.tied). Is op a stage-boundary
  * copy (its operand is sent from the neighbouring stage)? */
@@ -332,6 +320,11 @@ bool tp_broadcast_shape(const TpType *a, const TpType *b, TpType *out);
  * Arity, dtypes and shapes (re-inferred), single definition, defined-before-use (acyclic),
  * attribute sanity, data present for PARAM/CONST. Returns TP_OK or TP_ERR_INPUT. */
 int tp_verify(const TpModule *m, TpDiag *d);
+/* What the module is split into, which tp_verify checks against what split-sequence and
+ * shard-tensor recorded (m->nslices, m->tensor) and a tool against its options: one tensor
+ * group (every split param over the same ranks, `tensor` of them when > 1), and token slices
+ * numbered 0..N-1 without gaps (below `nslices` when > 1). */
+int tp_verify_split(const TpModule *m, int tensor, int nslices, TpDiag *d);
 
 /* ---- textual IR (ir/print.c, ir/parse.c) and Graphviz (ir/dot.c) ---- */
 void tp_print_module(const TpModule *m, FILE *out);
@@ -343,11 +336,14 @@ int tp_parse_file(const char *path, const char *blob_dir, TpModule **out, TpDiag
 void tp_print_dot(const TpModule *m, FILE *out);
 
 /* ---- passes (passes/) ----
- * One pass per file; each is `int pass_<name>(TpModule *m, TpDiag *d)`. */
-int pass_fold_constants(TpModule *m, TpDiag *d);
-int pass_dce(TpModule *m, TpDiag *d);
-int pass_add_loss(TpModule *m, TpDiag *d);
-int pass_autodiff(TpModule *m, TpDiag *d);
+ * One pass per file; each is `int pass_<name>(TpModule *m, TpPassOptions *opt, TpDiag *d)`:
+ * opt says what the tool asks of the passes (most read none of it) and takes back what a pass
+ * reports (assign-stages' cuts); see the pass manager below. */
+typedef struct TpPassOptions TpPassOptions;
+int pass_fold_constants(TpModule *m, TpPassOptions *opt, TpDiag *d);
+int pass_dce(TpModule *m, TpPassOptions *opt, TpDiag *d);
+int pass_add_loss(TpModule *m, TpPassOptions *opt, TpDiag *d);
+int pass_autodiff(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* passes/fold.c: evaluates op `op` if every operand is CONST and its results are small,
  * turning the results into CONST values and marking the op dead (compact afterwards).
@@ -355,16 +351,13 @@ int pass_autodiff(TpModule *m, TpDiag *d);
 int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
 
 /* passes/retie_params.c and passes/raise_transformer.c (the raise helper's passes). */
-int pass_retie_params(TpModule *m, TpDiag *d);
-int pass_raise_transformer(TpModule *m, TpDiag *d);
-int pass_raise_transformer_unfused(TpModule *m, TpDiag *d); /* RMSNorm, Rotary, SwiGLU left primitive */
-/* Restores the topological order of m->ops after a pass appended ops that earlier ops now
- * read; ops already in order keep their relative order. (passes/raise_transformer.c) */
-void tp_sort_ops(TpModule *m);
+int pass_retie_params(TpModule *m, TpPassOptions *opt, TpDiag *d);
+int pass_raise_transformer(TpModule *m, TpPassOptions *opt, TpDiag *d);
+int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt, TpDiag *d); /* RMSNorm, Rotary, SwiGLU left primitive */
 
 /* Why the primitive attention whose scores MatMul `product` computes is not proven causal
  * (a module-owned string naming the op or the mask values that failed), or NULL when no
- * reason is known. (passes/raise_transformer.c) */
+ * reason is known. (passes/causal_mask.c) */
 const char *tp_attention_unproven(TpModule *m, int product);
 
 /* passes/insert_token_dim.c: the token (sequence) axis, for slicing the sequence.
@@ -380,7 +373,7 @@ typedef enum {
   TP_TOKEN_REDUCING,      /* a loss: the sum over every row */
   TP_TOKEN_GLOBAL,        /* mixes rows otherwise: the sequence cannot be sliced */
 } TpTokenClass;
-int pass_insert_token_dim(TpModule *m, TpDiag *d);
+int pass_insert_token_dim(TpModule *m, TpPassOptions *opt, TpDiag *d);
 /* The token ids: the graph input of integer [batch, seq] type read by an Embedding or
  * Gather (else the first such input) that no loss reads as labels; -1 if none. */
 int tp_token_input(const TpModule *m);
@@ -414,44 +407,47 @@ static inline int tp_axis_class(int *parent, int i) {
   return i;
 }
 
-/* passes/rebatch.c: rebatch gives the forward module (before add-loss) m->batch rows: the
+/* passes/rebatch.c: rebatch gives the forward module (before add-loss) opt->batch rows: the
  * batch axis of every value, followed from the token input's first dim, takes the new size,
  * and constants along it are cut to one row or repeated; see the file. */
-int pass_rebatch(TpModule *m, TpDiag *d);
+int pass_rebatch(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* passes/split_sequence.c: split-sequence cuts the marked forward module (after add-loss,
- * before autodiff) into m->nslices per-slice units; see the file. */
-int pass_split_sequence(TpModule *m, TpDiag *d);
+ * before autodiff) into opt->nslices per-slice units, recorded in m->nslices and m->slice_len;
+ * see the file. */
+int pass_split_sequence(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* passes/assign_stages.c: assign-stages (after add-loss and split-sequence, before
- * autodiff) cuts the forward module's layers into m->nstages pipeline stages, places every
+ * autodiff) cuts the forward module's layers into opt->nstages pipeline stages, places every
  * op, and makes each value that crosses stages an explicit boundary copy (TP_ROLE_BOUNDARY)
  * on the receiving stage. A parameter that the first and the last stage both read gets a
  * tied copy (TpValue.tied) on the last stage, sharing its data, so that each stage has its
  * own partial gradient. autodiff sends the gradient of a boundary copy back as a boundary
  * copy on the sending stage; finish-stages (after autodiff) checks that boundary copies are
- * the only ops reading another stage's results. */
-int pass_assign_stages(TpModule *m, TpDiag *d);
+ * the only ops reading another stage's results. The cuts it made go back in
+ * opt->staged_nstages and opt->staged_cuts. */
+int pass_assign_stages(TpModule *m, TpPassOptions *opt, TpDiag *d);
 /* --stage-cuts text "a,b,..", the first layers of stages 1, 2, .. of a model of nlayers
  * layers -> *nstages and a malloc'd *first[0..*nstages-1] (first[0] = 0); an error if the
  * cuts are not increasing layer numbers in [1, nlayers-1] or, with *nstages > 1 on entry,
  * do not make that many stages. */
 int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **first, TpDiag *d);
-int pass_finish_stages(TpModule *m, TpDiag *d);
+int pass_finish_stages(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* passes/shard_tensor.c: shard-tensor splits the raised forward module (before add-loss)
- * over m->tensor ranks the Megatron way (column-parallel, then row-parallel products,
- * collectives between); see the file. */
-int pass_shard_tensor(TpModule *m, TpDiag *d);
+ * over opt->tensor ranks the Megatron way (column-parallel, then row-parallel products,
+ * collectives between), recorded in m->tensor; see the file. */
+int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d);
 /* How many vocabulary ranges the logits value v holds one of: shard-tensor's vocabulary-
  * parallel LM head gives each rank [..., V / N] logits; 1 for any other value. */
 int tp_vocab_parts(const TpModule *m, int v);
-/* passes/add_loss.c: the graph output add-loss would train as the logits; -1 when it would
- * not (a loss already, the model's own loss, no or several candidates). */
-int tp_loss_logits(TpModule *m);
+/* passes/add_loss.c: the graph output add-loss would train as the logits (the one named
+ * `name`, its --logits, when not NULL); -1 when it would not (a loss already, the model's
+ * own loss, no or several candidates). */
+int tp_loss_logits(TpModule *m, const char *name);
 
 /* passes/pipeline.c: the pass manager. */
-typedef int (*TpPassFn)(TpModule *m, TpDiag *d);
+typedef int (*TpPassFn)(TpModule *m, TpPassOptions *opt, TpDiag *d);
 typedef struct {
   const char *name;
   TpPassFn run;
@@ -463,16 +459,53 @@ extern const TpPassInfo tp_pass_registry[];
 extern const char *const tp_default_pipeline[];
 const TpPassInfo *tp_find_pass(const char *name);
 
-typedef struct {
-  const char *print_before;  /* comma-separated pass names, or NULL */
-  const char *print_after;   /* comma-separated pass names, or NULL */
+/* What the tool asks of the passes (its flags), how the pass manager runs them, and what the
+ * passes report back. Zeroed: the whole default pipeline, training, one slice, one stage,
+ * no tensor split, no dumps. */
+struct TpPassOptions {
+  /* Which passes tp_pipeline_passes takes from the default pipeline. */
+  bool forward_only; /* stop before the loss: no add-loss, no autodiff (tokpipec --forward-only) */
+  bool no_retie;     /* keep an exporter's copies of a tied weight apart: no retie-params */
+  bool no_fuse;      /* raise-transformer-unfused in place of raise-transformer (--no-fuse) */
+  bool sliced;       /* the token passes: --slices asks for more than one slice (or auto) */
+  bool params_only;  /* only the passes that decide what trains, up to re-tying (--emit=params) */
+  /* add-loss: the graph output it takes as the logits (NULL: the one float [B, T, V] output). */
+  const char *logits;
+  /* autodiff: a POSIX extended regex of PARAM names left frozen, matched anywhere in the name
+   * (NULL: every float PARAM is trainable). */
+  const char *freeze;
+  /* rebatch: the rows the token input should have, when the module was made for another
+   * batch (a fixed-shape export); 0: keep the module's batch. */
+  int64_t batch;
+  /* split-sequence: the lengths of the nslices slices each sequence is cut into, first to
+   * last, summing to the token axis's length (nslices <= 1: the sequence stays whole). */
+  int nslices;
+  const int64_t *slice_len;
+  /* assign-stages: how many stages to cut the layers into (<= 1: one), and the first layer
+   * of stages 1.. as "a,b,..." (NULL: balance the estimated compute). */
+  int nstages;
+  const char *stage_cuts;
+  /* shard-tensor: the ranks of the tensor group that split each stage's ops (<= 1: none). */
+  int tensor;
+  /* The pass manager: IR dumps and verification. */
+  const char *print_before; /* comma-separated pass names, or NULL */
+  const char *print_after;  /* comma-separated pass names, or NULL */
   bool print_after_all;
-  bool verify_each;          /* run tp_verify after every pass (tests do) */
-  FILE *dump;                /* where IR dumps go (stderr by default) */
-} TpPassOptions;
+  bool verify_each;         /* run tp_verify after every pass (tests do) */
+  FILE *dump;               /* where IR dumps go (stderr by default) */
+  /* Reported back by assign-stages: the stages it cut (0 when it cut none) and the first
+   * layer of stages 1.. as "a,b,..", module-owned. */
+  int staged_nstages;
+  const char *staged_cuts;
+};
 
-/* Runs the named passes in order. Unknown names are a usage error (TP_ERR_USAGE). */
-int tp_run_passes(TpModule *m, const char *const *names, int n, const TpPassOptions *o,
-                  TpDiag *d);
+/* The passes of the default pipeline that o asks for, in order, into names[TP_MAX_PIPELINE]
+ * (NULL-terminated); returns how many. */
+enum { TP_MAX_PIPELINE = 32 };
+int tp_pipeline_passes(const TpPassOptions *o, const char **names);
+
+/* Runs the named passes in order (o NULL: zeroed options). Unknown names are a usage error
+ * (TP_ERR_USAGE). */
+int tp_run_passes(TpModule *m, const char *const *names, int n, TpPassOptions *o, TpDiag *d);
 
 #endif

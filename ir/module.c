@@ -1,4 +1,4 @@
-/* Module construction, lookup, attributes and compaction. */
+/* Module construction, lookup, attributes, compaction and topological order. */
 #include "ir.h"
 
 #include <stdlib.h>
@@ -459,6 +459,51 @@ void tp_module_compact(TpModule *m) {
     m->nvalues++;
     name_table_insert(m, m->nvalues - 1);
   }
+}
+
+/* ---- topological order ---- */
+/* Iterative depth-first search from each op in order, emitting its producers first. */
+void tp_sort_ops(TpModule *m) {
+  int n = m->nops, count = 0;
+  int *order = malloc(((size_t)n + 1) * sizeof *order), *stack = malloc(((size_t)n + 1) * sizeof *stack);
+  int *next = calloc((size_t)n + 1, sizeof *next);
+  char *state = calloc((size_t)n + 1, 1); /* 0 new, 1 on the stack, 2 emitted */
+  TP_ASSERT(order && stack && next && state);
+  for (int root = 0; root < n; root++) {
+    if (state[root]) continue;
+    int sp = 0;
+    stack[sp++] = root;
+    state[root] = 1;
+    while (sp > 0) {
+      int o = stack[sp - 1];
+      if (next[o] < m->ops[o].ninputs) {
+        int v = m->ops[o].inputs[next[o]++];
+        int p = v >= 0 && m->values[v].kind == TP_VAL_RESULT ? m->values[v].def : -1;
+        if (p < 0 || state[p] == 2) continue;
+        TP_ASSERT(state[p] == 0); /* a cycle */
+        state[p] = 1;
+        stack[sp++] = p;
+      } else {
+        state[o] = 2;
+        order[count++] = o;
+        sp--;
+      }
+    }
+  }
+  TpOp *ops = malloc(((size_t)n + 1) * sizeof *ops);
+  TP_ASSERT(ops);
+  for (int i = 0; i < n; i++) {
+    ops[i] = m->ops[order[i]];
+    next[order[i]] = i; /* reused: old index -> new index */
+  }
+  if (n) memcpy(m->ops, ops, (size_t)n * sizeof *ops);
+  for (int v = 0; v < m->nvalues; v++)
+    if (m->values[v].def >= 0) m->values[v].def = next[m->values[v].def];
+  free(ops);
+  free(order);
+  free(stack);
+  free(next);
+  free(state);
 }
 
 /* ---- placement ---- */

@@ -280,11 +280,9 @@ static int verify_op(const TpModule *m, int o, TpDiag *d) {
   return rc;
 }
 
-/* What the module is split into: one tensor group (every split param over the same ranks,
- * m->tensor's when the tool set it), and token slices numbered 0..N-1 without gaps (below
- * m->nslices when the tool set it). A plan that broke either would
- * compile and then fail at run time. */
-static int verify_partition(const TpModule *m, TpDiag *d) {
+/* A plan that broke what the module is split into would compile and then fail at run
+ * time. */
+int tp_verify_split(const TpModule *m, int tensor, int nslices, TpDiag *d) {
   int first = -1;
   for (int v = 0; v < m->nvalues; v++) {
     const TpValue *val = &m->values[v];
@@ -295,15 +293,15 @@ static int verify_partition(const TpModule *m, TpDiag *d) {
                       "one tensor group", val->name, val->shard.ranks, m->values[first].name,
                       m->values[first].shard.ranks);
   }
-  if (first >= 0 && m->tensor > 1 && m->values[first].shard.ranks != m->tensor)
+  if (first >= 0 && tensor > 1 && m->values[first].shard.ranks != tensor)
     return tp_error(d, "param %%%s is split over %d ranks, but the module is compiled for %d tensor ranks",
-                    m->values[first].name, m->values[first].shard.ranks, m->tensor);
+                    m->values[first].name, m->values[first].shard.ranks, tensor);
   int last = -1;
   for (int o = 0; o < m->nops; o++) {
     if (m->ops[o].slice > (last >= 0 ? m->ops[last].slice : -1)) last = o;
-    if (m->nslices > 1 && m->ops[o].slice >= m->nslices)
+    if (nslices > 1 && m->ops[o].slice >= nslices)
       return tp_error_op(d, m, o, "the op is in slice %d, but the module is cut into %d slices", m->ops[o].slice,
-                         m->nslices);
+                         nslices);
   }
   if (last < 0) return TP_OK;
   /* n ops leave a slice among 0..n empty if they use more: the table need not be longer */
@@ -337,6 +335,6 @@ int tp_verify(const TpModule *m, TpDiag *d) {
   for (int i = 0; i < m->noutputs; i++)
     if (m->outputs[i] < 0 || m->outputs[i] >= m->nvalues)
       return tp_error(d, "graph output %d is out of range (%d)", i, m->outputs[i]);
-  if (verify_partition(m, d)) return TP_ERR_INPUT;
+  if (tp_verify_split(m, m->tensor, m->nslices, d)) return TP_ERR_INPUT;
   return verify_training(m, d);
 }

@@ -1,6 +1,6 @@
 /* add-loss: requires a module with inferred types; provides m->loss, the scalar loss that
  * training minimises. Where it comes from, first match wins:
- *   1. m->logits_name (the tool's --logits NAME): that graph output is the logits;
+ *   1. opt->logits (the tool's --logits NAME): that graph output is the logits;
  *   2. a graph output computed by SoftmaxCrossEntropyLoss or NegativeLogLikelihoodLoss
  *      with reduction "mean": the model's own loss is used as it is;
  *   3. the one graph output that is a float [B, T, V] tensor is the logits.
@@ -33,17 +33,18 @@ static int find_model_loss(TpModule *m, TpDiag *d, int *loss) {
   return TP_OK;
 }
 
-/* The graph output that holds the logits, or an error that says how to name it. */
-static int find_logits(TpModule *m, TpDiag *d, int *logits) {
+/* The graph output that holds the logits (the one named `name`, when not NULL), or an error
+ * that says how to name it. */
+static int find_logits(TpModule *m, const char *name, TpDiag *d, int *logits) {
   char buf[256];
   *logits = -1;
-  if (m->logits_name) {
+  if (name) {
     for (int i = 0; i < m->noutputs; i++)
-      if (strcmp(m->values[m->outputs[i]].name, m->logits_name) == 0) *logits = m->outputs[i];
-    if (*logits < 0) return tp_error(d, "cannot find the logits: no graph output is named '%s'", m->logits_name);
+      if (strcmp(m->values[m->outputs[i]].name, name) == 0) *logits = m->outputs[i];
+    if (*logits < 0) return tp_error(d, "cannot find the logits: no graph output is named '%s'", name);
     const TpType *t = &m->values[*logits].type;
     if (!is_logits_type(t))
-      return tp_error(d, "the logits '%s' must be a float [B, T, V] tensor, not %s", m->logits_name,
+      return tp_error(d, "the logits '%s' must be a float [B, T, V] tensor, not %s", name,
                       tp_type_str(t, buf, sizeof buf));
     return TP_OK;
   }
@@ -60,12 +61,12 @@ static int find_logits(TpModule *m, TpDiag *d, int *logits) {
   return TP_OK;
 }
 
-int tp_loss_logits(TpModule *m) {
+int tp_loss_logits(TpModule *m, const char *name) {
   TpDiag quiet;
   tp_diag_init(&quiet, NULL, NULL, NULL);
   int loss = -1, logits = -1;
-  if (m->loss >= 0 || (!m->logits_name && (find_model_loss(m, &quiet, &loss) || loss >= 0))) return -1;
-  return find_logits(m, &quiet, &logits) ? -1 : logits;
+  if (m->loss >= 0 || (!name && (find_model_loss(m, &quiet, &loss) || loss >= 0))) return -1;
+  return find_logits(m, name, &quiet, &logits) ? -1 : logits;
 }
 
 /* A new op of the loss, on stage `stage`, from kind(in) with one result named `name`; its
@@ -79,14 +80,14 @@ static int loss_op(TpModule *m, TpDiag *d, TpOpKind kind, const int *in, int nin
   return tp_infer_op(m, op, d) == TP_OK ? m->ops[op].outputs[0] : -1;
 }
 
-int pass_add_loss(TpModule *m, TpDiag *d) {
+int pass_add_loss(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   if (m->loss >= 0) return TP_OK;
   int logits = -1;
-  if (!m->logits_name) {
+  if (!opt->logits) {
     if (find_model_loss(m, d, &m->loss)) return TP_ERR_INPUT;
     if (m->loss >= 0) return TP_OK;
   }
-  if (find_logits(m, d, &logits)) return TP_ERR_INPUT;
+  if (find_logits(m, opt->logits, d, &logits)) return TP_ERR_INPUT;
 
   /* targets [B, T]: named like the token input's dims where one matches */
   TpType lt = m->values[logits].type;

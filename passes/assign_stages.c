@@ -13,7 +13,7 @@
  * the last layer whose start it depends on; the others (the embedding, weight-only ops such
  * as a re-tied head, ops on the targets) to the earliest layer that reads them. The
  * embedding thus goes with the first layer and the final norm, head and loss with the
- * last. Stage k gets layers [cut_k, cut_k+1): from m->stage_cuts, or chosen to minimise
+ * last. Stage k gets layers [cut_k, cut_k+1): from opt->stage_cuts, or chosen to minimise
  * the largest stage's forward FLOPs (a simple count per op).
  *
  * A forward op of stage t reading a result of stage s < t reads the copy
@@ -365,14 +365,14 @@ static int tie_params(TpModule *m, TpDiag *d, int nstages) {
   return rc;
 }
 
-int pass_assign_stages(TpModule *m, TpDiag *d) {
-  int nstages = m->nstages > 1 ? m->nstages : 1;
-  if (nstages == 1 && !m->stage_cuts) return TP_OK;
+int pass_assign_stages(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  int nstages = opt->nstages > 1 ? opt->nstages : 1;
+  if (nstages == 1 && !opt->stage_cuts) return TP_OK;
   for (int o = 0; o < m->nops; o++)
     if (m->ops[o].phase == TP_PHASE_BACKWARD)
       return tp_error(d, "assign-stages runs on the forward module: run it before autodiff");
   /* dead ops (what raising left of a primitive chain) must not count as readers */
-  int rc0 = pass_dce(m, d);
+  int rc0 = pass_dce(m, opt, d);
   if (rc0) return rc0;
   Stream s = {.m = m};
   s.skip = malloc(((size_t)m->nops + 1) * sizeof *s.skip);
@@ -386,8 +386,8 @@ int pass_assign_stages(TpModule *m, TpDiag *d) {
   else if (nlayers == 0)
     rc = tp_error(d, "cannot cut the model into pipeline stages: no residual stream (a chain of residual "
                   "Adds, x + f(x)) to find its layers in");
-  else if (m->stage_cuts)
-    rc = tp_stage_cuts_parse(m->stage_cuts, nlayers, &nstages, &cuts, d);
+  else if (opt->stage_cuts)
+    rc = tp_stage_cuts_parse(opt->stage_cuts, nlayers, &nstages, &cuts, d);
   if (rc == TP_OK && nstages > nlayers)
     rc = tp_error(d, "cannot cut %d layer%s into %d stages: every stage needs at least one layer", nlayers,
                   nlayers == 1 ? "" : "s", nstages);
@@ -412,8 +412,8 @@ int pass_assign_stages(TpModule *m, TpDiag *d) {
     /* the cuts used, for whoever compiles the model again alike (tokpipec --profile-grid) */
     char *text = tp_alloc(m, (size_t)nstages * 12);
     for (int k = 1, at = 0; k < nstages; k++) at += sprintf(text + at, "%s%d", k > 1 ? "," : "", cuts[k]);
-    m->nstages = nstages;
-    m->stage_cuts = text;
+    opt->staged_nstages = nstages;
+    opt->staged_cuts = text;
     rc = tie_params(m, d, nstages);
   }
   if (rc == TP_OK) {
@@ -442,7 +442,8 @@ int pass_assign_stages(TpModule *m, TpDiag *d) {
   return rc;
 }
 
-int pass_finish_stages(TpModule *m, TpDiag *d) {
+int pass_finish_stages(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt;
   /* a tied copy trains exactly when its parameter does */
   for (int v = 0; v < m->nvalues; v++) {
     int p = tp_tied_param(m, v);

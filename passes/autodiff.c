@@ -6,7 +6,7 @@
  * (passes/assign_stages.c) is a boundary copy sent back, a Reshape on the stage the forward
  * copy reads from.
  *
- * Trainable: every float PARAM whose name does not match m->freeze (a POSIX extended
+ * Trainable: every float PARAM whose name does not match opt->freeze (a POSIX extended
  * regex, matched anywhere in the name). Only values that depend on a trainable param and
  * that the loss depends on get a gradient; non-float values never do. The gradient of a
  * value is named "<value>.grad"; a value used k > 1 times receives contributions
@@ -239,17 +239,17 @@ static void backward(TpGradCtx *a, const int *dys) {
   rules->gradient(a, &g);
 }
 
-int pass_autodiff(TpModule *m, TpDiag *d) {
+int pass_autodiff(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   if (m->loss < 0) return tp_error(d, "no loss to differentiate: run add-loss first");
   for (int o = 0; o < m->nops; o++)
     if (m->ops[o].phase == TP_PHASE_BACKWARD) return TP_OK; /* differentiated already */
   regex_t freeze;
-  if (m->freeze) {
-    int err = regcomp(&freeze, m->freeze, REG_EXTENDED | REG_NOSUB);
+  if (opt->freeze) {
+    int err = regcomp(&freeze, opt->freeze, REG_EXTENDED | REG_NOSUB);
     if (err) {
       char why[256];
       regerror(err, &freeze, why, sizeof why);
-      return tp_error(d, "bad --freeze regex '%s': %s", m->freeze, why);
+      return tp_error(d, "bad --freeze regex '%s': %s", opt->freeze, why);
     }
   }
   int nv = m->nvalues, nforward = m->nops;
@@ -263,9 +263,9 @@ int pass_autodiff(TpModule *m, TpDiag *d) {
     const TpValue *val = &m->values[v];
     a.grad[v] = -1;
     a.requires[v] = val->kind == TP_VAL_PARAM && !val->dead && tp_dtype_is_float(val->type.dtype) &&
-                    !(m->freeze && regexec(&freeze, val->name, 0, NULL, 0) == 0);
+                    !(opt->freeze && regexec(&freeze, val->name, 0, NULL, 0) == 0);
   }
-  if (m->freeze) regfree(&freeze);
+  if (opt->freeze) regfree(&freeze);
 
   /* forward: which values depend on a trainable param */
   for (int o = 0; o < nforward; o++) {

@@ -5,8 +5,8 @@
 
 #include <stdlib.h>
 
-int pass_dce(TpModule *m, TpDiag *d) {
-  (void)d;
+int pass_dce(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt, (void)d;
   bool *live = calloc((size_t)m->nvalues + 1, sizeof *live);
   TP_ASSERT(live);
   for (int i = 0; i < m->noutputs; i++) live[m->outputs[i]] = true;

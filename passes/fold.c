@@ -54,7 +54,8 @@ int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d) {
   return TP_OK;
 }
 
-int pass_fold_constants(TpModule *m, TpDiag *d) {
+int pass_fold_constants(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt;
   for (int op = 0; op < m->nops; op++) {
     bool folded;
     int rc = tp_fold_op(m, op, &folded, d);

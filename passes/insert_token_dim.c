@@ -397,11 +397,11 @@ static void mark_tokens(TpModule *m, int tokens) {
   free(x);
 }
 
-int pass_insert_token_dim(TpModule *m, TpDiag *d) {
+int pass_insert_token_dim(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   for (int op = 0; op < m->nops; op++)
     if (m->ops[op].phase == TP_PHASE_BACKWARD)
       return tp_error(d, "insert-token-dim marks the forward module: run it before autodiff");
-  pass_dce(m, d); /* what raising left behind (the primitive attention) is not computed */
+  pass_dce(m, opt, d); /* what raising left behind (the primitive attention) is not computed */
   int tokens = tp_token_input(m);
   if (tokens < 0) return tp_error(d, "cannot slice the sequence: no graph input is integer [batch, seq] token ids");
   for (int v = 0; v < m->nvalues; v++)

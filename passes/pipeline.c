@@ -1,9 +1,12 @@
-/* The pass manager and the one list of passes. */
+/* The pass manager, the one list of passes, and the pipeline built from the options. */
 #include "../ir/ir.h"
 
 #include <string.h>
 
-static int pass_verify(TpModule *m, TpDiag *d) { return tp_verify(m, d); }
+static int pass_verify(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt;
+  return tp_verify(m, d);
+}
 
 const TpPassInfo tp_pass_registry[] = {
     {"fold-constants", pass_fold_constants, "evaluate ops whose operands are all constants"},
@@ -37,6 +40,27 @@ const char *const tp_default_pipeline[] = {"fold-constants", "dce", "rebatch", "
                                            "insert-token-dim", "shard-tensor", "add-loss", "split-sequence",
                                            "assign-stages", "autodiff", "finish-stages", "dce", NULL};
 
+int tp_pipeline_passes(const TpPassOptions *o, const char **names) {
+  int n = 0;
+  for (int i = 0; tp_default_pipeline[i]; i++) {
+    const char *p = tp_default_pipeline[i];
+    TP_ASSERT(n + 3 <= TP_MAX_PIPELINE);
+    bool raise = strcmp(p, "raise-transformer") == 0;
+    if (raise && o->params_only) break; /* what trains is decided by re-tying */
+    if (strcmp(p, "retie-params") == 0 && o->no_retie) continue;
+    if (raise && o->no_fuse) p = "raise-transformer-unfused";
+    if (o->forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
+    if (!o->sliced && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
+    if (o->tensor <= 1 && strcmp(p, "shard-tensor") == 0) continue;
+    /* raise-transformer leaves the products it replaced unread until dce, and shard-tensor
+     * refuses to split a weight that two products read */
+    if (strcmp(p, "shard-tensor") == 0) names[n++] = "dce";
+    names[n++] = p;
+  }
+  names[n] = NULL;
+  return n;
+}
+
 const TpPassInfo *tp_find_pass(const char *name) {
   for (const TpPassInfo *p = tp_pass_registry; p->name; p++)
     if (strcmp(p->name, name) == 0) return p;
@@ -69,8 +93,8 @@ static void dump(const TpModule *m, FILE *out, const char *when, const char *pas
   fflush(out);
 }
 
-int tp_run_passes(TpModule *m, const char *const *names, int n, const TpPassOptions *o, TpDiag *d) {
-  static const TpPassOptions none = {0};
+int tp_run_passes(TpModule *m, const char *const *names, int n, TpPassOptions *o, TpDiag *d) {
+  TpPassOptions none = {0};
   if (!o) o = &none;
   FILE *out = o->dump ? o->dump : stderr;
   for (int i = 0; i < n; i++)
@@ -78,7 +102,7 @@ int tp_run_passes(TpModule *m, const char *const *names, int n, const TpPassOpti
   for (int i = 0; i < n; i++) {
     const TpPassInfo *p = tp_find_pass(names[i]);
     if (in_list(o->print_before, p->name)) dump(m, out, "Before", p->name);
-    int rc = p->run(m, d);
+    int rc = p->run(m, o, d);
     if (rc != TP_OK) return rc;
     if (o->print_after_all || in_list(o->print_after, p->name)) dump(m, out, "After", p->name);
     if (o->verify_each && tp_verify(m, d) != TP_OK)

@@ -1,6 +1,6 @@
 /* rebatch: requires a forward module with inferred, static types, before add-loss (best
  * after fold-constants, so that masks and position tables built from constants are
- * constants); provides the same module for m->batch rows of the token input (0: keep its
+ * constants); provides the same module for opt->batch rows of the token input (0: keep its
  * batch). A fixed-shape export (torch.onnx.export's default) was traced at one batch; this
  * makes its batch a free axis, so that microbatches and data-parallel replicas can take
  * any number of rows.
@@ -257,15 +257,15 @@ static int rebatch(Rebatch *r, int tokens) {
   return TP_OK;
 }
 
-int pass_rebatch(TpModule *m, TpDiag *d) {
-  if (m->batch <= 0) return TP_OK;
+int pass_rebatch(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  if (opt->batch <= 0) return TP_OK;
   for (int op = 0; op < m->nops; op++)
     if (m->ops[op].phase == TP_PHASE_BACKWARD)
       return tp_error(d, "rebatch re-sizes the forward module: run it before autodiff");
   if (m->loss >= 0) return tp_error(d, "rebatch re-sizes the forward module: run it before add-loss");
   int tokens = tp_token_input(m);
   if (tokens < 0) return tp_error(d, "cannot re-batch: no graph input is integer [batch, seq] token ids");
-  Rebatch r = {.m = m, .d = d, .from = m->values[tokens].type.dims[0], .to = m->batch};
+  Rebatch r = {.m = m, .d = d, .from = m->values[tokens].type.dims[0], .to = opt->batch};
   if (r.from == r.to) return TP_OK;
   if (r.from <= 0) return tp_error(d, "cannot re-batch: the token input %%%s has no rows", m->values[tokens].name);
   int n = m->nvalues * TP_MAX_RANK;

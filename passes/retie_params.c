@@ -177,7 +177,8 @@ static int retie_recorded(TpModule *m) {
   return tied;
 }
 
-int pass_retie_params(TpModule *m, TpDiag *d) {
+int pass_retie_params(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt;
   /* assign-stages' tied copies duplicate their parameters on purpose */
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].tied >= 0)

@@ -1,4 +1,4 @@
-/* shard-tensor: Megatron-style tensor parallelism inside each stage, over the m->tensor
+/* shard-tensor: Megatron-style tensor parallelism inside each stage, over the opt->tensor
  * ranks of the "tensor" group. Every rank runs the module this pass leaves (SPMD), so
  * every type it writes is one rank's type.
  *
@@ -645,7 +645,7 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
  * does a tied table the head reads along its rows' other axis. */
 static int split_vocabularies(TpSplitCtx *s) {
   TpModule *m = s->m;
-  int logits = tp_loss_logits(m), head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
+  int logits = tp_loss_logits(m, s->logits), head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
   int head_w = -1, view = -1, axis = -1, b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
   if (b >= 0 && (m->values[b].kind != TP_VAL_PARAM || m->values[b].tied >= 0 || m->values[b].shard.parts ||
                  tp_use_count(m, b) != 1))
@@ -675,10 +675,11 @@ static int split_vocabularies(TpSplitCtx *s) {
   return TP_OK;
 }
 
-int pass_shard_tensor(TpModule *m, TpDiag *d) {
-  if (m->tensor <= 1) return TP_OK;
+int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  if (opt->tensor <= 1) return TP_OK;
   if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
-  TpSplitCtx s = {m, d, m->tensor, NULL, NULL, NULL};
+  m->tensor = opt->tensor; /* the group the module is split over, for codegen */
+  TpSplitCtx s = {m, d, opt->tensor, opt->logits, NULL, NULL, NULL};
   int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1, nexperts = 0, first_expert = -1;
   const char *first_why = NULL;
   /* room for the values added below too: at most 11 per op (norm_across_ranks) */

@@ -1,8 +1,9 @@
 /* split-sequence: requires a module marked by insert-token-dim, with its loss (add-loss)
- * or without one (a forward module), and no backward ops yet; m->nslices and m->slice_len
- * (tokpipec --slices); provides the forward cut along the token axis into m->nslices
- * units, first to last (terapipe.md sections 1-2). Slice i covers token rows
- * [c_i, c_i + l_i), c_i = l_0 + ... + l_{i-1}. With nslices <= 1 it does nothing.
+ * or without one (a forward module), and no backward ops yet; opt->nslices and
+ * opt->slice_len (tokpipec --slices); provides the forward cut along the token axis into
+ * opt->nslices units, first to last (TeraPipe's token slices), recorded in m->nslices and
+ * m->slice_len. Slice i covers token rows [c_i, c_i + l_i), c_i = l_0 + ... + l_{i-1}.
+ * With nslices <= 1 it does nothing.
  *   - An op that touches no token axis stays as it is, computed once (slice -1).
  *   - Every other op is repeated per slice (op->slice = i) on its rows, results named
  *     "<name>.s<i>", types those of the whole op with l_i rows. A graph input, parameter
@@ -179,21 +180,24 @@ static void rename_value(TpModule *m, const char *now, const char *want) {
   m->values[v].name = tp_strdup(m, want);
 }
 
-int pass_split_sequence(TpModule *m, TpDiag *d) {
-  if (m->nslices <= 1) return TP_OK;
+int pass_split_sequence(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  if (opt->nslices <= 1) return TP_OK;
   for (int op = 0; op < m->nops; op++)
     if (m->ops[op].phase == TP_PHASE_BACKWARD)
       return tp_error(d, "split-sequence cuts the forward module: run it before autodiff");
-  pass_dce(m, d); /* only what is computed is cut */
+  pass_dce(m, opt, d); /* only what is computed is cut */
   int tokens = tp_token_input(m), axis = tokens >= 0 ? tp_token_axis(m, tokens) : -1;
   if (axis < 0) return tp_error(d, "split-sequence needs the token axis: run insert-token-dim first");
   int64_t T = m->values[tokens].type.dims[axis], sum = 0;
-  for (int i = 0; i < m->nslices; i++) {
-    if (m->slice_len[i] < 1) return tp_error(d, "slice %d has %lld tokens; each needs at least one", i, (long long)m->slice_len[i]);
-    sum += m->slice_len[i];
+  for (int i = 0; i < opt->nslices; i++) {
+    if (opt->slice_len[i] < 1) return tp_error(d, "slice %d has %lld tokens; each needs at least one", i, (long long)opt->slice_len[i]);
+    sum += opt->slice_len[i];
   }
   if (sum != T)
-    return tp_error(d, "the %d slices hold %lld tokens, but the sequence has %lld", m->nslices, (long long)sum, (long long)T);
+    return tp_error(d, "the %d slices hold %lld tokens, but the sequence has %lld", opt->nslices, (long long)sum, (long long)T);
+  int64_t *len = tp_alloc(m, (size_t)opt->nslices * sizeof *len); /* the cut, for codegen */
+  memcpy(len, opt->slice_len, (size_t)opt->nslices * sizeof *len);
+  m->nslices = opt->nslices, m->slice_len = len;
 
   /* what each op is; the first that cannot be sliced is an error */
   int nops = m->nops;
@@ -295,7 +299,7 @@ int pass_split_sequence(TpModule *m, TpDiag *d) {
     if (loss >= 0) rename_value(m, sum_name, loss_name);
     for (int k = 0; k < nrenames; k += 2) rename_value(m, renames[k], renames[k + 1]);
     tp_module_compact(m); /* rebuilds the name table */
-    pass_dce(m, d);       /* constants only the whole op read */
+    pass_dce(m, opt, d);  /* constants only the whole op read */
   }
   free(renames);
   free(cls);

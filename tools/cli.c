@@ -185,7 +185,7 @@ int64_t *cli_parse_slices(const char *spec, int64_t T, int *n) {
   return len;
 }
 
-void cli_set_slices(TpModule *m, const char *spec) {
+void cli_set_slices(TpModule *m, const char *spec, TpPassOptions *o) {
   int tokens = tp_token_input(m);
   if (tokens < 0) cli_usage_error("--slices: the model has no integer [batch, seq] token input to slice");
   int64_t T = m->values[tokens].type.dims[1];
@@ -194,12 +194,13 @@ void cli_set_slices(TpModule *m, const char *spec) {
   int64_t *len = cli_parse_slices(spec, T, &n), *own = tp_alloc(m, (size_t)n * sizeof *own);
   memcpy(own, len, (size_t)n * sizeof *own);
   free(len);
-  m->nslices = n;
-  m->slice_len = own;
+  o->nslices = n;
+  o->slice_len = own;
 }
 
-int cli_run_pipeline(TpModule *m, const char *const *names, int n, const TpPassOptions *o, TpDiag *d) {
+int cli_run_pipeline(TpModule *m, const char *const *names, int n, TpPassOptions *o, TpDiag *d) {
   int rc = tp_verify(m, d);
+  if (rc == TP_OK && o) rc = tp_verify_split(m, o->tensor, o->nslices, d); /* IR read back, split otherwise */
   if (rc != TP_OK) return rc;
   rc = tp_run_passes(m, names, n, o, d);
   if (rc != TP_OK) return rc;

@@ -47,7 +47,7 @@ typedef struct {
   int n;
   int64_t token_dims[2];
   /* tokpipec: token_dims[0] binds a symbolic batch only; a fixed one (and textual IR's) is
-   * kept for the rebatch pass (TpModule.batch, which the tool sets). */
+   * kept for the rebatch pass (TpPassOptions.batch, which the tool sets). */
   bool rebatch;
   /* --blob-dir DIR: textual IR reads its blob files from DIR, not its own folder */
   const char *blob_dir;
@@ -88,12 +88,12 @@ void cli_free_list(char **names);
  * near-equal slices (the longer ones first) or the lengths given. A count above T, a
  * zero, or lengths that do not sum to T are usage errors naming --slices. */
 int64_t *cli_parse_slices(const char *spec, int64_t T, int *n);
-/* ... of the token input's sequence into m->nslices and m->slice_len (module-owned). */
-void cli_set_slices(TpModule *m, const char *spec);
+/* ... of the token input's sequence of m into o->nslices and o->slice_len (module-owned). */
+void cli_set_slices(TpModule *m, const char *spec, TpPassOptions *o);
 
-/* Verifies the loaded module (exit 1 territory), runs the passes, verifies the result
- * (a failure there is a compiler bug: TP_ERR_INTERNAL). */
-int cli_run_pipeline(TpModule *m, const char *const *names, int n, const TpPassOptions *o, TpDiag *d);
+/* Verifies the loaded module (exit 1 territory; split as o asks, when it is split), runs the
+ * passes, verifies the result (a failure there is a compiler bug: TP_ERR_INTERNAL). */
+int cli_run_pipeline(TpModule *m, const char *const *names, int n, TpPassOptions *o, TpDiag *d);
 
 /* Reads FILE.onnx (imported with `dims`) or textual IR (any other name; "-" = stdin).
  * Diagnostics go to d. */

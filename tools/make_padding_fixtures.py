@@ -1,4 +1,4 @@
-"""Write the embedding padding-row fixtures of tests/padding/ (issue 21, padding_idx).
+"""Write the embedding padding-row fixtures of tests/padding/ (torch's padding_idx).
 
 Each is a small language model whose nn.Embedding has a padding_idx, exported by today's
 PyTorch, with PyTorch's training references in train/ (tools/make_parity_fixtures.py's

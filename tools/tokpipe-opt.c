@@ -52,10 +52,7 @@ static int generate(const TpModule *m, bool c, char **text, TpDiag *d) {
 
 int main(int argc, char **argv) {
   cli_tool = "tokpipe-opt";
-  const char *input = NULL, *passes = "", *output = NULL, *emit = "ir", *logits = NULL,
-             *freeze = NULL, *stage_cuts = NULL, *slices = NULL, *v;
-  int nstages = 0, tensor = 0;
-  int64_t batch = 0;
+  const char *input = NULL, *passes = "", *output = NULL, *emit = "ir", *slices = NULL, *v;
   CliDims dims = {0};
   TpPassOptions po = {0};
   for (int i = 1; i < argc; i++) {
@@ -74,16 +71,16 @@ int main(int argc, char **argv) {
       if (strcmp(emit, "ir") && strcmp(emit, "dot") && strcmp(emit, "c") && strcmp(emit, "memory"))
         cli_usage_error("--emit expects ir, dot, c or memory, got '%s'", emit);
     } else if (cli_value(argc, argv, &i, "-o", &output)) {
-    } else if (cli_value(argc, argv, &i, "--logits", &logits)) {
-    } else if (cli_value(argc, argv, &i, "--freeze", &freeze)) {
+    } else if (cli_value(argc, argv, &i, "--logits", &po.logits)) {
+    } else if (cli_value(argc, argv, &i, "--freeze", &po.freeze)) {
     } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
     } else if (cli_value(argc, argv, &i, "--batch", &v)) {
-      batch = cli_int("--batch", v, 1, INT32_MAX);
+      po.batch = cli_int("--batch", v, 1, INT32_MAX);
     } else if (cli_value(argc, argv, &i, "--stages", &v)) {
-      nstages = (int)cli_int("--stages", v, 1, 1024);
+      po.nstages = (int)cli_int("--stages", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
-      tensor = (int)cli_int("--tensor", v, 1, 1024);
-    } else if (cli_value(argc, argv, &i, "--stage-cuts", &stage_cuts)) {
+      po.tensor = (int)cli_int("--tensor", v, 1, 1024);
+    } else if (cli_value(argc, argv, &i, "--stage-cuts", &po.stage_cuts)) {
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);
     } else if (cli_load_option(argc, argv, &i, &dims)) {
@@ -104,9 +101,7 @@ int main(int argc, char **argv) {
   tp_diag_init(&d, cli_tool, strcmp(input, "-") == 0 ? "<stdin>" : input, stderr);
   TpModule *m = NULL;
   int rc = cli_load_module(input, &dims, &m, &d);
-  if (rc == TP_OK) m->logits_name = logits, m->freeze = freeze;
-  if (rc == TP_OK && slices) cli_set_slices(m, slices);
-  if (rc == TP_OK) m->nstages = nstages, m->stage_cuts = stage_cuts, m->batch = batch, m->tensor = tensor;
+  if (rc == TP_OK && slices) cli_set_slices(m, slices, &po);
   if (rc == TP_OK) rc = cli_run_pipeline(m, (const char *const *)names, n, &po, &d);
   char *text = NULL;
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);

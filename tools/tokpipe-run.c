@@ -228,8 +228,9 @@ static int run_data_set(const char *model_path, const char *set, const char *lab
     if (rc == TP_OK) cli_apply_padding(m, o->dims);
   }
   if (rc) goto done;
-  if (o->slices) cli_set_slices(m, o->slices);
-  if ((rc = cli_run_pipeline(m, (const char *const *)o->passes, o->npasses, &o->pass_options, d))) goto done;
+  TpPassOptions po = o->pass_options; /* this module's: its slice lengths */
+  if (o->slices) cli_set_slices(m, o->slices, &po);
+  if ((rc = cli_run_pipeline(m, (const char *const *)o->passes, o->npasses, &po, d))) goto done;
 
   /* The model's inputs: those still inputs plus the bound ones the importer made constants
    * (it rejects bound names that are not graph inputs). */

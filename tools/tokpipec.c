@@ -298,37 +298,16 @@ static int build_trainer(const char *code, const char *output, const char *exe, 
   return rc;
 }
 
-/* The default pipeline into names[64], with the re-tie pass `retie` (NULL: none), less the loss
- * and the gradients under --forward-only, less the token slicing passes when unsliced and
- * shard-tensor without --tensor; --no-fuse raises without the fused ops. */
-static int pipeline_names(const char *retie, bool fuse, bool forward_only, bool slicing, bool tensor,
-                          const char **names) {
-  int n = 0;
-  for (int i = 0; tp_default_pipeline[i]; i++) {
-    const char *p = tp_default_pipeline[i];
-    TP_ASSERT(n < 64);
-    if (strcmp(p, "retie-params") == 0 && !(p = retie)) continue;
-    if (!fuse && strcmp(p, "raise-transformer") == 0) p = "raise-transformer-unfused";
-    if (forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
-    if (!slicing && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
-    if (!tensor && strcmp(p, "shard-tensor") == 0) continue;
-    /* raise-transformer leaves the products it replaced unread until dce, and shard-tensor
-     * refuses to split a weight that two products read */
-    if (strcmp(p, "shard-tensor") == 0) names[n++] = "dce";
-    names[n++] = p;
-  }
-  return n;
-}
-
 /* ---- --slices auto ---- */
 
 /* TeraPipe's optimal slicing (passes/planner/slicing.h, Eqs. 5-8) of the plan's
  * `microbatches` microbatches (of the token input's rows each, all sliced alike, as the
- * trainer runs them) on its stages (--stage-cuts, else near-equal cuts) and m->tensor
- * tensor ranks, priced by the planner's cost model on the CPU profile; writes m->nslices
- * and m->slice_len, and a note for the program's header. `whole` describes the model as
- * it was before shard-tensor cut its widths (NULL: read off m). */
-static int auto_slices(TpModule *m, const TpModelDesc *whole, int microbatches, char *note, size_t size, TpDiag *d) {
+ * trainer runs them) on its stages (--stage-cuts, else near-equal cuts) and o->tensor
+ * tensor ranks, priced by the planner's cost model on the CPU profile; writes o->nslices
+ * and o->slice_len (module-owned), and a note for the program's header. `whole` describes
+ * the model as it was before shard-tensor cut its widths (NULL: read off m). */
+static int auto_slices(TpModule *m, TpPassOptions *o, const TpModelDesc *whole, int microbatches, char *note,
+                       size_t size, TpDiag *d) {
   int tokens = tp_token_input(m);
   if (tokens < 0) return tp_error(d, "--slices auto: the model has no integer [batch, seq] token input");
   int64_t rows = m->values[tokens].type.dims[0], T = m->values[tokens].type.dims[1];
@@ -336,15 +315,15 @@ static int auto_slices(TpModule *m, const TpModelDesc *whole, int microbatches, 
   if (whole) desc = *whole;
   else if (!tp_model_describe(m, T, &desc))
     return tp_error(d, "--slices auto: cannot read the layer count, width and vocabulary off the model; give the slices");
-  int stages = m->nstages > 1 ? m->nstages : 1, *cuts = NULL;
-  int rc = m->stage_cuts ? tp_stage_cuts_parse(m->stage_cuts, desc.layers, &stages, &cuts, d) : TP_OK;
+  int stages = o->nstages > 1 ? o->nstages : 1, *cuts = NULL;
+  int rc = o->stage_cuts ? tp_stage_cuts_parse(o->stage_cuts, desc.layers, &stages, &cuts, d) : TP_OK;
   TpHardware hw;
   TpCostModel cm;
   char dirs[4096];
   tp_profile_dirs(TOKPIPE_PROFILE_DIRS, dirs, sizeof dirs);
   if (rc == TP_OK) rc = tp_hardware_find("cpu", dirs, &hw, d);
   /* described from the split module (whole == NULL), its sizes are one tensor rank's already */
-  int tensor = whole && m->tensor > 1 ? m->tensor : 1;
+  int tensor = whole && o->tensor > 1 ? o->tensor : 1;
   if (rc == TP_OK) rc = tp_cost_model_init(&cm, &hw, &desc, 1, tensor, 1, d);
   if (rc == TP_OK && stages > 1 && stages <= desc.layers && stages <= TP_MAX_STAGES) {
     if (!cuts) { /* assign-stages balances the layers' compute: near-equal cuts */
@@ -371,10 +350,10 @@ static int auto_slices(TpModule *m, const TpModelDesc *whole, int microbatches, 
     TP_ASSERT(plan.n == microbatches); /* equal sizes get equal (the one optimal) slicings */
     int64_t *len = tp_alloc(m, (size_t)plan.mb[0].nslices * sizeof *len);
     for (int i = 0; i < plan.mb[0].nslices; i++) len[i] = plan.mb[0].len[i];
-    m->nslices = plan.mb[0].nslices;
-    m->slice_len = len;
+    o->nslices = plan.mb[0].nslices;
+    o->slice_len = len;
     int n = snprintf(note, size, "--slices auto chose");
-    for (int i = 0; i < m->nslices && n < (int)size; i++) n += snprintf(note + n, size - (size_t)n, "%s %lld", i ? "," : "", (long long)len[i]);
+    for (int i = 0; i < o->nslices && n < (int)size; i++) n += snprintf(note + n, size - (size_t)n, "%s %lld", i ? "," : "", (long long)len[i]);
     if (n < (int)size)
       snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for %d stage%s%s x %d microbatch%s on the "
                "%s profile, %.3g s a step", cm.nstages, cm.nstages > 1 ? "s" : "",
@@ -462,21 +441,21 @@ static int profile_grid(const char *spec, int64_t T, int64_t *l, int64_t *c) {
 }
 
 /* The main module's stages (*nstages) and the first layer of each (*cuts), as assign-stages
- * cut them (it records its cuts in m->stage_cuts, already checked against the layers). */
-static int stage_layout(const TpModule *m, int *nstages, int **cuts, TpDiag *d) {
-  *nstages = m->nstages > 1 ? m->nstages : 1;
+ * cut them (it reports its cuts in o->staged_cuts, already checked against the layers). */
+static int stage_layout(const TpPassOptions *o, int *nstages, int **cuts, TpDiag *d) {
+  *nstages = o->staged_nstages > 1 ? o->staged_nstages : 1;
   if (*nstages == 1) {
     *cuts = calloc(1, sizeof **cuts);
     TP_ASSERT(*cuts);
     return TP_OK;
   }
-  if (!m->stage_cuts) return tp_internal(d, "assign-stages made %d stages but recorded no cuts", *nstages);
-  return tp_stage_cuts_parse(m->stage_cuts, INT_MAX, nstages, cuts, d);
+  if (!o->staged_cuts) return tp_internal(d, "assign-stages made %d stages but recorded no cuts", *nstages);
+  return tp_stage_cuts_parse(o->staged_cuts, INT_MAX, nstages, cuts, d);
 }
 
 /* Compiles the model again for each grid point (one microbatch sliced [c, l, rest], the
  * stage cuts of the main module, the same passes and options): probes[i].m. */
-static int build_probes(const char *input, const CliDims *dims, const TpModule *m, const char *retie, bool fuse, int S,
+static int build_probes(const char *input, const CliDims *dims, const TpModule *m, const TpPassOptions *o, int S,
                         const int64_t *l, const int64_t *c, int n, TpEmitProbe *probes, TpModule **mods, TpDiag *d) {
   int64_t T = m->values[tp_token_input(m)].type.dims[1];
   int rc = TP_OK;
@@ -487,8 +466,11 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
     if (c[i]) slices[nslices++] = c[i];
     slices[nslices++] = l[i];
     if (c[i] + l[i] < T) slices[nslices++] = T - c[i] - l[i];
-    const char *names[64];
-    int np = pipeline_names(retie, fuse, false, nslices > 1, false, names);
+    TpPassOptions po = {.no_retie = o->no_retie, .no_fuse = o->no_fuse, .sliced = nslices > 1, .logits = o->logits,
+                        .freeze = o->freeze, .batch = dims->token_dims[0], .nslices = nslices, .slice_len = slices,
+                        .nstages = S, .stage_cuts = S > 1 ? o->staged_cuts : NULL};
+    const char *names[TP_MAX_PIPELINE];
+    int np = tp_pipeline_passes(&po, names);
     char where[PATH_MAX + 96];
     /* errors name the probe: "model.onnx (--profile-grid point l 4, c 2): ..." */
     snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i], (long long)c[i]);
@@ -496,20 +478,7 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
     d->file = where;
     TpModule *pm = NULL;
     rc = cli_load_module(input, dims, &pm, d);
-    if (rc == TP_OK) {
-      pm->logits_name = m->logits_name;
-      pm->freeze = m->freeze;
-      pm->batch = dims->token_dims[0];
-      pm->nstages = S;
-      pm->stage_cuts = S > 1 ? m->stage_cuts : NULL;
-      if (nslices > 1) {
-        int64_t *len = tp_alloc(pm, sizeof slices);
-        memcpy(len, slices, sizeof slices);
-        pm->nslices = nslices, pm->slice_len = len;
-      }
-      static const TpPassOptions quiet = {0};
-      rc = cli_run_pipeline(pm, names, np, &quiet, d);
-    }
+    if (rc == TP_OK) rc = cli_run_pipeline(pm, names, np, &po, d);
     d->file = file;
     probes[i].m = mods[i] = pm;
   }
@@ -518,15 +487,13 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
 
 int main(int argc, char **argv) {
   cli_tool = "tokpipec";
-  const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *logits = NULL, *target = "cpu",
-             *precision = NULL, *freeze = NULL, *slices = NULL, *stage_cuts = NULL, *grid = NULL, *v;
-  int nstages = 0, tensor = 1;
+  const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *target = "cpu", *precision = NULL,
+             *slices = NULL, *grid = NULL, *v;
   int64_t batch = 0, max_memory = 0;
   TpPipelineOptions pipe = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
-  const char *retie = "retie-params";
-  bool fuse = true, verbose = false, forward_only = false, slicing = false;
+  bool verbose = false;
   CliDims dims = {0};
-  TpPassOptions po = {0};
+  TpPassOptions po = {.tensor = 1}; /* the passes' options, and the pipeline built from them */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (cli_is(a, "--help") || cli_is(a, "-h")) {
@@ -547,15 +514,15 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--batch", &v)) {
       batch = cli_int("--batch", v, 1, INT32_MAX);
     } else if (cli_value(argc, argv, &i, "--stages", &v)) {
-      nstages = (int)cli_int("--stages", v, 1, 1024);
-    } else if (cli_value(argc, argv, &i, "--stage-cuts", &stage_cuts)) {
+      po.nstages = (int)cli_int("--stages", v, 1, 1024);
+    } else if (cli_value(argc, argv, &i, "--stage-cuts", &po.stage_cuts)) {
     } else if (cli_value(argc, argv, &i, "--profile-grid", &grid)) {
     } else if (cli_value(argc, argv, &i, "--microbatches", &v)) {
       pipe.microbatches = (int)cli_int("--microbatches", v, 1, 65536);
     } else if (cli_value(argc, argv, &i, "--dp", &v)) {
       pipe.dp = (int)cli_int("--dp", v, 1, 65536);
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
-      tensor = (int)cli_int("--tensor", v, 1, 1024);
+      po.tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &pipe.kind)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {
@@ -565,32 +532,32 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);
     } else if (cli_load_option(argc, argv, &i, &dims)) {
-    } else if (cli_value(argc, argv, &i, "--logits", &logits)) {
-    } else if (cli_value(argc, argv, &i, "--freeze", &freeze)) {
+    } else if (cli_value(argc, argv, &i, "--logits", &po.logits)) {
+    } else if (cli_value(argc, argv, &i, "--freeze", &po.freeze)) {
       regex_t re;
-      int err = regcomp(&re, freeze, REG_EXTENDED | REG_NOSUB);
+      int err = regcomp(&re, po.freeze, REG_EXTENDED | REG_NOSUB);
       if (err) {
         char why[256];
         regerror(err, &re, why, sizeof why);
-        cli_usage_error("--freeze: bad regular expression '%s': %s", freeze, why);
+        cli_usage_error("--freeze: bad regular expression '%s': %s", po.freeze, why);
       }
       regfree(&re);
     } else if (cli_is(a, "-v") || cli_is(a, "--verbose")) {
       verbose = true;
     } else if (cli_is(a, "--forward-only")) {
-      forward_only = true;
+      po.forward_only = true;
     } else if (cli_is(a, "--no-retie")) {
-      retie = NULL;
+      po.no_retie = true;
     } else if (cli_value(argc, argv, &i, "--retie", &v)) {
-      if (strcmp(v, "auto") == 0) retie = "retie-params";
-      else if (strcmp(v, "data") == 0) retie = "retie-params"; /* what auto does since external data is compared */
-      else if (strcmp(v, "off") == 0) retie = NULL;
+      if (strcmp(v, "auto") == 0) po.no_retie = false;
+      else if (strcmp(v, "data") == 0) po.no_retie = false; /* what auto does since external data is compared */
+      else if (strcmp(v, "off") == 0) po.no_retie = true;
       else cli_usage_error("--retie takes auto, data or off, not '%s'", v);
     } else if (cli_is(a, "--no-fuse")) {
-      fuse = false;
+      po.no_fuse = true;
     } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
       /* a count is checked against the sequence once the model is read */
-      slicing = strcmp(slices, "auto") == 0 || strchr(slices, ',') || cli_int("--slices", slices, 1, INT32_MAX) > 1;
+      po.sliced = strcmp(slices, "auto") == 0 || strchr(slices, ',') || cli_int("--slices", slices, 1, INT32_MAX) > 1;
     } else if (cli_pass_option(argc, argv, &i, &po)) {
     } else if (a[0] == '-' && a[1]) {
       cli_usage_error("unknown option '%s'", a);
@@ -608,13 +575,13 @@ int main(int argc, char **argv) {
     cli_usage_error("--precision expects %s, got '%s'", tp_target_precisions(target), precision);
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0) cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
-  if (forward_only && strcmp(emit, "c") == 0)
+  if (po.forward_only && strcmp(emit, "c") == 0)
     cli_usage_error("--forward-only has no loss to train: use it with --emit=ir, dot or memory");
   if (grid && strcmp(emit, "c") != 0)
     cli_usage_error("--profile-grid builds profiling units into the C program: use it with --exe or --emit=c");
   if (grid && strcmp(input, "-") == 0)
     cli_usage_error("--profile-grid compiles the model once per grid point: read it from a file, not stdin");
-  if (grid && tensor > 1)
+  if (grid && po.tensor > 1)
     cli_usage_error("--profile-grid cannot go with --tensor yet: its probes are compiled whole, without the "
                     "tensor split");
   /* --batch is the step's: every microbatch of every replica gets an equal share of rows */
@@ -628,11 +595,10 @@ int main(int argc, char **argv) {
   if (batch) dims.token_dims[0] = batch / units;
   dims.rebatch = true;
 
-  const char *names[64];
-  int n = pipeline_names(retie, fuse, forward_only, slicing, tensor > 1, names);
-  /* --emit=params: the passes up to re-tying, which decide what trains */
-  for (int i = 0; strcmp(emit, "params") == 0 && i < n; i++)
-    if (strcmp(names[i], "raise-transformer") == 0 || strcmp(names[i], "raise-transformer-unfused") == 0) n = i;
+  po.batch = dims.token_dims[0];
+  po.params_only = strcmp(emit, "params") == 0;
+  const char *names[TP_MAX_PIPELINE];
+  int n = tp_pipeline_passes(&po, names);
 
   if (exe) {
     TpDiag exe_diag;
@@ -651,19 +617,13 @@ int main(int argc, char **argv) {
   int rc = cli_load_module(input, &dims, &m, &d);
   char note[256] = "";
   if (rc == TP_OK && !cli_ends_with(input, ".onnx")) {
-    bool wanted[CLI_RESUME_COUNT] = {[CLI_RESUME_SHARD] = tensor > 1, [CLI_RESUME_LOSS] = !forward_only,
-                                     [CLI_RESUME_SLICE] = slicing, [CLI_RESUME_STAGES] = nstages > 1,
-                                     [CLI_RESUME_AUTODIFF] = !forward_only};
+    bool wanted[CLI_RESUME_COUNT] = {[CLI_RESUME_SHARD] = po.tensor > 1, [CLI_RESUME_LOSS] = !po.forward_only,
+                                     [CLI_RESUME_SLICE] = po.sliced, [CLI_RESUME_STAGES] = po.nstages > 1,
+                                     [CLI_RESUME_AUTODIFF] = !po.forward_only};
     rc = cli_resume_after(m, names, &n, wanted, batch != 0, &d);
   }
   if (rc == TP_OK) {
-    m->logits_name = logits;
-    m->freeze = freeze;
-    m->batch = dims.token_dims[0];
-    m->nstages = nstages;
-    m->stage_cuts = stage_cuts;
-    m->tensor = tensor;
-    if (slices && strcmp(slices, "auto") != 0) cli_set_slices(m, slices);
+    if (slices && strcmp(slices, "auto") != 0) cli_set_slices(m, slices, &po);
     /* --slices auto: the passes up to split-sequence, the slicing, the rest; the sizes it
      * prices are read off the model before shard-tensor makes them one rank's */
     int first = n, shard = n;
@@ -678,7 +638,7 @@ int main(int argc, char **argv) {
       if (tokens >= 0 && tp_model_describe(m, m->values[tokens].type.dims[1], &whole)) described = &whole;
       rc = cli_run_pipeline(m, names + shard, first - shard, &po, &d);
     }
-    if (rc == TP_OK && first < n) rc = auto_slices(m, described, pipe.microbatches, note, sizeof note, &d);
+    if (rc == TP_OK && first < n) rc = auto_slices(m, &po, described, pipe.microbatches, note, sizeof note, &d);
     if (rc == TP_OK && first < n) rc = cli_run_pipeline(m, names + first, n - first, &po, &d);
   }
   /* --profile-grid: the model again per grid point, with the stage cuts it got */
@@ -694,15 +654,15 @@ int main(int argc, char **argv) {
     mods = calloc(4096, sizeof *mods);
     TP_ASSERT(gl && gc && list && mods);
     int npoints = profile_grid(grid, T, gl, gc), S;
-    rc = stage_layout(m, &S, &cuts, &d);
+    rc = stage_layout(&po, &S, &cuts, &d);
     probes = (TpEmitOptions){.nprobes = npoints, .probes = list, .stage_cuts = cuts};
-    if (rc == TP_OK) rc = build_probes(input, &dims, m, retie, fuse, S, gl, gc, npoints, list, mods, &d);
+    if (rc == TP_OK) rc = build_probes(input, &dims, m, &po, S, gl, gc, npoints, list, mods, &d);
     free(gl), free(gc);
   }
   probes.target = target;
   probes.precision = precision;
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
-  ParamsReport params = {m, freeze};
+  ParamsReport params = {m, po.freeze};
   if (rc == TP_OK && strcmp(emit, "params") == 0) rc = cli_write_output(output, write_params, &params, &d);
   if (rc == TP_OK && strcmp(emit, "ir") == 0) rc = cli_write_output(output, write_ir, m, &d);
   else if (rc == TP_OK && strcmp(emit, "dot") == 0) rc = cli_write_output(output, write_dot, m, &d);

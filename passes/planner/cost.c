@@ -139,7 +139,7 @@ void tp_profile_dirs(const char *builtin, char *out, size_t size) {
 /* ---- models ---- */
 
 static const TpModelDesc builtin_models[] = {
-    /* GPT-3 sizes of the TeraPipe paper's table (terapipe.md section 5) */
+    /* GPT-3 sizes of the TeraPipe paper's table of settings */
     {"GPT3-1B", 24, 2048, 16, 2048, 50257, 4 * 2048},
     {"GPT3-13B", 40, 5120, 40, 2048, 50257, 4 * 5120},
     {"GPT3-44B", 96, 6144, 48, 2048, 50257, 4 * 6144},

@@ -3,7 +3,7 @@
  * forward and backward, turned into seconds by a hardware profile; stage-to-stage
  * transfers, tensor- and data-parallel all-reduces, optimizer step and per-rank memory;
  * and the least-squares fit t(l,c) = t(l,0) + a0 + a1*l + a2*c + a3*l*c of measured
- * samples (terapipe.md section 4).
+ * samples (TeraPipe's cost model).
  *
  * Conventions: times in seconds, sizes in bytes, one "device" is one GPU (or one CPU
  * rank). All costs are per device of a stage: tensor parallelism divides the GEMMs and

@@ -15,7 +15,8 @@
  * Sends are non-blocking: the runtime posts them (MPI_Isend) and completes them before
  * the buffer is reused or at the step's end. gpipe lists also survive blocking sends;
  * 1f1b lists do not (rank k sends an activation while rank k+1 sends it a gradient). Slices of a microbatch run forward in order
- * 0..N-1 and backward in order N-1..0 on every rank (section 2 of terapipe.md). */
+ * 0..N-1 and backward in order N-1..0 on every rank (as in TeraPipe: a slice's keys and
+ * values are the context of the slices after it). */
 #ifndef TOKPIPE_PLANNER_SCHEDULE_H
 #define TOKPIPE_PLANNER_SCHEDULE_H
 

@@ -1,4 +1,4 @@
-/* The optimal token slicing of TeraPipe (terapipe.md section 3, Eqs. 5-8), exact, with
+/* The optimal token slicing of TeraPipe (the paper's Eqs. 5-8), exact, with
  * the joint batch x token knapsack over microbatch sizes.
  *
  * Minimises  T = sum of the cost of every slice of every microbatch

@@ -140,7 +140,7 @@ def save_run(m, name, inputs, outputs):
 
 
 def frontend_models():
-    """Issue 10, the frontend's items (cases-frontend.txt, extreme/)."""
+    """The frontend's cases (cases-frontend.txt, extreme/)."""
     # a string attribute with an empty value (protobuf leaves its bytes NULL)
     save(model([helper.make_node("Gelu", ["x"], ["y"], name="gelu", approximate="")],
                [vi("x", [2])], [vi("y", [2])], opset=20), "empty_string_attr.onnx")
@@ -206,7 +206,7 @@ def frontend_models():
 
 
 def ops_models():
-    """Issue 11, the ops computed from constants (cases-ops.txt, ops/)."""
+    """The ops computed from constants (cases-ops.txt, ops/)."""
     i64 = TensorProto.INT64
     axes = numpy_helper.from_array(np.array([0, 1], np.int64), "axes")
     save(model([helper.make_node("CumSum", ["x", "axes"], ["y"], name="cumsum")],
@@ -237,7 +237,7 @@ def ops_models():
     repeats = numpy_helper.from_array(np.array([2], np.int64), "repeats")
     save(model([helper.make_node("Tile", ["x", "repeats"], ["y"], name="tile")],
                [vi("x", [2])], [vi("y", [4])], [repeats], opset=12), "ops/tile_opset12.onnx")
-    # a mixture's router (issue 21): TopK of the k smallest, K past the axis; and the eager
+    # a mixture's router: TopK of the k smallest, K past the axis; and the eager
     # experts' routing as TorchScript exports it, OneHot before NonZero: NonZero is named
     k = numpy_helper.from_array(np.array([2], np.int64), "k")
     save(model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", largest=0)],
@@ -253,7 +253,7 @@ def ops_models():
 
 
 def opset_models():
-    """Issue 21, the ops of today's exporter at opsets 18..23 (cases-opsets.txt, opsets/)."""
+    """The ops of today's exporter at opsets 18..23 (cases-opsets.txt, opsets/)."""
     i64 = TensorProto.INT64
     data = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "x")
     idx = numpy_helper.from_array(np.array([[1, 3]], np.int64), "i")

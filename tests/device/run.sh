@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU backend checked on a real GPU, in one prepared run (issue 13, section 4): on the
+# The GPU backend checked on a real GPU, in one prepared run (device time is scarce): on the
 # device machine (one H200, CUDA 13, PyTorch 2.11, 16 cores, no network), from the folder
 # tests/device/bundle.sh built here beforehand and the device tool carried:
 #   kernels   every tests/cuda driver's tests, the CUDA kernels on the GPU against the CPU
@@ -17,8 +17,8 @@
 #
 #   bash tests/device/run.sh [--emulated] [--bundle DIR] [--only STAGES] [--skip STAGES]
 #                            [--budget SECONDS] [--out DIR]
-#   STAGES: a comma list of kernels,parity,pipeline,tensor,bench; --budget (default 450: the issue's
-#   8 minutes less a margin) drops stages, and torch.compile, that would not fit.
+#   STAGES: a comma list of kernels,parity,pipeline,tensor,bench; --budget (default 450: a device
+#   session's 8 minutes less a margin) drops stages, and torch.compile, that would not fit.
 #   --emulated runs the same flow on this machine (bundle.sh --emulated): the cuda-emulated
 #   drivers, CPU trainers in fp32 (bf16 and the benchmark need the GPU and are skipped).
 #   The logs go to --out (default build/device-run). Under the device tool ($OUT set, of

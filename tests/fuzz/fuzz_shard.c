@@ -15,10 +15,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* no path: blob lines are refused, so no file is touched */
   if (tp_parse_module((const char *)data, size, NULL, &m, &d) != TP_OK) return 0;
   const char *const shard[] = {"shard-tensor"}, *const train[] = {"add-loss", "autodiff"};
-  m->tensor = 2 + (int)(size % 3);
-  if (tp_verify(m, &d) == TP_OK && tp_run_passes(m, shard, 1, NULL, &d) == TP_OK) {
+  TpPassOptions opt = {.tensor = 2 + (int)(size % 3)};
+  if (tp_verify(m, &d) == TP_OK && tp_verify_split(m, opt.tensor, 0, &d) == TP_OK &&
+      tp_run_passes(m, shard, 1, &opt, &d) == TP_OK) {
     if (tp_verify(m, &d) != TP_OK) abort();
-    if (tp_run_passes(m, train, 2, NULL, &d) == TP_OK && tp_verify(m, &d) != TP_OK) abort();
+    if (tp_run_passes(m, train, 2, &opt, &d) == TP_OK && tp_verify(m, &d) != TP_OK) abort();
   }
   tp_module_free(m);
   return 0;

@@ -10,7 +10,7 @@
 # The shapes run all their ranks in one process; the one marked "mpi" runs under mpirun
 # -np S*D. MODE "all" runs every shape, "mpi" only the mpirun one (the sanitizer build).
 # SHAPES, when given, replace the set, in its form "S SLICES M D SCHEDULE [mpi]": e.g.
-# "2 2 2 1 1f1b mpi", issue 21's 2-stage, 2-slice, 2-microbatch 1F1B pipeline of a fixture.
+# "2 2 2 1 1f1b mpi", the 2-stage, 2-slice, 2-microbatch 1F1B pipeline of a fixture.
 # usage: matrix.sh TOKPIPEC TOKPIPE_COMPARE FIXTURE_DIR WORK_DIR all|mpi [SHAPES...]
 set -uo pipefail
 tokpipec=$1 compare=$2 fixture=$3 work=$4 mode=$5
@@ -34,7 +34,8 @@ if [ $((B % 2)) = 1 ]; then # M = D = 1 (odd batch: also 3)
 elif [ $((B % 4)) = 0 ]; then # M x D = 2 x 2 fits
   shapes=("2 1 2 2 gpipe" "2 2 1 1 1f1b" "1 $uneven 2 2 1f1b" "2 $uneven 1 2 gpipe mpi")
 else # B = 2 mod 4: M = 2 or D = 2, not both; under mpirun the 2-stage, 2-slice,
-  # 2-microbatch 1F1B pipeline every Hugging Face fixture must show (issue 21)
+  # 2-microbatch 1F1B pipeline every Hugging Face fixture must show (stages, slices,
+  # microbatches and the interleaved schedule at once, across processes)
   shapes=("2 1 2 1 gpipe" "2 2 1 2 1f1b" "1 $uneven 2 1 1f1b" "2 $uneven 1 2 gpipe" "2 2 2 1 1f1b mpi")
 fi
 

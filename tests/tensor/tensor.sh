@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor parallelism end to end on one fixture (issue 14): trainers tokpipec --tensor 2
+# Tensor parallelism end to end on one fixture: trainers tokpipec --tensor 2
 # builds (--exe), run under mpirun with one process per rank (rank = (d*S + k)*N + t), each
 # against the one-process trainer of the same model (no --tensor, one stage):
 #   t2        N=2 alone                                          mpirun -np 2

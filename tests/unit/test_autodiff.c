@@ -15,7 +15,7 @@
  * train/grads.safetensors) are imported, raised, re-tied, given a loss, differentiated and
  * run by the interpreter on train/train.bin's first batch: the loss must be within 1e-5
  * relative and every parameter gradient within 1e-4 of PyTorch's relative to that tensor's
- * largest magnitude (the issue's parity bound), and a few entries are checked by finite
+ * largest magnitude (the parity bound of tests/parity), and a few entries are checked by finite
  * differences as above. */
 #include "frontend/frontend.h"
 #include "ir/ir.h"
@@ -47,6 +47,7 @@ typedef struct {
   uint64_t rng;
   int names;
   void *input_data[8]; /* per graph input */
+  TpPassOptions opt;   /* what the passes are asked (--freeze, --logits) */
 } Case;
 
 static double uniform(Case *c, double lo, double hi) {
@@ -170,7 +171,7 @@ static int check_grads(Case *c, const char *label) {
   TpModule *m = c->m;
   m->noutputs = 0; /* the interpreter computes the loss and the gradients only */
   tp_add_output(m, m->loss);
-  if (pass_autodiff(m, &c->d) != TP_OK) {
+  if (pass_autodiff(m, &c->opt, &c->d) != TP_OK) {
     fprintf(stderr, "%s: autodiff failed\n", label);
     failures++;
     return 0;
@@ -513,7 +514,7 @@ static void test_nn(void) {
     tp_set_attr_int(c.m, op, "transpose_w", 1);
     int logits = fin(&c, op, NULL);
     tp_add_output(c.m, logits);
-    CHECK(pass_add_loss(c.m, &c.d) == TP_OK && c.m->loss >= 0 && c.m->ninputs == 2);
+    CHECK(pass_add_loss(c.m, &c.opt, &c.d) == TP_OK && c.m->loss >= 0 && c.m->ninputs == 2);
     const TpType *tt = &c.m->values[c.m->inputs[1]].type;
     CHECK(tt->dtype == TP_I64 && tt->dims[1] == 3 && tt->dimnames[1] && strcmp(tt->dimnames[1], "seq") == 0);
     CHECK(tp_attr_float(c.m, c.m->nops - 1, "denominator", 0) == 6);
@@ -532,7 +533,7 @@ static void test_nn(void) {
     tp_set_attr_int(c.m, op, "ignore_index", -100);
     int loss = fin(&c, op, NULL);
     tp_add_output(c.m, loss);
-    CHECK(pass_add_loss(c.m, &c.d) == TP_OK && c.m->loss == loss && c.m->ninputs == 0);
+    CHECK(pass_add_loss(c.m, &c.opt, &c.d) == TP_OK && c.m->loss == loss && c.m->ninputs == 0);
     CHECK(check_grads(&c, rank == 2 ? "SoftmaxCrossEntropyLoss 2-D" : "SoftmaxCrossEntropyLoss 3-D") == 1);
     end_case(&c);
   }
@@ -557,7 +558,7 @@ static void test_freeze_and_errors(void) {
   { /* --freeze: matching params get no gradient, the others do */
     Case c = begin_case(60);
     int w = param(&c, "h.0.w", f32t(DIMS(3, 3))), ln = param(&c, "h.0.ln.weight", f32t(DIMS(3)));
-    c.m->freeze = "ln\\.";
+    c.opt.freeze = "ln\\.";
     CHECK(check_out(&c, "freeze", bin(&c, TP_OP_Mul, un(&c, TP_OP_Tanh, w), ln)) == 1);
     CHECK(tp_grad_of(c.m, w) >= 0 && tp_grad_of(c.m, ln) < 0);
     CHECK(strcmp(c.m->values[tp_grad_of(c.m, w)].name, "h.0.w.grad") == 0);
@@ -569,10 +570,10 @@ static void test_freeze_and_errors(void) {
     c.m->loss = weighted_sum(&c, un(&c, TP_OP_Exp, w));
     TpDiag d;
     tp_diag_init(&d, "test", "m.onnx", NULL);
-    c.m->freeze = "(";
-    CHECK(pass_autodiff(c.m, &d) == TP_ERR_INPUT && strstr(d.last, "bad --freeze regex '('"));
-    c.m->freeze = "^w$";
-    CHECK(pass_autodiff(c.m, &d) == TP_ERR_INPUT && strstr(d.last, "does not depend on any trainable parameter"));
+    c.opt.freeze = "(";
+    CHECK(pass_autodiff(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "bad --freeze regex '('"));
+    c.opt.freeze = "^w$";
+    CHECK(pass_autodiff(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "does not depend on any trainable parameter"));
     end_case(&c);
   }
   { /* no backward: Attention with a trained mask */
@@ -583,7 +584,7 @@ static void test_freeze_and_errors(void) {
     c.m->loss = weighted_sum(&c, fin(&c, op, NULL));
     TpDiag d;
     tp_diag_init(&d, "test", "m.onnx", NULL);
-    CHECK(pass_autodiff(c.m, &d) == TP_ERR_INPUT);
+    CHECK(pass_autodiff(c.m, &c.opt, &d) == TP_ERR_INPUT);
     CHECK(strstr(d.last, "m.onnx: node '/n1' (Attention, opset 17): cannot differentiate op Attention at node '/n1': "
                          "the attention mask would need a gradient") == d.last);
     end_case(&c);
@@ -592,7 +593,7 @@ static void test_freeze_and_errors(void) {
     Case c = begin_case(63);
     TpDiag d;
     tp_diag_init(&d, "test", NULL, NULL);
-    CHECK(pass_autodiff(c.m, &d) == TP_ERR_INPUT && strstr(d.last, "run add-loss first"));
+    CHECK(pass_autodiff(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "run add-loss first"));
     end_case(&c);
   }
 }
@@ -606,17 +607,17 @@ static void test_add_loss_errors(void) {
   int y = un(&c, TP_OP_Tanh, a);
   int flat = preset1(&c, TP_OP_Reshape, a, f32t(DIMS(6, 5)));
   tp_add_output(c.m, flat);
-  CHECK(pass_add_loss(c.m, &d) == TP_ERR_INPUT);
+  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT);
   CHECK(strcmp(d.last, "m.onnx: cannot find the logits: no graph output is a float [B, T, V] tensor; pass --logits NAME") == 0);
   tp_add_output(c.m, x);
   tp_add_output(c.m, y);
-  CHECK(pass_add_loss(c.m, &d) == TP_ERR_INPUT && strstr(d.last, "outputs 'v0' and 'v1' are both float [B, T, V] tensors; pass --logits NAME"));
-  c.m->logits_name = "nope";
-  CHECK(pass_add_loss(c.m, &d) == TP_ERR_INPUT && strstr(d.last, "no graph output is named 'nope'"));
-  c.m->logits_name = "v2";
-  CHECK(pass_add_loss(c.m, &d) == TP_ERR_INPUT && strstr(d.last, "the logits 'v2' must be a float [B, T, V] tensor, not f32[6, 5]"));
-  c.m->logits_name = "v1";
-  CHECK(pass_add_loss(c.m, &d) == TP_OK && c.m->loss >= 0);
+  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "outputs 'v0' and 'v1' are both float [B, T, V] tensors; pass --logits NAME"));
+  c.opt.logits = "nope";
+  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "no graph output is named 'nope'"));
+  c.opt.logits = "v2";
+  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "the logits 'v2' must be a float [B, T, V] tensor, not f32[6, 5]"));
+  c.opt.logits = "v1";
+  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_OK && c.m->loss >= 0);
   int op = c.m->values[c.m->loss].def;
   CHECK(c.m->ops[op].kind == TP_OP_CrossEntropy && c.m->ops[op].inputs[0] == y);
   CHECK(strcmp(c.m->values[c.m->inputs[0]].name, "targets") == 0);

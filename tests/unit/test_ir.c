@@ -83,13 +83,14 @@ static void test_fold_and_dce(void) {
   int dead = tp_add_op(m, TP_OP_Neg, &x, 1, (const char *[]){"unused"}, 1, (TpOrigin){"n", "Neg"});
   CHECK(tp_infer_op(m, dead, &d) == TP_OK);
   tp_add_output(m, m->ops[use].outputs[0]);
-  CHECK(pass_fold_constants(m, &d) == TP_OK);
+  TpPassOptions opt = {0};
+  CHECK(pass_fold_constants(m, &opt, &d) == TP_OK);
   CHECK(m->nops == 2); /* Add folded; Mul reads an input */
   int s = tp_find_value(m, "sum");
   CHECK(s >= 0 && m->values[s].kind == TP_VAL_CONST);
   const float *sv = tp_value_data(m, s);
   CHECK(sv && sv[0] == 11 && sv[1] == 22 && sv[2] == 33);
-  CHECK(pass_dce(m, &d) == TP_OK);
+  CHECK(pass_dce(m, &opt, &d) == TP_OK);
   CHECK(m->nops == 1 && tp_find_value(m, "unused") < 0 && tp_find_value(m, "a") < 0);
   CHECK(m->ops[0].inputs[0] == tp_find_value(m, "sum") && m->ops[0].inputs[1] == tp_find_value(m, "x"));
   CHECK(m->values[m->outputs[0]].def == 0 && m->ninputs == 1 && m->inputs[0] == tp_find_value(m, "x"));

@@ -215,7 +215,7 @@ static const Case cases[] = {
     {"not attention: additive mask the wrong way round",
      HEADS SCORES "%m : f32[1, 2, 4, 4] = Sub(%s, %additive)\n" ATTEND("%m"), "Attention=0 Softmax=1"},
 
-    /* what Hugging Face exports put around the attention (issue 11) */
+    /* what Hugging Face exports put around the attention */
     {"attention: Llama's casts before the mask and after Softmax, a folded [B, 1, T, T] mask",
      BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
             "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"

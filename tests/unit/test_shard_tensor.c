@@ -174,17 +174,16 @@ static double worse(double worst, double e, const char **where, const char *what
  * trained. Frees both. */
 static void compare(const char *name, TpModule *whole, TpModule *sharded, const char *logits, const char *freeze,
                     int ranks, TpDiag *d) {
-  sharded->tensor = ranks;
-  whole->freeze = sharded->freeze = freeze;
+  TpPassOptions opt = {.freeze = freeze, .tensor = ranks};
   const char *const train[] = {"add-loss", "autodiff", "verify"};
   const char *const shard[] = {"shard-tensor"};
-  if (tp_run_passes(sharded, shard, 1, NULL, d) != TP_OK) {
+  if (tp_run_passes(sharded, shard, 1, &opt, d) != TP_OK) {
     fail("%s: shard-tensor failed", name);
     return;
   }
   randomize(whole);
   randomize(sharded);
-  if (tp_run_passes(whole, train, 3, NULL, d) != TP_OK || tp_run_passes(sharded, train, 3, NULL, d) != TP_OK) {
+  if (tp_run_passes(whole, train, 3, &opt, d) != TP_OK || tp_run_passes(sharded, train, 3, &opt, d) != TP_OK) {
     fail("%s: add-loss or autodiff failed", name);
     return;
   }

@@ -1,4 +1,5 @@
-/* The CUDA execution model on the CPU, for tests only (issue 13, section 3): the kernels of
+/* The CUDA execution model on the CPU, for tests only (so the kernels are checked without a
+ * GPU): the kernels of
  * runtime/cuda/ (the .cu files) compile as host C++ against this header (TOKPIPE_CUDA_EMULATE) and run
  * a grid block by block, each CUDA thread a fiber (ucontext) of one OS thread. What the
  * kernels rely on behaves as on a GPU, and what CUDA leaves undefined stops the test:

@@ -1,4 +1,5 @@
-/* NCCL on the CPU, for tests only (issue 13, section 3): the part of nccl.h that
+/* NCCL on the CPU, for tests only (so the transport is checked without a GPU): the part of
+ * nccl.h that
  * runtime/cuda/comm_nccl.cu calls, run on MPI, so that the transport above it (the
  * communicators it creates and their order, the groups, streams and events) runs for real
  * in the cuda-emulated tests under mpirun. A communicator is an MPI communicator:

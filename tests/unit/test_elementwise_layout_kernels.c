@@ -1,5 +1,6 @@
-/* Unit tests of the basic CPU kernels (runtime/cpu/elementwise, layout, reduce) against
- * hand-computed values, including the multi-threaded paths on large tensors. */
+/* Unit tests of the elementwise, layout and reduction CPU kernels (runtime/cpu/elementwise,
+ * layout, reduce; TopK and the ops computed from constants) against hand-computed values,
+ * including the multi-threaded paths on large tensors. */
 #include "runtime/cpu/elementwise.h"
 #include "runtime/cpu/layout.h"
 #include "runtime/cpu/reduce.h"
@@ -315,7 +316,7 @@ static void test_reduce(void) {
   CHECK(tp_reduce_sum(&txi, (int64_t[]){0}, 1, false, &tyi) == TP_KERNEL_BAD_SHAPE);
 }
 
-/* TopK, a mixture's router (issue 21): largest first; ties by lower index (ONNX's order,
+/* TopK, a mixture's router: largest first; ties by lower index (ONNX's order,
  * which torch's CPU topk does not keep: it gives [2, 4, 1] for row 0's k = 3); NaN first. */
 static void test_topk(void) {
   float x[3][5] = {{1, 3, 3, 2, 3}, {0, 0, 0, 0, 0}, {NAN, 1, NAN, 5, 5}};
@@ -337,7 +338,7 @@ static void test_topk(void) {
 }
 
 /* The ops Hugging Face exports compute from constants: Sin, Cos, Max, Min, GreaterOrEqual,
- * CumSum, Tile, GatherElements (issue 11). */
+ * CumSum, Tile, GatherElements. */
 static void test_constant_ops(void) {
   float x[4] = {0, 1.5f, NAN, -2}, z[4] = {1, 1.5f, 0, NAN}, y[4];
   TpTensor tx = T(TP_F32, 1, (int64_t[]){4}, x), tz = T(TP_F32, 1, (int64_t[]){4}, z);

@@ -1,9 +1,10 @@
-/* The second set of CUDA kernels (runtime/cuda/rotary.cu, elementwise.cu, reduce.cu) on the
- * CPU through the emulation of the CUDA execution model, each against the CPU kernel it
- * implements, the layout ops (Reshape, Expand, Transpose, Slice and its backward, Split,
- * Concat, the K/V context append at nonzero offsets) too, at awkward shapes: ranks 1 to 6, 1-sized and broadcast dims, odd lengths and
+/* The elementwise, reduction, rotary and layout kernels of runtime/cuda (rotary.cu,
+ * elementwise.cu, reduce.cu; Reshape, Expand, Transpose, Slice and its backward, Split,
+ * Concat, the K/V context append at nonzero offsets) on the CPU through the emulation of the
+ * CUDA execution model, each against the CPU kernel it implements, at awkward shapes: ranks
+ * 1 to 6, 1-sized and broadcast dims, odd lengths and
  * lengths past the block size (256), partial rotary dims, tables of lower rank. One ctest
- * per kernel and direction: `test_cuda_kernels2 NAME`.
+ * per kernel and direction: `test_cuda_elementwise_layout NAME`.
  *
  * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element:
  *   EXACT (0, 0): copies (the layout ops) and single IEEE operations (Neg, Reciprocal, Sqrt, Relu, Add, Sub,
@@ -471,5 +472,5 @@ static const CudaTest TESTS[] = {
 };
 
 int main(int argc, char **argv) {
-  return run_named_test("test_cuda_kernels2", TESTS, sizeof TESTS / sizeof *TESTS, argc, argv);
+  return run_named_test("test_cuda_elementwise_layout", TESTS, sizeof TESTS / sizeof *TESTS, argc, argv);
 }

@@ -1,6 +1,6 @@
-/* Unit tests of the interpreter's basic ops (interp/interp.c, bound by bind/bind.c): they
- * read the canonical attributes of ir/ops.def and report data-dependent errors at the op's
- * ONNX origin. */
+/* Unit tests of the interpreter's Gather, Slice and Transpose (interp/interp.c, bound by
+ * bind/bind.c): they read the canonical attributes of ir/ops.def and report data-dependent
+ * errors at the op's ONNX origin. */
 #include "interp/interp.h"
 
 #include <stdlib.h>
@@ -79,6 +79,6 @@ static void test_slice_transpose(void) {
 int main(void) {
   test_gather();
   test_slice_transpose();
-  if (failures) fprintf(stderr, "test_exec_basic: %d check(s) failed\n", failures);
+  if (failures) fprintf(stderr, "test_interp_ops: %d check(s) failed\n", failures);
   return failures != 0;
 }

@@ -1,8 +1,10 @@
-/* The CUDA kernels (the .cu files of runtime/cuda) run on the CPU through the emulation of the CUDA
- * execution model (runtime/cuda/emulate), each against the CPU kernel it implements, at
+/* The transformer and optimizer kernels of runtime/cuda (RMSNorm, LayerNorm, softmax, GELU,
+ * SwiGLU, embedding, cross-entropy and their vocabulary-parallel parts, AdamW, the sum of
+ * squares and the scale) run on the CPU through the emulation of the CUDA execution model
+ * (runtime/cuda/emulate), each against the CPU kernel it implements, at
  * small and awkward sizes: rows of 1, lengths below, at and past the warp size (32) and
  * the block size (256), odd lengths, more rows than a column-sum run (64). One ctest per
- * kernel and direction: `test_cuda_emulated NAME`.
+ * kernel and direction: `test_cuda_transformer NAME`.
  *
  * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element:
  *   EXACT (0, 0): copies, the embedding's scatter-add (the same additions in the same
@@ -521,5 +523,5 @@ static const CudaTest TESTS[] = {
 };
 
 int main(int argc, char **argv) {
-  return run_named_test("test_cuda_emulated", TESTS, sizeof TESTS / sizeof *TESTS, argc, argv);
+  return run_named_test("test_cuda_transformer", TESTS, sizeof TESTS / sizeof *TESTS, argc, argv);
 }
