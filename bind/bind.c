@@ -381,6 +381,21 @@ static int bind_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *
   return TP_OK;
 }
 
+/* GeGLU(Gate, Up) and GeGLUBackward(dY, Gate, Up) -> dGate, dUp, {approximate} as Gelu's. */
+static int bind_geglu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  bool fwd = m->ops[op].kind == TP_OP_GeGLU, tanh_approx;
+  int rc = gelu_tanh(m, op, &tanh_approx, d);
+  if (rc) return rc;
+  const TpTensor *gate = fwd ? &in[0] : &in[1], *up = fwd ? &in[1] : &in[2];
+  int64_t n = tp_tensor_numel(gate);
+  if (tp_tensor_numel(up) != n || (fwd ? tp_tensor_numel(&out[0]) : tp_tensor_numel(&in[0])) != n)
+    return shape_error(m, op, d);
+  b->kernel = fwd ? TP_K_GEGLU : TP_K_GEGLU_BACKWARD;
+  b->a.geglu = (TpGeGLUArgs){fwd ? NULL : &in[0], gate, up, n, tanh_approx, opt_out(m, op, out, 0),
+                             fwd ? NULL : opt_out(m, op, out, 1)};
+  return TP_OK;
+}
+
 /* ---- attention ---- */
 
 /* The TpAttention of Q, K, V (heads, lengths, head sizes, causality, scale, softcap; no mask
@@ -621,6 +636,8 @@ const TpOpBinding tp_op_bindings[TP_OP_COUNT] = {
     [TP_OP_RotaryBackward] = TRAIN(bind_rotary),
     [TP_OP_SwiGLU] = TRAIN(bind_swiglu),
     [TP_OP_SwiGLUBackward] = TRAIN(bind_swiglu),
+    [TP_OP_GeGLU] = TRAIN(bind_geglu),
+    [TP_OP_GeGLUBackward] = TRAIN(bind_geglu),
 };
 
 int tp_bind_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {

@@ -808,7 +808,7 @@ static int infer_cross_entropy_backward(const Ctx *c) {
   return set_result(c, 0, *logits);
 }
 
-/* ---- the fused ops of modern blocks: RMSNorm, Rotary, SwiGLU and their backward ---- */
+/* ---- the fused ops of modern blocks: RMSNorm, Rotary, SwiGLU, GeGLU and their backward ---- */
 
 /* RMSNorm(X, Scale) and RMSNormBackward's X and Scale: Scale has the normalised shape. */
 static int rmsnorm_operands(const Ctx *c, const TpType *x, const TpType *scale) {
@@ -864,6 +864,7 @@ static int infer_rotary_backward(const Ctx *c) {
   return set_result(c, 0, *dy);
 }
 
+/* SwiGLU and GeGLU (one rule: two gates of one shape). */
 static int infer_swiglu(const Ctx *c) {
   const TpType *gate = operand(c, 0), *up = operand(c, 1);
   if (need_float(c, gate, "Gate") || same_dtype(c, gate, up)) return TP_ERR_INPUT;
@@ -944,8 +945,10 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   case TP_OP_RMSNormBackward: return infer_rmsnorm_backward(&c);
   case TP_OP_Rotary: return infer_rotary(&c);
   case TP_OP_RotaryBackward: return infer_rotary_backward(&c);
-  case TP_OP_SwiGLU: return infer_swiglu(&c);
-  case TP_OP_SwiGLUBackward: return infer_swiglu_backward(&c);
+  case TP_OP_SwiGLU:
+  case TP_OP_GeGLU: return infer_swiglu(&c);
+  case TP_OP_SwiGLUBackward:
+  case TP_OP_GeGLUBackward: return infer_swiglu_backward(&c);
   case TP_OP_AllReduce:
   case TP_OP_TensorCopy: return infer_collective(&c);
   case TP_OP_TensorRank: return infer_tensor_rank(&c);

@@ -357,7 +357,7 @@ int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
 /* passes/retie_params.c and passes/raise_transformer.c (the raise helper's passes). */
 int pass_retie_params(TpModule *m, TpDiag *d);
 int pass_raise_transformer(TpModule *m, TpDiag *d);
-int pass_raise_transformer_unfused(TpModule *m, TpDiag *d); /* RMSNorm, Rotary, SwiGLU left primitive */
+int pass_raise_transformer_unfused(TpModule *m, TpDiag *d); /* RMSNorm, Rotary, SwiGLU, GeGLU left primitive */
 /* Restores the topological order of m->ops after a pass appended ops that earlier ops now
  * read; ops already in order keep their relative order. (passes/raise_transformer.c) */
 void tp_sort_ops(TpModule *m);

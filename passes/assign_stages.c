@@ -236,6 +236,7 @@ static double op_flops(const TpModule *m, int op) {
   }
   case TP_OP_LayerNorm:
   case TP_OP_Gelu: return 8 * out;
+  case TP_OP_GeGLU: return 9 * out; /* the Gelu and Mul it fuses, so stages cut as before */
   case TP_OP_Softmax:
   case TP_OP_LogSoftmax: return 5 * out;
   case TP_OP_CrossEntropy:

@@ -690,12 +690,14 @@ static void backward(Ad *a, const int *dys) {
   case TP_OP_MatMul:
   case TP_OP_Linear:
   case TP_OP_RMSNorm:
-  case TP_OP_SwiGLU: { /* one op for every operand's gradient; the first is always computed */
+  case TP_OP_SwiGLU:
+  case TP_OP_GeGLU: { /* one op for every operand's gradient; the first is always computed */
     bool bias = kind == TP_OP_Linear && nin > 2 && in[2] >= 0;
     TpOpKind back = kind == TP_OP_Linear    ? TP_OP_LinearBackward
                     : kind == TP_OP_MatMul  ? TP_OP_MatMulBackward
                     : kind == TP_OP_RMSNorm ? TP_OP_RMSNormBackward
-                                            : TP_OP_SwiGLUBackward;
+                    : kind == TP_OP_SwiGLU  ? TP_OP_SwiGLUBackward
+                                            : TP_OP_GeGLUBackward;
     const char *names[3] = {need[0] ? contrib_name(a, in[0]) : tmp_name(a, in[0]),
                             need[1] ? contrib_name(a, in[1]) : NULL, bias && need[2] ? contrib_name(a, in[2]) : NULL};
     int op = begin(a, back, (int[]){dy, in[0], in[1]}, 3, names, results(names, 3));

@@ -270,6 +270,7 @@ static void describe(const TpModule *m, int op, OpAxes *x) {
     broadcast_links(m, x, Y, o->inputs[1]), broadcast_links(m, x, Y, o->inputs[2]);
     break;
   case TP_OP_SwiGLU:
+  case TP_OP_GeGLU:
     all_links(m, x, X, Y), all_links(m, x, o->inputs[1], Y);
     break;
   case TP_OP_AllReduce: /* the tensor-parallel collectives sum or copy across the ranks, */
@@ -526,7 +527,7 @@ static int lift_op(Lift *L, int op) {
     if (L->q[o->inputs[1]] && type_of(m, o->inputs[1])->rank < 3 + shift_of(L, o->inputs[1]))
       return lift_refused(L, op, "contracts over the rows");
     break;
-  case TP_OP_Linear: case TP_OP_SwiGLU:
+  case TP_OP_Linear: case TP_OP_SwiGLU: case TP_OP_GeGLU:
     break;
   default:
     if (!elementwise) return lift_refused(L, op, "is not known to keep them apart");

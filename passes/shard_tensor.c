@@ -6,7 +6,7 @@
  * every rank) until a column-parallel product splits one:
  *  - A Linear whose input is replicated and whose weight is a param read by it alone is
  *    column-parallel when its result reaches another Linear through ops that can work on
- *    a split value (the Q/K/V projections, the first MLP products, SwiGLU's gate and up;
+ *    a split value (the Q/K/V projections, the first MLP products, SwiGLU's and GeGLU's gate and up;
  *    not the LM head, whose logits reach the loss). Its weight's output columns and its
  *    bias are split, and its input passes through TensorCopy (Megatron's f: identity
  *    forward, all-reduce of the input gradient backward), one per input value. The parts
@@ -23,7 +23,7 @@
  *    heads at once by a norm that cannot be split across the ranks (a LayerNorm, or an
  *    RMSNorm whose scale is not a param of its own). Such a norm ends the block like the
  *    residual stream's, so the products it normalises are never column-parallel.
- *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, Split,
+ *  - The split follows the feature axis through elementwise ops, Gelu, SwiGLU, GeGLU, Split,
  *    Reshape (into and out of heads), Transpose, Slice and Concat along another axis (a
  *    head-major fused Q|K|V, partial rotary), Slice of one whole chunk, Gather along
  *    another axis (Bloom's [heads, 3, head_dim]), Rotary and Attention (which gets the
@@ -86,7 +86,7 @@ static int refuse(Shard *s, int op, const char *why) {
 
 /* Ops a split feature axis can flow through (each is checked when it is reached). */
 static bool carries_split(TpOpKind k) {
-  return (tp_op_info[k].traits & TP_TRAIT_ELEMENTWISE) || k == TP_OP_SwiGLU || k == TP_OP_Reshape ||
+  return (tp_op_info[k].traits & TP_TRAIT_ELEMENTWISE) || k == TP_OP_SwiGLU || k == TP_OP_GeGLU || k == TP_OP_Reshape ||
          k == TP_OP_Transpose || k == TP_OP_Split || k == TP_OP_Slice || k == TP_OP_Concat || k == TP_OP_Rotary ||
          k == TP_OP_Attention || k == TP_OP_Gather;
 }
@@ -695,7 +695,8 @@ static int follow(Shard *s, int op) {
   default:
     break;
   }
-  if (!(tp_op_info[o->kind].traits & TP_TRAIT_ELEMENTWISE) && o->kind != TP_OP_SwiGLU && o->kind != TP_OP_Rotary)
+  if (!(tp_op_info[o->kind].traits & TP_TRAIT_ELEMENTWISE) && o->kind != TP_OP_SwiGLU && o->kind != TP_OP_GeGLU &&
+      o->kind != TP_OP_Rotary)
     return refuse(s, op, tp_strfmt(m, "it reads %%%s, which is split over the ranks", m->values[x].name));
   /* Positionwise: every split operand along one axis (aligned from the right), the others
    * broadcast along it. */

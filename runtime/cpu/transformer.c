@@ -5,8 +5,9 @@
 #include <string.h>
 
 #include "../../base/tensor.h" /* TP_MAX_RANK */
+#include "elementwise.h" /* tp_gelu_f32 */
 #include "matmul.h"
-#include "nn_backward.h" /* tp_column_sums_f32 */
+#include "nn_backward.h" /* tp_column_sums_f32, tp_gelu_backward_f32 */
 #include "vecmath.h"
 
 /* Loops shorter than this stay on one thread: the fork costs more than it saves. */
@@ -345,5 +346,59 @@ TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const 
   for (int64_t p = 0; p < pieces; p++)
     swiglu_backward_range(dy, gate, up, p * ELEMS_PER_PIECE,
                           (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, dgate, dup);
+  return TP_KERNEL_OK;
+}
+
+/* ---- GeGLU ----
+ * Through elementwise.h's Gelu and nn_backward.h's GeluBackward (the formulas written once),
+ * in blocks of GEGLU_BLOCK on the stack, each piece on one thread. */
+
+#define GEGLU_BLOCK 2048
+
+static void geglu_range(const float *gate, const float *up, int64_t i0, int64_t i1, bool tanh_approx, float *y) {
+  float g[GEGLU_BLOCK];
+  for (int64_t b = i0; b < i1; b += GEGLU_BLOCK) {
+    int64_t m = i1 - b < GEGLU_BLOCK ? i1 - b : GEGLU_BLOCK;
+    tp_gelu_f32(gate + b, m, tanh_approx, g);
+#pragma omp simd
+    for (int64_t i = 0; i < m; i++) y[b + i] = g[i] * up[b + i];
+  }
+}
+
+/* The unfused backward's steps: the Mul's dy * up and dy * gelu(gate), then GeluBackward. */
+static void geglu_backward_range(const float *dy, const float *gate, const float *up, int64_t i0, int64_t i1,
+                                 bool tanh_approx, float *dgate, float *dup) {
+  float t[GEGLU_BLOCK];
+  for (int64_t b = i0; b < i1; b += GEGLU_BLOCK) {
+    int64_t m = i1 - b < GEGLU_BLOCK ? i1 - b : GEGLU_BLOCK;
+    if (dup) {
+      tp_gelu_f32(gate + b, m, tanh_approx, t);
+#pragma omp simd
+      for (int64_t i = 0; i < m; i++) dup[b + i] = dy[b + i] * t[i];
+    }
+    if (dgate) {
+#pragma omp simd
+      for (int64_t i = 0; i < m; i++) t[i] = dy[b + i] * up[b + i];
+      tp_gelu_backward_f32(t, gate + b, m, tanh_approx, dgate + b);
+    }
+  }
+}
+
+TpKernelStatus tp_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y) {
+  int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+  for (int64_t p = 0; p < pieces; p++)
+    geglu_range(gate, up, p * ELEMS_PER_PIECE, (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n,
+                tanh_approx, y);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                     bool tanh_approx, float *dgate, float *dup) {
+  int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+  for (int64_t p = 0; p < pieces; p++)
+    geglu_backward_range(dy, gate, up, p * ELEMS_PER_PIECE,
+                         (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, tanh_approx, dgate, dup);
   return TP_KERNEL_OK;
 }
