@@ -350,37 +350,27 @@ TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const 
 }
 
 /* ---- GeGLU ----
- * Through elementwise.h's Gelu and nn_backward.h's GeluBackward (the formulas written once),
- * in blocks of GEGLU_BLOCK on the stack, each piece on one thread. */
-
-#define GEGLU_BLOCK 2048
+ * Through elementwise.h's Gelu and nn_backward.h's GeluBackward (the formulas written once):
+ * the Gelu is computed into the result, which the Mul's step then finishes. */
 
 static void geglu_range(const float *gate, const float *up, int64_t i0, int64_t i1, bool tanh_approx, float *y) {
-  float g[GEGLU_BLOCK];
-  for (int64_t b = i0; b < i1; b += GEGLU_BLOCK) {
-    int64_t m = i1 - b < GEGLU_BLOCK ? i1 - b : GEGLU_BLOCK;
-    tp_gelu_f32(gate + b, m, tanh_approx, g);
+  tp_gelu_f32(gate + i0, i1 - i0, tanh_approx, y + i0);
 #pragma omp simd
-    for (int64_t i = 0; i < m; i++) y[b + i] = g[i] * up[b + i];
-  }
+  for (int64_t i = i0; i < i1; i++) y[i] = y[i] * up[i];
 }
 
-/* The unfused backward's steps: the Mul's dy * up and dy * gelu(gate), then GeluBackward. */
+/* The unfused backward's Mul steps, per piece: dup = dy * gelu(gate) (Gelu recomputed into
+ * dup) and dgate = dy * up, which tp_geglu_backward_f32 then passes through GeluBackward. */
 static void geglu_backward_range(const float *dy, const float *gate, const float *up, int64_t i0, int64_t i1,
                                  bool tanh_approx, float *dgate, float *dup) {
-  float t[GEGLU_BLOCK];
-  for (int64_t b = i0; b < i1; b += GEGLU_BLOCK) {
-    int64_t m = i1 - b < GEGLU_BLOCK ? i1 - b : GEGLU_BLOCK;
-    if (dup) {
-      tp_gelu_f32(gate + b, m, tanh_approx, t);
+  if (dup) {
+    tp_gelu_f32(gate + i0, i1 - i0, tanh_approx, dup + i0);
 #pragma omp simd
-      for (int64_t i = 0; i < m; i++) dup[b + i] = dy[b + i] * t[i];
-    }
-    if (dgate) {
+    for (int64_t i = i0; i < i1; i++) dup[i] = dy[i] * dup[i];
+  }
+  if (dgate) {
 #pragma omp simd
-      for (int64_t i = 0; i < m; i++) t[i] = dy[b + i] * up[b + i];
-      tp_gelu_backward_f32(t, gate + b, m, tanh_approx, dgate + b);
-    }
+    for (int64_t i = i0; i < i1; i++) dgate[i] = dy[i] * up[i];
   }
 }
 
@@ -400,5 +390,7 @@ TpKernelStatus tp_geglu_backward_f32(const float *dy, const float *gate, const f
   for (int64_t p = 0; p < pieces; p++)
     geglu_backward_range(dy, gate, up, p * ELEMS_PER_PIECE,
                          (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, tanh_approx, dgate, dup);
+  /* in place, once over the whole (its own threads): each dx[i] reads dy[i] alone */
+  if (dgate) tp_gelu_backward_f32(dgate, gate, n, tanh_approx, dgate);
   return TP_KERNEL_OK;
 }

@@ -115,11 +115,12 @@ TpKernelStatus tp_swiglu_f32(const float *gate, const float *up, int64_t n, floa
 TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                             float *dgate, float *dup);
 
-/* y = gelu(gate) * up, gelu the tanh approximation when tanh_approx.  gate, up, y (n)
+/* y = gelu(gate) * up, gelu the tanh approximation when tanh_approx.  gate, up, y (n; y
+ * apart from the operands)
  * Rounded as the Gelu (tp_unary) and Mul it fuses: the same bits. */
 TpKernelStatus tp_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y);
 
-/* Of tp_geglu_f32:  dy, gate, up, dgate, dup (n)
+/* Of tp_geglu_f32:  dy, gate, up, dgate, dup (n; the results apart from the operands)
  *   dgate = tp_gelu_backward_f32 of dy * up,  dup = dy * gelu(gate)  (the unfused ops' bits) */
 TpKernelStatus tp_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                                      bool tanh_approx, float *dgate, float *dup);
