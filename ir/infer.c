@@ -864,7 +864,7 @@ static int infer_rotary_backward(const Ctx *c) {
   return set_result(c, 0, *dy);
 }
 
-/* SwiGLU and GeGLU (one rule: two gates of one shape). */
+/* SwiGLU and GeGLU (one rule: Gate and Up of one float shape), and their backward. */
 static int infer_swiglu(const Ctx *c) {
   const TpType *gate = operand(c, 0), *up = operand(c, 1);
   if (need_float(c, gate, "Gate") || same_dtype(c, gate, up)) return TP_ERR_INPUT;
