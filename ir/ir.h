@@ -30,6 +30,9 @@ enum {
    * when causal, else token-global). */
   TP_TRAIT_TOKEN_REDUCING = 1 << 2,
   TP_TRAIT_TOKEN_PREFIX = 1 << 3,
+  /* Every row of the result (all but its last axis) comes from the same row of the first
+   * operand, the other operands alike for every row (Linear, the gated MLPs). */
+  TP_TRAIT_ROWWISE = 1 << 4,
 };
 
 typedef enum {
@@ -353,7 +356,7 @@ int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
 /* passes/retie_params.c and passes/raise_transformer.c (the raise helper's passes). */
 int pass_retie_params(TpModule *m, TpPassOptions *opt, TpDiag *d);
 int pass_raise_transformer(TpModule *m, TpPassOptions *opt, TpDiag *d);
-int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt, TpDiag *d); /* RMSNorm, Rotary, SwiGLU left primitive */
+int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt, TpDiag *d); /* RMSNorm, Rotary, gated MLPs left primitive */
 
 /* Why the primitive attention whose scores MatMul `product` computes is not proven causal
  * (a module-owned string naming the op or the mask values that failed), or NULL when no

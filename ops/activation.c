@@ -1,5 +1,5 @@
-/* Activations: GELU, softmax and log-softmax over an axis, the fused SwiGLU
- * (silu(gate) * up), and their backward ops.
+/* Activations: GELU, softmax and log-softmax over an axis, the fused gated MLPs SwiGLU
+ * (silu(gate) * up) and GeGLU (gelu(gate) * up, Gemma's), and their backward ops.
  *
  * Each op's rule set, tp_rules_<Op> (ops/rules.h), is at the end of the file; the hooks
  * it names are above it. */
@@ -27,14 +27,15 @@ static int infer_unary_backward(const TpInferCtx *c) { /* dY and the forward ope
   return set_result(c, 0, *x);
 }
 
-static int infer_swiglu(const TpInferCtx *c) {
+/* SwiGLU and GeGLU: Gate and Up of one float shape. */
+static int infer_gated(const TpInferCtx *c) {
   const TpType *gate = operand(c, 0), *up = operand(c, 1);
   if (need_float(c, gate, "Gate") || same_dtype(c, gate, up)) return TP_ERR_INPUT;
   if (!tp_type_equal(gate, up)) return tp_error_op(c->d, c->m, c->op, "Gate and Up must have one shape");
   return set_result(c, 0, *gate);
 }
 
-static int infer_swiglu_backward(const TpInferCtx *c) {
+static int infer_gated_backward(const TpInferCtx *c) {
   const TpType *dy = operand(c, 0), *gate = operand(c, 1), *up = operand(c, 2);
   if (need_float(c, gate, "Gate") || same_dtype(c, gate, up)) return TP_ERR_INPUT;
   if (!tp_type_equal(gate, up)) return tp_error_op(c->d, c->m, c->op, "Gate and Up must have one shape");
@@ -48,6 +49,9 @@ static int infer_swiglu_backward(const TpInferCtx *c) {
 static double flops_gelu(const TpModule *m, int op) { return 8 * tp_flops_per_result(m, op); }
 
 static double flops_softmax(const TpModule *m, int op) { return 5 * tp_flops_per_result(m, op); }
+
+/* The Gelu and Mul it fuses, so stages cut as they did unfused. */
+static double flops_geglu(const TpModule *m, int op) { return 9 * tp_flops_per_result(m, op); }
 
 /* ---- gradients ---- */
 
@@ -70,6 +74,10 @@ static void grad_swiglu(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_one_op(a, fwd, TP_OP_SwiGLUBackward, false);
 }
 
+static void grad_geglu(TpGradCtx *a, const TpGradOp *fwd) { /* the form goes with the attributes */
+  tp_grad_one_op(a, fwd, TP_OP_GeGLUBackward, false);
+}
+
 /* ---- token axes ---- */
 
 static void axes_softmax(const TpModule *m, int op, TpOpAxes *x) {
@@ -79,7 +87,7 @@ static void axes_softmax(const TpModule *m, int op, TpOpAxes *x) {
   axes_mix(x, X, (int)tp_attr_int(m, op, "axis", rx - 1), "normalises over");
 }
 
-static void axes_swiglu(const TpModule *m, int op, TpOpAxes *x) {
+static void axes_gated(const TpModule *m, int op, TpOpAxes *x) {
   const TpOp *o = &m->ops[op];
   int X = o->inputs[0], Y = o->outputs[0];
   axes_all(m, x, X, Y), axes_all(m, x, o->inputs[1], Y);
@@ -87,7 +95,7 @@ static void axes_swiglu(const TpModule *m, int op, TpOpAxes *x) {
 
 /* ---- tensor-parallel split ---- */
 
-static int split_swiglu(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, NULL); }
+static int split_gated(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, NULL); }
 
 /* ---- kernel binders ---- */
 
@@ -136,6 +144,21 @@ static int bind_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *
   return TP_OK;
 }
 
+/* GeGLU(Gate, Up) and GeGLUBackward(dY, Gate, Up) -> dGate, dUp, {approximate} as Gelu's. */
+static int bind_geglu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
+  bool fwd = m->ops[op].kind == TP_OP_GeGLU, tanh_approx;
+  int rc = gelu_tanh(m, op, &tanh_approx, d);
+  if (rc) return rc;
+  const TpTensor *gate = fwd ? &in[0] : &in[1], *up = fwd ? &in[1] : &in[2];
+  int64_t n = tp_tensor_numel(gate);
+  if (tp_tensor_numel(up) != n || (fwd ? tp_tensor_numel(&out[0]) : tp_tensor_numel(&in[0])) != n)
+    return shape_error(m, op, d);
+  b->kernel = fwd ? TP_K_GEGLU : TP_K_GEGLU_BACKWARD;
+  b->a.geglu = (TpGeGLUArgs){fwd ? NULL : &in[0], gate, up, n, tanh_approx, opt_out(m, op, out, 0),
+                             fwd ? NULL : opt_out(m, op, out, 1)};
+  return TP_OK;
+}
+
 /* ---- rule sets ---- */
 
 const TpOpRules tp_rules_Gelu = {
@@ -159,11 +182,19 @@ const TpOpRules tp_rules_LogSoftmax = {
     .bind = TP_BINDING(bind_softmax, TP_BIND_F32_COPY, 0, 0),
 };
 const TpOpRules tp_rules_SwiGLU = {
-    .infer = infer_swiglu,
+    .infer = infer_gated,
     .gradient = grad_swiglu,
-    .token_axes = axes_swiglu,
-    .tensor_split = split_swiglu,
+    .token_axes = axes_gated,
+    .tensor_split = split_gated,
     .bind = TP_TRAINING_BINDING(bind_swiglu),
+};
+const TpOpRules tp_rules_GeGLU = {
+    .infer = infer_gated,
+    .flops = flops_geglu,
+    .gradient = grad_geglu,
+    .token_axes = axes_gated,
+    .tensor_split = split_gated,
+    .bind = TP_TRAINING_BINDING(bind_geglu),
 };
 const TpOpRules tp_rules_GeluBackward = {
     .infer = infer_unary_backward,
@@ -178,6 +209,10 @@ const TpOpRules tp_rules_LogSoftmaxBackward = {
     .bind = TP_TRAINING_BINDING(bind_softmax),
 };
 const TpOpRules tp_rules_SwiGLUBackward = {
-    .infer = infer_swiglu_backward,
+    .infer = infer_gated_backward,
     .bind = TP_TRAINING_BINDING(bind_swiglu),
+};
+const TpOpRules tp_rules_GeGLUBackward = {
+    .infer = infer_gated_backward,
+    .bind = TP_TRAINING_BINDING(bind_geglu),
 };

@@ -276,10 +276,8 @@ static int lift_op(Lift *L, int op) {
     if (L->q[o->inputs[1]] && type_of(m, o->inputs[1])->rank < 3 + shift_of(L, o->inputs[1]))
       return lift_refused(L, op, "contracts over the rows");
     break;
-  case TP_OP_Linear: case TP_OP_SwiGLU:
-    break;
   default:
-    if (!elementwise) return lift_refused(L, op, "is not known to keep them apart");
+    if (!elementwise && !(tp_op_info[o->kind].traits & TP_TRAIT_ROWWISE)) return lift_refused(L, op, "is not known to keep them apart");
   }
   for (int i = 0; i < o->noutputs; i++) {
     int v = o->outputs[i];

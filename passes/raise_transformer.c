@@ -1,4 +1,4 @@
-/* raise-transformer (and raise-transformer-unfused, without the last three patterns
+/* raise-transformer (and raise-transformer-unfused, without the last four patterns
  * below): requires folded constants (fold-constants) so masks and scalars are
  * CONST values; provides the transformer ops of ir/ops.def in place of the primitive chains
  * exporters write (torch.onnx.export and the dynamo exporter), leaving the chains dead for dce. First, a Cast
@@ -19,6 +19,7 @@
  *   x * cos + rot(x) * sin, rot = rotate_half or rotate_every_two -> Rotary {interleaved,
  *     and Concat(Rotary(x[..., :rd]), x[..., rd:])                   rotary_dim}
  *   gate * Sigmoid(gate) * up                                    -> SwiGLU(gate, up)
+ *   Gelu(gate) * up (Gemma's MLP)                                -> GeGLU(gate, up) {approximate}
  * and last, rows flattened [d0, .., dk, C] -> [N, C] for row-wise ops and reshaped back keep
  * their leading dims (unflatten).
  * Every constant is checked (exponents, epsilon, GELU coefficients, reduce axes), and the
@@ -600,7 +601,7 @@ static int raise_attention_mask(TpModule *m, int o, TpDiag *d) {
   return check(m, o, d);
 }
 
-/* ---- RMSNorm, Rotary, SwiGLU (f32: their kernels' type) ---- */
+/* ---- RMSNorm, Rotary, SwiGLU, GeGLU (f32: their kernels' type) ---- */
 
 static bool is_f32(const TpModule *m, int v) { return v >= 0 && type(m, v)->dtype == TP_F32; }
 
@@ -666,6 +667,20 @@ static int raise_swiglu(TpModule *m, int sig, TpDiag *d) {
       !tp_type_equal(type(m, out(m, last)), type(m, gate)))
     return TP_OK;
   rewrite(m, last, TP_OP_SwiGLU, (int[]){gate, up}, 2);
+  return check(m, last, d);
+}
+
+/* Anchored at Gelu(gate) (raised above, or imported): Mul(Gelu(gate), up) in either order,
+ * up of gate's type; the Gelu's form (approximate) carries over. */
+static int raise_geglu(TpModule *m, int gelu, TpDiag *d) {
+  int gate = in(m, gelu, 0), up = -1;
+  int last = is_f32(m, gate) ? mul_with(m, out(m, gelu), -1, &up) : -1;
+  if (last < 0 || up == gate || !tp_type_equal(type(m, up), type(m, gate)) ||
+      !tp_type_equal(type(m, out(m, last)), type(m, gate)))
+    return TP_OK;
+  const char *approximate = tp_attr_string(m, gelu, "approximate", "none");
+  rewrite(m, last, TP_OP_GeGLU, (int[]){gate, up}, 2);
+  tp_set_attr_string(m, last, "approximate", approximate);
   return check(m, last, d);
 }
 
@@ -787,7 +802,8 @@ static int raise_partial_rotary(TpModule *m, int cat, TpDiag *d) {
 
 /* ---- the pass ---- */
 
-/* fused: also the ops of modern blocks (RMSNorm, Rotary, SwiGLU). */
+/* fused: also the ops of modern blocks (RMSNorm, Rotary, SwiGLU, GeGLU). A Gelu the
+ * tanh or erf chain became is visited at its place, after its chain's ops. */
 static int raise(TpModule *m, bool fused, TpDiag *d) {
   int nops = m->nops, rc = TP_OK;
   TpCausalMemo memo = {0};
@@ -804,6 +820,7 @@ static int raise(TpModule *m, bool fused, TpDiag *d) {
       break;
     case TP_OP_Sqrt: rc = fused ? raise_rmsnorm(m, o, d) : TP_OK; break;
     case TP_OP_Sigmoid: rc = fused ? raise_swiglu(m, o, d) : TP_OK; break;
+    case TP_OP_Gelu: rc = fused ? raise_geglu(m, o, d) : TP_OK; break;
     case TP_OP_Concat: rc = fused ? raise_partial_rotary(m, o, d) : TP_OK; break;
     case TP_OP_Reshape: rc = raise_flattened(m, o, d); break;
     case TP_OP_Div: rc = raise_layernorm(m, o, d); break;
@@ -831,7 +848,7 @@ int pass_raise_transformer(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   return raise(m, true, d);
 }
 
-/* The same, with the chains of RMSNorm, rotary embeddings and SwiGLU left primitive: the
+/* The same, with the chains of RMSNorm, rotary embeddings, SwiGLU and GeGLU left primitive: the
  * reference the fused ops are measured and checked against (tokpipec --no-fuse). */
 int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   (void)opt;

@@ -49,7 +49,7 @@ static const char usage[] =
     "                       compares same-shaped weights, first by their first and last\n"
     "                       elements, then whole; off keeps them apart\n"
     "  --no-retie           --retie off\n"
-    "  --no-fuse            leave RMSNorm, rotary embeddings and SwiGLU as primitive chains\n"
+    "  --no-fuse            leave RMSNorm, rotary embeddings and gated MLPs as primitive chains\n"
     "                       (raise-transformer-unfused; to compare against the fused ops)\n"
     "  --forward-only       stop before the loss: the raised forward module, to inspect\n"
     "                       with --emit=ir|dot|memory\n"

@@ -183,6 +183,8 @@ TP_VECTOR_CLONES static void gelu_f32(bool tanh_approx, int64_t n, float *y, con
   }
 }
 
+void tp_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y) { gelu_f32(tanh_approx, n, y, x); }
+
 #define BLOCK 256 /* elements converted at a time on the slow paths */
 
 static void unary_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {

@@ -56,6 +56,10 @@ typedef enum {
  * Relu also take signed integers. */
 TpKernelStatus tp_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y);
 
+/* tp_unary's f32 Gelu (TP_UNARY_GELU_TANH when tanh_approx) over a contiguous run: x, y (n).
+ * For the kernels that fuse a Gelu into more work (transformer.h's gated MLP). */
+void tp_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y);
+
 /* ---- binary, numpy broadcasting ---- */
 typedef enum {
   TP_BINARY_ADD,

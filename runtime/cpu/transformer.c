@@ -5,8 +5,9 @@
 #include <string.h>
 
 #include "../../base/tensor.h" /* TP_MAX_RANK */
+#include "elementwise.h" /* tp_gelu_f32 */
 #include "matmul.h"
-#include "nn_backward.h" /* tp_column_sums_f32 */
+#include "nn_backward.h" /* tp_column_sums_f32, tp_gelu_backward_f32 */
 #include "vecmath.h"
 
 /* Loops shorter than this stay on one thread: the fork costs more than it saves. */
@@ -345,5 +346,51 @@ TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const 
   for (int64_t p = 0; p < pieces; p++)
     swiglu_backward_range(dy, gate, up, p * ELEMS_PER_PIECE,
                           (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, dgate, dup);
+  return TP_KERNEL_OK;
+}
+
+/* ---- GeGLU ----
+ * Through elementwise.h's Gelu and nn_backward.h's GeluBackward (the formulas written once):
+ * the Gelu is computed into the result, which the Mul's step then finishes. */
+
+static void geglu_range(const float *gate, const float *up, int64_t i0, int64_t i1, bool tanh_approx, float *y) {
+  tp_gelu_f32(gate + i0, i1 - i0, tanh_approx, y + i0);
+#pragma omp simd
+  for (int64_t i = i0; i < i1; i++) y[i] = y[i] * up[i];
+}
+
+/* The unfused backward's Mul steps, per piece: dup = dy * gelu(gate) (Gelu recomputed into
+ * dup) and dgate = dy * up, which tp_geglu_backward_f32 then passes through GeluBackward. */
+static void geglu_backward_range(const float *dy, const float *gate, const float *up, int64_t i0, int64_t i1,
+                                 bool tanh_approx, float *dgate, float *dup) {
+  if (dup) {
+    tp_gelu_f32(gate + i0, i1 - i0, tanh_approx, dup + i0);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) dup[i] = dy[i] * dup[i];
+  }
+  if (dgate) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) dgate[i] = dy[i] * up[i];
+  }
+}
+
+TpKernelStatus tp_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y) {
+  int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+  for (int64_t p = 0; p < pieces; p++)
+    geglu_range(gate, up, p * ELEMS_PER_PIECE, (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n,
+                tanh_approx, y);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                     bool tanh_approx, float *dgate, float *dup) {
+  int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+  for (int64_t p = 0; p < pieces; p++)
+    geglu_backward_range(dy, gate, up, p * ELEMS_PER_PIECE,
+                         (p + 1) * ELEMS_PER_PIECE < n ? (p + 1) * ELEMS_PER_PIECE : n, tanh_approx, dgate, dup);
+  /* in place, once over the whole (its own threads): each dx[i] reads dy[i] alone */
+  if (dgate) tp_gelu_backward_f32(dgate, gate, n, tanh_approx, dgate);
   return TP_KERNEL_OK;
 }

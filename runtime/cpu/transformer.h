@@ -1,5 +1,5 @@
 /* Forward kernels of the raised transformer ops (ir/ops.def: Linear, Embedding,
- * CrossEntropy, RMSNorm, Rotary, SwiGLU), f32, over flat row-major arrays; the shapes are
+ * CrossEntropy, RMSNorm, Rotary, SwiGLU, GeGLU), f32, over flat row-major arrays; the shapes are
  * in the comments. The backward kernels of the first three are in nn_backward.h
  * (Embedding's is tp_gather_backward); those of the fused ops of modern blocks follow
  * their forward ones here, with nn_backward.h's conventions (they write the gradients; a
@@ -115,6 +115,16 @@ TpKernelStatus tp_swiglu_f32(const float *gate, const float *up, int64_t n, floa
 TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                             float *dgate, float *dup);
 
+/* y = gelu(gate) * up, gelu the tanh approximation when tanh_approx.  gate, up, y (n; y
+ * apart from the operands)
+ * Rounded as the Gelu (tp_unary) and Mul it fuses: the same bits. */
+TpKernelStatus tp_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y);
+
+/* Of tp_geglu_f32:  dy, gate, up, dgate, dup (n; the results apart from the operands)
+ *   dgate = tp_gelu_backward_f32 of dy * up,  dup = dy * gelu(gate)  (the unfused ops' bits) */
+TpKernelStatus tp_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                     bool tanh_approx, float *dgate, float *dup);
+
 /* ---- argument structs (see nn.h) ---- */
 #include "../../base/tensor.h"
 
@@ -174,5 +184,13 @@ typedef struct {
   int64_t n;
   TpTensor *y, *dup;
 } TpSwiGLUArgs;
+
+/* GeGLU and its backward (dy first; dgate and dup as y and dup). */
+typedef struct {
+  const TpTensor *dy, *gate, *up;
+  int64_t n;
+  bool tanh_approx;
+  TpTensor *y, *dup;
+} TpGeGLUArgs;
 
 #endif

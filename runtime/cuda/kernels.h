@@ -45,6 +45,11 @@ void tp_cuda_launch_gelu_backward_f32(const float *dy, const float *x, int64_t n
 void tp_cuda_launch_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream);
 void tp_cuda_launch_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
                                  float *dup, TpCudaStream stream);
+/* tp_geglu_f32, tp_geglu_backward_f32 (dgate or dup may be NULL) */
+void tp_cuda_launch_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y,
+                              TpCudaStream stream);
+void tp_cuda_launch_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                       bool tanh_approx, float *dgate, float *dup, TpCudaStream stream);
 
 /* ---- embedding.cu ----
  * Ids as tp_embedding_f32's (negatives count from the end). An id out of range is not

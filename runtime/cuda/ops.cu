@@ -212,6 +212,12 @@ TpKernelStatus tp_cuda_swiglu_f32(const float *gate, const float *up, int64_t n,
   return TP_KERNEL_OK;
 }
 
+TpKernelStatus tp_cuda_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y,
+                                 TpStream *stream) {
+  tp_cuda_launch_geglu_f32(gate, up, n, tanh_approx, y, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_cuda_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
                                             int64_t n, float eps, float *dx, float *dscale, TpStream *stream) {
   float *inv_rms = static_cast<float *>(tp_cuda_scratch(stream, (size_t)rows * sizeof(float) + 1));
@@ -229,6 +235,12 @@ TpKernelStatus tp_cuda_rotary_backward_f32(const float *dy, const float *cos, co
 TpKernelStatus tp_cuda_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                                            float *dgate, float *dup, TpStream *stream) {
   tp_cuda_launch_swiglu_backward_f32(dy, gate, up, n, dgate, dup, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                          bool tanh_approx, float *dgate, float *dup, TpStream *stream) {
+  tp_cuda_launch_geglu_backward_f32(dy, gate, up, n, tanh_approx, dgate, dup, stream->cuda);
   return TP_KERNEL_OK;
 }
 

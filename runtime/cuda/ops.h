@@ -139,6 +139,8 @@ TpKernelStatus tp_cuda_rotary_f32(const float *x, const float *cos, const float 
                                   const int64_t *dims, const int64_t *table_dims, int64_t rotary_dim,
                                   bool interleaved, float *y, TpStream *stream);
 TpKernelStatus tp_cuda_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpStream *stream);
+TpKernelStatus tp_cuda_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y,
+                                 TpStream *stream);
 
 /* ---- cpu/nn_backward.h ---- */
 TpKernelStatus tp_cuda_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M,
@@ -181,6 +183,8 @@ TpKernelStatus tp_cuda_rotary_backward_f32(const float *dy, const float *cos, co
                                            bool interleaved, float *dx, TpStream *stream);
 TpKernelStatus tp_cuda_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                                            float *dgate, float *dup, TpStream *stream);
+TpKernelStatus tp_cuda_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                          bool tanh_approx, float *dgate, float *dup, TpStream *stream);
 
 /* ---- --precision bf16: the matrix products ---- */
 TpKernelStatus tp_cuda_bf16_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y, TpStream *stream);

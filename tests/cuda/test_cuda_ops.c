@@ -721,6 +721,14 @@ static void swiglu_gelu(void) {
     tp_gelu_backward_f32(dy, gate, n, tanh_approx, want);
     check_status("GeluBackward", tp_cuda_gelu_backward_f32(dy, gate, n, tanh_approx, got, stream()), TP_KERNEL_OK);
     compare("GeluBackward", got, want, n, F32);
+    tp_geglu_f32(gate, up, n, tanh_approx, want);
+    check_status("GeGLU", tp_cuda_geglu_f32(gate, up, n, tanh_approx, got, stream()), TP_KERNEL_OK);
+    compare("GeGLU", got, want, n, F32);
+    tp_geglu_backward_f32(dy, gate, up, n, tanh_approx, want, wup);
+    check_status("GeGLUBackward", tp_cuda_geglu_backward_f32(dy, gate, up, n, tanh_approx, got, gup, stream()),
+                 TP_KERNEL_OK);
+    compare("GeGLUBackward dgate", got, want, n, F32);
+    check_close("GeGLUBackward dup", gup, wup, n, F32);
   }
 }
 

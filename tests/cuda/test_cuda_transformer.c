@@ -237,6 +237,40 @@ static void swiglu_bwd(void) {
   }
 }
 
+static void geglu_fwd(void) {
+  for (int l = 0; l < NLENGTHS; l++)
+    for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
+      int64_t n = LENGTHS[l];
+      float *gate = test_rand(n, 6), *up = test_rand(n, 2), *y = zeros(n), *want = zeros(n);
+      tp_geglu_f32(gate, up, n, tanh_form, want);
+      tp_cuda_launch_geglu_f32(gate, up, n, tanh_form, y, NULL);
+      char what[64];
+      snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
+      check_close(what, y, want, n, ELEMENTWISE);
+      test_free(gate), test_free(up), test_free(y), test_free(want);
+    }
+}
+
+static void geglu_bwd(void) {
+  for (int l = 0; l < NLENGTHS; l++)
+    for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
+      int64_t n = LENGTHS[l];
+      float *gate = test_rand(n, 6), *up = test_rand(n, 2), *dy = test_rand(n, 1);
+      float *dg = zeros(n), *du = zeros(n), *want_dg = zeros(n), *want_du = zeros(n);
+      tp_geglu_backward_f32(dy, gate, up, n, tanh_form, want_dg, want_du);
+      tp_cuda_launch_geglu_backward_f32(dy, gate, up, n, tanh_form, dg, du, NULL);
+      char what[64];
+      snprintf(what, sizeof what, "dgate n=%lld tanh=%d", (long long)n, tanh_form);
+      check_close(what, dg, want_dg, n, tanh_form ? GELU_TANH_BWD : ELEMENTWISE);
+      snprintf(what, sizeof what, "dup n=%lld tanh=%d", (long long)n, tanh_form);
+      check_close(what, du, want_du, n, ELEMENTWISE);
+      tp_cuda_launch_geglu_backward_f32(dy, gate, up, n, tanh_form, NULL, du, NULL); /* one result */
+      check_close(what, du, want_du, n, ELEMENTWISE);
+      test_free(gate), test_free(up), test_free(dy), test_free(dg), test_free(du), test_free(want_dg),
+          test_free(want_du);
+    }
+}
+
 /* A kernel's bad-index flag, in memory the kernel can write. */
 static int64_t *test_scalar_i64(int64_t value) {
   int64_t *p = test_alloc(sizeof *p);
@@ -511,6 +545,8 @@ static const CudaTest TESTS[] = {
     {"gelu_bwd", gelu_bwd},
     {"swiglu_fwd", swiglu_fwd},
     {"swiglu_bwd", swiglu_bwd},
+    {"geglu_fwd", geglu_fwd},
+    {"geglu_bwd", geglu_bwd},
     {"embedding_fwd", embedding_fwd},
     {"embedding_bwd", embedding_bwd},
     {"cross_entropy_fwd", cross_entropy_fwd},

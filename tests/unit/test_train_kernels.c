@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ir/ir.h"
+#include "runtime/cpu/elementwise.h"
 #include "runtime/cpu/layout.h"
 #include "runtime/cpu/layout_backward.h"
 #include "runtime/cpu/matmul.h"
@@ -842,6 +843,20 @@ static void test_exec(void) {
   if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec SwiGLUBackward: %s", diag.last);
   tp_swiglu_backward_f32(g8, x8, u8, 24, fw, f2w);
   if (memcmp(f, fw, sizeof f) || memcmp(f2, f2w, sizeof f2)) fail("exec SwiGLUBackward differs from the kernel");
+
+  op = add_op(TP_OP_GeGLUBackward, 3, 2); /* in and out as SwiGLUBackward's */
+  tp_set_attr_string(module, op, "approximate", "tanh");
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec GeGLUBackward: %s", diag.last);
+  tp_geglu_backward_f32(g8, x8, u8, 24, true, fw, f2w);
+  if (memcmp(f, fw, sizeof f) || memcmp(f2, f2w, sizeof f2)) fail("exec GeGLUBackward differs from the kernel");
+  op = add_op(TP_OP_GeGLU, 2, 1);
+  in[0] = in[1], in[1] = in[2];
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec GeGLU: %s", diag.last);
+  tp_geglu_f32(x8, u8, 24, false, fw); /* no attribute: the erf form, as Gelu's */
+  if (memcmp(f, fw, sizeof f)) fail("exec GeGLU differs from the kernel");
+  tp_set_attr_string(module, op, "approximate", "exact");
+  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT || !strstr(diag.last, "unknown approximate 'exact'"))
+    fail("exec GeGLU {approximate = exact}: %s", diag.last);
   free(g8), free(x8), free(u8);
 
   /* f16 is refused with a message, not computed */
@@ -967,6 +982,90 @@ static void test_swiglu(void) {
   free(c.gate), free(c.up), free(c.y), free(c.dy), free(want), free(dg), free(du);
 }
 
+/* ---- GeGLU ---- */
+
+typedef struct {
+  bool tanh_approx;
+  int64_t n;
+  float *gate, *up, *y, *dy;
+} GegluCase;
+
+static double geglu_loss(void *ctx) {
+  GegluCase *c = ctx;
+  tp_geglu_f32(c->gate, c->up, c->n, c->tanh_approx, c->y);
+  return dot(c->dy, c->y, c->n);
+}
+
+/* The largest |a - b| over n. */
+static double max_diff(const float *a, const float *b, int64_t n) {
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (!(fabs((double)a[i] - b[i]) <= worst)) worst = fabs((double)a[i] - b[i]);
+  return worst;
+}
+
+/* Against PyTorch's numbers, against the Gelu, Mul and GeluBackward kernels it fuses (the
+ * same bits: it calls them), and the backward against finite differences. */
+static void test_geglu(bool tanh_approx) {
+  const char *form = tanh_approx ? "geglu tanh" : "geglu none";
+  /* torch 2.15, float64: y = gelu(gate, approximate) * up, y.backward(dy) */
+  static const float gate7[7] = {-3.5f, -1.25f, -0.5f, 0, 0.75f, 2, 5.5f};
+  static const float up7[7] = {0.5f, -2, 1.5f, 3, -0.25f, 1, -1.5f};
+  static const float dy7[7] = {1, 0.5f, -1, 2, -0.75f, 1.25f, 0.25f};
+  static const double torch[2][3][7] = {
+      {{-0.000407100888, 0.264124434, -0.231403154, 0, -0.145007371, 1.95449974, -8.24999984},
+       {-0.00141088018, 0.122661583, -0.198757313, 3, 0.187354823, 1.35653975, -0.375000215},
+       {-0.000814201777, -0.0660311085, 0.154268769, 0, -0.435022114, 2.44312467, 1.37499997}},
+      {{-0.000308098828, 0.264571594, -0.231428985, 0, -0.144990139, 1.95459769, -8.24999999},
+       {-0.00121132188, 0.122492632, -0.198945145, 3, 0.187300923, 1.35762407, -0.375000018},
+       {-0.000616197655, -0.0661428985, 0.15428599, 0, -0.434970416, 2.44324712, 1.375}}};
+  float y7[7], dg7[7], du7[7];
+  char what[64];
+  tp_geglu_f32(gate7, up7, 7, tanh_approx, y7);
+  tp_geglu_backward_f32(dy7, gate7, up7, 7, tanh_approx, dg7, du7);
+  snprintf(what, sizeof what, "%s vs torch", form);
+  check_forward(what, y7, torch[tanh_approx][0], 7, 4e-6);
+  snprintf(what, sizeof what, "%s dGate vs torch", form);
+  check_forward(what, dg7, torch[tanh_approx][1], 7, 4e-6);
+  snprintf(what, sizeof what, "%s dUp vs torch", form);
+  check_forward(what, du7, torch[tanh_approx][2], 7, 4e-6);
+
+  /* the unfused kernels, on several threads' pieces and a ragged end */
+  int64_t n = 50003;
+  float *g = rand_array(n, 6), *u = rand_array(n, 2), *d = rand_array(n, 1), *y = zeros(n), *dg = zeros(n);
+  float *du = zeros(n), *gelu = zeros(n), *ref = zeros(n), *dgelu = zeros(n), *ref_dg = zeros(n), *ref_du = zeros(n);
+  TpTensor G = tensor(TP_F32, g, 1, &n), U = tensor(TP_F32, u, 1, &n), D = tensor(TP_F32, d, 1, &n);
+  TpTensor Gelu = tensor(TP_F32, gelu, 1, &n), Ref = tensor(TP_F32, ref, 1, &n), Dgelu = tensor(TP_F32, dgelu, 1, &n);
+  TpTensor RefDu = tensor(TP_F32, ref_du, 1, &n);
+  tp_unary(tanh_approx ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, &G, &Gelu);
+  tp_binary(TP_BINARY_MUL, &Gelu, &U, &Ref);
+  tp_binary(TP_BINARY_MUL, &D, &U, &Dgelu);
+  tp_gelu_backward_f32(dgelu, g, n, tanh_approx, ref_dg);
+  tp_binary(TP_BINARY_MUL, &D, &Gelu, &RefDu);
+  tp_geglu_f32(g, u, n, tanh_approx, y);
+  tp_geglu_backward_f32(d, g, u, n, tanh_approx, dg, du);
+  double dy_ = max_diff(y, ref, n), dg_ = max_diff(dg, ref_dg, n), du_ = max_diff(du, ref_du, n);
+  if (dy_ != 0 || dg_ != 0 || du_ != 0)
+    fail("%s: the fused kernels differ from the unfused ones by y %.3g, dGate %.3g, dUp %.3g", form, dy_, dg_, du_);
+  float *only = zeros(n); /* one result asked for: the same values */
+  tp_geglu_backward_f32(d, g, u, n, tanh_approx, only, NULL);
+  if (memcmp(only, dg, (size_t)n * sizeof *only)) fail("%s: dGate alone differs", form);
+  tp_geglu_backward_f32(d, g, u, n, tanh_approx, NULL, only);
+  if (memcmp(only, du, (size_t)n * sizeof *only)) fail("%s: dUp alone differs", form);
+  free(g), free(u), free(d), free(y), free(dg), free(du), free(gelu), free(ref), free(dgelu), free(ref_dg),
+      free(ref_du), free(only);
+
+  GegluCase c = {.tanh_approx = tanh_approx, .n = 40};
+  c.gate = rand_array(c.n, 4), c.up = rand_array(c.n, 2), c.y = zeros(c.n), c.dy = rand_array(c.n, 1);
+  float *cg = zeros(c.n), *cu = zeros(c.n);
+  tp_geglu_backward_f32(c.dy, c.gate, c.up, c.n, tanh_approx, cg, cu);
+  snprintf(what, sizeof what, "%s dGate", form);
+  check_grad(what, geglu_loss, &c, c.gate, c.n, cg, 1e-2f, 5e-4);
+  snprintf(what, sizeof what, "%s dUp", form);
+  check_grad(what, geglu_loss, &c, c.up, c.n, cu, 1e-2f, 1e-4);
+  free(c.gate), free(c.up), free(c.y), free(c.dy), free(cg), free(cu);
+}
+
 int main(void) {
   test_linear(false, true);
   test_linear(true, true);
@@ -989,6 +1088,8 @@ int main(void) {
   test_rotary((int64_t[]){2, 4, 3, 8}, (int64_t[]){1, 4, 1, 4}, 4, true);  /* GPT-J: [B, T, H, D] */
   test_rotary((int64_t[]){2, 4, 3, 8}, (int64_t[]){1, 4, 1, 8}, 8, true);
   test_swiglu();
+  test_geglu(false);
+  test_geglu(true);
   test_adamw();
   test_vecmath();
   test_thread_count();
