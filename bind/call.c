@@ -56,13 +56,13 @@ static float *scratch(const TpTensor *f, const TpTensor *like, void **buffer) {
     (void)buffer;                                                     \
     return fn(__VA_ARGS__);                                           \
   }
-#include "kernels.def"
+#include "../runtime/kernels/kernels.def"
 #undef K
 
 TpKernelStatus tp_bound_run(const TpBound *b) {
   static TpKernelStatus (*const run[TP_K_COUNT])(const TpBound *, void **) = {
 #define K(id, name, ...) [TP_K_##id] = run_##name,
-#include "kernels.def"
+#include "../runtime/kernels/kernels.def"
 #undef K
   };
   void *buffer = NULL;

@@ -6,7 +6,7 @@
 #define TOKPIPE_CPU_ELEMENTWISE_H
 
 #include "../../base/tensor.h"
-#include "kernel.h"
+#include "../kernels/args.h"
 
 /* ---- strided iteration ----
  * Walks an n-d index space in row-major order over up to TP_ITER_MAX_OPERANDS operands,
@@ -35,43 +35,12 @@ void tp_iter_coalesce(TpIter *it);
 void tp_iter_run(const TpIter *it, char *const base[], TpRunFn fn, const void *ctx);
 
 /* ---- unary ---- */
-typedef enum {
-  TP_UNARY_SQRT,
-  TP_UNARY_NEG,
-  TP_UNARY_RECIPROCAL,
-  TP_UNARY_EXP,
-  TP_UNARY_LOG,
-  TP_UNARY_ERF,
-  TP_UNARY_TANH,
-  TP_UNARY_RELU,
-  TP_UNARY_SIGMOID,
-  TP_UNARY_SIN,
-  TP_UNARY_COS,
-  TP_UNARY_NOT,       /* bool only */
-  TP_UNARY_GELU,      /* x * Phi(x) */
-  TP_UNARY_GELU_TANH, /* tanh approximation */
-} TpUnaryOp;
 
 /* y = op(x), same shape and dtype. Floats (f16, bf16, f32, f64) for all but Not; Neg and
  * Relu also take signed integers. */
 TpKernelStatus tp_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y);
 
 /* ---- binary, numpy broadcasting ---- */
-typedef enum {
-  TP_BINARY_ADD,
-  TP_BINARY_SUB,
-  TP_BINARY_MUL,
-  TP_BINARY_DIV, /* integers truncate toward zero; x/0 gives 0 */
-  TP_BINARY_POW, /* result dtype = base dtype; exponent any numeric dtype */
-  TP_BINARY_MAX, /* NaN propagates */
-  TP_BINARY_MIN,
-  TP_BINARY_AND, /* bool */
-  TP_BINARY_EQUAL,
-  TP_BINARY_LESS,
-  TP_BINARY_LESS_EQUAL,
-  TP_BINARY_GREATER,
-  TP_BINARY_GREATER_EQUAL,
-} TpBinaryOp;
 
 /* y = a op b. Arithmetic over floats and integers (a, b, y one dtype, but Pow); comparisons
  * over any numeric dtype (and bool for Equal) into a bool y. */
@@ -83,32 +52,5 @@ TpKernelStatus tp_where(const TpTensor *cond, const TpTensor *a, const TpTensor 
 /* y = x converted to y's dtype (any pair of dtypes; float -> integer truncates toward zero,
  * NaN gives 0 and out-of-range values saturate; nonzero -> true for bool). */
 TpKernelStatus tp_cast(const TpTensor *x, TpTensor *y);
-
-/* ---- argument structs ----
- * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views; the kernel's
- * row of bind/kernels.def says how each is passed. */
-typedef struct {
-  TpUnaryOp op;
-  const TpTensor *x;
-  TpTensor *y;
-} TpUnaryArgs;
-
-typedef struct {
-  TpBinaryOp op;
-  const TpTensor *a, *b;
-  TpTensor *y;
-} TpBinaryArgs;
-
-typedef struct {
-  const TpTensor *cond, *a, *b;
-  TpTensor *y;
-} TpWhereArgs;
-
-/* One operand, one result, nothing else: Cast here, Reshape, Expand and Tile in layout.h. */
-typedef struct {
-  const TpTensor *x;
-  TpTensor *y;
-} TpCopyArgs;
 
 #endif

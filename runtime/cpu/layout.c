@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "../kernels/check.h"
+
 #define PARALLEL_BYTES ((int64_t)1 << 17) /* below this, copying is not worth threads */
 
 static int64_t prod(const int64_t *dims, int from, int to) { return tp_numel(to - from, dims + from); }
@@ -117,8 +119,8 @@ TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices,
 }
 
 TpKernelStatus tp_reshape(const TpTensor *x, TpTensor *y) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (tp_tensor_numel(x) != tp_tensor_numel(y)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_reshape(x, y);
+  if (s != TP_KERNEL_OK) return s;
   if (tp_tensor_bytes(x) && x->data != y->data) memcpy(y->data, x->data, tp_tensor_bytes(x));
   return TP_KERNEL_OK;
 }
@@ -135,10 +137,8 @@ TpKernelStatus tp_expand(const TpTensor *x, TpTensor *y) {
 
 /* Element by element: Tile mostly sees constants (rotary tables), folded at import. */
 TpKernelStatus tp_tile(const TpTensor *x, TpTensor *y) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < x->rank; d++)
-    if (x->dims[d] ? y->dims[d] % x->dims[d] : y->dims[d]) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_tile(x, y);
+  if (s != TP_KERNEL_OK) return s;
   size_t es = tp_dtype_size(x->dtype);
   int64_t xs[TP_MAX_RANK];
   tp_contiguous_strides(x->rank, x->dims, es, xs);
@@ -171,10 +171,8 @@ TpKernelStatus tp_transpose(const TpTensor *x, const int64_t *perm, TpTensor *y)
 }
 
 TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < y->rank; d++)
-    if (!tp_slice_fits(starts[d], steps[d], y->dims[d], x->dims[d])) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_slice(x, starts, steps, y);
+  if (s != TP_KERNEL_OK) return s;
   if (tp_tensor_numel(y) == 0) return TP_KERNEL_OK;
   int64_t xs[TP_MAX_RANK], start = 0;
   tp_contiguous_strides(x->rank, x->dims, tp_dtype_size(x->dtype), xs);

@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-#include "scalar.h"
+#include "../kernels/scalar.h"
 
 /* Adds a run of n elements `step` bytes apart to *acc (signed integers wrap modulo 2^64). */
 #define SUM_RUN(T, ACC, CONVERT)                                               \

@@ -1,17 +1,11 @@
 /* Elementwise activations, forward and backward: Gelu (erf and tanh forms, in the CPU
  * kernels' cancellation-free forms) and SwiGLU's gate. Grid-stride loops. */
+#include "../kernels/element.h"
 #include "common.cuh"
 
-static constexpr float SQRT1_2 = 0.70710678118654752f, SQRT_2_OVER_PI = 0.7978845608028654f,
-                       INV_SQRT_2PI = 0.3989422804014327f, GELU_KAPPA = 0.044715f;
-
-/* x Phi(x) = x erfc(-x / sqrt 2) / 2; tanh form x (1 + tanh u) / 2 = x / (1 + e^-2u) */
+/* The formulas: runtime/kernels/element.h. */
 __global__ void gelu_kernel(const float *x, int64_t n, bool tanh_approx, float *y) {
-  TP_GRID_STRIDE_LOOP(i, n) {
-    float xi = x[i];
-    if (tanh_approx) y[i] = xi / (1.0f + expf(-2.0f * (SQRT_2_OVER_PI * (xi + GELU_KAPPA * xi * xi * xi))));
-    else y[i] = 0.5f * xi * erfcf(xi * -SQRT1_2);
-  }
+  TP_GRID_STRIDE_LOOP(i, n) y[i] = tanh_approx ? tp_gelu_tanh_f32(x[i]) : tp_gelu_f32(x[i]);
 }
 
 void tp_cuda_launch_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream) {
@@ -20,16 +14,7 @@ void tp_cuda_launch_gelu_f32(const float *x, int64_t n, bool tanh_approx, float 
 }
 
 __global__ void gelu_backward_kernel(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {
-  TP_GRID_STRIDE_LOOP(i, n) {
-    float xi = x[i], x2 = xi * xi, grad;
-    if (tanh_approx) {
-      float t = tanhf(SQRT_2_OVER_PI * (xi + GELU_KAPPA * x2 * xi));
-      grad = 0.5f * (1 + t) + 0.5f * xi * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * GELU_KAPPA * x2);
-    } else {
-      grad = 0.5f * (1 + erff(xi * SQRT1_2)) + xi * (INV_SQRT_2PI * expf(-0.5f * x2));
-    }
-    dx[i] = dy[i] * grad;
-  }
+  TP_GRID_STRIDE_LOOP(i, n) dx[i] = dy[i] * (tanh_approx ? tp_gelu_tanh_grad_f32(x[i]) : tp_gelu_grad_f32(x[i]));
 }
 
 void tp_cuda_launch_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
@@ -39,10 +24,8 @@ void tp_cuda_launch_gelu_backward_f32(const float *dy, const float *x, int64_t n
             dx);
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 __global__ void swiglu_kernel(const float *gate, const float *up, int64_t n, float *y) {
-  TP_GRID_STRIDE_LOOP(i, n) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  TP_GRID_STRIDE_LOOP(i, n) y[i] = tp_swiglu_elem_f32(gate[i], up[i]);
 }
 
 void tp_cuda_launch_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream) {
@@ -50,13 +33,12 @@ void tp_cuda_launch_swiglu_f32(const float *gate, const float *up, int64_t n, fl
   TP_LAUNCH(swiglu_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, gate, up, n, y);
 }
 
-/* dgate = dy * up * s * (1 + gate * (1 - s)), dup = dy * gate * s, s = sigmoid(gate) */
 __global__ void swiglu_backward_kernel(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
                                        float *dup) {
   TP_GRID_STRIDE_LOOP(i, n) {
-    float g = gate[i], s = sigmoid(g);
-    if (dgate) dgate[i] = dy[i] * up[i] * s * (1 + g * (1 - s));
-    if (dup) dup[i] = dy[i] * g * s;
+    float g = gate[i], s = tp_logistic_f32(g);
+    if (dgate) dgate[i] = tp_swiglu_dgate_f32(dy[i], g, up[i], s);
+    if (dup) dup[i] = tp_swiglu_dup_f32(dy[i], g, s);
   }
 }
 

@@ -2,6 +2,7 @@
  * matmul.h, the bf16 products and the loss's copy to the host: adaptors over the launchers
  * of kernels.h and blas.h, with the scratch they need from the stream. (Elementwise,
  * layout and reduction calls: anydtype.cu; attention: attention.cu.) */
+#include "../kernels/check.h"
 #include "dtype.cuh"
 #include "ops.h"
 
@@ -256,21 +257,10 @@ TpKernelStatus tp_cuda_linear_backward_f32(const float *dy, const float *x, cons
 
 /* ---- matmul.h: f32 only ---- */
 
-/* cpu/nn_backward.c tp_matmul_backward_f32's checks; the layout into *l */
-static TpKernelStatus matmul_backward_check(const TpTensor *dy, const TpTensor *a, const TpTensor *b,
-                                           const TpTensor *da, const TpTensor *db, TpMatmulLayout *l) {
-  if (dy->dtype != TP_F32 || a->dtype != TP_F32 || b->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
-  if ((da && da->dtype != TP_F32) || (db && db->dtype != TP_F32)) return TP_KERNEL_BAD_DTYPE;
-  if ((da && tp_tensor_numel(da) != tp_tensor_numel(a)) || (db && tp_tensor_numel(db) != tp_tensor_numel(b)))
-    return TP_KERNEL_BAD_SHAPE;
-  if (!tp_matmul_layout(a, b, l) || tp_tensor_numel(dy) != l->nbatch * l->M * l->N) return TP_KERNEL_BAD_SHAPE;
-  return TP_KERNEL_OK;
-}
-
 TpKernelStatus tp_cuda_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
                                            TpTensor *db, TpStream *stream) {
   TpMatmulLayout l;
-  TpKernelStatus s = matmul_backward_check(dy, a, b, da, db, &l);
+  TpKernelStatus s = tp_check_matmul_backward(dy, a, b, da, db, &l);
   if (s != TP_KERNEL_OK) return s;
   tp_cuda_launch_matmul_backward_f32(stream->blas, &l, static_cast<const float *>(dy->data),
                                      static_cast<const float *>(a->data), static_cast<const float *>(b->data),
@@ -282,8 +272,7 @@ TpKernelStatus tp_cuda_matmul_backward_f32(const TpTensor *dy, const TpTensor *a
 /* tp_matmul's checks, f32 only (the CPU's other dtypes: TP_KERNEL_BAD_DTYPE) */
 static TpKernelStatus matmul_check(const TpTensor *a, const TpTensor *b, const TpTensor *y, TpMatmulLayout *l) {
   if (a->dtype != TP_F32 || b->dtype != TP_F32 || y->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
-  if (!tp_matmul_layout(a, b, l) || tp_tensor_numel(y) != l->nbatch * l->M * l->N) return TP_KERNEL_BAD_SHAPE;
-  return TP_KERNEL_OK;
+  return tp_check_matmul_shape(a, b, y, l);
 }
 
 TpKernelStatus tp_cuda_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y, TpStream *stream) {
@@ -369,7 +358,7 @@ TpKernelStatus tp_cuda_bf16_matmul(const TpTensor *a, const TpTensor *b, TpTenso
 TpKernelStatus tp_cuda_bf16_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b,
                                                 TpTensor *da, TpTensor *db, TpStream *stream) {
   TpMatmulLayout l;
-  TpKernelStatus s = matmul_backward_check(dy, a, b, da, db, &l);
+  TpKernelStatus s = tp_check_matmul_backward(dy, a, b, da, db, &l);
   if (s != TP_KERNEL_OK) return s;
   const float *from[3] = {static_cast<const float *>(dy->data), static_cast<const float *>(a->data),
                           static_cast<const float *>(b->data)};
@@ -400,16 +389,11 @@ static TpKernelStatus gemm(const TpTensor *a, const TpTensor *b, const TpTensor 
                            double alpha, double beta, TpTensor *y, bool bf16, TpStream *stream) {
   if (a->dtype != TP_F32 || b->dtype != TP_F32 || y->dtype != TP_F32 || (c && c->dtype != TP_F32))
     return TP_KERNEL_BAD_DTYPE;
-  if (a->rank != 2 || b->rank != 2 || y->rank != 2 || (c && c->rank > 2)) return TP_KERNEL_BAD_SHAPE;
-  int64_t M = trans_a ? a->dims[1] : a->dims[0], K = trans_a ? a->dims[0] : a->dims[1];
-  int64_t Kb = trans_b ? b->dims[1] : b->dims[0], N = trans_b ? b->dims[0] : b->dims[1];
-  if (K != Kb || y->dims[0] != M || y->dims[1] != N) return TP_KERNEL_BAD_SHAPE;
-  int64_t cm = 1, cn = 1;
-  bool with_c = c && beta != 0;
-  if (with_c) {
-    cm = c->rank == 2 ? c->dims[0] : 1, cn = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
-    if ((cm != 1 && cm != M) || (cn != 1 && cn != N)) return TP_KERNEL_BAD_SHAPE;
-  }
+  TpGemmShape g;
+  TpKernelStatus s = tp_check_gemm_shape(a, b, c, trans_a, trans_b, beta, y, &g);
+  if (s != TP_KERNEL_OK) return s;
+  int64_t M = g.M, K = g.K, N = g.N, cm = g.cm, cn = g.cn;
+  bool with_c = g.with_c;
   void *p[3]; /* op(a) row-major, then a and b rounded to bf16 */
   const size_t bytes[3] = {(size_t)(M * K) * 4, bf16 ? (size_t)(M * K) * 2 : 0, bf16 ? (size_t)(K * N) * 2 : 0};
   carve(stream, 3, bytes, p);

@@ -30,7 +30,7 @@
 extern "C" {
 #endif
 #include "../cpu/elementwise.h"
-#include "../cpu/kernel.h"
+#include "../kernels/status.h"
 #include "../cpu/layout.h"
 #include "../cpu/loss.h"
 #include "../cpu/matmul.h"
