@@ -16,16 +16,6 @@ TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis
  * dims but `axis` at most data's. An index out of range: TP_KERNEL_BAD_INDEX, *bad. */
 TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
                                   int64_t *bad);
-/* tp_gather's checks of indices against data's dims (`data_dims`, rank `rank`) and of y's
- * dims (its backward's too, with dy as y): the status it would return, but for the dtypes
- * of data and y. bad NULL: the shapes only, the indices not read (they may be on a device). */
-TpKernelStatus tp_gather_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
-                               const TpTensor *y, int64_t *bad);
-/* tp_gather_elements' checks of indices against data's dims (`data_dims`, rank `rank`) and
- * of y's dims (its backward's too, with dy as y): the status it would return. bad NULL:
- * the shapes only, as tp_gather_check. */
-TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
-                                        const TpTensor *y, int64_t *bad);
 /* Same elements, new dims (a copy). */
 TpKernelStatus tp_reshape(const TpTensor *x, TpTensor *y);
 /* x broadcast numpy-style to y's dims. */
@@ -41,9 +31,6 @@ TpKernelStatus tp_split(const TpTensor *x, int axis, TpTensor *ys, int n);
 TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y);
 /* y = xs[0..n) joined along axis. */
 TpKernelStatus tp_concat(const TpTensor *xs, int n, int axis, TpTensor *y);
-/* tp_split's and tp_concat's checks of the pieces against the whole along axis: the status
- * they return. */
-TpKernelStatus tp_pieces_check(const TpTensor *whole, const TpTensor *pieces, int n, int axis);
 /* Writes x as rows [at, at + x->dims[axis]) along `axis` of `buffer`, shaped like x but
  * with `rows` rows there: a token slice's keys or values appended to the context buffer
  * that holds the whole sequence's (IR: Concat {context_rows}). */

@@ -15,6 +15,5 @@ TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool rever
 /* TopK: y (i64, x's dims but k = y's dim on axis) gets the indices of each line's k largest
  * entries along axis, largest first, ties by lower index, NaN above all (scalar.h). */
 TpKernelStatus tp_topk(const TpTensor *x, int axis, TpTensor *y);
-TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y); /* its checks (CUDA's too) */
 
 #endif

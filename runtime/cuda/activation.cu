@@ -1,38 +1,38 @@
-/* Elementwise activations, forward and backward: Gelu (erf and tanh forms, in the CPU
- * kernels' cancellation-free forms) and SwiGLU's gate. Grid-stride loops. */
+/* Elementwise activations, forward and backward: Gelu's gradient and SwiGLU. Each kernel
+ * is its __global__ function (a grid-stride loop over element.h's formula) and its entry
+ * point of ops.h, which launches it on the unit's stream. Gelu's forward is a unary op
+ * (elementwise.cu). */
 #include "../kernels/element.h"
 #include "common.cuh"
+#include "ops.h"
 
-/* The formulas: runtime/kernels/element.h. */
-__global__ void gelu_kernel(const float *x, int64_t n, bool tanh_approx, float *y) {
-  TP_GRID_STRIDE_LOOP(i, n) y[i] = tanh_approx ? tp_gelu_tanh_f32(x[i]) : tp_gelu_f32(x[i]);
-}
+#define LAUNCH_OVER(n, kernel, stream, ...) \
+  TP_LAUNCH(kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), (stream)->cuda, __VA_ARGS__)
 
-void tp_cuda_launch_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(gelu_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n, tanh_approx, y);
-}
+/* ---- Gelu's gradient ---- */
 
 __global__ void gelu_backward_kernel(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {
   TP_GRID_STRIDE_LOOP(i, n) dx[i] = dy[i] * (tanh_approx ? tp_gelu_tanh_grad_f32(x[i]) : tp_gelu_grad_f32(x[i]));
 }
 
-void tp_cuda_launch_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
-                               TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(gelu_backward_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy, x, n, tanh_approx,
-            dx);
+TpKernelStatus tp_cuda_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
+                                         TpStream *stream) {
+  if (n) LAUNCH_OVER(n, gelu_backward_kernel, stream, dy, x, n, tanh_approx, dx);
+  return TP_KERNEL_OK;
 }
+
+/* ---- SwiGLU: y = silu(gate) * up ---- */
 
 __global__ void swiglu_kernel(const float *gate, const float *up, int64_t n, float *y) {
   TP_GRID_STRIDE_LOOP(i, n) y[i] = tp_swiglu_elem_f32(gate[i], up[i]);
 }
 
-void tp_cuda_launch_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(swiglu_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, gate, up, n, y);
+TpKernelStatus tp_cuda_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpStream *stream) {
+  if (n) LAUNCH_OVER(n, swiglu_kernel, stream, gate, up, n, y);
+  return TP_KERNEL_OK;
 }
 
+/* dgate or dup may be NULL */
 __global__ void swiglu_backward_kernel(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
                                        float *dup) {
   TP_GRID_STRIDE_LOOP(i, n) {
@@ -42,9 +42,8 @@ __global__ void swiglu_backward_kernel(const float *dy, const float *gate, const
   }
 }
 
-void tp_cuda_launch_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
-                                 float *dup, TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(swiglu_backward_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy, gate, up, n, dgate,
-            dup);
+TpKernelStatus tp_cuda_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                           float *dgate, float *dup, TpStream *stream) {
+  if (n) LAUNCH_OVER(n, swiglu_backward_kernel, stream, dy, gate, up, n, dgate, dup);
+  return TP_KERNEL_OK;
 }

@@ -43,6 +43,68 @@ TpKernelStatus tp_check_slice(const TpTensor *whole, const int64_t *starts, cons
   return TP_KERNEL_OK;
 }
 
+/* ---- indices ---- */
+
+/* Every index in [-n, n) (bad NULL: not read, they may be on a device), or the first one
+ * outside into *bad: checked first, so that the copies cannot fail. */
+static TpKernelStatus check_indices(const TpTensor *indices, int64_t n, int64_t *bad) {
+  int64_t total = tp_tensor_numel(indices);
+  for (int64_t j = 0; bad && j < total; j++)
+    if (tp_index_at(indices, j) < -n || tp_index_at(indices, j) >= n) {
+      *bad = tp_index_at(indices, j);
+      return TP_KERNEL_BAD_INDEX;
+    }
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_gather_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                               const TpTensor *y, int64_t *bad) {
+  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
+  if (axis < 0 || axis >= rank || y->rank != rank - 1 + indices->rank) return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < y->rank; d++) {
+    int64_t want = d < axis                   ? data_dims[d]
+                   : d < axis + indices->rank ? indices->dims[d - axis]
+                                              : data_dims[d - indices->rank + 1];
+    if (y->dims[d] != want) return TP_KERNEL_BAD_SHAPE;
+  }
+  return check_indices(indices, data_dims[axis], bad);
+}
+
+TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                                        const TpTensor *y, int64_t *bad) {
+  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
+  if (axis < 0 || axis >= rank || indices->rank != rank || y->rank != rank) return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < rank; d++)
+    if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d]))
+      return TP_KERNEL_BAD_SHAPE;
+  return check_indices(indices, data_dims[axis], bad);
+}
+
+/* ---- layout, TopK ---- */
+
+TpKernelStatus tp_pieces_check(const TpTensor *whole, const TpTensor *pieces, int n, int axis) {
+  if (axis < 0 || axis >= whole->rank) return TP_KERNEL_BAD_SHAPE;
+  int64_t along = 0;
+  for (int k = 0; k < n; k++) {
+    const TpTensor *p = &pieces[k];
+    if (p->dtype != whole->dtype) return TP_KERNEL_BAD_DTYPE;
+    if (p->rank != whole->rank) return TP_KERNEL_BAD_SHAPE;
+    for (int d = 0; d < whole->rank; d++)
+      if (d != axis && p->dims[d] != whole->dims[d]) return TP_KERNEL_BAD_SHAPE;
+    along += p->dims[axis];
+  }
+  return along == whole->dims[axis] ? TP_KERNEL_OK : TP_KERNEL_BAD_SHAPE;
+}
+
+TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y) {
+  TpDClass c = tp_dclass(x->dtype);
+  if (c == TP_CLASS_BOOL || c == TP_CLASS_NONE || y->dtype != TP_I64) return TP_KERNEL_BAD_DTYPE;
+  if (axis < 0 || axis >= x->rank || x->rank != y->rank || y->dims[axis] > x->dims[axis]) return TP_KERNEL_BAD_SHAPE;
+  for (int d = 0; d < x->rank; d++)
+    if (d != axis && x->dims[d] != y->dims[d]) return TP_KERNEL_BAD_SHAPE;
+  return TP_KERNEL_OK;
+}
+
 bool tp_matmul_layout(const TpTensor *a, const TpTensor *b, TpMatmulLayout *l) {
   if (a->rank < 1 || b->rank < 1) return false;
   l->M = a->rank >= 2 ? a->dims[a->rank - 2] : 1;

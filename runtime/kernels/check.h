@@ -28,6 +28,27 @@ TpKernelStatus tp_check_tile(const TpTensor *x, const TpTensor *y);
 TpKernelStatus tp_check_slice(const TpTensor *whole, const int64_t *starts, const int64_t *steps,
                               const TpTensor *slice);
 
+/* Index j of an i64 or i32 indices tensor (host memory). */
+static inline int64_t tp_index_at(const TpTensor *indices, int64_t j) {
+  return indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j] : ((const int32_t *)indices->data)[j];
+}
+
+/* tp_gather's checks of indices against data's dims (`data_dims`, rank `rank`) and of y's
+ * dims (its backward's too, with dy as y): the status it would return, but for the dtypes
+ * of data and y. bad NULL: the shapes only, the indices not read (they may be on a device). */
+TpKernelStatus tp_gather_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                               const TpTensor *y, int64_t *bad);
+/* tp_gather_elements' checks of indices against data's dims (`data_dims`, rank `rank`) and
+ * of y's dims (its backward's too, with dy as y): the status it would return. bad NULL:
+ * the shapes only, as tp_gather_check. */
+TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
+                                        const TpTensor *y, int64_t *bad);
+/* tp_split's and tp_concat's checks of the pieces against the whole along axis: the status
+ * they return. */
+TpKernelStatus tp_pieces_check(const TpTensor *whole, const TpTensor *pieces, int n, int axis);
+/* tp_topk: x numeric, y i64 of x's dims but k <= x's on axis */
+TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y);
+
 /* ---- matrix products ---- */
 
 /* The layout of numpy's matmul a x b: M x K times K x N matrices over right-aligned,
