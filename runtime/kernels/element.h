@@ -6,11 +6,13 @@
  * The float forms compute on the target's float math (TP_EXPF, TP_ERFF, TP_ERFCF,
  * TP_TANHF): runtime/cpu/vecmath.h's vectorisable functions on the CPU, libm's expf, erff,
  * erfcf and tanhf on CUDA (each within a few ulp of the other). The double forms (f64, and
- * f16 and bf16, which compute in double) use libm's double functions on both. */
+ * f16 and bf16, which compute in double) use libm's double functions on both. AdamW's
+ * element is plain float arithmetic (and sqrtf). */
 #ifndef TOKPIPE_KERNELS_ELEMENT_H
 #define TOKPIPE_KERNELS_ELEMENT_H
 
 #include <math.h>
+#include <stdint.h>
 
 #include "../../base/host_device.h"
 #include "args.h" /* TpUnaryOp */
@@ -74,6 +76,38 @@ TP_ELEMENT float tp_swiglu_dgate_f32(float dy, float gate, float up, float s) {
   return dy * up * s * (1 + gate * (1 - s));
 }
 TP_ELEMENT float tp_swiglu_dup_f32(float dy, float gate, float s) { return dy * gate * s; }
+
+/* ---- AdamW (tp_adamw_step, runtime/cpu/optim.h) ---- */
+
+/* tp_adamw_step's scalar factors, computed in double and rounded to float once. */
+typedef struct {
+  float decay, b1, a1, b2, a2, neg_step_size, bc2_sqrt, eps;
+} TpAdamWFactors;
+static inline TpAdamWFactors tp_adamw_factors(double lr, double beta1, double beta2, double eps,
+                                              double weight_decay, int64_t step) {
+  TpAdamWFactors f; /* assigned, not designated: C++ (runtime/cuda) reads this too */
+  f.decay = (float)(1 - lr * weight_decay);
+  f.b1 = (float)beta1;
+  f.a1 = (float)(1 - beta1);
+  f.b2 = (float)beta2;
+  f.a2 = (float)(1 - beta2);
+  f.neg_step_size = (float)-(lr / (1 - pow(beta1, (double)step)));
+  f.bc2_sqrt = (float)sqrt(1 - pow(beta2, (double)step));
+  f.eps = (float)eps;
+  return f;
+}
+
+/* tp_adamw_step's per-element float work on element i, in its order of operations. */
+TP_ELEMENT void tp_adamw_element(float *w, const float *g, float *m, float *v, int64_t i,
+                                                   TpAdamWFactors f) {
+  float wi = w[i] * f.decay, gi = g[i];
+  float mi = m[i] * f.b1 + f.a1 * gi;
+  float vi = v[i] * f.b2 + f.a2 * gi * gi;
+  float denom = sqrtf(vi) / f.bc2_sqrt + f.eps;
+  w[i] = wi + f.neg_step_size * mi / denom;
+  m[i] = mi;
+  v[i] = vi;
+}
 
 /* ---- the unary ops of tp_unary on one float or double (not Not, which is bool) ----
  * TP_UNARY_ELEMENT(T, suffix, M) defines tp_unary_<suffix>(op, x), M(f) naming T's libm
