@@ -7,29 +7,11 @@
 
 #include "../../base/tensor.h"
 #include "../kernels/args.h"
+#include "../kernels/iter.h"
 
-/* ---- strided iteration ----
- * Walks an n-d index space in row-major order over up to TP_ITER_MAX_OPERANDS operands,
- * each with its own byte strides (0 on broadcast dims, negative for reversed slices).
- * Operand 0 is conventionally the output. The space is cut into runs along the innermost
- * dim; fn gets each run's operand pointers and innermost byte steps. */
-#define TP_ITER_MAX_OPERANDS 4
-
-typedef struct {
-  int rank, noperands;
-  int64_t dims[TP_MAX_RANK];
-  int64_t strides[TP_ITER_MAX_OPERANDS][TP_MAX_RANK]; /* bytes */
-} TpIter;
-
+/* ---- strided iteration: TpIter (runtime/kernels/iter.h) run over on the CPU ---- */
 typedef void (*TpRunFn)(const void *ctx, int64_t n, char *const ptr[], const int64_t step[]);
 
-/* Byte strides of a contiguous row-major tensor of the given dims. */
-void tp_contiguous_strides(int rank, const int64_t *dims, size_t elsize, int64_t *strides);
-/* out = broadcast of ops[1..]: operand k's strides over out's dims (ops[0] is the output,
- * contiguous). False if an operand does not broadcast to the output's shape. */
-bool tp_iter_broadcast(TpIter *it, int noperands, const TpTensor *const ops[]);
-/* Drops size-1 dims and merges dims that are contiguous for every operand. */
-void tp_iter_coalesce(TpIter *it);
 /* Calls fn over the whole space, base[k] being operand k's address at index 0; splits the
  * space across OpenMP threads when it is large. */
 void tp_iter_run(const TpIter *it, char *const base[], TpRunFn fn, const void *ctx);

@@ -114,16 +114,6 @@ static void gemm_any(TpDType t, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   }
 }
 
-void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t *ib) {
-  *ia = *ib = 0;
-  for (int i = l->rank - 1; i >= 0; i--) {
-    int64_t idx = n % l->dims[i];
-    n /= l->dims[i];
-    *ia += idx * l->sa[i];
-    *ib += idx * l->sb[i];
-  }
-}
-
 TpKernelStatus tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
   if (a->dtype != b->dtype || a->dtype != y->dtype || !gemm_dtype_ok(a->dtype)) return TP_KERNEL_BAD_DTYPE;
   TpMatmulLayout l;

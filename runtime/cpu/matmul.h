@@ -17,9 +17,6 @@
  * shapes that do not fit (tp_gemm likewise). */
 TpKernelStatus tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y);
 
-/* The matrix indices in a and b of batch element n. */
-void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t *ib);
-
 /* y[M,N] = alpha * op(a) @ op(b) + beta * c, where op() transposes a 2-D operand when its
  * trans flag is set and c (NULL when absent) broadcasts to [M,N]. */
 TpKernelStatus tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,

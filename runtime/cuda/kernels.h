@@ -81,7 +81,8 @@ void tp_cuda_launch_sum_squares_f32(const float *x, int64_t n, double *sum, doub
 void tp_cuda_launch_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream);
 
 /* ---- elementwise.cu, reduce.cu (layout.cu below): the ops plans keep around the kernels above ---- */
-#include "../cpu/elementwise.h" /* TpTensor, TpIter, TpUnaryOp, TpBinaryOp */
+#include "../kernels/args.h" /* TpTensor, TpUnaryOp, TpBinaryOp */
+#include "../kernels/iter.h" /* TpIter */
 
 /* tp_unary over n f32 elements (x and y may alias): every op but Not (bool only), which
  * returns false and launches nothing. */

@@ -128,6 +128,16 @@ bool tp_matmul_layout(const TpTensor *a, const TpTensor *b, TpMatmulLayout *l) {
   return true;
 }
 
+void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t *ib) {
+  *ia = *ib = 0;
+  for (int i = l->rank - 1; i >= 0; i--) {
+    int64_t idx = n % l->dims[i];
+    n /= l->dims[i];
+    *ia += idx * l->sa[i];
+    *ib += idx * l->sb[i];
+  }
+}
+
 TpKernelStatus tp_check_matmul_shape(const TpTensor *a, const TpTensor *b, const TpTensor *y, TpMatmulLayout *l) {
   if (!tp_matmul_layout(a, b, l) || tp_tensor_numel(y) != l->nbatch * l->M * l->N) return TP_KERNEL_BAD_SHAPE;
   return TP_KERNEL_OK;

@@ -63,6 +63,8 @@ typedef struct {
 } TpMatmulLayout;
 /* False if the shapes do not multiply. */
 bool tp_matmul_layout(const TpTensor *a, const TpTensor *b, TpMatmulLayout *l);
+/* The matrix indices in a and b of batch element n. */
+void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t *ib);
 
 /* tp_matmul's shapes (its dtypes are the target's): the layout into *l, y of its size */
 TpKernelStatus tp_check_matmul_shape(const TpTensor *a, const TpTensor *b, const TpTensor *y, TpMatmulLayout *l);
