@@ -1,10 +1,10 @@
 /* Kernel binders: each op's attributes and operand shapes turned into its kernel's argument
- * struct (the headers of runtime/cpu), once, for both sides that run ops: the interpreter binds and
+ * struct (runtime/kernels/args.h), once, for both sides that run ops: the interpreter binds and
  * calls the kernel (tp_bound_run), codegen binds and prints the struct as the kernel's call
  * (codegen/target.c). A binder reads attributes, dims and dtypes, never tensor data (codegen
  * has none), and checks that the shapes fit the kernel. Adding an op: a row of
- * bind/kernels.def if it needs a new kernel (its argument struct, function and call), and its
- * binder and its row (TpOpRules.bind) in its family's file under ops/. */
+ * runtime/kernels/kernels.def if it needs a new kernel (its argument struct, function and
+ * call), and its binder and its row (TpOpRules.bind) in its family's file under ops/. */
 #ifndef TOKPIPE_BIND_H
 #define TOKPIPE_BIND_H
 
@@ -21,7 +21,7 @@
 
 typedef enum {
 #define K(id, name, args, ...) TP_K_##id,
-#include "kernels.def"
+#include "../runtime/kernels/kernels.def"
 #undef K
   TP_K_COUNT
 } TpKernelId;
@@ -32,7 +32,7 @@ typedef struct {
   TpKernelId kernel;
   union {
 #define K(id, name, args, ...) args name;
-#include "kernels.def"
+#include "../runtime/kernels/kernels.def"
 #undef K
   } a;
   int64_t bad; /* where a kernel reports an index out of range */

@@ -1,7 +1,7 @@
 /* The targets' kernel tables (target.h). cpu: the kernels of runtime/cpu, called on host
  * pointers with the generated function's TpTensor views; cuda: runtime/cuda/ops.h's, the
  * same calls on device pointers, queued on the unit's stream. What is per kernel (its
- * function, header and arguments) is in bind/kernels.def; what is per target is here. */
+ * function, header and arguments) is in runtime/kernels/kernels.def; what is per target is here. */
 #include "target.h"
 
 #include <stdio.h>
@@ -18,7 +18,7 @@ static const char *const cpu_headers[] = {
     [H_LAYOUT_BACKWARD] = "cpu/layout_backward.h",
 };
 
-/* The cpu table, built once from bind/kernels.def's rows: each row's function and header,
+/* The cpu table, built once from runtime/kernels/kernels.def's rows: each row's function and header,
  * and its argument macros as TpArgSpellings of the fields of the row's struct (Args, a
  * typedef per row) in TpBound. A field whose type is not the argument kind's is a compile
  * error, so the interpreter's call (bind/call.c) and the printed one agree by construction.
@@ -61,7 +61,7 @@ static void build_cpu_kernels(void) {
     *k = (TpKernelSpelling){.name = #fn, .header = H_##header_, .nargs = sizeof args / sizeof *args}; \
     memcpy(k->args, args, sizeof args);                                                       \
   }
-#include "../bind/kernels.def"
+#include "../runtime/kernels/kernels.def"
 #undef K
 }
 

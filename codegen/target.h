@@ -1,4 +1,4 @@
-/* Code generation targets: how each kernel of bind/kernels.def is spelled in a generated
+/* Code generation targets: how each kernel of runtime/kernels/kernels.def is spelled in a generated
  * plan for one kind of device (its function's name, the header declaring it, and how each
  * field of the bound argument struct is printed as an argument of its call), built from the
  * kernel's row, and how the plan reaches memory that a device target's host cannot read.

@@ -3,66 +3,13 @@
 #include <string.h>
 #include <tgmath.h> /* sqrt, exp, ... pick the float or double version from the argument */
 
-#include "scalar.h"
+#include "../kernels/check.h"
+#include "../kernels/element.h"
+#include "../kernels/scalar.h"
 #include "vecmath.h"
 
 /* ---- strided iteration ---- */
 
-void tp_contiguous_strides(int rank, const int64_t *dims, size_t elsize, int64_t *strides) {
-  int64_t s = (int64_t)elsize;
-  for (int d = rank - 1; d >= 0; d--) {
-    strides[d] = s;
-    s *= dims[d];
-  }
-}
-
-bool tp_iter_broadcast(TpIter *it, int noperands, const TpTensor *const ops[]) {
-  const TpTensor *out = ops[0];
-  if (noperands > TP_ITER_MAX_OPERANDS) return false;
-  it->rank = out->rank;
-  it->noperands = noperands;
-  memcpy(it->dims, out->dims, sizeof it->dims);
-  tp_contiguous_strides(out->rank, out->dims, tp_dtype_size(out->dtype), it->strides[0]);
-  for (int k = 1; k < noperands; k++) {
-    const TpTensor *t = ops[k];
-    int64_t s[TP_MAX_RANK];
-    int lead = out->rank - t->rank;
-    if (lead < 0) return false;
-    tp_contiguous_strides(t->rank, t->dims, tp_dtype_size(t->dtype), s);
-    for (int d = 0; d < out->rank; d++) {
-      int64_t td = d < lead ? 1 : t->dims[d - lead];
-      if (td == out->dims[d])
-        it->strides[k][d] = d < lead ? 0 : s[d - lead];
-      else if (td == 1)
-        it->strides[k][d] = 0;
-      else
-        return false;
-    }
-  }
-  return true;
-}
-
-void tp_iter_coalesce(TpIter *it) {
-  int r = 0;
-  for (int d = 0; d < it->rank; d++) {
-    if (it->dims[d] == 1) continue;
-    bool merge = r > 0;
-    for (int k = 0; k < it->noperands && merge; k++)
-      merge = it->strides[k][r - 1] == it->strides[k][d] * it->dims[d];
-    if (merge) {
-      it->dims[r - 1] *= it->dims[d];
-      for (int k = 0; k < it->noperands; k++) it->strides[k][r - 1] = it->strides[k][d];
-      continue;
-    }
-    it->dims[r] = it->dims[d];
-    for (int k = 0; k < it->noperands; k++) it->strides[k][r] = it->strides[k][d];
-    r++;
-  }
-  it->rank = r;
-}
-
-/* Runs over the flat index range [begin, end). Offsets are kept as integers so no pointer
- * ever points outside its tensor. */
 static void iter_range(const TpIter *it, char *const base[], int64_t begin, int64_t end,
                        TpRunFn fn, const void *ctx) {
   int rank = it->rank, np = it->noperands;
@@ -116,10 +63,6 @@ static void iter_flat(TpIter *it, int noperands, const TpTensor *const ops[]) {
   for (int k = 0; k < noperands; k++) it->strides[k][0] = (int64_t)tp_dtype_size(ops[k]->dtype);
 }
 
-static bool same_dims(const TpTensor *a, const TpTensor *b) {
-  return a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
-}
-
 /* ---- unary ---- */
 
 typedef struct {
@@ -133,57 +76,43 @@ typedef struct {
 #define SIMD_FOR(n) _Pragma("omp simd") for (int64_t i = 0; i < (n); i++)
 #define PLAIN_FOR(n) for (int64_t i = 0; i < (n); i++)
 
-/* One formula per op, instantiated for float and double (tgmath picks the functions). */
-#define UNARY_LOOP(T, op, n, y, x)                                                  \
-  do {                                                                              \
-    const T one = 1, half = 0.5;                                                    \
-    switch (op) {                                                                   \
-    case TP_UNARY_SQRT: PLAIN_FOR(n) y[i] = sqrt(x[i]); break;                      \
-    case TP_UNARY_NEG: SIMD_FOR(n) y[i] = -x[i]; break;                             \
-    case TP_UNARY_RECIPROCAL: SIMD_FOR(n) y[i] = one / x[i]; break;                 \
-    case TP_UNARY_EXP: PLAIN_FOR(n) y[i] = exp(x[i]); break;                        \
-    case TP_UNARY_LOG: PLAIN_FOR(n) y[i] = log(x[i]); break;                        \
-    case TP_UNARY_ERF: PLAIN_FOR(n) y[i] = erf(x[i]); break;                        \
-    case TP_UNARY_TANH: PLAIN_FOR(n) y[i] = tanh(x[i]); break;                      \
-    case TP_UNARY_SIN: PLAIN_FOR(n) y[i] = sin(x[i]); break;                        \
-    case TP_UNARY_COS: PLAIN_FOR(n) y[i] = cos(x[i]); break;                        \
-    case TP_UNARY_RELU: SIMD_FOR(n) y[i] = x[i] < 0 ? 0 : x[i]; break; /* keeps NaN */ \
-    case TP_UNARY_SIGMOID: /* exp of a non-positive argument only: no overflow */   \
-      PLAIN_FOR(n) {                                                                \
-        T e = exp(-fabs(x[i]));                                                     \
-        y[i] = x[i] >= 0 ? one / (one + e) : e / (one + e);                         \
-      }                                                                             \
-      break;                                                                        \
-    case TP_UNARY_GELU:                                                             \
-      PLAIN_FOR(n) y[i] = half * x[i] * (one + erf(x[i] * (T)M_SQRT1_2));           \
-      break;                                                                        \
-    case TP_UNARY_GELU_TANH: {                                                      \
-      const T c = (T)0.7978845608028654, k = (T)0.044715; /* sqrt(2/pi) */          \
-      PLAIN_FOR(n) y[i] = half * x[i] * (one + tanh(c * (x[i] + k * x[i] * x[i] * x[i]))); \
-      break;                                                                        \
-    }                                                                               \
-    case TP_UNARY_NOT: break;                                                       \
-    }                                                                               \
+/* One loop per op, over runtime/kernels/element.h's formula for T (suffix f32 or f64) with
+ * the op a constant, so the element function's switch folds away and each loop is the op's
+ * own (vectorised where SIMD_FOR). */
+#define UNARY_CASE(FOR, suffix, OP, n, y, x) \
+  case OP: FOR(n) y[i] = tp_unary_##suffix(OP, x[i]); break
+#define UNARY_LOOP(suffix, op, n, y, x)                              \
+  do {                                                               \
+    switch (op) {                                                    \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SQRT, n, y, x);         \
+      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_NEG, n, y, x);           \
+      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_RECIPROCAL, n, y, x);    \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_EXP, n, y, x);          \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_LOG, n, y, x);          \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_ERF, n, y, x);          \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_TANH, n, y, x);         \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SIN, n, y, x);          \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_COS, n, y, x);          \
+      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_RELU, n, y, x);          \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SIGMOID, n, y, x);      \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_GELU, n, y, x);         \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_GELU_TANH, n, y, x);    \
+    case TP_UNARY_NOT: break;                                        \
+    }                                                                \
   } while (0)
 
-/* f32 Gelu on vecmath.h's exp and erfc (libm's erff and tanhf do not vectorise), in forms
- * without cancellation for negative x: x Phi(x) = x erfc(-x / sqrt 2) / 2 and
- * x (1 + tanh u) / 2 = x / (1 + e^-2u). */
+/* f32 Gelu's loops on vecmath.h's exp and erfc (libm's erff and tanhf do not vectorise),
+ * the float forms of element.h. */
 TP_VECTOR_CLONES static void gelu_f32(bool tanh_approx, int64_t n, float *y, const float *x) {
   if (tanh_approx) {
-    const float c = 0.7978845608028654f, k = 0.044715f; /* sqrt(2/pi) */
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-      float u = c * (x[i] + k * x[i] * x[i] * x[i]);
-      y[i] = x[i] / (1.0f + tp_vexpf(-2.0f * u));
-    }
+    for (int64_t i = 0; i < n; i++) y[i] = tp_gelu_tanh_f32(x[i]);
   } else {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * tp_verfcf(x[i] * -(float)M_SQRT1_2);
+    for (int64_t i = 0; i < n; i++) y[i] = tp_gelu_f32(x[i]);
   }
 }
 
-void tp_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y) { gelu_f32(tanh_approx, n, y, x); }
 
 #define BLOCK 256 /* elements converted at a time on the slow paths */
 
@@ -196,17 +125,17 @@ static void unary_run(const void *ctx, int64_t n, char *const p[], const int64_t
     float *y = (float *)p[0];
     const float *x = (const float *)p[1];
     if (c->op == TP_UNARY_GELU || c->op == TP_UNARY_GELU_TANH) gelu_f32(c->op == TP_UNARY_GELU_TANH, n, y, x);
-    else UNARY_LOOP(float, c->op, n, y, x);
+    else UNARY_LOOP(f32, c->op, n, y, x);
   } else if (t == TP_F64) {
     double *y = (double *)p[0];
     const double *x = (const double *)p[1];
-    UNARY_LOOP(double, c->op, n, y, x);
+    UNARY_LOOP(f64, c->op, n, y, x);
   } else if (t == TP_F16 || t == TP_BF16) {
     double buf[BLOCK];
     for (int64_t b = 0; b < n; b += BLOCK) {
       int64_t m = n - b < BLOCK ? n - b : BLOCK;
       for (int64_t i = 0; i < m; i++) buf[i] = tp_load_float(t, p[1] + (b + i) * es);
-      UNARY_LOOP(double, c->op, m, buf, buf);
+      UNARY_LOOP(f64, c->op, m, buf, buf);
       for (int64_t i = 0; i < m; i++) tp_store_float(t, p[0] + (b + i) * es, buf[i]);
     }
   } else if (t == TP_BOOL) { /* Not */
@@ -222,8 +151,8 @@ static void unary_run(const void *ctx, int64_t n, char *const p[], const int64_t
 }
 
 TpKernelStatus tp_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y) {
-  if (!tp_unary_dtype_ok(op, x->dtype) || y->dtype != x->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (!same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_unary(op, x, y);
+  if (s != TP_KERNEL_OK) return s;
   TpIter it;
   iter_flat(&it, 2, (const TpTensor *const[]){y, x});
   UnaryCtx c = {op, x->dtype};
@@ -370,8 +299,8 @@ static void cast_run(const void *ctx, int64_t n, char *const p[], const int64_t 
 }
 
 TpKernelStatus tp_cast(const TpTensor *x, TpTensor *y) {
-  if (tp_dclass(x->dtype) == TP_CLASS_NONE || tp_dclass(y->dtype) == TP_CLASS_NONE) return TP_KERNEL_BAD_DTYPE;
-  if (!same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_cast(x, y);
+  if (s != TP_KERNEL_OK) return s;
   if (x->dtype == y->dtype) {
     if (tp_tensor_bytes(x)) memcpy(y->data, x->data, tp_tensor_bytes(x));
     return TP_KERNEL_OK;

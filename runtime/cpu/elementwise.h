@@ -6,76 +6,23 @@
 #define TOKPIPE_CPU_ELEMENTWISE_H
 
 #include "../../base/tensor.h"
-#include "kernel.h"
+#include "../kernels/args.h"
+#include "../kernels/iter.h"
 
-/* ---- strided iteration ----
- * Walks an n-d index space in row-major order over up to TP_ITER_MAX_OPERANDS operands,
- * each with its own byte strides (0 on broadcast dims, negative for reversed slices).
- * Operand 0 is conventionally the output. The space is cut into runs along the innermost
- * dim; fn gets each run's operand pointers and innermost byte steps. */
-#define TP_ITER_MAX_OPERANDS 4
-
-typedef struct {
-  int rank, noperands;
-  int64_t dims[TP_MAX_RANK];
-  int64_t strides[TP_ITER_MAX_OPERANDS][TP_MAX_RANK]; /* bytes */
-} TpIter;
-
+/* ---- strided iteration: TpIter (runtime/kernels/iter.h) run over on the CPU ---- */
 typedef void (*TpRunFn)(const void *ctx, int64_t n, char *const ptr[], const int64_t step[]);
 
-/* Byte strides of a contiguous row-major tensor of the given dims. */
-void tp_contiguous_strides(int rank, const int64_t *dims, size_t elsize, int64_t *strides);
-/* out = broadcast of ops[1..]: operand k's strides over out's dims (ops[0] is the output,
- * contiguous). False if an operand does not broadcast to the output's shape. */
-bool tp_iter_broadcast(TpIter *it, int noperands, const TpTensor *const ops[]);
-/* Drops size-1 dims and merges dims that are contiguous for every operand. */
-void tp_iter_coalesce(TpIter *it);
 /* Calls fn over the whole space, base[k] being operand k's address at index 0; splits the
  * space across OpenMP threads when it is large. */
 void tp_iter_run(const TpIter *it, char *const base[], TpRunFn fn, const void *ctx);
 
 /* ---- unary ---- */
-typedef enum {
-  TP_UNARY_SQRT,
-  TP_UNARY_NEG,
-  TP_UNARY_RECIPROCAL,
-  TP_UNARY_EXP,
-  TP_UNARY_LOG,
-  TP_UNARY_ERF,
-  TP_UNARY_TANH,
-  TP_UNARY_RELU,
-  TP_UNARY_SIGMOID,
-  TP_UNARY_SIN,
-  TP_UNARY_COS,
-  TP_UNARY_NOT,       /* bool only */
-  TP_UNARY_GELU,      /* x * Phi(x) */
-  TP_UNARY_GELU_TANH, /* tanh approximation */
-} TpUnaryOp;
 
 /* y = op(x), same shape and dtype. Floats (f16, bf16, f32, f64) for all but Not; Neg and
  * Relu also take signed integers. */
 TpKernelStatus tp_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y);
 
-/* tp_unary's f32 Gelu (TP_UNARY_GELU_TANH when tanh_approx) over a contiguous run: x, y (n).
- * For the kernels that fuse a Gelu into more work (transformer.h's gated MLP). */
-void tp_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y);
-
 /* ---- binary, numpy broadcasting ---- */
-typedef enum {
-  TP_BINARY_ADD,
-  TP_BINARY_SUB,
-  TP_BINARY_MUL,
-  TP_BINARY_DIV, /* integers truncate toward zero; x/0 gives 0 */
-  TP_BINARY_POW, /* result dtype = base dtype; exponent any numeric dtype */
-  TP_BINARY_MAX, /* NaN propagates */
-  TP_BINARY_MIN,
-  TP_BINARY_AND, /* bool */
-  TP_BINARY_EQUAL,
-  TP_BINARY_LESS,
-  TP_BINARY_LESS_EQUAL,
-  TP_BINARY_GREATER,
-  TP_BINARY_GREATER_EQUAL,
-} TpBinaryOp;
 
 /* y = a op b. Arithmetic over floats and integers (a, b, y one dtype, but Pow); comparisons
  * over any numeric dtype (and bool for Equal) into a bool y. */
@@ -87,32 +34,5 @@ TpKernelStatus tp_where(const TpTensor *cond, const TpTensor *a, const TpTensor 
 /* y = x converted to y's dtype (any pair of dtypes; float -> integer truncates toward zero,
  * NaN gives 0 and out-of-range values saturate; nonzero -> true for bool). */
 TpKernelStatus tp_cast(const TpTensor *x, TpTensor *y);
-
-/* ---- argument structs ----
- * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views; the kernel's
- * row of bind/kernels.def says how each is passed. */
-typedef struct {
-  TpUnaryOp op;
-  const TpTensor *x;
-  TpTensor *y;
-} TpUnaryArgs;
-
-typedef struct {
-  TpBinaryOp op;
-  const TpTensor *a, *b;
-  TpTensor *y;
-} TpBinaryArgs;
-
-typedef struct {
-  const TpTensor *cond, *a, *b;
-  TpTensor *y;
-} TpWhereArgs;
-
-/* One operand, one result, nothing else: Cast here, Reshape, Expand and Tile in layout.h. */
-typedef struct {
-  const TpTensor *x;
-  TpTensor *y;
-} TpCopyArgs;
 
 #endif

@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "../kernels/check.h"
+
 #define PARALLEL_BYTES ((int64_t)1 << 17) /* below this, copying is not worth threads */
 
 static int64_t prod(const int64_t *dims, int from, int to) { return tp_numel(to - from, dims + from); }
@@ -36,35 +38,6 @@ static void strided_copy(TpIter *it, const TpTensor *x, int64_t start, TpTensor 
   tp_iter_run(it, (char *const[]){y->data, (char *)x->data + start}, tp_copy_run, &es);
 }
 
-static int64_t index_at(const TpTensor *indices, int64_t j) {
-  return indices->dtype == TP_I64 ? ((const int64_t *)indices->data)[j] : ((const int32_t *)indices->data)[j];
-}
-
-/* Every index in [-n, n) (bad NULL: not read, they may be on a device), or the first one
- * outside into *bad: checked first, so that the copies cannot fail. */
-static TpKernelStatus check_indices(const TpTensor *indices, int64_t n, int64_t *bad) {
-  int64_t total = tp_tensor_numel(indices);
-  for (int64_t j = 0; bad && j < total; j++)
-    if (index_at(indices, j) < -n || index_at(indices, j) >= n) {
-      *bad = index_at(indices, j);
-      return TP_KERNEL_BAD_INDEX;
-    }
-  return TP_KERNEL_OK;
-}
-
-TpKernelStatus tp_gather_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
-                               const TpTensor *y, int64_t *bad) {
-  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
-  if (axis < 0 || axis >= rank || y->rank != rank - 1 + indices->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < y->rank; d++) {
-    int64_t want = d < axis                   ? data_dims[d]
-                   : d < axis + indices->rank ? indices->dims[d - axis]
-                                              : data_dims[d - indices->rank + 1];
-    if (y->dims[d] != want) return TP_KERNEL_BAD_SHAPE;
-  }
-  return check_indices(indices, data_dims[axis], bad);
-}
-
 TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
                          int64_t *bad) {
   if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
@@ -79,21 +52,11 @@ TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis
 #pragma omp parallel for schedule(static) if (total * (int64_t)row > PARALLEL_BYTES)
   for (int64_t r = 0; r < total; r++) {
     int64_t o = r / nidx, j = r % nidx;
-    int64_t ix = index_at(indices, j);
+    int64_t ix = tp_index_at(indices, j);
     if (ix < 0) ix += n;
     memcpy(dst + (size_t)r * row, src + (size_t)(o * n + ix) * row, row);
   }
   return TP_KERNEL_OK;
-}
-
-TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
-                                        const TpTensor *y, int64_t *bad) {
-  if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
-  if (axis < 0 || axis >= rank || indices->rank != rank || y->rank != rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < rank; d++)
-    if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d]))
-      return TP_KERNEL_BAD_SHAPE;
-  return check_indices(indices, data_dims[axis], bad);
 }
 
 TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
@@ -107,7 +70,7 @@ TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices,
   int64_t ds[TP_MAX_RANK], idx[TP_MAX_RANK] = {0};
   tp_contiguous_strides(rank, data->dims, 1, ds);
   for (int64_t j = 0; j < total; j++) { /* idx: the multi-index of element j of indices */
-    int64_t ix = index_at(indices, j), src = 0;
+    int64_t ix = tp_index_at(indices, j), src = 0;
     if (ix < 0) ix += n;
     for (int d = 0; d < rank; d++) src += (d == axis ? ix : idx[d]) * ds[d];
     memcpy((char *)y->data + (size_t)j * es, (const char *)data->data + (size_t)src * es, es);
@@ -117,8 +80,8 @@ TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices,
 }
 
 TpKernelStatus tp_reshape(const TpTensor *x, TpTensor *y) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (tp_tensor_numel(x) != tp_tensor_numel(y)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_reshape(x, y);
+  if (s != TP_KERNEL_OK) return s;
   if (tp_tensor_bytes(x) && x->data != y->data) memcpy(y->data, x->data, tp_tensor_bytes(x));
   return TP_KERNEL_OK;
 }
@@ -135,10 +98,8 @@ TpKernelStatus tp_expand(const TpTensor *x, TpTensor *y) {
 
 /* Element by element: Tile mostly sees constants (rotary tables), folded at import. */
 TpKernelStatus tp_tile(const TpTensor *x, TpTensor *y) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < x->rank; d++)
-    if (x->dims[d] ? y->dims[d] % x->dims[d] : y->dims[d]) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_tile(x, y);
+  if (s != TP_KERNEL_OK) return s;
   size_t es = tp_dtype_size(x->dtype);
   int64_t xs[TP_MAX_RANK];
   tp_contiguous_strides(x->rank, x->dims, es, xs);
@@ -171,10 +132,8 @@ TpKernelStatus tp_transpose(const TpTensor *x, const int64_t *perm, TpTensor *y)
 }
 
 TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < y->rank; d++)
-    if (!tp_slice_fits(starts[d], steps[d], y->dims[d], x->dims[d])) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_slice(x, starts, steps, y);
+  if (s != TP_KERNEL_OK) return s;
   if (tp_tensor_numel(y) == 0) return TP_KERNEL_OK;
   int64_t xs[TP_MAX_RANK], start = 0;
   tp_contiguous_strides(x->rank, x->dims, tp_dtype_size(x->dtype), xs);
@@ -187,22 +146,8 @@ TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t 
   return TP_KERNEL_OK;
 }
 
-/* Split and Concat: x viewed as [outer, along, inner]; piece k owns a band of `along`. */
-TpKernelStatus tp_pieces_check(const TpTensor *whole, const TpTensor *pieces, int n, int axis) {
-  if (axis < 0 || axis >= whole->rank) return TP_KERNEL_BAD_SHAPE;
-  int64_t along = 0;
-  for (int k = 0; k < n; k++) {
-    const TpTensor *p = &pieces[k];
-    if (p->dtype != whole->dtype) return TP_KERNEL_BAD_DTYPE;
-    if (p->rank != whole->rank) return TP_KERNEL_BAD_SHAPE;
-    for (int d = 0; d < whole->rank; d++)
-      if (d != axis && p->dims[d] != whole->dims[d]) return TP_KERNEL_BAD_SHAPE;
-    along += p->dims[axis];
-  }
-  return along == whole->dims[axis] ? TP_KERNEL_OK : TP_KERNEL_BAD_SHAPE;
-}
-
-/* Copies between the whole and its pieces, in the direction `to_pieces`. */
+/* Split and Concat: x viewed as [outer, along, inner]; piece k owns a band of `along`.
+ * Copies between the whole and its pieces, in the direction `to_pieces`. */
 static void move_pieces(const TpTensor *whole, TpTensor *pieces, int n, int axis, bool to_pieces) {
   int64_t outer = prod(whole->dims, 0, axis);
   size_t inner = (size_t)prod(whole->dims, axis + 1, whole->rank) * tp_dtype_size(whole->dtype);

@@ -16,16 +16,6 @@ TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis
  * dims but `axis` at most data's. An index out of range: TP_KERNEL_BAD_INDEX, *bad. */
 TpKernelStatus tp_gather_elements(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
                                   int64_t *bad);
-/* tp_gather's checks of indices against data's dims (`data_dims`, rank `rank`) and of y's
- * dims (its backward's too, with dy as y): the status it would return, but for the dtypes
- * of data and y. bad NULL: the shapes only, the indices not read (they may be on a device). */
-TpKernelStatus tp_gather_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
-                               const TpTensor *y, int64_t *bad);
-/* tp_gather_elements' checks of indices against data's dims (`data_dims`, rank `rank`) and
- * of y's dims (its backward's too, with dy as y): the status it would return. bad NULL:
- * the shapes only, as tp_gather_check. */
-TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, const TpTensor *indices, int axis,
-                                        const TpTensor *y, int64_t *bad);
 /* Same elements, new dims (a copy). */
 TpKernelStatus tp_reshape(const TpTensor *x, TpTensor *y);
 /* x broadcast numpy-style to y's dims. */
@@ -41,9 +31,6 @@ TpKernelStatus tp_split(const TpTensor *x, int axis, TpTensor *ys, int n);
 TpKernelStatus tp_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y);
 /* y = xs[0..n) joined along axis. */
 TpKernelStatus tp_concat(const TpTensor *xs, int n, int axis, TpTensor *y);
-/* tp_split's and tp_concat's checks of the pieces against the whole along axis: the status
- * they return. */
-TpKernelStatus tp_pieces_check(const TpTensor *whole, const TpTensor *pieces, int n, int axis);
 /* Writes x as rows [at, at + x->dims[axis]) along `axis` of `buffer`, shaped like x but
  * with `rows` rows there: a token slice's keys or values appended to the context buffer
  * that holds the whole sequence's (IR: Concat {context_rows}). */
@@ -56,61 +43,5 @@ TpKernelStatus tp_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor *y);
  * p[1] to p[0] with their byte steps: the strided copy behind Slice, Transpose, Expand and
  * SliceBackward. */
 void tp_copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]);
-
-/* ---- argument structs ----
- * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views; the kernel's
- * row of bind/kernels.def says how each is passed. */
-/* Gather, GatherElements and their backward ops (layout_backward.h: data is dy, y ddata). */
-typedef struct {
-  const TpTensor *data, *indices;
-  int axis;
-  int64_t padding_idx; /* GatherBackward: the index that adds nothing (-1: none) */
-  TpTensor *y;
-  int64_t *bad;
-} TpGatherArgs;
-
-
-typedef struct {
-  const TpTensor *x;
-  const int64_t *perm;
-  int nperm; /* printed, not passed: perm's length */
-  TpTensor *y;
-} TpTransposeArgs;
-
-typedef struct {
-  const TpTensor *x;
-  int axis;
-  TpTensor *ys;
-  int n;
-} TpSplitArgs;
-
-/* Slice and its backward (layout_backward.h: x is dy, y dx). */
-typedef struct {
-  const TpTensor *x;
-  const int64_t *starts, *steps;
-  int rank; /* printed, not passed: the length of starts and steps */
-  TpTensor *y;
-} TpSliceArgs;
-
-typedef struct {
-  const TpTensor *xs;
-  int n, axis;
-  TpTensor *y;
-} TpConcatArgs;
-
-typedef struct {
-  const TpTensor *x;
-  int axis;
-  int64_t at, rows;
-  TpTensor *buffer; /* its data */
-} TpContextAppendArgs;
-
-typedef struct {
-  const TpTensor *x;
-  bool upper;
-  int64_t k;
-  TpTensor *y;
-} TpTriluArgs;
 
 #endif

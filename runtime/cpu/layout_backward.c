@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "../kernels/check.h"
+
 #include "layout.h"
 
 #define PARALLEL_MIN_ELEMS 32768
@@ -68,8 +70,8 @@ TpKernelStatus tp_gather_elements_backward(const TpTensor *dy, const TpTensor *i
 
 TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, const int64_t *steps,
                                  TpTensor *dx) {
-  if (dx->dtype != dy->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (dx->rank != dy->rank) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_slice(dx, starts, steps, dy);
+  if (s != TP_KERNEL_OK) return s;
   size_t es = tp_dtype_size(dx->dtype);
   int64_t xs[TP_MAX_RANK], start = 0;
   tp_contiguous_strides(dx->rank, dx->dims, es, xs);
@@ -77,7 +79,6 @@ TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, cons
   memcpy(it.dims, dy->dims, sizeof it.dims);
   tp_contiguous_strides(dy->rank, dy->dims, es, it.strides[1]);
   for (int d = 0; d < dy->rank; d++) {
-    if (!tp_slice_fits(starts[d], steps[d], dy->dims[d], dx->dims[d])) return TP_KERNEL_BAD_SHAPE;
     if (dy->dims[d] == 0) continue;
     start += starts[d] * xs[d];
     it.strides[0][d] = dy->dims[d] > 1 ? steps[d] * xs[d] : 0; /* fits: (n-1)*|step| < dim */

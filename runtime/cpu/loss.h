@@ -6,17 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kernel.h"
+#include "../kernels/args.h"
 
-typedef enum { TP_REDUCE_NONE, TP_REDUCE_SUM, TP_REDUCE_MEAN } TpReduction;
-
-/* How targets are weighted: weight[C] (NULL: all 1) and an optional ignored class. */
-typedef struct {
-  const float *weight;
-  bool has_ignore;
-  int64_t ignore_index;
-  TpReduction reduction;
-} TpLossOptions;
 
 /* logp: [N, C, D] (D is the product of d1..dk, 1 when there are none); target: [N, D].
  * loss[n,d] = -logp[n, t, d] * weight[t] with t = target[n,d], 0 where t is ignored.
@@ -32,20 +23,5 @@ TpKernelStatus tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t
 TpKernelStatus tp_softmax_cross_entropy_f32(const float *scores, const int64_t *target, int64_t N,
                                             int64_t C, int64_t D, const TpLossOptions *o,
                                             float *log_prob, float *loss, int64_t *bad);
-
-/* ---- argument structs (see nn.h) ---- */
-#include "../../base/tensor.h"
-
-/* NegativeLogLikelihoodLoss (x the log-probabilities) and SoftmaxCrossEntropyLoss (x the
- * scores; log_prob where the log-probabilities go, NULL: a scratch of the kernel's). o.weight
- * is the data of `weight`. */
-typedef struct {
-  const TpTensor *x, *target; /* target i64 */
-  int64_t N, C, D;
-  TpLossOptions o;
-  const TpTensor *weight;
-  TpTensor *log_prob, *loss;
-  int64_t *bad;
-} TpLossArgs;
 
 #endif

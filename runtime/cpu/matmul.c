@@ -114,43 +114,11 @@ static void gemm_any(TpDType t, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   }
 }
 
-bool tp_matmul_layout(const TpTensor *a, const TpTensor *b, TpMatmulLayout *l) {
-  if (a->rank < 1 || b->rank < 1) return false;
-  l->M = a->rank >= 2 ? a->dims[a->rank - 2] : 1;
-  l->K = a->dims[a->rank - 1];
-  l->N = b->rank >= 2 ? b->dims[b->rank - 1] : 1;
-  if (l->K != (b->rank >= 2 ? b->dims[b->rank - 2] : b->dims[0])) return false;
-  int ra = a->rank > 2 ? a->rank - 2 : 0, rb = b->rank > 2 ? b->rank - 2 : 0;
-  l->rank = ra > rb ? ra : rb;
-  l->nbatch = l->na = l->nb = 1;
-  for (int i = l->rank - 1; i >= 0; i--) {
-    int ia = i - (l->rank - ra), ib = i - (l->rank - rb);
-    int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
-    if (da != db && da != 1 && db != 1) return false;
-    l->dims[i] = da == 1 ? db : da;
-    l->sa[i] = da == 1 ? 0 : l->na;
-    l->sb[i] = db == 1 ? 0 : l->nb;
-    l->na *= da;
-    l->nb *= db;
-    l->nbatch *= l->dims[i];
-  }
-  return true;
-}
-
-void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t *ib) {
-  *ia = *ib = 0;
-  for (int i = l->rank - 1; i >= 0; i--) {
-    int64_t idx = n % l->dims[i];
-    n /= l->dims[i];
-    *ia += idx * l->sa[i];
-    *ib += idx * l->sb[i];
-  }
-}
-
 TpKernelStatus tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
   if (a->dtype != b->dtype || a->dtype != y->dtype || !gemm_dtype_ok(a->dtype)) return TP_KERNEL_BAD_DTYPE;
   TpMatmulLayout l;
-  if (!tp_matmul_layout(a, b, &l) || tp_tensor_numel(y) != l.nbatch * l.M * l.N) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_matmul_shape(a, b, y, &l);
+  if (s != TP_KERNEL_OK) return s;
   int64_t M = l.M, K = l.K, N = l.N;
   if (K == 0 || l.nbatch == 0) { /* empty sum, or nothing to compute */
     memset(y->data, 0, tp_tensor_bytes(y));
@@ -175,15 +143,13 @@ TpKernelStatus tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, 
              double alpha, double beta, TpTensor *y) {
   TpDType t = a->dtype;
   if (b->dtype != t || y->dtype != t || (c && c->dtype != t) || !gemm_dtype_ok(t)) return TP_KERNEL_BAD_DTYPE;
-  if (a->rank != 2 || b->rank != 2 || y->rank != 2 || (c && c->rank > 2)) return TP_KERNEL_BAD_SHAPE;
-  int64_t M = trans_a ? a->dims[1] : a->dims[0], K = trans_a ? a->dims[0] : a->dims[1];
-  int64_t Kb = trans_b ? b->dims[1] : b->dims[0], N = trans_b ? b->dims[0] : b->dims[1];
-  if (K != Kb || y->dims[0] != M || y->dims[1] != N) return TP_KERNEL_BAD_SHAPE;
+  TpGemmShape g;
+  TpKernelStatus s = tp_check_gemm_shape(a, b, c, trans_a, trans_b, beta, y, &g);
+  if (s != TP_KERNEL_OK) return s;
+  int64_t M = g.M, K = g.K, N = g.N, cm = g.cm, cn = g.cn;
 
   size_t es = tp_dtype_size(t);
-  if (c && beta != 0) {
-    int64_t cm = c->rank == 2 ? c->dims[0] : 1, cn = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
-    if ((cm != 1 && cm != M) || (cn != 1 && cn != N)) return TP_KERNEL_BAD_SHAPE;
+  if (g.with_c) {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) {
         int64_t ci = (cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j);

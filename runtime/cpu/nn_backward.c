@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "matmul.h"
+#include "../kernels/check.h"
+#include "../kernels/element.h"
 #include "vecmath.h"
 
 /* Loops shorter than this stay on one thread: the fork costs more than it saves. */
@@ -75,13 +77,9 @@ TpKernelStatus tp_linear_backward_f32(const float *dy, const float *x, const flo
 
 TpKernelStatus tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
                             TpTensor *db) {
-  if (dy->dtype != TP_F32 || a->dtype != TP_F32 || b->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
-  if ((da && da->dtype != TP_F32) || (db && db->dtype != TP_F32)) return TP_KERNEL_BAD_DTYPE;
-  if ((da && tp_tensor_numel(da) != tp_tensor_numel(a)) ||
-      (db && tp_tensor_numel(db) != tp_tensor_numel(b)))
-    return TP_KERNEL_BAD_SHAPE;
   TpMatmulLayout l;
-  if (!tp_matmul_layout(a, b, &l) || tp_tensor_numel(dy) != l.nbatch * l.M * l.N) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_matmul_backward(dy, a, b, da, db, &l);
+  if (s != TP_KERNEL_OK) return s;
   int64_t M = l.M, K = l.K, N = l.N, nbatch = l.nbatch;
   const float *g = dy->data, *A = a->data, *B = b->data;
   float *dA = da ? da->data : NULL, *dB = db ? db->data : NULL;
@@ -134,24 +132,12 @@ TpKernelStatus tp_layernorm_backward_f32(const float *dy, const float *x, const 
 }
 
 TpKernelStatus tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {
-  const float inv_sqrt_2pi = 0.3989422804014327f, sqrt_2_over_pi = 0.7978845608028654f;
-  const float kappa = 0.044715f;
   if (tanh_approx) {
 #pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
-    for (int64_t i = 0; i < n; i++) {
-      float xi = x[i], x2 = xi * xi;
-      float t = tp_vtanhf(sqrt_2_over_pi * (xi + kappa * x2 * xi));
-      float grad = 0.5f * (1 + t) + 0.5f * xi * (1 - t * t) * sqrt_2_over_pi * (1 + 3 * kappa * x2);
-      dx[i] = dy[i] * grad;
-    }
+    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * tp_gelu_tanh_grad_f32(x[i]);
   } else {
 #pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
-    for (int64_t i = 0; i < n; i++) {
-      float xi = x[i];
-      float cdf = 0.5f * (1 + tp_verff(xi * (float)M_SQRT1_2));
-      float pdf = inv_sqrt_2pi * tp_vexpf(-0.5f * xi * xi);
-      dx[i] = dy[i] * (cdf + xi * pdf);
-    }
+    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * tp_gelu_grad_f32(x[i]);
   }
   return TP_KERNEL_OK;
 }

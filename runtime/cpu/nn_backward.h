@@ -78,28 +78,4 @@ TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
                                              const int64_t *targets, int64_t R, int64_t V,
                                              float denominator, float *dlogits, int64_t *bad);
 
-/* ---- argument structs (see nn.h) ---- */
-#include "transformer.h" /* TpLinearArgs */
-
-
-/* dy, then a, b; da, db (either may be NULL). */
-typedef struct {
-  const TpTensor *dy, *a, *b;
-  TpTensor *da, *db;
-} TpMatmulBackwardArgs;
-
-typedef struct {
-  const TpTensor *dy, *x, *scale, *mean, *inv_std;
-  int64_t rows, n;
-  TpTensor *dx, *dscale, *dbias;
-} TpLayerNormBackwardArgs;
-
-typedef struct {
-  const TpTensor *dy, *x;
-  int64_t n;
-  bool tanh_approx;
-  TpTensor *dx;
-} TpGeluBackwardArgs;
-
-
 #endif

@@ -1,5 +1,7 @@
 #include "optim.h"
 
+#include "../kernels/element.h"
+
 #define PARALLEL_MIN_ELEMS 32768
 /* Sums are cut into this many fixed pieces, added in order: the same bits on any thread
  * count. */

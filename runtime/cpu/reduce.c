@@ -2,7 +2,8 @@
 
 #include <string.h>
 
-#include "scalar.h"
+#include "../kernels/check.h"
+#include "../kernels/scalar.h"
 
 /* Adds a run of n elements `step` bytes apart to *acc (signed integers wrap modulo 2^64). */
 #define SUM_RUN(T, ACC, CONVERT)                                               \
@@ -132,16 +133,6 @@ TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool rever
         if (exclusive) sum_run(t, (const char *)x->data + at, 1, 0, &f, &u);
       }
     }
-  return TP_KERNEL_OK;
-}
-
-/* TopK's dtype and shape checks, shared with the CUDA kernel. */
-TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y) {
-  TpDClass c = tp_dclass(x->dtype);
-  if (c == TP_CLASS_BOOL || c == TP_CLASS_NONE || y->dtype != TP_I64) return TP_KERNEL_BAD_DTYPE;
-  if (axis < 0 || axis >= x->rank || x->rank != y->rank || y->dims[axis] > x->dims[axis]) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < x->rank; d++)
-    if (d != axis && x->dims[d] != y->dims[d]) return TP_KERNEL_BAD_SHAPE;
   return TP_KERNEL_OK;
 }
 

@@ -15,31 +15,5 @@ TpKernelStatus tp_cumsum(const TpTensor *x, int axis, bool exclusive, bool rever
 /* TopK: y (i64, x's dims but k = y's dim on axis) gets the indices of each line's k largest
  * entries along axis, largest first, ties by lower index, NaN above all (scalar.h). */
 TpKernelStatus tp_topk(const TpTensor *x, int axis, TpTensor *y);
-TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y); /* its checks (CUDA's too) */
-
-/* ---- argument structs ----
- * What the interpreter and the generated plans bind once per op (bind/bind.c) and pass to the
- * kernels above: each struct holds one kernel's parameters, tensors as views; the kernel's
- * row of bind/kernels.def says how each is passed. */
-typedef struct {
-  const TpTensor *x;
-  const int64_t *axes;
-  int naxes;
-  bool mean;
-  TpTensor *y;
-} TpReduceArgs;
-
-typedef struct {
-  const TpTensor *x;
-  int axis;
-  bool exclusive, reverse;
-  TpTensor *y;
-} TpCumsumArgs;
-
-typedef struct {
-  const TpTensor *x;
-  int axis;
-  TpTensor *y;
-} TpTopkArgs;
 
 #endif

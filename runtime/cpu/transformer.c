@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "../../base/tensor.h" /* TP_MAX_RANK */
-#include "elementwise.h" /* tp_gelu_f32 */
 #include "matmul.h"
 #include "nn_backward.h" /* tp_column_sums_f32, tp_gelu_backward_f32 */
+#include "../kernels/element.h"
 #include "vecmath.h"
 
 /* Loops shorter than this stay on one thread: the fork costs more than it saves. */
@@ -299,14 +299,14 @@ TpKernelStatus tp_rotary_backward_f32(const float *dy, const float *cos, const f
 
 /* ---- SwiGLU ---- */
 
-TP_VECTOR_INLINE float sigmoid(float x) { return 1.0f / (1.0f + tp_vexpf(-x)); }
+/* The formulas: runtime/kernels/element.h. */
 
 /* Elements per piece of the parallel loops. */
 #define ELEMS_PER_PIECE 8192
 
 TP_VECTOR_CLONES static void swiglu_range(const float *gate, const float *up, int64_t i0, int64_t i1, float *y) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; i++) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  for (int64_t i = i0; i < i1; i++) y[i] = tp_swiglu_elem_f32(gate[i], up[i]);
 }
 
 /* One loop per case, without branches inside, so each vectorises. */
@@ -315,19 +315,19 @@ TP_VECTOR_CLONES static void swiglu_backward_range(const float *dy, const float 
   if (dgate && dup) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; i++) {
-      float g = gate[i], s = sigmoid(g);
-      dgate[i] = dy[i] * up[i] * s * (1 + g * (1 - s));
-      dup[i] = dy[i] * g * s;
+      float g = gate[i], s = tp_logistic_f32(g);
+      dgate[i] = tp_swiglu_dgate_f32(dy[i], g, up[i], s);
+      dup[i] = tp_swiglu_dup_f32(dy[i], g, s);
     }
   } else if (dgate) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; i++) {
-      float g = gate[i], s = sigmoid(g);
-      dgate[i] = dy[i] * up[i] * s * (1 + g * (1 - s));
+      float g = gate[i], s = tp_logistic_f32(g);
+      dgate[i] = tp_swiglu_dgate_f32(dy[i], g, up[i], s);
     }
   } else if (dup) {
 #pragma omp simd
-    for (int64_t i = i0; i < i1; i++) dup[i] = dy[i] * gate[i] * sigmoid(gate[i]);
+    for (int64_t i = i0; i < i1; i++) dup[i] = tp_swiglu_dup_f32(dy[i], gate[i], tp_logistic_f32(gate[i]));
   }
 }
 
@@ -350,23 +350,29 @@ TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const 
 }
 
 /* ---- GeGLU ----
- * Through elementwise.h's Gelu and nn_backward.h's GeluBackward (the formulas written once):
- * the Gelu is computed into the result, which the Mul's step then finishes. */
+ * Each result rounded as the Gelu, Mul and GeluBackward it fuses (the same bits): dup =
+ * dy * gelu(gate), dgate = GeluBackward(dy * up, gate). */
 
-static void geglu_range(const float *gate, const float *up, int64_t i0, int64_t i1, bool tanh_approx, float *y) {
-  tp_gelu_f32(gate + i0, i1 - i0, tanh_approx, y + i0);
+TP_VECTOR_CLONES static void geglu_range(const float *gate, const float *up, int64_t i0, int64_t i1, bool tanh_approx,
+                                         float *y) {
+  if (tanh_approx) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; i++) y[i] = y[i] * up[i];
+    for (int64_t i = i0; i < i1; i++) y[i] = tp_gelu_tanh_f32(gate[i]) * up[i];
+  } else {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) y[i] = tp_gelu_f32(gate[i]) * up[i];
+  }
 }
 
-/* The unfused backward's Mul steps, per piece: dup = dy * gelu(gate) (Gelu recomputed into
- * dup) and dgate = dy * up, which tp_geglu_backward_f32 then passes through GeluBackward. */
-static void geglu_backward_range(const float *dy, const float *gate, const float *up, int64_t i0, int64_t i1,
-                                 bool tanh_approx, float *dgate, float *dup) {
-  if (dup) {
-    tp_gelu_f32(gate + i0, i1 - i0, tanh_approx, dup + i0);
+/* dup, and dgate's first factor dy * up (tp_geglu_backward_f32 finishes it). */
+TP_VECTOR_CLONES static void geglu_backward_range(const float *dy, const float *gate, const float *up, int64_t i0,
+                                                  int64_t i1, bool tanh_approx, float *dgate, float *dup) {
+  if (dup && tanh_approx) {
 #pragma omp simd
-    for (int64_t i = i0; i < i1; i++) dup[i] = dy[i] * dup[i];
+    for (int64_t i = i0; i < i1; i++) dup[i] = dy[i] * tp_gelu_tanh_f32(gate[i]);
+  } else if (dup) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) dup[i] = dy[i] * tp_gelu_f32(gate[i]);
   }
   if (dgate) {
 #pragma omp simd

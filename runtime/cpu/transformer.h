@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kernel.h"
+#include "../kernels/args.h"
 
 /* y = x @ w + bias, one sgemm over all rows.
  *   x (M, K)   M = the product of the leading dims of X[..., K]
@@ -121,76 +121,8 @@ TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const 
 TpKernelStatus tp_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y);
 
 /* Of tp_geglu_f32:  dy, gate, up, dgate, dup (n; the results apart from the operands)
- *   dgate = tp_gelu_backward_f32 of dy * up,  dup = dy * gelu(gate)  (the unfused ops' bits) */
+ *   dgate = (dy * up) * gelu'(gate),  dup = dy * gelu(gate)  (the unfused ops' bits) */
 TpKernelStatus tp_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                                      bool tanh_approx, float *dgate, float *dup);
-
-/* ---- argument structs (see nn.h) ---- */
-#include "../../base/tensor.h"
-
-/* Linear, and its backward (nn_backward.h: dy first; dx, dw, dbias as y, dw, dbias). */
-typedef struct {
-  const TpTensor *dy, *x, *w, *bias;
-  int64_t M, K, N;
-  bool transpose_w;
-  TpTensor *y, *dw, *dbias;
-} TpLinearArgs;
-
-typedef struct {
-  const TpTensor *table, *ids; /* ids i64 */
-  int64_t n, V, C;
-  TpTensor *y;
-  int64_t *bad;
-} TpEmbeddingArgs;
-
-/* CrossEntropy, and its backward (nn_backward.h: dloss the scalar gradient, y dlogits). */
-typedef struct {
-  const TpTensor *dloss, *logits, *targets; /* targets i64 */
-  int64_t R, V;
-  float denominator;
-  TpTensor *y;
-  int64_t *bad;
-} TpCrossEntropyArgs;
-
-/* The vocabulary-parallel kernels: x the table, dY or logits; ids the ids or targets (i64);
- * n the ids' or rows' count; V the range's classes; y the result. */
-typedef struct {
-  const TpTensor *dloss, *x, *ids, *stats, *part;
-  int64_t n, V, parts, C;
-  float denominator;
-  TpTensor *y;
-  int64_t *bad;
-} TpVocabArgs;
-
-/* RMSNorm and its backward (dy first; dx and dscale as y and dscale). */
-typedef struct {
-  const TpTensor *dy, *x, *scale;
-  int64_t rows, n;
-  float eps;
-  TpTensor *y, *dscale;
-} TpRMSNormArgs;
-
-/* Rotary and its backward (x is dy, y dx). */
-typedef struct {
-  const TpTensor *x, *cos, *sin;
-  int64_t rotary_dim;
-  bool interleaved;
-  TpTensor *y;
-} TpRotaryArgs;
-
-/* SwiGLU and its backward (dy first; dgate and dup as y and dup). */
-typedef struct {
-  const TpTensor *dy, *gate, *up;
-  int64_t n;
-  TpTensor *y, *dup;
-} TpSwiGLUArgs;
-
-/* GeGLU and its backward (dy first; dgate and dup as y and dup). */
-typedef struct {
-  const TpTensor *dy, *gate, *up;
-  int64_t n;
-  bool tanh_approx;
-  TpTensor *y, *dup;
-} TpGeGLUArgs;
 
 #endif

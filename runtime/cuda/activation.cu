@@ -1,98 +1,78 @@
-/* Elementwise activations, forward and backward: Gelu (erf and tanh forms, in the CPU
- * kernels' cancellation-free forms), SwiGLU's and GeGLU's gates. Grid-stride loops. */
+/* Elementwise activations, forward and backward: Gelu's gradient, SwiGLU and GeGLU. Each kernel
+ * is its __global__ function (a grid-stride loop over element.h's formula) and its entry
+ * point of ops.h, which launches it on the unit's stream. Gelu's forward is a unary op
+ * (elementwise.cu). */
+#include "../kernels/element.h"
 #include "common.cuh"
+#include "ops.h"
 
-static constexpr float SQRT1_2 = 0.70710678118654752f, SQRT_2_OVER_PI = 0.7978845608028654f,
-                       INV_SQRT_2PI = 0.3989422804014327f, GELU_KAPPA = 0.044715f;
+#define LAUNCH_OVER(n, kernel, stream, ...) \
+  TP_LAUNCH(kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), (stream)->cuda, __VA_ARGS__)
 
-/* x Phi(x) = x erfc(-x / sqrt 2) / 2; tanh form x (1 + tanh u) / 2 = x / (1 + e^-2u) */
-__device__ __forceinline__ float gelu(float xi, bool tanh_approx) {
-  if (tanh_approx) return xi / (1.0f + expf(-2.0f * (SQRT_2_OVER_PI * (xi + GELU_KAPPA * xi * xi * xi))));
-  return 0.5f * xi * erfcf(xi * -SQRT1_2);
-}
-
-/* d gelu(x) / dx */
-__device__ __forceinline__ float gelu_grad(float xi, bool tanh_approx) {
-  float x2 = xi * xi;
-  if (tanh_approx) {
-    float t = tanhf(SQRT_2_OVER_PI * (xi + GELU_KAPPA * x2 * xi));
-    return 0.5f * (1 + t) + 0.5f * xi * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * GELU_KAPPA * x2);
-  }
-  return 0.5f * (1 + erff(xi * SQRT1_2)) + xi * (INV_SQRT_2PI * expf(-0.5f * x2));
-}
-
-__global__ void gelu_kernel(const float *x, int64_t n, bool tanh_approx, float *y) {
-  TP_GRID_STRIDE_LOOP(i, n) y[i] = gelu(x[i], tanh_approx);
-}
-
-void tp_cuda_launch_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(gelu_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n, tanh_approx, y);
-}
+/* ---- Gelu's gradient ---- */
 
 __global__ void gelu_backward_kernel(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {
-  TP_GRID_STRIDE_LOOP(i, n) dx[i] = dy[i] * gelu_grad(x[i], tanh_approx);
+  TP_GRID_STRIDE_LOOP(i, n) dx[i] = dy[i] * (tanh_approx ? tp_gelu_tanh_grad_f32(x[i]) : tp_gelu_grad_f32(x[i]));
 }
 
-void tp_cuda_launch_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
-                               TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(gelu_backward_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy, x, n, tanh_approx,
-            dx);
+TpKernelStatus tp_cuda_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
+                                         TpStream *stream) {
+  if (n) LAUNCH_OVER(n, gelu_backward_kernel, stream, dy, x, n, tanh_approx, dx);
+  return TP_KERNEL_OK;
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* ---- SwiGLU: y = silu(gate) * up ---- */
 
 __global__ void swiglu_kernel(const float *gate, const float *up, int64_t n, float *y) {
-  TP_GRID_STRIDE_LOOP(i, n) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  TP_GRID_STRIDE_LOOP(i, n) y[i] = tp_swiglu_elem_f32(gate[i], up[i]);
 }
 
-void tp_cuda_launch_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(swiglu_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, gate, up, n, y);
+TpKernelStatus tp_cuda_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpStream *stream) {
+  if (n) LAUNCH_OVER(n, swiglu_kernel, stream, gate, up, n, y);
+  return TP_KERNEL_OK;
 }
 
-/* dgate = dy * up * s * (1 + gate * (1 - s)), dup = dy * gate * s, s = sigmoid(gate) */
+/* dgate or dup may be NULL */
 __global__ void swiglu_backward_kernel(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
                                        float *dup) {
   TP_GRID_STRIDE_LOOP(i, n) {
-    float g = gate[i], s = sigmoid(g);
-    if (dgate) dgate[i] = dy[i] * up[i] * s * (1 + g * (1 - s));
-    if (dup) dup[i] = dy[i] * g * s;
+    float g = gate[i], s = tp_logistic_f32(g);
+    if (dgate) dgate[i] = tp_swiglu_dgate_f32(dy[i], g, up[i], s);
+    if (dup) dup[i] = tp_swiglu_dup_f32(dy[i], g, s);
   }
 }
 
-void tp_cuda_launch_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
-                                 float *dup, TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(swiglu_backward_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy, gate, up, n, dgate,
-            dup);
+TpKernelStatus tp_cuda_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                           float *dgate, float *dup, TpStream *stream) {
+  if (n) LAUNCH_OVER(n, swiglu_backward_kernel, stream, dy, gate, up, n, dgate, dup);
+  return TP_KERNEL_OK;
 }
+
+/* ---- GeGLU: y = gelu(gate) * up ---- */
 
 __global__ void geglu_kernel(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y) {
-  TP_GRID_STRIDE_LOOP(i, n) y[i] = gelu(gate[i], tanh_approx) * up[i];
+  TP_GRID_STRIDE_LOOP(i, n) y[i] = (tanh_approx ? tp_gelu_tanh_f32(gate[i]) : tp_gelu_f32(gate[i])) * up[i];
 }
 
-void tp_cuda_launch_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y,
-                              TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(geglu_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, gate, up, n, tanh_approx,
-            y);
+TpKernelStatus tp_cuda_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y,
+                                 TpStream *stream) {
+  if (n) LAUNCH_OVER(n, geglu_kernel, stream, gate, up, n, tanh_approx, y);
+  return TP_KERNEL_OK;
 }
 
-/* dgate = (dy * up) gelu'(gate), dup = dy * gelu(gate): the unfused Mul's and GeluBackward's */
+/* dgate = (dy * up) gelu'(gate), dup = dy * gelu(gate), as the unfused Mul and GeluBackward;
+ * dgate or dup may be NULL */
 __global__ void geglu_backward_kernel(const float *dy, const float *gate, const float *up, int64_t n,
                                       bool tanh_approx, float *dgate, float *dup) {
   TP_GRID_STRIDE_LOOP(i, n) {
     float g = gate[i];
-    if (dgate) dgate[i] = dy[i] * up[i] * gelu_grad(g, tanh_approx);
-    if (dup) dup[i] = dy[i] * gelu(g, tanh_approx);
+    if (dgate) dgate[i] = dy[i] * up[i] * (tanh_approx ? tp_gelu_tanh_grad_f32(g) : tp_gelu_grad_f32(g));
+    if (dup) dup[i] = dy[i] * (tanh_approx ? tp_gelu_tanh_f32(g) : tp_gelu_f32(g));
   }
 }
 
-void tp_cuda_launch_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
-                                       bool tanh_approx, float *dgate, float *dup, TpCudaStream stream) {
-  if (n == 0) return;
-  TP_LAUNCH(geglu_backward_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy, gate, up, n,
-            tanh_approx, dgate, dup);
+TpKernelStatus tp_cuda_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
+                                          bool tanh_approx, float *dgate, float *dup, TpStream *stream) {
+  if (n) LAUNCH_OVER(n, geglu_backward_kernel, stream, dy, gate, up, n, tanh_approx, dgate, dup);
+  return TP_KERNEL_OK;
 }

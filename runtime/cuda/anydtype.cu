@@ -5,6 +5,8 @@
  * through cpu/scalar.h and dtype.cuh as the CPU computes. Deterministic: no float atomics. */
 #include <string.h>
 
+#include "../kernels/check.h"
+#include "../kernels/element.h"
 #include "dtype.cuh"
 #include "ops.h"
 #include "strided.cuh"
@@ -24,29 +26,6 @@ static Strided byte_strided(const TpIter *it) {
 
 /* ---- unary ---- */
 
-/* The CPU's double formulas (elementwise.c UNARY_LOOP), for f64, f16 and bf16. */
-__device__ static double unary_double(TpUnaryOp op, double x) {
-  switch (op) {
-  case TP_UNARY_SQRT: return sqrt(x);
-  case TP_UNARY_NEG: return -x;
-  case TP_UNARY_RECIPROCAL: return 1 / x;
-  case TP_UNARY_EXP: return exp(x);
-  case TP_UNARY_LOG: return log(x);
-  case TP_UNARY_ERF: return erf(x);
-  case TP_UNARY_TANH: return tanh(x);
-  case TP_UNARY_SIN: return sin(x);
-  case TP_UNARY_COS: return cos(x);
-  case TP_UNARY_RELU: return x < 0 ? 0 : x; /* keeps NaN */
-  case TP_UNARY_SIGMOID: { /* exp of a non-positive argument only: no overflow */
-    double e = exp(-fabs(x));
-    return x >= 0 ? 1 / (1 + e) : e / (1 + e);
-  }
-  case TP_UNARY_GELU: return 0.5 * x * (1 + erf(x * 0.70710678118654752440));
-  case TP_UNARY_GELU_TANH: return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-  default: return x; /* Not: bool only */
-  }
-}
-
 __global__ void unary_any_kernel(TpUnaryOp op, TpDType t, size_t es, const char *x, int64_t n, char *y) {
   TP_GRID_STRIDE_LOOP(i, n) {
     const char *px = x + i * (int64_t)es;
@@ -54,7 +33,7 @@ __global__ void unary_any_kernel(TpUnaryOp op, TpDType t, size_t es, const char 
     if (t == TP_BOOL) {
       *py = !*px;
     } else if (tp_dclass(t) == TP_CLASS_FLOAT) {
-      tp_store_float(t, py, unary_double(op, tp_load_float(t, px)));
+      tp_store_float(t, py, tp_unary_f64(op, tp_load_float(t, px))); /* as the CPU computes */
     } else { /* signed integers: Neg, Relu */
       uint64_t v = tp_load_bits(t, px);
       if (op == TP_UNARY_NEG) v = 0 - v;
@@ -65,8 +44,8 @@ __global__ void unary_any_kernel(TpUnaryOp op, TpDType t, size_t es, const char 
 }
 
 TpKernelStatus tp_cuda_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y, TpStream *stream) {
-  if (!tp_unary_dtype_ok(op, x->dtype) || y->dtype != x->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (!same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_unary(op, x, y);
+  if (s != TP_KERNEL_OK) return s;
   int64_t n = tp_tensor_numel(x);
   if (x->dtype == TP_F32) {
     tp_cuda_launch_unary_f32(op, static_cast<const float *>(x->data), n, static_cast<float *>(y->data), stream->cuda);
@@ -180,8 +159,8 @@ __global__ void cast_kernel(TpDType tx, size_t ex, TpDType ty, size_t ey, const 
 }
 
 TpKernelStatus tp_cuda_cast(const TpTensor *x, TpTensor *y, TpStream *stream) {
-  if (tp_dclass(x->dtype) == TP_CLASS_NONE || tp_dclass(y->dtype) == TP_CLASS_NONE) return TP_KERNEL_BAD_DTYPE;
-  if (!same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_cast(x, y);
+  if (s != TP_KERNEL_OK) return s;
   int64_t n = tp_tensor_numel(x);
   if (x->dtype == y->dtype) {
     if (n && x->data != y->data)
@@ -196,8 +175,8 @@ TpKernelStatus tp_cuda_cast(const TpTensor *x, TpTensor *y, TpStream *stream) {
 /* ---- layout: layout.cu's strided copies move any dtype ---- */
 
 TpKernelStatus tp_cuda_reshape(const TpTensor *x, TpTensor *y, TpStream *stream) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (tp_tensor_numel(x) != tp_tensor_numel(y)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_reshape(x, y);
+  if (s != TP_KERNEL_OK) return s;
   if (tp_tensor_bytes(x) && x->data != y->data)
     TP_CUDA_CHECK(cudaMemcpyAsync(y->data, x->data, tp_tensor_bytes(x), cudaMemcpyDeviceToDevice, stream->cuda));
   return TP_KERNEL_OK;
@@ -231,10 +210,8 @@ __global__ void tile_kernel(TileShape p, size_t es, const char *x, char *y) {
 }
 
 TpKernelStatus tp_cuda_tile(const TpTensor *x, TpTensor *y, TpStream *stream) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < x->rank; d++)
-    if (x->dims[d] ? y->dims[d] % x->dims[d] : y->dims[d]) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_tile(x, y);
+  if (s != TP_KERNEL_OK) return s;
   TileShape p = {};
   p.rank = x->rank, p.n = tp_tensor_numel(y);
   memcpy(p.y_dims, y->dims, sizeof p.y_dims);
@@ -252,20 +229,16 @@ TpKernelStatus tp_cuda_transpose(const TpTensor *x, const int64_t *perm, TpTenso
 
 TpKernelStatus tp_cuda_slice(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y,
                              TpStream *stream) {
-  if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (x->rank != y->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < y->rank; d++)
-    if (!tp_slice_fits(starts[d], steps[d], y->dims[d], x->dims[d])) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_slice(x, starts, steps, y);
+  if (s != TP_KERNEL_OK) return s;
   tp_cuda_launch_slice_f32(x, starts, steps, y, stream->cuda);
   return TP_KERNEL_OK;
 }
 
 TpKernelStatus tp_cuda_slice_backward(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx,
                                       TpStream *stream) {
-  if (dx->dtype != dy->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (dx->rank != dy->rank) return TP_KERNEL_BAD_SHAPE;
-  for (int d = 0; d < dy->rank; d++)
-    if (!tp_slice_fits(starts[d], steps[d], dy->dims[d], dx->dims[d])) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus s = tp_check_slice(dx, starts, steps, dy);
+  if (s != TP_KERNEL_OK) return s;
   tp_cuda_launch_slice_backward_f32(dy, starts, steps, dx, stream->cuda);
   return TP_KERNEL_OK;
 }

@@ -20,7 +20,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "cpu/matmul.h" /* TpMatmulLayout, tp_matmul_operands: a C header */
+#include "../kernels/check.h" /* TpMatmulLayout, tp_matmul_operands: a C header */
 
 /* A cuBLASLt handle and its workspace: one per stream (calls on two streams at once would
  * share the workspace), created once, destroyed at close. */

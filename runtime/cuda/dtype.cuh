@@ -5,7 +5,7 @@
 #define TOKPIPE_CUDA_DTYPE_CUH
 
 #include "common.cuh" /* first: kernels.h includes the C headers under extern "C" */
-#include "../cpu/scalar.h"
+#include "../kernels/scalar.h"
 
 /* Sums as cpu/reduce.c keeps them: floats in double (*f), integers wrapping in 64 bits (*u). */
 __device__ static inline void tp_sum_element(TpDType t, const char *p, double *f, uint64_t *u) {

@@ -3,40 +3,16 @@
  * finds each operand's offset from its index. */
 #include <math.h>
 
+#include "../kernels/element.h"
 #include "strided.cuh"
 
-/* The CPU's formulas (elementwise.c UNARY_LOOP, float); Gelu is activation.cu's. */
+/* The CPU's float formulas (runtime/kernels/element.h) */
 __global__ void unary_kernel(TpUnaryOp op, const float *x, int64_t n, float *y) {
-  TP_GRID_STRIDE_LOOP(i, n) {
-    float v = x[i], r = v;
-    switch (op) {
-    case TP_UNARY_SQRT: r = sqrtf(v); break;
-    case TP_UNARY_NEG: r = -v; break;
-    case TP_UNARY_RECIPROCAL: r = 1.0f / v; break;
-    case TP_UNARY_EXP: r = expf(v); break;
-    case TP_UNARY_LOG: r = logf(v); break;
-    case TP_UNARY_ERF: r = erff(v); break;
-    case TP_UNARY_TANH: r = tanhf(v); break;
-    case TP_UNARY_SIN: r = sinf(v); break;
-    case TP_UNARY_COS: r = cosf(v); break;
-    case TP_UNARY_RELU: r = v < 0 ? 0.0f : v; break; /* keeps NaN */
-    case TP_UNARY_SIGMOID: { /* exp of a non-positive argument only: no overflow */
-      float e = expf(-fabsf(v));
-      r = v >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
-      break;
-    }
-    default: break; /* Gelu and Not never get here */
-    }
-    y[i] = r;
-  }
+  TP_GRID_STRIDE_LOOP(i, n) y[i] = tp_unary_f32(op, x[i]);
 }
 
 bool tp_cuda_launch_unary_f32(TpUnaryOp op, const float *x, int64_t n, float *y, TpCudaStream stream) {
   if (op == TP_UNARY_NOT) return false;
-  if (op == TP_UNARY_GELU || op == TP_UNARY_GELU_TANH) {
-    tp_cuda_launch_gelu_f32(x, n, op == TP_UNARY_GELU_TANH, y, stream);
-    return true;
-  }
   if (n == 0) return true;
   TP_LAUNCH(unary_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, op, x, n, y);
   return true;

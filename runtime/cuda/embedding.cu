@@ -1,5 +1,6 @@
 /* Embedding (a gather of table rows) and its backward (a scatter-add into the table). */
 #include "dtype.cuh"
+#include "ops.h"
 
 enum { EMBEDDING_THREADS = 256 };
 
@@ -133,4 +134,30 @@ void tp_cuda_launch_embedding_part_backward_f32(const float *dy, const int64_t *
                                                 int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
                                                 void *scratch, TpCudaStream stream) {
   embedding_backward(dy, ids, false, -1, part, n, 1, V, parts, C, dtable, bad, scratch, stream);
+}
+
+/* ---- the entry points (ops.h): out-of-range ids reported in the stream's bad index ---- */
+
+TpKernelStatus tp_cuda_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C,
+                                     float *out, int64_t *bad, TpStream *stream) {
+  (void)bad;
+  tp_cuda_launch_embedding_f32(table, ids, n, V, C, out, stream->bad, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_embedding_part_f32(const float *table, const int64_t *ids, const int64_t *part, int64_t n,
+                                          int64_t V, int64_t parts, int64_t C, float *out, int64_t *bad,
+                                          TpStream *stream) {
+  (void)bad;
+  tp_cuda_launch_embedding_part_f32(table, ids, part, n, V, parts, C, out, stream->bad, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
+                                                   int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
+                                                   TpStream *stream) {
+  (void)bad;
+  void *scratch = tp_cuda_scratch(stream, tp_cuda_embedding_backward_scratch(n) + 1);
+  tp_cuda_launch_embedding_part_backward_f32(dy, ids, part, n, V, parts, C, dtable, stream->bad, scratch, stream->cuda);
+  return TP_KERNEL_OK;
 }

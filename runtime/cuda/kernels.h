@@ -1,4 +1,5 @@
-/* The CUDA kernels' launchers, callable from C: each runs one kernel (or a fixed pair) on
+/* The CUDA kernels' launchers that several entry points of ops.h, the compute backend
+ * (backend.cu) or the tests share, callable from C: each runs one kernel (or a fixed pair) on
  * `stream` over DEVICE pointers and returns without synchronising. Each computes what the
  * CPU kernel it names computes (same formulas, same shapes, same NULL conventions); sums
  * differ from the CPU's only in their order (tests/cuda states the tolerances). In the
@@ -15,41 +16,6 @@ extern "C" {
 #endif
 
 typedef struct CUstream_st *TpCudaStream; /* cudaStream_t */
-
-/* ---- norm.cu ---- */
-/* tp_rmsnorm_f32: x, y (rows, n); scale (n) */
-void tp_cuda_launch_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
-                         TpCudaStream stream);
-/* tp_rmsnorm_backward_f32; inv_rms (rows) is scratch; dx or dscale may be NULL */
-void tp_cuda_launch_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
-                                  float eps, float *dx, float *dscale, float *inv_rms, TpCudaStream stream);
-/* tp_layernorm_f32 (bias, mean, inv_std may be NULL) */
-void tp_cuda_launch_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
-                           float eps, float *y, float *mean, float *inv_std, TpCudaStream stream);
-/* tp_layernorm_backward_f32 (dx, dscale, dbias may be NULL) */
-void tp_cuda_launch_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
-                                    const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
-                                    float *dbias, TpCudaStream stream);
-
-/* ---- softmax.cu: rows of n (tp_softmax_f32 with inner 1), x and y may alias ---- */
-void tp_cuda_launch_softmax_f32(const float *x, float *y, int64_t rows, int64_t n, bool log, TpCudaStream stream);
-void tp_cuda_launch_softmax_backward_f32(const float *dy, const float *y, int64_t rows, int64_t n, bool log, float *dx,
-                                  TpCudaStream stream);
-
-/* ---- activation.cu ---- */
-/* Gelu (TP_UNARY_GELU / TP_UNARY_GELU_TANH) and tp_gelu_backward_f32 */
-void tp_cuda_launch_gelu_f32(const float *x, int64_t n, bool tanh_approx, float *y, TpCudaStream stream);
-void tp_cuda_launch_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
-                               TpCudaStream stream);
-/* tp_swiglu_f32, tp_swiglu_backward_f32 (dgate or dup may be NULL) */
-void tp_cuda_launch_swiglu_f32(const float *gate, const float *up, int64_t n, float *y, TpCudaStream stream);
-void tp_cuda_launch_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
-                                 float *dup, TpCudaStream stream);
-/* tp_geglu_f32, tp_geglu_backward_f32 (dgate or dup may be NULL) */
-void tp_cuda_launch_geglu_f32(const float *gate, const float *up, int64_t n, bool tanh_approx, float *y,
-                              TpCudaStream stream);
-void tp_cuda_launch_geglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
-                                       bool tanh_approx, float *dgate, float *dup, TpCudaStream stream);
 
 /* ---- embedding.cu ----
  * Ids as tp_embedding_f32's (negatives count from the end). An id out of range is not
@@ -114,17 +80,9 @@ void tp_cuda_launch_sum_squares_f32(const float *x, int64_t n, double *sum, doub
 /* tp_scale_f32 with the factor on the device (the clipping factor computed there). */
 void tp_cuda_launch_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream);
 
-/* ---- rotary.cu, elementwise.cu, reduce.cu (layout.cu below): the ops plans keep around the kernels above ---- */
-#include "../cpu/elementwise.h" /* TpTensor, TpIter, TpUnaryOp, TpBinaryOp */
-
-/* tp_rotary_f32 and tp_rotary_backward_f32: the same arguments (dims and table_dims in host
- * memory, the tensors on the device). */
-void tp_cuda_launch_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
-                        const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y,
-                        TpCudaStream stream);
-void tp_cuda_launch_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank, const int64_t *dims,
-                                 const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *dx,
-                                 TpCudaStream stream);
+/* ---- elementwise.cu, reduce.cu (layout.cu below): the ops plans keep around the kernels above ---- */
+#include "../kernels/args.h" /* TpTensor, TpUnaryOp, TpBinaryOp */
+#include "../kernels/iter.h" /* TpIter */
 
 /* tp_unary over n f32 elements (x and y may alias): every op but Not (bool only), which
  * returns false and launches nothing. */

@@ -1,6 +1,9 @@
-/* Cross-entropy over rows of logits (tp_cross_entropy_f32 and its backward): one block per
+/* The losses: NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (one thread per target),
+ * and cross-entropy over rows of logits (tp_cross_entropy_f32 and its backward): one block per
  * row; the rows' losses summed in double by one block in a fixed order (deterministic). */
 #include "common.cuh"
+#include "dtype.cuh" /* tp_report_bad */
+#include "ops.h"
 
 enum { LOSS_SUM_THREADS = 256 };
 
@@ -149,4 +152,102 @@ void tp_cuda_launch_cross_entropy_parts_backward_f32(const float *dloss, const f
   if (R == 0 || V == 0) return;
   TP_LAUNCH(cross_entropy_parts_backward_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, dloss, logits,
             targets, stats, part, V, parts, denominator, dlogits, bad);
+}
+
+/* ---- the entry points (ops.h) ---- */
+
+/* ---- NLL loss (loss.h): one thread per element of target; the sum in a fixed order ---- */
+
+/* per element: its loss (into loss for reduction none) and weight, into terms [2][N*D]
+ * for the sums; a class out of range (not ignored) reports its flat index */
+__global__ void nll_terms_kernel(const float *logp, const int64_t *target, int64_t N, int64_t C, int64_t D,
+                                 TpLossOptions o, float *loss, double *terms, int64_t *bad) {
+  TP_GRID_STRIDE_LOOP(i, N * D) {
+    int64_t n = i / D, d = i % D, t = target[i];
+    float l = 0, w = 0;
+    if (!(o.has_ignore && t == o.ignore_index)) {
+      if (t < 0 || t >= C) {
+        tp_report_bad(bad, i);
+      } else {
+        w = o.weight ? o.weight[t] : 1.0f;
+        l = -logp[(n * C + t) * D + d] * w;
+      }
+    }
+    if (o.reduction == TP_REDUCE_NONE) loss[i] = l;
+    else terms[i] = l, terms[N * D + i] = w;
+  }
+}
+
+/* One block: the sums of the terms in double, each thread a strided share, combined in a
+ * fixed order (deterministic). */
+__global__ void nll_reduce_kernel(const double *terms, int64_t count, TpReduction reduction, float *loss) {
+  double sum = 0, wsum = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += terms[i], wsum += terms[count + i];
+  sum = block_reduce(sum, TpSum(), 0.0);
+  wsum = block_reduce(wsum, TpSum(), 0.0);
+  if (threadIdx.x == 0) *loss = (float)(reduction == TP_REDUCE_SUM ? sum : sum / wsum);
+}
+
+TpKernelStatus tp_cuda_nll_loss_f32(const float *logp, const int64_t *target, int64_t N, int64_t C, int64_t D,
+                                    const TpLossOptions *o, float *loss, int64_t *bad, TpStream *stream) {
+  (void)bad;
+  int64_t count = N * D;
+  double *terms = NULL;
+  if (o->reduction != TP_REDUCE_NONE) terms = static_cast<double *>(tp_cuda_scratch(stream, 2 * (size_t)count * sizeof(double) + 1));
+  if (count)
+    TP_LAUNCH(nll_terms_kernel, tp_elementwise_grid(count), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, logp,
+              target, N, C, D, *o, loss, terms, stream->bad);
+  if (o->reduction != TP_REDUCE_NONE)
+    TP_LAUNCH(nll_reduce_kernel, dim3(1), dim3(TP_CUDA_ROW_THREADS), stream->cuda, terms, count, o->reduction, loss);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_softmax_cross_entropy_f32(const float *scores, const int64_t *target, int64_t N, int64_t C,
+                                                 int64_t D, const TpLossOptions *o, float *log_prob, float *loss,
+                                                 int64_t *bad, TpStream *stream) {
+  tp_cuda_softmax_f32(scores, log_prob, N, C, D, true, stream);
+  return tp_cuda_nll_loss_f32(log_prob, target, N, C, D, o, loss, bad, stream);
+}
+
+TpKernelStatus tp_cuda_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+                                         float denominator, float *loss, int64_t *bad, TpStream *stream) {
+  (void)bad;
+  double *row_loss = static_cast<double *>(tp_cuda_scratch(stream, (size_t)R * sizeof(double) + 1));
+  tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, denominator, loss, row_loss, stream->bad, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
+                                               int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad,
+                                               TpStream *stream) {
+  (void)bad;
+  tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, stream->bad, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
+                                               float *loss, TpStream *stream) {
+  double *row_loss = static_cast<double *>(tp_cuda_scratch(stream, (size_t)R * sizeof(double) + 1));
+  tp_cuda_launch_cross_entropy_parts_f32(stats, R, parts, denominator, loss, row_loss, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_cross_entropy_parts_backward_f32(const float *dloss, const float *logits,
+                                                        const int64_t *targets, const float *stats,
+                                                        const int64_t *part, int64_t R, int64_t V, int64_t parts,
+                                                        float denominator, float *dlogits, int64_t *bad,
+                                                        TpStream *stream) {
+  (void)bad;
+  tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, stats, part, R, V, parts, denominator,
+                                                  dlogits, stream->bad, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
+                                                  int64_t R, int64_t V, float denominator, float *dlogits,
+                                                  int64_t *bad, TpStream *stream) {
+  (void)bad;
+  tp_cuda_launch_cross_entropy_backward_f32(dloss, logits, targets, R, V, denominator, dlogits, stream->bad,
+                                            stream->cuda);
+  return TP_KERNEL_OK;
 }

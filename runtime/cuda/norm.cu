@@ -3,6 +3,7 @@
  * gradients by column_sums, one thread per column summing the rows in order (float runs of
  * 64 rows added in double, as tp_column_sums_f32 does: the same bits). */
 #include "common.cuh"
+#include "ops.h"
 
 /* The rows of a run summed in float before the run is added in double (tp_column_sums_f32's
  * ROW_RUN). */
@@ -51,10 +52,10 @@ __global__ void rmsnorm_kernel(const float *x, const float *scale, int64_t n, fl
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = xr[j] * inv * scale[j];
 }
 
-void tp_cuda_launch_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
-                         TpCudaStream stream) {
-  if (rows == 0 || n == 0) return;
-  TP_LAUNCH(rmsnorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, x, scale, n, eps, y);
+TpKernelStatus tp_cuda_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
+                                   TpStream *stream) {
+  if (rows && n) TP_LAUNCH(rmsnorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, x, scale, n, eps, y);
+  return TP_KERNEL_OK;
 }
 
 /* dx = r * (g - x * r^2 * mean(g * x)), g = dy * scale; inv_rms[row] = r. */
@@ -72,13 +73,16 @@ __global__ void rmsnorm_backward_kernel(const float *dy, const float *x, const f
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) o[j] = r * (d[j] * scale[j] - xr[j] * k);
 }
 
-void tp_cuda_launch_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
-                                  float eps, float *dx, float *dscale, float *inv_rms, TpCudaStream stream) {
-  if (n == 0) return;
+/* inv_rms (rows) in the stream's scratch; dx or dscale may be NULL */
+TpKernelStatus tp_cuda_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
+                                            int64_t n, float eps, float *dx, float *dscale, TpStream *stream) {
+  if (n == 0) return TP_KERNEL_OK;
+  float *inv_rms = static_cast<float *>(tp_cuda_scratch(stream, (size_t)rows * sizeof(float) + 1));
   if (rows)
-    TP_LAUNCH(rmsnorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, dy, x, scale, n,
-              eps, dx, inv_rms);
-  if (dscale) column_sums(dy, x, nullptr, inv_rms, rows, n, dscale, nullptr, stream);
+    TP_LAUNCH(rmsnorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, dy, x, scale,
+              n, eps, dx, inv_rms);
+  if (dscale) column_sums(dy, x, nullptr, inv_rms, rows, n, dscale, nullptr, stream->cuda);
+  return TP_KERNEL_OK;
 }
 
 __global__ void layernorm_kernel(const float *x, const float *scale, const float *bias, int64_t n, float eps,
@@ -97,11 +101,13 @@ __global__ void layernorm_kernel(const float *x, const float *scale, const float
   }
 }
 
-void tp_cuda_launch_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
-                           float eps, float *y, float *mean, float *inv_std, TpCudaStream stream) {
-  if (rows == 0 || n == 0) return;
-  TP_LAUNCH(layernorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, x, scale, bias, n, eps, y,
-            mean, inv_std);
+/* bias, mean, inv_std may be NULL */
+TpKernelStatus tp_cuda_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
+                                     float eps, float *y, float *mean, float *inv_std, TpStream *stream) {
+  if (rows && n)
+    TP_LAUNCH(layernorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, x, scale, bias, n, eps,
+              y, mean, inv_std);
+  return TP_KERNEL_OK;
 }
 
 /* dx = inv_std * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale. */
@@ -121,12 +127,14 @@ __global__ void layernorm_backward_kernel(const float *dy, const float *x, const
     o[j] = rs * (d[j] * scale[j] - mean_g - (xr[j] - mu) * rs * mean_gx);
 }
 
-void tp_cuda_launch_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
-                                    const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
-                                    float *dbias, TpCudaStream stream) {
-  if (n == 0) return;
+/* dx, dscale, dbias may be NULL */
+TpKernelStatus tp_cuda_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
+                                              const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
+                                              float *dbias, TpStream *stream) {
+  if (n == 0) return TP_KERNEL_OK;
   if (dx && rows)
-    TP_LAUNCH(layernorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream, dy, x, scale,
+    TP_LAUNCH(layernorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, dy, x, scale,
               mean, inv_std, n, dx);
-  if (dscale || dbias) column_sums(dy, x, mean, inv_std, rows, n, dscale, dbias, stream);
+  if (dscale || dbias) column_sums(dy, x, mean, inv_std, rows, n, dscale, dbias, stream->cuda);
+  return TP_KERNEL_OK;
 }

@@ -1,8 +1,8 @@
 /* AdamW and the pieces of global-norm clipping (runtime/cpu/optim.h) on the device. */
+#include "../kernels/element.h"
 #include "common.cuh"
-#include "cpu/optim.h"
 
-/* tp_adamw_step's per-element work (cpu/optim.h) on the device. */
+/* tp_adamw_step's per-element work (kernels/element.h) on the device. */
 __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, int64_t n, TpAdamWFactors f) {
   TP_GRID_STRIDE_LOOP(i, n) tp_adamw_element(w, g, m, v, i, f);
 }

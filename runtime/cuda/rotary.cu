@@ -1,6 +1,7 @@
 /* Rotary position embeddings, forward and backward (tp_rotary_f32, tp_rotary_backward_f32):
  * one thread per element of y, each computing its own output from its pair (a, b). */
 #include "common.cuh"
+#include "ops.h"
 
 /* The tables' element strides of the row dims (0 where broadcast), by value. */
 struct RotaryShape {
@@ -55,14 +56,17 @@ static void rotary(const float *x, const float *cos, const float *sin, int rank,
             p, y);
 }
 
-void tp_cuda_launch_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
-                        const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y,
-                        TpCudaStream stream) {
-  rotary(x, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, false, y, stream);
+/* dims and table_dims in host memory, the tensors on the device */
+TpKernelStatus tp_cuda_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
+                                  const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y,
+                                  TpStream *stream) {
+  rotary(x, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, false, y, stream->cuda);
+  return TP_KERNEL_OK;
 }
 
-void tp_cuda_launch_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank, const int64_t *dims,
-                                 const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *dx,
-                                 TpCudaStream stream) {
-  rotary(dy, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, true, dx, stream);
+TpKernelStatus tp_cuda_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank,
+                                           const int64_t *dims, const int64_t *table_dims, int64_t rotary_dim,
+                                           bool interleaved, float *dx, TpStream *stream) {
+  rotary(dy, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, true, dx, stream->cuda);
+  return TP_KERNEL_OK;
 }

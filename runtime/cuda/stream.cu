@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "ops.h"
 
 /* What s->bad holds while no kernel has met an index out of range. Static: the copies that
  * set it are queued on the stream and read their source when the stream reaches them. */
@@ -104,4 +105,19 @@ const void *tp_cuda_constant(TpStream *s, const void *host, size_t bytes) {
   c->host = host;
   s->nconstants++;
   return c->device;
+}
+
+/* ---- the plan's copies (ops.h) ---- */
+
+TpKernelStatus tp_cuda_copy_to_host(void *host, const void *device, size_t bytes, TpStream *stream) {
+  if (bytes) TP_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream->cuda));
+  return TP_KERNEL_OK;
+}
+
+/* One thread: the value travels in the launch, so the host's copy may change at once. */
+__global__ void fill_i64_kernel(int64_t *dst, int64_t value) { *dst = value; }
+
+TpKernelStatus tp_cuda_fill_i64(int64_t *dst, int64_t value, TpStream *stream) {
+  TP_LAUNCH(fill_i64_kernel, dim3(1), dim3(1), stream->cuda, dst, value);
+  return TP_KERNEL_OK;
 }

@@ -5,7 +5,7 @@
  * kernels report an index out of range.
  *
  * Implemented in runtime/cuda/backend.cu (the compute backend, tp_compute_cuda); the
- * adaptors of runtime/cuda/ops.h use it. In the emulated test build the same code runs
+ * entry points of runtime/cuda/ops.h use it. In the emulated test build the same code runs
  * on the emulated runtime API (emulate/cuda_emu.h): device memory is host memory. */
 #ifndef TOKPIPE_CUDA_STREAM_H
 #define TOKPIPE_CUDA_STREAM_H

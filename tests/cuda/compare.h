@@ -74,6 +74,21 @@ typedef struct {
 } Tolerance;
 
 /* Compares n results; reports the worst element (relative to its tolerance) on failure. */
+/* The stream of the entry points of runtime/cuda/ops.h (a driver that calls them includes
+ * it first), made on first use. */
+#ifdef TOKPIPE_CUDA_OPS_H
+static TpStream *the_stream;
+
+static inline TpStream *stream(void) {
+  if (!the_stream) the_stream = tp_cuda_stream_new();
+  if (!the_stream) {
+    fprintf(stderr, "no CUDA stream\n");
+    exit(1);
+  }
+  return the_stream;
+}
+#endif
+
 static void check_close(const char *what, const float *got, const float *want, int64_t n, Tolerance tol) {
   test_sync();
   int64_t worst = -1;

@@ -27,8 +27,9 @@
 #include "cpu/layout_backward.h"
 #include "cpu/reduce.h"
 #include "cpu/transformer.h"
-#include "compare.h"
 #include "cuda/kernels.h"
+#include "cuda/ops.h"
+#include "compare.h"
 
 static const Tolerance EXACT = {0, 0}, ROTARY = {1e-6, 0}, LIBM = {1e-6, 1e-5};
 
@@ -78,11 +79,14 @@ static void rotary_test(bool backward) {
       float *got = poisoned(n), *want = poisoned(n);
       if (backward) {
         tp_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, want);
-        tp_cuda_launch_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got,
-                                    NULL);
+        if (tp_cuda_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got,
+                                        stream()) != TP_KERNEL_OK)
+          fail("tp_cuda_rotary_backward_f32");
       } else {
         tp_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, want);
-        tp_cuda_launch_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got, NULL);
+        if (tp_cuda_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got, stream()) !=
+            TP_KERNEL_OK)
+          fail("tp_cuda_rotary_f32");
       }
       char shape[64], what[160];
       dims_text(shape, sizeof shape, rc->rank, rc->dims);

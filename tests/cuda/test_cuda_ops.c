@@ -1,4 +1,4 @@
-/* The kernel calls of CUDA plans (runtime/cuda/ops.h: anydtype.cu, ops.cu) on the CPU through
+/* The kernel calls of CUDA plans (runtime/cuda/ops.h) on the CPU through
  * the emulation of the CUDA execution model, each tp_cuda_X against the CPU kernel tp_X on
  * the same inputs: every dtype the call takes, awkward shapes (odd lengths, broadcasting,
  * negative steps, empty tensors, axes other than the last), the same statuses for what the
@@ -20,7 +20,6 @@
 #include <string.h>
 
 #include "../check.h"
-#include "compare.h"
 #include "cpu/elementwise.h"
 #include "cpu/layout.h"
 #include "cpu/layout_backward.h"
@@ -31,19 +30,10 @@
 #include "cpu/reduce.h"
 #include "cpu/transformer.h"
 #include "cuda/ops.h"
+#include "compare.h" /* after cuda/ops.h: stream() */
 
 static const Tolerance EXACT = {0, 0}, F32 = {1e-5, 1e-5}, BF16 = {1e-4, 1e-4};
 
-static TpStream *the_stream;
-
-static TpStream *stream(void) {
-  if (!the_stream) the_stream = tp_cuda_stream_new();
-  if (!the_stream) {
-    fprintf(stderr, "no CUDA stream\n");
-    exit(1);
-  }
-  return the_stream;
-}
 
 /* Every buffer of the test (test_alloc'd), freed with the stream when it ends. */
 static void **buffers;

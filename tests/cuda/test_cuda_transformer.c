@@ -39,8 +39,9 @@
 #include "cpu/nn_backward.h"
 #include "cpu/optim.h"
 #include "cpu/transformer.h"
-#include "compare.h"
 #include "cuda/kernels.h"
+#include "cuda/ops.h"
+#include "compare.h"
 
 static const Tolerance EXACT = {0, 0}, ELEMENTWISE = {1e-6, 1e-5}, GELU_TANH_BWD = {5e-6, 1e-5}, ROW = {1e-5, 1e-5}, SUM = {0, 1e-12};
 static Tolerance column(int64_t rows) { return (Tolerance){1e-5 * (double)rows, 1e-5}; }
@@ -59,7 +60,7 @@ static void rmsnorm_fwd(void) {
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
     float *x = test_rand(rows * n, 2), *scale = test_rand(n, 1.5f), *y = zeros(rows * n), *want = zeros(rows * n);
     tp_rmsnorm_f32(x, scale, rows, n, 1e-5f, want);
-    tp_cuda_launch_rmsnorm_f32(x, scale, rows, n, 1e-5f, y, NULL);
+    if (tp_cuda_rmsnorm_f32(x, scale, rows, n, 1e-5f, y, stream()) != TP_KERNEL_OK) fail("tp_cuda_rmsnorm_f32");
     check_close(at, y, want, rows * n, ROW);
     test_free(x), test_free(scale), test_free(y), test_free(want);
   }
@@ -71,15 +72,16 @@ static void rmsnorm_bwd(void) {
     char at[48];
     snprintf(at, sizeof at, "rows=%lld n=%lld", (long long)rows, (long long)n);
     float *x = test_rand(rows * n, 2), *scale = test_rand(n, 1.5f), *dy = test_rand(rows * n, 1);
-    float *dx = zeros(rows * n), *ds = zeros(n), *want_dx = zeros(rows * n), *want_ds = zeros(n), *inv = zeros(rows);
+    float *dx = zeros(rows * n), *ds = zeros(n), *want_dx = zeros(rows * n), *want_ds = zeros(n);
     tp_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, want_dx, want_ds);
-    tp_cuda_launch_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, dx, ds, inv, NULL);
+    if (tp_cuda_rmsnorm_backward_f32(dy, x, scale, rows, n, 1e-5f, dx, ds, stream()) != TP_KERNEL_OK)
+      fail("tp_cuda_rmsnorm_backward_f32");
     char what[96];
     snprintf(what, sizeof what, "dx %s", at);
     check_close(what, dx, want_dx, rows * n, ROW);
     snprintf(what, sizeof what, "dscale %s", at);
     check_close(what, ds, want_ds, n, column(rows));
-    test_free(x), test_free(scale), test_free(dy), test_free(dx), test_free(ds), test_free(want_dx), test_free(want_ds), test_free(inv);
+    test_free(x), test_free(scale), test_free(dy), test_free(dx), test_free(ds), test_free(want_dx), test_free(want_ds);
   }
 }
 
@@ -95,7 +97,8 @@ static void layernorm_fwd(void) {
       for (int64_t i = 0; i < rows * n; i++) x[i] += 3; /* a mean far from 0 */
       const float *b = with_bias ? bias : NULL;
       tp_layernorm_f32(x, scale, b, rows, n, 1e-5f, want, want_mean, want_inv);
-      tp_cuda_launch_layernorm_f32(x, scale, b, rows, n, 1e-5f, y, mean, inv, NULL);
+      if (tp_cuda_layernorm_f32(x, scale, b, rows, n, 1e-5f, y, mean, inv, stream()) != TP_KERNEL_OK)
+        fail("tp_cuda_layernorm_f32");
       char what[96];
       snprintf(what, sizeof what, "y %s bias=%d", at, with_bias);
       check_close(what, y, want, rows * n, ROW);
@@ -119,7 +122,8 @@ static void layernorm_bwd(void) {
     float *dx = zeros(rows * n), *ds = zeros(n), *db = zeros(n);
     float *want_dx = zeros(rows * n), *want_ds = zeros(n), *want_db = zeros(n);
     tp_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, want_dx, want_ds, want_db);
-    tp_cuda_launch_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, dx, ds, db, NULL);
+    if (tp_cuda_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, dx, ds, db, stream()) != TP_KERNEL_OK)
+      fail("tp_cuda_layernorm_backward_f32");
     char what[96];
     snprintf(what, sizeof what, "dx %s", at);
     check_close(what, dx, want_dx, rows * n, ROW);
@@ -142,11 +146,12 @@ static void softmax_fwd(void) {
       for (int64_t j = 0; j < n; j++) x[j] = -INFINITY; /* row 0 masked out: zeros (log: -inf) */
       if (rows > 1) x[n + n / 2] = -INFINITY;           /* one masked element */
       tp_softmax_f32(x, want, rows, n, 1, log);
-      tp_cuda_launch_softmax_f32(x, y, rows, n, log, NULL);
+      if (tp_cuda_softmax_f32(x, y, rows, n, 1, log, stream()) != TP_KERNEL_OK) fail("tp_cuda_softmax_f32");
       char what[96];
       snprintf(what, sizeof what, "%s log=%d", at, log);
       check_close(what, y, want, rows * n, ROW);
-      tp_cuda_launch_softmax_f32(x, x, rows, n, log, NULL); /* in place */
+      if (tp_cuda_softmax_f32(x, x, rows, n, 1, log, stream()) != TP_KERNEL_OK) /* in place */
+        fail("tp_cuda_softmax_f32");
       snprintf(what, sizeof what, "in place %s log=%d", at, log);
       check_close(what, x, want, rows * n, ROW);
       test_free(x), test_free(y), test_free(want);
@@ -164,7 +169,8 @@ static void softmax_bwd(void) {
       float *dx = zeros(rows * n), *want = zeros(rows * n);
       tp_softmax_f32(x, y, rows, n, 1, log);
       tp_softmax_backward_f32(dy, y, rows, n, 1, log, want);
-      tp_cuda_launch_softmax_backward_f32(dy, y, rows, n, log, dx, NULL);
+      if (tp_cuda_softmax_backward_f32(dy, y, rows, n, 1, log, dx, stream()) != TP_KERNEL_OK)
+        fail("tp_cuda_softmax_backward_f32");
       char what[96];
       snprintf(what, sizeof what, "%s log=%d", at, log);
       check_close(what, dx, want, rows * n, ROW);
@@ -186,7 +192,7 @@ static void gelu_fwd(void) {
       TpTensor xt = {.dtype = TP_F32, .rank = 1, .dims = {n}, .data = x};
       TpTensor yt = {.dtype = TP_F32, .rank = 1, .dims = {n}, .data = want};
       if (tp_unary(tanh_form ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, &xt, &yt) != TP_KERNEL_OK) fail("tp_unary");
-      tp_cuda_launch_gelu_f32(x, n, tanh_form, y, NULL);
+      tp_cuda_launch_unary_f32(tanh_form ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, x, n, y, NULL);
       char what[96];
       snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, y, want, n, ELEMENTWISE);
@@ -200,7 +206,7 @@ static void gelu_bwd(void) {
       int64_t n = LENGTHS[l];
       float *x = test_rand(n, 6), *dy = test_rand(n, 1), *dx = zeros(n), *want = zeros(n);
       tp_gelu_backward_f32(dy, x, n, tanh_form, want);
-      tp_cuda_launch_gelu_backward_f32(dy, x, n, tanh_form, dx, NULL);
+      if (tp_cuda_gelu_backward_f32(dy, x, n, tanh_form, dx, stream()) != TP_KERNEL_OK) fail("tp_cuda_gelu_backward_f32");
       char what[96];
       snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, dx, want, n, tanh_form ? GELU_TANH_BWD : ELEMENTWISE);
@@ -213,7 +219,7 @@ static void swiglu_fwd(void) {
     int64_t n = LENGTHS[l];
     float *gate = test_rand(n, 6), *up = test_rand(n, 2), *y = zeros(n), *want = zeros(n);
     tp_swiglu_f32(gate, up, n, want);
-    tp_cuda_launch_swiglu_f32(gate, up, n, y, NULL);
+    if (tp_cuda_swiglu_f32(gate, up, n, y, stream()) != TP_KERNEL_OK) fail("tp_cuda_swiglu_f32");
     char what[64];
     snprintf(what, sizeof what, "n=%lld", (long long)n);
     check_close(what, y, want, n, ELEMENTWISE);
@@ -227,7 +233,7 @@ static void swiglu_bwd(void) {
     float *gate = test_rand(n, 6), *up = test_rand(n, 2), *dy = test_rand(n, 1);
     float *dg = zeros(n), *du = zeros(n), *want_dg = zeros(n), *want_du = zeros(n);
     tp_swiglu_backward_f32(dy, gate, up, n, want_dg, want_du);
-    tp_cuda_launch_swiglu_backward_f32(dy, gate, up, n, dg, du, NULL);
+    if (tp_cuda_swiglu_backward_f32(dy, gate, up, n, dg, du, stream()) != TP_KERNEL_OK) fail("tp_cuda_swiglu_backward_f32");
     char what[64];
     snprintf(what, sizeof what, "dgate n=%lld", (long long)n);
     check_close(what, dg, want_dg, n, ELEMENTWISE);
@@ -243,7 +249,7 @@ static void geglu_fwd(void) {
       int64_t n = LENGTHS[l];
       float *gate = test_rand(n, 6), *up = test_rand(n, 2), *y = zeros(n), *want = zeros(n);
       tp_geglu_f32(gate, up, n, tanh_form, want);
-      tp_cuda_launch_geglu_f32(gate, up, n, tanh_form, y, NULL);
+      if (tp_cuda_geglu_f32(gate, up, n, tanh_form, y, stream()) != TP_KERNEL_OK) fail("tp_cuda_geglu_f32");
       char what[64];
       snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, y, want, n, ELEMENTWISE);
@@ -258,13 +264,15 @@ static void geglu_bwd(void) {
       float *gate = test_rand(n, 6), *up = test_rand(n, 2), *dy = test_rand(n, 1);
       float *dg = zeros(n), *du = zeros(n), *want_dg = zeros(n), *want_du = zeros(n);
       tp_geglu_backward_f32(dy, gate, up, n, tanh_form, want_dg, want_du);
-      tp_cuda_launch_geglu_backward_f32(dy, gate, up, n, tanh_form, dg, du, NULL);
+      if (tp_cuda_geglu_backward_f32(dy, gate, up, n, tanh_form, dg, du, stream()) != TP_KERNEL_OK)
+        fail("tp_cuda_geglu_backward_f32");
       char what[64];
       snprintf(what, sizeof what, "dgate n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, dg, want_dg, n, tanh_form ? GELU_TANH_BWD : ELEMENTWISE);
       snprintf(what, sizeof what, "dup n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, du, want_du, n, ELEMENTWISE);
-      tp_cuda_launch_geglu_backward_f32(dy, gate, up, n, tanh_form, NULL, du, NULL); /* one result */
+      if (tp_cuda_geglu_backward_f32(dy, gate, up, n, tanh_form, NULL, du, stream()) != TP_KERNEL_OK) /* one result */
+        fail("tp_cuda_geglu_backward_f32");
       check_close(what, du, want_du, n, ELEMENTWISE);
       test_free(gate), test_free(up), test_free(dy), test_free(dg), test_free(du), test_free(want_dg),
           test_free(want_du);

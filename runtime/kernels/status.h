@@ -2,8 +2,8 @@
  * failure; a kernel that reads data-dependent indices also reports the offending one through
  * its `bad` argument. The caller (the interpreter's one check, a plan's CHECK) turns a
  * failure into a diagnostic. */
-#ifndef TOKPIPE_CPU_KERNEL_H
-#define TOKPIPE_CPU_KERNEL_H
+#ifndef TOKPIPE_KERNELS_STATUS_H
+#define TOKPIPE_KERNELS_STATUS_H
 
 typedef enum {
   TP_KERNEL_OK = 0,

@@ -3,8 +3,8 @@
  * code alike): loads and stores with the conversions the elementwise kernels define, and
  * the integer arithmetic and comparisons they compute. Floats are computed in double,
  * integers in 64-bit two's complement. */
-#ifndef TOKPIPE_CPU_SCALAR_H
-#define TOKPIPE_CPU_SCALAR_H
+#ifndef TOKPIPE_KERNELS_SCALAR_H
+#define TOKPIPE_KERNELS_SCALAR_H
 
 #include <math.h>
 #include <stdbool.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "../../base/half.h" /* TP_HOST_DEVICE */
-#include "elementwise.h"
+#include "args.h" /* TpDType, TpUnaryOp, TpBinaryOp */
 
 typedef enum { TP_CLASS_FLOAT, TP_CLASS_SIGNED, TP_CLASS_UNSIGNED, TP_CLASS_BOOL, TP_CLASS_NONE } TpDClass;
 
