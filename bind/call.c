@@ -59,14 +59,6 @@ static float *scratch(const TpTensor *f, const TpTensor *like, void **buffer) {
 #include "../runtime/kernels/kernels.def"
 #undef K
 
-/* Each row's SIG, from which runtime/cuda/ops.h declares the CUDA entry points, is its CPU
- * function's declaration. */
-#define SIG(stem, ...)                                                                    \
-  _Static_assert(_Generic(&tp_##stem, TpKernelStatus (*)(__VA_ARGS__): 1, default: 0), \
-                 "runtime/kernels/kernels.def: the SIG row of tp_" #stem " is not its declaration");
-#include "../runtime/kernels/kernels.def"
-#undef SIG
-
 TpKernelStatus tp_bound_run(const TpBound *b) {
   static TpKernelStatus (*const run[TP_K_COUNT])(const TpBound *, void **) = {
 #define K(id, name, ...) [TP_K_##id] = run_##name,

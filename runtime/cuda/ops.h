@@ -18,7 +18,7 @@
  * products accumulated in fp32 (cuBLASLt), results fp32.
  *
  * Each entry point is defined in the file of its kernels, beside their __global__
- * functions (activation.cu: Gelu's gradient and SwiGLU; norm.cu, rotary.cu, softmax.cu,
+ * functions (activation.cu: the activations and gated MLPs; norm.cu, rotary.cu, softmax.cu,
  * loss.cu, embedding.cu, attention.cu, anydtype.cu: the ops of any dtype, products.cu: the
  * matrix products). kernels.h and blas.h declare the launchers that several entry points,
  * the compute backend or the tests share. tests/cuda checks them against the CPU kernels,
