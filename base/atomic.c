@@ -111,14 +111,11 @@ int tp_write_file_atomic(const char *path, const void *data, size_t size, TpDiag
 
 int tp_check_folder_writable(const char *path, const char *what, TpDiag *d) {
   struct stat st;
-  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-    return tp_error(d, "%s '%s' is a folder", what, path);
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return tp_error(d, "%s '%s' is a folder", what, path);
   char *dir = tp_folder_of(path);
   int rc = TP_OK;
-  if (stat(dir, &st) != 0)
-    rc = tp_error(d, "%s '%s': folder '%s': %s", what, path, dir, strerror(errno));
-  else if (!S_ISDIR(st.st_mode))
-    rc = tp_error(d, "%s '%s': '%s' is not a folder", what, path, dir);
+  if (stat(dir, &st) != 0) rc = tp_error(d, "%s '%s': folder '%s': %s", what, path, dir, strerror(errno));
+  else if (!S_ISDIR(st.st_mode)) rc = tp_error(d, "%s '%s': '%s' is not a folder", what, path, dir);
   else if (access(dir, W_OK | X_OK) != 0)
     rc = tp_error(d, "%s '%s': folder '%s' is not writable: %s", what, path, dir, strerror(errno));
   free(dir);
@@ -156,11 +153,14 @@ static int lock_path(TpPathLock *l, const char *path, const char *what, bool sha
       return rc;
     }
     if (flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
-      int err = errno, rc = err == EWOULDBLOCK
-          ? tp_error(d, shared ? "%s '%s' is being written by another process (it holds '%s')"
-                               : "%s '%s' is in use by another process, which writes or reads it (it holds '%s')",
-                     what, path, lock)
-          : tp_error(d, "%s '%s': cannot lock '%s': %s", what, path, lock, strerror(err));
+      int err = errno,
+          rc = err == EWOULDBLOCK
+                   ? tp_error(d,
+                              shared
+                                  ? "%s '%s' is being written by another process (it holds '%s')"
+                                  : "%s '%s' is in use by another process, which writes or reads it (it holds '%s')",
+                              what, path, lock)
+                   : tp_error(d, "%s '%s': cannot lock '%s': %s", what, path, lock, strerror(err));
       close(fd);
       free(lock);
       return rc;

@@ -15,7 +15,7 @@
 #include "diag.h"
 
 typedef struct {
-  FILE *f;        /* the temporary; callers may also fprintf to it */
+  FILE *f; /* the temporary; callers may also fprintf to it */
   char *path, *tmp;
   int err;        /* first errno of a failed write, 0 if none */
   bool kill_half; /* test hook: keep half the bytes, then SIGKILL the process in commit */

@@ -30,8 +30,12 @@ static void append(TpDiag *d, size_t *len, const char *fmt, ...) {
 
 size_t tp_utf8_length(const char *text, size_t avail) {
   const unsigned char *p = (const unsigned char *)text;
-  size_t n = !avail ? 0 : p[0] < 0x80 ? 1 : p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3
-           : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : 0;
+  size_t n = !avail                         ? 0
+             : p[0] < 0x80                  ? 1
+             : p[0] >= 0xc2 && p[0] <= 0xdf ? 2
+             : p[0] >= 0xe0 && p[0] <= 0xef ? 3
+             : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4
+                                            : 0;
   if (!n || avail < n) return 0;
   for (size_t i = 1; i < n; i++)
     if ((p[i] & 0xc0) != 0x80) return 0;
@@ -46,7 +50,7 @@ void tp_escape_text(char *dst, size_t dst_size, const char *src) {
   size_t out = 0;
   while (*s && out + 1 < dst_size) {
     size_t n = tp_utf8_length((const char *)s, strnlen((const char *)s, 4));
-    if (n == 1 && (*s < 0x20 || *s == 0x7f)) n = 0; /* a control byte */
+    if (n == 1 && (*s < 0x20 || *s == 0x7f)) n = 0;   /* a control byte */
     if (n == 2 && s[0] == 0xc2 && s[1] < 0xa0) n = 0; /* a C1 control: some terminals obey it like ESC */
     if (n == 0) {
       if (out + 5 > dst_size) break;

@@ -18,8 +18,7 @@ enum { TP_OK = 0, TP_ERR_INPUT = 1, TP_ERR_USAGE = 2, TP_ERR_INTERNAL = 3 };
 #endif
 
 /* Internal invariant: aborts with file and line. Never used for bad user input. */
-#define TP_ASSERT(cond) \
-  ((cond) ? (void)0 : tp_internal_error(__FILE__, __LINE__, #cond))
+#define TP_ASSERT(cond) ((cond) ? (void)0 : tp_internal_error(__FILE__, __LINE__, #cond))
 TP_NORETURN void tp_internal_error(const char *file, int line, const char *what);
 
 /* ---- diagnostics (base/diag.c) ----
@@ -27,11 +26,11 @@ TP_NORETURN void tp_internal_error(const char *file, int line, const char *what)
  *   tokpipec: error: model.onnx: node '/blocks.0/attn/Where' (Where, opset 17): ...
  * Library code reports through a TpDiag and returns TP_ERR_*; it never exits. */
 typedef struct {
-  const char *tool;  /* "tokpipec" */
-  const char *file;  /* the input being processed, or NULL */
-  FILE *stream;      /* where lines go; NULL = silent (fuzzing) */
+  const char *tool; /* "tokpipec" */
+  const char *file; /* the input being processed, or NULL */
+  FILE *stream;     /* where lines go; NULL = silent (fuzzing) */
   int errors;
-  char last[1024];    /* the last message, without the "tool: error: " prefix */
+  char last[1024]; /* the last message, without the "tool: error: " prefix */
 } TpDiag;
 
 void tp_diag_init(TpDiag *d, const char *tool, const char *file, FILE *stream);

@@ -141,7 +141,8 @@ int tp_map_in_folder(const char *dir, const char *name, const char *folder, TpFi
     size_t dl = strlen(dir_real);
     if (strncmp(real, dir_real, dl) != 0 || (real[dl] != '/' && dl != 1)) /* dl 1: the folder is "/" */
       snprintf(why, why_size, "resolves outside %s", folder);
-    else if ((rc = tp_map_input(real, out, reason, sizeof reason)) < 0) /* the path checked, not one swapped in since */
+    else if ((rc = tp_map_input(real, out, reason, sizeof reason)) <
+             0) /* the path checked, not one swapped in since */
       snprintf(why, why_size, "cannot be opened: %s", reason);
   }
   free(path);

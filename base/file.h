@@ -18,7 +18,7 @@ char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size);
 typedef struct {
   const uint8_t *base; /* the bytes ("" when the file is empty) */
   size_t size;
-  void *map_base;      /* what tp_unmap_input unmaps, or NULL */
+  void *map_base; /* what tp_unmap_input unmaps, or NULL */
   size_t map_size;
 } TpFileMap;
 /* Maps the file at path (refused as tp_open_input does); -1 with why[] on failure. */

@@ -7,30 +7,26 @@
 
 size_t tp_dtype_size(TpDType t) {
   switch (t) {
-#define TP_X(name, num, spelling, size) \
-  case TP_##name:                       \
-    return size;
+#define TP_X(name, num, spelling, size)                                                                             \
+  case TP_##name: return size;
     TP_DTYPES(TP_X)
 #undef TP_X
-  default:
-    return 0;
+  default: return 0;
   }
 }
 
 const char *tp_dtype_name(TpDType t) {
   switch (t) {
-#define TP_X(name, num, spelling, size) \
-  case TP_##name:                       \
-    return spelling;
+#define TP_X(name, num, spelling, size)                                                                             \
+  case TP_##name: return spelling;
     TP_DTYPES(TP_X)
 #undef TP_X
-  default:
-    return NULL;
+  default: return NULL;
   }
 }
 
 TpDType tp_dtype_from_name(const char *s) {
-#define TP_X(name, num, spelling, size) \
+#define TP_X(name, num, spelling, size)                                                                             \
   if (strcmp(s, spelling) == 0) return TP_##name;
   TP_DTYPES(TP_X)
 #undef TP_X
@@ -41,10 +37,15 @@ bool tp_dtype_is_float(TpDType t) { return t == TP_F32 || t == TP_F64 || t == TP
 
 bool tp_dtype_is_integer(TpDType t) {
   switch (t) {
-  case TP_U8: case TP_I8: case TP_U16: case TP_I16: case TP_I32: case TP_I64: case TP_U32: case TP_U64:
-    return true;
-  default:
-    return false;
+  case TP_U8:
+  case TP_I8:
+  case TP_U16:
+  case TP_I16:
+  case TP_I32:
+  case TP_I64:
+  case TP_U32:
+  case TP_U64: return true;
+  default: return false;
   }
 }
 
@@ -89,7 +90,8 @@ double tp_tensor_get_f64(const TpTensor *t, int64_t i) {
   case TP_F16: return tp_f16_to_f32(u.u16);
   case TP_BF16: return tp_bf16_to_f32(u.u16);
   case TP_I8: return u.i8;
-  case TP_U8: case TP_BOOL: return u.u8;
+  case TP_U8:
+  case TP_BOOL: return u.u8;
   case TP_I16: return u.i16;
   case TP_U16: return u.u16;
   case TP_I32: return u.i32;

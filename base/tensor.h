@@ -11,19 +11,19 @@
 
 /* Element types, numbered as ONNX's TensorProto.DataType so conversion is the identity.
  * X(enum suffix, ONNX number, IR spelling, size in bytes) */
-#define TP_DTYPES(X)    \
-  X(F32, 1, "f32", 4)   \
-  X(U8, 2, "u8", 1)     \
-  X(I8, 3, "i8", 1)     \
-  X(U16, 4, "u16", 2)   \
-  X(I16, 5, "i16", 2)   \
-  X(I32, 6, "i32", 4)   \
-  X(I64, 7, "i64", 8)   \
-  X(BOOL, 9, "bool", 1) \
-  X(F16, 10, "f16", 2)  \
-  X(F64, 11, "f64", 8)  \
-  X(U32, 12, "u32", 4)  \
-  X(U64, 13, "u64", 8)  \
+#define TP_DTYPES(X)                                                                                                \
+  X(F32, 1, "f32", 4)                                                                                               \
+  X(U8, 2, "u8", 1)                                                                                                 \
+  X(I8, 3, "i8", 1)                                                                                                 \
+  X(U16, 4, "u16", 2)                                                                                               \
+  X(I16, 5, "i16", 2)                                                                                               \
+  X(I32, 6, "i32", 4)                                                                                               \
+  X(I64, 7, "i64", 8)                                                                                               \
+  X(BOOL, 9, "bool", 1)                                                                                             \
+  X(F16, 10, "f16", 2)                                                                                              \
+  X(F64, 11, "f64", 8)                                                                                              \
+  X(U32, 12, "u32", 4)                                                                                              \
+  X(U64, 13, "u64", 8)                                                                                              \
   X(BF16, 16, "bf16", 2)
 
 typedef enum {
@@ -31,7 +31,7 @@ typedef enum {
 #define TP_X(name, num, spelling, size) TP_##name = num,
   TP_DTYPES(TP_X)
 #undef TP_X
-  TP_DTYPE_END
+      TP_DTYPE_END
 } TpDType;
 
 /* A dense row-major tensor. `data` is not owned by the view. */

@@ -49,8 +49,7 @@ static void timeit(const char *name, void (*fn)(void *), void *ctx) {
 static struct {
   int64_t *idx, *targets;
   float *wte, *wpe, *x, *res, *ln, *mean, *rstd, *wqkv, *bqkv, *qkv, *q, *k, *v, *att, *atty;
-  float *wproj, *bproj, *proj, *wfc, *bfc, *fc, *gelu, *wfc2, *bfc2, *wte_t, *logits, *ln_w,
-      *ln_b, *soft, loss;
+  float *wproj, *bproj, *proj, *wfc, *bfc, *fc, *gelu, *wfc2, *bfc2, *wte_t, *logits, *ln_w, *ln_b, *soft, loss;
 } g;
 
 static TpTensor tensor(float *p, int rank, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
@@ -96,8 +95,15 @@ static void op_qkv_heads(void *c) {
 }
 static void op_attention(void *c) {
   (void)c;
-  TpAttention p = {.batch = B, .q_heads = H, .kv_heads = H, .q_len = T, .kv_len = T,
-                   .head_size = D, .v_head_size = D, .is_causal = true, .scale = 0.125f};
+  TpAttention p = {.batch = B,
+                   .q_heads = H,
+                   .kv_heads = H,
+                   .q_len = T,
+                   .kv_len = T,
+                   .head_size = D,
+                   .v_head_size = D,
+                   .is_causal = true,
+                   .scale = 0.125f};
   tp_attention_f32(&p, g.q, g.k, g.v, NULL, NULL, g.att, NULL, NULL, NULL);
 }
 static void op_heads_back(void *c) {

@@ -46,7 +46,8 @@ int tp_bound_failed(const TpModule *m, int op, const TpBound *b, const TpTensor 
     case TP_K_CROSS_ENTROPY_PARTS_BACKWARD: {
       const TpVocabArgs *a = &b->a.embedding_part;
       return tp_error_op(d, m, op, "%s %lld at position %lld is not a class in [0, %lld)",
-                         b->kernel == TP_K_EMBEDDING_PART || b->kernel == TP_K_EMBEDDING_PART_BACKWARD ? "id" : "target",
+                         b->kernel == TP_K_EMBEDDING_PART || b->kernel == TP_K_EMBEDDING_PART_BACKWARD ? "id"
+                                                                                                       : "target",
                          (long long)((const int64_t *)a->ids->data)[bad], bad, (long long)(a->V * a->parts));
     }
     case TP_K_CROSS_ENTROPY:

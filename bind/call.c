@@ -50,11 +50,11 @@ static float *scratch(const TpTensor *f, const TpTensor *like, void **buffer) {
 #define ATTENTION(p, mask) with_mask(&(TpAttention){0}, &a->p, a->mask)
 #define LOSS(o, weight) with_weight(&(TpLossOptions){0}, &a->o, a->weight)
 #define BAD(f) a->f
-#define K(id, name, Args, fn, header, ...)                            \
-  static TpKernelStatus run_##name(const TpBound *b, void **buffer) { \
-    const Args *a = &b->a.name;                                       \
-    (void)buffer;                                                     \
-    return fn(__VA_ARGS__);                                           \
+#define K(id, name, Args, fn, header, ...)                                                                          \
+  static TpKernelStatus run_##name(const TpBound *b, void **buffer) {                                               \
+    const Args *a = &b->a.name;                                                                                     \
+    (void)buffer;                                                                                                   \
+    return fn(__VA_ARGS__);                                                                                         \
   }
 #include "../runtime/kernels/kernels.def"
 #undef K

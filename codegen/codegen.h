@@ -33,10 +33,10 @@ typedef enum {
 
 typedef struct {
   TpMemKind kind;
-  int stage;      /* TP_MEM_ARENA */
-  int64_t offset; /* TP_MEM_ARENA: bytes from the arena's start */
-  int64_t bytes;  /* TP_MEM_ARENA: the buffer's size, rounded up to TP_ARENA_ALIGN */
-  int index;      /* TP_MEM_VIEW: the value; TP_MEM_PARAM, TP_MEM_GRAD: the parameter */
+  int stage;       /* TP_MEM_ARENA */
+  int64_t offset;  /* TP_MEM_ARENA: bytes from the arena's start */
+  int64_t bytes;   /* TP_MEM_ARENA: the buffer's size, rounded up to TP_ARENA_ALIGN */
+  int index;       /* TP_MEM_VIEW: the value; TP_MEM_PARAM, TP_MEM_GRAD: the parameter */
   int first, last; /* TP_MEM_ARENA: the live range, positions in the stage's op order */
 } TpMemSlot;
 
@@ -101,20 +101,20 @@ int64_t tp_op_scratch_bytes(const TpModule *m, int op);
  * schedule (passes/planner/schedule.h) of every stage's rank over the (microbatch, slice)
  * units, verified when built; from it the arenas each rank keeps alive and its memory. */
 typedef struct {
-  int microbatches;   /* M (>= 1) */
-  int dp;             /* D (>= 1) */
+  int microbatches; /* M (>= 1) */
+  int dp;           /* D (>= 1) */
   TpScheduleKind kind;
 } TpPipelineOptions;
 
 typedef struct {
   TpPipelineOptions o;
   TpSchedule schedule;
-  bool tied;            /* a parameter is held by the first and the last stage */
-  int tensor;           /* N: the tensor ranks of each stage (1: none); the figures below
+  bool tied;      /* a parameter is held by the first and the last stage */
+  int tensor;     /* N: the tensor ranks of each stage (1: none); the figures below
                            are one tensor rank's (its parts of the split parameters) */
-  int64_t *whole;       /* per stage: parameters, gradients and AdamW state as --tensor 1
+  int64_t *whole; /* per stage: parameters, gradients and AdamW state as --tensor 1
                            would hold them (the split parameters whole) */
-  int *arenas;          /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
+  int *arenas;    /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
   /* per stage (the rank running it), in bytes: its parameters, their gradients (twice with
    * M > 1: the step's sum and one microbatch's), AdamW's two moments, arenas x arena */
   int64_t *params, *grads, *state, *activations, *peak;
@@ -150,11 +150,11 @@ typedef struct {
 } TpEmitProbe;
 
 typedef struct {
-  const char *model;   /* the ONNX file compiled: the trainer's default --init */
-  const char *version; /* tokpipec's version, recorded in the plan */
+  const char *model;                 /* the ONNX file compiled: the trainer's default --init */
+  const char *version;               /* tokpipec's version, recorded in the plan */
   const TpPipelineOptions *pipeline; /* NULL: one microbatch, one replica, gpipe */
-  const char *slicing; /* how the token slicing was chosen, for the header (or NULL) */
-  int nprobes;         /* profiling probes (0: none, and the plan has no probe tables) */
+  const char *slicing;               /* how the token slicing was chosen, for the header (or NULL) */
+  int nprobes;                       /* profiling probes (0: none, and the plan has no probe tables) */
   const TpEmitProbe *probes;
   const int *stage_cuts; /* with probes: [nstages], the first layer of each stage */
   const char *target;    /* the kernel table (codegen/target.h): NULL (cpu), "cpu", "cuda" */

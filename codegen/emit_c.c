@@ -35,12 +35,12 @@ typedef struct {
   const TpMemoryPlan *mem;
   const TpEmitOptions *o;
   TpDiag *d;
-  const char *prefix;   /* of the unit functions and constant arrays: "" or "probeP_" */
-  TpLowering lowering;  /* how this plan's ops become statements */
-  TpProbeInfo *probe;   /* the main emitter: per probe of o */
-  char **name;          /* per value: the identifier of its TpTensor view */
-  char **array;         /* per CONST value: the identifier of its static array */
-  bool *referenced;     /* per CONST value: its array is used */
+  const char *prefix;     /* of the unit functions and constant arrays: "" or "probeP_" */
+  TpLowering lowering;    /* how this plan's ops become statements */
+  TpProbeInfo *probe;     /* the main emitter: per probe of o */
+  char **name;            /* per value: the identifier of its TpTensor view */
+  char **array;           /* per CONST value: the identifier of its static array */
+  bool *referenced;       /* per CONST value: its array is used */
   const TpTarget *target; /* how kernel calls are spelled */
   unsigned headers;       /* a bit per header of the target the plan uses */
   bool uses_check, uses_math;
@@ -81,13 +81,60 @@ static void set_add(NameSet *s, char *name) {
 
 /* Identifiers a value must not take: C keywords, object-like macros of the headers the plan
  * includes, and the plan's own names. Anything starting with tp_, TP_ or Tp is the runtime's. */
-static const char *const reserved[] = {
-    "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else",
-    "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long", "register",
-    "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "typedef",
-    "union", "unsigned", "void", "volatile", "while", "bool", "true", "false", "errno",
-    "math_errhandling", "io", "arena", "bad", "main", "params", "derived", "arena_bytes",
-    "forward", "backward", "kernel_failed", "stages", "slice_len", "probes", "stage_cuts", NULL};
+static const char *const reserved[] = {"auto",
+                                       "break",
+                                       "case",
+                                       "char",
+                                       "const",
+                                       "continue",
+                                       "default",
+                                       "do",
+                                       "double",
+                                       "else",
+                                       "enum",
+                                       "extern",
+                                       "float",
+                                       "for",
+                                       "goto",
+                                       "if",
+                                       "inline",
+                                       "int",
+                                       "long",
+                                       "register",
+                                       "restrict",
+                                       "return",
+                                       "short",
+                                       "signed",
+                                       "sizeof",
+                                       "static",
+                                       "struct",
+                                       "switch",
+                                       "typedef",
+                                       "union",
+                                       "unsigned",
+                                       "void",
+                                       "volatile",
+                                       "while",
+                                       "bool",
+                                       "true",
+                                       "false",
+                                       "errno",
+                                       "math_errhandling",
+                                       "io",
+                                       "arena",
+                                       "bad",
+                                       "main",
+                                       "params",
+                                       "derived",
+                                       "arena_bytes",
+                                       "forward",
+                                       "backward",
+                                       "kernel_failed",
+                                       "stages",
+                                       "slice_len",
+                                       "probes",
+                                       "stage_cuts",
+                                       NULL};
 
 /* "/h.0/attn/MatMul_output_0" -> "h_0_attn_MatMul": letters, digits and single
  * underscores; the exporter's "_output_0" suffixes dropped. */
@@ -151,12 +198,11 @@ static void name_values(Emitter *E) {
   free(set.slots); /* the strings belong to E->name and E->array */
 }
 
-
 /* ---- writing ---- */
 
 static const char *dtype_enum(TpDType t) {
   switch (t) {
-#define TP_X(name, num, spelling, size) \
+#define TP_X(name, num, spelling, size)                                                                             \
   case TP_##name: return "TP_" #name;
     TP_DTYPES(TP_X)
 #undef TP_X
@@ -201,7 +247,6 @@ static void put_int(FILE *out, int64_t v) {
   if (v == INT64_MIN) fputs("(-9223372036854775807 - 1)", out);
   else fprintf(out, "%lld", (long long)v);
 }
-
 
 /* Prints s[0, n) from column col, breaking it after the commas of its outermost argument
  * list so that lines stay within WRAP columns where they can: continuation lines align
@@ -258,11 +303,20 @@ static int put_wrapped(FILE *out, const char *s, int n, int col, bool *broke) {
 }
 
 static const char *const unary_names[] = {
-    [TP_UNARY_SQRT] = "TP_UNARY_SQRT", [TP_UNARY_NEG] = "TP_UNARY_NEG",   [TP_UNARY_RECIPROCAL] = "TP_UNARY_RECIPROCAL",
-    [TP_UNARY_EXP] = "TP_UNARY_EXP",   [TP_UNARY_LOG] = "TP_UNARY_LOG",   [TP_UNARY_ERF] = "TP_UNARY_ERF",
-    [TP_UNARY_TANH] = "TP_UNARY_TANH", [TP_UNARY_RELU] = "TP_UNARY_RELU", [TP_UNARY_SIGMOID] = "TP_UNARY_SIGMOID",
-    [TP_UNARY_SIN] = "TP_UNARY_SIN",   [TP_UNARY_COS] = "TP_UNARY_COS",   [TP_UNARY_NOT] = "TP_UNARY_NOT",
-    [TP_UNARY_GELU] = "TP_UNARY_GELU", [TP_UNARY_GELU_TANH] = "TP_UNARY_GELU_TANH",
+    [TP_UNARY_SQRT] = "TP_UNARY_SQRT",
+    [TP_UNARY_NEG] = "TP_UNARY_NEG",
+    [TP_UNARY_RECIPROCAL] = "TP_UNARY_RECIPROCAL",
+    [TP_UNARY_EXP] = "TP_UNARY_EXP",
+    [TP_UNARY_LOG] = "TP_UNARY_LOG",
+    [TP_UNARY_ERF] = "TP_UNARY_ERF",
+    [TP_UNARY_TANH] = "TP_UNARY_TANH",
+    [TP_UNARY_RELU] = "TP_UNARY_RELU",
+    [TP_UNARY_SIGMOID] = "TP_UNARY_SIGMOID",
+    [TP_UNARY_SIN] = "TP_UNARY_SIN",
+    [TP_UNARY_COS] = "TP_UNARY_COS",
+    [TP_UNARY_NOT] = "TP_UNARY_NOT",
+    [TP_UNARY_GELU] = "TP_UNARY_GELU",
+    [TP_UNARY_GELU_TANH] = "TP_UNARY_GELU_TANH",
 };
 
 static const char *const binary_names[] = {
@@ -281,8 +335,8 @@ static const char *const binary_names[] = {
     [TP_BINARY_GREATER_EQUAL] = "TP_BINARY_GREATER_EQUAL",
 };
 
-static const char *const reduction_names[] = {
-    [TP_REDUCE_NONE] = "TP_REDUCE_NONE", [TP_REDUCE_SUM] = "TP_REDUCE_SUM", [TP_REDUCE_MEAN] = "TP_REDUCE_MEAN"};
+static const char *const reduction_names[] =
+    {[TP_REDUCE_NONE] = "TP_REDUCE_NONE", [TP_REDUCE_SUM] = "TP_REDUCE_SUM", [TP_REDUCE_MEAN] = "TP_REDUCE_MEAN"};
 
 /* The TpAttention literal: the shape, causality and scale, then what is not 0. */
 static void put_attention(Emitter *E, FILE *out, const TpAttention *p, int mask) {
@@ -316,7 +370,6 @@ static void put_ints(FILE *out, const int64_t *xs, int n) {
   fputc('}', out);
 }
 
-
 static void emit_constant(Emitter *E, int v, FILE *out) {
   const TpValue *val = &E->m->values[v];
   TpDType t = val->type.dtype;
@@ -332,7 +385,9 @@ static void emit_constant(Emitter *E, int v, FILE *out) {
   case TP_I8: ctype = "int8_t"; break;
   case TP_U64: ctype = "uint64_t"; break;
   case TP_U32: ctype = "uint32_t"; break;
-  case TP_U16: case TP_F16: case TP_BF16: ctype = "uint16_t"; break;
+  case TP_U16:
+  case TP_F16:
+  case TP_BF16: ctype = "uint16_t"; break;
   default: ctype = "uint8_t"; break; /* u8, bool */
   }
   char type[256];
@@ -365,7 +420,9 @@ static void emit_constant(Emitter *E, int v, FILE *out) {
     case TP_I8: fprintf(out, "%d", x.i8); break;
     case TP_U64: fprintf(out, "%lluu", (unsigned long long)x.u64); break;
     case TP_U32: fprintf(out, "%uu", x.u32); break;
-    case TP_U16: case TP_F16: case TP_BF16: fprintf(out, "0x%04x", x.u16); break;
+    case TP_U16:
+    case TP_F16:
+    case TP_BF16: fprintf(out, "0x%04x", x.u16); break;
     default: fprintf(out, "%u", x.u8); break;
     }
   }
@@ -399,7 +456,8 @@ static void put_addr(Emitter *E, FILE *out, TpAddr a, Numbering *num) {
   case TP_ADDR_CONST: {
     const char *array = E->array[a.n];
     E->referenced[a.n] = true;
-    if (E->target->constant) fprintf(out, "(void *)%s(io->stream, %s, sizeof %s)", E->target->constant, array, array);
+    if (E->target->constant)
+      fprintf(out, "(void *)%s(io->stream, %s, sizeof %s)", E->target->constant, array, array);
     else fprintf(out, "(void *)%s", array);
     break;
   }
@@ -567,7 +625,8 @@ static void put_unit_comment(const Emitter *E, int s, bool backward, int slice, 
   if (E->lowering.param_map) /* a probe's */
     fprintf(out, "\n/* %.*s: stage %d, %s of slice %d: %d ops", (int)strlen(E->prefix) - 1, E->prefix, s,
             backward ? "backward" : "forward", slice, nops);
-  else if (E->mem->nslices == 1) fprintf(out, "\n/* Stage %d, %s: %d ops", s, backward ? "backward" : "forward", nops);
+  else if (E->mem->nslices == 1)
+    fprintf(out, "\n/* Stage %d, %s: %d ops", s, backward ? "backward" : "forward", nops);
   else fprintf(out, "\n/* Stage %d, %s of slice %d: %d ops", s, backward ? "backward" : "forward", slice, nops);
 }
 
@@ -603,7 +662,7 @@ static int pair_order(const void *x, const void *y) {
  * wrapped as a comment's lines. */
 static void put_body_users(const Emitter *E, const TpOutline *ol, int b, FILE *out) {
   int col = 24, count = 0, n = 0;
-  int (*pairs)[2] = malloc(((size_t)ol->nrun + 1) * sizeof *pairs);
+  int(*pairs)[2] = malloc(((size_t)ol->nrun + 1) * sizeof *pairs);
   TP_ASSERT(pairs);
   for (int r = 0; r < ol->nrun; r++)
     if (ol->runs[r].body == b) {
@@ -638,8 +697,10 @@ static void emit_shared_body(Emitter *E, const TpOutline *ol, int b, char *const
     fprintf(out, " after %lld tokens", (long long)tp_slice_context(E->m, E->mem, u->slice, seq));
   fprintf(out, ",\n * run %d times by stages", body->count);
   put_body_users(E, ol, b, out);
-  fprintf(out, ",\n * with the arena offsets (at) and parameters (p) of each. Values are named after stage %d's. */\n"
-          "static void %s(TpStepIO *io", u->s, name);
+  fprintf(out,
+          ",\n * with the arena offsets (at) and parameters (p) of each. Values are named after stage %d's. */\n"
+          "static void %s(TpStepIO *io",
+          u->s, name);
   if (r->nat) fputs(", const int64_t *at", out);
   if (r->np) fputs(", const int *p", out);
   fputs(") {\n", out);
@@ -730,8 +791,8 @@ static void emit_units(Emitter *E, const TpUnitId *list, int n, FILE *out) {
   tp_outline_free(&ol);
 }
 
-static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem, const TpEmitOptions *o,
-                         TpDiag *d, const char *prefix) {
+static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem, const TpEmitOptions *o, TpDiag *d,
+                         const char *prefix) {
   *E = (Emitter){.m = m, .mem = mem, .o = o, .d = d, .prefix = prefix};
   E->target = tp_target_find(o->target ? o->target : "cpu", o->precision);
   TP_ASSERT(E->target); /* tp_emit_c checked the name */
@@ -862,22 +923,28 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
     for (int i = 0; i < plan.nparams; i++) params += tp_type_numel(&m->values[plan.params[i]].type);
     for (int s = 0; s < plan.nstages; s++) arena += plan.arena_bytes[s];
     fprintf(out, "/* The training step of %s,\n * generated by tokpipec %s. Do not edit.\n",
-            E.o->model ? E.o->model : m->source ? m->source : "a module", E.o->version ? E.o->version : "");
+            E.o->model  ? E.o->model
+            : m->source ? m->source
+                        : "a module",
+            E.o->version ? E.o->version : "");
     fprintf(out, " * %d stage%s, %d parameters (%lld floats), %lld arena bytes%s.\n", plan.nstages,
             plan.nstages == 1 ? "" : "s", plan.nparams, (long long)params, (long long)arena,
             m->loss < 0 ? "; forward only (no loss)" : "");
     if (m->nslices > 1) { /* passes/split_sequence.c */
       int64_t T = 0;
       fprintf(out, " * Token slices (%d):", m->nslices);
-      for (int i = 0; i < m->nslices; i++) fprintf(out, "%s %lld", i ? "," : "", (long long)m->slice_len[i]), T += m->slice_len[i];
+      for (int i = 0; i < m->nslices; i++)
+        fprintf(out, "%s %lld", i ? "," : "", (long long)m->slice_len[i]), T += m->slice_len[i];
       fprintf(out, " of %lld tokens.\n", (long long)T);
     }
     if (E.o->slicing && *E.o->slicing) fprintf(out, " * (%s)\n", E.o->slicing);
     for (int k = 0; k < o->nprobes; k++)
-      fprintf(out, "%s(%lld, %lld)%s", k % 8 ? " " : k ? "\n *   " : " * Profiling probes (--profile-grid), (l, c):\n *   ",
+      fprintf(out, "%s(%lld, %lld)%s",
+              k % 8 ? " "
+              : k   ? "\n *   "
+                    : " * Profiling probes (--profile-grid), (l, c):\n *   ",
               (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
-    if (E.target->precision)
-      fprintf(out, " * Target %s, precision %s.\n", E.target->name, E.target->precision);
+    if (E.target->precision) fprintf(out, " * Target %s, precision %s.\n", E.target->name, E.target->precision);
     if (E.tensor > 1)
       fprintf(out, " * Tensor parallel over %d ranks per stage: shapes and parameter figures are one rank's.\n",
               E.tensor);

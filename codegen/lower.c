@@ -193,8 +193,10 @@ static void lower_call(Lowerer *X, const TpBound *b, const Views *w) {
 static bool has_tensor_group(Lowerer *X, int op) {
   if (X->L->tensor > 1) return true;
   const TpModule *m = X->L->m;
-  X->rc = tp_error_op(X->L->d, m, op, "codegen: %s works over the tensor group, but the module has none (tokpipec "
-                      "--tensor N)", tp_op_info[m->ops[op].kind].name);
+  X->rc = tp_error_op(X->L->d, m, op,
+                      "codegen: %s works over the tensor group, but the module has none (tokpipec "
+                      "--tensor N)",
+                      tp_op_info[m->ops[op].kind].name);
   return false;
 }
 
@@ -397,10 +399,13 @@ int tp_lower_param_map(const TpModule *m, const TpMemoryPlan *mem, const TpModul
     const char *name = pm->values[pp->params[i]].name;
     int j = 0;
     while (j < mem->nparams && strcmp(m->values[mem->params[j]].name, name) != 0) j++;
-    if (j == mem->nparams) return tp_internal(d, "codegen: probe parameter '%s' is not a parameter of the plan", name);
+    if (j == mem->nparams)
+      return tp_internal(d, "codegen: probe parameter '%s' is not a parameter of the plan", name);
     if (pp->param_stage[i] != mem->param_stage[j] || pp->param_tied_stage[i] != mem->param_tied_stage[j])
-      return tp_internal(d, "codegen: probe parameter '%s' is held by stage %d, in the plan by stage %d: the stage "
-                         "cuts differ", name, pp->param_stage[i], mem->param_stage[j]);
+      return tp_internal(d,
+                         "codegen: probe parameter '%s' is held by stage %d, in the plan by stage %d: the stage "
+                         "cuts differ",
+                         name, pp->param_stage[i], mem->param_stage[j]);
     map[i] = j;
   }
   return TP_OK;

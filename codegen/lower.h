@@ -35,11 +35,11 @@ typedef struct {
  * lowered to their numbers (TP_ARG_I64, TP_ARG_I64S). */
 typedef struct {
   TpArgKind kind;
-  int value;     /* VIEW, DATA, SCALAR, SCRATCH: the value (-1: NULL; SCRATCH: the op's
+  int value; /* VIEW, DATA, SCALAR, SCRATCH: the value (-1: NULL; SCRATCH: the op's
                     scratch buffer at arena offset i) */
-  int64_t i;     /* I64, INT, BOOL, UNARY_OP, BINARY_OP; SCRATCH without a value: offset */
-  double f;      /* F32, F64 */
-  int n;         /* I64S: ints[n]; VIEWS_IN, VIEWS_OUT: values[n] */
+  int64_t i; /* I64, INT, BOOL, UNARY_OP, BINARY_OP; SCRATCH without a value: offset */
+  double f;  /* F32, F64 */
+  int n;     /* I64S: ints[n]; VIEWS_IN, VIEWS_OUT: values[n] */
   int64_t *ints;
   int *values;
   TpAttention attention; /* ATTENTION (its pointers unused) */
@@ -61,12 +61,12 @@ typedef enum {
 
 typedef struct {
   TpLowKind kind;
-  int op;       /* OP */
-  bool view;    /* OP */
-  bool top;     /* DECLARE */
-  int value;    /* DECLARE, ALLREDUCE, RANK_*, LOSS_* */
-  TpAddr addr;  /* DECLARE */
-  int64_t count; /* ALLREDUCE: elements */
+  int op;            /* OP */
+  bool view;         /* OP */
+  bool top;          /* DECLARE */
+  int value;         /* DECLARE, ALLREDUCE, RANK_*, LOSS_* */
+  TpAddr addr;       /* DECLARE */
+  int64_t count;     /* ALLREDUCE: elements */
   TpKernelId kernel; /* CALL */
   int nargs;         /* CALL */
   TpLowArg *args;

@@ -51,8 +51,7 @@ static bool is_label_input(const TpModule *m, int v) {
     if (o->kind == TP_OP_CrossEntropy || o->kind == TP_OP_SoftmaxCrossEntropyLoss ||
         o->kind == TP_OP_NegativeLogLikelihoodLoss)
       labels = o->inputs[1];
-    else if (o->kind == TP_OP_CrossEntropyBackward)
-      labels = o->inputs[2];
+    else if (o->kind == TP_OP_CrossEntropyBackward) labels = o->inputs[2];
     if (labels >= 0 && m->values[labels].kind == TP_VAL_RESULT && m->ops[m->values[labels].def].kind == TP_OP_Slice)
       labels = m->ops[m->values[labels].def].inputs[0];
     if (labels == v) return true;
@@ -79,8 +78,8 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const 
     *s = (TpMemSlot){.kind = TP_MEM_NONE, .stage = -1, .offset = -1, .index = -1};
     if (val->kind == TP_VAL_PARAM) {
       if (val->type.dtype != TP_F32)
-        return tp_internal(d, "codegen: parameter '%s' is %s; the trainer holds f32 parameters",
-                           val->name, tp_dtype_name(val->type.dtype));
+        return tp_internal(d, "codegen: parameter '%s' is %s; the trainer holds f32 parameters", val->name,
+                           tp_dtype_name(val->type.dtype));
       s->kind = TP_MEM_PARAM;
       if (tp_tied_param(m, v) >= 0) continue; /* the copy of a parameter: below */
       s->index = p->nparams;
@@ -95,16 +94,15 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const 
         return tp_internal(d, "codegen: inputs '%s' and '%s' both hold %s; the trainer feeds one",
                            m->values[*which].name, val->name, labels ? "targets" : "token ids");
       if (val->type.dtype != TP_I64 || val->type.rank != 2)
-        return tp_internal(d, "codegen: input '%s' is %s; the trainer feeds i64[batch, seq] %s",
-                           val->name, tp_dtype_name(val->type.dtype), labels ? "targets" : "token ids");
+        return tp_internal(d, "codegen: input '%s' is %s; the trainer feeds i64[batch, seq] %s", val->name,
+                           tp_dtype_name(val->type.dtype), labels ? "targets" : "token ids");
       *which = v;
       s->kind = labels ? TP_MEM_TARGETS : TP_MEM_TOKENS;
     }
   }
-  if (tokens >= 0 && targets >= 0 &&
-      !tp_type_equal(&m->values[tokens].type, &m->values[targets].type))
-    return tp_internal(d, "codegen: token ids '%s' and targets '%s' differ in shape",
-                       m->values[tokens].name, m->values[targets].name);
+  if (tokens >= 0 && targets >= 0 && !tp_type_equal(&m->values[tokens].type, &m->values[targets].type))
+    return tp_internal(d, "codegen: token ids '%s' and targets '%s' differ in shape", m->values[tokens].name,
+                       m->values[targets].name);
   /* A tied copy (on the last stage) is its parameter, in that stage's buffers. */
   for (int v = 0; v < m->nvalues; v++) {
     int owner = tp_tied_param(m, v);
@@ -126,9 +124,8 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const 
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
     int r = o->outputs[0], x = o->inputs[0];
-    if (o->kind == TP_OP_Reshape && p->value[r].kind == TP_MEM_GRAD &&
-        m->values[x].kind == TP_VAL_RESULT && p->value[x].kind == TP_MEM_NONE && x != m->loss &&
-        uses[x] == 1)
+    if (o->kind == TP_OP_Reshape && p->value[r].kind == TP_MEM_GRAD && m->values[x].kind == TP_VAL_RESULT &&
+        p->value[x].kind == TP_MEM_NONE && x != m->loss && uses[x] == 1)
       p->value[x] = p->value[r];
   }
   /* Other results: a Reshape is a view of its operand's bytes, and so is a slice's
@@ -245,8 +242,10 @@ static int order_ops(const TpModule *m, TpMemoryPlan *p, int *pos, TpDiag *d) {
         rc = tp_internal(d, "codegen: forward op '%s' reads '%s' of the backward pass", op_name(m, op),
                          m->values[v].name);
       else if (m->ops[def].stage == o->stage && pos[def] >= pos[op])
-        rc = tp_internal(d, "codegen: op '%s' (slice %d) reads '%s', computed later (slice %d) in stage %d's run "
-                         "order", op_name(m, op), eff[op], m->values[v].name, eff[def], o->stage);
+        rc = tp_internal(d,
+                         "codegen: op '%s' (slice %d) reads '%s', computed later (slice %d) in stage %d's run "
+                         "order",
+                         op_name(m, op), eff[op], m->values[v].name, eff[def], o->stage);
     }
   }
   free(eff);
@@ -316,7 +315,8 @@ static int live_ranges(const TpModule *m, TpMemoryPlan *p, const int *pos, TpDia
       if (s->kind != TP_MEM_ARENA) continue;
       if (s->stage != o->stage) {
         if (tp_is_boundary_op(m, op)) continue; /* sent: pinned below */
-        return tp_internal(d, "codegen: '%s' is computed in stage %d and read in stage %d without a "
+        return tp_internal(d,
+                           "codegen: '%s' is computed in stage %d and read in stage %d without a "
                            "boundary copy (run assign-stages and finish-stages)",
                            m->values[o->inputs[i]].name, s->stage, o->stage);
       }
@@ -341,22 +341,23 @@ static int live_ranges(const TpModule *m, TpMemoryPlan *p, const int *pos, TpDia
     int v = i < m->noutputs ? m->outputs[i] : m->loss;
     if (v < 0) continue;
     TpMemSlot *s = &p->value[storage_of(p, v)];
-    if (s->kind == TP_MEM_ARENA && s->last < p->nforward[s->stage] - 1 &&
-        s->first < p->nforward[s->stage])
+    if (s->kind == TP_MEM_ARENA && s->last < p->nforward[s->stage] - 1 && s->first < p->nforward[s->stage])
       s->last = p->nforward[s->stage] - 1;
   }
   for (int op = 0; op < m->nops; op++) {
     int64_t bytes = align_up(tp_op_scratch_bytes(m, op));
     if (bytes)
-      p->scratch[op] = (TpMemSlot){.kind = TP_MEM_ARENA, .stage = m->ops[op].stage,
-                                   .bytes = bytes, .index = -1, .first = pos[op], .last = pos[op]};
+      p->scratch[op] = (TpMemSlot){.kind = TP_MEM_ARENA,
+                                   .stage = m->ops[op].stage,
+                                   .bytes = bytes,
+                                   .index = -1,
+                                   .first = pos[op],
+                                   .last = pos[op]};
   }
   return TP_OK;
 }
 
-static bool overlap(const TpMemSlot *a, const TpMemSlot *b) {
-  return a->first <= b->last && b->first <= a->last;
-}
+static bool overlap(const TpMemSlot *a, const TpMemSlot *b) { return a->first <= b->last && b->first <= a->last; }
 
 /* A buffer to place; id (values, then scratch buffers in op order) breaks ties. */
 typedef struct {
@@ -442,10 +443,9 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   bool *used = calloc((size_t)nv + 1, sizeof *used);
   int *uses = calloc((size_t)nv + 1, sizeof *uses);
   Buf *bufs = malloc((size_t)(nv + no + 1) * sizeof *bufs);
-  TP_ASSERT(p->value && p->scratch && p->params && p->arena_bytes && p->live_peak &&
-            p->total_bytes && p->nbuffers && p->order && p->norder && p->nforward && pos &&
-            used && uses && bufs && p->unit_begin && p->unit_end && p->messages && p->param_stage &&
-            p->param_tied_stage);
+  TP_ASSERT(p->value && p->scratch && p->params && p->arena_bytes && p->live_peak && p->total_bytes && p->nbuffers &&
+            p->order && p->norder && p->nforward && pos && used && uses && bufs && p->unit_begin && p->unit_end &&
+            p->messages && p->param_stage && p->param_tied_stage);
   for (int op = 0; op < no; op++)
     for (int i = 0; i < m->ops[op].ninputs; i++)
       if (m->ops[op].inputs[i] >= 0) {
@@ -461,8 +461,7 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   for (int s = 0; s < ns && rc == TP_OK; s++) {
     int n = 0;
     for (int v = 0; v < nv; v++)
-      if (p->value[v].kind == TP_MEM_ARENA && p->value[v].stage == s)
-        bufs[n++] = (Buf){&p->value[v], v};
+      if (p->value[v].kind == TP_MEM_ARENA && p->value[v].stage == s) bufs[n++] = (Buf){&p->value[v], v};
     for (int op = 0; op < no; op++)
       if (p->scratch[op].kind == TP_MEM_ARENA && p->scratch[op].stage == s)
         bufs[n++] = (Buf){&p->scratch[op], nv + op};
@@ -482,16 +481,18 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
  * repeating them, never computing new ones)? */
 static bool moves_ids(const TpModule *m, const TpOp *o, const bool *ids) {
   switch (o->kind) {
-  case TP_OP_Slice: case TP_OP_Reshape: case TP_OP_Transpose: case TP_OP_Expand: case TP_OP_Split: case TP_OP_Gather:
-    return ids[o->inputs[0]];
-  case TP_OP_Cast:
-    return ids[o->inputs[0]] && tp_dtype_is_integer(m->values[o->outputs[0]].type.dtype);
+  case TP_OP_Slice:
+  case TP_OP_Reshape:
+  case TP_OP_Transpose:
+  case TP_OP_Expand:
+  case TP_OP_Split:
+  case TP_OP_Gather: return ids[o->inputs[0]];
+  case TP_OP_Cast: return ids[o->inputs[0]] && tp_dtype_is_integer(m->values[o->outputs[0]].type.dtype);
   case TP_OP_Concat:
     for (int k = 0; k < o->ninputs; k++)
       if (o->inputs[k] >= 0 && ids[o->inputs[k]]) return true;
     return false;
-  default:
-    return false;
+  default: return false;
   }
 }
 
@@ -535,7 +536,8 @@ int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, 
                o->kind == TP_OP_NegativeLogLikelihoodLoss) {
       n = tp_loss_classes(m, op);
       if (n > 0 && (!limit || n < limit))
-        snprintf(what, what_size, "the %lld classes of the loss on '%s'", (long long)n, m->values[o->inputs[0]].name);
+        snprintf(what, what_size, "the %lld classes of the loss on '%s'", (long long)n,
+                 m->values[o->inputs[0]].name);
     }
     if (n > 0 && (!limit || n < limit)) limit = n;
   }
@@ -584,8 +586,8 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   fprintf(out, "memory plan of %s\n", m->source ? m->source : "<module>");
   int64_t activations = 0;
   for (int s = 0; s < p->nstages; s++) {
-    fprintf(out, "stage %d: %d ops (%d forward, %d backward), %d buffers\n", s, p->norder[s],
-            p->nforward[s], p->norder[s] - p->nforward[s], p->nbuffers[s]);
+    fprintf(out, "stage %d: %d ops (%d forward, %d backward), %d buffers\n", s, p->norder[s], p->nforward[s],
+            p->norder[s] - p->nforward[s], p->nbuffers[s]);
     print_bytes(out, "  arena", p->arena_bytes[s], "peak activation bytes, as placed");
     print_bytes(out, "  live peak", p->live_peak[s], "most bytes live at once");
     print_bytes(out, "  no reuse", p->total_bytes[s], "every buffer on its own");
@@ -614,23 +616,24 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   if (tensor > 1) snprintf(note, sizeof note, " x %d tensor ranks", tensor);
   fprintf(out, "ranks: %d stage%s%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",
           p->nstages, p->nstages == 1 ? "" : "s", tensor > 1 ? note : "", pl->o.dp, pl->o.dp == 1 ? "" : "s",
-          tp_schedule_name(pl->o.kind),
-          pl->o.microbatches, pl->o.microbatches == 1 ? "" : "es", p->nslices, p->nslices == 1 ? "" : "s");
+          tp_schedule_name(pl->o.kind), pl->o.microbatches, pl->o.microbatches == 1 ? "" : "es", p->nslices,
+          p->nslices == 1 ? "" : "s");
   for (int s = 0; s < p->nstages; s++) {
     if (tensor > 1)
       fprintf(out, "ranks %d-%d (stage %d, per tensor rank%s):\n", s * tensor, s * tensor + tensor - 1, s,
               pl->o.dp > 1 ? "; every replica's alike" : "");
     else fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
     print_bytes(out, "  parameters", pl->params[s], NULL);
-    print_bytes(out, "  gradients", pl->grads[s], pl->o.microbatches > 1 ? "the step's sum and a microbatch's" : NULL);
+    print_bytes(out, "  gradients", pl->grads[s],
+                pl->o.microbatches > 1 ? "the step's sum and a microbatch's" : NULL);
     print_bytes(out, "  optimizer state", pl->state[s], NULL);
     snprintf(note, sizeof note, "%d microbatch arena%s alive at once", pl->arenas[s], pl->arenas[s] == 1 ? "" : "s");
     print_bytes(out, "  activations", pl->activations[s], note);
     print_bytes(out, "  peak", pl->peak[s], NULL);
     if (tensor > 1) {
       int64_t split = pl->params[s] + pl->grads[s] + pl->state[s];
-      snprintf(note, sizeof note, "parameters, gradients and optimizer state at --tensor 1; %d-way saves %lld", tensor,
-               (long long)(pl->whole[s] - split));
+      snprintf(note, sizeof note, "parameters, gradients and optimizer state at --tensor 1; %d-way saves %lld",
+               tensor, (long long)(pl->whole[s] - split));
       print_bytes(out, "  unsplit", pl->whole[s], note);
     }
   }

@@ -77,8 +77,8 @@ typedef struct {
 } Proposal;
 
 static bool same_keys(const Unit *units, const Proposal *a, const Proposal *b) {
-  return a->len == b->len &&
-         memcmp(units[a->unit].key + a->first, units[b->unit].key + b->first, (size_t)a->len * sizeof(uint64_t)) == 0;
+  return a->len == b->len && memcmp(units[a->unit].key + a->first, units[b->unit].key + b->first,
+                                    (size_t)a->len * sizeof(uint64_t)) == 0;
 }
 
 /* Most proposed first, then longest, then first proposed: deterministic. */
@@ -162,7 +162,8 @@ static TpRun *find_runs(Unit *units, int nunits, int *nruns) {
       for (int i = 0; i < len; i++) power *= KEY_BASE;
       for (int i = 0; i + len <= U->n; i++) {
         uint64_t h = prefix[i + len] - prefix[i] * power;
-        for (size_t at = (h ^ (uint64_t)len) & (size_t)(cap - 1); table[at] >= 0; at = (at + 1) & (size_t)(cap - 1)) {
+        for (size_t at = (h ^ (uint64_t)len) & (size_t)(cap - 1); table[at] >= 0;
+             at = (at + 1) & (size_t)(cap - 1)) {
           const Proposal *p = &props[table[at]];
           if (p->len != len || p->hash != h ||
               memcmp(U->key + i, units[p->unit].key + p->first, (size_t)len * sizeof *U->key) != 0)
@@ -279,8 +280,9 @@ static void put_arg(Key *k, const TpLowArg *a) {
     break;
   case TP_ARG_ATTENTION: {
     const TpAttention *p = &a->attention;
-    const int64_t shape[] = {p->batch, p->q_heads, p->kv_heads, p->q_len, p->kv_len, p->head_size, p->v_head_size,
-                             p->packed, p->is_causal, p->causal_offset, p->window, p->kv_rows, p->qk_mode};
+    const int64_t shape[] = {p->batch,     p->q_heads,     p->kv_heads, p->q_len,     p->kv_len,
+                             p->head_size, p->v_head_size, p->packed,   p->is_causal, p->causal_offset,
+                             p->window,    p->kv_rows,     p->qk_mode};
     for (size_t i = 0; i < sizeof shape / sizeof *shape; i++) put(k, (uint64_t)shape[i]);
     put_float_bits(k, p->scale);
     put_float_bits(k, p->softcap);
@@ -346,12 +348,8 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
       put(k, (uint64_t)s->addr.kind);
       if (s->addr.kind == TP_ADDR_CONST) put(k, (uint64_t)s->addr.n); /* the very array */
       if (s->addr.kind == TP_ADDR_VALUE) put_value(k, (int)s->addr.n);
-      if (s->addr.kind == TP_ADDR_ARENA) {
-        add_offset(r, s->addr.n, &cap_at);
-      }
-      if (s->addr.kind == TP_ADDR_PARAM || s->addr.kind == TP_ADDR_GRAD) {
-        add_param(r, (int)s->addr.n, &cap_p);
-      }
+      if (s->addr.kind == TP_ADDR_ARENA) { add_offset(r, s->addr.n, &cap_at); }
+      if (s->addr.kind == TP_ADDR_PARAM || s->addr.kind == TP_ADDR_GRAD) { add_param(r, (int)s->addr.n, &cap_p); }
       break;
     }
     case TP_LOW_CALL:
@@ -400,7 +398,8 @@ int tp_outline(const TpLowering *L, const TpUnitId *list, int n, TpOutline *o) {
     u->key = malloc(((size_t)(to - from) + 1) * sizeof *u->key);
     TP_ASSERT(u->pos && u->key);
     for (int k = from; k < to; k++)
-      if (!tp_is_boundary_op(m, mem->order[s][k])) u->pos[u->n] = k, u->key[u->n++] = op_key(m, mem, mem->order[s][k]);
+      if (!tp_is_boundary_op(m, mem->order[s][k]))
+        u->pos[u->n] = k, u->key[u->n++] = op_key(m, mem, mem->order[s][k]);
   }
   o->runs = find_runs(units, n, &o->nrun);
   for (int i = 0; i < n; i++) {

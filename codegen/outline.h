@@ -28,21 +28,21 @@ typedef struct {
 typedef struct {
   int unit;
   int begin, end;
-  int body;         /* the shared body it calls, or -1: lowered with its unit */
-  TpLowFunc low;    /* the run lowered alone: kept for its body's first run (printed) */
-  int64_t *at;      /* its arena offsets, in order of use (the body's `at`) */
-  int *p;           /* its parameter indices, in order of use (the body's `p`) */
+  int body;      /* the shared body it calls, or -1: lowered with its unit */
+  TpLowFunc low; /* the run lowered alone: kept for its body's first run (printed) */
+  int64_t *at;   /* its arena offsets, in order of use (the body's `at`) */
+  int *p;        /* its parameter indices, in order of use (the body's `p`) */
   int nat, np;
-  int table;        /* its arena offsets: list `table` of its body's (runs alike share one) */
-  bool new_table;   /* the first run with that list */
+  int table;      /* its arena offsets: list `table` of its body's (runs alike share one) */
+  bool new_table; /* the first run with that list */
 } TpRun;
 
 /* A distinct run; shared when count >= 2. */
 typedef struct {
-  int first;      /* its first run */
-  int count;      /* runs with it */
-  int ntables;    /* distinct arena offset lists of its runs */
-  bool contexts;  /* its runs follow contexts of different lengths */
+  int first;     /* its first run */
+  int count;     /* runs with it */
+  int ntables;   /* distinct arena offset lists of its runs */
+  bool contexts; /* its runs follow contexts of different lengths */
 } TpBody;
 
 typedef struct {

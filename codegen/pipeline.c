@@ -72,15 +72,21 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   int *nslices = malloc(sizeof(int) * (size_t)M);
   TP_ASSERT(nslices);
   for (int mb = 0; mb < M; mb++) nslices[mb] = mem->nslices;
-  TpScheduleSpec spec = {.kind = pl->o.kind, .stages = S, .nmb = M, .nslices = nslices,
-                         .data_parallel = pl->o.dp > 1 || shared_pieces(m, mem), .tied_embedding = pl->tied};
+  TpScheduleSpec spec = {.kind = pl->o.kind,
+                         .stages = S,
+                         .nmb = M,
+                         .nslices = nslices,
+                         .data_parallel = pl->o.dp > 1 || shared_pieces(m, mem),
+                         .tied_embedding = pl->tied};
   tp_schedule_build(&spec, &pl->schedule);
   free(nslices);
   TpDiag quiet;
   tp_diag_init(&quiet, d->tool, d->file, NULL);
   if (tp_schedule_verify(&pl->schedule, false, &quiet) != TP_OK) {
-    int rc = tp_internal(d, "compiler bug: the %s schedule of %d stages x %d microbatches x %d slices fails "
-                         "verification: %s", tp_schedule_name(pl->o.kind), S, M, mem->nslices, quiet.last);
+    int rc = tp_internal(d,
+                         "compiler bug: the %s schedule of %d stages x %d microbatches x %d slices fails "
+                         "verification: %s",
+                         tp_schedule_name(pl->o.kind), S, M, mem->nslices, quiet.last);
     tp_pipeline_free(pl);
     return rc;
   }
@@ -108,9 +114,10 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
     pl->arenas[k] = count_arenas(&pl->schedule, k);
     int64_t fixed = pl->params[k] + pl->grads[k] + pl->state[k]; /* each value is below 2^53 bytes */
     if (pl->arenas[k] > 0 && mem->arena_bytes[k] > (INT64_MAX - fixed) / pl->arenas[k]) {
-      int rc = tp_error(d, "rank %d (pipeline stage %d) would need %d microbatch arena%s of %lld bytes: more than "
-                        "2^63 bytes in all (lower --batch, --seq or --microbatches)", k, k, pl->arenas[k],
-                        pl->arenas[k] == 1 ? "" : "s", (long long)mem->arena_bytes[k]);
+      int rc = tp_error(d,
+                        "rank %d (pipeline stage %d) would need %d microbatch arena%s of %lld bytes: more than "
+                        "2^63 bytes in all (lower --batch, --seq or --microbatches)",
+                        k, k, pl->arenas[k], pl->arenas[k] == 1 ? "" : "s", (long long)mem->arena_bytes[k]);
       tp_pipeline_free(pl);
       return rc;
     }
@@ -139,7 +146,8 @@ int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, const char
   if (pl->tensor > 1) snprintf(tensor, sizeof tensor, ", tensor rank 0 of %d, the others alike", pl->tensor);
   for (int k = 0; k < pl->schedule.stages; k++)
     if (pl->peak[k] > max_bytes)
-      rc = tp_error(d, "rank %d (pipeline stage %d%s%s) needs %lld bytes at its peak, %lld more than %s "
+      rc = tp_error(d,
+                    "rank %d (pipeline stage %d%s%s) needs %lld bytes at its peak, %lld more than %s "
                     "%lld: parameters %lld, gradients %lld, optimizer state %lld, %d microbatch arena%s %lld%s",
                     k * pl->tensor, k, tensor, pl->o.dp > 1 ? ", as in every replica" : "", (long long)pl->peak[k],
                     (long long)(pl->peak[k] - max_bytes), limit, (long long)max_bytes, (long long)pl->params[k],

@@ -40,10 +40,11 @@ static int64_t vocab_size(const TpModule *m) {
   return 0;
 }
 
-static const char *const insn_enum[TP_INSN_COUNT] = {
-    "TP_PLAN_FORWARD",   "TP_PLAN_BACKWARD",       "TP_PLAN_SEND_ACT",
-    "TP_PLAN_RECV_ACT",  "TP_PLAN_SEND_GRAD",      "TP_PLAN_RECV_GRAD",
-    "TP_PLAN_ALLREDUCE_TIED", "TP_PLAN_ALLREDUCE", "TP_PLAN_OPTIMIZER_STEP"};
+static const char *const insn_enum[TP_INSN_COUNT] = {"TP_PLAN_FORWARD",        "TP_PLAN_BACKWARD",
+                                                     "TP_PLAN_SEND_ACT",       "TP_PLAN_RECV_ACT",
+                                                     "TP_PLAN_SEND_GRAD",      "TP_PLAN_RECV_GRAD",
+                                                     "TP_PLAN_ALLREDUCE_TIED", "TP_PLAN_ALLREDUCE",
+                                                     "TP_PLAN_OPTIMIZER_STEP"};
 static const char *const message_names[TP_MSG_COUNT] = {"recv_act", "send_act", "recv_grad", "send_grad"};
 
 /* Does stage s have the neighbour that message kind k goes to or comes from? */
@@ -64,7 +65,8 @@ static int unit_reduces(const TpModule *m, const TpMemoryPlan *p, int s, bool ba
 static void emit_reduce_tables(const TpPlanTables *E, FILE *out, int s) {
   for (int b = 0; b < 2; b++) {
     fprintf(out, "static const int stage%d_%s_reduces[] = {", s, b ? "backward" : "forward");
-    for (int i = 0; i < E->mem->nslices; i++) fprintf(out, "%s%d", i ? ", " : "", unit_reduces(E->m, E->mem, s, b, i));
+    for (int i = 0; i < E->mem->nslices; i++)
+      fprintf(out, "%s%d", i ? ", " : "", unit_reduces(E->m, E->mem, s, b, i));
     fputs("};\n", out);
   }
 }
@@ -143,8 +145,10 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
     for (int k = 0; k < TP_MSG_COUNT; k++)
       if (has_peer(p, s, k)) fprintf(out, "     .%s = stage%d_%s,\n", message_names[k], s, message_names[k]);
     if (E->tensor > 1)
-      fprintf(out, "     .forward_reduces = stage%d_forward_reduces,\n"
-                   "     .backward_reduces = stage%d_backward_reduces,\n", s, s);
+      fprintf(out,
+              "     .forward_reduces = stage%d_forward_reduces,\n"
+              "     .backward_reduces = stage%d_backward_reduces,\n",
+              s, s);
     fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n     .memory_bytes = %lld},\n",
             pl->schedule.count[s], s, (long long)pl->peak[s]);
   }
@@ -159,7 +163,8 @@ static void emit_probe_tables(const TpPlanTables *E, FILE *out) {
   char name[64], prefix[32];
   fputs("\n/* Profiling probes (--profile-grid): the same model for one microbatch sliced as [c, l, rest],\n"
         " * per stage the forwards of the context slices (setup), the forward and backward of the\n"
-        " * probed slice, and their arena. */\n", out);
+        " * probed slice, and their arena. */\n",
+        out);
   for (int k = 0; k < o->nprobes; k++) {
     const TpProbeInfo *info = &E->probe[k];
     snprintf(prefix, sizeof prefix, "probe%d_", k);
@@ -202,7 +207,8 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
     if (p->value[v].kind == TP_MEM_TOKENS) batch = m->values[v].type.dims[0], seq = m->values[v].type.dims[1];
 
   fputs("\n/* The parameters: ONNX name, the initializer --init reads, shape, trainable, the stage\n"
-        " * holding it, the last stage if it holds a tied copy too. */\n", out);
+        " * holding it, the last stage if it holds a tied copy too. */\n",
+        out);
   fprintf(out, "static const TpPlanParam params[%d] = {\n", p->nparams ? p->nparams : 1);
   for (int i = 0; i < p->nparams; i++) {
     const TpValue *val = &m->values[p->params[i]];
@@ -214,8 +220,8 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
     fprintf(out, ", %d, {", val->type.rank);
     for (int k = 0; k < val->type.rank; k++) fprintf(out, "%s%lld", k ? ", " : "", (long long)val->type.dims[k]);
     fprintf(out, "%s}, %d, %d, %d, {%d, %d, %d}},\n", val->type.rank ? "" : "0",
-            m->grads && tp_grad_of(m, p->params[i]) >= 0, p->param_stage[i], p->param_tied_stage[i],
-            val->shard.axis, val->shard.parts, val->shard.chunks);
+            m->grads && tp_grad_of(m, p->params[i]) >= 0, p->param_stage[i], p->param_tied_stage[i], val->shard.axis,
+            val->shard.parts, val->shard.chunks);
   }
   fputs("};\n", out);
 
@@ -242,8 +248,8 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
   put_string(out, E->o->model ? E->o->model : m->source ? m->source : "");
   fputs(",\n    .tokpipec_version = ", out);
   put_string(out, E->o->version ? E->o->version : "");
-  fprintf(out, ",\n    .batch = %lld,\n    .seq = %lld,\n    .vocab = %lld,\n", (long long)batch,
-          (long long)seq, (long long)vocab_size(m));
+  fprintf(out, ",\n    .batch = %lld,\n    .seq = %lld,\n    .vocab = %lld,\n", (long long)batch, (long long)seq,
+          (long long)vocab_size(m));
   char limit_of[512];
   int64_t limit = tp_token_limit(m, p, limit_of, sizeof limit_of);
   if (limit) {
@@ -256,8 +262,9 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
   fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n", p->nstages);
   if (p->nslices == 1) fputs("    .forward = forward,\n    .backward = backward,\n", out);
   const TpPipeline *pl = E->pipe;
-  fprintf(out, "    .global_batch = %lld,\n    .microbatches = %d,\n    .dp = %d,\n    .nslices = %d,\n"
-               "    .slice_len = slice_len,\n    .schedule = %s,\n    .stages = stages,\n",
+  fprintf(out,
+          "    .global_batch = %lld,\n    .microbatches = %d,\n    .dp = %d,\n    .nslices = %d,\n"
+          "    .slice_len = slice_len,\n    .schedule = %s,\n    .stages = stages,\n",
           (long long)(batch * pl->o.microbatches * pl->o.dp), pl->o.microbatches, pl->o.dp, p->nslices,
           pl->o.kind == TP_SCHEDULE_GPIPE ? "TP_PLAN_GPIPE" : "TP_PLAN_1F1B");
   if (E->o->nprobes)

@@ -11,10 +11,14 @@
 
 enum { H_ELEMENTWISE, H_LAYOUT, H_REDUCE, H_MATMUL, H_NN, H_LOSS, H_TRANSFORMER, H_NN_BACKWARD, H_LAYOUT_BACKWARD };
 static const char *const cpu_headers[] = {
-    [H_ELEMENTWISE] = "cpu/elementwise.h", [H_LAYOUT] = "cpu/layout.h",
-    [H_REDUCE] = "cpu/reduce.h",           [H_MATMUL] = "cpu/matmul.h",
-    [H_NN] = "cpu/nn.h",                   [H_LOSS] = "cpu/loss.h",
-    [H_TRANSFORMER] = "cpu/transformer.h", [H_NN_BACKWARD] = "cpu/nn_backward.h",
+    [H_ELEMENTWISE] = "cpu/elementwise.h",
+    [H_LAYOUT] = "cpu/layout.h",
+    [H_REDUCE] = "cpu/reduce.h",
+    [H_MATMUL] = "cpu/matmul.h",
+    [H_NN] = "cpu/nn.h",
+    [H_LOSS] = "cpu/loss.h",
+    [H_TRANSFORMER] = "cpu/transformer.h",
+    [H_NN_BACKWARD] = "cpu/nn_backward.h",
     [H_LAYOUT_BACKWARD] = "cpu/layout_backward.h",
 };
 
@@ -24,16 +28,24 @@ static const char *const cpu_headers[] = {
  * error, so the interpreter's call (bind/call.c) and the printed one agree by construction.
  * The cuda tables are derived from it (device_kernels), so a kernel has one argument list
  * for every target. */
-#define FIELD(f, ...) (offsetof(TpBound, a) + offsetof(Args, f) + 0 * _Generic(((Args *)0)->f, __VA_ARGS__: 0))
-#define VIEW_FIELD(f) FIELD(f, const TpTensor *: 0, TpTensor *)
-#define ARG(kind, f, ...) {TP_ARG_##kind, FIELD(f, __VA_ARGS__), 0}
-#define ARG2(kind, f, T, g, U) {TP_ARG_##kind, FIELD(f, T), FIELD(g, U)}
-#define VIEW(f) {TP_ARG_VIEW, VIEW_FIELD(f), 0}
-#define DATA(f) {TP_ARG_DATA, VIEW_FIELD(f), 0}
-#define SCALAR(f) {TP_ARG_SCALAR, VIEW_FIELD(f), 0}
-#define SCRATCH(f, like) {TP_ARG_SCRATCH, VIEW_FIELD(f), VIEW_FIELD(like)}
-#define RANK(f) {TP_ARG_RANK, VIEW_FIELD(f), 0}
-#define DIMS(f) {TP_ARG_DIMS, VIEW_FIELD(f), 0}
+#define FIELD(f, ...) (offsetof(TpBound, a) + offsetof(Args, f) + 0 * _Generic(((Args *)0)->f, __VA_ARGS__ : 0))
+#define VIEW_FIELD(f) FIELD(f, const TpTensor * : 0, TpTensor *)
+#define ARG(kind, f, ...)                                                                                           \
+  { TP_ARG_##kind, FIELD(f, __VA_ARGS__), 0 }
+#define ARG2(kind, f, T, g, U)                                                                                      \
+  { TP_ARG_##kind, FIELD(f, T), FIELD(g, U) }
+#define VIEW(f)                                                                                                     \
+  { TP_ARG_VIEW, VIEW_FIELD(f), 0 }
+#define DATA(f)                                                                                                     \
+  { TP_ARG_DATA, VIEW_FIELD(f), 0 }
+#define SCALAR(f)                                                                                                   \
+  { TP_ARG_SCALAR, VIEW_FIELD(f), 0 }
+#define SCRATCH(f, like)                                                                                            \
+  { TP_ARG_SCRATCH, VIEW_FIELD(f), VIEW_FIELD(like) }
+#define RANK(f)                                                                                                     \
+  { TP_ARG_RANK, VIEW_FIELD(f), 0 }
+#define DIMS(f)                                                                                                     \
+  { TP_ARG_DIMS, VIEW_FIELD(f), 0 }
 #define I64(f) ARG(I64, f, int64_t)
 #define INT(f) ARG(INT, f, int)
 #define BOOL(f) ARG(BOOL, f, bool)
@@ -44,22 +56,24 @@ static const char *const cpu_headers[] = {
 #define VIEWS_OUT(f, n) ARG2(VIEWS_OUT, f, TpTensor *, n, int)
 #define UNARY_OP(f) ARG(UNARY_OP, f, TpUnaryOp)
 #define BINARY_OP(f) ARG(BINARY_OP, f, TpBinaryOp)
-#define ATTENTION(p, mask) {TP_ARG_ATTENTION, FIELD(p, TpAttention), VIEW_FIELD(mask)}
-#define LOSS(o, weight) {TP_ARG_LOSS, FIELD(o, TpLossOptions), VIEW_FIELD(weight)}
+#define ATTENTION(p, mask)                                                                                          \
+  { TP_ARG_ATTENTION, FIELD(p, TpAttention), VIEW_FIELD(mask) }
+#define LOSS(o, weight)                                                                                             \
+  { TP_ARG_LOSS, FIELD(o, TpLossOptions), VIEW_FIELD(weight) }
 #define BAD(f) ARG(BAD, f, int64_t *)
 
 static TpKernelSpelling cpu_kernels[TP_K_COUNT];
 
 static void build_cpu_kernels(void) {
-#define K(id, member, Args_, fn, header_, ...)                                                 \
-  {                                                                                           \
-    typedef Args_ Args;                                                                       \
-    const TpArgSpelling args[] = {__VA_ARGS__};                                               \
-    /* one more for a device target's stream */                                              \
-    _Static_assert(sizeof args / sizeof *args < TP_MAX_KERNEL_ARGS, #fn ": too many arguments"); \
-    TpKernelSpelling *k = &cpu_kernels[TP_K_##id];                                            \
-    *k = (TpKernelSpelling){.name = #fn, .header = H_##header_, .nargs = sizeof args / sizeof *args}; \
-    memcpy(k->args, args, sizeof args);                                                       \
+#define K(id, member, Args_, fn, header_, ...)                                                                      \
+  {                                                                                                                 \
+    typedef Args_ Args;                                                                                             \
+    const TpArgSpelling args[] = {__VA_ARGS__};                                                                     \
+    /* one more for a device target's stream */                                                                     \
+    _Static_assert(sizeof args / sizeof *args < TP_MAX_KERNEL_ARGS, #fn ": too many arguments");                    \
+    TpKernelSpelling *k = &cpu_kernels[TP_K_##id];                                                                  \
+    *k = (TpKernelSpelling){.name = #fn, .header = H_##header_, .nargs = sizeof args / sizeof *args};               \
+    memcpy(k->args, args, sizeof args);                                                                             \
   }
 #include "../runtime/kernels/kernels.def"
 #undef K
@@ -94,15 +108,29 @@ static TpKernelSpelling cuda_kernels[TP_K_COUNT], cuda_bf16_kernels[TP_K_COUNT];
 
 #define CPU_BUILD "cc plan.c $(pkg-config --cflags --libs tokpipe) -o trainer"
 #define CUDA_BUILD "cc plan.c $(pkg-config --cflags --libs tokpipe-cuda) -o trainer"
-#define CUDA_DEVICE .device = "tp_plan_device_cuda", .device_header = 0, .constant = "tp_cuda_constant", \
-                    .copy_to_host = "tp_cuda_copy_to_host", .fill_i64 = "tp_cuda_fill_i64"
+#define CUDA_DEVICE                                                                                                 \
+  .device = "tp_plan_device_cuda", .device_header = 0, .constant = "tp_cuda_constant",                              \
+  .copy_to_host = "tp_cuda_copy_to_host", .fill_i64 = "tp_cuda_fill_i64"
 static const TpTarget targets[] = {
-    {.name = "cpu", .headers = cpu_headers, .nheaders = (int)(sizeof cpu_headers / sizeof *cpu_headers),
-     .kernels = cpu_kernels, .build = CPU_BUILD},
-    {.name = "cuda", .precision = "fp32", .headers = cuda_headers, .nheaders = 1, .kernels = cuda_kernels,
-     .build = CUDA_BUILD, CUDA_DEVICE},
-    {.name = "cuda", .precision = "bf16", .headers = cuda_headers, .nheaders = 1, .kernels = cuda_bf16_kernels,
-     .build = CUDA_BUILD, CUDA_DEVICE},
+    {.name = "cpu",
+     .headers = cpu_headers,
+     .nheaders = (int)(sizeof cpu_headers / sizeof *cpu_headers),
+     .kernels = cpu_kernels,
+     .build = CPU_BUILD},
+    {.name = "cuda",
+     .precision = "fp32",
+     .headers = cuda_headers,
+     .nheaders = 1,
+     .kernels = cuda_kernels,
+     .build = CUDA_BUILD,
+     CUDA_DEVICE},
+    {.name = "cuda",
+     .precision = "bf16",
+     .headers = cuda_headers,
+     .nheaders = 1,
+     .kernels = cuda_bf16_kernels,
+     .build = CUDA_BUILD,
+     CUDA_DEVICE},
 };
 enum { NTARGETS = sizeof targets / sizeof *targets };
 

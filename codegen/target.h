@@ -45,22 +45,22 @@ typedef struct {
 #define TP_MAX_KERNEL_ARGS 12
 
 typedef struct {
-  char name[48];    /* the function */
-  int header;       /* index into the target's headers */
+  char name[48]; /* the function */
+  int header;    /* index into the target's headers */
   int nargs;
   TpArgSpelling args[TP_MAX_KERNEL_ARGS];
 } TpKernelSpelling;
 
 typedef struct {
-  const char *name;                /* as --target spells it */
-  const char *precision;           /* as --precision spells it; NULL: the target has no choice */
-  const char *const *headers;      /* included in this order, those a plan uses */
+  const char *name;           /* as --target spells it */
+  const char *precision;      /* as --precision spells it; NULL: the target has no choice */
+  const char *const *headers; /* included in this order, those a plan uses */
   int nheaders;
   const TpKernelSpelling *kernels; /* [TP_K_COUNT] */
   const char *build;               /* the plan's build command, for its header comment */
   /* A device target's plan holds device pointers in its views (TpStepIO: the arena,
    * parameters, gradients, tokens, targets); NULL for the cpu, whose plan reads them: */
-  const char *device;       /* the TpPlanDevice of TpPlan.device, declared in headers[device_header] */
+  const char *device; /* the TpPlanDevice of TpPlan.device, declared in headers[device_header] */
   int device_header;
   const char *constant;     /* F(io->stream, array, sizeof array): the device copy of a constant */
   const char *copy_to_host; /* F(host, device, bytes, io->stream): queues a copy to the host (the loss) */

@@ -49,8 +49,8 @@ const char *onnx_metadata(Importer *I, const ProtobufCMessage *msg, bool node, c
                                                                                           "metadata_props");
   if (known && known->label == PROTOBUF_C_LABEL_REPEATED && known->type == PROTOBUF_C_TYPE_MESSAGE) {
     size_t n = *(const size_t *)((const char *)msg + known->quantifier_offset);
-    Onnx__StringStringEntryProto *const *entries =
-        *(Onnx__StringStringEntryProto *const *const *)((const char *)msg + known->offset);
+    Onnx__StringStringEntryProto *const *entries = *(
+        Onnx__StringStringEntryProto *const *const *)((const char *)msg + known->offset);
     for (size_t i = 0; i < n; i++)
       if (entries[i]->key && strcmp(entries[i]->key, key) == 0)
         return tp_strdup(I->m, entries[i]->value ? entries[i]->value : "");
@@ -69,8 +69,7 @@ const char *onnx_metadata(Importer *I, const ProtobufCMessage *msg, bool node, c
       if (number == 1 && payload) k = payload, klen = len;
       if (number == 2 && payload) v = payload, vlen = len;
     }
-    if (p == end && k && klen == want && memcmp(k, key, want) == 0)
-      return v ? module_strndup(I->m, v, vlen) : "";
+    if (p == end && k && klen == want && memcmp(k, key, want) == 0) return v ? module_strndup(I->m, v, vlen) : "";
   }
   return NULL;
 }
@@ -170,7 +169,8 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
       continue;
     }
     if (!recorded) {
-      *c = (InitClass){TP_VAL_PARAM, "a float initializer (the export records no parameters: all train)", NULL, false};
+      *c = (InitClass){TP_VAL_PARAM, "a float initializer (the export records no parameters: all train)", NULL,
+                       false};
       continue;
     }
     const char *kind = info_metadata(I, g, t->name, KIND_KEY);
@@ -178,8 +178,11 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
     if (kind) {
       bool param = strcmp(kind, "PARAMETER") == 0;
       *c = (InitClass){param ? TP_VAL_PARAM : TP_VAL_CONST,
-                       tp_strfmt(I->m, "%s (export metadata)", param ? "a parameter"
-                                 : strcmp(kind, "BUFFER") == 0 ? "a buffer" : "a constant tensor"), NULL, false};
+                       tp_strfmt(I->m, "%s (export metadata)",
+                                 param                         ? "a parameter"
+                                 : strcmp(kind, "BUFFER") == 0 ? "a buffer"
+                                                               : "a constant tensor"),
+                       NULL, false};
       continue;
     }
     if (!folded) {
@@ -207,17 +210,21 @@ int classify_initializers(Importer *I, const Onnx__GraphProto *g, InitClass *out
       if (p) params[nparams++] = from[k];
     }
     if (nparams > 1)
-      return tp_error(I->d, "initializer '%s' was folded by the exporter from several parameters ('%s' and "
+      return tp_error(I->d,
+                      "initializer '%s' was folded by the exporter from several parameters ('%s' and "
                       "'%s'): it cannot train as one of them; export with torch.onnx.export(..., optimize=False)",
                       t->name, params[0], params[1]);
     if (nparams == 1)
       *c = (InitClass){TP_VAL_PARAM, tp_strfmt(I->m, "folded from the parameter %s (export metadata)", params[0]),
                        params[0], n == 1};
     else if (ntensors)
-      *c = (InitClass){TP_VAL_CONST, tp_strfmt(I->m, "folded by the exporter from %s and computation, no "
-                       "parameter (export metadata)", tensor), NULL, false};
-    else
-      *c = (InitClass){TP_VAL_CONST, "folded by the exporter from constants (export metadata)", NULL, false};
+      *c = (InitClass){TP_VAL_CONST,
+                       tp_strfmt(I->m,
+                                 "folded by the exporter from %s and computation, no "
+                                 "parameter (export metadata)",
+                                 tensor),
+                       NULL, false};
+    else *c = (InitClass){TP_VAL_CONST, "folded by the exporter from constants (export metadata)", NULL, false};
   }
   return TP_OK;
 }
@@ -316,7 +323,8 @@ static int pair_operands(Importer *I, const Onnx__GraphProto *g, size_t node, co
       for (int a = 0; a < nplace && !fx; a++)
         if (own[j] && strcmp(placeholders[a], own[j]) == 0) fx = placeholders[a];
       for (int a = 0; a < nplace && !fx && own[j]; a++)
-        if (!taken[a] && (best < 0 || common_suffix(placeholders[a], own[j]) > common_suffix(placeholders[best], own[j])))
+        if (!taken[a] &&
+            (best < 0 || common_suffix(placeholders[a], own[j]) > common_suffix(placeholders[best], own[j])))
           best = a;
       if (!fx && best >= 0) fx = placeholders[best], taken[best] = true;
     } else if (nargs == (int)n->n_input && args[k][0] == '%') {
@@ -353,13 +361,17 @@ int split_merged_params(Importer *I, const Onnx__GraphProto *g, const InitClass 
     if (strcmp(use->fx, own[use->init]) == 0) continue;
     int v = -1; /* an earlier use of the same FX value made its parameter already */
     for (int w = 0; w < u && v < 0; w++)
-      if (uses[w].init == use->init && strcmp(uses[w].fx, use->fx) == 0) v = override_of(I, uses[w].node, uses[w].operand);
+      if (uses[w].init == use->init && strcmp(uses[w].fx, use->fx) == 0)
+        v = override_of(I, uses[w].node, uses[w].operand);
     if (v < 0) {
       const TpValue src = I->m->values[values[use->init]];
       const char *name = tp_unique_name(I->m, parameter_name(I, g->node[use->node], use->fx));
-      v = tp_add_data_value(I->m, name, TP_VAL_PARAM, src.type, src.blob, src.offset, (TpOrigin){src.name, "Identity"});
-      I->m->values[v].why = tp_strfmt(I->m, "a parameter the exporter merged into '%s' (equal bytes), trained "
-                                      "apart (export metadata)", src.name);
+      v = tp_add_data_value(I->m, name, TP_VAL_PARAM, src.type, src.blob, src.offset,
+                            (TpOrigin){src.name, "Identity"});
+      I->m->values[v].why = tp_strfmt(I->m,
+                                      "a parameter the exporter merged into '%s' (equal bytes), trained "
+                                      "apart (export metadata)",
+                                      src.name);
     }
     add_override(I, use->node, use->operand, v);
   }

@@ -43,8 +43,8 @@ int tp_import_onnx_file(const char *path, const TpImportOptions *o, TpModule **o
 
 /* The same from bytes in memory (the fuzzer). `path` names the model in diagnostics and
  * its folder anchors external data; NULL refuses external data. The bytes are copied. */
-int tp_import_onnx_buffer(const void *data, size_t size, const char *path,
-                          const TpImportOptions *o, TpModule **out, TpDiag *d);
+int tp_import_onnx_buffer(const void *data, size_t size, const char *path, const TpImportOptions *o, TpModule **out,
+                          TpDiag *d);
 
 /* Reads a serialized TensorProto file (backend-test input_N.pb / output_N.pb) into a tensor
  * whose data is malloc'ed (the caller frees out->data); *name (if name is not NULL) gets a

@@ -45,8 +45,8 @@ typedef struct {
   const char *path; /* the model as named by the user, or NULL */
   char *dir;        /* the model's folder as named by the user; NULL: external data refused */
   int opset;
-  int model_blob;   /* the model bytes, or -1 */
-  RawSpan *raw;     /* per graph initializer */
+  int model_blob; /* the model bytes, or -1 */
+  RawSpan *raw;   /* per graph initializer */
   int nraw;
   NameMap names;
   Sequence *sequences;
@@ -61,9 +61,9 @@ typedef struct {
 /* One ONNX node being lowered. */
 typedef struct {
   const Onnx__NodeProto *n;
-  TpOrigin at;     /* module-owned strings */
-  int since;       /* since_version of the matched op-table row */
-  TpOpKind kind;   /* the IR op of the row (TP_OP_COUNT for none) */
+  TpOrigin at;   /* module-owned strings */
+  int since;     /* since_version of the matched op-table row */
+  TpOpKind kind; /* the IR op of the row (TP_OP_COUNT for none) */
   int nin, nout;
   int in[TP_MAX_CONST_INTS]; /* operand values, -1 when absent */
 } Node;
@@ -108,7 +108,7 @@ typedef struct {
   const char *op_type;
   int since;
   ImportFn fn;
-  TpOpKind kind;           /* passed to fn; TP_OP_COUNT when fn makes no single IR op */
+  TpOpKind kind;               /* passed to fn; TP_OP_COUNT when fn makes no single IR op */
   int min_in, max_in, max_out; /* the ONNX node's arity */
 } OpRow;
 const OpRow *tp_onnx_find_op(const char *op_type, int opset, int *first_since);
@@ -118,18 +118,15 @@ const OpRow *tp_onnx_find_op(const char *op_type, int opset, int *first_since);
 const char *model_file_name(const char *path);
 
 /* onnx_import.c: helpers for the lowerings */
-int node_error(Importer *I, const Node *N, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int node_error(Importer *I, const Node *N, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 const Onnx__AttributeProto *node_attr(const Node *N, const char *name);
 int attr_int(Importer *I, const Node *N, const char *name, int64_t dflt, int64_t *out);
 int attr_float(Importer *I, const Node *N, const char *name, double dflt, double *out);
-int attr_string(Importer *I, const Node *N, const char *name, const char *dflt,
-                const char **out);
+int attr_string(Importer *I, const Node *N, const char *name, const char *dflt, const char **out);
 /* *n = -1 when absent. */
 int attr_ints(Importer *I, const Node *N, const char *name, int64_t *out, int *n);
 /* Normalises axis into [0, rank); error naming `what` when out of range. */
-int norm_axis(Importer *I, const Node *N, const char *what, int64_t axis, int rank,
-              int64_t *out);
+int norm_axis(Importer *I, const Node *N, const char *what, int64_t axis, int rank, int64_t *out);
 
 /* Operand k must be a compile-time constant (bound inputs become one); *t views it. */
 int const_operand(Importer *I, const Node *N, int k, const char *what, TpTensor *t);
@@ -140,19 +137,18 @@ const TpType *value_type(Importer *I, int v);
 /* Binds ONNX output k of the node to value v. */
 void bind_output(Importer *I, const Node *N, int k, int v);
 /* New IR op with the node's outputs as results (names from the node). */
-int new_op(Importer *I, const Node *N, TpOpKind kind, const int *inputs, int ninputs,
-           int noutputs);
+int new_op(Importer *I, const Node *N, TpOpKind kind, const int *inputs, int ninputs, int noutputs);
 /* Infers and folds op (result types already set where the op needs it) and binds its
  * results to the node's outputs in order. */
 int finish_op(Importer *I, const Node *N, int op);
 /* A new CONST value for ONNX output k of the node, holding a copy of data. */
 int add_output_const(Importer *I, const Node *N, int k, TpType type, const void *data);
 /* A small TensorProto (ConstantOfShape's value) as malloc'ed data (no external data). */
-int read_small_tensor(Importer *I, const Node *N, const Onnx__TensorProto *t, const char *what,
-                      TpType *type, void **data);
+int read_small_tensor(Importer *I, const Node *N, const Onnx__TensorProto *t, const char *what, TpType *type,
+                      void **data);
 /* Converts a TensorProto into a PARAM/CONST value named name; raw_index: its position among
    the graph's initializers (raw_data is then referenced in place), or -1 (copied). */
-int import_tensor_value(Importer *I, const Onnx__TensorProto *t, const char *name,
-                        TpValueKind kind, TpOrigin at, int raw_index, int *value);
+int import_tensor_value(Importer *I, const Onnx__TensorProto *t, const char *name, TpValueKind kind, TpOrigin at,
+                        int raw_index, int *value);
 
 #endif

@@ -59,9 +59,7 @@ int map_get(const NameMap *t, const char *key) {
   return t->keys[i] ? t->vals[i] : -1;
 }
 
-static bool map_has(const NameMap *t, const char *key) {
-  return t->cap && t->keys[map_slot(t, key)] != NULL;
-}
+static bool map_has(const NameMap *t, const char *key) { return t->cap && t->keys[map_slot(t, key)] != NULL; }
 
 void map_put(NameMap *t, const char *key, int val) {
   if (2 * (t->count + 1) > t->cap) {
@@ -121,8 +119,7 @@ bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
 }
 
 /* Next field: number, wire type, and for length-delimited ones the payload. */
-bool wire_field(const uint8_t **p, const uint8_t *end, uint64_t *field, const uint8_t **payload,
-                       uint64_t *len) {
+bool wire_field(const uint8_t **p, const uint8_t *end, uint64_t *field, const uint8_t **payload, uint64_t *len) {
   uint64_t key, v;
   if (!wire_varint(p, end, &key)) return false;
   *field = key >> 3;
@@ -130,8 +127,14 @@ bool wire_field(const uint8_t **p, const uint8_t *end, uint64_t *field, const ui
   *len = 0;
   switch (key & 7) {
   case 0: return wire_varint(p, end, &v);
-  case 1: if (end - *p < 8) return false; *p += 8; return true;
-  case 5: if (end - *p < 4) return false; *p += 4; return true;
+  case 1:
+    if (end - *p < 8) return false;
+    *p += 8;
+    return true;
+  case 5:
+    if (end - *p < 4) return false;
+    *p += 4;
+    return true;
   case 2:
     if (!wire_varint(p, end, len) || *len > (uint64_t)(end - *p)) return false;
     *payload = *p;
@@ -197,8 +200,8 @@ static int decode_tensor(Importer *I, const TpOrigin *at, const Onnx__TensorProt
   return rc ? err_at(I->d, at, I->opset, "%s", err) : TP_OK;
 }
 
-int read_small_tensor(Importer *I, const Node *N, const Onnx__TensorProto *t, const char *what,
-                      TpType *type, void **data) {
+int read_small_tensor(Importer *I, const Node *N, const Onnx__TensorProto *t, const char *what, TpType *type,
+                      void **data) {
   TpOnnxTensor dec;
   const TpOnnxData no_external = {.refused = "is not supported here"};
   int rc = decode_tensor(I, &N->at, t, what, &no_external, &dec);
@@ -210,8 +213,8 @@ int read_small_tensor(Importer *I, const Node *N, const Onnx__TensorProto *t, co
 
 /* A TensorProto as a PARAM/CONST value. raw_index: its position among the graph's
  * initializers (raw_data then references the model bytes), or -1 (the data is copied). */
-int import_tensor_value(Importer *I, const Onnx__TensorProto *t, const char *name,
-                        TpValueKind kind, TpOrigin at, int raw_index, int *value) {
+int import_tensor_value(Importer *I, const Onnx__TensorProto *t, const char *name, TpValueKind kind, TpOrigin at,
+                        int raw_index, int *value) {
   TpModule *m = I->m;
   char what[300];
   snprintf(what, sizeof what, "%s '%s'", at.node ? "tensor" : "initializer", name);
@@ -242,16 +245,15 @@ int import_tensor_value(Importer *I, const Onnx__TensorProto *t, const char *nam
 
 const Onnx__AttributeProto *node_attr(const Node *N, const char *name) {
   for (size_t i = 0; i < N->n->n_attribute; i++)
-    if (N->n->attribute[i]->name && strcmp(N->n->attribute[i]->name, name) == 0)
-      return N->n->attribute[i];
+    if (N->n->attribute[i]->name && strcmp(N->n->attribute[i]->name, name) == 0) return N->n->attribute[i];
   return NULL;
 }
 
 static const char *attr_type_name(int type) {
-  static const char *const names[] = {"undefined", "float", "int", "string", "tensor",
-                                      "graph", "floats", "ints", "strings", "tensors",
-                                      "graphs", "sparse tensor", "sparse tensors",
-                                      "type proto", "type protos"};
+  static const char *const names[] = {"undefined",      "float",      "int",        "string",
+                                      "tensor",         "graph",      "floats",     "ints",
+                                      "strings",        "tensors",    "graphs",     "sparse tensor",
+                                      "sparse tensors", "type proto", "type protos"};
   return type >= 0 && type < (int)(sizeof names / sizeof *names) ? names[type] : "unknown";
 }
 
@@ -298,8 +300,8 @@ int attr_ints(Importer *I, const Node *N, const char *name, int64_t *out, int *n
   if (!a) return TP_OK;
   if (attr_check(I, N, a, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS)) return TP_ERR_INPUT;
   if (a->n_ints > TP_MAX_CONST_INTS)
-    return node_error(I, N, "attribute '%s' has %zu values; tokpipec supports at most %d", name,
-                      a->n_ints, TP_MAX_CONST_INTS);
+    return node_error(I, N, "attribute '%s' has %zu values; tokpipec supports at most %d", name, a->n_ints,
+                      TP_MAX_CONST_INTS);
   if (a->n_ints) memcpy(out, a->ints, a->n_ints * sizeof *out);
   *n = (int)a->n_ints;
   return TP_OK;
@@ -340,12 +342,16 @@ int const_operand(Importer *I, const Node *N, int k, const char *what, TpTensor 
   if (val->kind == TP_VAL_INPUT) {
     const TpInputBinding *b = find_binding(I, val->name);
     if (!b)
-      return node_error(I, N, "operand '%s' is graph input '%s', which is not a compile-time "
-                        "constant (tokpipec needs shapes, axes and sizes at compile time)", what, val->name);
+      return node_error(I, N,
+                        "operand '%s' is graph input '%s', which is not a compile-time "
+                        "constant (tokpipec needs shapes, axes and sizes at compile time)",
+                        what, val->name);
     make_input_const(I, v, b);
   } else if (val->kind != TP_VAL_CONST && val->kind != TP_VAL_PARAM) {
-    return node_error(I, N, "operand '%s' ('%s') is not a compile-time constant (static shapes "
-                      "are needed: fix symbolic dims with --dim)", what, val->name);
+    return node_error(I, N,
+                      "operand '%s' ('%s') is not a compile-time constant (static shapes "
+                      "are needed: fix symbolic dims with --dim)",
+                      what, val->name);
   }
   *t = tp_value_tensor(I->m, v);
   return TP_OK;
@@ -356,12 +362,10 @@ int const_ints(Importer *I, const Node *N, int k, const char *what, int64_t *out
   int rc = const_operand(I, N, k, what, &t);
   if (rc) return rc;
   if (t.dtype != TP_I64 && t.dtype != TP_I32)
-    return node_error(I, N, "operand '%s' must be int64 or int32, not %s", what,
-                      tp_dtype_name(t.dtype));
+    return node_error(I, N, "operand '%s' must be int64 or int32, not %s", what, tp_dtype_name(t.dtype));
   int64_t numel = tp_tensor_numel(&t);
   if (t.rank > 1 || numel > TP_MAX_CONST_INTS)
-    return node_error(I, N, "operand '%s' must be a list of at most %d integers", what,
-                      TP_MAX_CONST_INTS);
+    return node_error(I, N, "operand '%s' must be a list of at most %d integers", what, TP_MAX_CONST_INTS);
   for (int64_t i = 0; i < numel; i++) {
     if (t.dtype == TP_I64) {
       memcpy(&out[i], (const char *)t.data + 8 * i, 8);
@@ -421,8 +425,7 @@ static int64_t dim_binding(const Importer *I, const char *name) {
     const TpType *t = &I->m->values[I->m->inputs[i]].type;
     if (!tp_dtype_is_integer(t->dtype) || t->rank != 2) continue;
     for (int k = 0; k < 2; k++)
-      if (I->o->token_dims[k] > 0 && t->dimnames[k] && strcmp(t->dimnames[k], name) == 0)
-        return I->o->token_dims[k];
+      if (I->o->token_dims[k] > 0 && t->dimnames[k] && strcmp(t->dimnames[k], name) == 0) return I->o->token_dims[k];
     break;
   }
   return -1;
@@ -458,8 +461,8 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
     memcpy(type.dims, b->value.dims, sizeof type.dims);
   } else {
     if (tt->shape->n_dim > TP_MAX_RANK)
-      return tp_error(d, "input '%s' has rank %zu; tokpipec supports rank <= %d", name,
-                      tt->shape->n_dim, TP_MAX_RANK);
+      return tp_error(d, "input '%s' has rank %zu; tokpipec supports rank <= %d", name, tt->shape->n_dim,
+                      TP_MAX_RANK);
     type.rank = (int)tt->shape->n_dim;
     const int64_t *token_dims = token_input_dims(I, &type);
     if (b && b->value.rank != type.rank)
@@ -470,15 +473,15 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
       if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
         n = dim->dim_value;
         if (n < 0) return tp_error(d, "input '%s' dim %d is negative (%lld)", name, i, (long long)n);
-      } else if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM &&
-                 dim->dim_param && *dim->dim_param) {
+      } else if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM && dim->dim_param &&
+                 *dim->dim_param) {
         type.dimnames[i] = tp_strdup(I->m, dim->dim_param);
         n = dim_binding(I, dim->dim_param);
         if (n < 0 && token_dims && token_dims[i] > 0) n = token_dims[i];
         if (n < 0 && b) n = b->value.dims[i];
         if (n < 0)
-          return tp_error(d, "input '%s' dim %d '%s' is symbolic: pass --dim %s=N", name, i,
-                          dim->dim_param, dim->dim_param);
+          return tp_error(d, "input '%s' dim %d '%s' is symbolic: pass --dim %s=N", name, i, dim->dim_param,
+                          dim->dim_param);
       } else {
         if (!b) return tp_error(d, "input '%s' dim %d has no size", name, i);
         n = b->value.dims[i];
@@ -495,8 +498,8 @@ static int import_input(Importer *I, const Onnx__ValueInfoProto *vi) {
     TpType bt = tp_type_make(b->value.dtype, b->value.rank, b->value.dims);
     if (!tp_type_equal(&type, &bt)) {
       char want[128], got[128];
-      return tp_error(d, "input '%s' is %s but its bound data is %s", name,
-                      tp_type_str(&type, want, sizeof want), tp_type_str(&bt, got, sizeof got));
+      return tp_error(d, "input '%s' is %s but its bound data is %s", name, tp_type_str(&type, want, sizeof want),
+                      tp_type_str(&bt, got, sizeof got));
     }
   }
   int v = tp_add_value(I->m, name, TP_VAL_INPUT, type, (TpOrigin){0});
@@ -531,9 +534,11 @@ static int check_initializer_input(Importer *I, const Onnx__ValueInfoProto *vi, 
       bool fixed = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
       differs |= fixed && (i >= (size_t)it.rank || dim->dim_value != it.dims[i]);
       const char *sep = i ? ", " : "[";
-      if (fixed) len += (size_t)snprintf(declared + len, sizeof declared - len, "%s%lld", sep, (long long)dim->dim_value);
-      else len += (size_t)snprintf(declared + len, sizeof declared - len, "%s%s", sep,
-                                   dim->dim_param && *dim->dim_param ? dim->dim_param : "?");
+      if (fixed)
+        len += (size_t)snprintf(declared + len, sizeof declared - len, "%s%lld", sep, (long long)dim->dim_value);
+      else
+        len += (size_t)snprintf(declared + len, sizeof declared - len, "%s%s", sep,
+                                dim->dim_param && *dim->dim_param ? dim->dim_param : "?");
     }
     if (len < sizeof declared) snprintf(declared + len, sizeof declared - len, tt->shape->n_dim ? "]" : "[]");
   }
@@ -557,9 +562,7 @@ static TpOrigin node_origin(Importer *I, const Onnx__NodeProto *n, size_t index)
   return at;
 }
 
-static bool is_default_domain(const char *domain) {
-  return !domain || !*domain || strcmp(domain, "ai.onnx") == 0;
-}
+static bool is_default_domain(const char *domain) { return !domain || !*domain || strcmp(domain, "ai.onnx") == 0; }
 
 /* NonZero's result has as many rows as its operand has nonzero entries: no static plan holds
  * it. A mixture's experts exported by TorchScript with transformers' eager experts route
@@ -568,7 +571,8 @@ static bool is_default_domain(const char *domain) {
 static int refuse_data_dependent(Importer *I, const Onnx__NodeProto *n, size_t index) {
   if (!is_default_domain(n->domain) || !n->op_type || strcmp(n->op_type, "NonZero") != 0) return TP_OK;
   Node N = {.n = n, .at = node_origin(I, n, index)};
-  return node_error(I, &N, "NonZero has a data-dependent shape, which tokpipec does not support (a mixture of "
+  return node_error(I, &N,
+                    "NonZero has a data-dependent shape, which tokpipec does not support (a mixture of "
                     "experts' eager routing); export with torch.onnx.export(..., dynamo=True) and the model "
                     "loaded with experts_implementation=\"batched_mm\"");
 }
@@ -577,15 +581,17 @@ static int import_node(Importer *I, const Onnx__NodeProto *n, size_t index) {
   Node N = {.n = n, .at = node_origin(I, n, index)};
   const char *op = N.at.op_type;
   if (!is_default_domain(n->domain))
-    return node_error(I, &N, "op domain '%s' is not supported: tokpipec reads standard ONNX "
+    return node_error(I, &N,
+                      "op domain '%s' is not supported: tokpipec reads standard ONNX "
                       "ops only; export the model without onnxruntime's optimizations "
-                      "(the unoptimized export)", n->domain);
+                      "(the unoptimized export)",
+                      n->domain);
   int first = 0;
   const OpRow *row = tp_onnx_find_op(op, I->opset, &first);
   if (!row) {
     if (first > 0)
-      return node_error(I, &N, "unsupported op: %s needs opset >= %d, the model imports opset %d",
-                        op, first, I->opset);
+      return node_error(I, &N, "unsupported op: %s needs opset >= %d, the model imports opset %d", op, first,
+                        I->opset);
     return node_error(I, &N, "unsupported op '%s'", op);
   }
   N.since = row->since;
@@ -602,10 +608,8 @@ static int import_node(Importer *I, const Onnx__NodeProto *n, size_t index) {
   /* trailing absent operands and results are as good as missing */
   while (N.nin > 0 && N.in[N.nin - 1] < 0) N.nin--;
   while (N.nout > 0 && !*n->output[N.nout - 1]) N.nout--;
-  if (N.nin > row->max_in)
-    return node_error(I, &N, "has %d inputs, expected at most %d", N.nin, row->max_in);
-  if (N.nout > row->max_out)
-    return node_error(I, &N, "has %d outputs, expected at most %d", N.nout, row->max_out);
+  if (N.nin > row->max_in) return node_error(I, &N, "has %d inputs, expected at most %d", N.nin, row->max_in);
+  if (N.nout > row->max_out) return node_error(I, &N, "has %d outputs, expected at most %d", N.nout, row->max_out);
   for (int k = 0; k < row->min_in; k++)
     if (k >= N.nin || N.in[k] < 0) return node_error(I, &N, "input %d is missing", k);
   if (N.nout < 1 || !*n->output[0]) return node_error(I, &N, "has no output");
@@ -613,8 +617,7 @@ static int import_node(Importer *I, const Onnx__NodeProto *n, size_t index) {
   if (rc) return rc;
   for (int k = 0; k < N.nout; k++)
     if (*n->output[k] && map_get(&I->names, n->output[k]) < 0)
-      return tp_internal(I->d, "node '%s' (%s): output '%s' was not produced", N.at.node, op,
-                         n->output[k]);
+      return tp_internal(I->d, "node '%s' (%s): output '%s' was not produced", N.at.node, op, n->output[k]);
   return TP_OK;
 }
 
@@ -735,8 +738,10 @@ static int read_opset(Importer *I, const Onnx__ModelProto *model) {
   /* older opsets are fine where each node's version is still current at 13 (the op table
      decides per node); newer ones may change semantics we do not know */
   if (opset < 1 || opset > MAX_OPSET)
-    return tp_error(I->d, "opset %lld is not supported: tokpipec reads opsets up to %d; re-export "
-                    "the model with opset_version in 13..%d", (long long)opset, MAX_OPSET, MAX_OPSET);
+    return tp_error(I->d,
+                    "opset %lld is not supported: tokpipec reads opsets up to %d; re-export "
+                    "the model with opset_version in 13..%d",
+                    (long long)opset, MAX_OPSET, MAX_OPSET);
   I->opset = (int)opset;
   I->m->opset = I->opset;
   return TP_OK;
@@ -757,8 +762,10 @@ static int import_graph(Importer *I, const Onnx__ModelProto *model) {
   if (!g) return tp_error(I->d, "the model has no graph");
   if ((rc = read_opset(I, model))) return rc;
   if (g->n_sparse_initializer)
-    return tp_error(I->d, "sparse initializer '%s' is not supported", g->sparse_initializer[0]->values &&
-                    g->sparse_initializer[0]->values->name ? g->sparse_initializer[0]->values->name : "");
+    return tp_error(I->d, "sparse initializer '%s' is not supported",
+                    g->sparse_initializer[0]->values && g->sparse_initializer[0]->values->name
+                        ? g->sparse_initializer[0]->values->name
+                        : "");
   if (I->nraw >= 0 && (size_t)I->nraw != g->n_initializer) I->nraw = -1;
   /* initializer names first (as -2 - index): a graph input that has one is not an input */
   for (size_t i = 0; i < g->n_initializer; i++) {
@@ -831,8 +838,7 @@ static int import_bytes(const uint8_t *bytes, size_t size, const char *path, int
   Importer I = {.m = m, .d = d, .o = o, .path = path, .model_blob = model_blob};
   int rc;
   Onnx__ModelProto *model = onnx__model_proto__unpack(NULL, size, bytes);
-  if (!model)
-    return tp_error(d, "cannot decode the file as an ONNX model (truncated, or not protobuf)");
+  if (!model) return tp_error(d, "cannot decode the file as an ONNX model (truncated, or not protobuf)");
   if (path) I.dir = tp_folder_of(path);
   locate_raw_data(&I, bytes, size);
   rc = import_graph(&I, model);
@@ -875,8 +881,8 @@ int tp_import_onnx_file(const char *path, const TpImportOptions *o, TpModule **o
   return import_with(m, m->blobs[blob].base, m->blobs[blob].size, path, blob, o, out, d);
 }
 
-int tp_import_onnx_buffer(const void *data, size_t size, const char *path,
-                          const TpImportOptions *o, TpModule **out, TpDiag *d) {
+int tp_import_onnx_buffer(const void *data, size_t size, const char *path, const TpImportOptions *o, TpModule **out,
+                          TpDiag *d) {
   *out = NULL;
   TpModule *m = tp_module_new(path);
   int blob = tp_add_owned_blob(m, size ? data : "", size);

@@ -27,8 +27,8 @@ static int import_plain(Importer *I, Node *N) {
 /* A step of a node's lowering before its last op: a new op over `inputs` whose one result
  * is named `name` (made unique) and typed `t` where the op takes its type from it (Reshape,
  * Expand, Cast; NULL: inferred). The caller sets attributes, then step_value. */
-static int step_named(Importer *I, const Node *N, const char *name, TpOpKind kind, const int *inputs,
-                      int ninputs, const TpType *t) {
+static int step_named(Importer *I, const Node *N, const char *name, TpOpKind kind, const int *inputs, int ninputs,
+                      const TpType *t) {
   const char *names[1] = {name};
   int op = tp_add_op(I->m, kind, inputs, ninputs, names, 1, N->at);
   if (t) set_result_type(I, op, 0, *t);
@@ -36,8 +36,8 @@ static int step_named(Importer *I, const Node *N, const char *name, TpOpKind kin
 }
 
 /* The same, named <the node's first output>.<what>. */
-static int step_op(Importer *I, const Node *N, const char *what, TpOpKind kind, const int *inputs,
-                   int ninputs, const TpType *t) {
+static int step_op(Importer *I, const Node *N, const char *what, TpOpKind kind, const int *inputs, int ninputs,
+                   const TpType *t) {
   char name[300];
   snprintf(name, sizeof name, "%.200s.%s", N->n->output[0], what);
   return step_named(I, N, name, kind, inputs, ninputs, t);
@@ -53,8 +53,8 @@ static int step_value(Importer *I, int op, int *v) {
 }
 
 /* A step without attributes: its result in *v. */
-static int step(Importer *I, const Node *N, const char *what, TpOpKind kind, const int *inputs,
-                int ninputs, const TpType *t, int *v) {
+static int step(Importer *I, const Node *N, const char *what, TpOpKind kind, const int *inputs, int ninputs,
+                const TpType *t, int *v) {
   return step_value(I, step_op(I, N, what, kind, inputs, ninputs, t), v);
 }
 
@@ -84,7 +84,8 @@ static int const_shape(Importer *I, Node *N, int k, const char *what, int64_t *d
   int64_t v[TP_MAX_CONST_INTS];
   int n, rc = const_ints(I, N, k, what, v, &n);
   if (rc) return rc;
-  if (n > TP_MAX_RANK) return node_error(I, N, "'%s' has %d dims; tokpipec supports rank <= %d", what, n, TP_MAX_RANK);
+  if (n > TP_MAX_RANK)
+    return node_error(I, N, "'%s' has %d dims; tokpipec supports rank <= %d", what, n, TP_MAX_RANK);
   for (int i = 0; i < n; i++) {
     if (v[i] < 0) return node_error(I, N, "'%s' has negative dim %lld", what, (long long)v[i]);
     dims[i] = v[i];
@@ -224,16 +225,16 @@ static int import_gathernd(Importer *I, Node *N) {
   if (it.dtype != TP_I64 && it.dtype != TP_I32)
     return node_error(I, N, "indices are %s, expected int64 or int32", tp_dtype_name(it.dtype));
   if (r < 1 || q < 1 || b < 0 || b >= (r < q ? r : q))
-    return node_error(I, N, "batch_dims %lld must be below the ranks of data (%d) and indices (%d)",
-                      (long long)b, r, q);
+    return node_error(I, N, "batch_dims %lld must be below the ranks of data (%d) and indices (%d)", (long long)b, r,
+                      q);
   int64_t k = it.dims[q - 1];
   if (k < 1 || k > r - b)
-    return node_error(I, N, "index tuples have %lld entries; data has %lld dims after the batch dims",
-                      (long long)k, (long long)(r - b));
+    return node_error(I, N, "index tuples have %lld entries; data has %lld dims after the batch dims", (long long)k,
+                      (long long)(r - b));
   for (int i = 0; i < b; i++)
     if (it.dims[i] != dt.dims[i])
-      return node_error(I, N, "batch dim %d is %lld in indices but %lld in data", i,
-                        (long long)it.dims[i], (long long)dt.dims[i]);
+      return node_error(I, N, "batch dim %d is %lld in indices but %lld in data", i, (long long)it.dims[i],
+                        (long long)dt.dims[i]);
   int64_t dims[TP_MAX_RANK], strides[TP_MAX_RANK], rows = 1, block = 1; /* over the k indexed dims */
   for (int j = (int)k - 1; j >= 0; j--) {
     dims[j] = dt.dims[b + j];
@@ -247,7 +248,8 @@ static int import_gathernd(Importer *I, Node *N) {
       int64_t at = (int64_t)tp_tensor_get_f64(&t, e), size = dims[e % k];
       if (at < -size || at >= size)
         return node_error(I, N, "index %lld (entry %lld of tuple %lld) is out of range for dim %lld of size %lld",
-                          (long long)at, (long long)(e % k), (long long)(e / k), (long long)(b + e % k), (long long)size);
+                          (long long)at, (long long)(e % k), (long long)(e / k), (long long)(b + e % k),
+                          (long long)size);
     }
   }
   int64_t kk = k, zero = 0;
@@ -377,12 +379,13 @@ static int import_reshape(Importer *I, Node *N) {
   int64_t numel = tp_type_numel(&in);
   if (infer >= 0) {
     if (known == 0 || numel % known)
-      return node_error(I, N, "cannot infer the -1 dim: %lld elements into blocks of %lld",
-                        (long long)numel, (long long)known);
+      return node_error(I, N, "cannot infer the -1 dim: %lld elements into blocks of %lld", (long long)numel,
+                        (long long)known);
     out.dims[infer] = numel / known;
     known = numel;
   }
-  if (known != numel) return node_error(I, N, "cannot reshape %lld elements into %lld", (long long)numel, (long long)known);
+  if (known != numel)
+    return node_error(I, N, "cannot reshape %lld elements into %lld", (long long)numel, (long long)known);
   out.rank = n;
   if (!tp_type_size_ok(&out)) return node_error(I, N, "shape is too large"); /* an empty one's dims too */
   memset(out.dimnames, 0, sizeof out.dimnames);
@@ -491,7 +494,8 @@ static int import_transpose(Importer *I, Node *N) {
 }
 
 /* A Split of the node's first operand along axis into n results of the sizes, named. */
-static int split_op(Importer *I, const Node *N, const char *const *names, const int64_t *sizes, int n, int64_t axis) {
+static int split_op(Importer *I, const Node *N, const char *const *names, const int64_t *sizes, int n,
+                    int64_t axis) {
   TpType in = type_of(I, N->in[0]);
   int op = tp_add_op(I->m, TP_OP_Split, N->in, 1, names, n, N->at);
   tp_set_attr_int(I->m, op, "axis", axis);
@@ -508,8 +512,7 @@ static int import_split(Importer *I, Node *N) {
   TpType in = type_of(I, N->in[0]);
   int64_t axis, sizes[TP_MAX_CONST_INTS], num;
   int n = 0, nout = (int)N->n->n_output, rc;
-  if ((rc = attr_int(I, N, "axis", 0, &axis)) || (rc = norm_axis(I, N, "axis", axis, in.rank, &axis)))
-    return rc;
+  if ((rc = attr_int(I, N, "axis", 0, &axis)) || (rc = norm_axis(I, N, "axis", axis, in.rank, &axis))) return rc;
   int64_t dim = in.dims[axis];
   if ((rc = attr_int(I, N, "num_outputs", -1, &num))) return rc;
   if (N->nin > 1) {
@@ -517,7 +520,8 @@ static int import_split(Importer *I, Node *N) {
     if ((rc = const_ints(I, N, 1, "split", sizes, &n))) return rc;
     if (n != nout) return node_error(I, N, "'split' has %d sizes for %d outputs", n, nout);
   } else if (N->since >= 18 && num >= 0) { /* ceil(dim / num) each, the last one smaller */
-    if (num != nout) return node_error(I, N, "num_outputs is %lld but the node has %d outputs", (long long)num, nout);
+    if (num != nout)
+      return node_error(I, N, "num_outputs is %lld but the node has %d outputs", (long long)num, nout);
     int64_t chunk = (dim + num - 1) / num;
     for (n = 0; n < nout; n++) sizes[n] = n < nout - 1 ? chunk : dim - chunk * (nout - 1);
   } else {
@@ -530,7 +534,9 @@ static int import_split(Importer *I, Node *N) {
       return node_error(I, N, "split sizes do not add up to dim %lld (%lld)", (long long)axis, (long long)dim);
     total += sizes[k];
   }
-  if (total != dim) return node_error(I, N, "split sizes add up to %lld, dim %lld is %lld", (long long)total, (long long)axis, (long long)dim);
+  if (total != dim)
+    return node_error(I, N, "split sizes add up to %lld, dim %lld is %lld", (long long)total, (long long)axis,
+                      (long long)dim);
   /* every result carries its size, so unnamed outputs get names */
   const char *names[TP_MAX_CONST_INTS];
   for (int k = 0; k < nout; k++) {
@@ -551,11 +557,9 @@ static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x
 
 static int import_slice(Importer *I, Node *N) {
   TpType in = type_of(I, N->in[0]), out = in;
-  int64_t starts[TP_MAX_CONST_INTS], ends[TP_MAX_CONST_INTS], axes[TP_MAX_CONST_INTS],
-      steps[TP_MAX_CONST_INTS];
+  int64_t starts[TP_MAX_CONST_INTS], ends[TP_MAX_CONST_INTS], axes[TP_MAX_CONST_INTS], steps[TP_MAX_CONST_INTS];
   int n, ne, na, ns, rc;
-  if ((rc = const_ints(I, N, 1, "starts", starts, &n)) || (rc = const_ints(I, N, 2, "ends", ends, &ne)))
-    return rc;
+  if ((rc = const_ints(I, N, 1, "starts", starts, &n)) || (rc = const_ints(I, N, 2, "ends", ends, &ne))) return rc;
   if (ne != n) return node_error(I, N, "'starts' has %d values, 'ends' %d", n, ne);
   na = ns = n;
   for (int i = 0; i < n; i++) axes[i] = i, steps[i] = 1;
@@ -600,8 +604,7 @@ static int import_concat(Importer *I, Node *N) {
   int64_t axis;
   for (int k = 0; k < N->nin; k++)
     if (N->in[k] < 0) return node_error(I, N, "input %d is missing", k);
-  if (attr_int(I, N, "axis", 0, &axis) ||
-      norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
+  if (attr_int(I, N, "axis", 0, &axis) || norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
     return TP_ERR_INPUT;
   int op = new_op(I, N, TP_OP_Concat, N->in, N->nin, 1);
   tp_set_attr_int(I->m, op, "axis", axis);
@@ -675,7 +678,8 @@ static int import_split_to_sequence(Importer *I, Node *N) {
   int64_t dim = in.dims[axis], total = 0;
   bool squeeze = N->nin < 2 && !keepdims;
   if (N->nin < 2) { /* one element per index */
-    if (dim > TP_MAX_CONST_INTS) return node_error(I, N, "splits dim %lld into more than %d tensors", (long long)dim, TP_MAX_CONST_INTS);
+    if (dim > TP_MAX_CONST_INTS)
+      return node_error(I, N, "splits dim %lld into more than %d tensors", (long long)dim, TP_MAX_CONST_INTS);
     for (n = 0; n < dim; n++) sizes[n] = 1;
   } else if ((rc = const_ints(I, N, 1, "split", split, &n))) {
     return rc;
@@ -690,7 +694,9 @@ static int import_split_to_sequence(Importer *I, Node *N) {
         return node_error(I, N, "split sizes do not add up to dim %lld (%lld)", (long long)axis, (long long)dim);
       total += sizes[k] = split[k];
     }
-    if (total != dim) return node_error(I, N, "split sizes add up to %lld, dim %lld is %lld", (long long)total, (long long)axis, (long long)dim);
+    if (total != dim)
+      return node_error(I, N, "split sizes add up to %lld, dim %lld is %lld", (long long)total, (long long)axis,
+                        (long long)dim);
   }
   if (n < 1) return node_error(I, N, "makes an empty sequence");
   const char *names[TP_MAX_CONST_INTS];
@@ -725,7 +731,9 @@ static int import_split_to_sequence(Importer *I, Node *N) {
 static int import_sequence_at(Importer *I, Node *N) {
   const Sequence *seq = I->sequences;
   while (seq && strcmp(seq->name, N->n->input[0]) != 0) seq = seq->next;
-  if (!seq) return node_error(I, N, "input '%s' is not a sequence made by SplitToSequence, the one tokpipec reads", N->n->input[0]);
+  if (!seq)
+    return node_error(I, N, "input '%s' is not a sequence made by SplitToSequence, the one tokpipec reads",
+                      N->n->input[0]);
   TpTensor t;
   int rc = const_operand(I, N, 1, "position", &t);
   if (rc) return rc;
@@ -835,8 +843,8 @@ static int import_identity(Importer *I, Node *N) {
   }
   bool alias = src.origin.op_type && strcmp(src.origin.op_type, "Identity") == 0;
   TpOrigin from = {alias ? src.origin.node : src.name, "Identity"};
-  int v = tp_add_data_value(I->m, tp_unique_name(I->m, N->n->output[0]), TP_VAL_PARAM, src.type,
-                            src.blob, src.offset, from);
+  int v = tp_add_data_value(I->m, tp_unique_name(I->m, N->n->output[0]), TP_VAL_PARAM, src.type, src.blob,
+                            src.offset, from);
   bind_output(I, N, 0, v);
   return TP_OK;
 }
@@ -854,8 +862,7 @@ static int import_dropout(Importer *I, Node *N) {
       bool zero = N->in[1] >= 0 && const_operand(I, N, 1, "ratio", &ratio) == TP_OK &&
                   tp_tensor_numel(&ratio) == 1 && tp_dtype_is_float(ratio.dtype) &&
                   tp_tensor_get_f64(&ratio, 0) == 0;
-      if (!zero)
-        return node_error(I, N, "training_mode is true; tokpipec imports Dropout for inference only");
+      if (!zero) return node_error(I, N, "training_mode is true; tokpipec imports Dropout for inference only");
     }
   }
   bind_output(I, N, 0, N->in[0]);
@@ -905,15 +912,15 @@ static int import_constant(Importer *I, Node *N) {
     return add_output_const(I, N, 0, t, n ? (const void *)a->ints : "");
   }
   return node_error(I, N, "a constant given as '%s' (%s) is not supported", a->name,
-                    a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSOR ? "sparse tensor" : "this attribute type");
+                    a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSOR ? "sparse tensor"
+                                                                                    : "this attribute type");
 }
 
 /* ---- normalisation, reductions, attention, losses ---- */
 
 static int import_softmax(Importer *I, Node *N) {
   int64_t axis;
-  if (attr_int(I, N, "axis", -1, &axis) ||
-      norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
+  if (attr_int(I, N, "axis", -1, &axis) || norm_axis(I, N, "axis", axis, type_of(I, N->in[0]).rank, &axis))
     return TP_ERR_INPUT;
   int op = new_op(I, N, N->kind, N->in, 1, 1);
   tp_set_attr_int(I->m, op, "axis", axis);
@@ -997,7 +1004,8 @@ static int import_rms_normalization(Importer *I, Node *N) {
   TpType s32 = st;
   s32.dtype = TP_F32;
   if (st.dtype != TP_F32 && (rc = step(I, N, "scale_f32", TP_OP_Cast, &scale, 1, &s32, &scale))) return rc;
-  if (!tp_type_equal(&s32, &aligned) && (rc = step(I, N, "scale_aligned", TP_OP_Reshape, &scale, 1, &aligned, &scale)))
+  if (!tp_type_equal(&s32, &aligned) &&
+      (rc = step(I, N, "scale_aligned", TP_OP_Reshape, &scale, 1, &aligned, &scale)))
     return rc;
   if (!tp_type_equal(&aligned, &norm) && (rc = step(I, N, "scale_expanded", TP_OP_Expand, &scale, 1, &norm, &scale)))
     return rc;
@@ -1025,8 +1033,7 @@ static int rotary_table(Importer *I, const Node *N, int k, int positions, bool i
   if (ct.rank != (positions >= 0 ? 2 : 3))
     return node_error(I, N, "%s_cache has rank %d, expected %d", what, ct.rank, positions >= 0 ? 2 : 3);
   if (positions >= 0) {
-    int g = step_op(I, N, tp_strfmt(I->m, "%s_at", what), TP_OP_Gather,
-                    (int[]){t, positions}, 2, NULL);
+    int g = step_op(I, N, tp_strfmt(I->m, "%s_at", what), TP_OP_Gather, (int[]){t, positions}, 2, NULL);
     tp_set_attr_int(I->m, g, "axis", 0);
     if ((rc = step_value(I, g, &t))) return rc;
     ct = type_of(I, t);
@@ -1039,8 +1046,7 @@ static int rotary_table(Importer *I, const Node *N, int k, int positions, bool i
     TpType col = tp_type_make(ct.dtype, 4, (int64_t[]){bs, seq, rd / 2, 1});
     if ((rc = step(I, N, tp_strfmt(I->m, "%s_col", what), TP_OP_Reshape, &t, 1, &col, &t))) return rc;
   }
-  int cat = step_op(I, N, tp_strfmt(I->m, "%s_wide", what), TP_OP_Concat,
-                    (int[]){t, t}, 2, NULL);
+  int cat = step_op(I, N, tp_strfmt(I->m, "%s_wide", what), TP_OP_Concat, (int[]){t, t}, 2, NULL);
   tp_set_attr_int(I->m, cat, "axis", interleaved ? 3 : 2);
   if ((rc = step_value(I, cat, &t))) return rc;
   int64_t dims[4] = {bs, 1, seq, rd};
@@ -1151,91 +1157,128 @@ static int import_trilu(Importer *I, Node *N) {
  * One row per (op, since_version) from the oldest version still current at opset 13 up to
  * opset 23; a node takes the row with the highest since_version <= the model's opset.
  * Columns: op_type, since, lowering, IR op, ONNX min inputs, max inputs, max outputs. */
-#define UN(op, ...) {#op, __VA_ARGS__, import_plain, TP_OP_##op, 1, 1, 1}
-#define BIN(op, ...) {#op, __VA_ARGS__, import_plain, TP_OP_##op, 2, 2, 1}
+#define UN(op, ...)                                                                                                 \
+  { #op, __VA_ARGS__, import_plain, TP_OP_##op, 1, 1, 1 }
+#define BIN(op, ...)                                                                                                \
+  { #op, __VA_ARGS__, import_plain, TP_OP_##op, 2, 2, 1 }
 static const OpRow op_table[] = {
-  BIN(Add, 13), BIN(Add, 14), BIN(Sub, 13), BIN(Sub, 14),
-  BIN(Mul, 13), BIN(Mul, 14), BIN(Div, 13), BIN(Div, 14),
-  {"Pow", 13, import_pow, TP_OP_Pow, 2, 2, 1}, {"Pow", 15, import_pow, TP_OP_Pow, 2, 2, 1},
-  UN(Sqrt, 13), UN(Neg, 13), UN(Reciprocal, 13), UN(Exp, 13), UN(Log, 13), UN(Erf, 13),
-  UN(Tanh, 13), UN(Relu, 13), UN(Relu, 14), UN(Sigmoid, 13), UN(Not, 1),
-  {"IsNaN", 13, import_isnan, TP_OP_COUNT, 1, 1, 1}, {"IsNaN", 20, import_isnan, TP_OP_COUNT, 1, 1, 1},
-  UN(Sin, 7), UN(Sin, 22), UN(Cos, 7), UN(Cos, 22),
-  {"Max", 13, import_variadic, TP_OP_Max, 1, TP_MAX_CONST_INTS, 1},
-  {"Min", 13, import_variadic, TP_OP_Min, 1, TP_MAX_CONST_INTS, 1},
-  BIN(And, 7), BIN(Equal, 13), BIN(Equal, 19), BIN(Less, 13), BIN(LessOrEqual, 12),
-  BIN(LessOrEqual, 16), BIN(Greater, 13), BIN(GreaterOrEqual, 12), BIN(GreaterOrEqual, 16),
-  {"Where", 9, import_plain, TP_OP_Where, 3, 3, 1}, {"Where", 16, import_plain, TP_OP_Where, 3, 3, 1},
-  BIN(MatMul, 13),
-  {"Gemm", 13, import_gemm, TP_OP_Gemm, 2, 3, 1},
-  {"Gather", 13, import_gather, TP_OP_Gather, 2, 2, 1},
-  {"GatherElements", 13, import_gather, TP_OP_GatherElements, 2, 2, 1},
-  {"GatherND", 13, import_gathernd, TP_OP_COUNT, 2, 2, 1},
-  {"CumSum", 11, import_cumsum, TP_OP_CumSum, 2, 2, 1}, {"CumSum", 14, import_cumsum, TP_OP_CumSum, 2, 2, 1},
-  {"TopK", 11, import_topk, TP_OP_COUNT, 2, 2, 2},
-  {"Tile", 13, import_tile, TP_OP_Tile, 2, 2, 1},
-  {"Reshape", 13, import_reshape, TP_OP_Reshape, 2, 2, 1},
-  {"Reshape", 14, import_reshape, TP_OP_Reshape, 2, 2, 1},
-  {"Reshape", 19, import_reshape, TP_OP_Reshape, 2, 2, 1},
-  {"Reshape", 21, import_reshape, TP_OP_Reshape, 2, 2, 1},
-  {"Reshape", 23, import_reshape, TP_OP_Reshape, 2, 2, 1},
-  {"Transpose", 13, import_transpose, TP_OP_Transpose, 1, 1, 1},
-  {"Transpose", 21, import_transpose, TP_OP_Transpose, 1, 1, 1},
-  {"Transpose", 23, import_transpose, TP_OP_Transpose, 1, 1, 1},
-  {"Split", 13, import_split, TP_OP_Split, 1, 2, TP_MAX_CONST_INTS},
-  {"Split", 18, import_split, TP_OP_Split, 1, 2, TP_MAX_CONST_INTS},
-  {"SplitToSequence", 11, import_split_to_sequence, TP_OP_Split, 1, 2, 1},
-  {"SequenceAt", 11, import_sequence_at, TP_OP_COUNT, 2, 2, 1},
-  {"Slice", 13, import_slice, TP_OP_Slice, 3, 5, 1},
-  {"Concat", 13, import_concat, TP_OP_Concat, 1, TP_MAX_CONST_INTS, 1},
-  {"Unsqueeze", 13, import_unsqueeze, TP_OP_Reshape, 2, 2, 1},
-  {"Unsqueeze", 21, import_unsqueeze, TP_OP_Reshape, 2, 2, 1},
-  {"Unsqueeze", 23, import_unsqueeze, TP_OP_Reshape, 2, 2, 1},
-  {"Squeeze", 13, import_squeeze, TP_OP_Reshape, 1, 2, 1},
-  {"Squeeze", 21, import_squeeze, TP_OP_Reshape, 1, 2, 1},
-  {"Squeeze", 23, import_squeeze, TP_OP_Reshape, 1, 2, 1},
-  {"Flatten", 13, import_flatten, TP_OP_Reshape, 1, 1, 1},
-  {"Flatten", 21, import_flatten, TP_OP_Reshape, 1, 1, 1},
-  {"Flatten", 23, import_flatten, TP_OP_Reshape, 1, 1, 1},
-  {"Expand", 13, import_expand, TP_OP_Expand, 2, 2, 1},
-  {"Cast", 13, import_cast, TP_OP_Cast, 1, 1, 1}, {"Cast", 19, import_cast, TP_OP_Cast, 1, 1, 1},
-  {"Cast", 21, import_cast, TP_OP_Cast, 1, 1, 1}, {"Cast", 23, import_cast, TP_OP_Cast, 1, 1, 1},
-  {"CastLike", 15, import_castlike, TP_OP_Cast, 2, 2, 1}, {"CastLike", 19, import_castlike, TP_OP_Cast, 2, 2, 1},
-  {"CastLike", 21, import_castlike, TP_OP_Cast, 2, 2, 1}, {"CastLike", 23, import_castlike, TP_OP_Cast, 2, 2, 1},
-  {"Shape", 13, import_shape, TP_OP_COUNT, 1, 1, 1}, {"Shape", 15, import_shape, TP_OP_COUNT, 1, 1, 1},
-  {"Shape", 19, import_shape, TP_OP_COUNT, 1, 1, 1}, {"Shape", 21, import_shape, TP_OP_COUNT, 1, 1, 1},
-  {"Shape", 23, import_shape, TP_OP_COUNT, 1, 1, 1},
-  {"Range", 11, import_range, TP_OP_COUNT, 3, 3, 1},
-  {"Trilu", 14, import_trilu, TP_OP_Trilu, 1, 2, 1},
-  {"ConstantOfShape", 9, import_constant_of_shape, TP_OP_COUNT, 1, 1, 1},
-  {"ConstantOfShape", 20, import_constant_of_shape, TP_OP_COUNT, 1, 1, 1},
-  {"ConstantOfShape", 21, import_constant_of_shape, TP_OP_COUNT, 1, 1, 1},
-  {"ConstantOfShape", 23, import_constant_of_shape, TP_OP_COUNT, 1, 1, 1},
-  {"Identity", 13, import_identity, TP_OP_COUNT, 1, 1, 1},
-  {"Identity", 14, import_identity, TP_OP_COUNT, 1, 1, 1},
-  {"Identity", 16, import_identity, TP_OP_COUNT, 1, 1, 1},
-  {"Identity", 19, import_identity, TP_OP_COUNT, 1, 1, 1},
-  {"Identity", 21, import_identity, TP_OP_COUNT, 1, 1, 1},
-  {"Identity", 23, import_identity, TP_OP_COUNT, 1, 1, 1},
-  {"Dropout", 13, import_dropout, TP_OP_COUNT, 1, 3, 2},
-  {"Dropout", 22, import_dropout, TP_OP_COUNT, 1, 3, 2},
-  {"Constant", 13, import_constant, TP_OP_COUNT, 0, 0, 1},
-  {"Constant", 19, import_constant, TP_OP_COUNT, 0, 0, 1},
-  {"Constant", 21, import_constant, TP_OP_COUNT, 0, 0, 1},
-  {"Constant", 23, import_constant, TP_OP_COUNT, 0, 0, 1},
-  {"Softmax", 13, import_softmax, TP_OP_Softmax, 1, 1, 1},
-  {"LogSoftmax", 13, import_softmax, TP_OP_LogSoftmax, 1, 1, 1},
-  {"ReduceMean", 13, import_reduce, TP_OP_ReduceMean, 1, 1, 1},
-  {"ReduceMean", 18, import_reduce, TP_OP_ReduceMean, 1, 2, 1},
-  {"ReduceSum", 13, import_reduce, TP_OP_ReduceSum, 1, 2, 1},
-  {"LayerNormalization", 17, import_layernorm, TP_OP_LayerNorm, 2, 3, 3},
-  {"RMSNormalization", 23, import_rms_normalization, TP_OP_RMSNorm, 2, 2, 1},
-  {"RotaryEmbedding", 23, import_rotary_embedding, TP_OP_Rotary, 3, 4, 1},
-  {"Gelu", 20, import_gelu, TP_OP_Gelu, 1, 1, 1},
-  {"Attention", 23, import_attention, TP_OP_Attention, 3, 6, 4},
-  {"SoftmaxCrossEntropyLoss", 13, import_loss, TP_OP_SoftmaxCrossEntropyLoss, 2, 3, 2},
-  {"NegativeLogLikelihoodLoss", 13, import_loss, TP_OP_NegativeLogLikelihoodLoss, 2, 3, 1},
-  {"NegativeLogLikelihoodLoss", 22, import_loss, TP_OP_NegativeLogLikelihoodLoss, 2, 3, 1},
+    BIN(Add, 13),
+    BIN(Add, 14),
+    BIN(Sub, 13),
+    BIN(Sub, 14),
+    BIN(Mul, 13),
+    BIN(Mul, 14),
+    BIN(Div, 13),
+    BIN(Div, 14),
+    {"Pow", 13, import_pow, TP_OP_Pow, 2, 2, 1},
+    {"Pow", 15, import_pow, TP_OP_Pow, 2, 2, 1},
+    UN(Sqrt, 13),
+    UN(Neg, 13),
+    UN(Reciprocal, 13),
+    UN(Exp, 13),
+    UN(Log, 13),
+    UN(Erf, 13),
+    UN(Tanh, 13),
+    UN(Relu, 13),
+    UN(Relu, 14),
+    UN(Sigmoid, 13),
+    UN(Not, 1),
+    {"IsNaN", 13, import_isnan, TP_OP_COUNT, 1, 1, 1},
+    {"IsNaN", 20, import_isnan, TP_OP_COUNT, 1, 1, 1},
+    UN(Sin, 7),
+    UN(Sin, 22),
+    UN(Cos, 7),
+    UN(Cos, 22),
+    {"Max", 13, import_variadic, TP_OP_Max, 1, TP_MAX_CONST_INTS, 1},
+    {"Min", 13, import_variadic, TP_OP_Min, 1, TP_MAX_CONST_INTS, 1},
+    BIN(And, 7),
+    BIN(Equal, 13),
+    BIN(Equal, 19),
+    BIN(Less, 13),
+    BIN(LessOrEqual, 12),
+    BIN(LessOrEqual, 16),
+    BIN(Greater, 13),
+    BIN(GreaterOrEqual, 12),
+    BIN(GreaterOrEqual, 16),
+    {"Where", 9, import_plain, TP_OP_Where, 3, 3, 1},
+    {"Where", 16, import_plain, TP_OP_Where, 3, 3, 1},
+    BIN(MatMul, 13),
+    {"Gemm", 13, import_gemm, TP_OP_Gemm, 2, 3, 1},
+    {"Gather", 13, import_gather, TP_OP_Gather, 2, 2, 1},
+    {"GatherElements", 13, import_gather, TP_OP_GatherElements, 2, 2, 1},
+    {"GatherND", 13, import_gathernd, TP_OP_COUNT, 2, 2, 1},
+    {"CumSum", 11, import_cumsum, TP_OP_CumSum, 2, 2, 1},
+    {"CumSum", 14, import_cumsum, TP_OP_CumSum, 2, 2, 1},
+    {"TopK", 11, import_topk, TP_OP_COUNT, 2, 2, 2},
+    {"Tile", 13, import_tile, TP_OP_Tile, 2, 2, 1},
+    {"Reshape", 13, import_reshape, TP_OP_Reshape, 2, 2, 1},
+    {"Reshape", 14, import_reshape, TP_OP_Reshape, 2, 2, 1},
+    {"Reshape", 19, import_reshape, TP_OP_Reshape, 2, 2, 1},
+    {"Reshape", 21, import_reshape, TP_OP_Reshape, 2, 2, 1},
+    {"Reshape", 23, import_reshape, TP_OP_Reshape, 2, 2, 1},
+    {"Transpose", 13, import_transpose, TP_OP_Transpose, 1, 1, 1},
+    {"Transpose", 21, import_transpose, TP_OP_Transpose, 1, 1, 1},
+    {"Transpose", 23, import_transpose, TP_OP_Transpose, 1, 1, 1},
+    {"Split", 13, import_split, TP_OP_Split, 1, 2, TP_MAX_CONST_INTS},
+    {"Split", 18, import_split, TP_OP_Split, 1, 2, TP_MAX_CONST_INTS},
+    {"SplitToSequence", 11, import_split_to_sequence, TP_OP_Split, 1, 2, 1},
+    {"SequenceAt", 11, import_sequence_at, TP_OP_COUNT, 2, 2, 1},
+    {"Slice", 13, import_slice, TP_OP_Slice, 3, 5, 1},
+    {"Concat", 13, import_concat, TP_OP_Concat, 1, TP_MAX_CONST_INTS, 1},
+    {"Unsqueeze", 13, import_unsqueeze, TP_OP_Reshape, 2, 2, 1},
+    {"Unsqueeze", 21, import_unsqueeze, TP_OP_Reshape, 2, 2, 1},
+    {"Unsqueeze", 23, import_unsqueeze, TP_OP_Reshape, 2, 2, 1},
+    {"Squeeze", 13, import_squeeze, TP_OP_Reshape, 1, 2, 1},
+    {"Squeeze", 21, import_squeeze, TP_OP_Reshape, 1, 2, 1},
+    {"Squeeze", 23, import_squeeze, TP_OP_Reshape, 1, 2, 1},
+    {"Flatten", 13, import_flatten, TP_OP_Reshape, 1, 1, 1},
+    {"Flatten", 21, import_flatten, TP_OP_Reshape, 1, 1, 1},
+    {"Flatten", 23, import_flatten, TP_OP_Reshape, 1, 1, 1},
+    {"Expand", 13, import_expand, TP_OP_Expand, 2, 2, 1},
+    {"Cast", 13, import_cast, TP_OP_Cast, 1, 1, 1},
+    {"Cast", 19, import_cast, TP_OP_Cast, 1, 1, 1},
+    {"Cast", 21, import_cast, TP_OP_Cast, 1, 1, 1},
+    {"Cast", 23, import_cast, TP_OP_Cast, 1, 1, 1},
+    {"CastLike", 15, import_castlike, TP_OP_Cast, 2, 2, 1},
+    {"CastLike", 19, import_castlike, TP_OP_Cast, 2, 2, 1},
+    {"CastLike", 21, import_castlike, TP_OP_Cast, 2, 2, 1},
+    {"CastLike", 23, import_castlike, TP_OP_Cast, 2, 2, 1},
+    {"Shape", 13, import_shape, TP_OP_COUNT, 1, 1, 1},
+    {"Shape", 15, import_shape, TP_OP_COUNT, 1, 1, 1},
+    {"Shape", 19, import_shape, TP_OP_COUNT, 1, 1, 1},
+    {"Shape", 21, import_shape, TP_OP_COUNT, 1, 1, 1},
+    {"Shape", 23, import_shape, TP_OP_COUNT, 1, 1, 1},
+    {"Range", 11, import_range, TP_OP_COUNT, 3, 3, 1},
+    {"Trilu", 14, import_trilu, TP_OP_Trilu, 1, 2, 1},
+    {"ConstantOfShape", 9, import_constant_of_shape, TP_OP_COUNT, 1, 1, 1},
+    {"ConstantOfShape", 20, import_constant_of_shape, TP_OP_COUNT, 1, 1, 1},
+    {"ConstantOfShape", 21, import_constant_of_shape, TP_OP_COUNT, 1, 1, 1},
+    {"ConstantOfShape", 23, import_constant_of_shape, TP_OP_COUNT, 1, 1, 1},
+    {"Identity", 13, import_identity, TP_OP_COUNT, 1, 1, 1},
+    {"Identity", 14, import_identity, TP_OP_COUNT, 1, 1, 1},
+    {"Identity", 16, import_identity, TP_OP_COUNT, 1, 1, 1},
+    {"Identity", 19, import_identity, TP_OP_COUNT, 1, 1, 1},
+    {"Identity", 21, import_identity, TP_OP_COUNT, 1, 1, 1},
+    {"Identity", 23, import_identity, TP_OP_COUNT, 1, 1, 1},
+    {"Dropout", 13, import_dropout, TP_OP_COUNT, 1, 3, 2},
+    {"Dropout", 22, import_dropout, TP_OP_COUNT, 1, 3, 2},
+    {"Constant", 13, import_constant, TP_OP_COUNT, 0, 0, 1},
+    {"Constant", 19, import_constant, TP_OP_COUNT, 0, 0, 1},
+    {"Constant", 21, import_constant, TP_OP_COUNT, 0, 0, 1},
+    {"Constant", 23, import_constant, TP_OP_COUNT, 0, 0, 1},
+    {"Softmax", 13, import_softmax, TP_OP_Softmax, 1, 1, 1},
+    {"LogSoftmax", 13, import_softmax, TP_OP_LogSoftmax, 1, 1, 1},
+    {"ReduceMean", 13, import_reduce, TP_OP_ReduceMean, 1, 1, 1},
+    {"ReduceMean", 18, import_reduce, TP_OP_ReduceMean, 1, 2, 1},
+    {"ReduceSum", 13, import_reduce, TP_OP_ReduceSum, 1, 2, 1},
+    {"LayerNormalization", 17, import_layernorm, TP_OP_LayerNorm, 2, 3, 3},
+    {"RMSNormalization", 23, import_rms_normalization, TP_OP_RMSNorm, 2, 2, 1},
+    {"RotaryEmbedding", 23, import_rotary_embedding, TP_OP_Rotary, 3, 4, 1},
+    {"Gelu", 20, import_gelu, TP_OP_Gelu, 1, 1, 1},
+    {"Attention", 23, import_attention, TP_OP_Attention, 3, 6, 4},
+    {"SoftmaxCrossEntropyLoss", 13, import_loss, TP_OP_SoftmaxCrossEntropyLoss, 2, 3, 2},
+    {"NegativeLogLikelihoodLoss", 13, import_loss, TP_OP_NegativeLogLikelihoodLoss, 2, 3, 1},
+    {"NegativeLogLikelihoodLoss", 22, import_loss, TP_OP_NegativeLogLikelihoodLoss, 2, 3, 1},
 };
 #undef UN
 #undef BIN

@@ -72,8 +72,8 @@ static bool wants_f32(TpBindDtypes rule, TpDType t) {
 }
 
 /* in2/out2: the views the kernel gets (working copies where the op's row asks for them). */
-static int prepare(const TpModule *m, int op, const TpTensor *in, const TpTensor *out, TpTensor *in2,
-                   TpTensor *out2, TpDiag *d) {
+static int prepare(const TpModule *m, int op, const TpTensor *in, const TpTensor *out, TpTensor *in2, TpTensor *out2,
+                   TpDiag *d) {
   const TpOp *o = &m->ops[op];
   const TpOpBinding *r = tp_op_binding(o->kind);
   if (r->dtypes == TP_BIND_F32_COPY && o->ninputs && !tp_dtype_is_float(in[0].dtype))
@@ -96,7 +96,8 @@ static int prepare(const TpModule *m, int op, const TpTensor *in, const TpTensor
     if (!in[i].data) continue;
     size_t size = tp_dtype_size(in[i].dtype);
     if (i == r->ids - 1 && in[i].dtype == TP_I32) in2[i] = working_copy(&in[i], TP_I64, true);
-    else if (!(r->not_float >> i & 1) && wants_f32(r->dtypes, in[i].dtype)) in2[i] = working_copy(&in[i], TP_F32, true);
+    else if (!(r->not_float >> i & 1) && wants_f32(r->dtypes, in[i].dtype))
+      in2[i] = working_copy(&in[i], TP_F32, true);
     else if (size && (uintptr_t)in[i].data % size) in2[i] = working_copy(&in[i], in[i].dtype, true);
   }
   for (int i = 0; i < o->noutputs; i++) {
@@ -122,7 +123,8 @@ static void finish(const TpModule *m, int op, const TpTensor *in, TpTensor *out,
 /* Binds the op and runs its kernel. */
 int tp_exec_op(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpDiag *d) {
   const TpOp *o = &m->ops[op];
-  if (!tp_op_binding(o->kind)->bind) return tp_internal(d, "no CPU implementation of op %s", tp_op_info[o->kind].name);
+  if (!tp_op_binding(o->kind)->bind)
+    return tp_internal(d, "no CPU implementation of op %s", tp_op_info[o->kind].name);
   TpTensor in2[64], out2[64];
   TP_ASSERT(o->ninputs <= 64 && o->noutputs <= 64);
   int rc = prepare(m, op, in, out, in2, out2, d);
@@ -143,7 +145,8 @@ int tp_interp_run(const TpModule *m, const TpTensor *inputs, TpTensor *outputs, 
   for (int o = 0; o < m->nops; o++) {
     TpOpKind k = m->ops[o].kind;
     if (k == TP_OP_AllReduce || k == TP_OP_TensorCopy || k == TP_OP_TensorRank)
-      return tp_error_op(d, m, o, "the module is split over tensor ranks (shard-tensor made this %s): the reference "
+      return tp_error_op(d, m, o,
+                         "the module is split over tensor ranks (shard-tensor made this %s): the reference "
                          "interpreter runs one process; give it the IR printed without --tensor",
                          tp_op_info[k].name);
   }
@@ -178,8 +181,7 @@ int tp_interp_run(const TpModule *m, const TpTensor *inputs, TpTensor *outputs, 
     const TpOp *op = &m->ops[o];
     TpTensor in[64], out[64];
     TP_ASSERT(op->ninputs <= 64 && op->noutputs <= 64);
-    for (int i = 0; i < op->ninputs; i++)
-      in[i] = op->inputs[i] >= 0 ? vals[op->inputs[i]] : (TpTensor){0};
+    for (int i = 0; i < op->ninputs; i++) in[i] = op->inputs[i] >= 0 ? vals[op->inputs[i]] : (TpTensor){0};
     for (int i = 0; i < op->noutputs; i++) {
       int r = op->outputs[i];
       if (r < 0) {

@@ -19,10 +19,8 @@ static void dot_type(FILE *out, const TpType *t) {
 
 /* The node an operand comes from: its op, or the value itself if it is not a result. */
 static void dot_source(FILE *out, const TpModule *m, int v) {
-  if (m->values[v].kind == TP_VAL_RESULT)
-    fprintf(out, "op%d", m->values[v].def);
-  else
-    fprintf(out, "v%d", v);
+  if (m->values[v].kind == TP_VAL_RESULT) fprintf(out, "op%d", m->values[v].def);
+  else fprintf(out, "v%d", v);
 }
 
 void tp_print_dot(const TpModule *m, FILE *out) {
@@ -47,10 +45,8 @@ void tp_print_dot(const TpModule *m, FILE *out) {
     fprintf(out, "  op%d [shape=box, label=\"%s", o, tp_op_info[op->kind].name);
     for (int i = 0; i < op->noutputs; i++) {
       fputs("\\n", out);
-      if (op->outputs[i] < 0)
-        fputs("none", out);
-      else
-        dot_type(out, &m->values[op->outputs[i]].type);
+      if (op->outputs[i] < 0) fputs("none", out);
+      else dot_type(out, &m->values[op->outputs[i]].type);
     }
     fputs("\"];\n", out);
     for (int i = 0; i < op->ninputs; i++) {

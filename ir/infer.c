@@ -29,9 +29,8 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
   const TpOpInfo *info = &tp_op_info[o->kind];
   if (o->ninputs < info->min_inputs || o->ninputs > info->max_inputs || o->noutputs < info->min_outputs ||
       o->noutputs > info->max_outputs)
-    return tp_error_op(d, m, op, "%d operands and %d results; %s takes %d-%d and %d-%d", o->ninputs,
-                       o->noutputs, info->name, info->min_inputs, info->max_inputs, info->min_outputs,
-                       info->max_outputs);
+    return tp_error_op(d, m, op, "%d operands and %d results; %s takes %d-%d and %d-%d", o->ninputs, o->noutputs,
+                       info->name, info->min_inputs, info->max_inputs, info->min_outputs, info->max_outputs);
   for (int i = 0; i < info->min_inputs; i++)
     if (o->inputs[i] < 0) return tp_error_op(d, m, op, "required operand %d is absent", i);
   if (o->outputs[0] < 0) return tp_error_op(d, m, op, "the first result must be present");

@@ -102,8 +102,8 @@ typedef struct {
   const char *name; /* unique in the module; from ONNX names where there is one */
   TpType type;
   TpValueKind kind;
-  int def;          /* TP_VAL_RESULT: index of the defining op; else -1 */
-  int blob;         /* TP_VAL_PARAM/CONST: data at blobs[blob].base + offset; else -1 */
+  int def;  /* TP_VAL_RESULT: index of the defining op; else -1 */
+  int blob; /* TP_VAL_PARAM/CONST: data at blobs[blob].base + offset; else -1 */
   int64_t offset;
   /* The ONNX node that made it. A PARAM an exporter's Identity named (a de-duplicated
    * initializer) has (source initializer name, "Identity") and shares the source's blob
@@ -113,7 +113,7 @@ typedef struct {
    * pipeline stage's own copy of a parameter the first stage reads too, so that each has
    * its partial gradient: passes/assign_stages.c), else -1. Printed `@tied(%param)`. */
   int tied;
-  TpShard shard;    /* TP_VAL_PARAM split over the tensor group; see TpShard */
+  TpShard shard; /* TP_VAL_PARAM split over the tensor group; see TpShard */
   /* An initializer: why the importer made it a PARAM (trained) or a CONST, e.g. "a parameter
    * (export metadata)"; module-owned, not printed in the IR (tokpipec --emit=params). */
   const char *why;
@@ -122,7 +122,7 @@ typedef struct {
    * re-ties it as a transpose without reading data when the parameter is in the module
    * too and the shapes say so (a tied head). Not printed. */
   const char *folded_from;
-  bool dead;        /* marked for removal by tp_module_compact */
+  bool dead; /* marked for removal by tp_module_compact */
 } TpValue;
 
 typedef struct {
@@ -138,7 +138,7 @@ typedef struct {
 /* The part an op plays in placing the model on pipeline stages (printed `@boundary`,
  * `@retie`; none for compute). */
 typedef enum {
-  TP_ROLE_COMPUTE,  /* an ordinary op */
+  TP_ROLE_COMPUTE, /* an ordinary op */
   /* A stage-boundary copy (passes/assign_stages.c): a same-shape Reshape whose operand is
    * a result of the neighbouring stage, sent from there: the stage before for a forward
    * copy, the stage after for a backward one (a gradient going back). A compiled plan
@@ -167,22 +167,22 @@ typedef struct {
   int slice;
   TpPhase phase;
   TpOpRole role;
-  bool dead;     /* marked for removal by tp_module_compact */
+  bool dead; /* marked for removal by tp_module_compact */
 } TpOp;
 
 typedef struct {
-  const char *path;    /* file the bytes come from, relative to the module's folder; NULL if owned */
+  const char *path; /* file the bytes come from, relative to the module's folder; NULL if owned */
   const uint8_t *base;
   size_t size;
-  void *map_base;      /* what to munmap (page-aligned), or NULL */
+  void *map_base; /* what to munmap (page-aligned), or NULL */
   size_t map_size;
-  bool owned;          /* base was malloc'ed by the module */
+  bool owned; /* base was malloc'ed by the module */
 } TpBlob;
 
 typedef struct TpArena TpArena;
 
 typedef struct TpModule {
-  TpArena *arena; /* strings, attribute arrays, operand lists */
+  TpArena *arena;     /* strings, attribute arrays, operand lists */
   const char *source; /* the file the module was read from, for diagnostics */
   int opset;          /* the ONNX default-domain opset the model was imported at */
   TpValue *values;
@@ -216,11 +216,9 @@ typedef struct TpModule {
 
 /* ---- diagnostics at a node (ir/diag.c; the rest is base/diag.c) ---- */
 /* "tool: error: file: node 'N' (OpType, opset K): msg"; returns TP_ERR_INPUT. */
-int tp_error_at(TpDiag *d, TpOrigin at, int opset, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+int tp_error_at(TpDiag *d, TpOrigin at, int opset, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* The same for an op of m (its origin; m->opset). */
-int tp_error_op(TpDiag *d, const TpModule *m, int op, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+int tp_error_op(TpDiag *d, const TpModule *m, int op, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* ---- module construction and queries (ir/module.c) ---- */
 TpModule *tp_module_new(const char *source);
@@ -249,8 +247,8 @@ int tp_add_owned_blob(TpModule *m, const void *data, size_t bytes);
 /* New value; name must be unused (checked). Returns its index. */
 int tp_add_value(TpModule *m, const char *name, TpValueKind kind, TpType type, TpOrigin origin);
 /* New PARAM/CONST value with data in blob at offset. */
-int tp_add_data_value(TpModule *m, const char *name, TpValueKind kind, TpType type, int blob,
-                      int64_t offset, TpOrigin origin);
+int tp_add_data_value(TpModule *m, const char *name, TpValueKind kind, TpType type, int blob, int64_t offset,
+                      TpOrigin origin);
 /* New CONST value holding a copy of `data`. */
 int tp_add_const(TpModule *m, const char *name, TpType type, const void *data, TpOrigin origin);
 void tp_add_input(TpModule *m, int value);
@@ -262,8 +260,8 @@ void tp_add_output(TpModule *m, int value);
 /* New op appended at the end (topological order is the caller's duty). Results are new
  * TP_VAL_RESULT values named out_names[i] (made unique), type TP_UNDEF until inference;
  * a NULL name makes an absent optional result (-1). Inputs may be -1 (absent optional). */
-int tp_add_op(TpModule *m, TpOpKind kind, const int *inputs, int ninputs,
-              const char *const *out_names, int noutputs, TpOrigin origin);
+int tp_add_op(TpModule *m, TpOpKind kind, const int *inputs, int ninputs, const char *const *out_names, int noutputs,
+              TpOrigin origin);
 
 /* Attributes (copied into the module; replace an existing one of the same name). */
 void tp_set_attr_int(TpModule *m, int op, const char *name, int64_t v);
@@ -356,7 +354,8 @@ int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
 /* passes/retie_params.c and passes/raise_transformer.c (the raise helper's passes). */
 int pass_retie_params(TpModule *m, TpPassOptions *opt, TpDiag *d);
 int pass_raise_transformer(TpModule *m, TpPassOptions *opt, TpDiag *d);
-int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt, TpDiag *d); /* RMSNorm, Rotary, gated MLPs left primitive */
+int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt,
+                                   TpDiag *d); /* RMSNorm, Rotary, gated MLPs left primitive */
 
 /* Why the primitive attention whose scores MatMul `product` computes is not proven causal
  * (a module-owned string naming the op or the mask values that failed), or NULL when no
@@ -494,8 +493,8 @@ struct TpPassOptions {
   const char *print_before; /* comma-separated pass names, or NULL */
   const char *print_after;  /* comma-separated pass names, or NULL */
   bool print_after_all;
-  bool verify_each;         /* run tp_verify after every pass (tests do) */
-  FILE *dump;               /* where IR dumps go (stderr by default) */
+  bool verify_each; /* run tp_verify after every pass (tests do) */
+  FILE *dump;       /* where IR dumps go (stderr by default) */
   /* Reported back by assign-stages: the stages it cut (0 when it cut none) and the first
    * layer of stages 1.. as "a,b,..", module-owned. */
   int staged_nstages;

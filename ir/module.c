@@ -156,7 +156,10 @@ static int find_file_blob(const TpModule *m, const char *name) {
 }
 
 static int add_mapped_blob(TpModule *m, const char *name, TpFileMap f) {
-  return tp_add_blob(m, (TpBlob){.path = name, .base = f.base, .size = f.size, .map_base = f.map_base,
+  return tp_add_blob(m, (TpBlob){.path = name,
+                                 .base = f.base,
+                                 .size = f.size,
+                                 .map_base = f.map_base,
                                  .map_size = f.map_size});
 }
 
@@ -204,8 +207,8 @@ int tp_add_value(TpModule *m, const char *name, TpValueKind kind, TpType type, T
   return m->nvalues - 1;
 }
 
-int tp_add_data_value(TpModule *m, const char *name, TpValueKind kind, TpType type, int blob,
-                      int64_t offset, TpOrigin origin) {
+int tp_add_data_value(TpModule *m, const char *name, TpValueKind kind, TpType type, int blob, int64_t offset,
+                      TpOrigin origin) {
   TP_ASSERT(kind == TP_VAL_PARAM || kind == TP_VAL_CONST);
   TP_ASSERT(blob >= 0 && blob < m->nblobs);
   int v = tp_add_value(m, name, kind, type, origin);
@@ -225,9 +228,7 @@ void tp_add_input(TpModule *m, int value) {
   m->inputs[m->ninputs++] = value;
 }
 
-int tp_grad_of(const TpModule *m, int param) {
-  return param >= 0 && param < m->ngrads ? m->grads[param] : -1;
-}
+int tp_grad_of(const TpModule *m, int param) { return param >= 0 && param < m->ngrads ? m->grads[param] : -1; }
 
 void tp_set_grad(TpModule *m, int param, int grad) {
   TP_ASSERT(param >= 0 && param < m->nvalues);
@@ -246,8 +247,8 @@ void tp_add_output(TpModule *m, int value) {
   m->outputs[m->noutputs++] = value;
 }
 
-int tp_add_op(TpModule *m, TpOpKind kind, const int *inputs, int ninputs,
-              const char *const *out_names, int noutputs, TpOrigin origin) {
+int tp_add_op(TpModule *m, TpOpKind kind, const int *inputs, int ninputs, const char *const *out_names, int noutputs,
+              TpOrigin origin) {
   TP_ASSERT(kind >= 0 && kind < TP_OP_COUNT);
   grow((void **)&m->ops, &m->cap_ops, m->nops, sizeof *m->ops);
   int index = m->nops++;
@@ -517,9 +518,7 @@ bool tp_is_boundary_op(const TpModule *m, int op) {
   return m->ops[op].role == TP_ROLE_BOUNDARY && m->ops[op].kind == TP_OP_Reshape;
 }
 
-int tp_tied_param(const TpModule *m, int v) {
-  return m->values[v].kind == TP_VAL_PARAM ? m->values[v].tied : -1;
-}
+int tp_tied_param(const TpModule *m, int v) { return m->values[v].kind == TP_VAL_PARAM ? m->values[v].tied : -1; }
 
 int tp_token_axis(const TpModule *m, int v) {
   const TpType *t = &m->values[v].type;
@@ -554,8 +553,7 @@ char *tp_type_str(const TpType *t, char *buf, size_t n) {
     const char *sep = i ? ", " : "";
     if (t->dimnames[i])
       len += (size_t)snprintf(buf + len, n - len, "%s%s=%lld", sep, t->dimnames[i], (long long)t->dims[i]);
-    else
-      len += (size_t)snprintf(buf + len, n - len, "%s%lld", sep, (long long)t->dims[i]);
+    else len += (size_t)snprintf(buf + len, n - len, "%s%lld", sep, (long long)t->dims[i]);
   }
   if (len < n) snprintf(buf + len, n - len, "]");
   return buf;

@@ -4,7 +4,7 @@
 #include <string.h>
 
 const TpOpInfo tp_op_info[TP_OP_COUNT] = {
-#define TP_OP(name, min_in, max_in, min_out, max_out, traits) \
+#define TP_OP(name, min_in, max_in, min_out, max_out, traits)                                                       \
   [TP_OP_##name] = {#name, min_in, max_in, min_out, max_out, traits},
 #include "ops.def"
 };

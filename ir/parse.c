@@ -39,7 +39,7 @@ typedef struct {
   const char *text; /* NUL-terminated copy of the input */
   size_t len, pos;
   const char *path;
-  char *dir; /* the folder blob files lie in, or NULL: blobs refused */
+  char *dir;      /* the folder blob files lie in, or NULL: blobs refused */
   bool dir_given; /* dir is the user's --blob-dir, not the IR file's folder */
   TpDiag *d;
   TpModule *m;
@@ -114,8 +114,7 @@ static int expect(Parser *p, char c) {
 }
 
 static bool is_word_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '_' || c == '.';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
 }
 
 static void word_push(Parser *p, size_t n, char c) {
@@ -157,8 +156,7 @@ static int parse_string(Parser *p) {
         c = '\n';
       } else if (e == 't') {
         c = '\t';
-      } else if (e == 'x' && hex_digit(peek(p)) >= 0 && p->pos + 1 < p->len &&
-                 hex_digit(p->text[p->pos + 1]) >= 0) {
+      } else if (e == 'x' && hex_digit(peek(p)) >= 0 && p->pos + 1 < p->len && hex_digit(p->text[p->pos + 1]) >= 0) {
         c = (char)(hex_digit(p->text[p->pos]) * 16 + hex_digit(p->text[p->pos + 1]));
         p->pos += 2;
         if (c == 0) return fail_at(p, at, "NUL byte in string");
@@ -251,8 +249,7 @@ static int parse_int_in(Parser *p, int64_t lo, int64_t hi, const char *what, int
   size_t at = (skip_space(p), p->pos);
   if (parse_int(p, v)) return TP_ERR_INPUT;
   if (*v < lo || *v > hi)
-    return fail_at(p, at, "%s %lld out of range [%lld, %lld]", what, (long long)*v, (long long)lo,
-                   (long long)hi);
+    return fail_at(p, at, "%s %lld out of range [%lld, %lld]", what, (long long)*v, (long long)lo, (long long)hi);
   return TP_OK;
 }
 
@@ -262,12 +259,9 @@ static int parse_float(Parser *p, double *v) {
   size_t at = (skip_space(p), p->pos);
   if (number_text(p, buf, sizeof buf, &is_float)) return TP_ERR_INPUT;
   const char *s = buf + (buf[0] == '-' || buf[0] == '+');
-  if (strcmp(s, "nan") == 0)
-    *v = NAN;
-  else if (strcmp(s, "inf") == 0)
-    *v = buf[0] == '-' ? -INFINITY : INFINITY;
-  else
-    *v = strtod(buf, NULL);
+  if (strcmp(s, "nan") == 0) *v = NAN;
+  else if (strcmp(s, "inf") == 0) *v = buf[0] == '-' ? -INFINITY : INFINITY;
+  else *v = strtod(buf, NULL);
   if (isinf(*v) && strcmp(s, "inf") != 0) return fail_at(p, at, "number '%s' out of range", buf);
   return TP_OK;
 }
@@ -353,8 +347,7 @@ static int parse_value_name(Parser *p) {
 static int parse_new_value_name(Parser *p, const char **name) {
   size_t at = (skip_space(p), p->pos);
   if (parse_value_name(p)) return TP_ERR_INPUT;
-  if (tp_find_value(p->m, p->word) >= 0)
-    return fail_at(p, at, "redefinition of value %%%s", p->word);
+  if (tp_find_value(p->m, p->word) >= 0) return fail_at(p, at, "redefinition of value %%%s", p->word);
   *name = tp_strdup(p->m, p->word);
   return TP_OK;
 }
@@ -395,13 +388,20 @@ static int parse_elem(Parser *p, TpDType dt, uint8_t *dst) {
     double v;
     if (parse_float(p, &v)) return TP_ERR_INPUT;
     float f = (float)v;
-    if (dt != TP_F64 && isinf(f) && !isinf(v)) return fail_at(p, at, "number out of range for %s", tp_dtype_name(dt));
+    if (dt != TP_F64 && isinf(f) && !isinf(v))
+      return fail_at(p, at, "number out of range for %s", tp_dtype_name(dt));
     uint16_t h;
     switch (dt) {
     case TP_F64: memcpy(dst, &v, 8); break;
     case TP_F32: memcpy(dst, &f, 4); break;
-    case TP_F16: h = tp_f32_to_f16(f); memcpy(dst, &h, 2); break;
-    default: h = tp_f32_to_bf16(f); memcpy(dst, &h, 2); break;
+    case TP_F16:
+      h = tp_f32_to_f16(f);
+      memcpy(dst, &h, 2);
+      break;
+    default:
+      h = tp_f32_to_bf16(f);
+      memcpy(dst, &h, 2);
+      break;
     }
     return TP_OK;
   }
@@ -546,9 +546,8 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
                      (long long)bytes);
     blob = p->file_blobs[n];
     if ((uint64_t)offset > p->m->blobs[blob].size || (uint64_t)bytes > p->m->blobs[blob].size - (uint64_t)offset)
-      return fail_at(p, data_at, "bytes [%lld, %lld) lie outside blob %lld (%zu bytes)",
-                     (long long)offset, (long long)(offset + bytes), (long long)n,
-                     p->m->blobs[blob].size);
+      return fail_at(p, data_at, "bytes [%lld, %lld) lie outside blob %lld (%zu bytes)", (long long)offset,
+                     (long long)(offset + bytes), (long long)n, p->m->blobs[blob].size);
   } else if (accept_keyword(p, "dense")) {
     if (expect(p, '<')) return TP_ERR_INPUT;
     /* the largest constant tokpipec makes itself is 256 MiB (importer; folding: 64 MiB): a
@@ -634,7 +633,10 @@ static int parse_placement(Parser *p, int op) {
   bool seen[4] = {false, false, false, false};
   while (accept(p, '@')) {
     size_t at = p->pos - 1;
-    int which = accept_keyword(p, "stage") ? 0 : accept_keyword(p, "slice") ? 1 : accept_keyword(p, "backward") ? 2 : -1;
+    int which = accept_keyword(p, "stage")      ? 0
+                : accept_keyword(p, "slice")    ? 1
+                : accept_keyword(p, "backward") ? 2
+                                                : -1;
     TpOpRole role = TP_ROLE_COMPUTE;
     for (int r = TP_ROLE_COMPUTE + 1; which < 0 && r < TP_ROLE_COUNT; r++)
       if (accept_keyword(p, tp_op_role_names[r])) which = 3, role = (TpOpRole)r;
@@ -653,10 +655,8 @@ static int parse_placement(Parser *p, int op) {
     int64_t n;
     if (expect(p, '(') || parse_int_in(p, 0, INT32_MAX, which ? "slice" : "stage", &n) || expect(p, ')'))
       return TP_ERR_INPUT;
-    if (which == 0)
-      p->m->ops[op].stage = (int)n;
-    else
-      p->m->ops[op].slice = (int)n;
+    if (which == 0) p->m->ops[op].stage = (int)n;
+    else p->m->ops[op].slice = (int)n;
   }
   return TP_OK;
 }
@@ -678,8 +678,7 @@ static int parse_op(Parser *p) {
       names[nres++] = NULL;
       continue;
     }
-    if (parse_new_value_name(p, &names[nres]) || expect(p, ':') || parse_type(p, &types[nres]))
-      return TP_ERR_INPUT;
+    if (parse_new_value_name(p, &names[nres]) || expect(p, ':') || parse_type(p, &types[nres])) return TP_ERR_INPUT;
     for (int i = 0; i < nres; i++)
       if (names[i] && strcmp(names[i], names[nres]) == 0)
         return fail_at(p, at, "redefinition of value %%%s", names[nres]);
@@ -753,8 +752,8 @@ static int parse_blob(Parser *p) {
   if (!p->dir) return fail_at(p, path_at, "blob files are refused here (the text has no folder)");
   if (!*p->word) return fail_at(p, path_at, "blob file name is empty");
   char why[300];
-  int blob = tp_add_folder_blob(p->m, p->dir, p->word, p->dir_given ? "the --blob-dir folder" : "the IR file's folder",
-                                why, sizeof why);
+  int blob = tp_add_folder_blob(p->m, p->dir, p->word,
+                                p->dir_given ? "the --blob-dir folder" : "the IR file's folder", why, sizeof why);
   char missing[128];
   snprintf(missing, sizeof missing, "cannot be opened: %s", strerror(ENOENT));
   if (blob < 0 && !p->dir_given && strcmp(why, missing) == 0) {
@@ -800,8 +799,7 @@ static int parse_statement(Parser *p) {
     TpType t;
     TpOrigin o;
     bool present;
-    if (parse_new_value_name(p, &name) || expect(p, ':') || parse_type(p, &t) ||
-        parse_origin(p, &o, &present))
+    if (parse_new_value_name(p, &name) || expect(p, ':') || parse_type(p, &t) || parse_origin(p, &o, &present))
       return TP_ERR_INPUT;
     tp_add_input(p->m, tp_add_value(p->m, name, TP_VAL_INPUT, t, o));
     return TP_OK;

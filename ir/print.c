@@ -44,20 +44,16 @@
 enum { TP_PRINT_MAX_ELEMS = 64 };
 
 static bool is_name_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '_' || c == '.';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
 }
 
 /* A quoted string with C escapes for '"', '\\' and bytes outside printable ASCII. */
 static void print_string(FILE *out, const char *s) {
   fputc('"', out);
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf(out, "\\%c", *p);
-    else if (*p < 0x20 || *p >= 0x7f)
-      fprintf(out, "\\x%02x", *p);
-    else
-      fputc(*p, out);
+    if (*p == '"' || *p == '\\') fprintf(out, "\\%c", *p);
+    else if (*p < 0x20 || *p >= 0x7f) fprintf(out, "\\x%02x", *p);
+    else fputc(*p, out);
   }
   fputc('"', out);
 }
@@ -66,10 +62,8 @@ static void print_string(FILE *out, const char *s) {
 static void print_word(FILE *out, const char *s) {
   bool bare = (s[0] >= 'a' && s[0] <= 'z') || (s[0] >= 'A' && s[0] <= 'Z') || s[0] == '_';
   for (const char *p = s; *p && bare; p++) bare = is_name_char(*p) && *p != '.';
-  if (bare)
-    fputs(s, out);
-  else
-    print_string(out, s);
+  if (bare) fputs(s, out);
+  else print_string(out, s);
 }
 
 static void print_value_name(FILE *out, const TpModule *m, int v) {
@@ -81,10 +75,8 @@ static void print_value_name(FILE *out, const TpModule *m, int v) {
   bool bare = s[0] != 0;
   for (const char *p = s; *p && bare; p++) bare = is_name_char(*p);
   fputc('%', out);
-  if (bare)
-    fputs(s, out);
-  else
-    print_string(out, s);
+  if (bare) fputs(s, out);
+  else print_string(out, s);
 }
 
 static void print_type(FILE *out, const TpType *t) {
@@ -100,10 +92,8 @@ static void print_type(FILE *out, const TpType *t) {
       print_word(out, t->dimnames[i]);
       fputc('=', out);
     }
-    if (t->dims[i] < 0)
-      fputc('?', out);
-    else
-      fprintf(out, "%lld", (long long)t->dims[i]);
+    if (t->dims[i] < 0) fputc('?', out);
+    else fprintf(out, "%lld", (long long)t->dims[i]);
   }
   fputc(']', out);
 }
@@ -118,10 +108,8 @@ static bool origin_equal(TpOrigin a, TpOrigin b) {
 static void print_origin(FILE *out, TpOrigin o) {
   if (!o.node && !o.op_type) return;
   fputs(" loc(", out);
-  if (o.node)
-    print_string(out, o.node);
-  else
-    fputs("none", out);
+  if (o.node) print_string(out, o.node);
+  else fputs("none", out);
   if (o.op_type) {
     fputc(' ', out);
     print_word(out, o.op_type);
@@ -156,9 +144,7 @@ static void shortest(char *buf, size_t n, double v, RoundTrip same, const void *
 
 static bool same_f64(const char *s, const void *o) { return strtod(s, NULL) == *(const double *)o; }
 static bool same_f32(const char *s, const void *o) { return strtof(s, NULL) == *(const float *)o; }
-static bool same_f16(const char *s, const void *o) {
-  return tp_f32_to_f16(strtof(s, NULL)) == *(const uint16_t *)o;
-}
+static bool same_f16(const char *s, const void *o) { return tp_f32_to_f16(strtof(s, NULL)) == *(const uint16_t *)o; }
 static bool same_bf16(const char *s, const void *o) {
   return tp_f32_to_bf16(strtof(s, NULL)) == *(const uint16_t *)o;
 }
@@ -174,29 +160,99 @@ static void print_attr_float(FILE *out, double v) {
 static void print_elem(FILE *out, TpDType dt, const uint8_t *p) {
   char buf[64];
   switch (dt) {
-  case TP_F32: { float f; memcpy(&f, p, 4); shortest(buf, sizeof buf, f, same_f32, &f); fputs(buf, out); return; }
-  case TP_F64: { double f; memcpy(&f, p, 8); shortest(buf, sizeof buf, f, same_f64, &f); fputs(buf, out); return; }
-  case TP_F16: { uint16_t h; memcpy(&h, p, 2); shortest(buf, sizeof buf, tp_f16_to_f32(h), same_f16, &h); fputs(buf, out); return; }
-  case TP_BF16: { uint16_t h; memcpy(&h, p, 2); shortest(buf, sizeof buf, tp_bf16_to_f32(h), same_bf16, &h); fputs(buf, out); return; }
+  case TP_F32: {
+    float f;
+    memcpy(&f, p, 4);
+    shortest(buf, sizeof buf, f, same_f32, &f);
+    fputs(buf, out);
+    return;
+  }
+  case TP_F64: {
+    double f;
+    memcpy(&f, p, 8);
+    shortest(buf, sizeof buf, f, same_f64, &f);
+    fputs(buf, out);
+    return;
+  }
+  case TP_F16: {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    shortest(buf, sizeof buf, tp_f16_to_f32(h), same_f16, &h);
+    fputs(buf, out);
+    return;
+  }
+  case TP_BF16: {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    shortest(buf, sizeof buf, tp_bf16_to_f32(h), same_bf16, &h);
+    fputs(buf, out);
+    return;
+  }
   case TP_BOOL: fputs(*p ? "true" : "false", out); return;
   case TP_U8: fprintf(out, "%u", (unsigned)*p); return;
   case TP_I8: fprintf(out, "%d", (int)(int8_t)*p); return;
-  case TP_U16: { uint16_t x; memcpy(&x, p, 2); fprintf(out, "%u", (unsigned)x); return; }
-  case TP_I16: { int16_t x; memcpy(&x, p, 2); fprintf(out, "%d", (int)x); return; }
-  case TP_U32: { uint32_t x; memcpy(&x, p, 4); fprintf(out, "%lu", (unsigned long)x); return; }
-  case TP_I32: { int32_t x; memcpy(&x, p, 4); fprintf(out, "%ld", (long)x); return; }
-  case TP_U64: { uint64_t x; memcpy(&x, p, 8); fprintf(out, "%llu", (unsigned long long)x); return; }
-  case TP_I64: { int64_t x; memcpy(&x, p, 8); fprintf(out, "%lld", (long long)x); return; }
+  case TP_U16: {
+    uint16_t x;
+    memcpy(&x, p, 2);
+    fprintf(out, "%u", (unsigned)x);
+    return;
+  }
+  case TP_I16: {
+    int16_t x;
+    memcpy(&x, p, 2);
+    fprintf(out, "%d", (int)x);
+    return;
+  }
+  case TP_U32: {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    fprintf(out, "%lu", (unsigned long)x);
+    return;
+  }
+  case TP_I32: {
+    int32_t x;
+    memcpy(&x, p, 4);
+    fprintf(out, "%ld", (long)x);
+    return;
+  }
+  case TP_U64: {
+    uint64_t x;
+    memcpy(&x, p, 8);
+    fprintf(out, "%llu", (unsigned long long)x);
+    return;
+  }
+  case TP_I64: {
+    int64_t x;
+    memcpy(&x, p, 8);
+    fprintf(out, "%lld", (long long)x);
+    return;
+  }
   default: TP_ASSERT(!"print_elem: unknown dtype");
   }
 }
 
 static bool is_nan_elem(TpDType dt, const uint8_t *p) {
   switch (dt) {
-  case TP_F32: { float f; memcpy(&f, p, 4); return isnan(f); }
-  case TP_F64: { double f; memcpy(&f, p, 8); return isnan(f); }
-  case TP_F16: { uint16_t h; memcpy(&h, p, 2); return isnan(tp_f16_to_f32(h)); }
-  case TP_BF16: { uint16_t h; memcpy(&h, p, 2); return isnan(tp_bf16_to_f32(h)); }
+  case TP_F32: {
+    float f;
+    memcpy(&f, p, 4);
+    return isnan(f);
+  }
+  case TP_F64: {
+    double f;
+    memcpy(&f, p, 8);
+    return isnan(f);
+  }
+  case TP_F16: {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return isnan(tp_f16_to_f32(h));
+  }
+  case TP_BF16: {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return isnan(tp_bf16_to_f32(h));
+  }
   default: return false;
   }
 }
@@ -260,12 +316,11 @@ static void print_data_value(FILE *out, const TpModule *m, int v) {
   int64_t bytes = tp_type_numel(&val->type) * (int64_t)tp_dtype_size(val->type.dtype);
   const TpBlob *b = val->blob >= 0 && val->blob < m->nblobs ? &m->blobs[val->blob] : NULL;
   if (b && b->path)
-    fprintf(out, "blob %d offset %lld size %lld", file_blob_number(m, val->blob),
-            (long long)val->offset, (long long)bytes);
+    fprintf(out, "blob %d offset %lld size %lld", file_blob_number(m, val->blob), (long long)val->offset,
+            (long long)bytes);
   else if (b && val->offset >= 0 && (uint64_t)(val->offset + bytes) <= b->size)
     print_dense(out, val->type.dtype, b->base + val->offset, tp_type_numel(&val->type));
-  else
-    fputs("<invalid data>", out); /* the verifier reports it; keep dumps of bad IR going */
+  else fputs("<invalid data>", out); /* the verifier reports it; keep dumps of bad IR going */
   if (val->kind == TP_VAL_PARAM && val->tied >= 0) {
     fputs(" @tied(", out);
     print_value_name(out, m, val->tied);
@@ -300,10 +355,8 @@ static void print_op(FILE *out, const TpModule *m, int o) {
     fputs(" : ", out);
     print_type(out, &m->values[v].type);
     if (!origin_equal(m->values[v].origin, op->origin)) {
-      if (!m->values[v].origin.node && !m->values[v].origin.op_type)
-        fputs(" loc()", out);
-      else
-        print_origin(out, m->values[v].origin);
+      if (!m->values[v].origin.node && !m->values[v].origin.op_type) fputs(" loc()", out);
+      else print_origin(out, m->values[v].origin);
     }
   }
   fprintf(out, " = %s(", op->kind < TP_OP_COUNT ? tp_op_info[op->kind].name : "?");

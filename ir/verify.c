@@ -50,8 +50,7 @@ static int verify_attrs(const TpModule *m, int o, TpDiag *d) {
     if (a->kind == TP_ATTR_INT) snprintf(buf, sizeof buf, "%lld", (long long)a->i);
     const char *value = a->kind == TP_ATTR_INT ? buf : a->s;
     if (rule->choices && !in_choices(rule->choices, value))
-      return tp_error_op(d, m, o, "attribute '%s' is '%s'; allowed: %s", a->name, value,
-                         rule->choices);
+      return tp_error_op(d, m, o, "attribute '%s' is '%s'; allowed: %s", a->name, value, rule->choices);
   }
   return TP_OK;
 }
@@ -76,7 +75,8 @@ static int verify_shard(const TpModule *m, int v, TpDiag *d) {
   if (s->parts == 0) return TP_OK;
   if (val->kind != TP_VAL_PARAM) return tp_error(d, "value %%%s is split over ranks but not a param", val->name);
   if (s->axis < 0 || s->axis >= val->type.rank)
-    return tp_error(d, "param %%%s is split along axis %d, not one of its %d axes", val->name, s->axis, val->type.rank);
+    return tp_error(d, "param %%%s is split along axis %d, not one of its %d axes", val->name, s->axis,
+                    val->type.rank);
   if (s->parts < 1 || s->ranks < s->parts || s->ranks % s->parts != 0)
     return tp_error(d, "param %%%s is split into %d parts over %d ranks: the parts must divide the ranks", val->name,
                     s->parts, s->ranks);
@@ -134,7 +134,8 @@ static int verify_tied(const TpModule *m, int v, TpDiag *d) {
   if (p < 0 || p >= m->nvalues || p == v)
     return tp_error(d, "param %%%s is a tied copy of value %d, out of range", val->name, p);
   const TpValue *pv = &m->values[p];
-  if (pv->kind != TP_VAL_PARAM) return tp_error(d, "param %%%s is a tied copy of %%%s, not a param", val->name, pv->name);
+  if (pv->kind != TP_VAL_PARAM)
+    return tp_error(d, "param %%%s is a tied copy of %%%s, not a param", val->name, pv->name);
   if (pv->tied != -1)
     return tp_error(d, "param %%%s is a tied copy of %%%s, itself a tied copy", val->name, pv->name);
   if (!tp_type_equal(&val->type, &pv->type) || val->type.dtype != pv->type.dtype) {
@@ -166,18 +167,23 @@ static int verify_role(const TpModule *m, int o, TpDiag *d) {
     int from = op->phase == TP_PHASE_FORWARD ? op->stage - 1 : op->stage + 1;
     const TpValue *xv = &m->values[x];
     if (xv->kind != TP_VAL_RESULT)
-      return tp_error_op(d, m, o, "a %s boundary copy on stage %d must read a result of stage %d, not %%%s, which "
-                         "no op computes", phase_name(op->phase), op->stage, from, xv->name);
+      return tp_error_op(d, m, o,
+                         "a %s boundary copy on stage %d must read a result of stage %d, not %%%s, which "
+                         "no op computes",
+                         phase_name(op->phase), op->stage, from, xv->name);
     if (m->ops[xv->def].stage != from)
-      return tp_error_op(d, m, o, "a %s boundary copy on stage %d must read a result of stage %d, not %%%s of stage %d",
+      return tp_error_op(d, m, o,
+                         "a %s boundary copy on stage %d must read a result of stage %d, not %%%s of stage %d",
                          phase_name(op->phase), op->stage, from, xv->name, m->ops[xv->def].stage);
     return TP_OK;
   }
   int n = 0;
   const int64_t *perm = tp_attr_ints(m, o, "perm", &n);
-  bool transpose = op->kind == TP_OP_Transpose && m->values[x].type.rank == 2 && n == 2 && perm[0] == 1 && perm[1] == 0;
+  bool transpose = op->kind == TP_OP_Transpose && m->values[x].type.rank == 2 && n == 2 && perm[0] == 1 &&
+                   perm[1] == 0;
   if ((!same && !transpose) || m->values[x].kind != TP_VAL_PARAM)
-    return tp_error_op(d, m, o, "a re-tie view must be a Transpose {perm = [1, 0]} or a same-shape Reshape of a "
+    return tp_error_op(d, m, o,
+                       "a re-tie view must be a Transpose {perm = [1, 0]} or a same-shape Reshape of a "
                        "param");
   if (!op->origin.node)
     return tp_error_op(d, m, o, "a re-tie view must name the initializer it stands for: loc(\"name\")");
@@ -186,7 +192,8 @@ static int verify_role(const TpModule *m, int o, TpDiag *d) {
 
 static int verify_placement(const TpModule *m, int o, TpDiag *d) {
   const TpOp *op = &m->ops[o];
-  if (op->stage < 0 || op->slice < -1) return tp_error_op(d, m, o, "bad placement: stage %d, slice %d", op->stage, op->slice);
+  if (op->stage < 0 || op->slice < -1)
+    return tp_error_op(d, m, o, "bad placement: stage %d, slice %d", op->stage, op->slice);
   if (op->phase != TP_PHASE_FORWARD && op->phase != TP_PHASE_BACKWARD)
     return tp_error_op(d, m, o, "unknown phase %d", (int)op->phase);
   for (int i = 0; i < op->ninputs; i++) {
@@ -212,7 +219,8 @@ static int verify_training(const TpModule *m, TpDiag *d) {
                       tp_type_str(t, buf, sizeof buf));
     }
   }
-  if (m->ngrads > m->nvalues) return tp_error(d, "the gradient map has %d entries for %d values", m->ngrads, m->nvalues);
+  if (m->ngrads > m->nvalues)
+    return tp_error(d, "the gradient map has %d entries for %d values", m->ngrads, m->nvalues);
   for (int v = 0; v < m->ngrads; v++) {
     int g = m->grads[v];
     if (g == -1) continue;
@@ -237,11 +245,11 @@ static int verify_op(const TpModule *m, int o, TpDiag *d) {
   if (op->dead) return tp_error_op(d, m, o, "op is marked dead but still in the module");
   const TpOpInfo *info = &tp_op_info[op->kind];
   if (op->ninputs < info->min_inputs || op->ninputs > info->max_inputs)
-    return tp_error_op(d, m, o, "%s takes %d to %d operands, not %d", info->name, info->min_inputs,
-                       info->max_inputs, op->ninputs);
+    return tp_error_op(d, m, o, "%s takes %d to %d operands, not %d", info->name, info->min_inputs, info->max_inputs,
+                       op->ninputs);
   if (op->noutputs < info->min_outputs || op->noutputs > info->max_outputs)
-    return tp_error_op(d, m, o, "%s has %d to %d results, not %d", info->name, info->min_outputs,
-                       info->max_outputs, op->noutputs);
+    return tp_error_op(d, m, o, "%s has %d to %d results, not %d", info->name, info->min_outputs, info->max_outputs,
+                       op->noutputs);
   for (int i = 0; i < op->ninputs; i++) {
     int v = op->inputs[i];
     if (v < -1 || v >= m->nvalues) return tp_error_op(d, m, o, "operand %d is out of range (%d)", i, v);
@@ -289,9 +297,10 @@ int tp_verify_split(const TpModule *m, int tensor, int nslices, TpDiag *d) {
     if (val->kind != TP_VAL_PARAM || !val->shard.parts) continue;
     if (first < 0) first = v;
     else if (val->shard.ranks != m->values[first].shard.ranks)
-      return tp_error(d, "param %%%s is split over %d ranks, param %%%s over %d: the params of a module split over "
-                      "one tensor group", val->name, val->shard.ranks, m->values[first].name,
-                      m->values[first].shard.ranks);
+      return tp_error(d,
+                      "param %%%s is split over %d ranks, param %%%s over %d: the params of a module split over "
+                      "one tensor group",
+                      val->name, val->shard.ranks, m->values[first].name, m->values[first].shard.ranks);
   }
   if (first >= 0 && tensor > 1 && m->values[first].shard.ranks != tensor)
     return tp_error(d, "param %%%s is split over %d ranks, but the module is compiled for %d tensor ranks",
@@ -314,8 +323,10 @@ int tp_verify_split(const TpModule *m, int tensor, int nslices, TpDiag *d) {
     if (!used[k]) missing = k;
   free(used);
   if (missing >= 0)
-    return tp_error_op(d, m, last, "the op is in slice %d, but no op is in slice %d: slices are numbered 0, 1, .. "
-                       "without gaps", m->ops[last].slice, missing);
+    return tp_error_op(d, m, last,
+                       "the op is in slice %d, but no op is in slice %d: slices are numbered 0, 1, .. "
+                       "without gaps",
+                       m->ops[last].slice, missing);
   return TP_OK;
 }
 

@@ -70,9 +70,7 @@ static void grad_log_softmax(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_give_op(a, x, TP_OP_LogSoftmaxBackward, (int[]){dy, y}, 2, false, true);
 }
 
-static void grad_swiglu(TpGradCtx *a, const TpGradOp *fwd) {
-  tp_grad_one_op(a, fwd, TP_OP_SwiGLUBackward, false);
-}
+static void grad_swiglu(TpGradCtx *a, const TpGradOp *fwd) { tp_grad_one_op(a, fwd, TP_OP_SwiGLUBackward, false); }
 
 static void grad_geglu(TpGradCtx *a, const TpGradOp *fwd) { /* the form goes with the attributes */
   tp_grad_one_op(a, fwd, TP_OP_GeGLUBackward, false);
@@ -119,8 +117,7 @@ static int bind_softmax(const TpModule *m, int op, const TpTensor *in, TpTensor 
   return TP_OK;
 }
 
-static int bind_gelu_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b,
-                              TpDiag *d) {
+static int bind_gelu_backward(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   bool tanh_approx;
   int rc = gelu_tanh(m, op, &tanh_approx, d);
   if (rc) return rc;
@@ -154,7 +151,12 @@ static int bind_geglu(const TpModule *m, int op, const TpTensor *in, TpTensor *o
   if (tp_tensor_numel(up) != n || (fwd ? tp_tensor_numel(&out[0]) : tp_tensor_numel(&in[0])) != n)
     return shape_error(m, op, d);
   b->kernel = fwd ? TP_K_GEGLU : TP_K_GEGLU_BACKWARD;
-  b->a.geglu = (TpGeGLUArgs){fwd ? NULL : &in[0], gate, up, n, tanh_approx, opt_out(m, op, out, 0),
+  b->a.geglu = (TpGeGLUArgs){fwd ? NULL : &in[0],
+                             gate,
+                             up,
+                             n,
+                             tanh_approx,
+                             opt_out(m, op, out, 0),
                              fwd ? NULL : opt_out(m, op, out, 1)};
   return TP_OK;
 }

@@ -31,7 +31,8 @@ static int check_attention_mask(const TpInferCtx *c, const TpType *mask, TpDType
                                 int64_t s, int64_t total) {
   TpType scores = {.dtype = mask->dtype, .rank = 4, .dims = {batch, heads, s, total}}, t;
   if (mask->rank > 4 || broadcast(c, mask, &scores, &t)) return TP_ERR_INPUT;
-  if (!tp_type_equal(&t, &scores)) return tp_error_op(c->d, c->m, c->op, "attn_mask does not broadcast to the scores");
+  if (!tp_type_equal(&t, &scores))
+    return tp_error_op(c->d, c->m, c->op, "attn_mask does not broadcast to the scores");
   if (mask->dtype != TP_BOOL && mask->dtype != dtype)
     return tp_error_op(c->d, c->m, c->op, "attn_mask must be bool or Q's dtype");
   return TP_OK;
@@ -53,7 +54,8 @@ static int infer_attention(const TpInferCtx *c) {
   } else {
     hq = tp_attr_int(c->m, c->op, "q_num_heads", 0), hkv = tp_attr_int(c->m, c->op, "kv_num_heads", 0);
     if (hq <= 0 || hkv <= 0 || q->dims[2] % hq || k->dims[2] % hkv || v->dims[2] % hkv)
-      return tp_error_op(c->d, c->m, c->op, "3-D operands need q_num_heads and kv_num_heads dividing the hidden sizes");
+      return tp_error_op(c->d, c->m, c->op,
+                         "3-D operands need q_num_heads and kv_num_heads dividing the hidden sizes");
     s = q->dims[1], l = k->dims[1], dq = q->dims[2] / hq, dv = v->dims[2] / hkv;
     if (k->dims[2] / hkv != dq || v->dims[1] != l)
       return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's head size or each other");
@@ -71,7 +73,8 @@ static int infer_attention(const TpInferCtx *c) {
       return tp_error_op(c->d, c->m, c->op, "past_key/past_value must be [B, kv_heads, P, head_size]");
   }
   int64_t total = past + l;
-  if (dv && hq > INT64_MAX / dv) return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
+  if (dv && hq > INT64_MAX / dv)
+    return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
   if (check_causal_attrs(c) || (mask && check_attention_mask(c, mask, q->dtype, batch, hq, s, total)))
     return TP_ERR_INPUT;
   TpType y = q->rank == 4 ? (TpType){.dtype = q->dtype, .rank = 4, .dims = {batch, hq, s, dv}}
@@ -81,8 +84,8 @@ static int infer_attention(const TpInferCtx *c) {
   TpType pk = {.dtype = q->dtype, .rank = 4, .dims = {batch, hkv, total, dq}};
   TpType pv = {.dtype = q->dtype, .rank = 4, .dims = {batch, hkv, total, dv}};
   TpType qk = {.dtype = q->dtype, .rank = 4, .dims = {batch, hq, s, total}};
-  return set_result(c, 0, y) || set_result(c, 1, pk) || set_result(c, 2, pv) || set_result(c, 3, qk)
-             ? TP_ERR_INPUT : TP_OK;
+  return set_result(c, 0, y) || set_result(c, 1, pk) || set_result(c, 2, pv) || set_result(c, 3, qk) ? TP_ERR_INPUT
+                                                                                                     : TP_OK;
 }
 
 static int infer_attention_backward(const TpInferCtx *c) {
@@ -92,7 +95,8 @@ static int infer_attention_backward(const TpInferCtx *c) {
     return tp_error_op(c->d, c->m, c->op, "Q, K and V must all be 3-D or all 4-D");
   TpType y = *q; /* [B, H, S, Dv] or [B, S, H*Dv] */
   if (q->rank == 4) {
-    if (k->dims[3] != q->dims[3] || k->dims[1] <= 0 || q->dims[1] % k->dims[1] || v->dims[1] != k->dims[1] || v->dims[2] != k->dims[2])
+    if (k->dims[3] != q->dims[3] || k->dims[1] <= 0 || q->dims[1] % k->dims[1] || v->dims[1] != k->dims[1] ||
+        v->dims[2] != k->dims[2])
       return tp_error_op(c->d, c->m, c->op, "K and V do not match Q's heads or head size");
     y.dims[3] = v->dims[3];
   } else {
@@ -101,7 +105,8 @@ static int infer_attention_backward(const TpInferCtx *c) {
         k->dims[2] / hkv != q->dims[2] / hq || v->dims[1] != k->dims[1])
       return tp_error_op(c->d, c->m, c->op, "3-D operands need matching q_num_heads and kv_num_heads");
     int64_t dv = v->dims[2] / hkv;
-    if (dv && hq > INT64_MAX / dv) return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
+    if (dv && hq > INT64_MAX / dv)
+      return tp_error_op(c->d, c->m, c->op, "q_num_heads %lld is too large", (long long)hq);
     y.dims[2] = hq * dv;
   }
   if (k->dims[0] != q->dims[0] || v->dims[0] != q->dims[0])
@@ -185,7 +190,8 @@ static void rotary_tables_backward(TpGradCtx *a, const int *in, const bool *need
     for (int k = 0; k < r; k++) steps[k] = 1;
     int s[2];
     for (int i = 0; i < 2; i++) {
-      int op = tp_grad_begin(a, TP_OP_Slice, i ? &dy : &x, 1, (const char *[]){tp_grad_tmp_name(a, in[i ? 1 : 0])}, 1);
+      int op = tp_grad_begin(a, TP_OP_Slice, i ? &dy : &x, 1, (const char *[]){tp_grad_tmp_name(a, in[i ? 1 : 0])},
+                             1);
       tp_set_attr_ints(m, op, "starts", starts, r);
       tp_set_attr_ints(m, op, "steps", steps, r);
       s[i] = tp_grad_end(a, op, &part);
@@ -195,7 +201,7 @@ static void rotary_tables_backward(TpGradCtx *a, const int *in, const bool *need
   if (need[1]) tp_grad_give_binary(a, in[1], TP_OP_Mul, g, x);
   if (need[2]) {
     int op = tp_grad_begin(a, TP_OP_Rotary, (int[]){x, filled_table(a, r, rd, 0), filled_table(a, r, rd, 1)}, 3,
-                   (const char *[]){tp_grad_tmp_name(a, in[2])}, 1);
+                           (const char *[]){tp_grad_tmp_name(a, in[2])}, 1);
     tp_grad_copy_attrs(a, op);
     tp_grad_give_binary(a, in[2], TP_OP_Mul, g, tp_grad_end(a, op, NULL));
   }
@@ -221,9 +227,11 @@ static void grad_attention(TpGradCtx *a, const TpGradOp *fwd) {
   for (int i = 0; i < 3; i++) names[i] = need[i] ? tp_grad_contrib_name(a, in[i]) : tp_grad_tmp_name(a, in[i]);
   if (in[0] == in[1] || in[0] == in[2] || in[1] == in[2]) { /* distinct contribution names */
     int v = in[0];
-    for (int i = 0; i < 3; i++) names[i] = tp_strfmt(a->m, "%s.%d", need[i] ? tp_grad_contrib_name(a, in[i]) : tp_grad_tmp_name(a, v), i);
+    for (int i = 0; i < 3; i++)
+      names[i] = tp_strfmt(a->m, "%s.%d", need[i] ? tp_grad_contrib_name(a, in[i]) : tp_grad_tmp_name(a, v), i);
   }
-  int op = tp_grad_begin(a, TP_OP_AttentionBackward, (int[]){dy, in[0], in[1], in[2], mask}, mask >= 0 ? 5 : 4, names, 3);
+  int op = tp_grad_begin(a, TP_OP_AttentionBackward, (int[]){dy, in[0], in[1], in[2], mask}, mask >= 0 ? 5 : 4,
+                         names, 3);
   tp_grad_copy_attrs(a, op);
   tp_grad_end(a, op, NULL);
   for (int i = 0; i < 3; i++)
@@ -247,7 +255,8 @@ static void attention_axes(const TpModule *m, int op, TpOpAxes *x) {
   axes_link(x, q, 0, y, 0), axes_link(x, k, 0, q, 0), axes_link(x, v, 0, q, 0);
   axes_link(x, q, seq, y, seq), axes_link(x, q, seq, k, seq), axes_link(x, k, seq, v, seq);
   if (r == 4) axes_link(x, q, 1, y, 1), axes_link(x, k, 1, v, 1); /* heads */
-  axes_mix(x, q, feat, "contracts over"), axes_mix(x, k, feat, "contracts over"), axes_mix(x, v, feat, "contracts over");
+  axes_mix(x, q, feat, "contracts over"), axes_mix(x, k, feat, "contracts over"),
+      axes_mix(x, v, feat, "contracts over");
   /* the mask, broadcast to the scores [B, H, Tq, Tk]: its batch and head axes (a mask folded
    * per batch row, as torch's SDPA export has it, is cut by rebatch); its query and key
    * axes are cut by split-sequence itself */
@@ -259,9 +268,7 @@ static void attention_axes(const TpModule *m, int op, TpOpAxes *x) {
   }
 }
 
-static void axes_attention(const TpModule *m, int op, TpOpAxes *x) {
-  attention_axes(m, op, x);
-}
+static void axes_attention(const TpModule *m, int op, TpOpAxes *x) { attention_axes(m, op, x); }
 
 /* the Cos and Sin tables (position by position) broadcast to X */
 static void axes_rotary(const TpModule *m, int op, TpOpAxes *x) {
@@ -291,7 +298,8 @@ static int split_attention(TpSplitCtx *s, int op) {
       return tp_split_refuse(s, op, "a per-head bias or past keys would need splitting too");
   for (int i = 0; i < 3; i++)
     if (s->axis[o->inputs[i]] != m->values[o->inputs[i]].type.rank - (m->values[x].type.rank == 4 ? 3 : 1))
-      return tp_split_refuse(s, op, tp_strfmt(m, "its operand %%%s is not split by heads", m->values[o->inputs[i]].name));
+      return tp_split_refuse(s, op,
+                             tp_strfmt(m, "its operand %%%s is not split by heads", m->values[o->inputs[i]].name));
   if (tp_get_attr(m, op, "q_num_heads"))
     tp_set_attr_int(m, op, "q_num_heads", tp_attr_int(m, op, "q_num_heads", 0) / s->parts[x]);
   if (tp_get_attr(m, op, "kv_num_heads"))
@@ -301,7 +309,9 @@ static int split_attention(TpSplitCtx *s, int op) {
   return tp_split_reinfer(s, op);
 }
 
-static int split_rotary(TpSplitCtx *s, int op) { return tp_split_positionwise(s, op, "the rotated features are split"); }
+static int split_rotary(TpSplitCtx *s, int op) {
+  return tp_split_positionwise(s, op, "the rotated features are split");
+}
 
 /* ---- kernel binders ---- */
 

@@ -36,9 +36,7 @@ static inline TpTensor *opt_out(const TpModule *m, int op, TpTensor *out, int i)
   return present_out(m, op, i) ? &out[i] : NULL;
 }
 
-static inline int64_t numel_from(const TpTensor *t, int from, int to) {
-  return tp_numel(to - from, t->dims + from);
-}
+static inline int64_t numel_from(const TpTensor *t, int from, int to) { return tp_numel(to - from, t->dims + from); }
 
 static inline int64_t last_dim(const TpTensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
 

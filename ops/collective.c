@@ -10,7 +10,8 @@
 /* ---- shape rules ---- */
 
 static int infer_tensor_rank(const TpInferCtx *c) {
-  if (!tp_get_attr(c->m, c->op, "group")) return tp_error_op(c->d, c->m, c->op, "TensorRank needs its group attribute");
+  if (!tp_get_attr(c->m, c->op, "group"))
+    return tp_error_op(c->d, c->m, c->op, "TensorRank needs its group attribute");
   return set_result(c, 0, (TpType){.dtype = TP_I64});
 }
 

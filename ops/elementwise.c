@@ -26,16 +26,25 @@ int tp_infer_elementwise(const TpInferCtx *c) {
   case TP_OP_And:
     if (a->dtype != TP_BOOL) return tp_error_op(c->d, c->m, c->op, "operands must be bool");
     break;
-  case TP_OP_Sqrt: case TP_OP_Reciprocal: case TP_OP_Exp: case TP_OP_Log: case TP_OP_Erf:
-  case TP_OP_Tanh: case TP_OP_Sigmoid: case TP_OP_Gelu: case TP_OP_Sin: case TP_OP_Cos:
+  case TP_OP_Sqrt:
+  case TP_OP_Reciprocal:
+  case TP_OP_Exp:
+  case TP_OP_Log:
+  case TP_OP_Erf:
+  case TP_OP_Tanh:
+  case TP_OP_Sigmoid:
+  case TP_OP_Gelu:
+  case TP_OP_Sin:
+  case TP_OP_Cos:
     if (need_float(c, a, "the operand")) return TP_ERR_INPUT;
     break;
-  case TP_OP_Pow: case TP_OP_Max: case TP_OP_Min:
+  case TP_OP_Pow:
+  case TP_OP_Max:
+  case TP_OP_Min:
     if (b->dtype == TP_BOOL || a->dtype == TP_BOOL)
       return tp_error_op(c->d, c->m, c->op, "operands must be numeric");
     break;
-  default:
-    break;
+  default: break;
   }
   if (tp_op_info[kind].traits & TP_TRAIT_BOOL_RESULT) t.dtype = TP_BOOL;
   return set_result(c, 0, t);
@@ -66,7 +75,13 @@ static bool const_scalar(const TpModule *m, int v, double *out) {
   const TpValue *val = &m->values[v];
   if (val->kind != TP_VAL_CONST || tp_type_numel(&val->type) != 1) return false;
   const uint8_t *p = tp_value_data(m, v);
-  union { float f; double d; uint16_t h; int32_t i32; int64_t i64; } u;
+  union {
+    float f;
+    double d;
+    uint16_t h;
+    int32_t i32;
+    int64_t i64;
+  } u;
   memcpy(&u, p, tp_dtype_size(val->type.dtype));
   switch (val->type.dtype) {
   case TP_F32: *out = u.f; return true;
@@ -160,7 +175,8 @@ static void grad_pow(TpGradCtx *a, const TpGradOp *fwd) {
 static void grad_sqrt(TpGradCtx *a, const TpGradOp *fwd) {
   int dy = fwd->dy, y = fwd->y, x = fwd->x;
   TpDType dt = fwd->dt;
-  tp_grad_give_binary(a, x, TP_OP_Div, dy, tp_grad_emit2(a, TP_OP_Mul, y, tp_grad_scalar(a, dt, 2), tp_grad_tmp_name(a, x)));
+  tp_grad_give_binary(a, x, TP_OP_Div, dy,
+                      tp_grad_emit2(a, TP_OP_Mul, y, tp_grad_scalar(a, dt, 2), tp_grad_tmp_name(a, x)));
 }
 
 static void grad_neg(TpGradCtx *a, const TpGradOp *fwd) {
@@ -242,9 +258,11 @@ static void grad_max_min(TpGradCtx *a, const TpGradOp *fwd) {
     if (tie < 0) {
       int eq = tp_grad_emit2(a, TP_OP_Equal, in[0], in[1], tp_grad_tmp_name(a, x));
       int half = tp_grad_emit2(a, TP_OP_Mul, dy, tp_grad_scalar(a, dt, 0.5), tp_grad_tmp_name(a, x));
-      tie = tp_grad_emit(a, TP_OP_Where, (int[]){eq, half, tp_grad_scalar(a, dt, 0)}, 3, tp_grad_tmp_name(a, x), NULL);
+      tie = tp_grad_emit(a, TP_OP_Where, (int[]){eq, half, tp_grad_scalar(a, dt, 0)}, 3, tp_grad_tmp_name(a, x),
+                         NULL);
     }
-    int wins = tp_grad_emit2(a, kind == TP_OP_Max ? TP_OP_Greater : TP_OP_Less, in[i], in[1 - i], tp_grad_tmp_name(a, in[i]));
+    int wins = tp_grad_emit2(a, kind == TP_OP_Max ? TP_OP_Greater : TP_OP_Less, in[i], in[1 - i],
+                             tp_grad_tmp_name(a, in[i]));
     tp_grad_give_elementwise(a, in[i], TP_OP_Where, (int[]){wins, dy, tie}, 3);
   }
 }
@@ -305,8 +323,9 @@ int tp_split_positionwise(TpSplitCtx *s, int op, const char *last_axis_refusal) 
     if (v < 0 || s->axis[v] >= 0) continue;
     int a = axis - (ry - m->values[v].type.rank);
     if (a >= 0 && m->values[v].type.dims[a] != 1)
-      return tp_split_refuse(s, op, tp_strfmt(m, "it combines the split %%%s with the replicated %%%s", m->values[split].name,
-                                     m->values[v].name));
+      return tp_split_refuse(s, op,
+                             tp_strfmt(m, "it combines the split %%%s with the replicated %%%s",
+                                       m->values[split].name, m->values[v].name));
   }
   for (int i = 0; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
     if (tp_split_share_operand(s, op, i)) return TP_ERR_INPUT;
@@ -320,10 +339,10 @@ int tp_split_elementwise(TpSplitCtx *s, int op) { return tp_split_positionwise(s
 
 int tp_bind_unary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   static const TpUnaryOp ops[TP_OP_COUNT] = {
-      [TP_OP_Sqrt] = TP_UNARY_SQRT,       [TP_OP_Neg] = TP_UNARY_NEG,   [TP_OP_Reciprocal] = TP_UNARY_RECIPROCAL,
-      [TP_OP_Exp] = TP_UNARY_EXP,         [TP_OP_Log] = TP_UNARY_LOG,   [TP_OP_Erf] = TP_UNARY_ERF,
-      [TP_OP_Tanh] = TP_UNARY_TANH,       [TP_OP_Relu] = TP_UNARY_RELU, [TP_OP_Sigmoid] = TP_UNARY_SIGMOID,
-      [TP_OP_Sin] = TP_UNARY_SIN,         [TP_OP_Cos] = TP_UNARY_COS,   [TP_OP_Not] = TP_UNARY_NOT,
+      [TP_OP_Sqrt] = TP_UNARY_SQRT, [TP_OP_Neg] = TP_UNARY_NEG,   [TP_OP_Reciprocal] = TP_UNARY_RECIPROCAL,
+      [TP_OP_Exp] = TP_UNARY_EXP,   [TP_OP_Log] = TP_UNARY_LOG,   [TP_OP_Erf] = TP_UNARY_ERF,
+      [TP_OP_Tanh] = TP_UNARY_TANH, [TP_OP_Relu] = TP_UNARY_RELU, [TP_OP_Sigmoid] = TP_UNARY_SIGMOID,
+      [TP_OP_Sin] = TP_UNARY_SIN,   [TP_OP_Cos] = TP_UNARY_COS,   [TP_OP_Not] = TP_UNARY_NOT,
   };
   TpUnaryOp u = ops[m->ops[op].kind];
   if (m->ops[op].kind == TP_OP_Gelu) {
@@ -340,12 +359,18 @@ int tp_bind_unary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, 
 static int bind_binary(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   (void)d;
   static const TpBinaryOp ops[TP_OP_COUNT] = {
-      [TP_OP_Add] = TP_BINARY_ADD,     [TP_OP_Sub] = TP_BINARY_SUB,
-      [TP_OP_Mul] = TP_BINARY_MUL,     [TP_OP_Div] = TP_BINARY_DIV,
-      [TP_OP_Pow] = TP_BINARY_POW,     [TP_OP_Max] = TP_BINARY_MAX,
-      [TP_OP_Min] = TP_BINARY_MIN,     [TP_OP_And] = TP_BINARY_AND,
-      [TP_OP_Equal] = TP_BINARY_EQUAL, [TP_OP_Less] = TP_BINARY_LESS,
-      [TP_OP_LessOrEqual] = TP_BINARY_LESS_EQUAL, [TP_OP_Greater] = TP_BINARY_GREATER,
+      [TP_OP_Add] = TP_BINARY_ADD,
+      [TP_OP_Sub] = TP_BINARY_SUB,
+      [TP_OP_Mul] = TP_BINARY_MUL,
+      [TP_OP_Div] = TP_BINARY_DIV,
+      [TP_OP_Pow] = TP_BINARY_POW,
+      [TP_OP_Max] = TP_BINARY_MAX,
+      [TP_OP_Min] = TP_BINARY_MIN,
+      [TP_OP_And] = TP_BINARY_AND,
+      [TP_OP_Equal] = TP_BINARY_EQUAL,
+      [TP_OP_Less] = TP_BINARY_LESS,
+      [TP_OP_LessOrEqual] = TP_BINARY_LESS_EQUAL,
+      [TP_OP_Greater] = TP_BINARY_GREATER,
       [TP_OP_GreaterOrEqual] = TP_BINARY_GREATER_EQUAL,
   };
   b->kernel = TP_K_BINARY;

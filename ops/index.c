@@ -19,11 +19,13 @@ static int gather_type(const TpInferCtx *c, const TpType *data, const TpType *id
     return tp_error_op(c->d, c->m, c->op, "result rank exceeds %d", TP_MAX_RANK);
   int64_t rows = data->dims[axis], pad = tp_attr_int(c->m, c->op, "padding_idx", 0);
   if (pad < 0 || (pad >= rows && rows >= 0))
-    return tp_error_op(c->d, c->m, c->op, "padding_idx %lld is not a row of the %lld along axis %lld", (long long)pad,
-                       (long long)rows, (long long)axis);
+    return tp_error_op(c->d, c->m, c->op, "padding_idx %lld is not a row of the %lld along axis %lld",
+                       (long long)pad, (long long)rows, (long long)axis);
   *t = (TpType){.dtype = data->dtype};
-  for (int i = 0; i < axis; i++, t->rank++) t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
-  for (int i = 0; i < idx->rank; i++, t->rank++) t->dims[t->rank] = idx->dims[i], t->dimnames[t->rank] = idx->dimnames[i];
+  for (int i = 0; i < axis; i++, t->rank++)
+    t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
+  for (int i = 0; i < idx->rank; i++, t->rank++)
+    t->dims[t->rank] = idx->dims[i], t->dimnames[t->rank] = idx->dimnames[i];
   for (int i = (int)axis + 1; i < data->rank; i++, t->rank++)
     t->dims[t->rank] = data->dims[i], t->dimnames[t->rank] = data->dimnames[i];
   return TP_OK;
@@ -32,11 +34,13 @@ static int gather_type(const TpInferCtx *c, const TpType *data, const TpType *id
 static int infer_gather(const TpInferCtx *c) {
   TpType t;
   return gather_type(c, operand(c, 0), operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &t) || set_result(c, 0, t)
-             ? TP_ERR_INPUT : TP_OK;
+             ? TP_ERR_INPUT
+             : TP_OK;
 }
 
 /* GatherElements(data, idx) {axis}: the result (and a gradient) has idx's dims */
-static int gather_elements_type(const TpInferCtx *c, const TpType *data, const TpType *idx, int64_t axis, TpType *t) {
+static int gather_elements_type(const TpInferCtx *c, const TpType *data, const TpType *idx, int64_t axis,
+                                TpType *t) {
   if (check_axis(c, axis, data->rank, "axis")) return TP_ERR_INPUT;
   if (idx->dtype != TP_I64 && idx->dtype != TP_I32)
     return tp_error_op(c->d, c->m, c->op, "indices must be i32 or i64");
@@ -59,7 +63,8 @@ static int infer_gather_elements(const TpInferCtx *c) {
   TpType t;
   return gather_elements_type(c, operand(c, 0), operand(c, 1), tp_attr_int(c->m, c->op, "axis", 0), &t) ||
                  set_result(c, 0, t)
-             ? TP_ERR_INPUT : TP_OK;
+             ? TP_ERR_INPUT
+             : TP_OK;
 }
 
 static int infer_topk(const TpInferCtx *c) {
@@ -84,7 +89,8 @@ static int infer_embedding(const TpInferCtx *c) {
   if (operand(c, 2) ? check_vocab_part(c, 2, &parts) : tp_get_attr(c->m, c->op, "vocab_parts") != NULL)
     return operand(c, 2) ? TP_ERR_INPUT : tp_error_op(c->d, c->m, c->op, "vocab_parts needs a Part operand");
   if (operand(c, 2) && tp_get_attr(c->m, c->op, "padding_idx")) /* the range kernels skip no row */
-    return tp_error_op(c->d, c->m, c->op, "a vocabulary-split embedding has no padding_idx (shard-tensor keeps one whole)");
+    return tp_error_op(c->d, c->m, c->op,
+                       "a vocabulary-split embedding has no padding_idx (shard-tensor keeps one whole)");
   TpType t;
   return gather_type(c, w, operand(c, 1), 0, &t) || set_result(c, 0, t) ? TP_ERR_INPUT : TP_OK;
 }
@@ -139,12 +145,14 @@ static void grad_embedding(TpGradCtx *a, const TpGradOp *fwd) {
   int dy = fwd->dy, x = fwd->x;
   TpType wt = type_of(a, x);
   if (nin > 2) { /* vocabulary-parallel: only the ids of this rank's rows */
-    int op = tp_grad_begin(a, TP_OP_EmbeddingBackward, (int[]){dy, in[1], in[2]}, 3, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+    int op = tp_grad_begin(a, TP_OP_EmbeddingBackward, (int[]){dy, in[1], in[2]}, 3,
+                           (const char *[]){tp_grad_contrib_name(a, x)}, 1);
     tp_grad_copy_attrs(a, op);
     tp_grad_give(a, x, tp_grad_end(a, op, &wt));
     return;
   }
-  int op = tp_grad_begin(a, TP_OP_GatherBackward, (int[]){dy, in[1]}, 2, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+  int op = tp_grad_begin(a, TP_OP_GatherBackward, (int[]){dy, in[1]}, 2,
+                         (const char *[]){tp_grad_contrib_name(a, x)}, 1);
   tp_grad_copy_attrs(a, op); /* padding_idx: that row gets nothing from this lookup */
   tp_set_attr_int(m, op, "axis", 0);
   tp_grad_give(a, x, tp_grad_end(a, op, &wt));
@@ -210,9 +218,7 @@ static int split_gather_other_axis(TpSplitCtx *s, int op) {
   return tp_split_reinfer(s, op);
 }
 
-static int split_gather(TpSplitCtx *s, int op) {
-  return split_gather_other_axis(s, op);
-}
+static int split_gather(TpSplitCtx *s, int op) { return split_gather_other_axis(s, op); }
 
 /* ---- kernel binders ---- */
 
@@ -224,8 +230,9 @@ static int bind_gather(const TpModule *m, int op, const TpTensor *in, TpTensor *
               : k == TP_OP_GatherElements ? TP_K_GATHER_ELEMENTS
               : k == TP_OP_GatherBackward ? TP_K_GATHER_BACKWARD
                                           : TP_K_GATHER_ELEMENTS_BACKWARD;
-  b->a.gather = (TpGatherArgs){&in[0], &in[1], (int)tp_attr_int(m, op, "axis", 0),
-                               tp_attr_int(m, op, "padding_idx", -1), &out[0], &b->bad};
+  b->a.gather =
+      (TpGatherArgs){&in[0],  &in[1], (int)tp_attr_int(m, op, "axis", 0), tp_attr_int(m, op, "padding_idx", -1),
+                     &out[0], &b->bad};
   return TP_OK;
 }
 
@@ -266,8 +273,8 @@ int tp_bind_vocab(const TpModule *m, int op, const TpTensor *in, TpTensor *out, 
     return TP_OK;
   }
   a->stats = &in[first + 2], a->part = &in[first + 3], a->parts = (last_dim(a->stats) - 1) / 2;
-  if (tp_tensor_numel(a->stats) != a->n * (2 * a->parts + 1) || tp_tensor_numel(&out[0]) != (first ? a->n * a->V : 1) ||
-      (first && tp_tensor_numel(&in[0]) != 1))
+  if (tp_tensor_numel(a->stats) != a->n * (2 * a->parts + 1) ||
+      tp_tensor_numel(&out[0]) != (first ? a->n * a->V : 1) || (first && tp_tensor_numel(&in[0]) != 1))
     return shape_error(m, op, d);
   a->dloss = first ? &in[0] : NULL;
   b->kernel = first ? TP_K_CROSS_ENTROPY_PARTS_BACKWARD : TP_K_CROSS_ENTROPY_PARTS;

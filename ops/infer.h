@@ -40,8 +40,8 @@ static inline int set_result(const TpInferCtx *c, int i, TpType t) {
   }
   if (!tp_type_equal(r, &t)) {
     char have[256], want[256];
-    return tp_error_op(c->d, c->m, c->op, "result %d has type %s but the op computes %s", i,
-                       type_str(r, have), type_str(&t, want));
+    return tp_error_op(c->d, c->m, c->op, "result %d has type %s but the op computes %s", i, type_str(r, have),
+                       type_str(&t, want));
   }
   for (int k = 0; k < r->rank; k++)
     if (!r->dimnames[k]) r->dimnames[k] = t.dimnames[k];
@@ -77,7 +77,6 @@ static inline int check_axis(const TpInferCtx *c, int64_t axis, int rank, const 
     return tp_error_op(c->d, c->m, c->op, "%s %lld is out of range for rank %d", what, (long long)axis, rank);
   return TP_OK;
 }
-
 
 static inline int broadcast(const TpInferCtx *c, const TpType *a, const TpType *b, TpType *out) {
   if (tp_broadcast_shape(a, b, out)) return TP_OK;

@@ -47,7 +47,8 @@ static int infer_tile(const TpInferCtx *c) {
   if (n != x->rank) return tp_error_op(c->d, c->m, c->op, "repeats has %d entries for rank %d", n, x->rank);
   TpType t = {.dtype = x->dtype, .rank = x->rank};
   for (int i = 0; i < n; i++) {
-    if (repeats[i] < 0) return tp_error_op(c->d, c->m, c->op, "repeats has negative value %lld", (long long)repeats[i]);
+    if (repeats[i] < 0)
+      return tp_error_op(c->d, c->m, c->op, "repeats has negative value %lld", (long long)repeats[i]);
     if (x->dims[i] && repeats[i] > INT64_MAX / 16 / x->dims[i])
       return tp_error_op(c->d, c->m, c->op, "the tiled tensor is too large");
     t.dims[i] = x->dims[i] * repeats[i];
@@ -77,8 +78,8 @@ static int infer_transpose(const TpInferCtx *c) {
 static int same_but_axis(const TpInferCtx *c, const TpType *x, TpType *r, int64_t axis) {
   if (r->rank != x->rank || r->dtype != x->dtype) {
     char sx[256], sr[256];
-    return tp_error_op(c->d, c->m, c->op, "%s does not match %s outside axis %lld", type_str(r, sr),
-                       type_str(x, sx), (long long)axis);
+    return tp_error_op(c->d, c->m, c->op, "%s does not match %s outside axis %lld", type_str(r, sr), type_str(x, sx),
+                       (long long)axis);
   }
   for (int i = 0; i < x->rank; i++) {
     if (i != axis && r->dims[i] != x->dims[i]) {
@@ -119,8 +120,9 @@ static int infer_slice(const TpInferCtx *c) {
   for (int i = 0; i < x->rank; i++) {
     int64_t n = r->dims[i];
     if (steps[i] == 0 || !tp_slice_fits(starts[i], steps[i], n, x->dims[i]))
-      return tp_error_op(c->d, c->m, c->op, "slice of dim %d (start %lld, step %lld, %lld elements) leaves [0, %lld)",
-                         i, (long long)starts[i], (long long)steps[i], (long long)n, (long long)x->dims[i]);
+      return tp_error_op(c->d, c->m, c->op,
+                         "slice of dim %d (start %lld, step %lld, %lld elements) leaves [0, %lld)", i,
+                         (long long)starts[i], (long long)steps[i], (long long)n, (long long)x->dims[i]);
     if (n == x->dims[i] && steps[i] == 1 && !r->dimnames[i]) r->dimnames[i] = x->dimnames[i];
   }
   return TP_OK;
@@ -144,16 +146,18 @@ static int infer_concat(const TpInferCtx *c) {
   /* a token slice's context (ir/ops.def): appends one operand to the previous context */
   int64_t rows = tp_attr_int(c->m, c->op, "context_rows", 0);
   if (rows < 0 || (rows && rows < t.dims[axis]))
-    return tp_error_op(c->d, c->m, c->op, "context_rows %lld cannot hold the %lld rows of the result", (long long)rows,
-                       (long long)t.dims[axis]);
+    return tp_error_op(c->d, c->m, c->op, "context_rows %lld cannot hold the %lld rows of the result",
+                       (long long)rows, (long long)t.dims[axis]);
   if (rows && (op->ninputs > 2 || t.dims[axis] == 0))
-    return tp_error_op(c->d, c->m, c->op, "a context (context_rows) appends one non-empty operand to at most one "
+    return tp_error_op(c->d, c->m, c->op,
+                       "a context (context_rows) appends one non-empty operand to at most one "
                        "previous context");
   if (rows && op->ninputs == 2) {
     int prev = c->m->values[op->inputs[0]].def;
     if (prev < 0 || c->m->ops[prev].kind != TP_OP_Concat || tp_attr_int(c->m, prev, "context_rows", 0) != rows ||
         tp_attr_int(c->m, prev, "axis", 0) != axis)
-      return tp_error_op(c->d, c->m, c->op, "operand 0 of a context must be the previous context: a Concat with the "
+      return tp_error_op(c->d, c->m, c->op,
+                         "operand 0 of a context must be the previous context: a Concat with the "
                          "same axis and context_rows");
   }
   return set_result(c, 0, t);
@@ -192,7 +196,8 @@ static void tile_backward(TpGradCtx *a, int x, int dy) {
   int64_t axes[TP_MAX_RANK];
   for (int d = 0; d < xt.rank; d++) naxes += repeats[d] != 1;
   if (xt.rank + naxes > TP_MAX_RANK) {
-    tp_grad_cannot(a, tp_strfmt(a->m, "tiling %d dims of a rank-%d tensor (at most rank %d in all)", naxes, xt.rank, TP_MAX_RANK));
+    tp_grad_cannot(a, tp_strfmt(a->m, "tiling %d dims of a rank-%d tensor (at most rank %d in all)", naxes, xt.rank,
+                                TP_MAX_RANK));
     return;
   }
   if (!naxes) {
@@ -369,8 +374,7 @@ static void axes_slice(const TpModule *m, int op, TpOpAxes *x) {
   for (int k = 0; k < rx; k++) {
     if (starts[k] == 0 && steps[k] == 1 && value_type(m, Y)->dims[k] == value_type(m, X)->dims[k])
       axes_link(x, X, k, Y, k);
-    else
-      axes_mix(x, X, k, "slices");
+    else axes_mix(x, X, k, "slices");
   }
 }
 
@@ -390,7 +394,8 @@ static int split_slice_chunk(TpSplitCtx *s, int op) {
   int n, x = m->ops[op].inputs[0], y = m->ops[op].outputs[0], a = s->axis[x], p = s->parts[x];
   int64_t whole = m->values[x].type.dims[a] * p, len = m->values[y].type.dims[a];
   const int64_t *starts = tp_attr_ints(m, op, "starts", &n), *steps = tp_attr_ints(m, op, "steps", &n);
-  if (tp_split_chunks_of(s, x) < 2 || steps[a] != 1 || len <= 0 || len * tp_split_chunks_of(s, x) != whole || starts[a] % len || len % p)
+  if (tp_split_chunks_of(s, x) < 2 || steps[a] != 1 || len <= 0 || len * tp_split_chunks_of(s, x) != whole ||
+      starts[a] % len || len % p)
     return tp_split_refuse(s, op, "it cuts the axis split over the ranks, not into the chunks of a fused product");
   int64_t local[TP_MAX_RANK];
   memcpy(local, starts, (size_t)n * sizeof *local);
@@ -473,7 +478,10 @@ static int split_concat(TpSplitCtx *s, int op) {
 int tp_bind_copy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   (void)d;
   TpOpKind k = m->ops[op].kind;
-  b->kernel = k == TP_OP_Cast ? TP_K_CAST : k == TP_OP_Reshape ? TP_K_RESHAPE : k == TP_OP_Expand ? TP_K_EXPAND : TP_K_TILE;
+  b->kernel = k == TP_OP_Cast      ? TP_K_CAST
+              : k == TP_OP_Reshape ? TP_K_RESHAPE
+              : k == TP_OP_Expand  ? TP_K_EXPAND
+                                   : TP_K_TILE;
   b->a.cast = (TpCopyArgs){&in[0], &out[0]};
   return TP_OK;
 }

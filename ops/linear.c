@@ -15,8 +15,10 @@ static int matmul_type(const TpInferCtx *c, const TpType *a, const TpType *b, Tp
   if (a->rank < 1 || b->rank < 1) return tp_error_op(c->d, c->m, c->op, "operands must have rank >= 1");
   /* promote vectors, as numpy does: [K] x [..,K,N] and [..,M,K] x [K] */
   TpType pa = *a, pb = *b;
-  if (a->rank == 1) pa = (TpType){.dtype = a->dtype, .rank = 2, .dims = {1, a->dims[0]}, .dimnames = {NULL, a->dimnames[0]}};
-  if (b->rank == 1) pb = (TpType){.dtype = b->dtype, .rank = 2, .dims = {b->dims[0], 1}, .dimnames = {b->dimnames[0], NULL}};
+  if (a->rank == 1)
+    pa = (TpType){.dtype = a->dtype, .rank = 2, .dims = {1, a->dims[0]}, .dimnames = {NULL, a->dimnames[0]}};
+  if (b->rank == 1)
+    pb = (TpType){.dtype = b->dtype, .rank = 2, .dims = {b->dims[0], 1}, .dimnames = {b->dimnames[0], NULL}};
   int64_t k1 = pa.dims[pa.rank - 1], k2 = pb.dims[pb.rank - 2];
   if (k1 != k2) {
     char sa[256], sb[256];
@@ -53,7 +55,9 @@ static int infer_gemm(const TpInferCtx *c) {
     char sa[256], sb[256];
     return tp_error_op(c->d, c->m, c->op, "inner dimensions differ: %s x %s", type_str(a, sa), type_str(b, sb));
   }
-  TpType t = {.dtype = a->dtype, .rank = 2, .dims = {m, n},
+  TpType t = {.dtype = a->dtype,
+              .rank = 2,
+              .dims = {m, n},
               .dimnames = {a->dimnames[ta ? 1 : 0], b->dimnames[tb ? 0 : 1]}};
   if (bias) {
     TpType bt;
@@ -84,7 +88,8 @@ static int linear_type(const TpInferCtx *c, const TpType *x, const TpType *w, co
 
 static int infer_linear(const TpInferCtx *c) {
   TpType y;
-  return linear_type(c, operand(c, 0), operand(c, 1), operand(c, 2), &y) || set_result(c, 0, y) ? TP_ERR_INPUT : TP_OK;
+  return linear_type(c, operand(c, 0), operand(c, 1), operand(c, 2), &y) || set_result(c, 0, y) ? TP_ERR_INPUT
+                                                                                                : TP_OK;
 }
 
 static int infer_linear_backward(const TpInferCtx *c) {
@@ -129,10 +134,10 @@ static void gemm_backward(TpGradCtx *a, const int *in, bool need_a, bool need_b,
     if (!(which ? need_b : need_a)) continue;
     int v = in[which], x, y;
     bool tx, ty;
-    if (which == 0 && !ta) x = dy, y = in[1], tx = false, ty = !tb;      /* dA = dY op(B)^T */
-    else if (which == 0) x = in[1], y = dy, tx = tb, ty = true;           /* dA = op(B) dY^T */
-    else if (!tb) x = in[0], y = dy, tx = !ta, ty = false;                /* dB = op(A)^T dY */
-    else x = dy, y = in[0], tx = true, ty = ta;                           /* dB = dY^T op(A) */
+    if (which == 0 && !ta) x = dy, y = in[1], tx = false, ty = !tb; /* dA = dY op(B)^T */
+    else if (which == 0) x = in[1], y = dy, tx = tb, ty = true;     /* dA = op(B) dY^T */
+    else if (!tb) x = in[0], y = dy, tx = !ta, ty = false;          /* dB = op(A)^T dY */
+    else x = dy, y = in[0], tx = true, ty = ta;                     /* dB = dY^T op(A) */
     int op = tp_grad_begin(a, TP_OP_Gemm, (int[]){x, y}, 2, (const char *[]){tp_grad_contrib_name(a, v)}, 1);
     if (alpha != 1) tp_set_attr_float(a->m, op, "alpha", alpha);
     if (tx) tp_set_attr_int(a->m, op, "transA", 1);
@@ -140,16 +145,12 @@ static void gemm_backward(TpGradCtx *a, const int *in, bool need_a, bool need_b,
     tp_grad_give(a, v, tp_grad_end(a, op, NULL));
   }
   if (need_c) {
-    if (beta == 1)
-      tp_grad_give_value(a, in[2], dy);
-    else
-      tp_grad_give_binary(a, in[2], TP_OP_Mul, dy, tp_grad_scalar(a, type_of(a, dy).dtype, beta));
+    if (beta == 1) tp_grad_give_value(a, in[2], dy);
+    else tp_grad_give_binary(a, in[2], TP_OP_Mul, dy, tp_grad_scalar(a, type_of(a, dy).dtype, beta));
   }
 }
 
-static void grad_matmul(TpGradCtx *a, const TpGradOp *fwd) {
-  tp_grad_one_op(a, fwd, TP_OP_MatMulBackward, false);
-}
+static void grad_matmul(TpGradCtx *a, const TpGradOp *fwd) { tp_grad_one_op(a, fwd, TP_OP_MatMulBackward, false); }
 
 static void grad_linear(TpGradCtx *a, const TpGradOp *fwd) {
   tp_grad_one_op(a, fwd, TP_OP_LinearBackward, fwd->nin > 2 && fwd->in[2] >= 0);
@@ -254,7 +255,8 @@ static int bind_linear(const TpModule *m, int op, const TpTensor *in, TpTensor *
   if (fwd) {
     a->bias = opt_in(m, op, in, 2);
     a->y = &out[0];
-    if (tp_tensor_numel(&out[0]) != M * N || (a->bias && tp_tensor_numel(a->bias) != N)) return shape_error(m, op, d);
+    if (tp_tensor_numel(&out[0]) != M * N || (a->bias && tp_tensor_numel(a->bias) != N))
+      return shape_error(m, op, d);
     b->kernel = TP_K_LINEAR;
     return TP_OK;
   }
@@ -273,7 +275,8 @@ static int bind_matmul_backward(const TpModule *m, int op, const TpTensor *in, T
                                 TpDiag *d) {
   (void)d;
   b->kernel = TP_K_MATMUL_BACKWARD;
-  b->a.matmul_backward = (TpMatmulBackwardArgs){&in[0], &in[1], &in[2], opt_out(m, op, out, 0), opt_out(m, op, out, 1)};
+  b->a.matmul_backward = (TpMatmulBackwardArgs){&in[0], &in[1], &in[2], opt_out(m, op, out, 0),
+                                                opt_out(m, op, out, 1)};
   return TP_OK;
 }
 

@@ -22,7 +22,8 @@ static int infer_loss(const TpInferCtx *c) {
   for (int i = 2; i < x->rank; i++)
     if (labels->dims[i - 1] != x->dims[i])
       return tp_error_op(c->d, c->m, c->op, "labels do not match the scores' extra dims");
-  if (labels->dtype != TP_I64 && labels->dtype != TP_I32) return tp_error_op(c->d, c->m, c->op, "labels must be i32 or i64");
+  if (labels->dtype != TP_I64 && labels->dtype != TP_I32)
+    return tp_error_op(c->d, c->m, c->op, "labels must be i32 or i64");
   if (w && (w->rank != 1 || w->dims[0] != x->dims[1] || w->dtype != x->dtype))
     return tp_error_op(c->d, c->m, c->op, "weights must be [C] of the scores' dtype");
   const char *reduction = tp_attr_string(c->m, c->op, "reduction", "mean");
@@ -142,7 +143,7 @@ static void loss_backward(TpGradCtx *a, const int *in, int dy) {
       scores = tp_grad_end(a, op, NULL);
     }
     int op = tp_grad_begin(a, TP_OP_CrossEntropyBackward, (int[]){dy, scores, labels}, 3,
-                   (const char *[]){r > 2 ? tp_grad_tmp_name(a, x) : tp_grad_contrib_name(a, x)}, 1);
+                           (const char *[]){r > 2 ? tp_grad_tmp_name(a, x) : tp_grad_contrib_name(a, x)}, 1);
     tp_set_attr_float(a->m, op, "denominator", denominator);
     int g = tp_grad_end(a, op, NULL);
     if (r > 2) {
@@ -171,7 +172,8 @@ static void loss_backward(TpGradCtx *a, const int *in, int dy) {
     if (size == 8) memcpy(iota + c * 8, &c, 8);
     else memcpy(iota + c * 4, &c32, 4);
   }
-  int cls = tp_add_const(a->m, tp_unique_name(a->m, tp_strfmt(a->m, "%s.classes", name_of(a, x))), classes, iota, (TpOrigin){0});
+  int cls = tp_add_const(a->m, tp_unique_name(a->m, tp_strfmt(a->m, "%s.classes", name_of(a, x))), classes, iota,
+                         (TpOrigin){0});
   free(iota);
   int lab = tp_grad_emit(a, TP_OP_Reshape, &labels, 1, tp_grad_tmp_name(a, x), &col);
   int onehot = tp_grad_emit2(a, TP_OP_Equal, lab, cls, tp_grad_tmp_name(a, x));
@@ -186,8 +188,9 @@ static void grad_cross_entropy(TpGradCtx *a, const TpGradOp *fwd) {
   int nin = fwd->nin;
   const int *in = fwd->in;
   int dy = fwd->dy, x = fwd->x;
-  int op = tp_grad_begin(a, TP_OP_CrossEntropyBackward, (int[]){dy, in[0], in[1], nin > 2 ? in[2] : -1, nin > 3 ? in[3] : -1},
-                 nin > 2 ? 5 : 3, (const char *[]){tp_grad_contrib_name(a, x)}, 1);
+  int op = tp_grad_begin(a, TP_OP_CrossEntropyBackward,
+                         (int[]){dy, in[0], in[1], nin > 2 ? in[2] : -1, nin > 3 ? in[3] : -1}, nin > 2 ? 5 : 3,
+                         (const char *[]){tp_grad_contrib_name(a, x)}, 1);
   tp_grad_copy_attrs(a, op);
   tp_grad_give(a, x, tp_grad_end(a, op, NULL));
 }
@@ -236,8 +239,7 @@ static void axes_onnx_loss(const TpModule *m, int op, TpOpAxes *x) {
 
 /* CrossEntropy(Logits[..., V], Targets) {denominator} and CrossEntropyBackward(dLoss,
  * Logits, Targets): R rows of V. */
-static int bind_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b,
-                              TpDiag *d) {
+static int bind_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   bool fwd = m->ops[op].kind == TP_OP_CrossEntropy;
   if (m->ops[op].ninputs > (fwd ? 2 : 3)) return tp_bind_vocab(m, op, in, out, b, d);
   const TpTensor *logits = fwd ? &in[0] : &in[1], *targets = fwd ? &in[1] : &in[2];
@@ -247,8 +249,14 @@ static int bind_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpT
       (!fwd && tp_tensor_numel(&in[0]) != 1))
     return shape_error(m, op, d);
   b->kernel = fwd ? TP_K_CROSS_ENTROPY : TP_K_CROSS_ENTROPY_BACKWARD;
-  b->a.cross_entropy = (TpCrossEntropyArgs){fwd ? NULL : &in[0], logits, targets, R, V,
-                                            (float)tp_attr_float(m, op, "denominator", (double)R), &out[0], &b->bad};
+  b->a.cross_entropy = (TpCrossEntropyArgs){fwd ? NULL : &in[0],
+                                            logits,
+                                            targets,
+                                            R,
+                                            V,
+                                            (float)tp_attr_float(m, op, "denominator", (double)R),
+                                            &out[0],
+                                            &b->bad};
   return TP_OK;
 }
 

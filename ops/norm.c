@@ -49,10 +49,12 @@ static int infer_layernorm_backward(const TpInferCtx *c) {
 static int rmsnorm_operands(const TpInferCtx *c, const TpType *x, const TpType *scale) {
   int64_t axis = tp_attr_int(c->m, c->op, "axis", -1);
   if (need_float(c, x, "X") || check_axis(c, axis, x->rank, "axis") || same_dtype(c, x, scale)) return TP_ERR_INPUT;
-  if (tp_attr_float(c->m, c->op, "epsilon", 0) < 0) return tp_error_op(c->d, c->m, c->op, "epsilon must not be negative");
+  if (tp_attr_float(c->m, c->op, "epsilon", 0) < 0)
+    return tp_error_op(c->d, c->m, c->op, "epsilon must not be negative");
   TpType norm = {.dtype = x->dtype, .rank = x->rank - (int)axis};
   memcpy(norm.dims, x->dims + axis, (size_t)norm.rank * sizeof norm.dims[0]);
-  if (!tp_type_equal(scale, &norm)) return tp_error_op(c->d, c->m, c->op, "Scale must have the normalised shape of X");
+  if (!tp_type_equal(scale, &norm))
+    return tp_error_op(c->d, c->m, c->op, "Scale must have the normalised shape of X");
   return TP_OK;
 }
 
@@ -93,9 +95,7 @@ static void layernorm_stats(TpGradCtx *a, int o) {
   if (tp_infer_op(m, o, a->d) != TP_OK) a->rc = TP_ERR_INTERNAL;
 }
 
-static void grad_rmsnorm(TpGradCtx *a, const TpGradOp *fwd) {
-  tp_grad_one_op(a, fwd, TP_OP_RMSNormBackward, false);
-}
+static void grad_rmsnorm(TpGradCtx *a, const TpGradOp *fwd) { tp_grad_one_op(a, fwd, TP_OP_RMSNormBackward, false); }
 
 static void grad_layernorm(TpGradCtx *a, const TpGradOp *fwd) {
   TpModule *m = a->m;
@@ -114,9 +114,11 @@ static void grad_layernorm(TpGradCtx *a, const TpGradOp *fwd) {
   layernorm_stats(a, o);
   int mean = m->ops[o].outputs[1], inv = m->ops[o].outputs[2];
   bool bias = nin > 2 && in[2] >= 0;
-  const char *names[3] = {need[0] ? tp_grad_contrib_name(a, x) : tp_grad_tmp_name(a, x), need[1] ? tp_grad_contrib_name(a, in[1]) : NULL,
+  const char *names[3] = {need[0] ? tp_grad_contrib_name(a, x) : tp_grad_tmp_name(a, x),
+                          need[1] ? tp_grad_contrib_name(a, in[1]) : NULL,
                           bias && need[2] ? tp_grad_contrib_name(a, in[2]) : NULL};
-  int op = tp_grad_begin(a, TP_OP_LayerNormBackward, (int[]){dy, x, in[1], mean, inv}, 5, names, grad_results(names, 3));
+  int op = tp_grad_begin(a, TP_OP_LayerNormBackward, (int[]){dy, x, in[1], mean, inv}, 5, names,
+                         grad_results(names, 3));
   tp_grad_copy_attrs(a, op);
   tp_grad_end(a, op, NULL);
   for (int i = 0; i < m->ops[op].noutputs; i++)
@@ -151,7 +153,8 @@ static int split_norm_across_ranks(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], y = m->ops[op].outputs[0], a = tp_split_norm_axis(m, op);
   int rank = m->values[x].type.rank, axis = s->axis[x], parts = s->parts[x];
-  if (tp_split_chunks_of(s, x) > 1) return tp_split_refuse(s, op, "it normalises the chunks of a fused product together");
+  if (tp_split_chunks_of(s, x) > 1)
+    return tp_split_refuse(s, op, "it normalises the chunks of a fused product together");
   if (tp_split_param(s, op, w, axis - a, parts, 1)) return TP_ERR_INPUT;
   const char *name = m->values[y].name;
   float inv = 1.0f / (float)s->ranks, eps = (float)tp_attr_float(m, op, "epsilon", 1e-5);
@@ -169,9 +172,13 @@ static int split_norm_across_ranks(TpSplitCtx *s, int op) {
   if (tp_infer_op(m, mean_op, s->d)) return TP_ERR_INPUT;
   int mean = m->ops[mean_op].outputs[0];
   int sum = tp_split_add_after(s, op, TP_OP_AllReduce, &mean, 1, tp_strfmt(m, "%s.sum", name));
-  int all = sum < 0 ? -1 : tp_split_add_after(s, op, TP_OP_TensorCopy, &sum, 1, tp_strfmt(m, "%s.tp", m->values[sum].name));
-  int row = all < 0 ? -1 : tp_split_add_after(s, op, TP_OP_Mul, (int[]){all, c_inv}, 2, tp_strfmt(m, "%s.row", name));
-  int var = row < 0 ? -1 : tp_split_add_after(s, op, TP_OP_Add, (int[]){row, c_eps}, 2, tp_strfmt(m, "%s.var", name));
+  int all = sum < 0
+                ? -1
+                : tp_split_add_after(s, op, TP_OP_TensorCopy, &sum, 1, tp_strfmt(m, "%s.tp", m->values[sum].name));
+  int row = all < 0 ? -1
+                    : tp_split_add_after(s, op, TP_OP_Mul, (int[]){all, c_inv}, 2, tp_strfmt(m, "%s.row", name));
+  int var = row < 0 ? -1
+                    : tp_split_add_after(s, op, TP_OP_Add, (int[]){row, c_eps}, 2, tp_strfmt(m, "%s.var", name));
   int rms = var < 0 ? -1 : tp_split_add_after(s, op, TP_OP_Sqrt, &var, 1, tp_strfmt(m, "%s.rms", name));
   int xn = rms < 0 ? -1 : tp_split_add_after(s, op, TP_OP_Div, (int[]){x, rms}, 2, tp_strfmt(m, "%s.normed", name));
   if (xn < 0) return TP_ERR_INPUT;
@@ -192,11 +199,15 @@ static int split_norm(TpSplitCtx *s, int op) {
   for (int i = 1; i < o->ninputs; i++)
     if (o->inputs[i] >= 0 && s->axis[o->inputs[i]] >= 0)
       return tp_split_refuse(s, op,
-                    tp_strfmt(m, "its scale or bias %%%s is split over the ranks", m->values[o->inputs[i]].name));
-  if (s->axis[x] >= tp_split_norm_axis(m, op) && tp_split_norm_splits_across(m, op)) return split_norm_across_ranks(s, op);
+                             tp_strfmt(m, "its scale or bias %%%s is split over the ranks",
+                                       m->values[o->inputs[i]].name));
+  if (s->axis[x] >= tp_split_norm_axis(m, op) && tp_split_norm_splits_across(m, op))
+    return split_norm_across_ranks(s, op);
   if (s->axis[x] >= tp_split_norm_axis(m, op))
-    return tp_split_refuse(s, op, "it normalises over the axis split over the ranks (only an RMSNorm with a scale of its own "
-                          "splits so)");
+    return tp_split_refuse(s, op,
+                           "it normalises over the axis split over the ranks (only an RMSNorm with a scale of its "
+                           "own "
+                           "splits so)");
   for (int i = 1; i < m->ops[op].ninputs; i++) /* o moves when an op is added */
     if (tp_split_share_operand(s, op, i)) return TP_ERR_INPUT;
   for (int r = 0; r < m->ops[op].noutputs; r++) /* LayerNorm's statistics keep the heads axis too */
@@ -244,8 +255,15 @@ static int bind_layernorm_backward(const TpModule *m, int op, const TpTensor *in
       !out_numel(m, op, out, 2, n))
     return shape_error(m, op, d);
   b->kernel = TP_K_LAYERNORM_BACKWARD;
-  b->a.layernorm_backward = (TpLayerNormBackwardArgs){&in[0], x, &in[2], &in[3], &in[4], rows, n,
-                                                      opt_out(m, op, out, 0), opt_out(m, op, out, 1),
+  b->a.layernorm_backward = (TpLayerNormBackwardArgs){&in[0],
+                                                      x,
+                                                      &in[2],
+                                                      &in[3],
+                                                      &in[4],
+                                                      rows,
+                                                      n,
+                                                      opt_out(m, op, out, 0),
+                                                      opt_out(m, op, out, 1),
                                                       opt_out(m, op, out, 2)};
   return TP_OK;
 }

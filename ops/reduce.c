@@ -64,7 +64,8 @@ static void grad_reduce(TpGradCtx *a, const TpGradOp *fwd) {
   int64_t count = 1;
   for (int k = 0; k < n; k++) count *= xt.dims[axes[k]], kept.dims[axes[k]] = 1, kept.dimnames[axes[k]] = NULL;
   int g = dy;
-  if (kind == TP_OP_ReduceMean) g = tp_grad_emit2(a, TP_OP_Div, g, tp_grad_scalar(a, dt, (double)count), tp_grad_tmp_name(a, x));
+  if (kind == TP_OP_ReduceMean)
+    g = tp_grad_emit2(a, TP_OP_Div, g, tp_grad_scalar(a, dt, (double)count), tp_grad_tmp_name(a, x));
   if (!tp_attr_int(m, o, "keepdims", 1)) g = tp_grad_emit(a, TP_OP_Reshape, &g, 1, tp_grad_tmp_name(a, x), &kept);
   tp_grad_give_op(a, x, TP_OP_Expand, &g, 1, true, false);
 }

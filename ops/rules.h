@@ -13,7 +13,7 @@
 typedef struct TpInferCtx TpInferCtx; /* ops/infer.h */
 typedef struct TpGradCtx TpGradCtx;   /* ops/grad.h */
 typedef struct TpGradOp TpGradOp;
-typedef struct TpSplitCtx TpSplitCtx; /* ops/split.h */
+typedef struct TpSplitCtx TpSplitCtx;   /* ops/split.h */
 typedef struct TpOpBinding TpOpBinding; /* bind/bind.h */
 
 typedef struct TpOpRules {
@@ -48,7 +48,7 @@ typedef struct TpOpRules {
 
 /* The elementwise trait: the shape rule, token axes and tensor split every elementwise op
  * shares (ops/infer.h, ops/axes.h, ops/split.h), for a rule set's initializer. */
-#define TP_ELEMENTWISE_RULES \
+#define TP_ELEMENTWISE_RULES                                                                                        \
   .infer = tp_infer_elementwise, .token_axes = tp_axes_elementwise, .tensor_split = tp_split_elementwise
 
 /* tp_op_rules[kind]: the rule set of every op (ops/rules.c). */

@@ -13,9 +13,9 @@ struct TpSplitCtx {
   TpDiag *d;
   int ranks;
   const char *logits; /* --logits: the graph output add-loss will train (NULL: the one it finds) */
-  int *axis;    /* per value: the axis split over the ranks, -1 when replicated */
-  int *parts;   /* per value: how many parts that axis is cut into */
-  int *copy_of; /* per value: its TensorCopy result, -1 when none yet */
+  int *axis;          /* per value: the axis split over the ranks, -1 when replicated */
+  int *parts;         /* per value: how many parts that axis is cut into */
+  int *copy_of;       /* per value: its TensorCopy result, -1 when none yet */
 };
 
 /* "shard-tensor cannot split op X over N tensor ranks: why" at op. */

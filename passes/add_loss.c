@@ -21,11 +21,13 @@ static int find_model_loss(TpModule *m, TpDiag *d, int *loss) {
     if (v->kind != TP_VAL_RESULT) continue;
     int op = v->def;
     TpOpKind k = m->ops[op].kind;
-    if ((k != TP_OP_SoftmaxCrossEntropyLoss && k != TP_OP_NegativeLogLikelihoodLoss) || m->ops[op].outputs[0] != m->outputs[i])
+    if ((k != TP_OP_SoftmaxCrossEntropyLoss && k != TP_OP_NegativeLogLikelihoodLoss) ||
+        m->ops[op].outputs[0] != m->outputs[i])
       continue;
     const char *reduction = tp_attr_string(m, op, "reduction", "mean");
     if (strcmp(reduction, "mean") != 0)
-      return tp_error_op(d, m, op, "the model's loss has reduction '%s'; training needs the mean (or pass --logits NAME)",
+      return tp_error_op(d, m, op,
+                         "the model's loss has reduction '%s'; training needs the mean (or pass --logits NAME)",
                          reduction);
     *loss = m->outputs[i];
     return TP_OK;
@@ -52,7 +54,9 @@ static int find_logits(TpModule *m, const char *name, TpDiag *d, int *logits) {
     int v = m->outputs[i];
     if (!is_logits_type(&m->values[v].type) || v == *logits) continue;
     if (*logits >= 0)
-      return tp_error(d, "cannot find the logits: outputs '%s' and '%s' are both float [B, T, V] tensors; pass --logits NAME",
+      return tp_error(d,
+                      "cannot find the logits: outputs '%s' and '%s' are both float [B, T, V] tensors; pass "
+                      "--logits NAME",
                       m->values[*logits].name, m->values[v].name);
     *logits = v;
   }
@@ -111,7 +115,8 @@ int pass_add_loss(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   int def = m->values[logits].def, stage = def >= 0 ? m->ops[def].stage : 0, in[4] = {logits, tv, -1, -1};
   if (tp_vocab_parts(m, logits) > 1) {
     int part = in[3] = loss_op(m, d, TP_OP_TensorRank, NULL, 0, "loss.part", stage);
-    int stats = part < 0 ? -1 : loss_op(m, d, TP_OP_CrossEntropyStats, (int[]){logits, tv, part}, 3, "loss.stats", stage);
+    int stats = part < 0 ? -1
+                         : loss_op(m, d, TP_OP_CrossEntropyStats, (int[]){logits, tv, part}, 3, "loss.stats", stage);
     in[2] = stats < 0 ? -1 : loss_op(m, d, TP_OP_AllReduce, &stats, 1, "loss.stats.sum", stage);
     if (in[2] < 0) return TP_ERR_INTERNAL;
   }

@@ -49,7 +49,7 @@ static int def_of(const TpModule *m, int v) {
 
 typedef struct {
   TpModule *m;
-  int *mark;  /* per value: generation it was reached in */
+  int *mark; /* per value: generation it was reached in */
   int gen;
 } Reach;
 
@@ -99,10 +99,10 @@ typedef struct {
 typedef struct {
   TpModule *m;
   int nchains;
-  Chain *chains;   /* the longest chains: one per token slice */
-  int *skip;       /* per op: the skip operand of a residual Add, else -1 */
-  bool *attn;      /* per op: the residual Add's branch contains an Attention */
-  int *layer;      /* per op */
+  Chain *chains; /* the longest chains: one per token slice */
+  int *skip;     /* per op: the skip operand of a residual Add, else -1 */
+  bool *attn;    /* per op: the residual Add's branch contains an Attention */
+  int *layer;    /* per op */
 } Stream;
 
 static void find_chains(Stream *s) {
@@ -229,7 +229,8 @@ static double op_flops(const TpModule *m, int op) {
  * optimal cut wins, so equal layers split evenly and deterministically). */
 static void balance(const double *cost, int nlayers, int nstages, int *cuts) {
   int L = nlayers, S = nstages;
-  double *prefix = calloc((size_t)L + 1, sizeof *prefix), *best = malloc(sizeof(double) * (size_t)(S + 1) * (size_t)(L + 1));
+  double *prefix = calloc((size_t)L + 1, sizeof *prefix),
+         *best = malloc(sizeof(double) * (size_t)(S + 1) * (size_t)(L + 1));
   int *from = malloc(sizeof(int) * (size_t)(S + 1) * (size_t)(L + 1));
   TP_ASSERT(prefix && best && from);
   for (int j = 0; j < L; j++) prefix[j + 1] = prefix[j] + cost[j];
@@ -257,8 +258,8 @@ int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **out, 
   int n = 1;
   for (const char *p = text; *p; p++) n += *p == ',';
   if (*nstages > 1 && n + 1 != *nstages)
-    return tp_error(d, "--stage-cuts '%s' has %d cut%s, but %d stages need %d", text, n, n == 1 ? "" : "s",
-                    *nstages, *nstages - 1);
+    return tp_error(d, "--stage-cuts '%s' has %d cut%s, but %d stages need %d", text, n, n == 1 ? "" : "s", *nstages,
+                    *nstages - 1);
   *nstages = n + 1;
   int *cuts = malloc(sizeof(int) * (size_t)(n + 1));
   TP_ASSERT(cuts);
@@ -270,7 +271,8 @@ int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **out, 
     if (end == p || (*end != ',' && *end) || v <= cuts[k - 1] || v >= nlayers) {
       int lo = cuts[k - 1] + 1;
       free(cuts);
-      return tp_error(d, "--stage-cuts '%s': cut %d must be a layer number in [%d, %d] (stage k starts at "
+      return tp_error(d,
+                      "--stage-cuts '%s': cut %d must be a layer number in [%d, %d] (stage k starts at "
                       "layer cut k; the model has %d layers)",
                       text, k, lo, nlayers - 1, nlayers);
     }
@@ -344,7 +346,8 @@ static int tie_params(TpModule *m, TpDiag *d, int nstages) {
   for (int v = 0; v < nv && rc == TP_OK; v++) {
     if (hi[v] <= lo[v]) continue;
     if (lo[v] != 0 || hi[v] != nstages - 1 || middle[v]) {
-      rc = tp_error(d, "parameter '%s' is read on stages %d to %d: only the first and the last stage may "
+      rc = tp_error(d,
+                    "parameter '%s' is read on stages %d to %d: only the first and the last stage may "
                     "share a parameter (a tied embedding and head); choose other --stage-cuts",
                     m->values[v].name, lo[v], hi[v]);
       break;
@@ -385,9 +388,8 @@ int pass_assign_stages(TpModule *m, TpPassOptions *opt, TpDiag *d) {
     rc = tp_internal(d, "assign-stages: the token slices' residual streams have different layer counts");
   else if (nlayers == 0)
     rc = tp_error(d, "cannot cut the model into pipeline stages: no residual stream (a chain of residual "
-                  "Adds, x + f(x)) to find its layers in");
-  else if (opt->stage_cuts)
-    rc = tp_stage_cuts_parse(opt->stage_cuts, nlayers, &nstages, &cuts, d);
+                     "Adds, x + f(x)) to find its layers in");
+  else if (opt->stage_cuts) rc = tp_stage_cuts_parse(opt->stage_cuts, nlayers, &nstages, &cuts, d);
   if (rc == TP_OK && nstages > nlayers)
     rc = tp_error(d, "cannot cut %d layer%s into %d stages: every stage needs at least one layer", nlayers,
                   nlayers == 1 ? "" : "s", nstages);
@@ -450,8 +452,10 @@ int pass_finish_stages(TpModule *m, TpPassOptions *opt, TpDiag *d) {
     if (p < 0 || !m->grads) continue;
     if (tp_grad_of(m, p) < 0 && tp_grad_of(m, v) >= 0) tp_set_grad(m, v, -1);
     else if (tp_grad_of(m, p) >= 0 && tp_grad_of(m, v) < 0 && tp_use_count(m, v) > 0)
-      return tp_error(d, "--freeze matches '%s', the last stage's copy of the trained parameter '%s': "
-                      "freeze both or neither", m->values[v].name, m->values[p].name);
+      return tp_error(d,
+                      "--freeze matches '%s', the last stage's copy of the trained parameter '%s': "
+                      "freeze both or neither",
+                      m->values[v].name, m->values[p].name);
   }
   /* only boundary copies read another stage's results, and only the neighbour's */
   for (int o = 0; o < m->nops; o++) {
@@ -462,7 +466,8 @@ int pass_finish_stages(TpModule *m, TpPassOptions *opt, TpDiag *d) {
       if (def < 0 || m->ops[def].stage == op->stage) continue;
       int want = op->phase == TP_PHASE_FORWARD ? op->stage - 1 : op->stage + 1;
       if (!tp_is_boundary_op(m, o) || m->ops[def].stage != want)
-        return tp_internal(d, "finish-stages: %s op %s (%s) on stage %d reads %%%s of stage %d, not through a "
+        return tp_internal(d,
+                           "finish-stages: %s op %s (%s) on stage %d reads %%%s of stage %d, not through a "
                            "boundary copy",
                            op->phase == TP_PHASE_FORWARD ? "forward" : "backward", tp_op_info[op->kind].name,
                            op->origin.node ? op->origin.node : "-", op->stage, m->values[op->inputs[i]].name,

@@ -43,8 +43,14 @@ static int new_scalar(TpGradCtx *a, TpDType dtype, double value, const char *nam
   switch (dtype) {
   case TP_F64: memcpy(data, &value, 8); break;
   case TP_F32: memcpy(data, &f, 4); break;
-  case TP_F16: h = tp_f32_to_f16(f); memcpy(data, &h, 2); break;
-  case TP_BF16: h = tp_f32_to_bf16(f); memcpy(data, &h, 2); break;
+  case TP_F16:
+    h = tp_f32_to_f16(f);
+    memcpy(data, &h, 2);
+    break;
+  case TP_BF16:
+    h = tp_f32_to_bf16(f);
+    memcpy(data, &h, 2);
+    break;
   default: TP_ASSERT(!"scalar: not a float dtype");
   }
   return tp_add_const(a->m, tp_unique_name(a->m, name), tp_type_make(dtype, 0, NULL), data, (TpOrigin){0});
@@ -110,7 +116,8 @@ void tp_grad_give(TpGradCtx *a, int v, int g) {
     return;
   }
   bool last = a->seen[v] == a->count[v];
-  a->grad[v] = tp_grad_emit2(a, TP_OP_Add, a->grad[v], g, last ? tp_strfmt(a->m, "%s.grad", name_of(a, v)) : tp_grad_tmp_name(a, v));
+  a->grad[v] = tp_grad_emit2(a, TP_OP_Add, a->grad[v], g,
+                             last ? tp_strfmt(a->m, "%s.grad", name_of(a, v)) : tp_grad_tmp_name(a, v));
 }
 
 /* g summed over the axes numpy broadcasting added to v (ReduceSum, then Reshape where the
@@ -158,7 +165,9 @@ void tp_grad_give_elementwise(TpGradCtx *a, int v, TpOpKind kind, const int *in,
   tp_grad_give(a, v, fits ? g : unbroadcast(a, g, v, name));
 }
 
-void tp_grad_give_binary(TpGradCtx *a, int v, TpOpKind kind, int x, int y) { tp_grad_give_elementwise(a, v, kind, (int[]){x, y}, 2); }
+void tp_grad_give_binary(TpGradCtx *a, int v, TpOpKind kind, int x, int y) {
+  tp_grad_give_elementwise(a, v, kind, (int[]){x, y}, 2);
+}
 void tp_grad_give_unary(TpGradCtx *a, int v, TpOpKind kind, int x) { tp_grad_give_elementwise(a, v, kind, &x, 1); }
 
 /* Copies the forward op's attributes that `op` (a backward op) accepts. */
@@ -204,7 +213,8 @@ void tp_grad_one_op(TpGradCtx *a, const TpGradOp *fwd, TpOpKind back, bool bias)
   const bool *need = fwd->need;
   int dy = fwd->dy;
   const char *names[3] = {need[0] ? tp_grad_contrib_name(a, in[0]) : tp_grad_tmp_name(a, in[0]),
-                          need[1] ? tp_grad_contrib_name(a, in[1]) : NULL, bias && need[2] ? tp_grad_contrib_name(a, in[2]) : NULL};
+                          need[1] ? tp_grad_contrib_name(a, in[1]) : NULL,
+                          bias && need[2] ? tp_grad_contrib_name(a, in[2]) : NULL};
   int op = tp_grad_begin(a, back, (int[]){dy, in[0], in[1]}, 3, names, grad_results(names, 3));
   tp_grad_copy_attrs(a, op);
   tp_grad_end(a, op, NULL);
@@ -234,7 +244,14 @@ static void backward(TpGradCtx *a, const int *dys) {
     tp_grad_cannot(a, NULL);
     return;
   }
-  TpGradOp g = {.in = in, .out = out, .need = need, .dys = dys, .nin = nin, .dy = dys[0], .y = out[0], .x = in[0],
+  TpGradOp g = {.in = in,
+                .out = out,
+                .need = need,
+                .dys = dys,
+                .nin = nin,
+                .dy = dys[0],
+                .y = out[0],
+                .x = in[0],
                 .dt = type_of(a, out[0]).dtype};
   rules->gradient(a, &g);
 }
@@ -296,7 +313,8 @@ int pass_autodiff(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   free(flows);
 
   /* backward, emitting: d loss / d loss = 1, then every op in reverse order */
-  a.grad[m->loss] = new_scalar(&a, m->values[m->loss].type.dtype, 1, tp_strfmt(m, "%s.grad", m->values[m->loss].name));
+  a.grad[m->loss] = new_scalar(&a, m->values[m->loss].type.dtype, 1,
+                               tp_strfmt(m, "%s.grad", m->values[m->loss].name));
   for (int o = nforward - 1; o >= 0 && a.rc == TP_OK; o--) {
     if (m->ops[o].dead) continue;
     int dys[64];
@@ -308,7 +326,8 @@ int pass_autodiff(TpModule *m, TpPassOptions *opt, TpDiag *d) {
       if (dys[i] >= 0) TP_ASSERT(r == m->loss || a.seen[r] == a.count[r]);
       any_dy |= dys[i] >= 0;
     }
-    for (int i = 0; i < m->ops[o].ninputs; i++) any_need |= m->ops[o].inputs[i] >= 0 && a.requires[m->ops[o].inputs[i]];
+    for (int i = 0; i < m->ops[o].ninputs; i++)
+    any_need |= m->ops[o].inputs[i] >= 0 && a.requires[m->ops[o].inputs[i]];
     if (!any_dy || !any_need) continue;
     a.fwd = o;
     backward(&a, dys);

@@ -31,7 +31,6 @@
 
 #include "../interp/interp.h"
 
-
 /* The lowest finite value of dt: exporters mask with it (finfo.min) or with -inf. */
 static double lowest(TpDType dt) {
   switch (dt) {
@@ -194,16 +193,20 @@ static int soft_cap(TpModule *m, int o, int *u, int *slot, double *c, const char
   for (int i = 0; mul >= 0 && i < 2 && *u < 0; i++)
     if (tp_type_equal(type(m, in(m, mul, i)), type(m, out(m, t)))) *u = in(m, mul, i);
   if (*u < 0 || !tp_type_equal(type(m, *u), type(m, out(m, t)))) {
-    *why = tp_strfmt(m, "Tanh at node '%s' does not take the scores divided by the cap %g (a soft-cap is tanh(s / c) * c)",
-                     node_name(m, t), *c);
+    *why =
+        tp_strfmt(m,
+                  "Tanh at node '%s' does not take the scores divided by the cap %g (a soft-cap is tanh(s / c) * c)",
+                  node_name(m, t), *c);
     return -1;
   }
   if ((*why = cap_constant(m, first, div >= 0 ? in(m, div, 1) : other(m, mul, *u), &k))) return -1;
   bool same = div >= 0 ? k == *c : fabs(k * *c - 1) <= 1e-6;
   if (!same)
-    *why = tp_strfmt(m, "Mul at node '%s' multiplies the soft-capped scores by %g, not the cap %g that %s at node '%s' %s",
-                     node_name(m, o), *c, div >= 0 ? k : 1 / k, div >= 0 ? "Div" : "Mul", node_name(m, first),
-                     div >= 0 ? "divides them by" : "scales them by the inverse of");
+    *why =
+        tp_strfmt(m,
+                  "Mul at node '%s' multiplies the soft-capped scores by %g, not the cap %g that %s at node '%s' %s",
+                  node_name(m, o), *c, div >= 0 ? k : 1 / k, div >= 0 ? "Div" : "Mul", node_name(m, first),
+                  div >= 0 ? "divides them by" : "scales them by the inverse of");
   return same ? 1 : -1;
 }
 
@@ -218,10 +221,14 @@ static const char *cap_order(TpModule *m, const TpScoreChain *c) {
     TpOpKind kind = m->ops[o].kind;
     bool scale = kind == TP_OP_Mul || kind == TP_OP_Div;
     if (s < at && !scale && kind != TP_OP_Reshape)
-      return tp_strfmt(m, "%s at node '%s' comes before the soft-cap at node '%s': only scales may (a mask must follow it)",
+      return tp_strfmt(m,
+                       "%s at node '%s' comes before the soft-cap at node '%s': only scales may (a mask must follow "
+                       "it)",
                        tp_op_info[kind].name, node_name(m, o), node_name(m, c->cap));
     if (s > at && scale)
-      return tp_strfmt(m, "%s at node '%s' scales the soft-capped scores of node '%s': only masks may follow the soft-cap",
+      return tp_strfmt(m,
+                       "%s at node '%s' scales the soft-capped scores of node '%s': only masks may follow the "
+                       "soft-cap",
                        tp_op_info[kind].name, node_name(m, o), node_name(m, c->cap));
   }
   return NULL;
@@ -233,7 +240,8 @@ static const char *score_chain(TpModule *m, int sm, TpScoreChain *c) {
   const TpType *t = type(m, x);
   *c = (TpScoreChain){.softmax = sm, .product = -1, .pv = -1, .cap = -1, .dt = t->dtype};
   if (t->rank < 3 || t->rank > 4 || tp_attr_int(m, sm, "axis", -1) != t->rank - 1 || !is_float(m, x))
-    return tp_strfmt(m, "Softmax at node '%s' does not normalise the last axis of 3-D or 4-D scores", node_name(m, sm));
+    return tp_strfmt(m, "Softmax at node '%s' does not normalise the last axis of 3-D or 4-D scores",
+                     node_name(m, sm));
   c->T = t->dims[t->rank - 1];
   c->BH = c->T ? tp_type_numel(t) / (c->T * c->T) : 0;
   c->inner = t->dims[t->rank - 2] != c->T;
@@ -242,7 +250,8 @@ static const char *score_chain(TpModule *m, int sm, TpScoreChain *c) {
       return tp_strfmt(m, "the scores %%%s are not [B, H, %lld, %lld] or [B*H, %lld, %lld]", m->values[x].name,
                        (long long)c->T, (long long)c->T, (long long)c->T, (long long)c->T);
     int o = m->values[x].kind == TP_VAL_RESULT ? m->values[x].def : -1, slot = 0;
-    if (o < 0 || m->ops[o].dead) return tp_strfmt(m, "the scores %%%s are not computed by a product", m->values[x].name);
+    if (o < 0 || m->ops[o].dead)
+      return tp_strfmt(m, "the scores %%%s are not computed by a product", m->values[x].name);
     const char *kind = tp_op_info[m->ops[o].kind].name, *why = NULL;
     switch (m->ops[o].kind) {
     case TP_OP_MatMul:
@@ -263,7 +272,8 @@ static const char *score_chain(TpModule *m, int sm, TpScoreChain *c) {
         break;
       }
       if (c->cap >= 0)
-        return tp_strfmt(m, "the scores are soft-capped twice, at nodes '%s' and '%s'", node_name(m, o), node_name(m, c->cap));
+        return tp_strfmt(m, "the scores are soft-capped twice, at nodes '%s' and '%s'", node_name(m, o),
+                         node_name(m, c->cap));
       if (c->nsteps == TP_SCORE_CHAIN_MAX) break; /* refused below */
       c->cap = o;
       c->steps[c->nsteps] = o;
@@ -272,8 +282,10 @@ static const char *score_chain(TpModule *m, int sm, TpScoreChain *c) {
       continue;
     }
     case TP_OP_Tanh:
-      return tp_strfmt(m, "Tanh at node '%s' in the score chain is not a soft-cap: its result is not multiplied by the cap "
-                          "(tanh(s / c) * c)",
+      return tp_strfmt(m,
+                       "Tanh at node '%s' in the score chain is not a soft-cap: its result is not multiplied by the "
+                       "cap "
+                       "(tanh(s / c) * c)",
                        node_name(m, o));
     case TP_OP_Add:
     case TP_OP_Sub:
@@ -282,11 +294,11 @@ static const char *score_chain(TpModule *m, int sm, TpScoreChain *c) {
     case TP_OP_Where:
       if ((slot = score_operand(m, o, &why)) < 0) return why;
       break;
-    default:
-      return tp_strfmt(m, "%s at node '%s' in the score chain is not understood", kind, node_name(m, o));
+    default: return tp_strfmt(m, "%s at node '%s' in the score chain is not understood", kind, node_name(m, o));
     }
     if (c->nsteps == TP_SCORE_CHAIN_MAX)
-      return tp_strfmt(m, "the score chain before Softmax at node '%s' is longer than %d ops", node_name(m, sm), TP_SCORE_CHAIN_MAX);
+      return tp_strfmt(m, "the score chain before Softmax at node '%s' is longer than %d ops", node_name(m, sm),
+                       TP_SCORE_CHAIN_MAX);
     c->steps[c->nsteps] = o;
     c->slot[c->nsteps++] = slot;
     x = in(m, o, slot);
@@ -304,7 +316,7 @@ typedef struct {
  * constant varies along the batch (then B), nh likewise along the heads. */
 typedef struct {
   int64_t nb, nh;
-  TpTensor k[TP_SCORE_CHAIN_MAX][2]; /* each step's constant operands (Where: condition, fill) */
+  TpTensor k[TP_SCORE_CHAIN_MAX][2];    /* each step's constant operands (Where: condition, fill) */
   int64_t at[TP_SCORE_CHAIN_MAX][2][4]; /* and where each holds a position's element (offsets) */
 } Frame;
 
@@ -373,12 +385,14 @@ static const char *transfer(TpModule *m, int o, int slot, double k, double c, Sc
     p->alpha *= k, p->beta *= k;
     return NULL;
   case TP_OP_Max: /* max(x, finfo.min) is x for every finite x */
-    if (!(k <= low)) return tp_strfmt(m, "Max at node '%s' clamps the scores at %g, above the float minimum", node, k);
+    if (!(k <= low))
+      return tp_strfmt(m, "Max at node '%s' clamps the scores at %g, above the float minimum", node, k);
     if (p->masked) p->beta = fmax(p->beta, k);
     return NULL;
   case TP_OP_Where:
     if ((c != 0) == (slot == 1)) return NULL; /* keeps the score */
-    if (!(k <= low)) return tp_strfmt(m, "Where at node '%s' puts %g in place of scores, not the float minimum", node, k);
+    if (!(k <= low))
+      return tp_strfmt(m, "Where at node '%s' puts %g in place of scores, not the float minimum", node, k);
     p->masked = true, p->beta = k;
     return NULL;
   default: return tp_strfmt(m, "%s at node '%s' in the score chain is not understood", kind, node);
@@ -393,11 +407,12 @@ static void position(const TpScoreChain *c, const Frame *f, int64_t p, int64_t p
 
 /* Score position pos after chain step s; NULL, or why the step
  * does not keep the scores' meaning (which depends on the step's constants alone). */
-static const char *step_at(TpModule *m, const TpScoreChain *c, const Frame *f, int s, const int64_t pos[4], Score *score) {
+static const char *step_at(TpModule *m, const TpScoreChain *c, const Frame *f, int s, const int64_t pos[4],
+                           Score *score) {
   int o = c->steps[s];
   bool where = m->ops[o].kind == TP_OP_Where;
   if (!f->k[s][where].data || o == c->cap) return NULL; /* a reshape; the soft-cap keeps alpha */
-  double k[2] = {0, 0}; /* the constants' elements there (Where: condition, fill) */
+  double k[2] = {0, 0};                                 /* the constants' elements there (Where: condition, fill) */
   for (int n = 0; n <= where; n++) {
     const int64_t *at = f->at[s][n];
     k[n] = tp_tensor_get_f64(&f->k[s][n], pos[0] * at[0] + pos[1] * at[1] + pos[2] * at[2] + pos[3] * at[3]);
@@ -427,7 +442,8 @@ static const char *evaluate_chain(TpModule *m, const TpScoreChain *c, Frame *f) 
     for (int i = 0, n = 0; i < op->ninputs && !why; i++) {
       if (i == c->slot[s] || n == 2) continue;
       if (!evaluate(m, op->inputs[i], EVAL_DEPTH, &f->k[s][n]))
-        why = tp_strfmt(m, "the constant %%%s of the score chain cannot be evaluated", m->values[op->inputs[i]].name);
+        why = tp_strfmt(m, "the constant %%%s of the score chain cannot be evaluated",
+                        m->values[op->inputs[i]].name);
       else {
         varies(c, &f->k[s][n], type(m, op->outputs[0]), &batch, &heads);
         offsets(c, &f->k[s][n], type(m, op->outputs[0]), f->at[s][n]);
@@ -467,7 +483,8 @@ static const char *check_steps(TpModule *m, const TpScoreChain *c, const Frame *
       position(c, f, p, pos);
       why = step_at(m, c, f, s, pos, &one);
       if (!why && param >= 0 && (one.alpha != 1 || (!one.masked && one.beta != 0)))
-        why = tp_strfmt(m, "%s at node '%s' %s the scores by the parameter %%%s, which trains (raised, it would not)",
+        why = tp_strfmt(m,
+                        "%s at node '%s' %s the scores by the parameter %%%s, which trains (raised, it would not)",
                         tp_op_info[op->kind].name, node_name(m, c->steps[s]), one.alpha != 1 ? "scales" : "shifts",
                         m->values[param].name);
     }
@@ -511,11 +528,12 @@ static const char *prove(TpModule *m, const TpScoreChain *c, const Frame *f, TpC
       return tp_strfmt(m, "its mask lets %s see key %lld after it%s", query_at(m, f, T, p), j,
                        s->beta ? tp_strfmt(m, " (adds %g there, not the float minimum)", s->beta) : "");
     if (!s->masked && !want)
-      return tp_strfmt(m, "its mask lets %s see key %lld, outside the sliding window of %lld keys its last query has",
+      return tp_strfmt(m,
+                       "its mask lets %s see key %lld, outside the sliding window of %lld keys its last query has",
                        query_at(m, f, T, p), j, (long long)pr->window);
     if (s->masked && !(s->beta <= bound))
-      return tp_strfmt(m, "it masks key %lld of %s with %g, which may keep weight in the softmax", j, query_at(m, f, T, p),
-                       s->beta);
+      return tp_strfmt(m, "it masks key %lld of %s with %g, which may keep weight in the softmax", j,
+                       query_at(m, f, T, p), s->beta);
     if (s->masked) continue;
     if (have_scale && s->alpha != pr->scale)
       return tp_strfmt(m, "it scales the scores by %g at key %lld of %s but by %g elsewhere", s->alpha, j,
@@ -640,7 +658,8 @@ static StepKey step_key(const TpModule *m, const TpScoreChain *c, int s) {
 
 static bool same_tensor(const TpTensor *a, const TpTensor *b) {
   if (!a->data || !b->data) return !a->data && !b->data;
-  return a->dtype == b->dtype && a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof *a->dims) == 0 &&
+  return a->dtype == b->dtype && a->rank == b->rank &&
+         memcmp(a->dims, b->dims, (size_t)a->rank * sizeof *a->dims) == 0 &&
          memcmp(a->data, b->data, tp_tensor_bytes(a)) == 0;
 }
 
@@ -653,8 +672,8 @@ static const Proven *recall(const TpModule *m, const TpCausalMemo *memo, const T
     for (int s = 0; s < c->nsteps && same; s++) {
       StepKey k = step_key(m, c, s);
       same = k.kind == p->step[s].kind && k.slot == p->step[s].slot && k.param == p->step[s].param &&
-             k.cap == p->step[s].cap && tp_type_equal(&k.type, &p->step[s].type) && same_tensor(&f->k[s][0], &p->f.k[s][0]) &&
-             same_tensor(&f->k[s][1], &p->f.k[s][1]);
+             k.cap == p->step[s].cap && tp_type_equal(&k.type, &p->step[s].type) &&
+             same_tensor(&f->k[s][0], &p->f.k[s][0]) && same_tensor(&f->k[s][1], &p->f.k[s][1]);
     }
     if (same) return p;
   }
@@ -662,7 +681,8 @@ static const Proven *recall(const TpModule *m, const TpCausalMemo *memo, const T
 }
 
 /* Remembers proof pr of chain c with frame f (copied). */
-static void remember(const TpModule *m, TpCausalMemo *memo, const TpScoreChain *c, const Frame *f, const TpCausalProof *pr) {
+static void remember(const TpModule *m, TpCausalMemo *memo, const TpScoreChain *c, const Frame *f,
+                     const TpCausalProof *pr) {
   memo->at = realloc(memo->at, (size_t)(memo->n + 1) * sizeof *memo->at);
   TP_ASSERT(memo->at);
   Proven *p = &memo->at[memo->n++];
@@ -700,8 +720,10 @@ static const char *analyse(TpModule *m, int sm, TpCausalMemo *memo, TpScoreChain
   }
   if (why) return why;
   c->pv = times_values(m, c);
-  if (c->pv < 0) return tp_strfmt(m, "the probabilities of Softmax at node '%s' are not multiplied by values", node_name(m, sm));
-  const TpType *tq = type(m, in(m, c->product, 0)), *tkt = type(m, in(m, c->product, 1)), *tv = type(m, in(m, c->pv, 1));
+  if (c->pv < 0)
+    return tp_strfmt(m, "the probabilities of Softmax at node '%s' are not multiplied by values", node_name(m, sm));
+  const TpType *tq = type(m, in(m, c->product, 0)), *tkt = type(m, in(m, c->product, 1)),
+               *tv = type(m, in(m, c->pv, 1));
   if (c->inner) { /* Q [B, T*H, D], K^T [B, D, T], V [B, T, Dv]: one K/V head */
     bool ok = tq->rank == 3 && tkt->rank == 3 && tv->rank == 3 && tq->dims[0] == c->B && tkt->dims[0] == c->B &&
               tv->dims[0] == c->B && tq->dims[1] == c->T * c->H && tkt->dims[2] == c->T && tv->dims[1] == c->T;
@@ -710,13 +732,15 @@ static const char *analyse(TpModule *m, int sm, TpCausalMemo *memo, TpScoreChain
                           node_name(m, c->product), node_name(m, c->pv));
   }
   int64_t hk = tp_score_heads(c, tkt), hv = tp_score_heads(c, tv);
-  if (tp_score_heads(c, tq) != c->H || hk < 0 || hv < 0 || tkt->dims[tkt->rank - 1] != c->T || tv->dims[tv->rank - 2] != c->T)
+  if (tp_score_heads(c, tq) != c->H || hk < 0 || hv < 0 || tkt->dims[tkt->rank - 1] != c->T ||
+      tv->dims[tv->rank - 2] != c->T)
     return tp_strfmt(m, "the products at nodes '%s' and '%s' are not Q K^T and P V over the scores' batch",
                      node_name(m, c->product), node_name(m, c->pv));
   if (hk != hv) return tp_strfmt(m, "its K has %lld heads and its V %lld", (long long)hk, (long long)hv);
   if (tp_score_heads(c, type(m, out(m, c->pv))) != c->H)
     return tp_strfmt(m, "MatMul at node '%s' does not keep the scores' batch and heads", node_name(m, c->pv));
-  if (pr->biased && c->dt != TP_F32) return tp_strfmt(m, "its additive bias is on %s scores, not f32", tp_dtype_name(c->dt));
+  if (pr->biased && c->dt != TP_F32)
+    return tp_strfmt(m, "its additive bias is on %s scores, not f32", tp_dtype_name(c->dt));
   return NULL;
 }
 
@@ -781,7 +805,8 @@ const char *tp_attention_unproven(TpModule *m, int product) {
         if (why) return why;
         return c.product == product ? "raise-transformer did not run" : NULL;
       }
-      if (n < TP_SCORE_CHAIN_MAX && op->noutputs == 1 && (tp_op_info[op->kind].traits & TP_TRAIT_ELEMENTWISE || op->kind == TP_OP_Reshape))
+      if (n < TP_SCORE_CHAIN_MAX && op->noutputs == 1 &&
+          (tp_op_info[op->kind].traits & TP_TRAIT_ELEMENTWISE || op->kind == TP_OP_Reshape))
         frontier[n++] = op->outputs[0];
     }
   return "no Softmax over its keys follows the product";

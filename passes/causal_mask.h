@@ -13,15 +13,15 @@ enum { TP_SCORE_CHAIN_MAX = 32 };
 /* A primitive attention: the score chain from the product Q K^T to its Softmax, and the
  * product P V after it. */
 typedef struct {
-  int softmax, product, pv; /* the Softmax, the MatMuls Q K^T and P V */
-  int cap;                  /* the soft-cap's last op, Mul(Tanh(..), c), a step; -1: none */
-  double softcap;           /* its c */
+  int softmax, product, pv;      /* the Softmax, the MatMuls Q K^T and P V */
+  int cap;                       /* the soft-cap's last op, Mul(Tanh(..), c), a step; -1: none */
+  double softcap;                /* its c */
   int steps[TP_SCORE_CHAIN_MAX]; /* the score chain's ops, from the product to the Softmax */
   int slot[TP_SCORE_CHAIN_MAX];  /* which operand of each carries the scores */
   int nsteps;
   TpDType dt;
-  int64_t B, H, T, BH;      /* B batch rows, H heads (0 until a form shows them), T tokens */
-  bool inner;               /* the heads inside the queries: [B, T, H, T] and [B, T*H, T]
+  int64_t B, H, T, BH; /* B batch rows, H heads (0 until a form shows them), T tokens */
+  bool inner;          /* the heads inside the queries: [B, T, H, T] and [B, T*H, T]
                                (GPT-BigCode's multi-query), not [B, H, T, T], [B*H, T, T] */
 } TpScoreChain;
 

@@ -77,8 +77,10 @@ static const char *attention_problem(TpModule *m, int op) {
   /* With is_causal, a mask only biases (or hides) keys the causal band allows: a position
    * bias that split-sequence cuts along its query and key dims, if the tokens do not feed it. */
   if (o->ninputs > 3 && o->inputs[3] >= 0 && tp_token_axis(m, o->inputs[3]) >= 0)
-    return tp_strfmt(m, "attention at node '%s' has a mask computed from the tokens (%%%s); only a position bias "
-                        "the tokens do not feed can be sliced", node, m->values[o->inputs[3]].name);
+    return tp_strfmt(m,
+                     "attention at node '%s' has a mask computed from the tokens (%%%s); only a position bias "
+                     "the tokens do not feed can be sliced",
+                     node, m->values[o->inputs[3]].name);
   for (int i = 4; i < o->ninputs; i++)
     if (o->inputs[i] >= 0) return tp_strfmt(m, "attention at node '%s' reads past keys and values", node);
   for (int i = 1; i < o->noutputs; i++)
@@ -95,8 +97,11 @@ static const char *attention_problem(TpModule *m, int op) {
 static const char *scores_why(TpModule *m, int op) {
   const char *node = node_of(m, op), *kind = tp_op_info[m->ops[op].kind].name;
   const char *unproven = m->ops[op].kind == TP_OP_MatMul ? tp_attention_unproven(m, op) : NULL;
-  return tp_strfmt(m, "attention at node '%s' is not causal: its scores (%s) relate every token to every other, with no "
-                   "causal mask raise-transformer could prove%s%s", node, kind, unproven ? ": " : "", unproven ? unproven : "");
+  return tp_strfmt(m,
+                   "attention at node '%s' is not causal: its scores (%s) relate every token to every other, with "
+                   "no "
+                   "causal mask raise-transformer could prove%s%s",
+                   node, kind, unproven ? ": " : "", unproven ? unproven : "");
 }
 
 TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
@@ -121,7 +126,8 @@ TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
       *why = tp_strfmt(m, "%s at node '%s' %s the token axis", kind, node, x->mix_why[i]);
   for (int i = 0; i < o->noutputs && !*why; i++) /* token x token: a primitive attention's scores */
     if (o->outputs[i] >= 0 && token_axes(m, o->outputs[i]) > 1)
-      *why = o->kind == TP_OP_MatMul || o->kind == TP_OP_Gemm ? scores_why(m, op)
+      *why = o->kind == TP_OP_MatMul || o->kind == TP_OP_Gemm
+                 ? scores_why(m, op)
                  : tp_strfmt(m, "%s at node '%s' mixes tokens: its result has two token axes", kind, node);
   free(x);
   if (*why) return TP_TOKEN_GLOBAL;
@@ -149,9 +155,9 @@ TpTokenClass tp_token_class(TpModule *m, int op, const char **why) {
 typedef struct {
   TpModule *m;
   TpDiag *d;
-  int64_t rows;  /* B*T */
+  int64_t rows; /* B*T */
   int64_t B, T;
-  int64_t *q;    /* per value: rows per token of a merged value, 0: not merged */
+  int64_t *q; /* per value: rows per token of a merged value, 0: not merged */
 } Lift;
 
 static int shift_of(const Lift *L, int v) { return L->q[v] > 1 ? 2 : 1; }
@@ -175,7 +181,8 @@ static int lift_refused(Lift *L, int op, const char *why) {
   const TpOp *o = &L->m->ops[op];
   return tp_error_op(L->d, L->m, op,
                      "cannot slice the sequence: %s at node '%s' reads the batch's tokens merged into rows (%%%s) "
-                     "and %s", tp_op_info[o->kind].name, node_of(L->m, op), L->m->values[o->inputs[0]].name, why);
+                     "and %s",
+                     tp_op_info[o->kind].name, node_of(L->m, op), L->m->values[o->inputs[0]].name, why);
 }
 
 /* Moves axis attribute `name` of op past the s axes the lift puts in front; 0 is refused. */
@@ -202,9 +209,10 @@ static int lift_op(Lift *L, int op) {
     int v = o->inputs[i];
     if (v < 0 || L->q[v]) continue;
     const TpType *t = type_of(m, v);
-    bool aligned = elementwise ? t->rank == rold && t->dims[0] != 1
+    bool aligned = elementwise               ? t->rank == rold && t->dims[0] != 1
                    : o->kind == TP_OP_MatMul ? t->rank >= 3 && t->rank >= rold && t->dims[0] != 1
-                   : o->kind == TP_OP_Gather || o->kind == TP_OP_Linear || o->kind == TP_OP_RMSNorm ? false : i > 0;
+                   : o->kind == TP_OP_Gather || o->kind == TP_OP_Linear || o->kind == TP_OP_RMSNorm ? false
+                                                                                                    : i > 0;
     if (aligned) return lift_refused(L, op, "combines them with a value that is not merged");
   }
   switch (o->kind) {
@@ -214,7 +222,9 @@ static int lift_op(Lift *L, int op) {
     preset = true;
     break;
   }
-  case TP_OP_Expand: case TP_OP_Cast: case TP_OP_Split:
+  case TP_OP_Expand:
+  case TP_OP_Cast:
+  case TP_OP_Split:
     preset = true;
     if (o->kind == TP_OP_Split && lift_axis(L, op, "axis", s)) return TP_ERR_INPUT;
     break;
@@ -229,12 +239,17 @@ static int lift_op(Lift *L, int op) {
     preset = true;
     break;
   }
-  case TP_OP_Softmax: case TP_OP_LogSoftmax: case TP_OP_TopK: case TP_OP_CumSum: case TP_OP_Concat:
+  case TP_OP_Softmax:
+  case TP_OP_LogSoftmax:
+  case TP_OP_TopK:
+  case TP_OP_CumSum:
+  case TP_OP_Concat:
   case TP_OP_RMSNorm:
     if (lift_axis(L, op, "axis", s)) return TP_ERR_INPUT;
     break;
   case TP_OP_GatherElements:
-    if (!L->q[o->inputs[1]] || L->q[o->inputs[1]] != L->q[X]) return lift_refused(L, op, "gathers by indices of other rows");
+    if (!L->q[o->inputs[1]] || L->q[o->inputs[1]] != L->q[X])
+      return lift_refused(L, op, "gathers by indices of other rows");
     if (lift_axis(L, op, "axis", s)) return TP_ERR_INPUT;
     break;
   case TP_OP_Gather:
@@ -242,7 +257,8 @@ static int lift_op(Lift *L, int op) {
     if (L->q[X] && lift_axis(L, op, "axis", s)) return TP_ERR_INPUT;
     if (!L->q[X] && tp_attr_int(m, op, "axis", 0) != 0) return lift_refused(L, op, "gathers inside its rows");
     break;
-  case TP_OP_ReduceSum: case TP_OP_ReduceMean: {
+  case TP_OP_ReduceSum:
+  case TP_OP_ReduceMean: {
     int n;
     const int64_t *axes = tp_attr_ints(m, op, "axes", &n);
     int64_t moved[TP_MAX_RANK];
@@ -277,14 +293,16 @@ static int lift_op(Lift *L, int op) {
       return lift_refused(L, op, "contracts over the rows");
     break;
   default:
-    if (!elementwise && !(tp_op_info[o->kind].traits & TP_TRAIT_ROWWISE)) return lift_refused(L, op, "is not known to keep them apart");
+    if (!elementwise && !(tp_op_info[o->kind].traits & TP_TRAIT_ROWWISE))
+      return lift_refused(L, op, "is not known to keep them apart");
   }
   for (int i = 0; i < o->noutputs; i++) {
     int v = o->outputs[i];
     TpType want;
     int64_t q;
     if (v < 0) continue;
-    if (!lifted_type(L, &old[i], &want, &q)) return lift_refused(L, op, "gives a result whose rows are not whole tokens");
+    if (!lifted_type(L, &old[i], &want, &q))
+      return lift_refused(L, op, "gives a result whose rows are not whole tokens");
     if (preset) m->values[v].type = want;
     else m->values[v].type.dtype = TP_UNDEF;
     L->q[v] = q;
@@ -334,8 +352,10 @@ static int lift_merged(TpModule *m, TpDiag *d, int tokens, bool *lifted) {
   for (int i = 0; i < m->noutputs && !rc; i++) {
     int v = m->outputs[i], def = m->values[v].def;
     if (L.q[v])
-      rc = tp_error_op(d, m, def, "cannot slice the sequence: %s at node '%s' gives the module's output %%%s the batch's "
-                       "tokens merged into rows", tp_op_info[m->ops[def].kind].name, node_of(m, def), m->values[v].name);
+      rc = tp_error_op(d, m, def,
+                       "cannot slice the sequence: %s at node '%s' gives the module's output %%%s the batch's "
+                       "tokens merged into rows",
+                       tp_op_info[m->ops[def].kind].name, node_of(m, def), m->values[v].name);
   }
   free(L.q);
   return rc;
@@ -405,7 +425,9 @@ int pass_insert_token_dim(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   for (int v = 0; v < m->nvalues; v++)
     for (int a = 0; a < type_of(m, v)->rank; a++)
       if (type_of(m, v)->dims[a] < 0)
-        return tp_error(d, "cannot slice the sequence: %%%s has an unknown dimension (fix it with --dim, --batch or --seq)",
+        return tp_error(d,
+                        "cannot slice the sequence: %%%s has an unknown dimension (fix it with --dim, --batch or "
+                        "--seq)",
                         m->values[v].name);
 
   bool lifted = false, global = false;

@@ -14,15 +14,21 @@ const TpPassInfo tp_pass_registry[] = {
     {"add-loss", pass_add_loss, "append the training loss: mean cross-entropy of the logits, or the model's own"},
     {"autodiff", pass_autodiff, "append the backward ops and record the gradient of every trainable parameter"},
     {"verify", pass_verify, "check the IR's invariants"},
-    {"rebatch", pass_rebatch, "give the token input --batch rows: follow the batch axis, cut or repeat constants along it"},
+    {"rebatch", pass_rebatch,
+     "give the token input --batch rows: follow the batch axis, cut or repeat constants along it"},
     {"retie-params", pass_retie_params, "re-tie parameters that are exact copies or transposes of another"},
-    {"raise-transformer", pass_raise_transformer, "raise primitive chains to Embedding, Linear, LayerNorm, Gelu, Attention, RMSNorm, Rotary, gated MLPs"},
-    {"raise-transformer-unfused", pass_raise_transformer_unfused, "raise-transformer leaving the RMSNorm, rotary and gated-MLP chains primitive"},
+    {"raise-transformer", pass_raise_transformer,
+     "raise primitive chains to Embedding, Linear, LayerNorm, Gelu, Attention, RMSNorm, Rotary, gated MLPs"},
+    {"raise-transformer-unfused", pass_raise_transformer_unfused,
+     "raise-transformer leaving the RMSNorm, rotary and gated-MLP chains primitive"},
     {"insert-token-dim", pass_insert_token_dim, "mark the token axis of every value; refuse ops that mix tokens"},
     {"split-sequence", pass_split_sequence, "cut the forward into per-slice units along the token axis (--slices)"},
-    {"assign-stages", pass_assign_stages, "cut the layers into pipeline stages (--stages, --stage-cuts); boundary copies"},
-    {"shard-tensor", pass_shard_tensor, "split each stage's products over --tensor ranks (Megatron); collectives between"},
-    {"finish-stages", pass_finish_stages, "put the gradients of boundary copies on the receiving stage; check stage crossings"},
+    {"assign-stages", pass_assign_stages,
+     "cut the layers into pipeline stages (--stages, --stage-cuts); boundary copies"},
+    {"shard-tensor", pass_shard_tensor,
+     "split each stage's products over --tensor ranks (Megatron); collectives between"},
+    {"finish-stages", pass_finish_stages,
+     "put the gradients of boundary copies on the receiving stage; check stage crossings"},
     {NULL, NULL, NULL},
 };
 
@@ -36,9 +42,20 @@ const TpPassInfo tp_pass_registry[] = {
  * before the loss is added, so autodiff differentiates its collectives too.
  * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
  * and finish-stages places the gradients that cross stages once autodiff made them. */
-const char *const tp_default_pipeline[] = {"fold-constants", "dce", "rebatch", "retie-params", "raise-transformer",
-                                           "insert-token-dim", "shard-tensor", "add-loss", "split-sequence",
-                                           "assign-stages", "autodiff", "finish-stages", "dce", NULL};
+const char *const tp_default_pipeline[] = {"fold-constants",
+                                           "dce",
+                                           "rebatch",
+                                           "retie-params",
+                                           "raise-transformer",
+                                           "insert-token-dim",
+                                           "shard-tensor",
+                                           "add-loss",
+                                           "split-sequence",
+                                           "assign-stages",
+                                           "autodiff",
+                                           "finish-stages",
+                                           "dce",
+                                           NULL};
 
 int tp_pipeline_passes(const TpPassOptions *o, const char **names) {
   int n = 0;
@@ -105,8 +122,7 @@ int tp_run_passes(TpModule *m, const char *const *names, int n, TpPassOptions *o
     int rc = p->run(m, o, d);
     if (rc != TP_OK) return rc;
     if (o->print_after_all || in_list(o->print_after, p->name)) dump(m, out, "After", p->name);
-    if (o->verify_each && tp_verify(m, d) != TP_OK)
-      return tp_internal(d, "pass '%s' produced invalid IR", p->name);
+    if (o->verify_each && tp_verify(m, d) != TP_OK) return tp_internal(d, "pass '%s' produced invalid IR", p->name);
   }
   return TP_OK;
 }

@@ -136,7 +136,7 @@ static bool rowwise(const TpModule *m, int o, const int *rows, int n) {
     if (v < 0) continue;
     bool inside = among(v, rows, n);
     if (inside && (elementwise ? !tp_type_equal(type(m, v), ty) : i != 0)) return false; /* rows, unbroadcast */
-    if (!inside && elementwise && type(m, v)->rank > 1) return false;                     /* one row for all */
+    if (!inside && elementwise && type(m, v)->rank > 1) return false;                    /* one row for all */
   }
   return true;
 }
@@ -202,8 +202,8 @@ static int raise_embedding(TpModule *m, int o, TpDiag *d) {
   int table = in(m, o, 0), ids = in(m, o, 1), w;
   bool transposed;
   TpDType it = type(m, ids)->dtype;
-  if (tp_attr_int(m, o, "axis", 0) != 0 || !is_float(m, table) || !weight(m, table, &w, &transposed) ||
-      transposed || (it != TP_I64 && it != TP_I32))
+  if (tp_attr_int(m, o, "axis", 0) != 0 || !is_float(m, table) || !weight(m, table, &w, &transposed) || transposed ||
+      (it != TP_I64 && it != TP_I32))
     return TP_OK;
   const TpAttr *pad = tp_get_attr(m, o, "padding_idx");
   int64_t padding_idx = pad ? pad->i : -1;
@@ -484,7 +484,8 @@ static int transpose_k(TpModule *m, int x, int kt, const int64_t *perm, TpOrigin
  * K^T, else a new Transpose (of the [B, T, H, D] heads when the export folded the head
  * transpose into K^T's [0,2,3,1], or of K^T itself). */
 static int untranspose_k(TpModule *m, const TpScoreChain *c, int kt, int64_t heads, TpDiag *d) {
-  static const int64_t swap3[] = {0, 2, 1}, swap_last[] = {0, 1, 3, 2}, heads_kt[] = {0, 2, 3, 1}, heads_p[] = {0, 2, 1, 3};
+  static const int64_t swap3[] = {0, 2, 1}, swap_last[] = {0, 1, 3, 2}, heads_kt[] = {0, 2, 3, 1},
+                       heads_p[] = {0, 2, 1, 3};
   int o = def_of(m, kt, TP_OP_Transpose);
   TpOrigin at = o >= 0 ? m->ops[o].origin : m->values[kt].origin;
   if (type(m, kt)->rank == 3) {
@@ -691,7 +692,8 @@ static bool last_axis_slice(const TpModule *m, int v, int x, int64_t start, int6
   const TpType *tx = type(m, x), *tv = type(m, v);
   int n, r = tx->rank;
   const int64_t *starts = tp_attr_ints(m, s, "starts", &n), *steps = tp_attr_ints(m, s, "steps", &n);
-  if (tv->rank != r || n != r || starts[r - 1] != start || steps[r - 1] != step || tv->dims[r - 1] != len) return false;
+  if (tv->rank != r || n != r || starts[r - 1] != start || steps[r - 1] != step || tv->dims[r - 1] != len)
+    return false;
   for (int k = 0; k < r - 1; k++)
     if (starts[k] != 0 || steps[k] != 1 || tv->dims[k] != tx->dims[k]) return false;
   return true;
@@ -710,7 +712,8 @@ static int peel(const TpModule *m, int v, bool *negated) {
     }
     if (r < 0) return v;
     const TpType *a = type(m, in(m, r, 0)), *b = type(m, v);
-    if (b->rank != a->rank + 1 || b->dims[b->rank - 1] != 1 || memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]))
+    if (b->rank != a->rank + 1 || b->dims[b->rank - 1] != 1 ||
+        memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]))
       return v;
     v = in(m, r, 0);
   }
@@ -837,9 +840,9 @@ static int raise(TpModule *m, bool fused, TpDiag *d) {
   tp_causal_memo_free(&memo);
   for (int o = 0; o < nops && rc == TP_OK; o++) /* after Gemm became Linear */
     if (!m->ops[o].dead && m->ops[o].kind == TP_OP_Reshape) rc = unflatten(m, o, d);
-  drop_identities(m); /* what unflatten left */
+  drop_identities(m);                  /* what unflatten left */
   if (m->nops != nops) tp_sort_ops(m); /* Attention's new K transposes */
-  tp_module_compact(m); /* the identities dropped */
+  tp_module_compact(m);                /* the identities dropped */
   return rc;
 }
 

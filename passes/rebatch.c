@@ -133,7 +133,8 @@ static int find_batch_axes(Rebatch *r, int tokens, TpOpAxes *x) {
     for (int a = 0; a < t->rank; a++) {
       if (tp_axis_class(r->parent, v * TP_MAX_RANK + a) != root) continue;
       const char *why = NULL;
-      if (r->axis[v] >= 0) why = tp_strfmt(m, "%%%s has two batch axes (%d and %d)", m->values[v].name, r->axis[v], a);
+      if (r->axis[v] >= 0)
+        why = tp_strfmt(m, "%%%s has two batch axes (%d and %d)", m->values[v].name, r->axis[v], a);
       else if (t->dims[a] % r->from)
         why = tp_strfmt(m, "%%%s has %lld elements along its batch axis %d, not a multiple of the batch",
                         m->values[v].name, (long long)t->dims[a], a);
@@ -159,8 +160,11 @@ static int check_op(Rebatch *r, int op, TpOpAxes *x) {
     if (r->axis[x->mix[i].v] == x->mix[i].a)
       return refuse(r, op, tp_strfmt(m, "%s %s the batch axis, mixing batch rows", kind, x->mix_why[i]));
   if (in_batch && !out_batch && !(tp_op_info[o->kind].traits & TP_TRAIT_TOKEN_REDUCING))
-    return refuse(r, op, tp_strfmt(m, "%s does not keep the batch axis (it moves it inside another axis or "
-                                   "reduces it)", kind));
+    return refuse(r, op,
+                  tp_strfmt(m,
+                            "%s does not keep the batch axis (it moves it inside another axis or "
+                            "reduces it)",
+                            kind));
   return TP_OK;
 }
 
@@ -197,15 +201,18 @@ static int rebatch_constant(Rebatch *r, int v) {
       const uint8_t *first = data + o * r->from * row_bytes;
       if (memcmp(first + b * row_bytes, first, (size_t)row_bytes) != 0)
         return refuse(r, first_reader(m, v),
-                      tp_strfmt(m, "constant %%%s differs between batch rows 0 and %lld (axis %d): it is not one "
-                                "row repeated", m->values[v].name, (long long)b, a));
+                      tp_strfmt(m,
+                                "constant %%%s differs between batch rows 0 and %lld (axis %d): it is not one "
+                                "row repeated",
+                                m->values[v].name, (long long)b, a));
     }
   int64_t rows = per_row == 1 && one_row_suffices(r, v) ? 1 : r->to;
   size_t bytes = (size_t)(outer * rows * row_bytes); /* the resized type's size, checked */
   uint8_t *out = bytes <= MAX_CONSTANT_BYTES ? malloc(bytes + 1) : NULL;
   if (!out)
-    return refuse(r, first_reader(m, v), tp_strfmt(m, "constant %%%s would take %zu bytes (at most %d MiB)",
-                                                   m->values[v].name, bytes, MAX_CONSTANT_BYTES >> 20));
+    return refuse(r, first_reader(m, v),
+                  tp_strfmt(m, "constant %%%s would take %zu bytes (at most %d MiB)", m->values[v].name, bytes,
+                            MAX_CONSTANT_BYTES >> 20));
   for (int64_t o = 0; o < outer; o++)
     for (int64_t b = 0; b < rows; b++)
       memcpy(out + (o * rows + b) * row_bytes, data + o * r->from * row_bytes, (size_t)row_bytes);
@@ -241,7 +248,8 @@ static int rebatch(Rebatch *r, int tokens) {
     if (__builtin_mul_overflow(val->type.dims[a] / r->from, r->to, &resized.dims[a]) || !tp_type_size_ok(&resized))
       rc = refuse(r, value_op(m, v), tp_strfmt(m, "%%%s would be too large", val->name));
     else if (val->kind == TP_VAL_PARAM)
-      rc = refuse(r, value_op(m, v), tp_strfmt(m, "parameter %%%s has one entry per batch row (axis %d)", val->name, a));
+      rc = refuse(r, value_op(m, v),
+                  tp_strfmt(m, "parameter %%%s has one entry per batch row (axis %d)", val->name, a));
     else if (val->kind == TP_VAL_CONST) rc = rebatch_constant(r, v);
     else val->type = resized;
   }

@@ -95,7 +95,8 @@ int tp_split_norm_axis(const TpModule *m, int op) {
  * One over all heads is norm_splits_across's. follow() checks the split itself. */
 static bool norm_within_heads(const TpModule *m, int op, int rank) {
   int x = m->ops[op].inputs[0];
-  return is_norm(m->ops[op].kind) && m->values[x].type.rank > rank && tp_split_norm_axis(m, op) == m->values[x].type.rank - 1;
+  return is_norm(m->ops[op].kind) && m->values[x].type.rank > rank &&
+         tp_split_norm_axis(m, op) == m->values[x].type.rank - 1;
 }
 
 /* Is norm op one over all of a column product's heads that follow() can split across the
@@ -224,10 +225,12 @@ static int cut_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chun
   TpValue *val = &s->m->values[w];
   /* the textual IR prints inline data with the per-rank type: only a splat stays whole */
   if (!s->m->blobs[val->blob].path && !splat(s->m, w))
-    return tp_split_refuse(s, op, tp_strfmt(s->m, "%%%s holds inline data, not a file's: it would print cut", val->name));
+    return tp_split_refuse(s, op,
+                           tp_strfmt(s->m, "%%%s holds inline data, not a file's: it would print cut", val->name));
   if (val->type.dims[axis] % ((int64_t)parts * chunks) != 0)
-    return tp_split_refuse(s, op, tp_strfmt(s->m, "dim %d of %%%s (%lld) does not split into %d parts", axis, val->name,
-                                   (long long)val->type.dims[axis], parts * chunks));
+    return tp_split_refuse(s, op,
+                           tp_strfmt(s->m, "dim %d of %%%s (%lld) does not split into %d parts", axis, val->name,
+                                     (long long)val->type.dims[axis], parts * chunks));
   val->type.dims[axis] /= parts;
   val->shard = (TpShard){.axis = axis, .parts = parts, .ranks = s->ranks, .chunks = chunks};
   return TP_OK;
@@ -251,7 +254,6 @@ int tp_split_add_after(TpSplitCtx *s, int after, TpOpKind kind, const int *in, i
   int op = tp_split_new_op(s, after, kind, in, nin, name);
   return tp_infer_op(s->m, op, s->d) == TP_OK ? s->m->ops[op].outputs[0] : -1;
 }
-
 
 /* The chunks cut_pieces finds: their length (0: none yet), a value holding the first, and
  * whether every cut so far is one chunk at a chunk boundary. */
@@ -414,7 +416,8 @@ static void note_whole(const TpSplitCtx *s, int nwhole, int first, const char *w
 /* Is v (through Reshapes) a Gather of a param's rows: a mixture's expert weights, picked per
  * token by its router? */
 static bool gathered_param(const TpModule *m, int v) {
-  while (m->values[v].def >= 0 && m->ops[m->values[v].def].kind == TP_OP_Reshape) v = m->ops[m->values[v].def].inputs[0];
+  while (m->values[v].def >= 0 && m->ops[m->values[v].def].kind == TP_OP_Reshape)
+    v = m->ops[m->values[v].def].inputs[0];
   if (m->values[v].def < 0 || m->ops[m->values[v].def].kind != TP_OP_Gather) return false;
   int data = m->ops[m->values[v].def].inputs[0];
   while (m->values[data].def >= 0 && m->ops[m->values[data].def].kind == TP_OP_Reshape)
@@ -468,8 +471,9 @@ static int column(TpSplitCtx *s, int op) {
   int parts = s->ranks;
   if (heads && heads % s->ranks != 0) {
     if (!kv || s->ranks % heads != 0)
-      return tp_split_refuse(s, op, tp_strfmt(m, "its %lld %s heads do not divide among the ranks", (long long)heads,
-                                     kv ? "key/value" : "query"));
+      return tp_split_refuse(s, op,
+                             tp_strfmt(m, "its %lld %s heads do not divide among the ranks", (long long)heads,
+                                       kv ? "key/value" : "query"));
     parts = (int)heads; /* one head per part, N/heads ranks each */
   }
   bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
@@ -488,15 +492,18 @@ static int row(TpSplitCtx *s, int op) {
   int x = m->ops[op].inputs[0], w = m->ops[op].inputs[1], b = m->ops[op].ninputs > 2 ? m->ops[op].inputs[2] : -1;
   int y = m->ops[op].outputs[0];
   if (s->axis[x] != m->values[x].type.rank - 1 || s->parts[x] != s->ranks)
-    return tp_split_refuse(s, op, tp_strfmt(m, "its input %%%s is not split along its features into one part per rank",
-                                   m->values[x].name));
+    return tp_split_refuse(s, op,
+                           tp_strfmt(m, "its input %%%s is not split along its features into one part per rank",
+                                     m->values[x].name));
   bool tw = tp_attr_int(m, op, "transpose_w", 0) != 0;
   if (tp_split_param(s, op, w, tw ? 1 : 0, s->ranks, 1)) return TP_ERR_INPUT;
   if (b >= 0) m->ops[op].inputs[2] = -1;
   if (tp_split_reinfer(s, op)) return TP_ERR_INPUT;
   const char *name = m->values[y].name;
   int sum = tp_split_add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
-  int out = sum >= 0 && b >= 0 ? tp_split_add_after(s, op, TP_OP_Add, (int[]){sum, b}, 2, tp_strfmt(m, "%s.bias", name)) : sum;
+  int out = sum >= 0 && b >= 0
+                ? tp_split_add_after(s, op, TP_OP_Add, (int[]){sum, b}, 2, tp_strfmt(m, "%s.bias", name))
+                : sum;
   if (out < 0) return TP_ERR_INPUT;
   tp_replace_uses(m, y, out);
   m->ops[m->values[sum].def].inputs[0] = y;
@@ -521,7 +528,9 @@ static int follow(TpSplitCtx *s, int op) {
   TpModule *m = s->m;
   int (*split)(TpSplitCtx *, int) = tp_op_rules[m->ops[op].kind]->tensor_split;
   if (!split)
-    return tp_split_refuse(s, op, tp_strfmt(m, "it reads %%%s, which is split over the ranks", m->values[m->ops[op].inputs[0]].name));
+    return tp_split_refuse(s, op,
+                           tp_strfmt(m, "it reads %%%s, which is split over the ranks",
+                                     m->values[m->ops[op].inputs[0]].name));
   return split(s, op);
 }
 
@@ -546,7 +555,8 @@ static int logits_linear(const TpModule *m, int v) {
          tp_use_count(m, m->ops[m->values[v].def].inputs[0]) == 1)
     v = m->ops[m->values[v].def].inputs[0];
   return v >= 0 && m->values[v].kind == TP_VAL_RESULT && m->ops[m->values[v].def].kind == TP_OP_Linear
-             ? m->values[v].def : -1;
+             ? m->values[v].def
+             : -1;
 }
 
 /* The Linear computing logits v, if its weight (a param, or a view of one) is split along
@@ -591,7 +601,9 @@ static int range_embedding(TpSplitCtx *s, int op) {
   if (part < 0) return TP_ERR_INPUT;
   append_operand(m, op, part);
   tp_set_attr_int(m, op, "vocab_parts", s->ranks);
-  int sum = tp_split_reinfer(s, op) ? -1 : tp_split_add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
+  int sum = tp_split_reinfer(s, op)
+                ? -1
+                : tp_split_add_after(s, op, TP_OP_AllReduce, &y, 1, tp_strfmt(m, "%s.sum", name));
   if (sum < 0) return TP_ERR_INPUT;
   tp_replace_uses(m, y, sum);
   m->ops[m->values[sum].def].inputs[0] = y;
@@ -607,10 +619,11 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
   const TpValue *val = &m->values[w];
   if (val->type.dims[axis] % s->ranks != 0) {
     if (s->d->stream)
-      tp_print_line(s->d->stream, "%s: note: %s%s%%%s: a vocabulary of %lld does not split over %d tensor ranks; "
-                    "it stays replicated", s->d->tool ? s->d->tool : "tokpipec",
-                    s->d->file ? s->d->file : "", s->d->file ? ": " : "", val->name, (long long)val->type.dims[axis],
-                    s->ranks);
+      tp_print_line(s->d->stream,
+                    "%s: note: %s%s%%%s: a vocabulary of %lld does not split over %d tensor ranks; "
+                    "it stays replicated",
+                    s->d->tool ? s->d->tool : "tokpipec", s->d->file ? s->d->file : "", s->d->file ? ": " : "",
+                    val->name, (long long)val->type.dims[axis], s->ranks);
     return TP_OK;
   }
   int b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
@@ -625,7 +638,8 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
     if (m->ops[def].kind == TP_OP_Reshape) m->values[view].type.dims[axis] /= s->ranks;
     else if (tp_split_reinfer(s, def)) return TP_ERR_INPUT;
   }
-  if (s->copy_of[x] < 0) s->copy_of[x] = tp_split_add_after(s, head, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
+  if (s->copy_of[x] < 0)
+    s->copy_of[x] = tp_split_add_after(s, head, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
   if (s->copy_of[x] < 0) return TP_ERR_INPUT;
   m->ops[head].inputs[0] = s->copy_of[x];
   if (tp_split_reinfer(s, head)) return TP_ERR_INPUT;
@@ -645,13 +659,14 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
  * does a tied table the head reads along its rows' other axis. */
 static int split_vocabularies(TpSplitCtx *s) {
   TpModule *m = s->m;
-  int logits = tp_loss_logits(m, s->logits), head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
+  int logits = tp_loss_logits(m, s->logits),
+      head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
   int head_w = -1, view = -1, axis = -1, b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
   if (b >= 0 && (m->values[b].kind != TP_VAL_PARAM || m->values[b].tied >= 0 || m->values[b].shard.parts ||
                  tp_use_count(m, b) != 1))
     head = -1; /* a bias it cannot split with the head: all stays replicated */
   if (logits >= 0 && m->values[logits].type.dtype != TP_F32)
-    head = -1; /* the parallel cross-entropy takes f32 logits; the plain loss says what it needs */
+    head = -1;     /* the parallel cross-entropy takes f32 logits; the plain loss says what it needs */
   if (head >= 0) { /* logits read by the graph output alone */
     axis = tp_attr_int(m, head, "transpose_w", 0) ? 0 : 1;
     int w = m->ops[head].inputs[1];
@@ -680,7 +695,8 @@ int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
   m->tensor = opt->tensor; /* the group the module is split over, for codegen */
   TpSplitCtx s = {m, d, opt->tensor, opt->logits, NULL, NULL, NULL};
-  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1, nexperts = 0, first_expert = -1;
+  int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1, nexperts = 0,
+      first_expert = -1;
   const char *first_why = NULL;
   /* room for the values added below too: at most 11 per op (norm_across_ranks) */
   int cap = nvalues + 12 * nops;
@@ -703,16 +719,16 @@ int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d) {
       int blocker = -1;
       memset(seen, 0, (size_t)m->nvalues);
       int y = o->outputs[0];
-      bool block =
-          m->values[o->inputs[1]].kind == TP_VAL_PARAM && reaches_linear(m, y, m->values[y].type.rank, seen, &blocker);
+      bool block = m->values[o->inputs[1]].kind == TP_VAL_PARAM &&
+                   reaches_linear(m, y, m->values[y].type.rank, seen, &blocker);
       const char *why = block ? whole_reason(&s, op) : NULL;
       if (why && !nwhole++) first_whole = op, first_why = why;
       block = block && !why;
       if (block && blocker >= 0)
-        rc = tp_split_refuse(&s, blocker, tp_strfmt(m, "it lies between the column-parallel product %%%s and a row-parallel one",
-                                           m->values[o->outputs[0]].name));
-      else if (block)
-        rc = column(&s, op);
+        rc = tp_split_refuse(&s, blocker,
+                             tp_strfmt(m, "it lies between the column-parallel product %%%s and a row-parallel one",
+                                       m->values[o->outputs[0]].name));
+      else if (block) rc = column(&s, op);
     } else if (split_in) {
       rc = follow(&s, op);
     }
@@ -720,8 +736,8 @@ int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   if (rc == TP_OK) rc = split_vocabularies(&s);
   for (int i = 0; i < m->noutputs && rc == TP_OK; i++)
     if (s.axis[m->outputs[i]] >= 0)
-      rc = tp_split_refuse(&s, m->values[m->outputs[i]].def, tp_strfmt(m, "the graph outputs its split result %%%s",
-                                                              m->values[m->outputs[i]].name));
+      rc = tp_split_refuse(&s, m->values[m->outputs[i]].def,
+                           tp_strfmt(m, "the graph outputs its split result %%%s", m->values[m->outputs[i]].name));
   free(s.axis);
   free(s.parts);
   free(s.copy_of);

@@ -37,13 +37,13 @@
 typedef struct {
   TpModule *m;
   TpDiag *d;
-  int M;            /* slices */
+  int M; /* slices */
   const int64_t *len;
-  int64_t *start;   /* c_i */
-  int nvalues;      /* values before the pass: rep is indexed by them */
-  int *rep;         /* rep[v * M + i]: slice i's part of value v, -1 before it exists */
-  int *ctx;         /* ctx[v * M + i]: keys or values v of rows [0, c_i + l_i) */
-  int *mask;        /* mask[v * M + i]: attention mask v cut for slice i */
+  int64_t *start; /* c_i */
+  int nvalues;    /* values before the pass: rep is indexed by them */
+  int *rep;       /* rep[v * M + i]: slice i's part of value v, -1 before it exists */
+  int *ctx;       /* ctx[v * M + i]: keys or values v of rows [0, c_i + l_i) */
+  int *mask;      /* mask[v * M + i]: attention mask v cut for slice i */
   int rc;
 } Split;
 
@@ -79,7 +79,8 @@ static int cut(Split *s, int v, const int64_t *starts, TpType t, int i, int user
   TpModule *m = s->m;
   int64_t steps[TP_MAX_RANK];
   for (int k = 0; k < t.rank; k++) steps[k] = 1;
-  int op = add(s, TP_OP_Slice, &v, 1, (const char *[]){tp_strfmt(m, "%s.s%d", m->values[v].name, i)}, 1, &t, user, false, i);
+  int op = add(s, TP_OP_Slice, &v, 1, (const char *[]){tp_strfmt(m, "%s.s%d", m->values[v].name, i)}, 1, &t, user,
+               false, i);
   tp_set_attr_ints(m, op, "starts", starts, t.rank);
   tp_set_attr_ints(m, op, "steps", steps, t.rank);
   int r = m->ops[op].outputs[0];
@@ -190,11 +191,13 @@ int pass_split_sequence(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   if (axis < 0) return tp_error(d, "split-sequence needs the token axis: run insert-token-dim first");
   int64_t T = m->values[tokens].type.dims[axis], sum = 0;
   for (int i = 0; i < opt->nslices; i++) {
-    if (opt->slice_len[i] < 1) return tp_error(d, "slice %d has %lld tokens; each needs at least one", i, (long long)opt->slice_len[i]);
+    if (opt->slice_len[i] < 1)
+      return tp_error(d, "slice %d has %lld tokens; each needs at least one", i, (long long)opt->slice_len[i]);
     sum += opt->slice_len[i];
   }
   if (sum != T)
-    return tp_error(d, "the %d slices hold %lld tokens, but the sequence has %lld", opt->nslices, (long long)sum, (long long)T);
+    return tp_error(d, "the %d slices hold %lld tokens, but the sequence has %lld", opt->nslices, (long long)sum,
+                    (long long)T);
   int64_t *len = tp_alloc(m, (size_t)opt->nslices * sizeof *len); /* the cut, for codegen */
   memcpy(len, opt->slice_len, (size_t)opt->nslices * sizeof *len);
   m->nslices = opt->nslices, m->slice_len = len;
@@ -208,9 +211,12 @@ int pass_split_sequence(TpModule *m, TpPassOptions *opt, TpDiag *d) {
     const char *why = NULL;
     cls[op] = m->ops[op].dead ? TP_TOKEN_FREE : tp_token_class(m, op, &why);
     if (cls[op] == TP_TOKEN_GLOBAL) rc = tp_error_op(d, m, op, "cannot slice the sequence: %s", why);
-    else if (cls[op] == TP_TOKEN_REDUCING && (m->ops[op].kind != TP_OP_CrossEntropy || m->ops[op].outputs[0] != m->loss))
-      rc = tp_error_op(d, m, op, "cannot slice the sequence: the model's own loss (%s) cannot be cut into slices; "
-                                 "train on the logits (--logits NAME)", tp_op_info[m->ops[op].kind].name);
+    else if (cls[op] == TP_TOKEN_REDUCING &&
+             (m->ops[op].kind != TP_OP_CrossEntropy || m->ops[op].outputs[0] != m->loss))
+      rc = tp_error_op(d, m, op,
+                       "cannot slice the sequence: the model's own loss (%s) cannot be cut into slices; "
+                       "train on the logits (--logits NAME)",
+                       tp_op_info[m->ops[op].kind].name);
   }
   for (int op = 0; op < nops && rc == TP_OK; op++) /* what is computed once reads no slice */
     for (int k = 0; rc == TP_OK && cls[op] == TP_TOKEN_FREE && !m->ops[op].dead && k < m->ops[op].ninputs; k++) {
@@ -245,8 +251,8 @@ int pass_split_sequence(TpModule *m, TpPassOptions *opt, TpDiag *d) {
         continue;
       }
       TpType t = m->values[loss].type;
-      int add_op = add(&s, TP_OP_Add, (int[]){sum_v, term}, 2, (const char *[]){tp_strfmt(m, "%s.sum.s%d", m->values[loss].name, i)},
-                       1, &t, o, false, i);
+      int add_op = add(&s, TP_OP_Add, (int[]){sum_v, term}, 2,
+                       (const char *[]){tp_strfmt(m, "%s.sum.s%d", m->values[loss].name, i)}, 1, &t, o, false, i);
       infer(&s, add_op);
       sum_v = m->ops[add_op].outputs[0];
     }
@@ -268,7 +274,8 @@ int pass_split_sequence(TpModule *m, TpPassOptions *opt, TpDiag *d) {
       continue;
     }
     if (a < 0) {
-      rc = tp_error(d, "cannot slice the sequence: output %%%s has no token axis but is computed per slice", m->values[v].name);
+      rc = tp_error(d, "cannot slice the sequence: output %%%s has no token axis but is computed per slice",
+                    m->values[v].name);
       break;
     }
     if (loss >= 0) continue;
@@ -277,8 +284,8 @@ int pass_split_sequence(TpModule *m, TpPassOptions *opt, TpDiag *d) {
       parts[n++] = s.rep[v * s.M + i];
       if (n == 64 || i == s.M - 1) { /* Concat takes at most 64 operands */
         TpType t = rows(m->values[v].type, a, s.start[i] + s.len[i]);
-        int op = add(&s, TP_OP_Concat, parts, n, (const char *[]){tp_strfmt(m, "%s.whole", m->values[v].name)}, 1, &t,
-                     m->values[v].def, false, -1);
+        int op = add(&s, TP_OP_Concat, parts, n, (const char *[]){tp_strfmt(m, "%s.whole", m->values[v].name)}, 1,
+                     &t, m->values[v].def, false, -1);
         tp_set_attr_int(m, op, "axis", a);
         infer(&s, op);
         whole = parts[0] = m->ops[op].outputs[0];

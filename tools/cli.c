@@ -34,9 +34,11 @@ bool cli_value(int argc, char **argv, int *i, const char *flag, const char **val
    * option or the tools' short ones; other words are values, '-' (stdin), negative
    * numbers and names like '-dash' among them (FLAG=VALUE also takes any value) */
   const char *next = argv[*i + 1];
-  if ((next[0] == '-' && next[1] == '-' && next[2]) || cli_is(next, "-o") || cli_is(next, "-v") || cli_is(next, "-h"))
+  if ((next[0] == '-' && next[1] == '-' && next[2]) || cli_is(next, "-o") || cli_is(next, "-v") ||
+      cli_is(next, "-h"))
     cli_usage_error("%s needs a value, but the next argument is the option '%s' (write %s=VALUE for a value "
-                    "that starts with '-')", flag, next, flag);
+                    "that starts with '-')",
+                    flag, next, flag);
   *value = argv[++*i];
   return true;
 }
@@ -45,8 +47,7 @@ int64_t cli_int(const char *flag, const char *text, int64_t lo, int64_t hi) {
   char *end;
   errno = 0;
   long long v = strtoll(text, &end, 10);
-  if (end == text || *end || errno == ERANGE)
-    cli_usage_error("%s expects an integer, got '%s'", flag, text);
+  if (end == text || *end || errno == ERANGE) cli_usage_error("%s expects an integer, got '%s'", flag, text);
   if (v < lo || v > hi)
     cli_usage_error("%s must be in [%lld, %lld], got %lld", flag, (long long)lo, (long long)hi, v);
   return v;
@@ -122,7 +123,8 @@ void cli_apply_padding(TpModule *m, const CliDims *dims) {
       if (!embedding_lookup(m, op) || m->ops[op].inputs[0] != table) continue;
       int64_t rows = m->values[table].type.dims[0];
       if (p->row < -rows || p->row >= rows)
-        cli_usage_error("--padding-idx %s=%lld: the table has %lld rows", p->table, (long long)p->row, (long long)rows);
+        cli_usage_error("--padding-idx %s=%lld: the table has %lld rows", p->table, (long long)p->row,
+                        (long long)rows);
       tp_set_attr_int(m, op, "padding_idx", p->row < 0 ? p->row + rows : p->row);
       lookups++;
     }
@@ -216,8 +218,10 @@ bool cli_ends_with(const char *s, const char *suffix) {
 int cli_load_module(const char *path, const CliDims *dims, TpModule **out, TpDiag *d) {
   if (cli_ends_with(path, ".onnx")) {
     if (dims->blob_dir) cli_usage_error("--blob-dir applies to textual IR, not ONNX models ('%s')", path);
-    TpImportOptions o = {.dims = dims->dims, .ndims = dims->n,
-                         .token_dims = {dims->token_dims[0], dims->token_dims[1]}, .rebatch = dims->rebatch};
+    TpImportOptions o = {.dims = dims->dims,
+                         .ndims = dims->n,
+                         .token_dims = {dims->token_dims[0], dims->token_dims[1]},
+                         .rebatch = dims->rebatch};
     int rc = tp_import_onnx_file(path, &o, out, d);
     if (rc == TP_OK) cli_apply_padding(*out, dims);
     return rc;
@@ -243,9 +247,7 @@ int cli_write_output(const char *path, CliWriter write, const void *ctx, TpDiag 
   return tp_atomic_commit(&a, d);
 }
 
-int cli_exit_code(int rc) {
-  return rc == TP_OK || rc == TP_ERR_INPUT || rc == TP_ERR_USAGE ? rc : TP_ERR_INTERNAL;
-}
+int cli_exit_code(int rc) { return rc == TP_OK || rc == TP_ERR_INPUT || rc == TP_ERR_USAGE ? rc : TP_ERR_INTERNAL; }
 
 /* ---- textual IR that tokpipec printed, read back (cli.h) ----
  * A module read from text may be what tokpipec printed after its pipeline, or part of it
@@ -255,8 +257,9 @@ int cli_exit_code(int rc) {
 typedef struct {
   const char *pass, *option; /* the pass, and what asks tokpipec to run it */
 } ResumePass;
-static const ResumePass resume_passes[CLI_RESUME_COUNT] = { /* in pipeline order */
-    {"shard-tensor", "--tensor"}, {"add-loss", "training (no --forward-only)"}, {"split-sequence", "--slices"},
+static const ResumePass resume_passes[CLI_RESUME_COUNT] = {
+    /* in pipeline order */
+    {"shard-tensor", "--tensor"},  {"add-loss", "training (no --forward-only)"}, {"split-sequence", "--slices"},
     {"assign-stages", "--stages"}, {"autodiff", "training (no --forward-only)"}, {"finish-stages", NULL},
 };
 
@@ -267,8 +270,8 @@ void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]) {
     done[CLI_RESUME_SHARD] |= m->values[v].kind == TP_VAL_PARAM && m->values[v].shard.parts;
   for (int o = 0; o < m->nops; o++) {
     const TpOp *op = &m->ops[o];
-    done[CLI_RESUME_SHARD] |=
-        op->kind == TP_OP_AllReduce || op->kind == TP_OP_TensorCopy || op->kind == TP_OP_TensorRank;
+    done[CLI_RESUME_SHARD] |= op->kind == TP_OP_AllReduce || op->kind == TP_OP_TensorCopy ||
+                              op->kind == TP_OP_TensorRank;
     done[CLI_RESUME_SLICE] |= op->slice >= 0;
     done[CLI_RESUME_STAGES] |= op->stage > 0 || op->role == TP_ROLE_BOUNDARY;
     done[CLI_RESUME_AUTODIFF] |= op->phase == TP_PHASE_BACKWARD;
@@ -293,17 +296,20 @@ int cli_resume_after(const TpModule *m, const char **names, int *n, const bool w
     /* an option's pass done already */
     bool again = wanted[i] && done[i] && i != CLI_RESUME_LOSS && i != CLI_RESUME_AUTODIFF;
     if (i < last && wanted[i] && !done[i])
-      return tp_error(d, "IR printed after %s: %s cannot resume after %s for %s, whose pass %s comes "
-                      "before it; give it the ONNX model, or IR printed before %s", resume_passes[last].pass, cli_tool,
-                      resume_passes[last].pass, resume_passes[i].option, resume_passes[i].pass, resume_passes[last].pass);
+      return tp_error(d,
+                      "IR printed after %s: %s cannot resume after %s for %s, whose pass %s comes "
+                      "before it; give it the ONNX model, or IR printed before %s",
+                      resume_passes[last].pass, cli_tool, resume_passes[last].pass, resume_passes[i].option,
+                      resume_passes[i].pass, resume_passes[last].pass);
     if (again)
       return tp_error(d, "IR printed after %s, which %s asks for again; give it the ONNX model, or drop %s",
                       resume_passes[i].pass, resume_passes[i].option, resume_passes[i].option);
   }
   if (batch)
-    return tp_error(d, "IR printed after %s: %s cannot resume after %s for --batch, whose pass rebatch "
-                    "comes before it; give it the ONNX model, or IR printed before %s", resume_passes[last].pass, cli_tool,
-                    resume_passes[last].pass, resume_passes[last].pass);
+    return tp_error(d,
+                    "IR printed after %s: %s cannot resume after %s for --batch, whose pass rebatch "
+                    "comes before it; give it the ONNX model, or IR printed before %s",
+                    resume_passes[last].pass, cli_tool, resume_passes[last].pass, resume_passes[last].pass);
   int cut = 0; /* the first pass after `last` */
   while (cut < *n && (resume_index(names[cut]) < 0 || resume_index(names[cut]) <= last)) cut++;
   memmove(names, names + cut, (size_t)(*n - cut) * sizeof *names);

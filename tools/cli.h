@@ -59,11 +59,11 @@ void cli_free_dims(CliDims *dims);
 
 /* --blob-dir DIR and repeatable --padding-idx TABLE=ROW into dims. True if argv[*i] was one. */
 bool cli_load_option(int argc, char **argv, int *i, CliDims *dims);
-#define CLI_LOAD_OPTIONS_HELP                                                                   \
-  "  --padding-idx TABLE=ROW  the embedding lookups of initializer TABLE give row ROW no\n"   \
-  "                       gradient, as torch's padding_idx (negative: from the end); for\n"  \
-  "                       exports without the metadata that says so (repeatable)\n"          \
-  "  --blob-dir DIR       textual IR: read its blob files from DIR (trusted: any file in it)\n" \
+#define CLI_LOAD_OPTIONS_HELP                                                                                       \
+  "  --padding-idx TABLE=ROW  the embedding lookups of initializer TABLE give row ROW no\n"                         \
+  "                       gradient, as torch's padding_idx (negative: from the end); for\n"                         \
+  "                       exports without the metadata that says so (repeatable)\n"                                 \
+  "  --blob-dir DIR       textual IR: read its blob files from DIR (trusted: any file in it)\n"                     \
   "                       instead of the IR file's own folder\n"
 /* Gives the embedding lookups of each --padding-idx table their padding row; a table no
  * lookup reads, a row outside it, or a module already differentiated is a usage error.
@@ -73,10 +73,10 @@ void cli_apply_padding(TpModule *m, const CliDims *dims);
 /* The pass manager's switches: --print-before=P, --print-after=P, --print-after-all,
  * --verify-each. True if argv[*i] was one. */
 bool cli_pass_option(int argc, char **argv, int *i, TpPassOptions *o);
-#define CLI_PASS_OPTIONS_HELP                                                    \
-  "  --print-before=P     dump the IR to stderr before passes P (comma list, or all)\n" \
-  "  --print-after=P      dump the IR to stderr after passes P\n"                 \
-  "  --print-after-all    dump the IR to stderr after every pass\n"              \
+#define CLI_PASS_OPTIONS_HELP                                                                                       \
+  "  --print-before=P     dump the IR to stderr before passes P (comma list, or all)\n"                             \
+  "  --print-after=P      dump the IR to stderr after passes P\n"                                                   \
+  "  --print-after-all    dump the IR to stderr after every pass\n"                                                 \
   "  --verify-each        verify the IR after every pass\n"
 
 /* Splits "a,b,c" into a NULL-terminated malloc'ed array of malloc'ed names (*n of them);
@@ -111,7 +111,14 @@ int cli_exit_code(int rc);
 /* Textual IR that tokpipec printed after its pipeline, or part of it, read back: which of
  * the passes that leave their mark it shows the work of (in pipeline order), and the
  * default pipeline's names[0..*n) cut to the passes after the last of them. */
-enum { CLI_RESUME_SHARD, CLI_RESUME_LOSS, CLI_RESUME_SLICE, CLI_RESUME_STAGES, CLI_RESUME_AUTODIFF, CLI_RESUME_COUNT = 6 };
+enum {
+  CLI_RESUME_SHARD,
+  CLI_RESUME_LOSS,
+  CLI_RESUME_SLICE,
+  CLI_RESUME_STAGES,
+  CLI_RESUME_AUTODIFF,
+  CLI_RESUME_COUNT = 6
+};
 void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]);
 /* Drops from names[0..*n) the passes up to the last one whose work m shows; an error
  * naming it if a pass before it, which this run asks for (`wanted`: --tensor, --slices,

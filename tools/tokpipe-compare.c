@@ -48,8 +48,8 @@ static void format_shape(const TpTensor *t, char *buf, size_t size) {
 }
 
 typedef struct {
-  double err;   /* max |got - want| / scale (absolute when scale is 0); NaN-safe */
-  int64_t at;   /* where the largest |got - want| is */
+  double err; /* max |got - want| / scale (absolute when scale is 0); NaN-safe */
+  int64_t at; /* where the largest |got - want| is */
   double got, want, scale;
 } TensorError;
 
@@ -81,8 +81,7 @@ static int same_shape(const TpTensor *a, const TpTensor *b) {
   return 1;
 }
 
-static int compare_tensors(const char *got_path, const char *want_path, double tol, int verbose,
-                           TpDiag *d) {
+static int compare_tensors(const char *got_path, const char *want_path, double tol, int verbose, TpDiag *d) {
   TpSafetensors got, want;
   if (tp_safetensors_load(got_path, &got, d)) return 1;
   if (tp_safetensors_load(want_path, &want, d)) {
@@ -117,8 +116,8 @@ static int compare_tensors(const char *got_path, const char *want_path, double t
       continue;
     }
     if (!tp_dtype_is_float(g->dtype) || !tp_dtype_is_float(w->dtype)) {
-      tp_print_line(stderr, "%s: %s: not a float tensor (%s, %s)", tool, name,
-              tp_dtype_name(g->dtype), tp_dtype_name(w->dtype));
+      tp_print_line(stderr, "%s: %s: not a float tensor (%s, %s)", tool, name, tp_dtype_name(g->dtype),
+                    tp_dtype_name(w->dtype));
       bad = 1;
       continue;
     }
@@ -126,16 +125,15 @@ static int compare_tensors(const char *got_path, const char *want_path, double t
     format_index(w, e.at, where, sizeof where);
     int ok = e.err <= tol;
     if (!ok || verbose)
-      tp_print_line(ok ? stdout : stderr, "%s: %s %s: max_rel_err=%.2e at %s (got %.9g, want %.9g, max|want| %.3g)", tool,
-              ok ? "ok  " : "FAIL", name, e.err, where, e.got, e.want, e.scale);
+      tp_print_line(ok ? stdout : stderr, "%s: %s %s: max_rel_err=%.2e at %s (got %.9g, want %.9g, max|want| %.3g)",
+                    tool, ok ? "ok  " : "FAIL", name, e.err, where, e.got, e.want, e.scale);
     bad |= !ok;
     compared++;
     if (!(e.err <= worst.err)) worst = e, worst_name = name;
   }
   for (int i = 0; i < got.n; i++)
     if (!tp_safetensors_find(&want, got.tensors[i].name)) {
-      tp_print_line(stderr, "%s: %s: in %s but not in %s", tool, got.tensors[i].name, got_path,
-              want_path);
+      tp_print_line(stderr, "%s: %s: in %s but not in %s", tool, got.tensors[i].name, got_path, want_path);
       bad = 1;
     }
   if (worst_name) {
@@ -223,8 +221,7 @@ static void report_gap(const char *path, int64_t first, int64_t last) {
   else tp_print_line(stderr, "%s: steps %lld..%lld: not in %s", tool, (long long)first, (long long)last, path);
 }
 
-static int compare_losses(const char *got_path, const char *want_path, int64_t steps, double tol,
-                          TpDiag *d) {
+static int compare_losses(const char *got_path, const char *want_path, int64_t steps, double tol, TpDiag *d) {
   Loss *got, *want;
   int64_t ngot, nwant;
   if (read_losses(got_path, &got, &ngot, d)) return 1;
@@ -250,8 +247,8 @@ static int compare_losses(const char *got_path, const char *want_path, int64_t s
     double err = fabs(got[g].loss - w->loss) / fmax(fabs(w->loss), 1e-30);
     if (!(err <= tol)) {
       if (!bad) /* the first divergence is the one worth reading */
-        fprintf(stderr, "%s: step %lld: loss %.9g, want %.9g: rel_err=%.2e > tol %.0e\n", tool,
-                (long long)w->step, got[g].loss, w->loss, err, tol);
+        fprintf(stderr, "%s: step %lld: loss %.9g, want %.9g: rel_err=%.2e > tol %.0e\n", tool, (long long)w->step,
+                got[g].loss, w->loss, err, tol);
       bad = 1;
     }
     if (err > worst) worst = err, worst_got = &got[g], worst_want = w;
@@ -259,8 +256,9 @@ static int compare_losses(const char *got_path, const char *want_path, int64_t s
   if (next <= steps) report_gap(want_path, next, steps), bad = 1;
   if (worst_want)
     printf("%s: losses of steps 1..%lld, worst rel_err=%.2e at step %lld (got %.9g, want %.9g, "
-           "tol %.0e): %s\n", tool, (long long)steps, worst, (long long)worst_want->step,
-           worst_got->loss, worst_want->loss, tol, bad ? "FAIL" : "ok");
+           "tol %.0e): %s\n",
+           tool, (long long)steps, worst, (long long)worst_want->step, worst_got->loss, worst_want->loss, tol,
+           bad ? "FAIL" : "ok");
   free(got);
   free(want);
   return bad;
@@ -289,8 +287,10 @@ int main(int argc, char **argv) {
       const char *v = argv[++i];
       double x = strtod(v, &end);
       if (!*v || *end || !(x >= 0) || (a[2] == 's' && !(x >= 1 && x <= MAX_STEP && x == floor(x))))
-        return tp_usage_error(stderr, tool, a[2] == 's' ? "--steps needs a whole number in [1, 1000000000], not '%s'"
-                                       : "--tol needs a number >= 0, not '%s'", v);
+        return tp_usage_error(stderr, tool,
+                              a[2] == 's' ? "--steps needs a whole number in [1, 1000000000], not '%s'"
+                                          : "--tol needs a number >= 0, not '%s'",
+                              v);
       if (a[2] == 's') steps = (int64_t)x;
       else tol = x;
     } else if (a[0] == '-' && a[1]) {

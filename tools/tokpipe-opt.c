@@ -17,16 +17,14 @@ static const char usage[] =
     "  --emit=ir|dot|c|memory  print the IR (default), a Graphviz graph, the C plan or the\n"
     "                       memory plan\n"
     "  -o OUT               write OUT (atomically) instead of stdout\n"
-    "  --dim NAME=VALUE     fix a symbolic input dimension of an ONNX model (repeatable)\n"
-    CLI_LOAD_OPTIONS_HELP
+    "  --dim NAME=VALUE     fix a symbolic input dimension of an ONNX model (repeatable)\n" CLI_LOAD_OPTIONS_HELP
     "  --logits NAME        add-loss: the graph output holding the logits\n"
     "  --freeze REGEX       autodiff: params whose name matches (POSIX ERE) stay frozen\n"
     "  --batch B            rebatch: the rows the token input gets\n"
     "  --slices N|L1,L2,..  split-sequence: N near-equal token slices, or their lengths\n"
     "  --stages S           assign-stages: cut the layers into S pipeline stages\n"
     "  --stage-cuts A,B,..  assign-stages: stage k starts at layer cut k (default: balance FLOPs)\n"
-    "  --tensor N           shard-tensor: split the products over N tensor-parallel ranks\n"
-    CLI_PASS_OPTIONS_HELP
+    "  --tensor N           shard-tensor: split the products over N tensor-parallel ranks\n" CLI_PASS_OPTIONS_HELP
     "  --help, --version\n"
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
 

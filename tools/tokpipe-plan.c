@@ -119,13 +119,11 @@ static void json_slices(FILE *out, const TpSlicing *s) {
 static void text_slices(FILE *out, const TpSlicing *s) {
   for (int m = 0; m < s->n;) {
     int same = 1;
-    while (m + same < s->n && s->mb[m + same].size == s->mb[m].size &&
-           s->mb[m + same].nslices == s->mb[m].nslices &&
+    while (m + same < s->n && s->mb[m + same].size == s->mb[m].size && s->mb[m + same].nslices == s->mb[m].nslices &&
            !memcmp(s->mb[m + same].len, s->mb[m].len, sizeof(int) * (size_t)s->mb[m].nslices))
       same++;
-    fprintf(out, "    %d microbatch%s of %d sequence%s, %d slice%s: ", same, same > 1 ? "es" : "",
-            s->mb[m].size, s->mb[m].size > 1 ? "s" : "", s->mb[m].nslices,
-            s->mb[m].nslices > 1 ? "s" : "");
+    fprintf(out, "    %d microbatch%s of %d sequence%s, %d slice%s: ", same, same > 1 ? "es" : "", s->mb[m].size,
+            s->mb[m].size > 1 ? "s" : "", s->mb[m].nslices, s->mb[m].nslices > 1 ? "s" : "");
     print_lengths(out, &s->mb[m]);
     fprintf(out, "\n");
     m += same;
@@ -151,17 +149,16 @@ static int run_cost_table(const char *path, bool json, TpDiag *d) {
   double solve = (double)(clock() - t0) / CLOCKS_PER_SEC;
   if (!rc) {
     if (json) {
-      printf("{\n  \"iteration_time_s\": %.9g,\n  \"sum_s\": %.9g,\n  \"max_slice_s\": %.9g,\n",
-             plan.time, plan.sum, plan.max);
-      printf("  \"batch\": %d,\n  \"stages\": %d,\n  \"sequence\": %d,\n  \"slices\": ", t.batch,
-             stages, t.units * t.granularity);
+      printf("{\n  \"iteration_time_s\": %.9g,\n  \"sum_s\": %.9g,\n  \"max_slice_s\": %.9g,\n", plan.time, plan.sum,
+             plan.max);
+      printf("  \"batch\": %d,\n  \"stages\": %d,\n  \"sequence\": %d,\n  \"slices\": ", t.batch, stages,
+             t.units * t.granularity);
       json_slices(stdout, &plan);
       printf(",\n  \"solve_time_s\": %.6f,\n  \"dp_evaluations\": %d\n}\n", solve, plan.evaluations);
     } else {
       printf("cost table %s: batch %d, sequence %d (granularity %d), %d stages%s\n", path, t.batch,
              t.units * t.granularity, t.granularity, stages, t.monotone ? "" : " (not monotone)");
-      printf("  Eq. 5 optimum %.6g s (sum %.6g + %d x max %.6g)\n", plan.time, plan.sum,
-             stages - 1, plan.max);
+      printf("  Eq. 5 optimum %.6g s (sum %.6g + %d x max %.6g)\n", plan.time, plan.sum, stages - 1, plan.max);
       text_slices(stdout, &plan);
       printf("  solved in %.3f s (%d DP runs)\n", solve, plan.evaluations);
     }
@@ -235,12 +232,14 @@ static int describe_file(const char *path, const CliDims *dims, TpModelDesc *des
     if (!strcmp(tp_default_pipeline[i], "raise-transformer")) break;
   }
   TpPassOptions po = {0};
-  if (rc == TP_OK && !cli_ends_with(path, ".onnx")) { /* IR tokpipec printed: the passes it shows are not run again */
+  if (rc == TP_OK &&
+      !cli_ends_with(path, ".onnx")) { /* IR tokpipec printed: the passes it shows are not run again */
     bool done[CLI_RESUME_COUNT], wanted[CLI_RESUME_COUNT] = {0};
     cli_passes_done(m, done);
-    rc = done[CLI_RESUME_SHARD] ? tp_error(d, "IR printed after shard-tensor holds one tensor rank's sizes: give "
-                                           "tokpipe-plan the IR printed without --tensor (its --tensor prices the split)")
-                                : cli_resume_after(m, names, &n, wanted, false, d);
+    rc = done[CLI_RESUME_SHARD]
+             ? tp_error(d, "IR printed after shard-tensor holds one tensor rank's sizes: give "
+                           "tokpipe-plan the IR printed without --tensor (its --tensor prices the split)")
+             : cli_resume_after(m, names, &n, wanted, false, d);
   }
   if (rc == TP_OK) rc = cli_run_pipeline(m, names, n, &po, d);
   int tokens = rc == TP_OK ? tp_token_input(m) : -1;
@@ -262,11 +261,13 @@ static void json_model(const TpModelDesc *m) {
   printf("  \"model\": {\"name\": ");
   tp_json_write_string(stdout, m->name);
   printf(", \"layers\": %d, \"hidden\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
-         "\"ffn\": %d},\n", m->layers, m->hidden, m->heads, m->seq, m->vocab, m->ffn);
+         "\"ffn\": %d},\n",
+         m->layers, m->hidden, m->heads, m->seq, m->vocab, m->ffn);
 }
 
 static void json_fit(const TpFit *f) {
-  printf("{\"rms_rel_err\": %.6f, \"max_rel_err\": %.6f, \"samples\": %d}", f->rms_rel_err, f->max_rel_err, f->nsamples);
+  printf("{\"rms_rel_err\": %.6f, \"max_rel_err\": %.6f, \"samples\": %d}", f->rms_rel_err, f->max_rel_err,
+         f->nsamples);
 }
 
 /* Per stage: the fit errors of forward and backward (or of their sum); the machine's drift
@@ -275,10 +276,8 @@ static void json_calibration(const TpCalibration *cal, const char *path, const T
   printf("  \"calibration\": {\"profile\": ");
   tp_json_write_string(stdout, path);
   printf(", \"microbatch_size\": %d, \"split\": %s, \"drift\": ", cal->b, cal->split ? "true" : "false");
-  if (p->drift >= 0)
-    printf("%.4f", p->drift);
-  else
-    printf("null");
+  if (p->drift >= 0) printf("%.4f", p->drift);
+  else printf("null");
   printf(", \"fit\": [");
   for (int k = 0; k < cal->nstages; k++) {
     printf("%s{\"stage\": %d, \"%s\": ", k ? ", " : "", k, cal->split ? "forward" : "sum");
@@ -302,7 +301,8 @@ static void text_calibration(const TpCalibration *cal, const char *path, const T
   }
   if (p->drift >= 0)
     printf("  the machine drifted by %.0f%% while profiling (upper / lower quartile of the passes over the\n"
-           "  grid): expect errors of that order in predictions from this profile\n", 100 * p->drift);
+           "  grid): expect errors of that order in predictions from this profile\n",
+           100 * p->drift);
 }
 
 /* Prices one plan: M microbatches of b sequences, each cut into `len`, on req's layout. */
@@ -368,8 +368,8 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
            b == 1 ? "" : "s");
     print_lengths(stdout, &e->slicing.mb[0]);
     printf("\n  predicted step time %.4g ms (event simulation of the per-rank instruction lists,\n"
-           "  transfers%s and the optimizer step included)\n", 1e3 * sim.time_s,
-           req->untied ? "" : ", the tied embedding all-reduce");
+           "  transfers%s and the optimizer step included)\n",
+           1e3 * sim.time_s, req->untied ? "" : ", the tied embedding all-reduce");
     printf("  %-6s %-12s %12s %12s\n", "stage", "unit l+c", "forward ms", "backward ms");
     for (int k = 0; k < S; k++)
       for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
@@ -407,8 +407,7 @@ static void json_layouts(const TpLayoutSearch *s, int gpus, int best) {
     if (e->fits)
       printf(", \"iteration_time_s\": %.6g, \"terapipe_time_s\": %.6g, \"max_peak_bytes\": %.0f}", e->time_s,
              e->terapipe_s, e->max_peak_bytes);
-    else
-      printf(", \"why\": "), tp_json_write_string(stdout, e->why), printf("}");
+    else printf(", \"why\": "), tp_json_write_string(stdout, e->why), printf("}");
   }
   printf("]},\n");
 }
@@ -420,8 +419,7 @@ static void text_layouts(const TpLayoutSearch *s, int gpus, int best) {
     printf("  %c %4d x %3d x %4d  ", i == best ? '*' : ' ', e->pipeline, e->tensor, e->data);
     if (e->fits)
       printf("%9.4g s / %9.4g s, max %.2f GiB\n", e->time_s, e->terapipe_s, e->max_peak_bytes / (1 << 30));
-    else
-      printf("no plan: %s\n", e->why);
+    else printf("no plan: %s\n", e->why);
   }
 }
 
@@ -473,22 +471,25 @@ static int check_profile_model(const TpProfile *prof, const char *path, const ch
   const char *measured = prof->model[0] ? prof->model : "an unnamed model";
   double have = tp_model_params(model);
   if (prof->parameters > 0 && (have > 4 * prof->parameters || prof->parameters > 4 * have))
-    return tp_error(d, "the profile %s was measured on '%s' (%.4g parameters), not on '%s' (about %.4g): its "
-                    "times do not price another model; profile this model's trainer", path, measured,
-                    prof->parameters, name, have);
+    return tp_error(d,
+                    "the profile %s was measured on '%s' (%.4g parameters), not on '%s' (about %.4g): its "
+                    "times do not price another model; profile this model's trainer",
+                    path, measured, prof->parameters, name, have);
   const char *a = strrchr(measured, '/') ? strrchr(measured, '/') + 1 : measured;
   const char *b = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
   if (prof->parameters == 0 && strcmp(a, b) != 0)
-    snprintf(warning, size, "%s: warning: the profile %s was measured on '%s' and does not record its size: nothing "
-             "checks that '%s' is that model", d->tool, path, measured, name);
+    snprintf(warning, size,
+             "%s: warning: the profile %s was measured on '%s' and does not record its size: nothing "
+             "checks that '%s' is that model",
+             d->tool, path, measured, name);
   return TP_OK;
 }
 
 int main(int argc, char **argv) {
   cli_tool = "tokpipe-plan";
   const char *model_spec = NULL, *hardware = NULL, *cost_table = NULL, *svg = NULL, *trace = NULL,
-             *show = "terapipe", *profiles = NULL, *input = NULL, *calibrate = NULL,
-             *slices = NULL, *search = NULL, *v;
+             *show = "terapipe", *profiles = NULL, *input = NULL, *calibrate = NULL, *slices = NULL, *search = NULL,
+             *v;
   int64_t gpus = 0, pipeline = 0, tensor = 0, data = 0, batch = -1, granularity = 8, microbatches = 0;
   char extra[1024] = ""; /* the model options, for the tokpipec command line */
   size_t nextra = 0;
@@ -498,26 +499,29 @@ int main(int argc, char **argv) {
   CliDims dims = {0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (cli_is(a, "--help")) { fputs(usage, stdout); return 0; }
-    else if (cli_is(a, "--version")) { printf("tokpipe-plan %s\n", TOKPIPE_VERSION); return 0; }
-    else if (cli_is(a, "--json")) json = true;
+    if (cli_is(a, "--help")) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (cli_is(a, "--version")) {
+      printf("tokpipe-plan %s\n", TOKPIPE_VERSION);
+      return 0;
+    } else if (cli_is(a, "--json")) json = true;
     else if (cli_is(a, "--no-joint")) joint = false;
     else if (cli_is(a, "--uniform-stages")) uniform_stages = true;
     else if (cli_is(a, "--emit=schedule")) emit_schedule = true;
-    else if (cli_value(argc, argv, &i, "--model", &model_spec)) {}
-    else if (cli_value(argc, argv, &i, "--hardware", &hardware)) {}
-    else if (cli_value(argc, argv, &i, "--cost-table", &cost_table)) {}
-    else if (cli_value(argc, argv, &i, "--svg", &svg)) {}
-    else if (cli_value(argc, argv, &i, "--trace", &trace)) {}
-    else if (cli_value(argc, argv, &i, "--profiles", &profiles)) {}
-    else if (cli_value(argc, argv, &i, "--calibrate", &calibrate)) {}
-    else if (cli_value(argc, argv, &i, "--slices", &slices)) {}
-    else if (cli_value(argc, argv, &i, "--search", &search)) {}
-    else if (cli_value(argc, argv, &i, "--show", &show)) {
+    else if (cli_value(argc, argv, &i, "--model", &model_spec)) {
+    } else if (cli_value(argc, argv, &i, "--hardware", &hardware)) {
+    } else if (cli_value(argc, argv, &i, "--cost-table", &cost_table)) {
+    } else if (cli_value(argc, argv, &i, "--svg", &svg)) {
+    } else if (cli_value(argc, argv, &i, "--trace", &trace)) {
+    } else if (cli_value(argc, argv, &i, "--profiles", &profiles)) {
+    } else if (cli_value(argc, argv, &i, "--calibrate", &calibrate)) {
+    } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
+    } else if (cli_value(argc, argv, &i, "--search", &search)) {
+    } else if (cli_value(argc, argv, &i, "--show", &show)) {
       if (strcmp(show, "terapipe") && strcmp(show, "joint") && strcmp(show, "baseline") && strcmp(show, "uniform"))
         cli_usage_error("--show expects terapipe, joint, baseline or uniform, got '%s'", show);
-    }
-    else if (cli_value(argc, argv, &i, "--gpus", &v)) gpus = cli_int("--gpus", v, 1, 1 << 24);
+    } else if (cli_value(argc, argv, &i, "--gpus", &v)) gpus = cli_int("--gpus", v, 1, 1 << 24);
     else if (cli_value(argc, argv, &i, "--pipeline", &v)) pipeline = cli_int("--pipeline", v, 1, TP_MAX_STAGES);
     else if (cli_value(argc, argv, &i, "--tensor", &v)) tensor = cli_int("--tensor", v, 1, 1 << 16);
     else if (cli_value(argc, argv, &i, "--data", &v)) data = cli_int("--data", v, 1, 1 << 20);
@@ -528,9 +532,10 @@ int main(int argc, char **argv) {
     else if (cli_value(argc, argv, &i, "--seq", &v) || cli_value(argc, argv, &i, "--dim", &v)) {
       if (a[2] == 's') dims.token_dims[1] = cli_int("--seq", v, 1, TP_MAX_SEQ);
       else cli_add_dim(&dims, v);
-      if (nextra + strlen(v) + 8 < sizeof extra) nextra += (size_t)snprintf(extra + nextra, sizeof extra - nextra, " %s %s", a[2] == 's' ? "--seq" : "--dim", v);
-    }
-    else if (cli_value(argc, argv, &i, "--schedule", &v)) {
+      if (nextra + strlen(v) + 8 < sizeof extra)
+        nextra += (size_t)snprintf(extra + nextra, sizeof extra - nextra, " %s %s", a[2] == 's' ? "--seq" : "--dim",
+                                   v);
+    } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &schedule)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
     else if (input) cli_usage_error("more than one input model ('%s' and '%s')", input, a);
@@ -547,10 +552,12 @@ int main(int argc, char **argv) {
   }
   if (!model_spec && !input) cli_usage_error("a model is required: MODEL.onnx, --model M or --cost-table FILE");
   if (model_spec && input) cli_usage_error("give the model once: '%s' or --model %s", input, model_spec);
-  if (!input && (dims.n || dims.token_dims[1])) cli_usage_error("--seq and --dim apply to a model file (MODEL.onnx)");
+  if (!input && (dims.n || dims.token_dims[1]))
+    cli_usage_error("--seq and --dim apply to a model file (MODEL.onnx)");
   bool predicting = slices || microbatches;
   bool onnx = input && cli_ends_with(input, ".onnx");
-  if (calibrate && uniform_stages) cli_usage_error("--uniform-stages cannot go with --calibrate: the profile prices each stage");
+  if (calibrate && uniform_stages)
+    cli_usage_error("--uniform-stages cannot go with --calibrate: the profile prices each stage");
   if (calibrate && tensor > 1) cli_usage_error("--calibrate prices the profiled stages: --tensor must be 1");
   /* the layout: with --gpus the degrees not given are searched (--search says so
    * explicitly); without, they are 1 */
@@ -569,13 +576,15 @@ int main(int argc, char **argv) {
   if (names) cli_free_list(names);
   bool searching = gpus && !calibrate && !predicting && (!pipeline || !tensor || !data);
   if (searching && !joint)
-    cli_usage_error("--no-joint cannot go with the layout search (--gpus with degrees left out): it compares joint plans");
+    cli_usage_error(
+        "--no-joint cannot go with the layout search (--gpus with degrees left out): it compares joint plans");
   int64_t fixed[3] = {pipeline, tensor, data}; /* searching: the degrees given, 0 = searched */
-  if (searching) pipeline = 1; /* the base request: each layout sets its own */
+  if (searching) pipeline = 1;                 /* the base request: each layout sets its own */
   tensor = tensor && !searching ? tensor : 1;
   data = data && !searching ? data : 1;
   if (predicting && (joint == false || strcmp(show, "terapipe")))
-    cli_usage_error("--no-joint and --show are for the search, not for the prediction of one plan (--slices, --microbatches)");
+    cli_usage_error(
+        "--no-joint and --show are for the search, not for the prediction of one plan (--slices, --microbatches)");
 
   /* the profile first: it fixes the sequence length, pipeline degree and cuts */
   TpProfile prof = {0};
@@ -608,7 +617,8 @@ int main(int argc, char **argv) {
   } else if (!rc) rc = tp_model_parse(model_spec, &model, &d);
   cli_free_dims(&dims);
   if (!rc && calibrate && prof.seq && prof.seq != model.seq)
-    rc = tp_error(&d, "the profile %s was measured at sequence length %d, the model has %d", calibrate, prof.seq, model.seq);
+    rc = tp_error(&d, "the profile %s was measured at sequence length %d, the model has %d", calibrate, prof.seq,
+                  model.seq);
   char profile_warning[1024] = "";
   if (!rc && calibrate)
     rc = check_profile_model(&prof, calibrate, input ? input : model_spec, &model, profile_warning,
@@ -632,7 +642,8 @@ int main(int argc, char **argv) {
   if (batch < 0) batch = calibrate ? cal.b * data : 1;
   if (!rc && batch < 1) rc = tp_error(&d, "batch must be at least 1 (got %lld)", (long long)batch);
   if (!rc && batch % data)
-    rc = tp_error(&d, "global batch %lld is not divisible by %lld data-parallel replicas", (long long)batch, (long long)data);
+    rc = tp_error(&d, "global batch %lld is not divisible by %lld data-parallel replicas", (long long)batch,
+                  (long long)data);
   TpPlanRequest *req = calloc(1, sizeof *req);
   if (!rc) /* calibrated: one stage first, then the profile's stages and cuts */
     rc = tp_cost_model_init(&req->cm, &hw, &model, calibrate && prof.cuts ? 1 : (int)pipeline, (int)tensor,
@@ -715,12 +726,11 @@ int main(int argc, char **argv) {
     json_model(&model);
     printf("  \"hardware\": ");
     tp_json_write_string(stdout, hw.name);
-    printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n",
-           S, (int)tensor, (int)data);
+    printf(",\n  \"pipeline\": %d,\n  \"tensor\": %d,\n  \"data\": %d,\n", S, (int)tensor, (int)data);
     if (searching) json_layouts(&layouts, (int)gpus, best);
     if (calibrate) json_calibration(&cal, calibrate, &prof);
-    printf("  \"batch\": %d,\n  \"granularity\": %d,\n  \"schedule\": \"%s\",\n", (int)batch,
-           (int)granularity, tp_schedule_name(schedule));
+    printf("  \"batch\": %d,\n  \"granularity\": %d,\n  \"schedule\": \"%s\",\n", (int)batch, (int)granularity,
+           tp_schedule_name(schedule));
     printf("  \"iteration_time_s\": %.6g,\n  \"eq5_time_s\": %.6g,\n", tp->time_s, tp->eq5_s);
     printf("  \"baseline_time_s\": %.6g,\n  \"speedup\": %.4f,\n", base->time_s, base->time_s / tp->time_s);
     printf("  \"uniform_best_time_s\": %.6g,\n  \"uniform_best_slices\": %d,\n", uni->time_s,
@@ -736,10 +746,11 @@ int main(int argc, char **argv) {
     printf("  \"solve_time_s\": %.6f,\n", res->solve_s);
     if (res->has_joint) {
       printf("  \"joint\": {\"iteration_time_s\": %.6g, \"speedup_over_terapipe\": %.4f, \"schedule\": \"%s\", "
-             "\"recompute\": %s, \"stage_cuts\": [", jt->time_s, tp->time_s / jt->time_s,
-             tp_schedule_name(jt->schedule), jt->recompute ? "true" : "false");
+             "\"recompute\": %s, \"stage_cuts\": [",
+             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), jt->recompute ? "true" : "false");
       for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", jt->cuts[k]);
-      printf("], \"microbatches\": %d, \"microbatch_size\": %d, \"slices\": ", jt->slicing.n, jt->slicing.mb[0].size);
+      printf("], \"microbatches\": %d, \"microbatch_size\": %d, \"slices\": ", jt->slicing.n,
+             jt->slicing.mb[0].size);
       json_slices(stdout, &jt->slicing);
       printf(", \"peak_memory_bytes\": ");
       json_peaks(stdout, jt, S);
@@ -749,47 +760,51 @@ int main(int argc, char **argv) {
     }
     printf("  \"fits_memory\": %s\n}\n", tp->fits ? "true" : "false");
   } else {
-    printf("%s: %d layers, hidden %d, %d heads, sequence %d, vocabulary %d\n", model.name,
-           model.layers, model.hidden, model.heads, model.seq, model.vocab);
-    printf("%s (%s): %lld devices = pipeline %d x tensor %lld x data %lld; batch %lld (%d per replica)\n",
-           hw.name, hw.device, (long long)(S * tensor * data), S, (long long)tensor, (long long)data,
-           (long long)batch, req->batch);
+    printf("%s: %d layers, hidden %d, %d heads, sequence %d, vocabulary %d\n", model.name, model.layers,
+           model.hidden, model.heads, model.seq, model.vocab);
+    printf("%s (%s): %lld devices = pipeline %d x tensor %lld x data %lld; batch %lld (%d per replica)\n", hw.name,
+           hw.device, (long long)(S * tensor * data), S, (long long)tensor, (long long)data, (long long)batch,
+           req->batch);
     if (searching) text_layouts(&layouts, (int)gpus, best);
     if (calibrate) text_calibration(&cal, calibrate, &prof);
     printf("TeraPipe plan (%s, granularity %d):\n", tp_schedule_name(schedule), (int)granularity);
     text_slices(stdout, &tp->slicing);
-    printf("  iteration time      %.4g s simulated; Eq. 5 estimate %.4g s (%+.1f%%)\n", tp->time_s,
-           tp->eq5_s, 100 * (tp->eq5_s - tp->time_s) / tp->time_s);
-    printf("  batch-only baseline %.4g s (%d microbatches of %d)  -> speedup %.2fx\n", base->time_s,
-           base->slicing.n, base->slicing.mb[0].size, base->time_s / tp->time_s);
+    printf("  iteration time      %.4g s simulated; Eq. 5 estimate %.4g s (%+.1f%%)\n", tp->time_s, tp->eq5_s,
+           100 * (tp->eq5_s - tp->time_s) / tp->time_s);
+    printf("  batch-only baseline %.4g s (%d microbatches of %d)  -> speedup %.2fx\n", base->time_s, base->slicing.n,
+           base->slicing.mb[0].size, base->time_s / tp->time_s);
     printf("  best uniform        %.4g s (%d slices per microbatch of %d)\n", uni->time_s,
            uni->slicing.mb[0].nslices, uni->slicing.mb[0].size);
     printf("  peak memory per rank (GiB):");
     for (int k = 0; k < S; k++) printf(" %.2f", tp->peak_bytes[k] / (1 << 30));
     printf("%s\n", tp->fits ? "" : "  (does NOT fit)");
-    printf("  DP: %d runs in %.3f s; cost table fit error %.2f%% rms, %.2f%% max\n", res->evaluations,
-           res->solve_s, 100 * res->fit_rms_rel_err, 100 * res->fit_max_rel_err);
+    printf("  DP: %d runs in %.3f s; cost table fit error %.2f%% rms, %.2f%% max\n", res->evaluations, res->solve_s,
+           100 * res->fit_rms_rel_err, 100 * res->fit_max_rel_err);
     if (res->has_joint) {
       printf("joint search%s: %.4g s (%.2fx over TeraPipe's plan): %s, %s stage cuts%s, max %.2f GiB\n",
              calibrate ? " (calibrated: the profile's stage cuts and microbatch size, no recomputation)" : "",
              jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule),
-             calibrate ? "the profile's" : jt->balanced_cuts ? "balanced" : "equal", jt->recompute ? ", recomputation" : "",
-             jt->max_peak_bytes / (1 << 30));
+             calibrate           ? "the profile's"
+             : jt->balanced_cuts ? "balanced"
+                                 : "equal",
+             jt->recompute ? ", recomputation" : "", jt->max_peak_bytes / (1 << 30));
       text_slices(stdout, &jt->slicing);
       printf("  compile it with: %s\n", command);
     }
   }
 
   if (svg || trace || emit_schedule) {
-    const TpPlanEval *e = !strcmp(show, "joint") ? jt : !strcmp(show, "baseline") ? base
-                        : !strcmp(show, "uniform") ? uni : tp;
+    const TpPlanEval *e = !strcmp(show, "joint")      ? jt
+                          : !strcmp(show, "baseline") ? base
+                          : !strcmp(show, "uniform")  ? uni
+                                                      : tp;
     if (!strcmp(show, "joint") && !res->has_joint) cli_usage_error("--show joint needs the joint search");
     TpSchedule sched;
     TpSimResult sim;
     rc = tp_plan_simulate(req, e, true, &sched, &sim, &d);
     char title[256];
-    snprintf(title, sizeof title, "%s on %s: pipeline %d x tensor %lld, %s plan, %s: %.4g s",
-             model.name, hw.name, S, (long long)tensor, show, tp_schedule_name(e->schedule), sim.time_s);
+    snprintf(title, sizeof title, "%s on %s: pipeline %d x tensor %lld, %s plan, %s: %.4g s", model.name, hw.name, S,
+             (long long)tensor, show, tp_schedule_name(e->schedule), sim.time_s);
     if (!rc) rc = show_plan(&sim, &sched, title, emit_schedule, svg, trace, &d);
     tp_sim_result_free(&sim);
     tp_schedule_free(&sched);

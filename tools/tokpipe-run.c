@@ -24,14 +24,12 @@ static const char usage[] =
     "\n"
     "options:\n"
     "  --test-dir DIR       the test data (required)\n"
-    "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
-    CLI_LOAD_OPTIONS_HELP
+    "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n" CLI_LOAD_OPTIONS_HELP
     "  --atol A             absolute tolerance (default 1e-5)\n"
     "  --rtol R             relative tolerance (default 1e-4)\n"
     "  --passes=a,b,c       the passes to run before executing (default fold-constants,dce;\n"
     "                       tokpipe-opt --list-passes lists them)\n"
-    "  --slices N|L1,L2,..  split-sequence: N near-equal token slices, or their lengths\n"
-    CLI_PASS_OPTIONS_HELP
+    "  --slices N|L1,L2,..  split-sequence: N near-equal token slices, or their lengths\n" CLI_PASS_OPTIONS_HELP
     "  --help               print this help\n"
     "  --version            print the version\n"
     "\n"
@@ -69,9 +67,7 @@ static int count_pb(const char *dir, const char *prefix) {
   }
 }
 
-static int cmp_names(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* The data sets: dir itself when it holds .pb files, else its test_data_set_* folders in
  * name order. *sets is a malloc'ed array of malloc'ed paths. */
@@ -142,8 +138,8 @@ static char *index_str(const TpTensor *t, int64_t flat, char *buf, size_t n) {
 }
 
 /* Prints one output's verdict line; true when it is within tolerance. */
-static bool compare_output(const char *label, int i, const char *name, const TpTensor *got,
-                           const TpTensor *want, const RunOptions *o) {
+static bool compare_output(const char *label, int i, const char *name, const TpTensor *got, const TpTensor *want,
+                           const RunOptions *o) {
   char gs[256], ws[256], at[160], shown_label[512], shown_name[512];
   tp_escape_text(shown_label, sizeof shown_label, label); /* names from the files: no control bytes */
   tp_escape_text(shown_name, sizeof shown_name, name);
@@ -188,8 +184,8 @@ static bool compare_output(const char *label, int i, const char *name, const TpT
   printf("max_abs_err=%.3g max_rel_err=%.3g", max_abs, max_rel);
   if (n) printf(" (at %s)", index_str(want, at_abs, at, sizeof at));
   if (nbad) {
-    printf(" FAIL: %lld of %lld elements out of tolerance; worst at %s: got %.9g, want %.9g\n",
-           (long long)nbad, (long long)n, index_str(want, worst, at, sizeof at), tp_tensor_get_f64(got, worst),
+    printf(" FAIL: %lld of %lld elements out of tolerance; worst at %s: got %.9g, want %.9g\n", (long long)nbad,
+           (long long)n, index_str(want, worst, at, sizeof at), tp_tensor_get_f64(got, worst),
            tp_tensor_get_f64(want, worst));
     return false;
   }
@@ -201,8 +197,8 @@ static bool compare_output(const char *label, int i, const char *name, const TpT
 
 /* Imports the model with this set's inputs bound, runs it, compares. *nfail counts the
  * outputs out of tolerance; the return code is for bad input or errors. */
-static int run_data_set(const char *model_path, const char *set, const char *label,
-                        const RunOptions *o, TpDiag *d, int *noutputs, int *nfail) {
+static int run_data_set(const char *model_path, const char *set, const char *label, const RunOptions *o, TpDiag *d,
+                        int *noutputs, int *nfail) {
   int nin = count_pb(set, "input"), nout = count_pb(set, "output");
   TpTensor *ins = calloc((size_t)nin + 1, sizeof *ins), *wants = calloc((size_t)nout + 1, sizeof *wants);
   char **in_names = calloc((size_t)nin + 1, sizeof *in_names);
@@ -328,7 +324,8 @@ int main(int argc, char **argv) {
     cli_usage_error("--blob-dir applies to textual IR, not ONNX models ('%s')", model);
   o.passes = *passes ? cli_split_list("--passes", passes, &o.npasses) : NULL;
   for (int i = 0; i < o.npasses; i++)
-    if (!tp_find_pass(o.passes[i])) cli_usage_error("unknown pass '%s' (tokpipe-opt --list-passes lists them)", o.passes[i]);
+    if (!tp_find_pass(o.passes[i]))
+      cli_usage_error("unknown pass '%s' (tokpipe-opt --list-passes lists them)", o.passes[i]);
 
   TpDiag dd, md;
   tp_diag_init(&dd, cli_tool, test_dir, stderr);
@@ -352,7 +349,7 @@ int main(int argc, char **argv) {
            noutputs == 1 ? "" : "s", o.atol, o.rtol);
     return 1;
   }
-  printf("PASS: %d output%s within tolerance (atol %g, rtol %g)\n", noutputs, noutputs == 1 ? "" : "s",
-         o.atol, o.rtol);
+  printf("PASS: %d output%s within tolerance (atol %g, rtol %g)\n", noutputs, noutputs == 1 ? "" : "s", o.atol,
+         o.rtol);
   return 0;
 }

@@ -15,15 +15,14 @@
 
 static const char *tool = "tokpipe-tokens";
 
-static const char *usage =
-    "Usage: tokpipe-tokens IN -o OUT.bin [--val-fraction F --val-out VAL.bin]\n"
-    "Writes the bytes of IN ('-' for stdin) as tokens 0..255 in llm.c's token file format\n"
-    "(a 256 x int32 header: 20240520, 1, count; then uint16 tokens), for the --data and\n"
-    "--val-data of a tokpipec trainer compiled with vocabulary >= 256.\n"
-    "  -o OUT.bin            the training tokens\n"
-    "  --val-fraction F      put the last fraction F (0 < F < 1) of the bytes in --val-out\n"
-    "  --val-out VAL.bin     the validation tokens\n"
-    "  --help, --version\n";
+static const char *usage = "Usage: tokpipe-tokens IN -o OUT.bin [--val-fraction F --val-out VAL.bin]\n"
+                           "Writes the bytes of IN ('-' for stdin) as tokens 0..255 in llm.c's token file format\n"
+                           "(a 256 x int32 header: 20240520, 1, count; then uint16 tokens), for the --data and\n"
+                           "--val-data of a tokpipec trainer compiled with vocabulary >= 256.\n"
+                           "  -o OUT.bin            the training tokens\n"
+                           "  --val-fraction F      put the last fraction F (0 < F < 1) of the bytes in --val-out\n"
+                           "  --val-out VAL.bin     the validation tokens\n"
+                           "  --help, --version\n";
 
 /* The value of an option given as `--flag VALUE` or `--flag=VALUE`, or NULL. */
 static const char *option(int argc, char **argv, int *i, const char *flag, int *bad) {
@@ -74,8 +73,9 @@ static int check_aliases(const char *in, const char *out, const char *val_out) {
   for (int j = 1; j < 3 && !rc; j++)
     for (int i = 0; i < j && !rc; i++)
       if (paths[i] && paths[j] && (strcmp(paths[i], paths[j]) == 0 || same_file(&ids[i], &ids[j]))) {
-        tp_print_line(stderr, "%s: error: %s '%s' and %s '%s' are the same file: writing one would replace the other",
-                      tool, flags[i], paths[i], flags[j], paths[j]);
+        tp_print_line(stderr,
+                      "%s: error: %s '%s' and %s '%s' are the same file: writing one would replace the other", tool,
+                      flags[i], paths[i], flags[j], paths[j]);
         rc = 2;
       }
   for (int i = 0; i < 3; i++) free(ids[i].entry);

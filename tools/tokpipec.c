@@ -40,8 +40,7 @@ static const char usage[] =
     "  --batch B, --seq T   the global batch of a step (B / (dp * microbatches) rows per\n"
     "                       microbatch: the token input's first dim, to which a model exported\n"
     "                       with a fixed batch is re-batched) and the sequence length\n"
-    "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n"
-    CLI_LOAD_OPTIONS_HELP
+    "  --dim NAME=VALUE     fix a symbolic input dimension (repeatable)\n" CLI_LOAD_OPTIONS_HELP
     "  --logits NAME        the graph output the loss reads (default: the float [B, T, V] one)\n"
     "  --freeze REGEX       parameters whose ONNX names match (POSIX ERE) are not trained\n"
     "  --retie auto|off     re-tie weights the exporter duplicated (a tied LM head saved\n"
@@ -101,8 +100,8 @@ static void write_params(const void *arg, FILE *out) {
     if (val->kind == TP_VAL_RESULT && val->def >= 0 && m->ops[val->def].role == TP_ROLE_RETIE) {
       const TpOp *o = &m->ops[val->def];
       state = "tied";
-      snprintf(tied, sizeof tied, "%s of %s (retie-params); ", o->kind == TP_OP_Transpose ? "the transpose" : "a copy",
-               m->values[o->inputs[0]].name);
+      snprintf(tied, sizeof tied, "%s of %s (retie-params); ",
+               o->kind == TP_OP_Transpose ? "the transpose" : "a copy", m->values[o->inputs[0]].name);
       because = tied;
     } else if (val->kind == TP_VAL_PARAM) {
       bool frozen = frozen_any && regexec(&freeze, val->name, 0, NULL, 0) == 0;
@@ -134,15 +133,23 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
   if (rc == TP_OK && max_memory > 0) rc = tp_pipeline_check_memory(&pl, max_memory, "--max-memory", NULL, d);
   int64_t machine = tp_physical_memory();
   if (rc == TP_OK && max_memory <= 0 && strcmp(emit, "c") == 0 && machine > 0)
-    rc = tp_pipeline_check_memory(&pl, machine, "this machine's memory of", " (lower --batch or --seq, add --stages "
-                                  "or --microbatches, or give --max-memory for a bigger machine)", d);
+    rc = tp_pipeline_check_memory(&pl, machine, "this machine's memory of",
+                                  " (lower --batch or --seq, add --stages "
+                                  "or --microbatches, or give --max-memory for a bigger machine)",
+                                  d);
   if (rc == TP_OK && (report || strcmp(emit, "c") == 0)) {
     size_t len = 0;
     FILE *f = open_memstream(text, &len);
     TP_ASSERT(f);
-    TpEmitOptions o = {.model = model, .version = TOKPIPE_VERSION, .slicing = note, .pipeline = po,
-                       .nprobes = probes->nprobes, .probes = probes->probes, .stage_cuts = probes->stage_cuts,
-                       .target = probes->target, .precision = probes->precision};
+    TpEmitOptions o = {.model = model,
+                       .version = TOKPIPE_VERSION,
+                       .slicing = note,
+                       .pipeline = po,
+                       .nprobes = probes->nprobes,
+                       .probes = probes->probes,
+                       .stage_cuts = probes->stage_cuts,
+                       .target = probes->target,
+                       .precision = probes->precision};
     if (strcmp(emit, "memory") == 0) tp_print_memory(m, &plan, &pl, f);
     else if (strcmp(emit, "schedule") == 0) tp_schedule_print(&pl.schedule, f);
     else rc = tp_emit_c(m, &o, f, d);
@@ -194,9 +201,7 @@ static void push_joined(Args *a, const char *flag, const char *dir, const char *
 }
 
 /* A file path as the compiler's operand: "./-x.c", not the option "-x.c". */
-static void push_path(Args *a, const char *path) {
-  push_joined(a, path[0] == '-' ? "./" : "", path, "");
-}
+static void push_path(Args *a, const char *path) { push_joined(a, path[0] == '-' ? "./" : "", path, ""); }
 
 static bool is_file(const char *path) {
   struct stat st;
@@ -263,8 +268,9 @@ static int compile_trainer(const char *plan_c, const char *exe, bool device, boo
   if (err || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     char *cmd = command_line(&a);
     if (err) rc = tp_internal(d, "cannot run the C compiler (%s): %s", strerror(err), cmd);
-    else rc = tp_internal(d, "the C compiler failed (%s %d): %s", WIFEXITED(status) ? "exit" : "signal",
-                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), cmd);
+    else
+      rc = tp_internal(d, "the C compiler failed (%s %d): %s", WIFEXITED(status) ? "exit" : "signal",
+                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), cmd);
     free(cmd);
   }
   for (int i = 0; i < a.n; i++) free(a.argv[i]);
@@ -314,7 +320,8 @@ static int auto_slices(TpModule *m, TpPassOptions *o, const TpModelDesc *whole, 
   TpModelDesc desc;
   if (whole) desc = *whole;
   else if (!tp_model_describe(m, T, &desc))
-    return tp_error(d, "--slices auto: cannot read the layer count, width and vocabulary off the model; give the slices");
+    return tp_error(d, "--slices auto: cannot read the layer count, width and vocabulary off the model; give the "
+                       "slices");
   int stages = o->nstages > 1 ? o->nstages : 1, *cuts = NULL;
   int rc = o->stage_cuts ? tp_stage_cuts_parse(o->stage_cuts, desc.layers, &stages, &cuts, d) : TP_OK;
   TpHardware hw;
@@ -337,7 +344,7 @@ static int auto_slices(TpModule *m, TpPassOptions *o, const TpModelDesc *whole, 
   free(cuts);
   if (rc) return rc;
   cm.microbatch_rows = (int)rows; /* the trainer runs microbatches of the token input's rows */
-  int g = 1; /* slice lengths in units of g tokens: at most 256 units */
+  int g = 1;                      /* slice lengths in units of g tokens: at most 256 units */
   while (T / g > 256 || T % g) g++;
   int batch = (int)rows * microbatches;
   TpSliceCost table;
@@ -353,10 +360,13 @@ static int auto_slices(TpModule *m, TpPassOptions *o, const TpModelDesc *whole, 
     o->nslices = plan.mb[0].nslices;
     o->slice_len = len;
     int n = snprintf(note, size, "--slices auto chose");
-    for (int i = 0; i < o->nslices && n < (int)size; i++) n += snprintf(note + n, size - (size_t)n, "%s %lld", i ? "," : "", (long long)len[i]);
+    for (int i = 0; i < o->nslices && n < (int)size; i++)
+      n += snprintf(note + n, size - (size_t)n, "%s %lld", i ? "," : "", (long long)len[i]);
     if (n < (int)size)
-      snprintf(note + n, size - (size_t)n, ": the planner's optimal slicing for %d stage%s%s x %d microbatch%s on the "
-               "%s profile, %.3g s a step", cm.nstages, cm.nstages > 1 ? "s" : "",
+      snprintf(note + n, size - (size_t)n,
+               ": the planner's optimal slicing for %d stage%s%s x %d microbatch%s on the "
+               "%s profile, %.3g s a step",
+               cm.nstages, cm.nstages > 1 ? "s" : "",
                cm.tensor > 1 ? tp_strfmt(m, " x %d tensor ranks", cm.tensor) : "", microbatches,
                microbatches > 1 ? "es" : "", hw.name, plan.time);
   }
@@ -389,10 +399,11 @@ static int grid_list(const char *spec, const char *text, size_t len, int64_t lo,
     errno = 0;
     long long v = strtoll(p, &stop, 10);
     if (stop == p || errno || (stop != end && *stop != ',') || n == 64 || *p == ' ' || *p == '+')
-      cli_usage_error("--profile-grid expects auto or L1,L2,..:C1,C2,.. (slice lengths, then contexts), got '%s'", spec);
+      cli_usage_error("--profile-grid expects auto or L1,L2,..:C1,C2,.. (slice lengths, then contexts), got '%s'",
+                      spec);
     if (v < lo || v > hi)
-      cli_usage_error("--profile-grid %s: %s %lld is not in [%lld, %lld] (the sequence has %lld tokens)", spec, what, v,
-                      (long long)lo, (long long)hi, (long long)(what[0] == 'l' ? hi : hi + 1));
+      cli_usage_error("--profile-grid %s: %s %lld is not in [%lld, %lld] (the sequence has %lld tokens)", spec, what,
+                      v, (long long)lo, (long long)hi, (long long)(what[0] == 'l' ? hi : hi + 1));
     x[n++] = v;
     p = stop + 1;
   }
@@ -407,13 +418,15 @@ static int profile_grid(const char *spec, int64_t T, int64_t *l, int64_t *c) {
   int64_t len[64], ctx[64];
   int nl, nc;
   if (strcmp(spec, "auto") == 0) {
-    int64_t autol[4] = {(T + 4) / 8, (T + 2) / 4, (T + 1) / 2, T}, autoc[4] = {0, (T + 2) / 4, (T + 1) / 2, (3 * T + 2) / 4};
+    int64_t autol[4] = {(T + 4) / 8, (T + 2) / 4, (T + 1) / 2, T},
+            autoc[4] = {0, (T + 2) / 4, (T + 1) / 2, (3 * T + 2) / 4};
     for (int i = 0; i < 4; i++) len[i] = autol[i] < 1 ? 1 : autol[i], ctx[i] = autoc[i];
     nl = unique_sorted(len, 4), nc = unique_sorted(ctx, 4);
   } else {
     const char *colon = strchr(spec, ':');
     if (!colon || strchr(colon + 1, ':'))
-      cli_usage_error("--profile-grid expects auto or L1,L2,..:C1,C2,.. (slice lengths, then contexts), got '%s'", spec);
+      cli_usage_error("--profile-grid expects auto or L1,L2,..:C1,C2,.. (slice lengths, then contexts), got '%s'",
+                      spec);
     nl = grid_list(spec, spec, (size_t)(colon - spec), 1, T, "length", len);
     nc = grid_list(spec, colon + 1, strlen(colon + 1), 0, T - 1, "context", ctx);
   }
@@ -435,8 +448,9 @@ static int profile_grid(const char *spec, int64_t T, int64_t *l, int64_t *c) {
   if (!zero || ctx_points < 4 || ctx_lengths < 2 || ctx_contexts < 2)
     cli_usage_error("--profile-grid %s: its %d point%s with l + c <= %lld give%s %d with c = 0 and %d with c > 0 "
                     "(over %d length%s and %d context%s); the fit needs 1 with c = 0 and 4 with c > 0 over 2 "
-                    "lengths and 2 contexts", spec, n, n == 1 ? "" : "s", (long long)T, n == 1 ? "s" : "", zero,
-                    ctx_points, ctx_lengths, ctx_lengths == 1 ? "" : "s", ctx_contexts, ctx_contexts == 1 ? "" : "s");
+                    "lengths and 2 contexts",
+                    spec, n, n == 1 ? "" : "s", (long long)T, n == 1 ? "s" : "", zero, ctx_points, ctx_lengths,
+                    ctx_lengths == 1 ? "" : "s", ctx_contexts, ctx_contexts == 1 ? "" : "s");
   return n;
 }
 
@@ -466,14 +480,22 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
     if (c[i]) slices[nslices++] = c[i];
     slices[nslices++] = l[i];
     if (c[i] + l[i] < T) slices[nslices++] = T - c[i] - l[i];
-    TpPassOptions po = {.no_retie = o->no_retie, .no_fuse = o->no_fuse, .sliced = nslices > 1, .logits = o->logits,
-                        .freeze = o->freeze, .batch = dims->token_dims[0], .nslices = nslices, .slice_len = slices,
-                        .nstages = S, .stage_cuts = S > 1 ? o->staged_cuts : NULL};
+    TpPassOptions po = {.no_retie = o->no_retie,
+                        .no_fuse = o->no_fuse,
+                        .sliced = nslices > 1,
+                        .logits = o->logits,
+                        .freeze = o->freeze,
+                        .batch = dims->token_dims[0],
+                        .nslices = nslices,
+                        .slice_len = slices,
+                        .nstages = S,
+                        .stage_cuts = S > 1 ? o->staged_cuts : NULL};
     const char *names[TP_MAX_PIPELINE];
     int np = tp_pipeline_passes(&po, names);
     char where[PATH_MAX + 96];
     /* errors name the probe: "model.onnx (--profile-grid point l 4, c 2): ..." */
-    snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i], (long long)c[i]);
+    snprintf(where, sizeof where, "%s (--profile-grid point l %lld, c %lld)", input, (long long)l[i],
+             (long long)c[i]);
     const char *file = d->file;
     d->file = where;
     TpModule *pm = NULL;
@@ -557,7 +579,8 @@ int main(int argc, char **argv) {
       po.no_fuse = true;
     } else if (cli_value(argc, argv, &i, "--slices", &slices)) {
       /* a count is checked against the sequence once the model is read */
-      po.sliced = strcmp(slices, "auto") == 0 || strchr(slices, ',') || cli_int("--slices", slices, 1, INT32_MAX) > 1;
+      po.sliced = strcmp(slices, "auto") == 0 || strchr(slices, ',') ||
+                  cli_int("--slices", slices, 1, INT32_MAX) > 1;
     } else if (cli_pass_option(argc, argv, &i, &po)) {
     } else if (a[0] == '-' && a[1]) {
       cli_usage_error("unknown option '%s'", a);
@@ -574,7 +597,8 @@ int main(int argc, char **argv) {
   if (precision && !tp_target_find(target, precision))
     cli_usage_error("--precision expects %s, got '%s'", tp_target_precisions(target), precision);
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
-  if (exe && strcmp(emit, "c") != 0) cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
+  if (exe && strcmp(emit, "c") != 0)
+    cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
   if (po.forward_only && strcmp(emit, "c") == 0)
     cli_usage_error("--forward-only has no loss to train: use it with --emit=ir, dot or memory");
   if (grid && strcmp(emit, "c") != 0)
@@ -588,8 +612,8 @@ int main(int argc, char **argv) {
   int64_t units = (int64_t)pipe.dp * pipe.microbatches;
   if (batch && batch % units)
     cli_usage_error("--batch %lld is not divisible by --dp %d x --microbatches %d = %lld: every microbatch "
-                    "of every replica needs the same number of rows", (long long)batch, pipe.dp,
-                    pipe.microbatches, (long long)units);
+                    "of every replica needs the same number of rows",
+                    (long long)batch, pipe.dp, pipe.microbatches, (long long)units);
   /* A symbolic batch takes the microbatch's rows at import; the rebatch pass gives them to
    * a model exported with a fixed batch (or to textual IR). */
   if (batch) dims.token_dims[0] = batch / units;
@@ -605,10 +629,11 @@ int main(int argc, char **argv) {
     tp_diag_init(&exe_diag, cli_tool, NULL, stderr);
     if (code_target->device && !*TOKPIPE_CUDA_PLAN_LIBS) {
       tp_error(&exe_diag, "--exe: this tokpipec was built without the CUDA runtime (TOKPIPE_CUDA=OFF); write the "
-               "plan with -o plan.c and build it where tokpipe-cuda is installed");
+                          "plan with -o plan.c and build it where tokpipe-cuda is installed");
       return cli_exit_code(TP_ERR_INPUT);
     }
-    if (tp_check_writable(exe, "--exe", &exe_diag)) /* else the linker fails, as if tokpipec had */ return cli_exit_code(TP_ERR_INPUT);
+    if (tp_check_writable(exe, "--exe", &exe_diag)) /* else the linker fails, as if tokpipec had */
+      return cli_exit_code(TP_ERR_INPUT);
   }
   TpDiag d;
   tp_diag_init(&d, cli_tool, strcmp(input, "-") == 0 ? "<stdin>" : input, stderr);
@@ -617,8 +642,10 @@ int main(int argc, char **argv) {
   int rc = cli_load_module(input, &dims, &m, &d);
   char note[256] = "";
   if (rc == TP_OK && !cli_ends_with(input, ".onnx")) {
-    bool wanted[CLI_RESUME_COUNT] = {[CLI_RESUME_SHARD] = po.tensor > 1, [CLI_RESUME_LOSS] = !po.forward_only,
-                                     [CLI_RESUME_SLICE] = po.sliced, [CLI_RESUME_STAGES] = po.nstages > 1,
+    bool wanted[CLI_RESUME_COUNT] = {[CLI_RESUME_SHARD] = po.tensor > 1,
+                                     [CLI_RESUME_LOSS] = !po.forward_only,
+                                     [CLI_RESUME_SLICE] = po.sliced,
+                                     [CLI_RESUME_STAGES] = po.nstages > 1,
                                      [CLI_RESUME_AUTODIFF] = !po.forward_only};
     rc = cli_resume_after(m, names, &n, wanted, batch != 0, &d);
   }

@@ -49,15 +49,20 @@ int tp_hardware_load(const char *path, TpHardware *hw, TpDiag *d) {
 int tp_hardware_from_json(const TpJson *j, const char *path, TpHardware *hw, TpDiag *d) {
   memset(hw, 0, sizeof *hw);
   int rc = TP_OK;
-  const TpJson *name = tp_json_get(j, "name"), *device = tp_json_get(j, "device"),
-               *dtype = tp_json_get(j, "dtype");
+  const TpJson *name = tp_json_get(j, "name"), *device = tp_json_get(j, "device"), *dtype = tp_json_get(j, "dtype");
   double per_node = 0, flops = 0, kernel_us = 0;
   /* generous bounds (a petabyte, a petabyte per second, a second of latency), so that every
    * cost computed from them stays finite (nothing is divided by less than MIN_FIELD) */
-  const struct { const char *key; double *dst, max; } num[] = {
-      {"devices_per_node", &per_node, 65536},         {"memory_bytes", &hw->memory_bytes, 1e15},
-      {"gemm_efficiency", &hw->gemm_efficiency, 1},  {"gemm_half_rows", &hw->gemm_half_rows, 1e9},
-      {"memory_bandwidth", &hw->mem_bandwidth, 1e15}, {"kernel_overhead_us", &kernel_us, 1e6},
+  const struct {
+    const char *key;
+    double *dst, max;
+  } num[] = {
+      {"devices_per_node", &per_node, 65536},
+      {"memory_bytes", &hw->memory_bytes, 1e15},
+      {"gemm_efficiency", &hw->gemm_efficiency, 1},
+      {"gemm_half_rows", &hw->gemm_half_rows, 1e9},
+      {"memory_bandwidth", &hw->mem_bandwidth, 1e15},
+      {"kernel_overhead_us", &kernel_us, 1e6},
       {"intra_node.bandwidth", &hw->intra_bandwidth, 1e15},
       {"intra_node.latency_us", &hw->intra_latency_s, 1e6},
       {"inter_node.bandwidth", &hw->inter_bandwidth, 1e15},
@@ -79,8 +84,13 @@ int tp_hardware_from_json(const TpJson *j, const char *path, TpHardware *hw, TpD
   snprintf(hw->device, sizeof hw->device, "%s",
            device && device->kind == TP_JSON_STRING ? device->string : name->string);
   snprintf(hw->dtype, sizeof hw->dtype, "%s", dtype->string);
-  hw->dtype_bytes = !strcmp(hw->dtype, "fp32") ? 4 : !strcmp(hw->dtype, "fp16") || !strcmp(hw->dtype, "bf16") ? 2 : 0;
-  if (!hw->dtype_bytes) { rc = profile_error(d, path, "\"dtype\" must be fp16, bf16 or fp32"); goto done; }
+  hw->dtype_bytes = !strcmp(hw->dtype, "fp32")                                 ? 4
+                    : !strcmp(hw->dtype, "fp16") || !strcmp(hw->dtype, "bf16") ? 2
+                                                                               : 0;
+  if (!hw->dtype_bytes) {
+    rc = profile_error(d, path, "\"dtype\" must be fp16, bf16 or fp32");
+    goto done;
+  }
   if (!field(tp_json_get(j, "peak_flops"), hw->dtype, 1e18, false, &flops)) {
     rc = profile_error(d, path, "\"peak_flops\" has no entry in [1e-06, 1e+18] for the training dtype");
     goto done;
@@ -96,8 +106,7 @@ done:
 
 int tp_hardware_find(const char *name, const char *dirs, TpHardware *hw, TpDiag *d) {
   size_t n = strlen(name);
-  if (strchr(name, '/') || (n > 5 && !strcmp(name + n - 5, ".json")))
-    return tp_hardware_load(name, hw, d);
+  if (strchr(name, '/') || (n > 5 && !strcmp(name + n - 5, ".json"))) return tp_hardware_load(name, hw, d);
   char known[512] = "";
   const char *p = dirs ? dirs : "";
   while (*p) {
@@ -111,8 +120,7 @@ int tp_hardware_find(const char *name, const char *dirs, TpHardware *hw, TpDiag 
     DIR *dd = opendir(dir);
     for (struct dirent *e; dd && (e = readdir(dd));) {
       size_t len = strlen(e->d_name);
-      if (len > 5 && !strcmp(e->d_name + len - 5, ".json") &&
-          strlen(known) + len < sizeof known - 8) {
+      if (len > 5 && !strcmp(e->d_name + len - 5, ".json") && strlen(known) + len < sizeof known - 8) {
         if (known[0]) strcat(known, ", ");
         strncat(known, e->d_name, len - 5);
       }
@@ -132,8 +140,7 @@ void tp_profile_dirs(const char *builtin, char *out, size_t size) {
   if (slash) {
     *slash = 0; /* PREFIX/bin */
     snprintf(out, size, "%s:%s/../share/tokpipec/profiles", builtin, exe);
-  } else
-    snprintf(out, size, "%s", builtin);
+  } else snprintf(out, size, "%s", builtin);
 }
 
 /* ---- models ---- */
@@ -145,7 +152,6 @@ static const TpModelDesc builtin_models[] = {
     {"GPT3-44B", 96, 6144, 48, 2048, 50257, 4 * 6144},
     {"GPT3-175B", 96, 12288, 96, 2048, 50257, 4 * 12288},
 };
-
 
 /* The transformer's sizes, read off a raised module (after raise-transformer; trained,
  * staged or sliced too): layers = Attention ops (of one slice), hidden and heads from the
@@ -198,8 +204,10 @@ int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
       return TP_OK;
     }
   if (!strchr(spec, '='))
-    return tp_error(d, "unknown model '%s' (built in: gpt3-1b, gpt3-13b, gpt3-44b, gpt3-175b; "
-                       "or layers=L,hidden=H,heads=A,seq=T,vocab=V)", spec);
+    return tp_error(d,
+                    "unknown model '%s' (built in: gpt3-1b, gpt3-13b, gpt3-44b, gpt3-175b; "
+                    "or layers=L,hidden=H,heads=A,seq=T,vocab=V)",
+                    spec);
   memset(m, 0, sizeof *m);
   snprintf(m->name, sizeof m->name, "custom");
   char *copy = strdup(spec), *save = NULL;
@@ -218,9 +226,13 @@ int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
       break;
     }
     *eq = 0;
-    int *dst = !strcmp(kv, "layers") ? &m->layers : !strcmp(kv, "hidden") ? &m->hidden
-             : !strcmp(kv, "heads") ? &m->heads : !strcmp(kv, "seq") ? &m->seq
-             : !strcmp(kv, "vocab") ? &m->vocab : !strcmp(kv, "ffn") ? &m->ffn : NULL;
+    int *dst = !strcmp(kv, "layers")   ? &m->layers
+               : !strcmp(kv, "hidden") ? &m->hidden
+               : !strcmp(kv, "heads")  ? &m->heads
+               : !strcmp(kv, "seq")    ? &m->seq
+               : !strcmp(kv, "vocab")  ? &m->vocab
+               : !strcmp(kv, "ffn")    ? &m->ffn
+                                       : NULL;
     if (!dst) rc = tp_error(d, "model description: unknown key '%s' (layers, hidden, heads, seq, vocab, ffn)", kv);
     else if (*dst) rc = tp_error(d, "model description: '%s' is given twice", kv);
     else *dst = (int)v;
@@ -237,8 +249,8 @@ int tp_model_parse(const char *spec, TpModelDesc *m, TpDiag *d) {
 
 /* ---- the cost model ---- */
 
-int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc *m,
-                       int pipeline, int tensor, int data, TpDiag *d) {
+int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc *m, int pipeline, int tensor,
+                       int data, TpDiag *d) {
   memset(cm, 0, sizeof *cm);
   cm->hw = *hw;
   cm->model = *m;
@@ -255,11 +267,13 @@ int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc 
   if (m->layers % pipeline)
     return tp_error(d, "%d layers are not divisible into %d pipeline stages", m->layers, pipeline);
   if (m->heads % tensor || m->ffn % tensor)
-    return tp_error(d, "tensor-parallel degree %d does not divide %s %d", tensor, m->heads % tensor ? "heads" : "ffn",
-                    m->heads % tensor ? m->heads : m->ffn);
+    return tp_error(d, "tensor-parallel degree %d does not divide %s %d", tensor,
+                    m->heads % tensor ? "heads" : "ffn", m->heads % tensor ? m->heads : m->ffn);
   if (m->vocab < tensor)
-    return tp_error(d, "tensor-parallel degree %d is more than the vocabulary of %d: every tensor rank holds at "
-                    "least one row of the embedding and the head", tensor, m->vocab);
+    return tp_error(d,
+                    "tensor-parallel degree %d is more than the vocabulary of %d: every tensor rank holds at "
+                    "least one row of the embedding and the head",
+                    tensor, m->vocab);
   cm->nstages = pipeline;
   int cuts[TP_MAX_STAGES];
   for (int k = 0; k < pipeline; k++) cuts[k] = k * (m->layers / pipeline);
@@ -275,16 +289,16 @@ void tp_cost_model_set_cuts(TpCostModel *cm, const int *cuts) {
   }
 }
 
-static void add(TpKernel *out, int *n, const char *name, TpKernelKind kind, double flops,
-                double bytes, double rows) {
+static void add(TpKernel *out, int *n, const char *name, TpKernelKind kind, double flops, double bytes,
+                double rows) {
   TP_ASSERT(*n < TP_MAX_KERNELS);
   out[(*n)++] = (TpKernel){name, kind, flops, bytes, rows};
 }
 
 /* A GEMM (rows x in) @ (in x out): forward, or its two backward GEMMs (input gradient and
  * weight gradient, the latter accumulating into the gradient buffer). */
-static void gemm(TpKernel *out, int *n, const char *name, double rows, double in, double out_,
-                 double db, bool backward) {
+static void gemm(TpKernel *out, int *n, const char *name, double rows, double in, double out_, double db,
+                 bool backward) {
   double flops = 2 * rows * in * out_;
   if (!backward) {
     add(out, n, name, TP_KERNEL_GEMM, flops, db * (rows * in + in * out_ + rows * out_), rows);
@@ -349,11 +363,9 @@ double tp_kernel_time(const TpCostModel *cm, const TpKernel *k) {
   case TP_KERNEL_MEMORY: return hw->kernel_overhead_s + memory;
   case TP_KERNEL_ALLREDUCE:
     if (cm->tensor <= hw->devices_per_node)
-      return hw->kernel_overhead_s + allreduce_time(k->bytes, cm->tensor, hw->intra_bandwidth,
-                                                    hw->intra_latency_s);
-    return hw->kernel_overhead_s + allreduce_time(k->bytes, cm->tensor,
-                                                  hw->inter_bandwidth / hw->devices_per_node,
-                                                  hw->inter_latency_s);
+      return hw->kernel_overhead_s + allreduce_time(k->bytes, cm->tensor, hw->intra_bandwidth, hw->intra_latency_s);
+    return hw->kernel_overhead_s +
+           allreduce_time(k->bytes, cm->tensor, hw->inter_bandwidth / hw->devices_per_node, hw->inter_latency_s);
   }
   TP_ASSERT(0);
 }
@@ -393,12 +405,10 @@ static TpTime edge_time(const TpCostModel *cm, const TpStage *s, int b, int l) {
       n = 0;
       add(k, &n, "layernorm_f", TP_KERNEL_MEMORY, 8 * tokens * h, (bw ? 3 : 2) * tokens * h * db, 0);
       gemm(k, &n, "lm_head", tokens, h, vocab, db, bw);
-      add(k, &n, "cross_entropy", TP_KERNEL_MEMORY, 5 * tokens * vocab,
-          tokens * vocab * (db + 4) * (bw ? 1.5 : 1), 0);
-      if (cm->tensor > 1 && !bw)
-        add(k, &n, "allreduce_loss", TP_KERNEL_ALLREDUCE, 0, 3 * tokens * 4, 0);
-      if (cm->tensor > 1 && bw)
-        add(k, &n, "allreduce_head", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
+      add(k, &n, "cross_entropy", TP_KERNEL_MEMORY, 5 * tokens * vocab, tokens * vocab * (db + 4) * (bw ? 1.5 : 1),
+          0);
+      if (cm->tensor > 1 && !bw) add(k, &n, "allreduce_loss", TP_KERNEL_ALLREDUCE, 0, 3 * tokens * 4, 0);
+      if (cm->tensor > 1 && bw) add(k, &n, "allreduce_head", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
       *(bw ? &t.bwd : &t.fwd) += kernels_time(cm, k, n);
     }
   }
@@ -433,8 +443,7 @@ TpTime tp_stage_time(const TpCostModel *cm, int k, int b, int l, int c) {
  * devices_per_node consecutive devices. */
 bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k) {
   int per_node = cm->hw.devices_per_node;
-  return (k * cm->tensor) / per_node != ((k + 1) * cm->tensor) / per_node ||
-         (cm->tensor > per_node);
+  return (k * cm->tensor) / per_node != ((k + 1) * cm->tensor) / per_node || (cm->tensor > per_node);
 }
 
 /* The activation's tensor-parallel devices each send their 1/t share; across nodes all
@@ -480,9 +489,7 @@ double tp_optimizer_time(const TpCostModel *cm, int k) {
   return cm->hw.kernel_overhead_s + 32 * tp_stage_params(cm, k) / cm->hw.mem_bandwidth;
 }
 
-double tp_stage_static_bytes(const TpCostModel *cm, int k) {
-  return tp_stage_params(cm, k) * cm->param_state_bytes;
-}
+double tp_stage_static_bytes(const TpCostModel *cm, int k) { return tp_stage_params(cm, k) * cm->param_state_bytes; }
 
 /* Per layer, kept from a unit's forward to its backward (Korthikanti et al.'s count for
  * fp16 without sequence parallelism: tokens*h*(10 + 24/t) + 5 * attention scores);
@@ -504,8 +511,7 @@ double tp_unit_activation_bytes(const TpCostModel *cm, int k, int b, int l, int 
 
 double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b) {
   const TpModelDesc *m = &cm->model;
-  return cm->stage[k].layers * 2.0 * b * m->seq * ((double)m->hidden / cm->tensor) *
-         cm->hw.dtype_bytes;
+  return cm->stage[k].layers * 2.0 * b * m->seq * ((double)m->hidden / cm->tensor) * cm->hw.dtype_bytes;
 }
 
 /* ---- calibration ---- */
@@ -571,7 +577,8 @@ int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag
                *cuts = tp_json_get(j, "stage_cuts"), *opt = tp_json_get(j, "optimizer"),
                *drift = tp_json_get(j, "drift");
   int version = 1;
-  if (j->kind != TP_JSON_OBJECT || (format && (format->kind != TP_JSON_STRING || strcmp(format->string, "tokpipe-profile")))) {
+  if (j->kind != TP_JSON_OBJECT ||
+      (format && (format->kind != TP_JSON_STRING || strcmp(format->string, "tokpipe-profile")))) {
     rc = tp_error(d, "profile %s: not a tokpipe profile (\"format\" must be \"tokpipe-profile\")", path);
     goto done;
   }
@@ -579,9 +586,14 @@ int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag
     rc = tp_error(d, "profile %s: unsupported \"version\" (this reader knows 1)", path);
     goto done;
   }
-  const struct { const char *key; int *dst, max; } ints[] = {
-      {"threads", &p->threads, 1 << 20}, {"ranks", &p->ranks, 1 << 24}, {"stages", &p->stages, TP_MAX_STAGES},
-      {"batch", &p->batch, TP_MAX_MICROBATCH}, {"seq", &p->seq, TP_MAX_SEQ}};
+  const struct {
+    const char *key;
+    int *dst, max;
+  } ints[] = {{"threads", &p->threads, 1 << 20},
+              {"ranks", &p->ranks, 1 << 24},
+              {"stages", &p->stages, TP_MAX_STAGES},
+              {"batch", &p->batch, TP_MAX_MICROBATCH},
+              {"seq", &p->seq, TP_MAX_SEQ}};
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
     if (!int_field(j, ints[i].key, 1, ints[i].max, ints[i].dst)) {
       rc = tp_error(d, "profile %s: \"%s\" must be an integer in [1, %d]", path, ints[i].key, ints[i].max);
@@ -616,8 +628,10 @@ int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag
       if (ok) p->cuts[k] = (int)v->number;
     }
     if (!ok) {
-      rc = tp_error(d, "profile %s: \"stage_cuts\" must list the first layer of each of the %d stages (0, then "
-                       "increasing)", path, p->stages);
+      rc = tp_error(d,
+                    "profile %s: \"stage_cuts\" must list the first layer of each of the %d stages (0, then "
+                    "increasing)",
+                    path, p->stages);
       goto done;
     }
   }
@@ -625,7 +639,8 @@ int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag
     bool ok = opt->kind == TP_JSON_ARRAY && opt->count == p->stages;
     p->optimizer = calloc((size_t)p->stages, sizeof *p->optimizer);
     for (int k = 0; ok && k < p->stages; k++) {
-      ok = opt->items[k].kind == TP_JSON_NUMBER && opt->items[k].number >= 0 && opt->items[k].number <= TP_MAX_SECONDS;
+      ok = opt->items[k].kind == TP_JSON_NUMBER && opt->items[k].number >= 0 &&
+           opt->items[k].number <= TP_MAX_SECONDS;
       if (ok) p->optimizer[k] = opt->items[k].number;
     }
     if (!ok) {
@@ -636,8 +651,10 @@ int tp_profile_from_json(const TpJson *j, const char *path, TpProfile *p, TpDiag
   }
   p->drift = -1;
   if (drift && (drift->kind != TP_JSON_NUMBER || !(drift->number >= 0 && drift->number <= 1000))) {
-    rc = tp_error(d, "profile %s: \"drift\" must be a number in [0, 1000] (the upper / lower quartile of the "
-                     "timed passes over the grid - 1)", path);
+    rc = tp_error(d,
+                  "profile %s: \"drift\" must be a number in [0, 1000] (the upper / lower quartile of the "
+                  "timed passes over the grid - 1)",
+                  path);
     goto done;
   }
   if (drift) p->drift = drift->number;
@@ -667,8 +684,14 @@ static bool solve4(double A[4][4], double y[4], double x[4]) {
     for (int r = col + 1; r < 4; r++)
       if (fabs(A[r][col]) > fabs(A[piv][col])) piv = r;
     if (fabs(A[piv][col]) < 1e-300) return false;
-    for (int k = 0; k < 4; k++) { double tmp = A[col][k]; A[col][k] = A[piv][k]; A[piv][k] = tmp; }
-    double tmp = y[col]; y[col] = y[piv]; y[piv] = tmp;
+    for (int k = 0; k < 4; k++) {
+      double tmp = A[col][k];
+      A[col][k] = A[piv][k];
+      A[piv][k] = tmp;
+    }
+    double tmp = y[col];
+    y[col] = y[piv];
+    y[piv] = tmp;
     for (int r = col + 1; r < 4; r++) {
       double f = A[r][col] / A[col][col];
       for (int k = col; k < 4; k++) A[r][k] -= f * A[col][k];
@@ -731,8 +754,10 @@ int tp_fit_samples(const TpSample *s, int n, int b, TpFit *fit, TpDiag *d) {
   }
   if (nctx < 4 || !solve4(A, y, fit->a)) {
     tp_fit_free(fit);
-    return tp_error(d, "microbatch size %d needs samples with c > 0 at two or more lengths "
-                       "and contexts to fit t_ctx", b);
+    return tp_error(d,
+                    "microbatch size %d needs samples with c > 0 at two or more lengths "
+                    "and contexts to fit t_ctx",
+                    b);
   }
   double sq = 0;
   for (int i = 0; i < n; i++) {
@@ -799,8 +824,7 @@ int tp_calibrate(const TpProfile *p, const char *path, TpCalibration *cal, TpDia
         s[n] = *x;
         s[n++].seconds = q == 0 ? x->forward : q == 1 ? x->backward : x->seconds;
       }
-      if (!n)
-        rc = tp_error(d, "profile %s: no samples of stage %d with microbatch size %d", path, k, b);
+      if (!n) rc = tp_error(d, "profile %s: no samples of stage %d with microbatch size %d", path, k, b);
       else if (tp_fit_samples(s, n, b, q == 1 ? &cal->bwd[k] : &cal->fwd[k], &quiet))
         rc = tp_error(d, "profile %s: stage %d %s: %s", path, k, quantity_names[q], quiet.last);
     }

@@ -21,14 +21,14 @@
 typedef struct {
   char name[64], device[256];
   int devices_per_node;
-  double memory_bytes;       /* per device */
-  char dtype[8];             /* training dtype: "fp16", "bf16" or "fp32" */
+  double memory_bytes; /* per device */
+  char dtype[8];       /* training dtype: "fp16", "bf16" or "fp32" */
   int dtype_bytes;
-  double peak_flops;         /* dense peak of the training dtype, FLOP/s */
-  double gemm_efficiency;    /* fraction of peak large GEMMs sustain */
-  double gemm_half_rows;     /* GEMM rows (tokens) at which half of that is reached */
-  double mem_bandwidth;      /* sustained bytes/s */
-  double kernel_overhead_s;  /* per kernel: launch plus framework dispatch */
+  double peak_flops;                       /* dense peak of the training dtype, FLOP/s */
+  double gemm_efficiency;                  /* fraction of peak large GEMMs sustain */
+  double gemm_half_rows;                   /* GEMM rows (tokens) at which half of that is reached */
+  double mem_bandwidth;                    /* sustained bytes/s */
+  double kernel_overhead_s;                /* per kernel: launch plus framework dispatch */
   double intra_bandwidth, intra_latency_s; /* device to device inside a node, per device */
   double inter_bandwidth, inter_latency_s; /* node to node, per node (shared) */
 } TpHardware;
@@ -86,19 +86,19 @@ typedef struct {
   int pipeline, tensor, data;
   int nstages;
   TpStage stage[TP_MAX_STAGES];
-  bool recompute;            /* activation checkpointing: keep stage inputs only, redo
+  bool recompute;                  /* activation checkpointing: keep stage inputs only, redo
                                 the forward in backward */
-  bool uniform_stages;       /* price every stage like a middle one (the paper's model) */
-  double param_state_bytes;  /* weights + gradients + optimizer state per parameter */
+  bool uniform_stages;             /* price every stage like a middle one (the paper's model) */
+  double param_state_bytes;        /* weights + gradients + optimizer state per parameter */
   const struct TpCalibration *cal; /* measured stage and optimizer times, or NULL */
-  int microbatch_rows;       /* > 0: the only microbatch size that can run (the profiled one, a
+  int microbatch_rows;             /* > 0: the only microbatch size that can run (the profiled one, a
                                 compiled plan's); others are not priced */
 } TpCostModel;
 
 /* Sets up cm with stages of equal layer counts; layers not divisible by pipeline is an
  * input error. */
-int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc *m,
-                       int pipeline, int tensor, int data, TpDiag *d);
+int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc *m, int pipeline, int tensor,
+                       int data, TpDiag *d);
 /* Replaces the stage cuts: cuts[k] = first layer of stage k (cuts[0] = 0, increasing). */
 void tp_cost_model_set_cuts(TpCostModel *cm, const int *cuts);
 
@@ -116,7 +116,9 @@ enum { TP_MAX_KERNELS = 48 };
 int tp_layer_kernels(const TpCostModel *cm, int b, int l, int c, bool backward, TpKernel *out);
 double tp_kernel_time(const TpCostModel *cm, const TpKernel *k);
 
-typedef struct { double fwd, bwd; } TpTime;
+typedef struct {
+  double fwd, bwd;
+} TpTime;
 /* One layer, and one whole stage (its layers plus embedding / head), for b sequences,
  * a slice of l tokens with context c. Calibrated: the stage's fitted times, INFINITY for
  * a microbatch size other than the profiled one. */
@@ -130,8 +132,8 @@ double tp_grad_allreduce_time(const TpCostModel *cm, int k);
 double tp_optimizer_time(const TpCostModel *cm, int k); /* calibrated: measured */
 
 /* Memory of stage k on one device. */
-double tp_stage_params(const TpCostModel *cm, int k);          /* parameters on a device */
-double tp_stage_static_bytes(const TpCostModel *cm, int k);    /* weights + grads + state */
+double tp_stage_params(const TpCostModel *cm, int k);       /* parameters on a device */
+double tp_stage_static_bytes(const TpCostModel *cm, int k); /* weights + grads + state */
 double tp_unit_activation_bytes(const TpCostModel *cm, int k, int b, int l, int c);
 double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full length */
 
@@ -159,7 +161,7 @@ typedef struct {
   int b, l, c;
   double seconds;
   int stage;
-  bool split;              /* forward and backward measured separately */
+  bool split; /* forward and backward measured separately */
   double forward, backward;
 } TpSample;
 
@@ -168,13 +170,13 @@ typedef struct {
 typedef struct {
   char device[256], model[256];
   int threads, ranks, stages, batch, seq;
-  double parameters;       /* the profiled model's parameter count; 0 when absent */
-  int *cuts;               /* [stages] first layer of each stage */
-  double *optimizer;       /* [stages] seconds of one AdamW step */
-  double drift;            /* the passes' spread, -1 when absent */
+  double parameters; /* the profiled model's parameter count; 0 when absent */
+  int *cuts;         /* [stages] first layer of each stage */
+  double *optimizer; /* [stages] seconds of one AdamW step */
+  double drift;      /* the passes' spread, -1 when absent */
   TpSample *samples;
   int nsamples;
-  bool split;              /* every sample has forward and backward */
+  bool split; /* every sample has forward and backward */
 } TpProfile;
 /* Reads and checks a profile: one error naming the file (and the sample) for bad input. */
 int tp_profile_load(const char *path, TpProfile *p, TpDiag *d);
@@ -184,9 +186,9 @@ void tp_profile_free(TpProfile *p);
 typedef struct {
   int b;
   int nlen;
-  int *len;        /* measured lengths with c = 0, increasing */
-  double *t0;      /* t(len[i], 0), mean of repeats */
-  double a[4];     /* t_ctx = a0 + a1*l + a2*c + a3*l*c */
+  int *len;    /* measured lengths with c = 0, increasing */
+  double *t0;  /* t(len[i], 0), mean of repeats */
+  double a[4]; /* t_ctx = a0 + a1*l + a2*c + a3*l*c */
   int nsamples;
   double rms_rel_err, max_rel_err; /* of the fitted t(l,c) over this b's samples */
 } TpFit;
@@ -203,12 +205,12 @@ void tp_fit_free(TpFit *f);
  * optimizer step per stage where the profile has it. Transfers and memory stay analytic
  * (the hardware profile). */
 typedef struct TpCalibration {
-  int b;                /* the profiled microbatch size: the only one priced */
+  int b; /* the profiled microbatch size: the only one priced */
   int nstages;
-  bool split;           /* forward/backward measured apart; else fwd fits their sum,
+  bool split;        /* forward/backward measured apart; else fwd fits their sum,
                            divided by the analytic model's forward:backward ratio */
-  TpFit *fwd, *bwd;     /* [nstages] (bwd unused unless split) */
-  double *optimizer;    /* [nstages] or NULL */
+  TpFit *fwd, *bwd;  /* [nstages] (bwd unused unless split) */
+  double *optimizer; /* [nstages] or NULL */
 } TpCalibration;
 /* Fits every stage of the profile (errors name the file, stage and quantity). */
 int tp_calibrate(const TpProfile *p, const char *path, TpCalibration *cal, TpDiag *d);

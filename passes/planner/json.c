@@ -24,8 +24,7 @@ static bool fail(Parser *ps, const char *what) {
 }
 
 static void skip_space(Parser *ps) {
-  while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
-    ps->p++;
+  while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) ps->p++;
 }
 
 static bool literal(Parser *ps, const char *word) {
@@ -45,8 +44,14 @@ static bool parse_string(Parser *ps, char **out) {
   while (ps->p < ps->end && *ps->p != '"') {
     char c = *ps->p;
     size_t len = tp_utf8_length(ps->p, (size_t)(ps->end - ps->p));
-    if ((unsigned char)c < 0x20) { free(s); return fail(ps, "control character in string"); }
-    if (!len) { free(s); return fail(ps, "invalid UTF-8 in string"); }
+    if ((unsigned char)c < 0x20) {
+      free(s);
+      return fail(ps, "control character in string");
+    }
+    if (!len) {
+      free(s);
+      return fail(ps, "invalid UTF-8 in string");
+    }
     if (len > 1) { /* copied whole */
       if (n + len + 1 > cap) s = realloc(s, cap = 2 * cap + len);
       TP_ASSERT(s);
@@ -65,14 +70,21 @@ static bool parse_string(Parser *ps, char **out) {
       case 'r': c = '\r'; break;
       case 'b': c = '\b'; break;
       case 'f': c = '\f'; break;
-      case '"': case '\\': case '/': c = e; break;
+      case '"':
+      case '\\':
+      case '/': c = e; break;
       case 'u': {
         unsigned v = 0;
         for (int i = 0; i < 4; i++) {
           char h = ps->p < ps->end ? *ps->p++ : 0;
-          int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
-          if (d < 0) { free(s); return fail(ps, "bad \\u escape"); }
+          int d = h >= '0' && h <= '9'   ? h - '0'
+                  : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                  : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                         : -1;
+          if (d < 0) {
+            free(s);
+            return fail(ps, "bad \\u escape");
+          }
           v = v * 16 + (unsigned)d;
         }
         c = v < 0x80 ? (char)v : '?';
@@ -85,16 +97,17 @@ static bool parse_string(Parser *ps, char **out) {
     TP_ASSERT(s);
     s[n++] = c;
   }
-  if (ps->p >= ps->end) { free(s); return fail(ps, "unterminated string"); }
+  if (ps->p >= ps->end) {
+    free(s);
+    return fail(ps, "unterminated string");
+  }
   ps->p++;
   s[n] = 0;
   *out = s;
   return true;
 }
 
-static int compare_keys(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int compare_keys(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Two members of one object with the same name: which one a reader takes would be a guess.
  * Sorted copies of the names, so a large object costs n log n. */
@@ -124,7 +137,10 @@ static bool parse_items(Parser *ps, TpJson *v, char close, bool keyed) {
   ps->p++;
   int cap = 0;
   skip_space(ps);
-  if (ps->p < ps->end && *ps->p == close) { ps->p++; return true; }
+  if (ps->p < ps->end && *ps->p == close) {
+    ps->p++;
+    return true;
+  }
   for (;;) {
     if (v->count == cap) {
       cap = cap ? cap * 2 : 8;
@@ -138,14 +154,23 @@ static bool parse_items(Parser *ps, TpJson *v, char close, bool keyed) {
       if (ps->p >= ps->end || *ps->p != '"') return fail(ps, "expected a member name");
       if (!parse_string(ps, &item->key)) return false;
       skip_space(ps);
-      if (ps->p >= ps->end || *ps->p != ':') { free(item->key); return fail(ps, "expected ':'"); }
+      if (ps->p >= ps->end || *ps->p != ':') {
+        free(item->key);
+        return fail(ps, "expected ':'");
+      }
       ps->p++;
     }
     v->count++; /* counted before parsing so a failure frees what was read */
     if (!parse_value(ps, item)) return false;
     skip_space(ps);
-    if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-    if (ps->p < ps->end && *ps->p == close) { ps->p++; return !keyed || check_duplicates(ps, v); }
+    if (ps->p < ps->end && *ps->p == ',') {
+      ps->p++;
+      continue;
+    }
+    if (ps->p < ps->end && *ps->p == close) {
+      ps->p++;
+      return !keyed || check_duplicates(ps, v);
+    }
     return fail(ps, keyed ? "expected ',' or '}'" : "expected ',' or ']'");
   }
 }
@@ -191,12 +216,20 @@ static bool parse_value(Parser *ps, TpJson *v) {
   if (++ps->depth > 64) return fail(ps, "nesting deeper than 64");
   bool ok = true;
   char c = *ps->p;
-  if (c == '{') { v->kind = TP_JSON_OBJECT; ok = parse_items(ps, v, '}', true); }
-  else if (c == '[') { v->kind = TP_JSON_ARRAY; ok = parse_items(ps, v, ']', false); }
-  else if (c == '"') { v->kind = TP_JSON_STRING; ok = parse_string(ps, &v->string); }
-  else if (literal(ps, "null")) v->kind = TP_JSON_NULL;
-  else if (literal(ps, "true")) { v->kind = TP_JSON_BOOL; v->number = 1; }
-  else if (literal(ps, "false")) v->kind = TP_JSON_BOOL;
+  if (c == '{') {
+    v->kind = TP_JSON_OBJECT;
+    ok = parse_items(ps, v, '}', true);
+  } else if (c == '[') {
+    v->kind = TP_JSON_ARRAY;
+    ok = parse_items(ps, v, ']', false);
+  } else if (c == '"') {
+    v->kind = TP_JSON_STRING;
+    ok = parse_string(ps, &v->string);
+  } else if (literal(ps, "null")) v->kind = TP_JSON_NULL;
+  else if (literal(ps, "true")) {
+    v->kind = TP_JSON_BOOL;
+    v->number = 1;
+  } else if (literal(ps, "false")) v->kind = TP_JSON_BOOL;
   else if (c == '-' || (c >= '0' && c <= '9')) ok = parse_number(ps, v);
   else ok = fail(ps, "unexpected character");
   ps->depth--;
@@ -224,7 +257,10 @@ TpJson *tp_json_parse(const char *text, size_t len, char *err, size_t errsize) {
     skip_space(&ps);
     if (ps.p != ps.end) ok = fail(&ps, "text after the JSON value");
   }
-  if (!ok) { tp_json_free(root); return NULL; }
+  if (!ok) {
+    tp_json_free(root);
+    return NULL;
+  }
   return root;
 }
 

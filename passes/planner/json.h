@@ -10,16 +10,22 @@
 
 #include "../../base/diag.h" /* tp_json_write_string */
 
-typedef enum { TP_JSON_NULL, TP_JSON_BOOL, TP_JSON_NUMBER, TP_JSON_STRING, TP_JSON_ARRAY,
-               TP_JSON_OBJECT } TpJsonKind;
+typedef enum {
+  TP_JSON_NULL,
+  TP_JSON_BOOL,
+  TP_JSON_NUMBER,
+  TP_JSON_STRING,
+  TP_JSON_ARRAY,
+  TP_JSON_OBJECT
+} TpJsonKind;
 
 typedef struct TpJson TpJson;
 struct TpJson {
   TpJsonKind kind;
-  double number;  /* NUMBER; BOOL as 0/1 */
-  char *string;   /* STRING */
-  char *key;      /* the member name when inside an object */
-  TpJson *items;  /* ARRAY elements / OBJECT members */
+  double number; /* NUMBER; BOOL as 0/1 */
+  char *string;  /* STRING */
+  char *key;     /* the member name when inside an object */
+  TpJson *items; /* ARRAY elements / OBJECT members */
   int count;
 };
 

@@ -21,8 +21,8 @@ static double slice_seconds(const TpCostModel *cm, int b, int l, int c) {
   return worst + 2 * send;
 }
 
-void tp_model_slice_cost(const TpCostModel *cm, int batch, int g, TpSliceCost *t,
-                         double *rms_rel_err, double *max_rel_err) {
+void tp_model_slice_cost(const TpCostModel *cm, int batch, int g, TpSliceCost *t, double *rms_rel_err,
+                         double *max_rel_err) {
   int n = cm->model.seq / g;
   tp_slice_cost_init(t, TP_COST_SEPARABLE, batch, n, g);
   /* contexts and lengths on a geometric grid (in units) for the t_ctx fit */
@@ -123,8 +123,8 @@ int tp_plan_check_units(int64_t units, int stages, TpDiag *d) {
   return TP_OK;
 }
 
-int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
-                     TpSchedule *sched, TpSimResult *r, TpDiag *d) {
+int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record, TpSchedule *sched, TpSimResult *r,
+                     TpDiag *d) {
   memset(sched, 0, sizeof *sched);
   memset(r, 0, sizeof *r);
   int64_t units = 0;
@@ -175,15 +175,16 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
   if (g < 1 || cm->model.seq % g)
     return tp_error(d, "granularity %d does not divide the sequence length %d", g, cm->model.seq);
   if (cm->cal && B % cm->cal->b)
-    return tp_error(d, "batch per pipeline replica %d is not a multiple of the profiled microbatch size %d",
-                    B, cm->cal->b);
+    return tp_error(d, "batch per pipeline replica %d is not a multiple of the profiled microbatch size %d", B,
+                    cm->cal->b);
   int n = cm->model.seq / g, rc = tp_slicing_check_size(B, n, d);
   if (rc) return rc;
   /* every candidate plan has at most B x n units */
   if ((int64_t)B * n * cm->nstages > TP_PLAN_MAX_UNIT_STAGES)
-    return tp_error(d, "batch per pipeline replica %d x %d slice units x %d stages = %lld, more than the simulation "
-                       "takes (%d): a smaller batch per replica or a coarser granularity", B, n, cm->nstages,
-                    (long long)B * n * cm->nstages, TP_PLAN_MAX_UNIT_STAGES);
+    return tp_error(d,
+                    "batch per pipeline replica %d x %d slice units x %d stages = %lld, more than the simulation "
+                    "takes (%d): a smaller batch per replica or a coarser granularity",
+                    B, n, cm->nstages, (long long)B * n * cm->nstages, TP_PLAN_MAX_UNIT_STAGES);
   TpSliceCost table;
   tp_model_slice_cost(cm, B, g, &table, &out->fit_rms_rel_err, &out->fit_max_rel_err);
   rc = tp_slice_cost_finish(&table, d); /* a calibrated fit can price a slice below zero */
@@ -232,8 +233,7 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
       TpSliceCost only = table;
       size_t rows = ((size_t)B + 1) * ((size_t)n + 1);
       only.t0 = malloc(rows * sizeof(double));
-      for (size_t i = 0; i < rows; i++)
-        only.t0[i] = i / ((size_t)n + 1) == (size_t)mb ? table.t0[i] : INFINITY;
+      for (size_t i = 0; i < rows; i++) only.t0[i] = i / ((size_t)n + 1) == (size_t)mb ? table.t0[i] : INFINITY;
       TpDiag quiet;
       tp_diag_init(&quiet, "tokpipe-plan", NULL, NULL);
       if (tp_solve_slicing(&only, B, cm->nstages, &cands[ncand], &quiet) == TP_OK) ncand++;
@@ -262,8 +262,9 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     free(cands);
     out->has_joint = true;
     if (!out->joint.fits) {
-      rc = tp_error(d, "no plan fits in %.3g GiB per device: the smallest needs %.3g GiB on "
-                       "its fullest rank (weights and optimizer state alone: %.3g GiB)",
+      rc = tp_error(d,
+                    "no plan fits in %.3g GiB per device: the smallest needs %.3g GiB on "
+                    "its fullest rank (weights and optimizer state alone: %.3g GiB)",
                     req->max_memory / (1 << 30), out->joint.max_peak_bytes / (1 << 30),
                     tp_stage_static_bytes(cm, cm->nstages - 1) / (1 << 30));
       goto done;
@@ -301,8 +302,8 @@ int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tenso
     if (gpus % S || m->layers % S || (pipeline && S != pipeline)) continue;
     for (int N = 1; N <= gpus / S; N++) {
       int D = gpus / S / N;
-      if ((gpus / S) % N || m->heads % N || m->ffn % N || m->vocab < N || (tensor && N != tensor) || (data && D != data) ||
-          global_batch % D)
+      if ((gpus / S) % N || m->heads % N || m->ffn % N || m->vocab < N || (tensor && N != tensor) ||
+          (data && D != data) || global_batch % D)
         continue;
       *req = *base;
       TpDiag quiet;
@@ -312,7 +313,8 @@ int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tenso
       req->batch = global_batch / D;
       req->joint = true;
       if (!rc) rc = tp_plan(req, res, &quiet);
-      if (out->n == cap) out->layouts = realloc(out->layouts, sizeof *out->layouts * (size_t)(cap = cap ? 2 * cap : 16));
+      if (out->n == cap)
+        out->layouts = realloc(out->layouts, sizeof *out->layouts * (size_t)(cap = cap ? 2 * cap : 16));
       TpLayoutEval *e = &out->layouts[out->n++];
       *e = (TpLayoutEval){S, N, D, false, INFINITY, INFINITY, 0, ""};
       if (rc == TP_ERR_INPUT) { /* this layout has no plan: say why, try the others */
@@ -338,17 +340,20 @@ int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tenso
   }
   free(req), free(res);
   if (!out->n) {
-    int rc = tp_error(d, "no layout of %d devices: pipeline%s x tensor%s x data%s must be %d, pipeline dividing the "
-                         "%d layers, tensor the %d heads and the ffn width %d (and at most the vocabulary of %d) and data the batch %d",
-                      gpus, pipeline ? " (given)" : "", tensor ? " (given)" : "", data ? " (given)" : "", gpus, m->layers,
-                      m->heads, m->ffn, m->vocab, global_batch);
+    int rc = tp_error(d,
+                      "no layout of %d devices: pipeline%s x tensor%s x data%s must be %d, pipeline dividing the "
+                      "%d layers, tensor the %d heads and the ffn width %d (and at most the vocabulary of %d) and "
+                      "data the batch %d",
+                      gpus, pipeline ? " (given)" : "", tensor ? " (given)" : "", data ? " (given)" : "", gpus,
+                      m->layers, m->heads, m->ffn, m->vocab, global_batch);
     tp_layout_search_free(out);
     return rc;
   }
   if (out->best < 0) { /* the most model-parallel layout needs the least memory per device: its reason */
     const TpLayoutEval *close = &out->layouts[0];
     for (int i = 0; i < out->n; i++)
-      if (out->layouts[i].pipeline * out->layouts[i].tensor > close->pipeline * close->tensor) close = &out->layouts[i];
+      if (out->layouts[i].pipeline * out->layouts[i].tensor > close->pipeline * close->tensor)
+        close = &out->layouts[i];
     int rc = tp_error(d, "none of the %d layouts of %d devices has a plan; pipeline %d x tensor %d x data %d: %s",
                       out->n, gpus, close->pipeline, close->tensor, close->data, close->why);
     tp_layout_search_free(out);

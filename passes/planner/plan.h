@@ -22,14 +22,14 @@
 #include "slicing.h"
 
 typedef struct {
-  TpCostModel cm;           /* layout, equal stage cuts */
-  int batch;                /* sequences per pipeline replica per step */
-  int granularity;          /* slice lengths are multiples of this */
-  TpScheduleKind schedule;  /* the schedule of TeraPipe's plan and the baselines */
-  double max_memory;        /* bytes per device */
-  bool joint;               /* also run the joint search */
-  bool untied;              /* the LM head does not share the embedding (no allreduce-tied) */
-  bool compilable;          /* the joint search keeps only plans tokpipec compiles as they are:
+  TpCostModel cm;          /* layout, equal stage cuts */
+  int batch;               /* sequences per pipeline replica per step */
+  int granularity;         /* slice lengths are multiples of this */
+  TpScheduleKind schedule; /* the schedule of TeraPipe's plan and the baselines */
+  double max_memory;       /* bytes per device */
+  bool joint;              /* also run the joint search */
+  bool untied;             /* the LM head does not share the embedding (no allreduce-tied) */
+  bool compilable;         /* the joint search keeps only plans tokpipec compiles as they are:
                                equal microbatches sliced alike, no recomputation */
 } TpPlanRequest;
 
@@ -38,8 +38,8 @@ typedef struct {
   TpScheduleKind schedule;
   bool recompute, balanced_cuts;
   int cuts[TP_MAX_STAGES];
-  double eq5_s;             /* the paper's estimate of this plan (its own DP table) */
-  double time_s;            /* simulated iteration time */
+  double eq5_s;  /* the paper's estimate of this plan (its own DP table) */
+  double time_s; /* simulated iteration time */
   double peak_bytes[TP_MAX_STAGES];
   double max_peak_bytes;
   bool fits;
@@ -49,8 +49,8 @@ typedef struct {
   TpPlanEval terapipe, baseline, uniform, joint;
   bool has_joint;
   double fit_rms_rel_err, fit_max_rel_err;
-  double solve_s;           /* wall time of the DP */
-  int evaluations;          /* DP runs */
+  double solve_s;  /* wall time of the DP */
+  int evaluations; /* DP runs */
 } TpPlanResult;
 
 /* Simulated plans hold at most this many (unit, stage) pairs: memory and time grow with
@@ -73,19 +73,19 @@ bool tp_slicing_compiles(const TpSlicing *s);
  * the fastest layout whose joint plan fits wins. */
 typedef struct {
   int pipeline, tensor, data;
-  bool fits;                /* a plan of this layout fits the memory bound */
-  double time_s;            /* its joint plan's simulated iteration time (INFINITY: none) */
-  double terapipe_s;        /* TeraPipe's plan (gpipe, equal cuts) on it */
-  double max_peak_bytes;    /* of the joint plan (0 when it has none) */
-  char why[200];            /* why it has no plan, when it has none */
+  bool fits;             /* a plan of this layout fits the memory bound */
+  double time_s;         /* its joint plan's simulated iteration time (INFINITY: none) */
+  double terapipe_s;     /* TeraPipe's plan (gpipe, equal cuts) on it */
+  double max_peak_bytes; /* of the joint plan (0 when it has none) */
+  char why[200];         /* why it has no plan, when it has none */
 } TpLayoutEval;
 
 typedef struct {
   TpLayoutEval *layouts;
   int n;
-  int best;                 /* index of the winner, -1 when no layout fits */
-  TpPlanRequest req;        /* the winner's request (its layout, batch per replica) */
-  TpPlanResult result;      /* and its search */
+  int best;            /* index of the winner, -1 when no layout fits */
+  TpPlanRequest req;   /* the winner's request (its layout, batch per replica) */
+  TpPlanResult result; /* and its search */
 } TpLayoutSearch;
 
 /* `base` carries the hardware, model and options (its layout is ignored); global_batch is
@@ -96,11 +96,11 @@ int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tenso
 void tp_layout_search_free(TpLayoutSearch *s);
 
 /* The DP table for cm (its stage cuts): see 1. above. */
-void tp_model_slice_cost(const TpCostModel *cm, int batch, int granularity, TpSliceCost *t,
-                         double *rms_rel_err, double *max_rel_err);
+void tp_model_slice_cost(const TpCostModel *cm, int batch, int granularity, TpSliceCost *t, double *rms_rel_err,
+                         double *max_rel_err);
 
 /* Simulates one plan (with events if `record`); schedule returned in *sched. */
-int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
-                     TpSchedule *sched, TpSimResult *r, TpDiag *d);
+int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record, TpSchedule *sched, TpSimResult *r,
+                     TpDiag *d);
 
 #endif

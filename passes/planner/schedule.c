@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const insn_names[TP_INSN_COUNT] = {
-    "forward", "backward", "send-act", "recv-act", "send-grad", "recv-grad",
-    "allreduce-tied", "allreduce", "optimizer-step"};
+static const char *const insn_names[TP_INSN_COUNT] = {"forward",        "backward",  "send-act",
+                                                      "recv-act",       "send-grad", "recv-grad",
+                                                      "allreduce-tied", "allreduce", "optimizer-step"};
 
 const char *tp_insn_name(TpInsnKind k) { return k < TP_INSN_COUNT ? insn_names[k] : "?"; }
 const char *tp_schedule_name(TpScheduleKind k) { return k == TP_SCHEDULE_GPIPE ? "gpipe" : "1f1b"; }
@@ -61,7 +61,7 @@ void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
   for (int m = 0; m < spec->nmb; m++) units += spec->nslices[m];
   /* forward order: microbatches in order, slices in order; backward order per
    * microbatch: later slices first */
-  int (*fwd)[2] = malloc(sizeof *fwd * (size_t)units), (*bwd)[2] = malloc(sizeof *bwd * (size_t)units);
+  int(*fwd)[2] = malloc(sizeof *fwd * (size_t)units), (*bwd)[2] = malloc(sizeof *bwd * (size_t)units);
   for (int m = 0, u = 0; m < spec->nmb; m++)
     for (int i = 0; i < spec->nslices[m]; i++, u++) {
       fwd[u][0] = m, fwd[u][1] = i;
@@ -146,40 +146,45 @@ static int check_units(const TpSchedule *s, int k, TpDiag *d) {
   int rc = TP_OK;
   for (int i = 0; i < s->count[k] && !rc; i++) {
     const TpInsn *x = &s->insn[k][i];
-    if (x->kind >= TP_INSN_COUNT) { rc = tp_error(d, "rank %d instruction %d: bad kind", k, i); break; }
+    if (x->kind >= TP_INSN_COUNT) {
+      rc = tp_error(d, "rank %d instruction %d: bad kind", k, i);
+      break;
+    }
     if (x->kind <= TP_INSN_RECV_GRAD &&
         (x->mb < 0 || x->mb >= s->nmb || x->slice < 0 || x->slice >= s->nslices[x->mb])) {
-      rc = tp_error(d, "rank %d instruction %d (%s): no unit mb %d slice %d", k, i,
-                    tp_insn_name(x->kind), x->mb, x->slice);
+      rc = tp_error(d, "rank %d instruction %d (%s): no unit mb %d slice %d", k, i, tp_insn_name(x->kind), x->mb,
+                    x->slice);
       break;
     }
     if (is_send(x->kind) || is_recv(x->kind) || x->kind == TP_INSN_ALLREDUCE_TIED) {
       bool down = x->kind == TP_INSN_SEND_ACT || x->kind == TP_INSN_RECV_GRAD;
       int want = x->kind == TP_INSN_ALLREDUCE_TIED ? x->peer : down ? k + 1 : k - 1;
       if (x->peer != want || x->peer < 0 || x->peer >= s->stages || x->peer == k)
-        rc = tp_error(d, "rank %d instruction %d (%s mb %d slice %d): peer %d is not rank %d", k,
-                      i, tp_insn_name(x->kind), x->mb, x->slice, x->peer, want);
+        rc = tp_error(d, "rank %d instruction %d (%s mb %d slice %d): peer %d is not rank %d", k, i,
+                      tp_insn_name(x->kind), x->mb, x->slice, x->peer, want);
       continue;
     }
     if (x->kind != TP_INSN_FORWARD && x->kind != TP_INSN_BACKWARD) continue;
     int u = base[x->mb] + x->slice;
     int *pos = x->kind == TP_INSN_FORWARD ? fpos : bpos;
-    if (pos[u] >= 0) { rc = tp_error(d, "rank %d: %s of mb %d slice %d twice", k, tp_insn_name(x->kind), x->mb, x->slice); break; }
+    if (pos[u] >= 0) {
+      rc = tp_error(d, "rank %d: %s of mb %d slice %d twice", k, tp_insn_name(x->kind), x->mb, x->slice);
+      break;
+    }
     pos[u] = i;
     if (x->kind == TP_INSN_FORWARD && x->slice > 0 && fpos[u - 1] < 0)
       rc = tp_error(d, "rank %d: forward of mb %d slice %d before slice %d", k, x->mb, x->slice, x->slice - 1);
     if (x->kind == TP_INSN_BACKWARD && fpos[u] < 0)
       rc = tp_error(d, "rank %d: backward of mb %d slice %d before its forward", k, x->mb, x->slice);
     if (x->kind == TP_INSN_BACKWARD && x->slice + 1 < s->nslices[x->mb] && bpos[u + 1] < 0)
-      rc = tp_error(d, "rank %d: backward of mb %d slice %d before slice %d (later slices go first)",
-                    k, x->mb, x->slice, x->slice + 1);
+      rc = tp_error(d, "rank %d: backward of mb %d slice %d before slice %d (later slices go first)", k, x->mb,
+                    x->slice, x->slice + 1);
   }
   for (int u = 0; u < units && !rc; u++)
     if (fpos[u] < 0 || bpos[u] < 0) {
       int m = 0;
       while (base[m + 1] <= u) m++;
-      rc = tp_error(d, "rank %d: mb %d slice %d has no %s", k, m, u - base[m],
-                    fpos[u] < 0 ? "forward" : "backward");
+      rc = tp_error(d, "rank %d: mb %d slice %d has no %s", k, m, u - base[m], fpos[u] < 0 ? "forward" : "backward");
     }
   free(fpos);
   free(bpos);
@@ -196,8 +201,8 @@ int tp_schedule_verify(const TpSchedule *s, bool rendezvous, TpDiag *d) {
       if (!is_send(x->kind) && !is_recv(x->kind)) continue;
       int dups, at = find_match(s, k, x, &dups);
       if (at < 0 || dups)
-        return tp_error(d, "rank %d: %s mb %d slice %d %s rank %d has %s", k, tp_insn_name(x->kind),
-                        x->mb, x->slice, is_send(x->kind) ? "to" : "from", x->peer,
+        return tp_error(d, "rank %d: %s mb %d slice %d %s rank %d has %s", k, tp_insn_name(x->kind), x->mb, x->slice,
+                        is_send(x->kind) ? "to" : "from", x->peer,
                         at < 0 ? "no matching receive or send" : "more than one match");
     }
   }
@@ -244,8 +249,7 @@ int tp_schedule_verify(const TpSchedule *s, bool rendezvous, TpDiag *d) {
 }
 
 void tp_schedule_print(const TpSchedule *s, FILE *out) {
-  fprintf(out, "schedule %s: %d stages, %d microbatches, slices [", tp_schedule_name(s->kind),
-          s->stages, s->nmb);
+  fprintf(out, "schedule %s: %d stages, %d microbatches, slices [", tp_schedule_name(s->kind), s->stages, s->nmb);
   for (int m = 0; m < s->nmb; m++) fprintf(out, "%s%d", m ? ", " : "", s->nslices[m]);
   fprintf(out, "]\n");
   for (int k = 0; k < s->stages; k++) {

@@ -58,8 +58,7 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
   double shard = (double)cm->model.vocab * cm->model.hidden / cm->tensor * hw->dtype_bytes;
   if (S > 1 && S * cm->tensor > hw->devices_per_node)
     c->tied_allreduce = hw->inter_latency_s + shard * cm->tensor / hw->inter_bandwidth;
-  else if (S > 1)
-    c->tied_allreduce = hw->intra_latency_s + shard / hw->intra_bandwidth;
+  else if (S > 1) c->tied_allreduce = hw->intra_latency_s + shard / hw->intra_bandwidth;
 }
 
 void tp_sim_costs_free(TpSimCosts *c) {
@@ -91,7 +90,8 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
   int *pc = alloc0((size_t)S, sizeof(int));
   /* arrival[k][u]: when unit u's activation reached rank k (act) / its gradient reached
    * rank k (grad); -1 = not sent yet */
-  double *act = malloc(sizeof(double) * (size_t)S * (U ? U : 1)), *grad = malloc(sizeof(double) * (size_t)S * (U ? U : 1));
+  double *act = malloc(sizeof(double) * (size_t)S * (U ? U : 1)),
+         *grad = malloc(sizeof(double) * (size_t)S * (U ? U : 1));
   for (long i = 0; i < (long)S * U; i++) act[i] = grad[i] = -1;
   double *link_down = alloc0((size_t)S, sizeof(double)), *link_up = alloc0((size_t)S, sizeof(double));
   for (int k = 0; k < S; k++) mem[k] = r->peak_bytes[k] = c->static_bytes[k];
@@ -165,7 +165,7 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
         pc[k]++;
         progress = true;
       }
-    next_rank:;
+next_rank:;
     }
   }
   int rc = TP_OK;
@@ -208,8 +208,10 @@ void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, 
   int S = s->stages;
   double width = 1200, left = 70, row = S <= 24 ? 26 : S <= 64 ? 12 : 7, top = 40;
   double height = top + row * S + 50, scale = (width - left - 20) / (r->time_s > 0 ? r->time_s : 1);
-  fprintf(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "font-family=\"sans-serif\" font-size=\"11\">\n", width, height);
+  fprintf(out,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+          "font-family=\"sans-serif\" font-size=\"11\">\n",
+          width, height);
   fprintf(out, "<defs><pattern id=\"bw\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
                "patternTransform=\"rotate(45)\"><line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" "
                "stroke=\"black\" stroke-opacity=\"0.35\" stroke-width=\"2\"/></pattern></defs>\n");
@@ -220,11 +222,10 @@ void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, 
   fprintf(out, "</text>\n");
   for (int k = 0; k < S; k++) { /* idle (bubble) background per rank */
     double y = top + k * row;
-    fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
-            left, y, r->time_s * scale, row - 1);
+    fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n", left, y,
+            r->time_s * scale, row - 1);
     if (row >= 10 || k % 8 == 0)
-      fprintf(out, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">rank %d</text>\n", left - 6,
-              y + row * 0.75, k);
+      fprintf(out, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">rank %d</text>\n", left - 6, y + row * 0.75, k);
   }
   for (int i = 0; i < r->nevents; i++) {
     const TpEvent *e = &r->events[i];
@@ -232,33 +233,38 @@ void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, 
     double x = left + e->start * scale, w = (e->end - e->start) * scale, y = top + e->rank * row;
     char colour[48] = "#555555";
     if (e->mb >= 0) unit_colour(s, e, colour, sizeof colour);
-    fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
-                 "stroke=\"white\" stroke-width=\"0.3\"><title>%s mb %d slice %d: %.3f-%.3f ms</title></rect>\n",
-            x, y, w > 0.2 ? w : 0.2, row - 1, colour, tp_insn_name(e->kind), e->mb, e->slice,
-            e->start * 1e3, e->end * 1e3);
+    fprintf(out,
+            "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
+            "stroke=\"white\" stroke-width=\"0.3\"><title>%s mb %d slice %d: %.3f-%.3f ms</title></rect>\n",
+            x, y, w > 0.2 ? w : 0.2, row - 1, colour, tp_insn_name(e->kind), e->mb, e->slice, e->start * 1e3,
+            e->end * 1e3);
     if (e->kind == TP_INSN_BACKWARD)
-      fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"url(#bw)\"/>\n",
-              x, y, w > 0.2 ? w : 0.2, row - 1);
+      fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"url(#bw)\"/>\n", x, y,
+              w > 0.2 ? w : 0.2, row - 1);
   }
   double y = top + row * S + 18;
-  fprintf(out, "<text x=\"%.0f\" y=\"%.1f\">0 s</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.4g s</text>\n",
+  fprintf(out,
+          "<text x=\"%.0f\" y=\"%.1f\">0 s</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.4g s</text>\n",
           left, y, width - 20, y, r->time_s);
-  fprintf(out, "<text x=\"%.0f\" y=\"%.1f\">light = forward, dark hatched = backward; hue = "
-               "microbatch, lighter = earlier slice; grey = idle (bubble)</text>\n", left, y + 18);
+  fprintf(out,
+          "<text x=\"%.0f\" y=\"%.1f\">light = forward, dark hatched = backward; hue = "
+          "microbatch, lighter = earlier slice; grey = idle (bubble)</text>\n",
+          left, y + 18);
   fprintf(out, "</svg>\n");
 }
 
 void tp_write_trace(const TpSimResult *r, const TpSchedule *s, FILE *out) {
   fprintf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
   for (int k = 0; k < s->stages; k++)
-    fprintf(out, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n", k, k);
+    fprintf(out, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n", k,
+            k);
   for (int i = 0; i < r->nevents; i++) {
     const TpEvent *e = &r->events[i];
     bool send = e->kind == TP_INSN_SEND_ACT || e->kind == TP_INSN_SEND_GRAD;
     fprintf(out, "{\"name\": \"%s", tp_insn_name(e->kind));
     if (e->mb >= 0) fprintf(out, " mb%d.s%d", e->mb, e->slice);
-    fprintf(out, "\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f",
-            e->rank, send ? 1 : 0, e->start * 1e6, (e->end - e->start) * 1e6);
+    fprintf(out, "\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f", e->rank, send ? 1 : 0,
+            e->start * 1e6, (e->end - e->start) * 1e6);
     if (e->mb >= 0) fprintf(out, ", \"args\": {\"microbatch\": %d, \"slice\": %d}", e->mb, e->slice);
     fprintf(out, "}%s\n", i + 1 < r->nevents ? "," : "");
   }

@@ -20,13 +20,13 @@
 
 typedef struct {
   int stages, nmb, units;
-  int *base;           /* [nmb] index of a microbatch's first unit */
-  double *fwd, *bwd;   /* [stage * units + u] seconds */
-  double *send;        /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
-  double *act_bytes;   /* [stage * units + u] kept from forward to backward */
-  double *kv_bytes;    /* [stage * nmb + m] */
+  int *base;                                    /* [nmb] index of a microbatch's first unit */
+  double *fwd, *bwd;                            /* [stage * units + u] seconds */
+  double *send;                                 /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
+  double *act_bytes;                            /* [stage * units + u] kept from forward to backward */
+  double *kv_bytes;                             /* [stage * nmb + m] */
   double *static_bytes, *allreduce, *optimizer; /* [stage] */
-  double tied_allreduce; /* first <-> last rank */
+  double tied_allreduce;                        /* first <-> last rank */
 } TpSimCosts;
 
 /* Costs of `plan` under cm (cm's stage cuts, recompute flag). */
@@ -41,10 +41,10 @@ typedef struct {
 } TpEvent;
 
 typedef struct {
-  double time_s;       /* when the last rank finishes */
-  double *busy_s;      /* [stage] compute seconds */
-  double *peak_bytes;  /* [stage] */
-  TpEvent *events;     /* when recorded */
+  double time_s;      /* when the last rank finishes */
+  double *busy_s;     /* [stage] compute seconds */
+  double *peak_bytes; /* [stage] */
+  TpEvent *events;    /* when recorded */
   int nevents;
 } TpSimResult;
 

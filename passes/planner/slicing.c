@@ -40,8 +40,7 @@ int tp_slice_cost_finish(TpSliceCost *t, TpDiag *d) {
     for (int s = 1; s <= n; s++)
       for (int c = 0, prev = -1; c <= n - s; prev = c, c = dense || c + 1 >= n - s ? c + 1 : n - s) {
         double v = tp_slice_cost(t, b, s, c);
-        if (isnan(v) || v < 0)
-          return tp_error(d, "cost t[%d][%d][%d] = %g is not a time", b, s, c, v);
+        if (isnan(v) || v < 0) return tp_error(d, "cost t[%d][%d][%d] = %g is not a time", b, s, c, v);
         if (prev >= 0 && v < tp_slice_cost(t, b, s, prev)) mono = false;
         if (s > 1 && v < tp_slice_cost(t, b, s - 1, c)) mono = false;
       }
@@ -70,8 +69,7 @@ int tp_slice_cost_from_json(const TpJson *j, const char *path, TpSliceCost *t, i
                   TP_MAX_SEQ, TP_MAX_STAGES);
     goto done;
   }
-  if (!T || T->kind != TP_JSON_ARRAY || T->count < 2 || T->items[1].kind != TP_JSON_ARRAY ||
-      T->items[1].count < 2) {
+  if (!T || T->kind != TP_JSON_ARRAY || T->count < 2 || T->items[1].kind != TP_JSON_ARRAY || T->items[1].count < 2) {
     rc = tp_error(d, "cost table %s: \"t\" must be T[b][s][c] with b and s from 1", path);
     goto done;
   }
@@ -122,9 +120,9 @@ done:
 typedef struct {
   const TpSliceCost *t;
   int batch, stages, n;
-  double *S, *mx; /* [b][i]: best sum of a prefix of i units, the largest slice in it */
-  int *choice;    /* [b][i]: last slice length of that prefix */
-  int *cmax;      /* [k]: largest context allowed for a slice of k units at the cap */
+  double *S, *mx;  /* [b][i]: best sum of a prefix of i units, the largest slice in it */
+  int *choice;     /* [b][i]: last slice length of that prefix */
+  int *cmax;       /* [k]: largest context allowed for a slice of k units at the cap */
   double *K, *kmx; /* knapsack over sequences: sum and max */
   int *pick;
   int evaluations;
@@ -253,23 +251,25 @@ static void extract(const Solver *sv, TpSlicing *out) {
   }
 }
 
-typedef struct { double a, b, Sb; } Interval;
+typedef struct {
+  double a, b, Sb;
+} Interval;
 
 int tp_slicing_check_size(int batch, int units, TpDiag *d) {
   if (batch > TP_SLICING_MAX_BATCH)
     return tp_error(d, "batch %d is more than the slicing search takes (%d sequences per pipeline replica)", batch,
                     TP_SLICING_MAX_BATCH);
   if ((double)batch * units * units > TP_SLICING_MAX_WORK)
-    return tp_error(d, "batch %d x (%d slice units)^2 = %.3g, more than the slicing search takes (2^32): a coarser "
-                       "granularity or a smaller batch per pipeline replica", batch, units,
-                    (double)batch * units * units);
+    return tp_error(d,
+                    "batch %d x (%d slice units)^2 = %.3g, more than the slicing search takes (2^32): a coarser "
+                    "granularity or a smaller batch per pipeline replica",
+                    batch, units, (double)batch * units * units);
   return TP_OK;
 }
 
 int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out, TpDiag *d) {
   memset(out, 0, sizeof *out);
-  if (batch < 1 || batch > t->batch)
-    return tp_error(d, "batch %d outside the cost table's 1..%d", batch, t->batch);
+  if (batch < 1 || batch > t->batch) return tp_error(d, "batch %d outside the cost table's 1..%d", batch, t->batch);
   if (stages < 1) return tp_error(d, "stages must be >= 1");
   int rc = tp_slicing_check_size(batch, t->units, d);
   if (rc) return rc;
@@ -336,8 +336,8 @@ void tp_slicing_eval(const TpSliceCost *t, int stages, TpSlicing *p) {
     int c = 0;
     for (int i = 0; i < p->mb[m].nslices; i++) {
       int s = p->mb[m].len[i] / g;
-      double v = p->mb[m].size <= t->batch && s >= 1 && c + s <= t->units
-                     ? tp_slice_cost(t, p->mb[m].size, s, c) : INFINITY;
+      double v = p->mb[m].size <= t->batch && s >= 1 && c + s <= t->units ? tp_slice_cost(t, p->mb[m].size, s, c)
+                                                                          : INFINITY;
       p->sum += v;
       if (v > p->max) p->max = v;
       c += s;
@@ -346,8 +346,7 @@ void tp_slicing_eval(const TpSliceCost *t, int stages, TpSlicing *p) {
   p->time = p->sum + (stages - 1) * p->max;
 }
 
-void tp_uniform_slicing(const TpSliceCost *t, int batch, int mb_size, int slices, int stages,
-                        TpSlicing *out) {
+void tp_uniform_slicing(const TpSliceCost *t, int batch, int mb_size, int slices, int stages, TpSlicing *out) {
   TP_ASSERT(mb_size >= 1 && batch % mb_size == 0 && slices >= 1 && slices <= t->units);
   memset(out, 0, sizeof *out);
   out->n = batch / mb_size;
@@ -357,8 +356,7 @@ void tp_uniform_slicing(const TpSliceCost *t, int batch, int mb_size, int slices
     mb->size = mb_size;
     mb->nslices = slices;
     mb->len = malloc(sizeof(int) * (size_t)slices);
-    for (int i = 0; i < slices; i++)
-      mb->len[i] = (t->units / slices + (i < t->units % slices)) * t->granularity;
+    for (int i = 0; i < slices; i++) mb->len[i] = (t->units / slices + (i < t->units % slices)) * t->granularity;
   }
   tp_slicing_eval(t, stages, out);
 }

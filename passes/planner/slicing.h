@@ -60,9 +60,9 @@ int tp_slice_cost_load(const char *path, TpSliceCost *t, int *stages, TpDiag *d)
 int tp_slice_cost_from_json(const TpJson *j, const char *path, TpSliceCost *t, int *stages, TpDiag *d);
 
 typedef struct {
-  int size;    /* sequences */
+  int size; /* sequences */
   int nslices;
-  int *len;    /* slice lengths in tokens, first to last */
+  int *len; /* slice lengths in tokens, first to last */
 } TpMicrobatch;
 
 typedef struct {
@@ -83,8 +83,7 @@ int tp_slicing_check_size(int batch, int units, TpDiag *d);
 int tp_solve_slicing(const TpSliceCost *t, int batch, int stages, TpSlicing *out, TpDiag *d);
 /* Plan with `batch / mb_size` equal microbatches, each sequence in `slices` near-equal
  * slices (unit counts differ by at most one, longer first); Eq. 5 filled in. */
-void tp_uniform_slicing(const TpSliceCost *t, int batch, int mb_size, int slices, int stages,
-                        TpSlicing *out);
+void tp_uniform_slicing(const TpSliceCost *t, int batch, int mb_size, int slices, int stages, TpSlicing *out);
 /* Fills sum, max and time of `p` from t (INFINITY if a slice is not allowed). */
 void tp_slicing_eval(const TpSliceCost *t, int stages, TpSlicing *p);
 void tp_slicing_copy(TpSlicing *dst, const TpSlicing *src);

@@ -55,7 +55,7 @@ int tp_comm_open(TpComm **out, const char *tool, int *argc, char ***argv, TpDiag
   const char *n = getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE") : getenv("PMI_SIZE");
   if (n && strcmp(n, "1") == 0) return TP_OK; /* mpirun -np 1: one process anyway */
   return tp_error(d, "started by an MPI launcher, but this trainer was built without MPI: "
-                  "install libopenmpi-dev and build tokpipec again, or run it without mpirun");
+                     "install libopenmpi-dev and build tokpipec again, or run it without mpirun");
 #endif
 }
 
@@ -91,9 +91,10 @@ void tp_comm_wait(TpComm *c, TpCommRequest *r) {
     if ((polls & 63) == 0 && now_s() - start > c->timeout_s) {
       char peer[32] = "";
       if (r->peer >= 0) snprintf(peer, sizeof peer, " (peer: rank %d)", r->peer);
-      tp_comm_abort(c, TP_ERR_INTERNAL, "no progress for %g s waiting for %s%s (did a rank die or "
-                    "hang? the limit is TOKPIPE_COMM_TIMEOUT seconds)", c->timeout_s,
-                    r->what ? r->what : "a message", peer);
+      tp_comm_abort(c, TP_ERR_INTERNAL,
+                    "no progress for %g s waiting for %s%s (did a rank die or "
+                    "hang? the limit is TOKPIPE_COMM_TIMEOUT seconds)",
+                    c->timeout_s, r->what ? r->what : "a message", peer);
     }
   }
 }
@@ -180,26 +181,29 @@ static void describe(char *out, size_t size, int rank, const CollHeader *h) {
   char root[32] = "";
   if (h->kind == COLL_BROADCAST) snprintf(root, sizeof root, " from rank %d", (int)h->root);
   snprintf(out, size, "rank %d's collective #%llu over %d ranks is %s of %llu bytes%s", rank,
-           (unsigned long long)h->seq, (int)h->n, h->kind >= 0 && h->kind <= COLL_BARRIER ? coll_names[h->kind]
-           : "an unknown collective", (unsigned long long)h->bytes, root);
+           (unsigned long long)h->seq, (int)h->n,
+           h->kind >= 0 && h->kind <= COLL_BARRIER ? coll_names[h->kind] : "an unknown collective",
+           (unsigned long long)h->bytes, root);
 }
 
 /* At the root: a member's header against the root's own; a difference ends the job naming
  * both ranks and the field. */
 static void check_header(TpComm *c, const CollHeader *mine, const CollHeader *theirs, int peer) {
   const char *field = theirs->group != mine->group || theirs->n != mine->n ? "the group"
-                      : theirs->seq != mine->seq                          ? "the sequence number"
-                      : theirs->kind != mine->kind                        ? "the kind"
-                      : theirs->root != mine->root                        ? "the root"
-                      : theirs->dtype != mine->dtype                      ? "the element type"
-                      : theirs->bytes != mine->bytes                      ? "the size"
-                                                                          : NULL;
+                      : theirs->seq != mine->seq                           ? "the sequence number"
+                      : theirs->kind != mine->kind                         ? "the kind"
+                      : theirs->root != mine->root                         ? "the root"
+                      : theirs->dtype != mine->dtype                       ? "the element type"
+                      : theirs->bytes != mine->bytes                       ? "the size"
+                                                                           : NULL;
   if (!field) return;
   char a[160], b[160];
   describe(a, sizeof a, c->rank, mine);
   describe(b, sizeof b, peer, theirs);
-  tp_comm_abort(c, TP_ERR_INTERNAL, "ranks %d and %d are out of step (%s differs): %s; %s (every rank must run "
-                "the same steps: were they given other options?)", c->rank, peer, field, a, b);
+  tp_comm_abort(c, TP_ERR_INTERNAL,
+                "ranks %d and %d are out of step (%s differs): %s; %s (every rank must run "
+                "the same steps: were they given other options?)",
+                c->rank, peer, field, a, b);
 }
 
 /* One collective over group (ascending, with this rank) rooted at root: every other member
@@ -212,8 +216,13 @@ static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_
   if (n < 2) return;
   size_t bytes = kind == COLL_ALLREDUCE ? count * dtype_bytes(dtype) : count;
   uint64_t key = group_key(group, n);
-  CollHeader h = {group_next_seq(c, group, n, key), bytes, key, (int32_t)kind,
-                  kind == COLL_ALLREDUCE ? (int32_t)dtype : -1, root, n};
+  CollHeader h = {group_next_seq(c, group, n, key),
+                  bytes,
+                  key,
+                  (int32_t)kind,
+                  kind == COLL_ALLREDUCE ? (int32_t)dtype : -1,
+                  root,
+                  n};
   const char *what = coll_names[kind];
   if (c->rank != root) {
     TpCommRequest hr = {.what = what}, dr = {.what = what};

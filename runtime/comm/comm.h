@@ -40,7 +40,7 @@ typedef struct TpStream TpStream; /* ../compute.h */
 
 /* A posted send or receive. */
 typedef struct {
-  void *impl;      /* the backend's handle; NULL once complete */
+  void *impl; /* the backend's handle; NULL once complete */
   int peer;
   const char *what; /* for the timeout message, e.g. "activation of unit (0, 1)" */
   /* A device_memory transport's transfer of a device buffer waits for this compute stream's
@@ -100,8 +100,8 @@ void tp_comm_send(TpComm *c, const void *buf, size_t bytes, int peer, int tag, c
 void tp_comm_recv(TpComm *c, void *buf, size_t bytes, int peer, int tag, const char *what);
 TP_NORETURN void tp_comm_abort(TpComm *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-static inline void tp_comm_allreduce_sum(TpComm *c, void *buf, size_t count, TpDType dtype,
-                                         const int *group, int n) {
+static inline void tp_comm_allreduce_sum(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group,
+                                         int n) {
   c->be->allreduce_sum(c, buf, count, dtype, group, n);
 }
 static inline void tp_comm_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n) {

@@ -64,8 +64,10 @@ static void mpi_irecv(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpC
  * naming both ranks and the sizes. */
 static _Noreturn void wrong_size(TpComm *c, const TpCommRequest *r, const char *got) {
   const Request *q = r->impl;
-  tp_comm_abort(c, TP_ERR_INTERNAL, "%s from rank %d has %s bytes, not the %d this rank expects: the ranks are out "
-                "of step (were they given other options?)", r->what ? r->what : "a message", r->peer, got, q->bytes);
+  tp_comm_abort(c, TP_ERR_INTERNAL,
+                "%s from rank %d has %s bytes, not the %d this rank expects: the ranks are out "
+                "of step (were they given other options?)",
+                r->what ? r->what : "a message", r->peer, got, q->bytes);
 }
 
 static bool mpi_test(TpComm *c, TpCommRequest *r) {

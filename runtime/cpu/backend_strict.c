@@ -79,11 +79,11 @@ static void strict_free(TpCompute *c, void *p) {
 }
 
 /* The CPU backend's entry, with device memory open while it runs. */
-#define OPEN(call)  \
-  do {              \
-    enter(c);       \
-    call;           \
-    leave(c);       \
+#define OPEN(call)                                                                                                  \
+  do {                                                                                                              \
+    enter(c);                                                                                                       \
+    call;                                                                                                           \
+    leave(c);                                                                                                       \
   } while (0)
 
 static void strict_memset(TpCompute *c, TpStream *s, void *p, int value, size_t bytes) {

@@ -10,8 +10,8 @@
 
 /* ---- strided iteration ---- */
 
-static void iter_range(const TpIter *it, char *const base[], int64_t begin, int64_t end,
-                       TpRunFn fn, const void *ctx) {
+static void iter_range(const TpIter *it, char *const base[], int64_t begin, int64_t end, TpRunFn fn,
+                       const void *ctx) {
   int rank = it->rank, np = it->noperands;
   char *ptr[TP_ITER_MAX_OPERANDS];
   int64_t step[TP_ITER_MAX_OPERANDS] = {0}, off[TP_ITER_MAX_OPERANDS] = {0}, idx[TP_MAX_RANK];
@@ -79,26 +79,28 @@ typedef struct {
 /* One loop per op, over runtime/kernels/element.h's formula for T (suffix f32 or f64) with
  * the op a constant, so the element function's switch folds away and each loop is the op's
  * own (vectorised where SIMD_FOR). */
-#define UNARY_CASE(FOR, suffix, OP, n, y, x) \
-  case OP: FOR(n) y[i] = tp_unary_##suffix(OP, x[i]); break
-#define UNARY_LOOP(suffix, op, n, y, x)                              \
-  do {                                                               \
-    switch (op) {                                                    \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SQRT, n, y, x);         \
-      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_NEG, n, y, x);           \
-      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_RECIPROCAL, n, y, x);    \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_EXP, n, y, x);          \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_LOG, n, y, x);          \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_ERF, n, y, x);          \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_TANH, n, y, x);         \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SIN, n, y, x);          \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_COS, n, y, x);          \
-      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_RELU, n, y, x);          \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SIGMOID, n, y, x);      \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_GELU, n, y, x);         \
-      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_GELU_TANH, n, y, x);    \
-    case TP_UNARY_NOT: break;                                        \
-    }                                                                \
+#define UNARY_CASE(FOR, suffix, OP, n, y, x)                                                                        \
+  case OP:                                                                                                          \
+    FOR(n) y[i] = tp_unary_##suffix(OP, x[i]);                                                                      \
+    break
+#define UNARY_LOOP(suffix, op, n, y, x)                                                                             \
+  do {                                                                                                              \
+    switch (op) {                                                                                                   \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SQRT, n, y, x);                                                        \
+      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_NEG, n, y, x);                                                          \
+      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_RECIPROCAL, n, y, x);                                                   \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_EXP, n, y, x);                                                         \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_LOG, n, y, x);                                                         \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_ERF, n, y, x);                                                         \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_TANH, n, y, x);                                                        \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SIN, n, y, x);                                                         \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_COS, n, y, x);                                                         \
+      UNARY_CASE(SIMD_FOR, suffix, TP_UNARY_RELU, n, y, x);                                                         \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_SIGMOID, n, y, x);                                                     \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_GELU, n, y, x);                                                        \
+      UNARY_CASE(PLAIN_FOR, suffix, TP_UNARY_GELU_TANH, n, y, x);                                                   \
+    case TP_UNARY_NOT: break;                                                                                       \
+    }                                                                                                               \
   } while (0)
 
 /* f32 Gelu's loops on vecmath.h's exp and erfc (libm's erff and tanhf do not vectorise),
@@ -112,7 +114,6 @@ TP_VECTOR_CLONES static void gelu_f32(bool tanh_approx, int64_t n, float *y, con
     for (int64_t i = 0; i < n; i++) y[i] = tp_gelu_f32(x[i]);
   }
 }
-
 
 #define BLOCK 256 /* elements converted at a time on the slow paths */
 
@@ -170,39 +171,46 @@ typedef struct {
 static bool is_arith(TpBinaryOp op) { return op <= TP_BINARY_MIN; }
 
 /* A run of a float op: a and b step by one element or by 0 (broadcast in the run). */
-#define FLOAT_BINARY_RUN(T, EXPR, FOR)                                    \
-  do {                                                                    \
-    if (sa && sb)                                                         \
-      FOR(n) { T a = A[i], b = B[i]; y[i] = (EXPR); }                     \
-    else if (sa)                                                          \
-      FOR(n) { T a = A[i], b = B[0]; y[i] = (EXPR); }                     \
-    else if (sb)                                                          \
-      FOR(n) { T a = A[0], b = B[i]; y[i] = (EXPR); }                     \
-    else                                                                  \
-      FOR(n) { T a = A[0], b = B[0]; y[i] = (EXPR); }                     \
+#define FLOAT_BINARY_RUN(T, EXPR, FOR)                                                                              \
+  do {                                                                                                              \
+    if (sa && sb) FOR(n) {                                                                                          \
+        T a = A[i], b = B[i];                                                                                       \
+        y[i] = (EXPR);                                                                                              \
+      }                                                                                                             \
+    else if (sa) FOR(n) {                                                                                           \
+        T a = A[i], b = B[0];                                                                                       \
+        y[i] = (EXPR);                                                                                              \
+      }                                                                                                             \
+    else if (sb) FOR(n) {                                                                                           \
+        T a = A[0], b = B[i];                                                                                       \
+        y[i] = (EXPR);                                                                                              \
+      }                                                                                                             \
+    else FOR(n) {                                                                                                   \
+        T a = A[0], b = B[0];                                                                                       \
+        y[i] = (EXPR);                                                                                              \
+      }                                                                                                             \
   } while (0)
 
-#define FLOAT_BINARY(T, op)                                                  \
-  do {                                                                       \
-    switch (op) {                                                            \
-    case TP_BINARY_ADD: FLOAT_BINARY_RUN(T, a + b, SIMD_FOR); break;         \
-    case TP_BINARY_SUB: FLOAT_BINARY_RUN(T, a - b, SIMD_FOR); break;         \
-    case TP_BINARY_MUL: FLOAT_BINARY_RUN(T, a * b, SIMD_FOR); break;         \
-    case TP_BINARY_DIV: FLOAT_BINARY_RUN(T, a / b, SIMD_FOR); break;         \
-    case TP_BINARY_POW: FLOAT_BINARY_RUN(T, pow(a, b), PLAIN_FOR); break;    \
-    case TP_BINARY_MAX: FLOAT_BINARY_RUN(T, a > b || a != a ? a : b, SIMD_FOR); break; \
-    case TP_BINARY_MIN: FLOAT_BINARY_RUN(T, a < b || a != a ? a : b, SIMD_FOR); break; \
-    default: break;                                                          \
-    }                                                                        \
+#define FLOAT_BINARY(T, op)                                                                                         \
+  do {                                                                                                              \
+    switch (op) {                                                                                                   \
+    case TP_BINARY_ADD: FLOAT_BINARY_RUN(T, a + b, SIMD_FOR); break;                                                \
+    case TP_BINARY_SUB: FLOAT_BINARY_RUN(T, a - b, SIMD_FOR); break;                                                \
+    case TP_BINARY_MUL: FLOAT_BINARY_RUN(T, a *b, SIMD_FOR); break;                                                 \
+    case TP_BINARY_DIV: FLOAT_BINARY_RUN(T, a / b, SIMD_FOR); break;                                                \
+    case TP_BINARY_POW: FLOAT_BINARY_RUN(T, pow(a, b), PLAIN_FOR); break;                                           \
+    case TP_BINARY_MAX: FLOAT_BINARY_RUN(T, a > b || a != a ? a : b, SIMD_FOR); break;                              \
+    case TP_BINARY_MIN: FLOAT_BINARY_RUN(T, a < b || a != a ? a : b, SIMD_FOR); break;                              \
+    default: break;                                                                                                 \
+    }                                                                                                               \
   } while (0)
 
-static void float_binary_f32(TpBinaryOp op, int64_t n, float *y, const float *A, bool sa,
-                             const float *B, bool sb) {
+static void float_binary_f32(TpBinaryOp op, int64_t n, float *y, const float *A, bool sa, const float *B, bool sb) {
   FLOAT_BINARY(float, op);
 }
 
-static void float_binary_f64(TpBinaryOp op, int64_t n, double *y, const double *A, bool sa,
-                             const double *B, bool sb) {
+static void float_binary_f64(TpBinaryOp op, int64_t n, double *y, const double *A, bool sa, const double *B,
+                             bool sb) {
   FLOAT_BINARY(double, op);
 }
 

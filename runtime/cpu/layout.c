@@ -9,7 +9,7 @@
 static int64_t prod(const int64_t *dims, int from, int to) { return tp_numel(to - from, dims + from); }
 
 /* Copies n elements of size es between strided runs. */
-#define COPY_LOOP(ES) \
+#define COPY_LOOP(ES)                                                                                               \
   for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * step[0], p[1] + i * step[1], ES)
 
 void tp_copy_run(const void *ctx, int64_t n, char *const p[], const int64_t step[]) {
@@ -38,8 +38,7 @@ static void strided_copy(TpIter *it, const TpTensor *x, int64_t start, TpTensor 
   tp_iter_run(it, (char *const[]){y->data, (char *)x->data + start}, tp_copy_run, &es);
 }
 
-TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y,
-                         int64_t *bad) {
+TpKernelStatus tp_gather(const TpTensor *data, const TpTensor *indices, int axis, TpTensor *y, int64_t *bad) {
   if (data->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
   TpKernelStatus s = tp_gather_check(data->rank, data->dims, indices, axis, y, bad);
   if (s != TP_KERNEL_OK) return s;
@@ -122,8 +121,7 @@ TpKernelStatus tp_transpose(const TpTensor *x, const int64_t *perm, TpTensor *y)
   TpIter it;
   for (int d = 0; d < y->rank; d++) {
     int64_t p = perm[d];
-    if (p < 0 || p >= x->rank || (seen & (1u << p)) || x->dims[p] != y->dims[d])
-      return TP_KERNEL_BAD_SHAPE;
+    if (p < 0 || p >= x->rank || (seen & (1u << p)) || x->dims[p] != y->dims[d]) return TP_KERNEL_BAD_SHAPE;
     seen |= 1u << p;
     it.strides[1][d] = xs[p];
   }
@@ -193,8 +191,7 @@ TpKernelStatus tp_context_append(const TpTensor *x, int axis, int64_t at, int64_
 
 TpKernelStatus tp_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor *y) {
   if (x->dtype != y->dtype) return TP_KERNEL_BAD_DTYPE;
-  if (x->rank < 2 || x->rank != y->rank ||
-      memcmp(x->dims, y->dims, (size_t)x->rank * sizeof x->dims[0]) != 0)
+  if (x->rank < 2 || x->rank != y->rank || memcmp(x->dims, y->dims, (size_t)x->rank * sizeof x->dims[0]) != 0)
     return TP_KERNEL_BAD_SHAPE;
   int64_t rows = x->dims[x->rank - 2], cols = x->dims[x->rank - 1];
   /* a k beyond the matrix keeps all or nothing, as k = cols or -rows would: clamping keeps

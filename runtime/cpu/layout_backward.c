@@ -46,8 +46,8 @@ TpKernelStatus tp_gather_backward(const TpTensor *dy, const TpTensor *indices, i
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_gather_elements_backward(const TpTensor *dy, const TpTensor *indices, int axis,
-                                           TpTensor *ddata, int64_t *bad) {
+TpKernelStatus tp_gather_elements_backward(const TpTensor *dy, const TpTensor *indices, int axis, TpTensor *ddata,
+                                           int64_t *bad) {
   if (dy->dtype != TP_F32 || ddata->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
   TpKernelStatus s = tp_gather_elements_check(ddata->rank, ddata->dims, indices, axis, dy, bad);
   if (s != TP_KERNEL_OK) return s;
@@ -68,8 +68,7 @@ TpKernelStatus tp_gather_elements_backward(const TpTensor *dy, const TpTensor *i
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, const int64_t *steps,
-                                 TpTensor *dx) {
+TpKernelStatus tp_slice_backward(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx) {
   TpKernelStatus s = tp_check_slice(dx, starts, steps, dy);
   if (s != TP_KERNEL_OK) return s;
   size_t es = tp_dtype_size(dx->dtype);

@@ -28,9 +28,9 @@ TpKernelStatus tp_nll_loss_f32(const float *logp, const int64_t *target, int64_t
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_softmax_cross_entropy_f32(const float *scores, const int64_t *target, int64_t N,
-                                            int64_t C, int64_t D, const TpLossOptions *o,
-                                            float *log_prob, float *loss, int64_t *bad) {
+TpKernelStatus tp_softmax_cross_entropy_f32(const float *scores, const int64_t *target, int64_t N, int64_t C,
+                                            int64_t D, const TpLossOptions *o, float *log_prob, float *loss,
+                                            int64_t *bad) {
   tp_softmax_f32(scores, log_prob, N, C, D, true);
   return tp_nll_loss_f32(log_prob, target, N, C, D, o, loss, bad);
 }

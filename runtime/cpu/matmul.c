@@ -19,12 +19,10 @@
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_threaded(void) { openblas_set_num_threads(1); }
 
-static void sgemm_piece(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                        float *C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C,
-              (blasint)ldc);
+static void sgemm_piece(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
+              (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
 }
 
 /* One thread pool: the product is split over OpenMP's threads into row (or column) pieces,
@@ -34,9 +32,8 @@ static void sgemm_piece(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
  * and one thread runs them all the same way. (OpenBLAS computes an element differently in
  * calls of different shapes on some CPUs and core types, e.g. AMD Zen with the Haswell
  * kernels, so pieces cut per thread count would not give the same bits.) */
-void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-              int64_t ldc) {
+void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   pthread_once(&blas_once, blas_single_threaded);
   if (M * N * K < PARALLEL_MIN_MACS) {
@@ -54,11 +51,10 @@ void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
   for (int t = 0; t < pieces; t++) {
     int64_t lo = t * piece, n = len - lo < piece ? len - lo : piece;
     if (by_rows)
-      sgemm_piece(trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb,
-                  beta, C + lo * ldc, ldc);
+      sgemm_piece(trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc,
+                  ldc);
     else
-      sgemm_piece(trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb,
-                  beta, C + lo, ldc);
+      sgemm_piece(trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
   }
 }
 
@@ -88,17 +84,17 @@ static bool gemm_dtype_ok(TpDType t) {
 }
 
 /* One matrix product of any supported dtype; element offsets a0, b0, c0 into the buffers. */
-static void gemm_any(TpDType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
-                     const void *A, int64_t a0, int64_t lda, const void *B, int64_t b0, int64_t ldb,
-                     double beta, void *C, int64_t c0, int64_t ldc) {
+static void gemm_any(TpDType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                     int64_t a0, int64_t lda, const void *B, int64_t b0, int64_t ldb, double beta, void *C,
+                     int64_t c0, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (t == TP_F32) {
-    tp_sgemm(ta, tb, M, N, K, (float)alpha, (const float *)A + a0, lda, (const float *)B + b0, ldb,
-             (float)beta, (float *)C + c0, ldc);
+    tp_sgemm(ta, tb, M, N, K, (float)alpha, (const float *)A + a0, lda, (const float *)B + b0, ldb, (float)beta,
+             (float *)C + c0, ldc);
   } else if (t == TP_F64) {
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)M, (blasint)N, (blasint)K, alpha, (const double *)A + a0, (blasint)lda,
-                (const double *)B + b0, (blasint)ldb, beta, (double *)C + c0, (blasint)ldc);
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
+                (blasint)N, (blasint)K, alpha, (const double *)A + a0, (blasint)lda, (const double *)B + b0,
+                (blasint)ldb, beta, (double *)C + c0, (blasint)ldc);
   } else {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) {
@@ -133,14 +129,13 @@ TpKernelStatus tp_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y) {
   for (int64_t n = 0; n < l.nbatch; n++) {
     int64_t oa, ob;
     tp_matmul_operands(&l, n, &oa, &ob);
-    gemm_any(t, false, false, M, N, K, 1, a->data, oa * M * K, K, b->data, ob * K * N, N, 0,
-             y->data, n * M * N, N);
+    gemm_any(t, false, false, M, N, K, 1, a->data, oa * M * K, K, b->data, ob * K * N, N, 0, y->data, n * M * N, N);
   }
   return TP_KERNEL_OK;
 }
 
 TpKernelStatus tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, bool trans_a, bool trans_b,
-             double alpha, double beta, TpTensor *y) {
+                       double alpha, double beta, TpTensor *y) {
   TpDType t = a->dtype;
   if (b->dtype != t || y->dtype != t || (c && c->dtype != t) || !gemm_dtype_ok(t)) return TP_KERNEL_BAD_DTYPE;
   TpGemmShape g;
@@ -167,7 +162,6 @@ TpKernelStatus tp_gemm(const TpTensor *a, const TpTensor *b, const TpTensor *c, 
     }
     return TP_KERNEL_OK;
   }
-  gemm_any(t, trans_a, trans_b, M, N, K, alpha, a->data, 0, a->dims[1], b->data, 0, b->dims[1], beta,
-           y->data, 0, N);
+  gemm_any(t, trans_a, trans_b, M, N, K, alpha, a->data, 0, a->dims[1], b->data, 0, b->dims[1], beta, y->data, 0, N);
   return TP_KERNEL_OK;
 }

@@ -16,8 +16,7 @@
 /* Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C with leading dimensions.
  * Splits a large product over OpenMP's threads; inside a parallel region it runs on the
  * calling thread alone. OpenBLAS itself is kept single-threaded. */
-void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-              int64_t ldc);
+void tp_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 #endif

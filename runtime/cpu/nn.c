@@ -41,8 +41,8 @@ TP_VECTOR_INLINE void softmax_row(const float *x, float *y, int64_t n, int64_t s
 }
 
 /* Rows [r0, r1) of tp_softmax_f32's [outer, n, inner] view. */
-TP_VECTOR_CLONES static void softmax_rows(const float *x, float *y, int64_t r0, int64_t r1,
-                                          int64_t n, int64_t inner, bool log) {
+TP_VECTOR_CLONES static void softmax_rows(const float *x, float *y, int64_t r0, int64_t r1, int64_t n, int64_t inner,
+                                          bool log) {
   for (int64_t r = r0; r < r1; r++) {
     int64_t base = (r / inner) * n * inner + r % inner;
     if (inner == 1) softmax_row(x + base, y + base, n, 1, log);
@@ -65,9 +65,9 @@ TpKernelStatus tp_softmax_f32(const float *x, float *y, int64_t outer, int64_t n
 }
 
 /* Rows [r0, r1) of tp_layernorm_f32. */
-TP_VECTOR_CLONES static void layernorm_rows(const float *x, const float *scale, const float *bias,
-                                            int64_t r0, int64_t r1, int64_t n, float eps, float *y,
-                                            float *mean, float *inv_std) {
+TP_VECTOR_CLONES static void layernorm_rows(const float *x, const float *scale, const float *bias, int64_t r0,
+                                            int64_t r1, int64_t n, float eps, float *y, float *mean,
+                                            float *inv_std) {
   for (int64_t r = r0; r < r1; r++) {
     const float *xr = x + r * n;
     float *yr = y + r * n;
@@ -93,8 +93,8 @@ TP_VECTOR_CLONES static void layernorm_rows(const float *x, const float *scale, 
   }
 }
 
-TpKernelStatus tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer,
-                      int64_t n, float eps, float *y, float *mean, float *inv_std) {
+TpKernelStatus tp_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t outer, int64_t n,
+                                float eps, float *y, float *mean, float *inv_std) {
   if (outer * n < PARALLEL_MIN_ELEMS) {
     layernorm_rows(x, scale, bias, 0, outer, n, eps, y, mean, inv_std);
     return TP_KERNEL_OK;
@@ -130,9 +130,8 @@ typedef struct {
 } KeysValues;
 
 /* Query rows [i0, i1) of batch b, head h; s is (i1 - i0) * total scratch. */
-TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int64_t h,
-                                            int64_t i0, int64_t i1, const float *q, KeysValues kv,
-                                            float *y, float *qk_out, float *s) {
+TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                                            const float *q, KeysValues kv, float *y, float *qk_out, float *s) {
   int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size, Sq = p->q_len;
   int64_t ldq, ldy, rows = i1 - i0;
   const float *qh = q + tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq) + i0 * ldq;
@@ -170,8 +169,8 @@ TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int
 }
 
 TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
-                      const float *past_k, const float *past_v, float *y, float *present_k,
-                      float *present_v, float *qk_out) {
+                                const float *past_k, const float *past_v, float *y, float *present_k,
+                                float *present_v, float *qk_out) {
   int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size;
   int64_t group = p->q_heads / p->kv_heads, Sq = p->q_len;
 
@@ -200,7 +199,8 @@ TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const floa
    * depend on the thread count. With a task for every thread they run in parallel, each
    * product on its thread alone (tp_sgemm inside a parallel region); otherwise one after
    * the other, each product split over the threads. */
-  int64_t blocks = (Sq + TP_ATTENTION_QUERY_BLOCK - 1) / TP_ATTENTION_QUERY_BLOCK, tasks = p->batch * p->q_heads * blocks;
+  int64_t blocks = (Sq + TP_ATTENTION_QUERY_BLOCK - 1) / TP_ATTENTION_QUERY_BLOCK,
+          tasks = p->batch * p->q_heads * blocks;
   int nthreads = omp_get_max_threads();
   bool parallel = nthreads > 1 && tasks >= nthreads;
   int64_t rows_max = Sq < TP_ATTENTION_QUERY_BLOCK ? Sq : TP_ATTENTION_QUERY_BLOCK;
@@ -208,11 +208,12 @@ TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const floa
   {
     float *s = malloc((size_t)(rows_max * total) * sizeof *s);
     if (!s) abort(); /* out of memory */
-    /* dynamic: causal blocks further down cost more */
+                     /* dynamic: causal blocks further down cost more */
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < tasks; t++) {
       int64_t b = t / (p->q_heads * blocks), h = t / blocks % p->q_heads, blk = t % blocks;
-      int64_t g = h / group, i0 = blk * TP_ATTENTION_QUERY_BLOCK, i1 = i0 + TP_ATTENTION_QUERY_BLOCK < Sq ? i0 + TP_ATTENTION_QUERY_BLOCK : Sq;
+      int64_t g = h / group, i0 = blk * TP_ATTENTION_QUERY_BLOCK,
+              i1 = i0 + TP_ATTENTION_QUERY_BLOCK < Sq ? i0 + TP_ATTENTION_QUERY_BLOCK : Sq;
       KeysValues kv;
       if (kbuf) kv.k = kbuf + (b * p->kv_heads + g) * total * D, kv.ldk = D;
       else kv.k = k + tp_attention_head_offset(p, b, g, p->kv_heads, tp_attention_kv_rows(p), D, &kv.ldk);

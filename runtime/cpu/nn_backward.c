@@ -17,8 +17,8 @@
 #define COLUMN_BLOCK 32
 
 /* tp_sgemm that allows an empty inner dimension (C = beta * C, beta 0 or 1). */
-static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     if (beta == 0)
@@ -30,8 +30,8 @@ static void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 
 /* Runs of ROW_RUN rows are summed in float (vectorised), the runs in double. */
 #define ROW_RUN 64
-void tp_column_sums_f32(const float *dy, const float *x, const float *mean, const float *inv_std,
-                        int64_t rows, int64_t n, float *sum_dy_xhat, float *sum_dy) {
+void tp_column_sums_f32(const float *dy, const float *x, const float *mean, const float *inv_std, int64_t rows,
+                        int64_t n, float *sum_dy_xhat, float *sum_dy) {
   int64_t nblocks = (n + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
   for (int64_t blk = 0; blk < nblocks; blk++) {
@@ -62,7 +62,7 @@ void tp_column_sums_f32(const float *dy, const float *x, const float *mean, cons
 /* ---- Linear, MatMul ---- */
 
 TpKernelStatus tp_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
-                            int64_t N, bool transpose_w, float *dx, float *dw, float *dbias) {
+                                      int64_t N, bool transpose_w, float *dx, float *dw, float *dbias) {
   if (dx) {
     if (transpose_w) gemm(false, false, M, K, N, 1, dy, N, w, K, 0, dx, K);
     else gemm(false, true, M, K, N, 1, dy, N, w, N, 0, dx, K);
@@ -76,7 +76,7 @@ TpKernelStatus tp_linear_backward_f32(const float *dy, const float *x, const flo
 }
 
 TpKernelStatus tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
-                            TpTensor *db) {
+                                      TpTensor *db) {
   TpMatmulLayout l;
   TpKernelStatus s = tp_check_matmul_backward(dy, a, b, da, db, &l);
   if (s != TP_KERNEL_OK) return s;
@@ -106,9 +106,9 @@ TpKernelStatus tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, con
 
 /* ---- LayerNorm, Gelu, Softmax ---- */
 
-TpKernelStatus tp_layernorm_backward_f32(const float *dy, const float *x, const float *scale,
-                               const float *mean, const float *inv_std, int64_t rows, int64_t n,
-                               float *dx, float *dscale, float *dbias) {
+TpKernelStatus tp_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
+                                         const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
+                                         float *dbias) {
   if (dx) {
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
     for (int64_t r = 0; r < rows; r++) {
@@ -123,8 +123,7 @@ TpKernelStatus tp_layernorm_backward_f32(const float *dy, const float *x, const 
       }
       float mean_g = (float)(sum_g / (double)n), mean_gx = (float)(sum_gx / (double)n);
 #pragma omp simd
-      for (int64_t j = 0; j < n; j++)
-        o[j] = rs * (d[j] * scale[j] - mean_g - (xr[j] - mu) * rs * mean_gx);
+      for (int64_t j = 0; j < n; j++) o[j] = rs * (d[j] * scale[j] - mean_g - (xr[j] - mu) * rs * mean_gx);
     }
   }
   if (dscale || dbias) tp_column_sums_f32(dy, x, mean, inv_std, rows, n, dscale, dbias);
@@ -142,8 +141,8 @@ TpKernelStatus tp_gelu_backward_f32(const float *dy, const float *x, int64_t n, 
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int64_t n,
-                             int64_t inner, bool log, float *dx) {
+TpKernelStatus tp_softmax_backward_f32(const float *dy, const float *y, int64_t outer, int64_t n, int64_t inner,
+                                       bool log, float *dx) {
   int64_t rows = outer * inner;
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < rows; r++) {
@@ -185,8 +184,8 @@ static void zero_rows(float *x, int64_t ld, int64_t r0, int64_t r1, int64_t D) {
 /* The probabilities of query rows [i0, i1) of batch b, head h from their scores s
  * (i1 - i0, hi - lo) over keys [lo, hi), in place, as tp_attention_f32 computes them:
  * masked, softmax over each row's keys, 0 for the keys a row does not see. */
-static void attention_probabilities(const TpAttention *p, int64_t b, int64_t h, int64_t i0, int64_t i1,
-                                    float *s, int64_t lo, int64_t hi) {
+static void attention_probabilities(const TpAttention *p, int64_t b, int64_t h, int64_t i0, int64_t i1, float *s,
+                                    int64_t lo, int64_t hi) {
   int64_t w = hi - lo;
   for (int64_t i = i0; i < i1; i++) {
     float *row = s + (i - i0) * w;
@@ -200,9 +199,9 @@ static void attention_probabilities(const TpAttention *p, int64_t b, int64_t h, 
 }
 
 /* Gradients of kv head g of batch b and of the q heads that share it. */
-static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g, const float *dy,
-                                     const float *q, const float *k, const float *v, float *dq,
-                                     float *dk, float *dv, const AttnScratch *w) {
+static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g, const float *dy, const float *q,
+                                     const float *k, const float *v, float *dq, float *dk, float *dv,
+                                     const AttnScratch *w) {
   int64_t Sq = p->q_len, T = p->kv_len, D = p->head_size, Dv = p->v_head_size;
   int64_t group = p->q_heads / p->kv_heads, ldk, ldv, ldq, ldy;
   /* k and v may lie in a longer context buffer (kv_rows); dk and dv are dense */
@@ -256,8 +255,8 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
   }
 }
 
-TpKernelStatus tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
-                               const float *k, const float *v, float *dq, float *dk, float *dv) {
+TpKernelStatus tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q, const float *k,
+                                         const float *v, float *dq, float *dk, float *dv) {
   int64_t Sq = p->q_len, T = p->kv_len, B = p->batch;
   if (Sq == 0 || T == 0) { /* nothing attended: every gradient is zero */
     if (dq) memset(dq, 0, (size_t)(B * p->q_heads * Sq * p->head_size) * sizeof *dq);
@@ -289,9 +288,8 @@ TpKernelStatus tp_attention_backward_f32(const TpAttention *p, const float *dy, 
 
 /* ---- CrossEntropy ---- */
 
-TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits,
-                                             const int64_t *targets, int64_t R, int64_t V,
-                                             float denominator, float *dlogits, int64_t *bad) {
+TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits, const int64_t *targets, int64_t R,
+                                             int64_t V, float denominator, float *dlogits, int64_t *bad) {
   for (int64_t r = 0; r < R; r++)
     if (targets[r] < 0 || targets[r] >= V) {
       *bad = r;

@@ -20,7 +20,7 @@
 /* Over the rows of dy (rows, n): sum_dy[j] = sum_r dy[r, j] and, when x is given,
  * sum_dy_xhat[j] = sum_r dy[r, j] * (x[r, j] - mean[r]) * inv_std[r] (mean NULL: 0);
  * either result may be NULL. The order of the sums does not depend on the thread count. */
-void tp_column_sums_f32(const float *dy, const float *x, const float *mean, const float *inv_std,
-                        int64_t rows, int64_t n, float *sum_dy_xhat, float *sum_dy);
+void tp_column_sums_f32(const float *dy, const float *x, const float *mean, const float *inv_std, int64_t rows,
+                        int64_t n, float *sum_dy_xhat, float *sum_dy);
 
 #endif

@@ -7,8 +7,8 @@
  * count. */
 #define SUM_PIECES 64
 
-void tp_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
-                   double beta2, double eps, double weight_decay, int64_t step) {
+void tp_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1, double beta2,
+                   double eps, double weight_decay, int64_t step) {
   const TpAdamWFactors f = tp_adamw_factors(lr, beta1, beta2, eps, weight_decay, step);
 #pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
   for (int64_t i = 0; i < n; i++) tp_adamw_element(w, g, m, v, i, f);
@@ -19,8 +19,7 @@ double tp_sum_squares_f32(const float *x, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
   for (int p = 0; p < SUM_PIECES; p++) {
     double sum = 0;
-    for (int64_t i = n * p / SUM_PIECES; i < n * (p + 1) / SUM_PIECES; i++)
-      sum += (double)x[i] * x[i];
+    for (int64_t i = n * p / SUM_PIECES; i < n * (p + 1) / SUM_PIECES; i++) sum += (double)x[i] * x[i];
     piece[p] = sum;
   }
   double total = 0;

@@ -14,8 +14,8 @@
  * The scalar factors are computed in double, the per-element work in float
  * (runtime/kernels/element.h, tp_adamw_factors and tp_adamw_element).
  *   w, g, m, v (n); m and v start at 0 */
-void tp_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
-                   double beta2, double eps, double weight_decay, int64_t step);
+void tp_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1, double beta2,
+                   double eps, double weight_decay, int64_t step);
 
 /* sum of x[i]^2 in double; the order of the additions does not depend on the thread count.
  * The global gradient norm is the sqrt of the sum of this over every gradient. */

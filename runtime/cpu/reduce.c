@@ -6,11 +6,11 @@
 #include "../kernels/scalar.h"
 
 /* Adds a run of n elements `step` bytes apart to *acc (signed integers wrap modulo 2^64). */
-#define SUM_RUN(T, ACC, CONVERT)                                               \
-  for (int64_t i = 0; i < n; i++) {                                            \
-    T v;                                                                       \
-    memcpy(&v, p + i * step, sizeof v);                                        \
-    *ACC += CONVERT(v);                                                        \
+#define SUM_RUN(T, ACC, CONVERT)                                                                                    \
+  for (int64_t i = 0; i < n; i++) {                                                                                 \
+    T v;                                                                                                            \
+    memcpy(&v, p + i * step, sizeof v);                                                                             \
+    *ACC += CONVERT(v);                                                                                             \
   }
 #define AS_IS(v) (v)
 
@@ -34,10 +34,22 @@ static void sum_run(TpDType t, const char *p, int64_t n, int64_t step, double *f
 
 static void store_result(TpDType t, char *p, double f, uint64_t u) {
   switch (t) {
-  case TP_F32: { float v = (float)f; memcpy(p, &v, 4); break; }
+  case TP_F32: {
+    float v = (float)f;
+    memcpy(p, &v, 4);
+    break;
+  }
   case TP_F64: memcpy(p, &f, 8); break;
-  case TP_F16: { uint16_t v = tp_f32_to_f16((float)f); memcpy(p, &v, 2); break; }
-  case TP_BF16: { uint16_t v = tp_f32_to_bf16((float)f); memcpy(p, &v, 2); break; }
+  case TP_F16: {
+    uint16_t v = tp_f32_to_f16((float)f);
+    memcpy(p, &v, 2);
+    break;
+  }
+  case TP_BF16: {
+    uint16_t v = tp_f32_to_bf16((float)f);
+    memcpy(p, &v, 2);
+    break;
+  }
   default: memcpy(p, &u, tp_dtype_size(t)); break; /* low bytes: little-endian */
   }
 }
@@ -59,8 +71,7 @@ static void dimset_add(DimSet *s, int64_t dim, int64_t stride) {
   s->strides[s->n++] = stride;
 }
 
-TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean,
-                             TpTensor *y) {
+TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, TpTensor *y) {
   TpDType t = x->dtype;
   if (y->dtype != t || t == TP_BOOL || tp_dtype_size(t) == 0) return TP_KERNEL_BAD_DTYPE;
   int64_t xs[TP_MAX_RANK];

@@ -16,8 +16,8 @@
  * thread count. */
 #define SUM_PIECES 64
 
-TpKernelStatus tp_linear_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K,
-                   int64_t N, bool transpose_w, float *y) {
+TpKernelStatus tp_linear_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K, int64_t N,
+                             bool transpose_w, float *y) {
   if (M == 0 || N == 0) return TP_KERNEL_OK;
   if (bias) {
 #pragma omp parallel for if (M * N >= PARALLEL_MIN_ELEMS)
@@ -31,8 +31,8 @@ TpKernelStatus tp_linear_f32(const float *x, const float *w, const float *bias, 
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V,
-                                int64_t C, float *out, int64_t *bad) {
+TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
+                                int64_t *bad) {
   static const int64_t whole = 0; /* the one range of one */
   return tp_embedding_part_f32(table, ids, &whole, n, V, 1, C, out, bad);
 }
@@ -70,7 +70,7 @@ TpKernelStatus tp_embedding_part_backward_f32(const float *dy, const int64_t *id
                                               int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad) {
   if (!ids_in_range(ids, n, V, parts, true, bad)) return TP_KERNEL_BAD_INDEX;
   if (V * C != 0) memset(dtable, 0, (size_t)(V * C) * sizeof *dtable);
-  /* columns split among the threads: each row's sum keeps the order of i */
+    /* columns split among the threads: each row's sum keeps the order of i */
 #pragma omp parallel for schedule(static) if (n * C >= PARALLEL_MIN_ELEMS)
   for (int64_t c0 = 0; c0 < C; c0 += 64) {
     int64_t w = C - c0 < 64 ? C - c0 : 64;
@@ -104,8 +104,8 @@ static double row_logsumexp(const float *x, int64_t n) {
   return mx == -INFINITY || mx == INFINITY ? mx : mx + log(sum);
 }
 
-TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R,
-                                    int64_t V, float denominator, float *loss, int64_t *bad) {
+TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+                                    float denominator, float *loss, int64_t *bad) {
   for (int64_t r = 0; r < R; r++)
     if (targets[r] < 0 || targets[r] >= V) {
       *bad = r;
@@ -138,8 +138,8 @@ static double stats_sumexp(const float *s, int64_t parts, float *mx) {
   return sum;
 }
 
-TpKernelStatus tp_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
-                                          int64_t V, int64_t parts, float *stats, int64_t *bad) {
+TpKernelStatus tp_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
+                                          int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad) {
   if (!ids_in_range(targets, R, V, parts, false, bad)) return TP_KERNEL_BAD_INDEX;
   if (*part < 0 || *part >= parts) return TP_KERNEL_BAD_SHAPE; /* a range past the row's columns */
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
@@ -213,8 +213,8 @@ TpKernelStatus tp_rmsnorm_f32(const float *x, const float *scale, int64_t rows, 
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
-                             int64_t n, float eps, float *dx, float *dscale) {
+TpKernelStatus tp_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows, int64_t n,
+                                       float eps, float *dx, float *dscale) {
   float *inv = malloc(((size_t)rows + 1) * sizeof *inv);
   if (!inv) abort(); /* out of memory */
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_ELEMS)
@@ -242,8 +242,8 @@ TpKernelStatus tp_rmsnorm_backward_f32(const float *dy, const float *x, const fl
  * x_a s_b; backward (the transpose): y_a = x_a c_a + x_b s_b, y_b = x_b c_b - x_a s_a. The
  * tables' row of X's row r starts at the sum over dims k of index_k(r) * stride[k]. */
 TP_VECTOR_CLONES static void rotary_rows(const float *x, const float *cos, const float *sin, int rank,
-                                         const int64_t *dims, const int64_t *stride, int64_t rd,
-                                         bool interleaved, bool backward, int64_t r0, int64_t r1, float *y) {
+                                         const int64_t *dims, const int64_t *stride, int64_t rd, bool interleaved,
+                                         bool backward, int64_t r0, int64_t r1, float *y) {
   int64_t D = dims[rank - 1], half = rd / 2, step = interleaved ? 2 : 1, off = interleaved ? 1 : half;
   for (int64_t r = r0; r < r1; r++) {
     int64_t rest = r, at = 0;
@@ -285,14 +285,14 @@ static void rotary(const float *x, const float *cos, const float *sin, int rank,
 }
 
 TpKernelStatus tp_rotary_f32(const float *x, const float *cos, const float *sin, int rank, const int64_t *dims,
-                   const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y) {
+                             const int64_t *table_dims, int64_t rotary_dim, bool interleaved, float *y) {
   rotary(x, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, false, y);
   return TP_KERNEL_OK;
 }
 
 TpKernelStatus tp_rotary_backward_f32(const float *dy, const float *cos, const float *sin, int rank,
-                            const int64_t *dims, const int64_t *table_dims, int64_t rotary_dim,
-                            bool interleaved, float *dx) {
+                                      const int64_t *dims, const int64_t *table_dims, int64_t rotary_dim,
+                                      bool interleaved, float *dx) {
   rotary(dy, cos, sin, rank, dims, table_dims, rotary_dim, interleaved, true, dx);
   return TP_KERNEL_OK;
 }
@@ -339,8 +339,8 @@ TpKernelStatus tp_swiglu_f32(const float *gate, const float *up, int64_t n, floa
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
-                            float *dgate, float *dup) {
+TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
+                                      float *dup) {
   int64_t pieces = (n + ELEMS_PER_PIECE - 1) / ELEMS_PER_PIECE;
 #pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
   for (int64_t p = 0; p < pieces; p++)
@@ -353,8 +353,8 @@ TpKernelStatus tp_swiglu_backward_f32(const float *dy, const float *gate, const 
  * Each result rounded as the Gelu, Mul and GeluBackward it fuses (the same bits): dup =
  * dy * gelu(gate), dgate = GeluBackward(dy * up, gate). */
 
-TP_VECTOR_CLONES static void geglu_range(const float *gate, const float *up, int64_t i0, int64_t i1, bool tanh_approx,
-                                         float *y) {
+TP_VECTOR_CLONES static void geglu_range(const float *gate, const float *up, int64_t i0, int64_t i1,
+                                         bool tanh_approx, float *y) {
   if (tanh_approx) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; i++) y[i] = tp_gelu_tanh_f32(gate[i]) * up[i];

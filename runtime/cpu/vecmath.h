@@ -49,7 +49,7 @@ TP_VECTOR_INLINE float tp_row_max(const float *x, int64_t n, int64_t stride) {
  * lane, many times the whole loop body; x / (1 + inf) is a plain 0. */
 TP_VECTOR_INLINE float tp_vexpf(float x) {
   x = x < -88.0f ? -88.0f : x > 89.0f ? 89.0f : x; /* n = 128 above 88.37: 2^n is +inf */
-  const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+  const float shifter = 12582912.0f;               /* 1.5 * 2^23: adding it rounds to an integer */
   float n = (x * 1.44269504088896341f + shifter) - shifter;
   float r = x - n * 0.693359375f; /* ln2 in two parts: the first is exact times n */
   r = r - n * -2.12194440e-4f;

@@ -6,7 +6,7 @@
 #include "common.cuh"
 #include "ops.h"
 
-#define LAUNCH_OVER(n, kernel, stream, ...) \
+#define LAUNCH_OVER(n, kernel, stream, ...)                                                                         \
   TP_LAUNCH(kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), (stream)->cuda, __VA_ARGS__)
 
 /* ---- Gelu's gradient ---- */

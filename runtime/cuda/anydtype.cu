@@ -11,7 +11,7 @@
 #include "ops.h"
 #include "strided.cuh"
 
-#define LAUNCH_OVER(n, kernel, stream, ...) \
+#define LAUNCH_OVER(n, kernel, stream, ...)                                                                         \
   TP_LAUNCH(kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), (stream)->cuda, __VA_ARGS__)
 
 static bool same_dims(const TpTensor *a, const TpTensor *b) {
@@ -34,7 +34,7 @@ __global__ void unary_any_kernel(TpUnaryOp op, TpDType t, size_t es, const char 
       *py = !*px;
     } else if (tp_dclass(t) == TP_CLASS_FLOAT) {
       tp_store_float(t, py, tp_unary_f64(op, tp_load_float(t, px))); /* as the CPU computes */
-    } else { /* signed integers: Neg, Relu */
+    } else {                                                         /* signed integers: Neg, Relu */
       uint64_t v = tp_load_bits(t, px);
       if (op == TP_UNARY_NEG) v = 0 - v;
       else if ((int64_t)v < 0) v = 0;
@@ -48,11 +48,13 @@ TpKernelStatus tp_cuda_unary(TpUnaryOp op, const TpTensor *x, TpTensor *y, TpStr
   if (s != TP_KERNEL_OK) return s;
   int64_t n = tp_tensor_numel(x);
   if (x->dtype == TP_F32) {
-    tp_cuda_launch_unary_f32(op, static_cast<const float *>(x->data), n, static_cast<float *>(y->data), stream->cuda);
+    tp_cuda_launch_unary_f32(op, static_cast<const float *>(x->data), n, static_cast<float *>(y->data),
+                             stream->cuda);
     return TP_KERNEL_OK;
   }
-  if (n) LAUNCH_OVER(n, unary_any_kernel, stream, op, x->dtype, tp_dtype_size(x->dtype),
-                     static_cast<const char *>(x->data), n, static_cast<char *>(y->data));
+  if (n)
+    LAUNCH_OVER(n, unary_any_kernel, stream, op, x->dtype, tp_dtype_size(x->dtype),
+                static_cast<const char *>(x->data), n, static_cast<char *>(y->data));
   return TP_KERNEL_OK;
 }
 
@@ -104,8 +106,9 @@ TpKernelStatus tp_cuda_binary(TpBinaryOp op, const TpTensor *a, const TpTensor *
   }
   Strided s = byte_strided(&it);
   BinaryTypes t = {a->dtype, b->dtype, y->dtype, tp_dtype_size(y->dtype)};
-  if (s.n) LAUNCH_OVER(s.n, binary_any_kernel, stream, op, t, s, static_cast<const char *>(a->data),
-                       static_cast<const char *>(b->data), static_cast<char *>(y->data));
+  if (s.n)
+    LAUNCH_OVER(s.n, binary_any_kernel, stream, op, t, s, static_cast<const char *>(a->data),
+                static_cast<const char *>(b->data), static_cast<char *>(y->data));
   return TP_KERNEL_OK;
 }
 
@@ -131,9 +134,10 @@ TpKernelStatus tp_cuda_where(const TpTensor *cond, const TpTensor *a, const TpTe
     return TP_KERNEL_OK;
   }
   Strided s = byte_strided(&it);
-  if (s.n) LAUNCH_OVER(s.n, where_any_kernel, stream, s, tp_dtype_size(y->dtype), static_cast<const char *>(cond->data),
-                       static_cast<const char *>(a->data), static_cast<const char *>(b->data),
-                       static_cast<char *>(y->data));
+  if (s.n)
+    LAUNCH_OVER(s.n, where_any_kernel, stream, s, tp_dtype_size(y->dtype), static_cast<const char *>(cond->data),
+                static_cast<const char *>(a->data), static_cast<const char *>(b->data),
+                static_cast<char *>(y->data));
   return TP_KERNEL_OK;
 }
 
@@ -167,8 +171,9 @@ TpKernelStatus tp_cuda_cast(const TpTensor *x, TpTensor *y, TpStream *stream) {
       TP_CUDA_CHECK(cudaMemcpyAsync(y->data, x->data, tp_tensor_bytes(x), cudaMemcpyDeviceToDevice, stream->cuda));
     return TP_KERNEL_OK;
   }
-  if (n) LAUNCH_OVER(n, cast_kernel, stream, x->dtype, tp_dtype_size(x->dtype), y->dtype, tp_dtype_size(y->dtype), static_cast<const char *>(x->data), n,
-                     static_cast<char *>(y->data));
+  if (n)
+    LAUNCH_OVER(n, cast_kernel, stream, x->dtype, tp_dtype_size(x->dtype), y->dtype, tp_dtype_size(y->dtype),
+                static_cast<const char *>(x->data), n, static_cast<char *>(y->data));
   return TP_KERNEL_OK;
 }
 
@@ -217,8 +222,9 @@ TpKernelStatus tp_cuda_tile(const TpTensor *x, TpTensor *y, TpStream *stream) {
   memcpy(p.y_dims, y->dims, sizeof p.y_dims);
   memcpy(p.x_dims, x->dims, sizeof p.x_dims);
   tp_contiguous_strides(x->rank, x->dims, 1, p.x_stride);
-  if (p.n) LAUNCH_OVER(p.n, tile_kernel, stream, p, tp_dtype_size(x->dtype), static_cast<const char *>(x->data),
-                       static_cast<char *>(y->data));
+  if (p.n)
+    LAUNCH_OVER(p.n, tile_kernel, stream, p, tp_dtype_size(x->dtype), static_cast<const char *>(x->data),
+                static_cast<char *>(y->data));
   return TP_KERNEL_OK;
 }
 
@@ -279,8 +285,9 @@ TpKernelStatus tp_cuda_trilu(const TpTensor *x, bool upper, int64_t k, TpTensor 
   if (x->rank < 2 || !same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;
   int64_t rows = x->dims[x->rank - 2], cols = x->dims[x->rank - 1], n = tp_tensor_numel(x);
   k = k > cols ? cols : k < -rows ? -rows : k;
-  if (n) LAUNCH_OVER(n, trilu_kernel, stream, static_cast<const char *>(x->data), n, rows, cols, upper, k,
-                     tp_dtype_size(x->dtype), static_cast<char *>(y->data));
+  if (n)
+    LAUNCH_OVER(n, trilu_kernel, stream, static_cast<const char *>(x->data), n, rows, cols, upper, k,
+                tp_dtype_size(x->dtype), static_cast<char *>(y->data));
   return TP_KERNEL_OK;
 }
 
@@ -310,9 +317,9 @@ TpKernelStatus tp_cuda_gather(const TpTensor *data, const TpTensor *indices, int
   if (s != TP_KERNEL_OK) return s;
   int64_t outer = tp_numel(axis, data->dims), n = data->dims[axis], nidx = tp_tensor_numel(indices);
   int64_t inner = tp_numel(data->rank - axis - 1, data->dims + axis + 1), total = outer * nidx * inner;
-  if (total) LAUNCH_OVER(total, gather_kernel, stream, static_cast<const char *>(data->data), indices->dtype,
-                         indices->data, outer, n, nidx, inner, tp_dtype_size(data->dtype),
-                         static_cast<char *>(y->data), stream->bad);
+  if (total)
+    LAUNCH_OVER(total, gather_kernel, stream, static_cast<const char *>(data->data), indices->dtype, indices->data,
+                outer, n, nidx, inner, tp_dtype_size(data->dtype), static_cast<char *>(y->data), stream->bad);
   return TP_KERNEL_OK;
 }
 
@@ -326,9 +333,9 @@ TpKernelStatus tp_cuda_gather_backward(const TpTensor *dy, const TpTensor *indic
   int64_t outer = tp_numel(axis, ddata->dims), n = ddata->dims[axis], nidx = tp_tensor_numel(indices);
   int64_t inner = tp_numel(ddata->rank - axis - 1, ddata->dims + axis + 1);
   void *scratch = tp_cuda_scratch(stream, tp_cuda_embedding_backward_scratch(nidx) + 1);
-  tp_cuda_launch_embedding_backward_f32(static_cast<const float *>(dy->data), indices->data, indices->dtype == TP_I32,
-                                        padding_idx, nidx, outer, n, inner, static_cast<float *>(ddata->data), stream->bad,
-                                        scratch, stream->cuda);
+  tp_cuda_launch_embedding_backward_f32(static_cast<const float *>(dy->data), indices->data,
+                                        indices->dtype == TP_I32, padding_idx, nidx, outer, n, inner,
+                                        static_cast<float *>(ddata->data), stream->bad, scratch, stream->cuda);
   return TP_KERNEL_OK;
 }
 
@@ -378,9 +385,9 @@ TpKernelStatus tp_cuda_gather_elements(const TpTensor *data, const TpTensor *ind
   TpKernelStatus s = tp_gather_elements_check(data->rank, data->dims, indices, axis, y, NULL);
   if (s != TP_KERNEL_OK) return s;
   ElementsShape p = elements_shape(data->rank, data->dims, indices, axis);
-  if (p.total) LAUNCH_OVER(p.total, gather_elements_kernel, stream, static_cast<const char *>(data->data), p,
-                           indices->dtype, indices->data, tp_dtype_size(data->dtype), static_cast<char *>(y->data),
-                           stream->bad);
+  if (p.total)
+    LAUNCH_OVER(p.total, gather_elements_kernel, stream, static_cast<const char *>(data->data), p, indices->dtype,
+                indices->data, tp_dtype_size(data->dtype), static_cast<char *>(y->data), stream->bad);
   return TP_KERNEL_OK;
 }
 
@@ -407,8 +414,9 @@ TpKernelStatus tp_cuda_gather_elements_backward(const TpTensor *dy, const TpTens
   if (tp_tensor_bytes(ddata)) TP_CUDA_CHECK(cudaMemsetAsync(ddata->data, 0, tp_tensor_bytes(ddata), stream->cuda));
   ElementsShape p = elements_shape(ddata->rank, ddata->dims, indices, axis);
   if (p.total)
-    LAUNCH_OVER(p.total / p.dims[axis], gather_elements_backward_kernel, stream, static_cast<const float *>(dy->data),
-                p, indices->dtype, indices->data, static_cast<float *>(ddata->data), stream->bad);
+    LAUNCH_OVER(p.total / p.dims[axis], gather_elements_backward_kernel, stream,
+                static_cast<const float *>(dy->data), p, indices->dtype, indices->data,
+                static_cast<float *>(ddata->data), stream->bad);
   return TP_KERNEL_OK;
 }
 

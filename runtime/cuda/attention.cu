@@ -59,10 +59,10 @@ struct alignas(16) Quad {
 template <int DMAX> struct Tile {
   static constexpr int ROWS = 2048 / DMAX < 32 ? 2048 / DMAX : 32;
   static constexpr int THREADS = ROWS * ROW_THREADS;
-  static constexpr int COLS = DMAX / ROW_THREADS;  /* the columns a thread owns (a multiple of 4) */
-  static constexpr int KEYS = ROWS / ROW_THREADS;  /* the scores of its row a thread computes */
-  static constexpr int QUADS = DMAX / 4 + 1;       /* a Q/K/V/dY tile row */
-  static constexpr int SQUADS = ROWS / 4 + 1;      /* a row of a tile's scores */
+  static constexpr int COLS = DMAX / ROW_THREADS; /* the columns a thread owns (a multiple of 4) */
+  static constexpr int KEYS = ROWS / ROW_THREADS; /* the scores of its row a thread computes */
+  static constexpr int QUADS = DMAX / 4 + 1;      /* a Q/K/V/dY tile row */
+  static constexpr int SQUADS = ROWS / 4 + 1;     /* a row of a tile's scores */
 };
 
 /* Column c (< COLS) of the vectors of its row thread t owns: the quads t, t + 8, ..., so
@@ -91,8 +91,8 @@ template <int DMAX>
 __device__ void load_tile(Quad (*tile)[Tile<DMAX>::QUADS], Rows x, int64_t b, int64_t head, int64_t s0, int64_t n) {
   for (int e = threadIdx.x; e < Tile<DMAX>::ROWS * DMAX; e += Tile<DMAX>::THREADS) {
     int r = e / DMAX, c = e % DMAX;
-    elem(tile[r], c) =
-        r < n && c < x.D ? x.data[row_offset(x.packed, b, head, x.heads, x.rows, s0 + r, x.D) + c] : 0.0f;
+    elem(tile[r], c) = r < n && c < x.D ? x.data[row_offset(x.packed, b, head, x.heads, x.rows, s0 + r, x.D) + c]
+                                        : 0.0f;
   }
 }
 
@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     dots<K, Q>(qs[r], ks, t, dq4, qk);
     for (int kk = 0; kk < K; kk++) { /* -inf past nk: the maximum below reads whole quads */
       int jj = t + ROW_THREADS * kk;
-      elem(ss[r], jj) =
-          r < n && jj < nk ? score(p, b, h, i, j0 + jj, qk[kk], tile.first, tile.end, &unused) : -INFINITY;
+      elem(ss[r], jj) = r < n && jj < nk ? score(p, b, h, i, j0 + jj, qk[kk], tile.first, tile.end, &unused)
+                                         : -INFINITY;
     }
     __syncthreads();
     float m_new = m; /* each thread of the row finds its maximum, then exponentiates its keys */
@@ -294,7 +294,8 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
   }
   for (int c = 0; c < C; c++) {
     int64_t col = owned_col(t, c);
-    if (r < n && col < p.head_size) dq[row_offset(q.packed, b, h, p.q_heads, p.q_len, i, p.head_size) + col] = p.scale * acc[c];
+    if (r < n && col < p.head_size)
+      dq[row_offset(q.packed, b, h, p.q_heads, p.q_len, i, p.head_size) + col] = p.scale * acc[c];
   }
 }
 
@@ -354,7 +355,8 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
   if (r >= nk) return;
   for (int c = 0; c < C; c++) {
     int64_t col = owned_col(t, c);
-    if (dk && col < p.head_size) dk[row_offset(p.packed, b, g, p.kv_heads, T, j, p.head_size) + col] = p.scale * dk_acc[c];
+    if (dk && col < p.head_size)
+      dk[row_offset(p.packed, b, g, p.kv_heads, T, j, p.head_size) + col] = p.scale * dk_acc[c];
     if (dv && col < p.v_head_size) dv[row_offset(p.packed, b, g, p.kv_heads, T, j, p.v_head_size) + col] = dv_acc[c];
   }
 }
@@ -365,8 +367,10 @@ __global__ void concat_kv_kernel(const float *past, Rows x, int64_t batch, int64
   const int64_t total = past_len + kv_len, n = batch * x.heads * total * x.D;
   TP_GRID_STRIDE_LOOP(e, n) {
     int64_t d = e % x.D, s = e / x.D % total, bg = e / (x.D * total);
-    present[e] = s < past_len ? past[(bg * past_len + s) * x.D + d]
-                              : x.data[row_offset(x.packed, bg / x.heads, bg % x.heads, x.heads, x.rows, s - past_len, x.D) + d];
+    present[e] =
+        s < past_len
+            ? past[(bg * past_len + s) * x.D + d]
+            : x.data[row_offset(x.packed, bg / x.heads, bg % x.heads, x.heads, x.rows, s - past_len, x.D) + d];
   }
 }
 
@@ -397,8 +401,8 @@ static void launch_backward(const TpAttention *p, Rows q, Rows k, Rows v, Rows d
   }
   if (dk || dv) {
     dim3 grid((unsigned)tiles(p->kv_len, R), (unsigned)p->kv_heads, (unsigned)p->batch);
-    TP_LAUNCH(attention_dkdv_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v, dy, lse, delta,
-              dk, dv);
+    TP_LAUNCH(attention_dkdv_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v, dy, lse, delta, dk,
+              dv);
   }
 }
 
@@ -416,8 +420,9 @@ static Rows forward_keys(const TpAttention *p, const float *past, const float *x
   Rows in = key_rows(p, x, D);
   if (!present) return in;
   int64_t n = p->batch * p->kv_heads * (p->past_len + p->kv_len) * D;
-  if (n) TP_LAUNCH(concat_kv_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), s->cuda, past, in,
-                   p->batch, p->past_len, p->kv_len, present);
+  if (n)
+    TP_LAUNCH(concat_kv_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), s->cuda, past, in,
+              p->batch, p->past_len, p->kv_len, present);
   return Rows{present, p->kv_heads, p->past_len + p->kv_len, D, false};
 }
 

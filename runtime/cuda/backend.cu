@@ -93,8 +93,10 @@ static void cuda_stream_sync(TpCompute *c, TpStream *s) {
   int64_t bad = tp_cuda_stream_sync(s);
   if (bad >= 0) {
     /* the trainer checked every token id against the tables, so this is a plan's bug */
-    fprintf(stderr, "tokpipe: error: a kernel on the GPU met an index out of range (at position %lld of its "
-            "ids or targets)\n", (long long)bad);
+    fprintf(stderr,
+            "tokpipe: error: a kernel on the GPU met an index out of range (at position %lld of its "
+            "ids or targets)\n",
+            (long long)bad);
     exit(1);
   }
 }
@@ -142,13 +144,9 @@ __global__ void add_into_kernel(float *dst, const float *src, int64_t n) {
   TP_GRID_STRIDE_LOOP(i, n) dst[i] += src[i];
 }
 
-__global__ void divide_kernel(float *x, int64_t n, float by) {
-  TP_GRID_STRIDE_LOOP(i, n) x[i] /= by;
-}
+__global__ void divide_kernel(float *x, int64_t n, float by) { TP_GRID_STRIDE_LOOP(i, n) x[i] /= by; }
 
-__global__ void clip_kernel(float *x, int64_t n, float factor) {
-  TP_GRID_STRIDE_LOOP(i, n) x[i] *= factor;
-}
+__global__ void clip_kernel(float *x, int64_t n, float factor) { TP_GRID_STRIDE_LOOP(i, n) x[i] *= factor; }
 
 __global__ void add_double_kernel(double *acc, const double *x) { *acc += *x; }
 
@@ -160,7 +158,8 @@ static void cuda_add_into(TpCompute *c, TpStream *s, float *dst, const float *sr
 
 static void cuda_divide(TpCompute *c, TpStream *s, float *x, int64_t n, float by) {
   (void)c;
-  if (n > 0) TP_LAUNCH(divide_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s), x, n, by);
+  if (n > 0)
+    TP_LAUNCH(divide_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s), x, n, by);
 }
 
 /* The pieces are tp_sum_squares_f32's; only the order of the sums inside a piece differs. */
@@ -182,8 +181,7 @@ static void cuda_clip(TpCompute *c, TpStream *s, float *x, int64_t n, float fact
 static void cuda_adamw(TpCompute *c, TpStream *s, float *w, const float *g, float *m, float *v, int64_t n,
                        const TpAdamW *h) {
   (void)c;
-  tp_cuda_launch_adamw_step(w, g, m, v, n, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->step,
-                            cuda_of(s));
+  tp_cuda_launch_adamw_step(w, g, m, v, n, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->step, cuda_of(s));
 }
 
 /* A message's buffers between the arena and the contiguous message, in message order. */
@@ -210,31 +208,12 @@ static void cuda_unpack(TpCompute *c, TpStream *s, void *arena, const void *src,
 }
 
 extern "C" const TpComputeBackend tp_compute_cuda = {
-    "cuda",
-    false, /* host_addressable */
-    cuda_close,
-    cuda_alloc,
-    cuda_free,
-    cuda_memset,
-    cuda_copy_h2d,
-    cuda_copy_d2h,
-    cuda_copy_d2d,
-    cuda_stream_new,
-    cuda_stream_free,
-    cuda_stream_sync,
-    cuda_event_new,
-    cuda_event_free,
-    cuda_event_record,
-    cuda_stream_wait,
-    cuda_event_sync,
-    cuda_run_unit,
-    cuda_add_into,
-    cuda_divide,
-    cuda_sum_squares,
-    cuda_clip,
-    cuda_adamw,
-    cuda_pack,
-    cuda_unpack,
+    "cuda",         false, /* host_addressable */
+    cuda_close,     cuda_alloc,      cuda_free,         cuda_memset,      cuda_copy_h2d,
+    cuda_copy_d2h,  cuda_copy_d2d,   cuda_stream_new,   cuda_stream_free, cuda_stream_sync,
+    cuda_event_new, cuda_event_free, cuda_event_record, cuda_stream_wait, cuda_event_sync,
+    cuda_run_unit,  cuda_add_into,   cuda_divide,       cuda_sum_squares, cuda_clip,
+    cuda_adamw,     cuda_pack,       cuda_unpack,
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */
@@ -263,7 +242,5 @@ static int cuda_open_compute(TpCompute **out, int local_rank, TpDiag *d) {
 }
 
 extern "C" const TpPlanDevice tp_plan_device_cuda = {
-    "cuda",
-    cuda_open_compute,
-    tp_cuda_comm_open, /* NCCL, or the host transport with host copies (comm_nccl.h) */
+    "cuda", cuda_open_compute, tp_cuda_comm_open, /* NCCL, or the host transport with host copies (comm_nccl.h) */
 };

@@ -76,8 +76,8 @@ static void set_alignment(cublasLtMatmulPreference_t preference, cublasLtMatmulP
 /* Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n) + beta C, with k > 0; A and B f32,
  * or bf16 when `bf16` (C f32 either way). */
 static void gemm_column_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                              int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
-                              int64_t ldc, TpCudaStream stream) {
+                              int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                              float *C, int64_t ldc, TpCudaStream stream) {
   const float alpha = 1;
 #ifdef TOKPIPE_CUDA_EMULATE
   (void)blas;
@@ -117,9 +117,10 @@ static void gemm_column_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool tr
   set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, C);
   cublasLtMatmulHeuristicResult_t heuristic;
   int found = 0;
-  TP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas->lt, op, layout_a, layout_b, layout_c, layout_c, preference,
-                                                 1, &heuristic, &found));
-  if (found == 0) tp_cuda_fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", "no algorithm for this product");
+  TP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas->lt, op, layout_a, layout_b, layout_c, layout_c, preference, 1,
+                                                 &heuristic, &found));
+  if (found == 0)
+    tp_cuda_fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", "no algorithm for this product");
   TP_CUBLAS_CHECK(cublasLtMatmul(blas->lt, op, &alpha, A, layout_a, B, layout_b, &beta, C, layout_c, C, layout_c,
                                  &heuristic.algo, blas->workspace, blas->workspace_size,
                                  static_cast<cudaStream_t>(stream)));
@@ -169,13 +170,13 @@ static void linear(TpCudaBlas *blas, bool bf16, const void *x, const void *w, co
   gemm_row_major(blas, bf16, false, transpose_w, M, N, K, x, w, bias ? 1.0f : 0.0f, y, stream);
 }
 
-void tp_cuda_launch_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
-                        int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
+void tp_cuda_launch_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M,
+                               int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
   linear(blas, false, x, w, bias, M, K, N, transpose_w, y, stream);
 }
 
 void tp_cuda_launch_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint16_t *w, const float *bias, int64_t M,
-                         int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
+                                int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
   linear(blas, true, x, w, bias, M, K, N, transpose_w, y, stream);
 }
 
@@ -209,13 +210,13 @@ static void linear_backward(TpCudaBlas *blas, bool bf16, const void *dy, const v
   if (dx) gemm_row_major(blas, bf16, false, !transpose_w, M, K, N, dy, w, 0, dx, stream); /* dy (M, N) @ w^T */
   if (dw) {
     if (transpose_w) gemm_row_major(blas, bf16, true, false, N, K, M, dy, x, 0, dw, stream); /* dy^T @ x */
-    else gemm_row_major(blas, bf16, true, false, K, N, M, x, dy, 0, dw, stream);              /* x^T @ dy */
+    else gemm_row_major(blas, bf16, true, false, K, N, M, x, dy, 0, dw, stream);             /* x^T @ dy */
   }
 }
 
 void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
-                                 int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
-                                 TpCudaStream stream) {
+                                        int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
+                                        TpCudaStream stream) {
   linear_backward(blas, false, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
   if (dbias) column_sums(dy, M, N, dbias, stream);
 }
@@ -268,7 +269,7 @@ static void matmul_backward(TpCudaBlas *blas, bool bf16, const TpMatmulLayout *l
 }
 
 void tp_cuda_launch_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
-                        TpCudaStream stream) {
+                               TpCudaStream stream) {
   matmul(blas, false, l, a, b, y, stream);
 }
 
@@ -278,7 +279,7 @@ void tp_cuda_launch_matmul_bf16(TpCudaBlas *blas, const TpMatmulLayout *l, const
 }
 
 void tp_cuda_launch_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
-                                 const float *b, float *da, float *db, TpCudaStream stream) {
+                                        const float *b, float *da, float *db, TpCudaStream stream) {
   matmul_backward(blas, false, l, dy, a, b, da, db, stream);
 }
 

@@ -30,17 +30,17 @@ void tp_cuda_blas_destroy(TpCudaBlas *blas);
 
 /* tp_linear_f32: y (M, N) = x (M, K) @ w (K, N), or w (N, K) transposed when transpose_w,
  * + bias (N) or NULL */
-void tp_cuda_launch_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M, int64_t K,
-                        int64_t N, bool transpose_w, float *y, TpCudaStream stream);
+void tp_cuda_launch_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M,
+                               int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream);
 /* tp_cuda_launch_linear_f32 on bf16 x and w (the bits of base/tensor.h's TP_BF16): the products
  * accumulate in fp32 (CUBLAS_COMPUTE_32F); bias and y are fp32. */
 void tp_cuda_launch_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint16_t *w, const float *bias, int64_t M,
-                         int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream);
+                                int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream);
 /* tp_linear_backward_f32: dx (M, K) = dy @ w^T, dw like w = x^T @ dy (dy^T @ x when
  * transpose_w), dbias (N) = the sum of dy's rows; each overwritten, each may be NULL. */
 void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
-                                 int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
-                                 TpCudaStream stream);
+                                        int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
+                                        TpCudaStream stream);
 /* tp_cuda_launch_linear_backward_f32's dx and dw from bf16 dy, x and w; dbias from dy_f32, the
  * gradient before its rounding to bf16 (a sum, no product: as the f32 plan's), which may be
  * NULL when dbias is. */
@@ -51,14 +51,14 @@ void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, c
 /* tp_matmul on f32 (numpy semantics, broadcast batch dims): l is tp_matmul_layout of a's
  * and b's shapes (host memory); y (l->nbatch, M, N) is overwritten. */
 void tp_cuda_launch_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
-                        TpCudaStream stream);
+                               TpCudaStream stream);
 /* tp_cuda_launch_matmul_f32 on bf16 a and b; y is fp32. */
 void tp_cuda_launch_matmul_bf16(TpCudaBlas *blas, const TpMatmulLayout *l, const uint16_t *a, const uint16_t *b,
                                 float *y, TpCudaStream stream);
 /* tp_matmul_backward_f32: da = dy @ b^T with a's shape, db = a^T @ dy with b's shape, a
  * batch dim an operand was broadcast along summed over; each overwritten, each may be NULL. */
 void tp_cuda_launch_matmul_backward_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *dy, const float *a,
-                                 const float *b, float *da, float *db, TpCudaStream stream);
+                                        const float *b, float *da, float *db, TpCudaStream stream);
 /* tp_cuda_launch_matmul_backward_f32 on bf16 dy, a and b; da and db are fp32. */
 void tp_cuda_launch_matmul_backward_bf16(TpCudaBlas *blas, const TpMatmulLayout *l, const uint16_t *dy,
                                          const uint16_t *a, const uint16_t *b, float *da, float *db,

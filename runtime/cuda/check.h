@@ -42,26 +42,25 @@ static inline const char *tp_nccl_message(ncclResult_t r, char *out, size_t size
   return out;
 }
 
-#define TP_CUDA_CHECK(call)                                                             \
-  do {                                                                                  \
-    cudaError_t tp_err_ = (call);                                                       \
-    if (tp_err_ != cudaSuccess) tp_cuda_fail(__FILE__, __LINE__, #call, cudaGetErrorString(tp_err_)); \
+#define TP_CUDA_CHECK(call)                                                                                         \
+  do {                                                                                                              \
+    cudaError_t tp_err_ = (call);                                                                                   \
+    if (tp_err_ != cudaSuccess) tp_cuda_fail(__FILE__, __LINE__, #call, cudaGetErrorString(tp_err_));               \
   } while (0)
 
-#define TP_NCCL_CHECK(call)                                                             \
-  do {                                                                                  \
-    ncclResult_t tp_nr_ = (call);                                                       \
-    char tp_msg_[512];                                                                  \
-    if (tp_nr_ != ncclSuccess)                                                          \
-      tp_cuda_fail(__FILE__, __LINE__, #call, tp_nccl_message(tp_nr_, tp_msg_, sizeof tp_msg_)); \
+#define TP_NCCL_CHECK(call)                                                                                         \
+  do {                                                                                                              \
+    ncclResult_t tp_nr_ = (call);                                                                                   \
+    char tp_msg_[512];                                                                                              \
+    if (tp_nr_ != ncclSuccess)                                                                                      \
+      tp_cuda_fail(__FILE__, __LINE__, #call, tp_nccl_message(tp_nr_, tp_msg_, sizeof tp_msg_));                    \
   } while (0)
 
 #ifndef TOKPIPE_CUDA_EMULATE
-#define TP_CUBLAS_CHECK(call)                                                           \
-  do {                                                                                  \
-    cublasStatus_t tp_st_ = (call);                                                     \
-    if (tp_st_ != CUBLAS_STATUS_SUCCESS)                                                \
-      tp_cuda_fail(__FILE__, __LINE__, #call, cublasLtGetStatusString(tp_st_));         \
+#define TP_CUBLAS_CHECK(call)                                                                                       \
+  do {                                                                                                              \
+    cublasStatus_t tp_st_ = (call);                                                                                 \
+    if (tp_st_ != CUBLAS_STATUS_SUCCESS) tp_cuda_fail(__FILE__, __LINE__, #call, cublasLtGetStatusString(tp_st_));  \
   } while (0)
 #endif
 

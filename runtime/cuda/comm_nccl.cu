@@ -74,9 +74,9 @@ const char *const group_names[] = {"world", "link", "tensor", "replicas", "piece
 struct Group {
   GroupKind kind;
   int n;
-  int *members;     /* world ranks; NCCL rank i is members[i] (a link: sender, receiver) */
-  int round;        /* the split that made it (world: 0) */
-  ncclComm_t comm;  /* NULL where this rank is not a member */
+  int *members;    /* world ranks; NCCL rank i is members[i] (a link: sender, receiver) */
+  int round;       /* the split that made it (world: 0) */
+  ncclComm_t comm; /* NULL where this rank is not a member */
   cudaStream_t stream;
 };
 
@@ -150,8 +150,7 @@ int rank_of(const TpPlan *P, int d, int k, int t) { return (d * P->nstages + k) 
 bool stage_has_parts(const TpPlan *P, int k, int parts) {
   for (int i = 0; i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
-    if (p->trainable && p->shard.parts == parts && (p->stage == k || (k > 0 && p->tied_stage == k)))
-      return true;
+    if (p->trainable && p->shard.parts == parts && (p->stage == k || (k > 0 && p->tied_stage == k))) return true;
   }
   return false;
 }
@@ -241,11 +240,15 @@ bool same_units(const TpPlanStage *a, int kind_a, const TpPlanStage *b, int kind
 int check_message_order(const TpPlan *P, TpDiag *d) {
   for (int k = 0; k + 1 < P->nstages; k++) {
     if (!same_units(&P->stages[k], TP_PLAN_SEND_ACT, &P->stages[k + 1], TP_PLAN_RECV_ACT))
-      return tp_internal(d, "stage %d receives its activations in another order than stage %d sends them "
-                         "(NCCL matches the messages of a direction in order)", k + 1, k);
+      return tp_internal(d,
+                         "stage %d receives its activations in another order than stage %d sends them "
+                         "(NCCL matches the messages of a direction in order)",
+                         k + 1, k);
     if (!same_units(&P->stages[k + 1], TP_PLAN_SEND_GRAD, &P->stages[k], TP_PLAN_RECV_GRAD))
-      return tp_internal(d, "stage %d receives its gradients in another order than stage %d sends them "
-                         "(NCCL matches the messages of a direction in order)", k, k + 1);
+      return tp_internal(d,
+                         "stage %d receives its gradients in another order than stage %d sends them "
+                         "(NCCL matches the messages of a direction in order)",
+                         k, k + 1);
   }
   return TP_OK;
 }
@@ -353,8 +356,10 @@ Group *link_group(TpComm *c, int from, int to) {
     Group *g = &N->groups[i];
     if (g->kind == GROUP_LINK && g->members[0] == from && g->members[1] == to) return g;
   }
-  tp_comm_abort(c, TP_ERR_INTERNAL, "internal error: no NCCL communicator for messages from rank %d to rank %d "
-                "was created at start-up (the plan's schedules send none)", from, to);
+  tp_comm_abort(c, TP_ERR_INTERNAL,
+                "internal error: no NCCL communicator for messages from rank %d to rank %d "
+                "was created at start-up (the plan's schedules send none)",
+                from, to);
 }
 
 /* The communicator of a collective over `group` (ascending world ranks); likewise. */
@@ -366,8 +371,10 @@ Group *collective_group(TpComm *c, const int *group, int n, const char *what) {
   char ranks[256] = "";
   size_t at = 0;
   for (int i = 0; i < n; i++) append(ranks, sizeof ranks, &at, "%s%d", i ? ", " : "", group[i]);
-  tp_comm_abort(c, TP_ERR_INTERNAL, "internal error: no NCCL communicator for %s over ranks {%s} was created at "
-                "start-up (the plan's schedules use none)", what, ranks);
+  tp_comm_abort(c, TP_ERR_INTERNAL,
+                "internal error: no NCCL communicator for %s over ranks {%s} was created at "
+                "start-up (the plan's schedules use none)",
+                what, ranks);
 }
 
 Request *new_request(TpCommRequest *r, int peer) {
@@ -532,17 +539,9 @@ void nccl_barrier(TpComm *c) { tp_comm_barrier(nccl_of(c)->host); }
 }
 
 const TpCommBackend tp_comm_nccl = {
-    "nccl",
-    true, /* device_memory */
-    nccl_finalize,
-    nccl_isend,
-    nccl_irecv,
-    nccl_test,
-    nccl_allreduce_sum,
-    nccl_allreduce_sum_on,
-    nccl_broadcast,
-    nccl_barrier,
-    nccl_abort,
+    "nccl",         true, /* device_memory */
+    nccl_finalize,  nccl_isend,   nccl_irecv, nccl_test, nccl_allreduce_sum, nccl_allreduce_sum_on,
+    nccl_broadcast, nccl_barrier, nccl_abort,
 };
 
 } // namespace
@@ -555,8 +554,10 @@ extern "C" int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan 
   if (rc) return rc;
   if (shares_gpu(host)) {
     if (host->rank == 0)
-      fprintf(stderr, "%s: note: processes share a GPU, which NCCL does not allow: messages go through %s with "
-              "host copies\n", host->tool, host->be->name);
+      fprintf(stderr,
+              "%s: note: processes share a GPU, which NCCL does not allow: messages go through %s with "
+              "host copies\n",
+              host->tool, host->be->name);
     return TP_OK;
   }
   failing_host = host;

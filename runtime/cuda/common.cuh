@@ -7,14 +7,14 @@
 #include "emulate/cuda_emu.h"
 /* kernel<<<grid, block, 0, stream>>>(args...) on the CPU emulation, after the stream's
  * asynchronous work (an all-reduce it may read) */
-#define TP_LAUNCH(kernel, grid, block, stream, ...) \
+#define TP_LAUNCH(kernel, grid, block, stream, ...)                                                                 \
   (tp_emu_stream_ready(stream), tp_emu_launch_fn((grid), (block), [=] { kernel(__VA_ARGS__); }))
 #else
 #include <cuda_runtime.h>
-#define TP_LAUNCH(kernel, grid, block, stream, ...)             \
-  do {                                                          \
-    kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__);      \
-    TP_CUDA_CHECK(cudaGetLastError());                          \
+#define TP_LAUNCH(kernel, grid, block, stream, ...)                                                                 \
+  do {                                                                                                              \
+    kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__);                                                          \
+    TP_CUDA_CHECK(cudaGetLastError());                                                                              \
   } while (0)
 #endif
 
@@ -32,10 +32,12 @@ enum { TP_CUDA_ELEMENTWISE_THREADS = 256, TP_CUDA_ELEMENTWISE_MAX_BLOCKS = 4096 
 
 static inline dim3 tp_elementwise_grid(int64_t n) {
   int64_t blocks = (n + TP_CUDA_ELEMENTWISE_THREADS - 1) / TP_CUDA_ELEMENTWISE_THREADS;
-  return dim3((unsigned)(blocks < (int64_t)TP_CUDA_ELEMENTWISE_MAX_BLOCKS ? blocks : (int64_t)TP_CUDA_ELEMENTWISE_MAX_BLOCKS));
+  return dim3((unsigned)(blocks < (int64_t)TP_CUDA_ELEMENTWISE_MAX_BLOCKS
+                             ? blocks
+                             : (int64_t)TP_CUDA_ELEMENTWISE_MAX_BLOCKS));
 }
 
-#define TP_GRID_STRIDE_LOOP(i, n) \
+#define TP_GRID_STRIDE_LOOP(i, n)                                                                                   \
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 struct TpSum {

@@ -37,7 +37,7 @@ __global__ void binary_kernel(TpBinaryOp op, Strided s, const float *a, const fl
 }
 
 bool tp_cuda_launch_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, const float *b, float *y,
-                        TpCudaStream stream) {
+                               TpCudaStream stream) {
   if (op > TP_BINARY_MIN) return false;
   const size_t elsize[] = {sizeof(float), sizeof(float), sizeof(float)};
   Strided s = strided(it, elsize);
@@ -53,7 +53,7 @@ __global__ void where_kernel(Strided s, const bool *cond, const float *a, const 
 }
 
 void tp_cuda_launch_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
-                       TpCudaStream stream) {
+                              TpCudaStream stream) {
   const size_t elsize[] = {sizeof(float), sizeof(bool), sizeof(float), sizeof(float)};
   Strided s = strided(it, elsize);
   if (s.n == 0) return;

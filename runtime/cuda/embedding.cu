@@ -29,8 +29,8 @@ __global__ void embedding_kernel(const float *table, const int64_t *ids, const i
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[i * C + c] = id < 0 ? 0.0f : table[id * C + c];
 }
 
-void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
-                           int64_t *bad, TpCudaStream stream) {
+void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C,
+                                  float *out, int64_t *bad, TpCudaStream stream) {
   tp_cuda_launch_embedding_part_f32(table, ids, NULL, n, V, 1, C, out, bad, stream);
 }
 
@@ -58,8 +58,8 @@ enum { SORT_THREADS = 1024 };
  * chunk's zeros, a block scan of the counts and an in-order scatter. */
 __global__ void __launch_bounds__(SORT_THREADS)
     sort_rows_kernel(const void *ids, bool ids_i32, int64_t padding_idx, const int64_t *part, int64_t n, int64_t V,
-                     int64_t parts, int bits,
-                     int64_t *keys, int64_t *pos, int64_t *keys2, int64_t *pos2, int64_t *bad) {
+                     int64_t parts, int bits, int64_t *keys, int64_t *pos, int64_t *keys2, int64_t *pos2,
+                     int64_t *bad) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     int64_t row = table_row(tp_load_index(ids_i32 ? TP_I32 : TP_I64, ids, i), V * parts);
     if (row < 0) tp_report_bad(bad, i);
@@ -108,16 +108,16 @@ size_t tp_cuda_embedding_backward_scratch(int64_t n) { return 4 * (size_t)n * si
 
 /* The backward of the range *part (NULL: the whole table, parts 1); row padding_idx of the
  * whole table (-1: none) gets nothing. */
-static void embedding_backward(const float *dy, const void *ids, bool ids_i32, int64_t padding_idx, const int64_t *part,
-                               int64_t n, int64_t outer, int64_t V, int64_t parts, int64_t C, float *dtable,
-                               int64_t *bad, void *scratch, TpCudaStream stream) {
+static void embedding_backward(const float *dy, const void *ids, bool ids_i32, int64_t padding_idx,
+                               const int64_t *part, int64_t n, int64_t outer, int64_t V, int64_t parts, int64_t C,
+                               float *dtable, int64_t *bad, void *scratch, TpCudaStream stream) {
   if (outer * V * C != 0) TP_CUDA_CHECK(cudaMemsetAsync(dtable, 0, (size_t)(outer * V * C) * sizeof(float), stream));
   if (n == 0) return;
   int bits = 0; /* the keys are in [0, V] */
   while (bits < 63 && (V >> bits) != 0) bits++;
   int64_t *keys = static_cast<int64_t *>(scratch), *pos = keys + n, *keys2 = pos + n, *pos2 = keys2 + n;
-  TP_LAUNCH(sort_rows_kernel, dim3(1), dim3(SORT_THREADS), stream, ids, ids_i32, padding_idx, part, n, V, parts, bits,
-            keys, pos, keys2, pos2, bad);
+  TP_LAUNCH(sort_rows_kernel, dim3(1), dim3(SORT_THREADS), stream, ids, ids_i32, padding_idx, part, n, V, parts,
+            bits, keys, pos, keys2, pos2, bad);
   if (bits % 2) keys = keys2, pos = pos2;
   if (outer * C != 0)
     TP_LAUNCH(add_rows_kernel, tp_elementwise_grid(outer * n * C), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, dy,
@@ -125,8 +125,8 @@ static void embedding_backward(const float *dy, const void *ids, bool ids_i32, i
 }
 
 void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t padding_idx,
-                                           int64_t n, int64_t outer, int64_t V, int64_t C, float *dtable, int64_t *bad,
-                                           void *scratch, TpCudaStream stream) {
+                                           int64_t n, int64_t outer, int64_t V, int64_t C, float *dtable,
+                                           int64_t *bad, void *scratch, TpCudaStream stream) {
   embedding_backward(dy, ids, ids_i32, padding_idx, NULL, n, outer, V, 1, C, dtable, bad, scratch, stream);
 }
 
@@ -153,11 +153,12 @@ TpKernelStatus tp_cuda_embedding_part_f32(const float *table, const int64_t *ids
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_cuda_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
-                                                   int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
-                                                   TpStream *stream) {
+TpKernelStatus tp_cuda_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part,
+                                                   int64_t n, int64_t V, int64_t parts, int64_t C, float *dtable,
+                                                   int64_t *bad, TpStream *stream) {
   (void)bad;
   void *scratch = tp_cuda_scratch(stream, tp_cuda_embedding_backward_scratch(n) + 1);
-  tp_cuda_launch_embedding_part_backward_f32(dy, ids, part, n, V, parts, C, dtable, stream->bad, scratch, stream->cuda);
+  tp_cuda_launch_embedding_part_backward_f32(dy, ids, part, n, V, parts, C, dtable, stream->bad, scratch,
+                                             stream->cuda);
   return TP_KERNEL_OK;
 }

@@ -21,8 +21,8 @@ typedef struct CUstream_st *TpCudaStream; /* cudaStream_t */
  * Ids as tp_embedding_f32's (negatives count from the end). An id out of range is not
  * read (its row of out is left as it was) and the smallest such position goes to *bad,
  * which the caller sets to INT64_MAX before (device memory). */
-void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,
-                           int64_t *bad, TpCudaStream stream);
+void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C,
+                                  float *out, int64_t *bad, TpCudaStream stream);
 /* Embedding's backward, and Gather's on any axis (tp_gather_backward): dy (outer, n, C)
  * added into dtable (outer, V, C) at the rows ids (n of them, int32 if ids_i32, else
  * int64) name, dtable zeroed first. Deterministic, the CPU's bits: the positions are sorted
@@ -32,22 +32,21 @@ void tp_cuda_launch_embedding_f32(const float *table, const int64_t *ids, int64_
  * tp_cuda_embedding_backward_scratch(n) bytes, 8-byte aligned. */
 size_t tp_cuda_embedding_backward_scratch(int64_t n);
 void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, bool ids_i32, int64_t padding_idx,
-                                           int64_t n, int64_t outer,
-                                           int64_t V, int64_t C, float *dtable, int64_t *bad, void *scratch,
-                                           TpCudaStream stream);
+                                           int64_t n, int64_t outer, int64_t V, int64_t C, float *dtable,
+                                           int64_t *bad, void *scratch, TpCudaStream stream);
 
 /* ---- loss.cu ----
  * tp_cross_entropy_f32: *loss (device) = the sum over rows of logsumexp - the target's
  * logit, / denominator; row_loss (R doubles) is scratch. A target outside [0, V) adds 0
  * and its smallest row goes to *bad (set to INT64_MAX before). */
 void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
-                               float denominator, float *loss, double *row_loss, int64_t *bad,
-                               TpCudaStream stream);
+                                      float denominator, float *loss, double *row_loss, int64_t *bad,
+                                      TpCudaStream stream);
 /* tp_cross_entropy_backward_f32 with dloss on the device (the backward of a loss that
  * stays there); rows with a bad target are left as they were and reported in *bad. */
 void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
-                                        int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
-                                        TpCudaStream stream);
+                                               int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
+                                               TpCudaStream stream);
 
 /* The vocabulary-parallel kernels of runtime/cpu/transformer.h, part a device pointer
  * (TensorRank's result), bad as above (for the stats and the backward a bad target is
@@ -60,10 +59,11 @@ void tp_cuda_launch_embedding_part_f32(const float *table, const int64_t *ids, c
 void tp_cuda_launch_embedding_part_backward_f32(const float *dy, const int64_t *ids, const int64_t *part, int64_t n,
                                                 int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
                                                 void *scratch, TpCudaStream stream);
-void tp_cuda_launch_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
-                                            int64_t V, int64_t parts, float *stats, int64_t *bad, TpCudaStream stream);
-void tp_cuda_launch_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator, float *loss,
-                                            double *row_loss, TpCudaStream stream);
+void tp_cuda_launch_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
+                                            int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad,
+                                            TpCudaStream stream);
+void tp_cuda_launch_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
+                                            float *loss, double *row_loss, TpCudaStream stream);
 void tp_cuda_launch_cross_entropy_parts_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
                                                      const float *stats, const int64_t *part, int64_t R, int64_t V,
                                                      int64_t parts, float denominator, float *dlogits, int64_t *bad,
@@ -72,7 +72,7 @@ void tp_cuda_launch_cross_entropy_parts_backward_f32(const float *dloss, const f
 /* ---- optim.cu ---- */
 /* tp_adamw_step over n parameters (the scalar factors computed on the host in double) */
 void tp_cuda_launch_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
-                        double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream);
+                               double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream);
 /* Pieces of the sum of squares; partial holds that many doubles of scratch. */
 enum { TP_CUDA_SUM_PIECES = 64 };
 /* *sum (device) = tp_sum_squares_f32(x, n), in a fixed order (deterministic). */
@@ -92,15 +92,15 @@ bool tp_cuda_launch_unary_f32(TpUnaryOp op, const float *x, int64_t n, float *y,
  * byte strides of f32 elements. False (nothing launched) for a comparison or And, whose
  * result is bool. */
 bool tp_cuda_launch_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, const float *b, float *y,
-                        TpCudaStream stream);
+                               TpCudaStream stream);
 /* tp_where on f32: `it` over (y, cond, a, b), cond bool (1 byte). */
 void tp_cuda_launch_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
-                       TpCudaStream stream);
+                              TpCudaStream stream);
 /* tp_reduce_sum on f32: x's dims (host) and data (device), axes sorted and distinct; y holds
  * the kept dims' elements. Each output adds its elements in double in x's row-major order,
  * as the CPU kernel does (the same result; deterministic). False for bad axes. */
 bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
-                            TpCudaStream stream);
+                                   TpCudaStream stream);
 /* The same on x's dtype (any but bool; y of that dtype): integers wrap and their mean
  * truncates, as the CPU's. */
 bool tp_cuda_launch_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, void *y,
@@ -120,16 +120,16 @@ void tp_cuda_launch_copy_f32(const float *x, int64_t n, float *y, TpCudaStream s
 bool tp_cuda_launch_transpose_f32(const TpTensor *x, const int64_t *perm, TpTensor *y, TpCudaStream stream);
 /* tp_slice (steps may be negative; tp_slice_fits holds for every dim) */
 void tp_cuda_launch_slice_f32(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y,
-                       TpCudaStream stream);
+                              TpCudaStream stream);
 /* tp_slice_backward: dx = 0, then dy written where the slice read */
 void tp_cuda_launch_slice_backward_f32(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx,
-                                TpCudaStream stream);
+                                       TpCudaStream stream);
 /* tp_split (a piece whose data is NULL is skipped) and tp_concat */
 void tp_cuda_launch_split_f32(const TpTensor *x, int axis, TpTensor *ys, int n, TpCudaStream stream);
 void tp_cuda_launch_concat_f32(const TpTensor *xs, int n, int axis, TpTensor *y, TpCudaStream stream);
 /* tp_context_append: x as rows [at, at + x->dims[axis]) of buffer's `rows` along axis */
 void tp_cuda_launch_context_append_f32(const TpTensor *x, int axis, int64_t at, int64_t rows, float *buffer,
-                                TpCudaStream stream);
+                                       TpCudaStream stream);
 
 #ifdef __cplusplus
 }

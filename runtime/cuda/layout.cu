@@ -92,7 +92,7 @@ static void swap_operands(Strided *s) {
 }
 
 void tp_cuda_launch_slice_f32(const TpTensor *x, const int64_t *starts, const int64_t *steps, TpTensor *y,
-                       TpCudaStream stream) {
+                              TpCudaStream stream) {
   if (tp_numel(y->rank, y->dims) == 0) return; /* starts may be past the end then */
   int64_t start;
   Strided s = slice_view(x, starts, steps, y, &start);
@@ -101,7 +101,7 @@ void tp_cuda_launch_slice_f32(const TpTensor *x, const int64_t *starts, const in
 }
 
 void tp_cuda_launch_slice_backward_f32(const TpTensor *dy, const int64_t *starts, const int64_t *steps, TpTensor *dx,
-                                TpCudaStream stream) {
+                                       TpCudaStream stream) {
   size_t es = tp_dtype_size(dx->dtype), bytes = (size_t)tp_numel(dx->rank, dx->dims) * es;
   if (bytes == 0) return;
   TP_CUDA_CHECK(cudaMemsetAsync(dx->data, 0, bytes, stream)); /* all-zero bytes: 0 in every dtype */
@@ -148,7 +148,7 @@ void tp_cuda_launch_concat_f32(const TpTensor *xs, int n, int axis, TpTensor *y,
 }
 
 void tp_cuda_launch_context_append_f32(const TpTensor *x, int axis, int64_t at, int64_t rows, float *buffer,
-                                TpCudaStream stream) {
+                                       TpCudaStream stream) {
   int64_t outer = tp_numel(axis, x->dims), inner = tp_numel(x->rank - axis - 1, x->dims + axis + 1);
   move_piece(outer, x->dims[axis], inner, rows, at, tp_dtype_size(x->dtype), buffer, x->data, false, stream);
 }

@@ -41,8 +41,8 @@ __global__ void sum_rows_kernel(const double *row_loss, int64_t R, float denomin
 }
 
 void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
-                               float denominator, float *loss, double *row_loss, int64_t *bad,
-                               TpCudaStream stream) {
+                                      float denominator, float *loss, double *row_loss, int64_t *bad,
+                                      TpCudaStream stream) {
   if (R)
     TP_LAUNCH(cross_entropy_rows_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, logits, targets, V,
               row_loss, bad);
@@ -65,8 +65,8 @@ __global__ void cross_entropy_backward_kernel(const float *dloss, const float *l
 }
 
 void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
-                                        int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
-                                        TpCudaStream stream) {
+                                               int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
+                                               TpCudaStream stream) {
   if (R == 0 || V == 0) return;
   TP_LAUNCH(cross_entropy_backward_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, dloss, logits,
             targets, V, denominator, dlogits, bad);
@@ -76,8 +76,8 @@ void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *
  * statistics, runtime/cpu/transformer.h) ---- */
 
 /* One block per row: this range's maximum and sum of exp in the row's statistics. */
-__global__ void cross_entropy_stats_kernel(const float *logits, const int64_t *targets, const int64_t *part, int64_t V,
-                                           int64_t parts, float *stats, int64_t *bad) {
+__global__ void cross_entropy_stats_kernel(const float *logits, const int64_t *targets, const int64_t *part,
+                                           int64_t V, int64_t parts, float *stats, int64_t *bad) {
   int64_t r = blockIdx.x, t = targets[r] - *part * V, width = 2 * parts + 1;
   float *s = stats + r * width, mx, sum;
   row_max_sumexp(logits + r * V, V, &mx, &sum);
@@ -92,11 +92,12 @@ __global__ void cross_entropy_stats_kernel(const float *logits, const int64_t *t
   if (t >= 0 && t < V) s[2 * parts] = logits[r * V + t];
 }
 
-void tp_cuda_launch_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part, int64_t R,
-                                            int64_t V, int64_t parts, float *stats, int64_t *bad, TpCudaStream stream) {
+void tp_cuda_launch_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
+                                            int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad,
+                                            TpCudaStream stream) {
   if (R == 0) return;
-  TP_LAUNCH(cross_entropy_stats_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, logits, targets, part, V,
-            parts, stats, bad);
+  TP_LAUNCH(cross_entropy_stats_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, logits, targets, part,
+            V, parts, stats, bad);
 }
 
 /* From a row of summed statistics: the row's maximum and the sum of exp(x - max) over every
@@ -121,8 +122,8 @@ __global__ void cross_entropy_parts_rows_kernel(const float *stats, int64_t R, i
   }
 }
 
-void tp_cuda_launch_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator, float *loss,
-                                            double *row_loss, TpCudaStream stream) {
+void tp_cuda_launch_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
+                                            float *loss, double *row_loss, TpCudaStream stream) {
   if (R)
     TP_LAUNCH(cross_entropy_parts_rows_kernel, tp_elementwise_grid(R), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream,
               stats, R, parts, row_loss);
@@ -131,8 +132,8 @@ void tp_cuda_launch_cross_entropy_parts_f32(const float *stats, int64_t R, int64
 
 /* One block per row: exp(x - max) / sum - onehot, scaled (as cross_entropy_backward_kernel). */
 __global__ void cross_entropy_parts_backward_kernel(const float *dloss, const float *logits, const int64_t *targets,
-                                                    const float *stats, const int64_t *part, int64_t V, int64_t parts,
-                                                    float denominator, float *dlogits, int64_t *bad) {
+                                                    const float *stats, const int64_t *part, int64_t V,
+                                                    int64_t parts, float denominator, float *dlogits, int64_t *bad) {
   int64_t r = blockIdx.x, t = targets[r];
   if (t < 0 || t >= V * parts) { /* uniform over the block */
     if (threadIdx.x == 0) atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
@@ -193,7 +194,8 @@ TpKernelStatus tp_cuda_nll_loss_f32(const float *logp, const int64_t *target, in
   (void)bad;
   int64_t count = N * D;
   double *terms = NULL;
-  if (o->reduction != TP_REDUCE_NONE) terms = static_cast<double *>(tp_cuda_scratch(stream, 2 * (size_t)count * sizeof(double) + 1));
+  if (o->reduction != TP_REDUCE_NONE)
+    terms = static_cast<double *>(tp_cuda_scratch(stream, 2 * (size_t)count * sizeof(double) + 1));
   if (count)
     TP_LAUNCH(nll_terms_kernel, tp_elementwise_grid(count), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, logp,
               target, N, C, D, *o, loss, terms, stream->bad);

@@ -34,8 +34,8 @@ static void column_sums(const float *dy, const float *x, const float *mean, cons
                         int64_t n, float *sum_dy_xhat, float *sum_dy, TpCudaStream stream) {
   if (n == 0) return;
   dim3 grid((unsigned)((n + TP_CUDA_ROW_THREADS - 1) / TP_CUDA_ROW_THREADS));
-  TP_LAUNCH(column_sums_kernel, grid, dim3(TP_CUDA_ROW_THREADS), stream, dy, x, mean, inv_std, rows, n,
-            sum_dy_xhat, sum_dy);
+  TP_LAUNCH(column_sums_kernel, grid, dim3(TP_CUDA_ROW_THREADS), stream, dy, x, mean, inv_std, rows, n, sum_dy_xhat,
+            sum_dy);
 }
 
 /* 1 / sqrt(mean(x^2) + eps) of the block's row xr of n (every thread gets it). */
@@ -54,7 +54,8 @@ __global__ void rmsnorm_kernel(const float *x, const float *scale, int64_t n, fl
 
 TpKernelStatus tp_cuda_rmsnorm_f32(const float *x, const float *scale, int64_t rows, int64_t n, float eps, float *y,
                                    TpStream *stream) {
-  if (rows && n) TP_LAUNCH(rmsnorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, x, scale, n, eps, y);
+  if (rows && n)
+    TP_LAUNCH(rmsnorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, x, scale, n, eps, y);
   return TP_KERNEL_OK;
 }
 
@@ -105,8 +106,8 @@ __global__ void layernorm_kernel(const float *x, const float *scale, const float
 TpKernelStatus tp_cuda_layernorm_f32(const float *x, const float *scale, const float *bias, int64_t rows, int64_t n,
                                      float eps, float *y, float *mean, float *inv_std, TpStream *stream) {
   if (rows && n)
-    TP_LAUNCH(layernorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, x, scale, bias, n, eps,
-              y, mean, inv_std);
+    TP_LAUNCH(layernorm_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, x, scale, bias, n,
+              eps, y, mean, inv_std);
   return TP_KERNEL_OK;
 }
 
@@ -129,8 +130,8 @@ __global__ void layernorm_backward_kernel(const float *dy, const float *x, const
 
 /* dx, dscale, dbias may be NULL */
 TpKernelStatus tp_cuda_layernorm_backward_f32(const float *dy, const float *x, const float *scale, const float *mean,
-                                              const float *inv_std, int64_t rows, int64_t n, float *dx, float *dscale,
-                                              float *dbias, TpStream *stream) {
+                                              const float *inv_std, int64_t rows, int64_t n, float *dx,
+                                              float *dscale, float *dbias, TpStream *stream) {
   if (n == 0) return TP_KERNEL_OK;
   if (dx && rows)
     TP_LAUNCH(layernorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, dy, x, scale,

@@ -52,7 +52,7 @@ TpKernelStatus tp_cuda_fill_i64(int64_t *dst, int64_t value, TpStream *stream);
 /* The entry points, one per row of runtime/kernels/kernels.def (its SIG row's parameters,
  * then the stream), and the bf16 matrix products. */
 #define SIG(stem, ...) TpKernelStatus tp_cuda_##stem(__VA_ARGS__, TpStream *stream);
-#define PRODUCT_SIG(stem, ...) \
+#define PRODUCT_SIG(stem, ...)                                                                                      \
   SIG(stem, __VA_ARGS__) TpKernelStatus tp_cuda_bf16_##stem(__VA_ARGS__, TpStream *stream);
 #define SCALAR_PARAM(name) const float *name
 #include "../kernels/kernels.def"

@@ -8,7 +8,7 @@ __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, int64
 }
 
 void tp_cuda_launch_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
-                        double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream) {
+                               double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream) {
   if (n == 0) return;
   TP_LAUNCH(adamw_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, w, g, m, v, n,
             tp_adamw_factors(lr, beta1, beta2, eps, weight_decay, step));
@@ -29,13 +29,12 @@ __global__ void sum_pieces_kernel(const double *partial, double *sum) {
 }
 
 void tp_cuda_launch_sum_squares_f32(const float *x, int64_t n, double *sum, double *partial, TpCudaStream stream) {
-  TP_LAUNCH(sum_squares_pieces_kernel, dim3(TP_CUDA_SUM_PIECES), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n, partial);
+  TP_LAUNCH(sum_squares_pieces_kernel, dim3(TP_CUDA_SUM_PIECES), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n,
+            partial);
   TP_LAUNCH(sum_pieces_kernel, dim3(1), dim3(TP_CUDA_SUM_PIECES), stream, partial, sum);
 }
 
-__global__ void scale_kernel(float *x, int64_t n, const float *s) {
-  TP_GRID_STRIDE_LOOP(i, n) x[i] *= *s;
-}
+__global__ void scale_kernel(float *x, int64_t n, const float *s) { TP_GRID_STRIDE_LOOP(i, n) x[i] *= *s; }
 
 void tp_cuda_launch_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream) {
   if (n == 0) return;

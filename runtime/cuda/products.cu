@@ -55,7 +55,8 @@ __global__ void to_bf16_kernel(const float *x, int64_t n, uint16_t *y) {
 
 /* x's bf16 rounding into y, when y is wanted (NULL: not converted) */
 static void to_bf16(const float *x, int64_t n, uint16_t *y, TpStream *stream) {
-  if (y && n) TP_LAUNCH(to_bf16_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, x, n, y);
+  if (y && n)
+    TP_LAUNCH(to_bf16_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, x, n, y);
 }
 
 /* Carves scratch into pieces of the given byte sizes (256-byte aligned), taken in one call. */
@@ -91,9 +92,9 @@ TpKernelStatus tp_cuda_bf16_linear_f32(const float *x, const float *w, const flo
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_cuda_bf16_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
-                                                int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
-                                                TpStream *stream) {
+TpKernelStatus tp_cuda_bf16_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M,
+                                                int64_t K, int64_t N, bool transpose_w, float *dx, float *dw,
+                                                float *dbias, TpStream *stream) {
   const float *from[3] = {dy, x, w};
   const int64_t n[3] = {M * N, M * K, K * N};
   const bool wanted[3] = {dx || dw, dw != NULL, dx != NULL}; /* dx = dy w^T, dw = x^T dy */
@@ -176,8 +177,8 @@ static TpKernelStatus gemm(const TpTensor *a, const TpTensor *b, const TpTensor 
     tp_cuda_launch_linear_f32(stream->blas, A, B, NULL, M, K, N, trans_b, Y, stream->cuda);
   }
   if (M * N != 0)
-    TP_LAUNCH(gemm_epilogue_kernel, tp_elementwise_grid(M * N), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda,
-              Y, M, N, (float)alpha, (float)beta, with_c ? static_cast<const float *>(c->data) : NULL, cm, cn);
+    TP_LAUNCH(gemm_epilogue_kernel, tp_elementwise_grid(M * N), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, Y,
+              M, N, (float)alpha, (float)beta, with_c ? static_cast<const float *>(c->data) : NULL, cm, cn);
   return TP_KERNEL_OK;
 }
 

@@ -32,14 +32,15 @@ __global__ void reduce_sum_kernel(const char *x, ReduceShape p, char *y) {
       tp_sum_element(p.dtype, x + at * (int64_t)p.es, &f, &u);
     }
     bool is_signed = tp_dclass(p.dtype) == TP_CLASS_SIGNED;
-    if (p.mean && tp_dclass(p.dtype) == TP_CLASS_FLOAT) f /= (double)p.count; /* NaN for an empty reduction, as numpy */
+    if (p.mean && tp_dclass(p.dtype) == TP_CLASS_FLOAT)
+      f /= (double)p.count; /* NaN for an empty reduction, as numpy */
     else if (p.mean && p.count > 0) u = is_signed ? (uint64_t)((int64_t)u / p.count) : u / (uint64_t)p.count;
     tp_store_sum(p.dtype, p.es, y + j * (int64_t)p.es, f, u);
   }
 }
 
 bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
-                            TpCudaStream stream) {
+                                   TpCudaStream stream) {
   return tp_cuda_launch_reduce_sum(x, axes, naxes, mean, y, stream);
 }
 

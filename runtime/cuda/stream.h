@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "blas.h"   /* TpCudaBlas */
+#include "blas.h"    /* TpCudaBlas */
 #include "kernels.h" /* TpCudaStream */
 
 #ifdef __cplusplus
@@ -26,8 +26,8 @@ typedef struct TpCudaConstant TpCudaConstant;
 
 struct TpStream {
   TpCudaStream cuda;
-  TpCudaBlas *blas;  /* this stream's cuBLASLt handle and workspace */
-  void *scratch;     /* device scratch (tp_cuda_scratch) */
+  TpCudaBlas *blas; /* this stream's cuBLASLt handle and workspace */
+  void *scratch;    /* device scratch (tp_cuda_scratch) */
   size_t scratch_bytes;
   /* device: the smallest position (in its ids, targets or indices) at which a kernel found
    * an index out of range (INT64_MAX: none) */

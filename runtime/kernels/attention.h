@@ -63,8 +63,8 @@ static inline void tp_attention_set_mask(TpAttention *p, const void *mask, bool 
 
 /* The keys [*first, *end) of the `total` that query row i may see: the causal and window
  * bounds, and the mask's length (first <= end; the mask's values are not read). */
-TP_HOST_DEVICE static inline void tp_attention_key_range(const TpAttention *p, int64_t i, int64_t total, int64_t *first,
-                                          int64_t *end) {
+TP_HOST_DEVICE static inline void tp_attention_key_range(const TpAttention *p, int64_t i, int64_t total,
+                                                         int64_t *first, int64_t *end) {
   int64_t last = i + p->past_len + p->causal_offset; /* the latest key a causal row sees */
   *end = p->is_causal && last + 1 < total ? last + 1 : total;
   if (p->mask && *end > p->mask_len) *end = p->mask_len;
@@ -79,8 +79,8 @@ enum { TP_ATTENTION_QUERY_BLOCK = 64 };
 
 /* The keys [*lo, *hi) that some row of query rows [i0, i1) may see (the rows' ranges only
  * move forward). */
-TP_HOST_DEVICE static inline void tp_attention_block_keys(const TpAttention *p, int64_t i0, int64_t i1, int64_t total, int64_t *lo,
-                                           int64_t *hi) {
+TP_HOST_DEVICE static inline void tp_attention_block_keys(const TpAttention *p, int64_t i0, int64_t i1,
+                                                          int64_t total, int64_t *lo, int64_t *hi) {
   int64_t unused;
   tp_attention_key_range(p, i0, total, lo, &unused);
   tp_attention_key_range(p, i1 - 1, total, &unused, hi);
@@ -104,8 +104,8 @@ static inline void tp_attention_mask_row(const TpAttention *p, int64_t b, int64_
 
 /* Where the [S, D] matrix of batch b, head h of a Q/K/V/Y-shaped tensor with `heads` heads
  * and S rows per head starts, and its leading dimension (*ld). */
-static inline int64_t tp_attention_head_offset(const TpAttention *p, int64_t b, int64_t h, int64_t heads,
-                                               int64_t S, int64_t D, int64_t *ld) {
+static inline int64_t tp_attention_head_offset(const TpAttention *p, int64_t b, int64_t h, int64_t heads, int64_t S,
+                                               int64_t D, int64_t *ld) {
   *ld = p->packed ? heads * D : D;
   return p->packed ? b * S * heads * D + h * D : (b * heads + h) * S * D;
 }

@@ -75,8 +75,7 @@ TpKernelStatus tp_gather_elements_check(int rank, const int64_t *data_dims, cons
   if (indices->dtype != TP_I64 && indices->dtype != TP_I32) return TP_KERNEL_BAD_DTYPE;
   if (axis < 0 || axis >= rank || indices->rank != rank || y->rank != rank) return TP_KERNEL_BAD_SHAPE;
   for (int d = 0; d < rank; d++)
-    if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d]))
-      return TP_KERNEL_BAD_SHAPE;
+    if (y->dims[d] != indices->dims[d] || (d != axis && indices->dims[d] > data_dims[d])) return TP_KERNEL_BAD_SHAPE;
   return check_indices(indices, data_dims[axis], bad);
 }
 
@@ -143,8 +142,8 @@ TpKernelStatus tp_check_matmul_shape(const TpTensor *a, const TpTensor *b, const
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_check_matmul_backward(const TpTensor *dy, const TpTensor *a, const TpTensor *b,
-                                        const TpTensor *da, const TpTensor *db, TpMatmulLayout *l) {
+TpKernelStatus tp_check_matmul_backward(const TpTensor *dy, const TpTensor *a, const TpTensor *b, const TpTensor *da,
+                                        const TpTensor *db, TpMatmulLayout *l) {
   if (dy->dtype != TP_F32 || a->dtype != TP_F32 || b->dtype != TP_F32) return TP_KERNEL_BAD_DTYPE;
   if ((da && da->dtype != TP_F32) || (db && db->dtype != TP_F32)) return TP_KERNEL_BAD_DTYPE;
   if ((da && tp_tensor_numel(da) != tp_tensor_numel(a)) || (db && tp_tensor_numel(db) != tp_tensor_numel(b)))

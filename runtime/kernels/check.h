@@ -56,10 +56,10 @@ TpKernelStatus tp_topk_check(const TpTensor *x, int axis, const TpTensor *y);
  * backward kernels of both targets. */
 typedef struct {
   int64_t M, K, N;
-  int rank;                  /* batch dims */
-  int64_t dims[TP_MAX_RANK]; /* the broadcast batch dims */
+  int rank;                                 /* batch dims */
+  int64_t dims[TP_MAX_RANK];                /* the broadcast batch dims */
   int64_t sa[TP_MAX_RANK], sb[TP_MAX_RANK]; /* strides in whole matrices, 0 where broadcast */
-  int64_t nbatch, na, nb;    /* matrices in the batch, in a, in b */
+  int64_t nbatch, na, nb;                   /* matrices in the batch, in a, in b */
 } TpMatmulLayout;
 /* False if the shapes do not multiply. */
 bool tp_matmul_layout(const TpTensor *a, const TpTensor *b, TpMatmulLayout *l);
@@ -70,8 +70,8 @@ void tp_matmul_operands(const TpMatmulLayout *l, int64_t n, int64_t *ia, int64_t
 TpKernelStatus tp_check_matmul_shape(const TpTensor *a, const TpTensor *b, const TpTensor *y, TpMatmulLayout *l);
 /* tp_matmul_backward_f32: f32 operands, da and db (either may be NULL) of a's and b's
  * sizes, dy of the product's; the layout into *l */
-TpKernelStatus tp_check_matmul_backward(const TpTensor *dy, const TpTensor *a, const TpTensor *b,
-                                        const TpTensor *da, const TpTensor *db, TpMatmulLayout *l);
+TpKernelStatus tp_check_matmul_backward(const TpTensor *dy, const TpTensor *a, const TpTensor *b, const TpTensor *da,
+                                        const TpTensor *db, TpMatmulLayout *l);
 
 /* tp_gemm's shapes (its dtypes are the target's): op(a) [M, K], op(b) [K, N], y [M, N],
  * and c (when c and beta != 0) broadcast to [M, N] from [cm, cn] */

@@ -35,9 +35,9 @@
 
 /* ---- Gelu: x Phi(x), and its tanh approximation x (1 + tanh u) / 2 with
  * u = sqrt(2/pi) (x + 0.044715 x^3) ---- */
-#define TP_GELU_SQRT1_2 0.70710678118654752440     /* 1 / sqrt 2 */
-#define TP_GELU_SQRT_2_OVER_PI 0.7978845608028654  /* sqrt(2 / pi) */
-#define TP_GELU_INV_SQRT_2PI 0.3989422804014327    /* 1 / sqrt(2 pi) */
+#define TP_GELU_SQRT1_2 0.70710678118654752440    /* 1 / sqrt 2 */
+#define TP_GELU_SQRT_2_OVER_PI 0.7978845608028654 /* sqrt(2 / pi) */
+#define TP_GELU_INV_SQRT_2PI 0.3989422804014327   /* 1 / sqrt(2 pi) */
 #define TP_GELU_KAPPA 0.044715
 
 /* The plain forms, in double. */
@@ -83,8 +83,8 @@ TP_ELEMENT float tp_swiglu_dup_f32(float dy, float gate, float s) { return dy * 
 typedef struct {
   float decay, b1, a1, b2, a2, neg_step_size, bc2_sqrt, eps;
 } TpAdamWFactors;
-static inline TpAdamWFactors tp_adamw_factors(double lr, double beta1, double beta2, double eps,
-                                              double weight_decay, int64_t step) {
+static inline TpAdamWFactors tp_adamw_factors(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                              int64_t step) {
   TpAdamWFactors f; /* assigned, not designated: C++ (runtime/cuda) reads this too */
   f.decay = (float)(1 - lr * weight_decay);
   f.b1 = (float)beta1;
@@ -98,8 +98,7 @@ static inline TpAdamWFactors tp_adamw_factors(double lr, double beta1, double be
 }
 
 /* tp_adamw_step's per-element float work on element i, in its order of operations. */
-TP_ELEMENT void tp_adamw_element(float *w, const float *g, float *m, float *v, int64_t i,
-                                                   TpAdamWFactors f) {
+TP_ELEMENT void tp_adamw_element(float *w, const float *g, float *m, float *v, int64_t i, TpAdamWFactors f) {
   float wi = w[i] * f.decay, gi = g[i];
   float mi = m[i] * f.b1 + f.a1 * gi;
   float vi = v[i] * f.b2 + f.a2 * gi * gi;
@@ -113,28 +112,28 @@ TP_ELEMENT void tp_adamw_element(float *w, const float *g, float *m, float *v, i
  * TP_UNARY_ELEMENT(T, suffix, M) defines tp_unary_<suffix>(op, x), M(f) naming T's libm
  * function f (sqrtf or sqrt). Gelu is the float or double form above. Called with a
  * constant op (the CPU's loop per op), the switch folds away. */
-#define TP_UNARY_ELEMENT(T, suffix, M)                                                    \
-  TP_ELEMENT T tp_unary_##suffix(TpUnaryOp op, T x) {                                     \
-    const T one = 1;                                                                      \
-    switch (op) {                                                                         \
-    case TP_UNARY_SQRT: return M(sqrt)(x);                                                \
-    case TP_UNARY_NEG: return -x;                                                         \
-    case TP_UNARY_RECIPROCAL: return one / x;                                             \
-    case TP_UNARY_EXP: return M(exp)(x);                                                  \
-    case TP_UNARY_LOG: return M(log)(x);                                                  \
-    case TP_UNARY_ERF: return M(erf)(x);                                                  \
-    case TP_UNARY_TANH: return M(tanh)(x);                                                \
-    case TP_UNARY_SIN: return M(sin)(x);                                                  \
-    case TP_UNARY_COS: return M(cos)(x);                                                  \
-    case TP_UNARY_RELU: return x < 0 ? 0 : x; /* keeps NaN */                             \
-    case TP_UNARY_SIGMOID: { /* exp of a non-positive argument only: no overflow */       \
-      T e = M(exp)(-M(fabs)(x));                                                          \
-      return x >= 0 ? one / (one + e) : e / (one + e);                                    \
-    }                                                                                     \
-    case TP_UNARY_GELU: return tp_gelu_##suffix(x);                                       \
-    case TP_UNARY_GELU_TANH: return tp_gelu_tanh_##suffix(x);                             \
-    default: return x; /* Not: bool only */                                               \
-    }                                                                                     \
+#define TP_UNARY_ELEMENT(T, suffix, M)                                                                              \
+  TP_ELEMENT T tp_unary_##suffix(TpUnaryOp op, T x) {                                                               \
+    const T one = 1;                                                                                                \
+    switch (op) {                                                                                                   \
+    case TP_UNARY_SQRT: return M(sqrt)(x);                                                                          \
+    case TP_UNARY_NEG: return -x;                                                                                   \
+    case TP_UNARY_RECIPROCAL: return one / x;                                                                       \
+    case TP_UNARY_EXP: return M(exp)(x);                                                                            \
+    case TP_UNARY_LOG: return M(log)(x);                                                                            \
+    case TP_UNARY_ERF: return M(erf)(x);                                                                            \
+    case TP_UNARY_TANH: return M(tanh)(x);                                                                          \
+    case TP_UNARY_SIN: return M(sin)(x);                                                                            \
+    case TP_UNARY_COS: return M(cos)(x);                                                                            \
+    case TP_UNARY_RELU: return x < 0 ? 0 : x; /* keeps NaN */                                                       \
+    case TP_UNARY_SIGMOID: {                  /* exp of a non-positive argument only: no overflow */                \
+      T e = M(exp)(-M(fabs)(x));                                                                                    \
+      return x >= 0 ? one / (one + e) : e / (one + e);                                                              \
+    }                                                                                                               \
+    case TP_UNARY_GELU: return tp_gelu_##suffix(x);                                                                 \
+    case TP_UNARY_GELU_TANH: return tp_gelu_tanh_##suffix(x);                                                       \
+    default: return x; /* Not: bool only */                                                                         \
+    }                                                                                                               \
   }
 #define TP_MATH_F32(fn) fn##f
 #define TP_MATH_F64(fn) fn

@@ -25,12 +25,9 @@ bool tp_iter_broadcast(TpIter *it, int noperands, const TpTensor *const ops[]) {
     tp_contiguous_strides(t->rank, t->dims, tp_dtype_size(t->dtype), s);
     for (int d = 0; d < out->rank; d++) {
       int64_t td = d < lead ? 1 : t->dims[d - lead];
-      if (td == out->dims[d])
-        it->strides[k][d] = d < lead ? 0 : s[d - lead];
-      else if (td == 1)
-        it->strides[k][d] = 0;
-      else
-        return false;
+      if (td == out->dims[d]) it->strides[k][d] = d < lead ? 0 : s[d - lead];
+      else if (td == 1) it->strides[k][d] = 0;
+      else return false;
     }
   }
   return true;

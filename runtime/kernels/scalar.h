@@ -12,15 +12,24 @@
 #include <string.h>
 
 #include "../../base/half.h" /* TP_HOST_DEVICE */
-#include "args.h" /* TpDType, TpUnaryOp, TpBinaryOp */
+#include "args.h"            /* TpDType, TpUnaryOp, TpBinaryOp */
 
 typedef enum { TP_CLASS_FLOAT, TP_CLASS_SIGNED, TP_CLASS_UNSIGNED, TP_CLASS_BOOL, TP_CLASS_NONE } TpDClass;
 
 TP_HOST_DEVICE static inline TpDClass tp_dclass(TpDType t) {
   switch (t) {
-  case TP_F32: case TP_F64: case TP_F16: case TP_BF16: return TP_CLASS_FLOAT;
-  case TP_I8: case TP_I16: case TP_I32: case TP_I64: return TP_CLASS_SIGNED;
-  case TP_U8: case TP_U16: case TP_U32: case TP_U64: return TP_CLASS_UNSIGNED;
+  case TP_F32:
+  case TP_F64:
+  case TP_F16:
+  case TP_BF16: return TP_CLASS_FLOAT;
+  case TP_I8:
+  case TP_I16:
+  case TP_I32:
+  case TP_I64: return TP_CLASS_SIGNED;
+  case TP_U8:
+  case TP_U16:
+  case TP_U32:
+  case TP_U64: return TP_CLASS_UNSIGNED;
   case TP_BOOL: return TP_CLASS_BOOL;
   default: return TP_CLASS_NONE;
   }
@@ -28,10 +37,26 @@ TP_HOST_DEVICE static inline TpDClass tp_dclass(TpDType t) {
 
 TP_HOST_DEVICE static inline double tp_load_float(TpDType t, const char *p) {
   switch (t) {
-  case TP_F32: { float v; memcpy(&v, p, 4); return v; }
-  case TP_F64: { double v; memcpy(&v, p, 8); return v; }
-  case TP_F16: { uint16_t v; memcpy(&v, p, 2); return tp_half_f16_to_f32(v); }
-  case TP_BF16: { uint16_t v; memcpy(&v, p, 2); return tp_half_bf16_to_f32(v); }
+  case TP_F32: {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+  }
+  case TP_F64: {
+    double v;
+    memcpy(&v, p, 8);
+    return v;
+  }
+  case TP_F16: {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return tp_half_f16_to_f32(v);
+  }
+  case TP_BF16: {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return tp_half_bf16_to_f32(v);
+  }
   default: return 0;
   }
 }
@@ -39,14 +64,47 @@ TP_HOST_DEVICE static inline double tp_load_float(TpDType t, const char *p) {
 /* An integer or bool element as 64 bits, sign-extended for signed dtypes. */
 TP_HOST_DEVICE static inline uint64_t tp_load_bits(TpDType t, const char *p) {
   switch (t) {
-  case TP_I8: { int8_t v; memcpy(&v, p, 1); return (uint64_t)(int64_t)v; }
-  case TP_I16: { int16_t v; memcpy(&v, p, 2); return (uint64_t)(int64_t)v; }
-  case TP_I32: { int32_t v; memcpy(&v, p, 4); return (uint64_t)(int64_t)v; }
-  case TP_I64: { int64_t v; memcpy(&v, p, 8); return (uint64_t)v; }
-  case TP_U8: case TP_BOOL: { uint8_t v; memcpy(&v, p, 1); return v; }
-  case TP_U16: { uint16_t v; memcpy(&v, p, 2); return v; }
-  case TP_U32: { uint32_t v; memcpy(&v, p, 4); return v; }
-  case TP_U64: { uint64_t v; memcpy(&v, p, 8); return v; }
+  case TP_I8: {
+    int8_t v;
+    memcpy(&v, p, 1);
+    return (uint64_t)(int64_t)v;
+  }
+  case TP_I16: {
+    int16_t v;
+    memcpy(&v, p, 2);
+    return (uint64_t)(int64_t)v;
+  }
+  case TP_I32: {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return (uint64_t)(int64_t)v;
+  }
+  case TP_I64: {
+    int64_t v;
+    memcpy(&v, p, 8);
+    return (uint64_t)v;
+  }
+  case TP_U8:
+  case TP_BOOL: {
+    uint8_t v;
+    memcpy(&v, p, 1);
+    return v;
+  }
+  case TP_U16: {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+  }
+  case TP_U32: {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+  }
+  case TP_U64: {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+  }
   default: return 0;
   }
 }
@@ -91,9 +149,21 @@ TP_HOST_DEVICE static inline void tp_topk_line(TpDType t, const char *x, int64_t
 /* The low bytes of v (two's complement wraps); bool stores v != 0. es: t's size. */
 TP_HOST_DEVICE static inline void tp_store_bits(TpDType t, size_t es, char *p, uint64_t v) {
   switch (es) {
-  case 1: { uint8_t x = t == TP_BOOL ? v != 0 : (uint8_t)v; memcpy(p, &x, 1); break; }
-  case 2: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
-  case 4: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
+  case 1: {
+    uint8_t x = t == TP_BOOL ? v != 0 : (uint8_t)v;
+    memcpy(p, &x, 1);
+    break;
+  }
+  case 2: {
+    uint16_t x = (uint16_t)v;
+    memcpy(p, &x, 2);
+    break;
+  }
+  case 4: {
+    uint32_t x = (uint32_t)v;
+    memcpy(p, &x, 4);
+    break;
+  }
   case 8: memcpy(p, &v, 8); break;
   }
 }
@@ -110,10 +180,22 @@ TP_HOST_DEVICE static inline float tp_round_to_odd_f32(double v) {
 
 TP_HOST_DEVICE static inline void tp_store_float(TpDType t, char *p, double v) {
   switch (t) {
-  case TP_F32: { float x = (float)v; memcpy(p, &x, 4); break; }
+  case TP_F32: {
+    float x = (float)v;
+    memcpy(p, &x, 4);
+    break;
+  }
   case TP_F64: memcpy(p, &v, 8); break;
-  case TP_F16: { uint16_t x = tp_half_f32_to_f16(tp_round_to_odd_f32(v)); memcpy(p, &x, 2); break; }
-  case TP_BF16: { uint16_t x = tp_half_f32_to_bf16(tp_round_to_odd_f32(v)); memcpy(p, &x, 2); break; }
+  case TP_F16: {
+    uint16_t x = tp_half_f32_to_f16(tp_round_to_odd_f32(v));
+    memcpy(p, &x, 2);
+    break;
+  }
+  case TP_BF16: {
+    uint16_t x = tp_half_f32_to_bf16(tp_round_to_odd_f32(v));
+    memcpy(p, &x, 2);
+    break;
+  }
   default: break;
   }
 }
@@ -198,7 +280,7 @@ TP_HOST_DEVICE static inline int tp_compare3(TpDType t, const char *pa, const ch
 /* The dtypes tp_unary and tp_binary take. */
 static inline bool tp_unary_dtype_ok(TpUnaryOp op, TpDType x) {
   TpDClass cl = tp_dclass(x);
-  return op == TP_UNARY_NOT                              ? cl == TP_CLASS_BOOL
+  return op == TP_UNARY_NOT                          ? cl == TP_CLASS_BOOL
          : op == TP_UNARY_NEG || op == TP_UNARY_RELU ? cl == TP_CLASS_FLOAT || cl == TP_CLASS_SIGNED
                                                      : cl == TP_CLASS_FLOAT;
 }
@@ -206,15 +288,16 @@ static inline bool tp_unary_dtype_ok(TpUnaryOp op, TpDType x) {
 static inline bool tp_binary_dtypes_ok(TpBinaryOp op, TpDType a, TpDType b, TpDType y) {
   TpDClass ca = tp_dclass(a), cb = tp_dclass(b);
   switch (op) {
-  case TP_BINARY_AND:
-    return a == TP_BOOL && b == TP_BOOL && y == TP_BOOL;
-  case TP_BINARY_EQUAL: case TP_BINARY_LESS: case TP_BINARY_LESS_EQUAL: case TP_BINARY_GREATER:
+  case TP_BINARY_AND: return a == TP_BOOL && b == TP_BOOL && y == TP_BOOL;
+  case TP_BINARY_EQUAL:
+  case TP_BINARY_LESS:
+  case TP_BINARY_LESS_EQUAL:
+  case TP_BINARY_GREATER:
   case TP_BINARY_GREATER_EQUAL:
     return a == b && y == TP_BOOL && ca != TP_CLASS_NONE && (ca != TP_CLASS_BOOL || op == TP_BINARY_EQUAL);
   case TP_BINARY_POW:
     return a == y && ca != TP_CLASS_NONE && ca != TP_CLASS_BOOL && cb != TP_CLASS_NONE && cb != TP_CLASS_BOOL;
-  default:
-    return a == b && a == y && ca != TP_CLASS_NONE && ca != TP_CLASS_BOOL;
+  default: return a == b && a == y && ca != TP_CLASS_NONE && ca != TP_CLASS_BOOL;
   }
 }
 

@@ -23,8 +23,7 @@ TpDType tp_onnx_dtype(int64_t onnx_type) {
   return tp_dtype_size((TpDType)onnx_type) ? (TpDType)onnx_type : TP_UNDEF;
 }
 
-int tp_onnx_tensor_type(const Onnx__TensorProto *t, const char *what, TpTensor *out, char *err,
-                        size_t err_size) {
+int tp_onnx_tensor_type(const Onnx__TensorProto *t, const char *what, TpTensor *out, char *err, size_t err_size) {
   memset(out, 0, sizeof *out);
   out->dtype = tp_onnx_dtype(t->data_type);
   if (out->dtype == TP_UNDEF)
@@ -51,7 +50,8 @@ static int typed_data(const Onnx__TensorProto *t, const char *what, const TpTens
   case TP_F32: have = t->n_float_data; break;
   case TP_I64: have = t->n_int64_data; break;
   case TP_F64: have = t->n_double_data; break;
-  case TP_U32: case TP_U64: have = t->n_uint64_data; break;
+  case TP_U32:
+  case TP_U64: have = t->n_uint64_data; break;
   default: have = t->n_int32_data; break; /* bool, 8/16-bit ints, f16/bf16 bits, i32 */
   }
   if ((int64_t)have != numel)
@@ -65,12 +65,21 @@ static int typed_data(const Onnx__TensorProto *t, const char *what, const TpTens
     case TP_F32: memcpy(e, &t->float_data[i], 4); break;
     case TP_I64: memcpy(e, &t->int64_data[i], 8); break;
     case TP_F64: memcpy(e, &t->double_data[i], 8); break;
-    case TP_U32: { uint32_t v = (uint32_t)t->uint64_data[i]; memcpy(e, &v, 4); break; }
+    case TP_U32: {
+      uint32_t v = (uint32_t)t->uint64_data[i];
+      memcpy(e, &v, 4);
+      break;
+    }
     case TP_U64: memcpy(e, &t->uint64_data[i], 8); break;
     case TP_I32: memcpy(e, &t->int32_data[i], 4); break;
     case TP_BOOL: *e = t->int32_data[i] != 0; break;
-    case TP_I8: case TP_U8: *e = (uint8_t)t->int32_data[i]; break;
-    default: { uint16_t v = (uint16_t)t->int32_data[i]; memcpy(e, &v, 2); break; }
+    case TP_I8:
+    case TP_U8: *e = (uint8_t)t->int32_data[i]; break;
+    default: {
+      uint16_t v = (uint16_t)t->int32_data[i];
+      memcpy(e, &v, 2);
+      break;
+    }
     }
   }
   *out = p;
@@ -80,8 +89,7 @@ static int typed_data(const Onnx__TensorProto *t, const char *what, const TpTens
 static const char *external_key(const Onnx__TensorProto *t, const char *key) {
   const char *v = NULL;
   for (size_t i = 0; i < t->n_external_data; i++)
-    if (t->external_data[i]->key && strcmp(t->external_data[i]->key, key) == 0)
-      v = t->external_data[i]->value;
+    if (t->external_data[i]->key && strcmp(t->external_data[i]->key, key) == 0) v = t->external_data[i]->value;
   return v;
 }
 
@@ -100,11 +108,12 @@ static const char *parse_u63(const char *s, int64_t *out) {
 
 /* External data: the file (mapped lazily: the weights themselves are not read here), and
  * where in it. */
-static int external_data(const Onnx__TensorProto *t, const char *what, const TpOnnxData *data,
-                         TpOnnxTensor *out, char *err, size_t err_size) {
+static int external_data(const Onnx__TensorProto *t, const char *what, const TpOnnxData *data, TpOnnxTensor *out,
+                         char *err, size_t err_size) {
   const char *loc = external_key(t, "location"), *problem;
   if (!data || !data->map)
-    return fail(err, err_size, "%s: external data %s", what, data && data->refused ? data->refused : "is not supported");
+    return fail(err, err_size, "%s: external data %s", what,
+                data && data->refused ? data->refused : "is not supported");
   if (!loc || !*loc) return fail(err, err_size, "%s: external data has no location", what);
   const uint8_t *bytes;
   size_t size;
@@ -129,8 +138,8 @@ static int external_data(const Onnx__TensorProto *t, const char *what, const TpO
   return TP_OK;
 }
 
-int tp_onnx_tensor_decode(const Onnx__TensorProto *t, const char *what, const TpOnnxData *data,
-                          TpOnnxTensor *out, char *err, size_t err_size) {
+int tp_onnx_tensor_decode(const Onnx__TensorProto *t, const char *what, const TpOnnxData *data, TpOnnxTensor *out,
+                          char *err, size_t err_size) {
   memset(out, 0, sizeof *out);
   out->file = -1;
   int rc = tp_onnx_tensor_type(t, what, &out->t, err, err_size);

@@ -22,8 +22,7 @@
  * with why[] completing "external data location 'X' ...". The mapping must outlive the
  * decoded tensor. map NULL: external data is refused ("WHAT: external data " + refused). */
 typedef struct {
-  int (*map)(void *ctx, const char *location, const uint8_t **bytes, size_t *size, char *why,
-             size_t why_size);
+  int (*map)(void *ctx, const char *location, const uint8_t **bytes, size_t *size, char *why, size_t why_size);
   void *ctx;
   const char *refused; /* e.g. "is not supported in tensor files" */
 } TpOnnxData;
@@ -43,14 +42,13 @@ TpDType tp_onnx_dtype(int64_t onnx_type);
 /* t's dtype and shape (out->data NULL), checked: a known element type, rank, no negative
  * dim, a size far from overflow, not segmented. `what` names the tensor in the error
  * ("initializer 'W'"); on failure returns TP_ERR_INPUT with the message in err[]. */
-int tp_onnx_tensor_type(const Onnx__TensorProto *t, const char *what, TpTensor *out, char *err,
-                        size_t err_size);
+int tp_onnx_tensor_type(const Onnx__TensorProto *t, const char *what, TpTensor *out, char *err, size_t err_size);
 
 /* Decodes t: its type (as above) and its bytes, from raw_data (in place), the typed fields
  * (converted, little-endian) or external data (through `data`; NULL refuses it), each
  * checked against the shape. Errors as above; the caller reports err[] with its context. */
-int tp_onnx_tensor_decode(const Onnx__TensorProto *t, const char *what, const TpOnnxData *data,
-                          TpOnnxTensor *out, char *err, size_t err_size);
+int tp_onnx_tensor_decode(const Onnx__TensorProto *t, const char *what, const TpOnnxData *data, TpOnnxTensor *out,
+                          char *err, size_t err_size);
 
 /* The decoded bytes as a malloc'ed copy the caller frees (the owned buffer itself when
  * there is one). */

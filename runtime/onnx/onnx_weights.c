@@ -28,8 +28,7 @@ struct TpOnnxWeights {
 
 static bool is_identity(const Onnx__NodeProto *n) {
   return n->op_type && strcmp(n->op_type, "Identity") == 0 &&
-         (!n->domain || !*n->domain || strcmp(n->domain, "ai.onnx") == 0) && n->n_input == 1 &&
-         n->n_output == 1;
+         (!n->domain || !*n->domain || strcmp(n->domain, "ai.onnx") == 0) && n->n_input == 1 && n->n_output == 1;
 }
 
 static int find_initializer(const Onnx__GraphProto *g, const char *name) {
@@ -42,8 +41,7 @@ static int find_initializer(const Onnx__GraphProto *g, const char *name) {
 static int find_alias(const Onnx__GraphProto *g, const char *name) {
   for (size_t i = 0; i < g->n_node; i++) {
     const Onnx__NodeProto *n = g->node[i];
-    if (is_identity(n) && strcmp(n->output[0], name) == 0 && find_initializer(g, n->input[0]) >= 0)
-      return (int)i;
+    if (is_identity(n) && strcmp(n->output[0], name) == 0 && find_initializer(g, n->input[0]) >= 0) return (int)i;
   }
   return -1;
 }
@@ -147,8 +145,10 @@ int tp_onnx_weights_check_replace(const TpOnnxWeights *w, const char *name, TpDi
   if (find_initializer(g, name) >= 0 || find_alias(g, name) >= 0) return TP_OK;
   const char *file = d->file;
   d->file = w->path;
-  int rc = tp_error(d, "the model has no initializer '%s' (nor an Identity of one) to hold "
-                    "the trained value", name);
+  int rc = tp_error(d,
+                    "the model has no initializer '%s' (nor an Identity of one) to hold "
+                    "the trained value",
+                    name);
   d->file = file;
   return rc;
 }
@@ -156,8 +156,8 @@ int tp_onnx_weights_check_replace(const TpOnnxWeights *w, const char *name, TpDi
 /* ---- rewriting ---- */
 
 /* Replaces t's contents by `bytes` of raw data with the given dtype and shape. */
-static void set_raw(Onnx__TensorProto *t, TpDType dtype, int rank, const int64_t *dims,
-                    const void *data, size_t bytes) {
+static void set_raw(Onnx__TensorProto *t, TpDType dtype, int rank, const int64_t *dims, const void *data,
+                    size_t bytes) {
   free(t->float_data), t->float_data = NULL, t->n_float_data = 0;
   free(t->int32_data), t->int32_data = NULL, t->n_int32_data = 0;
   free(t->int64_data), t->int64_data = NULL, t->n_int64_data = 0;
@@ -201,8 +201,8 @@ static void remove_node(Onnx__GraphProto *g, int i) {
   g->n_node--;
 }
 
-int tp_onnx_weights_pack(TpOnnxWeights *w, const char *const *names, const TpTensor *values,
-                         int n, void **bytes, size_t *size, TpDiag *d) {
+int tp_onnx_weights_pack(TpOnnxWeights *w, const char *const *names, const TpTensor *values, int n, void **bytes,
+                         size_t *size, TpDiag *d) {
   Onnx__GraphProto *g = w->model->graph;
   int rc;
   *bytes = NULL;
@@ -212,8 +212,7 @@ int tp_onnx_weights_pack(TpOnnxWeights *w, const char *const *names, const TpTen
   /* inline external data first: the tensors are read from the files still named */
   for (size_t i = 0; i < g->n_initializer; i++) {
     Onnx__TensorProto *t = g->initializer[i];
-    if (!t->has_data_location || t->data_location != ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
-      continue;
+    if (!t->has_data_location || t->data_location != ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) continue;
     TpTensor v;
     if ((rc = tp_onnx_weights_get(w, t->name, &v, d))) return rc;
     set_raw(t, v.dtype, v.rank, v.dims, v.data, tp_tensor_bytes(&v));
@@ -232,8 +231,7 @@ int tp_onnx_weights_pack(TpOnnxWeights *w, const char *const *names, const TpTen
   if (len > INT32_MAX) {
     const char *file = d->file;
     d->file = w->path;
-    rc = tp_error(d, "the model with its trained weights is %zu bytes; protobuf holds at most 2 GiB",
-                  len);
+    rc = tp_error(d, "the model with its trained weights is %zu bytes; protobuf holds at most 2 GiB", len);
     d->file = file;
     return rc;
   }

@@ -32,7 +32,7 @@ int tp_onnx_weights_check_replace(const TpOnnxWeights *w, const char *name, TpDi
  * Identity alias named names[i] becomes an initializer of its own and the node goes.
  * Other initializers held in external data are inlined, so the bytes stand alone next to
  * any folder. Changes the opened model; *bytes is malloc'ed. */
-int tp_onnx_weights_pack(TpOnnxWeights *w, const char *const *names, const TpTensor *values,
-                         int n, void **bytes, size_t *size, TpDiag *d);
+int tp_onnx_weights_pack(TpOnnxWeights *w, const char *const *names, const TpTensor *values, int n, void **bytes,
+                         size_t *size, TpDiag *d);
 
 #endif

@@ -20,9 +20,10 @@ void *pipe_alloc_bytes(Trainer *t, bool device, size_t bytes, const char *what) 
   if (fits && device) p = be(t)->alloc(t->compute, bytes);
   else if (fits && (p = aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64))) memset(p, 0, bytes);
   if (p) return p;
-  tp_error(t->d, "cannot allocate %zu bytes (%.1f GiB) for %s: %s (compile the plan for a smaller --batch or "
-           "--seq, or more --stages)", bytes, (double)bytes / (1 << 30), what,
-           fits ? "out of memory" : "more than this machine's memory");
+  tp_error(t->d,
+           "cannot allocate %zu bytes (%.1f GiB) for %s: %s (compile the plan for a smaller --batch or "
+           "--seq, or more --stages)",
+           bytes, (double)bytes / (1 << 30), what, fits ? "out of memory" : "more than this machine's memory");
   return NULL;
 }
 
@@ -116,7 +117,9 @@ static int setup_ranks(Trainer *t) {
     char tensor[48] = "";
     if (N > 1) snprintf(tensor, sizeof tensor, " x %d tensor ranks", N);
     if (train_is_root(t))
-      fprintf(stderr, "%s: error: the plan has %d stage%s%s x %d replica%s = %d ranks; %s %d%s (run it as mpirun -np %d%s)\n",
+      fprintf(stderr,
+              "%s: error: the plan has %d stage%s%s x %d replica%s = %d ranks; %s %d%s (run it as mpirun -np "
+              "%d%s)\n",
               t->d->tool, S, S == 1 ? "" : "s", tensor, D, D == 1 ? "" : "s", t->nranks,
               tp_comm_launched_by_mpi() ? "mpirun started" : "it was started as", nprocs,
               tp_comm_launched_by_mpi() ? "" : " process", t->nranks,
@@ -161,8 +164,8 @@ int pipe_setup(Trainer *t) {
       !(t->dev_targets = pipe_alloc(t, ntok * sizeof *t->targets, "a step's targets")))
     return TP_ERR_INPUT;
   int rc = P->stages ? setup_ranks(t) : setup_stages(t);
-  if (!rc && !(t->norm_sum = pipe_alloc(t, (size_t)(P->stages ? t->nhosted : 1) * sizeof(double),
-                                        "the gradient norm")))
+  if (!rc &&
+      !(t->norm_sum = pipe_alloc(t, (size_t)(P->stages ? t->nhosted : 1) * sizeof(double), "the gradient norm")))
     rc = TP_ERR_INPUT;
   return rc;
 }

@@ -80,7 +80,6 @@ void pipe_free_messages(Trainer *t, PipeRank *R) {
   free(R->inbox), free(R->sends);
 }
 
-
 /* ---- sending and receiving ---- */
 
 static int message_tag(const TpPlan *P, int kind, int mb, int slice) {
@@ -119,8 +118,11 @@ void pipe_send(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   }
   PendingSend *s = &R->sends[R->nsends++];
   *s = (PendingSend){.r = {.what = x->kind == TP_PLAN_SEND_ACT ? "an activation to be received"
-                                                                : "a gradient to be received", .stream = R->stream},
-                     .data = data, .view = pipe_host_view(t, R->stream, data, bytes, true, true), .bytes = bytes};
+                                                               : "a gradient to be received",
+                           .stream = R->stream},
+                     .data = data,
+                     .view = pipe_host_view(t, R->stream, data, bytes, true, true),
+                     .bytes = bytes};
   t->comm->be->isend(t->comm, s->view, bytes, dst, tag, &s->r);
 }
 
@@ -157,8 +159,8 @@ bool pipe_receive(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   } else {
     data = R->messages[message_kind(x->kind)].data[x->mb * t->plan->nslices + x->slice];
     char what[96];
-    snprintf(what, sizeof what, "the %s of microbatch %d, slice %d", x->kind == TP_PLAN_RECV_ACT ?
-             "activation" : "gradient", x->mb, x->slice);
+    snprintf(what, sizeof what, "the %s of microbatch %d, slice %d",
+             x->kind == TP_PLAN_RECV_ACT ? "activation" : "gradient", x->mb, x->slice);
     void *view = pipe_host_view(t, R->stream, data, bytes, false, true);
     tp_comm_recv(t->comm, view, bytes, src, tag, what); /* complete: the unpack below finds it */
     pipe_end_host_view(t, R->stream, data, view, bytes, true);

@@ -157,16 +157,16 @@ typedef struct {
 /* A trainable or frozen parameter: one ONNX initializer (or the name an exporter's
  * Identity gave a de-duplicated one). Values and gradients are f32, row-major. */
 typedef struct {
-  const char *name;    /* the ONNX name: what --init reads and the dumps are keyed by */
-  const char *source;  /* the ONNX initializer holding its initial value (== name unless it
+  const char *name;   /* the ONNX name: what --init reads and the dumps are keyed by */
+  const char *source; /* the ONNX initializer holding its initial value (== name unless it
                           was an Identity alias of a shared initializer) */
   int rank;
   int64_t dims[TP_MAX_RANK];
-  int trainable;       /* 0 if frozen (--freeze): no gradient, no update */
-  int stage;           /* the stage that holds it (ABI 2; 0 in one-stage plans) */
-  int tied_stage;      /* 0: held by `stage` only; else the later stage that also holds it
+  int trainable;     /* 0 if frozen (--freeze): no gradient, no update */
+  int stage;         /* the stage that holds it (ABI 2; 0 in one-stage plans) */
+  int tied_stage;    /* 0: held by `stage` only; else the later stage that also holds it
                           (a tied embedding and head: gradients summed by allreduce-tied) */
-  TpPlanShard shard;   /* how it is split over the tensor group; parts 0: whole */
+  TpPlanShard shard; /* how it is split over the tensor group; parts 0: whole */
 } TpPlanParam;
 
 /* An ONNX initializer that the compiler replaced by a function of a parameter (weight
@@ -240,16 +240,16 @@ typedef enum { TP_PLAN_GPIPE, TP_PLAN_1F1B } TpPlanSchedule;
 
 /* One pipeline stage (the rank that runs it, in every replica). */
 typedef struct {
-  const TpUnitFn *forward;   /* [nslices] */
-  const TpUnitFn *backward;  /* [nslices] */
-  size_t arena_bytes;        /* one microbatch's arena */
-  int arenas;                /* arenas to allocate; microbatch mb uses mb % arenas */
+  const TpUnitFn *forward;  /* [nslices] */
+  const TpUnitFn *backward; /* [nslices] */
+  size_t arena_bytes;       /* one microbatch's arena */
+  int arenas;               /* arenas to allocate; microbatch mb uses mb % arenas */
   /* [nslices] each; NULL where there is no neighbour (recv_act and send_grad of stage 0,
    * send_act and recv_grad of the last stage) */
   const TpPlanMessage *recv_act, *send_act, *recv_grad, *send_grad;
   int ninsns;
-  const TpPlanInsn *insns;   /* the rank's schedule for one step */
-  int64_t memory_bytes;      /* the compiler's estimate of the rank's peak: parameters,
+  const TpPlanInsn *insns; /* the rank's schedule for one step */
+  int64_t memory_bytes;    /* the compiler's estimate of the rank's peak: parameters,
                                 gradients, AdamW state, arenas * arena_bytes */
   /* [nslices] each: the io->tensor_allreduce calls the forward (backward) unit of slice i
    * makes; NULL when tensor == 1 */
@@ -260,12 +260,12 @@ typedef struct {
 typedef struct {
   size_t arena_bytes;
   int nsetup;
-  const TpUnitFn *setup;     /* [nsetup]: the forwards of the context slices, in order */
+  const TpUnitFn *setup;      /* [nsetup]: the forwards of the context slices, in order */
   TpUnitFn forward, backward; /* the probed slice's */
 } TpPlanProbeStage;
 
 typedef struct {
-  int64_t b, l, c;           /* microbatch rows, slice length, context length */
+  int64_t b, l, c;                /* microbatch rows, slice length, context length */
   const TpPlanProbeStage *stages; /* [nstages] */
 } TpPlanProbe;
 
@@ -286,8 +286,8 @@ typedef struct {
 } TpPlanDevice;
 
 struct TpPlan {
-  int abi;                 /* TP_PLAN_ABI */
-  const char *model;       /* the ONNX file it was compiled from (--export-onnx rewrites it
+  int abi;           /* TP_PLAN_ABI */
+  const char *model; /* the ONNX file it was compiled from (--export-onnx rewrites it
                               unless --init names another) */
   const char *tokpipec_version;
   int64_t batch, seq, vocab; /* batch: rows of one microbatch (the compiled batch dim) */
@@ -307,19 +307,19 @@ struct TpPlan {
   const TpStageFn *forward;
   const TpStageFn *backward;
   /* ABI 2: the pipeline (stages NULL in ABI 1 plans) */
-  int64_t global_batch;    /* B = batch * microbatches * dp: the rows of one step */
-  int microbatches;        /* M per replica */
-  int dp;                  /* D replicas */
-  int nslices;             /* N */
-  const int64_t *slice_len; /* [nslices], summing to seq */
-  int schedule;            /* TpPlanSchedule the lists were built with (informative) */
+  int64_t global_batch;      /* B = batch * microbatches * dp: the rows of one step */
+  int microbatches;          /* M per replica */
+  int dp;                    /* D replicas */
+  int nslices;               /* N */
+  const int64_t *slice_len;  /* [nslices], summing to seq */
+  int schedule;              /* TpPlanSchedule the lists were built with (informative) */
   const TpPlanStage *stages; /* [nstages] */
   /* Profiling (tokpipec --profile-grid; absent: 0 / NULL) */
-  const int *stage_cuts;   /* [nstages]: the first layer of each stage */
+  const int *stage_cuts; /* [nstages]: the first layer of each stage */
   int nprobes;
-  const TpPlanProbe *probes; /* [nprobes] */
+  const TpPlanProbe *probes;  /* [nprobes] */
   const TpPlanDevice *device; /* NULL: the CPU (see TpPlanDevice) */
-  int tensor;              /* N: tensor-parallel ranks per stage (ABI 5; 1: none) */
+  int tensor;                 /* N: tensor-parallel ranks per stage (ABI 5; 1: none) */
 };
 
 /* The trainer: parses the command line, runs training, returns the process exit code

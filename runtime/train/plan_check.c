@@ -37,18 +37,25 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
     ok = st->forward && st->backward && st->arenas >= 1 && st->ninsns >= 0 && (st->insns || !st->ninsns) &&
          (T == 1 || (st->forward_reduces && st->backward_reduces));
     for (int i = 0; ok && i < N; i++)
-      ok = st->forward[i] && st->backward[i] && (T == 1 || (st->forward_reduces[i] >= 0 && st->backward_reduces[i] >= 0));
-    if (ok && k > 0) ok = message_ok(st->recv_act, N, st->arena_bytes) && message_ok(st->send_grad, N, st->arena_bytes);
-    if (ok && k + 1 < S) ok = message_ok(st->send_act, N, st->arena_bytes) && message_ok(st->recv_grad, N, st->arena_bytes);
+      ok = st->forward[i] && st->backward[i] &&
+           (T == 1 || (st->forward_reduces[i] >= 0 && st->backward_reduces[i] >= 0));
+    if (ok && k > 0)
+      ok = message_ok(st->recv_act, N, st->arena_bytes) && message_ok(st->send_grad, N, st->arena_bytes);
+    if (ok && k + 1 < S)
+      ok = message_ok(st->send_act, N, st->arena_bytes) && message_ok(st->recv_grad, N, st->arena_bytes);
     for (int j = 0; ok && j < st->ninsns; j++) {
       const TpPlanInsn *x = &st->insns[j];
       bool unit = x->kind <= TP_PLAN_RECV_GRAD;
       ok = x->kind >= 0 && x->kind <= TP_PLAN_OPTIMIZER_STEP &&
            (!unit || (x->mb >= 0 && x->mb < M && x->slice >= 0 && x->slice < N));
       switch (x->kind) {
-      case TP_PLAN_SEND_ACT: case TP_PLAN_RECV_GRAD: ok = ok && x->peer == k + 1 && k + 1 < S; break;
-      case TP_PLAN_RECV_ACT: case TP_PLAN_SEND_GRAD: ok = ok && x->peer == k - 1 && k > 0; break;
-      case TP_PLAN_ALLREDUCE_TIED: ok = ok && S > 1 && (k == 0 || k == S - 1) && x->peer == (k == 0 ? S - 1 : 0); break;
+      case TP_PLAN_SEND_ACT:
+      case TP_PLAN_RECV_GRAD: ok = ok && x->peer == k + 1 && k + 1 < S; break;
+      case TP_PLAN_RECV_ACT:
+      case TP_PLAN_SEND_GRAD: ok = ok && x->peer == k - 1 && k > 0; break;
+      case TP_PLAN_ALLREDUCE_TIED:
+        ok = ok && S > 1 && (k == 0 || k == S - 1) && x->peer == (k == 0 ? S - 1 : 0);
+        break;
       default: break;
       }
     }

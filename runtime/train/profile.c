@@ -160,9 +160,10 @@ static int write_profile(Trainer *t, const double *times, const double *opt, dou
     for (int k = 0; k < S; k++) {
       const TpPlanProbe *pr = &P->probes[p];
       const double *x = &times[(p * S + k) * 2];
-      fprintf(f, "%s\n  {\"stage\": %d, \"b\": %" PRId64 ", \"l\": %" PRId64 ", \"c\": %" PRId64
-              ", \"forward\": %.9g, \"backward\": %.9g, \"seconds\": %.9g}", p || k ? "," : "", k, pr->b, pr->l,
-              pr->c, x[0], x[1], x[0] + x[1]);
+      fprintf(f,
+              "%s\n  {\"stage\": %d, \"b\": %" PRId64 ", \"l\": %" PRId64 ", \"c\": %" PRId64
+              ", \"forward\": %.9g, \"backward\": %.9g, \"seconds\": %.9g}",
+              p || k ? "," : "", k, pr->b, pr->l, pr->c, x[0], x[1], x[0] + x[1]);
     }
   fputs("\n ]}\n", f);
   fclose(f);
@@ -182,11 +183,12 @@ int train_profile(Trainer *t) {
     t->tokens[j] = (j * 7919 + 13) % ids, t->targets[j] = (j * 7919 + 7932) % ids;
   pipe_tokens_to_device(t);
   if (train_is_root(t))
-    fprintf(stderr, "%s: profiling %d grid point%s x %d stage%s (microbatch of %" PRId64 " row%s, seq %" PRId64
-            "); %d rank%s in %d process%s, %d thread%s each\n", t->d->tool, P->nprobes, P->nprobes == 1 ? "" : "s",
-            S, S == 1 ? "" : "s", P->batch, P->batch == 1 ? "" : "s", P->seq, t->nranks, t->nranks == 1 ? "" : "s",
-            t->comm->size, t->comm->size == 1 ? "" : "es", omp_get_max_threads(),
-            omp_get_max_threads() == 1 ? "" : "s");
+    fprintf(stderr,
+            "%s: profiling %d grid point%s x %d stage%s (microbatch of %" PRId64 " row%s, seq %" PRId64
+            "); %d rank%s in %d process%s, %d thread%s each\n",
+            t->d->tool, P->nprobes, P->nprobes == 1 ? "" : "s", S, S == 1 ? "" : "s", P->batch,
+            P->batch == 1 ? "" : "s", P->seq, t->nranks, t->nranks == 1 ? "" : "s", t->comm->size,
+            t->comm->size == 1 ? "" : "es", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s");
   size_t n = (size_t)P->nprobes * (size_t)S * 2 + (size_t)S;
   double *times = calloc(n, sizeof *times), *opt = times + (size_t)P->nprobes * S * 2, start = now_s();
   TP_ASSERT(times);
@@ -258,9 +260,10 @@ int train_profile(Trainer *t) {
   free(pass.x);
   rc = train_is_root(t) ? write_profile(t, times, opt, drift) : TP_OK;
   if (!rc && train_is_root(t))
-    fprintf(stderr, "%s: wrote %s: %d samples in %.1f s; %d timed passes over the grid, %.3g s each (median), "
-            "drift %.0f%% (upper / lower quartile - 1)\n", t->d->tool, t->o.profile, P->nprobes * S,
-            now_s() - start, pass.n, typical, 100 * drift);
+    fprintf(stderr,
+            "%s: wrote %s: %d samples in %.1f s; %d timed passes over the grid, %.3g s each (median), "
+            "drift %.0f%% (upper / lower quartile - 1)\n",
+            t->d->tool, t->o.profile, P->nprobes * S, now_s() - start, pass.n, typical, 100 * drift);
   free(times);
   return pipe_agree(t, rc);
 }

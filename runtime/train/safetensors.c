@@ -43,7 +43,8 @@ static void crc_init(void) {
     crc_table[0][i] = c;
   }
   for (int t = 1; t < 8; t++)
-    for (int i = 0; i < 256; i++) crc_table[t][i] = crc_table[t - 1][i] >> 8 ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+    for (int i = 0; i < 256; i++)
+      crc_table[t][i] = crc_table[t - 1][i] >> 8 ^ crc_table[0][crc_table[t - 1][i] & 0xff];
 }
 
 #if defined(__x86_64__)
@@ -153,8 +154,7 @@ static int by_name(const void *a, const void *b) {
   return strcmp(((const TpNamedTensor *)a)->name, ((const TpNamedTensor *)b)->name);
 }
 
-void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
-                          const char *const *meta) {
+void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n, const char *const *meta) {
   TpNamedTensor *sorted = malloc((size_t)(n ? n : 1) * sizeof *sorted);
   TP_ASSERT(sorted);
   if (n) memcpy(sorted, tensors, (size_t)n * sizeof *sorted);
@@ -202,8 +202,7 @@ void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
   free(sorted);
 }
 
-int tp_safetensors_save(const char *path, const TpNamedTensor *tensors, int n,
-                        const char *const *meta, TpDiag *d) {
+int tp_safetensors_save(const char *path, const TpNamedTensor *tensors, int n, const char *const *meta, TpDiag *d) {
   TpAtomicFile a;
   int rc = tp_atomic_open(&a, path, d);
   if (rc) return rc;
@@ -241,11 +240,10 @@ static void add_utf8(Buf *b, uint32_t c) {
   if (c < 0x80) u[0] = (char)c, n = 1;
   else if (c < 0x800) u[0] = (char)(0xc0 | c >> 6), u[1] = (char)(0x80 | (c & 0x3f)), n = 2;
   else if (c < 0x10000)
-    u[0] = (char)(0xe0 | c >> 12), u[1] = (char)(0x80 | (c >> 6 & 0x3f)),
-    u[2] = (char)(0x80 | (c & 0x3f)), n = 3;
+    u[0] = (char)(0xe0 | c >> 12), u[1] = (char)(0x80 | (c >> 6 & 0x3f)), u[2] = (char)(0x80 | (c & 0x3f)), n = 3;
   else
-    u[0] = (char)(0xf0 | c >> 18), u[1] = (char)(0x80 | (c >> 12 & 0x3f)),
-    u[2] = (char)(0x80 | (c >> 6 & 0x3f)), u[3] = (char)(0x80 | (c & 0x3f)), n = 4;
+    u[0] = (char)(0xf0 | c >> 18), u[1] = (char)(0x80 | (c >> 12 & 0x3f)), u[2] = (char)(0x80 | (c >> 6 & 0x3f)),
+    u[3] = (char)(0x80 | (c & 0x3f)), n = 4;
   buf_add(b, u, n);
 }
 
@@ -254,8 +252,10 @@ static bool hex4(Json *J, uint32_t *v) {
   for (int i = 0; i < 4; i++, J->p++) {
     if (J->p >= J->end) return false;
     char c = *J->p;
-    int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int x = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
     if (x < 0) return false;
     *v = *v << 4 | (uint32_t)x;
   }
@@ -485,8 +485,9 @@ static int parse_header(Json *J, int64_t data_size, Entry **out, int *count, TpS
     if (rc) break;
     int64_t bytes = numel * (int64_t)tp_dtype_size(e->dtype);
     if (e->begin > e->end || e->end > data_size)
-      rc = tp_error(J->d, "tensor '%s' has data_offsets [%" PRId64 ", %" PRId64 "] outside the %" PRId64
-                    " data bytes", e->name, e->begin, e->end, data_size);
+      rc = tp_error(J->d,
+                    "tensor '%s' has data_offsets [%" PRId64 ", %" PRId64 "] outside the %" PRId64 " data bytes",
+                    e->name, e->begin, e->end, data_size);
     else if (e->end - e->begin != bytes)
       rc = tp_error(J->d, "tensor '%s' has %" PRId64 " data bytes, its shape needs %" PRId64, e->name,
                     e->end - e->begin, bytes);
@@ -533,19 +534,25 @@ int tp_safetensors_verify(const TpSafetensors *st, TpDiag *d) {
   bool ok = strlen(list) == (size_t)(st->n + 1) * 9 - 1;
   for (int i = 0; ok && i <= st->n; i++) ok = crc_entry(list, i, &stored);
   if (!ok)
-    return tp_error(d, "metadata '%s' is not %d checksums (8 lowercase hex digits each, comma-separated): "
-                    "one of the metadata, one per tensor", TP_SAFETENSORS_CRC_KEY, st->n + 1);
+    return tp_error(d,
+                    "metadata '%s' is not %d checksums (8 lowercase hex digits each, comma-separated): "
+                    "one of the metadata, one per tensor",
+                    TP_SAFETENSORS_CRC_KEY, st->n + 1);
   crc_entry(list, 0, &stored);
   if ((have = meta_crc((const char *const *)st->meta, st->nmeta)) != stored)
-    return tp_error(d, "the metadata fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
-                    "): the file is corrupt", stored, have);
+    return tp_error(d,
+                    "the metadata fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
+                    "): the file is corrupt",
+                    stored, have);
   for (int i = 0; i < st->n; i++) {
     const TpNamedTensor *t = &st->tensors[i];
     crc_entry(list, i + 1, &stored);
     have = tp_crc32c(0, t->t.data, tp_tensor_bytes(&t->t));
     if (have != stored)
-      return tp_error(d, "tensor '%s' fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
-                      "): the file is corrupt", t->name, stored, have);
+      return tp_error(d,
+                      "tensor '%s' fails its CRC-32C check (stored %08" PRIx32 ", computed %08" PRIx32
+                      "): the file is corrupt",
+                      t->name, stored, have);
   }
   return TP_OK;
 }
@@ -556,8 +563,7 @@ int tp_safetensors_parse(const void *bytes, size_t size, TpSafetensors *st, TpDi
   Entry *es = NULL;
   int n = 0, rc = TP_OK;
   uint64_t hlen = 0;
-  if (size < 8)
-    return tp_error(d, "not a safetensors file: %zu bytes, shorter than its 8-byte header length", size);
+  if (size < 8) return tp_error(d, "not a safetensors file: %zu bytes, shorter than its 8-byte header length", size);
   memcpy(&hlen, buf, 8);
   if (hlen > (uint64_t)size - 8 || hlen > MAX_HEADER)
     return tp_error(d, "not a safetensors file: header length %" PRIu64 " exceeds the file (%zu bytes)", hlen, size);

@@ -48,11 +48,9 @@ void tp_safetensors_free(TpSafetensors *st);
 /* Writes tensors (any order; written sorted by name; names must be unique), metadata
  * (NULL, or key/value strings ending with a NULL key) and the tensors' checksums
  * (TP_SAFETENSORS_CRC_KEY) atomically (see atomic.h). */
-int tp_safetensors_save(const char *path, const TpNamedTensor *tensors, int n,
-                        const char *const *meta, TpDiag *d);
+int tp_safetensors_save(const char *path, const TpNamedTensor *tensors, int n, const char *const *meta, TpDiag *d);
 /* The same into an open atomic file, which the caller commits. */
-void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n,
-                          const char *const *meta);
+void tp_safetensors_write(TpAtomicFile *a, const TpNamedTensor *tensors, int n, const char *const *meta);
 
 /* The CRC-32C (Castagnoli) of size bytes, continuing from crc (0 to start). */
 uint32_t tp_crc32c(uint32_t crc, const void *data, size_t size);

@@ -24,10 +24,16 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
   const TpPlan *P = t->plan;
   int64_t row = ((int64_t)R->replica * P->microbatches + mb) * P->batch;
   bool tensor = train_tensor(P) > 1;
-  return (TpStepIO){.arena = R->arena[mb % R->st->arenas], .param = R->param, .grad = R->scratch,
-                    .tokens = t->dev_tokens + row * P->seq, .targets = t->dev_targets + row * P->seq, .loss = NAN,
-                    .compute = t->compute, .stream = R->stream,
-                    .tensor_allreduce = tensor ? pipe_tensor_allreduce : NULL, .tensor_ctx = tensor ? R : NULL,
+  return (TpStepIO){.arena = R->arena[mb % R->st->arenas],
+                    .param = R->param,
+                    .grad = R->scratch,
+                    .tokens = t->dev_tokens + row * P->seq,
+                    .targets = t->dev_targets + row * P->seq,
+                    .loss = NAN,
+                    .compute = t->compute,
+                    .stream = R->stream,
+                    .tensor_allreduce = tensor ? pipe_tensor_allreduce : NULL,
+                    .tensor_ctx = tensor ? R : NULL,
                     .tensor_rank = R->tensor};
 }
 
@@ -41,9 +47,11 @@ static void run_rank_unit(Trainer *t, PipeRank *R, const TpPlanInsn *x, TpStepIO
   if (train_tensor(t->plan) == 1) return;
   int want = (fwd ? R->st->forward_reduces : R->st->backward_reduces)[x->slice];
   if (R->reduces != want)
-    tp_comm_abort(t->comm, TP_ERR_INTERNAL, "the %s unit of stage %d, slice %d (microbatch %d) made %d tensor "
-                  "all-reduce%s; the plan says %d (a compiler bug)", fwd ? "forward" : "backward", R->stage,
-                  x->slice, x->mb, R->reduces, R->reduces == 1 ? "" : "s", want);
+    tp_comm_abort(t->comm, TP_ERR_INTERNAL,
+                  "the %s unit of stage %d, slice %d (microbatch %d) made %d tensor "
+                  "all-reduce%s; the plan says %d (a compiler bug)",
+                  fwd ? "forward" : "backward", R->stage, x->slice, x->mb, R->reduces, R->reduces == 1 ? "" : "s",
+                  want);
 }
 
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica) {
@@ -88,21 +96,12 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
       be(t)->add_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count);
     return true;
   case TP_PLAN_SEND_ACT:
-  case TP_PLAN_SEND_GRAD:
-    pipe_send(t, R, x);
-    return true;
+  case TP_PLAN_SEND_GRAD: pipe_send(t, R, x); return true;
   case TP_PLAN_RECV_ACT:
-  case TP_PLAN_RECV_GRAD:
-    return pipe_receive(t, R, x);
-  case TP_PLAN_ALLREDUCE_TIED:
-    finish_grads(t, R);
-    return pipe_allreduce_tied(t, R);
-  case TP_PLAN_ALLREDUCE:
-    finish_grads(t, R);
-    return pipe_allreduce_replicas(t, R);
-  default:
-    TP_ASSERT(!"an instruction the runtime does not run here");
-    return false;
+  case TP_PLAN_RECV_GRAD: return pipe_receive(t, R, x);
+  case TP_PLAN_ALLREDUCE_TIED: finish_grads(t, R); return pipe_allreduce_tied(t, R);
+  case TP_PLAN_ALLREDUCE: finish_grads(t, R); return pipe_allreduce_replicas(t, R);
+  default: TP_ASSERT(!"an instruction the runtime does not run here"); return false;
   }
 }
 
@@ -147,8 +146,10 @@ static void run_schedules(Trainer *t, bool train) {
     if (!progress) {
       const PipeRank *R = t->hosted[0];
       for (int h = 0; h < t->nhosted && R->pc >= R->st->ninsns; h++) R = t->hosted[h];
-      tp_comm_abort(t->comm, TP_ERR_INTERNAL, "the schedule deadlocked: rank %d waits at instruction %d "
-                    "(a compiler bug: the plan's schedule was verified)", R->rank, R->pc);
+      tp_comm_abort(t->comm, TP_ERR_INTERNAL,
+                    "the schedule deadlocked: rank %d waits at instruction %d "
+                    "(a compiler bug: the plan's schedule was verified)",
+                    R->rank, R->pc);
     }
   }
   for (int h = 0; h < t->nhosted; h++) {
@@ -179,8 +180,13 @@ static double step_loss(Trainer *t) {
 /* ABI 1: the stage functions in order (backward: in reverse), one process; the loss. */
 static double run_stages(Trainer *t, bool backward) {
   const TpPlan *P = t->plan;
-  TpStepIO io = {.param = t->param, .grad = t->grad, .tokens = t->dev_tokens, .targets = t->dev_targets,
-                 .loss = NAN, .compute = t->compute, .stream = t->stream};
+  TpStepIO io = {.param = t->param,
+                 .grad = t->grad,
+                 .tokens = t->dev_tokens,
+                 .targets = t->dev_targets,
+                 .loss = NAN,
+                 .compute = t->compute,
+                 .stream = t->stream};
   for (int pass = 0; pass <= (int)backward; pass++)
     for (int k = 0; k < P->nstages; k++) {
       int s = pass ? P->nstages - 1 - k : k;
@@ -268,6 +274,7 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
     pipe_adamw(t, h, s, grad, step, lr, clip);
     be(t)->stream_sync(t->compute, s);
     if (t->trace)
-      trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start, trace_now_us(t->trace));
+      trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start,
+                trace_now_us(t->trace));
   }
 }

@@ -55,27 +55,27 @@ enum { MESSAGE_KINDS = 4 };
 
 struct PipeRank {
   int rank, stage, replica, tensor;
-  Trainer *trainer;       /* for io->tensor_allreduce (tensor_ctx is the rank) */
-  int *tensor_group;      /* [N]: the ranks of its stage's tensor group */
-  int reduces;            /* io->tensor_allreduce calls of the unit running */
+  Trainer *trainer;  /* for io->tensor_allreduce (tensor_ctx is the rank) */
+  int *tensor_group; /* [N]: the ranks of its stage's tensor group */
+  int reduces;       /* io->tensor_allreduce calls of the unit running */
   const TpPlanStage *st;
-  float **param;          /* [nparams]: the process's values where this stage holds them */
-  float **grad, **scratch; /* [nparams]: the step's gradient; one microbatch's (== grad if M == 1) */
+  float **param;                     /* [nparams]: the process's values where this stage holds them */
+  float **grad, **scratch;           /* [nparams]: the step's gradient; one microbatch's (== grad if M == 1) */
   float *grad_block, *scratch_block; /* the held parameters' gradients, contiguous in param order */
   int64_t grad_count;
-  void **arena;           /* [st->arenas] */
-  double *loss;           /* [microbatches]: the last stage's losses */
-  TpStepIO *loss_io;      /* [microbatches]: the last forward units' io, whose loss a device
+  void **arena;      /* [st->arenas] */
+  double *loss;      /* [microbatches]: the last stage's losses */
+  TpStepIO *loss_io; /* [microbatches]: the last forward units' io, whose loss a device
                            * unit's copy sets by the step's final synchronization */
-  int pc;                 /* the next instruction */
-  bool waiting;           /* at a collective, until every hosted member arrives */
-  bool grads_final;       /* divided by the microbatch count */
-  Message *inbox;         /* one process: messages sent to this rank, not yet received */
+  int pc;            /* the next instruction */
+  bool waiting;      /* at a collective, until every hosted member arrives */
+  bool grads_final;  /* divided by the microbatch count */
+  Message *inbox;    /* one process: messages sent to this rank, not yet received */
   int ninbox, inbox_cap;
-  PendingSend *sends;     /* mpirun: sends not yet complete */
+  PendingSend *sends; /* mpirun: sends not yet complete */
   int nsends, sends_cap;
   MessageBuffers messages[MESSAGE_KINDS]; /* by message_kind() */
-  TpStream *stream;       /* where its units and math run */
+  TpStream *stream;                       /* where its units and math run */
   TpEvent *event;
 };
 

@@ -55,8 +55,10 @@ static int read_tokens(TpTokenFile *f, int64_t pos, int64_t n, uint16_t *out, Tp
   int64_t offset = HEADER_BYTES + pos * 2, got = read_at(f->fd, out, (size_t)n * 2, offset);
   if (got < 0) return file_error(f, d, "cannot read: %s", strerror(errno));
   if (got < n * 2)
-    return file_error(f, d, "the file was truncated while in use: %" PRId64 " bytes at offset %" PRId64
-                      " are gone (it held %" PRId64 " tokens)", n * 2 - got, offset + got, f->count);
+    return file_error(f, d,
+                      "the file was truncated while in use: %" PRId64 " bytes at offset %" PRId64
+                      " are gone (it held %" PRId64 " tokens)",
+                      n * 2 - got, offset + got, f->count);
   for (int64_t i = 0; i < n; i++)
     if (out[i] >= f->limit) {
       char vocab[64];

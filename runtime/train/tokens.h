@@ -16,8 +16,8 @@
 enum { TP_TOKENS_MAGIC = 20240520, TP_TOKENS_VERSION = 1, TP_TOKENS_HEADER_INTS = 256 };
 
 typedef struct {
-  const char *path;     /* for errors */
-  int fd;               /* open while path is set */
+  const char *path; /* for errors */
+  int fd;           /* open while path is set */
   int64_t count;
   int64_t limit;        /* every id is below it */
   const char *limit_of; /* what bounds the ids, for errors ("the 100 rows of table 'wte'");
@@ -38,8 +38,7 @@ void tp_tokens_close(TpTokenFile *f);
 /* The batch at token position pos (0 <= pos < count): inputs [B*T] = tokens pos..,
  * targets the same shifted by one (positions modulo the count). An error naming the file
  * if it no longer holds them (truncated) or they are out of range (rewritten). */
-int tp_tokens_batch(TpTokenFile *f, int64_t pos, int64_t B, int64_t T, int64_t *inputs, int64_t *targets,
-                    TpDiag *d);
+int tp_tokens_batch(TpTokenFile *f, int64_t pos, int64_t B, int64_t T, int64_t *inputs, int64_t *targets, TpDiag *d);
 
 /* Writes count tokens (count < 2^31) as a token file, atomically. */
 int tp_tokens_write(const char *path, const uint16_t *tokens, int64_t count, TpDiag *d);

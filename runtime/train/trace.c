@@ -60,7 +60,7 @@ void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, dou
 }
 
 static const char *kind_name(int kind) {
-  static const char *const names[] = {"forward", "backward", "send-act", "recv-act", "send-grad",
+  static const char *const names[] = {"forward",   "backward",       "send-act",  "recv-act",      "send-grad",
                                       "recv-grad", "allreduce-tied", "allreduce", "optimizer-step"};
   if (kind == TRACE_UPDATE) return "optimizer-step";
   return kind >= 0 && kind < (int)(sizeof names / sizeof *names) ? names[kind] : "?";
@@ -75,12 +75,16 @@ static int format_event(char *buf, size_t n, const TraceEvent *e) {
   bool send = e->kind == TP_PLAN_SEND_ACT || e->kind == TP_PLAN_SEND_GRAD;
   bool recv = e->kind == TP_PLAN_RECV_ACT || e->kind == TP_PLAN_RECV_GRAD;
   if (e->peer >= 0 && (send || recv || e->kind == TP_PLAN_ALLREDUCE_TIED))
-    snprintf(name + len, sizeof name - (size_t)len, " %s stage %d", send ? "to" : recv ? "from" : "with",
+    snprintf(name + len, sizeof name - (size_t)len, " %s stage %d",
+             send   ? "to"
+             : recv ? "from"
+                    : "with",
              (int)e->peer);
-  return snprintf(buf, n, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, "
+  return snprintf(buf, n,
+                  "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, "
                   "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"mb\": %d, \"slice\": %d}}",
-                  name, compute ? "compute" : "comm", (int)e->rank, e->start, e->end - e->start,
-                  (int)e->mb, (int)e->slice);
+                  name, compute ? "compute" : "comm", (int)e->rank, e->start, e->end - e->start, (int)e->mb,
+                  (int)e->slice);
 }
 
 static void append(char **out, size_t *len, size_t *cap, const char *s, size_t n) {
@@ -98,18 +102,21 @@ static int write_json(Trainer *t, const char *path, const TraceEvent *ev, int64_
   char *out = NULL, line[512];
   size_t len = 0, cap = 0;
   int S = P->stages ? P->nstages : 1, N = P->stages ? train_tensor(P) : 1;
-  int k = snprintf(line, sizeof line, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"stages\": %d, "
-                   "\"tensor\": %d, \"replicas\": %d, \"microbatches\": %d, \"slices\": %d, \"dropped_events\": %"
-                   PRId64 "}, \"traceEvents\": [\n", S, N, P->stages ? P->dp : 1, P->stages ? P->microbatches : 1,
-                   P->stages ? P->nslices : 1, dropped);
+  int k =
+      snprintf(line, sizeof line,
+               "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"stages\": %d, "
+               "\"tensor\": %d, \"replicas\": %d, \"microbatches\": %d, \"slices\": %d, \"dropped_events\": %" PRId64
+               "}, \"traceEvents\": [\n",
+               S, N, P->stages ? P->dp : 1, P->stages ? P->microbatches : 1, P->stages ? P->nslices : 1, dropped);
   append(&out, &len, &cap, line, (size_t)k);
   for (int r = 0; r < t->nranks; r++) { /* rank r = (replica * S + stage) * N + tensor rank (plan.h) */
     char tensor[32] = "";
     if (N > 1) snprintf(tensor, sizeof tensor, ", tensor rank %d", r % N);
-    k = snprintf(line, sizeof line, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
+    k = snprintf(line, sizeof line,
+                 "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
                  "{\"name\": \"rank %d: stage %d%s, replica %d\"}},\n{\"name\": \"process_sort_index\", "
-                 "\"ph\": \"M\", \"pid\": %d, \"args\": {\"sort_index\": %d}}", r ? ",\n" : "", r, r,
-                 r / N % S, tensor, r / (N * S), r, r);
+                 "\"ph\": \"M\", \"pid\": %d, \"args\": {\"sort_index\": %d}}",
+                 r ? ",\n" : "", r, r, r / N % S, tensor, r / (N * S), r, r);
     append(&out, &len, &cap, line, (size_t)k);
   }
   for (int64_t i = 0; i < n; i++) {

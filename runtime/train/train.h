@@ -27,10 +27,10 @@
 #define TRAIN_MAX_STEPS ((int64_t)1 << 53)
 
 typedef struct {
-  const char *init, *data, *val_data, *log, *dump_grads, *dump_weights, *save, *resume,
-      *export_onnx, *trace, *profile;
+  const char *init, *data, *val_data, *log, *dump_grads, *dump_weights, *save, *resume, *export_onnx, *trace,
+      *profile;
   const char *no_decay; /* POSIX ERE: the parameters AdamW does not decay */
-  int64_t steps;       /* the total; -1: one pass over the training data */
+  int64_t steps;        /* the total; -1: one pass over the training data */
   uint64_t seed;
   int64_t val_every;   /* 0: only after the last step */
   int64_t val_batches; /* 0: every whole batch of the file, at most 20 */
@@ -77,26 +77,26 @@ typedef struct {
   float **param, **grad, **m, **v;
   TrainHost host;
   bool *held;
-  int64_t *numel;       /* elements of what a rank holds (its piece of a split parameter) */
-  int64_t *whole_numel; /* of the whole tensor: what host copies and files hold */
-  double *decay; /* per parameter: its AdamW weight decay (0 where --no-decay matches) */
-  void **arena; /* per stage (ABI 1) */
-  int64_t *tokens, *targets; /* [global batch, seq], host: what the token reader fills */
+  int64_t *numel;                    /* elements of what a rank holds (its piece of a split parameter) */
+  int64_t *whole_numel;              /* of the whole tensor: what host copies and files hold */
+  double *decay;                     /* per parameter: its AdamW weight decay (0 where --no-decay matches) */
+  void **arena;                      /* per stage (ABI 1) */
+  int64_t *tokens, *targets;         /* [global batch, seq], host: what the token reader fills */
   int64_t *dev_tokens, *dev_targets; /* their device copies, which the units read */
-  double *norm_sum; /* device: one double per hosted rank (ABI 1: one) */
+  double *norm_sum;                  /* device: one double per hosted rank (ABI 1: one) */
   TpTokenFile train, val;
   int64_t step;     /* steps done */
   int64_t data_pos; /* token position of the next training batch */
   uint64_t rng;     /* splitmix64 state (random init) */
   /* process 0's outputs while training */
-  FILE *log;             /* --log, opened when its first line is written */
-  TpPathLock save_lock;  /* --save's checkpoint, locked from before the first step */
-  bool made_save_dir;    /* --save's folder was created by this run */
+  FILE *log;            /* --log, opened when its first line is written */
+  TpPathLock save_lock; /* --save's checkpoint, locked from before the first step */
+  bool made_save_dir;   /* --save's folder was created by this run */
   /* ABI 2 */
-  int nranks;       /* stages * tensor * dp */
-  int nhosted;      /* ranks this process runs: all of them (one process) or one */
+  int nranks;  /* stages * tensor * dp */
+  int nhosted; /* ranks this process runs: all of them (one process) or one */
   PipeRank **hosted;
-  TraceLog *trace;  /* NULL without --trace */
+  TraceLog *trace; /* NULL without --trace */
   /* --resume: the checkpoint as read at start-up (train_open_checkpoint), until the
    * weights are loaded from it; process 0 holds the folder's lock for reading meanwhile,
    * so that no trainer replaces it while the ranks read it */

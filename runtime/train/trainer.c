@@ -38,8 +38,7 @@ enum { MAX_VAL_BATCHES = 20 };
 
 static const char *usage_text =
     "Usage: %s --data FILE [options]\n"
-    "Trains the model compiled into this program (%s: batch %" PRId64 ", seq %" PRId64
-    ", vocab %" PRId64 ").\n"
+    "Trains the model compiled into this program (%s: batch %" PRId64 ", seq %" PRId64 ", vocab %" PRId64 ").\n"
     "\n"
     "Data and steps:\n"
     "  --data FILE          training tokens, llm.c's format (a 256 x int32 header: 20240520,\n"
@@ -181,9 +180,9 @@ static int set_option(TrainOptions *o, const OptSpec *s, const char *v, const Tp
 }
 
 /* What --profile cannot go with: it runs no step and writes nothing else. */
-static const char *const training_only[] = {"--data", "--val-data", "--steps", "--val-every", "--val-batches",
-                                            "--log", "--dump-grads", "--dump-weights", "--save", "--save-every",
-                                            "--resume", "--export-onnx", "--trace", NULL};
+static const char *const training_only[] =
+    {"--data",         "--val-data", "--steps",      "--val-every", "--val-batches", "--log",   "--dump-grads",
+     "--dump-weights", "--save",     "--save-every", "--resume",    "--export-onnx", "--trace", NULL};
 
 /* TP_OK, TP_ERR_USAGE, or -1 after --help or --version. */
 static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d, const TpPlan *P) {
@@ -197,8 +196,9 @@ static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d
       return -1;
     }
     if (strcmp(arg, "--version") == 0) {
-      if (d->stream) printf("%s: tokpipe trainer runtime %s; plan compiled by tokpipec %s from %s\n", tool,
-             TOKPIPE_VERSION, P->tokpipec_version ? P->tokpipec_version : "?", P->model ? P->model : "?");
+      if (d->stream)
+        printf("%s: tokpipe trainer runtime %s; plan compiled by tokpipec %s from %s\n", tool, TOKPIPE_VERSION,
+               P->tokpipec_version ? P->tokpipec_version : "?", P->model ? P->model : "?");
       return -1;
     }
     const char *eq = strchr(arg, '=');
@@ -221,8 +221,10 @@ static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d
     return usage_error(d, "--profile measures the stages and does not train: it cannot go with %s", training);
   if (o->profile && !(P->stages && P->nprobes)) { /* one line: --help cannot help */
     if (d->stream)
-      fprintf(d->stream, "%s: error: this trainer has no profiling units: compile it with tokpipec "
-              "--profile-grid auto\n", tool);
+      fprintf(d->stream,
+              "%s: error: this trainer has no profiling units: compile it with tokpipec "
+              "--profile-grid auto\n",
+              tool);
     return TP_ERR_USAGE;
   }
   if (o->profile) return TP_OK;
@@ -252,7 +254,8 @@ static int decay_of_params(Trainer *t) {
   TP_ASSERT(t->decay);
   regex_t re;
   bool matched = false;
-  if (t->o.no_decay) TP_ASSERT(regcomp(&re, t->o.no_decay, REG_EXTENDED | REG_NOSUB) == 0); /* parse_options checked it */
+  if (t->o.no_decay)
+    TP_ASSERT(regcomp(&re, t->o.no_decay, REG_EXTENDED | REG_NOSUB) == 0); /* parse_options checked it */
   for (int i = 0; i < P->nparams; i++) {
     bool exempt = t->o.no_decay && regexec(&re, P->params[i].name, 0, NULL, 0) == 0;
     matched |= exempt && P->params[i].trainable;
@@ -268,8 +271,10 @@ static int decay_of_params(Trainer *t) {
 
 static int check_plan(const TpPlan *P, TpDiag *d) {
   if (P->abi != TP_PLAN_ABI)
-    return tp_internal(d, "the plan has ABI version %d, this runtime %d: compile it again with "
-                       "the tokpipec of this runtime", P->abi, TP_PLAN_ABI);
+    return tp_internal(d,
+                       "the plan has ABI version %d, this runtime %d: compile it again with "
+                       "the tokpipec of this runtime",
+                       P->abi, TP_PLAN_ABI);
   bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->token_limit >= 0 && P->nstages >= 1 &&
             P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward)) &&
             (P->stages || P->tensor <= 1); /* tensor ranks run schedules (ABI 2) */
@@ -281,8 +286,7 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
   }
   for (int k = 0; ok && k < P->nderived; k++) {
     const TpPlanDerived *dv = &P->derived[k];
-    ok = dv->name && dv->param >= 0 && dv->param < P->nparams &&
-         (!dv->transpose || P->params[dv->param].rank == 2);
+    ok = dv->name && dv->param >= 0 && dv->param < P->nparams && (!dv->transpose || P->params[dv->param].rank == 2);
   }
   if (!ok) return tp_internal(d, "the compiled plan is malformed");
   return P->stages ? pipe_check_plan(P, d) : TP_OK;
@@ -361,8 +365,10 @@ static void log_json(FILE *f, const StepRecord *r, int64_t tokens) {
   fmt_number(loss, sizeof loss, r->loss, true);
   fmt_number(lr, sizeof lr, r->lr, false);
   fmt_number(norm, sizeof norm, r->norm, true);
-  fprintf(f, "{\"step\": %" PRId64 ", \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"ms\": %.3f, "
-          "\"tokens_per_s\": %.1f", r->step, loss, lr, norm, r->ms, (double)tokens / (r->ms / 1e3));
+  fprintf(f,
+          "{\"step\": %" PRId64 ", \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"ms\": %.3f, "
+          "\"tokens_per_s\": %.1f",
+          r->step, loss, lr, norm, r->ms, (double)tokens / (r->ms / 1e3));
   if (!isnan(r->val_loss)) {
     fmt_number(val, sizeof val, r->val_loss, true);
     fprintf(f, ", \"val_loss\": %s", val);
@@ -426,10 +432,12 @@ static int prepare_save_dir(Trainer *t) {
   const char *dir = t->o.save;
   if (stat(dir, &st) == 0) {
     if (!S_ISDIR(st.st_mode)) return tp_error(t->d, "--save '%s' is not a folder", dir);
-    if (access(dir, W_OK) != 0) return tp_error(t->d, "--save folder '%s' is not writable: %s", dir, strerror(errno));
+    if (access(dir, W_OK) != 0)
+      return tp_error(t->d, "--save folder '%s' is not writable: %s", dir, strerror(errno));
     char *path = train_checkpoint_path(dir);
     int rc = stat(path, &st) == 0 && !S_ISREG(st.st_mode) /* a folder, a FIFO: tp_atomic_open refuses it */
-                 ? tp_error(t->d, "--save checkpoint '%s' exists and is not a regular file", path) : TP_OK;
+                 ? tp_error(t->d, "--save checkpoint '%s' exists and is not a regular file", path)
+                 : TP_OK;
     free(path);
     return rc;
   }
@@ -450,7 +458,8 @@ static int lock_save_dir(Trainer *t) {
   size_t n = strlen(base);
   DIR *dir = rc ? NULL : opendir(t->o.save);
   for (struct dirent *e; dir && (e = readdir(dir));)
-    if (strncmp(e->d_name, base, n) == 0 && strncmp(e->d_name + n, ".tmp.", 5) == 0) unlinkat(dirfd(dir), e->d_name, 0);
+    if (strncmp(e->d_name, base, n) == 0 && strncmp(e->d_name + n, ".tmp.", 5) == 0)
+      unlinkat(dirfd(dir), e->d_name, 0);
   if (dir) closedir(dir);
   free(path);
   return rc;
@@ -469,8 +478,8 @@ static int close_outputs(Trainer *t, int rc) {
 
 static void print_progress(const Trainer *t, const StepRecord *r, int64_t total) {
   int width = snprintf(NULL, 0, "%" PRId64, total);
-  fprintf(stderr, "step %*" PRId64 "/%" PRId64 " | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
-          width, r->step, total, r->loss, r->lr, r->norm, r->ms,
+  fprintf(stderr, "step %*" PRId64 "/%" PRId64 " | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", width,
+          r->step, total, r->loss, r->lr, r->norm, r->ms,
           (double)(train_rows(t->plan) * t->plan->seq) / (r->ms / 1e3));
   if (!isnan(r->val_loss)) fprintf(stderr, " | val %.6f", r->val_loss);
   fputc('\n', stderr);
@@ -512,12 +521,16 @@ static int train(Trainer *t, int64_t total) {
     if ((rc = read_batch(t, &t->train, t->data_pos))) return rc;
     double loss = pipe_train_step(t);
     if (!isfinite(loss)) /* the same loss on every process: each fails, process 0 says why */
-      return tp_error(t->d, "the loss is %f at step %" PRId64 ": training diverged (lower --lr, or "
-                      "--grad-clip)", loss, step);
+      return tp_error(t->d,
+                      "the loss is %f at step %" PRId64 ": training diverged (lower --lr, or "
+                      "--grad-clip)",
+                      loss, step);
     double norm = pipe_grad_norm(t), lr = lr_at(o, step, total);
     if (!isfinite(norm)) /* likewise the same everywhere */
-      return tp_error(t->d, "the gradient norm is %f at step %" PRId64 ": training diverged (lower --lr, or "
-                      "--grad-clip)", norm, step);
+      return tp_error(t->d,
+                      "the gradient norm is %f at step %" PRId64 ": training diverged (lower --lr, or "
+                      "--grad-clip)",
+                      norm, step);
     double t_grads = now_ms();
     if (step == first && o->dump_grads) {
       t->step = step; /* the dump's metadata names the step */
@@ -550,8 +563,8 @@ static int check_outputs(Trainer *t) {
       (o->dump_grads && (rc = tp_check_writable(o->dump_grads, "--dump-grads", t->d))) ||
       (o->dump_weights && (rc = tp_check_writable(o->dump_weights, "--dump-weights", t->d))) ||
       (o->export_onnx && (rc = tp_check_writable(o->export_onnx, "--export-onnx", t->d))) ||
-      (o->trace && (rc = tp_check_writable(o->trace, "--trace", t->d))) ||
-      (o->save && (rc = prepare_save_dir(t))) || (o->export_onnx && (rc = train_check_export(t))))
+      (o->trace && (rc = tp_check_writable(o->trace, "--trace", t->d))) || (o->save && (rc = prepare_save_dir(t))) ||
+      (o->export_onnx && (rc = train_check_export(t))))
     return rc;
   return TP_OK;
 }
@@ -563,16 +576,18 @@ static void print_start(const Trainer *t, int64_t total) {
     nel += t->whole_numel[i];
     if (P->params[i].trainable) ntrain += t->whole_numel[i];
   }
-  fprintf(stderr, "%s: %" PRId64 " parameters (%" PRId64 " trainable) in %d tensors; batch %" PRId64
-          " x seq %" PRId64 "; %" PRId64 " training tokens; steps %" PRId64 "..%" PRId64 "\n",
+  fprintf(stderr,
+          "%s: %" PRId64 " parameters (%" PRId64 " trainable) in %d tensors; batch %" PRId64 " x seq %" PRId64
+          "; %" PRId64 " training tokens; steps %" PRId64 "..%" PRId64 "\n",
           t->d->tool, nel, ntrain, P->nparams, train_rows(P), P->seq, t->train.count, t->step + 1, total);
   char tensor[48] = "";
   if (train_tensor(P) > 1) snprintf(tensor, sizeof tensor, " x %d tensor ranks", train_tensor(P));
   if (P->stages)
-    fprintf(stderr, "%s: pipeline of %d stage%s%s x %d replica%s, %d microbatch%s of %" PRId64 " row%s, %d slice%s, "
-            "%s schedule; %d rank%s in %d process%s (%s)\n", t->d->tool, P->nstages, P->nstages == 1 ? "" : "s",
-            tensor, P->dp, P->dp == 1 ? "" : "s", P->microbatches, P->microbatches == 1 ? "" : "es", P->batch,
-            P->batch == 1 ? "" : "s", P->nslices,
+    fprintf(stderr,
+            "%s: pipeline of %d stage%s%s x %d replica%s, %d microbatch%s of %" PRId64 " row%s, %d slice%s, "
+            "%s schedule; %d rank%s in %d process%s (%s)\n",
+            t->d->tool, P->nstages, P->nstages == 1 ? "" : "s", tensor, P->dp, P->dp == 1 ? "" : "s",
+            P->microbatches, P->microbatches == 1 ? "" : "es", P->batch, P->batch == 1 ? "" : "s", P->nslices,
             P->nslices == 1 ? "" : "s", P->schedule == TP_PLAN_1F1B ? "1f1b" : "gpipe", t->nranks,
             t->nranks == 1 ? "" : "s", t->comm->size, t->comm->size == 1 ? "" : "es", t->comm->be->name);
 }
@@ -599,8 +614,9 @@ static uint32_t crc_message(uint32_t crc, const TpPlanMessage *msgs, int n) {
 static uint32_t plan_identity(const TpPlan *P) {
   uint32_t c = crc_i64(0, P->abi);
   c = crc_str(c, P->tokpipec_version);
-  int64_t sizes[] = {P->batch, P->seq, P->vocab, P->token_limit, P->nparams, P->nderived, P->nstages,
-                     P->global_batch, P->microbatches, P->dp, P->nslices, P->schedule, P->tensor, P->nprobes};
+  int64_t sizes[] = {P->batch,    P->seq,      P->vocab,        P->token_limit,  P->nparams,
+                     P->nderived, P->nstages,  P->global_batch, P->microbatches, P->dp,
+                     P->nslices,  P->schedule, P->tensor,       P->nprobes};
   c = crc_of(c, sizes, sizeof sizes);
   c = crc_str(c, P->device ? P->device->name : "cpu");
   for (int i = 0; i < P->nparams; i++) {
@@ -641,29 +657,70 @@ typedef struct {
   FieldKind kind;
 } StartField;
 
-#define OPTION_FIELDS(X)                                                                                           \
-  X("--init", init) X("--data", data) X("--val-data", val_data) X("--log", log) X("--dump-grads", dump_grads)      \
-  X("--dump-weights", dump_weights) X("--save", save) X("--resume", resume) X("--export-onnx", export_onnx)        \
-  X("--trace", trace) X("--profile", profile)
+/* One option a line (the formatter would re-flow them). */
+/* clang-format off */
+#define OPTION_FIELDS(X)             \
+  X("--init", init)                  \
+  X("--data", data)                  \
+  X("--val-data", val_data)          \
+  X("--log", log)                    \
+  X("--dump-grads", dump_grads)      \
+  X("--dump-weights", dump_weights)  \
+  X("--save", save)                  \
+  X("--resume", resume)              \
+  X("--export-onnx", export_onnx)    \
+  X("--trace", trace)                \
+  X("--profile", profile)
+/* clang-format on */
 
 enum {
-  F_PLAN, F_STEPS, F_SEED, F_VAL_EVERY, F_VAL_BATCHES, F_SAVE_EVERY, F_WARMUP, F_LR, F_BETA1, F_BETA2, F_EPS,
-  F_WEIGHT_DECAY, F_GRAD_CLIP, F_SCHEDULE, F_NO_DECAY, F_DATA_TOKENS, F_DATA_CRC, F_VAL_TOKENS, F_VAL_CRC,
-  F_CKPT_STEP, F_CKPT_CRC, F_GIVEN /* then one per OPTION_FIELDS entry */
+  F_PLAN,
+  F_STEPS,
+  F_SEED,
+  F_VAL_EVERY,
+  F_VAL_BATCHES,
+  F_SAVE_EVERY,
+  F_WARMUP,
+  F_LR,
+  F_BETA1,
+  F_BETA2,
+  F_EPS,
+  F_WEIGHT_DECAY,
+  F_GRAD_CLIP,
+  F_SCHEDULE,
+  F_NO_DECAY,
+  F_DATA_TOKENS,
+  F_DATA_CRC,
+  F_VAL_TOKENS,
+  F_VAL_CRC,
+  F_CKPT_STEP,
+  F_CKPT_CRC,
+  F_GIVEN /* then one per OPTION_FIELDS entry */
 };
 
-static const StartField start_fields[] = {
-    {"the plan (its CRC-32C)", FIELD_CRC}, {"--steps", FIELD_COUNT}, {"--seed", FIELD_COUNT},
-    {"--val-every", FIELD_COUNT}, {"--val-batches", FIELD_COUNT}, {"--save-every", FIELD_COUNT},
-    {"--warmup", FIELD_COUNT}, {"--lr", FIELD_NUMBER}, {"--beta1", FIELD_NUMBER}, {"--beta2", FIELD_NUMBER},
-    {"--eps", FIELD_NUMBER}, {"--weight-decay", FIELD_NUMBER}, {"--grad-clip", FIELD_NUMBER},
-    {"--lr-schedule (1: cosine)", FIELD_COUNT}, {"--no-decay (its CRC-32C)", FIELD_CRC},
-    {"the --data file's token count", FIELD_COUNT}, {"the --data file's CRC-32C", FIELD_CRC},
-    {"the --val-data file's token count", FIELD_COUNT}, {"the --val-data file's CRC-32C", FIELD_CRC},
-    {"the --resume checkpoint's step", FIELD_COUNT},
-    {"the --resume checkpoint's checksums (their CRC-32C)", FIELD_CRC},
+static const StartField start_fields[] = {{"the plan (its CRC-32C)", FIELD_CRC},
+                                          {"--steps", FIELD_COUNT},
+                                          {"--seed", FIELD_COUNT},
+                                          {"--val-every", FIELD_COUNT},
+                                          {"--val-batches", FIELD_COUNT},
+                                          {"--save-every", FIELD_COUNT},
+                                          {"--warmup", FIELD_COUNT},
+                                          {"--lr", FIELD_NUMBER},
+                                          {"--beta1", FIELD_NUMBER},
+                                          {"--beta2", FIELD_NUMBER},
+                                          {"--eps", FIELD_NUMBER},
+                                          {"--weight-decay", FIELD_NUMBER},
+                                          {"--grad-clip", FIELD_NUMBER},
+                                          {"--lr-schedule (1: cosine)", FIELD_COUNT},
+                                          {"--no-decay (its CRC-32C)", FIELD_CRC},
+                                          {"the --data file's token count", FIELD_COUNT},
+                                          {"the --data file's CRC-32C", FIELD_CRC},
+                                          {"the --val-data file's token count", FIELD_COUNT},
+                                          {"the --val-data file's CRC-32C", FIELD_CRC},
+                                          {"the --resume checkpoint's step", FIELD_COUNT},
+                                          {"the --resume checkpoint's checksums (their CRC-32C)", FIELD_CRC},
 #define NAME_FIELD(flag, field) {flag, FIELD_GIVEN},
-    OPTION_FIELDS(NAME_FIELD)
+                                          OPTION_FIELDS(NAME_FIELD)
 #undef NAME_FIELD
 };
 enum { NFIELDS = sizeof start_fields / sizeof *start_fields };
@@ -694,15 +751,27 @@ static void field_text(char *out, size_t size, const StartField *f, int64_t v) {
 static int agree_at_start(Trainer *t) {
   if (t->comm->size == 1) return TP_OK;
   const TrainOptions *o = &t->o;
-  int64_t mine[NFIELDS] = {
-      [F_PLAN] = plan_identity(t->plan), [F_STEPS] = o->steps, [F_SEED] = (int64_t)o->seed,
-      [F_VAL_EVERY] = o->val_every, [F_VAL_BATCHES] = o->val_batches, [F_SAVE_EVERY] = o->save_every,
-      [F_WARMUP] = o->warmup, [F_LR] = bits_of(o->lr), [F_BETA1] = bits_of(o->beta1), [F_BETA2] = bits_of(o->beta2),
-      [F_EPS] = bits_of(o->eps), [F_WEIGHT_DECAY] = bits_of(o->weight_decay), [F_GRAD_CLIP] = bits_of(o->grad_clip),
-      [F_SCHEDULE] = o->cosine, [F_NO_DECAY] = o->no_decay ? crc_str(0, o->no_decay) : 0,
-      [F_DATA_TOKENS] = o->data ? t->train.count : 0, [F_DATA_CRC] = o->data ? t->train.crc32c : 0,
-      [F_VAL_TOKENS] = o->val_data ? t->val.count : 0, [F_VAL_CRC] = o->val_data ? t->val.crc32c : 0,
-      [F_CKPT_STEP] = t->resume_open ? t->resume_meta.step : 0, [F_CKPT_CRC] = t->resume_open ? t->resume_crc : 0};
+  int64_t mine[NFIELDS] = {[F_PLAN] = plan_identity(t->plan),
+                           [F_STEPS] = o->steps,
+                           [F_SEED] = (int64_t)o->seed,
+                           [F_VAL_EVERY] = o->val_every,
+                           [F_VAL_BATCHES] = o->val_batches,
+                           [F_SAVE_EVERY] = o->save_every,
+                           [F_WARMUP] = o->warmup,
+                           [F_LR] = bits_of(o->lr),
+                           [F_BETA1] = bits_of(o->beta1),
+                           [F_BETA2] = bits_of(o->beta2),
+                           [F_EPS] = bits_of(o->eps),
+                           [F_WEIGHT_DECAY] = bits_of(o->weight_decay),
+                           [F_GRAD_CLIP] = bits_of(o->grad_clip),
+                           [F_SCHEDULE] = o->cosine,
+                           [F_NO_DECAY] = o->no_decay ? crc_str(0, o->no_decay) : 0,
+                           [F_DATA_TOKENS] = o->data ? t->train.count : 0,
+                           [F_DATA_CRC] = o->data ? t->train.crc32c : 0,
+                           [F_VAL_TOKENS] = o->val_data ? t->val.count : 0,
+                           [F_VAL_CRC] = o->val_data ? t->val.crc32c : 0,
+                           [F_CKPT_STEP] = t->resume_open ? t->resume_meta.step : 0,
+                           [F_CKPT_CRC] = t->resume_open ? t->resume_crc : 0};
   int f = F_GIVEN;
 #define GIVEN_FIELD(flag, field) mine[f++] = o->field != NULL;
   OPTION_FIELDS(GIVEN_FIELD)
@@ -728,18 +797,21 @@ static int agree_at_start(Trainer *t) {
     char a[40], b[40];
     field_text(a, sizeof a, &start_fields[k], all[k]);
     field_text(b, sizeof b, &start_fields[k], all[(size_t)other * NFIELDS + k]);
-    const char *why = k == F_PLAN ? "every process must run the same compiled plan"
+    const char *why = k == F_PLAN                            ? "every process must run the same compiled plan"
                       : k >= F_DATA_TOKENS && k <= F_VAL_CRC ? "every process must read the same tokens: a stale "
                                                                "copy of the file on another node?"
-                      : k == F_CKPT_STEP || k == F_CKPT_CRC ? "every process must resume from the same checkpoint: "
-                                                              "another copy of the folder, or one replaced meanwhile?"
-                                                            : "every process must be given the same options";
+                      : k == F_CKPT_STEP || k == F_CKPT_CRC
+                          ? "every process must resume from the same checkpoint: "
+                            "another copy of the folder, or one replaced meanwhile?"
+                          : "every process must be given the same options";
     if (odd == 1)
-      rc = tp_error(t->d, "the processes disagree on %s: process 0 has %s, process %s has %s (%s)", start_fields[k].name,
-                    a, list, b, why);
+      rc = tp_error(t->d, "the processes disagree on %s: process 0 has %s, process %s has %s (%s)",
+                    start_fields[k].name, a, list, b, why);
     else
-      rc = tp_error(t->d, "the processes disagree on %s: process 0 has %s, processes %s have others (process %d: %s) "
-                    "(%s)", start_fields[k].name, a, list, other, b, why);
+      rc = tp_error(t->d,
+                    "the processes disagree on %s: process 0 has %s, processes %s have others (process %d: %s) "
+                    "(%s)",
+                    start_fields[k].name, a, list, other, b, why);
   }
   free(all);
   return rc;
@@ -769,8 +841,10 @@ static int run(Trainer *t) {
   int rc;
   if (!P->stages && t->comm->size > 1) {
     if (train_is_root(t))
-      fprintf(stderr, "%s: error: the plan has 1 stage x 1 replica = 1 rank; mpirun started %d (run it "
-              "without mpirun)\n", t->d->tool, t->comm->size);
+      fprintf(stderr,
+              "%s: error: the plan has 1 stage x 1 replica = 1 rank; mpirun started %d (run it "
+              "without mpirun)\n",
+              t->d->tool, t->comm->size);
     return TP_ERR_USAGE;
   }
   if ((rc = pipe_agree(t, decay_of_params(t))) || (rc = pipe_agree(t, pipe_setup(t)))) return rc;
@@ -785,11 +859,13 @@ static int run(Trainer *t) {
   rc = pipe_agree(t, o->save && train_is_root(t) ? lock_save_dir(t) : TP_OK);
   if (!rc && o->resume) rc = open_resume(t);
   if (!rc) rc = agree_at_start(t);
-  if (!rc && o->profile) return train_profile(t); /* it has no outputs to close */
+  if (!rc && o->profile) return train_profile(t);                       /* it has no outputs to close */
   int64_t val_held = o->val_data ? (t->val.count - 1) / (need - 1) : 0; /* whole batches */
   if (!rc && o->val_batches > val_held)
-    rc = tp_error(t->d, "--val-batches %" PRId64 " is more than '%s' holds: %" PRId64 " batch%s of %" PRId64
-                  " tokens (batch * seq + 1)", o->val_batches, o->val_data, val_held, val_held == 1 ? "" : "es", need);
+    rc = tp_error(t->d,
+                  "--val-batches %" PRId64 " is more than '%s' holds: %" PRId64 " batch%s of %" PRId64
+                  " tokens (batch * seq + 1)",
+                  o->val_batches, o->val_data, val_held, val_held == 1 ? "" : "es", need);
   if (o->val_data && !o->val_batches) o->val_batches = val_held < MAX_VAL_BATCHES ? val_held : MAX_VAL_BATCHES;
   int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
   o->steps = total; /* the default is below 2^31: a token file holds fewer tokens */

@@ -33,8 +33,7 @@ static bool ends_with(const char *s, const char *suffix) {
 }
 
 /* `have` (tensor `name` of file) can initialise plan parameter p. */
-static int check_tensor(Trainer *t, const char *file, const char *name, const TpTensor *have,
-                        const TpPlanParam *p) {
+static int check_tensor(Trainer *t, const char *file, const char *name, const TpTensor *have, const TpPlanParam *p) {
   char a[200], b[200];
   const char *saved = t->d->file;
   int rc = TP_OK;
@@ -45,8 +44,7 @@ static int check_tensor(Trainer *t, const char *file, const char *name, const Tp
                   tp_dtype_name(have->dtype) ? tp_dtype_name(have->dtype) : "of an unknown type");
   else if (have->rank != want.rank || memcmp(have->dims, want.dims, (size_t)want.rank * sizeof *want.dims))
     rc = tp_error(t->d, "initializer '%s' has shape %s; the compiled plan needs %s", name,
-                  shape_str(have->rank, have->dims, a, sizeof a),
-                  shape_str(want.rank, want.dims, b, sizeof b));
+                  shape_str(have->rank, have->dims, a, sizeof a), shape_str(want.rank, want.dims, b, sizeof b));
   t->d->file = saved;
   return rc;
 }
@@ -104,8 +102,7 @@ static int init_from_onnx(Trainer *t, const char *path) {
     TpTensor v;
     if (!t->held[i]) continue;
     if (!tp_onnx_weights_has(w, p->source)) rc = missing(t, path, "initializer", p->source);
-    else if (!(rc = tp_onnx_weights_get(w, p->source, &v, t->d)) &&
-             !(rc = check_tensor(t, path, p->source, &v, p)))
+    else if (!(rc = tp_onnx_weights_get(w, p->source, &v, t->d)) && !(rc = check_tensor(t, path, p->source, &v, p)))
       memcpy(t->host.param[i], v.data, (size_t)t->whole_numel[i] * 4);
   }
   tp_onnx_weights_close(w);
@@ -120,7 +117,8 @@ static int init_from_safetensors(Trainer *t, const char *path) {
     const TpTensor *v = tp_safetensors_find(&st, p->name);
     if (!t->held[i]) continue;
     if (!v) rc = missing(t, path, "tensor", p->name);
-    else if (!(rc = check_tensor(t, path, p->name, v, p))) memcpy(t->host.param[i], v->data, (size_t)t->whole_numel[i] * 4);
+    else if (!(rc = check_tensor(t, path, p->name, v, p)))
+      memcpy(t->host.param[i], v->data, (size_t)t->whole_numel[i] * 4);
   }
   tp_safetensors_free(&st);
   return rc;
@@ -138,9 +136,10 @@ static int init_from_safetensors(Trainer *t, const char *path) {
 enum { CHECKPOINT_VERSION = 2 };
 
 /* The metadata keys, each required; any other key is refused. */
-static const char *const checkpoint_keys[] = {"format", "version", "step", "data_position", "data_tokens",
-                                              "data_crc32c", "rng", "seed", "batch", "seq", "vocab",
-                                              TP_SAFETENSORS_CRC_KEY, NULL};
+static const char *const checkpoint_keys[] = {"format",      "version",     "step",  "data_position",
+                                              "data_tokens", "data_crc32c", "rng",   "seed",
+                                              "batch",       "seq",         "vocab", TP_SAFETENSORS_CRC_KEY,
+                                              NULL};
 
 char *train_checkpoint_path(const char *dir) {
   size_t n = strlen(dir) + sizeof CHECKPOINT_FILE + 1;
@@ -172,10 +171,13 @@ int train_check_finite(Trainer *t, bool moments) {
     for (int k = 0; k < 3; k++) {
       int64_t at = what[k] ? first_non_finite(what[k], t->whole_numel[i]) : -1;
       if (at >= 0)
-        return tp_error(t->d, "the %s of '%s' after step %" PRId64 " is %g at element %" PRId64
+        return tp_error(t->d,
+                        "the %s of '%s' after step %" PRId64 " is %g at element %" PRId64
                         ": training diverged (lower --lr, or --grad-clip); nothing was written",
-                        k == 0 ? "value" : k == 1 ? "AdamW moment m" : "AdamW moment v", P->params[i].name,
-                        t->step, (double)what[k][at], at);
+                        k == 0   ? "value"
+                        : k == 1 ? "AdamW moment m"
+                                 : "AdamW moment v",
+                        P->params[i].name, t->step, (double)what[k][at], at);
     }
   }
   return TP_OK;
@@ -205,9 +207,29 @@ int train_save_checkpoint(Trainer *t) {
   snprintf(seq, sizeof seq, "%" PRId64, P->seq);
   snprintf(vocab, sizeof vocab, "%" PRId64, P->vocab);
   snprintf(version, sizeof version, "%d", CHECKPOINT_VERSION);
-  const char *meta[] = {"format", CHECKPOINT_FORMAT, "version", version, "step", step, "data_position", pos,
-                        "data_tokens", tokens, "data_crc32c", crc, "rng", rng, "seed", seed, "batch", batch,
-                        "seq", seq, "vocab", vocab, NULL};
+  const char *meta[] = {"format",
+                        CHECKPOINT_FORMAT,
+                        "version",
+                        version,
+                        "step",
+                        step,
+                        "data_position",
+                        pos,
+                        "data_tokens",
+                        tokens,
+                        "data_crc32c",
+                        crc,
+                        "rng",
+                        rng,
+                        "seed",
+                        seed,
+                        "batch",
+                        batch,
+                        "seq",
+                        seq,
+                        "vocab",
+                        vocab,
+                        NULL};
   char *path = train_checkpoint_path(t->o.save);
   TpAtomicFile a;
   rc = tp_atomic_open(&a, path, t->d);
@@ -227,8 +249,7 @@ int train_save_checkpoint(Trainer *t) {
 
 /* A metadata value in plain decimal (digits only, no sign, space or leading zero) within
  * [lo, hi]; errors name the key and value. */
-static int meta_uint(const TpSafetensors *st, const char *key, uint64_t lo, uint64_t hi, uint64_t *out,
-                     TpDiag *d) {
+static int meta_uint(const TpSafetensors *st, const char *key, uint64_t lo, uint64_t hi, uint64_t *out, TpDiag *d) {
   const char *s = tp_safetensors_meta(st, key);
   uint64_t v = 0;
   bool ok = s && *s && !(s[0] == '0' && s[1]);
@@ -238,8 +259,8 @@ static int meta_uint(const TpSafetensors *st, const char *key, uint64_t lo, uint
   }
   if (!s) return tp_error(d, "checkpoint metadata '%s' is missing", key);
   if (!ok || v < lo || v > hi)
-    return tp_error(d, "checkpoint metadata '%s' is '%s', not a whole number in [%" PRIu64 ", %" PRIu64 "]", key,
-                    s, lo, hi);
+    return tp_error(d, "checkpoint metadata '%s' is '%s', not a whole number in [%" PRIu64 ", %" PRIu64 "]", key, s,
+                    lo, hi);
   *out = v;
   return TP_OK;
 }
@@ -265,9 +286,11 @@ int train_checkpoint_meta(const TpSafetensors *st, TrainCheckpointMeta *m, TpDia
     return tp_error(d, "not a tokpipe checkpoint (metadata 'format' is not '%s')", CHECKPOINT_FORMAT);
   if ((rc = meta_int(st, "version", 1, INT32_MAX, &version, d))) return rc;
   if (version != CHECKPOINT_VERSION)
-    return tp_error(d, "checkpoint version %" PRId64 " is not supported (expected %d)%s", version, CHECKPOINT_VERSION,
+    return tp_error(d, "checkpoint version %" PRId64 " is not supported (expected %d)%s", version,
+                    CHECKPOINT_VERSION,
                     version < CHECKPOINT_VERSION ? ": it was written by an older trainer, without checksums; "
-                    "resume it with that trainer, or start again" : "");
+                                                   "resume it with that trainer, or start again"
+                                                 : "");
   if (!tp_safetensors_meta(st, TP_SAFETENSORS_CRC_KEY))
     return tp_error(d, "checkpoint metadata '%s' is missing: the tensors cannot be checked", TP_SAFETENSORS_CRC_KEY);
   if ((rc = meta_int(st, "step", 0, TRAIN_MAX_STEPS, &m->step, d)) ||
@@ -280,8 +303,8 @@ int train_checkpoint_meta(const TpSafetensors *st, TrainCheckpointMeta *m, TpDia
       (rc = meta_int(st, "vocab", 1, INT64_MAX, &m->vocab, d)))
     return rc;
   if (!crc || strlen(crc) != 8 || !tp_crc32c_parse(crc, &m->data_crc32c))
-    return tp_error(d, "checkpoint metadata 'data_crc32c' is %s%s%s, not 8 lowercase hex digits", crc ? "'" : "missing",
-                    crc ? crc : "", crc ? "'" : "");
+    return tp_error(d, "checkpoint metadata 'data_crc32c' is %s%s%s, not 8 lowercase hex digits",
+                    crc ? "'" : "missing", crc ? crc : "", crc ? "'" : "");
   return TP_OK;
 }
 
@@ -311,7 +334,8 @@ static int check_checkpoint_tensors(Trainer *t, const TpSafetensors *st, const c
     const char *name = st->tensors[j].name, *param = name;
     if (strncmp(name, "optimizer/m/", 12) == 0 || strncmp(name, "optimizer/v/", 12) == 0) param = name + 12;
     int i = 0;
-    while (i < P->nparams && !(strcmp(P->params[i].name, param) == 0 && (param == name || P->params[i].trainable))) i++;
+    while (i < P->nparams && !(strcmp(P->params[i].name, param) == 0 && (param == name || P->params[i].trainable)))
+      i++;
     if (i == P->nparams) {
       const char *saved = t->d->file;
       t->d->file = path;
@@ -358,15 +382,18 @@ static int resume(Trainer *t) {
   const char *saved = t->d->file;
   t->d->file = path;
   if (m.batch != train_rows(P) || m.seq != P->seq || m.vocab != P->vocab)
-    rc = tp_error(t->d, "the checkpoint was trained with batch %" PRId64 " x seq %" PRId64 ", vocab %" PRId64
+    rc = tp_error(t->d,
+                  "the checkpoint was trained with batch %" PRId64 " x seq %" PRId64 ", vocab %" PRId64
                   "; this trainer has batch %" PRId64 " x seq %" PRId64 ", vocab %" PRId64
-                  " (the data order would differ)", m.batch, m.seq, m.vocab, train_rows(P), P->seq, P->vocab);
+                  " (the data order would differ)",
+                  m.batch, m.seq, m.vocab, train_rows(P), P->seq, P->vocab);
   else if (t->o.steps >= 0 && m.step > t->o.steps)
     rc = tp_error(t->d, "the checkpoint is at step %" PRId64 ", beyond --steps %" PRId64, m.step, t->o.steps);
   else if (t->o.data && (m.data_tokens != t->train.count || m.data_crc32c != t->train.crc32c))
-    rc = tp_error(t->d, "the checkpoint was trained on %" PRId64 " tokens of CRC-32C %08" PRIx32 "; --data '%s' has "
-                  "%" PRId64 " tokens of CRC-32C %08" PRIx32 " (another data file?)", m.data_tokens, m.data_crc32c,
-                  t->o.data, t->train.count, t->train.crc32c);
+    rc = tp_error(t->d,
+                  "the checkpoint was trained on %" PRId64 " tokens of CRC-32C %08" PRIx32 "; --data '%s' has "
+                  "%" PRId64 " tokens of CRC-32C %08" PRIx32 " (another data file?)",
+                  m.data_tokens, m.data_crc32c, t->o.data, t->train.count, t->train.crc32c);
   t->d->file = saved;
   if (!rc) rc = check_checkpoint_tensors(t, st, path);
   for (int i = 0; !rc && i < P->nparams; i++) {
@@ -394,8 +421,7 @@ static int load_weights(Trainer *t) {
     init_random(t);
     return TP_OK;
   }
-  return ends_with(t->o.init, ".safetensors") ? init_from_safetensors(t, t->o.init)
-                                              : init_from_onnx(t, t->o.init);
+  return ends_with(t->o.init, ".safetensors") ? init_from_safetensors(t, t->o.init) : init_from_onnx(t, t->o.init);
 }
 
 /* Into host copies, then to the device. */
@@ -484,8 +510,7 @@ static const char *export_source(const Trainer *t) {
 int train_check_export(Trainer *t) {
   const TpPlan *P = t->plan;
   const char *src = export_source(t);
-  if (!src || !*src)
-    return tp_error(t->d, "--export-onnx needs the original model: pass --init MODEL.onnx");
+  if (!src || !*src) return tp_error(t->d, "--export-onnx needs the original model: pass --init MODEL.onnx");
   TpOnnxWeights *w;
   int rc = tp_onnx_weights_open(src, &w, t->d);
   for (int i = 0; !rc && i < P->nparams; i++) rc = tp_onnx_weights_check_replace(w, P->params[i].name, t->d);

@@ -37,8 +37,7 @@ static int check(const char *model, TpDimBinding *dims, int ndims) {
   TpModule *m = NULL;
   int n = 0;
   while (tp_default_pipeline[n]) n++;
-  if (tp_import_onnx_file(model, &o, &m, &d) || tp_run_passes(m, tp_default_pipeline, n, NULL, &d))
-    return 1;
+  if (tp_import_onnx_file(model, &o, &m, &d) || tp_run_passes(m, tp_default_pipeline, n, NULL, &d)) return 1;
   TpMemoryPlan p;
   if (tp_plan_memory(m, &p, &d)) return 1;
   int bad = 0;
@@ -54,8 +53,8 @@ static int check(const char *model, TpDimBinding *dims, int ndims) {
       while (p.value[v].kind == TP_MEM_VIEW) v = p.value[v].index;
       const TpMemSlot *s = &p.value[v];
       if (!bad && s->kind == TP_MEM_ARENA && (at < s->first || at > s->last))
-        bad = fail(model, "'%s' is used by %s at position %d outside its live range [%d, %d]",
-                   m->values[v].name, tp_op_info[o->kind].name, at, s->first, s->last);
+        bad = fail(model, "'%s' is used by %s at position %d outside its live range [%d, %d]", m->values[v].name,
+                   tp_op_info[o->kind].name, at, s->first, s->last);
     }
   }
   /* alignment, bounds, no overlap of buffers alive at once */
@@ -76,19 +75,19 @@ static int check(const char *model, TpDimBinding *dims, int ndims) {
       bool live = x->first <= y->last && y->first <= x->last;
       bool share = x->offset < y->offset + y->bytes && y->offset < x->offset + x->bytes;
       if (x->stage == y->stage && x->bytes && y->bytes && live && share)
-        bad = fail(model, "'%s' and '%s' are alive together and share bytes at offsets %lld and %lld",
-                   names[i], names[j], (long long)x->offset, (long long)y->offset);
+        bad = fail(model, "'%s' and '%s' are alive together and share bytes at offsets %lld and %lld", names[i],
+                   names[j], (long long)x->offset, (long long)y->offset);
     }
   }
   free(bufs);
   free(names);
   for (int s = 0; s < p.nstages && !bad; s++)
     if (p.arena_bytes[s] < p.live_peak[s])
-      bad = fail(model, "stage %d's arena of %lld bytes is below the live peak %lld", s,
-                 (long long)p.arena_bytes[s], (long long)p.live_peak[s]);
+      bad = fail(model, "stage %d's arena of %lld bytes is below the live peak %lld", s, (long long)p.arena_bytes[s],
+                 (long long)p.live_peak[s]);
   if (!bad)
-    printf("%s: %d stage(s), stage 0: %d buffers, arena %lld bytes, live peak %lld, no reuse %lld\n",
-           model, p.nstages, p.nbuffers[0], (long long)p.arena_bytes[0], (long long)p.live_peak[0],
+    printf("%s: %d stage(s), stage 0: %d buffers, arena %lld bytes, live peak %lld, no reuse %lld\n", model,
+           p.nstages, p.nbuffers[0], (long long)p.arena_bytes[0], (long long)p.live_peak[0],
            (long long)p.total_bytes[0]);
   tp_memory_plan_free(&p);
   tp_module_free(m);

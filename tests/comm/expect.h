@@ -8,12 +8,12 @@
 
 static int failures;
 
-#define EXPECT(c, cond)                                                                    \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      fprintf(stderr, "rank %d: %s:%d: expected %s\n", (c)->rank, __FILE__, __LINE__, #cond); \
-      failures++;                                                                          \
-    }                                                                                      \
+#define EXPECT(c, cond)                                                                                             \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      fprintf(stderr, "rank %d: %s:%d: expected %s\n", (c)->rank, __FILE__, __LINE__, #cond);                       \
+      failures++;                                                                                                   \
+    }                                                                                                               \
   } while (0)
 
 /* The value rank r contributes at index i: not exactly representable sums, so that a

@@ -53,20 +53,21 @@ static const Case ONE = {1, 1, 1, 1, 1, 0, 0, 1, 1, .causal = false};
 static const Case GQA_CAUSAL = {2, 4, 2, 37, 37, 0, 0, 64, 64, .causal = true};
 static const Case MQA_PACKED = {1, 3, 1, 19, 19, 0, 0, 80, 80, .packed = true, .causal = true};
 static const Case SLICE = {2, 4, 2, 5, 13, 16, 0, 40, 24, .causal = true, .causal_offset = 8};
-static const Case SLICE_PACKED = {1, 2, 1, 11, 35, 40, 0, 64, 64, .packed = true, .causal = true, .causal_offset = 24};
+static const Case SLICE_PACKED =
+    {1, 2, 1, 11, 35, 40, 0, 64, 64, .packed = true, .causal = true, .causal_offset = 24};
 static const Case WINDOW = {1, 2, 2, 41, 41, 0, 0, 32, 32, .causal = true, .window = 5};
 static const Case SOFTCAP = {1, 2, 1, 17, 17, 0, 0, 16, 16, .causal = true, .softcap = 1.5f};
 /* a bool mask [B, 1, q_len, 18] over 20 keys: keys 18, 19 masked out by its length; row 3
  * of batch 1 all false (sees no key) */
-static const Case BOOL_MASKED = {2, 2, 1, 9, 20, 0, 0, 24, 24, .mask = BOOL_MASK, .mask_rank = 4,
-                                 .mask_dims = {2, 1, 9, 18}};
+static const Case BOOL_MASKED =
+    {2, 2, 1, 9, 20, 0, 0, 24, 24, .mask = BOOL_MASK, .mask_rank = 4, .mask_dims = {2, 1, 9, 18}};
 /* an f32 mask [B, 1, 1, kv_len] (padding: -inf on some keys, values elsewhere), causal */
-static const Case F32_MASKED = {2, 2, 2, 13, 13, 0, 0, 8, 8, .causal = true, .mask = F32_MASK, .mask_rank = 4,
-                                .mask_dims = {2, 1, 1, 13}};
+static const Case F32_MASKED =
+    {2, 2, 2, 13, 13, 0, 0, 8, 8, .causal = true, .mask = F32_MASK, .mask_rank = 4, .mask_dims = {2, 1, 1, 13}};
 /* window 3 with an f32 mask [4] (broadcast over everything) of 4 keys: rows i >= 6 see
  * keys [i - 2, 4), none */
-static const Case NO_KEY = {1, 2, 1, 12, 12, 0, 0, 16, 16, .causal = true, .window = 3, .mask = F32_MASK,
-                            .mask_rank = 1, .mask_dims = {4}};
+static const Case NO_KEY =
+    {1, 2, 1, 12, 12, 0, 0, 16, 16, .causal = true, .window = 3, .mask = F32_MASK, .mask_rank = 1, .mask_dims = {4}};
 static const Case PAST = {2, 4, 2, 3, 3, 0, 6, 32, 24, .packed = true, .causal = true, .present = true};
 static const Case PAST_SCRATCH = {1, 2, 1, 4, 4, 0, 5, 16, 16, .causal = true};
 static const Case D128 = {1, 2, 1, 21, 21, 0, 0, 128, 128, .causal = true};
@@ -74,10 +75,10 @@ static const Case D256 = {1, 2, 2, 11, 11, 0, 0, 256, 256, .causal = true};
 static const Case DV_DIFFERS = {1, 2, 1, 9, 9, 0, 0, 72, 33, .causal = false};
 /* a full f32 mask [B, q_heads, q_len, 9] (no broadcast) and a bool one [q_len, 10] over
  * batch and heads of grouped heads, causal */
-static const Case F32_MASK_FULL = {1, 2, 1, 7, 9, 0, 0, 8, 8, .mask = F32_MASK, .mask_rank = 4,
-                                   .mask_dims = {1, 2, 7, 9}};
-static const Case BOOL_MASK_ROWS = {2, 4, 2, 10, 10, 0, 0, 8, 8, .causal = true, .mask = BOOL_MASK,
-                                    .mask_rank = 2, .mask_dims = {10, 10}};
+static const Case F32_MASK_FULL =
+    {1, 2, 1, 7, 9, 0, 0, 8, 8, .mask = F32_MASK, .mask_rank = 4, .mask_dims = {1, 2, 7, 9}};
+static const Case BOOL_MASK_ROWS =
+    {2, 4, 2, 10, 10, 0, 0, 8, 8, .causal = true, .mask = BOOL_MASK, .mask_rank = 2, .mask_dims = {10, 10}};
 /* a window of 40 over 100 rows: tiles of 32 skip the key tiles before the window too */
 static const Case LONG_WINDOW = {1, 1, 1, 100, 100, 0, 0, 8, 8, .causal = true, .window = 40};
 static const Case NO_KEYS_AT_ALL = {1, 2, 1, 3, 0, 0, 0, 8, 8, .causal = false};
@@ -103,10 +104,20 @@ typedef struct {
 } Inputs;
 
 static Inputs make_inputs(const Case *c) {
-  Inputs in = {.p = {.batch = c->batch, .q_heads = c->q_heads, .kv_heads = c->kv_heads, .q_len = c->q_len,
-                     .kv_len = c->kv_len, .past_len = c->past_len, .head_size = c->D, .v_head_size = c->Dv,
-                     .packed = c->packed, .is_causal = c->causal, .causal_offset = c->causal_offset,
-                     .window = c->window, .kv_rows = c->kv_rows, .scale = 1 / sqrtf((float)c->D),
+  Inputs in = {.p = {.batch = c->batch,
+                     .q_heads = c->q_heads,
+                     .kv_heads = c->kv_heads,
+                     .q_len = c->q_len,
+                     .kv_len = c->kv_len,
+                     .past_len = c->past_len,
+                     .head_size = c->D,
+                     .v_head_size = c->Dv,
+                     .packed = c->packed,
+                     .is_causal = c->causal,
+                     .causal_offset = c->causal_offset,
+                     .window = c->window,
+                     .kv_rows = c->kv_rows,
+                     .scale = 1 / sqrtf((float)c->D),
                      .softcap = c->softcap}};
   int64_t rows = c->kv_rows ? c->kv_rows : c->kv_len;
   in.nq = c->batch * c->q_heads * c->q_len;
@@ -125,7 +136,7 @@ static Inputs make_inputs(const Case *c) {
     if (c->mask == BOOL_MASK) {
       unsigned char *m = test_alloc((size_t)n);
       for (int64_t e = 0; e < n; e++) m[e] = frand() > -0.6f; /* 80% attend */
-      if (c->mask_rank == 4 && c->mask_dims[0] > 1) /* row 3 of batch 1 sees nothing */
+      if (c->mask_rank == 4 && c->mask_dims[0] > 1)           /* row 3 of batch 1 sees nothing */
         memset(m + (c->mask_dims[2] + 3) * c->mask_dims[3], 0, (size_t)c->mask_dims[3]);
       in.mask = m;
     } else {
@@ -242,8 +253,8 @@ static void refusals(void) {
   free_inputs(&in);
 }
 
-#define CASE_TESTS(name, c)                                \
-  static void name##_fwd(void) { forward(&c); }            \
+#define CASE_TESTS(name, c)                                                                                         \
+  static void name##_fwd(void) { forward(&c); }                                                                     \
   static void name##_bwd(void) { backward(&c); }
 CASE_TESTS(one, ONE)
 CASE_TESTS(gqa_causal, GQA_CAUSAL)

@@ -42,8 +42,8 @@ static float *nans(int64_t n) {
 }
 
 /* (M, K, N) of the linear tests */
-static const int64_t SHAPES[][3] = {{1, 1, 1}, {1, 7, 3},    {3, 1, 5},     {5, 33, 17}, {64, 65, 63},
-                                    {130, 257, 31}, {200, 96, 300}, {0, 4, 3}, {3, 0, 4},    {2, 5, 0}};
+static const int64_t SHAPES[][3] = {{1, 1, 1},      {1, 7, 3},      {3, 1, 5}, {5, 33, 17}, {64, 65, 63},
+                                    {130, 257, 31}, {200, 96, 300}, {0, 4, 3}, {3, 0, 4},   {2, 5, 0}};
 enum { NSHAPES = sizeof SHAPES / sizeof SHAPES[0] };
 
 static void describe(char *at, size_t size, const int64_t *shape, bool transpose_w, bool bias) {
@@ -86,7 +86,8 @@ static void linear_forward(bool bf16) {
       if (bf16) tp_cuda_launch_linear_bf16(blas, x_bits, w_bits, bias, M, K, N, transpose_w, y, NULL);
       else tp_cuda_launch_linear_f32(blas, x, w, bias, M, K, N, transpose_w, y, NULL);
       check_close(at, y, want, M * N, product(K));
-      test_free(x), test_free(w), test_free(x_bits), test_free(w_bits), test_free(bias), test_free(y), test_free(want);
+      test_free(x), test_free(w), test_free(x_bits), test_free(w_bits), test_free(bias), test_free(y),
+          test_free(want);
     }
   tp_cuda_blas_destroy(blas);
 }
@@ -132,7 +133,8 @@ static void linear_backward(bool bf16) {
             break;
           }
       if (bf16) test_free(dy_read), test_free(dy_bits), test_free(x_bits), test_free(w_bits);
-      test_free(dy), test_free(x), test_free(w), test_free(dx), test_free(dw), test_free(dbias), test_free(want_dx), test_free(want_dw), test_free(want_dbias);
+      test_free(dy), test_free(x), test_free(w), test_free(dx), test_free(dw), test_free(dbias), test_free(want_dx),
+          test_free(want_dw), test_free(want_dbias);
     }
   tp_cuda_blas_destroy(blas);
 }
@@ -148,12 +150,18 @@ typedef struct {
   int64_t dims[4];
 } Shape;
 static const Shape MATMUL_SHAPES[][2] = {
-    {{2, {3, 5}}, {2, {5, 4}}},           {{1, {5}}, {2, {5, 4}}},
-    {{2, {3, 5}}, {1, {5}}},              {{3, {2, 3, 5}}, {2, {5, 4}}},
-    {{3, {2, 3, 5}}, {3, {2, 5, 4}}},     {{2, {3, 5}}, {3, {2, 5, 4}}},
-    {{4, {2, 1, 3, 5}}, {4, {1, 4, 5, 7}}}, {{3, {1, 1, 1}}, {2, {1, 1}}},
-    {{3, {2, 3, 0}}, {2, {0, 4}}},        {{3, {2, 3, 0}}, {3, {2, 0, 4}}},
-    {{3, {2, 0, 5}}, {2, {5, 3}}},        {{3, {4, 33, 65}}, {3, {4, 65, 17}}},
+    {{2, {3, 5}}, {2, {5, 4}}},
+    {{1, {5}}, {2, {5, 4}}},
+    {{2, {3, 5}}, {1, {5}}},
+    {{3, {2, 3, 5}}, {2, {5, 4}}},
+    {{3, {2, 3, 5}}, {3, {2, 5, 4}}},
+    {{2, {3, 5}}, {3, {2, 5, 4}}},
+    {{4, {2, 1, 3, 5}}, {4, {1, 4, 5, 7}}},
+    {{3, {1, 1, 1}}, {2, {1, 1}}},
+    {{3, {2, 3, 0}}, {2, {0, 4}}},
+    {{3, {2, 3, 0}}, {3, {2, 0, 4}}},
+    {{3, {2, 0, 5}}, {2, {5, 3}}},
+    {{3, {4, 33, 65}}, {3, {4, 65, 17}}},
     {{3, {1, 70, 9}}, {3, {3, 9, 130}}},
 };
 enum { NMATMUL_SHAPES = sizeof MATMUL_SHAPES / sizeof MATMUL_SHAPES[0] };
@@ -241,7 +249,8 @@ static void matmul_backward(bool bf16) {
       want_da_t.data = want_da, want_db_t.data = want_db;
       if (tp_matmul_backward_f32(&dy_t, &a, &b, with_da ? &want_da_t : NULL, &want_db_t) != TP_KERNEL_OK)
         fail("%s: tp_matmul_backward_f32 refused", at);
-      if (bf16) tp_cuda_launch_matmul_backward_bf16(blas, &l, dy_bits, a_bits, b_bits, with_da ? da : NULL, db, NULL);
+      if (bf16)
+        tp_cuda_launch_matmul_backward_bf16(blas, &l, dy_bits, a_bits, b_bits, with_da ? da : NULL, db, NULL);
       else tp_cuda_launch_matmul_backward_f32(blas, &l, dy, a.data, b.data, with_da ? da : NULL, db, NULL);
       /* a gradient summed over a broadcast batch adds nbatch / (its own matrices) products */
       snprintf(what, sizeof what, "%s da", at);
@@ -255,7 +264,8 @@ static void matmul_backward(bool bf16) {
             break;
           }
       test_free(a_bits), test_free(b_bits), test_free(dy_bits);
-      test_free(a.data), test_free(b.data), test_free(dy), test_free(da), test_free(db), test_free(want_da), test_free(want_db);
+      test_free(a.data), test_free(b.data), test_free(dy), test_free(da), test_free(db), test_free(want_da),
+          test_free(want_db);
     }
   tp_cuda_blas_destroy(blas);
 }
@@ -264,14 +274,9 @@ static void matmul_bwd(void) { matmul_backward(false); }
 static void matmul_bf16_bwd(void) { matmul_backward(true); }
 
 static const CudaTest TESTS[] = {
-    {"linear_fwd", linear_fwd},
-    {"linear_bwd", linear_bwd},
-    {"linear_bf16_fwd", linear_bf16_fwd},
-    {"linear_bf16_bwd", linear_bf16_bwd},
-    {"matmul_fwd", matmul_fwd},
-    {"matmul_bwd", matmul_bwd},
-    {"matmul_bf16_fwd", matmul_bf16_fwd},
-    {"matmul_bf16_bwd", matmul_bf16_bwd},
+    {"linear_fwd", linear_fwd},           {"linear_bwd", linear_bwd},           {"linear_bf16_fwd", linear_bf16_fwd},
+    {"linear_bf16_bwd", linear_bf16_bwd}, {"matmul_fwd", matmul_fwd},           {"matmul_bwd", matmul_bwd},
+    {"matmul_bf16_fwd", matmul_bf16_fwd}, {"matmul_bf16_bwd", matmul_bf16_bwd},
 };
 
 int main(int argc, char **argv) {

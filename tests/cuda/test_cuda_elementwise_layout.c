@@ -48,7 +48,8 @@ static TpTensor view(TpDType t, int rank, const int64_t *dims, void *data) {
 
 static void dims_text(char *out, size_t size, int rank, const int64_t *dims) {
   int at = snprintf(out, size, "[");
-  for (int d = 0; d < rank && at < (int)size; d++) at += snprintf(out + at, size - at, d ? ",%lld" : "%lld", (long long)dims[d]);
+  for (int d = 0; d < rank && at < (int)size; d++)
+    at += snprintf(out + at, size - at, d ? ",%lld" : "%lld", (long long)dims[d]);
   if (at < (int)size) snprintf(out + at, size - at, "]");
 }
 
@@ -59,14 +60,14 @@ typedef struct {
 } RotaryCase;
 
 static const RotaryCase ROTARY_CASES[] = {
-    {4, {2, 3, 5, 8}, {1, 1, 5, 8}, 8},          /* (B, H, T, D) tables (1, 1, T, D) */
-    {4, {2, 3, 5, 10}, {1, 1, 5, 4}, 4},         /* partial: 6 features copied */
-    {3, {2, 7, 6}, {2, 7, 6}, 6},                /* tables as large as x */
-    {3, {3, 7, 12}, {3, 1, 8}, 8},               /* broadcast in the middle */
-    {2, {5, 6}, {5, 6}, 6},                      /* (T, D) */
-    {1, {9}, {6}, 6},                            /* one row */
-    {4, {1, 3, 300, 65}, {1, 1, 300, 32}, 32},   /* past the block size, odd D */
-    {5, {2, 1, 3, 4, 18}, {1, 1, 1, 4, 2}, 2},   /* one pair per row */
+    {4, {2, 3, 5, 8}, {1, 1, 5, 8}, 8},        /* (B, H, T, D) tables (1, 1, T, D) */
+    {4, {2, 3, 5, 10}, {1, 1, 5, 4}, 4},       /* partial: 6 features copied */
+    {3, {2, 7, 6}, {2, 7, 6}, 6},              /* tables as large as x */
+    {3, {3, 7, 12}, {3, 1, 8}, 8},             /* broadcast in the middle */
+    {2, {5, 6}, {5, 6}, 6},                    /* (T, D) */
+    {1, {9}, {6}, 6},                          /* one row */
+    {4, {1, 3, 300, 65}, {1, 1, 300, 32}, 32}, /* past the block size, odd D */
+    {5, {2, 1, 3, 4, 18}, {1, 1, 1, 4, 2}, 2}, /* one pair per row */
 };
 
 static void rotary_test(bool backward) {
@@ -79,13 +80,13 @@ static void rotary_test(bool backward) {
       float *got = poisoned(n), *want = poisoned(n);
       if (backward) {
         tp_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, want);
-        if (tp_cuda_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got,
-                                        stream()) != TP_KERNEL_OK)
+        if (tp_cuda_rotary_backward_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved,
+                                        got, stream()) != TP_KERNEL_OK)
           fail("tp_cuda_rotary_backward_f32");
       } else {
         tp_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, want);
-        if (tp_cuda_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got, stream()) !=
-            TP_KERNEL_OK)
+        if (tp_cuda_rotary_f32(x, cs, sn, rc->rank, rc->dims, rc->table_dims, rc->rotary_dim, interleaved, got,
+                               stream()) != TP_KERNEL_OK)
           fail("tp_cuda_rotary_f32");
       }
       char shape[64], what[160];
@@ -183,7 +184,7 @@ static void binary_test(TpBinaryOp op, const char *name, Tolerance tol) {
     float *a = test_rand(na, 3), *b = test_rand(nb, 3), *got = poisoned(ny), *want = poisoned(ny);
     if (op == TP_BINARY_POW)
       for (int64_t i = 0; i < na; i++) a[i] = fabsf(a[i]) + 0.1f; /* a real power */
-    if (na > 2) a[2] = NAN; /* Max and Min propagate it */
+    if (na > 2) a[2] = NAN;                                       /* Max and Min propagate it */
     TpTensor at = view(TP_F32, bc->ra, bc->a, a), bt = view(TP_F32, bc->rb, bc->b, b);
     TpTensor wt = view(TP_F32, ry, yd, want), gt = view(TP_F32, ry, yd, got);
     if (tp_binary(op, &at, &bt, &wt) != TP_KERNEL_OK) fail("%s case %d: the CPU kernel refused it", name, c);
@@ -248,14 +249,14 @@ typedef struct {
 
 static const ReduceCase REDUCE_CASES[] = {
     {1, {1000}, 1, {0}},
-    {1, {7}, 0, {0}},                             /* nothing reduced: a copy */
-    {2, {3, 257}, 1, {0}},                        /* a bias gradient */
+    {1, {7}, 0, {0}},      /* nothing reduced: a copy */
+    {2, {3, 257}, 1, {0}}, /* a bias gradient */
     {2, {300, 5}, 1, {1}},
-    {3, {4, 1, 9}, 2, {0, 1}},                    /* a 1-sized dim reduced */
-    {4, {2, 3, 4, 5}, 2, {1, 3}},                 /* reduced and kept dims interleaved */
+    {3, {4, 1, 9}, 2, {0, 1}},    /* a 1-sized dim reduced */
+    {4, {2, 3, 4, 5}, 2, {1, 3}}, /* reduced and kept dims interleaved */
     {6, {2, 1, 3, 2, 5, 3}, 3, {0, 2, 4}},
     {6, {2, 1, 3, 2, 5, 3}, 6, {0, 1, 2, 3, 4, 5}},
-    {3, {2, 0, 3}, 1, {1}},                       /* an empty reduction: 0, NaN for the mean */
+    {3, {2, 0, 3}, 1, {1}}, /* an empty reduction: 0, NaN for the mean */
 };
 
 static void reduce_test(bool mean) {
@@ -268,8 +269,10 @@ static void reduce_test(bool mean) {
     }
     float *x = test_rand(n, 3), *got = poisoned(nout), *want = poisoned(nout);
     TpTensor xt = view(TP_F32, rc->rank, rc->dims, x), yt = view(TP_F32, 1, &nout, want);
-    if (tp_reduce_sum(&xt, rc->axes, rc->naxes, mean, &yt) != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
-    if (!tp_cuda_launch_reduce_sum_f32(&xt, rc->axes, rc->naxes, mean, got, NULL)) fail("case %zu: the launcher refused it", c);
+    if (tp_reduce_sum(&xt, rc->axes, rc->naxes, mean, &yt) != TP_KERNEL_OK)
+      fail("case %zu: the CPU kernel refused it", c);
+    if (!tp_cuda_launch_reduce_sum_f32(&xt, rc->axes, rc->naxes, mean, got, NULL))
+      fail("case %zu: the launcher refused it", c);
     char shape[64], what[128];
     dims_text(shape, sizeof shape, rc->rank, rc->dims);
     snprintf(what, sizeof what, "x %s naxes %d mean=%d", shape, rc->naxes, mean);
@@ -362,12 +365,12 @@ typedef struct {
 } SliceCase;
 
 static const SliceCase SLICE_CASES[] = {
-    {1, {10}, {1}, {3}, {3}},                                 /* 1, 4, 7 */
-    {1, {300}, {299}, {-1}, {300}},                           /* reversed, past the block size */
+    {1, {10}, {1}, {3}, {3}},       /* 1, 4, 7 */
+    {1, {300}, {299}, {-1}, {300}}, /* reversed, past the block size */
     {2, {5, 7}, {4, 1}, {-2, 2}, {3, 3}},
     {3, {2, 5, 9}, {1, 0, 8}, {1, 1, -3}, {1, 5, 3}},
     {4, {2, 3, 4, 6}, {0, 2, 1, 5}, {1, -1, 2, -5}, {2, 3, 2, 2}},
-    {2, {4, 3}, {5, 0}, {1, 1}, {0, 3}},                      /* empty */
+    {2, {4, 3}, {5, 0}, {1, 1}, {0, 3}}, /* empty */
 };
 
 static void slice_test(bool backward) {
@@ -375,9 +378,11 @@ static void slice_test(bool backward) {
     const SliceCase *sc = &SLICE_CASES[c];
     int64_t nx = numel(sc->rank, sc->x), ny = numel(sc->rank, sc->y), nout = backward ? nx : ny;
     float *in = test_rand(backward ? ny : nx, 1), *got = poisoned(nout), *want = poisoned(nout);
-    TpTensor xt = view(TP_F32, sc->rank, sc->x, backward ? want : in), yt = view(TP_F32, sc->rank, sc->y, backward ? in : want);
+    TpTensor xt = view(TP_F32, sc->rank, sc->x, backward ? want : in),
+             yt = view(TP_F32, sc->rank, sc->y, backward ? in : want);
     TpTensor gx = view(TP_F32, sc->rank, sc->x, got), gy = view(TP_F32, sc->rank, sc->y, got);
-    TpKernelStatus st = backward ? tp_slice_backward(&yt, sc->starts, sc->steps, &xt) : tp_slice(&xt, sc->starts, sc->steps, &yt);
+    TpKernelStatus st = backward ? tp_slice_backward(&yt, sc->starts, sc->steps, &xt)
+                                 : tp_slice(&xt, sc->starts, sc->steps, &yt);
     if (st != TP_KERNEL_OK) fail("case %zu: the CPU kernel refused it", c);
     if (backward) tp_cuda_launch_slice_backward_f32(&yt, sc->starts, sc->steps, &gx, NULL);
     else tp_cuda_launch_slice_f32(&xt, sc->starts, sc->steps, &gy, NULL);
@@ -440,8 +445,11 @@ static void split_fwd(void) { pieces_test(false); }
 /* keys (B, H, T, D) of a token slice appended at rows [at, at + T) of a buffer of `rows` */
 static void context_append(void) {
   static const int64_t CASES[][6] = {/* B, H, T, D, at, rows */
-                                     {1, 1, 1, 1, 0, 1},  {2, 3, 5, 8, 0, 16}, {2, 3, 5, 8, 11, 16},
-                                     {1, 4, 7, 33, 3, 10}, {2, 1, 300, 3, 1, 301}};
+                                     {1, 1, 1, 1, 0, 1},
+                                     {2, 3, 5, 8, 0, 16},
+                                     {2, 3, 5, 8, 11, 16},
+                                     {1, 4, 7, 33, 3, 10},
+                                     {2, 1, 300, 3, 1, 301}};
   for (size_t c = 0; c < sizeof CASES / sizeof *CASES; c++) {
     const int64_t *p = CASES[c];
     int64_t dims[4] = {p[0], p[1], p[2], p[3]}, n = numel(4, dims), nbuf = p[0] * p[1] * p[5] * p[3];
@@ -458,21 +466,11 @@ static void context_append(void) {
 
 /* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
 static const CudaTest TESTS[] = {
-    {"rotary_fwd", rotary_fwd},
-    {"rotary_bwd", rotary_bwd},
-    {"unary_fwd", unary_fwd},
-    {"binary_fwd", binary_fwd},
-    {"where_fwd", where_fwd},
-    {"reduce_sum", reduce_sum},
-    {"reduce_mean", reduce_mean},
-    {"reshape_fwd", reshape_fwd},
-    {"expand_fwd", expand_fwd},
-    {"transpose_fwd", transpose_fwd},
-    {"slice_fwd", slice_fwd},
-    {"slice_bwd", slice_bwd},
-    {"concat_fwd", concat_fwd},
-    {"split_fwd", split_fwd},
-    {"context_append", context_append},
+    {"rotary_fwd", rotary_fwd},       {"rotary_bwd", rotary_bwd},   {"unary_fwd", unary_fwd},
+    {"binary_fwd", binary_fwd},       {"where_fwd", where_fwd},     {"reduce_sum", reduce_sum},
+    {"reduce_mean", reduce_mean},     {"reshape_fwd", reshape_fwd}, {"expand_fwd", expand_fwd},
+    {"transpose_fwd", transpose_fwd}, {"slice_fwd", slice_fwd},     {"slice_bwd", slice_bwd},
+    {"concat_fwd", concat_fwd},       {"split_fwd", split_fwd},     {"context_append", context_append},
 };
 
 int main(int argc, char **argv) {

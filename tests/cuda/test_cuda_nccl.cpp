@@ -138,7 +138,8 @@ static void p2p(TpComm *host, int S, int N) {
   for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
     size_t n = sizes[z];
     unsigned char *host_buf = static_cast<unsigned char *>(malloc(n + 1));
-    void *act_out = device_alloc(n), *act_in = device_alloc(n), *grad_out = device_alloc(n), *grad_in = device_alloc(n);
+    void *act_out = device_alloc(n), *act_in = device_alloc(n), *grad_out = device_alloc(n),
+         *grad_in = device_alloc(n);
     TpCommRequest ra = {NULL, -1, "activation", NULL}, rg = {NULL, -1, "gradient", NULL};
     TpCommRequest sa = {NULL, -1, "activation sent", stream}, sg = {NULL, -1, "gradient sent", stream};
     /* the receives first; nothing is sent before every rank checked that they are pending.
@@ -267,7 +268,6 @@ static void allreduce(TpComm *host, int S, int N) {
 
 /* ---- tensor groups: all-reduces on the compute stream ---- */
 
-
 static void tensor(TpComm *host, int S, int N) {
   TestPlan tp;
   make_plan(&tp, S, N, host->size / (S * N), 1, false);
@@ -284,7 +284,8 @@ static void tensor(TpComm *host, int S, int N) {
   float *x[NBUF], *want[NBUF], *dev[NBUF];
   for (int b = 0; b < NBUF; b++) {
     size_t n = counts[b];
-    x[b] = static_cast<float *>(malloc(n * sizeof(float))), want[b] = static_cast<float *>(malloc(n * sizeof(float)));
+    x[b] = static_cast<float *>(malloc(n * sizeof(float))),
+    want[b] = static_cast<float *>(malloc(n * sizeof(float)));
     dev[b] = static_cast<float *>(device_alloc(n * sizeof(float)));
     for (size_t i = 0; i < n; i++) x[b][i] = value_f32(c->rank + b, i), want[b][i] = 2 * x[b][i];
     tp_comm_allreduce_sum(host, want[b], n, TP_F32, group, N); /* the sum in group order */
@@ -325,8 +326,10 @@ static void tensor(TpComm *host, int S, int N) {
     }
     /* two ranks: a + b == b + a, the same bits; more: NCCL's order, within 1e-6 */
     if (worst > (N == 2 ? 0 : 1e-6))
-      fprintf(stderr, "rank %d: tensor all-reduce of %zu floats over %d ranks: rel_err=%.3g at [%zu] "
-              "(%.9g, want %.9g)\n", c->rank, n, N, worst, at, x[b][at], want[b][at]);
+      fprintf(stderr,
+              "rank %d: tensor all-reduce of %zu floats over %d ranks: rel_err=%.3g at [%zu] "
+              "(%.9g, want %.9g)\n",
+              c->rank, n, N, worst, at, x[b][at], want[b][at]);
     EXPECT(c, worst <= (N == 2 ? 0 : 1e-6));
     TP_CUDA_CHECK(cudaFree(dev[b]));
     free(want[b]);

@@ -34,7 +34,6 @@
 
 static const Tolerance EXACT = {0, 0}, F32 = {1e-5, 1e-5}, BF16 = {1e-4, 1e-4};
 
-
 /* Every buffer of the test (test_alloc'd), freed with the stream when it ends. */
 static void **buffers;
 static size_t nbuffers, buffer_slots;
@@ -67,12 +66,28 @@ static void sync_expect(const char *what, int64_t want_bad) {
 static void set_f64(TpTensor *t, int64_t i, double v) {
   char *p = (char *)t->data + (size_t)i * tp_dtype_size(t->dtype);
   switch (t->dtype) {
-  case TP_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
+  case TP_F32: {
+    float f = (float)v;
+    memcpy(p, &f, 4);
+    break;
+  }
   case TP_F64: memcpy(p, &v, 8); break;
-  case TP_F16: { uint16_t h = tp_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
-  case TP_BF16: { uint16_t h = tp_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
+  case TP_F16: {
+    uint16_t h = tp_f32_to_f16((float)v);
+    memcpy(p, &h, 2);
+    break;
+  }
+  case TP_BF16: {
+    uint16_t h = tp_f32_to_bf16((float)v);
+    memcpy(p, &h, 2);
+    break;
+  }
   case TP_BOOL: *p = v != 0; break;
-  default: { int64_t x = (int64_t)v; memcpy(p, &x, tp_dtype_size(t->dtype)); break; } /* low bytes */
+  default: {
+    int64_t x = (int64_t)v;
+    memcpy(p, &x, tp_dtype_size(t->dtype));
+    break;
+  } /* low bytes */
   }
 }
 
@@ -158,7 +173,8 @@ static void unary_fwd(void) {
         unary_case((TpUnaryOp)op, floats[f], -4, 4);
   }
   const TpDType ints[] = {TP_I8, TP_I16, TP_I32, TP_I64};
-  for (int i = 0; i < 4; i++) unary_case(TP_UNARY_NEG, ints[i], -100, 100), unary_case(TP_UNARY_RELU, ints[i], -100, 100);
+  for (int i = 0; i < 4; i++)
+    unary_case(TP_UNARY_NEG, ints[i], -100, 100), unary_case(TP_UNARY_RELU, ints[i], -100, 100);
   unary_case(TP_UNARY_NOT, TP_BOOL, 0, 1);
   unary_case(TP_UNARY_NEG, TP_F32, -3, 3);
   /* refused as the CPU refuses: Not on a float, Exp on an integer, another dtype, other dims */
@@ -179,11 +195,8 @@ typedef struct {
 } PairCase;
 
 static const PairCase PAIRS[] = {
-    {1, 1, {37}, {37}},
-    {2, 2, {3, 1}, {1, 5}},
-    {3, 1, {2, 1, 3}, {3}},
-    {0, 2, {0}, {4, 1}}, /* a scalar */
-    {2, 2, {0, 3}, {1, 3}}, /* empty */
+    {1, 1, {37}, {37}},         {2, 2, {3, 1}, {1, 5}}, {3, 1, {2, 1, 3}, {3}}, {0, 2, {0}, {4, 1}}, /* a scalar */
+    {2, 2, {0, 3}, {1, 3}},                                                                          /* empty */
     {2, 2, {2, 259}, {2, 259}},
 };
 enum { NPAIRS = sizeof PAIRS / sizeof *PAIRS };
@@ -249,7 +262,8 @@ static void where_fwd(void) {
       int64_t yd[4];
       int ry = pair_dims(&PAIRS[c], yd);
       /* cond with a's shape, a with b's, b with y's: a three-way broadcast */
-      TpTensor cond = tensor(TP_BOOL, PAIRS[c].ra, PAIRS[c].a, 0, 1), a = tensor(types[t], PAIRS[c].rb, PAIRS[c].b, -9, 9);
+      TpTensor cond = tensor(TP_BOOL, PAIRS[c].ra, PAIRS[c].a, 0, 1),
+               a = tensor(types[t], PAIRS[c].rb, PAIRS[c].b, -9, 9);
       TpTensor b = tensor(types[t], ry, yd, -9, 9), want = result(types[t], ry, yd), got = result(types[t], ry, yd);
       char what[64];
       snprintf(what, sizeof what, "Where on %s, case %d", dtype_name(types[t]), c);
@@ -263,7 +277,8 @@ static void where_fwd(void) {
 }
 
 static void cast_fwd(void) {
-  const TpDType types[] = {TP_F32, TP_F64, TP_F16, TP_BF16, TP_I8, TP_I16, TP_I32, TP_I64, TP_U8, TP_U16, TP_U64, TP_BOOL};
+  const TpDType types[] = {TP_F32, TP_F64, TP_F16, TP_BF16, TP_I8,  TP_I16,
+                           TP_I32, TP_I64, TP_U8,  TP_U16,  TP_U64, TP_BOOL};
   const int nt = sizeof types / sizeof *types;
   int64_t n = 301;
   for (int s = 0; s < nt; s++)
@@ -315,7 +330,8 @@ static void reshape_expand_tile(void) {
     }
   }
   int64_t a[2] = {2, 3}, b[2] = {4, 3}, c[2] = {2, 2};
-  TpTensor x = tensor(TP_F32, 2, a, 0, 1), y = result(TP_F32, 2, b), z = result(TP_F32, 2, c), y64 = result(TP_F64, 2, b);
+  TpTensor x = tensor(TP_F32, 2, a, 0, 1), y = result(TP_F32, 2, b), z = result(TP_F32, 2, c),
+           y64 = result(TP_F64, 2, b);
   check_status("Expand [2,3] to [4,3]", tp_cuda_expand(&x, &y, stream()), TP_KERNEL_BAD_SHAPE);
   check_status("Tile [2,3] to [2,2]", tp_cuda_tile(&x, &z, stream()), TP_KERNEL_BAD_SHAPE);
   check_status("Reshape [2,3] to [2,2]", tp_cuda_reshape(&x, &z, stream()), TP_KERNEL_BAD_SHAPE);
@@ -325,7 +341,8 @@ static void reshape_expand_tile(void) {
 static void transpose_fwd(void) {
   const int64_t xd[4] = {2, 3, 1, 5}, perm[4] = {3, 0, 2, 1}, yd[4] = {5, 2, 1, 3}, bad_perm[4] = {3, 0, 3, 1};
   for (int t = 0; t < NLAYOUT; t++) {
-    TpTensor x = tensor(LAYOUT_TYPES[t], 4, xd, -9, 9), w = result(LAYOUT_TYPES[t], 4, yd), g = result(LAYOUT_TYPES[t], 4, yd);
+    TpTensor x = tensor(LAYOUT_TYPES[t], 4, xd, -9, 9), w = result(LAYOUT_TYPES[t], 4, yd),
+             g = result(LAYOUT_TYPES[t], 4, yd);
     check_status("Transpose", tp_cuda_transpose(&x, perm, &g, stream()), tp_transpose(&x, perm, &w));
     check_status("Transpose, no permutation", tp_cuda_transpose(&x, bad_perm, &g, stream()),
                  tp_transpose(&x, bad_perm, &w));
@@ -342,7 +359,7 @@ typedef struct {
 static const SliceCase SLICES[] = {
     {2, {5, 7}, {2, 3}, {1, 6}, {2, -2}}, /* negative steps */
     {3, {2, 3, 9}, {2, 1, 4}, {0, 2, 8}, {1, 1, -1}},
-    {1, {4}, {0}, {9}, {1}}, /* empty: start past the end */
+    {1, {4}, {0}, {9}, {1}},             /* empty: start past the end */
     {2, {3, 4}, {4, 1}, {0, 0}, {1, 1}}, /* does not fit: refused */
 };
 
@@ -360,7 +377,8 @@ static void slice_test(bool backward) {
         check_status(what, tp_cuda_slice_backward(&in, s->starts, s->steps, &g, stream()),
                      tp_slice_backward(&in, s->starts, s->steps, &w));
       else
-        check_status(what, tp_cuda_slice(&in, s->starts, s->steps, &g, stream()), tp_slice(&in, s->starts, s->steps, &w));
+        check_status(what, tp_cuda_slice(&in, s->starts, s->steps, &g, stream()),
+                     tp_slice(&in, s->starts, s->steps, &w));
       sync_expect(what, -1);
       if (c < 3) check_tensor(what, &g, &w, EXACT);
     }
@@ -391,14 +409,16 @@ static void split_concat(void) {
       sync_expect(what, -1);
       check_tensor(what, &cg, &cw, EXACT);
       check_status("Split on axis 3", tp_cuda_split(&x, 3, got, 3, stream()), tp_split(&x, 3, want, 3));
-      check_status("Concat of 2 pieces", tp_cuda_concat(want, 2, axis, &cg, stream()), tp_concat(want, 2, axis, &cw));
+      check_status("Concat of 2 pieces", tp_cuda_concat(want, 2, axis, &cg, stream()),
+                   tp_concat(want, 2, axis, &cw));
     }
 }
 
 static void context_append(void) {
   for (int t = 0; t < NLAYOUT; t++) {
     int64_t xd[3] = {2, 3, 5}, bd[3] = {2, 7, 5};
-    TpTensor x = tensor(LAYOUT_TYPES[t], 3, xd, -9, 9), w = tensor(LAYOUT_TYPES[t], 3, bd, -9, 9), g = result_like(&w);
+    TpTensor x = tensor(LAYOUT_TYPES[t], 3, xd, -9, 9), w = tensor(LAYOUT_TYPES[t], 3, bd, -9, 9),
+             g = result_like(&w);
     memcpy(g.data, w.data, tp_tensor_bytes(&w));
     check_status("ContextAppend", tp_cuda_context_append(&x, 1, 4, 7, g.data, stream()),
                  tp_context_append(&x, 1, 4, 7, w.data));
@@ -455,7 +475,8 @@ static void gather_test(bool backward) {
           check_status(what, tp_cuda_gather_backward(&in, &idx, axis, it ? 1 : -1, &g, NULL, stream()),
                        tp_gather_backward(&in, &idx, axis, it ? 1 : -1, &w, &bad)); /* a padding index by i32 */
         else
-          check_status(what, tp_cuda_gather(&in, &idx, axis, &g, NULL, stream()), tp_gather(&in, &idx, axis, &w, &bad));
+          check_status(what, tp_cuda_gather(&in, &idx, axis, &g, NULL, stream()),
+                       tp_gather(&in, &idx, axis, &w, &bad));
         sync_expect(what, -1);
         check_tensor(what, &g, &w, EXACT);
         /* indices out of range, above n and below -n: the smallest position is reported */
@@ -497,7 +518,8 @@ static void gather_elements_test(bool backward) {
       TpTensor w = backward ? result(d, 3, data_dims) : result(d, 3, idx_dims), g = result_like(&w);
       int64_t bad = 0;
       char what[64];
-      snprintf(what, sizeof what, "GatherElements%s by %s, axis %d", backward ? "Backward" : "", dtype_name(ti), axis);
+      snprintf(what, sizeof what, "GatherElements%s by %s, axis %d", backward ? "Backward" : "", dtype_name(ti),
+               axis);
       if (backward)
         check_status(what, tp_cuda_gather_elements_backward(&in, &idx, axis, &g, NULL, stream()),
                      tp_gather_elements_backward(&in, &idx, axis, &w, &bad));
@@ -651,7 +673,8 @@ static void layernorm_test(bool backward) {
         *gdb = poison(n);
   tp_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, wdx, wds, wdb);
   check_status("LayerNormBackward",
-               tp_cuda_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, gdx, gds, gdb, stream()), TP_KERNEL_OK);
+               tp_cuda_layernorm_backward_f32(dy, x, scale, mean, inv, rows, n, gdx, gds, gdb, stream()),
+               TP_KERNEL_OK);
   compare("LayerNormBackward dx", gdx, wdx, rows * n, F32);
   check_close("LayerNormBackward dscale", gds, wds, n, F32);
   check_close("LayerNormBackward dbias", gdb, wdb, n, F32);
@@ -684,11 +707,13 @@ static void rotary_test(bool backward) {
   for (int interleaved = 0; interleaved < 2; interleaved++) {
     if (backward) {
       tp_rotary_backward_f32(x, cs, sn, 4, dims, table, 4, interleaved, want);
-      check_status("RotaryBackward", tp_cuda_rotary_backward_f32(x, cs, sn, 4, dims, table, 4, interleaved, got, stream()),
+      check_status("RotaryBackward",
+                   tp_cuda_rotary_backward_f32(x, cs, sn, 4, dims, table, 4, interleaved, got, stream()),
                    TP_KERNEL_OK);
     } else {
       tp_rotary_f32(x, cs, sn, 4, dims, table, 4, interleaved, want);
-      check_status("Rotary", tp_cuda_rotary_f32(x, cs, sn, 4, dims, table, 4, interleaved, got, stream()), TP_KERNEL_OK);
+      check_status("Rotary", tp_cuda_rotary_f32(x, cs, sn, 4, dims, table, 4, interleaved, got, stream()),
+                   TP_KERNEL_OK);
     }
     compare(backward ? "RotaryBackward" : "Rotary", got, want, n, F32);
   }
@@ -837,13 +862,16 @@ static void linear_test(bool backward, bool bf16) {
                        TP_KERNEL_OK);
           compare(what, got, want, M * N, tol);
         } else {
-          float *wdx = poison(M * K + 1), *gdx = poison(M * K + 1), *wdw = poison(K * N + 1), *gdw = poison(K * N + 1);
+          float *wdx = poison(M * K + 1), *gdx = poison(M * K + 1), *wdw = poison(K * N + 1),
+                *gdw = poison(K * N + 1);
           float *wdb = poison(N + 1), *gdb = poison(N + 1);
           bool with_dx = outputs != 2, with_dw = outputs != 1;
           tp_linear_backward_f32(dyr, xr, wr, M, K, N, tw, with_dx ? wdx : NULL, with_dw ? wdw : NULL, NULL);
           tp_linear_backward_f32(dy, x, w, M, K, N, tw, NULL, NULL, wdb); /* a sum of dy, no product */
-          check_status(what, (bf16 ? tp_cuda_bf16_linear_backward_f32 : tp_cuda_linear_backward_f32)(
-                                 dy, x, w, M, K, N, tw, with_dx ? gdx : NULL, with_dw ? gdw : NULL, gdb, stream()),
+          check_status(what,
+                       (bf16 ? tp_cuda_bf16_linear_backward_f32
+                             : tp_cuda_linear_backward_f32)(dy, x, w, M, K, N, tw, with_dx ? gdx : NULL,
+                                                            with_dw ? gdw : NULL, gdb, stream()),
                        TP_KERNEL_OK);
           compare(what, gdx, wdx, M * K + 1, tol); /* + 1: the poison past the end, and all of an output left out */
           check_close(what, gdw, wdw, K * N + 1, tol);
@@ -862,13 +890,13 @@ typedef struct {
 } MatmulCase;
 
 static const MatmulCase MATMULS[] = {
-    {3, 2, {2, 5, 37}, {37, 3}},       /* one shared b */
-    {3, 3, {2, 5, 4}, {1, 4, 3}},      /* b broadcast */
-    {4, 3, {2, 1, 3, 4}, {3, 4, 5}},   /* both broadcast */
-    {1, 3, {4}, {2, 4, 3}},            /* a vector */
-    {2, 2, {3, 0}, {0, 2}},            /* K = 0 */
-    {3, 3, {1, 70, 9}, {3, 9, 130}},   /* a broadcast, odd sizes */
-    {3, 3, {4, 33, 65}, {4, 65, 17}},  /* equal batches, odd sizes */
+    {3, 2, {2, 5, 37}, {37, 3}},      /* one shared b */
+    {3, 3, {2, 5, 4}, {1, 4, 3}},     /* b broadcast */
+    {4, 3, {2, 1, 3, 4}, {3, 4, 5}},  /* both broadcast */
+    {1, 3, {4}, {2, 4, 3}},           /* a vector */
+    {2, 2, {3, 0}, {0, 2}},           /* K = 0 */
+    {3, 3, {1, 70, 9}, {3, 9, 130}},  /* a broadcast, odd sizes */
+    {3, 3, {4, 33, 65}, {4, 65, 17}}, /* equal batches, odd sizes */
 };
 
 static void matmul_test(bool backward, bool bf16) {
@@ -885,7 +913,8 @@ static void matmul_test(bool backward, bool bf16) {
     snprintf(what, sizeof what, "%sMatMul%s case %zu", bf16 ? "bf16 " : "", backward ? "Backward" : "", c);
     Tolerance tol = bf16 ? BF16 : F32;
     if (!backward) {
-      check_status(what, (bf16 ? tp_cuda_bf16_matmul : tp_cuda_matmul)(&a, &b, &g, stream()), tp_matmul(&ar, &br, &w));
+      check_status(what, (bf16 ? tp_cuda_bf16_matmul : tp_cuda_matmul)(&a, &b, &g, stream()),
+                   tp_matmul(&ar, &br, &w));
       sync_expect(what, -1);
       check_tensor(what, &g, &w, tol);
     } else {
@@ -895,8 +924,9 @@ static void matmul_test(bool backward, bool bf16) {
         TpTensor wda = result_like(&a), gda = result_like(&a), wdb = result_like(&b), gdb = result_like(&b);
         bool with_da = outputs != 2, with_db = outputs != 1;
         check_status(what,
-                     (bf16 ? tp_cuda_bf16_matmul_backward_f32 : tp_cuda_matmul_backward_f32)(
-                         &dy, &a, &b, with_da ? &gda : NULL, with_db ? &gdb : NULL, stream()),
+                     (bf16 ? tp_cuda_bf16_matmul_backward_f32
+                           : tp_cuda_matmul_backward_f32)(&dy, &a, &b, with_da ? &gda : NULL, with_db ? &gdb : NULL,
+                                                          stream()),
                      tp_matmul_backward_f32(&dyr, &ar, &br, with_da ? &wda : NULL, with_db ? &wdb : NULL));
         sync_expect(what, -1);
         check_tensor(what, &gda, &wda, tol); /* an output left out: the poison of both, untouched */

@@ -43,14 +43,15 @@
 #include "cuda/ops.h"
 #include "compare.h"
 
-static const Tolerance EXACT = {0, 0}, ELEMENTWISE = {1e-6, 1e-5}, GELU_TANH_BWD = {5e-6, 1e-5}, ROW = {1e-5, 1e-5}, SUM = {0, 1e-12};
+static const Tolerance EXACT = {0, 0}, ELEMENTWISE = {1e-6, 1e-5}, GELU_TANH_BWD = {5e-6, 1e-5}, ROW = {1e-5, 1e-5},
+                       SUM = {0, 1e-12};
 static Tolerance column(int64_t rows) { return (Tolerance){1e-5 * (double)rows, 1e-5}; }
 
 static float *zeros(int64_t n) { return test_alloc((size_t)n * sizeof(float)); }
 
 /* (rows, n) shapes of the row kernels */
-static const int64_t SHAPES[][2] = {{1, 1}, {3, 31}, {2, 32}, {5, 33}, {4, 255}, {3, 256}, {3, 257}, {2, 1000},
-                                    {1, 4099}, {130, 7}};
+static const int64_t SHAPES[][2] = {{1, 1},   {3, 31},  {2, 32},   {5, 33},   {4, 255},
+                                    {3, 256}, {3, 257}, {2, 1000}, {1, 4099}, {130, 7}};
 enum { NSHAPES = sizeof SHAPES / sizeof SHAPES[0] };
 
 static void rmsnorm_fwd(void) {
@@ -81,7 +82,8 @@ static void rmsnorm_bwd(void) {
     check_close(what, dx, want_dx, rows * n, ROW);
     snprintf(what, sizeof what, "dscale %s", at);
     check_close(what, ds, want_ds, n, column(rows));
-    test_free(x), test_free(scale), test_free(dy), test_free(dx), test_free(ds), test_free(want_dx), test_free(want_ds);
+    test_free(x), test_free(scale), test_free(dy), test_free(dx), test_free(ds), test_free(want_dx),
+        test_free(want_ds);
   }
 }
 
@@ -106,7 +108,8 @@ static void layernorm_fwd(void) {
       check_close(what, mean, want_mean, rows, ROW);
       snprintf(what, sizeof what, "inv_std %s", at);
       check_close(what, inv, want_inv, rows, ROW);
-      test_free(x), test_free(scale), test_free(bias), test_free(y), test_free(mean), test_free(inv), test_free(want), test_free(want_mean), test_free(want_inv);
+      test_free(x), test_free(scale), test_free(bias), test_free(y), test_free(mean), test_free(inv),
+          test_free(want), test_free(want_mean), test_free(want_inv);
     }
   }
 }
@@ -131,7 +134,8 @@ static void layernorm_bwd(void) {
     check_close(what, ds, want_ds, n, column(rows));
     snprintf(what, sizeof what, "dbias %s", at);
     check_close(what, db, want_db, n, column(rows));
-    test_free(x), test_free(scale), test_free(dy), test_free(y), test_free(mean), test_free(inv), test_free(dx), test_free(ds), test_free(db);
+    test_free(x), test_free(scale), test_free(dy), test_free(y), test_free(mean), test_free(inv), test_free(dx),
+        test_free(ds), test_free(db);
     test_free(want_dx), test_free(want_ds), test_free(want_db);
   }
 }
@@ -206,7 +210,8 @@ static void gelu_bwd(void) {
       int64_t n = LENGTHS[l];
       float *x = test_rand(n, 6), *dy = test_rand(n, 1), *dx = zeros(n), *want = zeros(n);
       tp_gelu_backward_f32(dy, x, n, tanh_form, want);
-      if (tp_cuda_gelu_backward_f32(dy, x, n, tanh_form, dx, stream()) != TP_KERNEL_OK) fail("tp_cuda_gelu_backward_f32");
+      if (tp_cuda_gelu_backward_f32(dy, x, n, tanh_form, dx, stream()) != TP_KERNEL_OK)
+        fail("tp_cuda_gelu_backward_f32");
       char what[96];
       snprintf(what, sizeof what, "n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, dx, want, n, tanh_form ? GELU_TANH_BWD : ELEMENTWISE);
@@ -233,13 +238,15 @@ static void swiglu_bwd(void) {
     float *gate = test_rand(n, 6), *up = test_rand(n, 2), *dy = test_rand(n, 1);
     float *dg = zeros(n), *du = zeros(n), *want_dg = zeros(n), *want_du = zeros(n);
     tp_swiglu_backward_f32(dy, gate, up, n, want_dg, want_du);
-    if (tp_cuda_swiglu_backward_f32(dy, gate, up, n, dg, du, stream()) != TP_KERNEL_OK) fail("tp_cuda_swiglu_backward_f32");
+    if (tp_cuda_swiglu_backward_f32(dy, gate, up, n, dg, du, stream()) != TP_KERNEL_OK)
+      fail("tp_cuda_swiglu_backward_f32");
     char what[64];
     snprintf(what, sizeof what, "dgate n=%lld", (long long)n);
     check_close(what, dg, want_dg, n, ELEMENTWISE);
     snprintf(what, sizeof what, "dup n=%lld", (long long)n);
     check_close(what, du, want_du, n, ELEMENTWISE);
-    test_free(gate), test_free(up), test_free(dy), test_free(dg), test_free(du), test_free(want_dg), test_free(want_du);
+    test_free(gate), test_free(up), test_free(dy), test_free(dg), test_free(du), test_free(want_dg),
+        test_free(want_du);
   }
 }
 
@@ -271,7 +278,8 @@ static void geglu_bwd(void) {
       check_close(what, dg, want_dg, n, tanh_form ? GELU_TANH_BWD : ELEMENTWISE);
       snprintf(what, sizeof what, "dup n=%lld tanh=%d", (long long)n, tanh_form);
       check_close(what, du, want_du, n, ELEMENTWISE);
-      if (tp_cuda_geglu_backward_f32(dy, gate, up, n, tanh_form, NULL, du, stream()) != TP_KERNEL_OK) /* one result */
+      if (tp_cuda_geglu_backward_f32(dy, gate, up, n, tanh_form, NULL, du, stream()) !=
+          TP_KERNEL_OK) /* one result */
         fail("tp_cuda_geglu_backward_f32");
       check_close(what, du, want_du, n, ELEMENTWISE);
       test_free(gate), test_free(up), test_free(dy), test_free(dg), test_free(du), test_free(want_dg),
@@ -401,7 +409,8 @@ static void cross_entropy_fwd(void) {
 static void cross_entropy_bwd(void) {
   for (int c = 0; c < NTABLES; c++) {
     int64_t R = TABLES[c][0], V = TABLES[c][1], want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
-    float *logits = test_rand(R * V, 10), *d = zeros(R * V), *want = zeros(R * V), *dloss = test_alloc(sizeof *dloss);
+    float *logits = test_rand(R * V, 10), *d = zeros(R * V), *want = zeros(R * V),
+          *dloss = test_alloc(sizeof *dloss);
     int64_t *targets = random_targets(R, V);
     *dloss = 0.75f;
     if (tp_cross_entropy_backward_f32(*dloss, logits, targets, R, V, (float)R, want, &want_bad) != TP_KERNEL_OK)
@@ -508,26 +517,29 @@ static void embedding_part(void) {
 static void cross_entropy_parts(void) {
   for (int c = 0; c < NTABLES; c++)
     for (int64_t parts = 2; parts <= 3; parts++) {
-      int64_t R = TABLES[c][0], V = TABLES[c][1], W = 2 * parts + 1, want_bad = -1, *bad = test_scalar_i64(INT64_MAX);
+      int64_t R = TABLES[c][0], V = TABLES[c][1], W = 2 * parts + 1, want_bad = -1,
+              *bad = test_scalar_i64(INT64_MAX);
       int64_t *targets = random_targets(R, V * parts), *part = test_scalar_i64(parts - 1);
       float *logits = test_rand(R * V, 10), *stats = zeros(R * W), *want = zeros(R * W), *loss = zeros(1), want_loss;
       float *d = zeros(R * V), *dwant = zeros(R * V), *dloss = zeros(1);
       double *row_loss = test_alloc((size_t)R * sizeof *row_loss);
       *dloss = 0.75f;
       char what[96];
-      snprintf(what, sizeof what, "range %lld of %lld: R=%lld V=%lld", (long long)*part, (long long)parts, (long long)R,
-               (long long)V);
-      if (tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad)) fail("%s: cpu stats", what);
+      snprintf(what, sizeof what, "range %lld of %lld: R=%lld V=%lld", (long long)*part, (long long)parts,
+               (long long)R, (long long)V);
+      if (tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad))
+        fail("%s: cpu stats", what);
       tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, bad, NULL);
       test_sync();
       check_close(what, stats, want, R * W, ROW);
       for (int64_t r = 0; r < R; r++) /* the other ranges' statistics, as the AllReduce would bring them */
         for (int64_t p = 0; p < parts - 1; p++) want[r * W + p] = frand(), want[r * W + parts + p] = 2 + frand();
       tp_cross_entropy_parts_f32(want, R, parts, (float)R, &want_loss);
-      tp_cross_entropy_parts_backward_f32(*dloss, logits, targets, want, part, R, V, parts, (float)R, dwant, &want_bad);
+      tp_cross_entropy_parts_backward_f32(*dloss, logits, targets, want, part, R, V, parts, (float)R, dwant,
+                                          &want_bad);
       tp_cuda_launch_cross_entropy_parts_f32(want, R, parts, (float)R, loss, row_loss, NULL);
-      tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, want, part, R, V, parts, (float)R, d, bad,
-                                                      NULL);
+      tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, want, part, R, V, parts, (float)R, d,
+                                                      bad, NULL);
       test_sync();
       check_close(what, loss, &want_loss, 1, SUM);
       check_close(what, d, dwant, R * V, ROW);
@@ -536,7 +548,8 @@ static void cross_entropy_parts(void) {
       tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad);
       tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, bad, NULL);
       test_sync();
-      if (*bad != want_bad) fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
+      if (*bad != want_bad)
+        fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
       test_free(targets), test_free(part), test_free(logits), test_free(stats), test_free(want), test_free(loss);
       test_free(d), test_free(dwant), test_free(dloss), test_free(row_loss), test_free(bad);
     }

@@ -86,7 +86,8 @@ static void deferred_stream_sync(TpCompute *c, TpStream *s) {
 static void deferred_stream_free(TpCompute *c, TpStream *s) {
   const char *count = getenv("PIPE_COUNT_SYNCS");
   int i = counted_index(s);
-  if (count && *count == '1' && i >= 0) fprintf(stderr, "stream %d: %ld synchronizations\n", i, counted_streams[i].syncs);
+  if (count && *count == '1' && i >= 0)
+    fprintf(stderr, "stream %d: %ld synchronizations\n", i, counted_streams[i].syncs);
   if (i >= 0) counted_streams[i].stream = NULL;
   deliver_losses(s, false);
   tp_compute_cuda.stream_free(c, s);
@@ -156,7 +157,8 @@ static const TpCommBackend counting_comm = {
 
 static int counting_open_comm(TpComm *host, TpCompute *compute, const TpPlan *plan, TpComm **out, TpDiag *d) {
   *out = NULL;
-  if (!compute || compute->be != &deferred_loss_backend || !plan) return tp_internal(d, "open_comm before open_compute");
+  if (!compute || compute->be != &deferred_loss_backend || !plan)
+    return tp_internal(d, "open_comm before open_compute");
   if (host->size == 1) return TP_OK; /* one process: the host transport serves */
   TpComm *c = malloc(sizeof *c);
   if (!c) return tp_error(d, "out of memory");

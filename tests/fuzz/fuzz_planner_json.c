@@ -19,8 +19,7 @@ static void price_layer(const TpHardware *hw, TpDiag *d) {
       tp_cost_model_init(&cm, hw, &m, 2, 2, 2, d))
     abort();
   TpTime t = tp_stage_time(&cm, 1, 2, 16, 16);
-  if (!isfinite(t.fwd + t.bwd + tp_send_time(&cm, 0, 2, 16) + tp_grad_allreduce_time(&cm, 0)))
-    abort();
+  if (!isfinite(t.fwd + t.bwd + tp_send_time(&cm, 0, 2, 16) + tp_grad_allreduce_time(&cm, 0))) abort();
 }
 
 /* Every fit at l, c in {powers of two, the sequence length} with l + c within it. */

@@ -42,7 +42,8 @@ int main(int argc, char **argv) {
   }
   for (int r = 0; r < ranks; r++)
     if (!named[r] || !fwd[r] || !bwd[r]) {
-      fprintf(stderr, "check_trace: rank %d: named %d, %d forward and %d backward events\n", r, named[r], fwd[r], bwd[r]);
+      fprintf(stderr, "check_trace: rank %d: named %d, %d forward and %d backward events\n", r, named[r], fwd[r],
+              bwd[r]);
       bad = 1;
     }
   if (!bad) printf("check_trace: %d events, %d ranks\n", ev->count, ranks);

@@ -30,14 +30,14 @@ enum { B = 4, T = 8, V = 256, C = 8, MAX_SLICES = 4 };
 enum { WTE, WPE, SHIFT, GAIN, BIAS, NPARAMS };
 
 typedef struct {
-  float x[B][T][C];      /* stage 0: the embedded rows, read by later slices */
-  float y0[B][T][C];     /* stage 0's output, sent */
-  float dy0[B][T][C];    /* its gradient, received */
-  float dx[B][T][C];     /* summed over the slices in reverse */
-  float y1[B][T][C];     /* stage 1's input, received */
+  float x[B][T][C];   /* stage 0: the embedded rows, read by later slices */
+  float y0[B][T][C];  /* stage 0's output, sent */
+  float dy0[B][T][C]; /* its gradient, received */
+  float dx[B][T][C];  /* summed over the slices in reverse */
+  float y1[B][T][C];  /* stage 1's input, received */
   float z[B][T][C];
   float logits[B][T][V];
-  float dy1[B][T][C];    /* sent back */
+  float dy1[B][T][C]; /* sent back */
   double loss_sum;
 } Arena;
 
@@ -147,11 +147,11 @@ static void backward_all(TpStepIO *io, int i) {
 }
 
 /* The unit functions per slice: a generated plan has one function per (stage, slice). */
-#define UNITS(fn) \
-  static void fn##_0(TpStepIO *io) { fn(io, 0); } \
-  static void fn##_1(TpStepIO *io) { fn(io, 1); } \
-  static void fn##_2(TpStepIO *io) { fn(io, 2); } \
-  static void fn##_3(TpStepIO *io) { fn(io, 3); } \
+#define UNITS(fn)                                                                                                   \
+  static void fn##_0(TpStepIO *io) { fn(io, 0); }                                                                   \
+  static void fn##_1(TpStepIO *io) { fn(io, 1); }                                                                   \
+  static void fn##_2(TpStepIO *io) { fn(io, 2); }                                                                   \
+  static void fn##_3(TpStepIO *io) { fn(io, 3); }                                                                   \
   static const TpUnitFn fn##_units[MAX_SLICES] = {fn##_0, fn##_1, fn##_2, fn##_3};
 UNITS(forward0)
 UNITS(forward1)
@@ -174,8 +174,15 @@ static TpPlanBuffer buffers[4][MAX_SLICES][B]; /* y0, y1, dy1, dy0 rows of each 
 static TpPlanMessage messages[4][MAX_SLICES];
 static TpPlanStage stages[2];
 static TpPlan plan = {
-    .abi = TP_PLAN_ABI, .model = TINY2_MODEL, .tokpipec_version = "hand-written",
-    .seq = T, .vocab = V, .nparams = NPARAMS, .params = params, .nderived = 1, .derived = derived,
+    .abi = TP_PLAN_ABI,
+    .model = TINY2_MODEL,
+    .tokpipec_version = "hand-written",
+    .seq = T,
+    .vocab = V,
+    .nparams = NPARAMS,
+    .params = params,
+    .nderived = 1,
+    .derived = derived,
 };
 
 static int env_int(const char *name, int fallback) {
@@ -228,10 +235,16 @@ static int configure(void) {
     for (int j = 0; j < s.count[k]; j++)
       insns[j] = (TpPlanInsn){(int)s.insn[k][j].kind, s.insn[k][j].mb, s.insn[k][j].slice, s.insn[k][j].peer};
     bool last = k == nstages - 1;
-    stages[k] = (TpPlanStage){
-        .forward = nstages == 1 ? forward_all_units : last ? forward1_units : forward0_units,
-        .backward = nstages == 1 ? backward_all_units : last ? backward1_units : backward0_units,
-        .arena_bytes = sizeof(Arena), .arenas = M, .ninsns = s.count[k], .insns = insns};
+    stages[k] = (TpPlanStage){.forward = nstages == 1 ? forward_all_units
+                                         : last       ? forward1_units
+                                                      : forward0_units,
+                              .backward = nstages == 1 ? backward_all_units
+                                          : last       ? backward1_units
+                                                       : backward0_units,
+                              .arena_bytes = sizeof(Arena),
+                              .arenas = M,
+                              .ninsns = s.count[k],
+                              .insns = insns};
   }
   if (nstages == 2) {
     stages[0].send_act = rows_of(0, offsetof(Arena, y0));

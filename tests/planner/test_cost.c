@@ -11,8 +11,14 @@
 #include "passes/planner/plan.h"
 
 static int failures;
-#define CHECK(cond, ...) \
-  do { if (!(cond)) { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } } while (0)
+#define CHECK(cond, ...)                                                                                            \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      printf("FAIL: " __VA_ARGS__);                                                                                 \
+      printf("\n");                                                                                                 \
+      failures++;                                                                                                   \
+    }                                                                                                               \
+  } while (0)
 
 static void fit_recovers(void) {
   const double a[4] = {2e-4, 3e-6, 5e-7, 4e-9};
@@ -49,9 +55,8 @@ static void fit_recovers(void) {
 
 /* tests/planner/profiles/synth.json: stage k's forward f and backward g are
  * c0 + c1*l + (c > 0: a0 + a1*l + a2*c + a3*l*c) with these coefficients (made by hand). */
-static const double synth[2][2][6] = {
-    {{1e-3, 2e-5, 1e-4, 1e-6, 2e-6, 1e-8}, {2e-3, 4e-5, 3e-4, 2e-6, 3e-6, 3e-8}},
-    {{2e-3, 3e-5, 2e-4, 2e-6, 3e-6, 2e-8}, {4e-3, 6e-5, 4e-4, 3e-6, 5e-6, 4e-8}}};
+static const double synth[2][2][6] = {{{1e-3, 2e-5, 1e-4, 1e-6, 2e-6, 1e-8}, {2e-3, 4e-5, 3e-4, 2e-6, 3e-6, 3e-8}},
+                                      {{2e-3, 3e-5, 2e-4, 2e-6, 3e-6, 2e-8}, {4e-3, 6e-5, 4e-4, 3e-6, 5e-6, 4e-8}}};
 
 static void calibration_recovers(const char *path, const char *dirs) {
   TpDiag d;
@@ -61,7 +66,8 @@ static void calibration_recovers(const char *path, const char *dirs) {
   CHECK(tp_profile_load(path, &p, &d) == TP_OK, "load %s", path);
   if (failures) return;
   CHECK(p.stages == 2 && p.batch == 2 && p.seq == 128 && p.split && p.nsamples == 26 && p.cuts && p.cuts[1] == 2 &&
-        p.optimizer && p.optimizer[1] == 0.004, "profile fields");
+            p.optimizer && p.optimizer[1] == 0.004,
+        "profile fields");
   CHECK(tp_calibrate(&p, path, &cal, &d) == TP_OK && cal.b == 2 && cal.split, "calibrate");
   if (failures) return;
   for (int k = 0; k < 2; k++)
@@ -96,7 +102,8 @@ static void calibration_recovers(const char *path, const char *dirs) {
   tp_calibration_free(&cal);
   p.nsamples = 5;
   tp_diag_init(&d, "test_cost", NULL, NULL);
-  CHECK(tp_calibrate(&p, path, &cal, &d) == TP_ERR_INPUT && strstr(d.last, "stage 0 forward"), "few samples: %s", d.last);
+  CHECK(tp_calibrate(&p, path, &cal, &d) == TP_ERR_INPUT && strstr(d.last, "stage 0 forward"), "few samples: %s",
+        d.last);
   tp_profile_free(&p);
 }
 
@@ -132,19 +139,22 @@ static void model_sanity(const char *dirs) {
     req.max_memory = 1e30;
     TpPlanResult r;
     CHECK(tp_plan(&req, &r, &d) == TP_OK, "plan failed");
-    CHECK(r.baseline.eq5_s >= prev, "batch-only B=1 with %d stages (%g s) faster than fewer (%g s)",
-          stages[i], r.baseline.eq5_s, prev);
+    CHECK(r.baseline.eq5_s >= prev, "batch-only B=1 with %d stages (%g s) faster than fewer (%g s)", stages[i],
+          r.baseline.eq5_s, prev);
     prev = r.baseline.eq5_s;
     CHECK(r.terapipe.eq5_s <= r.uniform.eq5_s * (1 + 1e-12) && r.uniform.eq5_s <= r.baseline.eq5_s * (1 + 1e-12),
-          "S=%d: Eq. 5 of DP %g, uniform %g, baseline %g not ordered", stages[i],
-          r.terapipe.eq5_s, r.uniform.eq5_s, r.baseline.eq5_s);
+          "S=%d: Eq. 5 of DP %g, uniform %g, baseline %g not ordered", stages[i], r.terapipe.eq5_s, r.uniform.eq5_s,
+          r.baseline.eq5_s);
     CHECK(r.fit_rms_rel_err < 0.02, "cost table fit error %g", r.fit_rms_rel_err);
     tp_plan_result_free(&r);
   }
 }
 
 int main(int argc, char **argv) {
-  if (argc != 3) { fprintf(stderr, "usage: test_cost PROFILE_DIR SYNTHETIC_PROFILE.json\n"); return 2; }
+  if (argc != 3) {
+    fprintf(stderr, "usage: test_cost PROFILE_DIR SYNTHETIC_PROFILE.json\n");
+    return 2;
+  }
   fit_recovers();
   calibration_recovers(argv[2], argv[1]);
   model_sanity(argv[1]);

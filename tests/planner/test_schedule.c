@@ -10,8 +10,14 @@
 #include "passes/planner/simulate.h"
 
 static int failures;
-#define CHECK(cond, ...) \
-  do { if (!(cond)) { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } } while (0)
+#define CHECK(cond, ...)                                                                                            \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      printf("FAIL: " __VA_ARGS__);                                                                                 \
+      printf("\n");                                                                                                 \
+      failures++;                                                                                                   \
+    }                                                                                                               \
+  } while (0)
 
 /* Equal stages: forward f and backward b per unit, free transfers. */
 static void uniform_costs(TpSimCosts *c, int S, int nmb, const int *nslices, double f, double b) {
@@ -60,14 +66,14 @@ static void grid(void) {
           CHECK(tp_simulate(&s, &c, false, &r, &d) == TP_OK, "simulation failed");
           int U = c.units;
           if (kind == 0) /* gpipe, equal stages: (U + S - 1) beats forward and backward */
-            CHECK(r.time_s == (U + S - 1) * 3.0, "gpipe S=%d U=%d: time %g, want %g", S, U,
-                  r.time_s, (U + S - 1) * 3.0);
+            CHECK(r.time_s == (U + S - 1) * 3.0, "gpipe S=%d U=%d: time %g, want %g", S, U, r.time_s,
+                  (U + S - 1) * 3.0);
           else { /* 1f1b: no slower than gpipe here, and bounded live units */
             CHECK(r.time_s <= (U + S - 1) * 3.0 + 1e-9, "1f1b S=%d U=%d slower: %g", S, U, r.time_s);
             for (int k = 0; k < S; k++) {
               int bound = nslices[M > 1 ? 1 : 0] + S - k - 1; /* the longest microbatch */
-              CHECK(r.peak_bytes[k] <= (bound < U ? bound : U), "1f1b rank %d holds %g units > %d",
-                    k, r.peak_bytes[k], bound);
+              CHECK(r.peak_bytes[k] <= (bound < U ? bound : U), "1f1b rank %d holds %g units > %d", k,
+                    r.peak_bytes[k], bound);
             }
           }
           tp_sim_result_free(&r);
@@ -82,8 +88,8 @@ static int expect_refused(TpSchedule *s, const char *what, const char *needle) {
   TpDiag d;
   tp_diag_init(&d, "test_schedule", NULL, NULL);
   int rc = tp_schedule_verify(s, false, &d);
-  CHECK(rc == TP_ERR_INPUT && strstr(d.last, needle), "%s: not refused as '%s' (got rc %d: %s)",
-        what, needle, rc, d.last);
+  CHECK(rc == TP_ERR_INPUT && strstr(d.last, needle), "%s: not refused as '%s' (got rc %d: %s)", what, needle, rc,
+        d.last);
   return rc;
 }
 

@@ -16,7 +16,11 @@ static double uniform01(void) {
 
 /* Brute force: microbatches chosen in nonincreasing size order, each slicing given as a
  * bit mask of cut points; tracks sum and max. */
-typedef struct { const TpSliceCost *t; int n, stages; double best; } Brute;
+typedef struct {
+  const TpSliceCost *t;
+  int n, stages;
+  double best;
+} Brute;
 
 static void slicings(Brute *br, int remaining, int maxsize, double sum, double max);
 
@@ -53,25 +57,33 @@ static int check(const TpSliceCost *t, int batch, int stages, const char *what, 
   tp_diag_init(&d, "test_slicing", NULL, stderr);
   int rc = tp_solve_slicing(t, batch, stages, &plan, &d);
   if (br.best == INFINITY) {
-    if (rc == TP_OK) { printf("FAIL %s trial %d: found a plan where none exists\n", what, trial); return 1; }
+    if (rc == TP_OK) {
+      printf("FAIL %s trial %d: found a plan where none exists\n", what, trial);
+      return 1;
+    }
     return 0;
   }
-  if (rc != TP_OK) { printf("FAIL %s trial %d: no plan, brute force %g\n", what, trial, br.best); return 1; }
+  if (rc != TP_OK) {
+    printf("FAIL %s trial %d: no plan, brute force %g\n", what, trial, br.best);
+    return 1;
+  }
   /* the plan is consistent: sizes sum to the batch, lengths to the sequence */
   int seqs = 0;
   for (int m = 0; m < plan.n; m++) {
     int tokens = 0;
     for (int i = 0; i < plan.mb[m].nslices; i++) tokens += plan.mb[m].len[i];
-    if (tokens != t->units * t->granularity) { printf("FAIL %s: slices sum to %d\n", what, tokens); return 1; }
+    if (tokens != t->units * t->granularity) {
+      printf("FAIL %s: slices sum to %d\n", what, tokens);
+      return 1;
+    }
     seqs += plan.mb[m].size;
   }
   double eq5 = plan.time;
   tp_slicing_eval(t, stages, &plan);
-  int bad = seqs != batch || fabs(eq5 - plan.time) > 1e-12 * br.best ||
-            fabs(plan.time - br.best) > 1e-12 * br.best;
+  int bad = seqs != batch || fabs(eq5 - plan.time) > 1e-12 * br.best || fabs(plan.time - br.best) > 1e-12 * br.best;
   if (bad)
-    printf("FAIL %s trial %d (batch %d, n %d, K %d): dp %.12g brute %.12g (diff %.3g)\n", what,
-           trial, batch, t->units, stages, plan.time, br.best, plan.time - br.best);
+    printf("FAIL %s trial %d (batch %d, n %d, K %d): dp %.12g brute %.12g (diff %.3g)\n", what, trial, batch,
+           t->units, stages, plan.time, br.best, plan.time - br.best);
   tp_slicing_free(&plan);
   return bad;
 }
@@ -100,7 +112,10 @@ int main(void) {
     TpDiag d;
     tp_diag_init(&d, "test_slicing", NULL, stderr);
     if (tp_slice_cost_finish(&t, &d)) return 1;
-    if (monotone && !t.monotone) { printf("FAIL: monotone table %d not recognised\n", trial); failures++; }
+    if (monotone && !t.monotone) {
+      printf("FAIL: monotone table %d not recognised\n", trial);
+      failures++;
+    }
     failures += check(&t, batch, stages, monotone ? "monotone" : "arbitrary", trial);
     trials++;
     tp_slice_cost_free(&t);
@@ -122,7 +137,10 @@ int main(void) {
     TpDiag d;
     tp_diag_init(&d, "test_slicing", NULL, stderr);
     if (tp_slice_cost_finish(&t, &d)) return 1;
-    if (!t.monotone) { printf("FAIL: separable table %d not monotone\n", trial); failures++; }
+    if (!t.monotone) {
+      printf("FAIL: separable table %d not monotone\n", trial);
+      failures++;
+    }
     failures += check(&t, batch, stages, "separable", trial);
     trials++;
     tp_slice_cost_free(&t);
@@ -134,10 +152,9 @@ int main(void) {
     for (int s = 1; s <= 7; s++) t.t0[b * 8 + s] = s;
   TpSlicing u;
   tp_uniform_slicing(&t, 2, 1, 3, 4, &u);
-  if (u.n != 2 || u.mb[1].nslices != 3 || u.mb[1].len[0] != 12 || u.mb[1].len[2] != 8 ||
-      u.time != 14 + 3 * 3) {
-    printf("FAIL uniform: n %d, len %d..%d, time %g (want 2 mbs, 12..8, 23)\n", u.n,
-           u.mb[1].len[0], u.mb[1].len[2], u.time);
+  if (u.n != 2 || u.mb[1].nslices != 3 || u.mb[1].len[0] != 12 || u.mb[1].len[2] != 8 || u.time != 14 + 3 * 3) {
+    printf("FAIL uniform: n %d, len %d..%d, time %g (want 2 mbs, 12..8, 23)\n", u.n, u.mb[1].len[0], u.mb[1].len[2],
+           u.time);
     failures++;
   }
   tp_slicing_free(&u);

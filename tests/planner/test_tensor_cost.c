@@ -17,8 +17,14 @@
 #include "passes/planner/plan.h"
 
 static int failures;
-#define CHECK(cond, ...) \
-  do { if (!(cond)) { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } } while (0)
+#define CHECK(cond, ...)                                                                                            \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      printf("FAIL: " __VA_ARGS__);                                                                                 \
+      printf("\n");                                                                                                 \
+      failures++;                                                                                                   \
+    }                                                                                                               \
+  } while (0)
 
 enum { LAYERS = 4, HIDDEN = 1024, HEADS = 16, SEQ = 512, B = 2, M = 2 };
 static const int slices[] = {256, 160, 96};
@@ -36,11 +42,11 @@ static double allreduce_by_hand(const TpHardware *hw, int n) {
   double lat = inside ? hw->intra_latency_s : hw->inter_latency_s, db = hw->dtype_bytes, total = 0;
   for (int m = 0; m < M; m++)
     for (int i = 0; i < NSLICES; i++) {
-      double act = (double)B * slices[i] * HIDDEN * db;          /* b * l * C values */
-      int per_layer = 2 + 2;                                      /* forward + backward */
+      double act = (double)B * slices[i] * HIDDEN * db; /* b * l * C values */
+      int per_layer = 2 + 2;                            /* forward + backward */
       total += LAYERS * per_layer * ring(act, n, bw, lat);
-      total += 3 * ring(act, n, bw, lat);                         /* embedding f + b, head b */
-      total += ring(3.0 * B * slices[i] * 4, n, bw, lat);         /* the loss's sums */
+      total += 3 * ring(act, n, bw, lat);                 /* embedding f + b, head b */
+      total += ring(3.0 * B * slices[i] * 4, n, bw, lat); /* the loss's sums */
     }
   return total;
 }
@@ -85,7 +91,10 @@ static double gemm_flops(const TpHardware *hw, const TpModelDesc *m, int n, bool
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) { fprintf(stderr, "usage: test_tensor_cost PROFILE_DIR\n"); return 2; }
+  if (argc != 2) {
+    fprintf(stderr, "usage: test_tensor_cost PROFILE_DIR\n");
+    return 2;
+  }
   TpDiag d;
   tp_diag_init(&d, "test_tensor_cost", NULL, stderr);
   TpHardware hw;

@@ -32,8 +32,12 @@ int main(void) {
   }
   int64_t nt = P->batch * P->seq, *tokens = malloc((size_t)nt * 8), *targets = malloc((size_t)nt * 8);
   for (int64_t j = 0; j < nt; j++) tokens[j] = (j * 31 + 5) % P->vocab, targets[j] = (j * 17 + 3) % P->vocab;
-  TpStepIO io = {.arena = zeroed(P->stages[0].arena_bytes), .param = param, .grad = grad, .tokens = tokens,
-                 .targets = targets, .loss = NAN};
+  TpStepIO io = {.arena = zeroed(P->stages[0].arena_bytes),
+                 .param = param,
+                 .grad = grad,
+                 .tokens = tokens,
+                 .targets = targets,
+                 .loss = NAN};
   for (int i = 0; i < P->nslices; i++) P->stages[0].forward[i](&io);
   double want = io.loss;
   free(io.arena);
@@ -47,8 +51,8 @@ int main(void) {
     for (int i = 0; i < ps->nsetup; i++) ps->setup[i](&io);
     ps->forward(&io);
     bool same = fabs(io.loss - want) <= 1e-5 * fabs(want);
-    printf("probe (l %lld, c %lld): loss %.7g, the plan's %.7g%s\n", (long long)pr->l, (long long)pr->c, io.loss, want,
-           same ? "" : "  DIFFERENT");
+    printf("probe (l %lld, c %lld): loss %.7g, the plan's %.7g%s\n", (long long)pr->l, (long long)pr->c, io.loss,
+           want, same ? "" : "  DIFFERENT");
     bad |= !same;
     checked++;
     free(io.arena);

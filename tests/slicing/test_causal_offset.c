@@ -73,7 +73,8 @@ static void finite_differences(const char *name, TpAttention p) {
   snprintf(what, sizeof what, "%s dK", name), check_grad(what, &c, c.k, c.nk, dk);
   snprintf(what, sizeof what, "%s dV", name), check_grad(what, &c, c.v, c.nv, dv);
   /* keys after the last query's or before the first query's window get no gradient */
-  int64_t seen = p.q_len + p.causal_offset, first = p.window && p.causal_offset + 1 > p.window ? p.causal_offset + 1 - p.window : 0;
+  int64_t seen = p.q_len + p.causal_offset,
+          first = p.window && p.causal_offset + 1 > p.window ? p.causal_offset + 1 - p.window : 0;
   if (!p.packed)
     for (int64_t b = 0; b < p.batch * p.kv_heads; b++)
       for (int64_t j = 0; j < p.kv_len; j++)
@@ -90,16 +91,14 @@ static void finite_differences(const char *name, TpAttention p) {
 
 /* Copies rows [r0, r0 + n) of every (batch, head) of src (len rows) into dst (n rows), or
  * adds dst into src's rows when `back`. */
-static void rows(const TpAttention *p, int64_t heads, int64_t D, float *full, int64_t len, float *part,
-                 int64_t r0, int64_t n, bool back) {
+static void rows(const TpAttention *p, int64_t heads, int64_t D, float *full, int64_t len, float *part, int64_t r0,
+                 int64_t n, bool back) {
   for (int64_t b = 0; b < p->batch; b++)
     for (int64_t h = 0; h < heads; h++)
       for (int64_t r = 0; r < n; r++) {
         float *f, *s;
-        if (p->packed)
-          f = full + ((b * len + r0 + r) * heads + h) * D, s = part + ((b * n + r) * heads + h) * D;
-        else
-          f = full + ((b * heads + h) * len + r0 + r) * D, s = part + ((b * heads + h) * n + r) * D;
+        if (p->packed) f = full + ((b * len + r0 + r) * heads + h) * D, s = part + ((b * n + r) * heads + h) * D;
+        else f = full + ((b * heads + h) * len + r0 + r) * D, s = part + ((b * heads + h) * n + r) * D;
         for (int64_t x = 0; x < D; x++) {
           if (back) f[x] += s[x];
           else s[x] = f[x];
@@ -199,8 +198,15 @@ static void slices(const char *name, TpAttention full, const Bias *bias, const i
     rows(&p, Hk, Dv, dvs, T, dvi, 0, p.kv_len, true);
     free(qi), free(dyi), free(ki), free(vi), free(yi), free(dqi), free(dki), free(dvi), free(mask);
   }
-  struct { const char *what; const float *got, *want; int64_t n; double tol; } checks[] = {
-      {"Y", ys, y, ny, 1e-6}, {"dQ", dqs, dq, nq, 1e-5}, {"dK", dks, dk, nk, 1e-5}, {"dV", dvs, dv, nv, 1e-5}};
+  struct {
+    const char *what;
+    const float *got, *want;
+    int64_t n;
+    double tol;
+  } checks[] = {{"Y", ys, y, ny, 1e-6},
+                {"dQ", dqs, dq, nq, 1e-5},
+                {"dK", dks, dk, nk, 1e-5},
+                {"dV", dvs, dv, nv, 1e-5}};
   for (int i = 0; i < 4; i++) {
     double e = max_rel(checks[i].got, checks[i].want, checks[i].n);
     if (!(e <= checks[i].tol))
@@ -220,13 +226,30 @@ static float *alibi(int64_t H, int64_t T, Bias *b) {
 }
 
 int main(void) {
-  TpAttention a = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 3, .kv_len = 7, .head_size = 3,
-                   .v_head_size = 4, .is_causal = true, .causal_offset = 4, .scale = 0.6f};
+  TpAttention a = {.batch = 2,
+                   .q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 3,
+                   .kv_len = 7,
+                   .head_size = 3,
+                   .v_head_size = 4,
+                   .is_causal = true,
+                   .causal_offset = 4,
+                   .scale = 0.6f};
   finite_differences("4-D GQA offset 4 (q 3, kv 7)", a);
   a.causal_offset = 2;
   finite_differences("4-D GQA offset 2 (keys past the window)", a);
-  TpAttention b = {.batch = 2, .q_heads = 2, .kv_heads = 2, .q_len = 2, .kv_len = 5, .head_size = 4,
-                   .v_head_size = 2, .packed = true, .is_causal = true, .causal_offset = 3, .scale = 0.5f,
+  TpAttention b = {.batch = 2,
+                   .q_heads = 2,
+                   .kv_heads = 2,
+                   .q_len = 2,
+                   .kv_len = 5,
+                   .head_size = 4,
+                   .v_head_size = 2,
+                   .packed = true,
+                   .is_causal = true,
+                   .causal_offset = 3,
+                   .scale = 0.5f,
                    .softcap = 1.5f};
   finite_differences("3-D softcap offset 3", b);
 
@@ -253,8 +276,16 @@ int main(void) {
   finite_differences("3-D offset 5 window 3 bool mask", wb);
 
   /* 70 query rows: two blocks of the backward, each with its own keys */
-  TpAttention tall = {.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 70, .kv_len = 75, .head_size = 2,
-                      .v_head_size = 2, .is_causal = true, .causal_offset = 5, .scale = 0.8f};
+  TpAttention tall = {.batch = 1,
+                      .q_heads = 2,
+                      .kv_heads = 1,
+                      .q_len = 70,
+                      .kv_len = 75,
+                      .head_size = 2,
+                      .v_head_size = 2,
+                      .is_causal = true,
+                      .causal_offset = 5,
+                      .scale = 0.8f};
   finite_differences("4-D GQA 70 rows offset 5", tall);
   Bias tall_bias;
   float *tall_alibi = alibi(2, 75, &tall_bias);
@@ -263,8 +294,15 @@ int main(void) {
   finite_differences("4-D GQA 70 rows offset 5 window 20 ALiBi", tall);
   free(tall_alibi);
 
-  TpAttention f = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 70, .kv_len = 70, .head_size = 8,
-                   .v_head_size = 8, .is_causal = true, .scale = 0.35f};
+  TpAttention f = {.batch = 2,
+                   .q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 70,
+                   .kv_len = 70,
+                   .head_size = 8,
+                   .v_head_size = 8,
+                   .is_causal = true,
+                   .scale = 0.35f};
   TpAttention g = f;
   g.packed = true, g.q_heads = 2, g.kv_heads = 2;
   int64_t ones[70];
@@ -274,8 +312,8 @@ int main(void) {
   rel70 = (Bias){r70, {1, 2, 70, 70}, 4};
   for (int in_place = 0; in_place < 2; in_place++) {
     char what[128];
-#define SLICES(label, p, bias, lens, n)                                                                          \
-  snprintf(what, sizeof what, "%s%s", label, in_place ? " in a context buffer" : ""),                          \
+#define SLICES(label, p, bias, lens, n)                                                                             \
+  snprintf(what, sizeof what, "%s%s", label, in_place ? " in a context buffer" : ""),                               \
       slices(what, p, bias, lens, n, in_place)
     SLICES("4-D GQA 37,20,13", f, NULL, ((const int64_t[]){37, 20, 13}), 3);
     SLICES("4-D GQA 1,65,4", f, NULL, ((const int64_t[]){1, 65, 4}), 3);

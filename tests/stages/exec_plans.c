@@ -56,9 +56,9 @@ typedef struct {
   int stage, replica, pc;
   float **param, **grad, **sum; /* per parameter; NULL where the stage does not hold it */
   void **arena;
-  int *arena_mb;                /* per arena: the microbatch using it, or -1 */
-  int backward_mb;              /* the microbatch whose backward units run now, or -1 */
-  bool finished_grads;          /* sum / M moved into grad */
+  int *arena_mb;       /* per arena: the microbatch using it, or -1 */
+  int backward_mb;     /* the microbatch whose backward units run now, or -1 */
+  bool finished_grads; /* sum / M moved into grad */
 } Rank;
 
 typedef struct {
@@ -67,7 +67,7 @@ typedef struct {
   size_t bytes;
   const TpPlanMessage *msg; /* the sender's buffers, until the bytes are read */
   const char *arena;
-  char *data;               /* the bytes, once read */
+  char *data; /* the bytes, once read */
   bool taken;
 } Mail;
 
@@ -75,9 +75,9 @@ typedef struct {
   const TpPlan *P;
   int S, D, M, N, nranks;
   Rank *rank;
-  const float *init;         /* the initial weights, concatenated */
+  const float *init;               /* the initial weights, concatenated */
   const int64_t *tokens, *targets; /* [global_batch, seq] */
-  double *loss;              /* [D * M] */
+  double *loss;                    /* [D * M] */
   Mail *mail;
   int nmail;
 } Run;
@@ -113,8 +113,12 @@ static void unit(Run *r, Rank *k, int mb, int slice, bool backward) {
   const TpPlan *P = r->P;
   const TpPlanStage *st = &P->stages[k->stage];
   int64_t rows = (int64_t)(k->replica * r->M + mb) * P->batch;
-  TpStepIO io = {.arena = arena_for(r, k, mb), .param = k->param, .grad = k->grad,
-                 .tokens = r->tokens + rows * P->seq, .targets = r->targets + rows * P->seq, .loss = NAN};
+  TpStepIO io = {.arena = arena_for(r, k, mb),
+                 .param = k->param,
+                 .grad = k->grad,
+                 .tokens = r->tokens + rows * P->seq,
+                 .targets = r->targets + rows * P->seq,
+                 .loss = NAN};
   if (backward && k->backward_mb != mb) { /* the microbatch's first backward unit */
     k->backward_mb = mb;
     for (int i = 0; i < P->nparams; i++)
@@ -149,8 +153,9 @@ static bool step(Run *r, Rank *k, bool *bad) {
   case TP_PLAN_SEND_GRAD: {
     bool grad = x->kind == TP_PLAN_SEND_GRAD;
     const TpPlanMessage *m = &(grad ? st->send_grad : st->send_act)[x->slice];
-    Mail mail = {grad, k->replica, k->stage, x->peer, x->mb, x->slice, (size_t)message_bytes(m), m,
-                 arena_for(r, k, x->mb), NULL, false};
+    Mail mail =
+        {grad, k->replica, k->stage, x->peer, x->mb, x->slice, (size_t)message_bytes(m), m, arena_for(r, k, x->mb),
+         NULL, false};
     r->mail = realloc(r->mail, (size_t)(r->nmail + 1) * sizeof *r->mail);
     r->mail[r->nmail++] = mail;
     break;
@@ -162,8 +167,8 @@ static bool step(Run *r, Rank *k, bool *bad) {
     Mail *mail = NULL;
     for (int i = 0; i < r->nmail && !mail; i++) {
       Mail *y = &r->mail[i];
-      if (!y->taken && y->grad == grad && y->replica == k->replica && y->from == x->peer &&
-          y->to == k->stage && y->mb == x->mb && y->slice == x->slice)
+      if (!y->taken && y->grad == grad && y->replica == k->replica && y->from == x->peer && y->to == k->stage &&
+          y->mb == x->mb && y->slice == x->slice)
         mail = y;
     }
     if (!mail) return false;
@@ -181,7 +186,8 @@ static bool step(Run *r, Rank *k, bool *bad) {
   }
   case TP_PLAN_ALLREDUCE_TIED: {
     Rank *peer = rank_of(r, k->replica, x->peer);
-    const TpPlanInsn *y = peer->pc < r->P->stages[peer->stage].ninsns ? &r->P->stages[peer->stage].insns[peer->pc] : NULL;
+    const TpPlanInsn *y = peer->pc < r->P->stages[peer->stage].ninsns ? &r->P->stages[peer->stage].insns[peer->pc]
+                                                                      : NULL;
     if (!y || y->kind != TP_PLAN_ALLREDUCE_TIED || y->peer != k->stage) return false;
     finish_grads(r, k), finish_grads(r, peer);
     for (int i = 0; i < r->P->nparams; i++) {
@@ -207,7 +213,8 @@ static bool step(Run *r, Rank *k, bool *bad) {
       if (!k->grad[i]) continue;
       for (int64_t j = 0; j < numel(&r->P->params[i]); j++) {
         double s = 0;
-        for (int d = 0; d < r->D; d++) finish_grads(r, rank_of(r, d, k->stage)), s += rank_of(r, d, k->stage)->grad[i][j];
+        for (int d = 0; d < r->D; d++)
+          finish_grads(r, rank_of(r, d, k->stage)), s += rank_of(r, d, k->stage)->grad[i][j];
         for (int d = 0; d < r->D; d++) rank_of(r, d, k->stage)->grad[i][j] = (float)(s / r->D);
       }
     }
@@ -216,9 +223,7 @@ static bool step(Run *r, Rank *k, bool *bad) {
     break;
   }
   case TP_PLAN_OPTIMIZER_STEP: finish_grads(r, k); break;
-  default:
-    fprintf(stderr, "stage %d: bad instruction kind %d\n", k->stage, x->kind);
-    *bad = true;
+  default: fprintf(stderr, "stage %d: bad instruction kind %d\n", k->stage, x->kind); *bad = true;
   }
   k->pc++;
   return true;
@@ -226,8 +231,14 @@ static bool step(Run *r, Rank *k, bool *bad) {
 
 /* One step of plan P; on success r->rank[*] hold the step's gradients. */
 static bool run(Run *r, const TpPlan *P, const float *init, const int64_t *tokens, const int64_t *targets) {
-  *r = (Run){.P = P, .S = P->nstages, .D = P->dp, .M = P->microbatches, .N = P->nslices, .init = init,
-             .tokens = tokens, .targets = targets};
+  *r = (Run){.P = P,
+             .S = P->nstages,
+             .D = P->dp,
+             .M = P->microbatches,
+             .N = P->nslices,
+             .init = init,
+             .tokens = tokens,
+             .targets = targets};
   if (P->abi != TP_PLAN_ABI || !P->stages) {
     fprintf(stderr, "not an ABI %d plan with stages\n", TP_PLAN_ABI);
     return false;

@@ -55,8 +55,8 @@ int main(int argc, char **argv) {
   }
   double loss = sum / (B * T), want = atof(argv[4]), err = fabs(loss - want) / fabs(want);
   bool ok = err <= 1e-5;
-  printf("%s the interpreter's loss %.9g vs the trainer's %.9g (relative error %.3g)\n", ok ? "ok" : "FAIL",
-         loss, want, err);
+  printf("%s the interpreter's loss %.9g vs the trainer's %.9g (relative error %.3g)\n", ok ? "ok" : "FAIL", loss,
+         want, err);
   failures += !ok;
   free(out.data);
   tp_tokens_close(&data);

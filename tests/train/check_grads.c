@@ -98,8 +98,7 @@ int main(int argc, char **argv) {
   const TpTensor *g = tp_safetensors_find(&st, "wte"), *gt = tp_safetensors_find(&st, "head.weight_t");
   bool tied = g && gt && gt->rank == 2 && gt->dims[0] == C && gt->dims[1] == V;
   for (int v = 0; tied && v < V; v++)
-    for (int c = 0; c < C; c++)
-      tied &= ((float *)gt->data)[c * V + v] == ((float *)g->data)[v * C + c];
+    for (int c = 0; c < C; c++) tied &= ((float *)gt->data)[c * V + v] == ((float *)g->data)[v * C + c];
   printf("%s head.weight_t is wte's gradient transposed\n", tied ? "ok" : "FAIL");
   bool frozen_absent = !tp_safetensors_find(&st, "frozen.shift") && st.n == 4;
   printf("%s the dump holds 4 tensors, not the frozen one (%d)\n", frozen_absent ? "ok" : "FAIL", st.n);

@@ -35,8 +35,7 @@ static void expect_error(TpTokenFile *f, const char *what, const char *want, TpD
   int rc = tp_tokens_batch(f, 3, 2, 4, in, tg, d);
   if (rc != TP_ERR_INPUT || !strstr(d->last, want) || !strstr(d->last, f->path))
     fail("%s: rc %d, message '%s' (expected one holding '%s' and the file)", what, rc, d->last, want);
-  else
-    printf("ok %s: %s\n", what, d->last);
+  else printf("ok %s: %s\n", what, d->last);
 }
 
 int main(int argc, char **argv) {
@@ -63,7 +62,8 @@ int main(int argc, char **argv) {
     }
     for (int64_t k = 0; k < n && bad < 0; k++)
       if (in[k] != tokens[(pos + k) % N] || tg[k] != tokens[(pos + k + 1) % N]) bad = k;
-    if (bad >= 0) fail("batch at %lld of %lld tokens: token %lld differs", (long long)pos, (long long)n, (long long)bad);
+    if (bad >= 0)
+      fail("batch at %lld of %lld tokens: token %lld differs", (long long)pos, (long long)n, (long long)bad);
     else printf("ok batch at %lld of %lld tokens wraps around the %d-token file\n", (long long)pos, (long long)n, N);
   }
 
@@ -83,16 +83,14 @@ int main(int argc, char **argv) {
   if (tp_tokens_open("t.bin", 40, "the 40 rows of table 'wte'", 1, &f, &d) != TP_ERR_INPUT ||
       !strstr(d.last, "token 42 at position 6 is outside the 40 rows of table 'wte'"))
     fail("limit below the ids: '%s'", d.last);
-  else
-    printf("ok ids checked against the plan's limit at open: %s\n", d.last);
+  else printf("ok ids checked against the plan's limit at open: %s\n", d.last);
 
   /* a FIFO: refused, not waited on (a blocked open would hang the test: ctest's timeout) */
   unlink("fifo.bin");
   if (mkfifo("fifo.bin", 0600) != 0) return fail("cannot make a FIFO"), 1;
   if (tp_tokens_open("fifo.bin", 50, NULL, 1, &f, &d) != TP_ERR_INPUT || !strstr(d.last, "it is a FIFO"))
     fail("FIFO: '%s'", d.last);
-  else
-    printf("ok FIFO refused: %s\n", d.last);
+  else printf("ok FIFO refused: %s\n", d.last);
   unlink("fifo.bin");
   return failures ? 1 : 0;
 }

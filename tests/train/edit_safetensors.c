@@ -20,7 +20,8 @@ int main(int argc, char **argv) {
   TpNamedTensor *ts = calloc((size_t)(st.n + argc), sizeof *ts);
   int nmeta = 0, n = 0;
   for (int i = 0; i < st.nmeta; i++)
-    if (strcmp(st.meta[2 * i], TP_SAFETENSORS_CRC_KEY) != 0) meta[nmeta++] = st.meta[2 * i], meta[nmeta++] = st.meta[2 * i + 1];
+    if (strcmp(st.meta[2 * i], TP_SAFETENSORS_CRC_KEY) != 0)
+      meta[nmeta++] = st.meta[2 * i], meta[nmeta++] = st.meta[2 * i + 1];
   for (int i = 0; i < st.n; i++) ts[n++] = st.tensors[i];
   for (int a = 3; a < argc; a++) {
     char *edit = argv[a], *eq = strchr(edit, '=');

@@ -71,17 +71,23 @@ int main(int argc, char **argv) {
   expect(strcmp(st.tensors[0].name, "alpha.ünï") == 0 && strcmp(st.tensors[3].name, ts[0].name) == 0,
          "tensors come sorted by name");
   expect(st.nmeta == 3 && strcmp(tp_safetensors_meta(&st, "note"), "tab\there") == 0 &&
-         strcmp(tp_safetensors_meta(&st, "step"), "7") == 0 && !tp_safetensors_meta(&st, "x"),
+             strcmp(tp_safetensors_meta(&st, "step"), "7") == 0 && !tp_safetensors_meta(&st, "x"),
          "metadata reads back");
   expect(!tp_safetensors_find(&st, "nope"), "an absent name is NULL");
   const char *crcs = tp_safetensors_meta(&st, TP_SAFETENSORS_CRC_KEY);
   char want[64];
-  uint32_t meta_crc = tp_crc32c(0, "note\0" "tab\there\0" "step\0" "7", 21); /* by key; the last NUL too */
+  uint32_t meta_crc = tp_crc32c(0,
+                                "note\0"
+                                "tab\there\0"
+                                "step\0"
+                                "7",
+                                21); /* by key; the last NUL too */
   snprintf(want, sizeof want, "%08x,%08x,%08x,%08x,%08x", meta_crc, tp_crc32c(0, b, 32), tp_crc32c(0, u, 3),
            tp_crc32c(0, &h, 2), tp_crc32c(0, a, 24));
   expect(crcs && strcmp(crcs, want) == 0, "the metadata holds its own CRC-32C, then each tensor's in name order");
   tp_safetensors_free(&st);
-  expect(tp_crc32c(0, "123456789", 9) == 0xe3069283u && tp_crc32c(tp_crc32c(0, "1234", 4), "56789", 5) == 0xe3069283u,
+  expect(tp_crc32c(0, "123456789", 9) == 0xe3069283u &&
+             tp_crc32c(tp_crc32c(0, "1234", 4), "56789", 5) == 0xe3069283u,
          "CRC-32C of '123456789' is e3069283 (RFC 3720), also in pieces");
   {
     /* the word-at-a-time paths (the crc32 instruction or the table) against the bit-at-a-time
@@ -96,7 +102,8 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 8; k++) bitwise = bitwise & 1 ? bitwise >> 1 ^ 0x82f63b78u : bitwise >> 1;
       }
       size_t cut = n / 3;
-      same = same && tp_crc32c(0, bytes, n) == ~bitwise && tp_crc32c(tp_crc32c(0, bytes, cut), bytes + cut, n - cut) == ~bitwise;
+      same = same && tp_crc32c(0, bytes, n) == ~bitwise &&
+             tp_crc32c(tp_crc32c(0, bytes, cut), bytes + cut, n - cut) == ~bitwise;
     }
     expect(same, "CRC-32C equals its bit-by-bit definition at every length, whole and in pieces");
   }
@@ -117,9 +124,13 @@ int main(int argc, char **argv) {
     tp_diag_init(&q, "test", NULL, NULL);
     char what[1400];
     int rc = tp_safetensors_load(flipped, &st, &q);
-    snprintf(what, sizeof what, "a flipped bit is refused, naming the file and tensor (got: %s)", rc ? q.last : "accepted");
-    expect(rc == TP_ERR_INPUT && strstr(q.last, "flipped.safetensors: tensor 'zeta \"quoted\" \\ \\x01' fails its "
-                                        "CRC-32C check") && strstr(q.last, "the file is corrupt"), what);
+    snprintf(what, sizeof what, "a flipped bit is refused, naming the file and tensor (got: %s)",
+             rc ? q.last : "accepted");
+    expect(rc == TP_ERR_INPUT &&
+               strstr(q.last, "flipped.safetensors: tensor 'zeta \"quoted\" \\ \\x01' fails its "
+                              "CRC-32C check") &&
+               strstr(q.last, "the file is corrupt"),
+           what);
   }
   {
     TpDiag q;
@@ -130,7 +141,8 @@ int main(int argc, char **argv) {
     mkfifo(fifo, 0666);
     int rc = tp_safetensors_load(fifo, &st, &q); /* would block without tp_open_input */
     snprintf(what, sizeof what, "a FIFO is refused at once (got: %s)", rc ? q.last : "accepted");
-    expect(rc == TP_ERR_INPUT && strstr(q.last, "fifo.safetensors: cannot read: not a regular file: it is a FIFO"), what);
+    expect(rc == TP_ERR_INPUT && strstr(q.last, "fifo.safetensors: cannot read: not a regular file: it is a FIFO"),
+           what);
   }
 
   FILE *f = fopen(path, "rb");
@@ -145,7 +157,8 @@ int main(int argc, char **argv) {
   /* an escaped \u name and a surrogate pair */
   write_raw("{\"\\u00e9\\ud83d\\ude00\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
   expect(tp_safetensors_load(path, &st, &d) == TP_OK && st.n == 1 &&
-         strcmp(st.tensors[0].name, "\xc3\xa9\xf0\x9f\x98\x80") == 0, "\\u escapes decode to UTF-8");
+             strcmp(st.tensors[0].name, "\xc3\xa9\xf0\x9f\x98\x80") == 0,
+         "\\u escapes decode to UTF-8");
   tp_safetensors_free(&st);
   write_raw("{\"x\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4],\"extra\":[1,{\"a\":null}]}}", 4);
   expect(tp_safetensors_load(path, &st, &d) == TP_OK && st.n == 1, "unknown fields are skipped");
@@ -168,32 +181,41 @@ int main(int argc, char **argv) {
   expect_refused("{\"x\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
                  "tensor 'x' has unsupported dtype 'Q4'");
   expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                 "\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "tensors 'x' and 'y' overlap");
+                 "\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                 8, "tensors 'x' and 'y' overlap");
   expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "tensor 'x' is listed twice");
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                 8, "tensor 'x' is listed twice");
   expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
                  "expected a non-negative integer");
-  expect_refused("{\"x\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "tensor 'x' lacks dtype, shape or data_offsets");
-  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", 4, "text after the header object");
-  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 0,
-                 "outside the 0 data bytes");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4,
+                 "tensor 'x' lacks dtype, shape or data_offsets");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", 4,
+                 "text after the header object");
+  expect_refused("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 0, "outside the 0 data bytes");
   expect_refused("{\"__metadata__\":{\"a\":\"1\",\"a\":\"2\"}}", 0, "metadata key 'a' is listed twice");
   expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,00000000\"},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'x' fails its CRC-32C check (stored 00000000, computed 48674bc7)");
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                 4, "tensor 'x' fails its CRC-32C check (stored 00000000, computed 48674bc7)");
   expect_refused("{\"__metadata__\":{\"a\":\"b\",\"tokpipe.crc32c\":\"00000000,48674bc7\"},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "the metadata fails its CRC-32C check (stored 00000000, computed ");
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                 4, "the metadata fails its CRC-32C check (stored 00000000, computed ");
   expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,48674bc7,\"},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "metadata 'tokpipe.crc32c' is not 2 checksums (8 lowercase hex digits each");
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                 4, "metadata 'tokpipe.crc32c' is not 2 checksums (8 lowercase hex digits each");
   expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,48674BC7\"},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "is not 2 checksums");
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                 4, "is not 2 checksums");
   expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000;48674bc7\"},"
-                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "is not 2 checksums");
+                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                 4, "is not 2 checksums");
   expect_refused("{\"__metadata__\":{\"tokpipe.crc32c\":\"\"}}", 0, "is not 1 checksums");
   write_raw("{\"__metadata__\":{\"b\":\"2\",\"a\":\"1\",\"tokpipe.crc32c\":\"dc33662c\"}}", 0);
   expect(tp_safetensors_load(path, &st, &d) == TP_OK, "the metadata's checksum does not depend on the keys' order");
   tp_safetensors_free(&st);
   write_raw("{\"__metadata__\":{\"tokpipe.crc32c\":\"00000000,48674bc7\"},"
-            "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
+            "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+            4);
   expect(tp_safetensors_load(path, &st, &d) == TP_OK && st.n == 1, "a right checksum is accepted");
   tp_safetensors_free(&st);
   {

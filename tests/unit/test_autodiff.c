@@ -31,12 +31,12 @@ static const double EPS = 1e-2, TOL = 2e-3;
 
 static int failures;
 static double worst_err; /* the largest relative error any case saw (reported at the end) */
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                              \
-    }                                                                          \
+#define CHECK(cond)                                                                                                 \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                      \
+      failures++;                                                                                                   \
+    }                                                                                                               \
   } while (0)
 
 /* ---- building small modules ---- */
@@ -55,7 +55,8 @@ static double uniform(Case *c, double lo, double hi) {
   return lo + (hi - lo) * (double)(c->rng >> 11) / (double)(1ull << 53);
 }
 
-#define DIMS(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+#define DIMS(...)                                                                                                   \
+  (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]) { __VA_ARGS__ }
 static TpType f32t(int rank, const int64_t *dims) { return tp_type_make(TP_F32, rank, dims); }
 
 static Case begin_case(uint64_t seed) {
@@ -215,7 +216,9 @@ static int check_grads(Case *c, const char *label) {
     double rel = max_err / fmax(1, max_ad);
     if (rel > worst_err) worst_err = rel;
     if (!(rel <= TOL)) {
-      fprintf(stderr, "%s: gradient of %%%s: max_abs_err=%.3g at [%lld] (autodiff %.6g, finite difference %.6g, max |grad| %.3g)\n",
+      fprintf(stderr,
+              "%s: gradient of %%%s: max_abs_err=%.3g at [%lld] (autodiff %.6g, finite difference %.6g, max |grad| "
+              "%.3g)\n",
               label, m->values[p].name, max_err, (long long)at, ad[at], fd_at, max_ad);
       failures++;
     }
@@ -233,8 +236,8 @@ static int check_out(Case *c, const char *label, int out) {
 /* ---- cases: primitives ---- */
 
 static void test_elementwise(void) {
-  static const TpOpKind unary[] = {TP_OP_Sqrt, TP_OP_Neg, TP_OP_Reciprocal, TP_OP_Exp, TP_OP_Log,
-                                   TP_OP_Erf, TP_OP_Tanh, TP_OP_Sigmoid, TP_OP_Sin, TP_OP_Cos};
+  static const TpOpKind unary[] = {TP_OP_Sqrt, TP_OP_Neg,  TP_OP_Reciprocal, TP_OP_Exp, TP_OP_Log,
+                                   TP_OP_Erf,  TP_OP_Tanh, TP_OP_Sigmoid,    TP_OP_Sin, TP_OP_Cos};
   for (size_t i = 0; i < sizeof unary / sizeof unary[0]; i++) {
     Case c = begin_case(i);
     int x = positive(&c, "x", f32t(DIMS(2, 3)));
@@ -407,7 +410,7 @@ static void test_products(void) {
     Case c = begin_case(40);
     int a = param(&c, "a", f32t(DIMS(2, 3, 4))), b = param(&c, "b", f32t(DIMS(4, 5)));
     int d = param(&c, "d", f32t(DIMS(3, 2, 5, 2)));
-    int ab = bin(&c, TP_OP_MatMul, a, b);                /* [2, 3, 5] */
+    int ab = bin(&c, TP_OP_MatMul, a, b);                              /* [2, 3, 5] */
     CHECK(check_out(&c, "MatMul", bin(&c, TP_OP_MatMul, ab, d)) == 3); /* [3, 2, 3, 2] */
     end_case(&c);
   }
@@ -484,7 +487,8 @@ static void test_nn(void) {
   }
   for (int packed = 0; packed < 2; packed++) { /* causal Attention with a window and a bias, grouped K/V */
     Case c = begin_case(80 + packed);
-    TpType tq = packed ? f32t(DIMS(2, 6, 8)) : f32t(DIMS(2, 4, 6, 2)), tk = packed ? f32t(DIMS(2, 6, 4)) : f32t(DIMS(2, 2, 6, 2));
+    TpType tq = packed ? f32t(DIMS(2, 6, 8)) : f32t(DIMS(2, 4, 6, 2)),
+           tk = packed ? f32t(DIMS(2, 6, 4)) : f32t(DIMS(2, 2, 6, 2));
     int q = param(&c, "q", tq), k = param(&c, "k", tk), v = param(&c, "v", tk);
     /* ALiBi-like [1, 4, 1, 6] (4-D), a relative bias [1, 4, 6, 6] (3-D): constants */
     int bias = data_value(&c, "bias", TP_VAL_CONST, packed ? f32t(DIMS(1, 4, 6, 6)) : f32t(DIMS(1, 4, 1, 6)), -2, 2);
@@ -495,7 +499,8 @@ static void test_nn(void) {
       tp_set_attr_int(c.m, op, "q_num_heads", 4);
       tp_set_attr_int(c.m, op, "kv_num_heads", 2);
     }
-    CHECK(check_out(&c, packed ? "Attention 3-D window 2 bias" : "Attention 4-D window 3 ALiBi", fin(&c, op, NULL)) == 3);
+    CHECK(check_out(&c, packed ? "Attention 3-D window 2 bias" : "Attention 4-D window 3 ALiBi",
+                    fin(&c, op, NULL)) == 3);
     end_case(&c);
   }
   { /* Embedding with a repeated id, Linear head, CrossEntropy: the add-loss path */
@@ -573,7 +578,8 @@ static void test_freeze_and_errors(void) {
     c.opt.freeze = "(";
     CHECK(pass_autodiff(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "bad --freeze regex '('"));
     c.opt.freeze = "^w$";
-    CHECK(pass_autodiff(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "does not depend on any trainable parameter"));
+    CHECK(pass_autodiff(c.m, &c.opt, &d) == TP_ERR_INPUT &&
+          strstr(d.last, "does not depend on any trainable parameter"));
     end_case(&c);
   }
   { /* no backward: Attention with a trained mask */
@@ -585,8 +591,9 @@ static void test_freeze_and_errors(void) {
     TpDiag d;
     tp_diag_init(&d, "test", "m.onnx", NULL);
     CHECK(pass_autodiff(c.m, &c.opt, &d) == TP_ERR_INPUT);
-    CHECK(strstr(d.last, "m.onnx: node '/n1' (Attention, opset 17): cannot differentiate op Attention at node '/n1': "
-                         "the attention mask would need a gradient") == d.last);
+    CHECK(strstr(d.last,
+                 "m.onnx: node '/n1' (Attention, opset 17): cannot differentiate op Attention at node '/n1': "
+                 "the attention mask would need a gradient") == d.last);
     end_case(&c);
   }
   { /* autodiff without a loss */
@@ -608,14 +615,18 @@ static void test_add_loss_errors(void) {
   int flat = preset1(&c, TP_OP_Reshape, a, f32t(DIMS(6, 5)));
   tp_add_output(c.m, flat);
   CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT);
-  CHECK(strcmp(d.last, "m.onnx: cannot find the logits: no graph output is a float [B, T, V] tensor; pass --logits NAME") == 0);
+  CHECK(strcmp(d.last,
+               "m.onnx: cannot find the logits: no graph output is a float [B, T, V] tensor; pass --logits NAME") ==
+        0);
   tp_add_output(c.m, x);
   tp_add_output(c.m, y);
-  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "outputs 'v0' and 'v1' are both float [B, T, V] tensors; pass --logits NAME"));
+  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT &&
+        strstr(d.last, "outputs 'v0' and 'v1' are both float [B, T, V] tensors; pass --logits NAME"));
   c.opt.logits = "nope";
   CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "no graph output is named 'nope'"));
   c.opt.logits = "v2";
-  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT && strstr(d.last, "the logits 'v2' must be a float [B, T, V] tensor, not f32[6, 5]"));
+  CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_ERR_INPUT &&
+        strstr(d.last, "the logits 'v2' must be a float [B, T, V] tensor, not f32[6, 5]"));
   c.opt.logits = "v1";
   CHECK(pass_add_loss(c.m, &c.opt, &d) == TP_OK && c.m->loss >= 0);
   int op = c.m->values[c.m->loss].def;
@@ -623,7 +634,6 @@ static void test_add_loss_errors(void) {
   CHECK(strcmp(c.m->values[c.m->inputs[0]].name, "targets") == 0);
   end_case(&c);
 }
-
 
 /* ---- whole GPT fixtures against PyTorch ---- */
 
@@ -651,7 +661,8 @@ static const float *st_tensor(const char *st, size_t n, const char *name, int64_
   const char *close = strchr(at + strlen(key), '}'), *offs = strstr(at, "\"data_offsets\":[");
   if (!close || !offs || offs > close || !strstr(at, "\"F32\"")) return NULL;
   long long a, b;
-  if (sscanf(offs + strlen("\"data_offsets\":["), "%lld,%lld", &a, &b) != 2 || 8 + hlen + (uint64_t)b > n) return NULL;
+  if (sscanf(offs + strlen("\"data_offsets\":["), "%lld,%lld", &a, &b) != 2 || 8 + hlen + (uint64_t)b > n)
+    return NULL;
   *numel = (b - a) / 4;
   return (const float *)(st + 8 + hlen + a);
 }
@@ -687,7 +698,8 @@ static void test_gpt_fixture(const char *dir, const char *name, bool raise) {
   tp_module_free(c.m);
   c.m = NULL;
   CHECK(tp_import_onnx_file(path, &o, &c.m, &c.d) == TP_OK);
-  const char *all[] = {"fold-constants", "dce", "raise-transformer", "retie-params", "dce", "add-loss", "autodiff", "dce"};
+  const char *all[] = {"fold-constants", "dce", "raise-transformer", "retie-params", "dce", "add-loss",
+                       "autodiff",       "dce"};
   const char *passes[8];
   int npasses = 0;
   for (int i = 0; i < 8; i++) /* the raise helper's passes where they exist */
@@ -747,7 +759,8 @@ static void test_gpt_fixture(const char *dir, const char *name, bool raise) {
     double rel = max_err / fmax(max_ref, 1e-30);
     if (rel > worst) worst = rel, worst_name = m->values[params[k]].name;
     if (!(rel <= 1e-4)) {
-      fprintf(stderr, "%s: gradient of %%%s: max_abs_err=%.3g at [%lld] (autodiff %.7g, PyTorch %.7g, max |grad| %.3g)\n",
+      fprintf(stderr,
+              "%s: gradient of %%%s: max_abs_err=%.3g at [%lld] (autodiff %.7g, PyTorch %.7g, max |grad| %.3g)\n",
               name, m->values[params[k]].name, max_err, (long long)at, ad[at], ref[at], max_ref);
       failures++;
     }
@@ -786,7 +799,8 @@ static void test_gpt_fixture(const char *dir, const char *name, bool raise) {
       failures++;
     }
   }
-  printf("%s%s: loss %.7g (PyTorch %.7g, rel err %.2g); %d gradients, worst %.2g of max |grad| (%s); finite differences %.2g\n",
+  printf("%s%s: loss %.7g (PyTorch %.7g, rel err %.2g); %d gradients, worst %.2g of max |grad| (%s); finite "
+         "differences %.2g\n",
          name, raise ? "" : " (primitives)", loss, ref_loss, loss_err, compared, worst, worst_name, worst_fd);
   free_outs(outs, 1 + np);
   free(st), free(tok);

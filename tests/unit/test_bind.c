@@ -30,7 +30,8 @@ static void test_tables(void) {
   if (cpu->device || !cuda->device || strcmp(cuda->device, "tp_plan_device_cuda") != 0) fail("the targets' devices");
   for (int k = 0; k < TP_K_COUNT; k++) {
     const TpKernelSpelling *s = &cpu->kernels[k];
-    if (!s->name[0] || s->nargs <= 0 || s->nargs >= TP_MAX_KERNEL_ARGS || s->header < 0 || s->header >= cpu->nheaders)
+    if (!s->name[0] || s->nargs <= 0 || s->nargs >= TP_MAX_KERNEL_ARGS || s->header < 0 ||
+        s->header >= cpu->nheaders)
       fail("cpu kernel %d: no spelling (name %s, %d args, header %d)", k, s->name, s->nargs, s->header);
     const TpTarget *device[] = {cuda, bf16};
     for (int j = 0; j < 2; j++) {
@@ -61,7 +62,8 @@ static void test_rmsnorm(void) {
   FILE *sink = tmpfile();
   tp_diag_init(&d, "test", "bind.tir", sink);
   TpType t = {.dtype = TP_F32};
-  int in[2] = {tp_add_value(m, "x", TP_VAL_INPUT, t, (TpOrigin){0}), tp_add_value(m, "s", TP_VAL_INPUT, t, (TpOrigin){0})};
+  int in[2] = {tp_add_value(m, "x", TP_VAL_INPUT, t, (TpOrigin){0}),
+               tp_add_value(m, "s", TP_VAL_INPUT, t, (TpOrigin){0})};
   const char *names[1] = {"y"};
   int op = tp_add_op(m, TP_OP_RMSNorm, in, 2, names, 1, (TpOrigin){"rms", "RMSNorm"});
   tp_set_attr_int(m, op, "axis", 1);
@@ -99,7 +101,8 @@ static void test_misaligned(void) {
   }
   TpTensor in = {TP_I64, 1, {3}, bytes + 1}, out = {TP_I64, 1, {3}, y};
   if (tp_exec_op(m, op, &in, &out, &d) != TP_OK) fail("exec Neg i64: %s", d.last);
-  else if (memcmp(y, want, sizeof y)) fail("exec Neg of a misaligned i64: %lld %lld %lld", (long long)y[0], (long long)y[1], (long long)y[2]);
+  else if (memcmp(y, want, sizeof y))
+    fail("exec Neg of a misaligned i64: %lld %lld %lld", (long long)y[0], (long long)y[1], (long long)y[2]);
   fclose(sink);
   tp_module_free(m);
 }

@@ -11,12 +11,12 @@
 #include <string.h>
 
 static int failures;
-#define CHECK(cond)                                                             \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);  \
-      failures++;                                                               \
-    }                                                                           \
+#define CHECK(cond)                                                                                                 \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                      \
+      failures++;                                                                                                   \
+    }                                                                                                               \
   } while (0)
 
 static TpTensor T(TpDType t, int rank, const int64_t *dims, void *data) {
@@ -38,8 +38,8 @@ static void check_f32(const char *what, const float *got, const float *want, int
 static void check_i64(const char *what, const int64_t *got, const int64_t *want, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     if (got[i] != want[i]) {
-      fprintf(stderr, "%s: element %lld is %lld, expected %lld\n", what, (long long)i,
-              (long long)got[i], (long long)want[i]);
+      fprintf(stderr, "%s: element %lld is %lld, expected %lld\n", what, (long long)i, (long long)got[i],
+              (long long)want[i]);
       failures++;
       return;
     }

@@ -13,14 +13,14 @@
 #include "frontend/frontend.h"
 
 static int failures;
-#define CHECK(cond, ...)                                         \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      fprintf(stderr, "%s:%d: FAIL %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                              \
-      fprintf(stderr, "\n");                                     \
-      failures++;                                                \
-    }                                                            \
+#define CHECK(cond, ...)                                                                                            \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      fprintf(stderr, "%s:%d: FAIL %s: ", __FILE__, __LINE__, #cond);                                               \
+      fprintf(stderr, __VA_ARGS__);                                                                                 \
+      fprintf(stderr, "\n");                                                                                        \
+      failures++;                                                                                                   \
+    }                                                                                                               \
   } while (0)
 
 /* ---- protobuf wire format ---- */
@@ -75,8 +75,8 @@ static void value_info(Buf *graph, int field, const char *name, int dtype, int r
 }
 
 /* NodeProto with inputs and outputs given as NULL-terminated lists; attrs already encoded. */
-static void node(Buf *graph, const char *op, const char *name, const char *const *in,
-                 const char *const *out, Buf *attrs) {
+static void node(Buf *graph, const char *op, const char *name, const char *const *in, const char *const *out,
+                 Buf *attrs) {
   Buf n = {0};
   for (; *in; in++) field_str(&n, 1, *in);
   for (; *out; out++) field_str(&n, 2, *out);
@@ -111,8 +111,8 @@ static Buf tensor(const char *name, int dtype, int rank, const int64_t *dims, co
   return t;
 }
 
-static void initializer(Buf *graph, const char *name, int dtype, int rank, const int64_t *dims,
-                        const void *data, size_t bytes, const char *location) {
+static void initializer(Buf *graph, const char *name, int dtype, int rank, const int64_t *dims, const void *data,
+                        size_t bytes, const char *location) {
   Buf t = tensor(name, dtype, rank, dims, data, bytes, location);
   field_msg(graph, 5, &t);
 }
@@ -226,7 +226,8 @@ static void test_external_refused(void) {
   initializer(&g, "w", 1, 1, one, NULL, 4, "weights.bin");
   value_info(&g, 12, "y", 1, 1, one);
   b = model(&g, 17);
-  CHECK(!import(&b, NULL, NULL, &d, true) && strcmp(d.last, "initializer 'w': external data needs the model's folder") == 0,
+  CHECK(!import(&b, NULL, NULL, &d, true) &&
+            strcmp(d.last, "initializer 'w': external data needs the model's folder") == 0,
         "diagnostic: %s", d.last);
   free(b.p);
   /* ConstantOfShape's value is read whole, never from a file */
@@ -241,8 +242,9 @@ static void test_external_refused(void) {
   value_info(&g, 12, "y", 1, 1, shape);
   b = model(&g, 17);
   CHECK(!import(&b, "cos.onnx", NULL, &d, true) &&
-        strcmp(d.last, "cos.onnx: node 'c' (ConstantOfShape, opset 17): attribute 'value': external data is not "
-               "supported here") == 0, "diagnostic: %s", d.last);
+            strcmp(d.last, "cos.onnx: node 'c' (ConstantOfShape, opset 17): attribute 'value': external data is not "
+                           "supported here") == 0,
+        "diagnostic: %s", d.last);
   free(b.p);
   /* a test-data tensor file stands alone */
   const char *path = "test_frontend_ext_input.pb";
@@ -251,7 +253,7 @@ static void test_external_refused(void) {
   TpTensor t;
   tp_diag_init(&d, "test_frontend", NULL, NULL);
   CHECK(tp_read_tensor_pb(path, &t, NULL, &d) == TP_ERR_INPUT &&
-        strcmp(d.last, "test_frontend_ext_input.pb: x: external data is not supported in tensor files") == 0,
+            strcmp(d.last, "test_frontend_ext_input.pb: x: external data is not supported in tensor files") == 0,
         "diagnostic: %s", d.last);
   unlink(path);
   free(b.p);

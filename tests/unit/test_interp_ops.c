@@ -7,12 +7,12 @@
 #include <string.h>
 
 static int failures;
-#define CHECK(cond)                                                             \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);  \
-      failures++;                                                               \
-    }                                                                           \
+#define CHECK(cond)                                                                                                 \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                      \
+      failures++;                                                                                                   \
+    }                                                                                                               \
   } while (0)
 
 /* y = Gather(x, indices, axis=1) with x an input f32[2, 3] and constant indices i64[2]. */

@@ -7,12 +7,12 @@
 #include <string.h>
 
 static int failures;
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                          \
-    }                                                                      \
+#define CHECK(cond)                                                                                                 \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                      \
+      failures++;                                                                                                   \
+    }                                                                                                               \
   } while (0)
 
 static TpType f32(int rank, const int64_t *dims) { return tp_type_make(TP_F32, rank, dims); }
@@ -61,7 +61,8 @@ static void test_infer_and_errors(void) {
   CHECK(t->dimnames[0] && strcmp(t->dimnames[0], "batch") == 0); /* names flow through */
   /* a recorded type that disagrees is reported, not overwritten */
   m->values[m->ops[good].outputs[0]].type.dims[1] = 6;
-  CHECK(tp_infer_op(m, good, &d) == TP_ERR_INPUT && strstr(d.last, "has type f32[batch=2, 6] but the op computes f32[batch=2, 5]"));
+  CHECK(tp_infer_op(m, good, &d) == TP_ERR_INPUT &&
+        strstr(d.last, "has type f32[batch=2, 6] but the op computes f32[batch=2, 5]"));
   tp_module_free(m);
 }
 
@@ -106,9 +107,9 @@ static void test_escape_text(void) {
       {"plain 'name'", "plain 'name'"},
       {"esc\x1b[2J del\x7f nl\n", "esc\\x1b[2J del\\x7f nl\\x0a"},
       {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"}, /* 2, 3, 4 bytes */
-      {"c1 \xc2\x9b", "c1 \\xc2\\x9b"},                                 /* CSI as a C1 control */
-      {"latin1 \xe9!", "latin1 \\xe9!"},                                  /* not UTF-8 */
-      {"lead \xf8\x80\x80", "lead \\xf8\\x80\\x80"},                      /* no such lead byte */
+      {"c1 \xc2\x9b", "c1 \\xc2\\x9b"},              /* CSI as a C1 control */
+      {"latin1 \xe9!", "latin1 \\xe9!"},             /* not UTF-8 */
+      {"lead \xf8\x80\x80", "lead \\xf8\\x80\\x80"}, /* no such lead byte */
       {"overlong \xc0\xaf \xe0\x80\xaf", "overlong \\xc0\\xaf \\xe0\\x80\\xaf"},
       {"surrogate \xed\xa0\x80", "surrogate \\xed\\xa0\\x80"},
       {"cut \xe2\x82", "cut \\xe2\\x82"},

@@ -70,11 +70,12 @@ static void test_matmul(void) {
   TpTensor AI = tensor(TP_I64, ai, 2, 2, 2), YI = tensor(TP_I64, yi, 2, 2, 2);
   tp_matmul(&AI, &AI, &YI);
   if (yi[0] != 7 || yi[1] != 10 || yi[2] != 15 || yi[3] != 22)
-    failures++, fprintf(stderr, "FAIL matmul i64: %lld %lld %lld %lld\n", (long long)yi[0],
-                        (long long)yi[1], (long long)yi[2], (long long)yi[3]);
+    failures++, fprintf(stderr, "FAIL matmul i64: %lld %lld %lld %lld\n", (long long)yi[0], (long long)yi[1],
+                        (long long)yi[2], (long long)yi[3]);
 
   TpTensor bad = tensor(TP_F32, b, 2, 2, 3);
-  if (tp_matmul(&A, &bad, &Y) != TP_KERNEL_BAD_SHAPE) failures++, fprintf(stderr, "FAIL matmul accepted K mismatch\n");
+  if (tp_matmul(&A, &bad, &Y) != TP_KERNEL_BAD_SHAPE)
+    failures++, fprintf(stderr, "FAIL matmul accepted K mismatch\n");
 }
 
 static void test_gemm(void) {
@@ -130,8 +131,15 @@ static void test_layernorm(void) {
 static void test_attention(void) {
   /* B=1, 1 head, D=1: q = [1, 2], k = [0, 1], v = [10, 20], scale 1. */
   float q[2] = {1, 2}, k[2] = {0, 1}, v[2] = {10, 20}, y[2], qk[4];
-  TpAttention p = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 2, .kv_len = 2, .head_size = 1,
-                   .v_head_size = 1, .scale = 1, .qk_mode = 0};
+  TpAttention p = {.batch = 1,
+                   .q_heads = 1,
+                   .kv_heads = 1,
+                   .q_len = 2,
+                   .kv_len = 2,
+                   .head_size = 1,
+                   .v_head_size = 1,
+                   .scale = 1,
+                   .qk_mode = 0};
   tp_attention_f32(&p, q, k, v, NULL, NULL, y, NULL, NULL, qk);
   float p0 = 1 / (1 + expf(1)), p1 = 1 / (1 + expf(2)); /* weight of key 0 per query */
   check_close("attention", y, (float[]){10 * p0 + 20 * (1 - p0), 10 * p1 + 20 * (1 - p1)}, 2, 1e-5f);
@@ -167,8 +175,16 @@ static void test_attention(void) {
 
   /* past: one cached key/value, one new query with causal: sees both */
   float pk[1] = {1}, pv[1] = {30}, kk[1] = {0}, vv[1] = {40}, qq[1] = {1}, pres_k[2], pres_v[2];
-  TpAttention pp = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 1, .past_len = 1,
-                    .head_size = 1, .v_head_size = 1, .scale = 1, .is_causal = true};
+  TpAttention pp = {.batch = 1,
+                    .q_heads = 1,
+                    .kv_heads = 1,
+                    .q_len = 1,
+                    .kv_len = 1,
+                    .past_len = 1,
+                    .head_size = 1,
+                    .v_head_size = 1,
+                    .scale = 1,
+                    .is_causal = true};
   tp_attention_f32(&pp, qq, kk, vv, pk, pv, y, pres_k, pres_v, NULL);
   float w = 1 / (1 + expf(-1)); /* weight of the past key (score 1 vs 0) */
   check_close("attention past", y, (float[]){30 * w + 40 * (1 - w)}, 1, 1e-5f);
@@ -178,8 +194,15 @@ static void test_attention(void) {
   /* GQA in the packed layout: 4 q heads share 2 kv heads (heads 0,1 -> kv 0; 2,3 -> kv 1).
    * One key per head, so each output is that kv head's value. */
   float q4[4] = {1, 1, 1, 1}, k2[2] = {1, 1}, v2[2] = {7, 9}, y4[4];
-  TpAttention pg = {.batch = 1, .q_heads = 4, .kv_heads = 2, .q_len = 1, .kv_len = 1, .head_size = 1,
-                    .v_head_size = 1, .scale = 1, .packed = true};
+  TpAttention pg = {.batch = 1,
+                    .q_heads = 4,
+                    .kv_heads = 2,
+                    .q_len = 1,
+                    .kv_len = 1,
+                    .head_size = 1,
+                    .v_head_size = 1,
+                    .scale = 1,
+                    .packed = true};
   tp_attention_f32(&pg, q4, k2, v2, NULL, NULL, y4, NULL, NULL, NULL);
   check_close("attention gqa", y4, (float[]){7, 7, 9, 9}, 4, 0);
 
@@ -194,8 +217,15 @@ static void test_attention(void) {
         v4d[(h * 3 + s) * 2 + d] = v3[(s * 2 + h) * 2 + d];
         if (s < 2) q4d[(h * 2 + s) * 2 + d] = q3[(s * 2 + h) * 2 + d];
       }
-  TpAttention pa = {.batch = 1, .q_heads = 2, .kv_heads = 2, .q_len = 2, .kv_len = 3, .head_size = 2,
-                    .v_head_size = 2, .scale = 0.5f, .packed = true};
+  TpAttention pa = {.batch = 1,
+                    .q_heads = 2,
+                    .kv_heads = 2,
+                    .q_len = 2,
+                    .kv_len = 3,
+                    .head_size = 2,
+                    .v_head_size = 2,
+                    .scale = 0.5f,
+                    .packed = true};
   tp_attention_f32(&pa, q3, k3, v3, NULL, NULL, ya, NULL, NULL, NULL);
   pa.packed = false;
   tp_attention_f32(&pa, q4d, k4d, v4d, NULL, NULL, yb, NULL, NULL, NULL);

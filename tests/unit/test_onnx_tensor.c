@@ -56,7 +56,8 @@ static void test_typed(void) {
   CHECK(tp_onnx_tensor_decode(&t, "tensor 'x'", NULL, &dec, err, sizeof err) == TP_OK, "%s", err);
   const uint16_t *h = dec.t.data;
   CHECK(dec.owned == dec.t.data && !dec.raw && tp_f16_to_f32(h[0]) == 1 && tp_f16_to_f32(h[1]) == -2 &&
-        tp_f16_to_f32(h[2]) == 65504, "f16 from int32_data");
+            tp_f16_to_f32(h[2]) == 65504,
+        "f16 from int32_data");
   free(dec.owned);
   int32_t b[3] = {0, 7, -1};
   t = proto(9, 1, dims); /* bool: any non-zero is 1 */

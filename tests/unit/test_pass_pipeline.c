@@ -19,24 +19,27 @@ static void expect(const char *label, TpPassOptions o, const char *want) {
 
 int main(void) {
   expect("defaults", (TpPassOptions){0},
-         "fold-constants,dce,rebatch,retie-params,raise-transformer,add-loss,assign-stages,autodiff,finish-stages,dce");
+         "fold-constants,dce,rebatch,retie-params,raise-transformer,add-loss,assign-stages,autodiff,finish-stages,"
+         "dce");
   expect("--slices", (TpPassOptions){.sliced = true},
          "fold-constants,dce,rebatch,retie-params,raise-transformer,insert-token-dim,add-loss,split-sequence,"
          "assign-stages,autodiff,finish-stages,dce");
   /* shard-tensor after a dce: raising leaves the products it replaced unread until dce */
   expect("--tensor 2", (TpPassOptions){.tensor = 2},
-         "fold-constants,dce,rebatch,retie-params,raise-transformer,dce,shard-tensor,add-loss,assign-stages,autodiff,"
+         "fold-constants,dce,rebatch,retie-params,raise-transformer,dce,shard-tensor,add-loss,assign-stages,"
+         "autodiff,"
          "finish-stages,dce");
   expect("--tensor 1", (TpPassOptions){.tensor = 1},
-         "fold-constants,dce,rebatch,retie-params,raise-transformer,add-loss,assign-stages,autodiff,finish-stages,dce");
+         "fold-constants,dce,rebatch,retie-params,raise-transformer,add-loss,assign-stages,autodiff,finish-stages,"
+         "dce");
   expect("--no-retie --no-fuse", (TpPassOptions){.no_retie = true, .no_fuse = true},
          "fold-constants,dce,rebatch,raise-transformer-unfused,add-loss,assign-stages,autodiff,finish-stages,dce");
   expect("--forward-only", (TpPassOptions){.forward_only = true},
          "fold-constants,dce,rebatch,retie-params,raise-transformer,assign-stages,finish-stages,dce");
   expect("--emit=params", (TpPassOptions){.params_only = true, .sliced = true, .tensor = 2},
          "fold-constants,dce,rebatch,retie-params");
-  expect("--emit=params --no-retie --no-fuse", (TpPassOptions){.params_only = true, .no_retie = true, .no_fuse = true},
-         "fold-constants,dce,rebatch");
+  expect("--emit=params --no-retie --no-fuse",
+         (TpPassOptions){.params_only = true, .no_retie = true, .no_fuse = true}, "fold-constants,dce,rebatch");
   expect("all of them", (TpPassOptions){.sliced = true, .tensor = 4, .forward_only = true, .no_fuse = true},
          "fold-constants,dce,rebatch,retie-params,raise-transformer-unfused,insert-token-dim,dce,shard-tensor,"
          "split-sequence,assign-stages,finish-stages,dce");

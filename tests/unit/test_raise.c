@@ -10,12 +10,12 @@
 #include <string.h>
 
 static int failures;
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                          \
-    }                                                                      \
+#define CHECK(cond)                                                                                                 \
+  do {                                                                                                              \
+    if (!(cond)) {                                                                                                  \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                      \
+      failures++;                                                                                                   \
+    }                                                                                                               \
   } while (0)
 
 typedef struct {
@@ -25,159 +25,163 @@ typedef struct {
 } Case;
 
 /* The masks exporters write over T = 4 keys, and the scalars around them. */
-#define MASKS                                                                              \
-  "const %half : f32[] = dense<0.5>\n"                                                    \
-  "const %ninf : f32[] = dense<-inf>\n"                                                   \
-  "const %min : f32[] = dense<-3.4028235e+38>\n"                                          \
-  "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
-  "true, true, true, false, true, true, true, true]>\n"                                   \
-  "const %upper : bool[1, 1, 4, 4] = dense<[false, true, true, true, false, false, true, " \
+#define MASKS                                                                                                       \
+  "const %half : f32[] = dense<0.5>\n"                                                                              \
+  "const %ninf : f32[] = dense<-inf>\n"                                                                             \
+  "const %min : f32[] = dense<-3.4028235e+38>\n"                                                                    \
+  "const %lower : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, "                        \
+  "true, true, true, false, true, true, true, true]>\n"                                                             \
+  "const %upper : bool[1, 1, 4, 4] = dense<[false, true, true, true, false, false, true, "                          \
   "true, false, false, false, true, false, false, false, false]>\n"
 
 /* Attention operands [B=1, H=2, T=4, D=3]. */
-#define HEADS                                                                              \
-  "input %q : f32[1, 2, 4, 3]\n"                                                          \
-  "input %k : f32[1, 2, 4, 3]\n"                                                          \
-  "input %v : f32[1, 2, 4, 3]\n"                                                          \
-  "const %two : f32[1] = dense<2>\n" MASKS                                                \
-  "const %additive : f32[4, 4] = dense<[0, -inf, -inf, -inf, 0, 0, -inf, -inf, 0, 0, 0, " \
+#define HEADS                                                                                                       \
+  "input %q : f32[1, 2, 4, 3]\n"                                                                                    \
+  "input %k : f32[1, 2, 4, 3]\n"                                                                                    \
+  "input %v : f32[1, 2, 4, 3]\n"                                                                                    \
+  "const %two : f32[1] = dense<2>\n" MASKS                                                                          \
+  "const %additive : f32[4, 4] = dense<[0, -inf, -inf, -inf, 0, 0, -inf, -inf, 0, 0, 0, "                           \
   "-inf, 0, 0, 0, 0]>\n"
-#define SCORES                                                    \
-  "%kt : f32[1, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n" \
+#define SCORES                                                                                                      \
+  "%kt : f32[1, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"                                                   \
   "%s : f32[1, 2, 4, 4] = MatMul(%q, %kt)\n"
-#define ATTEND(mask)                                      \
-  "%p : f32[1, 2, 4, 4] = Softmax(" mask ") {axis = 3}\n" \
-  "%y : f32[1, 2, 4, 3] = MatMul(%p, %v)\n"               \
+#define ATTEND(mask)                                                                                                \
+  "%p : f32[1, 2, 4, 4] = Softmax(" mask ") {axis = 3}\n"                                                           \
+  "%y : f32[1, 2, 4, 3] = MatMul(%p, %v)\n"                                                                         \
   "output %y\n"
 
 /* Attention operands [B=2, H=2, T=4, D=3], masks with a batch dim, and the 3-D (baddbmm)
  * form of the products with a bias [B*H, 1, T]: 0, or ALiBi's slope (0.5, 0.25 per head)
  * times the key position. */
-#define BATCH2                                                                                  \
-  "input %q : f32[2, 2, 4, 3]\n"                                                               \
-  "input %k : f32[2, 2, 4, 3]\n"                                                               \
-  "input %v : f32[2, 2, 4, 3]\n"                                                               \
-  "const %two : f32[] = dense<2>\n" MASKS                                                      \
-  "const %folded : f32[2, 1, 4, 4] = dense<[0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, " \
-  "0, 0, -3.4028235e+38, -3.4028235e+38, 0, 0, 0, -3.4028235e+38, 0, 0, 0, 0, "                \
-  "0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, 0, 0, -3.4028235e+38, -3.4028235e+38, "  \
-  "0, 0, 0, -3.4028235e+38, 0, 0, 0, 0]>\n"                                                    \
-  "const %band : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, "     \
-  "false, true, true, false, false, false, true, true]>\n"                                     \
-  "const %off_band : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, " \
-  "false, true, false, false, false, false, true, true]>\n"                                    \
-  "const %padding : f32[2, 1, 1, 4] = dense<0>\n"                                              \
-  "const %padded : f32[2, 1, 1, 4] = dense<[0, 0, 0, 0, -3.4028235e+38, 0, 0, 0]>\n"           \
-  "const %zeros : f32[4, 1, 4] = dense<0>\n"                                                   \
-  "const %alibi : f32[4, 1, 4] = dense<[0, 0.5, 1, 1.5, 0, 0.25, 0.5, 0.75, 0, 0.5, 1, 1.5, "   \
+#define BATCH2                                                                                                      \
+  "input %q : f32[2, 2, 4, 3]\n"                                                                                    \
+  "input %k : f32[2, 2, 4, 3]\n"                                                                                    \
+  "input %v : f32[2, 2, 4, 3]\n"                                                                                    \
+  "const %two : f32[] = dense<2>\n" MASKS                                                                           \
+  "const %folded : f32[2, 1, 4, 4] = dense<[0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, "                    \
+  "0, 0, -3.4028235e+38, -3.4028235e+38, 0, 0, 0, -3.4028235e+38, 0, 0, 0, 0, "                                     \
+  "0, -3.4028235e+38, -3.4028235e+38, -3.4028235e+38, 0, 0, -3.4028235e+38, -3.4028235e+38, "                       \
+  "0, 0, 0, -3.4028235e+38, 0, 0, 0, 0]>\n"                                                                         \
+  "const %band : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, "                         \
+  "false, true, true, false, false, false, true, true]>\n"                                                          \
+  "const %off_band : bool[4, 4] = dense<[true, false, false, false, true, true, false, false, "                     \
+  "false, true, false, false, false, false, true, true]>\n"                                                         \
+  "const %padding : f32[2, 1, 1, 4] = dense<0>\n"                                                                   \
+  "const %padded : f32[2, 1, 1, 4] = dense<[0, 0, 0, 0, -3.4028235e+38, 0, 0, 0]>\n"                                \
+  "const %zeros : f32[4, 1, 4] = dense<0>\n"                                                                        \
+  "const %alibi : f32[4, 1, 4] = dense<[0, 0.5, 1, 1.5, 0, 0.25, 0.5, 0.75, 0, 0.5, 1, 1.5, "                       \
   "0, 0.25, 0.5, 0.75]>\n"
-#define BMM(bias)                                                        \
-  "%q3 : f32[4, 4, 3] = Reshape(%q)\n"                                   \
-  "%kt4 : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"       \
-  "%kt3 : f32[4, 3, 4] = Reshape(%kt4)\n"                                \
-  "%v3 : f32[4, 4, 3] = Reshape(%v)\n"                                   \
-  "%s : f32[4, 4, 4] = MatMul(%q3, %kt3)\n"                              \
-  "%sa : f32[4, 4, 4] = Mul(%s, %half)\n"                                \
-  "%sb : f32[4, 4, 4] = Add(%sa, " bias ")\n"                            \
-  "%s4 : f32[2, 2, 4, 4] = Reshape(%sb)\n"                               \
-  "%m : f32[2, 2, 4, 4] = Where(%upper, %min, %s4)\n"                    \
-  "%p : f32[2, 2, 4, 4] = Softmax(%m) {axis = 3}\n"                      \
-  "%p3 : f32[4, 4, 4] = Reshape(%p)\n"                                   \
-  "%y3 : f32[4, 4, 3] = MatMul(%p3, %v3)\n"                              \
+#define BMM(bias)                                                                                                   \
+  "%q3 : f32[4, 4, 3] = Reshape(%q)\n"                                                                              \
+  "%kt4 : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"                                                  \
+  "%kt3 : f32[4, 3, 4] = Reshape(%kt4)\n"                                                                           \
+  "%v3 : f32[4, 4, 3] = Reshape(%v)\n"                                                                              \
+  "%s : f32[4, 4, 4] = MatMul(%q3, %kt3)\n"                                                                         \
+  "%sa : f32[4, 4, 4] = Mul(%s, %half)\n"                                                                           \
+  "%sb : f32[4, 4, 4] = Add(%sa, " bias ")\n"                                                                       \
+  "%s4 : f32[2, 2, 4, 4] = Reshape(%sb)\n"                                                                          \
+  "%m : f32[2, 2, 4, 4] = Where(%upper, %min, %s4)\n"                                                               \
+  "%p : f32[2, 2, 4, 4] = Softmax(%m) {axis = 3}\n"                                                                 \
+  "%p3 : f32[4, 4, 4] = Reshape(%p)\n"                                                                              \
+  "%y3 : f32[4, 4, 3] = MatMul(%p3, %v3)\n"                                                                         \
   "%y : f32[2, 2, 4, 3] = Reshape(%y3)\n"
 
 /* Query rows [B=1, T=4, H*D = 2*3] over one K/V head [1, 4, 3], the heads inside the
  * queries: scores [1, T*H, T] and [1, T, H, T], masked by [T, 1, T] (or [T, H, T]). */
-#define INNER(keep)                                                                          \
-  "input %x : f32[1, 4, 6]\n"                                                               \
-  "input %kv : f32[1, 4, 3]\n"                                                              \
-  "input %vv : f32[1, 4, 3]\n" MASKS                                                       \
-  "const %keep_inner : bool[4, 1, 4] = dense<[true, false, false, false, true, true, false, " \
-  "false, true, true, true, false, true, true, true, true]>\n"                              \
-  "const %keep_wrong : bool[4, 2, 4] = dense<[true, false, false, false, true, false, false, " \
-  "false, true, true, false, false, true, true, false, false, true, true, true, false, "     \
-  "true, true, true, true, true, true, true, true, true, true, true, true]>\n"               \
-  "%q3 : f32[1, 8, 3] = Reshape(%x)\n"                                                      \
-  "%kt : f32[1, 3, 4] = Transpose(%kv) {perm = [0, 2, 1]}\n"                                \
-  "%s : f32[1, 8, 4] = MatMul(%q3, %kt)\n"                                                  \
-  "%ss : f32[1, 8, 4] = Mul(%s, %half)\n"                                                   \
-  "%s4 : f32[1, 4, 2, 4] = Reshape(%ss)\n"                                                  \
-  "%m : f32[1, 4, 2, 4] = Where(" keep ", %s4, %min)\n"                                     \
-  "%p : f32[1, 4, 2, 4] = Softmax(%m) {axis = 3}\n"                                         \
-  "%p3 : f32[1, 8, 4] = Reshape(%p)\n"                                                      \
-  "%y3 : f32[1, 8, 3] = MatMul(%p3, %vv)\n"                                                 \
-  "%y : f32[1, 4, 6] = Reshape(%y3)\n"                                                      \
+#define INNER(keep)                                                                                                 \
+  "input %x : f32[1, 4, 6]\n"                                                                                       \
+  "input %kv : f32[1, 4, 3]\n"                                                                                      \
+  "input %vv : f32[1, 4, 3]\n" MASKS                                                                                \
+  "const %keep_inner : bool[4, 1, 4] = dense<[true, false, false, false, true, true, false, "                       \
+  "false, true, true, true, false, true, true, true, true]>\n"                                                      \
+  "const %keep_wrong : bool[4, 2, 4] = dense<[true, false, false, false, true, false, false, "                      \
+  "false, true, true, false, false, true, true, false, false, true, true, true, false, "                            \
+  "true, true, true, true, true, true, true, true, true, true, true, true]>\n"                                      \
+  "%q3 : f32[1, 8, 3] = Reshape(%x)\n"                                                                              \
+  "%kt : f32[1, 3, 4] = Transpose(%kv) {perm = [0, 2, 1]}\n"                                                        \
+  "%s : f32[1, 8, 4] = MatMul(%q3, %kt)\n"                                                                          \
+  "%ss : f32[1, 8, 4] = Mul(%s, %half)\n"                                                                           \
+  "%s4 : f32[1, 4, 2, 4] = Reshape(%ss)\n"                                                                          \
+  "%m : f32[1, 4, 2, 4] = Where(" keep ", %s4, %min)\n"                                                             \
+  "%p : f32[1, 4, 2, 4] = Softmax(%m) {axis = 3}\n"                                                                 \
+  "%p3 : f32[1, 8, 4] = Reshape(%p)\n"                                                                              \
+  "%y3 : f32[1, 8, 3] = MatMul(%p3, %vv)\n"                                                                         \
+  "%y : f32[1, 4, 6] = Reshape(%y3)\n"                                                                              \
   "output %y\n"
 
 /* Two query heads over one K/V head [1, 1, 4, 3]. */
-#define GROUPED                                                                              \
-  "input %q : f32[1, 2, 4, 3]\n"                                                            \
-  "input %kh : f32[1, 1, 4, 3]\n"                                                           \
+#define GROUPED                                                                                                     \
+  "input %q : f32[1, 2, 4, 3]\n"                                                                                    \
+  "input %kh : f32[1, 1, 4, 3]\n"                                                                                   \
   "input %vh : f32[1, 1, 4, 3]\n" MASKS
 
 /* x [2, 3, 4] normalised over its last axis; the chain up to n = (x - mean) / sqrt(var + eps). */
-#define LN_INPUTS                                                         \
-  "input %x : f32[2, 3, 4]\n"                                             \
-  "param %g : f32[4] = dense<[-0.521, -0.195, -0.807, 0.936]>\n"          \
-  "param %b : f32[4] = dense<[-0.57, 0.344, -0.399, 0.748]>\n"            \
-  "const %two : f32[] = dense<2>\n"                                       \
-  "const %three : f32[] = dense<3>\n"                                     \
+#define LN_INPUTS                                                                                                   \
+  "input %x : f32[2, 3, 4]\n"                                                                                       \
+  "param %g : f32[4] = dense<[-0.521, -0.195, -0.807, 0.936]>\n"                                                    \
+  "param %b : f32[4] = dense<[-0.57, 0.344, -0.399, 0.748]>\n"                                                      \
+  "const %two : f32[] = dense<2>\n"                                                                                 \
+  "const %three : f32[] = dense<3>\n"                                                                               \
   "const %eps : f32[] = dense<1e-05>\n"
-#define LN_CHAIN(square, axis, stat)                                               \
-  "%mu : f32" stat " = ReduceMean(%x) {axes = [" axis "], keepdims = 1}\n"          \
-  "%d : f32[2, 3, 4] = Sub(%x, %mu)\n"                                             \
-  "%sq : f32[2, 3, 4] = " square "\n"                                              \
-  "%var : f32" stat " = ReduceMean(%sq) {axes = [" axis "], keepdims = 1}\n"        \
-  "%ve : f32" stat " = Add(%eps, %var)\n"                                          \
-  "%sd : f32" stat " = Sqrt(%ve)\n"                                                \
+#define LN_CHAIN(square, axis, stat)                                                                                \
+  "%mu : f32" stat " = ReduceMean(%x) {axes = [" axis "], keepdims = 1}\n"                                          \
+  "%d : f32[2, 3, 4] = Sub(%x, %mu)\n"                                                                              \
+  "%sq : f32[2, 3, 4] = " square "\n"                                                                               \
+  "%var : f32" stat " = ReduceMean(%sq) {axes = [" axis "], keepdims = 1}\n"                                        \
+  "%ve : f32" stat " = Add(%eps, %var)\n"                                                                           \
+  "%sd : f32" stat " = Sqrt(%ve)\n"                                                                                 \
   "%n : f32[2, 3, 4] = Div(%d, %sd)\n"
 
-#define GELU_INPUTS                          \
-  "input %x : f32[2, 5]\n"                   \
-  "const %one : f32[] = dense<1>\n"          \
-  "const %half : f32[] = dense<0.5>\n"       \
-  "const %three : f32[] = dense<3>\n"        \
-  "const %sqrt2 : f32[] = dense<1.4142135>\n" \
-  "const %rsqrt2 : f32[] = dense<0.70710677>\n" \
-  "const %k : f32[] = dense<0.044715>\n"     \
+#define GELU_INPUTS                                                                                                 \
+  "input %x : f32[2, 5]\n"                                                                                          \
+  "const %one : f32[] = dense<1>\n"                                                                                 \
+  "const %half : f32[] = dense<0.5>\n"                                                                              \
+  "const %three : f32[] = dense<3>\n"                                                                               \
+  "const %sqrt2 : f32[] = dense<1.4142135>\n"                                                                       \
+  "const %rsqrt2 : f32[] = dense<0.70710677>\n"                                                                     \
+  "const %k : f32[] = dense<0.044715>\n"                                                                            \
   "const %c : f32[] = dense<0.7978846>\n"
-#define TANH_CHAIN(coef)                          \
-  "%x3 : f32[2, 5] = Pow(%x, %three)\n"           \
-  "%kx3 : f32[2, 5] = Mul(%x3, " coef ")\n"       \
-  "%in : f32[2, 5] = Add(%x, %kx3)\n"             \
-  "%z : f32[2, 5] = Mul(%in, %c)\n"               \
-  "%t : f32[2, 5] = Tanh(%z)\n"                   \
-  "%u : f32[2, 5] = Add(%t, %one)\n"              \
-  "%xu : f32[2, 5] = Mul(%x, %u)\n"               \
-  "%y : f32[2, 5] = Mul(%xu, %half)\n"            \
+#define TANH_CHAIN(coef)                                                                                            \
+  "%x3 : f32[2, 5] = Pow(%x, %three)\n"                                                                             \
+  "%kx3 : f32[2, 5] = Mul(%x3, " coef ")\n"                                                                         \
+  "%in : f32[2, 5] = Add(%x, %kx3)\n"                                                                               \
+  "%z : f32[2, 5] = Mul(%in, %c)\n"                                                                                 \
+  "%t : f32[2, 5] = Tanh(%z)\n"                                                                                     \
+  "%u : f32[2, 5] = Add(%t, %one)\n"                                                                                \
+  "%xu : f32[2, 5] = Mul(%x, %u)\n"                                                                                 \
+  "%y : f32[2, 5] = Mul(%xu, %half)\n"                                                                              \
   "output %y\n"
 
-#define W45 "dense<[0.25, 0.794, 0.551, -0.55, -0.4, 0.747, -0.989, 0.642, 0.594, -0.064, -0.394, " \
-            "-0.443, -0.49, -0.11, 0.009, 0.107, 0.991, 0.585, 0.244, 0.978]>"
-#define W54 "dense<[0.484, -0.817, 0.082, 0.016, 0.743, -0.277, 0.196, -0.881, -0.225, -0.354, " \
-            "-0.7, 0.633, -0.241, 0.957, 0.18, 0.21, 0.276, 0.353, -0.698, -0.119]>"
+#define W45                                                                                                         \
+  "dense<[0.25, 0.794, 0.551, -0.55, -0.4, 0.747, -0.989, 0.642, 0.594, -0.064, -0.394, "                           \
+  "-0.443, -0.49, -0.11, 0.009, 0.107, 0.991, 0.585, 0.244, 0.978]>"
+#define W54                                                                                                         \
+  "dense<[0.484, -0.817, 0.082, 0.016, 0.743, -0.277, 0.196, -0.881, -0.225, -0.354, "                              \
+  "-0.7, 0.633, -0.241, 0.957, 0.18, 0.21, 0.276, 0.353, -0.698, -0.119]>"
 #define B5 "dense<[-0.569, -0.68, 0.225, -0.912, -0.929]>"
-#define TABLE "dense<[0.324, -0.737, 0.69, 0.89, 0.808, 0.139, -0.709, -0.615, 0.856, 0.105, " \
-              "-0.639, 0.768, 0.283, 0.139, -0.247, -0.178, -0.521, -0.924, 0.752, -0.065, 0.095, " \
-              "-0.356, 0.503, -0.95]>"
-#define TABLE_T "dense<[0.324, 0.808, 0.856, 0.283, -0.521, 0.095, -0.737, 0.139, 0.105, 0.139, " \
-                "-0.924, -0.356, 0.69, -0.709, -0.639, -0.247, 0.752, 0.503, 0.89, -0.615, 0.768, " \
-                "-0.178, -0.065, -0.95]>"
+#define TABLE                                                                                                       \
+  "dense<[0.324, -0.737, 0.69, 0.89, 0.808, 0.139, -0.709, -0.615, 0.856, 0.105, "                                  \
+  "-0.639, 0.768, 0.283, 0.139, -0.247, -0.178, -0.521, -0.924, 0.752, -0.065, 0.095, "                             \
+  "-0.356, 0.503, -0.95]>"
+#define TABLE_T                                                                                                     \
+  "dense<[0.324, 0.808, 0.856, 0.283, -0.521, 0.095, -0.737, 0.139, 0.105, 0.139, "                                 \
+  "-0.924, -0.356, 0.69, -0.709, -0.639, -0.247, 0.752, 0.503, 0.89, -0.615, 0.768, "                               \
+  "-0.178, -0.065, -0.95]>"
 
 /* x [2, 3, 4] flattened to rows [6, 4] around an MLP with a residual Add (OPT), whose
  * normalised rows %n are made before it. */
-#define FLAT                                                  \
-  "input %x : f32[2, 3, 4]\n"                                 \
-  "param %g : f32[4] = dense<[-0.521, -0.195, -0.807, 0.936]>\n" \
-  "param %w1 : f32[4, 5] = " W45 "\n"                         \
-  "param %w2 : f32[5, 4] = " W54 "\n"                         \
+#define FLAT                                                                                                        \
+  "input %x : f32[2, 3, 4]\n"                                                                                       \
+  "param %g : f32[4] = dense<[-0.521, -0.195, -0.807, 0.936]>\n"                                                    \
+  "param %w1 : f32[4, 5] = " W45 "\n"                                                                               \
+  "param %w2 : f32[5, 4] = " W54 "\n"                                                                               \
   "%f : f32[6, 4] = Reshape(%x)\n"
-#define FLAT_MLP(h)                          \
-  "%a : f32[6, 5] = MatMul(%n, %w1)\n"       \
-  "%h : f32[6, 5] = Relu(%a)\n"              \
-  "%b : f32[6, 4] = MatMul(" h ", %w2)\n"    \
-  "%r : f32[6, 4] = Add(%f, %b)\n"           \
-  "%y : f32[2, 3, 4] = Reshape(%r)\n"        \
+#define FLAT_MLP(h)                                                                                                 \
+  "%a : f32[6, 5] = MatMul(%n, %w1)\n"                                                                              \
+  "%h : f32[6, 5] = Relu(%a)\n"                                                                                     \
+  "%b : f32[6, 4] = MatMul(" h ", %w2)\n"                                                                           \
+  "%r : f32[6, 4] = Add(%f, %b)\n"                                                                                  \
+  "%y : f32[2, 3, 4] = Reshape(%r)\n"                                                                               \
   "output %y\n"
 
 static const Case cases[] = {
@@ -201,8 +205,7 @@ static const Case cases[] = {
     {"attention: mask computed from a float tril buffer (no constant folding)",
      HEADS "param %buf : f32[1, 1, 6, 6] = dense<[1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, "
            "1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1]>\n"
-           "const %zero : f32[] = dense<0>\n" SCORES
-           "%ss : f32[1, 2, 4, 4] = Mul(%s, %half)\n"
+           "const %zero : f32[] = dense<0>\n" SCORES "%ss : f32[1, 2, 4, 4] = Mul(%s, %half)\n"
            "%sl : f32[1, 1, 4, 4] = Slice(%buf) {starts = [0, 0, 0, 0], steps = [1, 1, 1, 1]}\n"
            "%drop : bool[1, 1, 4, 4] = Equal(%sl, %zero)\n"
            "%m : f32[1, 2, 4, 4] = Where(%drop, %ninf, %ss)\n" ATTEND("%m"),
@@ -210,8 +213,7 @@ static const Case cases[] = {
     {"not attention: anti-causal mask",
      HEADS SCORES "%m : f32[1, 2, 4, 4] = Where(%upper, %s, %ninf)\n" ATTEND("%m"),
      "Attention=0 Softmax=1 MatMul=2 Where=1"},
-    {"not attention: no mask",
-     HEADS SCORES ATTEND("%s"), "Attention=0 Softmax=1 MatMul=2"},
+    {"not attention: no mask", HEADS SCORES ATTEND("%s"), "Attention=0 Softmax=1 MatMul=2"},
     {"not attention: additive mask the wrong way round",
      HEADS SCORES "%m : f32[1, 2, 4, 4] = Sub(%s, %additive)\n" ATTEND("%m"), "Attention=0 Softmax=1"},
 
@@ -366,8 +368,8 @@ static const Case cases[] = {
      "Attention=0 Softmax=1 Tanh=1"},
     {"attention: GPT-BigCode's multi-query scores [B, T*H, T] with the heads inside the queries",
      INNER("%keep_inner"), "Attention=1 Softmax=0 MatMul=0 Where=0 Transpose=0 Reshape=1"},
-    {"not attention: the heads inside the queries, a mask wrong in head 1",
-     INNER("%keep_wrong"), "Attention=0 Softmax=1"},
+    {"not attention: the heads inside the queries, a mask wrong in head 1", INNER("%keep_wrong"),
+     "Attention=0 Softmax=1"},
     {"not attention: a padding mask hides key 0 of batch row 1",
      BATCH2 "%kt : f32[2, 2, 3, 4] = Transpose(%k) {perm = [0, 1, 3, 2]}\n"
             "%s : f32[2, 2, 4, 4] = MatMul(%q, %kt)\n"
@@ -390,19 +392,21 @@ static const Case cases[] = {
 
     /* OPT's MLP on rows flattened to [B*T, C] */
     {"unflatten: Reshape [B*T, C], LayerNorm, Linear, Relu, Linear, residual Add, Reshape back",
-     FLAT "%n : f32[6, 4] = LayerNorm(%f, %g) {axis = 1, epsilon = 1e-05}\n" FLAT_MLP("%h"), "Reshape=1 LayerNorm=1 Linear=2"}, /* the output keeps its Reshape */
+     FLAT "%n : f32[6, 4] = LayerNorm(%f, %g) {axis = 1, epsilon = 1e-05}\n" FLAT_MLP("%h"),
+     "Reshape=1 LayerNorm=1 Linear=2"}, /* the output keeps its Reshape */
     {"not unflatten: a Softmax over the rows (axis 0) in the block",
      FLAT "%n : f32[6, 4] = Softmax(%f) {axis = 0}\n" FLAT_MLP("%h"), "Reshape=2 Softmax=1"},
 
     /* LayerNorm */
     {"layernorm: opset < 17 chain, affine operands first",
      LN_INPUTS LN_CHAIN("Pow(%d, %two)", "2", "[2, 3, 1]") "%sc : f32[2, 3, 4] = Mul(%g, %n)\n"
-                                              "%y : f32[2, 3, 4] = Add(%b, %sc)\n"
-                                              "output %y\n",
+                                                           "%y : f32[2, 3, 4] = Add(%b, %sc)\n"
+                                                           "output %y\n",
      "LayerNorm=1 ReduceMean=0 Sub=0 Pow=0 Sqrt=0 Div=0 Mul=0 Add=0"},
     {"layernorm: Mul(d, d) and no affine part (scale of ones)",
      LN_INPUTS LN_CHAIN("Mul(%d, %d)", "2", "[2, 3, 1]") "output %n\n", "LayerNorm=1 Mul=0 Div=0"},
-    {"not layernorm: cubed", LN_INPUTS LN_CHAIN("Pow(%d, %three)", "2", "[2, 3, 1]") "output %n\n", "LayerNorm=0 Div=1"},
+    {"not layernorm: cubed", LN_INPUTS LN_CHAIN("Pow(%d, %three)", "2", "[2, 3, 1]") "output %n\n",
+     "LayerNorm=0 Div=1"},
     {"not layernorm: over another axis", LN_INPUTS LN_CHAIN("Pow(%d, %two)", "1", "[2, 1, 4]") "output %n\n",
      "LayerNorm=0 Div=1"},
 

@@ -302,25 +302,41 @@ int main(void) {
   check_case("shard-fused.tir", "mask.tir", 2);  /* a bias alike for every head stays whole */
   check_case("shard-fused.tir", "alibi.tir", 2); /* a per-head bias: the attention stays whole */
   check_frozen("shard-fused.tir", "alibi-param.tir", 2, "alibi"); /* a frozen bias param: split */
-  check_case("shard-fused.tir", "mqa.tir", 2);   /* multi-query K/V fused with Q: likewise */
-  check_case("shard-fused.tir", "qkv-mq.tir", 2); /* one K/V head fused apart from Q: whole on both */
-  check_case("shard-fused.tir", "grouped.tir", 2); /* [groups, q per group + 2, head_dim] */
-  check_case("shard-fused.tir", "scaled.tir", 2);  /* a trainable scale of split features */
+  check_case("shard-fused.tir", "mqa.tir", 2);                    /* multi-query K/V fused with Q: likewise */
+  check_case("shard-fused.tir", "qkv-mq.tir", 2);      /* one K/V head fused apart from Q: whole on both */
+  check_case("shard-fused.tir", "grouped.tir", 2);     /* [groups, q per group + 2, head_dim] */
+  check_case("shard-fused.tir", "scaled.tir", 2);      /* a trainable scale of split features */
   check_case("shard-fused.tir", "heads-split.tir", 2); /* [3 x heads, head_dim] cut by Split */
-  check_case("shard-qknorm.tir", "qk.tir", 2);     /* norms within each head: scales whole, summed */
-  check_case("shard-qknorm.tir", "qk.tir", 4);     /* ... and K/V heads shared by two ranks each */
-  check_case("shard-qknorm.tir", "olmo.tir", 2);   /* norms over all heads: mean squares all-reduced */
-  check_case("shard-qknorm.tir", "olmo.tir", 4);   /* ... with K/V heads shared by two ranks each */
-  check_case("shard-qknorm.tir", "across.tir", 2); /* likewise over heads and features of [B, T, H, D] */
+  check_case("shard-qknorm.tir", "qk.tir", 2);         /* norms within each head: scales whole, summed */
+  check_case("shard-qknorm.tir", "qk.tir", 4);         /* ... and K/V heads shared by two ranks each */
+  check_case("shard-qknorm.tir", "olmo.tir", 2);       /* norms over all heads: mean squares all-reduced */
+  check_case("shard-qknorm.tir", "olmo.tir", 4);       /* ... with K/V heads shared by two ranks each */
+  check_case("shard-qknorm.tir", "across.tir", 2);     /* likewise over heads and features of [B, T, H, D] */
   /* every fixture, raised as tokpipec raises it, over 2 ranks and over 4 where its heads
    * divide (not fused_block's 2, gpt_o17_erf_untied_bias_dyn_trilu's 2 or
    * gpt_o17_erf_untied_bias_external's 6) */
-  static const char *const fixtures[] = {
-      "fused_block", "gpt_o14_erf_tied_bias_static", "gpt_o14_erf_untied_bias_static_nofold",
-      "gpt_o14_tanh_tied_bias_dyn_conv1d", "gpt_o14_tanh_untied_nobias_dyn", "gpt_o17_erf_tied_bias_static",
-      "gpt_o17_erf_untied_bias_dyn_trilu", "gpt_o17_erf_untied_bias_external", "gpt_o17_tanh_untied_nobias_dyn",
-      "hf_bloom", "hf_falcon", "hf_gemma", "hf_gpt2", "hf_gpt_neo", "hf_gpt_neox", "hf_gptj", "hf_llama",
-      "hf_mistral", "hf_mpt", "hf_opt", "hf_phi", "hf_qwen2"};
+  static const char *const fixtures[] = {"fused_block",
+                                         "gpt_o14_erf_tied_bias_static",
+                                         "gpt_o14_erf_untied_bias_static_nofold",
+                                         "gpt_o14_tanh_tied_bias_dyn_conv1d",
+                                         "gpt_o14_tanh_untied_nobias_dyn",
+                                         "gpt_o17_erf_tied_bias_static",
+                                         "gpt_o17_erf_untied_bias_dyn_trilu",
+                                         "gpt_o17_erf_untied_bias_external",
+                                         "gpt_o17_tanh_untied_nobias_dyn",
+                                         "hf_bloom",
+                                         "hf_falcon",
+                                         "hf_gemma",
+                                         "hf_gpt2",
+                                         "hf_gpt_neo",
+                                         "hf_gpt_neox",
+                                         "hf_gptj",
+                                         "hf_llama",
+                                         "hf_mistral",
+                                         "hf_mpt",
+                                         "hf_opt",
+                                         "hf_phi",
+                                         "hf_qwen2"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) {
     check_fixture(fixtures[i], 2);
     if (i != 0 && i != 6 && i != 7) check_fixture(fixtures[i], 4);

@@ -44,8 +44,8 @@ typedef double (*LossFn)(void *ctx);
 
 /* Compares `grad` (the kernel's d L / d x) with central differences of f over each x[i].
  * The error is measured against the largest gradient magnitude. */
-static void check_grad(const char *what, LossFn f, void *ctx, float *x, int64_t n,
-                       const float *grad, float eps, double tol) {
+static void check_grad(const char *what, LossFn f, void *ctx, float *x, int64_t n, const float *grad, float eps,
+                       double tol) {
   double worst = 0, scale = 1e-6;
   int64_t at = -1;
   double *num = malloc((size_t)(n ? n : 1) * sizeof *num);
@@ -66,8 +66,8 @@ static void check_grad(const char *what, LossFn f, void *ctx, float *x, int64_t 
     if (!(err <= worst)) worst = err, at = i; /* NaN counts as the worst */
   }
   if (!(worst <= tol * scale))
-    fail("%s: max_abs_err=%.3g at [%lld] (kernel %.7g, finite difference %.7g, largest %.3g)", what,
-         worst, (long long)at, grad[at], num[at], scale);
+    fail("%s: max_abs_err=%.3g at [%lld] (kernel %.7g, finite difference %.7g, largest %.3g)", what, worst,
+         (long long)at, grad[at], num[at], scale);
   free(num);
 }
 
@@ -97,11 +97,10 @@ static void test_linear(bool tw, bool bias) {
   for (int64_t i = 0; i < c.M; i++)
     for (int64_t j = 0; j < c.N; j++) {
       double s = bias ? c.b[j] : 0;
-      for (int64_t k = 0; k < c.K; k++)
-        s += (double)c.x[i * c.K + k] * c.w[tw ? j * c.K + k : k * c.N + j];
+      for (int64_t k = 0; k < c.K; k++) s += (double)c.x[i * c.K + k] * c.w[tw ? j * c.K + k : k * c.N + j];
       if (fabs(s - c.y[i * c.N + j]) > 1e-5) {
-        fail("linear tw=%d forward [%lld,%lld]: got %g want %g", tw, (long long)i, (long long)j,
-             c.y[i * c.N + j], s);
+        fail("linear tw=%d forward [%lld,%lld]: got %g want %g", tw, (long long)i, (long long)j, c.y[i * c.N + j],
+             s);
         i = c.M;
         break;
       }
@@ -130,8 +129,8 @@ static double matmul_loss(void *ctx) {
   return dot(c->dy, c->y.data, tp_tensor_numel(&c->y));
 }
 
-static void test_matmul_case(const char *name, int ra, const int64_t *da, int rb, const int64_t *db,
-                             int ry, const int64_t *dyd) {
+static void test_matmul_case(const char *name, int ra, const int64_t *da, int rb, const int64_t *db, int ry,
+                             const int64_t *dyd) {
   MatMulCase c;
   c.a = tensor(TP_F32, NULL, ra, da);
   c.b = tensor(TP_F32, NULL, rb, db);
@@ -156,26 +155,20 @@ static void test_matmul_case(const char *name, int ra, const int64_t *da, int rb
   float *only = zeros(nb);
   TpTensor gb2 = tensor(TP_F32, only, rb, db);
   tp_matmul_backward_f32(&dyt, &c.a, &c.b, NULL, &gb2);
-  if (memcmp(only, gb.data, (size_t)nb * sizeof(float)))
-    fail("matmul %s: dB alone differs from dB with dA", name);
-  free(only), free(c.a.data), free(c.b.data), free(c.y.data), free(c.dy), free(ga.data),
-      free(gb.data);
+  if (memcmp(only, gb.data, (size_t)nb * sizeof(float))) fail("matmul %s: dB alone differs from dB with dA", name);
+  free(only), free(c.a.data), free(c.b.data), free(c.y.data), free(c.dy), free(ga.data), free(gb.data);
 }
 
 static void test_matmul(void) {
   test_matmul_case("2d", 2, (int64_t[]){3, 4}, 2, (int64_t[]){4, 5}, 2, (int64_t[]){3, 5});
-  test_matmul_case("broadcast [2,1,3,4]@[3,4,5]", 4, (int64_t[]){2, 1, 3, 4}, 3,
-                   (int64_t[]){3, 4, 5}, 4, (int64_t[]){2, 3, 3, 5});
-  test_matmul_case("broadcast [3,1,2,4]@[1,2,4,3]", 4, (int64_t[]){3, 1, 2, 4}, 4,
-                   (int64_t[]){1, 2, 4, 3}, 4, (int64_t[]){3, 2, 2, 3});
-  test_matmul_case("shared b [2,3,4]@[4,5]", 3, (int64_t[]){2, 3, 4}, 2, (int64_t[]){4, 5}, 3,
-                   (int64_t[]){2, 3, 5});
-  test_matmul_case("shared a [3,4]@[2,4,5]", 2, (int64_t[]){3, 4}, 3, (int64_t[]){2, 4, 5}, 3,
-                   (int64_t[]){2, 3, 5});
-  test_matmul_case("1-D a [4]@[2,4,3]", 1, (int64_t[]){4}, 3, (int64_t[]){2, 4, 3}, 2,
-                   (int64_t[]){2, 3});
-  test_matmul_case("1-D b [2,3,4]@[4]", 3, (int64_t[]){2, 3, 4}, 1, (int64_t[]){4}, 2,
-                   (int64_t[]){2, 3});
+  test_matmul_case("broadcast [2,1,3,4]@[3,4,5]", 4, (int64_t[]){2, 1, 3, 4}, 3, (int64_t[]){3, 4, 5}, 4,
+                   (int64_t[]){2, 3, 3, 5});
+  test_matmul_case("broadcast [3,1,2,4]@[1,2,4,3]", 4, (int64_t[]){3, 1, 2, 4}, 4, (int64_t[]){1, 2, 4, 3}, 4,
+                   (int64_t[]){3, 2, 2, 3});
+  test_matmul_case("shared b [2,3,4]@[4,5]", 3, (int64_t[]){2, 3, 4}, 2, (int64_t[]){4, 5}, 3, (int64_t[]){2, 3, 5});
+  test_matmul_case("shared a [3,4]@[2,4,5]", 2, (int64_t[]){3, 4}, 3, (int64_t[]){2, 4, 5}, 3, (int64_t[]){2, 3, 5});
+  test_matmul_case("1-D a [4]@[2,4,3]", 1, (int64_t[]){4}, 3, (int64_t[]){2, 4, 3}, 2, (int64_t[]){2, 3});
+  test_matmul_case("1-D b [2,3,4]@[4]", 3, (int64_t[]){2, 3, 4}, 1, (int64_t[]){4}, 2, (int64_t[]){2, 3});
   test_matmul_case("1-D both [4]@[4]", 1, (int64_t[]){4}, 1, (int64_t[]){4}, 0, (int64_t[]){0});
   float a[2], b[3], y[1];
   TpTensor A = tensor(TP_F32, a, 1, (int64_t[]){2}), B = tensor(TP_F32, b, 1, (int64_t[]){3});
@@ -209,23 +202,21 @@ static void test_gather_case(int axis, TpDType idt) {
   int64_t ydims[4];
   int r = 0;
   for (int d = 0; d < 3; d++) {
-    if (d == axis)
-      ydims[r++] = 2, ydims[r++] = 3;
-    else
-      ydims[r++] = ddims[d];
+    if (d == axis) ydims[r++] = 2, ydims[r++] = 3;
+    else ydims[r++] = ddims[d];
   }
   c.y = tensor(TP_F32, zeros(360), 4, ydims);
   c.dy = rand_array(tp_tensor_numel(&c.y), 1);
   TpTensor dyt = tensor(TP_F32, c.dy, 4, ydims), dd = tensor(TP_F32, rand_array(60, 1), 3, ddims);
   int64_t bad = 0;
-  if (tp_gather_backward(&dyt, &c.idx, axis, -1, &dd, &bad) != TP_KERNEL_OK)
-    fail("gather backward refused");
+  if (tp_gather_backward(&dyt, &c.idx, axis, -1, &dd, &bad) != TP_KERNEL_OK) fail("gather backward refused");
   char what[64];
   snprintf(what, sizeof what, "gather backward axis %d %s", axis, tp_dtype_name(idt));
   check_grad(what, gather_loss, &c, c.data.data, 60, dd.data, 1e-2f, 1e-5);
   /* padding index 1 (named three times) leaves its slice 0 and every other as it was */
   TpTensor dp = tensor(TP_F32, rand_array(60, 1), 3, ddims);
-  if (tp_gather_backward(&dyt, &c.idx, axis, 1, &dp, &bad) != TP_KERNEL_OK) fail("gather backward refused a padding index");
+  if (tp_gather_backward(&dyt, &c.idx, axis, 1, &dp, &bad) != TP_KERNEL_OK)
+    fail("gather backward refused a padding index");
   int64_t inner = 1;
   for (int d = axis + 1; d < 3; d++) inner *= ddims[d];
   for (int64_t e = 0; e < 60; e++) {
@@ -246,8 +237,7 @@ static void test_gather_embedding(void) {
   float *table = rand_array(4 * 3, 1), out[15], ref[15];
   int64_t bad = -7;
   if (tp_embedding_f32(table, ids, 5, 4, 3, out, &bad) != TP_KERNEL_OK) fail("embedding refused");
-  TpTensor T = tensor(TP_F32, table, 2, (int64_t[]){4, 3}),
-           I = tensor(TP_I64, ids, 1, (int64_t[]){5});
+  TpTensor T = tensor(TP_F32, table, 2, (int64_t[]){4, 3}), I = tensor(TP_I64, ids, 1, (int64_t[]){5});
   TpTensor R = tensor(TP_F32, ref, 2, (int64_t[]){5, 3});
   tp_gather(&T, &I, 0, &R, &bad);
   if (memcmp(out, ref, sizeof out)) fail("embedding differs from gather on axis 0");
@@ -259,8 +249,7 @@ static void test_gather_embedding(void) {
     fail("embedding: id -5 of 4 rows not reported");
   /* gather backward with a bad index */
   float g[15] = {0}, dt[12];
-  TpTensor G = tensor(TP_F32, g, 2, (int64_t[]){5, 3}),
-           DT = tensor(TP_F32, dt, 2, (int64_t[]){4, 3});
+  TpTensor G = tensor(TP_F32, g, 2, (int64_t[]){5, 3}), DT = tensor(TP_F32, dt, 2, (int64_t[]){4, 3});
   if (tp_gather_backward(&G, &I, 0, -1, &DT, &bad) != TP_KERNEL_BAD_INDEX || bad != -5)
     fail("gather backward: index -5 not reported (bad %lld)", (long long)bad);
   free(table);
@@ -280,8 +269,8 @@ static double slice_loss(void *ctx) {
   return dot(c->dy, c->y.data, tp_tensor_numel(&c->y));
 }
 
-static void test_slice_case(const char *name, int rank, const int64_t *xd, const int64_t *yd,
-                            const int64_t *starts, const int64_t *steps) {
+static void test_slice_case(const char *name, int rank, const int64_t *xd, const int64_t *yd, const int64_t *starts,
+                            const int64_t *steps) {
   SliceCase c = {.starts = starts, .steps = steps};
   c.x = tensor(TP_F32, NULL, rank, xd);
   c.y = tensor(TP_F32, NULL, rank, yd);
@@ -290,8 +279,7 @@ static void test_slice_case(const char *name, int rank, const int64_t *xd, const
   c.y.data = zeros(ny);
   c.dy = rand_array(ny, 1);
   TpTensor dyt = tensor(TP_F32, c.dy, rank, yd), dx = tensor(TP_F32, rand_array(nx, 1), rank, xd);
-  if (tp_slice_backward(&dyt, starts, steps, &dx) != TP_KERNEL_OK)
-    fail("slice backward %s refused", name);
+  if (tp_slice_backward(&dyt, starts, steps, &dx) != TP_KERNEL_OK) fail("slice backward %s refused", name);
   char what[64];
   snprintf(what, sizeof what, "slice backward %s", name);
   check_grad(what, slice_loss, &c, c.x.data, nx, dx.data, 1e-2f, 1e-5);
@@ -299,12 +287,10 @@ static void test_slice_case(const char *name, int rank, const int64_t *xd, const
 }
 
 static void test_slice(void) {
-  test_slice_case("negative steps", 3, (int64_t[]){5, 6, 4}, (int64_t[]){3, 3, 4},
-                  (int64_t[]){4, 1, 0}, (int64_t[]){-2, 2, 1});
-  test_slice_case("reverse last", 2, (int64_t[]){3, 7}, (int64_t[]){2, 7}, (int64_t[]){1, 6},
-                  (int64_t[]){1, -1});
-  test_slice_case("step 3", 2, (int64_t[]){4, 10}, (int64_t[]){4, 3}, (int64_t[]){0, 2},
-                  (int64_t[]){1, 3});
+  test_slice_case("negative steps", 3, (int64_t[]){5, 6, 4}, (int64_t[]){3, 3, 4}, (int64_t[]){4, 1, 0},
+                  (int64_t[]){-2, 2, 1});
+  test_slice_case("reverse last", 2, (int64_t[]){3, 7}, (int64_t[]){2, 7}, (int64_t[]){1, 6}, (int64_t[]){1, -1});
+  test_slice_case("step 3", 2, (int64_t[]){4, 10}, (int64_t[]){4, 3}, (int64_t[]){0, 2}, (int64_t[]){1, 3});
   float a[4] = {0}, b[2] = {0};
   TpTensor X = tensor(TP_F32, a, 1, (int64_t[]){4}), Y = tensor(TP_F32, b, 1, (int64_t[]){2});
   if (tp_slice_backward(&Y, (int64_t[]){3}, (int64_t[]){1}, &X) != TP_KERNEL_BAD_SHAPE)
@@ -333,15 +319,13 @@ static void test_layernorm(void) {
   c.bias = rand_array(c.n, 1);
   c.y = zeros(total);
   c.dy = rand_array(total, 1);
-  float *mean = zeros(c.rows), *inv = zeros(c.rows), *dx = zeros(total), *ds = zeros(c.n),
-        *db = zeros(c.n);
+  float *mean = zeros(c.rows), *inv = zeros(c.rows), *dx = zeros(total), *ds = zeros(c.n), *db = zeros(c.n);
   tp_layernorm_f32(c.x, c.scale, c.bias, c.rows, c.n, 1e-5f, c.y, mean, inv);
   tp_layernorm_backward_f32(c.dy, c.x, c.scale, mean, inv, c.rows, c.n, dx, ds, db);
   check_grad("layernorm dX", layernorm_loss, &c, c.x, total, dx, 1e-2f, 5e-4);
   check_grad("layernorm dScale", layernorm_loss, &c, c.scale, c.n, ds, 1e-2f, 1e-4);
   check_grad("layernorm dB", layernorm_loss, &c, c.bias, c.n, db, 1e-2f, 1e-4);
-  free(c.x), free(c.scale), free(c.bias), free(c.y), free(c.dy), free(mean), free(inv), free(dx),
-      free(ds), free(db);
+  free(c.x), free(c.scale), free(c.bias), free(c.y), free(c.dy), free(mean), free(inv), free(dx), free(ds), free(db);
 }
 
 /* ---- Gelu ---- */
@@ -396,8 +380,7 @@ static void test_softmax(bool log, int64_t inner) {
   softmax_loss(&c);
   tp_softmax_backward_f32(c.dy, c.y, c.outer, c.n, c.inner, log, dx);
   char what[64];
-  snprintf(what, sizeof what, "%s backward inner=%lld", log ? "logsoftmax" : "softmax",
-           (long long)inner);
+  snprintf(what, sizeof what, "%s backward inner=%lld", log ? "logsoftmax" : "softmax", (long long)inner);
   check_grad(what, softmax_loss, &c, c.x, total, dx, 1e-2f, 5e-4);
   free(c.x), free(c.y), free(c.dy), free(dx);
 }
@@ -530,8 +513,7 @@ static double ce_loss(void *ctx) {
   CECase *c = ctx;
   float loss;
   int64_t bad;
-  if (tp_cross_entropy_f32(c->logits, c->targets, c->R, c->V, c->denom, &loss, &bad) !=
-      TP_KERNEL_OK)
+  if (tp_cross_entropy_f32(c->logits, c->targets, c->R, c->V, c->denom, &loss, &bad) != TP_KERNEL_OK)
     fail("cross entropy refused");
   return (double)c->dloss * loss;
 }
@@ -557,13 +539,10 @@ static void test_cross_entropy(void) {
   check_grad("cross entropy backward", ce_loss, &c, c.logits, c.R * c.V, dl, 1e-2f, 5e-4);
 
   targets[2] = 7;
-  if (tp_cross_entropy_f32(c.logits, targets, c.R, c.V, c.denom, &loss, &bad) !=
-          TP_KERNEL_BAD_INDEX ||
-      bad != 2)
+  if (tp_cross_entropy_f32(c.logits, targets, c.R, c.V, c.denom, &loss, &bad) != TP_KERNEL_BAD_INDEX || bad != 2)
     fail("cross entropy: target 7 of 7 classes not reported at row 2");
   targets[2] = -1;
-  if (tp_cross_entropy_backward_f32(1, c.logits, targets, c.R, c.V, c.denom, dl, &bad) !=
-      TP_KERNEL_BAD_INDEX)
+  if (tp_cross_entropy_backward_f32(1, c.logits, targets, c.R, c.V, c.denom, dl, &bad) != TP_KERNEL_BAD_INDEX)
     fail("cross entropy backward: target -1 not reported");
   free(c.logits), free(dl);
 }
@@ -583,31 +562,24 @@ static void test_adamw(void) {
   const float g1[4] = {0.1f, -0.2f, 0.3f, 0.0f}, g2[4] = {-0.05f, 0.4f, 0.3f, 1e-3f};
   double lr = 0.01, wd = 0.1;
   /* Step 1 by hand: mhat = g, vhat = g^2, so w = w * (1 - lr*wd) - lr * sign(g). */
-  float hand[4] = {0.5f * 0.999f - 0.01f, -1.0f * 0.999f + 0.01f, 2.0f * 0.999f - 0.01f,
-                   0.25f * 0.999f};
+  float hand[4] = {0.5f * 0.999f - 0.01f, -1.0f * 0.999f + 0.01f, 2.0f * 0.999f - 0.01f, 0.25f * 0.999f};
   tp_adamw_step(w, g1, m, v, 4, lr, 0.9, 0.999, 1e-8, wd, 1);
   check_exact("adamw step 1 by hand", w, hand, 4, 1e-6);
   /* torch.optim.AdamW(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1), float32,
    * torch 1.13 (tools: print with %.9g after each opt.step()). */
-  check_exact("adamw step 1 w", w,
-              (float[]){0.489500016f, -0.989000022f, 1.98800004f, 0.249750003f}, 4, 2e-7);
-  check_exact("adamw step 1 m", m, (float[]){0.0100000007f, -0.0200000014f, 0.0300000012f, 0}, 4,
-              2e-7);
-  check_exact("adamw step 1 v", v, (float[]){1.00000007e-05f, 4.00000026e-05f, 9.00000086e-05f, 0},
-              4, 2e-7);
+  check_exact("adamw step 1 w", w, (float[]){0.489500016f, -0.989000022f, 1.98800004f, 0.249750003f}, 4, 2e-7);
+  check_exact("adamw step 1 m", m, (float[]){0.0100000007f, -0.0200000014f, 0.0300000012f, 0}, 4, 2e-7);
+  check_exact("adamw step 1 v", v, (float[]){1.00000007e-05f, 4.00000026e-05f, 9.00000086e-05f, 0}, 4, 2e-7);
   tp_adamw_step(w, g2, m, v, 4, lr, 0.9, 0.999, 1e-8, wd, 2);
-  check_exact("adamw step 2 w", w,
-              (float[]){0.486347139f, -0.991672099f, 1.97601211f, 0.242058992f}, 4, 2e-7);
-  check_exact("adamw step 2 m", m,
-              (float[]){0.00400000019f, 0.0219999999f, 0.0570000038f, 0.000100000005f}, 4, 2e-7);
-  check_exact("adamw step 2 v", v,
-              (float[]){1.24900007e-05f, 0.000199960006f, 0.000179910014f, 1.00000019e-09f}, 4,
+  check_exact("adamw step 2 w", w, (float[]){0.486347139f, -0.991672099f, 1.97601211f, 0.242058992f}, 4, 2e-7);
+  check_exact("adamw step 2 m", m, (float[]){0.00400000019f, 0.0219999999f, 0.0570000038f, 0.000100000005f}, 4,
+              2e-7);
+  check_exact("adamw step 2 v", v, (float[]){1.24900007e-05f, 0.000199960006f, 0.000179910014f, 1.00000019e-09f}, 4,
               2e-7);
 
   /* sum of squares: exact for small integers, and the same bits on a large array */
   float sq[5] = {1, -2, 3, 0, 4};
-  if (tp_sum_squares_f32(sq, 5) != 30)
-    fail("sum of squares: %g, want 30", tp_sum_squares_f32(sq, 5));
+  if (tp_sum_squares_f32(sq, 5) != 30) fail("sum of squares: %g, want 30", tp_sum_squares_f32(sq, 5));
   int64_t n = 100003;
   float *big = rand_array(n, 1);
   double want = 0;
@@ -639,8 +611,7 @@ static void test_thread_count(void) {
   float *inv = rand_array(M, 1), *logits = rand_array(M * V, 1);
   int64_t targets[M], bad;
   for (int i = 0; i < M; i++) targets[i] = (i * 7919) % V;
-  TpTensor G = tensor(TP_F32, dy, 2, (int64_t[]){M, C}),
-           I = tensor(TP_I64, targets, 1, (int64_t[]){M});
+  TpTensor G = tensor(TP_F32, dy, 2, (int64_t[]){M, C}), I = tensor(TP_I64, targets, 1, (int64_t[]){M});
   float *run[2][9];
   double sums[2];
   int threads[2] = {1, 3}, saved = omp_get_max_threads();
@@ -691,8 +662,8 @@ static void test_vecmath(void) {
   if (tanh_abs > 2.5e-7) fail("tp_vtanhf: absolute error %.3g at %g", tanh_abs, at_tanh);
   if (erf_abs > 6e-7) fail("tp_verff: absolute error %.3g at %g", erf_abs, at_erf);
   if (tp_vexpf(-100) != 0 || tp_vtanhf(50) != 1 || tp_vtanhf(-50) != -1 || tp_verff(8) != 1)
-    fail("vecmath saturation: exp(-100) %g tanh(50) %g tanh(-50) %g erf(8) %g", tp_vexpf(-100),
-         tp_vtanhf(50), tp_vtanhf(-50), tp_verff(8));
+    fail("vecmath saturation: exp(-100) %g tanh(50) %g tanh(-50) %g erf(8) %g", tp_vexpf(-100), tp_vtanhf(50),
+         tp_vtanhf(-50), tp_verff(8));
 }
 
 /* ---- the interpreter entries ---- */
@@ -720,15 +691,14 @@ static void test_exec(void) {
   int op = add_op(TP_OP_Linear, 3, 1);
   tp_set_attr_int(module, op, "transpose_w", 1);
   float *x = rand_array(2 * 3 * 4, 1), *w = rand_array(5 * 4, 1), *b = rand_array(5, 1), y[30], want[30];
-  TpTensor in[5] = {tensor(TP_F32, x, 3, (int64_t[]){2, 3, 4}),
-                    tensor(TP_F32, w, 2, (int64_t[]){5, 4}), tensor(TP_F32, b, 1, (int64_t[]){5})};
+  TpTensor in[5] = {tensor(TP_F32, x, 3, (int64_t[]){2, 3, 4}), tensor(TP_F32, w, 2, (int64_t[]){5, 4}),
+                    tensor(TP_F32, b, 1, (int64_t[]){5})};
   TpTensor out[3] = {tensor(TP_F32, y, 3, (int64_t[]){2, 3, 5})};
   if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec Linear: %s", diag.last);
   tp_linear_f32(x, w, b, 6, 4, 5, true, want);
   if (memcmp(y, want, sizeof y)) fail("exec Linear differs from tp_linear_f32");
   out[0].dims[2] = 4;
-  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT)
-    fail("exec Linear accepted a bad result shape");
+  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT) fail("exec Linear accepted a bad result shape");
 
   /* CrossEntropy with i32 targets, default denominator = rows; a bad target is reported */
   op = add_op(TP_OP_CrossEntropy, 2, 1);
@@ -744,8 +714,7 @@ static void test_exec(void) {
   tp_cross_entropy_f32(lg, t64, 6, 5, 6, &loss_want, &bad);
   if (loss != loss_want) fail("exec CrossEntropy: %g, kernel %g", loss, loss_want);
   t32[4] = 5;
-  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT ||
-      !strstr(diag.last, "target 5 at position 4"))
+  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT || !strstr(diag.last, "target 5 at position 4"))
     fail("exec CrossEntropy bad target: %s", diag.last);
 
   /* Embedding: an id out of range is a user error naming the id */
@@ -755,8 +724,7 @@ static void test_exec(void) {
   in[0] = tensor(TP_F32, w, 2, (int64_t[]){5, 4});
   in[1] = tensor(TP_I64, ids, 1, (int64_t[]){3});
   out[0] = tensor(TP_F32, emb, 2, (int64_t[]){3, 4});
-  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT ||
-      !strstr(diag.last, "id 9 at position 1"))
+  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT || !strstr(diag.last, "id 9 at position 1"))
     fail("exec Embedding bad id: %s", diag.last);
 
   /* LogSoftmaxBackward is the log form, SoftmaxBackward the plain one */
@@ -767,8 +735,7 @@ static void test_exec(void) {
     in[0] = tensor(TP_F32, dy, 2, (int64_t[]){3, 4});
     in[1] = tensor(TP_F32, yy, 2, (int64_t[]){3, 4});
     out[0] = tensor(TP_F32, dx, 2, (int64_t[]){3, 4});
-    if (tp_exec_op(module, op, in, out, &diag) != TP_OK)
-      fail("exec softmax backward: %s", diag.last);
+    if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec softmax backward: %s", diag.last);
     tp_softmax_backward_f32(dy, yy, 1, 3, 4, k == 1, dxw);
     if (memcmp(dx, dxw, sizeof dx))
       fail("exec %s differs from the kernel", k ? "LogSoftmaxBackward" : "SoftmaxBackward");
@@ -789,8 +756,7 @@ static void test_exec(void) {
   out[0] = (TpTensor){0};
   out[1] = tensor(TP_F32, dk, 3, (int64_t[]){2, 3, 4});
   out[2] = tensor(TP_F32, dv, 3, (int64_t[]){2, 3, 4});
-  if (tp_exec_op(module, op, in, out, &diag) != TP_OK)
-    fail("exec AttentionBackward: %s", diag.last);
+  if (tp_exec_op(module, op, in, out, &diag) != TP_OK) fail("exec AttentionBackward: %s", diag.last);
   TpAttention p = {.batch = 2,
                    .q_heads = 2,
                    .kv_heads = 1,
@@ -832,7 +798,8 @@ static void test_exec(void) {
   tp_rotary_backward_f32(g8, x8, u8, 3, (int64_t[]){1, 3, 8}, (int64_t[]){1, 3, 4}, 4, true, fw);
   if (memcmp(f, fw, sizeof f)) fail("exec RotaryBackward differs from the kernel");
   in[2].dims[1] = 1; /* Sin [1, 1, 4] against Cos [1, 3, 4] */
-  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT) fail("exec RotaryBackward accepted tables that differ");
+  if (tp_exec_op(module, op, in, out, &diag) != TP_ERR_INPUT)
+    fail("exec RotaryBackward accepted tables that differ");
 
   op = add_op(TP_OP_SwiGLUBackward, 3, 2);
   in[0] = tensor(TP_F32, g8, 1, (int64_t[]){24});
@@ -933,7 +900,8 @@ static void test_rotary(const int64_t *dims, const int64_t *table_dims, int64_t 
   memcpy(c.dims, dims, sizeof c.dims);
   memcpy(c.table_dims, table_dims, sizeof c.table_dims);
   int64_t n = tp_numel(4, dims), nt = tp_numel(4, table_dims), D = dims[3], h = rd / 2;
-  c.x = rand_array(n, 1), c.cos = rand_array(nt, 1), c.sin = rand_array(nt, 1), c.y = zeros(n), c.dy = rand_array(n, 1);
+  c.x = rand_array(n, 1), c.cos = rand_array(nt, 1), c.sin = rand_array(nt, 1), c.y = zeros(n),
+  c.dy = rand_array(n, 1);
   double *want = malloc((size_t)n * sizeof *want);
   for (int64_t i = 0; i < n; i++) {
     int64_t j = i % D, idx[4], rest = i, t = 0;
@@ -1012,13 +980,13 @@ static void test_geglu(bool tanh_approx) {
   static const float gate7[7] = {-3.5f, -1.25f, -0.5f, 0, 0.75f, 2, 5.5f};
   static const float up7[7] = {0.5f, -2, 1.5f, 3, -0.25f, 1, -1.5f};
   static const float dy7[7] = {1, 0.5f, -1, 2, -0.75f, 1.25f, 0.25f};
-  static const double torch[2][3][7] = {
-      {{-0.000407100888, 0.264124434, -0.231403154, 0, -0.145007371, 1.95449974, -8.24999984},
-       {-0.00141088018, 0.122661583, -0.198757313, 3, 0.187354823, 1.35653975, -0.375000215},
-       {-0.000814201777, -0.0660311085, 0.154268769, 0, -0.435022114, 2.44312467, 1.37499997}},
-      {{-0.000308098828, 0.264571594, -0.231428985, 0, -0.144990139, 1.95459769, -8.24999999},
-       {-0.00121132188, 0.122492632, -0.198945145, 3, 0.187300923, 1.35762407, -0.375000018},
-       {-0.000616197655, -0.0661428985, 0.15428599, 0, -0.434970416, 2.44324712, 1.375}}};
+  static const double torch[2][3][7] =
+      {{{-0.000407100888, 0.264124434, -0.231403154, 0, -0.145007371, 1.95449974, -8.24999984},
+        {-0.00141088018, 0.122661583, -0.198757313, 3, 0.187354823, 1.35653975, -0.375000215},
+        {-0.000814201777, -0.0660311085, 0.154268769, 0, -0.435022114, 2.44312467, 1.37499997}},
+       {{-0.000308098828, 0.264571594, -0.231428985, 0, -0.144990139, 1.95459769, -8.24999999},
+        {-0.00121132188, 0.122492632, -0.198945145, 3, 0.187300923, 1.35762407, -0.375000018},
+        {-0.000616197655, -0.0661428985, 0.15428599, 0, -0.434970416, 2.44324712, 1.375}}};
   float y7[7], dg7[7], du7[7];
   char what[64];
   tp_geglu_f32(gate7, up7, 7, tanh_approx, y7);
@@ -1035,7 +1003,8 @@ static void test_geglu(bool tanh_approx) {
   float *g = rand_array(n, 6), *u = rand_array(n, 2), *d = rand_array(n, 1), *y = zeros(n), *dg = zeros(n);
   float *du = zeros(n), *gelu = zeros(n), *ref = zeros(n), *dgelu = zeros(n), *ref_dg = zeros(n), *ref_du = zeros(n);
   TpTensor G = tensor(TP_F32, g, 1, &n), U = tensor(TP_F32, u, 1, &n), D = tensor(TP_F32, d, 1, &n);
-  TpTensor Gelu = tensor(TP_F32, gelu, 1, &n), Ref = tensor(TP_F32, ref, 1, &n), Dgelu = tensor(TP_F32, dgelu, 1, &n);
+  TpTensor Gelu = tensor(TP_F32, gelu, 1, &n), Ref = tensor(TP_F32, ref, 1, &n),
+           Dgelu = tensor(TP_F32, dgelu, 1, &n);
   TpTensor RefDu = tensor(TP_F32, ref_du, 1, &n);
   tp_unary(tanh_approx ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, &G, &Gelu);
   tp_binary(TP_BINARY_MUL, &Gelu, &U, &Ref);

@@ -16,8 +16,7 @@
 #include "../check.h"
 
 /* got within atol + rtol |want| of want (inf matches inf of the same sign, NaN NaN). */
-static bool check(const char *what, const float *got, const double *want, int64_t n, double atol,
-                  double rtol) {
+static bool check(const char *what, const float *got, const double *want, int64_t n, double atol, double rtol) {
   for (int64_t i = 0; i < n; i++) {
     double g = got[i], w = want[i];
     bool ok = (isnan(g) && isnan(w)) || g == w || fabs(g - w) <= atol + rtol * fabs(w);
@@ -36,14 +35,14 @@ static void check_same_bits(const char *what, const float *a, const float *b, in
 /* ---- attention ---- */
 
 /* Element (b, h, s, d) of a Q/K/V/Y tensor in p's layout with `heads` heads and S rows. */
-static int64_t at(const TpAttention *p, int64_t b, int64_t h, int64_t s, int64_t d, int64_t heads,
-                  int64_t S, int64_t D) {
+static int64_t at(const TpAttention *p, int64_t b, int64_t h, int64_t s, int64_t d, int64_t heads, int64_t S,
+                  int64_t D) {
   return p->packed ? ((b * S + s) * heads + h) * D + d : ((b * heads + h) * S + s) * D + d;
 }
 
 /* ONNX Attention in double, straight from its definition; K/V rows [0, past) from past. */
-static void attention_ref(const TpAttention *p, const float *q, const float *k, const float *v,
-                          const float *pk, const float *pv, double *y, double *qk) {
+static void attention_ref(const TpAttention *p, const float *q, const float *k, const float *v, const float *pk,
+                          const float *pv, double *y, double *qk) {
   int64_t T = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size;
   double *s = malloc((size_t)T * sizeof *s);
   for (int64_t b = 0; b < p->batch; b++)
@@ -124,8 +123,14 @@ static void attention_case(const char *name, TpAttention p, bool with_qk) {
 
 static void test_attention(void) {
   /* 150 query rows: two full blocks of 64 and a short one. */
-  TpAttention base = {.batch = 2, .q_heads = 4, .kv_heads = 4, .q_len = 150, .kv_len = 150,
-                      .head_size = 8, .v_head_size = 8, .scale = 0.35f};
+  TpAttention base = {.batch = 2,
+                      .q_heads = 4,
+                      .kv_heads = 4,
+                      .q_len = 150,
+                      .kv_len = 150,
+                      .head_size = 8,
+                      .v_head_size = 8,
+                      .scale = 0.35f};
   attention_case("full", base, false);
   TpAttention c = base;
   c.is_causal = true;
@@ -248,8 +253,7 @@ static void test_gelu(bool tanh_approx) {
     want[i] = tanh_approx ? xi / (1 + exp(-2 * u)) : 0.5 * xi * erfc(-xi / sqrt(2.0));
   }
   TpTensor X = {TP_F32, 1, {n}, x}, Y = {TP_F32, 1, {n}, y};
-  if (tp_unary(tanh_approx ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, &X, &Y) != TP_KERNEL_OK)
-    fail("gelu refused");
+  if (tp_unary(tanh_approx ? TP_UNARY_GELU_TANH : TP_UNARY_GELU, &X, &Y) != TP_KERNEL_OK) fail("gelu refused");
   /* relative accuracy everywhere, down to the smallest normal results; in the far tails
    * the float exponent's rounding (|arg| ulp) grows it */
   const char *what = tanh_approx ? "gelu tanh" : "gelu erf";
@@ -302,8 +306,8 @@ static void sgemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
     tp_sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C3, ldc);
   }
   char what[96];
-  snprintf(what, sizeof what, "sgemm %c%c %lldx%lldx%lld beta %g%s", ta ? 'T' : 'N', tb ? 'T' : 'N',
-           (long long)M, (long long)N, (long long)K, beta, nested ? " nested" : "");
+  snprintf(what, sizeof what, "sgemm %c%c %lldx%lldx%lld beta %g%s", ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)M,
+           (long long)N, (long long)K, beta, nested ? " nested" : "");
   check(what, C1, want, M * ldc, 1e-4, 1e-5);
   check_same_bits(what, C1, C3, M * ldc);
   free(A), free(B), free(C0), free(C1), free(C3), free(want);

@@ -33,7 +33,8 @@ static void expect_close(const char *what, int parts, const float *got, const fl
   int64_t at;
   double err = rel_err(got, want, n, &at);
   printf("test_vocab_kernels: %s over %d ranges: max relative error %.2g\n", what, parts, err);
-  if (err > TOL) fail("%s over %d ranges: relative error %.2g at [%lld] above %.0e", what, parts, err, (long long)at, TOL);
+  if (err > TOL)
+    fail("%s over %d ranges: relative error %.2g at [%lld] above %.0e", what, parts, err, (long long)at, TOL);
 }
 
 /* Embedding and its backward: ids with repeats and negatives (counted from the end). */
@@ -102,7 +103,8 @@ static void check_cross_entropy(int parts) {
 
   int64_t p = 0;
   targets[4] = V, bad = -1;
-  if (tp_cross_entropy_stats_f32(cut, targets, &p, R, Vp, parts, part_stats, &bad) != TP_KERNEL_BAD_INDEX || bad != 4)
+  if (tp_cross_entropy_stats_f32(cut, targets, &p, R, Vp, parts, part_stats, &bad) != TP_KERNEL_BAD_INDEX ||
+      bad != 4)
     fail("cross-entropy stats over %d ranges: target %d not refused at row 4 (bad %lld)", parts, V, (long long)bad);
   targets[4] = -1, bad = -1;
   if (tp_cross_entropy_parts_backward_f32(dloss, cut, targets, stats, &p, R, Vp, parts, R, dcut, &bad) !=

@@ -50,8 +50,8 @@ struct Block {
 Block *cur;
 
 [[noreturn]] void die(const char *what) {
-  fprintf(stderr, "cuda-emulate: block (%u,%u,%u) thread (%u,%u,%u): %s\n", blockIdx.x, blockIdx.y,
-          blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z, what);
+  fprintf(stderr, "cuda-emulate: block (%u,%u,%u) thread (%u,%u,%u): %s\n", blockIdx.x, blockIdx.y, blockIdx.z,
+          threadIdx.x, threadIdx.y, threadIdx.z, what);
   abort();
 }
 

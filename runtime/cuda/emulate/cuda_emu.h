@@ -162,7 +162,8 @@ static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 void tp_emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *closure);
 
 template <typename F> void tp_emu_launch_fn(dim3 grid, dim3 block, F fn) {
-  tp_emu_launch(grid, block, [](void *c) { (*static_cast<F *>(c))(); }, &fn);
+  tp_emu_launch(
+      grid, block, [](void *c) { (*static_cast<F *>(c))(); }, &fn);
 }
 
 #endif

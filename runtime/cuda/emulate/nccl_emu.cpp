@@ -152,8 +152,10 @@ ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, nc
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  MPI_Datatype t = type == ncclFloat32 ? MPI_FLOAT : type == ncclFloat64 ? MPI_DOUBLE : type == ncclInt64 ? MPI_INT64_T
-                                                                                                           : MPI_INT8_T;
+  MPI_Datatype t = type == ncclFloat32   ? MPI_FLOAT
+                   : type == ncclFloat64 ? MPI_DOUBLE
+                   : type == ncclInt64   ? MPI_INT64_T
+                                         : MPI_INT8_T;
   if (op != ncclSum || count > (size_t)INT32_MAX) return ncclInvalidArgument;
   MPI_Comm mpi = comm->mpi;
   return queue("ncclAllReduce", stream, [=](MPI_Request *q) {
@@ -179,7 +181,9 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
 ncclResult_t ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int) { return ncclSystemError; }
 ncclResult_t ncclCommSplit(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *) { return ncclSystemError; }
 ncclResult_t ncclCommDestroy(ncclComm_t) { return ncclSystemError; }
-ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclSystemError; }
+ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
+  return ncclSystemError;
+}
 ncclResult_t ncclRecv(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclSystemError; }
 ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
   return ncclSystemError;
