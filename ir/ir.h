@@ -354,8 +354,8 @@ int tp_fold_op(TpModule *m, int op, bool *folded, TpDiag *d);
 /* passes/retie_params.c and passes/raise_transformer.c (the raise helper's passes). */
 int pass_retie_params(TpModule *m, TpPassOptions *opt, TpDiag *d);
 int pass_raise_transformer(TpModule *m, TpPassOptions *opt, TpDiag *d);
-int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt,
-                                   TpDiag *d); /* RMSNorm, Rotary, gated MLPs left primitive */
+/* raise-transformer with the RMSNorm, Rotary and gated-MLP chains left primitive */
+int pass_raise_transformer_unfused(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* Why the primitive attention whose scores MatMul `product` computes is not proven causal
  * (a module-owned string naming the op or the mask values that failed), or NULL when no
