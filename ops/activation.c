@@ -128,13 +128,24 @@ static int bind_gelu_backward(const TpModule *m, int op, const TpTensor *in, TpT
   return TP_OK;
 }
 
+/* A gated MLP's operands, (Gate, Up) or (dY, Gate, Up): Gate, Up and Y (or dY) of one size
+ * n, else a shape error. */
+static int gated_operands(const TpModule *m, int op, bool fwd, const TpTensor *in, const TpTensor *out,
+                          const TpTensor **gate, const TpTensor **up, int64_t *n, TpDiag *d) {
+  *gate = fwd ? &in[0] : &in[1], *up = fwd ? &in[1] : &in[2];
+  *n = tp_tensor_numel(*gate);
+  if (tp_tensor_numel(*up) != *n || (fwd ? tp_tensor_numel(&out[0]) : tp_tensor_numel(&in[0])) != *n)
+    return shape_error(m, op, d);
+  return TP_OK;
+}
+
 /* SwiGLU(Gate, Up) and SwiGLUBackward(dY, Gate, Up) -> dGate, dUp. */
 static int bind_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   bool fwd = m->ops[op].kind == TP_OP_SwiGLU;
-  const TpTensor *gate = fwd ? &in[0] : &in[1], *up = fwd ? &in[1] : &in[2];
-  int64_t n = tp_tensor_numel(gate);
-  if (tp_tensor_numel(up) != n || (fwd ? tp_tensor_numel(&out[0]) : tp_tensor_numel(&in[0])) != n)
-    return shape_error(m, op, d);
+  const TpTensor *gate, *up;
+  int64_t n;
+  int rc = gated_operands(m, op, fwd, in, out, &gate, &up, &n, d);
+  if (rc) return rc;
   b->kernel = fwd ? TP_K_SWIGLU : TP_K_SWIGLU_BACKWARD;
   b->a.swiglu =
       (TpSwiGLUArgs){fwd ? NULL : &in[0], gate, up, n, opt_out(m, op, out, 0), fwd ? NULL : opt_out(m, op, out, 1)};
@@ -144,12 +155,11 @@ static int bind_swiglu(const TpModule *m, int op, const TpTensor *in, TpTensor *
 /* GeGLU(Gate, Up) and GeGLUBackward(dY, Gate, Up) -> dGate, dUp, {approximate} as Gelu's. */
 static int bind_geglu(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   bool fwd = m->ops[op].kind == TP_OP_GeGLU, tanh_approx;
+  const TpTensor *gate, *up;
+  int64_t n;
   int rc = gelu_tanh(m, op, &tanh_approx, d);
+  if (!rc) rc = gated_operands(m, op, fwd, in, out, &gate, &up, &n, d);
   if (rc) return rc;
-  const TpTensor *gate = fwd ? &in[0] : &in[1], *up = fwd ? &in[1] : &in[2];
-  int64_t n = tp_tensor_numel(gate);
-  if (tp_tensor_numel(up) != n || (fwd ? tp_tensor_numel(&out[0]) : tp_tensor_numel(&in[0])) != n)
-    return shape_error(m, op, d);
   b->kernel = fwd ? TP_K_GEGLU : TP_K_GEGLU_BACKWARD;
   b->a.geglu = (TpGeGLUArgs){fwd ? NULL : &in[0],
                              gate,
