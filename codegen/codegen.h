@@ -16,6 +16,7 @@
 
 #include "../ir/ir.h"
 #include "../passes/planner/schedule.h"
+#include "rank_memory.h"
 
 /* Arena offsets and buffer sizes are multiples of this (a cache line, SIMD-friendly). */
 #define TP_ARENA_ALIGN 64
@@ -104,6 +105,8 @@ typedef struct {
   int microbatches; /* M (>= 1) */
   int dp;           /* D (>= 1) */
   TpScheduleKind kind;
+  TpPrecision precision; /* how parameters, gradients and activations are stored */
+  int zero;              /* 1: the D replicas each keep 1/D of the optimizer state (ZeRO-1) */
 } TpPipelineOptions;
 
 typedef struct {
@@ -115,9 +118,7 @@ typedef struct {
   int64_t *whole; /* per stage: parameters, gradients and AdamW state as --tensor 1
                            would hold them (the split parameters whole) */
   int *arenas;    /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
-  /* per stage (the rank running it), in bytes: its parameters, their gradients (twice with
-   * M > 1: the step's sum and one microbatch's), AdamW's two moments, arenas x arena */
-  int64_t *params, *grads, *state, *activations, *peak;
+  TpRankMemory *memory; /* per stage (the rank running it): codegen/rank_memory.h */
 } TpPipeline;
 
 /* Builds and verifies the schedule (a schedule that fails verification is a compiler bug:

@@ -623,15 +623,19 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
       fprintf(out, "ranks %d-%d (stage %d, per tensor rank%s):\n", s * tensor, s * tensor + tensor - 1, s,
               pl->o.dp > 1 ? "; every replica's alike" : "");
     else fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
-    print_bytes(out, "  parameters", pl->params[s], NULL);
-    print_bytes(out, "  gradients", pl->grads[s],
-                pl->o.microbatches > 1 ? "the step's sum and a microbatch's" : NULL);
-    print_bytes(out, "  optimizer state", pl->state[s], NULL);
+    const TpRankMemory *r = &pl->memory[s];
+    print_bytes(out, "  parameters", r->params, pl->o.precision ? tp_precision_name(pl->o.precision) : NULL);
+    const char *grads_note = pl->o.precision ? "16-bit, and the step's fp32 sum"
+                             : pl->o.microbatches > 1 ? "the step's sum and a microbatch's"
+                                                      : NULL;
+    print_bytes(out, "  gradients", r->grads, grads_note);
+    if (r->masters) print_bytes(out, "  master weights", r->masters, pl->o.zero ? "fp32, 1/D of them" : "fp32");
+    print_bytes(out, "  optimizer state", r->state, pl->o.zero ? "1/D of AdamW's moments" : NULL);
     snprintf(note, sizeof note, "%d microbatch arena%s alive at once", pl->arenas[s], pl->arenas[s] == 1 ? "" : "s");
-    print_bytes(out, "  activations", pl->activations[s], note);
-    print_bytes(out, "  peak", pl->peak[s], NULL);
+    print_bytes(out, "  activations", r->activations, note);
+    print_bytes(out, "  peak", r->peak, NULL);
     if (tensor > 1) {
-      int64_t split = pl->params[s] + pl->grads[s] + pl->state[s];
+      int64_t split = r->peak - r->activations;
       snprintf(note, sizeof note, "parameters, gradients and optimizer state at --tensor 1; %d-way saves %lld",
                tensor, (long long)(pl->whole[s] - split));
       print_bytes(out, "  unsplit", pl->whole[s], note);

@@ -91,50 +91,50 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
     return rc;
   }
   pl->arenas = calloc((size_t)S, sizeof *pl->arenas);
-  pl->params = calloc((size_t)S, sizeof *pl->params);
-  pl->grads = calloc((size_t)S, sizeof *pl->grads);
-  pl->state = calloc((size_t)S, sizeof *pl->state);
-  pl->activations = calloc((size_t)S, sizeof *pl->activations);
-  pl->peak = calloc((size_t)S, sizeof *pl->peak);
+  pl->memory = calloc((size_t)S, sizeof *pl->memory);
   pl->whole = calloc((size_t)S, sizeof *pl->whole);
-  TP_ASSERT(pl->arenas && pl->params && pl->grads && pl->state && pl->activations && pl->peak && pl->whole);
+  TpRankMemoryInput *in = calloc((size_t)S, sizeof *in), *whole = calloc((size_t)S, sizeof *whole);
+  TP_ASSERT(pl->arenas && pl->memory && pl->whole && in && whole);
+  for (int k = 0; k < S; k++) {
+    in[k] = (TpRankMemoryInput){.precision = pl->o.precision,
+                                .microbatches = M,
+                                .zero_shards = pl->o.zero ? pl->o.dp : 1};
+    whole[k] = in[k];
+  }
   for (int i = 0; i < mem->nparams; i++) {
     int v = mem->params[i];
-    int64_t bytes = tp_type_numel(&m->values[v].type) * 4, parts = m->values[v].shard.parts;
+    int64_t n = tp_type_numel(&m->values[v].type), parts = m->values[v].shard.parts;
     bool trained = m->grads && tp_grad_of(m, v) >= 0;
-    int copies = 1 + (trained ? (M > 1 ? 2 : 1) + 2 : 0); /* the value, gradients, AdamW's moments */
     for (int k = 0; k < S; k++) {
       if (k != mem->param_stage[i] && (k == 0 || k != mem->param_tied_stage[i])) continue;
-      pl->params[k] += bytes;
-      if (trained) pl->grads[k] += (M > 1 ? 2 : 1) * bytes, pl->state[k] += 2 * bytes;
-      pl->whole[k] += copies * bytes * (parts ? parts : 1);
+      *(trained ? &in[k].trained : &in[k].frozen) += n;
+      *(trained ? &whole[k].trained : &whole[k].frozen) += n * (parts ? parts : 1);
     }
   }
-  for (int k = 0; k < S; k++) {
+  int rc = TP_OK;
+  for (int k = 0; k < S && rc == TP_OK; k++) {
     pl->arenas[k] = count_arenas(&pl->schedule, k);
-    int64_t fixed = pl->params[k] + pl->grads[k] + pl->state[k]; /* each value is below 2^53 bytes */
-    if (pl->arenas[k] > 0 && mem->arena_bytes[k] > (INT64_MAX - fixed) / pl->arenas[k]) {
-      int rc = tp_error(d,
-                        "rank %d (pipeline stage %d) would need %d microbatch arena%s of %lld bytes: more than "
-                        "2^63 bytes in all (lower --batch, --seq or --microbatches)",
-                        k, k, pl->arenas[k], pl->arenas[k] == 1 ? "" : "s", (long long)mem->arena_bytes[k]);
-      tp_pipeline_free(pl);
-      return rc;
-    }
-    pl->activations[k] = pl->arenas[k] * mem->arena_bytes[k];
-    pl->peak[k] = fixed + pl->activations[k];
+    in[k].arenas = pl->arenas[k];
+    in[k].kept = mem->arena_bytes[k];
+    TpRankMemory w;
+    tp_rank_memory(&whole[k], &w);
+    pl->whole[k] = w.peak;
+    if (!tp_rank_memory(&in[k], &pl->memory[k]))
+      rc = tp_error(d,
+                    "rank %d (pipeline stage %d) would need %d microbatch arena%s of %lld bytes: more than "
+                    "2^63 bytes in all (lower --batch, --seq or --microbatches)",
+                    k, k, pl->arenas[k], pl->arenas[k] == 1 ? "" : "s", (long long)mem->arena_bytes[k]);
   }
-  return TP_OK;
+  free(in);
+  free(whole);
+  if (rc != TP_OK) tp_pipeline_free(pl);
+  return rc;
 }
 
 void tp_pipeline_free(TpPipeline *pl) {
   if (pl->schedule.count) tp_schedule_free(&pl->schedule);
   free(pl->arenas);
-  free(pl->params);
-  free(pl->grads);
-  free(pl->state);
-  free(pl->activations);
-  free(pl->peak);
+  free(pl->memory);
   free(pl->whole);
   *pl = (TpPipeline){0};
 }
@@ -144,14 +144,18 @@ int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, const char
   int rc = TP_OK;
   char tensor[64] = ""; /* the first tensor rank of the stage speaks for all of them */
   if (pl->tensor > 1) snprintf(tensor, sizeof tensor, ", tensor rank 0 of %d, the others alike", pl->tensor);
-  for (int k = 0; k < pl->schedule.stages; k++)
-    if (pl->peak[k] > max_bytes)
-      rc = tp_error(d,
-                    "rank %d (pipeline stage %d%s%s) needs %lld bytes at its peak, %lld more than %s "
-                    "%lld: parameters %lld, gradients %lld, optimizer state %lld, %d microbatch arena%s %lld%s",
-                    k * pl->tensor, k, tensor, pl->o.dp > 1 ? ", as in every replica" : "", (long long)pl->peak[k],
-                    (long long)(pl->peak[k] - max_bytes), limit, (long long)max_bytes, (long long)pl->params[k],
-                    (long long)pl->grads[k], (long long)pl->state[k], pl->arenas[k], pl->arenas[k] == 1 ? "" : "s",
-                    (long long)pl->activations[k], hint ? hint : "");
+  for (int k = 0; k < pl->schedule.stages; k++) {
+    const TpRankMemory *r = &pl->memory[k];
+    if (r->peak <= max_bytes) continue;
+    char masters[64] = "";
+    if (r->masters) snprintf(masters, sizeof masters, ", fp32 master weights %lld", (long long)r->masters);
+    rc = tp_error(d,
+                  "rank %d (pipeline stage %d%s%s) needs %lld bytes at its peak, %lld more than %s "
+                  "%lld: parameters %lld, gradients %lld%s, optimizer state %lld, %d microbatch arena%s %lld%s",
+                  k * pl->tensor, k, tensor, pl->o.dp > 1 ? ", as in every replica" : "", (long long)r->peak,
+                  (long long)(r->peak - max_bytes), limit, (long long)max_bytes, (long long)r->params,
+                  (long long)r->grads, masters, (long long)r->state, pl->arenas[k], pl->arenas[k] == 1 ? "" : "s",
+                  (long long)r->activations, hint ? hint : "");
+  }
   return rc;
 }

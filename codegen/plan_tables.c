@@ -150,7 +150,7 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
               "     .backward_reduces = stage%d_backward_reduces,\n",
               s, s);
     fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n     .memory_bytes = %lld},\n",
-            pl->schedule.count[s], s, (long long)pl->peak[s]);
+            pl->schedule.count[s], s, (long long)pl->memory[s].peak);
   }
   fputs("};\n", out);
 }
