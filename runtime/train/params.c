@@ -29,7 +29,7 @@ int pipe_alloc_param(Trainer *t, int i) {
 TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data) {
   TpTensor v = {.dtype = TP_F32, .rank = p->rank, .data = data};
   memcpy(v.dims, p->dims, sizeof v.dims);
-  if (train_split(P, p)) v.dims[p->shard.axis] *= p->shard.parts;
+  if (train_split(P, p)) v.dims[p->shard.axis] = v.dims[p->shard.axis] * p->shard.parts - train_pad(P, p);
   return v;
 }
 
@@ -76,11 +76,14 @@ void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *p
   int N = train_tensor(P), chunks = sh->chunks > 1 ? sh->chunks : 1, at = tensor * sh->parts / N;
   int64_t outer = tp_numel(sh->axis, p->dims), inner = tp_numel(p->rank - sh->axis - 1, p->dims + sh->axis + 1);
   int64_t len = p->dims[sh->axis] / chunks * inner; /* one piece of one chunk */
-  int64_t chunk = len * sh->parts;                  /* one chunk of the whole */
+  int64_t chunk = len * sh->parts - train_pad(P, p) * inner; /* one chunk of the whole (a padded one: one chunk) */
+  /* the piece's part of the whole: all of it but a padded vocabulary's padding (zeros) */
+  int64_t held = at * len + len <= chunk ? len : chunk - at * len;
   for (int64_t o = 0; o < outer; o++)
     for (int c = 0; c < chunks; c++) {
       float *mine = piece + (o * chunks + c) * len, *there = whole + (o * chunks + c) * chunk + at * len;
-      memcpy(gather ? there : mine, gather ? mine : there, (size_t)len * 4);
+      memcpy(gather ? there : mine, gather ? mine : there, (size_t)held * 4);
+      if (!gather && held < len) memset(mine + held, 0, (size_t)(len - held) * 4);
     }
 }
 

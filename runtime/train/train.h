@@ -118,6 +118,10 @@ static inline int train_tensor(const TpPlan *P) { return P->tensor > 1 ? P->tens
 static inline bool train_split(const TpPlan *P, const TpPlanParam *p) {
   return train_tensor(P) > 1 && p->shard.parts > 0;
 }
+/* The padding of split parameter p's padded vocabulary (TpPlan.param_pad; 0: none). */
+static inline int train_pad(const TpPlan *P, const TpPlanParam *p) {
+  return P->param_pad && train_split(P, p) ? P->param_pad[p - P->params] : 0;
+}
 /* Whether this process writes the outputs (rank 0). */
 static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 

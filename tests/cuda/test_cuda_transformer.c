@@ -529,7 +529,7 @@ static void cross_entropy_parts(void) {
                (long long)R, (long long)V);
       if (tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad))
         fail("%s: cpu stats", what);
-      tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, bad, NULL);
+      tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, 0, stats, bad, NULL);
       test_sync();
       check_close(what, stats, want, R * W, ROW);
       for (int64_t r = 0; r < R; r++) /* the other ranges' statistics, as the AllReduce would bring them */
@@ -538,7 +538,7 @@ static void cross_entropy_parts(void) {
       tp_cross_entropy_parts_backward_f32(*dloss, logits, targets, want, part, R, V, parts, (float)R, dwant,
                                           &want_bad);
       tp_cuda_launch_cross_entropy_parts_f32(want, R, parts, (float)R, loss, row_loss, NULL);
-      tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, want, part, R, V, parts, (float)R, d,
+      tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, want, part, R, V, parts, 0, (float)R, d,
                                                       bad, NULL);
       test_sync();
       check_close(what, loss, &want_loss, 1, SUM);
@@ -546,7 +546,7 @@ static void cross_entropy_parts(void) {
       if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
       targets[R - 1] = V * parts;
       tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad);
-      tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, bad, NULL);
+      tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, 0, stats, bad, NULL);
       test_sync();
       if (*bad != want_bad)
         fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
