@@ -7,7 +7,7 @@
  * vocabularies (TpPlan.param_pad: a table's rows, a head's columns, whose last rank holds
  * padding). Each rank's piece is checked against the index the definition gives (zeros in
  * the padding); gathering one holder of every piece rebuilds the whole tensor, exactly its
- * elements and not one more. */
+ * elements and not one more, and reports a padding element that is not 0. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +49,19 @@ static void check_pad(const char *what, TpPlanParam p, int N, int pad) {
         break;
       }
     }
-    if (t % (N / p.shard.parts) == 0) pipe_shard_copy(&plan, &p, t, piece, back, true); /* one holder each */
+    if (t % (N / p.shard.parts) == 0 && pipe_shard_copy(&plan, &p, t, piece, back, true) >= 0) /* one holder each */
+      fail("%s: rank %d's piece, as scattered, has padding that is not 0", what, t);
+  }
+  if (pad) { /* a padding element the last rank's piece should not have: the gather says where */
+    int64_t at = -1;
+    for (int64_t k = n - 1; k >= 0 && at < 0; k--)
+      if (whole_index(&p, N, N - 1, k, pad) < 0) at = k;
+    pipe_shard_copy(&plan, &p, N - 1, piece, whole, false);
+    piece[at] = 5;
+    float *scratch = malloc((size_t)(wn + 1) * 4);
+    int64_t got = pipe_shard_copy(&plan, &p, N - 1, piece, scratch, true);
+    if (got != at) fail("%s: a nonzero padding element at %lld of the last piece, reported at %lld", what, (long long)at, (long long)got);
+    free(scratch);
   }
   if (back[wn] != -1) fail("%s: the gather wrote past the whole tensor's %lld elements", what, (long long)wn);
   for (int64_t i = 0; i < wn; i++)
