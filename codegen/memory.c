@@ -501,7 +501,7 @@ int64_t tp_loss_classes(const TpModule *m, int op) {
   const TpType *t = &m->values[o->inputs[0]].type;
   if (o->kind != TP_OP_CrossEntropy) return t->dims[1];
   const TpType *stats = o->ninputs > 2 && o->inputs[2] >= 0 ? &m->values[o->inputs[2]].type : NULL;
-  int64_t parts = stats ? (stats->dims[stats->rank - 1] - 1) / 2 : 1; /* 2 P + 1 columns (ir/infer.c) */
+  int64_t parts = stats ? (stats->dims[stats->rank - 1] - 1) / 2 : 1;       /* 2 P + 1 columns (ir/infer.c) */
   return t->dims[t->rank - 1] * parts - tp_attr_int(m, op, "vocab_pad", 0); /* a padded vocabulary's true V */
 }
 
@@ -627,7 +627,7 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     else fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
     const TpRankMemory *r = &pl->memory[s];
     print_bytes(out, "  parameters", r->params, pl->o.precision ? tp_precision_name(pl->o.precision) : NULL);
-    const char *grads_note = pl->o.precision ? "16-bit, and the step's fp32 sum"
+    const char *grads_note = pl->o.precision          ? "16-bit, and the step's fp32 sum"
                              : pl->o.microbatches > 1 ? "the step's sum and a microbatch's"
                                                       : NULL;
     print_bytes(out, "  gradients", r->grads, grads_note);

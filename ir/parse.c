@@ -492,7 +492,8 @@ static int parse_shard(Parser *p, TpValueKind kind, size_t at, TpShard *shard) {
     if (expect_keyword(p, keys[k]) || expect(p, '=') || parse_int_in(p, k > 0 && k < 4, 1 << 20, keys[k], &v[k]))
       return TP_ERR_INPUT;
   }
-  *shard = (TpShard){.axis = (int)v[0], .parts = (int)v[1], .ranks = (int)v[2], .chunks = (int)v[3], .pad = (int)v[4]};
+  *shard =
+      (TpShard){.axis = (int)v[0], .parts = (int)v[1], .ranks = (int)v[2], .chunks = (int)v[3], .pad = (int)v[4]};
   return expect(p, ')');
 }
 

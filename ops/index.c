@@ -278,9 +278,8 @@ int tp_bind_vocab(const TpModule *m, int op, const TpTensor *in, TpTensor *out, 
       tp_tensor_numel(&out[0]) != (first ? a->n * a->V : 1) || (first && tp_tensor_numel(&in[0]) != 1))
     return shape_error(m, op, d);
   a->dloss = first ? &in[0] : NULL;
-  b->kernel = !first ? TP_K_CROSS_ENTROPY_PARTS
-              : a->pad ? TP_K_CROSS_ENTROPY_PARTS_BACKWARD_PAD
-                       : TP_K_CROSS_ENTROPY_PARTS_BACKWARD;
+  b->kernel = TP_K_CROSS_ENTROPY_PARTS;
+  if (first) b->kernel = a->pad ? TP_K_CROSS_ENTROPY_PARTS_BACKWARD_PAD : TP_K_CROSS_ENTROPY_PARTS_BACKWARD;
   return TP_OK;
 }
 

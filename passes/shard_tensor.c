@@ -641,7 +641,8 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
     return TP_OK;
   }
   int b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
-  if (cut_param(s, op, w, axis, s->ranks, 1, (int)pad) || (b >= 0 && cut_param(s, head, b, 0, s->ranks, 1, (int)pad)))
+  if (cut_param(s, op, w, axis, s->ranks, 1, (int)pad) ||
+      (b >= 0 && cut_param(s, head, b, 0, s->ranks, 1, (int)pad)))
     return TP_ERR_INPUT;
   for (int e = 0; e < m->nops; e++)
     if (token_embedding(m, e, w) && range_embedding(s, e)) return TP_ERR_INPUT;

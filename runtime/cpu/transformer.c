@@ -152,7 +152,8 @@ TpKernelStatus tp_cross_entropy_stats_pad_f32(const float *logits, const int64_t
                                               int64_t R, int64_t V, int64_t parts, int64_t pad, float *stats,
                                               int64_t *bad) {
   if (!ids_in_range(targets, R, V * parts - pad, 1, false, bad)) return TP_KERNEL_BAD_INDEX; /* no padded class */
-  if (*part < 0 || *part >= parts || pad < 0 || pad >= V) return TP_KERNEL_BAD_SHAPE; /* a range past the row's columns */
+  if (*part < 0 || *part >= parts || pad < 0 || pad >= V)
+    return TP_KERNEL_BAD_SHAPE; /* a range past the row's columns */
   int64_t classes = range_classes(V, parts, *part, pad);
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < R; r++) {

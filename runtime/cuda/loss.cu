@@ -90,7 +90,8 @@ __global__ void cross_entropy_stats_kernel(const float *logits, const int64_t *t
   for (int64_t j = threadIdx.x; j < width; j += blockDim.x) s[j] = 0;
   __syncthreads();
   if (threadIdx.x != 0) return;
-  if (targets[r] < 0 || targets[r] >= V * parts - pad || *part < 0 || *part >= parts) { /* the range: never past the row */
+  /* the range: never past the row; no target in the padding */
+  if (targets[r] < 0 || targets[r] >= V * parts - pad || *part < 0 || *part >= parts) {
     atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
     return;
   }
@@ -254,8 +255,8 @@ TpKernelStatus tp_cuda_cross_entropy_parts_backward_f32(const float *dloss, cons
                                                         const int64_t *part, int64_t R, int64_t V, int64_t parts,
                                                         float denominator, float *dlogits, int64_t *bad,
                                                         TpStream *stream) {
-  return tp_cuda_cross_entropy_parts_backward_pad_f32(dloss, logits, targets, stats, part, R, V, parts, 0, denominator,
-                                                      dlogits, bad, stream);
+  return tp_cuda_cross_entropy_parts_backward_pad_f32(dloss, logits, targets, stats, part, R, V, parts, 0,
+                                                      denominator, dlogits, bad, stream);
 }
 
 TpKernelStatus tp_cuda_cross_entropy_parts_backward_pad_f32(const float *dloss, const float *logits,

@@ -75,7 +75,7 @@ int64_t pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float
   const TpPlanShard *sh = &p->shard;
   int N = train_tensor(P), chunks = sh->chunks > 1 ? sh->chunks : 1, at = tensor * sh->parts / N;
   int64_t outer = tp_numel(sh->axis, p->dims), inner = tp_numel(p->rank - sh->axis - 1, p->dims + sh->axis + 1);
-  int64_t len = p->dims[sh->axis] / chunks * inner; /* one piece of one chunk */
+  int64_t len = p->dims[sh->axis] / chunks * inner;          /* one piece of one chunk */
   int64_t chunk = len * sh->parts - train_pad(P, p) * inner; /* one chunk of the whole (a padded one: one chunk) */
   /* the piece's part of the whole: all of it but a padded vocabulary's padding (zeros) */
   int64_t held = at * len + len <= chunk ? len : chunk - at * len;
@@ -193,7 +193,8 @@ int pipe_download(Trainer *t, bool grads, bool moments) {
     }
     fetch(t, i, t->param[i], t->host.param[i], "value");
     if (moments && P->params[i].trainable)
-      fetch(t, i, t->m[i], t->host.m[i], "AdamW first moment"), fetch(t, i, t->v[i], t->host.v[i], "AdamW second moment");
+      fetch(t, i, t->m[i], t->host.m[i], "AdamW first moment"),
+          fetch(t, i, t->v[i], t->host.v[i], "AdamW second moment");
   }
   return TP_OK;
 }

@@ -60,7 +60,9 @@ static void check_pad(const char *what, TpPlanParam p, int N, int pad) {
     piece[at] = 5;
     float *scratch = malloc((size_t)(wn + 1) * 4);
     int64_t got = pipe_shard_copy(&plan, &p, N - 1, piece, scratch, true);
-    if (got != at) fail("%s: a nonzero padding element at %lld of the last piece, reported at %lld", what, (long long)at, (long long)got);
+    if (got != at)
+      fail("%s: a nonzero padding element at %lld of the last piece, reported at %lld", what, (long long)at,
+           (long long)got);
     free(scratch);
   }
   if (back[wn] != -1) fail("%s: the gather wrote past the whole tensor's %lld elements", what, (long long)wn);
