@@ -65,7 +65,8 @@
  *    gathers the true V), no token id reaches (the trainer refuses ids >= V) and the loss
  *    masks out (CrossEntropyStats' and CrossEntropy's vocab_pad: no probability, so their
  *    rows get exactly zero gradient and AdamW, decay included, leaves them zero). Only a
- *    vocabulary smaller than N stays replicated, with a note.
+ *    vocabulary so small that the last rank would hold nothing but padding stays
+ *    replicated, with a note.
  * A model that computes its own loss keeps its head replicated. */
 #include "../ir/ir.h"
 #include "../ops/split.h"
