@@ -263,7 +263,7 @@ def main():
         torch.manual_seed(v.seed)
         model = GPT(v).eval()
         dir = os.path.join(ROOT, v.group, v.name)
-        if only and os.path.exists(dir):
+        if os.path.exists(dir):  # a variant named, or one in a group folder
             shutil.rmtree(dir)
         os.makedirs(os.path.join(dir, "test_data_set_0"))
         with torch.no_grad():
