@@ -133,11 +133,11 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
+/* 6: TpPlan.zero (--zero 1: the replicas shard the optimizer state); 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
  * tensor_rank, TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
  * compute and stream); what "ABI 2" names below (plans with stages) and "ABI 1" (without) is
  * unchanged. */
-#define TP_PLAN_ABI 5
+#define TP_PLAN_ABI 6
 
 typedef struct TpCompute TpCompute; /* ../compute.h */
 typedef struct TpStream TpStream;
@@ -320,6 +320,13 @@ struct TpPlan {
   const TpPlanProbe *probes;  /* [nprobes] */
   const TpPlanDevice *device; /* NULL: the CPU (see TpPlanDevice) */
   int tensor;                 /* N: tensor-parallel ranks per stage (ABI 5; 1: none) */
+  /* 1 (tokpipec --zero 1, with dp > 1): each of the D replicas of a rank keeps the AdamW
+   * state of 1/D of its gradient block (its shard: a contiguous range cut on the gradient
+   * norm's pieces, runtime/train/step.h). ALLREDUCE then reduce-scatters the gradients
+   * (each member gets the sum of its shard, in the order of the all-reduce), the optimizer
+   * step updates the values of the shard, and the replicas all-gather the updated values:
+   * the same bits as without it. 0: every replica keeps all of it. */
+  int zero;
 };
 
 /* The trainer: parses the command line, runs training, returns the process exit code
