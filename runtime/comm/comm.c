@@ -224,8 +224,8 @@ static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_
   for (int i = 0; counts && i < n; i++) at[i + 1] = at[i] + counts[i] * elem;
   TP_ASSERT(!counts || at[n] == bytes);
   uint64_t key = group_key(group, n);
-  CollHeader h = {group_next_seq(c, group, n, key), bytes, key, (int32_t)kind, elem > 1 ? (int32_t)dtype : -1,
-                  root, n};
+  CollHeader h = {group_next_seq(c, group, n, key), bytes, key, (int32_t)kind,
+                  elem > 1 ? (int32_t)dtype : -1,   root,  n};
   const char *what = coll_names[kind];
   char *data = buf;
   if (c->rank != root) {

@@ -204,12 +204,31 @@ static void cuda_unpack(TpCompute *c, TpStream *s, void *arena, const void *src,
 }
 
 extern "C" const TpComputeBackend tp_compute_cuda = {
-    "cuda",         false, /* host_addressable */
-    cuda_close,     cuda_alloc,      cuda_free,         cuda_memset,      cuda_copy_h2d,
-    cuda_copy_d2h,  cuda_copy_d2d,   cuda_stream_new,   cuda_stream_free, cuda_stream_sync,
-    cuda_event_new, cuda_event_free, cuda_event_record, cuda_stream_wait, cuda_event_sync,
-    cuda_run_unit,  cuda_add_into,   cuda_divide,       cuda_sum_squares_pieces, cuda_clip,
-    cuda_adamw,     cuda_pack,       cuda_unpack,
+    "cuda",
+    false, /* host_addressable */
+    cuda_close,
+    cuda_alloc,
+    cuda_free,
+    cuda_memset,
+    cuda_copy_h2d,
+    cuda_copy_d2h,
+    cuda_copy_d2d,
+    cuda_stream_new,
+    cuda_stream_free,
+    cuda_stream_sync,
+    cuda_event_new,
+    cuda_event_free,
+    cuda_event_record,
+    cuda_stream_wait,
+    cuda_event_sync,
+    cuda_run_unit,
+    cuda_add_into,
+    cuda_divide,
+    cuda_sum_squares_pieces,
+    cuda_clip,
+    cuda_adamw,
+    cuda_pack,
+    cuda_unpack,
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */

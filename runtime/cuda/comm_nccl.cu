@@ -584,9 +584,19 @@ void nccl_barrier(TpComm *c) { tp_comm_barrier(nccl_of(c)->host); }
 }
 
 const TpCommBackend tp_comm_nccl = {
-    "nccl",         true, /* device_memory */
-    nccl_finalize,  nccl_isend,   nccl_irecv, nccl_test, nccl_allreduce_sum, nccl_allreduce_sum_on,
-    nccl_broadcast, nccl_reduce_scatter_sum, nccl_all_gather, nccl_barrier, nccl_abort,
+    "nccl",
+    true, /* device_memory */
+    nccl_finalize,
+    nccl_isend,
+    nccl_irecv,
+    nccl_test,
+    nccl_allreduce_sum,
+    nccl_allreduce_sum_on,
+    nccl_broadcast,
+    nccl_reduce_scatter_sum,
+    nccl_all_gather,
+    nccl_barrier,
+    nccl_abort,
 };
 
 } // namespace

@@ -143,7 +143,8 @@ static int setup_ranks(Trainer *t) {
   if (train_zero(P) && nprocs > 1) { /* the values in one block, for the all-gather (step.h) */
     int stage = stage_of(P, first);
     int64_t count = pipe_block_offset(t, stage, P->nparams);
-    if (!(t->param_block = pipe_alloc(t, (size_t)count * 4, "the parameters of rank %d", first))) return TP_ERR_INPUT;
+    if (!(t->param_block = pipe_alloc(t, (size_t)count * 4, "the parameters of rank %d", first)))
+      return TP_ERR_INPUT;
     for (int i = 0; i < P->nparams; i++)
       if (stage_holds(&P->params[i], stage)) t->param[i] = t->param_block + pipe_block_offset(t, stage, i);
   }

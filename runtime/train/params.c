@@ -249,7 +249,8 @@ int pipe_download(Trainer *t, bool grads, bool moments) {
       continue;
     }
     fetch(t, i, t->param[i], WHOLE, t->host.param[i]);
-    if (moments && P->params[i].trainable) fetch(t, i, t->m[i], M, t->host.m[i]), fetch(t, i, t->v[i], V, t->host.v[i]);
+    if (moments && P->params[i].trainable)
+      fetch(t, i, t->m[i], M, t->host.m[i]), fetch(t, i, t->v[i], V, t->host.v[i]);
   }
   return TP_OK;
 }

@@ -15,7 +15,8 @@
 #            turns the float noise of gradients zero in exact arithmetic, the key biases',
 #            into steps of up to the learning rate; every other tensor agrees to 1e-5)
 #   memory   --emit=memory: a rank's optimizer state under --zero 1 --dp 2 is half of --dp 2's
-#   cuda-emulated TRAINERS_DIR  the --dp 2 CUDA trainers on the emulated runtime, a GPU per
+#   cuda-emulated TRAINERS_DIR  tests/codegen's tiny GPT's --dp 2 CUDA trainers on the
+#            emulated runtime (built by CMakeLists.txt), a GPU per
 #            process (NCCL: ncclReduce and ncclBroadcast): --zero 1 gives the bits of plain
 #            --dp 2, and of itself in one process (one GPU, host collectives); its step 1
 #            gradients those of the CPU --zero 1 trainer within 1e-5 (other kernels)
@@ -31,7 +32,7 @@ while [ $i -lt 30 ]; do
   i=$((i + 1))
 done >text.txt
 "$bin/tokpipe-tokens" text.txt -o train.bin 2>/dev/null || { fail "tokpipe-tokens"; exit 1; }
-opts="--data train.bin --lr 0.01 --grad-clip 0.5"
+opts="--lr 0.01 --grad-clip 0.5"
 
 # The log without the timing fields, which differ from run to run.
 untimed() { sed -E 's/, "ms": [^,]*, "tokens_per_s": [^,}]*//' "$1"; }
@@ -56,7 +57,7 @@ train() {
   elif [ "$n" -gt 1 ]; then
     launch="$mpi 120 $n ./$exe"
   fi
-  $launch $opts "$@" >"$out.out" 2>&1 || { fail "$out: the run failed: $(tail -5 "$out.out")"; return 1; }
+  $launch --data train.bin $opts "$@" >"$out.out" 2>&1 || { fail "$out: the run failed: $(tail -5 "$out.out")"; return 1; }
 }
 
 same() { # same WHAT A B
@@ -129,14 +130,16 @@ cuda-emulated)
     n=$1 exe=$2 np=${3:-1}
     launch=$trainers/$exe
     [ "$np" -gt 1 ] && launch="$mpi 200 $np $launch"
-    TOKPIPE_CUDA_EMULATE_DEVICES=2 $launch $opts --init "$model" --steps 3 --dump-weights "$n.w" --dump-grads "$n.g" \
+    TOKPIPE_CUDA_EMULATE_DEVICES=2 $launch $opts --init "$model" --data tiny.bin --steps 2 --dump-weights "$n.w" --dump-grads "$n.g" \
       >"$n.out" 2>&1 || { fail "$n: the run failed: $(tail -5 "$n.out")"; return 1; }
   }
+  model=$src/../codegen/tiny_gpt.onnx
+  byte_tokens 16 200 tiny.bin || exit 1
   run plain zero_dp2_cuda 2 && run zero zero_dp2_zero_cuda 2 && run local zero_dp2_zero_cuda &&
     run cpu zero_dp2_zero_cpu 2 || exit 1
   grep -q " 2 ranks in 2 processes (nccl)\$" zero.out && ok "over NCCL: $(grep -m1 ' ranks in ' zero.out)" ||
     fail "not over NCCL: $(cat zero.out)"
-  same "CUDA --zero 1 --dp 2: the weights of --dp 2 after 3 steps" plain.w zero.w
+  same "CUDA --zero 1 --dp 2: the weights of --dp 2 after 2 steps" plain.w zero.w
   same "CUDA --zero 1 --dp 2: step 1's gradients" plain.g zero.g
   same "CUDA --zero 1 in one process: the weights under NCCL" zero.w local.w
   if "$bin/tokpipe-compare" zero.g cpu.g --tol 1e-5 >cmp.txt 2>&1; then
