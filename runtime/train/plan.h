@@ -93,12 +93,14 @@
  *   SEND_GRAD mb i    post the send of send_grad[i] to peer (= k-1)
  *   RECV_GRAD mb i    receive recv_grad[i] from peer (= k+1); blocks
  *   ALLREDUCE_TIED    sum the gradients of the tied parameters with stage peer
- *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1),
+ *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1;
+ *                     with zero, each replica's shard only: a reduce-scatter),
  *                     and first sum, over the tensor ranks that hold the same piece, the
  *                     gradients of params with shard.parts < N (grouped K/V heads fewer
  *                     than the ranks: each member's gradient is partial); the compiler
  *                     emits it when dp > 1 or such a param exists
- *   OPTIMIZER_STEP    update the parameters this stage holds
+ *   OPTIMIZER_STEP    update the parameters this stage holds (with zero: its shard's, then
+ *                     the replicas all-gather them)
  * Sends must not block (MPI_Isend): 1f1b schedules deadlock with blocking sends. The
  * compiler verified the lists: every send has exactly one matching receive, and running
  * all ranks with non-blocking sends ends with every rank done. The tag of a message can be
