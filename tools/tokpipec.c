@@ -60,6 +60,9 @@ static const char usage[] =
     "                       (layers from 0; S-1 cuts for S stages)\n"
     "  --microbatches M     microbatches per replica and step (default 1)\n"
     "  --dp D               data-parallel replicas of the pipeline (default 1)\n"
+    "  --zero 0|1           1: each of the D replicas keeps 1/D of the AdamW state (ZeRO\n"
+    "                       stage 1: gradients reduce-scattered, parameters all-gathered),\n"
+    "                       with the same results as 0, where each keeps all of it (default)\n"
     "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
     "  --tensor N           split each stage's products over N tensor-parallel ranks\n"
     "                       (Megatron: attention heads and MLP columns, then rows, with an\n"
@@ -543,6 +546,8 @@ int main(int argc, char **argv) {
       pipe.microbatches = (int)cli_int("--microbatches", v, 1, 65536);
     } else if (cli_value(argc, argv, &i, "--dp", &v)) {
       pipe.dp = (int)cli_int("--dp", v, 1, 65536);
+    } else if (cli_value(argc, argv, &i, "--zero", &v)) {
+      pipe.zero = (int)cli_int("--zero", v, 0, 1);
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
