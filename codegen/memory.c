@@ -77,8 +77,8 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const 
     TpMemSlot *s = &p->value[v];
     *s = (TpMemSlot){.kind = TP_MEM_NONE, .stage = -1, .offset = -1, .index = -1};
     if (val->kind == TP_VAL_PARAM) {
-      if (val->type.dtype != TP_F32)
-        return tp_internal(d, "codegen: parameter '%s' is %s; the trainer holds f32 parameters", val->name,
+      if (val->type.dtype != TP_F32 && val->type.dtype != TP_BF16 && val->type.dtype != TP_F16)
+        return tp_internal(d, "codegen: parameter '%s' is %s; the trainer holds f32, bf16 or f16 parameters", val->name,
                            tp_dtype_name(val->type.dtype));
       s->kind = TP_MEM_PARAM;
       if (tp_tied_param(m, v) >= 0) continue; /* the copy of a parameter: below */

@@ -435,6 +435,10 @@ int pass_assign_stages(TpModule *m, TpPassOptions *opt, TpDiag *d);
  * do not make that many stages. */
 int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **first, TpDiag *d);
 int pass_finish_stages(TpModule *m, TpPassOptions *opt, TpDiag *d);
+/* passes/store_half.c: store-bf16 and store-fp16 store a trained module's parameters,
+ * activations and gradients in 16 bits, every op still computing in f32 (casts around it). */
+int pass_store_bf16(TpModule *m, TpPassOptions *opt, TpDiag *d);
+int pass_store_fp16(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* passes/shard_tensor.c: shard-tensor splits the raised forward module (before add-loss)
  * over opt->tensor ranks the Megatron way (column-parallel, then row-parallel products,
@@ -489,6 +493,9 @@ struct TpPassOptions {
   const char *stage_cuts;
   /* shard-tensor: the ranks of the tensor group that split each stage's ops (<= 1: none). */
   int tensor;
+  /* store-bf16 or store-fp16 (TP_BF16, TP_F16) ends the pipeline of a trained module
+   * (tokpipec --precision); TP_UNDEF: values stay f32. */
+  TpDType storage;
   /* The pass manager: IR dumps and verification. */
   const char *print_before; /* comma-separated pass names, or NULL */
   const char *print_after;  /* comma-separated pass names, or NULL */

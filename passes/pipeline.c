@@ -29,6 +29,8 @@ const TpPassInfo tp_pass_registry[] = {
      "split each stage's products over --tensor ranks (Megatron); collectives between"},
     {"finish-stages", pass_finish_stages,
      "put the gradients of boundary copies on the receiving stage; check stage crossings"},
+    {"store-bf16", pass_store_bf16, "store parameters, activations and gradients in bf16, computing in f32"},
+    {"store-fp16", pass_store_fp16, "store parameters, activations and gradients in fp16, computing in f32"},
     {NULL, NULL, NULL},
 };
 
@@ -74,6 +76,9 @@ int tp_pipeline_passes(const TpPassOptions *o, const char **names) {
     if (strcmp(p, "shard-tensor") == 0) names[n++] = "dce";
     names[n++] = p;
   }
+  /* mixed precision: last, on the module the memory plan sees */
+  if (o->storage != TP_UNDEF && !o->forward_only && !o->params_only)
+    names[n++] = o->storage == TP_F16 ? "store-fp16" : "store-bf16";
   names[n] = NULL;
   return n;
 }

@@ -214,6 +214,7 @@ extern "C" const TpComputeBackend tp_compute_cuda = {
     cuda_event_new, cuda_event_free, cuda_event_record, cuda_stream_wait, cuda_event_sync,
     cuda_run_unit,  cuda_add_into,   cuda_divide,       cuda_sum_squares, cuda_clip,
     cuda_adamw,     cuda_pack,       cuda_unpack,
+    nullptr,        nullptr, /* add_half_into, round_to_half: CUDA plans store f32 */
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */

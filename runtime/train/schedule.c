@@ -61,6 +61,8 @@ TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica) {
   return unit_io(t, R, 0);
 }
 
+float *const *pipe_rank_grads(Trainer *t, int h) { return t->hosted[h]->grad; }
+
 /* ---- the schedules ---- */
 
 /* The step's gradient: the microbatches' sum over their count. */
@@ -89,10 +91,12 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   case TP_PLAN_BACKWARD:
     /* the microbatch's backward units run together, from its last slice to slice 0 */
     if (x->slice == P->nslices - 1)
-      be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * 4);
+      be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * train_elem_bytes(P));
     io = unit_io(t, R, x->mb);
     run_rank_unit(t, R, x, &io);
-    if (x->slice == 0 && R->scratch_block != R->grad_block)
+    if (x->slice == 0 && P->precision != TP_PLAN_FP32)
+      be(t)->add_half_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count, P->precision);
+    else if (x->slice == 0 && R->scratch_block != R->grad_block)
       be(t)->add_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count);
     return true;
   case TP_PLAN_SEND_ACT:
@@ -262,6 +266,7 @@ void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step
     TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, t->decay[i], step};
     if (clip != 1) be(t)->clip(t->compute, s, grad[i], t->numel[i], clip);
     be(t)->adamw(t->compute, s, t->param[i], grad[i], t->m[i], t->v[i], t->numel[i], &adamw);
+    pipe_round_param(t, s, i);
   }
 }
 

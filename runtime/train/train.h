@@ -75,6 +75,9 @@ typedef struct {
   TpStream *stream; /* transfers, the norm's read-back, ABI 1's units */
   /* per parameter; m and v are NULL for frozen ones (whose grad stays unused, zero) */
   float **param, **grad, **m, **v;
+  /* TpPlan.precision bf16 or fp16: per parameter, the 16-bit working copy the units read
+   * (io->param), rounded from param, which is then the f32 master; NULL under fp32 */
+  void **work;
   TrainHost host;
   bool *held;
   int64_t *numel;                    /* elements of what a rank holds (its piece of a split parameter) */
@@ -106,6 +109,9 @@ typedef struct {
   uint32_t resume_crc; /* CRC-32C of its checksums: the whole file's identity */
   TpPathLock resume_lock;
 } Trainer;
+
+/* Bytes of a stored parameter or gradient element: 2 under TpPlan.precision bf16 and fp16. */
+static inline size_t train_elem_bytes(const TpPlan *P) { return P->precision != TP_PLAN_FP32 ? 2 : 4; }
 
 /* Rows of one step: global_batch in ABI 2, batch in ABI 1. */
 static inline int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
@@ -175,6 +181,8 @@ double pipe_grad_norm(Trainer *t);
 /* Hosted rank h's stage and replica, and the io of its units: its parameters, its
  * (scratch) gradients, microbatch 0's arena and rows, its stream. */
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
+/* Hosted rank h's step gradients (f32, what AdamW reads; io->grad is a microbatch's). */
+float *const *pipe_rank_grads(Trainer *t, int h);
 /* AdamW, gradients scaled by `clip` first unless it is 1, on stream s over the parameters
  * hosted rank h (ABI 1: h 0, the process) updates in the optimizer step, with grad its
  * gradients (each parameter updated once per process; a tied one on both of its ranks). */

@@ -277,7 +277,8 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
                        P->abi, TP_PLAN_ABI);
   bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->token_limit >= 0 && P->nstages >= 1 &&
             P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward)) &&
-            (P->stages || P->tensor <= 1); /* tensor ranks run schedules (ABI 2) */
+            (P->stages || P->tensor <= 1) && /* tensor ranks run schedules (ABI 2) */
+            (P->precision == TP_PLAN_FP32 || (P->stages && (P->precision == TP_PLAN_BF16 || P->precision == TP_PLAN_FP16)));
   for (int s = 0; ok && !P->stages && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
   for (int i = 0; ok && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
@@ -904,6 +905,9 @@ static int local_rank(const TpComm *comm) {
 static int open_device(Trainer *t, TpComm **device_comm) {
   const TpPlanDevice *dev = t->plan->device;
   int rc = dev ? dev->open_compute(&t->compute, local_rank(t->comm), t->d) : tp_compute_open(&t->compute, t->d);
+  if (!rc && t->plan->precision != TP_PLAN_FP32 && !t->compute->be->add_half_into)
+    rc = tp_error(t->d, "the %s device cannot run a plan stored in 16 bits (--precision %s): compile it for the cpu",
+                  t->compute->be->name, t->plan->precision == TP_PLAN_BF16 ? "bf16" : "fp16");
   if ((rc = pipe_agree(t, rc)) || !dev || !dev->open_comm) return rc;
   if ((rc = pipe_agree(t, dev->open_comm(t->comm, t->compute, t->plan, device_comm, t->d)))) return rc;
   if (*device_comm) t->comm = *device_comm;

@@ -1,0 +1,132 @@
+/* store-bf16, store-fp16: require a trained module (after autodiff, staging and the last
+ * dce); provide one whose parameters, activations and gradients are stored in 16 bits
+ * while every kernel still computes in f32 (tokpipec --precision bf16|fp16).
+ *
+ * Each float result r an op computes (in f32, as before) is rounded by a Cast into the
+ * 16-bit value r.h that is kept; each op reading r reads a Cast of r.h back to f32 placed
+ * right before it. The memory plan's liveness then keeps only the 16-bit values between
+ * ops, and the f32 copies are transient. A Reshape (a view, a stage-boundary copy, a re-tie
+ * view) reads and yields the 16-bit value itself, so boundary messages carry 16 bits.
+ * Parameters become 16-bit values (the trainer's working copy, rounded from its f32
+ * masters; their blobs keep the f32 initial values the masters start from) and each
+ * parameter's gradient is the 16-bit value of what autodiff computed.
+ *
+ * Stay f32: the loss and the graph outputs, the results of loss ops, the statistics a
+ * norm or attention keeps for its backward (results after the first), and a token slice's
+ * K/V context (Concat {context_rows}: a buffer every slice writes its rows into in place).
+ * Integer values and constants are not touched. A module that already holds a 16-bit
+ * parameter is left as it is, so IR read back does not get the casts twice. */
+#include "../ir/ir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Does result k of op `op` stay f32? */
+static bool keeps_f32(const TpModule *m, int op, int k) {
+  const TpOp *o = &m->ops[op];
+  int r = o->outputs[k];
+  if (r == m->loss || tp_is_output(m, r)) return true;
+  if (o->kind == TP_OP_Concat && tp_attr_int(m, op, "context_rows", 0) > 0) return true;
+  switch (o->kind) {
+  case TP_OP_CrossEntropyStats:
+  case TP_OP_SoftmaxCrossEntropyLoss:
+  case TP_OP_NegativeLogLikelihoodLoss:
+  case TP_OP_CrossEntropy: return true;
+  case TP_OP_LayerNorm:
+  case TP_OP_Attention: return k > 0;
+  default: return false;
+  }
+}
+
+/* A Cast of value x into dtype `to`, placed as op `at` (its stage, slice and phase). */
+static int add_cast(TpModule *m, int x, TpDType to, int at, const char *suffix) {
+  const char *name = tp_strfmt(m, "%s.%s", m->values[x].name, suffix);
+  TpOrigin origin = m->ops[at].origin;
+  int c = tp_add_op(m, TP_OP_Cast, &x, 1, &name, 1, origin);
+  TpOp *op = &m->ops[c], *src = &m->ops[at];
+  op->stage = src->stage, op->slice = src->slice, op->phase = src->phase;
+  TpType t = m->values[x].type;
+  t.dtype = to;
+  m->values[op->outputs[0]].type = t;
+  return c;
+}
+
+static int store_half(TpModule *m, TpDType half, TpDiag *d) {
+  (void)d;
+  for (int v = 0; v < m->nvalues; v++)
+    if (m->values[v].kind == TP_VAL_PARAM && m->values[v].type.dtype == half) return TP_OK;
+  int nops = m->nops, nvalues = m->nvalues;
+  /* stored[v]: the 16-bit value standing for f32 value v (-1: none) */
+  int *stored = malloc(sizeof(int) * ((size_t)nvalues + 1));
+  /* the new op order: each old op with its casts up before it and down after it */
+  int *order = malloc(sizeof(int) * ((size_t)nops * 8 + 64)), norder = 0, cap = nops * 8 + 64;
+  TP_ASSERT(stored && order);
+  for (int v = 0; v < nvalues; v++) {
+    stored[v] = -1;
+    TpValue *val = &m->values[v];
+    if (val->kind == TP_VAL_PARAM && val->type.dtype == TP_F32) {
+      val->type.dtype = half; /* the working copy */
+      stored[v] = v;
+    }
+  }
+  for (int op = 0; op < nops; op++) {
+    if (norder + 2 * (m->ops[op].ninputs + m->ops[op].noutputs) + 1 > cap) {
+      cap *= 2;
+      order = realloc(order, sizeof(int) * (size_t)cap);
+      TP_ASSERT(order);
+    }
+    if (m->ops[op].kind == TP_OP_Reshape && m->ops[op].inputs[0] >= 0 && stored[m->ops[op].inputs[0]] >= 0 &&
+        !keeps_f32(m, op, 0)) {
+      /* a view of the 16-bit bytes */
+      int x = m->ops[op].inputs[0], r = m->ops[op].outputs[0];
+      m->ops[op].inputs[0] = stored[x];
+      m->values[r].type.dtype = half;
+      stored[r] = r;
+      order[norder++] = op;
+      continue;
+    }
+    for (int i = 0; i < m->ops[op].ninputs; i++) {
+      int x = m->ops[op].inputs[i];
+      if (x < 0 || x >= nvalues || stored[x] < 0) continue;
+      int up = add_cast(m, stored[x], TP_F32, op, "f32");
+      order[norder++] = up;
+      int y = m->ops[up].outputs[0];
+      for (int j = i; j < m->ops[op].ninputs; j++) /* an operand read twice: one cast */
+        if (m->ops[op].inputs[j] == x) m->ops[op].inputs[j] = y;
+    }
+    order[norder++] = op;
+    for (int k = 0; k < m->ops[op].noutputs; k++) {
+      int r = m->ops[op].outputs[k];
+      if (r < 0 || m->values[r].type.dtype != TP_F32 || keeps_f32(m, op, k)) continue;
+      int down = add_cast(m, r, half, op, tp_dtype_name(half));
+      order[norder++] = down;
+      stored[r] = m->ops[down].outputs[0];
+    }
+  }
+  /* each parameter's gradient is the 16-bit value */
+  for (int v = 0; v < nvalues && m->grads; v++) {
+    int g = tp_grad_of(m, v);
+    if (g >= 0 && g < nvalues && stored[g] >= 0) tp_set_grad(m, v, stored[g]);
+  }
+  /* the new order (ops already topological: each cast sits next to its op) */
+  TP_ASSERT(norder == m->nops);
+  TpOp *ops = malloc(sizeof(TpOp) * ((size_t)m->nops + 1));
+  int *index = malloc(sizeof(int) * ((size_t)m->nops + 1));
+  TP_ASSERT(ops && index);
+  for (int i = 0; i < norder; i++) ops[i] = m->ops[order[i]], index[order[i]] = i;
+  memcpy(m->ops, ops, sizeof(TpOp) * (size_t)m->nops);
+  for (int v = 0; v < m->nvalues; v++)
+    if (m->values[v].def >= 0) m->values[v].def = index[m->values[v].def];
+  free(ops), free(index), free(order), free(stored);
+  return pass_dce(m, NULL, d); /* the casts of results nothing reads */
+}
+
+int pass_store_bf16(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt;
+  return store_half(m, TP_BF16, d);
+}
+
+int pass_store_fp16(TpModule *m, TpPassOptions *opt, TpDiag *d) {
+  (void)opt;
+  return store_half(m, TP_F16, d);
+}
