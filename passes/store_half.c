@@ -5,15 +5,19 @@
  * Each float result r an op computes (in f32, as before) is rounded by a Cast into the
  * 16-bit value r.h that is kept; each op reading r reads a Cast of r.h back to f32 placed
  * right before it. The memory plan's liveness then keeps only the 16-bit values between
- * ops, and the f32 copies are transient. A Reshape (a view, a stage-boundary copy, a re-tie
- * view) reads and yields the 16-bit value itself, so boundary messages carry 16 bits.
+ * ops, and the f32 copies are transient. A Reshape (a view, a stage-boundary copy) and a
+ * re-tie view (a parameter's transpose) read and yield the 16-bit value itself, so
+ * boundary messages carry 16 bits and a re-tie view reads its parameter directly.
  * Parameters become 16-bit values (the trainer's working copy, rounded from its f32
  * masters; their blobs keep the f32 initial values the masters start from) and each
  * parameter's gradient is the 16-bit value of what autodiff computed.
  *
- * Stay f32: the loss and the graph outputs, the results of loss ops, the statistics a
- * norm or attention keeps for its backward (results after the first), and a token slice's
- * K/V context (Concat {context_rows}: a buffer every slice writes its rows into in place).
+ * Stay f32: the loss, the results of loss ops and their statistics (also summed over a
+ * vocabulary split over tensor ranks), the statistics a norm or attention keeps for its
+ * backward (results after the first), a token slice's K/V context (Concat {context_rows}:
+ * a buffer every slice writes its rows into in place), and a tensor rank's partial sum
+ * that an AllReduce sums in place (rounding each partial before the sum would lose what
+ * their cancellation leaves; the sum is stored).
  * Integer values and constants are not touched. A module that already holds a 16-bit
  * parameter is left as it is, so IR read back does not get the casts twice. */
 #include "../ir/ir.h"
@@ -21,11 +25,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Does result k of op `op` stay f32? */
-static bool keeps_f32(const TpModule *m, int op, int k) {
+/* Does result k of op `op` stay f32? `reduced`: the values an AllReduce reads. */
+static bool keeps_f32(const TpModule *m, const bool *reduced, int op, int k) {
   const TpOp *o = &m->ops[op];
   int r = o->outputs[k];
-  if (r == m->loss || tp_is_output(m, r)) return true;
+  if (r == m->loss || reduced[r]) return true;
+  if (o->kind == TP_OP_AllReduce && m->values[o->inputs[0]].def >= 0 &&
+      m->ops[m->values[o->inputs[0]].def].kind == TP_OP_CrossEntropyStats)
+    return true; /* the statistics summed over the vocabulary's ranges */
   if (o->kind == TP_OP_Concat && tp_attr_int(m, op, "context_rows", 0) > 0) return true;
   switch (o->kind) {
   case TP_OP_CrossEntropyStats:
@@ -60,7 +67,10 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
   int *stored = malloc(sizeof(int) * ((size_t)nvalues + 1));
   /* the new op order: each old op with its casts up before it and down after it */
   int *order = malloc(sizeof(int) * ((size_t)nops * 8 + 64)), norder = 0, cap = nops * 8 + 64;
-  TP_ASSERT(stored && order);
+  bool *reduced = calloc((size_t)nvalues + 1, sizeof *reduced);
+  TP_ASSERT(stored && order && reduced);
+  for (int op = 0; op < nops; op++)
+    if (m->ops[op].kind == TP_OP_AllReduce) reduced[m->ops[op].inputs[0]] = true;
   for (int v = 0; v < nvalues; v++) {
     stored[v] = -1;
     TpValue *val = &m->values[v];
@@ -75,9 +85,9 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
       order = realloc(order, sizeof(int) * (size_t)cap);
       TP_ASSERT(order);
     }
-    if (m->ops[op].kind == TP_OP_Reshape && m->ops[op].inputs[0] >= 0 && stored[m->ops[op].inputs[0]] >= 0 &&
-        !keeps_f32(m, op, 0)) {
-      /* a view of the 16-bit bytes */
+    bool moves = m->ops[op].kind == TP_OP_Reshape || m->ops[op].role == TP_ROLE_RETIE;
+    if (moves && m->ops[op].inputs[0] >= 0 && stored[m->ops[op].inputs[0]] >= 0 && !keeps_f32(m, reduced, op, 0)) {
+      /* moves the 16-bit elements: a view, or a re-tie view's transpose of a parameter */
       int x = m->ops[op].inputs[0], r = m->ops[op].outputs[0];
       m->ops[op].inputs[0] = stored[x];
       m->values[r].type.dtype = half;
@@ -97,7 +107,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     order[norder++] = op;
     for (int k = 0; k < m->ops[op].noutputs; k++) {
       int r = m->ops[op].outputs[k];
-      if (r < 0 || m->values[r].type.dtype != TP_F32 || keeps_f32(m, op, k)) continue;
+      if (r < 0 || m->values[r].type.dtype != TP_F32 || keeps_f32(m, reduced, op, k)) continue;
       int down = add_cast(m, r, half, op, tp_dtype_name(half));
       order[norder++] = down;
       stored[r] = m->ops[down].outputs[0];
@@ -117,7 +127,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
   memcpy(m->ops, ops, sizeof(TpOp) * (size_t)m->nops);
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].def >= 0) m->values[v].def = index[m->values[v].def];
-  free(ops), free(index), free(order), free(stored);
+  free(ops), free(index), free(order), free(stored), free(reduced);
   return pass_dce(m, NULL, d); /* the casts of results nothing reads */
 }
 
