@@ -58,19 +58,32 @@ static int add_cast(TpModule *m, int x, TpDType to, int at, const char *suffix) 
   return c;
 }
 
+/* Do ops a and b run in the same unit (stage, slice and phase)? */
+static bool same_unit(const TpOp *a, const TpOp *b) {
+  return a->stage == b->stage && a->slice == b->slice && a->phase == b->phase;
+}
+
 static int store_half(TpModule *m, TpDType half, TpDiag *d) {
-  (void)d;
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].kind == TP_VAL_PARAM && m->values[v].type.dtype == half) return TP_OK;
   int nops = m->nops, nvalues = m->nvalues;
-  /* stored[v]: the 16-bit value standing for f32 value v (-1: none) */
+  /* stored[v]: the 16-bit value standing for f32 value v (-1: none); fresh[v]: v itself is
+   * an f32 result its own unit may read (not a parameter, not a moved 16-bit value) */
   int *stored = malloc(sizeof(int) * ((size_t)nvalues + 1));
+  bool *fresh = calloc((size_t)nvalues + 1, sizeof *fresh), *reduced = calloc((size_t)nvalues + 1, sizeof *reduced);
+  bool *outlives = calloc((size_t)nvalues + 1, sizeof *outlives);
   /* the new op order: each old op with its casts up before it and down after it */
   int *order = malloc(sizeof(int) * ((size_t)nops * 8 + 64)), norder = 0, cap = nops * 8 + 64;
-  bool *reduced = calloc((size_t)nvalues + 1, sizeof *reduced);
-  TP_ASSERT(stored && order && reduced);
-  for (int op = 0; op < nops; op++)
-    if (m->ops[op].kind == TP_OP_AllReduce) reduced[m->ops[op].inputs[0]] = true;
+  TP_ASSERT(stored && fresh && reduced && outlives && order);
+  for (int op = 0; op < nops; op++) {
+    const TpOp *o = &m->ops[op];
+    if (o->kind == TP_OP_AllReduce) reduced[o->inputs[0]] = true;
+    for (int i = 0; i < o->ninputs; i++) {
+      int x = o->inputs[i];
+      if (x >= 0 && m->values[x].kind == TP_VAL_RESULT && !same_unit(&m->ops[m->values[x].def], o))
+        outlives[x] = true;
+    }
+  }
   for (int v = 0; v < nvalues; v++) {
     stored[v] = -1;
     TpValue *val = &m->values[v];
@@ -78,6 +91,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
       val->type.dtype = half; /* the working copy */
       stored[v] = v;
     }
+    if (m->grads && v < m->ngrads && m->grads[v] >= 0) outlives[m->grads[v]] = true;
   }
   for (int op = 0; op < nops; op++) {
     if (norder + 2 * (m->ops[op].ninputs + m->ops[op].noutputs) + 1 > cap) {
@@ -98,6 +112,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     for (int i = 0; i < m->ops[op].ninputs; i++) {
       int x = m->ops[op].inputs[i];
       if (x < 0 || x >= nvalues || stored[x] < 0) continue;
+      if (fresh[x] && same_unit(&m->ops[m->values[x].def], &m->ops[op])) continue; /* its unit's f32 */
       int up = add_cast(m, stored[x], TP_F32, op, "f32");
       order[norder++] = up;
       int y = m->ops[up].outputs[0];
@@ -107,10 +122,11 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     order[norder++] = op;
     for (int k = 0; k < m->ops[op].noutputs; k++) {
       int r = m->ops[op].outputs[k];
-      if (r < 0 || m->values[r].type.dtype != TP_F32 || keeps_f32(m, reduced, op, k)) continue;
+      if (r < 0 || m->values[r].type.dtype != TP_F32 || !outlives[r] || keeps_f32(m, reduced, op, k)) continue;
       int down = add_cast(m, r, half, op, tp_dtype_name(half));
       order[norder++] = down;
       stored[r] = m->ops[down].outputs[0];
+      fresh[r] = true;
     }
   }
   /* each parameter's gradient is the 16-bit value */
@@ -127,7 +143,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
   memcpy(m->ops, ops, sizeof(TpOp) * (size_t)m->nops);
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].def >= 0) m->values[v].def = index[m->values[v].def];
-  free(ops), free(index), free(order), free(stored), free(reduced);
+  free(ops), free(index), free(order), free(stored), free(fresh), free(reduced), free(outlives);
   return pass_dce(m, NULL, d); /* the casts of results nothing reads */
 }
 
