@@ -2,15 +2,21 @@
  * dce); provide one whose parameters, activations and gradients are stored in 16 bits
  * while every kernel still computes in f32 (tokpipec --precision bf16|fp16).
  *
- * Each float result r an op computes (in f32, as before) is rounded by a Cast into the
- * 16-bit value r.h that is kept; each op reading r reads a Cast of r.h back to f32 placed
- * right before it. The memory plan's liveness then keeps only the 16-bit values between
- * ops, and the f32 copies are transient. A Reshape (a view, a stage-boundary copy) and a
- * re-tie view (a parameter's transpose) read and yield the 16-bit value itself, so
- * boundary messages carry 16 bits and a re-tie view reads its parameter directly.
+ * A float result r that outlives the unit computing it (read by another stage, slice or
+ * phase: an activation saved for the backward, a boundary message, a K/V slice, a
+ * gradient crossing slices) or that is a parameter's gradient is rounded by a Cast into
+ * the 16-bit value r.bf16 (r.f16) that is kept; each op of another unit reading r reads a
+ * Cast of it back to f32 placed right before it, while the ops of r's own unit read r
+ * itself. The memory plan's liveness then keeps only 16-bit values from unit to unit, and
+ * the f32 values are the running unit's working set. A Reshape (a view, a stage-boundary
+ * copy) and a re-tie view (a parameter's transpose) of a stored value read and yield the
+ * 16-bit value itself, so boundary messages carry 16 bits and a re-tie view reads its
+ * parameter directly.
  * Parameters become 16-bit values (the trainer's working copy, rounded from its f32
- * masters; their blobs keep the f32 initial values the masters start from) and each
- * parameter's gradient is the 16-bit value of what autodiff computed.
+ * masters) and each parameter's gradient is the 16-bit value of what autodiff computed. A
+ * parameter keeps its initializer's data reference: the trainer reads the initial values
+ * into its f32 masters (--init), and no pass reads a parameter's data, so the 16-bit type
+ * does not reinterpret them anywhere but in the printed IR.
  *
  * Stay f32: the loss, the results of loss ops and their statistics (also summed over a
  * vocabulary split over tensor ranks), the statistics a norm or attention keeps for its
