@@ -88,6 +88,10 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const 
       if (used[v]) s->kind = TP_MEM_CONST;
     } else if (val->kind == TP_VAL_INPUT) {
       if (!used[v]) continue;
+      if (val->type.dtype == TP_F32 && val->type.rank == 0) { /* store-fp16's loss scale */
+        s->kind = TP_MEM_LOSS_SCALE;
+        continue;
+      }
       bool labels = is_label_input(m, v);
       int *which = labels ? &targets : &tokens;
       if (*which >= 0)

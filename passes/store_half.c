@@ -158,7 +158,25 @@ int pass_store_bf16(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   return store_half(m, TP_BF16, d);
 }
 
+/* fp16: the backward starts from the loss scale, an input the trainer sets (dynamic loss
+ * scaling), in place of autodiff's constant d loss / d loss = 1 (%loss.grad), so that small
+ * gradients keep their bits in fp16's narrow range. */
+static int seed_loss_scale(TpModule *m, TpDiag *d) {
+  int seed = m->loss >= 0 ? tp_find_value(m, tp_strfmt(m, "%s.grad", m->values[m->loss].name)) : -1;
+  TpValue *val = seed >= 0 ? &m->values[seed] : NULL;
+  if (!val || val->kind == TP_VAL_INPUT) return TP_OK; /* no backward, or an input already */
+  if (val->kind != TP_VAL_CONST || val->type.dtype != TP_F32 || val->type.rank != 0 ||
+      *(const float *)tp_value_data(m, seed) != 1.0f)
+    return tp_internal(d, "store-fp16: %%%s is not the backward's seed d loss / d loss = 1", val->name);
+  val->kind = TP_VAL_INPUT;
+  val->blob = -1;
+  val->offset = 0;
+  tp_add_input(m, seed);
+  return TP_OK;
+}
+
 int pass_store_fp16(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   (void)opt;
-  return store_half(m, TP_F16, d);
+  int rc = store_half(m, TP_F16, d);
+  return rc == TP_OK ? seed_loss_scale(m, d) : rc;
 }

@@ -4,7 +4,9 @@
  * and what the transport reads and writes for a device buffer. */
 #include "step.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- device memory ---- */
@@ -162,6 +164,13 @@ int pipe_setup(Trainer *t) {
   }
   t->stream = be(t)->stream_new(t->compute);
   t->nranks = 1;
+  t->loss_scale = P->precision == TP_PLAN_FP16 ? LOSS_SCALE_INITIAL : 1;
+  t->scale_growth = LOSS_SCALE_GROWTH;
+  /* test hook "S,N": fp16's initial loss scale S and growth interval N, to reach an
+   * overflow and a growth in a few steps */
+  const char *hook = getenv("TOKPIPE_TEST_LOSS_SCALE");
+  if (hook && P->precision == TP_PLAN_FP16 && sscanf(hook, "%f,%" SCNd64, &t->loss_scale, &t->scale_growth) != 2)
+    t->loss_scale = LOSS_SCALE_INITIAL, t->scale_growth = LOSS_SCALE_GROWTH;
   if (!(t->tokens = pipe_alloc_bytes(t, false, ntok * sizeof *t->tokens, "a step's token ids")) ||
       !(t->targets = pipe_alloc_bytes(t, false, ntok * sizeof *t->targets, "a step's targets")) ||
       !(t->dev_tokens = pipe_alloc(t, ntok * sizeof *t->tokens, "a step's token ids")) ||

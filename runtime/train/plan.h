@@ -201,6 +201,10 @@ struct TpStepIO {
    * writes it where the IR's TensorRank asks (the vocabulary range a vocabulary-parallel
    * embedding, LM head and cross-entropy hold). */
   int tensor_rank;
+  /* TpPlan.precision fp16: the loss scale S (dynamic loss scaling), which the backward
+   * starts from (d loss / d loss = S), so the 16-bit gradients are S times the true ones;
+   * the runtime sets it and divides the step's sum by it. Other plans do not read it. */
+  float loss_scale;
 };
 
 typedef void (*TpUnitFn)(TpStepIO *io);

@@ -34,7 +34,8 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
                     .stream = R->stream,
                     .tensor_allreduce = tensor ? pipe_tensor_allreduce : NULL,
                     .tensor_ctx = tensor ? R : NULL,
-                    .tensor_rank = R->tensor};
+                    .tensor_rank = R->tensor,
+                    .loss_scale = t->loss_scale};
 }
 
 /* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it
@@ -69,8 +70,9 @@ float *const *pipe_rank_grads(Trainer *t, int h) { return t->hosted[h]->grad; }
 static void finish_grads(Trainer *t, PipeRank *R) {
   if (R->grads_final) return;
   R->grads_final = true;
-  int M = t->plan->microbatches;
-  if (M > 1) be(t)->divide(t->compute, R->stream, R->grad_block, R->grad_count, (float)M);
+  /* fp16: the sum of the gradients of loss_scale * loss, unscaled at once */
+  float by = (float)t->plan->microbatches * (t->plan->precision == TP_PLAN_FP16 ? t->loss_scale : 1);
+  if (by != 1) be(t)->divide(t->compute, R->stream, R->grad_block, R->grad_count, by);
 }
 
 /* Runs instruction x of R; false if it must wait (one process only). */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# tokpipec --precision bf16 on the cpu target (passes/store_half.c, runtime/train): one case
-# per ctest precision/<case>. The parity with PyTorch autocast is tests/parity's
-# parity/bf16/<fixture>.
+# tokpipec --precision bf16 and fp16 on the cpu target (passes/store_half.c, runtime/train):
+# one case per ctest precision/<case>. The parity with PyTorch autocast is tests/parity's
+# parity/bf16/<fixture> and parity/fp16/<fixture>.
 #   resume   a bf16 run of 6 steps equals, bit for bit (log, weights, checkpoint), 3 steps
 #            saved and resumed to 6: checkpoints hold the fp32 masters and AdamW state
 #   storage  the bf16 trainer's step-1 gradients are not the fp32 trainer's (16-bit
@@ -12,6 +12,11 @@
 #            working set of the op running, which stays, is a large part of this 2-layer
 #            model's peak: 0.60 of fp32's in all), the 16-bit gradients with their fp32 sum,
 #            the fp32 master weights
+#   fp16     dynamic loss scaling: from a scale of 2^24 (test hook TOKPIPE_TEST_LOSS_SCALE,
+#            growth after 3 good steps in place of 2000) the overflowing steps are skipped,
+#            each halving the scale, 3 good steps double it, and the log says so; 3 steps
+#            saved and resumed to 8 equal 8 steps bit for bit (the checkpoint keeps the
+#            scale and its counters)
 #   usage    --precision takes fp32, bf16 or fp16
 # usage: run.sh CASE BIN_DIR FIXTURE_DIR WORK_DIR
 set -uo pipefail
@@ -75,6 +80,29 @@ memory)
   grep -q "^  gradients  *$((p16 * 3)) bytes.*16-bit, and the step's fp32 sum" bf16.txt ||
     fail "gradients are not 16-bit plus the fp32 sum: $(grep '^  gradients' bf16.txt | tail -1)"
   ok "activations $a32 -> $a16 bytes, parameters $p32 -> $p16 (+ fp32 masters), gradients 16-bit + fp32 sum"
+  ;;
+fp16)
+  "$bin/tokpipec" "$model" $shape --precision fp16 --exe trainer || fail "tokpipec could not build an fp16 trainer"
+  export TOKPIPE_TEST_LOSS_SCALE=16777216,3
+  common="--data $data --steps 8 --save-every 3"
+  ./trainer --init "$model" $common --save full --log full.jsonl --dump-weights full.safetensors 2>/dev/null ||
+    fail "uninterrupted run"
+  scales=$(sed -E 's/.*"loss_scale": ([0-9]*)(, "skipped": true)?}/\1\2/' full.jsonl | tr '\n' ' ')
+  want='16777216, "skipped": true 8388608, "skipped": true 4194304, "skipped": true 2097152, "skipped": true '
+  want+='1048576 1048576, "skipped": true 524288 524288 '
+  [ "$scales" = "$want" ] && ok "4 overflows skipped, halving 2^24 to 2^20; a skip; then 2^19" ||
+    fail "loss scales of the 8 steps: $scales, want $want"
+  ./trainer --init "$model" $common --steps 3 --save stop --log stop.jsonl 2>/dev/null || fail "3-step run"
+  ./trainer $common --resume stop --save stop --log stop.jsonl --dump-weights stop.safetensors 2>/dev/null ||
+    fail "resume of the 3-step run"
+  [ "$(untimed full.jsonl)" = "$(untimed stop.jsonl)" ] && ok "3 steps + 5 resumed: the same log and scales" ||
+    fail "logs differ: $(untimed full.jsonl >a.txt; untimed stop.jsonl | diff a.txt -)"
+  cmp -s full.safetensors stop.safetensors && ok "the same weights, bit for bit" || fail "weights differ"
+  TOKPIPE_TEST_LOSS_SCALE=1024,3 ./trainer --init "$model" --data "$data" --steps 7 --log grow.jsonl 2>/dev/null ||
+    fail "run from a scale of 1024"
+  scales=$(sed -E 's/.*"loss_scale": ([0-9]*).*/\1/' grow.jsonl | tr '\n' ' ')
+  [ "$scales" = "1024 1024 1024 2048 2048 2048 4096 " ] && ok "3 good steps double the scale" ||
+    fail "loss scales from 1024: $scales"
   ;;
 usage)
   "$bin/tokpipec" "$model" $shape --precision fp8 --emit=memory >/dev/null 2>err.txt
