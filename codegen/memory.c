@@ -70,6 +70,15 @@ static bool reduces_in_place(const TpModule *m, const TpMemoryPlan *p, const int
 
 /* Where each value lives, before any placement. uses[v]: tp_use_count(m, v), counted once
  * (asking per op is quadratic in a paper-scale module's ops). */
+/* Is input v store-fp16's loss scale, the backward's seed d loss / d loss (%<loss>.grad)? */
+static bool is_loss_scale(const TpModule *m, int v) {
+  const TpValue *val = &m->values[v];
+  if (m->loss < 0 || val->type.dtype != TP_F32 || val->type.rank != 0) return false;
+  const char *loss = m->values[m->loss].name;
+  size_t n = strlen(loss);
+  return strncmp(val->name, loss, n) == 0 && strcmp(val->name + n, ".grad") == 0;
+}
+
 /* The trainer holds f32 parameters, or the 16-bit working copies of --precision bf16 or
  * fp16 (store-bf16, store-fp16), which ops read through a Cast to f32 or move (a re-tie
  * view). */
@@ -111,7 +120,7 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const 
       if (used[v]) s->kind = TP_MEM_CONST;
     } else if (val->kind == TP_VAL_INPUT) {
       if (!used[v]) continue;
-      if (val->type.dtype == TP_F32 && val->type.rank == 0) { /* store-fp16's loss scale */
+      if (is_loss_scale(m, v)) {
         s->kind = TP_MEM_LOSS_SCALE;
         continue;
       }

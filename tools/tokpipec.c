@@ -491,7 +491,8 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
                         .nslices = nslices,
                         .slice_len = slices,
                         .nstages = S,
-                        .stage_cuts = S > 1 ? o->staged_cuts : NULL};
+                        .stage_cuts = S > 1 ? o->staged_cuts : NULL,
+                        .storage = o->storage}; /* the units share the plan's buffers */
     const char *names[TP_MAX_PIPELINE];
     int np = tp_pipeline_passes(&po, names);
     char where[PATH_MAX + 96];

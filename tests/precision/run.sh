@@ -17,6 +17,8 @@
 #            each halving the scale, 3 good steps double it, and the log says so; 3 steps
 #            saved and resumed to 8 equal 8 steps bit for bit (the checkpoint keeps the
 #            scale and its counters)
+#   profile  a bf16 trainer's --profile: the probes' units are stored as the plan's (they
+#            write the plan's 16-bit gradient buffers)
 #   usage    --precision takes fp32, bf16 or fp16
 # usage: run.sh CASE BIN_DIR FIXTURE_DIR WORK_DIR
 set -uo pipefail
@@ -103,6 +105,12 @@ fp16)
   scales=$(sed -E 's/.*"loss_scale": ([0-9]*).*/\1/' grow.jsonl | tr '\n' ' ')
   [ "$scales" = "1024 1024 1024 2048 2048 2048 4096 " ] && ok "3 good steps double the scale" ||
     fail "loss scales from 1024: $scales"
+  ;;
+profile)
+  "$bin/tokpipec" "$model" $shape --precision bf16 --stages 2 --profile-grid 8,16:0,8,16 --exe trainer ||
+    fail "tokpipec could not build a bf16 trainer with probes"
+  ./trainer --init "$model" --profile profile.json 2>err.txt && [ -s profile.json ] && ok "--profile ran its probes" ||
+    fail "--profile: $(tail -2 err.txt)"
   ;;
 usage)
   "$bin/tokpipec" "$model" $shape --precision fp8 --emit=memory >/dev/null 2>err.txt
