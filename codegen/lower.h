@@ -23,8 +23,9 @@ typedef enum {
   TP_ADDR_CONST,   /* the static array of value n (on a device target, its device copy) */
   TP_ADDR_TOKENS,  /* io->tokens */
   TP_ADDR_TARGETS, /* io->targets */
-  TP_ADDR_LOSS_SCALE, /* &io->loss_scale */
   TP_ADDR_VALUE,   /* the data of value n, a view declared before in the function */
+  /* &io->loss_scale */
+  TP_ADDR_LOSS_SCALE,
 } TpAddrKind;
 
 typedef struct {

@@ -602,7 +602,9 @@ int main(int argc, char **argv) {
    * the cuda target's bf16 rounds the matrix products' operands, storing f32. */
   if (precision && !code_target->precision && !tp_precision_parse(precision, &pipe.precision))
     cli_usage_error("--precision expects fp32, bf16 or fp16, got '%s'", precision);
-  po.storage = pipe.precision == TP_PRECISION_BF16 ? TP_BF16 : pipe.precision == TP_PRECISION_FP16 ? TP_F16 : TP_UNDEF;
+  po.storage = pipe.precision == TP_PRECISION_BF16   ? TP_BF16
+               : pipe.precision == TP_PRECISION_FP16 ? TP_F16
+                                                     : TP_UNDEF;
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0)
     cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);

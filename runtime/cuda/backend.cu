@@ -207,14 +207,15 @@ static void cuda_unpack(TpCompute *c, TpStream *s, void *arena, const void *src,
   move_buffers(s, const_cast<char *>(static_cast<const char *>(src)), static_cast<char *>(arena), buffers, n, false);
 }
 
+/* No add_half_into, round_to_half: CUDA plans store f32 (--precision bf16 there rounds the
+ * products' operands only). */
 extern "C" const TpComputeBackend tp_compute_cuda = {
     "cuda",         false, /* host_addressable */
     cuda_close,     cuda_alloc,      cuda_free,         cuda_memset,      cuda_copy_h2d,
     cuda_copy_d2h,  cuda_copy_d2d,   cuda_stream_new,   cuda_stream_free, cuda_stream_sync,
     cuda_event_new, cuda_event_free, cuda_event_record, cuda_stream_wait, cuda_event_sync,
     cuda_run_unit,  cuda_add_into,   cuda_divide,       cuda_sum_squares, cuda_clip,
-    cuda_adamw,     cuda_pack,       cuda_unpack,
-    nullptr,        nullptr, /* add_half_into, round_to_half: CUDA plans store f32 */
+    cuda_adamw,     cuda_pack,       cuda_unpack,       nullptr,          nullptr,
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */

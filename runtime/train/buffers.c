@@ -77,8 +77,9 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
   size_t grad_bytes = (size_t)R->grad_count * 4, elem = train_elem_bytes(P);
   bool apart = P->microbatches > 1 || elem != 4;
   if (!(R->grad_block = pipe_alloc(t, grad_bytes, "the gradients of rank %d", rank)) ||
-      !(R->scratch_block = apart ? pipe_alloc(t, (size_t)R->grad_count * elem, "rank %d's microbatch gradients", rank)
-                                 : R->grad_block))
+      !(R->scratch_block = apart
+                               ? pipe_alloc(t, (size_t)R->grad_count * elem, "rank %d's microbatch gradients", rank)
+                               : R->grad_block))
     return TP_ERR_INPUT;
   int64_t at = 0;
   for (int i = 0; i < P->nparams; i++)
@@ -211,7 +212,8 @@ void pipe_free(Trainer *t) {
   for (int s = 0; t->arena && s < t->plan->nstages; s++) pipe_dev_free(t, t->arena[s]);
   pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->norm_sum);
   free(t->tokens), free(t->targets);
-  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->work), free(t->held), free(t->numel), free(t->arena);
+  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->work), free(t->held), free(t->numel),
+      free(t->arena);
   free(t->whole_numel);
   if (t->stream) be(t)->stream_free(t->compute, t->stream);
 }

@@ -278,7 +278,8 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
   bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->token_limit >= 0 && P->nstages >= 1 &&
             P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward)) &&
             (P->stages || P->tensor <= 1) && /* tensor ranks run schedules (ABI 2) */
-            (P->precision == TP_PLAN_FP32 || (P->stages && (P->precision == TP_PLAN_BF16 || P->precision == TP_PLAN_FP16)));
+            (P->precision == TP_PLAN_FP32 ||
+             (P->stages && (P->precision == TP_PLAN_BF16 || P->precision == TP_PLAN_FP16)));
   for (int s = 0; ok && !P->stages && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
   for (int i = 0; ok && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
@@ -376,7 +377,8 @@ static void log_json(FILE *f, const StepRecord *r, int64_t tokens) {
     fmt_number(val, sizeof val, r->val_loss, true);
     fprintf(f, ", \"val_loss\": %s", val);
   }
-  if (r->loss_scale) fprintf(f, ", \"loss_scale\": %.9g%s", (double)r->loss_scale, r->skipped ? ", \"skipped\": true" : "");
+  if (r->loss_scale)
+    fprintf(f, ", \"loss_scale\": %.9g%s", (double)r->loss_scale, r->skipped ? ", \"skipped\": true" : "");
   fputs("}\n", f);
 }
 
