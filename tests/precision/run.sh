@@ -27,6 +27,19 @@ fail() { echo "precision/$case: FAIL: $*" >&2; exit 1; }
 ok() { echo "precision/$case: ok: $*"; }
 untimed() { sed -E 's/, "ms": [^,]*, "tokens_per_s": [^,}]*//' "$1"; }
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || fail "cannot make $work"
+
+# run_and_resume "OPTIONS": ./trainer for the --steps of OPTIONS at once (full/) and as 3
+# steps saved and resumed (stop/): the same log and weights, bit for bit
+run_and_resume() {
+  ./trainer --init "$model" $1 --save full --log full.jsonl --dump-weights full.safetensors 2>/dev/null ||
+    fail "uninterrupted run"
+  ./trainer --init "$model" $1 --steps 3 --save stop --log stop.jsonl 2>/dev/null || fail "3-step run"
+  ./trainer $1 --resume stop --save stop --log stop.jsonl --dump-weights stop.safetensors 2>/dev/null ||
+    fail "resume of the 3-step run"
+  [ "$(untimed full.jsonl)" = "$(untimed stop.jsonl)" ] && ok "3 steps + the rest resumed: the same log" ||
+    fail "logs differ: $(untimed full.jsonl >a.txt; untimed stop.jsonl | diff a.txt -)"
+  cmp -s full.safetensors stop.safetensors && ok "the same weights, bit for bit" || fail "weights differ"
+}
 model=$fixture/model.onnx data=$fixture/train_bf16/train.bin
 shape="--batch 4 --seq 32"
 
@@ -34,15 +47,7 @@ case $case in
 resume)
   "$bin/tokpipec" "$model" $shape --precision bf16 --stages 2 --microbatches 2 --exe trainer ||
     fail "tokpipec could not build a bf16 trainer"
-  common="--data $data --lr 0.01 --steps 6 --save-every 3"
-  ./trainer --init "$model" $common --save full --log full.jsonl --dump-weights full.safetensors 2>/dev/null ||
-    fail "uninterrupted run"
-  ./trainer --init "$model" $common --steps 3 --save stop --log stop.jsonl 2>/dev/null || fail "3-step run"
-  ./trainer $common --resume stop --save stop --log stop.jsonl --dump-weights stop.safetensors 2>/dev/null ||
-    fail "resume of the 3-step run"
-  [ "$(untimed full.jsonl)" = "$(untimed stop.jsonl)" ] && ok "3 steps + 3 resumed: the same log" ||
-    fail "logs differ: $(untimed full.jsonl >a.txt; untimed stop.jsonl | diff a.txt -)"
-  cmp -s full.safetensors stop.safetensors && ok "the same weights, bit for bit" || fail "weights differ"
+  run_and_resume "--data $data --lr 0.01 --steps 6 --save-every 3"
   cmp -s full/checkpoint.safetensors stop/checkpoint.safetensors && ok "the same checkpoint" ||
     fail "checkpoints differ"
   # the masters are fp32: a weight the rounding to bf16 would change (low 16 bits not zero)
@@ -86,20 +91,12 @@ memory)
 fp16)
   "$bin/tokpipec" "$model" $shape --precision fp16 --exe trainer || fail "tokpipec could not build an fp16 trainer"
   export TOKPIPE_TEST_LOSS_SCALE=16777216,3
-  common="--data $data --steps 8 --save-every 3"
-  ./trainer --init "$model" $common --save full --log full.jsonl --dump-weights full.safetensors 2>/dev/null ||
-    fail "uninterrupted run"
+  run_and_resume "--data $data --steps 8 --save-every 3"
   scales=$(sed -E 's/.*"loss_scale": ([0-9]*)(, "skipped": true)?}/\1\2/' full.jsonl | tr '\n' ' ')
   want='16777216, "skipped": true 8388608, "skipped": true 4194304, "skipped": true 2097152, "skipped": true '
   want+='1048576 1048576, "skipped": true 524288 524288 '
   [ "$scales" = "$want" ] && ok "4 overflows skipped, halving 2^24 to 2^20; a skip; then 2^19" ||
     fail "loss scales of the 8 steps: $scales, want $want"
-  ./trainer --init "$model" $common --steps 3 --save stop --log stop.jsonl 2>/dev/null || fail "3-step run"
-  ./trainer $common --resume stop --save stop --log stop.jsonl --dump-weights stop.safetensors 2>/dev/null ||
-    fail "resume of the 3-step run"
-  [ "$(untimed full.jsonl)" = "$(untimed stop.jsonl)" ] && ok "3 steps + 5 resumed: the same log and scales" ||
-    fail "logs differ: $(untimed full.jsonl >a.txt; untimed stop.jsonl | diff a.txt -)"
-  cmp -s full.safetensors stop.safetensors && ok "the same weights, bit for bit" || fail "weights differ"
   TOKPIPE_TEST_LOSS_SCALE=1024,3 ./trainer --init "$model" --data "$data" --steps 7 --log grow.jsonl 2>/dev/null ||
     fail "run from a scale of 1024"
   scales=$(sed -E 's/.*"loss_scale": ([0-9]*).*/\1/' grow.jsonl | tr '\n' ' ')
