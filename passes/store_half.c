@@ -5,10 +5,11 @@
  * A float result r that outlives the unit computing it (read by another stage, slice or
  * phase: an activation saved for the backward, a boundary message, a K/V slice, a
  * gradient crossing slices) or that is a parameter's gradient is rounded by a Cast into
- * the 16-bit value r.bf16 (r.f16) that is kept; each op of another unit reading r reads a
- * Cast of it back to f32 placed right before it, while the ops of r's own unit read r
- * itself. The memory plan's liveness then keeps only 16-bit values from unit to unit, and
- * the f32 values are the running unit's working set. A Reshape (a view, a stage-boundary
+ * the 16-bit value r.bf16 (r.f16) that is kept; each op reading r reads a Cast of it back
+ * to f32 placed right before it, in its own unit too, so that the backward sees the values
+ * the forward computed with (a loss's statistics and the logits its backward reads agree).
+ * The memory plan's liveness then keeps only 16-bit values from unit to unit, and the f32
+ * values are the running unit's working set. A Reshape (a view, a stage-boundary
  * copy) and a re-tie view (a parameter's transpose) of a stored value read and yield the
  * 16-bit value itself, so boundary messages carry 16 bits and a re-tie view reads its
  * parameter directly.
@@ -73,14 +74,13 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].kind == TP_VAL_PARAM && m->values[v].type.dtype == half) return TP_OK;
   int nops = m->nops, nvalues = m->nvalues;
-  /* stored[v]: the 16-bit value standing for f32 value v (-1: none); fresh[v]: v itself is
-   * an f32 result its own unit may read (not a parameter, not a moved 16-bit value) */
+  /* stored[v]: the 16-bit value standing for f32 value v (-1: none) */
   int *stored = malloc(sizeof(int) * ((size_t)nvalues + 1));
-  bool *fresh = calloc((size_t)nvalues + 1, sizeof *fresh), *reduced = calloc((size_t)nvalues + 1, sizeof *reduced);
-  bool *outlives = calloc((size_t)nvalues + 1, sizeof *outlives);
+  bool *reduced = calloc((size_t)nvalues + 1, sizeof *reduced),
+       *outlives = calloc((size_t)nvalues + 1, sizeof *outlives);
   /* the new op order: each old op with its casts up before it and down after it */
   int *order = malloc(sizeof(int) * ((size_t)nops * 8 + 64)), norder = 0, cap = nops * 8 + 64;
-  TP_ASSERT(stored && fresh && reduced && outlives && order);
+  TP_ASSERT(stored && reduced && outlives && order);
   for (int op = 0; op < nops; op++) {
     const TpOp *o = &m->ops[op];
     if (o->kind == TP_OP_AllReduce) reduced[o->inputs[0]] = true;
@@ -118,7 +118,6 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     for (int i = 0; i < m->ops[op].ninputs; i++) {
       int x = m->ops[op].inputs[i];
       if (x < 0 || x >= nvalues || stored[x] < 0) continue;
-      if (fresh[x] && same_unit(&m->ops[m->values[x].def], &m->ops[op])) continue; /* its unit's f32 */
       int up = add_cast(m, stored[x], TP_F32, op, "f32");
       order[norder++] = up;
       int y = m->ops[up].outputs[0];
@@ -132,7 +131,6 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
       int down = add_cast(m, r, half, op, tp_dtype_name(half));
       order[norder++] = down;
       stored[r] = m->ops[down].outputs[0];
-      fresh[r] = true;
     }
   }
   /* each parameter's gradient is the 16-bit value */
@@ -149,7 +147,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
   memcpy(m->ops, ops, sizeof(TpOp) * (size_t)m->nops);
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].def >= 0) m->values[v].def = index[m->values[v].def];
-  free(ops), free(index), free(order), free(stored), free(fresh), free(reduced), free(outlives);
+  free(ops), free(index), free(order), free(stored), free(reduced), free(outlives);
   return pass_dce(m, NULL, d); /* the casts of results nothing reads */
 }
 
