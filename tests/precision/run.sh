@@ -17,6 +17,9 @@
 #            each halving the scale, 3 good steps double it, and the log says so; 3 steps
 #            saved and resumed to 8 equal 8 steps bit for bit (the checkpoint keeps the
 #            scale and its counters)
+#   tensor   bf16 over 2 tensor ranks (a tied head over a padded vocabulary, large logits)
+#            gives one rank's bf16 step-1 gradients within 1e-3 of the largest (measured
+#            2.3e-4): the loss's backward reads the logits its forward statistics saw
 #   profile  a bf16 trainer's --profile: the probes' units are stored as the plan's (they
 #            write the plan's 16-bit gradient buffers)
 #   usage    --precision takes fp32, bf16 or fp16
@@ -102,6 +105,17 @@ fp16)
   scales=$(sed -E 's/.*"loss_scale": ([0-9]*).*/\1/' grow.jsonl | tr '\n' ' ')
   [ "$scales" = "1024 1024 1024 2048 2048 2048 4096 " ] && ok "3 good steps double the scale" ||
     fail "loss scales from 1024: $scales"
+  ;;
+tensor)
+  tied=$fixture/../vocab/gpt_o17_tied_v125
+  for n in 1 2; do
+    "$bin/tokpipec" "$tied/model.onnx" --batch 2 --seq 16 --tensor $n --precision bf16 --exe t$n ||
+      fail "tokpipec --tensor $n"
+    timeout -k 5 100 mpirun --allow-run-as-root --oversubscribe --bind-to none -np $n ./t$n --init "$tied/model.onnx" \
+      --data "$tied/train/train.bin" --steps 1 --dump-grads t$n.safetensors 2>err.txt || fail "t$n: $(tail -2 err.txt)"
+  done
+  "$bin/tokpipe-compare" t2.safetensors t1.safetensors --tol 1e-3 >out.txt 2>&1 &&
+    ok "2 tensor ranks: one rank's gradients, $(tail -1 out.txt)" || fail "2 tensor ranks: $(tail -1 out.txt)"
   ;;
 profile)
   "$bin/tokpipec" "$model" $shape --precision bf16 --stages 2 --profile-grid 8,16:0,8,16 --exe trainer ||
