@@ -43,7 +43,8 @@ const TpPassInfo tp_pass_registry[] = {
  * shard-tensor (tokpipec --tensor N > 1) splits the raised forward over the tensor ranks
  * before the loss is added, so autodiff differentiates its collectives too.
  * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
- * and finish-stages places the gradients that cross stages once autodiff made them. */
+ * and finish-stages places the gradients that cross stages once autodiff made them.
+ * --precision bf16 or fp16 appends store-bf16 or store-fp16 (TpPassOptions.storage). */
 const char *const tp_default_pipeline[] = {"fold-constants",
                                            "dce",
                                            "rebatch",
