@@ -25,7 +25,7 @@
 #   usage    --precision takes fp32, bf16 or fp16
 # usage: run.sh CASE BIN_DIR FIXTURE_DIR WORK_DIR
 set -uo pipefail
-case=$1 bin=$2 fixture=$3 work=$4/$1
+case=$1 bin=$2 fixture=$3 work=$4/$1 src=$(cd "$(dirname "$0")" && pwd)
 fail() { echo "precision/$case: FAIL: $*" >&2; exit 1; }
 ok() { echo "precision/$case: ok: $*"; }
 untimed() { sed -E 's/, "ms": [^,]*, "tokens_per_s": [^,}]*//' "$1"; }
@@ -111,8 +111,8 @@ tensor)
   for n in 1 2; do
     "$bin/tokpipec" "$tied/model.onnx" --batch 2 --seq 16 --tensor $n --precision bf16 --exe t$n ||
       fail "tokpipec --tensor $n"
-    timeout -k 5 100 mpirun --allow-run-as-root --oversubscribe --bind-to none -np $n ./t$n --init "$tied/model.onnx" \
-      --data "$tied/train/train.bin" --steps 1 --dump-grads t$n.safetensors 2>err.txt || fail "t$n: $(tail -2 err.txt)"
+    sh "$src/../comm/mpirun.sh" 100 $n ./t$n --init "$tied/model.onnx" --data "$tied/train/train.bin" --steps 1 \
+      --dump-grads t$n.safetensors 2>err.txt || fail "t$n: $(tail -2 err.txt)"
   done
   "$bin/tokpipe-compare" t2.safetensors t1.safetensors --tol 1e-3 >out.txt 2>&1 &&
     ok "2 tensor ranks: one rank's gradients, $(tail -1 out.txt)" || fail "2 tensor ranks: $(tail -1 out.txt)"
