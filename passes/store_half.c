@@ -15,9 +15,8 @@
  * parameter directly.
  * Parameters become 16-bit values (the trainer's working copy, rounded from its f32
  * masters) and each parameter's gradient is the 16-bit value of what autodiff computed. A
- * parameter keeps its initializer's data reference: the trainer reads the initial values
- * into its f32 masters (--init), and no pass reads a parameter's data, so the 16-bit type
- * does not reinterpret them anywhere but in the printed IR.
+ * parameter keeps its initializer's data reference, f32 (TpValue.data_dtype, printed `=
+ * f32 blob ...`): the trainer reads the initial values into its f32 masters (--init).
  *
  * Stay f32: the loss, the results of loss ops and their statistics (also summed over a
  * vocabulary split over tensor ranks), the statistics a norm or attention keeps for its
@@ -126,7 +125,8 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     stored[v] = -1;
     TpValue *val = &m->values[v];
     if (val->kind == TP_VAL_PARAM && val->type.dtype == TP_F32) {
-      val->type.dtype = half; /* the working copy */
+      val->type.dtype = half;   /* the working copy */
+      val->data_dtype = TP_F32; /* the initial values, for the f32 masters */
       stored[v] = v;
     }
     if (m->grads && v < m->ngrads && m->grads[v] >= 0) outlives[m->grads[v]] = true;
