@@ -494,10 +494,22 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   if (rc == TP_OK) rc = order_ops(m, p, pos, d);
   if (rc == TP_OK) rc = live_ranges(m, p, pos, d);
   if (rc == TP_OK) list_messages(m, p, pos), param_stages(m, p);
+  /* ties go by the values' order in the printed IR (results in op order, after the rest),
+   * so IR read back places its buffers as the module it was printed from */
+  int *printed = malloc(((size_t)nv + 1) * sizeof *printed), next = 0;
+  TP_ASSERT(printed);
+  for (int v = 0; v < nv; v++) printed[v] = m->values[v].kind != TP_VAL_RESULT ? next++ : -1;
+  for (int op = 0; op < no; op++)
+    for (int k = 0; k < m->ops[op].noutputs; k++) {
+      int r = m->ops[op].outputs[k];
+      if (r >= 0 && printed[r] < 0 && m->values[r].def == op) printed[r] = next++;
+    }
+  for (int v = 0; v < nv; v++)
+    if (printed[v] < 0) printed[v] = next++;
   for (int s = 0; s < ns && rc == TP_OK; s++) {
     int n = 0;
     for (int v = 0; v < nv; v++)
-      if (p->value[v].kind == TP_MEM_ARENA && p->value[v].stage == s) bufs[n++] = (Buf){&p->value[v], v};
+      if (p->value[v].kind == TP_MEM_ARENA && p->value[v].stage == s) bufs[n++] = (Buf){&p->value[v], printed[v]};
     for (int op = 0; op < no; op++)
       if (p->scratch[op].kind == TP_MEM_ARENA && p->scratch[op].stage == s)
         bufs[n++] = (Buf){&p->scratch[op], nv + op};
@@ -505,6 +517,7 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
     p->live_peak[s] = live_peak(bufs, n, p->norder[s]);
     place(p, s, bufs, n);
   }
+  free(printed);
   free(pos);
   free(used);
   free(uses);
