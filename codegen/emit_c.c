@@ -81,60 +81,25 @@ static void set_add(NameSet *s, char *name) {
 
 /* Identifiers a value must not take: C keywords, object-like macros of the headers the plan
  * includes, and the plan's own names. Anything starting with tp_, TP_ or Tp is the runtime's. */
-static const char *const reserved[] = {"auto",
-                                       "break",
-                                       "case",
-                                       "char",
-                                       "const",
-                                       "continue",
-                                       "default",
-                                       "do",
-                                       "double",
-                                       "else",
-                                       "enum",
-                                       "extern",
-                                       "float",
-                                       "for",
-                                       "goto",
-                                       "if",
-                                       "inline",
-                                       "int",
-                                       "long",
-                                       "register",
-                                       "restrict",
-                                       "return",
-                                       "short",
-                                       "signed",
-                                       "sizeof",
-                                       "static",
-                                       "struct",
-                                       "switch",
-                                       "typedef",
-                                       "union",
-                                       "unsigned",
-                                       "void",
-                                       "volatile",
-                                       "while",
-                                       "bool",
-                                       "true",
-                                       "false",
-                                       "errno",
-                                       "math_errhandling",
-                                       "io",
-                                       "arena",
-                                       "bad",
-                                       "main",
-                                       "params",
-                                       "derived",
-                                       "arena_bytes",
-                                       "forward",
-                                       "backward",
-                                       "kernel_failed",
-                                       "stages",
-                                       "slice_len",
-                                       "probes",
-                                       "stage_cuts",
-                                       NULL};
+static const char *const reserved[] = {"auto",       "break",       "case",
+                                       "char",       "const",       "continue",
+                                       "default",    "do",          "double",
+                                       "else",       "enum",        "extern",
+                                       "float",      "for",         "goto",
+                                       "if",         "inline",      "int",
+                                       "long",       "register",    "restrict",
+                                       "return",     "short",       "signed",
+                                       "sizeof",     "static",      "struct",
+                                       "switch",     "typedef",     "union",
+                                       "unsigned",   "void",        "volatile",
+                                       "while",      "bool",        "true",
+                                       "false",      "errno",       "math_errhandling",
+                                       "io",         "arena",       "transient",
+                                       "bad",        "main",        "params",
+                                       "derived",    "arena_bytes", "transient_bytes",
+                                       "forward",    "backward",    "kernel_failed",
+                                       "stages",     "slice_len",   "probes",
+                                       "stage_cuts", NULL};
 
 /* "/h.0/attn/MatMul_output_0" -> "h_0_attn_MatMul": letters, digits and single
  * underscores; the exporter's "_output_0" suffixes dropped. */
@@ -432,7 +397,7 @@ static void emit_constant(Emitter *E, int v, FILE *out) {
 
 /* ---- statements ---- */
 
-/* A shared body's numbers: its arena offsets and parameter indices are printed as at[k]
+/* A shared body's numbers: its arena and transient offsets and parameter indices are printed as at[k]
  * and p[k], k counting each in order of use. */
 typedef struct {
   int at, p;
@@ -442,9 +407,12 @@ typedef struct {
 static void put_addr(Emitter *E, FILE *out, TpAddr a, Numbering *num) {
   switch (a.kind) {
   case TP_ADDR_ARENA:
-    if (num) fprintf(out, "arena + at[%d]", num->at++);
-    else fprintf(out, "arena + %lld", (long long)a.n);
+  case TP_ADDR_TRANSIENT: {
+    const char *region = a.kind == TP_ADDR_ARENA ? "arena" : "transient";
+    if (num) fprintf(out, "%s + at[%d]", region, num->at++);
+    else fprintf(out, "%s + %lld", region, (long long)a.n);
     break;
+  }
   case TP_ADDR_VALUE: fprintf(out, "%s.data", E->name[a.n]); break;
   case TP_ADDR_PARAM:
   case TP_ADDR_GRAD: {
@@ -486,8 +454,8 @@ static void put_arg(Emitter *E, FILE *out, const TpLowArg *a, Numbering *num) {
   case TP_ARG_SCALAR: fprintf(out, "*(const float *)%s.data", name); break;
   case TP_ARG_SCRATCH:
     if (name) fprintf(out, "%s.data", name);
-    else if (num) fprintf(out, "(float *)(arena + at[%d])", num->at++);
-    else fprintf(out, "(float *)(arena + %lld)", (long long)a->i);
+    else if (num) fprintf(out, "(float *)(%s + at[%d])", a->transient ? "transient" : "arena", num->at++);
+    else fprintf(out, "(float *)(%s + %lld)", a->transient ? "transient" : "arena", (long long)a->i);
     break;
   case TP_ARG_I64:
   case TP_ARG_INT: put_int(out, a->i); break;
@@ -578,6 +546,7 @@ static void put_code(Emitter *E, FILE *out, const TpLowStmt *s, Numbering *num) 
 static void put_function_body(Emitter *E, const TpLowFunc *f, char *const *calls, Numbering *num, FILE *out) {
   const TpModule *m = E->m;
   if (f->uses_arena) fputs("  char *arena = io->arena;\n", out);
+  if (f->uses_transient) fputs("  char *transient = io->transient;\n", out);
   if (f->uses_bad) fputs("  int64_t bad; /* where the kernels report an id out of range */\n", out);
   if (!f->nops) fputs("  (void)io; /* nothing to do */\n", out);
   bool any = false; /* a line printed after the top ones */
@@ -833,7 +802,8 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
   info->nslices = plan.nslices;
   info->probed = pr->c > 0 ? 1 : 0;
   info->arena_bytes = calloc((size_t)plan.nstages + 1, sizeof *info->arena_bytes);
-  TP_ASSERT(info->arena_bytes);
+  info->transient_bytes = calloc((size_t)plan.nstages + 1, sizeof *info->transient_bytes);
+  TP_ASSERT(info->arena_bytes && info->transient_bytes);
   for (int v = 0; v < pm->nvalues; v++)
     if (plan.value[v].kind == TP_MEM_TOKENS) info->b = pm->values[v].type.dims[0];
   if (rc == TP_OK && info->probed >= plan.nslices)
@@ -854,6 +824,7 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
   int nunits = 0;
   for (int s = 0; s < plan.nstages; s++) {
     info->arena_bytes[s] = plan.arena_bytes[s];
+    info->transient_bytes[s] = plan.transient_bytes[s];
     for (int i = 0; i <= info->probed; i++) units[nunits++] = (TpUnitId){s, i, false};
     units[nunits++] = (TpUnitId){s, info->probed, true};
   }
@@ -919,17 +890,17 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   fclose(consts);
   fclose(tables);
   if (E.rc == TP_OK) {
-    int64_t params = 0, arena = 0;
+    int64_t params = 0, arena = 0, transient = 0;
     for (int i = 0; i < plan.nparams; i++) params += tp_type_numel(&m->values[plan.params[i]].type);
-    for (int s = 0; s < plan.nstages; s++) arena += plan.arena_bytes[s];
+    for (int s = 0; s < plan.nstages; s++) arena += plan.arena_bytes[s], transient += plan.transient_bytes[s];
     fprintf(out, "/* The training step of %s,\n * generated by tokpipec %s. Do not edit.\n",
             E.o->model  ? E.o->model
             : m->source ? m->source
                         : "a module",
             E.o->version ? E.o->version : "");
-    fprintf(out, " * %d stage%s, %d parameters (%lld floats), %lld arena bytes%s.\n", plan.nstages,
-            plan.nstages == 1 ? "" : "s", plan.nparams, (long long)params, (long long)arena,
-            m->loss < 0 ? "; forward only (no loss)" : "");
+    fprintf(out, " * %d stage%s, %d parameters (%lld floats), %lld arena bytes, %lld transient bytes%s.\n",
+            plan.nstages, plan.nstages == 1 ? "" : "s", plan.nparams, (long long)params, (long long)arena,
+            (long long)transient, m->loss < 0 ? "; forward only (no loss)" : "");
     if (m->nslices > 1) { /* passes/split_sequence.c */
       int64_t T = 0;
       fprintf(out, " * Token slices (%d):", m->nslices);
@@ -974,7 +945,7 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   free(fn_text);
   free(const_text);
   free(table_text);
-  for (int k = 0; k < o->nprobes; k++) free(E.probe[k].arena_bytes);
+  for (int k = 0; k < o->nprobes; k++) free(E.probe[k].arena_bytes), free(E.probe[k].transient_bytes);
   free(E.probe);
   emitter_free(&E);
   tp_pipeline_free(&pipe);

@@ -3,8 +3,9 @@
  * parameter indices. Runs are compared on their lowered statements, never on printed text:
  * a run's key is its statements with each value numbered by its first use in the run and
  * the arena offsets and parameter indices taken out (whatever statement holds them: a view's
- * declaration, a kernel's scratch), so two runs share a body exactly when one is the other
- * on other values, at other offsets, on other parameters. */
+ * declaration, a kernel's scratch; an offset's region, arena or transient, stays in), so two
+ * runs share a body exactly when one is the other on other values, at other offsets, on
+ * other parameters. */
 #include "outline.h"
 
 #include <stdlib.h>
@@ -261,7 +262,10 @@ static void put_arg(Key *k, const TpLowArg *a) {
   case TP_ARG_VIEW:
   case TP_ARG_DATA:
   case TP_ARG_SCALAR:
-  case TP_ARG_SCRATCH: put_value(k, a->value); break; /* a scratch's offset: a number */
+  case TP_ARG_SCRATCH: /* a scratch's offset: a number; its region: code */
+    put_value(k, a->value);
+    put(k, a->transient);
+    break;
   case TP_ARG_I64:
   case TP_ARG_INT:
   case TP_ARG_UNARY_OP:
@@ -332,7 +336,7 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
   int cap_at = 0, cap_p = 0;
   k->n = 0;
   k->next = 0;
-  put(k, (uint64_t)f->uses_arena << 1 | f->uses_bad);
+  put(k, (uint64_t)f->uses_transient << 2 | (uint64_t)f->uses_arena << 1 | f->uses_bad);
   for (int i = 0; i < f->n; i++) {
     const TpLowStmt *s = &f->stmts[i];
     put(k, (uint64_t)s->kind);
@@ -348,7 +352,7 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
       put(k, (uint64_t)s->addr.kind);
       if (s->addr.kind == TP_ADDR_CONST) put(k, (uint64_t)s->addr.n); /* the very array */
       if (s->addr.kind == TP_ADDR_VALUE) put_value(k, (int)s->addr.n);
-      if (s->addr.kind == TP_ADDR_ARENA) { add_offset(r, s->addr.n, &cap_at); }
+      if (s->addr.kind == TP_ADDR_ARENA || s->addr.kind == TP_ADDR_TRANSIENT) add_offset(r, s->addr.n, &cap_at);
       if (s->addr.kind == TP_ADDR_PARAM || s->addr.kind == TP_ADDR_GRAD) { add_param(r, (int)s->addr.n, &cap_p); }
       break;
     }

@@ -30,7 +30,7 @@ typedef struct {
   int begin, end;
   int body;      /* the shared body it calls, or -1: lowered with its unit */
   TpLowFunc low; /* the run lowered alone: kept for its body's first run (printed) */
-  int64_t *at;   /* its arena offsets, in order of use (the body's `at`) */
+  int64_t *at;   /* its arena and transient offsets, in order of use (the body's `at`) */
   int *p;        /* its parameter indices, in order of use (the body's `p`) */
   int nat, np;
   int table;      /* its arena offsets: list `table` of its body's (runs alike share one) */

@@ -64,6 +64,7 @@ struct PipeRank {
   float *grad_block, *scratch_block; /* the held parameters' gradients, contiguous in param order */
   int64_t grad_count;
   void **arena;      /* [st->arenas] */
+  void *transient;   /* st->transient_bytes: every unit's, one at a time */
   double *loss;      /* [microbatches]: the last stage's losses */
   TpStepIO *loss_io; /* [microbatches]: the last forward units' io, whose loss a device
                            * unit's copy sets by the step's final synchronization */
