@@ -6,8 +6,9 @@
  * at an offset of one of its stage's two regions: the microbatch's arena, for what a
  * microbatch keeps from one of its units to a later one, and the transient region, for
  * what lives inside one unit, which the rank's units share whatever their microbatch. Each
- * region is placed by liveness so that buffers whose lifetimes do not overlap share bytes. The plan.c that runs it (see runtime/train/plan.h for the
- * interface it implements) is written in three steps: codegen/lower.c lowers each unit's ops
+ * region is placed by liveness so that buffers whose lifetimes do not overlap share bytes.
+ * The plan.c that runs it (see runtime/train/plan.h for the interface it implements) is
+ * written in three steps: codegen/lower.c lowers each unit's ops
  * to kernel calls on those memory slots, codegen/outline.c finds the runs units share, and
  * codegen/emit_c.c prints them (codegen/plan_tables.c the TpPlan tables). */
 #ifndef TOKPIPE_CODEGEN_H
@@ -37,8 +38,7 @@ typedef enum {
 typedef struct {
   TpMemKind kind;
   int stage;       /* TP_MEM_ARENA */
-  bool transient;  /* TP_MEM_ARENA: in the transient region (alive inside one unit), else
-                      in the arena (kept by the microbatch from unit to unit) */
+  bool transient;  /* TP_MEM_ARENA: in the transient region, else in the arena */
   int64_t offset;  /* TP_MEM_ARENA: bytes from its region's start */
   int64_t bytes;   /* TP_MEM_ARENA: the buffer's size, rounded up to TP_ARENA_ALIGN */
   int index;       /* TP_MEM_VIEW: the value; TP_MEM_PARAM, TP_MEM_GRAD: the parameter */
@@ -56,25 +56,21 @@ typedef struct {
 
 typedef struct {
   int nstages;
-  int nslices;               /* token slices (1: unsliced) */
-  TpMemSlot *value;          /* per value */
-  TpMemSlot *scratch;        /* per op: a temporary buffer the op's kernel needs (TP_MEM_NONE) */
-  int nparams;               /* PARAM values in value order: parameter i of the plan */
-  int *params;               /* the value of each parameter */
-  int64_t *arena_bytes;      /* per stage: one microbatch's arena, what it keeps between its units
-                           (activations saved for the backward, K/V contexts, boundary
-                           buffers): the runtime holds one per microbatch in flight */
-  int64_t *transient_bytes;  /* per stage: the transient region, one unit's working set at a
-                               time: the runtime holds one per rank */
-  int64_t *one_region_bytes; /* per stage: the arena if it held every buffer (no transient
-                                region): see tp_memory_one_region */
-  int64_t *live_peak;        /* per stage: the most bytes live at once (a lower bound of arena
-                           plus transient region) */
-  int64_t *total_bytes;      /* per stage: the sum of its buffers (what no reuse would cost) */
-  int *nbuffers;             /* per stage */
-  int **order;               /* per stage: its ops in run order, forward then backward */
-  int *norder;               /* per stage: how many */
-  int *nforward;             /* per stage: how many of them are forward ops */
+  int nslices;          /* token slices (1: unsliced) */
+  TpMemSlot *value;     /* per value */
+  TpMemSlot *scratch;   /* per op: a temporary buffer the op's kernel needs (TP_MEM_NONE) */
+  int nparams;          /* PARAM values in value order: parameter i of the plan */
+  int *params;          /* the value of each parameter */
+  int64_t *arena_bytes; /* per stage: one microbatch's arena (what it keeps between units) */
+  /* per stage: the transient region (one per rank), and the arena if it held every buffer
+   * (no transient region: tp_memory_one_region) */
+  int64_t *transient_bytes, *one_region_bytes;
+  int64_t *live_peak;   /* per stage: the most bytes live at once (the regions' lower bound) */
+  int64_t *total_bytes; /* per stage: the sum of its buffers (what no reuse would cost) */
+  int *nbuffers;        /* per stage */
+  int **order;          /* per stage: its ops in run order, forward then backward */
+  int *norder;          /* per stage: how many */
+  int *nforward;        /* per stage: how many of them are forward ops */
   /* per stage, [2 * nslices]: the unit (phase, slice) runs order[begin, end) at index
    * phase * nslices + slice; a stage runs forward slices 0..N-1, then backward N-1..0 */
   int **unit_begin, **unit_end;
@@ -127,15 +123,15 @@ typedef struct {
 typedef struct {
   TpPipelineOptions o;
   TpSchedule schedule;
-  bool tied;                /* a parameter is held by the first and the last stage */
-  int tensor;               /* N: the tensor ranks of each stage (1: none); the figures below
+  bool tied;            /* a parameter is held by the first and the last stage */
+  int tensor;           /* N: the tensor ranks of each stage (1: none); the figures below
                            are one tensor rank's (its parts of the split parameters) */
-  int64_t *whole;           /* per stage: parameters, gradients and AdamW state as --tensor 1
+  int64_t *whole;       /* per stage: parameters, gradients and AdamW state as --tensor 1
                            would hold them (the split parameters whole) */
-  int *arenas;              /* per stage: microbatch arenas alive at once (mb uses mb % arenas); the
-                     rank holds them and one transient region */
-  TpRankMemory *memory;     /* per stage (the rank running it): codegen/rank_memory.h */
-  TpRankMemoryInput *input; /* per stage: what `memory` was counted from */
+  int *arenas;          /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
+  TpRankMemory *memory; /* per stage (the rank running it): codegen/rank_memory.h */
+  /* per stage: what `memory` was counted from (kept: the arena, transient: the region) */
+  TpRankMemoryInput *input;
 } TpPipeline;
 
 /* Builds and verifies the schedule (a schedule that fails verification is a compiler bug:

@@ -81,25 +81,62 @@ static void set_add(NameSet *s, char *name) {
 
 /* Identifiers a value must not take: C keywords, object-like macros of the headers the plan
  * includes, and the plan's own names. Anything starting with tp_, TP_ or Tp is the runtime's. */
-static const char *const reserved[] = {"auto",       "break",       "case",
-                                       "char",       "const",       "continue",
-                                       "default",    "do",          "double",
-                                       "else",       "enum",        "extern",
-                                       "float",      "for",         "goto",
-                                       "if",         "inline",      "int",
-                                       "long",       "register",    "restrict",
-                                       "return",     "short",       "signed",
-                                       "sizeof",     "static",      "struct",
-                                       "switch",     "typedef",     "union",
-                                       "unsigned",   "void",        "volatile",
-                                       "while",      "bool",        "true",
-                                       "false",      "errno",       "math_errhandling",
-                                       "io",         "arena",       "transient",
-                                       "bad",        "main",        "params",
-                                       "derived",    "arena_bytes", "transient_bytes",
-                                       "forward",    "backward",    "kernel_failed",
-                                       "stages",     "slice_len",   "probes",
-                                       "stage_cuts", NULL};
+static const char *const reserved[] = {"auto",
+                                       "break",
+                                       "case",
+                                       "char",
+                                       "const",
+                                       "continue",
+                                       "default",
+                                       "do",
+                                       "double",
+                                       "else",
+                                       "enum",
+                                       "extern",
+                                       "float",
+                                       "for",
+                                       "goto",
+                                       "if",
+                                       "inline",
+                                       "int",
+                                       "long",
+                                       "register",
+                                       "restrict",
+                                       "return",
+                                       "short",
+                                       "signed",
+                                       "sizeof",
+                                       "static",
+                                       "struct",
+                                       "switch",
+                                       "typedef",
+                                       "union",
+                                       "unsigned",
+                                       "void",
+                                       "volatile",
+                                       "while",
+                                       "bool",
+                                       "true",
+                                       "false",
+                                       "errno",
+                                       "math_errhandling",
+                                       "io",
+                                       "arena",
+                                       "bad",
+                                       "main",
+                                       "params",
+                                       "derived",
+                                       "arena_bytes",
+                                       "forward",
+                                       "backward",
+                                       "kernel_failed",
+                                       "stages",
+                                       "slice_len",
+                                       "probes",
+                                       "stage_cuts",
+                                       "transient",
+                                       "transient_bytes",
+                                       NULL};
 
 /* "/h.0/attn/MatMul_output_0" -> "h_0_attn_MatMul": letters, digits and single
  * underscores; the exporter's "_output_0" suffixes dropped. */
@@ -397,8 +434,8 @@ static void emit_constant(Emitter *E, int v, FILE *out) {
 
 /* ---- statements ---- */
 
-/* A shared body's numbers: its arena and transient offsets and parameter indices are printed as at[k]
- * and p[k], k counting each in order of use. */
+/* A shared body's numbers: its arena and transient region offsets and parameter indices are
+ * printed as at[k] and p[k], k counting each in order of use. */
 typedef struct {
   int at, p;
 } Numbering;

@@ -1,12 +1,12 @@
-/* Lowering (codegen/lower.c): a run of one stage's ops, after the memory plan, turned into
- * the statements of a generated function: the views it declares with the memory each one
- * addresses (arena and transient region offsets, parameter indices, constants, the views
- * declared before it), and the kernel calls with their arguments in the target's order. Every decision about
- * what runs is made here: a Reshape that is a view runs nothing, a token slice's Concat
- * appends to its context buffer (TP_K_CONTEXT_APPEND), attention reads that buffer in place
- * (TpAttention.kv_rows), TensorCopy and AllReduce become a copy and a collective,
- * TensorRank a store, the loss a copy to io->loss. The outliner (codegen/outline.c)
- * compares these statements and codegen/emit_c.c prints them. */
+/* Lowering (codegen/lower.c): a run of one stage's ops, after the memory plan, turned into the
+ * statements of a generated function: the views it declares with the memory each one addresses
+ * (arena and transient region offsets, parameter indices, constants, the views declared before
+ * it), and the kernel calls with their arguments in the target's order. Every decision about
+ * what runs is made here: a Reshape that is a view runs nothing, a token slice's Concat appends
+ * to its context buffer (TP_K_CONTEXT_APPEND), attention reads that buffer in place
+ * (TpAttention.kv_rows), TensorCopy and AllReduce become a copy and a collective, TensorRank a
+ * store, the loss a copy to io->loss. The outliner (codegen/outline.c) compares these
+ * statements and codegen/emit_c.c prints them. */
 #ifndef TOKPIPE_CODEGEN_LOWER_H
 #define TOKPIPE_CODEGEN_LOWER_H
 

@@ -40,7 +40,8 @@
  * Arenas (ABI 6: and the transient region): a unit function works in two regions. The
  * arena of its (stage, microbatch): io->arena points at stages[k].arena_bytes bytes,
  * 64-byte aligned. One arena holds everything a microbatch keeps on the stage between its
- * units: activations saved for backward, K/V buffers, boundary buffers. Stage k needs
+ * units: activations saved for backward, K/V buffers, boundary buffers (and, where the
+ * rank keeps one microbatch at a time, possibly all its buffers). Stage k needs
  * stages[k].arenas of them (the most microbatches its schedule keeps alive at once);
  * microbatch mb uses arena number mb % arenas, which the compiler checked never collides
  * with a microbatch still alive. And the rank's transient region: io->transient points at
@@ -120,17 +121,17 @@
  * A rank of stage k runs setup[0..nsetup) (the forwards of the context slices, filling the
  * K/V of the c context rows), then the forward and backward of the probed slice. The arena
  * is planned for the whole slicing's run order, so to run them again both are zeroed and
- * the setup run again first (the probed
- * units alone may read bytes of units not run, or that their backward reused). Tokens and
+ * the setup run again first (the probed units alone may read bytes of units not run, or
+ * that their backward reused). Tokens and
  * targets are [batch, seq]. No messages: a stage > 0 reads its received activations as
  * the zeroed arena holds them. stage_cuts[k] is the first layer of stage k (NULL: not
  * recorded).
  *
  * ABI 1 plans (stages == NULL, e.g. hand-written tests): one process runs nstages stage
  * functions forward[s] in order, then backward[s] in reverse, all with one arena and one
- * transient region each (transient_bytes NULL: none) and shared param/grad buffers; one microbatch, one slice. Generated unsliced plans fill these
- * fields too (forward[s] == stages[s].forward[0]), so a one-stage, one-microbatch plan runs
- * the same either way. */
+ * transient region each (transient_bytes NULL: none) and shared param/grad buffers; one
+ * microbatch, one slice. Generated unsliced plans fill these fields too (forward[s] ==
+ * stages[s].forward[0]), so a one-stage, one-microbatch plan runs the same either way. */
 #ifndef TOKPIPE_PLAN_H
 #define TOKPIPE_PLAN_H
 

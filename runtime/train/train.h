@@ -61,8 +61,8 @@ typedef struct {
  * process holds the parameters of the stages of the ranks it hosts (held[i]): values and
  * AdamW state once per process, gradients per hosted rank (grad[i] is the step gradient
  * of the first hosted rank holding i; after the all-reduces they are all equal).
- * param, grad, m, v, arena, transient, dev_tokens and dev_targets are device memory of `compute`,
- * which the runtime reaches only through its entries (../compute.h); `host` holds host
+ * param, grad, m, v, arena, transient, dev_tokens and dev_targets are device memory of
+ * `compute`, which the runtime reaches only through its entries (../compute.h); `host` holds host
  * copies while weights.c works on them: what every process holds while the weights load
  * (pipe_host_alloc, pipe_upload), and on process 0 every parameter's for the writers
  * (pipe_download). */
