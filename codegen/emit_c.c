@@ -438,6 +438,7 @@ static void emit_constant(Emitter *E, int v, FILE *out) {
  * printed as at[k] and p[k], k counting each in order of use. */
 typedef struct {
   int at, p;
+  bool regions; /* offsets of either region (odd: the transient region's): tp_plan_at */
 } Numbering;
 
 /* Where the bytes of address a are, as a C expression of type void * (or char *). */
@@ -446,7 +447,8 @@ static void put_addr(Emitter *E, FILE *out, TpAddr a, Numbering *num) {
   case TP_ADDR_ARENA:
   case TP_ADDR_TRANSIENT: {
     const char *region = a.kind == TP_ADDR_ARENA ? "arena" : "transient";
-    if (num) fprintf(out, "%s + at[%d]", region, num->at++);
+    if (num && num->regions) fprintf(out, "tp_plan_at(io, at[%d])", num->at++);
+    else if (num) fprintf(out, "arena + at[%d]", num->at++);
     else fprintf(out, "%s + %lld", region, (long long)a.n);
     break;
   }
@@ -491,7 +493,8 @@ static void put_arg(Emitter *E, FILE *out, const TpLowArg *a, Numbering *num) {
   case TP_ARG_SCALAR: fprintf(out, "*(const float *)%s.data", name); break;
   case TP_ARG_SCRATCH:
     if (name) fprintf(out, "%s.data", name);
-    else if (num) fprintf(out, "(float *)(%s + at[%d])", a->transient ? "transient" : "arena", num->at++);
+    else if (num && num->regions) fprintf(out, "(float *)tp_plan_at(io, at[%d])", num->at++);
+    else if (num) fprintf(out, "(float *)(arena + at[%d])", num->at++);
     else fprintf(out, "(float *)(%s + %lld)", a->transient ? "transient" : "arena", (long long)a->i);
     break;
   case TP_ARG_I64:
@@ -582,8 +585,9 @@ static void put_code(Emitter *E, FILE *out, const TpLowStmt *s, Numbering *num) 
  * elsewhere, then its ops; calls[k] is the statement of its outlined range k. */
 static void put_function_body(Emitter *E, const TpLowFunc *f, char *const *calls, Numbering *num, FILE *out) {
   const TpModule *m = E->m;
-  if (f->uses_arena) fputs("  char *arena = io->arena;\n", out);
-  if (f->uses_transient) fputs("  char *transient = io->transient;\n", out);
+  if (num && !num->regions && (f->uses_arena || f->uses_transient)) fputs("  char *arena = io->arena;\n", out);
+  if (!num && f->uses_arena) fputs("  char *arena = io->arena;\n", out);
+  if (!num && f->uses_transient) fputs("  char *transient = io->transient;\n", out);
   if (f->uses_bad) fputs("  int64_t bad; /* where the kernels report an id out of range */\n", out);
   if (!f->nops) fputs("  (void)io; /* nothing to do */\n", out);
   bool any = false; /* a line printed after the top ones */
@@ -710,12 +714,13 @@ static void emit_shared_body(Emitter *E, const TpOutline *ol, int b, char *const
   if (r->nat) fputs(", const int64_t *at", out);
   if (r->np) fputs(", const int *p", out);
   fputs(") {\n", out);
-  Numbering num = {0, 0};
+  Numbering num = {0, 0, body->regions};
   put_function_body(E, &r->low, NULL, &num, out);
   fputs("}\n", out);
   TP_ASSERT(num.at == r->nat && num.p == r->np);
   if (!r->nat) return;
-  fprintf(out, "/* %s's arena offsets (units on stages alike share a list): */\n", name);
+  fprintf(out, "/* %s's arena offsets (units on stages alike share a list%s): */\n", name,
+          body->regions ? ";\n * an odd one is a transient region offset + 1" : "");
   for (int q = body->first; q < ol->nrun; q++) {
     const TpRun *x = &ol->runs[q];
     if (x->body != b || !x->new_table) continue;

@@ -214,6 +214,12 @@ struct TpStepIO {
   int tensor_rank;
 };
 
+/* Where offset `at` of a shared body's list points (codegen/outline.c): the arena's, or,
+ * odd, the transient region's plus 1 (offsets are multiples of 64). */
+static inline char *tp_plan_at(const TpStepIO *io, int64_t at) {
+  return (char *)(at & 1 ? io->transient : io->arena) + (at & ~(int64_t)1);
+}
+
 typedef void (*TpUnitFn)(TpStepIO *io);
 typedef TpUnitFn TpStageFn; /* ABI 1's name */
 
