@@ -17,7 +17,8 @@
 #             than the vocabulary, a loss with fewer classes), at load, naming the table;
 #             plans beyond this machine's memory: tokpipec refuses them, and a trainer
 #             compiled anyway (--max-memory) says what it cannot allocate
-#   pkgconfig cc plan.c $(pkg-config --cflags --libs tokpipe) with the build tree's .pc
+#   pkgconfig cc plan.c $(pkg-config --cflags --libs tokpipe) with the build tree's .pc; a
+#             plan of an older ABI is refused
 #   install   cmake --install into a temporary prefix; the installed tokpipec --exe and the
 #             installed tokpipe.pc both build trainers that learn
 case=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6
@@ -264,6 +265,12 @@ pkgconfig)
   expect_exit 0 "cc plan.c \$(pkg-config ...)" "$cc" plan.c $flags -o trainer || exit 1
   ok "cc plan.c $flags"
   learns "pkg-config trainer" ./trainer
+  # a plan written for an older runtime (its ABI before this one's): refused before it runs
+  sed 's/^    \.abi = TP_PLAN_ABI,$/    .abi = TP_PLAN_ABI - 1,/' plan.c >stale.c
+  # shellcheck disable=SC2086
+  expect_exit 0 "cc stale.c" "$cc" stale.c $flags -o stale || exit 1
+  expect_message 3 "a plan of the ABI before" "compile it again with the tokpipec of this runtime" \
+    ./stale --data train.bin --steps 1
   ;;
 
 install)
