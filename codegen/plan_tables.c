@@ -232,6 +232,15 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
             val->shard.parts, val->shard.chunks);
   }
   fputs("};\n", out);
+  /* a padded vocabulary's padding (TpPlan.param_pad): only plans that have one print it */
+  bool padded = false;
+  for (int i = 0; i < p->nparams; i++) padded |= m->values[p->params[i]].shard.pad > 0;
+  if (padded) {
+    fprintf(out, "/* the padding of each parameter's padded vocabulary */\nstatic const int param_pad[%d] = {",
+            p->nparams);
+    for (int i = 0; i < p->nparams; i++) fprintf(out, "%s%d", i ? ", " : "", m->values[p->params[i]].shard.pad);
+    fputs("};\n", out);
+  }
 
   /* Re-tied initializers: the forward re-tie views (a Transpose or Reshape of a parameter,
    * the initializer named by their origin). */
@@ -266,6 +275,7 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
     fputs(",\n", out);
   }
   fprintf(out, "    .nparams = %d,\n    .params = params,\n", p->nparams);
+  if (padded) fputs("    .param_pad = param_pad,\n", out);
   if (nderived) fprintf(out, "    .nderived = %d,\n    .derived = derived,\n", nderived);
   fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n    .transient_bytes = transient_bytes,\n",
           p->nstages);
@@ -281,6 +291,9 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
             E->o->stage_cuts ? "stage_cuts" : "NULL", E->o->nprobes);
   if (E->target->device) fprintf(out, "    .device = &%s,\n", E->target->device);
   if (E->tensor > 1) fprintf(out, "    .tensor = %d,\n", E->tensor);
+  if (pl->o.zero && pl->o.dp > 1) fputs("    .zero = 1,\n", out);
+  TpDType stored = p->nparams ? m->values[p->params[0]].type.dtype : TP_F32; /* store-bf16, store-fp16 */
+  if (stored != TP_F32) fprintf(out, "    .precision = %s,\n", stored == TP_BF16 ? "TP_PLAN_BF16" : "TP_PLAN_FP16");
   fputs("};\n", out);
   fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
 }

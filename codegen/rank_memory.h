@@ -7,9 +7,9 @@
  *   fp32:        the value 4, its gradient 4 (a microbatch's 4 more when M > 1),
  *                AdamW's two moments 8 / Z
  *   bf16, fp16:  the 16-bit value 2, its 16-bit gradient 2, the step's fp32 gradient
- *                sum 4, the fp32 master 4 / Z, AdamW's two moments 8 / Z
+ *                sum 4, the fp32 master 4, AdamW's two moments 8 / Z
  * where Z is the replicas sharing the optimizer state (--zero 1: D, else 1); a frozen
- * parameter is its value only. Activations: the microbatches in flight keep what their
+ * parameter is its value (and under bf16, fp16 its fp32 master) only. Activations: the microbatches in flight keep what their
  * units pass each other (kept), and one unit at a time its working set (transient). */
 #ifndef TOKPIPE_CODEGEN_RANK_MEMORY_H
 #define TOKPIPE_CODEGEN_RANK_MEMORY_H
@@ -32,11 +32,11 @@ int tp_precision_bytes(TpPrecision p);
 typedef struct {
   int64_t trained, frozen; /* parameter elements the rank holds */
   TpPrecision precision;
-  int microbatches;    /* M >= 1 */
-  int zero_shards;     /* Z >= 1: the ranks that share one copy of the optimizer state */
-  int64_t kept;        /* bytes one microbatch keeps from unit to unit */
-  int64_t transient;   /* bytes of the largest unit's own working set, one at a time */
-  int arenas;          /* microbatches in flight at once */
+  int microbatches;  /* M >= 1 */
+  int zero_shards;   /* Z >= 1: the ranks that share one copy of the optimizer state */
+  int64_t kept;      /* bytes one microbatch keeps from unit to unit */
+  int64_t transient; /* bytes of the largest unit's own working set, one at a time */
+  int arenas;        /* microbatches in flight at once */
 } TpRankMemoryInput;
 
 typedef struct {

@@ -93,9 +93,14 @@ typedef enum {
  * order: P == N gives each rank its own piece; P < N (grouped K/V heads fewer than the
  * ranks) gives N/P ranks the same piece, whose gradient those ranks must sum. A file
  * blob's data at the param's offset is the whole tensor, which the runtime scatters (and
- * gathers back for checkpoints). parts == 0: not split (whole on every rank). */
+ * gathers back for checkpoints). parts == 0: not split (whole on every rank).
+ * pad > 0 (printed `, pad=K`): the whole tensor's last K slices along A are padding that
+ * makes a vocabulary the ranks do not divide split (Megatron's padded vocabulary; one
+ * chunk, parts == ranks): files hold dim A times P minus K, the runtime scatters zeros
+ * into the padding and gathers it back to nothing, and the padded classes are masked out
+ * of the loss (CrossEntropyStats' vocab_pad), so their rows never get a gradient. */
 typedef struct {
-  int axis, parts, ranks, chunks;
+  int axis, parts, ranks, chunks, pad;
 } TpShard;
 
 typedef struct {
@@ -149,9 +154,14 @@ typedef enum {
    * op's origin node names that initializer, which codegen derives from the parameter).
    * Backward ops play the role of the forward op they differentiate (autodiff). */
   TP_ROLE_RETIE,
+  /* A recomputed activation (passes/recompute.c): a backward-phase copy of a forward op
+   * (same kind, attributes and placement) that the backward reads instead of the forward
+   * op's results, so that those need not be kept from the forward to the backward. */
+  TP_ROLE_RECOMPUTE,
   TP_ROLE_COUNT
 } TpOpRole;
-extern const char *const tp_op_role_names[TP_ROLE_COUNT]; /* "compute", "boundary", "retie" */
+/* "compute", "boundary", "retie", "recompute" */
+extern const char *const tp_op_role_names[TP_ROLE_COUNT];
 
 typedef struct {
   TpOpKind kind;
@@ -272,6 +282,8 @@ const TpAttr *tp_get_attr(const TpModule *m, int op, const char *name); /* NULL 
 int64_t tp_attr_int(const TpModule *m, int op, const char *name, int64_t dflt);
 double tp_attr_float(const TpModule *m, int op, const char *name, double dflt);
 const char *tp_attr_string(const TpModule *m, int op, const char *name, const char *dflt);
+/* Copies every attribute of op `from` to op `to` (a copy of the op). */
+void tp_copy_attrs(TpModule *m, int from, int to);
 /* NULL (and *n = 0) if absent. */
 const int64_t *tp_attr_ints(const TpModule *m, int op, const char *name, int *n);
 
@@ -435,6 +447,29 @@ int pass_assign_stages(TpModule *m, TpPassOptions *opt, TpDiag *d);
  * do not make that many stages. */
 int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **first, TpDiag *d);
 int pass_finish_stages(TpModule *m, TpPassOptions *opt, TpDiag *d);
+/* The values that start a layer of the residual stream, as assign-stages finds the layers:
+ * each chain's first skip operand, and the skip operand of every residual Add whose branch
+ * holds an Attention (of every residual Add when the model has none). Reads the forward
+ * ops only, so it works after assign-stages (each stage's chain starts at what the stage
+ * receives) and after autodiff. Sets input[v] (nvalues entries); returns how many. */
+int tp_layer_inputs(TpModule *m, bool *input);
+
+/* passes/recompute.c: recompute (after autodiff and finish-stages, before the memory plan)
+ * makes the backward read recomputed copies of the forward activations it needs, instead of
+ * the forward's own, all but the checkpoints opt->recompute keeps; see the file. */
+typedef enum {
+  TP_RECOMPUTE_NONE,      /* keep every activation the backward reads */
+  TP_RECOMPUTE_SELECTIVE, /* keep the layer inputs and the products; recompute the rest */
+  TP_RECOMPUTE_FULL,      /* keep the layer inputs; recompute each layer in its backward */
+} TpRecompute;
+int pass_recompute(TpModule *m, TpPassOptions *opt, TpDiag *d);
+/* "none", "selective", "full"; and back (false for another name). */
+const char *tp_recompute_name(TpRecompute r);
+bool tp_recompute_parse(const char *name, TpRecompute *r);
+/* passes/store_half.c: store-bf16 and store-fp16 store a trained module's parameters,
+ * activations and gradients in 16 bits, every op still computing in f32 (casts around it). */
+int pass_store_bf16(TpModule *m, TpPassOptions *opt, TpDiag *d);
+int pass_store_fp16(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* passes/shard_tensor.c: shard-tensor splits the raised forward module (before add-loss)
  * over opt->tensor ranks the Megatron way (column-parallel, then row-parallel products,
@@ -443,6 +478,9 @@ int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d);
 /* How many vocabulary ranges the logits value v holds one of: shard-tensor's vocabulary-
  * parallel LM head gives each rank [..., V / N] logits; 1 for any other value. */
 int tp_vocab_parts(const TpModule *m, int v);
+/* The padding of that split (TpShard.pad: classes past the true vocabulary on the last
+ * rank, masked out of the loss); 0 for any other value. */
+int tp_vocab_pad(const TpModule *m, int v);
 /* passes/add_loss.c: the graph output add-loss would train as the logits (the one named
  * `name`, its --logits, when not NULL); -1 when it would not (a loss already, the model's
  * own loss, no or several candidates). */
@@ -489,6 +527,11 @@ struct TpPassOptions {
   const char *stage_cuts;
   /* shard-tensor: the ranks of the tensor group that split each stage's ops (<= 1: none). */
   int tensor;
+  /* recompute: what the backward recomputes (tokpipec --recompute; NONE: no recompute pass). */
+  TpRecompute recompute;
+  /* store-bf16 or store-fp16 (TP_BF16, TP_F16) ends the pipeline of a trained module
+   * (tokpipec --precision); TP_UNDEF: values stay f32. */
+  TpDType storage;
   /* The pass manager: IR dumps and verification. */
   const char *print_before; /* comma-separated pass names, or NULL */
   const char *print_after;  /* comma-separated pass names, or NULL */

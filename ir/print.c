@@ -17,7 +17,8 @@
  *
  * An op's placement follows its attributes, each part only where it is not the default:
  * `@stage(S)` (default 0), `@slice(K)` (default -1: not sliced), `@backward` (default:
- * the forward phase), then its role (TpOpRole): `@boundary` or `@retie` (default: compute).
+ * the forward phase), then its role (TpOpRole): `@boundary`, `@retie` or `@recompute`
+ * (default: compute).
  * A param that is a tied copy of another names it after its data: `@tied(%param)`; one
  * split over the tensor group says how: `@shard(axis=1, parts=2, ranks=2)` (TpShard).
  * Values are %name, quoted (%"a/b") unless [A-Za-z0-9_.]+; op types, attribute and dim
@@ -330,6 +331,7 @@ static void print_data_value(FILE *out, const TpModule *m, int v) {
   if (val->kind == TP_VAL_PARAM && sh->parts > 0) {
     fprintf(out, " @shard(axis=%d, parts=%d, ranks=%d", sh->axis, sh->parts, sh->ranks);
     if (sh->chunks > 1) fprintf(out, ", chunks=%d", sh->chunks);
+    if (sh->pad > 0) fprintf(out, ", pad=%d", sh->pad);
     fputc(')', out);
   }
   print_origin(out, val->origin);

@@ -83,6 +83,11 @@ static int verify_shard(const TpModule *m, int v, TpDiag *d) {
   if (s->chunks < 1 || val->type.dims[s->axis] % s->chunks != 0)
     return tp_error(d, "param %%%s: axis %d of %lld elements is not %d equal chunks", val->name, s->axis,
                     (long long)val->type.dims[s->axis], s->chunks);
+  if (s->pad < 0 || (s->pad > 0 && (s->chunks != 1 || s->parts != s->ranks || s->pad >= val->type.dims[s->axis])))
+    return tp_error(d,
+                    "param %%%s: a padding of %d on axis %d needs one chunk, one part per rank and less than "
+                    "one rank's %lld",
+                    val->name, s->pad, s->axis, (long long)val->type.dims[s->axis]);
   return TP_OK;
 }
 
@@ -158,6 +163,11 @@ static int verify_role(const TpModule *m, int o, TpDiag *d) {
   if (op->role == TP_ROLE_COMPUTE) return TP_OK;
   if (op->role < 0 || op->role >= TP_ROLE_COUNT) return tp_error_op(d, m, o, "unknown role %d", (int)op->role);
   if (op->role == TP_ROLE_RETIE && op->phase == TP_PHASE_BACKWARD) return TP_OK; /* what differentiates one */
+  if (op->role == TP_ROLE_RECOMPUTE) {
+    if (op->phase != TP_PHASE_BACKWARD)
+      return tp_error_op(d, m, o, "a recomputed op must be in the backward phase: @backward @recompute");
+    return TP_OK;
+  }
   /* both views have one operand and one result, which verify_op checked are there */
   bool view = op->kind == TP_OP_Reshape || op->kind == TP_OP_Transpose;
   int x = view ? op->inputs[0] : -1, y = view ? op->outputs[0] : -1;

@@ -33,8 +33,10 @@ static const char usage[] =
     "  -o OUT               write OUT (atomically) instead of stdout\n"
     "  --target cpu|cuda    the kernels the C program calls (default cpu); cuda: a trainer\n"
     "                       for NVIDIA GPUs (runtime/cuda), built on the CPU trainer\n"
-    "  --precision fp32|bf16  with --target cuda: the matrix products in fp32 (default) or\n"
-    "                       bf16 operands with fp32 accumulation; weights and AdamW stay fp32\n"
+    "  --precision fp32|bf16|fp16  cpu: store parameters, activations and gradients in\n"
+    "                       fp32 (default) or 16 bits, computing in fp32 with fp32 master\n"
+    "                       weights and AdamW state (fp16 with dynamic loss scaling); cuda\n"
+    "                       (fp32|bf16): the matrix products' operands in bf16, all else fp32\n"
     "  --exe TRAINER        also compile the C program into the executable TRAINER\n"
     "  -v, --verbose        print the C compiler's command line\n"
     "  --batch B, --seq T   the global batch of a step (B / (dp * microbatches) rows per\n"
@@ -60,11 +62,18 @@ static const char usage[] =
     "                       (layers from 0; S-1 cuts for S stages)\n"
     "  --microbatches M     microbatches per replica and step (default 1)\n"
     "  --dp D               data-parallel replicas of the pipeline (default 1)\n"
+    "  --zero 0|1           1: each of the D replicas keeps 1/D of the AdamW state (ZeRO\n"
+    "                       stage 1: gradients reduce-scattered, parameters all-gathered),\n"
+    "                       with the same results as 0, where each keeps all of it (default)\n"
     "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
     "  --tensor N           split each stage's products over N tensor-parallel ranks\n"
     "                       (Megatron: attention heads and MLP columns, then rows, with an\n"
     "                       all-reduce after each row-parallel product); N must divide the\n"
     "                       query heads and the MLP width. Ranks: stages x N x dp (default 1)\n"
+    "  --recompute none|selective|full  what the backward recomputes instead of keeping from\n"
+    "                       the forward: nothing (the default); all but each layer's input and\n"
+    "                       the products (selective); all but each layer's input (full). The\n"
+    "                       gradients stay bit for bit the same\n"
     "  --max-memory BYTES   refuse a plan whose per-rank peak (weights, gradients, AdamW\n"
     "                       state, microbatch arenas and transient region; with --tensor,\n"
     "                       one tensor rank's"
@@ -490,7 +499,9 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
                         .nslices = nslices,
                         .slice_len = slices,
                         .nstages = S,
-                        .stage_cuts = S > 1 ? o->staged_cuts : NULL};
+                        .stage_cuts = S > 1 ? o->staged_cuts : NULL,
+                        .recompute = o->recompute,
+                        .storage = o->storage}; /* the units share the plan's buffers */
     const char *names[TP_MAX_PIPELINE];
     int np = tp_pipeline_passes(&po, names);
     char where[PATH_MAX + 96];
@@ -544,10 +555,14 @@ int main(int argc, char **argv) {
       pipe.microbatches = (int)cli_int("--microbatches", v, 1, 65536);
     } else if (cli_value(argc, argv, &i, "--dp", &v)) {
       pipe.dp = (int)cli_int("--dp", v, 1, 65536);
+    } else if (cli_value(argc, argv, &i, "--zero", &v)) {
+      pipe.zero = (int)cli_int("--zero", v, 0, 1);
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &pipe.kind)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
+    } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
+      po.recompute = cli_recompute(v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {
       max_memory = cli_int("--max-memory", v, 1, INT64_MAX);
     } else if (cli_value(argc, argv, &i, "--seq", &v)) {
@@ -593,13 +608,22 @@ int main(int argc, char **argv) {
   }
   if (!input) cli_usage_error("no input model");
   const TpTarget *code_target = tp_target_find(target, NULL);
-  if (precision && !code_target->precision)
-    cli_usage_error("--precision goes with --target cuda: the %s target computes in fp32", target);
-  if (precision && !tp_target_find(target, precision))
-    cli_usage_error("--precision expects %s, got '%s'", tp_target_precisions(target), precision);
+  if (precision && code_target->precision && !tp_target_find(target, precision))
+    cli_usage_error("--precision expects %s with --target %s, got '%s'", tp_target_precisions(target), target,
+                    precision);
+  /* The cpu target stores in 16 bits what --precision names (fp32 masters, f32 compute);
+   * the cuda target's bf16 rounds the matrix products' operands, storing f32. */
+  if (precision && !code_target->precision && !tp_precision_parse(precision, &pipe.precision))
+    cli_usage_error("--precision expects fp32, bf16 or fp16, got '%s'", precision);
+  po.storage = pipe.precision == TP_PRECISION_BF16   ? TP_BF16
+               : pipe.precision == TP_PRECISION_FP16 ? TP_F16
+                                                     : TP_UNDEF;
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0)
     cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
+  if (po.forward_only && po.recompute != TP_RECOMPUTE_NONE)
+    cli_usage_error("--recompute %s recomputes in the backward: --forward-only has none",
+                    tp_recompute_name(po.recompute));
   if (po.forward_only && strcmp(emit, "c") == 0)
     cli_usage_error("--forward-only has no loss to train: use it with --emit=ir, dot or memory");
   if (grid && strcmp(emit, "c") != 0)
@@ -648,6 +672,7 @@ int main(int argc, char **argv) {
                                      [CLI_RESUME_SLICE] = po.sliced,
                                      [CLI_RESUME_STAGES] = po.nstages > 1,
                                      [CLI_RESUME_AUTODIFF] = !po.forward_only};
+    wanted[CLI_RESUME_RECOMPUTE] = po.recompute != TP_RECOMPUTE_NONE;
     rc = cli_resume_after(m, names, &n, wanted, batch != 0, &d);
   }
   if (rc == TP_OK) {
@@ -688,7 +713,7 @@ int main(int argc, char **argv) {
     free(gl), free(gc);
   }
   probes.target = target;
-  probes.precision = precision;
+  probes.precision = code_target->precision ? precision : NULL;
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
   ParamsReport params = {m, po.freeze};
   if (rc == TP_OK && strcmp(emit, "params") == 0) rc = cli_write_output(output, write_params, &params, &d);

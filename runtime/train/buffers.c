@@ -5,7 +5,9 @@
  * and what the transport reads and writes for a device buffer. */
 #include "step.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- device memory ---- */
@@ -71,19 +73,35 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
   R->arena = xcalloc((size_t)R->st->arenas, sizeof *R->arena);
   R->loss = xcalloc((size_t)P->microbatches, sizeof *R->loss);
   R->loss_io = xcalloc((size_t)P->microbatches, sizeof *R->loss_io);
-  size_t grad_bytes = (size_t)R->grad_count * 4;
+  /* the step's f32 sum, and a microbatch's gradients as the units write them (16-bit under
+   * bf16 and fp16, where the sum is always apart) */
+  size_t grad_bytes = (size_t)R->grad_count * 4, elem = train_elem_bytes(P);
+  bool apart = P->microbatches > 1 || elem != 4;
   if (!(R->grad_block = pipe_alloc(t, grad_bytes, "the gradients of rank %d", rank)) ||
-      !(R->scratch_block = P->microbatches > 1 ? pipe_alloc(t, grad_bytes, "rank %d's microbatch gradients", rank)
-                                               : R->grad_block))
+      !(R->scratch_block = apart
+                               ? pipe_alloc(t, (size_t)R->grad_count * elem, "rank %d's microbatch gradients", rank)
+                               : R->grad_block))
     return TP_ERR_INPUT;
   int64_t at = 0;
   for (int i = 0; i < P->nparams; i++)
     if (stage_holds(&P->params[i], R->stage)) {
-      R->param[i] = t->param[i];
+      R->param[i] = t->work[i] ? t->work[i] : t->param[i];
       R->grad[i] = R->grad_block + at;
-      R->scratch[i] = R->scratch_block + at;
+      R->scratch[i] = (float *)((char *)R->scratch_block + at * (int64_t)elem);
       at += t->numel[i];
     }
+  if (train_zero(P)) {
+    int64_t *bounds = xcalloc((size_t)P->dp + 1, sizeof *bounds);
+    pipe_shard_bounds(t, R->stage, bounds);
+    R->shard_lo = bounds[R->replica], R->shard_hi = bounds[R->replica + 1];
+    R->shard_counts = xcalloc((size_t)P->dp, sizeof *R->shard_counts);
+    for (int d = 0; d < P->dp; d++) R->shard_counts[d] = (size_t)(bounds[d + 1] - bounds[d]);
+    free(bounds);
+    size_t bytes = (size_t)(R->shard_hi - R->shard_lo) * 4;
+    if (!(R->m_block = pipe_alloc(t, bytes, "rank %d's shard of the optimizer state", rank)) ||
+        !(R->v_block = pipe_alloc(t, bytes, "rank %d's shard of the optimizer state", rank)))
+      return TP_ERR_INPUT;
+  }
   for (int a = 0; a < R->st->arenas; a++)
     if (!(R->arena[a] = pipe_alloc(t, R->st->arena_bytes, "the activations of rank %d (arena %d of %d)", rank, a + 1,
                                    R->st->arenas)))
@@ -135,6 +153,14 @@ static int setup_ranks(Trainer *t) {
   }
   t->nhosted = nprocs == 1 ? t->nranks : 1;
   int first = nprocs == 1 ? 0 : t->comm->rank;
+  if (train_zero(P) && nprocs > 1) { /* the values in one block, for the all-gather (step.h) */
+    int stage = stage_of(P, first);
+    int64_t count = pipe_block_offset(t, stage, P->nparams);
+    if (!(t->param_block = pipe_alloc(t, (size_t)count * 4, "the parameters of rank %d", first)))
+      return TP_ERR_INPUT;
+    for (int i = 0; i < P->nparams; i++)
+      if (stage_holds(&P->params[i], stage)) t->param[i] = t->param_block + pipe_block_offset(t, stage, i);
+  }
   for (int i = 0; i < P->nparams; i++) {
     t->held[i] = false;
     for (int h = 0; h < t->nhosted; h++) t->held[i] |= stage_holds(&P->params[i], stage_of(P, first + h));
@@ -155,6 +181,7 @@ int pipe_setup(Trainer *t) {
   t->grad = xcalloc(np, sizeof *t->grad);
   t->m = xcalloc(np, sizeof *t->m);
   t->v = xcalloc(np, sizeof *t->v);
+  t->work = xcalloc(np, sizeof *t->work);
   t->held = xcalloc(np, sizeof *t->held);
   t->numel = xcalloc(np, sizeof *t->numel);
   t->whole_numel = xcalloc(np, sizeof *t->whole_numel);
@@ -165,14 +192,21 @@ int pipe_setup(Trainer *t) {
   }
   t->stream = be(t)->stream_new(t->compute);
   t->nranks = 1;
+  t->loss_scale = P->precision == TP_PLAN_FP16 ? LOSS_SCALE_INITIAL : 1;
+  t->scale_growth = LOSS_SCALE_GROWTH;
+  /* test hook "S,N": fp16's initial loss scale S and growth interval N, to reach an
+   * overflow and a growth in a few steps */
+  const char *hook = getenv("TOKPIPE_TEST_LOSS_SCALE");
+  if (hook && P->precision == TP_PLAN_FP16 && sscanf(hook, "%f,%" SCNd64, &t->loss_scale, &t->scale_growth) != 2)
+    t->loss_scale = LOSS_SCALE_INITIAL, t->scale_growth = LOSS_SCALE_GROWTH;
   if (!(t->tokens = pipe_alloc_bytes(t, false, ntok * sizeof *t->tokens, "a step's token ids")) ||
       !(t->targets = pipe_alloc_bytes(t, false, ntok * sizeof *t->targets, "a step's targets")) ||
       !(t->dev_tokens = pipe_alloc(t, ntok * sizeof *t->tokens, "a step's token ids")) ||
       !(t->dev_targets = pipe_alloc(t, ntok * sizeof *t->targets, "a step's targets")))
     return TP_ERR_INPUT;
   int rc = P->stages ? setup_ranks(t) : setup_stages(t);
-  if (!rc &&
-      !(t->norm_sum = pipe_alloc(t, (size_t)(P->stages ? t->nhosted : 1) * sizeof(double), "the gradient norm")))
+  size_t pieces = (size_t)(P->stages ? t->nhosted : 1) * (size_t)P->nparams * TP_NORM_PIECES;
+  if (!rc && !(t->norm_pieces = pipe_alloc(t, pieces * sizeof(double), "the gradient norm's pieces")))
     rc = TP_ERR_INPUT;
   return rc;
 }
@@ -187,6 +221,8 @@ void pipe_free(Trainer *t) {
     pipe_dev_free(t, R->transient);
     if (R->scratch_block != R->grad_block) pipe_dev_free(t, R->scratch_block);
     pipe_dev_free(t, R->grad_block);
+    pipe_dev_free(t, R->m_block), pipe_dev_free(t, R->v_block);
+    free(R->shard_counts);
     pipe_free_messages(t, R);
     be(t)->event_free(t->compute, R->event);
     be(t)->stream_free(t->compute, R->stream);
@@ -196,18 +232,20 @@ void pipe_free(Trainer *t) {
   }
   free(t->hosted);
   t->hosted = NULL;
+  pipe_dev_free(t, t->param_block);
   for (int i = 0; t->param && i < t->plan->nparams; i++) {
-    pipe_dev_free(t, t->param[i]);
+    if (!t->param_block) pipe_dev_free(t, t->param[i]);
     if (!t->plan->stages) pipe_dev_free(t, t->grad[i]); /* else a hosted rank's */
     pipe_dev_free(t, t->m[i]);
     pipe_dev_free(t, t->v[i]);
+    pipe_dev_free(t, t->work[i]);
   }
   for (int s = 0; t->arena && s < t->plan->nstages; s++)
     pipe_dev_free(t, t->arena[s]), pipe_dev_free(t, t->transient[s]);
-  pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->norm_sum);
+  pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->norm_pieces);
   free(t->tokens), free(t->targets);
-  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->held), free(t->numel), free(t->arena);
-  free(t->transient);
+  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->work), free(t->held), free(t->numel),
+      free(t->arena), free(t->transient);
   free(t->whole_numel);
   if (t->stream) be(t)->stream_free(t->compute, t->stream);
 }

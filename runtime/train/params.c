@@ -13,15 +13,47 @@ int pipe_owner(const Trainer *t, int i, int tensor) {
   return P->stages ? rank_of(P, 0, P->params[i].stage, piece_holder(P, &P->params[i], tensor)) : 0;
 }
 
-/* A parameter's value and, if trainable, AdamW state. */
+/* A parameter's value (under bf16 and fp16 its f32 master and 16-bit working copy; unless
+ * it lies in t->param_block) and, if trainable, AdamW state (under --zero 1 the ranks'
+ * shards hold it: buffers.c). */
 int pipe_alloc_param(Trainer *t, int i) {
   size_t bytes = (size_t)t->numel[i] * 4;
   const char *name = t->plan->params[i].name;
-  if (!(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name)) ||
-      (t->plan->params[i].trainable && (!(t->m[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
-                                        !(t->v[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)))))
+  bool whole_state = t->plan->params[i].trainable && !train_zero(t->plan);
+  if (t->plan->precision != TP_PLAN_FP32 &&
+      !(t->work[i] = pipe_alloc(t, (size_t)t->numel[i] * 2, "the 16-bit copy of parameter '%s'", name)))
+    return TP_ERR_INPUT;
+  if ((!t->param[i] && !(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name))) ||
+      (whole_state && (!(t->m[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
+                       !(t->v[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)))))
     return TP_ERR_INPUT;
   return TP_OK;
+}
+
+/* ---- --zero 1's shards (step.h) ---- */
+
+int64_t pipe_block_offset(const Trainer *t, int stage, int i) {
+  int64_t at = 0;
+  for (int j = 0; j < i; j++)
+    if (stage_holds(&t->plan->params[j], stage)) at += t->numel[j];
+  return at;
+}
+
+void pipe_shard_bounds(const Trainer *t, int stage, int64_t *bounds) {
+  const TpPlan *P = t->plan;
+  int D = P->dp, d = 1;
+  int64_t count = pipe_block_offset(t, stage, P->nparams), at = 0;
+  for (int i = 0; i < P->nparams; i++) {
+    if (!stage_holds(&P->params[i], stage)) continue;
+    int64_t n = t->numel[i];
+    for (int p = 0; p < TP_NORM_PIECES; p++) {
+      int64_t start = at + n * p / TP_NORM_PIECES;
+      while (d < D && start >= count * d / D) bounds[d++] = start;
+    }
+    at += n;
+  }
+  bounds[0] = 0;
+  while (d <= D) bounds[d++] = count;
 }
 
 /* ---- host copies ---- */
@@ -29,7 +61,7 @@ int pipe_alloc_param(Trainer *t, int i) {
 TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data) {
   TpTensor v = {.dtype = TP_F32, .rank = p->rank, .data = data};
   memcpy(v.dims, p->dims, sizeof v.dims);
-  if (train_split(P, p)) v.dims[p->shard.axis] *= p->shard.parts;
+  if (train_split(P, p)) v.dims[p->shard.axis] = v.dims[p->shard.axis] * p->shard.parts - train_pad(P, p);
   return v;
 }
 
@@ -66,22 +98,29 @@ int pipe_host_alloc(Trainer *t, bool moments) {
   return rc;
 }
 
-void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather) {
+int64_t pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather) {
   if (!train_split(P, p)) {
     if (gather) memcpy(whole, piece, (size_t)tp_numel(p->rank, p->dims) * 4);
     else memcpy(piece, whole, (size_t)tp_numel(p->rank, p->dims) * 4);
-    return;
+    return -1;
   }
   const TpPlanShard *sh = &p->shard;
   int N = train_tensor(P), chunks = sh->chunks > 1 ? sh->chunks : 1, at = tensor * sh->parts / N;
   int64_t outer = tp_numel(sh->axis, p->dims), inner = tp_numel(p->rank - sh->axis - 1, p->dims + sh->axis + 1);
-  int64_t len = p->dims[sh->axis] / chunks * inner; /* one piece of one chunk */
-  int64_t chunk = len * sh->parts;                  /* one chunk of the whole */
+  int64_t len = p->dims[sh->axis] / chunks * inner;          /* one piece of one chunk */
+  int64_t chunk = len * sh->parts - train_pad(P, p) * inner; /* one chunk of the whole (a padded one: one chunk) */
+  /* the piece's part of the whole: all of it but a padded vocabulary's padding (zeros) */
+  int64_t held = at * len + len <= chunk ? len : chunk - at * len;
+  int64_t moved = -1;
   for (int64_t o = 0; o < outer; o++)
     for (int c = 0; c < chunks; c++) {
       float *mine = piece + (o * chunks + c) * len, *there = whole + (o * chunks + c) * chunk + at * len;
-      memcpy(gather ? there : mine, gather ? mine : there, (size_t)len * 4);
+      memcpy(gather ? there : mine, gather ? mine : there, (size_t)held * 4);
+      if (!gather && held < len) memset(mine + held, 0, (size_t)(len - held) * 4);
+      for (int64_t k = held; gather && k < len && moved < 0; k++)
+        if (mine[k] != 0) moved = (o * chunks + c) * len + k;
     }
+  return moved;
 }
 
 /* A host buffer for one tensor rank's piece of parameter i. The whole tensor's host copy is
@@ -111,13 +150,37 @@ static void upload(Trainer *t, int i, void *dev, const float *host) {
   free(piece);
 }
 
+/* --zero 1: the parts of host moments m and v of parameter i (whole tensors) that the
+ * shards of the hosted ranks holding i keep. */
+static void upload_shards(Trainer *t, int i, const float *m, const float *v) {
+  const TpPlan *P = t->plan;
+  float *piece = train_split(P, &P->params[i]) ? piece_buffer(t, i) : NULL;
+  for (int h = 0; h < t->nhosted; h++) {
+    PipeRank *R = t->hosted[h];
+    int64_t a, b;
+    if (!stage_holds(&P->params[i], R->stage) || !rank_shard_part(t, R, i, &a, &b)) continue;
+    int64_t at = R->grad[i] - R->grad_block + a - R->shard_lo;
+    for (int k = 0; k < 2; k++) {
+      const float *src = k ? v : m;
+      if (piece) pipe_shard_copy(P, &P->params[i], R->tensor, piece, (float *)src, false), src = piece;
+      be(t)->copy_h2d(t->compute, t->stream, (k ? R->v_block : R->m_block) + at, src + a, (size_t)(b - a) * 4);
+      be(t)->stream_sync(t->compute, t->stream); /* before the piece is refilled */
+    }
+  }
+  free(piece);
+}
+
+void pipe_round_param(Trainer *t, TpStream *s, int i) {
+  if (t->work[i]) be(t)->round_to_half(t->compute, s, t->work[i], t->param[i], t->numel[i], t->plan->precision);
+}
+
 void pipe_upload(Trainer *t) {
   TrainHost *H = &t->host;
   for (int i = 0; i < t->plan->nparams; i++) {
     if (!t->held[i]) continue;
-    if (H->param[i]) upload(t, i, t->param[i], H->param[i]);
-    if (H->m[i]) upload(t, i, t->m[i], H->m[i]);
-    if (H->v[i]) upload(t, i, t->v[i], H->v[i]);
+    if (H->param[i]) upload(t, i, t->param[i], H->param[i]), pipe_round_param(t, t->stream, i);
+    if (H->m[i] && train_zero(t->plan)) upload_shards(t, i, H->m[i], H->v[i]);
+    else if (H->m[i]) upload(t, i, t->m[i], H->m[i]), upload(t, i, t->v[i], H->v[i]);
   }
   be(t)->stream_sync(t->compute, t->stream); /* before the host copies are freed */
 }
@@ -130,11 +193,9 @@ void pipe_host_free(Trainer *t) {
   *H = (TrainHost){0};
 }
 
-/* Device buffer dev of parameter i (the piece of tensor rank `tensor` where it is split)
- * from its owner into `host` on process 0. */
-static void fetch_piece(Trainer *t, int i, int tensor, void *dev, float *host) {
-  int from = pipe_owner(t, i, tensor);
-  size_t bytes = (size_t)t->numel[i] * 4;
+/* `bytes` at dev on rank `from` (dev: valid on the process hosting it) into `host` on
+ * process 0. */
+static void fetch_bytes(Trainer *t, int from, void *dev, float *host, size_t bytes) {
   if (one_process(t) || from == 0) {
     if (!train_is_root(t)) return;
     be(t)->copy_d2h(t->compute, t->stream, host, dev, bytes);
@@ -148,20 +209,52 @@ static void fetch_piece(Trainer *t, int i, int tensor, void *dev, float *host) {
   }
 }
 
-/* The whole tensor of device buffer dev of parameter i into process 0's host copy: from
- * its owner, or each piece from the first tensor rank holding it. */
-static void fetch(Trainer *t, int i, void *dev, float *host) {
+/* What a rank holds of parameter i (tensor rank `tensor`'s piece where it is split) into
+ * `host` on process 0: device buffer dev from its owner; or, for a buffer --zero 1 shards
+ * (`sharded`: GRAD, M or V), each replica's part from its shard. */
+enum { WHOLE, GRAD, M, V };
+static void fetch_piece(Trainer *t, int i, int tensor, void *dev, int sharded, float *host) {
+  const TpPlan *P = t->plan;
+  if (!sharded || !train_zero(P)) {
+    fetch_bytes(t, pipe_owner(t, i, tensor), dev, host, (size_t)t->numel[i] * 4);
+    return;
+  }
+  int stage = P->params[i].stage, D = P->dp;
+  int64_t *bounds = xcalloc((size_t)D + 1, sizeof *bounds), offset = pipe_block_offset(t, stage, i), a, b;
+  pipe_shard_bounds(t, stage, bounds);
+  for (int d = 0; d < D; d++) {
+    if (!shard_part(offset, t->numel[i], bounds[d], bounds[d + 1], &a, &b)) continue;
+    int from = rank_of(P, d, stage, piece_holder(P, &P->params[i], tensor));
+    PipeRank *R = pipe_hosted_rank(t, from);
+    float *src = NULL;
+    if (R && sharded == GRAD) src = R->grad[i] + a;
+    else if (R) src = (sharded == M ? R->m_block : R->v_block) + (offset + a - bounds[d]);
+    fetch_bytes(t, from, src, host ? host + a : NULL, (size_t)(b - a) * 4);
+  }
+  free(bounds);
+}
+
+/* The whole tensor of parameter i's device buffer dev (or its shards; `what` of it, for
+ * errors) into process 0's host copy: each piece from the first tensor rank holding it. A
+ * padded vocabulary's padding must still be zeros: the loss masks it out, so no gradient,
+ * moment or update (decay included) can reach it. */
+static void fetch(Trainer *t, int i, void *dev, int sharded, float *host, const char *what) {
   const TpPlan *P = t->plan;
   const TpPlanParam *p = &P->params[i];
   if (!train_split(P, p)) {
-    fetch_piece(t, i, 0, dev, host);
+    fetch_piece(t, i, 0, dev, sharded, host);
     return;
   }
   int N = train_tensor(P);
   float *piece = train_is_root(t) ? piece_buffer(t, i) : NULL;
   for (int tensor = 0; tensor < N; tensor += N / p->shard.parts) {
-    fetch_piece(t, i, tensor, dev, piece);
-    if (piece) pipe_shard_copy(P, p, tensor, piece, host, true);
+    fetch_piece(t, i, tensor, dev, sharded, piece);
+    int64_t moved = piece ? pipe_shard_copy(P, p, tensor, piece, host, true) : -1;
+    if (moved >= 0)
+      tp_comm_abort(t->comm, TP_ERR_INTERNAL,
+                    "the %s of parameter '%s' is %g at element %lld of tensor rank %d's piece, in the padding of "
+                    "its padded vocabulary, which must stay 0 (a compiler bug)",
+                    what, p->name, (double)piece[moved], (long long)moved, tensor);
   }
   free(piece);
 }
@@ -174,11 +267,13 @@ int pipe_download(Trainer *t, bool grads, bool moments) {
   if ((rc = pipe_agree(t, rc))) return rc;
   for (int i = 0; i < P->nparams; i++) {
     if (grads) {
-      if (P->params[i].trainable) fetch(t, i, t->grad[i], t->host.grad[i]);
+      if (P->params[i].trainable) fetch(t, i, t->grad[i], GRAD, t->host.grad[i], "gradient");
       continue;
     }
-    fetch(t, i, t->param[i], t->host.param[i]);
-    if (moments && P->params[i].trainable) fetch(t, i, t->m[i], t->host.m[i]), fetch(t, i, t->v[i], t->host.v[i]);
+    fetch(t, i, t->param[i], WHOLE, t->host.param[i], "value");
+    if (moments && P->params[i].trainable)
+      fetch(t, i, t->m[i], M, t->host.m[i], "AdamW first moment"),
+          fetch(t, i, t->v[i], V, t->host.v[i], "AdamW second moment");
   }
   return TP_OK;
 }

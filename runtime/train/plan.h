@@ -37,7 +37,7 @@
  * forwards run slice 0..N-1 and the backwards N-1..0 (later slices read the K/V of earlier
  * ones kept in the arena; their backward adds into earlier rows' dK/dV).
  *
- * Arenas (ABI 6: and the transient region): a unit function works in two regions. The
+ * Arenas (ABI 7: and the transient region): a unit function works in two regions. The
  * arena of its (stage, microbatch): io->arena points at stages[k].arena_bytes bytes,
  * 64-byte aligned. One arena holds everything a microbatch keeps on the stage between its
  * units: activations saved for backward, K/V buffers, boundary buffers (and, where the
@@ -100,12 +100,14 @@
  *   SEND_GRAD mb i    post the send of send_grad[i] to peer (= k-1)
  *   RECV_GRAD mb i    receive recv_grad[i] from peer (= k+1); blocks
  *   ALLREDUCE_TIED    sum the gradients of the tied parameters with stage peer
- *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1),
+ *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1;
+ *                     with zero, each replica's shard only: a reduce-scatter),
  *                     and first sum, over the tensor ranks that hold the same piece, the
  *                     gradients of params with shard.parts < N (grouped K/V heads fewer
  *                     than the ranks: each member's gradient is partial); the compiler
  *                     emits it when dp > 1 or such a param exists
- *   OPTIMIZER_STEP    update the parameters this stage holds
+ *   OPTIMIZER_STEP    update the parameters this stage holds (with zero: its shard's, then
+ *                     the replicas all-gather them)
  * Sends must not block (MPI_Isend): 1f1b schedules deadlock with blocking sends. The
  * compiler verified the lists: every send has exactly one matching receive, and running
  * all ranks with non-blocking sends ends with every rank done. The tag of a message can be
@@ -141,14 +143,14 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 6: the transient region (TpStepIO.transient, TpPlanStage.transient_bytes,
+/* 7: the transient region (TpStepIO.transient, TpPlanStage.transient_bytes,
  * TpPlanProbeStage.transient_bytes, TpPlan.transient_bytes): an arena holds only what a
- * microbatch keeps between its units;
- * 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
+ * microbatch keeps between its units; 6: TpPlan.zero (--zero 1: the replicas shard the
+ * optimizer state); 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
  * tensor_rank, TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
  * compute and stream); what "ABI 2" names below (plans with stages) and "ABI 1" (without) is
  * unchanged. */
-#define TP_PLAN_ABI 6
+#define TP_PLAN_ABI 7
 
 typedef struct TpCompute TpCompute; /* ../compute.h */
 typedef struct TpStream TpStream;
@@ -193,8 +195,9 @@ typedef struct {
 struct TpStepIO {
   void *arena;            /* the (stage, microbatch) arena: stages[k].arena_bytes, 64-aligned */
   void *transient;        /* the rank's transient region: stages[k].transient_bytes, 64-aligned */
-  float *const *param;    /* param[i]: values of plan->params[i] (NULL where not held) */
-  float *const *grad;     /* grad[i]: gradients (see "Gradients" above) */
+  float *const *param;    /* param[i]: values of plan->params[i] (NULL where not held); 16-bit
+                             arrays under TpPlan.precision bf16 and fp16 */
+  float *const *grad;     /* grad[i]: gradients (see "Gradients" above), stored as param[i] */
   const int64_t *tokens;  /* [batch, seq] model input ids of the microbatch */
   const int64_t *targets; /* [batch, seq] the next token of each position */
   float loss;             /* set by the last stage's loss unit: the microbatch's mean */
@@ -212,6 +215,10 @@ struct TpStepIO {
    * writes it where the IR's TensorRank asks (the vocabulary range a vocabulary-parallel
    * embedding, LM head and cross-entropy hold). */
   int tensor_rank;
+  /* TpPlan.precision fp16: the loss scale S (dynamic loss scaling), which the backward
+   * starts from (d loss / d loss = S), so the 16-bit gradients are S times the true ones;
+   * the runtime sets it and divides the step's sum by it. Other plans do not read it. */
+  float loss_scale;
 };
 
 /* Where offset `at` of a shared body's list points (codegen/outline.c): the arena's, or,
@@ -255,6 +262,14 @@ typedef struct {
 } TpPlanInsn;
 
 typedef enum { TP_PLAN_GPIPE, TP_PLAN_1F1B } TpPlanSchedule;
+
+/* How the units store parameters, gradients and activations (tokpipec --precision on the
+ * cpu target). TP_PLAN_FP32: io->param[i] and io->grad[i] are f32. TP_PLAN_BF16 and
+ * TP_PLAN_FP16: they are 16-bit (uint16_t, bf16 or IEEE half) arrays: the runtime keeps
+ * f32 master weights (what AdamW updates and checkpoints hold) and writes their
+ * round-to-nearest-even copy into io->param after each update; it adds each microbatch's
+ * 16-bit gradients into an f32 step sum. */
+typedef enum { TP_PLAN_FP32, TP_PLAN_BF16, TP_PLAN_FP16 } TpPlanPrecision;
 
 /* One pipeline stage (the rank that runs it, in every replica). */
 typedef struct {
@@ -319,6 +334,11 @@ struct TpPlan {
   const char *token_limit_of;
   int nparams;
   const TpPlanParam *params;
+  /* A padded vocabulary (TpShard.pad), per parameter: the whole tensor's last param_pad[i]
+   * slices along shard.axis, on the last tensor rank, are zeros that files never hold (the
+   * whole is dims[axis] * parts - param_pad[i] there). NULL: no padding (the plans of
+   * vocabularies the ranks divide, and every plan before it). */
+  const int *param_pad;
   int nderived;
   const TpPlanDerived *derived;
   /* ABI 1 view (see above): per stage; forward and backward NULL when sliced */
@@ -341,6 +361,14 @@ struct TpPlan {
   const TpPlanProbe *probes;  /* [nprobes] */
   const TpPlanDevice *device; /* NULL: the CPU (see TpPlanDevice) */
   int tensor;                 /* N: tensor-parallel ranks per stage (ABI 5; 1: none) */
+  /* 1 (tokpipec --zero 1, with dp > 1): each of the D replicas of a rank keeps the AdamW
+   * state of 1/D of its gradient block (its shard: a contiguous range cut on the gradient
+   * norm's pieces, runtime/train/step.h). ALLREDUCE then reduce-scatters the gradients
+   * (each member gets the sum of its shard, in the order of the all-reduce), the optimizer
+   * step updates the values of the shard, and the replicas all-gather the updated values:
+   * the same bits as without it. 0: every replica keeps all of it. */
+  int zero;
+  int precision;              /* TpPlanPrecision (0 when absent: fp32) */
 };
 
 /* The trainer: parses the command line, runs training, returns the process exit code

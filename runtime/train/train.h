@@ -46,6 +46,9 @@ typedef struct {
   int64_t step, data_position, data_tokens, batch, seq, vocab;
   uint32_t data_crc32c;
   uint64_t rng, seed;
+  bool scaled; /* an fp16 plan's: its loss scaling state */
+  float loss_scale;
+  int64_t good_steps, skipped_steps;
 } TrainCheckpointMeta;
 
 typedef struct PipeRank PipeRank; /* step.h */
@@ -75,6 +78,17 @@ typedef struct {
   TpStream *stream; /* transfers, the norm's read-back, ABI 1's units */
   /* per parameter; m and v are NULL for frozen ones (whose grad stays unused, zero) */
   float **param, **grad, **m, **v;
+  /* TpPlan.precision bf16 or fp16: per parameter, the 16-bit working copy the units read
+   * (io->param), rounded from param, which is then the f32 master; NULL under fp32 */
+  void **work;
+  /* TpPlan.precision fp16: dynamic loss scaling, as torch.cuda.amp.GradScaler does. The
+   * backward starts from loss_scale (TpStepIO.loss_scale; 1 under other precisions); a step
+   * whose gradients are not finite is skipped and halves it; LOSS_SCALE_GROWTH good steps in
+   * a row double it. Checkpoints keep the three. */
+  float loss_scale;
+  int64_t scale_growth;  /* LOSS_SCALE_GROWTH (a test hook sets another) */
+  int64_t good_steps;    /* updates since the scale last changed */
+  int64_t skipped_steps; /* steps skipped so far (AdamW counts only the updates) */
   TrainHost host;
   bool *held;
   int64_t *numel;                    /* elements of what a rank holds (its piece of a split parameter) */
@@ -83,7 +97,11 @@ typedef struct {
   void **arena, **transient;         /* per stage (ABI 1) */
   int64_t *tokens, *targets;         /* [global batch, seq], host: what the token reader fills */
   int64_t *dev_tokens, *dev_targets; /* their device copies, which the units read */
-  double *norm_sum;                  /* device: one double per hosted rank (ABI 1: one) */
+  double *norm_pieces;               /* device: the gradient norm's pieces (TP_NORM_PIECES per
+                                      * parameter) of each hosted rank (ABI 1: one) */
+  float *param_block;                /* --zero 1 under mpirun: the held values, contiguous in the
+                                      * order of the rank's gradient block (all-gathered in place);
+                                      * else NULL and each value allocated alone */
   TpTokenFile train, val;
   int64_t step;     /* steps done */
   int64_t data_pos; /* token position of the next training batch */
@@ -107,6 +125,12 @@ typedef struct {
   TpPathLock resume_lock;
 } Trainer;
 
+enum { LOSS_SCALE_GROWTH = 2000 };
+#define LOSS_SCALE_INITIAL 65536.0f
+
+/* Bytes of a stored parameter or gradient element: 2 under TpPlan.precision bf16 and fp16. */
+static inline size_t train_elem_bytes(const TpPlan *P) { return P->precision != TP_PLAN_FP32 ? 2 : 4; }
+
 /* Rows of one step: global_batch in ABI 2, batch in ABI 1. */
 static inline int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
 /* Token ids must be below this (TpPlan.token_limit, else the vocabulary). */
@@ -118,6 +142,12 @@ static inline int train_tensor(const TpPlan *P) { return P->tensor > 1 ? P->tens
 static inline bool train_split(const TpPlan *P, const TpPlanParam *p) {
   return train_tensor(P) > 1 && p->shard.parts > 0;
 }
+/* The padding of split parameter p's padded vocabulary (TpPlan.param_pad; 0: none). */
+static inline int train_pad(const TpPlan *P, const TpPlanParam *p) {
+  return P->param_pad && train_split(P, p) ? P->param_pad[p - P->params] : 0;
+}
+/* Whether the replicas shard the optimizer state (TpPlan.zero; ABI 2, D > 1). */
+static inline bool train_zero(const TpPlan *P) { return P->stages && P->zero && P->dp > 1; }
 /* Whether this process writes the outputs (rank 0). */
 static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 
@@ -175,6 +205,8 @@ double pipe_grad_norm(Trainer *t);
 /* Hosted rank h's stage and replica, and the io of its units: its parameters, its
  * (scratch) gradients, microbatch 0's arena and rows, its transient region, its stream. */
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
+/* Hosted rank h's step gradients (f32, what AdamW reads; io->grad is a microbatch's). */
+float *const *pipe_rank_grads(Trainer *t, int h);
 /* AdamW, gradients scaled by `clip` first unless it is 1, on stream s over the parameters
  * hosted rank h (ABI 1: h 0, the process) updates in the optimizer step, with grad its
  * gradients (each parameter updated once per process; a tied one on both of its ranks). */
@@ -188,8 +220,10 @@ void pipe_upload(Trainer *t);
  * where it is split), over data. */
 TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data);
 /* Tensor rank `tensor`'s piece of parameter p (TpPlanShard) from the whole tensor (into
- * piece), or into the whole (gather); a parameter not split is copied whole. */
-void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather);
+ * piece; a padded vocabulary's padding, TpPlan.param_pad, gets zeros), or into the whole
+ * (gather; the padding left out); a parameter not split is copied whole. Returns the
+ * piece's first element in the padding that is not 0 when gathering, else -1. */
+int64_t pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather);
 /* Brings what the owner of every parameter holds (values, m and v, or gradients) to
  * process 0's host copies (t->host). */
 int pipe_download(Trainer *t, bool grads, bool moments);
