@@ -136,6 +136,33 @@ static void json_peaks(FILE *out, const TpPlanEval *e, int stages) {
   fprintf(out, "]");
 }
 
+/* The fullest rank's peak in the parts of codegen/rank_memory.h, as tokpipec's
+ * --emit=memory prints them. */
+static int fullest_rank(const TpPlanEval *e, int stages) {
+  int most = 0;
+  for (int k = 1; k < stages; k++)
+    if (e->memory[k].peak > e->memory[most].peak) most = k;
+  return most;
+}
+
+static void json_memory(const TpPlanEval *e, int stages) {
+  int k = fullest_rank(e, stages);
+  const TpRankMemory *r = &e->memory[k];
+  printf("{\"stage\": %d, \"parameters\": %lld, \"gradients\": %lld, \"masters\": %lld, \"optimizer_state\": "
+         "%lld, \"activations\": %lld, \"peak\": %lld}",
+         k, (long long)r->params, (long long)r->grads, (long long)r->masters, (long long)r->state,
+         (long long)r->activations, (long long)r->peak);
+}
+
+static void text_memory(const TpPlanEval *e, int stages) {
+  int k = fullest_rank(e, stages);
+  const TpRankMemory *r = &e->memory[k];
+  printf("  fullest rank: stage %d, %.2f GiB = parameters %.2f + gradients %.2f", k, r->peak / 0x1p30,
+         r->params / 0x1p30, r->grads / 0x1p30);
+  if (r->masters) printf(" + fp32 masters %.2f", r->masters / 0x1p30);
+  printf(" + optimizer state %.2f + activations %.2f\n", r->state / 0x1p30, r->activations / 0x1p30);
+}
+
 static int run_cost_table(const char *path, bool json, TpDiag *d) {
   TpSliceCost t;
   int stages;
@@ -435,7 +462,8 @@ static void shell_word(FILE *out, const char *w) {
 }
 
 /* The tokpipec command line that compiles plan `e` of req's layout as it is (a plan of
- * equal microbatches sliced alike: tp_slicing_compiles). `model` is the model file, or
+ * equal microbatches sliced alike: tp_slicing_compiles; its storage and recomputation
+ * options only where the plan has them). `model` is the model file, or
  * MODEL.onnx for a --model description; `extra` the model options given here (--seq,
  * --dim). Written into a malloc'ed string. */
 static char *tokpipec_command(const char *model, const char *extra, const TpPlanRequest *req, int global_batch,
@@ -456,10 +484,19 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
   fprintf(out, " --tensor %d --dp %d --microbatches %d --slices ", cm->tensor, cm->data, e->slicing.n);
   if (mb->nslices == 1) fputs("1", out); /* one number is a count */
   for (int i = 0; mb->nslices > 1 && i < mb->nslices; i++) fprintf(out, "%s%d", i ? "," : "", mb->len[i]);
-  fprintf(out, " --schedule %s --max-memory %.0f -o plan.c", tp_schedule_name(e->schedule), req->max_memory);
+  fprintf(out, " --schedule %s", tp_schedule_name(e->schedule));
+  if (e->precision != TP_PRECISION_FP32) fprintf(out, " --precision %s", tp_precision_name(e->precision));
+  if (e->zero) fputs(" --zero 1", out);
+  if (e->recompute) fprintf(out, " --recompute %s", tp_plan_recompute_name(e->recompute));
+  fprintf(out, " --max-memory %.0f -o plan.c", req->max_memory);
   fclose(out);
   return text;
 }
+
+/* The options this tokpipec compiles, which the joint search may choose (its memory
+ * accounting follows codegen/rank_memory.h for them all). */
+static const TpCompileCaps tokpipec_caps = {
+    .bf16 = false, .zero = false, .recompute = false, .vocab_pad = false, .transient_region = false};
 
 /* A profile prices the model it was measured on: one of another size (its "parameters"
  * more than 4x off the model's estimate, far beyond the estimate's error) is refused; a
@@ -656,6 +693,9 @@ int main(int argc, char **argv) {
     return cli_exit_code(rc);
   }
   req->cm.uniform_stages = uniform_stages;
+  req->cm.untied = !tied;
+  req->cm.vocab_split = tokpipec_caps.vocab_pad;
+  req->cm.one_region = !tokpipec_caps.transient_region;
   req->batch = (int)(batch / data);
   req->granularity = (int)granularity;
   req->schedule = schedule;
@@ -663,6 +703,7 @@ int main(int argc, char **argv) {
   req->joint = joint;
   req->untied = !tied;
   req->compilable = true;
+  req->caps = tokpipec_caps;
   int S = req->cm.nstages;
 
   if (predicting) {
@@ -746,14 +787,17 @@ int main(int argc, char **argv) {
     printf("  \"solve_time_s\": %.6f,\n", res->solve_s);
     if (res->has_joint) {
       printf("  \"joint\": {\"iteration_time_s\": %.6g, \"speedup_over_terapipe\": %.4f, \"schedule\": \"%s\", "
-             "\"recompute\": %s, \"stage_cuts\": [",
-             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), jt->recompute ? "true" : "false");
+             "\"recompute\": \"%s\", \"precision\": \"%s\", \"zero\": %d, \"stage_cuts\": [",
+             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), tp_plan_recompute_name(jt->recompute),
+             tp_precision_name(jt->precision), jt->zero);
       for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", jt->cuts[k]);
       printf("], \"microbatches\": %d, \"microbatch_size\": %d, \"slices\": ", jt->slicing.n,
              jt->slicing.mb[0].size);
       json_slices(stdout, &jt->slicing);
       printf(", \"peak_memory_bytes\": ");
       json_peaks(stdout, jt, S);
+      printf(", \"memory\": ");
+      json_memory(jt, S);
       printf(", \"tokpipec\": ");
       tp_json_write_string(stdout, command);
       printf("},\n");
@@ -781,14 +825,17 @@ int main(int argc, char **argv) {
     printf("  DP: %d runs in %.3f s; cost table fit error %.2f%% rms, %.2f%% max\n", res->evaluations, res->solve_s,
            100 * res->fit_rms_rel_err, 100 * res->fit_max_rel_err);
     if (res->has_joint) {
-      printf("joint search%s: %.4g s (%.2fx over TeraPipe's plan): %s, %s stage cuts%s, max %.2f GiB\n",
+      printf("joint search%s: %.4g s (%.2fx over TeraPipe's plan): %s, %s stage cuts, %s%s, recompute %s, max %.2f "
+             "GiB\n",
              calibrate ? " (calibrated: the profile's stage cuts and microbatch size, no recomputation)" : "",
              jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule),
              calibrate           ? "the profile's"
              : jt->balanced_cuts ? "balanced"
                                  : "equal",
-             jt->recompute ? ", recomputation" : "", jt->max_peak_bytes / (1 << 30));
+             tp_precision_name(jt->precision), jt->zero ? " --zero 1" : "", tp_plan_recompute_name(jt->recompute),
+             jt->max_peak_bytes / (1 << 30));
       text_slices(stdout, &jt->slicing);
+      text_memory(jt, S);
       printf("  compile it with: %s\n", command);
     }
   }
