@@ -1,7 +1,7 @@
 /* tokpipe-plan: plans token-level pipeline training of a transformer on a cluster with the
  * planner library (passes/planner): TeraPipe's optimal slicing (Eqs. 5-8), the paper's
- * baselines, and a joint search over schedule, stage cuts and recomputation under a
- * memory bound, all priced by an event simulation of the per-rank instruction lists.
+ * baselines, and a joint search over schedule, stage cuts, recomputation and storage
+ * (precision, --zero) under a memory bound, all priced by an event simulation of the per-rank instruction lists.
  * Model input: an ONNX model (sizes read off the raised IR), built-in GPT-3 sizes or a
  * KEY=VALUE description. --calibrate prices the stages from a generated trainer's
  * --profile; --slices/--microbatches price one given plan (as tokpipec compiles it)
@@ -54,10 +54,10 @@ static const char usage[] =
     "  --max-memory BYTES   per device (suffix K, M, G = 2^10..2^30); default: the profile's\n"
     "  --uniform-stages     price every stage like a middle one (no embedding/head)\n"
     "  --no-joint           skip the joint search (the joint plan is one tokpipec compiles as\n"
-    "                       it is: equal microbatches sliced alike, no recomputation; printed\n"
-    "                       as its tokpipec command line, whose --max-memory is the bound\n"
-    "                       here: tokpipec checks it against its own trainer's per-rank\n"
-    "                       memory, fp32 weights and AdamW state, more than an fp16 profile's)\n"
+    "                       it is: equal microbatches sliced alike, with recomputation, bf16\n"
+    "                       storage and --zero 1 where this tokpipec has them; printed as its\n"
+    "                       tokpipec command line, whose --max-memory is the bound here:\n"
+    "                       tokpipec checks it with the same per-rank memory model)\n"
     "  --show P             plan drawn and emitted: terapipe (default), joint, baseline, uniform\n"
     "Calibration:\n"
     "  --calibrate FILE     a generated trainer's --profile FILE.json: each stage's forward and\n"
