@@ -112,12 +112,12 @@ typedef struct {
 typedef struct {
   TpPipelineOptions o;
   TpSchedule schedule;
-  bool tied;      /* a parameter is held by the first and the last stage */
-  int tensor;     /* N: the tensor ranks of each stage (1: none); the figures below
+  bool tied;            /* a parameter is held by the first and the last stage */
+  int tensor;           /* N: the tensor ranks of each stage (1: none); the figures below
                            are one tensor rank's (its parts of the split parameters) */
-  int64_t *whole; /* per stage: parameters, gradients and AdamW state as --tensor 1
+  int64_t *whole;       /* per stage: parameters, gradients and AdamW state as --tensor 1
                            would hold them (the split parameters whole) */
-  int *arenas;    /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
+  int *arenas;          /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
   TpRankMemory *memory; /* per stage (the rank running it): codegen/rank_memory.h */
 } TpPipeline;
 

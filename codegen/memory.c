@@ -625,7 +625,7 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     else fprintf(out, "rank %d (stage %d%s):\n", s, s, pl->o.dp > 1 ? "; every replica's alike" : "");
     const TpRankMemory *r = &pl->memory[s];
     print_bytes(out, "  parameters", r->params, pl->o.precision ? tp_precision_name(pl->o.precision) : NULL);
-    const char *grads_note = pl->o.precision ? "16-bit, and the step's fp32 sum"
+    const char *grads_note = pl->o.precision          ? "16-bit, and the step's fp32 sum"
                              : pl->o.microbatches > 1 ? "the step's sum and a microbatch's"
                                                       : NULL;
     print_bytes(out, "  gradients", r->grads, grads_note);

@@ -32,11 +32,11 @@ int tp_precision_bytes(TpPrecision p);
 typedef struct {
   int64_t trained, frozen; /* parameter elements the rank holds */
   TpPrecision precision;
-  int microbatches;    /* M >= 1 */
-  int zero_shards;     /* Z >= 1: the ranks that share one copy of the optimizer state */
-  int64_t kept;        /* bytes one microbatch keeps from unit to unit */
-  int64_t transient;   /* bytes of the largest unit's own working set, one at a time */
-  int arenas;          /* microbatches in flight at once */
+  int microbatches;  /* M >= 1 */
+  int zero_shards;   /* Z >= 1: the ranks that share one copy of the optimizer state */
+  int64_t kept;      /* bytes one microbatch keeps from unit to unit */
+  int64_t transient; /* bytes of the largest unit's own working set, one at a time */
+  int arenas;        /* microbatches in flight at once */
 } TpRankMemoryInput;
 
 typedef struct {
