@@ -495,8 +495,11 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
 
 /* The options this tokpipec compiles, which the joint search may choose (its memory
  * accounting follows codegen/rank_memory.h for them all). */
-static const TpCompileCaps tokpipec_caps = {
-    .bf16 = false, .zero = false, .recompute = false, .vocab_pad = false, .transient_region = false};
+static const TpCompileCaps tokpipec_caps = {.bf16 = false,
+                                            .zero = false,
+                                            .recompute = false,
+                                            .vocab_pad = false,
+                                            .transient_region = false};
 
 /* A profile prices the model it was measured on: one of another size (its "parameters"
  * more than 4x off the model's estimate, far beyond the estimate's error) is refused; a
@@ -788,8 +791,8 @@ int main(int argc, char **argv) {
     if (res->has_joint) {
       printf("  \"joint\": {\"iteration_time_s\": %.6g, \"speedup_over_terapipe\": %.4f, \"schedule\": \"%s\", "
              "\"recompute\": \"%s\", \"precision\": \"%s\", \"zero\": %d, \"stage_cuts\": [",
-             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), tp_plan_recompute_name(jt->recompute),
-             tp_precision_name(jt->precision), jt->zero);
+             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule),
+             tp_plan_recompute_name(jt->recompute), tp_precision_name(jt->precision), jt->zero);
       for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", jt->cuts[k]);
       printf("], \"microbatches\": %d, \"microbatch_size\": %d, \"slices\": ", jt->slicing.n,
              jt->slicing.mb[0].size);

@@ -573,8 +573,8 @@ double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c
   return tokens * (st->layers && layer > head ? layer : head);
 }
 
-TpRankMemoryInput tp_stage_memory_input(const TpCostModel *cm, int k, int microbatches, double kept, double transient,
-                                        int arenas) {
+TpRankMemoryInput tp_stage_memory_input(const TpCostModel *cm, int k, int microbatches, double kept,
+                                        double transient, int arenas) {
   if (cm->one_region) kept += transient, transient = 0;
   return (TpRankMemoryInput){.trained = (int64_t)tp_stage_params(cm, k),
                              .precision = cm->precision,

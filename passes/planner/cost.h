@@ -156,8 +156,8 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
 double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c);
 /* The rank memory input of stage k (parameters, precision, ZeRO shards over cm->data,
  * kept and transient as above, `arenas` microbatches in flight). */
-TpRankMemoryInput tp_stage_memory_input(const TpCostModel *cm, int k, int microbatches, double kept, double transient,
-                                        int arenas);
+TpRankMemoryInput tp_stage_memory_input(const TpCostModel *cm, int k, int microbatches, double kept,
+                                        double transient, int arenas);
 
 /* ---- calibration from measured samples ----
  * Profile file (written by a generated trainer's --profile, read here):

@@ -112,12 +112,8 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
         int u = x->mb >= 0 ? c->base[x->mb] + x->slice : -1;
         double start = clock[k], dur = 0;
         switch (x->kind) {
-        case TP_INSN_FORWARD:
-          dur = c->fwd[(size_t)k * U + u];
-          break;
-        case TP_INSN_BACKWARD:
-          dur = c->bwd[(size_t)k * U + u];
-          break;
+        case TP_INSN_FORWARD: dur = c->fwd[(size_t)k * U + u]; break;
+        case TP_INSN_BACKWARD: dur = c->bwd[(size_t)k * U + u]; break;
         case TP_INSN_RECV_ACT:
         case TP_INSN_RECV_GRAD: {
           double at = (x->kind == TP_INSN_RECV_ACT ? act : grad)[(size_t)k * U + u];

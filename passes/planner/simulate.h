@@ -20,12 +20,12 @@
 
 typedef struct {
   int stages, nmb, units;
-  int *base;                                    /* [nmb] index of a microbatch's first unit */
-  double *fwd, *bwd;                            /* [stage * units + u] seconds */
-  double *send;                                 /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
-  TpRankMemoryInput *memory;                    /* [stage]: arenas filled in by the simulation */
-  double *allreduce, *optimizer;                /* [stage] */
-  double tied_allreduce;                        /* first <-> last rank */
+  int *base;                     /* [nmb] index of a microbatch's first unit */
+  double *fwd, *bwd;             /* [stage * units + u] seconds */
+  double *send;                  /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
+  TpRankMemoryInput *memory;     /* [stage]: arenas filled in by the simulation */
+  double *allreduce, *optimizer; /* [stage] */
+  double tied_allreduce;         /* first <-> last rank */
 } TpSimCosts;
 
 /* Costs of `plan` under cm (cm's stage cuts, recomputation, precision, ZeRO). */
@@ -40,11 +40,11 @@ typedef struct {
 } TpEvent;
 
 typedef struct {
-  double time_s;      /* when the last rank finishes */
-  double *busy_s;     /* [stage] compute seconds */
-  double *peak_bytes; /* [stage] */
+  double time_s;        /* when the last rank finishes */
+  double *busy_s;       /* [stage] compute seconds */
+  double *peak_bytes;   /* [stage] */
   TpRankMemory *memory; /* [stage]: what peak_bytes adds up */
-  TpEvent *events;    /* when recorded */
+  TpEvent *events;      /* when recorded */
   int nevents;
 } TpSimResult;
 

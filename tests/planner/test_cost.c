@@ -169,8 +169,8 @@ static void memory_options(const char *dirs) {
     kept[r] = tp_microbatch_kept_bytes(&cm, 1, 1, 4);
     bwd[r] = tp_stage_time(&cm, 1, 1, 512, 512).bwd;
   }
-  CHECK(kept[2] < kept[1] && kept[1] < kept[0] && kept[2] < kept[0] / 2, "kept none/selective/full %g %g %g", kept[0],
-        kept[1], kept[2]);
+  CHECK(kept[2] < kept[1] && kept[1] < kept[0] && kept[2] < kept[0] / 2, "kept none/selective/full %g %g %g",
+        kept[0], kept[1], kept[2]);
   CHECK(bwd[0] < bwd[1] && bwd[1] < bwd[2], "backward none/selective/full %g %g %g", bwd[0], bwd[1], bwd[2]);
   cm.recompute = TP_PLAN_RECOMPUTE_NONE;
   cm.precision = TP_PRECISION_BF16;
