@@ -548,7 +548,7 @@ static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, bool sl
  * receives back (2h), the gradient it sends up (h; what it receives is layer 0's x); the
  * last stage's final norm (its input and output, 2h, and 8 bytes of statistics; recomputed
  * with the layers) and logits (the vocabulary rows, a graph output kept to the end of the
- * forward). */
+ * forward). And per microbatch, with slices, the stage's weight gradients summed so far. */
 double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices) {
   const TpStage *st = &cm->stage[k];
   double h = cm->model.hidden, s = tp_precision_bytes(cm->precision), tokens = (double)b * cm->model.seq;
@@ -556,7 +556,9 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
   if (k + 1 < cm->nstages) per_token += 2 * h * s;
   if (k > 0) per_token += h * s;
   if (st->head) per_token += vocab_rows(cm) * s + (cm->recompute ? 0 : 2 * h * s + 8);
-  return tokens * per_token;
+  /* cut into slices, the backward sums each weight's gradient over the slices: the partial
+   * sum lives from the last slice's backward unit to the first's */
+  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);
 }
 
 /* One unit's working set: a layer's MLP gradient (ffn / t) and, recomputing, the layer's
