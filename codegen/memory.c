@@ -501,8 +501,8 @@ int64_t tp_loss_classes(const TpModule *m, int op) {
   const TpType *t = &m->values[o->inputs[0]].type;
   if (o->kind != TP_OP_CrossEntropy) return t->dims[1];
   const TpType *stats = o->ninputs > 2 && o->inputs[2] >= 0 ? &m->values[o->inputs[2]].type : NULL;
-  int64_t parts = stats ? (stats->dims[stats->rank - 1] - 1) / 2 : 1; /* 2 P + 1 columns (ir/infer.c) */
-  return t->dims[t->rank - 1] * parts;
+  int64_t parts = stats ? (stats->dims[stats->rank - 1] - 1) / 2 : 1;       /* 2 P + 1 columns (ir/infer.c) */
+  return t->dims[t->rank - 1] * parts - tp_attr_int(m, op, "vocab_pad", 0); /* a padded vocabulary's true V */
 }
 
 int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, size_t what_size) {
@@ -530,6 +530,8 @@ int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, 
       if (axis < 0) axis += t->rank;
       if (axis < 0 || axis >= t->rank) continue;
       n = t->dims[axis] * (o->kind == TP_OP_Embedding ? tp_attr_int(m, op, "vocab_parts", 1) : 1);
+      if (o->kind == TP_OP_Embedding && tp_attr_int(m, op, "vocab_parts", 1) > 1)
+        n -= m->values[o->inputs[0]].shard.pad; /* a padded table's true rows: no id reaches the padding */
       if (n > 0 && (!limit || n < limit))
         snprintf(what, what_size, "the %lld rows of table '%s'", (long long)n, m->values[o->inputs[0]].name);
     } else if (o->kind == TP_OP_CrossEntropy || o->kind == TP_OP_SoftmaxCrossEntropyLoss ||

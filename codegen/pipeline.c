@@ -74,12 +74,15 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   }
   for (int i = 0; i < mem->nparams; i++) {
     int v = mem->params[i];
-    int64_t n = tp_type_numel(&m->values[v].type), parts = m->values[v].shard.parts;
+    const TpValue *val = &m->values[v];
+    int64_t n = tp_type_numel(&val->type), parts = val->shard.parts, unsplit = n * (parts ? parts : 1);
+    if (val->shard.pad) /* a rank holds its padded piece; the unsplit model, the true vocabulary */
+      unsplit = n / val->type.dims[val->shard.axis] * (val->type.dims[val->shard.axis] * parts - val->shard.pad);
     bool trained = m->grads && tp_grad_of(m, v) >= 0;
     for (int k = 0; k < S; k++) {
       if (k != mem->param_stage[i] && (k == 0 || k != mem->param_tied_stage[i])) continue;
       *(trained ? &in[k].trained : &in[k].frozen) += n;
-      *(trained ? &whole[k].trained : &whole[k].frozen) += n * (parts ? parts : 1);
+      *(trained ? &whole[k].trained : &whole[k].frozen) += unsplit;
     }
   }
   int rc = TP_OK;

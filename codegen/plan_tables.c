@@ -224,6 +224,15 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
             val->shard.parts, val->shard.chunks);
   }
   fputs("};\n", out);
+  /* a padded vocabulary's padding (TpPlan.param_pad): only plans that have one print it */
+  bool padded = false;
+  for (int i = 0; i < p->nparams; i++) padded |= m->values[p->params[i]].shard.pad > 0;
+  if (padded) {
+    fprintf(out, "/* the padding of each parameter's padded vocabulary */\nstatic const int param_pad[%d] = {",
+            p->nparams);
+    for (int i = 0; i < p->nparams; i++) fprintf(out, "%s%d", i ? ", " : "", m->values[p->params[i]].shard.pad);
+    fputs("};\n", out);
+  }
 
   /* Re-tied initializers: the forward re-tie views (a Transpose or Reshape of a parameter,
    * the initializer named by their origin). */
@@ -258,6 +267,7 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
     fputs(",\n", out);
   }
   fprintf(out, "    .nparams = %d,\n    .params = params,\n", p->nparams);
+  if (padded) fputs("    .param_pad = param_pad,\n", out);
   if (nderived) fprintf(out, "    .nderived = %d,\n    .derived = derived,\n", nderived);
   fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n", p->nstages);
   if (p->nslices == 1) fputs("    .forward = forward,\n    .backward = backward,\n", out);

@@ -42,7 +42,7 @@ typedef struct {
   size_t offset, aux; /* in TpBound */
 } TpArgSpelling;
 
-#define TP_MAX_KERNEL_ARGS 12
+#define TP_MAX_KERNEL_ARGS 13
 
 typedef struct {
   char name[48]; /* the function */

@@ -93,9 +93,14 @@ typedef enum {
  * order: P == N gives each rank its own piece; P < N (grouped K/V heads fewer than the
  * ranks) gives N/P ranks the same piece, whose gradient those ranks must sum. A file
  * blob's data at the param's offset is the whole tensor, which the runtime scatters (and
- * gathers back for checkpoints). parts == 0: not split (whole on every rank). */
+ * gathers back for checkpoints). parts == 0: not split (whole on every rank).
+ * pad > 0 (printed `, pad=K`): the whole tensor's last K slices along A are padding that
+ * makes a vocabulary the ranks do not divide split (Megatron's padded vocabulary; one
+ * chunk, parts == ranks): files hold dim A times P minus K, the runtime scatters zeros
+ * into the padding and gathers it back to nothing, and the padded classes are masked out
+ * of the loss (CrossEntropyStats' vocab_pad), so their rows never get a gradient. */
 typedef struct {
-  int axis, parts, ranks, chunks;
+  int axis, parts, ranks, chunks, pad;
 } TpShard;
 
 typedef struct {
@@ -443,6 +448,9 @@ int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d);
 /* How many vocabulary ranges the logits value v holds one of: shard-tensor's vocabulary-
  * parallel LM head gives each rank [..., V / N] logits; 1 for any other value. */
 int tp_vocab_parts(const TpModule *m, int v);
+/* The padding of that split (TpShard.pad: classes past the true vocabulary on the last
+ * rank, masked out of the loss); 0 for any other value. */
+int tp_vocab_pad(const TpModule *m, int v);
 /* passes/add_loss.c: the graph output add-loss would train as the logits (the one named
  * `name`, its --logits, when not NULL); -1 when it would not (a loss already, the model's
  * own loss, no or several candidates). */

@@ -475,19 +475,25 @@ static int parse_dense(Parser *p, const TpType *t, uint8_t *data, int64_t numel)
   return expect(p, '>');
 }
 
-/* (axis=A, parts=P, ranks=N[, chunks=C]) after `@shard`, at `at`; all but the axis >= 1. */
+/* (axis=A, parts=P, ranks=N[, chunks=C][, pad=K]) after `@shard`, at `at`; parts, ranks and
+ * chunks >= 1, the axis and pad >= 0. */
 static int parse_shard(Parser *p, TpValueKind kind, size_t at, TpShard *shard) {
   if (kind != TP_VAL_PARAM) return fail_at(p, at, "a const cannot be @shard: only a param is split over ranks");
-  static const char *const keys[] = {"axis", "parts", "ranks", "chunks"};
-  int64_t v[4] = {0, 0, 0, 1};
+  static const char *const keys[] = {"axis", "parts", "ranks", "chunks", "pad"};
+  int64_t v[5] = {0, 0, 0, 1, 0};
   if (expect(p, '(')) return TP_ERR_INPUT;
-  for (int k = 0; k < 4; k++) {
-    if (k == 3 && !accept(p, ',')) break;
-    if (k > 0 && k < 3 && expect(p, ',')) return TP_ERR_INPUT;
-    if (expect_keyword(p, keys[k]) || expect(p, '=') || parse_int_in(p, k > 0, 1 << 20, keys[k], &v[k]))
+  for (int k = 0; k < 5; k++) {
+    if (k >= 3) { /* chunks and pad are optional, in that order */
+      if (!accept(p, ',')) break;
+      if (k == 3 && !at_keyword(p, keys[3])) k = 4;
+    } else if (k > 0 && expect(p, ',')) {
+      return TP_ERR_INPUT;
+    }
+    if (expect_keyword(p, keys[k]) || expect(p, '=') || parse_int_in(p, k > 0 && k < 4, 1 << 20, keys[k], &v[k]))
       return TP_ERR_INPUT;
   }
-  *shard = (TpShard){.axis = (int)v[0], .parts = (int)v[1], .ranks = (int)v[2], .chunks = (int)v[3]};
+  *shard =
+      (TpShard){.axis = (int)v[0], .parts = (int)v[1], .ranks = (int)v[2], .chunks = (int)v[3], .pad = (int)v[4]};
   return expect(p, ')');
 }
 

@@ -330,6 +330,7 @@ static void print_data_value(FILE *out, const TpModule *m, int v) {
   if (val->kind == TP_VAL_PARAM && sh->parts > 0) {
     fprintf(out, " @shard(axis=%d, parts=%d, ranks=%d", sh->axis, sh->parts, sh->ranks);
     if (sh->chunks > 1) fprintf(out, ", chunks=%d", sh->chunks);
+    if (sh->pad > 0) fprintf(out, ", pad=%d", sh->pad);
     fputc(')', out);
   }
   print_origin(out, val->origin);

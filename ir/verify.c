@@ -83,6 +83,11 @@ static int verify_shard(const TpModule *m, int v, TpDiag *d) {
   if (s->chunks < 1 || val->type.dims[s->axis] % s->chunks != 0)
     return tp_error(d, "param %%%s: axis %d of %lld elements is not %d equal chunks", val->name, s->axis,
                     (long long)val->type.dims[s->axis], s->chunks);
+  if (s->pad < 0 || (s->pad > 0 && (s->chunks != 1 || s->parts != s->ranks || s->pad >= val->type.dims[s->axis])))
+    return tp_error(d,
+                    "param %%%s: a padding of %d on axis %d needs one chunk, one part per rank and less than "
+                    "one rank's %lld",
+                    val->name, s->pad, s->axis, (long long)val->type.dims[s->axis]);
   return TP_OK;
 }
 

@@ -266,10 +266,11 @@ int tp_bind_vocab(const TpModule *m, int op, const TpTensor *in, TpTensor *out, 
   a->V = last_dim(logits), a->n = numel_from(logits, 0, logits->rank - 1);
   a->denominator = (float)tp_attr_float(m, op, "denominator", (double)a->n);
   if (tp_tensor_numel(a->ids) != a->n) return shape_error(m, op, d);
+  a->pad = tp_attr_int(m, op, "vocab_pad", 0);
   if (kind == TP_OP_CrossEntropyStats) {
     a->part = &in[2], a->parts = tp_attr_int(m, op, "vocab_parts", 1);
     if (tp_tensor_numel(&out[0]) != a->n * (2 * a->parts + 1)) return shape_error(m, op, d);
-    b->kernel = TP_K_CROSS_ENTROPY_STATS;
+    b->kernel = a->pad ? TP_K_CROSS_ENTROPY_STATS_PAD : TP_K_CROSS_ENTROPY_STATS;
     return TP_OK;
   }
   a->stats = &in[first + 2], a->part = &in[first + 3], a->parts = (last_dim(a->stats) - 1) / 2;
@@ -277,7 +278,8 @@ int tp_bind_vocab(const TpModule *m, int op, const TpTensor *in, TpTensor *out, 
       tp_tensor_numel(&out[0]) != (first ? a->n * a->V : 1) || (first && tp_tensor_numel(&in[0]) != 1))
     return shape_error(m, op, d);
   a->dloss = first ? &in[0] : NULL;
-  b->kernel = first ? TP_K_CROSS_ENTROPY_PARTS_BACKWARD : TP_K_CROSS_ENTROPY_PARTS;
+  b->kernel = TP_K_CROSS_ENTROPY_PARTS;
+  if (first) b->kernel = a->pad ? TP_K_CROSS_ENTROPY_PARTS_BACKWARD_PAD : TP_K_CROSS_ENTROPY_PARTS_BACKWARD;
   return TP_OK;
 }
 

@@ -79,9 +79,22 @@ static int check_vocab_stats(const TpInferCtx *c, int first, const TpType *logit
   return TP_OK;
 }
 
+/* A padded vocabulary's vocab_pad: fewer classes than the last range's (it keeps one). */
+static int check_vocab_pad(const TpInferCtx *c, const TpType *logits, bool split) {
+  int64_t pad = tp_attr_int(c->m, c->op, "vocab_pad", 0);
+  if (pad == 0) return TP_OK;
+  if (!split) return tp_error_op(c->d, c->m, c->op, "vocab_pad needs the vocabulary statistics and Part");
+  if (pad < 0 || pad >= logits->dims[logits->rank - 1])
+    return tp_error_op(c->d, c->m, c->op, "vocab_pad %lld must be in [0, %lld): the last range keeps a class",
+                       (long long)pad, (long long)logits->dims[logits->rank - 1]);
+  return TP_OK;
+}
+
 static int infer_cross_entropy(const TpInferCtx *c) {
   const TpType *logits = operand(c, 0);
-  if (check_logits_targets(c, logits, operand(c, 1)) || check_vocab_stats(c, 0, logits)) return TP_ERR_INPUT;
+  if (check_logits_targets(c, logits, operand(c, 1)) || check_vocab_stats(c, 0, logits) ||
+      check_vocab_pad(c, logits, operand(c, 2) != NULL))
+    return TP_ERR_INPUT;
   return set_result(c, 0, (TpType){.dtype = logits->dtype});
 }
 
@@ -90,6 +103,7 @@ static int infer_cross_entropy_stats(const TpInferCtx *c) {
   int64_t parts = 0; /* set by check_vocab_part */
   if (check_logits_targets(c, logits, operand(c, 1)) || check_vocab_part(c, 2, &parts)) return TP_ERR_INPUT;
   if (logits->dtype != TP_F32) return tp_error_op(c->d, c->m, c->op, "the logits must be f32");
+  if (check_vocab_pad(c, logits, true)) return TP_ERR_INPUT;
   return set_result(c, 0, vocab_stats_type(logits, parts));
 }
 
@@ -97,7 +111,9 @@ static int infer_cross_entropy_backward(const TpInferCtx *c) {
   const TpType *dloss = operand(c, 0), *logits = operand(c, 1);
   if (dloss->rank != 0 || dloss->dtype != logits->dtype)
     return tp_error_op(c->d, c->m, c->op, "dLoss must be a scalar of the logits' dtype");
-  if (check_logits_targets(c, logits, operand(c, 2)) || check_vocab_stats(c, 1, logits)) return TP_ERR_INPUT;
+  if (check_logits_targets(c, logits, operand(c, 2)) || check_vocab_stats(c, 1, logits) ||
+      check_vocab_pad(c, logits, operand(c, 3) != NULL))
+    return TP_ERR_INPUT;
   return set_result(c, 0, *logits);
 }
 

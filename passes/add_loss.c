@@ -81,6 +81,8 @@ static int loss_op(TpModule *m, TpDiag *d, TpOpKind kind, const int *in, int nin
   if (kind == TP_OP_TensorRank || kind == TP_OP_AllReduce) tp_set_attr_string(m, op, "group", "tensor");
   if (kind == TP_OP_AllReduce) tp_set_attr_string(m, op, "reduce", "sum");
   if (kind == TP_OP_CrossEntropyStats) tp_set_attr_int(m, op, "vocab_parts", tp_vocab_parts(m, in[0]));
+  if (kind == TP_OP_CrossEntropyStats && tp_vocab_pad(m, in[0]))
+    tp_set_attr_int(m, op, "vocab_pad", tp_vocab_pad(m, in[0]));
   return tp_infer_op(m, op, d) == TP_OK ? m->ops[op].outputs[0] : -1;
 }
 
@@ -122,6 +124,7 @@ int pass_add_loss(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   }
   int op = tp_add_op(m, TP_OP_CrossEntropy, in, in[2] >= 0 ? 4 : 2, (const char *[]){"loss"}, 1, (TpOrigin){0});
   tp_set_attr_float(m, op, "denominator", (double)(bt[0] * bt[1]));
+  if (tp_vocab_pad(m, logits)) tp_set_attr_int(m, op, "vocab_pad", tp_vocab_pad(m, logits));
   m->ops[op].stage = stage;
   if (tp_infer_op(m, op, d)) return TP_ERR_INTERNAL;
   m->loss = m->ops[op].outputs[0];

@@ -59,8 +59,14 @@
  *    outside give zeros), and an AllReduce sums the ranks' rows. A tied table is split
  *    once for both.
  *    An embedding with a padding row (padding_idx) keeps its table whole.
- *  - A vocabulary V that N does not divide stays replicated, with a note: padding it
- *    would change the model's softmax and the files' shapes.
+ *  - A vocabulary V that N does not divide is padded to the next multiple of N, as Megatron
+ *    does: the table, the head's weight and its bias get rows of zeros at the end
+ *    (TpShard.pad, on the last rank), which files never show (the runtime scatters and
+ *    gathers the true V), no token id reaches (the trainer refuses ids >= V) and the loss
+ *    masks out (CrossEntropyStats' and CrossEntropy's vocab_pad: no probability, so their
+ *    rows get exactly zero gradient and AdamW, decay included, leaves them zero). Only a
+ *    vocabulary so small that the last rank would hold nothing but padding stays
+ *    replicated, with a note.
  * A model that computes its own loss keeps its head replicated. */
 #include "../ir/ir.h"
 #include "../ops/split.h"
@@ -210,29 +216,29 @@ static bool splat(const TpModule *m, int v) {
   return true;
 }
 
-static int cut_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chunks);
+static int cut_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chunks, int pad);
 
 /* Splits param w along axis into parts (of chunks chunks each). */
 int tp_split_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chunks) {
   TpValue *val = &s->m->values[w];
   if (val->kind != TP_VAL_PARAM || val->tied >= 0 || val->shard.parts || tp_use_count(s->m, w) != 1)
     return tp_split_refuse(s, op, tp_strfmt(s->m, "its weight %%%s is not a param that it alone reads", val->name));
-  return cut_param(s, op, w, axis, parts, chunks);
+  return cut_param(s, op, w, axis, parts, chunks, 0);
 }
 
-/* split_param's cut, whoever reads w. */
-static int cut_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chunks) {
+/* split_param's cut, whoever reads w, after `pad` slices of padding along axis (TpShard). */
+static int cut_param(TpSplitCtx *s, int op, int w, int axis, int parts, int chunks, int pad) {
   TpValue *val = &s->m->values[w];
   /* the textual IR prints inline data with the per-rank type: only a splat stays whole */
   if (!s->m->blobs[val->blob].path && !splat(s->m, w))
     return tp_split_refuse(s, op,
                            tp_strfmt(s->m, "%%%s holds inline data, not a file's: it would print cut", val->name));
-  if (val->type.dims[axis] % ((int64_t)parts * chunks) != 0)
+  if ((val->type.dims[axis] + pad) % ((int64_t)parts * chunks) != 0)
     return tp_split_refuse(s, op,
                            tp_strfmt(s->m, "dim %d of %%%s (%lld) does not split into %d parts", axis, val->name,
                                      (long long)val->type.dims[axis], parts * chunks));
-  val->type.dims[axis] /= parts;
-  val->shard = (TpShard){.axis = axis, .parts = parts, .ranks = s->ranks, .chunks = chunks};
+  val->type.dims[axis] = (val->type.dims[axis] + pad) / parts;
+  val->shard = (TpShard){.axis = axis, .parts = parts, .ranks = s->ranks, .chunks = chunks, .pad = pad};
   return TP_OK;
 }
 
@@ -574,6 +580,11 @@ int tp_vocab_parts(const TpModule *m, int v) {
   return vocab_head(m, v, &param) >= 0 ? m->values[param].shard.parts : 1;
 }
 
+int tp_vocab_pad(const TpModule *m, int v) {
+  int param;
+  return vocab_head(m, v, &param) >= 0 ? m->values[param].shard.pad : 0;
+}
+
 /* Is op an Embedding of table w by token ids (a graph input) that can look up a range?
  * One with a padding row stays whole: the range kernels do not skip it. */
 static bool token_embedding(const TpModule *m, int op, int w) {
@@ -612,22 +623,27 @@ static int range_embedding(TpSplitCtx *s, int op) {
 
 /* Splits table w (a param) along its rows (axis 0) or, for a head's own weight, its output
  * columns (axis), for every reader: the token embeddings, and the LM head `head` (-1: none;
- * through the view of w it reads when there is one). op names the place for errors. Leaves
- * everything replicated, with a note, when the vocabulary does not divide among the ranks. */
+ * through the view of w it reads when there is one). op names the place for errors. A
+ * vocabulary the ranks do not divide is padded to the next multiple of them, as Megatron
+ * does (TpShard.pad: the last rank's last rows; the loss masks their logits out); one
+ * smaller than the ranks would leave a rank nothing but padding and stays replicated, with
+ * a note. */
 static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
   TpModule *m = s->m;
   const TpValue *val = &m->values[w];
-  if (val->type.dims[axis] % s->ranks != 0) {
+  int64_t vocab = val->type.dims[axis], pad = (s->ranks - vocab % s->ranks) % s->ranks;
+  if (pad && pad >= (vocab + pad) / s->ranks) {
     if (s->d->stream)
       tp_print_line(s->d->stream,
-                    "%s: note: %s%s%%%s: a vocabulary of %lld does not split over %d tensor ranks; "
-                    "it stays replicated",
+                    "%s: note: %s%s%%%s: a vocabulary of %lld padded for %d tensor ranks would leave the last "
+                    "only padding; it stays replicated",
                     s->d->tool ? s->d->tool : "tokpipec", s->d->file ? s->d->file : "", s->d->file ? ": " : "",
-                    val->name, (long long)val->type.dims[axis], s->ranks);
+                    val->name, (long long)vocab, s->ranks);
     return TP_OK;
   }
   int b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
-  if (cut_param(s, op, w, axis, s->ranks, 1) || (b >= 0 && tp_split_param(s, head, b, 0, s->ranks, 1)))
+  if (cut_param(s, op, w, axis, s->ranks, 1, (int)pad) ||
+      (b >= 0 && cut_param(s, head, b, 0, s->ranks, 1, (int)pad)))
     return TP_ERR_INPUT;
   for (int e = 0; e < m->nops; e++)
     if (token_embedding(m, e, w) && range_embedding(s, e)) return TP_ERR_INPUT;
@@ -635,7 +651,7 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
   int view = m->ops[head].inputs[1], x = m->ops[head].inputs[0];
   if (view != w) { /* the re-tie view: a Transpose infers its cut type, a Reshape is preset */
     int def = m->values[view].def;
-    if (m->ops[def].kind == TP_OP_Reshape) m->values[view].type.dims[axis] /= s->ranks;
+    if (m->ops[def].kind == TP_OP_Reshape) m->values[view].type.dims[axis] = m->values[w].type.dims[axis];
     else if (tp_split_reinfer(s, def)) return TP_ERR_INPUT;
   }
   if (s->copy_of[x] < 0)

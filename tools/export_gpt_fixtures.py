@@ -6,6 +6,9 @@ Each variant becomes tests/fixtures/<name>/ in the ONNX backend-test layout:
     test_data_set_0/input_0.pb  token ids, int64 [B, T]
     test_data_set_0/output_0.pb logits from PyTorch, float32 [B, T, vocab]
     dims                        (dynamic-axes variants only) the --dim flags the test passes
+Variants with a group go to tests/fixtures/<group>/<name>/ instead, where the test areas
+that take every fixture do not find them (vocab/: vocabularies of 125, which no tensor
+group of 2 or 4 ranks divides, for tests/tensor's padded-vocabulary plans).
 
 The variants cover the export patterns the importer must accept: opset 14 (decomposed
 LayerNorm) and 17 (LayerNormalization), erf and tanh GELU, tied and untied LM head, with and
@@ -14,8 +17,12 @@ GPT-2 Conv1D (Reshape+Gemm+Reshape) projections, constant folding on and off, ex
 
 Regenerate everything (Debian 12's python3-torch 1.13 and python3-onnx):
     /usr/bin/python3 tools/export_gpt_fixtures.py
+or only the variants named (the others' files stay as they are), e.g. the vocab/ ones,
+made with torch 2.15 (the toolchain venv; its TorchScript exporter):
+    python tools/export_gpt_fixtures.py gpt_o17_untied_headbias_v125 gpt_o17_tied_v125
 """
 import collections
+import inspect
 import io
 import math
 import os
@@ -31,6 +38,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from onnx import numpy_helper
 
+# torch >= 2.9 exports with dynamo by default; these variants are TorchScript exports
+TORCHSCRIPT = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
 
 
@@ -55,6 +64,8 @@ class Variant:
     trace_bt: tuple = (2, 16)    # (batch, seq) used to trace the export
     test_bt: tuple = (2, 16)     # (batch, seq) of the reference data; differs only if dynamic
     seed: int = 0
+    head_bias: bool = False      # the LM head has a bias (untied only)
+    group: str = ""              # a folder of tests/fixtures the variant goes to (see above)
 
 
 VARIANTS = [
@@ -72,6 +83,8 @@ VARIANTS = [
             seed=6),
     Variant("gpt_o17_erf_untied_bias_external", opset=17, external=True, n_embd=48, n_head=6,
             seed=7),
+    Variant("gpt_o17_untied_headbias_v125", vocab=125, head_bias=True, group="vocab", seed=8),
+    Variant("gpt_o17_tied_v125", vocab=125, tied=True, group="vocab", seed=9),
 ]
 
 
@@ -171,7 +184,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(v.block, v.n_embd)
         self.h = nn.ModuleList([Block(v) for _ in range(v.n_layer)])
         self.ln_f = LayerNorm(v.n_embd, v.bias)
-        self.lm_head = nn.Linear(v.n_embd, v.vocab, bias=False)
+        self.lm_head = nn.Linear(v.n_embd, v.vocab, bias=v.head_bias)
         if v.tied:
             self.lm_head.weight = self.wte.weight
         if v.random_ln:   # non-trivial scale and shift so the test sees them applied
@@ -197,7 +210,7 @@ def export(v, model, dir):
     buf = io.BytesIO()
     torch.onnx.export(model, (idx,), buf, opset_version=v.opset, input_names=["idx"],
                       output_names=["logits"], dynamic_axes=axes,
-                      do_constant_folding=v.fold)
+                      do_constant_folding=v.fold, **TORCHSCRIPT)
     proto = onnx.load_from_string(buf.getvalue())
     onnx.checker.check_model(proto)
     path = os.path.join(dir, "model.onnx")
@@ -236,14 +249,22 @@ def main():
     torch.set_num_threads(1)   # fixed summation order: byte-identical outputs across runs
     # The tracer warns that head_dim and finfo.min become constants: they are static here.
     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-    for old in os.listdir(ROOT):  # drop every GPT fixture, so renamed variants go too
+    only = sys.argv[1:]  # the variants named, else all
+    unknown = set(only) - {v.name for v in VARIANTS}
+    if unknown:
+        sys.exit(f"no such variant: {' '.join(sorted(unknown))}")
+    for old in os.listdir(ROOT) if not only else []:  # drop every GPT fixture, so renamed variants go too
         if old.startswith("gpt_") and os.path.exists(os.path.join(ROOT, old, "model.onnx")):
             shutil.rmtree(os.path.join(ROOT, old))
     for v in VARIANTS:
+        if only and v.name not in only:
+            continue
         assert v.dynamic or v.test_bt == v.trace_bt, f"{v.name}: static shapes are the traced ones"
         torch.manual_seed(v.seed)
         model = GPT(v).eval()
-        dir = os.path.join(ROOT, v.name)
+        dir = os.path.join(ROOT, v.group, v.name)
+        if os.path.exists(dir):  # a variant named, or one in a group folder
+            shutil.rmtree(dir)
         os.makedirs(os.path.join(dir, "test_data_set_0"))
         with torch.no_grad():
             proto = export(v, model, dir)

@@ -21,6 +21,8 @@ the Identity's output name. Buffers (causal masks) are constants, not parameters
 
 Regenerate (Debian 12's python3-torch 1.13 and python3-onnx; deterministic, one thread):
     /usr/bin/python3 tools/make_parity_fixtures.py
+or only the variants named (as export_gpt_fixtures.py), e.g. with the toolchain venv:
+    python tools/make_parity_fixtures.py gpt_o17_untied_headbias_v125 gpt_o17_tied_v125
 """
 import contextlib
 import json
@@ -47,7 +49,7 @@ STEPS = 10
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 ADAMW_FLAGS = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-7, weight_decay=0.1)
 WITH_FLAGS = {"gpt_o17_erf_tied_bias_static", "gpt_o14_tanh_tied_bias_dyn_conv1d",
-              "gpt_o17_tanh_untied_nobias_dyn", "gpt_o17_erf_untied_bias_external"}
+              "gpt_o17_tanh_untied_nobias_dyn", "gpt_o17_erf_untied_bias_external", "gpt_o17_tied_v125"}
 TOKEN_MAGIC, TOKEN_VERSION = 20240520, 1
 
 
@@ -241,9 +243,12 @@ def write_references(dir, name, make_model, proto, B, T, vocab, seed, adamw=ADAM
 def main():
     torch.set_num_threads(1)   # fixed summation order: byte-identical output across runs
     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+    only = sys.argv[1:]
     for v in fx.VARIANTS:
+        if only and v.name not in only:
+            continue
         B, T = v.test_bt
-        dir = os.path.join(fx.ROOT, v.name)
+        dir = os.path.join(fx.ROOT, v.group, v.name)
         proto = onnx.load(os.path.join(dir, "model.onnx"))   # external data too
         adamw = ADAMW_FLAGS if v.name in WITH_FLAGS else ADAMW
         write_references(dir, v.name, lambda: gpt(v), proto, B, T, v.vocab, v.seed, adamw)

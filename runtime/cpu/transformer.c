@@ -140,14 +140,27 @@ static double stats_sumexp(const float *s, int64_t parts, float *mx) {
 
 TpKernelStatus tp_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
                                           int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad) {
-  if (!ids_in_range(targets, R, V, parts, false, bad)) return TP_KERNEL_BAD_INDEX;
-  if (*part < 0 || *part >= parts) return TP_KERNEL_BAD_SHAPE; /* a range past the row's columns */
+  return tp_cross_entropy_stats_pad_f32(logits, targets, part, R, V, parts, 0, stats, bad);
+}
+
+/* The columns of range `part`'s V that are true classes: all but the last range's last pad. */
+static int64_t range_classes(int64_t V, int64_t parts, int64_t part, int64_t pad) {
+  return part == parts - 1 ? V - pad : V;
+}
+
+TpKernelStatus tp_cross_entropy_stats_pad_f32(const float *logits, const int64_t *targets, const int64_t *part,
+                                              int64_t R, int64_t V, int64_t parts, int64_t pad, float *stats,
+                                              int64_t *bad) {
+  if (!ids_in_range(targets, R, V * parts - pad, 1, false, bad)) return TP_KERNEL_BAD_INDEX; /* no padded class */
+  if (*part < 0 || *part >= parts || pad < 0 || pad >= V)
+    return TP_KERNEL_BAD_SHAPE; /* a range past the row's columns */
+  int64_t classes = range_classes(V, parts, *part, pad);
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < R; r++) {
     const float *row = logits + r * V;
     float *s = stats + r * (2 * parts + 1);
     memset(s, 0, (size_t)(2 * parts + 1) * sizeof *s);
-    s[parts + *part] = (float)row_sumexp(row, V, &s[*part]);
+    s[parts + *part] = (float)row_sumexp(row, classes, &s[*part]);
     int64_t t = range_row(targets[r], V, parts, *part);
     if (t >= 0) s[2 * parts] = row[t];
   }
@@ -177,15 +190,26 @@ TpKernelStatus tp_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t
 TpKernelStatus tp_cross_entropy_parts_backward_f32(float dloss, const float *logits, const int64_t *targets,
                                                    const float *stats, const int64_t *part, int64_t R, int64_t V,
                                                    int64_t parts, float denominator, float *dlogits, int64_t *bad) {
-  if (!ids_in_range(targets, R, V, parts, false, bad)) return TP_KERNEL_BAD_INDEX;
+  return tp_cross_entropy_parts_backward_pad_f32(dloss, logits, targets, stats, part, R, V, parts, 0, denominator,
+                                                 dlogits, bad);
+}
+
+TpKernelStatus tp_cross_entropy_parts_backward_pad_f32(float dloss, const float *logits, const int64_t *targets,
+                                                       const float *stats, const int64_t *part, int64_t R, int64_t V,
+                                                       int64_t parts, int64_t pad, float denominator, float *dlogits,
+                                                       int64_t *bad) {
+  if (!ids_in_range(targets, R, V * parts - pad, 1, false, bad)) return TP_KERNEL_BAD_INDEX;
+  if (pad < 0 || pad >= V) return TP_KERNEL_BAD_SHAPE;
   float scale = dloss / denominator;
+  int64_t classes = range_classes(V, parts, *part, pad);
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < R; r++) {
     const float *x = logits + r * V;
     float *o = dlogits + r * V, mx;
     float inv = (float)(1.0 / stats_sumexp(stats + r * (2 * parts + 1), parts, &mx)) * scale;
 #pragma omp simd
-    for (int64_t j = 0; j < V; j++) o[j] = tp_vexpf(x[j] - mx) * inv;
+    for (int64_t j = 0; j < classes; j++) o[j] = tp_vexpf(x[j] - mx) * inv;
+    for (int64_t j = classes; j < V; j++) o[j] = 0; /* the padding: no probability, no gradient */
     int64_t t = range_row(targets[r], V, parts, *part);
     if (t >= 0) o[t] -= scale;
   }

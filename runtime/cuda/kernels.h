@@ -49,7 +49,8 @@ void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *
                                                TpCudaStream stream);
 
 /* The vocabulary-parallel kernels of runtime/cpu/transformer.h, part a device pointer
- * (TensorRank's result), bad as above (for the stats and the backward a bad target is
+ * (TensorRank's result), pad the padded classes of the last range (none: 0), bad as above
+ * (for the stats and the backward a bad target is
  * reported and its row left as it was). The embedding's forward and backward are the
  * whole table's with a range; the backward's scratch as tp_cuda_embedding_backward_scratch(n).
  * tp_cuda_launch_cross_entropy_parts_f32's row_loss (R doubles) is scratch. */
@@ -60,14 +61,14 @@ void tp_cuda_launch_embedding_part_backward_f32(const float *dy, const int64_t *
                                                 int64_t V, int64_t parts, int64_t C, float *dtable, int64_t *bad,
                                                 void *scratch, TpCudaStream stream);
 void tp_cuda_launch_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
-                                            int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad,
-                                            TpCudaStream stream);
+                                            int64_t R, int64_t V, int64_t parts, int64_t pad, float *stats,
+                                            int64_t *bad, TpCudaStream stream);
 void tp_cuda_launch_cross_entropy_parts_f32(const float *stats, int64_t R, int64_t parts, float denominator,
                                             float *loss, double *row_loss, TpCudaStream stream);
 void tp_cuda_launch_cross_entropy_parts_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
                                                      const float *stats, const int64_t *part, int64_t R, int64_t V,
-                                                     int64_t parts, float denominator, float *dlogits, int64_t *bad,
-                                                     TpCudaStream stream);
+                                                     int64_t parts, int64_t pad, float denominator, float *dlogits,
+                                                     int64_t *bad, TpCudaStream stream);
 
 /* ---- optim.cu ---- */
 /* tp_adamw_step over n parameters (the scalar factors computed on the host in double) */

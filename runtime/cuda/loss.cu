@@ -76,15 +76,22 @@ void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *
  * statistics, runtime/cpu/transformer.h) ---- */
 
 /* One block per row: this range's maximum and sum of exp in the row's statistics. */
+/* The columns of range `part`'s V that are true classes: all but the last range's last pad
+ * (a padded vocabulary, ir/ops.def's vocab_pad). */
+__device__ int64_t range_classes(int64_t V, int64_t parts, int64_t part, int64_t pad) {
+  return part == parts - 1 ? V - pad : V;
+}
+
 __global__ void cross_entropy_stats_kernel(const float *logits, const int64_t *targets, const int64_t *part,
-                                           int64_t V, int64_t parts, float *stats, int64_t *bad) {
+                                           int64_t V, int64_t parts, int64_t pad, float *stats, int64_t *bad) {
   int64_t r = blockIdx.x, t = targets[r] - *part * V, width = 2 * parts + 1;
   float *s = stats + r * width, mx, sum;
-  row_max_sumexp(logits + r * V, V, &mx, &sum);
+  row_max_sumexp(logits + r * V, range_classes(V, parts, *part, pad), &mx, &sum);
   for (int64_t j = threadIdx.x; j < width; j += blockDim.x) s[j] = 0;
   __syncthreads();
   if (threadIdx.x != 0) return;
-  if (targets[r] < 0 || targets[r] >= V * parts || *part < 0 || *part >= parts) { /* the range: never past the row */
+  /* the range: never past the row; no target in the padding */
+  if (targets[r] < 0 || targets[r] >= V * parts - pad || *part < 0 || *part >= parts) {
     atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
     return;
   }
@@ -93,11 +100,11 @@ __global__ void cross_entropy_stats_kernel(const float *logits, const int64_t *t
 }
 
 void tp_cuda_launch_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
-                                            int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad,
-                                            TpCudaStream stream) {
+                                            int64_t R, int64_t V, int64_t parts, int64_t pad, float *stats,
+                                            int64_t *bad, TpCudaStream stream) {
   if (R == 0) return;
   TP_LAUNCH(cross_entropy_stats_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, logits, targets, part,
-            V, parts, stats, bad);
+            V, parts, pad, stats, bad);
 }
 
 /* From a row of summed statistics: the row's maximum and the sum of exp(x - max) over every
@@ -133,9 +140,10 @@ void tp_cuda_launch_cross_entropy_parts_f32(const float *stats, int64_t R, int64
 /* One block per row: exp(x - max) / sum - onehot, scaled (as cross_entropy_backward_kernel). */
 __global__ void cross_entropy_parts_backward_kernel(const float *dloss, const float *logits, const int64_t *targets,
                                                     const float *stats, const int64_t *part, int64_t V,
-                                                    int64_t parts, float denominator, float *dlogits, int64_t *bad) {
+                                                    int64_t parts, int64_t pad, float denominator, float *dlogits,
+                                                    int64_t *bad) {
   int64_t r = blockIdx.x, t = targets[r];
-  if (t < 0 || t >= V * parts) { /* uniform over the block */
+  if (t < 0 || t >= V * parts - pad) { /* uniform over the block */
     if (threadIdx.x == 0) atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
     return;
   }
@@ -143,16 +151,18 @@ __global__ void cross_entropy_parts_backward_kernel(const float *dloss, const fl
   const float *x = logits + r * V;
   float *o = dlogits + r * V, mx, scale = *dloss / denominator;
   float inv = (float)(1.0 / stats_sumexp(stats + r * (2 * parts + 1), parts, &mx)) * scale;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) o[j] = expf(x[j] - mx) * inv - (j == t ? scale : 0.0f);
+  int64_t classes = range_classes(V, parts, *part, pad); /* the padding: no probability, no gradient */
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+    o[j] = j < classes ? expf(x[j] - mx) * inv - (j == t ? scale : 0.0f) : 0.0f;
 }
 
 void tp_cuda_launch_cross_entropy_parts_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
                                                      const float *stats, const int64_t *part, int64_t R, int64_t V,
-                                                     int64_t parts, float denominator, float *dlogits, int64_t *bad,
-                                                     TpCudaStream stream) {
+                                                     int64_t parts, int64_t pad, float denominator, float *dlogits,
+                                                     int64_t *bad, TpCudaStream stream) {
   if (R == 0 || V == 0) return;
   TP_LAUNCH(cross_entropy_parts_backward_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, dloss, logits,
-            targets, stats, part, V, parts, denominator, dlogits, bad);
+            targets, stats, part, V, parts, pad, denominator, dlogits, bad);
 }
 
 /* ---- the entry points (ops.h) ---- */
@@ -222,8 +232,14 @@ TpKernelStatus tp_cuda_cross_entropy_f32(const float *logits, const int64_t *tar
 TpKernelStatus tp_cuda_cross_entropy_stats_f32(const float *logits, const int64_t *targets, const int64_t *part,
                                                int64_t R, int64_t V, int64_t parts, float *stats, int64_t *bad,
                                                TpStream *stream) {
+  return tp_cuda_cross_entropy_stats_pad_f32(logits, targets, part, R, V, parts, 0, stats, bad, stream);
+}
+
+TpKernelStatus tp_cuda_cross_entropy_stats_pad_f32(const float *logits, const int64_t *targets, const int64_t *part,
+                                                   int64_t R, int64_t V, int64_t parts, int64_t pad, float *stats,
+                                                   int64_t *bad, TpStream *stream) {
   (void)bad;
-  tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, stream->bad, stream->cuda);
+  tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, pad, stats, stream->bad, stream->cuda);
   return TP_KERNEL_OK;
 }
 
@@ -239,8 +255,17 @@ TpKernelStatus tp_cuda_cross_entropy_parts_backward_f32(const float *dloss, cons
                                                         const int64_t *part, int64_t R, int64_t V, int64_t parts,
                                                         float denominator, float *dlogits, int64_t *bad,
                                                         TpStream *stream) {
+  return tp_cuda_cross_entropy_parts_backward_pad_f32(dloss, logits, targets, stats, part, R, V, parts, 0,
+                                                      denominator, dlogits, bad, stream);
+}
+
+TpKernelStatus tp_cuda_cross_entropy_parts_backward_pad_f32(const float *dloss, const float *logits,
+                                                            const int64_t *targets, const float *stats,
+                                                            const int64_t *part, int64_t R, int64_t V, int64_t parts,
+                                                            int64_t pad, float denominator, float *dlogits,
+                                                            int64_t *bad, TpStream *stream) {
   (void)bad;
-  tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, stats, part, R, V, parts, denominator,
+  tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, stats, part, R, V, parts, pad, denominator,
                                                   dlogits, stream->bad, stream->cuda);
   return TP_KERNEL_OK;
 }

@@ -234,10 +234,11 @@ typedef struct {
 } TpCrossEntropyArgs;
 
 /* The vocabulary-parallel kernels: x the table, dY or logits; ids the ids or targets (i64);
- * n the ids' or rows' count; V the range's classes; y the result. */
+ * n the ids' or rows' count; V the range's classes; pad the padded classes at the end of
+ * the last range (ir/ops.def's vocab_pad); y the result. */
 typedef struct {
   const TpTensor *dloss, *x, *ids, *stats, *part;
-  int64_t n, V, parts, C;
+  int64_t n, V, parts, C, pad;
   float denominator;
   TpTensor *y;
   int64_t *bad;

@@ -29,7 +29,7 @@ int pipe_alloc_param(Trainer *t, int i) {
 TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data) {
   TpTensor v = {.dtype = TP_F32, .rank = p->rank, .data = data};
   memcpy(v.dims, p->dims, sizeof v.dims);
-  if (train_split(P, p)) v.dims[p->shard.axis] *= p->shard.parts;
+  if (train_split(P, p)) v.dims[p->shard.axis] = v.dims[p->shard.axis] * p->shard.parts - train_pad(P, p);
   return v;
 }
 
@@ -66,22 +66,29 @@ int pipe_host_alloc(Trainer *t, bool moments) {
   return rc;
 }
 
-void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather) {
+int64_t pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather) {
   if (!train_split(P, p)) {
     if (gather) memcpy(whole, piece, (size_t)tp_numel(p->rank, p->dims) * 4);
     else memcpy(piece, whole, (size_t)tp_numel(p->rank, p->dims) * 4);
-    return;
+    return -1;
   }
   const TpPlanShard *sh = &p->shard;
   int N = train_tensor(P), chunks = sh->chunks > 1 ? sh->chunks : 1, at = tensor * sh->parts / N;
   int64_t outer = tp_numel(sh->axis, p->dims), inner = tp_numel(p->rank - sh->axis - 1, p->dims + sh->axis + 1);
-  int64_t len = p->dims[sh->axis] / chunks * inner; /* one piece of one chunk */
-  int64_t chunk = len * sh->parts;                  /* one chunk of the whole */
+  int64_t len = p->dims[sh->axis] / chunks * inner;          /* one piece of one chunk */
+  int64_t chunk = len * sh->parts - train_pad(P, p) * inner; /* one chunk of the whole (a padded one: one chunk) */
+  /* the piece's part of the whole: all of it but a padded vocabulary's padding (zeros) */
+  int64_t held = at * len + len <= chunk ? len : chunk - at * len;
+  int64_t moved = -1;
   for (int64_t o = 0; o < outer; o++)
     for (int c = 0; c < chunks; c++) {
       float *mine = piece + (o * chunks + c) * len, *there = whole + (o * chunks + c) * chunk + at * len;
-      memcpy(gather ? there : mine, gather ? mine : there, (size_t)len * 4);
+      memcpy(gather ? there : mine, gather ? mine : there, (size_t)held * 4);
+      if (!gather && held < len) memset(mine + held, 0, (size_t)(len - held) * 4);
+      for (int64_t k = held; gather && k < len && moved < 0; k++)
+        if (mine[k] != 0) moved = (o * chunks + c) * len + k;
     }
+  return moved;
 }
 
 /* A host buffer for one tensor rank's piece of parameter i. The whole tensor's host copy is
@@ -148,9 +155,11 @@ static void fetch_piece(Trainer *t, int i, int tensor, void *dev, float *host) {
   }
 }
 
-/* The whole tensor of device buffer dev of parameter i into process 0's host copy: from
- * its owner, or each piece from the first tensor rank holding it. */
-static void fetch(Trainer *t, int i, void *dev, float *host) {
+/* The whole tensor of device buffer dev of parameter i (`what` of it, for errors) into
+ * process 0's host copy: from its owner, or each piece from the first tensor rank holding
+ * it. A padded vocabulary's padding must still be zeros: the loss masks it out, so no
+ * gradient, moment or update (decay included) can reach it. */
+static void fetch(Trainer *t, int i, void *dev, float *host, const char *what) {
   const TpPlan *P = t->plan;
   const TpPlanParam *p = &P->params[i];
   if (!train_split(P, p)) {
@@ -161,7 +170,12 @@ static void fetch(Trainer *t, int i, void *dev, float *host) {
   float *piece = train_is_root(t) ? piece_buffer(t, i) : NULL;
   for (int tensor = 0; tensor < N; tensor += N / p->shard.parts) {
     fetch_piece(t, i, tensor, dev, piece);
-    if (piece) pipe_shard_copy(P, p, tensor, piece, host, true);
+    int64_t moved = piece ? pipe_shard_copy(P, p, tensor, piece, host, true) : -1;
+    if (moved >= 0)
+      tp_comm_abort(t->comm, TP_ERR_INTERNAL,
+                    "the %s of parameter '%s' is %g at element %lld of tensor rank %d's piece, in the padding of "
+                    "its padded vocabulary, which must stay 0 (a compiler bug)",
+                    what, p->name, (double)piece[moved], (long long)moved, tensor);
   }
   free(piece);
 }
@@ -174,11 +188,13 @@ int pipe_download(Trainer *t, bool grads, bool moments) {
   if ((rc = pipe_agree(t, rc))) return rc;
   for (int i = 0; i < P->nparams; i++) {
     if (grads) {
-      if (P->params[i].trainable) fetch(t, i, t->grad[i], t->host.grad[i]);
+      if (P->params[i].trainable) fetch(t, i, t->grad[i], t->host.grad[i], "gradient");
       continue;
     }
-    fetch(t, i, t->param[i], t->host.param[i]);
-    if (moments && P->params[i].trainable) fetch(t, i, t->m[i], t->host.m[i]), fetch(t, i, t->v[i], t->host.v[i]);
+    fetch(t, i, t->param[i], t->host.param[i], "value");
+    if (moments && P->params[i].trainable)
+      fetch(t, i, t->m[i], t->host.m[i], "AdamW first moment"),
+          fetch(t, i, t->v[i], t->host.v[i], "AdamW second moment");
   }
   return TP_OK;
 }

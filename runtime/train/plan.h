@@ -299,6 +299,11 @@ struct TpPlan {
   const char *token_limit_of;
   int nparams;
   const TpPlanParam *params;
+  /* A padded vocabulary (TpShard.pad), per parameter: the whole tensor's last param_pad[i]
+   * slices along shard.axis, on the last tensor rank, are zeros that files never hold (the
+   * whole is dims[axis] * parts - param_pad[i] there). NULL: no padding (the plans of
+   * vocabularies the ranks divide, and every plan before it). */
+  const int *param_pad;
   int nderived;
   const TpPlanDerived *derived;
   /* ABI 1 view (see above): per stage; forward and backward NULL when sliced */

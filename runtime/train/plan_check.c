@@ -30,7 +30,9 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
     /* a piece is whole chunks' equal parts: its dim is chunks (>= 1) x the piece's length */
     if (ok && train_split(P, p))
       ok = sh->axis >= 0 && sh->axis < p->rank && sh->parts <= T && T % sh->parts == 0 && sh->chunks >= 0 &&
-           p->dims[sh->axis] % (sh->chunks > 1 ? sh->chunks : 1) == 0;
+           p->dims[sh->axis] % (sh->chunks > 1 ? sh->chunks : 1) == 0 &&
+           (!P->param_pad || P->param_pad[i] == 0 ||
+            (P->param_pad[i] > 0 && sh->chunks <= 1 && sh->parts == T && P->param_pad[i] < p->dims[sh->axis]));
   }
   for (int k = 0; ok && k < S; k++) {
     const TpPlanStage *st = &P->stages[k];

@@ -118,6 +118,10 @@ static inline int train_tensor(const TpPlan *P) { return P->tensor > 1 ? P->tens
 static inline bool train_split(const TpPlan *P, const TpPlanParam *p) {
   return train_tensor(P) > 1 && p->shard.parts > 0;
 }
+/* The padding of split parameter p's padded vocabulary (TpPlan.param_pad; 0: none). */
+static inline int train_pad(const TpPlan *P, const TpPlanParam *p) {
+  return P->param_pad && train_split(P, p) ? P->param_pad[p - P->params] : 0;
+}
 /* Whether this process writes the outputs (rank 0). */
 static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 
@@ -188,8 +192,10 @@ void pipe_upload(Trainer *t);
  * where it is split), over data. */
 TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data);
 /* Tensor rank `tensor`'s piece of parameter p (TpPlanShard) from the whole tensor (into
- * piece), or into the whole (gather); a parameter not split is copied whole. */
-void pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather);
+ * piece; a padded vocabulary's padding, TpPlan.param_pad, gets zeros), or into the whole
+ * (gather; the padding left out); a parameter not split is copied whole. Returns the
+ * piece's first element in the padding that is not 0 when gathering, else -1. */
+int64_t pipe_shard_copy(const TpPlan *P, const TpPlanParam *p, int tensor, float *piece, float *whole, bool gather);
 /* Brings what the owner of every parameter holds (values, m and v, or gradients) to
  * process 0's host copies (t->host). */
 int pipe_download(Trainer *t, bool grads, bool moments);

@@ -624,6 +624,7 @@ static uint32_t plan_identity(const TpPlan *P) {
     c = crc_str(crc_str(c, p->name), p->source);
     int64_t v[] = {p->rank, p->trainable, p->stage, p->tied_stage, p->shard.axis, p->shard.parts, p->shard.chunks};
     c = crc_of(c, v, sizeof v);
+    if (train_pad(P, p)) c = crc_i64(c, train_pad(P, p)); /* only where there is one: the others' stay */
     for (int k = 0; k < p->rank && k < TP_MAX_RANK; k++) c = crc_i64(c, p->dims[k]);
   }
   for (int k = 0; k < P->nderived; k++)

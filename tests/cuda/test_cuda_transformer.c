@@ -514,45 +514,52 @@ static void embedding_part(void) {
     }
 }
 
+/* The last range's kernels, of a whole vocabulary (pad 0) and of a padded one (pad 1: its
+ * last column padding, which the statistics leave out and the backward gives 0). */
 static void cross_entropy_parts(void) {
   for (int c = 0; c < NTABLES; c++)
-    for (int64_t parts = 2; parts <= 3; parts++) {
-      int64_t R = TABLES[c][0], V = TABLES[c][1], W = 2 * parts + 1, want_bad = -1,
-              *bad = test_scalar_i64(INT64_MAX);
-      int64_t *targets = random_targets(R, V * parts), *part = test_scalar_i64(parts - 1);
-      float *logits = test_rand(R * V, 10), *stats = zeros(R * W), *want = zeros(R * W), *loss = zeros(1), want_loss;
-      float *d = zeros(R * V), *dwant = zeros(R * V), *dloss = zeros(1);
-      double *row_loss = test_alloc((size_t)R * sizeof *row_loss);
-      *dloss = 0.75f;
-      char what[96];
-      snprintf(what, sizeof what, "range %lld of %lld: R=%lld V=%lld", (long long)*part, (long long)parts,
-               (long long)R, (long long)V);
-      if (tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad))
-        fail("%s: cpu stats", what);
-      tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, bad, NULL);
-      test_sync();
-      check_close(what, stats, want, R * W, ROW);
-      for (int64_t r = 0; r < R; r++) /* the other ranges' statistics, as the AllReduce would bring them */
-        for (int64_t p = 0; p < parts - 1; p++) want[r * W + p] = frand(), want[r * W + parts + p] = 2 + frand();
-      tp_cross_entropy_parts_f32(want, R, parts, (float)R, &want_loss);
-      tp_cross_entropy_parts_backward_f32(*dloss, logits, targets, want, part, R, V, parts, (float)R, dwant,
-                                          &want_bad);
-      tp_cuda_launch_cross_entropy_parts_f32(want, R, parts, (float)R, loss, row_loss, NULL);
-      tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, want, part, R, V, parts, (float)R, d,
-                                                      bad, NULL);
-      test_sync();
-      check_close(what, loss, &want_loss, 1, SUM);
-      check_close(what, d, dwant, R * V, ROW);
-      if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
-      targets[R - 1] = V * parts;
-      tp_cross_entropy_stats_f32(logits, targets, part, R, V, parts, want, &want_bad);
-      tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, stats, bad, NULL);
-      test_sync();
-      if (*bad != want_bad)
-        fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
-      test_free(targets), test_free(part), test_free(logits), test_free(stats), test_free(want), test_free(loss);
-      test_free(d), test_free(dwant), test_free(dloss), test_free(row_loss), test_free(bad);
-    }
+    for (int64_t parts = 2; parts <= 3; parts++)
+      for (int64_t pad = 0; pad <= (TABLES[c][1] > 1 ? 1 : 0); pad++) {
+        int64_t R = TABLES[c][0], V = TABLES[c][1], W = 2 * parts + 1, want_bad = -1,
+                *bad = test_scalar_i64(INT64_MAX);
+        int64_t *targets = random_targets(R, V * parts - pad), *part = test_scalar_i64(parts - 1);
+        float *logits = test_rand(R * V, 10), *stats = zeros(R * W), *want = zeros(R * W), *loss = zeros(1),
+              want_loss;
+        float *d = zeros(R * V), *dwant = zeros(R * V), *dloss = zeros(1);
+        double *row_loss = test_alloc((size_t)R * sizeof *row_loss);
+        *dloss = 0.75f;
+        char what[96];
+        snprintf(what, sizeof what, "range %lld of %lld: R=%lld V=%lld pad %lld", (long long)*part, (long long)parts,
+                 (long long)R, (long long)V, (long long)pad);
+        if (tp_cross_entropy_stats_pad_f32(logits, targets, part, R, V, parts, pad, want, &want_bad))
+          fail("%s: cpu stats", what);
+        tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, pad, stats, bad, NULL);
+        test_sync();
+        check_close(what, stats, want, R * W, ROW);
+        for (int64_t r = 0; r < R; r++) /* the other ranges' statistics, as the AllReduce would bring them */
+          for (int64_t p = 0; p < parts - 1; p++) want[r * W + p] = frand(), want[r * W + parts + p] = 2 + frand();
+        tp_cross_entropy_parts_f32(want, R, parts, (float)R, &want_loss);
+        tp_cross_entropy_parts_backward_pad_f32(*dloss, logits, targets, want, part, R, V, parts, pad, (float)R,
+                                                dwant, &want_bad);
+        tp_cuda_launch_cross_entropy_parts_f32(want, R, parts, (float)R, loss, row_loss, NULL);
+        tp_cuda_launch_cross_entropy_parts_backward_f32(dloss, logits, targets, want, part, R, V, parts, pad,
+                                                        (float)R, d, bad, NULL);
+        test_sync();
+        check_close(what, loss, &want_loss, 1, SUM);
+        check_close(what, d, dwant, R * V, ROW);
+        for (int64_t r = 0; pad && r < R; r++)
+          if (d[r * V + V - 1] != 0)
+            fail("%s: row %lld's padded class has dlogit %g", what, (long long)r, (double)d[r * V + V - 1]);
+        if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
+        targets[R - 1] = V * parts - pad; /* past the true classes: reported */
+        tp_cross_entropy_stats_pad_f32(logits, targets, part, R, V, parts, pad, want, &want_bad);
+        tp_cuda_launch_cross_entropy_stats_f32(logits, targets, part, R, V, parts, pad, stats, bad, NULL);
+        test_sync();
+        if (*bad != want_bad || want_bad != R - 1)
+          fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
+        test_free(targets), test_free(part), test_free(logits), test_free(stats), test_free(want), test_free(loss);
+        test_free(d), test_free(dwant), test_free(dloss), test_free(row_loss), test_free(bad);
+      }
 }
 
 static const CudaTest TESTS[] = {

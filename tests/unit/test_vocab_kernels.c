@@ -5,7 +5,10 @@
  * the loss and every gradient must equal tp_embedding_f32, tp_cross_entropy_f32 and their
  * backwards (GatherBackward on axis 0 for the table) within TOL relative to the largest
  * magnitude; the loss must also be the same bits on every rank. Ids and targets out of
- * range are reported at their position. */
+ * range are reported at their position. A padded vocabulary (V - 1 true classes and one of
+ * padding at the end of the last range, holding a huge logit the mask must ignore) must
+ * equal the unsplit loss over the true classes, with exactly zero dlogits in the padding,
+ * and refuse the padded class as a target. */
 #include <math.h>
 #include <string.h>
 
@@ -116,10 +119,64 @@ static void check_cross_entropy(int parts) {
   free(dcut);
 }
 
+/* The padded kernels: classes V - 1 true ones, the last range's last column padding. */
+static void check_padded_cross_entropy(int parts) {
+  enum { PAD = 1, VT = V - PAD };
+  int64_t Vp = V / parts, targets[R], bad = -1;
+  float *logits = rand_array(R * V, 4), dloss = 0.75f, truth[R * VT];
+  for (int r = 0; r < R; r++) {
+    logits[r * V + VT] = 1000; /* the padding: a logit that would take all the probability */
+    memcpy(truth + r * VT, logits + r * V, sizeof(float) * VT);
+    targets[r] = (r * 5 + 2) % VT;
+  }
+  float want, dwant[R * VT], dgot[R * VT], stats[R * (2 * MAX_PARTS + 1)] = {0}, part_stats[R * (2 * MAX_PARTS + 1)];
+  float *cut = malloc((size_t)(R * Vp) * sizeof *cut), *dcut = malloc((size_t)(R * Vp) * sizeof *dcut);
+  if (tp_cross_entropy_f32(truth, targets, R, VT, R, &want, &bad) ||
+      tp_cross_entropy_backward_f32(dloss, truth, targets, R, VT, R, dwant, &bad))
+    fail("tp_cross_entropy_f32 refused");
+  for (int64_t p = 0; p < parts; p++) {
+    for (int r = 0; r < R; r++) memcpy(cut + r * Vp, logits + r * V + p * Vp, (size_t)Vp * sizeof *cut);
+    if (tp_cross_entropy_stats_pad_f32(cut, targets, &p, R, Vp, parts, PAD, part_stats, &bad))
+      fail("tp_cross_entropy_stats_pad_f32 refused range %lld", (long long)p);
+    for (int i = 0; i < R * (2 * parts + 1); i++) stats[i] += part_stats[i];
+  }
+  float loss;
+  tp_cross_entropy_parts_f32(stats, R, parts, R, &loss);
+  for (int64_t p = 0; p < parts; p++) {
+    for (int r = 0; r < R; r++) memcpy(cut + r * Vp, logits + r * V + p * Vp, (size_t)Vp * sizeof *cut);
+    if (tp_cross_entropy_parts_backward_pad_f32(dloss, cut, targets, stats, &p, R, Vp, parts, PAD, R, dcut, &bad))
+      fail("tp_cross_entropy_parts_backward_pad_f32 refused range %lld", (long long)p);
+    for (int r = 0; r < R; r++)
+      for (int64_t j = 0; j < Vp; j++) {
+        int64_t c = p * Vp + j;
+        if (c < VT) dgot[r * VT + c] = dcut[r * Vp + j];
+        else if (dcut[r * Vp + j] != 0)
+          fail("padded cross-entropy over %d ranges: padded class %lld has dlogit %g, want 0", parts, (long long)c,
+               (double)dcut[r * Vp + j]);
+      }
+  }
+  expect_close("padded cross-entropy loss", parts, &loss, &want, 1);
+  expect_close("padded cross-entropy backward", parts, dgot, dwant, R * VT);
+  int64_t p = parts - 1;
+  targets[4] = VT, bad = -1; /* the padded class is no target */
+  if (tp_cross_entropy_stats_pad_f32(cut, targets, &p, R, Vp, parts, PAD, part_stats, &bad) != TP_KERNEL_BAD_INDEX ||
+      bad != 4)
+    fail("padded cross-entropy stats over %d ranges: target %d not refused at row 4", parts, VT);
+  bad = -1;
+  if (tp_cross_entropy_parts_backward_pad_f32(dloss, cut, targets, stats, &p, R, Vp, parts, PAD, R, dcut, &bad) !=
+          TP_KERNEL_BAD_INDEX ||
+      bad != 4)
+    fail("padded cross-entropy backward over %d ranges: target %d not refused at row 4", parts, VT);
+  free(logits);
+  free(cut);
+  free(dcut);
+}
+
 int main(void) {
   for (int parts = 2; parts <= MAX_PARTS; parts++) {
     check_embedding(parts);
     check_cross_entropy(parts);
+    check_padded_cross_entropy(parts);
   }
   if (failures) fprintf(stderr, "test_vocab_kernels: %d failures\n", failures);
   return failures ? 1 : 0;
