@@ -76,6 +76,9 @@ static const char usage[] =
     "  --schedule S         as above. Prints the event-simulated step time of the per-rank\n"
     "                       instruction lists the trainer runs, optimizer and transfers\n"
     "                       included, and the per-stage unit times it used\n"
+    "  --precision fp32|bf16, --zero 0|1, --recompute none|selective|full\n"
+    "                       the plan's storage, optimizer-state sharding and recomputation\n"
+    "                       (default fp32, 0, none), as tokpipec's options\n"
     "Output:\n"
     "  --emit=schedule      print the shown plan's per-rank instruction lists\n"
     "  --json               print one JSON object instead of text\n"
@@ -339,6 +342,9 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
   int S = cm->nstages;
   TpPlanEval *e = calloc(1, sizeof *e);
   e->schedule = kind;
+  e->recompute = cm->recompute;
+  e->precision = cm->precision;
+  e->zero = cm->zero;
   for (int k = 0; k < S; k++) e->cuts[k] = cm->stage[k].first;
   e->slicing.n = M;
   e->slicing.mb = calloc((size_t)M, sizeof *e->slicing.mb);
@@ -498,7 +504,7 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
 static const TpCompileCaps tokpipec_caps = {.bf16 = false,
                                             .zero = false,
                                             .recompute = false,
-                                            .vocab_pad = false,
+                                            .vocab_pad = true,
                                             .transient_region = false};
 
 /* A profile prices the model it was measured on: one of another size (its "parameters"
@@ -534,7 +540,10 @@ int main(int argc, char **argv) {
   char extra[1024] = ""; /* the model options, for the tokpipec command line */
   size_t nextra = 0;
   double max_memory = -1;
-  bool json = false, joint = true, uniform_stages = false, emit_schedule = false;
+  bool json = false, joint = true, uniform_stages = false, emit_schedule = false, storage_given = false;
+  TpPrecision precision = TP_PRECISION_FP32;
+  TpPlanRecompute recompute = TP_PLAN_RECOMPUTE_NONE;
+  int64_t zero = 0;
   TpScheduleKind schedule = TP_SCHEDULE_GPIPE;
   CliDims dims = {0};
   for (int i = 1; i < argc; i++) {
@@ -575,6 +584,19 @@ int main(int argc, char **argv) {
       if (nextra + strlen(v) + 8 < sizeof extra)
         nextra += (size_t)snprintf(extra + nextra, sizeof extra - nextra, " %s %s", a[2] == 's' ? "--seq" : "--dim",
                                    v);
+    } else if (cli_value(argc, argv, &i, "--precision", &v)) {
+      if (!tp_precision_parse(v, &precision) || precision == TP_PRECISION_FP16)
+        cli_usage_error("--precision expects fp32 or bf16, got '%s'", v);
+      storage_given = true;
+    } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
+      int r = 0;
+      while (r <= TP_PLAN_RECOMPUTE_FULL && strcmp(v, tp_plan_recompute_name((TpPlanRecompute)r))) r++;
+      if (r > TP_PLAN_RECOMPUTE_FULL) cli_usage_error("--recompute expects none, selective or full, got '%s'", v);
+      recompute = (TpPlanRecompute)r;
+      storage_given = true;
+    } else if (cli_value(argc, argv, &i, "--zero", &v)) {
+      zero = cli_int("--zero", v, 0, 1);
+      storage_given = true;
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &schedule)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
@@ -595,6 +617,9 @@ int main(int argc, char **argv) {
   if (!input && (dims.n || dims.token_dims[1]))
     cli_usage_error("--seq and --dim apply to a model file (MODEL.onnx)");
   bool predicting = slices || microbatches;
+  if (storage_given && !predicting)
+    cli_usage_error("--precision, --zero and --recompute price one plan (with --slices or --microbatches); the "
+                    "search chooses them itself");
   bool onnx = input && cli_ends_with(input, ".onnx");
   if (calibrate && uniform_stages)
     cli_usage_error("--uniform-stages cannot go with --calibrate: the profile prices each stage");
@@ -699,6 +724,9 @@ int main(int argc, char **argv) {
   req->cm.untied = !tied;
   req->cm.vocab_split = tokpipec_caps.vocab_pad;
   req->cm.one_region = !tokpipec_caps.transient_region;
+  req->cm.precision = precision;
+  req->cm.recompute = recompute;
+  req->cm.zero = zero;
   req->batch = (int)(batch / data);
   req->granularity = (int)granularity;
   req->schedule = schedule;

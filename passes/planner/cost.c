@@ -533,8 +533,8 @@ static double vocab_rows(const TpCostModel *cm) {
  *   full       x alone: s h.
  * Cut into token slices, every layer also keeps its K/V context (2h / t, under none they
  * are the K and V already counted) and its gradient accumulator (2h / t). */
-static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, bool sliced) {
-  double h = cm->model.hidden, ffn = cm->model.ffn, t = cm->tensor, s = tp_precision_bytes(cm->precision);
+static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, bool sliced, double s) {
+  double h = cm->model.hidden, ffn = cm->model.ffn, t = cm->tensor;
   double context = sliced ? 2 * h / t * s * (r == TP_PLAN_RECOMPUTE_NONE ? 1 : 2) : 0;
   switch (r) {
   case TP_PLAN_RECOMPUTE_NONE: return s * (4 * h + (4 * h + 2 * ffn) / t) + 16 + context;
@@ -546,33 +546,39 @@ static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, bool sl
 
 /* Per token beside the layers: the activation a stage sends down and the gradient it
  * receives back (2h), the gradient it sends up (h; what it receives is layer 0's x); the
- * last stage's final norm (its input and output, 2h, and 8 bytes of statistics; recomputed
- * with the layers) and logits (the vocabulary rows, a graph output kept to the end of the
- * forward). And per microbatch, with slices, the stage's weight gradients summed so far. */
+ * last stage's final norm (its input and output, 2h, and 8 bytes of statistics) and logits
+ * (the vocabulary rows): selective keeps the logits and the norm's input, full recomputes
+ * them all with the last layer. And per microbatch, with slices, the stage's weight
+ * gradients summed so far. */
 double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices) {
   const TpStage *st = &cm->stage[k];
   double h = cm->model.hidden, s = tp_precision_bytes(cm->precision), tokens = (double)b * cm->model.seq;
-  double per_token = st->layers * layer_kept_bytes(cm, cm->recompute, nslices > 1);
+  double per_token = st->layers * layer_kept_bytes(cm, cm->recompute, nslices > 1, s);
   if (k + 1 < cm->nstages) per_token += 2 * h * s;
   if (k > 0) per_token += h * s;
-  if (st->head) per_token += vocab_rows(cm) * s + (cm->recompute ? 0 : 2 * h * s + 8);
+  if (st->head && cm->recompute == TP_PLAN_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
+  if (st->head && cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
    * sum lives from the last slice's backward unit to the first's */
   return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);
 }
 
-/* One unit's working set: a layer's MLP gradient (ffn / t) and, recomputing, the layer's
- * recomputed activations (what none would keep beyond what is kept); on the last stage the
- * logits' fp32 gradient, whichever is larger (a unit's layers run one after another). */
+/* One unit's working set, in fp32 whatever the storage (16-bit storage computes in fp32
+ * through casts): a layer's MLP gradient (ffn / t); selective recomputes the GELU beside it
+ * (ffn / t more), full the whole layer (what none keeps beyond its input) and, on the last
+ * stage, the head (logits and the final norm); else the last stage's logits gradient where
+ * that is larger (a unit's layers run one after another). */
 double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c) {
   (void)c;
   const TpStage *st = &cm->stage[k];
-  double s = tp_precision_bytes(cm->precision), tokens = (double)b * l;
-  double layer = cm->model.ffn / (double)cm->tensor * s;
-  if (cm->recompute)
-    layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, false) - layer_kept_bytes(cm, cm->recompute, false);
-  double head = st->head ? vocab_rows(cm) * 4 : 0;
-  return tokens * (st->layers && layer > head ? layer : head);
+  double tokens = (double)b * l, ffn = cm->model.ffn / (double)cm->tensor * 4, head = vocab_rows(cm) * 4;
+  double layer = ffn;
+  if (cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) layer += ffn;
+  if (cm->recompute == TP_PLAN_RECOMPUTE_FULL) {
+    layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, false, 4) - layer_kept_bytes(cm, cm->recompute, false, 4);
+    if (st->head) return tokens * (layer + head + 2 * cm->model.hidden * 4.0);
+  }
+  return tokens * (st->layers && layer > (st->head ? head : 0) ? layer : st->head ? head : 0);
 }
 
 TpRankMemoryInput tp_stage_memory_input(const TpCostModel *cm, int k, int microbatches, double kept,
