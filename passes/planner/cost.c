@@ -549,7 +549,7 @@ static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, bool sl
  * last stage's final norm (its input and output, 2h, and 8 bytes of statistics) and logits
  * (the vocabulary rows): selective keeps the logits and the norm's input, full recomputes
  * them all with the last layer. And per microbatch, with slices, the stage's weight
- * gradients summed so far. */
+ * gradients summed so far, in fp32. */
 double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices) {
   const TpStage *st = &cm->stage[k];
   double h = cm->model.hidden, s = tp_precision_bytes(cm->precision), tokens = (double)b * cm->model.seq;
@@ -560,7 +560,7 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
   if (st->head && cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
    * sum lives from the last slice's backward unit to the first's */
-  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);
+  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * 4 : 0);
 }
 
 /* One unit's working set, in fp32 whatever the storage (16-bit storage computes in fp32
@@ -573,6 +573,10 @@ double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c
   const TpStage *st = &cm->stage[k];
   double tokens = (double)b * l, ffn = cm->model.ffn / (double)cm->tensor * 4, head = vocab_rows(cm) * 4;
   double layer = ffn;
+  /* 16-bit storage: the backward reads a layer's kept values through fp32 casts, at most
+   * its MLP pair (2 ffn / t) and a residual pair (2h) at once */
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_PLAN_RECOMPUTE_NONE)
+    layer += 2 * ffn + 2 * cm->model.hidden * 4.0;
   if (cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) layer += ffn;
   if (cm->recompute == TP_PLAN_RECOMPUTE_FULL) {
     layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, false, 4) - layer_kept_bytes(cm, cm->recompute, false, 4);
