@@ -282,6 +282,7 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
             E->o->stage_cuts ? "stage_cuts" : "NULL", E->o->nprobes);
   if (E->target->device) fprintf(out, "    .device = &%s,\n", E->target->device);
   if (E->tensor > 1) fprintf(out, "    .tensor = %d,\n", E->tensor);
+  if (pl->o.zero && pl->o.dp > 1) fputs("    .zero = 1,\n", out);
   fputs("};\n", out);
   fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
 }

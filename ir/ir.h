@@ -154,9 +154,14 @@ typedef enum {
    * op's origin node names that initializer, which codegen derives from the parameter).
    * Backward ops play the role of the forward op they differentiate (autodiff). */
   TP_ROLE_RETIE,
+  /* A recomputed activation (passes/recompute.c): a backward-phase copy of a forward op
+   * (same kind, attributes and placement) that the backward reads instead of the forward
+   * op's results, so that those need not be kept from the forward to the backward. */
+  TP_ROLE_RECOMPUTE,
   TP_ROLE_COUNT
 } TpOpRole;
-extern const char *const tp_op_role_names[TP_ROLE_COUNT]; /* "compute", "boundary", "retie" */
+/* "compute", "boundary", "retie", "recompute" */
+extern const char *const tp_op_role_names[TP_ROLE_COUNT];
 
 typedef struct {
   TpOpKind kind;
@@ -277,6 +282,8 @@ const TpAttr *tp_get_attr(const TpModule *m, int op, const char *name); /* NULL 
 int64_t tp_attr_int(const TpModule *m, int op, const char *name, int64_t dflt);
 double tp_attr_float(const TpModule *m, int op, const char *name, double dflt);
 const char *tp_attr_string(const TpModule *m, int op, const char *name, const char *dflt);
+/* Copies every attribute of op `from` to op `to` (a copy of the op). */
+void tp_copy_attrs(TpModule *m, int from, int to);
 /* NULL (and *n = 0) if absent. */
 const int64_t *tp_attr_ints(const TpModule *m, int op, const char *name, int *n);
 
@@ -440,6 +447,25 @@ int pass_assign_stages(TpModule *m, TpPassOptions *opt, TpDiag *d);
  * do not make that many stages. */
 int tp_stage_cuts_parse(const char *text, int nlayers, int *nstages, int **first, TpDiag *d);
 int pass_finish_stages(TpModule *m, TpPassOptions *opt, TpDiag *d);
+/* The values that start a layer of the residual stream, as assign-stages finds the layers:
+ * each chain's first skip operand, and the skip operand of every residual Add whose branch
+ * holds an Attention (of every residual Add when the model has none). Reads the forward
+ * ops only, so it works after assign-stages (each stage's chain starts at what the stage
+ * receives) and after autodiff. Sets input[v] (nvalues entries); returns how many. */
+int tp_layer_inputs(TpModule *m, bool *input);
+
+/* passes/recompute.c: recompute (after autodiff and finish-stages, before the memory plan)
+ * makes the backward read recomputed copies of the forward activations it needs, instead of
+ * the forward's own, all but the checkpoints opt->recompute keeps; see the file. */
+typedef enum {
+  TP_RECOMPUTE_NONE,      /* keep every activation the backward reads */
+  TP_RECOMPUTE_SELECTIVE, /* keep the layer inputs and the products; recompute the rest */
+  TP_RECOMPUTE_FULL,      /* keep the layer inputs; recompute each layer in its backward */
+} TpRecompute;
+int pass_recompute(TpModule *m, TpPassOptions *opt, TpDiag *d);
+/* "none", "selective", "full"; and back (false for another name). */
+const char *tp_recompute_name(TpRecompute r);
+bool tp_recompute_parse(const char *name, TpRecompute *r);
 
 /* passes/shard_tensor.c: shard-tensor splits the raised forward module (before add-loss)
  * over opt->tensor ranks the Megatron way (column-parallel, then row-parallel products,
@@ -497,6 +523,8 @@ struct TpPassOptions {
   const char *stage_cuts;
   /* shard-tensor: the ranks of the tensor group that split each stage's ops (<= 1: none). */
   int tensor;
+  /* recompute: what the backward recomputes (tokpipec --recompute; NONE: no recompute pass). */
+  TpRecompute recompute;
   /* The pass manager: IR dumps and verification. */
   const char *print_before; /* comma-separated pass names, or NULL */
   const char *print_after;  /* comma-separated pass names, or NULL */

@@ -348,6 +348,18 @@ const int64_t *tp_attr_ints(const TpModule *m, int op, const char *name, int *n)
   return a->ints;
 }
 
+void tp_copy_attrs(TpModule *m, int from, int to) {
+  for (int k = 0; k < m->ops[from].nattrs; k++) {
+    TpAttr at = m->ops[from].attrs[k];
+    switch (at.kind) {
+    case TP_ATTR_INT: tp_set_attr_int(m, to, at.name, at.i); break;
+    case TP_ATTR_FLOAT: tp_set_attr_float(m, to, at.name, at.f); break;
+    case TP_ATTR_INTS: tp_set_attr_ints(m, to, at.name, at.ints, at.nints); break;
+    case TP_ATTR_STRING: tp_set_attr_string(m, to, at.name, at.s); break;
+    }
+  }
+}
+
 /* ---- data, uses, compaction ---- */
 const void *tp_value_data(const TpModule *m, int value) {
   const TpValue *v = &m->values[value];
@@ -512,6 +524,7 @@ const char *const tp_op_role_names[TP_ROLE_COUNT] = {
     [TP_ROLE_COMPUTE] = "compute",
     [TP_ROLE_BOUNDARY] = "boundary",
     [TP_ROLE_RETIE] = "retie",
+    [TP_ROLE_RECOMPUTE] = "recompute",
 };
 
 bool tp_is_boundary_op(const TpModule *m, int op) {

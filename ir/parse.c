@@ -633,7 +633,7 @@ static int parse_attrs(Parser *p, int op) {
   return expect(p, '}');
 }
 
-/* @stage(S) @slice(K) @backward and one role (@boundary, @retie), in any order, each at
+/* @stage(S) @slice(K) @backward and one role (@boundary, @retie, @recompute), in any order, each at
  * most once. */
 static int parse_placement(Parser *p, int op) {
   bool seen[4] = {false, false, false, false};
@@ -646,9 +646,11 @@ static int parse_placement(Parser *p, int op) {
     TpOpRole role = TP_ROLE_COMPUTE;
     for (int r = TP_ROLE_COMPUTE + 1; which < 0 && r < TP_ROLE_COUNT; r++)
       if (accept_keyword(p, tp_op_role_names[r])) which = 3, role = (TpOpRole)r;
-    if (which < 0) return fail(p, "expected stage, slice or backward after '@', or a role (boundary, retie)");
+    if (which < 0)
+      return fail(p, "expected stage, slice or backward after '@', or a role (boundary, retie, recompute)");
     if (seen[which])
-      return fail_at(p, at, which == 3 ? "an op has one role: @boundary or @retie" : "placement given twice");
+      return fail_at(p, at,
+                     which == 3 ? "an op has one role: @boundary, @retie or @recompute" : "placement given twice");
     seen[which] = true;
     if (which == 2) {
       p->m->ops[op].phase = TP_PHASE_BACKWARD;

@@ -17,7 +17,8 @@
  *
  * An op's placement follows its attributes, each part only where it is not the default:
  * `@stage(S)` (default 0), `@slice(K)` (default -1: not sliced), `@backward` (default:
- * the forward phase), then its role (TpOpRole): `@boundary` or `@retie` (default: compute).
+ * the forward phase), then its role (TpOpRole): `@boundary`, `@retie` or `@recompute`
+ * (default: compute).
  * A param that is a tied copy of another names it after its data: `@tied(%param)`; one
  * split over the tensor group says how: `@shard(axis=1, parts=2, ranks=2)` (TpShard).
  * Values are %name, quoted (%"a/b") unless [A-Za-z0-9_.]+; op types, attribute and dim

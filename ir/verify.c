@@ -163,6 +163,11 @@ static int verify_role(const TpModule *m, int o, TpDiag *d) {
   if (op->role == TP_ROLE_COMPUTE) return TP_OK;
   if (op->role < 0 || op->role >= TP_ROLE_COUNT) return tp_error_op(d, m, o, "unknown role %d", (int)op->role);
   if (op->role == TP_ROLE_RETIE && op->phase == TP_PHASE_BACKWARD) return TP_OK; /* what differentiates one */
+  if (op->role == TP_ROLE_RECOMPUTE) {
+    if (op->phase != TP_PHASE_BACKWARD)
+      return tp_error_op(d, m, o, "a recomputed op must be in the backward phase: @backward @recompute");
+    return TP_OK;
+  }
   /* both views have one operand and one result, which verify_op checked are there */
   bool view = op->kind == TP_OP_Reshape || op->kind == TP_OP_Transpose;
   int x = view ? op->inputs[0] : -1, y = view ? op->outputs[0] : -1;

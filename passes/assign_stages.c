@@ -105,15 +105,12 @@ typedef struct {
   int *layer;    /* per op */
 } Stream;
 
-static void find_chains(Stream *s) {
+/* The residual Adds of the forward ops: s->skip and s->attn of every op. */
+static void residual_adds(Stream *s) {
   TpModule *m = s->m;
-  int n = m->nops;
   Reach r = {m, calloc((size_t)m->nvalues + 1, sizeof(int)), 0};
-  int *next = malloc(((size_t)n + 1) * sizeof *next);
-  bool *has_prev = calloc((size_t)n + 1, sizeof *has_prev);
-  TP_ASSERT(r.mark && next && has_prev);
-  for (int o = 0; o < n; o++) {
-    next[o] = -1;
+  TP_ASSERT(r.mark);
+  for (int o = 0; o < m->nops; o++) {
     s->skip[o] = -1;
     const TpOp *op = &m->ops[o];
     if (op->dead || op->kind != TP_OP_Add || op->phase != TP_PHASE_FORWARD) continue;
@@ -133,6 +130,17 @@ static void find_chains(Stream *s) {
     }
     s->attn[o] = attention;
   }
+  free(r.mark);
+}
+
+static void find_chains(Stream *s) {
+  TpModule *m = s->m;
+  int n = m->nops;
+  int *next = malloc(((size_t)n + 1) * sizeof *next);
+  bool *has_prev = calloc((size_t)n + 1, sizeof *has_prev);
+  TP_ASSERT(next && has_prev);
+  residual_adds(s);
+  for (int o = 0; o < n; o++) next[o] = -1;
   /* link each residual Add to the one whose skip operand it computes */
   for (int o = 0; o < n; o++) {
     int prev = s->skip[o] >= 0 ? def_of(m, s->skip[o]) : -1;
@@ -154,7 +162,6 @@ static void find_chains(Stream *s) {
     for (int a = o; a >= 0; a = next[a]) c->member[c->n++] = a;
   }
   if (!longest) s->nchains = 0;
-  free(r.mark);
   free(next);
   free(has_prev);
 }
@@ -215,6 +222,27 @@ static int place_layers(Stream *s) {
   free(vlayer);
   free(start);
   return nlayers;
+}
+
+int tp_layer_inputs(TpModule *m, bool *input) {
+  Stream s = {.m = m};
+  s.skip = malloc(((size_t)m->nops + 1) * sizeof *s.skip);
+  s.attn = calloc((size_t)m->nops + 1, sizeof *s.attn);
+  TP_ASSERT(s.skip && s.attn);
+  residual_adds(&s);
+  bool any_attention = false;
+  for (int o = 0; o < m->nops; o++) any_attention |= s.skip[o] >= 0 && s.attn[o];
+  int n = 0;
+  for (int o = 0; o < m->nops; o++) {
+    int x = s.skip[o], prev = x >= 0 ? def_of(m, x) : -1;
+    bool first = prev < 0 || s.skip[prev] < 0; /* no residual Add before it: a chain starts */
+    if (x < 0 || !(first || s.attn[o] || !any_attention)) continue;
+    n += !input[x];
+    input[x] = true;
+  }
+  free(s.skip);
+  free(s.attn);
+  return n;
 }
 
 /* ---- cost and cuts ---- */

@@ -29,6 +29,8 @@ const TpPassInfo tp_pass_registry[] = {
      "split each stage's products over --tensor ranks (Megatron); collectives between"},
     {"finish-stages", pass_finish_stages,
      "put the gradients of boundary copies on the receiving stage; check stage crossings"},
+    {"recompute", pass_recompute,
+     "make the backward recompute the activations it reads, but the checkpoints (--recompute)"},
     {NULL, NULL, NULL},
 };
 
@@ -41,7 +43,9 @@ const TpPassInfo tp_pass_registry[] = {
  * shard-tensor (tokpipec --tensor N > 1) splits the raised forward over the tensor ranks
  * before the loss is added, so autodiff differentiates its collectives too.
  * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
- * and finish-stages places the gradients that cross stages once autodiff made them. */
+ * and finish-stages places the gradients that cross stages once autodiff made them.
+ * recompute (tokpipec --recompute selective|full) then has the backward recompute the
+ * activations it reads from the finished forward and backward. */
 const char *const tp_default_pipeline[] = {"fold-constants",
                                            "dce",
                                            "rebatch",
@@ -54,6 +58,7 @@ const char *const tp_default_pipeline[] = {"fold-constants",
                                            "assign-stages",
                                            "autodiff",
                                            "finish-stages",
+                                           "recompute",
                                            "dce",
                                            NULL};
 
@@ -69,6 +74,7 @@ int tp_pipeline_passes(const TpPassOptions *o, const char **names) {
     if (o->forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
     if (!o->sliced && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
     if (o->tensor <= 1 && strcmp(p, "shard-tensor") == 0) continue;
+    if ((o->forward_only || o->recompute == TP_RECOMPUTE_NONE) && strcmp(p, "recompute") == 0) continue;
     /* raise-transformer leaves the products it replaced unread until dce, and shard-tensor
      * refuses to split a weight that two products read */
     if (strcmp(p, "shard-tensor") == 0) names[n++] = "dce";

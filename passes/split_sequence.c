@@ -135,18 +135,6 @@ static int mask_part(Split *s, int v, int i, int att) {
   return *r = cut(s, v, starts, t, i, att);
 }
 
-static void copy_attrs(TpModule *m, int from, int to) {
-  for (int k = 0; k < m->ops[from].nattrs; k++) {
-    TpAttr at = m->ops[from].attrs[k];
-    switch (at.kind) {
-    case TP_ATTR_INT: tp_set_attr_int(m, to, at.name, at.i); break;
-    case TP_ATTR_FLOAT: tp_set_attr_float(m, to, at.name, at.f); break;
-    case TP_ATTR_INTS: tp_set_attr_ints(m, to, at.name, at.ints, at.nints); break;
-    case TP_ATTR_STRING: tp_set_attr_string(m, to, at.name, at.s); break;
-    }
-  }
-}
-
 /* Slice i of op o: its results go to rep. */
 static int repeat(Split *s, int o, int i, TpTokenClass c) {
   TpModule *m = s->m;
@@ -166,7 +154,7 @@ static int repeat(Split *s, int o, int i, TpTokenClass c) {
   }
   int op = add(s, m->ops[o].kind, in, nin, names, nout, types, o, true, i);
   m->ops[op].role = m->ops[o].role; /* a slice of an op plays its part in placement */
-  copy_attrs(m, o, op);
+  tp_copy_attrs(m, o, op);
   if (c == TP_TOKEN_CAUSAL_PREFIX) tp_set_attr_int(m, op, "causal_offset", s->start[i]);
   infer(s, op);
   for (int k = 0; k < nout; k++)

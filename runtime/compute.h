@@ -37,6 +37,10 @@
 #include "train/plan.h"
 
 typedef struct TpStream TpStream; /* the backend's */
+
+/* Pieces of a gradient's sum of squares (sum_squares_pieces below); a --zero 1 shard
+ * starts and ends on them. */
+enum { TP_NORM_PIECES = 64 };
 typedef struct TpEvent TpEvent;
 typedef struct TpCompute TpCompute;
 
@@ -78,9 +82,14 @@ typedef struct {
   /* ---- the runtime's math, f32 device buffers of n elements ---- */
   void (*add_into)(TpCompute *c, TpStream *s, float *dst, const float *src, int64_t n); /* dst += src */
   void (*divide)(TpCompute *c, TpStream *s, float *x, int64_t n, float by); /* x /= by: a sum into a mean */
-  /* *acc += the sum of x[i]^2 in double (acc: one device double), in an order that does
-   * not depend on the thread count (tp_sum_squares_f32) */
-  void (*sum_squares)(TpCompute *c, TpStream *s, const float *x, int64_t n, double *acc);
+  /* The gradient norm's pieces: x's n elements cut into TP_NORM_PIECES pieces (piece p is
+   * [n * p / TP_NORM_PIECES, n * (p + 1) / TP_NORM_PIECES)); out[j] (count device doubles)
+   * = the sum of squares in double of piece first + j, in an order that depends neither on
+   * the thread count nor on which other pieces are asked for (a --zero 1 replica asks for
+   * those of its shard). The runtime adds the pieces in order on the host, as
+   * tp_sum_squares_f32 does. */
+  void (*sum_squares_pieces)(TpCompute *c, TpStream *s, const float *x, int64_t n, int first, int count,
+                             double *out);
   void (*clip)(TpCompute *c, TpStream *s, float *x, int64_t n, float factor); /* x *= factor */
   void (*adamw)(TpCompute *c, TpStream *s, float *w, const float *g, float *m, float *v, int64_t n,
                 const TpAdamW *h);

@@ -143,6 +143,12 @@ bool cli_pass_option(int argc, char **argv, int *i, TpPassOptions *o) {
   return false;
 }
 
+TpRecompute cli_recompute(const char *text) {
+  TpRecompute r;
+  if (!tp_recompute_parse(text, &r)) cli_usage_error("--recompute expects none, selective or full, got '%s'", text);
+  return r;
+}
+
 char **cli_split_list(const char *flag, const char *text, int *n) {
   int count = 1;
   for (const char *p = text; *p; p++) count += *p == ',';
@@ -261,6 +267,7 @@ static const ResumePass resume_passes[CLI_RESUME_COUNT] = {
     /* in pipeline order */
     {"shard-tensor", "--tensor"},  {"add-loss", "training (no --forward-only)"}, {"split-sequence", "--slices"},
     {"assign-stages", "--stages"}, {"autodiff", "training (no --forward-only)"}, {"finish-stages", NULL},
+    {"recompute", "--recompute"},
 };
 
 void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]) {
@@ -275,6 +282,7 @@ void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]) {
     done[CLI_RESUME_SLICE] |= op->slice >= 0;
     done[CLI_RESUME_STAGES] |= op->stage > 0 || op->role == TP_ROLE_BOUNDARY;
     done[CLI_RESUME_AUTODIFF] |= op->phase == TP_PHASE_BACKWARD;
+    done[CLI_RESUME_RECOMPUTE] |= op->role == TP_ROLE_RECOMPUTE;
   }
 }
 

@@ -79,6 +79,9 @@ bool cli_pass_option(int argc, char **argv, int *i, TpPassOptions *o);
   "  --print-after-all    dump the IR to stderr after every pass\n"                                                 \
   "  --verify-each        verify the IR after every pass\n"
 
+/* --recompute's value: none, selective or full (else a usage error). */
+TpRecompute cli_recompute(const char *text);
+
 /* Splits "a,b,c" into a NULL-terminated malloc'ed array of malloc'ed names (*n of them);
  * an empty name is a usage error naming `flag`. */
 char **cli_split_list(const char *flag, const char *text, int *n);
@@ -117,12 +120,13 @@ enum {
   CLI_RESUME_SLICE,
   CLI_RESUME_STAGES,
   CLI_RESUME_AUTODIFF,
-  CLI_RESUME_COUNT = 6
+  CLI_RESUME_RECOMPUTE = 6, /* after finish-stages (5), which leaves no mark of its own */
+  CLI_RESUME_COUNT
 };
 void cli_passes_done(const TpModule *m, bool done[CLI_RESUME_COUNT]);
 /* Drops from names[0..*n) the passes up to the last one whose work m shows; an error
  * naming it if a pass before it, which this run asks for (`wanted`: --tensor, --slices,
- * --stages, training; `batch`: --batch), has not been done, or if an option asks for a pass
+ * --stages, training, --recompute; `batch`: --batch), has not been done, or if an option asks for a pass
  * done already. */
 int cli_resume_after(const TpModule *m, const char **names, int *n, const bool wanted[CLI_RESUME_COUNT], bool batch,
                      TpDiag *d);

@@ -19,8 +19,9 @@ ctest --test-dir build "${ctest_flags[@]}"
 # run above did not use ("" = unset: OpenBLAS's own choice). What is CPU-specific runs
 # again: kernels, conformance, the fixtures against PyTorch, training and checkpoints. The
 # pipeline-shape families (matrix, tensor, slicing: a plan against the one-process run,
-# both on the same kernels) and the emulated CUDA runtime (no OpenBLAS) run once.
-rerun_skip='^(matrix|tensor|slicing|cuda-emulated|codegen-cuda)$'
+# both on the same kernels; recompute: a plan against itself without recomputation) and the
+# emulated CUDA runtime (no OpenBLAS) run once.
+rerun_skip='^(matrix|tensor|slicing|recompute|cuda-emulated|codegen-cuda)$'
 
 for core in "" Haswell SkylakeX; do
   [ "$core" = "${OPENBLAS_CORETYPE:-}" ] && continue

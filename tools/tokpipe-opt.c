@@ -24,7 +24,8 @@ static const char usage[] =
     "  --slices N|L1,L2,..  split-sequence: N near-equal token slices, or their lengths\n"
     "  --stages S           assign-stages: cut the layers into S pipeline stages\n"
     "  --stage-cuts A,B,..  assign-stages: stage k starts at layer cut k (default: balance FLOPs)\n"
-    "  --tensor N           shard-tensor: split the products over N tensor-parallel ranks\n" CLI_PASS_OPTIONS_HELP
+    "  --tensor N           shard-tensor: split the products over N tensor-parallel ranks\n"
+    "  --recompute MODE     recompute: none (the default), selective or full\n" CLI_PASS_OPTIONS_HELP
     "  --help, --version\n"
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
 
@@ -78,6 +79,8 @@ int main(int argc, char **argv) {
       po.nstages = (int)cli_int("--stages", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
+    } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
+      po.recompute = cli_recompute(v);
     } else if (cli_value(argc, argv, &i, "--stage-cuts", &po.stage_cuts)) {
     } else if (cli_value(argc, argv, &i, "--dim", &v)) {
       cli_add_dim(&dims, v);

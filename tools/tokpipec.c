@@ -60,11 +60,18 @@ static const char usage[] =
     "                       (layers from 0; S-1 cuts for S stages)\n"
     "  --microbatches M     microbatches per replica and step (default 1)\n"
     "  --dp D               data-parallel replicas of the pipeline (default 1)\n"
+    "  --zero 0|1           1: each of the D replicas keeps 1/D of the AdamW state (ZeRO\n"
+    "                       stage 1: gradients reduce-scattered, parameters all-gathered),\n"
+    "                       with the same results as 0, where each keeps all of it (default)\n"
     "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
     "  --tensor N           split each stage's products over N tensor-parallel ranks\n"
     "                       (Megatron: attention heads and MLP columns, then rows, with an\n"
     "                       all-reduce after each row-parallel product); N must divide the\n"
     "                       query heads and the MLP width. Ranks: stages x N x dp (default 1)\n"
+    "  --recompute none|selective|full  what the backward recomputes instead of keeping from\n"
+    "                       the forward: nothing (the default); all but each layer's input and\n"
+    "                       the products (selective); all but each layer's input (full). The\n"
+    "                       gradients stay bit for bit the same\n"
     "  --max-memory BYTES   refuse a plan whose per-rank peak (weights, gradients, AdamW\n"
     "                       state, microbatch arenas; with --tensor, one tensor rank's\n"
     "                       parts) exceeds BYTES\n"
@@ -489,7 +496,8 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
                         .nslices = nslices,
                         .slice_len = slices,
                         .nstages = S,
-                        .stage_cuts = S > 1 ? o->staged_cuts : NULL};
+                        .stage_cuts = S > 1 ? o->staged_cuts : NULL,
+                        .recompute = o->recompute};
     const char *names[TP_MAX_PIPELINE];
     int np = tp_pipeline_passes(&po, names);
     char where[PATH_MAX + 96];
@@ -543,10 +551,14 @@ int main(int argc, char **argv) {
       pipe.microbatches = (int)cli_int("--microbatches", v, 1, 65536);
     } else if (cli_value(argc, argv, &i, "--dp", &v)) {
       pipe.dp = (int)cli_int("--dp", v, 1, 65536);
+    } else if (cli_value(argc, argv, &i, "--zero", &v)) {
+      pipe.zero = (int)cli_int("--zero", v, 0, 1);
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &pipe.kind)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
+    } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
+      po.recompute = cli_recompute(v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {
       max_memory = cli_int("--max-memory", v, 1, INT64_MAX);
     } else if (cli_value(argc, argv, &i, "--seq", &v)) {
@@ -599,6 +611,9 @@ int main(int argc, char **argv) {
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0)
     cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
+  if (po.forward_only && po.recompute != TP_RECOMPUTE_NONE)
+    cli_usage_error("--recompute %s recomputes in the backward: --forward-only has none",
+                    tp_recompute_name(po.recompute));
   if (po.forward_only && strcmp(emit, "c") == 0)
     cli_usage_error("--forward-only has no loss to train: use it with --emit=ir, dot or memory");
   if (grid && strcmp(emit, "c") != 0)
@@ -647,6 +662,7 @@ int main(int argc, char **argv) {
                                      [CLI_RESUME_SLICE] = po.sliced,
                                      [CLI_RESUME_STAGES] = po.nstages > 1,
                                      [CLI_RESUME_AUTODIFF] = !po.forward_only};
+    wanted[CLI_RESUME_RECOMPUTE] = po.recompute != TP_RECOMPUTE_NONE;
     rc = cli_resume_after(m, names, &n, wanted, batch != 0, &d);
   }
   if (rc == TP_OK) {

@@ -173,6 +173,7 @@ bool tp_model_describe(const TpModule *m, int64_t seq, TpModelDesc *desc) {
   int head = -1;
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
+    if (o->role == TP_ROLE_RECOMPUTE) continue; /* a layer's forward again (passes/recompute.c) */
     if (o->kind == TP_OP_Attention) {
       const TpType *q = &m->values[o->inputs[0]].type;
       desc->layers += o->slice <= 0; /* a sliced module has each layer's attention once per slice */

@@ -144,8 +144,9 @@ static int group_index(const TpComm *c, const int *group, int n) {
 
 /* ---- collectives with a header: sequence number, kind and size checked at the root ---- */
 
-typedef enum { COLL_ALLREDUCE, COLL_BROADCAST, COLL_BARRIER } CollKind;
-static const char *const coll_names[] = {"an all-reduce", "a broadcast", "a barrier"};
+typedef enum { COLL_ALLREDUCE, COLL_BROADCAST, COLL_BARRIER, COLL_REDUCE_SCATTER, COLL_ALL_GATHER } CollKind;
+static const char *const coll_names[] = {"an all-reduce", "a broadcast", "a barrier", "a reduce-scatter",
+                                         "an all-gather"};
 
 /* What every member sends the root before a collective's data (fixed size, so a header
  * never truncates another). */
@@ -182,7 +183,7 @@ static void describe(char *out, size_t size, int rank, const CollHeader *h) {
   if (h->kind == COLL_BROADCAST) snprintf(root, sizeof root, " from rank %d", (int)h->root);
   snprintf(out, size, "rank %d's collective #%llu over %d ranks is %s of %llu bytes%s", rank,
            (unsigned long long)h->seq, (int)h->n,
-           h->kind >= 0 && h->kind <= COLL_BARRIER ? coll_names[h->kind] : "an unknown collective",
+           h->kind >= 0 && h->kind <= COLL_ALL_GATHER ? coll_names[h->kind] : "an unknown collective",
            (unsigned long long)h->bytes, root);
 }
 
@@ -207,30 +208,36 @@ static void check_header(TpComm *c, const CollHeader *mine, const CollHeader *th
 }
 
 /* One collective over group (ascending, with this rank) rooted at root: every other member
- * sends its header (and for an all-reduce its data) to the root, which checks the headers
- * before it takes any data; then the root sends buf (the sum, the broadcast data, or
- * nothing for a barrier) to every member. */
-static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_t count, int root, const int *group,
-                       int n) {
-  group_index(c, group, n);
+ * sends its header (and for an all-reduce or a reduce-scatter its data, for an all-gather its
+ * segment) to the root, which checks the headers before it takes any data; then the root
+ * sends buf (the sum, the broadcast or gathered data, or nothing for a barrier) to every
+ * member, or for a reduce-scatter each member its segment of the sum. counts: the members'
+ * segments (reduce-scatter, all-gather; else NULL), which count sums. */
+static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_t count, const size_t *counts,
+                       int root, const int *group, int n) {
+  int me = group_index(c, group, n);
   if (n < 2) return;
-  size_t bytes = kind == COLL_ALLREDUCE ? count * dtype_bytes(dtype) : count;
+  bool sums = kind == COLL_ALLREDUCE || kind == COLL_REDUCE_SCATTER;
+  size_t elem = kind == COLL_BROADCAST || kind == COLL_BARRIER ? 1 : dtype_bytes(dtype);
+  size_t bytes = count * elem;
+  size_t *at = counts ? calloc((size_t)n + 1, sizeof *at) : NULL; /* each segment's first byte */
+  for (int i = 0; counts && i < n; i++) at[i + 1] = at[i] + counts[i] * elem;
+  TP_ASSERT(!counts || at[n] == bytes);
   uint64_t key = group_key(group, n);
-  CollHeader h = {group_next_seq(c, group, n, key),
-                  bytes,
-                  key,
-                  (int32_t)kind,
-                  kind == COLL_ALLREDUCE ? (int32_t)dtype : -1,
-                  root,
-                  n};
+  CollHeader h = {group_next_seq(c, group, n, key), bytes, key, (int32_t)kind,
+                  elem > 1 ? (int32_t)dtype : -1,   root,  n};
   const char *what = coll_names[kind];
+  char *data = buf;
   if (c->rank != root) {
     TpCommRequest hr = {.what = what}, dr = {.what = what};
     c->be->isend(c, &h, sizeof h, root, HEADER_TAG, &hr);
-    if (kind == COLL_ALLREDUCE) c->be->isend(c, buf, bytes, root, DATA_TAG, &dr);
+    if (sums) c->be->isend(c, buf, bytes, root, DATA_TAG, &dr);
+    if (kind == COLL_ALL_GATHER) c->be->isend(c, data + at[me], at[me + 1] - at[me], root, DATA_TAG, &dr);
     tp_comm_wait(c, &hr);
     if (dr.impl) tp_comm_wait(c, &dr); /* buf is sent before the result lands in it */
-    tp_comm_recv(c, buf, bytes, root, DATA_TAG, what);
+    if (kind == COLL_REDUCE_SCATTER) tp_comm_recv(c, data + at[me], at[me + 1] - at[me], root, DATA_TAG, what);
+    else tp_comm_recv(c, buf, bytes, root, DATA_TAG, what);
+    free(at);
     return;
   }
   CollHeader *hs = calloc((size_t)n, sizeof *hs);
@@ -245,7 +252,7 @@ static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_
     tp_comm_wait(c, &rs[i]);
     check_header(c, &h, &hs[i], group[i]);
   }
-  if (kind == COLL_ALLREDUCE) {
+  if (sums) {
     /* receive everything first (in any order of arrival), then add in group order */
     TP_ASSERT(root == group[0]);
     void *parts = malloc(bytes * (size_t)(n - 1) + 1);
@@ -256,27 +263,51 @@ static void collective(TpComm *c, CollKind kind, TpDType dtype, void *buf, size_
     for (int i = 1; i < n; i++) tp_comm_sum_into(buf, (char *)parts + bytes * (size_t)(i - 1), count, dtype);
     free(parts);
   }
-  for (int i = 0; i < n; i++)
-    if (group[i] != root) c->be->isend(c, buf, bytes, group[i], DATA_TAG, &rs[i]);
+  if (kind == COLL_ALL_GATHER) {
+    for (int i = 0; i < n; i++)
+      if (group[i] != root) c->be->irecv(c, data + at[i], at[i + 1] - at[i], group[i], DATA_TAG, &rs[i]);
+    for (int i = 0; i < n; i++)
+      if (rs[i].impl) tp_comm_wait(c, &rs[i]);
+  }
+  for (int i = 0; i < n; i++) {
+    if (group[i] == root) continue;
+    if (kind == COLL_REDUCE_SCATTER) c->be->isend(c, data + at[i], at[i + 1] - at[i], group[i], DATA_TAG, &rs[i]);
+    else c->be->isend(c, buf, bytes, group[i], DATA_TAG, &rs[i]);
+  }
   for (int i = 0; i < n; i++)
     if (rs[i].impl) tp_comm_wait(c, &rs[i]);
   free(hs);
   free(rs);
+  free(at);
 }
 
 void tp_comm_broadcast_p2p(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n) {
-  collective(c, COLL_BROADCAST, TP_F32, buf, bytes, root, group, n);
+  collective(c, COLL_BROADCAST, TP_F32, buf, bytes, NULL, root, group, n);
 }
 
 void tp_comm_allreduce_p2p(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n) {
-  collective(c, COLL_ALLREDUCE, dtype, buf, count, group[0], group, n);
+  collective(c, COLL_ALLREDUCE, dtype, buf, count, NULL, group[0], group, n);
+}
+
+static size_t total(const size_t *counts, int n) {
+  size_t sum = 0;
+  for (int i = 0; i < n; i++) sum += counts[i];
+  return sum;
+}
+
+void tp_comm_reduce_scatter_p2p(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group, int n) {
+  collective(c, COLL_REDUCE_SCATTER, dtype, buf, total(counts, n), counts, group[0], group, n);
+}
+
+void tp_comm_all_gather_p2p(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group, int n) {
+  collective(c, COLL_ALL_GATHER, dtype, buf, total(counts, n), counts, group[0], group, n);
 }
 
 void tp_comm_barrier_p2p(TpComm *c) {
   int *all = malloc(sizeof *all * (size_t)c->size);
   TP_ASSERT(all);
   for (int i = 0; i < c->size; i++) all[i] = i;
-  collective(c, COLL_BARRIER, TP_F32, NULL, 0, 0, all, c->size);
+  collective(c, COLL_BARRIER, TP_F32, NULL, 0, NULL, 0, all, c->size);
   free(all);
 }
 

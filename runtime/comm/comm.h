@@ -68,6 +68,12 @@ typedef struct {
   void (*allreduce_sum_on)(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n,
                            TpStream *stream);
   void (*broadcast)(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n);
+  /* --zero 1's pair, over buf cut into n consecutive segments, counts[i] elements of dtype
+   * for group[i]: reduce_scatter_sum leaves in member i's segment i the sum of every
+   * member's segment i (the other segments undefined); all_gather gives every member each
+   * member's segment i. */
+  void (*reduce_scatter_sum)(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group, int n);
+  void (*all_gather)(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group, int n);
   void (*barrier)(TpComm *c);
   /* Prints "tool: error: rank K: msg" and ends every process with `code`. */
   void (*abort)(TpComm *c, int code, const char *msg); /* does not return */
@@ -107,6 +113,14 @@ static inline void tp_comm_allreduce_sum(TpComm *c, void *buf, size_t count, TpD
 static inline void tp_comm_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n) {
   c->be->broadcast(c, buf, bytes, root, group, n);
 }
+static inline void tp_comm_reduce_scatter_sum(TpComm *c, void *buf, const size_t *counts, TpDType dtype,
+                                              const int *group, int n) {
+  c->be->reduce_scatter_sum(c, buf, counts, dtype, group, n);
+}
+static inline void tp_comm_all_gather(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group,
+                                      int n) {
+  c->be->all_gather(c, buf, counts, dtype, group, n);
+}
 static inline void tp_comm_barrier(TpComm *c) { c->be->barrier(c); }
 
 /* All ranks agree on an exit code: the largest of every rank's rc. The lowest rank with a
@@ -123,6 +137,11 @@ int tp_comm_agree(TpComm *c, int rc, int *first);
  * past a buffer. */
 void tp_comm_allreduce_p2p(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n);
 void tp_comm_broadcast_p2p(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n);
+/* The same through the group's first rank: it sums the whole buffer in group order (the
+ * bits of tp_comm_allreduce_p2p) and sends member i its segment; or it collects every
+ * member's segment and sends everyone the whole. */
+void tp_comm_reduce_scatter_p2p(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group, int n);
+void tp_comm_all_gather_p2p(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group, int n);
 /* A barrier over every rank, with the same header check. */
 void tp_comm_barrier_p2p(TpComm *c);
 /* dst[i] += src[i] for count elements of dtype: the one reduction every backend uses. */

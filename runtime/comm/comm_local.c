@@ -39,6 +39,8 @@ const TpCommBackend tp_comm_local = {
     .test = local_test,
     .allreduce_sum = tp_comm_allreduce_p2p,
     .broadcast = tp_comm_broadcast_p2p,
+    .reduce_scatter_sum = tp_comm_reduce_scatter_p2p,
+    .all_gather = tp_comm_all_gather_p2p,
     .barrier = local_barrier,
     .abort = local_abort,
 };

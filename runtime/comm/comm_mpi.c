@@ -106,6 +106,8 @@ const TpCommBackend tp_comm_mpi = {
     .test = mpi_test,
     .allreduce_sum = tp_comm_allreduce_p2p,
     .broadcast = tp_comm_broadcast_p2p,
+    .reduce_scatter_sum = tp_comm_reduce_scatter_p2p,
+    .all_gather = tp_comm_all_gather_p2p,
     .barrier = tp_comm_barrier_p2p, /* numbered and checked like the other collectives */
     .abort = mpi_abort,
 };

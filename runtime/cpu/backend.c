@@ -74,9 +74,12 @@ static void cpu_divide(TpCompute *c, TpStream *s, float *x, int64_t n, float by)
   for (int64_t i = 0; i < n; i++) x[i] /= by;
 }
 
-static void cpu_sum_squares(TpCompute *c, TpStream *s, const float *x, int64_t n, double *acc) {
+_Static_assert((int)TP_NORM_PIECES == TP_SUM_PIECES, "the norm's pieces are tp_sum_squares_f32's");
+
+static void cpu_sum_squares_pieces(TpCompute *c, TpStream *s, const float *x, int64_t n, int first, int count,
+                                   double *out) {
   (void)c, (void)s;
-  *acc += tp_sum_squares_f32(x, n);
+  tp_sum_squares_pieces_f32(x, n, first, count, out);
 }
 
 static void cpu_clip(TpCompute *c, TpStream *s, float *x, int64_t n, float factor) {
@@ -133,7 +136,7 @@ const TpComputeBackend tp_compute_cpu = {
     .run_unit = cpu_run_unit,
     .add_into = cpu_add_into,
     .divide = cpu_divide,
-    .sum_squares = cpu_sum_squares,
+    .sum_squares_pieces = cpu_sum_squares_pieces,
     .clip = cpu_clip,
     .adamw = cpu_adamw,
     .pack = cpu_pack,

@@ -107,8 +107,9 @@ static void strict_add_into(TpCompute *c, TpStream *s, float *dst, const float *
 static void strict_divide(TpCompute *c, TpStream *s, float *x, int64_t n, float by) {
   OPEN(tp_compute_cpu.divide(c, s, x, n, by));
 }
-static void strict_sum_squares(TpCompute *c, TpStream *s, const float *x, int64_t n, double *acc) {
-  OPEN(tp_compute_cpu.sum_squares(c, s, x, n, acc));
+static void strict_sum_squares_pieces(TpCompute *c, TpStream *s, const float *x, int64_t n, int first, int count,
+                                      double *out) {
+  OPEN(tp_compute_cpu.sum_squares_pieces(c, s, x, n, first, count, out));
 }
 static void strict_clip(TpCompute *c, TpStream *s, float *x, int64_t n, float factor) {
   OPEN(tp_compute_cpu.clip(c, s, x, n, factor));
@@ -157,7 +158,7 @@ const TpComputeBackend tp_compute_cpu_strict = {
     .run_unit = strict_run_unit,
     .add_into = strict_add_into,
     .divide = strict_divide,
-    .sum_squares = strict_sum_squares,
+    .sum_squares_pieces = strict_sum_squares_pieces,
     .clip = strict_clip,
     .adamw = strict_adamw,
     .pack = strict_pack,

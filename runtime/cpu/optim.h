@@ -17,9 +17,14 @@
 void tp_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1, double beta2,
                    double eps, double weight_decay, int64_t step);
 
-/* sum of x[i]^2 in double; the order of the additions does not depend on the thread count.
- * The global gradient norm is the sqrt of the sum of this over every gradient. */
+/* sum of x[i]^2 in double; the order of the additions does not depend on the thread count:
+ * x is cut into TP_SUM_PIECES pieces (piece p: [n * p / 64, n * (p + 1) / 64)), each summed in
+ * order, and the pieces are added in order. The global gradient norm is the sqrt of the sum
+ * of this over every gradient. */
+#define TP_SUM_PIECES 64
 double tp_sum_squares_f32(const float *x, int64_t n);
+/* out[j] = the sum of piece first + j of tp_sum_squares_f32, for j < count. */
+void tp_sum_squares_pieces_f32(const float *x, int64_t n, int first, int count, double *out);
 
 /* x *= s (e.g. the clipping factor max_norm / (norm + 1e-6) when it is below 1). */
 void tp_scale_f32(float *x, int64_t n, float s);

@@ -148,8 +148,6 @@ __global__ void divide_kernel(float *x, int64_t n, float by) { TP_GRID_STRIDE_LO
 
 __global__ void clip_kernel(float *x, int64_t n, float factor) { TP_GRID_STRIDE_LOOP(i, n) x[i] *= factor; }
 
-__global__ void add_double_kernel(double *acc, const double *x) { *acc += *x; }
-
 static void cuda_add_into(TpCompute *c, TpStream *s, float *dst, const float *src, int64_t n) {
   (void)c;
   if (n > 0)
@@ -163,13 +161,11 @@ static void cuda_divide(TpCompute *c, TpStream *s, float *x, int64_t n, float by
 }
 
 /* The pieces are tp_sum_squares_f32's; only the order of the sums inside a piece differs. */
-static void cuda_sum_squares(TpCompute *c, TpStream *s, const float *x, int64_t n, double *acc) {
+static_assert((int)TP_NORM_PIECES == (int)TP_CUDA_SUM_PIECES, "the norm's pieces are the kernel's");
+static void cuda_sum_squares_pieces(TpCompute *c, TpStream *s, const float *x, int64_t n, int first, int count,
+                                    double *out) {
   (void)c;
-  if (n <= 0) return;
-  double *partial = static_cast<double *>(tp_cuda_scratch(s, (TP_CUDA_SUM_PIECES + 1) * sizeof(double)));
-  double *sum = partial + TP_CUDA_SUM_PIECES;
-  tp_cuda_launch_sum_squares_f32(x, n, sum, partial, cuda_of(s));
-  TP_LAUNCH(add_double_kernel, dim3(1), dim3(1), cuda_of(s), acc, sum);
+  tp_cuda_launch_sum_squares_pieces_f32(x, n, first, count, out, cuda_of(s));
 }
 
 static void cuda_clip(TpCompute *c, TpStream *s, float *x, int64_t n, float factor) {
@@ -208,12 +204,31 @@ static void cuda_unpack(TpCompute *c, TpStream *s, void *arena, const void *src,
 }
 
 extern "C" const TpComputeBackend tp_compute_cuda = {
-    "cuda",         false, /* host_addressable */
-    cuda_close,     cuda_alloc,      cuda_free,         cuda_memset,      cuda_copy_h2d,
-    cuda_copy_d2h,  cuda_copy_d2d,   cuda_stream_new,   cuda_stream_free, cuda_stream_sync,
-    cuda_event_new, cuda_event_free, cuda_event_record, cuda_stream_wait, cuda_event_sync,
-    cuda_run_unit,  cuda_add_into,   cuda_divide,       cuda_sum_squares, cuda_clip,
-    cuda_adamw,     cuda_pack,       cuda_unpack,
+    "cuda",
+    false, /* host_addressable */
+    cuda_close,
+    cuda_alloc,
+    cuda_free,
+    cuda_memset,
+    cuda_copy_h2d,
+    cuda_copy_d2h,
+    cuda_copy_d2d,
+    cuda_stream_new,
+    cuda_stream_free,
+    cuda_stream_sync,
+    cuda_event_new,
+    cuda_event_free,
+    cuda_event_record,
+    cuda_stream_wait,
+    cuda_event_sync,
+    cuda_run_unit,
+    cuda_add_into,
+    cuda_divide,
+    cuda_sum_squares_pieces,
+    cuda_clip,
+    cuda_adamw,
+    cuda_pack,
+    cuda_unpack,
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */

@@ -14,6 +14,8 @@
  *   tensor    (N > 1) one per stage of each replica: its N tensor ranks, for the units'
  *             all-reduces (io->tensor_allreduce, allreduce_sum_on)
  *   replicas  (D > 1) one per stage with ALLREDUCE and tensor rank: (d', k, t) for every d'
+ *             (with --zero 1 also the reduce-scatter of the gradients and the all-gather of
+ *             the updated parameters)
  *   pieces    one per stage with ALLREDUCE, replica and piece of a parameter split in
  *             fewer parts than N (shard.parts < N): the tensor ranks holding that piece,
  *             whose partial gradients ALLREDUCE sums
@@ -530,6 +532,49 @@ void nccl_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *gro
   finish(c, g, "a broadcast");
 }
 
+size_t elem_bytes(TpDType t) { return t == TP_F32 ? 4 : 8; }
+
+/* --zero 1's shards are cut on the gradient norm's pieces, so they differ in size by up to a
+ * piece: ncclReduceScatter and ncclAllGather take equal ones. Each segment is instead an
+ * ncclReduce to its member and an ncclBroadcast from it, all of a collective in one NCCL
+ * group (the same traffic as a ring's reduce-scatter or all-gather). */
+void nccl_reduce_scatter_sum(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group, int n) {
+  Nccl *N = nccl_of(c);
+  if (!on_device(buf)) {
+    N->host->be->reduce_scatter_sum(N->host, buf, counts, dtype, group, n);
+    return;
+  }
+  if (n < 2) return;
+  Group *g = collective_group(c, group, n, "a reduce-scatter");
+  char *at = static_cast<char *>(buf);
+  TP_NCCL_CHECK(ncclGroupStart());
+  for (int i = 0; i < n; i++) {
+    TP_NCCL_CHECK(ncclReduce(at, at, counts[i], nccl_type(dtype), ncclSum, i, g->comm, g->stream));
+    at += counts[i] * elem_bytes(dtype);
+  }
+  TP_NCCL_CHECK(ncclGroupEnd());
+  finish(c, g, "a reduce-scatter");
+}
+
+void nccl_all_gather(TpComm *c, void *buf, const size_t *counts, TpDType dtype, const int *group, int n) {
+  Nccl *N = nccl_of(c);
+  if (!on_device(buf)) {
+    N->host->be->all_gather(N->host, buf, counts, dtype, group, n);
+    return;
+  }
+  if (n < 2) return;
+  Group *g = collective_group(c, group, n, "an all-gather");
+  char *at = static_cast<char *>(buf);
+  TP_NCCL_CHECK(ncclGroupStart());
+  for (int i = 0; i < n; i++) {
+    size_t bytes = counts[i] * elem_bytes(dtype);
+    TP_NCCL_CHECK(ncclBroadcast(at, at, bytes, ncclInt8, i, g->comm, g->stream));
+    at += bytes;
+  }
+  TP_NCCL_CHECK(ncclGroupEnd());
+  finish(c, g, "an all-gather");
+}
+
 void nccl_barrier(TpComm *c) { tp_comm_barrier(nccl_of(c)->host); }
 
 [[noreturn]] void nccl_abort(TpComm *c, int code, const char *msg) {
@@ -539,9 +584,19 @@ void nccl_barrier(TpComm *c) { tp_comm_barrier(nccl_of(c)->host); }
 }
 
 const TpCommBackend tp_comm_nccl = {
-    "nccl",         true, /* device_memory */
-    nccl_finalize,  nccl_isend,   nccl_irecv, nccl_test, nccl_allreduce_sum, nccl_allreduce_sum_on,
-    nccl_broadcast, nccl_barrier, nccl_abort,
+    "nccl",
+    true, /* device_memory */
+    nccl_finalize,
+    nccl_isend,
+    nccl_irecv,
+    nccl_test,
+    nccl_allreduce_sum,
+    nccl_allreduce_sum_on,
+    nccl_broadcast,
+    nccl_reduce_scatter_sum,
+    nccl_all_gather,
+    nccl_barrier,
+    nccl_abort,
 };
 
 } // namespace

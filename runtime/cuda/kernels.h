@@ -74,10 +74,12 @@ void tp_cuda_launch_cross_entropy_parts_backward_f32(const float *dloss, const f
 /* tp_adamw_step over n parameters (the scalar factors computed on the host in double) */
 void tp_cuda_launch_adamw_step(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
                                double beta2, double eps, double weight_decay, int64_t step, TpCudaStream stream);
-/* Pieces of the sum of squares; partial holds that many doubles of scratch. */
+/* Pieces of the sum of squares (tp_sum_squares_f32's). */
 enum { TP_CUDA_SUM_PIECES = 64 };
-/* *sum (device) = tp_sum_squares_f32(x, n), in a fixed order (deterministic). */
-void tp_cuda_launch_sum_squares_f32(const float *x, int64_t n, double *sum, double *partial, TpCudaStream stream);
+/* out[j] (device) = the sum of squares of piece first + j of x, j < count: tp_sum_squares_pieces_f32's
+ * pieces, each in a fixed order of its own (deterministic); the host adds them. */
+void tp_cuda_launch_sum_squares_pieces_f32(const float *x, int64_t n, int first, int count, double *out,
+                                           TpCudaStream stream);
 /* tp_scale_f32 with the factor on the device (the clipping factor computed there). */
 void tp_cuda_launch_scale_f32(float *x, int64_t n, const float *s, TpCudaStream stream);
 

@@ -14,24 +14,19 @@ void tp_cuda_launch_adamw_step(float *w, const float *g, float *m, float *v, int
             tp_adamw_factors(lr, beta1, beta2, eps, weight_decay, step));
 }
 
-/* Block b: the sum of squares of piece b of TP_CUDA_SUM_PIECES, in double. */
-__global__ void sum_squares_pieces_kernel(const float *x, int64_t n, double *partial) {
-  int64_t b = blockIdx.x, i0 = n * b / TP_CUDA_SUM_PIECES, i1 = n * (b + 1) / TP_CUDA_SUM_PIECES;
+/* Block b: the sum of squares of piece first + b of TP_CUDA_SUM_PIECES, in double. */
+__global__ void sum_squares_pieces_kernel(const float *x, int64_t n, int first, double *out) {
+  int64_t p = first + blockIdx.x, i0 = n * p / TP_CUDA_SUM_PIECES, i1 = n * (p + 1) / TP_CUDA_SUM_PIECES;
   double s = 0;
   for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) s += (double)x[i] * x[i];
   s = block_reduce(s, TpSum(), 0.0);
-  if (threadIdx.x == 0) partial[b] = s;
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-__global__ void sum_pieces_kernel(const double *partial, double *sum) {
-  double s = block_reduce(partial[threadIdx.x], TpSum(), 0.0);
-  if (threadIdx.x == 0) *sum = s;
-}
-
-void tp_cuda_launch_sum_squares_f32(const float *x, int64_t n, double *sum, double *partial, TpCudaStream stream) {
-  TP_LAUNCH(sum_squares_pieces_kernel, dim3(TP_CUDA_SUM_PIECES), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n,
-            partial);
-  TP_LAUNCH(sum_pieces_kernel, dim3(1), dim3(TP_CUDA_SUM_PIECES), stream, partial, sum);
+void tp_cuda_launch_sum_squares_pieces_f32(const float *x, int64_t n, int first, int count, double *out,
+                                           TpCudaStream stream) {
+  if (count <= 0) return;
+  TP_LAUNCH(sum_squares_pieces_kernel, dim3(count), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream, x, n, first, out);
 }
 
 __global__ void scale_kernel(float *x, int64_t n, const float *s) { TP_GRID_STRIDE_LOOP(i, n) x[i] *= *s; }

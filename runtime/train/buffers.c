@@ -83,6 +83,18 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
       R->scratch[i] = R->scratch_block + at;
       at += t->numel[i];
     }
+  if (train_zero(P)) {
+    int64_t *bounds = xcalloc((size_t)P->dp + 1, sizeof *bounds);
+    pipe_shard_bounds(t, R->stage, bounds);
+    R->shard_lo = bounds[R->replica], R->shard_hi = bounds[R->replica + 1];
+    R->shard_counts = xcalloc((size_t)P->dp, sizeof *R->shard_counts);
+    for (int d = 0; d < P->dp; d++) R->shard_counts[d] = (size_t)(bounds[d + 1] - bounds[d]);
+    free(bounds);
+    size_t bytes = (size_t)(R->shard_hi - R->shard_lo) * 4;
+    if (!(R->m_block = pipe_alloc(t, bytes, "rank %d's shard of the optimizer state", rank)) ||
+        !(R->v_block = pipe_alloc(t, bytes, "rank %d's shard of the optimizer state", rank)))
+      return TP_ERR_INPUT;
+  }
   for (int a = 0; a < R->st->arenas; a++)
     if (!(R->arena[a] = pipe_alloc(t, R->st->arena_bytes, "the activations of rank %d (arena %d of %d)", rank, a + 1,
                                    R->st->arenas)))
@@ -128,6 +140,14 @@ static int setup_ranks(Trainer *t) {
   }
   t->nhosted = nprocs == 1 ? t->nranks : 1;
   int first = nprocs == 1 ? 0 : t->comm->rank;
+  if (train_zero(P) && nprocs > 1) { /* the values in one block, for the all-gather (step.h) */
+    int stage = stage_of(P, first);
+    int64_t count = pipe_block_offset(t, stage, P->nparams);
+    if (!(t->param_block = pipe_alloc(t, (size_t)count * 4, "the parameters of rank %d", first)))
+      return TP_ERR_INPUT;
+    for (int i = 0; i < P->nparams; i++)
+      if (stage_holds(&P->params[i], stage)) t->param[i] = t->param_block + pipe_block_offset(t, stage, i);
+  }
   for (int i = 0; i < P->nparams; i++) {
     t->held[i] = false;
     for (int h = 0; h < t->nhosted; h++) t->held[i] |= stage_holds(&P->params[i], stage_of(P, first + h));
@@ -164,8 +184,8 @@ int pipe_setup(Trainer *t) {
       !(t->dev_targets = pipe_alloc(t, ntok * sizeof *t->targets, "a step's targets")))
     return TP_ERR_INPUT;
   int rc = P->stages ? setup_ranks(t) : setup_stages(t);
-  if (!rc &&
-      !(t->norm_sum = pipe_alloc(t, (size_t)(P->stages ? t->nhosted : 1) * sizeof(double), "the gradient norm")))
+  size_t pieces = (size_t)(P->stages ? t->nhosted : 1) * (size_t)P->nparams * TP_NORM_PIECES;
+  if (!rc && !(t->norm_pieces = pipe_alloc(t, pieces * sizeof(double), "the gradient norm's pieces")))
     rc = TP_ERR_INPUT;
   return rc;
 }
@@ -179,6 +199,8 @@ void pipe_free(Trainer *t) {
     for (int a = 0; a < R->st->arenas; a++) pipe_dev_free(t, R->arena[a]);
     if (R->scratch_block != R->grad_block) pipe_dev_free(t, R->scratch_block);
     pipe_dev_free(t, R->grad_block);
+    pipe_dev_free(t, R->m_block), pipe_dev_free(t, R->v_block);
+    free(R->shard_counts);
     pipe_free_messages(t, R);
     be(t)->event_free(t->compute, R->event);
     be(t)->stream_free(t->compute, R->stream);
@@ -188,14 +210,15 @@ void pipe_free(Trainer *t) {
   }
   free(t->hosted);
   t->hosted = NULL;
+  pipe_dev_free(t, t->param_block);
   for (int i = 0; t->param && i < t->plan->nparams; i++) {
-    pipe_dev_free(t, t->param[i]);
+    if (!t->param_block) pipe_dev_free(t, t->param[i]);
     if (!t->plan->stages) pipe_dev_free(t, t->grad[i]); /* else a hosted rank's */
     pipe_dev_free(t, t->m[i]);
     pipe_dev_free(t, t->v[i]);
   }
   for (int s = 0; t->arena && s < t->plan->nstages; s++) pipe_dev_free(t, t->arena[s]);
-  pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->norm_sum);
+  pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->norm_pieces);
   free(t->tokens), free(t->targets);
   free(t->param), free(t->grad), free(t->m), free(t->v), free(t->held), free(t->numel), free(t->arena);
   free(t->whole_numel);

@@ -26,19 +26,31 @@ static void sum_host(Trainer *t, double **bufs, const int *group, int n, size_t 
 }
 
 /* The same for the gradients of the members' (hosted ranks') device buffers bufs[i], once
- * their streams are done with them. */
-static void sum_grads(Trainer *t, float **bufs, PipeRank **members, const int *group, int n, size_t count) {
+ * their streams are done with them. With `shards` (--zero 1: member i's segment of the
+ * buffers, shards[i] elements, one after another) a reduce-scatter: member i gets the sum of
+ * its segment only, the same bits. */
+static void sum_grads(Trainer *t, float **bufs, PipeRank **members, const int *group, int n, size_t count,
+                      const size_t *shards) {
   for (int i = 0; i < n; i++)
     if (members[i]) be(t)->stream_sync(t->compute, members[i]->stream);
   if (!one_process(t)) {
     float *mine = bufs[group_index(t, group)];
     void *view = pipe_host_view(t, t->stream, mine, count * 4, true, true);
-    tp_comm_allreduce_sum(t->comm, view, count, TP_F32, group, n);
+    if (shards) tp_comm_reduce_scatter_sum(t->comm, view, shards, TP_F32, group, n);
+    else tp_comm_allreduce_sum(t->comm, view, count, TP_F32, group, n);
     pipe_end_host_view(t, t->stream, mine, view, count * 4, true);
     return;
   }
   for (int i = 1; i < n; i++) be(t)->add_into(t->compute, t->stream, bufs[0], bufs[i], (int64_t)count);
-  for (int i = 1; i < n; i++) be(t)->copy_d2d(t->compute, t->stream, bufs[i], bufs[0], count * 4);
+  size_t at = shards ? shards[0] : 0; /* member i's segment */
+  for (int i = 1; i < n; i++) {
+    if (!shards) {
+      be(t)->copy_d2d(t->compute, t->stream, bufs[i], bufs[0], count * 4);
+      continue;
+    }
+    be(t)->copy_d2d(t->compute, t->stream, bufs[i] + at, bufs[0] + at, shards[i] * 4);
+    at += shards[i];
+  }
   be(t)->stream_sync(t->compute, t->stream);
 }
 
@@ -69,7 +81,7 @@ bool pipe_allreduce_tied(Trainer *t, PipeRank *R) {
   for (int i = 0; i < P->nparams; i++) {
     if (!P->params[i].tied_stage) continue;
     float *bufs[2] = {members[0] ? members[0]->grad[i] : NULL, members[1] ? members[1]->grad[i] : NULL};
-    sum_grads(t, bufs, members, group, 2, (size_t)t->numel[i]);
+    sum_grads(t, bufs, members, group, 2, (size_t)t->numel[i], NULL);
   }
   return true;
 }
@@ -92,7 +104,7 @@ static void sum_shared_pieces(Trainer *t, PipeRank *R) {
       members[n] = pipe_hosted_rank(t, group[n]);
       bufs[n++] = j == R->tensor ? R->grad[i] : NULL;
     }
-    sum_grads(t, bufs, members, group, n, (size_t)t->numel[i]);
+    sum_grads(t, bufs, members, group, n, (size_t)t->numel[i], NULL);
   }
   free(group), free(members), free(bufs);
 }
@@ -108,12 +120,55 @@ bool pipe_allreduce_replicas(Trainer *t, PipeRank *R) {
   if (done && train_tensor(P) > 1) sum_shared_pieces(t, R);
   if (done) {
     for (int d = 0; d < D; d++) bufs[d] = members[d] ? members[d]->grad_block : NULL;
-    sum_grads(t, bufs, members, group, D, (size_t)R->grad_count);
-    for (int d = 0; d < D; d++)
-      if (members[d]) be(t)->divide(t->compute, members[d]->stream, members[d]->grad_block, R->grad_count, (float)D);
+    bool zero = train_zero(P); /* each member's shard only */
+    sum_grads(t, bufs, members, group, D, (size_t)R->grad_count, zero ? R->shard_counts : NULL);
+    for (int d = 0; d < D; d++) {
+      PipeRank *M = members[d];
+      if (M)
+        be(t)->divide(t->compute, M->stream, M->grad_block + (zero ? M->shard_lo : 0),
+                      zero ? M->shard_hi - M->shard_lo : R->grad_count, (float)D);
+    }
   }
   free(group), free(members), free(bufs);
   return done;
+}
+
+/* ---- --zero 1 ---- */
+
+/* The replicas of R (its stage and tensor rank) and, where hosted, each one's index among
+ * the hosted ranks (-1 where not). */
+static void replica_group(Trainer *t, const PipeRank *R, int *group, int *hosted) {
+  for (int d = 0; d < t->plan->dp; d++) {
+    group[d] = rank_of(t->plan, d, R->stage, R->tensor);
+    hosted[d] = -1;
+    for (int h = 0; h < t->nhosted; h++)
+      if (t->hosted[h]->rank == group[d]) hosted[d] = h;
+  }
+}
+
+void pipe_sum_replicas(Trainer *t, double **bufs, size_t count) {
+  int D = t->plan->dp;
+  int *group = xcalloc((size_t)D, sizeof *group), *hosted = xcalloc((size_t)D, sizeof *hosted);
+  double **mine = xcalloc((size_t)D, sizeof *mine);
+  for (int h = 0; h < t->nhosted; h++) {
+    if (one_process(t) && t->hosted[h]->replica != 0) continue; /* its group is replica 0's */
+    replica_group(t, t->hosted[h], group, hosted);
+    for (int d = 0; d < D; d++) mine[d] = hosted[d] >= 0 ? bufs[hosted[d]] : NULL;
+    sum_host(t, mine, group, D, count);
+  }
+  free(group), free(hosted), free(mine);
+}
+
+void pipe_gather_params(Trainer *t) {
+  const PipeRank *R = t->hosted[0];
+  int D = t->plan->dp;
+  int *group = xcalloc((size_t)D, sizeof *group), *hosted = xcalloc((size_t)D, sizeof *hosted);
+  replica_group(t, R, group, hosted);
+  size_t bytes = (size_t)R->grad_count * 4;
+  void *view = pipe_host_view(t, t->stream, t->param_block, bytes, true, true);
+  tp_comm_all_gather(t->comm, view, R->shard_counts, TP_F32, group, D);
+  pipe_end_host_view(t, t->stream, t->param_block, view, bytes, true);
+  free(group), free(hosted);
 }
 
 /* ---- over every process ---- */

@@ -13,15 +13,43 @@ int pipe_owner(const Trainer *t, int i, int tensor) {
   return P->stages ? rank_of(P, 0, P->params[i].stage, piece_holder(P, &P->params[i], tensor)) : 0;
 }
 
-/* A parameter's value and, if trainable, AdamW state. */
+/* A parameter's value (unless it lies in t->param_block) and, if trainable, AdamW state
+ * (under --zero 1 the ranks' shards hold it: buffers.c). */
 int pipe_alloc_param(Trainer *t, int i) {
   size_t bytes = (size_t)t->numel[i] * 4;
   const char *name = t->plan->params[i].name;
-  if (!(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name)) ||
-      (t->plan->params[i].trainable && (!(t->m[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
-                                        !(t->v[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)))))
+  bool whole_state = t->plan->params[i].trainable && !train_zero(t->plan);
+  if ((!t->param[i] && !(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name))) ||
+      (whole_state && (!(t->m[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
+                       !(t->v[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)))))
     return TP_ERR_INPUT;
   return TP_OK;
+}
+
+/* ---- --zero 1's shards (step.h) ---- */
+
+int64_t pipe_block_offset(const Trainer *t, int stage, int i) {
+  int64_t at = 0;
+  for (int j = 0; j < i; j++)
+    if (stage_holds(&t->plan->params[j], stage)) at += t->numel[j];
+  return at;
+}
+
+void pipe_shard_bounds(const Trainer *t, int stage, int64_t *bounds) {
+  const TpPlan *P = t->plan;
+  int D = P->dp, d = 1;
+  int64_t count = pipe_block_offset(t, stage, P->nparams), at = 0;
+  for (int i = 0; i < P->nparams; i++) {
+    if (!stage_holds(&P->params[i], stage)) continue;
+    int64_t n = t->numel[i];
+    for (int p = 0; p < TP_NORM_PIECES; p++) {
+      int64_t start = at + n * p / TP_NORM_PIECES;
+      while (d < D && start >= count * d / D) bounds[d++] = start;
+    }
+    at += n;
+  }
+  bounds[0] = 0;
+  while (d <= D) bounds[d++] = count;
 }
 
 /* ---- host copies ---- */
@@ -118,13 +146,33 @@ static void upload(Trainer *t, int i, void *dev, const float *host) {
   free(piece);
 }
 
+/* --zero 1: the parts of host moments m and v of parameter i (whole tensors) that the
+ * shards of the hosted ranks holding i keep. */
+static void upload_shards(Trainer *t, int i, const float *m, const float *v) {
+  const TpPlan *P = t->plan;
+  float *piece = train_split(P, &P->params[i]) ? piece_buffer(t, i) : NULL;
+  for (int h = 0; h < t->nhosted; h++) {
+    PipeRank *R = t->hosted[h];
+    int64_t a, b;
+    if (!stage_holds(&P->params[i], R->stage) || !rank_shard_part(t, R, i, &a, &b)) continue;
+    int64_t at = R->grad[i] - R->grad_block + a - R->shard_lo;
+    for (int k = 0; k < 2; k++) {
+      const float *src = k ? v : m;
+      if (piece) pipe_shard_copy(P, &P->params[i], R->tensor, piece, (float *)src, false), src = piece;
+      be(t)->copy_h2d(t->compute, t->stream, (k ? R->v_block : R->m_block) + at, src + a, (size_t)(b - a) * 4);
+      be(t)->stream_sync(t->compute, t->stream); /* before the piece is refilled */
+    }
+  }
+  free(piece);
+}
+
 void pipe_upload(Trainer *t) {
   TrainHost *H = &t->host;
   for (int i = 0; i < t->plan->nparams; i++) {
     if (!t->held[i]) continue;
     if (H->param[i]) upload(t, i, t->param[i], H->param[i]);
-    if (H->m[i]) upload(t, i, t->m[i], H->m[i]);
-    if (H->v[i]) upload(t, i, t->v[i], H->v[i]);
+    if (H->m[i] && train_zero(t->plan)) upload_shards(t, i, H->m[i], H->v[i]);
+    else if (H->m[i]) upload(t, i, t->m[i], H->m[i]), upload(t, i, t->v[i], H->v[i]);
   }
   be(t)->stream_sync(t->compute, t->stream); /* before the host copies are freed */
 }
@@ -137,11 +185,9 @@ void pipe_host_free(Trainer *t) {
   *H = (TrainHost){0};
 }
 
-/* Device buffer dev of parameter i (the piece of tensor rank `tensor` where it is split)
- * from its owner into `host` on process 0. */
-static void fetch_piece(Trainer *t, int i, int tensor, void *dev, float *host) {
-  int from = pipe_owner(t, i, tensor);
-  size_t bytes = (size_t)t->numel[i] * 4;
+/* `bytes` at dev on rank `from` (dev: valid on the process hosting it) into `host` on
+ * process 0. */
+static void fetch_bytes(Trainer *t, int from, void *dev, float *host, size_t bytes) {
   if (one_process(t) || from == 0) {
     if (!train_is_root(t)) return;
     be(t)->copy_d2h(t->compute, t->stream, host, dev, bytes);
@@ -155,21 +201,46 @@ static void fetch_piece(Trainer *t, int i, int tensor, void *dev, float *host) {
   }
 }
 
-/* The whole tensor of device buffer dev of parameter i (`what` of it, for errors) into
- * process 0's host copy: from its owner, or each piece from the first tensor rank holding
- * it. A padded vocabulary's padding must still be zeros: the loss masks it out, so no
- * gradient, moment or update (decay included) can reach it. */
-static void fetch(Trainer *t, int i, void *dev, float *host, const char *what) {
+/* What a rank holds of parameter i (tensor rank `tensor`'s piece where it is split) into
+ * `host` on process 0: device buffer dev from its owner; or, for a buffer --zero 1 shards
+ * (`sharded`: GRAD, M or V), each replica's part from its shard. */
+enum { WHOLE, GRAD, M, V };
+static void fetch_piece(Trainer *t, int i, int tensor, void *dev, int sharded, float *host) {
+  const TpPlan *P = t->plan;
+  if (!sharded || !train_zero(P)) {
+    fetch_bytes(t, pipe_owner(t, i, tensor), dev, host, (size_t)t->numel[i] * 4);
+    return;
+  }
+  int stage = P->params[i].stage, D = P->dp;
+  int64_t *bounds = xcalloc((size_t)D + 1, sizeof *bounds), offset = pipe_block_offset(t, stage, i), a, b;
+  pipe_shard_bounds(t, stage, bounds);
+  for (int d = 0; d < D; d++) {
+    if (!shard_part(offset, t->numel[i], bounds[d], bounds[d + 1], &a, &b)) continue;
+    int from = rank_of(P, d, stage, piece_holder(P, &P->params[i], tensor));
+    PipeRank *R = pipe_hosted_rank(t, from);
+    float *src = NULL;
+    if (R && sharded == GRAD) src = R->grad[i] + a;
+    else if (R) src = (sharded == M ? R->m_block : R->v_block) + (offset + a - bounds[d]);
+    fetch_bytes(t, from, src, host ? host + a : NULL, (size_t)(b - a) * 4);
+  }
+  free(bounds);
+}
+
+/* The whole tensor of parameter i's device buffer dev (or its shards; `what` of it, for
+ * errors) into process 0's host copy: each piece from the first tensor rank holding it. A
+ * padded vocabulary's padding must still be zeros: the loss masks it out, so no gradient,
+ * moment or update (decay included) can reach it. */
+static void fetch(Trainer *t, int i, void *dev, int sharded, float *host, const char *what) {
   const TpPlan *P = t->plan;
   const TpPlanParam *p = &P->params[i];
   if (!train_split(P, p)) {
-    fetch_piece(t, i, 0, dev, host);
+    fetch_piece(t, i, 0, dev, sharded, host);
     return;
   }
   int N = train_tensor(P);
   float *piece = train_is_root(t) ? piece_buffer(t, i) : NULL;
   for (int tensor = 0; tensor < N; tensor += N / p->shard.parts) {
-    fetch_piece(t, i, tensor, dev, piece);
+    fetch_piece(t, i, tensor, dev, sharded, piece);
     int64_t moved = piece ? pipe_shard_copy(P, p, tensor, piece, host, true) : -1;
     if (moved >= 0)
       tp_comm_abort(t->comm, TP_ERR_INTERNAL,
@@ -188,13 +259,13 @@ int pipe_download(Trainer *t, bool grads, bool moments) {
   if ((rc = pipe_agree(t, rc))) return rc;
   for (int i = 0; i < P->nparams; i++) {
     if (grads) {
-      if (P->params[i].trainable) fetch(t, i, t->grad[i], t->host.grad[i], "gradient");
+      if (P->params[i].trainable) fetch(t, i, t->grad[i], GRAD, t->host.grad[i], "gradient");
       continue;
     }
-    fetch(t, i, t->param[i], t->host.param[i], "value");
+    fetch(t, i, t->param[i], WHOLE, t->host.param[i], "value");
     if (moments && P->params[i].trainable)
-      fetch(t, i, t->m[i], t->host.m[i], "AdamW first moment"),
-          fetch(t, i, t->v[i], t->host.v[i], "AdamW second moment");
+      fetch(t, i, t->m[i], M, t->host.m[i], "AdamW first moment"),
+          fetch(t, i, t->v[i], V, t->host.v[i], "AdamW second moment");
   }
   return TP_OK;
 }

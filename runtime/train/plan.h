@@ -93,12 +93,14 @@
  *   SEND_GRAD mb i    post the send of send_grad[i] to peer (= k-1)
  *   RECV_GRAD mb i    receive recv_grad[i] from peer (= k+1); blocks
  *   ALLREDUCE_TIED    sum the gradients of the tied parameters with stage peer
- *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1),
+ *   ALLREDUCE         average this stage's gradients over the dp replicas (only if dp > 1;
+ *                     with zero, each replica's shard only: a reduce-scatter),
  *                     and first sum, over the tensor ranks that hold the same piece, the
  *                     gradients of params with shard.parts < N (grouped K/V heads fewer
  *                     than the ranks: each member's gradient is partial); the compiler
  *                     emits it when dp > 1 or such a param exists
- *   OPTIMIZER_STEP    update the parameters this stage holds
+ *   OPTIMIZER_STEP    update the parameters this stage holds (with zero: its shard's, then
+ *                     the replicas all-gather them)
  * Sends must not block (MPI_Isend): 1f1b schedules deadlock with blocking sends. The
  * compiler verified the lists: every send has exactly one matching receive, and running
  * all ranks with non-blocking sends ends with every rank done. The tag of a message can be
@@ -133,11 +135,11 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
+/* 6: TpPlan.zero (--zero 1: the replicas shard the optimizer state); 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
  * tensor_rank, TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
  * compute and stream); what "ABI 2" names below (plans with stages) and "ABI 1" (without) is
  * unchanged. */
-#define TP_PLAN_ABI 5
+#define TP_PLAN_ABI 6
 
 typedef struct TpCompute TpCompute; /* ../compute.h */
 typedef struct TpStream TpStream;
@@ -325,6 +327,13 @@ struct TpPlan {
   const TpPlanProbe *probes;  /* [nprobes] */
   const TpPlanDevice *device; /* NULL: the CPU (see TpPlanDevice) */
   int tensor;                 /* N: tensor-parallel ranks per stage (ABI 5; 1: none) */
+  /* 1 (tokpipec --zero 1, with dp > 1): each of the D replicas of a rank keeps the AdamW
+   * state of 1/D of its gradient block (its shard: a contiguous range cut on the gradient
+   * norm's pieces, runtime/train/step.h). ALLREDUCE then reduce-scatters the gradients
+   * (each member gets the sum of its shard, in the order of the all-reduce), the optimizer
+   * step updates the values of the shard, and the replicas all-gather the updated values:
+   * the same bits as without it. 0: every replica keeps all of it. */
+  int zero;
 };
 
 /* The trainer: parses the command line, runs training, returns the process exit code

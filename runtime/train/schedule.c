@@ -230,38 +230,88 @@ static bool counts_in_norm(const Trainer *t, int h, int i) {
   return t->plan->params[i].trainable && pipe_owner(t, i, R->tensor) == R->rank;
 }
 
+/* The norm's pieces of parameter i that hosted rank h sums, [*first, *first + count): all of
+ * them where it counts i; under --zero 1, on every replica of the counting rank, those that
+ * start in its shard (the shards are cut on pieces, so each lies in one). */
+static int norm_pieces(const Trainer *t, int h, int i, int *first) {
+  *first = 0;
+  if (!train_zero(t->plan)) return counts_in_norm(t, h, i) ? TP_NORM_PIECES : 0;
+  const PipeRank *R = t->hosted[h];
+  const TpPlanParam *p = &t->plan->params[i];
+  if (!p->trainable || p->stage != R->stage || piece_holder(t->plan, p, R->tensor) != R->tensor) return 0;
+  int64_t offset = R->grad[i] - R->grad_block, n = t->numel[i];
+  while (*first < TP_NORM_PIECES && offset + n * *first / TP_NORM_PIECES < R->shard_lo) ++*first;
+  int end = *first;
+  while (end < TP_NORM_PIECES && offset + n * end / TP_NORM_PIECES < R->shard_hi) end++;
+  return end - *first;
+}
+
+/* Each gradient's sum of squares in TP_NORM_PIECES pieces, on the device, added on the
+ * host: the pieces in order into the parameter's sum, the parameters' sums in order into
+ * the rank's, the ranks' in rank order. Under --zero 1 the replicas of a rank sum the pieces
+ * of their shards and exchange them first, so the same doubles are added in the same order
+ * as without it. */
 double pipe_grad_norm(Trainer *t) {
-  int H = t->plan->stages ? t->nhosted : 1;
-  double *x = xcalloc((size_t)H, sizeof *x);
+  const TpPlan *P = t->plan;
+  int H = P->stages ? t->nhosted : 1;
+  size_t count = (size_t)P->nparams * TP_NORM_PIECES;
+  double *x = xcalloc((size_t)H, sizeof *x), **pieces = xcalloc((size_t)H, sizeof *pieces);
   for (int h = 0; h < H; h++) {
-    TpStream *s = t->plan->stages ? t->hosted[h]->stream : t->stream;
-    float **grad = t->plan->stages ? t->hosted[h]->grad : t->grad;
-    be(t)->memset(t->compute, s, &t->norm_sum[h], 0, sizeof *t->norm_sum);
-    for (int i = 0; i < t->plan->nparams; i++)
-      if (counts_in_norm(t, h, i)) be(t)->sum_squares(t->compute, s, grad[i], t->numel[i], &t->norm_sum[h]);
-    be(t)->copy_d2h(t->compute, s, &x[h], &t->norm_sum[h], sizeof *x);
+    TpStream *s = P->stages ? t->hosted[h]->stream : t->stream;
+    float **grad = P->stages ? t->hosted[h]->grad : t->grad;
+    double *dev = t->norm_pieces + (size_t)h * count;
+    pieces[h] = xcalloc(count, sizeof **pieces);
+    be(t)->memset(t->compute, s, dev, 0, count * sizeof *dev);
+    for (int i = 0, first, n; i < P->nparams; i++)
+      if ((n = norm_pieces(t, h, i, &first)))
+        be(t)->sum_squares_pieces(t->compute, s, grad[i], t->numel[i], first, n,
+                                  dev + (size_t)i * TP_NORM_PIECES + first);
+    be(t)->copy_d2h(t->compute, s, pieces[h], dev, count * sizeof *dev);
     be(t)->stream_sync(t->compute, s);
   }
-  double norm = sqrt(t->plan->stages ? pipe_sum_ranks(t, x) : x[0]);
-  free(x);
+  if (train_zero(P)) pipe_sum_replicas(t, pieces, count);
+  for (int h = 0; h < H; h++) {
+    for (int i = 0; i < P->nparams; i++) {
+      if (!counts_in_norm(t, h, i)) continue;
+      double sum = 0;
+      for (int p = 0; p < TP_NORM_PIECES; p++) sum += pieces[h][(size_t)i * TP_NORM_PIECES + p];
+      x[h] += sum;
+    }
+    free(pieces[h]);
+  }
+  double norm = sqrt(P->stages ? pipe_sum_ranks(t, x) : x[0]);
+  free(x), free(pieces);
   return norm;
 }
 
 /* Does hosted rank h update parameter i in the optimizer step? (In one process each value
- * has one copy, updated by its owner; under MPI every rank that holds it.) */
+ * has one copy, updated by its owner, or under --zero 1 by every replica of the owner's
+ * stage, each its shard; under mpirun every rank that holds it.) */
 static bool rank_updates(const Trainer *t, int h, int i) {
   if (!t->plan->stages) return t->m[i] != NULL;
   const PipeRank *R = t->hosted[h];
-  return t->plan->params[i].trainable && (one_process(t) ? pipe_owner(t, i, 0) == R->rank : R->param[i] != NULL);
+  const TpPlanParam *p = &t->plan->params[i];
+  if (!p->trainable) return false;
+  if (!one_process(t)) return R->param[i] != NULL;
+  return train_zero(t->plan) ? p->stage == R->stage : pipe_owner(t, i, 0) == R->rank;
 }
 
 void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step, double lr, float clip) {
   const TrainOptions *o = &t->o;
+  bool zero = train_zero(t->plan);
   for (int i = 0; i < t->plan->nparams; i++) {
     if (!rank_updates(t, h, i)) continue;
     TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, t->decay[i], step};
-    if (clip != 1) be(t)->clip(t->compute, s, grad[i], t->numel[i], clip);
-    be(t)->adamw(t->compute, s, t->param[i], grad[i], t->m[i], t->v[i], t->numel[i], &adamw);
+    int64_t a = 0, b = t->numel[i];
+    float *m = t->m[i], *v = t->v[i];
+    if (zero) { /* the part of i in the rank's shard, whose moments its blocks hold */
+      const PipeRank *R = t->hosted[h];
+      if (!rank_shard_part(t, R, i, &a, &b)) continue;
+      int64_t at = R->grad[i] - R->grad_block + a - R->shard_lo;
+      m = R->m_block + at, v = R->v_block + at;
+    }
+    if (clip != 1) be(t)->clip(t->compute, s, grad[i] + a, b - a, clip);
+    be(t)->adamw(t->compute, s, t->param[i] + a, grad[i] + a, m, v, b - a, &adamw);
   }
 }
 
@@ -273,6 +323,7 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
     double start = t->trace ? trace_now_us(t->trace) : 0;
     pipe_adamw(t, h, s, grad, step, lr, clip);
     be(t)->stream_sync(t->compute, s);
+    if (train_zero(P) && !one_process(t)) pipe_gather_params(t);
     if (t->trace)
       trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start,
                 trace_now_us(t->trace));

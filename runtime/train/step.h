@@ -16,7 +16,20 @@
  *   messages.c     point-to-point messages between a stage and its neighbours
  *   collectives.c  all-reduces over replicas, tied stages and tensor groups; sums over ranks
  *   params.c       the parameter store: host copies of whole tensors, scattered to the
- *                  ranks' pieces and gathered back to process 0
+ *                  ranks' pieces and gathered back to process 0; --zero 1's shards
+ *
+ * --zero 1 (train_zero): the D replicas of a rank (the same stage and tensor rank) cut its
+ * gradient block (the held parameters' gradients in parameter order) into D contiguous
+ * shards, replica d taking the d-th. The cuts lie on the gradient norm's pieces
+ * (TP_NORM_PIECES per parameter, ../compute.h), the first piece start at or past
+ * d * count / D, so that every piece's sum of squares is one replica's and the norm adds
+ * the same doubles in the same order as without sharding. A replica keeps the AdamW
+ * moments of its shard (and, in 16-bit precisions, would keep its fp32 masters alike),
+ * receives the sum of its shard's gradients (reduce-scatter), updates the values of its
+ * shard and all-gathers them. Under mpirun the held values are one block in the gradient
+ * block's order, gathered in place; one process holds one copy of each value, which every
+ * replica's rank updates its shard of, so there is nothing to gather. Host copies and files
+ * hold whole tensors: loading scatters the moments to the shards, saving gathers them.
  * The entry points the rest of the trainer calls are in train.h. */
 #ifndef TOKPIPE_TRAIN_STEP_H
 #define TOKPIPE_TRAIN_STEP_H
@@ -63,6 +76,12 @@ struct PipeRank {
   float **grad, **scratch;           /* [nparams]: the step's gradient; one microbatch's (== grad if M == 1) */
   float *grad_block, *scratch_block; /* the held parameters' gradients, contiguous in param order */
   int64_t grad_count;
+  /* --zero 1: this rank's shard of its gradient block, elements [shard_lo, shard_hi), whose
+   * values it updates with its AdamW moments m_block and v_block (shard_hi - shard_lo
+   * elements each); shard_counts[d]: replica d's shard size, for the collectives */
+  int64_t shard_lo, shard_hi;
+  size_t *shard_counts;
+  float *m_block, *v_block;
   void **arena;      /* [st->arenas] */
   double *loss;      /* [microbatches]: the last stage's losses */
   TpStepIO *loss_io; /* [microbatches]: the last forward units' io, whose loss a device
@@ -110,6 +129,24 @@ static inline int piece_holder(const TpPlan *P, const TpPlanParam *p, int tensor
   return tensor * p->shard.parts / N * (N / p->shard.parts);
 }
 
+/* ---- params.c: --zero 1's shards ---- */
+/* bounds[0..D]: the shards of stage `stage`'s gradient block, replica d's [bounds[d],
+ * bounds[d + 1]). */
+void pipe_shard_bounds(const Trainer *t, int stage, int64_t *bounds);
+/* Where parameter i starts in stage `stage`'s gradient block (it holds i). */
+int64_t pipe_block_offset(const Trainer *t, int stage, int i);
+/* The elements [*a, *b) of an n-element parameter at `offset` of a block that lie in the
+ * shard [lo, hi); false when none do. */
+static inline bool shard_part(int64_t offset, int64_t n, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
+  *a = lo > offset ? lo - offset : 0;
+  *b = hi < offset + n ? hi - offset : n;
+  return *a < *b;
+}
+/* The same for hosted rank R's shard and parameter i (which its stage holds). */
+static inline bool rank_shard_part(const Trainer *t, const PipeRank *R, int i, int64_t *a, int64_t *b) {
+  return shard_part(R->grad[i] - R->grad_block, t->numel[i], R->shard_lo, R->shard_hi, a, b);
+}
+
 /* ---- buffers.c ---- */
 /* `bytes` of device memory (device) or host memory, zeroed; NULL after an error naming
  * what they are for. */
@@ -141,6 +178,12 @@ bool pipe_allreduce_tied(Trainer *t, PipeRank *R);
 bool pipe_allreduce_replicas(Trainer *t, PipeRank *R);
 /* Every rank's value of x (one per hosted rank) summed in rank order, on every process. */
 double pipe_sum_ranks(Trainer *t, const double *x);
+/* --zero 1: bufs[h] (count doubles of hosted rank h) summed over each rank's replicas in
+ * replica order, on every member (the norm's pieces, each a replica's, the others 0). */
+void pipe_sum_replicas(Trainer *t, double **bufs, size_t count);
+/* --zero 1 under mpirun: the values each replica updated (its shard of the rank's block)
+ * gathered to every replica. */
+void pipe_gather_params(Trainer *t);
 /* io->tensor_allreduce of every unit of a tensor-parallel plan. */
 void pipe_tensor_allreduce(TpStepIO *io, float *buf, int64_t count);
 

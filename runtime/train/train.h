@@ -83,7 +83,11 @@ typedef struct {
   void **arena;                      /* per stage (ABI 1) */
   int64_t *tokens, *targets;         /* [global batch, seq], host: what the token reader fills */
   int64_t *dev_tokens, *dev_targets; /* their device copies, which the units read */
-  double *norm_sum;                  /* device: one double per hosted rank (ABI 1: one) */
+  double *norm_pieces;               /* device: the gradient norm's pieces (TP_NORM_PIECES per
+                                      * parameter) of each hosted rank (ABI 1: one) */
+  float *param_block;                /* --zero 1 under mpirun: the held values, contiguous in the
+                                      * order of the rank's gradient block (all-gathered in place);
+                                      * else NULL and each value allocated alone */
   TpTokenFile train, val;
   int64_t step;     /* steps done */
   int64_t data_pos; /* token position of the next training batch */
@@ -122,6 +126,8 @@ static inline bool train_split(const TpPlan *P, const TpPlanParam *p) {
 static inline int train_pad(const TpPlan *P, const TpPlanParam *p) {
   return P->param_pad && train_split(P, p) ? P->param_pad[p - P->params] : 0;
 }
+/* Whether the replicas shard the optimizer state (TpPlan.zero; ABI 2, D > 1). */
+static inline bool train_zero(const TpPlan *P) { return P->stages && P->zero && P->dp > 1; }
 /* Whether this process writes the outputs (rank 0). */
 static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 

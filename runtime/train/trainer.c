@@ -616,7 +616,7 @@ static uint32_t plan_identity(const TpPlan *P) {
   c = crc_str(c, P->tokpipec_version);
   int64_t sizes[] = {P->batch,    P->seq,      P->vocab,        P->token_limit,  P->nparams,
                      P->nderived, P->nstages,  P->global_batch, P->microbatches, P->dp,
-                     P->nslices,  P->schedule, P->tensor,       P->nprobes};
+                     P->nslices,  P->schedule, P->tensor,       P->nprobes,      P->zero};
   c = crc_of(c, sizes, sizeof sizes);
   c = crc_str(c, P->device ? P->device->name : "cpu");
   for (int i = 0; i < P->nparams; i++) {

@@ -15,6 +15,9 @@
 #   emulated A B  the trainers A (the CUDA plan on the emulated CUDA runtime, on the CPU) and
 #                 B (the CPU plan of the same model and shape) train 2 steps alike: losses
 #                 and gradients within 1e-5 (relative); and A without a GPU says so
+#   emulated-same A B M  two CUDA trainers of model M on the emulated runtime (a plan and the
+#                 same plan with --recompute full) train a step to the same gradients
+#                 (the bytes of --dump-grads) and loss
 case=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6
 shift 6
 root=$src/../..
@@ -166,6 +169,22 @@ emulated)
     ok "without a GPU: $(cat out.txt)"
   else
     fail "without a GPU: exit code $rc (expected 1) and one line saying there is no CUDA GPU, got: $(cat out.txt)"
+  fi
+  ;;
+
+emulated-same)
+  a=$1 b=$2 model=$3
+  byte_tokens 16 300 train.bin || exit 1
+  for t in a b; do
+    eval "trainer=\$$t"
+    expect_exit 0 "the trainer $trainer" "$trainer" --init "$model" --data train.bin --steps 1 \
+      --dump-grads "$t.grads" --log "$t.jsonl" || exit 1
+    sed 's/, "ms".*//' "$t.jsonl" >"$t.losses"
+  done
+  if cmp -s a.grads b.grads && cmp -s a.losses b.losses; then
+    ok "$(basename "$a") and $(basename "$b") give the same gradients to the bit ($(wc -c <a.grads) bytes), and losses"
+  else
+    fail "$(basename "$a") and $(basename "$b") differ: $(cmp a.grads b.grads) $(diff a.losses b.losses)"
   fi
   ;;
 

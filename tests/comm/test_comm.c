@@ -1,7 +1,9 @@
 /* The communication layer (runtime/comm) on its own, as `test_comm MODE` under mpirun -np N
  * (or without mpirun: the local backend, size 1):
  *   basic  ring messages of several sizes, all-reduce (f32, f64, int64; all ranks and a
- *          sub-group) bit for bit equal to the sum in rank order, broadcast, barrier, agree
+ *          sub-group) bit for bit equal to the sum in rank order, reduce-scatter (the same
+ *          bits in each member's segment) and all-gather over segments of unequal sizes,
+ *          one empty, broadcast, barrier, agree
  *   die    rank 1 is killed (SIGKILL) while the others wait for it
  *   hang   rank 1 stops answering (sleeps) while the others wait for it: their watchdog
  *          (TOKPIPE_COMM_TIMEOUT) must end the job
@@ -71,6 +73,30 @@ static void allreduce(TpComm *c, const int *group, int n) {
   free(want);
 }
 
+/* --zero 1's pair over every rank: segment i (i + 1 elements, rank 1's none) is rank i's. */
+static void scatter_gather(TpComm *c, const int *all) {
+  size_t *counts = malloc(sizeof *counts * (size_t)c->size), total = 0, at = 0;
+  for (int i = 0; i < c->size; i++) {
+    counts[i] = i == 1 ? 0 : (size_t)i + 1;
+    if (i < c->rank) at += counts[i];
+    total += counts[i];
+  }
+  float *x = malloc(sizeof *x * total), *want = malloc(sizeof *want * total);
+  for (size_t i = 0; i < total; i++) {
+    x[i] = value_f32(c->rank, i);
+    want[i] = value_f32(0, i);
+    for (int g = 1; g < c->size; g++) want[i] += value_f32(g, i);
+  }
+  tp_comm_reduce_scatter_sum(c, x, counts, TP_F32, all, c->size);
+  EXPECT(c, memcmp(x + at, want + at, counts[c->rank] * sizeof *x) == 0); /* the all-reduce's bits */
+  for (size_t i = 0; i < total; i++) x[i] = i >= at && i < at + counts[c->rank] ? (float)i : -1.0f;
+  tp_comm_all_gather(c, x, counts, TP_F32, all, c->size);
+  size_t bad = 0;
+  for (size_t i = 0; i < total; i++) bad += x[i] != (float)i;
+  EXPECT(c, bad == 0);
+  free(counts), free(x), free(want);
+}
+
 static int basic(TpComm *c) {
   ring(c);
   int *all = malloc(sizeof *all * (size_t)c->size), *even = malloc(sizeof *even * (size_t)c->size), neven = 0;
@@ -80,6 +106,7 @@ static int basic(TpComm *c) {
   }
   allreduce(c, all, c->size);
   allreduce(c, even, neven);
+  scatter_gather(c, all);
   char msg[32] = "";
   int root = c->size - 1;
   if (c->rank == root) snprintf(msg, sizeof msg, "hello from %d", root);

@@ -157,17 +157,22 @@ static void test_math(TpCompute *c, TpStream *s, bool exact_sums) {
   same_bits(name, "clip", h, want, N);
   free(h);
 
-  /* the sum of squares adds into a device double, read back explicitly */
-  double start = 1.5, got = 0, *acc = c->be->alloc(c, sizeof *acc);
-  c->be->copy_h2d(c, s, acc, &start, sizeof start);
-  c->be->sum_squares(c, s, dx, N, acc);
-  c->be->sum_squares(c, s, dy, 0, acc); /* an empty gradient adds 0 */
-  c->be->copy_d2h(c, s, &got, acc, sizeof got);
+  /* the norm's pieces into device doubles, read back explicitly and added in order; a range
+   * of pieces alone gives the same bits */
+  double got = 0, pieces[TP_NORM_PIECES], some[3];
+  double *dp = c->be->alloc(c, sizeof pieces), *ds = c->be->alloc(c, sizeof some);
+  c->be->sum_squares_pieces(c, s, dx, N, 0, TP_NORM_PIECES, dp);
+  c->be->sum_squares_pieces(c, s, dx, N, 7, 3, ds);
+  c->be->sum_squares_pieces(c, s, dy, N, 0, 0, ds); /* nothing asked: nothing written */
+  c->be->copy_d2h(c, s, pieces, dp, sizeof pieces);
+  c->be->copy_d2h(c, s, some, ds, sizeof some);
   c->be->stream_sync(c, s);
-  double expect = start + tp_sum_squares_f32(want, N);
+  for (int p = 0; p < TP_NORM_PIECES; p++) got += pieces[p];
+  double expect = tp_sum_squares_f32(want, N);
   if (exact_sums ? memcmp(&got, &expect, sizeof got) != 0 : !(fabs(got - expect) <= 1e-12 * expect))
-    fail("%s: sum_squares: %.17g, expected %.17g", name, got, expect);
-  c->be->free(c, acc);
+    fail("%s: sum_squares_pieces: %.17g, expected %.17g", name, got, expect);
+  if (memcmp(some, pieces + 7, sizeof some) != 0) fail("%s: sum_squares_pieces 7..9 alone differ", name);
+  c->be->free(c, dp), c->be->free(c, ds);
 
   /* two AdamW steps, against the kernel on host copies */
   float *g = rand_array(N, 1), *m = calloc(N, sizeof *m), *v = calloc(N, sizeof *v);

@@ -164,6 +164,23 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
   });
 }
 
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+  MPI_Datatype t = type == ncclFloat32   ? MPI_FLOAT
+                   : type == ncclFloat64 ? MPI_DOUBLE
+                   : type == ncclInt64   ? MPI_INT64_T
+                                         : MPI_INT8_T;
+  int rank = 0;
+  if (op != ncclSum || count > (size_t)INT32_MAX) return ncclInvalidArgument;
+  MPI_Comm_rank(comm->mpi, &rank);
+  MPI_Comm mpi = comm->mpi;
+  return queue("ncclReduce", stream, [=](MPI_Request *q) {
+    if (rank != root) return MPI_Ireduce(send, NULL, (int)count, t, MPI_SUM, root, mpi, q);
+    if (send != recv) memcpy(recv, send, count * type_bytes(type));
+    return MPI_Ireduce(MPI_IN_PLACE, recv, (int)count, t, MPI_SUM, root, mpi, q);
+  });
+}
+
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream) {
   int n = mpi_count(count * type_bytes(type)), rank = 0;
@@ -186,6 +203,9 @@ ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cud
 }
 ncclResult_t ncclRecv(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclSystemError; }
 ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
+  return ncclSystemError;
+}
+ncclResult_t ncclReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t) {
   return ncclSystemError;
 }
 ncclResult_t ncclBroadcast(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {

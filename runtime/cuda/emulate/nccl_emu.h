@@ -11,8 +11,8 @@
  *                     a send completes only once its receive is posted (rendezvous, as
  *                     NCCL's), so a runtime whose peer posts that receive only after
  *                     something this rank blocks on deadlocks here as on GPUs
- *   ncclAllReduce     MPI_Iallreduce (MPI's order of addition, not NCCL's), ncclBroadcast
- *                     MPI_Ibcast
+ *   ncclAllReduce     MPI_Iallreduce (MPI's order of addition, not NCCL's), ncclReduce
+ *                     MPI_Ireduce, ncclBroadcast MPI_Ibcast
  * Each operation is queued on the stream as asynchronous work (cuda_emu.h's
  * tp_emu_stream_async), started when the stream reaches it (its earlier work done): an
  * event recorded after it is complete once MPI completed it. Built
@@ -52,6 +52,8 @@ ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int pe
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream);
 /* Operations between these two run together on NCCL; MPI's non-blocking calls need no grouping. */
