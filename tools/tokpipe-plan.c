@@ -502,8 +502,8 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
 /* The options this tokpipec compiles, which the joint search may choose (its memory
  * accounting follows codegen/rank_memory.h for them all). */
 static const TpCompileCaps tokpipec_caps = {.bf16 = false,
-                                            .zero = false,
-                                            .recompute = false,
+                                            .zero = true,
+                                            .recompute = true,
                                             .vocab_pad = true,
                                             .transient_region = false};
 

@@ -532,11 +532,16 @@ static double vocab_rows(const TpCostModel *cm) {
  *   selective  x and the attention's output product (2h), the QKV and first MLP products
  *              ((3h + ffn) / t): the norms, attention and GELU are recomputed;
  *   full       x alone: s h.
- * Cut into token slices, every layer also keeps its K/V context (2h / t, under none they
- * are the K and V already counted) and its gradient accumulator (2h / t). */
-static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, bool sliced, double s) {
+ * Cut into token slices, every layer also keeps its K/V context (2h / t; under none they
+ * are the K and V already counted) and gradient accumulators (2h / t; recomputing, the
+ * later slices' partial gradients over the earlier rows too). */
+static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, int nslices, double s) {
   double h = cm->model.hidden, ffn = cm->model.ffn, t = cm->tensor;
-  double context = sliced ? 2 * h / t * s * (r == TP_PLAN_RECOMPUTE_NONE ? 1 : 2) : 0;
+  double context = 0;
+  if (nslices > 1 && r == TP_PLAN_RECOMPUTE_NONE) context = 2 * h / t * s;
+  /* recomputing, the context and the gradients of every later slice's keys and values over
+   * the earlier rows ((n + 1) / 2 of the rows on average) */
+  if (nslices > 1 && r != TP_PLAN_RECOMPUTE_NONE) context = 2 * h / t * s * (1 + (nslices + 1) / 2.0);
   switch (r) {
   case TP_PLAN_RECOMPUTE_NONE: return s * (4 * h + (4 * h + 2 * ffn) / t) + 16 + context;
   case TP_PLAN_RECOMPUTE_SELECTIVE: return s * (2 * h + (3 * h + ffn) / t) + context;
@@ -554,7 +559,7 @@ static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, bool sl
 double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices) {
   const TpStage *st = &cm->stage[k];
   double h = cm->model.hidden, s = tp_precision_bytes(cm->precision), tokens = (double)b * cm->model.seq;
-  double per_token = st->layers * layer_kept_bytes(cm, cm->recompute, nslices > 1, s);
+  double per_token = st->layers * layer_kept_bytes(cm, cm->recompute, nslices, s);
   if (k + 1 < cm->nstages) per_token += 2 * h * s;
   if (k > 0) per_token += h * s;
   if (st->head && cm->recompute == TP_PLAN_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
@@ -580,7 +585,7 @@ double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c
     layer += 2 * ffn + 2 * cm->model.hidden * 4.0;
   if (cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) layer += ffn;
   if (cm->recompute == TP_PLAN_RECOMPUTE_FULL) {
-    layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, false, 4) - layer_kept_bytes(cm, cm->recompute, false, 4);
+    layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, 1, 4) - layer_kept_bytes(cm, cm->recompute, 1, 4);
     if (st->head) return tokens * (layer + head + 2 * cm->model.hidden * 4.0);
   }
   return tokens * (st->layers && layer > (st->head ? head : 0) ? layer : st->head ? head : 0);
