@@ -30,6 +30,8 @@ typedef enum {
   TP_MEM_CONST,   /* a static array of the generated program */
   TP_MEM_TOKENS,  /* io->tokens */
   TP_MEM_TARGETS, /* io->targets */
+  /* &io->loss_scale: the backward's seed under fp16 (store-fp16's input) */
+  TP_MEM_LOSS_SCALE,
 } TpMemKind;
 
 typedef struct {

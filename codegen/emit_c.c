@@ -463,6 +463,7 @@ static void put_addr(Emitter *E, FILE *out, TpAddr a, Numbering *num) {
   }
   case TP_ADDR_TOKENS: fputs("(void *)io->tokens", out); break;
   case TP_ADDR_TARGETS: fputs("(void *)io->targets", out); break;
+  case TP_ADDR_LOSS_SCALE: fputs("(void *)&io->loss_scale", out); break;
   }
 }
 

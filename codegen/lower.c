@@ -89,6 +89,7 @@ static TpAddr addr_of(Lowerer *X, int v) {
   case TP_MEM_CONST: return (TpAddr){TP_ADDR_CONST, v};
   case TP_MEM_TOKENS: return (TpAddr){TP_ADDR_TOKENS, 0};
   case TP_MEM_TARGETS: return (TpAddr){TP_ADDR_TARGETS, 0};
+  case TP_MEM_LOSS_SCALE: return (TpAddr){TP_ADDR_LOSS_SCALE, 0};
   case TP_MEM_NONE: break;
   }
   TP_ASSERT(!"a used value has no storage");

@@ -24,6 +24,8 @@ typedef enum {
   TP_ADDR_TOKENS,  /* io->tokens */
   TP_ADDR_TARGETS, /* io->targets */
   TP_ADDR_VALUE,   /* the data of value n, a view declared before in the function */
+  /* &io->loss_scale */
+  TP_ADDR_LOSS_SCALE,
 } TpAddrKind;
 
 typedef struct {

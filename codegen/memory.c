@@ -70,16 +70,48 @@ static bool reduces_in_place(const TpModule *m, const TpMemoryPlan *p, const int
 
 /* Where each value lives, before any placement. uses[v]: tp_use_count(m, v), counted once
  * (asking per op is quadratic in a paper-scale module's ops). */
+/* Is input v store-fp16's loss scale, the backward's seed d loss / d loss (%<loss>.grad)? */
+static bool is_loss_scale(const TpModule *m, int v) {
+  const TpValue *val = &m->values[v];
+  if (m->loss < 0 || val->type.dtype != TP_F32 || val->type.rank != 0) return false;
+  const char *loss = m->values[m->loss].name;
+  size_t n = strlen(loss);
+  return strncmp(val->name, loss, n) == 0 && strcmp(val->name + n, ".grad") == 0;
+}
+
+/* The trainer holds f32 parameters, or the 16-bit working copies of --precision bf16 or
+ * fp16 (store-bf16, store-fp16), which ops read through a Cast to f32 or move (a re-tie
+ * view). */
+static int check_param_dtypes(const TpModule *m, TpDiag *d) {
+  bool *computes_on = calloc((size_t)m->nvalues + 1, sizeof *computes_on);
+  TP_ASSERT(computes_on);
+  for (int op = 0; op < m->nops; op++)
+    for (int i = 0; i < m->ops[op].ninputs; i++)
+      if (m->ops[op].inputs[i] >= 0 && m->ops[op].kind != TP_OP_Cast && m->ops[op].role != TP_ROLE_RETIE)
+        computes_on[m->ops[op].inputs[i]] = true;
+  int rc = TP_OK;
+  for (int v = 0; v < m->nvalues && rc == TP_OK; v++) {
+    const TpValue *val = &m->values[v];
+    if (val->kind == TP_VAL_PARAM && val->type.dtype != TP_F32 &&
+        ((val->type.dtype != TP_BF16 && val->type.dtype != TP_F16) || computes_on[v]))
+      rc = tp_internal(d,
+                       "codegen: parameter '%s' is %s; the trainer holds f32 parameters, or bf16 or f16 ones "
+                       "that ops read through a Cast (--precision)",
+                       val->name, tp_dtype_name(val->type.dtype));
+  }
+  free(computes_on);
+  return rc;
+}
+
 static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const int *uses, TpDiag *d) {
   int tokens = -1, targets = -1;
+  int rc = check_param_dtypes(m, d);
+  if (rc != TP_OK) return rc;
   for (int v = 0; v < m->nvalues; v++) {
     const TpValue *val = &m->values[v];
     TpMemSlot *s = &p->value[v];
     *s = (TpMemSlot){.kind = TP_MEM_NONE, .stage = -1, .offset = -1, .index = -1};
     if (val->kind == TP_VAL_PARAM) {
-      if (val->type.dtype != TP_F32)
-        return tp_internal(d, "codegen: parameter '%s' is %s; the trainer holds f32 parameters", val->name,
-                           tp_dtype_name(val->type.dtype));
       s->kind = TP_MEM_PARAM;
       if (tp_tied_param(m, v) >= 0) continue; /* the copy of a parameter: below */
       s->index = p->nparams;
@@ -88,6 +120,10 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const 
       if (used[v]) s->kind = TP_MEM_CONST;
     } else if (val->kind == TP_VAL_INPUT) {
       if (!used[v]) continue;
+      if (is_loss_scale(m, v)) {
+        s->kind = TP_MEM_LOSS_SCALE;
+        continue;
+      }
       bool labels = is_label_input(m, v);
       int *which = labels ? &targets : &tokens;
       if (*which >= 0)
@@ -595,25 +631,25 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     print_bytes(out, "  no reuse", p->total_bytes[s], "every buffer on its own");
     activations += p->arena_bytes[s];
   }
-  int64_t params = 0, grads = 0;
+  int64_t params = 0, grads = 0, elements = 0, trained = 0; /* bytes as stored (16-bit under bf16, fp16) */
   int ntrainable = 0;
   for (int i = 0; i < p->nparams; i++) {
     int v = p->params[i];
-    int64_t bytes = value_bytes(m, v);
-    params += bytes;
-    if (m->grads && tp_grad_of(m, v) >= 0) grads += bytes, ntrainable++;
+    int64_t bytes = value_bytes(m, v), n = tp_type_numel(&m->values[v].type);
+    params += bytes, elements += n;
+    if (m->grads && tp_grad_of(m, v) >= 0) grads += bytes, trained += n, ntrainable++;
   }
   char note[128];
   int tensor = tp_tensor_ranks(m);
   if (tensor > 1) fprintf(out, "totals (per tensor rank: its parts of the parameters split %d ways):\n", tensor);
   else fprintf(out, "totals:\n");
-  snprintf(note, sizeof note, "%d tensors, %lld floats", p->nparams, (long long)(params / 4));
+  snprintf(note, sizeof note, "%d tensors, %lld floats", p->nparams, (long long)elements);
   print_bytes(out, "  parameters", params, note);
   snprintf(note, sizeof note, "%d trainable tensors", ntrainable);
   print_bytes(out, "  gradients", grads, note);
-  print_bytes(out, "  optimizer state", 2 * grads, "AdamW first and second moments");
+  print_bytes(out, "  optimizer state", 8 * trained, "AdamW first and second moments");
   print_bytes(out, "  activations", activations, "the stage arenas");
-  print_bytes(out, "  total", params + grads + 2 * grads + activations, NULL);
+  print_bytes(out, "  total", params + grads + 8 * trained + activations, NULL);
   if (!pl) return;
   if (tensor > 1) snprintf(note, sizeof note, " x %d tensor ranks", tensor);
   fprintf(out, "ranks: %d stage%s%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",

@@ -283,6 +283,8 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
   if (E->target->device) fprintf(out, "    .device = &%s,\n", E->target->device);
   if (E->tensor > 1) fprintf(out, "    .tensor = %d,\n", E->tensor);
   if (pl->o.zero && pl->o.dp > 1) fputs("    .zero = 1,\n", out);
+  TpDType stored = p->nparams ? m->values[p->params[0]].type.dtype : TP_F32; /* store-bf16, store-fp16 */
+  if (stored != TP_F32) fprintf(out, "    .precision = %s,\n", stored == TP_BF16 ? "TP_PLAN_BF16" : "TP_PLAN_FP16");
   fputs("};\n", out);
   fputs("\nint main(int argc, char **argv) { return tp_trainer_main(&tp_plan, argc, argv); }\n", out);
 }

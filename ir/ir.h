@@ -466,6 +466,10 @@ int pass_recompute(TpModule *m, TpPassOptions *opt, TpDiag *d);
 /* "none", "selective", "full"; and back (false for another name). */
 const char *tp_recompute_name(TpRecompute r);
 bool tp_recompute_parse(const char *name, TpRecompute *r);
+/* passes/store_half.c: store-bf16 and store-fp16 store a trained module's parameters,
+ * activations and gradients in 16 bits, every op still computing in f32 (casts around it). */
+int pass_store_bf16(TpModule *m, TpPassOptions *opt, TpDiag *d);
+int pass_store_fp16(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* passes/shard_tensor.c: shard-tensor splits the raised forward module (before add-loss)
  * over opt->tensor ranks the Megatron way (column-parallel, then row-parallel products,
@@ -525,6 +529,9 @@ struct TpPassOptions {
   int tensor;
   /* recompute: what the backward recomputes (tokpipec --recompute; NONE: no recompute pass). */
   TpRecompute recompute;
+  /* store-bf16 or store-fp16 (TP_BF16, TP_F16) ends the pipeline of a trained module
+   * (tokpipec --precision); TP_UNDEF: values stay f32. */
+  TpDType storage;
   /* The pass manager: IR dumps and verification. */
   const char *print_before; /* comma-separated pass names, or NULL */
   const char *print_after;  /* comma-separated pass names, or NULL */

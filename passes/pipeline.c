@@ -31,6 +31,8 @@ const TpPassInfo tp_pass_registry[] = {
      "put the gradients of boundary copies on the receiving stage; check stage crossings"},
     {"recompute", pass_recompute,
      "make the backward recompute the activations it reads, but the checkpoints (--recompute)"},
+    {"store-bf16", pass_store_bf16, "store parameters, activations and gradients in bf16, computing in f32"},
+    {"store-fp16", pass_store_fp16, "store parameters, activations and gradients in fp16, computing in f32"},
     {NULL, NULL, NULL},
 };
 
@@ -45,7 +47,8 @@ const TpPassInfo tp_pass_registry[] = {
  * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
  * and finish-stages places the gradients that cross stages once autodiff made them.
  * recompute (tokpipec --recompute selective|full) then has the backward recompute the
- * activations it reads from the finished forward and backward. */
+ * activations it reads from the finished forward and backward. --precision bf16 or fp16
+ * appends store-bf16 or store-fp16 (TpPassOptions.storage), last. */
 const char *const tp_default_pipeline[] = {"fold-constants",
                                            "dce",
                                            "rebatch",
@@ -80,6 +83,9 @@ int tp_pipeline_passes(const TpPassOptions *o, const char **names) {
     if (strcmp(p, "shard-tensor") == 0) names[n++] = "dce";
     names[n++] = p;
   }
+  /* mixed precision: last, on the module the memory plan sees */
+  if (o->storage != TP_UNDEF && !o->forward_only && !o->params_only)
+    names[n++] = o->storage == TP_F16 ? "store-fp16" : "store-bf16";
   names[n] = NULL;
   return n;
 }

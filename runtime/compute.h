@@ -96,6 +96,12 @@ typedef struct {
   /* A message: the arena's buffers in order into dst (their total bytes), and back. */
   void (*pack)(TpCompute *c, TpStream *s, void *dst, const void *arena, const TpPlanBuffer *buffers, int n);
   void (*unpack)(TpCompute *c, TpStream *s, void *arena, const void *src, const TpPlanBuffer *buffers, int n);
+  /* Mixed precision (TpPlan.precision; NULL where the backend has none): half is
+   * TP_PLAN_BF16 or TP_PLAN_FP16. dst += src widened to f32 (a microbatch's gradients into
+   * the step's sum), and dst = src rounded to nearest even (the working copy of the f32
+   * masters). */
+  void (*add_half_into)(TpCompute *c, TpStream *s, float *dst, const void *src, int64_t n, int half);
+  void (*round_to_half)(TpCompute *c, TpStream *s, void *dst, const float *src, int64_t n, int half);
 } TpComputeBackend;
 
 struct TpCompute {

@@ -33,8 +33,10 @@ static const char usage[] =
     "  -o OUT               write OUT (atomically) instead of stdout\n"
     "  --target cpu|cuda    the kernels the C program calls (default cpu); cuda: a trainer\n"
     "                       for NVIDIA GPUs (runtime/cuda), built on the CPU trainer\n"
-    "  --precision fp32|bf16  with --target cuda: the matrix products in fp32 (default) or\n"
-    "                       bf16 operands with fp32 accumulation; weights and AdamW stay fp32\n"
+    "  --precision fp32|bf16|fp16  cpu: store parameters, activations and gradients in\n"
+    "                       fp32 (default) or 16 bits, computing in fp32 with fp32 master\n"
+    "                       weights and AdamW state (fp16 with dynamic loss scaling); cuda\n"
+    "                       (fp32|bf16): the matrix products' operands in bf16, all else fp32\n"
     "  --exe TRAINER        also compile the C program into the executable TRAINER\n"
     "  -v, --verbose        print the C compiler's command line\n"
     "  --batch B, --seq T   the global batch of a step (B / (dp * microbatches) rows per\n"
@@ -497,7 +499,8 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
                         .slice_len = slices,
                         .nstages = S,
                         .stage_cuts = S > 1 ? o->staged_cuts : NULL,
-                        .recompute = o->recompute};
+                        .recompute = o->recompute,
+                        .storage = o->storage}; /* the units share the plan's buffers */
     const char *names[TP_MAX_PIPELINE];
     int np = tp_pipeline_passes(&po, names);
     char where[PATH_MAX + 96];
@@ -604,10 +607,16 @@ int main(int argc, char **argv) {
   }
   if (!input) cli_usage_error("no input model");
   const TpTarget *code_target = tp_target_find(target, NULL);
-  if (precision && !code_target->precision)
-    cli_usage_error("--precision goes with --target cuda: the %s target computes in fp32", target);
-  if (precision && !tp_target_find(target, precision))
-    cli_usage_error("--precision expects %s, got '%s'", tp_target_precisions(target), precision);
+  if (precision && code_target->precision && !tp_target_find(target, precision))
+    cli_usage_error("--precision expects %s with --target %s, got '%s'", tp_target_precisions(target), target,
+                    precision);
+  /* The cpu target stores in 16 bits what --precision names (fp32 masters, f32 compute);
+   * the cuda target's bf16 rounds the matrix products' operands, storing f32. */
+  if (precision && !code_target->precision && !tp_precision_parse(precision, &pipe.precision))
+    cli_usage_error("--precision expects fp32, bf16 or fp16, got '%s'", precision);
+  po.storage = pipe.precision == TP_PRECISION_BF16   ? TP_BF16
+               : pipe.precision == TP_PRECISION_FP16 ? TP_F16
+                                                     : TP_UNDEF;
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0)
     cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
@@ -703,7 +712,7 @@ int main(int argc, char **argv) {
     free(gl), free(gc);
   }
   probes.target = target;
-  probes.precision = precision;
+  probes.precision = code_target->precision ? precision : NULL;
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
   ParamsReport params = {m, po.freeze};
   if (rc == TP_OK && strcmp(emit, "params") == 0) rc = cli_write_output(output, write_params, &params, &d);

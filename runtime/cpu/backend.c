@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../base/half.h"
 #include "optim.h"
 
 #define PARALLEL_MIN_ELEMS 32768
@@ -66,6 +67,30 @@ static void cpu_add_into(TpCompute *c, TpStream *s, float *dst, const float *src
   (void)c, (void)s;
 #pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
   for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+static void cpu_add_half_into(TpCompute *c, TpStream *s, float *dst, const void *src, int64_t n, int half) {
+  (void)c, (void)s;
+  const uint16_t *h = src;
+  if (half == TP_PLAN_BF16) {
+#pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+    for (int64_t i = 0; i < n; i++) dst[i] += tp_half_bf16_to_f32(h[i]);
+  } else {
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+    for (int64_t i = 0; i < n; i++) dst[i] += tp_half_f16_to_f32(h[i]);
+  }
+}
+
+static void cpu_round_to_half(TpCompute *c, TpStream *s, void *dst, const float *src, int64_t n, int half) {
+  (void)c, (void)s;
+  uint16_t *h = dst;
+  if (half == TP_PLAN_BF16) {
+#pragma omp parallel for simd schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+    for (int64_t i = 0; i < n; i++) h[i] = tp_half_f32_to_bf16(src[i]);
+  } else {
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN_ELEMS)
+    for (int64_t i = 0; i < n; i++) h[i] = tp_half_f32_to_f16(src[i]);
+  }
 }
 
 static void cpu_divide(TpCompute *c, TpStream *s, float *x, int64_t n, float by) {
@@ -135,6 +160,8 @@ const TpComputeBackend tp_compute_cpu = {
     .event_sync = cpu_event_sync,
     .run_unit = cpu_run_unit,
     .add_into = cpu_add_into,
+    .add_half_into = cpu_add_half_into,
+    .round_to_half = cpu_round_to_half,
     .divide = cpu_divide,
     .sum_squares_pieces = cpu_sum_squares_pieces,
     .clip = cpu_clip,

@@ -104,6 +104,12 @@ static void strict_run_unit(TpCompute *c, TpStream *s, TpUnitFn fn, TpStepIO *io
 static void strict_add_into(TpCompute *c, TpStream *s, float *dst, const float *src, int64_t n) {
   OPEN(tp_compute_cpu.add_into(c, s, dst, src, n));
 }
+static void strict_add_half_into(TpCompute *c, TpStream *s, float *dst, const void *src, int64_t n, int half) {
+  OPEN(tp_compute_cpu.add_half_into(c, s, dst, src, n, half));
+}
+static void strict_round_to_half(TpCompute *c, TpStream *s, void *dst, const float *src, int64_t n, int half) {
+  OPEN(tp_compute_cpu.round_to_half(c, s, dst, src, n, half));
+}
 static void strict_divide(TpCompute *c, TpStream *s, float *x, int64_t n, float by) {
   OPEN(tp_compute_cpu.divide(c, s, x, n, by));
 }
@@ -157,6 +163,8 @@ const TpComputeBackend tp_compute_cpu_strict = {
     .event_sync = strict_event_sync,
     .run_unit = strict_run_unit,
     .add_into = strict_add_into,
+    .add_half_into = strict_add_half_into,
+    .round_to_half = strict_round_to_half,
     .divide = strict_divide,
     .sum_squares_pieces = strict_sum_squares_pieces,
     .clip = strict_clip,

@@ -203,6 +203,8 @@ static void cuda_unpack(TpCompute *c, TpStream *s, void *arena, const void *src,
   move_buffers(s, const_cast<char *>(static_cast<const char *>(src)), static_cast<char *>(arena), buffers, n, false);
 }
 
+/* No add_half_into, round_to_half: CUDA plans store f32 (--precision bf16 there rounds the
+ * products' operands only). */
 extern "C" const TpComputeBackend tp_compute_cuda = {
     "cuda",
     false, /* host_addressable */
@@ -229,6 +231,8 @@ extern "C" const TpComputeBackend tp_compute_cuda = {
     cuda_adamw,
     cuda_pack,
     cuda_unpack,
+    nullptr, /* add_half_into */
+    nullptr, /* round_to_half */
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */

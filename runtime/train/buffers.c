@@ -4,7 +4,9 @@
  * and what the transport reads and writes for a device buffer. */
 #include "step.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- device memory ---- */
@@ -70,17 +72,21 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
   R->arena = xcalloc((size_t)R->st->arenas, sizeof *R->arena);
   R->loss = xcalloc((size_t)P->microbatches, sizeof *R->loss);
   R->loss_io = xcalloc((size_t)P->microbatches, sizeof *R->loss_io);
-  size_t grad_bytes = (size_t)R->grad_count * 4;
+  /* the step's f32 sum, and a microbatch's gradients as the units write them (16-bit under
+   * bf16 and fp16, where the sum is always apart) */
+  size_t grad_bytes = (size_t)R->grad_count * 4, elem = train_elem_bytes(P);
+  bool apart = P->microbatches > 1 || elem != 4;
   if (!(R->grad_block = pipe_alloc(t, grad_bytes, "the gradients of rank %d", rank)) ||
-      !(R->scratch_block = P->microbatches > 1 ? pipe_alloc(t, grad_bytes, "rank %d's microbatch gradients", rank)
-                                               : R->grad_block))
+      !(R->scratch_block = apart
+                               ? pipe_alloc(t, (size_t)R->grad_count * elem, "rank %d's microbatch gradients", rank)
+                               : R->grad_block))
     return TP_ERR_INPUT;
   int64_t at = 0;
   for (int i = 0; i < P->nparams; i++)
     if (stage_holds(&P->params[i], R->stage)) {
-      R->param[i] = t->param[i];
+      R->param[i] = t->work[i] ? t->work[i] : t->param[i];
       R->grad[i] = R->grad_block + at;
-      R->scratch[i] = R->scratch_block + at;
+      R->scratch[i] = (float *)((char *)R->scratch_block + at * (int64_t)elem);
       at += t->numel[i];
     }
   if (train_zero(P)) {
@@ -168,6 +174,7 @@ int pipe_setup(Trainer *t) {
   t->grad = xcalloc(np, sizeof *t->grad);
   t->m = xcalloc(np, sizeof *t->m);
   t->v = xcalloc(np, sizeof *t->v);
+  t->work = xcalloc(np, sizeof *t->work);
   t->held = xcalloc(np, sizeof *t->held);
   t->numel = xcalloc(np, sizeof *t->numel);
   t->whole_numel = xcalloc(np, sizeof *t->whole_numel);
@@ -178,6 +185,13 @@ int pipe_setup(Trainer *t) {
   }
   t->stream = be(t)->stream_new(t->compute);
   t->nranks = 1;
+  t->loss_scale = P->precision == TP_PLAN_FP16 ? LOSS_SCALE_INITIAL : 1;
+  t->scale_growth = LOSS_SCALE_GROWTH;
+  /* test hook "S,N": fp16's initial loss scale S and growth interval N, to reach an
+   * overflow and a growth in a few steps */
+  const char *hook = getenv("TOKPIPE_TEST_LOSS_SCALE");
+  if (hook && P->precision == TP_PLAN_FP16 && sscanf(hook, "%f,%" SCNd64, &t->loss_scale, &t->scale_growth) != 2)
+    t->loss_scale = LOSS_SCALE_INITIAL, t->scale_growth = LOSS_SCALE_GROWTH;
   if (!(t->tokens = pipe_alloc_bytes(t, false, ntok * sizeof *t->tokens, "a step's token ids")) ||
       !(t->targets = pipe_alloc_bytes(t, false, ntok * sizeof *t->targets, "a step's targets")) ||
       !(t->dev_tokens = pipe_alloc(t, ntok * sizeof *t->tokens, "a step's token ids")) ||
@@ -216,11 +230,13 @@ void pipe_free(Trainer *t) {
     if (!t->plan->stages) pipe_dev_free(t, t->grad[i]); /* else a hosted rank's */
     pipe_dev_free(t, t->m[i]);
     pipe_dev_free(t, t->v[i]);
+    pipe_dev_free(t, t->work[i]);
   }
   for (int s = 0; t->arena && s < t->plan->nstages; s++) pipe_dev_free(t, t->arena[s]);
   pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->norm_pieces);
   free(t->tokens), free(t->targets);
-  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->held), free(t->numel), free(t->arena);
+  free(t->param), free(t->grad), free(t->m), free(t->v), free(t->work), free(t->held), free(t->numel),
+      free(t->arena);
   free(t->whole_numel);
   if (t->stream) be(t)->stream_free(t->compute, t->stream);
 }

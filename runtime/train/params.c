@@ -13,12 +13,16 @@ int pipe_owner(const Trainer *t, int i, int tensor) {
   return P->stages ? rank_of(P, 0, P->params[i].stage, piece_holder(P, &P->params[i], tensor)) : 0;
 }
 
-/* A parameter's value (unless it lies in t->param_block) and, if trainable, AdamW state
- * (under --zero 1 the ranks' shards hold it: buffers.c). */
+/* A parameter's value (under bf16 and fp16 its f32 master and 16-bit working copy; unless
+ * it lies in t->param_block) and, if trainable, AdamW state (under --zero 1 the ranks'
+ * shards hold it: buffers.c). */
 int pipe_alloc_param(Trainer *t, int i) {
   size_t bytes = (size_t)t->numel[i] * 4;
   const char *name = t->plan->params[i].name;
   bool whole_state = t->plan->params[i].trainable && !train_zero(t->plan);
+  if (t->plan->precision != TP_PLAN_FP32 &&
+      !(t->work[i] = pipe_alloc(t, (size_t)t->numel[i] * 2, "the 16-bit copy of parameter '%s'", name)))
+    return TP_ERR_INPUT;
   if ((!t->param[i] && !(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name))) ||
       (whole_state && (!(t->m[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
                        !(t->v[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)))))
@@ -166,11 +170,15 @@ static void upload_shards(Trainer *t, int i, const float *m, const float *v) {
   free(piece);
 }
 
+void pipe_round_param(Trainer *t, TpStream *s, int i) {
+  if (t->work[i]) be(t)->round_to_half(t->compute, s, t->work[i], t->param[i], t->numel[i], t->plan->precision);
+}
+
 void pipe_upload(Trainer *t) {
   TrainHost *H = &t->host;
   for (int i = 0; i < t->plan->nparams; i++) {
     if (!t->held[i]) continue;
-    if (H->param[i]) upload(t, i, t->param[i], H->param[i]);
+    if (H->param[i]) upload(t, i, t->param[i], H->param[i]), pipe_round_param(t, t->stream, i);
     if (H->m[i] && train_zero(t->plan)) upload_shards(t, i, H->m[i], H->v[i]);
     else if (H->m[i]) upload(t, i, t->m[i], H->m[i]), upload(t, i, t->v[i], H->v[i]);
   }

@@ -183,8 +183,9 @@ typedef struct {
 /* What one unit function reads and writes. The trainer owns all buffers. */
 struct TpStepIO {
   void *arena;            /* the (stage, microbatch) arena: stages[k].arena_bytes, 64-aligned */
-  float *const *param;    /* param[i]: values of plan->params[i] (NULL where not held) */
-  float *const *grad;     /* grad[i]: gradients (see "Gradients" above) */
+  float *const *param;    /* param[i]: values of plan->params[i] (NULL where not held); 16-bit
+                             arrays under TpPlan.precision bf16 and fp16 */
+  float *const *grad;     /* grad[i]: gradients (see "Gradients" above), stored as param[i] */
   const int64_t *tokens;  /* [batch, seq] model input ids of the microbatch */
   const int64_t *targets; /* [batch, seq] the next token of each position */
   float loss;             /* set by the last stage's loss unit: the microbatch's mean */
@@ -202,6 +203,10 @@ struct TpStepIO {
    * writes it where the IR's TensorRank asks (the vocabulary range a vocabulary-parallel
    * embedding, LM head and cross-entropy hold). */
   int tensor_rank;
+  /* TpPlan.precision fp16: the loss scale S (dynamic loss scaling), which the backward
+   * starts from (d loss / d loss = S), so the 16-bit gradients are S times the true ones;
+   * the runtime sets it and divides the step's sum by it. Other plans do not read it. */
+  float loss_scale;
 };
 
 typedef void (*TpUnitFn)(TpStepIO *io);
@@ -239,6 +244,14 @@ typedef struct {
 } TpPlanInsn;
 
 typedef enum { TP_PLAN_GPIPE, TP_PLAN_1F1B } TpPlanSchedule;
+
+/* How the units store parameters, gradients and activations (tokpipec --precision on the
+ * cpu target). TP_PLAN_FP32: io->param[i] and io->grad[i] are f32. TP_PLAN_BF16 and
+ * TP_PLAN_FP16: they are 16-bit (uint16_t, bf16 or IEEE half) arrays: the runtime keeps
+ * f32 master weights (what AdamW updates and checkpoints hold) and writes their
+ * round-to-nearest-even copy into io->param after each update; it adds each microbatch's
+ * 16-bit gradients into an f32 step sum. */
+typedef enum { TP_PLAN_FP32, TP_PLAN_BF16, TP_PLAN_FP16 } TpPlanPrecision;
 
 /* One pipeline stage (the rank that runs it, in every replica). */
 typedef struct {
@@ -334,6 +347,7 @@ struct TpPlan {
    * step updates the values of the shard, and the replicas all-gather the updated values:
    * the same bits as without it. 0: every replica keeps all of it. */
   int zero;
+  int precision;              /* TpPlanPrecision (0 when absent: fp32) */
 };
 
 /* The trainer: parses the command line, runs training, returns the process exit code

@@ -34,7 +34,8 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
                     .stream = R->stream,
                     .tensor_allreduce = tensor ? pipe_tensor_allreduce : NULL,
                     .tensor_ctx = tensor ? R : NULL,
-                    .tensor_rank = R->tensor};
+                    .tensor_rank = R->tensor,
+                    .loss_scale = t->loss_scale};
 }
 
 /* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it
@@ -61,14 +62,17 @@ TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica) {
   return unit_io(t, R, 0);
 }
 
+float *const *pipe_rank_grads(Trainer *t, int h) { return t->hosted[h]->grad; }
+
 /* ---- the schedules ---- */
 
 /* The step's gradient: the microbatches' sum over their count. */
 static void finish_grads(Trainer *t, PipeRank *R) {
   if (R->grads_final) return;
   R->grads_final = true;
-  int M = t->plan->microbatches;
-  if (M > 1) be(t)->divide(t->compute, R->stream, R->grad_block, R->grad_count, (float)M);
+  /* fp16: the sum of the gradients of loss_scale * loss, unscaled at once */
+  float by = (float)t->plan->microbatches * (t->plan->precision == TP_PLAN_FP16 ? t->loss_scale : 1);
+  if (by != 1) be(t)->divide(t->compute, R->stream, R->grad_block, R->grad_count, by);
 }
 
 /* Runs instruction x of R; false if it must wait (one process only). */
@@ -89,10 +93,12 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   case TP_PLAN_BACKWARD:
     /* the microbatch's backward units run together, from its last slice to slice 0 */
     if (x->slice == P->nslices - 1)
-      be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * 4);
+      be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * train_elem_bytes(P));
     io = unit_io(t, R, x->mb);
     run_rank_unit(t, R, x, &io);
-    if (x->slice == 0 && R->scratch_block != R->grad_block)
+    if (x->slice == 0 && P->precision != TP_PLAN_FP32)
+      be(t)->add_half_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count, P->precision);
+    else if (x->slice == 0 && R->scratch_block != R->grad_block)
       be(t)->add_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count);
     return true;
   case TP_PLAN_SEND_ACT:
@@ -328,4 +334,8 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
       trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start,
                 trace_now_us(t->trace));
   }
+  /* bf16, fp16: the working copies from the updated masters, once every shard is in */
+  for (int i = 0; i < P->nparams; i++)
+    if (P->params[i].trainable) pipe_round_param(t, t->stream, i);
+  be(t)->stream_sync(t->compute, t->stream);
 }

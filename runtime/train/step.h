@@ -190,6 +190,8 @@ void pipe_tensor_allreduce(TpStepIO *io, float *buf, int64_t count);
 /* ---- params.c ---- */
 /* A parameter's device value and, if trainable, AdamW state. */
 int pipe_alloc_param(Trainer *t, int i);
+/* Parameter i's 16-bit working copy rounded from its f32 master (bf16, fp16; else nothing). */
+void pipe_round_param(Trainer *t, TpStream *s, int i);
 /* The rank that owns parameter i (its piece held by tensor rank `tensor`). */
 int pipe_owner(const Trainer *t, int i, int tensor);
 

@@ -46,6 +46,9 @@ typedef struct {
   int64_t step, data_position, data_tokens, batch, seq, vocab;
   uint32_t data_crc32c;
   uint64_t rng, seed;
+  bool scaled; /* an fp16 plan's: its loss scaling state */
+  float loss_scale;
+  int64_t good_steps, skipped_steps;
 } TrainCheckpointMeta;
 
 typedef struct PipeRank PipeRank; /* step.h */
@@ -75,6 +78,17 @@ typedef struct {
   TpStream *stream; /* transfers, the norm's read-back, ABI 1's units */
   /* per parameter; m and v are NULL for frozen ones (whose grad stays unused, zero) */
   float **param, **grad, **m, **v;
+  /* TpPlan.precision bf16 or fp16: per parameter, the 16-bit working copy the units read
+   * (io->param), rounded from param, which is then the f32 master; NULL under fp32 */
+  void **work;
+  /* TpPlan.precision fp16: dynamic loss scaling, as torch.cuda.amp.GradScaler does. The
+   * backward starts from loss_scale (TpStepIO.loss_scale; 1 under other precisions); a step
+   * whose gradients are not finite is skipped and halves it; LOSS_SCALE_GROWTH good steps in
+   * a row double it. Checkpoints keep the three. */
+  float loss_scale;
+  int64_t scale_growth;  /* LOSS_SCALE_GROWTH (a test hook sets another) */
+  int64_t good_steps;    /* updates since the scale last changed */
+  int64_t skipped_steps; /* steps skipped so far (AdamW counts only the updates) */
   TrainHost host;
   bool *held;
   int64_t *numel;                    /* elements of what a rank holds (its piece of a split parameter) */
@@ -110,6 +124,12 @@ typedef struct {
   uint32_t resume_crc; /* CRC-32C of its checksums: the whole file's identity */
   TpPathLock resume_lock;
 } Trainer;
+
+enum { LOSS_SCALE_GROWTH = 2000 };
+#define LOSS_SCALE_INITIAL 65536.0f
+
+/* Bytes of a stored parameter or gradient element: 2 under TpPlan.precision bf16 and fp16. */
+static inline size_t train_elem_bytes(const TpPlan *P) { return P->precision != TP_PLAN_FP32 ? 2 : 4; }
 
 /* Rows of one step: global_batch in ABI 2, batch in ABI 1. */
 static inline int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
@@ -185,6 +205,8 @@ double pipe_grad_norm(Trainer *t);
 /* Hosted rank h's stage and replica, and the io of its units: its parameters, its
  * (scratch) gradients, microbatch 0's arena and rows, its stream. */
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
+/* Hosted rank h's step gradients (f32, what AdamW reads; io->grad is a microbatch's). */
+float *const *pipe_rank_grads(Trainer *t, int h);
 /* AdamW, gradients scaled by `clip` first unless it is 1, on stream s over the parameters
  * hosted rank h (ABI 1: h 0, the process) updates in the optimizer step, with grad its
  * gradients (each parameter updated once per process; a tied one on both of its ranks). */

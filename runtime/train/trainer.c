@@ -277,7 +277,9 @@ static int check_plan(const TpPlan *P, TpDiag *d) {
                        P->abi, TP_PLAN_ABI);
   bool ok = P->batch >= 1 && P->seq >= 1 && P->vocab >= 1 && P->token_limit >= 0 && P->nstages >= 1 &&
             P->nparams >= 0 && P->nderived >= 0 && (P->stages || (P->arena_bytes && P->forward && P->backward)) &&
-            (P->stages || P->tensor <= 1); /* tensor ranks run schedules (ABI 2) */
+            (P->stages || P->tensor <= 1) && /* tensor ranks run schedules (ABI 2) */
+            (P->precision == TP_PLAN_FP32 ||
+             (P->stages && (P->precision == TP_PLAN_BF16 || P->precision == TP_PLAN_FP16)));
   for (int s = 0; ok && !P->stages && s < P->nstages; s++) ok = P->forward[s] && P->backward[s];
   for (int i = 0; ok && i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
@@ -358,6 +360,8 @@ typedef struct {
   int64_t step;
   float loss;
   double lr, norm, ms, val_loss; /* val_loss NaN: not evaluated */
+  float loss_scale;              /* fp16: the step's loss scale (0: not logged) */
+  bool skipped;                  /* fp16: not finite, no update */
 } StepRecord;
 
 static void log_json(FILE *f, const StepRecord *r, int64_t tokens) {
@@ -373,6 +377,8 @@ static void log_json(FILE *f, const StepRecord *r, int64_t tokens) {
     fmt_number(val, sizeof val, r->val_loss, true);
     fprintf(f, ", \"val_loss\": %s", val);
   }
+  if (r->loss_scale)
+    fprintf(f, ", \"loss_scale\": %.9g%s", (double)r->loss_scale, r->skipped ? ", \"skipped\": true" : "");
   fputs("}\n", f);
 }
 
@@ -482,6 +488,7 @@ static void print_progress(const Trainer *t, const StepRecord *r, int64_t total)
           r->step, total, r->loss, r->lr, r->norm, r->ms,
           (double)(train_rows(t->plan) * t->plan->seq) / (r->ms / 1e3));
   if (!isnan(r->val_loss)) fprintf(stderr, " | val %.6f", r->val_loss);
+  if (r->loss_scale) fprintf(stderr, " | scale %g%s", (double)r->loss_scale, r->skipped ? " (skipped)" : "");
   fputc('\n', stderr);
 }
 
@@ -520,13 +527,17 @@ static int train(Trainer *t, int64_t total) {
     double t0 = now_ms();
     if ((rc = read_batch(t, &t->train, t->data_pos))) return rc;
     double loss = pipe_train_step(t);
-    if (!isfinite(loss)) /* the same loss on every process: each fails, process 0 says why */
+    bool scaled = P->precision == TP_PLAN_FP16;
+    if (!isfinite(loss) && !scaled) /* the same loss on every process: each fails, process 0 says why */
       return tp_error(t->d,
                       "the loss is %f at step %" PRId64 ": training diverged (lower --lr, or "
                       "--grad-clip)",
                       loss, step);
     double norm = pipe_grad_norm(t), lr = lr_at(o, step, total);
-    if (!isfinite(norm)) /* likewise the same everywhere */
+    /* fp16: an overflow skips the update and halves the loss scale (the same everywhere) */
+    bool skip = scaled && (!isfinite(loss) || !isfinite(norm));
+    float scale = t->loss_scale;
+    if (!isfinite(norm) && !skip) /* likewise the same everywhere */
       return tp_error(t->d,
                       "the gradient norm is %f at step %" PRId64 ": training diverged (lower --lr, or "
                       "--grad-clip)",
@@ -539,10 +550,16 @@ static int train(Trainer *t, int64_t total) {
     double dump_ms = now_ms() - t_grads;
     float clip = 1;
     if (o->grad_clip > 0 && o->grad_clip / (norm + 1e-6) < 1) clip = (float)(o->grad_clip / (norm + 1e-6));
-    pipe_update(t, step, lr, clip);
+    if (skip) {
+      t->skipped_steps++, t->good_steps = 0;
+      t->loss_scale /= 2;
+    } else {
+      pipe_update(t, step - t->skipped_steps, lr, clip); /* AdamW counts its updates */
+      if (scaled && ++t->good_steps == t->scale_growth) t->loss_scale *= 2, t->good_steps = 0;
+    }
     t->step = step;
     t->data_pos = (t->data_pos + bt) % t->train.count;
-    StepRecord r = {step, (float)loss, lr, norm, now_ms() - t0 - dump_ms, NAN};
+    StepRecord r = {step, (float)loss, lr, norm, now_ms() - t0 - dump_ms, NAN, scaled ? scale : 0, skip};
     if (o->val_data && (o->val_every ? step % o->val_every == 0 : step == total) && (rc = evaluate(t, &r.val_loss)))
       return rc;
     if (o->log && (rc = write_log(t, &r, bt))) return rc;
@@ -905,6 +922,9 @@ static int local_rank(const TpComm *comm) {
 static int open_device(Trainer *t, TpComm **device_comm) {
   const TpPlanDevice *dev = t->plan->device;
   int rc = dev ? dev->open_compute(&t->compute, local_rank(t->comm), t->d) : tp_compute_open(&t->compute, t->d);
+  if (!rc && t->plan->precision != TP_PLAN_FP32 && !t->compute->be->add_half_into)
+    rc = tp_error(t->d, "the %s device cannot run a plan stored in 16 bits (--precision %s): compile it for the cpu",
+                  t->compute->be->name, t->plan->precision == TP_PLAN_BF16 ? "bf16" : "fp16");
   if ((rc = pipe_agree(t, rc)) || !dev || !dev->open_comm) return rc;
   if ((rc = pipe_agree(t, dev->open_comm(t->comm, t->compute, t->plan, device_comm, t->d)))) return rc;
   if (*device_comm) t->comm = *device_comm;

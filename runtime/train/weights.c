@@ -140,6 +140,10 @@ static const char *const checkpoint_keys[] = {"format",      "version",     "ste
                                               "data_tokens", "data_crc32c", "rng",   "seed",
                                               "batch",       "seq",         "vocab", TP_SAFETENSORS_CRC_KEY,
                                               NULL};
+/* fp16 plans' dynamic loss scaling (Trainer.loss_scale, good_steps, skipped_steps): present
+ * exactly in their checkpoints. */
+static const char *const loss_scale_keys[] = {"loss_scale", "loss_scale_good_steps", "loss_scale_skipped_steps",
+                                              NULL};
 
 char *train_checkpoint_path(const char *dir) {
   size_t n = strlen(dir) + sizeof CHECKPOINT_FILE + 1;
@@ -229,7 +233,21 @@ int train_save_checkpoint(Trainer *t) {
                         seq,
                         "vocab",
                         vocab,
+                        NULL,
+                        NULL,
+                        NULL,
+                        NULL,
+                        NULL,
+                        NULL,
                         NULL};
+  char scale[32], good[24], skipped[24];
+  if (P->precision == TP_PLAN_FP16) { /* in place of the NULLs */
+    snprintf(scale, sizeof scale, "%.9g", (double)t->loss_scale);
+    snprintf(good, sizeof good, "%" PRId64, t->good_steps);
+    snprintf(skipped, sizeof skipped, "%" PRId64, t->skipped_steps);
+    const char *more[] = {"loss_scale", scale, "loss_scale_good_steps", good, "loss_scale_skipped_steps", skipped};
+    memcpy(meta + 22, more, sizeof more);
+  }
   char *path = train_checkpoint_path(t->o.save);
   TpAtomicFile a;
   rc = tp_atomic_open(&a, path, t->d);
@@ -277,7 +295,10 @@ int train_checkpoint_meta(const TpSafetensors *st, TrainCheckpointMeta *m, TpDia
   for (int i = 0; i < st->nmeta; i++) {
     int k = 0;
     while (checkpoint_keys[k] && strcmp(checkpoint_keys[k], st->meta[2 * i]) != 0) k++;
-    if (!checkpoint_keys[k]) return tp_error(d, "checkpoint metadata has an unknown key '%s'", st->meta[2 * i]);
+    int j = 0;
+    while (loss_scale_keys[j] && strcmp(loss_scale_keys[j], st->meta[2 * i]) != 0) j++;
+    if (!checkpoint_keys[k] && !loss_scale_keys[j])
+      return tp_error(d, "checkpoint metadata has an unknown key '%s'", st->meta[2 * i]);
   }
   const char *format = tp_safetensors_meta(st, "format"), *crc = tp_safetensors_meta(st, "data_crc32c");
   int64_t version;
@@ -302,6 +323,16 @@ int train_checkpoint_meta(const TpSafetensors *st, TrainCheckpointMeta *m, TpDia
       (rc = meta_int(st, "seq", 1, INT64_MAX, &m->seq, d)) ||
       (rc = meta_int(st, "vocab", 1, INT64_MAX, &m->vocab, d)))
     return rc;
+  const char *scale = tp_safetensors_meta(st, "loss_scale");
+  if ((m->scaled = scale != NULL)) {
+    char *end;
+    m->loss_scale = strtof(scale, &end);
+    if (*end || end == scale || !isfinite(m->loss_scale) || m->loss_scale <= 0)
+      return tp_error(d, "checkpoint metadata 'loss_scale' is '%s', not a positive number", scale);
+    if ((rc = meta_int(st, "loss_scale_good_steps", 0, INT64_MAX, &m->good_steps, d)) ||
+        (rc = meta_int(st, "loss_scale_skipped_steps", 0, m->step, &m->skipped_steps, d)))
+      return rc;
+  }
   if (!crc || strlen(crc) != 8 || !tp_crc32c_parse(crc, &m->data_crc32c))
     return tp_error(d, "checkpoint metadata 'data_crc32c' is %s%s%s, not 8 lowercase hex digits",
                     crc ? "'" : "missing", crc ? crc : "", crc ? "'" : "");
@@ -387,6 +418,9 @@ static int resume(Trainer *t) {
                   "; this trainer has batch %" PRId64 " x seq %" PRId64 ", vocab %" PRId64
                   " (the data order would differ)",
                   m.batch, m.seq, m.vocab, train_rows(P), P->seq, P->vocab);
+  else if (m.scaled != (P->precision == TP_PLAN_FP16))
+    rc = tp_error(t->d, "the checkpoint %s loss scale, and this trainer %s (--precision fp16 has one)",
+                  m.scaled ? "has a" : "has no", P->precision == TP_PLAN_FP16 ? "needs one" : "has none");
   else if (t->o.steps >= 0 && m.step > t->o.steps)
     rc = tp_error(t->d, "the checkpoint is at step %" PRId64 ", beyond --steps %" PRId64, m.step, t->o.steps);
   else if (t->o.data && (m.data_tokens != t->train.count || m.data_crc32c != t->train.crc32c))
@@ -409,6 +443,7 @@ static int resume(Trainer *t) {
     t->step = m.step;
     t->data_pos = m.data_position;
     t->rng = m.rng;
+    if (m.scaled) t->loss_scale = m.loss_scale, t->good_steps = m.good_steps, t->skipped_steps = m.skipped_steps;
   }
   train_close_checkpoint(t);
   free(path);

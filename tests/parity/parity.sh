@@ -9,9 +9,11 @@
 #
 # tests/device/run.sh runs it on a GPU with PARITY_TRAINER, a trainer compiled beforehand
 # (TOKPIPEC is then not run), and PARITY_TOLS "LOSS GRADIENTS LOSSES", other tolerances (bf16).
+# PARITY_REF names the fixture's folder of references (default train; train_bf16: PyTorch
+# autocast, tools/make_bf16_parity_fixtures.py).
 set -uo pipefail
 tokpipec=$1 compare=$2 fixture=$3 work=$4
-ref=$fixture/train
+ref=$fixture/${PARITY_REF:-train}
 trainer=${PARITY_TRAINER:-$work/trainer}
 read -r tol_loss tol_grads tol_losses <<<"${PARITY_TOLS:-1e-5 1e-4 1e-4}"
 fail() { echo "parity: FAIL: $(basename "$fixture"): $*" >&2; exit 1; }
