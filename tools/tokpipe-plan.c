@@ -501,7 +501,7 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
 
 /* The options this tokpipec compiles, which the joint search may choose (its memory
  * accounting follows codegen/rank_memory.h for them all). */
-static const TpCompileCaps tokpipec_caps = {.bf16 = false,
+static const TpCompileCaps tokpipec_caps = {.bf16 = true,
                                             .zero = true,
                                             .recompute = true,
                                             .vocab_pad = true,

@@ -580,9 +580,15 @@ double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c
   double tokens = (double)b * l, ffn = cm->model.ffn / (double)cm->tensor * 4, head = vocab_rows(cm) * 4;
   double layer = ffn;
   /* 16-bit storage: the backward reads a layer's kept values through fp32 casts, at most
-   * its MLP pair (2 ffn / t) and a residual pair (2h) at once */
+   * its MLP pair (2 ffn / t) and a residual pair (2h) at once (selective: its MLP product);
+   * recomputing, the recomputed values are rounded to 16 bits as the forward's were,
+   * beside their fp32 results */
+  double s = tp_precision_bytes(cm->precision);
   if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_PLAN_RECOMPUTE_NONE)
     layer += 2 * ffn + 2 * cm->model.hidden * 4.0;
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) layer += ffn;
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute != TP_PLAN_RECOMPUTE_NONE)
+    layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, 1, s) - layer_kept_bytes(cm, cm->recompute, 1, s);
   if (cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) layer += ffn;
   if (cm->recompute == TP_PLAN_RECOMPUTE_FULL) {
     layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, 1, 4) - layer_kept_bytes(cm, cm->recompute, 1, 4);
