@@ -493,7 +493,7 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
   fprintf(out, " --schedule %s", tp_schedule_name(e->schedule));
   if (e->precision != TP_PRECISION_FP32) fprintf(out, " --precision %s", tp_precision_name(e->precision));
   if (e->zero) fputs(" --zero 1", out);
-  if (e->recompute) fprintf(out, " --recompute %s", tp_plan_recompute_name(e->recompute));
+  if (e->recompute) fprintf(out, " --recompute %s", tp_recompute_name(e->recompute));
   fprintf(out, " --max-memory %.0f -o plan.c", req->max_memory);
   fclose(out);
   return text;
@@ -542,7 +542,7 @@ int main(int argc, char **argv) {
   double max_memory = -1;
   bool json = false, joint = true, uniform_stages = false, emit_schedule = false, storage_given = false;
   TpPrecision precision = TP_PRECISION_FP32;
-  TpPlanRecompute recompute = TP_PLAN_RECOMPUTE_NONE;
+  TpRecompute recompute = TP_RECOMPUTE_NONE;
   int64_t zero = 0;
   TpScheduleKind schedule = TP_SCHEDULE_GPIPE;
   CliDims dims = {0};
@@ -589,10 +589,8 @@ int main(int argc, char **argv) {
         cli_usage_error("--precision expects fp32 or bf16, got '%s'", v);
       storage_given = true;
     } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
-      int r = 0;
-      while (r <= TP_PLAN_RECOMPUTE_FULL && strcmp(v, tp_plan_recompute_name((TpPlanRecompute)r))) r++;
-      if (r > TP_PLAN_RECOMPUTE_FULL) cli_usage_error("--recompute expects none, selective or full, got '%s'", v);
-      recompute = (TpPlanRecompute)r;
+      if (!tp_recompute_parse(v, &recompute))
+        cli_usage_error("--recompute expects none, selective or full, got '%s'", v);
       storage_given = true;
     } else if (cli_value(argc, argv, &i, "--zero", &v)) {
       zero = cli_int("--zero", v, 0, 1);
@@ -819,8 +817,8 @@ int main(int argc, char **argv) {
     if (res->has_joint) {
       printf("  \"joint\": {\"iteration_time_s\": %.6g, \"speedup_over_terapipe\": %.4f, \"schedule\": \"%s\", "
              "\"recompute\": \"%s\", \"precision\": \"%s\", \"zero\": %d, \"stage_cuts\": [",
-             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule),
-             tp_plan_recompute_name(jt->recompute), tp_precision_name(jt->precision), jt->zero);
+             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), tp_recompute_name(jt->recompute),
+             tp_precision_name(jt->precision), jt->zero);
       for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", jt->cuts[k]);
       printf("], \"microbatches\": %d, \"microbatch_size\": %d, \"slices\": ", jt->slicing.n,
              jt->slicing.mb[0].size);
@@ -863,7 +861,7 @@ int main(int argc, char **argv) {
              calibrate           ? "the profile's"
              : jt->balanced_cuts ? "balanced"
                                  : "equal",
-             tp_precision_name(jt->precision), jt->zero ? " --zero 1" : "", tp_plan_recompute_name(jt->recompute),
+             tp_precision_name(jt->precision), jt->zero ? " --zero 1" : "", tp_recompute_name(jt->recompute),
              jt->max_peak_bytes / (1 << 30));
       text_slices(stdout, &jt->slicing);
       text_memory(jt, S);

@@ -380,13 +380,13 @@ static double kernels_time(const TpCostModel *cm, const TpKernel *k, int n) {
  * forward; selective only what it does not keep, the attention (scores, softmax, mix), the
  * norms and the elementwise ops, not the products. */
 static double recompute_forward(const TpCostModel *cm, int b, int l, int c) {
-  if (cm->recompute == TP_PLAN_RECOMPUTE_NONE) return 0;
+  if (cm->recompute == TP_RECOMPUTE_NONE) return 0;
   TpKernel k[TP_MAX_KERNELS];
   int n = tp_layer_kernels(cm, b, l, c, false, k);
   double s = 0;
   for (int i = 0; i < n; i++) {
     bool attention = !strncmp(k[i].name, "attn_scores", 11) || !strncmp(k[i].name, "attn_mix", 8);
-    if (cm->recompute == TP_PLAN_RECOMPUTE_FULL || (k[i].kind == TP_KERNEL_MEMORY || attention))
+    if (cm->recompute == TP_RECOMPUTE_FULL || (k[i].kind == TP_KERNEL_MEMORY || attention))
       s += tp_kernel_time(cm, &k[i]);
   }
   return s;
@@ -508,9 +508,6 @@ double tp_optimizer_time(const TpCostModel *cm, int k) {
   return cm->hw.kernel_overhead_s + 32 * tp_stage_params(cm, k) / cm->hw.mem_bandwidth;
 }
 
-static const char *const recompute_names[] = {"none", "selective", "full"};
-const char *tp_plan_recompute_name(TpPlanRecompute r) { return recompute_names[r]; }
-
 /* Rows of the embedding and head each tensor rank holds: its share of the vocabulary
  * (padded up to a multiple of the ranks), or the whole table where tokpipec cannot split a
  * vocabulary that does not divide. */
@@ -535,17 +532,17 @@ static double vocab_rows(const TpCostModel *cm) {
  * Cut into token slices, every layer also keeps its K/V context (2h / t; under none they
  * are the K and V already counted) and gradient accumulators (2h / t; recomputing, the
  * later slices' partial gradients over the earlier rows too). */
-static double layer_kept_bytes(const TpCostModel *cm, TpPlanRecompute r, int nslices, double s) {
+static double layer_kept_bytes(const TpCostModel *cm, TpRecompute r, int nslices, double s) {
   double h = cm->model.hidden, ffn = cm->model.ffn, t = cm->tensor;
   double context = 0;
-  if (nslices > 1 && r == TP_PLAN_RECOMPUTE_NONE) context = 2 * h / t * s;
+  if (nslices > 1 && r == TP_RECOMPUTE_NONE) context = 2 * h / t * s;
   /* recomputing, the context and the gradients of every later slice's keys and values over
    * the earlier rows ((n + 1) / 2 of the rows on average) */
-  if (nslices > 1 && r != TP_PLAN_RECOMPUTE_NONE) context = 2 * h / t * s * (1 + (nslices + 1) / 2.0);
+  if (nslices > 1 && r != TP_RECOMPUTE_NONE) context = 2 * h / t * s * (1 + (nslices + 1) / 2.0);
   switch (r) {
-  case TP_PLAN_RECOMPUTE_NONE: return s * (4 * h + (4 * h + 2 * ffn) / t) + 16 + context;
-  case TP_PLAN_RECOMPUTE_SELECTIVE: return s * (2 * h + (3 * h + ffn) / t) + context;
-  case TP_PLAN_RECOMPUTE_FULL: return s * h + context;
+  case TP_RECOMPUTE_NONE: return s * (4 * h + (4 * h + 2 * ffn) / t) + 16 + context;
+  case TP_RECOMPUTE_SELECTIVE: return s * (2 * h + (3 * h + ffn) / t) + context;
+  case TP_RECOMPUTE_FULL: return s * h + context;
   }
   TP_ASSERT(0);
 }
@@ -562,8 +559,8 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
   double per_token = st->layers * layer_kept_bytes(cm, cm->recompute, nslices, s);
   if (k + 1 < cm->nstages) per_token += 2 * h * s;
   if (k > 0) per_token += h * s;
-  if (st->head && cm->recompute == TP_PLAN_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
-  if (st->head && cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
+  if (st->head && cm->recompute == TP_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
+  if (st->head && cm->recompute == TP_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
    * sum lives from the last slice's backward unit to the first's */
   return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * 4 : 0);
@@ -584,14 +581,14 @@ double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c
    * recomputing, the recomputed values are rounded to 16 bits as the forward's were,
    * beside their fp32 results */
   double s = tp_precision_bytes(cm->precision);
-  if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_PLAN_RECOMPUTE_NONE)
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_RECOMPUTE_NONE)
     layer += 2 * ffn + 2 * cm->model.hidden * 4.0;
-  if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) layer += ffn;
-  if (cm->precision != TP_PRECISION_FP32 && cm->recompute != TP_PLAN_RECOMPUTE_NONE)
-    layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, 1, s) - layer_kept_bytes(cm, cm->recompute, 1, s);
-  if (cm->recompute == TP_PLAN_RECOMPUTE_SELECTIVE) layer += ffn;
-  if (cm->recompute == TP_PLAN_RECOMPUTE_FULL) {
-    layer += layer_kept_bytes(cm, TP_PLAN_RECOMPUTE_NONE, 1, 4) - layer_kept_bytes(cm, cm->recompute, 1, 4);
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_RECOMPUTE_SELECTIVE) layer += ffn;
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute != TP_RECOMPUTE_NONE)
+    layer += layer_kept_bytes(cm, TP_RECOMPUTE_NONE, 1, s) - layer_kept_bytes(cm, cm->recompute, 1, s);
+  if (cm->recompute == TP_RECOMPUTE_SELECTIVE) layer += ffn;
+  if (cm->recompute == TP_RECOMPUTE_FULL) {
+    layer += layer_kept_bytes(cm, TP_RECOMPUTE_NONE, 1, 4) - layer_kept_bytes(cm, cm->recompute, 1, 4);
     if (st->head) return tokens * (layer + head + 2 * cm->model.hidden * 4.0);
   }
   return tokens * (st->layers && layer > (st->head ? head : 0) ? layer : st->head ? head : 0);

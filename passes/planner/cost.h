@@ -80,13 +80,6 @@ typedef struct {
 #define TP_MAX_SECONDS 1e6          /* a measured or tabled time; shorter than 1e-9 s neither */
 #define TP_MIN_SECONDS 1e-9
 
-/* What the backward recomputes instead of keeping from the forward (tokpipec --recompute):
- * selective keeps each layer's input and its products and redoes the attention, norms and
- * elementwise ops; full keeps each layer's input and redoes the whole layer. */
-typedef enum { TP_PLAN_RECOMPUTE_NONE, TP_PLAN_RECOMPUTE_SELECTIVE, TP_PLAN_RECOMPUTE_FULL } TpPlanRecompute;
-/* "none", "selective", "full". */
-const char *tp_plan_recompute_name(TpPlanRecompute r);
-
 /* Everything the costs depend on besides (b, l, c). */
 typedef struct {
   TpHardware hw;
@@ -94,7 +87,7 @@ typedef struct {
   int pipeline, tensor, data;
   int nstages;
   TpStage stage[TP_MAX_STAGES];
-  TpPlanRecompute recompute;       /* activation recomputation: its extra forward in the backward */
+  TpRecompute recompute;           /* activation recomputation: its extra forward in the backward */
   TpPrecision precision;           /* what the trainer stores (memory; compute is the profile's dtype) */
   bool zero;                       /* --zero 1: the D replicas share the optimizer state */
   bool vocab_split;                /* the embedding and head split over the tensor ranks (padded to

@@ -297,7 +297,7 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
           for (int cut = 0; cut < 1 + cuts_differ; cut++) {
             TpPlanEval cand;
             init_eval(req, &cand, s ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE);
-            cand.recompute = (TpPlanRecompute)rec;
+            cand.recompute = (TpRecompute)rec;
             cand.balanced_cuts = cut;
             memcpy(cand.cuts, cuts[cut], sizeof(int) * (size_t)cm->nstages);
             tp_slicing_copy(&cand.slicing, &cands[c]);

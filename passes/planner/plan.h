@@ -51,7 +51,7 @@ typedef struct {
 typedef struct {
   TpSlicing slicing;
   TpScheduleKind schedule;
-  TpPlanRecompute recompute;
+  TpRecompute recompute;
   TpPrecision precision;
   bool zero; /* the optimizer state sharded over the data-parallel replicas */
   bool balanced_cuts;

@@ -165,14 +165,14 @@ static void memory_options(const char *dirs) {
   tp_cost_model_init(&cm, &hw, &m, 4, 1, 2, &d);
   double kept[3], bwd[3];
   for (int r = 0; r < 3; r++) {
-    cm.recompute = (TpPlanRecompute)r;
+    cm.recompute = (TpRecompute)r;
     kept[r] = tp_microbatch_kept_bytes(&cm, 1, 1, 1);
     bwd[r] = tp_stage_time(&cm, 1, 1, 512, 512).bwd;
   }
   CHECK(kept[2] < kept[1] && kept[1] < kept[0] && kept[2] < kept[0] / 2, "kept none/selective/full %g %g %g",
         kept[0], kept[1], kept[2]);
   CHECK(bwd[0] < bwd[1] && bwd[1] < bwd[2], "backward none/selective/full %g %g %g", bwd[0], bwd[1], bwd[2]);
-  cm.recompute = TP_PLAN_RECOMPUTE_NONE;
+  cm.recompute = TP_RECOMPUTE_NONE;
   cm.precision = TP_PRECISION_BF16;
   CHECK(tp_microbatch_kept_bytes(&cm, 1, 1, 1) < 0.51 * kept[0], "bf16 does not halve the kept bytes");
   static TpPlanRequest req;
