@@ -6,7 +6,8 @@
 #   bits     3 steps with gradient clipping: --zero 1 --dp 2 gives the bits of --dp 2
 #            (weights, step 1's gradients, the log), under mpirun and in one process (on the
 #            strict CPU backend: device memory the runtime touches directly is a crash); also
-#            with 2 stages and 2 microbatches (1f1b, sliced), and with 2 tensor ranks (a
+#            with 2 stages and 2 microbatches (1f1b, sliced; and bf16 storage, whose 16-bit
+#            working copies are rounded from the gathered masters), and with 2 tensor ranks (a
 #            Gemma fixture, under mpirun only); --zero 1 --dp 1 is the plan of --dp 1
 #   resume   a --zero 1 --dp 2 checkpoint holds whole tensors: the bytes of a plain --dp 2
 #            one; it resumes bit for bit under --zero 1 (mpirun, one process) and plain
@@ -86,6 +87,7 @@ bits)
   }
   shape d2 "--dp 2"
   shape s2 "--stages 2 --microbatches 2 --dp 2 --schedule 1f1b --slices 3,2,2"
+  shape b2 "--stages 2 --microbatches 2 --dp 2 --precision bf16" # shards of fp32 masters
   # tensor ranks too (hf_gemma: GQA, K/V heads held by pairs of ranks): 2 x 2 ranks
   gpt=$model model=$src/../fixtures/hf_gemma/model.onnx bt="--batch 2 --seq 16" data=$src/../fixtures/hf_gemma/train/train.bin
   shape t2 "--tensor 2 --dp 2"
