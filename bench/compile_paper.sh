@@ -2,19 +2,18 @@
 # Paper-scale compiles: for the TeraPipe paper's settings 1-10
 # (its table of GPT-3 settings; bench/plan_paper.sh: GPT3-1B, 13B, 44B, 175B
 # at sequence 2048 on the paper's device counts and batches), tokpipe-plan's layout search
-# picks the plan (pipeline x tensor x data, microbatches, slices, schedule; 16 GiB per
-# V100) and prints its tokpipec command line; this script runs that command as it is on a
+# picks the plan (pipeline x tensor x data, microbatches, slices, schedule, storage,
+# --zero and --recompute; 16 GiB per V100) and prints its tokpipec command line; this
+# script runs that command as it is printed, its own --max-memory included, on a
 # full-size GPT-3-shaped ONNX model whose weights are a sparse external-data file
 # (bench/gpt3_onnx.py: never written, so nothing but metadata can be read cheaply), only
-# MODEL.onnx and the output file put in, and --max-memory raised to 1 PiB: the planner's
-# bound is the V100's 16 GiB for the paper's fp16 training, while tokpipec checks its own
-# trainer's per-rank accounting (fp32 weights, AdamW state and arenas; the embedding and
-# head whole until they are vocab-parallel), so the column "tokpipec peak" shows that
-# accounting's largest rank against the 16 GiB instead of refusing the compile.
-# Printed: the plan, wall time and max resident memory of `tokpipec --emit=memory` and
-# `tokpipec -o plan.c`, plan.c's size (lines, bytes), and with --cc the time of
-# `cc -O2 -c plan.c`. With --slices N|L1,..|auto, the paper's own layout of each setting
-# (S x N x D, one microbatch per replica, gpipe) cut into those slices is compiled instead.
+# MODEL.onnx and the output file put in. Printed: the plan, its options, the largest
+# rank's peak by tokpipec (`--emit=memory`, the same options without the bound) beside
+# the planner's (the same model: codegen/rank_memory.h) and their ratio, whether the
+# compile under the bound succeeded, its wall time and max resident memory, plan.c's size,
+# and with --cc the time of `cc -O2 -c plan.c`. With --slices N|L1,..|auto, the paper's
+# own layout of each setting (S x N x D, one microbatch per replica, gpipe) cut into those
+# slices is compiled instead (no planner's peak).
 # usage: bench/compile_paper.sh [BUILD_DIR] [--settings 1,2,..] [--slices N|auto] [--cc]
 #                               [--work DIR] [-- extra tokpipec options]
 # The models are kept in the work folder (default /tmp/tokpipe-paper) for the next run.
@@ -36,7 +35,6 @@ tokpipec=$build/bin/tokpipec plan=$build/bin/tokpipe-plan
 for tool in "$tokpipec" "$plan"; do [ -x "$tool" ] || { echo "compile_paper.sh: $tool not built" >&2; exit 2; }; done
 [ -x /usr/bin/time ] || { echo "compile_paper.sh: needs /usr/bin/time (Debian package time)" >&2; exit 2; }
 mkdir -p "$work" || exit 1
-unbounded=1125899906842624 # 1 PiB
 
 # model NAME: its folder, written once (layers, hidden, heads from the paper's table)
 model() {
@@ -63,8 +61,8 @@ measure() {
   fi
 }
 
-printf '%-3s %-9s %4s %5s | %-10s %3s %-6s %6s | %-19s %-14s | %-19s | %9s %11s' set model GPUs batch \
-  "SxNxD" mb slices sched "--emit=memory" "tokpipec peak" "-o plan.c" "lines" "bytes"
+printf '%-3s %-9s %4s %5s | %-10s %3s %-6s %6s | %-30s | %10s %10s %6s | %-25s | %9s %11s' set model GPUs batch \
+  "SxNxD" mb slices sched options "tokpipec" "planner" ratio "-o plan.c (bound)" "lines" "bytes"
 [ $cc = 1 ] && printf ' | %s' "cc -O2 -c"
 echo
 for s in $(echo "$settings" | tr , ' '); do
@@ -84,14 +82,17 @@ for s in $(echo "$settings" | tr , ' '); do
   name=$1 gpus=$2 batch=$3
   dir=$(model "$name") || exit 1
   out=$work/setting$s
+  planned=0
   if [ -n "$slices" ]; then # the paper's layout, as tokpipe-plan would print it
     command="tokpipec MODEL.onnx --batch $batch --stages $4 --tensor $5 --dp $6 --microbatches 1 --slices $slices"
     command="$command --schedule gpipe --max-memory 17179869184 -o plan.c"
-    found=" = pipeline $4 x tensor $5 x data $6;"
+    layout="${4}x${5}x${6}"
   else
-    found=$("$plan" --model "$name" --hardware p3.16xlarge --gpus "$gpus" --batch "$batch" 2>&1) || {
+    found=$("$plan" --model "$name" --hardware p3.16xlarge --gpus "$gpus" --batch "$batch" --json 2>&1) || {
       echo "$s: tokpipe-plan: $found"; continue; }
-    command=$(echo "$found" | sed -n 's/^  compile it with: //p')
+    command=$(echo "$found" | sed -n 's/.*"tokpipec": "\([^"]*\)".*/\1/p')
+    layout=$(echo "$found" | sed -n 's/^  "\(pipeline\|tensor\|data\)": \([0-9]*\),$/\2/p' | paste -sd x)
+    planned=$(echo "$found" | sed -n 's/.*"memory": {[^}]*"peak": \([0-9]*\)}.*/\1/p')
   fi
   # the command's words (plain: tokpipe-plan quotes only odd ones), MODEL.onnx and -o put in
   # shellcheck disable=SC2086
@@ -103,21 +104,22 @@ for s in $(echo "$settings" | tr , ' '); do
   same=$(sed -n "s/^\([0-9]*\) $name $args\$/\1/p" "$work/compiled.$$" 2>/dev/null | head -1)
   echo "$s $name $args" >>"$work/compiled.$$"
   [ -n "$same" ] && { echo "$s   $name: the plan of setting $same"; continue; }
-  layout=$(echo "$found" | sed -n 's/.* = pipeline \([0-9]*\) x tensor \([0-9]*\) x data \([0-9]*\);.*/\1x\2x\3/p')
   mb=$(echo "$args" | sed -n 's/.*--microbatches \([0-9]*\).*/\1/p')
   nslices=$(echo "$args" | sed -n 's/.*--slices \([0-9a-z,]*\).*/\1/p' | awk -F, '{ print (NF > 1 ? NF : $1) }')
   sched=$(echo "$args" | sed -n 's/.*--schedule \([a-z0-9]*\).*/\1/p')
-  printf '%-3s %-9s %4s %5s | %-10s %3s %-6s %6s | ' "$s" "$name" "$gpus" "$batch" "$layout" "$mb" "$nslices" "$sched"
-  bound=$(echo "$args" | sed -n 's/.*--max-memory \([0-9]*\).*/\1/p')
+  options=$(echo "$args" | grep -o -- '--\(precision\|zero\|recompute\) [a-z0-9]*' | paste -sd ' ')
+  printf '%-3s %-9s %4s %5s | %-10s %3s %-6s %6s | %-30s | ' "$s" "$name" "$gpus" "$batch" "$layout" "$mb" "$nslices" \
+    "$sched" "${options:-fp32}"
+  unbound=$(echo "$args" | sed 's/ --max-memory [0-9]*//')
+  # the largest rank's peak in tokpipec's memory plan, beside the planner's
   # shellcheck disable=SC2086 # args are words
-  printf '%s ' "$(measure "$out.memory.log" "$tokpipec" "$dir/model.onnx" $args $extra --max-memory $unbounded --emit=memory)"
-  # the largest rank's peak in tokpipec's memory plan, and whether the planner's bound holds it
-  awk -v bound="$bound" '$1 == "peak" { if ($2 > max) max = $2 } END {
-    if (max) printf "%5.1f GiB %-4s | ", max / 2^30, max <= bound ? "fits" : "over"; else printf "%-14s | ", "-" }' \
-    "$out.memory.log"
+  "$tokpipec" "$dir/model.onnx" $unbound $extra --emit=memory >"$out.memory.log" 2>&1
+  awk -v planned="$planned" '$1 == "peak" { if ($2 > max) max = $2 } END {
+    if (!max) { printf "%10s %10s %6s | ", "failed", "-", "-"; exit }
+    printf "%6.2f GiB %6.2f GiB ", max / 2^30, planned / 2^30
+    if (planned) printf "%6.3f | ", max / planned; else printf "%6s | ", "-" }' "$out.memory.log"
   # shellcheck disable=SC2086
-  printf '%s | ' "$(measure "$out.plan.log" "$tokpipec" "$dir/model.onnx" $args $extra --max-memory $unbounded \
-    -o "$out.plan.c")"
+  printf '%s | ' "$(measure "$out.plan.log" "$tokpipec" "$dir/model.onnx" $args $extra -o "$out.plan.c")"
   if [ -f "$out.plan.c" ]; then
     printf '%9s %11s' "$(wc -l <"$out.plan.c")" "$(wc -c <"$out.plan.c")"
     # shellcheck disable=SC2046 # pkg-config's flags are words

@@ -15,35 +15,6 @@ _Static_assert((int)TP_PLAN_FORWARD == (int)TP_INSN_FORWARD && (int)TP_PLAN_RECV
                    (int)TP_PLAN_OPTIMIZER_STEP == (int)TP_INSN_OPTIMIZER_STEP,
                "plan.h's TpPlanInsnKind follows schedule.h's TpInsnKind");
 
-/* The fewest arenas for rank k such that the microbatches alive at once (from their first
- * instruction to their last) have distinct mb % arenas. */
-static int count_arenas(const TpSchedule *s, int k) {
-  int M = s->nmb, *first = malloc(sizeof(int) * (size_t)M), *last = malloc(sizeof(int) * (size_t)M);
-  TP_ASSERT(first && last);
-  for (int mb = 0; mb < M; mb++) first[mb] = INT32_MAX, last[mb] = -1;
-  for (int i = 0; i < s->count[k]; i++) {
-    int mb = s->insn[k][i].mb;
-    if (mb < 0) continue;
-    if (i < first[mb]) first[mb] = i;
-    last[mb] = i;
-  }
-  int arenas = 1;
-  for (int a = 0; a < M; a++) { /* the most alive at once */
-    int alive = 0;
-    for (int b = 0; b < M; b++) alive += first[b] <= first[a] && first[a] <= last[b];
-    if (alive > arenas) arenas = alive;
-  }
-  for (bool clash = true; clash && arenas < M; arenas += clash) {
-    clash = false;
-    for (int a = 0; a < M && !clash; a++)
-      for (int b = a + 1; b < M && !clash; b++)
-        clash = a % arenas == b % arenas && first[a] <= last[b] && first[b] <= last[a];
-  }
-  free(first);
-  free(last);
-  return arenas;
-}
-
 int tp_tensor_ranks(const TpModule *m) {
   int n = m->tensor > 1 ? m->tensor : 1;
   for (int v = 0; v < m->nvalues && n == 1; v++)
@@ -115,7 +86,7 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
   }
   int rc = TP_OK;
   for (int k = 0; k < S && rc == TP_OK; k++) {
-    pl->arenas[k] = count_arenas(&pl->schedule, k);
+    pl->arenas[k] = tp_schedule_arenas(&pl->schedule, k);
     double a = pl->arenas[k]; /* (compared in double: the products may pass 2^63) */
     if (mem->transient_bytes[k] &&
         a * (double)mem->one_region_bytes[k] <= a * (double)mem->arena_bytes[k] + (double)mem->transient_bytes[k])

@@ -1,7 +1,7 @@
 /* tokpipe-plan: plans token-level pipeline training of a transformer on a cluster with the
  * planner library (passes/planner): TeraPipe's optimal slicing (Eqs. 5-8), the paper's
- * baselines, and a joint search over schedule, stage cuts and recomputation under a
- * memory bound, all priced by an event simulation of the per-rank instruction lists.
+ * baselines, and a joint search over schedule, stage cuts, recomputation and storage
+ * (precision, --zero) under a memory bound, all priced by an event simulation of the per-rank instruction lists.
  * Model input: an ONNX model (sizes read off the raised IR), built-in GPT-3 sizes or a
  * KEY=VALUE description. --calibrate prices the stages from a generated trainer's
  * --profile; --slices/--microbatches price one given plan (as tokpipec compiles it)
@@ -54,10 +54,10 @@ static const char usage[] =
     "  --max-memory BYTES   per device (suffix K, M, G = 2^10..2^30); default: the profile's\n"
     "  --uniform-stages     price every stage like a middle one (no embedding/head)\n"
     "  --no-joint           skip the joint search (the joint plan is one tokpipec compiles as\n"
-    "                       it is: equal microbatches sliced alike, no recomputation; printed\n"
-    "                       as its tokpipec command line, whose --max-memory is the bound\n"
-    "                       here: tokpipec checks it against its own trainer's per-rank\n"
-    "                       memory, fp32 weights and AdamW state, more than an fp16 profile's)\n"
+    "                       it is: equal microbatches sliced alike, with recomputation, bf16\n"
+    "                       storage and --zero 1 where this tokpipec has them; printed as its\n"
+    "                       tokpipec command line, whose --max-memory is the bound here:\n"
+    "                       tokpipec checks it with the same per-rank memory model)\n"
     "  --show P             plan drawn and emitted: terapipe (default), joint, baseline, uniform\n"
     "Calibration:\n"
     "  --calibrate FILE     a generated trainer's --profile FILE.json: each stage's forward and\n"
@@ -76,6 +76,9 @@ static const char usage[] =
     "  --schedule S         as above. Prints the event-simulated step time of the per-rank\n"
     "                       instruction lists the trainer runs, optimizer and transfers\n"
     "                       included, and the per-stage unit times it used\n"
+    "  --precision fp32|bf16, --zero 0|1, --recompute none|selective|full\n"
+    "                       the plan's storage, optimizer-state sharding and recomputation\n"
+    "                       (default fp32, 0, none), as tokpipec's options\n"
     "Output:\n"
     "  --emit=schedule      print the shown plan's per-rank instruction lists\n"
     "  --json               print one JSON object instead of text\n"
@@ -134,6 +137,33 @@ static void json_peaks(FILE *out, const TpPlanEval *e, int stages) {
   fprintf(out, "[");
   for (int k = 0; k < stages; k++) fprintf(out, "%s%.0f", k ? ", " : "", e->peak_bytes[k]);
   fprintf(out, "]");
+}
+
+/* The fullest rank's peak in the parts of codegen/rank_memory.h, as tokpipec's
+ * --emit=memory prints them. */
+static int fullest_rank(const TpPlanEval *e, int stages) {
+  int most = 0;
+  for (int k = 1; k < stages; k++)
+    if (e->memory[k].peak > e->memory[most].peak) most = k;
+  return most;
+}
+
+static void json_memory(const TpPlanEval *e, int stages) {
+  int k = fullest_rank(e, stages);
+  const TpRankMemory *r = &e->memory[k];
+  printf("{\"stage\": %d, \"parameters\": %lld, \"gradients\": %lld, \"masters\": %lld, \"optimizer_state\": "
+         "%lld, \"activations\": %lld, \"peak\": %lld}",
+         k, (long long)r->params, (long long)r->grads, (long long)r->masters, (long long)r->state,
+         (long long)r->activations, (long long)r->peak);
+}
+
+static void text_memory(const TpPlanEval *e, int stages) {
+  int k = fullest_rank(e, stages);
+  const TpRankMemory *r = &e->memory[k];
+  printf("  fullest rank: stage %d, %.2f GiB = parameters %.2f + gradients %.2f", k, r->peak / 0x1p30,
+         r->params / 0x1p30, r->grads / 0x1p30);
+  if (r->masters) printf(" + fp32 masters %.2f", r->masters / 0x1p30);
+  printf(" + optimizer state %.2f + activations %.2f\n", r->state / 0x1p30, r->activations / 0x1p30);
 }
 
 static int run_cost_table(const char *path, bool json, TpDiag *d) {
@@ -312,6 +342,9 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
   int S = cm->nstages;
   TpPlanEval *e = calloc(1, sizeof *e);
   e->schedule = kind;
+  e->recompute = cm->recompute;
+  e->precision = cm->precision;
+  e->zero = cm->zero;
   for (int k = 0; k < S; k++) e->cuts[k] = cm->stage[k].first;
   e->slicing.n = M;
   e->slicing.mb = calloc((size_t)M, sizeof *e->slicing.mb);
@@ -435,7 +468,8 @@ static void shell_word(FILE *out, const char *w) {
 }
 
 /* The tokpipec command line that compiles plan `e` of req's layout as it is (a plan of
- * equal microbatches sliced alike: tp_slicing_compiles). `model` is the model file, or
+ * equal microbatches sliced alike: tp_slicing_compiles; its storage and recomputation
+ * options only where the plan has them). `model` is the model file, or
  * MODEL.onnx for a --model description; `extra` the model options given here (--seq,
  * --dim). Written into a malloc'ed string. */
 static char *tokpipec_command(const char *model, const char *extra, const TpPlanRequest *req, int global_batch,
@@ -456,10 +490,22 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
   fprintf(out, " --tensor %d --dp %d --microbatches %d --slices ", cm->tensor, cm->data, e->slicing.n);
   if (mb->nslices == 1) fputs("1", out); /* one number is a count */
   for (int i = 0; mb->nslices > 1 && i < mb->nslices; i++) fprintf(out, "%s%d", i ? "," : "", mb->len[i]);
-  fprintf(out, " --schedule %s --max-memory %.0f -o plan.c", tp_schedule_name(e->schedule), req->max_memory);
+  fprintf(out, " --schedule %s", tp_schedule_name(e->schedule));
+  if (e->precision != TP_PRECISION_FP32) fprintf(out, " --precision %s", tp_precision_name(e->precision));
+  if (e->zero) fputs(" --zero 1", out);
+  if (e->recompute) fprintf(out, " --recompute %s", tp_recompute_name(e->recompute));
+  fprintf(out, " --max-memory %.0f -o plan.c", req->max_memory);
   fclose(out);
   return text;
 }
+
+/* The options this tokpipec compiles, which the joint search may choose (its memory
+ * accounting follows codegen/rank_memory.h for them all). */
+static const TpCompileCaps tokpipec_caps = {.bf16 = true,
+                                            .zero = true,
+                                            .recompute = true,
+                                            .vocab_pad = true,
+                                            .transient_region = true};
 
 /* A profile prices the model it was measured on: one of another size (its "parameters"
  * more than 4x off the model's estimate, far beyond the estimate's error) is refused; a
@@ -494,7 +540,10 @@ int main(int argc, char **argv) {
   char extra[1024] = ""; /* the model options, for the tokpipec command line */
   size_t nextra = 0;
   double max_memory = -1;
-  bool json = false, joint = true, uniform_stages = false, emit_schedule = false;
+  bool json = false, joint = true, uniform_stages = false, emit_schedule = false, storage_given = false;
+  TpPrecision precision = TP_PRECISION_FP32;
+  TpRecompute recompute = TP_RECOMPUTE_NONE;
+  int64_t zero = 0;
   TpScheduleKind schedule = TP_SCHEDULE_GPIPE;
   CliDims dims = {0};
   for (int i = 1; i < argc; i++) {
@@ -535,6 +584,17 @@ int main(int argc, char **argv) {
       if (nextra + strlen(v) + 8 < sizeof extra)
         nextra += (size_t)snprintf(extra + nextra, sizeof extra - nextra, " %s %s", a[2] == 's' ? "--seq" : "--dim",
                                    v);
+    } else if (cli_value(argc, argv, &i, "--precision", &v)) {
+      if (!tp_precision_parse(v, &precision) || precision == TP_PRECISION_FP16)
+        cli_usage_error("--precision expects fp32 or bf16, got '%s'", v);
+      storage_given = true;
+    } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
+      if (!tp_recompute_parse(v, &recompute))
+        cli_usage_error("--recompute expects none, selective or full, got '%s'", v);
+      storage_given = true;
+    } else if (cli_value(argc, argv, &i, "--zero", &v)) {
+      zero = cli_int("--zero", v, 0, 1);
+      storage_given = true;
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
       if (!tp_schedule_parse(v, &schedule)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
@@ -555,6 +615,9 @@ int main(int argc, char **argv) {
   if (!input && (dims.n || dims.token_dims[1]))
     cli_usage_error("--seq and --dim apply to a model file (MODEL.onnx)");
   bool predicting = slices || microbatches;
+  if (storage_given && !predicting)
+    cli_usage_error("--precision, --zero and --recompute price one plan (with --slices or --microbatches); the "
+                    "search chooses them itself");
   bool onnx = input && cli_ends_with(input, ".onnx");
   if (calibrate && uniform_stages)
     cli_usage_error("--uniform-stages cannot go with --calibrate: the profile prices each stage");
@@ -656,6 +719,12 @@ int main(int argc, char **argv) {
     return cli_exit_code(rc);
   }
   req->cm.uniform_stages = uniform_stages;
+  req->cm.untied = !tied;
+  req->cm.vocab_split = tokpipec_caps.vocab_pad;
+  req->cm.one_region = !tokpipec_caps.transient_region;
+  req->cm.precision = precision;
+  req->cm.recompute = recompute;
+  req->cm.zero = zero;
   req->batch = (int)(batch / data);
   req->granularity = (int)granularity;
   req->schedule = schedule;
@@ -663,6 +732,7 @@ int main(int argc, char **argv) {
   req->joint = joint;
   req->untied = !tied;
   req->compilable = true;
+  req->caps = tokpipec_caps;
   int S = req->cm.nstages;
 
   if (predicting) {
@@ -746,14 +816,17 @@ int main(int argc, char **argv) {
     printf("  \"solve_time_s\": %.6f,\n", res->solve_s);
     if (res->has_joint) {
       printf("  \"joint\": {\"iteration_time_s\": %.6g, \"speedup_over_terapipe\": %.4f, \"schedule\": \"%s\", "
-             "\"recompute\": %s, \"stage_cuts\": [",
-             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), jt->recompute ? "true" : "false");
+             "\"recompute\": \"%s\", \"precision\": \"%s\", \"zero\": %d, \"stage_cuts\": [",
+             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), tp_recompute_name(jt->recompute),
+             tp_precision_name(jt->precision), jt->zero);
       for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", jt->cuts[k]);
       printf("], \"microbatches\": %d, \"microbatch_size\": %d, \"slices\": ", jt->slicing.n,
              jt->slicing.mb[0].size);
       json_slices(stdout, &jt->slicing);
       printf(", \"peak_memory_bytes\": ");
       json_peaks(stdout, jt, S);
+      printf(", \"memory\": ");
+      json_memory(jt, S);
       printf(", \"tokpipec\": ");
       tp_json_write_string(stdout, command);
       printf("},\n");
@@ -781,14 +854,17 @@ int main(int argc, char **argv) {
     printf("  DP: %d runs in %.3f s; cost table fit error %.2f%% rms, %.2f%% max\n", res->evaluations, res->solve_s,
            100 * res->fit_rms_rel_err, 100 * res->fit_max_rel_err);
     if (res->has_joint) {
-      printf("joint search%s: %.4g s (%.2fx over TeraPipe's plan): %s, %s stage cuts%s, max %.2f GiB\n",
+      printf("joint search%s: %.4g s (%.2fx over TeraPipe's plan): %s, %s stage cuts, %s%s, recompute %s, max %.2f "
+             "GiB\n",
              calibrate ? " (calibrated: the profile's stage cuts and microbatch size, no recomputation)" : "",
              jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule),
              calibrate           ? "the profile's"
              : jt->balanced_cuts ? "balanced"
                                  : "equal",
-             jt->recompute ? ", recomputation" : "", jt->max_peak_bytes / (1 << 30));
+             tp_precision_name(jt->precision), jt->zero ? " --zero 1" : "", tp_recompute_name(jt->recompute),
+             jt->max_peak_bytes / (1 << 30));
       text_slices(stdout, &jt->slicing);
+      text_memory(jt, S);
       printf("  compile it with: %s\n", command);
     }
   }

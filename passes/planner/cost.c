@@ -258,7 +258,6 @@ int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc 
   cm->pipeline = pipeline;
   cm->tensor = tensor;
   cm->data = data;
-  cm->param_state_bytes = 16; /* fp16 weights+grads, fp32 master, Adam m and v (or fp32 4+4+8) */
   if (m->layers > TP_MAX_LAYERS)
     return tp_error(d, "the model has %d layers, more than the planner handles (%d)", m->layers, TP_MAX_LAYERS);
   if (m->seq > TP_MAX_SEQ)
@@ -377,12 +376,28 @@ static double kernels_time(const TpCostModel *cm, const TpKernel *k, int n) {
   return s;
 }
 
+/* The extra forward a layer's backward runs when recomputing: full redoes the layer's
+ * forward; selective only what it does not keep, the attention (scores, softmax, mix), the
+ * norms and the elementwise ops, not the products. */
+static double recompute_forward(const TpCostModel *cm, int b, int l, int c) {
+  if (cm->recompute == TP_RECOMPUTE_NONE) return 0;
+  TpKernel k[TP_MAX_KERNELS];
+  int n = tp_layer_kernels(cm, b, l, c, false, k);
+  double s = 0;
+  for (int i = 0; i < n; i++) {
+    bool attention = !strncmp(k[i].name, "attn_scores", 11) || !strncmp(k[i].name, "attn_mix", 8);
+    if (cm->recompute == TP_RECOMPUTE_FULL || (k[i].kind == TP_KERNEL_MEMORY || attention))
+      s += tp_kernel_time(cm, &k[i]);
+  }
+  return s;
+}
+
 TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c) {
   TpKernel k[TP_MAX_KERNELS];
   TpTime t;
   t.fwd = kernels_time(cm, k, tp_layer_kernels(cm, b, l, c, false, k));
   t.bwd = kernels_time(cm, k, tp_layer_kernels(cm, b, l, c, true, k));
-  if (cm->recompute) t.bwd += t.fwd;
+  t.bwd += recompute_forward(cm, b, l, c);
   return t;
 }
 
@@ -461,14 +476,17 @@ double tp_model_params(const TpModelDesc *m) {
   return m->layers * (4 * h * h + 2 * h * m->ffn + 9 * h + m->ffn) + 2.0 * m->vocab * h + (double)m->seq * h + 2 * h;
 }
 
+static double vocab_rows(const TpCostModel *cm);
+
 double tp_stage_params(const TpCostModel *cm, int k) {
   const TpModelDesc *m = &cm->model;
   const TpStage *s = &cm->stage[k];
   double h = m->hidden, t = cm->tensor;
   double layer = (4 * h * h + 2 * h * m->ffn + 3 * h + m->ffn) / t + 6 * h; /* biases split */
   double p = s->layers * layer;
-  if (s->embedding) p += (double)m->vocab * h / t + (double)m->seq * h;
-  if (s->head) p += (double)m->vocab * h / t + 2 * h; /* tied copy of the embedding */
+  if (s->embedding) p += vocab_rows(cm) * h + (double)m->seq * h;
+  /* the head's table: the embedding's tied copy, or its own; one stage holds a tied one once */
+  if (s->head) p += (s->embedding && !cm->untied ? 0 : vocab_rows(cm) * h) + 2 * h;
   return p;
 }
 
@@ -490,29 +508,102 @@ double tp_optimizer_time(const TpCostModel *cm, int k) {
   return cm->hw.kernel_overhead_s + 32 * tp_stage_params(cm, k) / cm->hw.mem_bandwidth;
 }
 
-double tp_stage_static_bytes(const TpCostModel *cm, int k) { return tp_stage_params(cm, k) * cm->param_state_bytes; }
-
-/* Per layer, kept from a unit's forward to its backward (Korthikanti et al.'s count for
- * fp16 without sequence parallelism: tokens*h*(10 + 24/t) + 5 * attention scores);
- * with recomputation only the stage input is kept. */
-double tp_unit_activation_bytes(const TpCostModel *cm, int k, int b, int l, int c) {
-  const TpModelDesc *m = &cm->model;
-  const TpStage *s = &cm->stage[k];
-  double tokens = (double)b * l, h = m->hidden, t = cm->tensor, db = cm->hw.dtype_bytes;
-  double bytes;
-  if (cm->recompute) bytes = tokens * h * db;
-  else {
-    double scores = b * (m->heads / t) * (double)l * ((double)c + l);
-    bytes = s->layers * (tokens * h * (10 + 24 / t) * db / 2 + scores * (2 * db + 1));
-  }
-  if (s->head) bytes += tokens * (m->vocab / t) * (db + 4); /* logits + fp32 softmax */
-  if (s->embedding) bytes += tokens * h * db;
-  return bytes;
+/* Rows of the embedding and head each tensor rank holds: its share of the vocabulary
+ * (padded up to a multiple of the ranks), or the whole table where tokpipec cannot split a
+ * vocabulary that does not divide. */
+static double vocab_rows(const TpCostModel *cm) {
+  int V = cm->model.vocab, t = cm->tensor;
+  if (t <= 1) return V;
+  if (cm->vocab_split || V % t == 0) return (double)((V + t - 1) / t);
+  return V;
 }
 
-double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b) {
-  const TpModelDesc *m = &cm->model;
-  return cm->stage[k].layers * 2.0 * b * m->seq * ((double)m->hidden / cm->tensor) * cm->hw.dtype_bytes;
+/* What tokpipec's trainer keeps, read off the raised IR of a GPT-3-shaped layer and its
+ * memory plan (tokpipec --emit=memory on bench/gpt3_onnx.py models: the arena grows by
+ * exactly 16h + 4 floats per token per layer at fp32, none). Per token and layer, one
+ * tensor rank of t, s = the stored element size (4 fp32, 2 bf16):
+ *   none       the layer input x, ln1's and ln2's outputs, the residual after attention
+ *              (4h, whole on every rank), Q, K, V and the attention output (4h / t), the
+ *              MLP's product and its GELU (2 ffn / t): s (4h + (4h + 2 ffn) / t), plus the
+ *              two norms' mean and 1/stddev, 16 bytes in fp32;
+ *   selective  x and the attention's output product (2h), the QKV and first MLP products
+ *              ((3h + ffn) / t): the norms, attention and GELU are recomputed;
+ *   full       x alone: s h.
+ * Cut into token slices, every layer also keeps its K/V context (2h / t; under none they
+ * are the K and V already counted) and gradient accumulators (2h / t; recomputing, the
+ * later slices' partial gradients over the earlier rows too). */
+static double layer_kept_bytes(const TpCostModel *cm, TpRecompute r, int nslices, double s) {
+  double h = cm->model.hidden, ffn = cm->model.ffn, t = cm->tensor;
+  double context = 0;
+  if (nslices > 1 && r == TP_RECOMPUTE_NONE) context = 2 * h / t * s;
+  /* recomputing, the context and the gradients of every later slice's keys and values over
+   * the earlier rows ((n + 1) / 2 of the rows on average) */
+  if (nslices > 1 && r != TP_RECOMPUTE_NONE) context = 2 * h / t * s * (1 + (nslices + 1) / 2.0);
+  switch (r) {
+  case TP_RECOMPUTE_NONE: return s * (4 * h + (4 * h + 2 * ffn) / t) + 16 + context;
+  case TP_RECOMPUTE_SELECTIVE: return s * (2 * h + (3 * h + ffn) / t) + context;
+  case TP_RECOMPUTE_FULL: return s * h + context;
+  }
+  TP_ASSERT(0);
+}
+
+/* Per token beside the layers: the activation a stage sends down and the gradient it
+ * receives back (2h), the gradient it sends up (h; what it receives is layer 0's x); the
+ * last stage's final norm (its input and output, 2h, and 8 bytes of statistics) and logits
+ * (the vocabulary rows): selective keeps the logits and the norm's input, full recomputes
+ * them all with the last layer. And per microbatch, with slices, the stage's weight
+ * gradients summed so far, in fp32. */
+double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices) {
+  const TpStage *st = &cm->stage[k];
+  double h = cm->model.hidden, s = tp_precision_bytes(cm->precision), tokens = (double)b * cm->model.seq;
+  double per_token = st->layers * layer_kept_bytes(cm, cm->recompute, nslices, s);
+  if (k + 1 < cm->nstages) per_token += 2 * h * s;
+  if (k > 0) per_token += h * s;
+  if (st->head && cm->recompute == TP_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
+  if (st->head && cm->recompute == TP_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
+  /* cut into slices, the backward sums each weight's gradient over the slices: the partial
+   * sum lives from the last slice's backward unit to the first's */
+  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * 4 : 0);
+}
+
+/* One unit's working set, in fp32 whatever the storage (16-bit storage computes in fp32
+ * through casts): a layer's MLP gradient (ffn / t); selective recomputes the GELU beside it
+ * (ffn / t more), full the whole layer (what none keeps beyond its input) and, on the last
+ * stage, the head (logits and the final norm); else the last stage's logits gradient where
+ * that is larger (a unit's layers run one after another). */
+double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c) {
+  (void)c;
+  const TpStage *st = &cm->stage[k];
+  double tokens = (double)b * l, ffn = cm->model.ffn / (double)cm->tensor * 4, head = vocab_rows(cm) * 4;
+  double layer = ffn;
+  /* 16-bit storage: the backward reads a layer's kept values through fp32 casts, at most
+   * its MLP pair (2 ffn / t) and a residual pair (2h) at once (selective: its MLP product);
+   * recomputing, the recomputed values are rounded to 16 bits as the forward's were,
+   * beside their fp32 results */
+  double s = tp_precision_bytes(cm->precision);
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_RECOMPUTE_NONE)
+    layer += 2 * ffn + 2 * cm->model.hidden * 4.0;
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute == TP_RECOMPUTE_SELECTIVE) layer += ffn;
+  if (cm->precision != TP_PRECISION_FP32 && cm->recompute != TP_RECOMPUTE_NONE)
+    layer += layer_kept_bytes(cm, TP_RECOMPUTE_NONE, 1, s) - layer_kept_bytes(cm, cm->recompute, 1, s);
+  if (cm->recompute == TP_RECOMPUTE_SELECTIVE) layer += ffn;
+  if (cm->recompute == TP_RECOMPUTE_FULL) {
+    layer += layer_kept_bytes(cm, TP_RECOMPUTE_NONE, 1, 4) - layer_kept_bytes(cm, cm->recompute, 1, 4);
+    if (st->head) return tokens * (layer + head + 2 * cm->model.hidden * 4.0);
+  }
+  return tokens * (st->layers && layer > (st->head ? head : 0) ? layer : st->head ? head : 0);
+}
+
+TpRankMemoryInput tp_stage_memory_input(const TpCostModel *cm, int k, int microbatches, double kept,
+                                        double transient, int arenas) {
+  if (cm->one_region) kept += transient, transient = 0;
+  return (TpRankMemoryInput){.trained = (int64_t)tp_stage_params(cm, k),
+                             .precision = cm->precision,
+                             .microbatches = microbatches,
+                             .zero_shards = cm->zero && cm->data > 1 ? cm->data : 1,
+                             .kept = (int64_t)kept,
+                             .transient = (int64_t)transient,
+                             .arenas = arenas};
 }
 
 /* ---- calibration ---- */

@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 
+#include "codegen/rank_memory.h"
 #include "ir/ir.h"
 #include "json.h"
 
@@ -86,10 +87,16 @@ typedef struct {
   int pipeline, tensor, data;
   int nstages;
   TpStage stage[TP_MAX_STAGES];
-  bool recompute;                  /* activation checkpointing: keep stage inputs only, redo
-                                the forward in backward */
+  TpRecompute recompute;           /* activation recomputation: its extra forward in the backward */
+  TpPrecision precision;           /* what the trainer stores (memory; compute is the profile's dtype) */
+  bool zero;                       /* --zero 1: the D replicas share the optimizer state */
+  bool vocab_split;                /* the embedding and head split over the tensor ranks (padded to
+                                      a multiple of them); else each tensor rank holds them whole
+                                      when the vocabulary does not divide */
+  bool untied;                     /* the LM head has its own table (else the embedding's, tied) */
+  bool one_region;                 /* the trainer holds a unit's working set in each microbatch's
+                                      arena (else in one transient region per rank) */
   bool uniform_stages;             /* price every stage like a middle one (the paper's model) */
-  double param_state_bytes;        /* weights + gradients + optimizer state per parameter */
   const struct TpCalibration *cal; /* measured stage and optimizer times, or NULL */
   int microbatch_rows;             /* > 0: the only microbatch size that can run (the profiled one, a
                                 compiled plan's); others are not priced */
@@ -131,11 +138,19 @@ bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k);
 double tp_grad_allreduce_time(const TpCostModel *cm, int k);
 double tp_optimizer_time(const TpCostModel *cm, int k); /* calibrated: measured */
 
-/* Memory of stage k on one device. */
-double tp_stage_params(const TpCostModel *cm, int k);       /* parameters on a device */
-double tp_stage_static_bytes(const TpCostModel *cm, int k); /* weights + grads + state */
-double tp_unit_activation_bytes(const TpCostModel *cm, int k, int b, int l, int c);
-double tp_kv_buffer_bytes(const TpCostModel *cm, int k, int b); /* K and V, full length */
+/* Memory of stage k on one device, in the terms of codegen/rank_memory.h (the compiler's
+ * own model; cm's precision, recomputation and tensor degree): */
+double tp_stage_params(const TpCostModel *cm, int k); /* parameter elements on a device */
+/* Bytes one microbatch of b sequences cut into `nslices` slices keeps from unit to unit
+ * (activations saved for the backward, K/V contexts, boundary buffers). */
+double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices);
+/* Bytes of the working set of one unit (b sequences, a slice of l tokens after c), alive
+ * only while it runs. */
+double tp_unit_transient_bytes(const TpCostModel *cm, int k, int b, int l, int c);
+/* The rank memory input of stage k (parameters, precision, ZeRO shards over cm->data,
+ * kept and transient as above, `arenas` microbatches in flight). */
+TpRankMemoryInput tp_stage_memory_input(const TpCostModel *cm, int k, int microbatches, double kept,
+                                        double transient, int arenas);
 
 /* ---- calibration from measured samples ----
  * Profile file (written by a generated trainer's --profile, read here):

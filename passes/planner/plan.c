@@ -109,11 +109,38 @@ static void evaluate_plan(const TpPlanRequest *req, const TpSliceCost *table, Tp
   e->max_peak_bytes = 0;
   for (int k = 0; k < req->cm.nstages; k++) {
     e->peak_bytes[k] = r.peak_bytes[k];
+    e->memory[k] = r.memory[k];
     if (r.peak_bytes[k] > e->max_peak_bytes) e->max_peak_bytes = r.peak_bytes[k];
   }
   e->fits = e->max_peak_bytes <= req->max_memory;
   tp_sim_result_free(&r);
   tp_schedule_free(&sched);
+}
+
+/* Prices e in the first storage that fits of fp32, fp32 --zero 1, bf16, bf16 --zero 1 (of
+ * those caps allows; zero only with replicas to shard over), else in the smallest. The
+ * time does not depend on it, so the plain one wins a tie. */
+static void evaluate_storage(const TpPlanRequest *req, const TpCompileCaps *caps, const TpSliceCost *table,
+                             TpPlanEval *e) {
+  TpPlanEval *best = NULL, *trial = malloc(sizeof *trial);
+  TP_ASSERT(trial);
+  for (int option = 0; option < 4; option++) {
+    bool bf16 = option >= 2, zero = option % 2;
+    if ((bf16 && !caps->bf16) || (zero && (!caps->zero || req->cm.data <= 1))) continue;
+    *trial = *e;
+    trial->precision = bf16 ? TP_PRECISION_BF16 : TP_PRECISION_FP32;
+    trial->zero = zero;
+    evaluate_plan(req, table, trial);
+    if (!best || (trial->fits && !best->fits) || (!best->fits && trial->max_peak_bytes < best->max_peak_bytes)) {
+      if (!best) best = malloc(sizeof *best);
+      TP_ASSERT(best);
+      *best = *trial;
+    }
+    if (best->fits) break;
+  }
+  *e = *best; /* the slicing is e's own: the trials share it */
+  free(best);
+  free(trial);
 }
 
 int tp_plan_check_units(int64_t units, int stages, TpDiag *d) {
@@ -134,6 +161,8 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   TpCostModel *cm = malloc(sizeof *cm);
   *cm = req->cm;
   cm->recompute = e->recompute;
+  cm->precision = e->precision;
+  cm->zero = e->zero;
   tp_cost_model_set_cuts(cm, e->cuts);
   int *nslices = malloc(sizeof(int) * (size_t)e->slicing.n);
   for (int m = 0; m < e->slicing.n; m++) nslices[m] = e->slicing.mb[m].nslices;
@@ -151,6 +180,9 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
 static void init_eval(const TpPlanRequest *req, TpPlanEval *e, TpScheduleKind sched) {
   memset(e, 0, sizeof *e);
   e->schedule = sched;
+  e->recompute = req->cm.recompute;
+  e->precision = req->cm.precision;
+  e->zero = req->cm.zero;
   for (int k = 0; k < req->cm.nstages; k++) e->cuts[k] = req->cm.stage[k].first;
 }
 
@@ -165,6 +197,17 @@ static void keep_better(TpPlanEval *best, TpPlanEval *cand) {
     *best = *cand;
   } else tp_slicing_free(&cand->slicing);
   memset(cand, 0, sizeof *cand);
+}
+
+/* The fullest rank's parameters, gradients, masters and optimizer state. */
+static double fixed_bytes(const TpPlanEval *e) {
+  double most = 0;
+  for (int k = 0; k < TP_MAX_STAGES && e->memory[k].peak; k++) {
+    const TpRankMemory *r = &e->memory[k];
+    double b = (double)(r->params + r->grads + r->masters + r->state);
+    if (b > most) most = b;
+  }
+  return most;
 }
 
 int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
@@ -245,17 +288,20 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     if (cm->cal) memcpy(cuts[1], cuts[0], sizeof(int) * (size_t)cm->nstages);
     else balanced_cuts(cm, cuts[1]);
     bool cuts_differ = memcmp(cuts[0], cuts[1], sizeof(int) * (size_t)cm->nstages) != 0;
+    /* calibrated: only what was measured (no recomputation); compilable: tokpipec's options */
+    const TpCompileCaps all = {true, true, true, true, true}, *caps = req->compilable ? &req->caps : &all;
+    int recomputes = cm->cal || !caps->recompute ? 1 : 3;
     for (int c = 0; c < ncand; c++)
       for (int s = 0; s < 2 && (!req->compilable || tp_slicing_compiles(&cands[c])); s++)
-        for (int rec = 0; rec < 2 - (cm->cal != NULL || req->compilable); rec++)
+        for (int rec = 0; rec < recomputes; rec++)
           for (int cut = 0; cut < 1 + cuts_differ; cut++) {
             TpPlanEval cand;
             init_eval(req, &cand, s ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE);
-            cand.recompute = rec;
+            cand.recompute = (TpRecompute)rec;
             cand.balanced_cuts = cut;
             memcpy(cand.cuts, cuts[cut], sizeof(int) * (size_t)cm->nstages);
             tp_slicing_copy(&cand.slicing, &cands[c]);
-            evaluate_plan(req, &table, &cand);
+            evaluate_storage(req, caps, &table, &cand);
             keep_better(&out->joint, &cand);
           }
     for (int c = 0; c < ncand; c++) tp_slicing_free(&cands[c]);
@@ -264,9 +310,9 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     if (!out->joint.fits) {
       rc = tp_error(d,
                     "no plan fits in %.3g GiB per device: the smallest needs %.3g GiB on "
-                    "its fullest rank (weights and optimizer state alone: %.3g GiB)",
+                    "its fullest rank (weights, gradients and optimizer state alone: %.3g GiB)",
                     req->max_memory / (1 << 30), out->joint.max_peak_bytes / (1 << 30),
-                    tp_stage_static_bytes(cm, cm->nstages - 1) / (1 << 30));
+                    fixed_bytes(&out->joint) / (1 << 30));
       goto done;
     }
   }
@@ -310,6 +356,9 @@ int tp_plan_layouts(const TpPlanRequest *base, int gpus, int pipeline, int tenso
       tp_diag_init(&quiet, d->tool, d->file, NULL);
       int rc = tp_cost_model_init(&req->cm, &base->cm.hw, m, S, N, D, &quiet);
       req->cm.uniform_stages = base->cm.uniform_stages;
+      req->cm.untied = base->cm.untied;
+      req->cm.vocab_split = base->cm.vocab_split;
+      req->cm.one_region = base->cm.one_region;
       req->batch = global_batch / D;
       req->joint = true;
       if (!rc) rc = tp_plan(req, res, &quiet);

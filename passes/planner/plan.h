@@ -7,10 +7,13 @@
  *    equal stage cuts; the paper's baseline (batch-only microbatching, best equal
  *    microbatch size) and the best uniform slicing, all priced by the event simulation.
  * 3. The joint search: schedule (gpipe, 1f1b) x stage cuts (equal, compute-balanced with
- *    embedding and head) x activation recomputation x candidate slicings (the Eq. 5
- *    optimum overall and per microbatch size, the best uniform ones), each simulated;
- *    the fastest whose every rank fits the memory bound wins (with `compilable`, among
- *    the plans tokpipec compiles as they are).
+ *    embedding and head) x activation recomputation (none, selective, full) x candidate
+ *    slicings (the Eq. 5 optimum overall and per microbatch size, the best uniform ones),
+ *    each simulated; the fastest whose every rank fits the memory bound wins (with
+ *    `compilable`, among the plans tokpipec compiles as they are). Each gets the first
+ *    storage that fits of fp32, fp32 with the optimizer state sharded over the replicas
+ *    (--zero 1), bf16, bf16 sharded: they change its memory, not its time (compute is
+ *    priced in the hardware profile's dtype).
  * Calibrated (cm.cal): only the profiled microbatch size is priced, the stage cuts are the
  * profile's and recomputation (never measured) is not searched. */
 #ifndef TOKPIPE_PLANNER_PLAN_H
@@ -21,6 +24,17 @@
 #include "simulate.h"
 #include "slicing.h"
 
+/* What tokpipec compiles besides the plain fp32 trainer: the joint search tries only
+ * these options (with TpPlanRequest.compilable). */
+typedef struct {
+  bool bf16;      /* --precision bf16 (the target's) */
+  bool zero;      /* --zero 1 (with --dp > 1) */
+  bool recompute; /* --recompute selective|full */
+  /* and how its memory plan counts (codegen/memory.c): */
+  bool vocab_pad;        /* --tensor pads the vocabulary to a multiple of the ranks and splits it */
+  bool transient_region; /* a rank holds one transient region for its units' working sets */
+} TpCompileCaps;
+
 typedef struct {
   TpCostModel cm;          /* layout, equal stage cuts */
   int batch;               /* sequences per pipeline replica per step */
@@ -30,17 +44,22 @@ typedef struct {
   bool joint;              /* also run the joint search */
   bool untied;             /* the LM head does not share the embedding (no allreduce-tied) */
   bool compilable;         /* the joint search keeps only plans tokpipec compiles as they are:
-                               equal microbatches sliced alike, no recomputation */
+                               equal microbatches sliced alike, and only the options of caps */
+  TpCompileCaps caps;      /* with compilable: the options tokpipec has */
 } TpPlanRequest;
 
 typedef struct {
   TpSlicing slicing;
   TpScheduleKind schedule;
-  bool recompute, balanced_cuts;
+  TpRecompute recompute;
+  TpPrecision precision;
+  bool zero; /* the optimizer state sharded over the data-parallel replicas */
+  bool balanced_cuts;
   int cuts[TP_MAX_STAGES];
   double eq5_s;  /* the paper's estimate of this plan (its own DP table) */
   double time_s; /* simulated iteration time */
   double peak_bytes[TP_MAX_STAGES];
+  TpRankMemory memory[TP_MAX_STAGES]; /* what each peak adds up */
   double max_peak_bytes;
   bool fits;
 } TpPlanEval;

@@ -265,3 +265,30 @@ void tp_schedule_print(const TpSchedule *s, FILE *out) {
     }
   }
 }
+
+int tp_schedule_arenas(const TpSchedule *s, int k) {
+  int M = s->nmb, *first = malloc(sizeof(int) * (size_t)M), *last = malloc(sizeof(int) * (size_t)M);
+  TP_ASSERT(first && last);
+  for (int mb = 0; mb < M; mb++) first[mb] = INT32_MAX, last[mb] = -1;
+  for (int i = 0; i < s->count[k]; i++) {
+    int mb = s->insn[k][i].mb;
+    if (mb < 0) continue;
+    if (i < first[mb]) first[mb] = i;
+    last[mb] = i;
+  }
+  int arenas = 1;
+  for (int a = 0; a < M; a++) { /* the most alive at once */
+    int alive = 0;
+    for (int b = 0; b < M; b++) alive += first[b] <= first[a] && first[a] <= last[b];
+    if (alive > arenas) arenas = alive;
+  }
+  for (bool clash = true; clash && arenas < M; arenas += clash) {
+    clash = false;
+    for (int a = 0; a < M && !clash; a++)
+      for (int b = a + 1; b < M && !clash; b++)
+        clash = a % arenas == b % arenas && first[a] <= last[b] && first[b] <= last[a];
+  }
+  free(first);
+  free(last);
+  return arenas;
+}

@@ -84,4 +84,9 @@ int tp_schedule_verify(const TpSchedule *s, bool rendezvous, TpDiag *d);
 /* Readable text: a header line, then "rank K:" and one instruction per line. */
 void tp_schedule_print(const TpSchedule *s, FILE *out);
 
+/* The microbatch arenas rank k holds: the fewest such that the microbatches alive at once
+ * (from their first instruction to their last) have distinct mb % arenas (microbatch mb
+ * uses arena mb % arenas). The compiler's and the planner's count. */
+int tp_schedule_arenas(const TpSchedule *s, int k);
+
 #endif

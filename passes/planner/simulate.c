@@ -20,9 +20,8 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
   c->fwd = alloc0(su, sizeof(double));
   c->bwd = alloc0(su, sizeof(double));
   c->send = alloc0(su, sizeof(double));
-  c->act_bytes = alloc0(su, sizeof(double));
-  c->kv_bytes = alloc0((size_t)S * plan->n, sizeof(double));
-  c->static_bytes = alloc0((size_t)S, sizeof(double));
+  c->memory = alloc0((size_t)S, sizeof *c->memory);
+  double *kept = alloc0((size_t)S, sizeof(double)), *transient = alloc0((size_t)S, sizeof(double));
   c->allreduce = alloc0((size_t)S, sizeof(double));
   c->optimizer = alloc0((size_t)S, sizeof(double));
   /* stages with the same shape cost the same: compute middle stages once per unit */
@@ -41,17 +40,23 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
         prev_k = k;
         c->fwd[(size_t)k * c->units + u] = t.fwd;
         c->bwd[(size_t)k * c->units + u] = t.bwd;
-        c->act_bytes[(size_t)k * c->units + u] = tp_unit_activation_bytes(cm, k, mb->size, mb->len[i], ctx);
+        double work = tp_unit_transient_bytes(cm, k, mb->size, mb->len[i], ctx);
+        if (work > transient[k]) transient[k] = work;
         if (k + 1 < S) c->send[(size_t)k * c->units + u] = tp_send_time(cm, k, mb->size, mb->len[i]);
       }
     }
-    for (int k = 0; k < S; k++) c->kv_bytes[(size_t)k * plan->n + m] = tp_kv_buffer_bytes(cm, k, mb->size);
+    for (int k = 0; k < S; k++) {
+      double bytes = tp_microbatch_kept_bytes(cm, k, mb->size, mb->nslices);
+      if (bytes > kept[k]) kept[k] = bytes;
+    }
   }
   for (int k = 0; k < S; k++) {
-    c->static_bytes[k] = tp_stage_static_bytes(cm, k);
+    c->memory[k] = tp_stage_memory_input(cm, k, plan->n, kept[k], transient[k], 0);
     c->allreduce[k] = tp_grad_allreduce_time(cm, k);
     c->optimizer[k] = tp_optimizer_time(cm, k);
   }
+  free(kept);
+  free(transient);
   /* tied embedding / head gradient between the first and last rank: each tensor shard
    * with its peer; across nodes the shards share the node's link */
   const TpHardware *hw = &cm->hw;
@@ -66,9 +71,7 @@ void tp_sim_costs_free(TpSimCosts *c) {
   free(c->fwd);
   free(c->bwd);
   free(c->send);
-  free(c->act_bytes);
-  free(c->kv_bytes);
-  free(c->static_bytes);
+  free(c->memory);
   free(c->allreduce);
   free(c->optimizer);
   memset(c, 0, sizeof *c);
@@ -86,7 +89,6 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
   r->busy_s = alloc0((size_t)S, sizeof(double));
   r->peak_bytes = alloc0((size_t)S, sizeof(double));
   double *clock = alloc0((size_t)S, sizeof(double));
-  double *mem = alloc0((size_t)S, sizeof(double));
   int *pc = alloc0((size_t)S, sizeof(int));
   /* arrival[k][u]: when unit u's activation reached rank k (act) / its gradient reached
    * rank k (grad); -1 = not sent yet */
@@ -94,7 +96,13 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
          *grad = malloc(sizeof(double) * (size_t)S * (U ? U : 1));
   for (long i = 0; i < (long)S * U; i++) act[i] = grad[i] = -1;
   double *link_down = alloc0((size_t)S, sizeof(double)), *link_up = alloc0((size_t)S, sizeof(double));
-  for (int k = 0; k < S; k++) mem[k] = r->peak_bytes[k] = c->static_bytes[k];
+  r->memory = alloc0((size_t)S, sizeof *r->memory);
+  for (int k = 0; k < S; k++) { /* the compiler's count of the arenas this list keeps alive */
+    TpRankMemoryInput in = c->memory[k];
+    in.arenas = tp_schedule_arenas(s, k);
+    if (!tp_rank_memory(&in, &r->memory[k])) r->memory[k].peak = INT64_MAX;
+    r->peak_bytes[k] = (double)r->memory[k].peak;
+  }
   bool progress = true;
   while (progress) {
     progress = false;
@@ -102,18 +110,10 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
       while (pc[k] < s->count[k]) {
         const TpInsn *x = &s->insn[k][pc[k]];
         int u = x->mb >= 0 ? c->base[x->mb] + x->slice : -1;
-        int last = x->mb >= 0 ? s->nslices[x->mb] - 1 : 0;
         double start = clock[k], dur = 0;
         switch (x->kind) {
-        case TP_INSN_FORWARD:
-          dur = c->fwd[(size_t)k * U + u];
-          mem[k] += c->act_bytes[(size_t)k * U + u];
-          if (x->slice == 0) mem[k] += c->kv_bytes[(size_t)k * s->nmb + x->mb];
-          break;
-        case TP_INSN_BACKWARD:
-          dur = c->bwd[(size_t)k * U + u];
-          if (x->slice == last) mem[k] += c->kv_bytes[(size_t)k * s->nmb + x->mb]; /* dK, dV */
-          break;
+        case TP_INSN_FORWARD: dur = c->fwd[(size_t)k * U + u]; break;
+        case TP_INSN_BACKWARD: dur = c->bwd[(size_t)k * U + u]; break;
         case TP_INSN_RECV_ACT:
         case TP_INSN_RECV_GRAD: {
           double at = (x->kind == TP_INSN_RECV_ACT ? act : grad)[(size_t)k * U + u];
@@ -151,11 +151,6 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
         case TP_INSN_OPTIMIZER_STEP: dur = c->optimizer[k]; break;
         default: TP_ASSERT(0);
         }
-        if (mem[k] > r->peak_bytes[k]) r->peak_bytes[k] = mem[k];
-        if (x->kind == TP_INSN_BACKWARD) { /* freed once the backward is done */
-          mem[k] -= c->act_bytes[(size_t)k * U + u];
-          if (x->slice == 0) mem[k] -= 2 * c->kv_bytes[(size_t)k * s->nmb + x->mb];
-        }
         if (x->kind == TP_INSN_FORWARD || x->kind == TP_INSN_BACKWARD) r->busy_s[k] += dur;
         if (dur > 0) {
           start = clock[k];
@@ -178,7 +173,6 @@ next_rank:;
     if (clock[k] > r->time_s) r->time_s = clock[k];
   }
   free(clock);
-  free(mem);
   free(pc);
   free(act);
   free(grad);
@@ -190,6 +184,7 @@ next_rank:;
 void tp_sim_result_free(TpSimResult *r) {
   free(r->busy_s);
   free(r->peak_bytes);
+  free(r->memory);
   free(r->events);
   memset(r, 0, sizeof *r);
 }

@@ -5,10 +5,10 @@
  * Semantics: a rank runs its list in order; compute instructions take their cost; a send
  * is posted when reached and occupies its link (one message at a time per direction of
  * each stage boundary), arriving after its transfer time; a receive waits for arrival;
- * allreduce-tied waits for both ranks. Memory along each rank's list: static bytes, plus
- * a unit's activations from its forward to its backward, plus K/V buffers of a
- * microbatch from its first forward to its last backward (and as much for dK/dV during
- * its backward). */
+ * allreduce-tied waits for both ranks. Memory: each rank's peak by codegen/rank_memory.h,
+ * the compiler's own model: parameters, gradients and optimizer state, the microbatch
+ * arenas its list keeps alive at once (tp_schedule_arenas) of the largest microbatch's kept
+ * bytes each, and one transient region of its largest unit. */
 #ifndef TOKPIPE_PLANNER_SIMULATE_H
 #define TOKPIPE_PLANNER_SIMULATE_H
 
@@ -20,16 +20,15 @@
 
 typedef struct {
   int stages, nmb, units;
-  int *base;                                    /* [nmb] index of a microbatch's first unit */
-  double *fwd, *bwd;                            /* [stage * units + u] seconds */
-  double *send;                                 /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
-  double *act_bytes;                            /* [stage * units + u] kept from forward to backward */
-  double *kv_bytes;                             /* [stage * nmb + m] */
-  double *static_bytes, *allreduce, *optimizer; /* [stage] */
-  double tied_allreduce;                        /* first <-> last rank */
+  int *base;                     /* [nmb] index of a microbatch's first unit */
+  double *fwd, *bwd;             /* [stage * units + u] seconds */
+  double *send;                  /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
+  TpRankMemoryInput *memory;     /* [stage]: arenas filled in by the simulation */
+  double *allreduce, *optimizer; /* [stage] */
+  double tied_allreduce;         /* first <-> last rank */
 } TpSimCosts;
 
-/* Costs of `plan` under cm (cm's stage cuts, recompute flag). */
+/* Costs of `plan` under cm (cm's stage cuts, recomputation, precision, ZeRO). */
 void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSimCosts *c);
 void tp_sim_costs_free(TpSimCosts *c);
 
@@ -41,10 +40,11 @@ typedef struct {
 } TpEvent;
 
 typedef struct {
-  double time_s;      /* when the last rank finishes */
-  double *busy_s;     /* [stage] compute seconds */
-  double *peak_bytes; /* [stage] */
-  TpEvent *events;    /* when recorded */
+  double time_s;        /* when the last rank finishes */
+  double *busy_s;       /* [stage] compute seconds */
+  double *peak_bytes;   /* [stage] */
+  TpRankMemory *memory; /* [stage]: what peak_bytes adds up */
+  TpEvent *events;      /* when recorded */
   int nevents;
 } TpSimResult;
 

@@ -150,6 +150,56 @@ static void model_sanity(const char *dirs) {
   }
 }
 
+/* The joint search's memory options: recomputation keeps less (full < selective < none)
+ * and costs an extra forward (none < selective < full); under a bound that only
+ * recomputation or smaller storage meets, the plan takes them, --zero only with replicas,
+ * and only the options the compiler has (caps). */
+static void memory_options(const char *dirs) {
+  TpHardware hw;
+  TpDiag d;
+  tp_diag_init(&d, "test_cost", NULL, stderr);
+  tp_hardware_find("p3.16xlarge", dirs, &hw, &d);
+  TpModelDesc m;
+  tp_model_parse("gpt3-1b", &m, &d);
+  static TpCostModel cm;
+  tp_cost_model_init(&cm, &hw, &m, 4, 1, 2, &d);
+  double kept[3], bwd[3];
+  for (int r = 0; r < 3; r++) {
+    cm.recompute = (TpRecompute)r;
+    kept[r] = tp_microbatch_kept_bytes(&cm, 1, 1, 1);
+    bwd[r] = tp_stage_time(&cm, 1, 1, 512, 512).bwd;
+  }
+  CHECK(kept[2] < kept[1] && kept[1] < kept[0] && kept[2] < kept[0] / 2, "kept none/selective/full %g %g %g",
+        kept[0], kept[1], kept[2]);
+  CHECK(bwd[0] < bwd[1] && bwd[1] < bwd[2], "backward none/selective/full %g %g %g", bwd[0], bwd[1], bwd[2]);
+  cm.recompute = TP_RECOMPUTE_NONE;
+  cm.precision = TP_PRECISION_BF16;
+  CHECK(tp_microbatch_kept_bytes(&cm, 1, 1, 1) < 0.51 * kept[0], "bf16 does not halve the kept bytes");
+  static TpPlanRequest req;
+  for (int caps = 0; caps < 2; caps++) {
+    memset(&req, 0, sizeof req);
+    tp_cost_model_init(&req.cm, &hw, &m, 4, 1, 2, &d);
+    req.batch = 8;
+    req.granularity = 256;
+    req.joint = req.compilable = true;
+    req.caps = (TpCompileCaps){caps, caps, caps, true, true};
+    req.max_memory = 12.0 * (1 << 30);
+    TpPlanResult r;
+    TpDiag quiet;
+    tp_diag_init(&quiet, "test_cost", NULL, NULL);
+    int rc = tp_plan(&req, &r, &quiet);
+    if (!caps) { /* fp32 without recomputation needs more */
+      CHECK(rc == TP_ERR_INPUT, "fits in 12 GiB without the options");
+      continue;
+    }
+    CHECK(rc == TP_OK && r.joint.fits, "no plan in 12 GiB with the options: %s", quiet.last);
+    if (rc) continue;
+    CHECK(r.joint.recompute || r.joint.precision != TP_PRECISION_FP32 || r.joint.zero,
+          "the plan takes none of the options");
+    tp_plan_result_free(&r);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: test_cost PROFILE_DIR SYNTHETIC_PROFILE.json\n");
@@ -158,5 +208,6 @@ int main(int argc, char **argv) {
   fit_recovers();
   calibration_recovers(argv[2], argv[1]);
   model_sanity(argv[1]);
+  memory_options(argv[1]);
   return failures != 0;
 }

@@ -30,12 +30,11 @@ static void uniform_costs(TpSimCosts *c, int S, int nmb, const int *nslices, dou
   c->fwd = calloc(su, sizeof(double));
   c->bwd = calloc(su, sizeof(double));
   c->send = calloc(su, sizeof(double));
-  c->act_bytes = calloc(su, sizeof(double));
-  c->kv_bytes = calloc((size_t)S * nmb, sizeof(double));
-  c->static_bytes = calloc((size_t)S, sizeof(double));
+  c->memory = calloc((size_t)S, sizeof *c->memory);
   c->allreduce = calloc((size_t)S, sizeof(double));
   c->optimizer = calloc((size_t)S, sizeof(double));
-  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b, c->act_bytes[i] = 1;
+  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b;
+  for (int k = 0; k < S; k++) c->memory[k] = (TpRankMemoryInput){.microbatches = nmb, .kept = 1}; /* peak: arenas */
 }
 
 static void grid(void) {
@@ -68,14 +67,16 @@ static void grid(void) {
           if (kind == 0) /* gpipe, equal stages: (U + S - 1) beats forward and backward */
             CHECK(r.time_s == (U + S - 1) * 3.0, "gpipe S=%d U=%d: time %g, want %g", S, U, r.time_s,
                   (U + S - 1) * 3.0);
-          else { /* 1f1b: no slower than gpipe here, and bounded live units */
+          else { /* 1f1b: no slower than gpipe here, about S - k microbatches in flight */
             CHECK(r.time_s <= (U + S - 1) * 3.0 + 1e-9, "1f1b S=%d U=%d slower: %g", S, U, r.time_s);
             for (int k = 0; k < S; k++) {
-              int bound = nslices[M > 1 ? 1 : 0] + S - k - 1; /* the longest microbatch */
-              CHECK(r.peak_bytes[k] <= (bound < U ? bound : U), "1f1b rank %d holds %g units > %d", k,
-                    r.peak_bytes[k], bound);
+              int bound = S - k + 1 < M ? S - k + 1 : M;
+              CHECK(r.peak_bytes[k] <= bound, "1f1b rank %d holds %g microbatch arenas > %d", k, r.peak_bytes[k],
+                    bound);
             }
           }
+          for (int k = 0; kind == 0 && k < S; k++) /* gpipe keeps every microbatch */
+            CHECK(r.peak_bytes[k] == M, "gpipe rank %d holds %g microbatch arenas, not %d", k, r.peak_bytes[k], M);
           tp_sim_result_free(&r);
           tp_sim_costs_free(&c);
           tp_schedule_free(&s);
