@@ -20,7 +20,8 @@ int pipe_alloc_param(Trainer *t, int i) {
   size_t bytes = (size_t)t->numel[i] * 4;
   const char *name = t->plan->params[i].name;
   bool trainable = t->plan->params[i].trainable;
-  bool whole_state = trainable && !train_zero(t->plan), whole_master = !(trainable && train_sharded_masters(t->plan));
+  bool whole_state = trainable && !train_zero(t->plan);
+  bool whole_master = !(trainable && train_sharded_masters(t->plan));
   if (t->plan->precision != TP_PLAN_FP32 && !t->work[i] &&
       !(t->work[i] = pipe_alloc(t, (size_t)t->numel[i] * 2, "the 16-bit copy of parameter '%s'", name)))
     return TP_ERR_INPUT;

@@ -83,7 +83,8 @@ struct PipeRank {
   int64_t shard_lo, shard_hi;
   size_t *shard_counts;
   float *m_block, *v_block;
-  float *master_block; /* train_sharded_masters: the fp32 masters of the shard, laid out alike */
+  /* train_sharded_masters: the fp32 masters of the shard, laid out alike */
+  float *master_block;
   void **arena;      /* [st->arenas] */
   double *loss;      /* [microbatches]: the last stage's losses */
   TpStepIO *loss_io; /* [microbatches]: the last forward units' io, whose loss a device
