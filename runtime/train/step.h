@@ -86,6 +86,7 @@ struct PipeRank {
   /* train_sharded_masters: the fp32 masters of the shard, laid out alike */
   float *master_block;
   void **arena;      /* [st->arenas] */
+  void *transient;   /* st->transient_bytes: every unit's, one at a time */
   double *loss;      /* [microbatches]: the last stage's losses */
   TpStepIO *loss_io; /* [microbatches]: the last forward units' io, whose loss a device
                            * unit's copy sets by the step's final synchronization */
