@@ -28,7 +28,7 @@ bool tp_rank_memory(const TpRankMemoryInput *in, TpRankMemory *out) {
   *out = (TpRankMemory){0};
   out->params = (n + in->frozen) * b;
   out->grads = mixed ? n * (b + 4) : n * 4 * (in->microbatches > 1 ? 2 : 1);
-  out->masters = mixed ? (n + in->frozen) * 4 : 0;
+  out->masters = mixed ? shard(n, 4, z) + in->frozen * 4 : 0; /* the trained ones' shard, the frozen whole */
   out->state = shard(n, 8, z);
   int64_t fixed = out->params + out->grads + out->masters + out->state;
   if (in->arenas > 0 && in->kept > (INT64_MAX - fixed - in->transient) / in->arenas) return false;

@@ -7,9 +7,9 @@
  *   fp32:        the value 4, its gradient 4 (a microbatch's 4 more when M > 1),
  *                AdamW's two moments 8 / Z
  *   bf16, fp16:  the 16-bit value 2, its 16-bit gradient 2, the step's fp32 gradient
- *                sum 4, the fp32 master 4, AdamW's two moments 8 / Z
- * where Z is the replicas sharing the optimizer state (--zero 1: D, else 1); a frozen
- * parameter is its value (and under bf16, fp16 its fp32 master) only. Activations: the microbatches in flight keep what their
+ *                sum 4, the fp32 master 4 / Z, AdamW's two moments 8 / Z
+ * where Z is the replicas sharing the optimizer state and the masters (--zero 1: D, else
+ * 1); a frozen parameter is its value (and under bf16, fp16 its whole fp32 master) only. Activations: the microbatches in flight keep what their
  * units pass each other (kept), and one unit at a time its working set (transient). */
 #ifndef TOKPIPE_CODEGEN_RANK_MEMORY_H
 #define TOKPIPE_CODEGEN_RANK_MEMORY_H

@@ -114,6 +114,8 @@ void tp_comm_recv(TpComm *c, void *buf, size_t bytes, int peer, int tag, const c
 static size_t dtype_bytes(TpDType t) {
   switch (t) {
   case TP_F32: return 4;
+  case TP_BF16:
+  case TP_F16: return 2; /* gathered, never summed */
   case TP_F64:
   case TP_I64: return 8;
   default: TP_ASSERT(!"a collective of an unsupported dtype");

@@ -99,7 +99,9 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
     free(bounds);
     size_t bytes = (size_t)(R->shard_hi - R->shard_lo) * 4;
     if (!(R->m_block = pipe_alloc(t, bytes, "rank %d's shard of the optimizer state", rank)) ||
-        !(R->v_block = pipe_alloc(t, bytes, "rank %d's shard of the optimizer state", rank)))
+        !(R->v_block = pipe_alloc(t, bytes, "rank %d's shard of the optimizer state", rank)) ||
+        (train_sharded_masters(P) &&
+         !(R->master_block = pipe_alloc(t, bytes, "rank %d's shard of the fp32 master weights", rank))))
       return TP_ERR_INPUT;
   }
   for (int a = 0; a < R->st->arenas; a++)
@@ -156,10 +158,17 @@ static int setup_ranks(Trainer *t) {
   if (train_zero(P) && nprocs > 1) { /* the values in one block, for the all-gather (step.h) */
     int stage = stage_of(P, first);
     int64_t count = pipe_block_offset(t, stage, P->nparams);
-    if (!(t->param_block = pipe_alloc(t, (size_t)count * 4, "the parameters of rank %d", first)))
-      return TP_ERR_INPUT;
-    for (int i = 0; i < P->nparams; i++)
-      if (stage_holds(&P->params[i], stage)) t->param[i] = t->param_block + pipe_block_offset(t, stage, i);
+    bool half = train_sharded_masters(P); /* the 16-bit working copies are what is gathered */
+    void *block = pipe_alloc(t, (size_t)count * train_elem_bytes(P), "the parameters of rank %d", first);
+    if (!block) return TP_ERR_INPUT;
+    if (half) t->work_block = block;
+    else t->param_block = block;
+    for (int i = 0; i < P->nparams; i++) {
+      if (!stage_holds(&P->params[i], stage)) continue;
+      int64_t at = pipe_block_offset(t, stage, i);
+      if (half) t->work[i] = (char *)block + at * 2;
+      else t->param[i] = t->param_block + at;
+    }
   }
   for (int i = 0; i < P->nparams; i++) {
     t->held[i] = false;
@@ -221,7 +230,7 @@ void pipe_free(Trainer *t) {
     pipe_dev_free(t, R->transient);
     if (R->scratch_block != R->grad_block) pipe_dev_free(t, R->scratch_block);
     pipe_dev_free(t, R->grad_block);
-    pipe_dev_free(t, R->m_block), pipe_dev_free(t, R->v_block);
+    pipe_dev_free(t, R->m_block), pipe_dev_free(t, R->v_block), pipe_dev_free(t, R->master_block);
     free(R->shard_counts);
     pipe_free_messages(t, R);
     be(t)->event_free(t->compute, R->event);
@@ -232,13 +241,13 @@ void pipe_free(Trainer *t) {
   }
   free(t->hosted);
   t->hosted = NULL;
-  pipe_dev_free(t, t->param_block);
+  pipe_dev_free(t, t->param_block), pipe_dev_free(t, t->work_block);
   for (int i = 0; t->param && i < t->plan->nparams; i++) {
     if (!t->param_block) pipe_dev_free(t, t->param[i]);
     if (!t->plan->stages) pipe_dev_free(t, t->grad[i]); /* else a hosted rank's */
     pipe_dev_free(t, t->m[i]);
     pipe_dev_free(t, t->v[i]);
-    pipe_dev_free(t, t->work[i]);
+    if (!t->work_block) pipe_dev_free(t, t->work[i]);
   }
   for (int s = 0; t->arena && s < t->plan->nstages; s++)
     pipe_dev_free(t, t->arena[s]), pipe_dev_free(t, t->transient[s]);

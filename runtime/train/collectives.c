@@ -164,10 +164,14 @@ void pipe_gather_params(Trainer *t) {
   int D = t->plan->dp;
   int *group = xcalloc((size_t)D, sizeof *group), *hosted = xcalloc((size_t)D, sizeof *hosted);
   replica_group(t, R, group, hosted);
-  size_t bytes = (size_t)R->grad_count * 4;
-  void *view = pipe_host_view(t, t->stream, t->param_block, bytes, true, true);
-  tp_comm_all_gather(t->comm, view, R->shard_counts, TP_F32, group, D);
-  pipe_end_host_view(t, t->stream, t->param_block, view, bytes, true);
+  /* the fp32 values, or under train_sharded_masters the 16-bit working copies */
+  bool half = t->work_block != NULL;
+  void *block = half ? t->work_block : (void *)t->param_block;
+  size_t bytes = (size_t)R->grad_count * (half ? 2 : 4);
+  TpDType dtype = !half ? TP_F32 : t->plan->precision == TP_PLAN_BF16 ? TP_BF16 : TP_F16;
+  void *view = pipe_host_view(t, t->stream, block, bytes, true, true);
+  tp_comm_all_gather(t->comm, view, R->shard_counts, dtype, group, D);
+  pipe_end_host_view(t, t->stream, block, view, bytes, true);
   free(group), free(hosted);
 }
 

@@ -14,16 +14,18 @@ int pipe_owner(const Trainer *t, int i, int tensor) {
 }
 
 /* A parameter's value (under bf16 and fp16 its f32 master and 16-bit working copy; unless
- * it lies in t->param_block) and, if trainable, AdamW state (under --zero 1 the ranks'
- * shards hold it: buffers.c). */
+ * it lies in t->param_block or t->work_block) and, if trainable, AdamW state (under --zero 1
+ * the ranks' shards hold it, and under train_sharded_masters its master too: buffers.c). */
 int pipe_alloc_param(Trainer *t, int i) {
   size_t bytes = (size_t)t->numel[i] * 4;
   const char *name = t->plan->params[i].name;
-  bool whole_state = t->plan->params[i].trainable && !train_zero(t->plan);
-  if (t->plan->precision != TP_PLAN_FP32 &&
+  bool trainable = t->plan->params[i].trainable;
+  bool whole_state = trainable && !train_zero(t->plan);
+  bool whole_master = !(trainable && train_sharded_masters(t->plan));
+  if (t->plan->precision != TP_PLAN_FP32 && !t->work[i] &&
       !(t->work[i] = pipe_alloc(t, (size_t)t->numel[i] * 2, "the 16-bit copy of parameter '%s'", name)))
     return TP_ERR_INPUT;
-  if ((!t->param[i] && !(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name))) ||
+  if ((whole_master && !t->param[i] && !(t->param[i] = pipe_alloc(t, bytes, "parameter '%s'", name))) ||
       (whole_state && (!(t->m[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)) ||
                        !(t->v[i] = pipe_alloc(t, bytes, "the optimizer state of '%s'", name)))))
     return TP_ERR_INPUT;
@@ -150,9 +152,17 @@ static void upload(Trainer *t, int i, void *dev, const float *host) {
   free(piece);
 }
 
-/* --zero 1: the parts of host moments m and v of parameter i (whole tensors) that the
- * shards of the hosted ranks holding i keep. */
-static void upload_shards(Trainer *t, int i, const float *m, const float *v) {
+/* What a rank keeps of a trained parameter in its --zero 1 shard: the AdamW moments (M, V)
+ * and under train_sharded_masters the fp32 master (MASTER); or the whole buffer (WHOLE) or
+ * the gradient (GRAD), which are not sharded this way. */
+enum { WHOLE, GRAD, M, V, MASTER };
+static float *shard_block(const PipeRank *R, int kind) {
+  return kind == M ? R->m_block : kind == V ? R->v_block : R->master_block;
+}
+
+/* --zero 1: the parts of host copy `whole` of parameter i (M, V or MASTER, a whole tensor)
+ * that the shards of the hosted ranks holding i keep. */
+static void upload_shards(Trainer *t, int i, const float *whole, int kind) {
   const TpPlan *P = t->plan;
   float *piece = train_split(P, &P->params[i]) ? piece_buffer(t, i) : NULL;
   for (int h = 0; h < t->nhosted; h++) {
@@ -160,29 +170,42 @@ static void upload_shards(Trainer *t, int i, const float *m, const float *v) {
     int64_t a, b;
     if (!stage_holds(&P->params[i], R->stage) || !rank_shard_part(t, R, i, &a, &b)) continue;
     int64_t at = R->grad[i] - R->grad_block + a - R->shard_lo;
-    for (int k = 0; k < 2; k++) {
-      const float *src = k ? v : m;
-      if (piece) pipe_shard_copy(P, &P->params[i], R->tensor, piece, (float *)src, false), src = piece;
-      be(t)->copy_h2d(t->compute, t->stream, (k ? R->v_block : R->m_block) + at, src + a, (size_t)(b - a) * 4);
-      be(t)->stream_sync(t->compute, t->stream); /* before the piece is refilled */
-    }
+    const float *src = whole;
+    if (piece) pipe_shard_copy(P, &P->params[i], R->tensor, piece, (float *)src, false), src = piece;
+    be(t)->copy_h2d(t->compute, t->stream, shard_block(R, kind) + at, src + a, (size_t)(b - a) * 4);
+    be(t)->stream_sync(t->compute, t->stream); /* before the piece is refilled */
+    if (kind == MASTER) pipe_round_shard(t, t->stream, R, i);
   }
   free(piece);
 }
 
 void pipe_round_param(Trainer *t, TpStream *s, int i) {
-  if (t->work[i]) be(t)->round_to_half(t->compute, s, t->work[i], t->param[i], t->numel[i], t->plan->precision);
+  if (t->work[i] && t->param[i])
+    be(t)->round_to_half(t->compute, s, t->work[i], t->param[i], t->numel[i], t->plan->precision);
+}
+
+void pipe_round_shard(Trainer *t, TpStream *s, const PipeRank *R, int i) {
+  int64_t a, b;
+  if (!rank_shard_part(t, R, i, &a, &b)) return;
+  int64_t at = R->grad[i] - R->grad_block + a - R->shard_lo;
+  be(t)->round_to_half(t->compute, s, (char *)t->work[i] + a * 2, R->master_block + at, b - a, t->plan->precision);
 }
 
 void pipe_upload(Trainer *t) {
   TrainHost *H = &t->host;
+  bool sharded_masters = train_sharded_masters(t->plan);
   for (int i = 0; i < t->plan->nparams; i++) {
     if (!t->held[i]) continue;
-    if (H->param[i]) upload(t, i, t->param[i], H->param[i]), pipe_round_param(t, t->stream, i);
-    if (H->m[i] && train_zero(t->plan)) upload_shards(t, i, H->m[i], H->v[i]);
+    if (H->param[i] && sharded_masters && t->plan->params[i].trainable) upload_shards(t, i, H->param[i], MASTER);
+    else if (H->param[i]) upload(t, i, t->param[i], H->param[i]), pipe_round_param(t, t->stream, i);
+    if (H->m[i] && train_zero(t->plan)) upload_shards(t, i, H->m[i], M), upload_shards(t, i, H->v[i], V);
     else if (H->m[i]) upload(t, i, t->m[i], H->m[i]), upload(t, i, t->v[i], H->v[i]);
   }
   be(t)->stream_sync(t->compute, t->stream); /* before the host copies are freed */
+}
+
+void pipe_gather_loaded(Trainer *t) {
+  if (train_sharded_masters(t->plan) && !one_process(t)) pipe_gather_params(t);
 }
 
 void pipe_host_free(Trainer *t) {
@@ -211,8 +234,7 @@ static void fetch_bytes(Trainer *t, int from, void *dev, float *host, size_t byt
 
 /* What a rank holds of parameter i (tensor rank `tensor`'s piece where it is split) into
  * `host` on process 0: device buffer dev from its owner; or, for a buffer --zero 1 shards
- * (`sharded`: GRAD, M or V), each replica's part from its shard. */
-enum { WHOLE, GRAD, M, V };
+ * (`sharded`: GRAD, M, V or MASTER), each replica's part from its shard. */
 static void fetch_piece(Trainer *t, int i, int tensor, void *dev, int sharded, float *host) {
   const TpPlan *P = t->plan;
   if (!sharded || !train_zero(P)) {
@@ -228,7 +250,7 @@ static void fetch_piece(Trainer *t, int i, int tensor, void *dev, int sharded, f
     PipeRank *R = pipe_hosted_rank(t, from);
     float *src = NULL;
     if (R && sharded == GRAD) src = R->grad[i] + a;
-    else if (R) src = (sharded == M ? R->m_block : R->v_block) + (offset + a - bounds[d]);
+    else if (R) src = shard_block(R, sharded) + (offset + a - bounds[d]);
     fetch_bytes(t, from, src, host ? host + a : NULL, (size_t)(b - a) * 4);
   }
   free(bounds);
@@ -270,7 +292,8 @@ int pipe_download(Trainer *t, bool grads, bool moments) {
       if (P->params[i].trainable) fetch(t, i, t->grad[i], GRAD, t->host.grad[i], "gradient");
       continue;
     }
-    fetch(t, i, t->param[i], WHOLE, t->host.param[i], "value");
+    bool sharded = P->params[i].trainable && train_sharded_masters(P);
+    fetch(t, i, t->param[i], sharded ? MASTER : WHOLE, t->host.param[i], "value");
     if (moments && P->params[i].trainable)
       fetch(t, i, t->m[i], M, t->host.m[i], "AdamW first moment"),
           fetch(t, i, t->v[i], V, t->host.v[i], "AdamW second moment");

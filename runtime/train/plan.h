@@ -365,8 +365,10 @@ struct TpPlan {
    * state of 1/D of its gradient block (its shard: a contiguous range cut on the gradient
    * norm's pieces, runtime/train/step.h). ALLREDUCE then reduce-scatters the gradients
    * (each member gets the sum of its shard, in the order of the all-reduce), the optimizer
-   * step updates the values of the shard, and the replicas all-gather the updated values:
-   * the same bits as without it. 0: every replica keeps all of it. */
+   * step updates the values of the shard, and the replicas all-gather the updated values
+   * (under bf16 and fp16: the fp32 masters of the shard, which only it keeps, rounded to
+   * the 16-bit working copies, which are gathered): the same bits as without it. 0: every
+   * replica keeps all of it. */
   int zero;
   int precision;              /* TpPlanPrecision (0 when absent: fp32) */
 };

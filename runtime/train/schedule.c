@@ -311,15 +311,17 @@ void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step
     if (!rank_updates(t, h, i)) continue;
     TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, t->decay[i], step};
     int64_t a = 0, b = t->numel[i];
-    float *m = t->m[i], *v = t->v[i];
-    if (zero) { /* the part of i in the rank's shard, whose moments its blocks hold */
-      const PipeRank *R = t->hosted[h];
+    float *m = t->m[i], *v = t->v[i], *value = t->param[i];
+    const PipeRank *R = zero ? t->hosted[h] : NULL;
+    if (zero) { /* the part of i in the rank's shard, whose moments (and masters) its blocks hold */
       if (!rank_shard_part(t, R, i, &a, &b)) continue;
       int64_t at = R->grad[i] - R->grad_block + a - R->shard_lo;
       m = R->m_block + at, v = R->v_block + at;
+      value = R->master_block ? R->master_block + at : value + a;
     }
     if (clip != 1) be(t)->clip(t->compute, s, grad[i] + a, b - a, clip);
-    be(t)->adamw(t->compute, s, t->param[i] + a, grad[i] + a, m, v, b - a, &adamw);
+    be(t)->adamw(t->compute, s, value, grad[i] + a, m, v, b - a, &adamw);
+    if (zero && R->master_block) pipe_round_shard(t, s, R, i); /* before the gather */
   }
 }
 
@@ -336,7 +338,8 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
       trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start,
                 trace_now_us(t->trace));
   }
-  /* bf16, fp16: the working copies from the updated masters, once every shard is in */
+  /* bf16, fp16: the working copies from the updated masters, once every shard is in (under
+   * train_sharded_masters each shard's were rounded before the gather: nothing here) */
   for (int i = 0; i < P->nparams; i++)
     if (P->params[i].trainable) pipe_round_param(t, t->stream, i);
   be(t)->stream_sync(t->compute, t->stream);

@@ -24,9 +24,10 @@
  * (TP_NORM_PIECES per parameter, ../compute.h), the first piece start at or past
  * d * count / D, so that every piece's sum of squares is one replica's and the norm adds
  * the same doubles in the same order as without sharding. A replica keeps the AdamW
- * moments of its shard (and, in 16-bit precisions, would keep its fp32 masters alike),
- * receives the sum of its shard's gradients (reduce-scatter), updates the values of its
- * shard and all-gathers them. Under mpirun the held values are one block in the gradient
+ * moments of its shard (and, in 16-bit precisions, its fp32 masters alike, the trained
+ * parameters' only), receives the sum of its shard's gradients (reduce-scatter), updates the
+ * values of its shard and all-gathers them (in 16-bit precisions: rounds its shard of the
+ * masters to the working copies and all-gathers those). Under mpirun the held values are one block in the gradient
  * block's order, gathered in place; one process holds one copy of each value, which every
  * replica's rank updates its shard of, so there is nothing to gather. Host copies and files
  * hold whole tensors: loading scatters the moments to the shards, saving gathers them.
@@ -82,6 +83,8 @@ struct PipeRank {
   int64_t shard_lo, shard_hi;
   size_t *shard_counts;
   float *m_block, *v_block;
+  /* train_sharded_masters: the fp32 masters of the shard, laid out alike */
+  float *master_block;
   void **arena;      /* [st->arenas] */
   void *transient;   /* st->transient_bytes: every unit's, one at a time */
   double *loss;      /* [microbatches]: the last stage's losses */
@@ -191,8 +194,12 @@ void pipe_tensor_allreduce(TpStepIO *io, float *buf, int64_t count);
 /* ---- params.c ---- */
 /* A parameter's device value and, if trainable, AdamW state. */
 int pipe_alloc_param(Trainer *t, int i);
-/* Parameter i's 16-bit working copy rounded from its f32 master (bf16, fp16; else nothing). */
+/* Parameter i's 16-bit working copy rounded from its f32 master (bf16, fp16; else nothing;
+ * under train_sharded_masters a trained one's is rounded by shards: pipe_round_shard). */
 void pipe_round_param(Trainer *t, TpStream *s, int i);
+/* train_sharded_masters: the part of parameter i's working copy in hosted rank R's shard,
+ * rounded from R's masters. */
+void pipe_round_shard(Trainer *t, TpStream *s, const PipeRank *R, int i);
 /* The rank that owns parameter i (its piece held by tensor rank `tensor`). */
 int pipe_owner(const Trainer *t, int i, int tensor);
 

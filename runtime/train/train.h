@@ -76,7 +76,8 @@ typedef struct {
   TpComm *comm;
   TpCompute *compute;
   TpStream *stream; /* transfers, the norm's read-back, ABI 1's units */
-  /* per parameter; m and v are NULL for frozen ones (whose grad stays unused, zero) */
+  /* per parameter; m and v are NULL for frozen ones (whose grad stays unused, zero); param
+   * is NULL for trained ones under train_sharded_masters (the shards hold the masters) */
   float **param, **grad, **m, **v;
   /* TpPlan.precision bf16 or fp16: per parameter, the 16-bit working copy the units read
    * (io->param), rounded from param, which is then the f32 master; NULL under fp32 */
@@ -102,6 +103,8 @@ typedef struct {
   float *param_block;                /* --zero 1 under mpirun: the held values, contiguous in the
                                       * order of the rank's gradient block (all-gathered in place);
                                       * else NULL and each value allocated alone */
+  void *work_block;                  /* the same for the 16-bit working copies under
+                                      * train_sharded_masters (which gathers those) */
   TpTokenFile train, val;
   int64_t step;     /* steps done */
   int64_t data_pos; /* token position of the next training batch */
@@ -148,6 +151,9 @@ static inline int train_pad(const TpPlan *P, const TpPlanParam *p) {
 }
 /* Whether the replicas shard the optimizer state (TpPlan.zero; ABI 2, D > 1). */
 static inline bool train_zero(const TpPlan *P) { return P->stages && P->zero && P->dp > 1; }
+/* Whether, under --zero 1 with 16-bit storage, each replica keeps the fp32 masters of its
+ * shard only (PipeRank.master_block) and the replicas gather the 16-bit working copies. */
+static inline bool train_sharded_masters(const TpPlan *P) { return train_zero(P) && P->precision != TP_PLAN_FP32; }
 /* Whether this process writes the outputs (rank 0). */
 static inline bool train_is_root(const Trainer *t) { return t->comm->rank == 0; }
 
@@ -216,6 +222,10 @@ void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step
  * m and v of trainable ones), for weights.c to fill; pipe_upload sends them to the device. */
 int pipe_host_alloc(Trainer *t, bool moments);
 void pipe_upload(Trainer *t);
+/* After every process has loaded its weights (an agreed success): under
+ * train_sharded_masters with one process per rank, each rounded only its shards of the
+ * working copies, which the replicas then gather. */
+void pipe_gather_loaded(Trainer *t);
 /* Parameter p's whole tensor, as host copies and files hold it (p->dims are a rank's piece
  * where it is split), over data. */
 TpTensor pipe_whole_tensor(const TpPlan *P, const TpPlanParam *p, void *data);

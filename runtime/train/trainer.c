@@ -891,6 +891,7 @@ static int run(Trainer *t) {
   int64_t total = o->steps >= 0 ? o->steps : (t->train.count - 1) / (need - 1);
   o->steps = total; /* the default is below 2^31: a token file holds fewer tokens */
   if (!rc) rc = pipe_agree(t, train_load_weights(t));
+  if (!rc) pipe_gather_loaded(t);
   tp_unlock_path(&t->resume_lock); /* every process has read the checkpoint */
   if (!rc && o->dump_grads && t->step >= total)
     rc = tp_error(t->d, "--dump-grads: no step is left to run (steps %" PRId64 "..%" PRId64 ")", t->step + 1, total);

@@ -28,10 +28,13 @@ int main(void) {
   in.precision = TP_PRECISION_BF16;
   in.zero_shards = 1;
   expect("bf16", in, (TpRankMemory){2020, 6000, 4040, 8000, 350, 20410});
+  in.zero_shards = 2; /* the trained masters sharded too, the frozen ones whole */
+  expect("bf16, ZeRO over 2", in, (TpRankMemory){2020, 6000, 2040, 4000, 350, 14410});
+  in.zero_shards = 3;
+  expect("bf16, ZeRO over 3", in, (TpRankMemory){2020, 6000, 1376, 2672, 350, 12418});
   in.zero_shards = 2;
-  expect("bf16, ZeRO over 2", in, (TpRankMemory){2020, 6000, 4040, 4000, 350, 16410});
   in.precision = TP_PRECISION_FP16;
-  expect("fp16 as bf16", in, (TpRankMemory){2020, 6000, 4040, 4000, 350, 16410});
+  expect("fp16 as bf16", in, (TpRankMemory){2020, 6000, 2040, 4000, 350, 14410});
 
   TpRankMemoryInput huge = {.trained = 1, .kept = INT64_C(1) << 52, .arenas = 4096};
   TpRankMemory out;

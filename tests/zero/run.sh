@@ -6,17 +6,23 @@
 #   bits     3 steps with gradient clipping: --zero 1 --dp 2 gives the bits of --dp 2
 #            (weights, step 1's gradients, the log), under mpirun and in one process (on the
 #            strict CPU backend: device memory the runtime touches directly is a crash); also
-#            with 2 stages and 2 microbatches (1f1b, sliced; and bf16 storage, whose 16-bit
-#            working copies are rounded from the gathered masters), and with 2 tensor ranks (a
-#            Gemma fixture, under mpirun only); --zero 1 --dp 1 is the plan of --dp 1
+#            with 2 stages and 2 microbatches (1f1b, sliced; and bf16 storage, where each
+#            replica keeps its shard's fp32 masters and the 16-bit working copies are
+#            gathered), with fp16 storage over 1 stage, and with 2 tensor ranks (a Gemma
+#            fixture, under mpirun only); --zero 1 --dp 1 is the plan of --dp 1
 #   resume   a --zero 1 --dp 2 checkpoint holds whole tensors: the bytes of a plain --dp 2
 #            one; it resumes bit for bit under --zero 1 (mpirun, one process) and plain
 #            --dp 2, and a plain one under --zero 1; under --zero 1 --dp 4 as under plain
 #            --dp 4 (bits), and like the uninterrupted run under --dp 1 and --dp 4
 #            (1e-3 of each tensor's largest value: the sums run in other orders, and AdamW
 #            turns the float noise of gradients zero in exact arithmetic, the key biases',
-#            into steps of up to the learning rate; every other tensor agrees to 1e-5)
-#   memory   --emit=memory: a rank's optimizer state under --zero 1 --dp 2 is half of --dp 2's
+#            into steps of up to the learning rate; every other tensor agrees to 1e-5); and
+#            under bf16 storage (the checkpoint's whole fp32 masters gathered from the
+#            shards, scattered to them again): the bytes of plain --dp 2's checkpoint, resumed
+#            bit for bit under --zero 1 (mpirun, one process) and plain --dp 2, and under
+#            --zero 1 --dp 4 as under plain --dp 4
+#   memory   --emit=memory: a rank's optimizer state under --zero 1 --dp 2 is half of --dp 2's,
+#            and under bf16 its fp32 master weights too (the fixture has no frozen parameter)
 #   cuda-emulated TRAINERS_DIR  tests/codegen's tiny GPT's --dp 2 CUDA trainers on the
 #            emulated runtime (built by CMakeLists.txt), a GPU per
 #            process (NCCL: ncclReduce and ncclBroadcast): --zero 1 gives the bits of plain
@@ -88,6 +94,7 @@ bits)
   shape d2 "--dp 2"
   shape s2 "--stages 2 --microbatches 2 --dp 2 --schedule 1f1b --slices 3,2,2"
   shape b2 "--stages 2 --microbatches 2 --dp 2 --precision bf16" # shards of fp32 masters
+  shape f2 "--dp 2 --precision fp16"
   # tensor ranks too (hf_gemma: GQA, K/V heads held by pairs of ranks): 2 x 2 ranks
   gpt=$model model=$src/../fixtures/hf_gemma/model.onnx bt="--batch 2 --seq 16" data=$src/../fixtures/hf_gemma/train/train.bin
   shape t2 "--tensor 2 --dp 2"
@@ -121,6 +128,22 @@ resume)
       fail "$n: $(cat cmp.txt)"
     fi
   done
+  # bf16 storage: the replicas hold shards of the fp32 masters, checkpoints the whole ones
+  b=--precision\ bf16
+  gen bz2 "--dp 2 --zero 1 $b" && gen bd2 "--dp 2 $b" && gen bz4 "--dp 4 --zero 1 $b" && gen bd4 "--dp 4 $b" || exit 1
+  train bz2 bfull --init "$model" --steps 3 --dump-weights bfull.w
+  train bz2 bpart --init "$model" --steps 2 --save bck
+  train bd2 bpart-plain --init "$model" --steps 2 --save bck-plain
+  train bz2 bz2 --resume bck --steps 3 --dump-weights bz2.w
+  train bz2 bz2l local --resume bck --steps 3 --dump-weights bz2l.w
+  train bd2 bd2 --resume bck --steps 3 --dump-weights bd2.w
+  train bz4 bz4 --resume bck --steps 3 --dump-weights bz4.w
+  train bd4 bd4 --resume bck --steps 3 --dump-weights bd4.w
+  same "bf16: a --zero 1 --dp 2 checkpoint: the bytes of a --dp 2 one" bck/checkpoint.safetensors bck-plain/checkpoint.safetensors
+  same "bf16: ... resumed under --zero 1: the uninterrupted weights" bfull.w bz2.w
+  same "bf16: ... resumed in one process: the uninterrupted weights" bfull.w bz2l.w
+  same "bf16: ... resumed under plain --dp 2: the uninterrupted weights" bfull.w bd2.w
+  same "bf16: ... resumed under --zero 1 --dp 4: the weights of plain --dp 4" bd4.w bz4.w
   ;;
 
 memory)
@@ -133,6 +156,15 @@ memory)
     ok "a rank's optimizer state: $plain bytes under --dp 2, $zero under --zero 1 --dp 2" ||
     fail "optimizer state: --dp 2 $plain bytes, --zero 1 --dp 2 $zero"
   [ "$one" = "$plain" ] && ok "--zero 1 --dp 1: all of it ($one bytes)" || fail "--zero 1 --dp 1: $one bytes, not $plain"
+  masters() { # the fp32 master weight bytes of rank 0
+    # shellcheck disable=SC2086
+    "$bin/tokpipec" "$model" $bt $1 --precision bf16 --emit=memory |
+      sed -n '/^rank 0 /,$s/^  master weights *\([0-9]*\) bytes.*/\1/p'
+  }
+  plain=$(masters "--dp 2") zero=$(masters "--dp 2 --zero 1")
+  [ -n "$plain" ] && [ -n "$zero" ] && [ $((zero * 2)) -ge "$plain" ] && [ $((zero * 2)) -le $((plain + 16)) ] &&
+    ok "bf16: a rank's fp32 master weights: $plain bytes under --dp 2, $zero under --zero 1 --dp 2" ||
+    fail "bf16 master weights: --dp 2 $plain bytes, --zero 1 --dp 2 $zero"
   ;;
 
 cuda-emulated)
