@@ -183,6 +183,7 @@ emulated)
   ;;
 
 emulated-skip)
+  # shellcheck disable=SC2034 # cuda and cpu are read through eval
   cuda=$1 cpu=$2 model=$3
   byte_tokens 16 300 train.bin || exit 1
   for t in cuda cpu; do
