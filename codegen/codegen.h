@@ -3,9 +3,12 @@
  * codegen/memory.c decides where every value of a (staged) module lives while a step runs:
  * parameters and their gradients in the trainer's buffers (TpStepIO), constants in static
  * arrays, token ids in the trainer's batch, and every activation and activation gradient
- * at an offset of its stage's arena, placed by liveness so that buffers whose lifetimes do
- * not overlap share bytes. The plan.c that runs it (see runtime/train/plan.h for the
- * interface it implements) is written in three steps: codegen/lower.c lowers each unit's ops
+ * at an offset of one of its stage's two regions: the microbatch's arena, for what a
+ * microbatch keeps from one of its units to a later one, and the transient region, for
+ * what lives inside one unit, which the rank's units share whatever their microbatch. Each
+ * region is placed by liveness so that buffers whose lifetimes do not overlap share bytes.
+ * The plan.c that runs it (see runtime/train/plan.h for the interface it implements) is
+ * written in three steps: codegen/lower.c lowers each unit's ops
  * to kernel calls on those memory slots, codegen/outline.c finds the runs units share, and
  * codegen/emit_c.c prints them (codegen/plan_tables.c the TpPlan tables). */
 #ifndef TOKPIPE_CODEGEN_H
@@ -23,7 +26,7 @@
 
 typedef enum {
   TP_MEM_NONE,    /* not stored: an absent value, or one no op of the plan touches */
-  TP_MEM_ARENA,   /* at `offset` in the arena of `stage` */
+  TP_MEM_ARENA,   /* at `offset` in a region of `stage`: its arena, or its transient region */
   TP_MEM_VIEW,    /* the bytes of value `index` (a Reshape shares its operand's data) */
   TP_MEM_PARAM,   /* io->param[index] */
   TP_MEM_GRAD,    /* io->grad[index]: the gradient of parameter `index` */
@@ -37,7 +40,8 @@ typedef enum {
 typedef struct {
   TpMemKind kind;
   int stage;       /* TP_MEM_ARENA */
-  int64_t offset;  /* TP_MEM_ARENA: bytes from the arena's start */
+  bool transient;  /* TP_MEM_ARENA: in the transient region, else in the arena */
+  int64_t offset;  /* TP_MEM_ARENA: bytes from its region's start */
   int64_t bytes;   /* TP_MEM_ARENA: the buffer's size, rounded up to TP_ARENA_ALIGN */
   int index;       /* TP_MEM_VIEW: the value; TP_MEM_PARAM, TP_MEM_GRAD: the parameter */
   int first, last; /* TP_MEM_ARENA: the live range, positions in the stage's op order */
@@ -59,8 +63,11 @@ typedef struct {
   TpMemSlot *scratch;   /* per op: a temporary buffer the op's kernel needs (TP_MEM_NONE) */
   int nparams;          /* PARAM values in value order: parameter i of the plan */
   int *params;          /* the value of each parameter */
-  int64_t *arena_bytes; /* per stage: the arena's size */
-  int64_t *live_peak;   /* per stage: the most bytes live at once (the arena's lower bound) */
+  int64_t *arena_bytes; /* per stage: one microbatch's arena (what it keeps between units) */
+  /* per stage: the transient region (one per rank), and the arena if it held every buffer
+   * (no transient region: tp_memory_one_region) */
+  int64_t *transient_bytes, *one_region_bytes;
+  int64_t *live_peak;   /* per stage: the most bytes live at once (the regions' lower bound) */
   int64_t *total_bytes; /* per stage: the sum of its buffers (what no reuse would cost) */
   int *nbuffers;        /* per stage */
   int **order;          /* per stage: its ops in run order, forward then backward */
@@ -79,6 +86,10 @@ typedef struct {
  * it. On success *plan owns arrays freed by tp_memory_plan_free. */
 int tp_plan_memory(const TpModule *m, TpMemoryPlan *plan, TpDiag *d);
 void tp_memory_plan_free(TpMemoryPlan *plan);
+/* Places stage s's buffers all in its arena (transient_bytes[s] 0, arena_bytes[s]
+ * one_region_bytes[s]): for a rank keeping one microbatch at a time, whose arena may reuse
+ * the bytes a transient region would add. tp_pipeline_build decides. */
+void tp_memory_one_region(const TpModule *m, TpMemoryPlan *plan, int s);
 
 /* The bound on token ids (runtime/train/plan.h's token_limit): the fewest rows of every
  * table that the token ids or the targets index (Embedding and Gather tables, the classes
@@ -121,12 +132,15 @@ typedef struct {
                            would hold them (the split parameters whole) */
   int *arenas;          /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
   TpRankMemory *memory; /* per stage (the rank running it): codegen/rank_memory.h */
+  /* per stage: what `memory` was counted from (kept: the arena, transient: the region) */
+  TpRankMemoryInput *input;
 } TpPipeline;
 
 /* Builds and verifies the schedule (a schedule that fails verification is a compiler bug:
- * TP_ERR_INTERNAL) and the per-rank memory. o NULL: one microbatch, one replica, gpipe. */
-int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl,
-                      TpDiag *d);
+ * TP_ERR_INTERNAL) and the per-rank memory, settling each stage's layout in mem: arenas x
+ * kept + transient region, or arenas x one region (tp_memory_one_region) where that is no
+ * more bytes. o NULL: one microbatch, one replica, gpipe. */
+int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl, TpDiag *d);
 void tp_pipeline_free(TpPipeline *pl);
 /* The module's tensor group size: --tensor (m->tensor), or for a module read back from
  * text, the ranks its split parameters were split over; 1 without. */
@@ -137,9 +151,9 @@ int tp_tensor_ranks(const TpModule *m);
 int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, const char *limit, const char *hint,
                              TpDiag *d);
 
-/* `tokpipec --emit=memory`: per stage its arena, live peak and buffers, then the totals of
- * parameters, gradients, optimizer state (AdamW: two moments per parameter) and
- * activations; with a pipeline (may be NULL), each rank's peak too. */
+/* `tokpipec --emit=memory`: per stage its arena (kept), transient region, live peak and
+ * buffers, then the totals of parameters, gradients, optimizer state (AdamW: two moments
+ * per parameter) and activations; with a pipeline (may be NULL), each rank's peak too. */
 void tp_print_memory(const TpModule *m, const TpMemoryPlan *plan, const TpPipeline *pl, FILE *out);
 
 /* A profiling probe (tokpipec --profile-grid, runtime/train/plan.h "Profiling probes"):

@@ -13,7 +13,7 @@
 typedef struct {
   int nslices, probed; /* the probed slice; the ones before it are the setup */
   int64_t b;
-  int64_t *arena_bytes; /* per stage */
+  int64_t *arena_bytes, *transient_bytes; /* per stage */
 } TpProbeInfo;
 
 typedef struct {

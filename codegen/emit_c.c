@@ -134,6 +134,8 @@ static const char *const reserved[] = {"auto",
                                        "slice_len",
                                        "probes",
                                        "stage_cuts",
+                                       "transient",
+                                       "transient_bytes",
                                        NULL};
 
 /* "/h.0/attn/MatMul_output_0" -> "h_0_attn_MatMul": letters, digits and single
@@ -432,19 +434,24 @@ static void emit_constant(Emitter *E, int v, FILE *out) {
 
 /* ---- statements ---- */
 
-/* A shared body's numbers: its arena offsets and parameter indices are printed as at[k]
- * and p[k], k counting each in order of use. */
+/* A shared body's numbers: its arena and transient region offsets and parameter indices are
+ * printed as at[k] and p[k], k counting each in order of use. */
 typedef struct {
   int at, p;
+  bool regions; /* offsets of either region (odd: the transient region's): tp_plan_at */
 } Numbering;
 
 /* Where the bytes of address a are, as a C expression of type void * (or char *). */
 static void put_addr(Emitter *E, FILE *out, TpAddr a, Numbering *num) {
   switch (a.kind) {
   case TP_ADDR_ARENA:
-    if (num) fprintf(out, "arena + at[%d]", num->at++);
-    else fprintf(out, "arena + %lld", (long long)a.n);
+  case TP_ADDR_TRANSIENT: {
+    const char *region = a.kind == TP_ADDR_ARENA ? "arena" : "transient";
+    if (num && num->regions) fprintf(out, "tp_plan_at(io, at[%d])", num->at++);
+    else if (num) fprintf(out, "arena + at[%d]", num->at++);
+    else fprintf(out, "%s + %lld", region, (long long)a.n);
     break;
+  }
   case TP_ADDR_VALUE: fprintf(out, "%s.data", E->name[a.n]); break;
   case TP_ADDR_PARAM:
   case TP_ADDR_GRAD: {
@@ -490,8 +497,9 @@ static void put_arg(Emitter *E, FILE *out, const TpLowArg *a, Numbering *num) {
   case TP_ARG_SCALAR: fprintf(out, "*(const float *)%s.data", name); break;
   case TP_ARG_SCRATCH:
     if (name) fprintf(out, "%s.data", name);
+    else if (num && num->regions) fprintf(out, "(float *)tp_plan_at(io, at[%d])", num->at++);
     else if (num) fprintf(out, "(float *)(arena + at[%d])", num->at++);
-    else fprintf(out, "(float *)(arena + %lld)", (long long)a->i);
+    else fprintf(out, "(float *)(%s + %lld)", a->transient ? "transient" : "arena", (long long)a->i);
     break;
   case TP_ARG_I64:
   case TP_ARG_INT: put_int(out, a->i); break;
@@ -581,7 +589,9 @@ static void put_code(Emitter *E, FILE *out, const TpLowStmt *s, Numbering *num) 
  * elsewhere, then its ops; calls[k] is the statement of its outlined range k. */
 static void put_function_body(Emitter *E, const TpLowFunc *f, char *const *calls, Numbering *num, FILE *out) {
   const TpModule *m = E->m;
-  if (f->uses_arena) fputs("  char *arena = io->arena;\n", out);
+  if (num && !num->regions && (f->uses_arena || f->uses_transient)) fputs("  char *arena = io->arena;\n", out);
+  if (!num && f->uses_arena) fputs("  char *arena = io->arena;\n", out);
+  if (!num && f->uses_transient) fputs("  char *transient = io->transient;\n", out);
   if (f->uses_bad) fputs("  int64_t bad; /* where the kernels report an id out of range */\n", out);
   if (!f->nops) fputs("  (void)io; /* nothing to do */\n", out);
   bool any = false; /* a line printed after the top ones */
@@ -708,12 +718,13 @@ static void emit_shared_body(Emitter *E, const TpOutline *ol, int b, char *const
   if (r->nat) fputs(", const int64_t *at", out);
   if (r->np) fputs(", const int *p", out);
   fputs(") {\n", out);
-  Numbering num = {0, 0};
+  Numbering num = {0, 0, body->regions};
   put_function_body(E, &r->low, NULL, &num, out);
   fputs("}\n", out);
   TP_ASSERT(num.at == r->nat && num.p == r->np);
   if (!r->nat) return;
-  fprintf(out, "/* %s's arena offsets (units on stages alike share a list): */\n", name);
+  fprintf(out, "/* %s's arena offsets (units on stages alike share a list%s): */\n", name,
+          body->regions ? ";\n * an odd one is a transient region offset + 1" : "");
   for (int q = body->first; q < ol->nrun; q++) {
     const TpRun *x = &ol->runs[q];
     if (x->body != b || !x->new_table) continue;
@@ -837,7 +848,8 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
   info->nslices = plan.nslices;
   info->probed = pr->c > 0 ? 1 : 0;
   info->arena_bytes = calloc((size_t)plan.nstages + 1, sizeof *info->arena_bytes);
-  TP_ASSERT(info->arena_bytes);
+  info->transient_bytes = calloc((size_t)plan.nstages + 1, sizeof *info->transient_bytes);
+  TP_ASSERT(info->arena_bytes && info->transient_bytes);
   for (int v = 0; v < pm->nvalues; v++)
     if (plan.value[v].kind == TP_MEM_TOKENS) info->b = pm->values[v].type.dims[0];
   if (rc == TP_OK && info->probed >= plan.nslices)
@@ -858,6 +870,7 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
   int nunits = 0;
   for (int s = 0; s < plan.nstages; s++) {
     info->arena_bytes[s] = plan.arena_bytes[s];
+    info->transient_bytes[s] = plan.transient_bytes[s];
     for (int i = 0; i <= info->probed; i++) units[nunits++] = (TpUnitId){s, i, false};
     units[nunits++] = (TpUnitId){s, info->probed, true};
   }
@@ -923,17 +936,17 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   fclose(consts);
   fclose(tables);
   if (E.rc == TP_OK) {
-    int64_t params = 0, arena = 0;
+    int64_t params = 0, arena = 0, transient = 0;
     for (int i = 0; i < plan.nparams; i++) params += tp_type_numel(&m->values[plan.params[i]].type);
-    for (int s = 0; s < plan.nstages; s++) arena += plan.arena_bytes[s];
+    for (int s = 0; s < plan.nstages; s++) arena += plan.arena_bytes[s], transient += plan.transient_bytes[s];
     fprintf(out, "/* The training step of %s,\n * generated by tokpipec %s. Do not edit.\n",
             E.o->model  ? E.o->model
             : m->source ? m->source
                         : "a module",
             E.o->version ? E.o->version : "");
-    fprintf(out, " * %d stage%s, %d parameters (%lld floats), %lld arena bytes%s.\n", plan.nstages,
-            plan.nstages == 1 ? "" : "s", plan.nparams, (long long)params, (long long)arena,
-            m->loss < 0 ? "; forward only (no loss)" : "");
+    fprintf(out, " * %d stage%s, %d parameters (%lld floats), %lld arena bytes, %lld transient bytes%s.\n",
+            plan.nstages, plan.nstages == 1 ? "" : "s", plan.nparams, (long long)params, (long long)arena,
+            (long long)transient, m->loss < 0 ? "; forward only (no loss)" : "");
     if (m->nslices > 1) { /* passes/split_sequence.c */
       int64_t T = 0;
       fprintf(out, " * Token slices (%d):", m->nslices);
@@ -978,7 +991,7 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   free(fn_text);
   free(const_text);
   free(table_text);
-  for (int k = 0; k < o->nprobes; k++) free(E.probe[k].arena_bytes);
+  for (int k = 0; k < o->nprobes; k++) free(E.probe[k].arena_bytes), free(E.probe[k].transient_bytes);
   free(E.probe);
   emitter_free(&E);
   tp_pipeline_free(&pipe);

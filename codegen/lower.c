@@ -82,7 +82,9 @@ static TpAddr addr_of(Lowerer *X, int v) {
   const TpMemSlot *s = &X->L->mem->value[v];
   const int *map = X->L->param_map;
   switch (s->kind) {
-  case TP_MEM_ARENA: X->f->uses_arena = true; return (TpAddr){TP_ADDR_ARENA, s->offset};
+  case TP_MEM_ARENA:
+    *(s->transient ? &X->f->uses_transient : &X->f->uses_arena) = true;
+    return (TpAddr){s->transient ? TP_ADDR_TRANSIENT : TP_ADDR_ARENA, s->offset};
   case TP_MEM_VIEW: return X->declared[s->index] ? (TpAddr){TP_ADDR_VALUE, s->index} : addr_of(X, s->index);
   case TP_MEM_PARAM: return (TpAddr){TP_ADDR_PARAM, map ? map[s->index] : s->index};
   case TP_MEM_GRAD: return (TpAddr){TP_ADDR_GRAD, map ? map[s->index] : s->index};
@@ -141,7 +143,11 @@ static TpLowArg lower_arg(Lowerer *X, const TpArgSpelling *s, const TpBound *b, 
   case TP_ARG_DATA:
   case TP_ARG_SCALAR: break;
   case TP_ARG_SCRATCH:
-    if (a.value < 0) a.i = X->L->mem->scratch[w->op].offset, X->f->uses_arena = true;
+    if (a.value < 0) {
+      const TpMemSlot *scratch = &X->L->mem->scratch[w->op];
+      a.i = scratch->offset, a.transient = scratch->transient;
+      *(a.transient ? &X->f->uses_transient : &X->f->uses_arena) = true;
+    }
     break;
   case TP_ARG_RANK: a.kind = TP_ARG_I64, a.i = t->rank; break;
   case TP_ARG_DIMS: a.kind = TP_ARG_I64S, a.n = t->rank, a.ints = copy_ints(t->dims, t->rank); break;

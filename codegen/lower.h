@@ -1,12 +1,12 @@
-/* Lowering (codegen/lower.c): a run of one stage's ops, after the memory plan, turned into
- * the statements of a generated function: the views it declares with the memory each one
- * addresses (arena offsets, parameter indices, constants, the views declared before it),
- * and the kernel calls with their arguments in the target's order. Every decision about
- * what runs is made here: a Reshape that is a view runs nothing, a token slice's Concat
- * appends to its context buffer (TP_K_CONTEXT_APPEND), attention reads that buffer in place
- * (TpAttention.kv_rows), TensorCopy and AllReduce become a copy and a collective,
- * TensorRank a store, the loss a copy to io->loss. The outliner (codegen/outline.c)
- * compares these statements and codegen/emit_c.c prints them. */
+/* Lowering (codegen/lower.c): a run of one stage's ops, after the memory plan, turned into the
+ * statements of a generated function: the views it declares with the memory each one addresses
+ * (arena and transient region offsets, parameter indices, constants, the views declared before
+ * it), and the kernel calls with their arguments in the target's order. Every decision about
+ * what runs is made here: a Reshape that is a view runs nothing, a token slice's Concat appends
+ * to its context buffer (TP_K_CONTEXT_APPEND), attention reads that buffer in place
+ * (TpAttention.kv_rows), TensorCopy and AllReduce become a copy and a collective, TensorRank a
+ * store, the loss a copy to io->loss. The outliner (codegen/outline.c) compares these
+ * statements and codegen/emit_c.c prints them. */
 #ifndef TOKPIPE_CODEGEN_LOWER_H
 #define TOKPIPE_CODEGEN_LOWER_H
 
@@ -17,13 +17,14 @@
 
 /* Where the bytes of a declared view are. */
 typedef enum {
-  TP_ADDR_ARENA,   /* arena + n */
-  TP_ADDR_PARAM,   /* io->param[n]: n is the plan's parameter index */
-  TP_ADDR_GRAD,    /* io->grad[n] */
-  TP_ADDR_CONST,   /* the static array of value n (on a device target, its device copy) */
-  TP_ADDR_TOKENS,  /* io->tokens */
-  TP_ADDR_TARGETS, /* io->targets */
-  TP_ADDR_VALUE,   /* the data of value n, a view declared before in the function */
+  TP_ADDR_ARENA,     /* arena + n: the microbatch's arena (io->arena) */
+  TP_ADDR_TRANSIENT, /* transient + n: the rank's transient region (io->transient) */
+  TP_ADDR_PARAM,     /* io->param[n]: n is the plan's parameter index */
+  TP_ADDR_GRAD,      /* io->grad[n] */
+  TP_ADDR_CONST,     /* the static array of value n (on a device target, its device copy) */
+  TP_ADDR_TOKENS,    /* io->tokens */
+  TP_ADDR_TARGETS,   /* io->targets */
+  TP_ADDR_VALUE,     /* the data of value n, a view declared before in the function */
   /* &io->loss_scale */
   TP_ADDR_LOSS_SCALE,
 } TpAddrKind;
@@ -38,7 +39,9 @@ typedef struct {
 typedef struct {
   TpArgKind kind;
   int value; /* VIEW, DATA, SCALAR, SCRATCH: the value (-1: NULL; SCRATCH: the op's
-                    scratch buffer at arena offset i) */
+                    scratch buffer at offset i of the arena, or of the transient region
+                    when `transient`) */
+  bool transient;
   int64_t i; /* I64, INT, BOOL, UNARY_OP, BINARY_OP; SCRATCH without a value: offset */
   double f;  /* F32, F64 */
   int n;     /* I64S: ints[n]; VIEWS_IN, VIEWS_OUT: values[n] */
@@ -79,9 +82,10 @@ typedef struct {
 typedef struct {
   TpLowStmt *stmts;
   int n, cap;
-  int nops;        /* the range's ops, boundary copies left out (they run no code) */
-  bool uses_arena; /* an arena address */
-  bool uses_bad;   /* a kernel reports ids out of range (TP_ARG_BAD) */
+  int nops;            /* the range's ops, boundary copies left out (they run no code) */
+  bool uses_arena;     /* an arena address */
+  bool uses_transient; /* a transient region address */
+  bool uses_bad;       /* a kernel reports ids out of range (TP_ARG_BAD) */
 } TpLowFunc;
 
 typedef struct {

@@ -3,13 +3,20 @@
  * value and per op scratch buffer.
  *
  * Each stage runs its forward units (slice 0..N-1), then its backward units (N-1..0), each
- * in module order; one arena holds one microbatch's units. A value is live from the op
- * that defines it to the last op of its stage that reads it (the loss and the graph
- * outputs to the end of the forward); boundary buffers (what a boundary copy receives, and
- * what its operand sends) for the whole microbatch. Tied copies of a parameter share its
- * index. Buffers are placed greedily,
- * largest first, each in the smallest gap left by the buffers already placed whose live
- * ranges overlap its own (else above them): deterministic, and close to the live peak. */
+ * in module order. A value is live from the op that defines it to the last op of its stage
+ * that reads it (the loss and the graph outputs to the end of the forward); boundary
+ * buffers (what a boundary copy receives, and what its operand sends) for the whole
+ * microbatch. Tied copies of a parameter share its index. A buffer live across a unit
+ * boundary (or a boundary buffer, which the runtime fills and sends between units) is kept
+ * in the microbatch's arena; one live inside one unit goes to a gap of the arena below the
+ * kept buffers' top where one holds it, else to the stage's transient region, which every
+ * unit of the rank reuses, whatever its microbatch: a rank runs one unit at a time (a
+ * device target queues them, their collectives and their messages' packs in order on the
+ * rank's stream). Buffers are placed greedily, largest first, each in the smallest gap
+ * left by the buffers of its region already placed whose live ranges overlap its own
+ * (else above them): deterministic, and close to the live peak. tp_memory_one_region
+ * places a stage's buffers all in its arena instead, as a rank that keeps one microbatch at
+ * a time prefers (codegen/pipeline.c decides). */
 #include "codegen.h"
 
 #include <stdlib.h>
@@ -395,7 +402,7 @@ static int live_ranges(const TpModule *m, TpMemoryPlan *p, const int *pos, TpDia
 
 static bool overlap(const TpMemSlot *a, const TpMemSlot *b) { return a->first <= b->last && b->first <= a->last; }
 
-/* A buffer to place; id (values, then scratch buffers in op order) breaks ties. */
+/* A buffer to place; id (values in printed order, then scratch buffers in op order) breaks ties. */
 typedef struct {
   TpMemSlot *s;
   int id;
@@ -413,30 +420,109 @@ static int by_offset(const void *pa, const void *pb) {
   return (a->offset > b->offset) - (a->offset < b->offset);
 }
 
-/* Greedy placement of one stage's buffers; sets the offsets and the arena size. */
-static void place(TpMemoryPlan *p, int stage, Buf *bufs, int n) {
-  qsort(bufs, (size_t)n, sizeof *bufs, by_size);
-  TpMemSlot **near = malloc((size_t)(n + 1) * sizeof *near);
-  TP_ASSERT(near);
-  int64_t top = 0;
+/* Where buffer b goes among the placed buffers placed[0, n) of its region: the smallest gap
+ * between those whose live ranges overlap its own that holds it, else above them all; -1
+ * when that would end past `limit` (< 0: none). near: room for n pointers. */
+static int64_t fit(const TpMemSlot *b, TpMemSlot *const *placed, int n, TpMemSlot **near, int64_t limit) {
+  int nnear = 0;
+  for (int j = 0; j < n; j++)
+    if (overlap(b, placed[j]) && placed[j]->bytes) near[nnear++] = placed[j];
+  qsort(near, (size_t)nnear, sizeof *near, by_offset);
+  int64_t cursor = 0, best = -1, best_gap = INT64_MAX;
+  for (int j = 0; j < nnear; j++) {
+    int64_t gap = near[j]->offset - cursor;
+    if (gap >= b->bytes && gap < best_gap) best = cursor, best_gap = gap;
+    if (near[j]->offset + near[j]->bytes > cursor) cursor = near[j]->offset + near[j]->bytes;
+  }
+  int64_t at = best >= 0 ? best : cursor;
+  return limit >= 0 && at + b->bytes > limit ? -1 : at;
+}
+
+/* Greedy placement of stage s's buffers, largest first: the kept ones bufs[0, nkept) in the
+ * arena, then each of the others (alive inside one unit) in a gap that the arena has below
+ * its top where one holds it (bytes every microbatch holds anyway), else in the transient
+ * region. Sets the offsets and regions, and the sizes of both. */
+static void place(TpMemoryPlan *p, int s, Buf *bufs, int nkept, int n) {
+  qsort(bufs, (size_t)nkept, sizeof *bufs, by_size);
+  qsort(bufs + nkept, (size_t)(n - nkept), sizeof *bufs, by_size);
+  TpMemSlot **arena = malloc((size_t)(n + 1) * sizeof *arena),
+            **transient = malloc((size_t)(n + 1) * sizeof *transient),
+            **near = malloc((size_t)(n + 1) * sizeof *near);
+  TP_ASSERT(arena && transient && near);
+  int narena = 0, ntransient = 0;
+  int64_t top = 0, transient_top = 0;
   for (int i = 0; i < n; i++) {
     TpMemSlot *b = bufs[i].s;
-    int nnear = 0;
-    for (int j = 0; j < i; j++)
-      if (overlap(b, bufs[j].s) && bufs[j].s->bytes) near[nnear++] = bufs[j].s;
-    qsort(near, (size_t)nnear, sizeof *near, by_offset);
-    int64_t cursor = 0, best = -1, best_gap = INT64_MAX;
-    for (int j = 0; j < nnear; j++) {
-      int64_t gap = near[j]->offset - cursor;
-      if (gap >= b->bytes && gap < best_gap) best = cursor, best_gap = gap;
-      if (near[j]->offset + near[j]->bytes > cursor) cursor = near[j]->offset + near[j]->bytes;
+    int64_t at = fit(b, arena, narena, near, i < nkept ? -1 : top);
+    b->transient = at < 0;
+    if (b->transient) {
+      b->offset = fit(b, transient, ntransient, near, -1);
+      transient[ntransient++] = b;
+      if (b->offset + b->bytes > transient_top) transient_top = b->offset + b->bytes;
+    } else {
+      b->offset = at;
+      arena[narena++] = b;
+      if (b->offset + b->bytes > top) top = b->offset + b->bytes;
     }
-    b->offset = best >= 0 ? best : cursor;
-    if (b->offset + b->bytes > top) top = b->offset + b->bytes;
   }
+  free(arena);
+  free(transient);
   free(near);
-  p->arena_bytes[stage] = top;
-  p->nbuffers[stage] = n;
+  p->arena_bytes[s] = top;
+  p->transient_bytes[s] = transient_top;
+}
+
+/* The unit (index phase * nslices + slice) running position `at` of stage s's order. */
+static int unit_at(const TpMemoryPlan *p, int s, int at) {
+  for (int u = 0; u < 2 * p->nslices; u++)
+    if (p->unit_begin[s][u] <= at && at < p->unit_end[s][u]) return u;
+  return -1;
+}
+
+/* Stage s's buffers into bufs, returning how many; the first *nkept of them are those a
+ * microbatch keeps in its arena: what lives from one of its units into a later one
+ * (activations saved for the backward, K/V contexts and their gradients) and the boundary
+ * buffers (boundary[v]: the runtime fills and sends them between units); the others live
+ * inside one unit. boundary NULL: all of them kept (one region). */
+/* Each value's place in the printed IR (results in op order, after the rest): placement
+ * ties go by it, so IR read back places its buffers as the module it was printed from
+ * (store-bf16 appends its casts' values after the backward's). Freed by the caller. */
+static int *printed_order(const TpModule *m) {
+  int *printed = malloc(((size_t)m->nvalues + 1) * sizeof *printed), next = 0;
+  TP_ASSERT(printed);
+  for (int v = 0; v < m->nvalues; v++) printed[v] = m->values[v].kind != TP_VAL_RESULT ? next++ : -1;
+  for (int op = 0; op < m->nops; op++)
+    for (int k = 0; k < m->ops[op].noutputs; k++) {
+      int r = m->ops[op].outputs[k];
+      if (r >= 0 && printed[r] < 0 && m->values[r].def == op) printed[r] = next++;
+    }
+  for (int v = 0; v < m->nvalues; v++)
+    if (printed[v] < 0) printed[v] = next++;
+  return printed;
+}
+
+static int stage_buffers(const TpModule *m, TpMemoryPlan *p, int s, const bool *boundary, Buf *bufs, int *nkept) {
+  int n = 0, *printed = printed_order(m);
+  for (int pass = 0; pass < 2; pass++) { /* the kept ones first */
+    for (int i = 0; i < m->nvalues + m->nops; i++) {
+      TpMemSlot *b = i < m->nvalues ? &p->value[i] : &p->scratch[i - m->nvalues];
+      if (b->kind != TP_MEM_ARENA || b->stage != s) continue;
+      int u = boundary ? unit_at(p, s, b->first) : -1;
+      bool inside = u >= 0 && b->last < p->unit_end[s][u] && !(i < m->nvalues && boundary[i]);
+      if (inside == (pass == 1)) bufs[n++] = (Buf){b, i < m->nvalues ? printed[i] : i};
+    }
+    if (pass == 0) *nkept = n;
+  }
+  free(printed);
+  return n;
+}
+
+void tp_memory_one_region(const TpModule *m, TpMemoryPlan *p, int s) {
+  Buf *bufs = malloc((size_t)(m->nvalues + m->nops + 1) * sizeof *bufs);
+  TP_ASSERT(bufs);
+  int nkept, n = stage_buffers(m, p, s, NULL, bufs, &nkept);
+  place(p, s, bufs, n, n);
+  free(bufs);
 }
 
 /* The most bytes live at one position of the stage. */
@@ -464,6 +550,8 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   p->scratch = calloc((size_t)no + 1, sizeof *p->scratch);
   p->params = calloc((size_t)nv + 1, sizeof *p->params);
   p->arena_bytes = calloc((size_t)ns, sizeof *p->arena_bytes);
+  p->transient_bytes = calloc((size_t)ns, sizeof *p->transient_bytes);
+  p->one_region_bytes = calloc((size_t)ns, sizeof *p->one_region_bytes);
   p->live_peak = calloc((size_t)ns, sizeof *p->live_peak);
   p->total_bytes = calloc((size_t)ns, sizeof *p->total_bytes);
   p->nbuffers = calloc((size_t)ns, sizeof *p->nbuffers);
@@ -479,9 +567,9 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   bool *used = calloc((size_t)nv + 1, sizeof *used);
   int *uses = calloc((size_t)nv + 1, sizeof *uses);
   Buf *bufs = malloc((size_t)(nv + no + 1) * sizeof *bufs);
-  TP_ASSERT(p->value && p->scratch && p->params && p->arena_bytes && p->live_peak && p->total_bytes && p->nbuffers &&
-            p->order && p->norder && p->nforward && pos && used && uses && bufs && p->unit_begin && p->unit_end &&
-            p->messages && p->param_stage && p->param_tied_stage);
+  TP_ASSERT(p->value && p->scratch && p->params && p->arena_bytes && p->transient_bytes && p->one_region_bytes &&
+            p->live_peak && p->total_bytes && p->nbuffers && p->order && p->norder && p->nforward && pos && used &&
+            uses && bufs && p->unit_begin && p->unit_end && p->messages && p->param_stage && p->param_tied_stage);
   for (int op = 0; op < no; op++)
     for (int i = 0; i < m->ops[op].ninputs; i++)
       if (m->ops[op].inputs[i] >= 0) {
@@ -494,17 +582,22 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
   if (rc == TP_OK) rc = order_ops(m, p, pos, d);
   if (rc == TP_OK) rc = live_ranges(m, p, pos, d);
   if (rc == TP_OK) list_messages(m, p, pos), param_stages(m, p);
+  bool *boundary = calloc((size_t)nv + 1, sizeof *boundary);
+  TP_ASSERT(boundary);
+  for (int op = 0; op < no && rc == TP_OK; op++)
+    if (tp_is_boundary_op(m, op))
+      boundary[storage_of(p, m->ops[op].inputs[0])] = boundary[storage_of(p, m->ops[op].outputs[0])] = true;
   for (int s = 0; s < ns && rc == TP_OK; s++) {
-    int n = 0;
-    for (int v = 0; v < nv; v++)
-      if (p->value[v].kind == TP_MEM_ARENA && p->value[v].stage == s) bufs[n++] = (Buf){&p->value[v], v};
-    for (int op = 0; op < no; op++)
-      if (p->scratch[op].kind == TP_MEM_ARENA && p->scratch[op].stage == s)
-        bufs[n++] = (Buf){&p->scratch[op], nv + op};
+    int nkept, n = stage_buffers(m, p, s, NULL, bufs, &nkept);
     for (int i = 0; i < n; i++) p->total_bytes[s] += bufs[i].s->bytes;
     p->live_peak[s] = live_peak(bufs, n, p->norder[s]);
-    place(p, s, bufs, n);
+    p->nbuffers[s] = n;
+    place(p, s, bufs, n, n);
+    p->one_region_bytes[s] = p->arena_bytes[s];
+    n = stage_buffers(m, p, s, boundary, bufs, &nkept);
+    place(p, s, bufs, nkept, n);
   }
+  free(boundary);
   free(pos);
   free(used);
   free(uses);
@@ -599,6 +692,8 @@ void tp_memory_plan_free(TpMemoryPlan *p) {
   free(p->scratch);
   free(p->params);
   free(p->arena_bytes);
+  free(p->transient_bytes);
+  free(p->one_region_bytes);
   free(p->live_peak);
   free(p->total_bytes);
   free(p->nbuffers);
@@ -626,10 +721,13 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   for (int s = 0; s < p->nstages; s++) {
     fprintf(out, "stage %d: %d ops (%d forward, %d backward), %d buffers\n", s, p->norder[s], p->nforward[s],
             p->norder[s] - p->nforward[s], p->nbuffers[s]);
-    print_bytes(out, "  arena", p->arena_bytes[s], "peak activation bytes, as placed");
-    print_bytes(out, "  live peak", p->live_peak[s], "most bytes live at once");
+    print_bytes(out, "  kept", p->arena_bytes[s],
+                p->transient_bytes[s] ? "a microbatch's arena: what it keeps from unit to unit, as placed"
+                                      : "a microbatch's arena: all its buffers, as placed");
+    print_bytes(out, "  transient", p->transient_bytes[s], "the rank's region for what lives inside one unit");
+    print_bytes(out, "  live peak", p->live_peak[s], "most bytes of a microbatch live at once");
     print_bytes(out, "  no reuse", p->total_bytes[s], "every buffer on its own");
-    activations += p->arena_bytes[s];
+    activations += p->arena_bytes[s] + p->transient_bytes[s];
   }
   int64_t params = 0, grads = 0, elements = 0, trained = 0; /* bytes as stored (16-bit under bf16, fp16) */
   int ntrainable = 0;
@@ -648,7 +746,7 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   snprintf(note, sizeof note, "%d trainable tensors", ntrainable);
   print_bytes(out, "  gradients", grads, note);
   print_bytes(out, "  optimizer state", 8 * trained, "AdamW first and second moments");
-  print_bytes(out, "  activations", activations, "the stage arenas");
+  print_bytes(out, "  activations", activations, "one microbatch's kept and transient bytes");
   print_bytes(out, "  total", params + grads + 8 * trained + activations, NULL);
   if (!pl) return;
   if (tensor > 1) snprintf(note, sizeof note, " x %d tensor ranks", tensor);
@@ -669,7 +767,9 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     print_bytes(out, "  gradients", r->grads, grads_note);
     if (r->masters) print_bytes(out, "  master weights", r->masters, pl->o.zero ? "fp32, 1/D of them" : "fp32");
     print_bytes(out, "  optimizer state", r->state, pl->o.zero ? "1/D of AdamW's moments" : NULL);
-    snprintf(note, sizeof note, "%d microbatch arena%s alive at once", pl->arenas[s], pl->arenas[s] == 1 ? "" : "s");
+    snprintf(note, sizeof note, "%d microbatch%s alive at once: %d x %lld kept + %lld transient", pl->arenas[s],
+             pl->arenas[s] == 1 ? "" : "es", pl->arenas[s], (long long)pl->input[s].kept,
+             (long long)pl->input[s].transient);
     print_bytes(out, "  activations", r->activations, note);
     print_bytes(out, "  peak", r->peak, NULL);
     if (tensor > 1) {

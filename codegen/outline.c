@@ -3,8 +3,9 @@
  * parameter indices. Runs are compared on their lowered statements, never on printed text:
  * a run's key is its statements with each value numbered by its first use in the run and
  * the arena offsets and parameter indices taken out (whatever statement holds them: a view's
- * declaration, a kernel's scratch), so two runs share a body exactly when one is the other
- * on other values, at other offsets, on other parameters. */
+ * declaration, a kernel's scratch; and their regions, arena or transient region, which a
+ * run's offsets say: odd for the transient region's), so two runs share a body exactly when
+ * one is the other on other values, at other offsets, on other parameters. */
 #include "outline.h"
 
 #include <stdlib.h>
@@ -261,7 +262,7 @@ static void put_arg(Key *k, const TpLowArg *a) {
   case TP_ARG_VIEW:
   case TP_ARG_DATA:
   case TP_ARG_SCALAR:
-  case TP_ARG_SCRATCH: put_value(k, a->value); break; /* a scratch's offset: a number */
+  case TP_ARG_SCRATCH: put_value(k, a->value); break; /* a scratch's offset and region: a number */
   case TP_ARG_I64:
   case TP_ARG_INT:
   case TP_ARG_UNARY_OP:
@@ -332,7 +333,7 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
   int cap_at = 0, cap_p = 0;
   k->n = 0;
   k->next = 0;
-  put(k, (uint64_t)f->uses_arena << 1 | f->uses_bad);
+  put(k, (uint64_t)(f->uses_arena || f->uses_transient) << 1 | f->uses_bad);
   for (int i = 0; i < f->n; i++) {
     const TpLowStmt *s = &f->stmts[i];
     put(k, (uint64_t)s->kind);
@@ -345,10 +346,11 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
       put(k, (uint64_t)t->dtype);
       put(k, (uint64_t)t->rank);
       for (int d = 0; d < t->rank; d++) put(k, (uint64_t)t->dims[d]);
-      put(k, (uint64_t)s->addr.kind);
+      bool region = s->addr.kind == TP_ADDR_ARENA || s->addr.kind == TP_ADDR_TRANSIENT;
+      put(k, (uint64_t)(region ? TP_ADDR_ARENA : s->addr.kind));
       if (s->addr.kind == TP_ADDR_CONST) put(k, (uint64_t)s->addr.n); /* the very array */
       if (s->addr.kind == TP_ADDR_VALUE) put_value(k, (int)s->addr.n);
-      if (s->addr.kind == TP_ADDR_ARENA) { add_offset(r, s->addr.n, &cap_at); }
+      if (region) add_offset(r, s->addr.n | (s->addr.kind == TP_ADDR_TRANSIENT), &cap_at);
       if (s->addr.kind == TP_ADDR_PARAM || s->addr.kind == TP_ADDR_GRAD) { add_param(r, (int)s->addr.n, &cap_p); }
       break;
     }
@@ -357,7 +359,8 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
       put(k, (uint64_t)s->nargs);
       for (int a = 0; a < s->nargs; a++) {
         put_arg(k, &s->args[a]);
-        if (s->args[a].kind == TP_ARG_SCRATCH && s->args[a].value < 0) add_offset(r, s->args[a].i, &cap_at);
+        if (s->args[a].kind == TP_ARG_SCRATCH && s->args[a].value < 0)
+          add_offset(r, s->args[a].i | s->args[a].transient, &cap_at);
       }
       break;
     case TP_LOW_ALLREDUCE:
@@ -485,6 +488,7 @@ int tp_outline(const TpLowering *L, const TpUnitId *list, int n, TpOutline *o) {
     x->new_table = q < 0;
     if (x->new_table) x->table = body->ntables++, prev_table[r] = last_table[x->body], last_table[x->body] = r;
     else x->table = o->runs[q].table;
+    for (int i = 0; i < x->nat; i++) body->regions |= x->at[i] & 1;
   }
   free(last_table);
   free(prev_table);

@@ -30,7 +30,8 @@ typedef struct {
   int begin, end;
   int body;      /* the shared body it calls, or -1: lowered with its unit */
   TpLowFunc low; /* the run lowered alone: kept for its body's first run (printed) */
-  int64_t *at;   /* its arena offsets, in order of use (the body's `at`) */
+  int64_t *at;   /* its arena offsets, in order of use (the body's `at`); a transient
+                    region's offset + 1 (odd: offsets are multiples of TP_ARENA_ALIGN) */
   int *p;        /* its parameter indices, in order of use (the body's `p`) */
   int nat, np;
   int table;      /* its arena offsets: list `table` of its body's (runs alike share one) */
@@ -43,6 +44,7 @@ typedef struct {
   int count;     /* runs with it */
   int ntables;   /* distinct arena offset lists of its runs */
   bool contexts; /* its runs follow contexts of different lengths */
+  bool regions;  /* a run's offset is the transient region's: tp_plan_at addresses them */
 } TpBody;
 
 typedef struct {

@@ -1,6 +1,6 @@
 /* The pipeline of a plan (see codegen.h): requires a module's memory plan (stages, slices,
- * parameter placement); provides the verified schedule of every rank, the microbatch
- * arenas each rank keeps alive, and its memory. */
+ * parameter placement, arena and transient region sizes); provides the verified schedule of
+ * every rank, the microbatch arenas each rank keeps alive, and its memory. */
 #include "codegen.h"
 
 #include <stdio.h>
@@ -62,8 +62,7 @@ static bool shared_pieces(const TpModule *m, const TpMemoryPlan *mem) {
   return false;
 }
 
-int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl,
-                      TpDiag *d) {
+int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl, TpDiag *d) {
   static const TpPipelineOptions one = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
   *pl = (TpPipeline){.o = o ? *o : one, .tensor = tp_tensor_ranks(m)};
   int S = mem->nstages, M = pl->o.microbatches;
@@ -93,7 +92,7 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   pl->arenas = calloc((size_t)S, sizeof *pl->arenas);
   pl->memory = calloc((size_t)S, sizeof *pl->memory);
   pl->whole = calloc((size_t)S, sizeof *pl->whole);
-  TpRankMemoryInput *in = calloc((size_t)S, sizeof *in), *whole = calloc((size_t)S, sizeof *whole);
+  TpRankMemoryInput *in = pl->input = calloc((size_t)S, sizeof *in), *whole = calloc((size_t)S, sizeof *whole);
   TP_ASSERT(pl->arenas && pl->memory && pl->whole && in && whole);
   for (int k = 0; k < S; k++) {
     in[k] = (TpRankMemoryInput){.precision = pl->o.precision,
@@ -117,18 +116,23 @@ int tp_pipeline_build(const TpModule *m, const TpMemoryPlan *mem, const TpPipeli
   int rc = TP_OK;
   for (int k = 0; k < S && rc == TP_OK; k++) {
     pl->arenas[k] = count_arenas(&pl->schedule, k);
+    double a = pl->arenas[k]; /* (compared in double: the products may pass 2^63) */
+    if (mem->transient_bytes[k] &&
+        a * (double)mem->one_region_bytes[k] <= a * (double)mem->arena_bytes[k] + (double)mem->transient_bytes[k])
+      tp_memory_one_region(m, mem, k);
     in[k].arenas = pl->arenas[k];
     in[k].kept = mem->arena_bytes[k];
+    in[k].transient = mem->transient_bytes[k];
     TpRankMemory w;
     tp_rank_memory(&whole[k], &w);
     pl->whole[k] = w.peak;
     if (!tp_rank_memory(&in[k], &pl->memory[k]))
       rc = tp_error(d,
-                    "rank %d (pipeline stage %d) would need %d microbatch arena%s of %lld bytes: more than "
-                    "2^63 bytes in all (lower --batch, --seq or --microbatches)",
-                    k, k, pl->arenas[k], pl->arenas[k] == 1 ? "" : "s", (long long)mem->arena_bytes[k]);
+                    "rank %d (pipeline stage %d) would need %d microbatch arena%s of %lld bytes and %lld "
+                    "transient bytes: more than 2^63 bytes in all (lower --batch, --seq or --microbatches)",
+                    k, k, pl->arenas[k], pl->arenas[k] == 1 ? "" : "s", (long long)mem->arena_bytes[k],
+                    (long long)mem->transient_bytes[k]);
   }
-  free(in);
   free(whole);
   if (rc != TP_OK) tp_pipeline_free(pl);
   return rc;
@@ -139,6 +143,7 @@ void tp_pipeline_free(TpPipeline *pl) {
   free(pl->arenas);
   free(pl->memory);
   free(pl->whole);
+  free(pl->input);
   *pl = (TpPipeline){0};
 }
 
@@ -154,11 +159,13 @@ int tp_pipeline_check_memory(const TpPipeline *pl, int64_t max_bytes, const char
     if (r->masters) snprintf(masters, sizeof masters, ", fp32 master weights %lld", (long long)r->masters);
     rc = tp_error(d,
                   "rank %d (pipeline stage %d%s%s) needs %lld bytes at its peak, %lld more than %s "
-                  "%lld: parameters %lld, gradients %lld%s, optimizer state %lld, %d microbatch arena%s %lld%s",
+                  "%lld: parameters %lld, gradients %lld%s, optimizer state %lld, activations %lld (%d microbatch "
+                  "arena%s of %lld bytes and a transient region of %lld)%s",
                   k * pl->tensor, k, tensor, pl->o.dp > 1 ? ", as in every replica" : "", (long long)r->peak,
                   (long long)(r->peak - max_bytes), limit, (long long)max_bytes, (long long)r->params,
-                  (long long)r->grads, masters, (long long)r->state, pl->arenas[k], pl->arenas[k] == 1 ? "" : "s",
-                  (long long)r->activations, hint ? hint : "");
+                  (long long)r->grads, masters, (long long)r->state, (long long)r->activations, pl->arenas[k],
+                  pl->arenas[k] == 1 ? "" : "s", (long long)pl->input[k].kept, (long long)pl->input[k].transient,
+                  hint ? hint : "");
   }
   return rc;
 }

@@ -1,8 +1,9 @@
 /* The TpPlan tables of plan.c (see emit.h; the ABI is runtime/train/plan.h): what the trainer
  * runtime reads of a plan besides its functions. The parameters with their ONNX and source
- * names and the stages holding them, re-tied initializers, the slice lengths, arena sizes,
- * per stage its unit functions, boundary buffers (arena offset, bytes), tensor-group
- * collective counts and instruction list, the profiling probes, and main. */
+ * names and the stages holding them, re-tied initializers, the slice lengths, arena and
+ * transient region sizes, per stage its unit functions, boundary buffers (arena offset,
+ * bytes), tensor-group collective counts and instruction list, the profiling probes, and
+ * main. */
 #include "emit.h"
 
 #include <string.h>
@@ -82,9 +83,14 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
   fputs("\n/* The token slices, first to last. */\nstatic const int64_t slice_len[] = {", out);
   for (int i = 0; i < N; i++) fprintf(out, "%s%lld", i ? ", " : "", (long long)tp_slice_length(m, p, i, seq));
   fputs("};\n", out);
-  fputs("\n/* Per stage: one microbatch's arena (activations, their gradients, boundary buffers). */\n", out);
+  fputs("\n/* Per stage: one microbatch's arena (what it keeps from unit to unit: activations saved for\n"
+        " * the backward, K/V contexts, boundary buffers; all its buffers where the rank keeps one\n"
+        " * microbatch at a time), and the transient region the rank's units share. */\n",
+        out);
   fputs("static const size_t arena_bytes[] = {", out);
   for (int s = 0; s < S; s++) fprintf(out, "%s%lld", s ? ", " : "", (long long)p->arena_bytes[s]);
+  fputs("};\nstatic const size_t transient_bytes[] = {", out);
+  for (int s = 0; s < S; s++) fprintf(out, "%s%lld", s ? ", " : "", (long long)p->transient_bytes[s]);
   fputs("};\n", out);
   if (N == 1) {
     fputs("static const TpStageFn forward[] = {", out);
@@ -141,7 +147,8 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
   for (int s = 0; s < S; s++) {
     if (N == 1) fprintf(out, "    {.forward = forward + %d,\n     .backward = backward + %d,\n", s, s);
     else fprintf(out, "    {.forward = stage%d_forward_units,\n     .backward = stage%d_backward_units,\n", s, s);
-    fprintf(out, "     .arena_bytes = %lld,\n     .arenas = %d,\n", (long long)p->arena_bytes[s], pl->arenas[s]);
+    fprintf(out, "     .arena_bytes = %lld,\n     .arenas = %d,\n     .transient_bytes = %lld,\n",
+            (long long)p->arena_bytes[s], pl->arenas[s], (long long)p->transient_bytes[s]);
     for (int k = 0; k < TP_MSG_COUNT; k++)
       if (has_peer(p, s, k)) fprintf(out, "     .%s = stage%d_%s,\n", message_names[k], s, message_names[k]);
     if (E->tensor > 1)
@@ -163,7 +170,7 @@ static void emit_probe_tables(const TpPlanTables *E, FILE *out) {
   char name[64], prefix[32];
   fputs("\n/* Profiling probes (--profile-grid): the same model for one microbatch sliced as [c, l, rest],\n"
         " * per stage the forwards of the context slices (setup), the forward and backward of the\n"
-        " * probed slice, and their arena. */\n",
+        " * probed slice, and their arena and transient region. */\n",
         out);
   for (int k = 0; k < o->nprobes; k++) {
     const TpProbeInfo *info = &E->probe[k];
@@ -178,7 +185,8 @@ static void emit_probe_tables(const TpPlanTables *E, FILE *out) {
     }
     fprintf(out, "static const TpPlanProbeStage probe%d_stages[] = {\n", k);
     for (int s = 0; s < S; s++) {
-      fprintf(out, "    {.arena_bytes = %lld,", (long long)info->arena_bytes[s]);
+      fprintf(out, "    {.arena_bytes = %lld, .transient_bytes = %lld,", (long long)info->arena_bytes[s],
+              (long long)info->transient_bytes[s]);
       if (info->probed) fprintf(out, " .nsetup = %d, .setup = probe%d_stage%d_setup,", info->probed, k, s);
       tp_unit_name(prefix, info->nslices, s, false, info->probed, name, sizeof name);
       fprintf(out, "\n     .forward = %s, ", name);
@@ -269,7 +277,8 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
   fprintf(out, "    .nparams = %d,\n    .params = params,\n", p->nparams);
   if (padded) fputs("    .param_pad = param_pad,\n", out);
   if (nderived) fprintf(out, "    .nderived = %d,\n    .derived = derived,\n", nderived);
-  fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n", p->nstages);
+  fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n    .transient_bytes = transient_bytes,\n",
+          p->nstages);
   if (p->nslices == 1) fputs("    .forward = forward,\n    .backward = backward,\n", out);
   const TpPipeline *pl = E->pipe;
   fprintf(out,

@@ -110,6 +110,11 @@ typedef struct {
   int def;  /* TP_VAL_RESULT: index of the defining op; else -1 */
   int blob; /* TP_VAL_PARAM/CONST: data at blobs[blob].base + offset; else -1 */
   int64_t offset;
+  /* TP_VAL_PARAM: the dtype of its data where that is not type.dtype (store-bf16 and
+   * store-fp16 make a parameter 16-bit and keep its f32 initial values, which the trainer
+   * reads into its f32 masters); TP_UNDEF: type.dtype. Printed before the data (`= f32
+   * blob ...`). Read it through tp_data_dtype. */
+  TpDType data_dtype;
   /* The ONNX node that made it. A PARAM an exporter's Identity named (a de-duplicated
    * initializer) has (source initializer name, "Identity") and shares the source's blob
    * and offset; a weight that retie-params re-tied keeps its initializer's name as node. */
@@ -257,6 +262,8 @@ int tp_add_owned_blob(TpModule *m, const void *data, size_t bytes);
 /* New value; name must be unused (checked). Returns its index. */
 int tp_add_value(TpModule *m, const char *name, TpValueKind kind, TpType type, TpOrigin origin);
 /* New PARAM/CONST value with data in blob at offset. */
+/* The dtype of PARAM/CONST v's data (TpValue.data_dtype). */
+TpDType tp_data_dtype(const TpModule *m, int v);
 int tp_add_data_value(TpModule *m, const char *name, TpValueKind kind, TpType type, int blob, int64_t offset,
                       TpOrigin origin);
 /* New CONST value holding a copy of `data`. */

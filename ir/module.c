@@ -207,6 +207,10 @@ int tp_add_value(TpModule *m, const char *name, TpValueKind kind, TpType type, T
   return m->nvalues - 1;
 }
 
+TpDType tp_data_dtype(const TpModule *m, int v) {
+  return m->values[v].data_dtype != TP_UNDEF ? m->values[v].data_dtype : m->values[v].type.dtype;
+}
+
 int tp_add_data_value(TpModule *m, const char *name, TpValueKind kind, TpType type, int blob, int64_t offset,
                       TpOrigin origin) {
   TP_ASSERT(kind == TP_VAL_PARAM || kind == TP_VAL_CONST);

@@ -525,7 +525,8 @@ static int parse_tied(Parser *p, TpValueKind kind, int *tied, TpShard *shard) {
   return parse_shard(p, kind, at, shard);
 }
 
-/* param|const %name : type = blob N offset O size S | dense<...>  [@tied(%p)] [loc(...)] */
+/* param|const %name : type = [dtype] blob N offset O size S | [dtype] dense<...>  [@tied(%p)] [loc(...)]
+ * (a param's data may have another dtype than its type: TpValue.data_dtype) */
 static int parse_data_value(Parser *p, TpValueKind kind) {
   const char *name;
   TpType t;
@@ -535,11 +536,21 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
   int64_t numel = known_numel(&t);
   if (t.dtype == TP_UNDEF || numel == -1)
     return fail_at(p, type_at, "constant data needs a type with known dimensions");
-  int64_t bytes = numel * (int64_t)tp_dtype_size(t.dtype);
-  int blob;
-  int64_t offset = 0;
   skip_space(p);
   size_t data_at = p->pos;
+  TpType stored = t; /* the data's dtype: the type's unless named before it */
+  if (!at_keyword(p, "blob") && !at_keyword(p, "dense")) {
+    if (parse_word(p, "'blob', 'dense' or a dtype")) return TP_ERR_INPUT;
+    stored.dtype = tp_dtype_from_name(p->word);
+    if (stored.dtype == TP_UNDEF)
+      return fail_at(p, data_at, "expected 'blob', 'dense' or a dtype, got '%s'", p->word);
+    if (kind != TP_VAL_PARAM) return fail_at(p, data_at, "a constant's data has its type's dtype");
+    skip_space(p);
+    data_at = p->pos;
+  }
+  int64_t bytes = numel * (int64_t)tp_dtype_size(stored.dtype);
+  int blob;
+  int64_t offset = 0;
   if (accept_keyword(p, "blob")) {
     int64_t n, size;
     if (parse_int_in(p, 0, p->nfile_blobs - 1, "blob number", &n) || expect_keyword(p, "offset") ||
@@ -561,7 +572,7 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
     if (bytes > (INT64_C(1) << 28)) return fail_at(p, type_at, "inline constant above 256 MiB");
     uint8_t *data = calloc(1, bytes ? (size_t)bytes : 1);
     if (!data) return fail_at(p, type_at, "out of memory for an inline constant");
-    int rc = parse_dense(p, &t, data, numel);
+    int rc = parse_dense(p, &stored, data, numel);
     if (rc) {
       free(data);
       return rc;
@@ -578,6 +589,7 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
   int v = tp_add_data_value(p->m, name, kind, t, blob, offset, o);
   p->m->values[v].tied = tied;
   p->m->values[v].shard = shard;
+  if (stored.dtype != t.dtype) p->m->values[v].data_dtype = stored.dtype;
   return TP_OK;
 }
 

@@ -6,6 +6,7 @@
  *   input %idx : i64[batch=2, seq=8]                      graph inputs, in order
  *   param %wte : f32[256, 64] = blob 0 offset 1234 size 65536 loc("wte" initializer)
  *   param %wte.stage1 : f32[256, 64] = blob 0 offset 1234 size 65536 @tied(%wte) loc("wte" initializer)
+ *   param %wpe : bf16[8, 64] = f32 blob 0 offset 99 size 2048     data of another dtype (TpValue.data_dtype)
  *   const %c : f32[] = dense<0.5> loc("/Constant" Constant)
  *   %"/wte/Gather_output_0" : f32[batch=2, seq=8, 64] = Gather(%wte, %idx) {axis = 0} loc("/wte/Gather" Gather)
  *   %y : f32[2, 8], none, %inv : f32[2, 1] loc() = LayerNorm(%x, %s, none) {axis = 1, epsilon = 1e-05}
@@ -314,13 +315,15 @@ static void print_data_value(FILE *out, const TpModule *m, int v) {
   fputs(" : ", out);
   print_type(out, &val->type);
   fputs(" = ", out);
-  int64_t bytes = tp_type_numel(&val->type) * (int64_t)tp_dtype_size(val->type.dtype);
+  TpDType data = tp_data_dtype(m, v);
+  if (data != val->type.dtype) fprintf(out, "%s ", tp_dtype_name(data));
+  int64_t bytes = tp_type_numel(&val->type) * (int64_t)tp_dtype_size(data);
   const TpBlob *b = val->blob >= 0 && val->blob < m->nblobs ? &m->blobs[val->blob] : NULL;
   if (b && b->path)
     fprintf(out, "blob %d offset %lld size %lld", file_blob_number(m, val->blob), (long long)val->offset,
             (long long)bytes);
   else if (b && val->offset >= 0 && (uint64_t)(val->offset + bytes) <= b->size)
-    print_dense(out, val->type.dtype, b->base + val->offset, tp_type_numel(&val->type));
+    print_dense(out, data, b->base + val->offset, tp_type_numel(&val->type));
   else fputs("<invalid data>", out); /* the verifier reports it; keep dumps of bad IR going */
   if (val->kind == TP_VAL_PARAM && val->tied >= 0) {
     fputs(" @tied(", out);

@@ -112,7 +112,9 @@ static int verify_value(const TpModule *m, int v, TpDiag *d) {
       return tp_error(d, "param %%%s must be floating-point, not %s", val->name, tp_dtype_name(val->type.dtype));
     if (val->blob < 0 || val->blob >= m->nblobs) return tp_error(d, "value %%%s has no data", val->name);
     const TpBlob *b = &m->blobs[val->blob];
-    uint64_t bytes = (uint64_t)tp_type_numel(&val->type) * tp_dtype_size(val->type.dtype);
+    if (val->kind == TP_VAL_CONST && tp_data_dtype(m, v) != val->type.dtype)
+      return tp_error(d, "const %%%s: its data must be its type's %s", val->name, tp_dtype_name(val->type.dtype));
+    uint64_t bytes = (uint64_t)tp_type_numel(&val->type) * tp_dtype_size(tp_data_dtype(m, v));
     if (val->offset < 0 || (uint64_t)val->offset > b->size || bytes > b->size - (uint64_t)val->offset)
       return tp_error(d, "data of %%%s (bytes %lld..%llu) lies outside its blob of %zu bytes", val->name,
                       (long long)val->offset, (unsigned long long)(val->offset + bytes), b->size);

@@ -15,9 +15,8 @@
  * parameter directly.
  * Parameters become 16-bit values (the trainer's working copy, rounded from its f32
  * masters) and each parameter's gradient is the 16-bit value of what autodiff computed. A
- * parameter keeps its initializer's data reference: the trainer reads the initial values
- * into its f32 masters (--init), and no pass reads a parameter's data, so the 16-bit type
- * does not reinterpret them anywhere but in the printed IR.
+ * parameter keeps its initializer's data reference, f32 (TpValue.data_dtype, printed `=
+ * f32 blob ...`): the trainer reads the initial values into its f32 masters (--init).
  *
  * Stay f32: the loss, the results of loss ops and their statistics (also summed over a
  * vocabulary split over tensor ranks), the statistics a norm or attention keeps for its
@@ -25,6 +24,11 @@
  * a buffer every slice writes its rows into in place), and a tensor rank's partial sum
  * that an AllReduce sums in place (rounding each partial before the sum would lose what
  * their cancellation leaves; the sum is stored).
+ * A recomputed copy (passes/recompute.c, role recompute) is stored as the forward result
+ * it copies is: whether that outlives its unit is judged as without recompute (a copy's
+ * backward readers read the forward result, a copy op runs in its original's unit), and
+ * where the forward result is rounded, so is the copy, and its readers read it back from
+ * 16 bits, so the kernels see the bits they see without recompute.
  * Integer values and constants are not touched. A module that already holds a 16-bit
  * parameter is left as it is, so IR read back does not get the casts twice. */
 #include "../ir/ir.h"
@@ -70,23 +74,50 @@ static bool same_unit(const TpOp *a, const TpOp *b) {
   return a->stage == b->stage && a->slice == b->slice && a->phase == b->phase;
 }
 
+/* original[v]: the forward result that v, a recomputed copy named "<result>.recompute",
+ * copies; v itself for every other value. */
+static void find_originals(TpModule *m, int *original) {
+  static const char suffix[] = ".recompute";
+  size_t ns = sizeof suffix - 1;
+  for (int v = 0; v < m->nvalues; v++) {
+    original[v] = v;
+    const TpValue *val = &m->values[v];
+    if (val->kind != TP_VAL_RESULT || val->def < 0 || m->ops[val->def].role != TP_ROLE_RECOMPUTE) continue;
+    size_t n = strlen(val->name);
+    if (n <= ns || strcmp(val->name + n - ns, suffix) != 0) continue;
+    int x = tp_find_value(m, tp_strfmt(m, "%.*s", (int)(n - ns), val->name));
+    if (x >= 0 && m->values[x].kind == TP_VAL_RESULT && m->values[x].def >= 0) original[v] = x;
+  }
+}
+
+/* The op that op `op` copies (recompute), or op itself. */
+static int original_op(const TpModule *m, const int *original, int op) {
+  const TpOp *o = &m->ops[op];
+  for (int k = 0; o->role == TP_ROLE_RECOMPUTE && k < o->noutputs; k++)
+    if (o->outputs[k] >= 0) return m->values[original[o->outputs[k]]].def;
+  return op;
+}
+
 static int store_half(TpModule *m, TpDType half, TpDiag *d) {
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].kind == TP_VAL_PARAM && m->values[v].type.dtype == half) return TP_OK;
   int nops = m->nops, nvalues = m->nvalues;
   /* stored[v]: the 16-bit value standing for f32 value v (-1: none) */
   int *stored = malloc(sizeof(int) * ((size_t)nvalues + 1));
+  int *original = malloc(sizeof(int) * ((size_t)nvalues + 1));
   bool *reduced = calloc((size_t)nvalues + 1, sizeof *reduced),
        *outlives = calloc((size_t)nvalues + 1, sizeof *outlives);
   /* the new op order: each old op with its casts up before it and down after it */
   int *order = malloc(sizeof(int) * ((size_t)nops * 8 + 64)), norder = 0, cap = nops * 8 + 64;
-  TP_ASSERT(stored && reduced && outlives && order);
+  TP_ASSERT(stored && original && reduced && outlives && order);
+  find_originals(m, original);
+  /* as without recompute: copies stand for their originals, copy ops run in theirs' units */
   for (int op = 0; op < nops; op++) {
-    const TpOp *o = &m->ops[op];
-    if (o->kind == TP_OP_AllReduce) reduced[o->inputs[0]] = true;
+    const TpOp *o = &m->ops[op], *o0 = &m->ops[original_op(m, original, op)];
+    if (o->kind == TP_OP_AllReduce) reduced[original[o->inputs[0]]] = true;
     for (int i = 0; i < o->ninputs; i++) {
-      int x = o->inputs[i];
-      if (x >= 0 && m->values[x].kind == TP_VAL_RESULT && !same_unit(&m->ops[m->values[x].def], o))
+      int x = o->inputs[i] >= 0 ? original[o->inputs[i]] : -1;
+      if (x >= 0 && m->values[x].kind == TP_VAL_RESULT && !same_unit(&m->ops[m->values[x].def], o0))
         outlives[x] = true;
     }
   }
@@ -94,7 +125,8 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     stored[v] = -1;
     TpValue *val = &m->values[v];
     if (val->kind == TP_VAL_PARAM && val->type.dtype == TP_F32) {
-      val->type.dtype = half; /* the working copy */
+      val->type.dtype = half;   /* the working copy */
+      val->data_dtype = TP_F32; /* the initial values, for the f32 masters */
       stored[v] = v;
     }
     if (m->grads && v < m->ngrads && m->grads[v] >= 0) outlives[m->grads[v]] = true;
@@ -105,8 +137,9 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
       order = realloc(order, sizeof(int) * (size_t)cap);
       TP_ASSERT(order);
     }
+    int op0 = original_op(m, original, op); /* decides as the op it copies */
     bool moves = m->ops[op].kind == TP_OP_Reshape || m->ops[op].role == TP_ROLE_RETIE;
-    if (moves && m->ops[op].inputs[0] >= 0 && stored[m->ops[op].inputs[0]] >= 0 && !keeps_f32(m, reduced, op, 0)) {
+    if (moves && m->ops[op].inputs[0] >= 0 && stored[m->ops[op].inputs[0]] >= 0 && !keeps_f32(m, reduced, op0, 0)) {
       /* moves the 16-bit elements: a view, or a re-tie view's transpose of a parameter */
       int x = m->ops[op].inputs[0], r = m->ops[op].outputs[0];
       m->ops[op].inputs[0] = stored[x];
@@ -127,7 +160,8 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     order[norder++] = op;
     for (int k = 0; k < m->ops[op].noutputs; k++) {
       int r = m->ops[op].outputs[k];
-      if (r < 0 || m->values[r].type.dtype != TP_F32 || !outlives[r] || keeps_f32(m, reduced, op, k)) continue;
+      if (r < 0 || m->values[r].type.dtype != TP_F32 || !outlives[original[r]] || keeps_f32(m, reduced, op0, k))
+        continue;
       int down = add_cast(m, r, half, op, tp_dtype_name(half));
       order[norder++] = down;
       stored[r] = m->ops[down].outputs[0];
@@ -147,7 +181,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
   memcpy(m->ops, ops, sizeof(TpOp) * (size_t)m->nops);
   for (int v = 0; v < m->nvalues; v++)
     if (m->values[v].def >= 0) m->values[v].def = index[m->values[v].def];
-  free(ops), free(index), free(order), free(stored), free(reduced), free(outlives);
+  free(ops), free(index), free(order), free(stored), free(original), free(reduced), free(outlives);
   return pass_dce(m, NULL, d); /* the casts of results nothing reads */
 }
 

@@ -75,7 +75,8 @@ static const char usage[] =
     "                       the products (selective); all but each layer's input (full). The\n"
     "                       gradients stay bit for bit the same\n"
     "  --max-memory BYTES   refuse a plan whose per-rank peak (weights, gradients, AdamW\n"
-    "                       state, microbatch arenas; with --tensor, one tensor rank's\n"
+    "                       state, microbatch arenas and transient region; with --tensor,\n"
+    "                       one tensor rank's"
     "                       parts) exceeds BYTES\n"
     "  --profile-grid auto|L1,L2,..:C1,C2,..  build profiling units into the trainer for its\n"
     "                       --profile: one stage unit per slice length l and context c (l + c\n"
@@ -518,6 +519,24 @@ static int build_probes(const char *input, const CliDims *dims, const TpModule *
   return rc;
 }
 
+/* IR printed after store-bf16 or store-fp16 (16-bit parameters) is stored in that
+ * precision: the memory plan counts it so (pipe->precision), and a --precision naming
+ * another (`given`) is refused. */
+static int stored_precision(const TpModule *m, const char *given, TpPipelineOptions *pipe, TpDiag *d) {
+  TpPrecision stored = TP_PRECISION_FP32;
+  for (int v = 0; v < m->nvalues && stored == TP_PRECISION_FP32; v++)
+    if (m->values[v].kind == TP_VAL_PARAM && m->values[v].type.dtype == TP_BF16) stored = TP_PRECISION_BF16;
+    else if (m->values[v].kind == TP_VAL_PARAM && m->values[v].type.dtype == TP_F16) stored = TP_PRECISION_FP16;
+  if (stored == TP_PRECISION_FP32) return TP_OK;
+  if (given && pipe->precision != stored)
+    return tp_error(d,
+                    "IR printed after store-%s (its parameters are %s): --precision %s contradicts it; drop "
+                    "--precision, or give the ONNX model",
+                    tp_precision_name(stored), stored == TP_PRECISION_BF16 ? "bf16" : "f16", given);
+  pipe->precision = stored;
+  return TP_OK;
+}
+
 int main(int argc, char **argv) {
   cli_tool = "tokpipec";
   const char *input = NULL, *emit = NULL, *output = NULL, *exe = NULL, *target = "cpu", *precision = NULL,
@@ -673,6 +692,7 @@ int main(int argc, char **argv) {
                                      [CLI_RESUME_AUTODIFF] = !po.forward_only};
     wanted[CLI_RESUME_RECOMPUTE] = po.recompute != TP_RECOMPUTE_NONE;
     rc = cli_resume_after(m, names, &n, wanted, batch != 0, &d);
+    if (rc == TP_OK && !code_target->precision) rc = stored_precision(m, precision, &pipe, &d);
   }
   if (rc == TP_OK) {
     if (slices && strcmp(slices, "auto") != 0) cli_set_slices(m, slices, &po);

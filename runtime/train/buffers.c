@@ -1,6 +1,7 @@
 /* The trainer's buffers: device and host memory with an error naming what it is for, the
- * buffers of every plan (ABI 1: the stages' arenas and the parameters; ABI 2: the hosted
- * ranks, each with its gradients, arenas and message buffers), freed again at the end;
+ * buffers of every plan (ABI 1: the stages' arenas and transient regions and the
+ * parameters; ABI 2: the hosted ranks, each with its gradients, arenas, transient region
+ * and message buffers), freed again at the end;
  * and what the transport reads and writes for a device buffer. */
 #include "step.h"
 
@@ -105,6 +106,9 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
     if (!(R->arena[a] = pipe_alloc(t, R->st->arena_bytes, "the activations of rank %d (arena %d of %d)", rank, a + 1,
                                    R->st->arenas)))
       return TP_ERR_INPUT;
+  if (!(R->transient = pipe_alloc(t, R->st->transient_bytes, "the activations of rank %d (its transient region)",
+                                  rank)))
+    return TP_ERR_INPUT;
   for (int kind = TP_PLAN_SEND_ACT; kind <= TP_PLAN_RECV_GRAD; kind++)
     if (pipe_alloc_messages(t, R, kind)) return TP_ERR_INPUT;
   return TP_OK;
@@ -114,6 +118,7 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
 static int setup_stages(Trainer *t) {
   const TpPlan *P = t->plan;
   t->arena = xcalloc((size_t)P->nstages, sizeof *t->arena);
+  t->transient = xcalloc((size_t)P->nstages, sizeof *t->transient);
   for (int i = 0; i < P->nparams; i++) {
     t->held[i] = true;
     if (pipe_alloc_param(t, i) ||
@@ -121,7 +126,9 @@ static int setup_stages(Trainer *t) {
       return TP_ERR_INPUT;
   }
   for (int s = 0; s < P->nstages; s++)
-    if (!(t->arena[s] = pipe_alloc(t, P->arena_bytes[s], "the activations of stage %d (its arena)", s)))
+    if (!(t->arena[s] = pipe_alloc(t, P->arena_bytes[s], "the activations of stage %d (its arena)", s)) ||
+        !(t->transient[s] = pipe_alloc(t, P->transient_bytes ? P->transient_bytes[s] : 0,
+                                       "the activations of stage %d (its transient region)", s)))
       return TP_ERR_INPUT;
   return TP_OK;
 }
@@ -212,6 +219,7 @@ void pipe_free(Trainer *t) {
     PipeRank *R = t->hosted[h];
     if (!R) continue; /* setup failed before it */
     for (int a = 0; a < R->st->arenas; a++) pipe_dev_free(t, R->arena[a]);
+    pipe_dev_free(t, R->transient);
     if (R->scratch_block != R->grad_block) pipe_dev_free(t, R->scratch_block);
     pipe_dev_free(t, R->grad_block);
     pipe_dev_free(t, R->m_block), pipe_dev_free(t, R->v_block);
@@ -233,12 +241,13 @@ void pipe_free(Trainer *t) {
     pipe_dev_free(t, t->v[i]);
     pipe_dev_free(t, t->work[i]);
   }
-  for (int s = 0; t->arena && s < t->plan->nstages; s++) pipe_dev_free(t, t->arena[s]);
+  for (int s = 0; t->arena && s < t->plan->nstages; s++)
+    pipe_dev_free(t, t->arena[s]), pipe_dev_free(t, t->transient[s]);
   pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->dev_loss_scale),
       pipe_dev_free(t, t->norm_pieces);
   free(t->tokens), free(t->targets);
   free(t->param), free(t->grad), free(t->m), free(t->v), free(t->work), free(t->held), free(t->numel),
-      free(t->arena);
+      free(t->arena), free(t->transient);
   free(t->whole_numel);
   if (t->stream) be(t)->stream_free(t->compute, t->stream);
 }

@@ -37,13 +37,20 @@
  * forwards run slice 0..N-1 and the backwards N-1..0 (later slices read the K/V of earlier
  * ones kept in the arena; their backward adds into earlier rows' dK/dV).
  *
- * Arenas: a unit function works in the arena of its (stage, microbatch): io->arena points
- * at stages[k].arena_bytes bytes, 64-byte aligned, zeroed once at allocation (the plan
- * never relies on the contents left by another microbatch). One arena holds everything a
- * microbatch keeps on the stage between its units: activations saved for backward, K/V
- * buffers, boundary buffers. Stage k needs stages[k].arenas of them (the most microbatches
- * its schedule keeps alive at once); microbatch mb uses arena number mb % arenas, which
- * the compiler checked never collides with a microbatch still alive.
+ * Arenas (ABI 7: and the transient region): a unit function works in two regions. The
+ * arena of its (stage, microbatch): io->arena points at stages[k].arena_bytes bytes,
+ * 64-byte aligned. One arena holds everything a microbatch keeps on the stage between its
+ * units: activations saved for backward, K/V buffers, boundary buffers (and, where the
+ * rank keeps one microbatch at a time, possibly all its buffers). Stage k needs
+ * stages[k].arenas of them (the most microbatches its schedule keeps alive at once);
+ * microbatch mb uses arena number mb % arenas, which the compiler checked never collides
+ * with a microbatch still alive. And the rank's transient region: io->transient points at
+ * stages[k].transient_bytes bytes, 64-byte aligned, one per rank, which every unit of the
+ * rank uses, whatever its microbatch, for what lives only while it runs. A rank's units
+ * must not overlap in time: they run one after the other (a device target's in order on
+ * the rank's stream, with the tensor all-reduces they call and the packs and unpacks of
+ * their messages). Both are zeroed once at allocation; the plan never relies on contents
+ * left by another unit's transient work or another microbatch's arena.
  *
  * Boundaries: what stage k sends to k+1 (activations) and k+1 sends back (their gradients)
  * lies in the microbatch's arena. For slice i, stages[k].send_act[i] lists the (offset,
@@ -110,22 +117,23 @@
  * trainer's --profile times each stage's forward and backward of one token slice on a grid
  * of (l, c). Probe p is the same model compiled for one microbatch of `b` rows (= batch)
  * sliced as [c, l, seq - c - l] (empty slices dropped), with the same stage cuts; its
- * units, per stage k in probes[p].stages[k], work in an arena of their own (arena_bytes,
- * 64-byte aligned, zeroed) and read io->param and io->grad with the indices of `params`
- * above (the gradients they write are scratch). A rank of stage k runs setup[0..nsetup)
- * (the forwards of the context slices, filling the K/V of the c context rows), then the
- * forward and backward of the probed slice. The arena is planned for the whole slicing's
- * run order, so to run them again it is zeroed and the setup run again first (the probed
- * units alone may read bytes of units not run, or that their backward reused). Tokens and
+ * units, per stage k in probes[p].stages[k], work in an arena and a transient region of
+ * their own (arena_bytes and transient_bytes, 64-byte aligned, zeroed) and read io->param
+ * and io->grad with the indices of `params` above (the gradients they write are scratch).
+ * A rank of stage k runs setup[0..nsetup) (the forwards of the context slices, filling the
+ * K/V of the c context rows), then the forward and backward of the probed slice. The arena
+ * is planned for the whole slicing's run order, so to run them again both are zeroed and
+ * the setup run again first (the probed units alone may read bytes of units not run, or
+ * that their backward reused). Tokens and
  * targets are [batch, seq]. No messages: a stage > 0 reads its received activations as
  * the zeroed arena holds them. stage_cuts[k] is the first layer of stage k (NULL: not
  * recorded).
  *
  * ABI 1 plans (stages == NULL, e.g. hand-written tests): one process runs nstages stage
- * functions forward[s] in order, then backward[s] in reverse, all with one arena each and
- * shared param/grad buffers; one microbatch, one slice. Generated unsliced plans fill these
- * fields too (forward[s] == stages[s].forward[0]), so a one-stage, one-microbatch plan runs
- * the same either way. */
+ * functions forward[s] in order, then backward[s] in reverse, all with one arena and one
+ * transient region each (transient_bytes NULL: none) and shared param/grad buffers; one
+ * microbatch, one slice. Generated unsliced plans fill these fields too (forward[s] ==
+ * stages[s].forward[0]), so a one-stage, one-microbatch plan runs the same either way. */
 #ifndef TOKPIPE_PLAN_H
 #define TOKPIPE_PLAN_H
 
@@ -135,11 +143,14 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 6: TpPlan.zero (--zero 1: the replicas shard the optimizer state); 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
+/* 7: the transient region (TpStepIO.transient, TpPlanStage.transient_bytes,
+ * TpPlanProbeStage.transient_bytes, TpPlan.transient_bytes): an arena holds only what a
+ * microbatch keeps between its units; 6: TpPlan.zero (--zero 1: the replicas shard the
+ * optimizer state); 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
  * tensor_rank, TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
  * compute and stream); what "ABI 2" names below (plans with stages) and "ABI 1" (without) is
  * unchanged. */
-#define TP_PLAN_ABI 6
+#define TP_PLAN_ABI 7
 
 typedef struct TpCompute TpCompute; /* ../compute.h */
 typedef struct TpStream TpStream;
@@ -183,6 +194,7 @@ typedef struct {
 /* What one unit function reads and writes. The trainer owns all buffers. */
 struct TpStepIO {
   void *arena;            /* the (stage, microbatch) arena: stages[k].arena_bytes, 64-aligned */
+  void *transient;        /* the rank's transient region: stages[k].transient_bytes, 64-aligned */
   float *const *param;    /* param[i]: values of plan->params[i] (NULL where not held); 16-bit
                              arrays under TpPlan.precision bf16 and fp16 */
   float *const *grad;     /* grad[i]: gradients (see "Gradients" above), stored as param[i] */
@@ -211,6 +223,12 @@ struct TpStepIO {
    * not read host memory) read in place of &loss_scale */
   const float *loss_scale_device;
 };
+
+/* Where offset `at` of a shared body's list points (codegen/outline.c): the arena's, or,
+ * odd, the transient region's plus 1 (offsets are multiples of 64). */
+static inline char *tp_plan_at(const TpStepIO *io, int64_t at) {
+  return (char *)(at & 1 ? io->transient : io->arena) + (at & ~(int64_t)1);
+}
 
 typedef void (*TpUnitFn)(TpStepIO *io);
 typedef TpUnitFn TpStageFn; /* ABI 1's name */
@@ -262,13 +280,15 @@ typedef struct {
   const TpUnitFn *backward; /* [nslices] */
   size_t arena_bytes;       /* one microbatch's arena */
   int arenas;               /* arenas to allocate; microbatch mb uses mb % arenas */
+  size_t transient_bytes;   /* the rank's transient region (one, whatever `arenas`) */
   /* [nslices] each; NULL where there is no neighbour (recv_act and send_grad of stage 0,
    * send_act and recv_grad of the last stage) */
   const TpPlanMessage *recv_act, *send_act, *recv_grad, *send_grad;
   int ninsns;
   const TpPlanInsn *insns; /* the rank's schedule for one step */
   int64_t memory_bytes;    /* the compiler's estimate of the rank's peak: parameters,
-                                gradients, AdamW state, arenas * arena_bytes */
+                                gradients, AdamW state, arenas * arena_bytes +
+                                transient_bytes */
   /* [nslices] each: the io->tensor_allreduce calls the forward (backward) unit of slice i
    * makes; NULL when tensor == 1 */
   const int *forward_reduces, *backward_reduces;
@@ -276,7 +296,7 @@ typedef struct {
 
 /* One stage's units of a profiling probe (see "Profiling probes" above). */
 typedef struct {
-  size_t arena_bytes;
+  size_t arena_bytes, transient_bytes;
   int nsetup;
   const TpUnitFn *setup;      /* [nsetup]: the forwards of the context slices, in order */
   TpUnitFn forward, backward; /* the probed slice's */
@@ -327,6 +347,7 @@ struct TpPlan {
   /* ABI 1 view (see above): per stage; forward and backward NULL when sliced */
   int nstages;
   const size_t *arena_bytes;
+  const size_t *transient_bytes; /* NULL: no transient regions */
   const TpStageFn *forward;
   const TpStageFn *backward;
   /* ABI 2: the pipeline (stages NULL in ABI 1 plans) */

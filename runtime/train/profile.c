@@ -55,10 +55,12 @@ static double quantile(const double *x, int n, double q) {
 /* A probe's arena is planned for its whole run order (every slice's forward, then every
  * backward), so its probed units alone may read bytes that units not run here would have
  * written, or that the probed backward overwrote: each repetition starts, untimed, from a
- * zeroed arena and the setup forwards (zeros time like data; stale bits may not). */
+ * zeroed arena and transient region and the setup forwards (zeros time like data; stale
+ * bits may not). */
 static void prepare(const TpPlanProbeStage *ps, TpStepIO *io) {
   const TpComputeBackend *be = io->compute->be;
   be->memset(io->compute, io->stream, io->arena, 0, (size_t)ps->arena_bytes);
+  be->memset(io->compute, io->stream, io->transient, 0, (size_t)ps->transient_bytes);
   for (int i = 0; i < ps->nsetup; i++) be->run_unit(io->compute, io->stream, ps->setup[i], io);
   be->stream_sync(io->compute, io->stream);
 }
@@ -84,7 +86,7 @@ typedef struct {
 } ProbeTimes;
 
 /* Stage `stage`'s units of probe pr with io (its parameters, gradients, tokens, and an
- * arena large enough), run once; forward and backward times appended to pt unless this is
+ * arena and a transient region large enough), run once; forward and backward times appended to pt unless this is
  * the warm-up (pt NULL). Returns the seconds they took. */
 static double time_probe(const TpPlanProbe *pr, int stage, TpStepIO io, ProbeTimes *pt) {
   const TpPlanProbeStage *ps = &pr->stages[stage];
@@ -196,20 +198,27 @@ int train_profile(Trainer *t) {
   double timed = 0; /* this process's timed work */
   Times pass = {0}; /* the timed passes' wall times */
   ProbeTimes *pt = calloc((size_t)P->nprobes * (size_t)H, sizeof *pt);
-  void **arena = calloc((size_t)H, sizeof *arena); /* per hosted rank, for its largest probe */
-  TP_ASSERT(pt && arena);
+  /* per hosted rank, for its largest probe: arena[h] and transient[h] */
+  void **arena = calloc((size_t)H, sizeof *arena), **transient = calloc((size_t)H, sizeof *transient);
+  TP_ASSERT(pt && arena && transient);
   for (int h = 0; h < H; h++) {
     int stage, replica;
     pipe_rank_io(t, h, &stage, &replica);
-    size_t bytes = 0;
-    for (int p = 0; p < P->nprobes; p++)
-      if (P->probes[p].stages[stage].arena_bytes > bytes) bytes = P->probes[p].stages[stage].arena_bytes;
-    if (!rc && !(arena[h] = pipe_alloc(t, bytes, "the largest probe's activations on stage %d", stage)))
+    size_t bytes = 0, transient_bytes = 0;
+    for (int p = 0; p < P->nprobes; p++) {
+      const TpPlanProbeStage *ps = &P->probes[p].stages[stage];
+      if (ps->arena_bytes > bytes) bytes = ps->arena_bytes;
+      if (ps->transient_bytes > transient_bytes) transient_bytes = ps->transient_bytes;
+    }
+    if (!rc && (!(arena[h] = pipe_alloc(t, bytes, "the largest probe's activations on stage %d", stage)) ||
+                !(transient[h] = pipe_alloc(t, transient_bytes, "the largest probe's transient region on stage %d",
+                                            stage))))
       rc = TP_ERR_INPUT;
   }
   if ((rc = pipe_agree(t, rc))) {
-    for (int h = 0; h < H; h++) t->compute->be->free(t->compute, arena[h]);
-    free(arena), free(pt), free(times);
+    for (int h = 0; h < H; h++)
+      t->compute->be->free(t->compute, arena[h]), t->compute->be->free(t->compute, transient[h]);
+    free(arena), free(transient), free(pt), free(times);
     return rc;
   }
   for (int more = 1; more && passes < MAX_PASSES; passes++) {
@@ -222,6 +231,7 @@ int train_profile(Trainer *t) {
         if (replica > 0 && t->comm->size == 1) continue; /* one process: replica 0 is enough */
         ProbeTimes *x = &pt[p * H + h];
         io.arena = arena[h];
+        io.transient = transient[h];
         double s = time_probe(&P->probes[p], stage, io, passes ? x : NULL);
         if (passes) timed += s;
       }
@@ -243,8 +253,9 @@ int train_profile(Trainer *t) {
       free(x->fwd.x), free(x->bwd.x);
     }
   free(pt);
-  for (int h = 0; h < H; h++) t->compute->be->free(t->compute, arena[h]);
-  free(arena);
+  for (int h = 0; h < H; h++)
+    t->compute->be->free(t->compute, arena[h]), t->compute->be->free(t->compute, transient[h]);
+  free(arena), free(transient);
   tp_comm_barrier(t->comm);
   for (int h = 0; h < t->nhosted; h++) {
     int stage, replica;

@@ -26,6 +26,7 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
   int64_t row = ((int64_t)R->replica * P->microbatches + mb) * P->batch;
   bool tensor = train_tensor(P) > 1;
   return (TpStepIO){.arena = R->arena[mb % R->st->arenas],
+                    .transient = R->transient,
                     .param = R->param,
                     .grad = R->scratch,
                     .tokens = t->dev_tokens + row * P->seq,
@@ -200,6 +201,7 @@ static double run_stages(Trainer *t, bool backward) {
       int s = pass ? P->nstages - 1 - k : k;
       double start = t->trace ? trace_now_us(t->trace) : 0;
       io.arena = t->arena[s];
+      io.transient = t->transient[s];
       run_unit(t, t->stream, (pass ? P->backward : P->forward)[s], &io);
       if (t->trace) {
         be(t)->stream_sync(t->compute, t->stream);

@@ -83,6 +83,7 @@ struct PipeRank {
   size_t *shard_counts;
   float *m_block, *v_block;
   void **arena;      /* [st->arenas] */
+  void *transient;   /* st->transient_bytes: every unit's, one at a time */
   double *loss;      /* [microbatches]: the last stage's losses */
   TpStepIO *loss_io; /* [microbatches]: the last forward units' io, whose loss a device
                            * unit's copy sets by the step's final synchronization */

@@ -64,8 +64,8 @@ typedef struct {
  * process holds the parameters of the stages of the ranks it hosts (held[i]): values and
  * AdamW state once per process, gradients per hosted rank (grad[i] is the step gradient
  * of the first hosted rank holding i; after the all-reduces they are all equal).
- * param, grad, m, v, arena, dev_tokens and dev_targets are device memory of `compute`,
- * which the runtime reaches only through its entries (../compute.h); `host` holds host
+ * param, grad, m, v, arena, transient, dev_tokens and dev_targets are device memory of
+ * `compute`, which the runtime reaches only through its entries (../compute.h); `host` holds host
  * copies while weights.c works on them: what every process holds while the weights load
  * (pipe_host_alloc, pipe_upload), and on process 0 every parameter's for the writers
  * (pipe_download). */
@@ -94,7 +94,7 @@ typedef struct {
   int64_t *numel;                    /* elements of what a rank holds (its piece of a split parameter) */
   int64_t *whole_numel;              /* of the whole tensor: what host copies and files hold */
   double *decay;                     /* per parameter: its AdamW weight decay (0 where --no-decay matches) */
-  void **arena;                      /* per stage (ABI 1) */
+  void **arena, **transient;         /* per stage (ABI 1) */
   int64_t *tokens, *targets;         /* [global batch, seq], host: what the token reader fills */
   int64_t *dev_tokens, *dev_targets; /* their device copies, which the units read */
   float *dev_loss_scale;             /* loss_scale's device copy (TpStepIO.loss_scale_device) */
@@ -204,7 +204,7 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip);
 /* The global gradient norm over every trainable parameter once (the same on every process). */
 double pipe_grad_norm(Trainer *t);
 /* Hosted rank h's stage and replica, and the io of its units: its parameters, its
- * (scratch) gradients, microbatch 0's arena and rows, its stream. */
+ * (scratch) gradients, microbatch 0's arena and rows, its transient region, its stream. */
 TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica);
 /* Hosted rank h's step gradients (f32, what AdamW reads; io->grad is a microbatch's). */
 float *const *pipe_rank_grads(Trainer *t, int h);

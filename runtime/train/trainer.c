@@ -648,9 +648,12 @@ static uint32_t plan_identity(const TpPlan *P) {
     c = crc_i64(crc_i64(crc_str(c, P->derived[k].name), P->derived[k].param), P->derived[k].transpose);
   for (int i = 0; P->slice_len && i < P->nslices; i++) c = crc_i64(c, P->slice_len[i]);
   for (int k = 0; !P->stages && P->arena_bytes && k < P->nstages; k++) c = crc_i64(c, (int64_t)P->arena_bytes[k]);
+  for (int k = 0; !P->stages && P->transient_bytes && k < P->nstages; k++)
+    c = crc_i64(c, (int64_t)P->transient_bytes[k]);
   for (int k = 0; P->stages && k < P->nstages; k++) {
     const TpPlanStage *st = &P->stages[k];
-    c = crc_i64(crc_i64(crc_i64(c, (int64_t)st->arena_bytes), st->arenas), st->ninsns);
+    c = crc_i64(crc_i64(crc_i64(crc_i64(c, (int64_t)st->arena_bytes), st->arenas), (int64_t)st->transient_bytes),
+                st->ninsns);
     for (int i = 0; i < st->ninsns; i++) {
       int64_t v[] = {st->insns[i].kind, st->insns[i].mb, st->insns[i].slice, st->insns[i].peer};
       c = crc_of(c, v, sizeof v);

@@ -1,7 +1,10 @@
 /* Checks the memory plan of models after the training pipeline: every value an op reads or
- * writes has storage; arena buffers are aligned and inside their arena; two buffers whose
- * live ranges overlap never share a byte; a buffer is live from its op to its last reader;
- * the arena is no smaller than the live peak. Prints one line per model with the figures,
+ * writes has storage; buffers are aligned and inside their region (the arena or the
+ * transient region); two buffers of a region whose live ranges overlap never share a byte;
+ * a buffer is live from its op to its last reader; a transient buffer lives inside one
+ * unit, and one that lives inside one unit but is in the arena does not raise it above
+ * the buffers that cross units; arena and transient region together are no smaller than
+ * the live peak. Prints one line per model with the figures,
  * and the first violation in full.
  *   check_memory_plan MODEL.onnx [--dim N=V ...] [MODEL.onnx ...] */
 #include <stdarg.h>
@@ -21,6 +24,13 @@ static int fail(const char *model, const char *fmt, ...) {
   fputc('\n', stderr);
   va_end(ap);
   return 1;
+}
+
+/* The unit running position `at` of stage s (-1: none). */
+static int unit_at(const TpMemoryPlan *p, int s, int at) {
+  for (int u = 0; u < 2 * p->nslices; u++)
+    if (p->unit_begin[s][u] <= at && at < p->unit_end[s][u]) return u;
+  return -1;
 }
 
 /* The position of op `op` in its stage's run order. */
@@ -65,30 +75,51 @@ static int check(const char *model, TpDimBinding *dims, int ndims) {
     if (p.value[v].kind == TP_MEM_ARENA) bufs[nbufs] = &p.value[v], names[nbufs++] = m->values[v].name;
   for (int op = 0; op < m->nops; op++)
     if (p.scratch[op].kind == TP_MEM_ARENA) bufs[nbufs] = &p.scratch[op], names[nbufs++] = "(scratch)";
+  /* per stage: the top of the arena's buffers that cross units (and the boundary buffers,
+   * alive from the first position to the last), which the others may not raise */
+  int64_t *kept_top = calloc((size_t)p.nstages, sizeof *kept_top);
+  for (int i = 0; i < nbufs; i++) {
+    const TpMemSlot *x = bufs[i];
+    int u = unit_at(&p, x->stage, x->first);
+    bool inside = u >= 0 && x->last < p.unit_end[x->stage][u];
+    bool whole = x->first == 0 && x->last == p.norder[x->stage] - 1;
+    if (!x->transient && (!inside || whole) && x->offset + x->bytes > kept_top[x->stage])
+      kept_top[x->stage] = x->offset + x->bytes;
+  }
   for (int i = 0; i < nbufs && !bad; i++) {
     const TpMemSlot *x = bufs[i];
-    if (x->offset % TP_ARENA_ALIGN || x->bytes % TP_ARENA_ALIGN || x->offset + x->bytes > p.arena_bytes[x->stage])
-      bad = fail(model, "'%s' at offset %lld (+%lld) is misaligned or outside its arena", names[i],
-                 (long long)x->offset, (long long)x->bytes);
+    int64_t region = (x->transient ? p.transient_bytes : p.arena_bytes)[x->stage];
+    if (x->offset % TP_ARENA_ALIGN || x->bytes % TP_ARENA_ALIGN || x->offset + x->bytes > region)
+      bad = fail(model, "'%s' at offset %lld (+%lld) is misaligned or outside its %s", names[i],
+                 (long long)x->offset, (long long)x->bytes, x->transient ? "transient region" : "arena");
+    int u = unit_at(&p, x->stage, x->first);
+    bool inside = u >= 0 && x->last < p.unit_end[x->stage][u];
+    if (!bad && x->transient && !inside)
+      bad = fail(model, "transient '%s' lives from position %d to %d, beyond its unit", names[i], x->first, x->last);
+    if (!bad && !x->transient && inside && x->offset + x->bytes > kept_top[x->stage])
+      bad = fail(model,
+                 "'%s' lives inside one unit (%d to %d) but grows the arena past its kept buffers' %lld bytes",
+                 names[i], x->first, x->last, (long long)kept_top[x->stage]);
     for (int j = i + 1; j < nbufs && !bad; j++) {
       const TpMemSlot *y = bufs[j];
       bool live = x->first <= y->last && y->first <= x->last;
       bool share = x->offset < y->offset + y->bytes && y->offset < x->offset + x->bytes;
-      if (x->stage == y->stage && x->bytes && y->bytes && live && share)
+      if (x->stage == y->stage && x->transient == y->transient && x->bytes && y->bytes && live && share)
         bad = fail(model, "'%s' and '%s' are alive together and share bytes at offsets %lld and %lld", names[i],
                    names[j], (long long)x->offset, (long long)y->offset);
     }
   }
   free(bufs);
   free(names);
+  free(kept_top);
   for (int s = 0; s < p.nstages && !bad; s++)
-    if (p.arena_bytes[s] < p.live_peak[s])
-      bad = fail(model, "stage %d's arena of %lld bytes is below the live peak %lld", s, (long long)p.arena_bytes[s],
-                 (long long)p.live_peak[s]);
+    if (p.arena_bytes[s] + p.transient_bytes[s] < p.live_peak[s])
+      bad = fail(model, "stage %d's arena of %lld bytes and transient region of %lld are below the live peak %lld",
+                 s, (long long)p.arena_bytes[s], (long long)p.transient_bytes[s], (long long)p.live_peak[s]);
   if (!bad)
-    printf("%s: %d stage(s), stage 0: %d buffers, arena %lld bytes, live peak %lld, no reuse %lld\n", model,
-           p.nstages, p.nbuffers[0], (long long)p.arena_bytes[0], (long long)p.live_peak[0],
-           (long long)p.total_bytes[0]);
+    printf("%s: %d stage(s), stage 0: %d buffers, arena %lld bytes, transient %lld, live peak %lld, no reuse %lld\n",
+           model, p.nstages, p.nbuffers[0], (long long)p.arena_bytes[0], (long long)p.transient_bytes[0],
+           (long long)p.live_peak[0], (long long)p.total_bytes[0]);
   tp_memory_plan_free(&p);
   tp_module_free(m);
   return bad;

@@ -17,7 +17,8 @@
 #             than the vocabulary, a loss with fewer classes), at load, naming the table;
 #             plans beyond this machine's memory: tokpipec refuses them, and a trainer
 #             compiled anyway (--max-memory) says what it cannot allocate
-#   pkgconfig cc plan.c $(pkg-config --cflags --libs tokpipe) with the build tree's .pc
+#   pkgconfig cc plan.c $(pkg-config --cflags --libs tokpipe) with the build tree's .pc; a
+#             plan of an older ABI is refused
 #   install   cmake --install into a temporary prefix; the installed tokpipec --exe and the
 #             installed tokpipe.pc both build trainers that learn
 case=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6
@@ -190,7 +191,7 @@ EOF
 
 memory)
   expect_exit 0 "--emit=memory" "$tokpipec" "$model" --emit=memory || exit 1
-  for line in "^stage 0: 90 ops \(44 forward, 46 backward\)" "^  arena +[0-9]+ bytes" \
+  for line in "^stage 0: 90 ops \(44 forward, 46 backward\)" "^  kept +[0-9]+ bytes" "^  transient +[0-9]+ bytes" \
     "^  live peak +[0-9]+ bytes" "^  parameters +120320 bytes" "^  gradients +120320 bytes" \
     "^  optimizer state +240640 bytes" "^  activations +[0-9]+ bytes"; do
     grep -qE -- "$line" out.txt || fail "no '$line' in: $(cat out.txt)"
@@ -245,11 +246,11 @@ EOF
   dyn=$fixtures/gpt_o14_tanh_untied_nobias_dyn/model.onnx
   expect_message 1 "plan beyond this machine's memory" "more than this machine's memory of" \
     "$tokpipec" "$dyn" --batch 1 --seq 1000000 --exe huge
-  grep -qE "rank 0 \(pipeline stage 0\) needs [0-9]{14} bytes at its peak, [0-9]+ more than this machine's memory of [0-9]+: parameters 135808, gradients 135808, optimizer state 271616, 1 microbatch arena [0-9]{14} \(lower --batch or --seq" err.txt &&
+  grep -qE "rank 0 \(pipeline stage 0\) needs [0-9]{14} bytes at its peak, [0-9]+ more than this machine's memory of [0-9]+: parameters 135808, gradients 135808, optimizer state 271616, activations [0-9]{14} \(1 microbatch arena of [0-9]{14} bytes and a transient region of 0\) \(lower --batch or --seq" err.txt &&
     ok "tokpipec names the rank, the bytes and what takes them" || fail "tokpipec's message: $(cat err.txt)"
   [ ! -e huge ] && ok "no trainer built"
-  # 1024 microbatch arenas of 16 PiB: the per-rank sum overflowed int64 (a smaller peak than one arena)
-  expect_message 1 "arenas beyond 2^63 bytes" "rank 0 (pipeline stage 0) would need 1024 microbatch arenas of 18026604806537216 bytes: more than 2^63 bytes in all" \
+  # 1024 microbatch arenas of 8 PiB: the per-rank sum overflowed int64 (a smaller peak than one arena)
+  expect_message 1 "arenas beyond 2^63 bytes" "rank 0 (pipeline stage 0) would need 1024 microbatch arenas of 9028270364295168 bytes and 9007199254740992 transient bytes: more than 2^63 bytes in all" \
     "$tokpipec" "$dyn" --batch 67108864 --microbatches 1024 --seq 65536 --emit=memory
   expect_exit 0 "--max-memory for a bigger machine" "$tokpipec" "$dyn" --batch 1 --seq 1000000 --exe huge --max-memory 100000000000000 &&
     expect_message 1 "trainer beyond this machine's memory" "GiB) for the activations of rank 0 (arena 1 of 1): more than this machine's memory" \
@@ -264,6 +265,12 @@ pkgconfig)
   expect_exit 0 "cc plan.c \$(pkg-config ...)" "$cc" plan.c $flags -o trainer || exit 1
   ok "cc plan.c $flags"
   learns "pkg-config trainer" ./trainer
+  # a plan written for an older runtime (its ABI before this one's): refused before it runs
+  sed 's/^    \.abi = TP_PLAN_ABI,$/    .abi = TP_PLAN_ABI - 1,/' plan.c >stale.c
+  # shellcheck disable=SC2086
+  expect_exit 0 "cc stale.c" "$cc" stale.c $flags -o stale || exit 1
+  expect_message 3 "a plan of the ABI before" "compile it again with the tokpipec of this runtime" \
+    ./stale --data train.bin --steps 1
   ;;
 
 install)

@@ -33,6 +33,7 @@ int main(void) {
   int64_t nt = P->batch * P->seq, *tokens = malloc((size_t)nt * 8), *targets = malloc((size_t)nt * 8);
   for (int64_t j = 0; j < nt; j++) tokens[j] = (j * 31 + 5) % P->vocab, targets[j] = (j * 17 + 3) % P->vocab;
   TpStepIO io = {.arena = zeroed(P->stages[0].arena_bytes),
+                 .transient = zeroed(P->stages[0].transient_bytes),
                  .param = param,
                  .grad = grad,
                  .tokens = tokens,
@@ -40,13 +41,14 @@ int main(void) {
                  .loss = NAN};
   for (int i = 0; i < P->nslices; i++) P->stages[0].forward[i](&io);
   double want = io.loss;
-  free(io.arena);
+  free(io.arena), free(io.transient);
   int checked = 0, bad = !isfinite(want);
   for (int p = 0; p < P->nprobes; p++) {
     const TpPlanProbe *pr = &P->probes[p];
     if (pr->c + pr->l != P->seq) continue;
     const TpPlanProbeStage *ps = &pr->stages[0];
     io.arena = zeroed(ps->arena_bytes);
+    io.transient = zeroed(ps->transient_bytes);
     io.loss = NAN;
     for (int i = 0; i < ps->nsetup; i++) ps->setup[i](&io);
     ps->forward(&io);
@@ -55,7 +57,7 @@ int main(void) {
            want, same ? "" : "  DIFFERENT");
     bad |= !same;
     checked++;
-    free(io.arena);
+    free(io.arena), free(io.transient);
   }
   for (int i = 0; i < P->nparams; i++) free(param[i]), free(grad[i]);
   free(param), free(grad), free(tokens), free(targets);

@@ -8,8 +8,10 @@
  * magnitude). Every rank of plan_test (stages x replicas) is simulated: ranks run their
  * instruction lists round robin, a receive waits for its send, allreduce-tied for its peer,
  * allreduce for all replicas of the stage; a round without progress is a deadlock. Arenas
- * start as NaN bytes and are reused as `arenas` says, so a plan that reads a buffer before
- * writing it, or arenas that collide, show up as wrong numbers. A send completes as late as
+ * start as NaN bytes and are reused as `arenas` says, and each rank's transient region is
+ * filled with NaN bytes again before every unit, so a plan that reads a buffer before
+ * writing it, arenas that collide, or a unit that reads what another left in the
+ * transient region show up as wrong numbers. A send completes as late as
  * the ABI allows: its bytes are read when the receiver receives them, or when the sender
  * gives the arena to another microbatch, so a send buffer the plan overwrites too early
  * shows up too.
@@ -57,6 +59,7 @@ typedef struct {
   float **param, **grad, **sum; /* per parameter; NULL where the stage does not hold it */
   void **arena;
   int *arena_mb;       /* per arena: the microbatch using it, or -1 */
+  void *transient;     /* NaN bytes again before each unit */
   int backward_mb;     /* the microbatch whose backward units run now, or -1 */
   bool finished_grads; /* sum / M moved into grad */
 } Rank;
@@ -113,7 +116,9 @@ static void unit(Run *r, Rank *k, int mb, int slice, bool backward) {
   const TpPlan *P = r->P;
   const TpPlanStage *st = &P->stages[k->stage];
   int64_t rows = (int64_t)(k->replica * r->M + mb) * P->batch;
+  memset(k->transient, 0xff, st->transient_bytes);
   TpStepIO io = {.arena = arena_for(r, k, mb),
+                 .transient = k->transient,
                  .param = k->param,
                  .grad = k->grad,
                  .tokens = r->tokens + rows * P->seq,
@@ -268,6 +273,7 @@ static bool run(Run *r, const TpPlan *P, const float *init, const int64_t *token
     k->arena = calloc((size_t)st->arenas, sizeof(void *));
     k->arena_mb = malloc(sizeof(int) * (size_t)st->arenas);
     for (int a = 0; a < st->arenas; a++) k->arena[a] = garbage(st->arena_bytes), k->arena_mb[a] = -1;
+    k->transient = garbage(st->transient_bytes);
   }
   bool bad = false;
   for (bool progress = true; progress && !bad;) {
@@ -296,7 +302,7 @@ static void run_free(Run *r) {
     Rank *k = &r->rank[q];
     for (int i = 0; i < r->P->nparams; i++) free(k->param[i]), free(k->grad[i]), free(k->sum[i]);
     for (int a = 0; a < r->P->stages[k->stage].arenas; a++) free(k->arena[a]);
-    free(k->param), free(k->grad), free(k->sum), free(k->arena), free(k->arena_mb);
+    free(k->param), free(k->grad), free(k->sum), free(k->arena), free(k->arena_mb), free(k->transient);
   }
   for (int i = 0; i < r->nmail; i++) free(r->mail[i].data);
   free(r->mail), free(r->rank), free(r->loss);

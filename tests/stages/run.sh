@@ -1,10 +1,13 @@
 #!/bin/sh
 # One pipeline configuration against the one-stage plan of the same model and batch:
-#   run.sh NAME BIN SRC BUILD WORK CC MODEL 'REF OPTS' 'TEST OPTS' [break-arenas]
+#   run.sh NAME BIN SRC BUILD WORK CC MODEL 'REF OPTS' 'TEST OPTS' [break-arenas|break-transient]
 # compiles both plans with tokpipec, links them with exec_plans.c (a one-process executor
 # of the plan ABI) and the runtime (the build tree's tokpipe.pc), and runs it: loss and
 # every gradient must agree to 1e-5 relative. With break-arenas the test plan's first
-# stage gets one microbatch arena fewer than it needs, and the run must fail instead.
+# stage gets one microbatch arena fewer than it needs (the kept bytes of a microbatch in
+# flight are overwritten), with break-transient every unit puts its transient buffers in
+# its microbatch's arena instead of the rank's transient region (over kept bytes), and the
+# run must fail instead.
 name=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6 model=$7 ref=$8 test=$9 mode=${10}
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 2
 # shellcheck disable=SC2086
@@ -15,6 +18,10 @@ if [ "$mode" = break-arenas ]; then
   arenas=$(sed -n 's/^     \.arenas = \([0-9]*\),$/\1/p' test.c | head -1)
   [ "${arenas:-1}" -gt 1 ] || { echo "FAIL $name: stage 0 keeps $arenas arenas; nothing to break"; exit 1; }
   sed -i "0,/^     \.arenas = $arenas,\$/s//     .arenas = $((arenas - 1)),/" test.c
+fi
+if [ "$mode" = break-transient ]; then
+  grep -q '^  char \*transient = io->transient;$' test.c || { echo "FAIL $name: no unit uses a transient region"; exit 1; }
+  sed -i 's/^  char \*transient = io->transient;$/  char *transient = io->arena;/' test.c
 fi
 flags=$(PKG_CONFIG_PATH=$build pkg-config --cflags --libs tokpipe) || { echo "FAIL $name: pkg-config"; exit 1; }
 cflags=$(PKG_CONFIG_PATH=$build pkg-config --cflags tokpipe)
@@ -29,6 +36,11 @@ cat out.txt
 if [ "$mode" = break-arenas ]; then
   [ $status -ne 0 ] || { echo "FAIL $name: a plan with too few arenas still agrees"; exit 1; }
   echo "ok $name: too few arenas are caught"
+  exit 0
+fi
+if [ "$mode" = break-transient ]; then
+  [ $status -ne 0 ] || { echo "FAIL $name: a plan whose units work over kept bytes still agrees"; exit 1; }
+  echo "ok $name: transient buffers over kept bytes are caught"
   exit 0
 fi
 [ $status -eq 0 ] || { echo "FAIL $name: tokpipec $test"; exit 1; }
