@@ -470,7 +470,10 @@ static void put_addr(Emitter *E, FILE *out, TpAddr a, Numbering *num) {
   }
   case TP_ADDR_TOKENS: fputs("(void *)io->tokens", out); break;
   case TP_ADDR_TARGETS: fputs("(void *)io->targets", out); break;
-  case TP_ADDR_LOSS_SCALE: fputs("(void *)&io->loss_scale", out); break;
+  /* a device plan's kernels read device memory only */
+  case TP_ADDR_LOSS_SCALE:
+    fputs(E->target->device ? "(void *)io->loss_scale_device" : "(void *)&io->loss_scale", out);
+    break;
   }
 }
 

@@ -131,6 +131,14 @@ static const TpTarget targets[] = {
      .kernels = cuda_bf16_kernels,
      .build = CUDA_BUILD,
      CUDA_DEVICE},
+    /* fp16 storage; the products' operands stay f32 (no fp16 products) */
+    {.name = "cuda",
+     .precision = "fp16",
+     .headers = cuda_headers,
+     .nheaders = 1,
+     .kernels = cuda_kernels,
+     .build = CUDA_BUILD,
+     CUDA_DEVICE},
 };
 enum { NTARGETS = sizeof targets / sizeof *targets };
 

@@ -33,10 +33,10 @@ static const char usage[] =
     "  -o OUT               write OUT (atomically) instead of stdout\n"
     "  --target cpu|cuda    the kernels the C program calls (default cpu); cuda: a trainer\n"
     "                       for NVIDIA GPUs (runtime/cuda), built on the CPU trainer\n"
-    "  --precision fp32|bf16|fp16  cpu: store parameters, activations and gradients in\n"
-    "                       fp32 (default) or 16 bits, computing in fp32 with fp32 master\n"
+    "  --precision fp32|bf16|fp16  store parameters, activations and gradients in fp32\n"
+    "                       (default) or 16 bits, computing in fp32 with fp32 master\n"
     "                       weights and AdamW state (fp16 with dynamic loss scaling); cuda\n"
-    "                       (fp32|bf16): the matrix products' operands in bf16, all else fp32\n"
+    "                       bf16 also gives the matrix products bf16 operands\n"
     "  --exe TRAINER        also compile the C program into the executable TRAINER\n"
     "  -v, --verbose        print the C compiler's command line\n"
     "  --batch B, --seq T   the global batch of a step (B / (dp * microbatches) rows per\n"
@@ -629,9 +629,9 @@ int main(int argc, char **argv) {
   if (precision && code_target->precision && !tp_target_find(target, precision))
     cli_usage_error("--precision expects %s with --target %s, got '%s'", tp_target_precisions(target), target,
                     precision);
-  /* The cpu target stores in 16 bits what --precision names (fp32 masters, f32 compute);
-   * the cuda target's bf16 rounds the matrix products' operands, storing f32. */
-  if (precision && !code_target->precision && !tp_precision_parse(precision, &pipe.precision))
+  /* Both targets store in 16 bits what --precision names (fp32 masters, f32 compute); the
+   * cuda target's bf16 also rounds the matrix products' operands to bf16. */
+  if (precision && !tp_precision_parse(precision, &pipe.precision))
     cli_usage_error("--precision expects fp32, bf16 or fp16, got '%s'", precision);
   po.storage = pipe.precision == TP_PRECISION_BF16   ? TP_BF16
                : pipe.precision == TP_PRECISION_FP16 ? TP_F16

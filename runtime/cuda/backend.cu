@@ -14,6 +14,7 @@ extern "C" { /* C headers */
 }
 #include "comm_nccl.h"
 #include "common.cuh"
+#include "dtype.cuh" /* base/half.h's conversions */
 #include "stream.h"
 
 static cudaStream_t cuda_of(TpStream *s) { return s->cuda; }
@@ -144,6 +145,17 @@ __global__ void add_into_kernel(float *dst, const float *src, int64_t n) {
   TP_GRID_STRIDE_LOOP(i, n) dst[i] += src[i];
 }
 
+/* 16-bit storage (TpPlan.precision bf16 or fp16): a microbatch's 16-bit gradients into the
+ * f32 step sum, and the f32 masters rounded (to nearest even) to the units' working copies,
+ * with base/half.h's conversions, as the CPU backend does. */
+__global__ void add_half_into_kernel(float *dst, const uint16_t *src, int64_t n, bool bf16) {
+  TP_GRID_STRIDE_LOOP(i, n) dst[i] += bf16 ? tp_half_bf16_to_f32(src[i]) : tp_half_f16_to_f32(src[i]);
+}
+
+__global__ void round_to_half_kernel(uint16_t *dst, const float *src, int64_t n, bool bf16) {
+  TP_GRID_STRIDE_LOOP(i, n) dst[i] = bf16 ? tp_half_f32_to_bf16(src[i]) : tp_half_f32_to_f16(src[i]);
+}
+
 __global__ void divide_kernel(float *x, int64_t n, float by) { TP_GRID_STRIDE_LOOP(i, n) x[i] /= by; }
 
 __global__ void clip_kernel(float *x, int64_t n, float factor) { TP_GRID_STRIDE_LOOP(i, n) x[i] *= factor; }
@@ -152,6 +164,20 @@ static void cuda_add_into(TpCompute *c, TpStream *s, float *dst, const float *sr
   (void)c;
   if (n > 0)
     TP_LAUNCH(add_into_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s), dst, src, n);
+}
+
+static void cuda_add_half_into(TpCompute *c, TpStream *s, float *dst, const void *src, int64_t n, int half) {
+  (void)c;
+  if (n > 0)
+    TP_LAUNCH(add_half_into_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s), dst,
+              static_cast<const uint16_t *>(src), n, half == TP_PLAN_BF16);
+}
+
+static void cuda_round_to_half(TpCompute *c, TpStream *s, void *dst, const float *src, int64_t n, int half) {
+  (void)c;
+  if (n > 0)
+    TP_LAUNCH(round_to_half_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s),
+              static_cast<uint16_t *>(dst), src, n, half == TP_PLAN_BF16);
 }
 
 static void cuda_divide(TpCompute *c, TpStream *s, float *x, int64_t n, float by) {
@@ -203,8 +229,6 @@ static void cuda_unpack(TpCompute *c, TpStream *s, void *arena, const void *src,
   move_buffers(s, const_cast<char *>(static_cast<const char *>(src)), static_cast<char *>(arena), buffers, n, false);
 }
 
-/* No add_half_into, round_to_half: CUDA plans store f32 (--precision bf16 there rounds the
- * products' operands only). */
 extern "C" const TpComputeBackend tp_compute_cuda = {
     "cuda",
     false, /* host_addressable */
@@ -231,8 +255,8 @@ extern "C" const TpComputeBackend tp_compute_cuda = {
     cuda_adamw,
     cuda_pack,
     cuda_unpack,
-    nullptr, /* add_half_into */
-    nullptr, /* round_to_half */
+    cuda_add_half_into,
+    cuda_round_to_half,
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */

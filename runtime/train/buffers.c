@@ -211,7 +211,8 @@ int pipe_setup(Trainer *t) {
   if (!(t->tokens = pipe_alloc_bytes(t, false, ntok * sizeof *t->tokens, "a step's token ids")) ||
       !(t->targets = pipe_alloc_bytes(t, false, ntok * sizeof *t->targets, "a step's targets")) ||
       !(t->dev_tokens = pipe_alloc(t, ntok * sizeof *t->tokens, "a step's token ids")) ||
-      !(t->dev_targets = pipe_alloc(t, ntok * sizeof *t->targets, "a step's targets")))
+      !(t->dev_targets = pipe_alloc(t, ntok * sizeof *t->targets, "a step's targets")) ||
+      !(t->dev_loss_scale = pipe_alloc(t, sizeof *t->dev_loss_scale, "the loss scale")))
     return TP_ERR_INPUT;
   int rc = P->stages ? setup_ranks(t) : setup_stages(t);
   size_t pieces = (size_t)(P->stages ? t->nhosted : 1) * (size_t)P->nparams * TP_NORM_PIECES;
@@ -251,7 +252,8 @@ void pipe_free(Trainer *t) {
   }
   for (int s = 0; t->arena && s < t->plan->nstages; s++)
     pipe_dev_free(t, t->arena[s]), pipe_dev_free(t, t->transient[s]);
-  pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->norm_pieces);
+  pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->dev_loss_scale),
+      pipe_dev_free(t, t->norm_pieces);
   free(t->tokens), free(t->targets);
   free(t->param), free(t->grad), free(t->m), free(t->v), free(t->work), free(t->held), free(t->numel),
       free(t->arena), free(t->transient);

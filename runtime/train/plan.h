@@ -219,6 +219,9 @@ struct TpStepIO {
    * starts from (d loss / d loss = S), so the 16-bit gradients are S times the true ones;
    * the runtime sets it and divides the step's sum by it. Other plans do not read it. */
   float loss_scale;
+  /* the same scale in the compute backend's memory, which device units (whose kernels must
+   * not read host memory) read in place of &loss_scale */
+  const float *loss_scale_device;
 };
 
 /* Where offset `at` of a shared body's list points (codegen/outline.c): the arena's, or,
@@ -263,8 +266,8 @@ typedef struct {
 
 typedef enum { TP_PLAN_GPIPE, TP_PLAN_1F1B } TpPlanSchedule;
 
-/* How the units store parameters, gradients and activations (tokpipec --precision on the
- * cpu target). TP_PLAN_FP32: io->param[i] and io->grad[i] are f32. TP_PLAN_BF16 and
+/* How the units store parameters, gradients and activations (tokpipec --precision).
+ * TP_PLAN_FP32: io->param[i] and io->grad[i] are f32. TP_PLAN_BF16 and
  * TP_PLAN_FP16: they are 16-bit (uint16_t, bf16 or IEEE half) arrays: the runtime keeps
  * f32 master weights (what AdamW updates and checkpoints hold) and writes their
  * round-to-nearest-even copy into io->param after each update; it adds each microbatch's

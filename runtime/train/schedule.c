@@ -11,6 +11,7 @@ void pipe_tokens_to_device(Trainer *t) {
   size_t bytes = (size_t)(train_rows(t->plan) * t->plan->seq) * sizeof *t->tokens;
   be(t)->copy_h2d(t->compute, t->stream, t->dev_tokens, t->tokens, bytes);
   be(t)->copy_h2d(t->compute, t->stream, t->dev_targets, t->targets, bytes);
+  be(t)->copy_h2d(t->compute, t->stream, t->dev_loss_scale, &t->loss_scale, sizeof t->loss_scale);
   be(t)->stream_sync(t->compute, t->stream); /* before any unit reads them, or the host refills them */
 }
 
@@ -36,7 +37,8 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
                     .tensor_allreduce = tensor ? pipe_tensor_allreduce : NULL,
                     .tensor_ctx = tensor ? R : NULL,
                     .tensor_rank = R->tensor,
-                    .loss_scale = t->loss_scale};
+                    .loss_scale = t->loss_scale,
+                    .loss_scale_device = t->dev_loss_scale};
 }
 
 /* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it

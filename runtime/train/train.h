@@ -98,6 +98,7 @@ typedef struct {
   void **arena, **transient;         /* per stage (ABI 1) */
   int64_t *tokens, *targets;         /* [global batch, seq], host: what the token reader fills */
   int64_t *dev_tokens, *dev_targets; /* their device copies, which the units read */
+  float *dev_loss_scale;             /* loss_scale's device copy (TpStepIO.loss_scale_device) */
   double *norm_pieces;               /* device: the gradient norm's pieces (TP_NORM_PIECES per
                                       * parameter) of each hosted rank (ABI 1: one) */
   float *param_block;                /* --zero 1 under mpirun: the held values, contiguous in the

@@ -2,8 +2,8 @@
 # run.sh CASE BIN_DIR SRC_DIR BUILD_DIR WORK_DIR CC [ARG...]: one test of the CUDA plans
 # (tokpipec --target cuda). Prints "ok ..." lines and exits 0, or "FAIL ..." lines and exits 1.
 #   compile DIR   the fixture DIR's plan in every shape (below), fp32 and bf16: written, free of
-#                 host reads of device memory, bf16 = fp32 with the products renamed, and
-#                 compiled with -Werror against the CUDA headers (tokpipe-cuda.pc)
+#                 host reads of device memory, bf16 with bf16 storage and bf16 products only,
+#                 and compiled with -Werror against the CUDA headers (tokpipe-cuda.pc)
 #   link          tokpipec --target cuda --exe and cc plan.c $(pkg-config ... tokpipe-cuda)
 #                 link trainers (needs runtime/cuda's ops and backend)
 #   no-gpu T      the link test's trainer T, on a machine without a GPU: one line saying so,
@@ -12,9 +12,13 @@
 #                 installed, and a CUDA plan compiles against the installed flags
 #   no-cuda       (a tokpipec built without CUDA) --target cuda writes the plan; --exe
 #                 refuses it with one line
-#   emulated A B  the trainers A (the CUDA plan on the emulated CUDA runtime, on the CPU) and
-#                 B (the CPU plan of the same model and shape) train 2 steps alike: losses
-#                 and gradients within 1e-5 (relative); and A without a GPU says so
+#   emulated A B M [TOL]  the trainers A (the CUDA plan on the emulated CUDA runtime, on the
+#                 CPU) and B (the CPU plan of the same model M and shape) train 2 steps
+#                 alike: losses and gradients within TOL (relative; 1e-5 unless given); and A
+#                 without a GPU says so
+#   emulated-skip A B M  the fp16 trainers A (CUDA, emulated) and B (CPU) of model M, from a
+#                 loss scale of 2^17 for 4 steps: the same scales, overflowing steps skipped
+#                 (halving the scale, which the units read from device memory) then updates
 #   emulated-same A B M  two CUDA trainers of model M on the emulated runtime (a plan and the
 #                 same plan with --recompute full) train a step to the same gradients
 #                 (the bytes of --dump-grads) and loss
@@ -45,13 +49,19 @@ device_only() {
   fi
 }
 
-# The bf16 plan is the fp32 plan with the matrix products' functions renamed (the calls are
-# re-wrapped where their names grew, so both are compared without white space).
+# The bf16 plan stores in bf16 (TpPlan.precision) and calls the bf16 matrix products only
+# (where the fp32 plan calls any).
 products='gemm|matmul|linear_f32|linear_backward_f32|matmul_backward_f32'
-bf16_is_fp32_renamed() {
-  sed -E "s/tp_cuda_($products)\(/tp_cuda_bf16_\1(/g; s/precision fp32\./precision bf16./" "$1" | tr -d ' \n' >a.txt
-  tr -d ' \n' <"$2" >b.txt
-  cmp -s a.txt b.txt || { fail "$2 is not $1 with the products in bf16"; return 1; }
+bf16_plan() {
+  if grep -nE "tp_cuda_($products)\(" "$2" >bad.txt; then
+    fail "$2 calls an f32 matrix product: $(head -3 bad.txt)"
+    return 1
+  fi
+  if grep -qE "tp_cuda_($products)\(" "$1" && ! grep -qE "tp_cuda_bf16_($products)\(" "$2"; then
+    fail "$2 calls no bf16 matrix product"
+    return 1
+  fi
+  grep -q '\.precision = TP_PLAN_BF16' "$2" || { fail "$2 does not store in bf16 (.precision = TP_PLAN_BF16)"; return 1; }
 }
 
 case $case in
@@ -82,9 +92,9 @@ compile)
       fi
       continue
     fi
-    device_only "$tag.fp32.c" && device_only "$tag.bf16.c" && bf16_is_fp32_renamed "$tag.fp32.c" "$tag.bf16.c" &&
+    device_only "$tag.fp32.c" && device_only "$tag.bf16.c" && bf16_plan "$tag.fp32.c" "$tag.bf16.c" &&
       ok "$name $tag: fp32 and bf16 plans written, device memory only"
-    # every shape's fp32 plan compiles; bf16 (the same code but the products' names) twice
+    # every shape's fp32 plan compiles; bf16 in two shapes
     compiled="$compiled $tag.fp32"
     case $tag in plain | s2-sl754-mb2-dp2-1f1b) compiled="$compiled $tag.bf16" ;; esac
   done
@@ -150,15 +160,15 @@ no-cuda)
   ;;
 
 emulated)
-  cuda=$1 cpu=$2 model=$3
+  cuda=$1 cpu=$2 model=$3 tol=${4:-1e-5}
   byte_tokens 16 300 train.bin || exit 1 # the model's vocabulary is 16
   for t in cuda cpu; do
     eval "trainer=\$$t"
     expect_exit 0 "the $t trainer" "$trainer" --init "$model" --data train.bin --steps 2 --lr 0.01 \
       --dump-grads "$t.grads" --log "$t.jsonl" || exit 1
   done
-  if "$bin/tokpipe-compare" cuda.grads cpu.grads --tol 1e-5 >cmp.txt 2>&1 &&
-    "$bin/tokpipe-compare" --losses cuda.jsonl cpu.jsonl --tol 1e-5 >>cmp.txt 2>&1; then
+  if "$bin/tokpipe-compare" cuda.grads cpu.grads --tol "$tol" >cmp.txt 2>&1 &&
+    "$bin/tokpipe-compare" --losses cuda.jsonl cpu.jsonl --tol "$tol" >>cmp.txt 2>&1; then
     ok "the emulated CUDA trainer's losses and gradients are the CPU trainer's ($(grep -o 'worst [^ ]* max_rel_err=[^ ]*' cmp.txt | head -1))"
   else
     fail "the emulated CUDA trainer differs from the CPU trainer: $(cat cmp.txt)"
@@ -170,6 +180,29 @@ emulated)
   else
     fail "without a GPU: exit code $rc (expected 1) and one line saying there is no CUDA GPU, got: $(cat out.txt)"
   fi
+  ;;
+
+emulated-skip)
+  # shellcheck disable=SC2034 # cuda and cpu are read through eval
+  cuda=$1 cpu=$2 model=$3
+  byte_tokens 16 300 train.bin || exit 1
+  for t in cuda cpu; do
+    eval "trainer=\$$t"
+    TOKPIPE_TEST_LOSS_SCALE=131072,3 expect_exit 0 "the $t fp16 trainer" "$trainer" --init "$model" \
+      --data train.bin --steps 4 --lr 0.01 --log "$t.jsonl" || exit 1
+    sed -E 's/.*"loss_scale": ([0-9]*)(, "skipped": true)?}/\1\2/' "$t.jsonl" | tr '\n' ' ' >"$t.scales"
+  done
+  scales=$(cat cuda.scales)
+  case $scales in
+  '131072, "skipped": true '*', "skipped": true '*[0-9]' ')
+    if [ "$scales" = "$(cat cpu.scales)" ]; then
+      ok "overflows skipped, halving the scale, then an update, as on the cpu: $scales"
+    else
+      fail "loss scales $scales, the CPU trainer's $(cat cpu.scales)"
+    fi
+    ;;
+  *) fail "loss scales of the 4 steps (want skips from 2^17, then an update): $scales" ;;
+  esac
   ;;
 
 emulated-same)
