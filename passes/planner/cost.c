@@ -552,7 +552,7 @@ static double layer_kept_bytes(const TpCostModel *cm, TpRecompute r, int nslices
  * last stage's final norm (its input and output, 2h, and 8 bytes of statistics) and logits
  * (the vocabulary rows): selective keeps the logits and the norm's input, full recomputes
  * them all with the last layer. And per microbatch, with slices, the stage's weight
- * gradients summed so far, in fp32. */
+ * gradients summed so far, stored in s bytes as the gradients are. */
 double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices) {
   const TpStage *st = &cm->stage[k];
   double h = cm->model.hidden, s = tp_precision_bytes(cm->precision), tokens = (double)b * cm->model.seq;
@@ -562,8 +562,8 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
   if (st->head && cm->recompute == TP_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
   if (st->head && cm->recompute == TP_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
-   * sum lives from the last slice's backward unit to the first's */
-  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * 4 : 0);
+   * sum, stored as the gradients are, lives from the last slice's backward unit to the first's */
+  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);
 }
 
 /* One unit's working set, in fp32 whatever the storage (16-bit storage computes in fp32

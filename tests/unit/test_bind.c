@@ -22,10 +22,10 @@ static void test_tables(void) {
     fail("targets: cpu %p, cuda %p, cuda bf16 %p", (const void *)cpu, (const void *)cuda, (const void *)bf16);
     return;
   }
-  if (tp_target_find("cpu", "bf16") || tp_target_find("cuda", "fp16")) fail("a precision the targets lack");
+  if (tp_target_find("cpu", "bf16") || tp_target_find("cuda", "fp8")) fail("a precision the targets lack");
   if (strcmp(cuda->precision, "fp32") != 0) fail("cuda's default precision is %s", cuda->precision);
   if (strcmp(tp_target_names(), "cpu, cuda") != 0) fail("target names '%s'", tp_target_names());
-  if (strcmp(tp_target_precisions("cuda"), "fp32, bf16") != 0 || strcmp(tp_target_precisions("cpu"), "") != 0)
+  if (strcmp(tp_target_precisions("cuda"), "fp32, bf16, fp16") != 0 || strcmp(tp_target_precisions("cpu"), "") != 0)
     fail("precisions '%s', '%s'", tp_target_precisions("cuda"), tp_target_precisions("cpu"));
   if (cpu->device || !cuda->device || strcmp(cuda->device, "tp_plan_device_cuda") != 0) fail("the targets' devices");
   for (int k = 0; k < TP_K_COUNT; k++) {
