@@ -373,7 +373,7 @@ struct TpPlan {
    * the 16-bit working copies, which are gathered): the same bits as without it. 0: every
    * replica keeps all of it. */
   int zero;
-  int precision;              /* TpPlanPrecision (0 when absent: fp32) */
+  int precision; /* TpPlanPrecision (0 when absent: fp32) */
 };
 
 /* The trainer: parses the command line, runs training, returns the process exit code
