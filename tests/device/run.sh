@@ -103,7 +103,7 @@ if [ $emulated = 0 ]; then
   # the loader does not find them, the toolkit's, else PyTorch's wheels' (nvidia/*/lib)
   wheels=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0])' 2>/dev/null)
   for lib in libcublasLt.so.13 libnccl.so.2; do
-    ldconfig -p | grep -q "$lib " && continue
+    grep -q "$lib " <<<"$(ldconfig -p)" && continue
     dir=""
     for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib ${wheels:+"$wheels"/*/lib}; do
       [ -e "$d/$lib" ] && { dir=$d; break; }

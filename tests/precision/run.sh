@@ -55,7 +55,9 @@ resume)
     fail "checkpoints differ"
   # the masters are fp32: a weight the rounding to bf16 would change (low 16 bits not zero)
   "$bin/tokpipe-compare" full.safetensors full.safetensors >/dev/null || fail "cannot read the weights"
-  od -An -v -tx4 -w4 full.safetensors | tail -n 2000 | grep -qv '0000$' && ok "the weights keep fp32 bits" ||
+  # (through a file: grep -q leaving a pipe early would fail the pipeline under pipefail)
+  od -An -v -tx4 -w4 full.safetensors | tail -n 2000 >last_words.txt
+  grep -qv '0000$' last_words.txt && ok "the weights keep fp32 bits" ||
     fail "every weight is a bf16 value: the checkpoint lost the fp32 masters"
   ;;
 storage)
