@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* SEEK_DATA, SEEK_HOLE */
 /* Reading input files: one place that refuses what is not a regular file before anything
  * can block on it (a FIFO, a terminal, a device), so every reader gets the same rule. */
 #include "file.h"
@@ -89,6 +90,33 @@ char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size) 
   return buf;
 }
 
+/* f's written extents, from the file system (SEEK_DATA, SEEK_HOLE): a file whose weights
+ * were never written (a sparse external-data file of a model exported to plan) is then
+ * known to hold zeros without a page of it being read. */
+static void find_holes(int fd, TpFileMap *f) {
+  enum { MAX_EXTENTS = 1024 };
+  off_t size = (off_t)f->size, hole = lseek(fd, 0, SEEK_HOLE);
+  if (hole < 0 || hole >= size) return; /* no hole, or no way to ask */
+  f->written = malloc(MAX_EXTENTS * sizeof *f->written);
+  TP_ASSERT(f->written);
+  f->holes = true;
+  for (off_t at = 0; at < size && f->nwritten < MAX_EXTENTS;) {
+    off_t start = lseek(fd, at, SEEK_DATA);
+    if (start < 0 && errno == ENXIO) break; /* holes to the end */
+    off_t end = start < 0 || f->nwritten + 1 == MAX_EXTENTS ? size : lseek(fd, start, SEEK_HOLE);
+    if (start < 0 || end < 0) start = at, end = size; /* the file system stopped answering */
+    f->written[f->nwritten++] = (TpExtent){(uint64_t)start, (uint64_t)end};
+    at = end;
+  }
+}
+
+bool tp_file_map_unwritten(const TpFileMap *f, uint64_t offset, uint64_t bytes) {
+  if (!f->holes || offset > f->size || bytes > f->size - offset) return false;
+  for (int i = 0; i < f->nwritten; i++)
+    if (f->written[i].start < offset + bytes && offset < f->written[i].end) return false;
+  return true;
+}
+
 int tp_map_input(const char *path, TpFileMap *out, char *why, size_t why_size) {
   *out = (TpFileMap){.base = (const uint8_t *)""};
   int fd = tp_open_input(path, why, why_size); /* a FIFO is refused, not waited on */
@@ -107,6 +135,7 @@ int tp_map_input(const char *path, TpFileMap *out, char *why, size_t why_size) {
       return -1;
     }
     *out = (TpFileMap){.base = p, .size = (size_t)st.st_size, .map_base = p, .map_size = (size_t)st.st_size};
+    find_holes(fd, out);
   }
   close(fd);
   return 0;
@@ -153,6 +182,7 @@ int tp_map_in_folder(const char *dir, const char *name, const char *folder, TpFi
 
 void tp_unmap_input(TpFileMap *f) {
   if (f->map_base) munmap(f->map_base, f->map_size);
+  free(f->written);
   *f = (TpFileMap){.base = (const uint8_t *)""};
 }
 

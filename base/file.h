@@ -2,6 +2,7 @@
 #ifndef TOKPIPE_BASE_FILE_H
 #define TOKPIPE_BASE_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,11 +17,22 @@ FILE *tp_fopen_input(const char *path, char *why, size_t why_size);
 char *tp_read_input(const char *path, size_t *size, char *why, size_t why_size);
 /* A whole input file mapped read-only: nothing is read until used. */
 typedef struct {
+  uint64_t start, end;
+} TpExtent;
+typedef struct {
   const uint8_t *base; /* the bytes ("" when the file is empty) */
   size_t size;
   void *map_base; /* what tp_unmap_input unmaps, or NULL */
   size_t map_size;
+  /* A sparse file's written extents [start, end), sorted (malloc'ed; at most 1024, the
+   * last one then running to the end): the bytes between them are holes, zeros that were
+   * never written. holes false: every byte is written (or the file system cannot say). */
+  bool holes;
+  TpExtent *written;
+  int nwritten;
 } TpFileMap;
+/* Do bytes [offset, offset + bytes) of f lie in its holes (zeros, known without reading)? */
+bool tp_file_map_unwritten(const TpFileMap *f, uint64_t offset, uint64_t bytes);
 /* Maps the file at path (refused as tp_open_input does); -1 with why[] on failure. */
 int tp_map_input(const char *path, TpFileMap *out, char *why, size_t why_size);
 /* The same for file `name` of folder `dir`, which must stay inside it: not absolute, no

@@ -189,9 +189,8 @@ typedef struct {
   const char *path; /* file the bytes come from, relative to the module's folder; NULL if owned */
   const uint8_t *base;
   size_t size;
-  void *map_base; /* what to munmap (page-aligned), or NULL */
-  size_t map_size;
-  bool owned; /* base was malloc'ed by the module */
+  TpFileMap file; /* a mapped file's (what to unmap, where its holes are), or zeros */
+  bool owned;     /* base was malloc'ed by the module */
 } TpBlob;
 
 typedef struct TpArena TpArena;

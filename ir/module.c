@@ -74,7 +74,7 @@ void tp_module_free(TpModule *m) {
   if (!m) return;
   for (int i = 0; i < m->nblobs; i++) {
     TpBlob *b = &m->blobs[i];
-    if (b->map_base) munmap(b->map_base, b->map_size);
+    tp_unmap_input(&b->file);
     if (b->owned) free((void *)b->base);
   }
   for (TpArena *a = m->arena, *next; a; a = next) {
@@ -156,11 +156,7 @@ static int find_file_blob(const TpModule *m, const char *name) {
 }
 
 static int add_mapped_blob(TpModule *m, const char *name, TpFileMap f) {
-  return tp_add_blob(m, (TpBlob){.path = name,
-                                 .base = f.base,
-                                 .size = f.size,
-                                 .map_base = f.map_base,
-                                 .map_size = f.map_size});
+  return tp_add_blob(m, (TpBlob){.path = name, .base = f.base, .size = f.size, .file = f});
 }
 
 int tp_add_file_blob(TpModule *m, const char *path, const char *name, TpDiag *d) {

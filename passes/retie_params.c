@@ -19,8 +19,9 @@
  * whole: exactly, bit for bit, after a hash that ignores element order (so a tensor and its
  * transpose hash alike). A large model's weights are thus never read to compile, but for
  * the few that are copies of each other (the tied head). Skipped: parameters whose elements are all equal (fresh ones/zeros: equal by
- * coincidence, not tying) and Identity aliases (the exporter's merge of such tensors,
- * deliberately separate parameters). */
+ * coincidence, not tying; those in a sparse file's holes, a model exported to plan
+ * whose weights were never written, without a read) and Identity aliases (the exporter's
+ * merge of such tensors, deliberately separate parameters). */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
@@ -135,6 +136,14 @@ static int keep_paired(Candidate *c, int n) {
   return kept;
 }
 
+/* Does v's data lie in a hole of a sparse file (zeros never written: known without a read)? */
+static bool unwritten(const TpModule *m, int v) {
+  const TpValue *val = &m->values[v];
+  const TpType *t = &val->type;
+  return tp_file_map_unwritten(&m->blobs[val->blob].file, (uint64_t)val->offset,
+                               (uint64_t)tp_type_numel(t) * tp_dtype_size(t->dtype));
+}
+
 /* The parameters that may be re-tied, sorted by shape key, those without a partner of
  * their shape left out; *n their count. */
 static Candidate *shape_candidates(const TpModule *m, int *n) {
@@ -143,7 +152,7 @@ static Candidate *shape_candidates(const TpModule *m, int *n) {
   int all = 0;
   for (int v = 0; v < m->nvalues; v++) {
     const TpValue *val = &m->values[v];
-    if (val->kind == TP_VAL_PARAM && !val->dead && val->blob >= 0 && !is_alias(val))
+    if (val->kind == TP_VAL_PARAM && !val->dead && val->blob >= 0 && !is_alias(val) && !unwritten(m, v))
       c[all++] = (Candidate){.value = v, .key = shape_key(&val->type)};
   }
   *n = keep_paired(c, all);

@@ -166,7 +166,7 @@ static void test_weights_referenced(void) {
     int v = tp_find_value(m, "w");
     CHECK(v >= 0 && m->values[v].kind == TP_VAL_PARAM, "w is not a PARAM");
     const TpBlob *blob = v >= 0 ? &m->blobs[m->values[v].blob] : NULL;
-    CHECK(blob && blob->map_base && blob->path && strcmp(blob->path, path) == 0,
+    CHECK(blob && blob->file.map_base && blob->path && strcmp(blob->path, path) == 0,
           "w is not in the mapped model file");
     CHECK(blob && memcmp(blob->base + m->values[v].offset, w, sizeof w) == 0, "w's offset is wrong");
     tp_module_free(m);
@@ -175,19 +175,59 @@ static void test_weights_referenced(void) {
   free(b.p);
 }
 
-/* A 4 GiB external weight (a sparse file) is mapped, never read, while importing. */
+/* Resident pages of a mapped blob (mincore). */
+static size_t resident_pages(const TpBlob *blob) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), npages = (blob->file.map_size + page - 1) / page, resident = 0;
+  unsigned char *vec = malloc(npages);
+  TP_ASSERT(vec && mincore(blob->file.map_base, blob->file.map_size, vec) == 0);
+  for (size_t i = 0; i < npages; i++) resident += vec[i] & 1;
+  free(vec);
+  return resident;
+}
+
+/* A sparse file's holes, from the file system: 4 KiB written at 1 MiB of 3 MiB. */
+static void test_file_holes(void) {
+  char path[] = "test_frontend_holes_XXXXXX";
+  int fd = mkstemp(path);
+  char page[4096];
+  memset(page, 7, sizeof page);
+  const uint64_t MiB = 1 << 20;
+  TP_ASSERT(fd >= 0 && ftruncate(fd, (off_t)(3 * MiB)) == 0 && pwrite(fd, page, sizeof page, (off_t)MiB) == 4096 &&
+            close(fd) == 0);
+  TpFileMap f;
+  char why[200];
+  TP_ASSERT(tp_map_input(path, &f, why, sizeof why) == 0);
+  CHECK(f.holes, "the file system reported no hole in %s", path);
+  CHECK(tp_file_map_unwritten(&f, 0, MiB), "the first MiB is not a hole");
+  CHECK(tp_file_map_unwritten(&f, 2 * MiB, MiB), "the last MiB is not a hole");
+  CHECK(!tp_file_map_unwritten(&f, MiB, 4096), "the written page is a hole");
+  CHECK(!tp_file_map_unwritten(&f, MiB - 8, 16), "a range into the written page is a hole");
+  CHECK(!tp_file_map_unwritten(&f, 3 * MiB - 8, 16), "a range past the end is a hole");
+  CHECK(f.base[MiB + 100] == 7 && f.base[100] == 0, "the mapped bytes are wrong");
+  tp_unmap_input(&f);
+  unlink(path);
+}
+
+/* Two 4 GiB external weights of one shape (sparse files, never written) are mapped, never
+ * read, while importing, nor by retie-params, which sees them in the files' holes (all
+ * zeros: not tied) without reading a page. */
 static void test_external_not_read(void) {
-  char dir[] = "test_frontend_ext_XXXXXX", model_path[64], data_path[64];
+  char dir[] = "test_frontend_ext_XXXXXX", model_path[64], data_path[2][64];
   TP_ASSERT(mkdtemp(dir));
   snprintf(model_path, sizeof model_path, "%s/model.onnx", dir);
-  snprintf(data_path, sizeof data_path, "%s/weights.bin", dir);
+  const char *weights[2] = {"w", "u"}, *files[2] = {"w.bin", "u.bin"};
   int64_t wd[2] = {1 << 20, 1024}, id[1] = {2}, yd[2] = {2, 1024};
   size_t bytes = (size_t)wd[0] * (size_t)wd[1] * 4;
-  int fd = open(data_path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
-  TP_ASSERT(fd >= 0 && ftruncate(fd, (off_t)bytes) == 0 && close(fd) == 0);
   Buf g = {0};
-  node(&g, "Gather", "embed", (const char *[]){"w", "idx", NULL}, (const char *[]){"y", NULL}, NULL);
-  initializer(&g, "w", 1, 2, wd, NULL, bytes, "weights.bin");
+  node(&g, "Gather", "embed_w", (const char *[]){"w", "idx", NULL}, (const char *[]){"yw", NULL}, NULL);
+  node(&g, "Gather", "embed_u", (const char *[]){"u", "idx", NULL}, (const char *[]){"yu", NULL}, NULL);
+  node(&g, "Add", "sum", (const char *[]){"yw", "yu", NULL}, (const char *[]){"y", NULL}, NULL);
+  for (int i = 0; i < 2; i++) {
+    snprintf(data_path[i], sizeof data_path[i], "%s/%s", dir, files[i]);
+    int fd = open(data_path[i], O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    TP_ASSERT(fd >= 0 && ftruncate(fd, (off_t)bytes) == 0 && close(fd) == 0);
+    initializer(&g, weights[i], 1, 2, wd, NULL, bytes, files[i]);
+  }
   value_info(&g, 11, "idx", 7, 1, id);
   value_info(&g, 12, "y", 1, 2, yd);
   Buf b = model(&g, 17);
@@ -196,22 +236,24 @@ static void test_external_not_read(void) {
   TpDiag d;
   tp_diag_init(&d, "test_frontend", model_path, stderr);
   CHECK(tp_import_onnx_file(model_path, NULL, &m, &d) == TP_OK, "import failed");
-  if (m) {
-    int v = tp_find_value(m, "w");
-    const TpBlob *blob = v >= 0 ? &m->blobs[m->values[v].blob] : NULL;
-    CHECK(blob && blob->size == bytes && blob->map_base, "w is not the mapped weights.bin");
-    if (blob && blob->map_base) {
-      size_t page = (size_t)sysconf(_SC_PAGESIZE), npages = (blob->map_size + page - 1) / page, resident = 0;
-      unsigned char *vec = malloc(npages);
-      TP_ASSERT(vec && mincore(blob->map_base, blob->map_size, vec) == 0);
-      for (size_t i = 0; i < npages; i++) resident += vec[i] & 1;
-      CHECK(resident == 0, "%zu of %zu weight pages were read while importing", resident, npages);
-      free(vec);
+  const char *retie[] = {"retie-params"};
+  TpPassOptions po = {.verify_each = true};
+  for (int pass = 0; m && pass < 2; pass++) { /* 0: after the import, 1: after retie-params */
+    if (pass == 1) CHECK(tp_run_passes(m, retie, 1, &po, &d) == TP_OK, "retie-params failed");
+    for (int i = 0; i < 2; i++) {
+      int v = tp_find_value(m, weights[i]);
+      const TpBlob *blob = v >= 0 && m->values[v].blob >= 0 ? &m->blobs[m->values[v].blob] : NULL;
+      CHECK(blob && blob->size == bytes && blob->file.map_base, "%s is not the mapped %s", weights[i], files[i]);
+      if (!blob || !blob->file.map_base) continue;
+      size_t resident = resident_pages(blob);
+      CHECK(resident == 0, "%zu pages of %s were read %s", resident, files[i],
+            pass ? "by retie-params" : "while importing");
     }
-    tp_module_free(m);
   }
+  if (m) CHECK(m->values[tp_find_value(m, "u")].kind == TP_VAL_PARAM, "two zero tensors were tied");
+  tp_module_free(m);
   unlink(model_path);
-  unlink(data_path);
+  for (int i = 0; i < 2; i++) unlink(data_path[i]);
   rmdir(dir);
   free(b.p);
 }
@@ -356,6 +398,7 @@ static void test_bound_shape_and_split(void) {
 
 int main(void) {
   test_weights_referenced();
+  test_file_holes();
   test_external_not_read();
   test_external_refused();
   test_slice_canonical();
