@@ -104,23 +104,34 @@ bits)
   ;;
 
 resume)
-  gen z2 "--dp 2 --zero 1" && gen d2 "--dp 2" && gen d1 "" && gen z4 "--dp 4 --zero 1" && gen d4 "--dp 4" || exit 1
-  train z2 full --init "$model" --steps 3 --dump-weights full.w
-  train z2 part --init "$model" --steps 2 --save ck
-  train d2 part-plain --init "$model" --steps 2 --save ck-plain
-  train z2 z2 --resume ck --steps 3 --dump-weights z2.w
-  train d2 d2 --resume ck --steps 3 --dump-weights d2.w
+  # resume_under P 'OPTIONS': a --zero 1 --dp 2 run of OPTIONS (trainers and files named
+  # P...), uninterrupted 3 steps, and 2 steps saved then resumed for the third under
+  # --zero 1, in one process, under plain --dp 2, and under --zero 1 --dp 4 against plain
+  # --dp 4; the checkpoint is a plain --dp 2 one's bytes. What it says starts with $say.
+  resume_under() {
+    p=$1
+    gen "${p}z2" "--dp 2 --zero 1 $2" && gen "${p}d2" "--dp 2 $2" && gen "${p}z4" "--dp 4 --zero 1 $2" &&
+      gen "${p}d4" "--dp 4 $2" || exit 1
+    train "${p}z2" "${p}full" --init "$model" --steps 3 --dump-weights "${p}full.w"
+    train "${p}z2" "${p}part" --init "$model" --steps 2 --save "${p}ck"
+    train "${p}d2" "${p}part-plain" --init "$model" --steps 2 --save "${p}ck-plain"
+    train "${p}z2" "${p}z2" --resume "${p}ck" --steps 3 --dump-weights "${p}z2.w"
+    train "${p}z2" "${p}z2l" local --resume "${p}ck" --steps 3 --dump-weights "${p}z2l.w"
+    for n in d2 z4 d4; do train "$p$n" "$p$n" --resume "${p}ck" --steps 3 --dump-weights "$p$n.w"; done
+    same "${say}a --zero 1 --dp 2 checkpoint: the bytes of a --dp 2 one" "${p}ck/checkpoint.safetensors" \
+      "${p}ck-plain/checkpoint.safetensors"
+    same "${say}... resumed under --zero 1: the uninterrupted weights" "${p}full.w" "${p}z2.w"
+    same "${say}... resumed in one process: the uninterrupted weights" "${p}full.w" "${p}z2l.w"
+    same "${say}... resumed under plain --dp 2: the uninterrupted weights" "${p}full.w" "${p}d2.w"
+    same "${say}... resumed under --zero 1 --dp 4: the weights of plain --dp 4" "${p}d4.w" "${p}z4.w"
+  }
+  say="" resume_under "" ""
+  # and across: a plain --dp 2 checkpoint under --zero 1, and --dp 1 and --zero 1 --dp 4
+  # (other sums, so within rounding) against the uninterrupted run
+  gen d1 "" || exit 1
   train z2 plain-z2 --resume ck-plain --steps 3 --dump-weights plain-z2.w
-  train z2 z2l local --resume ck --steps 3 --dump-weights z2l.w
   train d1 d1 --resume ck --steps 3 --dump-weights d1.w
-  train z4 z4 --resume ck --steps 3 --dump-weights z4.w
-  train d4 d4 --resume ck --steps 3 --dump-weights d4.w
-  same "a --zero 1 --dp 2 checkpoint: the bytes of a --dp 2 one" ck/checkpoint.safetensors ck-plain/checkpoint.safetensors
-  same "a --zero 1 --dp 2 checkpoint resumed under --zero 1: the uninterrupted weights" full.w z2.w
-  same "... resumed in one process: the uninterrupted weights" full.w z2l.w
-  same "... resumed under plain --dp 2: the uninterrupted weights" full.w d2.w
   same "a plain --dp 2 checkpoint resumed under --zero 1: the uninterrupted weights" full.w plain-z2.w
-  same "... resumed under --zero 1 --dp 4: the weights of plain --dp 4" d4.w z4.w
   for n in d1 z4; do
     if "$bin/tokpipe-compare" "$n.w" full.w --tol 1e-3 >cmp.txt 2>&1; then
       ok "... resumed as $n: like the uninterrupted run ($(tail -1 cmp.txt))"
@@ -129,21 +140,7 @@ resume)
     fi
   done
   # bf16 storage: the replicas hold shards of the fp32 masters, checkpoints the whole ones
-  b=--precision\ bf16
-  gen bz2 "--dp 2 --zero 1 $b" && gen bd2 "--dp 2 $b" && gen bz4 "--dp 4 --zero 1 $b" && gen bd4 "--dp 4 $b" || exit 1
-  train bz2 bfull --init "$model" --steps 3 --dump-weights bfull.w
-  train bz2 bpart --init "$model" --steps 2 --save bck
-  train bd2 bpart-plain --init "$model" --steps 2 --save bck-plain
-  train bz2 bz2 --resume bck --steps 3 --dump-weights bz2.w
-  train bz2 bz2l local --resume bck --steps 3 --dump-weights bz2l.w
-  train bd2 bd2 --resume bck --steps 3 --dump-weights bd2.w
-  train bz4 bz4 --resume bck --steps 3 --dump-weights bz4.w
-  train bd4 bd4 --resume bck --steps 3 --dump-weights bd4.w
-  same "bf16: a --zero 1 --dp 2 checkpoint: the bytes of a --dp 2 one" bck/checkpoint.safetensors bck-plain/checkpoint.safetensors
-  same "bf16: ... resumed under --zero 1: the uninterrupted weights" bfull.w bz2.w
-  same "bf16: ... resumed in one process: the uninterrupted weights" bfull.w bz2l.w
-  same "bf16: ... resumed under plain --dp 2: the uninterrupted weights" bfull.w bd2.w
-  same "bf16: ... resumed under --zero 1 --dp 4: the weights of plain --dp 4" bd4.w bz4.w
+  say="bf16: " resume_under b "--precision bf16"
   ;;
 
 memory)
