@@ -532,8 +532,6 @@ void nccl_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *gro
   finish(c, g, "a broadcast");
 }
 
-size_t elem_bytes(TpDType t) { return t == TP_F32 ? 4 : 8; }
-
 /* --zero 1's shards are cut on the gradient norm's pieces, so they differ in size by up to a
  * piece: ncclReduceScatter and ncclAllGather take equal ones. Each segment is instead an
  * ncclReduce to its member and an ncclBroadcast from it, all of a collective in one NCCL
@@ -550,7 +548,7 @@ void nccl_reduce_scatter_sum(TpComm *c, void *buf, const size_t *counts, TpDType
   TP_NCCL_CHECK(ncclGroupStart());
   for (int i = 0; i < n; i++) {
     TP_NCCL_CHECK(ncclReduce(at, at, counts[i], nccl_type(dtype), ncclSum, i, g->comm, g->stream));
-    at += counts[i] * elem_bytes(dtype);
+    at += counts[i] * tp_dtype_size(dtype);
   }
   TP_NCCL_CHECK(ncclGroupEnd());
   finish(c, g, "a reduce-scatter");
@@ -567,7 +565,7 @@ void nccl_all_gather(TpComm *c, void *buf, const size_t *counts, TpDType dtype, 
   char *at = static_cast<char *>(buf);
   TP_NCCL_CHECK(ncclGroupStart());
   for (int i = 0; i < n; i++) {
-    size_t bytes = counts[i] * elem_bytes(dtype);
+    size_t bytes = counts[i] * tp_dtype_size(dtype);
     TP_NCCL_CHECK(ncclBroadcast(at, at, bytes, ncclInt8, i, g->comm, g->stream));
     at += bytes;
   }

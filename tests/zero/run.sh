@@ -27,7 +27,9 @@
 #            emulated runtime (built by CMakeLists.txt), a GPU per
 #            process (NCCL: ncclReduce and ncclBroadcast): --zero 1 gives the bits of plain
 #            --dp 2, and of itself in one process (one GPU, host collectives); its step 1
-#            gradients those of the CPU --zero 1 trainer within 1e-5 (other kernels)
+#            gradients those of the CPU --zero 1 trainer within 1e-5 (other kernels); under
+#            bf16 (the 16-bit working copies all-gathered) --zero 1 --dp 2 gives the bits
+#            of bf16 --dp 2
 case=$1 bin=$2 src=$3 work=$4/$1 trainers=$5
 mpi="sh $src/../comm/mpirun.sh"
 . "$src/../case.sh"
@@ -175,12 +177,13 @@ cuda-emulated)
   model=$src/../codegen/tiny_gpt.onnx
   byte_tokens 16 200 tiny.bin || exit 1
   run plain zero_dp2_cuda 2 && run zero zero_dp2_zero_cuda 2 && run local zero_dp2_zero_cuda &&
-    run cpu zero_dp2_zero_cpu 2 || exit 1
+    run cpu zero_dp2_zero_cpu 2 && run bf16 zero_dp2_bf16_cuda 2 && run bf16-zero zero_dp2_zero_bf16_cuda 2 || exit 1
   grep -q " 2 ranks in 2 processes (nccl)\$" zero.out && ok "over NCCL: $(grep -m1 ' ranks in ' zero.out)" ||
     fail "not over NCCL: $(cat zero.out)"
   same "CUDA --zero 1 --dp 2: the weights of --dp 2 after 2 steps" plain.w zero.w
   same "CUDA --zero 1 --dp 2: step 1's gradients" plain.g zero.g
   same "CUDA --zero 1 in one process: the weights under NCCL" zero.w local.w
+  same "CUDA bf16 --zero 1 --dp 2 (16-bit values all-gathered): the weights of bf16 --dp 2" bf16.w bf16-zero.w
   if "$bin/tokpipe-compare" zero.g cpu.g --tol 1e-5 >cmp.txt 2>&1; then
     ok "CUDA --zero 1: the CPU trainer's step 1 gradients ($(tail -1 cmp.txt))"
   else
