@@ -102,6 +102,10 @@ typedef struct {
    * masters). */
   void (*add_half_into)(TpCompute *c, TpStream *s, float *dst, const void *src, int64_t n, int half);
   void (*round_to_half)(TpCompute *c, TpStream *s, void *dst, const float *src, int64_t n, int half);
+  /* What the backend counted since the last call (the CUDA backend's step counters,
+   * cuda/stats.h) as one line of "key=value" words into line; false (nothing written) where
+   * it counts nothing. NULL: never counts. */
+  bool (*step_counts)(TpCompute *c, char *line, size_t size);
 } TpComputeBackend;
 
 struct TpCompute {

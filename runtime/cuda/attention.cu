@@ -382,10 +382,26 @@ static int head_class(const TpAttention *p) {
 
 static int64_t tiles(int64_t n, int rows) { return (n + rows - 1) / rows; }
 
+/* The (query, key) pairs attention visits: every one, less the upper triangle a causal
+ * mask hides (as many flops as the kernels' tiles skip, roughly). */
+static double attention_pairs(const TpAttention *p) {
+  double q = (double)p->q_len, keys = (double)(p->past_len + p->kv_len);
+  double pairs = q * keys;
+  if (p->is_causal && keys >= q) pairs -= q * (q - 1) / 2;
+  return (double)p->batch * (double)p->q_heads * pairs;
+}
+
+/* f32 flops per visited pair of each kernel: the forward's scores and sum of values, the
+ * dq kernel's scores, dP and dS K, the dk/dv kernel's scores, dV, dP and dK. */
+static void count_attention(const TpAttention *p, double per_pair) {
+  TP_CUDA_COUNT(flops[TP_FLOPS_F32], per_pair * attention_pairs(p));
+}
+
 template <int DMAX>
 static void launch_forward(const TpAttention *p, Rows q, Rows k, Rows v, float *y, const float *dy, float *lse,
                            float *delta, TpStream *s) {
   dim3 grid((unsigned)tiles(p->q_len, Tile<DMAX>::ROWS), (unsigned)p->q_heads, (unsigned)p->batch);
+  count_attention(p, 2.0 * (double)(p->head_size + p->v_head_size));
   TP_LAUNCH(attention_forward_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v,
             p->past_len + p->kv_len, y, dy, lse, delta);
 }
@@ -397,10 +413,12 @@ static void launch_backward(const TpAttention *p, Rows q, Rows k, Rows v, Rows d
   launch_forward<DMAX>(p, q, k, v, NULL, dy.data, lse, delta, s);
   if (dq) {
     dim3 grid((unsigned)tiles(p->q_len, R), (unsigned)p->q_heads, (unsigned)p->batch);
+    count_attention(p, 2.0 * (double)(2 * p->head_size + p->v_head_size));
     TP_LAUNCH(attention_dq_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v, dy, lse, delta, dq);
   }
   if (dk || dv) {
     dim3 grid((unsigned)tiles(p->kv_len, R), (unsigned)p->kv_heads, (unsigned)p->batch);
+    count_attention(p, 4.0 * (double)(p->head_size + p->v_head_size));
     TP_LAUNCH(attention_dkdv_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v, dy, lse, delta, dk,
               dv);
   }

@@ -21,7 +21,7 @@ static cudaStream_t cuda_of(TpStream *s) { return s->cuda; }
 
 static void cuda_close(TpCompute *c) {
   (void)c;
-  TP_CUDA_CHECK(cudaDeviceSynchronize()); /* nothing queued outlives the backend */
+  TP_CUDA_WAIT(cudaDeviceSynchronize()); /* nothing queued outlives the backend */
 }
 
 /* ---- memory ---- */
@@ -29,6 +29,7 @@ static void cuda_close(TpCompute *c) {
 static void *cuda_alloc(TpCompute *c, size_t bytes) {
   (void)c;
   void *p = NULL;
+  TP_CUDA_COUNT(allocs, 1);
   cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1); /* cudaMalloc(0) gives NULL */
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError(); /* not sticky: the caller reports it and the context stays usable */
@@ -37,7 +38,7 @@ static void *cuda_alloc(TpCompute *c, size_t bytes) {
   TP_CUDA_CHECK(err);
   /* zeroed before any stream can use it: on the legacy default stream, waited for */
   TP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
-  TP_CUDA_CHECK(cudaStreamSynchronize(0));
+  TP_CUDA_WAIT(cudaStreamSynchronize(0));
   return p;
 }
 
@@ -57,11 +58,13 @@ static void copy(TpStream *s, void *dst, const void *src, size_t bytes, cudaMemc
 
 static void cuda_copy_h2d(TpCompute *c, TpStream *s, void *dst, const void *src, size_t bytes) {
   (void)c;
+  tp_cuda_count_host_copy(src);
   copy(s, dst, src, bytes, cudaMemcpyHostToDevice);
 }
 
 static void cuda_copy_d2h(TpCompute *c, TpStream *s, void *dst, const void *src, size_t bytes) {
   (void)c;
+  tp_cuda_count_host_copy(dst);
   copy(s, dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
@@ -85,7 +88,7 @@ static TpStream *cuda_stream_new(TpCompute *c) {
 static void cuda_stream_free(TpCompute *c, TpStream *s) {
   (void)c;
   if (!s) return;
-  TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda));
+  TP_CUDA_WAIT(cudaStreamSynchronize(s->cuda));
   tp_cuda_stream_free(s);
 }
 
@@ -128,7 +131,7 @@ static void cuda_stream_wait(TpCompute *c, TpStream *s, TpEvent *e) {
 
 static void cuda_event_sync(TpCompute *c, TpEvent *e) {
   (void)c;
-  TP_CUDA_CHECK(cudaEventSynchronize(event_of(e)));
+  TP_CUDA_WAIT(cudaEventSynchronize(event_of(e)));
 }
 
 /* ---- units ---- */
@@ -175,6 +178,7 @@ static void cuda_add_half_into(TpCompute *c, TpStream *s, float *dst, const void
 
 static void cuda_round_to_half(TpCompute *c, TpStream *s, void *dst, const float *src, int64_t n, int half) {
   (void)c;
+  TP_CUDA_COUNT(convert_bytes, 2 * (uint64_t)n);
   if (n > 0)
     TP_LAUNCH(round_to_half_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s),
               static_cast<uint16_t *>(dst), src, n, half == TP_PLAN_BF16);
@@ -223,6 +227,13 @@ static void cuda_pack(TpCompute *c, TpStream *s, void *dst, const void *arena, c
   move_buffers(s, static_cast<char *>(dst), const_cast<char *>(static_cast<const char *>(arena)), buffers, n, true);
 }
 
+static bool cuda_step_counts(TpCompute *c, char *line, size_t size) {
+  (void)c;
+  if (!tp_cuda_stats_on) return false;
+  tp_cuda_stats_take(line, size);
+  return true;
+}
+
 static void cuda_unpack(TpCompute *c, TpStream *s, void *arena, const void *src, const TpPlanBuffer *buffers,
                         int n) {
   (void)c;
@@ -257,6 +268,7 @@ extern "C" const TpComputeBackend tp_compute_cuda = {
     cuda_unpack,
     cuda_add_half_into,
     cuda_round_to_half,
+    cuda_step_counts,
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */

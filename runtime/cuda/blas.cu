@@ -30,7 +30,7 @@ TpCudaBlas *tp_cuda_blas_create(void) {
 #ifndef TOKPIPE_CUDA_EMULATE
   TP_CUBLAS_CHECK(cublasLtCreate(&blas->lt));
   blas->workspace_size = BLAS_WORKSPACE_BYTES;
-  TP_CUDA_CHECK(cudaMalloc(&blas->workspace, blas->workspace_size));
+  TP_CUDA_ALLOC(cudaMalloc(&blas->workspace, blas->workspace_size));
 #endif
   return blas;
 }
@@ -79,6 +79,9 @@ static void gemm_column_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool tr
                               int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
                               float *C, int64_t ldc, TpCudaStream stream) {
   const float alpha = 1;
+  TP_CUDA_COUNT(launches, 1);
+  TP_CUDA_COUNT(queries, 1); /* a heuristic query per product */
+  TP_CUDA_COUNT(flops[bf16 ? TP_FLOPS_BF16 : TP_FLOPS_F32], 2.0 * (double)m * (double)n * (double)k);
 #ifdef TOKPIPE_CUDA_EMULATE
   (void)blas;
   tp_emu_stream_ready(stream); /* after the stream's all-reduces, as on a GPU */

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "stats.h"
+
 #ifdef TOKPIPE_CUDA_EMULATE
 #include "emulate/cuda_emu.h"
 #include "emulate/nccl_emu.h"
@@ -46,6 +48,20 @@ static inline const char *tp_nccl_message(ncclResult_t r, char *out, size_t size
   do {                                                                                                              \
     cudaError_t tp_err_ = (call);                                                                                   \
     if (tp_err_ != cudaSuccess) tp_cuda_fail(__FILE__, __LINE__, #call, cudaGetErrorString(tp_err_));               \
+  } while (0)
+
+/* A host wait for the device (cudaStreamSynchronize, cudaEventSynchronize,
+ * cudaDeviceSynchronize) and a device allocation (cudaMalloc, cudaMallocAsync), checked and
+ * counted (stats.h). */
+#define TP_CUDA_WAIT(call)                                                                                          \
+  do {                                                                                                              \
+    TP_CUDA_COUNT(syncs, 1);                                                                                        \
+    TP_CUDA_CHECK(call);                                                                                            \
+  } while (0)
+#define TP_CUDA_ALLOC(call)                                                                                         \
+  do {                                                                                                              \
+    TP_CUDA_COUNT(allocs, 1);                                                                                       \
+    TP_CUDA_CHECK(call);                                                                                            \
   } while (0)
 
 #define TP_NCCL_CHECK(call)                                                                                         \

@@ -286,7 +286,7 @@ bool shares_gpu(TpComm *host) {
  * better done here than mid-schedule, and a group that cannot work fails at start-up. */
 void warm_up(Nccl *N) {
   void *bytes = NULL;
-  TP_CUDA_CHECK(cudaMalloc(&bytes, 3));
+  TP_CUDA_ALLOC(cudaMalloc(&bytes, 3));
   char *byte = static_cast<char *>(bytes);
   TP_NCCL_CHECK(ncclGroupStart());
   for (int i = 1; i < N->ngroups; i++) {
@@ -299,7 +299,7 @@ void warm_up(Nccl *N) {
   }
   TP_NCCL_CHECK(ncclGroupEnd());
   for (int i = 1; i < N->ngroups; i++)
-    if (N->groups[i].comm) TP_CUDA_CHECK(cudaStreamSynchronize(N->groups[i].stream));
+    if (N->groups[i].comm) TP_CUDA_WAIT(cudaStreamSynchronize(N->groups[i].stream));
   TP_CUDA_CHECK(cudaFree(bytes));
 }
 
@@ -440,7 +440,7 @@ void nccl_finalize(TpComm *c) {
   for (int i = N->ngroups - 1; i >= 0; i--) {
     Group *g = &N->groups[i];
     if (g->comm) {
-      TP_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+      TP_CUDA_WAIT(cudaStreamSynchronize(g->stream));
       TP_NCCL_CHECK(ncclCommDestroy(g->comm));
       TP_CUDA_CHECK(cudaStreamDestroy(g->stream));
     }
@@ -509,7 +509,7 @@ void nccl_allreduce_sum_on(TpComm *c, void *buf, size_t count, TpDType dtype, co
                            TpStream *stream) {
   Nccl *N = nccl_of(c);
   if (!on_device(buf)) {
-    TP_CUDA_CHECK(cudaStreamSynchronize(stream->cuda));
+    TP_CUDA_WAIT(cudaStreamSynchronize(stream->cuda));
     N->host->be->allreduce_sum(N->host, buf, count, dtype, group, n);
     return;
   }

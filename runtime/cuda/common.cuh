@@ -3,18 +3,22 @@
 #ifndef TOKPIPE_CUDA_COMMON_CUH
 #define TOKPIPE_CUDA_COMMON_CUH
 
+#include "stats.h"
+
 #ifdef TOKPIPE_CUDA_EMULATE
 #include "emulate/cuda_emu.h"
 /* kernel<<<grid, block, 0, stream>>>(args...) on the CPU emulation, after the stream's
  * asynchronous work (an all-reduce it may read) */
 #define TP_LAUNCH(kernel, grid, block, stream, ...)                                                                 \
-  (tp_emu_stream_ready(stream), tp_emu_launch_fn((grid), (block), [=] { kernel(__VA_ARGS__); }))
+  (tp_emu_stream_ready(stream), TP_CUDA_COUNT(launches, 1),                                                         \
+   tp_emu_launch_fn((grid), (block), [=] { kernel(__VA_ARGS__); }))
 #else
 #include <cuda_runtime.h>
 #define TP_LAUNCH(kernel, grid, block, stream, ...)                                                                 \
   do {                                                                                                              \
     kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__);                                                          \
     TP_CUDA_CHECK(cudaGetLastError());                                                                              \
+    TP_CUDA_COUNT(launches, 1);                                                                                     \
   } while (0)
 #endif
 

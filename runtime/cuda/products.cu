@@ -55,6 +55,7 @@ __global__ void to_bf16_kernel(const float *x, int64_t n, uint16_t *y) {
 
 /* x's bf16 rounding into y, when y is wanted (NULL: not converted) */
 static void to_bf16(const float *x, int64_t n, uint16_t *y, TpStream *stream) {
+  if (y && n) TP_CUDA_COUNT(convert_bytes, 2 * (uint64_t)n);
   if (y && n)
     TP_LAUNCH(to_bf16_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda, x, n, y);
 }

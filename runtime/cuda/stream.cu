@@ -26,7 +26,7 @@ TpStream *tp_cuda_stream_new(void) {
   TP_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda, cudaStreamNonBlocking));
   s->cuda = cuda;
   s->blas = tp_cuda_blas_create();
-  TP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&s->bad), sizeof *s->bad));
+  TP_CUDA_ALLOC(cudaMalloc(reinterpret_cast<void **>(&s->bad), sizeof *s->bad));
   /* on s itself: cudaMemcpy runs on the legacy stream, which a non-blocking stream's kernels
    * do not wait for */
   TP_CUDA_CHECK(cudaMemcpyAsync(s->bad, &no_bad_index, sizeof no_bad_index, cudaMemcpyHostToDevice, cuda));
@@ -43,7 +43,7 @@ void tp_cuda_stream_free(TpStream *s) {
     if (s->constants[i].host) TP_CUDA_CHECK(cudaFreeAsync(s->constants[i].device, s->cuda));
   free(s->constants);
   if (s->scratch) TP_CUDA_CHECK(cudaFreeAsync(s->scratch, s->cuda));
-  TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda));
+  TP_CUDA_WAIT(cudaStreamSynchronize(s->cuda));
   TP_CUDA_CHECK(cudaFree(s->bad));
   tp_cuda_blas_destroy(s->blas);
   TP_CUDA_CHECK(cudaStreamDestroy(s->cuda));
@@ -53,7 +53,7 @@ void tp_cuda_stream_free(TpStream *s) {
 int64_t tp_cuda_stream_sync(TpStream *s) {
   int64_t bad;
   TP_CUDA_CHECK(cudaMemcpyAsync(&bad, s->bad, sizeof bad, cudaMemcpyDeviceToHost, s->cuda));
-  TP_CUDA_CHECK(cudaStreamSynchronize(s->cuda));
+  TP_CUDA_WAIT(cudaStreamSynchronize(s->cuda));
   if (bad == no_bad_index) return -1;
   /* before the next kernels of s, never after one of them has reported */
   TP_CUDA_CHECK(cudaMemcpyAsync(s->bad, &no_bad_index, sizeof no_bad_index, cudaMemcpyHostToDevice, s->cuda));
@@ -68,7 +68,7 @@ void *tp_cuda_scratch(TpStream *s, size_t bytes) {
   size_t grown = s->scratch_bytes * 2 > bytes ? s->scratch_bytes * 2 : bytes;
   if (s->scratch) TP_CUDA_CHECK(cudaFreeAsync(s->scratch, s->cuda)); /* after the kernels queued before */
   s->scratch = NULL;
-  TP_CUDA_CHECK(cudaMallocAsync(&s->scratch, (grown + 255) / 256 * 256, s->cuda));
+  TP_CUDA_ALLOC(cudaMallocAsync(&s->scratch, (grown + 255) / 256 * 256, s->cuda));
   s->scratch_bytes = grown;
   return s->scratch;
 }
@@ -98,9 +98,10 @@ const void *tp_cuda_constant(TpStream *s, const void *host, size_t bytes) {
     s->constant_slots = slots;
   }
   TpCudaConstant *c = &s->constants[constant_slot(s->constants, s->constant_slots, host)];
-  TP_CUDA_CHECK(cudaMallocAsync(&c->device, bytes ? bytes : 1, s->cuda));
+  TP_CUDA_ALLOC(cudaMallocAsync(&c->device, bytes ? bytes : 1, s->cuda));
   /* queued on s, before the kernel that asked for it (the plan's constants are static, so
    * the host copy outlives the transfer) */
+  tp_cuda_count_host_copy(host);
   TP_CUDA_CHECK(cudaMemcpyAsync(c->device, host, bytes, cudaMemcpyHostToDevice, s->cuda));
   c->host = host;
   s->nconstants++;
@@ -110,7 +111,9 @@ const void *tp_cuda_constant(TpStream *s, const void *host, size_t bytes) {
 /* ---- the plan's copies (ops.h) ---- */
 
 TpKernelStatus tp_cuda_copy_to_host(void *host, const void *device, size_t bytes, TpStream *stream) {
-  if (bytes) TP_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream->cuda));
+  if (!bytes) return TP_KERNEL_OK;
+  tp_cuda_count_host_copy(host);
+  TP_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream->cuda));
   return TP_KERNEL_OK;
 }
 

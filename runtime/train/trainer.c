@@ -515,6 +515,15 @@ static int root_writes_host(Trainer *t, bool grads, bool moments, int (*write)(T
 static int write_grads(Trainer *t) { return train_dump(t, t->o.dump_grads, true); }
 static int write_weights(Trainer *t) { return train_dump(t, t->o.dump_weights, false); }
 
+/* The backend's counts of the step (the CUDA runtime's: launches, host waits, ...), one line
+ * per process on stderr, where it counts. */
+static void print_step_counts(Trainer *t) {
+  char line[512];
+  const TpComputeBackend *be = t->compute->be;
+  if (be->step_counts && be->step_counts(t->compute, line, sizeof line))
+    fprintf(stderr, "step counts (rank %d): %s\n", t->comm->rank, line);
+}
+
 static int train(Trainer *t, int64_t total) {
   const TpPlan *P = t->plan;
   const TrainOptions *o = &t->o;
@@ -564,6 +573,7 @@ static int train(Trainer *t, int64_t total) {
       return rc;
     if (o->log && (rc = write_log(t, &r, bt))) return rc;
     if (train_is_root(t)) print_progress(t, &r, total);
+    print_step_counts(t);
     if (o->save && (step == total || (o->save_every && step % o->save_every == 0))) {
       if ((rc = root_writes_host(t, false, true, train_save_checkpoint))) return rc;
     }
