@@ -57,13 +57,15 @@ cc=$(pkg-config --variable=cc tokpipe-cuda-emulated) && flags=$(pkg-config --cfl
 
 # the processes the plan runs as: stages x tensor ranks x replicas (train/plan.h)
 field() { sed -n "s/^    \.$1 = \([0-9]*\),\$/\1/p" "$work/plan.c" | head -1; }
-stages=$(field nstages) dp=$(field dp) tensor=$(field tensor) batch=$(field batch) seq=$(field seq)
-[ -n "$stages" ] && [ -n "$dp" ] && [ -n "$batch" ] && [ -n "$seq" ] ||
+stages=$(field nstages) dp=$(field dp) tensor=$(field tensor) rows=$(field batch) seq=$(field seq)
+microbatches=$(field microbatches)
+[ -n "$stages" ] && [ -n "$dp" ] && [ -n "$rows" ] && [ -n "$seq" ] ||
   die "$work/plan.c: no .nstages, .dp, .batch or .seq (is this tokpipec's plan format?)"
 ranks=$((stages * dp * ${tensor:-1}))
 
-# tokens: 3 steps of batch x seq, plus one for the last target
-n=$((steps * batch * seq + 1)) i=0
+# tokens: 3 steps of the global batch (a microbatch's rows x microbatches x replicas) x seq,
+# plus one for the last target
+n=$((steps * rows * ${microbatches:-1} * dp * seq + 1)) i=0
 while [ $i -lt $n ]; do
   printf "\\$(printf %03o $((i * 7 % 15 + 1)))"
   i=$((i + 1))

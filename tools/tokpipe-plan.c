@@ -539,8 +539,8 @@ static int run_gpu_step(const TpHardware *hw, const TpModelDesc *model, bool tie
            s.seconds, s.tokens_per_s, s.mfu);
     return TP_OK;
   }
-  printf("GPU step model: %d layers, hidden %d, %d heads, vocabulary %d%s, %.1fM parameters; batch %d x %d tokens\n",
-         model->layers, model->hidden, model->heads, model->vocab, tied ? ", tied head" : "", s.params / 1e6, batch,
+  printf("GPU step model: %d layers, hidden %d, %d heads, vocabulary %d%s, %.4g parameters; batch %d x %d tokens\n",
+         model->layers, model->hidden, model->heads, model->vocab, tied ? ", tied head" : "", s.params, batch,
          model->seq);
   printf("on %s: %s, %.0f TFLOP/s %s dense peak, GEMMs at %.2f of it, %.0f GB/s sustained, %.0f us per kernel\n",
          hw->name, hw->device, hw->peak_flops / 1e12, hw->dtype, hw->gemm_efficiency, hw->mem_bandwidth / 1e9,
