@@ -547,8 +547,8 @@ static int run_gpu_step(const TpHardware *hw, const TpModelDesc *model, bool tie
          hw->kernel_overhead_s * 1e6);
   printf("  %-17s %8s %10s %10s %9s %6s\n", "class", "kernels", "GFLOP", "GB", "ms", "share");
   for (int c = 0; c < TP_GPU_CLASSES; c++)
-    printf("  %-17s %8d %10.1f %10.2f %9.3f %5.1f%%\n", tp_gpu_class_names[c], s.cls[c].kernels, s.cls[c].flops / 1e9,
-           s.cls[c].bytes / 1e9, s.cls[c].seconds * 1e3, 100 * s.cls[c].seconds / s.seconds);
+    printf("  %-17s %8d %10.1f %10.2f %9.3f %5.1f%%\n", tp_gpu_class_names[c], s.cls[c].kernels,
+           s.cls[c].flops / 1e9, s.cls[c].bytes / 1e9, s.cls[c].seconds * 1e3, 100 * s.cls[c].seconds / s.seconds);
   printf("predicted step %.2f ms: %.0f tokens/s, MFU %.1f%% (%.2f TFLOP of model FLOPs per step)\n", s.seconds * 1e3,
          s.tokens_per_s, 100 * s.mfu, s.model_flops / 1e12);
   return TP_OK;
@@ -735,7 +735,8 @@ int main(int argc, char **argv) {
     rc = check_profile_model(&prof, calibrate, input ? input : model_spec, &model, profile_warning,
                              sizeof profile_warning, &d);
   if (!rc) rc = tp_hardware_find(hardware, profiles, &hw, &d);
-  if (gpu_step) return cli_exit_code(rc ? rc : run_gpu_step(&hw, &model, tied, batch > 0 ? (int)batch : 1, json, &d));
+  if (gpu_step)
+    return cli_exit_code(rc ? rc : run_gpu_step(&hw, &model, tied, batch > 0 ? (int)batch : 1, json, &d));
   if (!rc && gpus && !searching && gpus != pipeline * tensor * data)
     rc = tp_error(&d, "--gpus %lld is not pipeline x tensor x data = %lld x %lld x %lld = %lld", (long long)gpus,
                   (long long)pipeline, (long long)tensor, (long long)data, (long long)(pipeline * tensor * data));

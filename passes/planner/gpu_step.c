@@ -12,10 +12,10 @@ static TpGpuClass kernel_class(const TpKernel *k) {
     const char *prefix;
     TpGpuClass cls;
   } classes[] = {
-      {"qkv", TP_GPU_PRODUCTS},           {"attn_out", TP_GPU_PRODUCTS},       {"fc", TP_GPU_PRODUCTS},
-      {"lm_head", TP_GPU_PRODUCTS},       {"attn_", TP_GPU_ATTENTION},         {"softmax", TP_GPU_ATTENTION},
-      {"layernorm", TP_GPU_ELEMENTWISE},  {"dropout", TP_GPU_ELEMENTWISE},     {"gelu", TP_GPU_ELEMENTWISE},
-      {"embed", TP_GPU_ELEMENTWISE},      {"cross_entropy", TP_GPU_LOSS},
+      {"qkv", TP_GPU_PRODUCTS},          {"attn_out", TP_GPU_PRODUCTS},   {"fc", TP_GPU_PRODUCTS},
+      {"lm_head", TP_GPU_PRODUCTS},      {"attn_", TP_GPU_ATTENTION},     {"softmax", TP_GPU_ATTENTION},
+      {"layernorm", TP_GPU_ELEMENTWISE}, {"dropout", TP_GPU_ELEMENTWISE}, {"gelu", TP_GPU_ELEMENTWISE},
+      {"embed", TP_GPU_ELEMENTWISE},     {"cross_entropy", TP_GPU_LOSS},
   };
   for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
     if (!strncmp(k->name, classes[i].prefix, strlen(classes[i].prefix))) return classes[i].cls;
@@ -44,7 +44,7 @@ void tp_gpu_step(const TpCostModel *cm, int batch, TpGpuStep *s) {
   }
   s->params = tp_stage_params(cm, 0);
   TpGpuClassCost *opt = &s->cls[TP_GPU_OPTIMIZER]; /* tp_optimizer_time's one pass of AdamW */
-  opt->flops = 12 * s->params;                    /* moments, bias corrections, decay, update */
+  opt->flops = 12 * s->params;                     /* moments, bias corrections, decay, update */
   opt->bytes = 32 * s->params;
   opt->seconds = tp_optimizer_time(cm, 0);
   opt->kernels = 1;

@@ -13,15 +13,21 @@ static int failures;
   do {                                                                                                              \
     double g_ = (got), w_ = (want);                                                                                 \
     if (!(fabs(g_ - w_) <= 1e-9 * fabs(w_))) {                                                                      \
-      printf("FAIL: %s = %.17g, want %.17g (rel_err=%.3g)\n", what, g_, w_, fabs(g_ - w_) / fabs(w_));             \
+      printf("FAIL: %s = %.17g, want %.17g (rel_err=%.3g)\n", what, g_, w_, fabs(g_ - w_) / fabs(w_));              \
       failures++;                                                                                                   \
     }                                                                                                               \
   } while (0)
 
 int main(void) {
   const TpModelDesc gpt = {"small", .layers = 3, .hidden = 64, .heads = 4, .seq = 32, .vocab = 101, .ffn = 256};
-  const TpHardware ideal = {.name = "ideal", .devices_per_node = 1, .memory_bytes = 1e12, .dtype = "bf16",
-                            .dtype_bytes = 2, .peak_flops = 1e12, .gemm_efficiency = 1, .gemm_half_rows = 0,
+  const TpHardware ideal = {.name = "ideal",
+                            .devices_per_node = 1,
+                            .memory_bytes = 1e12,
+                            .dtype = "bf16",
+                            .dtype_bytes = 2,
+                            .peak_flops = 1e12,
+                            .gemm_efficiency = 1,
+                            .gemm_half_rows = 0,
                             .mem_bandwidth = 1e30};
   const int batch = 5;
   TpDiag d;

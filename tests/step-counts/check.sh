@@ -5,6 +5,7 @@
 # ENFORCED is reported, not failed on. Prints "ok ..." / "FAIL ..." lines; exits 1 on a
 # failure.
 build=$1 work=$2 model=$3 options=$4 enforced=$5 limits=$6
+# shellcheck disable=SC2034 # case.sh and its fail/ok read it
 case=step-counts
 root=$(cd "$(dirname "$0")/../.." && pwd)
 . "$root/tests/case.sh"

@@ -3,6 +3,7 @@
 # what is wrong: exit 2 for usage (no model, a folder that is no build, an option the script
 # sets itself), exit 1 for a model that is not there or that tokpipec refuses.
 build=$1 work=$2
+# shellcheck disable=SC2034 # case.sh and its fail/ok read it
 case=step-counts-usage
 root=$(cd "$(dirname "$0")/../.." && pwd)
 . "$root/tests/case.sh"
