@@ -24,10 +24,10 @@ for limit in $limits; do
   case " $enforced " in *" $limit "*) strict=yes ;; *) strict=no ;; esac
   broken=""
   while read -r line; do
-    v=$(value "$line" "$name")
-    [ -n "$v" ] || { broken="$broken ${line%%:*} has no $name"; continue; }
+    rank=$(echo "$line" | sed 's/^step counts (\(rank [0-9]*\)).*/\1/') v=$(value "$line" "$name")
+    [ -n "$v" ] || { broken="$broken $rank has no $name;"; continue; }
     if ! awk -v v="$v" -v b="$bound" -v op="$op" 'BEGIN { exit !(op == "=" ? v == b : v <= b) }'; then
-      broken="$broken ${line%%:*}: $name=$v"
+      broken="$broken $rank $name=$v;"
     fi
   done <counts.txt
   if [ -z "$broken" ]; then
