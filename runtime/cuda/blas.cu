@@ -51,7 +51,7 @@ struct TpCudaBlas {
   void *workspace;
   size_t workspace_size;
 #endif
-  uint64_t clock; /* products run: the eviction's order of use */
+  uint64_t clock;                     /* products run: the eviction's order of use */
   GemmPlan plans[TP_CUDA_BLAS_PLANS]; /* used slots first, free ones after */
 };
 
@@ -143,9 +143,10 @@ static cublasLtMatrixLayout_t matrix_layout(cudaDataType_t type, int64_t rows, i
   TP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, (uint64_t)rows, (uint64_t)columns, ld));
   if (batch > 1) {
     int32_t count = (int32_t)batch;
-    TP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
     TP_CUBLAS_CHECK(
-        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    TP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                     sizeof stride));
   }
   return layout;
 }
@@ -174,10 +175,10 @@ static void make_plan(TpCudaBlas *blas, GemmPlan *plan, const Gemm *g) {
     TP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
   }
-  plan->layout_a = matrix_layout(operand_type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, key->batch,
-                                 key->stride_a);
-  plan->layout_b = matrix_layout(operand_type, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, key->batch,
-                                 key->stride_b);
+  plan->layout_a = matrix_layout(operand_type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda,
+                                 key->batch, key->stride_a);
+  plan->layout_b = matrix_layout(operand_type, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb,
+                                 key->batch, key->stride_b);
   plan->layout_c = matrix_layout(CUDA_R_32F, g->m, g->n, g->ldc, key->batch, key->stride_c);
   cublasLtMatmulPreference_t preference;
   TP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -195,8 +196,8 @@ static void make_plan(TpCudaBlas *blas, GemmPlan *plan, const Gemm *g) {
   TP_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
   if (found == 0) {
     char what[192];
-    snprintf(what, sizeof what, "no algorithm for the product m=%lld n=%lld k=%lld batch=%lld%s%s",
-             (long long)g->m, (long long)g->n, (long long)g->k, (long long)key->batch, g->bf16 ? " bf16" : "",
+    snprintf(what, sizeof what, "no algorithm for the product m=%lld n=%lld k=%lld batch=%lld%s%s", (long long)g->m,
+             (long long)g->n, (long long)g->k, (long long)key->batch, g->bf16 ? " bf16" : "",
              g->bias ? " with the bias epilogue" : "");
     tp_cuda_fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", what);
   }
@@ -373,11 +374,11 @@ static void column_sums(const float *dy, int64_t M, int64_t N, float *dbias, TpC
 /* The two products of tp_linear_backward_f32 on f32 or bf16 operands. */
 static void linear_backward(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w, int64_t M,
                             int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, TpCudaStream stream) {
-  if (dx) gemm_row_major(blas, bf16, false, !transpose_w, M, K, N, dy, 0, w, 0, NULL, 0, dx, 1, stream); /* dy @ w^T */
-  if (dw) {
-    if (transpose_w) gemm_row_major(blas, bf16, true, false, N, K, M, dy, 0, x, 0, NULL, 0, dw, 1, stream); /* dy^T x */
-    else gemm_row_major(blas, bf16, true, false, K, N, M, x, 0, dy, 0, NULL, 0, dw, 1, stream);             /* x^T dy */
-  }
+  /* dx = dy w^T; dw = x^T dy, or dy^T x when transpose_w */
+  if (dx) gemm_row_major(blas, bf16, false, !transpose_w, M, K, N, dy, 0, w, 0, NULL, 0, dx, 1, stream);
+  if (!dw) return;
+  if (transpose_w) gemm_row_major(blas, bf16, true, false, N, K, M, dy, 0, x, 0, NULL, 0, dw, 1, stream);
+  else gemm_row_major(blas, bf16, true, false, K, N, M, x, 0, dy, 0, NULL, 0, dw, 1, stream);
 }
 
 void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,

@@ -364,9 +364,11 @@ static void plan_cache(void) {
    * evicts the least recently used (M = 1), not the next (M = 2) */
   blas = tp_cuda_blas_create();
   mark = tp_cuda_stats;
-  for (int64_t m = 1; m <= TP_CUDA_BLAS_PLANS; m++) tp_cuda_launch_linear_f32(blas, x, w, NULL, m, 1, 1, false, y, NULL);
+  for (int64_t m = 1; m <= TP_CUDA_BLAS_PLANS; m++)
+    tp_cuda_launch_linear_f32(blas, x, w, NULL, m, 1, 1, false, y, NULL);
   expect_counts("a plan per shape", counted_since(&mark), TP_CUDA_BLAS_PLANS, TP_CUDA_BLAS_PLANS);
-  for (int64_t m = 1; m <= TP_CUDA_BLAS_PLANS; m++) tp_cuda_launch_linear_f32(blas, x, w, NULL, m, 1, 1, false, y, NULL);
+  for (int64_t m = 1; m <= TP_CUDA_BLAS_PLANS; m++)
+    tp_cuda_launch_linear_f32(blas, x, w, NULL, m, 1, 1, false, y, NULL);
   expect_counts("the same shapes again", counted_since(&mark), 0, TP_CUDA_BLAS_PLANS);
   tp_cuda_launch_linear_f32(blas, x, w, NULL, 1, 2, 1, false, y, NULL);
   expect_counts("one more plan", counted_since(&mark), 1, 1);
@@ -386,13 +388,13 @@ typedef struct {
   uint64_t forward, da, db;
 } BatchedCase;
 static const BatchedCase BATCHED[] = {
-    {{3, {4, 33, 65}}, {3, {4, 65, 17}}, 1, 1, 1},      /* equal batches: one strided call */
-    {{3, {2, 3, 5}}, {2, {5, 4}}, 1, 1, 1},             /* b shared: the batch folds into M */
-    {{2, {3, 5}}, {3, {2, 5, 4}}, 1, 3, 1},             /* a shared (stride 0); da sums: a call each */
-    {{3, {1, 70, 9}}, {3, {3, 9, 130}}, 1, 4, 1},       /* likewise, a's batch dim of 1 */
-    {{4, {2, 1, 3, 5}}, {4, {1, 4, 5, 7}}, 2, 9, 3},    /* b steps inside, a outside: 2 calls of 4 */
-    {{4, {3, 2, 7, 5}}, {4, {3, 1, 5, 3}}, 3, 3, 7},    /* b broadcast inside: 3 calls of 2 */
-    {{4, {2, 3, 1, 1}}, {4, {1, 3, 1, 2}}, 2, 2, 3},    /* sizes of 1 */
+    {{3, {4, 33, 65}}, {3, {4, 65, 17}}, 1, 1, 1},   /* equal batches: one strided call */
+    {{3, {2, 3, 5}}, {2, {5, 4}}, 1, 1, 1},          /* b shared: the batch folds into M */
+    {{2, {3, 5}}, {3, {2, 5, 4}}, 1, 3, 1},          /* a shared (stride 0); da sums: a call each */
+    {{3, {1, 70, 9}}, {3, {3, 9, 130}}, 1, 4, 1},    /* likewise, a's batch dim of 1 */
+    {{4, {2, 1, 3, 5}}, {4, {1, 4, 5, 7}}, 2, 9, 3}, /* b steps inside, a outside: 2 calls of 4 */
+    {{4, {3, 2, 7, 5}}, {4, {3, 1, 5, 3}}, 3, 3, 7}, /* b broadcast inside: 3 calls of 2 */
+    {{4, {2, 3, 1, 1}}, {4, {1, 3, 1, 2}}, 2, 2, 3}, /* sizes of 1 */
 };
 enum { NBATCHED = sizeof BATCHED / sizeof BATCHED[0] };
 
