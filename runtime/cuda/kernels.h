@@ -35,6 +35,18 @@ void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, boo
                                            int64_t n, int64_t outer, int64_t V, int64_t C, float *dtable,
                                            int64_t *bad, void *scratch, TpCudaStream stream);
 
+/* ---- colsum.cu ----
+ * tp_column_sums_f32 over dy (rows, n): sum_dy[j] = sum_r dy[r, j] and, when sum_dy_xhat
+ * is wanted, sum_dy_xhat[j] = sum_r dy[r, j] (x[r, j] - mean[r]) inv_std[r] (mean NULL:
+ * 0); either may be NULL. The CPU's bits (the same sums in the same order), deterministic.
+ * scratch: device memory of tp_cuda_column_sums_scratch(rows, n, sums) bytes, sums the
+ * number of results wanted (1 or 2), 4-byte aligned; 0 bytes (NULL will do) for 64 rows or
+ * fewer. Two launches, one for 64 rows or fewer. */
+size_t tp_cuda_column_sums_scratch(int64_t rows, int64_t n, int sums);
+void tp_cuda_launch_column_sums_f32(const float *dy, const float *x, const float *mean, const float *inv_std,
+                                    int64_t rows, int64_t n, float *sum_dy_xhat, float *sum_dy, void *scratch,
+                                    TpCudaStream stream);
+
 /* ---- loss.cu ----
  * tp_cross_entropy_f32: *loss (device) = the sum over rows of logsumexp - the target's
  * logit, / denominator; row_loss (R doubles) is scratch. A target outside [0, V) adds 0
