@@ -112,13 +112,16 @@ bool tp_cuda_launch_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, 
 void tp_cuda_launch_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
                               TpCudaStream stream);
 /* tp_reduce_sum on f32: x's dims (host) and data (device), axes sorted and distinct; y holds
- * the kept dims' elements. Each output adds its elements in double in x's row-major order,
- * as the CPU kernel does (the same result; deterministic). False for bad axes. */
+ * the kept dims' elements. The CPU's sums in its order, runs of 64 elements in double (the
+ * same bits; deterministic). scratch: device memory of tp_cuda_reduce_sum_scratch bytes,
+ * 8-byte aligned (0 bytes, NULL will do, where no output adds more than 64 elements). Two
+ * launches, one where no output adds more than 64. False for bad axes. */
+size_t tp_cuda_reduce_sum_scratch(const TpTensor *x, const int64_t *axes, int naxes);
 bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
-                                   TpCudaStream stream);
+                                   void *scratch, TpCudaStream stream);
 /* The same on x's dtype (any but bool; y of that dtype): integers wrap and their mean
  * truncates, as the CPU's. */
-bool tp_cuda_launch_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, void *y,
+bool tp_cuda_launch_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, void *y, void *scratch,
                                TpCudaStream stream);
 
 /* ---- layout.cu: layout ops as strided copies (data on the device, dims on the host;
