@@ -5,8 +5,8 @@
  * the emulated build keeps the same cache without the cuBLASLt objects, so that its tests
  * count the queries. A Linear's bias is the product's epilogue; a MatMul's batch is
  * strided-batched products where the batch steps each operand at one stride. The zero fill
- * of empty or summed products and the bias gradient's column sums are kernels of this file,
- * so they run through the emulation for real. */
+ * of empty or summed products is a kernel of this file and the bias gradient colsum.cu's
+ * column sums, so they run through the emulation for real. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +53,10 @@ struct TpCudaBlas {
 #endif
   uint64_t clock;                     /* products run: the eviction's order of use */
   GemmPlan plans[TP_CUDA_BLAS_PLANS]; /* used slots first, free ones after */
+  /* the bias gradient's column runs: scratch of its own, apart from the stream's
+   * (tp_cuda_scratch), which the caller's bf16 operands may occupy */
+  void *column_runs;
+  size_t column_runs_bytes;
 };
 
 /* cuBLASLt's recommended workspace for Hopper (Ampere needs less). */
@@ -84,6 +88,7 @@ TpCudaBlas *tp_cuda_blas_create(void) {
 void tp_cuda_blas_destroy(TpCudaBlas *blas) {
   if (!blas) return;
   for (int i = 0; i < TP_CUDA_BLAS_PLANS && blas->plans[i].last_use; i++) release_plan(&blas->plans[i]);
+  if (blas->column_runs) TP_CUDA_CHECK(cudaFree(blas->column_runs));
 #ifndef TOKPIPE_CUDA_EMULATE
   TP_CUDA_CHECK(cudaFree(blas->workspace));
   TP_CUBLAS_CHECK(cublasLtDestroy(blas->lt));
@@ -347,28 +352,18 @@ void tp_cuda_launch_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint1
   linear(blas, true, x, w, bias, M, K, N, transpose_w, y, stream);
 }
 
-/* As runtime/cpu/nn_backward.c's tp_column_sums_f32: runs of COLUMN_ROW_RUN rows summed in
- * float, the runs in double, in the order of the rows, so the sums are the CPU's bit for bit. */
-enum { COLUMN_ROW_RUN = 64, COLUMN_THREADS = 256 };
-
-/* One thread per column. */
-__global__ void column_sums_kernel(const float *dy, int64_t rows, int64_t n, float *sums) {
-  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= n) return;
-  double sum = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += COLUMN_ROW_RUN) {
-    float run = 0;
-    for (int64_t r = r0; r < rows && r < r0 + COLUMN_ROW_RUN; r++) run += dy[r * n + j];
-    sum += run;
+/* The bias gradient: dy's column sums (the CPU's bits). The runs' scratch grows in the
+ * stream's order, as tp_cuda_scratch does: after the kernels queued before, no device-wide wait. */
+static void column_sums(TpCudaBlas *blas, const float *dy, int64_t M, int64_t N, float *dbias, TpCudaStream stream) {
+  size_t bytes = tp_cuda_column_sums_scratch(M, N, 1);
+  if (bytes > blas->column_runs_bytes) {
+    size_t grown = blas->column_runs_bytes * 2 > bytes ? blas->column_runs_bytes * 2 : bytes;
+    if (blas->column_runs) TP_CUDA_CHECK(cudaFreeAsync(blas->column_runs, static_cast<cudaStream_t>(stream)));
+    blas->column_runs = NULL;
+    TP_CUDA_ALLOC(cudaMallocAsync(&blas->column_runs, grown, static_cast<cudaStream_t>(stream)));
+    blas->column_runs_bytes = grown;
   }
-  sums[j] = (float)sum;
-}
-
-/* The bias gradient: dy's column sums. */
-static void column_sums(const float *dy, int64_t M, int64_t N, float *dbias, TpCudaStream stream) {
-  if (N == 0) return;
-  dim3 grid((unsigned)((N + COLUMN_THREADS - 1) / COLUMN_THREADS));
-  TP_LAUNCH(column_sums_kernel, grid, dim3(COLUMN_THREADS), stream, dy, M, N, dbias);
+  tp_cuda_launch_column_sums_f32(dy, NULL, NULL, NULL, M, N, NULL, dbias, blas->column_runs, stream);
 }
 
 /* The two products of tp_linear_backward_f32 on f32 or bf16 operands. */
@@ -385,14 +380,14 @@ void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const
                                         int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
                                         TpCudaStream stream) {
   linear_backward(blas, false, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
-  if (dbias) column_sums(dy, M, N, dbias, stream);
+  if (dbias) column_sums(blas, dy, M, N, dbias, stream);
 }
 
 void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, const uint16_t *x, const uint16_t *w,
                                          const float *dy_f32, int64_t M, int64_t K, int64_t N, bool transpose_w,
                                          float *dx, float *dw, float *dbias, TpCudaStream stream) {
   linear_backward(blas, true, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
-  if (dbias) column_sums(dy_f32, M, N, dbias, stream);
+  if (dbias) column_sums(blas, dy_f32, M, N, dbias, stream);
 }
 
 /* A MatMul's batch as `outer` cuBLASLt calls of `inner` products each: the trailing batch
