@@ -1,5 +1,8 @@
 /* Fused (flash-style) attention, forward and backward: ops.h's tp_cuda_attention_f32 and
- * tp_cuda_attention_backward_f32, computing what tp_attention_f32 and
+ * tp_cuda_attention_backward_f32 in fp32, and for bf16 plans tp_cuda_bf16_attention_f32,
+ * tp_cuda_bf16_attention_backward_f32, tp_cuda_attention_bf16 and
+ * tp_cuda_attention_backward_bf16 with bf16 products on the tensor cores (the second part
+ * of this file, the same tiling and statistics), all computing what tp_attention_f32 and
  * tp_attention_backward_f32 (cpu/nn.h, cpu/nn_backward.h) compute for every case
  * TpAttention describes (grouped K/V heads, packed or not, causal with an offset, window,
  * softcap, bool or f32 masks, past keys, keys in a longer context buffer), but qk_out.

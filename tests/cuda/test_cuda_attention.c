@@ -198,6 +198,33 @@ static void compare(const char *what, const float *got, const float *want, int64
   compare_within(what, got, want, n, ATTENTION);
 }
 
+typedef TpKernelStatus (*ForwardEntry)(const TpAttention *p, const float *q, const float *k, const float *v,
+                                       const float *past_k, const float *past_v, float *y, float *present_k,
+                                       float *present_v, float *qk_out, TpStream *stream);
+typedef TpKernelStatus (*BackwardEntry)(const TpAttention *p, const float *dy, const float *q, const float *k,
+                                        const float *v, float *dq, float *dk, float *dv, TpStream *stream);
+
+/* The entry points (fp32 or bf16) refuse what they do not implement: qk_out (it would
+ * need the scores the fused kernels never store), head sizes over 256, a backward with
+ * past keys. */
+static void refusals_of(ForwardEntry forward_entry, BackwardEntry backward_entry) {
+  Inputs in = make_inputs(&ONE);
+  TpStream *s = tp_cuda_stream_new();
+  float *y = nans(in.nq), *qk = nans(in.nq), *big = nans(257);
+  if (forward_entry(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, qk, s) != TP_KERNEL_BAD_DTYPE)
+    fail("qk_out accepted");
+  TpAttention wide = in.p;
+  wide.head_size = wide.v_head_size = 257;
+  if (forward_entry(&wide, big, big, big, NULL, NULL, big, NULL, NULL, NULL, s) != TP_KERNEL_BAD_DTYPE)
+    fail("head size 257 accepted");
+  TpAttention past = in.p;
+  past.past_len = 1;
+  if (backward_entry(&past, y, in.q, in.k, in.v, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
+    fail("a backward with past keys accepted");
+  tp_cuda_stream_free(s);
+  free(y), free(qk), free(big);
+  free_inputs(&in);
+}
 /* ---- the tensor-core kernels ---- */
 
 /* x (n floats, or NULL) rounded to bf16 in place: the operands as the kernels see them. */
@@ -313,26 +340,17 @@ static void tc_backward(const Case *c) {
   free_inputs(&in);
 }
 
-/* What the tensor-core entry points refuse, as the fp32 ones: qk_out, head sizes over
- * 256, a backward with past keys; and a saved y without its lse. */
+/* What the tensor-core entry points refuse: as the fp32 ones, and a saved y without its
+ * lse. */
 static void tc_refusals(void) {
+  refusals_of(tp_cuda_bf16_attention_f32, tp_cuda_bf16_attention_backward_f32);
   Inputs in = make_inputs(&ONE);
   TpStream *s = tp_cuda_stream_new();
-  float *y = nans(in.nq), *qk = nans(in.nq), *big = nans(257);
-  if (tp_cuda_bf16_attention_f32(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, qk, s) != TP_KERNEL_BAD_DTYPE)
-    fail("qk_out accepted");
-  TpAttention wide = in.p;
-  wide.head_size = wide.v_head_size = 257;
-  if (tp_cuda_bf16_attention_f32(&wide, big, big, big, NULL, NULL, big, NULL, NULL, NULL, s) != TP_KERNEL_BAD_DTYPE)
-    fail("head size 257 accepted");
-  TpAttention past = in.p;
-  past.past_len = 1;
-  if (tp_cuda_bf16_attention_backward_f32(&past, y, in.q, in.k, in.v, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
-    fail("a backward with past keys accepted");
+  float *y = nans(in.nq);
   if (tp_cuda_attention_backward_bf16(&in.p, y, in.q, in.k, in.v, y, NULL, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
     fail("a saved y without its lse accepted");
   tp_cuda_stream_free(s);
-  free(y), free(qk), free(big);
+  free(y);
   free_inputs(&in);
 }
 
@@ -397,26 +415,7 @@ static void null_gradients(void) {
   free_inputs(&in);
 }
 
-/* The entry points refuse what they do not implement: qk_out (it would need the scores
- * the fused kernel never stores), head sizes over 256, a backward with past keys. */
-static void refusals(void) {
-  Inputs in = make_inputs(&ONE);
-  TpStream *s = tp_cuda_stream_new();
-  float *y = nans(in.nq), *qk = nans(in.nq), *big = nans(257);
-  if (tp_cuda_attention_f32(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, qk, s) != TP_KERNEL_BAD_DTYPE)
-    fail("qk_out accepted");
-  TpAttention wide = in.p;
-  wide.head_size = wide.v_head_size = 257;
-  if (tp_cuda_attention_f32(&wide, big, big, big, NULL, NULL, big, NULL, NULL, NULL, s) != TP_KERNEL_BAD_DTYPE)
-    fail("head size 257 accepted");
-  TpAttention past = in.p;
-  past.past_len = 1;
-  if (tp_cuda_attention_backward_f32(&past, y, in.q, in.k, in.v, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
-    fail("a backward with past keys accepted");
-  tp_cuda_stream_free(s);
-  free(y), free(qk), free(big);
-  free_inputs(&in);
-}
+static void refusals(void) { refusals_of(tp_cuda_attention_f32, tp_cuda_attention_backward_f32); }
 
 #define CASE_TESTS(name, c)                                                                                         \
   static void name##_fwd(void) { forward(&c); }                                                                     \

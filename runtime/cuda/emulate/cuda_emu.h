@@ -10,6 +10,8 @@
  *   __shared__      one copy per block: a function-static variable (blocks run one after
  *                   another), so shared memory is never per thread
  *   atomics         plain read-modify-write (one fiber runs at a time)
+ *   nvcuda::wmma    the tensor-core fragments (bf16 16x16x16, f32 accumulators): warp-
+ *                   collective, every lane must call (below), in a layout of its own
  * Fibers switch only at barriers and shuffles, and each warp runs as far as it can before
  * the next one (odd blocks: the last warp first), so a missing __syncthreads shows up as a
  * read of shared memory another warp has not written yet or has already overwritten.
