@@ -676,13 +676,15 @@ __global__ void __launch_bounds__(TcTile<DMAX>::THREADS)
       product_ab<DMAX, Tl::FRAGS>(sh.dst + 16 * w * QS, QS, sh.q, tiles16(p.head_size), QS / 16, dk_acc);
       __syncthreads();
     }
-  const Rows dense_k = {NULL, p.kv_heads, T, p.head_size, p.packed}, dense_v = {NULL, p.kv_heads, T, p.v_head_size,
-                                                                                 p.packed};
+  const Rows dense_k = {NULL, p.kv_heads, T, p.head_size, p.packed},
+             dense_v = {NULL, p.kv_heads, T, p.v_head_size, p.packed};
   float *stage = sh.s + 16 * w * QS;
-  if (dk) store_rows<Tl::FRAGS>(dk_acc, tiles16(p.head_size), stage, j0 + 16 * w, T, p.head_size, p.scale, dk,
-                                dense_k, b, g);
-  if (dv) store_rows<Tl::FRAGS>(dv_acc, tiles16(p.v_head_size), stage, j0 + 16 * w, T, p.v_head_size, 1.0f, dv,
-                                dense_v, b, g);
+  if (dk)
+    store_rows<Tl::FRAGS>(dk_acc, tiles16(p.head_size), stage, j0 + 16 * w, T, p.head_size, p.scale, dk, dense_k, b,
+                          g);
+  if (dv)
+    store_rows<Tl::FRAGS>(dv_acc, tiles16(p.v_head_size), stage, j0 + 16 * w, T, p.v_head_size, 1.0f, dv, dense_v, b,
+                          g);
 }
 
 /* The tile class of a head size (0: too large). */
@@ -735,23 +737,20 @@ template <int DMAX>
 static void launch_gradients(Kernels kind, const TpAttention *p, Rows q, Rows k, Rows v, Rows dy, const float *lse,
                              const float *delta, float *dq, float *dk, float *dv, TpStream *s) {
   const bool tc = kind.tensor_cores;
-  const int rows = tc ? TcTile<DMAX>::ROWS : Tile<DMAX>::ROWS, threads = tc ? TcTile<DMAX>::THREADS
-                                                                             : Tile<DMAX>::THREADS;
+  const int rows = tc ? TcTile<DMAX>::ROWS : Tile<DMAX>::ROWS,
+            threads = tc ? TcTile<DMAX>::THREADS : Tile<DMAX>::THREADS;
   if (dq) {
     dim3 grid((unsigned)tiles(p->q_len, rows), (unsigned)p->q_heads, (unsigned)p->batch);
     count_attention(p, 2.0 * (double)(2 * p->head_size + p->v_head_size), tc);
-    if (tc)
-      TP_LAUNCH(attention_dq_tc_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dq);
-    else
-      TP_LAUNCH(attention_dq_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dq);
+    if (tc) TP_LAUNCH(attention_dq_tc_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dq);
+    else TP_LAUNCH(attention_dq_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dq);
   }
   if (dk || dv) {
     dim3 grid((unsigned)tiles(p->kv_len, rows), (unsigned)p->kv_heads, (unsigned)p->batch);
     count_attention(p, 4.0 * (double)(p->head_size + p->v_head_size), tc);
     if (tc)
       TP_LAUNCH(attention_dkdv_tc_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dk, dv);
-    else
-      TP_LAUNCH(attention_dkdv_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dk, dv);
+    else TP_LAUNCH(attention_dkdv_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dk, dv);
   }
 }
 
@@ -833,7 +832,8 @@ static TpKernelStatus attention_backward(Kernels kind, const TpAttention *p, con
   float *lse = static_cast<float *>(tp_cuda_scratch(stream, 2 * rows * sizeof(float))), *delta = lse + rows;
   Rows qr = query_rows(p, q, D), kr = key_rows(p, k, D), vr = key_rows(p, v, Dv), dyr = query_rows(p, dy, Dv);
   if (dclass == 64) launch_backward<64>(kind, p, qr, kr, vr, dyr, y, saved_lse, lse, delta, dq, dk, dv, stream);
-  else if (dclass == 128) launch_backward<128>(kind, p, qr, kr, vr, dyr, y, saved_lse, lse, delta, dq, dk, dv, stream);
+  else if (dclass == 128)
+    launch_backward<128>(kind, p, qr, kr, vr, dyr, y, saved_lse, lse, delta, dq, dk, dv, stream);
   else launch_backward<256>(kind, p, qr, kr, vr, dyr, y, saved_lse, lse, delta, dq, dk, dv, stream);
   return TP_KERNEL_OK;
 }
@@ -852,9 +852,9 @@ extern "C" TpKernelStatus tp_cuda_attention_backward_f32(const TpAttention *p, c
   return attention_backward(FP32, p, dy, q, k, v, NULL, NULL, dq, dk, dv, stream);
 }
 
-extern "C" TpKernelStatus tp_cuda_attention_bf16(const TpAttention *p, const float *q, const float *k, const float *v,
-                                                 const float *past_k, const float *past_v, float *y, float *present_k,
-                                                 float *present_v, float *lse, TpStream *stream) {
+extern "C" TpKernelStatus tp_cuda_attention_bf16(const TpAttention *p, const float *q, const float *k,
+                                                 const float *v, const float *past_k, const float *past_v, float *y,
+                                                 float *present_k, float *present_v, float *lse, TpStream *stream) {
   return attention_forward(TENSOR_CORES, p, q, k, v, past_k, past_v, y, present_k, present_v, NULL, lse, stream);
 }
 

@@ -72,8 +72,8 @@ TpKernelStatus tp_cuda_attention_bf16(const TpAttention *p, const float *q, cons
                                       const float *past_k, const float *past_v, float *y, float *present_k,
                                       float *present_v, float *lse, TpStream *stream);
 TpKernelStatus tp_cuda_attention_backward_bf16(const TpAttention *p, const float *dy, const float *q, const float *k,
-                                               const float *v, const float *y, const float *lse, float *dq, float *dk,
-                                               float *dv, TpStream *stream);
+                                               const float *v, const float *y, const float *lse, float *dq,
+                                               float *dk, float *dv, TpStream *stream);
 
 #ifdef __cplusplus
 }

@@ -278,7 +278,8 @@ static void tc_forward(const Case *c) {
   tp_cuda_stats_take(counts, sizeof counts);
   TpKernelStatus st = tp_cuda_bf16_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y, pk, pv, NULL, s);
   if (st != TP_KERNEL_OK) fail("tp_cuda_bf16_attention_f32 returned %d", (int)st);
-  if (tp_cuda_stats_on && in.nq && total && (tp_cuda_stats.flops[TP_FLOPS_F32] != 0 || !(tp_cuda_stats.flops[TP_FLOPS_BF16] > 0)))
+  if (tp_cuda_stats_on && in.nq && total &&
+      (tp_cuda_stats.flops[TP_FLOPS_F32] != 0 || !(tp_cuda_stats.flops[TP_FLOPS_BF16] > 0)))
     fail("forward flops: f32 %g, bf16 %g (want 0 and > 0)", tp_cuda_stats.flops[TP_FLOPS_F32],
          tp_cuda_stats.flops[TP_FLOPS_BF16]);
   st = tp_cuda_attention_bf16(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y2, NULL, NULL, lse, s);

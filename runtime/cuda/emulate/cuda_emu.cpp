@@ -198,7 +198,8 @@ void tp_emu_warp_gather(const void *in, void *out, size_t size) {
   if (size > MAX_GATHER_BYTES) die("warp gather of more than 64 bytes a lane");
   memcpy(cur->wide[t], in, size);
   warp_barrier(); /* every lane has written */
-  for (int l = 0; l < warpSize; l++) memcpy(static_cast<unsigned char *>(out) + l * size, cur->wide[w * warpSize + l], size);
+  for (int l = 0; l < warpSize; l++)
+    memcpy(static_cast<unsigned char *>(out) + l * size, cur->wide[w * warpSize + l], size);
   warp_barrier(); /* every lane has read before the slots are reused */
 }
 

@@ -250,7 +250,8 @@ inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, 
  * 16 products onto c's in order of k, in f32 (a GPU's order and rounding of the sum are
  * its own; the tests' tolerances allow for either). d may be c. */
 template <typename La, typename Lb>
-void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, La> &a,
+void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
+              const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, La> &a,
               const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, Lb> &b,
               const fragment<accumulator, 16, 16, 16, float> &c) {
   struct {
