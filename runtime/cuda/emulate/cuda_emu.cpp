@@ -24,7 +24,7 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 namespace {
 
 enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
-enum { STACK_SIZE = 256 * 1024, MAX_SHUFFLE_BYTES = 8 };
+enum { STACK_SIZE = 256 * 1024, MAX_SHUFFLE_BYTES = 8, MAX_GATHER_BYTES = 64 };
 
 struct Fiber {
   ucontext_t ctx;
@@ -40,6 +40,7 @@ struct Block {
   int block_arrived;
   int warp_arrived[32];
   unsigned char slot[1024][MAX_SHUFFLE_BYTES];
+  unsigned char wide[1024][MAX_GATHER_BYTES]; /* tp_emu_warp_gather's */
   void (*body)(void *);
   void *closure;
   ucontext_t scheduler;
@@ -190,6 +191,19 @@ void tp_emu_shuffle(unsigned mask, const void *in, void *out, size_t size, int s
   memcpy(out, cur->slot[w * warpSize + src], size);
   warp_barrier(); /* every lane has read before the slots are reused */
 }
+
+void tp_emu_warp_gather(const void *in, void *out, size_t size) {
+  int t = linear_thread(), w = t / warpSize;
+  if (warp_lanes(w) != 0xffffffffu) die("warp-collective operation in a partial warp");
+  if (size > MAX_GATHER_BYTES) die("warp gather of more than 64 bytes a lane");
+  memcpy(cur->wide[t], in, size);
+  warp_barrier(); /* every lane has written */
+  for (int l = 0; l < warpSize; l++)
+    memcpy(static_cast<unsigned char *>(out) + l * size, cur->wide[w * warpSize + l], size);
+  warp_barrier(); /* every lane has read before the slots are reused */
+}
+
+void tp_emu_die(const char *what) { die(what); }
 
 void tp_emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *closure) {
   int n = (int)(block.x * block.y * block.z);
