@@ -16,7 +16,7 @@ extern "C" { /* C headers */
 #include "comm_nccl.h"
 #include "common.cuh"
 #include "../kernels/element.h" /* tp_adamw_element */
-#include "dtype.cuh"              /* base/half.h's conversions */
+#include "dtype.cuh"            /* base/half.h's conversions */
 #include "stream.h"
 
 static cudaStream_t cuda_of(TpStream *s) { return s->cuda; }
@@ -284,8 +284,8 @@ static void cuda_adamw_many(TpCompute *c, TpStream *s, const TpAdamWTensor *tens
   for (int j = 0; j < count; j++) {
     const TpAdamWTensor *x = &tensors[j];
     if (x->n <= 0) continue; /* no blocks: never found by the search */
-    table[kept++] = AdamWTensor{x->w, x->g, x->m, x->v, x->n, blocks,
-                                tp_adamw_factors(h->lr, h->beta1, h->beta2, h->eps, x->weight_decay, h->step)};
+    TpAdamWFactors f = tp_adamw_factors(h->lr, h->beta1, h->beta2, h->eps, x->weight_decay, h->step);
+    table[kept++] = AdamWTensor{x->w, x->g, x->m, x->v, x->n, blocks, f};
     blocks += (x->n + ADAMW_BLOCK_ELEMENTS - 1) / ADAMW_BLOCK_ELEMENTS;
   }
   if (kept) {

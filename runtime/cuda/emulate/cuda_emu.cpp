@@ -338,7 +338,9 @@ cudaError_t cudaFreeHost(void *p) {
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
   bool device = in_blocks(device_blocks, p), pinned = !device && in_blocks(pinned_blocks, p);
-  *a = {device ? cudaMemoryTypeDevice : pinned ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered,
+  *a = {device   ? cudaMemoryTypeDevice
+        : pinned ? cudaMemoryTypeHost
+                 : cudaMemoryTypeUnregistered,
         device || pinned ? current_device : -1, device ? const_cast<void *>(p) : nullptr,
         pinned ? const_cast<void *>(p) : nullptr};
   return cudaSuccess;
