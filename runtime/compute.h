@@ -50,6 +50,21 @@ typedef struct {
   int64_t step; /* 1 on the first */
 } TpAdamW;
 
+/* One piece of sum_squares_many: piece `piece` of the n floats at x (device), as
+ * sum_squares_pieces cuts them, into out[at]. */
+typedef struct {
+  const float *x;
+  int64_t n, piece, at;
+} TpNormPiece;
+
+/* One tensor of adamw_many: n elements of values w, gradients g, moments m and v (device),
+ * with its own weight decay. */
+typedef struct {
+  float *w, *g, *m, *v;
+  int64_t n;
+  double weight_decay;
+} TpAdamWTensor;
+
 typedef struct {
   const char *name;
   /* Its device memory is host memory: a host transport (MPI) may read and write it. */
@@ -106,6 +121,21 @@ typedef struct {
    * cuda/stats.h) as one line of "key=value" words into line; false (nothing written) where
    * it counts nothing. NULL: never counts. */
   bool (*step_counts)(TpCompute *c, char *line, size_t size);
+  /* Host memory for what a step copies to or from the device (token ids, losses, the
+   * norm's pieces), zeroed: page-locked, so that a copy is queued without the host waiting
+   * (CUDA copies pageable memory through a staging buffer, synchronously); NULL where the
+   * backend has none (the runtime allocates host memory as usual). */
+  void *(*host_alloc)(TpCompute *c, size_t bytes);
+  void (*host_free)(TpCompute *c, void *p);
+  /* Multi-tensor forms (NULL where the backend has none: the runtime calls the per-tensor
+   * entries in order), each one launch where the per-tensor entries take one per tensor,
+   * with their bits: sum_squares_many gives each piece's sum as sum_squares_pieces does
+   * (the runtime still adds them on the host in its order); adamw_many is, per tensor in
+   * order, clip (when clip != 1) then adamw with the tensor's weight decay (h's is not
+   * read). The host's arrays may be reused once the call returns. */
+  void (*sum_squares_many)(TpCompute *c, TpStream *s, const TpNormPiece *pieces, int count, double *out);
+  void (*adamw_many)(TpCompute *c, TpStream *s, const TpAdamWTensor *tensors, int count, const TpAdamW *h,
+                     float clip);
 } TpComputeBackend;
 
 struct TpCompute {

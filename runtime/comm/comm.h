@@ -67,6 +67,10 @@ typedef struct {
    * inside a unit). NULL: the caller synchronizes the stream, then calls allreduce_sum. */
   void (*allreduce_sum_on)(TpComm *c, void *buf, size_t count, TpDType dtype, const int *group, int n,
                            TpStream *stream);
+  /* A receive into a device buffer ordered on a compute stream: work queued on `stream`
+   * later sees the message, and the host does not wait for it (a failure shows where the
+   * host next waits for the stream). NULL: the caller receives (tp_comm_recv) first. */
+  void (*recv_on)(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpStream *stream);
   void (*broadcast)(TpComm *c, void *buf, size_t bytes, int root, const int *group, int n);
   /* --zero 1's pair, over buf cut into n consecutive segments, counts[i] elements of dtype
    * for group[i]: reduce_scatter_sum leaves in member i's segment i the sum of every

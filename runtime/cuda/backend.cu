@@ -8,13 +8,15 @@
  * synchronization that finds an index a kernel met out of range stops the same way. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 extern "C" { /* C headers */
 #include "compute.h"
 }
 #include "comm_nccl.h"
 #include "common.cuh"
-#include "dtype.cuh" /* base/half.h's conversions */
+#include "../kernels/element.h" /* tp_adamw_element */
+#include "dtype.cuh"            /* base/half.h's conversions */
 #include "stream.h"
 
 static cudaStream_t cuda_of(TpStream *s) { return s->cuda; }
@@ -45,6 +47,27 @@ static void *cuda_alloc(TpCompute *c, size_t bytes) {
 static void cuda_free(TpCompute *c, void *p) {
   (void)c;
   if (p) TP_CUDA_CHECK(cudaFree(p));
+}
+
+/* Pinned: cudaMemcpyAsync from or to it is queued like any other copy (from pageable
+ * memory the host waits for it). NULL if the host has no room. */
+static void *cuda_host_alloc(TpCompute *c, size_t bytes) {
+  (void)c;
+  void *p = NULL;
+  TP_CUDA_COUNT(allocs, 1);
+  cudaError_t err = cudaMallocHost(&p, bytes ? bytes : 1);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  TP_CUDA_CHECK(err);
+  memset(p, 0, bytes);
+  return p;
+}
+
+static void cuda_host_free(TpCompute *c, void *p) {
+  (void)c;
+  if (p) TP_CUDA_CHECK(cudaFreeHost(p));
 }
 
 static void cuda_memset(TpCompute *c, TpStream *s, void *p, int value, size_t bytes) {
@@ -204,6 +227,75 @@ static void cuda_clip(TpCompute *c, TpStream *s, float *x, int64_t n, float fact
     TP_LAUNCH(clip_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s), x, n, factor);
 }
 
+/* ---- multi-tensor forms: one launch over a table (stream.h's tp_cuda_table) ---- */
+
+/* Block b: piece pieces[b], sum_squares_pieces_kernel's sum. */
+__global__ void sum_squares_many_kernel(const TpNormPiece *pieces, double *out) {
+  TpNormPiece q = pieces[blockIdx.x];
+  double s = tp_piece_sum_squares(q.x, q.n, q.piece);
+  if (threadIdx.x == 0) out[q.at] = s;
+}
+
+static void cuda_sum_squares_many(TpCompute *c, TpStream *s, const TpNormPiece *pieces, int count, double *out) {
+  (void)c;
+  if (count <= 0) return;
+  const void *table = tp_cuda_table(s, TP_CUDA_TABLE_NORM, pieces, (size_t)count * sizeof *pieces);
+  TP_LAUNCH(sum_squares_many_kernel, dim3((unsigned)count), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s),
+            static_cast<const TpNormPiece *>(table), out);
+}
+
+/* A tensor of the multi-tensor AdamW on the device: its factors (computed on the host in
+ * double, as tp_cuda_launch_adamw_step's) and its blocks of the launch. */
+struct AdamWTensor {
+  float *w, *g, *m, *v;
+  int64_t n, first_block;
+  TpAdamWFactors f;
+};
+
+/* Elements per block of the multi-tensor AdamW (a block's threads stride over them). */
+enum { ADAMW_BLOCK_ELEMENTS = 16 * TP_CUDA_ELEMENTWISE_THREADS };
+
+/* Block b: its part of the tensor whose blocks hold b (a binary search of first_block);
+ * each element clip_kernel's then adamw_kernel's operations. */
+__global__ void adamw_many_kernel(const AdamWTensor *tensors, int count, float clip) {
+  int lo = 0, hi = count - 1;
+  int64_t b = blockIdx.x;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (tensors[mid].first_block <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  const AdamWTensor &t = tensors[lo];
+  int64_t start = (b - t.first_block) * ADAMW_BLOCK_ELEMENTS, end = start + ADAMW_BLOCK_ELEMENTS;
+  if (end > t.n) end = t.n;
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+    if (clip != 1) t.g[i] *= clip;
+    tp_adamw_element(t.w, t.g, t.m, t.v, i, t.f);
+  }
+}
+
+static void cuda_adamw_many(TpCompute *c, TpStream *s, const TpAdamWTensor *tensors, int count, const TpAdamW *h,
+                            float clip) {
+  (void)c;
+  AdamWTensor *table = static_cast<AdamWTensor *>(calloc((size_t)(count > 0 ? count : 1), sizeof *table));
+  TP_ASSERT(table);
+  int kept = 0;
+  int64_t blocks = 0;
+  for (int j = 0; j < count; j++) {
+    const TpAdamWTensor *x = &tensors[j];
+    if (x->n <= 0) continue; /* no blocks: never found by the search */
+    TpAdamWFactors f = tp_adamw_factors(h->lr, h->beta1, h->beta2, h->eps, x->weight_decay, h->step);
+    table[kept++] = AdamWTensor{x->w, x->g, x->m, x->v, x->n, blocks, f};
+    blocks += (x->n + ADAMW_BLOCK_ELEMENTS - 1) / ADAMW_BLOCK_ELEMENTS;
+  }
+  if (kept) {
+    const void *dev = tp_cuda_table(s, TP_CUDA_TABLE_ADAMW, table, (size_t)kept * sizeof *table);
+    TP_LAUNCH(adamw_many_kernel, dim3((unsigned)blocks), dim3(TP_CUDA_ELEMENTWISE_THREADS), cuda_of(s),
+              static_cast<const AdamWTensor *>(dev), kept, clip);
+  }
+  free(table);
+}
+
 static void cuda_adamw(TpCompute *c, TpStream *s, float *w, const float *g, float *m, float *v, int64_t n,
                        const TpAdamW *h) {
   (void)c;
@@ -269,6 +361,10 @@ extern "C" const TpComputeBackend tp_compute_cuda = {
     cuda_add_half_into,
     cuda_round_to_half,
     cuda_step_counts,
+    cuda_host_alloc,
+    cuda_host_free,
+    cuda_sum_squares_many,
+    cuda_adamw_many,
 };
 
 /* ---- the device of CUDA plans (declared in ops.h, which is C only) ---- */

@@ -38,12 +38,15 @@
  * direction's messages in the order they are posted, so tp_cuda_comm_open checks that each
  * receiving stage's schedule takes them in the order the sender sends them.
  *
- * Streams and events: each communicator has its own CUDA stream. A send (or receive) of a
+ * Streams and events: a link has its own CUDA stream, a collective group one from its first
+ * collective the host waits for (Group.stream says why no sooner). A send (or receive) of a
  * device buffer first makes that stream wait for the compute stream the request names
  * (TpCommRequest.stream, an event recorded on it: the pack that filled the buffer), then
  * queues ncclSend, then records an event, which test() queries (cudaEventQuery: never
  * blocks). The runtime reads a received buffer only after test() saw that event complete,
- * so every later kernel on any stream finds the data there. An all-reduce or broadcast
+ * so every later kernel on any stream finds the data there. The runtime's pipeline receives
+ * (recv_on) are not tested: the compute stream waits for the receive's event, as a kernel
+ * would, and the host runs ahead. An all-reduce or broadcast
  * returns when its event is complete (the host waits, polling under the host transport's
  * watchdog).
  *
@@ -79,6 +82,11 @@ struct Group {
   int *members;    /* world ranks; NCCL rank i is members[i] (a link: sender, receiver) */
   int round;       /* the split that made it (world: 0) */
   ncclComm_t comm; /* NULL where this rank is not a member */
+  /* Its own stream: a link's from the start (its messages), any other group's from its
+   * first collective that the host waits for (--zero 1's over the replicas); NULL until
+   * then. The world only parents the splits and the runtime's all-reduces run on the
+   * compute streams (allreduce_sum_on), so most groups never get one: each would take one
+   * of the device's few hardware queues (CUDA_DEVICE_MAX_CONNECTIONS) for nothing. */
   cudaStream_t stream;
 };
 
@@ -86,7 +94,8 @@ struct Nccl {
   TpComm *host;
   int ngroups;
   Group *groups;
-  cudaEvent_t ready; /* marks a compute stream's work for a group's stream to wait for */
+  cudaEvent_t ready;   /* marks a compute stream's work for a group's stream to wait for */
+  cudaEvent_t arrived; /* marks a receive on a link's stream for a compute stream to wait for */
 };
 
 /* A request's impl: an NCCL operation's event, or the host transport's request. */
@@ -288,18 +297,22 @@ void warm_up(Nccl *N) {
   void *bytes = NULL;
   TP_CUDA_ALLOC(cudaMalloc(&bytes, 3));
   char *byte = static_cast<char *>(bytes);
+  cudaStream_t spare; /* for the groups without a stream of their own */
+  TP_CUDA_CHECK(cudaStreamCreateWithFlags(&spare, cudaStreamNonBlocking));
   TP_NCCL_CHECK(ncclGroupStart());
   for (int i = 1; i < N->ngroups; i++) {
     Group *g = &N->groups[i];
+    cudaStream_t s = g->stream ? g->stream : spare;
     if (!g->comm) continue;
-    if (g->kind != GROUP_LINK)
-      TP_NCCL_CHECK(ncclAllReduce(byte + 2, byte + 2, 1, ncclInt8, ncclSum, g->comm, g->stream));
-    else if (g->members[0] == N->host->rank) TP_NCCL_CHECK(ncclSend(byte, 1, ncclInt8, 1, g->comm, g->stream));
-    else TP_NCCL_CHECK(ncclRecv(byte + 1, 1, ncclInt8, 0, g->comm, g->stream));
+    if (g->kind != GROUP_LINK) TP_NCCL_CHECK(ncclAllReduce(byte + 2, byte + 2, 1, ncclInt8, ncclSum, g->comm, s));
+    else if (g->members[0] == N->host->rank) TP_NCCL_CHECK(ncclSend(byte, 1, ncclInt8, 1, g->comm, s));
+    else TP_NCCL_CHECK(ncclRecv(byte + 1, 1, ncclInt8, 0, g->comm, s));
   }
   TP_NCCL_CHECK(ncclGroupEnd());
   for (int i = 1; i < N->ngroups; i++)
-    if (N->groups[i].comm) TP_CUDA_WAIT(cudaStreamSynchronize(N->groups[i].stream));
+    if (N->groups[i].stream) TP_CUDA_WAIT(cudaStreamSynchronize(N->groups[i].stream));
+  TP_CUDA_WAIT(cudaStreamSynchronize(spare));
+  TP_CUDA_CHECK(cudaStreamDestroy(spare));
   TP_CUDA_CHECK(cudaFree(bytes));
 }
 
@@ -328,7 +341,8 @@ void create_groups(Nccl *N) {
     if (mine) mine->comm = comm;
   }
   for (int i = 0; i < N->ngroups; i++)
-    if (N->groups[i].comm) TP_CUDA_CHECK(cudaStreamCreateWithFlags(&N->groups[i].stream, cudaStreamNonBlocking));
+    if (N->groups[i].comm && N->groups[i].kind == GROUP_LINK)
+      TP_CUDA_CHECK(cudaStreamCreateWithFlags(&N->groups[i].stream, cudaStreamNonBlocking));
   warm_up(N);
 }
 
@@ -428,6 +442,12 @@ bool nccl_test(TpComm *c, TpCommRequest *r) {
   return true;
 }
 
+/* g's stream, made on first use (Group.stream). */
+cudaStream_t stream_of(Group *g) {
+  if (!g->stream) TP_CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+  return g->stream;
+}
+
 /* Queues the operation's end on g's stream and waits for it (a collective's return). */
 void finish(TpComm *c, Group *g, const char *what) {
   TpCommRequest r = {NULL, -1, what, NULL};
@@ -439,14 +459,15 @@ void nccl_finalize(TpComm *c) {
   Nccl *N = nccl_of(c);
   for (int i = N->ngroups - 1; i >= 0; i--) {
     Group *g = &N->groups[i];
-    if (g->comm) {
+    if (g->stream) {
       TP_CUDA_WAIT(cudaStreamSynchronize(g->stream));
-      TP_NCCL_CHECK(ncclCommDestroy(g->comm));
       TP_CUDA_CHECK(cudaStreamDestroy(g->stream));
     }
+    if (g->comm) TP_NCCL_CHECK(ncclCommDestroy(g->comm));
     free(g->members);
   }
   TP_CUDA_CHECK(cudaEventDestroy(N->ready));
+  TP_CUDA_CHECK(cudaEventDestroy(N->arrived));
   failing_host = NULL; /* the host transport may close after this */
   tp_cuda_failure_hook = NULL;
   free(N->groups);
@@ -480,6 +501,20 @@ void nccl_irecv(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpCommReq
   record_done(q, g);
 }
 
+/* On the link's stream, and the compute stream waits for it there (an event, no host wait):
+ * its later kernels, the message's unpack first, run once it arrived. The buffer is the
+ * receiver's own for the step (messages.c), so the receive need not wait for the compute
+ * stream's earlier work. */
+void nccl_recv_on(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpStream *stream) {
+  (void)tag; /* NCCL matches a link's messages in order (checked at start-up) */
+  Nccl *N = nccl_of(c);
+  TP_ASSERT(on_device(buf));
+  Group *g = link_group(c, peer, c->rank);
+  TP_NCCL_CHECK(ncclRecv(buf, bytes, ncclInt8, 0, g->comm, g->stream));
+  TP_CUDA_CHECK(cudaEventRecord(N->arrived, g->stream));
+  TP_CUDA_CHECK(cudaStreamWaitEvent(stream->cuda, N->arrived, 0));
+}
+
 ncclDataType_t nccl_type(TpDType t) {
   switch (t) {
   case TP_F32: return ncclFloat32;
@@ -499,7 +534,7 @@ void nccl_allreduce_sum(TpComm *c, void *buf, size_t count, TpDType dtype, const
   }
   if (n < 2) return;
   Group *g = collective_group(c, group, n, "an all-reduce");
-  TP_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, g->comm, g->stream));
+  TP_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, g->comm, stream_of(g)));
   finish(c, g, "an all-reduce");
 }
 
@@ -528,7 +563,7 @@ void nccl_broadcast(TpComm *c, void *buf, size_t bytes, int root, const int *gro
   Group *g = collective_group(c, group, n, "a broadcast");
   int at = index_in(g->members, g->n, root);
   TP_ASSERT(at >= 0);
-  TP_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclInt8, at, g->comm, g->stream));
+  TP_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclInt8, at, g->comm, stream_of(g)));
   finish(c, g, "a broadcast");
 }
 
@@ -547,7 +582,7 @@ void nccl_reduce_scatter_sum(TpComm *c, void *buf, const size_t *counts, TpDType
   char *at = static_cast<char *>(buf);
   TP_NCCL_CHECK(ncclGroupStart());
   for (int i = 0; i < n; i++) {
-    TP_NCCL_CHECK(ncclReduce(at, at, counts[i], nccl_type(dtype), ncclSum, i, g->comm, g->stream));
+    TP_NCCL_CHECK(ncclReduce(at, at, counts[i], nccl_type(dtype), ncclSum, i, g->comm, stream_of(g)));
     at += counts[i] * tp_dtype_size(dtype);
   }
   TP_NCCL_CHECK(ncclGroupEnd());
@@ -566,7 +601,7 @@ void nccl_all_gather(TpComm *c, void *buf, const size_t *counts, TpDType dtype, 
   TP_NCCL_CHECK(ncclGroupStart());
   for (int i = 0; i < n; i++) {
     size_t bytes = counts[i] * tp_dtype_size(dtype);
-    TP_NCCL_CHECK(ncclBroadcast(at, at, bytes, ncclInt8, i, g->comm, g->stream));
+    TP_NCCL_CHECK(ncclBroadcast(at, at, bytes, ncclInt8, i, g->comm, stream_of(g)));
     at += bytes;
   }
   TP_NCCL_CHECK(ncclGroupEnd());
@@ -590,6 +625,7 @@ const TpCommBackend tp_comm_nccl = {
     nccl_test,
     nccl_allreduce_sum,
     nccl_allreduce_sum_on,
+    nccl_recv_on,
     nccl_broadcast,
     nccl_reduce_scatter_sum,
     nccl_all_gather,
@@ -621,6 +657,7 @@ extern "C" int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan 
   plan_rounds(N, host->size);
   create_groups(N);
   TP_CUDA_CHECK(cudaEventCreateWithFlags(&N->ready, cudaEventDisableTiming));
+  TP_CUDA_CHECK(cudaEventCreateWithFlags(&N->arrived, cudaEventDisableTiming));
   TpComm *c = static_cast<TpComm *>(xcalloc(1, sizeof *c));
   *c = TpComm{&tp_comm_nccl, host->tool, host->rank, host->size, host->timeout_s, N, nullptr, 0};
   *out = c;
@@ -636,6 +673,6 @@ extern "C" void tp_cuda_comm_describe(const TpComm *c, char *out, size_t size) {
     if (g->round) append(out, size, &at, "round %d: ", g->round);
     append(out, size, &at, "%s", group_names[g->kind]);
     for (int m = 0; m < g->n; m++) append(out, size, &at, " %d", g->members[m]);
-    append(out, size, &at, "%s\n", g->comm ? " *" : "");
+    append(out, size, &at, "%s%s\n", g->comm ? " *" : "", g->comm && g->stream ? " stream" : "");
   }
 }

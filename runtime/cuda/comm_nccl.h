@@ -29,7 +29,8 @@ int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan *plan, TpCo
 /* The communicators of an NCCL transport in the order they were created, one per line:
  * "world 0 1 2 3", then "round R: KIND m0 m1..." (KIND link: sender, receiver; tensor;
  * replicas; pieces; tied),
- * with "*" after the groups this rank belongs to. For tests. */
+ * with "*" after the groups this rank belongs to and " stream" after those that have a
+ * stream by now (comm_nccl.cu's Group.stream). For tests. */
 void tp_cuda_comm_describe(const TpComm *c, char *out, size_t size);
 
 #ifdef __cplusplus

@@ -70,4 +70,15 @@ template <typename T, typename Op> __device__ T block_reduce(T v, Op op, T ident
   return warp_reduce(lane < warps ? partial[lane] : identity, op);
 }
 
+/* The sum of squares in double of piece p of the n floats at x (TP_CUDA_SUM_PIECES pieces,
+ * kernels.h), by the whole block in a fixed order, every thread receiving it: one
+ * definition for the per-tensor launch (optim.cu) and the multi-tensor one (backend.cu),
+ * so both give the same bits. */
+__device__ inline double tp_piece_sum_squares(const float *x, int64_t n, int64_t p) {
+  int64_t i0 = n * p / TP_CUDA_SUM_PIECES, i1 = n * (p + 1) / TP_CUDA_SUM_PIECES;
+  double s = 0;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) s += (double)x[i] * x[i];
+  return block_reduce(s, TpSum(), 0.0);
+}
+
 #endif

@@ -16,10 +16,7 @@ void tp_cuda_launch_adamw_step(float *w, const float *g, float *m, float *v, int
 
 /* Block b: the sum of squares of piece first + b of TP_CUDA_SUM_PIECES, in double. */
 __global__ void sum_squares_pieces_kernel(const float *x, int64_t n, int first, double *out) {
-  int64_t p = first + blockIdx.x, i0 = n * p / TP_CUDA_SUM_PIECES, i1 = n * (p + 1) / TP_CUDA_SUM_PIECES;
-  double s = 0;
-  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) s += (double)x[i] * x[i];
-  s = block_reduce(s, TpSum(), 0.0);
+  double s = tp_piece_sum_squares(x, n, first + blockIdx.x);
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 

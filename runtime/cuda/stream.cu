@@ -27,6 +27,7 @@ TpStream *tp_cuda_stream_new(void) {
   s->cuda = cuda;
   s->blas = tp_cuda_blas_create();
   TP_CUDA_ALLOC(cudaMalloc(reinterpret_cast<void **>(&s->bad), sizeof *s->bad));
+  TP_CUDA_ALLOC(cudaMallocHost(reinterpret_cast<void **>(&s->bad_host), sizeof *s->bad_host));
   /* on s itself: cudaMemcpy runs on the legacy stream, which a non-blocking stream's kernels
    * do not wait for */
   TP_CUDA_CHECK(cudaMemcpyAsync(s->bad, &no_bad_index, sizeof no_bad_index, cudaMemcpyHostToDevice, cuda));
@@ -44,16 +45,24 @@ void tp_cuda_stream_free(TpStream *s) {
   free(s->constants);
   if (s->scratch) TP_CUDA_CHECK(cudaFreeAsync(s->scratch, s->cuda));
   TP_CUDA_WAIT(cudaStreamSynchronize(s->cuda));
+  for (int i = 0; i < TP_CUDA_TABLES; i++) {
+    TpCudaTable *t = &s->tables[i];
+    if (t->device) TP_CUDA_CHECK(cudaFree(t->device));
+    if (t->host) TP_CUDA_CHECK(cudaFreeHost(t->host));
+    if (t->copied) TP_CUDA_CHECK(cudaEventDestroy(t->copied));
+  }
   TP_CUDA_CHECK(cudaFree(s->bad));
+  TP_CUDA_CHECK(cudaFreeHost(s->bad_host));
   tp_cuda_blas_destroy(s->blas);
   TP_CUDA_CHECK(cudaStreamDestroy(s->cuda));
   free(s);
 }
 
 int64_t tp_cuda_stream_sync(TpStream *s) {
-  int64_t bad;
-  TP_CUDA_CHECK(cudaMemcpyAsync(&bad, s->bad, sizeof bad, cudaMemcpyDeviceToHost, s->cuda));
+  tp_cuda_count_host_copy(s->bad_host);
+  TP_CUDA_CHECK(cudaMemcpyAsync(s->bad_host, s->bad, sizeof *s->bad, cudaMemcpyDeviceToHost, s->cuda));
   TP_CUDA_WAIT(cudaStreamSynchronize(s->cuda));
+  int64_t bad = *s->bad_host;
   if (bad == no_bad_index) return -1;
   /* before the next kernels of s, never after one of them has reported */
   TP_CUDA_CHECK(cudaMemcpyAsync(s->bad, &no_bad_index, sizeof no_bad_index, cudaMemcpyHostToDevice, s->cuda));
@@ -106,6 +115,29 @@ const void *tp_cuda_constant(TpStream *s, const void *host, size_t bytes) {
   c->host = host;
   s->nconstants++;
   return c->device;
+}
+
+const void *tp_cuda_table(TpStream *s, int which, const void *data, size_t bytes) {
+  TpCudaTable *t = &s->tables[which];
+  if (t->copied) { /* the host memory is read by the previous copy until it ran */
+    cudaError_t err = cudaEventQuery(t->copied);
+    if (err == cudaErrorNotReady) TP_CUDA_WAIT(cudaEventSynchronize(t->copied));
+    else TP_CUDA_CHECK(err);
+  } else {
+    TP_CUDA_CHECK(cudaEventCreateWithFlags(&t->copied, cudaEventDisableTiming));
+  }
+  if (bytes > t->bytes) {
+    if (t->device) TP_CUDA_CHECK(cudaFreeAsync(t->device, s->cuda));
+    if (t->host) TP_CUDA_CHECK(cudaFreeHost(t->host));
+    t->bytes = bytes + bytes / 2;
+    TP_CUDA_ALLOC(cudaMallocAsync(&t->device, t->bytes, s->cuda));
+    TP_CUDA_ALLOC(cudaMallocHost(&t->host, t->bytes));
+  }
+  memcpy(t->host, data, bytes);
+  tp_cuda_count_host_copy(t->host);
+  TP_CUDA_CHECK(cudaMemcpyAsync(t->device, t->host, bytes, cudaMemcpyHostToDevice, s->cuda));
+  TP_CUDA_CHECK(cudaEventRecord(t->copied, s->cuda));
+  return t->device;
 }
 
 /* ---- the plan's copies (ops.h) ---- */

@@ -24,6 +24,15 @@ typedef struct TpCompute TpCompute;
 
 typedef struct TpCudaConstant TpCudaConstant;
 
+/* The table of a multi-tensor launch of the compute backend: filled on the host in pinned
+ * memory and copied to device memory on the stream, before the kernel that reads it. */
+typedef struct {
+  void *host, *device;
+  size_t bytes;              /* of each */
+  struct CUevent_st *copied; /* after the last copy (NULL: none yet) */
+} TpCudaTable;
+enum { TP_CUDA_TABLE_NORM, TP_CUDA_TABLE_ADAMW, TP_CUDA_TABLES };
+
 struct TpStream {
   TpCudaStream cuda;
   TpCudaBlas *blas; /* this stream's cuBLASLt handle and workspace */
@@ -36,6 +45,8 @@ struct TpStream {
    * table keyed by the host address */
   TpCudaConstant *constants;
   size_t nconstants, constant_slots;
+  TpCudaTable tables[TP_CUDA_TABLES]; /* tp_cuda_table */
+  int64_t *bad_host;                  /* pinned: where tp_cuda_stream_sync reads bad back */
 };
 
 /* A stream with its handle, scratch (none yet) and bad index (none); NULL if the device
@@ -50,6 +61,11 @@ int64_t tp_cuda_stream_sync(TpStream *s);
  * the same memory for every call (an op takes all it needs in one call). Growing it waits
  * for s's earlier work first. */
 void *tp_cuda_scratch(TpStream *s, size_t bytes);
+
+/* Table `which` of s on the device holding `bytes` of `data`, copied on s (queued; the
+ * host's data may change at once). The table grows as needed (an allocation); refilling
+ * waits for its previous copy only where that is still running. */
+const void *tp_cuda_table(TpStream *s, int which, const void *data, size_t bytes);
 
 /* The device copy of a plan's constant `host` (a static array of `bytes` in plan.c),
  * uploaded on first use and kept until the backend closes. */

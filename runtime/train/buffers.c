@@ -41,6 +41,22 @@ void *pipe_alloc(Trainer *t, size_t bytes, const char *fmt, ...) {
 
 void pipe_dev_free(Trainer *t, void *p) { be(t)->free(t->compute, p); }
 
+/* ---- staging memory: what a step copies between host and device ---- */
+
+void *pipe_alloc_staging(Trainer *t, size_t bytes, const char *what) {
+  if (!be(t)->host_alloc) return pipe_alloc_bytes(t, false, bytes, what);
+  void *p = be(t)->host_alloc(t->compute, bytes);
+  if (!p)
+    tp_error(t->d, "cannot allocate %zu bytes (%.1f GiB) of page-locked host memory for %s: out of memory", bytes,
+             (double)bytes / (1 << 30), what);
+  return p;
+}
+
+void pipe_free_staging(Trainer *t, void *p) {
+  if (be(t)->host_free) be(t)->host_free(t->compute, p);
+  else free(p);
+}
+
 /* ---- every buffer of a plan ---- */
 
 PipeRank *pipe_hosted_rank(Trainer *t, int rank) {
@@ -72,7 +88,8 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
     if (stage_holds(&P->params[i], R->stage)) R->grad_count += t->numel[i];
   R->arena = xcalloc((size_t)R->st->arenas, sizeof *R->arena);
   R->loss = xcalloc((size_t)P->microbatches, sizeof *R->loss);
-  R->loss_io = xcalloc((size_t)P->microbatches, sizeof *R->loss_io);
+  if (!(R->loss_io = pipe_alloc_staging(t, (size_t)P->microbatches * sizeof *R->loss_io, "the losses")))
+    return TP_ERR_INPUT;
   /* the step's f32 sum, and a microbatch's gradients as the units write them (16-bit under
    * bf16 and fp16, where the sum is always apart) */
   size_t grad_bytes = (size_t)R->grad_count * 4, elem = train_elem_bytes(P);
@@ -208,15 +225,18 @@ int pipe_setup(Trainer *t) {
   const char *hook = getenv("TOKPIPE_TEST_LOSS_SCALE");
   if (hook && P->precision == TP_PLAN_FP16 && sscanf(hook, "%f,%" SCNd64, &t->loss_scale, &t->scale_growth) != 2)
     t->loss_scale = LOSS_SCALE_INITIAL, t->scale_growth = LOSS_SCALE_GROWTH;
-  if (!(t->tokens = pipe_alloc_bytes(t, false, ntok * sizeof *t->tokens, "a step's token ids")) ||
-      !(t->targets = pipe_alloc_bytes(t, false, ntok * sizeof *t->targets, "a step's targets")) ||
+  t->tokens_ready = be(t)->event_new(t->compute);
+  if (!(t->tokens = pipe_alloc_staging(t, ntok * sizeof *t->tokens, "a step's token ids")) ||
+      !(t->targets = pipe_alloc_staging(t, ntok * sizeof *t->targets, "a step's targets")) ||
+      !(t->loss_scale_host = pipe_alloc_staging(t, sizeof *t->loss_scale_host, "the loss scale")) ||
       !(t->dev_tokens = pipe_alloc(t, ntok * sizeof *t->tokens, "a step's token ids")) ||
       !(t->dev_targets = pipe_alloc(t, ntok * sizeof *t->targets, "a step's targets")) ||
       !(t->dev_loss_scale = pipe_alloc(t, sizeof *t->dev_loss_scale, "the loss scale")))
     return TP_ERR_INPUT;
   int rc = P->stages ? setup_ranks(t) : setup_stages(t);
   size_t pieces = (size_t)(P->stages ? t->nhosted : 1) * (size_t)P->nparams * TP_NORM_PIECES;
-  if (!rc && !(t->norm_pieces = pipe_alloc(t, pieces * sizeof(double), "the gradient norm's pieces")))
+  if (!rc && (!(t->norm_pieces = pipe_alloc(t, pieces * sizeof(double), "the gradient norm's pieces")) ||
+              !(t->norm_host = pipe_alloc_staging(t, pieces * sizeof(double), "the gradient norm's pieces"))))
     rc = TP_ERR_INPUT;
   return rc;
 }
@@ -236,7 +256,8 @@ void pipe_free(Trainer *t) {
     pipe_free_messages(t, R);
     be(t)->event_free(t->compute, R->event);
     be(t)->stream_free(t->compute, R->stream);
-    free(R->arena), free(R->param), free(R->grad), free(R->scratch), free(R->loss), free(R->loss_io);
+    free(R->arena), free(R->param), free(R->grad), free(R->scratch), free(R->loss);
+    pipe_free_staging(t, R->loss_io);
     free(R->tensor_group);
     free(R);
   }
@@ -254,7 +275,9 @@ void pipe_free(Trainer *t) {
     pipe_dev_free(t, t->arena[s]), pipe_dev_free(t, t->transient[s]);
   pipe_dev_free(t, t->dev_tokens), pipe_dev_free(t, t->dev_targets), pipe_dev_free(t, t->dev_loss_scale),
       pipe_dev_free(t, t->norm_pieces);
-  free(t->tokens), free(t->targets);
+  pipe_free_staging(t, t->tokens), pipe_free_staging(t, t->targets), pipe_free_staging(t, t->loss_scale_host);
+  pipe_free_staging(t, t->norm_host);
+  be(t)->event_free(t->compute, t->tokens_ready);
   free(t->param), free(t->grad), free(t->m), free(t->v), free(t->work), free(t->held), free(t->numel),
       free(t->arena), free(t->transient);
   free(t->whole_numel);

@@ -28,9 +28,16 @@ static void sum_host(Trainer *t, double **bufs, const int *group, int n, size_t 
 /* The same for the gradients of the members' (hosted ranks') device buffers bufs[i], once
  * their streams are done with them. With `shards` (--zero 1: member i's segment of the
  * buffers, shards[i] elements, one after another) a reduce-scatter: member i gets the sum of
- * its segment only, the same bits. */
+ * its segment only, the same bits. A transport that orders an all-reduce on a compute
+ * stream (NCCL) gets this rank's stream instead: no host wait. */
 static void sum_grads(Trainer *t, float **bufs, PipeRank **members, const int *group, int n, size_t count,
                       const size_t *shards) {
+  TpComm *c = t->comm;
+  if (!one_process(t) && !shards && c->be->device_memory && c->be->allreduce_sum_on) {
+    int me = group_index(t, group);
+    c->be->allreduce_sum_on(c, bufs[me], count, TP_F32, group, n, members[me]->stream);
+    return;
+  }
   for (int i = 0; i < n; i++)
     if (members[i]) be(t)->stream_sync(t->compute, members[i]->stream);
   if (!one_process(t)) {

@@ -12,7 +12,8 @@
  * end (every send complete, every stream synchronized) frees them all for the next. Each
  * hosted rank queues its work on its own stream; events order a message's unpack after its
  * pack, and the host synchronizes before it hands a buffer to the transport (one that reads
- * device memory gets the stream instead, and its own stream waits for the pack) or reads a
+ * device memory gets the stream instead, and its own stream waits for the pack; its
+ * receives are queued so that the receiver's stream waits for them, recv_on) or reads a
  * result back. */
 #include "step.h"
 
@@ -156,6 +157,9 @@ bool pipe_receive(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     data = R->inbox[j].data;
     be(t)->stream_wait(t->compute, R->stream, R->inbox[j].ready);
     R->inbox[j] = R->inbox[--R->ninbox];
+  } else if (t->comm->be->recv_on) { /* a transport of device buffers (NCCL) */
+    data = R->messages[message_kind(x->kind)].data[x->mb * t->plan->nslices + x->slice];
+    t->comm->be->recv_on(t->comm, data, bytes, src, tag, R->stream);
   } else {
     data = R->messages[message_kind(x->kind)].data[x->mb * t->plan->nslices + x->slice];
     char what[96];

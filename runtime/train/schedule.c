@@ -7,12 +7,17 @@
 
 /* ---- the units ---- */
 
+/* Queued on t->stream from staging memory, no host wait: the hosted ranks' streams wait for
+ * the copies before their units read them (ABI 1's units run on t->stream), and the host
+ * refills the staging memory only after the step's end, which synchronizes those streams. */
 void pipe_tokens_to_device(Trainer *t) {
   size_t bytes = (size_t)(train_rows(t->plan) * t->plan->seq) * sizeof *t->tokens;
+  *t->loss_scale_host = t->loss_scale;
   be(t)->copy_h2d(t->compute, t->stream, t->dev_tokens, t->tokens, bytes);
   be(t)->copy_h2d(t->compute, t->stream, t->dev_targets, t->targets, bytes);
-  be(t)->copy_h2d(t->compute, t->stream, t->dev_loss_scale, &t->loss_scale, sizeof t->loss_scale);
-  be(t)->stream_sync(t->compute, t->stream); /* before any unit reads them, or the host refills them */
+  be(t)->copy_h2d(t->compute, t->stream, t->dev_loss_scale, t->loss_scale_host, sizeof *t->loss_scale_host);
+  be(t)->event_record(t->compute, t->tokens_ready, t->stream);
+  for (int h = 0; h < t->nhosted; h++) be(t)->stream_wait(t->compute, t->hosted[h]->stream, t->tokens_ready);
 }
 
 /* Runs a unit on `stream`. io->loss (a host float) is set once the stream is synchronized
@@ -270,12 +275,22 @@ double pipe_grad_norm(Trainer *t) {
     TpStream *s = P->stages ? t->hosted[h]->stream : t->stream;
     float **grad = P->stages ? t->hosted[h]->grad : t->grad;
     double *dev = t->norm_pieces + (size_t)h * count;
-    pieces[h] = xcalloc(count, sizeof **pieces);
+    pieces[h] = t->norm_host + (size_t)h * count; /* every element copied below */
     be(t)->memset(t->compute, s, dev, 0, count * sizeof *dev);
-    for (int i = 0, first, n; i < P->nparams; i++)
-      if ((n = norm_pieces(t, h, i, &first)))
-        be(t)->sum_squares_pieces(t->compute, s, grad[i], t->numel[i], first, n,
-                                  dev + (size_t)i * TP_NORM_PIECES + first);
+    if (be(t)->sum_squares_many) { /* every piece of the rank in one launch */
+      TpNormPiece *list = xcalloc(count, sizeof *list);
+      int listed = 0;
+      for (int i = 0, first; i < P->nparams; i++)
+        for (int p = 0, m = norm_pieces(t, h, i, &first); p < m; p++)
+          list[listed++] = (TpNormPiece){grad[i], t->numel[i], first + p, (int64_t)i * TP_NORM_PIECES + first + p};
+      be(t)->sum_squares_many(t->compute, s, list, listed, dev);
+      free(list);
+    } else {
+      for (int i = 0, first, n; i < P->nparams; i++)
+        if ((n = norm_pieces(t, h, i, &first)))
+          be(t)->sum_squares_pieces(t->compute, s, grad[i], t->numel[i], first, n,
+                                    dev + (size_t)i * TP_NORM_PIECES + first);
+    }
     be(t)->copy_d2h(t->compute, s, pieces[h], dev, count * sizeof *dev);
     be(t)->stream_sync(t->compute, s);
   }
@@ -287,7 +302,6 @@ double pipe_grad_norm(Trainer *t) {
       for (int p = 0; p < TP_NORM_PIECES; p++) sum += pieces[h][(size_t)i * TP_NORM_PIECES + p];
       x[h] += sum;
     }
-    free(pieces[h]);
   }
   double norm = sqrt(P->stages ? pipe_sum_ranks(t, x) : x[0]);
   free(x), free(pieces);
@@ -308,7 +322,9 @@ static bool rank_updates(const Trainer *t, int h, int i) {
 
 void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step, double lr, float clip) {
   const TrainOptions *o = &t->o;
-  bool zero = train_zero(t->plan);
+  bool zero = train_zero(t->plan), many = be(t)->adamw_many != NULL;
+  TpAdamWTensor *tensors = many ? xcalloc((size_t)t->plan->nparams, sizeof *tensors) : NULL;
+  int ntensors = 0;
   for (int i = 0; i < t->plan->nparams; i++) {
     if (!rank_updates(t, h, i)) continue;
     TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, t->decay[i], step};
@@ -321,10 +337,21 @@ void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step
       m = R->m_block + at, v = R->v_block + at;
       value = R->master_block ? R->master_block + at : value + a;
     }
+    if (many) { /* updated below, all at once */
+      tensors[ntensors++] = (TpAdamWTensor){value, grad[i] + a, m, v, b - a, t->decay[i]};
+      continue;
+    }
     if (clip != 1) be(t)->clip(t->compute, s, grad[i] + a, b - a, clip);
     be(t)->adamw(t->compute, s, value, grad[i] + a, m, v, b - a, &adamw);
     if (zero && R->master_block) pipe_round_shard(t, s, R, i); /* before the gather */
   }
+  if (!many) return;
+  TpAdamW adamw = {lr, o->beta1, o->beta2, o->eps, 0, step};
+  be(t)->adamw_many(t->compute, s, tensors, ntensors, &adamw, clip);
+  free(tensors);
+  if (zero && t->hosted[h]->master_block) /* before the gather */
+    for (int i = 0; i < t->plan->nparams; i++)
+      if (rank_updates(t, h, i)) pipe_round_shard(t, s, t->hosted[h], i);
 }
 
 void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
@@ -334,15 +361,21 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
     float **grad = P->stages ? t->hosted[h]->grad : t->grad;
     double start = t->trace ? trace_now_us(t->trace) : 0;
     pipe_adamw(t, h, s, grad, step, lr, clip);
-    be(t)->stream_sync(t->compute, s);
+    /* the gather's collectives are not ordered on s; a trace times the update's work */
+    if ((train_zero(P) && !one_process(t)) || t->trace) be(t)->stream_sync(t->compute, s);
     if (train_zero(P) && !one_process(t)) pipe_gather_params(t);
     if (t->trace)
       trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start,
                 trace_now_us(t->trace));
+    if (P->stages) { /* the rounding below and whatever t->stream reads next come after it */
+      be(t)->event_record(t->compute, t->hosted[h]->event, s);
+      be(t)->stream_wait(t->compute, t->stream, t->hosted[h]->event);
+    }
   }
   /* bf16, fp16: the working copies from the updated masters, once every shard is in (under
-   * train_sharded_masters each shard's were rounded before the gather: nothing here) */
+   * train_sharded_masters each shard's were rounded before the gather: nothing here). No
+   * host wait: the next step's units wait for t->stream (pipe_tokens_to_device), and
+   * whatever reads the values back synchronizes t->stream first. */
   for (int i = 0; i < P->nparams; i++)
     if (P->params[i].trainable) pipe_round_param(t, t->stream, i);
-  be(t)->stream_sync(t->compute, t->stream);
 }

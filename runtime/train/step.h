@@ -156,6 +156,12 @@ static inline bool rank_shard_part(const Trainer *t, const PipeRank *R, int i, i
  * what they are for. */
 void *pipe_alloc_bytes(Trainer *t, bool device, size_t bytes, const char *what);
 void pipe_dev_free(Trainer *t, void *p);
+/* Host memory that a step copies to or from the device, zeroed: the backend's page-locked
+ * memory where it has some (TpComputeBackend.host_alloc), so that the copies queue without
+ * a host wait; NULL after an error naming what it is for. pipe_free_staging frees it (NULL:
+ * nothing). */
+void *pipe_alloc_staging(Trainer *t, size_t bytes, const char *what);
+void pipe_free_staging(Trainer *t, void *p);
 /* What the transport may read or write for device buffer dev: dev, or a host copy (of
  * dev's contents when `fill`); `direct` when the other side passes device memory too. */
 void *pipe_host_view(Trainer *t, TpStream *s, void *dev, size_t bytes, bool fill, bool direct);

@@ -96,11 +96,16 @@ typedef struct {
   int64_t *whole_numel;              /* of the whole tensor: what host copies and files hold */
   double *decay;                     /* per parameter: its AdamW weight decay (0 where --no-decay matches) */
   void **arena, **transient;         /* per stage (ABI 1) */
-  int64_t *tokens, *targets;         /* [global batch, seq], host: what the token reader fills */
+  int64_t *tokens, *targets;         /* [global batch, seq], host (staging memory, step.h): what
+                                      * the token reader fills */
   int64_t *dev_tokens, *dev_targets; /* their device copies, which the units read */
   float *dev_loss_scale;             /* loss_scale's device copy (TpStepIO.loss_scale_device) */
   double *norm_pieces;               /* device: the gradient norm's pieces (TP_NORM_PIECES per
                                       * parameter) of each hosted rank (ABI 1: one) */
+  double *norm_host;                 /* their host copy (staging memory) */
+  float *loss_scale_host;            /* loss_scale as copied to dev_loss_scale (staging memory) */
+  TpEvent *tokens_ready;             /* on stream after the copies of the step's tokens: the
+                                      * hosted ranks' streams wait for it */
   float *param_block;                /* --zero 1 under mpirun: the held values, contiguous in the
                                       * order of the rank's gradient block (all-gathered in place);
                                       * else NULL and each value allocated alone */

@@ -360,19 +360,23 @@ static void order(TpComm *host, int S, int N) {
   TpComm *c = open_nccl(host, &tp.plan);
   char got[2048], want[2048] = "";
   tp_cuda_comm_describe(c, got, sizeof got);
-  /* the list every rank must have made, in this order, with this rank's groups starred */
+  /* the list every rank must have made, in this order, with this rank's groups starred;
+   * " +": a stream of its own, which only the links have from the start (a collective
+   * group gets one from its first collective that the host waits for) */
   const char *expected = NULL;
   if (S == 2 && N == 1 && D == 1) /* the tied pair is the world: its communicator serves */
-    expected = "world 0 1\nround 1: link 0 1\nround 2: link 1 0\n";
+    expected = "world 0 1\nround 1: link 0 1 +\nround 2: link 1 0 +\n";
   else if (S == 2 && N == 1 && D == 2)
-    expected = "world 0 1 2 3\nround 1: link 0 1\nround 2: link 1 0\nround 1: link 2 3\nround 2: link 3 2\n"
-               "round 3: replicas 0 2\nround 3: replicas 1 3\nround 4: tied 0 1\nround 4: tied 2 3\n";
+    expected = "world 0 1 2 3\nround 1: link 0 1 +\nround 2: link 1 0 +\nround 1: link 2 3 +\n"
+               "round 2: link 3 2 +\nround 3: replicas 0 2\nround 3: replicas 1 3\nround 4: tied 0 1\n"
+               "round 4: tied 2 3\n";
   else if (S == 4 && N == 1 && D == 1)
-    expected = "world 0 1 2 3\nround 1: link 0 1\nround 2: link 1 0\nround 3: link 1 2\nround 4: link 2 1\n"
-               "round 1: link 2 3\nround 2: link 3 2\nround 3: tied 0 3\n";
+    expected = "world 0 1 2 3\nround 1: link 0 1 +\nround 2: link 1 0 +\nround 3: link 1 2 +\n"
+               "round 4: link 2 1 +\nround 1: link 2 3 +\nround 2: link 3 2 +\nround 3: tied 0 3\n";
   else if (S == 2 && N == 2 && D == 1) /* peers and tied pairs at the same tensor rank */
-    expected = "world 0 1 2 3\nround 1: link 0 2\nround 2: link 2 0\nround 1: link 1 3\nround 2: link 3 1\n"
-               "round 3: tensor 0 1\nround 3: tensor 2 3\nround 4: tied 0 2\nround 4: tied 1 3\n";
+    expected = "world 0 1 2 3\nround 1: link 0 2 +\nround 2: link 2 0 +\nround 1: link 1 3 +\n"
+               "round 2: link 3 1 +\nround 3: tensor 0 1\nround 3: tensor 2 3\nround 4: tied 0 2\n"
+               "round 4: tied 1 3\n";
   else if (S == 1 && N == 2 && D == 2) /* replicas: (d, k, t) for every d */
     expected = "world 0 1 2 3\nround 1: tensor 0 1\nround 1: tensor 2 3\nround 2: replicas 0 2\n"
                "round 2: replicas 1 3\n";
@@ -383,13 +387,17 @@ static void order(TpComm *host, int S, int N) {
     const char *end = strchr(line, '\n');
     char text[128];
     snprintf(text, sizeof text, "%.*s", (int)(end - line), line);
+    size_t len = strlen(text);
+    bool traffic = len > 2 && !strcmp(text + len - 2, " +");
+    if (traffic) text[len - 2] = 0;
     const char *ranks = strrchr(text, ':') ? strrchr(text, ':') + 1 : strchr(text, ' ');
     char mine[16];
     snprintf(mine, sizeof mine, " %d", c->rank);
     bool member = false;
     for (const char *p = ranks; (p = strstr(p, mine)); p += strlen(mine))
       member |= p[strlen(mine)] == 0 || p[strlen(mine)] == ' ';
-    snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s\n", text, member ? " *" : "");
+    snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s%s\n", text, member ? " *" : "",
+             member && traffic ? " stream" : "");
     line = end + 1;
   }
   if (strcmp(got, want)) fprintf(stderr, "rank %d: communicators:\n%swanted:\n%s", c->rank, got, want);

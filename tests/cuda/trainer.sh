@@ -148,8 +148,9 @@ mpi) # under mpirun: 2 ranks (2 stages, 2 microbatches, 2 slices) and 4 (2 stage
 
 nccl) # the NCCL transport end to end (emulated NCCL: sends complete only once received, as
   # NCCL's; device memory allocation waits for the whole device): one GPU per rank, so the
-  # CUDA device's own open_comm picks NCCL; every rank must say so, and the bits must be the
-  # CPU trainer's under mpirun. 1F1B with several microbatches deadlocks a runtime that
+  # CUDA device's own open_comm picks NCCL; every rank must say so, the bits must be the
+  # CPU trainer's under mpirun, and a steady step's counts (stats.h) show no host wait
+  # inside the schedule. 1F1B with several microbatches deadlocks a runtime that
   # allocates (or waits for its stream) between its sends and the receive its peer needs.
   prog=pipe_trainer
   export PIPE_NCCL=1
@@ -164,6 +165,11 @@ nccl) # the NCCL transport end to end (emulated NCCL: sends complete only once r
     while [ $r -lt $2 ]; do
       grep -qx "pipe_trainer_cuda: rank $r: messages go through nccl" "$1-cuda.out" &&
         ok "$1: rank $r's messages go through NCCL" || fail "$1: rank $r: not NCCL: $(cat "$1-cuda.out")"
+      # the last step (no validation, no dump): the host waits twice (the losses at the
+      # schedule's end, the norm's pieces), allocates nothing and copies no pageable memory
+      counts=$(grep -o "step counts (rank $r): [a-z_=0-9. ]*" "$1-cuda.out" | tail -1)
+      echo "$counts" | grep -qE ' syncs=[0-2] allocs=0 queries=[0-9]+ pageable=0 ' &&
+        ok "$1: rank $r's last step: $counts" || fail "$1: rank $r's last step waits or copies more: $counts"
       r=$((r + 1))
     done
   done

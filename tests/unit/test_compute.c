@@ -7,8 +7,9 @@
  * Built again as test_compute_cuda (tests/cuda, TEST_CUDA_BACKEND) for the CUDA backend
  * (runtime/cuda/backend.cu) on the emulated CUDA runtime: the same checks, bit for bit but
  * the sum of squares (the same 64 pieces as the CPU's, summed inside each in another order:
- * within 1e-12), plus the device's opening (GPU choice, no GPU) and a bad index found at a
- * stream synchronization. run_unit's unit reads its parameter directly: emulated device
+ * within 1e-12), its multi-tensor entries against its per-tensor ones (bit for bit), plus
+ * the device's opening (GPU choice, no GPU), its pinned host memory (no pageable copy
+ * counted) and a bad index found at a stream synchronization. run_unit's unit reads its parameter directly: emulated device
  * memory is host memory. */
 #include <math.h>
 #include <signal.h>
@@ -23,6 +24,7 @@
 #include "../check.h"
 #ifdef TEST_CUDA_BACKEND
 #include "runtime/cuda/ops.h"
+#include "runtime/cuda/stats.h"
 #endif
 
 enum { N = 40000 }; /* above the kernels' threshold for OpenMP */
@@ -193,6 +195,73 @@ static void test_math(TpCompute *c, TpStream *s, bool exact_sums) {
   free(x), free(y), free(want);
 }
 
+/* The multi-tensor entries (where the backend has them) against the per-tensor ones, bit
+ * for bit: the norm's pieces of three tensors of odd sizes (of one only some pieces, as a
+ * --zero 1 shard asks; one tensor shorter than the piece count, whose pieces are partly
+ * empty), and two clipped AdamW steps over them with a weight decay each, an empty tensor
+ * among them. */
+static void test_many(TpCompute *c, TpStream *s) {
+  const char *name = c->be->name;
+  if (!c->be->sum_squares_many || !c->be->adamw_many) return;
+  enum { T = 4 };
+  const int64_t n[T] = {9999, 37, 0, 4097 * 3 + 5};
+  const double decay[T] = {0.1, 0, 0.3, 0.05};
+  float *w[T], *g[T], *dw[2][T], *dg[2][T], *dm[2][T], *dv[2][T]; /* [0]: per tensor, [1]: many */
+  for (int i = 0; i < T; i++) {
+    w[i] = rand_array(n[i] ? n[i] : 1, 2), g[i] = rand_array(n[i] ? n[i] : 1, 1);
+    float *zeros = calloc((size_t)n[i] + 1, sizeof *zeros);
+    for (int k = 0; k < 2; k++)
+      dw[k][i] = to_device(c, s, w[i], n[i]), dg[k][i] = to_device(c, s, g[i], n[i]),
+      dm[k][i] = to_device(c, s, zeros, n[i]), dv[k][i] = to_device(c, s, zeros, n[i]);
+    free(zeros);
+  }
+  size_t count = (size_t)T * TP_NORM_PIECES;
+  double *want = calloc(count, sizeof *want), *got = calloc(count, sizeof *got);
+  double *dwant = c->be->alloc(c, count * sizeof *want), *dgot = c->be->alloc(c, count * sizeof *got);
+  TpNormPiece *list = calloc(count, sizeof *list);
+  int listed = 0;
+  for (int i = 0; i < T; i++) {
+    int first = i == 3 ? 5 : 0, pieces = i == 3 ? 11 : TP_NORM_PIECES;
+    c->be->sum_squares_pieces(c, s, dg[0][i], n[i], first, pieces, dwant + i * TP_NORM_PIECES + first);
+    for (int p = first; p < first + pieces; p++)
+      list[listed++] = (TpNormPiece){dg[1][i], n[i], p, (int64_t)i * TP_NORM_PIECES + p};
+  }
+  c->be->sum_squares_many(c, s, list, listed, dgot);
+  c->be->copy_d2h(c, s, want, dwant, count * sizeof *want);
+  c->be->copy_d2h(c, s, got, dgot, count * sizeof *got);
+  c->be->stream_sync(c, s);
+  if (memcmp(got, want, count * sizeof *got)) fail("%s: sum_squares_many differs from sum_squares_pieces", name);
+
+  TpAdamWTensor tensors[T];
+  for (int step = 1; step <= 2; step++) {
+    float clip = step == 1 ? 0.37f : 1;
+    TpAdamW h = {1e-3, 0.9, 0.95, 1e-8, 0, step};
+    for (int i = 0; i < T; i++) {
+      TpAdamW hi = h;
+      hi.weight_decay = decay[i];
+      if (clip != 1) c->be->clip(c, s, dg[0][i], n[i], clip);
+      c->be->adamw(c, s, dw[0][i], dg[0][i], dm[0][i], dv[0][i], n[i], &hi);
+      tensors[i] = (TpAdamWTensor){dw[1][i], dg[1][i], dm[1][i], dv[1][i], n[i], decay[i]};
+    }
+    c->be->adamw_many(c, s, tensors, T, &h, clip);
+  }
+  const char *what[4] = {"adamw_many w", "adamw_many g (clipped)", "adamw_many m", "adamw_many v"};
+  for (int i = 0; i < T; i++)
+    for (int k = 0; k < 4; k++) {
+      float *const *pair[4][2] = {{dw[0], dw[1]}, {dg[0], dg[1]}, {dm[0], dm[1]}, {dv[0], dv[1]}};
+      float *a = to_host(c, s, pair[k][0][i], n[i]), *b = to_host(c, s, pair[k][1][i], n[i]);
+      same_bits(name, what[k], b, a, n[i]);
+      free(a), free(b);
+    }
+  for (int i = 0; i < T; i++) {
+    for (int k = 0; k < 2; k++)
+      c->be->free(c, dw[k][i]), c->be->free(c, dg[k][i]), c->be->free(c, dm[k][i]), c->be->free(c, dv[k][i]);
+    free(w[i]), free(g[i]);
+  }
+  c->be->free(c, dwant), c->be->free(c, dgot);
+  free(want), free(got), free(list);
+}
+
 /* pack: the arena's buffers (in message order, not arena order; one of zero bytes) into one
  * send buffer; unpack into another arena; an empty message packs nothing. */
 static void test_pack(TpCompute *c, TpStream *s) {
@@ -237,6 +306,7 @@ static void test_backend(const TpComputeBackend *be, bool exact_sums) {
   test_streams(c);
   test_run_unit(c, s);
   test_math(c, s, exact_sums);
+  test_many(c, s);
   test_pack(c, s);
   be->stream_free(c, s);
   close_backend(c);
@@ -331,9 +401,39 @@ static void test_open(void) {
 
 #endif
 
+#ifdef TEST_CUDA_BACKEND
+/* host_alloc's memory is zeroed and pinned: the step counters see no pageable copy to or
+ * from it (cudaPointerGetAttributes: host memory), and one from malloc'ed memory. */
+static void test_cuda_pinned(void) {
+  TpCompute *c = open_backend(&tp_compute_cuda);
+  TpStream *s = c->be->stream_new(c);
+  enum { BYTES = 1000 };
+  unsigned char *pinned = c->be->host_alloc(c, BYTES), *pageable = calloc(1, BYTES), zero[BYTES] = {0};
+  void *dev = c->be->alloc(c, BYTES);
+  if (!pinned || memcmp(pinned, zero, BYTES)) fail("cuda: host_alloc: not zeroed memory");
+  char line[256];
+  tp_cuda_stats_take(line, sizeof line);
+  c->be->copy_h2d(c, s, dev, pinned, BYTES);
+  c->be->copy_d2h(c, s, pinned + 10, dev, 20);
+  c->be->stream_sync(c, s);
+  tp_cuda_stats_take(line, sizeof line);
+  if (!strstr(line, " pageable=0 ")) fail("cuda: copies with host_alloc's memory were counted pageable: %s", line);
+  c->be->copy_h2d(c, s, dev, pageable, BYTES);
+  c->be->stream_sync(c, s);
+  tp_cuda_stats_take(line, sizeof line);
+  if (!strstr(line, " pageable=1 ")) fail("cuda: a copy from malloc'ed memory was not counted pageable: %s", line);
+  c->be->free(c, dev);
+  c->be->host_free(c, pinned);
+  free(pageable);
+  c->be->stream_free(c, s);
+  close_backend(c);
+}
+#endif
+
 int main(void) {
 #ifdef TEST_CUDA_BACKEND
   test_cuda_open();
+  test_cuda_pinned();
   test_backend(&tp_compute_cuda, false);
   test_cuda_bad_index();
   const char *tested = "cuda (emulated)";

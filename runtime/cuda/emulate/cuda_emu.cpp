@@ -240,8 +240,15 @@ int emulated_device_count(void) {
   return n ? atoi(n) : 1;
 }
 int current_device;
-/* What cudaMalloc handed out (start -> bytes), for cudaPointerGetAttributes. */
-std::map<uintptr_t, size_t> device_blocks;
+/* What cudaMalloc and cudaMallocHost handed out (start -> bytes), for
+ * cudaPointerGetAttributes. */
+std::map<uintptr_t, size_t> device_blocks, pinned_blocks;
+/* Whether p lies in one of `blocks` (a block of 0 bytes holds its first address). */
+bool in_blocks(const std::map<uintptr_t, size_t> &blocks, const void *p) {
+  uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  auto block = blocks.upper_bound(at);
+  return block != blocks.begin() && (--block, at < block->first + (block->second ? block->second : 1));
+}
 } // namespace
 
 void progress_all_streams(void);
@@ -330,12 +337,28 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
   free(p);
   return cudaSuccess;
 }
+/* Pinned (page-locked) host memory: host memory here too, told apart by
+ * cudaPointerGetAttributes, so that the step counters see which copies would be pageable. */
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+  cudaDeviceSynchronize();
+  *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  if (!*p) return cudaErrorMemoryAllocation;
+  pinned_blocks[reinterpret_cast<uintptr_t>(*p)] = bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void *p) {
+  cudaDeviceSynchronize();
+  pinned_blocks.erase(reinterpret_cast<uintptr_t>(p));
+  free(p);
+  return cudaSuccess;
+}
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
-  uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  auto block = device_blocks.upper_bound(at);
-  bool device = block != device_blocks.begin() && (--block, at < block->first + (block->second ? block->second : 1));
-  *a = {device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered, device ? current_device : -1,
-        device ? const_cast<void *>(p) : nullptr, nullptr};
+  bool device = in_blocks(device_blocks, p), pinned = !device && in_blocks(pinned_blocks, p);
+  *a = {device   ? cudaMemoryTypeDevice
+        : pinned ? cudaMemoryTypeHost
+                 : cudaMemoryTypeUnregistered,
+        device || pinned ? current_device : -1, device ? const_cast<void *>(p) : nullptr,
+        pinned ? const_cast<void *>(p) : nullptr};
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device) {

@@ -69,6 +69,8 @@ cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s);
+cudaError_t cudaMallocHost(void **p, size_t bytes); /* pinned host memory */
+cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
@@ -100,7 +102,8 @@ void tp_emu_stream_async(cudaStream_t s, bool (*poll)(void *arg), void *arg);
  * queues next); at once when there is none. */
 void tp_emu_stream_ready(cudaStream_t s);
 cudaError_t cudaEventQuery(cudaEvent_t e);
-/* Where a pointer points: device memory is what cudaMalloc returned (a host address here). */
+/* Where a pointer points: device memory is what cudaMalloc returned, pinned host memory
+ * what cudaMallocHost did (host addresses both). */
 enum cudaMemoryType {
   cudaMemoryTypeUnregistered = 0,
   cudaMemoryTypeHost = 1,
