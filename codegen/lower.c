@@ -274,7 +274,8 @@ static void lower_tensor_op(Lowerer *X, int op) {
 static bool waits(const Lowerer *X, int op) {
   const TpModule *m = X->L->m;
   const TpOp *o = &m->ops[op];
-  if (!X->folds || o->kind != TP_OP_Cast || X->npending == (int)(sizeof X->pending / sizeof *X->pending)) return false;
+  if (!X->folds || o->kind != TP_OP_Cast || X->npending == (int)(sizeof X->pending / sizeof *X->pending))
+    return false;
   int x = o->inputs[0], y = o->outputs[0];
   if (type_of(X, x)->dtype != TP_BF16 || type_of(X, y)->dtype != TP_F32 || y == m->loss) return false;
   for (int i = 0; i < m->noutputs; i++)
@@ -444,7 +445,8 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
                .rc = TP_OK};
   TP_ASSERT(X.declared && X.here);
   for (int id = 0; id < TP_K_COUNT; id++)
-    for (int i = 0; i < L->target->kernels[id].nargs; i++) X.folds = X.folds || L->target->kernels[id].args[i].operand;
+    for (int i = 0; i < L->target->kernels[id].nargs; i++)
+      X.folds = X.folds || L->target->kernels[id].args[i].operand;
   if (X.folds) {
     X.readers = calloc((size_t)m->nvalues + 1, sizeof *X.readers);
     X.folded = malloc(((size_t)m->nvalues + 1) * sizeof *X.folded);

@@ -94,9 +94,14 @@ static void bf16_operands(TpStream *stream, int count, const TpTensor *const *fr
   if (more) *more = p[count];
   for (int k = 0; k < count; k++) {
     int64_t n = tp_tensor_numel(from[k]);
-    out[k] = !wanted[k] ? NULL : from[k]->dtype == TP_BF16 ? static_cast<const uint16_t *>(from[k]->data)
-                                                           : static_cast<const uint16_t *>(p[k]);
-    if (!wanted[k] || from[k]->dtype == TP_BF16 || n == 0) continue;
+    out[k] = NULL;
+    if (!wanted[k]) continue;
+    if (from[k]->dtype == TP_BF16) {
+      out[k] = static_cast<const uint16_t *>(from[k]->data);
+      continue;
+    }
+    out[k] = static_cast<const uint16_t *>(p[k]);
+    if (n == 0) continue;
     TP_CUDA_COUNT(convert_bytes, 2 * (uint64_t)n);
     TP_LAUNCH(to_bf16_kernel, tp_elementwise_grid(n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda,
               static_cast<const float *>(from[k]->data), n, static_cast<uint16_t *>(p[k]));
@@ -129,10 +134,12 @@ TpKernelStatus tp_cuda_bf16_linear_backward_f32(const TpTensor *dy, const TpTens
   const uint16_t *h[3];
   void *wide = NULL;
   bf16_operands(stream, 3, from, wanted, h, widen ? (size_t)(M * N) * sizeof(float) : 0, &wide);
-  if (widen)
+  const float *dy_f32 = dbias ? static_cast<const float *>(dy->data) : NULL;
+  if (widen) {
     TP_LAUNCH(widen_bf16_kernel, tp_elementwise_grid(M * N), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda,
               static_cast<const uint16_t *>(dy->data), M * N, static_cast<float *>(wide));
-  const float *dy_f32 = !dbias ? NULL : widen ? static_cast<const float *>(wide) : static_cast<const float *>(dy->data);
+    dy_f32 = static_cast<const float *>(wide);
+  }
   tp_cuda_launch_linear_backward_bf16(stream->blas, h[0], h[1], h[2], dy_f32, M, K, N, transpose_w, dx, dw, dbias,
                                       stream->cuda);
   return TP_KERNEL_OK;

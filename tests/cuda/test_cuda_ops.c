@@ -895,8 +895,8 @@ static void linear_test(bool backward, bool bf16) {
         Tolerance tol = bf16 ? BF16 : F32;
         bool with_dx = outputs != 2, with_dw = outputs != 1;
         /* the operands: (x, w) forward, (dy, x, w) backward */
-        const TpTensor views[3] = {backward ? flat(dy, M * N) : flat(x, M * K), backward ? flat(x, M * K) : flat(w, K * N),
-                                   flat(w, K * N)};
+        const TpTensor views[3] = {backward ? flat(dy, M * N) : flat(x, M * K),
+                                   backward ? flat(x, M * K) : flat(w, K * N), flat(w, K * N)};
         const bool wanted[3] = {backward ? with_dx || with_dw : true, backward ? with_dw : true, with_dx};
         int nops = backward ? 3 : 2;
         uint64_t mark = tp_cuda_stats.convert_bytes;
@@ -921,7 +921,7 @@ static void linear_test(bool backward, bool bf16) {
         } else {
           float *wdx = poison(M * K + 1), *wdw = poison(K * N + 1), *wdb = poison(N + 1), *wdb16 = poison(N + 1);
           tp_linear_backward_f32(dyr, xr, wr, M, K, N, tw, with_dx ? wdx : NULL, with_dw ? wdw : NULL, NULL);
-          tp_linear_backward_f32(dy, x, w, M, K, N, tw, NULL, NULL, wdb); /* a sum of dy, no product */
+          tp_linear_backward_f32(dy, x, w, M, K, N, tw, NULL, NULL, wdb);    /* a sum of dy, no product */
           tp_linear_backward_f32(dyr, x, w, M, K, N, tw, NULL, NULL, wdb16); /* of a bf16 dy: its values */
           float *first_dx = NULL, *first_dw = NULL;
           for (int mix = 0; mix < (bf16 ? NMIXES : 1); mix++) {
@@ -1046,8 +1046,8 @@ static void matmul_test(bool backward, bool bf16) {
                TP_KERNEL_BAD_DTYPE);
   check_status("bf16 MatMul on f64", tp_cuda_bf16_matmul(&x, &f, &fy, stream()), TP_KERNEL_BAD_DTYPE);
   check_status("bf16 MatMul [2,3] [2,3]", tp_cuda_bf16_matmul(&h, &h, &fy, stream()), TP_KERNEL_BAD_SHAPE);
-  check_status("bf16 MatMulBackward [2,3] [2,3]", tp_cuda_bf16_matmul_backward_f32(&fy, &h, &h, NULL, NULL, stream()),
-               TP_KERNEL_BAD_SHAPE);
+  check_status("bf16 MatMulBackward [2,3] [2,3]",
+               tp_cuda_bf16_matmul_backward_f32(&fy, &h, &h, NULL, NULL, stream()), TP_KERNEL_BAD_SHAPE);
 }
 static void matmul_fwd(void) { matmul_test(false, false); }
 static void matmul_bwd(void) { matmul_test(true, false); }
@@ -1076,7 +1076,8 @@ static void gemm_test(bool bf16) {
         uint64_t convert, mark;
         mix_operands(MIXES[mix], 2, views, wanted, op, &convert);
         mark = tp_cuda_stats.convert_bytes;
-        check_status(what, (bf16 ? tp_cuda_bf16_gemm : tp_cuda_gemm)(&op[0], &op[1], cp, ta, tb, 0.5, 2, &g, stream()),
+        check_status(what,
+                     (bf16 ? tp_cuda_bf16_gemm : tp_cuda_gemm)(&op[0], &op[1], cp, ta, tb, 0.5, 2, &g, stream()),
                      TP_KERNEL_OK);
         sync_expect(what, -1);
         check_tensor(what, &g, mix ? &first : &w, mix ? EXACT : bf16 ? BF16 : F32);
