@@ -267,8 +267,10 @@ static void lower_tensor_op(Lowerer *X, int op) {
  * value back, so the result is the same without the conversion. Such a Cast waits
  * (X->pending) until the op after it is lowered: if that op is its only reader and takes it
  * only as such operands, and the bf16 value's bytes still hold it when the product runs
- * (the memory plan may give them to another buffer once the Cast, their last reader, has
- * run), the Cast is folded; otherwise it is lowered then, where it stood. */
+ * (the memory plan keeps them for the product where it is told the target's products read
+ * bf16, TpMemoryOptions; planned without, it may give them to a later buffer once the Cast,
+ * their last reader, has run), the Cast is folded; otherwise it is lowered then, where it
+ * stood. */
 
 /* Does op wait for the op after it (a Cast from bf16 to f32 that a product may fold)? */
 static bool waits(const Lowerer *X, int op) {
@@ -444,9 +446,7 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
                .here = calloc((size_t)m->nops + 1, sizeof(bool)),
                .rc = TP_OK};
   TP_ASSERT(X.declared && X.here);
-  for (int id = 0; id < TP_K_COUNT; id++)
-    for (int i = 0; i < L->target->kernels[id].nargs; i++)
-      X.folds = X.folds || L->target->kernels[id].args[i].operand;
+  X.folds = tp_target_reads_bf16(L->target);
   if (X.folds) {
     X.readers = calloc((size_t)m->nvalues + 1, sizeof *X.readers);
     X.folded = malloc(((size_t)m->nvalues + 1) * sizeof *X.folded);

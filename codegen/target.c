@@ -166,6 +166,13 @@ const TpTarget *tp_target_find(const char *name, const char *precision) {
   return NULL;
 }
 
+bool tp_target_reads_bf16(const TpTarget *t) {
+  for (int id = 0; id < TP_K_COUNT; id++)
+    for (int i = 0; i < t->kernels[id].nargs; i++)
+      if (t->kernels[id].args[i].operand) return true;
+  return false;
+}
+
 /* Into buf, ", "-separated: the targets' names (name NULL), or target `name`'s precisions. */
 static const char *list(char *buf, size_t size, const char *name) {
   buf[0] = 0;

@@ -73,6 +73,9 @@ typedef struct {
   const char *fill_i64;     /* F(dst, value, io->stream): queues storing one int64 (TensorRank) */
 } TpTarget;
 
+/* Do the target's matrix products read bf16 operands as they are stored (an OPERAND
+ * argument read as a view: codegen/lower.c folds read-back Casts into them)? */
+bool tp_target_reads_bf16(const TpTarget *t);
 /* The target named `name` in `precision` (NULL: its first, fp32), or NULL. */
 const TpTarget *tp_target_find(const char *name, const char *precision);
 /* The known targets' names, ", "-separated, for a usage message. */
