@@ -289,7 +289,9 @@ cudaError_t cudaGetDevice(int *device) {
  * deadlocks here as it could on a GPU. */
 cudaError_t cudaMalloc(void **p, size_t bytes) {
   cudaDeviceSynchronize();
-  *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  /* 256-byte aligned as CUDA's: the products' alignments (the cuBLASLt plans' keys) are then
+   * a GPU's, not the host allocator's */
+  *p = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (!*p) return cudaErrorMemoryAllocation;
   device_blocks[reinterpret_cast<uintptr_t>(*p)] = bytes;
   return cudaSuccess;
