@@ -33,6 +33,7 @@ static float *scratch(const TpTensor *f, const TpTensor *like, void **buffer) {
 /* One call per row of kernels.def: its argument macros as expressions over the row's struct a. */
 #define VIEW(f) a->f
 #define DATA(f) data_of(a->f)
+#define OPERAND(kind, f) kind(f)
 #define SCALAR(f) (*(const float *)a->f->data)
 #define SCRATCH(f, like) scratch(a->f, a->like, buffer)
 #define RANK(f) a->f->rank

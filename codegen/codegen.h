@@ -14,6 +14,7 @@
 #ifndef TOKPIPE_CODEGEN_H
 #define TOKPIPE_CODEGEN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -81,10 +82,19 @@ typedef struct {
   int *param_tied_stage;   /* per parameter: 0, or the last stage, which reads a tied copy */
 } TpMemoryPlan;
 
-/* Plans the module's memory. Reports what the plan cannot hold (a value crossing stages, a
- * parameter that is not f32, ...) as internal errors, since the passes should not produce
- * it. On success *plan owns arrays freed by tp_memory_plan_free. */
-int tp_plan_memory(const TpModule *m, TpMemoryPlan *plan, TpDiag *d);
+/* What the target's kernels read besides the module's values. products_read_bf16: a matrix
+ * product (Linear, MatMul, Gemm and their backwards) reads the bf16 value that its
+ * operand's read-back Cast widens (codegen/lower.c folds the Cast: codegen/target.h's
+ * tp_target_reads_bf16), so that value lives until the product. */
+typedef struct {
+  bool products_read_bf16;
+} TpMemoryOptions;
+
+/* Plans the module's memory for a target reading as o says (NULL: the module's values only).
+ * Reports what the plan cannot hold (a value crossing stages, a parameter that is not f32,
+ * ...) as internal errors, since the passes should not produce it. On success *plan owns
+ * arrays freed by tp_memory_plan_free. */
+int tp_plan_memory(const TpModule *m, const TpMemoryOptions *o, TpMemoryPlan *plan, TpDiag *d);
 void tp_memory_plan_free(TpMemoryPlan *plan);
 /* Places stage s's buffers all in its arena (transient_bytes[s] 0, arena_bytes[s]
  * one_region_bytes[s]): for a rank keeping one microbatch at a time, whose arena may reuse

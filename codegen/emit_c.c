@@ -836,7 +836,8 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
   const TpEmitProbe *pr = &E->o->probes[k];
   const TpModule *pm = pr->m;
   TpMemoryPlan plan;
-  int rc = tp_plan_memory(pm, &plan, E->d);
+  const TpMemoryOptions mo = {tp_target_reads_bf16(E->target)};
+  int rc = tp_plan_memory(pm, &mo, &plan, E->d);
   if (rc != TP_OK) return rc;
   if (plan.nstages != E->mem->nstages)
     rc = tp_internal(E->d, "codegen: probe (l %lld, c %lld) has %d stages, the plan %d", (long long)pr->l,
@@ -891,11 +892,13 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
 int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   static const TpEmitOptions none = {0};
   if (!o) o = &none;
-  if (!tp_target_find(o->target ? o->target : "cpu", o->precision))
+  const TpTarget *target = tp_target_find(o->target ? o->target : "cpu", o->precision);
+  if (!target)
     return tp_error(d, "no code generation target '%s'%s%s", o->target ? o->target : "cpu",
                     o->precision ? " in precision " : "", o->precision ? o->precision : "");
   TpMemoryPlan plan;
-  int rc = tp_plan_memory(m, &plan, d);
+  const TpMemoryOptions mo = {tp_target_reads_bf16(target)};
+  int rc = tp_plan_memory(m, &mo, &plan, d);
   if (rc != TP_OK) return rc;
   TpPipeline pipe;
   rc = tp_pipeline_build(m, &plan, o->pipeline, &pipe, d);

@@ -16,6 +16,12 @@ typedef struct {
   bool *declared; /* per value: declared in the function */
   bool *here;     /* per op: lowered in the function (not a boundary copy, not outlined) */
   int rc;
+  /* Where the target's products read bf16 operands (fold_operands): */
+  bool folds;     /* the target's table has such operands */
+  int *readers;   /* per value: how many times ops read it */
+  int *folded;    /* per value: the bf16 value a product reads in place of it (-1: none) */
+  int pending[8]; /* read-back Casts waiting for the op after them */
+  int npending;
 } Lowerer;
 
 static TpLowStmt *add(Lowerer *X, TpLowKind kind) {
@@ -191,7 +197,11 @@ static void lower_call(Lowerer *X, const TpBound *b, const Views *w) {
   TP_ASSERT(k->name[0]);
   TpLowArg *args = calloc((size_t)k->nargs + 1, sizeof *args);
   TP_ASSERT(args);
-  for (int i = 0; i < k->nargs; i++) args[i] = lower_arg(X, &k->args[i], b, w);
+  for (int i = 0; i < k->nargs; i++) {
+    args[i] = lower_arg(X, &k->args[i], b, w);
+    if (X->folds && k->args[i].operand && args[i].value >= 0 && X->folded[args[i].value] >= 0)
+      args[i].value = X->folded[args[i].value]; /* the bf16 value (fold_operands) */
+  }
   TpLowStmt *s = add(X, TP_LOW_CALL);
   s->kernel = b->kernel, s->nargs = k->nargs, s->args = args;
 }
@@ -249,25 +259,129 @@ static void lower_tensor_op(Lowerer *X, int op) {
   }
 }
 
-/* The statements of one op; its results are declared already. The op's binder gives the
- * kernel and its arguments from views of the operands' types; what is decided here is the
- * plan's memory: a token slice's keys and values are appended to, and read in place from,
- * their context buffers. */
+/* ---- bf16 operands read as they are stored ----
+ * Where the target's products take bf16 operands (TpArgSpelling.operand), a product that
+ * reads the f32 Cast of a bf16 value (store-bf16's read-back of a weight's working copy, a
+ * saved activation, a gradient from another unit) is given the bf16 value itself, and the
+ * Cast runs nothing: the product would round the f32 operand to bf16, which gives that
+ * value back, so the result is the same without the conversion. Such a Cast waits
+ * (X->pending) until the op after it is lowered: if that op is its only reader and takes it
+ * only as such operands, and the bf16 value's bytes still hold it when the product runs
+ * (the memory plan keeps them for the product where it is told the target's products read
+ * bf16, TpMemoryOptions; planned without, it may give them to a later buffer once the Cast,
+ * their last reader, has run), the Cast is folded; otherwise it is lowered then, where it
+ * stood. */
+
+/* Does op wait for the op after it (a Cast from bf16 to f32 that a product may fold)? */
+static bool waits(const Lowerer *X, int op) {
+  const TpModule *m = X->L->m;
+  const TpOp *o = &m->ops[op];
+  if (!X->folds || o->kind != TP_OP_Cast || X->npending == (int)(sizeof X->pending / sizeof *X->pending))
+    return false;
+  int x = o->inputs[0], y = o->outputs[0];
+  if (type_of(X, x)->dtype != TP_BF16 || type_of(X, y)->dtype != TP_F32 || y == m->loss) return false;
+  for (int i = 0; i < m->noutputs; i++)
+    if (m->outputs[i] == y) return false;
+  return true;
+}
+
+static const TpMemSlot *storage(const TpMemoryPlan *p, int v) {
+  while (p->value[v].kind == TP_MEM_VIEW) v = p->value[v].index;
+  return &p->value[v];
+}
+
+/* Can writing slot b change the bytes of slot a? */
+static bool slots_overlap(const TpMemSlot *a, const TpMemSlot *b) {
+  if (a->kind != b->kind) return false;
+  if (a->kind == TP_MEM_PARAM || a->kind == TP_MEM_GRAD) return a->index == b->index;
+  if (a->kind != TP_MEM_ARENA) return false;
+  return a->stage == b->stage && a->transient == b->transient && a->offset < b->offset + b->bytes &&
+         b->offset < a->offset + a->bytes;
+}
+
+/* Is slot s written by op's results or scratch, or by a pending Cast that is not folded? */
+static bool written_before_product(const Lowerer *X, int op, const TpMemSlot *s, const bool *fold) {
+  const TpModule *m = X->L->m;
+  const TpMemoryPlan *p = X->L->mem;
+  for (int k = 0; k < m->ops[op].noutputs; k++)
+    if (m->ops[op].outputs[k] >= 0 && slots_overlap(s, storage(p, m->ops[op].outputs[k]))) return true;
+  if (slots_overlap(s, &p->scratch[op])) return true;
+  for (int i = 0; i < X->npending; i++)
+    if (!fold[i] && slots_overlap(s, storage(p, m->ops[X->pending[i]].outputs[0]))) return true;
+  return false;
+}
+
+static void lower_op(Lowerer *X, int op);
+
+/* Lowers the pending Casts not folded, in their order. */
+static void flush_pending(Lowerer *X, const bool *fold) {
+  int n = X->npending, casts[sizeof X->pending / sizeof *X->pending];
+  memcpy(casts, X->pending, sizeof casts);
+  X->npending = 0;
+  for (int i = 0; i < n && X->rc == TP_OK; i++)
+    if (!fold || !fold[i]) lower_op(X, casts[i]);
+}
+
+/* Decides which pending Casts the call of bound op b (w: its views) folds (X->folded), and
+ * lowers the others. */
+static void fold_operands(Lowerer *X, const TpBound *b, const Views *w) {
+  const TpModule *m = X->L->m;
+  const TpKernelSpelling *k = &X->L->target->kernels[b->kernel];
+  const TpOp *o = &m->ops[w->op];
+  bool fold[sizeof X->pending / sizeof *X->pending] = {false};
+  for (int i = 0; i < X->npending; i++) {
+    int y = m->ops[X->pending[i]].outputs[0], reads = 0, operands = 0, inputs = 0;
+    for (int j = 0; j < o->ninputs; j++) inputs += o->inputs[j] == y;
+    for (int a = 0; a < k->nargs; a++) {
+      if (k->args[a].kind > TP_ARG_DIMS) continue;
+      const TpTensor *t = *(const TpTensor *const *)((const char *)b + k->args[a].offset);
+      if (value_of(X, w, t) != y) continue;
+      reads++;
+      operands += k->args[a].operand;
+    }
+    fold[i] = reads > 0 && operands == reads && inputs == X->readers[y];
+  }
+  for (bool changed = true; changed;) { /* a Cast left to run writes its result: check again */
+    changed = false;
+    for (int i = 0; i < X->npending; i++) {
+      const TpMemSlot *s = storage(X->L->mem, m->ops[X->pending[i]].inputs[0]);
+      if (fold[i] && written_before_product(X, w->op, s, fold)) fold[i] = false, changed = true;
+    }
+  }
+  for (int i = 0; i < X->npending; i++)
+    if (fold[i]) X->folded[m->ops[X->pending[i]].outputs[0]] = m->ops[X->pending[i]].inputs[0];
+  flush_pending(X, fold);
+}
+
+/* The op's first statement and its results' declarations. */
+static void begin_op(Lowerer *X, int op, bool view) {
+  const TpOp *o = &X->L->m->ops[op];
+  TpLowStmt *begin = add(X, TP_LOW_OP);
+  begin->op = op, begin->view = view;
+  for (int k = 0; k < o->noutputs; k++)
+    if (o->outputs[k] >= 0) declare(X, o->outputs[k], false);
+}
+
+/* The statements of one op, after the pending Casts it does not fold. The op's binder gives
+ * the kernel and its arguments from views of the operands' types; what is decided here is
+ * the plan's memory: a token slice's keys and values are appended to, and read in place from,
+ * their context buffers, and a product reads bf16 operands as they are stored. */
 static void lower_op(Lowerer *X, int op) {
   const TpModule *m = X->L->m;
   const TpOp *o = &m->ops[op];
   const TpOpBinding *r = tp_op_binding(o->kind);
-  if (o->kind == TP_OP_Reshape && reshape_is_view(X->L->mem, op, m)) return;
-  if (o->kind == TP_OP_TensorCopy || o->kind == TP_OP_AllReduce) {
-    lower_tensor_op(X, op);
+  if (o->kind == TP_OP_Reshape && reshape_is_view(X->L->mem, op, m)) {
+    flush_pending(X, NULL);
+    begin_op(X, op, true);
     return;
   }
-  if (o->kind == TP_OP_TensorRank) {
-    lower_tensor_rank(X, op);
-    return;
-  }
-  if (!r->bind) {
-    unsupported(X, op, NULL);
+  bool tensor_op = o->kind == TP_OP_TensorCopy || o->kind == TP_OP_AllReduce;
+  if (tensor_op || o->kind == TP_OP_TensorRank || !r->bind) {
+    flush_pending(X, NULL);
+    begin_op(X, op, false);
+    if (tensor_op) lower_tensor_op(X, op);
+    else if (o->kind == TP_OP_TensorRank) lower_tensor_rank(X, op);
+    else unsupported(X, op, NULL);
     return;
   }
   if ((r->dtypes == TP_BIND_F32 || r->dtypes == TP_BIND_F32_COPY) && !f32_only(X, op)) return;
@@ -306,6 +420,8 @@ static void lower_op(Lowerer *X, int op) {
     }
     a->p.kv_rows = rows;
   }
+  fold_operands(X, &b, &w);
+  begin_op(X, op, false);
   lower_call(X, &b, &w);
 }
 
@@ -324,8 +440,22 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
   const TpModule *m = L->m;
   const int *order = L->mem->order[s];
   *f = (TpLowFunc){0};
-  Lowerer X = {L, f, calloc((size_t)m->nvalues + 1, sizeof(bool)), calloc((size_t)m->nops + 1, sizeof(bool)), TP_OK};
+  Lowerer X = {.L = L,
+               .f = f,
+               .declared = calloc((size_t)m->nvalues + 1, sizeof(bool)),
+               .here = calloc((size_t)m->nops + 1, sizeof(bool)),
+               .rc = TP_OK};
   TP_ASSERT(X.declared && X.here);
+  X.folds = tp_target_reads_bf16(L->target);
+  if (X.folds) {
+    X.readers = calloc((size_t)m->nvalues + 1, sizeof *X.readers);
+    X.folded = malloc(((size_t)m->nvalues + 1) * sizeof *X.folded);
+    TP_ASSERT(X.readers && X.folded);
+    for (int v = 0; v < m->nvalues; v++) X.folded[v] = -1;
+    for (int op = 0; op < m->nops; op++)
+      for (int k = 0; k < m->ops[op].ninputs; k++)
+        if (m->ops[op].inputs[k] >= 0) X.readers[m->ops[op].inputs[k]]++;
+  }
   for (int i = from, c = 0; i < to; i++) {
     if (tp_is_boundary_op(m, order[i])) continue;
     f->nops++;
@@ -348,6 +478,7 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
     int op = order[i];
     const TpOp *o = &m->ops[op];
     if (c < noutlined && i == outlined[c].begin) {
+      flush_pending(&X, NULL);
       add(&X, TP_LOW_OUTLINED)->call = c;
       i = outlined[c++].end - 1;
       continue;
@@ -356,16 +487,16 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
     bool view = o->kind == TP_OP_Reshape && reshape_is_view(L->mem, op, m);
     /* A Reshape that runs nothing is only worth a line where its result is read here. */
     if (view && !read_after(&X, order + i + 1, to - i - 1, o->outputs[0])) continue;
-    TpLowStmt *begin = add(&X, TP_LOW_OP);
-    begin->op = op, begin->view = view;
-    for (int k = 0; k < o->noutputs; k++)
-      if (o->outputs[k] >= 0) declare(&X, o->outputs[k], false);
-    lower_op(&X, op);
+    if (waits(&X, op)) X.pending[X.npending++] = op;
+    else lower_op(&X, op);
   }
+  if (X.rc == TP_OK) flush_pending(&X, NULL);
   if (X.rc == TP_OK && !backward && m->loss >= 0 && m->values[m->loss].def >= 0 && X.here[m->values[m->loss].def])
     add(&X, L->target->copy_to_host ? TP_LOW_LOSS_COPY : TP_LOW_LOSS_STORE)->value = m->loss;
   free(X.declared);
   free(X.here);
+  free(X.readers);
+  free(X.folded);
   return X.rc;
 }
 

@@ -343,7 +343,17 @@ static int storage_of(const TpMemoryPlan *p, int v) {
 }
 
 /* Live ranges of the arena buffers, in stage positions. */
-static int live_ranges(const TpModule *m, TpMemoryPlan *p, const int *pos, TpDiag *d) {
+/* A matrix product reading a read-back Cast's result (store-bf16's f32 widening of a bf16
+ * value) that the target folds, reading the bf16 value itself: that value's buffer. */
+static bool product_reads_bf16(const TpModule *m, const TpOp *o, int i) {
+  int c = m->values[o->inputs[i]].kind == TP_VAL_RESULT ? m->values[o->inputs[i]].def : -1;
+  bool product = o->kind == TP_OP_Linear || o->kind == TP_OP_LinearBackward || o->kind == TP_OP_MatMul ||
+                 o->kind == TP_OP_MatMulBackward || o->kind == TP_OP_Gemm;
+  return product && c >= 0 && m->ops[c].kind == TP_OP_Cast && m->values[m->ops[c].inputs[0]].type.dtype == TP_BF16 &&
+         m->values[o->inputs[i]].type.dtype == TP_F32;
+}
+
+static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p, const int *pos, TpDiag *d) {
   for (int op = 0; op < m->nops; op++)
     for (int k = 0; k < m->ops[op].noutputs; k++) {
       int r = m->ops[op].outputs[k];
@@ -364,6 +374,10 @@ static int live_ranges(const TpModule *m, TpMemoryPlan *p, const int *pos, TpDia
                            m->values[o->inputs[i]].name, s->stage, o->stage);
       }
       if (pos[op] > s->last) s->last = pos[op];
+      if (mo && mo->products_read_bf16 && product_reads_bf16(m, o, i)) {
+        TpMemSlot *b = &p->value[storage_of(p, m->ops[m->values[o->inputs[i]].def].inputs[0])];
+        if (b->kind == TP_MEM_ARENA && b->stage == o->stage && pos[op] > b->last) b->last = pos[op];
+      }
     }
   }
   /* Boundary buffers live for the whole microbatch: the runtime fills and sends them
@@ -537,7 +551,7 @@ static int64_t live_peak(const Buf *bufs, int n, int positions) {
   return peak;
 }
 
-int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
+int tp_plan_memory(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p, TpDiag *d) {
   *p = (TpMemoryPlan){0};
   p->nstages = p->nslices = 1;
   for (int op = 0; op < m->nops; op++) {
@@ -580,7 +594,7 @@ int tp_plan_memory(const TpModule *m, TpMemoryPlan *p, TpDiag *d) {
 
   int rc = classify(m, p, used, uses, d);
   if (rc == TP_OK) rc = order_ops(m, p, pos, d);
-  if (rc == TP_OK) rc = live_ranges(m, p, pos, d);
+  if (rc == TP_OK) rc = live_ranges(m, mo, p, pos, d);
   if (rc == TP_OK) list_messages(m, p, pos), param_stages(m, p);
   bool *boundary = calloc((size_t)nv + 1, sizeof *boundary);
   TP_ASSERT(boundary);

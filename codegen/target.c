@@ -22,30 +22,32 @@ static const char *const cpu_headers[] = {
     [H_LAYOUT_BACKWARD] = "cpu/layout_backward.h",
 };
 
-/* The cpu table, built once from runtime/kernels/kernels.def's rows: each row's function and header,
+/* The rows, built once from runtime/kernels/kernels.def: each row's function and header,
  * and its argument macros as TpArgSpellings of the fields of the row's struct (Args, a
  * typedef per row) in TpBound. A field whose type is not the argument kind's is a compile
  * error, so the interpreter's call (bind/call.c) and the printed one agree by construction.
- * The cuda tables are derived from it (device_kernels), so a kernel has one argument list
- * for every target. */
+ * The cpu table is the rows; the cuda tables are derived from them (device_kernels), so a
+ * kernel has one argument list for every target. */
 #define FIELD(f, ...) (offsetof(TpBound, a) + offsetof(Args, f) + 0 * _Generic(((Args *)0)->f, __VA_ARGS__ : 0))
 #define VIEW_FIELD(f) FIELD(f, const TpTensor * : 0, TpTensor *)
 #define ARG(kind, f, ...)                                                                                           \
-  { TP_ARG_##kind, FIELD(f, __VA_ARGS__), 0 }
+  { TP_ARG_##kind, FIELD(f, __VA_ARGS__), 0, false }
 #define ARG2(kind, f, T, g, U)                                                                                      \
-  { TP_ARG_##kind, FIELD(f, T), FIELD(g, U) }
+  { TP_ARG_##kind, FIELD(f, T), FIELD(g, U), false }
 #define VIEW(f)                                                                                                     \
-  { TP_ARG_VIEW, VIEW_FIELD(f), 0 }
+  { TP_ARG_VIEW, VIEW_FIELD(f), 0, false }
 #define DATA(f)                                                                                                     \
-  { TP_ARG_DATA, VIEW_FIELD(f), 0 }
+  { TP_ARG_DATA, VIEW_FIELD(f), 0, false }
+#define OPERAND(kind, f)                                                                                            \
+  { TP_ARG_##kind, VIEW_FIELD(f), 0, true }
 #define SCALAR(f)                                                                                                   \
-  { TP_ARG_SCALAR, VIEW_FIELD(f), 0 }
+  { TP_ARG_SCALAR, VIEW_FIELD(f), 0, false }
 #define SCRATCH(f, like)                                                                                            \
-  { TP_ARG_SCRATCH, VIEW_FIELD(f), VIEW_FIELD(like) }
+  { TP_ARG_SCRATCH, VIEW_FIELD(f), VIEW_FIELD(like), false }
 #define RANK(f)                                                                                                     \
-  { TP_ARG_RANK, VIEW_FIELD(f), 0 }
+  { TP_ARG_RANK, VIEW_FIELD(f), 0, false }
 #define DIMS(f)                                                                                                     \
-  { TP_ARG_DIMS, VIEW_FIELD(f), 0 }
+  { TP_ARG_DIMS, VIEW_FIELD(f), 0, false }
 #define I64(f) ARG(I64, f, int64_t)
 #define INT(f) ARG(INT, f, int)
 #define BOOL(f) ARG(BOOL, f, bool)
@@ -57,54 +59,62 @@ static const char *const cpu_headers[] = {
 #define UNARY_OP(f) ARG(UNARY_OP, f, TpUnaryOp)
 #define BINARY_OP(f) ARG(BINARY_OP, f, TpBinaryOp)
 #define ATTENTION(p, mask)                                                                                          \
-  { TP_ARG_ATTENTION, FIELD(p, TpAttention), VIEW_FIELD(mask) }
+  { TP_ARG_ATTENTION, FIELD(p, TpAttention), VIEW_FIELD(mask), false }
 #define LOSS(o, weight)                                                                                             \
-  { TP_ARG_LOSS, FIELD(o, TpLossOptions), VIEW_FIELD(weight) }
+  { TP_ARG_LOSS, FIELD(o, TpLossOptions), VIEW_FIELD(weight), false }
 #define BAD(f) ARG(BAD, f, int64_t *)
 
-static TpKernelSpelling cpu_kernels[TP_K_COUNT];
+/* The rows as written (OPERAND arguments marked), and the cpu table, which passes them as
+ * written (its products take f32 operands); has_bf16_entry: the rows followed by a BF16_SIG
+ * (the products, whose --precision bf16 CUDA entry points are tp_cuda_bf16_X). */
+static TpKernelSpelling rows[TP_K_COUNT], cpu_kernels[TP_K_COUNT];
+static bool has_bf16_entry[TP_K_COUNT];
 
-static void build_cpu_kernels(void) {
+static void build_rows(void) {
+  int row = -1; /* the last K row: the one a BF16_SIG follows */
 #define K(id, member, Args_, fn, header_, ...)                                                                      \
   {                                                                                                                 \
     typedef Args_ Args;                                                                                             \
+    row = TP_K_##id;                                                                                                \
     const TpArgSpelling args[] = {__VA_ARGS__};                                                                     \
     /* one more for a device target's stream */                                                                     \
     _Static_assert(sizeof args / sizeof *args < TP_MAX_KERNEL_ARGS, #fn ": too many arguments");                    \
-    TpKernelSpelling *k = &cpu_kernels[TP_K_##id];                                                                  \
+    TpKernelSpelling *k = &rows[TP_K_##id];                                                                         \
     *k = (TpKernelSpelling){.name = #fn, .header = H_##header_, .nargs = sizeof args / sizeof *args};               \
     memcpy(k->args, args, sizeof args);                                                                             \
   }
+#define BF16_SIG(...) has_bf16_entry[row] = true;
 #include "../runtime/kernels/kernels.def"
 #undef K
+#undef BF16_SIG
+  for (int id = 0; id < TP_K_COUNT; id++) {
+    cpu_kernels[id] = rows[id];
+    for (int i = 0; i < rows[id].nargs; i++) cpu_kernels[id].args[i].operand = false;
+  }
 }
 
-/* A device table from the cpu one: row function tp_X becomes <prefix>X (the matrix
- * products <product_prefix>X), declared in the target's one header (index 0); a SCALAR
- * argument is passed as its device pointer (DATA), since the host cannot read it; and the
- * unit's stream follows the row's arguments. */
-static void device_kernels(TpKernelSpelling *table, const char *prefix, const char *product_prefix) {
-  static const TpKernelId products[] = {TP_K_GEMM,
-                                        TP_K_MATMUL,
-                                        TP_K_LINEAR,
-                                        TP_K_LINEAR_BACKWARD,
-                                        TP_K_MATMUL_BACKWARD,
-                                        TP_K_ATTENTION,
-                                        TP_K_ATTENTION_BACKWARD};
+/* A device table from the rows: row function tp_X becomes <prefix>X (the products, the rows
+ * with a BF16_SIG, <product_prefix>X), declared in the target's one header
+ * (index 0); a SCALAR argument is passed as its device pointer (DATA), since the host cannot
+ * read it; a product's OPERAND is its view where the products take bf16 operands
+ * (bf16_operands: kernels.def's BF16_SIG), else as on the cpu; and the unit's stream
+ * follows the row's arguments. */
+static void device_kernels(TpKernelSpelling *table, const char *prefix, const char *product_prefix,
+                           bool bf16_operands) {
   for (int id = 0; id < TP_K_COUNT; id++) {
-    const TpKernelSpelling *cpu = &cpu_kernels[id];
+    const TpKernelSpelling *row = &rows[id];
     TpKernelSpelling *k = &table[id];
-    *k = *cpu;
-    const char *to = prefix;
-    for (size_t i = 0; i < sizeof products / sizeof *products; i++)
-      if (products[i] == (TpKernelId)id) to = product_prefix;
-    TP_ASSERT(strncmp(cpu->name, "tp_", 3) == 0);
-    int n = snprintf(k->name, sizeof k->name, "%s%s", to, cpu->name + 3);
+    *k = *row;
+    TP_ASSERT(strncmp(row->name, "tp_", 3) == 0);
+    int n = snprintf(k->name, sizeof k->name, "%s%s", has_bf16_entry[id] ? product_prefix : prefix, row->name + 3);
     TP_ASSERT(n > 0 && (size_t)n < sizeof k->name);
     k->header = 0;
-    for (int i = 0; i < k->nargs; i++)
+    for (int i = 0; i < k->nargs; i++) {
       if (k->args[i].kind == TP_ARG_SCALAR) k->args[i].kind = TP_ARG_DATA;
-    k->args[k->nargs++] = (TpArgSpelling){TP_ARG_STREAM, 0, 0};
+      k->args[i].operand = bf16_operands && k->args[i].operand;
+      if (k->args[i].operand) k->args[i].kind = TP_ARG_VIEW;
+    }
+    k->args[k->nargs++] = (TpArgSpelling){TP_ARG_STREAM, 0, 0, false};
   }
 }
 
@@ -149,15 +159,22 @@ enum { NTARGETS = sizeof targets / sizeof *targets };
 
 const TpTarget *tp_target_find(const char *name, const char *precision) {
   if (!cpu_kernels[0].name[0]) {
-    build_cpu_kernels();
-    device_kernels(cuda_kernels, "tp_cuda_", "tp_cuda_");
-    device_kernels(cuda_bf16_kernels, "tp_cuda_", "tp_cuda_bf16_");
+    build_rows();
+    device_kernels(cuda_kernels, "tp_cuda_", "tp_cuda_", false);
+    device_kernels(cuda_bf16_kernels, "tp_cuda_", "tp_cuda_bf16_", true);
   }
   for (int i = 0; i < NTARGETS; i++)
     if (strcmp(targets[i].name, name) == 0 &&
         (!precision || (targets[i].precision && strcmp(targets[i].precision, precision) == 0)))
       return &targets[i];
   return NULL;
+}
+
+bool tp_target_reads_bf16(const TpTarget *t) {
+  for (int id = 0; id < TP_K_COUNT; id++)
+    for (int i = 0; i < t->kernels[id].nargs; i++)
+      if (t->kernels[id].args[i].operand) return true;
+  return false;
 }
 
 /* Into buf, ", "-separated: the targets' names (name NULL), or target `name`'s precisions. */

@@ -4,10 +4,12 @@
  * kernel's row, and how the plan reaches memory that a device target's host cannot read.
  * codegen/lower.c binds every op (bind/bind.h) and lowers the call through the chosen
  * target's table; codegen/emit_c.c prints it. Targets: cpu (runtime/cpu), and cuda
- * (runtime/cuda/ops.h) in the precisions fp32 and bf16 (bf16 matrix products). */
+ * (runtime/cuda/ops.h) in the precisions fp32, fp16 and bf16 (bf16 matrix products, whose
+ * operands may be bf16 values as they are stored). */
 #ifndef TOKPIPE_CODEGEN_TARGET_H
 #define TOKPIPE_CODEGEN_TARGET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "../bind/bind.h"
@@ -40,6 +42,10 @@ typedef enum {
 typedef struct {
   TpArgKind kind;
   size_t offset, aux; /* in TpBound */
+  /* a matrix product's multiplied operand (kernels.def's OPERAND) that the target reads as
+   * a view of f32 or bf16 (its products take bf16 operands): codegen/lower.c may pass the
+   * stored bf16 value a Cast would widen */
+  bool operand;
 } TpArgSpelling;
 
 #define TP_MAX_KERNEL_ARGS 13
@@ -67,6 +73,9 @@ typedef struct {
   const char *fill_i64;     /* F(dst, value, io->stream): queues storing one int64 (TensorRank) */
 } TpTarget;
 
+/* Do the target's matrix products read bf16 operands as they are stored (an OPERAND
+ * argument read as a view: codegen/lower.c folds read-back Casts into them)? */
+bool tp_target_reads_bf16(const TpTarget *t);
 /* The target named `name` in `precision` (NULL: its first, fp32), or NULL. */
 const TpTarget *tp_target_find(const char *name, const char *precision);
 /* The known targets' names, ", "-separated, for a usage message. */

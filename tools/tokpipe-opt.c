@@ -40,7 +40,7 @@ static int generate(const TpModule *m, bool c, char **text, TpDiag *d) {
   TP_ASSERT(f);
   TpMemoryPlan plan;
   TpEmitOptions o = {.version = TOKPIPE_VERSION};
-  int rc = c ? tp_emit_c(m, &o, f, d) : tp_plan_memory(m, &plan, d);
+  int rc = c ? tp_emit_c(m, &o, f, d) : tp_plan_memory(m, NULL, &plan, d);
   if (rc == TP_OK && !c) {
     tp_print_memory(m, &plan, NULL, f);
     tp_memory_plan_free(&plan);

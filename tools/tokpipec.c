@@ -136,7 +136,9 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
   if (!report && strcmp(emit, "c") != 0 && max_memory <= 0) return TP_OK;
   TpMemoryPlan plan;
   TpPipeline pl;
-  int rc = tp_plan_memory(m, &plan, d);
+  const TpTarget *target = tp_target_find(probes->target ? probes->target : "cpu", probes->precision);
+  const TpMemoryOptions mo = {target && tp_target_reads_bf16(target)}; /* the plan's, as tp_emit_c plans it */
+  int rc = tp_plan_memory(m, &mo, &plan, d);
   if (rc != TP_OK) return rc;
   rc = tp_pipeline_build(m, &plan, po, &pl, d);
   bool built = rc == TP_OK;

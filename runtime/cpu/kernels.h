@@ -1,4 +1,4 @@
-/* The CPU kernels' declarations, one per SIG (or PRODUCT_SIG) row of
+/* The CPU kernels' declarations, one per SIG row of
  * runtime/kernels/kernels.def: TpKernelStatus tp_<stem>(parameters). Each kernel's comment
  * (what it computes, its shapes) is above its row there; its definition is in the file of
  * its header (the row's header column: elementwise.c for ELEMENTWISE, ...), which includes

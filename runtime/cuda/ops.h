@@ -14,9 +14,11 @@
  *     shapes; runtime/kernels/check.h's checks, which both targets run), and
  *     TP_KERNEL_BAD_DTYPE for a case the CPU kernel takes and these do not.
  * With --precision bf16 the plans call tp_cuda_bf16_X for the matrix products (GEMM,
- * MATMUL, LINEAR and their backwards) and attention (ATTENTION and its backward): the same
- * parameters; operands rounded to bf16, products accumulated in fp32 (cuBLASLt; attention
- * on the tensor cores, attention.cu), results fp32.
+ * MATMUL, LINEAR and their backwards, and attention; kernels.def's BF16_SIG rows): the
+ * multiplied operands of a matrix product are views, each f32 (rounded to bf16 in scratch,
+ * counted as converted bytes) or bf16 (read as it is: a weight's 16-bit working copy, a
+ * stored activation or gradient); products accumulated in fp32 (cuBLASLt; attention on the
+ * tensor cores, attention.cu, rounding its f32 operands as it loads them), results fp32.
  *
  * Each entry point is defined in the file of its kernels, beside their __global__
  * functions (activation.cu: the activations and gated MLPs; norm.cu, rotary.cu, softmax.cu,
@@ -51,14 +53,13 @@ TpKernelStatus tp_cuda_copy_to_host(void *host, const void *device, size_t bytes
 TpKernelStatus tp_cuda_fill_i64(int64_t *dst, int64_t value, TpStream *stream);
 
 /* The entry points, one per row of runtime/kernels/kernels.def (its SIG row's parameters,
- * then the stream), and the bf16 matrix products. */
+ * then the stream), and the bf16 products (its BF16_SIG rows). */
 #define SIG(stem, ...) TpKernelStatus tp_cuda_##stem(__VA_ARGS__, TpStream *stream);
-#define PRODUCT_SIG(stem, ...)                                                                                      \
-  SIG(stem, __VA_ARGS__) TpKernelStatus tp_cuda_bf16_##stem(__VA_ARGS__, TpStream *stream);
+#define BF16_SIG(stem, ...) TpKernelStatus tp_cuda_bf16_##stem(__VA_ARGS__, TpStream *stream);
 #define SCALAR_PARAM(name) const float *name
 #include "../kernels/kernels.def"
 #undef SIG
-#undef PRODUCT_SIG
+#undef BF16_SIG
 #undef SCALAR_PARAM
 
 /* Attention on the tensor cores with the forward's statistics kept for the backward:

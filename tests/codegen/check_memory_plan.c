@@ -49,7 +49,7 @@ static int check(const char *model, TpDimBinding *dims, int ndims) {
   while (tp_default_pipeline[n]) n++;
   if (tp_import_onnx_file(model, &o, &m, &d) || tp_run_passes(m, tp_default_pipeline, n, NULL, &d)) return 1;
   TpMemoryPlan p;
-  if (tp_plan_memory(m, &p, &d)) return 1;
+  if (tp_plan_memory(m, NULL, &p, &d)) return 1;
   int bad = 0;
   /* storage of everything the ops touch, and live ranges that cover each use */
   for (int op = 0; op < m->nops && !bad; op++) {

@@ -30,6 +30,7 @@
 #include "cpu/reduce.h"
 #include "cpu/transformer.h"
 #include "cuda/ops.h"
+#include "cuda/stats.h"
 #include "compare.h" /* after cuda/ops.h: stream() */
 
 static const Tolerance EXACT = {0, 0}, F32 = {1e-5, 1e-5}, BF16 = {1e-4, 1e-4};
@@ -857,7 +858,10 @@ static void copy_to_host(void) {
 }
 
 /* ---- matrix products, in f32 and with bf16 operands (checked against the CPU's product of
- * the operands rounded to bf16) ---- */
+ * the operands rounded to bf16). The bf16 entry points take each multiplied operand as a
+ * view: f32 (rounded in scratch, 2 bytes per element counted in convert_bytes) or bf16 (a
+ * stored value, read as it is, nothing counted). Every operand f32, every one bf16 and a mix
+ * give the same bits. ---- */
 
 /* x as the bf16 plan's products read it: a copy rounded to bf16 when bf16, else x */
 static float *operand(const float *x, int64_t n, bool bf16) {
@@ -865,6 +869,41 @@ static float *operand(const float *x, int64_t n, bool bf16) {
   float *r = buffer((size_t)n * sizeof *r);
   for (int64_t i = 0; i < n; i++) r[i] = tp_bf16_to_f32(tp_f32_to_bf16(x[i]));
   return r;
+}
+
+/* n f32 elements at x as a 1-D view */
+static TpTensor flat(float *x, int64_t n) { return (TpTensor){.dtype = TP_F32, .rank = 1, .dims = {n}, .data = x}; }
+
+/* f32 view t's values rounded to bf16, as a bf16 view (how a stored operand holds them) */
+static TpTensor bf16_copy(const TpTensor *t) {
+  TpTensor r = result(TP_BF16, t->rank, t->dims);
+  for (int64_t i = 0; i < tp_tensor_numel(t); i++)
+    ((uint16_t *)r.data)[i] = tp_f32_to_bf16(((const float *)t->data)[i]);
+  return r;
+}
+
+/* The operand mixes tried: operand k bf16 where bit k is set (all f32 first). */
+static const unsigned MIXES[] = {0, 5, 7};
+enum { NMIXES = sizeof MIXES / sizeof *MIXES, MAX_OPERANDS = 3 };
+
+/* The product's operands in mix `mix`: views f[k], or bf16 copies of them; *convert gets the
+ * bytes the call rounds (2 per element of each wanted f32 operand). */
+static void mix_operands(unsigned mix, int n, const TpTensor *f, const bool *wanted, TpTensor *out,
+                         uint64_t *convert) {
+  *convert = 0;
+  for (int k = 0; k < n; k++) {
+    out[k] = mix >> k & 1 ? bf16_copy(&f[k]) : f[k];
+    if (!(mix >> k & 1) && wanted[k]) *convert += 2 * (uint64_t)tp_tensor_numel(&f[k]);
+  }
+}
+
+/* Checks the bytes the calls since *mark converted (where they are counted), then marks. */
+static void check_converted(const char *what, unsigned mix, uint64_t want, uint64_t *mark) {
+  uint64_t got = tp_cuda_stats.convert_bytes - *mark;
+  *mark = tp_cuda_stats.convert_bytes;
+  if (tp_cuda_stats_on && got != want)
+    fail("%s, operand mix %u: convert_bytes %llu, want %llu", what, mix, (unsigned long long)got,
+         (unsigned long long)want);
 }
 
 static void linear_test(bool backward, bool bf16) {
@@ -879,30 +918,68 @@ static void linear_test(bool backward, bool bf16) {
         snprintf(what, sizeof what, "%sLinear%s [%lld,%lld,%lld] transpose_w %d outputs %d", bf16 ? "bf16 " : "",
                  backward ? "Backward" : "", (long long)M, (long long)K, (long long)N, tw, outputs);
         Tolerance tol = bf16 ? BF16 : F32;
+        bool with_dx = outputs != 2, with_dw = outputs != 1;
+        /* the operands: (x, w) forward, (dy, x, w) backward */
+        const TpTensor views[3] = {backward ? flat(dy, M * N) : flat(x, M * K),
+                                   backward ? flat(x, M * K) : flat(w, K * N), flat(w, K * N)};
+        const bool wanted[3] = {backward ? with_dx || with_dw : true, backward ? with_dw : true, with_dx};
+        int nops = backward ? 3 : 2;
+        uint64_t mark = tp_cuda_stats.convert_bytes;
+        float *first = NULL; /* mix 0's result */
         if (!backward) {
-          float *want = poison(M * N + 1), *got = poison(M * N + 1);
+          float *want = poison(M * N + 1);
           tp_linear_f32(xr, wr, bias, M, K, N, tw, want);
-          check_status(what,
-                       (bf16 ? tp_cuda_bf16_linear_f32 : tp_cuda_linear_f32)(x, w, bias, M, K, N, tw, got, stream()),
-                       TP_KERNEL_OK);
-          compare(what, got, want, M * N, tol);
+          for (int mix = 0; mix < (bf16 ? NMIXES : 1); mix++) {
+            float *got = poison(M * N + 1);
+            TpTensor op[MAX_OPERANDS];
+            uint64_t convert;
+            mix_operands(MIXES[mix], nops, views, wanted, op, &convert);
+            mark = tp_cuda_stats.convert_bytes;
+            check_status(what,
+                         bf16 ? tp_cuda_bf16_linear_f32(&op[0], &op[1], bias, M, K, N, tw, got, stream())
+                              : tp_cuda_linear_f32(x, w, bias, M, K, N, tw, got, stream()),
+                         TP_KERNEL_OK);
+            compare(what, got, mix ? first : want, M * N, mix ? EXACT : tol);
+            if (bf16) check_converted(what, MIXES[mix], convert, &mark);
+            first = mix ? first : got;
+          }
         } else {
-          float *wdx = poison(M * K + 1), *gdx = poison(M * K + 1), *wdw = poison(K * N + 1),
-                *gdw = poison(K * N + 1);
-          float *wdb = poison(N + 1), *gdb = poison(N + 1);
-          bool with_dx = outputs != 2, with_dw = outputs != 1;
+          float *wdx = poison(M * K + 1), *wdw = poison(K * N + 1), *wdb = poison(N + 1), *wdb16 = poison(N + 1);
           tp_linear_backward_f32(dyr, xr, wr, M, K, N, tw, with_dx ? wdx : NULL, with_dw ? wdw : NULL, NULL);
-          tp_linear_backward_f32(dy, x, w, M, K, N, tw, NULL, NULL, wdb); /* a sum of dy, no product */
-          check_status(what,
-                       (bf16 ? tp_cuda_bf16_linear_backward_f32
-                             : tp_cuda_linear_backward_f32)(dy, x, w, M, K, N, tw, with_dx ? gdx : NULL,
+          tp_linear_backward_f32(dy, x, w, M, K, N, tw, NULL, NULL, wdb);    /* a sum of dy, no product */
+          tp_linear_backward_f32(dyr, x, w, M, K, N, tw, NULL, NULL, wdb16); /* of a bf16 dy: its values */
+          float *first_dx = NULL, *first_dw = NULL;
+          for (int mix = 0; mix < (bf16 ? NMIXES : 1); mix++) {
+            float *gdx = poison(M * K + 1), *gdw = poison(K * N + 1), *gdb = poison(N + 1);
+            TpTensor op[MAX_OPERANDS];
+            uint64_t convert;
+            mix_operands(MIXES[mix], nops, views, wanted, op, &convert);
+            mark = tp_cuda_stats.convert_bytes;
+            check_status(what,
+                         bf16 ? tp_cuda_bf16_linear_backward_f32(&op[0], &op[1], &op[2], M, K, N, tw,
+                                                                 with_dx ? gdx : NULL, with_dw ? gdw : NULL, gdb,
+                                                                 stream())
+                              : tp_cuda_linear_backward_f32(dy, x, w, M, K, N, tw, with_dx ? gdx : NULL,
                                                             with_dw ? gdw : NULL, gdb, stream()),
-                       TP_KERNEL_OK);
-          compare(what, gdx, wdx, M * K + 1, tol); /* + 1: the poison past the end, and all of an output left out */
-          check_close(what, gdw, wdw, K * N + 1, tol);
-          check_close(what, gdb, wdb, N, F32);
+                         TP_KERNEL_OK);
+            /* + 1: the poison past the end, and all of an output left out */
+            compare(what, gdx, mix ? first_dx : wdx, M * K + 1, mix ? EXACT : tol);
+            check_close(what, gdw, mix ? first_dw : wdw, K * N + 1, mix ? EXACT : tol);
+            check_close(what, gdb, MIXES[mix] & 1 ? wdb16 : wdb, N, F32);
+            if (bf16) check_converted(what, MIXES[mix], convert, &mark);
+            first_dx = mix ? first_dx : gdx, first_dw = mix ? first_dw : gdw;
+          }
         }
       }
+  if (!bf16) return;
+  /* refused: an operand of another dtype or size */
+  int64_t n6 = 6;
+  TpTensor f = tensor(TP_F32, 1, &n6, -1, 1), h = tensor(TP_F16, 1, &n6, -1, 1);
+  float *y = poison(9);
+  check_status("bf16 Linear on an f16 operand", tp_cuda_bf16_linear_f32(&h, &f, NULL, 3, 2, 3, false, y, stream()),
+               TP_KERNEL_BAD_DTYPE);
+  check_status("bf16 Linear, w of 6 elements for [2,4]",
+               tp_cuda_bf16_linear_f32(&f, &f, NULL, 3, 2, 4, false, y, stream()), TP_KERNEL_BAD_SHAPE);
 }
 static void linear_fwd(void) { linear_test(false, false); }
 static void linear_bwd(void) { linear_test(true, false); }
@@ -933,39 +1010,69 @@ static void matmul_test(bool backward, bool bf16) {
     TpMatmulLayout l;
     tp_matmul_layout(&a, &b, &l);
     int64_t yd[2] = {l.nbatch * l.M, l.N};
-    TpTensor w = result(TP_F32, 2, yd), g = result(TP_F32, 2, yd);
     char what[64];
     snprintf(what, sizeof what, "%sMatMul%s case %zu", bf16 ? "bf16 " : "", backward ? "Backward" : "", c);
     Tolerance tol = bf16 ? BF16 : F32;
+    uint64_t mark = tp_cuda_stats.convert_bytes, convert;
+    TpTensor op[MAX_OPERANDS];
     if (!backward) {
-      check_status(what, (bf16 ? tp_cuda_bf16_matmul : tp_cuda_matmul)(&a, &b, &g, stream()),
-                   tp_matmul(&ar, &br, &w));
-      sync_expect(what, -1);
-      check_tensor(what, &g, &w, tol);
+      TpTensor w = result(TP_F32, 2, yd), first = w;
+      const TpTensor views[2] = {a, b};
+      const bool wanted[2] = {true, true};
+      check_status(what, tp_matmul(&ar, &br, &w), TP_KERNEL_OK);
+      for (int mix = 0; mix < (bf16 ? NMIXES : 1); mix++) {
+        TpTensor g = result(TP_F32, 2, yd);
+        mix_operands(MIXES[mix], 2, views, wanted, op, &convert);
+        mark = tp_cuda_stats.convert_bytes;
+        check_status(what, (bf16 ? tp_cuda_bf16_matmul : tp_cuda_matmul)(&op[0], &op[1], &g, stream()),
+                     TP_KERNEL_OK);
+        sync_expect(what, -1);
+        check_tensor(what, &g, mix ? &first : &w, mix ? EXACT : tol);
+        if (bf16) check_converted(what, MIXES[mix], convert, &mark);
+        first = mix ? first : g;
+      }
     } else {
       TpTensor dy = tensor(TP_F32, 2, yd, -1, 1), dyr = dy;
       dyr.data = operand(dy.data, tp_tensor_numel(&dy), bf16);
+      const TpTensor views[3] = {dy, a, b};
       for (int outputs = 0; outputs < 3; outputs++) { /* da and db, da alone, db alone */
-        TpTensor wda = result_like(&a), gda = result_like(&a), wdb = result_like(&b), gdb = result_like(&b);
+        TpTensor wda = result_like(&a), wdb = result_like(&b), first_da = wda, first_db = wdb;
         bool with_da = outputs != 2, with_db = outputs != 1;
-        check_status(what,
-                     (bf16 ? tp_cuda_bf16_matmul_backward_f32
-                           : tp_cuda_matmul_backward_f32)(&dy, &a, &b, with_da ? &gda : NULL, with_db ? &gdb : NULL,
-                                                          stream()),
-                     tp_matmul_backward_f32(&dyr, &ar, &br, with_da ? &wda : NULL, with_db ? &wdb : NULL));
-        sync_expect(what, -1);
-        check_tensor(what, &gda, &wda, tol); /* an output left out: the poison of both, untouched */
-        check_tensor(what, &gdb, &wdb, tol);
+        const bool wanted[3] = {true, with_db, with_da};
+        check_status(what, tp_matmul_backward_f32(&dyr, &ar, &br, with_da ? &wda : NULL, with_db ? &wdb : NULL),
+                     TP_KERNEL_OK);
+        for (int mix = 0; mix < (bf16 ? NMIXES : 1); mix++) {
+          TpTensor gda = result_like(&a), gdb = result_like(&b);
+          mix_operands(MIXES[mix], 3, views, wanted, op, &convert);
+          mark = tp_cuda_stats.convert_bytes;
+          check_status(what,
+                       (bf16 ? tp_cuda_bf16_matmul_backward_f32
+                             : tp_cuda_matmul_backward_f32)(&op[0], &op[1], &op[2], with_da ? &gda : NULL,
+                                                            with_db ? &gdb : NULL, stream()),
+                       TP_KERNEL_OK);
+          sync_expect(what, -1);
+          /* an output left out: the poison of both, untouched */
+          check_tensor(what, &gda, mix ? &first_da : &wda, mix ? EXACT : tol);
+          check_tensor(what, &gdb, mix ? &first_db : &wdb, mix ? EXACT : tol);
+          if (bf16) check_converted(what, MIXES[mix], convert, &mark);
+          if (!mix) first_da = gda, first_db = gdb;
+        }
       }
     }
   }
   int64_t d2[2] = {2, 3};
   TpTensor x = tensor(TP_F64, 2, d2, 0, 1), y = result(TP_F64, 2, d2), f = tensor(TP_F32, 2, d2, 0, 1);
-  TpTensor fy = result(TP_F32, 2, d2);
+  TpTensor fy = result(TP_F32, 2, d2), h = bf16_copy(&f);
   check_status("MatMul on f64 (the CPU's, not here)", tp_cuda_matmul(&x, &x, &y, stream()), TP_KERNEL_BAD_DTYPE);
   check_status("MatMul [2,3] [2,3]", tp_cuda_matmul(&f, &f, &fy, stream()), tp_matmul(&f, &f, &fy));
   check_status("MatMulBackward [2,3] [2,3]", tp_cuda_matmul_backward_f32(&fy, &f, &f, NULL, NULL, stream()),
                tp_matmul_backward_f32(&fy, &f, &f, NULL, NULL));
+  check_status("MatMul on bf16 (a bf16 product's operand only)", tp_cuda_matmul(&h, &f, &fy, stream()),
+               TP_KERNEL_BAD_DTYPE);
+  check_status("bf16 MatMul on f64", tp_cuda_bf16_matmul(&x, &f, &fy, stream()), TP_KERNEL_BAD_DTYPE);
+  check_status("bf16 MatMul [2,3] [2,3]", tp_cuda_bf16_matmul(&h, &h, &fy, stream()), TP_KERNEL_BAD_SHAPE);
+  check_status("bf16 MatMulBackward [2,3] [2,3]",
+               tp_cuda_bf16_matmul_backward_f32(&fy, &h, &h, NULL, NULL, stream()), TP_KERNEL_BAD_SHAPE);
 }
 static void matmul_fwd(void) { matmul_test(false, false); }
 static void matmul_bwd(void) { matmul_test(true, false); }
@@ -982,20 +1089,34 @@ static void gemm_test(bool bf16) {
       TpTensor a = tensor(TP_F32, 2, ad, -2, 2), b = tensor(TP_F32, 2, bd, -2, 2), ar = a, br = b;
       ar.data = operand(a.data, M * K, bf16), br.data = operand(b.data, K * N, bf16);
       TpTensor c = tensor(TP_F32, 2, cs < 3 ? c_shapes[cs] : yd, -1, 1);
-      TpTensor w = result(TP_F32, 2, yd), g = result(TP_F32, 2, yd);
+      TpTensor w = result(TP_F32, 2, yd), first = w;
       const TpTensor *cp = cs < 3 ? &c : NULL;
+      const TpTensor views[2] = {a, b};
+      const bool wanted[2] = {true, true};
       char what[64];
       snprintf(what, sizeof what, "%sGemm trans %d, c case %d", bf16 ? "bf16 " : "", t, cs);
-      check_status(what, (bf16 ? tp_cuda_bf16_gemm : tp_cuda_gemm)(&a, &b, cp, ta, tb, 0.5, 2, &g, stream()),
-                   tp_gemm(&ar, &br, cp, ta, tb, 0.5, 2, &w));
-      sync_expect(what, -1);
-      check_tensor(what, &g, &w, bf16 ? BF16 : F32);
+      check_status(what, tp_gemm(&ar, &br, cp, ta, tb, 0.5, 2, &w), TP_KERNEL_OK);
+      for (int mix = 0; mix < (bf16 ? NMIXES : 1); mix++) {
+        TpTensor g = result(TP_F32, 2, yd), op[MAX_OPERANDS];
+        uint64_t convert, mark;
+        mix_operands(MIXES[mix], 2, views, wanted, op, &convert);
+        mark = tp_cuda_stats.convert_bytes;
+        check_status(what,
+                     (bf16 ? tp_cuda_bf16_gemm : tp_cuda_gemm)(&op[0], &op[1], cp, ta, tb, 0.5, 2, &g, stream()),
+                     TP_KERNEL_OK);
+        sync_expect(what, -1);
+        check_tensor(what, &g, mix ? &first : &w, mix ? EXACT : bf16 ? BF16 : F32);
+        if (bf16) check_converted(what, MIXES[mix], convert, &mark);
+        first = mix ? first : g;
+      }
     }
   int64_t d2[2] = {2, 3}, d3[2] = {3, 3};
   TpTensor x = tensor(TP_F32, 2, d2, 0, 1), y = result(TP_F32, 2, d3), i = tensor(TP_I32, 2, d2, 0, 1);
   check_status("Gemm [2,3] [2,3]", tp_cuda_gemm(&x, &x, NULL, false, false, 1, 0, &y, stream()),
                tp_gemm(&x, &x, NULL, false, false, 1, 0, &y));
   check_status("Gemm on i32 (the CPU's, not here)", tp_cuda_gemm(&i, &i, NULL, true, false, 1, 0, &y, stream()),
+               TP_KERNEL_BAD_DTYPE);
+  check_status("bf16 Gemm on i32", tp_cuda_bf16_gemm(&i, &x, NULL, true, false, 1, 0, &y, stream()),
                TP_KERNEL_BAD_DTYPE);
 }
 static void gemm_fwd(void) { gemm_test(false); }
