@@ -482,14 +482,20 @@ static int close_outputs(Trainer *t, int rc) {
   return rc;
 }
 
+/* One write of the whole line: other processes write to the same stderr (their step counts). */
 static void print_progress(const Trainer *t, const StepRecord *r, int64_t total) {
+  char line[256];
   int width = snprintf(NULL, 0, "%" PRId64, total);
-  fprintf(stderr, "step %*" PRId64 "/%" PRId64 " | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", width,
-          r->step, total, r->loss, r->lr, r->norm, r->ms,
-          (double)(train_rows(t->plan) * t->plan->seq) / (r->ms / 1e3));
-  if (!isnan(r->val_loss)) fprintf(stderr, " | val %.6f", r->val_loss);
-  if (r->loss_scale) fprintf(stderr, " | scale %g%s", (double)r->loss_scale, r->skipped ? " (skipped)" : "");
-  fputc('\n', stderr);
+  size_t n = (size_t)snprintf(line, sizeof line,
+                              "step %*" PRId64 "/%" PRId64
+                              " | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
+                              width, r->step, total, r->loss, r->lr, r->norm, r->ms,
+                              (double)(train_rows(t->plan) * t->plan->seq) / (r->ms / 1e3));
+  if (!isnan(r->val_loss) && n < sizeof line)
+    n += (size_t)snprintf(line + n, sizeof line - n, " | val %.6f", r->val_loss);
+  if (r->loss_scale && n < sizeof line)
+    snprintf(line + n, sizeof line - n, " | scale %g%s", (double)r->loss_scale, r->skipped ? " (skipped)" : "");
+  fprintf(stderr, "%s\n", line);
 }
 
 /* Test hooks: SIGKILL after the given step; with TOKPIPE_TEST_KILL_RANK, only that rank. */
