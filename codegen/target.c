@@ -84,8 +84,13 @@ static void build_cpu_kernels(void) {
  * argument is passed as its device pointer (DATA), since the host cannot read it; and the
  * unit's stream follows the row's arguments. */
 static void device_kernels(TpKernelSpelling *table, const char *prefix, const char *product_prefix) {
-  static const TpKernelId products[] = {TP_K_GEMM, TP_K_MATMUL, TP_K_LINEAR, TP_K_LINEAR_BACKWARD,
-                                        TP_K_MATMUL_BACKWARD};
+  static const TpKernelId products[] = {TP_K_GEMM,
+                                        TP_K_MATMUL,
+                                        TP_K_LINEAR,
+                                        TP_K_LINEAR_BACKWARD,
+                                        TP_K_MATMUL_BACKWARD,
+                                        TP_K_ATTENTION,
+                                        TP_K_ATTENTION_BACKWARD};
   for (int id = 0; id < TP_K_COUNT; id++) {
     const TpKernelSpelling *cpu = &cpu_kernels[id];
     TpKernelSpelling *k = &table[id];

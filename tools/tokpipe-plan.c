@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "passes/planner/gpu_step.h"
 #include "passes/planner/plan.h"
 
 #ifndef TOKPIPE_PROFILE_DIRS
@@ -85,6 +86,12 @@ static const char usage[] =
     "  --svg FILE           draw the shown plan's pipeline timeline\n"
     "  --trace FILE         write it as a Chrome/Perfetto trace\n"
     "  --cost-table FILE    solve Eq. 5 on {\"granularity\": g, \"stages\": K, \"t\": T[b][s][c]}\n"
+    "One GPU's step:\n"
+    "  --gpu-step           price the step of --batch sequences on one device of --hardware\n"
+    "                       (e.g. h100, h200) kernel class by kernel class (products,\n"
+    "                       attention as one flash kernel each way, elementwise/norm, loss,\n"
+    "                       optimizer): FLOPs, bytes, kernels and time of each, the step's\n"
+    "                       time, tokens/s and MFU (6N + 12 L h T FLOPs per token)\n"
     "  --profiles DIRS      ':'-separated profile folders (default: built-in)\n"
     "  --help, --version\n"
     "Exit status: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
@@ -512,6 +519,41 @@ static const TpCompileCaps tokpipec_caps = {.bf16 = true,
  * profile without its size, of a model under another file name, is warned about (into
  * warning, printed once the plan is made, so that an error stays one line). Both name the
  * two models. */
+/* --gpu-step: one device's step by kernel class (passes/planner/gpu_step.h). */
+static int run_gpu_step(const TpHardware *hw, const TpModelDesc *model, bool tied, int batch, bool json, TpDiag *d) {
+  TpCostModel cm;
+  int rc = tp_cost_model_init(&cm, hw, model, 1, 1, 1, d);
+  if (rc) return rc;
+  cm.untied = !tied;
+  cm.flash_attention = true;
+  TpGpuStep s;
+  tp_gpu_step(&cm, batch, &s);
+  if (json) {
+    printf("{\"hardware\": \"%s\", \"peak_flops\": %.6g, \"memory_bandwidth\": %.6g, \"batch\": %d, \"seq\": %d, "
+           "\"params\": %.6g, \"classes\": {",
+           hw->name, hw->peak_flops, hw->mem_bandwidth, batch, model->seq, s.params);
+    for (int c = 0; c < TP_GPU_CLASSES; c++)
+      printf("%s\"%s\": {\"flops\": %.6g, \"bytes\": %.6g, \"kernels\": %d, \"seconds\": %.6g}", c ? ", " : "",
+             tp_gpu_class_names[c], s.cls[c].flops, s.cls[c].bytes, s.cls[c].kernels, s.cls[c].seconds);
+    printf("}, \"model_flops\": %.6g, \"seconds\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g}\n", s.model_flops,
+           s.seconds, s.tokens_per_s, s.mfu);
+    return TP_OK;
+  }
+  printf("GPU step model: %d layers, hidden %d, %d heads, vocabulary %d%s, %.4g parameters; batch %d x %d tokens\n",
+         model->layers, model->hidden, model->heads, model->vocab, tied ? ", tied head" : "", s.params, batch,
+         model->seq);
+  printf("on %s: %s, %.0f TFLOP/s %s dense peak, GEMMs at %.2f of it, %.0f GB/s sustained, %.0f us per kernel\n",
+         hw->name, hw->device, hw->peak_flops / 1e12, hw->dtype, hw->gemm_efficiency, hw->mem_bandwidth / 1e9,
+         hw->kernel_overhead_s * 1e6);
+  printf("  %-17s %8s %10s %10s %9s %6s\n", "class", "kernels", "GFLOP", "GB", "ms", "share");
+  for (int c = 0; c < TP_GPU_CLASSES; c++)
+    printf("  %-17s %8d %10.1f %10.2f %9.3f %5.1f%%\n", tp_gpu_class_names[c], s.cls[c].kernels,
+           s.cls[c].flops / 1e9, s.cls[c].bytes / 1e9, s.cls[c].seconds * 1e3, 100 * s.cls[c].seconds / s.seconds);
+  printf("predicted step %.2f ms: %.0f tokens/s, MFU %.1f%% (%.2f TFLOP of model FLOPs per step)\n", s.seconds * 1e3,
+         s.tokens_per_s, 100 * s.mfu, s.model_flops / 1e12);
+  return TP_OK;
+}
+
 static int check_profile_model(const TpProfile *prof, const char *path, const char *name, const TpModelDesc *model,
                                char *warning, size_t size, TpDiag *d) {
   const char *measured = prof->model[0] ? prof->model : "an unnamed model";
@@ -540,7 +582,8 @@ int main(int argc, char **argv) {
   char extra[1024] = ""; /* the model options, for the tokpipec command line */
   size_t nextra = 0;
   double max_memory = -1;
-  bool json = false, joint = true, uniform_stages = false, emit_schedule = false, storage_given = false;
+  bool json = false, joint = true, uniform_stages = false, emit_schedule = false, storage_given = false,
+       gpu_step = false;
   TpPrecision precision = TP_PRECISION_FP32;
   TpRecompute recompute = TP_RECOMPUTE_NONE;
   int64_t zero = 0;
@@ -558,6 +601,7 @@ int main(int argc, char **argv) {
     else if (cli_is(a, "--no-joint")) joint = false;
     else if (cli_is(a, "--uniform-stages")) uniform_stages = true;
     else if (cli_is(a, "--emit=schedule")) emit_schedule = true;
+    else if (cli_is(a, "--gpu-step")) gpu_step = true;
     else if (cli_value(argc, argv, &i, "--model", &model_spec)) {
     } else if (cli_value(argc, argv, &i, "--hardware", &hardware)) {
     } else if (cli_value(argc, argv, &i, "--cost-table", &cost_table)) {
@@ -615,6 +659,10 @@ int main(int argc, char **argv) {
   if (!input && (dims.n || dims.token_dims[1]))
     cli_usage_error("--seq and --dim apply to a model file (MODEL.onnx)");
   bool predicting = slices || microbatches;
+  if (gpu_step && (calibrate || predicting || search || gpus || storage_given || svg || trace || emit_schedule ||
+                   uniform_stages || !joint || (pipeline | tensor | data) > 1))
+    cli_usage_error("--gpu-step prices one device's step of the whole model: it takes a model, --hardware, "
+                    "--batch and --json only");
   if (storage_given && !predicting)
     cli_usage_error("--precision, --zero and --recompute price one plan (with --slices or --microbatches); the "
                     "search chooses them itself");
@@ -687,6 +735,8 @@ int main(int argc, char **argv) {
     rc = check_profile_model(&prof, calibrate, input ? input : model_spec, &model, profile_warning,
                              sizeof profile_warning, &d);
   if (!rc) rc = tp_hardware_find(hardware, profiles, &hw, &d);
+  if (gpu_step)
+    return cli_exit_code(rc ? rc : run_gpu_step(&hw, &model, tied, batch > 0 ? (int)batch : 1, json, &d));
   if (!rc && gpus && !searching && gpus != pipeline * tensor * data)
     rc = tp_error(&d, "--gpus %lld is not pipeline x tensor x data = %lld x %lld x %lld = %lld", (long long)gpus,
                   (long long)pipeline, (long long)tensor, (long long)data, (long long)(pipeline * tensor * data));

@@ -321,7 +321,19 @@ int tp_layer_kernels(const TpCostModel *cm, int b, int l, int c, bool bw, TpKern
   gemm(out, &n, "qkv", tokens, h, 3 * hl, db, bw);
   /* attention over the K/V rows [0, c + l): scores = Q K^T, probs = softmax, mix = P V */
   double attn_bytes = db * (tokens * hl + b * kv * hl + scores);
-  if (!bw) {
+  if (cm->flash_attention) { /* one tiled kernel: the scores stay on chip */
+    /* causal: a query sees the context and, on average, half the slice (the tiles above
+     * the diagonal are skipped); the backward's five products (Q K^T again, dP = dO V^T,
+     * dV, dQ, dK) against the forward's two; the forward keeps the log-sum-exp (f32), the
+     * backward reads it and the rows' dO.O */
+    double seen = tokens * ((double)c + l / 2.0) * hl;
+    double lse = 4.0 * b * heads * l;
+    if (!bw) /* reads Q, K, V; writes the output */
+      add(out, &n, "attn_flash", TP_KERNEL_GEMM, 4 * seen, db * (2 * tokens * hl + 2 * b * kv * hl) + lse, tokens);
+    else /* reads Q, O, dO, K, V; writes dQ; dK, dV rows [0, c + l) accumulate: read + write */
+      add(out, &n, "attn_flash_bw", TP_KERNEL_GEMM, 10 * seen, db * (4 * tokens * hl + 6 * b * kv * hl) + 2 * lse,
+          tokens);
+  } else if (!bw) {
     add(out, &n, "attn_scores", TP_KERNEL_GEMM, 2 * tokens * kv * hl, attn_bytes, tokens);
     add(out, &n, "softmax", TP_KERNEL_MEMORY, 5 * scores, scores * (2 * db + 1), 0);
     add(out, &n, "attn_mix", TP_KERNEL_GEMM, 2 * tokens * kv * hl, attn_bytes, tokens);
@@ -385,7 +397,8 @@ static double recompute_forward(const TpCostModel *cm, int b, int l, int c) {
   int n = tp_layer_kernels(cm, b, l, c, false, k);
   double s = 0;
   for (int i = 0; i < n; i++) {
-    bool attention = !strncmp(k[i].name, "attn_scores", 11) || !strncmp(k[i].name, "attn_mix", 8);
+    bool attention = !strncmp(k[i].name, "attn_scores", 11) || !strncmp(k[i].name, "attn_mix", 8) ||
+                     !strncmp(k[i].name, "attn_flash", 10);
     if (cm->recompute == TP_RECOMPUTE_FULL || (k[i].kind == TP_KERNEL_MEMORY || attention))
       s += tp_kernel_time(cm, &k[i]);
   }
@@ -401,33 +414,46 @@ TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c) {
   return t;
 }
 
-/* Embedding lookup (+ position) on the first stage; final norm, LM head and the loss on
- * the last (vocabulary split across the tensor-parallel devices). */
-static TpTime edge_time(const TpCostModel *cm, const TpStage *s, int b, int l) {
+/* Embedding lookup (+ position) on the first stage, the same forward and backward. */
+static int embedding_kernels(const TpCostModel *cm, int b, int l, TpKernel *k) {
+  double db = cm->hw.dtype_bytes, tokens = (double)b * l, h = cm->model.hidden;
+  int n = 0;
+  add(k, &n, "embed", TP_KERNEL_MEMORY, tokens * h, 4 * tokens * h * db, 0);
+  if (cm->tensor > 1) add(k, &n, "allreduce_embed", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
+  return n;
+}
+
+/* Final norm, LM head and the loss on the last stage (vocabulary split across the
+ * tensor-parallel devices). */
+static int head_kernels(const TpCostModel *cm, int b, int l, bool bw, TpKernel *k) {
   const TpModelDesc *m = &cm->model;
   double db = cm->hw.dtype_bytes, tokens = (double)b * l, h = m->hidden;
   double vocab = (double)m->vocab / cm->tensor;
+  int n = 0;
+  add(k, &n, "layernorm_f", TP_KERNEL_MEMORY, 8 * tokens * h, (bw ? 3 : 2) * tokens * h * db, 0);
+  gemm(k, &n, "lm_head", tokens, h, vocab, db, bw);
+  add(k, &n, "cross_entropy", TP_KERNEL_MEMORY, 5 * tokens * vocab, tokens * vocab * (db + 4) * (bw ? 1.5 : 1), 0);
+  if (cm->tensor > 1 && !bw) add(k, &n, "allreduce_loss", TP_KERNEL_ALLREDUCE, 0, 3 * tokens * 4, 0);
+  if (cm->tensor > 1 && bw) add(k, &n, "allreduce_head", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
+  return n;
+}
+
+int tp_edge_kernels(const TpCostModel *cm, const TpStage *s, int b, int l, bool backward, TpKernel *out) {
+  int n = s->embedding ? embedding_kernels(cm, b, l, out) : 0;
+  if (s->head) n += head_kernels(cm, b, l, backward, out + n);
+  return n;
+}
+
+static TpTime edge_time(const TpCostModel *cm, const TpStage *s, int b, int l) {
   TpKernel k[TP_MAX_KERNELS];
   TpTime t = {0, 0};
-  int n = 0;
   if (s->embedding) {
-    add(k, &n, "embed", TP_KERNEL_MEMORY, tokens * h, 4 * tokens * h * db, 0);
-    if (cm->tensor > 1) add(k, &n, "allreduce_embed", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
+    int n = embedding_kernels(cm, b, l, k);
     t.fwd += kernels_time(cm, k, n);
     t.bwd += kernels_time(cm, k, n);
   }
-  if (s->head) {
-    for (int bw = 0; bw < 2; bw++) {
-      n = 0;
-      add(k, &n, "layernorm_f", TP_KERNEL_MEMORY, 8 * tokens * h, (bw ? 3 : 2) * tokens * h * db, 0);
-      gemm(k, &n, "lm_head", tokens, h, vocab, db, bw);
-      add(k, &n, "cross_entropy", TP_KERNEL_MEMORY, 5 * tokens * vocab, tokens * vocab * (db + 4) * (bw ? 1.5 : 1),
-          0);
-      if (cm->tensor > 1 && !bw) add(k, &n, "allreduce_loss", TP_KERNEL_ALLREDUCE, 0, 3 * tokens * 4, 0);
-      if (cm->tensor > 1 && bw) add(k, &n, "allreduce_head", TP_KERNEL_ALLREDUCE, 0, tokens * h * db, 0);
-      *(bw ? &t.bwd : &t.fwd) += kernels_time(cm, k, n);
-    }
-  }
+  if (s->head)
+    for (int bw = 0; bw < 2; bw++) *(bw ? &t.bwd : &t.fwd) += kernels_time(cm, k, head_kernels(cm, b, l, bw, k));
   return t;
 }
 

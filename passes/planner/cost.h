@@ -97,6 +97,8 @@ typedef struct {
   bool one_region;                 /* the trainer holds a unit's working set in each microbatch's
                                       arena (else in one transient region per rank) */
   bool uniform_stages;             /* price every stage like a middle one (the paper's model) */
+  bool flash_attention;            /* attention as one tiled kernel each way, causal tiles skipped
+                                      (else scores, softmax and mix apart, the scores in memory) */
   const struct TpCalibration *cal; /* measured stage and optimizer times, or NULL */
   int microbatch_rows;             /* > 0: the only microbatch size that can run (the profiled one, a
                                 compiled plan's); others are not priced */
@@ -121,6 +123,9 @@ enum { TP_MAX_KERNELS = 48 };
 /* The kernels of one transformer layer on one device, forward or backward. Returns the
  * count written to out[TP_MAX_KERNELS]. */
 int tp_layer_kernels(const TpCostModel *cm, int b, int l, int c, bool backward, TpKernel *out);
+/* The kernels of stage s's edges, forward or backward: the embedding (its first stage),
+ * the final norm, LM head and loss (its last). Returns the count written to out. */
+int tp_edge_kernels(const TpCostModel *cm, const TpStage *s, int b, int l, bool backward, TpKernel *out);
 double tp_kernel_time(const TpCostModel *cm, const TpKernel *k);
 
 typedef struct {

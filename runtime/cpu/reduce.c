@@ -71,6 +71,11 @@ static void dimset_add(DimSet *s, int64_t dim, int64_t stride) {
   s->strides[s->n++] = stride;
 }
 
+/* A float sum adds its elements (x's row-major order) in runs of REDUCE_RUN, each run in
+ * double from 0, then the runs in double in order: a GPU sums a run per thread to the same
+ * bits (runtime/cuda/reduce.cu). Integers wrap, so the runs change nothing for them. */
+enum { REDUCE_RUN = 64 };
+
 TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, TpTensor *y) {
   TpDType t = x->dtype;
   if (y->dtype != t || t == TP_BOOL || tp_dtype_size(t) == 0) return TP_KERNEL_BAD_DTYPE;
@@ -102,10 +107,16 @@ TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, 
       rem /= kept.dims[d];
     }
     const char *p = (const char *)x->data + base;
-    double f = 0;
+    double f = 0, run = 0;
     uint64_t u = 0;
-    for (;;) { /* odometer over the reduced dims, innermost one as a run */
-      sum_run(t, p + off, red.dims[last], red.strides[last], &f, &u);
+    int64_t in_run = 0; /* elements in `run` */
+    while (count > 0) { /* odometer over the reduced dims, innermost one as a line */
+      for (int64_t done = 0, line = red.dims[last]; done < line;) {
+        int64_t take = line - done < REDUCE_RUN - in_run ? line - done : REDUCE_RUN - in_run;
+        sum_run(t, p + off + done * red.strides[last], take, red.strides[last], &run, &u);
+        done += take, in_run += take;
+        if (in_run == REDUCE_RUN) f += run, run = 0, in_run = 0;
+      }
       int d = last - 1;
       for (; d >= 0; d--) {
         off += red.strides[d];
@@ -115,6 +126,7 @@ TpKernelStatus tp_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, 
       }
       if (d < 0) break;
     }
+    if (in_run) f += run;
     if (mean && is_float) f /= (double)count; /* NaN for an empty reduction, as numpy */
     else if (mean && count > 0) u = is_signed ? (uint64_t)((int64_t)u / count) : u / (uint64_t)count;
     store_result(t, (char *)y->data + (size_t)j * es, f, u);

@@ -481,5 +481,7 @@ TpKernelStatus tp_cuda_reduce_sum(const TpTensor *x, const int64_t *axes, int na
     if (a < naxes && axes[a] == d) a++;
     else kept *= x->dims[d];
   if (kept != tp_tensor_numel(y)) return TP_KERNEL_BAD_SHAPE;
-  return tp_cuda_launch_reduce_sum(x, axes, naxes, mean, y->data, stream->cuda) ? TP_KERNEL_OK : TP_KERNEL_BAD_SHAPE;
+  void *runs = tp_cuda_scratch(stream, tp_cuda_reduce_sum_scratch(x, axes, naxes) + 1);
+  bool launched = tp_cuda_launch_reduce_sum(x, axes, naxes, mean, y->data, runs, stream->cuda);
+  return launched ? TP_KERNEL_OK : TP_KERNEL_BAD_SHAPE;
 }

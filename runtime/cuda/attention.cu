@@ -1,5 +1,8 @@
 /* Fused (flash-style) attention, forward and backward: ops.h's tp_cuda_attention_f32 and
- * tp_cuda_attention_backward_f32, computing what tp_attention_f32 and
+ * tp_cuda_attention_backward_f32 in fp32, and for bf16 plans tp_cuda_bf16_attention_f32,
+ * tp_cuda_bf16_attention_backward_f32, tp_cuda_attention_bf16 and
+ * tp_cuda_attention_backward_bf16 with bf16 products on the tensor cores (the second part
+ * of this file, the same tiling and statistics), all computing what tp_attention_f32 and
  * tp_attention_backward_f32 (cpu/nn.h, cpu/nn_backward.h) compute for every case
  * TpAttention describes (grouped K/V heads, packed or not, causal with an offset, window,
  * softcap, bool or f32 masks, past keys, keys in a longer context buffer), but qk_out.
@@ -36,6 +39,11 @@
  * global loads stay scalar and coalesced; they are O(1 / ROWS) of the shared traffic). */
 #include "common.cuh"
 #include "ops.h"
+
+#ifndef TOKPIPE_CUDA_EMULATE
+#include <cuda_bf16.h>
+#include <mma.h>
+#endif
 
 enum { ROW_THREADS = 8, MAX_HEAD_SIZE = 256 };
 
@@ -162,11 +170,11 @@ struct QueryTile {
   int64_t b, h, g, i0, n, i, first, end, lo, hi;
   int r, t;
 };
-template <int R> __device__ QueryTile query_tile(const TpAttention &p, int64_t total) {
+template <int R, int RT = ROW_THREADS> __device__ QueryTile query_tile(const TpAttention &p, int64_t total) {
   QueryTile q;
   q.b = blockIdx.z, q.h = blockIdx.y, q.g = q.h / (p.q_heads / p.kv_heads);
   q.i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * R, q.n = p.q_len - q.i0 < R ? p.q_len - q.i0 : R;
-  q.r = threadIdx.x / ROW_THREADS, q.t = threadIdx.x % ROW_THREADS, q.i = q.i0 + q.r;
+  q.r = threadIdx.x / RT, q.t = threadIdx.x % RT, q.i = q.i0 + q.r;
   q.first = q.end = 0;
   if (q.r < q.n) tp_attention_key_range(&p, q.i, total, &q.first, &q.end);
   tp_attention_block_keys(&p, q.i0, q.i0 + q.n, total, &q.lo, &q.hi);
@@ -374,6 +382,311 @@ __global__ void concat_kv_kernel(const float *past, Rows x, int64_t batch, int64
   }
 }
 
+/* ---- --precision bf16: the same tiles on the tensor cores ----
+ * The products (Q K^T, P V; in the backward Q K^T, dY V^T, dS K, P^T dY, dS^T Q) run on
+ * WMMA fragments, 16x16x16 tiles of bf16 operands with f32 accumulators; everything else
+ * (masks, softcap, the online softmax, dS) is f32 on the CUDA cores, as in the kernels
+ * above. Q, K, V and dY are read in f32 and rounded to bf16 (round to nearest even) as
+ * they are staged in shared memory; the probabilities P and dS are rounded to bf16 for the
+ * products they feed. Each warp owns 16 rows of the tile (query rows; key rows in the
+ * dk/dv kernel) and RT = 2 threads per row do its row-wise work, with a shuffle between
+ * the two. A warp writes products to shared memory with store_matrix_sync and only reads
+ * them back after a __syncthreads, so nothing depends on the (opaque) fragment layout:
+ * the running output of the forward lives in registers per (row, column), rescaled there,
+ * and each key tile's P V is added through shared memory; dq, dk and dv accumulate in
+ * fragments across tiles (no rescaling) and leave through a 16x16 staging tile per warp.
+ * The forward writes each row's log-sum-exp when asked (lse), which the backward takes
+ * with y in place of a statistics pass; without them it runs that pass itself.
+ * Shapes: head sizes up to 256 in classes of 64 (64 query rows, 32-key steps), 128 (32,
+ * 32) and 256 (16, 16), under the 48 KiB of static shared memory; a head size is padded
+ * with zeros to a multiple of 16 and the products run over those columns only. */
+typedef __nv_bfloat16 bf16;
+namespace wmma = nvcuda::wmma;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+
+template <int DMAX> struct TcTile {
+  static constexpr int ROWS = DMAX == 64 ? 64 : DMAX == 128 ? 32 : 16; /* a block's query (dk/dv: key) rows */
+  static constexpr int STEP = DMAX == 256 ? 16 : 32;                   /* keys per step of forward and dq */
+  static constexpr int KV_STEP = DMAX == 64 ? 16 : STEP;               /* queries per step of dk/dv */
+  static constexpr int THREADS = ROWS / 16 * 32;                       /* a warp per 16 rows */
+  static constexpr int RT = THREADS / ROWS;                            /* threads per row: 2 */
+  static constexpr int COLS = DMAX / RT;                               /* output columns a thread owns */
+  static constexpr int FRAGS = DMAX / 16;                              /* accumulators per warp */
+};
+
+__device__ __forceinline__ int tiles16(int64_t n) { return (int)((n + 15) / 16); }
+
+/* Rows [s0, s0 + n) of head `head` of batch b into tile (rows x LD bf16), the columns up to
+ * x.D rounded up to 16, zeros past row n and column x.D (a zero adds nothing to a product). */
+template <int LD>
+__device__ void load_bf16(bf16 *tile, int rows, Rows x, int64_t b, int64_t head, int64_t s0, int64_t n) {
+  const int cols = 16 * tiles16(x.D);
+  for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
+    int r = e / cols, c = e % cols;
+    float f = r < n && c < x.D ? x.data[row_offset(x.packed, b, head, x.heads, x.rows, s0 + r, x.D) + c] : 0.0f;
+    tile[r * LD + c] = __float2bfloat16(f);
+  }
+}
+
+/* out[16][16 n_tiles] (row stride ldo) = a b^T over k_steps * 16 columns: a warp's 16 rows
+ * a (row stride LD) against the rows of b (row stride LD). */
+template <int LD>
+__device__ void product_abt(const bf16 *a, const bf16 *b, int n_tiles, int k_steps, float *out, int ldo) {
+  for (int nt = 0; nt < n_tiles; nt++) {
+    Acc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int ks = 0; ks < k_steps; ks++) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+      wmma::load_matrix_sync(fa, a + 16 * ks, LD);
+      wmma::load_matrix_sync(fb, b + 16 * nt * LD + 16 * ks, LD);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + 16 * nt, acc, (unsigned)ldo, wmma::mem_row_major);
+  }
+}
+
+/* acc[nt] += a b[:, 16 nt ...] for nt < n_tiles (<= FRAGS): a is a warp's 16 rows of
+ * 16 k_steps columns (row stride lda), b 16 k_steps rows (row stride LD). */
+template <int LD, int FRAGS>
+__device__ void product_ab(const bf16 *a, int lda, const bf16 *b, int n_tiles, int k_steps, Acc *acc) {
+  for (int nt = 0; nt < FRAGS; nt++) { /* constant bounds: the fragments stay in registers */
+    if (nt >= n_tiles) continue;
+    for (int ks = 0; ks < k_steps; ks++) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb;
+      wmma::load_matrix_sync(fa, a + 16 * ks, (unsigned)lda);
+      wmma::load_matrix_sync(fb, b + 16 * ks * LD + 16 * nt, LD);
+      wmma::mma_sync(acc[nt], fa, fb, acc[nt]);
+    }
+  }
+}
+
+/* The accumulators acc[nt < n_tiles] of warp w (its rows row0 + [0, 16)) out through the
+ * warp's 16x16 staging tile: out(row, col) gets scale * acc for rows < n, columns < D. A
+ * loop of the whole block (every thread calls it: it has barriers). */
+template <int FRAGS>
+__device__ void store_rows(Acc *acc, int n_tiles, float *stage, int64_t row0, int64_t n, int64_t D, float scale,
+                           float *out, Rows where, int64_t b, int64_t head) {
+  for (int nt = 0; nt < FRAGS; nt++) {
+    if (nt >= n_tiles) continue;
+    wmma::store_matrix_sync(stage, acc[nt], 16, wmma::mem_row_major);
+    __syncthreads();
+    for (int e = threadIdx.x % 32; e < 256; e += 32) {
+      int64_t r = row0 + e / 16, c = 16 * nt + e % 16;
+      if (r < n && c < D)
+        out[row_offset(where.packed, b, head, where.heads, where.rows, r, D) + c] = scale * stage[e];
+    }
+    __syncthreads();
+  }
+}
+
+template <int DMAX> struct alignas(32) TcForwardShared {
+  using Tl = TcTile<DMAX>;
+  bf16 q[Tl::ROWS * DMAX], k[Tl::STEP * DMAX], v[Tl::STEP * DMAX], p[Tl::ROWS * Tl::STEP];
+  float s[Tl::ROWS * DMAX]; /* a step's scores (ROWS x STEP), then its P V (ROWS x DMAX) */
+};
+
+/* grid (query tiles, q_heads, batch), as attention_forward_kernel: y (or NULL), lse (or
+ * NULL), and with dy the backward's delta = dy . y. */
+template <int DMAX>
+__global__ void __launch_bounds__(TcTile<DMAX>::THREADS)
+    attention_forward_tc_kernel(TpAttention p, Rows q, Rows k, Rows v, int64_t total, float *y, const float *dy,
+                                float *lse, float *delta) {
+  using Tl = TcTile<DMAX>;
+  constexpr int R = Tl::ROWS, S = Tl::STEP, RT = Tl::RT, C = Tl::COLS;
+  static_assert(sizeof(TcForwardShared<DMAX>) <= 48 * 1024, "static shared memory");
+  __shared__ TcForwardShared<DMAX> sh;
+  const QueryTile tile = query_tile<R, RT>(p, total);
+  const int64_t b = tile.b, h = tile.h, i = tile.i, n = tile.n, Dv = p.v_head_size;
+  const int r = tile.r, t = tile.t, w = threadIdx.x / 32;
+  load_bf16<DMAX>(sh.q, R, q, b, h, tile.i0, n);
+
+  float m = -INFINITY, l = 0, acc[C] = {0}, unused;
+  for (int64_t j0 = tile.lo; j0 < tile.hi; j0 += S) {
+    const int64_t nk = tile.hi - j0 < S ? tile.hi - j0 : S;
+    load_bf16<DMAX>(sh.k, S, k, b, tile.g, j0, nk);
+    load_bf16<DMAX>(sh.v, S, v, b, tile.g, j0, nk);
+    __syncthreads();
+    product_abt<DMAX>(sh.q + 16 * w * DMAX, sh.k, S / 16, tiles16(p.head_size), sh.s + 16 * w * S, S);
+    __syncthreads();
+    float sc[S / RT], m_new = m, part = 0;
+    for (int u = 0; u < S / RT; u++) {
+      int jj = t + RT * u;
+      sc[u] = r < n && jj < nk ? score(p, b, h, i, j0 + jj, sh.s[r * S + jj], tile.first, tile.end, &unused)
+                               : -INFINITY;
+      m_new = fmaxf(m_new, sc[u]);
+    }
+    m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
+    for (int u = 0; u < S / RT; u++) { /* the sum of the f32 weights, the product's rounded */
+      float e = m_new == -INFINITY ? 0.0f : expf(sc[u] - m_new);
+      sh.p[r * S + t + RT * u] = __float2bfloat16(e);
+      part += e;
+    }
+    const float rescale = m_new == -INFINITY ? 1.0f : expf(m - m_new);
+    l = l * rescale + (part + __shfl_xor_sync(0xffffffffu, part, 1));
+    m = m_new;
+    __syncthreads(); /* the scores are read: sh.s takes P V */
+    Acc pv[Tl::FRAGS];
+    for (int f = 0; f < Tl::FRAGS; f++) wmma::fill_fragment(pv[f], 0.0f);
+    product_ab<DMAX, Tl::FRAGS>(sh.p + 16 * w * S, S, sh.v, tiles16(Dv), S / 16, pv);
+    for (int f = 0; f < Tl::FRAGS; f++)
+      if (f < tiles16(Dv)) wmma::store_matrix_sync(sh.s + 16 * w * DMAX + 16 * f, pv[f], DMAX, wmma::mem_row_major);
+    __syncthreads();
+    for (int c = 0; c < C; c++) {
+      int col = t + RT * c;
+      acc[c] = acc[c] * rescale + (col < Dv ? sh.s[r * DMAX + col] : 0.0f);
+    }
+    __syncthreads(); /* every row is done with the tiles before the next ones overwrite them */
+  }
+
+  const float inv = l > 0 ? 1 / l : 0; /* a row that sees no key gives zeros */
+  float part = 0;                      /* this thread's share of dy_i . y_i */
+  for (int c = 0; c < C; c++) {
+    int64_t col = t + RT * c;
+    if (r >= n || col >= Dv) continue;
+    int64_t at = row_offset(q.packed, b, h, p.q_heads, p.q_len, i, Dv) + col;
+    if (y) y[at] = acc[c] * inv;
+    if (dy) part += dy[at] * (acc[c] * inv);
+  }
+  part += __shfl_xor_sync(0xffffffffu, part, 1);
+  if (t == 0 && r < n) {
+    int64_t row = (b * p.q_heads + h) * p.q_len + i;
+    if (delta) delta[row] = part;
+    if (lse) lse[row] = l > 0 ? m + logf(l) : INFINITY;
+  }
+}
+
+/* delta_i = dy_i . y_i per query row, from the forward's y (rows of Dv). */
+__global__ void attention_delta_kernel(Rows dy, const float *y, int64_t batch, float *delta) {
+  const int64_t rows = batch * dy.heads * dy.rows;
+  TP_GRID_STRIDE_LOOP(row, rows) {
+    int64_t i = row % dy.rows, h = row / dy.rows % dy.heads, b = row / (dy.rows * dy.heads);
+    int64_t at = row_offset(dy.packed, b, h, dy.heads, dy.rows, i, dy.D);
+    float sum = 0;
+    for (int64_t c = 0; c < dy.D; c++) sum += dy.data[at + c] * y[at + c];
+    delta[row] = sum;
+  }
+}
+
+template <int DMAX> struct alignas(32) TcDqShared {
+  using Tl = TcTile<DMAX>;
+  bf16 q[Tl::ROWS * DMAX], dy[Tl::ROWS * DMAX], k[Tl::STEP * DMAX], v[Tl::STEP * DMAX], ds[Tl::ROWS * Tl::STEP];
+  float s[Tl::ROWS * Tl::STEP], dp[Tl::ROWS * Tl::STEP]; /* s: then the warps' staging tiles */
+};
+
+/* grid (query tiles, q_heads, batch): dq, as attention_dq_kernel. */
+template <int DMAX>
+__global__ void __launch_bounds__(TcTile<DMAX>::THREADS)
+    attention_dq_tc_kernel(TpAttention p, Rows q, Rows k, Rows v, Rows dy, const float *lse, const float *delta,
+                           float *dq) {
+  using Tl = TcTile<DMAX>;
+  constexpr int R = Tl::ROWS, S = Tl::STEP, RT = Tl::RT;
+  static_assert(sizeof(TcDqShared<DMAX>) <= 48 * 1024, "static shared memory");
+  __shared__ TcDqShared<DMAX> sh;
+  const QueryTile tile = query_tile<R, RT>(p, p.kv_len);
+  const int64_t b = tile.b, h = tile.h, i = tile.i, n = tile.n, row = (b * p.q_heads + h) * p.q_len + i;
+  const int r = tile.r, t = tile.t, w = threadIdx.x / 32;
+  const float li = r < n ? lse[row] : INFINITY, di = r < n ? delta[row] : 0;
+  load_bf16<DMAX>(sh.q, R, q, b, h, tile.i0, n);
+  load_bf16<DMAX>(sh.dy, R, dy, b, h, tile.i0, n);
+
+  Acc acc[Tl::FRAGS];
+  for (int f = 0; f < Tl::FRAGS; f++) wmma::fill_fragment(acc[f], 0.0f);
+  float unused;
+  for (int64_t j0 = tile.lo; j0 < tile.hi; j0 += S) {
+    const int64_t nk = tile.hi - j0 < S ? tile.hi - j0 : S;
+    load_bf16<DMAX>(sh.k, S, k, b, tile.g, j0, nk);
+    load_bf16<DMAX>(sh.v, S, v, b, tile.g, j0, nk);
+    __syncthreads();
+    product_abt<DMAX>(sh.q + 16 * w * DMAX, sh.k, S / 16, tiles16(p.head_size), sh.s + 16 * w * S, S);
+    product_abt<DMAX>(sh.dy + 16 * w * DMAX, sh.v, S / 16, tiles16(p.v_head_size), sh.dp + 16 * w * S, S);
+    __syncthreads();
+    for (int u = 0; u < S / RT; u++) {
+      int jj = t + RT * u;
+      float ds = r < n && jj < nk ? score_gradient(p, b, h, i, j0 + jj, sh.s[r * S + jj], sh.dp[r * S + jj],
+                                                   tile.first, tile.end, li, di, &unused)
+                                  : 0.0f;
+      sh.ds[r * S + jj] = __float2bfloat16(ds);
+    }
+    __syncthreads();
+    product_ab<DMAX, Tl::FRAGS>(sh.ds + 16 * w * S, S, sh.k, tiles16(p.head_size), S / 16, acc);
+    __syncthreads();
+  }
+  store_rows<Tl::FRAGS>(acc, tiles16(p.head_size), sh.s + 16 * w * S, tile.i0 + 16 * w, tile.i0 + n, p.head_size,
+                        p.scale, dq, q, b, h);
+}
+
+template <int DMAX> struct alignas(32) TcDkdvShared {
+  using Tl = TcTile<DMAX>;
+  static constexpr int QS = Tl::KV_STEP;
+  bf16 k[Tl::ROWS * DMAX], v[Tl::ROWS * DMAX], q[QS * DMAX], dy[QS * DMAX], pt[Tl::ROWS * QS], dst[Tl::ROWS * QS];
+  float s[Tl::ROWS * QS], dp[Tl::ROWS * QS], lse[QS], delta[QS]; /* s: then the staging tiles */
+};
+
+/* grid (key tiles, kv_heads, batch): dk and dv, as attention_dkdv_kernel (the same order of
+ * query heads and tiles; thread t of key row r computes queries t, t + 2, ... of a tile). */
+template <int DMAX>
+__global__ void __launch_bounds__(TcTile<DMAX>::THREADS)
+    attention_dkdv_tc_kernel(TpAttention p, Rows q, Rows k, Rows v, Rows dy, const float *lse, const float *delta,
+                             float *dk, float *dv) {
+  using Tl = TcTile<DMAX>;
+  constexpr int R = Tl::ROWS, QS = Tl::KV_STEP, RT = Tl::RT;
+  static_assert(sizeof(TcDkdvShared<DMAX>) <= 48 * 1024, "static shared memory");
+  __shared__ TcDkdvShared<DMAX> sh;
+  const int64_t b = blockIdx.z, g = blockIdx.y, group = p.q_heads / p.kv_heads, T = p.kv_len;
+  const int64_t j0 = (int64_t)blockIdx.x * R, nk = T - j0 < R ? T - j0 : R;
+  const int r = threadIdx.x / RT, t = threadIdx.x % RT, w = threadIdx.x / 32;
+  const int64_t j = j0 + r;
+  load_bf16<DMAX>(sh.k, R, k, b, g, j0, nk);
+  load_bf16<DMAX>(sh.v, R, v, b, g, j0, nk);
+
+  Acc dk_acc[Tl::FRAGS], dv_acc[Tl::FRAGS];
+  for (int f = 0; f < Tl::FRAGS; f++) wmma::fill_fragment(dk_acc[f], 0.0f), wmma::fill_fragment(dv_acc[f], 0.0f);
+  for (int64_t h = g * group; h < (g + 1) * group; h++)
+    for (int64_t i0 = 0; i0 < p.q_len; i0 += QS) {
+      int64_t n = p.q_len - i0 < QS ? p.q_len - i0 : QS, lo, hi;
+      tp_attention_block_keys(&p, i0, i0 + n, T, &lo, &hi);
+      if (hi <= j0 || lo >= j0 + nk) continue; /* no row of the tile sees these keys */
+      load_bf16<DMAX>(sh.q, QS, q, b, h, i0, n);
+      load_bf16<DMAX>(sh.dy, QS, dy, b, h, i0, n);
+      for (int ii = threadIdx.x; ii < n; ii += Tl::THREADS) {
+        int64_t row = (b * p.q_heads + h) * p.q_len + i0 + ii;
+        sh.lse[ii] = lse[row];
+        sh.delta[ii] = delta[row];
+      }
+      __syncthreads();
+      product_abt<DMAX>(sh.k + 16 * w * DMAX, sh.q, QS / 16, tiles16(p.head_size), sh.s + 16 * w * QS, QS);
+      product_abt<DMAX>(sh.v + 16 * w * DMAX, sh.dy, QS / 16, tiles16(p.v_head_size), sh.dp + 16 * w * QS, QS);
+      __syncthreads();
+      for (int u = 0; u < QS / RT; u++) {
+        int ii = t + RT * u;
+        float grad = 0, prob = 0;
+        if (ii < n && r < nk) {
+          int64_t i = i0 + ii, first, end;
+          tp_attention_key_range(&p, i, T, &first, &end);
+          grad = score_gradient(p, b, h, i, j, sh.s[r * QS + ii], sh.dp[r * QS + ii], first, end, sh.lse[ii],
+                                sh.delta[ii], &prob);
+        }
+        sh.dst[r * QS + ii] = __float2bfloat16(grad);
+        sh.pt[r * QS + ii] = __float2bfloat16(prob);
+      }
+      __syncthreads();
+      product_ab<DMAX, Tl::FRAGS>(sh.pt + 16 * w * QS, QS, sh.dy, tiles16(p.v_head_size), QS / 16, dv_acc);
+      product_ab<DMAX, Tl::FRAGS>(sh.dst + 16 * w * QS, QS, sh.q, tiles16(p.head_size), QS / 16, dk_acc);
+      __syncthreads();
+    }
+  const Rows dense_k = {NULL, p.kv_heads, T, p.head_size, p.packed},
+             dense_v = {NULL, p.kv_heads, T, p.v_head_size, p.packed};
+  float *stage = sh.s + 16 * w * QS;
+  if (dk)
+    store_rows<Tl::FRAGS>(dk_acc, tiles16(p.head_size), stage, j0 + 16 * w, T, p.head_size, p.scale, dk, dense_k, b,
+                          g);
+  if (dv)
+    store_rows<Tl::FRAGS>(dv_acc, tiles16(p.v_head_size), stage, j0 + 16 * w, T, p.v_head_size, 1.0f, dv, dense_v, b,
+                          g);
+}
+
 /* The tile class of a head size (0: too large). */
 static int head_class(const TpAttention *p) {
   int64_t d = p->head_size > p->v_head_size ? p->head_size : p->v_head_size;
@@ -391,37 +704,72 @@ static double attention_pairs(const TpAttention *p) {
   return (double)p->batch * (double)p->q_heads * pairs;
 }
 
-/* f32 flops per visited pair of each kernel: the forward's scores and sum of values, the
- * dq kernel's scores, dP and dS K, the dk/dv kernel's scores, dV, dP and dK. */
-static void count_attention(const TpAttention *p, double per_pair) {
-  TP_CUDA_COUNT(flops[TP_FLOPS_F32], per_pair * attention_pairs(p));
+/* Flops per visited pair of each kernel, by its products' operands (f32, or bf16 on the
+ * tensor cores): the forward's scores and sum of values, the dq kernel's scores, dP and
+ * dS K, the dk/dv kernel's scores, dV, dP and dK. */
+static void count_attention(const TpAttention *p, double per_pair, bool tensor_cores) {
+  TP_CUDA_COUNT(flops[tensor_cores ? TP_FLOPS_BF16 : TP_FLOPS_F32], per_pair * attention_pairs(p));
 }
 
-template <int DMAX>
-static void launch_forward(const TpAttention *p, Rows q, Rows k, Rows v, float *y, const float *dy, float *lse,
-                           float *delta, TpStream *s) {
-  dim3 grid((unsigned)tiles(p->q_len, Tile<DMAX>::ROWS), (unsigned)p->q_heads, (unsigned)p->batch);
-  count_attention(p, 2.0 * (double)(p->head_size + p->v_head_size));
-  TP_LAUNCH(attention_forward_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v,
-            p->past_len + p->kv_len, y, dy, lse, delta);
-}
+/* Which kernels a call runs: fp32 on the CUDA cores or bf16 products on the tensor cores. */
+struct Kernels {
+  bool tensor_cores;
+};
 
 template <int DMAX>
-static void launch_backward(const TpAttention *p, Rows q, Rows k, Rows v, Rows dy, float *lse, float *delta,
-                            float *dq, float *dk, float *dv, TpStream *s) {
-  constexpr int R = Tile<DMAX>::ROWS;
-  launch_forward<DMAX>(p, q, k, v, NULL, dy.data, lse, delta, s);
+static void launch_forward(Kernels kind, const TpAttention *p, Rows q, Rows k, Rows v, float *y, const float *dy,
+                           float *lse, float *delta, TpStream *s) {
+  const int64_t total = p->past_len + p->kv_len;
+  count_attention(p, 2.0 * (double)(p->head_size + p->v_head_size), kind.tensor_cores);
+  if (kind.tensor_cores) {
+    dim3 grid((unsigned)tiles(p->q_len, TcTile<DMAX>::ROWS), (unsigned)p->q_heads, (unsigned)p->batch);
+    TP_LAUNCH(attention_forward_tc_kernel<DMAX>, grid, dim3(TcTile<DMAX>::THREADS), s->cuda, *p, q, k, v, total, y,
+              dy, lse, delta);
+  } else {
+    dim3 grid((unsigned)tiles(p->q_len, Tile<DMAX>::ROWS), (unsigned)p->q_heads, (unsigned)p->batch);
+    TP_LAUNCH(attention_forward_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v, total, y, dy,
+              lse, delta);
+  }
+}
+
+/* dq, dk, dv (each or NULL) from each query row's lse and delta. */
+template <int DMAX>
+static void launch_gradients(Kernels kind, const TpAttention *p, Rows q, Rows k, Rows v, Rows dy, const float *lse,
+                             const float *delta, float *dq, float *dk, float *dv, TpStream *s) {
+  const bool tc = kind.tensor_cores;
+  const int rows = tc ? TcTile<DMAX>::ROWS : Tile<DMAX>::ROWS,
+            threads = tc ? TcTile<DMAX>::THREADS : Tile<DMAX>::THREADS;
   if (dq) {
-    dim3 grid((unsigned)tiles(p->q_len, R), (unsigned)p->q_heads, (unsigned)p->batch);
-    count_attention(p, 2.0 * (double)(2 * p->head_size + p->v_head_size));
-    TP_LAUNCH(attention_dq_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v, dy, lse, delta, dq);
+    dim3 grid((unsigned)tiles(p->q_len, rows), (unsigned)p->q_heads, (unsigned)p->batch);
+    count_attention(p, 2.0 * (double)(2 * p->head_size + p->v_head_size), tc);
+    if (tc) TP_LAUNCH(attention_dq_tc_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dq);
+    else TP_LAUNCH(attention_dq_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dq);
   }
   if (dk || dv) {
-    dim3 grid((unsigned)tiles(p->kv_len, R), (unsigned)p->kv_heads, (unsigned)p->batch);
-    count_attention(p, 4.0 * (double)(p->head_size + p->v_head_size));
-    TP_LAUNCH(attention_dkdv_kernel<DMAX>, grid, dim3(Tile<DMAX>::THREADS), s->cuda, *p, q, k, v, dy, lse, delta, dk,
-              dv);
+    dim3 grid((unsigned)tiles(p->kv_len, rows), (unsigned)p->kv_heads, (unsigned)p->batch);
+    count_attention(p, 4.0 * (double)(p->head_size + p->v_head_size), tc);
+    if (tc)
+      TP_LAUNCH(attention_dkdv_tc_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dk, dv);
+    else TP_LAUNCH(attention_dkdv_kernel<DMAX>, grid, dim3(threads), s->cuda, *p, q, k, v, dy, lse, delta, dk, dv);
   }
+}
+
+/* The backward after its statistics: from the forward's lse and y (delta = dy . y, a pass
+ * over the rows), or, without them, from the statistics pass (the forward again, writing
+ * lse and delta). */
+template <int DMAX>
+static void launch_backward(Kernels kind, const TpAttention *p, Rows q, Rows k, Rows v, Rows dy, const float *y,
+                            const float *saved_lse, float *lse, float *delta, float *dq, float *dk, float *dv,
+                            TpStream *s) {
+  if (saved_lse) {
+    int64_t rows = p->batch * p->q_heads * p->q_len;
+    TP_CUDA_COUNT(flops[TP_FLOPS_F32], 2.0 * (double)rows * (double)p->v_head_size);
+    TP_LAUNCH(attention_delta_kernel, tp_elementwise_grid(rows), dim3(TP_CUDA_ELEMENTWISE_THREADS), s->cuda, dy, y,
+              p->batch, delta);
+  } else {
+    launch_forward<DMAX>(kind, p, q, k, v, NULL, dy.data, lse, delta, s);
+  }
+  launch_gradients<DMAX>(kind, p, q, k, v, dy, saved_lse ? saved_lse : lse, delta, dq, dk, dv, s);
 }
 
 static Rows query_rows(const TpAttention *p, const float *x, int64_t D) {
@@ -444,9 +792,10 @@ static Rows forward_keys(const TpAttention *p, const float *past, const float *x
   return Rows{present, p->kv_heads, p->past_len + p->kv_len, D, false};
 }
 
-extern "C" TpKernelStatus tp_cuda_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
-                                                const float *past_k, const float *past_v, float *y, float *present_k,
-                                                float *present_v, float *qk_out, TpStream *stream) {
+static TpKernelStatus attention_forward(Kernels kind, const TpAttention *p, const float *q, const float *k,
+                                        const float *v, const float *past_k, const float *past_v, float *y,
+                                        float *present_k, float *present_v, float *qk_out, float *lse,
+                                        TpStream *stream) {
   int dclass = head_class(p);
   if (qk_out || !dclass) return TP_KERNEL_BAD_DTYPE; /* qk_out would need the scores the kernel never stores */
   int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size;
@@ -460,15 +809,15 @@ extern "C" TpKernelStatus tp_cuda_attention_f32(const TpAttention *p, const floa
   Rows kr = forward_keys(p, past_k, k, D, kbuf, stream), vr = forward_keys(p, past_v, v, Dv, vbuf, stream);
   if (p->batch * p->q_heads * p->q_len == 0) return TP_KERNEL_OK;
   Rows qr = query_rows(p, q, D);
-  if (dclass == 64) launch_forward<64>(p, qr, kr, vr, y, NULL, NULL, NULL, stream);
-  else if (dclass == 128) launch_forward<128>(p, qr, kr, vr, y, NULL, NULL, NULL, stream);
-  else launch_forward<256>(p, qr, kr, vr, y, NULL, NULL, NULL, stream);
+  if (dclass == 64) launch_forward<64>(kind, p, qr, kr, vr, y, NULL, lse, NULL, stream);
+  else if (dclass == 128) launch_forward<128>(kind, p, qr, kr, vr, y, NULL, lse, NULL, stream);
+  else launch_forward<256>(kind, p, qr, kr, vr, y, NULL, lse, NULL, stream);
   return TP_KERNEL_OK;
 }
 
-extern "C" TpKernelStatus tp_cuda_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
-                                                         const float *k, const float *v, float *dq, float *dk,
-                                                         float *dv, TpStream *stream) {
+static TpKernelStatus attention_backward(Kernels kind, const TpAttention *p, const float *dy, const float *q,
+                                         const float *k, const float *v, const float *y, const float *saved_lse,
+                                         float *dq, float *dk, float *dv, TpStream *stream) {
   int dclass = head_class(p);
   if (!dclass || p->past_len) return TP_KERNEL_BAD_DTYPE; /* the CPU's backward has no past either */
   int64_t B = p->batch, Sq = p->q_len, T = p->kv_len, D = p->head_size, Dv = p->v_head_size;
@@ -479,11 +828,53 @@ extern "C" TpKernelStatus tp_cuda_attention_backward_f32(const TpAttention *p, c
     return TP_KERNEL_OK;
   }
   if (!dq && !dk && !dv) return TP_KERNEL_OK;
-  size_t rows = (size_t)(B * p->q_heads * Sq); /* each query row's log-sum-exp and delta */
+  size_t rows = (size_t)(B * p->q_heads * Sq); /* each query row's log-sum-exp (unless saved) and delta */
   float *lse = static_cast<float *>(tp_cuda_scratch(stream, 2 * rows * sizeof(float))), *delta = lse + rows;
   Rows qr = query_rows(p, q, D), kr = key_rows(p, k, D), vr = key_rows(p, v, Dv), dyr = query_rows(p, dy, Dv);
-  if (dclass == 64) launch_backward<64>(p, qr, kr, vr, dyr, lse, delta, dq, dk, dv, stream);
-  else if (dclass == 128) launch_backward<128>(p, qr, kr, vr, dyr, lse, delta, dq, dk, dv, stream);
-  else launch_backward<256>(p, qr, kr, vr, dyr, lse, delta, dq, dk, dv, stream);
+  if (dclass == 64) launch_backward<64>(kind, p, qr, kr, vr, dyr, y, saved_lse, lse, delta, dq, dk, dv, stream);
+  else if (dclass == 128)
+    launch_backward<128>(kind, p, qr, kr, vr, dyr, y, saved_lse, lse, delta, dq, dk, dv, stream);
+  else launch_backward<256>(kind, p, qr, kr, vr, dyr, y, saved_lse, lse, delta, dq, dk, dv, stream);
   return TP_KERNEL_OK;
+}
+
+static const Kernels FP32 = {false}, TENSOR_CORES = {true};
+
+extern "C" TpKernelStatus tp_cuda_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
+                                                const float *past_k, const float *past_v, float *y, float *present_k,
+                                                float *present_v, float *qk_out, TpStream *stream) {
+  return attention_forward(FP32, p, q, k, v, past_k, past_v, y, present_k, present_v, qk_out, NULL, stream);
+}
+
+extern "C" TpKernelStatus tp_cuda_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
+                                                         const float *k, const float *v, float *dq, float *dk,
+                                                         float *dv, TpStream *stream) {
+  return attention_backward(FP32, p, dy, q, k, v, NULL, NULL, dq, dk, dv, stream);
+}
+
+extern "C" TpKernelStatus tp_cuda_attention_bf16(const TpAttention *p, const float *q, const float *k,
+                                                 const float *v, const float *past_k, const float *past_v, float *y,
+                                                 float *present_k, float *present_v, float *lse, TpStream *stream) {
+  return attention_forward(TENSOR_CORES, p, q, k, v, past_k, past_v, y, present_k, present_v, NULL, lse, stream);
+}
+
+extern "C" TpKernelStatus tp_cuda_attention_backward_bf16(const TpAttention *p, const float *dy, const float *q,
+                                                          const float *k, const float *v, const float *y,
+                                                          const float *lse, float *dq, float *dk, float *dv,
+                                                          TpStream *stream) {
+  if (!y != !lse) return TP_KERNEL_BAD_DTYPE; /* the forward's statistics come as a pair */
+  return attention_backward(TENSOR_CORES, p, dy, q, k, v, y, lse, dq, dk, dv, stream);
+}
+
+extern "C" TpKernelStatus tp_cuda_bf16_attention_f32(const TpAttention *p, const float *q, const float *k,
+                                                     const float *v, const float *past_k, const float *past_v,
+                                                     float *y, float *present_k, float *present_v, float *qk_out,
+                                                     TpStream *stream) {
+  return attention_forward(TENSOR_CORES, p, q, k, v, past_k, past_v, y, present_k, present_v, qk_out, NULL, stream);
+}
+
+extern "C" TpKernelStatus tp_cuda_bf16_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
+                                                              const float *k, const float *v, float *dq, float *dk,
+                                                              float *dv, TpStream *stream) {
+  return attention_backward(TENSOR_CORES, p, dy, q, k, v, NULL, NULL, dq, dk, dv, stream);
 }

@@ -1,28 +1,78 @@
 /* Matrix products through cuBLASLt (blas.h); the emulated build runs the same column-major
- * products through OpenBLAS. The bias broadcast and the bias gradient's column sums are
- * kernels of this file, so they run through the emulation for real. */
+ * products through OpenBLAS. Each TpCudaBlas caches its cuBLASLt plans (the matmul
+ * descriptor, the matrix layouts and the algorithm the heuristic chose), keyed by all they
+ * depend on, so a step that repeats its products queries the heuristic only the first time;
+ * the emulated build keeps the same cache without the cuBLASLt objects, so that its tests
+ * count the queries. A Linear's bias is the product's epilogue; a MatMul's batch is
+ * strided-batched products where the batch steps each operand at one stride. The zero fill
+ * of empty or summed products is a kernel of this file and the bias gradient colsum.cu's
+ * column sums, so they run through the emulation for real. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "blas.h"
 #include "common.cuh"
 
+extern "C" {
+#include "../../base/diag.h" /* TP_ASSERT: a C header */
+}
+
 #ifdef TOKPIPE_CUDA_EMULATE
 #include <cblas.h>
 #endif
+
+/* What a plan depends on: one cuBLASLt call, column-major D = C_i (m, n) = op(A_i) (m, k)
+ * op(B_i) (k, n) + beta C_i (+ a bias of m on every column) for i < batch, as its
+ * descriptors and the heuristic see it (beta is passed per call). All int64_t, so no
+ * padding: keys compare as bytes. */
+struct GemmKey {
+  int64_t m, n, k, trans_a, trans_b;
+  int64_t bf16; /* A and B bf16, else f32; C and D f32 */
+  int64_t lda, ldb, ldc;
+  int64_t align_a, align_b, align_c, align_bias; /* bytes, 256 at most (0: no bias) */
+  int64_t batch, stride_a, stride_b, stride_c;   /* elements; all 0 when batch is 1 */
+  int64_t bias_epilogue;                         /* CUBLASLT_EPILOGUE_BIAS, else the default */
+};
+
+struct GemmPlan {
+  GemmKey key;
+  uint64_t last_use; /* the cache's clock at its last use; 0: a free slot */
+#ifndef TOKPIPE_CUDA_EMULATE
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t layout_a, layout_b, layout_c; /* C's serves D too */
+  cublasLtMatmulAlgo_t algo;
+#endif
+};
 
 struct TpCudaBlas {
 #ifndef TOKPIPE_CUDA_EMULATE
   cublasLtHandle_t lt;
   void *workspace;
   size_t workspace_size;
-#else
-  int unused; /* the emulated products need no state */
 #endif
+  uint64_t clock;                     /* products run: the eviction's order of use */
+  GemmPlan plans[TP_CUDA_BLAS_PLANS]; /* used slots first, free ones after */
+  /* the bias gradient's column runs: scratch of its own, apart from the stream's
+   * (tp_cuda_scratch), which the caller's bf16 operands may occupy */
+  void *column_runs;
+  size_t column_runs_bytes;
 };
 
 /* cuBLASLt's recommended workspace for Hopper (Ampere needs less). */
 enum { BLAS_WORKSPACE_BYTES = 32 << 20 };
+
+/* The cuBLASLt objects of a plan (none in the emulated build). */
+static void release_plan(GemmPlan *plan) {
+#ifndef TOKPIPE_CUDA_EMULATE
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan->layout_c));
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan->layout_b));
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan->layout_a));
+  TP_CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan->op));
+#else
+  (void)plan;
+#endif
+}
 
 TpCudaBlas *tp_cuda_blas_create(void) {
   TpCudaBlas *blas = static_cast<TpCudaBlas *>(calloc(1, sizeof *blas));
@@ -37,11 +87,153 @@ TpCudaBlas *tp_cuda_blas_create(void) {
 
 void tp_cuda_blas_destroy(TpCudaBlas *blas) {
   if (!blas) return;
+  for (int i = 0; i < TP_CUDA_BLAS_PLANS && blas->plans[i].last_use; i++) release_plan(&blas->plans[i]);
+  if (blas->column_runs) TP_CUDA_CHECK(cudaFree(blas->column_runs));
 #ifndef TOKPIPE_CUDA_EMULATE
   TP_CUDA_CHECK(cudaFree(blas->workspace));
   TP_CUBLAS_CHECK(cublasLtDestroy(blas->lt));
 #endif
   free(blas);
+}
+
+/* One cuBLASLt call: for i < batch, column-major C_i (m, n) = op(A_i) (m, k) @ op(B_i) (k, n)
+ * + beta C_i, X_i = X + i * stride_x elements (a stride of 0 shares A or B), k > 0; A and B
+ * f32, or bf16 when bf16 (C f32 either way). With a bias (m), batch is 1 and beta 0: C =
+ * op(A) op(B) + the bias on every column. */
+struct Gemm {
+  bool bf16, trans_a, trans_b;
+  int64_t m, n, k, batch;
+  const void *A;
+  int64_t lda, stride_a;
+  const void *B;
+  int64_t ldb, stride_b;
+  const float *bias;
+  float beta;
+  float *C;
+  int64_t ldc, stride_c;
+};
+
+/* The largest power of two up to 256 dividing p's address and stride_bytes (the distance
+ * between batch elements, 0 if none): cuBLASLt's heuristic assumes 256-byte aligned
+ * operands unless told less (a batch element of a MatMul starts anywhere). */
+static int64_t alignment_bytes(const void *p, int64_t stride_bytes) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(stride_bytes);
+  int64_t bytes = 256;
+  while (bytes > 1 && address % (uintptr_t)bytes) bytes /= 2;
+  return bytes;
+}
+
+static GemmKey key_of(const Gemm *g) {
+  bool batched = g->batch > 1;
+  int64_t size = g->bf16 ? 2 : 4;
+  GemmKey key = {};
+  key.m = g->m, key.n = g->n, key.k = g->k, key.trans_a = g->trans_a, key.trans_b = g->trans_b, key.bf16 = g->bf16;
+  key.lda = g->lda, key.ldb = g->ldb, key.ldc = g->ldc;
+  key.align_a = alignment_bytes(g->A, batched ? g->stride_a * size : 0);
+  key.align_b = alignment_bytes(g->B, batched ? g->stride_b * size : 0);
+  key.align_c = alignment_bytes(g->C, batched ? g->stride_c * 4 : 0);
+  key.align_bias = g->bias ? alignment_bytes(g->bias, 0) : 0;
+  key.batch = g->batch;
+  key.stride_a = batched ? g->stride_a : 0, key.stride_b = batched ? g->stride_b : 0;
+  key.stride_c = batched ? g->stride_c : 0;
+  key.bias_epilogue = g->bias != NULL;
+  return key;
+}
+
+#ifndef TOKPIPE_CUDA_EMULATE
+/* A stored matrix (rows, columns, leading dim) of `batch` at `stride` elements apart. */
+static cublasLtMatrixLayout_t matrix_layout(cudaDataType_t type, int64_t rows, int64_t columns, int64_t ld,
+                                            int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout;
+  TP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, (uint64_t)rows, (uint64_t)columns, ld));
+  if (batch > 1) {
+    int32_t count = (int32_t)batch;
+    TP_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    TP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                     sizeof stride));
+  }
+  return layout;
+}
+
+static void set_alignment(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
+                          int64_t bytes) {
+  uint32_t value = (uint32_t)bytes;
+  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof value));
+}
+
+/* g's descriptors, layouts and algorithm into plan (its key set). */
+static void make_plan(TpCudaBlas *blas, GemmPlan *plan, const Gemm *g) {
+  const GemmKey *key = &plan->key;
+  cudaDataType_t operand_type = g->bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  /* CUBLAS_COMPUTE_32F keeps the products in fp32: cuBLASLt uses TF32 only when asked
+   * for by a *_FAST_TF32 compute type (it does not read cuBLAS's math mode). bf16
+   * operands accumulate in fp32 under it too. */
+  TP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t op_a = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  if (g->bias) { /* the bias's type is D's (f32); the heuristic reads its pointer's alignment */
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    TP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    TP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+  }
+  plan->layout_a = matrix_layout(operand_type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda,
+                                 key->batch, key->stride_a);
+  plan->layout_b = matrix_layout(operand_type, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb,
+                                 key->batch, key->stride_b);
+  plan->layout_c = matrix_layout(CUDA_R_32F, g->m, g->n, g->ldc, key->batch, key->stride_c);
+  cublasLtMatmulPreference_t preference;
+  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  uint64_t workspace_size = blas->workspace_size;
+  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_size, sizeof workspace_size));
+  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key->align_a);
+  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key->align_b);
+  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key->align_c);
+  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key->align_c);
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  TP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas->lt, plan->op, plan->layout_a, plan->layout_b, plan->layout_c,
+                                                 plan->layout_c, preference, 1, &heuristic, &found));
+  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+  if (found == 0) {
+    char what[192];
+    snprintf(what, sizeof what, "no algorithm for the product m=%lld n=%lld k=%lld batch=%lld%s%s", (long long)g->m,
+             (long long)g->n, (long long)g->k, (long long)key->batch, g->bf16 ? " bf16" : "",
+             g->bias ? " with the bias epilogue" : "");
+    tp_cuda_fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", what);
+  }
+  plan->algo = heuristic.algo;
+}
+#endif
+
+/* g's plan: the cached one, or a new one (a heuristic query, counted) in the first free
+ * slot, or else in the least recently used one's. */
+static GemmPlan *plan_for(TpCudaBlas *blas, const Gemm *g) {
+  GemmKey key = key_of(g);
+  GemmPlan *slot = &blas->plans[0];
+  for (GemmPlan *p = blas->plans; p < blas->plans + TP_CUDA_BLAS_PLANS; p++) {
+    if (!p->last_use) { /* free, and so are all after it */
+      slot = p;
+      break;
+    }
+    if (memcmp(&p->key, &key, sizeof key) == 0) {
+      p->last_use = ++blas->clock;
+      return p;
+    }
+    if (p->last_use < slot->last_use) slot = p;
+  }
+  if (slot->last_use) release_plan(slot);
+  slot->key = key;
+#ifndef TOKPIPE_CUDA_EMULATE
+  make_plan(blas, slot, g);
+#endif
+  TP_CUDA_COUNT(queries, 1);
+  slot->last_use = ++blas->clock;
+  return slot;
 }
 
 #ifdef TOKPIPE_CUDA_EMULATE
@@ -55,83 +247,54 @@ static float *widen_bf16(const void *bits, int64_t n) {
   for (int64_t i = 0; i < n; i++) wide[i] = tp_bf16_to_f32(static_cast<const uint16_t *>(bits)[i]);
   return wide;
 }
+
+/* g's products one by one through OpenBLAS. A bias is the CPU Linear's arithmetic: C
+ * filled with it, the product summed onto it (beta 1), so the results are its bits. */
+static void emulated_gemm(const Gemm *g) {
+  int64_t size = g->bf16 ? 2 : 4;
+  for (int64_t i = 0; i < g->batch; i++) {
+    const void *A = static_cast<const char *>(g->A) + i * g->stride_a * size;
+    const void *B = static_cast<const char *>(g->B) + i * g->stride_b * size;
+    float *C = g->C + i * g->stride_c, beta = g->beta;
+    if (g->bias) {
+      for (int64_t j = 0; j < g->n; j++) memcpy(C + j * g->ldc, g->bias, (size_t)g->m * sizeof *C);
+      beta = 1;
+    }
+    /* OpenBLAS's sbgemm is missing from some builds: bf16 operands are widened first (the
+     * products are then the same as bf16 products accumulated in f32) */
+    float *wide_a = g->bf16 ? widen_bf16(A, g->lda * (g->trans_a ? g->m : g->k)) : NULL;
+    float *wide_b = g->bf16 ? widen_bf16(B, g->ldb * (g->trans_b ? g->k : g->n)) : NULL;
+    cblas_sgemm(CblasColMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans,
+                (int)g->m, (int)g->n, (int)g->k, 1.0f, g->bf16 ? wide_a : static_cast<const float *>(A), (int)g->lda,
+                g->bf16 ? wide_b : static_cast<const float *>(B), (int)g->ldb, beta, C, (int)g->ldc);
+    free(wide_a), free(wide_b);
+  }
+}
 #endif
 
-#ifndef TOKPIPE_CUDA_EMULATE
-/* The largest power of two up to 256 dividing p's address: cuBLASLt's heuristic assumes
- * 256-byte aligned operands unless told less (a batch element of a MatMul starts anywhere). */
-static uint32_t alignment_bytes(const void *p) {
-  uint32_t bytes = 256;
-  while (bytes > 1 && reinterpret_cast<uintptr_t>(p) % bytes) bytes /= 2;
-  return bytes;
-}
-
-static void set_alignment(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
-                          const void *p) {
-  uint32_t bytes = alignment_bytes(p);
-  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof bytes));
-}
-#endif
-
-/* Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n) + beta C, with k > 0; A and B f32,
- * or bf16 when `bf16` (C f32 either way). */
-static void gemm_column_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                              int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
-                              float *C, int64_t ldc, TpCudaStream stream) {
-  const float alpha = 1;
+/* g as one cuBLASLt call (one launch). The bias epilogue adds the bias to the finished f32
+ * sum of the products, y = fl(sum + bias), where the CPU Linear sums the products onto the
+ * bias (its first partial sum is fl(bias + p_1)): the same terms in another order, within
+ * the products' tolerance. The emulated build keeps the CPU's order and so its bits. */
+static void run_gemm(TpCudaBlas *blas, const Gemm *g, TpCudaStream stream) {
+  TP_ASSERT(g->k > 0 && g->batch >= 1 && g->batch <= INT32_MAX);
+  TP_ASSERT(!g->bias || (g->batch == 1 && g->beta == 0));
+  GemmPlan *plan = plan_for(blas, g);
   TP_CUDA_COUNT(launches, 1);
-  TP_CUDA_COUNT(queries, 1); /* a heuristic query per product */
-  TP_CUDA_COUNT(flops[bf16 ? TP_FLOPS_BF16 : TP_FLOPS_F32], 2.0 * (double)m * (double)n * (double)k);
+  TP_CUDA_COUNT(flops[g->bf16 ? TP_FLOPS_BF16 : TP_FLOPS_F32],
+                2.0 * (double)g->m * (double)g->n * (double)g->k * (double)g->batch);
 #ifdef TOKPIPE_CUDA_EMULATE
-  (void)blas;
+  (void)plan;
   tp_emu_stream_ready(stream); /* after the stream's all-reduces, as on a GPU */
-  /* OpenBLAS's sbgemm is missing from some builds: bf16 operands are widened first (the
-   * products are then the same as bf16 products accumulated in f32) */
-  float *wide_a = bf16 ? widen_bf16(A, lda * (trans_a ? m : k)) : NULL;
-  float *wide_b = bf16 ? widen_bf16(B, ldb * (trans_b ? k : n)) : NULL;
-  cblas_sgemm(CblasColMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
-              (int)n, (int)k, alpha, bf16 ? wide_a : static_cast<const float *>(A), (int)lda,
-              bf16 ? wide_b : static_cast<const float *>(B), (int)ldb, beta, C, (int)ldc);
-  free(wide_a), free(wide_b);
+  emulated_gemm(g);
 #else
-  cudaDataType_t operand_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  /* CUBLAS_COMPUTE_32F keeps the products in fp32: cuBLASLt uses TF32 only when asked
-   * for by a *_FAST_TF32 compute type (it does not read cuBLAS's math mode). bf16
-   * operands accumulate in fp32 under it too. */
-  cublasLtMatmulDesc_t op;
-  TP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-  TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-  cublasLtMatrixLayout_t layout_a, layout_b, layout_c; /* the stored matrices: rows, columns, leading dim */
-  TP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a, operand_type, (uint64_t)(trans_a ? k : m),
-                                             (uint64_t)(trans_a ? m : k), lda));
-  TP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b, operand_type, (uint64_t)(trans_b ? n : k),
-                                             (uint64_t)(trans_b ? k : n), ldb));
-  TP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc));
-  cublasLtMatmulPreference_t preference;
-  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  uint64_t workspace_size = blas->workspace_size;
-  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &workspace_size, sizeof workspace_size));
-  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, A);
-  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, B);
-  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, C);
-  set_alignment(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, C);
-  cublasLtMatmulHeuristicResult_t heuristic;
-  int found = 0;
-  TP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas->lt, op, layout_a, layout_b, layout_c, layout_c, preference, 1,
-                                                 &heuristic, &found));
-  if (found == 0)
-    tp_cuda_fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", "no algorithm for this product");
-  TP_CUBLAS_CHECK(cublasLtMatmul(blas->lt, op, &alpha, A, layout_a, B, layout_b, &beta, C, layout_c, C, layout_c,
-                                 &heuristic.algo, blas->workspace, blas->workspace_size,
-                                 static_cast<cudaStream_t>(stream)));
-  TP_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
-  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_c));
-  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
-  TP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_a));
-  TP_CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+  if (g->bias) /* this call's bias, of the alignment the plan was chosen for */
+    TP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+  const float alpha = 1;
+  TP_CUBLAS_CHECK(cublasLtMatmul(blas->lt, plan->op, &alpha, g->A, plan->layout_a, g->B, plan->layout_b, &g->beta,
+                                 g->C, plan->layout_c, g->C, plan->layout_c, &plan->algo, blas->workspace,
+                                 blas->workspace_size, static_cast<cudaStream_t>(stream)));
 #endif
 }
 
@@ -146,19 +309,26 @@ static void fill_rows(const float *bias, int64_t rows, int64_t n, float *y, TpCu
             n, y);
 }
 
-/* Row-major contiguous C (M, N) = op(A) (M, K) @ op(B) (K, N) + beta C (tp_sgemm's
- * convention); A and B f32, or bf16 when `bf16`. Row-major C is column-major C^T =
- * op(B)^T op(A)^T, and a row-major matrix read as column-major is its transpose: so the
- * column-major call takes B first, A second, with the same transposition flags and no copies. */
+/* For i < batch, row-major contiguous C_i (M, N) = op(A_i) (M, K) @ op(B_i) (K, N) + beta
+ * C_i (tp_sgemm's convention), C_i = C + i M N, A_i = A + i stride_a elements (0: shared),
+ * B_i likewise; A and B f32, or bf16 when bf16. With a bias (N; batch 1, beta 0) every
+ * row of C adds it. Row-major C is column-major C^T = op(B)^T op(A)^T, and a row-major
+ * matrix read as column-major is its transpose: so the column-major call takes B first, A
+ * second, with the same transposition flags and no copies (the bias: one per row of C^T). */
 static void gemm_row_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                           const void *A, const void *B, float beta, float *C, TpCudaStream stream) {
-  if (M == 0 || N == 0) return;
+                           const void *A, int64_t stride_a, const void *B, int64_t stride_b, const float *bias,
+                           float beta, float *C, int64_t batch, TpCudaStream stream) {
+  if (M == 0 || N == 0 || batch == 0) return;
   if (K == 0) { /* an empty sum; cuBLASLt takes no k of 0 */
-    if (beta == 0) fill_rows(NULL, M, N, C, stream);
+    if (beta == 0) fill_rows(bias, batch * M, N, C, stream);
     return;
   }
-  gemm_column_major(blas, bf16, trans_b, trans_a, N, M, K, B, trans_b ? K : N, A, trans_a ? M : K, beta, C, N,
-                    stream);
+  Gemm g = {};
+  g.bf16 = bf16, g.trans_a = trans_b, g.trans_b = trans_a, g.m = N, g.n = M, g.k = K, g.batch = batch;
+  g.A = B, g.lda = trans_b ? K : N, g.stride_a = stride_b;
+  g.B = A, g.ldb = trans_a ? M : K, g.stride_b = stride_a;
+  g.bias = bias, g.beta = beta, g.C = C, g.ldc = N, g.stride_c = M * N;
+  run_gemm(blas, &g, stream);
 }
 
 /* the element `index` of an operand array of f32, or of bf16 when `bf16` */
@@ -166,11 +336,10 @@ static const void *element(const void *p, bool bf16, int64_t index) {
   return static_cast<const char *>(p) + index * (bf16 ? 2 : 4);
 }
 
-/* y = x @ w (+ bias) on f32 or bf16 operands. */
+/* y = x @ w (+ bias) on f32 or bf16 operands, the bias in the product's epilogue. */
 static void linear(TpCudaBlas *blas, bool bf16, const void *x, const void *w, const float *bias, int64_t M,
                    int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
-  if (bias) fill_rows(bias, M, N, y, stream); /* then accumulated onto, as the CPU kernel does */
-  gemm_row_major(blas, bf16, false, transpose_w, M, N, K, x, w, bias ? 1.0f : 0.0f, y, stream);
+  gemm_row_major(blas, bf16, false, transpose_w, M, N, K, x, 0, w, 0, bias, 0, y, 1, stream);
 }
 
 void tp_cuda_launch_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M,
@@ -183,52 +352,67 @@ void tp_cuda_launch_linear_bf16(TpCudaBlas *blas, const uint16_t *x, const uint1
   linear(blas, true, x, w, bias, M, K, N, transpose_w, y, stream);
 }
 
-/* As runtime/cpu/nn_backward.c's tp_column_sums_f32: runs of COLUMN_ROW_RUN rows summed in
- * float, the runs in double, in the order of the rows, so the sums are the CPU's bit for bit. */
-enum { COLUMN_ROW_RUN = 64, COLUMN_THREADS = 256 };
-
-/* One thread per column. */
-__global__ void column_sums_kernel(const float *dy, int64_t rows, int64_t n, float *sums) {
-  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= n) return;
-  double sum = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += COLUMN_ROW_RUN) {
-    float run = 0;
-    for (int64_t r = r0; r < rows && r < r0 + COLUMN_ROW_RUN; r++) run += dy[r * n + j];
-    sum += run;
+/* The bias gradient: dy's column sums (the CPU's bits). The runs' scratch grows in the
+ * stream's order, as tp_cuda_scratch does: after the kernels queued before, no device-wide wait. */
+static void column_sums(TpCudaBlas *blas, const float *dy, int64_t M, int64_t N, float *dbias, TpCudaStream stream) {
+  size_t bytes = tp_cuda_column_sums_scratch(M, N, 1);
+  if (bytes > blas->column_runs_bytes) {
+    size_t grown = blas->column_runs_bytes * 2 > bytes ? blas->column_runs_bytes * 2 : bytes;
+    if (blas->column_runs) TP_CUDA_CHECK(cudaFreeAsync(blas->column_runs, static_cast<cudaStream_t>(stream)));
+    blas->column_runs = NULL;
+    TP_CUDA_ALLOC(cudaMallocAsync(&blas->column_runs, grown, static_cast<cudaStream_t>(stream)));
+    blas->column_runs_bytes = grown;
   }
-  sums[j] = (float)sum;
-}
-
-/* The bias gradient: dy's column sums. */
-static void column_sums(const float *dy, int64_t M, int64_t N, float *dbias, TpCudaStream stream) {
-  if (N == 0) return;
-  dim3 grid((unsigned)((N + COLUMN_THREADS - 1) / COLUMN_THREADS));
-  TP_LAUNCH(column_sums_kernel, grid, dim3(COLUMN_THREADS), stream, dy, M, N, dbias);
+  tp_cuda_launch_column_sums_f32(dy, NULL, NULL, NULL, M, N, NULL, dbias, blas->column_runs, stream);
 }
 
 /* The two products of tp_linear_backward_f32 on f32 or bf16 operands. */
 static void linear_backward(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w, int64_t M,
                             int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, TpCudaStream stream) {
-  if (dx) gemm_row_major(blas, bf16, false, !transpose_w, M, K, N, dy, w, 0, dx, stream); /* dy (M, N) @ w^T */
-  if (dw) {
-    if (transpose_w) gemm_row_major(blas, bf16, true, false, N, K, M, dy, x, 0, dw, stream); /* dy^T @ x */
-    else gemm_row_major(blas, bf16, true, false, K, N, M, x, dy, 0, dw, stream);             /* x^T @ dy */
-  }
+  /* dx = dy w^T; dw = x^T dy, or dy^T x when transpose_w */
+  if (dx) gemm_row_major(blas, bf16, false, !transpose_w, M, K, N, dy, 0, w, 0, NULL, 0, dx, 1, stream);
+  if (!dw) return;
+  if (transpose_w) gemm_row_major(blas, bf16, true, false, N, K, M, dy, 0, x, 0, NULL, 0, dw, 1, stream);
+  else gemm_row_major(blas, bf16, true, false, K, N, M, x, 0, dy, 0, NULL, 0, dw, 1, stream);
 }
 
 void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
                                         int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
                                         TpCudaStream stream) {
   linear_backward(blas, false, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
-  if (dbias) column_sums(dy, M, N, dbias, stream);
+  if (dbias) column_sums(blas, dy, M, N, dbias, stream);
 }
 
 void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, const uint16_t *x, const uint16_t *w,
                                          const float *dy_f32, int64_t M, int64_t K, int64_t N, bool transpose_w,
                                          float *dx, float *dw, float *dbias, TpCudaStream stream) {
   linear_backward(blas, true, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
-  if (dbias) column_sums(dy_f32, M, N, dbias, stream);
+  if (dbias) column_sums(blas, dy_f32, M, N, dbias, stream);
+}
+
+/* A MatMul's batch as `outer` cuBLASLt calls of `inner` products each: the trailing batch
+ * dims over which each operand steps through its matrices one by one (step) or stays on one
+ * (broadcast: a stride of 0) are the inner ones, taken as far as that holds; the leading
+ * dims are looped over. An operand written by the products (a gradient: a_written,
+ * b_written) must step, or the products of one call would write one matrix at once. */
+typedef struct {
+  int64_t outer, inner;
+  bool step_a, step_b;
+} BatchSplit;
+
+static BatchSplit split_batch(const TpMatmulLayout *l, bool a_written, bool b_written) {
+  int state_a = -1, state_b = -1; /* -1: undecided (dims of 1 so far), else steps */
+  int64_t inner = 1;
+  for (int i = l->rank - 1; i >= 0; i--) {
+    if (l->dims[i] == 1) continue;
+    int steps_a = l->sa[i] != 0, steps_b = l->sb[i] != 0;
+    if ((state_a >= 0 && steps_a != state_a) || (state_b >= 0 && steps_b != state_b)) break;
+    if ((a_written && !steps_a) || (b_written && !steps_b)) break;
+    state_a = steps_a, state_b = steps_b;
+    inner *= l->dims[i];
+  }
+  BatchSplit s = {inner ? l->nbatch / inner : 0, inner, state_a == 1, state_b == 1};
+  return s;
 }
 
 /* tp_matmul's product on f32 or bf16 operands */
@@ -236,14 +420,16 @@ static void matmul(TpCudaBlas *blas, bool bf16, const TpMatmulLayout *l, const v
                    TpCudaStream stream) {
   int64_t M = l->M, K = l->K, N = l->N;
   if (l->nb == 1 && l->na == l->nbatch) { /* one shared right operand: fold the batch into M */
-    gemm_row_major(blas, bf16, false, false, l->nbatch * M, N, K, a, b, 0, y, stream);
+    gemm_row_major(blas, bf16, false, false, l->nbatch * M, N, K, a, 0, b, 0, NULL, 0, y, 1, stream);
     return;
   }
-  for (int64_t n = 0; n < l->nbatch; n++) {
+  BatchSplit s = split_batch(l, false, false);
+  for (int64_t o = 0; o < s.outer; o++) {
     int64_t oa, ob;
-    tp_matmul_operands(l, n, &oa, &ob);
-    gemm_row_major(blas, bf16, false, false, M, N, K, element(a, bf16, oa * M * K), element(b, bf16, ob * K * N), 0,
-                   y + n * M * N, stream);
+    tp_matmul_operands(l, o * s.inner, &oa, &ob);
+    gemm_row_major(blas, bf16, false, false, M, N, K, element(a, bf16, oa * M * K), s.step_a ? M * K : 0,
+                   element(b, bf16, ob * K * N), s.step_b ? K * N : 0, NULL, 0, y + o * s.inner * M * N, s.inner,
+                   stream);
   }
 }
 
@@ -252,22 +438,35 @@ static void matmul_backward(TpCudaBlas *blas, bool bf16, const TpMatmulLayout *l
                             const void *b, float *da, float *db, TpCudaStream stream) {
   int64_t M = l->M, K = l->K, N = l->N, nbatch = l->nbatch;
   if (l->nb == 1 && l->na == nbatch) { /* one shared b: the batch folds into the rows */
-    if (da) gemm_row_major(blas, bf16, false, true, nbatch * M, K, N, dy, b, 0, da, stream);
-    if (db) gemm_row_major(blas, bf16, true, false, K, N, nbatch * M, a, dy, 0, db, stream);
+    if (da) gemm_row_major(blas, bf16, false, true, nbatch * M, K, N, dy, 0, b, 0, NULL, 0, da, 1, stream);
+    if (db) gemm_row_major(blas, bf16, true, false, K, N, nbatch * M, a, 0, dy, 0, NULL, 0, db, 1, stream);
     return;
   }
-  /* An operand broadcast along a batch dim collects the sum of its products. */
+  /* An operand broadcast along a batch dim collects the sum of its products, in the order
+   * of the batch as on the CPU: one call's products write distinct matrices, and the calls
+   * run in the batch's order. */
   bool sum_a = l->na != nbatch, sum_b = l->nb != nbatch;
-  if (da && sum_a) fill_rows(NULL, l->na * M, K, da, stream);
-  if (db && sum_b) fill_rows(NULL, l->nb * K, N, db, stream);
-  float beta_a = sum_a ? 1.0f : 0.0f, beta_b = sum_b ? 1.0f : 0.0f;
-  for (int64_t n = 0; n < nbatch; n++) {
-    int64_t oa, ob;
-    tp_matmul_operands(l, n, &oa, &ob);
-    const void *dy_n = element(dy, bf16, n * M * N), *a_n = element(a, bf16, oa * M * K);
-    const void *b_n = element(b, bf16, ob * K * N);
-    if (da) gemm_row_major(blas, bf16, false, true, M, K, N, dy_n, b_n, beta_a, da + oa * M * K, stream);
-    if (db) gemm_row_major(blas, bf16, true, false, K, N, M, a_n, dy_n, beta_b, db + ob * K * N, stream);
+  if (da) {
+    if (sum_a) fill_rows(NULL, l->na * M, K, da, stream);
+    BatchSplit s = split_batch(l, true, false);
+    for (int64_t o = 0; o < s.outer; o++) { /* da_n = dy_n @ b_n^T */
+      int64_t oa, ob;
+      tp_matmul_operands(l, o * s.inner, &oa, &ob);
+      gemm_row_major(blas, bf16, false, true, M, K, N, element(dy, bf16, o * s.inner * M * N), M * N,
+                     element(b, bf16, ob * K * N), s.step_b ? K * N : 0, NULL, sum_a ? 1.0f : 0.0f, da + oa * M * K,
+                     s.inner, stream);
+    }
+  }
+  if (db) {
+    if (sum_b) fill_rows(NULL, l->nb * K, N, db, stream);
+    BatchSplit s = split_batch(l, false, true);
+    for (int64_t o = 0; o < s.outer; o++) { /* db_n = a_n^T @ dy_n */
+      int64_t oa, ob;
+      tp_matmul_operands(l, o * s.inner, &oa, &ob);
+      gemm_row_major(blas, bf16, true, false, K, N, M, element(a, bf16, oa * M * K), s.step_a ? M * K : 0,
+                     element(dy, bf16, o * s.inner * M * N), M * N, NULL, sum_b ? 1.0f : 0.0f, db + ob * K * N,
+                     s.inner, stream);
+    }
   }
 }
 

@@ -6,9 +6,10 @@
  * outputs; results differ from the CPU's product of the same values only in the order of
  * the sums. In the emulated test build
  * (TOKPIPE_CUDA_EMULATE) the same entry points run the products through OpenBLAS
- * (cblas_sgemm, with the same column-major operands as the cuBLASLt call) and the bias and
- * reduction kernels through the emulation; bf16 operands are widened to f32 first, which
- * gives the same products. */
+ * (cblas_sgemm, with the same column-major operands as the cuBLASLt call, a batched call
+ * one element after another, a bias added as the CPU Linear adds it) and the fill and
+ * reduction kernels through the emulation, with the same plan cache; bf16 operands are
+ * widened to f32 first, which gives the same products. */
 #ifndef TOKPIPE_CUDA_BLAS_H
 #define TOKPIPE_CUDA_BLAS_H
 
@@ -22,8 +23,13 @@ extern "C" {
 #endif
 #include "../kernels/check.h" /* TpMatmulLayout, tp_matmul_operands: a C header */
 
-/* A cuBLASLt handle and its workspace: one per stream (calls on two streams at once would
- * share the workspace), created once, destroyed at close. */
+/* A cuBLASLt handle, its workspace and its plan cache: one per stream (calls on two
+ * streams at once would share the workspace), created once, destroyed at close. The cache
+ * holds up to TP_CUDA_BLAS_PLANS plans (descriptors, layouts and the heuristic's algorithm),
+ * one per distinct product (shapes, transposes, dtypes, leading dims, operand alignments,
+ * batch count and strides, epilogue), the least recently used replaced when full; a
+ * product without a plan queries the heuristic once (stats.h's queries). */
+enum { TP_CUDA_BLAS_PLANS = 256 };
 typedef struct TpCudaBlas TpCudaBlas;
 TpCudaBlas *tp_cuda_blas_create(void);
 void tp_cuda_blas_destroy(TpCudaBlas *blas);
@@ -49,7 +55,9 @@ void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, c
                                          float *dx, float *dw, float *dbias, TpCudaStream stream);
 
 /* tp_matmul on f32 (numpy semantics, broadcast batch dims): l is tp_matmul_layout of a's
- * and b's shapes (host memory); y (l->nbatch, M, N) is overwritten. */
+ * and b's shapes (host memory); y (l->nbatch, M, N) is overwritten. The batch is one
+ * strided-batched cuBLASLt call over the trailing batch dims along which each operand steps
+ * or is broadcast (stride 0), one call per index of the dims before them. */
 void tp_cuda_launch_matmul_f32(TpCudaBlas *blas, const TpMatmulLayout *l, const float *a, const float *b, float *y,
                                TpCudaStream stream);
 /* tp_cuda_launch_matmul_f32 on bf16 a and b; y is fp32. */

@@ -35,6 +35,18 @@ void tp_cuda_launch_embedding_backward_f32(const float *dy, const void *ids, boo
                                            int64_t n, int64_t outer, int64_t V, int64_t C, float *dtable,
                                            int64_t *bad, void *scratch, TpCudaStream stream);
 
+/* ---- colsum.cu ----
+ * tp_column_sums_f32 over dy (rows, n): sum_dy[j] = sum_r dy[r, j] and, when sum_dy_xhat
+ * is wanted, sum_dy_xhat[j] = sum_r dy[r, j] (x[r, j] - mean[r]) inv_std[r] (mean NULL:
+ * 0); either may be NULL. The CPU's bits (the same sums in the same order), deterministic.
+ * scratch: device memory of tp_cuda_column_sums_scratch(rows, n, sums) bytes, sums the
+ * number of results wanted (1 or 2), 4-byte aligned; 0 bytes (NULL will do) for 64 rows or
+ * fewer. Two launches, one for 64 rows or fewer. */
+size_t tp_cuda_column_sums_scratch(int64_t rows, int64_t n, int sums);
+void tp_cuda_launch_column_sums_f32(const float *dy, const float *x, const float *mean, const float *inv_std,
+                                    int64_t rows, int64_t n, float *sum_dy_xhat, float *sum_dy, void *scratch,
+                                    TpCudaStream stream);
+
 /* ---- loss.cu ----
  * tp_cross_entropy_f32: *loss (device) = the sum over rows of logsumexp - the target's
  * logit, / denominator; row_loss (R doubles) is scratch. A target outside [0, V) adds 0
@@ -100,13 +112,16 @@ bool tp_cuda_launch_binary_f32(TpBinaryOp op, const TpIter *it, const float *a, 
 void tp_cuda_launch_where_f32(const TpIter *it, const bool *cond, const float *a, const float *b, float *y,
                               TpCudaStream stream);
 /* tp_reduce_sum on f32: x's dims (host) and data (device), axes sorted and distinct; y holds
- * the kept dims' elements. Each output adds its elements in double in x's row-major order,
- * as the CPU kernel does (the same result; deterministic). False for bad axes. */
+ * the kept dims' elements. The CPU's sums in its order, runs of 64 elements in double (the
+ * same bits; deterministic). scratch: device memory of tp_cuda_reduce_sum_scratch bytes,
+ * 8-byte aligned (0 bytes, NULL will do, where no output adds more than 64 elements). Two
+ * launches, one where no output adds more than 64. False for bad axes. */
+size_t tp_cuda_reduce_sum_scratch(const TpTensor *x, const int64_t *axes, int naxes);
 bool tp_cuda_launch_reduce_sum_f32(const TpTensor *x, const int64_t *axes, int naxes, bool mean, float *y,
-                                   TpCudaStream stream);
+                                   void *scratch, TpCudaStream stream);
 /* The same on x's dtype (any but bool; y of that dtype): integers wrap and their mean
  * truncates, as the CPU's. */
-bool tp_cuda_launch_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, void *y,
+bool tp_cuda_launch_reduce_sum(const TpTensor *x, const int64_t *axes, int naxes, bool mean, void *y, void *scratch,
                                TpCudaStream stream);
 
 /* ---- layout.cu: layout ops as strided copies (data on the device, dims on the host;

@@ -1,42 +1,9 @@
 /* RMSNorm and LayerNorm, forward and backward (runtime/cpu/transformer.h, nn.h,
  * nn_backward.h): one block per row, the row's sums through block_reduce; the parameter
- * gradients by column_sums, one thread per column summing the rows in order (float runs of
- * 64 rows added in double, as tp_column_sums_f32 does: the same bits). */
+ * gradients by colsum.cu's column sums (the CPU's, in its order: its bits from the same
+ * statistics). */
 #include "common.cuh"
 #include "ops.h"
-
-/* The rows of a run summed in float before the run is added in double (tp_column_sums_f32's
- * ROW_RUN). */
-enum { COLUMN_ROW_RUN = 64 };
-
-/* sum_dy[j] = sum_r dy[r, j]; sum_dy_xhat[j] = sum_r dy[r, j] * (x[r, j] - mean[r]) *
- * inv_std[r] (mean NULL: 0); either may be NULL. One thread per column. */
-__global__ void column_sums_kernel(const float *dy, const float *x, const float *mean, const float *inv_std,
-                                   int64_t rows, int64_t n, float *sum_dy_xhat, float *sum_dy) {
-  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= n) return;
-  double s = 0, sx = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += COLUMN_ROW_RUN) {
-    float fs = 0, fsx = 0;
-    for (int64_t r = r0; r < rows && r < r0 + COLUMN_ROW_RUN; r++) {
-      float d = dy[r * n + j];
-      fs += d;
-      if (sum_dy_xhat) fsx += d * ((x[r * n + j] - (mean ? mean[r] : 0.0f)) * inv_std[r]);
-    }
-    s += fs;
-    sx += fsx;
-  }
-  if (sum_dy) sum_dy[j] = (float)s;
-  if (sum_dy_xhat) sum_dy_xhat[j] = (float)sx;
-}
-
-static void column_sums(const float *dy, const float *x, const float *mean, const float *inv_std, int64_t rows,
-                        int64_t n, float *sum_dy_xhat, float *sum_dy, TpCudaStream stream) {
-  if (n == 0) return;
-  dim3 grid((unsigned)((n + TP_CUDA_ROW_THREADS - 1) / TP_CUDA_ROW_THREADS));
-  TP_LAUNCH(column_sums_kernel, grid, dim3(TP_CUDA_ROW_THREADS), stream, dy, x, mean, inv_std, rows, n, sum_dy_xhat,
-            sum_dy);
-}
 
 /* 1 / sqrt(mean(x^2) + eps) of the block's row xr of n (every thread gets it). */
 __device__ float row_inv_rms(const float *xr, int64_t n, float eps) {
@@ -74,15 +41,20 @@ __global__ void rmsnorm_backward_kernel(const float *dy, const float *x, const f
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) o[j] = r * (d[j] * scale[j] - xr[j] * k);
 }
 
-/* inv_rms (rows) in the stream's scratch; dx or dscale may be NULL */
+/* inv_rms (rows) and dscale's column runs in the stream's scratch; dx or dscale may be NULL */
 TpKernelStatus tp_cuda_rmsnorm_backward_f32(const float *dy, const float *x, const float *scale, int64_t rows,
                                             int64_t n, float eps, float *dx, float *dscale, TpStream *stream) {
   if (n == 0) return TP_KERNEL_OK;
-  float *inv_rms = static_cast<float *>(tp_cuda_scratch(stream, (size_t)rows * sizeof(float) + 1));
+  size_t inv_bytes = ((size_t)rows * sizeof(float) + 255) / 256 * 256;
+  size_t runs_bytes = dscale ? tp_cuda_column_sums_scratch(rows, n, 1) : 0;
+  char *scratch = static_cast<char *>(tp_cuda_scratch(stream, inv_bytes + runs_bytes + 1));
+  float *inv_rms = reinterpret_cast<float *>(scratch);
   if (rows)
     TP_LAUNCH(rmsnorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, dy, x, scale,
               n, eps, dx, inv_rms);
-  if (dscale) column_sums(dy, x, nullptr, inv_rms, rows, n, dscale, nullptr, stream->cuda);
+  if (dscale)
+    tp_cuda_launch_column_sums_f32(dy, x, nullptr, inv_rms, rows, n, dscale, nullptr, scratch + inv_bytes,
+                                   stream->cuda);
   return TP_KERNEL_OK;
 }
 
@@ -136,6 +108,10 @@ TpKernelStatus tp_cuda_layernorm_backward_f32(const float *dy, const float *x, c
   if (dx && rows)
     TP_LAUNCH(layernorm_backward_kernel, dim3((unsigned)rows), dim3(TP_CUDA_ROW_THREADS), stream->cuda, dy, x, scale,
               mean, inv_std, n, dx);
-  if (dscale || dbias) column_sums(dy, x, mean, inv_std, rows, n, dscale, dbias, stream->cuda);
+  if (dscale || dbias) {
+    void *runs = tp_cuda_scratch(stream,
+                                 tp_cuda_column_sums_scratch(rows, n, (dscale != NULL) + (dbias != NULL)) + 1);
+    tp_cuda_launch_column_sums_f32(dy, x, mean, inv_std, rows, n, dscale, dbias, runs, stream->cuda);
+  }
   return TP_KERNEL_OK;
 }

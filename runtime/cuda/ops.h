@@ -14,8 +14,9 @@
  *     shapes; runtime/kernels/check.h's checks, which both targets run), and
  *     TP_KERNEL_BAD_DTYPE for a case the CPU kernel takes and these do not.
  * With --precision bf16 the plans call tp_cuda_bf16_X for the matrix products (GEMM,
- * MATMUL, LINEAR and their backwards): the same parameters; operands rounded to bf16,
- * products accumulated in fp32 (cuBLASLt), results fp32.
+ * MATMUL, LINEAR and their backwards) and attention (ATTENTION and its backward): the same
+ * parameters; operands rounded to bf16, products accumulated in fp32 (cuBLASLt; attention
+ * on the tensor cores, attention.cu), results fp32.
  *
  * Each entry point is defined in the file of its kernels, beside their __global__
  * functions (activation.cu: the activations and gated MLPs; norm.cu, rotary.cu, softmax.cu,
@@ -59,6 +60,20 @@ TpKernelStatus tp_cuda_fill_i64(int64_t *dst, int64_t value, TpStream *stream);
 #undef SIG
 #undef PRODUCT_SIG
 #undef SCALAR_PARAM
+
+/* Attention on the tensor cores with the forward's statistics kept for the backward:
+ * tp_cuda_attention_bf16 is tp_cuda_bf16_attention_f32 (no qk_out) that also writes each
+ * query row's log-sum-exp of its scores into lse ([B, q_heads, q_len], +inf for a row that
+ * sees no key; NULL: not written); tp_cuda_attention_backward_bf16 is
+ * tp_cuda_bf16_attention_backward_f32 given that lse and the forward's y, so it runs no
+ * statistics pass (both NULL: it runs one, as tp_cuda_bf16_attention_backward_f32 does,
+ * whose plans do not carry them). */
+TpKernelStatus tp_cuda_attention_bf16(const TpAttention *p, const float *q, const float *k, const float *v,
+                                      const float *past_k, const float *past_v, float *y, float *present_k,
+                                      float *present_v, float *lse, TpStream *stream);
+TpKernelStatus tp_cuda_attention_backward_bf16(const TpAttention *p, const float *dy, const float *q, const float *k,
+                                               const float *v, const float *y, const float *lse, float *dq,
+                                               float *dk, float *dv, TpStream *stream);
 
 #ifdef __cplusplus
 }

@@ -105,6 +105,18 @@ static void check_close(const char *what, const float *got, const float *want, i
          fabs((double)got[worst] - want[worst]), (long long)worst, got[worst], want[worst], tol.atol, tol.rtol);
 }
 
+/* Compares n results bit for bit (so +0 against -0 fails, and NaNs must match); reports the
+ * first difference. */
+__attribute__((unused)) static void check_bits(const char *what, const float *got, const float *want, int64_t n) {
+  test_sync();
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(&got[i], &want[i], sizeof got[i]) != 0) {
+      fail("%s: not the CPU's bits at [%lld] (gpu %.9g, cpu %.9g; abs_err=%.3g)", what, (long long)i, got[i],
+           want[i], fabs((double)got[i] - want[i]));
+      return;
+    }
+}
+
 typedef struct {
   const char *name;
   void (*run)(void);

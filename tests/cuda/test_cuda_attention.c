@@ -20,7 +20,28 @@
  * sum P dP) and the softcap's tanhf differs from the CPU's by an ulp or two. Each sum
  * errs by a few ulp of its largest partial sum (<= ~40), so under 5e-6 absolute (the
  * worst measured: 1.2e-6, dv of gqa_causal) and 1e-5 relative. The copies into
- * present_k/present_v are EXACT. */
+ * present_k/present_v are EXACT.
+ *
+ * The tensor-core kernels (tp_cuda_bf16_attention_f32, tp_cuda_bf16_attention_backward_f32
+ * and tp_cuda_attention_bf16 / tp_cuda_attention_backward_bf16 with the forward's saved
+ * log-sum-exp; `tc_NAME_fwd` / `tc_NAME_bwd`, the same cases, whose lengths are no multiple
+ * of 16 either) run on the emulated WMMA fragments, against the CPU kernels given the same
+ * operands rounded to bf16 (q, k, v, past, dy; masks stay f32), so what remains is the
+ * kernels' own rounding: the probabilities P and the score gradients dS rounded to bf16
+ * for the products they feed (a relative error of at most 2^-9 each, round to nearest
+ * even), and f32 sums in another order:
+ *   y    a sum of rows of v (|v| < 1) with weights off by <= 2^-9 relative, over the f32
+ *        sum of the weights: off by <= 2^-9 = 2.0e-3 (worst measured 1.4e-3):
+ *        TC_FORWARD = (2.5e-3, 1e-2);
+ *   lse  from the f32 scores of bf16 products (exact) and the f32 weights: as the CPU's
+ *        up to f32 rounding (worst measured 4.8e-7): LSE = (5e-6, 1e-5);
+ *   dq, dk, dv  each term p dy, ds k or ds q is off by <= 2^-9 of itself, so an element
+ *        by <= 2^-9 times the sum of its terms' magnitudes: for dv of an early key of
+ *        gqa_causal, the probabilities the 2 heads' 37 rows give it sum to about
+ *        2 (H(37) - 1) = 6.3, a bound of 1.2e-2; the roundings' errors are unbiased and
+ *        partly cancel (worst measured 5.3e-3, dv of mqa_packed): TC_GRADIENTS = (8e-3, 1e-2).
+ * The backward given the forward's lse computes the same probabilities as its own
+ * statistics pass up to f32 rounding of the lse, checked with TC_GRADIENTS too. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,8 +53,10 @@
 #include "cpu/nn.h"
 #include "cpu/nn_backward.h"
 #include "cuda/ops.h"
+#include "cuda/stats.h"
 
-static const Tolerance ATTENTION = {5e-6, 1e-5};
+static const Tolerance ATTENTION = {5e-6, 1e-5}, LSE = {5e-6, 1e-5};
+static const Tolerance TC_FORWARD = {2.5e-3, 1e-2}, TC_GRADIENTS = {8e-3, 1e-2};
 
 enum MaskKind { NO_MASK, BOOL_MASK, F32_MASK };
 
@@ -161,14 +184,175 @@ static void free_inputs(Inputs *in) {
 }
 
 /* Compares n results and prints the worst absolute error. */
-static void compare(const char *what, const float *got, const float *want, int64_t n) {
+static void compare_within(const char *what, const float *got, const float *want, int64_t n, Tolerance tol) {
   double worst = 0;
   for (int64_t e = 0; e < n; e++) {
+    if (got[e] == want[e]) continue; /* equal infinities too */
     double err = fabs((double)got[e] - want[e]);
     if (!(err <= worst)) worst = err;
   }
   printf("%s: worst abs error %.3g over %lld values\n", what, worst, (long long)n);
-  check_close(what, got, want, n, ATTENTION);
+  check_close(what, got, want, n, tol);
+}
+static void compare(const char *what, const float *got, const float *want, int64_t n) {
+  compare_within(what, got, want, n, ATTENTION);
+}
+
+typedef TpKernelStatus (*ForwardEntry)(const TpAttention *p, const float *q, const float *k, const float *v,
+                                       const float *past_k, const float *past_v, float *y, float *present_k,
+                                       float *present_v, float *qk_out, TpStream *stream);
+typedef TpKernelStatus (*BackwardEntry)(const TpAttention *p, const float *dy, const float *q, const float *k,
+                                        const float *v, float *dq, float *dk, float *dv, TpStream *stream);
+
+/* The entry points (fp32 or bf16) refuse what they do not implement: qk_out (it would
+ * need the scores the fused kernels never store), head sizes over 256, a backward with
+ * past keys. */
+static void refusals_of(ForwardEntry forward_entry, BackwardEntry backward_entry) {
+  Inputs in = make_inputs(&ONE);
+  TpStream *s = tp_cuda_stream_new();
+  float *y = nans(in.nq), *qk = nans(in.nq), *big = nans(257);
+  if (forward_entry(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, qk, s) != TP_KERNEL_BAD_DTYPE)
+    fail("qk_out accepted");
+  TpAttention wide = in.p;
+  wide.head_size = wide.v_head_size = 257;
+  if (forward_entry(&wide, big, big, big, NULL, NULL, big, NULL, NULL, NULL, s) != TP_KERNEL_BAD_DTYPE)
+    fail("head size 257 accepted");
+  TpAttention past = in.p;
+  past.past_len = 1;
+  if (backward_entry(&past, y, in.q, in.k, in.v, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
+    fail("a backward with past keys accepted");
+  tp_cuda_stream_free(s);
+  free(y), free(qk), free(big);
+  free_inputs(&in);
+}
+/* ---- the tensor-core kernels ---- */
+
+/* x (n floats, or NULL) rounded to bf16 in place: the operands as the kernels see them. */
+static void round_to_bf16(float *x, int64_t n) {
+  for (int64_t e = 0; x && e < n; e++) x[e] = tp_bf16_to_f32(tp_f32_to_bf16(x[e]));
+}
+
+/* The case's inputs with q, k, v, past and dy rounded to bf16. */
+static Inputs make_bf16_inputs(const Case *c) {
+  Inputs in = make_inputs(c);
+  round_to_bf16(in.q, in.nq * c->D);
+  round_to_bf16(in.k, in.nkr * c->D);
+  round_to_bf16(in.v, in.nkr * c->Dv);
+  round_to_bf16(in.past_k, in.npast * c->D);
+  round_to_bf16(in.past_v, in.npast * c->Dv);
+  round_to_bf16(in.dy, in.nq * c->Dv);
+  return in;
+}
+
+/* Each query row's log-sum-exp of its masked scores, from the CPU's qk_out (+inf for a row
+ * that sees no key, as the kernel writes it). */
+static float *reference_lse(const Inputs *in, int64_t total) {
+  TpAttention p = in->p;
+  p.qk_mode = 2;
+  float *y = nans(in->nq * p.v_head_size), *scores = nans(in->nq * total), *lse = nans(in->nq);
+  float *present_k = nans(in->p.batch * in->p.kv_heads * total * p.head_size);
+  float *present_v = nans(in->p.batch * in->p.kv_heads * total * p.v_head_size);
+  tp_attention_f32(&p, in->q, in->k, in->v, in->past_k, in->past_v, y, present_k, present_v, scores);
+  for (int64_t row = 0; row < in->nq; row++) {
+    const float *s = scores + row * total;
+    double m = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < total; j++) m = s[j] > m ? s[j] : m;
+    for (int64_t j = 0; j < total && m > -INFINITY; j++) sum += exp(s[j] - m);
+    lse[row] = sum > 0 ? (float)(m + log(sum)) : INFINITY;
+  }
+  free(y), free(scores), free(present_k), free(present_v);
+  return lse;
+}
+
+/* The forward on the tensor cores, with and without the log-sum-exp, against the CPU; its
+ * products counted as bf16 flops, none as f32. */
+static void tc_forward(const Case *c) {
+  Inputs in = make_bf16_inputs(c);
+  TpStream *s = tp_cuda_stream_new();
+  int64_t total = c->past_len + c->kv_len, nt = c->batch * c->kv_heads * total;
+  float *y = nans(in.nq * c->Dv), *y2 = nans(in.nq * c->Dv), *want = nans(in.nq * c->Dv), *lse = nans(in.nq);
+  float *pk = c->present ? nans(nt * c->D) : NULL, *pv = c->present ? nans(nt * c->Dv) : NULL;
+  float *want_pk = c->present ? nans(nt * c->D) : NULL, *want_pv = c->present ? nans(nt * c->Dv) : NULL;
+  tp_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, want, want_pk, want_pv, NULL);
+  char counts[256];
+  tp_cuda_stats_take(counts, sizeof counts);
+  TpKernelStatus st = tp_cuda_bf16_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y, pk, pv, NULL, s);
+  if (st != TP_KERNEL_OK) fail("tp_cuda_bf16_attention_f32 returned %d", (int)st);
+  if (tp_cuda_stats_on && in.nq && total &&
+      (tp_cuda_stats.flops[TP_FLOPS_F32] != 0 || !(tp_cuda_stats.flops[TP_FLOPS_BF16] > 0)))
+    fail("forward flops: f32 %g, bf16 %g (want 0 and > 0)", tp_cuda_stats.flops[TP_FLOPS_F32],
+         tp_cuda_stats.flops[TP_FLOPS_BF16]);
+  st = tp_cuda_attention_bf16(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y2, NULL, NULL, lse, s);
+  if (st != TP_KERNEL_OK) fail("tp_cuda_attention_bf16 returned %d", (int)st);
+  test_sync();
+  tp_cuda_stream_sync(s);
+  compare_within("y", y, want, in.nq * c->Dv, TC_FORWARD);
+  check_close("y (with lse)", y2, y, in.nq * c->Dv, (Tolerance){0, 0});
+  float *want_lse = reference_lse(&in, total);
+  compare_within("lse", lse, want_lse, in.nq, LSE);
+  if (c->present) {
+    check_close("present_k", pk, want_pk, nt * c->D, (Tolerance){0, 0});
+    check_close("present_v", pv, want_pv, nt * c->Dv, (Tolerance){0, 0});
+  }
+  tp_cuda_stream_free(s);
+  free(y), free(y2), free(want), free(lse), free(want_lse);
+  release(pk), release(pv), release(want_pk), release(want_pv);
+  free_inputs(&in);
+}
+
+/* The backward on the tensor cores against the CPU's: as plans call it (its own statistics
+ * pass), then given the forward's y and log-sum-exp, which must give the same bits with
+ * the forward's flops fewer (no statistics pass). */
+static void tc_backward(const Case *c) {
+  Inputs in = make_bf16_inputs(c);
+  TpStream *s = tp_cuda_stream_new();
+  float *dq = nans(in.nq * c->D), *dk = nans(in.nk * c->D), *dv = nans(in.nk * c->Dv);
+  float *dq2 = nans(in.nq * c->D), *dk2 = nans(in.nk * c->D), *dv2 = nans(in.nk * c->Dv);
+  float *want_dq = nans(in.nq * c->D), *want_dk = nans(in.nk * c->D), *want_dv = nans(in.nk * c->Dv);
+  float *y = nans(in.nq * c->Dv), *lse = nans(in.nq);
+  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, want_dq, want_dk, want_dv);
+  char counts[256];
+  tp_cuda_stats_take(counts, sizeof counts);
+  if (tp_cuda_attention_bf16(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, lse, s) != TP_KERNEL_OK)
+    fail("tp_cuda_attention_bf16 refused the case");
+  double forward_flops = tp_cuda_stats.flops[TP_FLOPS_BF16];
+  tp_cuda_stats_take(counts, sizeof counts);
+  TpKernelStatus st = tp_cuda_bf16_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, dq, dk, dv, s);
+  if (st != TP_KERNEL_OK) fail("tp_cuda_bf16_attention_backward_f32 returned %d", (int)st);
+  double recomputing = tp_cuda_stats.flops[TP_FLOPS_BF16];
+  tp_cuda_stats_take(counts, sizeof counts);
+  st = tp_cuda_attention_backward_bf16(&in.p, in.dy, in.q, in.k, in.v, y, lse, dq2, dk2, dv2, s);
+  if (st != TP_KERNEL_OK) fail("tp_cuda_attention_backward_bf16 returned %d", (int)st);
+  double saved = tp_cuda_stats.flops[TP_FLOPS_BF16];
+  if (tp_cuda_stats_on && fabs(saved - (recomputing - forward_flops)) > 1e-9 * recomputing)
+    fail("the backward given lse counts %g bf16 flops, %g without it, the forward %g", saved, recomputing,
+         forward_flops);
+  test_sync();
+  tp_cuda_stream_sync(s);
+  compare_within("dq", dq, want_dq, in.nq * c->D, TC_GRADIENTS);
+  compare_within("dk", dk, want_dk, in.nk * c->D, TC_GRADIENTS);
+  compare_within("dv", dv, want_dv, in.nk * c->Dv, TC_GRADIENTS);
+  compare_within("dq (saved lse)", dq2, dq, in.nq * c->D, TC_GRADIENTS);
+  compare_within("dk (saved lse)", dk2, dk, in.nk * c->D, TC_GRADIENTS);
+  compare_within("dv (saved lse)", dv2, dv, in.nk * c->Dv, TC_GRADIENTS);
+  tp_cuda_stream_free(s);
+  free(dq), free(dk), free(dv), free(dq2), free(dk2), free(dv2), free(want_dq), free(want_dk), free(want_dv);
+  free(y), free(lse);
+  free_inputs(&in);
+}
+
+/* What the tensor-core entry points refuse: as the fp32 ones, and a saved y without its
+ * lse. */
+static void tc_refusals(void) {
+  refusals_of(tp_cuda_bf16_attention_f32, tp_cuda_bf16_attention_backward_f32);
+  Inputs in = make_inputs(&ONE);
+  TpStream *s = tp_cuda_stream_new();
+  float *y = nans(in.nq);
+  if (tp_cuda_attention_backward_bf16(&in.p, y, in.q, in.k, in.v, y, NULL, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
+    fail("a saved y without its lse accepted");
+  tp_cuda_stream_free(s);
+  free(y);
+  free_inputs(&in);
 }
 
 static void forward(const Case *c) {
@@ -232,30 +416,13 @@ static void null_gradients(void) {
   free_inputs(&in);
 }
 
-/* The entry points refuse what they do not implement: qk_out (it would need the scores
- * the fused kernel never stores), head sizes over 256, a backward with past keys. */
-static void refusals(void) {
-  Inputs in = make_inputs(&ONE);
-  TpStream *s = tp_cuda_stream_new();
-  float *y = nans(in.nq), *qk = nans(in.nq), *big = nans(257);
-  if (tp_cuda_attention_f32(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, qk, s) != TP_KERNEL_BAD_DTYPE)
-    fail("qk_out accepted");
-  TpAttention wide = in.p;
-  wide.head_size = wide.v_head_size = 257;
-  if (tp_cuda_attention_f32(&wide, big, big, big, NULL, NULL, big, NULL, NULL, NULL, s) != TP_KERNEL_BAD_DTYPE)
-    fail("head size 257 accepted");
-  TpAttention past = in.p;
-  past.past_len = 1;
-  if (tp_cuda_attention_backward_f32(&past, y, in.q, in.k, in.v, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
-    fail("a backward with past keys accepted");
-  tp_cuda_stream_free(s);
-  free(y), free(qk), free(big);
-  free_inputs(&in);
-}
+static void refusals(void) { refusals_of(tp_cuda_attention_f32, tp_cuda_attention_backward_f32); }
 
 #define CASE_TESTS(name, c)                                                                                         \
   static void name##_fwd(void) { forward(&c); }                                                                     \
-  static void name##_bwd(void) { backward(&c); }
+  static void name##_bwd(void) { backward(&c); }                                                                    \
+  static void tc_##name##_fwd(void) { tc_forward(&c); }                                                             \
+  static void tc_##name##_bwd(void) { tc_backward(&c); }
 CASE_TESTS(one, ONE)
 CASE_TESTS(gqa_causal, GQA_CAUSAL)
 CASE_TESTS(mqa_packed, MQA_PACKED)
@@ -275,6 +442,8 @@ CASE_TESTS(long_window, LONG_WINDOW)
 CASE_TESTS(no_keys_at_all, NO_KEYS_AT_ALL)
 static void past_fwd(void) { forward(&PAST); }
 static void past_scratch_fwd(void) { forward(&PAST_SCRATCH); }
+static void tc_past_fwd(void) { tc_forward(&PAST); }
+static void tc_past_scratch_fwd(void) { tc_forward(&PAST_SCRATCH); }
 
 /* one ctest each (tests/cuda/CMakeLists.txt reads the names from here) */
 static const CudaTest TESTS[] = {
@@ -316,6 +485,43 @@ static const CudaTest TESTS[] = {
     {"attention_past_scratch_fwd", past_scratch_fwd},
     {"attention_null_gradients_bwd", null_gradients},
     {"attention_refusals", refusals},
+    {"attention_tc_one_fwd", tc_one_fwd},
+    {"attention_tc_one_bwd", tc_one_bwd},
+    {"attention_tc_gqa_causal_fwd", tc_gqa_causal_fwd},
+    {"attention_tc_gqa_causal_bwd", tc_gqa_causal_bwd},
+    {"attention_tc_mqa_packed_fwd", tc_mqa_packed_fwd},
+    {"attention_tc_mqa_packed_bwd", tc_mqa_packed_bwd},
+    {"attention_tc_slice_fwd", tc_slice_fwd},
+    {"attention_tc_slice_bwd", tc_slice_bwd},
+    {"attention_tc_slice_packed_fwd", tc_slice_packed_fwd},
+    {"attention_tc_slice_packed_bwd", tc_slice_packed_bwd},
+    {"attention_tc_window_fwd", tc_window_fwd},
+    {"attention_tc_window_bwd", tc_window_bwd},
+    {"attention_tc_softcap_fwd", tc_softcap_fwd},
+    {"attention_tc_softcap_bwd", tc_softcap_bwd},
+    {"attention_tc_bool_mask_fwd", tc_bool_mask_fwd},
+    {"attention_tc_bool_mask_bwd", tc_bool_mask_bwd},
+    {"attention_tc_f32_mask_fwd", tc_f32_mask_fwd},
+    {"attention_tc_f32_mask_bwd", tc_f32_mask_bwd},
+    {"attention_tc_no_key_fwd", tc_no_key_fwd},
+    {"attention_tc_no_key_bwd", tc_no_key_bwd},
+    {"attention_tc_d128_fwd", tc_d128_fwd},
+    {"attention_tc_d128_bwd", tc_d128_bwd},
+    {"attention_tc_d256_fwd", tc_d256_fwd},
+    {"attention_tc_d256_bwd", tc_d256_bwd},
+    {"attention_tc_dv_differs_fwd", tc_dv_differs_fwd},
+    {"attention_tc_dv_differs_bwd", tc_dv_differs_bwd},
+    {"attention_tc_f32_mask_full_fwd", tc_f32_mask_full_fwd},
+    {"attention_tc_f32_mask_full_bwd", tc_f32_mask_full_bwd},
+    {"attention_tc_bool_mask_rows_fwd", tc_bool_mask_rows_fwd},
+    {"attention_tc_bool_mask_rows_bwd", tc_bool_mask_rows_bwd},
+    {"attention_tc_long_window_fwd", tc_long_window_fwd},
+    {"attention_tc_long_window_bwd", tc_long_window_bwd},
+    {"attention_tc_no_keys_at_all_fwd", tc_no_keys_at_all_fwd},
+    {"attention_tc_no_keys_at_all_bwd", tc_no_keys_at_all_bwd},
+    {"attention_tc_past_fwd", tc_past_fwd},
+    {"attention_tc_past_scratch_fwd", tc_past_scratch_fwd},
+    {"attention_tc_refusals", tc_refusals},
 };
 
 int main(int argc, char **argv) {

@@ -16,8 +16,14 @@
  *     The products of bf16 operands are exact in f32 (8-bit significands), so product(K)
  *     too, against the CPU kernel on the operands widened back to f32.
  *   EXACT (0, 0): dbias is the CPU's column sum in the same order (runs of 64 rows in
- *     float, the runs in double), so bit for bit. (The bias broadcast is a copy the product
- *     is then added onto, inside the forward's product tolerance.) */
+ *     float, the runs in double), so bit for bit. (The bias is filled in and the product
+ *     added onto it, inside the forward's product tolerance.)
+ *
+ * plan_cache and matmul_batched count what the products cost (stats.h): heuristic queries
+ * (once per plan of the cuBLASLt plan cache) and launches (one per cuBLASLt call, however
+ * many batch elements it multiplies). In emulation their results are the CPU's bits (the
+ * same OpenBLAS calls, a bias added first as the CPU Linear adds it, a batched call one
+ * element after another); on a GPU within product(K). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,6 +36,7 @@
 #include "cpu/nn_backward.h"
 #include "cpu/transformer.h"
 #include "cuda/blas.h"
+#include "cuda/stats.h"
 
 static const Tolerance EXACT = {0, 0};
 static Tolerance product(int64_t K) { return (Tolerance){1e-6 * (double)K, 1e-5}; }
@@ -273,10 +280,191 @@ static void matmul_backward(bool bf16) {
 static void matmul_bwd(void) { matmul_backward(false); }
 static void matmul_bf16_bwd(void) { matmul_backward(true); }
 
+/* ---- the plan cache and the batched products ---- */
+
+/* What the products run since *mark added to the counters (stats.h); *mark moves on. */
+typedef struct {
+  uint64_t queries, launches;
+} Counts;
+static Counts counted_since(TpCudaStats *mark) {
+  Counts c = {tp_cuda_stats.queries - mark->queries, tp_cuda_stats.launches - mark->launches};
+  *mark = tp_cuda_stats;
+  return c;
+}
+
+static void expect_counts(const char *what, Counts got, uint64_t queries, uint64_t launches) {
+  if (got.queries != queries || got.launches != launches)
+    fail("%s: %llu queries and %llu launches, want %llu and %llu", what, (unsigned long long)got.queries,
+         (unsigned long long)got.launches, (unsigned long long)queries, (unsigned long long)launches);
+}
+
+/* The first 256-byte aligned address in `block` (test_alloc memory of n + 64 floats): a
+ * test picks each operand's alignment by its offset from there. */
+static float *aligned_start(float *block) { return (float *)(((uintptr_t)block + 255) / 256 * 256); }
+
+/* The emulated products are the CPU kernels' arithmetic (the same OpenBLAS calls, the bias
+ * added first), so the same bits; on a GPU, cuBLASLt's order of the sums. */
+#ifdef TOKPIPE_CUDA_TESTS_ON_GPU
+static Tolerance cpu_bits_or_product(int64_t K) { return product(K); }
+#else
+static Tolerance cpu_bits_or_product(int64_t K) {
+  (void)K;
+  return EXACT;
+}
+#endif
+
+/* A product queries the heuristic once, the same product again (at addresses of the same
+ * alignment) not at all; another shape, transposition, dtype, epilogue or alignment is
+ * another plan. A Linear with a bias is one launch. When the cache is full the least
+ * recently used plan goes. Results against tp_linear_f32. */
+static void plan_cache(void) {
+  tp_cuda_stats_on = true; /* on a GPU too */
+  /* each array twice in its block: at a 256-byte aligned start, and FAR floats on (also
+   * 256-byte aligned), or FAR + 1 (4-byte aligned) */
+  enum { M = 64, K = 1025, N = 48, FAR = ((M > N ? M : N) * K + 63) / 64 * 64 }; /* M N < FAR */
+  TpCudaBlas *blas = tp_cuda_blas_create();
+  float *x_block = test_rand(2 * FAR + 64 + 1, 1), *w_block = test_rand(2 * FAR + 64, 1);
+  float *bias_block = test_rand(N + 64, 1), *y_block = nans(2 * FAR + 64);
+  float *x = aligned_start(x_block), *w = aligned_start(w_block), *bias = aligned_start(bias_block);
+  float *y = aligned_start(y_block), *want = nans(M * N), *first = nans(M * N);
+  tp_linear_f32(x, w, bias, M, K, N, false, want);
+  TpCudaStats mark = tp_cuda_stats;
+
+  tp_cuda_launch_linear_f32(blas, x, w, bias, M, K, N, false, y, NULL);
+  expect_counts("the first product (with a bias)", counted_since(&mark), 1, 1);
+  check_close("the first product", y, want, M * N, cpu_bits_or_product(K));
+  memcpy(first, y, sizeof(float) * M * N);
+  tp_cuda_launch_linear_f32(blas, x, w, bias, M, K, N, false, y, NULL);
+  expect_counts("the same product again", counted_since(&mark), 0, 1);
+  check_close("the same product again, against the first", y, first, M * N, EXACT);
+  memcpy(x + FAR, x, sizeof(float) * M * K), memcpy(w + FAR, w, sizeof(float) * K * N);
+  tp_cuda_launch_linear_f32(blas, x + FAR, w + FAR, bias, M, K, N, false, y + FAR, NULL);
+  expect_counts("the same product at other addresses of the same alignment", counted_since(&mark), 0, 1);
+  check_close("the product at other addresses", y + FAR, want, M * N, cpu_bits_or_product(K));
+  memcpy(x + FAR + 1, x, sizeof(float) * M * K);
+  tp_cuda_launch_linear_f32(blas, x + FAR + 1, w, bias, M, K, N, false, y, NULL);
+  expect_counts("x 4-byte aligned", counted_since(&mark), 1, 1);
+  check_close("x 4-byte aligned", y, want, M * N, cpu_bits_or_product(K));
+  tp_cuda_launch_linear_f32(blas, x + FAR + 1, w, bias, M, K, N, false, y, NULL);
+  expect_counts("x 4-byte aligned again", counted_since(&mark), 0, 1);
+  tp_cuda_launch_linear_f32(blas, x, w, NULL, M, K, N, false, y, NULL);
+  expect_counts("without the bias", counted_since(&mark), 1, 1);
+  tp_cuda_launch_linear_f32(blas, x, w, bias, M, K, N, true, y, NULL);
+  expect_counts("w transposed", counted_since(&mark), 1, 1);
+  tp_cuda_launch_linear_f32(blas, x, w, bias, M - 1, K, N, false, y, NULL);
+  expect_counts("another M", counted_since(&mark), 1, 1);
+  uint16_t *x16 = test_alloc(sizeof(uint16_t) * M * K), *w16 = test_alloc(sizeof(uint16_t) * K * N);
+  tp_cuda_launch_linear_bf16(blas, x16, w16, bias, M, K, N, false, y, NULL);
+  expect_counts("bf16 operands", counted_since(&mark), 1, 1);
+  tp_cuda_launch_linear_bf16(blas, x16, w16, bias, M, K, N, false, y, NULL);
+  expect_counts("bf16 operands again", counted_since(&mark), 0, 1);
+  tp_cuda_blas_destroy(blas);
+
+  /* a full cache: TP_CUDA_BLAS_PLANS products of M = 1, 2, ... all stay; one more product
+   * evicts the least recently used (M = 1), not the next (M = 2) */
+  blas = tp_cuda_blas_create();
+  mark = tp_cuda_stats;
+  for (int64_t m = 1; m <= TP_CUDA_BLAS_PLANS; m++)
+    tp_cuda_launch_linear_f32(blas, x, w, NULL, m, 1, 1, false, y, NULL);
+  expect_counts("a plan per shape", counted_since(&mark), TP_CUDA_BLAS_PLANS, TP_CUDA_BLAS_PLANS);
+  for (int64_t m = 1; m <= TP_CUDA_BLAS_PLANS; m++)
+    tp_cuda_launch_linear_f32(blas, x, w, NULL, m, 1, 1, false, y, NULL);
+  expect_counts("the same shapes again", counted_since(&mark), 0, TP_CUDA_BLAS_PLANS);
+  tp_cuda_launch_linear_f32(blas, x, w, NULL, 1, 2, 1, false, y, NULL);
+  expect_counts("one more plan", counted_since(&mark), 1, 1);
+  tp_cuda_launch_linear_f32(blas, x, w, NULL, 2, 1, 1, false, y, NULL);
+  expect_counts("the second least recently used, kept", counted_since(&mark), 0, 1);
+  tp_cuda_launch_linear_f32(blas, x, w, NULL, 1, 1, 1, false, y, NULL);
+  expect_counts("the least recently used, evicted", counted_since(&mark), 1, 1);
+  tp_cuda_blas_destroy(blas);
+  test_free(x_block), test_free(w_block), test_free(bias_block), test_free(y_block), test_free(want),
+      test_free(first), test_free(x16), test_free(w16);
+}
+
+/* MatMul batches and the cuBLASLt calls they take: forward, da (alone), db (alone),
+ * counting the zero fill of a gradient summed over a broadcast batch dim. */
+typedef struct {
+  Shape a, b;
+  uint64_t forward, da, db;
+} BatchedCase;
+static const BatchedCase BATCHED[] = {
+    {{3, {4, 33, 65}}, {3, {4, 65, 17}}, 1, 1, 1},   /* equal batches: one strided call */
+    {{3, {2, 3, 5}}, {2, {5, 4}}, 1, 1, 1},          /* b shared: the batch folds into M */
+    {{2, {3, 5}}, {3, {2, 5, 4}}, 1, 3, 1},          /* a shared (stride 0); da sums: a call each */
+    {{3, {1, 70, 9}}, {3, {3, 9, 130}}, 1, 4, 1},    /* likewise, a's batch dim of 1 */
+    {{4, {2, 1, 3, 5}}, {4, {1, 4, 5, 7}}, 2, 9, 3}, /* b steps inside, a outside: 2 calls of 4 */
+    {{4, {3, 2, 7, 5}}, {4, {3, 1, 5, 3}}, 3, 3, 7}, /* b broadcast inside: 3 calls of 2 */
+    {{4, {2, 3, 1, 1}}, {4, {1, 3, 1, 2}}, 2, 2, 3}, /* sizes of 1 */
+};
+enum { NBATCHED = sizeof BATCHED / sizeof BATCHED[0] };
+
+/* The batched products against the same products one batch element at a time (2-D MatMuls
+ * through the same entry points): the same bits in emulation; a gradient summed over a
+ * broadcast dim against tp_matmul_backward_f32, which sums in the batch's order. */
+static void matmul_batched(void) {
+  tp_cuda_stats_on = true;
+  TpCudaBlas *blas = tp_cuda_blas_create();
+  for (int s = 0; s < NBATCHED; s++) {
+    const BatchedCase *c = &BATCHED[s];
+    TpTensor a = f32_tensor(c->a), b = f32_tensor(c->b);
+    TpMatmulLayout l, l2;
+    if (!tp_matmul_layout(&a, &b, &l)) {
+      fail("batched case %d does not multiply", s);
+      continue;
+    }
+    int64_t M = l.M, K = l.K, N = l.N, ny = l.nbatch * M * N, na = tp_tensor_numel(&a), nb = tp_tensor_numel(&b);
+    TpTensor a2 = {.dtype = TP_F32, .rank = 2, .dims = {M, K}}, b2 = {.dtype = TP_F32, .rank = 2, .dims = {K, N}};
+    tp_matmul_layout(&a2, &b2, &l2);
+    char at[96], what[160];
+    describe_matmul(at, sizeof at, &a, &b);
+    a.data = test_rand(na, 1), b.data = test_rand(nb, 1);
+    float *dy = test_rand(ny, 1), *y = nans(ny), *want_y = nans(ny);
+    float *da = nans(na), *db = nans(nb), *want_da = nans(na), *want_db = nans(nb);
+    bool sum_a = l.na != l.nbatch, sum_b = l.nb != l.nbatch;
+    for (int64_t n = 0; n < l.nbatch; n++) {
+      int64_t oa, ob;
+      tp_matmul_operands(&l, n, &oa, &ob);
+      const float *a_n = (const float *)a.data + oa * M * K, *b_n = (const float *)b.data + ob * K * N;
+      tp_cuda_launch_matmul_f32(blas, &l2, a_n, b_n, want_y + n * M * N, NULL);
+      tp_cuda_launch_matmul_backward_f32(blas, &l2, dy + n * M * N, a_n, b_n, sum_a ? NULL : want_da + oa * M * K,
+                                         sum_b ? NULL : want_db + ob * K * N, NULL);
+    }
+    if (sum_a || sum_b) {
+      TpTensor dy_t = {.dtype = TP_F32, .rank = 1, .dims = {ny}, .data = dy}, da_t = a, db_t = b;
+      da_t.data = want_da, db_t.data = want_db;
+      if (tp_matmul_backward_f32(&dy_t, &a, &b, sum_a ? &da_t : NULL, sum_b ? &db_t : NULL) != TP_KERNEL_OK)
+        fail("%s: tp_matmul_backward_f32 refused", at);
+    }
+    /* each twice: the second time every plan is cached */
+    for (int again = 0; again < 2; again++) {
+      TpCudaStats mark = tp_cuda_stats;
+      tp_cuda_launch_matmul_f32(blas, &l, a.data, b.data, y, NULL);
+      Counts forward = counted_since(&mark);
+      tp_cuda_launch_matmul_backward_f32(blas, &l, dy, a.data, b.data, da, NULL, NULL);
+      Counts for_da = counted_since(&mark);
+      tp_cuda_launch_matmul_backward_f32(blas, &l, dy, a.data, b.data, NULL, db, NULL);
+      Counts for_db = counted_since(&mark);
+      snprintf(what, sizeof what, "%s: forward%s", at, again ? " again" : "");
+      expect_counts(what, forward, again ? 0 : forward.queries, c->forward);
+      check_close(what, y, want_y, ny, cpu_bits_or_product(K));
+      snprintf(what, sizeof what, "%s: da%s", at, again ? " again" : "");
+      expect_counts(what, for_da, again ? 0 : for_da.queries, c->da);
+      check_close(what, da, want_da, na, cpu_bits_or_product(N * l.nbatch));
+      snprintf(what, sizeof what, "%s: db%s", at, again ? " again" : "");
+      expect_counts(what, for_db, again ? 0 : for_db.queries, c->db);
+      check_close(what, db, want_db, nb, cpu_bits_or_product(M * l.nbatch));
+    }
+    test_free(a.data), test_free(b.data), test_free(dy), test_free(y), test_free(want_y), test_free(da),
+        test_free(db), test_free(want_da), test_free(want_db);
+  }
+  tp_cuda_blas_destroy(blas);
+}
+
 static const CudaTest TESTS[] = {
     {"linear_fwd", linear_fwd},           {"linear_bwd", linear_bwd},           {"linear_bf16_fwd", linear_bf16_fwd},
     {"linear_bf16_bwd", linear_bf16_bwd}, {"matmul_fwd", matmul_fwd},           {"matmul_bwd", matmul_bwd},
-    {"matmul_bf16_fwd", matmul_bf16_fwd}, {"matmul_bf16_bwd", matmul_bf16_bwd},
+    {"matmul_bf16_fwd", matmul_bf16_fwd}, {"matmul_bf16_bwd", matmul_bf16_bwd}, {"plan_cache", plan_cache},
+    {"matmul_batched", matmul_batched},
 };
 
 int main(int argc, char **argv) {

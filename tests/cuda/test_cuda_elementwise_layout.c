@@ -8,8 +8,9 @@
  *
  * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element:
  *   EXACT (0, 0): copies (the layout ops) and single IEEE operations (Neg, Reciprocal, Sqrt, Relu, Add, Sub,
- *     Mul, Div, Max, Min, Where), and ReduceSum (the same additions in double in the same
- *     order, one rounding to float).
+ *     Mul, Div, Max, Min, Where).
+ *   Bit for bit (check_bits): ReduceSum, the same additions in double in the same runs of 64
+ *     and order, one rounding to float.
  *   ROTARY (1e-6, 0): x_a c - x_b s in two products and a sum; the CPU kernel's AVX2 clone
  *     may contract one product into an FMA, which changes the result by at most an ulp of
  *     the products (|x| <= 2, |c|, |s| <= 1: 2.4e-7), however much the sum cancels.
@@ -251,6 +252,12 @@ static const ReduceCase REDUCE_CASES[] = {
     {1, {1000}, 1, {0}},
     {1, {7}, 0, {0}},      /* nothing reduced: a copy */
     {2, {3, 257}, 1, {0}}, /* a bias gradient */
+    {2, {1, 3}, 1, {0}},   /* gradients over rows below, at and past a run of 64 */
+    {2, {63, 33}, 1, {0}},
+    {2, {64, 1}, 1, {0}},
+    {2, {65, 300}, 1, {0}},
+    {2, {200, 3}, 1, {0}},
+    {3, {5, 3, 40}, 2, {0, 2}}, /* runs across lines of the reduced dims */
     {2, {300, 5}, 1, {1}},
     {3, {4, 1, 9}, 2, {0, 1}},    /* a 1-sized dim reduced */
     {4, {2, 3, 4, 5}, 2, {1, 3}}, /* reduced and kept dims interleaved */
@@ -271,18 +278,19 @@ static void reduce_test(bool mean) {
     TpTensor xt = view(TP_F32, rc->rank, rc->dims, x), yt = view(TP_F32, 1, &nout, want);
     if (tp_reduce_sum(&xt, rc->axes, rc->naxes, mean, &yt) != TP_KERNEL_OK)
       fail("case %zu: the CPU kernel refused it", c);
-    if (!tp_cuda_launch_reduce_sum_f32(&xt, rc->axes, rc->naxes, mean, got, NULL))
+    void *scratch = test_alloc(tp_cuda_reduce_sum_scratch(&xt, rc->axes, rc->naxes));
+    if (!tp_cuda_launch_reduce_sum_f32(&xt, rc->axes, rc->naxes, mean, got, scratch, NULL))
       fail("case %zu: the launcher refused it", c);
     char shape[64], what[128];
     dims_text(shape, sizeof shape, rc->rank, rc->dims);
     snprintf(what, sizeof what, "x %s naxes %d mean=%d", shape, rc->naxes, mean);
-    check_close(what, got, want, nout, EXACT);
-    test_free(x), test_free(got), test_free(want);
+    check_bits(what, got, want, nout);
+    test_free(x), test_free(got), test_free(want), test_free(scratch);
   }
   float x[6] = {0}, y = 0;
   int64_t dims[2] = {2, 3}, unsorted[2] = {1, 0};
   TpTensor xt = view(TP_F32, 2, dims, x);
-  if (tp_cuda_launch_reduce_sum_f32(&xt, unsorted, 2, mean, &y, NULL)) fail("unsorted axes were not refused");
+  if (tp_cuda_launch_reduce_sum_f32(&xt, unsorted, 2, mean, &y, NULL, NULL)) fail("unsorted axes were not refused");
 }
 
 static void reduce_sum(void) { reduce_test(false); }

@@ -610,6 +610,31 @@ static void reduce_sum_fwd(void) {
   check_status("ReduceSum on bool", tp_cuda_reduce_sum(&b, unsorted, 2, false, &yb, stream()), TP_KERNEL_BAD_DTYPE);
 }
 
+/* ReduceSum over the rows (a gradient unbroadcast), f64 with full 53-bit significands, whose
+ * sums round in double, so only the CPU's order (runs of 64 rows) gives its bits: rows
+ * below, at and past a run and not multiples of it, odd column counts. */
+static void reduce_sum_rows(void) {
+  static const int64_t ROWS[] = {1, 63, 64, 65, 200}, COLUMNS[] = {1, 3, 33, 300};
+  const int64_t axis0[1] = {0};
+  for (size_t a = 0; a < sizeof ROWS / sizeof *ROWS; a++)
+    for (size_t b = 0; b < sizeof COLUMNS / sizeof *COLUMNS; b++) {
+      int64_t xd[2] = {ROWS[a], COLUMNS[b]};
+      TpTensor x = tensor(TP_F64, 2, xd, -9, 9), w = result(TP_F64, 1, xd + 1), g = result(TP_F64, 1, xd + 1);
+      for (int64_t i = 0; i < xd[0] * xd[1]; i++) ((double *)x.data)[i] += frand() * 0x1p-30; /* low bits set */
+      char what[64];
+      snprintf(what, sizeof what, "ReduceSum on f64 (%lld, %lld), axis 0", (long long)xd[0], (long long)xd[1]);
+      check_status(what, tp_cuda_reduce_sum(&x, axis0, 1, false, &g, stream()),
+                   tp_reduce_sum(&x, axis0, 1, false, &w));
+      sync_expect(what, -1);
+      const double *got = g.data, *want = w.data;
+      for (int64_t j = 0; j < xd[1]; j++)
+        if (memcmp(&got[j], &want[j], sizeof got[j])) {
+          fail("%s: not the CPU's bits at [%lld] (gpu %.17g, cpu %.17g)", what, (long long)j, got[j], want[j]);
+          break;
+        }
+    }
+}
+
 /* ---- nn (f32 arrays) ---- */
 static float *floats(int64_t n, float scale) {
   float *a = buffer((size_t)n * sizeof *a);
@@ -995,6 +1020,7 @@ static const CudaTest TESTS[] = {
     {"ops_cumsum_fwd", cumsum_fwd},
     {"ops_topk_fwd", topk_fwd},
     {"ops_reduce_sum_fwd", reduce_sum_fwd},
+    {"ops_reduce_sum_rows", reduce_sum_rows},
     {"ops_softmax_fwd", softmax_fwd},
     {"ops_softmax_bwd", softmax_bwd},
     {"ops_layernorm_fwd", layernorm_fwd},

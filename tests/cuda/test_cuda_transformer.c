@@ -23,8 +23,10 @@
  *     a float sum of n <= 4099 terms of magnitude <= 1 through per-thread runs of <= 17
  *     and a 13-level tree errs by <= ~30 ulp of the sum (~2e-6 relative); the statistics'
  *     error then scales outputs of magnitude ~1.
- *   COLUMN (1e-5 * rows, 1e-5): parameter gradients sum `rows` terms each carrying a ROW
- *     error, in the CPU's order.
+ *   COLUMN (1e-5 * rows, 1e-5): RMSNorm's scale gradient sums `rows` terms each carrying a
+ *     ROW error (its inv_rms, recomputed in float), in the CPU's order.
+ *   Bit for bit (check_bits): the column sums (colsum.cu) and so LayerNorm's scale and bias
+ *     gradients, whose statistics are the saved ones: the CPU's sums in the CPU's order.
  *   SUM (0, 1e-12): the sums of squares and losses in double, in another order. */
 #include <float.h>
 #include <math.h>
@@ -42,6 +44,7 @@
 #include "cpu/transformer.h"
 #include "cuda/kernels.h"
 #include "cuda/ops.h"
+#include "cuda/stats.h"
 #include "compare.h"
 
 static const Tolerance EXACT = {0, 0}, ELEMENTWISE = {1e-6, 1e-5}, GELU_TANH_BWD = {5e-6, 1e-5}, ROW = {1e-5, 1e-5},
@@ -88,6 +91,42 @@ static void rmsnorm_bwd(void) {
   }
 }
 
+/* tp_cuda_launch_column_sums_f32 against tp_column_sums_f32, bit for bit, at rows below, at
+ * and past a run of 64 (none, and not multiples of it) and odd column counts, for each set
+ * of results: the sums of dy alone, of dy * xhat alone (with a mean and without), both.
+ * Outputs start as NaN: one not asked for must stay so. Two launches past 64 rows, else one. */
+static void column_sums(void) {
+  static const int64_t ROWS[] = {0, 1, 63, 64, 65, 200}, COLUMNS[] = {1, 3, 33, 300};
+  for (size_t a = 0; a < sizeof ROWS / sizeof *ROWS; a++)
+    for (size_t b = 0; b < sizeof COLUMNS / sizeof *COLUMNS; b++) {
+      int64_t rows = ROWS[a], n = COLUMNS[b];
+      float *dy = test_rand(rows * n, 1), *x = test_rand(rows * n, 2), *mean = test_rand(rows, 1);
+      float *inv = test_rand(rows, 1.5f), *got = test_alloc(2 * (size_t)n * sizeof(float));
+      float *want = test_alloc(2 * (size_t)n * sizeof(float));
+      void *scratch = test_alloc(tp_cuda_column_sums_scratch(rows, n, 2));
+      for (int variant = 0; variant < 4; variant++) {
+        bool with_dy = variant == 0 || variant == 3, with_xhat = variant != 0, with_mean = variant != 2;
+        for (int64_t i = 0; i < 2 * n; i++) got[i] = want[i] = NAN;
+        float *sum_dy_xhat = with_xhat ? got : NULL, *sum_dy = with_dy ? got + n : NULL;
+        tp_column_sums_f32(dy, with_xhat ? x : NULL, with_mean ? mean : NULL, inv, rows, n, with_xhat ? want : NULL,
+                           with_dy ? want + n : NULL);
+        uint64_t launches = tp_cuda_stats.launches;
+        tp_cuda_launch_column_sums_f32(dy, with_xhat ? x : NULL, with_mean ? mean : NULL, inv, rows, n, sum_dy_xhat,
+                                       sum_dy, scratch, stream()->cuda);
+        char what[96];
+        snprintf(what, sizeof what, "rows=%lld n=%lld dy=%d xhat=%d mean=%d", (long long)rows, (long long)n, with_dy,
+                 with_xhat, with_mean);
+        check_bits(what, got, want, 2 * n);
+        uint64_t expected = rows > 64 ? 2 : 1;
+        if (tp_cuda_stats_on && tp_cuda_stats.launches - launches != expected)
+          fail("%s: %llu launches, expected %llu", what, (unsigned long long)(tp_cuda_stats.launches - launches),
+               (unsigned long long)expected);
+      }
+      test_free(dy), test_free(x), test_free(mean), test_free(inv), test_free(got), test_free(want),
+          test_free(scratch);
+    }
+}
+
 static void layernorm_fwd(void) {
   for (int s = 0; s < NSHAPES; s++) {
     int64_t rows = SHAPES[s][0], n = SHAPES[s][1];
@@ -132,9 +171,9 @@ static void layernorm_bwd(void) {
     snprintf(what, sizeof what, "dx %s", at);
     check_close(what, dx, want_dx, rows * n, ROW);
     snprintf(what, sizeof what, "dscale %s", at);
-    check_close(what, ds, want_ds, n, column(rows));
+    check_bits(what, ds, want_ds, n);
     snprintf(what, sizeof what, "dbias %s", at);
-    check_close(what, db, want_db, n, column(rows));
+    check_bits(what, db, want_db, n);
     test_free(x), test_free(scale), test_free(dy), test_free(y), test_free(mean), test_free(inv), test_free(dx),
         test_free(ds), test_free(db);
     test_free(want_dx), test_free(want_ds), test_free(want_db);
@@ -572,6 +611,7 @@ static const CudaTest TESTS[] = {
     {"rmsnorm_bwd", rmsnorm_bwd},
     {"layernorm_fwd", layernorm_fwd},
     {"layernorm_bwd", layernorm_bwd},
+    {"column_sums", column_sums},
     {"softmax_fwd", softmax_fwd},
     {"softmax_bwd", softmax_bwd},
     {"gelu_fwd", gelu_fwd},

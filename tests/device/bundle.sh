@@ -10,7 +10,8 @@
 #   trainers/   trainers compiled here with tokpipec --target cuda, stripped:
 #               parity-fp32/FIXTURE, parity-bf16/FIXTURE (every GPT fixture with train/),
 #               pipeline/ref and pipeline/piped (2 stages, 3 slices, 1F1B, one process),
-#               bench/trainer (GPT-2 124M shape, bf16, B 16, T 1024) and bench/train.bin
+#               bench/trainer (GPT-2 124M shape, bf16, B 16, T 1024), bench/train.bin and
+#               bench/gpu-step-{h100,h200}.txt (tokpipe-plan --gpu-step: the predicted step)
 #   lib/        the shared libraries those binaries need that the GPU machine lacks (ldd:
 #               everything but glibc's, the C++ runtime's, and the CUDA driver's,
 #               cuBLAS's and NCCL's, which the GPU machine has and which are too large
@@ -118,6 +119,11 @@ if [ $emulated = 0 ]; then
     read -r B T < <(/usr/bin/python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_gpt2 as g; print(g.BATCH, g.SEQ)")
     trainer bench/trainer "$bench/model.onnx" --batch "$B" --seq "$T" --precision bf16
     cp "$bench/train.bin" "$out/trainers/bench/train.bin" 2>/dev/null || echo "missing bench/train.bin" >>"$manifest"
+    # the step model priced here (tokpipe-plan --gpu-step), for run.sh to print beside the measurement
+    for hw in h100 h200; do
+      "$bin/tokpipe-plan" "$bench/model.onnx" --batch "$B" --seq "$T" --hardware $hw --gpu-step \
+        >"$out/trainers/bench/gpu-step-$hw.txt" 2>&1 || echo "missing bench/gpu-step-$hw.txt: $(tail -1 "$out/trainers/bench/gpu-step-$hw.txt")" >>"$manifest"
+    done
   else
     echo "missing bench/trainer: the export failed: $(tail -1 "$build/bundle-export.log")" | tee -a "$manifest" >&2
   fi

@@ -362,6 +362,10 @@ elif stage bench 90; then
     fi
   done
   [ ${#logs[@]} -gt 0 ] && python3 bench/gpu_gpt2.py report --device "${gpu_name:-unknown}" "${logs[@]}" | tee "$out/bench-report.txt"
+  # beside it, the step model's prediction for this GPU (bundle.sh: tokpipe-plan --gpu-step)
+  model_hw=h100
+  [[ $gpu_name == *H200* ]] && model_hw=h200
+  [ -f "$b/gpu-step-$model_hw.txt" ] && tee "$out/bench-model.txt" <"$b/gpu-step-$model_hw.txt"
   stage_end bench
 fi
 

@@ -314,6 +314,15 @@ static void test_reduce(void) {
   CHECK(tp_reduce_sum(&txi, (int64_t[]){1}, 1, true, &tyi) == TP_KERNEL_OK);
   CHECK(yi[0] == 0 && yi[1] == 0); /* 2/3 truncates */
   CHECK(tp_reduce_sum(&txi, (int64_t[]){0}, 1, false, &tyi) == TP_KERNEL_BAD_SHAPE);
+  /* floats add in runs of 64 from 0, then the runs: 2^53 then 127 ones. In order, each 1
+   * is lost to 2^53's rounding; the first run is 2^53, the second 64 ones make 64, and
+   * 2^53 + 64 is exact. */
+  double xd[128], yd;
+  xd[0] = 0x1p53;
+  for (int i = 1; i < 128; i++) xd[i] = 1;
+  TpTensor txd = T(TP_F64, 1, (int64_t[]){128}, xd), tyd = T(TP_F64, 0, NULL, &yd);
+  CHECK(tp_reduce_sum(&txd, (int64_t[]){0}, 1, false, &tyd) == TP_KERNEL_OK);
+  CHECK(yd == 0x1p53 + 64);
 }
 
 /* TopK, a mixture's router: largest first; ties by lower index (ONNX's order,

@@ -24,7 +24,7 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 namespace {
 
 enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
-enum { STACK_SIZE = 256 * 1024, MAX_SHUFFLE_BYTES = 8 };
+enum { STACK_SIZE = 256 * 1024, MAX_SHUFFLE_BYTES = 8, MAX_GATHER_BYTES = 64 };
 
 struct Fiber {
   ucontext_t ctx;
@@ -40,6 +40,7 @@ struct Block {
   int block_arrived;
   int warp_arrived[32];
   unsigned char slot[1024][MAX_SHUFFLE_BYTES];
+  unsigned char wide[1024][MAX_GATHER_BYTES]; /* tp_emu_warp_gather's */
   void (*body)(void *);
   void *closure;
   ucontext_t scheduler;
@@ -191,6 +192,19 @@ void tp_emu_shuffle(unsigned mask, const void *in, void *out, size_t size, int s
   warp_barrier(); /* every lane has read before the slots are reused */
 }
 
+void tp_emu_warp_gather(const void *in, void *out, size_t size) {
+  int t = linear_thread(), w = t / warpSize;
+  if (warp_lanes(w) != 0xffffffffu) die("warp-collective operation in a partial warp");
+  if (size > MAX_GATHER_BYTES) die("warp gather of more than 64 bytes a lane");
+  memcpy(cur->wide[t], in, size);
+  warp_barrier(); /* every lane has written */
+  for (int l = 0; l < warpSize; l++)
+    memcpy(static_cast<unsigned char *>(out) + l * size, cur->wide[w * warpSize + l], size);
+  warp_barrier(); /* every lane has read before the slots are reused */
+}
+
+void tp_emu_die(const char *what) { die(what); }
+
 void tp_emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *closure) {
   int n = (int)(block.x * block.y * block.z);
   if (n < 1 || n > 1024) {
@@ -289,7 +303,9 @@ cudaError_t cudaGetDevice(int *device) {
  * deadlocks here as it could on a GPU. */
 cudaError_t cudaMalloc(void **p, size_t bytes) {
   cudaDeviceSynchronize();
-  *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  /* 256-byte aligned as CUDA's: the products' alignments (the cuBLASLt plans' keys) are then
+   * a GPU's, not the host allocator's */
+  *p = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (!*p) return cudaErrorMemoryAllocation;
   device_blocks[reinterpret_cast<uintptr_t>(*p)] = bytes;
   return cudaSuccess;
