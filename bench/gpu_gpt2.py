@@ -11,17 +11,23 @@ tokpipec's CUDA trainer and by PyTorch on the same GPU, with the same model and 
                                 (on the GPU, its PyTorch 2.11) the same model trained in bf16
                                 autocast on DIR/train.bin; one JSON line per step, as the
                                 trainer's --log writes
-    gpu_gpt2.py report NAME=LOG...
-                                tokens/s and model FLOPs utilisation of each log
+    gpu_gpt2.py report [--device NAME] NAME=LOG...
+                                tokens/s and model FLOPs utilisation of each log, against
+                                the peak of the GPU NAME (nvidia-smi's name; default an
+                                H100 SXM)
     gpu_gpt2.py check           (anywhere) the FLOP count's N against the model's own
-                                parameters (run.sh --emulated runs it)
+                                parameters, and the peaks by device name (run.sh
+                                --emulated runs it, without onnx)
+
+Only export needs the onnx package (imported there): the GPU machine may lack it.
 
 The model: 12 layers, C=768, 12 heads, vocab 50257, T=1024, tanh GELU, tied head, biases
 (tools/export_gpt_fixtures.py's GPT); batch BATCH. PyTorch runs its attention through
 scaled_dot_product_attention (flash): the same function as the exported softmax(QK^T/sqrt(d)
 + causal mask) V, in PyTorch's fastest form.
 
-MFU = FLOPs per token * tokens/s / 989e12 (H200 SXM dense bf16, the datasheet), with
+MFU = FLOPs per token * tokens/s / the GPU's dense bf16 peak (peak_bf16: the datasheets'
+989 TFLOP/s for an H100 SXM and an H200, 756 for an H100 PCIe), with
 FLOPs per token = 6 N + 12 L C T (PaLM's appendix B, nanoGPT's estimate_mfu: N the
 parameters that multiply, i.e. without the position table; attention counted over all T
 keys, the causal half included, the same for both sides).
@@ -47,7 +53,18 @@ BATCH, SEQ = 16, 1024
 MODEL = fx.Variant("gpt2-124m", opset=17, gelu="tanh", tied=True, vocab=50257, block=SEQ,
                    n_layer=12, n_head=12, n_embd=768, random_ln=False,
                    trace_bt=(BATCH, SEQ), test_bt=(BATCH, SEQ))
-PEAK_BF16 = 989e12
+# dense bf16 tensor-core peaks (FLOP/s, the datasheets, without sparsity), by a word of
+# nvidia-smi's device name; the first match wins (an H100 PCIe before any H100)
+PEAKS_BF16 = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12)]
+DEFAULT_DEVICE = "NVIDIA H100 80GB HBM3"  # an H100 SXM
+
+
+def peak_bf16(device):
+    """The dense bf16 peak of the GPU named DEVICE, None for a GPU not in PEAKS_BF16."""
+    for word, peak in PEAKS_BF16:
+        if word.lower() in device.lower():
+            return peak
+    return None
 
 
 def flops_per_token(v=MODEL, T=SEQ):
@@ -121,12 +138,15 @@ def train(dir, steps, log, compile):
                   f"loss {loss.item():.4f} {ms:.1f} ms", file=sys.stderr, flush=True)
 
 
-def report(named_logs):
+def report(named_logs, device):
     fpt, N = flops_per_token()
     B, T = MODEL.test_bt
+    peak = peak_bf16(device)
+    against = (f"MFU against {device}'s {peak / 1e12:.0f} TFLOP/s" if peak else
+               f"no MFU: no bf16 peak known for '{device}'")
     print(f"GPT-2 124M shape: {MODEL.n_layer} layers, C={MODEL.n_embd}, {MODEL.n_head} heads, "
           f"vocab {MODEL.vocab}, T={T}, B={B}, bf16; N={N / 1e6:.2f}M multiplying parameters, "
-          f"{fpt / 1e9:.3f} GFLOP/token; MFU against {PEAK_BF16 / 1e12:.0f} TFLOP/s")
+          f"{fpt / 1e9:.3f} GFLOP/token; {against}")
     print(f"  {'':22} {'tokens/s':>10} {'ms/step':>9} {'MFU':>7} {'loss@1':>8} {'loss@end':>8}")
     for item in named_logs:
         name, path = item.split("=", 1)
@@ -134,7 +154,8 @@ def report(named_logs):
             print(f"  {name:22} (no log: {path})")
             continue
         r, steps = train_pytorch.rate(path, B, T)
-        print(f"  {name:22} {r:10.0f} {B * T / r * 1e3:9.1f} {100 * r * fpt / PEAK_BF16:6.1f}% "
+        mfu = f"{100 * r * fpt / peak:6.1f}%" if peak else f"{'-':>7}"
+        print(f"  {name:22} {r:10.0f} {B * T / r * 1e3:9.1f} {mfu} "
               f"{steps[0]['loss']:8.4f} {steps[-1]['loss']:8.4f}")
 
 
@@ -144,7 +165,14 @@ def check():
     _, N = flops_per_token()
     if N != counted:
         sys.exit(f"gpu_gpt2.py: N={N} in the FLOP count, but the model multiplies by {counted} parameters")
-    print(f"the FLOP count's N={N} is the model's parameters less the position table")
+    names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H200": 989e12,
+             "NVIDIA A100-SXM4-80GB": None}
+    for device, want in names.items():
+        if peak_bf16(device) != want:
+            sys.exit(f"gpu_gpt2.py: the bf16 peak of '{device}' is {peak_bf16(device)}, expected {want}")
+    print(f"the FLOP count's N={N} is the model's parameters less the position table; "
+          f"bf16 peaks by device name: "
+          f"{', '.join(f'{d} ' + (f'{p / 1e12:.0f}T' if p else 'unknown') for d, p in names.items())}")
 
 
 def main():
@@ -154,13 +182,14 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--log")
     ap.add_argument("--compile", action="store_true")
-    a = ap.parse_args()
+    ap.add_argument("--device", default=DEFAULT_DEVICE, help="the GPU's name, for its peak (report)")
+    a = ap.parse_intermixed_args()  # options after the paths too (report --device NAME LOG...)
     if a.cmd == "export":
         export(a.paths[0])
     elif a.cmd == "train":
         train(a.paths[0], a.steps, a.log, a.compile)
     elif a.cmd == "report":
-        report(a.paths)
+        report(a.paths, a.device)
     else:
         check()
 

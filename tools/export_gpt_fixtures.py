@@ -32,11 +32,9 @@ import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
-import onnx
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from onnx import numpy_helper
 
 # torch >= 2.9 exports with dynamo by default; these variants are TorchScript exports
 TORCHSCRIPT = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
@@ -211,6 +209,7 @@ def export(v, model, dir):
     torch.onnx.export(model, (idx,), buf, opset_version=v.opset, input_names=["idx"],
                       output_names=["logits"], dynamic_axes=axes,
                       do_constant_folding=v.fold, **TORCHSCRIPT)
+    import onnx  # here, not at the top: importers that only train (bench/gpu_gpt2.py) need no onnx
     proto = onnx.load_from_string(buf.getvalue())
     onnx.checker.check_model(proto)
     path = os.path.join(dir, "model.onnx")
@@ -223,6 +222,7 @@ def export(v, model, dir):
 
 
 def save_tensor(array, path, name):
+    from onnx import numpy_helper
     with open(path, "wb") as f:
         f.write(numpy_helper.from_array(array, name).SerializeToString())
 

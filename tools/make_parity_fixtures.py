@@ -32,10 +32,8 @@ import sys
 import warnings
 
 import numpy as np
-import onnx
 import torch
 import torch.nn.functional as F
-from onnx import numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import export_gpt_fixtures as fx  # noqa: E402  (the model definitions and variants)
@@ -104,6 +102,8 @@ def onnx_params(proto, model):
     ('rows', n) (the first n rows). Buffers and float
     initializers equal to no parameter (folded constants) are left out; every parameter
     must be found."""
+    import onnx  # here, not at the top: importers that only train (bench/gpu_gpt2.py) need no onnx
+    from onnx import numpy_helper
     inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer
              if i.data_type == onnx.TensorProto.FLOAT}
     alias = {n.output[0]: n.input[0] for n in proto.graph.node
@@ -243,6 +243,7 @@ def write_references(dir, name, make_model, proto, B, T, vocab, seed, adamw=ADAM
 def main():
     torch.set_num_threads(1)   # fixed summation order: byte-identical output across runs
     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+    import onnx
     only = sys.argv[1:]
     for v in fx.VARIANTS:
         if only and v.name not in only:

@@ -7,7 +7,8 @@
  * TP_TANHF): runtime/cpu/vecmath.h's vectorisable functions on the CPU, libm's expf, erff,
  * erfcf and tanhf on CUDA (each within a few ulp of the other). The double forms (f64, and
  * f16 and bf16, which compute in double) use libm's double functions on both. AdamW's
- * element is plain float arithmetic (and sqrtf). */
+ * element is float arithmetic (and a square root) rounded step by step (TP_FMUL_RN below),
+ * the same bits on both. */
 #ifndef TOKPIPE_KERNELS_ELEMENT_H
 #define TOKPIPE_KERNELS_ELEMENT_H
 
@@ -77,6 +78,41 @@ TP_ELEMENT float tp_swiglu_dgate_f32(float dy, float gate, float up, float s) {
 }
 TP_ELEMENT float tp_swiglu_dup_f32(float dy, float gate, float s) { return dy * gate * s; }
 
+/* ---- float operations rounded one at a time ----
+ * nvcc fuses a product and the sum that reads it into one FMA, rounded once (-fmad=true,
+ * its default), where the CPU build rounds both (runtime/cpu/optim.c is compiled without
+ * contraction). A formula that must give the CPU's bits on a GPU spells its operations with
+ * these: on the device the intrinsics nvcc never fuses (and which stay IEEE-rounded under
+ * -use_fast_math); in host C++ (the emulated build, contracted as nvcc does) a product
+ * hidden from the optimiser behind an empty asm, so that it is rounded before a sum reads
+ * it; in C the operators. */
+#if defined(__CUDA_ARCH__)
+#define TP_FMUL_RN(a, b) __fmul_rn(a, b)
+#define TP_FADD_RN(a, b) __fadd_rn(a, b)
+#define TP_FDIV_RN(a, b) __fdiv_rn(a, b)
+#define TP_FSQRT_RN(a) __fsqrt_rn(a)
+#else
+#ifdef __cplusplus
+TP_ELEMENT float tp_rounded_f32(float x) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(x));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  volatile float opaque = x;
+  x = opaque;
+#endif
+  return x;
+}
+#define TP_FMUL_RN(a, b) tp_rounded_f32((a) * (b))
+#else
+#define TP_FMUL_RN(a, b) ((a) * (b))
+#endif
+#define TP_FADD_RN(a, b) ((a) + (b))
+#define TP_FDIV_RN(a, b) ((a) / (b))
+#define TP_FSQRT_RN(a) sqrtf(a)
+#endif
+
 /* ---- AdamW (tp_adamw_step, runtime/cpu/optim.h) ---- */
 
 /* tp_adamw_step's scalar factors, computed in double and rounded to float once. */
@@ -97,13 +133,16 @@ static inline TpAdamWFactors tp_adamw_factors(double lr, double beta1, double be
   return f;
 }
 
-/* tp_adamw_step's per-element float work on element i, in its order of operations. */
+/* tp_adamw_step's per-element float work on element i, in its order of operations, each
+ * operation rounded (nothing fused into an FMA), the same bits on the host and the device:
+ *   w = w decay + neg_step_size m / (sqrt(v) / bc2_sqrt + eps)
+ *   m = m b1 + a1 g,  v = v b2 + (a2 g) g  (the new m and v) */
 TP_ELEMENT void tp_adamw_element(float *w, const float *g, float *m, float *v, int64_t i, TpAdamWFactors f) {
-  float wi = w[i] * f.decay, gi = g[i];
-  float mi = m[i] * f.b1 + f.a1 * gi;
-  float vi = v[i] * f.b2 + f.a2 * gi * gi;
-  float denom = sqrtf(vi) / f.bc2_sqrt + f.eps;
-  w[i] = wi + f.neg_step_size * mi / denom;
+  float wi = TP_FMUL_RN(w[i], f.decay), gi = g[i];
+  float mi = TP_FADD_RN(TP_FMUL_RN(m[i], f.b1), TP_FMUL_RN(f.a1, gi));
+  float vi = TP_FADD_RN(TP_FMUL_RN(v[i], f.b2), TP_FMUL_RN(TP_FMUL_RN(f.a2, gi), gi));
+  float denom = TP_FADD_RN(TP_FDIV_RN(TP_FSQRT_RN(vi), f.bc2_sqrt), f.eps);
+  w[i] = TP_FADD_RN(wi, TP_FDIV_RN(TP_FMUL_RN(f.neg_step_size, mi), denom));
   m[i] = mi;
   v[i] = vi;
 }

@@ -8,8 +8,9 @@
  *
  * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element:
  *   EXACT (0, 0): copies, the embedding's scatter-add (the same additions in the same
- *     order) and AdamW and scaling (the same float operations in the same order; the host
- *     build does not contract them into FMAs).
+ *     order) and AdamW and scaling (the same float operations in the same order: AdamW's
+ *     element rounds each one, kernels/element.h's TP_FMUL_RN, which neither nvcc nor the
+ *     emulated build, compiled with contraction as nvcc is, fuses into FMAs).
  *   ELEMENTWISE (1e-6, 1e-5): the same float formula, but libm's expf/erff/erfcf/tanhf
  *     against runtime/cpu/vecmath.h's vectorised ones (each within a few ulp; a few ulp
  *     through the formula's few operations stays below 1e-5 relative; 1e-6 absolute where
