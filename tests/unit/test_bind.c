@@ -13,8 +13,22 @@
 static int failures;
 #define fail(...) (failures++, fprintf(stderr, "FAIL " __VA_ARGS__), fputc('\n', stderr))
 
+/* The multiplied operands of the products, their first arguments: the --precision bf16
+ * entry points take them as views (f32 or bf16); attention's rounds its f32 operands. */
+static int bf16_operands(int k) {
+  switch (k) {
+  case TP_K_GEMM:
+  case TP_K_MATMUL:
+  case TP_K_LINEAR: return 2;
+  case TP_K_LINEAR_BACKWARD:
+  case TP_K_MATMUL_BACKWARD: return 3;
+  default: return 0;
+  }
+}
+
 /* Every kernel has a cpu spelling; cuda's (fp32, bf16) are the same rows renamed, their
- * scalar passed as a device pointer and the unit's stream last. */
+ * scalar passed as a device pointer and the unit's stream last; under bf16 the products
+ * (attention too) are tp_cuda_bf16_X, their multiplied operands views. */
 static void test_tables(void) {
   const TpTarget *cpu = tp_target_find("cpu", NULL), *cuda = tp_target_find("cuda", NULL),
                  *bf16 = tp_target_find("cuda", "bf16");
@@ -37,18 +51,19 @@ static void test_tables(void) {
     for (int j = 0; j < 2; j++) {
       const TpTarget *t = device[j];
       const TpKernelSpelling *c = &t->kernels[k];
-      bool product = k == TP_K_GEMM || k == TP_K_MATMUL || k == TP_K_LINEAR || k == TP_K_LINEAR_BACKWARD ||
-                     k == TP_K_MATMUL_BACKWARD;
+      bool product = bf16_operands(k) > 0 || k == TP_K_ATTENTION || k == TP_K_ATTENTION_BACKWARD;
       char want[64];
       snprintf(want, sizeof want, "tp_cuda_%s%s", t == bf16 && product ? "bf16_" : "", s->name + 3);
       if (strcmp(c->name, want) != 0 || c->header != 0 || c->nargs != s->nargs + 1 ||
           c->args[s->nargs].kind != TP_ARG_STREAM)
         fail("cuda %s kernel %d: %s with %d args, expected %s with %d", t->precision, k, c->name, c->nargs, want,
              s->nargs + 1);
-      for (int i = 0; i < s->nargs; i++)
-        if (c->args[i].offset != s->args[i].offset ||
-            c->args[i].kind != (s->args[i].kind == TP_ARG_SCALAR ? TP_ARG_DATA : s->args[i].kind))
+      for (int i = 0; i < s->nargs; i++) {
+        bool operand = t == bf16 && i < bf16_operands(k);
+        TpArgKind kind = operand ? TP_ARG_VIEW : s->args[i].kind == TP_ARG_SCALAR ? TP_ARG_DATA : s->args[i].kind;
+        if (c->args[i].offset != s->args[i].offset || c->args[i].kind != kind || c->args[i].operand != operand)
           fail("cuda %s: %s argument %d", t->precision, c->name, i);
+      }
     }
   }
   int bound = 0;
