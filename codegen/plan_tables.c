@@ -45,7 +45,8 @@ static const char *const insn_enum[TP_INSN_COUNT] = {"TP_PLAN_FORWARD",        "
                                                      "TP_PLAN_SEND_ACT",       "TP_PLAN_RECV_ACT",
                                                      "TP_PLAN_SEND_GRAD",      "TP_PLAN_RECV_GRAD",
                                                      "TP_PLAN_ALLREDUCE_TIED", "TP_PLAN_ALLREDUCE",
-                                                     "TP_PLAN_OPTIMIZER_STEP"};
+                                                     "TP_PLAN_OPTIMIZER_STEP", "TP_PLAN_BACKWARD_INPUT",
+                                                     "TP_PLAN_BACKWARD_WEIGHT"};
 static const char *const message_names[TP_MSG_COUNT] = {"recv_act", "send_act", "recv_grad", "send_grad"};
 
 /* Does stage s have the neighbour that message kind k goes to or comes from? */
@@ -138,7 +139,7 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
     fprintf(out, "static const TpPlanInsn stage%d_schedule[] = {\n", s);
     for (int i = 0; i < pl->schedule.count[s]; i++) {
       const TpInsn *x = &pl->schedule.insn[s][i];
-      fprintf(out, "    {%s, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice, x->peer);
+      fprintf(out, "    {%s, %d, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice, x->peer, x->chunk);
     }
     fputs("};\n", out);
     if (E->tensor > 1) emit_reduce_tables(E, out, s);

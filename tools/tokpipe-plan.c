@@ -640,7 +640,8 @@ int main(int argc, char **argv) {
       zero = cli_int("--zero", v, 0, 1);
       storage_given = true;
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
-      if (!tp_schedule_parse(v, &schedule)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
+      if (!tp_schedule_parse(v, &schedule) || schedule >= TP_SCHEDULE_ZB) /* zb, interleaved: not yet built */
+        cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
     else if (input) cli_usage_error("more than one input model ('%s' and '%s')", input, a);
     else input = a;

@@ -580,7 +580,8 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
-      if (!tp_schedule_parse(v, &pipe.kind)) cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
+      if (!tp_schedule_parse(v, &pipe.kind) || pipe.kind >= TP_SCHEDULE_ZB) /* zb, interleaved: not yet built */
+        cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
     } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
       po.recompute = cli_recompute(v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {

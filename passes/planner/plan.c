@@ -166,7 +166,7 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   tp_cost_model_set_cuts(cm, e->cuts);
   int *nslices = malloc(sizeof(int) * (size_t)e->slicing.n);
   for (int m = 0; m < e->slicing.n; m++) nslices[m] = e->slicing.mb[m].nslices;
-  TpScheduleSpec spec = {e->schedule, cm->nstages, e->slicing.n, nslices, cm->data > 1, !req->untied};
+  TpScheduleSpec spec = {e->schedule, cm->nstages, e->slicing.n, nslices, cm->data > 1, !req->untied, 0};
   tp_schedule_build(&spec, sched);
   TpSimCosts costs;
   tp_sim_costs_from_model(cm, &e->slicing, &costs);

@@ -3,24 +3,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const insn_names[TP_INSN_COUNT] = {"forward",        "backward",  "send-act",
-                                                      "recv-act",       "send-grad", "recv-grad",
-                                                      "allreduce-tied", "allreduce", "optimizer-step"};
+static const char *const insn_names[TP_INSN_COUNT] = {"forward",        "backward",       "send-act",
+                                                      "recv-act",       "send-grad",      "recv-grad",
+                                                      "allreduce-tied", "allreduce",      "optimizer-step",
+                                                      "backward-input", "backward-weight"};
+static const char *const schedule_names[] = {"gpipe", "1f1b", "zb", "interleaved"};
 
 const char *tp_insn_name(TpInsnKind k) { return k < TP_INSN_COUNT ? insn_names[k] : "?"; }
-const char *tp_schedule_name(TpScheduleKind k) { return k == TP_SCHEDULE_GPIPE ? "gpipe" : "1f1b"; }
+const char *tp_schedule_name(TpScheduleKind k) { return k <= TP_SCHEDULE_INTERLEAVED ? schedule_names[k] : "?"; }
 
 bool tp_schedule_parse(const char *name, TpScheduleKind *k) {
-  if (!strcmp(name, "gpipe")) *k = TP_SCHEDULE_GPIPE;
-  else if (!strcmp(name, "1f1b")) *k = TP_SCHEDULE_1F1B;
-  else return false;
-  return true;
+  for (int i = 0; i <= TP_SCHEDULE_INTERLEAVED; i++)
+    if (!strcmp(name, schedule_names[i])) {
+      *k = (TpScheduleKind)i;
+      return true;
+    }
+  return false;
 }
 
 void tp_schedule_init(TpSchedule *s, TpScheduleKind kind, int stages, int nmb, const int *nslices) {
   memset(s, 0, sizeof *s);
   s->kind = kind;
   s->stages = stages;
+  s->chunks = 1;
   s->nmb = nmb;
   s->nslices = malloc(sizeof(int) * (size_t)(nmb ? nmb : 1));
   memcpy(s->nslices, nslices, sizeof(int) * (size_t)nmb);
@@ -44,15 +49,15 @@ void tp_schedule_free(TpSchedule *s) {
 }
 
 static void unit_forward(TpSchedule *s, int k, int mb, int slice) {
-  if (k > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_RECV_ACT, mb, slice, k - 1});
-  tp_schedule_push(s, k, (TpInsn){TP_INSN_FORWARD, mb, slice, -1});
-  if (k + 1 < s->stages) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_ACT, mb, slice, k + 1});
+  if (k > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_RECV_ACT, mb, slice, k - 1, 0});
+  tp_schedule_push(s, k, (TpInsn){TP_INSN_FORWARD, mb, slice, -1, 0});
+  if (k + 1 < s->stages) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_ACT, mb, slice, k + 1, 0});
 }
 
 static void unit_backward(TpSchedule *s, int k, int mb, int slice) {
-  if (k + 1 < s->stages) tp_schedule_push(s, k, (TpInsn){TP_INSN_RECV_GRAD, mb, slice, k + 1});
-  tp_schedule_push(s, k, (TpInsn){TP_INSN_BACKWARD, mb, slice, -1});
-  if (k > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_GRAD, mb, slice, k - 1});
+  if (k + 1 < s->stages) tp_schedule_push(s, k, (TpInsn){TP_INSN_RECV_GRAD, mb, slice, k + 1, 0});
+  tp_schedule_push(s, k, (TpInsn){TP_INSN_BACKWARD, mb, slice, -1, 0});
+  if (k > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_GRAD, mb, slice, k - 1, 0});
 }
 
 void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
@@ -99,9 +104,9 @@ void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
     }
     bool edge = k == 0 || k == spec->stages - 1;
     if (spec->tied_embedding && spec->stages > 1 && edge)
-      tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE_TIED, -1, -1, k == 0 ? spec->stages - 1 : 0});
-    if (spec->data_parallel) tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE, -1, -1, -1});
-    tp_schedule_push(s, k, (TpInsn){TP_INSN_OPTIMIZER_STEP, -1, -1, -1});
+      tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE_TIED, -1, -1, k == 0 ? spec->stages - 1 : 0, 0});
+    if (spec->data_parallel) tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE, -1, -1, -1, 0});
+    tp_schedule_push(s, k, (TpInsn){TP_INSN_OPTIMIZER_STEP, -1, -1, -1, 0});
   }
   free(fwd);
   free(bwd);

@@ -5,6 +5,12 @@
  * Instructions, in program order per rank:
  *   forward U      run stage k's forward of unit U (needs its input activation)
  *   backward U     run stage k's backward of U (needs the gradient of its output)
+ *   backward-input U   the first part of a split backward (zero-bubble schedules): the
+ *                  gradients of U's inputs (activations, the K/V context of earlier slices),
+ *                  which the previous stage waits for
+ *   backward-weight U  the second part: U's parameter gradients, from values its
+ *                  backward-input kept; it may run later, in an idle slot. A unit has either
+ *                  backward, or backward-input then backward-weight.
  *   send-act U     send U's output activation to rank k+1   (non-blocking)
  *   recv-act U     receive U's input activation from rank k-1 (blocking)
  *   send-grad U    send the gradient of U's input to rank k-1 (non-blocking)
@@ -25,7 +31,9 @@
 
 #include "ir/ir.h"
 
-typedef enum { TP_SCHEDULE_GPIPE, TP_SCHEDULE_1F1B } TpScheduleKind;
+/* zb: zero-bubble ZB-H1 (split backwards, 1F1B's memory); interleaved: each rank runs
+ * `chunks` virtual stages (Megatron's interleaved 1F1B). */
+typedef enum { TP_SCHEDULE_GPIPE, TP_SCHEDULE_1F1B, TP_SCHEDULE_ZB, TP_SCHEDULE_INTERLEAVED } TpScheduleKind;
 
 typedef enum {
   TP_INSN_FORWARD,
@@ -37,6 +45,8 @@ typedef enum {
   TP_INSN_ALLREDUCE_TIED,
   TP_INSN_ALLREDUCE,
   TP_INSN_OPTIMIZER_STEP,
+  TP_INSN_BACKWARD_INPUT,
+  TP_INSN_BACKWARD_WEIGHT,
   TP_INSN_COUNT
 } TpInsnKind;
 
@@ -44,11 +54,15 @@ typedef struct {
   TpInsnKind kind;
   int mb, slice; /* the unit; -1 for the step-level instructions */
   int peer;      /* the other rank of a send, receive or allreduce-tied; else -1 */
+  int chunk;     /* interleaved: which of the rank's virtual stages (rank k's chunk c is
+                    virtual stage c * stages + k); 0 otherwise. For a send or receive, the
+                    sender's or receiver's own chunk (the peer's follows from it). */
 } TpInsn;
 
 typedef struct {
   TpScheduleKind kind;
-  int stages;
+  int stages; /* ranks (interleaved: each runs `chunks` virtual stages) */
+  int chunks; /* virtual stages per rank: V >= 2 for interleaved, else 1 */
   int nmb;
   int *nslices;  /* [nmb] slices of each microbatch */
   int *count;    /* [stages] instructions per rank */
@@ -62,10 +76,11 @@ typedef struct {
   const int *nslices;
   bool data_parallel;  /* emit allreduce (data-parallel degree > 1) */
   bool tied_embedding; /* embedding and LM head share a parameter across first and last */
+  int chunks;          /* interleaved: virtual stages per rank (>= 2); 0 or 1 otherwise */
 } TpScheduleSpec;
 
 const char *tp_schedule_name(TpScheduleKind k);
-/* "gpipe" or "1f1b"; false if neither. */
+/* "gpipe", "1f1b", "zb" or "interleaved"; false if none. */
 bool tp_schedule_parse(const char *name, TpScheduleKind *k);
 const char *tp_insn_name(TpInsnKind k);
 

@@ -108,6 +108,17 @@
  *                     emits it when dp > 1 or such a param exists
  *   OPTIMIZER_STEP    update the parameters this stage holds (with zero: its shard's, then
  *                     the replicas all-gather them)
+ *   BACKWARD_INPUT mb i   (ABI 8, split backwards: zero-bubble schedules)
+ *                     stages[k].backward_input[i](io): the gradients of the unit's inputs
+ *                     (what send_grad[i] sends, and the K/V context rows of earlier slices)
+ *   BACKWARD_WEIGHT mb i  stages[k].backward_weight[i](io): the unit's parameter gradients,
+ *                     from what its BACKWARD_INPUT kept in the arena; a unit runs either
+ *                     BACKWARD, or BACKWARD_INPUT and later BACKWARD_WEIGHT
+ * Interleaved plans (ABI 8, chunks V > 1): the plan's nstages are S * V virtual stages, run
+ * by S pipeline ranks: rank k runs virtual stages k, k + S, ..., k + (V - 1) * S, in one
+ * list, stages[k].insns (k < S; the lists of virtual stages >= S are empty). An
+ * instruction's `chunk` c names virtual stage c * S + k: its units, arena and messages; a
+ * peer is a virtual stage. Rank k holds the parameters of all its virtual stages.
  * Sends must not block (MPI_Isend): 1f1b schedules deadlock with blocking sends. The
  * compiler verified the lists: every send has exactly one matching receive, and running
  * all ranks with non-blocking sends ends with every rank done. The tag of a message can be
@@ -143,14 +154,15 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 7: the transient region (TpStepIO.transient, TpPlanStage.transient_bytes,
+/* 8: split backwards (TP_PLAN_BACKWARD_INPUT/WEIGHT, TpPlanStage.backward_input/weight)
+ * and interleaved virtual stages (TpPlan.chunks, TpPlanInsn.chunk); 7: the transient region (TpStepIO.transient, TpPlanStage.transient_bytes,
  * TpPlanProbeStage.transient_bytes, TpPlan.transient_bytes): an arena holds only what a
  * microbatch keeps between its units; 6: TpPlan.zero (--zero 1: the replicas shard the
  * optimizer state); 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
  * tensor_rank, TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
  * compute and stream); what "ABI 2" names below (plans with stages) and "ABI 1" (without) is
  * unchanged. */
-#define TP_PLAN_ABI 7
+#define TP_PLAN_ABI 8
 
 typedef struct TpCompute TpCompute; /* ../compute.h */
 typedef struct TpStream TpStream;
@@ -256,15 +268,18 @@ typedef enum {
   TP_PLAN_ALLREDUCE_TIED,
   TP_PLAN_ALLREDUCE,
   TP_PLAN_OPTIMIZER_STEP,
+  TP_PLAN_BACKWARD_INPUT,
+  TP_PLAN_BACKWARD_WEIGHT,
 } TpPlanInsnKind;
 
 typedef struct {
   int kind;      /* TpPlanInsnKind */
   int mb, slice; /* the unit; -1 for ALLREDUCE_TIED, ALLREDUCE, OPTIMIZER_STEP */
   int peer;      /* the other stage of a send, receive or ALLREDUCE_TIED; else -1 */
+  int chunk;     /* interleaved plans: the rank's virtual stage (see above); else 0 */
 } TpPlanInsn;
 
-typedef enum { TP_PLAN_GPIPE, TP_PLAN_1F1B } TpPlanSchedule;
+typedef enum { TP_PLAN_GPIPE, TP_PLAN_1F1B, TP_PLAN_ZB, TP_PLAN_INTERLEAVED } TpPlanSchedule;
 
 /* How the units store parameters, gradients and activations (tokpipec --precision).
  * TP_PLAN_FP32: io->param[i] and io->grad[i] are f32. TP_PLAN_BF16 and
@@ -278,9 +293,12 @@ typedef enum { TP_PLAN_FP32, TP_PLAN_BF16, TP_PLAN_FP16 } TpPlanPrecision;
 typedef struct {
   const TpUnitFn *forward;  /* [nslices] */
   const TpUnitFn *backward; /* [nslices] */
-  size_t arena_bytes;       /* one microbatch's arena */
-  int arenas;               /* arenas to allocate; microbatch mb uses mb % arenas */
-  size_t transient_bytes;   /* the rank's transient region (one, whatever `arenas`) */
+  /* [nslices] each: the two parts of backward[i], for schedules that split it (ABI 8);
+   * NULL when the plan's schedule does not */
+  const TpUnitFn *backward_input, *backward_weight;
+  size_t arena_bytes;     /* one microbatch's arena */
+  int arenas;             /* arenas to allocate; microbatch mb uses mb % arenas */
+  size_t transient_bytes; /* the rank's transient region (one, whatever `arenas`) */
   /* [nslices] each; NULL where there is no neighbour (recv_act and send_grad of stage 0,
    * send_act and recv_grad of the last stage) */
   const TpPlanMessage *recv_act, *send_act, *recv_grad, *send_grad;
@@ -374,6 +392,7 @@ struct TpPlan {
    * replica keeps all of it. */
   int zero;
   int precision; /* TpPlanPrecision (0 when absent: fp32) */
+  int chunks;    /* virtual stages per pipeline rank (ABI 8; 0 or 1: not interleaved) */
 };
 
 /* The trainer: parses the command line, runs training, returns the process exit code

@@ -405,9 +405,9 @@ static const TpStageFn backward[] = {stage0_backward};
 
 /* Stage 0: its instructions for one step. */
 static const TpPlanInsn stage0_schedule[] = {
-    {TP_PLAN_FORWARD, 0, 0, -1},
-    {TP_PLAN_BACKWARD, 0, 0, -1},
-    {TP_PLAN_OPTIMIZER_STEP, -1, -1, -1},
+    {TP_PLAN_FORWARD, 0, 0, -1, 0},
+    {TP_PLAN_BACKWARD, 0, 0, -1, 0},
+    {TP_PLAN_OPTIMIZER_STEP, -1, -1, -1, 0},
 };
 
 static const TpPlanStage stages[] = {

@@ -61,18 +61,18 @@ static void make_plan(TestPlan *t, int S, int N, int D, int M, bool tied, const 
   for (int k = 0; k < S; k++) {
     t->stages[k].insns = x;
     for (int mb = 0; mb < M; mb++) {
-      if (k > 0) *x++ = {TP_PLAN_RECV_ACT, mb, 0, k - 1};
-      *x++ = {TP_PLAN_FORWARD, mb, 0, -1};
-      if (k + 1 < S) *x++ = {TP_PLAN_SEND_ACT, mb, 0, k + 1};
+      if (k > 0) *x++ = {TP_PLAN_RECV_ACT, mb, 0, k - 1, 0};
+      *x++ = {TP_PLAN_FORWARD, mb, 0, -1, 0};
+      if (k + 1 < S) *x++ = {TP_PLAN_SEND_ACT, mb, 0, k + 1, 0};
     }
     for (int mb = M - 1; mb >= 0; mb--) {
-      if (k + 1 < S) *x++ = {TP_PLAN_RECV_GRAD, mb, 0, k + 1};
-      *x++ = {TP_PLAN_BACKWARD, mb, 0, -1};
-      if (k > 0) *x++ = {TP_PLAN_SEND_GRAD, mb, 0, k - 1};
+      if (k + 1 < S) *x++ = {TP_PLAN_RECV_GRAD, mb, 0, k + 1, 0};
+      *x++ = {TP_PLAN_BACKWARD, mb, 0, -1, 0};
+      if (k > 0) *x++ = {TP_PLAN_SEND_GRAD, mb, 0, k - 1, 0};
     }
-    if (tied && S > 1 && (k == 0 || k == S - 1)) *x++ = {TP_PLAN_ALLREDUCE_TIED, -1, -1, k == 0 ? S - 1 : 0};
-    if (D > 1 || (k == 0 && nparts)) *x++ = {TP_PLAN_ALLREDUCE, -1, -1, -1};
-    *x++ = {TP_PLAN_OPTIMIZER_STEP, -1, -1, -1};
+    if (tied && S > 1 && (k == 0 || k == S - 1)) *x++ = {TP_PLAN_ALLREDUCE_TIED, -1, -1, k == 0 ? S - 1 : 0, 0};
+    if (D > 1 || (k == 0 && nparts)) *x++ = {TP_PLAN_ALLREDUCE, -1, -1, -1, 0};
+    *x++ = {TP_PLAN_OPTIMIZER_STEP, -1, -1, -1, 0};
     t->stages[k].ninsns = (int)(x - t->stages[k].insns);
   }
   for (int i = 0; i < nparts; i++) {

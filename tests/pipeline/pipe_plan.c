@@ -225,7 +225,7 @@ static int configure(void) {
   int per_mb[64];
   for (int m = 0; m < M; m++) per_mb[m] = nslices;
   TpSchedule s;
-  TpScheduleSpec spec = {kind, nstages, M, per_mb, D > 1, nstages > 1};
+  TpScheduleSpec spec = {kind, nstages, M, per_mb, D > 1, nstages > 1, 0};
   tp_schedule_build(&spec, &s);
   TpDiag d;
   tp_diag_init(&d, "pipe_plan", NULL, stderr);
@@ -233,7 +233,8 @@ static int configure(void) {
   for (int k = 0; k < nstages; k++) {
     TpPlanInsn *insns = calloc((size_t)s.count[k], sizeof *insns);
     for (int j = 0; j < s.count[k]; j++)
-      insns[j] = (TpPlanInsn){(int)s.insn[k][j].kind, s.insn[k][j].mb, s.insn[k][j].slice, s.insn[k][j].peer};
+      insns[j] = (TpPlanInsn){(int)s.insn[k][j].kind, s.insn[k][j].mb, s.insn[k][j].slice, s.insn[k][j].peer,
+                              s.insn[k][j].chunk};
     bool last = k == nstages - 1;
     stages[k] = (TpPlanStage){.forward = nstages == 1 ? forward_all_units
                                          : last       ? forward1_units

@@ -45,7 +45,7 @@ static void grid(void) {
         for (int kind = 0; kind < 2; kind++) {
           int nslices[4];
           for (int m = 0; m < M; m++) nslices[m] = N + (m % 2) * (S % 2); /* uneven across microbatches for odd S */
-          TpScheduleSpec spec = {kind ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE, S, M, nslices, true, true};
+          TpScheduleSpec spec = {kind ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE, S, M, nslices, true, true, 0};
           TpSchedule s;
           tp_schedule_build(&spec, &s);
           TpDiag d;
@@ -96,7 +96,7 @@ static int expect_refused(TpSchedule *s, const char *what, const char *needle) {
 
 static void broken(void) {
   int ns[1] = {2};
-  TpScheduleSpec spec = {TP_SCHEDULE_GPIPE, 2, 1, ns, false, false};
+  TpScheduleSpec spec = {TP_SCHEDULE_GPIPE, 2, 1, ns, false, false, 0};
   TpSchedule s;
   /* crossed: rank 1 receives slice 1 before slice 0 while rank 0 sends 0 then 1 is fine
    * with tags, but receiving slice 0's activation as a gradient is not */
@@ -107,22 +107,22 @@ static void broken(void) {
   tp_schedule_free(&s);
   /* a deadlock: rank 0 waits for a gradient before sending the activation it needs */
   tp_schedule_init(&s, TP_SCHEDULE_GPIPE, 2, 1, (int[]){1});
-  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_FORWARD, 0, 0, -1});
-  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_RECV_GRAD, 0, 0, 1});
-  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_SEND_ACT, 0, 0, 1});
-  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_BACKWARD, 0, 0, -1});
-  tp_schedule_push(&s, 1, (TpInsn){TP_INSN_RECV_ACT, 0, 0, 0});
-  tp_schedule_push(&s, 1, (TpInsn){TP_INSN_FORWARD, 0, 0, -1});
-  tp_schedule_push(&s, 1, (TpInsn){TP_INSN_BACKWARD, 0, 0, -1});
-  tp_schedule_push(&s, 1, (TpInsn){TP_INSN_SEND_GRAD, 0, 0, 0});
+  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_FORWARD, 0, 0, -1, 0});
+  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_RECV_GRAD, 0, 0, 1, 0});
+  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_SEND_ACT, 0, 0, 1, 0});
+  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_BACKWARD, 0, 0, -1, 0});
+  tp_schedule_push(&s, 1, (TpInsn){TP_INSN_RECV_ACT, 0, 0, 0, 0});
+  tp_schedule_push(&s, 1, (TpInsn){TP_INSN_FORWARD, 0, 0, -1, 0});
+  tp_schedule_push(&s, 1, (TpInsn){TP_INSN_BACKWARD, 0, 0, -1, 0});
+  tp_schedule_push(&s, 1, (TpInsn){TP_INSN_SEND_GRAD, 0, 0, 0, 0});
   expect_refused(&s, "receive before the matching send", "deadlocks");
   tp_schedule_free(&s);
   /* backward before forward; backward of slice 0 before slice 1 */
   tp_schedule_init(&s, TP_SCHEDULE_GPIPE, 1, 1, (int[]){2});
-  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_FORWARD, 0, 0, -1});
-  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_FORWARD, 0, 1, -1});
-  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_BACKWARD, 0, 0, -1});
-  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_BACKWARD, 0, 1, -1});
+  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_FORWARD, 0, 0, -1, 0});
+  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_FORWARD, 0, 1, -1, 0});
+  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_BACKWARD, 0, 0, -1, 0});
+  tp_schedule_push(&s, 0, (TpInsn){TP_INSN_BACKWARD, 0, 1, -1, 0});
   expect_refused(&s, "slices backward in the wrong order", "later slices go first");
   tp_schedule_free(&s);
 }
@@ -131,7 +131,7 @@ int main(void) {
   grid();
   broken();
   /* the printer's form */
-  TpScheduleSpec spec = {TP_SCHEDULE_1F1B, 2, 1, (int[]){2}, false, false};
+  TpScheduleSpec spec = {TP_SCHEDULE_1F1B, 2, 1, (int[]){2}, false, false, 0};
   TpSchedule s;
   tp_schedule_build(&spec, &s);
   char buf[4096] = "";
