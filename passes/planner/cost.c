@@ -289,6 +289,21 @@ void tp_cost_model_set_cuts(TpCostModel *cm, const int *cuts) {
   }
 }
 
+int tp_cost_model_set_chunks(TpCostModel *cm, int chunks, TpDiag *d) {
+  int J = cm->pipeline * chunks, L = cm->model.layers;
+  if (chunks < 1 || J > TP_MAX_STAGES)
+    return tp_error(d, "%d chunks on %d pipeline ranks: %d virtual stages, out of range 1..%d", chunks, cm->pipeline,
+                    J, TP_MAX_STAGES);
+  if (J > L)
+    return tp_error(d, "%d layers are too few for %d pipeline ranks x %d chunks (a virtual stage needs a layer)", L,
+                    cm->pipeline, chunks);
+  cm->nstages = J;
+  int cuts[TP_MAX_STAGES];
+  for (int j = 0, first = 0; j < J; first += L / J + (j < L % J), j++) cuts[j] = first;
+  tp_cost_model_set_cuts(cm, cuts);
+  return TP_OK;
+}
+
 static void add(TpKernel *out, int *n, const char *name, TpKernelKind kind, double flops, double bytes,
                 double rows) {
   TP_ASSERT(*n < TP_MAX_KERNELS);
@@ -484,8 +499,8 @@ TpTime tp_stage_time(const TpCostModel *cm, int k, int b, int l, int c) {
 /* Devices are numbered replica-major, then stage, then tensor rank; a node holds
  * devices_per_node consecutive devices. */
 bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k) {
-  int per_node = cm->hw.devices_per_node;
-  return (k * cm->tensor) / per_node != ((k + 1) * cm->tensor) / per_node || (cm->tensor > per_node);
+  int per_node = cm->hw.devices_per_node, from = k % cm->pipeline, to = (k + 1) % cm->pipeline; /* the ranks */
+  return (from * cm->tensor) / per_node != (to * cm->tensor) / per_node || (cm->tensor > per_node);
 }
 
 /* The activation's tensor-parallel devices each send their 1/t share; across nodes all

@@ -85,7 +85,7 @@ typedef struct {
   TpHardware hw;
   TpModelDesc model;
   int pipeline, tensor, data;
-  int nstages;
+  int nstages; /* pipeline stages; interleaved: pipeline x chunks virtual stages */
   TpStage stage[TP_MAX_STAGES];
   TpRecompute recompute;           /* activation recomputation: its extra forward in the backward */
   TpPrecision precision;           /* what the trainer stores (memory; compute is the profile's dtype) */
@@ -110,6 +110,11 @@ int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc 
                        int data, TpDiag *d);
 /* Replaces the stage cuts: cuts[k] = first layer of stage k (cuts[0] = 0, increasing). */
 void tp_cost_model_set_cuts(TpCostModel *cm, const int *cuts);
+/* Interleaved schedules: the stages become pipeline x chunks virtual stages (virtual stage
+ * j runs on pipeline rank j % pipeline), cut as evenly as the layers allow (the larger
+ * stages first); chunks 1 gives back one stage per rank. An input error when the layers
+ * are fewer than the virtual stages or these are more than TP_MAX_STAGES. */
+int tp_cost_model_set_chunks(TpCostModel *cm, int chunks, TpDiag *d);
 
 typedef enum { TP_KERNEL_GEMM, TP_KERNEL_MEMORY, TP_KERNEL_ALLREDUCE } TpKernelKind;
 typedef struct {
@@ -136,7 +141,8 @@ typedef struct {
  * a microbatch size other than the profiled one. */
 TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c);
 TpTime tp_stage_time(const TpCostModel *cm, int stage, int b, int l, int c);
-/* Activation (or its gradient) of b x l tokens from stage k to k+1 (or back). */
+/* Activation (or its gradient) of b x l tokens from stage k to k+1 (or back; virtual
+ * stages: between the ranks that run them). */
 double tp_send_time(const TpCostModel *cm, int k, int b, int l);
 bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k);
 /* After the backward: data-parallel gradient all-reduce and optimizer step of stage k. */

@@ -106,14 +106,21 @@ static void virtual_backward(TpSchedule *s, int k, int c, int mb, int slice) {
   if (j > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_GRAD, mb, slice, (k + S - 1) % S, c});
 }
 
-/* Megatron's order of (unit, chunk) pairs over `order` (units as (mb, slice)): groups of S
- * units, each group through chunks 0..V-1 (forward) or V-1..0 (`down`). out[i] = {unit
- * index into order, chunk}. */
-static void virtual_order(int units, int S, int V, bool down, int (*out)[2]) {
-  int i = 0;
-  for (int g = 0; g < units; g += S)
+/* Megatron's order of (unit, chunk) pairs over the units in forward or backward order (both
+ * list a microbatch's slices together): groups of whole microbatches of at least S units
+ * each (the last may be smaller), each group through chunks 0..V-1 (forward) or V-1..0
+ * (`down`). With one slice per microbatch: Megatron's groups of S microbatches. Whole
+ * microbatches, since a microbatch's backward waits for all its slices' forwards. out[i] =
+ * {unit index into the order, chunk}. */
+static void virtual_order(const TpScheduleSpec *spec, bool down, int (*out)[2]) {
+  int S = spec->stages, V = spec->chunks, i = 0;
+  for (int m = 0, g = 0; m < spec->nmb;) {
+    int size = 0;
+    while (m < spec->nmb && (size < S)) size += spec->nslices[m++];
     for (int step = 0; step < V; step++)
-      for (int u = g; u < g + S && u < units; u++) out[i][0] = u, out[i][1] = down ? V - 1 - step : step, i++;
+      for (int u = g; u < g + size; u++) out[i][0] = u, out[i][1] = down ? V - 1 - step : step, i++;
+    g += size;
+  }
 }
 
 /* The lists are the order in which the ranks run their forwards and backwards when all
@@ -129,8 +136,8 @@ static void interleaved_build(const TpScheduleSpec *spec, TpSchedule *s, int uni
   s->chunks = V;
   int(*fseq)[2] = malloc(sizeof *fseq * (size_t)(T ? T : 1)),
   (*bseq)[2] = malloc(sizeof *bseq * (size_t)(T ? T : 1));
-  virtual_order(units, S, V, false, fseq);
-  virtual_order(units, S, V, true, bseq);
+  virtual_order(spec, false, fseq);
+  virtual_order(spec, true, bseq);
   /* last[mb]: 1 + where the forward order runs mb's last slice on the last chunk; a
    * backward of mb needs it (the gradient comes back through every later virtual stage) */
   int *last = calloc((size_t)(spec->nmb ? spec->nmb : 1), sizeof(int));

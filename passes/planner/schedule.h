@@ -87,14 +87,16 @@ const char *tp_insn_name(TpInsnKind k);
 /* Interleaved (Megatron's interleaved 1F1B over virtual stages, units (mb, slice)): rank
  * k's chunk c is virtual stage j = c * stages + k; activations of j go to j + 1 (rank
  * stages-1's chunk c sends to rank 0's chunk c + 1), gradients back. Every rank runs the
- * same forward order: the units in groups of `stages` (the last group may be smaller),
- * each group through chunk 0, then chunk 1, ...; backwards likewise over the backward
- * order (later slices first), chunks V-1 down to 0. Rank k runs 2 (stages - k - 1) +
- * (V - 1) x stages forwards first, then one forward and one backward in turn; a backward of
- * microbatch mb waits until the rank has run mb's last slice forward on its last chunk
- * (and 2 (stages - k - 1) forwards more). Any microbatch count works: a short last group
- * only leaves a bubble. allreduce-tied pairs virtual stage 0 (rank 0, chunk 0) with the
- * last one (rank stages-1, chunk V-1). */
+ * same forward order: the units in groups of whole microbatches of at least `stages` units
+ * (the last group may be smaller), each group through chunk 0, then chunk 1, ...;
+ * backwards likewise over the backward order (later slices first), chunks V-1 down to 0.
+ * The lists interleave the two orders as the ranks would run them with equal unit costs:
+ * rank k runs Megatron's warm-up of 2 (stages - k - 1) + (V - 1) x stages forwards, then
+ * one forward and one backward in turn; a backward of microbatch mb waits until the rank
+ * has run mb's last slice forward on its last chunk and 2 (stages - k - 1) forwards more;
+ * a rank whose next forward is not there yet runs its next backward if that is. Any
+ * microbatch count works (a short last group leaves a bubble). allreduce-tied pairs
+ * virtual stage 0 (rank 0, chunk 0) with the last one (rank stages-1, chunk V-1). */
 /* The spec's kind and chunks agree (interleaved: stages >= 2 and 2 <= chunks <=
  * TP_SCHEDULE_MAX_CHUNKS; the others: chunks 0 or 1); else one input error naming them. */
 #define TP_SCHEDULE_MAX_CHUNKS 64
