@@ -297,6 +297,8 @@ int tp_cost_model_set_chunks(TpCostModel *cm, int chunks, TpDiag *d) {
   if (J > L)
     return tp_error(d, "%d layers are too few for %d pipeline ranks x %d chunks (a virtual stage needs a layer)", L,
                     cm->pipeline, chunks);
+  if (cm->cal && chunks > 1)
+    return tp_error(d, "a calibrated cost model prices the profiled stages, not %d chunks per rank", chunks);
   cm->nstages = J;
   int cuts[TP_MAX_STAGES];
   for (int j = 0, first = 0; j < J; first += L / J + (j < L % J), j++) cuts[j] = first;
