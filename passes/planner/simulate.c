@@ -70,6 +70,7 @@ void tp_sim_costs_free(TpSimCosts *c) {
   free(c->base);
   free(c->fwd);
   free(c->bwd);
+  free(c->wgt);
   free(c->send);
   free(c->memory);
   free(c->allreduce);
@@ -114,6 +115,10 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
         switch (x->kind) {
         case TP_INSN_FORWARD: dur = c->fwd[(size_t)k * U + u]; break;
         case TP_INSN_BACKWARD: dur = c->bwd[(size_t)k * U + u]; break;
+        case TP_INSN_BACKWARD_INPUT:
+          dur = c->bwd[(size_t)k * U + u] - (c->wgt ? c->wgt[(size_t)k * U + u] : 0);
+          break;
+        case TP_INSN_BACKWARD_WEIGHT: dur = c->wgt ? c->wgt[(size_t)k * U + u] : 0; break;
         case TP_INSN_RECV_ACT:
         case TP_INSN_RECV_GRAD: {
           double at = (x->kind == TP_INSN_RECV_ACT ? act : grad)[(size_t)k * U + u];
@@ -151,7 +156,9 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
         case TP_INSN_OPTIMIZER_STEP: dur = c->optimizer[k]; break;
         default: TP_ASSERT(0);
         }
-        if (x->kind == TP_INSN_FORWARD || x->kind == TP_INSN_BACKWARD) r->busy_s[k] += dur;
+        if (x->kind == TP_INSN_FORWARD || x->kind == TP_INSN_BACKWARD || x->kind == TP_INSN_BACKWARD_INPUT ||
+            x->kind == TP_INSN_BACKWARD_WEIGHT)
+          r->busy_s[k] += dur;
         if (dur > 0) {
           start = clock[k];
           clock[k] += dur;
