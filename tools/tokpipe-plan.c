@@ -50,7 +50,9 @@ static const char usage[] =
     "                       and the layouts are listed with their times\n"
     "  --batch B            global batch in sequences, divided by D (default 1; calibrated:\n"
     "                       the profiled microbatch size x D x M)\n"
-    "  --schedule S         gpipe (default, TeraPipe's), 1f1b or interleaved (with --chunks)\n"
+    "  --schedule S         gpipe (default, TeraPipe's), 1f1b, zb (zero-bubble ZB-H1:\n"
+    "                       backwards split into input and weight parts, 1f1b's memory) or\n"
+    "                       interleaved (with --chunks)\n"
     "  --chunks V           interleaved: V virtual stages per rank (2 or more; the layers cut\n"
     "                       into pipeline x V evenly). The joint search tries interleaved with\n"
     "                       every V the layers allow whatever the schedule given\n"
@@ -388,6 +390,7 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
   tp_sim_costs_from_model(cm, &e->slicing, &c);
   int fits = 1;
   for (int k = 0; k < S; k++) fits &= sim.peak_bytes[k] <= req->max_memory;
+  bool split = kind == TP_SCHEDULE_ZB; /* its backwards run as input and weight parts */
   if (json) {
     printf("  \"schedule\": \"%s\",\n", tp_schedule_name(kind));
     if (V > 1) printf("  \"chunks\": %d,\n", V);
@@ -398,9 +401,12 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
     printf(",\n  \"iteration_time_s\": %.6g,\n  \"units\": [", sim.time_s);
     for (int k = 0; k < J; k++) { /* every microbatch is alike: microbatch 0's units */
       printf("%s[", k ? ", " : "");
-      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
-        printf("%s{\"l\": %d, \"c\": %d, \"forward_s\": %.6g, \"backward_s\": %.6g}", i ? ", " : "", len[i], ctx,
+      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++) {
+        printf("%s{\"l\": %d, \"c\": %d, \"forward_s\": %.6g, \"backward_s\": %.6g", i ? ", " : "", len[i], ctx,
                c.fwd[(size_t)k * c.units + i], c.bwd[(size_t)k * c.units + i]);
+        if (split) printf(", \"weight_s\": %.6g", c.wgt[(size_t)k * c.units + i]); /* of backward_s */
+        printf("}");
+      }
       printf("]");
     }
     printf("],\n  \"send_s\": [");
@@ -427,11 +433,15 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
     printf("\n  predicted step time %.4g ms (event simulation of the per-rank instruction lists,\n"
            "  transfers%s and the optimizer step included)\n",
            1e3 * sim.time_s, req->untied ? "" : ", the tied embedding all-reduce");
-    printf("  %-6s %-12s %12s %12s\n", "stage", "unit l+c", "forward ms", "backward ms");
+    printf("  %-6s %-12s %12s %12s%s\n", "stage", "unit l+c", "forward ms", "backward ms",
+           split ? "  of which weight ms" : "");
     for (int k = 0; k < J; k++)
-      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
-        printf("  %-6d %5d+%-6d %12.3f %12.3f\n", k, len[i], ctx, 1e3 * c.fwd[(size_t)k * c.units + i],
+      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++) {
+        printf("  %-6d %5d+%-6d %12.3f %12.3f", k, len[i], ctx, 1e3 * c.fwd[(size_t)k * c.units + i],
                1e3 * c.bwd[(size_t)k * c.units + i]);
+        if (split) printf(" %20.3f", 1e3 * c.wgt[(size_t)k * c.units + i]);
+        printf("\n");
+      }
     printf("  optimizer ms:");
     for (int k = 0; k < J; k++) printf(" %.3f", 1e3 * c.optimizer[k]);
     printf("; busy ms:");
@@ -535,6 +545,7 @@ static const TpCompileCaps tokpipec_caps = {.bf16 = true,
                                             .recompute = true,
                                             .vocab_pad = true,
                                             .transient_region = true,
+                                            .zb = false, /* tokpipec refuses --schedule zb for now */
                                             .interleaved = true};
 
 /* A profile prices the model it was measured on: one of another size (its "parameters"
@@ -664,8 +675,8 @@ int main(int argc, char **argv) {
       zero = cli_int("--zero", v, 0, 1);
       storage_given = true;
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
-      if (!tp_schedule_parse(v, &schedule) || schedule == TP_SCHEDULE_ZB) /* zb: not yet built */
-        cli_usage_error("--schedule expects gpipe, 1f1b or interleaved, got '%s'", v);
+      if (!tp_schedule_parse(v, &schedule))
+        cli_usage_error("--schedule expects gpipe, 1f1b, zb or interleaved, got '%s'", v);
     } else if (cli_value(argc, argv, &i, "--chunks", &v)) chunks = cli_int("--chunks", v, 2, TP_SCHEDULE_MAX_CHUNKS);
     else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
     else if (input) cli_usage_error("more than one input model ('%s' and '%s')", input, a);

@@ -320,10 +320,11 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     }
     /* calibrated: only what was measured (no recomputation, the profile's stages); compilable:
      * tokpipec's options */
-    const TpCompileCaps all = {true, true, true, true, true, true}, *caps = req->compilable ? &req->caps : &all;
-    /* the schedules: gpipe, 1f1b, interleaved with each chunk count the layers allow, each
-     * with its (virtual) stage cuts, equal and balanced */
-    int nsched = 2, S = cm->nstages;
+    const TpCompileCaps all = {true, true, true, true, true, true, true},
+                        *caps = req->compilable ? &req->caps : &all;
+    /* the schedules: gpipe, 1f1b, zb, interleaved with each chunk count the layers allow,
+     * each with its (virtual) stage cuts, equal and balanced */
+    int nsched = caps->zb ? 3 : 2, S = cm->nstages;
     int most = cm->cal || !caps->interleaved || S < 2 ? 1 : cm->model.layers / S;
     if (most > TP_MAX_STAGES / S) most = TP_MAX_STAGES / S;
     while (most > 1 && (int64_t)B * n * S * most > TP_PLAN_MAX_UNIT_STAGES) most--;
@@ -332,9 +333,10 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
       int chunks;
       bool cuts_differ;
       int cuts[2][TP_MAX_STAGES];
-    } *scheds = malloc(sizeof *scheds * (size_t)(1 + most));
-    scheds[0].kind = TP_SCHEDULE_GPIPE, scheds[1].kind = TP_SCHEDULE_1F1B;
-    for (int i = 0; i < 2; i++) {
+    } *scheds = malloc(sizeof *scheds * (size_t)(2 + most));
+    const TpScheduleKind kinds[] = {TP_SCHEDULE_GPIPE, TP_SCHEDULE_1F1B, TP_SCHEDULE_ZB};
+    for (int i = 0; i < nsched; i++) {
+      scheds[i].kind = kinds[i];
       scheds[i].chunks = 1;
       for (int k = 0; k < S; k++) scheds[i].cuts[0][k] = cm->stage[k].first;
       /* calibrated: only what was measured (the profile's cuts) */

@@ -6,7 +6,7 @@
  * 2. TeraPipe's plan: the exact Eq. 5 optimum (slicing.h) under the GPipe schedule with
  *    equal stage cuts; the paper's baseline (batch-only microbatching, best equal
  *    microbatch size) and the best uniform slicing, all priced by the event simulation.
- * 3. The joint search: schedule (gpipe, 1f1b, and interleaved with 2 to layers / pipeline
+ * 3. The joint search: schedule (gpipe, 1f1b, zb, and interleaved with 2 to layers / pipeline
  *    chunks per rank when there are 2 ranks or more) x stage cuts (equal, compute-balanced
  *    with embedding and head; interleaved: over its virtual stages) x activation
  *    recomputation (none, selective, full) x candidate
@@ -36,6 +36,7 @@ typedef struct {
   /* and how its memory plan counts (codegen/memory.c): */
   bool vocab_pad;        /* --tensor pads the vocabulary to a multiple of the ranks and splits it */
   bool transient_region; /* a rank holds one transient region for its units' working sets */
+  bool zb;               /* --schedule zb (split backwards) */
   bool interleaved;      /* --schedule interleaved --chunks V */
 } TpCompileCaps;
 
