@@ -3,13 +3,14 @@
 # times: 1, 5, 6, 8, 9, 10; bench/plan_paper.sh has the layouts): the paper's layout
 # (pipeline S x tensor N x data D, its batch) and TeraPipe's slicing (tokpipe-plan's Eq. 5
 # optimum; one hardware profile, tools/profiles/p3.16xlarge.json), each event-simulated
-# under every schedule of --schedules (default gpipe, 1f1b, zb), beside the paper's reported
+# under every schedule of --schedules (default gpipe, 1f1b, zb, interleaved:2: interleaved
+# with --chunks 2, where the layers allow 2 chunks per rank), beside the paper's reported
 # iteration time with TeraPipe (gpipe). The simulated time of each schedule is printed with
 # its ratio to 1f1b's; gpipe's is the paper's own schedule. The slicing is the same for all
 # (solved under gpipe's Eq. 5): what changes is only the order of the per-rank lists.
-# usage: bench/paper_schedules.sh [BUILD_DIR] [--settings 1,5,..] [--schedules gpipe,1f1b,zb]
+# usage: bench/paper_schedules.sh [BUILD_DIR] [--settings 1,5,..] [--schedules gpipe,1f1b,zb,interleaved:V]
 #                                 [-- extra tokpipe-plan options]
-build=build settings=1,5,6,8,9,10 schedules=gpipe,1f1b,zb
+build=build settings=1,5,6,8,9,10 schedules=gpipe,1f1b,zb,interleaved:2
 case $1 in -*|'') ;; *) build=$1; shift ;; esac
 while [ $# -gt 0 ]; do
   case $1 in
@@ -50,8 +51,10 @@ for s in $(echo "$settings" | tr , ' '); do
   times=
   for k in $(echo "$schedules" | tr , ' '); do
     # shellcheck disable=SC2086 # words
+    kind=${k%%:*} chunks=
+    [ "$kind" != "$k" ] && chunks="--chunks ${k#*:}" # interleaved:V
     out=$($plan --model "$model" --hardware p3.16xlarge --gpus $((data * pipe * tensor)) --pipeline "$pipe" \
-          --tensor "$tensor" --data "$data" --batch "$batch" --schedule "$k" --no-joint --json $extra 2>&1) || {
+          --tensor "$tensor" --data "$data" --batch "$batch" --schedule "$kind" $chunks --no-joint --json $extra 2>&1) || {
       echo "setting $s, $k: $out" >&2; times="$times -"; continue; }
     times="$times $(echo "$out" | field iteration_time_s)"
   done
