@@ -248,7 +248,7 @@ static void virtual_order(const TpScheduleSpec *spec, bool down, int (*out)[2]) 
   int S = spec->stages, V = spec->chunks, i = 0;
   for (int m = 0, g = 0; m < spec->nmb;) {
     int size = 0;
-    while (m < spec->nmb && (size < S)) size += spec->nslices[m++];
+    while (m < spec->nmb && size < S) size += spec->nslices[m++];
     for (int step = 0; step < V; step++)
       for (int u = g; u < g + size; u++) out[i][0] = u, out[i][1] = down ? V - 1 - step : step, i++;
     g += size;

@@ -85,9 +85,10 @@ bool tp_schedule_parse(const char *name, TpScheduleKind *k);
 const char *tp_insn_name(TpInsnKind k);
 
 /* gpipe, 1f1b; zb: ZB-H1 with 1F1B's arenas on every rank, W units deferred into idle
- * slots (schedule.c says how the lists are chosen); and interleaved (Megatron's interleaved 1F1B over virtual stages, units (mb, slice)): rank
- * k's chunk c is virtual stage j = c * stages + k; activations of j go to j + 1 (rank
- * stages-1's chunk c sends to rank 0's chunk c + 1), gradients back. Every rank runs the
+ * slots (schedule.c says how the lists are chosen); and interleaved: Megatron's interleaved
+ * 1F1B over virtual stages, units (mb, slice). Rank k's chunk c is virtual stage
+ * j = c * stages + k; activations of j go to j + 1 (rank stages-1's chunk c sends to rank
+ * 0's chunk c + 1), gradients back. Every rank runs the
  * same forward order: the units in groups of whole microbatches of at least `stages` units
  * (the last group may be smaller), each group through chunk 0, then chunk 1, ...;
  * backwards likewise over the backward order (later slices first), chunks V-1 down to 0.
