@@ -11,35 +11,7 @@
 #include <string.h>
 
 #include "passes/planner/simulate.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                                                            \
-  do {                                                                                                              \
-    if (!(cond)) {                                                                                                  \
-      printf("FAIL: " __VA_ARGS__);                                                                                 \
-      printf("\n");                                                                                                 \
-      failures++;                                                                                                   \
-    }                                                                                                               \
-  } while (0)
-
-/* Equal stages: forward f and backward b per unit, free transfers. */
-static void uniform_costs(TpSimCosts *c, int S, int nmb, const int *nslices, double f, double b) {
-  memset(c, 0, sizeof *c);
-  c->stages = S;
-  c->nmb = nmb;
-  c->base = calloc((size_t)nmb, sizeof(int));
-  for (int m = 0; m < nmb; m++) c->base[m] = c->units, c->units += nslices[m];
-  size_t su = (size_t)S * c->units;
-  c->fwd = calloc(su, sizeof(double));
-  c->bwd = calloc(su, sizeof(double));
-  c->send = calloc(su, sizeof(double));
-  c->memory = calloc((size_t)S, sizeof *c->memory);
-  c->allreduce = calloc((size_t)S, sizeof(double));
-  c->optimizer = calloc((size_t)S, sizeof(double));
-  c->wgt = calloc(su, sizeof(double));
-  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b, c->wgt[i] = b / 2;
-  for (int k = 0; k < S; k++) c->memory[k] = (TpRankMemoryInput){.microbatches = nmb, .kept = 1}; /* peak: arenas */
-}
+#include "uniform_costs.h"
 
 static void grid(void) {
   int checked = 0;
