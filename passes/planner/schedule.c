@@ -112,6 +112,29 @@ void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
   free(bwd);
 }
 
+void tp_schedule_split_backwards(TpSchedule *s) {
+  for (int k = 0; k < s->stages; k++) {
+    int n = s->count[k], splits = 0;
+    for (int i = 0; i < n; i++) splits += s->insn[k][i].kind == TP_INSN_BACKWARD;
+    if (!splits) continue;
+    TpInsn *old = s->insn[k];
+    s->insn[k] = NULL, s->count[k] = 0;
+    for (int i = 0; i < n; i++) {
+      TpInsn x = old[i];
+      if (x.kind != TP_INSN_BACKWARD) {
+        tp_schedule_push(s, k, x);
+        continue;
+      }
+      x.kind = TP_INSN_BACKWARD_INPUT;
+      tp_schedule_push(s, k, x);
+      if (i + 1 < n && old[i + 1].kind == TP_INSN_SEND_GRAD) tp_schedule_push(s, k, old[++i]); /* send first */
+      x.kind = TP_INSN_BACKWARD_WEIGHT;
+      tp_schedule_push(s, k, x);
+    }
+    free(old);
+  }
+}
+
 /* ---- verification ---- */
 
 static bool is_send(TpInsnKind k) { return k == TP_INSN_SEND_ACT || k == TP_INSN_SEND_GRAD; }
@@ -145,9 +168,12 @@ static int check_units(const TpSchedule *s, int k, TpDiag *d) {
   int units = 0;
   for (int m = 0; m < s->nmb; m++) units += s->nslices[m];
   int *fpos = malloc(sizeof(int) * (size_t)(units + 1)), *bpos = malloc(sizeof(int) * (size_t)(units + 1));
+  int *wpos = malloc(sizeof(int) * (size_t)(units + 1));
+  int open_mb = -1; /* the microbatch whose weight parts have begun and not ended */
+  bool *split = calloc((size_t)units + 1, sizeof *split);
   int *base = malloc(sizeof(int) * (size_t)(s->nmb + 1));
   for (int m = 0, u = 0; m <= s->nmb; u += m < s->nmb ? s->nslices[m] : 0, m++) base[m] = u;
-  for (int u = 0; u < units; u++) fpos[u] = bpos[u] = -1;
+  for (int u = 0; u < units; u++) fpos[u] = bpos[u] = wpos[u] = -1;
   int rc = TP_OK;
   for (int i = 0; i < s->count[k] && !rc; i++) {
     const TpInsn *x = &s->insn[k][i];
@@ -155,7 +181,8 @@ static int check_units(const TpSchedule *s, int k, TpDiag *d) {
       rc = tp_error(d, "rank %d instruction %d: bad kind", k, i);
       break;
     }
-    if (x->kind <= TP_INSN_RECV_GRAD &&
+    bool unit = x->kind <= TP_INSN_RECV_GRAD || x->kind == TP_INSN_BACKWARD_INPUT || x->kind == TP_INSN_BACKWARD_WEIGHT;
+    if (unit &&
         (x->mb < 0 || x->mb >= s->nmb || x->slice < 0 || x->slice >= s->nslices[x->mb])) {
       rc = tp_error(d, "rank %d instruction %d (%s): no unit mb %d slice %d", k, i, tp_insn_name(x->kind), x->mb,
                     x->slice);
@@ -169,9 +196,27 @@ static int check_units(const TpSchedule *s, int k, TpDiag *d) {
                       tp_insn_name(x->kind), x->mb, x->slice, x->peer, want);
       continue;
     }
-    if (x->kind != TP_INSN_FORWARD && x->kind != TP_INSN_BACKWARD) continue;
-    int u = base[x->mb] + x->slice;
-    int *pos = x->kind == TP_INSN_FORWARD ? fpos : bpos;
+    int u = unit ? base[x->mb] + x->slice : -1;
+    if (x->kind == TP_INSN_BACKWARD_WEIGHT) {
+      /* a split backward's weight part: after its input part; a microbatch's weight parts
+       * in their input parts' order (later slices first), none of another microbatch's
+       * between them (they share one set of gradient buffers) */
+      if (wpos[u] >= 0) rc = tp_error(d, "rank %d: backward-weight of mb %d slice %d twice", k, x->mb, x->slice);
+      else if (bpos[u] < 0 || !split[u])
+        rc = tp_error(d, "rank %d: backward-weight of mb %d slice %d before its backward-input", k, x->mb, x->slice);
+      else if (x->slice + 1 < s->nslices[x->mb] && wpos[u + 1] < 0)
+        rc = tp_error(d, "rank %d: backward-weight of mb %d slice %d before slice %d's", k, x->mb, x->slice,
+                      x->slice + 1);
+      else if (open_mb >= 0 && open_mb != x->mb)
+        rc = tp_error(d, "rank %d: backward-weight of mb %d slice %d between mb %d's", k, x->mb, x->slice, open_mb);
+      wpos[u] = i;
+      open_mb = x->slice == 0 ? -1 : x->mb;
+      continue;
+    }
+    if (x->kind == TP_INSN_BACKWARD_INPUT) split[u] = true;
+    if (x->kind != TP_INSN_FORWARD && x->kind != TP_INSN_BACKWARD && x->kind != TP_INSN_BACKWARD_INPUT) continue;
+    bool backward = x->kind != TP_INSN_FORWARD;
+    int *pos = backward ? bpos : fpos;
     if (pos[u] >= 0) {
       rc = tp_error(d, "rank %d: %s of mb %d slice %d twice", k, tp_insn_name(x->kind), x->mb, x->slice);
       break;
@@ -179,9 +224,9 @@ static int check_units(const TpSchedule *s, int k, TpDiag *d) {
     pos[u] = i;
     if (x->kind == TP_INSN_FORWARD && x->slice > 0 && fpos[u - 1] < 0)
       rc = tp_error(d, "rank %d: forward of mb %d slice %d before slice %d", k, x->mb, x->slice, x->slice - 1);
-    if (x->kind == TP_INSN_BACKWARD && fpos[u] < 0)
+    if (backward && fpos[u] < 0)
       rc = tp_error(d, "rank %d: backward of mb %d slice %d before its forward", k, x->mb, x->slice);
-    if (x->kind == TP_INSN_BACKWARD && x->slice + 1 < s->nslices[x->mb] && bpos[u + 1] < 0)
+    if (backward && x->slice + 1 < s->nslices[x->mb] && bpos[u + 1] < 0)
       rc = tp_error(d, "rank %d: backward of mb %d slice %d before slice %d (later slices go first)", k, x->mb,
                     x->slice, x->slice + 1);
   }
@@ -190,9 +235,15 @@ static int check_units(const TpSchedule *s, int k, TpDiag *d) {
       int m = 0;
       while (base[m + 1] <= u) m++;
       rc = tp_error(d, "rank %d: mb %d slice %d has no %s", k, m, u - base[m], fpos[u] < 0 ? "forward" : "backward");
+    } else if (split[u] && wpos[u] < 0) {
+      int m = 0;
+      while (base[m + 1] <= u) m++;
+      rc = tp_error(d, "rank %d: mb %d slice %d has a backward-input and no backward-weight", k, m, u - base[m]);
     }
   free(fpos);
   free(bpos);
+  free(wpos);
+  free(split);
   free(base);
   return rc;
 }

@@ -89,6 +89,9 @@ void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *out);
 void tp_schedule_init(TpSchedule *s, TpScheduleKind kind, int stages, int nmb, const int *nslices);
 void tp_schedule_push(TpSchedule *s, int rank, TpInsn insn);
 void tp_schedule_free(TpSchedule *s);
+/* Runs each backward of s as backward-input, its send-grad, then backward-weight at once:
+ * a split-backward list with 1F1B's (or GPipe's) order, e.g. to check split units. */
+void tp_schedule_split_backwards(TpSchedule *s);
 
 /* Checks: every unit runs forward then backward exactly once per rank, slices in order;
  * every send has exactly one matching receive (same unit, kind and ranks) and vice versa;
