@@ -50,9 +50,6 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
                          .data_parallel = pl->o.dp > 1 || shared_pieces(m, mem),
                          .tied_embedding = pl->tied};
   tp_schedule_build(&spec, &pl->schedule);
-  /* a split module runs backward-input and backward-weight units: a list of whole backwards
-   * runs each weight part right after its input part */
-  if (mem->split) tp_schedule_split_backwards(&pl->schedule);
   free(nslices);
   TpDiag quiet;
   tp_diag_init(&quiet, d->tool, d->file, NULL);

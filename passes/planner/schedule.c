@@ -60,6 +60,161 @@ static void unit_backward(TpSchedule *s, int k, int mb, int slice) {
   if (k > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_GRAD, mb, slice, k - 1, 0});
 }
 
+/* The step's end on rank k: the tied gradients, the data-parallel all-reduce, the update. */
+static void step_end(const TpScheduleSpec *spec, TpSchedule *s, int k) {
+  bool edge = k == 0 || k == spec->stages - 1;
+  if (spec->tied_embedding && spec->stages > 1 && edge)
+    tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE_TIED, -1, -1, k == 0 ? spec->stages - 1 : 0, 0});
+  if (spec->data_parallel) tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE, -1, -1, -1, 0});
+  tp_schedule_push(s, k, (TpInsn){TP_INSN_OPTIMIZER_STEP, -1, -1, -1, 0});
+}
+
+/* ZB-H1 (Qi et al., zero-bubble pipeline parallelism) over token slices. Each rank runs
+ * its forwards and backward-inputs in 1F1B's order (so the lists keep 1F1B's shape, which
+ * holds up when real costs differ from the ones assumed here), and its backward-weights in
+ * the backward-inputs' order, so a microbatch's W units come in their B order and together
+ * among the W's. Where the W's go comes from a timed run with equal F, B and W costs (the
+ * paper's setting): a rank whose next F or B can run runs it (B sends its gradient as soon
+ * as it can: the previous stage waits for it); else, its oldest deferred W (an idle slot,
+ * or a W that frees a microbatch's arena for the next F); else it waits for the next
+ * message. An F that begins a microbatch waits for one of 1F1B's arenas on this rank: a
+ * microbatch lives from its first forward to its last W, and no more of them are alive at
+ * once (in order) than 1F1B keeps, so ZB-H1 keeps 1F1B's memory. With equal costs and
+ * unsliced microbatches the bubble shrinks from 1F1B's (S - 1)(F + B + W) to (S - 1)(F + B)
+ * (the last rank's one arena keeps it from the paper's (S - 1)(F + B - W), which counts
+ * memory more finely). */
+typedef struct {
+  const TpScheduleSpec *spec;
+  TpSchedule *s;
+  int units, (*fwd)[2], (*bwd)[2], *base;
+  int *limit;            /* [rank] 1F1B's arenas: the most microbatches alive at once */
+  double *fdone, *bdone; /* [rank * units + u] when the rank's F or B of unit u finished; -1 before */
+  double *clock;
+  int *fi, *bi, *wi;       /* [rank] the next F, B and W in their orders (W: the B order) */
+  int *started, *finished; /* [rank] microbatches begun (first F) and done (last W) */
+  bool **backward;         /* [rank][F and B count]: 1F1B's order of F (false) and B (true) */
+} ZbRun;
+
+/* When rank k's next B could start (its gradient arrived) and its next F (its activation);
+ * -1 while not known. */
+static double zb_grad_at(const ZbRun *z, int k) {
+  if (z->bi[k] == z->units) return -1;
+  int u = z->base[z->bwd[z->bi[k]][0]] + z->bwd[z->bi[k]][1];
+  size_t row = (size_t)k * z->units;
+  if (z->fdone[row + u] < 0) return -1;
+  return k + 1 == z->spec->stages ? z->fdone[row + u] : z->bdone[row + z->units + u];
+}
+static double zb_act_at(const ZbRun *z, int k) {
+  if (z->fi[k] == z->units) return -1;
+  int m = z->fwd[z->fi[k]][0], i = z->fwd[z->fi[k]][1];
+  if (i == 0 && z->started[k] - z->finished[k] >= z->limit[k]) return -1; /* no arena free */
+  return k == 0 ? 0 : z->fdone[(size_t)(k - 1) * z->units + z->base[m] + i];
+}
+
+/* Rank k's next instruction at time t, if it has one it can run now. */
+static bool zb_step(ZbRun *z, int k, double t) {
+  size_t row = (size_t)k * z->units;
+  int S = z->spec->stages;
+  double grad_at = zb_grad_at(z, k), act_at = zb_act_at(z, k);
+  bool b_next = z->bi[k] < z->units && z->backward[k][z->fi[k] + z->bi[k]];
+  if (b_next && grad_at >= 0 && grad_at <= t) {
+    int m = z->bwd[z->bi[k]][0], i = z->bwd[z->bi[k]][1];
+    if (k + 1 < S) tp_schedule_push(z->s, k, (TpInsn){TP_INSN_RECV_GRAD, m, i, k + 1, 0});
+    tp_schedule_push(z->s, k, (TpInsn){TP_INSN_BACKWARD_INPUT, m, i, -1, 0});
+    if (k > 0) tp_schedule_push(z->s, k, (TpInsn){TP_INSN_SEND_GRAD, m, i, k - 1, 0});
+    z->bdone[row + z->base[m] + i] = z->clock[k] = t + 1;
+    z->bi[k]++;
+  } else if (!b_next && act_at >= 0 && act_at <= t) {
+    int m = z->fwd[z->fi[k]][0], i = z->fwd[z->fi[k]][1];
+    unit_forward(z->s, k, m, i);
+    z->started[k] += i == 0;
+    z->fdone[row + z->base[m] + i] = z->clock[k] = t + 1;
+    z->fi[k]++;
+  } else if (z->wi[k] < z->bi[k]) {
+    int m = z->bwd[z->wi[k]][0], i = z->bwd[z->wi[k]][1];
+    tp_schedule_push(z->s, k, (TpInsn){TP_INSN_BACKWARD_WEIGHT, m, i, -1, 0});
+    z->finished[k] += i == 0; /* slice 0's W is the microbatch's last */
+    z->clock[k] = t + 1;
+    z->wi[k]++;
+  } else return false;
+  return true;
+}
+
+/* ZB-H1 (Qi et al., zero-bubble pipeline parallelism) over token slices. Forwards run in
+ * 1F1B's order (microbatches, then slices), backward-inputs in its backward order
+ * (microbatches, later slices first) and backward-weights in the backward-inputs' order, so
+ * a microbatch's W units come in their B order and together among the W's. The lists come
+ * from a greedy timed run with equal F, B and W costs (the paper's setting): a rank
+ * whose next B can run runs it (B is on the critical path: the previous stage waits for
+ * its gradient); else its next F, if that F's microbatch is already alive or fewer
+ * microbatches than 1F1B's arenas on this rank are; else its oldest deferred W (an idle
+ * slot, or the W that frees a microbatch's arena); else it waits for the next message.
+ * A microbatch lives from its first forward to its last W, and at most 1F1B's arena count
+ * of them are alive at once (in order), so ZB-H1 keeps 1F1B's memory. */
+static void build_zb(const TpScheduleSpec *spec, TpSchedule *s, int units, int (*fwd)[2], int (*bwd)[2]) {
+  int S = spec->stages, M = spec->nmb;
+  ZbRun z = {.spec = spec, .s = s, .units = units, .fwd = fwd, .bwd = bwd};
+  z.limit = malloc(sizeof(int) * (size_t)S);
+  TpScheduleSpec one = *spec;
+  one.kind = TP_SCHEDULE_1F1B;
+  TpSchedule ref;
+  tp_schedule_build(&one, &ref);
+  z.backward = malloc(sizeof(bool *) * (size_t)S);
+  for (int k = 0; k < S; k++) {
+    z.limit[k] = tp_schedule_arenas(&ref, k);
+    z.backward[k] = malloc(sizeof(bool) * (size_t)(2 * units));
+    for (int i = 0, n = 0; i < ref.count[k]; i++)
+      if (ref.insn[k][i].kind == TP_INSN_FORWARD || ref.insn[k][i].kind == TP_INSN_BACKWARD)
+        z.backward[k][n++] = ref.insn[k][i].kind == TP_INSN_BACKWARD;
+  }
+  tp_schedule_free(&ref);
+  z.base = malloc(sizeof(int) * (size_t)(M + 1));
+  for (int m = 0, u = 0; m <= M; u += m < M ? spec->nslices[m] : 0, m++) z.base[m] = u;
+  size_t su = (size_t)S * (size_t)units;
+  z.fdone = malloc(sizeof(double) * su), z.bdone = malloc(sizeof(double) * su);
+  for (size_t i = 0; i < su; i++) z.fdone[i] = z.bdone[i] = -1;
+  z.clock = calloc((size_t)S, sizeof(double));
+  z.fi = calloc((size_t)S, sizeof(int)), z.bi = calloc((size_t)S, sizeof(int)),
+  z.wi = calloc((size_t)S, sizeof(int));
+  z.started = calloc((size_t)S, sizeof(int)), z.finished = calloc((size_t)S, sizeof(int));
+  for (;;) {
+    /* the ranks at the earliest clock run what they can; a step ends later than it starts,
+     * so none of them can wait for another's step at this time */
+    double t = -1;
+    for (int k = 0; k < S; k++)
+      if (z.wi[k] < units && (t < 0 || z.clock[k] < t)) t = z.clock[k];
+    if (t < 0) break;
+    bool moved = false;
+    for (int k = 0; k < S; k++)
+      if (z.wi[k] < units && z.clock[k] == t) moved |= zb_step(&z, k, t);
+    if (moved) continue;
+    /* all wait: until the next message arrives or another rank's step ends */
+    double next = -1;
+    for (int k = 0; k < S; k++) {
+      if (z.wi[k] == units) continue;
+      double at[3] = {z.clock[k], zb_grad_at(&z, k), zb_act_at(&z, k)};
+      for (int j = 0; j < 3; j++)
+        if (at[j] > t && (next < 0 || at[j] < next)) next = at[j];
+    }
+    TP_ASSERT(next > t); /* nothing left to wait for: a builder bug */
+    for (int k = 0; k < S; k++)
+      if (z.wi[k] < units && z.clock[k] == t) z.clock[k] = next;
+  }
+  for (int k = 0; k < S; k++) step_end(spec, s, k);
+  for (int k = 0; k < S; k++) free(z.backward[k]);
+  free(z.backward);
+  free(z.limit);
+  free(z.base);
+  free(z.fdone);
+  free(z.bdone);
+  free(z.clock);
+  free(z.fi);
+  free(z.bi);
+  free(z.wi);
+  free(z.started);
+  free(z.finished);
+}
+
 void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
   tp_schedule_init(s, spec->kind, spec->stages, spec->nmb, spec->nslices);
   int units = 0;
@@ -72,6 +227,12 @@ void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
       fwd[u][0] = m, fwd[u][1] = i;
       bwd[u][0] = m, bwd[u][1] = spec->nslices[m] - 1 - i;
     }
+  if (spec->kind == TP_SCHEDULE_ZB) {
+    build_zb(spec, s, units, fwd, bwd);
+    free(fwd);
+    free(bwd);
+    return;
+  }
   for (int k = 0; k < spec->stages; k++) {
     if (spec->kind == TP_SCHEDULE_GPIPE) {
       /* all forwards, then all backwards in reverse order */
@@ -102,37 +263,10 @@ void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
         }
       }
     }
-    bool edge = k == 0 || k == spec->stages - 1;
-    if (spec->tied_embedding && spec->stages > 1 && edge)
-      tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE_TIED, -1, -1, k == 0 ? spec->stages - 1 : 0, 0});
-    if (spec->data_parallel) tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE, -1, -1, -1, 0});
-    tp_schedule_push(s, k, (TpInsn){TP_INSN_OPTIMIZER_STEP, -1, -1, -1, 0});
+    step_end(spec, s, k);
   }
   free(fwd);
   free(bwd);
-}
-
-void tp_schedule_split_backwards(TpSchedule *s) {
-  for (int k = 0; k < s->stages; k++) {
-    int n = s->count[k], splits = 0;
-    for (int i = 0; i < n; i++) splits += s->insn[k][i].kind == TP_INSN_BACKWARD;
-    if (!splits) continue;
-    TpInsn *old = s->insn[k];
-    s->insn[k] = NULL, s->count[k] = 0;
-    for (int i = 0; i < n; i++) {
-      TpInsn x = old[i];
-      if (x.kind != TP_INSN_BACKWARD) {
-        tp_schedule_push(s, k, x);
-        continue;
-      }
-      x.kind = TP_INSN_BACKWARD_INPUT;
-      tp_schedule_push(s, k, x);
-      if (i + 1 < n && old[i + 1].kind == TP_INSN_SEND_GRAD) tp_schedule_push(s, k, old[++i]); /* send first */
-      x.kind = TP_INSN_BACKWARD_WEIGHT;
-      tp_schedule_push(s, k, x);
-    }
-    free(old);
-  }
 }
 
 /* ---- verification ---- */
@@ -164,86 +298,101 @@ static int find_match(const TpSchedule *s, int from, const TpInsn *x, int *dups)
   return at;
 }
 
+static bool has_unit(TpInsnKind k) {
+  return k <= TP_INSN_RECV_GRAD || k == TP_INSN_BACKWARD_INPUT || k == TP_INSN_BACKWARD_WEIGHT;
+}
+
+/* Rank k's units: each forward once, slices in order; each backward once (whole, or its
+ * input part then its weight part), after its forward, later slices first; the weight
+ * parts of a microbatch in its backward-inputs' order, not interleaved with another
+ * microbatch's weight parts (the runtime sums a microbatch's parameter gradients at once). */
 static int check_units(const TpSchedule *s, int k, TpDiag *d) {
   int units = 0;
   for (int m = 0; m < s->nmb; m++) units += s->nslices[m];
-  int *fpos = malloc(sizeof(int) * (size_t)(units + 1)), *bpos = malloc(sizeof(int) * (size_t)(units + 1));
-  int *wpos = malloc(sizeof(int) * (size_t)(units + 1));
-  int open_mb = -1; /* the microbatch whose weight parts have begun and not ended */
-  bool *split = calloc((size_t)units + 1, sizeof *split);
+  size_t n = (size_t)(units + 1);
+  /* positions of each unit's forward, backward (or backward-input) and backward-weight */
+  int *fpos = malloc(sizeof(int) * n), *bpos = malloc(sizeof(int) * n), *wpos = malloc(sizeof(int) * n);
+  bool *split = calloc(n, sizeof(bool)), *closed = calloc((size_t)s->nmb + 1, sizeof(bool));
   int *base = malloc(sizeof(int) * (size_t)(s->nmb + 1));
   for (int m = 0, u = 0; m <= s->nmb; u += m < s->nmb ? s->nslices[m] : 0, m++) base[m] = u;
   for (int u = 0; u < units; u++) fpos[u] = bpos[u] = wpos[u] = -1;
-  int rc = TP_OK;
+  int rc = TP_OK, wmb = -1; /* the microbatch of the last backward-weight */
   for (int i = 0; i < s->count[k] && !rc; i++) {
     const TpInsn *x = &s->insn[k][i];
     if (x->kind >= TP_INSN_COUNT) {
       rc = tp_error(d, "rank %d instruction %d: bad kind", k, i);
       break;
     }
-    bool unit = x->kind <= TP_INSN_RECV_GRAD || x->kind == TP_INSN_BACKWARD_INPUT || x->kind == TP_INSN_BACKWARD_WEIGHT;
-    if (unit &&
-        (x->mb < 0 || x->mb >= s->nmb || x->slice < 0 || x->slice >= s->nslices[x->mb])) {
-      rc = tp_error(d, "rank %d instruction %d (%s): no unit mb %d slice %d", k, i, tp_insn_name(x->kind), x->mb,
-                    x->slice);
+    const char *name = tp_insn_name(x->kind);
+    if (has_unit(x->kind) && (x->mb < 0 || x->mb >= s->nmb || x->slice < 0 || x->slice >= s->nslices[x->mb])) {
+      rc = tp_error(d, "rank %d instruction %d (%s): no unit mb %d slice %d", k, i, name, x->mb, x->slice);
       break;
     }
     if (is_send(x->kind) || is_recv(x->kind) || x->kind == TP_INSN_ALLREDUCE_TIED) {
       bool down = x->kind == TP_INSN_SEND_ACT || x->kind == TP_INSN_RECV_GRAD;
       int want = x->kind == TP_INSN_ALLREDUCE_TIED ? x->peer : down ? k + 1 : k - 1;
       if (x->peer != want || x->peer < 0 || x->peer >= s->stages || x->peer == k)
-        rc = tp_error(d, "rank %d instruction %d (%s mb %d slice %d): peer %d is not rank %d", k, i,
-                      tp_insn_name(x->kind), x->mb, x->slice, x->peer, want);
+        rc = tp_error(d, "rank %d instruction %d (%s mb %d slice %d): peer %d is not rank %d", k, i, name, x->mb,
+                      x->slice, x->peer, want);
       continue;
     }
-    int u = unit ? base[x->mb] + x->slice : -1;
+    if (!has_unit(x->kind)) continue;
+    int u = base[x->mb] + x->slice, m = x->mb, sl = x->slice;
     if (x->kind == TP_INSN_BACKWARD_WEIGHT) {
-      /* a split backward's weight part: after its input part; a microbatch's weight parts
-       * in their input parts' order (later slices first), none of another microbatch's
-       * between them (they share one set of gradient buffers) */
-      if (wpos[u] >= 0) rc = tp_error(d, "rank %d: backward-weight of mb %d slice %d twice", k, x->mb, x->slice);
-      else if (bpos[u] < 0 || !split[u])
-        rc = tp_error(d, "rank %d: backward-weight of mb %d slice %d before its backward-input", k, x->mb, x->slice);
-      else if (x->slice + 1 < s->nslices[x->mb] && wpos[u + 1] < 0)
-        rc = tp_error(d, "rank %d: backward-weight of mb %d slice %d before slice %d's", k, x->mb, x->slice,
-                      x->slice + 1);
-      else if (open_mb >= 0 && open_mb != x->mb)
-        rc = tp_error(d, "rank %d: backward-weight of mb %d slice %d between mb %d's", k, x->mb, x->slice, open_mb);
+      if (wpos[u] >= 0) rc = tp_error(d, "rank %d: %s of mb %d slice %d twice", k, name, m, sl);
+      else if (bpos[u] >= 0 && !split[u])
+        rc = tp_error(d, "rank %d instruction %d: mb %d slice %d has both backward and backward-weight", k, i, m,
+                      sl);
+      else if (bpos[u] < 0)
+        rc = tp_error(d, "rank %d instruction %d: backward-weight of mb %d slice %d before its backward-input", k, i,
+                      m, sl);
+      else if (sl + 1 < s->nslices[m] && wpos[u + 1] < 0)
+        rc = tp_error(d,
+                      "rank %d instruction %d: backward-weight of mb %d slice %d before slice %d's (a microbatch's "
+                      "backward-weights run in its backward-inputs' order)",
+                      k, i, m, sl, sl + 1);
+      else if (closed[m])
+        rc = tp_error(d,
+                      "rank %d instruction %d: backward-weight of mb %d slice %d after mb %d's began (a "
+                      "microbatch's backward-weights run together, not interleaved with another's)",
+                      k, i, m, sl, wmb);
+      if (wmb >= 0 && wmb != m) closed[wmb] = true;
+      wmb = m;
       wpos[u] = i;
-      open_mb = x->slice == 0 ? -1 : x->mb;
       continue;
     }
-    if (x->kind == TP_INSN_BACKWARD_INPUT) split[u] = true;
-    if (x->kind != TP_INSN_FORWARD && x->kind != TP_INSN_BACKWARD && x->kind != TP_INSN_BACKWARD_INPUT) continue;
     bool backward = x->kind != TP_INSN_FORWARD;
     int *pos = backward ? bpos : fpos;
     if (pos[u] >= 0) {
-      rc = tp_error(d, "rank %d: %s of mb %d slice %d twice", k, tp_insn_name(x->kind), x->mb, x->slice);
+      if (backward && split[u] != (x->kind == TP_INSN_BACKWARD_INPUT))
+        rc = tp_error(d, "rank %d instruction %d: mb %d slice %d has both backward and backward-input", k, i, m, sl);
+      else rc = tp_error(d, "rank %d: %s of mb %d slice %d twice", k, name, m, sl);
       break;
     }
     pos[u] = i;
-    if (x->kind == TP_INSN_FORWARD && x->slice > 0 && fpos[u - 1] < 0)
-      rc = tp_error(d, "rank %d: forward of mb %d slice %d before slice %d", k, x->mb, x->slice, x->slice - 1);
+    split[u] = x->kind == TP_INSN_BACKWARD_INPUT;
+    if (!backward && sl > 0 && fpos[u - 1] < 0)
+      rc = tp_error(d, "rank %d: forward of mb %d slice %d before slice %d", k, m, sl, sl - 1);
     if (backward && fpos[u] < 0)
-      rc = tp_error(d, "rank %d: backward of mb %d slice %d before its forward", k, x->mb, x->slice);
-    if (backward && x->slice + 1 < s->nslices[x->mb] && bpos[u + 1] < 0)
-      rc = tp_error(d, "rank %d: backward of mb %d slice %d before slice %d (later slices go first)", k, x->mb,
-                    x->slice, x->slice + 1);
+      rc = tp_error(d, "rank %d: %s of mb %d slice %d before its forward", k, name, m, sl);
+    if (backward && sl + 1 < s->nslices[m] && bpos[u + 1] < 0)
+      rc = tp_error(d, "rank %d: %s of mb %d slice %d before slice %d (later slices go first)", k, name, m, sl,
+                    sl + 1);
   }
   for (int u = 0; u < units && !rc; u++)
-    if (fpos[u] < 0 || bpos[u] < 0) {
+    if (fpos[u] < 0 || bpos[u] < 0 || (split[u] && wpos[u] < 0)) {
       int m = 0;
       while (base[m + 1] <= u) m++;
-      rc = tp_error(d, "rank %d: mb %d slice %d has no %s", k, m, u - base[m], fpos[u] < 0 ? "forward" : "backward");
-    } else if (split[u] && wpos[u] < 0) {
-      int m = 0;
-      while (base[m + 1] <= u) m++;
-      rc = tp_error(d, "rank %d: mb %d slice %d has a backward-input and no backward-weight", k, m, u - base[m]);
+      rc = tp_error(d, "rank %d: mb %d slice %d has no %s", k, m, u - base[m],
+                    fpos[u] < 0   ? "forward"
+                    : bpos[u] < 0 ? "backward"
+                                  : "backward-weight");
     }
   free(fpos);
   free(bpos);
   free(wpos);
   free(split);
+  free(closed);
   free(base);
   return rc;
 }

@@ -84,26 +84,31 @@ const char *tp_schedule_name(TpScheduleKind k);
 bool tp_schedule_parse(const char *name, TpScheduleKind *k);
 const char *tp_insn_name(TpInsnKind k);
 
+/* gpipe, 1f1b, and zb: ZB-H1 with 1F1B's arenas on every rank, W units deferred into
+ * idle slots (schedule.c says how the lists are chosen). */
 void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *out);
 /* A schedule with empty lists, for building one by hand with tp_schedule_push. */
 void tp_schedule_init(TpSchedule *s, TpScheduleKind kind, int stages, int nmb, const int *nslices);
 void tp_schedule_push(TpSchedule *s, int rank, TpInsn insn);
 void tp_schedule_free(TpSchedule *s);
-/* Runs each backward of s as backward-input, its send-grad, then backward-weight at once:
- * a split-backward list with 1F1B's (or GPipe's) order, e.g. to check split units. */
-void tp_schedule_split_backwards(TpSchedule *s);
 
-/* Checks: every unit runs forward then backward exactly once per rank, slices in order;
+/* Checks: every unit runs forward then backward exactly once per rank, slices in order
+ * (a split backward: backward-input, later slices first, then backward-weight; a unit
+ * never has both a backward and a split one; the backward-weights of one microbatch run in
+ * its backward-inputs' order and are not interleaved with another microbatch's, as the
+ * runtime sums a microbatch's parameter gradients in one go);
  * every send has exactly one matching receive (same unit, kind and ranks) and vice versa;
  * and running all ranks (sends non-blocking, or blocking until received if `rendezvous`)
- * ends with every rank done. The first problem is reported (TP_ERR_INPUT). */
+ * ends with every rank done. The first problem is reported (TP_ERR_INPUT); a deadlock
+ * names the instruction each stuck rank waits at. */
 int tp_schedule_verify(const TpSchedule *s, bool rendezvous, TpDiag *d);
 
 /* Readable text: a header line, then "rank K:" and one instruction per line. */
 void tp_schedule_print(const TpSchedule *s, FILE *out);
 
 /* The microbatch arenas rank k holds: the fewest such that the microbatches alive at once
- * (from their first instruction to their last) have distinct mb % arenas (microbatch mb
+ * (from their first instruction to their last: a split backward's last backward-weight
+ * keeps its microbatch alive) have distinct mb % arenas (microbatch mb
  * uses arena mb % arenas). The compiler's and the planner's count. */
 int tp_schedule_arenas(const TpSchedule *s, int k);
 
