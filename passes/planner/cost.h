@@ -97,6 +97,8 @@ typedef struct {
   bool one_region;                 /* the trainer holds a unit's working set in each microbatch's
                                       arena (else in one transient region per rank) */
   bool uniform_stages;             /* price every stage like a middle one (the paper's model) */
+  bool split_backward;             /* zb: weight parts after their input parts, reading output
+                                      gradients the microbatch keeps until then */
   bool flash_attention;            /* attention as one tiled kernel each way, causal tiles skipped
                                       (else scores, softmax and mix apart, the scores in memory) */
   const struct TpCalibration *cal; /* measured stage and optimizer times, or NULL */
