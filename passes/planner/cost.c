@@ -478,6 +478,7 @@ static TpTime analytic_stage_time(const TpCostModel *cm, int k, int b, int l, in
   t.fwd += s.layers * layer.fwd;
   t.bwd += s.layers * layer.bwd;
   t.wgt += s.layers * layer.wgt;
+  if (k == 0) t.wgt = t.bwd; /* no stage before it waits: all its backward feeds its parameters */
   return t;
 }
 

@@ -141,7 +141,9 @@ typedef struct {
  * a microbatch size other than the profiled one. wgt: analytic, the weight-gradient
  * kernels' times (each weight-gradient GEMM has its forward GEMM's FLOPs; the embedding's
  * backward is all weight gradient; recomputation belongs to the input part, which runs
- * first); calibrated, the measured backward times the analytic model's share. */
+ * first; on the first stage, which sends no gradient, the whole backward, as tokpipec's
+ * split-backward pass puts it); calibrated, the measured backward times the analytic
+ * model's share. */
 TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c);
 TpTime tp_stage_time(const TpCostModel *cm, int stage, int b, int l, int c);
 /* Activation (or its gradient) of b x l tokens from stage k to k+1 (or back). */
