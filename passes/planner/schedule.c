@@ -79,7 +79,9 @@ static void push_step_end(TpSchedule *s, const TpScheduleSpec *spec, int k) {
  * paper's setting): a rank whose next F or B can run runs it (B sends its gradient as soon
  * as it can: the previous stage waits for it); else, its oldest deferred W (an idle slot,
  * or a W that frees a microbatch's arena for the next F); else it waits for the next
- * message. An F that begins a microbatch waits for one of 1F1B's arenas on this rank: a
+ * message. The first stage sends no gradient, so its whole backward is its W (the
+ * split-backward pass's rule: what only feeds parameter gradients is weight part): there B
+ * costs nothing and W twice. An F that begins a microbatch waits for one of 1F1B's arenas on this rank: a
  * microbatch lives from its first forward to its last W, and no more of them are alive at
  * once (in order) than 1F1B keeps, so ZB-H1 keeps 1F1B's memory. With equal costs and
  * unsliced microbatches the bubble shrinks from 1F1B's (S - 1)(F + B + W) to (S - 1)(F + B)
@@ -124,7 +126,7 @@ static bool zb_step(ZbRun *z, int k, double t) {
     if (k + 1 < S) tp_schedule_push(z->s, k, (TpInsn){TP_INSN_RECV_GRAD, m, i, k + 1, 0});
     tp_schedule_push(z->s, k, (TpInsn){TP_INSN_BACKWARD_INPUT, m, i, -1, 0});
     if (k > 0) tp_schedule_push(z->s, k, (TpInsn){TP_INSN_SEND_GRAD, m, i, k - 1, 0});
-    z->bdone[row + z->base[m] + i] = z->clock[k] = t + 1;
+    z->bdone[row + z->base[m] + i] = z->clock[k] = t + (k > 0); /* the first stage's B: nothing (below) */
     z->bi[k]++;
   } else if (!b_next && act_at >= 0 && act_at <= t) {
     int m = z->fwd[z->fi[k]][0], i = z->fwd[z->fi[k]][1];
@@ -136,7 +138,7 @@ static bool zb_step(ZbRun *z, int k, double t) {
     int m = z->bwd[z->wi[k]][0], i = z->bwd[z->wi[k]][1];
     tp_schedule_push(z->s, k, (TpInsn){TP_INSN_BACKWARD_WEIGHT, m, i, -1, 0});
     z->finished[k] += i == 0; /* slice 0's W is the microbatch's last */
-    z->clock[k] = t + 1;
+    z->clock[k] = t + (k > 0 ? 1 : 2);
     z->wi[k]++;
   } else return false;
   return true;
