@@ -20,8 +20,9 @@ static int failures;
   } while (0)
 
 /* `stages` equal stages (virtual ones for interleaved lists): forward f and backward b per
- * unit (its weight part b / 2 where the backward is split), free transfers, one byte kept
- * per microbatch (so peaks count arenas). */
+ * unit, free transfers, one byte kept per microbatch (so peaks count arenas). A split
+ * backward: half and half, except on the first stage (it sends no gradient: all weight
+ * part). */
 static void uniform_costs(TpSimCosts *c, int stages, int nmb, const int *nslices, double f, double b) {
   memset(c, 0, sizeof *c);
   c->stages = stages;
@@ -36,7 +37,7 @@ static void uniform_costs(TpSimCosts *c, int stages, int nmb, const int *nslices
   c->allreduce = calloc((size_t)stages, sizeof(double));
   c->optimizer = calloc((size_t)stages, sizeof(double));
   c->wgt = calloc(su, sizeof(double));
-  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b, c->wgt[i] = b / 2;
+  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b, c->wgt[i] = i < (size_t)c->units ? b : b / 2;
   for (int k = 0; k < stages; k++) c->memory[k] = (TpRankMemoryInput){.microbatches = nmb, .kept = 1};
 }
 
