@@ -269,6 +269,12 @@ generated-zb) # split backwards (--schedule zb) under mpirun: 2 and 4 stages wit
     same_files "z$k ($opts): the gradients are 1f1b's bits" "z$k.grads" "o$k.grads"
     untimed "z$k.jsonl" >z.log && untimed "o$k.jsonl" >o.log && same_files "z$k: the losses are 1f1b's bits" z.log o.log
   done
+  # bf16 storage: each part rounds what it stores as the whole backward did
+  opts="--stages 2 --microbatches 2 --slices 3,3,2 --precision bf16"
+  if run zb16 "$opts --schedule zb" && run o16 "$opts --schedule 1f1b"; then
+    same_files "zb16 ($opts): the gradients are 1f1b's bits" zb16.grads o16.grads
+    untimed zb16.jsonl >z.log && untimed o16.jsonl >o.log && same_files "zb16: the losses are 1f1b's bits" z.log o.log
+  fi
   ;;
 
 *)
