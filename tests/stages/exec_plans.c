@@ -69,10 +69,10 @@ typedef struct {
   int stage, replica, pc;
   float **param, **grad, **sum; /* per parameter; NULL where the stage does not hold it */
   void **arena;
-  int *arena_mb;       /* per arena: the microbatch using it, or -1 */
-  void *transient;     /* NaN bytes again before each unit */
-  int backward_mb;     /* the microbatch whose backward units run now, or -1 */
-  TpPlanInsn *queued;  /* --defer-weights: weight parts not run yet, in order */
+  int *arena_mb;      /* per arena: the microbatch using it, or -1 */
+  void *transient;    /* NaN bytes again before each unit */
+  int backward_mb;    /* the microbatch whose backward units run now, or -1 */
+  TpPlanInsn *queued; /* --defer-weights: weight parts not run yet, in order */
   int nqueued;
   bool finished_grads; /* sum / M moved into grad */
 } Rank;
@@ -176,7 +176,8 @@ static void run_queued(Run *r, Rank *k, const TpPlanInsn *x) {
   for (int i = 0; i < k->nqueued && !flush; i++)
     flush = k->queued[i].mb != x->mb &&
             (x->kind == TP_PLAN_BACKWARD_WEIGHT || k->queued[i].mb % arenas == x->mb % arenas);
-  for (int i = 0; flush && i < k->nqueued; i++) unit(r, k, TP_PLAN_BACKWARD_WEIGHT, k->queued[i].mb, k->queued[i].slice);
+  for (int i = 0; flush && i < k->nqueued; i++)
+    unit(r, k, TP_PLAN_BACKWARD_WEIGHT, k->queued[i].mb, k->queued[i].slice);
   if (flush) k->nqueued = 0;
 }
 
@@ -351,7 +352,8 @@ static void run_free(Run *r) {
     Rank *k = &r->rank[q];
     for (int i = 0; i < r->P->nparams; i++) free(k->param[i]), free(k->grad[i]), free(k->sum[i]);
     for (int a = 0; a < r->P->stages[k->stage].arenas; a++) free(k->arena[a]);
-    free(k->param), free(k->grad), free(k->sum), free(k->arena), free(k->arena_mb), free(k->transient), free(k->queued);
+    free(k->param), free(k->grad), free(k->sum), free(k->arena), free(k->arena_mb), free(k->transient),
+        free(k->queued);
   }
   for (int i = 0; i < r->nmail; i++) free(r->mail[i].data);
   free(r->mail), free(r->rank), free(r->loss);
