@@ -770,11 +770,16 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   fprintf(out, "memory plan of %s\n", m->source ? m->source : "<module>");
   int64_t activations = 0;
   for (int s = 0; s < p->nstages; s++) {
-    fprintf(out, "stage %d: %d ops (%d forward, %d backward), %d buffers\n", s, p->norder[s], p->nforward[s],
-            p->norder[s] - p->nforward[s], p->nbuffers[s]);
+    fprintf(out, "stage %d: %d ops (%d forward, %d backward", s, p->norder[s], p->nforward[s],
+            p->norder[s] - p->nforward[s]);
+    if (p->split) /* the input parts, then the weight parts */
+      fprintf(out, ": %d input, %d weight", weight_begin(p, s) - p->nforward[s], p->norder[s] - weight_begin(p, s));
+    fprintf(out, "), %d buffers\n", p->nbuffers[s]);
     print_bytes(out, "  kept", p->arena_bytes[s],
-                p->transient_bytes[s] ? "a microbatch's arena: what it keeps from unit to unit, as placed"
-                                      : "a microbatch's arena: all its buffers, as placed");
+                p->split                ? "a microbatch's arena: what it keeps from unit to unit (for its weight "
+                                          "parts to its end), as placed"
+                : p->transient_bytes[s] ? "a microbatch's arena: what it keeps from unit to unit, as placed"
+                                        : "a microbatch's arena: all its buffers, as placed");
     print_bytes(out, "  transient", p->transient_bytes[s], "the rank's region for what lives inside one unit");
     print_bytes(out, "  live peak", p->live_peak[s], "most bytes of a microbatch live at once");
     print_bytes(out, "  no reuse", p->total_bytes[s], "every buffer on its own");
