@@ -37,7 +37,9 @@ static void uniform_costs(TpSimCosts *c, int S, int nmb, const int *nslices, dou
   c->allreduce = calloc((size_t)S, sizeof(double));
   c->optimizer = calloc((size_t)S, sizeof(double));
   c->wgt = calloc(su, sizeof(double));
-  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b, c->wgt[i] = b / 2;
+  /* a split backward: half and half, except on the first stage (it sends no gradient: all
+   * weight part) */
+  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b, c->wgt[i] = i < (size_t)c->units ? b : b / 2;
   for (int k = 0; k < S; k++) c->memory[k] = (TpRankMemoryInput){.microbatches = nmb, .kept = 1}; /* peak: arenas */
 }
 
