@@ -706,8 +706,8 @@ static void emit_shared_body(Emitter *E, const TpOutline *ol, int b, char *const
   const TpRun *r = &ol->runs[body->first];
   const TpUnitId *u = &ol->units[r->unit];
   const char *name = names[b];
-  fprintf(out, "\n/* %s: %d ops of the %s of a %lld-token slice", name, r->low.nops,
-          unit_words(E, u), (long long)tp_slice_length(E->m, E->mem, u->slice, seq));
+  fprintf(out, "\n/* %s: %d ops of the %s of a %lld-token slice", name, r->low.nops, unit_words(E, u),
+          (long long)tp_slice_length(E->m, E->mem, u->slice, seq));
   if (E->mem->nslices > 1 && !body->contexts)
     fprintf(out, " after %lld tokens", (long long)tp_slice_context(E->m, E->mem, u->slice, seq));
   fprintf(out, ",\n * run %d times by stages", body->count);

@@ -16,7 +16,12 @@
  * left by the buffers of its region already placed whose live ranges overlap its own
  * (else above them): deterministic, and close to the live peak. tp_memory_one_region
  * places a stage's buffers all in its arena instead, as a rank that keeps one microbatch at
- * a time prefers (codegen/pipeline.c decides). */
+ * a time prefers (codegen/pipeline.c decides).
+ *
+ * A split module (split-backward's @weight ops) runs each backward unit as its input part
+ * and its weight part; the run order is the forward units, the input parts N-1..0, then the
+ * weight parts N-1..0, and since a weight part may run any time after its input part,
+ * keep_for_weights widens the live ranges of what the weight parts keep (see there). */
 #include "codegen.h"
 
 #include <stdlib.h>
@@ -370,19 +375,21 @@ static int weight_begin(const TpMemoryPlan *p, int s) {
   return p->unit_begin[s][tp_unit_index(p, true, true, p->nslices - 1)];
 }
 
-/* A split plan's run order puts every weight part after every input part, but a weight part
- * runs any time after its own input part, before later input parts: a buffer that a weight
- * part reads or writes and that outlives its unit is kept from the first backward unit to
- * the microbatch's end, so that no buffer of the input parts shares its bytes. (One inside
- * a weight part goes to the transient region: place().) */
+/* A split plan's run order puts every weight part after every input part, but the weight
+ * part of slice i runs any time after its own input part, before or after the input parts
+ * of slices below i: a buffer that a weight part reads or writes and that outlives its unit
+ * is kept to the microbatch's end, and one a weight part writes from the input part of its
+ * slice on, so that no buffer of a unit that may run meanwhile shares its bytes. (One
+ * inside a weight part goes to the transient region: place().) */
 static void keep_for_weights(const TpModule *m, TpMemoryPlan *p) {
+  int N = p->nslices;
   for (int i = 0; i < m->nvalues + m->nops; i++) {
     TpMemSlot *b = i < m->nvalues ? &p->value[i] : &p->scratch[i - m->nvalues];
     if (b->kind != TP_MEM_ARENA || b->last < weight_begin(p, b->stage)) continue;
-    int u = unit_at(p, b->stage, b->first);
-    if (u >= 0 && b->last < p->unit_end[b->stage][u]) continue; /* inside one unit */
-    if (b->first > p->nforward[b->stage]) b->first = p->nforward[b->stage];
-    b->last = p->norder[b->stage] - 1;
+    int s = b->stage, u = unit_at(p, s, b->first);
+    if (u >= 0 && b->last < p->unit_end[s][u]) continue; /* inside one unit */
+    if (u >= 2 * N && b->first > p->unit_begin[s][u - N]) b->first = p->unit_begin[s][u - N];
+    b->last = p->norder[s] - 1;
   }
 }
 
@@ -763,11 +770,16 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   fprintf(out, "memory plan of %s\n", m->source ? m->source : "<module>");
   int64_t activations = 0;
   for (int s = 0; s < p->nstages; s++) {
-    fprintf(out, "stage %d: %d ops (%d forward, %d backward), %d buffers\n", s, p->norder[s], p->nforward[s],
-            p->norder[s] - p->nforward[s], p->nbuffers[s]);
+    fprintf(out, "stage %d: %d ops (%d forward, %d backward", s, p->norder[s], p->nforward[s],
+            p->norder[s] - p->nforward[s]);
+    if (p->split) /* the input parts, then the weight parts */
+      fprintf(out, ": %d input, %d weight", weight_begin(p, s) - p->nforward[s], p->norder[s] - weight_begin(p, s));
+    fprintf(out, "), %d buffers\n", p->nbuffers[s]);
     print_bytes(out, "  kept", p->arena_bytes[s],
-                p->transient_bytes[s] ? "a microbatch's arena: what it keeps from unit to unit, as placed"
-                                      : "a microbatch's arena: all its buffers, as placed");
+                p->split                ? "a microbatch's arena: what it keeps from unit to unit (for its weight "
+                                          "parts to its end), as placed"
+                : p->transient_bytes[s] ? "a microbatch's arena: what it keeps from unit to unit, as placed"
+                                        : "a microbatch's arena: all its buffers, as placed");
     print_bytes(out, "  transient", p->transient_bytes[s], "the rank's region for what lives inside one unit");
     print_bytes(out, "  live peak", p->live_peak[s], "most bytes of a microbatch live at once");
     print_bytes(out, "  no reuse", p->total_bytes[s], "every buffer on its own");

@@ -89,7 +89,8 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
   for (int k = 0; k < S && rc == TP_OK; k++) {
     pl->arenas[k] = tp_schedule_arenas(&pl->schedule, k);
     double a = pl->arenas[k]; /* (compared in double: the products may pass 2^63) */
-    if (mem->transient_bytes[k] && !mem->split && /* a weight part's buffers must stay out of the arena */
+    /* not under split backwards: a weight part's own buffers must stay out of the arena */
+    if (mem->transient_bytes[k] && !mem->split &&
         a * (double)mem->one_region_bytes[k] <= a * (double)mem->arena_bytes[k] + (double)mem->transient_bytes[k])
       tp_memory_one_region(m, mem, k);
     in[k].arenas = pl->arenas[k];

@@ -299,7 +299,9 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
           "    .global_batch = %lld,\n    .microbatches = %d,\n    .dp = %d,\n    .nslices = %d,\n"
           "    .slice_len = slice_len,\n    .schedule = %s,\n    .stages = stages,\n",
           (long long)(batch * pl->o.microbatches * pl->o.dp), pl->o.microbatches, pl->o.dp, p->nslices,
-          pl->o.kind == TP_SCHEDULE_GPIPE ? "TP_PLAN_GPIPE" : pl->o.kind == TP_SCHEDULE_ZB ? "TP_PLAN_ZB" : "TP_PLAN_1F1B");
+          pl->o.kind == TP_SCHEDULE_GPIPE ? "TP_PLAN_GPIPE"
+          : pl->o.kind == TP_SCHEDULE_ZB  ? "TP_PLAN_ZB"
+                                          : "TP_PLAN_1F1B");
   if (E->o->nprobes)
     fprintf(out, "    .stage_cuts = %s,\n    .nprobes = %d,\n    .probes = probes,\n",
             E->o->stage_cuts ? "stage_cuts" : "NULL", E->o->nprobes);

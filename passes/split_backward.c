@@ -31,10 +31,10 @@ static bool eligible(const TpModule *m, int op) {
 }
 
 typedef struct {
-  bool *weight;   /* [nops]: in the weight half */
-  bool *mixed;    /* [nops]: a splittable op with results of both halves (its weight part) */
-  bool *grad;     /* [nvalues]: a parameter's gradient */
-  int *held;      /* [nvalues]: readers of the value outside the weight half */
+  bool *weight; /* [nops]: in the weight half */
+  bool *mixed;  /* [nops]: a splittable op with results of both halves (its weight part) */
+  bool *grad;   /* [nvalues]: a parameter's gradient */
+  int *held;    /* [nvalues]: readers of the value outside the weight half */
   int *work, nwork;
 } Classes;
 
@@ -84,8 +84,7 @@ static void classify(const TpModule *m, Classes *c) {
         else held = true;
       }
     if (held && !(splittable(o->kind) && feeds)) demote(m, c, op);
-    else if (held && !c->mixed[op]) { /* its input part will read all its operands */
-      c->mixed[op] = true;
+    else if (held && !c->mixed[op]) { /* its input part will read all its operands */ c->mixed[op] = true;
       hold_operands(m, c, op);
     }
   }
@@ -134,9 +133,11 @@ int pass_split_backward(TpModule *m, TpPassOptions *opt, TpDiag *d) {
     for (int k = 0; k < m->ops[op].noutputs && rc == TP_OK; k++) {
       int v = m->ops[op].outputs[k];
       if (v >= 0 && c.grad[v] && !c.weight[op])
-        rc = tp_internal(d, "split-backward: the parameter gradient %%%s is made by %s '%s', which the input half needs",
-                         m->values[v].name, tp_op_info[m->ops[op].kind].name,
-                         m->ops[op].origin.node ? m->ops[op].origin.node : "?");
+        rc =
+            tp_internal(d,
+                        "split-backward: the parameter gradient %%%s is made by %s '%s', which the input half needs",
+                        m->values[v].name, tp_op_info[m->ops[op].kind].name,
+                        m->ops[op].origin.node ? m->ops[op].origin.node : "?");
     }
   }
   free(c.weight), free(c.mixed), free(c.grad), free(c.held), free(c.work);

@@ -53,7 +53,7 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
 static void run_rank_unit(Trainer *t, PipeRank *R, const TpPlanInsn *x, TpStepIO *io) {
   const TpPlanStage *st = R->st;
   bool fwd = x->kind == TP_PLAN_FORWARD, weight = x->kind == TP_PLAN_BACKWARD_WEIGHT;
-  const TpUnitFn *fns = fwd                                   ? st->forward
+  const TpUnitFn *fns = fwd                                 ? st->forward
                         : x->kind == TP_PLAN_BACKWARD_INPUT ? st->backward_input
                         : weight                            ? st->backward_weight
                                                             : st->backward;

@@ -60,7 +60,7 @@ void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, dou
 }
 
 static const char *kind_name(int kind) {
-  static const char *const names[] = {"forward",        "backward",       "send-act",  "recv-act",
+  static const char *const names[] = {"forward",        "backward",       "send-act",       "recv-act",
                                       "send-grad",      "recv-grad",      "allreduce-tied", "allreduce",
                                       "optimizer-step", "backward-input", "backward-weight"};
   if (kind == TRACE_UPDATE) return "optimizer-step";

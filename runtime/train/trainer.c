@@ -602,6 +602,12 @@ static int check_outputs(Trainer *t) {
   return TP_OK;
 }
 
+/* A plan's TpPlanSchedule as tokpipec --schedule names it. */
+static const char *schedule_name(int schedule) {
+  static const char *const names[] = {"gpipe", "1f1b", "zb", "interleaved"};
+  return schedule >= 0 && schedule <= TP_PLAN_INTERLEAVED ? names[schedule] : "?";
+}
+
 static void print_start(const Trainer *t, int64_t total) {
   const TpPlan *P = t->plan;
   int64_t nel = 0, ntrain = 0;
@@ -621,8 +627,8 @@ static void print_start(const Trainer *t, int64_t total) {
             "%s schedule; %d rank%s in %d process%s (%s)\n",
             t->d->tool, P->nstages, P->nstages == 1 ? "" : "s", tensor, P->dp, P->dp == 1 ? "" : "s",
             P->microbatches, P->microbatches == 1 ? "" : "es", P->batch, P->batch == 1 ? "" : "s", P->nslices,
-            P->nslices == 1 ? "" : "s", P->schedule == TP_PLAN_1F1B ? "1f1b" : "gpipe", t->nranks,
-            t->nranks == 1 ? "" : "s", t->comm->size, t->comm->size == 1 ? "" : "es", t->comm->be->name);
+            P->nslices == 1 ? "" : "s", schedule_name(P->schedule), t->nranks, t->nranks == 1 ? "" : "s",
+            t->comm->size, t->comm->size == 1 ? "" : "es", t->comm->be->name);
 }
 
 /* ---- the ranks agree at start-up ---- */

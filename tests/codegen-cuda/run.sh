@@ -20,8 +20,8 @@
 #                 loss scale of 2^17 for 4 steps: the same scales, overflowing steps skipped
 #                 (halving the scale, which the units read from device memory) then updates
 #   emulated-same A B M  two CUDA trainers of model M on the emulated runtime (a plan and the
-#                 same plan with --recompute full) train a step to the same gradients
-#                 (the bytes of --dump-grads) and loss
+#                 same plan with --recompute full, or under --schedule zb) train a step to
+#                 the same gradients (the bytes of --dump-grads) and loss
 case=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6
 shift 6
 root=$src/../..

@@ -262,6 +262,7 @@ generated-zb) # split backwards (--schedule zb) under mpirun: 2 and 4 stages wit
     "--stages 2 --dp 2 --zero 1 --slices 5,3 --recompute full"; do
     k=$((k + 1))
     run "z$k" "$opts --schedule zb" --trace "z$k.json" && like_reference "z$k" || continue
+    grep -q ', zb schedule; ' "z$k.run" || fail "z$k: the start line does not name the zb schedule"
     grep -q '"backward-input mb0/s0' "z$k.json" && grep -q '"backward-weight mb0/s0' "z$k.json" &&
       ! grep -q '"backward mb' "z$k.json" && ok "z$k: the trace shows backward-input and backward-weight" ||
       fail "z$k: the trace lacks backward-input or backward-weight events"
@@ -269,6 +270,20 @@ generated-zb) # split backwards (--schedule zb) under mpirun: 2 and 4 stages wit
     same_files "z$k ($opts): the gradients are 1f1b's bits" "z$k.grads" "o$k.grads"
     untimed "z$k.jsonl" >z.log && untimed "o$k.jsonl" >o.log && same_files "z$k: the losses are 1f1b's bits" z.log o.log
   done
+  # a checkpoint after step 2 resumes to the uninterrupted run's weights after step 4
+  train_z1() { $mpi 200 2 ./z1 --data train.bin "$@" >>z1.resume.out 2>&1; }
+  if [ -x z1 ] && train_z1 --init "$model" --steps 4 --dump-weights u.weights &&
+    train_z1 --init "$model" --steps 2 --save ck && train_z1 --steps 4 --resume ck --dump-weights r.weights; then
+    same_files "z1: resumed from a checkpoint, the uninterrupted run's weights" r.weights u.weights
+  else
+    fail "z1: a checkpointed run failed: $(tail -5 z1.resume.out)"
+  fi
+  # bf16 storage: each part rounds what it stores as the whole backward did
+  opts="--stages 2 --microbatches 2 --slices 3,3,2 --precision bf16"
+  if run zb16 "$opts --schedule zb" && run o16 "$opts --schedule 1f1b"; then
+    same_files "zb16 ($opts): the gradients are 1f1b's bits" zb16.grads o16.grads
+    untimed zb16.jsonl >z.log && untimed o16.jsonl >o.log && same_files "zb16: the losses are 1f1b's bits" z.log o.log
+  fi
   ;;
 
 *)

@@ -19,10 +19,13 @@
  * --defer-weights each rank's weight parts as late as they may: queued until another
  * microbatch's weight part, an instruction of a microbatch sharing the arena of a queued
  * one, or a step-level instruction (the most a zero-bubble list could defer them), so a
- * buffer of a weight part that another unit overwrites in between shows up. --exact asks
+ * buffer of a weight part that another unit overwrites in between shows up; or with
+ * --eager-weights each weight part right after its input part (the list's own weight
+ * instruction is then skipped). --exact asks
  * for the same bits (loss and gradients) instead of 1e-5, for plans that should compute
  * alike (the same configuration under another schedule).
- * Usage: exec_plans [--seed N] [--defer-weights] [--exact]; exit 0 if they agree, 1 if not. */
+ * Usage: exec_plans [--seed N] [--defer-weights | --eager-weights] [--exact]; exit 0 if they
+ * agree, 1 if not. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -41,7 +44,7 @@ int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
 }
 
 static uint64_t rng = 1;
-static bool defer_weights;
+static bool defer_weights, eager_weights;
 static double uniform(void) { /* splitmix64 -> [0, 1) */
   uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -66,10 +69,10 @@ typedef struct {
   int stage, replica, pc;
   float **param, **grad, **sum; /* per parameter; NULL where the stage does not hold it */
   void **arena;
-  int *arena_mb;       /* per arena: the microbatch using it, or -1 */
-  void *transient;     /* NaN bytes again before each unit */
-  int backward_mb;     /* the microbatch whose backward units run now, or -1 */
-  TpPlanInsn *queued;  /* --defer-weights: weight parts not run yet, in order */
+  int *arena_mb;      /* per arena: the microbatch using it, or -1 */
+  void *transient;    /* NaN bytes again before each unit */
+  int backward_mb;    /* the microbatch whose backward units run now, or -1 */
+  TpPlanInsn *queued; /* --defer-weights: weight parts not run yet, in order */
   int nqueued;
   bool finished_grads; /* sum / M moved into grad */
 } Rank;
@@ -173,7 +176,8 @@ static void run_queued(Run *r, Rank *k, const TpPlanInsn *x) {
   for (int i = 0; i < k->nqueued && !flush; i++)
     flush = k->queued[i].mb != x->mb &&
             (x->kind == TP_PLAN_BACKWARD_WEIGHT || k->queued[i].mb % arenas == x->mb % arenas);
-  for (int i = 0; flush && i < k->nqueued; i++) unit(r, k, TP_PLAN_BACKWARD_WEIGHT, k->queued[i].mb, k->queued[i].slice);
+  for (int i = 0; flush && i < k->nqueued; i++)
+    unit(r, k, TP_PLAN_BACKWARD_WEIGHT, k->queued[i].mb, k->queued[i].slice);
   if (flush) k->nqueued = 0;
 }
 
@@ -192,9 +196,14 @@ static bool step(Run *r, Rank *k, bool *bad) {
   }
   switch (x->kind) {
   case TP_PLAN_FORWARD:
-  case TP_PLAN_BACKWARD:
+  case TP_PLAN_BACKWARD: unit(r, k, x->kind, x->mb, x->slice); break;
   case TP_PLAN_BACKWARD_INPUT:
-  case TP_PLAN_BACKWARD_WEIGHT: unit(r, k, x->kind, x->mb, x->slice); break;
+    unit(r, k, x->kind, x->mb, x->slice);
+    if (eager_weights) unit(r, k, TP_PLAN_BACKWARD_WEIGHT, x->mb, x->slice);
+    break;
+  case TP_PLAN_BACKWARD_WEIGHT:
+    if (!eager_weights) unit(r, k, x->kind, x->mb, x->slice);
+    break;
   case TP_PLAN_SEND_ACT:
   case TP_PLAN_SEND_GRAD: {
     bool grad = x->kind == TP_PLAN_SEND_GRAD;
@@ -343,7 +352,8 @@ static void run_free(Run *r) {
     Rank *k = &r->rank[q];
     for (int i = 0; i < r->P->nparams; i++) free(k->param[i]), free(k->grad[i]), free(k->sum[i]);
     for (int a = 0; a < r->P->stages[k->stage].arenas; a++) free(k->arena[a]);
-    free(k->param), free(k->grad), free(k->sum), free(k->arena), free(k->arena_mb), free(k->transient), free(k->queued);
+    free(k->param), free(k->grad), free(k->sum), free(k->arena), free(k->arena_mb), free(k->transient),
+        free(k->queued);
   }
   for (int i = 0; i < r->nmail; i++) free(r->mail[i].data);
   free(r->mail), free(r->rank), free(r->loss);
@@ -360,9 +370,10 @@ int main(int argc, char **argv) {
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--seed") == 0 && a + 1 < argc) rng = strtoull(argv[++a], NULL, 10);
     else if (strcmp(argv[a], "--defer-weights") == 0) defer_weights = true;
+    else if (strcmp(argv[a], "--eager-weights") == 0) eager_weights = true;
     else if (strcmp(argv[a], "--exact") == 0) exact = true;
     else {
-      fprintf(stderr, "usage: exec_plans [--seed N] [--defer-weights] [--exact]\n");
+      fprintf(stderr, "usage: exec_plans [--seed N] [--defer-weights | --eager-weights] [--exact]\n");
       return 2;
     }
   }
