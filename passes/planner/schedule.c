@@ -60,8 +60,46 @@ static void unit_backward(TpSchedule *s, int k, int mb, int slice) {
   if (k > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_GRAD, mb, slice, k - 1, 0});
 }
 
+/* Interleaved lists until the planner builds Megatron's order: each rank runs its virtual
+ * stages one after the other, every unit's forward through chunk 0, then chunk 1, ..., then
+ * the backwards in reverse (GPipe over the S * V virtual stages, rank k's chunk c being
+ * virtual stage c * S + k). */
+static void build_interleaved_in_order(const TpScheduleSpec *spec, TpSchedule *s) {
+  int S = spec->stages, V = spec->chunks, last = S * V - 1;
+  s->chunks = V;
+  for (int k = 0; k < S; k++) {
+    for (int c = 0; c < V; c++) {
+      int j = c * S + k;
+      for (int m = 0; m < spec->nmb; m++)
+        for (int i = 0; i < spec->nslices[m]; i++) {
+          if (j > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_RECV_ACT, m, i, (j - 1) % S, c});
+          tp_schedule_push(s, k, (TpInsn){TP_INSN_FORWARD, m, i, -1, c});
+          if (j < last) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_ACT, m, i, (j + 1) % S, c});
+        }
+    }
+    for (int c = V - 1; c >= 0; c--) {
+      int j = c * S + k;
+      for (int m = spec->nmb - 1; m >= 0; m--)
+        for (int i = 0; i < spec->nslices[m]; i++) {
+          int slice = spec->nslices[m] - 1 - i;
+          if (j < last) tp_schedule_push(s, k, (TpInsn){TP_INSN_RECV_GRAD, m, slice, (j + 1) % S, c});
+          tp_schedule_push(s, k, (TpInsn){TP_INSN_BACKWARD, m, slice, -1, c});
+          if (j > 0) tp_schedule_push(s, k, (TpInsn){TP_INSN_SEND_GRAD, m, slice, (j - 1) % S, c});
+        }
+    }
+    if (spec->tied_embedding && (k == 0 || k == S - 1))
+      tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE_TIED, -1, -1, k == 0 ? S - 1 : 0, 0});
+    if (spec->data_parallel) tp_schedule_push(s, k, (TpInsn){TP_INSN_ALLREDUCE, -1, -1, -1, 0});
+    tp_schedule_push(s, k, (TpInsn){TP_INSN_OPTIMIZER_STEP, -1, -1, -1, 0});
+  }
+}
+
 void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
   tp_schedule_init(s, spec->kind, spec->stages, spec->nmb, spec->nslices);
+  if (spec->kind == TP_SCHEDULE_INTERLEAVED) {
+    build_interleaved_in_order(spec, s);
+    return;
+  }
   int units = 0;
   for (int m = 0; m < spec->nmb; m++) units += spec->nslices[m];
   /* forward order: microbatches in order, slices in order; backward order per
@@ -271,13 +309,15 @@ void tp_schedule_print(const TpSchedule *s, FILE *out) {
   }
 }
 
-int tp_schedule_arenas(const TpSchedule *s, int k) {
+int tp_schedule_arenas(const TpSchedule *s, int k) { return tp_schedule_chunk_arenas(s, k, -1); }
+
+int tp_schedule_chunk_arenas(const TpSchedule *s, int k, int chunk) {
   int M = s->nmb, *first = malloc(sizeof(int) * (size_t)M), *last = malloc(sizeof(int) * (size_t)M);
   TP_ASSERT(first && last);
   for (int mb = 0; mb < M; mb++) first[mb] = INT32_MAX, last[mb] = -1;
   for (int i = 0; i < s->count[k]; i++) {
     int mb = s->insn[k][i].mb;
-    if (mb < 0) continue;
+    if (mb < 0 || (chunk >= 0 && s->insn[k][i].chunk != chunk)) continue;
     if (i < first[mb]) first[mb] = i;
     last[mb] = i;
   }

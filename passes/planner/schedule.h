@@ -103,5 +103,8 @@ void tp_schedule_print(const TpSchedule *s, FILE *out);
  * (from their first instruction to their last) have distinct mb % arenas (microbatch mb
  * uses arena mb % arenas). The compiler's and the planner's count. */
 int tp_schedule_arenas(const TpSchedule *s, int k);
+/* The same for the microbatches of rank k's virtual stage `chunk` (interleaved: each
+ * virtual stage has arenas of its own); chunk -1: the whole list's, tp_schedule_arenas. */
+int tp_schedule_chunk_arenas(const TpSchedule *s, int k, int chunk);
 
 #endif
