@@ -57,8 +57,7 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
   free(nslices);
   TpDiag quiet;
   tp_diag_init(&quiet, d->tool, d->file, NULL);
-  /* interleaved lists: verified over virtual stages once the planner's verifier knows them */
-  if (V == 1 && tp_schedule_verify(&pl->schedule, false, &quiet) != TP_OK) {
+  if (tp_schedule_verify(&pl->schedule, false, &quiet) != TP_OK) {
     int rc = tp_internal(d,
                          "compiler bug: the %s schedule of %d stages x %d microbatches x %d slices fails "
                          "verification: %s",
@@ -93,7 +92,7 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
   }
   for (int s = 0; s < VS; s++) {
     int k = s % S;
-    pl->arenas[s] = tp_schedule_chunk_arenas(&pl->schedule, k, V > 1 ? s / S : -1);
+    pl->arenas[s] = tp_schedule_chunk_arenas(&pl->schedule, k, s / S);
     double a = pl->arenas[s]; /* (compared in double: the products may pass 2^63) */
     /* one region in place of arena and transient region, where that is no more bytes (not
      * for a rank of several virtual stages: their units share its transient region) */

@@ -55,21 +55,6 @@ static bool has_peer(const TpMemoryPlan *p, int s, int k) {
   return k == TP_MSG_RECV_ACT || k == TP_MSG_SEND_GRAD ? s > 0 : s + 1 < p->nstages;
 }
 
-/* The plan's peer of instruction x of rank k: the schedule's peer rank, or in an interleaved
- * plan the peer's virtual stage (runtime/train/plan.h): a message goes between neighbouring
- * virtual stages, allreduce-tied between the first and the last. */
-static int plan_peer(const TpPipeline *pl, int k, const TpInsn *x) {
-  int S = pl->schedule.stages, j = x->chunk * S + k;
-  if (pl->chunks == 1 || x->peer < 0) return x->peer;
-  switch (x->kind) {
-  case TP_INSN_SEND_ACT:
-  case TP_INSN_RECV_GRAD: return j + 1;
-  case TP_INSN_RECV_ACT:
-  case TP_INSN_SEND_GRAD: return j - 1;
-  default: return x->peer == 0 ? 0 : S * pl->chunks - 1; /* allreduce-tied */
-  }
-}
-
 /* The io->tensor_allreduce calls of stage s's unit (phase, slice): its AllReduce ops. */
 static int unit_reduces(const TpModule *m, const TpMemoryPlan *p, int s, bool backward, int slice) {
   int unit = (backward ? p->nslices : 0) + slice, n = 0;
@@ -156,8 +141,8 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
       fprintf(out, "static const TpPlanInsn stage%d_schedule[] = {\n", s);
       for (int i = 0; i < pl->schedule.count[s]; i++) {
         const TpInsn *x = &pl->schedule.insn[s][i];
-        fprintf(out, "    {%s, %d, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice, plan_peer(pl, s, x),
-                x->chunk);
+        fprintf(out, "    {%s, %d, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice,
+                tp_schedule_peer_stage(&pl->schedule, s, x), x->chunk);
       }
       fputs("};\n", out);
     }

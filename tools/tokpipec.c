@@ -587,7 +587,7 @@ int main(int argc, char **argv) {
       if (!tp_schedule_parse(v, &pipe.kind) || pipe.kind == TP_SCHEDULE_ZB) /* zb: not yet built */
         cli_usage_error("--schedule expects gpipe, 1f1b or interleaved, got '%s'", v);
     } else if (cli_value(argc, argv, &i, "--chunks", &v)) {
-      pipe.chunks = (int)cli_int("--chunks", v, 1, 1024);
+      pipe.chunks = (int)cli_int("--chunks", v, 1, TP_SCHEDULE_MAX_CHUNKS);
     } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
       po.recompute = cli_recompute(v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {

@@ -282,7 +282,7 @@ generated-fixture | generated-deep | generated-interleaved) # trainers tokpipec 
     refused 2 "(--chunks 1 is --schedule 1f1b)" --stages 2 --schedule interleaved --chunks 1
     refused 2 "--chunks 2 cuts each rank's layers into chunks for --schedule interleaved" --stages 2 --chunks 2
     refused 2 "--schedule interleaved needs --stages S, S >= 2" --schedule interleaved --chunks 2
-    refused 2 "--chunks must be in [1, 1024], got 0" --stages 2 --schedule interleaved --chunks 0
+    refused 2 "--chunks must be in [1, 64], got 0" --stages 2 --schedule interleaved --chunks 0
     refused 1 "--stage-cuts '1,2' has 2 cuts, but 4 stages need 3" --stages 2 --schedule interleaved --chunks 2 --stage-cuts 1,2
   fi
   ;;
