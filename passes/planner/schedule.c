@@ -71,6 +71,138 @@ static void push_step_end(TpSchedule *s, const TpScheduleSpec *spec, int k) {
   tp_schedule_push(s, k, (TpInsn){TP_INSN_OPTIMIZER_STEP, -1, -1, -1, 0});
 }
 
+/* ZB-H1 (Qi et al., zero-bubble pipeline parallelism) over token slices. Forwards run in
+ * 1F1B's order (microbatches, then slices), backward-inputs in its backward order
+ * (microbatches, later slices first) and backward-weights in the backward-inputs' order, so
+ * a microbatch's W units come in their B order and together among the W's. The lists come
+ * from a greedy timed run with equal F, B and W costs (the paper's setting): a rank
+ * whose next B can run runs it (B is on the critical path: the previous stage waits for
+ * its gradient); else its next F, if that F's microbatch is already alive or fewer
+ * microbatches than 1F1B's arenas on this rank are; else its oldest deferred W (an idle
+ * slot, or the W that frees a microbatch's arena); else it waits for the next message.
+ * A microbatch lives from its first forward to its last W, and at most 1F1B's arena count
+ * of them are alive at once (in order), so ZB-H1 keeps 1F1B's memory. */
+typedef struct {
+  const TpScheduleSpec *spec;
+  TpSchedule *s;
+  int units, (*fwd)[2], (*bwd)[2], *base;
+  int *limit;            /* [rank] 1F1B's arenas: the most microbatches alive at once */
+  double *fdone, *bdone; /* [rank * units + u] when the rank's F or B of unit u finished; -1 before */
+  double *clock;
+  int *fi, *bi, *wi;       /* [rank] the next F, B and W in their orders (W: the B order) */
+  int *started, *finished; /* [rank] microbatches begun (first F) and done (last W) */
+} ZbRun;
+
+/* When rank k's next B could start (its gradient arrived) and its next F (its activation);
+ * -1 while not known. */
+static double zb_grad_at(const ZbRun *z, int k) {
+  if (z->bi[k] == z->units) return -1;
+  int u = z->base[z->bwd[z->bi[k]][0]] + z->bwd[z->bi[k]][1];
+  size_t row = (size_t)k * z->units;
+  if (z->fdone[row + u] < 0) return -1;
+  return k + 1 == z->spec->stages ? z->fdone[row + u] : z->bdone[row + z->units + u];
+}
+static double zb_act_at(const ZbRun *z, int k) {
+  if (z->fi[k] == z->units) return -1;
+  int m = z->fwd[z->fi[k]][0], i = z->fwd[z->fi[k]][1];
+  if (i == 0 && z->started[k] - z->finished[k] >= z->limit[k]) return -1; /* no arena free */
+  return k == 0 ? 0 : z->fdone[(size_t)(k - 1) * z->units + z->base[m] + i];
+}
+
+/* Rank k's next instruction at time t, if it has one it can run now. */
+static bool zb_step(ZbRun *z, int k, double t) {
+  size_t row = (size_t)k * z->units;
+  int S = z->spec->stages;
+  double grad_at = zb_grad_at(z, k), act_at = zb_act_at(z, k);
+  if (grad_at >= 0 && grad_at <= t) {
+    int m = z->bwd[z->bi[k]][0], i = z->bwd[z->bi[k]][1];
+    if (k + 1 < S) tp_schedule_push(z->s, k, (TpInsn){TP_INSN_RECV_GRAD, m, i, k + 1, 0});
+    tp_schedule_push(z->s, k, (TpInsn){TP_INSN_BACKWARD_INPUT, m, i, -1, 0});
+    if (k > 0) tp_schedule_push(z->s, k, (TpInsn){TP_INSN_SEND_GRAD, m, i, k - 1, 0});
+    z->bdone[row + z->base[m] + i] = z->clock[k] = t + 1;
+    z->bi[k]++;
+  } else if (act_at >= 0 && act_at <= t) {
+    int m = z->fwd[z->fi[k]][0], i = z->fwd[z->fi[k]][1];
+    unit_forward(z->s, k, m, i);
+    z->started[k] += i == 0;
+    z->fdone[row + z->base[m] + i] = z->clock[k] = t + 1;
+    z->fi[k]++;
+  } else if (z->wi[k] < z->bi[k]) {
+    int m = z->bwd[z->wi[k]][0], i = z->bwd[z->wi[k]][1];
+    tp_schedule_push(z->s, k, (TpInsn){TP_INSN_BACKWARD_WEIGHT, m, i, -1, 0});
+    z->finished[k] += i == 0; /* slice 0's W is the microbatch's last */
+    z->clock[k] = t + 1;
+    z->wi[k]++;
+  } else return false;
+  return true;
+}
+
+/* ZB-H1 (Qi et al., zero-bubble pipeline parallelism) over token slices. Forwards run in
+ * 1F1B's order (microbatches, then slices), backward-inputs in its backward order
+ * (microbatches, later slices first) and backward-weights in the backward-inputs' order, so
+ * a microbatch's W units come in their B order and together among the W's. The lists come
+ * from a greedy timed run with equal F, B and W costs (the paper's setting): a rank
+ * whose next B can run runs it (B is on the critical path: the previous stage waits for
+ * its gradient); else its next F, if that F's microbatch is already alive or fewer
+ * microbatches than 1F1B's arenas on this rank are; else its oldest deferred W (an idle
+ * slot, or the W that frees a microbatch's arena); else it waits for the next message.
+ * A microbatch lives from its first forward to its last W, and at most 1F1B's arena count
+ * of them are alive at once (in order), so ZB-H1 keeps 1F1B's memory. */
+static void build_zb(const TpScheduleSpec *spec, TpSchedule *s, int units, int (*fwd)[2], int (*bwd)[2]) {
+  int S = spec->stages, M = spec->nmb;
+  ZbRun z = {.spec = spec, .s = s, .units = units, .fwd = fwd, .bwd = bwd};
+  z.limit = malloc(sizeof(int) * (size_t)S);
+  TpScheduleSpec one = *spec;
+  one.kind = TP_SCHEDULE_1F1B;
+  TpSchedule ref;
+  tp_schedule_build(&one, &ref);
+  for (int k = 0; k < S; k++) z.limit[k] = tp_schedule_arenas(&ref, k);
+  tp_schedule_free(&ref);
+  z.base = malloc(sizeof(int) * (size_t)(M + 1));
+  for (int m = 0, u = 0; m <= M; u += m < M ? spec->nslices[m] : 0, m++) z.base[m] = u;
+  size_t su = (size_t)S * (size_t)units;
+  z.fdone = malloc(sizeof(double) * su), z.bdone = malloc(sizeof(double) * su);
+  for (size_t i = 0; i < su; i++) z.fdone[i] = z.bdone[i] = -1;
+  z.clock = calloc((size_t)S, sizeof(double));
+  z.fi = calloc((size_t)S, sizeof(int)), z.bi = calloc((size_t)S, sizeof(int)),
+  z.wi = calloc((size_t)S, sizeof(int));
+  z.started = calloc((size_t)S, sizeof(int)), z.finished = calloc((size_t)S, sizeof(int));
+  for (;;) {
+    /* the ranks at the earliest clock run what they can; a step ends later than it starts,
+     * so none of them can wait for another's step at this time */
+    double t = -1;
+    for (int k = 0; k < S; k++)
+      if (z.wi[k] < units && (t < 0 || z.clock[k] < t)) t = z.clock[k];
+    if (t < 0) break;
+    bool moved = false;
+    for (int k = 0; k < S; k++)
+      if (z.wi[k] < units && z.clock[k] == t) moved |= zb_step(&z, k, t);
+    if (moved) continue;
+    /* all wait: until the next message arrives or another rank's step ends */
+    double next = -1;
+    for (int k = 0; k < S; k++) {
+      if (z.wi[k] == units) continue;
+      double at[3] = {z.clock[k], zb_grad_at(&z, k), zb_act_at(&z, k)};
+      for (int j = 0; j < 3; j++)
+        if (at[j] > t && (next < 0 || at[j] < next)) next = at[j];
+    }
+    TP_ASSERT(next > t); /* nothing left to wait for: a builder bug */
+    for (int k = 0; k < S; k++)
+      if (z.wi[k] < units && z.clock[k] == t) z.clock[k] = next;
+  }
+  for (int k = 0; k < S; k++) push_step_end(s, spec, k);
+  free(z.limit);
+  free(z.base);
+  free(z.fdone);
+  free(z.bdone);
+  free(z.clock);
+  free(z.fi);
+  free(z.bi);
+  free(z.wi);
+  free(z.started);
+  free(z.finished);
+}
+
 int tp_schedule_check_spec(const TpScheduleSpec *spec, TpDiag *d) {
   if (spec->kind != TP_SCHEDULE_INTERLEAVED) {
     if (spec->chunks > 1)
@@ -223,8 +355,9 @@ void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *s) {
       fwd[u][0] = m, fwd[u][1] = i;
       bwd[u][0] = m, bwd[u][1] = spec->nslices[m] - 1 - i;
     }
+  if (spec->kind == TP_SCHEDULE_ZB) build_zb(spec, s, units, fwd, bwd);
   if (spec->kind == TP_SCHEDULE_INTERLEAVED) interleaved_build(spec, s, units, fwd, bwd);
-  for (int k = 0; k < spec->stages && spec->kind != TP_SCHEDULE_INTERLEAVED; k++) {
+  for (int k = 0; k < spec->stages && spec->kind <= TP_SCHEDULE_1F1B; k++) {
     if (spec->kind == TP_SCHEDULE_GPIPE) {
       /* all forwards, then all backwards in reverse order */
       for (int u = 0; u < units; u++) unit_forward(s, k, fwd[u][0], fwd[u][1]);
@@ -310,15 +443,26 @@ static int find_match(const TpSchedule *s, int from, const TpInsn *x, int *dups)
   return at;
 }
 
-/* The units of rank k's chunk `chunk` (all its instructions' kinds, chunks and peers). */
+static bool has_unit(TpInsnKind k) {
+  return k <= TP_INSN_RECV_GRAD || k == TP_INSN_BACKWARD_INPUT || k == TP_INSN_BACKWARD_WEIGHT;
+}
+
+/* The units of rank k's chunk `chunk` (and all its instructions' kinds, chunks and peers):
+ * each forward once, slices in order; each backward once (whole, or its input part then its
+ * weight part), after its forward, later slices first; the weight parts of a microbatch in
+ * its backward-inputs' order, not interleaved with another microbatch's weight parts (the
+ * runtime sums a microbatch's parameter gradients at once). */
 static int check_units(const TpSchedule *s, int k, int chunk, TpDiag *d) {
   int units = 0;
   for (int m = 0; m < s->nmb; m++) units += s->nslices[m];
-  int *fpos = malloc(sizeof(int) * (size_t)(units + 1)), *bpos = malloc(sizeof(int) * (size_t)(units + 1));
+  size_t n = (size_t)(units + 1);
+  /* positions of each unit's forward, backward (or backward-input) and backward-weight */
+  int *fpos = malloc(sizeof(int) * n), *bpos = malloc(sizeof(int) * n), *wpos = malloc(sizeof(int) * n);
+  bool *split = calloc(n, sizeof(bool)), *closed = calloc((size_t)s->nmb + 1, sizeof(bool));
   int *base = malloc(sizeof(int) * (size_t)(s->nmb + 1));
   for (int m = 0, u = 0; m <= s->nmb; u += m < s->nmb ? s->nslices[m] : 0, m++) base[m] = u;
-  for (int u = 0; u < units; u++) fpos[u] = bpos[u] = -1;
-  int rc = TP_OK;
+  for (int u = 0; u < units; u++) fpos[u] = bpos[u] = wpos[u] = -1;
+  int rc = TP_OK, wmb = -1; /* the microbatch of the last backward-weight */
   char at[24];
   chunk_label(s, chunk, at);
   for (int i = 0; i < s->count[k] && !rc; i++) {
@@ -327,53 +471,85 @@ static int check_units(const TpSchedule *s, int k, int chunk, TpDiag *d) {
       rc = tp_error(d, "rank %d instruction %d: bad kind", k, i);
       break;
     }
+    const char *name = tp_insn_name(x->kind);
     if (x->chunk < 0 || x->chunk >= s->chunks) {
-      rc = tp_error(d, "rank %d instruction %d (%s): chunk %d, not one of the rank's %d", k, i,
-                    tp_insn_name(x->kind), x->chunk, s->chunks);
+      rc = tp_error(d, "rank %d instruction %d (%s): chunk %d, not one of the rank's %d", k, i, name, x->chunk,
+                    s->chunks);
       break;
     }
     if (x->chunk != chunk) continue;
-    if (x->kind <= TP_INSN_RECV_GRAD &&
-        (x->mb < 0 || x->mb >= s->nmb || x->slice < 0 || x->slice >= s->nslices[x->mb])) {
-      rc = tp_error(d, "rank %d instruction %d (%s): no unit mb %d slice %d", k, i, tp_insn_name(x->kind), x->mb,
-                    x->slice);
+    if (has_unit(x->kind) && (x->mb < 0 || x->mb >= s->nmb || x->slice < 0 || x->slice >= s->nslices[x->mb])) {
+      rc = tp_error(d, "rank %d instruction %d (%s): no unit mb %d slice %d", k, i, name, x->mb, x->slice);
       break;
     }
     if (is_send(x->kind) || is_recv(x->kind) || x->kind == TP_INSN_ALLREDUCE_TIED) {
       int peer = tp_schedule_peer_stage(s, k, x);
       if (peer < 0)
         rc = tp_error(d, "rank %d%s instruction %d (%s mb %d slice %d): no virtual stage on that side", k, at, i,
-                      tp_insn_name(x->kind), x->mb, x->slice);
+                      name, x->mb, x->slice);
       else if (x->peer != peer % s->stages)
-        rc = tp_error(d, "rank %d%s instruction %d (%s mb %d slice %d): peer %d is not rank %d", k, at, i,
-                      tp_insn_name(x->kind), x->mb, x->slice, x->peer, peer % s->stages);
+        rc = tp_error(d, "rank %d%s instruction %d (%s mb %d slice %d): peer %d is not rank %d", k, at, i, name,
+                      x->mb, x->slice, x->peer, peer % s->stages);
       continue;
     }
-    if (x->kind != TP_INSN_FORWARD && x->kind != TP_INSN_BACKWARD) continue;
-    int u = base[x->mb] + x->slice;
-    int *pos = x->kind == TP_INSN_FORWARD ? fpos : bpos;
+    if (!has_unit(x->kind)) continue;
+    int u = base[x->mb] + x->slice, m = x->mb, sl = x->slice;
+    if (x->kind == TP_INSN_BACKWARD_WEIGHT) {
+      if (wpos[u] >= 0) rc = tp_error(d, "rank %d: %s of mb %d slice %d twice", k, name, m, sl);
+      else if (bpos[u] >= 0 && !split[u])
+        rc = tp_error(d, "rank %d instruction %d: mb %d slice %d has both backward and backward-weight", k, i, m,
+                      sl);
+      else if (bpos[u] < 0)
+        rc = tp_error(d, "rank %d instruction %d: backward-weight of mb %d slice %d before its backward-input", k, i,
+                      m, sl);
+      else if (sl + 1 < s->nslices[m] && wpos[u + 1] < 0)
+        rc = tp_error(d,
+                      "rank %d instruction %d: backward-weight of mb %d slice %d before slice %d's (a microbatch's "
+                      "backward-weights run in its backward-inputs' order)",
+                      k, i, m, sl, sl + 1);
+      else if (closed[m])
+        rc = tp_error(d,
+                      "rank %d instruction %d: backward-weight of mb %d slice %d after mb %d's began (a "
+                      "microbatch's backward-weights run together, not interleaved with another's)",
+                      k, i, m, sl, wmb);
+      if (wmb >= 0 && wmb != m) closed[wmb] = true;
+      wmb = m;
+      wpos[u] = i;
+      continue;
+    }
+    bool backward = x->kind != TP_INSN_FORWARD;
+    int *pos = backward ? bpos : fpos;
     if (pos[u] >= 0) {
-      rc = tp_error(d, "rank %d%s: %s of mb %d slice %d twice", k, at, tp_insn_name(x->kind), x->mb, x->slice);
+      if (backward && split[u] != (x->kind == TP_INSN_BACKWARD_INPUT))
+        rc = tp_error(d, "rank %d%s instruction %d: mb %d slice %d has both backward and backward-input", k, at, i,
+                      m, sl);
+      else rc = tp_error(d, "rank %d%s: %s of mb %d slice %d twice", k, at, name, m, sl);
       break;
     }
     pos[u] = i;
-    if (x->kind == TP_INSN_FORWARD && x->slice > 0 && fpos[u - 1] < 0)
-      rc = tp_error(d, "rank %d%s: forward of mb %d slice %d before slice %d", k, at, x->mb, x->slice, x->slice - 1);
-    if (x->kind == TP_INSN_BACKWARD && fpos[u] < 0)
-      rc = tp_error(d, "rank %d%s: backward of mb %d slice %d before its forward", k, at, x->mb, x->slice);
-    if (x->kind == TP_INSN_BACKWARD && x->slice + 1 < s->nslices[x->mb] && bpos[u + 1] < 0)
-      rc = tp_error(d, "rank %d%s: backward of mb %d slice %d before slice %d (later slices go first)", k, at, x->mb,
-                    x->slice, x->slice + 1);
+    split[u] = x->kind == TP_INSN_BACKWARD_INPUT;
+    if (!backward && sl > 0 && fpos[u - 1] < 0)
+      rc = tp_error(d, "rank %d%s: forward of mb %d slice %d before slice %d", k, at, m, sl, sl - 1);
+    if (backward && fpos[u] < 0)
+      rc = tp_error(d, "rank %d%s: %s of mb %d slice %d before its forward", k, at, name, m, sl);
+    if (backward && sl + 1 < s->nslices[m] && bpos[u + 1] < 0)
+      rc = tp_error(d, "rank %d%s: %s of mb %d slice %d before slice %d (later slices go first)", k, at, name, m, sl,
+                    sl + 1);
   }
   for (int u = 0; u < units && !rc; u++)
-    if (fpos[u] < 0 || bpos[u] < 0) {
+    if (fpos[u] < 0 || bpos[u] < 0 || (split[u] && wpos[u] < 0)) {
       int m = 0;
       while (base[m + 1] <= u) m++;
       rc = tp_error(d, "rank %d%s: mb %d slice %d has no %s", k, at, m, u - base[m],
-                    fpos[u] < 0 ? "forward" : "backward");
+                    fpos[u] < 0   ? "forward"
+                    : bpos[u] < 0 ? "backward"
+                                  : "backward-weight");
     }
   free(fpos);
   free(bpos);
+  free(wpos);
+  free(split);
+  free(closed);
   free(base);
   return rc;
 }

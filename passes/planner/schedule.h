@@ -84,7 +84,8 @@ const char *tp_schedule_name(TpScheduleKind k);
 bool tp_schedule_parse(const char *name, TpScheduleKind *k);
 const char *tp_insn_name(TpInsnKind k);
 
-/* Interleaved (Megatron's interleaved 1F1B over virtual stages, units (mb, slice)): rank
+/* gpipe, 1f1b; zb: ZB-H1 with 1F1B's arenas on every rank, W units deferred into idle
+ * slots (schedule.c says how the lists are chosen); and interleaved (Megatron's interleaved 1F1B over virtual stages, units (mb, slice)): rank
  * k's chunk c is virtual stage j = c * stages + k; activations of j go to j + 1 (rank
  * stages-1's chunk c sends to rank 0's chunk c + 1), gradients back. Every rank runs the
  * same forward order: the units in groups of `stages` (the last group may be smaller),
@@ -114,17 +115,22 @@ void tp_schedule_free(TpSchedule *s);
 int tp_schedule_peer_stage(const TpSchedule *s, int k, const TpInsn *x);
 
 /* Checks: every unit runs forward then backward exactly once per rank and chunk, slices in
- * order; every send has exactly one matching receive (same unit, kind, ranks, and the
+ * order (a split backward: backward-input, later slices first, then backward-weight; a unit
+ * never has both a backward and a split one; the backward-weights of one microbatch run in
+ * its backward-inputs' order and are not interleaved with another microbatch's, as the
+ * runtime sums a microbatch's parameter gradients in one go); every send has exactly one matching receive (same unit, kind, ranks, and the
  * chunks of adjacent virtual stages) and vice versa;
  * and running all ranks (sends non-blocking, or blocking until received if `rendezvous`)
- * ends with every rank done. The first problem is reported (TP_ERR_INPUT). */
+ * ends with every rank done. The first problem is reported (TP_ERR_INPUT); a deadlock
+ * names the instruction each stuck rank waits at. */
 int tp_schedule_verify(const TpSchedule *s, bool rendezvous, TpDiag *d);
 
 /* Readable text: a header line, then "rank K:" and one instruction per line. */
 void tp_schedule_print(const TpSchedule *s, FILE *out);
 
 /* The microbatch arenas rank k holds: the fewest such that the microbatches alive at once
- * (from their first instruction to their last) have distinct mb % arenas (microbatch mb
+ * (from their first instruction to their last: a split backward's last backward-weight
+ * keeps its microbatch alive) have distinct mb % arenas (microbatch mb
  * uses arena mb % arenas). The compiler's and the planner's count. */
 int tp_schedule_arenas(const TpSchedule *s, int k);
 /* The same for rank k's chunk c alone (its instructions with chunk c): the arenas of

@@ -4,6 +4,7 @@
  * context; with batch-only pipelining at B=1 more stages are never predicted faster;
  * the DP's plan is never worse (Eq. 5) than the uniform and batch-only plans.
  * usage: test_cost PROFILE_DIR SYNTHETIC_PROFILE.json */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,7 +183,7 @@ static void memory_options(const char *dirs) {
     req.batch = 8;
     req.granularity = 256;
     req.joint = req.compilable = true;
-    req.caps = (TpCompileCaps){caps, caps, caps, true, true};
+    req.caps = (TpCompileCaps){caps, caps, caps, true, true, caps};
     req.max_memory = 12.0 * (1 << 30);
     TpPlanResult r;
     TpDiag quiet;
@@ -196,8 +197,31 @@ static void memory_options(const char *dirs) {
     if (rc) continue;
     CHECK(r.joint.recompute || r.joint.precision != TP_PRECISION_FP32 || r.joint.zero,
           "the plan takes none of the options");
+    /* zb holds 1f1b's memory and spends less time idle: it wins where it may */
+    CHECK(r.joint.schedule == TP_SCHEDULE_ZB, "the joint plan's schedule is %s, not zb",
+          tp_schedule_name(r.joint.schedule));
     tp_plan_result_free(&r);
   }
+}
+
+/* The split of a backward into its input and weight parts: the weight part is the
+ * weight-gradient products (with the forward's products' FLOPs: about a third of a layer's
+ * backward, a bit less with attention's share); recomputation adds to the input part only. */
+static void weight_share(const char *dirs) {
+  TpHardware hw;
+  TpDiag d;
+  tp_diag_init(&d, "test_cost", NULL, stderr);
+  tp_hardware_find("p3.16xlarge", dirs, &hw, &d);
+  TpModelDesc m;
+  tp_model_parse("gpt3-1b", &m, &d);
+  static TpCostModel cm;
+  tp_cost_model_init(&cm, &hw, &m, 4, 1, 1, &d);
+  TpTime t = tp_stage_time(&cm, 1, 1, 512, 512);
+  CHECK(t.wgt > 0.25 * t.bwd && t.wgt < 0.5 * t.bwd, "middle stage: weight part %g of backward %g", t.wgt, t.bwd);
+  cm.recompute = TP_RECOMPUTE_FULL;
+  TpTime full = tp_stage_time(&cm, 1, 1, 512, 512);
+  CHECK(full.bwd > t.bwd && fabs(full.wgt - t.wgt) < 1e-12 * t.wgt, "recomputation moved the weight part: %g -> %g",
+        t.wgt, full.wgt);
 }
 
 int main(int argc, char **argv) {
@@ -209,5 +233,6 @@ int main(int argc, char **argv) {
   calibration_recovers(argv[2], argv[1]);
   model_sanity(argv[1]);
   memory_options(argv[1]);
+  weight_share(argv[1]);
   return failures != 0;
 }
