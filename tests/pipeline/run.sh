@@ -212,7 +212,8 @@ generated-fixture | generated-deep | generated-interleaved) # trainers tokpipec 
     # shellcheck disable=SC2086
     "$bin/tokpipec" "$model" --exe "$n" $3 >"$n.out" 2>&1 || { fail "tokpipec $3: $(cat "$n.out")"; return 1; }
     s=$(echo " $3 " | sed -n 's/.* --stages \([0-9]*\) .*/\1/p') d=$(echo " $3 " | sed -n 's/.* --dp \([0-9]*\) .*/\1/p')
-    ranks=$((${s:-1} * ${d:-1}))
+    t=$(echo " $3 " | sed -n 's/.* --tensor \([0-9]*\) .*/\1/p')
+    ranks=$((${s:-1} * ${d:-1} * ${t:-1}))
     launch=./$n
     [ $ranks -gt 1 ] && launch="$mpi 200 $ranks ./$n"
     # shellcheck disable=SC2086
@@ -238,7 +239,8 @@ generated-fixture | generated-deep | generated-interleaved) # trainers tokpipec 
       steps=10 train_flags=$(sed -n 's/^trainer //p' "$parity/args")
       set -- "--stages 2 --schedule interleaved --chunks 2 --microbatches 2 --slices 3,3,2" \
         "--stages 2 --schedule interleaved --chunks 2 --microbatches 2 --dp 2 --slices 5,3" \
-        "--stages 2 --schedule interleaved --chunks 2 --microbatches 2 --dp 2 --zero 1 --stage-cuts 1,2,3"
+        "--stages 2 --schedule interleaved --chunks 2 --microbatches 2 --dp 2 --zero 1 --stage-cuts 1,2,3" \
+        "--stages 2 --schedule interleaved --chunks 2 --tensor 2 --microbatches 2 --slices 5,3"
     fi
   fi
   gen ref "$model" "$bt" || exit 1
@@ -263,6 +265,12 @@ generated-fixture | generated-deep | generated-interleaved) # trainers tokpipec 
     # one process hosting both ranks: the same bits as mpirun
     ./g1 --init "$model" --data train.bin --steps ${steps} ${train_flags} --dump-grads g1-local.grads >g1-local.out 2>&1
     same_files "g1 in one process: the same gradients as under mpirun -np 2" g1-local.grads g1.grads
+    # a checkpoint of 2 steps under mpirun, resumed in one process: 4 steps' weights to the bit
+    $mpi 200 2 ./g1 --init "$model" --data train.bin --steps 4 $train_flags --dump-weights full.weights >ck.out 2>&1 &&
+      $mpi 200 2 ./g1 --init "$model" --data train.bin --steps 2 $train_flags --save ck >>ck.out 2>&1 &&
+      ./g1 --data train.bin --steps 4 $train_flags --resume ck --dump-weights resumed.weights >>ck.out 2>&1 ||
+      fail "checkpoints: $(tail -5 ck.out)"
+    same_files "g1: 2 steps under mpirun, saved, resumed in one process: the weights of 4 steps" full.weights resumed.weights
     # the process count is S x N x D, not the virtual stages'
     $mpi 60 4 ./g1 --init "$model" --data train.bin --steps 1 >out.txt 2>&1
     grep -q "error: the plan has 2 stages (of 2 interleaved virtual stages each) x 1 replica = 2 ranks; mpirun started 4" out.txt &&
