@@ -49,6 +49,10 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
     if (ok && k + 1 < S)
       ok = message_ok(st->send_act, N, st->arena_bytes) && message_ok(st->recv_grad, N, st->arena_bytes);
     ok = ok && (k < R || st->ninsns == 0); /* a rank's list is its first virtual stage's */
+    /* per chunk, the microbatch whose backward units run (slice N-1 down to 0, no other
+     * microbatch's between): they share one scratch set of gradients (plan.h) */
+    int *open = xcalloc((size_t)V, sizeof *open);
+    for (int c = 0; c < V; c++) open[c] = -1;
     for (int j = 0; ok && j < st->ninsns; j++) {
       const TpPlanInsn *x = &st->insns[j];
       bool unit = x->kind <= TP_PLAN_RECV_GRAD;
@@ -63,9 +67,16 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
       case TP_PLAN_ALLREDUCE_TIED:
         ok = ok && S > 1 && (k == 0 || k == R - 1) && x->peer == (k == 0 ? S - 1 : 0);
         break;
+      case TP_PLAN_BACKWARD:
+        if (ok && x->slice == N - 1) ok = open[x->chunk] == -1, open[x->chunk] = x->mb;
+        ok = ok && open[x->chunk] == x->mb;
+        if (ok && x->slice == 0) open[x->chunk] = -1;
+        break;
       default: break;
       }
     }
+    for (int c = 0; ok && c < V; c++) ok = open[c] == -1;
+    free(open);
   }
   ok = ok && P->nprobes >= 0 && (P->probes || !P->nprobes);
   for (int p = 0; ok && p < P->nprobes; p++) {
