@@ -136,9 +136,11 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
   }
   for (int c = 0; c < R->nchunks; c++) {
     const RankChunk *C = &R->chunk[c];
+    char stage[48] = ""; /* an interleaved plan's: which virtual stage */
+    if (R->nchunks > 1) snprintf(stage, sizeof stage, ", virtual stage %d", C->stage);
     for (int a = 0; a < C->st->arenas; a++)
-      if (!(C->arena[a] = pipe_alloc(t, C->st->arena_bytes, "the activations of rank %d (stage %d's arena %d of %d)",
-                                     rank, C->stage, a + 1, C->st->arenas)))
+      if (!(C->arena[a] = pipe_alloc(t, C->st->arena_bytes, "the activations of rank %d%s (arena %d of %d)", rank,
+                                     stage, a + 1, C->st->arenas)))
         return TP_ERR_INPUT;
   }
   if (!(R->transient = pipe_alloc(t, transient, "the activations of rank %d (its transient region)", rank)))
