@@ -6,7 +6,8 @@
 # under every schedule of --schedules (default gpipe, 1f1b, zb), beside the paper's reported
 # iteration time with TeraPipe (gpipe). The simulated time of each schedule is printed with
 # its ratio to 1f1b's; gpipe's is the paper's own schedule. The slicing is the same for all
-# (solved under gpipe's Eq. 5): what changes is only the order of the per-rank lists.
+# (solved under gpipe's Eq. 5): what changes is only the order of the per-rank lists (and
+# the memory a schedule keeps: a plan over the V100's 16 GiB on some rank is marked).
 # usage: bench/paper_schedules.sh [BUILD_DIR] [--settings 1,5,..] [--schedules gpipe,1f1b,zb]
 #                                 [-- extra tokpipe-plan options]
 build=build settings=1,5,6,8,9,10 schedules=gpipe,1f1b,zb
@@ -39,7 +40,7 @@ for s in $(echo "$settings" | tr , ' '); do setting "$s" >/dev/null || exit 2; d
 field() { sed -n "s/^  \"$1\": \([-0-9.e+]*\),\{0,1\}$/\1/p"; }
 
 echo "Simulated iteration time (s) of TeraPipe's slicing on the paper's layouts, per schedule"
-echo "(p3.16xlarge profile); x 1f1b = the schedule's time / 1f1b's"
+echo "(p3.16xlarge profile); x 1f1b = the schedule's time / 1f1b's; ! = over 16 GiB on some rank"
 printf '%-7s %-9s %5s %-9s %8s' setting model batch SxNxD paper
 for k in $(echo "$schedules" | tr , ' '); do printf ' | %-8s %7s' "$k" "x 1f1b"; done
 echo
@@ -53,7 +54,8 @@ for s in $(echo "$settings" | tr , ' '); do
     out=$($plan --model "$model" --hardware p3.16xlarge --gpus $((data * pipe * tensor)) --pipeline "$pipe" \
           --tensor "$tensor" --data "$data" --batch "$batch" --schedule "$k" --no-joint --json $extra 2>&1) || {
       echo "setting $s, $k: $out" >&2; times="$times -"; continue; }
-    times="$times $(echo "$out" | field iteration_time_s)"
+    fit=$(echo "$out" | sed -n 's/^  "fits_memory": \([a-z]*\)$/\1/p')
+    times="$times $(echo "$out" | field iteration_time_s)$([ "$fit" = true ] || echo '!')"
   done
   name=$(echo "$model" | sed 's/^layers=40,.*/gpt3-13b/')
   # shellcheck disable=SC2086 # words
@@ -61,7 +63,8 @@ for s in $(echo "$settings" | tr , ' '); do
     printf "%-7s %-9s %5d %-9s %8.3f", $1, $2, $3, $4, $5
     n = split($6, names, ","); for (i = 1; i <= n; i++) { t[i] = $(6 + i); if (names[i] == "1f1b") ref = t[i] }
     for (i = 1; i <= n; i++) {
-      if (t[i] == "-") printf " | %-8s %7s", "-", "-"; else printf " | %-8.4g %6.3fx", t[i], (ref > 0 ? t[i] / ref : 0)
+      if (t[i] == "-") printf " | %-8s %7s", "-", "-"
+      else printf " | %-8s %6.3fx", sprintf("%.4g%s", t[i] + 0, t[i] ~ /!$/ ? "!" : ""), (ref > 0 ? t[i] / ref : 0)
     }
     printf "\n" }'
 done

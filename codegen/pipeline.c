@@ -12,7 +12,8 @@
 /* The plan's instruction kinds are the schedule's (plan.h cannot include the compiler). */
 _Static_assert((int)TP_PLAN_FORWARD == (int)TP_INSN_FORWARD && (int)TP_PLAN_RECV_GRAD == (int)TP_INSN_RECV_GRAD &&
                    (int)TP_PLAN_ALLREDUCE_TIED == (int)TP_INSN_ALLREDUCE_TIED &&
-                   (int)TP_PLAN_OPTIMIZER_STEP == (int)TP_INSN_OPTIMIZER_STEP,
+                   (int)TP_PLAN_OPTIMIZER_STEP == (int)TP_INSN_OPTIMIZER_STEP &&
+                   (int)TP_PLAN_BACKWARD_WEIGHT == (int)TP_INSN_BACKWARD_WEIGHT,
                "plan.h's TpPlanInsnKind follows schedule.h's TpInsnKind");
 
 int tp_tensor_ranks(const TpModule *m) {
@@ -96,7 +97,7 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
     double a = pl->arenas[s]; /* (compared in double: the products may pass 2^63) */
     /* one region in place of arena and transient region, where that is no more bytes (not
      * for a rank of several virtual stages: their units share its transient region) */
-    if (V == 1 && mem->transient_bytes[s] &&
+    if (V == 1 && mem->transient_bytes[s] && !mem->split && /* a weight part's buffers must stay out of the arena */
         a * (double)mem->one_region_bytes[s] <= a * (double)mem->arena_bytes[s] + (double)mem->transient_bytes[s])
       tp_memory_one_region(m, mem, s);
     if (s < S) {

@@ -522,7 +522,7 @@ static const TpCompileCaps tokpipec_caps = {.bf16 = true,
                                             .recompute = true,
                                             .vocab_pad = true,
                                             .transient_region = true,
-                                            .zb = false}; /* tokpipec refuses --schedule zb for now */
+                                            .zb = true};
 
 /* A profile prices the model it was measured on: one of another size (its "parameters"
  * more than 4x off the model's estimate, far beyond the estimate's error) is refused; a

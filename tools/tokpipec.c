@@ -65,8 +65,9 @@ static const char usage[] =
     "  --zero 0|1           1: each of the D replicas keeps 1/D of the AdamW state (ZeRO\n"
     "                       stage 1: gradients reduce-scattered, parameters all-gathered),\n"
     "                       with the same results as 0, where each keeps all of it (default)\n"
-    "  --schedule gpipe|1f1b|interleaved  the order of each rank's units (default gpipe);\n"
-    "                       interleaved: each of the S ranks runs V chunks of layers\n"
+    "  --schedule gpipe|1f1b|zb|interleaved  the order of each rank's units (default gpipe);\n"
+    "                       zb splits each backward into its input and weight parts (zero\n"
+    "                       bubble); interleaved: each of the S ranks runs V chunks of layers\n"
     "  --chunks V           with --schedule interleaved: the chunks (virtual stages) per rank,\n"
     "                       V >= 2; the layers are cut into S x V virtual stages, rank k\n"
     "                       running k, k + S, ..; --stage-cuts then gives S x V - 1 cuts\n"
@@ -584,8 +585,8 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
-      if (!tp_schedule_parse(v, &pipe.kind) || pipe.kind == TP_SCHEDULE_ZB) /* zb: not yet built */
-        cli_usage_error("--schedule expects gpipe, 1f1b or interleaved, got '%s'", v);
+      if (!tp_schedule_parse(v, &pipe.kind))
+        cli_usage_error("--schedule expects gpipe, 1f1b, zb or interleaved, got '%s'", v);
     } else if (cli_value(argc, argv, &i, "--chunks", &v)) {
       pipe.chunks = (int)cli_int("--chunks", v, 1, TP_SCHEDULE_MAX_CHUNKS);
     } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
@@ -645,6 +646,7 @@ int main(int argc, char **argv) {
   po.storage = pipe.precision == TP_PRECISION_BF16   ? TP_BF16
                : pipe.precision == TP_PRECISION_FP16 ? TP_F16
                                                      : TP_UNDEF;
+  po.split_backward = pipe.kind == TP_SCHEDULE_ZB; /* its units run as backward-input and -weight */
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0)
     cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);

@@ -478,6 +478,7 @@ static TpTime analytic_stage_time(const TpCostModel *cm, int k, int b, int l, in
   t.fwd += s.layers * layer.fwd;
   t.bwd += s.layers * layer.bwd;
   t.wgt += s.layers * layer.wgt;
+  if (k == 0) t.wgt = t.bwd; /* no stage before it waits: all its backward feeds its parameters */
   return t;
 }
 
@@ -605,6 +606,12 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
   if (k > 0) per_token += h * s;
   if (st->head && cm->recompute == TP_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
   if (st->head && cm->recompute == TP_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
+  /* split backwards: the output gradients the weight parts read (tokpipec --emit=memory on
+   * bench/gpt3_onnx.py models under zb: up to 11h floats per token and layer at t = 1, as
+   * the QKV and first MLP products' (3h + ffn) / t, the attention output and second MLP
+   * products' and both norms' 4h; the final norm's h), where a rank runs them later */
+  if (cm->split_backward)
+    per_token += s * (st->layers * ((3 * h + cm->model.ffn) / cm->tensor + 4 * h) + (st->head ? h : 0));
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
    * sum, stored as the gradients are, lives from the last slice's backward unit to the first's */
   return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);

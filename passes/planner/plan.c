@@ -163,6 +163,7 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   cm->recompute = e->recompute;
   cm->precision = e->precision;
   cm->zero = e->zero;
+  cm->split_backward = e->schedule == TP_SCHEDULE_ZB;
   tp_cost_model_set_cuts(cm, e->cuts);
   int *nslices = malloc(sizeof(int) * (size_t)e->slicing.n);
   for (int m = 0; m < e->slicing.n; m++) nslices[m] = e->slicing.mb[m].nslices;

@@ -71,17 +71,22 @@ static void push_step_end(TpSchedule *s, const TpScheduleSpec *spec, int k) {
   tp_schedule_push(s, k, (TpInsn){TP_INSN_OPTIMIZER_STEP, -1, -1, -1, 0});
 }
 
-/* ZB-H1 (Qi et al., zero-bubble pipeline parallelism) over token slices. Forwards run in
- * 1F1B's order (microbatches, then slices), backward-inputs in its backward order
- * (microbatches, later slices first) and backward-weights in the backward-inputs' order, so
- * a microbatch's W units come in their B order and together among the W's. The lists come
- * from a greedy timed run with equal F, B and W costs (the paper's setting): a rank
- * whose next B can run runs it (B is on the critical path: the previous stage waits for
- * its gradient); else its next F, if that F's microbatch is already alive or fewer
- * microbatches than 1F1B's arenas on this rank are; else its oldest deferred W (an idle
- * slot, or the W that frees a microbatch's arena); else it waits for the next message.
- * A microbatch lives from its first forward to its last W, and at most 1F1B's arena count
- * of them are alive at once (in order), so ZB-H1 keeps 1F1B's memory. */
+/* ZB-H1 (Qi et al., zero-bubble pipeline parallelism) over token slices. Each rank runs
+ * its forwards and backward-inputs in 1F1B's order (so the lists keep 1F1B's shape, which
+ * holds up when real costs differ from the ones assumed here), and its backward-weights in
+ * the backward-inputs' order, so a microbatch's W units come in their B order and together
+ * among the W's. Where the W's go comes from a timed run with equal F, B and W costs (the
+ * paper's setting): a rank whose next F or B can run runs it (B sends its gradient as soon
+ * as it can: the previous stage waits for it); else, its oldest deferred W (an idle slot,
+ * or a W that frees a microbatch's arena for the next F); else it waits for the next
+ * message. The first stage sends no gradient, so its whole backward is its W (the
+ * split-backward pass's rule: what only feeds parameter gradients is weight part): there B
+ * costs nothing and W twice. An F that begins a microbatch waits for one of 1F1B's arenas on this rank: a
+ * microbatch lives from its first forward to its last W, and no more of them are alive at
+ * once (in order) than 1F1B keeps, so ZB-H1 keeps 1F1B's memory. With equal costs and
+ * unsliced microbatches the bubble shrinks from 1F1B's (S - 1)(F + B + W) to (S - 1)(F + B)
+ * (the last rank's one arena keeps it from the paper's (S - 1)(F + B - W), which counts
+ * memory more finely). */
 typedef struct {
   const TpScheduleSpec *spec;
   TpSchedule *s;
@@ -91,6 +96,7 @@ typedef struct {
   double *clock;
   int *fi, *bi, *wi;       /* [rank] the next F, B and W in their orders (W: the B order) */
   int *started, *finished; /* [rank] microbatches begun (first F) and done (last W) */
+  bool **backward;         /* [rank][F and B count]: 1F1B's order of F (false) and B (true) */
 } ZbRun;
 
 /* When rank k's next B could start (its gradient arrived) and its next F (its activation);
@@ -114,14 +120,15 @@ static bool zb_step(ZbRun *z, int k, double t) {
   size_t row = (size_t)k * z->units;
   int S = z->spec->stages;
   double grad_at = zb_grad_at(z, k), act_at = zb_act_at(z, k);
-  if (grad_at >= 0 && grad_at <= t) {
+  bool b_next = z->bi[k] < z->units && z->backward[k][z->fi[k] + z->bi[k]];
+  if (b_next && grad_at >= 0 && grad_at <= t) {
     int m = z->bwd[z->bi[k]][0], i = z->bwd[z->bi[k]][1];
     if (k + 1 < S) tp_schedule_push(z->s, k, (TpInsn){TP_INSN_RECV_GRAD, m, i, k + 1, 0});
     tp_schedule_push(z->s, k, (TpInsn){TP_INSN_BACKWARD_INPUT, m, i, -1, 0});
     if (k > 0) tp_schedule_push(z->s, k, (TpInsn){TP_INSN_SEND_GRAD, m, i, k - 1, 0});
-    z->bdone[row + z->base[m] + i] = z->clock[k] = t + 1;
+    z->bdone[row + z->base[m] + i] = z->clock[k] = t + (k > 0); /* the first stage's B: nothing (below) */
     z->bi[k]++;
-  } else if (act_at >= 0 && act_at <= t) {
+  } else if (!b_next && act_at >= 0 && act_at <= t) {
     int m = z->fwd[z->fi[k]][0], i = z->fwd[z->fi[k]][1];
     unit_forward(z->s, k, m, i);
     z->started[k] += i == 0;
@@ -131,23 +138,12 @@ static bool zb_step(ZbRun *z, int k, double t) {
     int m = z->bwd[z->wi[k]][0], i = z->bwd[z->wi[k]][1];
     tp_schedule_push(z->s, k, (TpInsn){TP_INSN_BACKWARD_WEIGHT, m, i, -1, 0});
     z->finished[k] += i == 0; /* slice 0's W is the microbatch's last */
-    z->clock[k] = t + 1;
+    z->clock[k] = t + (k > 0 ? 1 : 2);
     z->wi[k]++;
   } else return false;
   return true;
 }
 
-/* ZB-H1 (Qi et al., zero-bubble pipeline parallelism) over token slices. Forwards run in
- * 1F1B's order (microbatches, then slices), backward-inputs in its backward order
- * (microbatches, later slices first) and backward-weights in the backward-inputs' order, so
- * a microbatch's W units come in their B order and together among the W's. The lists come
- * from a greedy timed run with equal F, B and W costs (the paper's setting): a rank
- * whose next B can run runs it (B is on the critical path: the previous stage waits for
- * its gradient); else its next F, if that F's microbatch is already alive or fewer
- * microbatches than 1F1B's arenas on this rank are; else its oldest deferred W (an idle
- * slot, or the W that frees a microbatch's arena); else it waits for the next message.
- * A microbatch lives from its first forward to its last W, and at most 1F1B's arena count
- * of them are alive at once (in order), so ZB-H1 keeps 1F1B's memory. */
 static void build_zb(const TpScheduleSpec *spec, TpSchedule *s, int units, int (*fwd)[2], int (*bwd)[2]) {
   int S = spec->stages, M = spec->nmb;
   ZbRun z = {.spec = spec, .s = s, .units = units, .fwd = fwd, .bwd = bwd};
@@ -156,7 +152,14 @@ static void build_zb(const TpScheduleSpec *spec, TpSchedule *s, int units, int (
   one.kind = TP_SCHEDULE_1F1B;
   TpSchedule ref;
   tp_schedule_build(&one, &ref);
-  for (int k = 0; k < S; k++) z.limit[k] = tp_schedule_arenas(&ref, k);
+  z.backward = malloc(sizeof(bool *) * (size_t)S);
+  for (int k = 0; k < S; k++) {
+    z.limit[k] = tp_schedule_arenas(&ref, k);
+    z.backward[k] = malloc(sizeof(bool) * (size_t)(2 * units));
+    for (int i = 0, n = 0; i < ref.count[k]; i++)
+      if (ref.insn[k][i].kind == TP_INSN_FORWARD || ref.insn[k][i].kind == TP_INSN_BACKWARD)
+        z.backward[k][n++] = ref.insn[k][i].kind == TP_INSN_BACKWARD;
+  }
   tp_schedule_free(&ref);
   z.base = malloc(sizeof(int) * (size_t)(M + 1));
   for (int m = 0, u = 0; m <= M; u += m < M ? spec->nslices[m] : 0, m++) z.base[m] = u;
@@ -191,6 +194,8 @@ static void build_zb(const TpScheduleSpec *spec, TpSchedule *s, int units, int (
       if (z.wi[k] < units && z.clock[k] == t) z.clock[k] = next;
   }
   for (int k = 0; k < S; k++) push_step_end(s, spec, k);
+  for (int k = 0; k < S; k++) free(z.backward[k]);
+  free(z.backward);
   free(z.limit);
   free(z.base);
   free(z.fdone);

@@ -47,16 +47,22 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int c, int mb) {
                     .loss_scale_device = t->dev_loss_scale};
 }
 
-/* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it
- * called io->tensor_allreduce as often as the plan says (a member that does not would
- * leave the others waiting in an all-reduce, or pair theirs wrongly). */
+/* Runs unit x (FORWARD, BACKWARD, BACKWARD_INPUT or BACKWARD_WEIGHT) of R with io; with
+ * tensor parallelism, checks that it called io->tensor_allreduce as often as the plan says
+ * (a member that does not would leave the others waiting in an all-reduce, or pair theirs
+ * wrongly). A split backward's all-reduces are its input part's (backward_reduces). */
 static void run_rank_unit(Trainer *t, PipeRank *R, const TpPlanInsn *x, TpStepIO *io) {
-  bool fwd = x->kind == TP_PLAN_FORWARD;
   const RankChunk *C = &R->chunk[x->chunk];
+  const TpPlanStage *st = C->st;
+  bool fwd = x->kind == TP_PLAN_FORWARD, weight = x->kind == TP_PLAN_BACKWARD_WEIGHT;
+  const TpUnitFn *fns = fwd                                 ? st->forward
+                        : x->kind == TP_PLAN_BACKWARD_INPUT ? st->backward_input
+                        : weight                            ? st->backward_weight
+                                                            : st->backward;
   R->reduces = 0;
-  run_unit(t, R->stream, (fwd ? C->st->forward : C->st->backward)[x->slice], io);
+  run_unit(t, R->stream, fns[x->slice], io);
   if (train_tensor(t->plan) == 1) return;
-  int want = (fwd ? C->st->forward_reduces : C->st->backward_reduces)[x->slice];
+  int want = weight ? 0 : (fwd ? st->forward_reduces : st->backward_reduces)[x->slice];
   if (R->reduces != want)
     tp_comm_abort(t->comm, TP_ERR_INTERNAL,
                   "the %s unit of stage %d, slice %d (microbatch %d) made %d tensor "
@@ -100,10 +106,15 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
       run_rank_unit(t, R, x, &io);
     }
     return true;
-  case TP_PLAN_BACKWARD: {
-    /* the microbatch's backward units on a virtual stage run together, from its last slice
-     * to slice 0; they write the gradients of that stage's parameters, one range of the
-     * block (all of it unless the plan is interleaved) */
+  case TP_PLAN_BACKWARD_INPUT: /* writes no parameter gradients: its weight part does */
+    io = unit_io(t, R, x->chunk, x->mb);
+    run_rank_unit(t, R, x, &io);
+    return true;
+  case TP_PLAN_BACKWARD:
+  case TP_PLAN_BACKWARD_WEIGHT: {
+    /* the microbatch's backward units (split: weight parts) on a virtual stage run
+     * together, from its last slice to slice 0, into one scratch set of gradients: those of
+     * that stage's parameters, one range of the block (all of it unless interleaved) */
     const RankChunk *C = &R->chunk[x->chunk];
     int64_t lo = C->grad_lo, n = C->grad_hi - C->grad_lo;
     size_t elem = train_elem_bytes(P);

@@ -62,15 +62,17 @@ void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, int
 }
 
 static const char *kind_name(int kind) {
-  static const char *const names[] = {"forward",   "backward",       "send-act",  "recv-act",      "send-grad",
-                                      "recv-grad", "allreduce-tied", "allreduce", "optimizer-step"};
+  static const char *const names[] = {"forward",        "backward",       "send-act",       "recv-act",
+                                      "send-grad",      "recv-grad",      "allreduce-tied", "allreduce",
+                                      "optimizer-step", "backward-input", "backward-weight"};
   if (kind == TRACE_UPDATE) return "optimizer-step";
   return kind >= 0 && kind < (int)(sizeof names / sizeof *names) ? names[kind] : "?";
 }
 
 /* One event as a JSON object: a complete event ("ph": "X") on thread 0 of process `rank`. */
 static int format_event(char *buf, size_t n, const TraceEvent *e) {
-  bool compute = e->kind == TP_PLAN_FORWARD || e->kind == TP_PLAN_BACKWARD || e->kind == TRACE_UPDATE;
+  bool compute = e->kind == TP_PLAN_FORWARD || e->kind == TP_PLAN_BACKWARD || e->kind == TP_PLAN_BACKWARD_INPUT ||
+                 e->kind == TP_PLAN_BACKWARD_WEIGHT || e->kind == TRACE_UPDATE;
   char name[112], stage[32] = "";
   if (e->stage >= 0) snprintf(stage, sizeof stage, ", \"stage\": %d", (int)e->stage);
   int len = snprintf(name, sizeof name, "%s", kind_name(e->kind));

@@ -37,7 +37,9 @@ static void uniform_costs(TpSimCosts *c, int S, int nmb, const int *nslices, dou
   c->allreduce = calloc((size_t)S, sizeof(double));
   c->optimizer = calloc((size_t)S, sizeof(double));
   c->wgt = calloc(su, sizeof(double));
-  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b, c->wgt[i] = b / 2;
+  /* a split backward: half and half, except on the first stage (it sends no gradient: all
+   * weight part) */
+  for (size_t i = 0; i < su; i++) c->fwd[i] = f, c->bwd[i] = b, c->wgt[i] = i < (size_t)c->units ? b : b / 2;
   for (int k = 0; k < S; k++) c->memory[k] = (TpRankMemoryInput){.microbatches = nmb, .kept = 1}; /* peak: arenas */
 }
 
@@ -89,6 +91,10 @@ static void grid(void) {
                     S, M, N, k, tp_schedule_arenas(&s, k), arenas_1f1b[k]);
             CHECK(S == 1 ? r.time_s <= time_1f1b + 1e-9 : r.time_s < time_1f1b - 1e-9,
                   "zb S=%d M=%d N=%d: time %g, 1f1b's %g", S, M, N, r.time_s, time_1f1b);
+            if (U == M) /* unsliced: the bubble is (S - 1)(F + B), 1f1b's (S - 1)(F + B + W) */
+              CHECK(r.time_s == 3.0 * U + 2.0 * (S - 1) && time_1f1b == 3.0 * U + 3.0 * (S - 1),
+                    "zb S=%d M=%d: time %g (1f1b %g), want %g (%g)", S, M, r.time_s, time_1f1b,
+                    3.0 * U + 2.0 * (S - 1), 3.0 * U + 3.0 * (S - 1));
             for (int k = 0; k < S; k++) /* every unit's F, B and W ran */
               CHECK(fabs(r.busy_s[k] - 3.0 * U) < 1e-9, "zb rank %d busy %g, want %g", k, r.busy_s[k], 3.0 * U);
           }
