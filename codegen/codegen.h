@@ -142,6 +142,8 @@ typedef struct {
   TpScheduleKind kind;
   TpPrecision precision; /* how parameters, gradients and activations are stored */
   int zero;              /* 1: the D replicas each keep 1/D of the optimizer state (ZeRO-1) */
+  int chunks;            /* interleaved: virtual stages per rank (V >= 2; the memory plan's
+                            stages are S * V); 0 or 1 otherwise */
 } TpPipelineOptions;
 
 typedef struct {
@@ -152,11 +154,18 @@ typedef struct {
                            are one tensor rank's (its parts of the split parameters) */
   int64_t *whole;       /* per stage: parameters, gradients and AdamW state as --tensor 1
                            would hold them (the split parameters whole) */
-  int *arenas;          /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
-  TpRankMemory *memory; /* per stage (the rank running it): codegen/rank_memory.h */
-  /* per stage: what `memory` was counted from (kept: the arena, transient: the region) */
+  int chunks;           /* V: virtual stages per rank (1 unless interleaved) */
+  int *arenas;          /* per (virtual) stage: microbatch arenas alive at once (mb uses
+                           mb % arenas) */
+  TpRankMemory *memory; /* per rank (stage k < S, running virtual stages k, k + S, ...):
+                           codegen/rank_memory.h */
+  /* per rank: what `memory` was counted from (kept: the arena, transient: the region) */
   TpRankMemoryInput *input;
 } TpPipeline;
+
+/* The rank that runs (virtual) stage s, and s's chunk on it. */
+static inline int tp_pipeline_rank(const TpPipeline *pl, int s) { return s % pl->schedule.stages; }
+static inline int tp_pipeline_chunk(const TpPipeline *pl, int s) { return s / pl->schedule.stages; }
 
 /* Builds and verifies the schedule (a schedule that fails verification is a compiler bug:
  * TP_ERR_INTERNAL) and the per-rank memory, settling each stage's layout in mem: arenas x

@@ -967,6 +967,9 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
                     : " * Profiling probes (--profile-grid), (l, c):\n *   ",
               (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
     if (E.target->precision) fprintf(out, " * Target %s, precision %s.\n", E.target->name, E.target->precision);
+    if (pipe.chunks > 1)
+      fprintf(out, " * Interleaved: %d ranks of %d virtual stages each (rank k runs stages k, k + %d, ..).\n",
+              plan.nstages / pipe.chunks, pipe.chunks, plan.nstages / pipe.chunks);
     if (E.tensor > 1)
       fprintf(out, " * Tensor parallel over %d ranks per stage: shapes and parameter figures are one rank's.\n",
               E.tensor);

@@ -793,7 +793,7 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     params += bytes, elements += n;
     if (m->grads && tp_grad_of(m, v) >= 0) grads += bytes, trained += n, ntrainable++;
   }
-  char note[128];
+  char note[256];
   int tensor = tp_tensor_ranks(m);
   if (tensor > 1) fprintf(out, "totals (per tensor rank: its parts of the parameters split %d ways):\n", tensor);
   else fprintf(out, "totals:\n");
@@ -806,11 +806,14 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   print_bytes(out, "  total", params + grads + 8 * trained + activations, NULL);
   if (!pl) return;
   if (tensor > 1) snprintf(note, sizeof note, " x %d tensor ranks", tensor);
-  fprintf(out, "ranks: %d stage%s%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",
-          p->nstages, p->nstages == 1 ? "" : "s", tensor > 1 ? note : "", pl->o.dp, pl->o.dp == 1 ? "" : "s",
+  int S = pl->schedule.stages, V = pl->chunks;
+  char chunks[64] = "";
+  if (V > 1) snprintf(chunks, sizeof chunks, " (x %d chunks: %d virtual stages)", V, S * V);
+  fprintf(out, "ranks: %d stage%s%s%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n", S,
+          S == 1 ? "" : "s", chunks, tensor > 1 ? note : "", pl->o.dp, pl->o.dp == 1 ? "" : "s",
           tp_schedule_name(pl->o.kind), pl->o.microbatches, pl->o.microbatches == 1 ? "" : "es", p->nslices,
           p->nslices == 1 ? "" : "s");
-  for (int s = 0; s < p->nstages; s++) {
+  for (int s = 0; s < S; s++) {
     if (tensor > 1)
       fprintf(out, "ranks %d-%d (stage %d, per tensor rank%s):\n", s * tensor, s * tensor + tensor - 1, s,
               pl->o.dp > 1 ? "; every replica's alike" : "");
@@ -823,9 +826,18 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     print_bytes(out, "  gradients", r->grads, grads_note);
     if (r->masters) print_bytes(out, "  master weights", r->masters, pl->o.zero ? "fp32, 1/D of them" : "fp32");
     print_bytes(out, "  optimizer state", r->state, pl->o.zero ? "1/D of AdamW's moments" : NULL);
-    snprintf(note, sizeof note, "%d microbatch%s alive at once: %d x %lld kept + %lld transient", pl->arenas[s],
-             pl->arenas[s] == 1 ? "" : "es", pl->arenas[s], (long long)pl->input[s].kept,
-             (long long)pl->input[s].transient);
+    if (V == 1)
+      snprintf(note, sizeof note, "%d microbatch%s alive at once: %d x %lld kept + %lld transient", pl->arenas[s],
+               pl->arenas[s] == 1 ? "" : "es", pl->arenas[s], (long long)pl->input[s].kept,
+               (long long)pl->input[s].transient);
+    else /* per virtual stage k + c S: its arenas x its kept bytes */
+      for (int c = 0, n = 0; c < V && n < (int)sizeof note; c++) {
+        int j = c * S + s;
+        n += snprintf(note + n, sizeof note - (size_t)n, "%sstage %d: %d x %lld kept", c ? ", " : "", j,
+                      pl->arenas[j], (long long)p->arena_bytes[j]);
+        if (c + 1 == V && n < (int)sizeof note)
+          snprintf(note + n, sizeof note - (size_t)n, "; + %lld transient", (long long)pl->input[s].transient);
+      }
     print_bytes(out, "  activations", r->activations, note);
     print_bytes(out, "  peak", r->peak, NULL);
     if (tensor > 1) {

@@ -51,6 +51,7 @@ static const char *const insn_enum[TP_INSN_COUNT] = {"TP_PLAN_FORWARD",        "
                                                      "TP_PLAN_ALLREDUCE_TIED", "TP_PLAN_ALLREDUCE",
                                                      "TP_PLAN_OPTIMIZER_STEP", "TP_PLAN_BACKWARD_INPUT",
                                                      "TP_PLAN_BACKWARD_WEIGHT"};
+static const char *const plan_schedule[] = {"TP_PLAN_GPIPE", "TP_PLAN_1F1B", "TP_PLAN_ZB", "TP_PLAN_INTERLEAVED"};
 static const char *const message_names[TP_MSG_COUNT] = {"recv_act", "send_act", "recv_grad", "send_grad"};
 
 /* Does stage s have the neighbour that message kind k goes to or comes from? */
@@ -144,12 +145,15 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
       }
       fputs("};\n", out);
     }
-    fprintf(out, "static const TpPlanInsn stage%d_schedule[] = {\n", s);
-    for (int i = 0; i < pl->schedule.count[s]; i++) {
-      const TpInsn *x = &pl->schedule.insn[s][i];
-      fprintf(out, "    {%s, %d, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice, x->peer, x->chunk);
+    if (s < pl->schedule.stages) {
+      fprintf(out, "static const TpPlanInsn stage%d_schedule[] = {\n", s);
+      for (int i = 0; i < pl->schedule.count[s]; i++) {
+        const TpInsn *x = &pl->schedule.insn[s][i];
+        fprintf(out, "    {%s, %d, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice,
+                tp_schedule_peer_stage(&pl->schedule, s, x), x->chunk);
+      }
+      fputs("};\n", out);
     }
-    fputs("};\n", out);
     if (E->tensor > 1) emit_reduce_tables(E, out, s);
   }
   fputs("\nstatic const TpPlanStage stages[] = {\n", out);
@@ -170,8 +174,9 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
               "     .forward_reduces = stage%d_forward_reduces,\n"
               "     .backward_reduces = stage%d_backward_reduces,\n",
               s, s);
-    fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n     .memory_bytes = %lld},\n",
-            pl->schedule.count[s], s, (long long)pl->memory[s].peak);
+    if (s < pl->schedule.stages) /* an interleaved plan's virtual stages >= S: in their rank's list */
+      fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n", pl->schedule.count[s], s);
+    fprintf(out, "     .memory_bytes = %lld},\n", (long long)pl->memory[tp_pipeline_rank(pl, s)].peak);
   }
   fputs("};\n", out);
 }
@@ -299,9 +304,8 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
           "    .global_batch = %lld,\n    .microbatches = %d,\n    .dp = %d,\n    .nslices = %d,\n"
           "    .slice_len = slice_len,\n    .schedule = %s,\n    .stages = stages,\n",
           (long long)(batch * pl->o.microbatches * pl->o.dp), pl->o.microbatches, pl->o.dp, p->nslices,
-          pl->o.kind == TP_SCHEDULE_GPIPE ? "TP_PLAN_GPIPE"
-          : pl->o.kind == TP_SCHEDULE_ZB  ? "TP_PLAN_ZB"
-                                          : "TP_PLAN_1F1B");
+          plan_schedule[pl->o.kind]);
+  if (pl->chunks > 1) fprintf(out, "    .chunks = %d,\n", pl->chunks);
   if (E->o->nprobes)
     fprintf(out, "    .stage_cuts = %s,\n    .nprobes = %d,\n    .probes = probes,\n",
             E->o->stage_cuts ? "stage_cuts" : "NULL", E->o->nprobes);

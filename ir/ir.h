@@ -540,6 +540,9 @@ struct TpPassOptions {
    * of stages 1.. as "a,b,..." (NULL: balance the estimated compute). */
   int nstages;
   const char *stage_cuts;
+  /* assign-stages, for its messages: the virtual stages per pipeline rank of an interleaved
+   * schedule (nstages is then ranks x chunks); <= 1: not interleaved. */
+  int chunks;
   /* shard-tensor: the ranks of the tensor group that split each stage's ops (<= 1: none). */
   int tensor;
   /* recompute: what the backward recomputes (tokpipec --recompute; NONE: no recompute pass). */
