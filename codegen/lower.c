@@ -320,8 +320,13 @@ static bool written_before_product(const Lowerer *X, int op, const TpMemSlot *s,
 }
 
 static void lower_op(Lowerer *X, int op);
-static int gelu_partner(const Lowerer *X, const int *order, int i, int to, const TpBound *b, int *cast);
-static void lower_gelu_epilogue(Lowerer *X, TpBound *b, Views *w, int gelu, int cast);
+/* Ops a Gelu epilogue's fusion absorbs besides the Gelu: a read-back Cast of its operand,
+ * Reshapes that run nothing between the product's dx and the GeluBackward. */
+typedef struct {
+  int ops[4], n;
+} Absorbed;
+static int gelu_partner(const Lowerer *X, const int *order, int i, int to, const TpBound *b, Absorbed *more);
+static void lower_gelu_epilogue(Lowerer *X, TpBound *b, Views *w, int gelu, const Absorbed *more);
 
 /* Lowers the pending Casts not folded, in their order. */
 static void flush_pending(Lowerer *X, const bool *fold) {
@@ -432,9 +437,10 @@ static void lower_op(Lowerer *X, int op) {
     }
     a->p.kv_rows = rows;
   }
-  int cast, gelu = gelu_partner(X, X->order, X->pos, X->to, &b, &cast);
+  Absorbed more;
+  int gelu = gelu_partner(X, X->order, X->pos, X->to, &b, &more);
   if (gelu >= 0) {
-    lower_gelu_epilogue(X, &b, &w, X->order[gelu], cast);
+    lower_gelu_epilogue(X, &b, &w, X->order[gelu], &more);
     return;
   }
   fold_operands(X, &b, &w);
@@ -490,30 +496,48 @@ static bool touched(const Lowerer *X, const int *order, int i, int j, const TpMe
   return false;
 }
 
+
+static bool in(const int *xs, int n, int v) {
+  for (int k = 0; k < n; k++)
+    if (xs[k] == v) return true;
+  return false;
+}
+
 /* The position of the op fused with the product at position i (a Linear or
- * LinearBackward, bound as b), or -1; *cast: a read-back Cast it absorbs too, or -1. */
-static int gelu_partner(const Lowerer *X, const int *order, int i, int to, const TpBound *b, int *cast) {
+ * LinearBackward, bound as b), or -1; *more: the other ops the fusion absorbs. The Gelu
+ * may read the product's result through Reshapes that run nothing (a Conv1D's views). */
+static int gelu_partner(const Lowerer *X, const int *order, int i, int to, const TpBound *b, Absorbed *more) {
   const TpModule *m = X->L->m;
   const TpOp *o = &m->ops[order[i]];
   bool forward = b->kernel == TP_K_LINEAR;
   int y = o->outputs[0];
-  *cast = -1;
+  more->n = 0;
   if (!X->L->target->gelu_epilogues || (!forward && b->kernel != TP_K_LINEAR_BACKWARD) || y < 0 ||
       (!forward && X->readers[y] != 1))
     return -1;
+  /* y and its views; not written by a backward's call: dx, its views, the absorbed Cast's
+   * result; read before the Gelu's result is written: the backward's x, which only dw's
+   * product reads, and the call computes dw first */
+  int chain[4] = {y}, nchain = 1, unwritten[7] = {forward ? -1 : y, forward ? -1 : o->inputs[1]}, nunwritten = 2;
   int j = i + 1;
   for (; j < to; j++) {
     const TpOp *g = &m->ops[order[j]];
+    bool reads = false;
     if (!X->here[order[j]] && !tp_is_boundary_op(m, order[j])) return -1; /* outlined */
-    if (X->here[order[j]] && g->ninputs > 0 && g->inputs[0] == y) break;
-    for (int k = 0; k < g->ninputs; k++)
-      if (g->inputs[k] == y) return -1; /* read first by another op */
+    for (int k = 0; k < g->ninputs; k++) reads = reads || in(chain, nchain, g->inputs[k]);
+    if (!reads) continue;
+    if (X->here[order[j]] && g->kind == TP_OP_Reshape && reshape_is_view(X->L->mem, order[j], m) && nchain < 4) {
+      if (!forward && X->readers[g->outputs[0]] != 1) return -1;
+      chain[nchain++] = g->outputs[0];
+      if (!forward) more->ops[more->n++] = order[j], unwritten[nunwritten++] = g->outputs[0];
+      continue;
+    }
+    if (X->here[order[j]] && g->ninputs > 0 && in(chain, nchain, g->inputs[0])) break;
+    return -1; /* read first by another op */
   }
   if (j == to || !tanh_gelu(m, order[j], forward ? TP_OP_Gelu : TP_OP_GeluBackward)) return -1;
   const TpOp *g = &m->ops[order[j]];
-  /* not written by the call: dx; read before the Gelu's result is written: the backward's
-   * x, which only dw's product reads, and the call computes dw first */
-  int unwritten[3] = {forward ? -1 : y, -1, forward ? -1 : o->inputs[1]};
+  int cast = -1;
   if (!forward) { /* the Gelu's operand, at position i */
     int pre = g->inputs[1], p = def_position(X, order, i, j, pre);
     if (p >= 0) {
@@ -522,22 +546,22 @@ static int gelu_partner(const Lowerer *X, const int *order, int i, int to, const
           type_of(X, pre)->dtype != TP_F32 || X->readers[pre] != 1 ||
           def_position(X, order, i, j, c->inputs[0]) >= 0)
         return -1;
-      *cast = order[p], unwritten[1] = pre;
+      cast = order[p], more->ops[more->n++] = cast, unwritten[nunwritten++] = pre;
     }
   }
   const TpMemSlot *result = storage(X->L->mem, g->outputs[0]);
-  if (touched(X, order, i, j, result, unwritten, 3, *cast)) return -1;
+  if (touched(X, order, i, j, result, unwritten, nunwritten, cast)) return -1;
   if (!forward && slots_overlap(result, storage(X->L->mem, g->inputs[1]))) return -1; /* dx, pre: read apart */
   for (int k = 0; k < X->npending; k++) /* a bf16 value the product may read in place */
-    if (m->ops[X->pending[k]].outputs[0] != unwritten[2] &&
+    if (m->ops[X->pending[k]].outputs[0] != unwritten[1] &&
         slots_overlap(result, storage(X->L->mem, m->ops[X->pending[k]].inputs[0])))
       return -1;
   return j;
 }
 
-/* The product at position i fused with the Gelu at position j (gelu_partner), its read-back
- * Cast `cast` (-1: none) absorbed. */
-static void lower_gelu_epilogue(Lowerer *X, TpBound *b, Views *w, int gelu, int cast) {
+/* The product at position i fused with the Gelu at position j (gelu_partner), the ops
+ * `more` absorbed too. */
+static void lower_gelu_epilogue(Lowerer *X, TpBound *b, Views *w, int gelu, const Absorbed *more) {
   const TpModule *m = X->L->m;
   const TpOp *g = &m->ops[gelu];
   TpTensor extra[2] = {tp_value_tensor(m, g->outputs[0]), {0}};
@@ -555,7 +579,11 @@ static void lower_gelu_epilogue(Lowerer *X, TpBound *b, Views *w, int gelu, int 
   begin_op_but(X, w->op, false, b->kernel == TP_K_LINEAR_GELU ? -1 : m->ops[w->op].outputs[0]); /* dx: unwritten */
   begin_op(X, gelu, false);
   X->absorbed[gelu] = true;
-  if (cast >= 0) X->absorbed[cast] = true, X->folded[m->ops[cast].outputs[0]] = m->ops[cast].inputs[0];
+  for (int k = 0; k < more->n; k++) {
+    const TpOp *c = &m->ops[more->ops[k]];
+    X->absorbed[more->ops[k]] = true;
+    if (c->kind == TP_OP_Cast) X->folded[c->outputs[0]] = c->inputs[0]; /* the call reads the bf16 value */
+  }
   lower_call(X, b, w);
 }
 
