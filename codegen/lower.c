@@ -22,7 +22,7 @@ typedef struct {
   int *folded;    /* per value: the bf16 value a product reads in place of it (-1: none) */
   int pending[8]; /* read-back Casts waiting for the op after them */
   int npending;
-  bool *absorbed; /* per op: run by the Gelu epilogue of a product lowered before it */
+  bool *absorbed;   /* per op: run by the Gelu epilogue of a product lowered before it */
   const int *order; /* the stage's order, the position of the op being lowered, the range's end */
   int pos, to;
 } Lowerer;
@@ -495,7 +495,6 @@ static bool touched(const Lowerer *X, const int *order, int i, int j, const TpMe
   }
   return false;
 }
-
 
 static bool in(const int *xs, int n, int v) {
   for (int k = 0; k < n; k++)

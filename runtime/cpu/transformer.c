@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../../base/tensor.h" /* TP_MAX_RANK */
-#include "elementwise.h" /* tp_unary */
+#include "elementwise.h"       /* tp_unary */
 #include "matmul.h"
 #include "nn_backward.h" /* tp_column_sums_f32, tp_gelu_backward_f32 */
 #include "../kernels/element.h"

@@ -40,7 +40,7 @@ struct GemmKey {
   int64_t lda, ldb, ldc;
   int64_t align_a, align_b, align_c, align_bias; /* bytes, 256 at most (0: no bias) */
   int64_t batch, stride_a, stride_b, stride_c;   /* elements; all 0 when batch is 1 */
-  int64_t epilogue, align_aux;                  /* Epilogue; aux's alignment (0: no aux) */
+  int64_t epilogue, align_aux;                   /* Epilogue; aux's alignment (0: no aux) */
 };
 
 struct GemmPlan {
@@ -194,7 +194,8 @@ static void make_plan(TpCudaBlas *blas, GemmPlan *plan, const Gemm *g) {
   if (gelu && g->epilogue == EPILOGUE_GELU_AUX)
     epilogue = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   if (gelu && g->epilogue == EPILOGUE_DGELU) epilogue = CUBLASLT_EPILOGUE_DGELU;
-  TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  TP_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
   if (g->bias) /* the bias's type is D's (f32); the heuristic reads its pointer's alignment */
     TP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
@@ -349,7 +350,8 @@ static void run_gemm(TpCudaBlas *blas, const Gemm *g, TpCudaStream stream) {
   tp_emu_stream_ready(stream); /* after the stream's all-reduces, as on a GPU */
   emulated_gemm(&product);
   if (is_gelu(g) && !plan->gelu_apart)
-    for (int64_t e = 0; e < g->m * g->n; e++) gelu_epilogue(g->epilogue == EPILOGUE_DGELU, g->aux, g->m, g->ldc, e, g->C);
+    for (int64_t e = 0; e < g->m * g->n; e++)
+      gelu_epilogue(g->epilogue == EPILOGUE_DGELU, g->aux, g->m, g->ldc, e, g->C);
 #else
   if (g->bias) /* this call's bias, of the alignment the plan was chosen for */
     TP_CUBLAS_CHECK(
@@ -455,8 +457,8 @@ static void column_sums(TpCudaBlas *blas, const float *dy, int64_t M, int64_t N,
 /* The two products of tp_linear_backward_f32 on f32 or bf16 operands; with pre, dx is
  * times gelu_tanh'(pre) (the DGELU epilogue). */
 static void linear_backward(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w,
-                            const float *pre, int64_t M, int64_t K, int64_t N, bool transpose_w, float *dx, float *dw,
-                            TpCudaStream stream) {
+                            const float *pre, int64_t M, int64_t K, int64_t N, bool transpose_w, float *dx,
+                            float *dw, TpCudaStream stream) {
   /* dx = dy w^T; dw = x^T dy, or dy^T x when transpose_w */
   if (dx)
     gemm_row_major_epilogue(blas, bf16, false, !transpose_w, M, K, N, dy, 0, w, 0, NULL,
@@ -482,7 +484,8 @@ void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, c
 
 void tp_cuda_launch_linear_backward_dgelu(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w,
                                           const float *dy_f32, const float *pre, int64_t M, int64_t K, int64_t N,
-                                          bool transpose_w, float *dx, float *dw, float *dbias, TpCudaStream stream) {
+                                          bool transpose_w, float *dx, float *dw, float *dbias,
+                                          TpCudaStream stream) {
   /* dw and dbias first: dx may share x's bytes (kernels.def) */
   linear_backward(blas, bf16, dy, x, w, NULL, M, K, N, transpose_w, NULL, dw, stream);
   if (dbias) column_sums(blas, dy_f32, M, N, dbias, stream);

@@ -133,7 +133,8 @@ static TpKernelStatus bf16_linear(const TpTensor *x, const TpTensor *w, const fl
   if (s != TP_KERNEL_OK) return s;
   const uint16_t *h[2];
   bf16_operands(stream, 2, from, wanted, h, 0, NULL);
-  if (pre) tp_cuda_launch_linear_gelu(stream->blas, true, h[0], h[1], bias, M, K, N, transpose_w, pre, y, stream->cuda);
+  if (pre)
+    tp_cuda_launch_linear_gelu(stream->blas, true, h[0], h[1], bias, M, K, N, transpose_w, pre, y, stream->cuda);
   else tp_cuda_launch_linear_bf16(stream->blas, h[0], h[1], bias, M, K, N, transpose_w, y, stream->cuda);
   return TP_KERNEL_OK;
 }
