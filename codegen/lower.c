@@ -449,7 +449,7 @@ static void lower_op(Lowerer *X, int op) {
 }
 
 /* ---- Gelu epilogues ----
- * Where the target's products run epilogues (TpTarget.gelu_epilogues: cuBLASLt's), a
+ * Where the target's products run epilogues (TpLowering.gelu_epilogues: cuBLASLt's), a
  * Linear whose result a tanh-approximate Gelu reads is one call with that Gelu
  * (TP_K_LINEAR_GELU: the Linear's result is still written, for the Gelu's backward), and a
  * LinearBackward whose dx is read only by a tanh-approximate GeluBackward (as its dy) is
@@ -511,7 +511,7 @@ static int gelu_partner(const Lowerer *X, const int *order, int i, int to, const
   bool forward = b->kernel == TP_K_LINEAR;
   int y = o->outputs[0];
   more->n = 0;
-  if (!X->L->target->gelu_epilogues || (!forward && b->kernel != TP_K_LINEAR_BACKWARD) || y < 0 ||
+  if (!X->L->gelu_epilogues || (!forward && b->kernel != TP_K_LINEAR_BACKWARD) || y < 0 ||
       (!forward && X->readers[y] != 1))
     return -1;
   /* y and its views; not written by a backward's call: dx, its views, the absorbed Cast's
@@ -611,7 +611,7 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
   X.absorbed = calloc((size_t)m->nops + 1, sizeof *X.absorbed);
   X.order = order, X.to = to;
   TP_ASSERT(X.absorbed);
-  if (X.folds || L->target->gelu_epilogues) {
+  if (X.folds || L->gelu_epilogues) {
     X.readers = calloc((size_t)m->nvalues + 1, sizeof *X.readers);
     X.folded = malloc(((size_t)m->nvalues + 1) * sizeof *X.folded);
     TP_ASSERT(X.readers && X.folded);
