@@ -207,6 +207,7 @@ typedef struct {
   const int *stage_cuts; /* with probes: [nstages], the first layer of each stage */
   const char *target;    /* the kernel table (codegen/target.h): NULL (cpu), "cpu", "cuda" */
   const char *precision; /* the target's precision (NULL: its first; cuda: "fp32", "bf16") */
+  bool no_epilogues;     /* tokpipec --no-fuse: the products run no Gelu epilogue (lower.h) */
 } TpEmitOptions;
 
 /* Writes the C training program of module m (after the training pipeline: loss, gradients,

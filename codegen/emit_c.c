@@ -817,7 +817,7 @@ static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem,
   E->referenced = calloc((size_t)m->nvalues + 1, sizeof *E->referenced);
   TP_ASSERT(E->name && E->array && E->referenced);
   E->tensor = tp_tensor_ranks(m);
-  E->lowering = (TpLowering){m, mem, E->target, NULL, E->tensor, d};
+  E->lowering = (TpLowering){m, mem, E->target, NULL, E->tensor, d, E->target->gelu_epilogues && !o->no_epilogues};
   name_values(E);
 }
 

@@ -51,7 +51,8 @@ static const char usage[] =
     "                       elements, then whole; off keeps them apart\n"
     "  --no-retie           --retie off\n"
     "  --no-fuse            leave RMSNorm, rotary embeddings and gated MLPs as primitive chains\n"
-    "                       (raise-transformer-unfused; to compare against the fused ops)\n"
+    "                       (raise-transformer-unfused), and a CUDA plan's Gelu apart from its\n"
+    "                       products (no cuBLASLt Gelu epilogue); to compare against the fused ops\n"
     "  --forward-only       stop before the loss: the raised forward module, to inspect\n"
     "                       with --emit=ir|dot|memory\n"
     "  --slices N|L1,L2,..|auto  cut each sequence into N near-equal token slices, slices of\n"
@@ -166,7 +167,8 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
                        .probes = probes->probes,
                        .stage_cuts = probes->stage_cuts,
                        .target = probes->target,
-                       .precision = probes->precision};
+                       .precision = probes->precision,
+                       .no_epilogues = probes->no_epilogues};
     if (strcmp(emit, "memory") == 0) tp_print_memory(m, &plan, &pl, f);
     else if (strcmp(emit, "schedule") == 0) tp_schedule_print(&pl.schedule, f);
     else rc = tp_emit_c(m, &o, f, d);
@@ -762,6 +764,7 @@ int main(int argc, char **argv) {
   }
   probes.target = target;
   probes.precision = code_target->precision ? precision : NULL;
+  probes.no_epilogues = po.no_fuse;
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
   ParamsReport params = {m, po.freeze};
   if (rc == TP_OK && strcmp(emit, "params") == 0) rc = cli_write_output(output, write_params, &params, &d);

@@ -55,7 +55,7 @@ device_only() {
 
 # The bf16 plan stores in bf16 (TpPlan.precision) and calls the bf16 matrix products and attention only
 # (where the fp32 plan calls any).
-products='gemm|matmul|linear_f32|linear_backward_f32|matmul_backward_f32|attention_f32|attention_backward_f32'
+products='gemm|matmul|linear_f32|linear_backward_f32|linear_gelu_f32|linear_backward_dgelu_f32|matmul_backward_f32|attention_f32|attention_backward_f32'
 bf16_plan() {
   if grep -nE "tp_cuda_($products)\(" "$2" >bad.txt; then
     fail "$2 calls an f32 matrix product: $(head -3 bad.txt)"
