@@ -104,10 +104,17 @@ static TpAddr addr_of(Lowerer *X, int v) {
   return (TpAddr){TP_ADDR_TOKENS, 0};
 }
 
+/* The slot holding value v's bytes (its own, or the one it is a view of). */
+static const TpMemSlot *storage(const TpMemoryPlan *p, int v) {
+  while (p->value[v].kind == TP_MEM_VIEW) v = p->value[v].index;
+  return &p->value[v];
+}
+
 static void declare(Lowerer *X, int v, bool top) {
   TpAddr a = addr_of(X, v);
   TpLowStmt *s = add(X, TP_LOW_DECLARE);
   s->value = v, s->top = top, s->addr = a;
+  s->dtype = storage(X->L->mem, v)->bf16 ? TP_BF16 : type_of(X, v)->dtype;
   X->declared[v] = true;
 }
 
@@ -119,8 +126,8 @@ typedef struct {
 } Views;
 
 /* The value a view of the bound struct stands for (-1: none). */
-static int value_of(const Lowerer *X, const Views *w, const TpTensor *t) {
-  const TpOp *o = &X->L->m->ops[w->op];
+static int value_of(const TpModule *m, const Views *w, const TpTensor *t) {
+  const TpOp *o = &m->ops[w->op];
   if (!t) return -1;
   if (t >= w->in && t < w->in + w->nin) {
     int i = (int)(t - w->in);
@@ -143,7 +150,7 @@ static TpLowArg lower_arg(Lowerer *X, const TpArgSpelling *s, const TpBound *b, 
   const char *base = (const char *)b;
   const void *f = base + s->offset;
   const TpTensor *t = s->kind <= TP_ARG_DIMS ? *(const TpTensor *const *)f : NULL;
-  TpLowArg a = {.kind = s->kind, .value = value_of(X, w, t), .aux = -1};
+  TpLowArg a = {.kind = s->kind, .value = value_of(X->L->m, w, t), .aux = -1};
   switch (s->kind) {
   case TP_ARG_VIEW:
   case TP_ARG_DATA:
@@ -172,18 +179,18 @@ static TpLowArg lower_arg(Lowerer *X, const TpArgSpelling *s, const TpBound *b, 
     a.n = *(const int *)(base + s->aux);
     a.values = malloc(((size_t)a.n + 1) * sizeof *a.values);
     TP_ASSERT(a.values);
-    for (int i = 0; i < a.n; i++) a.values[i] = value_of(X, w, &xs[i]);
+    for (int i = 0; i < a.n; i++) a.values[i] = value_of(X->L->m, w, &xs[i]);
     break;
   }
   case TP_ARG_UNARY_OP: a.i = *(const TpUnaryOp *)f; break;
   case TP_ARG_BINARY_OP: a.i = *(const TpBinaryOp *)f; break;
   case TP_ARG_ATTENTION:
     a.attention = *(const TpAttention *)f;
-    a.aux = value_of(X, w, *(const TpTensor *const *)(base + s->aux));
+    a.aux = value_of(X->L->m, w, *(const TpTensor *const *)(base + s->aux));
     break;
   case TP_ARG_LOSS:
     a.loss = *(const TpLossOptions *)f;
-    a.aux = value_of(X, w, *(const TpTensor *const *)(base + s->aux));
+    a.aux = value_of(X->L->m, w, *(const TpTensor *const *)(base + s->aux));
     break;
   case TP_ARG_BAD: X->f->uses_bad = true; break;
   case TP_ARG_STREAM: break;
@@ -204,6 +211,10 @@ static void lower_call(Lowerer *X, const TpBound *b, const Views *w) {
   }
   TpLowStmt *s = add(X, TP_LOW_CALL);
   s->kernel = b->kernel, s->nargs = k->nargs, s->args = args;
+  const TpOp *o = &X->L->m->ops[w->op];
+  for (int i = 0; i < o->noutputs; i++)
+    if (o->outputs[i] >= 0 && storage(X->L->mem, o->outputs[i])->bf16) s->bf16_result = true;
+  TP_ASSERT(!s->bf16_result || k->bf16_result[0]);
 }
 
 /* Whether the plan has a tensor group for op to work over; else the error. */
@@ -285,11 +296,6 @@ static bool waits(const Lowerer *X, int op) {
   return true;
 }
 
-static const TpMemSlot *storage(const TpMemoryPlan *p, int v) {
-  while (p->value[v].kind == TP_MEM_VIEW) v = p->value[v].index;
-  return &p->value[v];
-}
-
 /* Can writing slot b change the bytes of slot a? */
 static bool slots_overlap(const TpMemSlot *a, const TpMemSlot *b) {
   if (a->kind != b->kind) return false;
@@ -335,7 +341,7 @@ static void fold_operands(Lowerer *X, const TpBound *b, const Views *w) {
     for (int a = 0; a < k->nargs; a++) {
       if (k->args[a].kind > TP_ARG_DIMS) continue;
       const TpTensor *t = *(const TpTensor *const *)((const char *)b + k->args[a].offset);
-      if (value_of(X, w, t) != y) continue;
+      if (value_of(X->L->m, w, t) != y) continue;
       reads++;
       operands += k->args[a].operand;
     }
@@ -413,8 +419,8 @@ static void lower_op(Lowerer *X, int op) {
       unsupported(X, op, "past keys and values");
       return;
     }
-    int64_t rows = tp_context_rows(m, value_of(X, &w, a->k));
-    if (rows != tp_context_rows(m, value_of(X, &w, a->v))) {
+    int64_t rows = tp_context_rows(m, value_of(X->L->m, &w, a->k));
+    if (rows != tp_context_rows(m, value_of(X->L->m, &w, a->v))) {
       unsupported(X, op, "K and V must both be token-slice contexts, or neither");
       return;
     }
@@ -547,4 +553,82 @@ int tp_lower_param_map(const TpModule *m, const TpMemoryPlan *mem, const TpModul
     map[i] = j;
   }
   return TP_OK;
+}
+
+/* ---- results written in bf16 for the products reading them ----
+ * A kernel with an entry writing its result in bf16 (TpKernelSpelling.bf16_result) writes
+ * an f32 result so where only products read it, each only as multiplied operands: a product
+ * rounds such an operand to bf16 (to nearest even) before it multiplies, so reading the
+ * result already rounded gives it the same bits, without its conversion (convert_bytes) and
+ * with half the bytes kept. */
+
+/* Binds op over views[] (its operands, then its results) without reporting; false where it
+ * runs no kernel of its own (a boundary copy, the tensor group's ops) or does not bind. */
+static bool bind_quietly(const TpModule *m, int op, TpTensor *views, TpBound *b) {
+  const TpOp *o = &m->ops[op];
+  if (tp_is_boundary_op(m, op) || !tp_op_binding(o->kind)->bind || o->kind == TP_OP_TensorCopy ||
+      o->kind == TP_OP_AllReduce || o->kind == TP_OP_TensorRank || o->ninputs + o->noutputs > 128)
+    return false;
+  for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+    int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+    views[k] = v >= 0 ? tp_value_tensor(m, v) : (TpTensor){0};
+  }
+  TpDiag quiet;
+  tp_diag_init(&quiet, "tokpipec", NULL, NULL);
+  return tp_bind_op(m, op, views, views + o->ninputs, b, &quiet) == TP_OK;
+}
+
+/* Does op read value v, and only as multiplied operands of target t's products? */
+static bool reads_only_as_operand(const TpModule *m, const TpTarget *t, int op, int v) {
+  const TpOp *o = &m->ops[op];
+  TpTensor views[128];
+  TpBound b;
+  if (!bind_quietly(m, op, views, &b)) return false;
+  const TpKernelSpelling *k = &t->kernels[b.kernel];
+  Views w = {op, views, views + o->ninputs, o->ninputs, o->noutputs};
+  int reads = 0, inputs = 0;
+  for (int i = 0; i < o->ninputs; i++) inputs += o->inputs[i] == v;
+  for (int a = 0; a < k->nargs; a++) {
+    if (k->args[a].kind > TP_ARG_DIMS) continue;
+    const TpTensor *x = *(const TpTensor *const *)((const char *)&b + k->args[a].offset);
+    if (value_of(m, &w, x) != v) continue;
+    if (!k->args[a].operand) return false;
+    reads++;
+  }
+  /* LinearBackward's bias gradient sums dy as it is, in f32 */
+  if (b.kernel == TP_K_LINEAR_BACKWARD && b.a.linear.dbias && value_of(m, &w, b.a.linear.dy) == v) return false;
+  return reads > 0 && reads >= inputs;
+}
+
+/* Does op compute v, its one result, with a kernel of t that can write it in bf16? */
+static bool writes_bf16(const TpModule *m, const TpTarget *t, int op, int v) {
+  const TpOp *o = &m->ops[op];
+  TpTensor views[128];
+  TpBound b;
+  return o->noutputs == 1 && o->outputs[0] == v && bind_quietly(m, op, views, &b) &&
+         t->kernels[b.kernel].bf16_result[0];
+}
+
+bool *tp_lower_memory_options(const TpModule *m, const TpTarget *t, TpMemoryOptions *mo) {
+  *mo = (TpMemoryOptions){.products_read_bf16 = t && tp_target_reads_bf16(t)};
+  if (!mo->products_read_bf16 || !tp_target_writes_bf16(t)) return NULL;
+  bool *bf16 = calloc((size_t)m->nvalues + 1, sizeof *bf16), any = false;
+  TP_ASSERT(bf16);
+  for (int v = 0; v < m->nvalues; v++) {
+    const TpValue *val = &m->values[v];
+    if (val->kind != TP_VAL_RESULT || val->type.dtype != TP_F32 || v == m->loss) continue;
+    bool ok = writes_bf16(m, t, val->def, v), read = false;
+    for (int i = 0; ok && i < m->noutputs; i++) ok = m->outputs[i] != v;
+    for (int op = 0; ok && op < m->nops; op++)
+      for (int i = 0; ok && i < m->ops[op].ninputs; i++)
+        if (m->ops[op].inputs[i] == v) ok = !m->ops[op].dead && reads_only_as_operand(m, t, op, v), read = true;
+    bf16[v] = ok && read;
+    any |= bf16[v];
+  }
+  if (!any) {
+    free(bf16);
+    return NULL;
+  }
+  mo->bf16_results = bf16;
+  return bf16;
 }

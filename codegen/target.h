@@ -52,7 +52,10 @@ typedef struct {
 
 typedef struct {
   char name[48]; /* the function */
-  int header;    /* index into the target's headers */
+  /* the function writing the result in bf16 where name writes f32 (kernels.def's
+   * BF16_RESULT_SIG), for a result only the target's bf16 products read; "": none */
+  char bf16_result[48];
+  int header; /* index into the target's headers */
   int nargs;
   TpArgSpelling args[TP_MAX_KERNEL_ARGS];
 } TpKernelSpelling;
@@ -76,6 +79,10 @@ typedef struct {
 /* Do the target's matrix products read bf16 operands as they are stored (an OPERAND
  * argument read as a view: codegen/lower.c folds read-back Casts into them)? */
 bool tp_target_reads_bf16(const TpTarget *t);
+
+/* Has the target kernels that write their result in bf16 for such products
+ * (TpKernelSpelling.bf16_result)? */
+bool tp_target_writes_bf16(const TpTarget *t);
 /* The target named `name` in `precision` (NULL: its first, fp32), or NULL. */
 const TpTarget *tp_target_find(const char *name, const char *precision);
 /* The known targets' names, ", "-separated, for a usage message. */

@@ -815,6 +815,27 @@ static void cross_entropy_test(bool backward) {
 static void cross_entropy_fwd(void) { cross_entropy_test(false); }
 static void cross_entropy_bwd(void) { cross_entropy_test(true); }
 
+/* The bf16-result entry (a --precision bf16 plan's head gradient, read only by products):
+ * the f32 entry's dlogits rounded to bf16, bit for bit, and the same bad-target report. */
+static void cross_entropy_bwd_bf16(void) {
+  const int64_t R = 13, V = 301;
+  float *logits = floats(R * V, 5), *f32 = poison(R * V), *dloss = buffer(sizeof *dloss);
+  uint16_t *got = buffer((size_t)(R * V) * sizeof *got);
+  int64_t *targets = ids(R, 0, V - 1);
+  *dloss = 0.75f;
+  if (tp_cuda_cross_entropy_backward_f32(dloss, logits, targets, R, V, 7, f32, NULL, stream()) != TP_KERNEL_OK ||
+      tp_cuda_cross_entropy_backward_bf16(dloss, logits, targets, R, V, 7, got, NULL, stream()) != TP_KERNEL_OK)
+    fail("CrossEntropyBackward bf16: a status other than TP_KERNEL_OK");
+  sync_expect("CrossEntropyBackward bf16", -1);
+  for (int64_t i = 0; i < R * V; i++)
+    if (got[i] != tp_f32_to_bf16(f32[i]))
+      fail("CrossEntropyBackward bf16: dlogits[%lld] is 0x%04x, the f32 result %g rounds to 0x%04x", (long long)i,
+           got[i], (double)f32[i], tp_f32_to_bf16(f32[i]));
+  targets[4] = V;
+  tp_cuda_cross_entropy_backward_bf16(dloss, logits, targets, R, V, 7, got, NULL, stream());
+  sync_expect("CrossEntropyBackward bf16, a target out of range", 4);
+}
+
 /* NLL and SoftmaxCrossEntropy with every reduction, weights or not, an ignored class or not. */
 static void loss_test(bool softmax) {
   const int64_t shapes[][3] = {{7, 5, 1}, {3, 4, 6}, {0, 3, 2}};
@@ -1154,6 +1175,7 @@ static const CudaTest TESTS[] = {
     {"ops_embedding_fwd", embedding_fwd},
     {"ops_cross_entropy_fwd", cross_entropy_fwd},
     {"ops_cross_entropy_bwd", cross_entropy_bwd},
+    {"ops_cross_entropy_bwd_bf16", cross_entropy_bwd_bf16},
     {"ops_nll_loss_fwd", nll_loss_fwd},
     {"ops_softmax_cross_entropy_fwd", softmax_cross_entropy_fwd},
     {"ops_copy_to_host", copy_to_host},
