@@ -211,10 +211,13 @@ static void lower_call(Lowerer *X, const TpBound *b, const Views *w) {
   }
   TpLowStmt *s = add(X, TP_LOW_CALL);
   s->kernel = b->kernel, s->nargs = k->nargs, s->args = args;
+  /* results the memory plan holds in bf16: the kernel's entry writing them so (a Cast
+   * converts to its result view's dtype) */
   const TpOp *o = &X->L->m->ops[w->op];
-  for (int i = 0; i < o->noutputs; i++)
-    if (o->outputs[i] >= 0 && storage(X->L->mem, o->outputs[i])->bf16) s->bf16_result = true;
-  TP_ASSERT(!s->bf16_result || k->bf16_result[0]);
+  bool bf16 = false;
+  for (int i = 0; i < o->noutputs; i++) bf16 |= o->outputs[i] >= 0 && storage(X->L->mem, o->outputs[i])->bf16;
+  TP_ASSERT(!bf16 || k->bf16_result[0] || b->kernel == TP_K_CAST);
+  s->bf16_result = bf16 && b->kernel != TP_K_CAST;
 }
 
 /* Whether the plan has a tensor group for op to work over; else the error. */
@@ -600,31 +603,76 @@ static bool reads_only_as_operand(const TpModule *m, const TpTarget *t, int op, 
   return reads > 0 && reads >= inputs;
 }
 
-/* Does op compute v, its one result, with a kernel of t that can write it in bf16? */
-static bool writes_bf16(const TpModule *m, const TpTarget *t, int op, int v) {
-  const TpOp *o = &m->ops[op];
+/* Can op write its results in bf16: its kernel has an entry that does, or it is a Cast from
+ * f32 (which converts to its result view's dtype, rounding as the products do)? */
+static bool writes_bf16(const TpModule *m, const TpTarget *t, int op) {
   TpTensor views[128];
   TpBound b;
-  return o->noutputs == 1 && o->outputs[0] == v && bind_quietly(m, op, views, &b) &&
-         t->kernels[b.kernel].bf16_result[0];
+  if (!bind_quietly(m, op, views, &b)) return false;
+  if (b.kernel == TP_K_CAST) return m->values[m->ops[op].inputs[0]].type.dtype == TP_F32;
+  return t->kernels[b.kernel].bf16_result[0];
+}
+
+/* The ops reading each value: those of value v at readers[first[v] .. first[v + 1]). */
+typedef struct {
+  int *first, *readers;
+} Readers;
+
+static Readers readers_of(const TpModule *m) {
+  Readers r = {calloc((size_t)m->nvalues + 2, sizeof *r.first), NULL};
+  TP_ASSERT(r.first);
+  for (int op = 0; op < m->nops; op++)
+    for (int i = 0; i < m->ops[op].ninputs; i++)
+      if (m->ops[op].inputs[i] >= 0) r.first[m->ops[op].inputs[i] + 2]++;
+  for (int v = 0; v < m->nvalues; v++) r.first[v + 2] += r.first[v + 1];
+  r.readers = malloc(((size_t)r.first[m->nvalues + 1] + 1) * sizeof *r.readers);
+  TP_ASSERT(r.readers);
+  for (int op = 0; op < m->nops; op++)
+    for (int i = 0; i < m->ops[op].ninputs; i++) {
+      int v = m->ops[op].inputs[i];
+      /* an op reading v twice is listed twice: once is enough to check it */
+      if (v >= 0) r.readers[r.first[v + 1]++] = op;
+    }
+  return r;
+}
+
+/* May v be written in bf16: an f32 result, not the loss or a graph output, read, and only as
+ * multiplied operands of products? */
+static bool only_products_read(const TpModule *m, const TpTarget *t, const Readers *r, int v) {
+  if (m->values[v].type.dtype != TP_F32 || v == m->loss || r->first[v] == r->first[v + 1]) return false;
+  for (int i = 0; i < m->noutputs; i++)
+    if (m->outputs[i] == v) return false;
+  for (int i = r->first[v]; i < r->first[v + 1]; i++)
+    if (m->ops[r->readers[i]].dead || !reads_only_as_operand(m, t, r->readers[i], v)) return false;
+  return true;
+}
+
+/* Are op's results f32 values that may be in bf16 as far as their type says (the cheap test
+ * first)? */
+static bool f32_results(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  for (int k = 0; k < o->noutputs; k++)
+    if (o->outputs[k] >= 0 && m->values[o->outputs[k]].type.dtype != TP_F32) return false;
+  return o->noutputs > 0 && !o->dead;
 }
 
 bool *tp_lower_memory_options(const TpModule *m, const TpTarget *t, TpMemoryOptions *mo) {
   *mo = (TpMemoryOptions){.products_read_bf16 = t && tp_target_reads_bf16(t)};
-  if (!mo->products_read_bf16 || !tp_target_writes_bf16(t)) return NULL;
+  if (!mo->products_read_bf16) return NULL;
   bool *bf16 = calloc((size_t)m->nvalues + 1, sizeof *bf16), any = false;
   TP_ASSERT(bf16);
-  for (int v = 0; v < m->nvalues; v++) {
-    const TpValue *val = &m->values[v];
-    if (val->kind != TP_VAL_RESULT || val->type.dtype != TP_F32 || v == m->loss) continue;
-    bool ok = writes_bf16(m, t, val->def, v), read = false;
-    for (int i = 0; ok && i < m->noutputs; i++) ok = m->outputs[i] != v;
-    for (int op = 0; ok && op < m->nops; op++)
-      for (int i = 0; ok && i < m->ops[op].ninputs; i++)
-        if (m->ops[op].inputs[i] == v) ok = !m->ops[op].dead && reads_only_as_operand(m, t, op, v), read = true;
-    bf16[v] = ok && read;
-    any |= bf16[v];
+  Readers r = readers_of(m);
+  /* an op's results all in bf16 or none: its entry writes them all so */
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    bool ok = f32_results(m, op) && writes_bf16(m, t, op);
+    for (int k = 0; ok && k < o->noutputs; k++) ok = o->outputs[k] < 0 || only_products_read(m, t, &r, o->outputs[k]);
+    if (!ok) continue;
+    for (int k = 0; k < o->noutputs; k++)
+      if (o->outputs[k] >= 0) bf16[o->outputs[k]] = any = true;
   }
+  free(r.first);
+  free(r.readers);
   if (!any) {
     free(bf16);
     return NULL;

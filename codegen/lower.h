@@ -114,12 +114,12 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
 void tp_low_func_free(TpLowFunc *f);
 
 /* The memory options of target t's plans of m (TpMemoryOptions): whether its products read
- * bf16 operands as stored, and, where it has kernels writing their result in bf16
- * (tp_target_writes_bf16), the results written so: an f32 result of such a kernel whose
- * every reader is a product taking it only as a multiplied operand (which the product would
- * round to bf16: the same bits, half the bytes, no conversion), not the loss, a graph output
- * or a boundary message. Returns the per-value array mo->bf16_results points to (NULL:
- * none), which the caller frees after planning. */
+ * bf16 operands as stored, and then the results written in bf16: those of an op whose
+ * kernel has an entry writing them so (TpKernelSpelling.bf16_result), or of a Cast from f32,
+ * when each of its results is an f32 value whose every reader is a product taking it only as
+ * a multiplied operand (which the product would round to bf16: the same bits, half the
+ * bytes, no conversion), not the loss or a graph output. Returns the per-value array
+ * mo->bf16_results points to (NULL: none), which the caller frees after planning. */
 bool *tp_lower_memory_options(const TpModule *m, const TpTarget *t, TpMemoryOptions *mo);
 
 /* A profiling probe's parameters (module pm, plan pp) as the plan's (m, mem): map[i], for

@@ -186,12 +186,6 @@ bool tp_target_reads_bf16(const TpTarget *t) {
   return false;
 }
 
-bool tp_target_writes_bf16(const TpTarget *t) {
-  for (int id = 0; id < TP_K_COUNT; id++)
-    if (t->kernels[id].bf16_result[0]) return true;
-  return false;
-}
-
 /* Into buf, ", "-separated: the targets' names (name NULL), or target `name`'s precisions. */
 static const char *list(char *buf, size_t size, const char *name) {
   buf[0] = 0;

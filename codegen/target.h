@@ -79,10 +79,6 @@ typedef struct {
 /* Do the target's matrix products read bf16 operands as they are stored (an OPERAND
  * argument read as a view: codegen/lower.c folds read-back Casts into them)? */
 bool tp_target_reads_bf16(const TpTarget *t);
-
-/* Has the target kernels that write their result in bf16 for such products
- * (TpKernelSpelling.bf16_result)? */
-bool tp_target_writes_bf16(const TpTarget *t);
 /* The target named `name` in `precision` (NULL: its first, fp32), or NULL. */
 const TpTarget *tp_target_find(const char *name, const char *precision);
 /* The known targets' names, ", "-separated, for a usage message. */

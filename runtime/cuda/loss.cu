@@ -2,7 +2,7 @@
  * and cross-entropy over rows of logits (tp_cross_entropy_f32 and its backward): one block per
  * row; the rows' losses summed in double by one block in a fixed order (deterministic). */
 #include "common.cuh"
-#include "dtype.cuh" /* tp_report_bad */
+#include "dtype.cuh" /* tp_report_bad, tp_store_result */
 #include "ops.h"
 
 enum { LOSS_SUM_THREADS = 256 };
@@ -49,10 +49,6 @@ void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *target
   TP_LAUNCH(sum_rows_kernel, dim3(1), dim3(LOSS_SUM_THREADS), stream, row_loss, R, denominator, loss);
 }
 
-/* An f32 result as stored: as it is, or rounded to bf16 (to nearest even, as base/half.h). */
-__device__ static inline void store_result(float *p, float x) { *p = x; }
-__device__ static inline void store_result(uint16_t *p, float x) { *p = tp_half_f32_to_bf16(x); }
-
 /* dlogits[r, :] = (softmax(logits[r, :]) - onehot(t)) * dloss / denominator, stored as Out */
 template <typename Out>
 __global__ void cross_entropy_backward_kernel(const float *dloss, const float *logits, const int64_t *targets,
@@ -68,7 +64,7 @@ __global__ void cross_entropy_backward_kernel(const float *dloss, const float *l
   row_max_sumexp(x, V, &mx, &sum);
   float inv = 1.0f / sum * scale;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-    store_result(&o[j], expf(x[j] - mx) * inv - (j == t ? scale : 0.0f));
+    tp_store_result(&o[j], expf(x[j] - mx) * inv - (j == t ? scale : 0.0f));
 }
 
 template <typename Out>
