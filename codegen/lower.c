@@ -666,7 +666,8 @@ bool *tp_lower_memory_options(const TpModule *m, const TpTarget *t, TpMemoryOpti
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
     bool ok = f32_results(m, op) && writes_bf16(m, t, op);
-    for (int k = 0; ok && k < o->noutputs; k++) ok = o->outputs[k] < 0 || only_products_read(m, t, &r, o->outputs[k]);
+    for (int k = 0; ok && k < o->noutputs; k++)
+      ok = o->outputs[k] < 0 || only_products_read(m, t, &r, o->outputs[k]);
     if (!ok) continue;
     for (int k = 0; k < o->noutputs; k++)
       if (o->outputs[k] >= 0) bf16[o->outputs[k]] = any = true;

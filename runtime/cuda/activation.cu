@@ -25,8 +25,8 @@ TpKernelStatus tp_cuda_gelu_backward_f32(const float *dy, const float *x, int64_
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_cuda_gelu_backward_bf16(const float *dy, const float *x, int64_t n, bool tanh_approx,
-                                          uint16_t *dx, TpStream *stream) {
+TpKernelStatus tp_cuda_gelu_backward_bf16(const float *dy, const float *x, int64_t n, bool tanh_approx, uint16_t *dx,
+                                          TpStream *stream) {
   if (n) LAUNCH_OVER(n, gelu_backward_kernel<uint16_t>, stream, dy, x, n, tanh_approx, dx);
   return TP_KERNEL_OK;
 }
