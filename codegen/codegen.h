@@ -75,20 +75,32 @@ typedef struct {
   int **order;          /* per stage: its ops in run order, forward then backward */
   int *norder;          /* per stage: how many */
   int *nforward;        /* per stage: how many of them are forward ops */
-  /* per stage, [2 * nslices]: the unit (phase, slice) runs order[begin, end) at index
-   * phase * nslices + slice; a stage runs forward slices 0..N-1, then backward N-1..0 */
+  /* per stage, [2 * nslices] ([3 * nslices] when split): the unit (phase, slice) runs
+   * order[begin, end) at index tp_unit_index(); a stage runs forward slices 0..N-1, then
+   * backward N-1..0 (split: their input parts N-1..0, then their weight parts N-1..0) */
   int **unit_begin, **unit_end;
+  /* The backward units run as backward-input and backward-weight parts (the module's
+   * split-backward marked ops @weight). A weight part may run any time after its input
+   * part (the weight parts of one microbatch in their order): a buffer a weight part reads
+   * or writes that outlives its unit lives from the first backward unit to the
+   * microbatch's end, and one inside a weight part goes to the transient region. */
+  bool split;
   TpMemMessage **messages; /* per stage, [TP_MSG_COUNT * nslices]: kind k of slice i at k * nslices + i */
   int *param_stage;        /* per parameter: the stage holding it (the first that reads it) */
   int *param_tied_stage;   /* per parameter: 0, or the last stage, which reads a tied copy */
 } TpMemoryPlan;
+
+/* The index of stage unit (backward, weight part, slice) in unit_begin/unit_end. */
+static inline int tp_unit_index(const TpMemoryPlan *p, bool backward, bool weight, int slice) {
+  return (backward ? (weight ? 2 : 1) * p->nslices : 0) + slice;
+}
 
 /* What the target's kernels read and write besides the module's values. products_read_bf16:
  * a matrix product (Linear, MatMul, Gemm and their backwards) reads the bf16 value that its
  * operand's read-back Cast widens (codegen/lower.c folds the Cast: codegen/target.h's
  * tp_target_reads_bf16), so that value lives until the product. bf16_results (NULL: none):
  * per value, an f32 result that its kernel writes in bf16 for the products reading it
- * (codegen/lower.h's tp_lower_bf16_results), so its buffer holds 2 bytes an element. */
+ * (codegen/lower.h's tp_lower_memory_options), so its buffer holds 2 bytes an element. */
 typedef struct {
   bool products_read_bf16;
   const bool *bf16_results;

@@ -234,32 +234,37 @@ static void unit_slices(const TpModule *m, int nslices, int *eff) {
   }
 }
 
-/* The stage's run order: forward units slice 0..N-1, then backward units N-1..0, each in
- * module order. */
+/* Run step r of a stage: forward slice r (r < N), then backward slice 2N - 1 - r, then
+ * (split) the weight part of slice 3N - 1 - r. */
+static int run_step(const TpOp *o, int N, int slice) {
+  return o->phase == TP_PHASE_FORWARD ? slice : o->weight ? 3 * N - 1 - slice : 2 * N - 1 - slice;
+}
+
+/* The stage's run order: forward units slice 0..N-1, then backward units N-1..0 (split:
+ * their input parts, then their weight parts N-1..0), each in module order. */
 static int order_ops(const TpModule *m, TpMemoryPlan *p, int *pos, TpDiag *d) {
   int N = p->nslices, *eff = malloc(((size_t)m->nops + 1) * sizeof *eff);
   TP_ASSERT(eff);
   unit_slices(m, N, eff);
-  /* Run step r of a stage is forward slice r (r < N), then backward slice 2N - 1 - r. One
-   * stable bucket pass puts each op at its (stage, step) in module order (scanning every op
-   * for each unit is quadratic in a paper-scale module). */
-  int steps = 2 * N, *first = calloc((size_t)p->nstages * steps + 1, sizeof *first);
+  /* One stable bucket pass puts each op at its (stage, step) in module order (scanning
+   * every op for each unit is quadratic in a paper-scale module). */
+  int steps = (p->split ? 3 : 2) * N, *first = calloc((size_t)p->nstages * steps + 1, sizeof *first);
   TP_ASSERT(first);
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
     if (o->stage < 0 || o->stage >= p->nstages || eff[op] < 0 || eff[op] >= N) continue;
-    int r = o->phase == TP_PHASE_FORWARD ? eff[op] : 2 * N - 1 - eff[op];
-    first[o->stage * steps + r + 1]++;
+    first[o->stage * steps + run_step(o, N, eff[op]) + 1]++;
   }
   for (int s = 0; s < p->nstages; s++) {
     p->order[s] = malloc((size_t)(m->nops + 1) * sizeof(int));
-    p->unit_begin[s] = malloc(sizeof(int) * 2 * (size_t)N);
-    p->unit_end[s] = malloc(sizeof(int) * 2 * (size_t)N);
+    p->unit_begin[s] = malloc(sizeof(int) * (size_t)steps);
+    p->unit_end[s] = malloc(sizeof(int) * (size_t)steps);
     TP_ASSERT(p->order[s] && p->unit_begin[s] && p->unit_end[s]);
     int *at = &first[s * steps];
     at[0] = 0;
     for (int r = 0; r < steps; r++) {
-      int slice = r < N ? r : 2 * N - 1 - r, unit = (r < N ? TP_PHASE_FORWARD : TP_PHASE_BACKWARD) * N + slice;
+      int slice = r < N ? r : r < 2 * N ? 2 * N - 1 - r : 3 * N - 1 - r;
+      int unit = tp_unit_index(p, r >= N, r >= 2 * N, slice);
       at[r + 1] += at[r];
       p->unit_begin[s][unit] = at[r];
       p->unit_end[s][unit] = at[r + 1];
@@ -270,7 +275,7 @@ static int order_ops(const TpModule *m, TpMemoryPlan *p, int *pos, TpDiag *d) {
   for (int op = 0; op < m->nops; op++) { /* first[s * steps + r] walks through step r's places */
     const TpOp *o = &m->ops[op];
     if (o->stage < 0 || o->stage >= p->nstages || eff[op] < 0 || eff[op] >= N) continue;
-    int r = o->phase == TP_PHASE_FORWARD ? eff[op] : 2 * N - 1 - eff[op], *next = &first[o->stage * steps + r];
+    int *next = &first[o->stage * steps + run_step(o, N, eff[op])];
     pos[op] = *next;
     p->order[o->stage][(*next)++] = op;
   }
@@ -355,6 +360,34 @@ static bool product_reads_bf16(const TpModule *m, const TpOp *o, int i) {
          m->values[o->inputs[i]].type.dtype == TP_F32;
 }
 
+/* The unit (index tp_unit_index) running position `at` of stage s's order. */
+static int unit_at(const TpMemoryPlan *p, int s, int at) {
+  for (int u = 0; u < (p->split ? 3 : 2) * p->nslices; u++)
+    if (p->unit_begin[s][u] <= at && at < p->unit_end[s][u]) return u;
+  return -1;
+}
+
+/* Where stage s's weight parts begin in its order (split plans). */
+static int weight_begin(const TpMemoryPlan *p, int s) {
+  return p->unit_begin[s][tp_unit_index(p, true, true, p->nslices - 1)];
+}
+
+/* A split plan's run order puts every weight part after every input part, but a weight part
+ * runs any time after its own input part, before later input parts: a buffer that a weight
+ * part reads or writes and that outlives its unit is kept from the first backward unit to
+ * the microbatch's end, so that no buffer of the input parts shares its bytes. (One inside
+ * a weight part goes to the transient region: place().) */
+static void keep_for_weights(const TpModule *m, TpMemoryPlan *p) {
+  for (int i = 0; i < m->nvalues + m->nops; i++) {
+    TpMemSlot *b = i < m->nvalues ? &p->value[i] : &p->scratch[i - m->nvalues];
+    if (b->kind != TP_MEM_ARENA || b->last < weight_begin(p, b->stage)) continue;
+    int u = unit_at(p, b->stage, b->first);
+    if (u >= 0 && b->last < p->unit_end[b->stage][u]) continue; /* inside one unit */
+    if (b->first > p->nforward[b->stage]) b->first = p->nforward[b->stage];
+    b->last = p->norder[b->stage] - 1;
+  }
+}
+
 static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p, const int *pos, TpDiag *d) {
   for (int op = 0; op < m->nops; op++)
     for (int k = 0; k < m->ops[op].noutputs; k++) {
@@ -413,6 +446,7 @@ static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPla
                                    .first = pos[op],
                                    .last = pos[op]};
   }
+  if (p->split) keep_for_weights(m, p);
   return TP_OK;
 }
 
@@ -469,7 +503,9 @@ static void place(TpMemoryPlan *p, int s, Buf *bufs, int nkept, int n) {
   int64_t top = 0, transient_top = 0;
   for (int i = 0; i < n; i++) {
     TpMemSlot *b = bufs[i].s;
-    int64_t at = fit(b, arena, narena, near, i < nkept ? -1 : top);
+    /* a weight part's own buffers: the arena's gaps are another input part's (keep_for_weights) */
+    bool gapless = i >= nkept && p->split && b->first >= weight_begin(p, s);
+    int64_t at = gapless ? -1 : fit(b, arena, narena, near, i < nkept ? -1 : top);
     b->transient = at < 0;
     if (b->transient) {
       b->offset = fit(b, transient, ntransient, near, -1);
@@ -486,13 +522,6 @@ static void place(TpMemoryPlan *p, int s, Buf *bufs, int nkept, int n) {
   free(near);
   p->arena_bytes[s] = top;
   p->transient_bytes[s] = transient_top;
-}
-
-/* The unit (index phase * nslices + slice) running position `at` of stage s's order. */
-static int unit_at(const TpMemoryPlan *p, int s, int at) {
-  for (int u = 0; u < 2 * p->nslices; u++)
-    if (p->unit_begin[s][u] <= at && at < p->unit_end[s][u]) return u;
-  return -1;
 }
 
 /* Stage s's buffers into bufs, returning how many; the first *nkept of them are those a
@@ -560,6 +589,7 @@ int tp_plan_memory(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p
     TP_ASSERT(m->ops[op].stage >= 0);
     if (m->ops[op].stage >= p->nstages) p->nstages = m->ops[op].stage + 1;
     if (m->ops[op].slice >= p->nslices) p->nslices = m->ops[op].slice + 1;
+    p->split |= m->ops[op].weight;
   }
   int ns = p->nstages, nv = m->nvalues, no = m->nops;
   p->value = calloc((size_t)nv + 1, sizeof *p->value);

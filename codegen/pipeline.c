@@ -12,7 +12,8 @@
 /* The plan's instruction kinds are the schedule's (plan.h cannot include the compiler). */
 _Static_assert((int)TP_PLAN_FORWARD == (int)TP_INSN_FORWARD && (int)TP_PLAN_RECV_GRAD == (int)TP_INSN_RECV_GRAD &&
                    (int)TP_PLAN_ALLREDUCE_TIED == (int)TP_INSN_ALLREDUCE_TIED &&
-                   (int)TP_PLAN_OPTIMIZER_STEP == (int)TP_INSN_OPTIMIZER_STEP,
+                   (int)TP_PLAN_OPTIMIZER_STEP == (int)TP_INSN_OPTIMIZER_STEP &&
+                   (int)TP_PLAN_BACKWARD_WEIGHT == (int)TP_INSN_BACKWARD_WEIGHT,
                "plan.h's TpPlanInsnKind follows schedule.h's TpInsnKind");
 
 int tp_tensor_ranks(const TpModule *m) {
@@ -88,7 +89,7 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
   for (int k = 0; k < S && rc == TP_OK; k++) {
     pl->arenas[k] = tp_schedule_arenas(&pl->schedule, k);
     double a = pl->arenas[k]; /* (compared in double: the products may pass 2^63) */
-    if (mem->transient_bytes[k] &&
+    if (mem->transient_bytes[k] && !mem->split && /* a weight part's buffers must stay out of the arena */
         a * (double)mem->one_region_bytes[k] <= a * (double)mem->arena_bytes[k] + (double)mem->transient_bytes[k])
       tp_memory_one_region(m, mem, k);
     in[k].arenas = pl->arenas[k];

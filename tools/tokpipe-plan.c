@@ -50,7 +50,8 @@ static const char usage[] =
     "                       and the layouts are listed with their times\n"
     "  --batch B            global batch in sequences, divided by D (default 1; calibrated:\n"
     "                       the profiled microbatch size x D x M)\n"
-    "  --schedule S         gpipe (default, TeraPipe's) or 1f1b\n"
+    "  --schedule S         gpipe (default, TeraPipe's), 1f1b or zb (zero-bubble ZB-H1:\n"
+    "                       backwards split into input and weight parts, 1f1b's memory)\n"
     "  --granularity G      slice lengths are multiples of G tokens (default 8)\n"
     "  --max-memory BYTES   per device (suffix K, M, G = 2^10..2^30); default: the profile's\n"
     "  --uniform-stages     price every stage like a middle one (no embedding/head)\n"
@@ -374,6 +375,7 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
   tp_sim_costs_from_model(cm, &e->slicing, &c);
   int fits = 1;
   for (int k = 0; k < S; k++) fits &= sim.peak_bytes[k] <= req->max_memory;
+  bool split = kind == TP_SCHEDULE_ZB; /* its backwards run as input and weight parts */
   if (json) {
     printf("  \"schedule\": \"%s\",\n  \"microbatches\": %d,\n  \"microbatch_size\": %d,\n  \"stage_cuts\": [",
            tp_schedule_name(kind), M, b);
@@ -383,9 +385,12 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
     printf(",\n  \"iteration_time_s\": %.6g,\n  \"units\": [", sim.time_s);
     for (int k = 0; k < S; k++) { /* every microbatch is alike: microbatch 0's units */
       printf("%s[", k ? ", " : "");
-      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
-        printf("%s{\"l\": %d, \"c\": %d, \"forward_s\": %.6g, \"backward_s\": %.6g}", i ? ", " : "", len[i], ctx,
+      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++) {
+        printf("%s{\"l\": %d, \"c\": %d, \"forward_s\": %.6g, \"backward_s\": %.6g", i ? ", " : "", len[i], ctx,
                c.fwd[(size_t)k * c.units + i], c.bwd[(size_t)k * c.units + i]);
+        if (split) printf(", \"weight_s\": %.6g", c.wgt[(size_t)k * c.units + i]); /* of backward_s */
+        printf("}");
+      }
       printf("]");
     }
     printf("],\n  \"send_s\": [");
@@ -410,11 +415,15 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
     printf("\n  predicted step time %.4g ms (event simulation of the per-rank instruction lists,\n"
            "  transfers%s and the optimizer step included)\n",
            1e3 * sim.time_s, req->untied ? "" : ", the tied embedding all-reduce");
-    printf("  %-6s %-12s %12s %12s\n", "stage", "unit l+c", "forward ms", "backward ms");
+    printf("  %-6s %-12s %12s %12s%s\n", "stage", "unit l+c", "forward ms", "backward ms",
+           split ? "  of which weight ms" : "");
     for (int k = 0; k < S; k++)
-      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
-        printf("  %-6d %5d+%-6d %12.3f %12.3f\n", k, len[i], ctx, 1e3 * c.fwd[(size_t)k * c.units + i],
+      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++) {
+        printf("  %-6d %5d+%-6d %12.3f %12.3f", k, len[i], ctx, 1e3 * c.fwd[(size_t)k * c.units + i],
                1e3 * c.bwd[(size_t)k * c.units + i]);
+        if (split) printf(" %20.3f", 1e3 * c.wgt[(size_t)k * c.units + i]);
+        printf("\n");
+      }
     printf("  optimizer ms:");
     for (int k = 0; k < S; k++) printf(" %.3f", 1e3 * c.optimizer[k]);
     printf("; busy ms:");
@@ -512,7 +521,8 @@ static const TpCompileCaps tokpipec_caps = {.bf16 = true,
                                             .zero = true,
                                             .recompute = true,
                                             .vocab_pad = true,
-                                            .transient_region = true};
+                                            .transient_region = true,
+                                            .zb = true};
 
 /* A profile prices the model it was measured on: one of another size (its "parameters"
  * more than 4x off the model's estimate, far beyond the estimate's error) is refused; a
@@ -640,8 +650,8 @@ int main(int argc, char **argv) {
       zero = cli_int("--zero", v, 0, 1);
       storage_given = true;
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
-      if (!tp_schedule_parse(v, &schedule) || schedule >= TP_SCHEDULE_ZB) /* zb, interleaved: not yet built */
-        cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
+      if (!tp_schedule_parse(v, &schedule) || schedule == TP_SCHEDULE_INTERLEAVED) /* not yet built */
+        cli_usage_error("--schedule expects gpipe, 1f1b or zb, got '%s'", v);
     } else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
     else if (input) cli_usage_error("more than one input model ('%s' and '%s')", input, a);
     else input = a;

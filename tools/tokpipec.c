@@ -66,7 +66,8 @@ static const char usage[] =
     "  --zero 0|1           1: each of the D replicas keeps 1/D of the AdamW state (ZeRO\n"
     "                       stage 1: gradients reduce-scattered, parameters all-gathered),\n"
     "                       with the same results as 0, where each keeps all of it (default)\n"
-    "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
+    "  --schedule gpipe|1f1b|zb  the order of each rank's units (default gpipe); zb splits\n"
+    "                       each backward into its input and weight parts (zero bubble)\n"
     "  --tensor N           split each stage's products over N tensor-parallel ranks\n"
     "                       (Megatron: attention heads and MLP columns, then rows, with an\n"
     "                       all-reduce after each row-parallel product); N must divide the\n"
@@ -583,8 +584,8 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
-      if (!tp_schedule_parse(v, &pipe.kind) || pipe.kind >= TP_SCHEDULE_ZB) /* zb, interleaved: not yet built */
-        cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
+      if (!tp_schedule_parse(v, &pipe.kind) || pipe.kind == TP_SCHEDULE_INTERLEAVED) /* not yet built */
+        cli_usage_error("--schedule expects gpipe, 1f1b or zb, got '%s'", v);
     } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
       po.recompute = cli_recompute(v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {
@@ -642,6 +643,7 @@ int main(int argc, char **argv) {
   po.storage = pipe.precision == TP_PRECISION_BF16   ? TP_BF16
                : pipe.precision == TP_PRECISION_FP16 ? TP_F16
                                                      : TP_UNDEF;
+  po.split_backward = pipe.kind == TP_SCHEDULE_ZB; /* its units run as backward-input and -weight */
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0)
     cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);

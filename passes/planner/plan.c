@@ -163,6 +163,7 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   cm->recompute = e->recompute;
   cm->precision = e->precision;
   cm->zero = e->zero;
+  cm->split_backward = e->schedule == TP_SCHEDULE_ZB;
   tp_cost_model_set_cuts(cm, e->cuts);
   int *nslices = malloc(sizeof(int) * (size_t)e->slicing.n);
   for (int m = 0; m < e->slicing.n; m++) nslices[m] = e->slicing.mb[m].nslices;
@@ -289,14 +290,16 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
     else balanced_cuts(cm, cuts[1]);
     bool cuts_differ = memcmp(cuts[0], cuts[1], sizeof(int) * (size_t)cm->nstages) != 0;
     /* calibrated: only what was measured (no recomputation); compilable: tokpipec's options */
-    const TpCompileCaps all = {true, true, true, true, true}, *caps = req->compilable ? &req->caps : &all;
+    const TpCompileCaps all = {true, true, true, true, true, true}, *caps = req->compilable ? &req->caps : &all;
+    const TpScheduleKind kinds[] = {TP_SCHEDULE_GPIPE, TP_SCHEDULE_1F1B, TP_SCHEDULE_ZB};
+    int nkinds = caps->zb ? 3 : 2;
     int recomputes = cm->cal || !caps->recompute ? 1 : 3;
     for (int c = 0; c < ncand; c++)
-      for (int s = 0; s < 2 && (!req->compilable || tp_slicing_compiles(&cands[c])); s++)
+      for (int s = 0; s < nkinds && (!req->compilable || tp_slicing_compiles(&cands[c])); s++)
         for (int rec = 0; rec < recomputes; rec++)
           for (int cut = 0; cut < 1 + cuts_differ; cut++) {
             TpPlanEval cand;
-            init_eval(req, &cand, s ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE);
+            init_eval(req, &cand, kinds[s]);
             cand.recompute = (TpRecompute)rec;
             cand.balanced_cuts = cut;
             memcpy(cand.cuts, cuts[cut], sizeof(int) * (size_t)cm->nstages);

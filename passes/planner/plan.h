@@ -6,7 +6,7 @@
  * 2. TeraPipe's plan: the exact Eq. 5 optimum (slicing.h) under the GPipe schedule with
  *    equal stage cuts; the paper's baseline (batch-only microbatching, best equal
  *    microbatch size) and the best uniform slicing, all priced by the event simulation.
- * 3. The joint search: schedule (gpipe, 1f1b) x stage cuts (equal, compute-balanced with
+ * 3. The joint search: schedule (gpipe, 1f1b, zb) x stage cuts (equal, compute-balanced with
  *    embedding and head) x activation recomputation (none, selective, full) x candidate
  *    slicings (the Eq. 5 optimum overall and per microbatch size, the best uniform ones),
  *    each simulated; the fastest whose every rank fits the memory bound wins (with
@@ -33,6 +33,7 @@ typedef struct {
   /* and how its memory plan counts (codegen/memory.c): */
   bool vocab_pad;        /* --tensor pads the vocabulary to a multiple of the ranks and splits it */
   bool transient_region; /* a rank holds one transient region for its units' working sets */
+  bool zb;               /* --schedule zb (split backwards) */
 } TpCompileCaps;
 
 typedef struct {

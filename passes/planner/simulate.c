@@ -19,6 +19,7 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
   size_t su = (size_t)S * c->units;
   c->fwd = alloc0(su, sizeof(double));
   c->bwd = alloc0(su, sizeof(double));
+  c->wgt = alloc0(su, sizeof(double));
   c->send = alloc0(su, sizeof(double));
   c->memory = alloc0((size_t)S, sizeof *c->memory);
   double *kept = alloc0((size_t)S, sizeof(double)), *transient = alloc0((size_t)S, sizeof(double));
@@ -29,7 +30,7 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
     const TpMicrobatch *mb = &plan->mb[m];
     for (int i = 0, ctx = 0; i < mb->nslices; ctx += mb->len[i], i++) {
       int u = c->base[m] + i;
-      TpTime prev = {0, 0};
+      TpTime prev = {0, 0, 0};
       int prev_k = -1;
       for (int k = 0; k < S; k++) {
         const TpStage *st = &cm->stage[k];
@@ -40,6 +41,7 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
         prev_k = k;
         c->fwd[(size_t)k * c->units + u] = t.fwd;
         c->bwd[(size_t)k * c->units + u] = t.bwd;
+        c->wgt[(size_t)k * c->units + u] = t.wgt;
         double work = tp_unit_transient_bytes(cm, k, mb->size, mb->len[i], ctx);
         if (work > transient[k]) transient[k] = work;
         if (k + 1 < S) c->send[(size_t)k * c->units + u] = tp_send_time(cm, k, mb->size, mb->len[i]);
@@ -70,6 +72,7 @@ void tp_sim_costs_free(TpSimCosts *c) {
   free(c->base);
   free(c->fwd);
   free(c->bwd);
+  free(c->wgt);
   free(c->send);
   free(c->memory);
   free(c->allreduce);
@@ -114,6 +117,10 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
         switch (x->kind) {
         case TP_INSN_FORWARD: dur = c->fwd[(size_t)k * U + u]; break;
         case TP_INSN_BACKWARD: dur = c->bwd[(size_t)k * U + u]; break;
+        case TP_INSN_BACKWARD_INPUT:
+          dur = c->bwd[(size_t)k * U + u] - (c->wgt ? c->wgt[(size_t)k * U + u] : 0);
+          break;
+        case TP_INSN_BACKWARD_WEIGHT: dur = c->wgt ? c->wgt[(size_t)k * U + u] : 0; break;
         case TP_INSN_RECV_ACT:
         case TP_INSN_RECV_GRAD: {
           double at = (x->kind == TP_INSN_RECV_ACT ? act : grad)[(size_t)k * U + u];
@@ -151,7 +158,9 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
         case TP_INSN_OPTIMIZER_STEP: dur = c->optimizer[k]; break;
         default: TP_ASSERT(0);
         }
-        if (x->kind == TP_INSN_FORWARD || x->kind == TP_INSN_BACKWARD) r->busy_s[k] += dur;
+        if (x->kind == TP_INSN_FORWARD || x->kind == TP_INSN_BACKWARD || x->kind == TP_INSN_BACKWARD_INPUT ||
+            x->kind == TP_INSN_BACKWARD_WEIGHT)
+          r->busy_s[k] += dur;
         if (dur > 0) {
           start = clock[k];
           clock[k] += dur;
@@ -189,14 +198,17 @@ void tp_sim_result_free(TpSimResult *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Microbatch m -> hue; slice -> lightness; backward darker. */
+/* Microbatch m -> hue; slice -> lightness; backward (or its input part) darker, its
+ * weight part darker still. */
 static void unit_colour(const TpSchedule *s, const TpEvent *e, char *out, size_t size) {
   int hue = (e->mb * 137) % 360;
   int n = e->mb >= 0 ? s->nslices[e->mb] : 1;
   double frac = n > 1 ? (double)e->slice / (n - 1) : 0;
   int light = (int)(72 - 30 * frac);
-  if (e->kind == TP_INSN_BACKWARD) light -= 14;
-  snprintf(out, size, "hsl(%d,%d%%,%d%%)", hue, e->kind == TP_INSN_BACKWARD ? 55 : 75, light);
+  bool backward = e->kind == TP_INSN_BACKWARD || e->kind == TP_INSN_BACKWARD_INPUT;
+  if (backward) light -= 14;
+  if (e->kind == TP_INSN_BACKWARD_WEIGHT) light -= 24;
+  snprintf(out, size, "hsl(%d,%d%%,%d%%)", hue, backward || e->kind == TP_INSN_BACKWARD_WEIGHT ? 55 : 75, light);
 }
 
 void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, FILE *out) {
@@ -209,7 +221,10 @@ void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, 
           width, height);
   fprintf(out, "<defs><pattern id=\"bw\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
                "patternTransform=\"rotate(45)\"><line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" "
-               "stroke=\"black\" stroke-opacity=\"0.35\" stroke-width=\"2\"/></pattern></defs>\n");
+               "stroke=\"black\" stroke-opacity=\"0.35\" stroke-width=\"2\"/></pattern>");
+  /* a split backward's weight part: dots */
+  fprintf(out, "<pattern id=\"wg\" width=\"5\" height=\"5\" patternUnits=\"userSpaceOnUse\"><circle cx=\"2.5\" "
+               "cy=\"2.5\" r=\"1\" fill=\"white\" fill-opacity=\"0.6\"/></pattern></defs>\n");
   fprintf(out, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
   fprintf(out, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">", left);
   for (const char *p = title; *p; p++) /* escape for XML */
@@ -233,17 +248,21 @@ void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, 
             "stroke=\"white\" stroke-width=\"0.3\"><title>%s mb %d slice %d: %.3f-%.3f ms</title></rect>\n",
             x, y, w > 0.2 ? w : 0.2, row - 1, colour, tp_insn_name(e->kind), e->mb, e->slice, e->start * 1e3,
             e->end * 1e3);
-    if (e->kind == TP_INSN_BACKWARD)
-      fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"url(#bw)\"/>\n", x, y,
-              w > 0.2 ? w : 0.2, row - 1);
+    const char *pattern = e->kind == TP_INSN_BACKWARD || e->kind == TP_INSN_BACKWARD_INPUT ? "bw"
+                          : e->kind == TP_INSN_BACKWARD_WEIGHT                             ? "wg"
+                                                                                           : NULL;
+    if (pattern)
+      fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"url(#%s)\"/>\n", x, y,
+              w > 0.2 ? w : 0.2, row - 1, pattern);
   }
   double y = top + row * S + 18;
   fprintf(out,
           "<text x=\"%.0f\" y=\"%.1f\">0 s</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.4g s</text>\n",
           left, y, width - 20, y, r->time_s);
   fprintf(out,
-          "<text x=\"%.0f\" y=\"%.1f\">light = forward, dark hatched = backward; hue = "
-          "microbatch, lighter = earlier slice; grey = idle (bubble)</text>\n",
+          "<text x=\"%.0f\" y=\"%.1f\">light = forward, dark hatched = backward (split: its input part), "
+          "darkest dotted = its weight part; hue = microbatch, lighter = earlier slice; grey = idle "
+          "(bubble)</text>\n",
           left, y + 18);
   fprintf(out, "</svg>\n");
 }

@@ -22,6 +22,9 @@ typedef struct {
   int stages, nmb, units;
   int *base;                     /* [nmb] index of a microbatch's first unit */
   double *fwd, *bwd;             /* [stage * units + u] seconds */
+  double *wgt;                   /* [stage * units + u] the seconds of bwd that compute parameter
+                                    gradients: a split backward's backward-weight; its
+                                    backward-input takes the rest. NULL: none */
   double *send;                  /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
   TpRankMemoryInput *memory;     /* [stage]: arenas filled in by the simulation */
   double *allreduce, *optimizer; /* [stage] */

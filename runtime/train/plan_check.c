@@ -36,10 +36,13 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
   }
   for (int k = 0; ok && k < S; k++) {
     const TpPlanStage *st = &P->stages[k];
-    ok = st->forward && st->backward && st->arenas >= 1 && st->ninsns >= 0 && (st->insns || !st->ninsns) &&
-         (T == 1 || (st->forward_reduces && st->backward_reduces));
+    /* the backward units whole, or split into input and weight parts (ABI 8) */
+    bool split = st->backward_input && st->backward_weight;
+    ok = st->forward && (st->backward || split) && st->arenas >= 1 && st->ninsns >= 0 &&
+         (st->insns || !st->ninsns) && (T == 1 || (st->forward_reduces && st->backward_reduces));
     for (int i = 0; ok && i < N; i++)
-      ok = st->forward[i] && st->backward[i] &&
+      ok = st->forward[i] && (!st->backward || st->backward[i]) &&
+           (!split || (st->backward_input[i] && st->backward_weight[i])) &&
            (T == 1 || (st->forward_reduces[i] >= 0 && st->backward_reduces[i] >= 0));
     if (ok && k > 0)
       ok = message_ok(st->recv_act, N, st->arena_bytes) && message_ok(st->send_grad, N, st->arena_bytes);
@@ -47,9 +50,11 @@ int pipe_check_plan(const TpPlan *P, TpDiag *d) {
       ok = message_ok(st->send_act, N, st->arena_bytes) && message_ok(st->recv_grad, N, st->arena_bytes);
     for (int j = 0; ok && j < st->ninsns; j++) {
       const TpPlanInsn *x = &st->insns[j];
-      bool unit = x->kind <= TP_PLAN_RECV_GRAD;
-      ok = x->kind >= 0 && x->kind <= TP_PLAN_OPTIMIZER_STEP &&
-           (!unit || (x->mb >= 0 && x->mb < M && x->slice >= 0 && x->slice < N));
+      bool halves = x->kind == TP_PLAN_BACKWARD_INPUT || x->kind == TP_PLAN_BACKWARD_WEIGHT;
+      bool unit = x->kind <= TP_PLAN_RECV_GRAD || halves;
+      ok = x->kind >= 0 && x->kind <= TP_PLAN_BACKWARD_WEIGHT &&
+           (!unit || (x->mb >= 0 && x->mb < M && x->slice >= 0 && x->slice < N)) &&
+           (x->kind != TP_PLAN_BACKWARD || st->backward) && (!halves || split);
       switch (x->kind) {
       case TP_PLAN_SEND_ACT:
       case TP_PLAN_RECV_GRAD: ok = ok && x->peer == k + 1 && k + 1 < S; break;

@@ -46,15 +46,21 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
                     .loss_scale_device = t->dev_loss_scale};
 }
 
-/* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it
- * called io->tensor_allreduce as often as the plan says (a member that does not would
- * leave the others waiting in an all-reduce, or pair theirs wrongly). */
+/* Runs unit x (FORWARD, BACKWARD, BACKWARD_INPUT or BACKWARD_WEIGHT) of R with io; with
+ * tensor parallelism, checks that it called io->tensor_allreduce as often as the plan says
+ * (a member that does not would leave the others waiting in an all-reduce, or pair theirs
+ * wrongly). A split backward's all-reduces are its input part's (backward_reduces). */
 static void run_rank_unit(Trainer *t, PipeRank *R, const TpPlanInsn *x, TpStepIO *io) {
-  bool fwd = x->kind == TP_PLAN_FORWARD;
+  const TpPlanStage *st = R->st;
+  bool fwd = x->kind == TP_PLAN_FORWARD, weight = x->kind == TP_PLAN_BACKWARD_WEIGHT;
+  const TpUnitFn *fns = fwd                                   ? st->forward
+                        : x->kind == TP_PLAN_BACKWARD_INPUT ? st->backward_input
+                        : weight                            ? st->backward_weight
+                                                            : st->backward;
   R->reduces = 0;
-  run_unit(t, R->stream, (fwd ? R->st->forward : R->st->backward)[x->slice], io);
+  run_unit(t, R->stream, fns[x->slice], io);
   if (train_tensor(t->plan) == 1) return;
-  int want = (fwd ? R->st->forward_reduces : R->st->backward_reduces)[x->slice];
+  int want = weight ? 0 : (fwd ? st->forward_reduces : st->backward_reduces)[x->slice];
   if (R->reduces != want)
     tp_comm_abort(t->comm, TP_ERR_INTERNAL,
                   "the %s unit of stage %d, slice %d (microbatch %d) made %d tensor "
@@ -98,8 +104,14 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
       run_rank_unit(t, R, x, &io);
     }
     return true;
+  case TP_PLAN_BACKWARD_INPUT: /* writes no parameter gradients: its weight part does */
+    io = unit_io(t, R, x->mb);
+    run_rank_unit(t, R, x, &io);
+    return true;
   case TP_PLAN_BACKWARD:
-    /* the microbatch's backward units run together, from its last slice to slice 0 */
+  case TP_PLAN_BACKWARD_WEIGHT:
+    /* the microbatch's backward units (split: weight parts) run together, from its last
+     * slice to slice 0, into one scratch set of gradients */
     if (x->slice == P->nslices - 1)
       be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * train_elem_bytes(P));
     io = unit_io(t, R, x->mb);

@@ -60,15 +60,17 @@ void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, dou
 }
 
 static const char *kind_name(int kind) {
-  static const char *const names[] = {"forward",   "backward",       "send-act",  "recv-act",      "send-grad",
-                                      "recv-grad", "allreduce-tied", "allreduce", "optimizer-step"};
+  static const char *const names[] = {"forward",        "backward",       "send-act",  "recv-act",
+                                      "send-grad",      "recv-grad",      "allreduce-tied", "allreduce",
+                                      "optimizer-step", "backward-input", "backward-weight"};
   if (kind == TRACE_UPDATE) return "optimizer-step";
   return kind >= 0 && kind < (int)(sizeof names / sizeof *names) ? names[kind] : "?";
 }
 
 /* One event as a JSON object: a complete event ("ph": "X") on thread 0 of process `rank`. */
 static int format_event(char *buf, size_t n, const TraceEvent *e) {
-  bool compute = e->kind == TP_PLAN_FORWARD || e->kind == TP_PLAN_BACKWARD || e->kind == TRACE_UPDATE;
+  bool compute = e->kind == TP_PLAN_FORWARD || e->kind == TP_PLAN_BACKWARD || e->kind == TP_PLAN_BACKWARD_INPUT ||
+                 e->kind == TP_PLAN_BACKWARD_WEIGHT || e->kind == TRACE_UPDATE;
   char name[96];
   int len = snprintf(name, sizeof name, "%s", kind_name(e->kind));
   if (e->mb >= 0) len += snprintf(name + len, sizeof name - (size_t)len, " mb%d/s%d", (int)e->mb, (int)e->slice);

@@ -238,6 +238,39 @@ generated-fixture | generated-deep) # trainers tokpipec generates, under mpirun
   done
   ;;
 
+generated-zb) # split backwards (--schedule zb) under mpirun: 2 and 4 stages with slices
+  # 10 steps each: the one-stage run's losses and step-1 gradients within 1e-5, and the
+  # very same bits as 1f1b's run of the same shape (the same ops, every sum in its order);
+  # --trace shows the input and weight parts as events of their own
+  model=$src/../stages/deep_gpt.onnx bt="--batch 4 --seq 8"
+  byte_tokens 32 400 train.bin || exit 1 # its vocabulary is 32
+  # run NAME 'TOKPIPEC OPTIONS' [TRAINER OPTIONS]: compiles and trains NAME 10 steps
+  run() {
+    n=$1 shape=$2
+    shift 2
+    # shellcheck disable=SC2086
+    "$bin/tokpipec" "$model" --exe "$n" $bt $shape >"$n.out" 2>&1 || { fail "tokpipec $shape: $(cat "$n.out")"; return 1; }
+    s=$(echo " $shape " | sed -n 's/.* --stages \([0-9]*\) .*/\1/p') d=$(echo " $shape " | sed -n 's/.* --dp \([0-9]*\) .*/\1/p')
+    launch=./$n ranks=$((${s:-1} * ${d:-1}))
+    [ $ranks -gt 1 ] && launch="$mpi 200 $ranks ./$n"
+    $launch --init "$model" --data train.bin --steps 10 --dump-grads "$n.grads" --log "$n.jsonl" "$@" >"$n.run" 2>&1 ||
+      { fail "$n ($shape): the run failed: $(tail -5 "$n.run")"; return 1; }
+  }
+  run ref "" || exit 1
+  k=0
+  for opts in "--stages 2 --microbatches 2 --slices 3,3,2" "--stages 4 --microbatches 2 --slices 2" \
+    "--stages 2 --dp 2 --zero 1 --slices 5,3 --recompute full"; do
+    k=$((k + 1))
+    run "z$k" "$opts --schedule zb" --trace "z$k.json" && like_reference "z$k" || continue
+    grep -q '"backward-input mb0/s0' "z$k.json" && grep -q '"backward-weight mb0/s0' "z$k.json" &&
+      ! grep -q '"backward mb' "z$k.json" && ok "z$k: the trace shows backward-input and backward-weight" ||
+      fail "z$k: the trace lacks backward-input or backward-weight events"
+    run "o$k" "$opts --schedule 1f1b" || continue
+    same_files "z$k ($opts): the gradients are 1f1b's bits" "z$k.grads" "o$k.grads"
+    untimed "z$k.jsonl" >z.log && untimed "o$k.jsonl" >o.log && same_files "z$k: the losses are 1f1b's bits" z.log o.log
+  done
+  ;;
+
 *)
   echo "unknown case $case"
   exit 2
