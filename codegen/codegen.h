@@ -46,6 +46,7 @@ typedef struct {
   int64_t bytes;   /* TP_MEM_ARENA: the buffer's size, rounded up to TP_ARENA_ALIGN */
   int index;       /* TP_MEM_VIEW: the value; TP_MEM_PARAM, TP_MEM_GRAD: the parameter */
   int first, last; /* TP_MEM_ARENA: the live range, positions in the stage's op order */
+  bool bf16;       /* TP_MEM_ARENA: an f32 result its kernel writes in bf16 (TpMemoryOptions) */
 } TpMemSlot;
 
 /* The boundary messages of a stage, per slice (see runtime/train/plan.h). */
@@ -94,12 +95,15 @@ static inline int tp_unit_index(const TpMemoryPlan *p, bool backward, bool weigh
   return (backward ? (weight ? 2 : 1) * p->nslices : 0) + slice;
 }
 
-/* What the target's kernels read besides the module's values. products_read_bf16: a matrix
- * product (Linear, MatMul, Gemm and their backwards) reads the bf16 value that its
+/* What the target's kernels read and write besides the module's values. products_read_bf16:
+ * a matrix product (Linear, MatMul, Gemm and their backwards) reads the bf16 value that its
  * operand's read-back Cast widens (codegen/lower.c folds the Cast: codegen/target.h's
- * tp_target_reads_bf16), so that value lives until the product. */
+ * tp_target_reads_bf16), so that value lives until the product. bf16_results (NULL: none):
+ * per value, an f32 result that its kernel writes in bf16 for the products reading it
+ * (codegen/lower.h's tp_lower_memory_options), so its buffer holds 2 bytes an element. */
 typedef struct {
   bool products_read_bf16;
+  const bool *bf16_results;
 } TpMemoryOptions;
 
 /* Plans the module's memory for a target reading as o says (NULL: the module's values only).

@@ -480,7 +480,7 @@ static void put_addr(Emitter *E, FILE *out, TpAddr a, Numbering *num) {
 /* TpTensor NAME = {TP_F32, 3, {2, 16, 32}, DATA}; */
 static void put_declare(Emitter *E, FILE *out, const TpLowStmt *s, Numbering *num) {
   const TpType *t = &E->m->values[s->value].type;
-  fprintf(out, "  TpTensor %s = {%s, %d, {", E->name[s->value], dtype_enum(t->dtype), t->rank);
+  fprintf(out, "  TpTensor %s = {%s, %d, {", E->name[s->value], dtype_enum(s->dtype), t->rank);
   for (int i = 0; i < t->rank; i++) fprintf(out, "%s%lld", i ? ", " : "", (long long)t->dims[i]);
   if (t->rank == 0) fputs("0", out);
   fputs("}, ", out);
@@ -554,7 +554,7 @@ static void put_code(Emitter *E, FILE *out, const TpLowStmt *s, Numbering *num) 
   switch (s->kind) {
   case TP_LOW_CALL: {
     const TpKernelSpelling *k = &E->target->kernels[s->kernel];
-    fprintf(line, "CHECK(%s(", k->name);
+    fprintf(line, "CHECK(%s(", s->bf16_result ? k->bf16_result : k->name);
     for (int i = 0; i < s->nargs; i++) {
       if (i) fputs(", ", line);
       put_arg(E, line, &s->args[i], num);
@@ -837,8 +837,10 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
   const TpEmitProbe *pr = &E->o->probes[k];
   const TpModule *pm = pr->m;
   TpMemoryPlan plan;
-  const TpMemoryOptions mo = {tp_target_reads_bf16(E->target)};
+  TpMemoryOptions mo;
+  bool *bf16_results = tp_lower_memory_options(pm, E->target, &mo);
   int rc = tp_plan_memory(pm, &mo, &plan, E->d);
+  free(bf16_results);
   if (rc != TP_OK) return rc;
   if (plan.nstages != E->mem->nstages)
     rc = tp_internal(E->d, "codegen: probe (l %lld, c %lld) has %d stages, the plan %d", (long long)pr->l,
@@ -898,8 +900,10 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
     return tp_error(d, "no code generation target '%s'%s%s", o->target ? o->target : "cpu",
                     o->precision ? " in precision " : "", o->precision ? o->precision : "");
   TpMemoryPlan plan;
-  const TpMemoryOptions mo = {tp_target_reads_bf16(target)};
+  TpMemoryOptions mo;
+  bool *bf16_results = tp_lower_memory_options(m, target, &mo);
   int rc = tp_plan_memory(m, &mo, &plan, d);
+  free(bf16_results);
   if (rc != TP_OK) return rc;
   TpPipeline pipe;
   rc = tp_pipeline_build(m, &plan, o->pipeline, &pipe, d);

@@ -107,10 +107,17 @@ static TpAddr addr_of(Lowerer *X, int v) {
   return (TpAddr){TP_ADDR_TOKENS, 0};
 }
 
+/* The slot holding value v's bytes (its own, or the one it is a view of). */
+static const TpMemSlot *storage(const TpMemoryPlan *p, int v) {
+  while (p->value[v].kind == TP_MEM_VIEW) v = p->value[v].index;
+  return &p->value[v];
+}
+
 static void declare(Lowerer *X, int v, bool top) {
   TpAddr a = addr_of(X, v);
   TpLowStmt *s = add(X, TP_LOW_DECLARE);
   s->value = v, s->top = top, s->addr = a;
+  s->dtype = storage(X->L->mem, v)->bf16 ? TP_BF16 : type_of(X, v)->dtype;
   X->declared[v] = true;
 }
 
@@ -126,8 +133,8 @@ typedef struct {
 } Views;
 
 /* The value a view of the bound struct stands for (-1: none). */
-static int value_of(const Lowerer *X, const Views *w, const TpTensor *t) {
-  const TpOp *o = &X->L->m->ops[w->op];
+static int value_of(const TpModule *m, const Views *w, const TpTensor *t) {
+  const TpOp *o = &m->ops[w->op];
   if (!t) return -1;
   if (w->extra && (t == &w->extra[0] || t == &w->extra[1])) return w->extra_value[t - w->extra];
   if (t >= w->in && t < w->in + w->nin) {
@@ -151,7 +158,7 @@ static TpLowArg lower_arg(Lowerer *X, const TpArgSpelling *s, const TpBound *b, 
   const char *base = (const char *)b;
   const void *f = base + s->offset;
   const TpTensor *t = s->kind <= TP_ARG_DIMS ? *(const TpTensor *const *)f : NULL;
-  TpLowArg a = {.kind = s->kind, .value = value_of(X, w, t), .aux = -1};
+  TpLowArg a = {.kind = s->kind, .value = value_of(X->L->m, w, t), .aux = -1};
   switch (s->kind) {
   case TP_ARG_VIEW:
   case TP_ARG_DATA:
@@ -180,18 +187,18 @@ static TpLowArg lower_arg(Lowerer *X, const TpArgSpelling *s, const TpBound *b, 
     a.n = *(const int *)(base + s->aux);
     a.values = malloc(((size_t)a.n + 1) * sizeof *a.values);
     TP_ASSERT(a.values);
-    for (int i = 0; i < a.n; i++) a.values[i] = value_of(X, w, &xs[i]);
+    for (int i = 0; i < a.n; i++) a.values[i] = value_of(X->L->m, w, &xs[i]);
     break;
   }
   case TP_ARG_UNARY_OP: a.i = *(const TpUnaryOp *)f; break;
   case TP_ARG_BINARY_OP: a.i = *(const TpBinaryOp *)f; break;
   case TP_ARG_ATTENTION:
     a.attention = *(const TpAttention *)f;
-    a.aux = value_of(X, w, *(const TpTensor *const *)(base + s->aux));
+    a.aux = value_of(X->L->m, w, *(const TpTensor *const *)(base + s->aux));
     break;
   case TP_ARG_LOSS:
     a.loss = *(const TpLossOptions *)f;
-    a.aux = value_of(X, w, *(const TpTensor *const *)(base + s->aux));
+    a.aux = value_of(X->L->m, w, *(const TpTensor *const *)(base + s->aux));
     break;
   case TP_ARG_BAD: X->f->uses_bad = true; break;
   case TP_ARG_STREAM: break;
@@ -212,6 +219,13 @@ static void lower_call(Lowerer *X, const TpBound *b, const Views *w) {
   }
   TpLowStmt *s = add(X, TP_LOW_CALL);
   s->kernel = b->kernel, s->nargs = k->nargs, s->args = args;
+  /* results the memory plan holds in bf16: the kernel's entry writing them so (a Cast
+   * converts to its result view's dtype) */
+  const TpOp *o = &X->L->m->ops[w->op];
+  bool bf16 = false;
+  for (int i = 0; i < o->noutputs; i++) bf16 |= o->outputs[i] >= 0 && storage(X->L->mem, o->outputs[i])->bf16;
+  TP_ASSERT(!bf16 || k->bf16_result[0] || b->kernel == TP_K_CAST);
+  s->bf16_result = bf16 && b->kernel != TP_K_CAST;
 }
 
 /* Whether the plan has a tensor group for op to work over; else the error. */
@@ -293,11 +307,6 @@ static bool waits(const Lowerer *X, int op) {
   return true;
 }
 
-static const TpMemSlot *storage(const TpMemoryPlan *p, int v) {
-  while (p->value[v].kind == TP_MEM_VIEW) v = p->value[v].index;
-  return &p->value[v];
-}
-
 /* Can writing slot b change the bytes of slot a? */
 static bool slots_overlap(const TpMemSlot *a, const TpMemSlot *b) {
   if (a->kind != b->kind) return false;
@@ -350,7 +359,7 @@ static void fold_operands(Lowerer *X, const TpBound *b, const Views *w) {
     for (int a = 0; a < k->nargs; a++) {
       if (k->args[a].kind > TP_ARG_DIMS) continue;
       const TpTensor *t = *(const TpTensor *const *)((const char *)b + k->args[a].offset);
-      if (value_of(X, w, t) != y) continue;
+      if (value_of(X->L->m, w, t) != y) continue;
       reads++;
       operands += k->args[a].operand;
     }
@@ -430,8 +439,8 @@ static void lower_op(Lowerer *X, int op) {
       unsupported(X, op, "past keys and values");
       return;
     }
-    int64_t rows = tp_context_rows(m, value_of(X, &w, a->k));
-    if (rows != tp_context_rows(m, value_of(X, &w, a->v))) {
+    int64_t rows = tp_context_rows(m, value_of(X->L->m, &w, a->k));
+    if (rows != tp_context_rows(m, value_of(X->L->m, &w, a->v))) {
       unsupported(X, op, "K and V must both be token-slice contexts, or neither");
       return;
     }
@@ -713,4 +722,128 @@ int tp_lower_param_map(const TpModule *m, const TpMemoryPlan *mem, const TpModul
     map[i] = j;
   }
   return TP_OK;
+}
+
+/* ---- results written in bf16 for the products reading them ----
+ * A kernel with an entry writing its result in bf16 (TpKernelSpelling.bf16_result) writes
+ * an f32 result so where only products read it, each only as multiplied operands: a product
+ * rounds such an operand to bf16 (to nearest even) before it multiplies, so reading the
+ * result already rounded gives it the same bits, without its conversion (convert_bytes) and
+ * with half the bytes kept. */
+
+/* Binds op over views[] (its operands, then its results) without reporting; false where it
+ * runs no kernel of its own (a boundary copy, the tensor group's ops) or does not bind. */
+static bool bind_quietly(const TpModule *m, int op, TpTensor *views, TpBound *b) {
+  const TpOp *o = &m->ops[op];
+  if (tp_is_boundary_op(m, op) || !tp_op_binding(o->kind)->bind || o->kind == TP_OP_TensorCopy ||
+      o->kind == TP_OP_AllReduce || o->kind == TP_OP_TensorRank || o->ninputs + o->noutputs > 128)
+    return false;
+  for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+    int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+    views[k] = v >= 0 ? tp_value_tensor(m, v) : (TpTensor){0};
+  }
+  TpDiag quiet;
+  tp_diag_init(&quiet, "tokpipec", NULL, NULL);
+  return tp_bind_op(m, op, views, views + o->ninputs, b, &quiet) == TP_OK;
+}
+
+/* Does op read value v, and only as multiplied operands of target t's products? */
+static bool reads_only_as_operand(const TpModule *m, const TpTarget *t, int op, int v) {
+  const TpOp *o = &m->ops[op];
+  TpTensor views[128];
+  TpBound b;
+  if (!bind_quietly(m, op, views, &b)) return false;
+  const TpKernelSpelling *k = &t->kernels[b.kernel];
+  Views w = {op, views, views + o->ninputs, o->ninputs, o->noutputs};
+  int reads = 0, inputs = 0;
+  for (int i = 0; i < o->ninputs; i++) inputs += o->inputs[i] == v;
+  for (int a = 0; a < k->nargs; a++) {
+    if (k->args[a].kind > TP_ARG_DIMS) continue;
+    const TpTensor *x = *(const TpTensor *const *)((const char *)&b + k->args[a].offset);
+    if (value_of(m, &w, x) != v) continue;
+    if (!k->args[a].operand) return false;
+    reads++;
+  }
+  /* LinearBackward's bias gradient sums dy as it is, in f32 */
+  if (b.kernel == TP_K_LINEAR_BACKWARD && b.a.linear.dbias && value_of(m, &w, b.a.linear.dy) == v) return false;
+  return reads > 0 && reads >= inputs;
+}
+
+/* Can op write its results in bf16: its kernel has an entry that does, or it is a Cast from
+ * f32 (which converts to its result view's dtype, rounding as the products do)? */
+static bool writes_bf16(const TpModule *m, const TpTarget *t, int op) {
+  TpTensor views[128];
+  TpBound b;
+  if (!bind_quietly(m, op, views, &b)) return false;
+  if (b.kernel == TP_K_CAST) return m->values[m->ops[op].inputs[0]].type.dtype == TP_F32;
+  return t->kernels[b.kernel].bf16_result[0];
+}
+
+/* The ops reading each value: those of value v at readers[first[v] .. first[v + 1]). */
+typedef struct {
+  int *first, *readers;
+} Readers;
+
+static Readers readers_of(const TpModule *m) {
+  Readers r = {calloc((size_t)m->nvalues + 2, sizeof *r.first), NULL};
+  TP_ASSERT(r.first);
+  for (int op = 0; op < m->nops; op++)
+    for (int i = 0; i < m->ops[op].ninputs; i++)
+      if (m->ops[op].inputs[i] >= 0) r.first[m->ops[op].inputs[i] + 2]++;
+  for (int v = 0; v < m->nvalues; v++) r.first[v + 2] += r.first[v + 1];
+  r.readers = malloc(((size_t)r.first[m->nvalues + 1] + 1) * sizeof *r.readers);
+  TP_ASSERT(r.readers);
+  for (int op = 0; op < m->nops; op++)
+    for (int i = 0; i < m->ops[op].ninputs; i++) {
+      int v = m->ops[op].inputs[i];
+      /* an op reading v twice is listed twice: once is enough to check it */
+      if (v >= 0) r.readers[r.first[v + 1]++] = op;
+    }
+  return r;
+}
+
+/* May v be written in bf16: an f32 result, not the loss or a graph output, read, and only as
+ * multiplied operands of products? */
+static bool only_products_read(const TpModule *m, const TpTarget *t, const Readers *r, int v) {
+  if (m->values[v].type.dtype != TP_F32 || v == m->loss || r->first[v] == r->first[v + 1]) return false;
+  for (int i = 0; i < m->noutputs; i++)
+    if (m->outputs[i] == v) return false;
+  for (int i = r->first[v]; i < r->first[v + 1]; i++)
+    if (m->ops[r->readers[i]].dead || !reads_only_as_operand(m, t, r->readers[i], v)) return false;
+  return true;
+}
+
+/* Are op's results f32 values that may be in bf16 as far as their type says (the cheap test
+ * first)? */
+static bool f32_results(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  for (int k = 0; k < o->noutputs; k++)
+    if (o->outputs[k] >= 0 && m->values[o->outputs[k]].type.dtype != TP_F32) return false;
+  return o->noutputs > 0 && !o->dead;
+}
+
+bool *tp_lower_memory_options(const TpModule *m, const TpTarget *t, TpMemoryOptions *mo) {
+  *mo = (TpMemoryOptions){.products_read_bf16 = t && tp_target_reads_bf16(t)};
+  if (!mo->products_read_bf16) return NULL;
+  bool *bf16 = calloc((size_t)m->nvalues + 1, sizeof *bf16), any = false;
+  TP_ASSERT(bf16);
+  Readers r = readers_of(m);
+  /* an op's results all in bf16 or none: its entry writes them all so */
+  for (int op = 0; op < m->nops; op++) {
+    const TpOp *o = &m->ops[op];
+    bool ok = f32_results(m, op) && writes_bf16(m, t, op);
+    for (int k = 0; ok && k < o->noutputs; k++)
+      ok = o->outputs[k] < 0 || only_products_read(m, t, &r, o->outputs[k]);
+    if (!ok) continue;
+    for (int k = 0; k < o->noutputs; k++)
+      if (o->outputs[k] >= 0) bf16[o->outputs[k]] = any = true;
+  }
+  free(r.first);
+  free(r.readers);
+  if (!any) {
+    free(bf16);
+    return NULL;
+  }
+  mo->bf16_results = bf16;
+  return bf16;
 }

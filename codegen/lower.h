@@ -71,8 +71,10 @@ typedef struct {
   bool top;          /* DECLARE */
   int value;         /* DECLARE, ALLREDUCE, RANK_*, LOSS_* */
   TpAddr addr;       /* DECLARE */
+  TpDType dtype;     /* DECLARE: the view's, the value's but bf16 where the memory plan says */
   int64_t count;     /* ALLREDUCE: elements */
   TpKernelId kernel; /* CALL */
+  bool bf16_result;  /* CALL: the kernel's entry writing its result in bf16 (target.h) */
   int nargs;         /* CALL */
   TpLowArg *args;
   int call; /* OUTLINED */
@@ -112,6 +114,15 @@ typedef struct {
 int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, const TpLowRange *outlined,
                    int noutlined, TpLowFunc *f);
 void tp_low_func_free(TpLowFunc *f);
+
+/* The memory options of target t's plans of m (TpMemoryOptions): whether its products read
+ * bf16 operands as stored, and then the results written in bf16: those of an op whose
+ * kernel has an entry writing them so (TpKernelSpelling.bf16_result), or of a Cast from f32,
+ * when each of its results is an f32 value whose every reader is a product taking it only as
+ * a multiplied operand (which the product would round to bf16: the same bits, half the
+ * bytes, no conversion), not the loss or a graph output. Returns the per-value array
+ * mo->bf16_results points to (NULL: none), which the caller frees after planning. */
+bool *tp_lower_memory_options(const TpModule *m, const TpTarget *t, TpMemoryOptions *mo);
 
 /* A profiling probe's parameters (module pm, plan pp) as the plan's (m, mem): map[i], for
  * each parameter i of pp, the plan's parameter of the same ONNX name, which must be held by

@@ -115,7 +115,8 @@ static int check_param_dtypes(const TpModule *m, TpDiag *d) {
   return rc;
 }
 
-static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const int *uses, TpDiag *d) {
+static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const int *uses, const bool *bf16_results,
+                    TpDiag *d) {
   int tokens = -1, targets = -1;
   int rc = check_param_dtypes(m, d);
   if (rc != TP_OK) return rc;
@@ -199,7 +200,8 @@ static int classify(const TpModule *m, TpMemoryPlan *p, const bool *used, const 
       } else {
         s->kind = TP_MEM_ARENA;
         s->stage = o->stage;
-        s->bytes = align_up(value_bytes(m, r));
+        s->bf16 = bf16_results && bf16_results[r];
+        s->bytes = align_up(s->bf16 ? tp_type_numel(&m->values[r].type) * 2 : value_bytes(m, r));
       }
     }
   }
@@ -629,7 +631,7 @@ int tp_plan_memory(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p
       }
   for (int i = 0; i < m->noutputs; i++) uses[m->outputs[i]]++;
 
-  int rc = classify(m, p, used, uses, d);
+  int rc = classify(m, p, used, uses, mo ? mo->bf16_results : NULL, d);
   if (rc == TP_OK) rc = order_ops(m, p, pos, d);
   if (rc == TP_OK) rc = live_ranges(m, mo, p, pos, d);
   if (rc == TP_OK) list_messages(m, p, pos), param_stages(m, p);

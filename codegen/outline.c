@@ -343,7 +343,7 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
       const TpType *t = &m->values[s->value].type;
       put_value(k, s->value);
       put(k, s->top);
-      put(k, (uint64_t)t->dtype);
+      put(k, (uint64_t)s->dtype);
       put(k, (uint64_t)t->rank);
       for (int d = 0; d < t->rank; d++) put(k, (uint64_t)t->dims[d]);
       bool region = s->addr.kind == TP_ADDR_ARENA || s->addr.kind == TP_ADDR_TRANSIENT;
@@ -356,6 +356,7 @@ static void run_key(const TpModule *m, const TpLowFunc *f, Key *k, TpRun *r) {
     }
     case TP_LOW_CALL:
       put(k, (uint64_t)s->kernel);
+      put(k, s->bf16_result);
       put(k, (uint64_t)s->nargs);
       for (int a = 0; a < s->nargs; a++) {
         put_arg(k, &s->args[a]);

@@ -66,9 +66,11 @@ static const char *const cpu_headers[] = {
 
 /* The rows as written (OPERAND arguments marked), and the cpu table, which passes them as
  * written (its products take f32 operands); has_bf16_entry: the rows followed by a BF16_SIG
- * (the products, whose --precision bf16 CUDA entry points are tp_cuda_bf16_X). */
+ * (the products, whose --precision bf16 CUDA entry points are tp_cuda_bf16_X);
+ * bf16_result_stem: the stem of a row's BF16_RESULT_SIG (NULL: none). */
 static TpKernelSpelling rows[TP_K_COUNT], cpu_kernels[TP_K_COUNT];
 static bool has_bf16_entry[TP_K_COUNT];
+static const char *bf16_result_stem[TP_K_COUNT];
 
 static void build_rows(void) {
   int row = -1; /* the last K row: the one a BF16_SIG follows */
@@ -84,9 +86,11 @@ static void build_rows(void) {
     memcpy(k->args, args, sizeof args);                                                                             \
   }
 #define BF16_SIG(...) has_bf16_entry[row] = true;
+#define BF16_RESULT_SIG(stem, ...) bf16_result_stem[row] = #stem;
 #include "../runtime/kernels/kernels.def"
 #undef K
 #undef BF16_SIG
+#undef BF16_RESULT_SIG
   for (int id = 0; id < TP_K_COUNT; id++) {
     cpu_kernels[id] = rows[id];
     for (int i = 0; i < rows[id].nargs; i++) cpu_kernels[id].args[i].operand = false;
@@ -97,8 +101,9 @@ static void build_rows(void) {
  * with a BF16_SIG, <product_prefix>X), declared in the target's one header
  * (index 0); a SCALAR argument is passed as its device pointer (DATA), since the host cannot
  * read it; a product's OPERAND is its view where the products take bf16 operands
- * (bf16_operands: kernels.def's BF16_SIG), else as on the cpu; and the unit's stream
- * follows the row's arguments. */
+ * (bf16_operands: kernels.def's BF16_SIG), else as on the cpu, and then a row with a
+ * BF16_RESULT_SIG may write its result in bf16 for them (<prefix><stem>); and the unit's
+ * stream follows the row's arguments. */
 static void device_kernels(TpKernelSpelling *table, const char *prefix, const char *product_prefix,
                            bool bf16_operands) {
   for (int id = 0; id < TP_K_COUNT; id++) {
@@ -108,6 +113,10 @@ static void device_kernels(TpKernelSpelling *table, const char *prefix, const ch
     TP_ASSERT(strncmp(row->name, "tp_", 3) == 0);
     int n = snprintf(k->name, sizeof k->name, "%s%s", has_bf16_entry[id] ? product_prefix : prefix, row->name + 3);
     TP_ASSERT(n > 0 && (size_t)n < sizeof k->name);
+    if (bf16_operands && bf16_result_stem[id]) {
+      n = snprintf(k->bf16_result, sizeof k->bf16_result, "%s%s", prefix, bf16_result_stem[id]);
+      TP_ASSERT(n > 0 && (size_t)n < sizeof k->bf16_result);
+    }
     k->header = 0;
     for (int i = 0; i < k->nargs; i++) {
       if (k->args[i].kind == TP_ARG_SCALAR) k->args[i].kind = TP_ARG_DATA;

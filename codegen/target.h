@@ -52,7 +52,10 @@ typedef struct {
 
 typedef struct {
   char name[48]; /* the function */
-  int header;    /* index into the target's headers */
+  /* the function writing the result in bf16 where name writes f32 (kernels.def's
+   * BF16_RESULT_SIG), for a result only the target's bf16 products read; "": none */
+  char bf16_result[48];
+  int header; /* index into the target's headers */
   int nargs;
   TpArgSpelling args[TP_MAX_KERNEL_ARGS];
 } TpKernelSpelling;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "codegen/codegen.h"
+#include "codegen/lower.h" /* tp_lower_memory_options */
 #include "codegen/target.h"
 #include "passes/planner/plan.h"
 #include "base/atomic.h"
@@ -143,8 +144,10 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
   TpMemoryPlan plan;
   TpPipeline pl;
   const TpTarget *target = tp_target_find(probes->target ? probes->target : "cpu", probes->precision);
-  const TpMemoryOptions mo = {target && tp_target_reads_bf16(target)}; /* the plan's, as tp_emit_c plans it */
+  TpMemoryOptions mo; /* the plan's, as tp_emit_c plans it */
+  bool *bf16_results = tp_lower_memory_options(m, target, &mo);
   int rc = tp_plan_memory(m, &mo, &plan, d);
+  free(bf16_results);
   if (rc != TP_OK) return rc;
   rc = tp_pipeline_build(m, &plan, po, &pl, d);
   bool built = rc == TP_OK;

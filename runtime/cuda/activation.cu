@@ -4,6 +4,7 @@
  * (elementwise.cu). */
 #include "../kernels/element.h"
 #include "common.cuh"
+#include "dtype.cuh" /* tp_store_result */
 #include "ops.h"
 
 #define LAUNCH_OVER(n, kernel, stream, ...)                                                                         \
@@ -11,13 +12,22 @@
 
 /* ---- Gelu's gradient ---- */
 
-__global__ void gelu_backward_kernel(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx) {
-  TP_GRID_STRIDE_LOOP(i, n) dx[i] = dy[i] * (tanh_approx ? tp_gelu_tanh_grad_f32(x[i]) : tp_gelu_grad_f32(x[i]));
+template <typename Out>
+__global__ void gelu_backward_kernel(const float *dy, const float *x, int64_t n, bool tanh_approx, Out *dx) {
+  TP_GRID_STRIDE_LOOP(i, n) {
+    tp_store_result(&dx[i], dy[i] * (tanh_approx ? tp_gelu_tanh_grad_f32(x[i]) : tp_gelu_grad_f32(x[i])));
+  }
 }
 
 TpKernelStatus tp_cuda_gelu_backward_f32(const float *dy, const float *x, int64_t n, bool tanh_approx, float *dx,
                                          TpStream *stream) {
-  if (n) LAUNCH_OVER(n, gelu_backward_kernel, stream, dy, x, n, tanh_approx, dx);
+  if (n) LAUNCH_OVER(n, gelu_backward_kernel<float>, stream, dy, x, n, tanh_approx, dx);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_gelu_backward_bf16(const float *dy, const float *x, int64_t n, bool tanh_approx, uint16_t *dx,
+                                          TpStream *stream) {
+  if (n) LAUNCH_OVER(n, gelu_backward_kernel<uint16_t>, stream, dy, x, n, tanh_approx, dx);
   return TP_KERNEL_OK;
 }
 
@@ -33,18 +43,25 @@ TpKernelStatus tp_cuda_swiglu_f32(const float *gate, const float *up, int64_t n,
 }
 
 /* dgate or dup may be NULL */
-__global__ void swiglu_backward_kernel(const float *dy, const float *gate, const float *up, int64_t n, float *dgate,
-                                       float *dup) {
+template <typename Out>
+__global__ void swiglu_backward_kernel(const float *dy, const float *gate, const float *up, int64_t n, Out *dgate,
+                                       Out *dup) {
   TP_GRID_STRIDE_LOOP(i, n) {
     float g = gate[i], s = tp_logistic_f32(g);
-    if (dgate) dgate[i] = tp_swiglu_dgate_f32(dy[i], g, up[i], s);
-    if (dup) dup[i] = tp_swiglu_dup_f32(dy[i], g, s);
+    if (dgate) tp_store_result(&dgate[i], tp_swiglu_dgate_f32(dy[i], g, up[i], s));
+    if (dup) tp_store_result(&dup[i], tp_swiglu_dup_f32(dy[i], g, s));
   }
 }
 
 TpKernelStatus tp_cuda_swiglu_backward_f32(const float *dy, const float *gate, const float *up, int64_t n,
                                            float *dgate, float *dup, TpStream *stream) {
-  if (n) LAUNCH_OVER(n, swiglu_backward_kernel, stream, dy, gate, up, n, dgate, dup);
+  if (n) LAUNCH_OVER(n, swiglu_backward_kernel<float>, stream, dy, gate, up, n, dgate, dup);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_swiglu_backward_bf16(const float *dy, const float *gate, const float *up, int64_t n,
+                                            uint16_t *dgate, uint16_t *dup, TpStream *stream) {
+  if (n) LAUNCH_OVER(n, swiglu_backward_kernel<uint16_t>, stream, dy, gate, up, n, dgate, dup);
   return TP_KERNEL_OK;
 }
 

@@ -7,6 +7,12 @@
 #include "common.cuh" /* first: kernels.h includes the C headers under extern "C" */
 #include "../kernels/scalar.h"
 
+/* An f32 result as its entry point stores it: as it is, or rounded to bf16 (to nearest even,
+ * as base/half.h and the bf16 products round their operands) by the kernels.def
+ * BF16_RESULT_SIG entries. */
+__device__ static inline void tp_store_result(float *p, float x) { *p = x; }
+__device__ static inline void tp_store_result(uint16_t *p, float x) { *p = tp_half_f32_to_bf16(x); }
+
 /* Sums as cpu/reduce.c keeps them: floats in double (*f), integers wrapping in 64 bits (*u). */
 __device__ static inline void tp_sum_element(TpDType t, const char *p, double *f, uint64_t *u) {
   if (tp_dclass(t) == TP_CLASS_FLOAT) *f += tp_load_float(t, p);

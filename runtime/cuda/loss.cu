@@ -2,7 +2,7 @@
  * and cross-entropy over rows of logits (tp_cross_entropy_f32 and its backward): one block per
  * row; the rows' losses summed in double by one block in a fixed order (deterministic). */
 #include "common.cuh"
-#include "dtype.cuh" /* tp_report_bad */
+#include "dtype.cuh" /* tp_report_bad, tp_store_result */
 #include "ops.h"
 
 enum { LOSS_SUM_THREADS = 256 };
@@ -49,27 +49,37 @@ void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *target
   TP_LAUNCH(sum_rows_kernel, dim3(1), dim3(LOSS_SUM_THREADS), stream, row_loss, R, denominator, loss);
 }
 
-/* dlogits[r, :] = (softmax(logits[r, :]) - onehot(t)) * dloss / denominator */
+/* dlogits[r, :] = (softmax(logits[r, :]) - onehot(t)) * dloss / denominator, stored as Out */
+template <typename Out>
 __global__ void cross_entropy_backward_kernel(const float *dloss, const float *logits, const int64_t *targets,
-                                              int64_t V, float denominator, float *dlogits, int64_t *bad) {
+                                              int64_t V, float denominator, Out *dlogits, int64_t *bad) {
   int64_t r = blockIdx.x, t = targets[r];
   if (t < 0 || t >= V) { /* uniform over the block */
     if (threadIdx.x == 0) atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
     return;
   }
   const float *x = logits + r * V;
-  float *o = dlogits + r * V, mx, sum, scale = *dloss / denominator;
+  Out *o = dlogits + r * V;
+  float mx, sum, scale = *dloss / denominator;
   row_max_sumexp(x, V, &mx, &sum);
   float inv = 1.0f / sum * scale;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) o[j] = expf(x[j] - mx) * inv - (j == t ? scale : 0.0f);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+    tp_store_result(&o[j], expf(x[j] - mx) * inv - (j == t ? scale : 0.0f));
+}
+
+template <typename Out>
+static void launch_cross_entropy_backward(const float *dloss, const float *logits, const int64_t *targets, int64_t R,
+                                          int64_t V, float denominator, Out *dlogits, int64_t *bad,
+                                          TpCudaStream stream) {
+  if (R == 0 || V == 0) return;
+  TP_LAUNCH(cross_entropy_backward_kernel<Out>, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, dloss, logits,
+            targets, V, denominator, dlogits, bad);
 }
 
 void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
                                                int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
                                                TpCudaStream stream) {
-  if (R == 0 || V == 0) return;
-  TP_LAUNCH(cross_entropy_backward_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, dloss, logits,
-            targets, V, denominator, dlogits, bad);
+  launch_cross_entropy_backward(dloss, logits, targets, R, V, denominator, dlogits, bad, stream);
 }
 
 /* ---- vocabulary-parallel (tp_cross_entropy_stats_f32 and the loss from the summed
@@ -276,5 +286,13 @@ TpKernelStatus tp_cuda_cross_entropy_backward_f32(const float *dloss, const floa
   (void)bad;
   tp_cuda_launch_cross_entropy_backward_f32(dloss, logits, targets, R, V, denominator, dlogits, stream->bad,
                                             stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_cross_entropy_backward_bf16(const float *dloss, const float *logits, const int64_t *targets,
+                                                   int64_t R, int64_t V, float denominator, uint16_t *dlogits,
+                                                   int64_t *bad, TpStream *stream) {
+  (void)bad;
+  launch_cross_entropy_backward(dloss, logits, targets, R, V, denominator, dlogits, stream->bad, stream->cuda);
   return TP_KERNEL_OK;
 }

@@ -18,7 +18,10 @@
  * multiplied operands of a matrix product are views, each f32 (rounded to bf16 in scratch,
  * counted as converted bytes) or bf16 (read as it is: a weight's 16-bit working copy, a
  * stored activation or gradient); products accumulated in fp32 (cuBLASLt; attention on the
- * tensor cores, attention.cu, rounding its f32 operands as it loads them), results fp32.
+ * tensor cores, attention.cu, rounding its f32 operands as it loads them), results fp32;
+ * and a kernel whose result only such products read may write it in bf16 (kernels.def's
+ * BF16_RESULT_SIG rows, e.g. tp_cuda_cross_entropy_backward_bf16), the bits the products
+ * would have rounded it to.
  *
  * Each entry point is defined in the file of its kernels, beside their __global__
  * functions (activation.cu: the activations and gated MLPs; norm.cu, rotary.cu, softmax.cu,
@@ -56,10 +59,12 @@ TpKernelStatus tp_cuda_fill_i64(int64_t *dst, int64_t value, TpStream *stream);
  * then the stream), and the bf16 products (its BF16_SIG rows). */
 #define SIG(stem, ...) TpKernelStatus tp_cuda_##stem(__VA_ARGS__, TpStream *stream);
 #define BF16_SIG(stem, ...) TpKernelStatus tp_cuda_bf16_##stem(__VA_ARGS__, TpStream *stream);
+#define BF16_RESULT_SIG(stem, ...) TpKernelStatus tp_cuda_##stem(__VA_ARGS__, TpStream *stream);
 #define SCALAR_PARAM(name) const float *name
 #include "../kernels/kernels.def"
 #undef SIG
 #undef BF16_SIG
+#undef BF16_RESULT_SIG
 #undef SCALAR_PARAM
 
 /* Attention on the tensor cores with the forward's statistics kept for the backward:

@@ -815,6 +815,53 @@ static void cross_entropy_test(bool backward) {
 static void cross_entropy_fwd(void) { cross_entropy_test(false); }
 static void cross_entropy_bwd(void) { cross_entropy_test(true); }
 
+/* ---- the bf16-result entries (kernels.def's BF16_RESULT_SIG: a --precision bf16 plan's
+ * gradient that only bf16 products read): the f32 entry's results rounded to bf16, bit for
+ * bit ---- */
+
+static void same_as_rounded(const char *what, const uint16_t *got, const float *f32, int64_t n) {
+  test_sync();
+  for (int64_t i = 0; i < n; i++)
+    if (got[i] != tp_f32_to_bf16(f32[i]))
+      fail("%s: [%lld] is 0x%04x, the f32 result %g rounds to 0x%04x", what, (long long)i, got[i], (double)f32[i],
+           tp_f32_to_bf16(f32[i]));
+}
+
+static uint16_t *halves(int64_t n) { return buffer((size_t)n * sizeof(uint16_t)); }
+
+/* and the same bad-target report */
+static void cross_entropy_bwd_bf16(void) {
+  const int64_t R = 13, V = 301;
+  float *logits = floats(R * V, 5), *f32 = poison(R * V), *dloss = buffer(sizeof *dloss);
+  uint16_t *got = halves(R * V);
+  int64_t *targets = ids(R, 0, V - 1);
+  *dloss = 0.75f;
+  if (tp_cuda_cross_entropy_backward_f32(dloss, logits, targets, R, V, 7, f32, NULL, stream()) != TP_KERNEL_OK ||
+      tp_cuda_cross_entropy_backward_bf16(dloss, logits, targets, R, V, 7, got, NULL, stream()) != TP_KERNEL_OK)
+    fail("CrossEntropyBackward bf16: a status other than TP_KERNEL_OK");
+  sync_expect("CrossEntropyBackward bf16", -1);
+  same_as_rounded("CrossEntropyBackward bf16 dlogits", got, f32, R * V);
+  targets[4] = V;
+  tp_cuda_cross_entropy_backward_bf16(dloss, logits, targets, R, V, 7, got, NULL, stream());
+  sync_expect("CrossEntropyBackward bf16, a target out of range", 4);
+}
+
+static void activation_bwd_bf16(void) {
+  const int64_t n = 1031;
+  float *dy = floats(n, 2), *gate = floats(n, 4), *up = floats(n, 2);
+  float *dgate = poison(n), *dup = poison(n);
+  uint16_t *got = halves(n), *gup = halves(n);
+  check_status("SwiGLUBackward bf16", tp_cuda_swiglu_backward_bf16(dy, gate, up, n, got, gup, stream()),
+               tp_cuda_swiglu_backward_f32(dy, gate, up, n, dgate, dup, stream()));
+  same_as_rounded("SwiGLUBackward bf16 dgate", got, dgate, n);
+  same_as_rounded("SwiGLUBackward bf16 dup", gup, dup, n);
+  for (int tanh_approx = 0; tanh_approx < 2; tanh_approx++) {
+    check_status("GeluBackward bf16", tp_cuda_gelu_backward_bf16(dy, gate, n, tanh_approx, got, stream()),
+                 tp_cuda_gelu_backward_f32(dy, gate, n, tanh_approx, dgate, stream()));
+    same_as_rounded(tanh_approx ? "GeluBackward (tanh) bf16 dx" : "GeluBackward bf16 dx", got, dgate, n);
+  }
+}
+
 /* NLL and SoftmaxCrossEntropy with every reduction, weights or not, an ignored class or not. */
 static void loss_test(bool softmax) {
   const int64_t shapes[][3] = {{7, 5, 1}, {3, 4, 6}, {0, 3, 2}};
@@ -1258,6 +1305,8 @@ static const CudaTest TESTS[] = {
     {"ops_embedding_fwd", embedding_fwd},
     {"ops_cross_entropy_fwd", cross_entropy_fwd},
     {"ops_cross_entropy_bwd", cross_entropy_bwd},
+    {"ops_cross_entropy_bwd_bf16", cross_entropy_bwd_bf16},
+    {"ops_activation_bwd_bf16", activation_bwd_bf16},
     {"ops_nll_loss_fwd", nll_loss_fwd},
     {"ops_softmax_cross_entropy_fwd", softmax_cross_entropy_fwd},
     {"ops_copy_to_host", copy_to_host},

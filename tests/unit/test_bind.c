@@ -30,7 +30,8 @@ static int bf16_operands(int k) {
 
 /* Every kernel has a cpu spelling; cuda's (fp32, bf16) are the same rows renamed, their
  * scalar passed as a device pointer and the unit's stream last; under bf16 the products
- * (attention too) are tp_cuda_bf16_X, their multiplied operands views. */
+ * (attention too) are tp_cuda_bf16_X, their multiplied operands views, and a few kernels
+ * have an entry writing their result in bf16. */
 static void test_tables(void) {
   const TpTarget *cpu = tp_target_find("cpu", NULL), *cuda = tp_target_find("cuda", NULL),
                  *bf16 = tp_target_find("cuda", "bf16");
@@ -67,6 +68,17 @@ static void test_tables(void) {
           fail("cuda %s: %s argument %d", t->precision, c->name, i);
       }
     }
+  }
+  /* the bf16-result entries (kernels.def's BF16_RESULT_SIG): the bf16 table's only */
+  for (int k = 0; k < TP_K_COUNT; k++) {
+    const char *want = k == TP_K_CROSS_ENTROPY_BACKWARD ? "tp_cuda_cross_entropy_backward_bf16"
+                       : k == TP_K_GELU_BACKWARD        ? "tp_cuda_gelu_backward_bf16"
+                       : k == TP_K_SWIGLU_BACKWARD      ? "tp_cuda_swiglu_backward_bf16"
+                                                        : "";
+    if (strcmp(bf16->kernels[k].bf16_result, want) != 0 || cpu->kernels[k].bf16_result[0] ||
+        cuda->kernels[k].bf16_result[0])
+      fail("kernel %d: bf16-result entry '%s' (expected '%s'), on the cpu '%s', on fp32 cuda '%s'", k,
+           bf16->kernels[k].bf16_result, want, cpu->kernels[k].bf16_result, cuda->kernels[k].bf16_result);
   }
   int bound = 0;
   for (int k = 0; k < TP_OP_COUNT; k++) bound += tp_op_binding(k)->bind != NULL;
