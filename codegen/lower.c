@@ -754,7 +754,7 @@ static bool reads_only_as_operand(const TpModule *m, const TpTarget *t, int op, 
   TpBound b;
   if (!bind_quietly(m, op, views, &b)) return false;
   const TpKernelSpelling *k = &t->kernels[b.kernel];
-  Views w = {op, views, views + o->ninputs, o->ninputs, o->noutputs};
+  Views w = {op, views, views + o->ninputs, o->ninputs, o->noutputs, NULL, {-1, -1}};
   int reads = 0, inputs = 0;
   for (int i = 0; i < o->ninputs; i++) inputs += o->inputs[i] == v;
   for (int a = 0; a < k->nargs; a++) {
