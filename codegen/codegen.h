@@ -74,13 +74,25 @@ typedef struct {
   int **order;          /* per stage: its ops in run order, forward then backward */
   int *norder;          /* per stage: how many */
   int *nforward;        /* per stage: how many of them are forward ops */
-  /* per stage, [2 * nslices]: the unit (phase, slice) runs order[begin, end) at index
-   * phase * nslices + slice; a stage runs forward slices 0..N-1, then backward N-1..0 */
+  /* per stage, [2 * nslices] ([3 * nslices] when split): the unit (phase, slice) runs
+   * order[begin, end) at index tp_unit_index(); a stage runs forward slices 0..N-1, then
+   * backward N-1..0 (split: their input parts N-1..0, then their weight parts N-1..0) */
   int **unit_begin, **unit_end;
+  /* The backward units run as backward-input and backward-weight parts (the module's
+   * split-backward marked ops @weight). A weight part may run any time after its input
+   * part (the weight parts of one microbatch in their order): a buffer a weight part reads
+   * or writes that outlives its unit lives from the first backward unit to the
+   * microbatch's end, and one inside a weight part goes to the transient region. */
+  bool split;
   TpMemMessage **messages; /* per stage, [TP_MSG_COUNT * nslices]: kind k of slice i at k * nslices + i */
   int *param_stage;        /* per parameter: the stage holding it (the first that reads it) */
   int *param_tied_stage;   /* per parameter: 0, or the last stage, which reads a tied copy */
 } TpMemoryPlan;
+
+/* The index of stage unit (backward, weight part, slice) in unit_begin/unit_end. */
+static inline int tp_unit_index(const TpMemoryPlan *p, bool backward, bool weight, int slice) {
+  return (backward ? (weight ? 2 : 1) * p->nslices : 0) + slice;
+}
 
 /* What the target's kernels read besides the module's values. products_read_bf16: a matrix
  * product (Linear, MatMul, Gemm and their backwards) reads the bf16 value that its
@@ -130,6 +142,8 @@ typedef struct {
   TpScheduleKind kind;
   TpPrecision precision; /* how parameters, gradients and activations are stored */
   int zero;              /* 1: the D replicas each keep 1/D of the optimizer state (ZeRO-1) */
+  int chunks;            /* interleaved: virtual stages per rank (V >= 2; the memory plan's
+                            stages are S * V); 0 or 1 otherwise */
 } TpPipelineOptions;
 
 typedef struct {
@@ -140,11 +154,18 @@ typedef struct {
                            are one tensor rank's (its parts of the split parameters) */
   int64_t *whole;       /* per stage: parameters, gradients and AdamW state as --tensor 1
                            would hold them (the split parameters whole) */
-  int *arenas;          /* per stage: microbatch arenas alive at once (mb uses mb % arenas) */
-  TpRankMemory *memory; /* per stage (the rank running it): codegen/rank_memory.h */
-  /* per stage: what `memory` was counted from (kept: the arena, transient: the region) */
+  int chunks;           /* V: virtual stages per rank (1 unless interleaved) */
+  int *arenas;          /* per (virtual) stage: microbatch arenas alive at once (mb uses
+                           mb % arenas) */
+  TpRankMemory *memory; /* per rank (stage k < S, running virtual stages k, k + S, ...):
+                           codegen/rank_memory.h */
+  /* per rank: what `memory` was counted from (kept: the arena, transient: the region) */
   TpRankMemoryInput *input;
 } TpPipeline;
+
+/* The rank that runs (virtual) stage s, and s's chunk on it. */
+static inline int tp_pipeline_rank(const TpPipeline *pl, int s) { return s % pl->schedule.stages; }
+static inline int tp_pipeline_chunk(const TpPipeline *pl, int s) { return s / pl->schedule.stages; }
 
 /* Builds and verifies the schedule (a schedule that fails verification is a compiler bug:
  * TP_ERR_INTERNAL) and the per-rank memory, settling each stage's layout in mem: arenas x
@@ -186,6 +207,7 @@ typedef struct {
   const int *stage_cuts; /* with probes: [nstages], the first layer of each stage */
   const char *target;    /* the kernel table (codegen/target.h): NULL (cpu), "cpu", "cuda" */
   const char *precision; /* the target's precision (NULL: its first; cuda: "fp32", "bf16") */
+  bool no_epilogues;     /* tokpipec --no-fuse: the products run no Gelu epilogue (lower.h) */
 } TpEmitOptions;
 
 /* Writes the C training program of module m (after the training pipeline: loss, gradients,

@@ -28,7 +28,9 @@ typedef struct {
 
 /* The name of stage s's function of (phase, slice): stageS_forward in unsliced plans,
  * else stageS_forward_sliceI; a probe's with its prefix (probeP_stageS_...). */
-void tp_unit_name(const char *prefix, int nslices, int s, bool backward, int slice, char *buf, size_t n);
+void tp_unit_name(const char *prefix, int nslices, int s, const char *phase, int slice, char *buf, size_t n);
+/* "forward", "backward", or a split backward's "backward_input" or "backward_weight". */
+const char *tp_unit_phase(bool backward, bool weight, bool split);
 
 /* The TpPlan tables and main (codegen/plan_tables.c): the parameters, re-tied initializers,
  * slices, arenas, per stage its unit functions, boundary messages and instruction list,

@@ -630,18 +630,18 @@ static void put_function_body(Emitter *E, const TpLowFunc *f, char *const *calls
 
 /* ---- unit functions ---- */
 
-static void unit_name(const Emitter *E, int s, bool backward, int slice, char *buf, size_t n) {
-  tp_unit_name(E->prefix, E->mem->nslices, s, backward, slice, buf, n);
+/* "forward", "backward", "backward input" or "backward weight" */
+static const char *unit_words(const Emitter *E, const TpUnitId *u) {
+  return !u->backward ? "forward" : !E->mem->split ? "backward" : u->weight ? "backward weight" : "backward input";
 }
 
 /* The comment above stage s's unit function (without its closing). */
-static void put_unit_comment(const Emitter *E, int s, bool backward, int slice, int nops, FILE *out) {
+static void put_unit_comment(const Emitter *E, const TpUnitId *u, int nops, FILE *out) {
   if (E->lowering.param_map) /* a probe's */
-    fprintf(out, "\n/* %.*s: stage %d, %s of slice %d: %d ops", (int)strlen(E->prefix) - 1, E->prefix, s,
-            backward ? "backward" : "forward", slice, nops);
-  else if (E->mem->nslices == 1)
-    fprintf(out, "\n/* Stage %d, %s: %d ops", s, backward ? "backward" : "forward", nops);
-  else fprintf(out, "\n/* Stage %d, %s of slice %d: %d ops", s, backward ? "backward" : "forward", slice, nops);
+    fprintf(out, "\n/* %.*s: stage %d, %s of slice %d: %d ops", (int)strlen(E->prefix) - 1, E->prefix, u->s,
+            unit_words(E, u), u->slice, nops);
+  else if (E->mem->nslices == 1) fprintf(out, "\n/* Stage %d, %s: %d ops", u->s, unit_words(E, u), nops);
+  else fprintf(out, "\n/* Stage %d, %s of slice %d: %d ops", u->s, unit_words(E, u), u->slice, nops);
 }
 
 /* Stage s's forward (or backward) function of one slice into `out`, the ranges[0, n) as
@@ -649,14 +649,15 @@ static void put_unit_comment(const Emitter *E, int s, bool backward, int slice, 
  * into the arena before the unit runs. */
 static void emit_unit(Emitter *E, const TpUnitId *u, const TpLowRange *ranges, char *const *calls, int n,
                       FILE *out) {
-  int unit = (u->backward ? E->mem->nslices : 0) + u->slice;
+  int unit = tp_unit_index(E->mem, u->backward, u->weight, u->slice);
   TpLowFunc f;
   E->rc = tp_lower_range(&E->lowering, u->s, u->backward, E->mem->unit_begin[u->s][unit],
                          E->mem->unit_end[u->s][unit], ranges, n, &f);
   if (E->rc == TP_OK) {
     char name[64];
-    unit_name(E, u->s, u->backward, u->slice, name, sizeof name);
-    put_unit_comment(E, u->s, u->backward, u->slice, f.nops, out);
+    tp_unit_name(E->prefix, E->mem->nslices, u->s, tp_unit_phase(u->backward, u->weight, E->mem->split), u->slice,
+                 name, sizeof name);
+    put_unit_comment(E, u, f.nops, out);
     fprintf(out, ". */\nstatic void %s(TpStepIO *io) {\n", name);
     put_function_body(E, &f, calls, NULL, out);
     fputs("}\n", out);
@@ -705,8 +706,8 @@ static void emit_shared_body(Emitter *E, const TpOutline *ol, int b, char *const
   const TpRun *r = &ol->runs[body->first];
   const TpUnitId *u = &ol->units[r->unit];
   const char *name = names[b];
-  fprintf(out, "\n/* %s: %d ops of the %s of a %lld-token slice", name, r->low.nops,
-          u->backward ? "backward" : "forward", (long long)tp_slice_length(E->m, E->mem, u->slice, seq));
+  fprintf(out, "\n/* %s: %d ops of the %s of a %lld-token slice", name, r->low.nops, unit_words(E, u),
+          (long long)tp_slice_length(E->m, E->mem, u->slice, seq));
   if (E->mem->nslices > 1 && !body->contexts)
     fprintf(out, " after %lld tokens", (long long)tp_slice_context(E->m, E->mem, u->slice, seq));
   fprintf(out, ",\n * run %d times by stages", body->count);
@@ -777,7 +778,7 @@ static void emit_units(Emitter *E, const TpUnitId *list, int n, FILE *out) {
     if (ol.bodies[b].count < 2) continue;
     const TpUnitId *u = &list[ol.runs[ol.bodies[b].first].unit];
     char base[96];
-    int len = snprintf(base, sizeof base, "block_%s_l%lld", u->backward ? "backward" : "forward",
+    int len = snprintf(base, sizeof base, "block_%s_l%lld", tp_unit_phase(u->backward, u->weight, p->split),
                        (long long)tp_slice_length(m, p, u->slice, seq));
     if (p->nslices > 1 && !ol.bodies[b].contexts)
       snprintf(base + len, sizeof base - (size_t)len, "_c%lld", (long long)tp_slice_context(m, p, u->slice, seq));
@@ -816,7 +817,7 @@ static void emitter_init(Emitter *E, const TpModule *m, const TpMemoryPlan *mem,
   E->referenced = calloc((size_t)m->nvalues + 1, sizeof *E->referenced);
   TP_ASSERT(E->name && E->array && E->referenced);
   E->tensor = tp_tensor_ranks(m);
-  E->lowering = (TpLowering){m, mem, E->target, NULL, E->tensor, d};
+  E->lowering = (TpLowering){m, mem, E->target, NULL, E->tensor, d, E->target->gelu_epilogues && !o->no_epilogues};
   name_values(E);
 }
 
@@ -872,8 +873,8 @@ static int emit_probe(Emitter *E, int k, FILE *fns, FILE *consts) {
   for (int s = 0; s < plan.nstages; s++) {
     info->arena_bytes[s] = plan.arena_bytes[s];
     info->transient_bytes[s] = plan.transient_bytes[s];
-    for (int i = 0; i <= info->probed; i++) units[nunits++] = (TpUnitId){s, i, false};
-    units[nunits++] = (TpUnitId){s, info->probed, true};
+    for (int i = 0; i <= info->probed; i++) units[nunits++] = (TpUnitId){s, i, false, false};
+    units[nunits++] = (TpUnitId){s, info->probed, true, false};
   }
   emit_units(&P, units, nunits, fns);
   free(units);
@@ -916,12 +917,13 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
   FILE *fns = open_memstream(&fn_text, &fn_len);
   FILE *consts = open_memstream(&const_text, &const_len);
   TP_ASSERT(fns && consts);
-  TpUnitId *units = calloc((size_t)(2 * plan.nstages * plan.nslices) + 1, sizeof *units);
+  TpUnitId *units = calloc((size_t)(3 * plan.nstages * plan.nslices) + 1, sizeof *units);
   TP_ASSERT(units);
   int nunits = 0;
   for (int s = 0; s < plan.nstages; s++) {
-    for (int i = 0; i < plan.nslices; i++) units[nunits++] = (TpUnitId){s, i, false};
-    for (int i = plan.nslices - 1; i >= 0; i--) units[nunits++] = (TpUnitId){s, i, true};
+    for (int i = 0; i < plan.nslices; i++) units[nunits++] = (TpUnitId){s, i, false, false};
+    for (int i = plan.nslices - 1; i >= 0; i--) units[nunits++] = (TpUnitId){s, i, true, false};
+    for (int i = plan.nslices - 1; plan.split && i >= 0; i--) units[nunits++] = (TpUnitId){s, i, true, true};
   }
   emit_units(&E, units, nunits, fns);
   free(units);
@@ -965,6 +967,9 @@ int tp_emit_c(const TpModule *m, const TpEmitOptions *o, FILE *out, TpDiag *d) {
                     : " * Profiling probes (--profile-grid), (l, c):\n *   ",
               (long long)o->probes[k].l, (long long)o->probes[k].c, k + 1 < o->nprobes ? "," : ".\n");
     if (E.target->precision) fprintf(out, " * Target %s, precision %s.\n", E.target->name, E.target->precision);
+    if (pipe.chunks > 1)
+      fprintf(out, " * Interleaved: %d ranks of %d virtual stages each (rank k runs stages k, k + %d, ..).\n",
+              plan.nstages / pipe.chunks, pipe.chunks, plan.nstages / pipe.chunks);
     if (E.tensor > 1)
       fprintf(out, " * Tensor parallel over %d ranks per stage: shapes and parameter figures are one rank's.\n",
               E.tensor);

@@ -22,6 +22,9 @@ typedef struct {
   int *folded;    /* per value: the bf16 value a product reads in place of it (-1: none) */
   int pending[8]; /* read-back Casts waiting for the op after them */
   int npending;
+  bool *absorbed;   /* per op: run by the Gelu epilogue of a product lowered before it */
+  const int *order; /* the stage's order, the position of the op being lowered, the range's end */
+  int pos, to;
 } Lowerer;
 
 static TpLowStmt *add(Lowerer *X, TpLowKind kind) {
@@ -111,17 +114,22 @@ static void declare(Lowerer *X, int v, bool top) {
   X->declared[v] = true;
 }
 
-/* The operands and results of the op being lowered, as the views its binder saw. */
+/* The operands and results of the op being lowered, as the views its binder saw; extra:
+ * the views of a fused Gelu (its result, and the operand of a GeluBackward; NULL when
+ * none) of values extra_value. */
 typedef struct {
   int op;
   const TpTensor *in, *out;
   int nin, nout;
+  const TpTensor *extra;
+  int extra_value[2];
 } Views;
 
 /* The value a view of the bound struct stands for (-1: none). */
 static int value_of(const Lowerer *X, const Views *w, const TpTensor *t) {
   const TpOp *o = &X->L->m->ops[w->op];
   if (!t) return -1;
+  if (w->extra && (t == &w->extra[0] || t == &w->extra[1])) return w->extra_value[t - w->extra];
   if (t >= w->in && t < w->in + w->nin) {
     int i = (int)(t - w->in);
     return i < o->ninputs ? o->inputs[i] : -1;
@@ -248,7 +256,7 @@ static void lower_tensor_op(Lowerer *X, int op) {
   }
   if (X->L->mem->value[y].kind != TP_MEM_VIEW) {
     TpTensor views[2] = {tp_value_tensor(m, x), tp_value_tensor(m, y)};
-    Views w = {op, views, views + 1, 1, 1};
+    Views w = {op, views, views + 1, 1, 1, NULL, {-1, -1}};
     TpBound b = {.kernel = TP_K_RESHAPE};
     b.a.reshape = (TpCopyArgs){&views[0], &views[1]};
     lower_call(X, &b, &w);
@@ -312,6 +320,13 @@ static bool written_before_product(const Lowerer *X, int op, const TpMemSlot *s,
 }
 
 static void lower_op(Lowerer *X, int op);
+/* Ops a Gelu epilogue's fusion absorbs besides the Gelu: a read-back Cast of its operand,
+ * Reshapes that run nothing between the product's dx and the GeluBackward. */
+typedef struct {
+  int ops[4], n;
+} Absorbed;
+static int gelu_partner(const Lowerer *X, const int *order, int i, int to, const TpBound *b, Absorbed *more);
+static void lower_gelu_epilogue(Lowerer *X, TpBound *b, Views *w, int gelu, const Absorbed *more);
 
 /* Lowers the pending Casts not folded, in their order. */
 static void flush_pending(Lowerer *X, const bool *fold) {
@@ -353,14 +368,16 @@ static void fold_operands(Lowerer *X, const TpBound *b, const Views *w) {
   flush_pending(X, fold);
 }
 
-/* The op's first statement and its results' declarations. */
-static void begin_op(Lowerer *X, int op, bool view) {
+/* The op's first statement and its results' declarations (but unwritten's: -1 for none). */
+static void begin_op_but(Lowerer *X, int op, bool view, int unwritten) {
   const TpOp *o = &X->L->m->ops[op];
   TpLowStmt *begin = add(X, TP_LOW_OP);
   begin->op = op, begin->view = view;
   for (int k = 0; k < o->noutputs; k++)
-    if (o->outputs[k] >= 0) declare(X, o->outputs[k], false);
+    if (o->outputs[k] >= 0 && o->outputs[k] != unwritten) declare(X, o->outputs[k], false);
 }
+
+static void begin_op(Lowerer *X, int op, bool view) { begin_op_but(X, op, view, -1); }
 
 /* The statements of one op, after the pending Casts it does not fold. The op's binder gives
  * the kernel and its arguments from views of the operands' types; what is decided here is
@@ -388,7 +405,7 @@ static void lower_op(Lowerer *X, int op) {
   if (r->ids && !i64_ids(X, op, o->inputs[r->ids - 1])) return;
   TpTensor views[128];
   TP_ASSERT(o->ninputs + o->noutputs <= 128);
-  Views w = {op, views, views + o->ninputs, o->ninputs, o->noutputs};
+  Views w = {op, views, views + o->ninputs, o->ninputs, o->noutputs, NULL, {-1, -1}};
   for (int k = 0; k < o->ninputs + o->noutputs; k++) {
     int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
     views[k] = v >= 0 ? tp_value_tensor(m, v) : (TpTensor){0};
@@ -420,9 +437,153 @@ static void lower_op(Lowerer *X, int op) {
     }
     a->p.kv_rows = rows;
   }
+  Absorbed more;
+  int gelu = gelu_partner(X, X->order, X->pos, X->to, &b, &more);
+  if (gelu >= 0) {
+    lower_gelu_epilogue(X, &b, &w, X->order[gelu], &more);
+    return;
+  }
   fold_operands(X, &b, &w);
   begin_op(X, op, false);
   lower_call(X, &b, &w);
+}
+
+/* ---- Gelu epilogues ----
+ * Where the target's products run epilogues (TpLowering.gelu_epilogues: cuBLASLt's), a
+ * Linear whose result a tanh-approximate Gelu reads is one call with that Gelu
+ * (TP_K_LINEAR_GELU: the Linear's result is still written, for the Gelu's backward), and a
+ * LinearBackward whose dx is read only by a tanh-approximate GeluBackward (as its dy) is
+ * one call with it (TP_K_LINEAR_BACKWARD_DGELU: dx itself is not written). The call runs
+ * where the product stood, so the Gelu's result is written before the ops between them
+ * run: only where its bytes are none those ops (and the product) read or write. The
+ * GeluBackward's other operand must hold its value there: computed before the product, or
+ * the read-back Cast of a stored bf16 value whose only reader it is (the call then reads
+ * the bf16 value, and the Cast runs nothing). The erf Gelu is not fused (cuBLASLt's GELU
+ * epilogues are the tanh approximation), nor is a Gelu reading a rounded copy of the
+ * Linear's result (a bf16 plan's stored pre-activation: the epilogue would see the
+ * unrounded sum). */
+
+static bool tanh_gelu(const TpModule *m, int op, TpOpKind kind) {
+  return m->ops[op].kind == kind && strcmp(tp_attr_string(m, op, "approximate", "none"), "tanh") == 0;
+}
+
+/* The position of value v's defining op in order[from, to), or -1 (computed elsewhere). */
+static int def_position(const Lowerer *X, const int *order, int from, int to, int v) {
+  const TpModule *m = X->L->m;
+  if (m->values[v].kind != TP_VAL_RESULT) return -1;
+  for (int p = from; p < to; p++)
+    if (order[p] == m->values[v].def) return p;
+  return -1;
+}
+
+/* Do the ops at positions [i, j) read or write slot s (their scratch too), but for the
+ * values `unwritten` (results the fusion does not write, operands read before s is
+ * written) and the outputs of the Cast absorbed? */
+static bool touched(const Lowerer *X, const int *order, int i, int j, const TpMemSlot *s, const int *unwritten,
+                    int nunwritten, int absorbed_cast) {
+  const TpModule *m = X->L->m;
+  const TpMemoryPlan *p = X->L->mem;
+  for (int q = i; q < j; q++) {
+    const TpOp *o = &m->ops[order[q]];
+    for (int k = 0; k < o->ninputs + o->noutputs; k++) {
+      int v = k < o->ninputs ? o->inputs[k] : o->outputs[k - o->ninputs];
+      bool skip = v < 0 || (order[q] == absorbed_cast && k >= o->ninputs);
+      for (int u = 0; u < nunwritten && !skip; u++) skip = v == unwritten[u];
+      if (!skip && slots_overlap(s, storage(p, v))) return true;
+    }
+    if (slots_overlap(s, &p->scratch[order[q]])) return true;
+  }
+  return false;
+}
+
+static bool in(const int *xs, int n, int v) {
+  for (int k = 0; k < n; k++)
+    if (xs[k] == v) return true;
+  return false;
+}
+
+/* The position of the op fused with the product at position i (a Linear or
+ * LinearBackward, bound as b), or -1; *more: the other ops the fusion absorbs. The Gelu
+ * may read the product's result through Reshapes that run nothing (a Conv1D's views). */
+static int gelu_partner(const Lowerer *X, const int *order, int i, int to, const TpBound *b, Absorbed *more) {
+  const TpModule *m = X->L->m;
+  const TpOp *o = &m->ops[order[i]];
+  bool forward = b->kernel == TP_K_LINEAR;
+  int y = o->outputs[0];
+  more->n = 0;
+  if (!X->L->gelu_epilogues || (!forward && b->kernel != TP_K_LINEAR_BACKWARD) || y < 0 ||
+      (!forward && X->readers[y] != 1))
+    return -1;
+  /* y and its views; not written by a backward's call: dx, its views, the absorbed Cast's
+   * result; read before the Gelu's result is written: the backward's x, which only dw's
+   * product reads, and the call computes dw first */
+  int chain[4] = {y}, nchain = 1, unwritten[7] = {forward ? -1 : y, forward ? -1 : o->inputs[1]}, nunwritten = 2;
+  int j = i + 1;
+  for (; j < to; j++) {
+    const TpOp *g = &m->ops[order[j]];
+    bool reads = false;
+    if (!X->here[order[j]] && !tp_is_boundary_op(m, order[j])) return -1; /* outlined */
+    for (int k = 0; k < g->ninputs; k++) reads = reads || in(chain, nchain, g->inputs[k]);
+    if (!reads) continue;
+    if (X->here[order[j]] && g->kind == TP_OP_Reshape && reshape_is_view(X->L->mem, order[j], m) && nchain < 4) {
+      if (!forward && X->readers[g->outputs[0]] != 1) return -1;
+      chain[nchain++] = g->outputs[0];
+      if (!forward) more->ops[more->n++] = order[j], unwritten[nunwritten++] = g->outputs[0];
+      continue;
+    }
+    if (X->here[order[j]] && g->ninputs > 0 && in(chain, nchain, g->inputs[0])) break;
+    return -1; /* read first by another op */
+  }
+  if (j == to || !tanh_gelu(m, order[j], forward ? TP_OP_Gelu : TP_OP_GeluBackward)) return -1;
+  const TpOp *g = &m->ops[order[j]];
+  int cast = -1;
+  if (!forward) { /* the Gelu's operand, at position i */
+    int pre = g->inputs[1], p = def_position(X, order, i, j, pre);
+    if (p >= 0) {
+      const TpOp *c = &m->ops[order[p]];
+      if (!X->folds || c->kind != TP_OP_Cast || type_of(X, c->inputs[0])->dtype != TP_BF16 ||
+          type_of(X, pre)->dtype != TP_F32 || X->readers[pre] != 1 ||
+          def_position(X, order, i, j, c->inputs[0]) >= 0)
+        return -1;
+      cast = order[p], more->ops[more->n++] = cast, unwritten[nunwritten++] = pre;
+    }
+  }
+  const TpMemSlot *result = storage(X->L->mem, g->outputs[0]);
+  if (touched(X, order, i, j, result, unwritten, nunwritten, cast)) return -1;
+  if (!forward && slots_overlap(result, storage(X->L->mem, g->inputs[1]))) return -1; /* dx, pre: read apart */
+  for (int k = 0; k < X->npending; k++) /* a bf16 value the product may read in place */
+    if (m->ops[X->pending[k]].outputs[0] != unwritten[1] &&
+        slots_overlap(result, storage(X->L->mem, m->ops[X->pending[k]].inputs[0])))
+      return -1;
+  return j;
+}
+
+/* The product at position i fused with the Gelu at position j (gelu_partner), the ops
+ * `more` absorbed too. */
+static void lower_gelu_epilogue(Lowerer *X, TpBound *b, Views *w, int gelu, const Absorbed *more) {
+  const TpModule *m = X->L->m;
+  const TpOp *g = &m->ops[gelu];
+  TpTensor extra[2] = {tp_value_tensor(m, g->outputs[0]), {0}};
+  TpLinearArgs a = b->kernel == TP_K_LINEAR ? b->a.linear : b->a.linear_backward;
+  w->extra = extra, w->extra_value[0] = g->outputs[0], w->extra_value[1] = -1;
+  if (b->kernel == TP_K_LINEAR) { /* pre: the Linear's result; y: the Gelu's */
+    a.pre = a.y, a.y = &extra[0];
+    b->kernel = TP_K_LINEAR_GELU, b->a.linear_gelu = a;
+  } else { /* dx: the GeluBackward's result; pre: its operand */
+    extra[1] = tp_value_tensor(m, g->inputs[1]), w->extra_value[1] = g->inputs[1];
+    a.y = &extra[0], a.pre = &extra[1];
+    b->kernel = TP_K_LINEAR_BACKWARD_DGELU, b->a.linear_backward_dgelu = a;
+  }
+  fold_operands(X, b, w);
+  begin_op_but(X, w->op, false, b->kernel == TP_K_LINEAR_GELU ? -1 : m->ops[w->op].outputs[0]); /* dx: unwritten */
+  begin_op(X, gelu, false);
+  X->absorbed[gelu] = true;
+  for (int k = 0; k < more->n; k++) {
+    const TpOp *c = &m->ops[more->ops[k]];
+    X->absorbed[more->ops[k]] = true;
+    if (c->kind == TP_OP_Cast) X->folded[c->outputs[0]] = c->inputs[0]; /* the call reads the bf16 value */
+  }
+  lower_call(X, b, w);
 }
 
 /* Is value v read by one of the ops ops[0..n) lowered here (or is it the loss)? */
@@ -447,7 +608,10 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
                .rc = TP_OK};
   TP_ASSERT(X.declared && X.here);
   X.folds = tp_target_reads_bf16(L->target);
-  if (X.folds) {
+  X.absorbed = calloc((size_t)m->nops + 1, sizeof *X.absorbed);
+  X.order = order, X.to = to;
+  TP_ASSERT(X.absorbed);
+  if (X.folds || L->gelu_epilogues) {
     X.readers = calloc((size_t)m->nvalues + 1, sizeof *X.readers);
     X.folded = malloc(((size_t)m->nvalues + 1) * sizeof *X.folded);
     TP_ASSERT(X.readers && X.folded);
@@ -483,7 +647,8 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
       i = outlined[c++].end - 1;
       continue;
     }
-    if (!X.here[op]) continue;
+    if (!X.here[op] || X.absorbed[op]) continue;
+    X.pos = i;
     bool view = o->kind == TP_OP_Reshape && reshape_is_view(L->mem, op, m);
     /* A Reshape that runs nothing is only worth a line where its result is read here. */
     if (view && !read_after(&X, order + i + 1, to - i - 1, o->outputs[0])) continue;
@@ -497,6 +662,7 @@ int tp_lower_range(const TpLowering *L, int s, bool backward, int from, int to, 
   free(X.here);
   free(X.readers);
   free(X.folded);
+  free(X.absorbed);
   return X.rc;
 }
 

@@ -95,6 +95,8 @@ typedef struct {
   const int *param_map; /* a probe's: per parameter of mem, the main plan's index (NULL: same) */
   int tensor;           /* the tensor group's ranks (1: none) */
   TpDiag *d;
+  bool gelu_epilogues; /* fuse a tanh-approximate Gelu into the product before or after it
+                          (the target's TpTarget.gelu_epilogues, unless turned off) */
 } TpLowering;
 
 /* A range of positions [begin, end) of a stage's order. */

@@ -16,7 +16,12 @@
  * left by the buffers of its region already placed whose live ranges overlap its own
  * (else above them): deterministic, and close to the live peak. tp_memory_one_region
  * places a stage's buffers all in its arena instead, as a rank that keeps one microbatch at
- * a time prefers (codegen/pipeline.c decides). */
+ * a time prefers (codegen/pipeline.c decides).
+ *
+ * A split module (split-backward's @weight ops) runs each backward unit as its input part
+ * and its weight part; the run order is the forward units, the input parts N-1..0, then the
+ * weight parts N-1..0, and since a weight part may run any time after its input part,
+ * keep_for_weights widens the live ranges of what the weight parts keep (see there). */
 #include "codegen.h"
 
 #include <stdlib.h>
@@ -232,32 +237,37 @@ static void unit_slices(const TpModule *m, int nslices, int *eff) {
   }
 }
 
-/* The stage's run order: forward units slice 0..N-1, then backward units N-1..0, each in
- * module order. */
+/* Run step r of a stage: forward slice r (r < N), then backward slice 2N - 1 - r, then
+ * (split) the weight part of slice 3N - 1 - r. */
+static int run_step(const TpOp *o, int N, int slice) {
+  return o->phase == TP_PHASE_FORWARD ? slice : o->weight ? 3 * N - 1 - slice : 2 * N - 1 - slice;
+}
+
+/* The stage's run order: forward units slice 0..N-1, then backward units N-1..0 (split:
+ * their input parts, then their weight parts N-1..0), each in module order. */
 static int order_ops(const TpModule *m, TpMemoryPlan *p, int *pos, TpDiag *d) {
   int N = p->nslices, *eff = malloc(((size_t)m->nops + 1) * sizeof *eff);
   TP_ASSERT(eff);
   unit_slices(m, N, eff);
-  /* Run step r of a stage is forward slice r (r < N), then backward slice 2N - 1 - r. One
-   * stable bucket pass puts each op at its (stage, step) in module order (scanning every op
-   * for each unit is quadratic in a paper-scale module). */
-  int steps = 2 * N, *first = calloc((size_t)p->nstages * steps + 1, sizeof *first);
+  /* One stable bucket pass puts each op at its (stage, step) in module order (scanning
+   * every op for each unit is quadratic in a paper-scale module). */
+  int steps = (p->split ? 3 : 2) * N, *first = calloc((size_t)p->nstages * steps + 1, sizeof *first);
   TP_ASSERT(first);
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
     if (o->stage < 0 || o->stage >= p->nstages || eff[op] < 0 || eff[op] >= N) continue;
-    int r = o->phase == TP_PHASE_FORWARD ? eff[op] : 2 * N - 1 - eff[op];
-    first[o->stage * steps + r + 1]++;
+    first[o->stage * steps + run_step(o, N, eff[op]) + 1]++;
   }
   for (int s = 0; s < p->nstages; s++) {
     p->order[s] = malloc((size_t)(m->nops + 1) * sizeof(int));
-    p->unit_begin[s] = malloc(sizeof(int) * 2 * (size_t)N);
-    p->unit_end[s] = malloc(sizeof(int) * 2 * (size_t)N);
+    p->unit_begin[s] = malloc(sizeof(int) * (size_t)steps);
+    p->unit_end[s] = malloc(sizeof(int) * (size_t)steps);
     TP_ASSERT(p->order[s] && p->unit_begin[s] && p->unit_end[s]);
     int *at = &first[s * steps];
     at[0] = 0;
     for (int r = 0; r < steps; r++) {
-      int slice = r < N ? r : 2 * N - 1 - r, unit = (r < N ? TP_PHASE_FORWARD : TP_PHASE_BACKWARD) * N + slice;
+      int slice = r < N ? r : r < 2 * N ? 2 * N - 1 - r : 3 * N - 1 - r;
+      int unit = tp_unit_index(p, r >= N, r >= 2 * N, slice);
       at[r + 1] += at[r];
       p->unit_begin[s][unit] = at[r];
       p->unit_end[s][unit] = at[r + 1];
@@ -268,7 +278,7 @@ static int order_ops(const TpModule *m, TpMemoryPlan *p, int *pos, TpDiag *d) {
   for (int op = 0; op < m->nops; op++) { /* first[s * steps + r] walks through step r's places */
     const TpOp *o = &m->ops[op];
     if (o->stage < 0 || o->stage >= p->nstages || eff[op] < 0 || eff[op] >= N) continue;
-    int r = o->phase == TP_PHASE_FORWARD ? eff[op] : 2 * N - 1 - eff[op], *next = &first[o->stage * steps + r];
+    int *next = &first[o->stage * steps + run_step(o, N, eff[op])];
     pos[op] = *next;
     p->order[o->stage][(*next)++] = op;
   }
@@ -353,6 +363,36 @@ static bool product_reads_bf16(const TpModule *m, const TpOp *o, int i) {
          m->values[o->inputs[i]].type.dtype == TP_F32;
 }
 
+/* The unit (index tp_unit_index) running position `at` of stage s's order. */
+static int unit_at(const TpMemoryPlan *p, int s, int at) {
+  for (int u = 0; u < (p->split ? 3 : 2) * p->nslices; u++)
+    if (p->unit_begin[s][u] <= at && at < p->unit_end[s][u]) return u;
+  return -1;
+}
+
+/* Where stage s's weight parts begin in its order (split plans). */
+static int weight_begin(const TpMemoryPlan *p, int s) {
+  return p->unit_begin[s][tp_unit_index(p, true, true, p->nslices - 1)];
+}
+
+/* A split plan's run order puts every weight part after every input part, but the weight
+ * part of slice i runs any time after its own input part, before or after the input parts
+ * of slices below i: a buffer that a weight part reads or writes and that outlives its unit
+ * is kept to the microbatch's end, and one a weight part writes from the input part of its
+ * slice on, so that no buffer of a unit that may run meanwhile shares its bytes. (One
+ * inside a weight part goes to the transient region: place().) */
+static void keep_for_weights(const TpModule *m, TpMemoryPlan *p) {
+  int N = p->nslices;
+  for (int i = 0; i < m->nvalues + m->nops; i++) {
+    TpMemSlot *b = i < m->nvalues ? &p->value[i] : &p->scratch[i - m->nvalues];
+    if (b->kind != TP_MEM_ARENA || b->last < weight_begin(p, b->stage)) continue;
+    int s = b->stage, u = unit_at(p, s, b->first);
+    if (u >= 0 && b->last < p->unit_end[s][u]) continue; /* inside one unit */
+    if (u >= 2 * N && b->first > p->unit_begin[s][u - N]) b->first = p->unit_begin[s][u - N];
+    b->last = p->norder[s] - 1;
+  }
+}
+
 static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p, const int *pos, TpDiag *d) {
   for (int op = 0; op < m->nops; op++)
     for (int k = 0; k < m->ops[op].noutputs; k++) {
@@ -411,6 +451,7 @@ static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPla
                                    .first = pos[op],
                                    .last = pos[op]};
   }
+  if (p->split) keep_for_weights(m, p);
   return TP_OK;
 }
 
@@ -467,7 +508,9 @@ static void place(TpMemoryPlan *p, int s, Buf *bufs, int nkept, int n) {
   int64_t top = 0, transient_top = 0;
   for (int i = 0; i < n; i++) {
     TpMemSlot *b = bufs[i].s;
-    int64_t at = fit(b, arena, narena, near, i < nkept ? -1 : top);
+    /* a weight part's own buffers: the arena's gaps are another input part's (keep_for_weights) */
+    bool gapless = i >= nkept && p->split && b->first >= weight_begin(p, s);
+    int64_t at = gapless ? -1 : fit(b, arena, narena, near, i < nkept ? -1 : top);
     b->transient = at < 0;
     if (b->transient) {
       b->offset = fit(b, transient, ntransient, near, -1);
@@ -484,13 +527,6 @@ static void place(TpMemoryPlan *p, int s, Buf *bufs, int nkept, int n) {
   free(near);
   p->arena_bytes[s] = top;
   p->transient_bytes[s] = transient_top;
-}
-
-/* The unit (index phase * nslices + slice) running position `at` of stage s's order. */
-static int unit_at(const TpMemoryPlan *p, int s, int at) {
-  for (int u = 0; u < 2 * p->nslices; u++)
-    if (p->unit_begin[s][u] <= at && at < p->unit_end[s][u]) return u;
-  return -1;
 }
 
 /* Stage s's buffers into bufs, returning how many; the first *nkept of them are those a
@@ -558,6 +594,7 @@ int tp_plan_memory(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p
     TP_ASSERT(m->ops[op].stage >= 0);
     if (m->ops[op].stage >= p->nstages) p->nstages = m->ops[op].stage + 1;
     if (m->ops[op].slice >= p->nslices) p->nslices = m->ops[op].slice + 1;
+    p->split |= m->ops[op].weight;
   }
   int ns = p->nstages, nv = m->nvalues, no = m->nops;
   p->value = calloc((size_t)nv + 1, sizeof *p->value);
@@ -733,11 +770,16 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   fprintf(out, "memory plan of %s\n", m->source ? m->source : "<module>");
   int64_t activations = 0;
   for (int s = 0; s < p->nstages; s++) {
-    fprintf(out, "stage %d: %d ops (%d forward, %d backward), %d buffers\n", s, p->norder[s], p->nforward[s],
-            p->norder[s] - p->nforward[s], p->nbuffers[s]);
+    fprintf(out, "stage %d: %d ops (%d forward, %d backward", s, p->norder[s], p->nforward[s],
+            p->norder[s] - p->nforward[s]);
+    if (p->split) /* the input parts, then the weight parts */
+      fprintf(out, ": %d input, %d weight", weight_begin(p, s) - p->nforward[s], p->norder[s] - weight_begin(p, s));
+    fprintf(out, "), %d buffers\n", p->nbuffers[s]);
     print_bytes(out, "  kept", p->arena_bytes[s],
-                p->transient_bytes[s] ? "a microbatch's arena: what it keeps from unit to unit, as placed"
-                                      : "a microbatch's arena: all its buffers, as placed");
+                p->split                ? "a microbatch's arena: what it keeps from unit to unit (for its weight "
+                                          "parts to its end), as placed"
+                : p->transient_bytes[s] ? "a microbatch's arena: what it keeps from unit to unit, as placed"
+                                        : "a microbatch's arena: all its buffers, as placed");
     print_bytes(out, "  transient", p->transient_bytes[s], "the rank's region for what lives inside one unit");
     print_bytes(out, "  live peak", p->live_peak[s], "most bytes of a microbatch live at once");
     print_bytes(out, "  no reuse", p->total_bytes[s], "every buffer on its own");
@@ -751,7 +793,7 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     params += bytes, elements += n;
     if (m->grads && tp_grad_of(m, v) >= 0) grads += bytes, trained += n, ntrainable++;
   }
-  char note[128];
+  char note[256];
   int tensor = tp_tensor_ranks(m);
   if (tensor > 1) fprintf(out, "totals (per tensor rank: its parts of the parameters split %d ways):\n", tensor);
   else fprintf(out, "totals:\n");
@@ -764,11 +806,14 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
   print_bytes(out, "  total", params + grads + 8 * trained + activations, NULL);
   if (!pl) return;
   if (tensor > 1) snprintf(note, sizeof note, " x %d tensor ranks", tensor);
-  fprintf(out, "ranks: %d stage%s%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n",
-          p->nstages, p->nstages == 1 ? "" : "s", tensor > 1 ? note : "", pl->o.dp, pl->o.dp == 1 ? "" : "s",
+  int S = pl->schedule.stages, V = pl->chunks;
+  char chunks[64] = "";
+  if (V > 1) snprintf(chunks, sizeof chunks, " (x %d chunks: %d virtual stages)", V, S * V);
+  fprintf(out, "ranks: %d stage%s%s%s x %d replica%s; %s schedule, %d microbatch%s x %d slice%s per replica\n", S,
+          S == 1 ? "" : "s", chunks, tensor > 1 ? note : "", pl->o.dp, pl->o.dp == 1 ? "" : "s",
           tp_schedule_name(pl->o.kind), pl->o.microbatches, pl->o.microbatches == 1 ? "" : "es", p->nslices,
           p->nslices == 1 ? "" : "s");
-  for (int s = 0; s < p->nstages; s++) {
+  for (int s = 0; s < S; s++) {
     if (tensor > 1)
       fprintf(out, "ranks %d-%d (stage %d, per tensor rank%s):\n", s * tensor, s * tensor + tensor - 1, s,
               pl->o.dp > 1 ? "; every replica's alike" : "");
@@ -781,9 +826,18 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
     print_bytes(out, "  gradients", r->grads, grads_note);
     if (r->masters) print_bytes(out, "  master weights", r->masters, pl->o.zero ? "fp32, 1/D of them" : "fp32");
     print_bytes(out, "  optimizer state", r->state, pl->o.zero ? "1/D of AdamW's moments" : NULL);
-    snprintf(note, sizeof note, "%d microbatch%s alive at once: %d x %lld kept + %lld transient", pl->arenas[s],
-             pl->arenas[s] == 1 ? "" : "es", pl->arenas[s], (long long)pl->input[s].kept,
-             (long long)pl->input[s].transient);
+    if (V == 1)
+      snprintf(note, sizeof note, "%d microbatch%s alive at once: %d x %lld kept + %lld transient", pl->arenas[s],
+               pl->arenas[s] == 1 ? "" : "es", pl->arenas[s], (long long)pl->input[s].kept,
+               (long long)pl->input[s].transient);
+    else /* per virtual stage k + c S: its arenas x its kept bytes */
+      for (int c = 0, n = 0; c < V && n < (int)sizeof note; c++) {
+        int j = c * S + s;
+        n += snprintf(note + n, sizeof note - (size_t)n, "%sstage %d: %d x %lld kept", c ? ", " : "", j,
+                      pl->arenas[j], (long long)p->arena_bytes[j]);
+        if (c + 1 == V && n < (int)sizeof note)
+          snprintf(note + n, sizeof note - (size_t)n, "; + %lld transient", (long long)pl->input[s].transient);
+      }
     print_bytes(out, "  activations", r->activations, note);
     print_bytes(out, "  peak", r->peak, NULL);
     if (tensor > 1) {

@@ -395,7 +395,7 @@ int tp_outline(const TpLowering *L, const TpUnitId *list, int n, TpOutline *o) {
   memcpy(o->units, list, (size_t)n * sizeof *list);
   for (int i = 0; i < n; i++) {
     Unit *u = &units[i];
-    int s = list[i].s, unit = (list[i].backward ? mem->nslices : 0) + list[i].slice;
+    int s = list[i].s, unit = tp_unit_index(mem, list[i].backward, list[i].weight, list[i].slice);
     int from = mem->unit_begin[s][unit], to = mem->unit_end[s][unit];
     u->pos = malloc(((size_t)(to - from) + 1) * sizeof *u->pos);
     u->key = malloc(((size_t)(to - from) + 1) * sizeof *u->key);

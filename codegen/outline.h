@@ -18,10 +18,11 @@
 
 #include "lower.h"
 
-/* A unit of the plan: stage s's forward or backward of one slice. */
+/* A unit of the plan: stage s's forward or backward of one slice (split backwards: its
+ * input part, or with `weight` its weight part). */
 typedef struct {
   int s, slice;
-  bool backward;
+  bool backward, weight;
 } TpUnitId;
 
 /* A run of a unit's ops: positions [begin, end) of its stage's order. */

@@ -12,7 +12,8 @@
 /* The plan's instruction kinds are the schedule's (plan.h cannot include the compiler). */
 _Static_assert((int)TP_PLAN_FORWARD == (int)TP_INSN_FORWARD && (int)TP_PLAN_RECV_GRAD == (int)TP_INSN_RECV_GRAD &&
                    (int)TP_PLAN_ALLREDUCE_TIED == (int)TP_INSN_ALLREDUCE_TIED &&
-                   (int)TP_PLAN_OPTIMIZER_STEP == (int)TP_INSN_OPTIMIZER_STEP,
+                   (int)TP_PLAN_OPTIMIZER_STEP == (int)TP_INSN_OPTIMIZER_STEP &&
+                   (int)TP_PLAN_BACKWARD_WEIGHT == (int)TP_INSN_BACKWARD_WEIGHT,
                "plan.h's TpPlanInsnKind follows schedule.h's TpInsnKind");
 
 int tp_tensor_ranks(const TpModule *m) {
@@ -36,8 +37,12 @@ static bool shared_pieces(const TpModule *m, const TpMemoryPlan *mem) {
 int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOptions *o, TpPipeline *pl, TpDiag *d) {
   static const TpPipelineOptions one = {.microbatches = 1, .dp = 1, .kind = TP_SCHEDULE_GPIPE};
   *pl = (TpPipeline){.o = o ? *o : one, .tensor = tp_tensor_ranks(m)};
-  int S = mem->nstages, M = pl->o.microbatches;
-  TP_ASSERT(M >= 1 && pl->o.dp >= 1);
+  /* interleaved: the memory plan's stages are the S * V virtual stages, rank k running
+   * k, k + S, ..., k + (V - 1) * S */
+  int V = pl->o.kind == TP_SCHEDULE_INTERLEAVED && pl->o.chunks > 1 ? pl->o.chunks : 1;
+  int VS = mem->nstages, S = VS / V, M = pl->o.microbatches;
+  TP_ASSERT(M >= 1 && pl->o.dp >= 1 && S * V == VS);
+  pl->chunks = V;
   for (int i = 0; i < mem->nparams; i++) pl->tied |= mem->param_tied_stage[i] != 0;
   int *nslices = malloc(sizeof(int) * (size_t)M);
   TP_ASSERT(nslices);
@@ -47,7 +52,8 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
                          .nmb = M,
                          .nslices = nslices,
                          .data_parallel = pl->o.dp > 1 || shared_pieces(m, mem),
-                         .tied_embedding = pl->tied};
+                         .tied_embedding = pl->tied,
+                         .chunks = V};
   tp_schedule_build(&spec, &pl->schedule);
   free(nslices);
   TpDiag quiet;
@@ -60,7 +66,7 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
     tp_pipeline_free(pl);
     return rc;
   }
-  pl->arenas = calloc((size_t)S, sizeof *pl->arenas);
+  pl->arenas = calloc((size_t)VS, sizeof *pl->arenas);
   pl->memory = calloc((size_t)S, sizeof *pl->memory);
   pl->whole = calloc((size_t)S, sizeof *pl->whole);
   TpRankMemoryInput *in = pl->input = calloc((size_t)S, sizeof *in), *whole = calloc((size_t)S, sizeof *whole);
@@ -78,22 +84,34 @@ int tp_pipeline_build(const TpModule *m, TpMemoryPlan *mem, const TpPipelineOpti
     if (val->shard.pad) /* a rank holds its padded piece; the unsplit model, the true vocabulary */
       unsplit = n / val->type.dims[val->shard.axis] * (val->type.dims[val->shard.axis] * parts - val->shard.pad);
     bool trained = m->grads && tp_grad_of(m, v) >= 0;
+    int tied = mem->param_tied_stage[i];
     for (int k = 0; k < S; k++) {
-      if (k != mem->param_stage[i] && (k == 0 || k != mem->param_tied_stage[i])) continue;
+      if (k != mem->param_stage[i] % S && (!tied || k != tied % S)) continue;
       *(trained ? &in[k].trained : &in[k].frozen) += n;
       *(trained ? &whole[k].trained : &whole[k].frozen) += unsplit;
     }
   }
+  for (int s = 0; s < VS; s++) {
+    int k = s % S;
+    pl->arenas[s] = tp_schedule_chunk_arenas(&pl->schedule, k, s / S);
+    double a = pl->arenas[s]; /* (compared in double: the products may pass 2^63) */
+    /* one region in place of arena and transient region, where that is no more bytes (not
+     * for a rank of several virtual stages: their units share its transient region) */
+    if (V == 1 && mem->transient_bytes[s] && !mem->split && /* a weight part's buffers must stay out of the arena */
+        a * (double)mem->one_region_bytes[s] <= a * (double)mem->arena_bytes[s] + (double)mem->transient_bytes[s])
+      tp_memory_one_region(m, mem, s);
+    if (s < S) {
+      in[k].arenas = pl->arenas[s];
+      in[k].kept = mem->arena_bytes[s];
+    } else if (pl->arenas[s] && (double)mem->arena_bytes[s] * pl->arenas[s] + (double)in[k].chunks_kept < 0x1p62) {
+      in[k].chunks_kept += mem->arena_bytes[s] * pl->arenas[s];
+    } else {
+      in[k].chunks_kept = INT64_MAX; /* refused below */
+    }
+    if (mem->transient_bytes[s] > in[k].transient) in[k].transient = mem->transient_bytes[s];
+  }
   int rc = TP_OK;
   for (int k = 0; k < S && rc == TP_OK; k++) {
-    pl->arenas[k] = tp_schedule_arenas(&pl->schedule, k);
-    double a = pl->arenas[k]; /* (compared in double: the products may pass 2^63) */
-    if (mem->transient_bytes[k] &&
-        a * (double)mem->one_region_bytes[k] <= a * (double)mem->arena_bytes[k] + (double)mem->transient_bytes[k])
-      tp_memory_one_region(m, mem, k);
-    in[k].arenas = pl->arenas[k];
-    in[k].kept = mem->arena_bytes[k];
-    in[k].transient = mem->transient_bytes[k];
     TpRankMemory w;
     tp_rank_memory(&whole[k], &w);
     pl->whole[k] = w.peak;

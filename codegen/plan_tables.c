@@ -24,9 +24,13 @@ static void put_string(FILE *out, const char *s) {
 
 /* The name of stage s's function of (phase, slice): stageS_forward in unsliced plans,
  * else stageS_forward_sliceI; a probe's with its prefix (probeP_stageS_...). */
-void tp_unit_name(const char *prefix, int nslices, int s, bool backward, int slice, char *buf, size_t n) {
-  if (nslices == 1) snprintf(buf, n, "%.16sstage%d_%s", prefix, s, backward ? "backward" : "forward");
-  else snprintf(buf, n, "%.16sstage%d_%s_slice%d", prefix, s, backward ? "backward" : "forward", slice);
+void tp_unit_name(const char *prefix, int nslices, int s, const char *phase, int slice, char *buf, size_t n) {
+  if (nslices == 1) snprintf(buf, n, "%.16sstage%d_%s", prefix, s, phase);
+  else snprintf(buf, n, "%.16sstage%d_%s_slice%d", prefix, s, phase, slice);
+}
+
+const char *tp_unit_phase(bool backward, bool weight, bool split) {
+  return !backward ? "forward" : !split ? "backward" : weight ? "backward_weight" : "backward_input";
 }
 
 /* The vocabulary: the classes of the loss (the whole vocabulary's where it is split over
@@ -47,6 +51,7 @@ static const char *const insn_enum[TP_INSN_COUNT] = {"TP_PLAN_FORWARD",        "
                                                      "TP_PLAN_ALLREDUCE_TIED", "TP_PLAN_ALLREDUCE",
                                                      "TP_PLAN_OPTIMIZER_STEP", "TP_PLAN_BACKWARD_INPUT",
                                                      "TP_PLAN_BACKWARD_WEIGHT"};
+static const char *const plan_schedule[] = {"TP_PLAN_GPIPE", "TP_PLAN_1F1B", "TP_PLAN_ZB", "TP_PLAN_INTERLEAVED"};
 static const char *const message_names[TP_MSG_COUNT] = {"recv_act", "send_act", "recv_grad", "send_grad"};
 
 /* Does stage s have the neighbour that message kind k goes to or comes from? */
@@ -56,9 +61,12 @@ static bool has_peer(const TpMemoryPlan *p, int s, int k) {
 
 /* The io->tensor_allreduce calls of stage s's unit (phase, slice): its AllReduce ops. */
 static int unit_reduces(const TpModule *m, const TpMemoryPlan *p, int s, bool backward, int slice) {
-  int unit = (backward ? p->nslices : 0) + slice, n = 0;
-  for (int i = p->unit_begin[s][unit]; i < p->unit_end[s][unit]; i++)
-    n += m->ops[p->order[s][i]].kind == TP_OP_AllReduce;
+  int n = 0;
+  for (int weight = 0; weight < 1 + (backward && p->split); weight++) { /* (split-backward keeps them in B) */
+    int unit = tp_unit_index(p, backward, weight, slice);
+    for (int i = p->unit_begin[s][unit]; i < p->unit_end[s][unit]; i++)
+      n += m->ops[p->order[s][i]].kind == TP_OP_AllReduce;
+  }
   return n;
 }
 
@@ -93,7 +101,7 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
   fputs("};\nstatic const size_t transient_bytes[] = {", out);
   for (int s = 0; s < S; s++) fprintf(out, "%s%lld", s ? ", " : "", (long long)p->transient_bytes[s]);
   fputs("};\n", out);
-  if (N == 1) {
+  if (N == 1 && !p->split) {
     fputs("static const TpStageFn forward[] = {", out);
     for (int s = 0; s < S; s++) fprintf(out, "%sstage%d_forward", s ? ", " : "", s);
     fputs("};\nstatic const TpStageFn backward[] = {", out);
@@ -105,10 +113,11 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
     if (N > 1) fputs("its functions per slice, ", out);
     if (S > 1) fputs("what it receives and sends per slice (arena offset, bytes), ", out);
     fputs("its instructions for one step. */\n", out);
-    for (int b = 0; N > 1 && b < 2; b++) {
-      fprintf(out, "static const TpUnitFn stage%d_%s_units[] = {", s, b ? "backward" : "forward");
+    for (int b = 0; (N > 1 || p->split) && b < (p->split ? 3 : 2); b++) {
+      const char *phase = tp_unit_phase(b > 0, b > 1, p->split);
+      fprintf(out, "static const TpUnitFn stage%d_%s_units[] = {", s, phase);
       for (int i = 0; i < N; i++) {
-        tp_unit_name("", N, s, b, i, name, sizeof name);
+        tp_unit_name("", N, s, phase, i, name, sizeof name);
         fprintf(out, "%s%s", i ? ", " : "", name);
       }
       fputs("};\n", out);
@@ -136,17 +145,25 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
       }
       fputs("};\n", out);
     }
-    fprintf(out, "static const TpPlanInsn stage%d_schedule[] = {\n", s);
-    for (int i = 0; i < pl->schedule.count[s]; i++) {
-      const TpInsn *x = &pl->schedule.insn[s][i];
-      fprintf(out, "    {%s, %d, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice, x->peer, x->chunk);
+    if (s < pl->schedule.stages) {
+      fprintf(out, "static const TpPlanInsn stage%d_schedule[] = {\n", s);
+      for (int i = 0; i < pl->schedule.count[s]; i++) {
+        const TpInsn *x = &pl->schedule.insn[s][i];
+        fprintf(out, "    {%s, %d, %d, %d, %d},\n", insn_enum[x->kind], x->mb, x->slice,
+                tp_schedule_peer_stage(&pl->schedule, s, x), x->chunk);
+      }
+      fputs("};\n", out);
     }
-    fputs("};\n", out);
     if (E->tensor > 1) emit_reduce_tables(E, out, s);
   }
   fputs("\nstatic const TpPlanStage stages[] = {\n", out);
   for (int s = 0; s < S; s++) {
-    if (N == 1) fprintf(out, "    {.forward = forward + %d,\n     .backward = backward + %d,\n", s, s);
+    if (p->split)
+      fprintf(out,
+              "    {.forward = stage%d_forward_units,\n     .backward_input = stage%d_backward_input_units,\n"
+              "     .backward_weight = stage%d_backward_weight_units,\n",
+              s, s, s);
+    else if (N == 1) fprintf(out, "    {.forward = forward + %d,\n     .backward = backward + %d,\n", s, s);
     else fprintf(out, "    {.forward = stage%d_forward_units,\n     .backward = stage%d_backward_units,\n", s, s);
     fprintf(out, "     .arena_bytes = %lld,\n     .arenas = %d,\n     .transient_bytes = %lld,\n",
             (long long)p->arena_bytes[s], pl->arenas[s], (long long)p->transient_bytes[s]);
@@ -157,8 +174,9 @@ static void emit_pipeline(const TpPlanTables *E, FILE *out, int64_t seq) {
               "     .forward_reduces = stage%d_forward_reduces,\n"
               "     .backward_reduces = stage%d_backward_reduces,\n",
               s, s);
-    fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n     .memory_bytes = %lld},\n",
-            pl->schedule.count[s], s, (long long)pl->memory[s].peak);
+    if (s < pl->schedule.stages) /* an interleaved plan's virtual stages >= S: in their rank's list */
+      fprintf(out, "     .ninsns = %d,\n     .insns = stage%d_schedule,\n", pl->schedule.count[s], s);
+    fprintf(out, "     .memory_bytes = %lld},\n", (long long)pl->memory[tp_pipeline_rank(pl, s)].peak);
   }
   fputs("};\n", out);
 }
@@ -179,7 +197,7 @@ static void emit_probe_tables(const TpPlanTables *E, FILE *out) {
     for (int s = 0; s < S && info->probed; s++) {
       fprintf(out, "static const TpUnitFn probe%d_stage%d_setup[] = {", k, s);
       for (int i = 0; i < info->probed; i++) {
-        tp_unit_name(prefix, info->nslices, s, false, i, name, sizeof name);
+        tp_unit_name(prefix, info->nslices, s, "forward", i, name, sizeof name);
         fprintf(out, "%s%s", i ? ", " : "", name);
       }
       fputs("};\n", out);
@@ -189,9 +207,9 @@ static void emit_probe_tables(const TpPlanTables *E, FILE *out) {
       fprintf(out, "    {.arena_bytes = %lld, .transient_bytes = %lld,", (long long)info->arena_bytes[s],
               (long long)info->transient_bytes[s]);
       if (info->probed) fprintf(out, " .nsetup = %d, .setup = probe%d_stage%d_setup,", info->probed, k, s);
-      tp_unit_name(prefix, info->nslices, s, false, info->probed, name, sizeof name);
+      tp_unit_name(prefix, info->nslices, s, "forward", info->probed, name, sizeof name);
       fprintf(out, "\n     .forward = %s, ", name);
-      tp_unit_name(prefix, info->nslices, s, true, info->probed, name, sizeof name);
+      tp_unit_name(prefix, info->nslices, s, "backward", info->probed, name, sizeof name);
       fprintf(out, ".backward = %s},\n", name);
     }
     fputs("};\n", out);
@@ -280,13 +298,14 @@ void tp_emit_plan_tables(const TpPlanTables *E, FILE *out) {
   if (nderived) fprintf(out, "    .nderived = %d,\n    .derived = derived,\n", nderived);
   fprintf(out, "    .nstages = %d,\n    .arena_bytes = arena_bytes,\n    .transient_bytes = transient_bytes,\n",
           p->nstages);
-  if (p->nslices == 1) fputs("    .forward = forward,\n    .backward = backward,\n", out);
+  if (p->nslices == 1 && !p->split) fputs("    .forward = forward,\n    .backward = backward,\n", out);
   const TpPipeline *pl = E->pipe;
   fprintf(out,
           "    .global_batch = %lld,\n    .microbatches = %d,\n    .dp = %d,\n    .nslices = %d,\n"
           "    .slice_len = slice_len,\n    .schedule = %s,\n    .stages = stages,\n",
           (long long)(batch * pl->o.microbatches * pl->o.dp), pl->o.microbatches, pl->o.dp, p->nslices,
-          pl->o.kind == TP_SCHEDULE_GPIPE ? "TP_PLAN_GPIPE" : "TP_PLAN_1F1B");
+          plan_schedule[pl->o.kind]);
+  if (pl->chunks > 1) fprintf(out, "    .chunks = %d,\n", pl->chunks);
   if (E->o->nprobes)
     fprintf(out, "    .stage_cuts = %s,\n    .nprobes = %d,\n    .probes = probes,\n",
             E->o->stage_cuts ? "stage_cuts" : "NULL", E->o->nprobes);

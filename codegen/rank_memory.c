@@ -31,8 +31,10 @@ bool tp_rank_memory(const TpRankMemoryInput *in, TpRankMemory *out) {
   out->masters = mixed ? shard(n, 4, z) + in->frozen * 4 : 0; /* the trained ones' shard, the frozen whole */
   out->state = shard(n, 8, z);
   int64_t fixed = out->params + out->grads + out->masters + out->state;
-  if (in->arenas > 0 && in->kept > (INT64_MAX - fixed - in->transient) / in->arenas) return false;
-  out->activations = in->arenas * in->kept + in->transient;
+  if (in->chunks_kept < 0 || in->chunks_kept > INT64_MAX - fixed - in->transient) return false;
+  int64_t room = INT64_MAX - fixed - in->transient - in->chunks_kept;
+  if (in->arenas > 0 && in->kept > room / in->arenas) return false;
+  out->activations = in->arenas * in->kept + in->chunks_kept + in->transient;
   out->peak = fixed + out->activations;
   return true;
 }

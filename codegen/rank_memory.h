@@ -37,6 +37,10 @@ typedef struct {
   int64_t kept;      /* bytes one microbatch keeps from unit to unit */
   int64_t transient; /* bytes of the largest unit's own working set, one at a time */
   int arenas;        /* microbatches in flight at once */
+  /* interleaved: the bytes the arenas of the rank's other virtual stages hold (their
+   * arenas x kept, summed); `kept` and `arenas` are its first virtual stage's, `transient`
+   * the largest of its virtual stages' (one region, which their units share) */
+  int64_t chunks_kept;
 } TpRankMemoryInput;
 
 typedef struct {

@@ -125,7 +125,7 @@ static TpKernelSpelling cuda_kernels[TP_K_COUNT], cuda_bf16_kernels[TP_K_COUNT];
 #define CUDA_BUILD "cc plan.c $(pkg-config --cflags --libs tokpipe-cuda) -o trainer"
 #define CUDA_DEVICE                                                                                                 \
   .device = "tp_plan_device_cuda", .device_header = 0, .constant = "tp_cuda_constant",                              \
-  .copy_to_host = "tp_cuda_copy_to_host", .fill_i64 = "tp_cuda_fill_i64"
+  .copy_to_host = "tp_cuda_copy_to_host", .fill_i64 = "tp_cuda_fill_i64", .gelu_epilogues = true
 static const TpTarget targets[] = {
     {.name = "cpu",
      .headers = cpu_headers,

@@ -71,6 +71,9 @@ typedef struct {
   const char *constant;     /* F(io->stream, array, sizeof array): the device copy of a constant */
   const char *copy_to_host; /* F(host, device, bytes, io->stream): queues a copy to the host (the loss) */
   const char *fill_i64;     /* F(dst, value, io->stream): queues storing one int64 (TensorRank) */
+  /* Its products run a tanh-approximate Gelu, or its gradient, in their epilogue
+   * (cuBLASLt's): codegen/lower.c fuses such a Gelu into the Linear before it. */
+  bool gelu_epilogues;
 } TpTarget;
 
 /* Do the target's matrix products read bf16 operands as they are stored (an OPERAND

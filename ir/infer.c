@@ -33,7 +33,7 @@ int tp_infer_op(TpModule *m, int op, TpDiag *d) {
                        info->name, info->min_inputs, info->max_inputs, info->min_outputs, info->max_outputs);
   for (int i = 0; i < info->min_inputs; i++)
     if (o->inputs[i] < 0) return tp_error_op(d, m, op, "required operand %d is absent", i);
-  if (o->outputs[0] < 0) return tp_error_op(d, m, op, "the first result must be present");
+  if (info->min_outputs > 0 && o->outputs[0] < 0) return tp_error_op(d, m, op, "the first result must be present");
 
   const TpOpRules *rules = tp_op_rules[o->kind];
   TP_ASSERT(rules && rules->infer);

@@ -181,6 +181,10 @@ typedef struct {
   int stage;
   int slice;
   TpPhase phase;
+  /* A backward op of the weight half of a split backward (passes/split_backward.c): it
+   * computes parameter gradients only, in the unit's backward-weight part (printed
+   * `@weight`); false: the backward-input part, or an unsplit backward. */
+  bool weight;
   TpOpRole role;
   bool dead; /* marked for removal by tp_module_compact */
 } TpOp;
@@ -476,6 +480,11 @@ bool tp_recompute_parse(const char *name, TpRecompute *r);
  * activations and gradients in 16 bits, every op still computing in f32 (casts around it). */
 int pass_store_bf16(TpModule *m, TpPassOptions *opt, TpDiag *d);
 int pass_store_fp16(TpModule *m, TpPassOptions *opt, TpDiag *d);
+/* passes/split_backward.c: split-backward (last, for schedules that split each backward unit
+ * into its input and weight parts) marks the backward ops that only make parameter gradients
+ * `@weight`, splitting an op that makes both (LinearBackward's dX from its dW, dB); see the
+ * file. */
+int pass_split_backward(TpModule *m, TpPassOptions *opt, TpDiag *d);
 
 /* passes/shard_tensor.c: shard-tensor splits the raised forward module (before add-loss)
  * over opt->tensor ranks the Megatron way (column-parallel, then row-parallel products,
@@ -531,6 +540,9 @@ struct TpPassOptions {
    * of stages 1.. as "a,b,..." (NULL: balance the estimated compute). */
   int nstages;
   const char *stage_cuts;
+  /* assign-stages, for its messages: the virtual stages per pipeline rank of an interleaved
+   * schedule (nstages is then ranks x chunks); <= 1: not interleaved. */
+  int chunks;
   /* shard-tensor: the ranks of the tensor group that split each stage's ops (<= 1: none). */
   int tensor;
   /* recompute: what the backward recomputes (tokpipec --recompute; NONE: no recompute pass). */
@@ -538,6 +550,9 @@ struct TpPassOptions {
   /* store-bf16 or store-fp16 (TP_BF16, TP_F16) ends the pipeline of a trained module
    * (tokpipec --precision); TP_UNDEF: values stay f32. */
   TpDType storage;
+  /* split-backward ends the pipeline (after store-bf16/fp16): the schedule runs each backward
+   * unit as backward-input and backward-weight (tokpipec --schedule zb). */
+  bool split_backward;
   /* The pass manager: IR dumps and verification. */
   const char *print_before; /* comma-separated pass names, or NULL */
   const char *print_after;  /* comma-separated pass names, or NULL */

@@ -645,21 +645,22 @@ static int parse_attrs(Parser *p, int op) {
   return expect(p, '}');
 }
 
-/* @stage(S) @slice(K) @backward and one role (@boundary, @retie, @recompute), in any order, each at
- * most once. */
+/* @stage(S) @slice(K) @backward @weight and one role (@boundary, @retie, @recompute), in any
+ * order, each at most once. */
 static int parse_placement(Parser *p, int op) {
-  bool seen[4] = {false, false, false, false};
+  bool seen[5] = {false, false, false, false, false};
   while (accept(p, '@')) {
     size_t at = p->pos - 1;
     int which = accept_keyword(p, "stage")      ? 0
                 : accept_keyword(p, "slice")    ? 1
                 : accept_keyword(p, "backward") ? 2
+                : accept_keyword(p, "weight")   ? 4
                                                 : -1;
     TpOpRole role = TP_ROLE_COMPUTE;
     for (int r = TP_ROLE_COMPUTE + 1; which < 0 && r < TP_ROLE_COUNT; r++)
       if (accept_keyword(p, tp_op_role_names[r])) which = 3, role = (TpOpRole)r;
     if (which < 0)
-      return fail(p, "expected stage, slice or backward after '@', or a role (boundary, retie, recompute)");
+      return fail(p, "expected stage, slice, backward or weight after '@', or a role (boundary, retie, recompute)");
     if (seen[which])
       return fail_at(p, at,
                      which == 3 ? "an op has one role: @boundary, @retie or @recompute" : "placement given twice");
@@ -670,6 +671,10 @@ static int parse_placement(Parser *p, int op) {
     }
     if (which == 3) {
       p->m->ops[op].role = role;
+      continue;
+    }
+    if (which == 4) {
+      p->m->ops[op].weight = true;
       continue;
     }
     int64_t n;

@@ -18,7 +18,7 @@
  *
  * An op's placement follows its attributes, each part only where it is not the default:
  * `@stage(S)` (default 0), `@slice(K)` (default -1: not sliced), `@backward` (default:
- * the forward phase), then its role (TpOpRole): `@boundary`, `@retie` or `@recompute`
+ * the forward phase), `@weight` (a backward op of a split backward's weight part), then its role (TpOpRole): `@boundary`, `@retie` or `@recompute`
  * (default: compute).
  * A param that is a tied copy of another names it after its data: `@tied(%param)`; one
  * split over the tensor group says how: `@shard(axis=1, parts=2, ranks=2)` (TpShard).
@@ -346,6 +346,7 @@ static void print_placement(FILE *out, const TpOp *op) {
   if (op->stage != 0) fprintf(out, " @stage(%d)", op->stage);
   if (op->slice != -1) fprintf(out, " @slice(%d)", op->slice);
   if (op->phase == TP_PHASE_BACKWARD) fputs(" @backward", out);
+  if (op->weight) fputs(" @weight", out);
   if (op->role != TP_ROLE_COMPUTE)
     fprintf(out, " @%s", op->role > TP_ROLE_COMPUTE && op->role < TP_ROLE_COUNT ? tp_op_role_names[op->role] : "?");
 }

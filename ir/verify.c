@@ -208,9 +208,14 @@ static int verify_placement(const TpModule *m, int o, TpDiag *d) {
     return tp_error_op(d, m, o, "bad placement: stage %d, slice %d", op->stage, op->slice);
   if (op->phase != TP_PHASE_FORWARD && op->phase != TP_PHASE_BACKWARD)
     return tp_error_op(d, m, o, "unknown phase %d", (int)op->phase);
+  if (op->weight && op->phase != TP_PHASE_BACKWARD)
+    return tp_error_op(d, m, o, "@weight marks a backward op (a split backward's weight part): @backward @weight");
   for (int i = 0; i < op->ninputs; i++) {
     int v = op->inputs[i];
     if (v < 0 || m->values[v].kind != TP_VAL_RESULT) continue;
+    if (m->ops[m->values[v].def].weight && !op->weight)
+      return tp_error_op(d, m, o, "reads %%%s, a result of the weight part of a split backward, outside it",
+                         m->values[v].name);
     const TpOp *def = &m->ops[m->values[v].def];
     bool ok = def->phase == TP_PHASE_FORWARD ? def->stage <= op->stage
                                              : op->phase == TP_PHASE_BACKWARD && def->stage >= op->stage;

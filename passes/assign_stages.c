@@ -418,7 +418,12 @@ int pass_assign_stages(TpModule *m, TpPassOptions *opt, TpDiag *d) {
     rc = tp_error(d, "cannot cut the model into pipeline stages: no residual stream (a chain of residual "
                      "Adds, x + f(x)) to find its layers in");
   else if (opt->stage_cuts) rc = tp_stage_cuts_parse(opt->stage_cuts, nlayers, &nstages, &cuts, d);
-  if (rc == TP_OK && nstages > nlayers)
+  if (rc == TP_OK && nstages > nlayers && opt->chunks > 1)
+    rc = tp_error(d,
+                  "cannot cut %d layer%s into %d stages x %d chunks = %d virtual stages (--schedule interleaved): "
+                  "every virtual stage needs at least one layer",
+                  nlayers, nlayers == 1 ? "" : "s", nstages / opt->chunks, opt->chunks, nstages);
+  else if (rc == TP_OK && nstages > nlayers)
     rc = tp_error(d, "cannot cut %d layer%s into %d stages: every stage needs at least one layer", nlayers,
                   nlayers == 1 ? "" : "s", nstages);
   if (rc == TP_OK && !cuts) {

@@ -33,6 +33,8 @@ const TpPassInfo tp_pass_registry[] = {
      "make the backward recompute the activations it reads, but the checkpoints (--recompute)"},
     {"store-bf16", pass_store_bf16, "store parameters, activations and gradients in bf16, computing in f32"},
     {"store-fp16", pass_store_fp16, "store parameters, activations and gradients in fp16, computing in f32"},
+    {"split-backward", pass_split_backward,
+     "mark the backward ops that only make parameter gradients @weight (zero-bubble schedules)"},
     {NULL, NULL, NULL},
 };
 
@@ -48,7 +50,8 @@ const TpPassInfo tp_pass_registry[] = {
  * and finish-stages places the gradients that cross stages once autodiff made them.
  * recompute (tokpipec --recompute selective|full) then has the backward recompute the
  * activations it reads from the finished forward and backward. --precision bf16 or fp16
- * appends store-bf16 or store-fp16 (TpPassOptions.storage), last. */
+ * appends store-bf16 or store-fp16 (TpPassOptions.storage), and a schedule that splits each
+ * backward (--schedule zb) split-backward, last. */
 const char *const tp_default_pipeline[] = {"fold-constants",
                                            "dce",
                                            "rebatch",
@@ -86,6 +89,8 @@ int tp_pipeline_passes(const TpPassOptions *o, const char **names) {
   /* mixed precision: last, on the module the memory plan sees */
   if (o->storage != TP_UNDEF && !o->forward_only && !o->params_only)
     names[n++] = o->storage == TP_F16 ? "store-fp16" : "store-bf16";
+  /* the input and weight halves of every backward unit, on the module the memory plan sees */
+  if (o->split_backward && !o->forward_only && !o->params_only) names[n++] = "split-backward";
   names[n] = NULL;
   return n;
 }

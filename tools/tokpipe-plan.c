@@ -50,7 +50,12 @@ static const char usage[] =
     "                       and the layouts are listed with their times\n"
     "  --batch B            global batch in sequences, divided by D (default 1; calibrated:\n"
     "                       the profiled microbatch size x D x M)\n"
-    "  --schedule S         gpipe (default, TeraPipe's) or 1f1b\n"
+    "  --schedule S         gpipe (default, TeraPipe's), 1f1b, zb (zero-bubble ZB-H1:\n"
+    "                       backwards split into input and weight parts, 1f1b's memory) or\n"
+    "                       interleaved (with --chunks)\n"
+    "  --chunks V           interleaved: V virtual stages per rank (2 or more; the layers cut\n"
+    "                       into pipeline x V evenly). The joint search tries interleaved with\n"
+    "                       every V the layers allow whatever the schedule given\n"
     "  --granularity G      slice lengths are multiples of G tokens (default 8)\n"
     "  --max-memory BYTES   per device (suffix K, M, G = 2^10..2^30); default: the profile's\n"
     "  --uniform-stages     price every stage like a middle one (no embedding/head)\n"
@@ -345,14 +350,25 @@ static void text_calibration(const TpCalibration *cal, const char *path, const T
 /* Prices one plan: M microbatches of b sequences, each cut into `len`, on req's layout. */
 static int predict(const TpPlanRequest *req, int M, int b, const int *len, int nslices, TpScheduleKind kind,
                    bool json, const char *svg, const char *trace, bool emit_schedule, TpDiag *d) {
-  const TpCostModel *cm = &req->cm;
-  int S = cm->nstages;
+  /* S ranks of J stages (interleaved: J = S x chunks virtual stages, cut evenly) */
+  TpCostModel *cm = malloc(sizeof *cm);
+  *cm = req->cm;
+  int S = cm->nstages, V = kind == TP_SCHEDULE_INTERLEAVED ? req->chunks : 1;
+  TpScheduleSpec spec = {kind, S, 0, NULL, false, false, V};
+  int rc = tp_schedule_check_spec(&spec, d);
+  if (!rc) rc = tp_cost_model_set_chunks(cm, V, d);
+  if (rc) {
+    free(cm);
+    return rc;
+  }
+  int J = cm->nstages;
   TpPlanEval *e = calloc(1, sizeof *e);
   e->schedule = kind;
+  e->chunks = V;
   e->recompute = cm->recompute;
   e->precision = cm->precision;
   e->zero = cm->zero;
-  for (int k = 0; k < S; k++) e->cuts[k] = cm->stage[k].first;
+  for (int k = 0; k < J; k++) e->cuts[k] = cm->stage[k].first;
   e->slicing.n = M;
   e->slicing.mb = calloc((size_t)M, sizeof *e->slicing.mb);
   for (int m = 0; m < M; m++) {
@@ -364,7 +380,7 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
   }
   TpSchedule sched;
   TpSimResult sim;
-  int rc = tp_plan_simulate(req, e, svg || trace, &sched, &sim, d);
+  rc = tp_plan_simulate(req, e, svg || trace, &sched, &sim, d);
   if (rc) goto done;
   if (!isfinite(sim.time_s)) {
     rc = tp_error(d, "the plan has units the cost model cannot price (microbatch size %d)", b);
@@ -374,49 +390,60 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
   tp_sim_costs_from_model(cm, &e->slicing, &c);
   int fits = 1;
   for (int k = 0; k < S; k++) fits &= sim.peak_bytes[k] <= req->max_memory;
+  bool split = kind == TP_SCHEDULE_ZB; /* its backwards run as input and weight parts */
   if (json) {
-    printf("  \"schedule\": \"%s\",\n  \"microbatches\": %d,\n  \"microbatch_size\": %d,\n  \"stage_cuts\": [",
-           tp_schedule_name(kind), M, b);
-    for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", e->cuts[k]);
+    printf("  \"schedule\": \"%s\",\n", tp_schedule_name(kind));
+    if (V > 1) printf("  \"chunks\": %d,\n", V);
+    printf("  \"microbatches\": %d,\n  \"microbatch_size\": %d,\n  \"stage_cuts\": [", M, b);
+    for (int k = 0; k < J; k++) printf("%s%d", k ? ", " : "", e->cuts[k]);
     printf("],\n  \"slices\": ");
     json_slices(stdout, &e->slicing);
     printf(",\n  \"iteration_time_s\": %.6g,\n  \"units\": [", sim.time_s);
-    for (int k = 0; k < S; k++) { /* every microbatch is alike: microbatch 0's units */
+    for (int k = 0; k < J; k++) { /* every microbatch is alike: microbatch 0's units */
       printf("%s[", k ? ", " : "");
-      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
-        printf("%s{\"l\": %d, \"c\": %d, \"forward_s\": %.6g, \"backward_s\": %.6g}", i ? ", " : "", len[i], ctx,
+      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++) {
+        printf("%s{\"l\": %d, \"c\": %d, \"forward_s\": %.6g, \"backward_s\": %.6g", i ? ", " : "", len[i], ctx,
                c.fwd[(size_t)k * c.units + i], c.bwd[(size_t)k * c.units + i]);
+        if (split) printf(", \"weight_s\": %.6g", c.wgt[(size_t)k * c.units + i]); /* of backward_s */
+        printf("}");
+      }
       printf("]");
     }
     printf("],\n  \"send_s\": [");
-    for (int k = 0; k + 1 < S; k++) {
+    for (int k = 0; k + 1 < J; k++) {
       printf("%s[", k ? ", " : "");
       for (int i = 0; i < nslices; i++) printf("%s%.6g", i ? ", " : "", c.send[(size_t)k * c.units + i]);
       printf("]");
     }
     printf("],\n  \"tied_allreduce_s\": %.6g,\n  \"optimizer_s\": [", req->untied ? 0 : c.tied_allreduce);
-    for (int k = 0; k < S; k++) printf("%s%.6g", k ? ", " : "", c.optimizer[k]);
+    for (int k = 0; k < J; k++) printf("%s%.6g", k ? ", " : "", c.optimizer[k]);
     printf("],\n  \"busy_s\": [");
     for (int k = 0; k < S; k++) printf("%s%.6g", k ? ", " : "", sim.busy_s[k]);
     printf("],\n  \"peak_memory_bytes\": [");
     for (int k = 0; k < S; k++) printf("%s%.0f", k ? ", " : "", sim.peak_bytes[k]);
     printf("],\n  \"fits_memory\": %s\n}\n", fits ? "true" : "false");
   } else {
-    printf("plan: %d stage%s (cuts", S, S == 1 ? "" : "s");
-    for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : " ", e->cuts[k]);
+    printf("plan: %d stage%s", S, S == 1 ? "" : "s");
+    if (V > 1) printf(" x %d chunks", V);
+    printf(" (cuts");
+    for (int k = 0; k < J; k++) printf("%s%d", k ? ", " : " ", e->cuts[k]);
     printf("), %s, %d microbatch%s of %d sequence%s, slices ", tp_schedule_name(kind), M, M == 1 ? "" : "es", b,
            b == 1 ? "" : "s");
     print_lengths(stdout, &e->slicing.mb[0]);
     printf("\n  predicted step time %.4g ms (event simulation of the per-rank instruction lists,\n"
            "  transfers%s and the optimizer step included)\n",
            1e3 * sim.time_s, req->untied ? "" : ", the tied embedding all-reduce");
-    printf("  %-6s %-12s %12s %12s\n", "stage", "unit l+c", "forward ms", "backward ms");
-    for (int k = 0; k < S; k++)
-      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++)
-        printf("  %-6d %5d+%-6d %12.3f %12.3f\n", k, len[i], ctx, 1e3 * c.fwd[(size_t)k * c.units + i],
+    printf("  %-6s %-12s %12s %12s%s\n", "stage", "unit l+c", "forward ms", "backward ms",
+           split ? "  of which weight ms" : "");
+    for (int k = 0; k < J; k++)
+      for (int i = 0, ctx = 0; i < nslices; ctx += len[i], i++) {
+        printf("  %-6d %5d+%-6d %12.3f %12.3f", k, len[i], ctx, 1e3 * c.fwd[(size_t)k * c.units + i],
                1e3 * c.bwd[(size_t)k * c.units + i]);
+        if (split) printf(" %20.3f", 1e3 * c.wgt[(size_t)k * c.units + i]);
+        printf("\n");
+      }
     printf("  optimizer ms:");
-    for (int k = 0; k < S; k++) printf(" %.3f", 1e3 * c.optimizer[k]);
+    for (int k = 0; k < J; k++) printf(" %.3f", 1e3 * c.optimizer[k]);
     printf("; busy ms:");
     for (int k = 0; k < S; k++) printf(" %.2f", 1e3 * sim.busy_s[k]);
     printf("\n  peak memory per rank (GiB):");
@@ -425,8 +452,10 @@ static int predict(const TpPlanRequest *req, int M, int b, const int *len, int n
   }
   tp_sim_costs_free(&c);
   char title[256];
-  snprintf(title, sizeof title, "%s: %d stages, %d microbatches, %d slices, %s: %.4g s", cm->model.name, S, M,
-           nslices, tp_schedule_name(kind), sim.time_s);
+  char chunks[32] = "";
+  if (V > 1) snprintf(chunks, sizeof chunks, " x %d chunks", V);
+  snprintf(title, sizeof title, "%s: %d stages, %d microbatches, %d slices, %s%s: %.4g s", cm->model.name, S, M,
+           nslices, tp_schedule_name(kind), chunks, sim.time_s);
   rc = show_plan(&sim, &sched, title, emit_schedule, svg, trace, d);
 done_sim:
   tp_sim_result_free(&sim);
@@ -434,6 +463,7 @@ done_sim:
 done:
   tp_slicing_free(&e->slicing);
   free(e);
+  free(cm);
   return rc;
 }
 
@@ -489,15 +519,17 @@ static char *tokpipec_command(const char *model, const char *extra, const TpPlan
   const TpMicrobatch *mb = &e->slicing.mb[0];
   fputs("tokpipec ", out);
   shell_word(out, model);
+  int J = cm->nstages * e->chunks; /* interleaved: the virtual stages' cuts */
   fprintf(out, "%s --batch %d --stages %d", extra, global_batch, cm->nstages);
-  if (cm->nstages > 1) { /* the planner's cuts, not tokpipec's own balance */
+  if (J > 1) { /* the planner's cuts, not tokpipec's own balance */
     fputs(" --stage-cuts ", out);
-    for (int k = 1; k < cm->nstages; k++) fprintf(out, "%s%d", k > 1 ? "," : "", e->cuts[k]);
+    for (int k = 1; k < J; k++) fprintf(out, "%s%d", k > 1 ? "," : "", e->cuts[k]);
   }
   fprintf(out, " --tensor %d --dp %d --microbatches %d --slices ", cm->tensor, cm->data, e->slicing.n);
   if (mb->nslices == 1) fputs("1", out); /* one number is a count */
   for (int i = 0; mb->nslices > 1 && i < mb->nslices; i++) fprintf(out, "%s%d", i ? "," : "", mb->len[i]);
   fprintf(out, " --schedule %s", tp_schedule_name(e->schedule));
+  if (e->chunks > 1) fprintf(out, " --chunks %d", e->chunks);
   if (e->precision != TP_PRECISION_FP32) fprintf(out, " --precision %s", tp_precision_name(e->precision));
   if (e->zero) fputs(" --zero 1", out);
   if (e->recompute) fprintf(out, " --recompute %s", tp_recompute_name(e->recompute));
@@ -512,7 +544,9 @@ static const TpCompileCaps tokpipec_caps = {.bf16 = true,
                                             .zero = true,
                                             .recompute = true,
                                             .vocab_pad = true,
-                                            .transient_region = true};
+                                            .transient_region = true,
+                                            .zb = true,
+                                            .interleaved = true};
 
 /* A profile prices the model it was measured on: one of another size (its "parameters"
  * more than 4x off the model's estimate, far beyond the estimate's error) is refused; a
@@ -588,6 +622,7 @@ int main(int argc, char **argv) {
   TpRecompute recompute = TP_RECOMPUTE_NONE;
   int64_t zero = 0;
   TpScheduleKind schedule = TP_SCHEDULE_GPIPE;
+  int64_t chunks = 0;
   CliDims dims = {0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -640,12 +675,17 @@ int main(int argc, char **argv) {
       zero = cli_int("--zero", v, 0, 1);
       storage_given = true;
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
-      if (!tp_schedule_parse(v, &schedule) || schedule >= TP_SCHEDULE_ZB) /* zb, interleaved: not yet built */
-        cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
-    } else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
+      if (!tp_schedule_parse(v, &schedule))
+        cli_usage_error("--schedule expects gpipe, 1f1b, zb or interleaved, got '%s'", v);
+    } else if (cli_value(argc, argv, &i, "--chunks", &v)) chunks = cli_int("--chunks", v, 2, TP_SCHEDULE_MAX_CHUNKS);
+    else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
     else if (input) cli_usage_error("more than one input model ('%s' and '%s')", input, a);
     else input = a;
   }
+  if (chunks && schedule != TP_SCHEDULE_INTERLEAVED)
+    cli_usage_error("--chunks %lld needs --schedule interleaved", (long long)chunks);
+  if (!chunks && schedule == TP_SCHEDULE_INTERLEAVED)
+    cli_usage_error("--schedule interleaved needs --chunks V: the virtual stages per rank (2 or more)");
   char default_profiles[4096];
   tp_profile_dirs(TOKPIPE_PROFILE_DIRS, default_profiles, sizeof default_profiles);
   if (!profiles) profiles = default_profiles;
@@ -779,6 +819,7 @@ int main(int argc, char **argv) {
   req->batch = (int)(batch / data);
   req->granularity = (int)granularity;
   req->schedule = schedule;
+  req->chunks = (int)chunks;
   req->max_memory = max_memory >= 0 ? max_memory : hw.memory_bytes;
   req->joint = joint;
   req->untied = !tied;
@@ -793,7 +834,8 @@ int main(int argc, char **argv) {
     TP_ASSERT(len);
     for (int i = 0; i < n; i++) len[i] = (int)lengths[i];
     free(lengths);
-    rc = tp_plan_check_units(M * n, S, &d); /* before any output, and M copies of the slices */
+    /* before any output, and M copies of the slices */
+    rc = tp_plan_check_units(M * n, S * (chunks ? (int)chunks : 1), &d);
     if (!rc && json) {
       printf("{\n  \"mode\": \"predict\",\n");
       json_model(&model);
@@ -852,6 +894,7 @@ int main(int argc, char **argv) {
     if (calibrate) json_calibration(&cal, calibrate, &prof);
     printf("  \"batch\": %d,\n  \"granularity\": %d,\n  \"schedule\": \"%s\",\n", (int)batch, (int)granularity,
            tp_schedule_name(schedule));
+    if (chunks) printf("  \"chunks\": %d,\n", (int)chunks);
     printf("  \"iteration_time_s\": %.6g,\n  \"eq5_time_s\": %.6g,\n", tp->time_s, tp->eq5_s);
     printf("  \"baseline_time_s\": %.6g,\n  \"speedup\": %.4f,\n", base->time_s, base->time_s / tp->time_s);
     printf("  \"uniform_best_time_s\": %.6g,\n  \"uniform_best_slices\": %d,\n", uni->time_s,
@@ -866,11 +909,12 @@ int main(int argc, char **argv) {
     printf("  \"cost_fit_rms_rel_err\": %.3g,\n  \"dp_evaluations\": %d,\n", res->fit_rms_rel_err, res->evaluations);
     printf("  \"solve_time_s\": %.6f,\n", res->solve_s);
     if (res->has_joint) {
-      printf("  \"joint\": {\"iteration_time_s\": %.6g, \"speedup_over_terapipe\": %.4f, \"schedule\": \"%s\", "
-             "\"recompute\": \"%s\", \"precision\": \"%s\", \"zero\": %d, \"stage_cuts\": [",
-             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), tp_recompute_name(jt->recompute),
-             tp_precision_name(jt->precision), jt->zero);
-      for (int k = 0; k < S; k++) printf("%s%d", k ? ", " : "", jt->cuts[k]);
+      printf("  \"joint\": {\"iteration_time_s\": %.6g, \"speedup_over_terapipe\": %.4f, \"schedule\": \"%s\", ",
+             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule));
+      if (jt->chunks > 1) printf("\"chunks\": %d, ", jt->chunks); /* interleaved */
+      printf("\"recompute\": \"%s\", \"precision\": \"%s\", \"zero\": %d, \"stage_cuts\": [",
+             tp_recompute_name(jt->recompute), tp_precision_name(jt->precision), jt->zero);
+      for (int k = 0; k < S * jt->chunks; k++) printf("%s%d", k ? ", " : "", jt->cuts[k]);
       printf("], \"microbatches\": %d, \"microbatch_size\": %d, \"slices\": ", jt->slicing.n,
              jt->slicing.mb[0].size);
       json_slices(stdout, &jt->slicing);
@@ -891,7 +935,9 @@ int main(int argc, char **argv) {
            req->batch);
     if (searching) text_layouts(&layouts, (int)gpus, best);
     if (calibrate) text_calibration(&cal, calibrate, &prof);
-    printf("TeraPipe plan (%s, granularity %d):\n", tp_schedule_name(schedule), (int)granularity);
+    printf("TeraPipe plan (%s", tp_schedule_name(schedule));
+    if (chunks) printf(" x %d chunks", (int)chunks);
+    printf(", granularity %d):\n", (int)granularity);
     text_slices(stdout, &tp->slicing);
     printf("  iteration time      %.4g s simulated; Eq. 5 estimate %.4g s (%+.1f%%)\n", tp->time_s, tp->eq5_s,
            100 * (tp->eq5_s - tp->time_s) / tp->time_s);
@@ -905,10 +951,12 @@ int main(int argc, char **argv) {
     printf("  DP: %d runs in %.3f s; cost table fit error %.2f%% rms, %.2f%% max\n", res->evaluations, res->solve_s,
            100 * res->fit_rms_rel_err, 100 * res->fit_max_rel_err);
     if (res->has_joint) {
-      printf("joint search%s: %.4g s (%.2fx over TeraPipe's plan): %s, %s stage cuts, %s%s, recompute %s, max %.2f "
-             "GiB\n",
+      char chunks_text[32] = "";
+      if (jt->chunks > 1) snprintf(chunks_text, sizeof chunks_text, " x %d chunks", jt->chunks);
+      printf("joint search%s: %.4g s (%.2fx over TeraPipe's plan): %s%s, %s stage cuts, %s%s, recompute %s, max "
+             "%.2f GiB\n",
              calibrate ? " (calibrated: the profile's stage cuts and microbatch size, no recomputation)" : "",
-             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule),
+             jt->time_s, tp->time_s / jt->time_s, tp_schedule_name(jt->schedule), chunks_text,
              calibrate           ? "the profile's"
              : jt->balanced_cuts ? "balanced"
                                  : "equal",
@@ -930,8 +978,10 @@ int main(int argc, char **argv) {
     TpSimResult sim;
     rc = tp_plan_simulate(req, e, true, &sched, &sim, &d);
     char title[256];
-    snprintf(title, sizeof title, "%s on %s: pipeline %d x tensor %lld, %s plan, %s: %.4g s", model.name, hw.name, S,
-             (long long)tensor, show, tp_schedule_name(e->schedule), sim.time_s);
+    char chunks_text[32] = "";
+    if (e->chunks > 1) snprintf(chunks_text, sizeof chunks_text, " x %d chunks", e->chunks);
+    snprintf(title, sizeof title, "%s on %s: pipeline %d x tensor %lld, %s plan, %s%s: %.4g s", model.name, hw.name,
+             S, (long long)tensor, show, tp_schedule_name(e->schedule), chunks_text, sim.time_s);
     if (!rc) rc = show_plan(&sim, &sched, title, emit_schedule, svg, trace, &d);
     tp_sim_result_free(&sim);
     tp_schedule_free(&sched);

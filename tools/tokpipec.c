@@ -51,7 +51,8 @@ static const char usage[] =
     "                       elements, then whole; off keeps them apart\n"
     "  --no-retie           --retie off\n"
     "  --no-fuse            leave RMSNorm, rotary embeddings and gated MLPs as primitive chains\n"
-    "                       (raise-transformer-unfused; to compare against the fused ops)\n"
+    "                       (raise-transformer-unfused), and a CUDA plan's Gelu apart from its\n"
+    "                       products (no cuBLASLt Gelu epilogue); to compare against the fused ops\n"
     "  --forward-only       stop before the loss: the raised forward module, to inspect\n"
     "                       with --emit=ir|dot|memory\n"
     "  --slices N|L1,L2,..|auto  cut each sequence into N near-equal token slices, slices of\n"
@@ -65,7 +66,12 @@ static const char usage[] =
     "  --zero 0|1           1: each of the D replicas keeps 1/D of the AdamW state (ZeRO\n"
     "                       stage 1: gradients reduce-scattered, parameters all-gathered),\n"
     "                       with the same results as 0, where each keeps all of it (default)\n"
-    "  --schedule gpipe|1f1b  the order of each rank's units (default gpipe)\n"
+    "  --schedule gpipe|1f1b|zb|interleaved  the order of each rank's units (default gpipe);\n"
+    "                       zb splits each backward into its input and weight parts (zero\n"
+    "                       bubble); interleaved: each of the S ranks runs V chunks of layers\n"
+    "  --chunks V           with --schedule interleaved: the chunks (virtual stages) per rank,\n"
+    "                       V >= 2; the layers are cut into S x V virtual stages, rank k\n"
+    "                       running k, k + S, ..; --stage-cuts then gives S x V - 1 cuts\n"
     "  --tensor N           split each stage's products over N tensor-parallel ranks\n"
     "                       (Megatron: attention heads and MLP columns, then rows, with an\n"
     "                       all-reduce after each row-parallel product); N must divide the\n"
@@ -161,7 +167,8 @@ static int render(const TpModule *m, const char *emit, const char *model, const 
                        .probes = probes->probes,
                        .stage_cuts = probes->stage_cuts,
                        .target = probes->target,
-                       .precision = probes->precision};
+                       .precision = probes->precision,
+                       .no_epilogues = probes->no_epilogues};
     if (strcmp(emit, "memory") == 0) tp_print_memory(m, &plan, &pl, f);
     else if (strcmp(emit, "schedule") == 0) tp_schedule_print(&pl.schedule, f);
     else rc = tp_emit_c(m, &o, f, d);
@@ -580,8 +587,10 @@ int main(int argc, char **argv) {
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--schedule", &v)) {
-      if (!tp_schedule_parse(v, &pipe.kind) || pipe.kind >= TP_SCHEDULE_ZB) /* zb, interleaved: not yet built */
-        cli_usage_error("--schedule expects gpipe or 1f1b, got '%s'", v);
+      if (!tp_schedule_parse(v, &pipe.kind))
+        cli_usage_error("--schedule expects gpipe, 1f1b, zb or interleaved, got '%s'", v);
+    } else if (cli_value(argc, argv, &i, "--chunks", &v)) {
+      pipe.chunks = (int)cli_int("--chunks", v, 1, TP_SCHEDULE_MAX_CHUNKS);
     } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
       po.recompute = cli_recompute(v);
     } else if (cli_value(argc, argv, &i, "--max-memory", &v)) {
@@ -639,6 +648,7 @@ int main(int argc, char **argv) {
   po.storage = pipe.precision == TP_PRECISION_BF16   ? TP_BF16
                : pipe.precision == TP_PRECISION_FP16 ? TP_F16
                                                      : TP_UNDEF;
+  po.split_backward = pipe.kind == TP_SCHEDULE_ZB; /* its units run as backward-input and -weight */
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0)
     cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);
@@ -654,6 +664,24 @@ int main(int argc, char **argv) {
   if (grid && po.tensor > 1)
     cli_usage_error("--profile-grid cannot go with --tensor yet: its probes are compiled whole, without the "
                     "tensor split");
+  /* interleaved: the layers cut into S x V virtual stages, V per rank */
+  bool interleaved = pipe.kind == TP_SCHEDULE_INTERLEAVED;
+  if (pipe.chunks && !interleaved)
+    cli_usage_error("--chunks %d cuts each rank's layers into chunks for --schedule interleaved; the %s schedule "
+                    "runs one stage per rank",
+                    pipe.chunks, tp_schedule_name(pipe.kind));
+  if (interleaved && pipe.chunks < 2)
+    cli_usage_error("--schedule interleaved needs --chunks V, V >= 2: the virtual stages each rank runs%s",
+                    pipe.chunks ? " (--chunks 1 is --schedule 1f1b)" : "");
+  if (interleaved && po.nstages < 2)
+    cli_usage_error("--schedule interleaved needs --stages S, S >= 2: it interleaves the chunks of several "
+                    "ranks");
+  if (interleaved && (int64_t)po.nstages * pipe.chunks > 1024)
+    cli_usage_error("--stages %d x --chunks %d = %lld virtual stages: at most 1024", po.nstages, pipe.chunks,
+                    (long long)po.nstages * pipe.chunks);
+  if (interleaved && grid)
+    cli_usage_error("--profile-grid cannot go with --schedule interleaved yet: its probes time whole stages");
+  if (interleaved) po.nstages *= pipe.chunks, po.chunks = pipe.chunks;
   /* --batch is the step's: every microbatch of every replica gets an equal share of rows */
   int64_t units = (int64_t)pipe.dp * pipe.microbatches;
   if (batch && batch % units)
@@ -736,6 +764,7 @@ int main(int argc, char **argv) {
   }
   probes.target = target;
   probes.precision = code_target->precision ? precision : NULL;
+  probes.no_epilogues = po.no_fuse;
   if (rc == TP_OK) rc = render(m, emit, input, note, &pipe, max_memory, &probes, &text, &d);
   ParamsReport params = {m, po.freeze};
   if (rc == TP_OK && strcmp(emit, "params") == 0) rc = cli_write_output(output, write_params, &params, &d);

@@ -289,10 +289,27 @@ void tp_cost_model_set_cuts(TpCostModel *cm, const int *cuts) {
   }
 }
 
+int tp_cost_model_set_chunks(TpCostModel *cm, int chunks, TpDiag *d) {
+  int J = cm->pipeline * chunks, L = cm->model.layers;
+  if (chunks < 1 || J > TP_MAX_STAGES)
+    return tp_error(d, "%d chunks on %d pipeline ranks: %d virtual stages, out of range 1..%d", chunks, cm->pipeline,
+                    J, TP_MAX_STAGES);
+  if (J > L)
+    return tp_error(d, "%d layers are too few for %d pipeline ranks x %d chunks (a virtual stage needs a layer)", L,
+                    cm->pipeline, chunks);
+  if (cm->cal && chunks > 1)
+    return tp_error(d, "a calibrated cost model prices the profiled stages, not %d chunks per rank", chunks);
+  cm->nstages = J;
+  int cuts[TP_MAX_STAGES];
+  for (int j = 0, first = 0; j < J; first += L / J + (j < L % J), j++) cuts[j] = first;
+  tp_cost_model_set_cuts(cm, cuts);
+  return TP_OK;
+}
+
 static void add(TpKernel *out, int *n, const char *name, TpKernelKind kind, double flops, double bytes,
                 double rows) {
   TP_ASSERT(*n < TP_MAX_KERNELS);
-  out[(*n)++] = (TpKernel){name, kind, flops, bytes, rows};
+  out[(*n)++] = (TpKernel){name, kind, flops, bytes, rows, false};
 }
 
 /* A GEMM (rows x in) @ (in x out): forward, or its two backward GEMMs (input gradient and
@@ -306,6 +323,7 @@ static void gemm(TpKernel *out, int *n, const char *name, double rows, double in
   }
   add(out, n, name, TP_KERNEL_GEMM, flops, db * (rows * out_ + in * out_ + rows * in), rows);
   add(out, n, name, TP_KERNEL_GEMM, flops, db * (rows * out_ + rows * in + 2 * in * out_), rows);
+  out[*n - 1].weight = true;
 }
 
 int tp_layer_kernels(const TpCostModel *cm, int b, int l, int c, bool bw, TpKernel *out) {
@@ -388,6 +406,13 @@ static double kernels_time(const TpCostModel *cm, const TpKernel *k, int n) {
   return s;
 }
 
+static double weight_kernels_time(const TpCostModel *cm, const TpKernel *k, int n) {
+  double s = 0;
+  for (int i = 0; i < n; i++)
+    if (k[i].weight) s += tp_kernel_time(cm, &k[i]);
+  return s;
+}
+
 /* The extra forward a layer's backward runs when recomputing: full redoes the layer's
  * forward; selective only what it does not keep, the attention (scores, softmax, mix), the
  * norms and the elementwise ops, not the products. */
@@ -409,8 +434,9 @@ TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c) {
   TpKernel k[TP_MAX_KERNELS];
   TpTime t;
   t.fwd = kernels_time(cm, k, tp_layer_kernels(cm, b, l, c, false, k));
-  t.bwd = kernels_time(cm, k, tp_layer_kernels(cm, b, l, c, true, k));
-  t.bwd += recompute_forward(cm, b, l, c);
+  int n = tp_layer_kernels(cm, b, l, c, true, k);
+  t.bwd = kernels_time(cm, k, n) + recompute_forward(cm, b, l, c);
+  t.wgt = weight_kernels_time(cm, k, n);
   return t;
 }
 
@@ -446,14 +472,19 @@ int tp_edge_kernels(const TpCostModel *cm, const TpStage *s, int b, int l, bool 
 
 static TpTime edge_time(const TpCostModel *cm, const TpStage *s, int b, int l) {
   TpKernel k[TP_MAX_KERNELS];
-  TpTime t = {0, 0};
-  if (s->embedding) {
+  TpTime t = {0, 0, 0};
+  if (s->embedding) { /* its backward scatters into the table's gradient: all weight */
     int n = embedding_kernels(cm, b, l, k);
     t.fwd += kernels_time(cm, k, n);
     t.bwd += kernels_time(cm, k, n);
+    t.wgt += kernels_time(cm, k, n);
   }
-  if (s->head)
-    for (int bw = 0; bw < 2; bw++) *(bw ? &t.bwd : &t.fwd) += kernels_time(cm, k, head_kernels(cm, b, l, bw, k));
+  if (s->head) {
+    t.fwd += kernels_time(cm, k, head_kernels(cm, b, l, false, k));
+    int n = head_kernels(cm, b, l, true, k);
+    t.bwd += kernels_time(cm, k, n);
+    t.wgt += weight_kernels_time(cm, k, n);
+  }
   return t;
 }
 
@@ -463,6 +494,8 @@ static TpTime analytic_stage_time(const TpCostModel *cm, int k, int b, int l, in
   TpTime layer = tp_layer_time(cm, b, l, c), t = edge_time(cm, &s, b, l);
   t.fwd += s.layers * layer.fwd;
   t.bwd += s.layers * layer.bwd;
+  t.wgt += s.layers * layer.wgt;
+  if (k == 0) t.wgt = t.bwd; /* no stage before it waits: all its backward feeds its parameters */
   return t;
 }
 
@@ -470,22 +503,25 @@ TpTime tp_stage_time(const TpCostModel *cm, int k, int b, int l, int c) {
   TP_ASSERT(k >= 0 && k < cm->nstages);
   const TpCalibration *cal = cm->cal;
   if (!cal) return analytic_stage_time(cm, k, b, l, c);
-  if (b != cal->b) return (TpTime){INFINITY, INFINITY};
+  if (b != cal->b) return (TpTime){INFINITY, INFINITY, 0};
   double f = tp_fit_eval(&cal->fwd[k], l, c);
+  TpTime a = analytic_stage_time(cm, k, b, l, c); /* the weight-gradient share; the split of a measured sum */
+  double share = a.bwd > 0 ? a.wgt / a.bwd : 0;
   if (cal->split) {
     double g = tp_fit_eval(&cal->bwd[k], l, c);
-    return (TpTime){f > 0 ? f : 0, g > 0 ? g : 0};
+    if (!(g > 0)) g = 0;
+    return (TpTime){f > 0 ? f : 0, g, g * share};
   }
-  TpTime a = analytic_stage_time(cm, k, b, l, c); /* only the sum is measured */
   if (!(f > 0)) f = 0;
-  return (TpTime){f * a.fwd / (a.fwd + a.bwd), f * a.bwd / (a.fwd + a.bwd)};
+  double g = f * a.bwd / (a.fwd + a.bwd);
+  return (TpTime){f * a.fwd / (a.fwd + a.bwd), g, g * share};
 }
 
 /* Devices are numbered replica-major, then stage, then tensor rank; a node holds
  * devices_per_node consecutive devices. */
 bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k) {
-  int per_node = cm->hw.devices_per_node;
-  return (k * cm->tensor) / per_node != ((k + 1) * cm->tensor) / per_node || (cm->tensor > per_node);
+  int per_node = cm->hw.devices_per_node, from = k % cm->pipeline, to = (k + 1) % cm->pipeline; /* the ranks */
+  return (from * cm->tensor) / per_node != (to * cm->tensor) / per_node || (cm->tensor > per_node);
 }
 
 /* The activation's tensor-parallel devices each send their 1/t share; across nodes all
@@ -587,6 +623,12 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
   if (k > 0) per_token += h * s;
   if (st->head && cm->recompute == TP_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
   if (st->head && cm->recompute == TP_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
+  /* split backwards: the output gradients the weight parts read (tokpipec --emit=memory on
+   * bench/gpt3_onnx.py models under zb: up to 11h floats per token and layer at t = 1, as
+   * the QKV and first MLP products' (3h + ffn) / t, the attention output and second MLP
+   * products' and both norms' 4h; the final norm's h), where a rank runs them later */
+  if (cm->split_backward)
+    per_token += s * (st->layers * ((3 * h + cm->model.ffn) / cm->tensor + 4 * h) + (st->head ? h : 0));
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
    * sum, stored as the gradients are, lives from the last slice's backward unit to the first's */
   return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);

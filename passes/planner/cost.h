@@ -85,7 +85,7 @@ typedef struct {
   TpHardware hw;
   TpModelDesc model;
   int pipeline, tensor, data;
-  int nstages;
+  int nstages; /* pipeline stages; interleaved: pipeline x chunks virtual stages */
   TpStage stage[TP_MAX_STAGES];
   TpRecompute recompute;           /* activation recomputation: its extra forward in the backward */
   TpPrecision precision;           /* what the trainer stores (memory; compute is the profile's dtype) */
@@ -97,6 +97,8 @@ typedef struct {
   bool one_region;                 /* the trainer holds a unit's working set in each microbatch's
                                       arena (else in one transient region per rank) */
   bool uniform_stages;             /* price every stage like a middle one (the paper's model) */
+  bool split_backward;             /* zb: weight parts after their input parts, reading output
+                                      gradients the microbatch keeps until then */
   bool flash_attention;            /* attention as one tiled kernel each way, causal tiles skipped
                                       (else scores, softmax and mix apart, the scores in memory) */
   const struct TpCalibration *cal; /* measured stage and optimizer times, or NULL */
@@ -110,6 +112,11 @@ int tp_cost_model_init(TpCostModel *cm, const TpHardware *hw, const TpModelDesc 
                        int data, TpDiag *d);
 /* Replaces the stage cuts: cuts[k] = first layer of stage k (cuts[0] = 0, increasing). */
 void tp_cost_model_set_cuts(TpCostModel *cm, const int *cuts);
+/* Interleaved schedules: the stages become pipeline x chunks virtual stages (virtual stage
+ * j runs on pipeline rank j % pipeline), cut as evenly as the layers allow (the larger
+ * stages first); chunks 1 gives back one stage per rank. An input error when the layers
+ * are fewer than the virtual stages or these are more than TP_MAX_STAGES. */
+int tp_cost_model_set_chunks(TpCostModel *cm, int chunks, TpDiag *d);
 
 typedef enum { TP_KERNEL_GEMM, TP_KERNEL_MEMORY, TP_KERNEL_ALLREDUCE } TpKernelKind;
 typedef struct {
@@ -117,6 +124,8 @@ typedef struct {
   TpKernelKind kind;
   double flops, bytes;
   double rows; /* GEMM: rows of the activation operand, sets its efficiency */
+  bool weight; /* a backward kernel computing parameter gradients: a split backward's
+                   backward-weight runs it, its backward-input the others */
 } TpKernel;
 enum { TP_MAX_KERNELS = 48 };
 
@@ -130,13 +139,20 @@ double tp_kernel_time(const TpCostModel *cm, const TpKernel *k);
 
 typedef struct {
   double fwd, bwd;
+  double wgt; /* the part of bwd that computes parameter gradients (a split backward's W) */
 } TpTime;
 /* One layer, and one whole stage (its layers plus embedding / head), for b sequences,
  * a slice of l tokens with context c. Calibrated: the stage's fitted times, INFINITY for
- * a microbatch size other than the profiled one. */
+ * a microbatch size other than the profiled one. wgt: analytic, the weight-gradient
+ * kernels' times (each weight-gradient GEMM has its forward GEMM's FLOPs; the embedding's
+ * backward is all weight gradient; recomputation belongs to the input part, which runs
+ * first; on the first stage, which sends no gradient, the whole backward, as tokpipec's
+ * split-backward pass puts it); calibrated, the measured backward times the analytic
+ * model's share. */
 TpTime tp_layer_time(const TpCostModel *cm, int b, int l, int c);
 TpTime tp_stage_time(const TpCostModel *cm, int stage, int b, int l, int c);
-/* Activation (or its gradient) of b x l tokens from stage k to k+1 (or back). */
+/* Activation (or its gradient) of b x l tokens from stage k to k+1 (or back; virtual
+ * stages: between the ranks that run them). */
 double tp_send_time(const TpCostModel *cm, int k, int b, int l);
 bool tp_boundary_crosses_nodes(const TpCostModel *cm, int k);
 /* After the backward: data-parallel gradient all-reduce and optimizer step of stage k. */

@@ -156,17 +156,25 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   memset(r, 0, sizeof *r);
   int64_t units = 0;
   for (int m = 0; m < e->slicing.n; m++) units += e->slicing.mb[m].nslices;
-  int rc = tp_plan_check_units(units, req->cm.nstages, d);
+  int chunks = e->chunks > 1 ? e->chunks : 1, rc = tp_plan_check_units(units, req->cm.nstages * chunks, d);
   if (rc) return rc;
   TpCostModel *cm = malloc(sizeof *cm);
   *cm = req->cm;
   cm->recompute = e->recompute;
   cm->precision = e->precision;
   cm->zero = e->zero;
-  tp_cost_model_set_cuts(cm, e->cuts);
+  cm->split_backward = e->schedule == TP_SCHEDULE_ZB;
+  rc = tp_cost_model_set_chunks(cm, chunks, d);
   int *nslices = malloc(sizeof(int) * (size_t)e->slicing.n);
   for (int m = 0; m < e->slicing.n; m++) nslices[m] = e->slicing.mb[m].nslices;
-  TpScheduleSpec spec = {e->schedule, cm->nstages, e->slicing.n, nslices, cm->data > 1, !req->untied, 0};
+  TpScheduleSpec spec = {e->schedule, req->cm.nstages, e->slicing.n, nslices, cm->data > 1, !req->untied, chunks};
+  if (!rc) rc = tp_schedule_check_spec(&spec, d);
+  if (rc) {
+    free(nslices);
+    free(cm);
+    return rc;
+  }
+  tp_cost_model_set_cuts(cm, e->cuts);
   tp_schedule_build(&spec, sched);
   TpSimCosts costs;
   tp_sim_costs_from_model(cm, &e->slicing, &costs);
@@ -177,13 +185,32 @@ int tp_plan_simulate(const TpPlanRequest *req, const TpPlanEval *e, bool record,
   return rc;
 }
 
-static void init_eval(const TpPlanRequest *req, TpPlanEval *e, TpScheduleKind sched) {
+/* The cuts of cm's pipeline x chunks virtual stages: as even as the layers allow, or
+ * compute-balanced. cm's chunks must be possible (tp_cost_model_set_chunks). */
+static void virtual_cuts(const TpCostModel *cm, int chunks, bool balanced, int *cuts) {
+  TpCostModel *v = malloc(sizeof *v);
+  *v = *cm;
+  TpDiag quiet;
+  tp_diag_init(&quiet, "tokpipe-plan", NULL, NULL);
+  TP_ASSERT(tp_cost_model_set_chunks(v, chunks, &quiet) == TP_OK);
+  if (balanced) balanced_cuts(v, cuts);
+  else
+    for (int j = 0; j < v->nstages; j++) cuts[j] = v->stage[j].first;
+  free(v);
+}
+
+/* A plan of schedule `sched` (interleaved: `chunks` per rank) on req's cuts (interleaved:
+ * even virtual ones). */
+static void init_eval(const TpPlanRequest *req, TpPlanEval *e, TpScheduleKind sched, int chunks) {
   memset(e, 0, sizeof *e);
   e->schedule = sched;
+  e->chunks = sched == TP_SCHEDULE_INTERLEAVED ? chunks : 1;
   e->recompute = req->cm.recompute;
   e->precision = req->cm.precision;
   e->zero = req->cm.zero;
-  for (int k = 0; k < req->cm.nstages; k++) e->cuts[k] = req->cm.stage[k].first;
+  if (e->chunks > 1) virtual_cuts(&req->cm, e->chunks, false, e->cuts);
+  else
+    for (int k = 0; k < req->cm.nstages; k++) e->cuts[k] = req->cm.stage[k].first;
 }
 
 /* Keeps the better of *best and *cand (fitting and faster; when neither fits, the
@@ -228,13 +255,23 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
                     "batch per pipeline replica %d x %d slice units x %d stages = %lld, more than the simulation "
                     "takes (%d): a smaller batch per replica or a coarser granularity",
                     B, n, cm->nstages, (long long)B * n * cm->nstages, TP_PLAN_MAX_UNIT_STAGES);
+  if (req->schedule == TP_SCHEDULE_INTERLEAVED) { /* the chunks of TeraPipe's plan and the baselines */
+    TpCostModel *v = malloc(sizeof *v);
+    *v = *cm;
+    TpScheduleSpec spec = {req->schedule, cm->nstages, 0, NULL, false, false, req->chunks};
+    rc = tp_schedule_check_spec(&spec, d);
+    if (!rc) rc = tp_cost_model_set_chunks(v, req->chunks, d);
+    if (!rc) rc = tp_plan_check_units((int64_t)B * n, cm->nstages * req->chunks, d);
+    free(v);
+    if (rc) return rc;
+  }
   TpSliceCost table;
   tp_model_slice_cost(cm, B, g, &table, &out->fit_rms_rel_err, &out->fit_max_rel_err);
   rc = tp_slice_cost_finish(&table, d); /* a calibrated fit can price a slice below zero */
   if (rc) goto done;
 
   /* TeraPipe's plan */
-  init_eval(req, &out->terapipe, req->schedule);
+  init_eval(req, &out->terapipe, req->schedule, req->chunks);
   clock_t t0 = clock();
   rc = tp_solve_slicing(&table, B, cm->nstages, &out->terapipe.slicing, d);
   out->solve_s = (double)(clock() - t0) / CLOCKS_PER_SEC;
@@ -246,7 +283,7 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
   for (int mb = 1; mb <= B; mb++) {
     if (B % mb || (cm->microbatch_rows && mb != cm->microbatch_rows)) continue;
     TpPlanEval cand;
-    init_eval(req, &cand, req->schedule);
+    init_eval(req, &cand, req->schedule, req->chunks);
     tp_uniform_slicing(&table, B, mb, 1, cm->nstages, &cand.slicing);
     evaluate_plan(req, &table, &cand);
     keep_better(&out->baseline, &cand);
@@ -259,7 +296,7 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
       if (time < best_t) best_t = time, best_n = slices;
       tp_slicing_free(&u);
     }
-    init_eval(req, &cand, req->schedule);
+    init_eval(req, &cand, req->schedule, req->chunks);
     tp_uniform_slicing(&table, B, mb, best_n, cm->nstages, &cand.slicing);
     evaluate_plan(req, &table, &cand);
     keep_better(&out->uniform, &cand);
@@ -282,28 +319,55 @@ int tp_plan(const TpPlanRequest *req, TpPlanResult *out, TpDiag *d) {
       if (tp_solve_slicing(&only, B, cm->nstages, &cands[ncand], &quiet) == TP_OK) ncand++;
       free(only.t0);
     }
-    int cuts[2][TP_MAX_STAGES];
-    for (int k = 0; k < cm->nstages; k++) cuts[0][k] = cm->stage[k].first;
-    /* calibrated: only what was measured (the profile's cuts, no recomputation) */
-    if (cm->cal) memcpy(cuts[1], cuts[0], sizeof(int) * (size_t)cm->nstages);
-    else balanced_cuts(cm, cuts[1]);
-    bool cuts_differ = memcmp(cuts[0], cuts[1], sizeof(int) * (size_t)cm->nstages) != 0;
-    /* calibrated: only what was measured (no recomputation); compilable: tokpipec's options */
-    const TpCompileCaps all = {true, true, true, true, true}, *caps = req->compilable ? &req->caps : &all;
+    /* calibrated: only what was measured (no recomputation, the profile's stages); compilable:
+     * tokpipec's options */
+    const TpCompileCaps all = {true, true, true, true, true, true, true},
+                        *caps = req->compilable ? &req->caps : &all;
+    /* the schedules: gpipe, 1f1b, zb, interleaved with each chunk count the layers allow,
+     * each with its (virtual) stage cuts, equal and balanced */
+    int nsched = caps->zb ? 3 : 2, S = cm->nstages;
+    int most = cm->cal || !caps->interleaved || S < 2 ? 1 : cm->model.layers / S;
+    if (most > TP_MAX_STAGES / S) most = TP_MAX_STAGES / S;
+    while (most > 1 && (int64_t)B * n * S * most > TP_PLAN_MAX_UNIT_STAGES) most--;
+    struct Schedule {
+      TpScheduleKind kind;
+      int chunks;
+      bool cuts_differ;
+      int cuts[2][TP_MAX_STAGES];
+    } *scheds = malloc(sizeof *scheds * (size_t)(2 + most));
+    const TpScheduleKind kinds[] = {TP_SCHEDULE_GPIPE, TP_SCHEDULE_1F1B, TP_SCHEDULE_ZB};
+    for (int i = 0; i < nsched; i++) {
+      scheds[i].kind = kinds[i];
+      scheds[i].chunks = 1;
+      for (int k = 0; k < S; k++) scheds[i].cuts[0][k] = cm->stage[k].first;
+      /* calibrated: only what was measured (the profile's cuts) */
+      if (cm->cal) memcpy(scheds[i].cuts[1], scheds[i].cuts[0], sizeof(int) * (size_t)S);
+      else balanced_cuts(cm, scheds[i].cuts[1]);
+    }
+    for (int V = 2; V <= most; V++, nsched++) {
+      scheds[nsched].kind = TP_SCHEDULE_INTERLEAVED;
+      scheds[nsched].chunks = V;
+      virtual_cuts(cm, V, false, scheds[nsched].cuts[0]);
+      virtual_cuts(cm, V, true, scheds[nsched].cuts[1]);
+    }
+    for (int i = 0; i < nsched; i++)
+      scheds[i].cuts_differ = memcmp(scheds[i].cuts[0], scheds[i].cuts[1],
+                                     sizeof(int) * (size_t)(S * scheds[i].chunks)) != 0;
     int recomputes = cm->cal || !caps->recompute ? 1 : 3;
     for (int c = 0; c < ncand; c++)
-      for (int s = 0; s < 2 && (!req->compilable || tp_slicing_compiles(&cands[c])); s++)
+      for (int s = 0; s < nsched && (!req->compilable || tp_slicing_compiles(&cands[c])); s++)
         for (int rec = 0; rec < recomputes; rec++)
-          for (int cut = 0; cut < 1 + cuts_differ; cut++) {
+          for (int cut = 0; cut < 1 + scheds[s].cuts_differ; cut++) {
             TpPlanEval cand;
-            init_eval(req, &cand, s ? TP_SCHEDULE_1F1B : TP_SCHEDULE_GPIPE);
+            init_eval(req, &cand, scheds[s].kind, scheds[s].chunks);
             cand.recompute = (TpRecompute)rec;
             cand.balanced_cuts = cut;
-            memcpy(cand.cuts, cuts[cut], sizeof(int) * (size_t)cm->nstages);
+            memcpy(cand.cuts, scheds[s].cuts[cut], sizeof(int) * (size_t)(S * scheds[s].chunks));
             tp_slicing_copy(&cand.slicing, &cands[c]);
             evaluate_storage(req, caps, &table, &cand);
             keep_better(&out->joint, &cand);
           }
+    free(scheds);
     for (int c = 0; c < ncand; c++) tp_slicing_free(&cands[c]);
     free(cands);
     out->has_joint = true;

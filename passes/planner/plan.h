@@ -6,8 +6,10 @@
  * 2. TeraPipe's plan: the exact Eq. 5 optimum (slicing.h) under the GPipe schedule with
  *    equal stage cuts; the paper's baseline (batch-only microbatching, best equal
  *    microbatch size) and the best uniform slicing, all priced by the event simulation.
- * 3. The joint search: schedule (gpipe, 1f1b) x stage cuts (equal, compute-balanced with
- *    embedding and head) x activation recomputation (none, selective, full) x candidate
+ * 3. The joint search: schedule (gpipe, 1f1b, zb, and interleaved with 2 to layers / pipeline
+ *    chunks per rank when there are 2 ranks or more) x stage cuts (equal, compute-balanced
+ *    with embedding and head; interleaved: over its virtual stages) x activation
+ *    recomputation (none, selective, full) x candidate
  *    slicings (the Eq. 5 optimum overall and per microbatch size, the best uniform ones),
  *    each simulated; the fastest whose every rank fits the memory bound wins (with
  *    `compilable`, among the plans tokpipec compiles as they are). Each gets the first
@@ -15,7 +17,8 @@
  *    (--zero 1), bf16, bf16 sharded: they change its memory, not its time (compute is
  *    priced in the hardware profile's dtype).
  * Calibrated (cm.cal): only the profiled microbatch size is priced, the stage cuts are the
- * profile's and recomputation (never measured) is not searched. */
+ * profile's and recomputation (never measured) and interleaving (other stages than the
+ * measured ones) are not searched. */
 #ifndef TOKPIPE_PLANNER_PLAN_H
 #define TOKPIPE_PLANNER_PLAN_H
 
@@ -33,6 +36,8 @@ typedef struct {
   /* and how its memory plan counts (codegen/memory.c): */
   bool vocab_pad;        /* --tensor pads the vocabulary to a multiple of the ranks and splits it */
   bool transient_region; /* a rank holds one transient region for its units' working sets */
+  bool zb;               /* --schedule zb (split backwards) */
+  bool interleaved;      /* --schedule interleaved --chunks V */
 } TpCompileCaps;
 
 typedef struct {
@@ -40,6 +45,7 @@ typedef struct {
   int batch;               /* sequences per pipeline replica per step */
   int granularity;         /* slice lengths are multiples of this */
   TpScheduleKind schedule; /* the schedule of TeraPipe's plan and the baselines */
+  int chunks;              /* with schedule interleaved: its virtual stages per rank */
   double max_memory;       /* bytes per device */
   bool joint;              /* also run the joint search */
   bool untied;             /* the LM head does not share the embedding (no allreduce-tied) */
@@ -51,6 +57,7 @@ typedef struct {
 typedef struct {
   TpSlicing slicing;
   TpScheduleKind schedule;
+  int chunks; /* interleaved: virtual stages per rank, cuts holds pipeline x chunks of them; else 1 */
   TpRecompute recompute;
   TpPrecision precision;
   bool zero; /* the optimizer state sharded over the data-parallel replicas */

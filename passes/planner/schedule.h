@@ -84,24 +84,60 @@ const char *tp_schedule_name(TpScheduleKind k);
 bool tp_schedule_parse(const char *name, TpScheduleKind *k);
 const char *tp_insn_name(TpInsnKind k);
 
+/* gpipe, 1f1b; zb: ZB-H1 with 1F1B's arenas on every rank, W units deferred into idle
+ * slots (schedule.c says how the lists are chosen); and interleaved: Megatron's interleaved
+ * 1F1B over virtual stages, units (mb, slice). Rank k's chunk c is virtual stage
+ * j = c * stages + k; activations of j go to j + 1 (rank stages-1's chunk c sends to rank
+ * 0's chunk c + 1), gradients back. Every rank runs the
+ * same forward order: the units in groups of whole microbatches of at least `stages` units
+ * (the last group may be smaller), each group through chunk 0, then chunk 1, ...;
+ * backwards likewise over the backward order (later slices first), chunks V-1 down to 0.
+ * The lists interleave the two orders as the ranks would run them with equal unit costs:
+ * rank k runs Megatron's warm-up of 2 (stages - k - 1) + (V - 1) x stages forwards, then
+ * one forward and one backward in turn; a backward of microbatch mb waits until the rank
+ * has run mb's last slice forward on its last chunk and 2 (stages - k - 1) forwards more;
+ * a rank whose next forward is not there yet runs its next backward if that is. Any
+ * microbatch count works (a short last group leaves a bubble). allreduce-tied pairs
+ * virtual stage 0 (rank 0, chunk 0) with the last one (rank stages-1, chunk V-1). */
+/* The spec's kind and chunks agree (interleaved: stages >= 2 and 2 <= chunks <=
+ * TP_SCHEDULE_MAX_CHUNKS; the others: chunks 0 or 1); else one input error naming them. */
+#define TP_SCHEDULE_MAX_CHUNKS 64
+int tp_schedule_check_spec(const TpScheduleSpec *spec, TpDiag *d);
+/* Builds the lists of a spec that tp_schedule_check_spec accepts. */
 void tp_schedule_build(const TpScheduleSpec *spec, TpSchedule *out);
 /* A schedule with empty lists, for building one by hand with tp_schedule_push. */
 void tp_schedule_init(TpSchedule *s, TpScheduleKind kind, int stages, int nmb, const int *nslices);
 void tp_schedule_push(TpSchedule *s, int rank, TpInsn insn);
 void tp_schedule_free(TpSchedule *s);
 
-/* Checks: every unit runs forward then backward exactly once per rank, slices in order;
- * every send has exactly one matching receive (same unit, kind and ranks) and vice versa;
+/* The virtual stage rank k's instruction x talks to: j + 1 for send-act and recv-grad, j - 1
+ * for recv-act and send-grad (j = x->chunk * stages + k), the other end (0 or the last)
+ * for allreduce-tied; -1 when there is none (the pipeline's first or last virtual stage)
+ * or x is no message. With chunks == 1 it is a rank. Generated plans name this stage as
+ * the instruction's peer (runtime/train/plan.h). */
+int tp_schedule_peer_stage(const TpSchedule *s, int k, const TpInsn *x);
+
+/* Checks: every unit runs forward then backward exactly once per rank and chunk, slices in
+ * order (a split backward: backward-input, later slices first, then backward-weight; a unit
+ * never has both a backward and a split one; the backward-weights of one microbatch run in
+ * its backward-inputs' order and are not interleaved with another microbatch's, as the
+ * runtime sums a microbatch's parameter gradients in one go); every send has exactly one matching receive (same unit, kind, ranks, and the
+ * chunks of adjacent virtual stages) and vice versa;
  * and running all ranks (sends non-blocking, or blocking until received if `rendezvous`)
- * ends with every rank done. The first problem is reported (TP_ERR_INPUT). */
+ * ends with every rank done. The first problem is reported (TP_ERR_INPUT); a deadlock
+ * names the instruction each stuck rank waits at. */
 int tp_schedule_verify(const TpSchedule *s, bool rendezvous, TpDiag *d);
 
 /* Readable text: a header line, then "rank K:" and one instruction per line. */
 void tp_schedule_print(const TpSchedule *s, FILE *out);
 
 /* The microbatch arenas rank k holds: the fewest such that the microbatches alive at once
- * (from their first instruction to their last) have distinct mb % arenas (microbatch mb
+ * (from their first instruction to their last: a split backward's last backward-weight
+ * keeps its microbatch alive) have distinct mb % arenas (microbatch mb
  * uses arena mb % arenas). The compiler's and the planner's count. */
 int tp_schedule_arenas(const TpSchedule *s, int k);
+/* The same for rank k's chunk c alone (its instructions with chunk c): the arenas of
+ * virtual stage c * stages + k. With chunks == 1, chunk 0 gives tp_schedule_arenas. */
+int tp_schedule_chunk_arenas(const TpSchedule *s, int k, int chunk);
 
 #endif

@@ -19,6 +19,7 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
   size_t su = (size_t)S * c->units;
   c->fwd = alloc0(su, sizeof(double));
   c->bwd = alloc0(su, sizeof(double));
+  c->wgt = alloc0(su, sizeof(double));
   c->send = alloc0(su, sizeof(double));
   c->memory = alloc0((size_t)S, sizeof *c->memory);
   double *kept = alloc0((size_t)S, sizeof(double)), *transient = alloc0((size_t)S, sizeof(double));
@@ -29,7 +30,7 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
     const TpMicrobatch *mb = &plan->mb[m];
     for (int i = 0, ctx = 0; i < mb->nslices; ctx += mb->len[i], i++) {
       int u = c->base[m] + i;
-      TpTime prev = {0, 0};
+      TpTime prev = {0, 0, 0};
       int prev_k = -1;
       for (int k = 0; k < S; k++) {
         const TpStage *st = &cm->stage[k];
@@ -40,6 +41,7 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
         prev_k = k;
         c->fwd[(size_t)k * c->units + u] = t.fwd;
         c->bwd[(size_t)k * c->units + u] = t.bwd;
+        c->wgt[(size_t)k * c->units + u] = t.wgt;
         double work = tp_unit_transient_bytes(cm, k, mb->size, mb->len[i], ctx);
         if (work > transient[k]) transient[k] = work;
         if (k + 1 < S) c->send[(size_t)k * c->units + u] = tp_send_time(cm, k, mb->size, mb->len[i]);
@@ -61,15 +63,17 @@ void tp_sim_costs_from_model(const TpCostModel *cm, const TpSlicing *plan, TpSim
    * with its peer; across nodes the shards share the node's link */
   const TpHardware *hw = &cm->hw;
   double shard = (double)cm->model.vocab * cm->model.hidden / cm->tensor * hw->dtype_bytes;
-  if (S > 1 && S * cm->tensor > hw->devices_per_node)
+  int ranks = cm->pipeline; /* the first and last virtual stage are on ranks 0 and ranks - 1 */
+  if (ranks > 1 && ranks * cm->tensor > hw->devices_per_node)
     c->tied_allreduce = hw->inter_latency_s + shard * cm->tensor / hw->inter_bandwidth;
-  else if (S > 1) c->tied_allreduce = hw->intra_latency_s + shard / hw->intra_bandwidth;
+  else if (ranks > 1) c->tied_allreduce = hw->intra_latency_s + shard / hw->intra_bandwidth;
 }
 
 void tp_sim_costs_free(TpSimCosts *c) {
   free(c->base);
   free(c->fwd);
   free(c->bwd);
+  free(c->wgt);
   free(c->send);
   free(c->memory);
   free(c->allreduce);
@@ -82,24 +86,43 @@ static void record_event(TpSimResult *r, int *cap, TpEvent e) {
   r->events[r->nevents++] = e;
 }
 
+/* Rank k's memory model input: with several chunks, their parameters summed, their arenas
+ * folded into `kept` (one arena), the largest transient region. */
+static TpRankMemoryInput rank_memory_input(const TpSchedule *s, const TpSimCosts *c, int k) {
+  TpRankMemoryInput in = c->memory[k];
+  in.arenas = tp_schedule_arenas(s, k);
+  if (s->chunks == 1) return in;
+  in.trained = in.frozen = in.kept = in.transient = 0;
+  in.arenas = 1;
+  for (int chunk = 0; chunk < s->chunks; chunk++) {
+    const TpRankMemoryInput *v = &c->memory[chunk * s->stages + k];
+    in.trained += v->trained;
+    in.frozen += v->frozen;
+    in.kept += v->kept * tp_schedule_chunk_arenas(s, k, chunk);
+    if (v->transient > in.transient) in.transient = v->transient;
+  }
+  return in;
+}
+
 int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResult *r, TpDiag *d) {
   memset(r, 0, sizeof *r);
-  int S = s->stages, U = c->units, cap = 0;
-  TP_ASSERT(S == c->stages && s->nmb == c->nmb);
+  /* S ranks; costs and arrivals per virtual stage j = chunk * S + rank (j = rank unless
+   * interleaved) */
+  int S = s->stages, J = S * s->chunks, U = c->units, cap = 0;
+  TP_ASSERT(J == c->stages && s->nmb == c->nmb);
   r->busy_s = alloc0((size_t)S, sizeof(double));
   r->peak_bytes = alloc0((size_t)S, sizeof(double));
   double *clock = alloc0((size_t)S, sizeof(double));
   int *pc = alloc0((size_t)S, sizeof(int));
   /* arrival[k][u]: when unit u's activation reached rank k (act) / its gradient reached
    * rank k (grad); -1 = not sent yet */
-  double *act = malloc(sizeof(double) * (size_t)S * (U ? U : 1)),
-         *grad = malloc(sizeof(double) * (size_t)S * (U ? U : 1));
-  for (long i = 0; i < (long)S * U; i++) act[i] = grad[i] = -1;
+  double *act = malloc(sizeof(double) * (size_t)J * (U ? U : 1)),
+         *grad = malloc(sizeof(double) * (size_t)J * (U ? U : 1));
+  for (long i = 0; i < (long)J * U; i++) act[i] = grad[i] = -1;
   double *link_down = alloc0((size_t)S, sizeof(double)), *link_up = alloc0((size_t)S, sizeof(double));
   r->memory = alloc0((size_t)S, sizeof *r->memory);
   for (int k = 0; k < S; k++) { /* the compiler's count of the arenas this list keeps alive */
-    TpRankMemoryInput in = c->memory[k];
-    in.arenas = tp_schedule_arenas(s, k);
+    TpRankMemoryInput in = rank_memory_input(s, c, k);
     if (!tp_rank_memory(&in, &r->memory[k])) r->memory[k].peak = INT64_MAX;
     r->peak_bytes[k] = (double)r->memory[k].peak;
   }
@@ -109,14 +132,18 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
     for (int k = 0; k < S; k++) {
       while (pc[k] < s->count[k]) {
         const TpInsn *x = &s->insn[k][pc[k]];
-        int u = x->mb >= 0 ? c->base[x->mb] + x->slice : -1;
+        int u = x->mb >= 0 ? c->base[x->mb] + x->slice : -1, j = x->chunk * S + k;
         double start = clock[k], dur = 0;
         switch (x->kind) {
-        case TP_INSN_FORWARD: dur = c->fwd[(size_t)k * U + u]; break;
-        case TP_INSN_BACKWARD: dur = c->bwd[(size_t)k * U + u]; break;
+        case TP_INSN_FORWARD: dur = c->fwd[(size_t)j * U + u]; break;
+        case TP_INSN_BACKWARD: dur = c->bwd[(size_t)j * U + u]; break;
+        case TP_INSN_BACKWARD_INPUT:
+          dur = c->bwd[(size_t)j * U + u] - (c->wgt ? c->wgt[(size_t)j * U + u] : 0);
+          break;
+        case TP_INSN_BACKWARD_WEIGHT: dur = c->wgt ? c->wgt[(size_t)j * U + u] : 0; break;
         case TP_INSN_RECV_ACT:
         case TP_INSN_RECV_GRAD: {
-          double at = (x->kind == TP_INSN_RECV_ACT ? act : grad)[(size_t)k * U + u];
+          double at = (x->kind == TP_INSN_RECV_ACT ? act : grad)[(size_t)j * U + u];
           if (at < 0) goto next_rank;
           if (at > clock[k]) clock[k] = at;
           break;
@@ -124,12 +151,12 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
         case TP_INSN_SEND_ACT:
         case TP_INSN_SEND_GRAD: {
           bool down = x->kind == TP_INSN_SEND_ACT;
-          int boundary = down ? k : k - 1;
-          double *link = down ? &link_down[boundary] : &link_up[boundary];
+          int boundary = down ? j : j - 1; /* between virtual stages boundary and boundary + 1 */
+          double *link = down ? &link_down[k] : &link_up[k];
           double t0 = *link > clock[k] ? *link : clock[k];
           *link = t0 + c->send[(size_t)boundary * U + u];
-          (down ? act : grad)[(size_t)x->peer * U + u] = *link;
-          if (record) record_event(r, &cap, (TpEvent){t0, *link, k, x->kind, x->mb, x->slice});
+          (down ? act : grad)[(size_t)tp_schedule_peer_stage(s, k, x) * U + u] = *link;
+          if (record) record_event(r, &cap, (TpEvent){t0, *link, k, x->kind, x->mb, x->slice, x->chunk});
           break;
         }
         case TP_INSN_ALLREDUCE_TIED: {
@@ -139,23 +166,29 @@ int tp_simulate(const TpSchedule *s, const TpSimCosts *c, bool record, TpSimResu
           double t0 = clock[k] > clock[p] ? clock[k] : clock[p];
           clock[k] = clock[p] = t0 + c->tied_allreduce;
           if (record) {
-            record_event(r, &cap, (TpEvent){t0, clock[k], k, x->kind, -1, -1});
-            record_event(r, &cap, (TpEvent){t0, clock[p], p, x->kind, -1, -1});
+            record_event(r, &cap, (TpEvent){t0, clock[k], k, x->kind, -1, -1, x->chunk});
+            record_event(r, &cap, (TpEvent){t0, clock[p], p, x->kind, -1, -1, y->chunk});
           }
           pc[p]++;
           pc[k]++;
           progress = true;
           continue;
         }
-        case TP_INSN_ALLREDUCE: dur = c->allreduce[k]; break;
-        case TP_INSN_OPTIMIZER_STEP: dur = c->optimizer[k]; break;
+        case TP_INSN_ALLREDUCE:
+          for (int chunk = 0; chunk < s->chunks; chunk++) dur += c->allreduce[chunk * S + k];
+          break;
+        case TP_INSN_OPTIMIZER_STEP:
+          for (int chunk = 0; chunk < s->chunks; chunk++) dur += c->optimizer[chunk * S + k];
+          break;
         default: TP_ASSERT(0);
         }
-        if (x->kind == TP_INSN_FORWARD || x->kind == TP_INSN_BACKWARD) r->busy_s[k] += dur;
+        if (x->kind == TP_INSN_FORWARD || x->kind == TP_INSN_BACKWARD || x->kind == TP_INSN_BACKWARD_INPUT ||
+            x->kind == TP_INSN_BACKWARD_WEIGHT)
+          r->busy_s[k] += dur;
         if (dur > 0) {
           start = clock[k];
           clock[k] += dur;
-          if (record) record_event(r, &cap, (TpEvent){start, clock[k], k, x->kind, x->mb, x->slice});
+          if (record) record_event(r, &cap, (TpEvent){start, clock[k], k, x->kind, x->mb, x->slice, x->chunk});
         }
         pc[k]++;
         progress = true;
@@ -167,8 +200,10 @@ next_rank:;
   for (int k = 0; k < S; k++) {
     if (pc[k] < s->count[k] && !rc) {
       const TpInsn *x = &s->insn[k][pc[k]];
-      rc = tp_error(d, "simulation: schedule %s deadlocks: rank %d waits at %s mb %d slice %d",
-                    tp_schedule_name(s->kind), k, tp_insn_name(x->kind), x->mb, x->slice);
+      char chunk[24] = "";
+      if (s->chunks > 1) snprintf(chunk, sizeof chunk, " chunk %d", x->chunk);
+      rc = tp_error(d, "simulation: schedule %s deadlocks: rank %d waits at %s mb %d slice %d%s",
+                    tp_schedule_name(s->kind), k, tp_insn_name(x->kind), x->mb, x->slice, chunk);
     }
     if (clock[k] > r->time_s) r->time_s = clock[k];
   }
@@ -189,14 +224,17 @@ void tp_sim_result_free(TpSimResult *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Microbatch m -> hue; slice -> lightness; backward darker. */
+/* Microbatch m -> hue; slice -> lightness; backward (or its input part) darker, its
+ * weight part darker still. */
 static void unit_colour(const TpSchedule *s, const TpEvent *e, char *out, size_t size) {
   int hue = (e->mb * 137) % 360;
   int n = e->mb >= 0 ? s->nslices[e->mb] : 1;
   double frac = n > 1 ? (double)e->slice / (n - 1) : 0;
   int light = (int)(72 - 30 * frac);
-  if (e->kind == TP_INSN_BACKWARD) light -= 14;
-  snprintf(out, size, "hsl(%d,%d%%,%d%%)", hue, e->kind == TP_INSN_BACKWARD ? 55 : 75, light);
+  bool backward = e->kind == TP_INSN_BACKWARD || e->kind == TP_INSN_BACKWARD_INPUT;
+  if (backward) light -= 14;
+  if (e->kind == TP_INSN_BACKWARD_WEIGHT) light -= 24;
+  snprintf(out, size, "hsl(%d,%d%%,%d%%)", hue, backward || e->kind == TP_INSN_BACKWARD_WEIGHT ? 55 : 75, light);
 }
 
 void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, FILE *out) {
@@ -209,7 +247,10 @@ void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, 
           width, height);
   fprintf(out, "<defs><pattern id=\"bw\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
                "patternTransform=\"rotate(45)\"><line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" "
-               "stroke=\"black\" stroke-opacity=\"0.35\" stroke-width=\"2\"/></pattern></defs>\n");
+               "stroke=\"black\" stroke-opacity=\"0.35\" stroke-width=\"2\"/></pattern>");
+  /* a split backward's weight part: dots */
+  fprintf(out, "<pattern id=\"wg\" width=\"5\" height=\"5\" patternUnits=\"userSpaceOnUse\"><circle cx=\"2.5\" "
+               "cy=\"2.5\" r=\"1\" fill=\"white\" fill-opacity=\"0.6\"/></pattern></defs>\n");
   fprintf(out, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
   fprintf(out, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">", left);
   for (const char *p = title; *p; p++) /* escape for XML */
@@ -228,23 +269,32 @@ void tp_write_svg(const TpSimResult *r, const TpSchedule *s, const char *title, 
     double x = left + e->start * scale, w = (e->end - e->start) * scale, y = top + e->rank * row;
     char colour[48] = "#555555";
     if (e->mb >= 0) unit_colour(s, e, colour, sizeof colour);
+    char chunk[24] = "";
+    if (s->chunks > 1) snprintf(chunk, sizeof chunk, " chunk %d", e->chunk);
     fprintf(out,
             "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
-            "stroke=\"white\" stroke-width=\"0.3\"><title>%s mb %d slice %d: %.3f-%.3f ms</title></rect>\n",
-            x, y, w > 0.2 ? w : 0.2, row - 1, colour, tp_insn_name(e->kind), e->mb, e->slice, e->start * 1e3,
+            "stroke=\"white\" stroke-width=\"0.3\"><title>%s mb %d slice %d%s: %.3f-%.3f ms</title></rect>\n",
+            x, y, w > 0.2 ? w : 0.2, row - 1, colour, tp_insn_name(e->kind), e->mb, e->slice, chunk, e->start * 1e3,
             e->end * 1e3);
-    if (e->kind == TP_INSN_BACKWARD)
-      fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"url(#bw)\"/>\n", x, y,
-              w > 0.2 ? w : 0.2, row - 1);
+    if (s->chunks > 1 && e->mb >= 0 && w >= 8 && row >= 10) /* which virtual stage: the chunk's number */
+      fprintf(out, "<text x=\"%.2f\" y=\"%.1f\" font-size=\"8\" text-anchor=\"middle\">%d</text>\n", x + w / 2,
+              y + row * 0.65, e->chunk);
+    const char *pattern = e->kind == TP_INSN_BACKWARD || e->kind == TP_INSN_BACKWARD_INPUT ? "bw"
+                          : e->kind == TP_INSN_BACKWARD_WEIGHT                             ? "wg"
+                                                                                           : NULL;
+    if (pattern)
+      fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"url(#%s)\"/>\n", x, y,
+              w > 0.2 ? w : 0.2, row - 1, pattern);
   }
   double y = top + row * S + 18;
   fprintf(out,
           "<text x=\"%.0f\" y=\"%.1f\">0 s</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.4g s</text>\n",
           left, y, width - 20, y, r->time_s);
   fprintf(out,
-          "<text x=\"%.0f\" y=\"%.1f\">light = forward, dark hatched = backward; hue = "
-          "microbatch, lighter = earlier slice; grey = idle (bubble)</text>\n",
-          left, y + 18);
+          "<text x=\"%.0f\" y=\"%.1f\">light = forward, dark hatched = backward (split: its input part), "
+          "darkest dotted = its weight part; hue = microbatch, lighter = earlier slice; grey = idle "
+          "(bubble)%s</text>\n",
+          left, y + 18, s->chunks > 1 ? "; number = chunk (virtual stage chunk x ranks + rank)" : "");
   fprintf(out, "</svg>\n");
 }
 
@@ -258,9 +308,12 @@ void tp_write_trace(const TpSimResult *r, const TpSchedule *s, FILE *out) {
     bool send = e->kind == TP_INSN_SEND_ACT || e->kind == TP_INSN_SEND_GRAD;
     fprintf(out, "{\"name\": \"%s", tp_insn_name(e->kind));
     if (e->mb >= 0) fprintf(out, " mb%d.s%d", e->mb, e->slice);
+    if (e->mb >= 0 && s->chunks > 1) fprintf(out, ".c%d", e->chunk);
     fprintf(out, "\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f", e->rank, send ? 1 : 0,
             e->start * 1e6, (e->end - e->start) * 1e6);
-    if (e->mb >= 0) fprintf(out, ", \"args\": {\"microbatch\": %d, \"slice\": %d}", e->mb, e->slice);
+    if (e->mb >= 0) fprintf(out, ", \"args\": {\"microbatch\": %d, \"slice\": %d", e->mb, e->slice);
+    if (e->mb >= 0 && s->chunks > 1) fprintf(out, ", \"chunk\": %d", e->chunk);
+    if (e->mb >= 0) fputc('}', out);
     fprintf(out, "}%s\n", i + 1 < r->nevents ? "," : "");
   }
   fprintf(out, "]}\n");

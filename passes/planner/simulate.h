@@ -8,7 +8,11 @@
  * allreduce-tied waits for both ranks. Memory: each rank's peak by codegen/rank_memory.h,
  * the compiler's own model: parameters, gradients and optimizer state, the microbatch
  * arenas its list keeps alive at once (tp_schedule_arenas) of the largest microbatch's kept
- * bytes each, and one transient region of its largest unit. */
+ * bytes each, and one transient region of its largest unit. A rank of several chunks
+ * (interleaved) holds the parameters of all of them, each chunk's arenas
+ * (tp_schedule_chunk_arenas) of that virtual stage's kept bytes, and one transient region
+ * of its largest unit; its all-reduce and optimizer step take its chunks' times together.
+ * Links: one per direction between neighbouring ranks (interleaved: rank S-1 to 0 too). */
 #ifndef TOKPIPE_PLANNER_SIMULATE_H
 #define TOKPIPE_PLANNER_SIMULATE_H
 
@@ -18,10 +22,15 @@
 #include "schedule.h"
 #include "slicing.h"
 
+/* Per stage, and with an interleaved schedule per virtual stage j (rank j % ranks, chunk
+ * j / ranks): `stages` counts them. */
 typedef struct {
   int stages, nmb, units;
   int *base;                     /* [nmb] index of a microbatch's first unit */
   double *fwd, *bwd;             /* [stage * units + u] seconds */
+  double *wgt;                   /* [stage * units + u] the seconds of bwd that compute parameter
+                                    gradients: a split backward's backward-weight; its
+                                    backward-input takes the rest. NULL: none */
   double *send;                  /* [boundary k (k -> k+1) * units + u]: activation or its gradient */
   TpRankMemoryInput *memory;     /* [stage]: arenas filled in by the simulation */
   double *allreduce, *optimizer; /* [stage] */
@@ -37,8 +46,10 @@ typedef struct {
   int rank;
   TpInsnKind kind; /* forward, backward, send-* (a transfer on its link), allreduce... */
   int mb, slice;
+  int chunk; /* interleaved: the rank's virtual stage; else 0 */
 } TpEvent;
 
+/* Per rank (an interleaved rank: all its chunks together). */
 typedef struct {
   double time_s;        /* when the last rank finishes */
   double *busy_s;       /* [stage] compute seconds */

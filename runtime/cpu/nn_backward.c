@@ -75,6 +75,16 @@ TpKernelStatus tp_linear_backward_f32(const float *dy, const float *x, const flo
   return TP_KERNEL_OK;
 }
 
+TpKernelStatus tp_linear_backward_dgelu_f32(const float *dy, const float *x, const float *w, const float *pre,
+                                            int64_t M, int64_t K, int64_t N, bool transpose_w, float *dx, float *dw,
+                                            float *dbias) {
+  /* dw and dbias first: dx may take x's bytes (x is read by dw's product alone) */
+  TpKernelStatus s = tp_linear_backward_f32(dy, x, w, M, K, N, transpose_w, NULL, dw, dbias);
+  if (s == TP_KERNEL_OK && dx) s = tp_linear_backward_f32(dy, x, w, M, K, N, transpose_w, dx, NULL, NULL);
+  if (s == TP_KERNEL_OK && dx) s = tp_gelu_backward_f32(dx, pre, M * K, true, dx);
+  return s;
+}
+
 TpKernelStatus tp_matmul_backward_f32(const TpTensor *dy, const TpTensor *a, const TpTensor *b, TpTensor *da,
                                       TpTensor *db) {
   TpMatmulLayout l;

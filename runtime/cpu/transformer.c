@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../../base/tensor.h" /* TP_MAX_RANK */
+#include "elementwise.h"       /* tp_unary */
 #include "matmul.h"
 #include "nn_backward.h" /* tp_column_sums_f32, tp_gelu_backward_f32 */
 #include "../kernels/element.h"
@@ -29,6 +30,15 @@ TpKernelStatus tp_linear_f32(const float *x, const float *w, const float *bias, 
   }
   tp_sgemm(false, transpose_w, M, N, K, 1, x, K, w, transpose_w ? K : N, bias ? 1 : 0, y, N);
   return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_linear_gelu_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K, int64_t N,
+                                  bool transpose_w, float *pre, float *y) {
+  TpKernelStatus s = tp_linear_f32(x, w, bias, M, K, N, transpose_w, pre);
+  if (s != TP_KERNEL_OK) return s;
+  const TpTensor from = {TP_F32, 1, {M * N}, pre};
+  TpTensor to = {TP_F32, 1, {M * N}, y};
+  return tp_unary(TP_UNARY_GELU_TANH, &from, &to); /* the unfused Gelu's loop, its bits */
 }
 
 TpKernelStatus tp_embedding_f32(const float *table, const int64_t *ids, int64_t n, int64_t V, int64_t C, float *out,

@@ -3,7 +3,9 @@
  * descriptor, the matrix layouts and the algorithm the heuristic chose), keyed by all they
  * depend on, so a step that repeats its products queries the heuristic only the first time;
  * the emulated build keeps the same cache without the cuBLASLt objects, so that its tests
- * count the queries. A Linear's bias is the product's epilogue; a MatMul's batch is
+ * count the queries. A Linear's bias is the product's epilogue, and so is a tanh-approximate
+ * Gelu after it (GELU_AUX_BIAS: the pre-activation written beside the result) and the
+ * Gelu's gradient after a Linear backward's dX product (DGELU); a MatMul's batch is
  * strided-batched products where the batch steps each operand at one stride. The zero fill
  * of empty or summed products is a kernel of this file and the bias gradient colsum.cu's
  * column sums, so they run through the emulation for real. */
@@ -11,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/element.h" /* the Gelu epilogues' element functions */
 #include "blas.h"
 #include "common.cuh"
 
@@ -22,22 +25,30 @@ extern "C" {
 #include <cblas.h>
 #endif
 
+/* What follows the products in the call (cuBLASLt's epilogue): nothing, the bias, the
+ * tanh-approximate Gelu keeping its operand in aux (with or without the bias), or the
+ * product times the Gelu's gradient at aux. */
+enum Epilogue { EPILOGUE_NONE, EPILOGUE_BIAS, EPILOGUE_GELU_AUX, EPILOGUE_DGELU };
+
 /* What a plan depends on: one cuBLASLt call, column-major D = C_i (m, n) = op(A_i) (m, k)
- * op(B_i) (k, n) + beta C_i (+ a bias of m on every column) for i < batch, as its
- * descriptors and the heuristic see it (beta is passed per call). All int64_t, so no
- * padding: keys compare as bytes. */
+ * op(B_i) (k, n) + beta C_i (+ a bias of m on every column) for i < batch, then its
+ * epilogue, as its descriptors and the heuristic see it (beta is passed per call). All
+ * int64_t, so no padding: keys compare as bytes. */
 struct GemmKey {
   int64_t m, n, k, trans_a, trans_b;
   int64_t bf16; /* A and B bf16, else f32; C and D f32 */
   int64_t lda, ldb, ldc;
   int64_t align_a, align_b, align_c, align_bias; /* bytes, 256 at most (0: no bias) */
   int64_t batch, stride_a, stride_b, stride_c;   /* elements; all 0 when batch is 1 */
-  int64_t bias_epilogue;                         /* CUBLASLT_EPILOGUE_BIAS, else the default */
+  int64_t epilogue, align_aux;                   /* Epilogue; aux's alignment (0: no aux) */
 };
 
 struct GemmPlan {
   GemmKey key;
   uint64_t last_use; /* the cache's clock at its last use; 0: a free slot */
+  /* a Gelu epilogue for which the heuristic found no algorithm: the plan is the product
+   * alone (with its bias), and the Gelu (or its gradient) runs as a kernel after it */
+  bool gelu_apart;
 #ifndef TOKPIPE_CUDA_EMULATE
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t layout_a, layout_b, layout_c; /* C's serves D too */
@@ -99,8 +110,12 @@ void tp_cuda_blas_destroy(TpCudaBlas *blas) {
 /* One cuBLASLt call: for i < batch, column-major C_i (m, n) = op(A_i) (m, k) @ op(B_i) (k, n)
  * + beta C_i, X_i = X + i * stride_x elements (a stride of 0 shares A or B), k > 0; A and B
  * f32, or bf16 when bf16 (C f32 either way). With a bias (m), batch is 1 and beta 0: C =
- * op(A) op(B) + the bias on every column. */
+ * op(A) op(B) + the bias on every column. The Gelu epilogues (batch 1, beta 0) have an aux
+ * matrix of C's layout: GELU_AUX writes the sum (bias included) to aux and gelu_tanh of it
+ * to C; DGELU writes the product times gelu_tanh'(aux) to C. */
 struct Gemm {
+  Epilogue epilogue; /* EPILOGUE_NONE or EPILOGUE_BIAS: by bias alone */
+  float *aux;        /* GELU_AUX: written; DGELU: read */
   bool bf16, trans_a, trans_b;
   int64_t m, n, k, batch;
   const void *A;
@@ -136,7 +151,8 @@ static GemmKey key_of(const Gemm *g) {
   key.batch = g->batch;
   key.stride_a = batched ? g->stride_a : 0, key.stride_b = batched ? g->stride_b : 0;
   key.stride_c = batched ? g->stride_c : 0;
-  key.bias_epilogue = g->bias != NULL;
+  key.epilogue = g->epilogue;
+  key.align_aux = g->aux ? alignment_bytes(g->aux, 0) : 0;
   return key;
 }
 
@@ -173,12 +189,22 @@ static void make_plan(TpCudaBlas *blas, GemmPlan *plan, const Gemm *g) {
   cublasOperation_t op_a = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   TP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-  if (g->bias) { /* the bias's type is D's (f32); the heuristic reads its pointer's alignment */
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    TP_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  bool gelu = !plan->gelu_apart && (g->epilogue == EPILOGUE_GELU_AUX || g->epilogue == EPILOGUE_DGELU);
+  cublasLtEpilogue_t epilogue = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (gelu && g->epilogue == EPILOGUE_GELU_AUX)
+    epilogue = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (gelu && g->epilogue == EPILOGUE_DGELU) epilogue = CUBLASLT_EPILOGUE_DGELU;
+  TP_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  if (g->bias) /* the bias's type is D's (f32); the heuristic reads its pointer's alignment */
     TP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+  if (gelu) { /* aux: D's type (f32) and layout */
+    int64_t aux_ld = g->ldc;
+    TP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
+    TP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
   }
   plan->layout_a = matrix_layout(operand_type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda,
                                  key->batch, key->stride_a);
@@ -199,6 +225,12 @@ static void make_plan(TpCudaBlas *blas, GemmPlan *plan, const Gemm *g) {
   TP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas->lt, plan->op, plan->layout_a, plan->layout_b, plan->layout_c,
                                                  plan->layout_c, preference, 1, &heuristic, &found));
   TP_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+  if (found == 0 && gelu) { /* the product alone, the Gelu as a kernel after it */
+    release_plan(plan);
+    plan->gelu_apart = true;
+    make_plan(blas, plan, g);
+    return;
+  }
   if (found == 0) {
     char what[192];
     snprintf(what, sizeof what, "no algorithm for the product m=%lld n=%lld k=%lld batch=%lld%s%s", (long long)g->m,
@@ -209,6 +241,12 @@ static void make_plan(TpCudaBlas *blas, GemmPlan *plan, const Gemm *g) {
   plan->algo = heuristic.algo;
 }
 #endif
+
+static bool is_gelu(const Gemm *g) { return g->epilogue == EPILOGUE_GELU_AUX || g->epilogue == EPILOGUE_DGELU; }
+
+/* Can cuBLASLt take g's aux matrix? Its leading dim must be a multiple of 8; 16-byte
+ * alignment keeps its vector loads. */
+static bool gelu_fits(const Gemm *g) { return g->ldc % 8 == 0 && alignment_bytes(g->aux, 0) >= 16; }
 
 /* g's plan: the cached one, or a new one (a heuristic query, counted) in the first free
  * slot, or else in the least recently used one's. */
@@ -228,6 +266,7 @@ static GemmPlan *plan_for(TpCudaBlas *blas, const Gemm *g) {
   }
   if (slot->last_use) release_plan(slot);
   slot->key = key;
+  slot->gelu_apart = is_gelu(g) && !gelu_fits(g);
 #ifndef TOKPIPE_CUDA_EMULATE
   make_plan(blas, slot, g);
 #endif
@@ -272,30 +311,62 @@ static void emulated_gemm(const Gemm *g) {
 }
 #endif
 
-/* g as one cuBLASLt call (one launch). The bias epilogue adds the bias to the finished f32
+/* The Gelu epilogues' element i of column-major (m, n) matrices of leading dim ld: GELU_AUX:
+ * c = gelu_tanh(aux), aux holding the product; DGELU: c = c gelu_tanh'(aux), c holding it.
+ * The formulas (element.h) of the unfused Gelu and GeluBackward kernels, so their bits. */
+TP_HOST_DEVICE static inline void gelu_epilogue(bool grad, const float *aux, int64_t m, int64_t ld, int64_t e,
+                                                float *c) {
+  int64_t i = (e / m) * ld + e % m;
+  c[i] = grad ? c[i] * tp_gelu_tanh_grad_f32(aux[i]) : tp_gelu_tanh_f32(aux[i]);
+}
+
+__global__ void gelu_epilogue_kernel(bool grad, const float *aux, int64_t m, int64_t n, int64_t ld, float *c) {
+  TP_GRID_STRIDE_LOOP(e, m * n) gelu_epilogue(grad, aux, m, ld, e, c);
+}
+
+static void launch_gelu_epilogue(const Gemm *g, TpCudaStream stream) {
+  if (g->m * g->n == 0) return;
+  TP_LAUNCH(gelu_epilogue_kernel, tp_elementwise_grid(g->m * g->n), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream,
+            g->epilogue == EPILOGUE_DGELU, g->aux, g->m, g->n, g->ldc, g->C);
+}
+
+/* g as one cuBLASLt call (one launch); a Gelu epilogue cuBLASLt cannot take (gelu_apart)
+ * is a kernel after it. The bias epilogue adds the bias to the finished f32
  * sum of the products, y = fl(sum + bias), where the CPU Linear sums the products onto the
  * bias (its first partial sum is fl(bias + p_1)): the same terms in another order, within
- * the products' tolerance. The emulated build keeps the CPU's order and so its bits. */
+ * the products' tolerance. The emulated build keeps the CPU's order and so its bits, and
+ * runs a fused Gelu epilogue in the call with the unfused kernels' formulas. */
 static void run_gemm(TpCudaBlas *blas, const Gemm *g, TpCudaStream stream) {
   TP_ASSERT(g->k > 0 && g->batch >= 1 && g->batch <= INT32_MAX);
   TP_ASSERT(!g->bias || (g->batch == 1 && g->beta == 0));
+  TP_ASSERT(is_gelu(g) == (g->aux != NULL) && (!g->aux || (g->batch == 1 && g->beta == 0)));
   GemmPlan *plan = plan_for(blas, g);
   TP_CUDA_COUNT(launches, 1);
   TP_CUDA_COUNT(flops[g->bf16 ? TP_FLOPS_BF16 : TP_FLOPS_F32],
                 2.0 * (double)g->m * (double)g->n * (double)g->k * (double)g->batch);
+  Gemm product = *g; /* where the products go: the Gelu's operand goes to aux */
+  if (g->epilogue == EPILOGUE_GELU_AUX) product.C = g->aux;
 #ifdef TOKPIPE_CUDA_EMULATE
-  (void)plan;
   tp_emu_stream_ready(stream); /* after the stream's all-reduces, as on a GPU */
-  emulated_gemm(g);
+  emulated_gemm(&product);
+  if (is_gelu(g) && !plan->gelu_apart)
+    for (int64_t e = 0; e < g->m * g->n; e++)
+      gelu_epilogue(g->epilogue == EPILOGUE_DGELU, g->aux, g->m, g->ldc, e, g->C);
 #else
   if (g->bias) /* this call's bias, of the alignment the plan was chosen for */
     TP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+  if (is_gelu(g) && !plan->gelu_apart) {
+    product.C = g->C;
+    TP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
+  }
   const float alpha = 1;
   TP_CUBLAS_CHECK(cublasLtMatmul(blas->lt, plan->op, &alpha, g->A, plan->layout_a, g->B, plan->layout_b, &g->beta,
-                                 g->C, plan->layout_c, g->C, plan->layout_c, &plan->algo, blas->workspace,
+                                 product.C, plan->layout_c, product.C, plan->layout_c, &plan->algo, blas->workspace,
                                  blas->workspace_size, static_cast<cudaStream_t>(stream)));
 #endif
+  if (is_gelu(g) && plan->gelu_apart) launch_gelu_epilogue(g, stream);
 }
 
 /* y (rows, n): every row = bias, or zeros when bias is NULL. */
@@ -315,20 +386,30 @@ static void fill_rows(const float *bias, int64_t rows, int64_t n, float *y, TpCu
  * row of C adds it. Row-major C is column-major C^T = op(B)^T op(A)^T, and a row-major
  * matrix read as column-major is its transpose: so the column-major call takes B first, A
  * second, with the same transposition flags and no copies (the bias: one per row of C^T). */
-static void gemm_row_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                           const void *A, int64_t stride_a, const void *B, int64_t stride_b, const float *bias,
-                           float beta, float *C, int64_t batch, TpCudaStream stream) {
+static void gemm_row_major_epilogue(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                                    int64_t K, const void *A, int64_t stride_a, const void *B, int64_t stride_b,
+                                    const float *bias, Epilogue epilogue, float *aux, float beta, float *C,
+                                    int64_t batch, TpCudaStream stream) {
   if (M == 0 || N == 0 || batch == 0) return;
-  if (K == 0) { /* an empty sum; cuBLASLt takes no k of 0 */
-    if (beta == 0) fill_rows(bias, batch * M, N, C, stream);
-    return;
-  }
   Gemm g = {};
+  g.epilogue = epilogue, g.aux = aux;
   g.bf16 = bf16, g.trans_a = trans_b, g.trans_b = trans_a, g.m = N, g.n = M, g.k = K, g.batch = batch;
   g.A = B, g.lda = trans_b ? K : N, g.stride_a = stride_b;
   g.B = A, g.ldb = trans_a ? M : K, g.stride_b = stride_a;
   g.bias = bias, g.beta = beta, g.C = C, g.ldc = N, g.stride_c = M * N;
+  if (K == 0) { /* an empty sum; cuBLASLt takes no k of 0 */
+    if (beta == 0) fill_rows(bias, batch * M, N, epilogue == EPILOGUE_GELU_AUX ? aux : C, stream);
+    if (is_gelu(&g)) launch_gelu_epilogue(&g, stream);
+    return;
+  }
   run_gemm(blas, &g, stream);
+}
+
+static void gemm_row_major(TpCudaBlas *blas, bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                           const void *A, int64_t stride_a, const void *B, int64_t stride_b, const float *bias,
+                           float beta, float *C, int64_t batch, TpCudaStream stream) {
+  gemm_row_major_epilogue(blas, bf16, trans_a, trans_b, M, N, K, A, stride_a, B, stride_b, bias,
+                          bias ? EPILOGUE_BIAS : EPILOGUE_NONE, NULL, beta, C, batch, stream);
 }
 
 /* the element `index` of an operand array of f32, or of bf16 when `bf16` */
@@ -340,6 +421,13 @@ static const void *element(const void *p, bool bf16, int64_t index) {
 static void linear(TpCudaBlas *blas, bool bf16, const void *x, const void *w, const float *bias, int64_t M,
                    int64_t K, int64_t N, bool transpose_w, float *y, TpCudaStream stream) {
   gemm_row_major(blas, bf16, false, transpose_w, M, N, K, x, 0, w, 0, bias, 0, y, 1, stream);
+}
+
+void tp_cuda_launch_linear_gelu(TpCudaBlas *blas, bool bf16, const void *x, const void *w, const float *bias,
+                                int64_t M, int64_t K, int64_t N, bool transpose_w, float *pre, float *y,
+                                TpCudaStream stream) {
+  gemm_row_major_epilogue(blas, bf16, false, transpose_w, M, N, K, x, 0, w, 0, bias, EPILOGUE_GELU_AUX, pre, 0, y, 1,
+                          stream);
 }
 
 void tp_cuda_launch_linear_f32(TpCudaBlas *blas, const float *x, const float *w, const float *bias, int64_t M,
@@ -366,11 +454,15 @@ static void column_sums(TpCudaBlas *blas, const float *dy, int64_t M, int64_t N,
   tp_cuda_launch_column_sums_f32(dy, NULL, NULL, NULL, M, N, NULL, dbias, blas->column_runs, stream);
 }
 
-/* The two products of tp_linear_backward_f32 on f32 or bf16 operands. */
-static void linear_backward(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w, int64_t M,
-                            int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, TpCudaStream stream) {
+/* The two products of tp_linear_backward_f32 on f32 or bf16 operands; with pre, dx is
+ * times gelu_tanh'(pre) (the DGELU epilogue). */
+static void linear_backward(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w,
+                            const float *pre, int64_t M, int64_t K, int64_t N, bool transpose_w, float *dx,
+                            float *dw, TpCudaStream stream) {
   /* dx = dy w^T; dw = x^T dy, or dy^T x when transpose_w */
-  if (dx) gemm_row_major(blas, bf16, false, !transpose_w, M, K, N, dy, 0, w, 0, NULL, 0, dx, 1, stream);
+  if (dx)
+    gemm_row_major_epilogue(blas, bf16, false, !transpose_w, M, K, N, dy, 0, w, 0, NULL,
+                            pre ? EPILOGUE_DGELU : EPILOGUE_NONE, const_cast<float *>(pre), 0, dx, 1, stream);
   if (!dw) return;
   if (transpose_w) gemm_row_major(blas, bf16, true, false, N, K, M, dy, 0, x, 0, NULL, 0, dw, 1, stream);
   else gemm_row_major(blas, bf16, true, false, K, N, M, x, 0, dy, 0, NULL, 0, dw, 1, stream);
@@ -379,15 +471,25 @@ static void linear_backward(TpCudaBlas *blas, bool bf16, const void *dy, const v
 void tp_cuda_launch_linear_backward_f32(TpCudaBlas *blas, const float *dy, const float *x, const float *w, int64_t M,
                                         int64_t K, int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
                                         TpCudaStream stream) {
-  linear_backward(blas, false, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
+  linear_backward(blas, false, dy, x, w, NULL, M, K, N, transpose_w, dx, dw, stream);
   if (dbias) column_sums(blas, dy, M, N, dbias, stream);
 }
 
 void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, const uint16_t *x, const uint16_t *w,
                                          const float *dy_f32, int64_t M, int64_t K, int64_t N, bool transpose_w,
                                          float *dx, float *dw, float *dbias, TpCudaStream stream) {
-  linear_backward(blas, true, dy, x, w, M, K, N, transpose_w, dx, dw, stream);
+  linear_backward(blas, true, dy, x, w, NULL, M, K, N, transpose_w, dx, dw, stream);
   if (dbias) column_sums(blas, dy_f32, M, N, dbias, stream);
+}
+
+void tp_cuda_launch_linear_backward_dgelu(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w,
+                                          const float *dy_f32, const float *pre, int64_t M, int64_t K, int64_t N,
+                                          bool transpose_w, float *dx, float *dw, float *dbias,
+                                          TpCudaStream stream) {
+  /* dw and dbias first: dx may share x's bytes (kernels.def) */
+  linear_backward(blas, bf16, dy, x, w, NULL, M, K, N, transpose_w, NULL, dw, stream);
+  if (dbias) column_sums(blas, dy_f32, M, N, dbias, stream);
+  linear_backward(blas, bf16, dy, x, w, pre, M, K, N, transpose_w, dx, NULL, stream);
 }
 
 /* A MatMul's batch as `outer` cuBLASLt calls of `inner` products each: the trailing batch

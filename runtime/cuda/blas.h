@@ -54,6 +54,21 @@ void tp_cuda_launch_linear_backward_bf16(TpCudaBlas *blas, const uint16_t *dy, c
                                          const float *dy_f32, int64_t M, int64_t K, int64_t N, bool transpose_w,
                                          float *dx, float *dw, float *dbias, TpCudaStream stream);
 
+/* tp_linear_gelu_f32 on f32 x and w, or bf16 ones when bf16: pre (M, N) = x @ w + bias
+ * (or NULL), y (M, N) = gelu_tanh(pre), one product with cuBLASLt's GELU_AUX_BIAS epilogue
+ * (GELU_AUX without a bias) where it takes pre (N a multiple of 8, pre 16-byte aligned),
+ * else the product and an elementwise kernel. */
+void tp_cuda_launch_linear_gelu(TpCudaBlas *blas, bool bf16, const void *x, const void *w, const float *bias,
+                                int64_t M, int64_t K, int64_t N, bool transpose_w, float *pre, float *y,
+                                TpCudaStream stream);
+/* tp_linear_backward_dgelu_f32 on f32 dy, x and w, or bf16 ones when bf16 (then dbias from
+ * dy_f32 as in tp_cuda_launch_linear_backward_bf16; else dy_f32 is dy): dx = (dy @ w^T) *
+ * gelu_tanh'(pre) as one product with the DGELU epilogue where it takes pre (K a multiple of
+ * 8), else the product and an elementwise kernel; dw and dbias as the Linear's. */
+void tp_cuda_launch_linear_backward_dgelu(TpCudaBlas *blas, bool bf16, const void *dy, const void *x, const void *w,
+                                          const float *dy_f32, const float *pre, int64_t M, int64_t K, int64_t N,
+                                          bool transpose_w, float *dx, float *dw, float *dbias, TpCudaStream stream);
+
 /* tp_matmul on f32 (numpy semantics, broadcast batch dims): l is tp_matmul_layout of a's
  * and b's shapes (host memory); y (l->nbatch, M, N) is overwritten. The batch is one
  * strided-batched cuBLASLt call over the trailing batch dims along which each operand steps

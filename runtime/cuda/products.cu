@@ -13,6 +13,20 @@ TpKernelStatus tp_cuda_linear_f32(const float *x, const float *w, const float *b
   return TP_KERNEL_OK;
 }
 
+TpKernelStatus tp_cuda_linear_gelu_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t K,
+                                       int64_t N, bool transpose_w, float *pre, float *y, TpStream *stream) {
+  tp_cuda_launch_linear_gelu(stream->blas, false, x, w, bias, M, K, N, transpose_w, pre, y, stream->cuda);
+  return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_linear_backward_dgelu_f32(const float *dy, const float *x, const float *w, const float *pre,
+                                                 int64_t M, int64_t K, int64_t N, bool transpose_w, float *dx,
+                                                 float *dw, float *dbias, TpStream *stream) {
+  tp_cuda_launch_linear_backward_dgelu(stream->blas, false, dy, x, w, dy, pre, M, K, N, transpose_w, dx, dw, dbias,
+                                       stream->cuda);
+  return TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_cuda_linear_backward_f32(const float *dy, const float *x, const float *w, int64_t M, int64_t K,
                                            int64_t N, bool transpose_w, float *dx, float *dw, float *dbias,
                                            TpStream *stream) {
@@ -108,8 +122,10 @@ static void bf16_operands(TpStream *stream, int count, const TpTensor *const *fr
   }
 }
 
-TpKernelStatus tp_cuda_bf16_linear_f32(const TpTensor *x, const TpTensor *w, const float *bias, int64_t M, int64_t K,
-                                       int64_t N, bool transpose_w, float *y, TpStream *stream) {
+/* Linear on bf16 operands, then the tanh-approximate Gelu in its epilogue when pre is not
+ * NULL (pre: the Gelu's operand, y its result). */
+static TpKernelStatus bf16_linear(const TpTensor *x, const TpTensor *w, const float *bias, int64_t M, int64_t K,
+                                  int64_t N, bool transpose_w, float *pre, float *y, TpStream *stream) {
   const TpTensor *from[2] = {x, w};
   const int64_t n[2] = {M * K, K * N};
   const bool wanted[2] = {true, true};
@@ -117,32 +133,74 @@ TpKernelStatus tp_cuda_bf16_linear_f32(const TpTensor *x, const TpTensor *w, con
   if (s != TP_KERNEL_OK) return s;
   const uint16_t *h[2];
   bf16_operands(stream, 2, from, wanted, h, 0, NULL);
-  tp_cuda_launch_linear_bf16(stream->blas, h[0], h[1], bias, M, K, N, transpose_w, y, stream->cuda);
+  if (pre)
+    tp_cuda_launch_linear_gelu(stream->blas, true, h[0], h[1], bias, M, K, N, transpose_w, pre, y, stream->cuda);
+  else tp_cuda_launch_linear_bf16(stream->blas, h[0], h[1], bias, M, K, N, transpose_w, y, stream->cuda);
   return TP_KERNEL_OK;
 }
 
-TpKernelStatus tp_cuda_bf16_linear_backward_f32(const TpTensor *dy, const TpTensor *x, const TpTensor *w, int64_t M,
-                                                int64_t K, int64_t N, bool transpose_w, float *dx, float *dw,
-                                                float *dbias, TpStream *stream) {
-  const TpTensor *from[3] = {dy, x, w};
-  const int64_t n[3] = {M * N, M * K, K * N};
+TpKernelStatus tp_cuda_bf16_linear_f32(const TpTensor *x, const TpTensor *w, const float *bias, int64_t M, int64_t K,
+                                       int64_t N, bool transpose_w, float *y, TpStream *stream) {
+  return bf16_linear(x, w, bias, M, K, N, transpose_w, NULL, y, stream);
+}
+
+TpKernelStatus tp_cuda_bf16_linear_gelu_f32(const TpTensor *x, const TpTensor *w, const float *bias, int64_t M,
+                                            int64_t K, int64_t N, bool transpose_w, float *pre, float *y,
+                                            TpStream *stream) {
+  return bf16_linear(x, w, bias, M, K, N, transpose_w, pre, y, stream);
+}
+
+/* LinearBackward on bf16 operands; with pre (an f32 or bf16 view of the Gelu's operand,
+ * M x K), dx is the Gelu's operand gradient (the DGELU epilogue, on pre in f32: a bf16 pre
+ * widened first). */
+static TpKernelStatus bf16_linear_backward(const TpTensor *dy, const TpTensor *x, const TpTensor *w,
+                                           const TpTensor *pre, int64_t M, int64_t K, int64_t N, bool transpose_w,
+                                           float *dx, float *dw, float *dbias, TpStream *stream) {
+  const TpTensor *from[4] = {dy, x, w, pre};
+  const int64_t n[4] = {M * N, M * K, K * N, M * K};
   const bool wanted[3] = {dx || dw, dw != NULL, dx != NULL}; /* dx = dy w^T, dw = x^T dy */
-  TpKernelStatus s = check_operands(3, from, n);
+  TpKernelStatus s = check_operands(pre ? 4 : 3, from, n);
   if (s != TP_KERNEL_OK) return s;
   /* dbias sums dy in f32 (no product: as the f32 plan's), a bf16 dy widened first */
   bool widen = dbias && dy->dtype == TP_BF16 && M * N != 0;
+  bool widen_pre = pre && dx && pre->dtype == TP_BF16 && M * K != 0;
+  size_t dy_bytes = widen ? ((size_t)(M * N) * sizeof(float) + 255) / 256 * 256 : 0;
   const uint16_t *h[3];
   void *wide = NULL;
-  bf16_operands(stream, 3, from, wanted, h, widen ? (size_t)(M * N) * sizeof(float) : 0, &wide);
+  bf16_operands(stream, 3, from, wanted, h, dy_bytes + (widen_pre ? (size_t)(M * K) * sizeof(float) : 0), &wide);
   const float *dy_f32 = dbias ? static_cast<const float *>(dy->data) : NULL;
   if (widen) {
     TP_LAUNCH(widen_bf16_kernel, tp_elementwise_grid(M * N), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda,
               static_cast<const uint16_t *>(dy->data), M * N, static_cast<float *>(wide));
     dy_f32 = static_cast<const float *>(wide);
   }
-  tp_cuda_launch_linear_backward_bf16(stream->blas, h[0], h[1], h[2], dy_f32, M, K, N, transpose_w, dx, dw, dbias,
-                                      stream->cuda);
+  const float *pre_f32 = pre ? static_cast<const float *>(pre->data) : NULL;
+  if (widen_pre) {
+    float *to = reinterpret_cast<float *>(static_cast<char *>(wide) + dy_bytes);
+    TP_LAUNCH(widen_bf16_kernel, tp_elementwise_grid(M * K), dim3(TP_CUDA_ELEMENTWISE_THREADS), stream->cuda,
+              static_cast<const uint16_t *>(pre->data), M * K, to);
+    pre_f32 = to;
+  }
+  if (pre)
+    tp_cuda_launch_linear_backward_dgelu(stream->blas, true, h[0], h[1], h[2], dy_f32, pre_f32, M, K, N, transpose_w,
+                                         dx, dw, dbias, stream->cuda);
+  else
+    tp_cuda_launch_linear_backward_bf16(stream->blas, h[0], h[1], h[2], dy_f32, M, K, N, transpose_w, dx, dw, dbias,
+                                        stream->cuda);
   return TP_KERNEL_OK;
+}
+
+TpKernelStatus tp_cuda_bf16_linear_backward_f32(const TpTensor *dy, const TpTensor *x, const TpTensor *w, int64_t M,
+                                                int64_t K, int64_t N, bool transpose_w, float *dx, float *dw,
+                                                float *dbias, TpStream *stream) {
+  return bf16_linear_backward(dy, x, w, NULL, M, K, N, transpose_w, dx, dw, dbias, stream);
+}
+
+TpKernelStatus tp_cuda_bf16_linear_backward_dgelu_f32(const TpTensor *dy, const TpTensor *x, const TpTensor *w,
+                                                      const TpTensor *pre, int64_t M, int64_t K, int64_t N,
+                                                      bool transpose_w, float *dx, float *dw, float *dbias,
+                                                      TpStream *stream) {
+  return bf16_linear_backward(dy, x, w, pre, M, K, N, transpose_w, dx, dw, dbias, stream);
 }
 
 TpKernelStatus tp_cuda_bf16_matmul(const TpTensor *a, const TpTensor *b, TpTensor *y, TpStream *stream) {

@@ -209,12 +209,14 @@ typedef struct {
 } TpLossArgs;
 
 /* ---- transformer ---- */
-/* Linear, and its backward (dy first; dx, dw, dbias as y, dw, dbias). */
+/* Linear, and its backward (dy first; dx, dw, dbias as y, dw, dbias). pre: the Gelu's
+ * operand where a device plan runs Linear and the Gelu after it as one product (written
+ * by LINEAR_GELU, read by LINEAR_BACKWARD_DGELU); NULL otherwise. */
 typedef struct {
   const TpTensor *dy, *x, *w, *bias;
   int64_t M, K, N;
   bool transpose_w;
-  TpTensor *y, *dw, *dbias;
+  TpTensor *y, *dw, *dbias, *pre;
 } TpLinearArgs;
 
 typedef struct {

@@ -73,20 +73,28 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
   int N = train_tensor(P);
   R->rank = rank;
   R->stage = stage_of(P, rank);
-  R->replica = rank / (N * P->nstages);
+  R->replica = rank / (N * train_pipeline(P));
   R->tensor = rank % N;
   R->trainer = t;
   R->tensor_group = xcalloc((size_t)N, sizeof *R->tensor_group);
   for (int j = 0; j < N; j++) R->tensor_group[j] = rank_of(P, R->replica, R->stage, j);
   R->st = &P->stages[R->stage];
+  R->nchunks = train_chunks(P);
+  R->chunk = xcalloc((size_t)R->nchunks, sizeof *R->chunk);
+  size_t transient = 0;
+  for (int c = 0; c < R->nchunks; c++) {
+    RankChunk *C = &R->chunk[c];
+    C->stage = c * train_pipeline(P) + R->stage;
+    C->st = &P->stages[C->stage];
+    C->arena = xcalloc((size_t)C->st->arenas, sizeof *C->arena);
+    if (C->st->transient_bytes > transient) transient = C->st->transient_bytes;
+  }
   R->stream = be(t)->stream_new(t->compute);
   R->event = be(t)->event_new(t->compute);
   R->param = xcalloc((size_t)P->nparams, sizeof *R->param);
   R->grad = xcalloc((size_t)P->nparams, sizeof *R->grad);
   R->scratch = xcalloc((size_t)P->nparams, sizeof *R->scratch);
-  for (int i = 0; i < P->nparams; i++)
-    if (stage_holds(&P->params[i], R->stage)) R->grad_count += t->numel[i];
-  R->arena = xcalloc((size_t)R->st->arenas, sizeof *R->arena);
+  R->grad_count = pipe_block_offset(t, R->stage, P->nparams);
   R->loss = xcalloc((size_t)P->microbatches, sizeof *R->loss);
   if (!(R->loss_io = pipe_alloc_staging(t, (size_t)P->microbatches * sizeof *R->loss_io, "the losses")))
     return TP_ERR_INPUT;
@@ -99,14 +107,19 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
                                ? pipe_alloc(t, (size_t)R->grad_count * elem, "rank %d's microbatch gradients", rank)
                                : R->grad_block))
     return TP_ERR_INPUT;
-  int64_t at = 0;
+  for (int c = 0; c < R->nchunks; c++) R->chunk[c].grad_lo = R->grad_count, R->chunk[c].grad_hi = 0;
   for (int i = 0; i < P->nparams; i++)
-    if (stage_holds(&P->params[i], R->stage)) {
+    if (stage_holds(P, &P->params[i], R->stage)) {
+      int64_t at = pipe_block_offset(t, R->stage, i);
+      RankChunk *C = &R->chunk[param_chunk(P, &P->params[i], R->stage)];
       R->param[i] = t->work[i] ? t->work[i] : t->param[i];
       R->grad[i] = R->grad_block + at;
       R->scratch[i] = (float *)((char *)R->scratch_block + at * (int64_t)elem);
-      at += t->numel[i];
+      if (at < C->grad_lo) C->grad_lo = at;
+      if (at + t->numel[i] > C->grad_hi) C->grad_hi = at + t->numel[i];
     }
+  for (int c = 0; c < R->nchunks; c++) /* a chunk without parameters: an empty range */
+    if (R->chunk[c].grad_lo > R->chunk[c].grad_hi) R->chunk[c].grad_lo = R->chunk[c].grad_hi = 0;
   if (train_zero(P)) {
     int64_t *bounds = xcalloc((size_t)P->dp + 1, sizeof *bounds);
     pipe_shard_bounds(t, R->stage, bounds);
@@ -121,15 +134,20 @@ static int new_rank(Trainer *t, int rank, PipeRank **out) {
          !(R->master_block = pipe_alloc(t, bytes, "rank %d's shard of the fp32 master weights", rank))))
       return TP_ERR_INPUT;
   }
-  for (int a = 0; a < R->st->arenas; a++)
-    if (!(R->arena[a] = pipe_alloc(t, R->st->arena_bytes, "the activations of rank %d (arena %d of %d)", rank, a + 1,
-                                   R->st->arenas)))
-      return TP_ERR_INPUT;
-  if (!(R->transient = pipe_alloc(t, R->st->transient_bytes, "the activations of rank %d (its transient region)",
-                                  rank)))
+  for (int c = 0; c < R->nchunks; c++) {
+    const RankChunk *C = &R->chunk[c];
+    char stage[48] = ""; /* an interleaved plan's: which virtual stage */
+    if (R->nchunks > 1) snprintf(stage, sizeof stage, ", virtual stage %d", C->stage);
+    for (int a = 0; a < C->st->arenas; a++)
+      if (!(C->arena[a] = pipe_alloc(t, C->st->arena_bytes, "the activations of rank %d%s (arena %d of %d)", rank,
+                                     stage, a + 1, C->st->arenas)))
+        return TP_ERR_INPUT;
+  }
+  if (!(R->transient = pipe_alloc(t, transient, "the activations of rank %d (its transient region)", rank)))
     return TP_ERR_INPUT;
-  for (int kind = TP_PLAN_SEND_ACT; kind <= TP_PLAN_RECV_GRAD; kind++)
-    if (pipe_alloc_messages(t, R, kind)) return TP_ERR_INPUT;
+  for (int c = 0; c < R->nchunks; c++)
+    for (int kind = TP_PLAN_SEND_ACT; kind <= TP_PLAN_RECV_GRAD; kind++)
+      if (pipe_alloc_messages(t, R, c, kind)) return TP_ERR_INPUT;
   return TP_OK;
 }
 
@@ -154,12 +172,14 @@ static int setup_stages(Trainer *t) {
 
 static int setup_ranks(Trainer *t) {
   const TpPlan *P = t->plan;
-  int S = P->nstages, N = train_tensor(P), D = P->dp, nprocs = t->comm->size;
+  int S = train_pipeline(P), N = train_tensor(P), D = P->dp, nprocs = t->comm->size;
   t->nranks = S * N * D;
   /* one process hosts every rank, except a tensor-parallel plan's (see step.h) */
   if (nprocs != t->nranks && (nprocs != 1 || N > 1)) {
-    char tensor[48] = "";
-    if (N > 1) snprintf(tensor, sizeof tensor, " x %d tensor ranks", N);
+    char tensor[96] = "";
+    int V = train_chunks(P);
+    if (V > 1) snprintf(tensor, sizeof tensor, " (of %d interleaved virtual stages each)", V);
+    if (N > 1) snprintf(tensor + strlen(tensor), sizeof tensor - strlen(tensor), " x %d tensor ranks", N);
     if (train_is_root(t))
       fprintf(stderr,
               "%s: error: the plan has %d stage%s%s x %d replica%s = %d ranks; %s %d%s (run it as mpirun -np "
@@ -181,7 +201,7 @@ static int setup_ranks(Trainer *t) {
     if (half) t->work_block = block;
     else t->param_block = block;
     for (int i = 0; i < P->nparams; i++) {
-      if (!stage_holds(&P->params[i], stage)) continue;
+      if (!stage_holds(P, &P->params[i], stage)) continue;
       int64_t at = pipe_block_offset(t, stage, i);
       if (half) t->work[i] = (char *)block + at * 2;
       else t->param[i] = t->param_block + at;
@@ -189,7 +209,7 @@ static int setup_ranks(Trainer *t) {
   }
   for (int i = 0; i < P->nparams; i++) {
     t->held[i] = false;
-    for (int h = 0; h < t->nhosted; h++) t->held[i] |= stage_holds(&P->params[i], stage_of(P, first + h));
+    for (int h = 0; h < t->nhosted; h++) t->held[i] |= stage_holds(P, &P->params[i], stage_of(P, first + h));
     if (t->held[i] && pipe_alloc_param(t, i)) return TP_ERR_INPUT;
   }
   t->hosted = xcalloc((size_t)t->nhosted, sizeof *t->hosted);
@@ -247,7 +267,10 @@ void pipe_free(Trainer *t) {
   for (int h = 0; t->hosted && h < t->nhosted; h++) {
     PipeRank *R = t->hosted[h];
     if (!R) continue; /* setup failed before it */
-    for (int a = 0; a < R->st->arenas; a++) pipe_dev_free(t, R->arena[a]);
+    for (int c = 0; R->chunk && c < R->nchunks; c++) {
+      for (int a = 0; R->chunk[c].arena && a < R->chunk[c].st->arenas; a++) pipe_dev_free(t, R->chunk[c].arena[a]);
+      free(R->chunk[c].arena);
+    }
     pipe_dev_free(t, R->transient);
     if (R->scratch_block != R->grad_block) pipe_dev_free(t, R->scratch_block);
     pipe_dev_free(t, R->grad_block);
@@ -256,7 +279,7 @@ void pipe_free(Trainer *t) {
     pipe_free_messages(t, R);
     be(t)->event_free(t->compute, R->event);
     be(t)->stream_free(t->compute, R->stream);
-    free(R->arena), free(R->param), free(R->grad), free(R->scratch), free(R->loss);
+    free(R->chunk), free(R->param), free(R->grad), free(R->scratch), free(R->loss);
     pipe_free_staging(t, R->loss_io);
     free(R->tensor_group);
     free(R);

@@ -82,7 +82,7 @@ static bool arrive(Trainer *t, PipeRank *R, const int *group, int n, PipeRank **
 
 bool pipe_allreduce_tied(Trainer *t, PipeRank *R) {
   const TpPlan *P = t->plan;
-  int group[2] = {rank_of(P, R->replica, 0, R->tensor), rank_of(P, R->replica, P->nstages - 1, R->tensor)};
+  int group[2] = {rank_of(P, R->replica, 0, R->tensor), rank_of(P, R->replica, train_pipeline(P) - 1, R->tensor)};
   PipeRank *members[2];
   if (!arrive(t, R, group, 2, members)) return false;
   for (int i = 0; i < P->nparams; i++) {

@@ -42,18 +42,19 @@ static size_t message_bytes(const TpPlanMessage *msg) {
 
 static size_t aligned(size_t bytes) { return (bytes + MESSAGE_ALIGN - 1) / MESSAGE_ALIGN * MESSAGE_ALIGN; }
 
-/* R's buffers for the messages of `kind` its schedule has (mpirun: receives too; one
- * process: a receiver unpacks from the sender's buffer). */
-int pipe_alloc_messages(Trainer *t, PipeRank *R, int kind) {
+/* The buffers of R's chunk c for the messages of `kind` its schedule has (mpirun: receives
+ * too; one process: a receiver unpacks from the sender's buffer). */
+int pipe_alloc_messages(Trainer *t, PipeRank *R, int c, int kind) {
   const TpPlan *P = t->plan;
   int M = P->microbatches, N = P->nslices;
   bool send = kind == TP_PLAN_SEND_ACT || kind == TP_PLAN_SEND_GRAD, used = false;
-  for (int j = 0; j < R->st->ninsns; j++) used |= R->st->insns[j].kind == kind;
+  for (int j = 0; j < R->st->ninsns; j++) used |= R->st->insns[j].kind == kind && R->st->insns[j].chunk == c;
   if (!used || (!send && one_process(t))) return TP_OK;
-  const TpPlanMessage *msgs = stage_messages(R->st, kind);
+  const TpPlanStage *st = R->chunk[c].st;
+  const TpPlanMessage *msgs = stage_messages(st, kind);
   size_t per_mb = 0;
   for (int i = 0; i < N; i++) per_mb += aligned(message_bytes(&msgs[i]));
-  MessageBuffers *B = &R->messages[message_kind(kind)];
+  MessageBuffers *B = &R->chunk[c].messages[message_kind(kind)];
   B->data = xcalloc((size_t)M * N, sizeof *B->data);
   if (send) B->ready = xcalloc((size_t)M * N, sizeof *B->ready);
   if (!(B->block = pipe_alloc(t, per_mb * (size_t)M, "rank %d's message buffers", R->rank))) return TP_ERR_INPUT;
@@ -72,30 +73,37 @@ void pipe_free_messages(Trainer *t, PipeRank *R) {
   int n = t->plan->microbatches * t->plan->nslices;
   for (int j = 0; j < R->nsends; j++)
     if (R->sends[j].view != R->sends[j].data) free(R->sends[j].view);
-  for (int k = 0; k < MESSAGE_KINDS; k++) {
-    MessageBuffers *B = &R->messages[k];
-    for (int i = 0; B->ready && i < n; i++) be(t)->event_free(t->compute, B->ready[i]);
-    pipe_dev_free(t, B->block);
-    free(B->data), free(B->ready);
-  }
+  for (int c = 0; R->chunk && c < R->nchunks; c++)
+    for (int k = 0; k < MESSAGE_KINDS; k++) {
+      MessageBuffers *B = &R->chunk[c].messages[k];
+      for (int i = 0; B->ready && i < n; i++) be(t)->event_free(t->compute, B->ready[i]);
+      pipe_dev_free(t, B->block);
+      free(B->data), free(B->ready);
+    }
   free(R->inbox), free(R->sends);
 }
 
 /* ---- sending and receiving ---- */
 
-static int message_tag(const TpPlan *P, int kind, int mb, int slice) {
-  return (mb * P->nslices + slice) * 2 + (kind == TP_PLAN_SEND_GRAD || kind == TP_PLAN_RECV_GRAD);
+/* (kind, mb, slice) and, in an interleaved plan, which boundary between virtual stages (the
+ * chunk of the earlier one): unique per step, sender and receiver (plan.h). */
+static int message_tag(const Trainer *t, const PipeRank *R, const TpPlanInsn *x) {
+  const TpPlan *P = t->plan;
+  int here = R->chunk[x->chunk].stage, boundary = (here < x->peer ? here : x->peer) / train_pipeline(P);
+  return ((boundary * P->microbatches + x->mb) * P->nslices + x->slice) * 2 +
+         (x->kind == TP_PLAN_SEND_GRAD || x->kind == TP_PLAN_RECV_GRAD);
 }
 
 void pipe_send(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
-  const TpPlanStage *st = R->st;
+  const RankChunk *C = &R->chunk[x->chunk];
+  const TpPlanStage *st = C->st;
   const TpPlanMessage *msg = &stage_messages(st, x->kind)[x->slice];
   size_t bytes = message_bytes(msg);
-  const MessageBuffers *B = &R->messages[message_kind(x->kind)];
+  const MessageBuffers *B = &C->messages[message_kind(x->kind)];
   int at = x->mb * t->plan->nslices + x->slice;
   void *data = B->data[at];
-  be(t)->pack(t->compute, R->stream, data, R->arena[x->mb % st->arenas], msg->buffers, msg->nbuffers);
-  int dst = rank_of(t->plan, R->replica, x->peer, R->tensor), tag = message_tag(t->plan, x->kind, x->mb, x->slice);
+  be(t)->pack(t->compute, R->stream, data, C->arena[x->mb % st->arenas], msg->buffers, msg->nbuffers);
+  int dst = rank_of(t->plan, R->replica, x->peer % train_pipeline(t->plan), R->tensor), tag = message_tag(t, R, x);
   if (one_process(t)) { /* the receiver's stream waits for the pack */
     TpEvent *ready = B->ready[at];
     be(t)->event_record(t->compute, ready, R->stream);
@@ -144,9 +152,10 @@ void pipe_complete_sends(Trainer *t, PipeRank *R, bool all) {
 
 /* False while the message has not arrived (one process: its sender has yet to run). */
 bool pipe_receive(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
-  const TpPlanStage *st = R->st;
+  RankChunk *C = &R->chunk[x->chunk];
+  const TpPlanStage *st = C->st;
   const TpPlanMessage *msg = &stage_messages(st, x->kind)[x->slice];
-  int src = rank_of(t->plan, R->replica, x->peer, R->tensor), tag = message_tag(t->plan, x->kind, x->mb, x->slice);
+  int src = rank_of(t->plan, R->replica, x->peer % train_pipeline(t->plan), R->tensor), tag = message_tag(t, R, x);
   size_t bytes = message_bytes(msg);
   void *data;
   if (one_process(t)) {
@@ -158,10 +167,10 @@ bool pipe_receive(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
     be(t)->stream_wait(t->compute, R->stream, R->inbox[j].ready);
     R->inbox[j] = R->inbox[--R->ninbox];
   } else if (t->comm->be->recv_on) { /* a transport of device buffers (NCCL) */
-    data = R->messages[message_kind(x->kind)].data[x->mb * t->plan->nslices + x->slice];
+    data = C->messages[message_kind(x->kind)].data[x->mb * t->plan->nslices + x->slice];
     t->comm->be->recv_on(t->comm, data, bytes, src, tag, R->stream);
   } else {
-    data = R->messages[message_kind(x->kind)].data[x->mb * t->plan->nslices + x->slice];
+    data = C->messages[message_kind(x->kind)].data[x->mb * t->plan->nslices + x->slice];
     char what[96];
     snprintf(what, sizeof what, "the %s of microbatch %d, slice %d",
              x->kind == TP_PLAN_RECV_ACT ? "activation" : "gradient", x->mb, x->slice);
@@ -171,6 +180,6 @@ bool pipe_receive(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   }
   /* queued after the message on R's stream: nothing waits for it here (data is not reused
    * before the step's end) */
-  be(t)->unpack(t->compute, R->stream, R->arena[x->mb % st->arenas], data, msg->buffers, msg->nbuffers);
+  be(t)->unpack(t->compute, R->stream, C->arena[x->mb % st->arenas], data, msg->buffers, msg->nbuffers);
   return true;
 }

@@ -10,7 +10,8 @@
  * rank of its stage, the first tensor rank holding that piece (ABI 1: the one). */
 int pipe_owner(const Trainer *t, int i, int tensor) {
   const TpPlan *P = t->plan;
-  return P->stages ? rank_of(P, 0, P->params[i].stage, piece_holder(P, &P->params[i], tensor)) : 0;
+  return P->stages ? rank_of(P, 0, P->params[i].stage % train_pipeline(P), piece_holder(P, &P->params[i], tensor))
+                   : 0;
 }
 
 /* A parameter's value (under bf16 and fp16 its f32 master and 16-bit working copy; unless
@@ -34,10 +35,17 @@ int pipe_alloc_param(Trainer *t, int i) {
 
 /* ---- --zero 1's shards (step.h) ---- */
 
+/* A rank's gradient block holds its parameters by chunk (its virtual stages' apart, so
+ * that each is zeroed and summed as one range), each chunk's in parameter order. */
 int64_t pipe_block_offset(const Trainer *t, int stage, int i) {
+  const TpPlan *P = t->plan;
+  int chunk = i < P->nparams ? param_chunk(P, &P->params[i], stage) : train_chunks(P);
   int64_t at = 0;
-  for (int j = 0; j < i; j++)
-    if (stage_holds(&t->plan->params[j], stage)) at += t->numel[j];
+  for (int j = 0; j < P->nparams; j++) {
+    if (!stage_holds(P, &P->params[j], stage)) continue;
+    int c = param_chunk(P, &P->params[j], stage);
+    if (c < chunk || (c == chunk && j < i)) at += t->numel[j];
+  }
   return at;
 }
 
@@ -45,15 +53,16 @@ void pipe_shard_bounds(const Trainer *t, int stage, int64_t *bounds) {
   const TpPlan *P = t->plan;
   int D = P->dp, d = 1;
   int64_t count = pipe_block_offset(t, stage, P->nparams), at = 0;
-  for (int i = 0; i < P->nparams; i++) {
-    if (!stage_holds(&P->params[i], stage)) continue;
-    int64_t n = t->numel[i];
-    for (int p = 0; p < TP_NORM_PIECES; p++) {
-      int64_t start = at + n * p / TP_NORM_PIECES;
-      while (d < D && start >= count * d / D) bounds[d++] = start;
+  for (int c = 0; c < train_chunks(P); c++) /* in the block's order */
+    for (int i = 0; i < P->nparams; i++) {
+      if (!stage_holds(P, &P->params[i], stage) || param_chunk(P, &P->params[i], stage) != c) continue;
+      int64_t n = t->numel[i];
+      for (int p = 0; p < TP_NORM_PIECES; p++) {
+        int64_t start = at + n * p / TP_NORM_PIECES;
+        while (d < D && start >= count * d / D) bounds[d++] = start;
+      }
+      at += n;
     }
-    at += n;
-  }
   bounds[0] = 0;
   while (d <= D) bounds[d++] = count;
 }
@@ -168,7 +177,7 @@ static void upload_shards(Trainer *t, int i, const float *whole, int kind) {
   for (int h = 0; h < t->nhosted; h++) {
     PipeRank *R = t->hosted[h];
     int64_t a, b;
-    if (!stage_holds(&P->params[i], R->stage) || !rank_shard_part(t, R, i, &a, &b)) continue;
+    if (!stage_holds(P, &P->params[i], R->stage) || !rank_shard_part(t, R, i, &a, &b)) continue;
     int64_t at = R->grad[i] - R->grad_block + a - R->shard_lo;
     const float *src = whole;
     if (piece) pipe_shard_copy(P, &P->params[i], R->tensor, piece, (float *)src, false), src = piece;
@@ -241,7 +250,7 @@ static void fetch_piece(Trainer *t, int i, int tensor, void *dev, int sharded, f
     fetch_bytes(t, pipe_owner(t, i, tensor), dev, host, (size_t)t->numel[i] * 4);
     return;
   }
-  int stage = P->params[i].stage, D = P->dp;
+  int stage = P->params[i].stage % train_pipeline(P), D = P->dp;
   int64_t *bounds = xcalloc((size_t)D + 1, sizeof *bounds), offset = pipe_block_offset(t, stage, i), a, b;
   pipe_shard_bounds(t, stage, bounds);
   for (int d = 0; d < D; d++) {

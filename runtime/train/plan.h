@@ -113,7 +113,16 @@
  *                     (what send_grad[i] sends, and the K/V context rows of earlier slices)
  *   BACKWARD_WEIGHT mb i  stages[k].backward_weight[i](io): the unit's parameter gradients,
  *                     from what its BACKWARD_INPUT kept in the arena; a unit runs either
- *                     BACKWARD, or BACKWARD_INPUT and later BACKWARD_WEIGHT
+ *                     BACKWARD, or BACKWARD_INPUT and later BACKWARD_WEIGHT. A split plan
+ *                     has backward_input and backward_weight and no backward. Only weight
+ *                     parts write io->grad, so "Gradients" above holds with the weight parts
+ *                     in place of the backward units: the runtime zeroes the scratch set
+ *                     before a microbatch's first weight part (slice N-1) and adds it into
+ *                     the step's sum after its last (slice 0), and the weight parts of one
+ *                     microbatch run in order N-1..0 with no other microbatch's weight part
+ *                     between them (the compiler verified it). The input parts make all of
+ *                     a split unit's tensor all-reduces: backward_reduces[i] counts them,
+ *                     and a weight part makes none.
  * Interleaved plans (ABI 8, chunks V > 1): the plan's nstages are S * V virtual stages, run
  * by S pipeline ranks: rank k runs virtual stages k, k + S, ..., k + (V - 1) * S, in one
  * list, stages[k].insns (k < S; the lists of virtual stages >= S are empty). An

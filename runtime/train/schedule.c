@@ -26,11 +26,12 @@ static void run_unit(Trainer *t, TpStream *stream, TpUnitFn fn, TpStepIO *io) {
   be(t)->run_unit(t->compute, stream, fn, io);
 }
 
-static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
+/* The io of R's units of microbatch mb on its chunk c. */
+static TpStepIO unit_io(Trainer *t, PipeRank *R, int c, int mb) {
   const TpPlan *P = t->plan;
   int64_t row = ((int64_t)R->replica * P->microbatches + mb) * P->batch;
   bool tensor = train_tensor(P) > 1;
-  return (TpStepIO){.arena = R->arena[mb % R->st->arenas],
+  return (TpStepIO){.arena = R->chunk[c].arena[mb % R->chunk[c].st->arenas],
                     .transient = R->transient,
                     .param = R->param,
                     .grad = R->scratch,
@@ -46,20 +47,27 @@ static TpStepIO unit_io(Trainer *t, PipeRank *R, int mb) {
                     .loss_scale_device = t->dev_loss_scale};
 }
 
-/* Runs unit x (FORWARD or BACKWARD) of R with io; with tensor parallelism, checks that it
- * called io->tensor_allreduce as often as the plan says (a member that does not would
- * leave the others waiting in an all-reduce, or pair theirs wrongly). */
+/* Runs unit x (FORWARD, BACKWARD, BACKWARD_INPUT or BACKWARD_WEIGHT) of R with io; with
+ * tensor parallelism, checks that it called io->tensor_allreduce as often as the plan says
+ * (a member that does not would leave the others waiting in an all-reduce, or pair theirs
+ * wrongly). A split backward's all-reduces are its input part's (backward_reduces). */
 static void run_rank_unit(Trainer *t, PipeRank *R, const TpPlanInsn *x, TpStepIO *io) {
-  bool fwd = x->kind == TP_PLAN_FORWARD;
+  const RankChunk *C = &R->chunk[x->chunk];
+  const TpPlanStage *st = C->st;
+  bool fwd = x->kind == TP_PLAN_FORWARD, weight = x->kind == TP_PLAN_BACKWARD_WEIGHT;
+  const TpUnitFn *fns = fwd                                 ? st->forward
+                        : x->kind == TP_PLAN_BACKWARD_INPUT ? st->backward_input
+                        : weight                            ? st->backward_weight
+                                                            : st->backward;
   R->reduces = 0;
-  run_unit(t, R->stream, (fwd ? R->st->forward : R->st->backward)[x->slice], io);
+  run_unit(t, R->stream, fns[x->slice], io);
   if (train_tensor(t->plan) == 1) return;
-  int want = (fwd ? R->st->forward_reduces : R->st->backward_reduces)[x->slice];
+  int want = weight ? 0 : (fwd ? st->forward_reduces : st->backward_reduces)[x->slice];
   if (R->reduces != want)
     tp_comm_abort(t->comm, TP_ERR_INTERNAL,
                   "the %s unit of stage %d, slice %d (microbatch %d) made %d tensor "
                   "all-reduce%s; the plan says %d (a compiler bug)",
-                  fwd ? "forward" : "backward", R->stage, x->slice, x->mb, R->reduces, R->reduces == 1 ? "" : "s",
+                  fwd ? "forward" : "backward", C->stage, x->slice, x->mb, R->reduces, R->reduces == 1 ? "" : "s",
                   want);
 }
 
@@ -67,7 +75,7 @@ TpStepIO pipe_rank_io(Trainer *t, int h, int *stage, int *replica) {
   PipeRank *R = t->hosted[h];
   *stage = R->stage;
   *replica = R->replica;
-  return unit_io(t, R, 0);
+  return unit_io(t, R, 0, 0);
 }
 
 float *const *pipe_rank_grads(Trainer *t, int h) { return t->hosted[h]->grad; }
@@ -89,8 +97,8 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
   TpStepIO io;
   switch (x->kind) {
   case TP_PLAN_FORWARD:
-    io = unit_io(t, R, x->mb);
-    if (R->stage == P->nstages - 1 && x->slice == P->nslices - 1) {
+    io = unit_io(t, R, x->chunk, x->mb);
+    if (R->chunk[x->chunk].stage == P->nstages - 1 && x->slice == P->nslices - 1) {
       /* the unit queues the copy of its loss: read after the schedule's last synchronization */
       R->loss_io[x->mb] = io;
       run_rank_unit(t, R, x, &R->loss_io[x->mb]);
@@ -98,17 +106,29 @@ static bool exec(Trainer *t, PipeRank *R, const TpPlanInsn *x) {
       run_rank_unit(t, R, x, &io);
     }
     return true;
-  case TP_PLAN_BACKWARD:
-    /* the microbatch's backward units run together, from its last slice to slice 0 */
-    if (x->slice == P->nslices - 1)
-      be(t)->memset(t->compute, R->stream, R->scratch_block, 0, (size_t)R->grad_count * train_elem_bytes(P));
-    io = unit_io(t, R, x->mb);
+  case TP_PLAN_BACKWARD_INPUT: /* writes no parameter gradients: its weight part does */
+    io = unit_io(t, R, x->chunk, x->mb);
     run_rank_unit(t, R, x, &io);
-    if (x->slice == 0 && P->precision != TP_PLAN_FP32)
-      be(t)->add_half_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count, P->precision);
-    else if (x->slice == 0 && R->scratch_block != R->grad_block)
-      be(t)->add_into(t->compute, R->stream, R->grad_block, R->scratch_block, R->grad_count);
     return true;
+  case TP_PLAN_BACKWARD:
+  case TP_PLAN_BACKWARD_WEIGHT: {
+    /* the microbatch's backward units (split: weight parts) on a virtual stage run
+     * together, from its last slice to slice 0, into one scratch set of gradients: those of
+     * that stage's parameters, one range of the block (all of it unless interleaved) */
+    const RankChunk *C = &R->chunk[x->chunk];
+    int64_t lo = C->grad_lo, n = C->grad_hi - C->grad_lo;
+    size_t elem = train_elem_bytes(P);
+    if (x->slice == P->nslices - 1)
+      be(t)->memset(t->compute, R->stream, (char *)R->scratch_block + lo * (int64_t)elem, 0, (size_t)n * elem);
+    io = unit_io(t, R, x->chunk, x->mb);
+    run_rank_unit(t, R, x, &io);
+    void *scratch = (char *)R->scratch_block + lo * (int64_t)elem;
+    if (x->slice == 0 && P->precision != TP_PLAN_FP32)
+      be(t)->add_half_into(t->compute, R->stream, R->grad_block + lo, scratch, n, P->precision);
+    else if (x->slice == 0 && R->scratch_block != R->grad_block)
+      be(t)->add_into(t->compute, R->stream, R->grad_block + lo, scratch, n);
+    return true;
+  }
   case TP_PLAN_SEND_ACT:
   case TP_PLAN_SEND_GRAD: pipe_send(t, R, x); return true;
   case TP_PLAN_RECV_ACT:
@@ -148,7 +168,8 @@ static void run_schedules(Trainer *t, bool train) {
         if (!exec(t, R, x)) break;
         if (t->trace) {
           be(t)->stream_sync(t->compute, R->stream); /* the instruction's end */
-          trace_add(t->trace, R->rank, x->kind, x->mb, x->slice, x->peer, start, trace_now_us(t->trace));
+          int stage = train_chunks(t->plan) > 1 && x->mb >= 0 ? R->chunk[x->chunk].stage : -1;
+          trace_add(t->trace, R->rank, x->kind, x->mb, x->slice, x->peer, stage, start, trace_now_us(t->trace));
         }
         R->pc++;
         progress = true;
@@ -171,7 +192,7 @@ static void run_schedules(Trainer *t, bool train) {
     pipe_complete_sends(t, R, true);
     if (train) finish_grads(t, R);
     be(t)->stream_sync(t->compute, R->stream);
-    if (R->stage == t->plan->nstages - 1)
+    if (R->stage == train_pipeline(t->plan) - 1)
       for (int m = 0; m < t->plan->microbatches; m++) R->loss[m] = R->loss_io[m].loss;
   }
 }
@@ -182,7 +203,7 @@ static double step_loss(Trainer *t) {
   double *x = xcalloc((size_t)t->nhosted, sizeof *x);
   for (int h = 0; h < t->nhosted; h++) {
     const PipeRank *R = t->hosted[h];
-    if (R->stage != P->nstages - 1 || R->tensor != 0) continue;
+    if (R->stage != train_pipeline(P) - 1 || R->tensor != 0) continue;
     for (int m = 0; m < P->microbatches; m++) x[h] += R->loss[m];
     x[h] /= P->microbatches;
   }
@@ -210,7 +231,8 @@ static double run_stages(Trainer *t, bool backward) {
       run_unit(t, t->stream, (pass ? P->backward : P->forward)[s], &io);
       if (t->trace) {
         be(t)->stream_sync(t->compute, t->stream);
-        trace_add(t->trace, 0, pass ? TP_PLAN_BACKWARD : TP_PLAN_FORWARD, 0, 0, s, start, trace_now_us(t->trace));
+        trace_add(t->trace, 0, pass ? TP_PLAN_BACKWARD : TP_PLAN_FORWARD, 0, 0, s, -1, start,
+                  trace_now_us(t->trace));
       }
     }
   be(t)->stream_sync(t->compute, t->stream);
@@ -253,7 +275,9 @@ static int norm_pieces(const Trainer *t, int h, int i, int *first) {
   if (!train_zero(t->plan)) return counts_in_norm(t, h, i) ? TP_NORM_PIECES : 0;
   const PipeRank *R = t->hosted[h];
   const TpPlanParam *p = &t->plan->params[i];
-  if (!p->trainable || p->stage != R->stage || piece_holder(t->plan, p, R->tensor) != R->tensor) return 0;
+  if (!p->trainable || p->stage % train_pipeline(t->plan) != R->stage ||
+      piece_holder(t->plan, p, R->tensor) != R->tensor)
+    return 0;
   int64_t offset = R->grad[i] - R->grad_block, n = t->numel[i];
   while (*first < TP_NORM_PIECES && offset + n * *first / TP_NORM_PIECES < R->shard_lo) ++*first;
   int end = *first;
@@ -317,7 +341,7 @@ static bool rank_updates(const Trainer *t, int h, int i) {
   const TpPlanParam *p = &t->plan->params[i];
   if (!p->trainable) return false;
   if (!one_process(t)) return R->param[i] != NULL;
-  return train_zero(t->plan) ? p->stage == R->stage : pipe_owner(t, i, 0) == R->rank;
+  return train_zero(t->plan) ? p->stage % train_pipeline(t->plan) == R->stage : pipe_owner(t, i, 0) == R->rank;
 }
 
 void pipe_adamw(Trainer *t, int h, TpStream *s, float *const *grad, int64_t step, double lr, float clip) {
@@ -365,7 +389,7 @@ void pipe_update(Trainer *t, int64_t step, double lr, float clip) {
     if ((train_zero(P) && !one_process(t)) || t->trace) be(t)->stream_sync(t->compute, s);
     if (train_zero(P) && !one_process(t)) pipe_gather_params(t);
     if (t->trace)
-      trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, start,
+      trace_add(t->trace, P->stages ? t->hosted[h]->rank : 0, TRACE_UPDATE, -1, -1, -1, -1, start,
                 trace_now_us(t->trace));
     if (P->stages) { /* the rounding below and whatever t->stream reads next come after it */
       be(t)->event_record(t->compute, t->hosted[h]->event, s);

@@ -67,12 +67,25 @@ typedef struct {
 
 enum { MESSAGE_KINDS = 4 };
 
-struct PipeRank {
-  int rank, stage, replica, tensor;
-  Trainer *trainer;  /* for io->tensor_allreduce (tensor_ctx is the rank) */
-  int *tensor_group; /* [N]: the ranks of its stage's tensor group */
-  int reduces;       /* io->tensor_allreduce calls of the unit running */
+/* One of the virtual stages a rank runs (chunk c of rank k: virtual stage c * S + k; one,
+ * the rank's stage, unless the plan is interleaved): its units, arenas and messages, and
+ * where its parameters' gradients lie in the rank's gradient block. */
+typedef struct {
+  int stage; /* the virtual stage */
   const TpPlanStage *st;
+  void **arena;                           /* [st->arenas] */
+  MessageBuffers messages[MESSAGE_KINDS]; /* by message_kind() */
+  int64_t grad_lo, grad_hi;               /* its parameters' elements of the gradient block */
+} RankChunk;
+
+struct PipeRank {
+  int rank, stage, replica, tensor; /* stage: the pipeline rank k < S (train_pipeline) */
+  Trainer *trainer;                 /* for io->tensor_allreduce (tensor_ctx is the rank) */
+  int *tensor_group;                /* [N]: the ranks of its stage's tensor group */
+  int reduces;                      /* io->tensor_allreduce calls of the unit running */
+  const TpPlanStage *st;            /* stages[stage]: the instruction list */
+  int nchunks;
+  RankChunk *chunk;                  /* [nchunks]: its virtual stages, chunk c at c */
   float **param;                     /* [nparams]: the process's values where this stage holds them */
   float **grad, **scratch;           /* [nparams]: the step's gradient; one microbatch's (== grad if M == 1) */
   float *grad_block, *scratch_block; /* the held parameters' gradients, contiguous in param order */
@@ -85,8 +98,7 @@ struct PipeRank {
   float *m_block, *v_block;
   /* train_sharded_masters: the fp32 masters of the shard, laid out alike */
   float *master_block;
-  void **arena;      /* [st->arenas] */
-  void *transient;   /* st->transient_bytes: every unit's, one at a time */
+  void *transient;   /* the largest of its chunks' transient_bytes: every unit's, one at a time */
   double *loss;      /* [microbatches]: the last stage's losses */
   TpStepIO *loss_io; /* [microbatches]: the last forward units' io, whose loss a device
                            * unit's copy sets by the step's final synchronization */
@@ -97,8 +109,7 @@ struct PipeRank {
   int ninbox, inbox_cap;
   PendingSend *sends; /* mpirun: sends not yet complete */
   int nsends, sends_cap;
-  MessageBuffers messages[MESSAGE_KINDS]; /* by message_kind() */
-  TpStream *stream;                       /* where its units and math run */
+  TpStream *stream; /* where its units and math run */
   TpEvent *event;
 };
 
@@ -112,18 +123,26 @@ static inline void *xcalloc(size_t n, size_t size) {
 
 static inline const TpComputeBackend *be(const Trainer *t) { return t->compute->be; }
 
-static inline bool stage_holds(const TpPlanParam *p, int stage) {
-  return p->stage == stage || (p->tied_stage && p->tied_stage == stage);
+/* Whether pipeline rank `stage` holds parameter p (its virtual stage's or, tied, the last
+ * one's), and as which chunk. */
+static inline bool stage_holds(const TpPlan *P, const TpPlanParam *p, int stage) {
+  int S = train_pipeline(P);
+  return p->stage % S == stage || (p->tied_stage && p->tied_stage % S == stage);
+}
+static inline int param_chunk(const TpPlan *P, const TpPlanParam *p, int stage) {
+  int S = train_pipeline(P);
+  return p->stage % S == stage ? p->stage / S : p->tied_stage / S;
 }
 
 static inline bool one_process(const Trainer *t) { return t->comm->size == 1; }
 
-/* The rank of tensor rank `tensor` of stage `stage` of replica `replica` (plan.h). */
+/* The rank of tensor rank `tensor` of pipeline rank `stage` (< S) of replica `replica`
+ * (plan.h). */
 static inline int rank_of(const TpPlan *P, int replica, int stage, int tensor) {
-  return (replica * P->nstages + stage) * train_tensor(P) + tensor;
+  return (replica * train_pipeline(P) + stage) * train_tensor(P) + tensor;
 }
 
-static inline int stage_of(const TpPlan *P, int rank) { return rank / train_tensor(P) % P->nstages; }
+static inline int stage_of(const TpPlan *P, int rank) { return rank / train_tensor(P) % train_pipeline(P); }
 
 /* The first tensor rank holding the same piece of p as tensor rank `tensor` (0 for a
  * parameter not split: every member holds the same bits, the first speaks for them). */
@@ -171,8 +190,8 @@ void pipe_end_host_view(Trainer *t, TpStream *s, void *dev, void *view, size_t b
 PipeRank *pipe_hosted_rank(Trainer *t, int rank);
 
 /* ---- messages.c ---- */
-/* R's buffers for the messages of `kind` (TP_PLAN_SEND_ACT..TP_PLAN_RECV_GRAD). */
-int pipe_alloc_messages(Trainer *t, PipeRank *R, int kind);
+/* The buffers of R's chunk c for the messages of `kind` (TP_PLAN_SEND_ACT..TP_PLAN_RECV_GRAD). */
+int pipe_alloc_messages(Trainer *t, PipeRank *R, int c, int kind);
 /* Every message buffer of R, its inbox and its pending sends. */
 void pipe_free_messages(Trainer *t, PipeRank *R);
 /* SEND_ACT or SEND_GRAD instruction x of R. */

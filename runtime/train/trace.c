@@ -17,6 +17,7 @@ enum { TRACE_TAG = 31998, MAX_EVENTS = 1 << 20 }; /* per process; later events a
 typedef struct {
   double start, end; /* us */
   int32_t rank, kind, mb, slice, peer;
+  int32_t stage; /* an interleaved plan's virtual stage of a unit's instruction; else -1 */
 } TraceEvent;
 
 struct TraceLog {
@@ -46,7 +47,8 @@ void trace_free(TraceLog *l) {
 
 double trace_now_us(const TraceLog *l) { return mono_us() - l->t0; }
 
-void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, double start_us, double end_us) {
+void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, int stage, double start_us,
+               double end_us) {
   if (l->n == MAX_EVENTS) {
     l->dropped++;
     return;
@@ -56,22 +58,26 @@ void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, dou
     l->ev = realloc(l->ev, (size_t)l->cap * sizeof *l->ev);
     TP_ASSERT(l->ev);
   }
-  l->ev[l->n++] = (TraceEvent){start_us, end_us, rank, kind, mb, slice, peer};
+  l->ev[l->n++] = (TraceEvent){start_us, end_us, rank, kind, mb, slice, peer, stage};
 }
 
 static const char *kind_name(int kind) {
-  static const char *const names[] = {"forward",   "backward",       "send-act",  "recv-act",      "send-grad",
-                                      "recv-grad", "allreduce-tied", "allreduce", "optimizer-step"};
+  static const char *const names[] = {"forward",        "backward",       "send-act",       "recv-act",
+                                      "send-grad",      "recv-grad",      "allreduce-tied", "allreduce",
+                                      "optimizer-step", "backward-input", "backward-weight"};
   if (kind == TRACE_UPDATE) return "optimizer-step";
   return kind >= 0 && kind < (int)(sizeof names / sizeof *names) ? names[kind] : "?";
 }
 
 /* One event as a JSON object: a complete event ("ph": "X") on thread 0 of process `rank`. */
 static int format_event(char *buf, size_t n, const TraceEvent *e) {
-  bool compute = e->kind == TP_PLAN_FORWARD || e->kind == TP_PLAN_BACKWARD || e->kind == TRACE_UPDATE;
-  char name[96];
+  bool compute = e->kind == TP_PLAN_FORWARD || e->kind == TP_PLAN_BACKWARD || e->kind == TP_PLAN_BACKWARD_INPUT ||
+                 e->kind == TP_PLAN_BACKWARD_WEIGHT || e->kind == TRACE_UPDATE;
+  char name[112], stage[32] = "";
+  if (e->stage >= 0) snprintf(stage, sizeof stage, ", \"stage\": %d", (int)e->stage);
   int len = snprintf(name, sizeof name, "%s", kind_name(e->kind));
   if (e->mb >= 0) len += snprintf(name + len, sizeof name - (size_t)len, " mb%d/s%d", (int)e->mb, (int)e->slice);
+  if (e->stage >= 0) len += snprintf(name + len, sizeof name - (size_t)len, " of stage %d", (int)e->stage);
   bool send = e->kind == TP_PLAN_SEND_ACT || e->kind == TP_PLAN_SEND_GRAD;
   bool recv = e->kind == TP_PLAN_RECV_ACT || e->kind == TP_PLAN_RECV_GRAD;
   if (e->peer >= 0 && (send || recv || e->kind == TP_PLAN_ALLREDUCE_TIED))
@@ -82,9 +88,9 @@ static int format_event(char *buf, size_t n, const TraceEvent *e) {
              (int)e->peer);
   return snprintf(buf, n,
                   "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, "
-                  "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"mb\": %d, \"slice\": %d}}",
+                  "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"mb\": %d, \"slice\": %d%s}}",
                   name, compute ? "compute" : "comm", (int)e->rank, e->start, e->end - e->start, (int)e->mb,
-                  (int)e->slice);
+                  (int)e->slice, stage);
 }
 
 static void append(char **out, size_t *len, size_t *cap, const char *s, size_t n) {
@@ -101,13 +107,16 @@ static int write_json(Trainer *t, const char *path, const TraceEvent *ev, int64_
   const TpPlan *P = t->plan;
   char *out = NULL, line[512];
   size_t len = 0, cap = 0;
-  int S = P->stages ? P->nstages : 1, N = P->stages ? train_tensor(P) : 1;
+  int S = P->stages ? train_pipeline(P) : 1, N = P->stages ? train_tensor(P) : 1, V = train_chunks(P);
+  char chunks[32] = "";
+  if (V > 1) snprintf(chunks, sizeof chunks, "\"chunks\": %d, ", V);
   int k =
       snprintf(line, sizeof line,
-               "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"stages\": %d, "
+               "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"stages\": %d, %s"
                "\"tensor\": %d, \"replicas\": %d, \"microbatches\": %d, \"slices\": %d, \"dropped_events\": %" PRId64
                "}, \"traceEvents\": [\n",
-               S, N, P->stages ? P->dp : 1, P->stages ? P->microbatches : 1, P->stages ? P->nslices : 1, dropped);
+               S, chunks, N, P->stages ? P->dp : 1, P->stages ? P->microbatches : 1, P->stages ? P->nslices : 1,
+               dropped);
   append(&out, &len, &cap, line, (size_t)k);
   for (int r = 0; r < t->nranks; r++) { /* rank r = (replica * S + stage) * N + tensor rank (plan.h) */
     char tensor[32] = "";

@@ -144,6 +144,12 @@ static inline size_t train_elem_bytes(const TpPlan *P) { return P->precision != 
 static inline int64_t train_rows(const TpPlan *P) { return P->stages ? P->global_batch : P->batch; }
 /* Token ids must be below this (TpPlan.token_limit, else the vocabulary). */
 static inline int64_t train_token_limit(const TpPlan *P) { return P->token_limit ? P->token_limit : P->vocab; }
+/* V: the virtual stages each pipeline rank runs (TpPlan.chunks; 1 unless interleaved). */
+static inline int train_chunks(const TpPlan *P) { return P->chunks > 1 ? P->chunks : 1; }
+/* S: the pipeline ranks of a replica (of one tensor rank): the plan's stages, or under an
+ * interleaved plan its nstages / V virtual stages' ranks. A plan's "stage" names a virtual
+ * stage, run by rank stage % S as its chunk stage / S (plan.h). */
+static inline int train_pipeline(const TpPlan *P) { return P->nstages / train_chunks(P); }
 /* N: the tensor-parallel ranks of a stage (plans before ABI 5 have 0: 1). */
 static inline int train_tensor(const TpPlan *P) { return P->tensor > 1 ? P->tensor : 1; }
 /* Whether parameter p is split over its stage's tensor group (TpPlanShard): a rank holds a
@@ -260,7 +266,8 @@ enum { TRACE_UPDATE = 100, TRACE_EVAL = 101 }; /* event kinds after the TpPlanIn
 TraceLog *trace_new(void);
 void trace_free(TraceLog *l);
 double trace_now_us(const TraceLog *l);
-void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, double start_us, double end_us);
+void trace_add(TraceLog *l, int rank, int kind, int mb, int slice, int peer, int stage, double start_us,
+               double end_us);
 /* Gathers every process's events to process 0, which writes the file. */
 int trace_write(Trainer *t, const char *path);
 

@@ -219,7 +219,7 @@ static int parse_options(TrainOptions *o, int argc, char **argv, const TpDiag *d
   }
   if (o->profile && training)
     return usage_error(d, "--profile measures the stages and does not train: it cannot go with %s", training);
-  if (o->profile && !(P->stages && P->nprobes)) { /* one line: --help cannot help */
+  if (o->profile && !(P->stages && P->nprobes && train_chunks(P) == 1)) { /* one line: --help cannot help */
     if (d->stream)
       fprintf(d->stream,
               "%s: error: this trainer has no profiling units: compile it with tokpipec "
@@ -602,6 +602,12 @@ static int check_outputs(Trainer *t) {
   return TP_OK;
 }
 
+/* A plan's TpPlanSchedule as tokpipec --schedule names it. */
+static const char *schedule_name(int schedule) {
+  static const char *const names[] = {"gpipe", "1f1b", "zb", "interleaved"};
+  return schedule >= 0 && schedule <= TP_PLAN_INTERLEAVED ? names[schedule] : "?";
+}
+
 static void print_start(const Trainer *t, int64_t total) {
   const TpPlan *P = t->plan;
   int64_t nel = 0, ntrain = 0;
@@ -613,16 +619,19 @@ static void print_start(const Trainer *t, int64_t total) {
           "%s: %" PRId64 " parameters (%" PRId64 " trainable) in %d tensors; batch %" PRId64 " x seq %" PRId64
           "; %" PRId64 " training tokens; steps %" PRId64 "..%" PRId64 "\n",
           t->d->tool, nel, ntrain, P->nparams, train_rows(P), P->seq, t->train.count, t->step + 1, total);
-  char tensor[48] = "";
-  if (train_tensor(P) > 1) snprintf(tensor, sizeof tensor, " x %d tensor ranks", train_tensor(P));
+  char tensor[96] = "";
+  int S = train_pipeline(P);
+  if (train_chunks(P) > 1) snprintf(tensor, sizeof tensor, " of %d virtual stages each", train_chunks(P));
+  if (train_tensor(P) > 1)
+    snprintf(tensor + strlen(tensor), sizeof tensor - strlen(tensor), " x %d tensor ranks", train_tensor(P));
   if (P->stages)
     fprintf(stderr,
             "%s: pipeline of %d stage%s%s x %d replica%s, %d microbatch%s of %" PRId64 " row%s, %d slice%s, "
             "%s schedule; %d rank%s in %d process%s (%s)\n",
-            t->d->tool, P->nstages, P->nstages == 1 ? "" : "s", tensor, P->dp, P->dp == 1 ? "" : "s",
-            P->microbatches, P->microbatches == 1 ? "" : "es", P->batch, P->batch == 1 ? "" : "s", P->nslices,
-            P->nslices == 1 ? "" : "s", P->schedule == TP_PLAN_1F1B ? "1f1b" : "gpipe", t->nranks,
-            t->nranks == 1 ? "" : "s", t->comm->size, t->comm->size == 1 ? "" : "es", t->comm->be->name);
+            t->d->tool, S, S == 1 ? "" : "s", tensor, P->dp, P->dp == 1 ? "" : "s", P->microbatches,
+            P->microbatches == 1 ? "" : "es", P->batch, P->batch == 1 ? "" : "s", P->nslices,
+            P->nslices == 1 ? "" : "s", schedule_name(P->schedule), t->nranks, t->nranks == 1 ? "" : "s",
+            t->comm->size, t->comm->size == 1 ? "" : "es", t->comm->be->name);
 }
 
 /* ---- the ranks agree at start-up ---- */
@@ -651,6 +660,7 @@ static uint32_t plan_identity(const TpPlan *P) {
                      P->nderived, P->nstages,  P->global_batch, P->microbatches, P->dp,
                      P->nslices,  P->schedule, P->tensor,       P->nprobes,      P->zero};
   c = crc_of(c, sizes, sizeof sizes);
+  if (train_chunks(P) > 1) c = crc_i64(c, P->chunks); /* only interleaved plans': the others' stay */
   c = crc_str(c, P->device ? P->device->name : "cpu");
   for (int i = 0; i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
@@ -673,6 +683,7 @@ static uint32_t plan_identity(const TpPlan *P) {
     for (int i = 0; i < st->ninsns; i++) {
       int64_t v[] = {st->insns[i].kind, st->insns[i].mb, st->insns[i].slice, st->insns[i].peer};
       c = crc_of(c, v, sizeof v);
+      if (train_chunks(P) > 1) c = crc_i64(c, st->insns[i].chunk);
     }
     c = crc_message(crc_message(c, st->recv_act, P->nslices), st->send_act, P->nslices);
     c = crc_message(crc_message(c, st->recv_grad, P->nslices), st->send_grad, P->nslices);

@@ -20,8 +20,12 @@
 #                 loss scale of 2^17 for 4 steps: the same scales, overflowing steps skipped
 #                 (halving the scale, which the units read from device memory) then updates
 #   emulated-same A B M  two CUDA trainers of model M on the emulated runtime (a plan and the
-#                 same plan with --recompute full) train a step to the same gradients
-#                 (the bytes of --dump-grads) and loss
+#                 same plan with --recompute full, or under --schedule zb) train a step to
+#                 the same gradients (the bytes of --dump-grads) and loss
+#   emulated-mpi A B NP M  the CUDA trainer A of model M on the emulated runtime, one
+#                 emulated GPU per process under mpirun -np NP (an interleaved plan's messages
+#                 over the host transport, with a note), against B (the CPU plan, one
+#                 process): step 1's loss and gradients within 1e-5
 case=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6
 shift 6
 root=$src/../..
@@ -51,7 +55,7 @@ device_only() {
 
 # The bf16 plan stores in bf16 (TpPlan.precision) and calls the bf16 matrix products and attention only
 # (where the fp32 plan calls any).
-products='gemm|matmul|linear_f32|linear_backward_f32|matmul_backward_f32|attention_f32|attention_backward_f32'
+products='gemm|matmul|linear_f32|linear_backward_f32|linear_gelu_f32|linear_backward_dgelu_f32|matmul_backward_f32|attention_f32|attention_backward_f32'
 bf16_plan() {
   if grep -nE "tp_cuda_($products)\(" "$2" >bad.txt; then
     fail "$2 calls an f32 matrix product: $(head -3 bad.txt)"
@@ -203,6 +207,22 @@ emulated-skip)
     ;;
   *) fail "loss scales of the 4 steps (want skips from 2^17, then an update): $scales" ;;
   esac
+  ;;
+
+emulated-mpi)
+  a=$1 b=$2 np=$3 model=$4
+  byte_tokens 16 300 train.bin || exit 1
+  expect_exit 0 "the CPU trainer" "$b" --init "$model" --data train.bin --steps 1 --dump-grads cpu.grads \
+    --log cpu.jsonl || exit 1
+  TOKPIPE_CUDA_EMULATE_DEVICES=$np sh "$src/../comm/mpirun.sh" 200 "$np" "$a" --init "$model" --data train.bin \
+    --steps 1 --dump-grads mpi.grads --log mpi.jsonl >mpi.out 2>&1 || { fail "mpirun -np $np: $(tail -5 mpi.out)"; exit 1; }
+  if "$bin/tokpipe-compare" mpi.grads cpu.grads --tol 1e-5 >cmp.txt 2>&1 &&
+    "$bin/tokpipe-compare" --losses mpi.jsonl cpu.jsonl --tol 1e-5 >>cmp.txt 2>&1 &&
+    grep -q "note: an interleaved plan's messages go through" mpi.out; then
+    ok "$(basename "$a") under mpirun -np $np, one emulated GPU each: the CPU trainer's loss and gradients ($(grep -o 'worst [^ ]* max_rel_err=[^ ]*' cmp.txt | head -1))"
+  else
+    fail "$(basename "$a") under mpirun -np $np: $(cat cmp.txt) $(cat mpi.out)"
+  fi
   ;;
 
 emulated-same)

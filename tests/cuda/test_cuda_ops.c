@@ -981,6 +981,110 @@ static void linear_test(bool backward, bool bf16) {
   check_status("bf16 Linear, w of 6 elements for [2,4]",
                tp_cuda_bf16_linear_f32(&f, &f, NULL, 3, 2, 4, false, y, stream()), TP_KERNEL_BAD_SHAPE);
 }
+/* ---- Gelu epilogues (LINEAR_GELU, LINEAR_BACKWARD_DGELU: what codegen/lower.c fuses) ----
+ * Against the unfused calls they replace, Linear then Gelu (tanh) and LinearBackward then
+ * GeluBackward, on the same operands: in emulation the same bits (the epilogue runs the
+ * Gelu kernels' element functions), on a GPU within F32 (cuBLASLt's own Gelu); and one
+ * launch fewer where cuBLASLt takes the Gelu's operand (its row length a multiple of 8),
+ * the same launches where it does not (the Gelu then runs as a kernel after the product).
+ * f32 operands, and bf16 views (the backward's pre f32 and bf16: a bf16 pre is widened
+ * first, one launch). The CPU kernels are checked against the unfused CPU ones, to the bit. */
+#ifdef TOKPIPE_CUDA_TESTS_ON_GPU
+static const Tolerance EPILOGUE = {1e-5, 1e-5};
+#else
+static const Tolerance EPILOGUE = {0, 0};
+#endif
+
+static uint64_t launches_since(uint64_t *mark) {
+  uint64_t n = tp_cuda_stats.launches - *mark;
+  *mark = tp_cuda_stats.launches;
+  return n;
+}
+
+static void expect_saved(const char *what, uint64_t unfused, uint64_t fused, uint64_t saved) {
+  if (tp_cuda_stats_on && fused + saved != unfused)
+    fail("%s: %llu launches fused, %llu unfused, want %llu fewer", what, (unsigned long long)fused,
+         (unsigned long long)unfused, (unsigned long long)saved);
+}
+
+static void gelu_epilogue_test(bool backward) {
+  const int64_t shapes[][3] = {{5, 7, 9}, {6, 16, 24}, {67, 24, 40}, {3, 0, 8}};
+  for (int s = 0; s < 4; s++)
+    for (int variant = 0; variant < 8; variant++) {
+      int64_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
+      bool tw = variant & 1, with_bias = variant & 2, bf16 = variant & 4;
+      float *x = floats(M * K + 1, 2), *w = floats(K * N + 1, 2), *bias = with_bias ? floats(N, 1) : NULL;
+      float *dy = floats(M * N + 1, 1), *pre_in = floats(M * K + 1, 3);
+      char what[112];
+      snprintf(what, sizeof what, "%s%s [%lld,%lld,%lld] transpose_w %d bias %d", bf16 ? "bf16 " : "",
+               backward ? "LinearBackward+DGELU" : "Linear+GELU", (long long)M, (long long)K, (long long)N, tw,
+               with_bias);
+      TpTensor vx = flat(x, M * K), vw = flat(w, K * N), vdy = flat(dy, M * N);
+      uint64_t mark = tp_cuda_stats.launches, unfused, fused;
+      if (!backward) {
+        float *pre_u = poison(M * N + 1), *y_u = poison(M * N + 1), *pre = poison(M * N + 1), *y = poison(M * N + 1);
+        TpTensor from = flat(pre_u, M * N), to = flat(y_u, M * N);
+        check_status(what,
+                     bf16 ? tp_cuda_bf16_linear_f32(&vx, &vw, bias, M, K, N, tw, pre_u, stream())
+                          : tp_cuda_linear_f32(x, w, bias, M, K, N, tw, pre_u, stream()),
+                     TP_KERNEL_OK);
+        check_status(what, tp_cuda_unary(TP_UNARY_GELU_TANH, &from, &to, stream()), TP_KERNEL_OK);
+        unfused = launches_since(&mark);
+        check_status(what,
+                     bf16 ? tp_cuda_bf16_linear_gelu_f32(&vx, &vw, bias, M, K, N, tw, pre, y, stream())
+                          : tp_cuda_linear_gelu_f32(x, w, bias, M, K, N, tw, pre, y, stream()),
+                     TP_KERNEL_OK);
+        fused = launches_since(&mark);
+        compare(what, pre, pre_u, M * N + 1, EPILOGUE);
+        check_close(what, y, y_u, M * N + 1, EPILOGUE);
+        expect_saved(what, unfused, fused, N % 8 == 0 && K > 0 && M > 0);
+        if (!bf16) { /* the CPU kernel: the unfused CPU calls' bits */
+          float *cpu_pre = poison(M * N + 1), *cpu_y = poison(M * N + 1), *want = poison(M * N + 1);
+          tp_linear_gelu_f32(x, w, bias, M, K, N, tw, cpu_pre, cpu_y);
+          tp_linear_f32(x, w, bias, M, K, N, tw, want);
+          TpTensor wf = flat(want, M * N);
+          tp_unary(TP_UNARY_GELU_TANH, &wf, &wf);
+          check_close("CPU Linear+GELU", cpu_y, want, M * N + 1, EXACT);
+        }
+        continue;
+      }
+      for (int pre_bf16 = 0; pre_bf16 < (bf16 ? 2 : 1); pre_bf16++) {
+        float *pre = pre_bf16 ? operand(pre_in, M * K, true) : pre_in; /* the values a bf16 pre holds */
+        TpTensor vpre = flat(pre, M * K), pre_view = pre_bf16 ? bf16_copy(&vpre) : vpre;
+        float *dx_u = poison(M * K + 1), *dw_u = poison(K * N + 1), *db_u = poison(N + 1);
+        float *dx = poison(M * K + 1), *dw = poison(K * N + 1), *db = poison(N + 1);
+        float *dbias_u = with_bias ? db_u : NULL, *dbias = with_bias ? db : NULL;
+        check_status(what,
+                     bf16 ? tp_cuda_bf16_linear_backward_f32(&vdy, &vx, &vw, M, K, N, tw, dx_u, dw_u, dbias_u,
+                                                             stream())
+                          : tp_cuda_linear_backward_f32(dy, x, w, M, K, N, tw, dx_u, dw_u, dbias_u, stream()),
+                     TP_KERNEL_OK);
+        check_status(what, tp_cuda_gelu_backward_f32(dx_u, pre, M * K, true, dx_u, stream()), TP_KERNEL_OK);
+        unfused = launches_since(&mark);
+        check_status(what,
+                     bf16 ? tp_cuda_bf16_linear_backward_dgelu_f32(&vdy, &vx, &vw, &pre_view, M, K, N, tw, dx, dw,
+                                                                   dbias, stream())
+                          : tp_cuda_linear_backward_dgelu_f32(dy, x, w, pre, M, K, N, tw, dx, dw, dbias, stream()),
+                     TP_KERNEL_OK);
+        fused = launches_since(&mark);
+        compare(what, dx, dx_u, M * K + 1, EPILOGUE);
+        check_close(what, dw, dw_u, K * N + 1, EPILOGUE);
+        check_close(what, db, db_u, N + 1, EXACT);
+        /* a bf16 pre costs the launch that widens it */
+        expect_saved(what, unfused + (pre_bf16 && M * K > 0), fused, K % 8 == 0 && N > 0 && M * K > 0);
+        if (!bf16) {
+          float *cpu_dx = poison(M * K + 1), *cpu_dw = poison(K * N + 1), *want = poison(M * K + 1);
+          tp_linear_backward_dgelu_f32(dy, x, w, pre, M, K, N, tw, cpu_dx, cpu_dw, NULL);
+          tp_linear_backward_f32(dy, x, w, M, K, N, tw, want, NULL, NULL);
+          tp_gelu_backward_f32(want, pre, M * K, true, want);
+          check_close("CPU LinearBackward+DGELU", cpu_dx, want, M * K + 1, EXACT);
+        }
+      }
+    }
+}
+static void gelu_epilogue_fwd(void) { gelu_epilogue_test(false); }
+static void gelu_epilogue_bwd(void) { gelu_epilogue_test(true); }
+
 static void linear_fwd(void) { linear_test(false, false); }
 static void linear_bwd(void) { linear_test(true, false); }
 static void bf16_linear_fwd(void) { linear_test(false, true); }
@@ -1159,6 +1263,8 @@ static const CudaTest TESTS[] = {
     {"ops_copy_to_host", copy_to_host},
     {"ops_linear_fwd", linear_fwd},
     {"ops_linear_bwd", linear_bwd},
+    {"ops_gelu_epilogue_fwd", gelu_epilogue_fwd},
+    {"ops_gelu_epilogue_bwd", gelu_epilogue_bwd},
     {"ops_matmul_fwd", matmul_fwd},
     {"ops_matmul_bwd", matmul_bwd},
     {"ops_gemm_fwd", gemm_fwd},

@@ -204,7 +204,7 @@ rank-death) # a rank killed after step 1: the others end with an error, no hang
     ok "exit $rc after ${took}s: $(grep 'signal 9' out.txt)" || fail "exit $rc after ${took}s: $(cat out.txt)"
   ;;
 
-generated-fixture | generated-deep) # trainers tokpipec generates, under mpirun
+generated-fixture | generated-deep | generated-interleaved) # trainers tokpipec generates, under mpirun
   # gen NAME MODEL 'TOKPIPEC OPTIONS': compiles the trainer NAME, trains it 3 steps on
   # train.bin (under mpirun when it has several ranks); then compared with ref's
   gen() {
@@ -212,10 +212,12 @@ generated-fixture | generated-deep) # trainers tokpipec generates, under mpirun
     # shellcheck disable=SC2086
     "$bin/tokpipec" "$model" --exe "$n" $3 >"$n.out" 2>&1 || { fail "tokpipec $3: $(cat "$n.out")"; return 1; }
     s=$(echo " $3 " | sed -n 's/.* --stages \([0-9]*\) .*/\1/p') d=$(echo " $3 " | sed -n 's/.* --dp \([0-9]*\) .*/\1/p')
-    ranks=$((${s:-1} * ${d:-1}))
+    t=$(echo " $3 " | sed -n 's/.* --tensor \([0-9]*\) .*/\1/p')
+    ranks=$((${s:-1} * ${d:-1} * ${t:-1}))
     launch=./$n
     [ $ranks -gt 1 ] && launch="$mpi 200 $ranks ./$n"
-    $launch --init "$model" --data train.bin --steps 3 --dump-grads "$n.grads" --log "$n.jsonl" >"$n.out" 2>&1 ||
+    # shellcheck disable=SC2086
+    $launch --init "$model" --data train.bin --steps ${steps:-3} ${train_flags:-} --dump-grads "$n.grads" --log "$n.jsonl" >"$n.out" 2>&1 ||
       { fail "$n ($3): the run failed: $(tail -5 "$n.out")"; return 1; }
   }
   if [ $case = generated-fixture ]; then # 2 layers, tied embedding and head, B 4, T 7
@@ -229,13 +231,116 @@ generated-fixture | generated-deep) # trainers tokpipec generates, under mpirun
     byte_tokens 32 400 train.bin || exit 1 # its vocabulary is 32
     set -- "--stages 3 --microbatches 2 --slices 3,3,2 --schedule 1f1b" "--stages 4 --slices 2" \
       "--stages 4 --microbatches 2 --dp 2 --slices 5,3 --schedule 1f1b"
+    if [ $case = generated-interleaved ]; then # 2 ranks x 2 chunks: the 4 layers as 4 virtual stages
+      # 10 steps on the tokens of PyTorch's references (tests/stages/make_deep_gpt.py), which
+      # each shape must match as tests/matrix's do
+      parity=$src/../stages/deep_gpt_parity/train
+      cp "$parity/train.bin" train.bin
+      steps=10 train_flags=$(sed -n 's/^trainer //p' "$parity/args")
+      set -- "--stages 2 --schedule interleaved --chunks 2 --microbatches 2 --slices 3,3,2" \
+        "--stages 2 --schedule interleaved --chunks 2 --microbatches 2 --dp 2 --slices 5,3" \
+        "--stages 2 --schedule interleaved --chunks 2 --microbatches 2 --dp 2 --zero 1 --stage-cuts 1,2,3" \
+        "--stages 2 --schedule interleaved --chunks 2 --tensor 2 --microbatches 2 --slices 5,3"
+    fi
   fi
   gen ref "$model" "$bt" || exit 1
   k=0
   for opts in "$@"; do
     k=$((k + 1))
-    gen "g$k" "$model" "$bt $opts" && like_reference "g$k" && ok "g$k is $opts"
+    gen "g$k" "$model" "$bt $opts" && like_reference "g$k" && ok "g$k is $opts" || continue
+    [ $case = generated-interleaved ] || continue
+    if "$bin/tokpipe-compare" "g$k.grads" "$parity/grads.safetensors" --tol 1e-4 >cmp.txt 2>&1 &&
+      "$bin/tokpipe-compare" --losses "g$k.jsonl" "$parity/losses.jsonl" --tol 1e-4 --steps 10 >>cmp.txt 2>&1; then
+      ok "g$k: step-1 gradients and 10 losses within 1e-4 of PyTorch's ($(grep -o 'worst [^ ]* max_rel_err=[^ ]*' cmp.txt | tr '\n' ' '))"
+    else
+      fail "g$k vs PyTorch: $(cat cmp.txt)"
+    fi
   done
+  if [ $case = generated-interleaved ]; then
+    $mpi 200 4 ./g2 --init "$model" --data train.bin --steps 1 --trace g2.json >g2t.out 2>&1
+    "$bin/pipe_check_trace" g2.json 4 >check.txt 2>&1 && grep -q '"forward mb1/s1 of stage 3"' g2.json &&
+      ok "--trace: 4 ranks, units named by virtual stage ($(cat check.txt))" || fail "trace: $(cat check.txt)"
+    grep -q "pipeline of 2 stages of 2 virtual stages each x 2 replicas, 2 microbatches of 1 row, 2 slices, interleaved schedule; 4 ranks" g2t.out &&
+      ok "the start line says the shape" || fail "start line: $(head -3 g2t.out)"
+    # one process hosting both ranks: the same bits as mpirun
+    ./g1 --init "$model" --data train.bin --steps ${steps} ${train_flags} --dump-grads g1-local.grads >g1-local.out 2>&1
+    same_files "g1 in one process: the same gradients as under mpirun -np 2" g1-local.grads g1.grads
+    # a checkpoint of 2 steps under mpirun, resumed in one process: 4 steps' weights to the bit
+    $mpi 200 2 ./g1 --init "$model" --data train.bin --steps 4 $train_flags --dump-weights full.weights >ck.out 2>&1 &&
+      $mpi 200 2 ./g1 --init "$model" --data train.bin --steps 2 $train_flags --save ck >>ck.out 2>&1 &&
+      ./g1 --data train.bin --steps 4 $train_flags --resume ck --dump-weights resumed.weights >>ck.out 2>&1 ||
+      fail "checkpoints: $(tail -5 ck.out)"
+    same_files "g1: 2 steps under mpirun, saved, resumed in one process: the weights of 4 steps" full.weights resumed.weights
+    # the process count is S x N x D, not the virtual stages'
+    $mpi 60 4 ./g1 --init "$model" --data train.bin --steps 1 >out.txt 2>&1
+    grep -q "error: the plan has 2 stages (of 2 interleaved virtual stages each) x 1 replica = 2 ranks; mpirun started 4" out.txt &&
+      ok "4 processes for 2 ranks: $(grep error out.txt)" || fail "process count: $(cat out.txt)"
+    # refused with one clear error: too few layers, bad --chunks
+    refused() { # refused EXIT MESSAGE OPTIONS...
+      want=$1 msg=$2
+      shift 2
+      "$bin/tokpipec" "$model" $bt --emit=c -o bad.c "$@" >out.txt 2>&1
+      rc=$?
+      [ $rc -eq "$want" ] && [ "$(grep -c error out.txt)" -eq 1 ] && grep -qF -- "$msg" out.txt &&
+        ok "$*: exit $rc: $(cat out.txt)" || fail "$*: exit $rc: $(cat out.txt)"
+    }
+    refused 1 "cannot cut 4 layers into 2 stages x 3 chunks = 6 virtual stages (--schedule interleaved)" \
+      --stages 2 --schedule interleaved --chunks 3
+    refused 2 "--schedule interleaved needs --chunks V, V >= 2" --stages 2 --schedule interleaved
+    refused 2 "(--chunks 1 is --schedule 1f1b)" --stages 2 --schedule interleaved --chunks 1
+    refused 2 "--chunks 2 cuts each rank's layers into chunks for --schedule interleaved" --stages 2 --chunks 2
+    refused 2 "--schedule interleaved needs --stages S, S >= 2" --schedule interleaved --chunks 2
+    refused 2 "--chunks must be in [1, 64], got 0" --stages 2 --schedule interleaved --chunks 0
+    refused 1 "--stage-cuts '1,2' has 2 cuts, but 4 stages need 3" --stages 2 --schedule interleaved --chunks 2 --stage-cuts 1,2
+  fi
+  ;;
+
+generated-zb) # split backwards (--schedule zb) under mpirun: 2 and 4 stages with slices
+  # 10 steps each: the one-stage run's losses and step-1 gradients within 1e-5, and the
+  # very same bits as 1f1b's run of the same shape (the same ops, every sum in its order);
+  # --trace shows the input and weight parts as events of their own
+  model=$src/../stages/deep_gpt.onnx bt="--batch 4 --seq 8"
+  byte_tokens 32 400 train.bin || exit 1 # its vocabulary is 32
+  # run NAME 'TOKPIPEC OPTIONS' [TRAINER OPTIONS]: compiles and trains NAME 10 steps
+  run() {
+    n=$1 shape=$2
+    shift 2
+    # shellcheck disable=SC2086
+    "$bin/tokpipec" "$model" --exe "$n" $bt $shape >"$n.out" 2>&1 || { fail "tokpipec $shape: $(cat "$n.out")"; return 1; }
+    s=$(echo " $shape " | sed -n 's/.* --stages \([0-9]*\) .*/\1/p') d=$(echo " $shape " | sed -n 's/.* --dp \([0-9]*\) .*/\1/p')
+    launch=./$n ranks=$((${s:-1} * ${d:-1}))
+    [ $ranks -gt 1 ] && launch="$mpi 200 $ranks ./$n"
+    $launch --init "$model" --data train.bin --steps 10 --dump-grads "$n.grads" --log "$n.jsonl" "$@" >"$n.run" 2>&1 ||
+      { fail "$n ($shape): the run failed: $(tail -5 "$n.run")"; return 1; }
+  }
+  run ref "" || exit 1
+  k=0
+  for opts in "--stages 2 --microbatches 2 --slices 3,3,2" "--stages 4 --microbatches 2 --slices 2" \
+    "--stages 2 --dp 2 --zero 1 --slices 5,3 --recompute full"; do
+    k=$((k + 1))
+    run "z$k" "$opts --schedule zb" --trace "z$k.json" && like_reference "z$k" || continue
+    grep -q ', zb schedule; ' "z$k.run" || fail "z$k: the start line does not name the zb schedule"
+    grep -q '"backward-input mb0/s0' "z$k.json" && grep -q '"backward-weight mb0/s0' "z$k.json" &&
+      ! grep -q '"backward mb' "z$k.json" && ok "z$k: the trace shows backward-input and backward-weight" ||
+      fail "z$k: the trace lacks backward-input or backward-weight events"
+    run "o$k" "$opts --schedule 1f1b" || continue
+    same_files "z$k ($opts): the gradients are 1f1b's bits" "z$k.grads" "o$k.grads"
+    untimed "z$k.jsonl" >z.log && untimed "o$k.jsonl" >o.log && same_files "z$k: the losses are 1f1b's bits" z.log o.log
+  done
+  # a checkpoint after step 2 resumes to the uninterrupted run's weights after step 4
+  train_z1() { $mpi 200 2 ./z1 --data train.bin "$@" >>z1.resume.out 2>&1; }
+  if [ -x z1 ] && train_z1 --init "$model" --steps 4 --dump-weights u.weights &&
+    train_z1 --init "$model" --steps 2 --save ck && train_z1 --steps 4 --resume ck --dump-weights r.weights; then
+    same_files "z1: resumed from a checkpoint, the uninterrupted run's weights" r.weights u.weights
+  else
+    fail "z1: a checkpointed run failed: $(tail -5 z1.resume.out)"
+  fi
+  # bf16 storage: each part rounds what it stores as the whole backward did
+  opts="--stages 2 --microbatches 2 --slices 3,3,2 --precision bf16"
+  if run zb16 "$opts --schedule zb" && run o16 "$opts --schedule 1f1b"; then
+    same_files "zb16 ($opts): the gradients are 1f1b's bits" zb16.grads o16.grads
+    untimed zb16.jsonl >z.log && untimed o16.jsonl >o.log && same_files "zb16: the losses are 1f1b's bits" z.log o.log
+  fi
   ;;
 
 *)

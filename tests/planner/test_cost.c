@@ -4,6 +4,7 @@
  * context; with batch-only pipelining at B=1 more stages are never predicted faster;
  * the DP's plan is never worse (Eq. 5) than the uniform and batch-only plans.
  * usage: test_cost PROFILE_DIR SYNTHETIC_PROFILE.json */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,15 +155,22 @@ static void model_sanity(const char *dirs) {
  * and costs an extra forward (none < selective < full); under a bound that only
  * recomputation or smaller storage meets, the plan takes them, --zero only with replicas,
  * and only the options the compiler has (caps). */
-static void memory_options(const char *dirs) {
-  TpHardware hw;
+/* GPT3-1B on p3.16xlarge V100s, 4 stages x `data` replicas. */
+static void gpt3_1b(const char *dirs, int data, TpHardware *hw, TpModelDesc *m, TpCostModel *cm) {
   TpDiag d;
   tp_diag_init(&d, "test_cost", NULL, stderr);
-  tp_hardware_find("p3.16xlarge", dirs, &hw, &d);
+  tp_hardware_find("p3.16xlarge", dirs, hw, &d);
+  tp_model_parse("gpt3-1b", m, &d);
+  tp_cost_model_init(cm, hw, m, 4, 1, data, &d);
+}
+
+static void memory_options(const char *dirs) {
+  TpHardware hw;
   TpModelDesc m;
-  tp_model_parse("gpt3-1b", &m, &d);
   static TpCostModel cm;
-  tp_cost_model_init(&cm, &hw, &m, 4, 1, 2, &d);
+  gpt3_1b(dirs, 2, &hw, &m, &cm);
+  TpDiag d;
+  tp_diag_init(&d, "test_cost", NULL, stderr);
   double kept[3], bwd[3];
   for (int r = 0; r < 3; r++) {
     cm.recompute = (TpRecompute)r;
@@ -182,7 +190,7 @@ static void memory_options(const char *dirs) {
     req.batch = 8;
     req.granularity = 256;
     req.joint = req.compilable = true;
-    req.caps = (TpCompileCaps){caps, caps, caps, true, true};
+    req.caps = (TpCompileCaps){caps, caps, caps, true, true, caps, false}; /* zb against gpipe and 1f1b */
     req.max_memory = 12.0 * (1 << 30);
     TpPlanResult r;
     TpDiag quiet;
@@ -196,8 +204,29 @@ static void memory_options(const char *dirs) {
     if (rc) continue;
     CHECK(r.joint.recompute || r.joint.precision != TP_PRECISION_FP32 || r.joint.zero,
           "the plan takes none of the options");
+    /* zb spends less time idle than 1f1b and gpipe: it wins where it fits */
+    CHECK(r.joint.schedule == TP_SCHEDULE_ZB, "the joint plan's schedule is %s, not zb",
+          tp_schedule_name(r.joint.schedule));
     tp_plan_result_free(&r);
   }
+}
+
+/* The split of a backward into its input and weight parts: the weight part is the
+ * weight-gradient products (with the forward's products' FLOPs: about a third of a layer's
+ * backward, a bit less with attention's share); recomputation adds to the input part only. */
+static void weight_share(const char *dirs) {
+  TpHardware hw;
+  TpModelDesc m;
+  static TpCostModel cm;
+  gpt3_1b(dirs, 1, &hw, &m, &cm);
+  TpTime t = tp_stage_time(&cm, 1, 1, 512, 512), first = tp_stage_time(&cm, 0, 1, 512, 512);
+  CHECK(t.wgt > 0.25 * t.bwd && t.wgt < 0.5 * t.bwd, "middle stage: weight part %g of backward %g", t.wgt, t.bwd);
+  CHECK(first.wgt == first.bwd, "first stage: weight part %g of backward %g (it sends no gradient: all of it)",
+        first.wgt, first.bwd);
+  cm.recompute = TP_RECOMPUTE_FULL;
+  TpTime full = tp_stage_time(&cm, 1, 1, 512, 512);
+  CHECK(full.bwd > t.bwd && fabs(full.wgt - t.wgt) < 1e-12 * t.wgt, "recomputation moved the weight part: %g -> %g",
+        t.wgt, full.wgt);
 }
 
 int main(int argc, char **argv) {
@@ -209,5 +238,6 @@ int main(int argc, char **argv) {
   calibration_recovers(argv[2], argv[1]);
   model_sanity(argv[1]);
   memory_options(argv[1]);
+  weight_share(argv[1]);
   return failures != 0;
 }

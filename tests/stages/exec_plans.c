@@ -15,7 +15,17 @@
  * the ABI allows: its bytes are read when the receiver receives them, or when the sender
  * gives the arena to another microbatch, so a send buffer the plan overwrites too early
  * shows up too.
- * Usage: exec_plans [--seed N]; exit 0 if they agree, 1 if not. */
+ * Split backwards (BACKWARD_INPUT, BACKWARD_WEIGHT) run as the plan says, or with
+ * --defer-weights each rank's weight parts as late as they may: queued until another
+ * microbatch's weight part, an instruction of a microbatch sharing the arena of a queued
+ * one, or a step-level instruction (the most a zero-bubble list could defer them), so a
+ * buffer of a weight part that another unit overwrites in between shows up; or with
+ * --eager-weights each weight part right after its input part (the list's own weight
+ * instruction is then skipped). --exact asks
+ * for the same bits (loss and gradients) instead of 1e-5, for plans that should compute
+ * alike (the same configuration under another schedule).
+ * Usage: exec_plans [--seed N] [--defer-weights | --eager-weights] [--exact]; exit 0 if they
+ * agree, 1 if not. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -34,6 +44,7 @@ int tp_trainer_main(const TpPlan *plan, int argc, char **argv) {
 }
 
 static uint64_t rng = 1;
+static bool defer_weights, eager_weights;
 static double uniform(void) { /* splitmix64 -> [0, 1) */
   uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -58,9 +69,11 @@ typedef struct {
   int stage, replica, pc;
   float **param, **grad, **sum; /* per parameter; NULL where the stage does not hold it */
   void **arena;
-  int *arena_mb;       /* per arena: the microbatch using it, or -1 */
-  void *transient;     /* NaN bytes again before each unit */
-  int backward_mb;     /* the microbatch whose backward units run now, or -1 */
+  int *arena_mb;      /* per arena: the microbatch using it, or -1 */
+  void *transient;    /* NaN bytes again before each unit */
+  int backward_mb;    /* the microbatch whose backward units run now, or -1 */
+  TpPlanInsn *queued; /* --defer-weights: weight parts not run yet, in order */
+  int nqueued;
   bool finished_grads; /* sum / M moved into grad */
 } Rank;
 
@@ -112,7 +125,10 @@ static char *arena_for(Run *r, Rank *k, int mb) {
   return k->arena[a];
 }
 
-static void unit(Run *r, Rank *k, int mb, int slice, bool backward) {
+/* Runs unit (kind, mb, slice) of rank k: FORWARD, BACKWARD, BACKWARD_INPUT or
+ * BACKWARD_WEIGHT. The gradients are zeroed before a microbatch's first unit that makes
+ * them (a backward, or a split backward's weight part) and summed after its slice 0. */
+static void unit(Run *r, Rank *k, int kind, int mb, int slice) {
   const TpPlan *P = r->P;
   const TpPlanStage *st = &P->stages[k->stage];
   int64_t rows = (int64_t)(k->replica * r->M + mb) * P->batch;
@@ -124,14 +140,19 @@ static void unit(Run *r, Rank *k, int mb, int slice, bool backward) {
                  .tokens = r->tokens + rows * P->seq,
                  .targets = r->targets + rows * P->seq,
                  .loss = NAN};
-  if (backward && k->backward_mb != mb) { /* the microbatch's first backward unit */
+  bool grads = kind == TP_PLAN_BACKWARD || kind == TP_PLAN_BACKWARD_WEIGHT;
+  if (grads && k->backward_mb != mb) { /* the microbatch's first backward unit */
     k->backward_mb = mb;
     for (int i = 0; i < P->nparams; i++)
       if (k->grad[i]) memset(k->grad[i], 0, (size_t)numel(&P->params[i]) * 4);
   }
-  (backward ? st->backward : st->forward)[slice](&io);
-  if (!backward && !isnan(io.loss)) r->loss[k->replica * r->M + mb] = io.loss;
-  if (backward && slice == 0) /* its last: the microbatch's gradient is complete */
+  const TpUnitFn *fns = kind == TP_PLAN_FORWARD          ? st->forward
+                        : kind == TP_PLAN_BACKWARD       ? st->backward
+                        : kind == TP_PLAN_BACKWARD_INPUT ? st->backward_input
+                                                         : st->backward_weight;
+  fns[slice](&io);
+  if (kind == TP_PLAN_FORWARD && !isnan(io.loss)) r->loss[k->replica * r->M + mb] = io.loss;
+  if (grads && slice == 0) /* its last: the microbatch's gradient is complete */
     for (int i = 0; i < P->nparams; i++)
       if (k->grad[i])
         for (int64_t j = 0; j < numel(&P->params[i]); j++) k->sum[i][j] += k->grad[i][j];
@@ -147,13 +168,42 @@ static void finish_grads(Run *r, Rank *k) {
 
 static Rank *rank_of(Run *r, int replica, int stage) { return &r->rank[replica * r->S + stage]; }
 
+/* --defer-weights: runs the queued weight parts of rank k that must run before x (all of
+ * them when x is NULL). */
+static void run_queued(Run *r, Rank *k, const TpPlanInsn *x) {
+  int arenas = r->P->stages[k->stage].arenas;
+  bool flush = !x || x->mb < 0;
+  for (int i = 0; i < k->nqueued && !flush; i++)
+    flush = k->queued[i].mb != x->mb &&
+            (x->kind == TP_PLAN_BACKWARD_WEIGHT || k->queued[i].mb % arenas == x->mb % arenas);
+  for (int i = 0; flush && i < k->nqueued; i++)
+    unit(r, k, TP_PLAN_BACKWARD_WEIGHT, k->queued[i].mb, k->queued[i].slice);
+  if (flush) k->nqueued = 0;
+}
+
 /* Runs rank k's next instruction if it can; false if it must wait. */
 static bool step(Run *r, Rank *k, bool *bad) {
   const TpPlanStage *st = &r->P->stages[k->stage];
   const TpPlanInsn *x = &st->insns[k->pc];
+  if (defer_weights) {
+    run_queued(r, k, x);
+    if (x->kind == TP_PLAN_BACKWARD_WEIGHT) {
+      k->queued = realloc(k->queued, sizeof *k->queued * (size_t)(k->nqueued + 1));
+      k->queued[k->nqueued++] = *x;
+      k->pc++;
+      return true;
+    }
+  }
   switch (x->kind) {
   case TP_PLAN_FORWARD:
-  case TP_PLAN_BACKWARD: unit(r, k, x->mb, x->slice, x->kind == TP_PLAN_BACKWARD); break;
+  case TP_PLAN_BACKWARD: unit(r, k, x->kind, x->mb, x->slice); break;
+  case TP_PLAN_BACKWARD_INPUT:
+    unit(r, k, x->kind, x->mb, x->slice);
+    if (eager_weights) unit(r, k, TP_PLAN_BACKWARD_WEIGHT, x->mb, x->slice);
+    break;
+  case TP_PLAN_BACKWARD_WEIGHT:
+    if (!eager_weights) unit(r, k, x->kind, x->mb, x->slice);
+    break;
   case TP_PLAN_SEND_ACT:
   case TP_PLAN_SEND_GRAD: {
     bool grad = x->kind == TP_PLAN_SEND_GRAD;
@@ -302,7 +352,8 @@ static void run_free(Run *r) {
     Rank *k = &r->rank[q];
     for (int i = 0; i < r->P->nparams; i++) free(k->param[i]), free(k->grad[i]), free(k->sum[i]);
     for (int a = 0; a < r->P->stages[k->stage].arenas; a++) free(k->arena[a]);
-    free(k->param), free(k->grad), free(k->sum), free(k->arena), free(k->arena_mb), free(k->transient);
+    free(k->param), free(k->grad), free(k->sum), free(k->arena), free(k->arena_mb), free(k->transient),
+        free(k->queued);
   }
   for (int i = 0; i < r->nmail; i++) free(r->mail[i].data);
   free(r->mail), free(r->rank), free(r->loss);
@@ -315,7 +366,18 @@ static double step_loss(const Run *r) {
 }
 
 int main(int argc, char **argv) {
-  if (argc == 3 && strcmp(argv[1], "--seed") == 0) rng = strtoull(argv[2], NULL, 10);
+  bool exact = false;
+  for (int a = 1; a < argc; a++) {
+    if (strcmp(argv[a], "--seed") == 0 && a + 1 < argc) rng = strtoull(argv[++a], NULL, 10);
+    else if (strcmp(argv[a], "--defer-weights") == 0) defer_weights = true;
+    else if (strcmp(argv[a], "--eager-weights") == 0) eager_weights = true;
+    else if (strcmp(argv[a], "--exact") == 0) exact = true;
+    else {
+      fprintf(stderr, "usage: exec_plans [--seed N] [--defer-weights | --eager-weights] [--exact]\n");
+      return 2;
+    }
+  }
+  double tolerance = exact ? 0 : 1e-5;
   const TpPlan *A = &plan_ref, *B = &plan_test;
   int64_t rows = A->batch * A->microbatches * A->dp;
   if (B->batch * B->microbatches * B->dp != rows || A->seq != B->seq || A->nparams != B->nparams ||
@@ -347,7 +409,7 @@ int main(int argc, char **argv) {
   double la = step_loss(&ra), lb = step_loss(&rb), worst = fabs(la - lb) / fabs(la);
   int fails = 0;
   printf("loss %.9g vs %.9g (relative error %.2g)\n", la, lb, worst);
-  if (!(worst <= 1e-5)) fails++;
+  if (!(worst <= tolerance)) fails++;
   for (int i = 0; i < A->nparams; i++) {
     if (!A->params[i].trainable) continue;
     const float *ga = ra.rank[A->params[i].stage].grad[i], *gb = rb.rank[B->params[i].stage].grad[i];
@@ -358,7 +420,7 @@ int main(int argc, char **argv) {
     }
     double rel = scale > 0 ? err / scale : err;
     if (rel > worst || isnan(rel)) worst = rel;
-    if (!(rel <= 1e-5)) {
+    if (!(rel <= tolerance)) {
       fails++;
       printf("gradient of %s (stage %d): relative error %.3g\n", A->params[i].name, B->params[i].stage, rel);
     }

@@ -4,6 +4,10 @@
 LM head (a parameter on the first and the last stage) and symbolic batch and sequence dims
 (--batch and --seq choose them), as small as it goes. Debian 12's python3-torch:
     /usr/bin/python3 tests/stages/make_deep_gpt.py
+With --references (the model as exported, deep_gpt.onnx unchanged): its PyTorch training
+references for B 4, T 8 in deep_gpt_parity/train/ (tools/make_parity_fixtures.py's files:
+train.bin, step-1 gradients, 10 losses, args), which the interleaved pipeline tests compare
+with (4 layers: 2 ranks x 2 chunks).
 """
 import os
 import sys
@@ -16,11 +20,27 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import export_gpt_fixtures as fx  # noqa: E402
 
 
+def variant():
+    return fx.Variant("deep_gpt", opset=17, tied=True, vocab=32, block=16, n_layer=4, n_head=2,
+                   n_embd=16, dynamic=True, trace_bt=(2, 8), test_bt=(2, 8), seed=21)
+
+
+def references():
+    import onnx
+    import make_parity_fixtures as parity
+    v = variant()
+    proto = onnx.load(os.path.join(HERE, "deep_gpt.onnx"))
+    parity.write_references(os.path.join(HERE, "deep_gpt_parity"), v.name, lambda: parity.gpt(v), proto, 4, 8,
+                            v.vocab, v.seed)
+
+
 def main():
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-    v = fx.Variant("deep_gpt", opset=17, tied=True, vocab=32, block=16, n_layer=4, n_head=2,
-                   n_embd=16, dynamic=True, trace_bt=(2, 8), test_bt=(2, 8), seed=21)
+    if sys.argv[1:] == ["--references"]:
+        references()
+        return
+    v = variant()
     torch.manual_seed(v.seed)
     model = fx.GPT(v).eval()
     tmp = os.path.join(HERE, "deep_gpt.tmp")

@@ -172,6 +172,19 @@ for shape in "${shapes[@]}"; do
   [ "$tag" = t2 ] || build "$tag" "${flags[@]}" || continue
   run "$tag" "$tag" "$ranks" $steps --dump-grads "$work/$tag.grads" && against "$tag"
 done
+# Split backwards (--schedule zb) with tensor ranks: the t2-s2 shape's bits, on two fixtures
+# (fused Q|K|V and a tied head; one K/V head shared by both ranks)
+if [ "$mode" = full ] && [ $((B % 2)) = 0 ] && { [ "$name" = hf_gpt2 ] || [ "$name" = hf_gemma ]; }; then
+  echo "tensor: $name: --tensor 2 --stages 2 --slices $uneven --microbatches 2 --schedule zb (mpirun -np 4)"
+  if build t2-s2-zb --tensor 2 --stages 2 --slices "$uneven" --microbatches 2 --schedule zb &&
+    run t2-s2-zb t2-s2-zb 4 $steps --dump-grads "$work/t2-s2-zb.grads"; then
+    if cmp -s "$work/t2-s2-zb.grads" "$work/t2-s2.grads"; then
+      echo "  zb: the same gradients as 1f1b's, to the bit"
+    else
+      fail "zb: the gradients differ from 1f1b's ($(cmp "$work/t2-s2-zb.grads" "$work/t2-s2.grads"))"
+    fi
+  fi
+fi
 [ "$mode" = full ] || exit $status
 
 # Scatter and gather: what N=2 writes of the initial weights is the one process's bytes.

@@ -19,9 +19,11 @@ static int bf16_operands(int k) {
   switch (k) {
   case TP_K_GEMM:
   case TP_K_MATMUL:
-  case TP_K_LINEAR: return 2;
+  case TP_K_LINEAR:
+  case TP_K_LINEAR_GELU: return 2;
   case TP_K_LINEAR_BACKWARD:
   case TP_K_MATMUL_BACKWARD: return 3;
+  case TP_K_LINEAR_BACKWARD_DGELU: return 4;
   default: return 0;
   }
 }

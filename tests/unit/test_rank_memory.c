@@ -36,9 +36,14 @@ int main(void) {
   in.precision = TP_PRECISION_FP16;
   expect("fp16 as bf16", in, (TpRankMemory){2020, 6000, 2040, 4000, 350, 14410});
 
+  in.chunks_kept = 2 * 70; /* interleaved: another virtual stage's 2 arenas of 70 kept bytes */
+  expect("fp16, a second chunk's arenas", in, (TpRankMemory){2020, 6000, 2040, 4000, 490, 14550});
+
   TpRankMemoryInput huge = {.trained = 1, .kept = INT64_C(1) << 52, .arenas = 4096};
   TpRankMemory out;
   if (tp_rank_memory(&huge, &out)) fail("2^64 bytes of arenas were not refused");
+  huge = (TpRankMemoryInput){.trained = 1, .kept = INT64_C(1) << 61, .arenas = 2, .chunks_kept = INT64_C(1) << 62};
+  if (tp_rank_memory(&huge, &out)) fail("2^63 bytes over two chunks were not refused");
 
   TpPrecision p;
   if (!tp_precision_parse("bf16", &p) || p != TP_PRECISION_BF16 || tp_precision_parse("f16", &p))
