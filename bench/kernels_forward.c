@@ -104,7 +104,7 @@ static void op_attention(void *c) {
                    .v_head_size = D,
                    .is_causal = true,
                    .scale = 0.125f};
-  tp_attention_f32(&p, g.q, g.k, g.v, NULL, NULL, g.att, NULL, NULL, NULL);
+  tp_attention_f32(&p, g.q, g.k, g.v, NULL, NULL, g.att, NULL, NULL, NULL, NULL);
 }
 static void op_heads_back(void *c) {
   (void)c;

@@ -38,6 +38,15 @@ static int check_attention_mask(const TpInferCtx *c, const TpType *mask, TpDType
   return TP_OK;
 }
 
+/* The log-sum-exp of attention's query rows: f32 [B, q_heads, q_len], Q's batch and
+ * sequence dims. */
+static TpType lse_type(const TpType *q, int64_t q_heads) {
+  int seq = q->rank == 4 ? 2 : 1;
+  TpType t = {.dtype = TP_F32, .rank = 3, .dims = {q->dims[0], q_heads, q->dims[seq]}};
+  t.dimnames[0] = q->dimnames[0], t.dimnames[2] = q->dimnames[seq];
+  return t;
+}
+
 /* Attention (ONNX opset 23): 4-D [B, H, S, D] operands, or 3-D [B, S, H*D] with head counts. */
 static int infer_attention(const TpInferCtx *c) {
   const TpType *q = operand(c, 0), *k = operand(c, 1), *v = operand(c, 2), *mask = operand(c, 3);
@@ -84,8 +93,17 @@ static int infer_attention(const TpInferCtx *c) {
   TpType pk = {.dtype = q->dtype, .rank = 4, .dims = {batch, hkv, total, dq}};
   TpType pv = {.dtype = q->dtype, .rank = 4, .dims = {batch, hkv, total, dv}};
   TpType qk = {.dtype = q->dtype, .rank = 4, .dims = {batch, hq, s, total}};
-  return set_result(c, 0, y) || set_result(c, 1, pk) || set_result(c, 2, pv) || set_result(c, 3, qk) ? TP_ERR_INPUT
-                                                                                                     : TP_OK;
+  return set_result(c, 0, y) || set_result(c, 1, pk) || set_result(c, 2, pv) || set_result(c, 3, qk) ||
+                 set_result(c, 4, lse_type(q, hq))
+             ? TP_ERR_INPUT
+             : TP_OK;
+}
+
+static bool same_dims(const TpType *a, const TpType *b) {
+  if (a->rank != b->rank) return false;
+  for (int k = 0; k < a->rank; k++)
+    if (a->dims[k] != b->dims[k]) return false;
+  return true;
 }
 
 static int infer_attention_backward(const TpInferCtx *c) {
@@ -117,6 +135,15 @@ static int infer_attention_backward(const TpInferCtx *c) {
   int64_t heads = q->rank == 4 ? q->dims[1] : tp_attr_int(c->m, c->op, "q_num_heads", 0);
   if (mask && check_attention_mask(c, mask, q->dtype, q->dims[0], heads, q->dims[seq], k->dims[seq]))
     return TP_ERR_INPUT;
+  const TpType *fy = operand(c, 5), *lse = operand(c, 6);
+  if (!fy != !lse) return tp_error_op(c->d, c->m, c->op, "the forward's Y and lse come together");
+  if (fy) {
+    TpType want = lse_type(q, heads);
+    if (!same_dims(fy, &y) || !tp_dtype_is_float(fy->dtype))
+      return tp_error_op(c->d, c->m, c->op, "Y must be the forward's result, of dY's shape");
+    if (lse->dtype != TP_F32 || !same_dims(lse, &want))
+      return tp_error_op(c->d, c->m, c->op, "lse must be f32 [B, q_heads, q_len]");
+  }
   return set_results_like(c, 1, 3);
 }
 
@@ -207,6 +234,26 @@ static void rotary_tables_backward(TpGradCtx *a, const int *in, const bool *need
   }
 }
 
+/* The lse result of forward Attention op o (added where absent): the backward reads it and
+ * Y instead of computing the rows' statistics again. */
+static int attention_lse(TpGradCtx *a, int o) {
+  TpModule *m = a->m;
+  if (m->ops[o].noutputs < 5) {
+    int *outs = tp_alloc(m, 5 * sizeof *outs);
+    for (int i = 0; i < 5; i++) outs[i] = i < m->ops[o].noutputs ? m->ops[o].outputs[i] : -1;
+    m->ops[o].outputs = outs;
+    m->ops[o].noutputs = 5;
+  }
+  if (m->ops[o].outputs[4] < 0) {
+    const char *name = tp_unique_name(m, tp_strfmt(m, "%s.lse", name_of(a, m->ops[o].outputs[0])));
+    int v = tp_add_value(m, name, TP_VAL_RESULT, (TpType){0}, m->ops[o].origin);
+    m->values[v].def = o;
+    m->ops[o].outputs[4] = v;
+    if (tp_infer_op(m, o, a->d) != TP_OK) a->rc = TP_ERR_INTERNAL;
+  }
+  return m->ops[o].outputs[4];
+}
+
 static void grad_attention(TpGradCtx *a, const TpGradOp *fwd) {
   TpModule *m = a->m;
   int nin = fwd->nin;
@@ -230,8 +277,9 @@ static void grad_attention(TpGradCtx *a, const TpGradOp *fwd) {
     for (int i = 0; i < 3; i++)
       names[i] = tp_strfmt(a->m, "%s.%d", need[i] ? tp_grad_contrib_name(a, in[i]) : tp_grad_tmp_name(a, v), i);
   }
-  int op = tp_grad_begin(a, TP_OP_AttentionBackward, (int[]){dy, in[0], in[1], in[2], mask}, mask >= 0 ? 5 : 4,
-                         names, 3);
+  int lse = attention_lse(a, a->fwd);
+  int op = tp_grad_begin(a, TP_OP_AttentionBackward, (int[]){dy, in[0], in[1], in[2], mask, fwd->y, lse}, 7, names,
+                         3);
   tp_grad_copy_attrs(a, op);
   tp_grad_end(a, op, NULL);
   for (int i = 0; i < 3; i++)
@@ -255,6 +303,11 @@ static void attention_axes(const TpModule *m, int op, TpOpAxes *x) {
   axes_link(x, q, 0, y, 0), axes_link(x, k, 0, q, 0), axes_link(x, v, 0, q, 0);
   axes_link(x, q, seq, y, seq), axes_link(x, q, seq, k, seq), axes_link(x, k, seq, v, seq);
   if (r == 4) axes_link(x, q, 1, y, 1), axes_link(x, k, 1, v, 1); /* heads */
+  int lse = o->noutputs > 4 ? o->outputs[4] : -1;                 /* [B, q_heads, q_len] */
+  if (lse >= 0) {
+    axes_link(x, q, 0, lse, 0), axes_link(x, q, seq, lse, 2);
+    if (r == 4) axes_link(x, q, 1, lse, 1);
+  }
   axes_mix(x, q, feat, "contracts over"), axes_mix(x, k, feat, "contracts over"),
       axes_mix(x, v, feat, "contracts over");
   /* the mask, broadcast to the scores [B, H, Tq, Tk]: its batch and head axes (a mask folded
@@ -306,6 +359,7 @@ static int split_attention(TpSplitCtx *s, int op) {
     tp_set_attr_int(m, op, "kv_num_heads", tp_attr_int(m, op, "kv_num_heads", 0) / s->parts[o->inputs[1]]);
   if (o->ninputs > 3 && tp_split_share_operand(s, op, 3)) return TP_ERR_INPUT;
   tp_split_mark(s, y, s->axis[x], s->parts[x]);
+  if (o->noutputs > 4 && o->outputs[4] >= 0) tp_split_mark(s, o->outputs[4], 1, s->parts[x]); /* lse: by heads */
   return tp_split_reinfer(s, op);
 }
 
@@ -362,8 +416,8 @@ static int attention_params(const TpModule *m, int op, const TpTensor *Q, const 
   return TP_OK;
 }
 
-/* Attention(Q, K, V, Mask, PastK, PastV) -> Y, PresentK, PresentV, QK, and
- * AttentionBackward(dY, Q, K, V, Mask) -> dQ, dK, dV. */
+/* Attention(Q, K, V, Mask, PastK, PastV) -> Y, PresentK, PresentV, QK, lse, and
+ * AttentionBackward(dY, Q, K, V, Mask, Y, lse) -> dQ, dK, dV. */
 static int bind_attention(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   bool fwd = m->ops[op].kind == TP_OP_Attention;
   int q = fwd ? 0 : 1, mask = fwd ? 3 : 4;
@@ -386,6 +440,8 @@ static int bind_attention(const TpModule *m, int op, const TpTensor *in, TpTenso
     a->p.qk_mode = (int)tp_attr_int(m, op, "qk_matmul_output_mode", 0);
     a->y = &out[0];
     a->present_k = opt_out(m, op, out, 1), a->present_v = opt_out(m, op, out, 2), a->qk_out = opt_out(m, op, out, 3);
+    a->lse = opt_out(m, op, out, 4);
+    if (a->lse && tp_tensor_numel(a->lse) != a->p.batch * a->p.q_heads * a->p.q_len) return shape_error(m, op, d);
     b->kernel = TP_K_ATTENTION;
     return TP_OK;
   }
@@ -394,6 +450,11 @@ static int bind_attention(const TpModule *m, int op, const TpTensor *in, TpTenso
   if (tp_tensor_numel(&in[0]) != p->batch * p->q_heads * p->q_len * p->v_head_size ||
       !out_numel(m, op, out, 0, tp_tensor_numel(a->q)) || !out_numel(m, op, out, 1, tp_tensor_numel(a->k)) ||
       !out_numel(m, op, out, 2, tp_tensor_numel(a->v)))
+    return shape_error(m, op, d);
+  a->saved_y = opt_in(m, op, in, 5), a->saved_lse = opt_in(m, op, in, 6);
+  if (!a->saved_y != !a->saved_lse) return tp_error_op(d, m, op, "the forward's Y and lse come together");
+  if (a->saved_y && (tp_tensor_numel(a->saved_y) != tp_tensor_numel(&in[0]) ||
+                     tp_tensor_numel(a->saved_lse) != p->batch * p->q_heads * p->q_len))
     return shape_error(m, op, d);
   a->y = opt_out(m, op, out, 0), a->present_k = opt_out(m, op, out, 1), a->present_v = opt_out(m, op, out, 2);
   b->kernel = TP_K_ATTENTION_BACKWARD;

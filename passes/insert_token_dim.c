@@ -83,7 +83,7 @@ static const char *attention_problem(TpModule *m, int op) {
                      node, m->values[o->inputs[3]].name);
   for (int i = 4; i < o->ninputs; i++)
     if (o->inputs[i] >= 0) return tp_strfmt(m, "attention at node '%s' reads past keys and values", node);
-  for (int i = 1; i < o->noutputs; i++)
+  for (int i = 1; i < o->noutputs && i < 4; i++) /* present K/V or the scores; its lse is cut with Y */
     if (o->outputs[i] >= 0) return tp_strfmt(m, "attention at node '%s' returns more than its result", node);
   int q = o->inputs[0], k = o->inputs[1], r = type_of(m, q)->rank, seq = r == 4 ? 2 : 1;
   if (tp_token_axis(m, q) != seq || tp_token_axis(m, k) != seq)

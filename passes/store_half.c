@@ -23,7 +23,10 @@
  * backward (results after the first), a token slice's K/V context (Concat {context_rows}:
  * a buffer every slice writes its rows into in place), and a tensor rank's partial sum
  * that an AllReduce sums in place (rounding each partial before the sum would lose what
- * their cancellation leaves; the sum is stored).
+ * their cancellation leaves; the sum is stored). An AttentionBackward reads the forward's
+ * Y as it was computed, f32, not its 16-bit copy: its row sums dy . y must be the ones its
+ * kernel's statistics pass would compute, so that the gradients keep their bits (the
+ * other readers of Y read the 16-bit copy as before).
  * A recomputed copy (passes/recompute.c, role recompute) is stored as the forward result
  * it copies is: whether that outlives its unit is judged as without recompute (a copy's
  * backward readers read the forward result, a copy op runs in its original's unit), and
@@ -54,6 +57,11 @@ static bool keeps_f32(const TpModule *m, const bool *reduced, int op, int k) {
   case TP_OP_Attention: return k > 0;
   default: return false;
   }
+}
+
+/* Does operand i of op `op` read its f32 value even where a 16-bit copy is stored? */
+static bool reads_f32(const TpModule *m, int op, int i) {
+  return m->ops[op].kind == TP_OP_AttentionBackward && i == 5; /* the forward's Y */
 }
 
 /* A Cast of value x into dtype `to`, placed as op `at` (its stage, slice and phase). */
@@ -117,7 +125,8 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     if (o->kind == TP_OP_AllReduce) reduced[original[o->inputs[0]]] = true;
     for (int i = 0; i < o->ninputs; i++) {
       int x = o->inputs[i] >= 0 ? original[o->inputs[i]] : -1;
-      if (x >= 0 && m->values[x].kind == TP_VAL_RESULT && !same_unit(&m->ops[m->values[x].def], o0))
+      if (x >= 0 && m->values[x].kind == TP_VAL_RESULT && !same_unit(&m->ops[m->values[x].def], o0) &&
+          !reads_f32(m, op, i))
         outlives[x] = true;
     }
   }
@@ -150,7 +159,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     }
     for (int i = 0; i < m->ops[op].ninputs; i++) {
       int x = m->ops[op].inputs[i];
-      if (x < 0 || x >= nvalues || stored[x] < 0) continue;
+      if (x < 0 || x >= nvalues || stored[x] < 0 || reads_f32(m, op, i)) continue;
       int up = add_cast(m, stored[x], TP_F32, op, "f32");
       order[norder++] = up;
       int y = m->ops[up].outputs[0];

@@ -11,13 +11,15 @@
 /* Rows shorter than this stay on one thread: the fork costs more than it saves. */
 #define PARALLEL_MIN_ELEMS 32768
 
-/* Softmax (or log-softmax) of the n elements x[j * stride] into y (may alias x). Inlined,
- * so that the stride-1 calls vectorise with unit steps, and into both copies of its
- * TP_VECTOR_CLONES callers. */
-TP_VECTOR_INLINE void softmax_row(const float *x, float *y, int64_t n, int64_t stride, bool log) {
+/* Softmax (or log-softmax) of the n elements x[j * stride] into y (may alias x), and the
+ * row's log-sum-exp into *row_lse when not NULL (+inf when every element is masked out).
+ * Inlined, so that the stride-1 calls vectorise with unit steps, and into both copies of
+ * its TP_VECTOR_CLONES callers. */
+TP_VECTOR_INLINE void softmax_row(const float *x, float *y, int64_t n, int64_t stride, bool log, float *row_lse) {
   float mx = tp_row_max(x, n, stride);
   if (mx == -INFINITY) { /* every element masked out */
     for (int64_t j = 0; j < n; j++) y[j * stride] = log ? -INFINITY : 0.0f;
+    if (row_lse) *row_lse = INFINITY;
     return;
   }
   double sum = 0;
@@ -38,6 +40,7 @@ TP_VECTOR_INLINE void softmax_row(const float *x, float *y, int64_t n, int64_t s
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) y[j * stride] *= inv;
   }
+  if (row_lse) *row_lse = mx + logf((float)sum);
 }
 
 /* Rows [r0, r1) of tp_softmax_f32's [outer, n, inner] view. */
@@ -45,8 +48,8 @@ TP_VECTOR_CLONES static void softmax_rows(const float *x, float *y, int64_t r0, 
                                           bool log) {
   for (int64_t r = r0; r < r1; r++) {
     int64_t base = (r / inner) * n * inner + r % inner;
-    if (inner == 1) softmax_row(x + base, y + base, n, 1, log);
-    else softmax_row(x + base, y + base, n, inner, log);
+    if (inner == 1) softmax_row(x + base, y + base, n, 1, log, NULL);
+    else softmax_row(x + base, y + base, n, inner, log, NULL);
   }
 }
 
@@ -131,7 +134,8 @@ typedef struct {
 
 /* Query rows [i0, i1) of batch b, head h; s is (i1 - i0) * total scratch. */
 TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int64_t h, int64_t i0, int64_t i1,
-                                            const float *q, KeysValues kv, float *y, float *qk_out, float *s) {
+                                            const float *q, KeysValues kv, float *y, float *qk_out, float *lse,
+                                            float *s) {
   int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size, Sq = p->q_len;
   int64_t ldq, ldy, rows = i1 - i0;
   const float *qh = q + tp_attention_head_offset(p, b, h, p->q_heads, Sq, D, &ldq) + i0 * ldq;
@@ -140,8 +144,10 @@ TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int
   int64_t lo = 0, hi = total;
   if (!qk_out) tp_attention_block_keys(p, i0, i1, total, &lo, &hi);
   int64_t w = hi - lo;
+  float *lse_rows = lse ? lse + (b * p->q_heads + h) * Sq : NULL;
   if (w <= 0) { /* no row sees a key */
     for (int64_t i = 0; i < rows; i++) memset(yh + i * ldy, 0, (size_t)Dv * sizeof *yh);
+    for (int64_t i = i0; lse_rows && i < i1; i++) lse_rows[i] = INFINITY;
     return;
   }
   float *qk = qk_out ? qk_out + ((b * p->q_heads + h) * Sq + i0) * total : NULL;
@@ -160,7 +166,7 @@ TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int
     for (int64_t j = lo; j < first; j++) row[j - lo] = -INFINITY;
     for (int64_t j = end; j < hi; j++) row[j - lo] = -INFINITY;
     if (qk && p->qk_mode == 2) memcpy(qk + (i - i0) * total, row, (size_t)w * sizeof *row);
-    softmax_row(row + (first - lo), row + (first - lo), end - first, 1, false);
+    softmax_row(row + (first - lo), row + (first - lo), end - first, 1, false, lse_rows ? lse_rows + i : NULL);
     for (int64_t j = lo; j < first; j++) row[j - lo] = 0;
     for (int64_t j = end; j < hi; j++) row[j - lo] = 0;
     if (qk && p->qk_mode == 3) memcpy(qk + (i - i0) * total, row, (size_t)w * sizeof *row);
@@ -170,7 +176,7 @@ TP_VECTOR_CLONES static void attention_rows(const TpAttention *p, int64_t b, int
 
 TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
                                 const float *past_k, const float *past_v, float *y, float *present_k,
-                                float *present_v, float *qk_out) {
+                                float *present_v, float *qk_out, float *lse) {
   int64_t total = p->past_len + p->kv_len, D = p->head_size, Dv = p->v_head_size;
   int64_t group = p->q_heads / p->kv_heads, Sq = p->q_len;
 
@@ -189,6 +195,7 @@ TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const floa
         int64_t ldy;
         float *yh = y + tp_attention_head_offset(p, b, h, p->q_heads, Sq, Dv, &ldy);
         for (int64_t i = 0; i < Sq; i++) memset(yh + i * ldy, 0, (size_t)Dv * sizeof *yh);
+        for (int64_t i = 0; lse && i < Sq; i++) lse[(b * p->q_heads + h) * Sq + i] = INFINITY;
       }
     free(scratch_k);
     free(scratch_v);
@@ -219,7 +226,7 @@ TpKernelStatus tp_attention_f32(const TpAttention *p, const float *q, const floa
       else kv.k = k + tp_attention_head_offset(p, b, g, p->kv_heads, tp_attention_kv_rows(p), D, &kv.ldk);
       if (vbuf) kv.v = vbuf + (b * p->kv_heads + g) * total * Dv, kv.ldv = Dv;
       else kv.v = v + tp_attention_head_offset(p, b, g, p->kv_heads, tp_attention_kv_rows(p), Dv, &kv.ldv);
-      attention_rows(p, b, h, i0, i1, q, kv, y, qk_out, s);
+      attention_rows(p, b, h, i0, i1, q, kv, y, qk_out, lse, s);
     }
     free(s);
   }

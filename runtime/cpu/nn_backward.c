@@ -266,7 +266,10 @@ static void attention_backward_group(const TpAttention *p, int64_t b, int64_t g,
 }
 
 TpKernelStatus tp_attention_backward_f32(const TpAttention *p, const float *dy, const float *q, const float *k,
-                                         const float *v, float *dq, float *dk, float *dv) {
+                                         const float *v, const float *y, const float *lse, float *dq, float *dk,
+                                         float *dv) {
+  /* y and lse are not needed: a row's statistics come with its probabilities (kernels.def) */
+  (void)y, (void)lse;
   int64_t Sq = p->q_len, T = p->kv_len, B = p->batch;
   if (Sq == 0 || T == 0) { /* nothing attended: every gradient is zero */
     if (dq) memset(dq, 0, (size_t)(B * p->q_heads * Sq * p->head_size) * sizeof *dq);

@@ -1,7 +1,6 @@
 /* Fused (flash-style) attention, forward and backward: ops.h's tp_cuda_attention_f32 and
- * tp_cuda_attention_backward_f32 in fp32, and for bf16 plans tp_cuda_bf16_attention_f32,
- * tp_cuda_bf16_attention_backward_f32, tp_cuda_attention_bf16 and
- * tp_cuda_attention_backward_bf16 with bf16 products on the tensor cores (the second part
+ * tp_cuda_attention_backward_f32 in fp32, and for bf16 plans tp_cuda_bf16_attention_f32 and
+ * tp_cuda_bf16_attention_backward_f32 with bf16 products on the tensor cores (the second part
  * of this file, the same tiling and statistics), all computing what tp_attention_f32 and
  * tp_attention_backward_f32 (cpu/nn.h, cpu/nn_backward.h) compute for every case
  * TpAttention describes (grouped K/V heads, packed or not, causal with an offset, window,
@@ -14,7 +13,8 @@
  *   forward   scores of the tile pair, then an online softmax (running maximum and sum,
  *             the sums rescaled when the maximum grows) accumulating P V in registers;
  *   backward  a statistics pass (the forward without its output: each row's log-sum-exp
- *             and delta_i = dy_i . y_i, in stream scratch), then dq by query tiles, then dk
+ *             and delta_i = dy_i . y_i, in stream scratch; given the forward's lse and y,
+ *             only delta, in the same order), then dq by query tiles, then dk
  *             and dv by key tiles, each key tile summing over its group's query heads and
  *             the query tiles that see it in a fixed order (deterministic, no atomics).
  * Threads: ROW_THREADS per row of a tile; thread t of a row owns the quads (4 columns)
@@ -190,9 +190,10 @@ __device__ void load_keys(Quad (*ks)[Tile<DMAX>::QUADS], Quad (*vs)[Tile<DMAX>::
   load_tile<DMAX>(vs, v, q.b, q.g, j0, *nk);
 }
 
-/* grid (query tiles, q_heads, batch). y (or NULL) as tp_attention_f32's; with lse: the
- * statistics pass of the backward, writing each row's log-sum-exp of its scores (+inf for
- * a row that sees no key, so that exp(s - lse) is 0) and delta = dy . y (y not stored). */
+/* grid (query tiles, q_heads, batch). y (or NULL) as tp_attention_f32's; with lse, each
+ * row's log-sum-exp of its scores (+inf for a row that sees no key, so that exp(s - lse)
+ * is 0), and with dy and delta too the statistics pass of the backward: delta = dy . y
+ * (y not stored). */
 template <int DMAX>
 __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     attention_forward_kernel(TpAttention p, Rows q, Rows k, Rows v, int64_t total, float *y, const float *dy,
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(Tile<DMAX>::THREADS)
     float sum = 0;
     for (int u = 0; u < ROW_THREADS; u++) sum += elem(ss[r], u);
     int64_t row = (b * p.q_heads + h) * p.q_len + i;
-    delta[row] = sum;
+    if (delta) delta[row] = sum;
     lse[row] = l > 0 ? m + logf(l) : INFINITY;
   }
 }
@@ -396,7 +397,8 @@ __global__ void concat_kv_kernel(const float *past, Rows x, int64_t batch, int64
  * and each key tile's P V is added through shared memory; dq, dk and dv accumulate in
  * fragments across tiles (no rescaling) and leave through a 16x16 staging tile per warp.
  * The forward writes each row's log-sum-exp when asked (lse), which the backward takes
- * with y in place of a statistics pass; without them it runs that pass itself.
+ * with y in place of a statistics pass (the fp32 kernels too); without them it runs that
+ * pass itself.
  * Shapes: head sizes up to 256 in classes of 64 (64 query rows, 32-key steps), 128 (32,
  * 32) and 256 (16, 16), under the 48 KiB of static shared memory; a head size is padded
  * with zeros to a multiple of 16 and the products run over those columns only. */
@@ -557,14 +559,29 @@ __global__ void __launch_bounds__(TcTile<DMAX>::THREADS)
   }
 }
 
-/* delta_i = dy_i . y_i per query row, from the forward's y (rows of Dv). */
-__global__ void attention_delta_kernel(Rows dy, const float *y, int64_t batch, float *delta) {
-  const int64_t rows = batch * dy.heads * dy.rows;
+/* How a statistics pass sums delta_i = dy_i . y_i: each of `threads` threads of a row
+ * the columns dealt to it `width` at a time, round robin, then the threads' parts in order,
+ * from zero (fp32: 8 threads, quads; sum_from_zero) or from the first (tensor cores: 2
+ * threads, single columns). */
+struct DeltaOrder {
+  int threads, width;
+  bool sum_from_zero;
+};
+
+/* delta_i = dy_i . y_i per query row from the forward's y (rows of Dv), summed in the
+ * statistics pass's order, so that the gradients keep the bits they have with that pass. */
+__global__ void attention_delta_kernel(Rows dy, const float *y, int64_t batch, DeltaOrder order, float *delta) {
+  const int64_t rows = batch * dy.heads * dy.rows, deal = (int64_t)order.threads * order.width;
   TP_GRID_STRIDE_LOOP(row, rows) {
     int64_t i = row % dy.rows, h = row / dy.rows % dy.heads, b = row / (dy.rows * dy.heads);
     int64_t at = row_offset(dy.packed, b, h, dy.heads, dy.rows, i, dy.D);
     float sum = 0;
-    for (int64_t c = 0; c < dy.D; c++) sum += dy.data[at + c] * y[at + c];
+    for (int u = 0; u < order.threads; u++) {
+      float part = 0;
+      for (int64_t c0 = (int64_t)u * order.width; c0 < dy.D; c0 += deal)
+        for (int64_t c = c0; c < c0 + order.width && c < dy.D; c++) part += dy.data[at + c] * y[at + c];
+      sum = u == 0 && !order.sum_from_zero ? part : sum + part;
+    }
     delta[row] = sum;
   }
 }
@@ -755,8 +772,8 @@ static void launch_gradients(Kernels kind, const TpAttention *p, Rows q, Rows k,
 }
 
 /* The backward after its statistics: from the forward's lse and y (delta = dy . y, a pass
- * over the rows), or, without them, from the statistics pass (the forward again, writing
- * lse and delta). */
+ * over the rows, summed as the statistics pass sums it: the same bits), or, without them,
+ * from the statistics pass (the forward again, writing lse and delta). */
 template <int DMAX>
 static void launch_backward(Kernels kind, const TpAttention *p, Rows q, Rows k, Rows v, Rows dy, const float *y,
                             const float *saved_lse, float *lse, float *delta, float *dq, float *dk, float *dv,
@@ -764,8 +781,10 @@ static void launch_backward(Kernels kind, const TpAttention *p, Rows q, Rows k, 
   if (saved_lse) {
     int64_t rows = p->batch * p->q_heads * p->q_len;
     TP_CUDA_COUNT(flops[TP_FLOPS_F32], 2.0 * (double)rows * (double)p->v_head_size);
+    const DeltaOrder order = kind.tensor_cores ? DeltaOrder{TcTile<DMAX>::RT, 1, false}
+                                               : DeltaOrder{ROW_THREADS, 4, true};
     TP_LAUNCH(attention_delta_kernel, tp_elementwise_grid(rows), dim3(TP_CUDA_ELEMENTWISE_THREADS), s->cuda, dy, y,
-              p->batch, delta);
+              p->batch, order, delta);
   } else {
     launch_forward<DMAX>(kind, p, q, k, v, NULL, dy.data, lse, delta, s);
   }
@@ -820,6 +839,7 @@ static TpKernelStatus attention_backward(Kernels kind, const TpAttention *p, con
                                          float *dq, float *dk, float *dv, TpStream *stream) {
   int dclass = head_class(p);
   if (!dclass || p->past_len) return TP_KERNEL_BAD_DTYPE; /* the CPU's backward has no past either */
+  if (!y != !saved_lse) return TP_KERNEL_BAD_DTYPE;       /* the forward's statistics come as a pair */
   int64_t B = p->batch, Sq = p->q_len, T = p->kv_len, D = p->head_size, Dv = p->v_head_size;
   if (Sq == 0 || T == 0 || B * p->q_heads == 0) { /* nothing attended: every gradient is zero */
     if (dq) TP_CUDA_CHECK(cudaMemsetAsync(dq, 0, (size_t)(B * p->q_heads * Sq * D) * sizeof *dq, stream->cuda));
@@ -842,39 +862,27 @@ static const Kernels FP32 = {false}, TENSOR_CORES = {true};
 
 extern "C" TpKernelStatus tp_cuda_attention_f32(const TpAttention *p, const float *q, const float *k, const float *v,
                                                 const float *past_k, const float *past_v, float *y, float *present_k,
-                                                float *present_v, float *qk_out, TpStream *stream) {
-  return attention_forward(FP32, p, q, k, v, past_k, past_v, y, present_k, present_v, qk_out, NULL, stream);
+                                                float *present_v, float *qk_out, float *lse, TpStream *stream) {
+  return attention_forward(FP32, p, q, k, v, past_k, past_v, y, present_k, present_v, qk_out, lse, stream);
 }
 
 extern "C" TpKernelStatus tp_cuda_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
-                                                         const float *k, const float *v, float *dq, float *dk,
-                                                         float *dv, TpStream *stream) {
-  return attention_backward(FP32, p, dy, q, k, v, NULL, NULL, dq, dk, dv, stream);
-}
-
-extern "C" TpKernelStatus tp_cuda_attention_bf16(const TpAttention *p, const float *q, const float *k,
-                                                 const float *v, const float *past_k, const float *past_v, float *y,
-                                                 float *present_k, float *present_v, float *lse, TpStream *stream) {
-  return attention_forward(TENSOR_CORES, p, q, k, v, past_k, past_v, y, present_k, present_v, NULL, lse, stream);
-}
-
-extern "C" TpKernelStatus tp_cuda_attention_backward_bf16(const TpAttention *p, const float *dy, const float *q,
-                                                          const float *k, const float *v, const float *y,
-                                                          const float *lse, float *dq, float *dk, float *dv,
-                                                          TpStream *stream) {
-  if (!y != !lse) return TP_KERNEL_BAD_DTYPE; /* the forward's statistics come as a pair */
-  return attention_backward(TENSOR_CORES, p, dy, q, k, v, y, lse, dq, dk, dv, stream);
+                                                         const float *k, const float *v, const float *y,
+                                                         const float *lse, float *dq, float *dk, float *dv,
+                                                         TpStream *stream) {
+  return attention_backward(FP32, p, dy, q, k, v, y, lse, dq, dk, dv, stream);
 }
 
 extern "C" TpKernelStatus tp_cuda_bf16_attention_f32(const TpAttention *p, const float *q, const float *k,
                                                      const float *v, const float *past_k, const float *past_v,
                                                      float *y, float *present_k, float *present_v, float *qk_out,
-                                                     TpStream *stream) {
-  return attention_forward(TENSOR_CORES, p, q, k, v, past_k, past_v, y, present_k, present_v, qk_out, NULL, stream);
+                                                     float *lse, TpStream *stream) {
+  return attention_forward(TENSOR_CORES, p, q, k, v, past_k, past_v, y, present_k, present_v, qk_out, lse, stream);
 }
 
 extern "C" TpKernelStatus tp_cuda_bf16_attention_backward_f32(const TpAttention *p, const float *dy, const float *q,
-                                                              const float *k, const float *v, float *dq, float *dk,
-                                                              float *dv, TpStream *stream) {
-  return attention_backward(TENSOR_CORES, p, dy, q, k, v, NULL, NULL, dq, dk, dv, stream);
+                                                              const float *k, const float *v, const float *y,
+                                                              const float *lse, float *dq, float *dk, float *dv,
+                                                              TpStream *stream) {
+  return attention_backward(TENSOR_CORES, p, dy, q, k, v, y, lse, dq, dk, dv, stream);
 }

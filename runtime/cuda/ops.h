@@ -67,20 +67,6 @@ TpKernelStatus tp_cuda_fill_i64(int64_t *dst, int64_t value, TpStream *stream);
 #undef BF16_RESULT_SIG
 #undef SCALAR_PARAM
 
-/* Attention on the tensor cores with the forward's statistics kept for the backward:
- * tp_cuda_attention_bf16 is tp_cuda_bf16_attention_f32 (no qk_out) that also writes each
- * query row's log-sum-exp of its scores into lse ([B, q_heads, q_len], +inf for a row that
- * sees no key; NULL: not written); tp_cuda_attention_backward_bf16 is
- * tp_cuda_bf16_attention_backward_f32 given that lse and the forward's y, so it runs no
- * statistics pass (both NULL: it runs one, as tp_cuda_bf16_attention_backward_f32 does,
- * whose plans do not carry them). */
-TpKernelStatus tp_cuda_attention_bf16(const TpAttention *p, const float *q, const float *k, const float *v,
-                                      const float *past_k, const float *past_v, float *y, float *present_k,
-                                      float *present_v, float *lse, TpStream *stream);
-TpKernelStatus tp_cuda_attention_backward_bf16(const TpAttention *p, const float *dy, const float *q, const float *k,
-                                               const float *v, const float *y, const float *lse, float *dq,
-                                               float *dk, float *dv, TpStream *stream);
-
 #ifdef __cplusplus
 }
 #endif

@@ -187,12 +187,12 @@ typedef struct {
   TpTensor *y, *mean, *inv_std;
 } TpLayerNormArgs;
 
-/* Attention and its backward (dy, then q, k, v; dq, dk, dv as y, present_k,
- * present_v). p.mask is mask's data (p describes its shape). */
+/* Attention and its backward (dy, then q, k, v, and the forward's saved_y and saved_lse;
+ * dq, dk, dv as y, present_k, present_v). p.mask is mask's data (p describes its shape). */
 typedef struct {
   TpAttention p;
-  const TpTensor *dy, *q, *k, *v, *mask, *past_k, *past_v;
-  TpTensor *y, *present_k, *present_v, *qk_out;
+  const TpTensor *dy, *q, *k, *v, *mask, *past_k, *past_v, *saved_y, *saved_lse;
+  TpTensor *y, *present_k, *present_v, *qk_out, *lse;
 } TpAttentionArgs;
 
 /* ---- loss ---- */

@@ -22,9 +22,9 @@
  * worst measured: 1.2e-6, dv of gqa_causal) and 1e-5 relative. The copies into
  * present_k/present_v are EXACT.
  *
- * The tensor-core kernels (tp_cuda_bf16_attention_f32, tp_cuda_bf16_attention_backward_f32
- * and tp_cuda_attention_bf16 / tp_cuda_attention_backward_bf16 with the forward's saved
- * log-sum-exp; `tc_NAME_fwd` / `tc_NAME_bwd`, the same cases, whose lengths are no multiple
+ * The tensor-core kernels (tp_cuda_bf16_attention_f32, tp_cuda_bf16_attention_backward_f32,
+ * with and without the forward's saved log-sum-exp; `tc_NAME_fwd` / `tc_NAME_bwd`, the same
+ * cases, whose lengths are no multiple
  * of 16 either) run on the emulated WMMA fragments, against the CPU kernels given the same
  * operands rounded to bf16 (q, k, v, past, dy; masks stay f32), so what remains is the
  * kernels' own rounding: the probabilities P and the score gradients dS rounded to bf16
@@ -40,8 +40,10 @@
  *        gqa_causal, the probabilities the 2 heads' 37 rows give it sum to about
  *        2 (H(37) - 1) = 6.3, a bound of 1.2e-2; the roundings' errors are unbiased and
  *        partly cancel (worst measured 5.3e-3, dv of mqa_packed): TC_GRADIENTS = (8e-3, 1e-2).
- * The backward given the forward's lse computes the same probabilities as its own
- * statistics pass up to f32 rounding of the lse, checked with TC_GRADIENTS too. */
+ * The backward given the forward's y and lse (fp32 and tensor-core kernels alike) gives the
+ * bits of the backward that runs its own statistics pass (the forward's lse is that pass's,
+ * delta = dy . y is summed in that pass's order), with the forward's flops fewer; the CPU's
+ * lse is checked against the reference within LSE, the CUDA one against the CPU's. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -200,31 +202,63 @@ static void compare(const char *what, const float *got, const float *want, int64
 
 typedef TpKernelStatus (*ForwardEntry)(const TpAttention *p, const float *q, const float *k, const float *v,
                                        const float *past_k, const float *past_v, float *y, float *present_k,
-                                       float *present_v, float *qk_out, TpStream *stream);
+                                       float *present_v, float *qk_out, float *lse, TpStream *stream);
 typedef TpKernelStatus (*BackwardEntry)(const TpAttention *p, const float *dy, const float *q, const float *k,
-                                        const float *v, float *dq, float *dk, float *dv, TpStream *stream);
+                                        const float *v, const float *y, const float *lse, float *dq, float *dk,
+                                        float *dv, TpStream *stream);
 
 /* The entry points (fp32 or bf16) refuse what they do not implement: qk_out (it would
  * need the scores the fused kernels never store), head sizes over 256, a backward with
- * past keys. */
+ * past keys, and a saved y without its lse. */
 static void refusals_of(ForwardEntry forward_entry, BackwardEntry backward_entry) {
   Inputs in = make_inputs(&ONE);
   TpStream *s = tp_cuda_stream_new();
   float *y = nans(in.nq), *qk = nans(in.nq), *big = nans(257);
-  if (forward_entry(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, qk, s) != TP_KERNEL_BAD_DTYPE)
+  if (forward_entry(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, qk, NULL, s) != TP_KERNEL_BAD_DTYPE)
     fail("qk_out accepted");
   TpAttention wide = in.p;
   wide.head_size = wide.v_head_size = 257;
-  if (forward_entry(&wide, big, big, big, NULL, NULL, big, NULL, NULL, NULL, s) != TP_KERNEL_BAD_DTYPE)
+  if (forward_entry(&wide, big, big, big, NULL, NULL, big, NULL, NULL, NULL, NULL, s) != TP_KERNEL_BAD_DTYPE)
     fail("head size 257 accepted");
   TpAttention past = in.p;
   past.past_len = 1;
-  if (backward_entry(&past, y, in.q, in.k, in.v, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
+  if (backward_entry(&past, y, in.q, in.k, in.v, NULL, NULL, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
     fail("a backward with past keys accepted");
+  if (backward_entry(&in.p, y, in.q, in.k, in.v, y, NULL, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
+    fail("a saved y without its lse accepted");
   tp_cuda_stream_free(s);
   free(y), free(qk), free(big);
   free_inputs(&in);
 }
+/* The backward given the forward's y and lse (forward_entry writes them) must give the
+ * bits of the backward that runs its own statistics pass (dq, dk, dv, from `recompute`),
+ * counting the forward's products fewer (flops of `precision`). */
+static void check_saved_statistics(const Case *c, const Inputs *in, ForwardEntry forward_entry,
+                                   BackwardEntry backward_entry, TpFlopsKind precision, const float *dq,
+                                   const float *dk, const float *dv, double recomputing, TpStream *s) {
+  float *y = nans(in->nq * c->Dv), *lse = nans(in->nq);
+  float *dq2 = nans(in->nq * c->D), *dk2 = nans(in->nk * c->D), *dv2 = nans(in->nk * c->Dv);
+  char counts[256];
+  tp_cuda_stats_take(counts, sizeof counts);
+  if (forward_entry(&in->p, in->q, in->k, in->v, NULL, NULL, y, NULL, NULL, NULL, lse, s) != TP_KERNEL_OK)
+    fail("the forward refused the case");
+  double forward_flops = tp_cuda_stats.flops[precision];
+  tp_cuda_stats_take(counts, sizeof counts);
+  if (backward_entry(&in->p, in->dy, in->q, in->k, in->v, y, lse, dq2, dk2, dv2, s) != TP_KERNEL_OK)
+    fail("the backward given y and lse refused the case");
+  double saved = tp_cuda_stats.flops[precision];
+  if (precision == TP_FLOPS_F32 && c->kv_len) /* the delta pass (f32 either way), unless nothing is attended */
+    saved -= 2.0 * (double)in->nq * (double)c->Dv;
+  if (tp_cuda_stats_on && fabs(saved - (recomputing - forward_flops)) > 1e-9 * recomputing)
+    fail("the backward given lse counts %g flops, %g without it, the forward %g", saved, recomputing, forward_flops);
+  test_sync();
+  tp_cuda_stream_sync(s);
+  check_close("dq (saved lse, bits)", dq2, dq, in->nq * c->D, (Tolerance){0, 0});
+  check_close("dk (saved lse, bits)", dk2, dk, in->nk * c->D, (Tolerance){0, 0});
+  check_close("dv (saved lse, bits)", dv2, dv, in->nk * c->Dv, (Tolerance){0, 0});
+  free(y), free(lse), free(dq2), free(dk2), free(dv2);
+}
+
 /* ---- the tensor-core kernels ---- */
 
 /* x (n floats, or NULL) rounded to bf16 in place: the operands as the kernels see them. */
@@ -252,7 +286,7 @@ static float *reference_lse(const Inputs *in, int64_t total) {
   float *y = nans(in->nq * p.v_head_size), *scores = nans(in->nq * total), *lse = nans(in->nq);
   float *present_k = nans(in->p.batch * in->p.kv_heads * total * p.head_size);
   float *present_v = nans(in->p.batch * in->p.kv_heads * total * p.v_head_size);
-  tp_attention_f32(&p, in->q, in->k, in->v, in->past_k, in->past_v, y, present_k, present_v, scores);
+  tp_attention_f32(&p, in->q, in->k, in->v, in->past_k, in->past_v, y, present_k, present_v, scores, NULL);
   for (int64_t row = 0; row < in->nq; row++) {
     const float *s = scores + row * total;
     double m = -INFINITY, sum = 0;
@@ -273,17 +307,18 @@ static void tc_forward(const Case *c) {
   float *y = nans(in.nq * c->Dv), *y2 = nans(in.nq * c->Dv), *want = nans(in.nq * c->Dv), *lse = nans(in.nq);
   float *pk = c->present ? nans(nt * c->D) : NULL, *pv = c->present ? nans(nt * c->Dv) : NULL;
   float *want_pk = c->present ? nans(nt * c->D) : NULL, *want_pv = c->present ? nans(nt * c->Dv) : NULL;
-  tp_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, want, want_pk, want_pv, NULL);
+  tp_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, want, want_pk, want_pv, NULL, NULL);
   char counts[256];
   tp_cuda_stats_take(counts, sizeof counts);
-  TpKernelStatus st = tp_cuda_bf16_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y, pk, pv, NULL, s);
+  TpKernelStatus st = tp_cuda_bf16_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y, pk, pv, NULL,
+                                                 NULL, s);
   if (st != TP_KERNEL_OK) fail("tp_cuda_bf16_attention_f32 returned %d", (int)st);
   if (tp_cuda_stats_on && in.nq && total &&
       (tp_cuda_stats.flops[TP_FLOPS_F32] != 0 || !(tp_cuda_stats.flops[TP_FLOPS_BF16] > 0)))
     fail("forward flops: f32 %g, bf16 %g (want 0 and > 0)", tp_cuda_stats.flops[TP_FLOPS_F32],
          tp_cuda_stats.flops[TP_FLOPS_BF16]);
-  st = tp_cuda_attention_bf16(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y2, NULL, NULL, lse, s);
-  if (st != TP_KERNEL_OK) fail("tp_cuda_attention_bf16 returned %d", (int)st);
+  st = tp_cuda_bf16_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y2, NULL, NULL, NULL, lse, s);
+  if (st != TP_KERNEL_OK) fail("tp_cuda_bf16_attention_f32 (with lse) returned %d", (int)st);
   test_sync();
   tp_cuda_stream_sync(s);
   compare_within("y", y, want, in.nq * c->Dv, TC_FORWARD);
@@ -300,60 +335,33 @@ static void tc_forward(const Case *c) {
   free_inputs(&in);
 }
 
-/* The backward on the tensor cores against the CPU's: as plans call it (its own statistics
- * pass), then given the forward's y and log-sum-exp, which must give the same bits with
- * the forward's flops fewer (no statistics pass). */
+/* The backward on the tensor cores against the CPU's: as it runs without the forward's
+ * statistics (its own statistics pass), then given the forward's y and log-sum-exp. */
 static void tc_backward(const Case *c) {
   Inputs in = make_bf16_inputs(c);
   TpStream *s = tp_cuda_stream_new();
   float *dq = nans(in.nq * c->D), *dk = nans(in.nk * c->D), *dv = nans(in.nk * c->Dv);
-  float *dq2 = nans(in.nq * c->D), *dk2 = nans(in.nk * c->D), *dv2 = nans(in.nk * c->Dv);
   float *want_dq = nans(in.nq * c->D), *want_dk = nans(in.nk * c->D), *want_dv = nans(in.nk * c->Dv);
-  float *y = nans(in.nq * c->Dv), *lse = nans(in.nq);
-  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, want_dq, want_dk, want_dv);
+  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, NULL, want_dq, want_dk, want_dv);
   char counts[256];
   tp_cuda_stats_take(counts, sizeof counts);
-  if (tp_cuda_attention_bf16(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, lse, s) != TP_KERNEL_OK)
-    fail("tp_cuda_attention_bf16 refused the case");
-  double forward_flops = tp_cuda_stats.flops[TP_FLOPS_BF16];
-  tp_cuda_stats_take(counts, sizeof counts);
-  TpKernelStatus st = tp_cuda_bf16_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, dq, dk, dv, s);
+  TpKernelStatus st = tp_cuda_bf16_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, NULL, dq, dk, dv, s);
   if (st != TP_KERNEL_OK) fail("tp_cuda_bf16_attention_backward_f32 returned %d", (int)st);
   double recomputing = tp_cuda_stats.flops[TP_FLOPS_BF16];
-  tp_cuda_stats_take(counts, sizeof counts);
-  st = tp_cuda_attention_backward_bf16(&in.p, in.dy, in.q, in.k, in.v, y, lse, dq2, dk2, dv2, s);
-  if (st != TP_KERNEL_OK) fail("tp_cuda_attention_backward_bf16 returned %d", (int)st);
-  double saved = tp_cuda_stats.flops[TP_FLOPS_BF16];
-  if (tp_cuda_stats_on && fabs(saved - (recomputing - forward_flops)) > 1e-9 * recomputing)
-    fail("the backward given lse counts %g bf16 flops, %g without it, the forward %g", saved, recomputing,
-         forward_flops);
   test_sync();
   tp_cuda_stream_sync(s);
   compare_within("dq", dq, want_dq, in.nq * c->D, TC_GRADIENTS);
   compare_within("dk", dk, want_dk, in.nk * c->D, TC_GRADIENTS);
   compare_within("dv", dv, want_dv, in.nk * c->Dv, TC_GRADIENTS);
-  compare_within("dq (saved lse)", dq2, dq, in.nq * c->D, TC_GRADIENTS);
-  compare_within("dk (saved lse)", dk2, dk, in.nk * c->D, TC_GRADIENTS);
-  compare_within("dv (saved lse)", dv2, dv, in.nk * c->Dv, TC_GRADIENTS);
+  check_saved_statistics(c, &in, tp_cuda_bf16_attention_f32, tp_cuda_bf16_attention_backward_f32, TP_FLOPS_BF16, dq,
+                         dk, dv, recomputing, s);
   tp_cuda_stream_free(s);
-  free(dq), free(dk), free(dv), free(dq2), free(dk2), free(dv2), free(want_dq), free(want_dk), free(want_dv);
-  free(y), free(lse);
+  free(dq), free(dk), free(dv), free(want_dq), free(want_dk), free(want_dv);
   free_inputs(&in);
 }
 
-/* What the tensor-core entry points refuse: as the fp32 ones, and a saved y without its
- * lse. */
-static void tc_refusals(void) {
-  refusals_of(tp_cuda_bf16_attention_f32, tp_cuda_bf16_attention_backward_f32);
-  Inputs in = make_inputs(&ONE);
-  TpStream *s = tp_cuda_stream_new();
-  float *y = nans(in.nq);
-  if (tp_cuda_attention_backward_bf16(&in.p, y, in.q, in.k, in.v, y, NULL, y, y, y, s) != TP_KERNEL_BAD_DTYPE)
-    fail("a saved y without its lse accepted");
-  tp_cuda_stream_free(s);
-  free(y);
-  free_inputs(&in);
-}
+/* What the tensor-core entry points refuse: as the fp32 ones. */
+static void tc_refusals(void) { refusals_of(tp_cuda_bf16_attention_f32, tp_cuda_bf16_attention_backward_f32); }
 
 static void forward(const Case *c) {
   Inputs in = make_inputs(c);
@@ -362,12 +370,23 @@ static void forward(const Case *c) {
   float *y = nans(in.nq * c->Dv), *want = nans(in.nq * c->Dv);
   float *pk = c->present ? nans(nt * c->D) : NULL, *pv = c->present ? nans(nt * c->Dv) : NULL;
   float *want_pk = c->present ? nans(nt * c->D) : NULL, *want_pv = c->present ? nans(nt * c->Dv) : NULL;
-  tp_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, want, want_pk, want_pv, NULL);
-  TpKernelStatus st = tp_cuda_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y, pk, pv, NULL, s);
+  tp_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, want, want_pk, want_pv, NULL, NULL);
+  float *y2 = nans(in.nq * c->Dv), *lse = nans(in.nq), *want_lse = nans(in.nq);
+  TpKernelStatus st = tp_cuda_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y, pk, pv, NULL, NULL, s);
   if (st != TP_KERNEL_OK) fail("tp_cuda_attention_f32 returned %d", (int)st);
+  st = tp_cuda_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, y2, NULL, NULL, NULL, lse, s);
+  if (st != TP_KERNEL_OK) fail("tp_cuda_attention_f32 (with lse) returned %d", (int)st);
   test_sync();
   tp_cuda_stream_sync(s);
   compare("y", y, want, in.nq * c->Dv);
+  check_close("y (with lse)", y2, y, in.nq * c->Dv, (Tolerance){0, 0});
+  /* the CPU kernel's lse, and the reference's from its scores */
+  float *cpu_y = nans(in.nq * c->Dv), *cpu_lse = nans(in.nq), *ref_lse = reference_lse(&in, total);
+  tp_attention_f32(&in.p, in.q, in.k, in.v, in.past_k, in.past_v, cpu_y, want_pk, want_pv, NULL, cpu_lse);
+  check_close("cpu y (with lse)", cpu_y, want, in.nq * c->Dv, (Tolerance){0, 0});
+  compare_within("cpu lse", cpu_lse, ref_lse, in.nq, LSE);
+  compare_within("lse", lse, cpu_lse, in.nq, LSE);
+  free(y2), free(lse), free(want_lse), free(cpu_y), free(cpu_lse), free(ref_lse);
   if (c->present) {
     check_close("present_k", pk, want_pk, nt * c->D, (Tolerance){0, 0});
     check_close("present_v", pv, want_pv, nt * c->Dv, (Tolerance){0, 0});
@@ -383,14 +402,28 @@ static void backward(const Case *c) {
   TpStream *s = tp_cuda_stream_new();
   float *dq = nans(in.nq * c->D), *dk = nans(in.nk * c->D), *dv = nans(in.nk * c->Dv);
   float *want_dq = nans(in.nq * c->D), *want_dk = nans(in.nk * c->D), *want_dv = nans(in.nk * c->Dv);
-  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, want_dq, want_dk, want_dv);
-  TpKernelStatus st = tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, dq, dk, dv, s);
+  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, NULL, want_dq, want_dk, want_dv);
+  char counts[256];
+  tp_cuda_stats_take(counts, sizeof counts);
+  TpKernelStatus st = tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, NULL, dq, dk, dv, s);
   if (st != TP_KERNEL_OK) fail("tp_cuda_attention_backward_f32 returned %d", (int)st);
+  double recomputing = tp_cuda_stats.flops[TP_FLOPS_F32];
   test_sync();
   tp_cuda_stream_sync(s);
   compare("dq", dq, want_dq, in.nq * c->D);
   compare("dk", dk, want_dk, in.nk * c->D);
   compare("dv", dv, want_dv, in.nk * c->Dv);
+  check_saved_statistics(c, &in, tp_cuda_attention_f32, tp_cuda_attention_backward_f32, TP_FLOPS_F32, dq, dk, dv,
+                         recomputing, s);
+  /* the CPU's gradients do not depend on y and lse */
+  float *y = nans(in.nq * c->Dv), *lse = nans(in.nq), *cq = nans(in.nq * c->D), *ck = nans(in.nk * c->D),
+        *cv = nans(in.nk * c->Dv);
+  tp_attention_f32(&in.p, in.q, in.k, in.v, NULL, NULL, y, NULL, NULL, NULL, lse);
+  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, y, lse, cq, ck, cv);
+  check_close("cpu dq (saved lse, bits)", cq, want_dq, in.nq * c->D, (Tolerance){0, 0});
+  check_close("cpu dk (saved lse, bits)", ck, want_dk, in.nk * c->D, (Tolerance){0, 0});
+  check_close("cpu dv (saved lse, bits)", cv, want_dv, in.nk * c->Dv, (Tolerance){0, 0});
+  free(y), free(lse), free(cq), free(ck), free(cv);
   tp_cuda_stream_free(s);
   free(dq), free(dk), free(dv), free(want_dq), free(want_dk), free(want_dv);
   free_inputs(&in);
@@ -403,9 +436,10 @@ static void null_gradients(void) {
   TpStream *s = tp_cuda_stream_new();
   float *dq = nans(in.nq * c->D), *dk = nans(in.nk * c->D);
   float *want_dq = nans(in.nq * c->D), *want_dk = nans(in.nk * c->D);
-  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, want_dq, want_dk, NULL);
-  if (tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, dk, NULL, s) != TP_KERNEL_OK ||
-      tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, dq, NULL, NULL, s) != TP_KERNEL_OK)
+  tp_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, NULL, want_dq, want_dk, NULL);
+  if (tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, NULL, NULL, dk, NULL, s) !=
+          TP_KERNEL_OK ||
+      tp_cuda_attention_backward_f32(&in.p, in.dy, in.q, in.k, in.v, NULL, NULL, dq, NULL, NULL, s) != TP_KERNEL_OK)
     fail("tp_cuda_attention_backward_f32 refused NULL gradients");
   test_sync();
   tp_cuda_stream_sync(s);

@@ -38,7 +38,7 @@ typedef struct {
 } Case;
 
 static double loss(Case *c) { /* sum(dy * y) */
-  tp_attention_f32(&c->p, c->q, c->k, c->v, NULL, NULL, c->y, NULL, NULL, NULL);
+  tp_attention_f32(&c->p, c->q, c->k, c->v, NULL, NULL, c->y, NULL, NULL, NULL, NULL);
   double s = 0;
   for (int64_t i = 0; i < c->ny; i++) s += (double)c->dy[i] * c->y[i];
   return s;
@@ -67,7 +67,7 @@ static void finite_differences(const char *name, TpAttention p) {
   c.q = rand_array(c.nq, 2), c.k = rand_array(c.nk, 1), c.v = rand_array(c.nv, 1);
   c.y = zeros(c.ny), c.dy = rand_array(c.ny, 1);
   float *dq = zeros(c.nq), *dk = zeros(c.nk), *dv = zeros(c.nv);
-  tp_attention_backward_f32(&p, c.dy, c.q, c.k, c.v, dq, dk, dv);
+  tp_attention_backward_f32(&p, c.dy, c.q, c.k, c.v, NULL, NULL, dq, dk, dv);
   char what[128];
   snprintf(what, sizeof what, "%s dQ", name), check_grad(what, &c, c.q, c.nq, dq);
   snprintf(what, sizeof what, "%s dK", name), check_grad(what, &c, c.k, c.nk, dk);
@@ -161,8 +161,8 @@ static void slices(const char *name, TpAttention full, const Bias *bias, const i
   float *q = rand_array(nq, 2), *k = rand_array(nk, 1), *v = rand_array(nv, 1), *dy = rand_array(ny, 1);
   float *y = zeros(ny), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nv);
   if (bias) tp_attention_set_mask(&full, bias->data, false, bias->dims, bias->rank);
-  tp_attention_f32(&full, q, k, v, NULL, NULL, y, NULL, NULL, NULL);
-  tp_attention_backward_f32(&full, dy, q, k, v, dq, dk, dv);
+  tp_attention_f32(&full, q, k, v, NULL, NULL, y, NULL, NULL, NULL, NULL);
+  tp_attention_backward_f32(&full, dy, q, k, v, NULL, NULL, dq, dk, dv);
 
   float *ys = zeros(ny), *dqs = zeros(nq), *dks = zeros(nk), *dvs = zeros(nv);
   int64_t c = 0;
@@ -190,8 +190,8 @@ static void slices(const char *name, TpAttention full, const Bias *bias, const i
       rows(&p, Hk, D, k, T, ki, 0, p.kv_len, false);
       rows(&p, Hk, Dv, v, T, vi, 0, p.kv_len, false);
     }
-    tp_attention_f32(&p, qi, ki, vi, NULL, NULL, yi, NULL, NULL, NULL);
-    tp_attention_backward_f32(&p, dyi, qi, ki, vi, dqi, dki, dvi);
+    tp_attention_f32(&p, qi, ki, vi, NULL, NULL, yi, NULL, NULL, NULL, NULL);
+    tp_attention_backward_f32(&p, dyi, qi, ki, vi, NULL, NULL, dqi, dki, dvi);
     rows(&p, Hq, Dv, ys, T, yi, c, len[i], true);
     rows(&p, Hq, D, dqs, T, dqi, c, len[i], true);
     rows(&p, Hk, D, dks, T, dki, 0, p.kv_len, true); /* context rows accumulate */

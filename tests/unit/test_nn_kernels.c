@@ -140,14 +140,14 @@ static void test_attention(void) {
                    .v_head_size = 1,
                    .scale = 1,
                    .qk_mode = 0};
-  tp_attention_f32(&p, q, k, v, NULL, NULL, y, NULL, NULL, qk);
+  tp_attention_f32(&p, q, k, v, NULL, NULL, y, NULL, NULL, qk, NULL);
   float p0 = 1 / (1 + expf(1)), p1 = 1 / (1 + expf(2)); /* weight of key 0 per query */
   check_close("attention", y, (float[]){10 * p0 + 20 * (1 - p0), 10 * p1 + 20 * (1 - p1)}, 2, 1e-5f);
   check_close("attention qk mode 0", qk, (float[]){0, 1, 0, 2}, 4, 0);
 
   p.is_causal = true; /* query 0 sees key 0 only */
   p.qk_mode = 3;
-  tp_attention_f32(&p, q, k, v, NULL, NULL, y, NULL, NULL, qk);
+  tp_attention_f32(&p, q, k, v, NULL, NULL, y, NULL, NULL, qk, NULL);
   check_close("attention causal", y, (float[]){10, 10 * p1 + 20 * (1 - p1)}, 2, 1e-5f);
   check_close("attention qk mode 3", qk, (float[]){1, 0, p1, 1 - p1}, 4, 1e-6f);
 
@@ -160,7 +160,7 @@ static void test_attention(void) {
   pm.mask_is_bool = true;
   pm.mask_strides[2] = 2, pm.mask_strides[3] = 1, pm.mask_len = 2;
   pm.qk_mode = 2;
-  tp_attention_f32(&pm, q, k, v, NULL, NULL, y, NULL, NULL, qk);
+  tp_attention_f32(&pm, q, k, v, NULL, NULL, y, NULL, NULL, qk, NULL);
   float t2 = 1 / (1 + expf(tanhf(2)));
   check_close("attention bool mask + softcap", y, (float[]){20, 10 * t2 + 20 * (1 - t2)}, 2, 1e-5f);
   check_close("attention qk mode 2", qk, (float[]){-INFINITY, tanhf(1), 0, tanhf(2)}, 4, 1e-6f);
@@ -170,7 +170,7 @@ static void test_attention(void) {
   TpAttention pf = p;
   pf.is_causal = false, pf.qk_mode = 0;
   pf.mask = fmask, pf.mask_strides[3] = 1, pf.mask_len = 1;
-  tp_attention_f32(&pf, q, k, v, NULL, NULL, y, NULL, NULL, NULL);
+  tp_attention_f32(&pf, q, k, v, NULL, NULL, y, NULL, NULL, NULL, NULL);
   check_close("attention short float mask", y, (float[]){10, 10}, 2, 0);
 
   /* past: one cached key/value, one new query with causal: sees both */
@@ -185,7 +185,7 @@ static void test_attention(void) {
                     .v_head_size = 1,
                     .scale = 1,
                     .is_causal = true};
-  tp_attention_f32(&pp, qq, kk, vv, pk, pv, y, pres_k, pres_v, NULL);
+  tp_attention_f32(&pp, qq, kk, vv, pk, pv, y, pres_k, pres_v, NULL, NULL);
   float w = 1 / (1 + expf(-1)); /* weight of the past key (score 1 vs 0) */
   check_close("attention past", y, (float[]){30 * w + 40 * (1 - w)}, 1, 1e-5f);
   check_close("attention present_k", pres_k, (float[]){1, 0}, 2, 0);
@@ -203,7 +203,7 @@ static void test_attention(void) {
                     .v_head_size = 1,
                     .scale = 1,
                     .packed = true};
-  tp_attention_f32(&pg, q4, k2, v2, NULL, NULL, y4, NULL, NULL, NULL);
+  tp_attention_f32(&pg, q4, k2, v2, NULL, NULL, y4, NULL, NULL, NULL, NULL);
   check_close("attention gqa", y4, (float[]){7, 7, 9, 9}, 4, 0);
 
   /* Packed [B,S,H*D] equals 4-D [B,H,S,D] after transposing: H=2, S=2, D=2, kv S=3. */
@@ -226,9 +226,9 @@ static void test_attention(void) {
                     .v_head_size = 2,
                     .scale = 0.5f,
                     .packed = true};
-  tp_attention_f32(&pa, q3, k3, v3, NULL, NULL, ya, NULL, NULL, NULL);
+  tp_attention_f32(&pa, q3, k3, v3, NULL, NULL, ya, NULL, NULL, NULL, NULL);
   pa.packed = false;
-  tp_attention_f32(&pa, q4d, k4d, v4d, NULL, NULL, yb, NULL, NULL, NULL);
+  tp_attention_f32(&pa, q4d, k4d, v4d, NULL, NULL, yb, NULL, NULL, NULL, NULL);
   float yt[8];
   for (int s = 0; s < 2; s++)
     for (int h = 0; h < 2; h++)

@@ -395,7 +395,7 @@ typedef struct {
 
 static double attention_loss(void *ctx) {
   AttnCase *c = ctx;
-  tp_attention_f32(&c->p, c->q, c->k, c->v, NULL, NULL, c->y, NULL, NULL, NULL);
+  tp_attention_f32(&c->p, c->q, c->k, c->v, NULL, NULL, c->y, NULL, NULL, NULL, NULL);
   return dot(c->dy, c->y, c->ny);
 }
 
@@ -410,7 +410,7 @@ static void test_attention_case(const char *name, TpAttention p) {
   c.y = zeros(c.ny);
   c.dy = rand_array(c.ny, 1);
   float *dq = rand_array(c.nq, 1), *dk = rand_array(c.nk, 1), *dv = rand_array(c.nv, 1);
-  tp_attention_backward_f32(&p, c.dy, c.q, c.k, c.v, dq, dk, dv);
+  tp_attention_backward_f32(&p, c.dy, c.q, c.k, c.v, NULL, NULL, dq, dk, dv);
   char what[96];
   snprintf(what, sizeof what, "attention %s dQ", name);
   check_grad(what, attention_loss, &c, c.q, c.nq, dq, 1e-2f, 5e-4);
@@ -420,7 +420,7 @@ static void test_attention_case(const char *name, TpAttention p) {
   check_grad(what, attention_loss, &c, c.v, c.nv, dv, 1e-2f, 5e-4);
   /* dV alone (dQ, dK skipped) is the same */
   float *dv2 = zeros(c.nv);
-  tp_attention_backward_f32(&p, c.dy, c.q, c.k, c.v, NULL, NULL, dv2);
+  tp_attention_backward_f32(&p, c.dy, c.q, c.k, c.v, NULL, NULL, NULL, NULL, dv2);
   if (memcmp(dv, dv2, (size_t)c.nv * sizeof *dv)) fail("attention %s: dV alone differs", name);
   free(c.q), free(c.k), free(c.v), free(c.y), free(c.dy), free(dq), free(dk), free(dv), free(dv2);
 }
@@ -493,7 +493,7 @@ static void test_attention(void) {
                    .v_head_size = 2,
                    .scale = 1};
   float q[4] = {1, 2, 3, 4}, dy[4] = {1, 1, 1, 1}, dq[4] = {9, 9, 9, 9};
-  tp_attention_backward_f32(&e, dy, q, NULL, NULL, dq, NULL, NULL);
+  tp_attention_backward_f32(&e, dy, q, NULL, NULL, NULL, NULL, dq, NULL, NULL);
   for (int i = 0; i < 4; i++)
     if (dq[i] != 0) {
       fail("attention without keys: dQ[%d] = %g, want 0", i, dq[i]);
@@ -621,7 +621,7 @@ static void test_thread_count(void) {
     o[0] = zeros(M * C), o[1] = zeros(M * C / 2), o[2] = zeros(M * C / 2);
     o[3] = zeros(M * C), o[4] = zeros(C), o[5] = zeros(C), o[6] = zeros(M * V), o[7] = zeros(1);
     o[8] = zeros(V * C);
-    tp_attention_backward_f32(&p, dy, q, k, v, o[0], o[1], o[2]);
+    tp_attention_backward_f32(&p, dy, q, k, v, NULL, NULL, o[0], o[1], o[2]);
     tp_layernorm_backward_f32(dy, q, scale, mean, inv, M, C, o[3], o[4], o[5]);
     tp_cross_entropy_backward_f32(1, logits, targets, M, V, M, o[6], &bad);
     tp_cross_entropy_f32(logits, targets, M, V, M, o[7], &bad);
@@ -767,7 +767,7 @@ static void test_exec(void) {
                    .packed = true,
                    .is_causal = true,
                    .scale = 0.5f};
-  tp_attention_backward_f32(&p, ady, aq, ak, av, NULL, dkw, dvw);
+  tp_attention_backward_f32(&p, ady, aq, ak, av, NULL, NULL, NULL, dkw, dvw);
   if (memcmp(dk, dkw, sizeof dk) || memcmp(dv, dvw, sizeof dv))
     fail("exec AttentionBackward differs from the kernel");
 

@@ -105,9 +105,9 @@ static void attention_case(const char *name, TpAttention p, bool with_qk) {
   if (with_qk) p.qk_mode = 3;
   attention_ref(&p, q, k, v, pk, pv, want, want_qk);
   omp_set_num_threads(1);
-  tp_attention_f32(&p, q, k, v, pk, pv, y1, NULL, NULL, with_qk ? qk1 : NULL);
+  tp_attention_f32(&p, q, k, v, pk, pv, y1, NULL, NULL, with_qk ? qk1 : NULL, NULL);
   omp_set_num_threads(3);
-  tp_attention_f32(&p, q, k, v, pk, pv, y3, NULL, NULL, with_qk ? qk3 : NULL);
+  tp_attention_f32(&p, q, k, v, pk, pv, y3, NULL, NULL, with_qk ? qk3 : NULL, NULL);
   char what[160];
   snprintf(what, sizeof what, "attention %s", name);
   check(what, y1, want, ny, 1e-5, 1e-4);
