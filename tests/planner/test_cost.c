@@ -9,17 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "passes/planner/plan.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                                                            \
-  do {                                                                                                              \
-    if (!(cond)) {                                                                                                  \
-      printf("FAIL: " __VA_ARGS__);                                                                                 \
-      printf("\n");                                                                                                 \
-      failures++;                                                                                                   \
-    }                                                                                                               \
-  } while (0)
 
 static void fit_recovers(void) {
   const double a[4] = {2e-4, 3e-6, 5e-7, 4e-9};

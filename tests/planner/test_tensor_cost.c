@@ -14,17 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "passes/planner/plan.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                                                            \
-  do {                                                                                                              \
-    if (!(cond)) {                                                                                                  \
-      printf("FAIL: " __VA_ARGS__);                                                                                 \
-      printf("\n");                                                                                                 \
-      failures++;                                                                                                   \
-    }                                                                                                               \
-  } while (0)
 
 enum { LAYERS = 4, HIDDEN = 1024, HEADS = 16, SEQ = 512, B = 2, M = 2 };
 static const int slices[] = {256, 160, 96};

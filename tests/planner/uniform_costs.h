@@ -1,5 +1,4 @@
-/* The schedule tests' shared parts: CHECK, which counts failures and carries on, and the
- * costs of equal stages. */
+/* The schedule tests' shared parts: CHECK (check.h) and the costs of equal stages. */
 #ifndef TOKPIPE_TESTS_PLANNER_UNIFORM_COSTS_H
 #define TOKPIPE_TESTS_PLANNER_UNIFORM_COSTS_H
 
@@ -7,17 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "passes/planner/simulate.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                                                            \
-  do {                                                                                                              \
-    if (!(cond)) {                                                                                                  \
-      printf("FAIL: " __VA_ARGS__);                                                                                 \
-      printf("\n");                                                                                                 \
-      failures++;                                                                                                   \
-    }                                                                                                               \
-  } while (0)
 
 /* `stages` equal stages (virtual ones for interleaved lists): forward f and backward b per
  * unit, free transfers, one byte kept per microbatch (so peaks count arenas). A split
