@@ -619,11 +619,13 @@ static double layer_kept_bytes(const TpCostModel *cm, TpRecompute r, int nslices
  * its first weight part, so all slices' sets are alive at once; the values only the input
  * parts read (Q, K, V, the first MLP product, the token-slice contexts) are gone by then.
  * Recomputing, the input part recomputes what the weight part reads, which then lives as
- * long: the same set. The microbatch keeps the larger of it and the forward's set
- * (layer_kept_bytes); under none the difference is 4h. */
-static double layer_weight_kept_bytes(const TpCostModel *cm, double s) {
+ * long: the same set. All of it is fp32 whatever the storage: the gradients are, and
+ * under 16-bit storage the input part widens what it reads (a read-back Cast) and the
+ * weight part reads that fp32 copy. The microbatch keeps the larger of it and the
+ * forward's set (layer_kept_bytes); under none in fp32 the difference is 4h. */
+static double layer_weight_kept_bytes(const TpCostModel *cm) {
   double h = cm->model.hidden, ffn = cm->model.ffn, t = cm->tensor;
-  return s * (4 * h + (h + ffn) / t) + 16 + s * ((3 * h + ffn) / t + 4 * h);
+  return 4 * (4 * h + (h + ffn) / t) + 16 + 4 * ((3 * h + ffn) / t + 4 * h);
 }
 
 /* Per token beside the layers: the activation a stage sends down and the gradient it
@@ -635,20 +637,27 @@ static double layer_weight_kept_bytes(const TpCostModel *cm, double s) {
 double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices) {
   const TpStage *st = &cm->stage[k];
   double h = cm->model.hidden, s = tp_precision_bytes(cm->precision), tokens = (double)b * cm->model.seq;
+  /* the first stage sends no gradient: its backward is all weight part, run as 1f1b's */
+  bool split = cm->split_backward && k > 0;
   double layer = layer_kept_bytes(cm, cm->recompute, nslices, s);
-  if (cm->split_backward && layer_weight_kept_bytes(cm, s) > layer) layer = layer_weight_kept_bytes(cm, s);
+  if (split && layer_weight_kept_bytes(cm) > layer) layer = layer_weight_kept_bytes(cm);
   double per_token = st->layers * layer;
   if (k + 1 < cm->nstages) per_token += 2 * h * s;
   if (k > 0) per_token += h * s;
   if (st->head && cm->recompute == TP_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
   if (st->head && cm->recompute == TP_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
-  /* split backwards: the final norm's output gradient, which its weight part reads */
-  if (cm->split_backward && st->head) per_token += s * h;
+  /* split backwards: the final norm's output gradient (fp32), which its weight part reads */
+  if (split && st->head) per_token += 4 * h;
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
    * sum, stored as the gradients are, lives from the last slice's backward unit to the
    * first's (split: from the last slice's weight part to the first's, which run in order:
    * one beside all the slices' sets above, two only once the last slice's set is gone) */
-  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);
+  double per_microbatch = nslices > 1 ? tp_stage_params(cm, k) * s : 0;
+  /* split backwards under 16-bit storage: each slice's input part widens the stage's
+   * weights to fp32 for its products, and its weight part reads those copies (a split op
+   * keeps the fused op's operands): every slice's copy lives until its weight part */
+  if (split && cm->precision != TP_PRECISION_FP32) per_microbatch += nslices * tp_stage_params(cm, k) * 4;
+  return tokens * per_token + per_microbatch;
 }
 
 /* One unit's working set, in fp32 whatever the storage (16-bit storage computes in fp32

@@ -20,6 +20,7 @@ for n in $counts; do
   planned=$(sed -n 's/^ *"peak_memory_bytes": \[\([0-9, ]*\)\],$/\1/p' plan.json | tr -d ' ')
   [ -n "$stages" ] && [ -n "$schedule" ] && [ -n "$lengths" ] && [ -n "$planned" ] ||
     { echo "FAIL: no stages, schedule, slices or peaks in: $(cat plan.json)"; exit 1; }
+  case $lengths in *,*) ;; *) lengths=1 ;; esac # one length would read as a slice count
   command="$bin/tokpipec $model $common --stages $stages${cuts:+ --stage-cuts $cuts} --slices $lengths --schedule $schedule"
   echo "$command"
   $command -o plan.c >tokpipec.txt 2>&1 || { echo "FAIL: it does not compile: $(cat tokpipec.txt)"; exit 1; }
