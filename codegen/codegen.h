@@ -81,9 +81,10 @@ typedef struct {
   int **unit_begin, **unit_end;
   /* The backward units run as backward-input and backward-weight parts (the module's
    * split-backward marked ops @weight). A weight part may run any time after its input
-   * part (the weight parts of one microbatch in their order): a buffer a weight part reads
-   * or writes that outlives its unit lives from the first backward unit to the
-   * microbatch's end, and one inside a weight part goes to the transient region. */
+   * part (the weight parts of one microbatch in their order): two buffers of a microbatch
+   * share bytes only where one's last use precedes the other's first use in every such run
+   * (first and last stay positions in the plan's order), and one inside a weight part goes
+   * to the transient region. */
   bool split;
   TpMemMessage **messages; /* per stage, [TP_MSG_COUNT * nslices]: kind k of slice i at k * nslices + i */
   int *param_stage;        /* per parameter: the stage holding it (the first that reads it) */

@@ -20,8 +20,9 @@
  *
  * A split module (split-backward's @weight ops) runs each backward unit as its input part
  * and its weight part; the run order is the forward units, the input parts N-1..0, then the
- * weight parts N-1..0, and since a weight part may run any time after its input part,
- * keep_for_weights widens the live ranges of what the weight parts keep (see there). */
+ * weight parts N-1..0, and since a weight part may run any time after its input part, two
+ * arena buffers share bytes only where one's last reader runs before the other's writer in
+ * every order the schedules may run them in (Order, disjoint()). */
 #include "codegen.h"
 
 #include <stdlib.h>
@@ -377,24 +378,6 @@ static int weight_begin(const TpMemoryPlan *p, int s) {
   return p->unit_begin[s][tp_unit_index(p, true, true, p->nslices - 1)];
 }
 
-/* A split plan's run order puts every weight part after every input part, but the weight
- * part of slice i runs any time after its own input part, before or after the input parts
- * of slices below i: a buffer that a weight part reads or writes and that outlives its unit
- * is kept to the microbatch's end, and one a weight part writes from the input part of its
- * slice on, so that no buffer of a unit that may run meanwhile shares its bytes. (One
- * inside a weight part goes to the transient region: place().) */
-static void keep_for_weights(const TpModule *m, TpMemoryPlan *p) {
-  int N = p->nslices;
-  for (int i = 0; i < m->nvalues + m->nops; i++) {
-    TpMemSlot *b = i < m->nvalues ? &p->value[i] : &p->scratch[i - m->nvalues];
-    if (b->kind != TP_MEM_ARENA || b->last < weight_begin(p, b->stage)) continue;
-    int s = b->stage, u = unit_at(p, s, b->first);
-    if (u >= 0 && b->last < p->unit_end[s][u]) continue; /* inside one unit */
-    if (u >= 2 * N && b->first > p->unit_begin[s][u - N]) b->first = p->unit_begin[s][u - N];
-    b->last = p->norder[s] - 1;
-  }
-}
-
 static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p, const int *pos, TpDiag *d) {
   for (int op = 0; op < m->nops; op++)
     for (int k = 0; k < m->ops[op].noutputs; k++) {
@@ -453,11 +436,40 @@ static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPla
                                    .first = pos[op],
                                    .last = pos[op]};
   }
-  if (p->split) keep_for_weights(m, p);
   return TP_OK;
 }
 
 static bool overlap(const TpMemSlot *a, const TpMemSlot *b) { return a->first <= b->last && b->first <= a->last; }
+
+/* A split plan's run order puts every weight part after every input part, but the
+ * schedules run a microbatch's units in a partial order (passes/planner/schedule.c
+ * check_units verifies every list against it): the forward units in slice order before
+ * every backward unit, the input parts N-1..0, the weight part of slice i after the input
+ * part of slice i, and the weight parts N-1..0 (their partial sums of each parameter's
+ * gradient pass from one to the next). So the weight part of slice i may run before or
+ * after the input parts of slices below i: the one pair of units that the plan's order
+ * puts one way and a run may put the other. unit[t]: the unit running position t of the
+ * stage's order, NULL for a plan that is not split (its order is the run's). */
+typedef struct {
+  const TpMemoryPlan *p;
+  int *unit;
+} Order;
+
+/* Does position a run before position b in every run of the microbatch? */
+static bool runs_before(const Order *o, int a, int b) {
+  if (a >= b) return false;
+  if (!o->unit) return true;
+  int N = o->p->nslices, ua = o->unit[a], ub = o->unit[b];
+  bool input = ua >= N && ua < 2 * N, weight = ub >= 2 * N;
+  return !(input && weight && ub - 2 * N > ua - N); /* input part of slice i, weight part of a slice above i */
+}
+
+/* May buffers a and b share bytes: is either one's last use before the other's first in
+ * every run? (Not split: their live ranges do not overlap.) */
+static bool disjoint(const Order *o, const TpMemSlot *a, const TpMemSlot *b) {
+  if (!o->unit) return !overlap(a, b);
+  return runs_before(o, a->last, b->first) || runs_before(o, b->last, a->first);
+}
 
 /* A buffer to place; id (values in printed order, then scratch buffers in op order) breaks ties. */
 typedef struct {
@@ -478,12 +490,13 @@ static int by_offset(const void *pa, const void *pb) {
 }
 
 /* Where buffer b goes among the placed buffers placed[0, n) of its region: the smallest gap
- * between those whose live ranges overlap its own that holds it, else above them all; -1
+ * between those it may be alive beside (disjoint()) that holds it, else above them all; -1
  * when that would end past `limit` (< 0: none). near: room for n pointers. */
-static int64_t fit(const TpMemSlot *b, TpMemSlot *const *placed, int n, TpMemSlot **near, int64_t limit) {
+static int64_t fit(const Order *o, const TpMemSlot *b, TpMemSlot *const *placed, int n, TpMemSlot **near,
+                   int64_t limit) {
   int nnear = 0;
   for (int j = 0; j < n; j++)
-    if (overlap(b, placed[j]) && placed[j]->bytes) near[nnear++] = placed[j];
+    if (!disjoint(o, b, placed[j]) && placed[j]->bytes) near[nnear++] = placed[j];
   qsort(near, (size_t)nnear, sizeof *near, by_offset);
   int64_t cursor = 0, best = -1, best_gap = INT64_MAX;
   for (int j = 0; j < nnear; j++) {
@@ -498,8 +511,16 @@ static int64_t fit(const TpMemSlot *b, TpMemSlot *const *placed, int n, TpMemSlo
 /* Greedy placement of stage s's buffers, largest first: the kept ones bufs[0, nkept) in the
  * arena, then each of the others (alive inside one unit) in a gap that the arena has below
  * its top where one holds it (bytes every microbatch holds anyway), else in the transient
- * region. Sets the offsets and regions, and the sizes of both. */
+ * region (whose buffers live inside one unit each, and a rank runs one unit at a time: there
+ * the plan's order is as good as any). Sets the offsets and regions, and the sizes of both. */
 static void place(TpMemoryPlan *p, int s, Buf *bufs, int nkept, int n) {
+  Order order = {p, NULL}, within = {p, NULL};
+  if (p->split) {
+    order.unit = malloc(((size_t)p->norder[s] + 1) * sizeof *order.unit);
+    TP_ASSERT(order.unit);
+    for (int u = 0; u < 3 * p->nslices; u++)
+      for (int t = p->unit_begin[s][u]; t < p->unit_end[s][u]; t++) order.unit[t] = u;
+  }
   qsort(bufs, (size_t)nkept, sizeof *bufs, by_size);
   qsort(bufs + nkept, (size_t)(n - nkept), sizeof *bufs, by_size);
   TpMemSlot **arena = malloc((size_t)(n + 1) * sizeof *arena),
@@ -510,12 +531,12 @@ static void place(TpMemoryPlan *p, int s, Buf *bufs, int nkept, int n) {
   int64_t top = 0, transient_top = 0;
   for (int i = 0; i < n; i++) {
     TpMemSlot *b = bufs[i].s;
-    /* a weight part's own buffers: the arena's gaps are another input part's (keep_for_weights) */
+    /* a weight part's own buffers stay out of the arena (codegen/pipeline.c keeps them there) */
     bool gapless = i >= nkept && p->split && b->first >= weight_begin(p, s);
-    int64_t at = gapless ? -1 : fit(b, arena, narena, near, i < nkept ? -1 : top);
+    int64_t at = gapless ? -1 : fit(&order, b, arena, narena, near, i < nkept ? -1 : top);
     b->transient = at < 0;
     if (b->transient) {
-      b->offset = fit(b, transient, ntransient, near, -1);
+      b->offset = fit(&within, b, transient, ntransient, near, -1);
       transient[ntransient++] = b;
       if (b->offset + b->bytes > transient_top) transient_top = b->offset + b->bytes;
     } else {
@@ -527,6 +548,7 @@ static void place(TpMemoryPlan *p, int s, Buf *bufs, int nkept, int n) {
   free(arena);
   free(transient);
   free(near);
+  free(order.unit);
   p->arena_bytes[s] = top;
   p->transient_bytes[s] = transient_top;
 }
@@ -778,12 +800,14 @@ void tp_print_memory(const TpModule *m, const TpMemoryPlan *p, const TpPipeline 
       fprintf(out, ": %d input, %d weight", weight_begin(p, s) - p->nforward[s], p->norder[s] - weight_begin(p, s));
     fprintf(out, "), %d buffers\n", p->nbuffers[s]);
     print_bytes(out, "  kept", p->arena_bytes[s],
-                p->split                ? "a microbatch's arena: what it keeps from unit to unit (for its weight "
-                                          "parts to its end), as placed"
+                p->split                ? "a microbatch's arena: what it keeps from unit to unit (to its weight "
+                                          "parts, in any order they may run), as placed"
                 : p->transient_bytes[s] ? "a microbatch's arena: what it keeps from unit to unit, as placed"
                                         : "a microbatch's arena: all its buffers, as placed");
     print_bytes(out, "  transient", p->transient_bytes[s], "the rank's region for what lives inside one unit");
-    print_bytes(out, "  live peak", p->live_peak[s], "most bytes of a microbatch live at once");
+    print_bytes(out, "  live peak", p->live_peak[s],
+                p->split ? "most bytes of a microbatch live at once, input parts first"
+                         : "most bytes of a microbatch live at once");
     print_bytes(out, "  no reuse", p->total_bytes[s], "every buffer on its own");
     activations += p->arena_bytes[s] + p->transient_bytes[s];
   }

@@ -609,6 +609,25 @@ static double layer_kept_bytes(const TpCostModel *cm, TpRecompute r, int nslices
   TP_ASSERT(0);
 }
 
+/* Split backwards (zb), per token and layer: a slice's weight parts read the layer input x,
+ * ln1's and ln2's outputs and the residual after attention (4h), the attention output and
+ * the GELU (h + ffn) / t, the norms' statistics (16 bytes), and the output gradients of
+ * the four products and both norms: the QKV and first MLP products' (3h + ffn) / t, the
+ * attention output and second MLP products' and the norms' 4h (tokpipec's IR after
+ * split-backward, passes/split_backward.c). Each lives from its forward or input part to
+ * the slice's weight part, and a rank may run all of a microbatch's input parts before
+ * its first weight part, so all slices' sets are alive at once; the values only the input
+ * parts read (Q, K, V, the first MLP product, the token-slice contexts) are gone by then.
+ * Recomputing, the input part recomputes what the weight part reads, which then lives as
+ * long: the same set. All of it is fp32 whatever the storage: the gradients are, and
+ * under 16-bit storage the input part widens what it reads (a read-back Cast) and the
+ * weight part reads that fp32 copy. The microbatch keeps the larger of it and the
+ * forward's set (layer_kept_bytes); under none in fp32 the difference is 4h. */
+static double layer_weight_kept_bytes(const TpCostModel *cm) {
+  double h = cm->model.hidden, ffn = cm->model.ffn, t = cm->tensor;
+  return 4 * (4 * h + (h + ffn) / t) + 16 + 4 * ((3 * h + ffn) / t + 4 * h);
+}
+
 /* Per token beside the layers: the activation a stage sends down and the gradient it
  * receives back (2h), the gradient it sends up (h; what it receives is layer 0's x); the
  * last stage's final norm (its input and output, 2h, and 8 bytes of statistics) and logits
@@ -618,20 +637,27 @@ static double layer_kept_bytes(const TpCostModel *cm, TpRecompute r, int nslices
 double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices) {
   const TpStage *st = &cm->stage[k];
   double h = cm->model.hidden, s = tp_precision_bytes(cm->precision), tokens = (double)b * cm->model.seq;
-  double per_token = st->layers * layer_kept_bytes(cm, cm->recompute, nslices, s);
+  /* the first stage sends no gradient: its backward is all weight part, run as 1f1b's */
+  bool split = cm->split_backward && k > 0;
+  double layer = layer_kept_bytes(cm, cm->recompute, nslices, s);
+  if (split && layer_weight_kept_bytes(cm) > layer) layer = layer_weight_kept_bytes(cm);
+  double per_token = st->layers * layer;
   if (k + 1 < cm->nstages) per_token += 2 * h * s;
   if (k > 0) per_token += h * s;
   if (st->head && cm->recompute == TP_RECOMPUTE_NONE) per_token += (vocab_rows(cm) + 2 * h) * s + 8;
   if (st->head && cm->recompute == TP_RECOMPUTE_SELECTIVE) per_token += (vocab_rows(cm) + h) * s;
-  /* split backwards: the output gradients the weight parts read (tokpipec --emit=memory on
-   * bench/gpt3_onnx.py models under zb: up to 11h floats per token and layer at t = 1, as
-   * the QKV and first MLP products' (3h + ffn) / t, the attention output and second MLP
-   * products' and both norms' 4h; the final norm's h), where a rank runs them later */
-  if (cm->split_backward)
-    per_token += s * (st->layers * ((3 * h + cm->model.ffn) / cm->tensor + 4 * h) + (st->head ? h : 0));
+  /* split backwards: the final norm's output gradient (fp32), which its weight part reads */
+  if (split && st->head) per_token += 4 * h;
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
-   * sum, stored as the gradients are, lives from the last slice's backward unit to the first's */
-  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);
+   * sum, stored as the gradients are, lives from the last slice's backward unit to the
+   * first's (split: from the last slice's weight part to the first's, which run in order:
+   * one beside all the slices' sets above, two only once the last slice's set is gone) */
+  double per_microbatch = nslices > 1 ? tp_stage_params(cm, k) * s : 0;
+  /* split backwards under 16-bit storage: each slice's input part widens the stage's
+   * weights to fp32 for its products, and its weight part reads those copies (a split op
+   * keeps the fused op's operands): every slice's copy lives until its weight part */
+  if (split && cm->precision != TP_PRECISION_FP32) per_microbatch += nslices * tp_stage_params(cm, k) * 4;
+  return tokens * per_token + per_microbatch;
 }
 
 /* One unit's working set, in fp32 whatever the storage (16-bit storage computes in fp32
