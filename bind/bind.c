@@ -51,10 +51,12 @@ int tp_bound_failed(const TpModule *m, int op, const TpBound *b, const TpTensor 
                          (long long)((const int64_t *)a->ids->data)[bad], bad, (long long)(a->V * a->parts));
     }
     case TP_K_CROSS_ENTROPY:
-    case TP_K_CROSS_ENTROPY_BACKWARD: {
+    case TP_K_CROSS_ENTROPY_BACKWARD:
+    case TP_K_CROSS_ENTROPY_PAD:
+    case TP_K_CROSS_ENTROPY_BACKWARD_PAD: {
       const TpCrossEntropyArgs *a = &b->a.cross_entropy;
       return tp_error_op(d, m, op, "target %lld at position %lld is not a class in [0, %lld)",
-                         (long long)((const int64_t *)a->targets->data)[bad], bad, (long long)a->V);
+                         (long long)((const int64_t *)a->targets->data)[bad], bad, (long long)(a->V - a->pad));
     }
     case TP_K_NLL_LOSS:
     case TP_K_SOFTMAX_CROSS_ENTROPY: {

@@ -734,7 +734,7 @@ int64_t tp_token_limit(const TpModule *m, const TpMemoryPlan *plan, char *what, 
       if (axis < 0) axis += t->rank;
       if (axis < 0 || axis >= t->rank) continue;
       n = t->dims[axis] * (o->kind == TP_OP_Embedding ? tp_attr_int(m, op, "vocab_parts", 1) : 1);
-      if (o->kind == TP_OP_Embedding && tp_attr_int(m, op, "vocab_parts", 1) > 1)
+      if (o->kind == TP_OP_Embedding)           /* split or not */
         n -= m->values[o->inputs[0]].shard.pad; /* a padded table's true rows: no id reaches the padding */
       if (n > 0 && (!limit || n < limit))
         snprintf(what, what_size, "the %lld rows of table '%s'", (long long)n, m->values[o->inputs[0]].name);

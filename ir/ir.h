@@ -96,7 +96,8 @@ typedef enum {
  * gathers back for checkpoints). parts == 0: not split (whole on every rank).
  * pad > 0 (printed `, pad=K`): the whole tensor's last K slices along A are padding that
  * makes a vocabulary the ranks do not divide split (Megatron's padded vocabulary; one
- * chunk, parts == ranks): files hold dim A times P minus K, the runtime scatters zeros
+ * chunk, parts == ranks), or makes each rank's range a multiple of TpPassOptions.
+ * vocab_multiple classes (parts == ranks == 1 under --tensor 1: padded, not split): files hold dim A times P minus K, the runtime scatters zeros
  * into the padding and gathers it back to nothing, and the padded classes are masked out
  * of the loss (CrossEntropyStats' vocab_pad), so their rows never get a gradient. */
 typedef struct {
@@ -545,6 +546,9 @@ struct TpPassOptions {
   int chunks;
   /* shard-tensor: the ranks of the tensor group that split each stage's ops (<= 1: none). */
   int tensor;
+  /* shard-tensor: pad the LM head's vocabulary so that each rank's range is a multiple of
+   * this many classes (0, 1: only what --tensor needs; any --tensor, 1 included). */
+  int vocab_multiple;
   /* recompute: what the backward recomputes (tokpipec --recompute; NONE: no recompute pass). */
   TpRecompute recompute;
   /* store-bf16 or store-fp16 (TP_BF16, TP_F16) ends the pipeline of a trained module

@@ -548,7 +548,7 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
     skip_space(p);
     data_at = p->pos;
   }
-  int64_t bytes = numel * (int64_t)tp_dtype_size(stored.dtype);
+  int64_t bytes = numel * (int64_t)tp_dtype_size(stored.dtype), file_blob = -1;
   int blob;
   int64_t offset = 0;
   if (accept_keyword(p, "blob")) {
@@ -561,10 +561,7 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
     if (size != bytes)
       return fail_at(p, size_at, "size %lld does not match the type (%lld bytes)", (long long)size,
                      (long long)bytes);
-    blob = p->file_blobs[n];
-    if ((uint64_t)offset > p->m->blobs[blob].size || (uint64_t)bytes > p->m->blobs[blob].size - (uint64_t)offset)
-      return fail_at(p, data_at, "bytes [%lld, %lld) lie outside blob %lld (%zu bytes)", (long long)offset,
-                     (long long)(offset + bytes), (long long)n, p->m->blobs[blob].size);
+    blob = p->file_blobs[n], file_blob = n;
   } else if (accept_keyword(p, "dense")) {
     if (expect(p, '<')) return TP_ERR_INPUT;
     /* the largest constant tokpipec makes itself is 256 MiB (importer; folding: 64 MiB): a
@@ -586,6 +583,13 @@ static int parse_data_value(Parser *p, TpValueKind kind) {
   int tied;
   TpShard shard;
   if (parse_tied(p, kind, &tied, &shard) || parse_origin(p, &o, &present)) return TP_ERR_INPUT;
+  /* the file holds a padded vocabulary's true rows only (TpShard.pad; verify checks the rest) */
+  int64_t along = shard.pad > 0 && shard.axis >= 0 && shard.axis < t.rank ? t.dims[shard.axis] : 0;
+  int64_t held = along > shard.pad ? bytes / along * (along - shard.pad) : bytes;
+  if (file_blob >= 0 &&
+      ((uint64_t)offset > p->m->blobs[blob].size || (uint64_t)held > p->m->blobs[blob].size - (uint64_t)offset))
+    return fail_at(p, data_at, "bytes [%lld, %lld) lie outside blob %lld (%zu bytes)", (long long)offset,
+                   (long long)(offset + held), (long long)file_blob, p->m->blobs[blob].size);
   int v = tp_add_data_value(p->m, name, kind, t, blob, offset, o);
   p->m->values[v].tied = tied;
   p->m->values[v].shard = shard;

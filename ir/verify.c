@@ -114,7 +114,10 @@ static int verify_value(const TpModule *m, int v, TpDiag *d) {
     const TpBlob *b = &m->blobs[val->blob];
     if (val->kind == TP_VAL_CONST && tp_data_dtype(m, v) != val->type.dtype)
       return tp_error(d, "const %%%s: its data must be its type's %s", val->name, tp_dtype_name(val->type.dtype));
-    uint64_t bytes = (uint64_t)tp_type_numel(&val->type) * tp_dtype_size(tp_data_dtype(m, v));
+    int64_t numel = tp_type_numel(&val->type), along = val->shard.pad > 0 ? val->type.dims[val->shard.axis] : 0;
+    if (along > 0) /* a padded vocabulary: the padding is no file's (one part of one rank may be all of it) */
+      numel = numel / along * (along - val->shard.pad);
+    uint64_t bytes = (uint64_t)numel * tp_dtype_size(tp_data_dtype(m, v));
     if (val->offset < 0 || (uint64_t)val->offset > b->size || bytes > b->size - (uint64_t)val->offset)
       return tp_error(d, "data of %%%s (bytes %lld..%llu) lies outside its blob of %zu bytes", val->name,
                       (long long)val->offset, (unsigned long long)(val->offset + bytes), b->size);

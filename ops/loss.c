@@ -79,11 +79,11 @@ static int check_vocab_stats(const TpInferCtx *c, int first, const TpType *logit
   return TP_OK;
 }
 
-/* A padded vocabulary's vocab_pad: fewer classes than the last range's (it keeps one). */
-static int check_vocab_pad(const TpInferCtx *c, const TpType *logits, bool split) {
+/* A padded vocabulary's vocab_pad: fewer classes than the last range's (it keeps one); the
+ * whole row's when the vocabulary is padded but not split. */
+static int check_vocab_pad(const TpInferCtx *c, const TpType *logits) {
   int64_t pad = tp_attr_int(c->m, c->op, "vocab_pad", 0);
   if (pad == 0) return TP_OK;
-  if (!split) return tp_error_op(c->d, c->m, c->op, "vocab_pad needs the vocabulary statistics and Part");
   if (pad < 0 || pad >= logits->dims[logits->rank - 1])
     return tp_error_op(c->d, c->m, c->op, "vocab_pad %lld must be in [0, %lld): the last range keeps a class",
                        (long long)pad, (long long)logits->dims[logits->rank - 1]);
@@ -93,7 +93,7 @@ static int check_vocab_pad(const TpInferCtx *c, const TpType *logits, bool split
 static int infer_cross_entropy(const TpInferCtx *c) {
   const TpType *logits = operand(c, 0);
   if (check_logits_targets(c, logits, operand(c, 1)) || check_vocab_stats(c, 0, logits) ||
-      check_vocab_pad(c, logits, operand(c, 2) != NULL))
+      check_vocab_pad(c, logits))
     return TP_ERR_INPUT;
   return set_result(c, 0, (TpType){.dtype = logits->dtype});
 }
@@ -103,7 +103,7 @@ static int infer_cross_entropy_stats(const TpInferCtx *c) {
   int64_t parts = 0; /* set by check_vocab_part */
   if (check_logits_targets(c, logits, operand(c, 1)) || check_vocab_part(c, 2, &parts)) return TP_ERR_INPUT;
   if (logits->dtype != TP_F32) return tp_error_op(c->d, c->m, c->op, "the logits must be f32");
-  if (check_vocab_pad(c, logits, true)) return TP_ERR_INPUT;
+  if (check_vocab_pad(c, logits)) return TP_ERR_INPUT;
   return set_result(c, 0, vocab_stats_type(logits, parts));
 }
 
@@ -112,7 +112,7 @@ static int infer_cross_entropy_backward(const TpInferCtx *c) {
   if (dloss->rank != 0 || dloss->dtype != logits->dtype)
     return tp_error_op(c->d, c->m, c->op, "dLoss must be a scalar of the logits' dtype");
   if (check_logits_targets(c, logits, operand(c, 2)) || check_vocab_stats(c, 1, logits) ||
-      check_vocab_pad(c, logits, operand(c, 3) != NULL))
+      check_vocab_pad(c, logits))
     return TP_ERR_INPUT;
   return set_result(c, 0, *logits);
 }
@@ -253,8 +253,9 @@ static void axes_onnx_loss(const TpModule *m, int op, TpOpAxes *x) {
 
 /* ---- kernel binders ---- */
 
-/* CrossEntropy(Logits[..., V], Targets) {denominator} and CrossEntropyBackward(dLoss,
- * Logits, Targets): R rows of V. */
+/* CrossEntropy(Logits[..., V], Targets) {denominator, vocab_pad} and
+ * CrossEntropyBackward(dLoss, Logits, Targets): R rows of V, the last vocab_pad of them
+ * padding (the _PAD kernels). */
 static int bind_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpTensor *out, TpBound *b, TpDiag *d) {
   bool fwd = m->ops[op].kind == TP_OP_CrossEntropy;
   if (m->ops[op].ninputs > (fwd ? 2 : 3)) return tp_bind_vocab(m, op, in, out, b, d);
@@ -264,12 +265,15 @@ static int bind_cross_entropy(const TpModule *m, int op, const TpTensor *in, TpT
   if (tp_tensor_numel(targets) != R || tp_tensor_numel(&out[0]) != (fwd ? 1 : R * V) ||
       (!fwd && tp_tensor_numel(&in[0]) != 1))
     return shape_error(m, op, d);
-  b->kernel = fwd ? TP_K_CROSS_ENTROPY : TP_K_CROSS_ENTROPY_BACKWARD;
+  int64_t pad = tp_attr_int(m, op, "vocab_pad", 0);
+  b->kernel = fwd ? (pad ? TP_K_CROSS_ENTROPY_PAD : TP_K_CROSS_ENTROPY)
+                  : (pad ? TP_K_CROSS_ENTROPY_BACKWARD_PAD : TP_K_CROSS_ENTROPY_BACKWARD);
   b->a.cross_entropy = (TpCrossEntropyArgs){fwd ? NULL : &in[0],
                                             logits,
                                             targets,
                                             R,
                                             V,
+                                            pad,
                                             (float)tp_attr_float(m, op, "denominator", (double)R),
                                             &out[0],
                                             &b->bad};

@@ -45,7 +45,8 @@ const TpPassInfo tp_pass_registry[] = {
  * per-slice loss terms) into slices before autodiff, which then emits the slices' backward
  * in reverse; tokpipec runs them only when --slices asks for more than one slice.
  * shard-tensor (tokpipec --tensor N > 1) splits the raised forward over the tensor ranks
- * before the loss is added, so autodiff differentiates its collectives too.
+ * before the loss is added, so autodiff differentiates its collectives too; with
+ * TpPassOptions.vocab_multiple (--target cuda) it also runs at one rank, to pad the head.
  * assign-stages then cuts the layers into pipeline stages (nothing to do for one stage)
  * and finish-stages places the gradients that cross stages once autodiff made them.
  * recompute (tokpipec --recompute selective|full) then has the backward recompute the
@@ -79,7 +80,7 @@ int tp_pipeline_passes(const TpPassOptions *o, const char **names) {
     if (raise && o->no_fuse) p = "raise-transformer-unfused";
     if (o->forward_only && (strcmp(p, "add-loss") == 0 || strcmp(p, "autodiff") == 0)) continue;
     if (!o->sliced && (strcmp(p, "insert-token-dim") == 0 || strcmp(p, "split-sequence") == 0)) continue;
-    if (o->tensor <= 1 && strcmp(p, "shard-tensor") == 0) continue;
+    if (o->tensor <= 1 && (o->vocab_multiple <= 1 || o->forward_only) && strcmp(p, "shard-tensor") == 0) continue;
     if ((o->forward_only || o->recompute == TP_RECOMPUTE_NONE) && strcmp(p, "recompute") == 0) continue;
     /* raise-transformer leaves the products it replaced unread until dce, and shard-tensor
      * refuses to split a weight that two products read */

@@ -67,6 +67,11 @@
  *    rows get exactly zero gradient and AdamW, decay included, leaves them zero). Only a
  *    vocabulary so small that the last rank would hold nothing but padding stays
  *    replicated, with a note.
+ *  - opt->vocab_multiple M (tokpipec --target cuda: 64) pads to a multiple of N x M
+ *    instead, so each rank's logits row is a multiple of M classes (falling back to N
+ *    where that would leave the last rank only padding), and also runs at N = 1: the head's
+ *    weight (a tied table with it) and bias padded as one part of one rank, nothing split,
+ *    the plain loss masking the padding (CrossEntropy's vocab_pad).
  * A model that computes its own loss keeps its head replicated. */
 #include "../ir/ir.h"
 #include "../ops/split.h"
@@ -566,13 +571,14 @@ static int logits_linear(const TpModule *m, int v) {
 }
 
 /* The Linear computing logits v, if its weight (a param, or a view of one) is split along
- * its output columns. */
+ * its output columns, or padded there (one part: --tensor 1 on a target that pads). */
 static int vocab_head(const TpModule *m, int v, int *param) {
   int op = logits_linear(m, v);
   if (op < 0) return -1;
   int axis = tp_attr_int(m, op, "transpose_w", 0) ? 0 : 1;
   *param = head_param(m, m->ops[op].inputs[1], &axis);
-  return *param >= 0 && m->values[*param].shard.parts > 1 && m->values[*param].shard.axis == axis ? op : -1;
+  const TpShard *sh = *param >= 0 ? &m->values[*param].shard : NULL;
+  return sh && (sh->parts > 1 || (sh->parts == 1 && sh->pad > 0)) && sh->axis == axis ? op : -1;
 }
 
 int tp_vocab_parts(const TpModule *m, int v) {
@@ -621,18 +627,36 @@ static int range_embedding(TpSplitCtx *s, int op) {
   return TP_OK;
 }
 
+/* The padding that makes a vocabulary of `vocab` classes a multiple of ranks x multiple
+ * (each rank's range a multiple of `multiple` classes), falling back to a multiple of the
+ * ranks alone where that would leave the last rank nothing but padding; -1 where even
+ * that would (a vocabulary smaller than the ranks). */
+static int64_t vocab_padding(int64_t vocab, int ranks, int multiple) {
+  for (int64_t unit = (int64_t)ranks * (multiple > 1 ? multiple : 1);; unit = ranks) {
+    int64_t pad = (unit - vocab % unit) % unit;
+    if (pad < (vocab + pad) / ranks) return pad;
+    if (unit == ranks) return -1;
+  }
+}
+
+/* Does param w hold inline data (not a file's)? Padded, not split, its type would outgrow
+ * its data (a splat's too). */
+static bool inline_data(const TpModule *m, int w) { return w >= 0 && !m->blobs[m->values[w].blob].path; }
+
 /* Splits table w (a param) along its rows (axis 0) or, for a head's own weight, its output
  * columns (axis), for every reader: the token embeddings, and the LM head `head` (-1: none;
  * through the view of w it reads when there is one). op names the place for errors. A
- * vocabulary the ranks do not divide is padded to the next multiple of them, as Megatron
+ * vocabulary is padded to a multiple of the ranks x `multiple` (vocab_padding), as Megatron
  * does (TpShard.pad: the last rank's last rows; the loss masks their logits out); one
  * smaller than the ranks would leave a rank nothing but padding and stays replicated, with
- * a note. */
-static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
+ * a note. With one rank (--tensor 1, padding alone) nothing is split and only the head's
+ * weight (a tied table with it) and bias get their padding: a table only embeddings read
+ * stays as it is, and so does a head that needs none or holds inline data. */
+static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op, int multiple) {
   TpModule *m = s->m;
   const TpValue *val = &m->values[w];
-  int64_t vocab = val->type.dims[axis], pad = (s->ranks - vocab % s->ranks) % s->ranks;
-  if (pad && pad >= (vocab + pad) / s->ranks) {
+  int64_t vocab = val->type.dims[axis], pad = vocab_padding(vocab, s->ranks, multiple);
+  if (pad < 0) {
     if (s->d->stream)
       tp_print_line(s->d->stream,
                     "%s: note: %s%s%%%s: a vocabulary of %lld padded for %d tensor ranks would leave the last "
@@ -642,10 +666,11 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
     return TP_OK;
   }
   int b = head >= 0 && m->ops[head].ninputs > 2 ? m->ops[head].inputs[2] : -1;
+  if (s->ranks == 1 && (head < 0 || !pad || inline_data(m, w) || inline_data(m, b))) return TP_OK;
   if (cut_param(s, op, w, axis, s->ranks, 1, (int)pad) ||
       (b >= 0 && cut_param(s, head, b, 0, s->ranks, 1, (int)pad)))
     return TP_ERR_INPUT;
-  for (int e = 0; e < m->nops; e++)
+  for (int e = 0; e < m->nops && s->ranks > 1; e++)
     if (token_embedding(m, e, w) && range_embedding(s, e)) return TP_ERR_INPUT;
   if (head < 0) return TP_OK;
   int view = m->ops[head].inputs[1], x = m->ops[head].inputs[0];
@@ -654,10 +679,10 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
     if (m->ops[def].kind == TP_OP_Reshape) m->values[view].type.dims[axis] = m->values[w].type.dims[axis];
     else if (tp_split_reinfer(s, def)) return TP_ERR_INPUT;
   }
-  if (s->copy_of[x] < 0)
+  if (s->ranks > 1 && s->copy_of[x] < 0)
     s->copy_of[x] = tp_split_add_after(s, head, TP_OP_TensorCopy, &x, 1, tp_strfmt(m, "%s.tp", m->values[x].name));
-  if (s->copy_of[x] < 0) return TP_ERR_INPUT;
-  m->ops[head].inputs[0] = s->copy_of[x];
+  if (s->ranks > 1 && s->copy_of[x] < 0) return TP_ERR_INPUT;
+  if (s->ranks > 1) m->ops[head].inputs[0] = s->copy_of[x];
   if (tp_split_reinfer(s, head)) return TP_ERR_INPUT;
   for (int op = head, i;;) { /* the Casts of its logits: their result types are preset */
     int y = m->ops[op].outputs[0], r = m->values[y].type.rank - 1;
@@ -673,7 +698,7 @@ static int split_vocab(TpSplitCtx *s, int w, int axis, int head, int op) {
  * gathers the logits), and every token embedding looks up only its rank's rows of its
  * table, tied to the head or not. A table anything else reads stays replicated, and so
  * does a tied table the head reads along its rows' other axis. */
-static int split_vocabularies(TpSplitCtx *s) {
+static int split_vocabularies(TpSplitCtx *s, int multiple) {
   TpModule *m = s->m;
   int logits = tp_loss_logits(m, s->logits),
       head = logits >= 0 && tp_use_count(m, logits) == 1 ? logits_linear(m, logits) : -1;
@@ -701,14 +726,19 @@ static int split_vocabularies(TpSplitCtx *s) {
       }
     bool is_head = w == head_w;
     if (others || (!embeddings && !is_head) || (is_head && embeddings && axis != 0)) continue;
-    if (split_vocab(s, w, is_head ? axis : 0, is_head ? head : -1, is_head ? head : first)) return TP_ERR_INPUT;
+    if (split_vocab(s, w, is_head ? axis : 0, is_head ? head : -1, is_head ? head : first, multiple))
+      return TP_ERR_INPUT;
   }
   return TP_OK;
 }
 
 int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d) {
-  if (opt->tensor <= 1) return TP_OK;
+  if (opt->tensor <= 1 && (opt->vocab_multiple <= 1 || opt->forward_only)) return TP_OK;
   if (m->loss >= 0) return tp_error(d, "shard-tensor runs on the forward module: before add-loss");
+  if (opt->tensor <= 1) { /* one rank: the LM head's vocabulary padded, nothing split */
+    TpSplitCtx one = {m, d, 1, opt->logits, NULL, NULL, NULL};
+    return split_vocabularies(&one, opt->vocab_multiple);
+  }
   m->tensor = opt->tensor; /* the group the module is split over, for codegen */
   TpSplitCtx s = {m, d, opt->tensor, opt->logits, NULL, NULL, NULL};
   int nvalues = m->nvalues, nops = m->nops, rc = TP_OK, nwhole = 0, first_whole = -1, nexperts = 0,
@@ -749,7 +779,7 @@ int pass_shard_tensor(TpModule *m, TpPassOptions *opt, TpDiag *d) {
       rc = follow(&s, op);
     }
   }
-  if (rc == TP_OK) rc = split_vocabularies(&s);
+  if (rc == TP_OK) rc = split_vocabularies(&s, opt->vocab_multiple);
   for (int i = 0; i < m->noutputs && rc == TP_OK; i++)
     if (s.axis[m->outputs[i]] >= 0)
       rc = tp_split_refuse(&s, m->values[m->outputs[i]].def,

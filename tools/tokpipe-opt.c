@@ -25,6 +25,8 @@ static const char usage[] =
     "  --stages S           assign-stages: cut the layers into S pipeline stages\n"
     "  --stage-cuts A,B,..  assign-stages: stage k starts at layer cut k (default: balance FLOPs)\n"
     "  --tensor N           shard-tensor: split the products over N tensor-parallel ranks\n"
+    "  --vocab-multiple M   shard-tensor: pad the LM head's vocabulary so each rank holds a\n"
+    "                       multiple of M classes (tokpipec --target cuda: 64)\n"
     "  --recompute MODE     recompute: none (the default), selective or full\n" CLI_PASS_OPTIONS_HELP
     "  --help, --version\n"
     "Exit codes: 0 ok, 1 bad input, 2 bad usage, 3 internal error.\n";
@@ -79,6 +81,8 @@ int main(int argc, char **argv) {
       po.nstages = (int)cli_int("--stages", v, 1, 1024);
     } else if (cli_value(argc, argv, &i, "--tensor", &v)) {
       po.tensor = (int)cli_int("--tensor", v, 1, 1024);
+    } else if (cli_value(argc, argv, &i, "--vocab-multiple", &v)) {
+      po.vocab_multiple = (int)cli_int("--vocab-multiple", v, 1, 1 << 20);
     } else if (cli_value(argc, argv, &i, "--recompute", &v)) {
       po.recompute = cli_recompute(v);
     } else if (cli_value(argc, argv, &i, "--stage-cuts", &po.stage_cuts)) {

@@ -560,6 +560,7 @@ static int run_gpu_step(const TpHardware *hw, const TpModelDesc *model, bool tie
   if (rc) return rc;
   cm.untied = !tied;
   cm.flash_attention = true;
+  cm.vocab_multiple = 64; /* a CUDA plan's padded head (tokpipec --target cuda) */
   TpGpuStep s;
   tp_gpu_step(&cm, batch, &s);
   if (json) {

@@ -652,6 +652,11 @@ int main(int argc, char **argv) {
                : pipe.precision == TP_PRECISION_FP16 ? TP_F16
                                                      : TP_UNDEF;
   po.split_backward = pipe.kind == TP_SCHEDULE_ZB; /* its units run as backward-input and -weight */
+  /* A device plan pads the LM head's vocabulary so each rank's logits row is a multiple of
+   * 64 classes: 128 bytes in bf16, 256 in f32, so every row starts 16-byte aligned and
+   * cuBLASLt can take its vectorised tensor-core paths for the head, its backward and the
+   * loss (GPT-2's 50257 classes are 100514 bytes a bf16 row otherwise). */
+  if (code_target->device) po.vocab_multiple = 64;
   if (!emit) emit = exe || (output && cli_ends_with(output, ".c")) ? "c" : "ir";
   if (exe && strcmp(emit, "c") != 0)
     cli_usage_error("--exe builds the C program; it cannot go with --emit=%s", emit);

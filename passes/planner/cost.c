@@ -449,12 +449,20 @@ static int embedding_kernels(const TpCostModel *cm, int b, int l, TpKernel *k) {
   return n;
 }
 
+/* The logits' columns on each tensor rank: its share of the vocabulary, padded to a multiple
+ * of tensor x vocab_multiple where the target pads it (cost.h). */
+static double head_columns(const TpCostModel *cm) {
+  int64_t V = cm->model.vocab, unit = (int64_t)cm->tensor * cm->vocab_multiple;
+  if (cm->vocab_multiple <= 1) return (double)V / cm->tensor;
+  return (double)((V + unit - 1) / unit * unit) / cm->tensor;
+}
+
 /* Final norm, LM head and the loss on the last stage (vocabulary split across the
  * tensor-parallel devices). */
 static int head_kernels(const TpCostModel *cm, int b, int l, bool bw, TpKernel *k) {
   const TpModelDesc *m = &cm->model;
   double db = cm->hw.dtype_bytes, tokens = (double)b * l, h = m->hidden;
-  double vocab = (double)m->vocab / cm->tensor;
+  double vocab = head_columns(cm);
   int n = 0;
   add(k, &n, "layernorm_f", TP_KERNEL_MEMORY, 8 * tokens * h, (bw ? 3 : 2) * tokens * h * db, 0);
   gemm(k, &n, "lm_head", tokens, h, vocab, db, bw);

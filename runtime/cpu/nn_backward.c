@@ -303,8 +303,16 @@ TpKernelStatus tp_attention_backward_f32(const TpAttention *p, const float *dy, 
 
 TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits, const int64_t *targets, int64_t R,
                                              int64_t V, float denominator, float *dlogits, int64_t *bad) {
+  return tp_cross_entropy_backward_pad_f32(dloss, logits, targets, R, V, 0, denominator, dlogits, bad);
+}
+
+TpKernelStatus tp_cross_entropy_backward_pad_f32(float dloss, const float *logits, const int64_t *targets, int64_t R,
+                                                 int64_t V, int64_t pad, float denominator, float *dlogits,
+                                                 int64_t *bad) {
+  if (pad < 0 || pad >= V) return TP_KERNEL_BAD_SHAPE; /* a row keeps a class */
+  int64_t classes = V - pad;
   for (int64_t r = 0; r < R; r++)
-    if (targets[r] < 0 || targets[r] >= V) {
+    if (targets[r] < 0 || targets[r] >= classes) {
       *bad = r;
       return TP_KERNEL_BAD_INDEX;
     }
@@ -312,16 +320,17 @@ TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits, c
 #pragma omp parallel for schedule(static) if (R * V >= PARALLEL_MIN_ELEMS)
   for (int64_t r = 0; r < R; r++) {
     const float *x = logits + r * V;
-    float *o = dlogits + r * V, mx = tp_row_max(x, V, 1);
+    float *o = dlogits + r * V, mx = tp_row_max(x, classes, 1);
     double sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; j++) {
+    for (int64_t j = 0; j < classes; j++) {
       o[j] = tp_vexpf(x[j] - mx);
       sum += o[j];
     }
     float inv = (float)(1.0 / sum) * scale;
 #pragma omp simd
-    for (int64_t j = 0; j < V; j++) o[j] *= inv;
+    for (int64_t j = 0; j < classes; j++) o[j] *= inv;
+    for (int64_t j = classes; j < V; j++) o[j] = 0; /* the padding: no probability, no gradient */
     o[targets[r]] -= scale;
   }
   return TP_KERNEL_OK;

@@ -116,8 +116,14 @@ static double row_logsumexp(const float *x, int64_t n) {
 
 TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
                                     float denominator, float *loss, int64_t *bad) {
+  return tp_cross_entropy_pad_f32(logits, targets, R, V, 0, denominator, loss, bad);
+}
+
+TpKernelStatus tp_cross_entropy_pad_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+                                        int64_t pad, float denominator, float *loss, int64_t *bad) {
+  if (pad < 0 || pad >= V) return TP_KERNEL_BAD_SHAPE; /* a row keeps a class */
   for (int64_t r = 0; r < R; r++)
-    if (targets[r] < 0 || targets[r] >= V) {
+    if (targets[r] < 0 || targets[r] >= V - pad) {
       *bad = r;
       return TP_KERNEL_BAD_INDEX;
     }
@@ -127,7 +133,7 @@ TpKernelStatus tp_cross_entropy_f32(const float *logits, const int64_t *targets,
     double sum = 0;
     for (int64_t r = R * p / SUM_PIECES; r < R * (p + 1) / SUM_PIECES; r++) {
       const float *row = logits + r * V;
-      sum += row_logsumexp(row, V) - row[targets[r]];
+      sum += row_logsumexp(row, V - pad) - row[targets[r]];
     }
     piece[p] = sum;
   }

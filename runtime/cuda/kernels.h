@@ -48,17 +48,18 @@ void tp_cuda_launch_column_sums_f32(const float *dy, const float *x, const float
                                     TpCudaStream stream);
 
 /* ---- loss.cu ----
- * tp_cross_entropy_f32: *loss (device) = the sum over rows of logsumexp - the target's
- * logit, / denominator; row_loss (R doubles) is scratch. A target outside [0, V) adds 0
- * and its smallest row goes to *bad (set to INT64_MAX before). */
-void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+ * tp_cross_entropy_pad_f32: *loss (device) = the sum over rows of logsumexp - the target's
+ * logit, / denominator, each row's last pad columns padding (0: none); row_loss (R
+ * doubles) is scratch. A target outside [0, V - pad) adds 0 and its smallest row goes to
+ * *bad (set to INT64_MAX before). */
+void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V, int64_t pad,
                                       float denominator, float *loss, double *row_loss, int64_t *bad,
                                       TpCudaStream stream);
-/* tp_cross_entropy_backward_f32 with dloss on the device (the backward of a loss that
+/* tp_cross_entropy_backward_pad_f32 with dloss on the device (the backward of a loss that
  * stays there); rows with a bad target are left as they were and reported in *bad. */
 void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
-                                               int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
-                                               TpCudaStream stream);
+                                               int64_t R, int64_t V, int64_t pad, float denominator, float *dlogits,
+                                               int64_t *bad, TpCudaStream stream);
 
 /* The vocabulary-parallel kernels of runtime/cpu/transformer.h, part a device pointer
  * (TensorRank's result), pad the padded classes of the last range (none: 0), bad as above

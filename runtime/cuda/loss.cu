@@ -17,14 +17,15 @@ __device__ void row_max_sumexp(const float *x, int64_t V, float *mx, float *sum)
   *sum = block_reduce(s, TpSum(), 0.0f);
 }
 
-__global__ void cross_entropy_rows_kernel(const float *logits, const int64_t *targets, int64_t V, double *row_loss,
-                                          int64_t *bad) {
+/* Rows of V columns, the last pad of them padding (no probability; no target there). */
+__global__ void cross_entropy_rows_kernel(const float *logits, const int64_t *targets, int64_t V, int64_t pad,
+                                          double *row_loss, int64_t *bad) {
   int64_t r = blockIdx.x, t = targets[r];
   const float *x = logits + r * V;
   float mx, sum;
-  row_max_sumexp(x, V, &mx, &sum);
+  row_max_sumexp(x, V - pad, &mx, &sum);
   if (threadIdx.x != 0) return;
-  if (t < 0 || t >= V) {
+  if (t < 0 || t >= V - pad) {
     row_loss[r] = 0;
     atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
     return;
@@ -40,46 +41,48 @@ __global__ void sum_rows_kernel(const double *row_loss, int64_t R, float denomin
   if (threadIdx.x == 0) *loss = (float)(s / denominator);
 }
 
-void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+void tp_cuda_launch_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V, int64_t pad,
                                       float denominator, float *loss, double *row_loss, int64_t *bad,
                                       TpCudaStream stream) {
   if (R)
     TP_LAUNCH(cross_entropy_rows_kernel, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, logits, targets, V,
-              row_loss, bad);
+              pad, row_loss, bad);
   TP_LAUNCH(sum_rows_kernel, dim3(1), dim3(LOSS_SUM_THREADS), stream, row_loss, R, denominator, loss);
 }
 
-/* dlogits[r, :] = (softmax(logits[r, :]) - onehot(t)) * dloss / denominator, stored as Out */
+/* dlogits[r, :] = (softmax(logits[r, :]) - onehot(t)) * dloss / denominator, stored as Out;
+ * the last pad columns (padding) get 0 */
 template <typename Out>
 __global__ void cross_entropy_backward_kernel(const float *dloss, const float *logits, const int64_t *targets,
-                                              int64_t V, float denominator, Out *dlogits, int64_t *bad) {
-  int64_t r = blockIdx.x, t = targets[r];
-  if (t < 0 || t >= V) { /* uniform over the block */
+                                              int64_t V, int64_t pad, float denominator, Out *dlogits,
+                                              int64_t *bad) {
+  int64_t r = blockIdx.x, t = targets[r], classes = V - pad;
+  if (t < 0 || t >= classes) { /* uniform over the block */
     if (threadIdx.x == 0) atomicMin(reinterpret_cast<long long *>(bad), static_cast<long long>(r));
     return;
   }
   const float *x = logits + r * V;
   Out *o = dlogits + r * V;
   float mx, sum, scale = *dloss / denominator;
-  row_max_sumexp(x, V, &mx, &sum);
+  row_max_sumexp(x, classes, &mx, &sum);
   float inv = 1.0f / sum * scale;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-    tp_store_result(&o[j], expf(x[j] - mx) * inv - (j == t ? scale : 0.0f));
+    tp_store_result(&o[j], j < classes ? expf(x[j] - mx) * inv - (j == t ? scale : 0.0f) : 0.0f);
 }
 
 template <typename Out>
 static void launch_cross_entropy_backward(const float *dloss, const float *logits, const int64_t *targets, int64_t R,
-                                          int64_t V, float denominator, Out *dlogits, int64_t *bad,
+                                          int64_t V, int64_t pad, float denominator, Out *dlogits, int64_t *bad,
                                           TpCudaStream stream) {
   if (R == 0 || V == 0) return;
   TP_LAUNCH(cross_entropy_backward_kernel<Out>, dim3((unsigned)R), dim3(TP_CUDA_ROW_THREADS), stream, dloss, logits,
-            targets, V, denominator, dlogits, bad);
+            targets, V, pad, denominator, dlogits, bad);
 }
 
 void tp_cuda_launch_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
-                                               int64_t R, int64_t V, float denominator, float *dlogits, int64_t *bad,
-                                               TpCudaStream stream) {
-  launch_cross_entropy_backward(dloss, logits, targets, R, V, denominator, dlogits, bad, stream);
+                                               int64_t R, int64_t V, int64_t pad, float denominator, float *dlogits,
+                                               int64_t *bad, TpCudaStream stream) {
+  launch_cross_entropy_backward(dloss, logits, targets, R, V, pad, denominator, dlogits, bad, stream);
 }
 
 /* ---- vocabulary-parallel (tp_cross_entropy_stats_f32 and the loss from the summed
@@ -233,9 +236,17 @@ TpKernelStatus tp_cuda_softmax_cross_entropy_f32(const float *scores, const int6
 
 TpKernelStatus tp_cuda_cross_entropy_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
                                          float denominator, float *loss, int64_t *bad, TpStream *stream) {
+  return tp_cuda_cross_entropy_pad_f32(logits, targets, R, V, 0, denominator, loss, bad, stream);
+}
+
+TpKernelStatus tp_cuda_cross_entropy_pad_f32(const float *logits, const int64_t *targets, int64_t R, int64_t V,
+                                             int64_t pad, float denominator, float *loss, int64_t *bad,
+                                             TpStream *stream) {
   (void)bad;
+  if (pad < 0 || pad >= V) return TP_KERNEL_BAD_SHAPE; /* a row keeps a class */
   double *row_loss = static_cast<double *>(tp_cuda_scratch(stream, (size_t)R * sizeof(double) + 1));
-  tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, denominator, loss, row_loss, stream->bad, stream->cuda);
+  tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, pad, denominator, loss, row_loss, stream->bad,
+                                   stream->cuda);
   return TP_KERNEL_OK;
 }
 
@@ -283,16 +294,31 @@ TpKernelStatus tp_cuda_cross_entropy_parts_backward_pad_f32(const float *dloss, 
 TpKernelStatus tp_cuda_cross_entropy_backward_f32(const float *dloss, const float *logits, const int64_t *targets,
                                                   int64_t R, int64_t V, float denominator, float *dlogits,
                                                   int64_t *bad, TpStream *stream) {
+  return tp_cuda_cross_entropy_backward_pad_f32(dloss, logits, targets, R, V, 0, denominator, dlogits, bad, stream);
+}
+
+TpKernelStatus tp_cuda_cross_entropy_backward_pad_f32(const float *dloss, const float *logits,
+                                                      const int64_t *targets, int64_t R, int64_t V, int64_t pad,
+                                                      float denominator, float *dlogits, int64_t *bad,
+                                                      TpStream *stream) {
   (void)bad;
-  tp_cuda_launch_cross_entropy_backward_f32(dloss, logits, targets, R, V, denominator, dlogits, stream->bad,
-                                            stream->cuda);
+  if (pad < 0 || pad >= V) return TP_KERNEL_BAD_SHAPE;
+  launch_cross_entropy_backward(dloss, logits, targets, R, V, pad, denominator, dlogits, stream->bad, stream->cuda);
   return TP_KERNEL_OK;
 }
 
 TpKernelStatus tp_cuda_cross_entropy_backward_bf16(const float *dloss, const float *logits, const int64_t *targets,
                                                    int64_t R, int64_t V, float denominator, uint16_t *dlogits,
                                                    int64_t *bad, TpStream *stream) {
+  return tp_cuda_cross_entropy_backward_pad_bf16(dloss, logits, targets, R, V, 0, denominator, dlogits, bad, stream);
+}
+
+TpKernelStatus tp_cuda_cross_entropy_backward_pad_bf16(const float *dloss, const float *logits,
+                                                       const int64_t *targets, int64_t R, int64_t V, int64_t pad,
+                                                       float denominator, uint16_t *dlogits, int64_t *bad,
+                                                       TpStream *stream) {
   (void)bad;
-  launch_cross_entropy_backward(dloss, logits, targets, R, V, denominator, dlogits, stream->bad, stream->cuda);
+  if (pad < 0 || pad >= V) return TP_KERNEL_BAD_SHAPE;
+  launch_cross_entropy_backward(dloss, logits, targets, R, V, pad, denominator, dlogits, stream->bad, stream->cuda);
   return TP_KERNEL_OK;
 }

@@ -226,10 +226,11 @@ typedef struct {
   int64_t *bad;
 } TpEmbeddingArgs;
 
-/* CrossEntropy, and its backward (dloss the scalar gradient, y dlogits). */
+/* CrossEntropy, and its backward (dloss the scalar gradient, y dlogits); pad the padded
+ * classes at the end of each row (ir/ops.def's vocab_pad; 0: none). */
 typedef struct {
   const TpTensor *dloss, *logits, *targets; /* targets i64 */
-  int64_t R, V;
+  int64_t R, V, pad;
   float denominator;
   TpTensor *y;
   int64_t *bad;

@@ -153,9 +153,11 @@ static inline int train_pipeline(const TpPlan *P) { return P->nstages / train_ch
 /* N: the tensor-parallel ranks of a stage (plans before ABI 5 have 0: 1). */
 static inline int train_tensor(const TpPlan *P) { return P->tensor > 1 ? P->tensor : 1; }
 /* Whether parameter p is split over its stage's tensor group (TpPlanShard): a rank holds a
- * piece (p->dims), host copies and files the whole (dims[axis] * parts). */
+ * piece (p->dims), host copies and files the whole (dims[axis] * parts, less a padded
+ * vocabulary's padding). A padded vocabulary of one tensor rank (--target cuda, --tensor
+ * 1: one part) is held so too: its one piece is the whole with the padding. */
 static inline bool train_split(const TpPlan *P, const TpPlanParam *p) {
-  return train_tensor(P) > 1 && p->shard.parts > 0;
+  return p->shard.parts > 0 && (train_tensor(P) > 1 || (P->param_pad && P->param_pad[p - P->params] > 0));
 }
 /* The padding of split parameter p's padded vocabulary (TpPlan.param_pad; 0: none). */
 static inline int train_pad(const TpPlan *P, const TpPlanParam *p) {

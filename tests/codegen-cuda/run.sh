@@ -16,6 +16,13 @@
 #                 CPU) and B (the CPU plan of the same model M and shape) train 2 steps
 #                 alike: losses and gradients within TOL (relative; 1e-5 unless given); and A
 #                 without a GPU says so
+#   emulated-vocab A B M PLAN  like emulated, on model M whose vocabulary the CUDA plan PLAN
+#                 (trainer A's) pads (its param_pad): tokens over the whole vocabulary, the
+#                 losses and every gradient within 1e-5; and the checkpoints (--save) of a
+#                 step at lr 0 (AdamW would turn the 1e-7 noise of a gradient that is zero
+#                 in exact arithmetic, attention's key bias, into steps of lr's size) hold
+#                 the same tensors of the same shapes (the true vocabulary's) within 1e-5:
+#                 the weights as loaded, the moments of step 1's gradients
 #   emulated-skip A B M  the fp16 trainers A (CUDA, emulated) and B (CPU) of model M, from a
 #                 loss scale of 2^17 for 4 steps: the same scales, overflowing steps skipped
 #                 (halving the scale, which the units read from device memory) then updates
@@ -183,6 +190,32 @@ emulated)
     ok "without a GPU: $(cat out.txt)"
   else
     fail "without a GPU: exit code $rc (expected 1) and one line saying there is no CUDA GPU, got: $(cat out.txt)"
+  fi
+  ;;
+
+emulated-vocab)
+  cuda=$1 cpu=$2 model=$3 plan=$4 vocab=$5
+  grep -q '^static const int param_pad' "$plan" || fail "the CUDA plan $plan pads no vocabulary"
+  byte_tokens "$vocab" 300 train.bin || exit 1
+  for t in cuda cpu; do
+    eval "trainer=\$$t"
+    mkdir -p "$t.ckpt"
+    expect_exit 0 "the $t trainer" "$trainer" --init "$model" --data train.bin --steps 2 --lr 0.01 \
+      --dump-grads "$t.grads" --log "$t.jsonl" || exit 1
+    expect_exit 0 "the $t trainer at lr 0" "$trainer" --init "$model" --data train.bin --steps 1 --lr 0 \
+      --save "$t.ckpt" || exit 1
+  done
+  if "$bin/tokpipe-compare" cuda.grads cpu.grads --tol 1e-5 >cmp.txt 2>&1 &&
+    "$bin/tokpipe-compare" --losses cuda.jsonl cpu.jsonl --tol 1e-5 >>cmp.txt 2>&1; then
+    ok "the padded CUDA plan's losses and gradients are the CPU trainer's ($(grep -o 'worst [^ ]* max_rel_err=[^ ]*' cmp.txt | head -1))"
+  else
+    fail "the padded CUDA plan differs from the CPU trainer: $(cat cmp.txt)"
+  fi
+  if "$bin/tokpipe-compare" cuda.ckpt/checkpoint.safetensors cpu.ckpt/checkpoint.safetensors --tol 1e-5 -v \
+    >ckpt.txt 2>&1; then
+    ok "the checkpoints hold the same tensors, of the true vocabulary's shapes ($(grep -c . ckpt.txt) lines compared)"
+  else
+    fail "the checkpoints differ: $(cat ckpt.txt)"
   fi
   ;;
 

@@ -431,7 +431,7 @@ static void cross_entropy_fwd(void) {
     double *row_loss = test_alloc((size_t)R * sizeof *row_loss);
     if (tp_cross_entropy_f32(logits, targets, R, V, (float)R, &want, &want_bad) != TP_KERNEL_OK)
       fail("tp_cross_entropy_f32");
-    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, (float)R, loss, row_loss, bad, NULL);
+    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, 0, (float)R, loss, row_loss, bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "R=%lld V=%lld", (long long)R, (long long)V);
     /* the rows' sums of exp in float against the CPU's in double: ROW */
@@ -439,7 +439,7 @@ static void cross_entropy_fwd(void) {
     if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
     targets[R - 1] = V, targets[R / 2] = -1;
     tp_cross_entropy_f32(logits, targets, R, V, (float)R, &want, &want_bad);
-    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, (float)R, loss, row_loss, bad, NULL);
+    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, 0, (float)R, loss, row_loss, bad, NULL);
     test_sync();
     if (*bad != want_bad) fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
     test_free(logits), test_free(targets), test_free(row_loss), test_free(loss), test_free(bad);
@@ -455,12 +455,62 @@ static void cross_entropy_bwd(void) {
     *dloss = 0.75f;
     if (tp_cross_entropy_backward_f32(*dloss, logits, targets, R, V, (float)R, want, &want_bad) != TP_KERNEL_OK)
       fail("tp_cross_entropy_backward_f32");
-    tp_cuda_launch_cross_entropy_backward_f32(dloss, logits, targets, R, V, (float)R, d, bad, NULL);
+    tp_cuda_launch_cross_entropy_backward_f32(dloss, logits, targets, R, V, 0, (float)R, d, bad, NULL);
     char what[96];
     snprintf(what, sizeof what, "R=%lld V=%lld", (long long)R, (long long)V);
     check_close(what, d, want, R * V, ROW);
     if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
     test_free(logits), test_free(d), test_free(want), test_free(targets), test_free(dloss), test_free(bad);
+  }
+}
+
+/* A padded vocabulary (vocab_pad, not split): rows of V columns whose last pad are padding.
+ * The CPU's padded kernels give the bits of the plain ones on the rows without the padding
+ * (dlogits 0 there); the CUDA launches agree with them as the plain ones do; a target in
+ * the padding is bad. */
+static void cross_entropy_pad(void) {
+  for (int c = 0; c < NTABLES; c++) {
+    int64_t R = TABLES[c][0], V = TABLES[c][1] + 3, pad = 3, K = V - pad, want_bad = -1,
+            *bad = test_scalar_i64(INT64_MAX);
+    float *logits = test_rand(R * V, 10), *tight = zeros(R * K), *loss = test_alloc(sizeof *loss), want = 0,
+          plain = 0, *d = zeros(R * V), *dwant = zeros(R * V), *dplain = zeros(R * K),
+          *dloss = test_alloc(sizeof *dloss);
+    int64_t *targets = random_targets(R, K);
+    double *row_loss = test_alloc((size_t)R * sizeof *row_loss);
+    *dloss = 0.75f;
+    for (int64_t r = 0; r < R; r++) memcpy(tight + r * K, logits + r * V, (size_t)K * sizeof *tight);
+    char what[96];
+    snprintf(what, sizeof what, "R=%lld V=%lld pad=%lld", (long long)R, (long long)V, (long long)pad);
+    if (tp_cross_entropy_pad_f32(logits, targets, R, V, pad, (float)R, &want, &want_bad) != TP_KERNEL_OK ||
+        tp_cross_entropy_f32(tight, targets, R, K, (float)R, &plain, &want_bad) != TP_KERNEL_OK ||
+        tp_cross_entropy_backward_pad_f32(*dloss, logits, targets, R, V, pad, (float)R, dwant, &want_bad) !=
+            TP_KERNEL_OK ||
+        tp_cross_entropy_backward_f32(*dloss, tight, targets, R, K, (float)R, dplain, &want_bad) != TP_KERNEL_OK)
+      fail("%s: the CPU kernels", what);
+    check_close(what, &want, &plain, 1, ROW);
+    for (int64_t r = 0; r < R; r++) {
+      check_close(what, dwant + r * V, dplain + r * K, K, EXACT);
+      for (int64_t j = K; j < V; j++)
+        if (dwant[r * V + j] != 0)
+          fail("%s: the CPU's dlogits[%lld, %lld] in the padding is %g", what, (long long)r, (long long)j,
+               dwant[r * V + j]);
+    }
+    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, pad, (float)R, loss, row_loss, bad, NULL);
+    tp_cuda_launch_cross_entropy_backward_f32(dloss, logits, targets, R, V, pad, (float)R, d, bad, NULL);
+    test_sync();
+    check_close(what, loss, &want, 1, ROW);
+    check_close(what, d, dwant, R * V, ROW);
+    for (int64_t j = 0; j < R * V; j++)
+      if (j % V >= K && d[j] != 0) fail("%s: dlogits[%lld] in the padding is %g", what, (long long)j, d[j]);
+    if (*bad != INT64_MAX) fail("%s: bad target reported at %lld, none is", what, (long long)*bad);
+    targets[R - 1] = K; /* the first padded class */
+    if (tp_cross_entropy_pad_f32(logits, targets, R, V, pad, (float)R, &want, &want_bad) != TP_KERNEL_BAD_INDEX)
+      fail("%s: the CPU takes a target in the padding", what);
+    tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, pad, (float)R, loss, row_loss, bad, NULL);
+    test_sync();
+    if (*bad != want_bad) fail("%s: bad target at %lld, cpu says %lld", what, (long long)*bad, (long long)want_bad);
+    test_free(logits), test_free(tight), test_free(loss), test_free(d), test_free(dwant), test_free(dplain);
+    test_free(dloss), test_free(targets), test_free(row_loss), test_free(bad);
   }
 }
 
@@ -624,6 +674,7 @@ static const CudaTest TESTS[] = {
     {"embedding_bwd", embedding_bwd},
     {"cross_entropy_fwd", cross_entropy_fwd},
     {"cross_entropy_bwd", cross_entropy_bwd},
+    {"cross_entropy_pad", cross_entropy_pad},
     {"embedding_part", embedding_part},
     {"cross_entropy_parts", cross_entropy_parts},
     {"adamw", adamw},

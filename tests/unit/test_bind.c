@@ -71,10 +71,11 @@ static void test_tables(void) {
   }
   /* the bf16-result entries (kernels.def's BF16_RESULT_SIG): the bf16 table's only */
   for (int k = 0; k < TP_K_COUNT; k++) {
-    const char *want = k == TP_K_CROSS_ENTROPY_BACKWARD ? "tp_cuda_cross_entropy_backward_bf16"
-                       : k == TP_K_GELU_BACKWARD        ? "tp_cuda_gelu_backward_bf16"
-                       : k == TP_K_SWIGLU_BACKWARD      ? "tp_cuda_swiglu_backward_bf16"
-                                                        : "";
+    const char *want = k == TP_K_CROSS_ENTROPY_BACKWARD       ? "tp_cuda_cross_entropy_backward_bf16"
+                       : k == TP_K_CROSS_ENTROPY_BACKWARD_PAD ? "tp_cuda_cross_entropy_backward_pad_bf16"
+                       : k == TP_K_GELU_BACKWARD              ? "tp_cuda_gelu_backward_bf16"
+                       : k == TP_K_SWIGLU_BACKWARD            ? "tp_cuda_swiglu_backward_bf16"
+                                                              : "";
     if (strcmp(bf16->kernels[k].bf16_result, want) != 0 || cpu->kernels[k].bf16_result[0] ||
         cuda->kernels[k].bf16_result[0])
       fail("kernel %d: bf16-result entry '%s' (expected '%s'), on the cpu '%s', on fp32 cuda '%s'", k,
