@@ -481,6 +481,9 @@ bool tp_recompute_parse(const char *name, TpRecompute *r);
  * activations and gradients in 16 bits, every op still computing in f32 (casts around it). */
 int pass_store_bf16(TpModule *m, TpPassOptions *opt, TpDiag *d);
 int pass_store_fp16(TpModule *m, TpPassOptions *opt, TpDiag *d);
+/* A Cast of value x into dtype `to`, named "<x>.<suffix>" (made unique), with op at's
+ * origin, stage, slice and phase; appended: the caller orders it. Returns the op. */
+int tp_add_cast(TpModule *m, int x, TpDType to, int at, const char *suffix);
 /* passes/split_backward.c: split-backward (last, for schedules that split each backward unit
  * into its input and weight parts) marks the backward ops that only make parameter gradients
  * `@weight`, splitting an op that makes both (LinearBackward's dX from its dW, dB); see the

@@ -14,7 +14,19 @@
  * results with the same kernel calls as the fused op did (a kernel computes each result
  * apart), and every sum keeps its operands and order, so gradients keep their bits.
  * Every parameter gradient ends up made in the weight half: the runtime zeroes and sums the
- * gradient buffers around a microbatch's weight units. Running it again changes nothing. */
+ * gradient buffers around a microbatch's weight units.
+ *
+ * Under 16-bit storage (store-bf16/fp16, which run before) every reader reads a stored
+ * value through its own widening Cast to f32, and a split op keeps the fused op's
+ * operands: its weight part would read the f32 copies the input part's Casts made (of the
+ * weight, of the activation), alive from the input part to the weight part, which may run
+ * after later slices' input parts. So where a weight-half op reads an f32 value made by a
+ * widening Cast (16-bit to f32) outside the weight half, the Cast is cloned into the weight
+ * half (tp_add_cast, named as store-bf16 names its casts; the reader's unit, which is the
+ * Cast's; placed just before its first weight-half reader, as recompute places its copies)
+ * and the weight-half readers read the clone. A Cast is exact: the kernels see the same
+ * bits, and what lives until the weight part is the 16-bit value, half the bytes.
+ * Running it again changes nothing. */
 #include "../ir/ir.h"
 
 #include <stdlib.h>
@@ -108,6 +120,42 @@ static void split_op(TpModule *m, const Classes *c, int op) {
   }
 }
 
+/* Is op a Cast widening a 16-bit value to f32? */
+static bool widens(const TpModule *m, int op) {
+  const TpOp *o = &m->ops[op];
+  if (o->kind != TP_OP_Cast || o->inputs[0] < 0 || o->outputs[0] < 0) return false;
+  TpDType from = m->values[o->inputs[0]].type.dtype, to = m->values[o->outputs[0]].type.dtype;
+  return (from == TP_BF16 || from == TP_F16) && to == TP_F32;
+}
+
+/* Gives the weight half its own widening Casts (m->ops[].weight set): each weight-half
+ * reader of a widening Cast outside the weight half reads instead a clone of the Cast, one
+ * per Cast, @weight. The clones are appended; returns how many (the caller re-sorts). */
+static int own_widenings(TpModule *m) {
+  int nops = m->nops, nvalues = m->nvalues, made = 0;
+  int *clone = malloc(sizeof(int) * ((size_t)nvalues + 1)); /* per Cast result: its clone */
+  TP_ASSERT(clone);
+  for (int v = 0; v < nvalues; v++) clone[v] = -1;
+  for (int op = 0; op < nops; op++) {
+    if (!m->ops[op].weight || m->ops[op].dead) continue;
+    for (int i = 0; i < m->ops[op].ninputs; i++) {
+      int v = m->ops[op].inputs[i];
+      if (v < 0 || m->values[v].kind != TP_VAL_RESULT) continue;
+      int def = m->values[v].def;
+      if (m->ops[def].weight || !widens(m, def)) continue;
+      if (clone[v] < 0) {
+        int c = tp_add_cast(m, m->ops[def].inputs[0], TP_F32, op, "f32");
+        m->ops[c].weight = true;
+        clone[v] = m->ops[c].outputs[0];
+        made++;
+      }
+      m->ops[op].inputs[i] = clone[v];
+    }
+  }
+  free(clone);
+  return made;
+}
+
 int pass_split_backward(TpModule *m, TpPassOptions *opt, TpDiag *d) {
   (void)opt;
   if (m->loss < 0 || !m->grads) return tp_error(d, "split-backward: the module has no backward (run autodiff)");
@@ -141,5 +189,6 @@ int pass_split_backward(TpModule *m, TpPassOptions *opt, TpDiag *d) {
     }
   }
   free(c.weight), free(c.mixed), free(c.grad), free(c.held), free(c.work);
+  if (rc == TP_OK && own_widenings(m)) tp_sort_ops(m); /* each clone before its first reader */
   return rc;
 }

@@ -64,8 +64,7 @@ static bool reads_f32(const TpModule *m, int op, int i) {
   return m->ops[op].kind == TP_OP_AttentionBackward && i == 5; /* the forward's Y */
 }
 
-/* A Cast of value x into dtype `to`, placed as op `at` (its stage, slice and phase). */
-static int add_cast(TpModule *m, int x, TpDType to, int at, const char *suffix) {
+int tp_add_cast(TpModule *m, int x, TpDType to, int at, const char *suffix) {
   const char *name = tp_strfmt(m, "%s.%s", m->values[x].name, suffix);
   TpOrigin origin = m->ops[at].origin;
   int c = tp_add_op(m, TP_OP_Cast, &x, 1, &name, 1, origin);
@@ -160,7 +159,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
     for (int i = 0; i < m->ops[op].ninputs; i++) {
       int x = m->ops[op].inputs[i];
       if (x < 0 || x >= nvalues || stored[x] < 0 || reads_f32(m, op, i)) continue;
-      int up = add_cast(m, stored[x], TP_F32, op, "f32");
+      int up = tp_add_cast(m, stored[x], TP_F32, op, "f32");
       order[norder++] = up;
       int y = m->ops[up].outputs[0];
       for (int j = i; j < m->ops[op].ninputs; j++) /* an operand read twice: one cast */
@@ -171,7 +170,7 @@ static int store_half(TpModule *m, TpDType half, TpDiag *d) {
       int r = m->ops[op].outputs[k];
       if (r < 0 || m->values[r].type.dtype != TP_F32 || !outlives[original[r]] || keeps_f32(m, reduced, op0, k))
         continue;
-      int down = add_cast(m, r, half, op, tp_dtype_name(half));
+      int down = tp_add_cast(m, r, half, op, tp_dtype_name(half));
       order[norder++] = down;
       stored[r] = m->ops[down].outputs[0];
     }

@@ -627,13 +627,17 @@ static double layer_kept_bytes(const TpCostModel *cm, TpRecompute r, int nslices
  * its first weight part, so all slices' sets are alive at once; the values only the input
  * parts read (Q, K, V, the first MLP product, the token-slice contexts) are gone by then.
  * Recomputing, the input part recomputes what the weight part reads, which then lives as
- * long: the same set. All of it is fp32 whatever the storage: the gradients are, and
- * under 16-bit storage the input part widens what it reads (a read-back Cast) and the
- * weight part reads that fp32 copy. The microbatch keeps the larger of it and the
- * forward's set (layer_kept_bytes); under none in fp32 the difference is 4h. */
-static double layer_weight_kept_bytes(const TpCostModel *cm) {
+ * long: the same set. The activations are stored in s bytes: under 16-bit storage the
+ * weight part widens them itself, with its own read-back Casts (split-backward clones the
+ * input part's), so the 16-bit values live until it and the fp32 copies only inside it.
+ * The statistics and the output gradients are fp32 whatever the storage (store-bf16 keeps
+ * a norm's statistics in fp32 and rounds only what leaves its unit, and the input and
+ * weight parts are one unit). The microbatch keeps the larger of it and the forward's set
+ * (layer_kept_bytes); under none the difference is 16h + (4 - s) (3h + ffn) / t bytes:
+ * the fp32 gradients where the forward's set holds Q, K, V and the first MLP product. */
+static double layer_weight_kept_bytes(const TpCostModel *cm, double s) {
   double h = cm->model.hidden, ffn = cm->model.ffn, t = cm->tensor;
-  return 4 * (4 * h + (h + ffn) / t) + 16 + 4 * ((3 * h + ffn) / t + 4 * h);
+  return s * (4 * h + (h + ffn) / t) + 16 + 4 * ((3 * h + ffn) / t + 4 * h);
 }
 
 /* Per token beside the layers: the activation a stage sends down and the gradient it
@@ -648,7 +652,7 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
   /* the first stage sends no gradient: its backward is all weight part, run as 1f1b's */
   bool split = cm->split_backward && k > 0;
   double layer = layer_kept_bytes(cm, cm->recompute, nslices, s);
-  if (split && layer_weight_kept_bytes(cm) > layer) layer = layer_weight_kept_bytes(cm);
+  if (split && layer_weight_kept_bytes(cm, s) > layer) layer = layer_weight_kept_bytes(cm, s);
   double per_token = st->layers * layer;
   if (k + 1 < cm->nstages) per_token += 2 * h * s;
   if (k > 0) per_token += h * s;
@@ -659,13 +663,10 @@ double tp_microbatch_kept_bytes(const TpCostModel *cm, int k, int b, int nslices
   /* cut into slices, the backward sums each weight's gradient over the slices: the partial
    * sum, stored as the gradients are, lives from the last slice's backward unit to the
    * first's (split: from the last slice's weight part to the first's, which run in order:
-   * one beside all the slices' sets above, two only once the last slice's set is gone) */
-  double per_microbatch = nslices > 1 ? tp_stage_params(cm, k) * s : 0;
-  /* split backwards under 16-bit storage: each slice's input part widens the stage's
-   * weights to fp32 for its products, and its weight part reads those copies (a split op
-   * keeps the fused op's operands): every slice's copy lives until its weight part */
-  if (split && cm->precision != TP_PRECISION_FP32) per_microbatch += nslices * tp_stage_params(cm, k) * 4;
-  return tokens * per_token + per_microbatch;
+   * one beside all the slices' sets above, two only once the last slice's set is gone).
+   * Under 16-bit storage a weight part widens the weights it reads itself, inside its unit:
+   * no slice's fp32 copy of them outlives a unit, split or not. */
+  return tokens * per_token + (nslices > 1 ? tp_stage_params(cm, k) * s : 0);
 }
 
 /* One unit's working set, in fp32 whatever the storage (16-bit storage computes in fp32

@@ -335,12 +335,15 @@ generated-zb) # split backwards (--schedule zb) under mpirun: 2 and 4 stages wit
   else
     fail "z1: a checkpointed run failed: $(tail -5 z1.resume.out)"
   fi
-  # bf16 storage: each part rounds what it stores as the whole backward did
-  opts="--stages 2 --microbatches 2 --slices 3,3,2 --precision bf16"
-  if run zb16 "$opts --schedule zb" && run o16 "$opts --schedule 1f1b"; then
-    same_files "zb16 ($opts): the gradients are 1f1b's bits" zb16.grads o16.grads
-    untimed zb16.jsonl >z.log && untimed o16.jsonl >o.log && same_files "zb16: the losses are 1f1b's bits" z.log o.log
-  fi
+  # 16-bit storage: each part rounds what it stores as the whole backward did, and a
+  # weight part widens the 16-bit values it reads with its own Casts (exact)
+  for p in bf16 fp16; do
+    opts="--stages 2 --microbatches 2 --slices 3,3,2 --precision $p"
+    if run "zb$p" "$opts --schedule zb" && run "o$p" "$opts --schedule 1f1b"; then
+      same_files "zb$p ($opts): the gradients are 1f1b's bits" "zb$p.grads" "o$p.grads"
+      untimed "zb$p.jsonl" >z.log && untimed "o$p.jsonl" >o.log && same_files "zb$p: the losses are 1f1b's bits" z.log o.log
+    fi
+  done
   ;;
 
 *)
