@@ -55,12 +55,14 @@ cc=$(pkg-config --variable=cc tokpipe-cuda-emulated) && flags=$(pkg-config --cfl
 "$cc" -std=c11 "$work/plan.c" $flags -o "$work/trainer" 2>"$work/cc.err" ||
   die "compiling the plan on the emulated CUDA runtime: $(head -5 "$work/cc.err")"
 
-# the processes the plan runs as: stages x tensor ranks x replicas (train/plan.h)
+# the processes the plan runs as: pipeline ranks x tensor ranks x replicas (train/plan.h;
+# an interleaved plan's nstages are its ranks' chunks virtual stages each)
 field() { sed -n "s/^    \.$1 = \([0-9]*\),\$/\1/p" "$work/plan.c" | head -1; }
 stages=$(field nstages) dp=$(field dp) tensor=$(field tensor) rows=$(field batch) seq=$(field seq)
-microbatches=$(field microbatches)
+microbatches=$(field microbatches) chunks=$(field chunks)
 [ -n "$stages" ] && [ -n "$dp" ] && [ -n "$rows" ] && [ -n "$seq" ] ||
   die "$work/plan.c: no .nstages, .dp, .batch or .seq (is this tokpipec's plan format?)"
+[ "${chunks:-0}" -gt 1 ] && stages=$((stages / chunks))
 ranks=$((stages * dp * ${tensor:-1}))
 
 # tokens: 3 steps of the global batch (a microbatch's rows x microbatches x replicas) x seq,

@@ -5,12 +5,18 @@
  * Communicators, all created at start-up in one fixed order that every process computes
  * from the plan (a communicator made on first use is how pipeline trainers deadlock). The
  * ranks are plan.h's layout: rank (d * S + k) * N + t is tensor rank t of stage k of
- * replica d (N = plan->tensor):
+ * replica d (N = plan->tensor; an interleaved plan's S pipeline ranks run its S * V virtual
+ * stages, k running k, k + S, ...):
  *   world     every rank (ncclCommInitRank; rank 0's unique id broadcast over the host
  *             transport), the parent the others are split from
- *   link      one per direction between neighbouring stages of a replica and tensor rank,
- *             where the schedules send (sender, receiver): activations k -> k+1, gradients
- *             k+1 -> k, both at tensor rank t
+ *   link      one per boundary and direction of a replica and tensor rank, where the
+ *             schedules send (sender, receiver): activations j -> j+1, gradients j+1 -> j,
+ *             both at tensor rank t. Not interleaved, boundary j lies between stages j and
+ *             j+1, so a link per direction between neighbouring stages; interleaved, between
+ *             virtual stages j and j+1, on pipeline ranks j % S and (j+1) % S, so one pair of
+ *             ranks has a link for each boundary it carries (S = 2: ranks 0 -> 1 carry the
+ *             activations of boundaries 0, 2, ... and the gradients of 1, 3, ...), and a
+ *             message's tag, which names its boundary (plan.h), picks the link
  *   tensor    (N > 1) one per stage of each replica: its N tensor ranks, for the units'
  *             all-reduces (io->tensor_allreduce, allreduce_sum_on)
  *   replicas  (D > 1) one per stage with ALLREDUCE and tensor rank: (d', k, t) for every d'
@@ -19,7 +25,8 @@
  *   pieces    one per stage with ALLREDUCE, replica and piece of a parameter split in
  *             fewer parts than N (shard.parts < N): the tensor ranks holding that piece,
  *             whose partial gradients ALLREDUCE sums
- *   tied      one per replica and tensor rank with ALLREDUCE_TIED: (d, 0, t), (d, S-1, t)
+ *   tied      one per replica and tensor rank with ALLREDUCE_TIED: (d, 0, t), (d, S-1, t),
+ *             the ranks of the first and the last (virtual) stage
  * A collective group with the members of one made before (a tensor group that is the
  * world, pieces of one part: the tensor group) is not made twice, nor one of one rank
  * (nothing to sum: the collectives return at once). Every ncclCommSplit is collective over
@@ -36,10 +43,15 @@
  * of its own, a direction's messages pair up in order on both sides, whatever the other
  * direction does, as MPI's non-blocking sends do. NCCL has no tags: it matches a
  * direction's messages in the order they are posted, so tp_cuda_comm_open checks that each
- * receiving stage's schedule takes them in the order the sender sends them.
+ * receiving stage's schedule takes them in the order the sender sends them. The same holds
+ * between boundaries: an interleaved rank interleaves the messages of its virtual stages
+ * (1F1B's argument, with more streams of messages), so each boundary has links of its own
+ * and the check is per boundary, as MPI's tags keep them apart.
  *
  * Streams and events: a link has its own CUDA stream, a collective group one from its first
- * collective the host waits for (Group.stream says why no sooner). A send (or receive) of a
+ * collective the host waits for (Group.stream says why no sooner). (An interleaved rank is
+ * in about 4V links, 2 ranks x 2 chunks: 6; past CUDA_DEVICE_MAX_CONNECTIONS, 8 by default,
+ * their streams share the device's hardware queues.) A send (or receive) of a
  * device buffer first makes that stream wait for the compute stream the request names
  * (TpCommRequest.stream, an event recorded on it: the pack that filled the buffer), then
  * queues ncclSend, then records an event, which test() queries (cudaEventQuery: never
@@ -80,6 +92,8 @@ struct Group {
   GroupKind kind;
   int n;
   int *members;    /* world ranks; NCCL rank i is members[i] (a link: sender, receiver) */
+  int boundary;    /* a link's: between virtual stages j and j + 1 (not interleaved: stages) */
+  bool grad;       /* a link's direction: gradients (j + 1 to j), or activations (j to j + 1) */
   int round;       /* the split that made it (world: 0) */
   ncclComm_t comm; /* NULL where this rank is not a member */
   /* Its own stream: a link's from the start (its messages), any other group's from its
@@ -92,6 +106,7 @@ struct Group {
 
 struct Nccl {
   TpComm *host;
+  const TpPlan *plan; /* the trainer's, which outlives the transport: the tags' layout */
   int ngroups;
   Group *groups;
   cudaEvent_t ready;   /* marks a compute stream's work for a group's stream to wait for */
@@ -133,51 +148,63 @@ bool same_members(const Group *g, const int *members, int n) {
 }
 
 /* A collective group of one rank, or of the members of one already listed, is left out
- * (see the top). */
-void add_group(Nccl *N, GroupKind kind, int n, const int *members) {
+ * (see the top). A link's boundary and direction: Group's. */
+void add_group(Nccl *N, GroupKind kind, int n, const int *members, int boundary = 0, bool grad = false) {
   if (kind != GROUP_LINK && n < 2) return;
   for (int i = 0; kind != GROUP_LINK && i < N->ngroups; i++)
     if (same_members(&N->groups[i], members, n)) return;
   N->groups = static_cast<Group *>(realloc(N->groups, (size_t)(N->ngroups + 1) * sizeof *N->groups));
   TP_ASSERT(N->groups);
   Group *g = &N->groups[N->ngroups++];
-  *g = Group{kind, n, static_cast<int *>(xcalloc((size_t)n, sizeof(int))), 0, NULL, NULL};
+  *g = Group{kind, n, static_cast<int *>(xcalloc((size_t)n, sizeof(int))), boundary, grad, 0, NULL, NULL};
   memcpy(g->members, members, (size_t)n * sizeof *members);
 }
 
-bool stage_has(const TpPlanStage *st, int kind) {
+/* Whether a rank's schedule has an instruction of `kind` (of chunk `chunk`; -1: any). */
+bool stage_has(const TpPlanStage *st, int kind, int chunk = -1) {
   for (int j = 0; j < st->ninsns; j++)
-    if (st->insns[j].kind == kind) return true;
+    if (st->insns[j].kind == kind && (chunk < 0 || st->insns[j].chunk == chunk)) return true;
   return false;
 }
 
 /* N of a plan: ABI 5's tensor (hand-written plans may leave it 0). */
 int tensor_ranks(const TpPlan *P) { return P->tensor > 1 ? P->tensor : 1; }
+/* V: the virtual stages of a pipeline rank (1 unless interleaved). */
+int chunks_of(const TpPlan *P) { return P->chunks > 1 ? P->chunks : 1; }
+/* S: the pipeline ranks of a replica, which run the plan's nstages = S * V virtual stages. */
+int pipeline_ranks(const TpPlan *P) { return P->nstages / chunks_of(P); }
 
-/* The world rank of tensor rank t of stage k of replica d (plan.h). */
-int rank_of(const TpPlan *P, int d, int k, int t) { return (d * P->nstages + k) * tensor_ranks(P) + t; }
+/* The world rank of tensor rank t of pipeline rank k < S of replica d (plan.h). */
+int rank_of(const TpPlan *P, int d, int k, int t) { return (d * pipeline_ranks(P) + k) * tensor_ranks(P) + t; }
 
-/* Whether stage k holds a trainable parameter split in `parts` pieces (0 < parts < N). */
+/* Whether pipeline rank k holds a trainable parameter split in `parts` pieces (0 < parts < N). */
 bool stage_has_parts(const TpPlan *P, int k, int parts) {
+  int S = pipeline_ranks(P);
   for (int i = 0; i < P->nparams; i++) {
     const TpPlanParam *p = &P->params[i];
-    if (p->trainable && p->shard.parts == parts && (p->stage == k || (k > 0 && p->tied_stage == k))) return true;
+    if (p->trainable && p->shard.parts == parts && (p->stage % S == k || (p->tied_stage && p->tied_stage % S == k)))
+      return true;
   }
   return false;
 }
 
-/* Every group, in creation order, from the plan's schedules and parameters. */
+/* Every group, in creation order, from the plan's schedules and parameters. The links: per
+ * replica, boundary j between virtual stages j and j + 1 (pipeline ranks j % S and
+ * (j + 1) % S, whose schedules hold them as chunks j / S and (j + 1) / S) and tensor rank,
+ * its activations and its gradients; not interleaved, j is a stage and the list is a link
+ * per direction between neighbouring stages. */
 void plan_groups(Nccl *N, const TpPlan *P, int size) {
-  int S = P->nstages, D = P->dp, T = tensor_ranks(P);
+  int S = pipeline_ranks(P), D = P->dp, T = tensor_ranks(P);
   int *ranks = static_cast<int *>(xcalloc((size_t)size, sizeof(int)));
   for (int r = 0; r < size; r++) ranks[r] = r;
   add_group(N, GROUP_WORLD, size, ranks);
   for (int d = 0; d < D; d++)
-    for (int k = 0; k + 1 < S; k++)
+    for (int j = 0; j + 1 < P->nstages; j++)
       for (int t = 0; t < T; t++) {
-        int act[2] = {rank_of(P, d, k, t), rank_of(P, d, k + 1, t)}, grad[2] = {act[1], act[0]};
-        if (stage_has(&P->stages[k], TP_PLAN_SEND_ACT)) add_group(N, GROUP_LINK, 2, act);
-        if (stage_has(&P->stages[k + 1], TP_PLAN_SEND_GRAD)) add_group(N, GROUP_LINK, 2, grad);
+        int k = j % S, next = (j + 1) % S;
+        int act[2] = {rank_of(P, d, k, t), rank_of(P, d, next, t)}, grad[2] = {act[1], act[0]};
+        if (stage_has(&P->stages[k], TP_PLAN_SEND_ACT, j / S)) add_group(N, GROUP_LINK, 2, act, j, false);
+        if (stage_has(&P->stages[next], TP_PLAN_SEND_GRAD, (j + 1) / S)) add_group(N, GROUP_LINK, 2, grad, j, true);
       }
   for (int d = 0; d < D; d++)
     for (int k = 0; k < S; k++) {
@@ -203,7 +230,7 @@ void plan_groups(Nccl *N, const TpPlan *P, int size) {
     }
   }
   free(ranks);
-  if (S > 1 && stage_has(&P->stages[0], TP_PLAN_ALLREDUCE_TIED))
+  if (S > 1 && stage_has(&P->stages[0], TP_PLAN_ALLREDUCE_TIED)) /* the first and last virtual stages' ranks */
     for (int d = 0; d < D; d++)
       for (int t = 0; t < T; t++) {
         int pair[2] = {rank_of(P, d, 0, t), rank_of(P, d, S - 1, t)};
@@ -236,30 +263,36 @@ int index_in(const int *members, int n, int rank) {
   return -1;
 }
 
-/* The sequence of (mb, slice) of the instructions of `kind` in a schedule equals another's. */
-bool same_units(const TpPlanStage *a, int kind_a, const TpPlanStage *b, int kind_b) {
+/* The sequence of (mb, slice) of the instructions of `kind` and chunk `chunk` in a schedule
+ * equals another's. */
+bool same_units(const TpPlanStage *a, int kind_a, int chunk_a, const TpPlanStage *b, int kind_b, int chunk_b) {
   int i = 0, j = 0;
   for (;;) {
-    while (i < a->ninsns && a->insns[i].kind != kind_a) i++;
-    while (j < b->ninsns && b->insns[j].kind != kind_b) j++;
+    while (i < a->ninsns && !(a->insns[i].kind == kind_a && a->insns[i].chunk == chunk_a)) i++;
+    while (j < b->ninsns && !(b->insns[j].kind == kind_b && b->insns[j].chunk == chunk_b)) j++;
     if (i == a->ninsns || j == b->ninsns) return i == a->ninsns && j == b->ninsns;
     if (a->insns[i].mb != b->insns[j].mb || a->insns[i].slice != b->insns[j].slice) return false;
     i++, j++;
   }
 }
 
+/* Each link carries one boundary's messages of one direction: the receiver must take them in
+ * the order the sender sends them. */
 int check_message_order(const TpPlan *P, TpDiag *d) {
-  for (int k = 0; k + 1 < P->nstages; k++) {
-    if (!same_units(&P->stages[k], TP_PLAN_SEND_ACT, &P->stages[k + 1], TP_PLAN_RECV_ACT))
+  int S = pipeline_ranks(P);
+  const char *stage = chunks_of(P) > 1 ? "virtual stage" : "stage";
+  for (int j = 0; j + 1 < P->nstages; j++) {
+    const TpPlanStage *from = &P->stages[j % S], *to = &P->stages[(j + 1) % S];
+    if (!same_units(from, TP_PLAN_SEND_ACT, j / S, to, TP_PLAN_RECV_ACT, (j + 1) / S))
       return tp_internal(d,
-                         "stage %d receives its activations in another order than stage %d sends them "
+                         "%s %d receives its activations in another order than %s %d sends them "
                          "(NCCL matches the messages of a direction in order)",
-                         k + 1, k);
-    if (!same_units(&P->stages[k + 1], TP_PLAN_SEND_GRAD, &P->stages[k], TP_PLAN_RECV_GRAD))
+                         stage, j + 1, stage, j);
+    if (!same_units(to, TP_PLAN_SEND_GRAD, (j + 1) / S, from, TP_PLAN_RECV_GRAD, j / S))
       return tp_internal(d,
-                         "stage %d receives its gradients in another order than stage %d sends them "
+                         "%s %d receives its gradients in another order than %s %d sends them "
                          "(NCCL matches the messages of a direction in order)",
-                         k, k + 1);
+                         stage, j, stage, j + 1);
   }
   return TP_OK;
 }
@@ -365,17 +398,25 @@ __attribute__((format(printf, 4, 5))) void append(char *out, size_t size, size_t
   *at = n < 0 ? size : *at + (size_t)n;
 }
 
-/* The link from `from` to `to`; none is an internal error ending the job. */
-Group *link_group(TpComm *c, int from, int to) {
+/* The link of a message from `from` to `to` under `tag`; none is an internal error ending
+ * the job. Not interleaved, the pair names it (one link per direction: the tag is ignored,
+ * as NCCL has none); interleaved, a pair carries several boundaries, and the tag's chunk
+ * and direction pick one (plan.h's tp_plan_message_tag). */
+Group *link_group(TpComm *c, int from, int to, int tag) {
   Nccl *N = nccl_of(c);
+  const TpPlan *P = N->plan;
+  bool interleaved = chunks_of(P) > 1;
+  int chunk = interleaved ? tp_plan_tag_chunk(P, tag) : 0, grad = interleaved && tp_plan_tag_grad(tag);
   for (int i = 0; i < N->ngroups; i++) {
     Group *g = &N->groups[i];
-    if (g->kind == GROUP_LINK && g->members[0] == from && g->members[1] == to) return g;
+    if (g->kind == GROUP_LINK && g->members[0] == from && g->members[1] == to &&
+        (!interleaved || (g->boundary / pipeline_ranks(P) == chunk && g->grad == grad)))
+      return g;
   }
   tp_comm_abort(c, TP_ERR_INTERNAL,
-                "internal error: no NCCL communicator for messages from rank %d to rank %d "
+                "internal error: no NCCL communicator for messages from rank %d to rank %d (tag %d) "
                 "was created at start-up (the plan's schedules send none)",
-                from, to);
+                from, to, tag);
 }
 
 /* The communicator of a collective over `group` (ascending world ranks); likewise. */
@@ -482,7 +523,7 @@ void nccl_isend(TpComm *c, const void *buf, size_t bytes, int peer, int tag, TpC
     N->host->be->isend(N->host, buf, bytes, peer, tag, &q->host);
     return;
   }
-  Group *g = link_group(c, c->rank, peer);
+  Group *g = link_group(c, c->rank, peer, tag);
   wait_for_stream(N, g, r->stream);
   TP_NCCL_CHECK(ncclSend(buf, bytes, ncclInt8, 1, g->comm, g->stream));
   record_done(q, g);
@@ -495,7 +536,7 @@ void nccl_irecv(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpCommReq
     N->host->be->irecv(N->host, buf, bytes, peer, tag, &q->host);
     return;
   }
-  Group *g = link_group(c, peer, c->rank);
+  Group *g = link_group(c, peer, c->rank, tag);
   wait_for_stream(N, g, r->stream);
   TP_NCCL_CHECK(ncclRecv(buf, bytes, ncclInt8, 0, g->comm, g->stream));
   record_done(q, g);
@@ -506,10 +547,11 @@ void nccl_irecv(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpCommReq
  * receiver's own for the step (messages.c), so the receive need not wait for the compute
  * stream's earlier work. */
 void nccl_recv_on(TpComm *c, void *buf, size_t bytes, int peer, int tag, TpStream *stream) {
-  (void)tag; /* NCCL matches a link's messages in order (checked at start-up) */
+  /* the tag picks the link (interleaved plans); on it, NCCL matches the messages in order
+   * (checked at start-up) */
   Nccl *N = nccl_of(c);
   TP_ASSERT(on_device(buf));
-  Group *g = link_group(c, peer, c->rank);
+  Group *g = link_group(c, peer, c->rank, tag);
   TP_NCCL_CHECK(ncclRecv(buf, bytes, ncclInt8, 0, g->comm, g->stream));
   TP_CUDA_CHECK(cudaEventRecord(N->arrived, g->stream));
   TP_CUDA_CHECK(cudaStreamWaitEvent(stream->cuda, N->arrived, 0));
@@ -638,14 +680,8 @@ const TpCommBackend tp_comm_nccl = {
 extern "C" int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan *plan, TpComm **out, TpDiag *d) {
   (void)compute; /* the GPU is the current device: open_compute chose it */
   *out = NULL;
-  if (host->size > 1 && plan->stages && plan->chunks > 1) { /* its links would carry the messages of several
-                                                               virtual stages: not yet */
-    if (host->rank == 0)
-      fprintf(stderr, "%s: note: an interleaved plan's messages go through %s with host copies\n", host->tool,
-              host->be->name);
+  if (host->size == 1 || !plan->stages || host->size != pipeline_ranks(plan) * plan->dp * tensor_ranks(plan))
     return TP_OK;
-  }
-  if (host->size == 1 || !plan->stages || host->size != plan->nstages * plan->dp * tensor_ranks(plan)) return TP_OK;
   int rc = check_message_order(plan, d);
   if (rc) return rc;
   if (shares_gpu(host)) {
@@ -660,6 +696,7 @@ extern "C" int tp_cuda_comm_open(TpComm *host, TpCompute *compute, const TpPlan 
   tp_cuda_failure_hook = abort_job;
   Nccl *N = static_cast<Nccl *>(xcalloc(1, sizeof *N));
   N->host = host;
+  N->plan = plan;
   plan_groups(N, plan, host->size);
   plan_rounds(N, host->size);
   create_groups(N);
@@ -680,6 +717,8 @@ extern "C" void tp_cuda_comm_describe(const TpComm *c, char *out, size_t size) {
     if (g->round) append(out, size, &at, "round %d: ", g->round);
     append(out, size, &at, "%s", group_names[g->kind]);
     for (int m = 0; m < g->n; m++) append(out, size, &at, " %d", g->members[m]);
+    if (g->kind == GROUP_LINK && chunks_of(N->plan) > 1) /* which of the pair's boundaries */
+      append(out, size, &at, " (%s %d)", g->grad ? "gradients" : "activations", g->boundary);
     append(out, size, &at, "%s%s\n", g->comm ? " *" : "", g->comm && g->stream ? " stream" : "");
   }
 }

@@ -88,10 +88,9 @@ void pipe_free_messages(Trainer *t, PipeRank *R) {
 /* (kind, mb, slice) and, in an interleaved plan, which boundary between virtual stages (the
  * chunk of the earlier one): unique per step, sender and receiver (plan.h). */
 static int message_tag(const Trainer *t, const PipeRank *R, const TpPlanInsn *x) {
-  const TpPlan *P = t->plan;
-  int here = R->chunk[x->chunk].stage, boundary = (here < x->peer ? here : x->peer) / train_pipeline(P);
-  return ((boundary * P->microbatches + x->mb) * P->nslices + x->slice) * 2 +
-         (x->kind == TP_PLAN_SEND_GRAD || x->kind == TP_PLAN_RECV_GRAD);
+  int here = R->chunk[x->chunk].stage, boundary = here < x->peer ? here : x->peer;
+  return tp_plan_message_tag(t->plan, boundary / train_pipeline(t->plan), x->mb, x->slice,
+                             x->kind == TP_PLAN_SEND_GRAD || x->kind == TP_PLAN_RECV_GRAD);
 }
 
 void pipe_send(Trainer *t, PipeRank *R, const TpPlanInsn *x) {

@@ -131,7 +131,8 @@
  * Sends must not block (MPI_Isend): 1f1b schedules deadlock with blocking sends. The
  * compiler verified the lists: every send has exactly one matching receive, and running
  * all ranks with non-blocking sends ends with every rank done. The tag of a message can be
- * (kind, mb, slice): each appears once per step and direction.
+ * (kind, mb, slice): each appears once per step and direction; the runtime's also names the
+ * boundary (tp_plan_message_tag, below), which NCCL's links need (it has no tags).
  *
  * Profiling probes (tokpipec --profile-grid; nprobes 0 and probes NULL without): the
  * trainer's --profile times each stage's forward and backward of one token slice on a grid
@@ -403,6 +404,19 @@ struct TpPlan {
   int precision; /* TpPlanPrecision (0 when absent: fp32) */
   int chunks;    /* virtual stages per pipeline rank (ABI 8; 0 or 1: not interleaved) */
 };
+
+/* The tag of the message of unit (mb, slice) across the boundary between virtual stages j
+ * and j + 1, the runtime's on a transport with tags (MPI): (c, mb, slice, grad), where
+ * c = j / S is the boundary's chunk (S pipeline ranks; 0 unless interleaved) and grad 1 for
+ * gradients (j + 1 to j), 0 for activations (j to j + 1). Unique per step, and with the
+ * sender and receiver it names the boundary: j = c * S + (the activation's sender, the
+ * gradient's receiver), a rank below S. A transport without tags (NCCL) reads c and grad
+ * back to pick the boundary's own communicator. */
+static inline int tp_plan_message_tag(const TpPlan *P, int chunk, int mb, int slice, int grad) {
+  return ((chunk * P->microbatches + mb) * P->nslices + slice) * 2 + grad;
+}
+static inline int tp_plan_tag_chunk(const TpPlan *P, int tag) { return tag / 2 / (P->microbatches * P->nslices); }
+static inline int tp_plan_tag_grad(int tag) { return tag % 2; }
 
 /* The trainer: parses the command line, runs training, returns the process exit code
  * (0 ok, 1 bad input, 2 bad usage). */

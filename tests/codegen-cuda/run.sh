@@ -29,10 +29,12 @@
 #   emulated-same A B M  two CUDA trainers of model M on the emulated runtime (a plan and the
 #                 same plan with --recompute full, or under --schedule zb) train a step to
 #                 the same gradients (the bytes of --dump-grads) and loss
-#   emulated-mpi A B NP M  the CUDA trainer A of model M on the emulated runtime, one
-#                 emulated GPU per process under mpirun -np NP (an interleaved plan's messages
-#                 over the host transport, with a note), against B (the CPU plan, one
-#                 process): step 1's loss and gradients within 1e-5
+#   emulated-mpi A B NP M  the CUDA trainer A of model M on the emulated runtime under
+#                 mpirun -np NP, 2 steps: with one emulated GPU per process, its messages over
+#                 NCCL links (the trainer says nccl, no note of host copies), against B (the
+#                 CPU plan, one process): losses and last gradients within 1e-5; and with
+#                 every process on one emulated GPU (which NCCL refuses: MPI with host copies,
+#                 and a note saying so) the NCCL run's losses and gradients, bit for bit
 case=$1 bin=$2 src=$3 build=$4 work=$5/$1 cc=$6
 shift 6
 root=$src/../..
@@ -245,16 +247,36 @@ emulated-skip)
 emulated-mpi)
   a=$1 b=$2 np=$3 model=$4
   byte_tokens 16 300 train.bin || exit 1
-  expect_exit 0 "the CPU trainer" "$b" --init "$model" --data train.bin --steps 1 --dump-grads cpu.grads \
+  expect_exit 0 "the CPU trainer" "$b" --init "$model" --data train.bin --steps 2 --dump-grads cpu.grads \
     --log cpu.jsonl || exit 1
-  TOKPIPE_CUDA_EMULATE_DEVICES=$np sh "$src/../comm/mpirun.sh" 200 "$np" "$a" --init "$model" --data train.bin \
-    --steps 1 --dump-grads mpi.grads --log mpi.jsonl >mpi.out 2>&1 || { fail "mpirun -np $np: $(tail -5 mpi.out)"; exit 1; }
-  if "$bin/tokpipe-compare" mpi.grads cpu.grads --tol 1e-5 >cmp.txt 2>&1 &&
-    "$bin/tokpipe-compare" --losses mpi.jsonl cpu.jsonl --tol 1e-5 >>cmp.txt 2>&1 &&
-    grep -q "note: an interleaved plan's messages go through" mpi.out; then
-    ok "$(basename "$a") under mpirun -np $np, one emulated GPU each: the CPU trainer's loss and gradients ($(grep -o 'worst [^ ]* max_rel_err=[^ ]*' cmp.txt | head -1))"
+  # devices 1: the processes share the GPU, so the host transport carries the messages
+  for via in nccl:$np mpi:1; do
+    TOKPIPE_CUDA_EMULATE_DEVICES=${via#*:} sh "$src/../comm/mpirun.sh" 200 "$np" "$a" --init "$model" \
+      --data train.bin --steps 2 --dump-grads "${via%:*}.grads" --log "${via%:*}.jsonl" >"${via%:*}.out" 2>&1 ||
+      { fail "mpirun -np $np over ${via%:*}: $(tail -5 "${via%:*}.out")"; exit 1; }
+    sed 's/, "ms".*//' "${via%:*}.jsonl" >"${via%:*}.losses"
+  done
+  if grep -q " ranks in $np processes (nccl)\$" nccl.out && ! grep -q "host copies" nccl.out; then
+    ok "one emulated GPU per process: $(grep -o '[0-9]* ranks in .*' nccl.out)"
   else
-    fail "$(basename "$a") under mpirun -np $np: $(cat cmp.txt) $(cat mpi.out)"
+    fail "one emulated GPU per process: not over NCCL links: $(grep -E ' ranks in |note:' nccl.out)"
+  fi
+  if grep -q "note: processes share a GPU, which NCCL does not allow: messages go through mpi with host copies" mpi.out &&
+    grep -q " ranks in $np processes (mpi)\$" mpi.out; then
+    ok "one emulated GPU for all: $(grep -o '[0-9]* ranks in .*' mpi.out), with host copies"
+  else
+    fail "one emulated GPU for all: not over MPI with host copies: $(grep -E ' ranks in |note:' mpi.out)"
+  fi
+  if "$bin/tokpipe-compare" nccl.grads cpu.grads --tol 1e-5 >cmp.txt 2>&1 &&
+    "$bin/tokpipe-compare" --losses nccl.jsonl cpu.jsonl --tol 1e-5 >>cmp.txt 2>&1; then
+    ok "$(basename "$a") under mpirun -np $np over NCCL: the CPU trainer's losses and gradients ($(grep -o 'worst [^ ]* max_rel_err=[^ ]*' cmp.txt | head -1))"
+  else
+    fail "$(basename "$a") under mpirun -np $np over NCCL: $(cat cmp.txt)"
+  fi
+  if cmp -s nccl.grads mpi.grads && cmp -s nccl.losses mpi.losses; then
+    ok "over NCCL and over MPI: the same gradients to the bit ($(wc -c <nccl.grads) bytes), and losses ($(tr '\n' ' ' <nccl.losses))"
+  else
+    fail "over NCCL and over MPI: $(cmp nccl.grads mpi.grads) $(diff nccl.losses mpi.losses)"
   fi
   ;;
 

@@ -24,6 +24,9 @@ allreduce-1x4) on 4 4 allreduce 1 ;;  # replicas of four
 order-2) on 2 2 order 2 ;;
 order-2x2) on 4 4 order 2 ;;
 order-4) on 4 4 order 4 ;;
+# interleaved plans: 2 pipeline ranks x 2 virtual stages, 1 or 2 replicas
+interleaved-2) on 2 2 interleaved 2 ;;
+interleaved-2x2) on 4 4 interleaved 2 ;;
 # tensor parallelism (plan.h's layout: rank (d * S + k) * N + t): sN stages, nN tensor
 # ranks, dN replicas
 p2p-s2n2) on 4 4 p2p 2 2 ;;            # stage peers at the same tensor rank

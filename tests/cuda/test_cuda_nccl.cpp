@@ -23,6 +23,13 @@
  *   order      the communicators and their creation order for the plan (the same list on
  *              every rank); a plan whose receiver takes messages in another order than the
  *              sender sends them: an internal error
+ *   interleaved  (2 pipeline ranks x 2 virtual stages each x P / 2 replicas) a link per
+ *              virtual boundary and direction, in plan order (the same list on every
+ *              rank); messages of every boundary, of a size of their own, received in the
+ *              reverse order of their sends, arrive whole: the tag picks the boundary's link
+ *              (on one link per pair of ranks NCCL would match them in posting order); a
+ *              receiver taking one boundary's messages in another order than its sender
+ *              sends them: an internal error naming the virtual stages
  *   fallback   the transport is the host's (NULL): one process, or ranks sharing a GPU
  *              (a note from rank 0 then)
  *   missing    an all-reduce over a group the plan never uses: one internal error line,
@@ -90,6 +97,44 @@ static void make_plan(TestPlan *t, int S, int N, int D, int M, bool tied, const 
   t->plan.stages = t->stages;
   t->plan.nparams = nparts;
   t->plan.params = t->params;
+}
+
+/* An interleaved plan: S ranks x V virtual stages (rank k runs k, k + S, ...) x D
+ * replicas, M microbatches, one slice, GPipe per virtual stage in chunk order (forwards of
+ * chunks 0..V-1, then backwards of V-1..0), tied first and last virtual stages. */
+static void make_interleaved_plan(TestPlan *t, int S, int V, int D, int M) {
+  memset(t, 0, sizeof *t);
+  int J = S * V;
+  t->stages = static_cast<TpPlanStage *>(calloc((size_t)J, sizeof *t->stages));
+  t->insns = static_cast<TpPlanInsn *>(calloc((size_t)S * (6 * M * V + 3), sizeof *t->insns));
+  TpPlanInsn *x = t->insns;
+  for (int k = 0; k < S; k++) {
+    t->stages[k].insns = x;
+    for (int c = 0; c < V; c++)
+      for (int mb = 0, j = c * S + k; mb < M; mb++) {
+        if (j > 0) *x++ = {TP_PLAN_RECV_ACT, mb, 0, j - 1, c};
+        *x++ = {TP_PLAN_FORWARD, mb, 0, -1, c};
+        if (j + 1 < J) *x++ = {TP_PLAN_SEND_ACT, mb, 0, j + 1, c};
+      }
+    for (int c = V - 1; c >= 0; c--)
+      for (int mb = M - 1, j = c * S + k; mb >= 0; mb--) {
+        if (j + 1 < J) *x++ = {TP_PLAN_RECV_GRAD, mb, 0, j + 1, c};
+        *x++ = {TP_PLAN_BACKWARD, mb, 0, -1, c};
+        if (j > 0) *x++ = {TP_PLAN_SEND_GRAD, mb, 0, j - 1, c};
+      }
+    if (k == 0 || k == S - 1) *x++ = {TP_PLAN_ALLREDUCE_TIED, -1, -1, k == 0 ? J - 1 : 0, k == 0 ? 0 : V - 1};
+    if (D > 1) *x++ = {TP_PLAN_ALLREDUCE, -1, -1, -1, 0};
+    *x++ = {TP_PLAN_OPTIMIZER_STEP, -1, -1, -1, 0};
+    t->stages[k].ninsns = (int)(x - t->stages[k].insns);
+  }
+  t->plan.abi = TP_PLAN_ABI;
+  t->plan.nstages = J;
+  t->plan.chunks = V;
+  t->plan.dp = D;
+  t->plan.tensor = 1;
+  t->plan.microbatches = M;
+  t->plan.nslices = 1;
+  t->plan.stages = t->stages;
 }
 
 static void free_plan(TestPlan *t) {
@@ -419,6 +464,123 @@ static void order(TpComm *host, int S, int N) {
   free_plan(&tp);
 }
 
+/* ---- interleaved plans ---- */
+
+static void interleaved(TpComm *host) {
+  enum { S = 2, V = 2, J = S * V, M = 2 };
+  int D = host->size / S;
+  TestPlan tp;
+  make_interleaved_plan(&tp, S, V, D, M);
+  TpComm *c = open_nccl(host, &tp.plan);
+  char got[4096], want[4096] = "", line[128];
+  tp_cuda_comm_describe(c, got, sizeof got);
+  /* per replica d, boundary j: activations j % S -> (j + 1) % S, gradients back; every link
+   * of a replica shares its two ranks, so one per round; the tied pair is the replica's two
+   * ranks: the world for D == 1, else a group of its own */
+  int k = c->rank % S, d = c->rank / S, round_of[8] = {0};
+  snprintf(want, sizeof want, "world");
+  for (int r = 0; r < host->size; r++) snprintf(want + strlen(want), sizeof want - strlen(want), " %d", r);
+  strcat(want, " *\n");
+  for (int r = 0; r < D; r++)
+    for (int j = 0; j + 1 < J; j++)
+      for (int grad = 0; grad < 2; grad++) {
+        int a = r * S + j % S, b = r * S + (j + 1) % S;
+        if (grad) a ^= b, b ^= a, a ^= b;
+        snprintf(line, sizeof line, "round %d: link %d %d (%s %d)%s\n", ++round_of[r], a, b,
+                 grad ? "gradients" : "activations", j, r == d ? " * stream" : "");
+        strcat(want, line);
+      }
+  for (int r = 0; D > 1 && r < S; r++) { /* the replicas of pipeline rank r */
+    snprintf(line, sizeof line, "round %d: replicas", round_of[0] + 1);
+    for (int q = 0; q < D; q++) snprintf(line + strlen(line), sizeof line - strlen(line), " %d", q * S + r);
+    strcat(line, r == k ? " *\n" : "\n");
+    strcat(want, line);
+  }
+  for (int r = 0; D > 1 && r < D; r++) {
+    snprintf(line, sizeof line, "round %d: tied %d %d%s\n", round_of[0] + 2, r * S, r * S + S - 1,
+             r == d ? " *" : "");
+    strcat(want, line);
+  }
+  if (strcmp(got, want)) fprintf(stderr, "rank %d: communicators:\n%swanted:\n%s", c->rank, got, want);
+  EXPECT(c, strcmp(got, want) == 0);
+
+  /* every boundary's message of microbatch 0 into and out of this rank, boundary j's
+   * activation of 1000 + 16 j bytes and its gradient of 2000 + 16 j: receives posted in
+   * reverse boundary order, then the sends in boundary order (the buffers allocated first:
+   * an allocation waits for the whole device, pending receives included) */
+  TpStream *stream = tp_cuda_stream_new();
+  void *out[J][2] = {{NULL}}, *in[J][2] = {{NULL}};
+  TpCommRequest sends[J][2], recvs[J][2];
+  memset(sends, 0, sizeof sends), memset(recvs, 0, sizeof recvs);
+  size_t size[J][2];
+  for (int j = 0; j + 1 < J; j++)
+    for (int grad = 0; grad < 2; grad++) {
+      int from = (grad ? j + 1 : j) % S, to = (grad ? j : j + 1) % S;
+      size_t n = size[j][grad] = (size_t)(1000 * (grad + 1) + 16 * j);
+      if (to == k) in[j][grad] = device_alloc(n);
+      if (from != k) continue;
+      unsigned char *bytes = static_cast<unsigned char *>(malloc(n));
+      for (size_t i = 0; i < n; i++) bytes[i] = byte_of(c->rank, 2 * j + grad, i);
+      out[j][grad] = device_alloc(n);
+      TP_CUDA_CHECK(cudaMemcpy(out[j][grad], bytes, n, cudaMemcpyHostToDevice));
+      free(bytes);
+    }
+  for (int j = J - 2; j >= 0; j--)
+    for (int grad = 0; grad < 2; grad++) {
+      int from = (grad ? j + 1 : j) % S;
+      if (!in[j][grad]) continue;
+      recvs[j][grad].what = "a boundary's message";
+      c->be->irecv(c, in[j][grad], size[j][grad], d * S + from, tp_plan_message_tag(&tp.plan, j / S, 0, 0, grad),
+                   &recvs[j][grad]);
+    }
+  tp_comm_barrier(c);
+  for (int j = 0; j + 1 < J; j++)
+    for (int grad = 0; grad < 2; grad++) {
+      int to = (grad ? j : j + 1) % S;
+      size_t n = size[j][grad];
+      if (!out[j][grad]) continue;
+      sends[j][grad] = {NULL, -1, "a boundary's message sent", stream};
+      c->be->isend(c, out[j][grad], n, d * S + to, tp_plan_message_tag(&tp.plan, j / S, 0, 0, grad),
+                   &sends[j][grad]);
+    }
+  for (int j = 0; j + 1 < J; j++)
+    for (int grad = 0; grad < 2; grad++) {
+      if (sends[j][grad].impl) tp_comm_wait(c, &sends[j][grad]);
+      if (!in[j][grad]) continue;
+      tp_comm_wait(c, &recvs[j][grad]);
+      size_t n = size[j][grad], bad = 0;
+      unsigned char *bytes = static_cast<unsigned char *>(malloc(n));
+      TP_CUDA_CHECK(cudaMemcpy(bytes, in[j][grad], n, cudaMemcpyDeviceToHost));
+      int from = d * S + (grad ? j + 1 : j) % S;
+      for (size_t i = 0; i < n; i++) bad += bytes[i] != byte_of(from, 2 * j + grad, i);
+      if (bad)
+        fprintf(stderr, "rank %d: boundary %d's %s: %zu of %zu bytes differ\n", c->rank, j,
+                grad ? "gradient" : "activation", bad, n);
+      EXPECT(c, bad == 0);
+      free(bytes);
+    }
+  for (int j = 0; j < J; j++)
+    for (int grad = 0; grad < 2; grad++) {
+      if (out[j][grad]) TP_CUDA_CHECK(cudaFree(out[j][grad]));
+      if (in[j][grad]) TP_CUDA_CHECK(cudaFree(in[j][grad]));
+    }
+  tp_cuda_stream_free(stream);
+  tp_comm_close(c);
+
+  /* rank 0 takes boundary 2's gradients (virtual stage 3 to 2) of microbatch 1 before
+   * microbatch 0's: a link of their own, whose order no longer holds */
+  TpPlanInsn *list = tp.insns;
+  for (int j = 0; j < tp.stages[0].ninsns; j++)
+    if (list[j].kind == TP_PLAN_RECV_GRAD && list[j].chunk == 1) list[j].mb = M - 1 - list[j].mb;
+  TpDiag diag;
+  tp_diag_init(&diag, "test_cuda_nccl", NULL, NULL);
+  TpComm *none = NULL;
+  EXPECT(host, tp_cuda_comm_open(host, NULL, &tp.plan, &none, &diag) == TP_ERR_INTERNAL && !none);
+  EXPECT(host, strstr(diag.last,
+                      "virtual stage 2 receives its gradients in another order than virtual stage 3 sends them"));
+  free_plan(&tp);
+}
+
 /* The host transport serves: one process, or processes sharing a GPU. */
 static void fallback(TpComm *host) {
   TestPlan tp;
@@ -445,7 +607,8 @@ static void missing(TpComm *host) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_cuda_nccl p2p|allreduce|tensor|order|fallback|missing [STAGES [TENSOR]]\n");
+    fprintf(stderr,
+            "usage: test_cuda_nccl p2p|allreduce|tensor|order|interleaved|fallback|missing [STAGES [TENSOR]]\n");
     return 2;
   }
   TpDiag d;
@@ -463,6 +626,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "allreduce")) allreduce(host, S, N);
   else if (!strcmp(mode, "tensor")) tensor(host, S, N);
   else if (!strcmp(mode, "order")) order(host, S, N);
+  else if (!strcmp(mode, "interleaved")) interleaved(host);
   else if (!strcmp(mode, "fallback")) fallback(host);
   else if (!strcmp(mode, "missing")) missing(host);
   else {
