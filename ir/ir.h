@@ -96,10 +96,11 @@ typedef enum {
  * gathers back for checkpoints). parts == 0: not split (whole on every rank).
  * pad > 0 (printed `, pad=K`): the whole tensor's last K slices along A are padding that
  * makes a vocabulary the ranks do not divide split (Megatron's padded vocabulary; one
- * chunk, parts == ranks), or makes each rank's range a multiple of TpPassOptions.
- * vocab_multiple classes (parts == ranks == 1 under --tensor 1: padded, not split): files hold dim A times P minus K, the runtime scatters zeros
- * into the padding and gathers it back to nothing, and the padded classes are masked out
- * of the loss (CrossEntropyStats' vocab_pad), so their rows never get a gradient. */
+ * chunk, parts == ranks), or makes each rank's range a multiple of
+ * TpPassOptions.vocab_multiple classes (parts == ranks == 1 under --tensor 1: padded, not
+ * split): files hold dim A times P minus K, the runtime scatters zeros into the padding
+ * and gathers it back to nothing, and the padded classes are masked out of the loss
+ * (CrossEntropyStats' and CrossEntropy's vocab_pad), so their rows never get a gradient. */
 typedef struct {
   int axis, parts, ranks, chunks, pad;
 } TpShard;

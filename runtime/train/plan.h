@@ -164,14 +164,17 @@
 #include "../../base/diag.h"
 #include "../../base/tensor.h"
 
-/* 8: split backwards (TP_PLAN_BACKWARD_INPUT/WEIGHT, TpPlanStage.backward_input/weight)
- * and interleaved virtual stages (TpPlan.chunks, TpPlanInsn.chunk); 7: the transient region (TpStepIO.transient, TpPlanStage.transient_bytes,
- * TpPlanProbeStage.transient_bytes, TpPlan.transient_bytes): an arena holds only what a
- * microbatch keeps between its units; 6: TpPlan.zero (--zero 1: the replicas shard the
- * optimizer state); 5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
- * tensor_rank, TpPlanStage.forward_reduces/backward_reduces); 4: TpPlan gained device (3: TpStepIO gained
- * compute and stream); what "ABI 2" names below (plans with stages) and "ABI 1" (without) is
- * unchanged. */
+/* The plan ABI's versions:
+ *   8: split backwards (TP_PLAN_BACKWARD_INPUT/WEIGHT, TpPlanStage.backward_input/weight)
+ *      and interleaved virtual stages (TpPlan.chunks, TpPlanInsn.chunk);
+ *   7: the transient region (TpStepIO.transient, TpPlanStage.transient_bytes,
+ *      TpPlanProbeStage.transient_bytes, TpPlan.transient_bytes): an arena holds only what a
+ *      microbatch keeps between its units;
+ *   6: TpPlan.zero (--zero 1: the replicas shard the optimizer state);
+ *   5: tensor parallelism (TpPlan.tensor, TpPlanParam.shard, TpStepIO.tensor_allreduce and
+ *      tensor_rank, TpPlanStage.forward_reduces/backward_reduces);
+ *   4: TpPlan gained device (3: TpStepIO gained compute and stream).
+ * What "ABI 2" names below (plans with stages) and "ABI 1" (without) is unchanged. */
 #define TP_PLAN_ABI 8
 
 typedef struct TpCompute TpCompute; /* ../compute.h */
