@@ -46,7 +46,10 @@ typedef struct {
   int64_t bytes;   /* TP_MEM_ARENA: the buffer's size, rounded up to TP_ARENA_ALIGN */
   int index;       /* TP_MEM_VIEW: the value; TP_MEM_PARAM, TP_MEM_GRAD: the parameter */
   int first, last; /* TP_MEM_ARENA: the live range, positions in the stage's op order */
-  bool bf16;       /* TP_MEM_ARENA: an f32 result its kernel writes in bf16 (TpMemoryOptions) */
+  /* TP_MEM_ARENA in a split plan: the latest position of a reader in an input part (-1:
+   * none), which a run may put after a weight part that the op order puts later */
+  int last_input;
+  bool bf16; /* TP_MEM_ARENA: an f32 result its kernel writes in bf16 (TpMemoryOptions) */
 } TpMemSlot;
 
 /* The boundary messages of a stage, per slice (see runtime/train/plan.h). */

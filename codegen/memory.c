@@ -378,11 +378,21 @@ static int weight_begin(const TpMemoryPlan *p, int s) {
   return p->unit_begin[s][tp_unit_index(p, true, true, p->nslices - 1)];
 }
 
+/* Arena buffer s is read at position t of its stage's order. */
+static void read_at(const TpMemoryPlan *p, TpMemSlot *s, int t) {
+  if (t > s->last) s->last = t;
+  if (p->split && t >= p->nforward[s->stage] && t < weight_begin(p, s->stage) && t > s->last_input)
+    s->last_input = t;
+}
+
 static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPlan *p, const int *pos, TpDiag *d) {
   for (int op = 0; op < m->nops; op++)
     for (int k = 0; k < m->ops[op].noutputs; k++) {
       int r = m->ops[op].outputs[k];
-      if (r >= 0 && p->value[r].kind == TP_MEM_ARENA) p->value[r].first = p->value[r].last = pos[op];
+      if (r >= 0 && p->value[r].kind == TP_MEM_ARENA) {
+        p->value[r].first = p->value[r].last = pos[op];
+        p->value[r].last_input = -1;
+      }
     }
   for (int op = 0; op < m->nops; op++) {
     const TpOp *o = &m->ops[op];
@@ -398,10 +408,10 @@ static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPla
                            "boundary copy (run assign-stages and finish-stages)",
                            m->values[o->inputs[i]].name, s->stage, o->stage);
       }
-      if (pos[op] > s->last) s->last = pos[op];
+      read_at(p, s, pos[op]);
       if (mo && mo->products_read_bf16 && product_reads_bf16(m, o, i)) {
         TpMemSlot *b = &p->value[storage_of(p, m->ops[m->values[o->inputs[i]].def].inputs[0])];
-        if (b->kind == TP_MEM_ARENA && b->stage == o->stage && pos[op] > b->last) b->last = pos[op];
+        if (b->kind == TP_MEM_ARENA && b->stage == o->stage) read_at(p, b, pos[op]);
       }
     }
   }
@@ -434,7 +444,8 @@ static int live_ranges(const TpModule *m, const TpMemoryOptions *mo, TpMemoryPla
                                    .bytes = bytes,
                                    .index = -1,
                                    .first = pos[op],
-                                   .last = pos[op]};
+                                   .last = pos[op],
+                                   .last_input = -1};
   }
   return TP_OK;
 }
@@ -464,11 +475,19 @@ static bool runs_before(const Order *o, int a, int b) {
   return !(input && weight && ub - 2 * N > ua - N); /* input part of slice i, weight part of a slice above i */
 }
 
-/* May buffers a and b share bytes: is either one's last use before the other's first in
+/* Is every use of a before b's first in every run? Its last use in the op order, and its
+ * last in an input part: a run may put that one after a weight part that the order puts
+ * later (read by input part 0 and weight part 2, a buffer is still read after weight part
+ * 1 in the run I2 W2 I1 W1 I0). Forward readers come before every backward unit. */
+static bool ends_before(const Order *o, const TpMemSlot *a, const TpMemSlot *b) {
+  return runs_before(o, a->last, b->first) && (a->last_input < 0 || runs_before(o, a->last_input, b->first));
+}
+
+/* May buffers a and b share bytes: is either one's every use before the other's first in
  * every run? (Not split: their live ranges do not overlap.) */
 static bool disjoint(const Order *o, const TpMemSlot *a, const TpMemSlot *b) {
   if (!o->unit) return !overlap(a, b);
-  return runs_before(o, a->last, b->first) || runs_before(o, b->last, a->first);
+  return ends_before(o, a, b) || ends_before(o, b, a);
 }
 
 /* A buffer to place; id (values in printed order, then scratch buffers in op order) breaks ties. */

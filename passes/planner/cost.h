@@ -94,10 +94,12 @@ typedef struct {
                                       a multiple of them); else each tensor rank holds them whole
                                       when the vocabulary does not divide */
   bool untied;                     /* the LM head has its own table (else the embedding's, tied) */
-  int vocab_multiple;              /* the head's and loss's rows priced padded so each tensor rank
-                                      holds a multiple of this many classes (0, 1: the true
-                                      vocabulary's share): tokpipec pads --target cuda plans to 64
-                                      (TpPassOptions.vocab_multiple) */
+  int vocab_multiple;              /* the GPU step model (tp_gpu_step) prices the head's and the
+                                      loss's work padded so each tensor rank holds a multiple of
+                                      this many classes (0, 1: the true vocabulary's share), as
+                                      tokpipec pads --target cuda plans to 64
+                                      (TpPassOptions.vocab_multiple); memory counts the true
+                                      vocabulary */
   bool one_region;                 /* the trainer holds a unit's working set in each microbatch's
                                       arena (else in one transient region per rank) */
   bool uniform_stages;             /* price every stage like a middle one (the paper's model) */

@@ -372,6 +372,11 @@ extern "C" const TpComputeBackend tp_compute_cuda = {
 /* GPU local_rank % the node's GPUs, so the processes of a node spread over its GPUs. */
 static int cuda_open_compute(TpCompute **out, int local_rank, TpDiag *d) {
   *out = NULL;
+  /* Before the context exists: each NCCL link has a stream (an interleaved rank about 4 V of
+   * them, beside compute and collectives), and streams beyond the device's hardware queues
+   * (8 by default) share them, serialising a link's blocking receive ahead of another's send.
+   * A user's own setting stays. */
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count <= 0) {
