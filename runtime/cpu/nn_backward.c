@@ -309,7 +309,8 @@ TpKernelStatus tp_cross_entropy_backward_f32(float dloss, const float *logits, c
 TpKernelStatus tp_cross_entropy_backward_pad_f32(float dloss, const float *logits, const int64_t *targets, int64_t R,
                                                  int64_t V, int64_t pad, float denominator, float *dlogits,
                                                  int64_t *bad) {
-  if (pad < 0 || (pad > 0 && pad >= V)) return TP_KERNEL_BAD_SHAPE; /* a row keeps a class */
+  TpKernelStatus status = tp_check_vocab_pad(V, pad);
+  if (status != TP_KERNEL_OK) return status;
   int64_t classes = V - pad;
   for (int64_t r = 0; r < R; r++)
     if (targets[r] < 0 || targets[r] >= classes) {

@@ -243,7 +243,8 @@ TpKernelStatus tp_cuda_cross_entropy_pad_f32(const float *logits, const int64_t 
                                              int64_t pad, float denominator, float *loss, int64_t *bad,
                                              TpStream *stream) {
   (void)bad;
-  if (pad < 0 || (pad > 0 && pad >= V)) return TP_KERNEL_BAD_SHAPE; /* a row keeps a class */
+  TpKernelStatus status = tp_check_vocab_pad(V, pad);
+  if (status != TP_KERNEL_OK) return status;
   double *row_loss = static_cast<double *>(tp_cuda_scratch(stream, (size_t)R * sizeof(double) + 1));
   tp_cuda_launch_cross_entropy_f32(logits, targets, R, V, pad, denominator, loss, row_loss, stream->bad,
                                    stream->cuda);
@@ -302,7 +303,8 @@ TpKernelStatus tp_cuda_cross_entropy_backward_pad_f32(const float *dloss, const 
                                                       float denominator, float *dlogits, int64_t *bad,
                                                       TpStream *stream) {
   (void)bad;
-  if (pad < 0 || (pad > 0 && pad >= V)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus status = tp_check_vocab_pad(V, pad);
+  if (status != TP_KERNEL_OK) return status;
   launch_cross_entropy_backward(dloss, logits, targets, R, V, pad, denominator, dlogits, stream->bad, stream->cuda);
   return TP_KERNEL_OK;
 }
@@ -318,7 +320,8 @@ TpKernelStatus tp_cuda_cross_entropy_backward_pad_bf16(const float *dloss, const
                                                        float denominator, uint16_t *dlogits, int64_t *bad,
                                                        TpStream *stream) {
   (void)bad;
-  if (pad < 0 || (pad > 0 && pad >= V)) return TP_KERNEL_BAD_SHAPE;
+  TpKernelStatus status = tp_check_vocab_pad(V, pad);
+  if (status != TP_KERNEL_OK) return status;
   launch_cross_entropy_backward(dloss, logits, targets, R, V, pad, denominator, dlogits, stream->bad, stream->cuda);
   return TP_KERNEL_OK;
 }

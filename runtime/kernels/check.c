@@ -8,6 +8,10 @@ static bool same_dims(const TpTensor *a, const TpTensor *b) {
   return a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
 }
 
+TpKernelStatus tp_check_vocab_pad(int64_t V, int64_t pad) {
+  return pad < 0 || (pad > 0 && pad >= V) ? TP_KERNEL_BAD_SHAPE : TP_KERNEL_OK;
+}
+
 TpKernelStatus tp_check_unary(TpUnaryOp op, const TpTensor *x, const TpTensor *y) {
   if (!tp_unary_dtype_ok(op, x->dtype) || y->dtype != x->dtype) return TP_KERNEL_BAD_DTYPE;
   if (!same_dims(x, y)) return TP_KERNEL_BAD_SHAPE;

@@ -15,6 +15,9 @@
 extern "C" {
 #endif
 
+/* A cross-entropy over V classes whose last `pad` are a padded vocabulary's: 0 <= pad, and
+ * a padded row keeps a class (an unpadded one may have none) */
+TpKernelStatus tp_check_vocab_pad(int64_t V, int64_t pad);
 /* tp_unary: op's dtypes (scalar.h's tp_unary_dtype_ok), y of x's dtype and dims */
 TpKernelStatus tp_check_unary(TpUnaryOp op, const TpTensor *x, const TpTensor *y);
 /* tp_cast: numeric or bool dtypes, the same dims */
